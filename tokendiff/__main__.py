@@ -1,0 +1,3 @@
+from tokendiff.cli import main
+
+raise SystemExit(main())

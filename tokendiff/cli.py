@@ -1,0 +1,106 @@
+"""Command-line entry point.
+
+Exit codes follow diff(1): 0 identical, 1 different, 2 trouble. Every
+expected failure is an `InputError`, printed as one line on stderr.
+Heavy libraries are imported inside the commands that need them, so
+`tokendiff diff` starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from tokendiff import __version__
+from tokendiff.errors import InputError
+
+EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
+DEMO_DIR = Path(__file__).resolve().parent.parent / "captures" / "demo"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; keep it to one line
+        self.print_usage(sys.stderr)
+        print(f"tokendiff: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_TROUBLE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="tokendiff", description="Token-level prompt diff and prefix-cache forensics.")
+    p.add_argument("--version", action="version", version=f"tokendiff {__version__}")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+
+    d = sub.add_parser(
+        "diff",
+        help="diff two prompts (slot files, DIR@N turns)",
+        description="Diff two prompts as the server cached them. Exit 0 identical, 1 different, 2 trouble.",
+    )
+    d.add_argument("a", help="older prompt: slot file, or DIR@N for the N-th turn (from 1) of a directory")
+    d.add_argument("b", help="newer prompt")
+    _tokenizer_args(d)
+    d.add_argument("--json", action="store_true", help="print the tokendiff.diff/1 JSON document")
+    d.add_argument("--context", type=int, default=8, metavar="N", help="tokens of context around spans (default 8)")
+    d.add_argument("--max-hunks", type=int, default=20, metavar="N", help="spans listed in text output (default 20)")
+    d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    d.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
+    return p
+
+
+def _tokenizer_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json(.gz), Hugging Face directory, or GGUF model file")
+    p.add_argument("--server", metavar="URL", help="a live llama-server to decode with")
+    p.add_argument(
+        "--template-family",
+        choices=("chatml", "llama3", "mistral", "gemma", "harmony", "deepseek", "none"),
+        help="override the detected chat-template family",
+    )
+
+
+def _use_color(choice: str) -> bool:
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from tokendiff.align import align
+    from tokendiff.report.diff import diff_document, render_text
+    from tokendiff.sources import load_prompt
+    from tokendiff.vocab import load_vocab
+
+    if args.context < 0:
+        raise InputError("--context must be 0 or more")
+    vocab = load_vocab(args.tokenizer, args.server)
+    a = load_prompt(args.a, vocab, args.template_family, args.order)
+    b = load_prompt(args.b, vocab, args.template_family, args.order)
+    d = align(a, b)
+    doc = diff_document(a, b, d, vocab, context=args.context)
+    if args.json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        sys.stdout.write(render_text(doc, color=_use_color(args.color), max_hunks=args.max_hunks))
+    return EXIT_SAME if d.identical else EXIT_DIFFERENT
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_SAME
+    try:
+        return {"diff": cmd_diff}[args.command](args)
+    except InputError as e:
+        print(f"tokendiff: {e}", file=sys.stderr)
+        return EXIT_TROUBLE
+    except BrokenPipeError:
+        return EXIT_TROUBLE
+    except KeyboardInterrupt:
+        print("tokendiff: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,454 @@
+"""Sections for token-only prompts, from the chat-template family's markers.
+
+A slot dump carries no request, so structure comes from the special tokens
+the template emits (turn markers) and from the text conventions inside turns
+(`<tools>` blocks, `<think>`, `<tool_call>` ...). Everything is computed in
+byte space over `Prompt.data` and mapped to token ranges at the end, so it
+works whether a marker is one special token or several text tokens.
+
+Naming: the first turn, when it is a system turn, is `system`; every other
+turn is `message[i] role`, i counting rendered turns from 0 (for most
+templates that is the index into the request's `messages`). The open
+assistant turn at the end is `generation_prompt`; tokens the model generated
+after it (slot dumps keep them) are `generated` inside it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from tokendiff.model import Prompt, Section
+
+FAMILIES = ("chatml", "llama3", "mistral", "gemma", "harmony", "deepseek", "none")
+
+
+@dataclass
+class _Turn:
+    role: str
+    start: int  # byte offsets
+    end: int
+    content_start: int
+    content_end: int
+    closed: bool
+
+
+@dataclass
+class _Span:
+    path: tuple[str, ...]
+    start: int  # byte offsets, half-open
+    end: int
+
+
+# ---------------------------------------------------------------- markers
+
+
+def _marker_positions(prompt: Prompt, text: str) -> list[tuple[int, int]]:
+    """Byte ranges where `text` occurs as a special token (or as text, if it never does)."""
+    raw = text.encode()
+    special_idx = np.flatnonzero(prompt.special)
+    hits = [
+        (int(prompt.offsets[i]), int(prompt.offsets[i + 1]))
+        for i in special_idx.tolist()
+        if prompt.token_bytes(i) == raw
+    ]
+    return hits
+
+
+def _special_texts(prompt: Prompt) -> set[bytes]:
+    idx = np.flatnonzero(prompt.special)
+    if not idx.size:
+        return set()
+    _, first = np.unique(prompt.ids[idx], return_index=True)
+    return {prompt.token_bytes(int(idx[f])) for f in first.tolist()}
+
+
+def detect_family(prompt: Prompt) -> str:
+    """Guess the template family from the special tokens present."""
+    present = _special_texts(prompt)
+    data = prompt.data
+    if b"<|start_header_id|>" in present:
+        return "llama3"
+    if b"<|start|>" in present and b"<|message|>" in present:
+        return "harmony"
+    if b"<|im_start|>" in present:
+        return "chatml"
+    if present & {b"[INST]", b"[AVAILABLE_TOOLS]", b"[SYSTEM_PROMPT]", b"[TOOL_RESULTS]"}:
+        return "mistral"
+    if b"<start_of_turn>" in present:
+        return "gemma"
+    if "<｜User｜>".encode() in present or "<｜Assistant｜>".encode() in present:
+        return "deepseek"
+    # No special tokens (e.g. a tokenizer that splits the markers): look at the text.
+    if b"<|im_start|>" in data:
+        return "chatml"
+    if b"<|start_header_id|>" in data:
+        return "llama3"
+    if b"[INST]" in data:
+        return "mistral"
+    if b"<start_of_turn>" in data:
+        return "gemma"
+    return "none"
+
+
+def _markers(prompt: Prompt, text: str) -> list[tuple[int, int]]:
+    hits = _marker_positions(prompt, text)
+    if hits:
+        return hits
+    raw = text.encode()
+    return [(m.start(), m.end()) for m in re.finditer(re.escape(raw), prompt.data)]
+
+
+# ---------------------------------------------------------------- turn splitters
+
+
+def _split_generic(
+    prompt: Prompt,
+    start_marker: str,
+    end_markers: tuple[str, ...],
+    role_end: Callable[[bytes, int], tuple[str, int]],
+) -> list[_Turn]:
+    data = prompt.data
+    starts = [s for s, _ in _markers(prompt, start_marker)]
+    ends = sorted(e for m in end_markers for _, e in _markers(prompt, m))
+    turns = []
+    for k, s in enumerate(starts):
+        limit = starts[k + 1] if k + 1 < len(starts) else len(data)
+        role, cstart = role_end(data, s + len(start_marker.encode()))
+        cstart = min(cstart, limit)
+        close = next((e for e in ends if cstart <= e <= limit), None)
+        closed = close is not None
+        if closed:
+            # the end marker's bytes are the end of content; what follows up to the
+            # next turn (a newline) is boilerplate of this turn
+            marker_len = next(len(m.encode()) for m in end_markers if data[close - len(m.encode()) : close] == m.encode())
+            content_end = close - marker_len
+        else:
+            content_end = limit
+        turns.append(_Turn(role, s, limit, cstart, content_end, closed))
+    return turns
+
+
+def _role_until(sep: bytes) -> Callable[[bytes, int], tuple[str, int]]:
+    def f(data: bytes, pos: int) -> tuple[str, int]:
+        j = data.find(sep, pos, pos + 200)
+        if j < 0:
+            return data[pos : pos + 40].decode("utf-8", "replace").strip() or "?", pos
+        return data[pos:j].decode("utf-8", "replace").strip(), j + len(sep)
+
+    return f
+
+
+def _turns_chatml(prompt: Prompt) -> list[_Turn]:
+    return _split_generic(prompt, "<|im_start|>", ("<|im_end|>",), _role_until(b"\n"))
+
+
+def _turns_gemma(prompt: Prompt) -> list[_Turn]:
+    turns = _split_generic(prompt, "<start_of_turn>", ("<end_of_turn>",), _role_until(b"\n"))
+    for t in turns:
+        if t.role == "model":
+            t.role = "assistant"
+    return turns
+
+
+def _turns_llama3(prompt: Prompt) -> list[_Turn]:
+    def role(data: bytes, pos: int) -> tuple[str, int]:
+        j = data.find(b"<|end_header_id|>", pos, pos + 200)
+        if j < 0:
+            return "?", pos
+        cstart = j + len(b"<|end_header_id|>")
+        if data[cstart : cstart + 2] == b"\n\n":
+            cstart += 2
+        return data[pos:j].decode("utf-8", "replace"), cstart
+
+    return _split_generic(prompt, "<|start_header_id|>", ("<|eot_id|>", "<|eom_id|>"), role)
+
+
+def _turns_harmony(prompt: Prompt) -> list[_Turn]:
+    def role(data: bytes, pos: int) -> tuple[str, int]:
+        j = data.find(b"<|message|>", pos, pos + 400)
+        if j < 0:
+            return data[pos : pos + 40].decode("utf-8", "replace"), pos
+        return data[pos:j].decode("utf-8", "replace"), j + len(b"<|message|>")
+
+    turns = _split_generic(prompt, "<|start|>", ("<|end|>", "<|call|>", "<|return|>"), role)
+    for t in turns:
+        head = t.role
+        base = re.split(r"<\|channel\|>| ", head, maxsplit=1)[0] or "?"
+        channel = re.search(r"<\|channel\|>(\w+)", head)
+        recipient = re.search(r"to=([\w.\-]+)", head)
+        if base == "assistant" and channel:
+            t.role = f"assistant {channel.group(1)}"
+            if recipient:
+                t.role += f" to={recipient.group(1)}"
+        else:
+            t.role = base
+    return turns
+
+
+def _turns_deepseek(prompt: Prompt) -> list[_Turn]:
+    data = prompt.data
+    bos = "<｜begin▁of▁sentence｜>"
+    marks = sorted(
+        [(s, e, "user") for s, e in _markers(prompt, "<｜User｜>")]
+        + [(s, e, "assistant") for s, e in _markers(prompt, "<｜Assistant｜>")]
+    )
+    eos = sorted(e for _, e in _markers(prompt, "<｜end▁of▁sentence｜>"))
+    turns: list[_Turn] = []
+    bos_hits = _markers(prompt, bos)
+    first = marks[0][0] if marks else len(data)
+    sys_start = bos_hits[0][1] if bos_hits else 0
+    if first > sys_start:
+        turns.append(_Turn("system", sys_start, first, sys_start, first, True))
+    for k, (s, e, r) in enumerate(marks):
+        limit = marks[k + 1][0] if k + 1 < len(marks) else len(data)
+        close = next((x for x in eos if e <= x <= limit), None)
+        closed = r == "user" or close is not None
+        cend = close - len("<｜end▁of▁sentence｜>".encode()) if close is not None else limit
+        turns.append(_Turn(r, s, limit, e, cend, closed))
+    return turns
+
+
+_MISTRAL_BLOCKS = {
+    "[AVAILABLE_TOOLS]": ("[/AVAILABLE_TOOLS]", "tools"),
+    "[SYSTEM_PROMPT]": ("[/SYSTEM_PROMPT]", "system"),
+    "[INST]": ("[/INST]", "user"),
+    "[TOOL_RESULTS]": ("[/TOOL_RESULTS]", "tool"),
+    "[TOOL_CALLS]": ("</s>", "assistant"),
+}
+
+
+def _turns_mistral(prompt: Prompt) -> list[_Turn]:
+    data = prompt.data
+    opens = sorted((s, e, m) for m in _MISTRAL_BLOCKS for s, e in _markers(prompt, m))
+    closes = {m: sorted(e for _, e in _markers(prompt, c)) for m, (c, _) in _MISTRAL_BLOCKS.items()}
+    eos = sorted(e for _, e in _markers(prompt, "</s>"))
+    turns: list[_Turn] = []
+    pos_after = None
+    for k, (s, e, m) in enumerate(opens):
+        nxt = opens[k + 1][0] if k + 1 < len(opens) else len(data)
+        if pos_after is not None and s > pos_after and m != "[TOOL_CALLS]":
+            # text between a closing [/INST] and the next block is the assistant's answer
+            close = next((x for x in eos if pos_after < x <= s), None)
+            cend = close - 4 if close is not None else s
+            turns.append(_Turn("assistant", pos_after, s, pos_after, cend, close is not None))
+        pos_after = None
+        cm, role = _MISTRAL_BLOCKS[m]
+        close = next((x for x in closes[m] if e <= x <= nxt), None)
+        if close is None:
+            turns.append(_Turn(role, s, nxt, e, nxt, False))
+            continue
+        turns.append(_Turn(role, s, close, e, close - len(cm.encode()), True))
+        if m == "[INST]":
+            pos_after = close
+    if pos_after is not None:
+        close = next((x for x in eos if x > pos_after), None)
+        end = close if close is not None else len(data)
+        cend = close - 4 if close is not None else end
+        turns.append(_Turn("assistant", pos_after, end, pos_after, cend, close is not None))
+    return turns
+
+
+_SPLITTERS = {
+    "chatml": _turns_chatml,
+    "llama3": _turns_llama3,
+    "harmony": _turns_harmony,
+    "gemma": _turns_gemma,
+    "deepseek": _turns_deepseek,
+    "mistral": _turns_mistral,
+}
+
+
+# ---------------------------------------------------------------- inside turns
+
+_NAME_PATTERNS = (
+    re.compile(rb"""["']name["']\s*:\s*["']([^"'\\]{1,200})["']"""),
+    re.compile(rb"<function=([^>\s]{1,200})>"),
+    re.compile(rb"<name>([^<]{1,200})</name>"),
+    re.compile(rb"\btype (\w{1,200}) = "),
+    re.compile(rb"function<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>([^\n]{1,200})"),
+)
+
+
+def _name_in(data: bytes, start: int, end: int) -> str | None:
+    window = data[start : min(end, start + 4000)]
+    for pat in _NAME_PATTERNS:
+        m = pat.search(window)
+        if m:
+            return m.group(1).decode("utf-8", "replace")
+    return None
+
+
+def _json_objects(data: bytes, start: int, end: int) -> list[tuple[int, int]]:
+    """Top-level {...} objects between start and end (string- and escape-aware)."""
+    out = []
+    depth = 0
+    in_str: int | None = None
+    esc = False
+    obj_start = 0
+    i = start
+    quote_chars = (0x22,)  # JSON strings only; single quotes appear inside prose
+    while i < end:
+        c = data[i]
+        if in_str is not None:
+            if esc:
+                esc = False
+            elif c == 0x5C:
+                esc = True
+            elif c == in_str:
+                in_str = None
+        elif c in quote_chars:
+            in_str = c
+        elif c == 0x7B:
+            if depth == 0:
+                obj_start = i
+            depth += 1
+        elif c == 0x7D and depth > 0:
+            depth -= 1
+            if depth == 0:
+                out.append((obj_start, i + 1))
+        i += 1
+    return out
+
+
+def _pairs(data: bytes, start: int, end: int, open_: bytes, close: bytes) -> list[tuple[int, int]]:
+    """Spans open_..close inside [start, end); an unclosed one runs to end."""
+    out = []
+    pos = start
+    while True:
+        s = data.find(open_, pos, end)
+        if s < 0:
+            return out
+        e = data.find(close, s + len(open_), end)
+        if e < 0:
+            out.append((s, end))
+            return out
+        out.append((s, e + len(close)))
+        pos = e + len(close)
+
+
+def _tools_block(data: bytes, start: int, end: int) -> tuple[int, int, list[tuple[int, int]]] | None:
+    """The `<tools>` block of ChatML/Hermes/Qwen (not the literal `<tools></tools>` in prose)."""
+    for m in re.finditer(rb"<tools>\s*(?:[\[{]|<function)", data[start:end]):
+        s = start + m.start()
+        e = data.find(b"</tools>", s, end)
+        e = end if e < 0 else e + len(b"</tools>")
+        inner_s = s + len(b"<tools>")
+        objs = _json_objects(data, inner_s, e)
+        if not objs:
+            objs = _pairs(data, inner_s, e, b"<function", b"</function>")
+        if objs:
+            return s, e, objs
+    return None
+
+
+def _inner_spans(data: bytes, turn: _Turn, base: tuple[str, ...], family: str) -> list[_Span]:
+    spans: list[_Span] = []
+    cs, ce = turn.content_start, turn.content_end
+    tb = _tools_block(data, cs, ce)
+    if tb:
+        s, e, objs = tb
+        spans.append(_Span(base + ("tools",), s, e))
+        for j, (a, b) in enumerate(objs):
+            name = _name_in(data, a, b)
+            spans.append(_Span(base + ("tools", f"tool[{j}]" + (f" {name}" if name else "")), a, b))
+    elif family == "llama3" and b'"type": "function"' in data[cs:ce]:
+        objs = [o for o in _json_objects(data, cs, ce) if b'"type": "function"' in data[o[0] : min(o[1], o[0] + 400)]]
+        if objs:
+            spans.append(_Span(base + ("tools",), objs[0][0], objs[-1][1]))
+            for j, (a, b) in enumerate(objs):
+                name = _name_in(data, a, b)
+                spans.append(_Span(base + ("tools", f"tool[{j}]" + (f" {name}" if name else "")), a, b))
+    elif family == "harmony" and b"namespace functions" in data[cs:ce]:
+        ns = data.find(b"namespace functions", cs, ce)
+        nend = data.find(b"} // namespace functions", ns, ce)
+        nend = ce if nend < 0 else nend + len(b"} // namespace functions")
+        spans.append(_Span(base + ("tools",), ns, nend))
+        decls = [m.start() + ns for m in re.finditer(rb"(?m)^(?://[^\n]*\n)*type \w+ = ", data[ns:nend])]
+        for j, a in enumerate(decls):
+            b = decls[j + 1] if j + 1 < len(decls) else nend
+            name = _name_in(data, a, b)
+            spans.append(_Span(base + ("tools", f"tool[{j}]" + (f" {name}" if name else "")), a, b))
+    if family == "llama3":
+        m = re.search(rb"Today Date: [^\n]*", data[cs:ce])
+        if m:
+            spans.append(_Span(base + ("date",), cs + m.start(), cs + m.end()))
+    for j, (a, b) in enumerate(_pairs(data, cs, ce, b"<think>", b"</think>")):
+        spans.append(_Span(base + ("reasoning",), a, b))
+    calls = _pairs(data, cs, ce, b"<tool_call>", b"</tool_call>")
+    calls += _pairs(data, cs, ce, "<｜tool▁call▁begin｜>".encode(), "<｜tool▁call▁end｜>".encode())
+    if family == "mistral" and turn.role == "assistant" and data[turn.start : turn.start + 12] == b"[TOOL_CALLS]":
+        calls += _json_objects(data, cs, ce)
+    for j, (a, b) in enumerate(sorted(calls)):
+        name = _name_in(data, a, b)
+        spans.append(_Span(base + (f"tool_call[{j}]" + (f" {name}" if name else ""),), a, b))
+    results = _pairs(data, cs, ce, b"<tool_response>", b"</tool_response>")
+    results += _pairs(data, cs, ce, "<｜tool▁output▁begin｜>".encode(), "<｜tool▁output▁end｜>".encode())
+    for j, (a, b) in enumerate(sorted(results)):
+        spans.append(_Span(base + (f"tool_response[{j}]",), a, b))
+    return spans
+
+
+# ---------------------------------------------------------------- assembling
+
+
+def _turn_name(turn: _Turn, index: int, last: bool) -> str:
+    if index == 0 and turn.role == "system":
+        return "system"
+    if last and not turn.closed and turn.role.startswith("assistant"):
+        return "generation_prompt"
+    return f"message[{index}] {turn.role}"
+
+
+def sections_for(prompt: Prompt, family: str | None = None) -> tuple[str, list[Section]]:
+    """(family used, sections) for a token-only prompt."""
+    fam = family or detect_family(prompt)
+    if fam not in _SPLITTERS:
+        return "none", []
+    data = prompt.data
+    turns = _SPLITTERS[fam](prompt)
+    spans: list[_Span] = []
+    if turns and turns[0].start > 0:
+        spans.append(_Span(("bos",), 0, turns[0].start))
+    for i, t in enumerate(turns):
+        last = i == len(turns) - 1
+        name = _turn_name(t, i, last)
+        spans.append(_Span((name,), t.start, t.end))
+        if name == "generation_prompt":
+            if t.content_start < t.end:
+                spans.append(_Span((name, "generated"), t.content_start, t.end))
+                spans.extend(_inner_spans(data, t, (name, "generated"), fam))
+            continue
+        spans.extend(_inner_spans(data, t, (name,), fam))
+    return fam, _to_sections(prompt, spans)
+
+
+def _to_sections(prompt: Prompt, spans: list[_Span]) -> list[Section]:
+    if not spans:
+        return []
+    offs = prompt.offsets
+    n = len(prompt)
+    starts = np.array([s.start for s in spans], dtype=np.int64)
+    ends = np.array([s.end for s in spans], dtype=np.int64)
+    t0 = np.searchsorted(offs, starts, side="right") - 1
+    t1 = np.searchsorted(offs, np.maximum(ends - 1, starts), side="right")
+    out = []
+    for s, a, b in zip(spans, t0.tolist(), t1.tolist()):
+        a = max(0, min(a, n))
+        b = max(a, min(b, n))
+        if s.end <= s.start:
+            continue
+        out.append(Section(s.path, a, b, s.start, s.end))
+    out.sort(key=lambda x: (x.start, -x.end, len(x.path)))
+    return out
+
+
+def annotate(prompt: Prompt, family: str | None = None) -> str:
+    """Fill `prompt.sections` (token-only attribution) and return the family."""
+    fam, secs = sections_for(prompt, family)
+    prompt.sections = secs
+    prompt.meta["template_family"] = fam
+    return fam

@@ -1,0 +1,1 @@
+"""Renderers: they format what the core computed, and compute nothing themselves."""

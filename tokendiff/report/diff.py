@@ -1,0 +1,168 @@
+"""`tokendiff diff` output: a stable JSON document and its text rendering.
+
+The text view is rendered from the JSON document, so the two never disagree.
+The schema is documented in docs/diff-json.md; bump SCHEMA on any change
+that removes or renames a field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokendiff.model import SEP, Divergence, Prompt
+from tokendiff.report.excerpt import excerpt
+from tokendiff.vocab import Vocab
+
+SCHEMA = "tokendiff.diff/1"
+
+
+def _side(p: Prompt) -> dict[str, Any]:
+    m = p.meta
+    return {
+        "origin": p.origin,
+        "path": m.get("path"),
+        "format": m.get("format"),
+        "n_tokens": len(p),
+        "n_bytes": len(p.data),
+        "template_family": m.get("template_family"),
+        "state_bytes": m.get("state_bytes"),
+    }
+
+
+def _text(p: Prompt, start: int, end: int, context: int) -> dict[str, Any]:
+    e = excerpt(p, start, end, context)
+    return {"before": e.before, "diverged": e.diverged, "after": e.after}
+
+
+def diff_document(a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: int = 8) -> dict[str, Any]:
+    first = None
+    if not d.identical:
+        h = d.hunks[0] if d.hunks else None
+        a_end = h.a_end if h else d.lcp
+        b_end = h.b_end if h else d.lcp
+        first = {
+            "token": d.lcp,
+            "byte": a.byte_offset(d.lcp),
+            "first_byte_diff": d.first_byte_diff,
+            "boundary": d.boundary,
+            "a_section": a.owner_label(d.lcp) if d.lcp < len(a) else "end of prompt",
+            "b_section": b.owner_label(d.lcp) if d.lcp < len(b) else "end of prompt",
+            "a_path": list(a.owner(d.lcp)) if d.lcp < len(a) else [],
+            "b_path": list(b.owner(d.lcp)) if d.lcp < len(b) else [],
+            "a_token_id": int(a.ids[d.lcp]) if d.lcp < len(a) else None,
+            "b_token_id": int(b.ids[d.lcp]) if d.lcp < len(b) else None,
+            "a_text": _text(a, d.lcp, a_end, context),
+            "b_text": _text(b, d.lcp, b_end, context),
+        }
+    hunks = []
+    for h in d.hunks:
+        hunks.append(
+            {
+                "kind": h.kind,
+                "a": {
+                    "tokens": [h.a_start, h.a_end],
+                    "bytes": [h.a_byte_start, h.a_byte_end],
+                    "section": SEP.join(h.a_owner) if h.a_owner else None,
+                    "text": _text(a, h.a_start, h.a_end, context),
+                },
+                "b": {
+                    "tokens": [h.b_start, h.b_end],
+                    "bytes": [h.b_byte_start, h.b_byte_end],
+                    "section": SEP.join(h.b_owner) if h.b_owner else None,
+                    "text": _text(b, h.b_start, h.b_end, context),
+                },
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "identical": d.identical,
+        "a": _side(a),
+        "b": _side(b),
+        "tokenizer": {
+            "name": vocab.name,
+            "assumed": vocab.assumed,
+            "n_vocab": vocab.n_vocab,
+            "identity": vocab.identity,
+        },
+        "lcp_tokens": d.lcp,
+        "reusable_fraction": round(d.reuse_fraction, 6),
+        "recompute_tokens": d.n_b - min(d.lcp, d.n_b),
+        "first_divergence": first,
+        "hunks": hunks,
+    }
+
+
+# ---------------------------------------------------------------- text
+
+_RED, _GREEN, _DIM, _BOLD, _CYAN, _RESET = "\x1b[31m", "\x1b[32m", "\x1b[2m", "\x1b[1m", "\x1b[36m", "\x1b[0m"
+
+
+class _Style:
+    def __init__(self, color: bool):
+        self.color = color
+
+    def wrap(self, code: str, s: str) -> str:
+        return f"{code}{s}{_RESET}" if self.color and s else s
+
+    def mark(self, s: str, side: str) -> str:
+        if self.color:
+            code = "\x1b[41;97m" if side == "a" else "\x1b[42;30m"
+            return f"{code}{s or '∅'}{_RESET}"
+        return f"⟦{s}⟧"
+
+
+def _line(style: _Style, t: dict[str, Any], side: str) -> str:
+    return style.wrap(_DIM, "…" + t["before"]) + style.mark(t["diverged"], side) + style.wrap(_DIM, t["after"] + "…")
+
+
+def render_text(doc: dict[str, Any], color: bool = False, max_hunks: int = 20) -> str:
+    st = _Style(color)
+    out: list[str] = []
+    a, b = doc["a"], doc["b"]
+    out.append(st.wrap(_BOLD, f"A  {a['origin']}") + f"  {a['format']}, {a['n_tokens']:,} tokens")
+    out.append(st.wrap(_BOLD, f"B  {b['origin']}") + f"  {b['format']}, {b['n_tokens']:,} tokens")
+    tk = doc["tokenizer"]
+    note = " (assumed; pass --tokenizer or --server for the model's own)" if tk["assumed"] else ""
+    out.append(st.wrap(_DIM, f"tokenizer: {tk['name']}{note} · template: {a['template_family']}"))
+    out.append("")
+    if doc["identical"]:
+        out.append(f"identical: {a['n_tokens']:,} tokens, all reusable")
+        return "\n".join(out) + "\n"
+    pct = 100.0 * doc["reusable_fraction"]
+    out.append(
+        st.wrap(_BOLD, f"reusable prefix: {doc['lcp_tokens']:,} of {b['n_tokens']:,} tokens ({pct:.1f} %)")
+        + f" · {doc['recompute_tokens']:,} to recompute"
+    )
+    f = doc["first_divergence"]
+    out.append(st.wrap(_BOLD, f"first divergence: token {f['token']:,} · byte {f['byte']:,}"))
+    out.append(f"  A: {st.wrap(_CYAN, f['a_section'])}")
+    out.append(f"  B: {st.wrap(_CYAN, f['b_section'])}")
+    out.append("  A │ " + _line(st, f["a_text"], "a"))
+    out.append("  B │ " + _line(st, f["b_text"], "b"))
+    if f["boundary"]:
+        fbd = f["first_byte_diff"]
+        where = "the bytes are identical" if fbd is None else f"the bytes agree up to byte {fbd:,}"
+        out.append(
+            f"  tokenization boundary: token IDs differ at token {f['token']:,} but {where}"
+            " (a BPE merge across the boundary, not a content change)"
+        )
+    hunks = doc["hunks"]
+    out.append("")
+    out.append(f"{len(hunks)} divergent span{'s' if len(hunks) != 1 else ''}:")
+    for k, h in enumerate(hunks[:max_hunks], 1):
+        ha, hb = h["a"], h["b"]
+        out.append(
+            st.wrap(_CYAN, f"@@ {k} {h['kind']}")
+            + f"  A tokens {ha['tokens'][0]:,}..{ha['tokens'][1]:,} (bytes {ha['bytes'][0]:,}..{ha['bytes'][1]:,})"
+            + f" → B tokens {hb['tokens'][0]:,}..{hb['tokens'][1]:,} (bytes {hb['bytes'][0]:,}..{hb['bytes'][1]:,})"
+        )
+        if ha["section"] == hb["section"]:
+            out.append(f"   in {ha['section']}")
+        else:
+            out.append(f"   A in {ha['section']}")
+            out.append(f"   B in {hb['section']}")
+        out.append("   - " + _line(st, ha["text"], "a"))
+        out.append("   + " + _line(st, hb["text"], "b"))
+    if len(hunks) > max_hunks:
+        out.append(f"… {len(hunks) - max_hunks} more (--json lists all)")
+    return "\n".join(out) + "\n"

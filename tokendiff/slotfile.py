@@ -1,0 +1,282 @@
+"""Readers for llama.cpp sequence-state (`ggsq`) and session (`ggsn`) files.
+
+Only the 12-byte header and the token payload are read, never the state blob
+that follows: a file with a multi-GB KV cache costs what a tiny one costs.
+The layouts are described in `../shared/docs/llama-server.md` §1.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tokendiff.errors import InputError
+
+MAGIC_GGSQ = 0x67677371  # on disk b"qsgg"
+MAGIC_GGSN = 0x6767736E  # on disk b"nsgg"
+GGSQ_KNOWN = range(1, 5)  # 1..4
+GGSN_MIN, GGSN_MAX = 8, 11
+SERVER_TOKENS_STATE_VERSION = 1
+MEDIA = -1  # LLAMA_TOKEN_NULL: a media cell inside a packed payload
+HEADER = 12
+MAX_PLAUSIBLE_VERSION = 255
+MAX_TOKENS = 1 << 24  # no llama.cpp context holds 16M tokens: a larger count is corruption
+
+
+def _swap32(v: int) -> int:
+    return struct.unpack("<I", struct.pack(">I", v))[0]
+
+
+@dataclass
+class SlotFile:
+    """The tokens of one slot/session file plus what its header says."""
+
+    path: str
+    kind: str  # "ggsq" or "ggsn"
+    version: int
+    tokens: np.ndarray  # int32; -1 marks a media cell
+    packed: bool = False
+    media_chunks: int = 0
+    state_bytes: int = 0
+    arch: str | None = None
+    mtime: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def _magic_error(path: str, magic: int, head: bytes) -> InputError:
+    if head[:4] == b"GGUF":
+        why = "this is a GGUF model file, not a slot file (pass it as --tokenizer)"
+    elif magic == _swap32(MAGIC_GGSQ):
+        why = "byte-swapped ggsq magic: written by a big-endian host, which is not supported"
+    elif magic == _swap32(MAGIC_GGSN):
+        why = "byte-swapped ggsn magic: written by a big-endian host, which is not supported"
+    elif head[:1] in (b"{", b"["):
+        why = "this looks like JSON, not a llama.cpp slot file"
+    else:
+        why = (
+            f"not a llama.cpp slot or session file: magic {magic:#010x} "
+            f"(expected ggsq {MAGIC_GGSQ:#010x} or ggsn {MAGIC_GGSN:#010x})"
+        )
+    return InputError(why, source=path, offset=0)
+
+
+def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
+    """Read the header and token payload of a `ggsq` or `ggsn` file."""
+    p = str(path)
+    try:
+        st = os.stat(p)
+        f = open(p, "rb")
+    except IsADirectoryError:
+        raise InputError("is a directory; use DIR@N to pick a turn", source=p) from None
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=p) from None
+    size = st.st_size
+    with f:
+        head = f.read(HEADER)
+        if len(head) < HEADER:
+            if not head:
+                raise InputError("empty file, not a slot file", source=p, offset=0)
+            if len(head) >= 4:
+                magic = struct.unpack_from("<I", head)[0]
+                if magic not in (MAGIC_GGSQ, MAGIC_GGSN):
+                    raise _magic_error(p, magic, head)
+            raise InputError(
+                f"truncated header: {len(head)} of {HEADER} bytes", source=p, offset=len(head)
+            )
+        magic, version, n = struct.unpack("<III", head)
+        warnings: list[str] = []
+        if magic == MAGIC_GGSQ:
+            kind = "ggsq"
+            if version == 0 or version > MAX_PLAUSIBLE_VERSION:
+                raise InputError(f"implausible ggsq version {version}", source=p, offset=4)
+            if version not in GGSQ_KNOWN:
+                warnings.append(
+                    f"{p}: unknown ggsq version {version} (known 1-4); "
+                    "the token header is the same in every version, reading it anyway"
+                )
+        elif magic == MAGIC_GGSN:
+            kind = "ggsn"
+            if version < GGSN_MIN:
+                raise InputError(
+                    f"legacy ggsn session file version {version} with a build-specific "
+                    "hparams struct; unsupported (version 8 and later are read)",
+                    source=p,
+                    offset=4,
+                )
+            if version > MAX_PLAUSIBLE_VERSION:
+                raise InputError(f"implausible ggsn version {version}", source=p, offset=4)
+            if version > GGSN_MAX:
+                warnings.append(
+                    f"{p}: unknown ggsn version {version} (known {GGSN_MIN}-{GGSN_MAX}); reading tokens anyway"
+                )
+        else:
+            raise _magic_error(p, magic, head)
+
+        need = HEADER + 4 * n
+        if n > MAX_TOKENS:
+            raise InputError(
+                f"implausible token count {n} (more than {MAX_TOKENS}; corrupt header?)", source=p, offset=8
+            )
+        if need > size:
+            raise InputError(
+                f"token count {n} needs {need} bytes but the file has {size} (truncated or corrupt)",
+                source=p,
+                offset=8,
+            )
+        words = np.fromfile(f, dtype="<i4", count=n)
+        if words.shape[0] != n:  # file shrank while reading
+            raise InputError(f"truncated token payload: {words.shape[0]} of {n} words", source=p, offset=HEADER)
+        state_bytes = size - need
+        arch = None
+        if kind == "ggsn" and state_bytes >= 4:
+            arch = _read_arch(f, state_bytes)
+
+    slot = SlotFile(
+        path=p,
+        kind=kind,
+        version=version,
+        tokens=words.astype(np.int32, copy=False),
+        state_bytes=state_bytes,
+        arch=arch,
+        mtime=st.st_mtime,
+        warnings=warnings,
+    )
+    if kind == "ggsq" and n > 0 and int(words[0]) == MEDIA:
+        _unpack_server_tokens(slot, words)
+    else:
+        bad = np.flatnonzero(slot.tokens < 0)
+        if bad.size:
+            i = int(bad[0])
+            raise InputError(
+                f"negative token id {int(slot.tokens[i])} at token {i}", source=p, offset=HEADER + 4 * i
+            )
+    return slot
+
+
+def _read_arch(f, state_bytes: int) -> str | None:
+    """The ggsn blob starts with the architecture name; read it if it looks sane."""
+    raw = f.read(4)
+    if len(raw) < 4:
+        return None
+    (length,) = struct.unpack("<I", raw)
+    if not 0 < length <= 64 or length + 4 > state_bytes:
+        return None
+    name = f.read(length)
+    try:
+        text = name.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return text if text.isprintable() else None
+
+
+def _unpack_server_tokens(slot: SlotFile, words: np.ndarray) -> None:
+    """Unpack llama-server's packed payload (marker -1, version, text tokens, media)."""
+    p, n = slot.path, int(words.shape[0])
+
+    def off(word: int) -> int:
+        return HEADER + 4 * word
+
+    if n < 4:
+        raise InputError(f"packed token payload of {n} words is too short", source=p, offset=HEADER)
+    state_version = int(words[1]) & 0xFFFFFFFF
+    if state_version != SERVER_TOKENS_STATE_VERSION:
+        raise InputError(
+            f"Unsupported server tokens state version {state_version}", source=p, offset=off(1)
+        )
+    c = int(words[2]) & 0xFFFFFFFF
+    if 3 + c + 1 > n:
+        raise InputError(
+            f"packed payload claims {c} tokens but holds only {n - 4} words", source=p, offset=off(2)
+        )
+    tokens = words[3 : 3 + c]
+    k = int(words[3 + c]) & 0xFFFFFFFF
+    if 3 + c + 1 + k > n:
+        raise InputError(
+            f"packed payload claims {k} media chunks but holds only {n - 4 - c} words after the tokens",
+            source=p,
+            offset=off(3 + c),
+        )
+    starts = words[4 + c : 4 + c + k].astype(np.int64) & 0xFFFFFFFF
+    raw = words.tobytes()
+    pos = 4 * (4 + c + k)
+    for j in range(k):
+        if pos + 4 > len(raw):
+            raise InputError(f"media chunk {j} header is truncated", source=p, offset=HEADER + pos)
+        (length,) = struct.unpack_from("<I", raw, pos)
+        if pos + 4 + length > len(raw):
+            raise InputError(
+                f"media chunk {j} claims {length} bytes but the payload holds {len(raw) - pos - 4}",
+                source=p,
+                offset=HEADER + pos,
+            )
+        pos += 4 + length
+    trailing = len(raw) - pos
+    if trailing > 3:
+        raise InputError(
+            f"Trailing data in server tokens state: {trailing} bytes after the media chunks",
+            source=p,
+            offset=HEADER + pos,
+        )
+    media = tokens == MEDIA
+    for j, s in enumerate(starts.tolist()):
+        if s >= c or not media[s]:
+            raise InputError(
+                f"media chunk {j} starts at token {s}, which is not a media cell", source=p, offset=off(4 + c + j)
+            )
+    bad = np.flatnonzero((tokens < 0) & ~media)
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(f"negative token id {int(tokens[i])} at token {i}", source=p, offset=off(3 + i))
+    if media.any() and k == 0:
+        i = int(np.flatnonzero(media)[0])
+        raise InputError(f"media cell at token {i} but no media chunks", source=p, offset=off(3 + i))
+    slot.tokens = tokens.astype(np.int32, copy=True)
+    slot.packed = True
+    slot.media_chunks = k
+
+
+def check_vocab(slot_tokens: np.ndarray, n_vocab: int, source: str, vocab_name: str) -> None:
+    """Refuse IDs outside [0, n_vocab): the tokenizer is not the model's."""
+    if slot_tokens.size == 0:
+        return
+    bad = np.flatnonzero(slot_tokens >= n_vocab)
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(
+            f"token {i} is id {int(slot_tokens[i])}, outside the {n_vocab}-token vocabulary of "
+            f"{vocab_name} ({bad.size} such tokens, max id {int(slot_tokens.max())}); "
+            "pass --tokenizer with the model's tokenizer.json, HF directory or GGUF file",
+            source=source,
+        )
+
+
+def is_slot_file(path: Path) -> bool:
+    """Cheap probe: does the file start with a ggsq/ggsn magic?"""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return len(head) == 4 and struct.unpack("<I", head)[0] in (MAGIC_GGSQ, MAGIC_GGSN)
+
+
+def list_session_dir(path: str | os.PathLike[str], order: str = "mtime") -> list[Path]:
+    """The slot files of a directory, ordered as turns (by save time, or by name)."""
+    d = Path(path)
+    try:
+        files = [e for e in d.iterdir() if e.is_file() and is_slot_file(e)]
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(d)) from None
+    if order == "name":
+        files.sort(key=lambda e: e.name)
+    else:
+        files.sort(key=lambda e: (e.stat().st_mtime_ns, e.name))
+    return files

@@ -1,0 +1,493 @@
+"""Tokenizer backends reduced to what decoding needs: an id -> exact-bytes table.
+
+Decoding IDs needs no BPE model, only the bytes of every token: the byte-level
+alphabet undone (GPT-2 style) or SentencePiece's `▁` and `<0xNN>` byte
+fallback undone. The table is built once per tokenizer file and cached (keyed
+by path, size and mtime; it records the file's sha256), because parsing a
+150k-token tokenizer.json costs more than a whole `tokendiff diff`.
+
+Backends: tokenizer.json (.gz too), a Hugging Face directory, the vocabulary
+inside a GGUF model file, a live llama-server, and the Qwen3 tokenizer that
+ships with tokendiff (see tokendiff/data/README.md for origin and licence).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tokendiff.errors import InputError
+
+DATA_DIR = Path(__file__).parent / "data"
+BUNDLED_DIR = DATA_DIR / "qwen3"
+BUNDLED_NAME = "bundled Qwen3 tokenizer"
+MEDIA_PIECE = b"<__media__>"
+CACHE_MAGIC = b"TDVOCAB2"
+
+# Token flags
+SPECIAL = 1  # control token (<|im_start|>, <s>, [INST] ...): structure, not text
+ADDED = 2  # added/user-defined token (<think>, <tool_call> in Qwen): text, one id
+
+# GGUF token types (llama.cpp)
+GT_NORMAL, GT_UNKNOWN, GT_CONTROL, GT_USER_DEFINED, GT_UNUSED, GT_BYTE = 1, 2, 3, 4, 5, 6
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+_LOOKS_SPECIAL = re.compile(r"^(<\|.*\|>|<｜.*｜>|<[a-z_]+>|</?s>|\[/?[A-Z_]+\])$", re.S)
+
+
+def _byte_level_table() -> dict[int, int]:
+    """GPT-2's bytes_to_unicode, inverted: code point of the alphabet -> byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {c: b for b, c in zip(bs, cs)}
+
+
+_BYTE_DECODE = {c: chr(b) for c, b in _byte_level_table().items()}
+
+
+def byte_level_bytes(token: str) -> bytes:
+    """Exact bytes of a byte-level BPE token string (Qwen, Llama 3, GPT-OSS, DeepSeek)."""
+    try:
+        return token.translate(_BYTE_DECODE).encode("latin-1")
+    except UnicodeEncodeError:  # a char outside the alphabet: not byte-level, keep it as text
+        return token.encode("utf-8", errors="surrogateescape")
+
+
+def spm_bytes(token: str) -> bytes:
+    """Exact bytes of a SentencePiece-style token (Llama 2, Mistral, Gemma, Phi-3)."""
+    m = _BYTE_TOKEN.match(token)
+    if m:
+        return bytes([int(m.group(1), 16)])
+    return token.replace("▁", " ").encode("utf-8", errors="surrogateescape")
+
+
+@dataclass(eq=False)
+class Vocab:
+    """An id -> bytes table plus the special-token facts sections need."""
+
+    name: str  # human name, e.g. "bundled Qwen3 tokenizer" or a path
+    blob: np.ndarray  # uint8, all token bytes back to back
+    offsets: np.ndarray  # int64, n+1
+    flags: np.ndarray  # uint8, n
+    identity: str = ""  # sha256 of the source file (or a server fingerprint)
+    meta: dict[str, Any] = field(default_factory=dict)  # bos/eos ids, chat_template, kind
+    assumed: bool = False  # True when the user did not choose it
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self.flags.shape[0])
+
+    def piece(self, i: int) -> bytes:
+        if i < 0:
+            return MEDIA_PIECE
+        return self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])].tobytes()
+
+    def is_special(self, i: int) -> bool:
+        return i < 0 or bool(self.flags[i] & SPECIAL)
+
+    def special_ids(self) -> dict[str, int]:
+        """Special and added token text -> id (the markers sections look for)."""
+        cached = self.meta.get("_special_ids")
+        if cached is None:
+            idx = np.flatnonzero(self.flags & (SPECIAL | ADDED))
+            cached = {self.piece(int(i)).decode("utf-8", "replace"): int(i) for i in idx}
+            self.meta["_special_ids"] = cached
+        return cached
+
+    def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """(bytes, offsets, special) for a token array; -1 decodes as a media marker."""
+        ids = np.asarray(ids, dtype=np.int64)
+        media = ids < 0
+        safe = np.where(media, 0, ids)
+        starts = self.offsets[safe]
+        lens = self.offsets[safe + 1] - starts
+        lens = np.where(media, len(MEDIA_PIECE), lens)
+        out_off = np.zeros(ids.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lens, out=out_off[1:])
+        total = int(out_off[-1])
+        if not media.any():
+            # gather: position p of the output comes from blob[starts[t] + (p - out_off[t])]
+            src = np.repeat(starts - out_off[:-1], lens) + np.arange(total, dtype=np.int64)
+            data = self.blob[src].tobytes()
+        else:
+            data = b"".join(MEDIA_PIECE if i < 0 else self.piece(int(i)) for i in ids.tolist())
+        special = media | ((self.flags[safe] & SPECIAL) != 0)
+        return data, out_off, special
+
+
+def _pack(name: str, pieces: list[bytes], flags: list[int], identity: str, meta: dict[str, Any]) -> Vocab:
+    lens = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    blob = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    return Vocab(name, blob, offsets, np.asarray(flags, dtype=np.uint8), identity, meta)
+
+
+# ---------------------------------------------------------------- cache
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("TOKENDIFF_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tokendiff"
+
+
+def _cache_path(src: Path, kind: str) -> Path:
+    st = src.stat()
+    key = f"{kind}|{src.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()
+    return cache_dir() / "vocab" / (hashlib.sha256(key).hexdigest()[:32] + ".bin")
+
+
+def _save_cache(path: Path, v: Vocab) -> None:
+    meta = {k: val for k, val in v.meta.items() if not k.startswith("_")}
+    head = orjson.dumps({"name": v.name, "identity": v.identity, "n": v.n_vocab, "meta": meta})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(CACHE_MAGIC + struct.pack("<IQ", len(head), v.blob.shape[0]))
+            f.write(head)
+            f.write(v.offsets.astype("<i8").tobytes())
+            f.write(v.flags.tobytes())
+            f.write(v.blob.tobytes())
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs speed
+
+
+def _load_cache(path: Path) -> Vocab | None:
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        if raw[:8] != CACHE_MAGIC:
+            return None
+        hlen, blen = struct.unpack_from("<IQ", raw, 8)
+        pos = 20
+        head = orjson.loads(raw[pos : pos + hlen])
+        pos += hlen
+        n = int(head["n"])
+        offsets = np.frombuffer(raw, dtype="<i8", count=n + 1, offset=pos)
+        pos += 8 * (n + 1)
+        flags = np.frombuffer(raw, dtype=np.uint8, count=n, offset=pos)
+        pos += n
+        blob = np.frombuffer(raw, dtype=np.uint8, count=blen, offset=pos)
+        if pos + blen != len(raw) or int(offsets[-1]) != blen:
+            return None
+    except (ValueError, KeyError, struct.error, orjson.JSONDecodeError):
+        return None
+    return Vocab(head["name"], blob, offsets, flags, head["identity"], head["meta"])
+
+
+def _cached(src: Path, kind: str, build) -> Vocab:
+    cp = _cache_path(src, kind)
+    v = _load_cache(cp)
+    if v is None:
+        v = build()
+        _save_cache(cp, v)
+    return v
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------- tokenizer.json
+
+
+def _read_json_file(path: Path) -> tuple[Any, bytes]:
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise InputError(f"cannot read: {e}", source=str(path)) from None
+    try:
+        return orjson.loads(raw), raw
+    except orjson.JSONDecodeError as e:
+        raise InputError(f"malformed JSON: {e}", source=str(path)) from None
+
+
+def _decoder_kind(tok: dict[str, Any]) -> str:
+    """'byte_level' or 'spm', from the decoder and pre-tokenizer declarations."""
+    text = orjson.dumps([tok.get("decoder"), tok.get("pre_tokenizer")]).decode()
+    if '"ByteLevel"' in text:
+        return "byte_level"
+    if '"ByteFallback"' in text or '"Metaspace"' in text or "▁" in text:
+        return "spm"
+    model = tok.get("model") or {}
+    return "spm" if model.get("byte_fallback") else "byte_level"
+
+
+def vocab_from_tokenizer_json(data: dict[str, Any], name: str, identity: str, extra: dict[str, Any]) -> Vocab:
+    model = data.get("model")
+    if not isinstance(model, dict) or "vocab" not in model:
+        raise InputError("not a tokenizer.json (no model.vocab)", source=name)
+    vocab = model["vocab"]
+    if isinstance(vocab, dict):  # BPE / WordPiece: token -> id
+        items = [(int(i), t) for t, i in vocab.items()]
+    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
+        items = [(i, e[0]) for i, e in enumerate(vocab)]
+    else:
+        raise InputError("unsupported tokenizer.json vocab", source=name)
+    added = data.get("added_tokens") or []
+    n = max([i for i, _ in items] + [int(a["id"]) for a in added] + [-1]) + 1
+    if n <= 0:
+        raise InputError("tokenizer.json has an empty vocabulary", source=name)
+    kind = _decoder_kind(data)
+    conv = byte_level_bytes if kind == "byte_level" else spm_bytes
+    pieces: list[bytes] = [b""] * n
+    flags = [0] * n
+    for i, t in items:
+        pieces[i] = conv(t)
+    for a in added:
+        i = int(a["id"])
+        pieces[i] = str(a["content"]).encode("utf-8")
+        flags[i] = SPECIAL if a.get("special") else ADDED
+    meta = {"kind": kind, "source": "tokenizer.json", **extra}
+    return _pack(name, pieces, flags, identity, meta)
+
+
+def load_tokenizer_json(path: str | os.PathLike[str], name: str | None = None, config: Path | None = None) -> Vocab:
+    src = Path(path)
+    if not src.is_file():
+        raise InputError("no such tokenizer file", source=str(src))
+
+    def build() -> Vocab:
+        data, raw = _read_json_file(src)
+        if not isinstance(data, dict):
+            raise InputError("not a tokenizer.json (top level is not an object)", source=str(src))
+        extra = _read_tokenizer_config(config) if config else {}
+        return vocab_from_tokenizer_json(data, name or str(src), _sha256(raw), extra)
+
+    return _cached(src, "tokenizer.json", build)
+
+
+def _read_tokenizer_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    cfg, _ = _read_json_file(path)
+    if not isinstance(cfg, dict):
+        return {}
+    out: dict[str, Any] = {}
+    tmpl = cfg.get("chat_template")
+    if isinstance(tmpl, list):  # [{"name": "default", "template": ...}, ...]
+        named = {e.get("name"): e.get("template") for e in tmpl if isinstance(e, dict)}
+        tmpl = named.get("default") or next(iter(named.values()), None)
+    if isinstance(tmpl, str):
+        out["chat_template"] = tmpl
+    for k in ("bos_token", "eos_token"):
+        v = cfg.get(k)
+        if isinstance(v, dict):
+            v = v.get("content")
+        if isinstance(v, str):
+            out[k] = v
+    return out
+
+
+def load_hf_dir(path: str | os.PathLike[str]) -> Vocab:
+    d = Path(path)
+    for fname in ("tokenizer.json", "tokenizer.json.gz"):
+        if (d / fname).is_file():
+            return load_tokenizer_json(d / fname, name=str(d), config=d / "tokenizer_config.json")
+    ggufs = sorted(d.glob("*.gguf"))
+    if ggufs:
+        return load_gguf(ggufs[0])
+    raise InputError(
+        "no tokenizer.json in this directory (a tokenizer.model alone is not supported; "
+        "save the tokenizer with a fast tokenizer, or pass the GGUF file)",
+        source=str(d),
+    )
+
+
+def load_bundled() -> Vocab:
+    v = load_tokenizer_json(
+        BUNDLED_DIR / "tokenizer.json.gz", name=BUNDLED_NAME, config=BUNDLED_DIR / "tokenizer_config.json"
+    )
+    v.name = BUNDLED_NAME
+    return v
+
+
+# ---------------------------------------------------------------- GGUF
+
+
+def load_gguf(path: str | os.PathLike[str]) -> Vocab:
+    from tokendiff.gguf_meta import read_gguf_metadata
+
+    src = Path(path)
+
+    def build() -> Vocab:
+        md = read_gguf_metadata(str(src), keys_prefix=("tokenizer.", "general.architecture", "general.name"))
+        tokens = md.get("tokenizer.ggml.tokens")
+        if not tokens:
+            raise InputError("GGUF file has no tokenizer.ggml.tokens (no embedded vocabulary)", source=str(src))
+        types = md.get("tokenizer.ggml.token_type")
+        model = md.get("tokenizer.ggml.model", "gpt2")
+        byte_level = model == "gpt2"
+        pieces: list[bytes] = []
+        flags: list[int] = []
+        for i, raw in enumerate(tokens):
+            t = int(types[i]) if types is not None and i < len(types) else GT_NORMAL
+            text = raw.decode("utf-8", errors="surrogateescape")
+            if t in (GT_CONTROL, GT_USER_DEFINED, GT_UNKNOWN, GT_UNUSED):
+                pieces.append(raw)
+                flags.append(SPECIAL if t == GT_CONTROL else ADDED if t == GT_USER_DEFINED else 0)
+            elif t == GT_BYTE or not byte_level:
+                pieces.append(spm_bytes(text))
+                flags.append(0)
+            else:
+                pieces.append(byte_level_bytes(text))
+                flags.append(0)
+        meta: dict[str, Any] = {"kind": "byte_level" if byte_level else "spm", "source": "gguf", "ggml_model": model}
+        for key, out in (
+            ("tokenizer.chat_template", "chat_template"),
+            ("tokenizer.ggml.bos_token_id", "bos_id"),
+            ("tokenizer.ggml.eos_token_id", "eos_id"),
+            ("general.architecture", "arch"),
+            ("general.name", "model_name"),
+        ):
+            if key in md:
+                val = md[key]
+                meta[out] = int(val) if isinstance(val, (int, np.integer)) and not isinstance(val, bool) else val
+        ident = hashlib.sha256(b"\0".join(tokens)).hexdigest()
+        return _pack(str(src), pieces, flags, ident, meta)
+
+    return _cached(src, "gguf", build)
+
+
+# ---------------------------------------------------------------- live server
+
+
+def load_server(url: str, timeout: float = 10.0) -> "ServerVocab":
+    """A tokenizer that asks a live llama-server.
+
+    When the server's model file is readable here (same machine), its GGUF
+    vocabulary is used: exact and fast. Otherwise tokens are detokenized on the
+    server as they are needed.
+    """
+    import httpx
+
+    base = url.rstrip("/")
+    try:
+        client = httpx.Client(base_url=base, timeout=timeout)
+        props = client.get("/props")
+        props.raise_for_status()
+        pj = props.json()
+    except (httpx.HTTPError, ValueError) as e:
+        raise InputError(f"cannot read /props: {e}", source=base) from None
+    n_vocab = None
+    try:
+        models = client.get("/v1/models").json()
+        n_vocab = int(models["data"][0]["meta"]["n_vocab"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        pass
+    model_path = pj.get("model_path")
+    if isinstance(model_path, str) and os.path.isfile(model_path):
+        try:
+            v = load_gguf(model_path)
+        except InputError:
+            v = None
+        if v is not None and (n_vocab is None or n_vocab == v.n_vocab):
+            client.close()
+            v.name = f"{base} ({os.path.basename(model_path)})"
+            v.meta["server"] = base
+            return v  # type: ignore[return-value]
+    if n_vocab is None:
+        raise InputError("server did not report n_vocab in /v1/models", source=base)
+    return ServerVocab(base, client, n_vocab, pj)
+
+
+class ServerVocab(Vocab):
+    """Vocab filled lazily from /detokenize; exact except for half-character tokens."""
+
+    def __init__(self, base: str, client: Any, n_vocab: int, props: dict[str, Any]):
+        super().__init__(
+            name=base,
+            blob=np.zeros(0, dtype=np.uint8),
+            offsets=np.zeros(n_vocab + 1, dtype=np.int64),
+            flags=np.zeros(n_vocab, dtype=np.uint8),
+            identity=f"server:{props.get('model_path', '')}:{n_vocab}",
+            meta={"source": "server", "chat_template": props.get("chat_template")},
+        )
+        self._client = client
+        self._pieces: dict[int, bytes] = {}
+        for key in ("bos_token", "eos_token"):
+            if isinstance(props.get(key), str):
+                self.meta[key] = props[key]
+
+    def _fetch(self, ids: list[int]) -> None:
+        import httpx
+
+        for i in ids:
+            try:
+                r = self._client.post("/detokenize", json={"tokens": [i]})
+                r.raise_for_status()
+                text = r.json()["content"]
+            except (httpx.HTTPError, ValueError, KeyError) as e:
+                raise InputError(f"/detokenize failed for token {i}: {e}", source=self.name) from None
+            self._pieces[i] = text.encode("utf-8", errors="surrogateescape")
+            if _LOOKS_SPECIAL.match(text):
+                self.flags[i] = SPECIAL
+
+    def _rebuild(self) -> None:
+        n = self.n_vocab
+        pieces = [self._pieces.get(i, b"") for i in range(n)]
+        lens = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=n)
+        self.offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=self.offsets[1:])
+        self.blob = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        self.meta.pop("_special_ids", None)
+
+    def ensure(self, ids: np.ndarray) -> None:
+        want = [int(i) for i in np.unique(ids) if 0 <= i < self.n_vocab and int(i) not in self._pieces]
+        if want:
+            self._fetch(want)
+            self._rebuild()
+
+    def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+        self.ensure(np.asarray(ids))
+        return super().decode(ids)
+
+
+# ---------------------------------------------------------------- choosing
+
+
+def load_vocab(spec: str | None = None, server: str | None = None) -> Vocab:
+    """The tokenizer the user named, or the bundled one (marked as assumed)."""
+    if server and not spec:
+        return load_server(server)
+    if not spec:
+        v = load_bundled()
+        v.assumed = True
+        return v
+    p = Path(spec)
+    if p.is_dir():
+        return load_hf_dir(p)
+    if not p.exists():
+        raise InputError("no such tokenizer file or directory", source=spec)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=spec) from None
+    if head == b"GGUF":
+        return load_gguf(p)
+    return load_tokenizer_json(p, config=p.parent / "tokenizer_config.json")
