@@ -18,6 +18,8 @@ from tokendiff.model import Divergence, Hunk, Prompt
 
 SMALL = 1500  # gaps up to this many tokens a side go to difflib directly
 KGRAM = 8
+WEIGHTED_MAX = 400
+GLUE = 3  # equal runs this short between two larger edits are merged into them
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -157,9 +159,29 @@ def _anchors(a: np.ndarray, b: np.ndarray) -> list[tuple[int, int, int]]:
 
 
 def _heaviest_increasing(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """Longest chain of runs increasing in both a and b (patience LIS on b)."""
+    """Chain of runs increasing in both a and b that covers the most tokens.
+
+    Weighted by run length, so a moved block costs its own size rather than
+    everything it jumped over. Quadratic in the number of runs, which is small
+    for real edits; past WEIGHTED_MAX runs, a plain patience LIS on b.
+    """
     if len(runs) <= 1:
         return runs
+    if len(runs) <= WEIGHTED_MAX:
+        best = [n for _, _, n in runs]
+        prev = [-1] * len(runs)
+        for i, (ra, rb, n) in enumerate(runs):
+            for j in range(i):
+                pa, pb, pn = runs[j]
+                if pb < rb and pa < ra and best[j] + n > best[i]:
+                    best[i] = best[j] + n
+                    prev[i] = j
+        i = max(range(len(runs)), key=best.__getitem__)
+        chain = []
+        while i >= 0:
+            chain.append(runs[i])
+            i = prev[i]
+        return chain[::-1]
     tails: list[int] = []  # b-start of the chain's last run, per length
     tail_idx: list[int] = []
     prev = [-1] * len(runs)
@@ -181,15 +203,25 @@ def _heaviest_increasing(runs: list[tuple[int, int, int]]) -> list[tuple[int, in
 
 
 def _merge(spans: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
-    """Sort, and join spans that touch on both sides."""
+    """Sort, and join spans separated by a coincidental equal run.
+
+    A diff of a generated tail against a re-rendered message will happily
+    match a stray newline token in the middle; a person reads that as one
+    change. An equal run of at most GLUE tokens, shorter than the edits on
+    both sides of it, is absorbed (the semantic cleanup of diff-match-patch).
+    """
     spans.sort()
     out: list[tuple[int, int, int, int]] = []
     for s in spans:
-        if out and out[-1][1] == s[0] and out[-1][3] == s[2]:
+        if out:
             p = out[-1]
-            out[-1] = (p[0], s[1], p[2], s[3])
-        else:
-            out.append(s)
+            gap = s[0] - p[1]
+            size_p = max(p[1] - p[0], p[3] - p[2])
+            size_s = max(s[1] - s[0], s[3] - s[2])
+            if gap == s[2] - p[3] and gap <= GLUE and gap < size_p and gap < size_s:
+                out[-1] = (p[0], s[1], p[2], s[3])
+                continue
+        out.append(s)
     return out
 
 
@@ -216,4 +248,9 @@ def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
                 b.owner(b0) if b0 < len(b) else b.owner(max(b0 - 1, 0)),
             )
         )
-    return Divergence(len(a), len(b), lcp, fbd, tuple(hunks))
+    # A tokenization boundary: the bytes still agree past the end of the first
+    # divergent token on at least one side, so the IDs differ but the text not.
+    boundary = bool(hunks) and lcp < min(len(a), len(b)) and (
+        fbd is None or fbd >= min(a.byte_offset(lcp + 1), b.byte_offset(lcp + 1))
+    )
+    return Divergence(len(a), len(b), lcp, fbd, tuple(hunks), boundary)

