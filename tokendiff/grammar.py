@@ -170,8 +170,10 @@ def _turns_llama3(prompt: Prompt) -> list[_Turn]:
 def _turns_harmony(prompt: Prompt) -> list[_Turn]:
     def role(data: bytes, pos: int) -> tuple[str, int]:
         j = data.find(b"<|message|>", pos, pos + 400)
-        if j < 0:
-            return data[pos : pos + 40].decode("utf-8", "replace"), pos
+        if j < 0:  # an open header at the end: `<|start|>assistant`
+            k = data.find(b"<|", pos, pos + 400)
+            k = min(len(data), pos + 400) if k < 0 else k
+            return data[pos:k].decode("utf-8", "replace"), k
         return data[pos:j].decode("utf-8", "replace"), j + len(b"<|message|>")
 
     turns = _split_generic(prompt, "<|start|>", ("<|end|>", "<|call|>", "<|return|>"), role)
@@ -189,26 +191,50 @@ def _turns_harmony(prompt: Prompt) -> list[_Turn]:
     return turns
 
 
+_DS_EOS = "<｜end▁of▁sentence｜>"
+
+
 def _turns_deepseek(prompt: Prompt) -> list[_Turn]:
     data = prompt.data
-    bos = "<｜begin▁of▁sentence｜>"
+    wrapped = bool(_markers(prompt, "<｜tool▁outputs▁begin｜>"))
+    tool_open, tool_close = (
+        ("<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>") if wrapped else ("<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
+    )
     marks = sorted(
         [(s, e, "user") for s, e in _markers(prompt, "<｜User｜>")]
         + [(s, e, "assistant") for s, e in _markers(prompt, "<｜Assistant｜>")]
+        + [(s, e, "tool") for s, e in _markers(prompt, tool_open)]
     )
-    eos = sorted(e for _, e in _markers(prompt, "<｜end▁of▁sentence｜>"))
+    eos = sorted(e for _, e in _markers(prompt, _DS_EOS))
+    tool_ends = sorted(e for _, e in _markers(prompt, tool_close))
     turns: list[_Turn] = []
-    bos_hits = _markers(prompt, bos)
+    bos_hits = _markers(prompt, "<｜begin▁of▁sentence｜>")
     first = marks[0][0] if marks else len(data)
-    sys_start = bos_hits[0][1] if bos_hits else 0
+    sys_start = bos_hits[0][1] if bos_hits and bos_hits[0][0] == 0 else 0
     if first > sys_start:
         turns.append(_Turn("system", sys_start, first, sys_start, first, True))
+
+    def assistant(start: int, cstart: int, limit: int) -> None:
+        close = next((x for x in eos if cstart <= x <= limit), None)
+        if close is None:
+            turns.append(_Turn("assistant", start, limit, cstart, limit, False))
+        else:
+            turns.append(_Turn("assistant", start, close, cstart, close - len(_DS_EOS.encode()), True))
+
     for k, (s, e, r) in enumerate(marks):
         limit = marks[k + 1][0] if k + 1 < len(marks) else len(data)
-        close = next((x for x in eos if e <= x <= limit), None)
-        closed = r == "user" or close is not None
-        cend = close - len("<｜end▁of▁sentence｜>".encode()) if close is not None else limit
-        turns.append(_Turn(r, s, limit, e, cend, closed))
+        if r == "user":
+            turns.append(_Turn("user", s, limit, e, limit, True))
+        elif r == "assistant":
+            assistant(s, e, limit)
+        else:
+            close = next((x for x in tool_ends if e <= x <= limit), None)
+            if close is None:
+                turns.append(_Turn("tool", s, limit, e, limit, False))
+                continue
+            turns.append(_Turn("tool", s, close, e, close - len(tool_close.encode()), True))
+            if data[close:limit].strip():  # the answer that follows the tool output
+                assistant(close, close, limit)
     return turns
 
 
@@ -242,7 +268,7 @@ def _turns_mistral(prompt: Prompt) -> list[_Turn]:
             turns.append(_Turn(role, s, nxt, e, nxt, False))
             continue
         turns.append(_Turn(role, s, close, e, close - len(cm.encode()), True))
-        if m == "[INST]":
+        if m in ("[INST]", "[TOOL_RESULTS]"):
             pos_after = close
     if pos_after is not None:
         close = next((x for x in eos if x > pos_after), None)
@@ -269,7 +295,7 @@ _NAME_PATTERNS = (
     re.compile(rb"<function=([^>\s]{1,200})>"),
     re.compile(rb"<name>([^<]{1,200})</name>"),
     re.compile(rb"\btype (\w{1,200}) = "),
-    re.compile(rb"function<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>([^\n]{1,200})"),
+    re.compile("<｜tool▁call▁begin｜>(?:function<｜tool▁sep｜>)?([^<\n]{1,200})".encode()),
 )
 
 
@@ -330,6 +356,9 @@ def _pairs(data: bytes, start: int, end: int, open_: bytes, close: bytes) -> lis
         pos = e + len(close)
 
 
+_TOOL_START = re.compile(rb'\{\s*"type"\s*:\s*"function"')
+
+
 def _tools_block(data: bytes, start: int, end: int) -> tuple[int, int, list[tuple[int, int]]] | None:
     """The `<tools>` block of ChatML/Hermes/Qwen (not the literal `<tools></tools>` in prose)."""
     for m in re.finditer(rb"<tools>\s*(?:[\[{]|<function)", data[start:end]):
@@ -338,6 +367,10 @@ def _tools_block(data: bytes, start: int, end: int) -> tuple[int, int, list[tupl
         e = end if e < 0 else e + len(b"</tools>")
         inner_s = s + len(b"<tools>")
         objs = _json_objects(data, inner_s, e)
+        starts = [m.start() for m in _TOOL_START.finditer(data, inner_s, e)]
+        if len(starts) > len(objs):  # unbalanced JSON (Hermes 3 drops a brace): split at each tool
+            close = e - len(b"</tools>") if data[e - 8 : e] == b"</tools>" else e
+            objs = [(a, (starts[k + 1] if k + 1 < len(starts) else close)) for k, a in enumerate(starts)]
         if not objs:
             objs = _pairs(data, inner_s, e, b"<function", b"</function>")
         if objs:
@@ -349,7 +382,11 @@ def _inner_spans(data: bytes, turn: _Turn, base: tuple[str, ...], family: str) -
     spans: list[_Span] = []
     cs, ce = turn.content_start, turn.content_end
     tb = _tools_block(data, cs, ce)
-    if tb:
+    if turn.role == "tools":  # Mistral's [AVAILABLE_TOOLS]: a JSON list of tools
+        for j, (a, b) in enumerate(_json_objects(data, cs, ce)):
+            name = _name_in(data, a, b)
+            spans.append(_Span(base + (f"tool[{j}]" + (f" {name}" if name else ""),), a, b))
+    elif tb:
         s, e, objs = tb
         spans.append(_Span(base + ("tools",), s, e))
         for j, (a, b) in enumerate(objs):
@@ -376,19 +413,29 @@ def _inner_spans(data: bytes, turn: _Turn, base: tuple[str, ...], family: str) -
         m = re.search(rb"Today Date: [^\n]*", data[cs:ce])
         if m:
             spans.append(_Span(base + ("date",), cs + m.start(), cs + m.end()))
-    for j, (a, b) in enumerate(_pairs(data, cs, ce, b"<think>", b"</think>")):
-        spans.append(_Span(base + ("reasoning",), a, b))
-    calls = _pairs(data, cs, ce, b"<tool_call>", b"</tool_call>")
-    calls += _pairs(data, cs, ce, "<｜tool▁call▁begin｜>".encode(), "<｜tool▁call▁end｜>".encode())
-    if family == "mistral" and turn.role == "assistant" and data[turn.start : turn.start + 12] == b"[TOOL_CALLS]":
-        calls += _json_objects(data, cs, ce)
-    for j, (a, b) in enumerate(sorted(calls)):
-        name = _name_in(data, a, b)
-        spans.append(_Span(base + (f"tool_call[{j}]" + (f" {name}" if name else ""),), a, b))
-    results = _pairs(data, cs, ce, b"<tool_response>", b"</tool_response>")
-    results += _pairs(data, cs, ce, "<｜tool▁output▁begin｜>".encode(), "<｜tool▁output▁end｜>".encode())
-    for j, (a, b) in enumerate(sorted(results)):
-        spans.append(_Span(base + (f"tool_response[{j}]",), a, b))
+    role = turn.role
+    if family == "harmony" and role.startswith("assistant "):
+        # the channel and recipient live in the header: the whole content is the span
+        recipient = re.search(r"to=functions\.([\w.\-]+)", role)
+        if " analysis" in role:
+            spans.append(_Span(base + ("reasoning",), cs, ce))
+        elif recipient:
+            spans.append(_Span(base + (f"tool_call[0] {recipient.group(1)}",), cs, ce))
+    elif role.startswith("assistant") or role == "model":
+        for a, b in _pairs(data, cs, ce, b"<think>", b"</think>"):
+            spans.append(_Span(base + ("reasoning",), a, b))
+        calls = _pairs(data, cs, ce, b"<tool_call>", b"</tool_call>")
+        calls += _pairs(data, cs, ce, "<｜tool▁call▁begin｜>".encode(), "<｜tool▁call▁end｜>".encode())
+        if family == "mistral" and data[turn.start : turn.start + 12] == b"[TOOL_CALLS]":
+            calls += _json_objects(data, cs, ce)
+        for j, (a, b) in enumerate(sorted(calls)):
+            name = _name_in(data, a, b)
+            spans.append(_Span(base + (f"tool_call[{j}]" + (f" {name}" if name else ""),), a, b))
+    elif role in ("user", "tool", "ipython"):
+        results = _pairs(data, cs, ce, b"<tool_response>", b"</tool_response>")
+        results += _pairs(data, cs, ce, "<｜tool▁output▁begin｜>".encode(), "<｜tool▁output▁end｜>".encode())
+        for j, (a, b) in enumerate(sorted(results)):
+            spans.append(_Span(base + (f"tool_response[{j}]",), a, b))
     return spans
 
 
@@ -396,8 +443,8 @@ def _inner_spans(data: bytes, turn: _Turn, base: tuple[str, ...], family: str) -
 
 
 def _turn_name(turn: _Turn, index: int, last: bool) -> str:
-    if index == 0 and turn.role == "system":
-        return "system"
+    if (index == 0 and turn.role == "system") or turn.role == "tools":
+        return turn.role
     if last and not turn.closed and turn.role.startswith("assistant"):
         return "generation_prompt"
     return f"message[{index}] {turn.role}"
@@ -413,9 +460,12 @@ def sections_for(prompt: Prompt, family: str | None = None) -> tuple[str, list[S
     spans: list[_Span] = []
     if turns and turns[0].start > 0:
         spans.append(_Span(("bos",), 0, turns[0].start))
+    index = 0
     for i, t in enumerate(turns):
         last = i == len(turns) - 1
-        name = _turn_name(t, i, last)
+        name = _turn_name(t, index, last)
+        if t.role != "tools":  # Mistral's tools block is no message
+            index += 1
         spans.append(_Span((name,), t.start, t.end))
         if name == "generation_prompt":
             if t.content_start < t.end:

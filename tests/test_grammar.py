@@ -1,0 +1,170 @@
+"""Section attribution on real chat-template renders.
+
+Qwen3 uses the real Qwen3 tokenizer; families whose tokenizer cannot ship
+offline are tokenised with each special marker as one token (as their real
+tokenizers do) and words as tokens, which is all the grammar looks at.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from conftest import CONVERSATION, TOOLS, prompt_from_ids, prompt_from_text, qwen_encode, render, token_at
+
+from tokendiff.grammar import detect_family
+
+
+def labels(p) -> list[str]:
+    return [s.label for s in p.sections]
+
+
+def with_ids(msgs):
+    msgs = copy.deepcopy(msgs)
+    for m in msgs:
+        for tc in m.get("tool_calls", []):
+            tc["id"] = "abcdefghi"
+        if m["role"] == "tool":
+            m["tool_call_id"] = "abcdefghi"
+    return msgs
+
+
+def test_qwen3_sections_with_real_tokens(vocab):
+    text = render("Qwen-Qwen3-0.6B.jinja", CONVERSATION, TOOLS)
+    p = prompt_from_ids(qwen_encode(text), vocab)
+    assert p.meta["template_family"] == "chatml"
+    assert labels(p) == [
+        "system",
+        "system › tools",
+        "system › tools › tool[0] get_weather",
+        "system › tools › tool[1] get_time",
+        "system › tools › tool[2] web_extract",
+        "message[1] user",
+        "message[2] assistant",
+        "message[2] assistant › tool_call[0] get_weather",
+        "message[3] user",
+        "message[3] user › tool_response[0]",
+        "message[4] assistant",
+        "message[5] user",
+        "generation_prompt",
+    ]
+    assert p.owner_label(token_at(p, '"name": "get_time"')) == "system › tools › tool[1] get_time"
+    assert p.owner_label(token_at(p, "terse")) == "system"
+    # the prose mention `<tools></tools>` is not the tools block
+    assert p.owner_label(token_at(p, "<tools></tools>")) == "system"
+    assert p.owner_label(token_at(p, '"temp"')) == "message[3] user › tool_response[0]"
+    assert p.owner_label(len(p) - 1) == "generation_prompt"
+    tools = next(s for s in p.sections if s.label == "system › tools")
+    assert p.data[tools.byte_start : tools.byte_start + 8] == b"<tools>\n"
+    assert p.data[tools.byte_end - 8 : tools.byte_end] == b"</tools>"
+
+
+def test_qwen3_reasoning_in_latest_turn_and_generated_tail(vocab):
+    msgs = CONVERSATION[:3]  # the assistant tool call is after the last user message: reasoning kept
+    text = render("Qwen-Qwen3-0.6B.jinja", msgs, TOOLS, add_generation_prompt=False)
+    p = prompt_from_ids(qwen_encode(text), vocab)
+    assert "message[2] assistant › reasoning" in labels(p)
+    assert p.owner_label(token_at(p, "call the tool")) == "message[2] assistant › reasoning"
+    # A slot dump: the generation prompt followed by what the model generated, no <|im_end|>.
+    text = render("Qwen-Qwen3-0.6B.jinja", CONVERSATION[:2], TOOLS) + "<think>\nhmm\n</think>\n\nIt is"
+    p = prompt_from_ids(qwen_encode(text), vocab)
+    assert p.owner_label(token_at(p, "hmm")) == "generation_prompt › generated › reasoning"
+    assert p.owner_label(token_at(p, "It is")) == "generation_prompt › generated"
+    assert p.owner_label(token_at(p, "<|im_start|>assistant")) == "generation_prompt"
+
+
+def test_llama31_tools_in_first_user_message_and_date():
+    specials = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"]
+    text = render("meta-llama-Llama-3.1-8B-Instruct.jinja", with_ids(CONVERSATION), TOOLS, bos_token="<|begin_of_text|>")
+    p = prompt_from_text(text, specials)
+    assert detect_family(p) == "llama3"
+    assert labels(p)[:8] == [
+        "bos",
+        "system",
+        "system › date",
+        "message[1] user",
+        "message[1] user › tools",
+        "message[1] user › tools › tool[0] get_weather",
+        "message[1] user › tools › tool[1] get_time",
+        "message[1] user › tools › tool[2] web_extract",
+    ]
+    assert p.owner_label(token_at(p, "26 Jul 2024")) == "system › date"
+    assert p.owner_label(token_at(p, "ipython<|end_header_id|>")) == "message[3] ipython"
+    assert labels(p)[-1] == "generation_prompt"
+
+
+def test_hermes3_tools_in_their_own_system_turn():
+    text = render("NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", CONVERSATION, TOOLS, bos_token="<|begin_of_text|>")
+    p = prompt_from_text(text, ["<|begin_of_text|>", "<|im_start|>", "<|im_end|>"])
+    got = labels(p)
+    assert got[:2] == ["bos", "system"]
+    assert "system › tools › tool[2] web_extract" in got
+    assert p.owner_label(token_at(p, "terse")) == "message[1] system"
+    assert "message[4] tool › tool_response[0]" in got
+
+
+def test_mistral_nemo_tools_before_last_user_message():
+    specials = ["<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]
+    text = render("mistralai-Mistral-Nemo-Instruct-2407.jinja", with_ids(CONVERSATION), TOOLS, bos_token="<s>", eos_token="</s>")
+    p = prompt_from_text(text, specials)
+    assert detect_family(p) == "mistral"
+    assert labels(p) == [
+        "bos",
+        "message[0] user",
+        "message[1] assistant",
+        "message[1] assistant › tool_call[0] get_weather",
+        "message[2] tool",
+        "message[3] assistant",
+        "tools",
+        "tools › tool[0] get_weather",
+        "tools › tool[1] get_time",
+        "tools › tool[2] web_extract",
+        "message[4] user",
+    ]
+
+
+def test_gpt_oss_harmony_channels_and_namespace_tools():
+    specials = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>", "<|constrain|>"]
+    msgs = with_ids(CONVERSATION)
+    msgs[2]["thinking"] = msgs[2].pop("reasoning_content")
+    p = prompt_from_text(render("openai-gpt-oss-120b.jinja", msgs, TOOLS), specials)
+    assert detect_family(p) == "harmony"
+    got = labels(p)
+    assert "message[1] developer › tools › tool[1] get_time" in got
+    assert "message[3] assistant commentary to=functions.get_weather › tool_call[0] get_weather" in got
+    assert p.owner_label(token_at(p, "Current date")) == "system"
+    assert got[-1] == "generation_prompt"
+
+
+def test_deepseek_v31_tool_calls_and_outputs():
+    specials = [
+        "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+        "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+        "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>",
+    ]  # fmt: skip
+    text = render("deepseek-ai-DeepSeek-V3.1.jinja", CONVERSATION, TOOLS, bos_token="<｜begin▁of▁sentence｜>")
+    p = prompt_from_text(text, specials)
+    assert detect_family(p) == "deepseek"
+    assert labels(p)[:8] == [
+        "bos",
+        "system",
+        "message[1] user",
+        "message[2] assistant",
+        "message[2] assistant › reasoning",
+        "message[2] assistant › tool_call[0] get_weather",
+        "message[3] tool",
+        "message[4] assistant",
+    ]
+
+
+def test_gemma_model_role_is_assistant():
+    text = render("google-gemma-2-2b-it.jinja", [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}], bos_token="<bos>")
+    p = prompt_from_text(text, ["<bos>", "<start_of_turn>", "<end_of_turn>"])
+    assert labels(p) == ["bos", "message[0] user", "message[1] assistant", "message[2] user", "generation_prompt"]
+
+
+@pytest.mark.parametrize("family", ["none", "chatml"])
+def test_family_override(vocab, family):
+    p = prompt_from_ids(qwen_encode("<|im_start|>user\nhi<|im_end|>\n"), vocab, family=family)
+    assert p.meta["template_family"] == family
+    assert (labels(p) == []) == (family == "none")
