@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The project's test command (README and CI run exactly this):
+# make .venv, install tokendiff with its test extras and llama-server, run pytest.
+# Extra arguments go to pytest. With TOKENDIFF_REQUIRE_SERVER=1 (CI) a missing
+# llama-server fails the run instead of skipping its tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+if ! bash scripts/install_llama_server.sh .venv/bin/python; then
+  if [ "${TOKENDIFF_REQUIRE_SERVER:-0}" = 1 ]; then
+    echo "llama-server could not be installed" >&2
+    exit 1
+  fi
+  echo "warning: llama-server unavailable; the tests that need it are skipped" >&2
+fi
+exec .venv/bin/python -m pytest -q "$@"
