@@ -149,3 +149,22 @@ def test_diff_does_not_import_heavy_libraries(pair):
     ) % (str(a), str(b))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
+
+
+def test_wrong_model_ids_warn(tmp_path):
+    # In-range IDs from another model decode as nonsense: warn, still diff.
+    import numpy as np
+
+    ids = np.random.default_rng(0).integers(0, 151_000, 400).tolist()
+    a = write_slot(tmp_path / "a.bin", ids)
+    r = run("diff", str(a), str(a))
+    assert r.returncode == 0
+    assert "warning" in r.stderr and "--tokenizer" in r.stderr
+
+
+def test_natural_name_order(tmp_path):
+    from tokendiff.slotfile import list_session_dir
+
+    for n in (10, 2, 1):
+        write_slot(tmp_path / f"turn-{n}.bin", [1])
+    assert [p.name for p in list_session_dir(tmp_path, "name")] == ["turn-1.bin", "turn-2.bin", "turn-10.bin"]

@@ -74,5 +74,25 @@ def load_prompt(spec: str, vocab: Vocab, family: str | None = None, order: str =
             **({"arch": slot.arch} if slot.arch else {}),
         },
     )
-    grammar.annotate(prompt, family)
+    fam = grammar.annotate(prompt, family)
+    _warn_if_mismatched(prompt, fam, family, vocab)
     return prompt
+
+
+def _warn_if_mismatched(prompt: Prompt, fam: str, forced: str | None, vocab: Vocab) -> None:
+    """IDs inside the vocabulary can still belong to another model: say when the text looks wrong."""
+    if len(prompt) < 16:
+        return
+    bad = prompt.data.decode("utf-8", errors="replace").count("\ufffd")
+    if bad > max(8, len(prompt) // 50):
+        print(
+            f"tokendiff: warning: {prompt.origin}: {bad} invalid UTF-8 sequences after decoding with "
+            f"{vocab.name}; the tokenizer is probably not the model's (pass --tokenizer)",
+            file=sys.stderr,
+        )
+    elif fam == "none" and forced is None:
+        print(
+            f"tokendiff: warning: {prompt.origin}: no chat-template markers found with {vocab.name}; "
+            "sections are unavailable (a raw completion prompt, or not the model's tokenizer: pass --tokenizer)",
+            file=sys.stderr,
+        )
