@@ -34,10 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser(
         "diff",
-        help="diff two prompts (slot files, DIR@N turns)",
+        help="diff two prompts (slot files, captures, request bodies, DIR@N turns)",
         description="Diff two prompts as the server cached them. Exit 0 identical, 1 different, 2 trouble.",
     )
-    d.add_argument("a", help="older prompt: slot file, or DIR@N for the N-th turn (from 1) of a directory")
+    d.add_argument(
+        "a",
+        help="older prompt: slot file, request body .json, prompt log .txt, capture.jsonl@N, file.har@N, "
+        "or DIR@N for the N-th turn (from 1) of a directory",
+    )
     d.add_argument("b", help="newer prompt")
     _tokenizer_args(d)
     d.add_argument("--json", action="store_true", help="print the tokendiff.diff/1 JSON document")
@@ -50,12 +54,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _tokenizer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json(.gz), Hugging Face directory, or GGUF model file")
-    p.add_argument("--server", metavar="URL", help="a live llama-server to decode with")
+    p.add_argument("--server", metavar="URL", help="a live llama-server to decode (and tokenise) with")
+    p.add_argument("--chat-template", metavar="FILE", help="chat template (.jinja, or a tokenizer_config.json) for rendering requests")
     p.add_argument(
         "--template-family",
         choices=("chatml", "llama3", "mistral", "gemma", "harmony", "deepseek", "none"),
         help="override the detected chat-template family",
     )
+
+
+def _read_template(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read chat template: {e}", source=path) from None
+    if path.endswith(".json"):  # a tokenizer_config.json
+        import orjson
+
+        try:
+            cfg = orjson.loads(text)
+        except orjson.JSONDecodeError as e:
+            raise InputError(f"malformed JSON: {e}", source=path) from None
+        tmpl = cfg.get("chat_template") if isinstance(cfg, dict) else None
+        if not isinstance(tmpl, str):
+            raise InputError("no chat_template string in this JSON file", source=path)
+        return tmpl
+    return text
 
 
 def _use_color(choice: str) -> bool:
@@ -69,14 +95,15 @@ def _use_color(choice: str) -> bool:
 def cmd_diff(args: argparse.Namespace) -> int:
     from tokendiff.align import align
     from tokendiff.report.diff import diff_document, render_text
-    from tokendiff.sources import load_prompt
+    from tokendiff.sources import Loader
     from tokendiff.vocab import load_vocab
 
     if args.context < 0:
         raise InputError("--context must be 0 or more")
     vocab = load_vocab(args.tokenizer, args.server)
-    a = load_prompt(args.a, vocab, args.template_family, args.order)
-    b = load_prompt(args.b, vocab, args.template_family, args.order)
+    loader = Loader(vocab, args.template_family, args.order, _read_template(args.chat_template))
+    a = loader.load(args.a)
+    b = loader.load(args.b)
     d = align(a, b)
     doc = diff_document(a, b, d, vocab, context=args.context)
     if args.json:

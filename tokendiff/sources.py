@@ -1,7 +1,13 @@
-"""Turn a user's selector (`slot.bin`, `DIR@N`) into a decoded, sectioned Prompt.
+"""Turn a user's selector into a decoded, sectioned Prompt.
 
-This is the I/O edge for prompts: it reads files, checks the IDs against the
-tokenizer, decodes them to exact bytes and attributes sections.
+Selectors: a slot file; `DIR@N` (the N-th turn of a directory of slot files,
+request bodies or llama-server prompt logs); `capture.jsonl@N`; `session.har@N`;
+a request body `.json`; a prompt log `.txt`. N counts from 1; negative N
+counts from the end.
+
+This is the I/O edge for prompts: it reads files, checks IDs against the
+tokenizer, decodes them to exact bytes, renders requests through the chat
+template and attributes sections.
 """
 
 from __future__ import annotations
@@ -10,11 +16,14 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from tokendiff import grammar
 from tokendiff.errors import InputError
 from tokendiff.model import Prompt
-from tokendiff.slotfile import check_vocab, list_session_dir, read_slot_file
+from tokendiff.slotfile import _natural, check_vocab, is_slot_file, list_session_dir, read_slot_file
 from tokendiff.vocab import Vocab
 
 _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
@@ -22,61 +31,265 @@ _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
 
 @dataclass(frozen=True)
 class Selected:
+    kind: str  # slot | capture | har | body | promptlog
     path: Path
     label: str  # how reports name it, e.g. "captures/demo@3 (turn-03.bin)"
-    turn: int | None  # 1-based turn within a session, when chosen from one
+    turn: int | None  # 1-based position within a session, when chosen from one
+
+
+def _pick(items: list, n: int, what: str, source: str) -> tuple[int, Any]:
+    idx = n - 1 if n > 0 else len(items) + n
+    if n == 0 or not 0 <= idx < len(items):
+        rng = f"1..{len(items)}" if items else "none"
+        raise InputError(f"{what} {n} is out of range: there are {len(items)} ({rng})", source=source)
+    return idx, items[idx]
+
+
+def _dir_entries(base: Path, order: str) -> tuple[str, list[Path]]:
+    slots = list_session_dir(base, order)
+    if slots:
+        return "slot", slots
+    files = sorted((e for e in base.iterdir() if e.is_file()), key=lambda e: _natural(e.name))
+    bodies = [e for e in files if e.suffix == ".json" and e.name not in ("session.json", "props.json", "models.json", "slots.json")]
+    if bodies:
+        return "body", bodies
+    logs = [e for e in files if e.suffix == ".txt"]
+    if logs:
+        return "promptlog", logs
+    raise InputError("no slot files, request bodies (.json) or prompt logs (.txt) in this directory", source=str(base))
+
+
+def _file_kind(p: Path) -> str:
+    from tokendiff.capture import is_capture_file
+
+    if is_slot_file(p):
+        return "slot"
+    if is_capture_file(p):
+        return "capture"
+    if p.suffix.lower() == ".har":
+        return "har"
+    if p.suffix.lower() == ".txt":
+        return "promptlog"
+    if p.suffix.lower() in (".json", ".gz") or p.suffix == "":
+        try:
+            with open(p, "rb") as f:
+                head = f.read(4096).lstrip()
+        except OSError as e:
+            raise InputError(e.strerror or str(e), source=str(p)) from None
+        if head.startswith(b"{") and b'"log"' in head[:200] and b'"entries"' in head:
+            return "har"
+        if head.startswith(b"{"):
+            return "body"
+    return "slot"  # let the slot reader say what is wrong with it
 
 
 def select(spec: str, order: str = "mtime") -> Selected:
-    """Resolve `file`, or `DIR@N` (N-th turn, from 1; negative counts from the end)."""
     m = _SELECTOR.match(spec)
     if m and not Path(spec).exists():
         base, n = Path(m.group("base")), int(m.group("n"))
         if not base.exists():
             raise InputError("no such file or directory", source=str(base))
         if base.is_dir():
-            files = list_session_dir(base, order)
-            if not files:
-                raise InputError("no slot files (ggsq/ggsn) in this directory", source=str(base))
-            idx = n - 1 if n > 0 else len(files) + n
-            if n == 0 or not 0 <= idx < len(files):
-                raise InputError(f"turn {n} is out of range: the session has {len(files)} turns (1..{len(files)})", source=str(base))
-            f = files[idx]
-            return Selected(f, f"{base}@{idx + 1} ({f.name})", idx + 1)
-        raise InputError(f"'@{n}' selects a turn of a directory session, and this is a file", source=str(base))
+            kind, files = _dir_entries(base, order)
+            idx, f = _pick(files, n, "turn", str(base))
+            return Selected(kind, f, f"{base}@{idx + 1} ({f.name})", idx + 1)
+        kind = _file_kind(base)
+        if kind in ("capture", "har"):
+            return Selected(kind, base, f"{base}@{n}", n)
+        raise InputError(f"'@{n}' selects a turn of a session (directory, capture or HAR), and this is a {kind} file", source=str(base))
     p = Path(spec)
     if p.is_dir():
         raise InputError("is a directory: pick a turn with DIR@N (counting from 1)", source=spec)
     if not p.exists():
         raise InputError("no such file", source=spec)
-    return Selected(p, spec, None)
+    kind = _file_kind(p)
+    if kind in ("capture", "har"):
+        raise InputError(f"a {kind} file holds many requests: pick one with {spec}@N (counting from 1)", source=spec)
+    return Selected(kind, p, spec, None)
 
 
-def load_prompt(spec: str, vocab: Vocab, family: str | None = None, order: str = "mtime") -> Prompt:
-    sel = select(spec, order)
-    slot = read_slot_file(sel.path)
-    for w in slot.warnings:
-        print(f"tokendiff: warning: {w}", file=sys.stderr)
-    check_vocab(slot.tokens, vocab.n_vocab, str(sel.path), vocab.name)
-    data, offsets, special = vocab.decode(slot.tokens)
-    prompt = Prompt(
-        ids=slot.tokens,
-        data=data,
-        offsets=offsets,
-        special=special,
-        origin=sel.label,
-        meta={
+class Loader:
+    """Loads prompts with one tokenizer, template family and chat template.
+
+    The full text tokenizer and the chat-template renderer are created only
+    when a selector needs them (requests and prompt logs), so `diff` of slot
+    files never imports tokenizers, transformers or jinja.
+    """
+
+    def __init__(self, vocab: Vocab, family: str | None = None, order: str = "mtime", chat_template: str | None = None):
+        self.vocab = vocab
+        self.family = family
+        self.order = order
+        self.chat_template = chat_template
+        self._tokenizer = None
+        self._renderer = None
+        self._sessions: dict[Path, list[dict[str, Any]]] = {}
+
+    # ---------------------------------------------------------------- slots
+
+    def load(self, spec: str) -> Prompt:
+        sel = select(spec, self.order)
+        if sel.kind == "slot":
+            return self._slot(sel)
+        rec = self._record(sel)
+        return self.from_record(rec, sel.label, sel.turn)
+
+    def _slot(self, sel: Selected) -> Prompt:
+        slot = read_slot_file(sel.path)
+        for w in slot.warnings:
+            warn(w)
+        meta = {
             "path": str(sel.path),
             "format": f"{slot.kind} v{slot.version}" + (" packed" if slot.packed else ""),
             "state_bytes": slot.state_bytes,
             "media_chunks": slot.media_chunks,
             "turn": sel.turn,
-            **({"arch": slot.arch} if slot.arch else {}),
-        },
-    )
-    fam = grammar.annotate(prompt, family)
-    _warn_if_mismatched(prompt, fam, family, vocab)
-    return prompt
+        }
+        if slot.arch:
+            meta["arch"] = slot.arch
+        p = self._decode(slot.tokens, str(sel.path), sel.label, meta)
+        fam = grammar.annotate(p, self.family)
+        _warn_if_mismatched(p, fam, self.family, self.vocab)
+        return p
+
+    def _decode(self, ids: np.ndarray, source: str, label: str, meta: dict[str, Any]) -> Prompt:
+        check_vocab(ids, self.vocab.n_vocab, source, self.vocab.name)
+        data, offsets, special = self.vocab.decode(ids)
+        return Prompt(ids=ids, data=data, offsets=offsets, special=special, origin=label, meta=meta)
+
+    # ---------------------------------------------------------------- requests
+
+    def _record(self, sel: Selected) -> dict[str, Any]:
+        if sel.kind == "body":
+            from tokendiff.importers.openai_body import record_from_body
+
+            return record_from_body(sel.path)
+        if sel.kind == "promptlog":
+            from tokendiff.importers.llama_logs import record_from_prompt_log
+
+            return record_from_prompt_log(sel.path)
+        records = self._session(sel)
+        idx, rec = _pick(records, sel.turn or 0, "request", str(sel.path))
+        return rec
+
+    def _session(self, sel: Selected) -> list[dict[str, Any]]:
+        if sel.path not in self._sessions:
+            if sel.kind == "capture":
+                from tokendiff.capture import read_capture
+
+                records, warnings = read_capture(sel.path)
+                for w in warnings:
+                    warn(w)
+            else:
+                from tokendiff.importers.har import read_har
+
+                records = read_har(sel.path)
+            self._sessions[sel.path] = records
+        return self._sessions[sel.path]
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from tokendiff.vocab import text_tokenizer
+
+            self._tokenizer = text_tokenizer(self.vocab)
+        return self._tokenizer
+
+    @property
+    def renderer(self):
+        if self._renderer is None:
+            from tokendiff.render import Renderer
+
+            tmpl = self.chat_template or self.vocab.meta.get("chat_template")
+            if not tmpl:
+                raise InputError(
+                    f"no chat template: {self.vocab.name} carries none; pass --chat-template FILE, "
+                    "a tokenizer directory with tokenizer_config.json, a GGUF file, or --server URL"
+                )
+            self._renderer = Renderer(tmpl, bos_token=self._special_text("bos"), eos_token=self._special_text("eos"))
+        return self._renderer
+
+    def _special_text(self, which: str) -> str:
+        v = self.vocab.meta.get(f"{which}_token")
+        if isinstance(v, str):
+            return v
+        i = self.vocab.meta.get(f"{which}_id")
+        if isinstance(i, int) and 0 <= i < self.vocab.n_vocab:
+            return self.vocab.piece(i).decode("utf-8", "replace")
+        return ""
+
+    def from_record(self, rec: dict[str, Any], label: str, turn: int | None = None) -> Prompt:
+        """A prompt from a capture record: the server's IDs when recorded, else
+        the local render (or the logged text) tokenised."""
+        request = rec.get("request") or {}
+        has_messages = isinstance(request.get("messages"), list)
+        meta: dict[str, Any] = {
+            "path": rec.get("origin") or label,
+            "format": rec.get("source", "capture"),
+            "turn": turn,
+            "request": request,
+            "response": rec.get("response"),
+        }
+        rendered = None
+        if has_messages and (rec.get("prompt_ids") is None or self._can_render()):
+            rendered = self.renderer.attribute(request)
+        ids_in = rec.get("prompt_ids")
+        if ids_in is not None:
+            try:
+                ids = np.asarray(ids_in, dtype=np.int64)
+                if ids.ndim != 1:
+                    raise ValueError("not a flat list")
+            except (TypeError, ValueError, OverflowError) as e:
+                raise InputError(f"prompt_ids is not a list of token IDs: {e}", source=label) from None
+            if ids.size and (ids.min() < 0 or ids.max() >= 2**31):
+                raise InputError("prompt_ids holds negative or oversized IDs", source=label)
+            ids = ids.astype(np.int32)
+            meta["ids_from"] = rec.get("prompt_source", "server")
+        elif isinstance(rec.get("prompt_text"), str):
+            ids = np.asarray(self.tokenizer.encode(rec["prompt_text"], add_special=bool(self.vocab.meta.get("add_bos"))), dtype=np.int32)
+            meta["ids_from"] = "prompt log, tokenised here"
+        elif rendered is not None:
+            ids = np.asarray(self.tokenizer.encode(rendered.text), dtype=np.int32)
+            meta["ids_from"] = "local render, tokenised here"
+        else:
+            raise InputError("record has neither messages, prompt_ids nor prompt_text", source=label)
+        p = self._decode(ids, label, label, meta)
+        fam = grammar.annotate(p, self.family)
+        if rendered is not None:
+            local = rendered.text.encode("utf-8")
+            if local == p.data:
+                from tokendiff.sections import field_sections
+
+                p.sections = field_sections(p, rendered)
+                meta["sections_from"] = "request fields"
+            else:
+                from tokendiff.align import first_byte_diff
+
+                at = first_byte_diff(local, p.data)
+                meta["render_mismatch"] = {
+                    "byte": at,
+                    "local": local[max(0, (at or 0) - 40) : (at or 0) + 40].decode("utf-8", "replace"),
+                    "server": p.data[max(0, (at or 0) - 40) : (at or 0) + 40].decode("utf-8", "replace"),
+                }
+                warn(
+                    f"{label}: the local render differs from the server's tokens at byte {at}; "
+                    "sections come from the template markers (the server renders differently)"
+                )
+            if rendered.unlocated:
+                meta["unlocated_fields"] = rendered.unlocated
+        _warn_if_mismatched(p, fam, self.family, self.vocab)
+        return p
+
+    def _can_render(self) -> bool:
+        return bool(self.chat_template or self.vocab.meta.get("chat_template"))
+
+
+def warn(msg: str) -> None:
+    print(f"tokendiff: warning: {msg}", file=sys.stderr)
+
+
+def load_prompt(spec: str, vocab: Vocab, family: str | None = None, order: str = "mtime") -> Prompt:
+    return Loader(vocab, family, order).load(spec)
 
 
 def _warn_if_mismatched(prompt: Prompt, fam: str, forced: str | None, vocab: Vocab) -> None:
@@ -85,14 +298,12 @@ def _warn_if_mismatched(prompt: Prompt, fam: str, forced: str | None, vocab: Voc
         return
     bad = prompt.data.decode("utf-8", errors="replace").count("\ufffd")
     if bad > max(8, len(prompt) // 50):
-        print(
-            f"tokendiff: warning: {prompt.origin}: {bad} invalid UTF-8 sequences after decoding with "
-            f"{vocab.name}; the tokenizer is probably not the model's (pass --tokenizer)",
-            file=sys.stderr,
+        warn(
+            f"{prompt.origin}: {bad} invalid UTF-8 sequences after decoding with "
+            f"{vocab.name}; the tokenizer is probably not the model's (pass --tokenizer)"
         )
     elif fam == "none" and forced is None:
-        print(
-            f"tokendiff: warning: {prompt.origin}: no chat-template markers found with {vocab.name}; "
-            "sections are unavailable (a raw completion prompt, or not the model's tokenizer: pass --tokenizer)",
-            file=sys.stderr,
+        warn(
+            f"{prompt.origin}: no chat-template markers found with {vocab.name}; "
+            "sections are unavailable (a raw completion prompt, or not the model's tokenizer: pass --tokenizer)"
         )

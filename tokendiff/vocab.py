@@ -31,7 +31,7 @@ DATA_DIR = Path(__file__).parent / "data"
 BUNDLED_DIR = DATA_DIR / "qwen3"
 BUNDLED_NAME = "bundled Qwen3 tokenizer"
 MEDIA_PIECE = b"<__media__>"
-CACHE_MAGIC = b"TDVOCAB2"
+CACHE_MAGIC = b"TDVOCAB3"
 
 # Token flags
 SPECIAL = 1  # control token (<|im_start|>, <s>, [INST] ...): structure, not text
@@ -266,6 +266,57 @@ def vocab_from_tokenizer_json(data: dict[str, Any], name: str, identity: str, ex
     return _pack(name, pieces, flags, identity, meta)
 
 
+class TextTokenizer:
+    """Text -> IDs with the full tokenizer, special tokens in the text parsed
+    (llama-server's parse_special). Loaded only where text must be tokenised."""
+
+    def __init__(self, encode, name: str):
+        self._encode = encode
+        self.name = name
+
+    def encode(self, text: str, add_special: bool = False) -> list[int]:
+        return self._encode(text, add_special)
+
+
+def text_tokenizer(vocab: Vocab) -> TextTokenizer:
+    server = vocab.meta.get("server")
+    if server:
+        return _server_tokenizer(server)
+    path = vocab.meta.get("path")
+    if vocab.meta.get("source") == "tokenizer.json" and path:
+        from tokenizers import Tokenizer
+
+        raw = Path(path).read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        try:
+            tk = Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception
+            raise InputError(f"cannot load the tokenizer for text: {e}", source=path) from None
+        return TextTokenizer(lambda text, add: tk.encode(text, add_special_tokens=add).ids, vocab.name)
+    raise InputError(
+        f"{vocab.name} can decode IDs but not tokenise text; pass --tokenizer with a tokenizer.json "
+        "(or an HF directory), or --server URL"
+    )
+
+
+def _server_tokenizer(base: str) -> TextTokenizer:
+    import httpx
+
+    client = httpx.Client(base_url=base, timeout=60)
+
+    def encode(text: str, add: bool) -> list[int]:
+        try:
+            r = client.post("/tokenize", json={"content": text, "add_special": add, "parse_special": True})
+            r.raise_for_status()
+            toks = r.json()["tokens"]
+        except (httpx.HTTPError, ValueError, KeyError) as e:
+            raise InputError(f"/tokenize failed: {e}", source=base) from None
+        return [t["id"] if isinstance(t, dict) else int(t) for t in toks]
+
+    return TextTokenizer(encode, base)
+
+
 def load_tokenizer_json(path: str | os.PathLike[str], name: str | None = None, config: Path | None = None) -> Vocab:
     src = Path(path)
     if not src.is_file():
@@ -276,6 +327,7 @@ def load_tokenizer_json(path: str | os.PathLike[str], name: str | None = None, c
         if not isinstance(data, dict):
             raise InputError("not a tokenizer.json (top level is not an object)", source=str(src))
         extra = _read_tokenizer_config(config) if config else {}
+        extra["path"] = str(src.resolve())
         return vocab_from_tokenizer_json(data, name or str(src), _sha256(raw), extra)
 
     return _cached(src, "tokenizer.json", build)
@@ -425,7 +477,7 @@ class ServerVocab(Vocab):
             offsets=np.zeros(n_vocab + 1, dtype=np.int64),
             flags=np.zeros(n_vocab, dtype=np.uint8),
             identity=f"server:{props.get('model_path', '')}:{n_vocab}",
-            meta={"source": "server", "chat_template": props.get("chat_template")},
+            meta={"source": "server", "server": base, "chat_template": props.get("chat_template")},
         )
         self._client = client
         self._pieces: dict[int, bytes] = {}

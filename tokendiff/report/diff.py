@@ -26,7 +26,19 @@ def _side(p: Prompt) -> dict[str, Any]:
         "n_bytes": len(p.data),
         "template_family": m.get("template_family"),
         "state_bytes": m.get("state_bytes"),
+        "ids_from": m.get("ids_from", "slot file"),
+        "sections_from": m.get("sections_from", "template markers"),
+        "render_mismatch": m.get("render_mismatch"),
     }
+
+
+def _field(path: tuple[str, ...]) -> str | None:
+    """The innermost request field of a section path (`tools[5] image_generate`,
+    `messages[3].tool_calls[0].function.arguments`), or None for template markers."""
+    for name in reversed(path):
+        if name.startswith(("messages[", "tools[")):
+            return name
+    return None
 
 
 def _text(p: Prompt, start: int, end: int, context: int) -> dict[str, Any]:
@@ -49,6 +61,8 @@ def diff_document(a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: in
             "b_section": b.owner_label(d.lcp) if d.lcp < len(b) else "end of prompt",
             "a_path": list(a.owner(d.lcp)) if d.lcp < len(a) else [],
             "b_path": list(b.owner(d.lcp)) if d.lcp < len(b) else [],
+            "a_field": _field(a.owner(d.lcp)) if d.lcp < len(a) else None,
+            "b_field": _field(b.owner(d.lcp)) if d.lcp < len(b) else None,
             "a_token_id": int(a.ids[d.lcp]) if d.lcp < len(a) else None,
             "b_token_id": int(b.ids[d.lcp]) if d.lcp < len(b) else None,
             "a_text": _text(a, d.lcp, a_end, context),
@@ -121,6 +135,13 @@ def render_text(doc: dict[str, Any], color: bool = False, max_hunks: int = 20) -
     a, b = doc["a"], doc["b"]
     out.append(st.wrap(_BOLD, f"A  {a['origin']}") + f"  {a['format']}, {a['n_tokens']:,} tokens")
     out.append(st.wrap(_BOLD, f"B  {b['origin']}") + f"  {b['format']}, {b['n_tokens']:,} tokens")
+    for side, d in (("A", a), ("B", b)):
+        mm = d.get("render_mismatch")
+        if mm:
+            out.append(
+                st.wrap(_DIM, f"{side}: the local render differs from the server's tokens at byte {mm['byte']}: "
+                        f"local …{mm['local']!r}… server …{mm['server']!r}…")
+            )
     tk = doc["tokenizer"]
     note = " (assumed; pass --tokenizer or --server for the model's own)" if tk["assumed"] else ""
     out.append(st.wrap(_DIM, f"tokenizer: {tk['name']}{note} · template: {a['template_family']}"))
@@ -135,8 +156,10 @@ def render_text(doc: dict[str, Any], color: bool = False, max_hunks: int = 20) -
     )
     f = doc["first_divergence"]
     out.append(st.wrap(_BOLD, f"first divergence: token {f['token']:,} · byte {f['byte']:,}"))
-    out.append(f"  A: {st.wrap(_CYAN, f['a_section'])}")
-    out.append(f"  B: {st.wrap(_CYAN, f['b_section'])}")
+    for side in ("a", "b"):
+        fld = f.get(f"{side}_field")
+        extra = f"   (field {fld})" if fld and fld != f[f"{side}_section"].split(" › ")[-1] else ""
+        out.append(f"  {side.upper()}: {st.wrap(_CYAN, f[side + '_section'])}{extra}")
     out.append("  A │ " + _line(st, f["a_text"], "a"))
     out.append("  B │ " + _line(st, f["b_text"], "b"))
     if f["boundary"]:

@@ -1,0 +1,121 @@
+"""Request-field attribution on real chat templates, multi-turn with tools."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from conftest import CONVERSATION, TOOLS, prompt_from_ids, qwen_encode, template, token_at
+
+from tokendiff.render import Renderer
+from tokendiff.sections import field_sections
+
+CASES = {
+    "Qwen-Qwen3-0.6B.jinja": {},
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": {"bos_token": "<|begin_of_text|>"},
+    "meta-llama-Llama-3.2-3B-Instruct.jinja": {"bos_token": "<|begin_of_text|>"},
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": {"bos_token": "<|begin_of_text|>"},
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja": {"bos_token": "<s>", "eos_token": "</s>"},
+    "openai-gpt-oss-120b.jinja": {},
+}
+
+
+def body() -> dict:
+    msgs = copy.deepcopy(CONVERSATION)
+    for m in msgs:
+        for tc in m.get("tool_calls", []):
+            tc["id"] = "abcdefghi"
+        if m["role"] == "tool":
+            m["tool_call_id"] = "abcdefghi"
+    return {"messages": msgs, "tools": copy.deepcopy(TOOLS)}
+
+
+def spans_by_field(r):
+    out: dict[str, list[tuple[int, int]]] = {}
+    for s in r.spans:
+        out.setdefault(s.path[-1], []).append((s.start, s.end))
+    return out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fields_land_on_their_text(name):
+    r = Renderer(template(name), **CASES[name]).attribute(body())
+    f = spans_by_field(r)
+    text = r.text
+    assert r.unlocated == []
+    # message contents: verbatim, or JSON-quoted where the template quotes them (Llama's tool role)
+    for i, m in enumerate(body()["messages"]):
+        if m.get("content"):
+            key = f"messages[{i}].content"
+            assert key in f, (name, key)
+            got = {text[a:b] for a, b in f[key]}
+            assert got & {m["content"], json.dumps(m["content"])[1:-1]}, (name, key, got)
+    # tool names and descriptions, and each tool's whole span in order
+    for j, t in enumerate(TOOLS):
+        assert {text[a:b] for a, b in f[f"tools[{j}].function.name"]} == {t["function"]["name"]}
+        whole = f[f"tools[{j}] {t['function']['name']}"]
+        assert len(whole) == 1
+        a, b = whole[0]
+        (na, nb), *_ = f[f"tools[{j}].function.name"]
+        assert a <= na and nb <= b
+        assert text[a:b].lstrip(" \n,")[:1] in ("{", "/")  # a JSON object, or gpt-oss's // comment line
+    starts = [f[f"tools[{j}] {t['function']['name']}"][0][0] for j, t in enumerate(TOOLS)]
+    ends = [f[f"tools[{j}] {t['function']['name']}"][0][1] for j, t in enumerate(TOOLS)]
+    assert starts == sorted(starts) and all(e <= s2 for e, s2 in zip(ends, starts[1:]))
+    # the tool call's name and arguments
+    assert {text[a:b] for a, b in f["messages[2].tool_calls[0].function.name"]} == {"get_weather"}
+    assert {text[a:b] for a, b in f["messages[2].tool_calls[0].function.arguments"]} == {"Paris"}
+    # the generation prompt is the rendered tail
+    if name != "mistralai-Mistral-Nemo-Instruct-2407.jinja":  # Mistral has none
+        (a, b), = f["generation_prompt"]
+        assert b == len(text) and a < b
+
+
+def test_qwen3_field_sections_on_real_tokens(vocab):
+    r = Renderer(template("Qwen-Qwen3-0.6B.jinja")).attribute(body())
+    p = prompt_from_ids(qwen_encode(r.text), vocab)
+    p.sections = field_sections(p, r)
+    assert p.owner_label(token_at(p, "terse")) == "messages[0] system › messages[0].content"
+    assert p.owner_label(token_at(p, '"name": "get_time"')) == "messages[0] system › tools › tools[1] get_time"
+    assert p.owner_label(token_at(p, "get_time")) == "messages[0] system › tools › tools[1] get_time › tools[1].function.name"
+    assert p.owner_label(token_at(p, "# Tools")) == "messages[0] system › tools"
+    assert p.owner_label(token_at(p, "Paris", 1)) == (
+        "messages[2] assistant › messages[2].tool_calls[0] get_weather › messages[2].tool_calls[0].function.arguments"
+    )
+    assert p.owner_label(token_at(p, '{"temp"')) == "messages[3] tool › messages[3].content"
+    assert p.owner_label(token_at(p, "<tool_response>")) == "messages[3] tool"
+    assert p.owner_label(token_at(p, "<|im_start|>user\nAnd")) == "messages[5] user"
+    assert p.owner_label(len(p) - 1) == "generation_prompt"
+
+
+def test_qwen3_consecutive_tool_results_split_one_turn(vocab):
+    b = body()
+    b["messages"][2]["tool_calls"].append({"type": "function", "function": {"name": "get_time", "arguments": {"q": "CET"}}, "id": "x2"})
+    b["messages"].insert(4, {"role": "tool", "content": "13:05", "tool_call_id": "x2"})
+    r = Renderer(template("Qwen-Qwen3-0.6B.jinja")).attribute(b)
+    p = prompt_from_ids(qwen_encode(r.text), vocab)
+    p.sections = field_sections(p, r)
+    assert p.owner_label(token_at(p, '{"temp"')) == "messages[3] tool › messages[3].content"
+    assert p.owner_label(token_at(p, "13:05")) == "messages[4] tool › messages[4].content"
+    second = token_at(p, "<tool_response>", 1)
+    assert p.owner_label(second) == "messages[4] tool"
+    assert p.owner_label(token_at(p, "get_time", 1)) == (
+        "messages[2] assistant › messages[2].tool_calls[1] get_time › messages[2].tool_calls[1].function.name"
+    )
+
+
+def test_reasoning_stripped_field_is_reported_unlocated():
+    # Qwen3 drops reasoning of assistant turns before the last user message: nothing to locate
+    r = Renderer(template("Qwen-Qwen3-0.6B.jinja")).attribute(body())
+    assert "messages[2].reasoning_content" not in spans_by_field(r)
+    r2 = Renderer(template("Qwen-Qwen3-0.6B.jinja")).attribute({"messages": body()["messages"][:3], "tools": TOOLS})
+    f = spans_by_field(r2)
+    (a, b), = f["messages[2].reasoning_content"]
+    assert r2.text[a:b] == "The user wants the weather; call the tool."
+
+
+def test_llama32_injects_the_date_outside_any_field():
+    r = Renderer(template("meta-llama-Llama-3.2-3B-Instruct.jinja"), bos_token="<|begin_of_text|>").attribute(body())
+    i = r.text.index("Today Date:")
+    assert not any(s.start <= i < s.end and s.path[-1].startswith("messages[") for s in r.spans)

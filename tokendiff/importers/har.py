@@ -1,0 +1,157 @@
+"""HAR 1.2 (browser devtools, mitmproxy's HAR export, Proxyman): chat requests
+and their responses, streamed (`text/event-stream`) or not."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from tokendiff.errors import InputError
+from tokendiff.importers import CHAT_ENDPOINTS, is_chat_body
+
+MAX_BYTES = 1 << 30
+
+
+def read_har(path: Path) -> list[dict[str, Any]]:
+    """Capture records for the chat requests in a HAR file, in file order."""
+    src = str(path)
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise InputError("HAR file over 1 GB", source=src)
+        doc = orjson.loads(path.read_bytes())
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=src) from None
+    except orjson.JSONDecodeError as e:
+        raise InputError(f"malformed JSON: {e}", source=src) from None
+    entries = doc.get("log", {}).get("entries") if isinstance(doc, dict) and isinstance(doc.get("log"), dict) else None
+    if not isinstance(entries, list):
+        raise InputError("not a HAR file (no log.entries list)", source=src)
+    out = []
+    for i, e in enumerate(entries):
+        rec = _entry(e, f"{src}: entry {i}")
+        if rec is not None:
+            rec["origin"] = f"{src}#entry{i}"
+            out.append(rec)
+    return out
+
+
+def _text(obj: dict[str, Any], where: str) -> str | None:
+    text = obj.get("text")
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise InputError("text is not a string", source=where)
+    if obj.get("encoding") == "base64":
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise InputError("invalid base64 content", source=where) from None
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as ex:
+            raise InputError(f"base64 content is not UTF-8 text (byte {ex.start})", source=where) from None
+    return text
+
+
+def _entry(e: Any, where: str) -> dict[str, Any] | None:
+    if not isinstance(e, dict) or not isinstance(e.get("request"), dict):
+        raise InputError("entry has no request object", source=where)
+    req = e["request"]
+    url = req.get("url") if isinstance(req.get("url"), str) else ""
+    path = urlsplit(url).path
+    post = req.get("postData")
+    chat_url = path.endswith(CHAT_ENDPOINTS)
+    if not isinstance(post, dict):
+        if chat_url and str(req.get("method", "")).upper() == "POST":
+            raise InputError(f"POST {path} has no postData", source=where)
+        return None
+    body_text = _text(post, where + " request")
+    if body_text is None:
+        return None
+    try:
+        body = orjson.loads(body_text)
+    except orjson.JSONDecodeError as ex:
+        if chat_url:
+            raise InputError(f"request body of {path} is not JSON: {ex}", source=where) from None
+        return None
+    if not is_chat_body(body):
+        if chat_url:
+            raise InputError(f"request body of {path} is not a chat request", source=where)
+        return None
+    rec: dict[str, Any] = {"source": "har", "endpoint": path or "/v1/chat/completions", "request": body}
+    resp = e.get("response")
+    if isinstance(resp, dict):
+        rec["response"] = _response(resp, where)
+    timings = e.get("timings")
+    if isinstance(timings, dict) and isinstance(timings.get("wait"), (int, float)) and timings["wait"] >= 0:
+        rec["ttft_ms"] = float(timings["wait"])
+    if isinstance(e.get("time"), (int, float)):
+        rec["total_ms"] = float(e["time"])
+    if isinstance(e.get("startedDateTime"), str):
+        rec["started"] = e["startedDateTime"]
+    return rec
+
+
+def _response(resp: dict[str, Any], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"status": resp.get("status")}
+    content = resp.get("content") if isinstance(resp.get("content"), dict) else {}
+    text = _text(content, where + " response")
+    if not text:
+        return out
+    mime = str(content.get("mimeType", ""))
+    if "event-stream" in mime or text.lstrip().startswith("data:"):
+        out.update(parse_sse(text))
+        out["streamed"] = True
+        return out
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return out
+    if isinstance(doc, dict):
+        _take_final(out, doc)
+        choices = doc.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            msg = choices[0].get("message")
+            if isinstance(msg, dict):
+                out["message"] = msg
+    return out
+
+
+def _take_final(out: dict[str, Any], doc: dict[str, Any]) -> None:
+    for k in ("usage", "timings", "system_fingerprint", "model", "error"):
+        if doc.get(k) is not None:
+            out[k] = doc[k]
+    choices = doc.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+        out["finish_reason"] = choices[0]["finish_reason"]
+
+
+def parse_sse(text: str) -> dict[str, Any]:
+    """usage/timings from the final chunks of an SSE stream, and the streamed text."""
+    out: dict[str, Any] = {}
+    parts: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if not data or data == "[DONE]":
+            continue
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(chunk, dict):
+            continue
+        _take_final(out, chunk)
+        for ch in chunk.get("choices") or []:
+            delta = ch.get("delta") if isinstance(ch, dict) else None
+            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+                parts.append(delta["content"])
+    if parts:
+        out["content"] = "".join(parts)
+    return out

@@ -1,0 +1,31 @@
+"""llama-server `--log-prompts-dir` files: each request's rendered prompt as text,
+named `<milliseconds, 12 digits>.txt`. They carry no request, only the text
+the server tokenised (with add_special and parse_special)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tokendiff.errors import InputError
+
+MAX_BYTES = 256 << 20
+
+
+def record_from_prompt_log(path: Path) -> dict[str, Any]:
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise InputError(f"prompt log over {MAX_BYTES >> 20} MB", source=str(path))
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(path)) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text at byte {e.start}", source=str(path)) from None
+    if "\x00" in text:
+        raise InputError("binary data in a prompt log", source=str(path))
+    ts = None
+    if path.stem.isdigit():
+        ts = int(path.stem) / 1000.0
+    return {"source": "llama-log", "origin": str(path), "endpoint": "/completion", "request": {}, "prompt_text": text, "log_ts": ts}

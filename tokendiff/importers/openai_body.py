@@ -1,0 +1,37 @@
+"""Raw OpenAI chat-completions request bodies: a .json file, or a directory of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tokendiff.errors import InputError
+from tokendiff.importers import is_chat_body
+
+MAX_BYTES = 512 << 20
+
+
+def read_body(path: Path) -> dict[str, Any]:
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise InputError(f"request body over {MAX_BYTES >> 20} MB", source=str(path))
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(path)) from None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise InputError(f"malformed JSON: {e}", source=str(path)) from None
+    if isinstance(body, dict) and isinstance(body.get("request"), dict) and is_chat_body(body["request"]):
+        return body["request"]  # a request wrapped with its response, as some tools save them
+    if not is_chat_body(body):
+        raise InputError("not a chat request body (no messages list or prompt)", source=str(path))
+    return body
+
+
+def record_from_body(path: Path) -> dict[str, Any]:
+    body = read_body(path)
+    endpoint = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    return {"source": "openai-body", "origin": str(path), "endpoint": endpoint, "request": body}

@@ -1,0 +1,405 @@
+"""Render a chat request through its real chat template, attributing every
+character to the request field that produced it.
+
+Rendering is transformers' own jinja machinery (`render_jinja_template`), so
+the text is what `apply_chat_template` gives. Attribution needs no knowledge
+of any particular template:
+
+* string fields (message content, reasoning, tool-call names, arguments,
+  ids, tool names and descriptions) are wrapped in private-use sentinel
+  characters, rendered once more, and located where the sentinels land. The
+  render without sentinels must be identical; a field whose wrapping changes
+  the output (a template that inspects or strips it) is located by
+  substitution instead: render it with its letters rotated and take the
+  characters that change.
+* each tool's span is what disappears when the tool is left out (snapped to
+  the start of a line or of its JSON object, since a deletion can slide over
+  text the neighbours share); the tools block is what disappears with all of
+  them.
+* the generation prompt is what `add_generation_prompt` appends.
+* turns (and the template's own boilerplate) come from the family grammar on
+  the tokenised text; a turn holding one message's fields is that message.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tokendiff.errors import InputError
+
+SENT_START = 0xE000  # sentinel k opens with chr(SENT_START + k) ...
+SENT_END = 0xF000  # ... and closes with chr(SENT_END + k)
+MAX_SENTINELS = 0x0FFF
+_SENTINELS = re.compile("[\ue000-\uf8ff]")
+
+
+@dataclass
+class Span:
+    path: tuple[str, ...]  # e.g. ("messages[3] assistant", "messages[3].tool_calls[0] get_weather", "messages[3].tool_calls[0].function.arguments")
+    start: int  # character offsets into Rendered.text, half-open
+    end: int
+
+
+@dataclass
+class Rendered:
+    text: str
+    spans: list[Span] = field(default_factory=list)
+    template_sha256: str = ""
+    unlocated: list[str] = field(default_factory=list)  # fields the render does not show verbatim
+
+
+@dataclass
+class _Leaf:
+    path: tuple[str, ...]  # container path (message/tool call/tool) + field name
+    get: Callable[[dict], Any]
+    set: Callable[[dict, Any], None]
+
+
+def template_sha256(template: str) -> str:
+    return hashlib.sha256(template.encode()).hexdigest()
+
+
+class Renderer:
+    """Renders requests with one chat template (compiled once)."""
+
+    def __init__(self, template: str, bos_token: str = "", eos_token: str = "", **kwargs: Any):
+        if not isinstance(template, str) or not template.strip():
+            raise InputError("empty chat template")
+        self.template = template
+        self.defaults = {"bos_token": bos_token, "eos_token": eos_token, **kwargs}
+
+    def render(self, body: dict[str, Any], add_generation_prompt: bool | None = None) -> str:
+        from jinja2 import TemplateError
+
+        render_jinja_template = _jinja_renderer()
+
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise InputError("request has no messages list")
+        kwargs = dict(self.defaults)
+        ctk = body.get("chat_template_kwargs")
+        if isinstance(ctk, dict):
+            kwargs.update(ctk)
+        agp = body.get("add_generation_prompt", True) if add_generation_prompt is None else add_generation_prompt
+        tools = body.get("tools") or None
+        try:
+            out, _ = render_jinja_template(
+                conversations=[messages], tools=tools, chat_template=self.template, add_generation_prompt=agp, **kwargs
+            )
+        except (TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+            raise InputError(f"the chat template failed on this request: {type(e).__name__}: {e}") from None
+        return out[0]
+
+    # ------------------------------------------------------------ attribution
+
+    def attribute(self, body: dict[str, Any]) -> Rendered:
+        text = self.render(body)
+        r = Rendered(text, template_sha256=self.template)
+        r.template_sha256 = template_sha256(self.template)
+        leaves = _leaves(body)
+        r.spans += self._leaf_spans(body, leaves, text, r.unlocated)
+        r.spans += self._tool_spans(body, text)
+        r.spans += self._message_spans(r.spans)
+        no_gen = self.render(body, add_generation_prompt=False)
+        if text.startswith(no_gen) and len(no_gen) < len(text):
+            r.spans.append(Span(("generation_prompt",), len(no_gen), len(text)))
+        r.spans.sort(key=lambda s: (s.start, -s.end, len(s.path)))
+        return r
+
+    def _leaf_spans(self, body: dict, leaves: list[_Leaf], text: str, unlocated: list[str]) -> list[Span]:
+        spans: list[Span] = []
+        good: list[_Leaf] = []
+        for chunk in _chunks(leaves, MAX_SENTINELS):
+            found = self._wrapped(body, chunk, text)
+            if found is not None:
+                spans += found
+                good += chunk
+                continue
+            for leaf in chunk:  # find the fields whose wrapping changes the output
+                one = self._wrapped(body, [leaf], text)
+                if one is not None:
+                    spans += one
+                else:
+                    s = self._substituted(body, leaf, text)
+                    if s is not None:
+                        spans.append(s)
+                    elif _nonempty(leaf.get(body)):
+                        unlocated.append(leaf.path[-1])
+        return spans
+
+    def _wrapped(self, body: dict, leaves: list[_Leaf], text: str) -> list[Span] | None:
+        wrapped = copy.deepcopy(body)
+        used = []
+        for k, leaf in enumerate(leaves):
+            v = leaf.get(wrapped)
+            if not isinstance(v, str) or not v:
+                continue
+            leaf.set(wrapped, chr(SENT_START + k) + v + chr(SENT_END + k))
+            used.append(k)
+        if not used:
+            return []
+        try:
+            out = self.render(wrapped)
+        except InputError:
+            return None
+        if _SENTINELS.sub("", out) != text:
+            return None
+        opens: dict[int, list[int]] = {}
+        closes: dict[int, list[int]] = {}
+        removed = 0
+        for m in _SENTINELS.finditer(out):
+            c = ord(m.group())
+            pos = m.start() - removed
+            removed += 1
+            if c >= SENT_END:
+                closes.setdefault(c - SENT_END, []).append(pos)
+            else:
+                opens.setdefault(c - SENT_START, []).append(pos)
+        spans = []
+        for k in used:
+            for s, e in zip(opens.get(k, []), closes.get(k, [])):  # a field rendered twice is two spans
+                if e >= s:
+                    spans.append(Span(leaves[k].path, s, e))
+        return spans
+
+    def _substituted(self, body: dict, leaf: _Leaf, text: str) -> Span | None:
+        v = leaf.get(body)
+        if not isinstance(v, str) or not v:
+            return None
+        changed = copy.deepcopy(body)
+        leaf.set(changed, _rotate(v))
+        try:
+            out = self.render(changed)
+        except InputError:
+            return None
+        if len(out) != len(text) or out == text:
+            return None
+        diff = [i for i, (x, y) in enumerate(zip(text, out)) if x != y]
+        a, b = diff[0], diff[-1] + 1
+        # snap to the value itself when the template shows it verbatim or stripped
+        for form in (v, v.strip(), v.strip("\n")):
+            if form:
+                i = text.rfind(form, 0, b)
+                if i >= 0 and i <= a and i + len(form) >= b:
+                    return Span(leaf.path, i, i + len(form))
+        return Span(leaf.path, a, b)
+
+    def _tool_spans(self, body: dict, text: str) -> list[Span]:
+        tools = body.get("tools")
+        if not isinstance(tools, list) or not tools:
+            return []
+        spans = []
+        without_all = dict(body, tools=None)
+        block = _removed_span(text, self._render_quiet(without_all), snap=True)
+        for j, tool in enumerate(tools):
+            rest = dict(body, tools=tools[:j] + tools[j + 1 :])
+            rendered = self._render_quiet(rest)
+            s = _removed_span(text, rendered, snap=True)
+            if s:
+                spans.append(Span(("tools", _tool_label(j, tool)), *s))
+        for prev, cur in zip(spans, spans[1:]):  # a separator both neighbours could claim goes to the first
+            if cur.start < prev.end:
+                cur.start = min(prev.end, cur.end)
+        if block is None and spans:  # the template moved more than the tools: their hull
+            block = (min(x.start for x in spans), max(x.end for x in spans))
+        if block:
+            spans.insert(0, Span(("tools",), *block))
+        return spans
+
+    def _render_quiet(self, body: dict) -> str | None:
+        try:
+            return self.render(body)
+        except InputError:
+            return None
+
+    def _message_spans(self, spans: list[Span]) -> list[Span]:
+        """Parent spans: a tool call covers its fields; a tool's fields sit in its span."""
+        out = []
+        groups: dict[tuple[str, ...], list[Span]] = {}
+        for s in spans:
+            if len(s.path) >= 3 and s.path[0].startswith("messages["):  # message › tool call › field
+                groups.setdefault(s.path[:2], []).append(s)
+        for path, members in groups.items():
+            out.append(Span(path, min(m.start for m in members), max(m.end for m in members)))
+        return out
+
+
+def _jinja_renderer():
+    """transformers' renderer, imported quietly (no torch here is expected)."""
+    import logging
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    return render_jinja_template
+
+
+def _chunks(items: list, n: int) -> list[list]:
+    return [items[i : i + n] for i in range(0, len(items), n)] or [[]]
+
+
+def _nonempty(v: Any) -> bool:
+    return isinstance(v, str) and bool(v.strip())
+
+
+def _rotate(s: str) -> str:
+    """The same string with every letter and digit moved on by one: same length, same shape."""
+
+    def rot(c: str) -> str:
+        if "a" <= c <= "y" or "A" <= c <= "Y" or "0" <= c <= "8":
+            return chr(ord(c) + 1)
+        if c in "zZ9":
+            return {"z": "a", "Z": "A", "9": "0"}[c]
+        return c
+
+    return "".join(rot(c) for c in s)
+
+
+def _removed_span(full: str, shorter: str | None, snap: bool) -> tuple[int, int] | None:
+    """Where `full` has the characters that `shorter` lacks (one deleted run).
+
+    A deleted run can slide over text its neighbours share; `snap` picks the
+    placement starting at a line start or at `{`, `[` or `<`, else the leftmost.
+    """
+    if shorter is None or len(shorter) >= len(full):
+        return None
+    n = len(full) - len(shorter)
+    lim = len(shorter)
+    p = _common_prefix(full, shorter)
+    s = _common_prefix(full[::-1], shorter[::-1])
+    # placements q with full[:q] == shorter[:q] and full[q+n:] == shorter[q:]
+    left, right = max(0, len(full) - s - n), min(p, lim)
+    if left > right:
+        return None  # not a single deleted run: the template restructured
+    if not snap:
+        return left, left + n
+    cands = list(range(left, min(right, left + 4000) + 1))
+    depth = {q: _min_depth(full, q, q + n) for q in cands}
+    best = max(depth.values())
+    balanced = [q for q in cands if depth[q] == best]
+    for ok in (
+        lambda q: (q == 0 or full[q - 1] == "\n") and not full[q].isspace(),
+        lambda q: full[q:q + n].lstrip(" \n,")[:1] in ("{", "[", "<"),
+        lambda q: True,
+    ):
+        for q in balanced:
+            if ok(q):
+                return q, q + n
+    return left, left + n
+
+
+def _min_depth(text: str, a: int, b: int) -> int:
+    """The lowest bracket depth reached in text[a:b] (0 for a well-formed piece)."""
+    depth = low = 0
+    for c in text[a:b]:
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            low = min(low, depth)
+    return low
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the common prefix, by bisection over C-speed slice compares."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _tool_label(j: int, tool: Any) -> str:
+    name = None
+    if isinstance(tool, dict):
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        name = fn.get("name") if isinstance(fn, dict) else None
+    return f"tools[{j}]" + (f" {name}" if isinstance(name, str) else "")
+
+
+def _call_label(i: int, k: int, call: Any) -> str:
+    name = None
+    if isinstance(call, dict):
+        fn = call.get("function") if isinstance(call.get("function"), dict) else call
+        name = fn.get("name")
+    return f"messages[{i}].tool_calls[{k}]" + (f" {name}" if isinstance(name, str) else "")
+
+
+def _msg_label(i: int, m: dict) -> str:
+    role = m.get("role")
+    return f"messages[{i}] {role}" if isinstance(role, str) else f"messages[{i}]"
+
+
+def _leaves(body: dict) -> list[_Leaf]:
+    """Every string field whose text a template may show, with a getter and setter."""
+    leaves: list[_Leaf] = []
+
+    def key_leaf(path: tuple[str, ...], *keys: Any) -> None:
+        def get(b: dict) -> Any:
+            cur: Any = b
+            for k in keys:
+                try:
+                    cur = cur[k]
+                except (KeyError, IndexError, TypeError):
+                    return None
+            return cur
+
+        def set_(b: dict, v: Any) -> None:
+            cur: Any = b
+            for k in keys[:-1]:
+                cur = cur[k]
+            cur[keys[-1]] = v
+
+        leaves.append(_Leaf(path, get, set_))
+
+    for i, m in enumerate(body.get("messages") or []):
+        if not isinstance(m, dict):
+            continue
+        base = (_msg_label(i, m),)
+        content = m.get("content")
+        if isinstance(content, str):
+            key_leaf(base + (f"messages[{i}].content",), "messages", i, "content")
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    key_leaf(base + (f"messages[{i}].content[{j}].text",), "messages", i, "content", j, "text")
+        for fld in ("reasoning_content", "reasoning", "thinking", "tool_call_id", "name"):
+            if isinstance(m.get(fld), str):
+                key_leaf(base + (f"messages[{i}].{fld}",), "messages", i, fld)
+        for k, call in enumerate(m.get("tool_calls") or []):
+            if not isinstance(call, dict):
+                continue
+            cbase = base + (_call_label(i, k, call),)
+            if isinstance(call.get("id"), str):
+                key_leaf(cbase + (f"messages[{i}].tool_calls[{k}].id",), "messages", i, "tool_calls", k, "id")
+            fn = call.get("function")
+            if not isinstance(fn, dict):
+                continue
+            if isinstance(fn.get("name"), str):
+                key_leaf(cbase + (f"messages[{i}].tool_calls[{k}].function.name",), "messages", i, "tool_calls", k, "function", "name")
+            args = fn.get("arguments")
+            apath = f"messages[{i}].tool_calls[{k}].function.arguments"
+            if isinstance(args, str):
+                key_leaf(cbase + (apath,), "messages", i, "tool_calls", k, "function", "arguments")
+            elif isinstance(args, dict):
+                for ak, av in args.items():
+                    if isinstance(av, str):
+                        key_leaf(cbase + (apath,), "messages", i, "tool_calls", k, "function", "arguments", ak)
+    for j, tool in enumerate(body.get("tools") or []):
+        if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict):
+            continue
+        tbase = ("tools", _tool_label(j, tool))
+        for fld in ("name", "description"):
+            if isinstance(tool["function"].get(fld), str):
+                key_leaf(tbase + (f"tools[{j}].function.{fld}",), "tools", j, "function", fld)
+    return leaves

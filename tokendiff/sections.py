@@ -1,0 +1,110 @@
+"""Request-field sections: the template grammar's turns, named after the
+request fields rendered inside them.
+
+`grammar` finds turns from the template's markers; `render` finds where each
+request field landed in the text. Here the two meet on a tokenised prompt: a
+turn holding one message's fields becomes that message (`messages[3]
+assistant`), a turn holding several (Qwen folds consecutive tool results into
+one user turn; Mistral folds the system text into the last [INST]) is split
+between them, and a turn holding none is template boilerplate. Field spans
+nest inside. No I/O.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tokendiff.model import Prompt, Section
+from tokendiff.render import Rendered, Span
+
+
+def char_to_byte(text: str, positions: list[int]) -> dict[int, int]:
+    """Byte offsets of character offsets in text's UTF-8."""
+    out: dict[int, int] = {}
+    last_c = last_b = 0
+    for c in sorted(set(positions)):
+        last_b += len(text[last_c:c].encode("utf-8"))
+        last_c = c
+        out[c] = last_b
+    return out
+
+
+def field_sections(prompt: Prompt, rendered: Rendered) -> list[Section]:
+    """Sections for `prompt`, whose bytes must be `rendered.text` encoded."""
+    text = rendered.text
+    spans = rendered.spans
+    b = char_to_byte(text, [p for s in spans for p in (s.start, s.end)])
+    byte_spans = [(s.path, b[s.start], b[s.end]) for s in spans if s.end > s.start]
+    turns = [s for s in prompt.sections if len(s.path) == 1]
+    out: list[tuple[tuple[str, ...], int, int]] = []
+    gen = next((x for x in byte_spans if x[0] == ("generation_prompt",)), None)
+    for t in turns:
+        inside = [x for x in byte_spans if t.byte_start <= x[1] and x[2] <= t.byte_end and x[0] != ("generation_prompt",)]
+        owners: list[str] = []
+        for path, _, _ in sorted(inside, key=lambda x: x[1]):
+            if path[0].startswith("messages[") and path[0] not in owners:
+                owners.append(path[0])
+        if t.name == "generation_prompt" or (gen and gen[1] <= t.byte_start and t.byte_end <= gen[2] + 1):
+            name = "generation_prompt"
+            pieces = [(name, t.byte_start, t.byte_end)]
+        elif not owners:
+            name = t.name if t.name != "system" else "system (template)"
+            pieces = [(name, t.byte_start, t.byte_end)]
+        else:
+            pieces = _split(prompt.data, t, owners, inside)
+        for name, a, z in pieces:
+            out.append(((name,), a, z))
+            for path, s, e in inside:
+                if a <= s and e <= z:
+                    rest = path[1:] if path[0] == name else path
+                    if rest:
+                        out.append(((name,) + tuple(rest), s, e))
+    # fields in no turn (a family without markers): keep them at top level
+    covered = [(a, z) for _, a, z in out if a < z]
+    for path, s, e in byte_spans:
+        if not any(a <= s and e <= z for a, z in covered):
+            out.append((path, s, e))
+    return _to_sections(prompt, out)
+
+
+def _split(data: bytes, turn: Section, owners: list[str], inside) -> list[tuple[str, int, int]]:
+    """Split a turn between the messages whose fields it holds, at the line
+    where each next message's first field starts."""
+    first = {o: min(s for p, s, _ in inside if p[0] == o) for o in owners}
+    last = {o: max(e for p, _, e in inside if p[0] == o) for o in owners}
+    cuts = [turn.byte_start]
+    for prev, o in zip(owners, owners[1:]):
+        at = first[o]
+        line = data.rfind(b"\n", last[prev], at)
+        # a wrapper line just before the field (`<tool_response>`) belongs to it
+        if line >= 0:
+            before = data.rfind(b"\n", last[prev], line)
+            if before >= 0 and data[before + 1 : line].strip().startswith(b"<"):
+                line = before
+        cuts.append(line + 1 if line >= 0 else at)
+    cuts.append(turn.byte_end)
+    return [(o, cuts[k], cuts[k + 1]) for k, o in enumerate(owners)]
+
+
+def _to_sections(prompt: Prompt, spans: list[tuple[tuple[str, ...], int, int]]) -> list[Section]:
+    if not spans:
+        return []
+    offs = prompt.offsets
+    n = len(prompt)
+    starts = np.array([s for _, s, _ in spans], dtype=np.int64)
+    ends = np.array([e for _, _, e in spans], dtype=np.int64)
+    t0 = np.searchsorted(offs, starts, side="right") - 1
+    t1 = np.searchsorted(offs, np.maximum(ends - 1, starts), side="right")
+    out = []
+    seen = set()
+    for (path, s, e), a, z in zip(spans, t0.tolist(), t1.tolist()):
+        if e <= s or (path, s, e) in seen:
+            continue
+        seen.add((path, s, e))
+        a = max(0, min(a, n))
+        out.append(Section(path, a, max(a, min(z, n)), s, e))
+    out.sort(key=lambda x: (x.start, -x.end, len(x.path)))
+    return out
+
+
+__all__ = ["field_sections", "char_to_byte", "Span"]
