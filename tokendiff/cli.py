@@ -49,6 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-hunks", type=int, default=20, metavar="N", help="spans listed in text output (default 20)")
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     d.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
+    x = sub.add_parser(
+        "proxy",
+        help="record an agent's requests through an OpenAI-compatible reverse proxy",
+        description="Pass every request to the upstream unchanged (streaming included) and record chat requests "
+        "in OUT/capture.jsonl, with the exact prompt token IDs when the upstream is llama-server.",
+    )
+    x.add_argument("--upstream", required=True, metavar="URL", help="the inference server, e.g. http://127.0.0.1:8080")
+    x.add_argument("--out", required=True, metavar="DIR", help="session directory (created 0700; capture.jsonl 0600)")
+    x.add_argument("--listen", default="127.0.0.1:8081", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:8081)")
+    x.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from llama-server")
     return p
 
 
@@ -115,6 +125,17 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_SAME if d.identical else EXIT_DIFFERENT
 
 
+def cmd_proxy(args: argparse.Namespace) -> int:
+    from tokendiff.proxy import serve
+
+    if not args.upstream.startswith(("http://", "https://")):
+        raise InputError("--upstream must be an http:// or https:// URL", source=args.upstream)
+    host, sep, port = args.listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError("--listen must be HOST:PORT", source=args.listen)
+    return serve(args.upstream, args.out, args.listen, fetch_tokens=not args.no_tokens)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -122,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_SAME
     try:
-        return {"diff": cmd_diff}[args.command](args)
+        return {"diff": cmd_diff, "proxy": cmd_proxy}[args.command](args)
     except InputError as e:
         print(f"tokendiff: {e}", file=sys.stderr)
         return EXIT_TROUBLE

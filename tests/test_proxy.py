@@ -1,0 +1,128 @@
+"""The recording proxy between the official openai SDK and a real llama-server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tokendiff.capture import read_capture
+from tokendiff.testing.llama_server import LlamaServer, free_port
+
+SECRET = "sk-live-DO-NOT-RECORD-4242"
+TOOLS = [
+    {"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+    {"type": "function", "function": {"name": "run_tests", "description": "Run the tests.", "parameters": {"type": "object", "properties": {}}}},
+]
+
+
+def start_proxy(upstream: str, out, *extra: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokendiff", "proxy", "--upstream", upstream, "--out", str(out), "--listen", f"127.0.0.1:{port}", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        if proc.poll() is not None:
+            raise RuntimeError(proc.stderr.read())
+        try:
+            httpx.get(url + "/health", timeout=1)
+            return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("proxy did not start")
+
+
+def stop(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def server(llama_server_bin, tiny_model, tmp_path_factory):
+    with LlamaServer(tiny_model, ctx=8192, log_path=tmp_path_factory.mktemp("srv") / "log") as s:
+        yield s
+
+
+def test_openai_sdk_through_proxy_is_recorded_once_with_tokens(server, tmp_path):
+    import openai
+
+    out = tmp_path / "session"
+    proc, url = start_proxy(server.url, out)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=SECRET)
+        msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Read main.py"}]
+        r1 = client.chat.completions.create(model="tiny", messages=msgs, tools=TOOLS, max_tokens=4, temperature=0)
+        msgs2 = msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "Now run the tests"}]
+        chunks = list(client.chat.completions.create(model="tiny", messages=msgs2, tools=TOOLS, max_tokens=4, temperature=0,
+                                                     stream=True, stream_options={"include_usage": True}))
+        models = client.models.list()  # passed through, not recorded
+    finally:
+        err = stop(proc)
+    assert "2 requests recorded" in err
+    assert r1.usage.prompt_tokens > 0 and models.data
+    assert chunks and chunks[-1].usage is not None
+    capture = out / "capture.jsonl"
+    records, warnings = read_capture(capture)
+    assert warnings == [] and [r["seq"] for r in records] == [1, 2]
+    first, second = records
+    assert first["request"]["messages"] == msgs and second["request"]["stream"] is True
+    assert first["response"]["status"] == 200 and first["response"]["usage"]["prompt_tokens"] == r1.usage.prompt_tokens
+    assert second["response"]["streamed"] and second["response"]["usage"]["prompt_tokens"] == chunks[-1].usage.prompt_tokens
+    for r in records:
+        assert len(r["prompt_ids"]) == r["response"]["usage"]["prompt_tokens"]
+        assert r["ttft_ms"] > 0 and r["total_ms"] >= r["ttft_ms"]
+        assert r["server"]["kind"] == "llama-server"
+    # the cache reuse the server reported is tokendiff's LCP between the two recorded prompts
+    a, b = first["prompt_ids"], second["prompt_ids"]
+    lcp = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    assert second["response"]["timings"]["cache_n"] == lcp
+    # secrets never written; private files
+    assert SECRET.encode() not in capture.read_bytes()
+    assert stat.S_IMODE(os.stat(capture).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o700
+    assert (out / "props.json").is_file()
+    # and the capture diffs from the shell, sections named by request field
+    r = subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{capture}@1", f"{capture}@2", "--json"], capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["lcp_tokens"] == lcp
+    assert doc["b"]["ids_from"] == "llama-server /apply-template + /tokenize"
+    assert doc["first_divergence"]["b_field"] == "messages[2].content"
+
+
+def test_upstream_refusing_connections_gives_502_and_a_record(tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    proc, url = start_proxy(dead, tmp_path / "s")
+    try:
+        r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+    finally:
+        stop(proc)
+    assert r.status_code == 502
+    assert r.json()["error"]["type"] == "upstream_unreachable"
+    (rec,), _ = read_capture(tmp_path / "s" / "capture.jsonl")
+    assert rec["response"]["status"] == 502 and "unreachable" in rec["upstream_error"]
+
+
+def test_upstream_errors_pass_through_verbatim(server, tmp_path):
+    proc, url = start_proxy(server.url, tmp_path / "s")
+    try:
+        direct = httpx.post(server.url + "/v1/chat/completions", json={"messages": "not a list"}, timeout=30)
+        via = httpx.post(url + "/v1/chat/completions", json={"messages": "not a list"}, timeout=30)
+        slots = httpx.get(url + "/slots", timeout=30)
+    finally:
+        stop(proc)
+    assert via.status_code == direct.status_code >= 400
+    assert via.json()["error"]["message"] == direct.json()["error"]["message"]
+    assert slots.status_code == 200 and isinstance(slots.json(), list)
