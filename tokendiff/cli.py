@@ -59,6 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--out", required=True, metavar="DIR", help="session directory (created 0700; capture.jsonl 0600)")
     x.add_argument("--listen", default="127.0.0.1:8081", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:8081)")
     x.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from llama-server")
+    pl = sub.add_parser(
+        "pull",
+        help="save a live llama-server's slots into a session directory",
+        description="Save each slot holding a prompt (POST /slots/N?action=save) and copy it into OUT with the "
+        "server's /props, /v1/models and /slots answers. The server needs --slot-save-path; pass the same "
+        "directory as --slot-dir.",
+    )
+    pl.add_argument("--server", required=True, metavar="URL")
+    pl.add_argument("--out", required=True, metavar="DIR", help="session directory")
+    pl.add_argument("--slot-dir", required=True, metavar="DIR", help="the server's --slot-save-path")
+    pl.add_argument("--every", metavar="DURATION", help="keep polling (e.g. 5s) and save each changed slot; Ctrl-C stops")
     return p
 
 
@@ -136,6 +147,13 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     return serve(args.upstream, args.out, args.listen, fetch_tokens=not args.no_tokens)
 
 
+def cmd_pull(args: argparse.Namespace) -> int:
+    from tokendiff.pull import parse_interval, pull
+
+    every = parse_interval(args.every) if args.every else None
+    return pull(args.server, args.out, args.slot_dir, every)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -143,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_SAME
     try:
-        return {"diff": cmd_diff, "proxy": cmd_proxy}[args.command](args)
+        return {"diff": cmd_diff, "proxy": cmd_proxy, "pull": cmd_pull}[args.command](args)
     except InputError as e:
         print(f"tokendiff: {e}", file=sys.stderr)
         return EXIT_TROUBLE

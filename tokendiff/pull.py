@@ -1,0 +1,168 @@
+"""`tokendiff pull`: save a live llama-server's slots into a session directory.
+
+Each slot that holds a prompt is saved with `POST /slots/N?action=save`
+(the server writes it into its `--slot-save-path`), copied into the session
+directory with its save time kept (turn order is save order), and the
+server's `/props`, `/v1/models` and `/slots` answers are written beside it.
+With `every`, it keeps polling and saves a slot again whenever its prompt
+changed, so a running agent's turns are collected as it goes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from tokendiff.errors import InputError
+
+
+@dataclass
+class Puller:
+    server: str
+    out: Path
+    slot_dir: Path
+    client: httpx.Client = field(init=False)
+    seen: dict[int, tuple] = field(default_factory=dict)  # slot id -> (id_task, n_prompt_tokens) last saved
+    n_slots: int = 1
+
+    def __post_init__(self) -> None:
+        self.server = self.server.rstrip("/")
+        self.client = httpx.Client(base_url=self.server, timeout=120)
+
+    def _get(self, path: str) -> Any:
+        try:
+            r = self.client.get(path)
+        except httpx.HTTPError as e:
+            raise InputError(f"cannot reach the server: {e}", source=self.server) from None
+        if r.status_code == 501 and path.startswith("/slots"):
+            raise InputError("the server disables /slots (started with --no-slots)", source=self.server)
+        try:
+            r.raise_for_status()
+            return r.json()
+        except (httpx.HTTPError, ValueError) as e:
+            raise InputError(f"GET {path}: {e}", source=self.server) from None
+
+    def start(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        props = self._get("/props")
+        self._write("props.json", props)
+        try:
+            self._write("models.json", self._get("/v1/models"))
+        except InputError:
+            pass
+        self.n_slots = int(props.get("total_slots") or 1) if isinstance(props, dict) else 1
+
+    def _write(self, name: str, doc: Any) -> None:
+        (self.out / name).write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+
+    def poll(self) -> list[Path]:
+        """Save every slot whose prompt changed since the last save; return the new files."""
+        slots = self._get("/slots")
+        if not isinstance(slots, list):
+            raise InputError("/slots did not return a list", source=self.server)
+        self._write("slots.json", slots)
+        saved = []
+        for s in slots:
+            if not isinstance(s, dict) or "id" not in s:
+                continue
+            n = s.get("n_prompt_tokens")
+            if s.get("id_task") is None or not n:  # never used: nothing cached
+                continue
+            key = (s.get("id_task"), n, s.get("is_processing"))
+            if self.seen.get(s["id"]) == key[:2] and not s.get("is_processing"):
+                continue
+            f = self._save(int(s["id"]))
+            if f is not None:
+                self.seen[s["id"]] = key[:2]
+                saved.append(f)
+        return saved
+
+    def _save(self, slot: int) -> Path | None:
+        name = f"tokendiff-pull-{os.getpid()}-{slot}.bin"
+        try:
+            r = self.client.post(f"/slots/{slot}", params={"action": "save"}, json={"filename": name})
+        except httpx.HTTPError as e:
+            raise InputError(f"saving slot {slot} failed: {e}", source=self.server) from None
+        if r.status_code == 501:
+            raise InputError(
+                "the server was started without --slot-save-path, so it cannot save slots; "
+                "restart it with --slot-save-path DIR and pass the same DIR as --slot-dir",
+                source=self.server,
+            )
+        if r.status_code >= 400:
+            raise InputError(f"saving slot {slot}: HTTP {r.status_code}: {r.text[:200]}", source=self.server)
+        src = self.slot_dir / name
+        if not src.is_file():
+            raise InputError(
+                f"the server saved slot {slot} as {name}, but it is not in --slot-dir {self.slot_dir}; "
+                "pass the server's --slot-save-path",
+                source=self.server,
+            )
+        dest_dir = self.out if self.n_slots == 1 else self.out / f"slot-{slot}"
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        existing = sorted(dest_dir.glob("turn-*.bin"))
+        if existing and _same_tokens(existing[-1], src):  # nothing new since the last pull
+            src.unlink(missing_ok=True)
+            return None
+        turn = max([int(e.stem.split("-")[1]) for e in existing if e.stem.split("-")[1].isdigit()] + [0]) + 1
+        dest = dest_dir / f"turn-{turn:04d}.bin"
+        shutil.copy2(src, dest)
+        src.unlink(missing_ok=True)
+        return dest
+
+
+def _same_tokens(a: Path, b: Path) -> bool:
+    import numpy as np
+
+    from tokendiff.slotfile import read_slot_file
+
+    try:
+        return np.array_equal(read_slot_file(a).tokens, read_slot_file(b).tokens)
+    except InputError:
+        return False
+
+
+def pull(server: str, out: str, slot_dir: str, every: float | None = None, log=sys.stderr) -> int:
+    sd = Path(slot_dir)
+    if not sd.is_dir():
+        raise InputError("--slot-dir is not a directory (it must be the server's --slot-save-path)", source=slot_dir)
+    p = Puller(server, Path(out), sd)
+    p.start()
+    total = 0
+    try:
+        while True:
+            for f in p.poll():
+                total += 1
+                print(f"saved {f}", file=log)
+            if every is None:
+                break
+            time.sleep(every)
+    except KeyboardInterrupt:
+        pass
+    if total == 0 and every is None:
+        print("tokendiff: no slot holds a prompt yet; nothing saved", file=log)
+    return 0
+
+
+def parse_interval(text: str) -> float:
+    t = text.strip().lower()
+    mult = 1.0
+    for suffix, m in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
+        if t.endswith(suffix):
+            t, mult = t[: -len(suffix)], m
+            break
+    try:
+        v = float(t) * mult
+    except ValueError:
+        raise InputError("--every takes a duration such as 5s, 500ms or 1m", source=text) from None
+    if not v > 0:
+        raise InputError("--every must be positive", source=text)
+    return v
