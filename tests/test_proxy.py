@@ -126,3 +126,70 @@ def test_upstream_errors_pass_through_verbatim(server, tmp_path):
     assert via.status_code == direct.status_code >= 400
     assert via.json()["error"]["message"] == direct.json()["error"]["message"]
     assert slots.status_code == 200 and isinstance(slots.json(), list)
+
+
+def test_concurrent_clients_each_recorded_once(server, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = tmp_path / "s"
+    proc, url = start_proxy(server.url, out, "--no-tokens")
+
+    def one(i: int) -> int:
+        body = {"messages": [{"role": "user", "content": f"request number {i}"}], "max_tokens": 2, "stream": i % 2 == 0}
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+        return r.status_code
+
+    try:
+        with ThreadPoolExecutor(16) as ex:
+            codes = list(ex.map(one, range(40)))
+    finally:
+        stop(proc)
+    assert codes == [200] * 40
+    records, warnings = read_capture(out / "capture.jsonl")
+    assert warnings == []
+    assert sorted(r["seq"] for r in records) == list(range(1, 41))
+    assert sorted(r["request"]["messages"][0]["content"] for r in records) == sorted(f"request number {i}" for i in range(40))
+
+
+def test_client_disconnect_mid_stream_is_recorded(server, tmp_path):
+    out = tmp_path / "s"
+    proc, url = start_proxy(server.url, out, "--no-tokens")
+    try:
+        body = {"messages": [{"role": "user", "content": "talk"}], "max_tokens": 3000, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+            for _ in r.iter_raw():
+                break  # the client goes away after the first chunk
+        ok = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "after"}], "max_tokens": 2}, timeout=120)
+        time.sleep(1.0)
+    finally:
+        stop(proc)
+    assert ok.status_code == 200
+    records, _ = read_capture(out / "capture.jsonl")
+    by = {r["request"]["messages"][0]["content"]: r for r in records}
+    assert set(by) == {"talk", "after"}
+    talk = by["talk"]
+    assert talk.get("client_disconnected") is True, {k: v for k, v in talk.items() if k != "request"}
+    assert "client disconnected" in talk["response"]["error"]
+    assert "timings" not in talk["response"]  # the proxy stopped reading: the upstream never finished the 3000 tokens
+
+
+def test_server_renders_differently_is_reported(server, tmp_path):
+    """llama-server parses tool-call arguments before templating; transformers
+    renders the string verbatim. The recorded server IDs are the truth and the
+    difference is reported where it starts."""
+    out = tmp_path / "s"
+    proc, url = start_proxy(server.url, out)
+    msgs = [
+        {"role": "user", "content": "Read main.py"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"main.py"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "print(1)"},
+    ]
+    try:
+        httpx.post(url + "/v1/chat/completions", json={"messages": msgs, "tools": TOOLS, "max_tokens": 2}, timeout=120).raise_for_status()
+    finally:
+        stop(proc)
+    r = subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{out}/capture.jsonl@1", f"{out}/capture.jsonl@1", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    mm = json.loads(r.stdout)["a"]["render_mismatch"]
+    assert mm is not None and "local render differs" in r.stderr
+    assert '"path":"main.py"' in mm["local"] and '"path": "main.py"' in mm["server"]

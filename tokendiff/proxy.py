@@ -148,6 +148,11 @@ async def _read_body(receive) -> tuple[bytes, bool]:
             return b"".join(chunks), False
 
 
+async def _wait_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 def _forward_headers(scope) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
 
@@ -196,6 +201,10 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
     ttft = None
     error = None
     client_gone = False
+    # The server may not fail a send to a closed client: watch for the
+    # disconnect ourselves, and stop pulling from the upstream when it comes
+    # (closing the upstream response makes the server stop generating).
+    gone = asyncio.get_running_loop().create_task(_wait_disconnect(receive))
     try:
         await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
         async for chunk in resp.aiter_raw():
@@ -204,6 +213,8 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
             if rec is not None and kept_n < MAX_RECORDED_RESPONSE:
                 kept.append(chunk)
                 kept_n += len(chunk)
+            if gone.done():
+                raise ConnectionResetError("client closed the connection")
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except httpx.HTTPError as e:  # the upstream died mid-stream: the client sees the stream end
@@ -222,6 +233,7 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
                 _finish(state, rec, fetch_tokens=False)
             raise
     finally:
+        gone.cancel()
         await resp.aclose()
     if rec is not None:
         _complete(rec, resp, kept, ttft, t0, error, client_gone)
