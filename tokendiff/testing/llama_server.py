@@ -47,6 +47,7 @@ class LlamaServer:
     ctx: int = 65536
     extra: list[str] = field(default_factory=list)
     log_path: Path | None = None
+    threads: int = 2
     port: int = 0
     proc: subprocess.Popen | None = None
 
@@ -67,7 +68,7 @@ class LlamaServer:
             "-c", str(self.ctx),
             "-np", "1",
             "--cache-ram", "0",
-            "-t", "2",
+            "-t", str(self.threads),
             "--jinja",
             "--no-warmup",
         ]

@@ -1,0 +1,88 @@
+"""Added latency of `tokendiff proxy` in front of a real llama-server (tiny model).
+
+The server runs on one thread so that it and the proxy do not fight over
+this 2-core machine's cores. Requests alternate between the server directly and through the proxy, so both
+see the same load; the figure is the difference of the medians. Budget: <= 2 ms
+p50 added latency; streamed chunks forwarded as they arrive (TTFT compared too).
+
+    python benchmarks/bench_proxy.py [--n 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from tokendiff.testing.llama_server import LlamaServer, free_port
+from tokendiff.testing.tiny_gguf import tiny_gguf
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def timed(client: httpx.Client, method: str, url: str, **kw) -> float:
+    t0 = time.perf_counter()
+    r = client.request(method, url, **kw)
+    r.raise_for_status()
+    return (time.perf_counter() - t0) * 1000
+
+
+def ttft(client: httpx.Client, url: str, body: dict) -> float:
+    t0 = time.perf_counter()
+    with client.stream("POST", url, json=body) as r:
+        for _ in r.iter_raw():
+            return (time.perf_counter() - t0) * 1000
+    return float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=300)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, LlamaServer(tiny_gguf(), ctx=4096, threads=1) as srv:
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "tokendiff", "proxy", "--upstream", srv.url, "--out", str(Path(tmp) / "s"),
+                                 "--listen", f"127.0.0.1:{port}", "--no-tokens"], stderr=subprocess.DEVNULL)
+        proxy = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                httpx.get(proxy + "/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        chat = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1, "temperature": 0}
+        stream = dict(chat, max_tokens=8, stream=True)
+        results: dict[str, tuple[list[float], list[float]]] = {}
+        with httpx.Client(timeout=60) as c:
+            for name, fn in (
+                ("GET /health", lambda base: timed(c, "GET", base + "/health")),
+                ("POST /v1/chat/completions (1 token)", lambda base: timed(c, "POST", base + "/v1/chat/completions", json=chat)),
+                ("streamed TTFT", lambda base: ttft(c, base + "/v1/chat/completions", stream)),
+            ):
+                for base in (srv.url, proxy):  # warm both paths
+                    fn(base)
+                direct, via = [], []
+                for _ in range(args.n):
+                    direct.append(fn(srv.url))
+                    via.append(fn(proxy))
+                results[name] = (direct, via)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    for name, (direct, via) in results.items():
+        d50, v50 = statistics.median(direct), statistics.median(via)
+        print(f"{name:38s} direct p50 {d50:6.2f} ms  via proxy p50 {v50:6.2f} ms  added p50 {v50 - d50:5.2f} ms"
+              f"  (p99 {pct(direct, 0.99):6.2f} / {pct(via, 0.99):6.2f} ms)  [budget 2 ms]")
+
+
+if __name__ == "__main__":
+    main()
