@@ -206,6 +206,12 @@ def test_llama_server_prompt_logs_and_mixed_pairs(llama_server_bin, tiny_model, 
             r = httpx.post(f"{srv.url}/v1/chat/completions", json={**body(n), "max_tokens": 1}, timeout=120)
             r.raise_for_status()
             httpx.post(f"{srv.url}/slots/0?action=save", json={"filename": f"t{n}.bin"}, timeout=60).raise_for_status()
+        (tmp_path / "req6.json").write_text(json.dumps(body(6)))
+        live = run("diff", str(tmp_path / "req6.json"), str(slots / "t6.bin"), "--server", srv.url, "--json")
+        assert live.returncode == 0, live.stdout + live.stderr
+        doc = json.loads(live.stdout)
+        assert doc["a"]["ids_from"] == "llama-server /apply-template + /tokenize"
+        assert doc["a"]["sections_from"] == "request fields"
     files = sorted(logs.iterdir())
     assert len(files) == 2 and files[0].suffix == ".txt"
     (tmp_path / "req6.json").write_text(json.dumps(body(6)))

@@ -47,6 +47,7 @@ class ProxyState:
     client: httpx.AsyncClient | None = None
     server: dict[str, Any] | None = None  # what the upstream said about itself, recorded once
     is_llama: bool = False
+    is_vllm: bool = False
     pending: set[asyncio.Task] = field(default_factory=set)
     recorded: int = 0
     log: Any = sys.stderr
@@ -133,6 +134,14 @@ async def _server_info(state: ProxyState) -> dict[str, Any]:
                 info.setdefault("model", data[0].get("id"))
     except (httpx.HTTPError, ValueError):
         pass
+    if not state.is_llama:
+        try:  # vLLM answers /version and tokenises chat requests on /tokenize
+            r = await state.client.get(f"{state.upstream}/version", timeout=5)
+            if r.status_code == 200 and isinstance(r.json(), dict) and "version" in r.json():
+                state.is_vllm = True
+                info.update(kind="vllm", version=r.json()["version"])
+        except (httpx.HTTPError, ValueError):
+            pass
     info.setdefault("kind", "openai-compatible")
     return info
 
@@ -237,7 +246,8 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
         await resp.aclose()
     if rec is not None:
         _complete(rec, resp, kept, ttft, t0, error, client_gone)
-        _finish(state, rec, fetch_tokens=fetch_tokens and error is None and state.is_llama and resp.status_code == 200)
+        can_fetch = state.is_llama or state.is_vllm
+        _finish(state, rec, fetch_tokens=fetch_tokens and error is None and can_fetch and resp.status_code == 200)
 
 
 def _complete(rec, resp, kept, ttft, t0, error, client_gone) -> None:
@@ -301,6 +311,14 @@ async def _fetch_and_write(state: ProxyState, rec: dict[str, Any]) -> None:
 async def _fetch_tokens(state: ProxyState, rec: dict[str, Any]) -> None:
     assert state.client
     req = rec["request"]
+    if state.is_vllm:
+        body = {k: req[k] for k in ("model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt") if k in req}
+        body.setdefault("add_generation_prompt", True)
+        r = await state.client.post(f"{state.upstream}/tokenize", json=body, timeout=30)
+        r.raise_for_status()
+        rec["prompt_ids"] = [int(t) for t in r.json()["tokens"]]
+        rec["prompt_source"] = "vllm /tokenize"
+        return
     tmpl_body = {k: req[k] for k in ("messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt", "reasoning_format", "parallel_tool_calls") if k in req}
     r = await state.client.post(f"{state.upstream}/apply-template", json=tmpl_body, timeout=30)
     r.raise_for_status()

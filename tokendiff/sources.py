@@ -248,6 +248,9 @@ class Loader:
         elif isinstance(rec.get("prompt_text"), str):
             ids = np.asarray(self.tokenizer.encode(rec["prompt_text"], add_special=bool(self.vocab.meta.get("add_bos"))), dtype=np.int32)
             meta["ids_from"] = "prompt log, tokenised here"
+        elif has_messages and self.vocab.meta.get("server"):
+            ids = np.asarray(_server_prompt_ids(self.vocab.meta["server"], request), dtype=np.int32)
+            meta["ids_from"] = "llama-server /apply-template + /tokenize"
         elif rendered is not None:
             ids = np.asarray(self.tokenizer.encode(rendered.text), dtype=np.int32)
             meta["ids_from"] = "local render, tokenised here"
@@ -282,6 +285,24 @@ class Loader:
 
     def _can_render(self) -> bool:
         return bool(self.chat_template or self.vocab.meta.get("chat_template"))
+
+
+def _server_prompt_ids(base: str, request: dict[str, Any]) -> list[int]:
+    """The IDs a live llama-server would cache for this request: its own render, its own tokenizer."""
+    import httpx
+
+    keys = ("messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt", "reasoning_format", "parallel_tool_calls")
+    try:
+        with httpx.Client(base_url=base, timeout=60) as c:
+            r = c.post("/apply-template", json={k: request[k] for k in keys if k in request})
+            r.raise_for_status()
+            prompt = r.json()["prompt"]
+            r = c.post("/tokenize", json={"content": prompt, "add_special": True, "parse_special": True})
+            r.raise_for_status()
+            toks = r.json()["tokens"]
+    except (httpx.HTTPError, ValueError, KeyError) as e:
+        raise InputError(f"the server could not render this request: {e}", source=base) from None
+    return [t["id"] if isinstance(t, dict) else int(t) for t in toks]
 
 
 def warn(msg: str) -> None:
