@@ -193,3 +193,31 @@ def test_server_renders_differently_is_reported(server, tmp_path):
     mm = json.loads(r.stdout)["a"]["render_mismatch"]
     assert mm is not None and "local render differs" in r.stderr
     assert '"path":"main.py"' in mm["local"] and '"path": "main.py"' in mm["server"]
+
+
+def test_upstream_killed_mid_stream_is_recorded(llama_server_bin, tiny_model, tmp_path):
+    out = tmp_path / "s"
+    srv = LlamaServer(tiny_model, ctx=4096).start()
+    proc, url = start_proxy(srv.url, out, "--no-tokens")
+    try:
+        httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "before"}], "max_tokens": 2}, timeout=60)
+        body = {"messages": [{"role": "user", "content": "doomed"}], "max_tokens": 3000, "stream": True, "ignore_eos": True}
+        got = b""
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+            status = r.status_code
+            try:
+                for chunk in r.iter_raw():
+                    got += chunk
+                    if srv.proc and srv.proc.poll() is None:
+                        srv.proc.kill()  # the upstream dies mid-stream
+            except httpx.HTTPError:
+                pass
+    finally:
+        srv.stop()
+        stop(proc)
+    assert status == 200 and got.startswith(b"data: ")
+    records, warnings = read_capture(out / "capture.jsonl")
+    assert warnings == []
+    by = {r["request"]["messages"][0]["content"]: r for r in records}
+    assert by["before"]["response"]["status"] == 200  # earlier records are kept
+    assert "upstream failed mid-response" in by["doomed"]["response"]["error"]
