@@ -70,6 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", required=True, metavar="DIR", help="session directory")
     pl.add_argument("--slot-dir", required=True, metavar="DIR", help="the server's --slot-save-path")
     pl.add_argument("--every", metavar="DURATION", help="keep polling (e.g. 5s) and save each changed slot; Ctrl-C stops")
+    r = sub.add_parser(
+        "report",
+        help="the incident report for a session (slot directory, capture file, HAR)",
+        description="Analyse every turn of a session: reuse, waste, the causes ranked by cost, and what to fix first.",
+    )
+    r.add_argument("path", help="a directory of slot files (or request bodies, prompt logs), a capture.jsonl, or a .har")
+    _tokenizer_args(r)
+    r.add_argument("--format", choices=("md", "html", "json"), default="md")
+    r.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
+    r.add_argument("--fail-under", type=float, metavar="PCT", help="exit 1 when the session reuses less than PCT %% of its tokens")
+    r.add_argument("--redact", action="store_true", help="replace words with hashes (structure, offsets and findings kept)")
+    r.add_argument("--export", metavar="FILE", help="also write the per-turn table (.parquet or .csv)")
+    r.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
     return p
 
 
@@ -154,6 +167,63 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return pull(args.server, args.out, args.slot_dir, every)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from tokendiff.cost import analyse, turn_frame
+    from tokendiff.report.session import report_document
+    from tokendiff.sources import Loader, session_selectors
+    from tokendiff.vocab import load_vocab
+
+    if args.fail_under is not None and not 0 <= args.fail_under <= 100:
+        raise InputError("--fail-under takes a percentage from 0 to 100")
+    if args.export and not args.export.endswith((".parquet", ".csv")):
+        raise InputError("--export writes .parquet or .csv files", source=args.export)
+    vocab = load_vocab(args.tokenizer, args.server)
+    loader = Loader(vocab, args.template_family, args.order, _read_template(args.chat_template))
+    specs = session_selectors(args.path, args.order)
+    progress = sys.stderr.isatty()
+    prompts = []
+    for k, spec in enumerate(specs, 1):
+        if progress:
+            print(f"\rtokendiff: reading turn {k}/{len(specs)}", end="", file=sys.stderr, flush=True)
+        prompts.append(loader.load(spec))
+    if progress:
+        print(f"\rtokendiff: analysing {len(prompts)} turns   ", end="", file=sys.stderr, flush=True)
+    session = analyse(prompts)
+    if progress:
+        print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+    tk = {"name": vocab.name, "assumed": vocab.assumed, "n_vocab": vocab.n_vocab, "identity": vocab.identity}
+    doc = report_document(args.path, prompts, session, tk, redact=args.redact)
+    if args.format == "json":
+        import orjson
+
+        text = orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+    elif args.format == "html":
+        from tokendiff.report.html import render_html
+
+        text = render_html(doc)
+    else:
+        from tokendiff.report.markdown import render_markdown
+
+        text = render_markdown(doc)
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise InputError(e.strerror or str(e), source=args.output) from None
+    else:
+        sys.stdout.write(text)
+    if args.export:
+        frame = turn_frame(session)
+        try:
+            frame.write_parquet(args.export) if args.export.endswith(".parquet") else frame.write_csv(args.export)
+        except OSError as e:
+            raise InputError(e.strerror or str(e), source=args.export) from None
+    if args.fail_under is not None and session.reuse_pct < args.fail_under:
+        print(f"tokendiff: session reuse {session.reuse_pct:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -161,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_SAME
     try:
-        return {"diff": cmd_diff, "proxy": cmd_proxy, "pull": cmd_pull}[args.command](args)
+        return {"diff": cmd_diff, "proxy": cmd_proxy, "pull": cmd_pull, "report": cmd_report}[args.command](args)
     except InputError as e:
         print(f"tokendiff: {e}", file=sys.stderr)
         return EXIT_TROUBLE

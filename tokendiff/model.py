@@ -131,3 +131,17 @@ class Divergence:
     @property
     def reuse_fraction(self) -> float:
         return self.lcp / self.n_b if self.n_b else 1.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """An explained cause for one divergent span (hunk) of a pair."""
+
+    kind: str  # date, nonce, counter, tool_order, tool_set, tool_changed, reasoning_stripped, ...
+    hunk: int  # index into Divergence.hunks
+    confidence: float  # 0..1
+    title: str  # one line: what happened
+    evidence: str  # what in the tokens shows it
+    fix: str  # one line of advice
+    expected: bool = False  # benign by design (the generation prompt replaced by the answer)
+    origin: str = ""  # "client", "template", "server" or "" when unknown

@@ -108,6 +108,30 @@ def select(spec: str, order: str = "mtime") -> Selected:
     return Selected(kind, p, spec, None)
 
 
+def session_selectors(path: str, order: str = "mtime") -> list[str]:
+    """One selector per turn of a session: a directory, a capture file or a HAR file."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such file or directory", source=path)
+    if p.is_dir():
+        _, files = _dir_entries(p, order)
+        return [str(f) for f in files]
+    kind = _file_kind(p)
+    if kind == "capture":
+        from tokendiff.capture import read_capture
+
+        n = len(read_capture(p)[0])
+    elif kind == "har":
+        from tokendiff.importers.har import read_har
+
+        n = len(read_har(p))
+    else:
+        raise InputError(f"a session is a directory, a capture file or a HAR file; this is a {kind} file", source=path)
+    if n == 0:
+        raise InputError("the session holds no chat requests", source=path)
+    return [f"{path}@{i}" for i in range(1, n + 1)]
+
+
 class Loader:
     """Loads prompts with one tokenizer, template family and chat template.
 

@@ -1,0 +1,276 @@
+"""What divergences cost across a session: per turn, per cause, per backend.
+
+For every turn: the shared prefix with the previous turn and with every
+earlier prompt (a better match two turns back means alternating prefixes or
+the wrong slot), what each backend would reuse, what had to be recomputed,
+and how much of that was waste (tokens the previous prompt already had).
+Across the session: every volatile span (a cause in a section) ranked by the
+tokens it invalidated, with the reuse and prefill time the session would have
+had without it. Plain Python over core types; `turn_frame` builds the polars
+table for exports. No I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+
+from tokendiff.align import align, common_prefix
+from tokendiff.explain import explain, prompt_end
+from tokendiff.model import SEP, Divergence, Finding, Prompt
+
+BACKENDS = ("llama.cpp", "llama.cpp-hybrid", "vllm", "sglang", "ollama")
+VLLM_BLOCK = 16
+
+
+def backend_reuse(backend: str, lcp: int, n_b: int, cached_len: int, block: int = VLLM_BLOCK, page: int = 1) -> int:
+    """Tokens of the new prompt (n_b long) a backend reuses, given the token LCP
+    with what it has cached (cached_len tokens).
+
+    llama.cpp / Ollama: the LCP, but at least one token is always evaluated
+    (a full hit reuses n_b - 1). Hybrid/SWA llama.cpp models cannot roll back:
+    only a pure append (the whole cache is a prefix) reuses anything (checkpoints
+    ignored). vLLM reuses whole blocks; SGLang whole pages.
+    """
+    usable = min(lcp, max(n_b - 1, 0))
+    if backend in ("llama.cpp", "ollama"):
+        return usable
+    if backend == "llama.cpp-hybrid":
+        return usable if lcp >= cached_len else 0
+    if backend == "vllm":
+        return (usable // block) * block
+    if backend == "sglang":
+        return (usable // page) * page
+    raise ValueError(f"unknown backend {backend}")
+
+
+@dataclass
+class Turn:
+    """One turn of a session compared with the one before it."""
+
+    turn: int  # 1-based
+    origin: str
+    n_tokens: int
+    lcp: int = 0  # with the previous turn
+    best_earlier: int | None = None  # the earlier turn sharing the longest prefix
+    best_lcp: int = 0
+    reuse: dict[str, int] = field(default_factory=dict)  # per backend
+    recompute: int = 0  # llama.cpp
+    new_tokens: int = 0  # beyond what the previous prompt had: unavoidable
+    wasted: int = 0  # recomputed tokens the previous prompt already had
+    section: str = ""  # owner of the first divergence (B side)
+    cause: str = ""  # kind of the first finding that is not expected
+    findings: list[Finding] = field(default_factory=list)
+    divergence: Divergence | None = None
+    reported_cached: int | None = None
+    reported_prompt_ms: float | None = None
+    reported_prompt_n: int | None = None
+    note: str = ""  # disagreement between the server's count and the prediction, slot thrash
+
+    @property
+    def reuse_pct(self) -> float:
+        return 100.0 * self.reuse.get("llama.cpp", 0) / self.n_tokens if self.n_tokens else 100.0
+
+
+@dataclass
+class Span:
+    """A volatile span: one cause in one section, across the turns it broke."""
+
+    kind: str
+    section: str
+    title: str
+    fix: str
+    turns: list[int] = field(default_factory=list)
+    tokens: int = 0  # reusable tokens the session gains if this span is fixed
+    seconds: float | None = None
+    example: tuple[int, int] | None = None  # (turn, hunk index) of the first occurrence
+    share: float = 0.0  # of all wasted tokens
+
+
+@dataclass
+class Session:
+    turns: list[Turn]
+    spans: list[Span]
+    ms_per_token: float | None  # measured prefill speed, when the session carries timings
+    total_tokens: int
+    reused_tokens: int
+    wasted_tokens: int
+
+    @property
+    def reuse_pct(self) -> float:
+        return 100.0 * self.reused_tokens / self.total_tokens if self.total_tokens else 100.0
+
+    @property
+    def wasted_seconds(self) -> float | None:
+        return self.wasted_tokens * self.ms_per_token / 1000 if self.ms_per_token else None
+
+
+def _reported(p: Prompt) -> tuple[int | None, float | None, int | None]:
+    resp = p.meta.get("response") or {}
+    if not isinstance(resp, dict):
+        return None, None, None
+    t = resp.get("timings") if isinstance(resp.get("timings"), dict) else {}
+    usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
+    cached = t.get("cache_n")
+    if cached is None:
+        det = usage.get("prompt_tokens_details")
+        if isinstance(det, dict):
+            cached = det.get("cached_tokens")
+    if cached is None and isinstance(resp.get("prompt_eval_cached_count"), int):
+        cached = resp["prompt_eval_cached_count"]  # Ollama
+    ms = t.get("prompt_ms")
+    n = t.get("prompt_n")
+    if ms is None and isinstance(resp.get("prompt_eval_duration"), (int, float)):
+        ms = resp["prompt_eval_duration"] / 1e6  # Ollama, ns
+        n = resp.get("prompt_eval_count")
+    return (
+        int(cached) if isinstance(cached, (int, float)) else None,
+        float(ms) if isinstance(ms, (int, float)) else None,
+        int(n) if isinstance(n, (int, float)) else None,
+    )
+
+
+_INDEX = re.compile(r"^(messages?)\[\d+\]")
+
+
+def _section_key(path: tuple[str, ...]) -> str:
+    """Where a cause sits, named the same in every turn and for every instance:
+    `message[*] assistant › reasoning`, `system › tools`, `system`."""
+    out = []
+    for p in path:
+        if re.match(r"^tools?\[\d+\]", p) or p.startswith("messages[") and "." in p:
+            break  # one tool or one field: the span is the block or the message around it
+        out.append(_INDEX.sub(r"\1[*]", p))
+    return SEP.join(out[:3]) or "(prompt)"
+
+
+def analyse(prompts: list[Prompt], max_hunks: int = 64) -> Session:
+    """Per-turn and per-span costs of a session (turns in order)."""
+    turns: list[Turn] = []
+    spans: dict[tuple[str, str], Span] = {}
+    for k, b in enumerate(prompts):
+        n = len(b)
+        t = Turn(turn=k + 1, origin=b.origin, n_tokens=n)
+        t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(b)
+        if k == 0:
+            t.reuse = {be: 0 for be in BACKENDS}
+            t.recompute = t.new_tokens = n
+            turns.append(t)
+            continue
+        a = prompts[k - 1]
+        d = align(a, b, max_hunks=None)
+        t.divergence = d
+        t.lcp = d.lcp
+        cached_len = len(a)
+        t.reuse = {be: backend_reuse(be, d.lcp, n, cached_len) for be in BACKENDS}
+        t.recompute = n - t.reuse["llama.cpp"]
+        best = max(reversed(range(k)), key=lambda j: common_prefix(prompts[j].ids, b.ids))
+        t.best_earlier, t.best_lcp = best + 1, common_prefix(prompts[best].ids, b.ids)
+        t.findings = explain(a, b, d, max_hunks=max_hunks)
+        # everything up to the first expected hunk was in the previous prompt
+        ceiling = next((d.hunks[f.hunk].b_start for f in t.findings if f.expected), None)
+        if ceiling is None:
+            ceiling = min(prompt_end(a), n)
+        t.new_tokens = max(0, n - ceiling)
+        t.wasted = max(0, ceiling - t.reuse["llama.cpp"])
+        first = next((f for f in t.findings if not f.expected), None)
+        if first is not None and t.wasted > 0:
+            t.cause = first.kind
+            t.section = SEP.join(d.hunks[first.hunk].a_owner or d.hunks[first.hunk].b_owner)
+        _notes(t, d, n)
+        for f in t.findings:
+            if f.expected:
+                continue
+            h = d.hunks[f.hunk]
+            key = (f.kind, _section_key(h.a_owner or h.b_owner))
+            sp = spans.setdefault(key, Span(f.kind, key[1], f.title, f.fix))
+            if not sp.turns or sp.turns[-1] != t.turn:
+                sp.turns.append(t.turn)
+            if sp.example is None:
+                sp.example = (t.turn, f.hunk)
+        # what fixing each span would buy in this turn: the prefix extends to the next hunk it does not cause
+        for key, sp in spans.items():
+            if t.turn not in sp.turns:
+                continue
+            other = next(
+                (d.hunks[f.hunk].b_start for f in t.findings if f.expected or (f.kind, _section_key(d.hunks[f.hunk].a_owner or d.hunks[f.hunk].b_owner)) != key),
+                ceiling,
+            )
+            gained = max(0, min(other, ceiling) - t.reuse["llama.cpp"])
+            sp.tokens += gained
+        turns.append(t)
+    ms = _ms_per_token(turns)
+    total = sum(t.n_tokens for t in turns)
+    reused = sum(t.reuse.get("llama.cpp", 0) for t in turns)
+    wasted = sum(t.wasted for t in turns)
+    ranked = sorted(spans.values(), key=lambda s: (-s.tokens, s.example or (0, 0)))
+    for s in ranked:
+        s.share = s.tokens / wasted if wasted else 0.0
+        s.seconds = s.tokens * ms / 1000 if ms else None
+    return Session(turns, ranked, ms, total, reused, wasted)
+
+
+def _notes(t: Turn, d: Divergence, n: int) -> None:
+    notes = []
+    if t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64:
+        notes.append(
+            f"turn {t.best_earlier} shares {t.best_lcp:,} tokens, more than the previous turn's {t.lcp:,}: "
+            "alternating prefixes or the wrong slot"
+        )
+    rc = t.reported_cached
+    if rc is not None:
+        pred = t.reuse["llama.cpp"]
+        if rc == 0 and d.identical:
+            notes.append("the server reused nothing for an identical prompt: caching disabled (cache_prompt=false) or salted")
+        elif rc < pred:
+            notes.append(
+                f"the server reused {rc:,} tokens, fewer than the {pred:,} predicted: checkpoint fallback (SWA/hybrid model), "
+                "slot switch or LRU eviction, or a prompt-cache swap"
+            )
+        elif rc > pred:
+            notes.append(f"the server reused {rc:,} tokens, more than the {pred:,} shared prefix: --cache-reuse shifted chunks")
+    t.note = "; ".join(notes)
+
+
+def _ms_per_token(turns: list[Turn]) -> float | None:
+    rates = [t.reported_prompt_ms / t.reported_prompt_n for t in turns if t.reported_prompt_ms and t.reported_prompt_n]
+    return statistics.median(rates) if rates else None
+
+
+def turn_rows(s: Session) -> list[dict[str, Any]]:
+    rows = []
+    for t in s.turns:
+        rows.append(
+            {
+                "turn": t.turn,
+                "origin": t.origin,
+                "tokens": t.n_tokens,
+                "reusable": t.reuse.get("llama.cpp", 0),
+                "reuse_pct": round(t.reuse_pct, 2),
+                "recomputed": t.recompute,
+                "new_tokens": t.new_tokens,
+                "wasted": t.wasted,
+                "lcp_prev": t.lcp,
+                "best_earlier_turn": t.best_earlier,
+                "best_earlier_lcp": t.best_lcp,
+                "first_divergence_section": t.section,
+                "cause": t.cause,
+                "reported_cached": t.reported_cached,
+                **{f"reuse_{be.replace('.', '').replace('-', '_')}": t.reuse.get(be, 0) for be in BACKENDS},
+                "note": t.note,
+            }
+        )
+    return rows
+
+
+def turn_frame(s: Session):
+    """The per-turn table as a polars DataFrame (for exports and the TUI)."""
+    import polars as pl
+
+    return pl.DataFrame(turn_rows(s))
+
+
+__all__ = ["analyse", "backend_reuse", "turn_frame", "turn_rows", "Session", "Turn", "Span", "BACKENDS"]

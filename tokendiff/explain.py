@@ -1,0 +1,505 @@
+"""Explainers: why a divergent span differs, and what to change.
+
+One small detector per cause in `../shared/docs/cache-breaks.md`, each a
+function of the pair and one hunk returning a Finding or None, registered in
+DETECTORS in the order they are tried. `explain` runs them on every hunk
+(the first ones matter most: the first sets the cache ceiling) and keeps the
+most confident finding per hunk. Pure functions over core types; no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from tokendiff.model import Divergence, Finding, Hunk, Prompt
+
+PAD = 48  # bytes of context either side when matching patterns around a hunk
+
+
+@dataclass
+class Ctx:
+    """One hunk of one pair, with the texts detectors look at."""
+
+    a: Prompt
+    b: Prompt
+    d: Divergence
+    h: Hunk
+    i: int
+
+    @property
+    def a_text(self) -> bytes:
+        return self.a.data[self.h.a_byte_start : self.h.a_byte_end]
+
+    @property
+    def b_text(self) -> bytes:
+        return self.b.data[self.h.b_byte_start : self.h.b_byte_end]
+
+    def a_win(self, pad: int = PAD) -> tuple[str, int]:
+        """Text around A's side, and where the hunk starts in it."""
+        s = max(0, self.h.a_byte_start - pad)
+        return self.a.data[s : self.h.a_byte_end + pad].decode("utf-8", "replace"), len(self.a.data[s : self.h.a_byte_start].decode("utf-8", "replace"))
+
+    def b_win(self, pad: int = PAD) -> tuple[str, int]:
+        s = max(0, self.h.b_byte_start - pad)
+        return self.b.data[s : self.h.b_byte_end + pad].decode("utf-8", "replace"), len(self.b.data[s : self.h.b_byte_start].decode("utf-8", "replace"))
+
+    @property
+    def a_path(self) -> tuple[str, ...]:
+        return self.h.a_owner
+
+    @property
+    def b_path(self) -> tuple[str, ...]:
+        return self.h.b_owner
+
+
+def _in(path: tuple[str, ...], *words: str) -> bool:
+    return any(w in part for part in path for w in words)
+
+
+def _field_origin(path: tuple[str, ...]) -> str:
+    """'client' when a request field owns the span, 'template' for markers and boilerplate."""
+    if any(p.startswith(("messages[", "tools[")) and ("." in p) for p in path):
+        return "client"
+    if any(p.startswith("messages[") or p.startswith("tools[") or p == "tools" for p in path) and len(path) > 1:
+        return "client"
+    return "template" if path else ""
+
+
+# ---------------------------------------------------------------- patterns
+
+_MONTHS = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*"
+_DAYS = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*"
+DATE_RE = re.compile(
+    r"\d{4}-\d{1,2}-\d{1,2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"
+    rf"|\d{{1,2}} {_MONTHS},? \d{{4}}|{_MONTHS} \d{{1,2}},? \d{{4}}|\d{{1,2}}/\d{{1,2}}/\d{{2,4}}"
+    rf"|\b\d{{1,2}}:\d{{2}}(?::\d{{2}})?(?:\s?[AaPp][Mm])?\b|\b{_DAYS}\b|\b1[6-9]\d{{8}}(?:\d{{3}})?\b"
+)
+UUID_RE = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
+HEX_RE = re.compile(r"(?<![0-9A-Za-z])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{5,}(?![0-9A-Za-z])")
+NONCE_KEY_RE = re.compile(r"(?:cch|nonce|request[_-]?id|session[_-]?id|trace[_-]?id|billing)\s*[=:]", re.I)
+CALL_ID_RE = re.compile(r"(?:call|toolu|fc|chatcmpl)_[A-Za-z0-9]{6,}|(?<![A-Za-z0-9])[A-Za-z0-9]{9}(?![A-Za-z0-9])")
+NUMBER_RE = re.compile(r"\d+(?:[.,]\d+)?\s?%?")
+PLACEHOLDER_RE = re.compile(r"\[(?:pruned|truncated|omitted|removed|elided|summari[sz]ed)[^\]]*\]|\.\.\. ?\(\d+ (?:lines|chars|tokens) (?:omitted|truncated)\)", re.I)
+
+
+def _spans(rx: re.Pattern[str], text: str) -> list[tuple[int, int]]:
+    return [(m.start(), m.end()) for m in rx.finditer(text)]
+
+
+def _covers(rx: re.Pattern[str], win: str, at: int, length: int) -> str | None:
+    """The match of rx that overlaps the changed characters [at, at+length], if any."""
+    for s, e in _spans(rx, win):
+        if s <= at + max(length, 1) - 1 and e >= at + (0 if length else 0) and e > at:
+            return win[s:e]
+    return None
+
+
+def _changed(ctx: Ctx, rx: re.Pattern[str]) -> tuple[str, str] | None:
+    wa, ia = ctx.a_win()
+    wb, ib = ctx.b_win()
+    la = len(ctx.a_text.decode("utf-8", "replace"))
+    lb = len(ctx.b_text.decode("utf-8", "replace"))
+    ma = _covers(rx, wa, ia, la)
+    mb = _covers(rx, wb, ib, lb)
+    if ma and mb and ma != mb:
+        return ma, mb
+    return None
+
+
+# ---------------------------------------------------------------- detectors
+
+
+def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
+    """E16: the IDs differ, the bytes do not."""
+    if ctx.a_text != ctx.b_text:
+        if not (ctx.i == 0 and ctx.d.boundary):
+            return None
+    n_a, n_b = ctx.h.a_end - ctx.h.a_start, ctx.h.b_end - ctx.h.b_start
+    gen = _in(ctx.a_path, "generated")
+    return Finding(
+        "bpe_boundary", ctx.i, 0.95,
+        "Tokenization boundary: same text, different token IDs",
+        f"{n_a} token(s) in A and {n_b} in B spell the same bytes"
+        + (" (the model's generated tokens, re-tokenised from text)" if gen else "")
+        + f" at byte {ctx.h.a_byte_start:,}",
+        "Send the conversation as token IDs, or keep the generated text's original tokens (text-level resume server-side)",
+        origin="client" if gen else "",
+    )  # fmt: skip
+
+
+def detect_double_bos(ctx: Ctx) -> Finding | None:
+    """E17: the BOS token twice at the start of one side."""
+    if ctx.i != 0 or ctx.h.a_start > 1:
+        return None
+    for side, p in (("B", ctx.b), ("A", ctx.a)):
+        if len(p) >= 2 and p.special[0] and p.ids[0] == p.ids[1]:
+            tok = p.token_bytes(0).decode("utf-8", "replace")
+            return Finding(
+                "double_bos", ctx.i, 0.95, f"Double BOS in {side}",
+                f"{side} starts with {tok} twice", "Tokenise with add_special_tokens=false when the chat template already emits BOS",
+                origin="client",
+            )  # fmt: skip
+    return None
+
+
+def prompt_end(p: Prompt) -> int:
+    """Where A's prompt ends and the model's generated tokens (kept by slot dumps) begin."""
+    gen = next((s for s in p.sections if s.path[-1] == "generated"), None)
+    return gen.start if gen else len(p)
+
+
+def detect_appended(ctx: Ctx) -> Finding | None:
+    """New turns appended after A's prompt: expected, the tail every turn pays for."""
+    end = prompt_end(ctx.a)
+    last_turn = next((s.start for s in ctx.a.sections if s.path == ("generation_prompt",)), end)
+    pure_insert = ctx.h.a_start == ctx.h.a_end
+    # an insertion just before A's open generation prompt is the new turns too: the diff may
+    # have matched a stray newline of the generated tail
+    if ctx.h.a_start < end and not (pure_insert and ctx.h.a_start >= last_turn - 8):
+        return None
+    n_new = ctx.h.b_end - ctx.h.b_start
+    if pure_insert or ctx.h.a_start >= len(ctx.a):
+        return Finding(
+            "appended", ctx.i, 0.8, "New turns appended (expected)",
+            f"{n_new} new tokens after A's prompt", "Nothing to fix: this is the new part of the conversation",
+            expected=True,
+        )  # fmt: skip
+    n_gen = ctx.h.a_end - ctx.h.a_start
+    return Finding(
+        "generated_rerendered", ctx.i, 0.5, "The model's output is rendered differently in history",
+        f"{n_gen} generated token(s) kept in A's slot differ from how B renders that assistant message",
+        "Send the assistant message back exactly as generated (content, reasoning and tool calls)",
+        origin="client",
+    )  # fmt: skip
+
+
+def detect_generation_prompt(ctx: Ctx) -> Finding | None:
+    """E3 (benign) and E2: the open generation prompt of A becomes the answer in B."""
+    if not ctx.a_path or ctx.a_path[0] != "generation_prompt":
+        return None
+    a_txt = ctx.a_text.decode("utf-8", "replace")
+    if "generated" in ctx.a_path:
+        return None  # the model's output itself differs: other detectors (reasoning, JSON, boundary) say why
+    if "<think>" in a_txt and "</think>" in a_txt and len(a_txt.replace("<think>", "").replace("</think>", "").strip()) == 0:
+        return Finding(
+            "empty_think_prefill", ctx.i, 0.9, "Empty think block only on the generation prompt",
+            "A's generation prompt ends with an empty <think></think> that the same turn loses in history (enable_thinking=false)",
+            "Patch the template to emit the empty think block for history turns too (a ~90x speedup reported), or accept a few tokens",
+            origin="template",
+        )  # fmt: skip
+    n = ctx.h.a_end - ctx.h.a_start
+    return Finding(
+        "generation_prompt", ctx.i, 0.85, "Generation prompt replaced by the answer (expected)",
+        f"A's open generation prompt ({a_txt[:40]!r}, {n} token(s)) is rendered differently once it is history",
+        "Nothing to fix: a few tokens per turn", expected=True, origin="template",
+    )  # fmt: skip
+
+
+def detect_reasoning(ctx: Ctx) -> Finding | None:
+    """E1/E4/E14: reasoning kept in A, gone from B."""
+    a_reason = _in(ctx.a_path, "reasoning", "analysis") or b"<think>" in ctx.a_text or b"analysis<|message|>" in ctx.a_text
+    b_reason = _in(ctx.b_path, "reasoning", "analysis")
+    if not a_reason or b_reason:
+        return None
+    empty_b = re.search(rb"<think>\s*</think>", ctx.b.data[ctx.h.b_byte_start : ctx.h.b_byte_end + 40]) is not None
+    n = ctx.h.a_end - ctx.h.a_start
+    turn = ctx.a_path[0] if ctx.a_path else "an assistant turn"
+    if empty_b:
+        return Finding(
+            "reasoning_dropped_by_client", ctx.i, 0.85, "Reasoning dropped from history by the client",
+            f"{n} tokens of reasoning in {turn} became an empty think block",
+            "Send reasoning_content back with each assistant message (and check that proxies keep it)",
+            origin="client",
+        )  # fmt: skip
+    return Finding(
+        "reasoning_stripped", ctx.i, 0.9, "Reasoning stripped from an earlier assistant turn",
+        f"{n} tokens of reasoning in {turn} are in A and gone from B (the template drops reasoning before the latest user message)",
+        "Preserve reasoning in history (preserve_thinking / --reasoning-preserve where the template supports it), or accept one miss per user turn",
+        origin="template",
+    )  # fmt: skip
+
+
+def _tool_names(p: Prompt) -> list[str]:
+    names = []
+    for s in p.sections:
+        m = re.match(r"^tools?\[(\d+)\](?: (.+))?$", s.name)
+        if m:
+            names.append(m.group(2) or f"#{m.group(1)}")
+    return names
+
+
+def detect_tools(ctx: Ctx) -> Finding | None:
+    """E12 (and E24-style mutations): the tools block differs."""
+    if not (_in(ctx.a_path, "tools") or _in(ctx.b_path, "tools")):
+        return None
+    na, nb = _tool_names(ctx.a), _tool_names(ctx.b)
+    if na and nb and na != nb and sorted(na) == sorted(nb):
+        moved = [n for n, m in zip(na, nb) if n != m]
+        return Finding(
+            "tool_order", ctx.i, 0.95, "Tools reordered (same set)",
+            f"{len(na)} tools, same names, different order; first out of place: {moved[0]!r}",
+            "Send tools in a stable order (sort them by name)",
+            origin="client",
+        )  # fmt: skip
+    if na != nb and (na or nb):
+        added = [n for n in nb if n not in na]
+        removed = [n for n in na if n not in nb]
+        what = ", ".join(f"+{n}" for n in added[:5]) + (", " if added and removed else "") + ", ".join(f"-{n}" for n in removed[:5])
+        return Finding(
+            "tool_set", ctx.i, 0.95, "Tools added or removed",
+            f"tool set changed ({what}): {len(na)} -> {len(nb)} tools",
+            "Keep the tool list fixed for a session; load on-demand tools at the end of the list (or after the history)",
+            origin="client",
+        )  # fmt: skip
+    owner = next((p for p in ctx.a_path if re.match(r"^tools?\[\d+\]", p)), None)
+    if owner:
+        return Finding(
+            "tool_changed", ctx.i, 0.6, f"Tool definition changed: {owner}",
+            f"the text of {owner} differs between the two requests",
+            "Keep tool schemas byte-stable; move per-request data (lists, counts) out of descriptions",
+            origin="client",
+        )  # fmt: skip
+    return None
+
+
+def detect_date(ctx: Ctx) -> Finding | None:
+    """E5/E9: a date or time changed."""
+    ch = _changed(ctx, DATE_RE)
+    if not ch:
+        return None
+    client = _field_origin(ctx.a_path) == "client"
+    origin = "template" if _in(ctx.a_path, "date", "(template)") else "client" if client else ""
+    where = " › ".join(ctx.a_path) or "the prompt"
+    fix = {
+        "template": "Pin the template's date (pass date_string) or accept one miss per day",
+        "client": "Give the date at day precision, or move it out of the system prompt into the newest user message",
+        "": "Keep dates out of the prefix: day precision at most, or in the newest user message (pin date_string if the template injects it)",
+    }[origin]
+    return Finding(
+        "date", ctx.i, 0.9, "Date or time in the prompt changed",
+        f"{ch[0]!r} -> {ch[1]!r} in {where}" + (" (injected by the template or server)" if origin == "template" else ""),
+        fix, origin=origin,
+    )  # fmt: skip
+
+
+def detect_nonce(ctx: Ctx) -> Finding | None:
+    """E10 and friends: a UUID, hex nonce or request id changed."""
+    ch = _changed(ctx, UUID_RE) or _changed(ctx, HEX_RE)
+    wa, _ = ctx.a_win()
+    keyed = NONCE_KEY_RE.search(wa)
+    if not ch and not keyed:
+        return None
+    if not ch:
+        a = ctx.a_text.decode("utf-8", "replace")
+        b = ctx.b_text.decode("utf-8", "replace")
+        if not (a and b and re.fullmatch(r"[0-9A-Za-z_\-]{3,}", a) and re.fullmatch(r"[0-9A-Za-z_\-]{3,}", b)):
+            return None
+        ch = (a, b)
+    billing = "cch=" in wa or "billing" in wa.lower()
+    return Finding(
+        "nonce", ctx.i, 0.85, "Per-request nonce or ID in the prompt",
+        f"{ch[0]!r} -> {ch[1]!r}" + (" (a billing-header nonce, cch=)" if billing else ""),
+        "Strip the billing header (CLAUDE_CODE_ATTRIBUTION_HEADER=0) or drop it at a proxy"
+        if billing
+        else "Move per-request IDs and nonces out of the prefix (or remove them)",
+        origin="client",
+    )  # fmt: skip
+
+
+def detect_call_id(ctx: Ctx) -> Finding | None:
+    """E13: tool-call IDs regenerated on replay."""
+    field_id = any(p.endswith((".id", ".tool_call_id")) for p in ctx.a_path + ctx.b_path)
+    ch = _changed(ctx, CALL_ID_RE)
+    if not field_id and not (ch and _in(ctx.a_path, "tool_call", "tool_response", "tool")):
+        return None
+    a, b = ch or (ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace"))
+    return Finding(
+        "tool_call_id", ctx.i, 0.85, "Tool-call IDs regenerated",
+        f"{a!r} -> {b!r} in {' › '.join(ctx.a_path)}",
+        "Persist tool-call IDs with the history, or derive them deterministically (e.g. a hash of the call)",
+        origin="client",
+    )  # fmt: skip
+
+
+def _enclosing_json(data: bytes, start: int, end: int, limit: int = 200_000) -> tuple[int, int] | None:
+    """The smallest balanced {...} around [start, end) (string-aware scan)."""
+    lo = max(0, start - limit)
+    depth = 0
+    i = start - 1
+    while i >= lo:
+        c = data[i]
+        if c == 0x7D:
+            depth += 1
+        elif c == 0x7B:
+            if depth == 0:
+                break
+            depth -= 1
+        i -= 1
+    else:
+        return None
+    open_at = i
+    depth = 0
+    in_str = False
+    esc = False
+    j = open_at
+    hi = min(len(data), end + limit)
+    while j < hi:
+        c = data[j]
+        if in_str:
+            if esc:
+                esc = False
+            elif c == 0x5C:
+                esc = True
+            elif c == 0x22:
+                in_str = False
+        elif c == 0x22:
+            in_str = True
+        elif c == 0x7B:
+            depth += 1
+        elif c == 0x7D:
+            depth -= 1
+            if depth == 0:
+                return (open_at, j + 1) if j + 1 >= end else None
+        j += 1
+    return None
+
+
+def detect_json_reserialized(ctx: Ctx) -> Finding | None:
+    """E8/E11: the same JSON value serialised differently."""
+    ja = _enclosing_json(ctx.a.data, ctx.h.a_byte_start, ctx.h.a_byte_end)
+    jb = _enclosing_json(ctx.b.data, ctx.h.b_byte_start, ctx.h.b_byte_end)
+    if not ja or not jb:
+        return None
+    ta, tb = ctx.a.data[ja[0] : ja[1]], ctx.b.data[jb[0] : jb[1]]
+    if ta == tb:
+        return None
+    try:
+        va, vb = json.loads(ta), json.loads(tb)
+    except ValueError:
+        return None
+    if va != vb:
+        return None
+    keys_a = re.findall(rb'"([^"\\]+)"\s*:', ta)
+    keys_b = re.findall(rb'"([^"\\]+)"\s*:', tb)
+    how = "key order" if keys_a != keys_b else "whitespace or separators"
+    in_call = _in(ctx.a_path, "tool_call", "arguments")
+    return Finding(
+        "json_reserialized", ctx.i, 0.9, "JSON re-serialised (same value, different text)",
+        f"the JSON object at byte {ja[0]:,} is equal as data but differs in {how}" + (" (tool-call arguments)" if in_call else ""),
+        "Send tool-call arguments exactly as generated (the string), or serialise with a fixed key order and separators",
+        origin="client" if in_call else "",
+    )  # fmt: skip
+
+
+def detect_counter(ctx: Ctx) -> Finding | None:
+    """E9: a counter or percentage changed (memory items, tokens left ...)."""
+    ch = _changed(ctx, NUMBER_RE)
+    if not ch:
+        return None
+    wa, ia = ctx.a_win(24)
+    label = wa[max(0, ia - 24) : ia].strip().split("\n")[-1][-30:]
+    return Finding(
+        "counter", ctx.i, 0.7, "A counter or percentage changed",
+        f"{ch[0].strip()!r} -> {ch[1].strip()!r} after {label!r} in {' › '.join(ctx.a_path) or 'the prompt'}",
+        "Move volatile counters (memory, usage, budgets) to the end of the prompt, into the newest message",
+        origin=_field_origin(ctx.a_path),
+    )  # fmt: skip
+
+
+def detect_moved(ctx: Ctx) -> Finding | None:
+    """E7: text the client appended shows up earlier (system messages moved or merged)."""
+    bt = ctx.b_text
+    if len(bt) < 24 or not _in(ctx.b_path, "system"):
+        return None
+    probe = bt.strip()[:200]
+    if len(probe) < 24:
+        return None
+    where = ctx.a.data.find(probe, ctx.h.a_byte_end)
+    if where < 0:
+        return None
+    return Finding(
+        "system_moved", ctx.i, 0.75, "Text moved into the system prompt",
+        f"{len(bt)} bytes now in B's system section appear later in A (byte {where:,}): a mid-conversation system message moved or merged",
+        "Send reminders as user messages, or keep system messages where they were added",
+        origin="server",
+    )  # fmt: skip
+
+
+def detect_truncation(ctx: Ctx) -> Finding | None:
+    """E20: old turns dropped after the system prompt (context shift or num_ctx overflow)."""
+    if ctx.h.kind != "delete" and (ctx.h.a_end - ctx.h.a_start) < 4 * max(1, ctx.h.b_end - ctx.h.b_start):
+        return None
+    if ctx.h.a_end - ctx.h.a_start < 32:
+        return None
+    turns_a = [s for s in ctx.a.sections if len(s.path) == 1 and ctx.h.a_start <= s.start and s.end <= ctx.h.a_end]
+    if len(turns_a) < 1:
+        return None
+    return Finding(
+        "truncation", ctx.i, 0.75, "Old turns dropped (truncation or context shift)",
+        f"{len(turns_a)} whole turn(s), {ctx.h.a_end - ctx.h.a_start} tokens, dropped from A at token {ctx.h.a_start:,}",
+        "Raise the context size (num_ctx / -c), or prune from the end of old tool results rather than the middle",
+        origin="",
+    )  # fmt: skip
+
+
+def detect_rewritten(ctx: Ctx) -> Finding | None:
+    """E15: an old message rewritten in place (pruned, compacted)."""
+    a_txt = ctx.a_text.decode("utf-8", "replace")
+    b_txt = ctx.b_text.decode("utf-8", "replace")
+    placeholder = PLACEHOLDER_RE.search(b_txt)
+    turn = ctx.a_path[0] if ctx.a_path else ""
+    if not turn.startswith("message") and not placeholder:
+        return None
+    if placeholder or len(b_txt) < len(a_txt) // 2:
+        return Finding(
+            "history_rewritten", ctx.i, 0.7 if placeholder else 0.5, "History rewritten in place",
+            f"{turn}: {len(a_txt)} bytes became {len(b_txt)}" + (f" ({placeholder.group(0)!r})" if placeholder else ""),
+            "Keep history append-only; if you must prune, prune once past a threshold and from the newest tool results first",
+            origin="client",
+        )  # fmt: skip
+    return None
+
+
+def detect_fallback(ctx: Ctx) -> Finding:
+    where = " › ".join(ctx.a_path) or "the prompt"
+    return Finding(
+        "content_changed", ctx.i, 0.2, f"Content changed in {where}",
+        f"{ctx.h.a_end - ctx.h.a_start} token(s) of A became {ctx.h.b_end - ctx.h.b_start} in B",
+        "Make this part of the prompt stable between turns, or move it after the history",
+        origin=_field_origin(ctx.a_path),
+    )  # fmt: skip
+
+
+DETECTORS: list[Callable[[Ctx], Finding | None]] = [
+    detect_bpe_boundary,
+    detect_appended,
+    detect_double_bos,
+    detect_generation_prompt,
+    detect_reasoning,
+    detect_tools,
+    detect_json_reserialized,
+    detect_date,
+    detect_call_id,
+    detect_nonce,
+    detect_moved,
+    detect_truncation,
+    detect_counter,
+    detect_rewritten,
+]
+
+
+def explain_hunk(a: Prompt, b: Prompt, d: Divergence, i: int) -> list[Finding]:
+    """Every finding for hunk i, most confident first (a fallback when none)."""
+    ctx = Ctx(a, b, d, d.hunks[i], i)
+    found = [f for f in (det(ctx) for det in DETECTORS) if f is not None]
+    if not found:
+        found = [detect_fallback(ctx)]
+    return sorted(found, key=lambda f: -f.confidence)
+
+
+def explain(a: Prompt, b: Prompt, d: Divergence, max_hunks: int = 64) -> list[Finding]:
+    """The best finding for each of the first `max_hunks` hunks."""
+    return [explain_hunk(a, b, d, i)[0] for i in range(min(len(d.hunks), max_hunks))]

@@ -1,0 +1,114 @@
+"""The incident report as one self-contained HTML file (inline CSS and SVG, no scripts)."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1100px;color:#1d2330;background:#fbfbfd;padding:0 1rem}
+h1{font-size:1.4rem} h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #dde} h3{font-size:1rem}
+.headline{font-size:1.1rem;font-weight:600;background:#fff4d6;border-left:4px solid #e0a000;padding:.6rem .9rem}
+table{border-collapse:collapse;width:100%;font-size:13px} th,td{border-bottom:1px solid #e4e6ee;padding:.3rem .5rem;text-align:left;vertical-align:top}
+th{background:#eef0f6} td.n{text-align:right;font-variant-numeric:tabular-nums}
+code,.ex{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
+.ex{white-space:pre-wrap;word-break:break-all;background:#fff;border:1px solid #e4e6ee;padding:.4rem .6rem;margin:.2rem 0 .6rem}
+.ctx{color:#8a90a0} mark.a{background:#ffd5d5;color:#7a0010} mark.b{background:#cdf3d6;color:#00501a}
+.muted{color:#6b7280} .chart{background:#fff;border:1px solid #e4e6ee}
+"""
+
+
+def _chart(turns: list[dict[str, Any]]) -> str:
+    """Reuse % per turn as bars, with the wasted share in red."""
+    n = max(1, len(turns))
+    w, h, pad = 1000, 220, 34
+    bw = (w - 2 * pad) / n
+    parts = [
+        f'<svg class="chart" role="img" aria-label="reuse across turns" viewBox="0 0 {w} {h}" width="100%" xmlns="http://www.w3.org/2000/svg">',
+        f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#99a"/>',
+    ]
+    for pct in (0, 50, 100):
+        y = h - pad - (h - 2 * pad) * pct / 100
+        parts.append(f'<text x="4" y="{y + 4:.1f}" font-size="11" fill="#667">{pct}%</text>')
+        parts.append(f'<line x1="{pad}" y1="{y:.1f}" x2="{w - pad}" y2="{y:.1f}" stroke="#eef"/>')
+    for i, t in enumerate(turns):
+        x = pad + i * bw + bw * 0.1
+        tot = max(1, t["tokens"])
+        reuse_h = (h - 2 * pad) * t["reusable"] / tot
+        waste_h = (h - 2 * pad) * t["wasted"] / tot
+        y0 = h - pad
+        parts.append(
+            f'<rect x="{x:.1f}" y="{y0 - reuse_h:.1f}" width="{bw * 0.8:.1f}" height="{reuse_h:.1f}" fill="#3c8d5a">'
+            f'<title>turn {t["turn"]}: {t["reuse_pct"]:.1f} % reused</title></rect>'
+        )
+        if waste_h > 0:
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y0 - reuse_h - waste_h:.1f}" width="{bw * 0.8:.1f}" height="{waste_h:.1f}" fill="#d9534f">'
+                f'<title>turn {t["turn"]}: {t["wasted"]:,} tokens wasted</title></rect>'
+            )
+        if n <= 60 or i % max(1, n // 30) == 0:
+            parts.append(f'<text x="{x + bw * 0.4:.1f}" y="{h - pad + 14}" font-size="10" text-anchor="middle" fill="#667">{t["turn"]}</text>')
+    parts.append(f'<text x="{w - pad}" y="{h - 6}" font-size="11" text-anchor="end" fill="#667">turn · green: reused · red: wasted</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _ex(t: dict[str, str], side: str) -> str:
+    return (
+        f'<div class="ex"><span class="ctx">…{escape(t["before"])}</span>'
+        f'<mark class="{side}">{escape(t["diverged"]) or "∅"}</mark><span class="ctx">{escape(t["after"])}…</span></div>'
+    )
+
+
+def render_html(doc: dict[str, Any]) -> str:
+    s = doc["summary"]
+    e = escape
+    secs = f", {s['wasted_seconds']:.1f} s of prefill" if s["wasted_seconds"] is not None else ""
+    out = [
+        "<!doctype html><html lang=en><head><meta charset=utf-8>",
+        f"<title>tokendiff report: {e(s['path'])}</title><style>{CSS}</style></head><body>",
+        f"<h1>tokendiff report: <code>{e(s['path'])}</code></h1>",
+        f'<p class="headline">{e(s["headline"])}</p>',
+        f"<p>{s['turns']} turns, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
+        f"(<b>{s['reuse_pct']:.1f} %</b>); wasted {s['wasted_tokens']:,} tokens{secs}.</p>",
+    ]
+    tk = doc["tokenizer"]
+    out.append(f'<p class="muted">tokenizer: {e(tk["name"])}{" (assumed)" if tk.get("assumed") else ""}'
+               f'{" · redacted: words replaced by hashes" if s["redacted"] else ""}</p>')  # fmt: skip
+    out.append("<h2>Reuse across turns</h2>")
+    out.append(_chart(doc["turns"]))
+    out.append("<h2>Spans, ranked by what they cost</h2>")
+    if doc["spans"]:
+        out.append("<table><tr><th>#</th><th>cause</th><th>section</th><th>turns</th><th>tokens</th><th>share</th><th>reuse without it</th><th>fix</th></tr>")
+        for sp in doc["spans"]:
+            out.append(
+                f"<tr><td class=n>{sp['rank']}</td><td>{e(sp['title'])}</td><td><code>{e(sp['section'])}</code></td>"
+                f"<td>{e(', '.join(map(str, sp['turns'])))}</td><td class=n>{sp['tokens']:,}</td><td class=n>{100 * sp['share']:.0f} %</td>"
+                f"<td class=n>{sp['reuse_pct_without']} %</td><td>{e(sp['fix'])}</td></tr>"
+            )
+        out.append("</table>")
+    else:
+        out.append("<p>None: nothing broke the cache.</p>")
+    out.append("<h2>Turns</h2><table><tr><th>turn</th><th>tokens</th><th>reusable</th><th>reuse %</th><th>recomputed</th>"
+               "<th>new</th><th>wasted</th><th>first divergence</th><th>cause</th><th>server cached</th><th>note</th></tr>")  # fmt: skip
+    for t in doc["turns"]:
+        rc = "" if t["reported_cached"] is None else f"{t['reported_cached']:,}"
+        out.append(
+            f"<tr><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td><td class=n>{t['reusable']:,}</td>"
+            f"<td class=n>{t['reuse_pct']:.1f}</td><td class=n>{t['recomputed']:,}</td><td class=n>{t['new_tokens']:,}</td>"
+            f"<td class=n>{t['wasted']:,}</td><td><code>{e(t['first_divergence_section'] or '')}</code></td><td>{e(t['cause'] or '')}</td>"
+            f"<td class=n>{rc}</td><td>{e(t['note'])}</td></tr>"
+        )
+    out.append("</table><h2>Causes</h2>")
+    for c in doc["causes"]:
+        out.append(f"<h3>{e(c['title'])} <span class=muted>(turn {c['turn']})</span></h3>")
+        out.append(f"<p>{e(c['evidence'])}. <b>Fix:</b> {e(c['fix'])}</p>")
+        for side in ("a", "b"):
+            x = c[side]
+            out.append(
+                f'<p class="muted">{side.upper()} <code>{e(x["origin"])}</code> tokens {x["tokens"][0]:,}..{x["tokens"][1]:,}, '
+                f'bytes {x["bytes"][0]:,}..{x["bytes"][1]:,}, in <code>{e(x["section"])}</code></p>'
+            )
+            out.append(_ex(x["text"], side))
+    out.append("</body></html>")
+    return "\n".join(out)

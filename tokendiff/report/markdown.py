@@ -1,0 +1,67 @@
+"""The incident report as Markdown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _cell(v: Any) -> str:
+    s = "" if v is None else str(v)
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def _code(s: str) -> str:
+    return s.replace("`", "ˋ")
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    s = doc["summary"]
+    out = [f"# tokendiff report: {s['path']}", ""]
+    out.append(f"**{s['headline']}**")
+    out.append("")
+    secs = f", {s['wasted_seconds']:.1f} s of prefill" if s["wasted_seconds"] is not None else ""
+    out.append(
+        f"- {s['turns']} turns, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
+        f"(**{s['reuse_pct']:.1f} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
+    )
+    if s["ms_per_token"]:
+        out.append(f"- measured prefill speed: {s['ms_per_token']:.3f} ms per token")
+    tk = doc["tokenizer"]
+    out.append(f"- tokenizer: {tk['name']}" + (" (assumed)" if tk.get("assumed") else ""))
+    if s["redacted"]:
+        out.append("- redacted: words are replaced by hashes; structure, offsets and findings are kept")
+    out += ["", "## Spans, ranked by what they cost", ""]
+    if doc["spans"]:
+        out.append("| # | cause | section | turns | tokens | share | reuse without it | fix |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for sp in doc["spans"]:
+            out.append(
+                f"| {sp['rank']} | {_cell(sp['title'])} | `{_code(sp['section'])}` | {_cell(', '.join(map(str, sp['turns'])))} | "
+                f"{sp['tokens']:,} | {100 * sp['share']:.0f} % | {_cell(sp['reuse_pct_without'])} % | {_cell(sp['fix'])} |"
+            )
+    else:
+        out.append("None: nothing broke the cache.")
+    out += ["", "## Turns", ""]
+    out.append("| turn | tokens | reusable | reuse % | recomputed | new | wasted | first divergence | cause | server cached | note |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for t in doc["turns"]:
+        out.append(
+            f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} | {t['reuse_pct']:.1f} | {t['recomputed']:,} | {t['new_tokens']:,} | "
+            f"{t['wasted']:,} | `{_code(t['first_divergence_section'] or '')}` | {_cell(t['cause'])} | {_cell(t['reported_cached'])} | {_cell(t['note'])} |"
+        )
+    out += ["", "## Causes", ""]
+    for c in doc["causes"]:
+        out.append(f"### {c['title']} (turn {c['turn']})")
+        out.append("")
+        out.append(f"{c['evidence']}. **Fix:** {c['fix']}")
+        out.append("")
+        for side in ("a", "b"):
+            x = c[side]
+            t = x["text"]
+            out.append(
+                f"- {side.upper()} `{_code(x['origin'])}` tokens {x['tokens'][0]:,}..{x['tokens'][1]:,}, "
+                f"bytes {x['bytes'][0]:,}..{x['bytes'][1]:,}, in `{_code(x['section'])}`"
+            )
+            out.append(f"  `…{_code(t['before'])}⟦{_code(t['diverged'])}⟧{_code(t['after'])}…`")
+        out.append("")
+    return "\n".join(out) + "\n"

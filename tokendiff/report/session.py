@@ -1,0 +1,126 @@
+"""The incident report: a `tokendiff.report/1` document built from a Session.
+
+Markdown and HTML are rendered from this document (report/markdown.py,
+report/html.py), so every format says the same thing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from tokendiff.cost import Session, turn_rows
+from tokendiff.model import SEP, Prompt
+from tokendiff.report.excerpt import excerpt
+
+SCHEMA = "tokendiff.report/1"
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+_SPECIAL = re.compile(r"<\|[^|>]{1,40}\|>|<｜[^｜>]{1,40}｜>|\[/?[A-Z_]{2,30}\]|</?[a-z_]{2,20}>")
+
+
+def redact_text(s: str) -> str:
+    """Every word replaced by a short hash of it; template markers, punctuation and layout kept."""
+
+    def word(m: re.Match[str]) -> str:
+        return "#" + hashlib.sha256(m.group().encode()).hexdigest()[:6]
+
+    out, pos = [], 0
+    for m in _SPECIAL.finditer(s):
+        out.append(_WORD.sub(word, s[pos : m.start()]))
+        out.append(m.group())
+        pos = m.end()
+    out.append(_WORD.sub(word, s[pos:]))
+    return "".join(out)
+
+
+def _ex(p: Prompt, start: int, end: int, context: int, redact: bool) -> dict[str, Any]:
+    e = excerpt(p, start, end, context)
+    f = redact_text if redact else (lambda x: x)
+    return {"before": f(e.before), "diverged": f(e.diverged), "after": f(e.after)}
+
+
+def report_document(
+    path: str, prompts: list[Prompt], s: Session, tokenizer: dict[str, Any], redact: bool = False, context: int = 12
+) -> dict[str, Any]:
+    top = s.spans[0] if s.spans and s.spans[0].tokens > 0 else None
+    scrub = redact_text if redact else (lambda x: x)
+    rows = turn_rows(s)
+    spans = []
+    for rank, sp in enumerate(s.spans, 1):
+        spans.append(
+            {
+                "rank": rank,
+                "kind": sp.kind,
+                "section": sp.section,
+                "title": sp.title,
+                "fix": sp.fix,
+                "turns": sp.turns,
+                "tokens": sp.tokens,
+                "share": round(sp.share, 4),
+                "seconds": round(sp.seconds, 3) if sp.seconds is not None else None,
+                "reuse_pct_without": round(100.0 * (s.reused_tokens + sp.tokens) / s.total_tokens, 2) if s.total_tokens else None,
+            }
+        )
+    causes = []
+    seen: set[str] = set()
+    for sp in s.spans:
+        if sp.kind in seen or sp.example is None:
+            continue
+        seen.add(sp.kind)
+        turn_no, hi = sp.example
+        t = s.turns[turn_no - 1]
+        d = t.divergence
+        assert d is not None
+        h = d.hunks[hi]
+        a, b = prompts[turn_no - 2], prompts[turn_no - 1]
+        f = next(x for x in t.findings if x.hunk == hi)
+        causes.append(
+            {
+                "kind": sp.kind,
+                "title": f.title,
+                "fix": f.fix,
+                "origin": f.origin,
+                "confidence": f.confidence,
+                "evidence": scrub(f.evidence),
+                "turn": turn_no,
+                "hunk": hi,
+                "a": {"origin": a.origin, "tokens": [h.a_start, h.a_end], "bytes": [h.a_byte_start, h.a_byte_end],
+                      "section": SEP.join(h.a_owner), "text": _ex(a, h.a_start, h.a_end, context, redact)},
+                "b": {"origin": b.origin, "tokens": [h.b_start, h.b_end], "bytes": [h.b_byte_start, h.b_byte_end],
+                      "section": SEP.join(h.b_owner), "text": _ex(b, h.b_start, h.b_end, context, redact)},
+            }
+        )  # fmt: skip
+    per_turn_findings = []
+    for t in s.turns:
+        for f in t.findings:
+            per_turn_findings.append(
+                {"turn": t.turn, "hunk": f.hunk, "kind": f.kind, "confidence": f.confidence, "expected": f.expected,
+                 "origin": f.origin, "title": f.title, "evidence": scrub(f.evidence), "fix": f.fix}
+            )  # fmt: skip
+    summary = {
+        "path": path,
+        "turns": len(s.turns),
+        "total_tokens": s.total_tokens,
+        "reused_tokens": s.reused_tokens,
+        "reuse_pct": round(s.reuse_pct, 2),
+        "wasted_tokens": s.wasted_tokens,
+        "wasted_seconds": round(s.wasted_seconds, 3) if s.wasted_seconds is not None else None,
+        "ms_per_token": round(s.ms_per_token, 4) if s.ms_per_token else None,
+        "top_cause": spans[0] if top else None,
+        "headline": _headline(s),
+        "redacted": redact,
+    }
+    return {"schema": SCHEMA, "summary": summary, "tokenizer": tokenizer, "turns": rows, "spans": spans, "causes": causes, "findings": per_turn_findings}
+
+
+def _headline(s: Session) -> str:
+    if not s.spans or s.spans[0].tokens == 0:
+        return f"No waste: every turn reused everything the previous prompt had ({s.reuse_pct:.1f} % of all tokens reused)."
+    sp = s.spans[0]
+    gain = f" ({sp.seconds:.1f} s of prefill)" if sp.seconds else ""
+    turns = f"{len(sp.turns)} turn" + ("s" if len(sp.turns) != 1 else "")
+    return (
+        f"Fix this first: {sp.title[0].lower() + sp.title[1:]} in {sp.section}. It is {100 * sp.share:.0f} % of the waste: "
+        f"{sp.tokens:,} tokens recomputed over {turns}{gain}."
+    )
