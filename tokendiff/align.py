@@ -225,6 +225,19 @@ def _merge(spans: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, 
     return out
 
 
+def is_boundary(a: Prompt, b: Prompt, h: Hunk) -> bool:
+    """A BPE merge boundary: the two sides' bytes agree at least through the first
+    differing token of each side (" world"+"wide" against " worldwide")."""
+    if h.a_start == h.a_end or h.b_start == h.b_end:
+        return False
+    ta = a.data[h.a_byte_start : h.a_byte_end]
+    tb = b.data[h.b_byte_start : h.b_byte_end]
+    n = min(len(ta), len(tb))
+    k = first_byte_diff(ta[:n], tb[:n])
+    k = n if k is None else k
+    return k > 0 and k >= len(a.token_bytes(h.a_start)) and k >= len(b.token_bytes(h.b_start))
+
+
 def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
     """The full token diff of a pair of prompts."""
     lcp = common_prefix(a.ids, b.ids)
@@ -248,9 +261,7 @@ def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
                 b.owner(b0) if b0 < len(b) else b.owner(max(b0 - 1, 0)),
             )
         )
-    # A tokenization boundary: the bytes still agree past the end of the first
-    # divergent token on at least one side, so the IDs differ but the text not.
-    boundary = bool(hunks) and lcp < min(len(a), len(b)) and (
-        fbd is None or fbd >= min(a.byte_offset(lcp + 1), b.byte_offset(lcp + 1))
-    )
+    # A tokenization boundary: the first divergent span spells the same bytes on both
+    # sides (a BPE merge across the old/new boundary), not a content change.
+    boundary = bool(hunks) and lcp < min(len(a), len(b)) and (fbd is None or is_boundary(a, b, hunks[0]))
     return Divergence(len(a), len(b), lcp, fbd, tuple(hunks), boundary)

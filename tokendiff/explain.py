@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from tokendiff.model import Divergence, Finding, Hunk, Prompt
+from tokendiff.model import Divergence, Finding, Hunk, Prompt, Section
 
 PAD = 48  # bytes of context either side when matching patterns around a hunk
 
@@ -114,9 +114,10 @@ def _changed(ctx: Ctx, rx: re.Pattern[str]) -> tuple[str, str] | None:
 
 def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
     """E16: the IDs differ, the bytes do not."""
-    if ctx.a_text != ctx.b_text:
-        if not (ctx.i == 0 and ctx.d.boundary):
-            return None
+    from tokendiff.align import is_boundary
+
+    if not is_boundary(ctx.a, ctx.b, ctx.h):
+        return None
     n_a, n_b = ctx.h.a_end - ctx.h.a_start, ctx.h.b_end - ctx.h.b_start
     gen = _in(ctx.a_path, "generated")
     return Finding(
@@ -176,14 +177,28 @@ def detect_appended(ctx: Ctx) -> Finding | None:
     )  # fmt: skip
 
 
+_TAGS = re.compile(r"</?think>|<\|channel\|>|analysis|<\|message\|>")
+
+
+def _prefill_only(text: str) -> bool:
+    """Only think tags and whitespace: what a template prefills on the generation prompt."""
+    return not _TAGS.sub("", text).strip()
+
+
+def _top(p: Prompt, name: str) -> Section | None:
+    return next((s for s in p.sections if s.path == (name,)), None)
+
+
 def detect_generation_prompt(ctx: Ctx) -> Finding | None:
     """E3 (benign) and E2: the open generation prompt of A becomes the answer in B."""
-    if not ctx.a_path or ctx.a_path[0] != "generation_prompt":
+    if not ctx.a_path or ctx.a_path[0] != "generation_prompt" or ctx.h.a_start >= len(ctx.a):
         return None
-    a_txt = ctx.a_text.decode("utf-8", "replace")
-    if "generated" in ctx.a_path:
+    gp = _top(ctx.a, "generation_prompt")
+    # what A had from the divergence to the end of its generation prompt
+    a_txt = ctx.a.data[ctx.h.a_byte_start : gp.byte_end if gp else ctx.h.a_byte_end].decode("utf-8", "replace")
+    if "generated" in ctx.a_path and not _prefill_only(a_txt):
         return None  # the model's output itself differs: other detectors (reasoning, JSON, boundary) say why
-    if "<think>" in a_txt and "</think>" in a_txt and len(a_txt.replace("<think>", "").replace("</think>", "").strip()) == 0:
+    if "<think>" in a_txt and "</think>" in a_txt and _prefill_only(a_txt):
         return Finding(
             "empty_think_prefill", ctx.i, 0.9, "Empty think block only on the generation prompt",
             "A's generation prompt ends with an empty <think></think> that the same turn loses in history (enable_thinking=false)",
@@ -201,10 +216,13 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
 def detect_reasoning(ctx: Ctx) -> Finding | None:
     """E1/E4/E14: reasoning kept in A, gone from B."""
     a_reason = _in(ctx.a_path, "reasoning", "analysis") or b"<think>" in ctx.a_text or b"analysis<|message|>" in ctx.a_text
-    b_reason = _in(ctx.b_path, "reasoning", "analysis")
+    b_reason = _in(ctx.b_path, "reasoning", "analysis") and not _prefill_only(ctx.b_text.decode("utf-8", "replace"))
     if not a_reason or b_reason:
         return None
-    empty_b = re.search(rb"<think>\s*</think>", ctx.b.data[ctx.h.b_byte_start : ctx.h.b_byte_end + 40]) is not None
+    if ctx.a_path and ctx.a_path[0] == "generation_prompt" and _prefill_only(ctx.a_text.decode("utf-8", "replace")):
+        return None  # an empty think block prefilled on the generation prompt: not reasoning
+    near_b = ctx.b.data[max(0, ctx.h.b_byte_start - 16) : ctx.h.b_byte_end + 40]
+    empty_b = re.search(rb"<think>\s*</think>", near_b) is not None
     n = ctx.h.a_end - ctx.h.a_start
     turn = ctx.a_path[0] if ctx.a_path else "an assistant turn"
     if empty_b:
@@ -397,7 +415,7 @@ def detect_json_reserialized(ctx: Ctx) -> Finding | None:
 def detect_counter(ctx: Ctx) -> Finding | None:
     """E9: a counter or percentage changed (memory items, tokens left ...)."""
     ch = _changed(ctx, NUMBER_RE)
-    if not ch:
+    if not ch or len(ctx.a_text.strip()) > 16 or len(ctx.b_text.strip()) > 16:
         return None
     wa, ia = ctx.a_win(24)
     label = wa[max(0, ia - 24) : ia].strip().split("\n")[-1][-30:]
@@ -414,7 +432,7 @@ def detect_moved(ctx: Ctx) -> Finding | None:
     bt = ctx.b_text
     if len(bt) < 24 or not _in(ctx.b_path, "system"):
         return None
-    probe = bt.strip()[:200]
+    probe = re.sub(rb"^\W+", b"", bt)[:200]
     if len(probe) < 24:
         return None
     where = ctx.a.data.find(probe, ctx.h.a_byte_end)
@@ -434,7 +452,12 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
         return None
     if ctx.h.a_end - ctx.h.a_start < 32:
         return None
-    turns_a = [s for s in ctx.a.sections if len(s.path) == 1 and ctx.h.a_start <= s.start and s.end <= ctx.h.a_end]
+    # whole turns inside the deleted run (the diff may keep a few of a turn's tokens as "equal")
+    turns_a = [
+        s for s in ctx.a.sections
+        if len(s.path) == 1 and s.end > s.start
+        and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
+    ]  # fmt: skip
     if len(turns_a) < 1:
         return None
     return Finding(
@@ -455,7 +478,7 @@ def detect_rewritten(ctx: Ctx) -> Finding | None:
         return None
     if placeholder or len(b_txt) < len(a_txt) // 2:
         return Finding(
-            "history_rewritten", ctx.i, 0.7 if placeholder else 0.5, "History rewritten in place",
+            "history_rewritten", ctx.i, 0.8 if placeholder else 0.5, "History rewritten in place",
             f"{turn}: {len(a_txt)} bytes became {len(b_txt)}" + (f" ({placeholder.group(0)!r})" if placeholder else ""),
             "Keep history append-only; if you must prune, prune once past a threshold and from the newest tool results first",
             origin="client",

@@ -1,0 +1,237 @@
+"""Each explainer on real renders from real templates, where the cause is real."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from conftest import CONVERSATION, TOOLS, prompt_from_ids, prompt_from_text, qwen_encode, render
+
+from tokendiff.align import align
+from tokendiff.explain import explain
+from tokendiff.render import Renderer
+from tokendiff.sections import field_sections
+
+QWEN3 = "Qwen-Qwen3-0.6B.jinja"
+
+
+def qwen_prompt(vocab, messages, tools=TOOLS, fields=False, **kw):
+    """A Qwen3 prompt as the server would hold it, sectioned by template markers
+    (slot files) or by request fields (captures)."""
+    if fields:
+        from conftest import template
+
+        r = Renderer(template(QWEN3)).attribute({"messages": messages, "tools": tools, "chat_template_kwargs": kw})
+        p = prompt_from_ids(qwen_encode(r.text), vocab)
+        p.sections = field_sections(p, r)
+        return p
+    return prompt_from_ids(qwen_encode(render(QWEN3, messages, tools, **kw)), vocab)
+
+
+def first(a, b):
+    d = align(a, b)
+    fs = explain(a, b, d)
+    return next(f for f in fs if not f.expected), fs, d
+
+
+def test_reasoning_stripped_by_qwen3_on_a_new_user_message(vocab):
+    msgs = copy.deepcopy(CONVERSATION[:3])  # the tool call, reasoning kept (after the last user message)
+    a = qwen_prompt(vocab, msgs, add_generation_prompt=False)
+    msgs += [{"role": "tool", "content": "18 C"}, {"role": "assistant", "content": "18 C."}, {"role": "user", "content": "Thanks"}]
+    b = qwen_prompt(vocab, msgs)
+    f, _, d = first(a, b)
+    assert f.kind == "reasoning_stripped" and f.origin == "template"
+    assert d.hunks[f.hunk].a_owner == ("message[2] assistant", "reasoning")
+
+
+def test_client_dropping_reasoning(vocab):
+    msgs = copy.deepcopy(CONVERSATION[:3])
+    a = qwen_prompt(vocab, msgs, add_generation_prompt=False)
+    msgs[2]["content"] = "<think>\n\n</think>\n\n"  # a client that sends back an empty think block
+    del msgs[2]["reasoning_content"]
+    b = qwen_prompt(vocab, msgs, add_generation_prompt=False)
+    f, _, _ = first(a, b)
+    assert f.kind == "reasoning_dropped_by_client"
+
+
+def test_llama32_injected_date_is_the_templates():
+    specials = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    msgs = [{"role": "user", "content": "Hi"}]
+    a = prompt_from_text(render("meta-llama-Llama-3.2-3B-Instruct.jinja", msgs, bos_token="<|begin_of_text|>", date_string="28 Nov 2026"), specials)
+    b = prompt_from_text(render("meta-llama-Llama-3.2-3B-Instruct.jinja", msgs, bos_token="<|begin_of_text|>", date_string="29 Nov 2026"), specials)
+    f, _, _ = first(a, b)
+    assert f.kind == "date" and f.origin == "template"
+    assert "'28 Nov 2026' -> '29 Nov 2026'" in f.evidence
+
+
+def test_client_date_in_system_prompt_from_request_fields(vocab):
+    def msgs(day):
+        return [{"role": "system", "content": f"You are an agent. Now: 2026-11-{day} 23:59."}, {"role": "user", "content": "hi"}]
+
+    a = qwen_prompt(vocab, msgs(28), fields=True)
+    b = qwen_prompt(vocab, msgs(29), fields=True)
+    f, _, _ = first(a, b)
+    assert f.kind == "date" and f.origin == "client"
+    assert "'2026-11-28 23:59' -> '2026-11-29 23:59'" in f.evidence
+
+
+@pytest.mark.parametrize(
+    "tools_b, kind, words",
+    [
+        ([TOOLS[1], TOOLS[0], TOOLS[2]], "tool_order", "3 tools, same names"),
+        (TOOLS[:2], "tool_set", "-web_extract"),
+        (TOOLS + [{"type": "function", "function": {"name": "git_blame", "description": "x", "parameters": {}}}], "tool_set", "+git_blame"),
+    ],
+)
+def test_tools_reordered_or_changed(vocab, tools_b, kind, words):
+    msgs = CONVERSATION[:2]
+    f, _, _ = first(qwen_prompt(vocab, msgs), qwen_prompt(vocab, msgs, tools=tools_b))
+    assert f.kind == kind and words in f.evidence
+
+
+def test_tool_description_mutated(vocab):
+    tools_b = copy.deepcopy(TOOLS)
+    tools_b[2]["function"]["description"] = "Extract the text of a web page. Sub-agents: alpha, beta."
+    f, _, _ = first(qwen_prompt(vocab, CONVERSATION[:2]), qwen_prompt(vocab, CONVERSATION[:2], tools=tools_b))
+    assert f.kind == "tool_changed" and "web_extract" in f.title
+
+
+def test_empty_think_prefill_on_the_generation_prompt(vocab):
+    """Qwen3 with enable_thinking=false: the generation prompt's empty think block vanishes from history."""
+    msgs = [{"role": "user", "content": "Hi"}]
+    a = qwen_prompt(vocab, msgs, tools=None, enable_thinking=False)
+    b = qwen_prompt(vocab, msgs + [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}], tools=None, enable_thinking=False)
+    d = align(a, b)
+    fs = explain(a, b, d)
+    assert fs[0].kind == "empty_think_prefill" and fs[0].origin == "template"
+
+
+def test_generation_prompt_suffix_is_expected(vocab):
+    """QwQ prefills `<think>\\n` on the generation prompt; history renders the answer without it (E3)."""
+    msgs = [{"role": "user", "content": "Hi"}]
+    a = prompt_from_ids(qwen_encode(render("Qwen-QwQ-32B.jinja", msgs, enable_thinking=True)), vocab)
+    assert a.data.endswith(b"<|im_start|>assistant\n<think>\n")
+    more = msgs + [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
+    b = prompt_from_ids(qwen_encode(render("Qwen-QwQ-32B.jinja", more, enable_thinking=True)), vocab)
+    d = align(a, b)
+    fs = explain(a, b, d)
+    assert fs[0].kind == "generation_prompt" and fs[0].expected
+    assert d.hunks[0].a_end - d.hunks[0].a_start <= 5
+
+
+def test_tool_call_arguments_reserialized(vocab):
+    msgs = copy.deepcopy(CONVERSATION[:4])
+    msgs[2]["tool_calls"][0]["function"]["arguments"] = '{"q":"Paris"}'  # as the model generated it
+    a = qwen_prompt(vocab, msgs)
+    msgs[2]["tool_calls"][0]["function"]["arguments"] = {"q": "Paris"}  # parsed and re-serialised by a client
+    b = qwen_prompt(vocab, msgs)
+    f, _, _ = first(a, b)
+    assert f.kind == "json_reserialized" and "whitespace" in f.evidence and "tool-call arguments" in f.evidence
+
+
+def test_json_key_order(vocab):
+    a = qwen_prompt(vocab, [{"role": "user", "content": 'State: {"mode": "fast", "depth": 3}'}], tools=None)
+    b = qwen_prompt(vocab, [{"role": "user", "content": 'State: {"depth": 3, "mode": "fast"}'}], tools=None)
+    f, _, _ = first(a, b)
+    assert f.kind == "json_reserialized" and "key order" in f.evidence
+
+
+def test_tool_call_ids_regenerated_in_a_mistral_render(vocab):
+    from conftest import template
+
+    def body(call_id):
+        msgs = copy.deepcopy(CONVERSATION[:4])
+        msgs[2]["tool_calls"][0]["id"] = call_id
+        msgs[3]["tool_call_id"] = call_id
+        return {"messages": msgs, "tools": TOOLS}
+
+    r = Renderer(template("mistralai-Mistral-Nemo-Instruct-2407.jinja"), bos_token="<s>", eos_token="</s>")
+    prompts = []
+    for cid in ("a1B2c3D4e", "Zz9Yy8Xx7"):
+        rr = r.attribute(body(cid))
+        p = prompt_from_ids(qwen_encode(rr.text), vocab, family="mistral")
+        p.sections = field_sections(p, rr)
+        prompts.append(p)
+    f, _, _ = first(*prompts)
+    assert f.kind == "tool_call_id" and "a1B2c3D4e" in f.evidence
+
+
+def test_billing_header_nonce(vocab):
+    def msgs(n):
+        return [{"role": "system", "content": f"x-anthropic-billing-header: cc_version=2.1.4; cc_entrypoint=cli; cch={n};\nYou are Claude Code."}, {"role": "user", "content": "hi"}]
+
+    f, _, _ = first(qwen_prompt(vocab, msgs("3f2a1")), qwen_prompt(vocab, msgs("9b7c4")))
+    assert f.kind == "nonce" and "billing" in f.evidence
+
+
+def test_uuid_nonce(vocab):
+    def msgs(u):
+        return [{"role": "system", "content": f"benchmark_id: {u}\nYou are terse."}, {"role": "user", "content": "hi"}]
+
+    f, _, _ = first(qwen_prompt(vocab, msgs("0b6f2e1c-7d7e-4a55-9f51-2c0d3e5a8b11")), qwen_prompt(vocab, msgs("9e1d0a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b")))
+    assert f.kind == "nonce"
+
+
+def test_memory_counter(vocab):
+    def msgs(n):
+        return [{"role": "system", "content": f"You are an agent.\nMemory: {n} items stored."}, {"role": "user", "content": "hi"}]
+
+    f, _, _ = first(qwen_prompt(vocab, msgs(41)), qwen_prompt(vocab, msgs(42)))
+    assert f.kind == "counter" and "'41' -> '42'" in f.evidence
+
+
+def test_history_pruned_in_place(vocab):
+    msgs = copy.deepcopy(CONVERSATION[:5])
+    msgs[3]["content"] = json.dumps({"rows": list(range(200))})
+    a = qwen_prompt(vocab, msgs)
+    msgs[3]["content"] = "[pruned: 1 tool result]"
+    b = qwen_prompt(vocab, msgs)
+    f, _, _ = first(a, b)
+    assert f.kind == "history_rewritten" and "[pruned" in f.evidence
+
+
+def test_system_message_moved_to_the_front(vocab):
+    reminder = "Reminder: you have 5000 tokens of context left."
+    base = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
+    a = qwen_prompt(vocab, base + [{"role": "user", "content": "u2"}, {"role": "system", "content": reminder}], tools=None)
+    merged = [{"role": "system", "content": "You are terse.\n" + reminder}] + base[1:] + [{"role": "user", "content": "u2"}]
+    b = qwen_prompt(vocab, merged, tools=None)
+    f, _, _ = first(a, b)
+    assert f.kind == "system_moved"
+
+
+def test_truncation_drops_old_turns(vocab):
+    turns = [{"role": "system", "content": "You are terse."}]
+    for i in range(6):
+        turns += [{"role": "user", "content": f"question {i} " * 20}, {"role": "assistant", "content": f"answer {i} " * 20}]
+    a = qwen_prompt(vocab, turns + [{"role": "user", "content": "next"}], tools=None)
+    b = qwen_prompt(vocab, turns[:1] + turns[3:] + [{"role": "user", "content": "next"}], tools=None)
+    f, _, _ = first(a, b)
+    assert f.kind == "truncation" and "2 whole turn(s)" in f.evidence
+
+
+def test_bpe_boundary(vocab):
+    head = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    a = prompt_from_ids(qwen_encode(head) + qwen_encode(" world") + qwen_encode("wide"), vocab)
+    b = prompt_from_ids(qwen_encode(head + " worldwide") + qwen_encode("<|im_end|>"), vocab)
+    f, fs, d = first(a, b)
+    assert fs[0].kind == "bpe_boundary" and d.boundary
+
+
+def test_double_bos():
+    specials = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    text = render("meta-llama-Llama-3.1-8B-Instruct.jinja", [{"role": "user", "content": "Hi"}], bos_token="<|begin_of_text|>")
+    a = prompt_from_text(text, specials)
+    b = prompt_from_text("<|begin_of_text|>" + text, specials)
+    f, _, _ = first(a, b)
+    assert f.kind == "double_bos"
+
+
+def test_pure_append_is_expected(vocab):
+    msgs = CONVERSATION[:2]
+    a = qwen_prompt(vocab, msgs)
+    b = qwen_prompt(vocab, msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}])
+    d = align(a, b)
+    fs = explain(a, b, d)
+    assert [f.kind for f in fs] == ["appended"] and fs[0].expected
