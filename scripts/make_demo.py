@@ -1,4 +1,8 @@
-"""Record the bundled demo session in captures/demo/ from a real llama-server.
+"""Record the bundled demo sessions from a real llama-server.
+
+captures/agent/ is an agent loop recorded through `tokendiff proxy` (see
+agent_turns); captures/demo/ is described below.
+
 
 A coding agent with 16 tools works on a failing test for 7 turns against a
 tiny model (real Qwen3 vocabulary and chat template, random weights, 1 layer
@@ -25,6 +29,7 @@ import copy
 import json
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -202,10 +207,114 @@ def record(out: Path) -> None:
     (out / "session.json").write_text(json.dumps({"tinygguf": spec.__dict__ | {"tokenizer": "bundled", "config": "bundled"}, "server": server, "turns": turns}, indent=1))
 
 
+AGENT_SYSTEM = """You are Forge, a careful coding agent working in the repository at /home/dev/parser.
+Follow the project's style, run the tests after every change, and keep diffs small.
+
+# Memory
+{notes} notes saved for this project.
+
+# Date
+{date}"""
+
+
+def agent_turns() -> list[tuple[str, list[dict], list[dict]]]:
+    """An agent loop with four causes at once: a memory counter and a date in the
+    volatile tail of the system prompt, a tool loaded on demand mid-session, and
+    reasoning the Qwen3 template strips when a new user message arrives."""
+
+    def system(notes: int, date: str) -> dict:
+        return {"role": "system", "content": AGENT_SYSTEM.format(notes=notes, date=date)}
+
+    user1 = {"role": "user", "content": "tests/test_parser.py fails on CI. Find out why and fix it."}
+    steps = [
+        (assistant("Start by reading the failing test.", call("read_file", 1, path="tests/test_parser.py")), result(1, TEST_FILE)),
+        (assistant("Run the tests to see the failure.", call("run_tests", 2, target="tests/test_parser.py")), result(2, TEST_OUTPUT)),
+        (assistant("Read the parser.", call("read_file", 3, path="parser.py")), result(3, PARSER_FILE)),
+        (assistant("Who wrote the loop?", call("git_blame", 4, path="parser.py")), result(4, "a41c9e2 (dana 2026-10-02) for value, unit in re.findall(...)")),
+        (assistant("Raise when nothing matched.", call("apply_patch", 5, patch="--- a/parser.py\n+++ b/parser.py\n@@ -10 +10,3 @@\n-    return total\n+    if not total:\n+        raise ValueError(text)\n+    return total")), result(5, "patched parser.py")),
+        (assistant("Run the tests again.", call("run_tests", 6, target="tests/test_parser.py")), result(6, "4 passed in 0.03s")),
+        (assistant("Check the other callers.", call("grep", 7, pattern="parse_duration", path=".")), result(7, "cli.py:14: seconds = parse_duration(args.timeout)")),
+    ]
+    tools_more = sorted(TOOLS + [ON_DEMAND], key=lambda t: t["function"]["name"])
+    # turn k sends the first k-1 steps; (notes, date, tools) as the agent had them at turn k
+    state = {1: (4, "2026-11-28", TOOLS), 2: (4, "2026-11-28", TOOLS), 3: (5, "2026-11-28", TOOLS), 4: (5, "2026-11-28", TOOLS),
+             5: (5, "2026-11-28", tools_more), 6: (6, "2026-11-28", tools_more), 7: (6, "2026-11-29", tools_more),
+             8: (6, "2026-11-29", tools_more)}  # fmt: skip
+    whats = {1: "first request", 2: "append", 3: "memory counter 4 -> 5", 4: "append", 5: "git_blame loaded on demand",
+             6: "memory counter 5 -> 6", 7: "date rolls over", 8: "append"}  # fmt: skip
+    turns = []
+    for k in range(1, 9):
+        notes, date, tools = state[k]
+        msgs = [system(notes, date), user1] + [m for step in steps[: k - 1] for m in step]
+        turns.append((whats[k], msgs, tools))
+    done = [system(6, "2026-11-29"), user1] + [m for step in steps for m in step]
+    done += [{"role": "assistant", "content": "Fixed: parse_duration raises ValueError on text without a duration."},
+             {"role": "user", "content": "Good. Also make it accept uppercase units like 2H."}]  # fmt: skip
+    turns.append(("new user message: earlier reasoning stripped by the template", done, tools_more))
+    more = done + [assistant("Lower-case the text first.", call("read_file", 8, path="parser.py")), result(8, PARSER_FILE)]
+    turns.append(("append", more, tools_more))
+    return turns
+
+
+def record_agent(out: Path) -> None:
+    """Record the agent loop through `tokendiff proxy` in front of a real llama-server."""
+    import signal
+    import subprocess
+    import sys
+
+    from tokendiff.testing.llama_server import free_port
+
+    spec = TinySpec(layers=1, kv_heads=1, context=32768)
+    if out.exists():
+        shutil.rmtree(out)
+    with LlamaServer(tiny_gguf(spec), ctx=32768) as srv:
+        port = free_port()
+        proxy = subprocess.Popen([sys.executable, "-m", "tokendiff", "proxy", "--upstream", srv.url, "--out", str(out),
+                                  "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(200):
+                try:
+                    httpx.get(base + "/health", timeout=1)
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.05)
+            import openai
+
+            client = openai.OpenAI(base_url=base + "/v1", api_key="sk-demo-not-recorded")
+            for k, (what, msgs, tools) in enumerate(agent_turns(), 1):
+                r = client.chat.completions.create(model="tokendiff-tiny", messages=msgs, tools=tools, max_tokens=8,
+                                                   temperature=0, seed=7, extra_body={"id_slot": 0, "cache_prompt": True})  # fmt: skip
+                t = r.model_extra.get("timings", {}) if r.model_extra else {}
+                print(f"agent turn {k}: {r.usage.prompt_tokens:5d} prompt tokens, cache_n {t.get('cache_n')}  {what}")
+        finally:
+            proxy.send_signal(signal.SIGINT)
+            proxy.wait(60)
+    # keep the demo free of this machine's paths
+    props = json.loads((out / "props.json").read_text())
+    for key in ("model_path", "model_alias"):
+        props.pop(key, None)
+    (out / "props.json").write_text(json.dumps(props, indent=1))
+    models = json.loads((out / "models.json").read_text())
+    for m in models.get("data", []):
+        m["id"] = "tokendiff-tiny"
+    (out / "models.json").write_text(json.dumps(models, indent=1))
+    lines = []
+    for line in (out / "capture.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        rec["server"]["model"] = "tokendiff-tiny"
+        rec["response"].pop("model", None)
+        lines.append(json.dumps(rec, ensure_ascii=False))
+    (out / "capture.jsonl").write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description="Record the demo session from a real llama-server.")
-    ap.add_argument("--out", type=Path, default=ROOT / "captures" / "demo")
-    record(ap.parse_args().out)
+    ap = argparse.ArgumentParser(description="Record the demo sessions from a real llama-server.")
+    ap.add_argument("--out", type=Path, default=ROOT / "captures" / "demo", help="slot-file session")
+    ap.add_argument("--agent-out", type=Path, default=ROOT / "captures" / "agent", help="proxy-recorded session")
+    args = ap.parse_args()
+    record(args.out)
+    record_agent(args.agent_out)
 
 
 if __name__ == "__main__":

@@ -84,8 +84,9 @@ class Span:
     title: str
     fix: str
     turns: list[int] = field(default_factory=list)
-    tokens: int = 0  # reusable tokens the session gains if this span is fixed
-    seconds: float | None = None
+    tokens: int = 0  # wasted tokens it caused as the first (ceiling) divergence of a turn
+    gain: int = 0  # reusable tokens the session gains if only this span is fixed
+    seconds: float | None = None  # tokens at the session's measured prefill speed
     example: tuple[int, int] | None = None  # (turn, hunk index) of the first occurrence
     share: float = 0.0  # of all wasted tokens
 
@@ -141,8 +142,8 @@ def _section_key(path: tuple[str, ...]) -> str:
     `message[*] assistant › reasoning`, `system › tools`, `system`."""
     out = []
     for p in path:
-        if re.match(r"^tools?\[\d+\]", p) or p.startswith("messages[") and "." in p:
-            break  # one tool or one field: the span is the block or the message around it
+        if re.match(r"^tools?\[\d+\]", p) or re.match(r"^messages\[\d+\]\.tool_calls\[\d+\] ", p):
+            break  # one tool, one call: the span is the block or the message around it
         out.append(_INDEX.sub(r"\1[*]", p))
     return SEP.join(out[:3]) or "(prompt)"
 
@@ -180,6 +181,10 @@ def analyse(prompts: list[Prompt], max_hunks: int = 64) -> Session:
         if first is not None and t.wasted > 0:
             t.cause = first.kind
             t.section = SEP.join(d.hunks[first.hunk].a_owner or d.hunks[first.hunk].b_owner)
+        ceiling_key = None
+        if first is not None:
+            h0 = d.hunks[first.hunk]
+            ceiling_key = (first.kind, _section_key(h0.a_owner or h0.b_owner))
         _notes(t, d, n)
         for f in t.findings:
             if f.expected:
@@ -191,6 +196,8 @@ def analyse(prompts: list[Prompt], max_hunks: int = 64) -> Session:
                 sp.turns.append(t.turn)
             if sp.example is None:
                 sp.example = (t.turn, f.hunk)
+        if ceiling_key is not None:
+            spans[ceiling_key].tokens += t.wasted
         # what fixing each span would buy in this turn: the prefix extends to the next hunk it does not cause
         for key, sp in spans.items():
             if t.turn not in sp.turns:
@@ -199,14 +206,13 @@ def analyse(prompts: list[Prompt], max_hunks: int = 64) -> Session:
                 (d.hunks[f.hunk].b_start for f in t.findings if f.expected or (f.kind, _section_key(d.hunks[f.hunk].a_owner or d.hunks[f.hunk].b_owner)) != key),
                 ceiling,
             )
-            gained = max(0, min(other, ceiling) - t.reuse["llama.cpp"])
-            sp.tokens += gained
+            sp.gain += max(0, min(other, ceiling) - t.reuse["llama.cpp"])
         turns.append(t)
     ms = _ms_per_token(turns)
     total = sum(t.n_tokens for t in turns)
     reused = sum(t.reuse.get("llama.cpp", 0) for t in turns)
     wasted = sum(t.wasted for t in turns)
-    ranked = sorted(spans.values(), key=lambda s: (-s.tokens, s.example or (0, 0)))
+    ranked = sorted(spans.values(), key=lambda s: (-s.tokens, -s.gain, s.example or (0, 0)))
     for s in ranked:
         s.share = s.tokens / wasted if wasted else 0.0
         s.seconds = s.tokens * ms / 1000 if ms else None

@@ -101,7 +101,7 @@ class Renderer:
         r = Rendered(text, template_sha256=self.template)
         r.template_sha256 = template_sha256(self.template)
         leaves = _leaves(body)
-        r.spans += self._leaf_spans(body, leaves, text, r.unlocated)
+        r.spans += [_with_think_tags(text, sp) for sp in self._leaf_spans(body, leaves, text, r.unlocated)]
         r.spans += self._tool_spans(body, text)
         r.spans += self._message_spans(r.spans)
         no_gen = self.render(body, add_generation_prompt=False)
@@ -239,6 +239,21 @@ def _jinja_renderer():
     from transformers.utils.chat_template_utils import render_jinja_template
 
     return render_jinja_template
+
+
+_THINK_OPEN = re.compile(r"<think>\s*$")
+_THINK_CLOSE = re.compile(r"^\s*</think>\n*")
+
+
+def _with_think_tags(text: str, sp: Span) -> Span:
+    """A reasoning field owns the <think>...</think> wrapper the template puts around it."""
+    if not sp.path[-1].endswith((".reasoning_content", ".reasoning", ".thinking")):
+        return sp
+    before = _THINK_OPEN.search(text, max(0, sp.start - 24), sp.start)
+    after = _THINK_CLOSE.match(text[sp.end : sp.end + 24])
+    if before and after:
+        return Span(sp.path, before.start(), sp.end + after.end())
+    return sp
 
 
 def _chunks(items: list, n: int) -> list[list]:

@@ -204,12 +204,28 @@ class Loader:
                 records, warnings = read_capture(sel.path)
                 for w in warnings:
                     warn(w)
+                self._adopt_server_template(sel.path.parent / "props.json")
             else:
                 from tokendiff.importers.har import read_har
 
                 records = read_har(sel.path)
             self._sessions[sel.path] = records
         return self._sessions[sel.path]
+
+    def _adopt_server_template(self, props_path: Path) -> None:
+        """The proxy saves the server's /props beside a capture: its chat template is the one
+        the server rendered with, unless the user named one."""
+        if self.chat_template or self._renderer is not None or not props_path.is_file():
+            return
+        import orjson
+
+        try:
+            props = orjson.loads(props_path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return
+        tmpl = props.get("chat_template") if isinstance(props, dict) else None
+        if isinstance(tmpl, str) and tmpl.strip():
+            self.chat_template = tmpl
 
     @property
     def tokenizer(self):
