@@ -171,10 +171,7 @@ def analyse(prompts: list[Prompt], max_hunks: int = 64) -> Session:
         best = max(reversed(range(k)), key=lambda j: common_prefix(prompts[j].ids, b.ids))
         t.best_earlier, t.best_lcp = best + 1, common_prefix(prompts[best].ids, b.ids)
         t.findings = explain(a, b, d, max_hunks=max_hunks)
-        # everything up to the first expected hunk was in the previous prompt
-        ceiling = next((d.hunks[f.hunk].b_start for f in t.findings if f.expected), None)
-        if ceiling is None:
-            ceiling = min(prompt_end(a), n)
+        t.wasted, ceiling = 0, _ceiling(a, d, t.findings, n)
         t.new_tokens = max(0, n - ceiling)
         t.wasted = max(0, ceiling - t.reuse["llama.cpp"])
         first = next((f for f in t.findings if not f.expected), None)
@@ -203,7 +200,11 @@ def analyse(prompts: list[Prompt], max_hunks: int = 64) -> Session:
             if t.turn not in sp.turns:
                 continue
             other = next(
-                (d.hunks[f.hunk].b_start for f in t.findings if f.expected or (f.kind, _section_key(d.hunks[f.hunk].a_owner or d.hunks[f.hunk].b_owner)) != key),
+                (
+                    ceiling if f.expected else d.hunks[f.hunk].b_start
+                    for f in t.findings
+                    if f.expected or (f.kind, _section_key(d.hunks[f.hunk].a_owner or d.hunks[f.hunk].b_owner)) != key
+                ),
                 ceiling,
             )
             sp.gain += max(0, min(other, ceiling) - t.reuse["llama.cpp"])
@@ -217,6 +218,19 @@ def analyse(prompts: list[Prompt], max_hunks: int = 64) -> Session:
         s.share = s.tokens / wasted if wasted else 0.0
         s.seconds = s.tokens * ms / 1000 if ms else None
     return Session(turns, ranked, ms, total, reused, wasted)
+
+
+def _ceiling(a: Prompt, d: Divergence, findings: list[Finding], n: int) -> int:
+    """How much of B could have been reused with every unexpected span fixed: all of A's
+    prompt (the diff may have placed the appended run a few tokens before A's end,
+    matching A's last markers after it), or up to A's replaced generation prompt."""
+    f = next((f for f in findings if f.expected), None)
+    if f is None:
+        return min(prompt_end(a), n)
+    h = d.hunks[f.hunk]
+    if f.kind == "appended":
+        return min(n, h.b_start + max(0, prompt_end(a) - h.a_start))
+    return h.b_start
 
 
 def _notes(t: Turn, d: Divergence, n: int) -> None:
