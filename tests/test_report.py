@@ -1,0 +1,115 @@
+"""`tokendiff report`: formats, gating, redaction, exports, and the HTML in a real browser."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENT = ROOT / "captures" / "agent" / "capture.jsonl"
+DEMO = ROOT / "captures" / "demo"
+REQUIRE_CHROMIUM = os.environ.get("TOKENDIFF_REQUIRE_CHROMIUM") == "1"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tokendiff", *args], capture_output=True, text=True)
+
+
+def test_json_report_on_the_agent_session():
+    r = run("report", str(AGENT), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "tokendiff.report/1"
+    s = doc["summary"]
+    assert s["turns"] == 10 and 0 < s["reuse_pct"] < 100
+    assert [sp["kind"] for sp in doc["spans"]] == ["counter", "date", "tool_set", "reasoning_stripped"]
+    assert s["top_cause"]["kind"] == "counter" and s["headline"].startswith("Fix this first: a counter")
+    assert {c["kind"] for c in doc["causes"]} == {"counter", "date", "tool_set", "reasoning_stripped"}
+    date = next(c for c in doc["causes"] if c["kind"] == "date")
+    assert date["a"]["text"]["diverged"] == "8" and date["b"]["text"]["diverged"] == "9"
+    assert date["a"]["section"] == "messages[0] system › messages[0].content"
+    assert [t["reported_cached"] for t in doc["turns"]] == [t["reusable"] for t in doc["turns"]]
+
+
+def test_markdown_report_on_slot_files():
+    r = run("report", str(DEMO), "--order", "name")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("# tokendiff report")
+    assert "| 1 | Date or time in the prompt changed | `system` | 5 | 1,719 |" in r.stdout
+    assert "## Causes" in r.stdout and "bytes 211..212" in r.stdout
+
+
+def test_fail_under_gates_ci():
+    assert run("report", str(AGENT), "--fail-under", "40").returncode == 0
+    r = run("report", str(AGENT), "--fail-under", "60")
+    assert r.returncode == 1 and "under 60 %" in r.stderr
+    assert run("report", str(AGENT), "--fail-under", "101").returncode == 2
+
+
+def test_redact_leaves_no_message_text():
+    r = run("report", str(AGENT), "--format", "html", "--redact")
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in AGENT.read_text().splitlines()]
+    words = set()
+    for rec in records:
+        for m in rec["request"]["messages"]:
+            words.update(w for w in str(m.get("content") or "").split() if len(w) >= 4 and w.isalpha())
+    # words tokendiff itself says (titles, fixes) are not message text
+    own = " ".join(p.read_text() for p in (ROOT / "tokendiff").rglob("*.py"))
+    words = {w for w in words if w not in own}
+    assert len(words) > 10
+    leaked = [w for w in words if w in r.stdout]
+    assert leaked == []
+    assert "Date or time in the prompt changed" in r.stdout  # findings are kept
+    plain = run("report", str(AGENT), "--format", "html")
+    assert any(w in plain.stdout for w in words)  # and the unredacted report does show them
+
+
+def test_exports(tmp_path):
+    import polars as pl
+
+    for name in ("turns.csv", "turns.parquet"):
+        r = run("report", str(AGENT), "--export", str(tmp_path / name), "-o", str(tmp_path / "r.md"))
+        assert r.returncode == 0, r.stderr
+        frame = pl.read_csv(tmp_path / name) if name.endswith(".csv") else pl.read_parquet(tmp_path / name)
+        assert frame.height == 10 and "reuse_vllm" in frame.columns
+    assert (tmp_path / "r.md").read_text().startswith("# tokendiff report")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["report", "/nonexistent/session"], "no such file"),
+        (["report", str(DEMO / "turn-01.bin")], "a session is a directory"),
+        (["report", str(AGENT), "--export", "x.xlsx"], "--export writes"),
+    ],
+)
+def test_report_errors(args, words):
+    r = run(*args)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_html_renders_in_headless_chromium(tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if REQUIRE_CHROMIUM:
+            pytest.fail("chromium not found: .ci/run installs Debian's chromium")
+        pytest.skip("chromium not installed")
+    out = tmp_path / "report.html"
+    assert run("report", str(AGENT), "--format", "html", "-o", str(out)).returncode == 0
+    html = out.read_text()
+    assert "<script" not in html and "http" not in html.split("<body>")[1].split("</body>")[0].replace("http://www.w3.org/2000/svg", "")
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+    dom = subprocess.run(cmd + ["--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120)
+    assert "Fix this first" in dom.stdout and "<svg" in dom.stdout and dom.stdout.count("<rect") >= 10
+    shot = tmp_path / "report.png"
+    subprocess.run(cmd + ["--window-size=1200,1600", f"--screenshot={shot}", out.as_uri()], capture_output=True, timeout=120)
+    assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
