@@ -342,34 +342,38 @@ def detect_call_id(ctx: Ctx) -> Finding | None:
     )  # fmt: skip
 
 
-def _enclosing_json(data: bytes, start: int, end: int, limit: int = 200_000) -> tuple[int, int] | None:
-    """The smallest balanced {...} around [start, end) (string-aware scan)."""
+_BRACES = re.compile(rb"[{}]")
+_JSON_CHARS = re.compile(rb'[{}"\\]')
+
+
+def _enclosing_json(data: bytes, start: int, end: int, limit: int = 65536) -> tuple[int, int] | None:
+    """The smallest balanced {...} around [start, end); only brace positions are visited."""
     lo = max(0, start - limit)
     depth = 0
-    i = start - 1
-    while i >= lo:
-        c = data[i]
-        if c == 0x7D:
+    open_at = None
+    for m in reversed(list(_BRACES.finditer(data, lo, start))):
+        if data[m.start()] == 0x7D:
             depth += 1
-        elif c == 0x7B:
-            if depth == 0:
-                break
+        elif depth == 0:
+            open_at = m.start()
+            break
+        else:
             depth -= 1
-        i -= 1
-    else:
+    if open_at is None:
         return None
-    open_at = i
     depth = 0
-    in_str = False
-    esc = False
-    j = open_at
-    hi = min(len(data), end + limit)
-    while j < hi:
-        c = data[j]
+    in_str = esc = False
+    prev = -2
+    for m in _JSON_CHARS.finditer(data, open_at, min(len(data), end + limit)):
+        j, c = m.start(), data[m.start()]
+        if esc and j == prev + 1:
+            esc = False
+            prev = j
+            continue
+        esc = False
+        prev = j
         if in_str:
-            if esc:
-                esc = False
-            elif c == 0x5C:
+            if c == 0x5C:
                 esc = True
             elif c == 0x22:
                 in_str = False
@@ -381,7 +385,6 @@ def _enclosing_json(data: bytes, start: int, end: int, limit: int = 200_000) -> 
             depth -= 1
             if depth == 0:
                 return (open_at, j + 1) if j + 1 >= end else None
-        j += 1
     return None
 
 
