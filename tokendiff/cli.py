@@ -83,6 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--redact", action="store_true", help="replace words with hashes (structure, offsets and findings kept)")
     r.add_argument("--export", metavar="FILE", help="also write the per-turn table (.parquet or .csv)")
     r.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
+    rp = sub.add_parser(
+        "replay",
+        help="measure what a divergence costs on a real backend (cold / actual / ideal / fixed)",
+        description="Replay B cold, after A (what the agent gets), after its own reusable prefix (what it would get "
+        "without the divergence) and, where a fix is known, the fixed B after A. Loopback backends only, unless --allow-remote.",
+    )
+    rp.add_argument("a")
+    rp.add_argument("b")
+    rp.add_argument("--backend", required=True, metavar="URL", help="llama-server, vLLM, SGLang or Ollama base URL")
+    rp.add_argument("--backend-kind", choices=("llama-server", "vllm", "sglang", "ollama"), help="skip detection")
+    rp.add_argument("--repeat", type=int, default=3, metavar="N", help="runs per scenario (default 3)")
+    rp.add_argument("--slot", type=int, default=0, metavar="N", help="llama-server slot to pin (default 0)")
+    rp.add_argument("--json", action="store_true", help="print the tokendiff.replay/1 document")
+    rp.add_argument("--no-fix", action="store_true", help="skip the what-if fix scenario")
+    rp.add_argument("--allow-remote", action="store_true", help="allow a backend that is not on this machine")
+    rp.add_argument("--force", action="store_true", help="replay even when the backend serves another model than the capture's")
+    _tokenizer_args(rp)
+    rp.add_argument("--order", choices=("mtime", "name"), default="mtime")
     return p
 
 
@@ -224,6 +242,111 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    import httpx
+    import numpy as np
+
+    from tokendiff import replay as rp
+    from tokendiff.align import align
+    from tokendiff.cost import reusable_ceiling
+    from tokendiff.explain import explain
+    from tokendiff.sources import Loader
+    from tokendiff.vocab import load_vocab
+
+    if args.repeat < 1:
+        raise InputError("--repeat must be at least 1")
+    if not rp.is_loopback_url(args.backend) and not args.allow_remote:
+        raise InputError("refusing to replay to a backend that is not on this machine; pass --allow-remote if you mean it", source=args.backend)
+    server = args.server
+    if not args.tokenizer and not server:
+        server = _llama_server_or_none(args.backend)
+    vocab = load_vocab(args.tokenizer, server)
+    loader = Loader(vocab, args.template_family, args.order, _read_template(args.chat_template))
+    a, b = loader.load(args.a), loader.load(args.b)
+    d = align(a, b)
+    findings = explain(a, b, d)
+    # a fresh connection per request: llama-server may close a kept-alive one after a stream
+    client = httpx.Client(timeout=httpx.Timeout(600, connect=10), limits=httpx.Limits(max_keepalive_connections=0))
+
+    def decode(ids: list[int]) -> str:
+        return vocab.decode(np.asarray(ids))[0].decode("utf-8", "replace")
+
+    be = rp.connect(args.backend, args.backend_kind, client, decode, args.slot)
+    _check_model(be, a, b, args.force)
+    plan = rp.Plan(a.ids.tolist(), b.ids.tolist(), d.lcp, reusable_ceiling(a, d, findings, len(b)))
+    fix_doc = None
+    if not args.no_fix:
+        fix_doc = _what_if(a, b, d, findings, loader, be, plan)
+    scen = rp.run_scenarios(be, plan, args.repeat, rp.progress_printer(sys.stderr.isatty()))
+    if sys.stderr.isatty():
+        print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+    doc = rp.replay_document(be, plan, scen, {"a": a.origin, "b": b.origin}, fix_doc)
+    if args.json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        sys.stdout.write(rp.render_replay_text(doc))
+    empty = [k for k in ("actual", "ideal") if not scen[k].valid]
+    if empty:
+        print(
+            f"tokendiff: no valid runs for {' and '.join(empty)}: the server's cache did not hold what the scenario "
+            "primed; restart llama-server with --cache-ram 0 (and --slot-save-path so slots can be erased)",
+            file=sys.stderr,
+        )
+        return EXIT_TROUBLE
+    return 0
+
+
+def _llama_server_or_none(url: str) -> str | None:
+    import httpx
+
+    try:
+        r = httpx.get(url.rstrip("/") + "/props", timeout=5)
+        if r.status_code == 200 and "default_generation_settings" in r.json():
+            return url
+    except (httpx.HTTPError, ValueError):
+        pass
+    return None
+
+
+def _check_model(be, a, b, force: bool) -> None:
+    """Token IDs only mean something for the model that produced them."""
+    served = (be.identity().get("model") or "")
+    for p in (a, b):
+        rec_server = (p.meta.get("request") is not None) and p.meta.get("server_model")
+        if rec_server and served and Path(str(rec_server)).name != Path(str(served)).name and not force:
+            raise InputError(
+                f"the capture was recorded against {rec_server!r} but the backend serves {served!r}: the token IDs "
+                "would mean other text and the timings would not transfer (pass --force to replay anyway)",
+                source=be.url,
+            )
+
+
+def _what_if(a, b, d, findings, loader, be, plan) -> dict | None:
+    """The fixed B, rendered (by the server itself when it is llama-server), for the `fixed` scenario."""
+    import numpy as np
+
+    from tokendiff.align import common_prefix
+    from tokendiff.fixes import fix_request
+
+    a_req, b_req = a.meta.get("request"), b.meta.get("request")
+    if not (isinstance(a_req, dict) and isinstance(b_req, dict) and a_req.get("messages") and b_req.get("messages")):
+        return {"applied": [], "not_applied": ["the pair has no requests to fix (slot files): record with tokendiff proxy"]}
+    fixed = fix_request(a_req, b_req, a, b, d, findings)
+    if not fixed.applied:
+        return {"applied": [], "not_applied": fixed.not_applied}
+    if be.kind == "llama-server":
+        from tokendiff.sources import _server_prompt_ids
+
+        ids = _server_prompt_ids(be.url, fixed.body)
+    else:
+        ids = loader.tokenizer.encode(loader.renderer.render(fixed.body))
+    plan.fixed_b = list(ids)
+    plan.fixed_lcp = common_prefix(np.asarray(plan.a), np.asarray(ids))
+    return {"applied": fixed.applied, "not_applied": fixed.not_applied, "fixed_tokens": len(ids), "fixed_lcp_tokens": plan.fixed_lcp}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -231,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_SAME
     try:
-        return {"diff": cmd_diff, "proxy": cmd_proxy, "pull": cmd_pull, "report": cmd_report}[args.command](args)
+        commands = {"diff": cmd_diff, "proxy": cmd_proxy, "pull": cmd_pull, "report": cmd_report, "replay": cmd_replay}
+        return commands[args.command](args)
     except InputError as e:
         print(f"tokendiff: {e}", file=sys.stderr)
         return EXIT_TROUBLE
@@ -240,3 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tokendiff: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - never a traceback for the user; TOKENDIFF_DEBUG=1 shows it
+        if os.environ.get("TOKENDIFF_DEBUG"):
+            raise
+        print(f"tokendiff: internal error: {type(e).__name__}: {e} (set TOKENDIFF_DEBUG=1 for the traceback)", file=sys.stderr)
+        return EXIT_TROUBLE

@@ -171,7 +171,7 @@ def analyse(prompts: list[Prompt], max_hunks: int = 64) -> Session:
         best = max(reversed(range(k)), key=lambda j: common_prefix(prompts[j].ids, b.ids))
         t.best_earlier, t.best_lcp = best + 1, common_prefix(prompts[best].ids, b.ids)
         t.findings = explain(a, b, d, max_hunks=max_hunks)
-        t.wasted, ceiling = 0, _ceiling(a, d, t.findings, n)
+        t.wasted, ceiling = 0, reusable_ceiling(a, d, t.findings, n)
         t.new_tokens = max(0, n - ceiling)
         t.wasted = max(0, ceiling - t.reuse["llama.cpp"])
         first = next((f for f in t.findings if not f.expected), None)
@@ -220,7 +220,7 @@ def analyse(prompts: list[Prompt], max_hunks: int = 64) -> Session:
     return Session(turns, ranked, ms, total, reused, wasted)
 
 
-def _ceiling(a: Prompt, d: Divergence, findings: list[Finding], n: int) -> int:
+def reusable_ceiling(a: Prompt, d: Divergence, findings: list[Finding], n: int) -> int:
     """How much of B could have been reused with every unexpected span fixed: all of A's
     prompt (the diff may have placed the appended run a few tokens before A's end,
     matching A's last markers after it), or up to A's replaced generation prompt."""

@@ -269,6 +269,7 @@ class Loader:
             "turn": turn,
             "request": request,
             "response": rec.get("response"),
+            "server_model": (rec.get("server") or {}).get("model") if isinstance(rec.get("server"), dict) else None,
         }
         rendered = None
         if has_messages and (rec.get("prompt_ids") is None or self._can_render()):

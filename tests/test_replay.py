@@ -1,0 +1,113 @@
+"""`tokendiff replay` against a real llama-server: cache counts as predicted,
+orderings as predicted, and the what-if fix measured."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import TOOLS
+
+from tokendiff.testing.llama_server import LlamaServer
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tokendiff", *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Two turns of an agent whose system prompt carries a timestamp (~3k tokens)."""
+    d = tmp_path_factory.mktemp("pair")
+    rng = np.random.default_rng(0)
+    words = "the a parser test file function returns value error line json tool call result user agent".split()
+    hist = []
+    for _ in range(10):
+        hist += [{"role": "user", "content": " ".join(rng.choice(words, 130))}, {"role": "assistant", "content": " ".join(rng.choice(words, 130))}]
+
+    def body(ts: str, n: int) -> dict:
+        return {"messages": [{"role": "system", "content": f"You are an agent. Time: 2026-11-29 {ts}"}] + hist[:n], "tools": TOOLS}
+
+    (d / "a.json").write_text(json.dumps(body("14:02:11", 17)))
+    (d / "b.json").write_text(json.dumps(body("14:02:19", 19)))
+    return d / "a.json", d / "b.json"
+
+
+@pytest.fixture(scope="module")
+def server(llama_server_bin, tiny_model, tmp_path_factory):
+    with LlamaServer(tiny_model, ctx=16384, slot_dir=tmp_path_factory.mktemp("slots")) as s:
+        yield s
+
+
+def test_replay_measures_cold_actual_ideal_and_the_fix(server, pair):
+    r = run("replay", str(pair[0]), str(pair[1]), "--backend", server.url, "--repeat", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    sc = doc["scenarios"]
+    assert doc["backend"]["kind"] == "llama-server" and doc["measure"] == "prompt_ms"
+    assert doc["discarded"] == [] and all(s["valid_runs"] == 2 for s in sc.values())
+    p = doc["pair"]
+    # the server's cached counts are exactly what tokendiff predicted for each scenario
+    assert sc["cold"]["cached"] == 0
+    assert sc["actual"]["cached"] == sc["actual"]["expected_cached"] == p["lcp_tokens"]
+    assert sc["ideal"]["cached"] == sc["ideal"]["expected_cached"] == p["ideal_prefix_tokens"]
+    assert p["lcp_tokens"] < 50 < 2000 < p["ideal_prefix_tokens"] < p["b_tokens"]
+    # the fix (the date pinned to A's) restores the reuse, measured
+    assert doc["fix"]["applied"] == ["messages[0].content as in A (date)"]
+    assert sc["fixed"]["cached"] == doc["fix"]["fixed_lcp_tokens"] == p["ideal_prefix_tokens"]
+    # orderings, not absolute times: re-prefilling everything costs more than the tail alone
+    assert sc["actual"]["prompt_ms"] > 2 * sc["ideal"]["prompt_ms"]
+    assert sc["cold"]["prompt_ms"] > 2 * sc["fixed"]["prompt_ms"]
+    assert doc["cost_ms"] > 0 and doc["speedup"] > 2
+
+
+def test_replay_text_output(server, pair):
+    r = run("replay", str(pair[0]), str(pair[1]), "--backend", server.url, "--repeat", "1")
+    assert r.returncode == 0, r.stderr
+    assert "the divergence costs" in r.stdout and "with the fix (messages[0].content as in A (date))" in r.stdout
+
+
+def test_slot_files_have_no_fix(server, tmp_path):
+    from pathlib import Path
+
+    demo = Path(__file__).resolve().parent.parent / "captures" / "demo"
+    r = run("replay", str(demo / "turn-04.bin"), str(demo / "turn-05.bin"), "--backend", server.url, "--repeat", "1", "--json", "--force")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["scenarios"]["actual"]["cached"] == 52 and "fixed" not in doc["scenarios"]
+    assert "record with tokendiff proxy" in doc["fix"]["not_applied"][0]
+
+
+def test_ram_prompt_cache_interference_is_detected(llama_server_bin, tiny_model, pair):
+    """Without --slot-save-path the slot cannot be erased, and llama-server's RAM
+    prompt cache (on by default) restores B's prefix into the 'actual' scenario:
+    those runs are discarded and the user told why."""
+    with LlamaServer(tiny_model, ctx=16384, extra=["--cache-ram", "1024"]) as s:
+        r = run("replay", str(pair[0]), str(pair[1]), "--backend", s.url, "--repeat", "2", "--json")
+    doc = json.loads(r.stdout)
+    bad = [x for x in doc["scenarios"]["actual"]["runs"] if not x["valid"]]
+    assert bad and all(x["cached"] != x["expected"] for x in bad)
+    assert any("--cache-ram 0" in d for d in doc["discarded"])
+    assert any("cannot be erased" in n for n in doc["notes"])
+    if not doc["scenarios"]["actual"]["valid_runs"]:
+        assert r.returncode == 2 and "no valid runs for actual" in r.stderr
+
+
+def test_replay_refuses_remote_and_other_models(pair, tmp_path):
+    r = run("replay", str(pair[0]), str(pair[1]), "--backend", "http://192.0.2.10:8080")
+    assert r.returncode == 2 and "--allow-remote" in r.stderr and "Traceback" not in r.stderr
+    assert run("replay", str(pair[0]), str(pair[1]), "--backend", "http://127.0.0.1:8080", "--repeat", "0").returncode == 2
+
+
+def test_replay_refuses_a_different_model(server, tmp_path):
+    from tokendiff.capture import CaptureWriter
+
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    with CaptureWriter(tmp_path / "c.jsonl") as w:
+        for _ in range(2):
+            w.append({"request": body, "server": {"kind": "llama-server", "model": "/models/Qwen3-32B-Q4_K_M.gguf"}})
+    r = run("replay", f"{tmp_path}/c.jsonl@1", f"{tmp_path}/c.jsonl@2", "--backend", server.url)
+    assert r.returncode == 2 and "--force" in r.stderr and "Qwen3-32B" in r.stderr
