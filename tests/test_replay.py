@@ -111,3 +111,16 @@ def test_replay_refuses_a_different_model(server, tmp_path):
             w.append({"request": body, "server": {"kind": "llama-server", "model": "/models/Qwen3-32B-Q4_K_M.gguf"}})
     r = run("replay", f"{tmp_path}/c.jsonl@1", f"{tmp_path}/c.jsonl@2", "--backend", server.url)
     assert r.returncode == 2 and "--force" in r.stderr and "Qwen3-32B" in r.stderr
+
+
+def test_replay_result_merges_into_the_report(server, pair, tmp_path):
+    r = run("replay", str(pair[0]), str(pair[1]), "--backend", server.url, "--repeat", "1", "--json")
+    (tmp_path / "r.json").write_text(r.stdout)
+    (tmp_path / "s").mkdir()
+    for k, p in enumerate(pair, 1):
+        (tmp_path / "s" / f"turn{k}.json").write_text(p.read_text())
+    md = run("report", str(tmp_path / "s"), "--replay", str(tmp_path / "r.json"))
+    assert md.returncode == 0, md.stderr
+    assert "## Measured on a backend" in md.stdout and "| llama-server |" in md.stdout
+    bad = run("report", str(tmp_path / "s"), "--replay", str(pair[0]))
+    assert bad.returncode == 2 and "not a tokendiff replay result" in bad.stderr

@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--redact", action="store_true", help="replace words with hashes (structure, offsets and findings kept)")
     r.add_argument("--export", metavar="FILE", help="also write the per-turn table (.parquet or .csv)")
     r.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
+    r.add_argument("--replay", action="append", default=[], metavar="FILE", help="include a `tokendiff replay --json` result (repeatable)")
     rp = sub.add_parser(
         "replay",
         help="measure what a divergence costs on a real backend (cold / actual / ideal / fixed)",
@@ -185,6 +186,20 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return pull(args.server, args.out, args.slot_dir, every)
 
 
+def _read_replay(path: str) -> dict:
+    import orjson
+
+    try:
+        doc = orjson.loads(Path(path).read_bytes())
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=path) from None
+    except orjson.JSONDecodeError as e:
+        raise InputError(f"malformed JSON: {e}", source=path) from None
+    if not isinstance(doc, dict) or doc.get("schema") != "tokendiff.replay/1":
+        raise InputError("not a tokendiff replay result (tokendiff.replay/1)", source=path)
+    return doc
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from tokendiff.cost import analyse, turn_frame
     from tokendiff.report.session import report_document
@@ -211,6 +226,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print("\r\x1b[K", end="", file=sys.stderr, flush=True)
     tk = {"name": vocab.name, "assumed": vocab.assumed, "n_vocab": vocab.n_vocab, "identity": vocab.identity}
     doc = report_document(args.path, prompts, session, tk, redact=args.redact)
+    doc["replays"] = [_read_replay(f) for f in args.replay]
     if args.format == "json":
         import orjson
 

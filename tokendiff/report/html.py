@@ -99,7 +99,17 @@ def render_html(doc: dict[str, Any]) -> str:
             f"<td class=n>{t['wasted']:,}</td><td><code>{e(t['first_divergence_section'] or '')}</code></td><td>{e(t['cause'] or '')}</td>"
             f"<td class=n>{rc}</td><td>{e(t['note'])}</td></tr>"
         )
-    out.append("</table><h2>Causes</h2>")
+    out.append("</table>")
+    if doc.get("replays"):
+        out.append("<h2>Measured on a backend</h2><table><tr><th>pair</th><th>backend</th><th>cold ms</th><th>actual ms</th>"
+                   "<th>ideal ms</th><th>fixed ms</th><th>cost ms</th><th>speedup</th></tr>")  # fmt: skip
+        for rp in doc["replays"]:
+            sc, key = rp["scenarios"], rp["measure"]
+            cells = "".join(f"<td class=n>{'' if k not in sc or sc[k][key] is None else sc[k][key]}</td>" for k in ("cold", "actual", "ideal", "fixed"))
+            out.append(f"<tr><td><code>{e(str(rp['pair'].get('a')))} → {e(str(rp['pair'].get('b')))}</code></td><td>{e(rp['backend']['kind'])}</td>"
+                       f"{cells}<td class=n>{rp['cost_ms']}</td><td class=n>{rp['speedup']}x</td></tr>")  # fmt: skip
+        out.append("</table>")
+    out.append("<h2>Causes</h2>")
     for c in doc["causes"]:
         out.append(f"<h3>{e(c['title'])} <span class=muted>(turn {c['turn']})</span></h3>")
         out.append(f"<p>{e(c['evidence'])}. <b>Fix:</b> {e(c['fix'])}</p>")

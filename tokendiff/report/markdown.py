@@ -49,6 +49,17 @@ def render_markdown(doc: dict[str, Any]) -> str:
             f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} | {t['reuse_pct']:.1f} | {t['recomputed']:,} | {t['new_tokens']:,} | "
             f"{t['wasted']:,} | `{_code(t['first_divergence_section'] or '')}` | {_cell(t['cause'])} | {_cell(t['reported_cached'])} | {_cell(t['note'])} |"
         )
+    if doc.get("replays"):
+        out += ["", "## Measured on a backend (tokendiff replay)", ""]
+        out.append("| pair | backend | cold ms | actual ms | ideal ms | fixed ms | cost ms | speedup |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for rp in doc["replays"]:
+            sc, key = rp["scenarios"], rp["measure"]
+            cell = lambda k: _cell(sc[k][key]) if k in sc else ""  # noqa: E731
+            out.append(
+                f"| `{_code(str(rp['pair'].get('a')))}` → `{_code(str(rp['pair'].get('b')))}` | {rp['backend']['kind']} | "
+                f"{cell('cold')} | {cell('actual')} | {cell('ideal')} | {cell('fixed')} | {_cell(rp['cost_ms'])} | {_cell(rp['speedup'])}x |"
+            )
     out += ["", "## Causes", ""]
     for c in doc["causes"]:
         out.append(f"### {c['title']} (turn {c['turn']})")
