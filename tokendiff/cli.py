@@ -102,6 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--force", action="store_true", help="replay even when the backend serves another model than the capture's")
     _tokenizer_args(rp)
     rp.add_argument("--order", choices=("mtime", "name"), default="mtime")
+    t = sub.add_parser(
+        "tui",
+        help="the interactive TUI on a session (the default command, on the bundled demo)",
+        description="Open sessions (slot directories, capture files, HAR files) or single turns in the TUI.",
+    )
+    t.add_argument("paths", nargs="*", help="sessions or turns (default: the bundled demo)")
+    _tokenizer_args(t)
+    t.add_argument("--order", choices=("mtime", "name"), default="mtime")
+    t.add_argument("--live", metavar="URL", help="a llama-server to pull slots from as the agent runs (needs --slot-dir)")
+    t.add_argument("--slot-dir", metavar="DIR", help="the live server's --slot-save-path")
+    t.add_argument("--every", default="2s", metavar="DURATION", help="live polling interval (default 2s)")
+    t.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, or any loaded theme")
     return p
 
 
@@ -363,14 +375,43 @@ def _what_if(a, b, d, findings, loader, be, plan) -> dict | None:
     return {"applied": fixed.applied, "not_applied": fixed.not_applied, "fixed_tokens": len(ids), "fixed_lcp_tokens": plan.fixed_lcp}
 
 
+DEMO_SESSION = Path(__file__).resolve().parent.parent / "captures" / "agent" / "capture.jsonl"
+
+
+def cmd_tui(args: argparse.Namespace) -> int:
+    from tokendiff.pull import parse_interval
+
+    paths = args.paths or [str(DEMO_SESSION)]
+    if args.live:
+        if not args.slot_dir:
+            raise InputError("--live needs --slot-dir (the server's --slot-save-path)")
+        if len(paths) != 1 or args.paths == []:
+            raise InputError("--live takes one session directory to collect the turns in")
+        Path(paths[0]).mkdir(parents=True, exist_ok=True)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise InputError("the TUI needs a terminal; for a headless answer use `tokendiff report PATH` or `tokendiff diff A B`")
+    from tokendiff.tui.app import Options, TokendiffApp
+
+    opts = Options(
+        paths=paths, tokenizer=args.tokenizer, server=args.server, chat_template=args.chat_template,
+        family=args.template_family, order=args.order, live=args.live, slot_dir=args.slot_dir,
+        every=parse_interval(args.every), theme=args.theme,
+    )  # fmt: skip
+    TokendiffApp(opts).run()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
-        return EXIT_SAME
+        if sys.stdin.isatty() and sys.stdout.isatty():
+            args = parser.parse_args(["tui"])
+        else:  # no terminal: the demo's report, and how to get the TUI
+            print("tokendiff: no terminal for the TUI; here is the bundled demo's report (run `tokendiff` in a terminal for the TUI)", file=sys.stderr)
+            args = parser.parse_args(["report", str(DEMO_SESSION)])
     try:
-        commands = {"diff": cmd_diff, "proxy": cmd_proxy, "pull": cmd_pull, "report": cmd_report, "replay": cmd_replay}
+        commands = {"diff": cmd_diff, "proxy": cmd_proxy, "pull": cmd_pull, "report": cmd_report, "replay": cmd_replay, "tui": cmd_tui}
         return commands[args.command](args)
     except InputError as e:
         print(f"tokendiff: {e}", file=sys.stderr)

@@ -1,0 +1,1 @@
+"""The Textual TUI. Imported only by `tokendiff` / `tokendiff tui`."""

@@ -1,0 +1,267 @@
+"""The session screen (one row per turn) and the pair screen (two prompts as tokens)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import orjson
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Sparkline, Static, Tree
+
+from tokendiff.model import SEP, Prompt
+from tokendiff.tui.pairdata import PairView, build_pair_view
+from tokendiff.tui.token_view import TokenView
+
+if TYPE_CHECKING:
+    from tokendiff.cost import Session
+    from tokendiff.model import Divergence, Finding
+
+
+class SessionScreen(Screen):
+    """Every turn: size, reuse, waste, the first divergence and its cause; the spans to fix first."""
+
+    BINDINGS = [
+        Binding("enter", "open_pair", "open pair", id="session.open"),
+        Binding("e", "export_report", "export report", id="session.export"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("loading the session…", id="headline")
+        with Horizontal(id="session-body"):
+            yield DataTable(id="turns", cursor_type="row", zebra_stripes=True)
+            with Vertical(id="session-side"):
+                yield Static("reuse across turns", classes="caption")
+                yield Sparkline([], id="chart")
+                yield Static("", id="spans")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#turns", DataTable).loading = True
+
+    def show(self, session: "Session") -> None:
+        from tokendiff.report.session import _headline
+
+        self.query_one("#headline", Static).update(Text(_headline(session), style="bold"))
+        table = self.query_one("#turns", DataTable)
+        table.loading = False
+        table.clear(columns=True)
+        table.add_columns("turn", "tokens", "reusable", "reuse %", "recomputed", "wasted", "cause", "server cached", "first divergence")
+        for t in session.turns:
+            table.add_row(
+                str(t.turn), f"{t.n_tokens:,}", f"{t.reuse.get('llama.cpp', 0):,}", f"{t.reuse_pct:.1f}", f"{t.recompute:,}",
+                f"{t.wasted:,}", t.cause or "", "" if t.reported_cached is None else f"{t.reported_cached:,}", t.section or "",
+                key=str(t.turn),
+            )  # fmt: skip
+        self.query_one("#chart", Sparkline).data = [t.reuse_pct for t in session.turns] or [0]
+        lines = Text()
+        lines.append("fix first\n", style="bold")
+        for k, sp in enumerate(session.spans[:8], 1):
+            lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
+            lines.append(f"   {sp.section} · turns {', '.join(map(str, sp.turns))} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %)\n", style="dim")
+            lines.append(f"   {sp.fix}\n")
+        if not session.spans:
+            lines.append("nothing broke the cache")
+        self.query_one("#spans", Static).update(lines)
+        table.focus()
+        first_bad = next((t.turn for t in session.turns if t.wasted), None)
+        if first_bad:
+            table.move_cursor(row=first_bad - 1)
+
+    def action_open_pair(self) -> None:
+        table = self.query_one("#turns", DataTable)
+        if table.row_count:
+            self.app.open_pair(table.cursor_row + 1)  # type: ignore[attr-defined]
+
+    @on(DataTable.RowSelected)
+    def _selected(self, event: DataTable.RowSelected) -> None:
+        self.app.open_pair(event.cursor_row + 1)  # type: ignore[attr-defined]
+
+    def action_export_report(self) -> None:
+        self.app.export_report()  # type: ignore[attr-defined]
+
+
+class PairScreen(Screen):
+    """Two prompts as tokens: unified or side by side, hunks, sections, findings."""
+
+    BINDINGS = [
+        Binding("n", "hunk(1)", "next hunk", id="pair.next"),
+        Binding("p", "hunk(-1)", "previous hunk", id="pair.prev"),
+        Binding("f", "first", "first divergence", id="pair.first"),
+        Binding("m", "toggle_mode", "side by side", id="pair.mode"),
+        Binding("o", "focus_outline", "outline", id="pair.outline"),
+        Binding("t", "focus_tokens", "tokens", show=False, id="pair.tokens"),
+        Binding("x", "export_pair", "export JSON", id="pair.export"),
+        Binding("escape", "back", "back", id="pair.back"),
+    ]
+
+    def __init__(self, turn: int, a: Prompt, b: Prompt, d: "Divergence", findings: list["Finding"], view: PairView) -> None:
+        super().__init__()
+        self.turn, self.a, self.b, self.d, self.findings, self.pv = turn, a, b, d, findings, view
+        self.mode = "unified"
+        self.hunk = 0
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="pair-body"):
+            yield Tree("sections", id="outline")
+            with Vertical(id="pair-main"):
+                with ContentSwitcher(initial="unified", id="modes"):
+                    yield TokenView(self.pv.unified, id="unified")
+                    with Horizontal(id="sbs"):
+                        yield TokenView(self.pv.a, id="view-a")
+                        yield TokenView(self.pv.b, id="view-b")
+                yield Static("", id="findings")
+        yield Static("", id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = f"turn {self.turn - 1} → {self.turn}"
+        self.sub_title = f"{self.d.lcp:,} of {len(self.b):,} tokens reusable · {len(self.d.hunks)} divergent spans"
+        self._build_outline()
+        self.action_focus_tokens()
+        self.call_after_refresh(self.action_first)
+
+    # ------------------------------------------------------------ outline
+
+    def _build_outline(self) -> None:
+        tree = self.query_one("#outline", Tree)
+        tree.root.expand()
+        self._outline_nodes: dict[tuple[str, ...], object] = {}
+        for s in self.b.sections:
+            parent = self._outline_nodes.get(s.path[:-1], tree.root) if len(s.path) > 1 else tree.root
+            node = parent.add(s.name, data=("b", s.start), expand=len(s.path) < 2)  # type: ignore[attr-defined]
+            self._outline_nodes[s.path] = node
+        tree.root.set_label(f"B: {self.b.origin}")
+
+    @on(Tree.NodeSelected, "#outline")
+    def _jump(self, event: Tree.NodeSelected) -> None:
+        data = event.node.data
+        if not data:
+            return
+        _, start = data
+        self._go_b(start)
+        self.action_focus_tokens()
+
+    def _follow_outline(self, side: str, index: int) -> None:
+        p = self.b if side == "b" else self.a
+        path = p.owner(index)
+        node = None
+        while path and node is None:
+            node = self._outline_nodes.get(path) if side == "b" else None
+            path = path[:-1]
+        if node is not None:
+            tree = self.query_one("#outline", Tree)
+            tree.move_cursor(node, animate=False)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------ cursor and hunks
+
+    def _view(self) -> TokenView:
+        return self.query_one("#unified" if self.mode == "unified" else "#view-b", TokenView)
+
+    def _go_b(self, b_index: int) -> None:
+        if self.mode == "unified":
+            self.query_one("#unified", TokenView).go_to(self.pv.b_to_unified(b_index))
+        else:
+            self.query_one("#view-b", TokenView).go_to(b_index)
+
+    def action_first(self) -> None:
+        self.hunk = 0
+        self._show_hunk()
+
+    def action_hunk(self, delta: int) -> None:
+        if not self.d.hunks:
+            return
+        self.hunk = (self.hunk + delta) % len(self.d.hunks)
+        self._show_hunk()
+
+    def _show_hunk(self) -> None:
+        if not self.d.hunks:
+            self._view().go_to(0)
+            return
+        if self.mode == "unified":
+            self.query_one("#unified", TokenView).go_to(self.pv.hunk_unified[self.hunk])
+        else:
+            self.query_one("#view-b", TokenView).go_to(self.pv.hunk_b[self.hunk])
+            self.query_one("#view-a", TokenView).go_to(self.pv.hunk_a[self.hunk])
+        self._show_findings()
+
+    def _show_findings(self) -> None:
+        box = self.query_one("#findings", Static)
+        if not self.d.hunks:
+            box.update("identical: nothing to explain")
+            return
+        h = self.d.hunks[self.hunk]
+        fs = [f for f in self.findings if f.hunk == self.hunk]
+        t = Text()
+        t.append(f"span {self.hunk + 1}/{len(self.d.hunks)} ", style="bold")
+        t.append(f"A {h.a_start:,}..{h.a_end:,} → B {h.b_start:,}..{h.b_end:,} · {SEP.join(h.b_owner or h.a_owner)}\n", style="dim")
+        for f in fs[:2]:
+            t.append(f"{f.title}", style="bold")
+            t.append(f" ({f.confidence:.0%}{', expected' if f.expected else ''}): {f.evidence}\n")
+            t.append(f"fix: {f.fix}\n", style="italic")
+        if not fs:
+            t.append("not explained (beyond the first spans)")
+        box.update(t)
+
+    @on(TokenView.Moved)
+    def _moved(self, event: TokenView.Moved) -> None:
+        v = event.view.tokens
+        if not v.texts:
+            return
+        side, idx = v.side[event.position], v.index[event.position]
+        p = self.a if side == "a" else self.b
+        raw = p.token_bytes(idx)
+        status = Text()
+        status.append(f" {side.upper()} token {idx:,}", style="bold")
+        status.append(f" · byte {p.byte_offset(idx):,} · id {int(p.ids[idx])} · {raw!r} · {p.owner_label(idx)}")
+        self.query_one("#status", Static).update(status)
+        self._follow_outline(side, idx)
+        # the hunk at or before the cursor
+        if self.d.hunks and side == "b":
+            k = max((i for i, h in enumerate(self.d.hunks) if h.b_start <= idx), default=0)
+            if k != self.hunk:
+                self.hunk = k
+                self._show_findings()
+
+    # ------------------------------------------------------------ actions
+
+    def action_toggle_mode(self) -> None:
+        self.mode = "sbs" if self.mode == "unified" else "unified"
+        self.query_one("#modes", ContentSwitcher).current = self.mode
+        self.call_after_refresh(self._show_hunk)
+
+    def action_focus_outline(self) -> None:
+        self.query_one("#outline", Tree).focus()
+
+    def action_focus_tokens(self) -> None:
+        self._view().focus()
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def action_export_pair(self) -> None:
+        from tokendiff.report.diff import diff_document
+
+        doc = diff_document(self.a, self.b, self.d, self.app.vocab)  # type: ignore[attr-defined]
+        out = Path.cwd() / f"tokendiff-pair-{self.turn - 1}-{self.turn}.json"
+        out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        self.notify(f"pair written to {out}")
+
+
+class LoadingPair(Screen):
+    """Shown while a big pair is aligned and laid out in a worker."""
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("aligning…", id="headline")
+        yield Footer()
+
+
+__all__ = ["SessionScreen", "PairScreen", "build_pair_view", "work"]
