@@ -57,6 +57,21 @@ def main() -> None:
     async def run() -> None:
         app = Bench(Options(paths=[]))
         async with app.run_test(size=(140, 40)) as pilot:
+            # the harness's own cost: the same steps with an empty screen
+            from textual.screen import Screen
+            from textual.widgets import Static
+
+            class Empty(Screen):
+                def compose(self):
+                    yield Static("x")
+
+            t0 = time.perf_counter()
+            await app.push_screen(Empty())
+            await pilot.pause()
+            await pilot.pause()
+            t_base = time.perf_counter() - t0
+            app.pop_screen()
+            await pilot.pause()
             t0 = time.perf_counter()
             view = build_pair_view(a, b, d)
             t_view = time.perf_counter() - t0
@@ -83,7 +98,7 @@ def main() -> None:
             await pilot.pause()
             t_scroll = (time.perf_counter() - t1) / 10
             print(f"TUI, {len(b):,}-token pair with {len(d.hunks)} hunks: view model {t_view * 1000:.0f} ms, "
-                  f"first paint {t_paint * 1000:.0f} ms [budget 500 ms]; {first_calls} lines rendered for the first screen, "
+                  f"first paint {t_paint * 1000:.0f} ms [budget 500 ms] (an empty screen takes {t_base * 1000:.0f} ms in this headless harness); {first_calls} lines rendered for the first screen, "
                   f"{calls['n'] / 10:.0f} lines per page-down ({t_scroll * 1000:.0f} ms each, incl. the headless pilot's pauses); "
                   f"{len(tv._line_starts):,} visual lines")
 

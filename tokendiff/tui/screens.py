@@ -113,7 +113,8 @@ class PairScreen(Screen):
             yield Tree("sections", id="outline")
             with Vertical(id="pair-main"):
                 with ContentSwitcher(initial="unified", id="modes"):
-                    yield TokenView(self.pv.unified, id="unified")
+                    first = self.pv.hunk_unified[0] if self.pv.hunk_unified else 0
+                    yield TokenView(self.pv.unified, start_at=first, id="unified")
                     with Horizontal(id="sbs"):
                         yield TokenView(self.pv.a, id="view-a")
                         yield TokenView(self.pv.b, id="view-b")
@@ -126,7 +127,7 @@ class PairScreen(Screen):
         self.sub_title = f"{self.d.lcp:,} of {len(self.b):,} tokens reusable · {len(self.d.hunks)} divergent spans"
         self._build_outline()
         self.action_focus_tokens()
-        self.call_after_refresh(self.action_first)
+        self._show_findings()  # the unified view opens on the first divergence by itself
 
     # ------------------------------------------------------------ outline
 
@@ -156,7 +157,8 @@ class PairScreen(Screen):
         while path and node is None:
             node = self._outline_nodes.get(path) if side == "b" else None
             path = path[:-1]
-        if node is not None:
+        if node is not None and node is not getattr(self, "_followed", None):
+            self._followed = node  # only when the owning section changes: the tree is costly to repaint
             tree = self.query_one("#outline", Tree)
             tree.move_cursor(node, animate=False)  # type: ignore[arg-type]
 

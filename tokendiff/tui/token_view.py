@@ -94,10 +94,11 @@ class TokenView(ScrollView, can_focus=True):
             self.view = view
             self.position = position
 
-    def __init__(self, tokens: ViewTokens | None = None, **kw) -> None:
+    def __init__(self, tokens: ViewTokens | None = None, start_at: int | None = None, **kw) -> None:
         super().__init__(**kw)
         self.tokens = tokens or ViewTokens([], [], [], [], [], [])
-        self._widths = _widths(self.tokens.texts)
+        self._widths: list[int] | None = None  # computed at the first layout (hidden views never pay)
+        self._start_at = start_at  # where the cursor goes once the widget knows its size
         self._line_starts: list[int] = [0]
         self._layout_width = -1
         self._cache: LRUCache[tuple, Strip] = LRUCache(1024)
@@ -106,7 +107,7 @@ class TokenView(ScrollView, can_focus=True):
 
     def set_tokens(self, tokens: ViewTokens) -> None:
         self.tokens = tokens
-        self._widths = _widths(tokens.texts)
+        self._widths = None
         self._layout_width = -1
         self._cache.clear()
         self.cursor = 0
@@ -117,6 +118,8 @@ class TokenView(ScrollView, can_focus=True):
         width = max(10, self.scrollable_content_region.width or self.size.width or 80)
         if width == self._layout_width:
             return
+        if self._widths is None:
+            self._widths = _widths(self.tokens.texts)
         starts = [0]
         x = 0
         widths, breaks = self._widths, self.tokens.breaks
@@ -135,6 +138,9 @@ class TokenView(ScrollView, can_focus=True):
 
     def on_resize(self) -> None:
         self._relayout()
+        if self._start_at is not None and self.size.height:
+            start, self._start_at = self._start_at, None
+            self.go_to(start)
         self.refresh()
 
     def notify_style_update(self) -> None:
