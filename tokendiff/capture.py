@@ -91,7 +91,12 @@ def _last_seq(path: Path) -> int:
         records, _ = read_capture(path)
     except InputError:
         return 0
-    return max((int(r.get("seq", 0)) for r in records), default=0)
+    # patches have their own seq numbers: count every line
+    try:
+        lines = [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
+    except (OSError, orjson.JSONDecodeError):
+        lines = []
+    return max([int(r.get("seq", 0)) for r in records] + [int(x.get("seq", 0)) for x in lines if isinstance(x, dict)], default=0)
 
 
 @dataclass
@@ -133,6 +138,13 @@ def read_capture(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], li
         schema = rec.get("schema")
         if schema != SCHEMA:
             raise InputError(f"line {n}: unknown capture schema {schema!r} (expected {SCHEMA})", source=p)
+        if "patch" in rec:  # later facts about an earlier record (the proxy's prompt token IDs)
+            target = next((r for r in reversed(records) if r.get("seq") == rec["patch"]), None)
+            if target is None:
+                warnings.append(f"{p}: line {n}: patch for record {rec['patch']}, which is not in the file; skipped")
+            else:
+                target.update({k: v for k, v in rec.items() if k not in ("schema", "seq", "ts", "patch")})
+            continue
         if not isinstance(rec.get("request"), dict):
             raise InputError(f"line {n}: capture record has no request object", source=p)
         records.append(rec)

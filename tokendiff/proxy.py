@@ -207,6 +207,8 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
         headers.append((b"content-length", resp.headers["content-length"].encode()))
     kept: list[bytes] = []
     kept_n = 0
+    digest = hashlib.sha256()
+    sent = 0
     ttft = None
     error = None
     client_gone = False
@@ -214,6 +216,7 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
     # disconnect ourselves, and stop pulling from the upstream when it comes
     # (closing the upstream response makes the server stop generating).
     gone = asyncio.get_running_loop().create_task(_wait_disconnect(receive))
+    written = False
     try:
         await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
         async for chunk in resp.aiter_raw():
@@ -224,7 +227,15 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
                 kept_n += len(chunk)
             if gone.done():
                 raise ConnectionResetError("client closed the connection")
+            digest.update(chunk)
+            sent += len(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if rec is not None:
+            # recorded before the response is complete for the client: a request the
+            # client saw finish is never missing from the capture, even after kill -9
+            _complete(rec, resp, kept, ttft, t0, None, False, digest, sent)
+            _write(state, rec)
+            written = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except httpx.HTTPError as e:  # the upstream died mid-stream: the client sees the stream end
         error = f"upstream failed mid-response: {type(e).__name__}: {e}"
@@ -237,22 +248,30 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
         error = f"client disconnected mid-response: {type(e).__name__}"
         if isinstance(e, asyncio.CancelledError):
             await resp.aclose()
-            if rec is not None:
-                _complete(rec, resp, kept, ttft, t0, error, True)
-                _finish(state, rec, fetch_tokens=False)
+            if rec is not None and not written:
+                _complete(rec, resp, kept, ttft, t0, error, True, digest, sent)
+                _write(state, rec)
             raise
     finally:
         gone.cancel()
         await resp.aclose()
-    if rec is not None:
-        _complete(rec, resp, kept, ttft, t0, error, client_gone)
-        can_fetch = state.is_llama or state.is_vllm
-        _finish(state, rec, fetch_tokens=fetch_tokens and error is None and can_fetch and resp.status_code == 200)
+    if rec is None:
+        return
+    if not written:
+        _complete(rec, resp, kept, ttft, t0, error, client_gone, digest, sent)
+        _write(state, rec)
+    can_fetch = state.is_llama or state.is_vllm
+    if fetch_tokens and error is None and can_fetch and resp.status_code == 200 and "messages" in rec["request"]:
+        task = asyncio.get_running_loop().create_task(_fetch_and_patch(state, rec))
+        state.pending.add(task)
+        task.add_done_callback(state.pending.discard)
 
 
-def _complete(rec, resp, kept, ttft, t0, error, client_gone) -> None:
+def _complete(rec, resp, kept, ttft, t0, error, client_gone, digest=None, sent=0) -> None:
     raw = b"".join(kept)
-    response: dict[str, Any] = {"status": resp.status_code}
+    response: dict[str, Any] = {"status": resp.status_code, "bytes": sent}
+    if digest is not None:
+        response["sha256"] = digest.hexdigest()  # of exactly the bytes forwarded to the client
     ctype = resp.headers.get("content-type", "")
     text = raw.decode("utf-8", errors="replace")
     if "event-stream" in ctype:
@@ -284,28 +303,27 @@ def _complete(rec, resp, kept, ttft, t0, error, client_gone) -> None:
         rec["client_disconnected"] = True
 
 
-def _finish(state: ProxyState, rec: dict[str, Any], fetch_tokens: bool) -> None:
-    """Write the record now, or after fetching the prompt's token IDs in the background."""
-    if not fetch_tokens or "messages" not in rec["request"]:
-        _write(state, rec)
-        return
-    task = asyncio.get_running_loop().create_task(_fetch_and_write(state, rec))
-    state.pending.add(task)
-    task.add_done_callback(state.pending.discard)
+def _finish(state: ProxyState, rec: dict[str, Any], fetch_tokens: bool = False) -> None:
+    _write(state, rec)
 
 
 def _write(state: ProxyState, rec: dict[str, Any]) -> None:
     assert state.writer
-    state.writer.append(rec)
+    out = state.writer.append(rec)
+    rec["seq"] = out["seq"]
     state.recorded += 1
 
 
-async def _fetch_and_write(state: ProxyState, rec: dict[str, Any]) -> None:
+async def _fetch_and_patch(state: ProxyState, rec: dict[str, Any]) -> None:
+    """Fetch the prompt's token IDs after the fact and append them as a patch of the record."""
+    found: dict[str, Any] = {"request": rec["request"], "response": rec.get("response") or {}}
     try:
-        await asyncio.wait_for(_fetch_tokens(state, rec), TOKEN_FETCH_TIMEOUT)
+        await asyncio.wait_for(_fetch_tokens(state, found), TOKEN_FETCH_TIMEOUT)
     except (asyncio.TimeoutError, httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-        rec["prompt_error"] = f"could not fetch the prompt tokens: {type(e).__name__}: {e}"
-    _write(state, rec)
+        found["prompt_error"] = f"could not fetch the prompt tokens: {type(e).__name__}: {e}"
+    patch = {k: v for k, v in found.items() if k not in ("request", "response")}
+    assert state.writer
+    state.writer.append({"patch": rec["seq"], **patch})
 
 
 async def _fetch_tokens(state: ProxyState, rec: dict[str, Any]) -> None:
