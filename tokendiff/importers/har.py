@@ -63,7 +63,10 @@ def _entry(e: Any, where: str) -> dict[str, Any] | None:
         raise InputError("entry has no request object", source=where)
     req = e["request"]
     url = req.get("url") if isinstance(req.get("url"), str) else ""
-    path = urlsplit(url).path
+    try:
+        path = urlsplit(url).path
+    except ValueError:
+        raise InputError(f"invalid URL {url[:80]!r}", source=where) from None
     post = req.get("postData")
     chat_url = path.endswith(CHAT_ENDPOINTS)
     if not isinstance(post, dict):
