@@ -229,3 +229,19 @@ def test_upstream_killed_mid_stream_is_recorded(llama_server_bin, tiny_model, tm
     by = {r["request"]["messages"][0]["content"]: r for r in records}
     assert by["before"]["response"]["status"] == 200  # earlier records are kept
     assert "upstream failed mid-response" in by["doomed"]["response"]["error"]
+
+
+def test_listening_beyond_loopback_warns(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tokendiff", "proxy", "--upstream", "http://127.0.0.1:9", "--out", str(tmp_path / "s"),
+                             "--listen", f"0.0.0.0:{port}"], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+    finally:
+        err = stop(proc)
+    assert "warning: listening on 0.0.0.0, not loopback" in err

@@ -190,7 +190,12 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
     t0 = time.perf_counter()
     try:
         req = state.client.build_request(scope["method"], url, headers=_forward_headers(scope), content=body)
-        resp = await state.client.send(req, stream=True)
+        try:
+            resp = await state.client.send(req, stream=True)
+        except (httpx.RemoteProtocolError, httpx.ReadError):
+            # a kept-alive connection the server had closed: nothing reached it, send again once
+            req = state.client.build_request(scope["method"], url, headers=_forward_headers(scope), content=body)
+            resp = await state.client.send(req, stream=True)
     except httpx.HTTPError as e:
         msg = f"tokendiff proxy: upstream {state.upstream} unreachable: {type(e).__name__}: {e}"
         payload = orjson.dumps({"error": {"message": msg, "type": "upstream_unreachable", "code": 502}})
