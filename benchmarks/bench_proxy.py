@@ -11,17 +11,15 @@ p50 added latency; streamed chunks forwarded as they arrive (TTFT compared too).
 from __future__ import annotations
 
 import argparse
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from tokendiff.testing.llama_server import LlamaServer, free_port
+from tokendiff.testing.llama_server import LlamaServer
+from tokendiff.testing.proxy_process import start_proxy, stop_proxy
 from tokendiff.testing.tiny_gguf import tiny_gguf
 
 
@@ -50,16 +48,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=300)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, LlamaServer(tiny_gguf(), ctx=4096, threads=1) as srv:
-        port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "tokendiff", "proxy", "--upstream", srv.url, "--out", str(Path(tmp) / "s"),
-                                 "--listen", f"127.0.0.1:{port}", "--no-tokens"], stderr=subprocess.DEVNULL)
-        proxy = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                httpx.get(proxy + "/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.05)
+        proc, proxy = start_proxy(srv.url, Path(tmp) / "s", "--no-tokens")
         chat = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1, "temperature": 0}
         stream = dict(chat, max_tokens=8, stream=True)
         results: dict[str, tuple[list[float], list[float]]] = {}
@@ -76,8 +65,7 @@ def main() -> None:
                     direct.append(fn(srv.url))
                     via.append(fn(proxy))
                 results[name] = (direct, via)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(30)
+        stop_proxy(proc)
     for name, (direct, via) in results.items():
         d50, v50 = statistics.median(direct), statistics.median(via)
         print(f"{name:38s} direct p50 {d50:6.2f} ms  via proxy p50 {v50:6.2f} ms  added p50 {v50 - d50:5.2f} ms"

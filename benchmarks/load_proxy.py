@@ -21,7 +21,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,26 +29,17 @@ import httpx
 
 from tokendiff.capture import read_capture
 from tokendiff.testing.llama_server import LlamaServer, free_port
+from tokendiff.testing.proxy_process import start_proxy as _start
+from tokendiff.testing.proxy_process import stop_proxy
 from tokendiff.testing.tiny_gguf import tiny_gguf
 
 
 def start_proxy(upstream: str, out: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "tokendiff", "proxy", "--upstream", upstream, "--out", str(out),
-                          "--listen", f"127.0.0.1:{port}", "--no-tokens"], stderr=subprocess.DEVNULL)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            httpx.get(url + "/health", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    return p, url
+    return _start(upstream, out, "--no-tokens")
 
 
 def stop(p: subprocess.Popen) -> None:
-    p.send_signal(signal.SIGINT)
-    p.wait(60)
+    stop_proxy(p)
 
 
 def body(tag: str, stream: bool = True, n: int = 8) -> dict:

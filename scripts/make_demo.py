@@ -29,7 +29,6 @@ import copy
 import json
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -258,27 +257,14 @@ def agent_turns() -> list[tuple[str, list[dict], list[dict]]]:
 
 def record_agent(out: Path) -> None:
     """Record the agent loop through `tokendiff proxy` in front of a real llama-server."""
-    import signal
-    import subprocess
-    import sys
-
-    from tokendiff.testing.llama_server import free_port
+    from tokendiff.testing.proxy_process import start_proxy, stop_proxy
 
     spec = TinySpec(layers=1, kv_heads=1, context=32768)
     if out.exists():
         shutil.rmtree(out)
     with LlamaServer(tiny_gguf(spec), ctx=32768) as srv:
-        port = free_port()
-        proxy = subprocess.Popen([sys.executable, "-m", "tokendiff", "proxy", "--upstream", srv.url, "--out", str(out),
-                                  "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
+        proxy, base = start_proxy(srv.url, out)
         try:
-            for _ in range(200):
-                try:
-                    httpx.get(base + "/health", timeout=1)
-                    break
-                except httpx.HTTPError:
-                    time.sleep(0.05)
             import openai
 
             client = openai.OpenAI(base_url=base + "/v1", api_key="sk-demo-not-recorded")
@@ -288,8 +274,7 @@ def record_agent(out: Path) -> None:
                 t = r.model_extra.get("timings", {}) if r.model_extra else {}
                 print(f"agent turn {k}: {r.usage.prompt_tokens:5d} prompt tokens, cache_n {t.get('cache_n')}  {what}")
         finally:
-            proxy.send_signal(signal.SIGINT)
-            proxy.wait(60)
+            stop_proxy(proxy)
     # keep the demo free of this machine's paths
     props = json.loads((out / "props.json").read_text())
     for key in ("model_path", "model_alias"):

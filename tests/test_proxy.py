@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import pytest
 
 from tokendiff.capture import read_capture
 from tokendiff.testing.llama_server import LlamaServer, free_port
+from tokendiff.testing.proxy_process import start_proxy as _start
+from tokendiff.testing.proxy_process import stop_proxy
 
 SECRET = "sk-live-DO-NOT-RECORD-4242"
 TOOLS = [
@@ -24,27 +25,11 @@ TOOLS = [
 
 
 def start_proxy(upstream: str, out, *extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tokendiff", "proxy", "--upstream", upstream, "--out", str(out), "--listen", f"127.0.0.1:{port}", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        if proc.poll() is not None:
-            raise RuntimeError(proc.stderr.read())
-        try:
-            httpx.get(url + "/health", timeout=1)
-            return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("proxy did not start")
+    return _start(upstream, out, *extra, stderr=subprocess.PIPE)
 
 
 def stop(proc: subprocess.Popen) -> str:
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    err = stop_proxy(proc)
     assert proc.returncode == 0, err
     return err
 

@@ -332,18 +332,16 @@ def _server_prompt_ids(base: str, request: dict[str, Any]) -> list[int]:
     """The IDs a live llama-server would cache for this request: its own render, its own tokenizer."""
     import httpx
 
+    from tokendiff.vocab import _server_tokenizer
+
     keys = ("messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt", "reasoning_format", "parallel_tool_calls")
     try:
-        with httpx.Client(base_url=base, timeout=60) as c:
-            r = c.post("/apply-template", json={k: request[k] for k in keys if k in request})
-            r.raise_for_status()
-            prompt = r.json()["prompt"]
-            r = c.post("/tokenize", json={"content": prompt, "add_special": True, "parse_special": True})
-            r.raise_for_status()
-            toks = r.json()["tokens"]
+        r = httpx.post(base.rstrip("/") + "/apply-template", json={k: request[k] for k in keys if k in request}, timeout=60)
+        r.raise_for_status()
+        prompt = r.json()["prompt"]
     except (httpx.HTTPError, ValueError, KeyError) as e:
         raise InputError(f"the server could not render this request: {e}", source=base) from None
-    return [t["id"] if isinstance(t, dict) else int(t) for t in toks]
+    return _server_tokenizer(base).encode(prompt, add_special=True)
 
 
 def warn(msg: str) -> None:
