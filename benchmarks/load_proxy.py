@@ -43,14 +43,14 @@ def stop(p: subprocess.Popen) -> None:
 
 
 def body(tag: str, stream: bool = True, n: int = 8) -> dict:
-    return {"messages": [{"role": "user", "content": tag}], "max_tokens": n, "stream": stream}
+    return {"messages": [{"role": "user", "content": tag}], "max_tokens": n, "stream": stream, "ignore_eos": n > 8}
 
 
-async def one(client: httpx.AsyncClient, url: str, tag: str, slow: float = 0.0, cut: bool = False) -> tuple[int, str, float]:
+async def one(client: httpx.AsyncClient, url: str, tag: str, slow: float = 0.0, cut: bool = False, n: int = 8) -> tuple[int, str, float]:
     h = hashlib.sha256()
     t0 = time.perf_counter()
     ttfb = None
-    async with client.stream("POST", url + "/v1/chat/completions", json=body(tag, n=400 if cut else 8)) as r:
+    async with client.stream("POST", url + "/v1/chat/completions", json=body(tag, n=400 if cut else n)) as r:
         async for chunk in r.aiter_raw():
             if ttfb is None:
                 ttfb = (time.perf_counter() - t0) * 1000
@@ -177,7 +177,7 @@ def main() -> None:
 
     async def killed() -> list:
         async with httpx.AsyncClient(timeout=120) as c:
-            tasks = [asyncio.create_task(one(c, url, f"doomed {i}", slow=0.01)) for i in range(10)]
+            tasks = [asyncio.create_task(one(c, url, f"doomed {i}", n=3000)) for i in range(10)]
             await asyncio.sleep(0.3)
             srv.proc.kill()
             return await asyncio.gather(*tasks, return_exceptions=True)
