@@ -149,3 +149,20 @@ async def test_live_mode_appends_turns_from_a_real_llama_server(llama_server_bin
                 await wait_for(pilot, lambda k=k: a.session is not None and len(a.session.turns) == k)
             assert a.screen.query_one("#turns").row_count == 2
     assert sorted(p.name for p in session.glob("turn-*.bin")) == ["turn-0001.bin", "turn-0002.bin"]
+
+
+async def test_replay_from_the_pair_screen(llama_server_bin, tiny_model, tmp_path):
+    from tokendiff.testing.llama_server import LlamaServer
+
+    with LlamaServer(tiny_model, slot_dir=tmp_path / "slots", ctx=8192) as srv:
+        a = app(backend=srv.url)
+        async with a.run_test(size=(140, 50)) as pilot:
+            await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
+            s = a.screen
+            await pilot.press("r")
+            await wait_for(pilot, lambda: getattr(s, "replay_doc", None) is not None, timeout=120)
+            doc = s.replay_doc
+            assert doc["scenarios"]["actual"]["cached"] == s.d.lcp
+            assert doc["discarded"] == []
+            text = str(s.query_one("#findings").render())
+            assert "cold" in text and "actual" in text and "ideal" in text and "the divergence costs" in text

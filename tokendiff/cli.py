@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--slot-dir", metavar="DIR", help="the live server's --slot-save-path")
     t.add_argument("--every", default="2s", metavar="DURATION", help="live polling interval (default 2s)")
     t.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, or any loaded theme")
+    t.add_argument("--backend", metavar="URL", help="a local backend to replay pairs against (key r on the pair screen)")
     return p
 
 
@@ -395,7 +396,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
     opts = Options(
         paths=paths, tokenizer=args.tokenizer, server=args.server, chat_template=args.chat_template,
         family=args.template_family, order=args.order, live=args.live, slot_dir=args.slot_dir,
-        every=parse_interval(args.every), theme=args.theme,
+        every=parse_interval(args.every), theme=args.theme, backend=args.backend,
     )  # fmt: skip
     TokendiffApp(opts).run()
     return 0

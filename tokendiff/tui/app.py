@@ -35,6 +35,7 @@ class Options:
     slot_dir: str | None = None
     every: float = 2.0
     theme: str | None = None
+    backend: str | None = None  # for replay from the pair screen
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -52,6 +53,7 @@ class TokendiffCommands(Provider):
             ("Focus the section outline", "focus_outline"),
             ("Export this pair as JSON", "export_pair"),
             ("Export the session report (markdown)", "export_report"),
+            ("Replay this pair against the backend", "replay"),
             ("Back to the session", "back"),
         ]
         for name, action in entries:

@@ -98,6 +98,7 @@ class PairScreen(Screen):
         Binding("o", "focus_outline", "outline", id="pair.outline"),
         Binding("t", "focus_tokens", "tokens", show=False, id="pair.tokens"),
         Binding("x", "export_pair", "export JSON", id="pair.export"),
+        Binding("r", "replay", "replay", id="pair.replay"),
         Binding("escape", "back", "back", id="pair.back"),
     ]
 
@@ -247,6 +248,47 @@ class PairScreen(Screen):
 
     def action_back(self) -> None:
         self.app.pop_screen()
+
+    def action_replay(self) -> None:
+        backend = getattr(self.app.options, "backend", None)  # type: ignore[attr-defined]
+        if not backend:
+            self.notify("no backend: start the TUI with --backend URL (a llama-server, vLLM, SGLang or Ollama)", severity="warning")
+            return
+        self.query_one("#findings", Static).update(Text(f"replaying against {backend}…", style="bold"))
+        self._replay(backend)
+
+    @work(thread=True, exclusive=True, group="replay")
+    def _replay(self, backend: str) -> None:
+        """cold / actual / ideal / fixed, measured in a worker; results shown in place."""
+        import httpx
+        import numpy as np
+
+        from tokendiff import replay as rp
+        from tokendiff.cost import reusable_ceiling
+        from tokendiff.errors import InputError
+
+        if not rp.is_loopback_url(backend):
+            self.app.call_from_thread(self.notify, "refusing a backend that is not on this machine", severity="error")
+            return
+        vocab = self.app.vocab  # type: ignore[attr-defined]
+        client = httpx.Client(timeout=httpx.Timeout(600, connect=10), limits=httpx.Limits(max_keepalive_connections=0))
+
+        def decode(ids: list[int]) -> str:
+            return vocab.decode(np.asarray(ids))[0].decode("utf-8", "replace")
+
+        def progress(msg: str) -> None:
+            self.app.call_from_thread(self.query_one("#findings", Static).update, Text(f"replay: {msg}"))
+
+        try:
+            be = rp.connect(backend, None, client, decode)
+            plan = rp.Plan(self.a.ids.tolist(), self.b.ids.tolist(), self.d.lcp, reusable_ceiling(self.a, self.d, self.findings, len(self.b)))
+            scen = rp.run_scenarios(be, plan, 3, progress)
+            doc = rp.replay_document(be, plan, scen, {"a": self.a.origin, "b": self.b.origin}, None)
+        except InputError as e:
+            self.app.call_from_thread(self.notify, str(e), severity="error")
+            return
+        self.replay_doc = doc
+        self.app.call_from_thread(self.query_one("#findings", Static).update, Text(rp.render_replay_text(doc)))
 
     def action_export_pair(self) -> None:
         from tokendiff.report.diff import diff_document
