@@ -135,3 +135,13 @@ def test_gguf_without_vocab(tmp_path):
     w.close()
     with pytest.raises(InputError, match="no tokenizer.ggml.tokens"):
         load_vocab(str(path))
+
+
+def test_gguf_tokenises_text_like_the_tokenizer_json(tiny_model):
+    from conftest import qwen_encode
+
+    from tokendiff.vocab import text_tokenizer
+
+    tk = text_tokenizer(load_gguf(tiny_model))
+    for text in [TRICKY, "<|im_start|>system\nYou are terse.\n\n# Tools\n<tools>\n{\"a\": 1}\n</tools><|im_end|>\n", "  multiple   spaces\n\n\nand 12345 numbers 𒀀"]:
+        assert tk.encode(text) == qwen_encode(text)

@@ -31,7 +31,7 @@ DATA_DIR = Path(__file__).parent / "data"
 BUNDLED_DIR = DATA_DIR / "qwen3"
 BUNDLED_NAME = "bundled Qwen3 tokenizer"
 MEDIA_PIECE = b"<__media__>"
-CACHE_MAGIC = b"TDVOCAB3"
+CACHE_MAGIC = b"TDVOCAB4"
 
 # Token flags
 SPECIAL = 1  # control token (<|im_start|>, <s>, [INST] ...): structure, not text
@@ -294,10 +294,59 @@ def text_tokenizer(vocab: Vocab) -> TextTokenizer:
         except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception
             raise InputError(f"cannot load the tokenizer for text: {e}", source=path) from None
         return TextTokenizer(lambda text, add: tk.encode(text, add_special_tokens=add).ids, vocab.name)
+    if vocab.meta.get("source") == "gguf" and vocab.meta.get("ggml_model") == "gpt2" and vocab.meta.get("path"):
+        tk = _tokenizer_from_gguf(vocab.meta["path"])
+        if tk is not None:
+            return TextTokenizer(lambda text, add: tk.encode(text, add_special_tokens=add).ids, vocab.name)
     raise InputError(
         f"{vocab.name} can decode IDs but not tokenise text; pass --tokenizer with a tokenizer.json "
         "(or an HF directory), or --server URL"
     )
+
+
+# The pre-tokenizer regexes llama.cpp uses for the byte-level BPE vocabularies it names in
+# tokenizer.ggml.pre (llama-vocab.cpp); enough to rebuild the tokenizer from a GGUF file.
+_PRE = {
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "gpt2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+}
+_PRE["qwen35"] = _PRE["qwen2"]
+_PRE["llama3"] = _PRE["llama-bpe"]
+_PRE["default"] = _PRE["gpt2"]
+
+
+def _tokenizer_from_gguf(path: str):
+    """A `tokenizers` BPE rebuilt from a GGUF file's tokens and merges (byte-level vocabularies
+    whose pre-tokenizer llama.cpp names), with its control and user-defined tokens added."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    from tokendiff.gguf_meta import read_gguf_metadata
+
+    md = read_gguf_metadata(path, keys_prefix=("tokenizer.",))
+    pre = md.get("tokenizer.ggml.pre", "default")
+    pattern = _PRE.get(pre if isinstance(pre, str) else "default")
+    tokens, merges = md.get("tokenizer.ggml.tokens"), md.get("tokenizer.ggml.merges")
+    if pattern is None or not tokens or not merges:
+        return None
+    types = md.get("tokenizer.ggml.token_type")
+    texts = [t.decode("utf-8", errors="surrogateescape") for t in tokens]
+    added = [i for i, t in enumerate(types if types is not None else []) if int(t) in (GT_CONTROL, GT_USER_DEFINED)]
+    added_set = set(added)
+    vocab = {t: i for i, t in enumerate(texts) if i not in added_set}
+    pairs = []
+    for m in merges:
+        a, _, b = m.decode("utf-8", errors="surrogateescape").partition(" ")
+        pairs.append((a, b))
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre in ("llama-bpe", "llama3")))
+    if pre in ("qwen2", "qwen35"):
+        tk.normalizer = normalizers.NFC()
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(pattern), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    tk.decoder = decoders.ByteLevel()
+    tk.add_tokens([AddedToken(texts[i], special=int(types[i]) == GT_CONTROL, normalized=False) for i in added])
+    return tk
 
 
 def _server_tokenizer(base: str) -> TextTokenizer:
@@ -408,7 +457,7 @@ def load_gguf(path: str | os.PathLike[str]) -> Vocab:
             else:
                 pieces.append(byte_level_bytes(text))
                 flags.append(0)
-        meta: dict[str, Any] = {"kind": "byte_level" if byte_level else "spm", "source": "gguf", "ggml_model": model}
+        meta: dict[str, Any] = {"kind": "byte_level" if byte_level else "spm", "source": "gguf", "ggml_model": model, "path": str(src.resolve())}
         for key, out in (
             ("tokenizer.chat_template", "chat_template"),
             ("tokenizer.ggml.bos_token_id", "bos_id"),
