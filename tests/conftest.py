@@ -50,6 +50,19 @@ CONVERSATION = [
 ]
 
 
+def with_ids(msgs: list) -> list:
+    """The conversation with tool-call IDs, which Mistral and Llama templates render."""
+    import copy
+
+    msgs = copy.deepcopy(msgs)
+    for m in msgs:
+        for tc in m.get("tool_calls", []):
+            tc["id"] = "abcdefghi"
+        if m["role"] == "tool":
+            m["tool_call_id"] = "abcdefghi"
+    return msgs
+
+
 def template(name: str) -> str:
     return (TEMPLATES / name).read_text()
 

@@ -7,26 +7,14 @@ tokenizers do) and words as tokens, which is all the grammar looks at.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-from conftest import CONVERSATION, TOOLS, prompt_from_ids, prompt_from_text, qwen_encode, render, token_at
+from conftest import CONVERSATION, TOOLS, prompt_from_ids, prompt_from_text, qwen_encode, render, token_at, with_ids
 
 from tokendiff.grammar import detect_family
 
 
 def labels(p) -> list[str]:
     return [s.label for s in p.sections]
-
-
-def with_ids(msgs):
-    msgs = copy.deepcopy(msgs)
-    for m in msgs:
-        for tc in m.get("tool_calls", []):
-            tc["id"] = "abcdefghi"
-        if m["role"] == "tool":
-            m["tool_call_id"] = "abcdefghi"
-    return msgs
 
 
 def test_qwen3_sections_with_real_tokens(vocab):

@@ -6,7 +6,7 @@ import copy
 import json
 
 import pytest
-from conftest import CONVERSATION, TOOLS, prompt_from_ids, qwen_encode, template, token_at
+from conftest import CONVERSATION, TOOLS, prompt_from_ids, qwen_encode, template, token_at, with_ids
 
 from tokendiff.render import Renderer
 from tokendiff.sections import field_sections
@@ -22,13 +22,7 @@ CASES = {
 
 
 def body() -> dict:
-    msgs = copy.deepcopy(CONVERSATION)
-    for m in msgs:
-        for tc in m.get("tool_calls", []):
-            tc["id"] = "abcdefghi"
-        if m["role"] == "tool":
-            m["tool_call_id"] = "abcdefghi"
-    return {"messages": msgs, "tools": copy.deepcopy(TOOLS)}
+    return {"messages": with_ids(CONVERSATION), "tools": copy.deepcopy(TOOLS)}
 
 
 def spans_by_field(r):

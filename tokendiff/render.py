@@ -98,8 +98,7 @@ class Renderer:
 
     def attribute(self, body: dict[str, Any]) -> Rendered:
         text = self.render(body)
-        r = Rendered(text, template_sha256=self.template)
-        r.template_sha256 = template_sha256(self.template)
+        r = Rendered(text, template_sha256=template_sha256(self.template))
         leaves = _leaves(body)
         r.spans += [_with_think_tags(text, sp) for sp in self._leaf_spans(body, leaves, text, r.unlocated)]
         r.spans += self._tool_spans(body, text)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from tokendiff.model import Prompt, Section
-from tokendiff.render import Rendered, Span
+from tokendiff.render import Rendered
 
 
 def char_to_byte(text: str, positions: list[int]) -> dict[int, int]:
@@ -107,4 +107,4 @@ def _to_sections(prompt: Prompt, spans: list[tuple[tuple[str, ...], int, int]]) 
     return out
 
 
-__all__ = ["field_sections", "char_to_byte", "Span"]
+__all__ = ["field_sections", "char_to_byte"]

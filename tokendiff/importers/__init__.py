@@ -12,3 +12,15 @@ CHAT_ENDPOINTS = ("/v1/chat/completions", "/chat/completions", "/v1/completions"
 
 def is_chat_body(body: object) -> bool:
     return isinstance(body, dict) and (isinstance(body.get("messages"), list) or isinstance(body.get("prompt"), (str, list)))
+
+
+def read_bounded(path, limit: int, what: str) -> bytes:
+    """The file's bytes, refusing one over `limit` before reading it."""
+    from tokendiff.errors import InputError
+
+    try:
+        if path.stat().st_size > limit:
+            raise InputError(f"{what} over {limit >> 20} MB", source=str(path))
+        return path.read_bytes()
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(path)) from None

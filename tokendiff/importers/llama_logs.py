@@ -8,17 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from tokendiff.errors import InputError
+from tokendiff.importers import read_bounded
 
 MAX_BYTES = 256 << 20
 
 
 def record_from_prompt_log(path: Path) -> dict[str, Any]:
-    try:
-        if path.stat().st_size > MAX_BYTES:
-            raise InputError(f"prompt log over {MAX_BYTES >> 20} MB", source=str(path))
-        raw = path.read_bytes()
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=str(path)) from None
+    raw = read_bounded(path, MAX_BYTES, "prompt log")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -8,18 +8,13 @@ from typing import Any
 import orjson
 
 from tokendiff.errors import InputError
-from tokendiff.importers import is_chat_body
+from tokendiff.importers import is_chat_body, read_bounded
 
 MAX_BYTES = 512 << 20
 
 
 def read_body(path: Path) -> dict[str, Any]:
-    try:
-        if path.stat().st_size > MAX_BYTES:
-            raise InputError(f"request body over {MAX_BYTES >> 20} MB", source=str(path))
-        raw = path.read_bytes()
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=str(path)) from None
+    raw = read_bounded(path, MAX_BYTES, "request body")
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:

@@ -15,7 +15,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Sparkline, Static, Tree
 
 from tokendiff.model import SEP, Prompt
-from tokendiff.tui.pairdata import PairView, build_pair_view
+from tokendiff.tui.pairdata import PairView
 from tokendiff.tui.token_view import TokenView
 
 if TYPE_CHECKING:
@@ -297,15 +297,3 @@ class PairScreen(Screen):
         out = Path.cwd() / f"tokendiff-pair-{self.turn - 1}-{self.turn}.json"
         out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
         self.notify(f"pair written to {out}")
-
-
-class LoadingPair(Screen):
-    """Shown while a big pair is aligned and laid out in a worker."""
-
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield Static("aligning…", id="headline")
-        yield Footer()
-
-
-__all__ = ["SessionScreen", "PairScreen", "build_pair_view", "work"]
