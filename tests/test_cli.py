@@ -54,6 +54,7 @@ def test_different_exit_1_text(pair):
     assert "A: system" in r.stdout and "⟦8⟧" in r.stdout and "⟦9⟧" in r.stdout
     assert "\x1b[" not in r.stdout
     assert "assumed" in r.stdout  # the tokenizer was not chosen: say so
+    assert "cause: Date or time in the prompt changed: '2026-11-28' -> '2026-11-29'" in r.stdout
 
 
 def test_json_schema(pair):
@@ -66,6 +67,7 @@ def test_json_schema(pair):
     assert f["byte"] == HEAD.index("11-28") + 4 and f["a_section"] == "system" and f["boundary"] is False
     assert doc["hunks"][0]["a"]["tokens"] == [doc["lcp_tokens"], doc["lcp_tokens"] + 1]
     assert doc["tokenizer"]["assumed"] is True and doc["tokenizer"]["n_vocab"] == 151669
+    assert doc["hunks"][0]["finding"]["kind"] == "date" and doc["hunks"][0]["finding"]["expected"] is False
 
 
 def test_color_always_and_no_color(pair):

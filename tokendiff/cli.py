@@ -171,7 +171,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
     a = loader.load(args.a)
     b = loader.load(args.b)
     d = align(a, b)
-    doc = diff_document(a, b, d, vocab, context=args.context)
+    from tokendiff.explain import explain
+
+    doc = diff_document(a, b, d, vocab, context=args.context, findings=explain(a, b, d))
     if args.json:
         import orjson
 

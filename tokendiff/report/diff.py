@@ -32,6 +32,13 @@ def _side(p: Prompt) -> dict[str, Any]:
     }
 
 
+def _finding(f: Any) -> dict[str, Any] | None:
+    if f is None:
+        return None
+    return {"kind": f.kind, "title": f.title, "evidence": f.evidence, "fix": f.fix,
+            "confidence": f.confidence, "expected": f.expected, "origin": f.origin}  # fmt: skip
+
+
 def _field(path: tuple[str, ...]) -> str | None:
     """The innermost request field of a section path (`tools[5] image_generate`,
     `messages[3].tool_calls[0].function.arguments`), or None for template markers."""
@@ -46,8 +53,9 @@ def _text(p: Prompt, start: int, end: int, context: int) -> dict[str, Any]:
     return {"before": e.before, "diverged": e.diverged, "after": e.after}
 
 
-def diff_document(a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: int = 8) -> dict[str, Any]:
+def diff_document(a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: int = 8, findings: list | None = None) -> dict[str, Any]:
     first = None
+    best = {f.hunk: f for f in (findings or [])}
     if not d.identical:
         h = d.hunks[0] if d.hunks else None
         a_end = h.a_end if h else d.lcp
@@ -69,7 +77,7 @@ def diff_document(a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: in
             "b_text": _text(b, d.lcp, b_end, context),
         }
     hunks = []
-    for h in d.hunks:
+    for i, h in enumerate(d.hunks):
         hunks.append(
             {
                 "kind": h.kind,
@@ -85,6 +93,7 @@ def diff_document(a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: in
                     "section": SEP.join(h.b_owner) if h.b_owner else None,
                     "text": _text(b, h.b_start, h.b_end, context),
                 },
+                "finding": _finding(best.get(i)),
             }
         )
     return {
@@ -162,6 +171,10 @@ def render_text(doc: dict[str, Any], color: bool = False, max_hunks: int = 20) -
         out.append(f"  {side.upper()}: {st.wrap(_CYAN, f[side + '_section'])}{extra}")
     out.append("  A │ " + _line(st, f["a_text"], "a"))
     out.append("  B │ " + _line(st, f["b_text"], "b"))
+    first_finding = doc["hunks"][0].get("finding") if doc["hunks"] else None
+    if first_finding:
+        out.append(f"  cause: {st.wrap(_BOLD, first_finding['title'])}: {first_finding['evidence']}")
+        out.append(f"  fix: {first_finding['fix']}")
     if f["boundary"]:
         fbd = f["first_byte_diff"]
         where = "the bytes are identical" if fbd is None else f"the bytes agree up to byte {fbd:,}"
@@ -184,6 +197,8 @@ def render_text(doc: dict[str, Any], color: bool = False, max_hunks: int = 20) -
         else:
             out.append(f"   A in {ha['section']}")
             out.append(f"   B in {hb['section']}")
+        if h.get("finding") and k > 1:
+            out.append(f"   {h['finding']['title']}: {h['finding']['evidence']}")
         out.append("   - " + _line(st, ha["text"], "a"))
         out.append("   + " + _line(st, hb["text"], "b"))
     if len(hunks) > max_hunks:
