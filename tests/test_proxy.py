@@ -167,9 +167,31 @@ def test_client_disconnect_mid_stream_is_recorded(server, tmp_path):
 
 
 def test_server_renders_differently_is_reported(server, tmp_path):
-    """llama-server parses tool-call arguments before templating; transformers
-    renders the string verbatim. The recorded server IDs are the truth and the
+    """llama-server treats a trailing assistant message as a prefill to continue; transformers
+    closes it and adds a generation prompt. The recorded server IDs are the truth and the
     difference is reported where it starts."""
+    out = tmp_path / "s"
+    proc, url = start_proxy(server.url, out)
+    msgs = [
+        {"role": "user", "content": "Read main.py"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"main.py"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "print(1)"},
+        {"role": "assistant", "content": "It prints"},
+    ]
+    try:
+        httpx.post(url + "/v1/chat/completions", json={"messages": msgs, "tools": TOOLS, "max_tokens": 2}, timeout=120).raise_for_status()
+    finally:
+        stop(proc)
+    r = subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{out}/capture.jsonl@1", f"{out}/capture.jsonl@1", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    mm = json.loads(r.stdout)["a"]["render_mismatch"]
+    assert mm is not None and "local render differs" in r.stderr
+    assert "It prints<|im_end|>" in mm["local"] and mm["server"].endswith("It prints")
+
+
+def test_tool_call_arguments_parsed_as_the_server_does(server, tmp_path):
+    """With arguments parsed like llama-server parses them, the local render matches the
+    server's tokens, so sections name request fields even with tool calls in history."""
     out = tmp_path / "s"
     proc, url = start_proxy(server.url, out)
     msgs = [
@@ -182,10 +204,8 @@ def test_server_renders_differently_is_reported(server, tmp_path):
     finally:
         stop(proc)
     r = subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{out}/capture.jsonl@1", f"{out}/capture.jsonl@1", "--json"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    mm = json.loads(r.stdout)["a"]["render_mismatch"]
-    assert mm is not None and "local render differs" in r.stderr
-    assert '"path":"main.py"' in mm["local"] and '"path": "main.py"' in mm["server"]
+    doc = json.loads(r.stdout)
+    assert doc["a"]["render_mismatch"] is None and doc["a"]["sections_from"] == "request fields"
 
 
 def test_upstream_killed_mid_stream_is_recorded(llama_server_bin, tiny_model, tmp_path):
@@ -230,3 +250,39 @@ def test_listening_beyond_loopback_warns(tmp_path):
     finally:
         err = stop(proc)
     assert "warning: listening on 0.0.0.0, not loopback" in err
+
+
+def test_anthropic_messages_as_claude_code_sends_them(server, tmp_path):
+    """/v1/messages through the proxy: recorded, converted as llama-server converts it (the
+    billing-header nonce pinned), so the fetched IDs are the ones the server cached."""
+    def body(nonce: str, extra: list) -> dict:
+        return {
+            "model": "claude", "max_tokens": 2,
+            "system": [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.4; cc_entrypoint=cli; cch={nonce};"},
+                       {"type": "text", "text": "You are Claude Code."}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Read main.py"}]}] + extra,
+            "tools": [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}],
+        }  # fmt: skip
+
+    turn2 = [
+        {"role": "assistant", "content": [{"type": "text", "text": "Reading."}, {"type": "tool_use", "id": "toolu_01", "name": "Read", "input": {"path": "main.py"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": [{"type": "text", "text": "print(1)"}]}]},
+    ]
+    out = tmp_path / "s"
+    proc, url = start_proxy(server.url, out)
+    try:
+        r1 = httpx.post(url + "/v1/messages", json=body("3f2a1", []), timeout=60).json()
+        r2 = httpx.post(url + "/v1/messages", json=body("9b7c4", turn2), timeout=60).json()
+    finally:
+        stop(proc)
+    records, _ = read_capture(out / "capture.jsonl")
+    assert [r["endpoint"] for r in records] == ["/v1/messages", "/v1/messages"]
+    for rec, resp in zip(records, (r1, r2)):
+        assert len(rec["prompt_ids"]) == resp["usage"]["input_tokens"] + resp["usage"]["cache_read_input_tokens"]
+        assert "prompt_warning" not in rec
+    # the nonce changed but the server pins it: the second turn reused the whole first prompt
+    assert r2["usage"]["cache_read_input_tokens"] == len(records[0]["prompt_ids"])
+    d = subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{out}/capture.jsonl@1", f"{out}/capture.jsonl@2", "--json"], capture_output=True, text=True)
+    doc = json.loads(d.stdout)
+    assert doc["lcp_tokens"] == len(records[0]["prompt_ids"])
+    assert doc["a"]["sections_from"] == "request fields" and doc["b"]["sections_from"] == "request fields"

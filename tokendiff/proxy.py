@@ -267,6 +267,7 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
         _write(state, rec)
     can_fetch = state.is_llama or state.is_vllm
     if fetch_tokens and error is None and can_fetch and resp.status_code == 200 and "messages" in rec["request"]:
+        rec.setdefault("endpoint", path)
         task = asyncio.get_running_loop().create_task(_fetch_and_patch(state, rec))
         state.pending.add(task)
         task.add_done_callback(state.pending.discard)
@@ -332,8 +333,12 @@ async def _fetch_and_patch(state: ProxyState, rec: dict[str, Any]) -> None:
 
 
 async def _fetch_tokens(state: ProxyState, rec: dict[str, Any]) -> None:
+    from tokendiff.importers.anthropic import is_anthropic, to_openai
+
     assert state.client
     req = rec["request"]
+    if is_anthropic(req, rec.get("endpoint")):
+        req = to_openai(req, llama_server=state.is_llama)
     if state.is_vllm:
         body = {k: req[k] for k in ("model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt") if k in req}
         body.setdefault("add_generation_prompt", True)

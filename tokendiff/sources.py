@@ -262,6 +262,14 @@ class Loader:
         """A prompt from a capture record: the server's IDs when recorded, else
         the local render (or the logged text) tokenised."""
         request = rec.get("request") or {}
+        from tokendiff.importers.anthropic import is_anthropic, to_openai
+
+        server = rec.get("server") if isinstance(rec.get("server"), dict) else {}
+        llama = server.get("kind", "llama-server") == "llama-server"
+        if isinstance(request, dict) and is_anthropic(request, rec.get("endpoint")):
+            request = to_openai(request, llama_server=llama)
+        if llama and rec.get("prompt_ids") is not None and isinstance(request, dict):
+            request = _parsed_arguments(request)
         has_messages = isinstance(request.get("messages"), list)
         meta: dict[str, Any] = {
             "path": rec.get("origin") or label,
@@ -326,6 +334,30 @@ class Loader:
 
     def _can_render(self) -> bool:
         return bool(self.chat_template or self.vocab.meta.get("chat_template"))
+
+
+def _parsed_arguments(request: dict[str, Any]) -> dict[str, Any]:
+    """llama-server parses tool-call `arguments` strings into objects before templating; the
+    local render must too, or it cannot match the server's tokens field by field."""
+    import copy
+
+    import orjson
+
+    msgs = request.get("messages")
+    if not isinstance(msgs, list) or not any(isinstance(m, dict) and m.get("tool_calls") for m in msgs):
+        return request
+    request = copy.deepcopy(request)
+    for m in request["messages"]:
+        for call in (m.get("tool_calls") or []) if isinstance(m, dict) else []:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                try:
+                    parsed = orjson.loads(fn["arguments"])
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(parsed, dict):
+                    fn["arguments"] = parsed
+    return request
 
 
 def _server_prompt_ids(base: str, request: dict[str, Any]) -> list[int]:

@@ -7,7 +7,10 @@ naming the file and the entry.
 
 from __future__ import annotations
 
-CHAT_ENDPOINTS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completion", "/completions", "/api/chat", "/api/generate")
+CHAT_ENDPOINTS = (
+    "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completion", "/completions",
+    "/api/chat", "/api/generate", "/v1/messages",
+)  # fmt: skip
 
 
 def is_chat_body(body: object) -> bool:

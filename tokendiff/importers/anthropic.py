@@ -1,0 +1,90 @@
+"""Anthropic Messages requests (`/v1/messages`, what Claude Code sends to a local
+llama-server) in the OpenAI chat form the chat templates expect, converted the
+way llama-server converts them: system blocks joined into one system message,
+text blocks joined, `tool_use` blocks as tool calls, `tool_result` blocks as
+tool messages, `input_schema` as a function's parameters."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def is_anthropic(body: dict[str, Any], endpoint: str | None = None) -> bool:
+    if endpoint and endpoint.rstrip("/").endswith("/v1/messages"):
+        return True
+    if isinstance(body.get("system"), (str, list)):  # OpenAI bodies carry the system prompt as a message
+        return True
+    tools = body.get("tools")
+    if isinstance(tools, list) and any(isinstance(t, dict) and "input_schema" in t for t in tools):
+        return True
+    for m in body.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result") for b in content):
+            return True
+    return False
+
+
+def _text(content: Any, sep: str = "\n") -> str:
+    """Text blocks joined as llama-server joins content parts (newlines; system blocks: nothing)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return sep.join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return ""
+
+
+def normalize_billing_header(text: str) -> str:
+    """llama-server pins Claude Code's per-request `cch=` nonce to `fffff` (llama.cpp #21793),
+    so it never reaches the cache; a capture rendered for comparison must do the same."""
+    if not text.startswith("x-anthropic-billing-header:"):
+        return text
+    i = text.find("cch=", len("x-anthropic-billing-header:"))
+    if i < 0 or i + 9 >= len(text) or text[i + 9] != ";":
+        return text
+    return text[: i + 4] + "fffff" + text[i + 9 :]
+
+
+def to_openai(body: dict[str, Any], llama_server: bool = True) -> dict[str, Any]:
+    """The same request as an OpenAI chat-completions body, converted as llama-server converts it
+    (server_chat_convert_anthropic_to_oai): the message's own content first, then its tool results."""
+    norm = normalize_billing_header if llama_server else (lambda t: t)
+    out: dict[str, Any] = {k: v for k, v in body.items() if k not in ("system", "messages", "tools")}
+    msgs: list[dict[str, Any]] = []
+    system = body.get("system")
+    if isinstance(system, str):
+        msgs.append({"role": "system", "content": norm(system)})
+    elif isinstance(system, list):
+        msgs.append({"role": "system", "content": "".join(norm(b.get("text", "")) for b in system if isinstance(b, dict) and b.get("type") == "text")})
+    for m in body.get("messages") or []:
+        if not isinstance(m, dict):
+            continue
+        role, content = m.get("role"), m.get("content")
+        if not isinstance(content, list):
+            msgs.append(m)
+            continue
+        texts = [b for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        calls = [
+            {"id": b.get("id", ""), "type": "function",
+             "function": {"name": b.get("name", ""), "arguments": json.dumps(b.get("input", {}), separators=(",", ":"), ensure_ascii=False)}}
+            for b in content if isinstance(b, dict) and b.get("type") == "tool_use"
+        ]  # fmt: skip
+        thinking = "".join(b.get("thinking", "") for b in content if isinstance(b, dict) and b.get("type") == "thinking")
+        if texts or calls or thinking:
+            msg: dict[str, Any] = {"role": role, "content": _text(texts)}
+            if calls:
+                msg["tool_calls"] = calls
+            if thinking:
+                msg["reasoning_content"] = thinking
+            msgs.append(msg)
+        for r in (b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"):
+            msgs.append({"role": "tool", "tool_call_id": r.get("tool_use_id", ""), "content": _text(r.get("content"), sep="")})
+    out["messages"] = msgs
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        out["tools"] = [
+            {"type": "function", "function": {"name": t.get("name", ""), "description": t.get("description", ""), "parameters": t.get("input_schema", {})}}
+            for t in tools
+            if isinstance(t, dict)
+        ]
+    return out
