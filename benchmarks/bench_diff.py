@@ -26,18 +26,29 @@ sys.path.insert(0, str(ROOT / "tests"))
 from helpers import packed_payload, slot_bytes  # noqa: E402
 
 
-def agent_prompt_ids(n_tokens: int, seed: int = 0) -> np.ndarray:
-    """A realistic prompt: real Qwen3 tokens of chat markup, JSON tools and prose."""
-    from conftest import TOOLS, qwen_encode, render
+WORDS = "the a parser test file function returns value error line json tool call result user agent".split()
 
-    rng = np.random.default_rng(seed)
-    words = "the a parser test file function returns value error line json tool call result user agent".split()
+
+def agent_tools(rng: np.random.Generator, n: int, words_per_description: int) -> list[dict]:
+    """n tools shaped like the test tools, with random descriptions."""
+    from conftest import TOOLS
+
     tools = []
-    for i in range(60):
+    for i in range(n):
         t = dict(TOOLS[i % 3]["function"])
         t["name"] = f"{t['name']}_{i}"
-        t["description"] = " ".join(rng.choice(words, 40))
+        t["description"] = " ".join(rng.choice(WORDS, words_per_description))
         tools.append({"type": "function", "function": t})
+    return tools
+
+
+def agent_prompt_ids(n_tokens: int, seed: int = 0) -> np.ndarray:
+    """A realistic prompt: real Qwen3 tokens of chat markup, JSON tools and prose."""
+    from conftest import qwen_encode, render
+
+    rng = np.random.default_rng(seed)
+    words = WORDS
+    tools = agent_tools(rng, 60, 40)
     msgs = [{"role": "system", "content": "You are an agent. Today is 2026-11-28."}]
     while True:
         msgs.append({"role": "user", "content": " ".join(rng.choice(words, 300))})

@@ -25,17 +25,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 def make_session(out: Path, turns: int, tokens: int) -> None:
     import numpy as np
-    from conftest import TOOLS, qwen_encode, render
+    from bench_diff import WORDS as words
+    from bench_diff import agent_tools
+    from conftest import qwen_encode, render
     from helpers import packed_payload, slot_bytes
 
     rng = np.random.default_rng(0)
-    words = "the a parser test file function returns value error line json tool call result user agent".split()
-    tools = []
-    for i in range(40):
-        t = dict(TOOLS[i % 3]["function"])
-        t["name"] = f"{t['name']}_{i}"
-        t["description"] = " ".join(rng.choice(words, 30))
-        tools.append({"type": "function", "function": t})
+    tools = agent_tools(rng, 40, 30)
     history = []
     for _ in range(60):  # ~40k tokens of history before the session starts
         history += [{"role": "user", "content": " ".join(rng.choice(words, 300))}, {"role": "assistant", "content": " ".join(rng.choice(words, 300))}]

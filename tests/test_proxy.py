@@ -166,23 +166,28 @@ def test_client_disconnect_mid_stream_is_recorded(server, tmp_path):
     assert "timings" not in talk["response"]  # the proxy stopped reading: the upstream never finished the 3000 tokens
 
 
-def test_server_renders_differently_is_reported(server, tmp_path):
-    """llama-server treats a trailing assistant message as a prefill to continue; transformers
-    closes it and adds a generation prompt. The recorded server IDs are the truth and the
-    difference is reported where it starts."""
-    out = tmp_path / "s"
+READ_CALL = [
+    {"role": "user", "content": "Read main.py"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"main.py"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "print(1)"},
+]
+
+
+def record_and_diff(server, out, msgs) -> subprocess.CompletedProcess:
+    """Send one request through the proxy, then diff the recorded turn with itself."""
     proc, url = start_proxy(server.url, out)
-    msgs = [
-        {"role": "user", "content": "Read main.py"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"main.py"}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "print(1)"},
-        {"role": "assistant", "content": "It prints"},
-    ]
     try:
         httpx.post(url + "/v1/chat/completions", json={"messages": msgs, "tools": TOOLS, "max_tokens": 2}, timeout=120).raise_for_status()
     finally:
         stop(proc)
-    r = subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{out}/capture.jsonl@1", f"{out}/capture.jsonl@1", "--json"], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{out}/capture.jsonl@1", f"{out}/capture.jsonl@1", "--json"], capture_output=True, text=True)
+
+
+def test_server_renders_differently_is_reported(server, tmp_path):
+    """llama-server treats a trailing assistant message as a prefill to continue; transformers
+    closes it and adds a generation prompt. The recorded server IDs are the truth and the
+    difference is reported where it starts."""
+    r = record_and_diff(server, tmp_path / "s", READ_CALL + [{"role": "assistant", "content": "It prints"}])
     assert r.returncode == 0, r.stderr
     mm = json.loads(r.stdout)["a"]["render_mismatch"]
     assert mm is not None and "local render differs" in r.stderr
@@ -192,18 +197,7 @@ def test_server_renders_differently_is_reported(server, tmp_path):
 def test_tool_call_arguments_parsed_as_the_server_does(server, tmp_path):
     """With arguments parsed like llama-server parses them, the local render matches the
     server's tokens, so sections name request fields even with tool calls in history."""
-    out = tmp_path / "s"
-    proc, url = start_proxy(server.url, out)
-    msgs = [
-        {"role": "user", "content": "Read main.py"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"main.py"}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "print(1)"},
-    ]
-    try:
-        httpx.post(url + "/v1/chat/completions", json={"messages": msgs, "tools": TOOLS, "max_tokens": 2}, timeout=120).raise_for_status()
-    finally:
-        stop(proc)
-    r = subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{out}/capture.jsonl@1", f"{out}/capture.jsonl@1", "--json"], capture_output=True, text=True)
+    r = record_and_diff(server, tmp_path / "s", READ_CALL)
     doc = json.loads(r.stdout)
     assert doc["a"]["render_mismatch"] is None and doc["a"]["sections_from"] == "request fields"
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,23 +86,20 @@ class CaptureWriter:
 
 
 def _last_seq(path: Path) -> int:
+    """The highest seq in an existing file (records and patches both carry one)."""
     try:
-        records, _ = read_capture(path)
-    except InputError:
+        raw = path.read_bytes()
+    except OSError:
         return 0
-    # patches have their own seq numbers: count every line
-    try:
-        lines = [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
-    except (OSError, orjson.JSONDecodeError):
-        lines = []
-    return max([int(r.get("seq", 0)) for r in records] + [int(x.get("seq", 0)) for x in lines if isinstance(x, dict)], default=0)
-
-
-@dataclass
-class Capture:
-    path: str
-    records: list[dict[str, Any]]
-    warnings: list[str] = field(default_factory=list)
+    last = 0
+    for line in raw.splitlines():
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue  # a torn line: the reader reports it
+        if isinstance(rec, dict) and isinstance(rec.get("seq"), int):
+            last = max(last, rec["seq"])
+    return last
 
 
 def read_capture(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[str]]:

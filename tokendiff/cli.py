@@ -17,7 +17,6 @@ from tokendiff import __version__
 from tokendiff.errors import InputError
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
-DEMO_DIR = Path(__file__).resolve().parent.parent / "captures" / "demo"
 
 
 class _Parser(argparse.ArgumentParser):

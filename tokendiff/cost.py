@@ -168,8 +168,9 @@ def analyse(prompts: list[Prompt], max_hunks: int = 64) -> Session:
         cached_len = len(a)
         t.reuse = {be: backend_reuse(be, d.lcp, n, cached_len) for be in BACKENDS}
         t.recompute = n - t.reuse["llama.cpp"]
-        best = max(reversed(range(k)), key=lambda j: common_prefix(prompts[j].ids, b.ids))
-        t.best_earlier, t.best_lcp = best + 1, common_prefix(prompts[best].ids, b.ids)
+        lcps = [common_prefix(prompts[j].ids, b.ids) for j in range(k)]
+        best = max(reversed(range(k)), key=lcps.__getitem__)
+        t.best_earlier, t.best_lcp = best + 1, lcps[best]
         t.findings = explain(a, b, d, max_hunks=max_hunks)
         t.wasted, ceiling = 0, reusable_ceiling(a, d, t.findings, n)
         t.new_tokens = max(0, n - ceiling)

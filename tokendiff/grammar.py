@@ -23,9 +23,6 @@ import numpy as np
 
 from tokendiff.model import Prompt, Section
 
-FAMILIES = ("chatml", "llama3", "mistral", "gemma", "harmony", "deepseek", "none")
-
-
 @dataclass
 class _Turn:
     role: str

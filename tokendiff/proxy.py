@@ -184,7 +184,7 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
         if rec is not None:
             rec["response"] = {"status": None, "error": "client disconnected before sending the whole request"}
             rec["client_disconnected"] = True
-            _finish(state, rec, fetch_tokens=False)
+            _write(state, rec)
         return
     assert state.client
     t0 = time.perf_counter()
@@ -205,7 +205,7 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
             rec["response"] = {"status": 502, "error": msg}
             rec["upstream_error"] = msg
             rec["total_ms"] = (time.perf_counter() - t0) * 1000
-            _finish(state, rec, fetch_tokens=False)
+            _write(state, rec)
         return
     headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.multi_items() if k.lower().encode() not in HOP_BY_HOP]
     if "content-length" in resp.headers and "content-encoding" not in resp.headers:
@@ -249,8 +249,9 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
         except Exception:  # noqa: BLE001 - the client may be gone too
             pass
     except (OSError, RuntimeError, asyncio.CancelledError) as e:  # the client went away
-        client_gone = True
-        error = f"client disconnected mid-response: {type(e).__name__}"
+        if not written:  # after the record, only the end-of-body marker was lost: the client had it all
+            client_gone = True
+            error = f"client disconnected mid-response: {type(e).__name__}"
         if isinstance(e, asyncio.CancelledError):
             await resp.aclose()
             if rec is not None and not written:
@@ -307,10 +308,6 @@ def _complete(rec, resp, kept, ttft, t0, error, client_gone, digest=None, sent=0
     rec["total_ms"] = (time.perf_counter() - t0) * 1000
     if client_gone:
         rec["client_disconnected"] = True
-
-
-def _finish(state: ProxyState, rec: dict[str, Any], fetch_tokens: bool = False) -> None:
-    _write(state, rec)
 
 
 def _write(state: ProxyState, rec: dict[str, Any]) -> None:

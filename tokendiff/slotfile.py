@@ -47,10 +47,6 @@ class SlotFile:
     mtime: float = 0.0
     warnings: list[str] = field(default_factory=list)
 
-    @property
-    def n_tokens(self) -> int:
-        return int(self.tokens.shape[0])
-
 
 def _magic_error(path: str, magic: int, head: bytes) -> InputError:
     if head[:4] == b"GGUF":

@@ -15,7 +15,6 @@ class Excerpt:
     before: str
     diverged: str
     after: str
-    truncated: bool = False
 
 
 def _text(b: bytes) -> str:
@@ -30,16 +29,12 @@ def excerpt(p: Prompt, start: int, end: int, context: int) -> Excerpt:
     start, end = max(0, min(start, n)), max(0, min(end, n))
     c0 = max(0, start - context)
     c1 = min(n, end + context)
-    mid = p.data[p.byte_offset(start) : p.byte_offset(end)]
-    truncated = len(mid) > MAX_SPAN_CHARS * 2
-    mid_text = _text(mid)
+    mid_text = _text(p.data[p.byte_offset(start) : p.byte_offset(end)])
     if len(mid_text) > MAX_SPAN_CHARS:
         half = MAX_SPAN_CHARS // 2
         mid_text = mid_text[:half] + f" …[{len(mid_text) - 2 * half} chars]… " + mid_text[-half:]
-        truncated = True
     return Excerpt(
         before=_text(p.data[p.byte_offset(c0) : p.byte_offset(start)]),
         diverged=mid_text,
         after=_text(p.data[p.byte_offset(end) : p.byte_offset(c1)]),
-        truncated=truncated,
     )

@@ -23,7 +23,6 @@ from textual.strip import Strip
 
 # token kinds
 SHARED, SAME, ADDED, REMOVED = 0, 1, 2, 3
-_SHOW = str.maketrans({"\n": "↵", "\r": "␍", "\t": "⇥"})
 
 
 @dataclass
@@ -46,9 +45,6 @@ def _widths(texts: list[str]) -> list[int]:
     return [len(t) if t.isascii() else cell_len(t) for t in texts]
 
 
-def display_text(raw: bytes) -> tuple[str, bool]:
-    text = raw.decode("utf-8", errors="replace")
-    return text.translate(_SHOW) or "∅", "\n" in text
 
 
 class TokenView(ScrollView, can_focus=True):
