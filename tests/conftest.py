@@ -135,6 +135,32 @@ def token_at(p: Prompt, needle: str | bytes, occurrence: int = 0) -> int:
     return p.token_at_byte(pos)
 
 
+def spell(path) -> str:
+    """A SectionPath spelled compactly and exactly, for asserting structure: `message[3] user`
+    from template markers, `messages[3] user` and `tools[1] get_time` where the request field
+    is known, a leaf field by its field path."""
+    out = []
+    for p in path:
+        name = f" {p.name}" if p.name else ""
+        if p.kind == "message":
+            out.append(f"{'messages' if p.field else 'message'}[{p.index}]{name}")
+        elif p.kind == "tool":
+            out.append(f"{'tools' if p.field else 'tool'}[{p.index}]{name}")
+        elif p.kind == "tool_call":
+            out.append((p.field or f"tool_call[{p.index}]") + name)
+        elif p.kind == "tool_response":
+            out.append(f"tool_response[{p.index}]")
+        elif p.kind == "boilerplate":
+            out.append(f"{p.name} (template)")
+        else:
+            out.append(p.field if p.field and p.kind != "tools" else p.kind)
+    return " › ".join(out)
+
+
+def owner_spelled(p: Prompt, token: int) -> str:
+    return spell(p.owner(token))
+
+
 # ---------------------------------------------------------------- llama-server
 
 

@@ -8,13 +8,15 @@ tokenizers do) and words as tokens, which is all the grammar looks at.
 from __future__ import annotations
 
 import pytest
-from conftest import CONVERSATION, TOOLS, prompt_from_ids, prompt_from_text, qwen_encode, render, token_at, with_ids
+from conftest import (
+    CONVERSATION, TOOLS, owner_spelled, prompt_from_ids, prompt_from_text, qwen_encode, render, spell, token_at, with_ids,
+)
 
 from tokendiff.grammar import detect_family
 
 
 def labels(p) -> list[str]:
-    return [s.label for s in p.sections]
+    return [spell(s.path) for s in p.sections]
 
 
 def test_qwen3_sections_with_real_tokens(vocab):
@@ -22,11 +24,11 @@ def test_qwen3_sections_with_real_tokens(vocab):
     p = prompt_from_ids(qwen_encode(text), vocab)
     assert p.meta["template_family"] == "chatml"
     assert labels(p) == [
-        "system",
-        "system › tools",
-        "system › tools › tool[0] get_weather",
-        "system › tools › tool[1] get_time",
-        "system › tools › tool[2] web_extract",
+        "message[0] system",
+        "message[0] system › tools",
+        "message[0] system › tools › tool[0] get_weather",
+        "message[0] system › tools › tool[1] get_time",
+        "message[0] system › tools › tool[2] web_extract",
         "message[1] user",
         "message[2] assistant",
         "message[2] assistant › tool_call[0] get_weather",
@@ -36,13 +38,20 @@ def test_qwen3_sections_with_real_tokens(vocab):
         "message[5] user",
         "generation_prompt",
     ]
-    assert p.owner_label(token_at(p, '"name": "get_time"')) == "system › tools › tool[1] get_time"
-    assert p.owner_label(token_at(p, "terse")) == "system"
+    assert owner_spelled(p, token_at(p, '"name": "get_time"')) == "message[0] system › tools › tool[1] get_time"
+    assert owner_spelled(p, token_at(p, "terse")) == "message[0] system"
     # the prose mention `<tools></tools>` is not the tools block
-    assert p.owner_label(token_at(p, "<tools></tools>")) == "system"
-    assert p.owner_label(token_at(p, '"temp"')) == "message[3] user › tool_response[0]"
-    assert p.owner_label(len(p) - 1) == "generation_prompt"
-    tools = next(s for s in p.sections if s.label == "system › tools")
+    assert owner_spelled(p, token_at(p, "<tools></tools>")) == "message[0] system"
+    assert owner_spelled(p, token_at(p, '"temp"')) == "message[3] user › tool_response[0]"
+    assert owner_spelled(p, len(p) - 1) == "generation_prompt"
+    # what people read: the label; what machines match: kinds and fields
+    assert p.owner_label(token_at(p, '"name": "get_time"')) == "tools › get_time"
+    assert p.owner_label(token_at(p, "terse")) == "system prompt"
+    assert p.owner_label(token_at(p, '"temp"')) == "message 3 (user) › tool response 0"
+    assert p.owner_label(len(p) - 1) == "generation prompt"
+    tool = p.owner(token_at(p, '"name": "get_time"'))
+    assert tool.kinds == ("message", "tools", "tool") and tool.tool_name == "get_time" and tool.field_path is None
+    tools = next(s for s in p.sections if spell(s.path) == "message[0] system › tools")
     assert p.data[tools.byte_start : tools.byte_start + 8] == b"<tools>\n"
     assert p.data[tools.byte_end - 8 : tools.byte_end] == b"</tools>"
 
@@ -52,13 +61,13 @@ def test_qwen3_reasoning_in_latest_turn_and_generated_tail(vocab):
     text = render("Qwen-Qwen3-0.6B.jinja", msgs, TOOLS, add_generation_prompt=False)
     p = prompt_from_ids(qwen_encode(text), vocab)
     assert "message[2] assistant › reasoning" in labels(p)
-    assert p.owner_label(token_at(p, "call the tool")) == "message[2] assistant › reasoning"
+    assert owner_spelled(p, token_at(p, "call the tool")) == "message[2] assistant › reasoning"
     # A slot dump: the generation prompt followed by what the model generated, no <|im_end|>.
     text = render("Qwen-Qwen3-0.6B.jinja", CONVERSATION[:2], TOOLS) + "<think>\nhmm\n</think>\n\nIt is"
     p = prompt_from_ids(qwen_encode(text), vocab)
-    assert p.owner_label(token_at(p, "hmm")) == "generation_prompt › generated › reasoning"
-    assert p.owner_label(token_at(p, "It is")) == "generation_prompt › generated"
-    assert p.owner_label(token_at(p, "<|im_start|>assistant")) == "generation_prompt"
+    assert owner_spelled(p, token_at(p, "hmm")) == "generation_prompt › generated › reasoning"
+    assert owner_spelled(p, token_at(p, "It is")) == "generation_prompt › generated"
+    assert owner_spelled(p, token_at(p, "<|im_start|>assistant")) == "generation_prompt"
 
 
 def test_llama31_tools_in_first_user_message_and_date():
@@ -68,16 +77,16 @@ def test_llama31_tools_in_first_user_message_and_date():
     assert detect_family(p) == "llama3"
     assert labels(p)[:8] == [
         "bos",
-        "system",
-        "system › date",
+        "message[0] system",
+        "message[0] system › date",
         "message[1] user",
         "message[1] user › tools",
         "message[1] user › tools › tool[0] get_weather",
         "message[1] user › tools › tool[1] get_time",
         "message[1] user › tools › tool[2] web_extract",
     ]
-    assert p.owner_label(token_at(p, "26 Jul 2024")) == "system › date"
-    assert p.owner_label(token_at(p, "ipython<|end_header_id|>")) == "message[3] ipython"
+    assert owner_spelled(p, token_at(p, "26 Jul 2024")) == "message[0] system › date"
+    assert owner_spelled(p, token_at(p, "ipython<|end_header_id|>")) == "message[3] ipython"
     assert labels(p)[-1] == "generation_prompt"
 
 
@@ -85,9 +94,9 @@ def test_hermes3_tools_in_their_own_system_turn():
     text = render("NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", CONVERSATION, TOOLS, bos_token="<|begin_of_text|>")
     p = prompt_from_text(text, ["<|begin_of_text|>", "<|im_start|>", "<|im_end|>"])
     got = labels(p)
-    assert got[:2] == ["bos", "system"]
-    assert "system › tools › tool[2] web_extract" in got
-    assert p.owner_label(token_at(p, "terse")) == "message[1] system"
+    assert got[:2] == ["bos", "message[0] system"]
+    assert "message[0] system › tools › tool[2] web_extract" in got
+    assert owner_spelled(p, token_at(p, "terse")) == "message[1] system"
     assert "message[4] tool › tool_response[0]" in got
 
 
@@ -120,7 +129,7 @@ def test_gpt_oss_harmony_channels_and_namespace_tools():
     got = labels(p)
     assert "message[1] developer › tools › tool[1] get_time" in got
     assert "message[3] assistant commentary to=functions.get_weather › tool_call[0] get_weather" in got
-    assert p.owner_label(token_at(p, "Current date")) == "system"
+    assert owner_spelled(p, token_at(p, "Current date")) == "message[0] system"
     assert got[-1] == "generation_prompt"
 
 
@@ -135,7 +144,7 @@ def test_deepseek_v31_tool_calls_and_outputs():
     assert detect_family(p) == "deepseek"
     assert labels(p)[:8] == [
         "bos",
-        "system",
+        "message[0] system",
         "message[1] user",
         "message[2] assistant",
         "message[2] assistant › reasoning",

@@ -6,11 +6,12 @@ the template emits (turn markers) and from the text conventions inside turns
 byte space over `Prompt.data` and mapped to token ranges at the end, so it
 works whether a marker is one special token or several text tokens.
 
-Naming: the first turn, when it is a system turn, is `system`; every other
-turn is `message[i] role`, i counting rendered turns from 0 (for most
-templates that is the index into the request's `messages`). The open
-assistant turn at the end is `generation_prompt`; tokens the model generated
-after it (slot dumps keep them) are `generated` inside it.
+Paths use the vocabulary of `model.KINDS`, as the request renderer does:
+every turn is a `message` part with its index (counting rendered turns from
+0: for most templates the index into the request's `messages`) and role, so
+a first system turn is the system prompt. The open assistant turn at the end
+is `generation_prompt`; tokens the model generated after it (slot dumps keep
+them) are `generated` inside it. No field paths: a slot file has no request.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from tokendiff.model import Prompt, Section
+from tokendiff.model import Part, Prompt, Section, SectionPath
 
 @dataclass
 class _Turn:
@@ -35,7 +36,7 @@ class _Turn:
 
 @dataclass
 class _Span:
-    path: tuple[str, ...]
+    path: SectionPath
     start: int  # byte offsets, half-open
     end: int
 
@@ -375,76 +376,81 @@ def _tools_block(data: bytes, start: int, end: int) -> tuple[int, int, list[tupl
     return None
 
 
-def _inner_spans(data: bytes, turn: _Turn, base: tuple[str, ...], family: str) -> list[_Span]:
-    spans: list[_Span] = []
+def _tool_spans(data: bytes, objs: list[tuple[int, int]], base: SectionPath) -> list[_Span]:
+    return [_Span(base + (Part("tool", j, _name_in(data, a, b)),), a, b) for j, (a, b) in enumerate(objs)]
+
+
+def _tools_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> list[_Span]:
+    """The tools block of a turn and one span per tool in it."""
     cs, ce = turn.content_start, turn.content_end
+    tools = base + (Part("tools"),)
+    if turn.role == "tools":  # Mistral's [AVAILABLE_TOOLS]: the turn is the block, a JSON list of tools
+        return _tool_spans(data, _json_objects(data, cs, ce), base)
     tb = _tools_block(data, cs, ce)
-    if turn.role == "tools":  # Mistral's [AVAILABLE_TOOLS]: a JSON list of tools
-        for j, (a, b) in enumerate(_json_objects(data, cs, ce)):
-            name = _name_in(data, a, b)
-            spans.append(_Span(base + (f"tool[{j}]" + (f" {name}" if name else ""),), a, b))
-    elif tb:
+    if tb:
         s, e, objs = tb
-        spans.append(_Span(base + ("tools",), s, e))
-        for j, (a, b) in enumerate(objs):
-            name = _name_in(data, a, b)
-            spans.append(_Span(base + ("tools", f"tool[{j}]" + (f" {name}" if name else "")), a, b))
-    elif family == "llama3" and b'"type": "function"' in data[cs:ce]:
+        return [_Span(tools, s, e)] + _tool_spans(data, objs, tools)
+    if family == "llama3" and b'"type": "function"' in data[cs:ce]:
         objs = [o for o in _json_objects(data, cs, ce) if b'"type": "function"' in data[o[0] : min(o[1], o[0] + 400)]]
         if objs:
-            spans.append(_Span(base + ("tools",), objs[0][0], objs[-1][1]))
-            for j, (a, b) in enumerate(objs):
-                name = _name_in(data, a, b)
-                spans.append(_Span(base + ("tools", f"tool[{j}]" + (f" {name}" if name else "")), a, b))
-    elif family == "harmony" and b"namespace functions" in data[cs:ce]:
+            return [_Span(tools, objs[0][0], objs[-1][1])] + _tool_spans(data, objs, tools)
+    if family == "harmony" and b"namespace functions" in data[cs:ce]:
         ns = data.find(b"namespace functions", cs, ce)
         nend = data.find(b"} // namespace functions", ns, ce)
         nend = ce if nend < 0 else nend + len(b"} // namespace functions")
-        spans.append(_Span(base + ("tools",), ns, nend))
         decls = [m.start() + ns for m in re.finditer(rb"(?m)^(?://[^\n]*\n)*type \w+ = ", data[ns:nend])]
-        for j, a in enumerate(decls):
-            b = decls[j + 1] if j + 1 < len(decls) else nend
-            name = _name_in(data, a, b)
-            spans.append(_Span(base + ("tools", f"tool[{j}]" + (f" {name}" if name else "")), a, b))
-    if family == "llama3":
-        m = re.search(rb"Today Date: [^\n]*", data[cs:ce])
-        if m:
-            spans.append(_Span(base + ("date",), cs + m.start(), cs + m.end()))
-    role = turn.role
+        objs = [(a, decls[j + 1] if j + 1 < len(decls) else nend) for j, a in enumerate(decls)]
+        return [_Span(tools, ns, nend)] + _tool_spans(data, objs, tools)
+    return []
+
+
+def _assistant_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> list[_Span]:
+    """Reasoning and tool calls inside an assistant turn."""
+    cs, ce, role = turn.content_start, turn.content_end, turn.role
     if family == "harmony" and role.startswith("assistant "):
         # the channel and recipient live in the header: the whole content is the span
         recipient = re.search(r"to=functions\.([\w.\-]+)", role)
         if " analysis" in role:
-            spans.append(_Span(base + ("reasoning",), cs, ce))
-        elif recipient:
-            spans.append(_Span(base + (f"tool_call[0] {recipient.group(1)}",), cs, ce))
-    elif role.startswith("assistant") or role == "model":
-        for a, b in _pairs(data, cs, ce, b"<think>", b"</think>"):
-            spans.append(_Span(base + ("reasoning",), a, b))
-        calls = _pairs(data, cs, ce, b"<tool_call>", b"</tool_call>")
-        calls += _pairs(data, cs, ce, "<｜tool▁call▁begin｜>".encode(), "<｜tool▁call▁end｜>".encode())
-        if family == "mistral" and data[turn.start : turn.start + 12] == b"[TOOL_CALLS]":
-            calls += _json_objects(data, cs, ce)
-        for j, (a, b) in enumerate(sorted(calls)):
-            name = _name_in(data, a, b)
-            spans.append(_Span(base + (f"tool_call[{j}]" + (f" {name}" if name else ""),), a, b))
-    elif role in ("user", "tool", "ipython"):
+            return [_Span(base + (Part("reasoning"),), cs, ce)]
+        if recipient:
+            return [_Span(base + (Part("tool_call", 0, recipient.group(1)),), cs, ce)]
+        return []
+    spans = [_Span(base + (Part("reasoning"),), a, b) for a, b in _pairs(data, cs, ce, b"<think>", b"</think>")]
+    calls = _pairs(data, cs, ce, b"<tool_call>", b"</tool_call>")
+    calls += _pairs(data, cs, ce, "<｜tool▁call▁begin｜>".encode(), "<｜tool▁call▁end｜>".encode())
+    if family == "mistral" and data[turn.start : turn.start + 12] == b"[TOOL_CALLS]":
+        calls += _json_objects(data, cs, ce)
+    for j, (a, b) in enumerate(sorted(calls)):
+        spans.append(_Span(base + (Part("tool_call", j, _name_in(data, a, b)),), a, b))
+    return spans
+
+
+def _inner_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> list[_Span]:
+    spans = _tools_spans(data, turn, base, family)
+    cs, ce = turn.content_start, turn.content_end
+    if family == "llama3":
+        m = re.search(rb"Today Date: [^\n]*", data[cs:ce])
+        if m:
+            spans.append(_Span(base + (Part("date"),), cs + m.start(), cs + m.end()))
+    if turn.role.startswith("assistant") or turn.role == "model":
+        spans += _assistant_spans(data, turn, base, family)
+    elif turn.role in ("user", "tool", "ipython"):
         results = _pairs(data, cs, ce, b"<tool_response>", b"</tool_response>")
         results += _pairs(data, cs, ce, "<｜tool▁output▁begin｜>".encode(), "<｜tool▁output▁end｜>".encode())
         for j, (a, b) in enumerate(sorted(results)):
-            spans.append(_Span(base + (f"tool_response[{j}]",), a, b))
+            spans.append(_Span(base + (Part("tool_response", j),), a, b))
     return spans
 
 
 # ---------------------------------------------------------------- assembling
 
 
-def _turn_name(turn: _Turn, index: int, last: bool) -> str:
-    if (index == 0 and turn.role == "system") or turn.role == "tools":
-        return turn.role
+def _turn_part(turn: _Turn, index: int, last: bool) -> Part:
+    if turn.role == "tools":
+        return Part("tools")
     if last and not turn.closed and turn.role.startswith("assistant"):
-        return "generation_prompt"
-    return f"message[{index}] {turn.role}"
+        return Part("generation_prompt")
+    return Part("message", index, turn.role)
 
 
 def sections_for(prompt: Prompt, family: str | None = None) -> tuple[str, list[Section]]:
@@ -456,20 +462,21 @@ def sections_for(prompt: Prompt, family: str | None = None) -> tuple[str, list[S
     turns = _SPLITTERS[fam](prompt)
     spans: list[_Span] = []
     if turns and turns[0].start > 0:
-        spans.append(_Span(("bos",), 0, turns[0].start))
+        spans.append(_Span(SectionPath.of(Part("bos")), 0, turns[0].start))
     index = 0
     for i, t in enumerate(turns):
         last = i == len(turns) - 1
-        name = _turn_name(t, index, last)
+        path = SectionPath.of(_turn_part(t, index, last))
         if t.role != "tools":  # Mistral's tools block is no message
             index += 1
-        spans.append(_Span((name,), t.start, t.end))
-        if name == "generation_prompt":
+        spans.append(_Span(path, t.start, t.end))
+        if path[0].kind == "generation_prompt":
             if t.content_start < t.end:
-                spans.append(_Span((name, "generated"), t.content_start, t.end))
-                spans.extend(_inner_spans(data, t, (name, "generated"), fam))
+                generated = path + (Part("generated"),)
+                spans.append(_Span(generated, t.content_start, t.end))
+                spans.extend(_inner_spans(data, t, generated, fam))
             continue
-        spans.extend(_inner_spans(data, t, (name,), fam))
+        spans.extend(_inner_spans(data, t, path, fam))
     return fam, _to_sections(prompt, spans)
 
 

@@ -9,23 +9,200 @@ offset into `Prompt.data`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator, overload
 
 import numpy as np
 
 SEP = " › "
+
+# The kinds of a section path's parts. Every stage (the template grammar, the request renderer,
+# the detectors, the cost model) speaks this vocabulary, so none of them parses display strings.
+KINDS = {
+    "bos": "tokens before the first turn (BOS)",
+    "message": "one turn: index into the request's messages (or the rendered turn), name = role",
+    "boilerplate": "a turn the template wrote with no request field in it (name = role)",
+    "tools": "the tools block",
+    "tool": "one tool definition: index into the request's tools, name = the tool's name",
+    "tool_call": "one tool call of an assistant message: index, name = the function",
+    "tool_response": "one tool result inside a turn: index",
+    "reasoning": "reasoning (<think>, an analysis channel, reasoning_content)",
+    "date": "a date the template injects (Llama 3's `Today Date:`)",
+    "field": "a request string field; name = its short name (content, arguments, description ...)",
+    "generation_prompt": "the open assistant turn at the end",
+    "generated": "what the model generated after the generation prompt (slot files keep it)",
+    "end": "past the end of the prompt",
+}
+
+_FIXED_LABELS = {
+    "bos": "BOS",
+    "tools": "tools",
+    "reasoning": "reasoning",
+    "date": "date",
+    "generation_prompt": "generation prompt",
+    "generated": "generated",
+    "end": "end of prompt",
+}
+_SILENT_FIELDS = {"content"}  # a message's content is the message: no label of its own
+
+
+@dataclass(frozen=True)
+class Part:
+    """One level of a section path.
+
+    `field` is the exact request field path this part stands for
+    (`messages[3]`, `tools[6]`, `messages[3].tool_calls[0].function.arguments`),
+    None where the structure comes from template markers alone.
+    """
+
+    kind: str  # one of KINDS
+    index: int | None = None
+    name: str | None = None  # role, tool or function name, or a field's short name
+    field: str | None = None
+
+    @property
+    def label(self) -> str:
+        """How a person names this part on its own."""
+        k, i, n = self.kind, self.index, self.name
+        if k in _FIXED_LABELS:
+            return _FIXED_LABELS[k]
+        if k == "message":
+            if n == "system" and i == 0:
+                return "system prompt"
+            if i is None:
+                return f"{n or 'all'} messages"
+            return f"message {i}" + (f" ({n})" if n else "")
+        if k == "boilerplate":
+            return ("system prompt" if n == "system" else (n or "turn")) + " (template)"
+        if k == "tool":
+            return n or f"tool {i}"
+        if k == "tool_call":
+            return "tool call " + (n or (str(i) if i is not None else ""))
+        if k == "tool_response":
+            return "tool response" + (f" {i}" if i is not None else "")
+        return n or k
+
+    def generalised(self) -> Part:
+        """The same place in any turn: message indices and field paths dropped (the system prompt kept)."""
+        if self.kind == "message" and self.name == "system" and self.index == 0:
+            return Part("message", 0, "system")
+        return Part(self.kind, None, self.name)
+
+
+@dataclass(frozen=True)
+class SectionPath:
+    """Where a token sits, outermost part first: a small hashable value.
+
+    `label` is for people (`tools › git_diff (name)`, `message 3 (assistant) ›
+    reasoning`); `field_path` is the exact request field for machines
+    (`tools[6].function.name`). Slicing gives a SectionPath.
+    """
+
+    parts: tuple[Part, ...] = ()
+
+    @classmethod
+    def of(cls, *parts: Part) -> SectionPath:
+        return cls(tuple(parts))
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def __iter__(self) -> Iterator[Part]:
+        return iter(self.parts)
+
+    def __bool__(self) -> bool:
+        return bool(self.parts)
+
+    @overload
+    def __getitem__(self, i: int) -> Part: ...
+    @overload
+    def __getitem__(self, i: slice) -> SectionPath: ...
+    def __getitem__(self, i: int | slice) -> Part | SectionPath:
+        return SectionPath(self.parts[i]) if isinstance(i, slice) else self.parts[i]
+
+    def __add__(self, other: SectionPath | tuple[Part, ...]) -> SectionPath:
+        more = other.parts if isinstance(other, SectionPath) else tuple(other)
+        return SectionPath(self.parts + more)
+
+    def __str__(self) -> str:
+        return self.label
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(p.kind for p in self.parts)
+
+    def has(self, *kinds: str) -> bool:
+        return any(p.kind in kinds for p in self.parts)
+
+    def find(self, *kinds: str) -> Part | None:
+        """The innermost part of one of `kinds`."""
+        return next((p for p in reversed(self.parts) if p.kind in kinds), None)
+
+    @property
+    def top(self) -> Part | None:
+        return self.parts[0] if self.parts else None
+
+    @property
+    def field_path(self) -> str | None:
+        """The innermost exact request field (None for template markers and boilerplate)."""
+        return next((p.field for p in reversed(self.parts) if p.field), None)
+
+    @property
+    def role(self) -> str | None:
+        """The role of the turn holding this place (None outside turns)."""
+        turn = self.find("message", "boilerplate")
+        return turn.name if turn else None
+
+    @property
+    def message_index(self) -> int | None:
+        turn = self.find("message")
+        return turn.index if turn else None
+
+    @property
+    def tool_name(self) -> str | None:
+        tool = self.find("tool")
+        return (tool.name or f"#{tool.index}") if tool else None
+
+    @property
+    def label(self) -> str:
+        """How a person says it: tools are named from the tools block down, a message's
+        content is the message, a tool's or call's field is said in brackets."""
+        parts = self.parts
+        tools_at = max((k for k, p in enumerate(parts) if p.kind == "tools"), default=0)
+        out: list[str] = []
+        for k, p in enumerate(parts[tools_at:], tools_at):
+            if p.kind == "field" and (p.name or "").split("[")[0] in _SILENT_FIELDS and out:
+                continue
+            if p.kind == "field" and k > 0 and parts[k - 1].kind in ("tool", "tool_call") and out:
+                out[-1] += f" ({p.label})"
+            else:
+                out.append(p.label)
+        return SEP.join(out)
+
+    def generalised(self, depth: int = 3) -> SectionPath:
+        """The same place in every turn and for every tool or call (the block or message around
+        one tool or call), at most `depth` parts: how the cost model groups causes."""
+        out: list[Part] = []
+        for p in self.parts:
+            if p.kind in ("tool", "tool_call"):
+                break
+            out.append(p.generalised())
+        return SectionPath(tuple(out[:depth]))
+
+
+NO_SECTION = SectionPath()
+END_OF_PROMPT = SectionPath.of(Part("end"))
 
 
 @dataclass(frozen=True)
 class Section:
     """A named half-open token range (and its byte range) of a prompt.
 
-    `path` holds the names from the outermost section down to this one, e.g.
-    ("system", "tools", "tool[7] web_extract"); sections nest, and the owner
-    of a token is the innermost section containing it.
+    `path` runs from the outermost section down to this one (system prompt ›
+    tools › web_extract); sections nest, and the owner of a token is the
+    innermost section containing it.
     """
 
-    path: tuple[str, ...]
+    path: SectionPath
     start: int
     end: int
     byte_start: int
@@ -33,11 +210,12 @@ class Section:
 
     @property
     def name(self) -> str:
-        return self.path[-1]
+        """This section's own label (its last part)."""
+        return self.path[-1].label
 
     @property
     def label(self) -> str:
-        return SEP.join(self.path)
+        return self.path.label
 
 
 @dataclass(eq=False)
@@ -68,19 +246,19 @@ class Prompt:
             return len(self)
         return int(np.searchsorted(self.offsets, offset, side="right")) - 1
 
-    def owner(self, token: int) -> tuple[str, ...]:
-        """Path of the innermost section holding `token` (() when none)."""
+    def owner(self, token: int) -> SectionPath:
+        """Path of the innermost section holding `token` (empty when none)."""
         best: Section | None = None
         for s in self.sections:
             if s.start <= token < s.end and (best is None or len(s.path) > len(best.path)):
                 best = s
         if best is None and token >= len(self) and self.sections:
-            return ("end of prompt",)
-        return best.path if best else ()
+            return END_OF_PROMPT
+        return best.path if best else NO_SECTION
 
     def owner_label(self, token: int) -> str:
         path = self.owner(token)
-        return SEP.join(path) if path else "(no section)"
+        return path.label if path else "(no section)"
 
 
 @dataclass(frozen=True)
@@ -95,8 +273,8 @@ class Hunk:
     a_byte_end: int
     b_byte_start: int
     b_byte_end: int
-    a_owner: tuple[str, ...]
-    b_owner: tuple[str, ...]
+    a_owner: SectionPath
+    b_owner: SectionPath
 
     @property
     def kind(self) -> str:

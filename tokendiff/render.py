@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tokendiff.errors import InputError
+from tokendiff.model import Part, SectionPath
 
 SENT_START = 0xE000  # sentinel k opens with chr(SENT_START + k) ...
 SENT_END = 0xF000  # ... and closes with chr(SENT_END + k)
@@ -39,7 +40,7 @@ _SENTINELS = re.compile("[\ue000-\uf8ff]")
 
 @dataclass
 class Span:
-    path: tuple[str, ...]  # e.g. ("messages[3] assistant", "messages[3].tool_calls[0] get_weather", "messages[3].tool_calls[0].function.arguments")
+    path: SectionPath  # e.g. message 3 (assistant) › tool call get_weather (arguments)
     start: int  # character offsets into Rendered.text, half-open
     end: int
 
@@ -54,7 +55,7 @@ class Rendered:
 
 @dataclass
 class _Leaf:
-    path: tuple[str, ...]  # container path (message/tool call/tool) + field name
+    path: SectionPath  # container path (message/tool call/tool) + the field
     get: Callable[[dict], Any]
     set: Callable[[dict, Any], None]
 
@@ -105,7 +106,7 @@ class Renderer:
         r.spans += self._message_spans(r.spans)
         no_gen = self.render(body, add_generation_prompt=False)
         if text.startswith(no_gen) and len(no_gen) < len(text):
-            r.spans.append(Span(("generation_prompt",), len(no_gen), len(text)))
+            r.spans.append(Span(SectionPath.of(Part("generation_prompt")), len(no_gen), len(text)))
         r.spans.sort(key=lambda s: (s.start, -s.end, len(s.path)))
         return r
 
@@ -127,7 +128,7 @@ class Renderer:
                     if s is not None:
                         spans.append(s)
                     elif _nonempty(leaf.get(body)):
-                        unlocated.append(leaf.path[-1])
+                        unlocated.append(leaf.path[-1].field or "")
         return spans
 
     def _wrapped(self, body: dict, leaves: list[_Leaf], text: str) -> list[Span] | None:
@@ -199,14 +200,14 @@ class Renderer:
             rendered = self._render_quiet(rest)
             s = _removed_span(text, rendered, snap=True)
             if s:
-                spans.append(Span(("tools", _tool_label(j, tool)), *s))
+                spans.append(Span(SectionPath.of(TOOLS, _tool_part(j, tool)), *s))
         for prev, cur in zip(spans, spans[1:]):  # a separator both neighbours could claim goes to the first
             if cur.start < prev.end:
                 cur.start = min(prev.end, cur.end)
         if block is None and spans:  # the template moved more than the tools: their hull
             block = (min(x.start for x in spans), max(x.end for x in spans))
         if block:
-            spans.insert(0, Span(("tools",), *block))
+            spans.insert(0, Span(SectionPath.of(TOOLS), *block))
         return spans
 
     def _render_quiet(self, body: dict) -> str | None:
@@ -218,9 +219,9 @@ class Renderer:
     def _message_spans(self, spans: list[Span]) -> list[Span]:
         """Parent spans: a tool call covers its fields; a tool's fields sit in its span."""
         out = []
-        groups: dict[tuple[str, ...], list[Span]] = {}
+        groups: dict[SectionPath, list[Span]] = {}
         for s in spans:
-            if len(s.path) >= 3 and s.path[0].startswith("messages["):  # message › tool call › field
+            if len(s.path) >= 3 and s.path[0].kind == "message":  # message › tool call › field
                 groups.setdefault(s.path[:2], []).append(s)
         for path, members in groups.items():
             out.append(Span(path, min(m.start for m in members), max(m.end for m in members)))
@@ -246,7 +247,7 @@ _THINK_CLOSE = re.compile(r"^\s*</think>\n*")
 
 def _with_think_tags(text: str, sp: Span) -> Span:
     """A reasoning field owns the <think>...</think> wrapper the template puts around it."""
-    if not sp.path[-1].endswith((".reasoning_content", ".reasoning", ".thinking")):
+    if sp.path[-1].kind != "reasoning":
         return sp
     before = _THINK_OPEN.search(text, max(0, sp.start - 24), sp.start)
     after = _THINK_CLOSE.match(text[sp.end : sp.end + 24])
@@ -333,87 +334,110 @@ def _common_prefix(a: str, b: str) -> int:
     return lo
 
 
-def _tool_label(j: int, tool: Any) -> str:
-    name = None
-    if isinstance(tool, dict):
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
-        name = fn.get("name") if isinstance(fn, dict) else None
-    return f"tools[{j}]" + (f" {name}" if isinstance(name, str) else "")
+TOOLS = Part("tools", field="tools")
+_REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 
 
-def _call_label(i: int, k: int, call: Any) -> str:
-    name = None
-    if isinstance(call, dict):
-        fn = call.get("function") if isinstance(call.get("function"), dict) else call
-        name = fn.get("name")
-    return f"messages[{i}].tool_calls[{k}]" + (f" {name}" if isinstance(name, str) else "")
+def _function_name(item: Any) -> str | None:
+    """The name of a tool or tool call (`{"function": {"name": ...}}` or flat)."""
+    if not isinstance(item, dict):
+        return None
+    fn = item.get("function") if isinstance(item.get("function"), dict) else item
+    name = fn.get("name") if isinstance(fn, dict) else None
+    return name if isinstance(name, str) else None
 
 
-def _msg_label(i: int, m: dict) -> str:
+def _tool_part(j: int, tool: Any) -> Part:
+    return Part("tool", j, _function_name(tool), f"tools[{j}]")
+
+
+def _call_part(i: int, k: int, call: Any) -> Part:
+    return Part("tool_call", k, _function_name(call), f"messages[{i}].tool_calls[{k}]")
+
+
+def _msg_part(i: int, m: dict) -> Part:
     role = m.get("role")
-    return f"messages[{i}] {role}" if isinstance(role, str) else f"messages[{i}]"
+    return Part("message", i, role if isinstance(role, str) else None, f"messages[{i}]")
+
+
+def _field_part(path: str, short: str) -> Part:
+    """A leaf field: reasoning is its own kind (the grammar finds it too), the rest are fields."""
+    return Part("reasoning" if short in _REASONING_FIELDS else "field", name=short, field=path)
+
+
+def _leaf(base: SectionPath, field_path: str, short: str, *keys: Any) -> _Leaf:
+    """The string at body[keys[0]][keys[1]]..., located as `base` › the field."""
+
+    def get(b: dict) -> Any:
+        cur: Any = b
+        for k in keys:
+            try:
+                cur = cur[k]
+            except (KeyError, IndexError, TypeError):
+                return None
+        return cur
+
+    def set_(b: dict, v: Any) -> None:
+        cur: Any = b
+        for k in keys[:-1]:
+            cur = cur[k]
+        cur[keys[-1]] = v
+
+    return _Leaf(base + (_field_part(field_path, short),), get, set_)
+
+
+def _message_leaves(i: int, m: dict) -> list[_Leaf]:
+    base = SectionPath.of(_msg_part(i, m))
+    out: list[_Leaf] = []
+    content = m.get("content")
+    if isinstance(content, str):
+        out.append(_leaf(base, f"messages[{i}].content", "content", "messages", i, "content"))
+    elif isinstance(content, list):
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                path = f"messages[{i}].content[{j}].text"
+                out.append(_leaf(base, path, f"content[{j}]", "messages", i, "content", j, "text"))
+    for fld in (*_REASONING_FIELDS, "tool_call_id", "name"):
+        if isinstance(m.get(fld), str):
+            out.append(_leaf(base, f"messages[{i}].{fld}", fld, "messages", i, fld))
+    for k, call in enumerate(m.get("tool_calls") or []):
+        if isinstance(call, dict):
+            out += _call_leaves(base + (_call_part(i, k, call),), i, k, call)
+    return out
+
+
+def _call_leaves(cbase: SectionPath, i: int, k: int, call: dict) -> list[_Leaf]:
+    out: list[_Leaf] = []
+    at = ("messages", i, "tool_calls", k)
+    pre = f"messages[{i}].tool_calls[{k}]"
+    if isinstance(call.get("id"), str):
+        out.append(_leaf(cbase, f"{pre}.id", "id", *at, "id"))
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        return out
+    if isinstance(fn.get("name"), str):
+        out.append(_leaf(cbase, f"{pre}.function.name", "name", *at, "function", "name"))
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        out.append(_leaf(cbase, f"{pre}.function.arguments", "arguments", *at, "function", "arguments"))
+    elif isinstance(args, dict):  # parsed arguments (as llama-server templates them): each string value
+        for ak, av in args.items():
+            if isinstance(av, str):
+                out.append(_leaf(cbase, f"{pre}.function.arguments", "arguments", *at, "function", "arguments", ak))
+    return out
 
 
 def _leaves(body: dict) -> list[_Leaf]:
     """Every string field whose text a template may show, with a getter and setter."""
     leaves: list[_Leaf] = []
-
-    def key_leaf(path: tuple[str, ...], *keys: Any) -> None:
-        def get(b: dict) -> Any:
-            cur: Any = b
-            for k in keys:
-                try:
-                    cur = cur[k]
-                except (KeyError, IndexError, TypeError):
-                    return None
-            return cur
-
-        def set_(b: dict, v: Any) -> None:
-            cur: Any = b
-            for k in keys[:-1]:
-                cur = cur[k]
-            cur[keys[-1]] = v
-
-        leaves.append(_Leaf(path, get, set_))
-
     for i, m in enumerate(body.get("messages") or []):
-        if not isinstance(m, dict):
-            continue
-        base = (_msg_label(i, m),)
-        content = m.get("content")
-        if isinstance(content, str):
-            key_leaf(base + (f"messages[{i}].content",), "messages", i, "content")
-        elif isinstance(content, list):
-            for j, part in enumerate(content):
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    key_leaf(base + (f"messages[{i}].content[{j}].text",), "messages", i, "content", j, "text")
-        for fld in ("reasoning_content", "reasoning", "thinking", "tool_call_id", "name"):
-            if isinstance(m.get(fld), str):
-                key_leaf(base + (f"messages[{i}].{fld}",), "messages", i, fld)
-        for k, call in enumerate(m.get("tool_calls") or []):
-            if not isinstance(call, dict):
-                continue
-            cbase = base + (_call_label(i, k, call),)
-            if isinstance(call.get("id"), str):
-                key_leaf(cbase + (f"messages[{i}].tool_calls[{k}].id",), "messages", i, "tool_calls", k, "id")
-            fn = call.get("function")
-            if not isinstance(fn, dict):
-                continue
-            if isinstance(fn.get("name"), str):
-                key_leaf(cbase + (f"messages[{i}].tool_calls[{k}].function.name",), "messages", i, "tool_calls", k, "function", "name")
-            args = fn.get("arguments")
-            apath = f"messages[{i}].tool_calls[{k}].function.arguments"
-            if isinstance(args, str):
-                key_leaf(cbase + (apath,), "messages", i, "tool_calls", k, "function", "arguments")
-            elif isinstance(args, dict):
-                for ak, av in args.items():
-                    if isinstance(av, str):
-                        key_leaf(cbase + (apath,), "messages", i, "tool_calls", k, "function", "arguments", ak)
+        if isinstance(m, dict):
+            leaves += _message_leaves(i, m)
     for j, tool in enumerate(body.get("tools") or []):
         if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict):
             continue
-        tbase = ("tools", _tool_label(j, tool))
+        tbase = SectionPath.of(TOOLS, _tool_part(j, tool))
         for fld in ("name", "description"):
             if isinstance(tool["function"].get(fld), str):
-                key_leaf(tbase + (f"tools[{j}].function.{fld}",), "tools", j, "function", fld)
+                leaves.append(_leaf(tbase, f"tools[{j}].function.{fld}", fld, "tools", j, "function", fld))
     return leaves

@@ -3,8 +3,8 @@ request fields rendered inside them.
 
 `grammar` finds turns from the template's markers; `render` finds where each
 request field landed in the text. Here the two meet on a tokenised prompt: a
-turn holding one message's fields becomes that message (`messages[3]
-assistant`), a turn holding several (Qwen folds consecutive tool results into
+turn holding one message's fields becomes that message (message 3, the
+request's `messages[3]`), a turn holding several (Qwen folds consecutive tool results into
 one user turn; Mistral folds the system text into the last [INST]) is split
 between them, and a turn holding none is template boilerplate. Field spans
 nest inside. No I/O.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokendiff.model import Prompt, Section
+from tokendiff.model import Part, Prompt, Section, SectionPath
 from tokendiff.render import Rendered
 
 
@@ -29,45 +29,58 @@ def char_to_byte(text: str, positions: list[int]) -> dict[int, int]:
     return out
 
 
+Piece = tuple[SectionPath, int, int]  # a path and its byte range
+
+
 def field_sections(prompt: Prompt, rendered: Rendered) -> list[Section]:
     """Sections for `prompt`, whose bytes must be `rendered.text` encoded."""
     text = rendered.text
-    spans = rendered.spans
-    b = char_to_byte(text, [p for s in spans for p in (s.start, s.end)])
-    byte_spans = [(s.path, b[s.start], b[s.end]) for s in spans if s.end > s.start]
-    turns = [s for s in prompt.sections if len(s.path) == 1]
-    out: list[tuple[tuple[str, ...], int, int]] = []
-    gen = next((x for x in byte_spans if x[0] == ("generation_prompt",)), None)
-    for t in turns:
-        inside = [x for x in byte_spans if t.byte_start <= x[1] and x[2] <= t.byte_end and x[0] != ("generation_prompt",)]
-        owners: list[str] = []
-        for path, _, _ in sorted(inside, key=lambda x: x[1]):
-            if path[0].startswith("messages[") and path[0] not in owners:
-                owners.append(path[0])
-        if t.name == "generation_prompt" or (gen and gen[1] <= t.byte_start and t.byte_end <= gen[2] + 1):
-            name = "generation_prompt"
-            pieces = [(name, t.byte_start, t.byte_end)]
-        elif not owners:
-            name = t.name if t.name != "system" else "system (template)"
-            pieces = [(name, t.byte_start, t.byte_end)]
-        else:
-            pieces = _split(prompt.data, t, owners, inside)
-        for name, a, z in pieces:
-            out.append(((name,), a, z))
+    b = char_to_byte(text, [p for s in rendered.spans for p in (s.start, s.end)])
+    fields = [(s.path, b[s.start], b[s.end]) for s in rendered.spans if s.end > s.start]
+    gen = next((x for x in fields if x[0].kinds == ("generation_prompt",)), None)
+    out: list[Piece] = []
+    for t in (s for s in prompt.sections if len(s.path) == 1):
+        inside = [
+            x for x in fields if t.byte_start <= x[1] and x[2] <= t.byte_end and x[0].kinds != ("generation_prompt",)
+        ]
+        for turn, a, z in _turn_pieces(prompt.data, t, inside, gen):
+            out.append((SectionPath.of(turn), a, z))
             for path, s, e in inside:
                 if a <= s and e <= z:
-                    rest = path[1:] if path[0] == name else path
+                    rest = path[1:] if _same_place(path[0], turn) else path
                     if rest:
-                        out.append(((name,) + tuple(rest), s, e))
+                        out.append((SectionPath.of(turn) + rest, s, e))
     # fields in no turn (a family without markers): keep them at top level
     covered = [(a, z) for _, a, z in out if a < z]
-    for path, s, e in byte_spans:
+    for path, s, e in fields:
         if not any(a <= s and e <= z for a, z in covered):
             out.append((path, s, e))
     return _to_sections(prompt, out)
 
 
-def _split(data: bytes, turn: Section, owners: list[str], inside) -> list[tuple[str, int, int]]:
+def _same_place(x: Part, y: Part) -> bool:
+    """The grammar's part and the renderer's name the same place (the renderer knows the field)."""
+    return x.kind == y.kind and x.index == y.index
+
+
+def _turn_pieces(data: bytes, t: Section, inside: list[Piece], gen: Piece | None) -> list[tuple[Part, int, int]]:
+    """The turn named after the request: the generation prompt, template boilerplate (no field in it),
+    or the message(s) whose fields it holds."""
+    owners: list[Part] = []
+    for path, _, _ in sorted(inside, key=lambda x: x[1]):
+        if path[0].kind == "message" and path[0] not in owners:
+            owners.append(path[0])
+    part = t.path[0]
+    if part.kind == "generation_prompt" or (gen and gen[1] <= t.byte_start and t.byte_end <= gen[2] + 1):
+        return [(Part("generation_prompt"), t.byte_start, t.byte_end)]
+    if not owners:
+        if part.kind == "message" and part.name == "system":
+            part = Part("boilerplate", name="system")
+        return [(part, t.byte_start, t.byte_end)]
+    return _split(data, t, owners, inside)
+
+
+def _split(data: bytes, turn: Section, owners: list[Part], inside: list[Piece]) -> list[tuple[Part, int, int]]:
     """Split a turn between the messages whose fields it holds, at the line
     where each next message's first field starts."""
     first = {o: min(s for p, s, _ in inside if p[0] == o) for o in owners}
@@ -86,7 +99,7 @@ def _split(data: bytes, turn: Section, owners: list[str], inside) -> list[tuple[
     return [(o, cuts[k], cuts[k + 1]) for k, o in enumerate(owners)]
 
 
-def _to_sections(prompt: Prompt, spans: list[tuple[tuple[str, ...], int, int]]) -> list[Section]:
+def _to_sections(prompt: Prompt, spans: list[Piece]) -> list[Section]:
     if not spans:
         return []
     offs = prompt.offsets
