@@ -42,7 +42,9 @@ def test_reasoning_stripped_by_qwen3_on_a_new_user_message(vocab):
     b = qwen_prompt(vocab, msgs)
     f, _, d = first(a, b)
     assert f.kind == "reasoning_stripped" and f.origin == "template"
-    assert d.hunks[f.hunk].a_owner == ("message[2] assistant", "reasoning")
+    owner = d.hunks[f.hunk].a_owner
+    assert owner.kinds == ("message", "reasoning") and owner.message_index == 2 and owner.role == "assistant"
+    assert owner.label == "message 2 (assistant) › reasoning" and "in message 2 (assistant)" in f.evidence
 
 
 def test_client_dropping_reasoning(vocab):

@@ -6,7 +6,7 @@ import copy
 import json
 
 import pytest
-from conftest import CONVERSATION, TOOLS, prompt_from_ids, qwen_encode, template, token_at, with_ids
+from conftest import CONVERSATION, TOOLS, owner_spelled, prompt_from_ids, qwen_encode, spell, template, token_at, with_ids
 
 from tokendiff.render import Renderer
 from tokendiff.sections import field_sections
@@ -28,7 +28,7 @@ def body() -> dict:
 def spans_by_field(r):
     out: dict[str, list[tuple[int, int]]] = {}
     for s in r.spans:
-        out.setdefault(s.path[-1], []).append((s.start, s.end))
+        out.setdefault(spell(s.path[-1:]), []).append((s.start, s.end))
     return out
 
 
@@ -70,17 +70,26 @@ def test_qwen3_field_sections_on_real_tokens(vocab):
     r = Renderer(template("Qwen-Qwen3-0.6B.jinja")).attribute(body())
     p = prompt_from_ids(qwen_encode(r.text), vocab)
     p.sections = field_sections(p, r)
-    assert p.owner_label(token_at(p, "terse")) == "messages[0] system › messages[0].content"
-    assert p.owner_label(token_at(p, '"name": "get_time"')) == "messages[0] system › tools › tools[1] get_time"
-    assert p.owner_label(token_at(p, "get_time")) == "messages[0] system › tools › tools[1] get_time › tools[1].function.name"
-    assert p.owner_label(token_at(p, "# Tools")) == "messages[0] system › tools"
-    assert p.owner_label(token_at(p, "Paris", 1)) == (
+    assert owner_spelled(p, token_at(p, "terse")) == "messages[0] system › messages[0].content"
+    assert owner_spelled(p, token_at(p, '"name": "get_time"')) == "messages[0] system › tools › tools[1] get_time"
+    assert owner_spelled(p, token_at(p, "get_time")) == "messages[0] system › tools › tools[1] get_time › tools[1].function.name"
+    assert owner_spelled(p, token_at(p, "# Tools")) == "messages[0] system › tools"
+    assert owner_spelled(p, token_at(p, "Paris", 1)) == (
         "messages[2] assistant › messages[2].tool_calls[0] get_weather › messages[2].tool_calls[0].function.arguments"
     )
-    assert p.owner_label(token_at(p, '{"temp"')) == "messages[3] tool › messages[3].content"
-    assert p.owner_label(token_at(p, "<tool_response>")) == "messages[3] tool"
-    assert p.owner_label(token_at(p, "<|im_start|>user\nAnd")) == "messages[5] user"
-    assert p.owner_label(len(p) - 1) == "generation_prompt"
+    assert owner_spelled(p, token_at(p, '{"temp"')) == "messages[3] tool › messages[3].content"
+    assert owner_spelled(p, token_at(p, "<tool_response>")) == "messages[3] tool"
+    assert owner_spelled(p, token_at(p, "<|im_start|>user\nAnd")) == "messages[5] user"
+    assert owner_spelled(p, len(p) - 1) == "generation_prompt"
+    # what people read, and the exact field for machines
+    name = p.owner(token_at(p, "get_time"))
+    assert name.label == "tools › get_time (name)" and name.field_path == "tools[1].function.name"
+    assert p.owner_label(token_at(p, "terse")) == "system prompt"
+    args = p.owner(token_at(p, "Paris", 1))
+    assert args.label == "message 2 (assistant) › tool call get_weather (arguments)"
+    assert args.field_path == "messages[2].tool_calls[0].function.arguments" and args.message_index == 2
+    assert p.owner_label(token_at(p, '{"temp"')) == "message 3 (tool)"
+    assert p.owner_label(len(p) - 1) == "generation prompt"
 
 
 def test_qwen3_consecutive_tool_results_split_one_turn(vocab):
@@ -90,11 +99,11 @@ def test_qwen3_consecutive_tool_results_split_one_turn(vocab):
     r = Renderer(template("Qwen-Qwen3-0.6B.jinja")).attribute(b)
     p = prompt_from_ids(qwen_encode(r.text), vocab)
     p.sections = field_sections(p, r)
-    assert p.owner_label(token_at(p, '{"temp"')) == "messages[3] tool › messages[3].content"
-    assert p.owner_label(token_at(p, "13:05")) == "messages[4] tool › messages[4].content"
+    assert owner_spelled(p, token_at(p, '{"temp"')) == "messages[3] tool › messages[3].content"
+    assert owner_spelled(p, token_at(p, "13:05")) == "messages[4] tool › messages[4].content"
     second = token_at(p, "<tool_response>", 1)
-    assert p.owner_label(second) == "messages[4] tool"
-    assert p.owner_label(token_at(p, "get_time", 1)) == (
+    assert owner_spelled(p, second) == "messages[4] tool"
+    assert owner_spelled(p, token_at(p, "get_time", 1)) == (
         "messages[2] assistant › messages[2].tool_calls[1] get_time › messages[2].tool_calls[1].function.name"
     )
 
@@ -113,4 +122,4 @@ def test_reasoning_stripped_field_is_reported_unlocated():
 def test_llama32_injects_the_date_outside_any_field():
     r = Renderer(template("meta-llama-Llama-3.2-3B-Instruct.jinja"), bos_token="<|begin_of_text|>").attribute(body())
     i = r.text.index("Today Date:")
-    assert not any(s.start <= i < s.end and s.path[-1].startswith("messages[") for s in r.spans)
+    assert not any(s.start <= i < s.end and (s.path[-1].field or "").startswith("messages[") for s in r.spans)

@@ -1,10 +1,13 @@
 """Explainers: why a divergent span differs, and what to change.
 
-One small detector per cause in `../shared/docs/cache-breaks.md`, each a
-function of the pair and one hunk returning a Finding or None, registered in
-DETECTORS in the order they are tried. `explain` runs them on every hunk
-(the first ones matter most: the first sets the cache ceiling) and keeps the
-most confident finding per hunk. Pure functions over core types; no I/O.
+One small detector per cause, each a function of the pair and one hunk
+returning a Finding or None, registered in DETECTORS in the order they are
+tried. Each cause is a finding `kind` with one entry in the catalogue,
+docs/causes.md (the detector docstrings name the kinds they report).
+`explain` runs them on every hunk (the first ones matter most: the first
+sets the cache ceiling) and keeps the most confident finding per hunk.
+Detectors match on section kinds and request fields (model.SectionPath),
+never on display labels. Pure functions over core types; no I/O.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from tokendiff.model import Divergence, Finding, Hunk, Prompt, Section
+from tokendiff.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
 
 PAD = 48  # bytes of context either side when matching patterns around a hunk
 
@@ -47,25 +50,41 @@ class Ctx:
         return self.b.data[s : self.h.b_byte_end + pad].decode("utf-8", "replace"), len(self.b.data[s : self.h.b_byte_start].decode("utf-8", "replace"))
 
     @property
-    def a_path(self) -> tuple[str, ...]:
+    def a_path(self) -> SectionPath:
         return self.h.a_owner
 
     @property
-    def b_path(self) -> tuple[str, ...]:
+    def b_path(self) -> SectionPath:
         return self.h.b_owner
 
 
-def _in(path: tuple[str, ...], *words: str) -> bool:
-    return any(w in part for part in path for w in words)
+def _where(path: SectionPath) -> str:
+    return path.label or "the prompt"
 
 
-def _field_origin(path: tuple[str, ...]) -> str:
-    """'client' when a request field owns the span, 'template' for markers and boilerplate."""
-    if any(p.startswith(("messages[", "tools[")) and ("." in p) for p in path):
-        return "client"
-    if any(p.startswith("messages[") or p.startswith("tools[") or p == "tools" for p in path) and len(path) > 1:
+def _field_origin(path: SectionPath) -> str:
+    """'client' when a request field or a tool owns the span, 'template' for markers and boilerplate."""
+    if path.has("tools", "tool") or any(p.field and p.kind != "message" for p in path):
         return "client"
     return "template" if path else ""
+
+
+def _is_reasoning(path: SectionPath) -> bool:
+    """Reasoning: a think block or reasoning field, or a harmony analysis-channel turn."""
+    return path.has("reasoning") or "analysis" in (path.role or "")
+
+
+def _is_system(path: SectionPath) -> bool:
+    return path.role == "system"
+
+
+def _in_tool_exchange(path: SectionPath) -> bool:
+    """A tool call, a tool result, a tool definition, or a tool-role turn."""
+    return path.has("tool_call", "tool_response", "tool", "tools") or path.role in ("tool", "ipython")
+
+
+def _field_named(path: SectionPath, *names: str) -> bool:
+    return any(p.field and p.name in names for p in path)
 
 
 # ---------------------------------------------------------------- patterns
@@ -113,34 +132,36 @@ def _changed(ctx: Ctx, rx: re.Pattern[str]) -> tuple[str, str] | None:
 
 
 def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
-    """E16: the IDs differ, the bytes do not."""
+    """bpe_boundary: the IDs differ, the bytes do not."""
     from tokendiff.align import is_boundary
 
     if not is_boundary(ctx.a, ctx.b, ctx.h):
         return None
     n_a, n_b = ctx.h.a_end - ctx.h.a_start, ctx.h.b_end - ctx.h.b_start
-    gen = _in(ctx.a_path, "generated")
+    gen = ctx.a_path.has("generated")
     return Finding(
-        "bpe_boundary", ctx.i, 0.95,
-        "Tokenization boundary: same text, different token IDs",
-        f"{n_a} token(s) in A and {n_b} in B spell the same bytes"
+        kind="bpe_boundary", hunk=ctx.i, confidence=0.95,
+        title="Tokenization boundary: same text, different token IDs",
+        evidence=f"{n_a} token(s) in A and {n_b} in B spell the same bytes"
         + (" (the model's generated tokens, re-tokenised from text)" if gen else "")
         + f" at byte {ctx.h.a_byte_start:,}",
-        "Send the conversation as token IDs, or keep the generated text's original tokens (text-level resume server-side)",
+        fix="Send the conversation as token IDs, or keep the generated text's original tokens "
+        "(text-level resume server-side)",
         origin="client" if gen else "",
     )  # fmt: skip
 
 
 def detect_double_bos(ctx: Ctx) -> Finding | None:
-    """E17: the BOS token twice at the start of one side."""
+    """double_bos: the BOS token twice at the start of one side."""
     if ctx.i != 0 or ctx.h.a_start > 1:
         return None
     for side, p in (("B", ctx.b), ("A", ctx.a)):
         if len(p) >= 2 and p.special[0] and p.ids[0] == p.ids[1]:
             tok = p.token_bytes(0).decode("utf-8", "replace")
             return Finding(
-                "double_bos", ctx.i, 0.95, f"Double BOS in {side}",
-                f"{side} starts with {tok} twice", "Tokenise with add_special_tokens=false when the chat template already emits BOS",
+                kind="double_bos", hunk=ctx.i, confidence=0.95, title=f"Double BOS in {side}",
+                evidence=f"{side} starts with {tok} twice",
+                fix="Tokenise with add_special_tokens=false when the chat template already emits BOS",
                 origin="client",
             )  # fmt: skip
     return None
@@ -148,14 +169,21 @@ def detect_double_bos(ctx: Ctx) -> Finding | None:
 
 def prompt_end(p: Prompt) -> int:
     """Where A's prompt ends and the model's generated tokens (kept by slot dumps) begin."""
-    gen = next((s for s in p.sections if s.path[-1] == "generated"), None)
+    gen = next((s for s in p.sections if s.path[-1].kind == "generated"), None)
     return gen.start if gen else len(p)
 
 
+def _top(p: Prompt, kind: str) -> Section | None:
+    """The top-level section of `kind` (a turn-level section such as the generation prompt)."""
+    return next((s for s in p.sections if s.path.kinds == (kind,)), None)
+
+
 def detect_appended(ctx: Ctx) -> Finding | None:
-    """New turns appended after A's prompt: expected, the tail every turn pays for."""
+    """appended (expected) and generated_rerendered: new turns after A's prompt, or A's generated tail
+    rendered differently as history."""
     end = prompt_end(ctx.a)
-    last_turn = next((s.start for s in ctx.a.sections if s.path == ("generation_prompt",)), end)
+    gp = _top(ctx.a, "generation_prompt")
+    last_turn = gp.start if gp else end
     pure_insert = ctx.h.a_start == ctx.h.a_end
     # an insertion just before A's open generation prompt is the new turns too: the diff may
     # have matched a stray newline of the generated tail
@@ -164,15 +192,16 @@ def detect_appended(ctx: Ctx) -> Finding | None:
     n_new = ctx.h.b_end - ctx.h.b_start
     if pure_insert or ctx.h.a_start >= len(ctx.a):
         return Finding(
-            "appended", ctx.i, 0.8, "New turns appended (expected)",
-            f"{n_new} new tokens after A's prompt", "Nothing to fix: this is the new part of the conversation",
-            expected=True,
+            kind="appended", hunk=ctx.i, confidence=0.8, title="New turns appended (expected)",
+            evidence=f"{n_new} new tokens after A's prompt",
+            fix="Nothing to fix: this is the new part of the conversation", expected=True,
         )  # fmt: skip
     n_gen = ctx.h.a_end - ctx.h.a_start
     return Finding(
-        "generated_rerendered", ctx.i, 0.5, "The model's output is rendered differently in history",
-        f"{n_gen} generated token(s) kept in A's slot differ from how B renders that assistant message",
-        "Send the assistant message back exactly as generated (content, reasoning and tool calls)",
+        kind="generated_rerendered", hunk=ctx.i, confidence=0.5,
+        title="The model's output is rendered differently in history",
+        evidence=f"{n_gen} generated token(s) kept in A's slot differ from how B renders that assistant message",
+        fix="Send the assistant message back exactly as generated (content, reasoning and tool calls)",
         origin="client",
     )  # fmt: skip
 
@@ -185,126 +214,136 @@ def _prefill_only(text: str) -> bool:
     return not _TAGS.sub("", text).strip()
 
 
-def _top(p: Prompt, name: str) -> Section | None:
-    return next((s for s in p.sections if s.path == (name,)), None)
-
-
 def detect_generation_prompt(ctx: Ctx) -> Finding | None:
-    """E3 (benign) and E2: the open generation prompt of A becomes the answer in B."""
-    if not ctx.a_path or ctx.a_path[0] != "generation_prompt" or ctx.h.a_start >= len(ctx.a):
+    """generation_prompt (expected) and empty_think_prefill: A's open generation prompt becomes the
+    answer in B."""
+    top = ctx.a_path.top
+    if top is None or top.kind != "generation_prompt" or ctx.h.a_start >= len(ctx.a):
         return None
     gp = _top(ctx.a, "generation_prompt")
     # what A had from the divergence to the end of its generation prompt
     a_txt = ctx.a.data[ctx.h.a_byte_start : gp.byte_end if gp else ctx.h.a_byte_end].decode("utf-8", "replace")
-    if "generated" in ctx.a_path and not _prefill_only(a_txt):
+    if ctx.a_path.has("generated") and not _prefill_only(a_txt):
         return None  # the model's output itself differs: other detectors (reasoning, JSON, boundary) say why
     if "<think>" in a_txt and "</think>" in a_txt and _prefill_only(a_txt):
         return Finding(
-            "empty_think_prefill", ctx.i, 0.9, "Empty think block only on the generation prompt",
-            "A's generation prompt ends with an empty <think></think> that the same turn loses in history (enable_thinking=false)",
-            "Patch the template to emit the empty think block for history turns too (a ~90x speedup reported), or accept a few tokens",
+            kind="empty_think_prefill", hunk=ctx.i, confidence=0.9,
+            title="Empty think block only on the generation prompt",
+            evidence="A's generation prompt ends with an empty <think></think> that the same turn loses in history "
+            "(enable_thinking=false)",
+            fix="Patch the template to emit the empty think block for history turns too (a ~90x speedup reported), "
+            "or accept a few tokens",
             origin="template",
         )  # fmt: skip
     n = ctx.h.a_end - ctx.h.a_start
     return Finding(
-        "generation_prompt", ctx.i, 0.85, "Generation prompt replaced by the answer (expected)",
-        f"A's open generation prompt ({a_txt[:40]!r}, {n} token(s)) is rendered differently once it is history",
-        "Nothing to fix: a few tokens per turn", expected=True, origin="template",
+        kind="generation_prompt", hunk=ctx.i, confidence=0.85,
+        title="Generation prompt replaced by the answer (expected)",
+        evidence=f"A's open generation prompt ({a_txt[:40]!r}, {n} token(s)) is rendered differently once it is history",
+        fix="Nothing to fix: a few tokens per turn", expected=True, origin="template",
     )  # fmt: skip
 
 
 def detect_reasoning(ctx: Ctx) -> Finding | None:
-    """E1/E4/E14: reasoning kept in A, gone from B."""
-    a_reason = _in(ctx.a_path, "reasoning", "analysis") or b"<think>" in ctx.a_text or b"analysis<|message|>" in ctx.a_text
-    b_reason = _in(ctx.b_path, "reasoning", "analysis") and not _prefill_only(ctx.b_text.decode("utf-8", "replace"))
+    """reasoning_stripped and reasoning_dropped_by_client: reasoning kept in A, gone from B."""
+    a_reason = _is_reasoning(ctx.a_path) or b"<think>" in ctx.a_text or b"analysis<|message|>" in ctx.a_text
+    b_reason = _is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_text.decode("utf-8", "replace"))
     if not a_reason or b_reason:
         return None
-    if ctx.a_path and ctx.a_path[0] == "generation_prompt" and _prefill_only(ctx.a_text.decode("utf-8", "replace")):
+    top = ctx.a_path.top
+    if top and top.kind == "generation_prompt" and _prefill_only(ctx.a_text.decode("utf-8", "replace")):
         return None  # an empty think block prefilled on the generation prompt: not reasoning
     near_b = ctx.b.data[max(0, ctx.h.b_byte_start - 16) : ctx.h.b_byte_end + 40]
     empty_b = re.search(rb"<think>\s*</think>", near_b) is not None
     n = ctx.h.a_end - ctx.h.a_start
-    turn = ctx.a_path[0] if ctx.a_path else "an assistant turn"
+    turn = top.label if top else "an assistant turn"
     if empty_b:
         return Finding(
-            "reasoning_dropped_by_client", ctx.i, 0.85, "Reasoning dropped from history by the client",
-            f"{n} tokens of reasoning in {turn} became an empty think block",
-            "Send reasoning_content back with each assistant message (and check that proxies keep it)",
+            kind="reasoning_dropped_by_client", hunk=ctx.i, confidence=0.85,
+            title="Reasoning dropped from history by the client",
+            evidence=f"{n} tokens of reasoning in {turn} became an empty think block",
+            fix="Send reasoning_content back with each assistant message (and check that proxies keep it)",
             origin="client",
         )  # fmt: skip
     return Finding(
-        "reasoning_stripped", ctx.i, 0.9, "Reasoning stripped from an earlier assistant turn",
-        f"{n} tokens of reasoning in {turn} are in A and gone from B (the template drops reasoning before the latest user message)",
-        "Preserve reasoning in history (preserve_thinking / --reasoning-preserve where the template supports it), or accept one miss per user turn",
+        kind="reasoning_stripped", hunk=ctx.i, confidence=0.9,
+        title="Reasoning stripped from an earlier assistant turn",
+        evidence=f"{n} tokens of reasoning in {turn} are in A and gone from B "
+        "(the template drops reasoning before the latest user message)",
+        fix="Preserve reasoning in history (preserve_thinking / --reasoning-preserve where the template supports it), "
+        "or accept one miss per user turn",
         origin="template",
     )  # fmt: skip
 
 
 def _tool_names(p: Prompt) -> list[str]:
-    names = []
-    for s in p.sections:
-        m = re.match(r"^tools?\[(\d+)\](?: (.+))?$", s.name)
-        if m:
-            names.append(m.group(2) or f"#{m.group(1)}")
-    return names
+    """The tools of a prompt, in order (`#j` where a tool has no name)."""
+    return [s.path.tool_name or "" for s in p.sections if s.path[-1].kind == "tool"]
 
 
-def detect_tools(ctx: Ctx) -> Finding | None:
-    """E12 (and E24-style mutations): the tools block differs."""
-    if not (_in(ctx.a_path, "tools") or _in(ctx.b_path, "tools")):
-        return None
-    na, nb = _tool_names(ctx.a), _tool_names(ctx.b)
+def _tool_moved_or_changed(ctx: Ctx, na: list[str], nb: list[str]) -> Finding | None:
     if na and nb and na != nb and sorted(na) == sorted(nb):
         moved = [n for n, m in zip(na, nb) if n != m]
         return Finding(
-            "tool_order", ctx.i, 0.95, "Tools reordered (same set)",
-            f"{len(na)} tools, same names, different order; first out of place: {moved[0]!r}",
-            "Send tools in a stable order (sort them by name)",
-            origin="client",
+            kind="tool_order", hunk=ctx.i, confidence=0.95, title="Tools reordered (same set)",
+            evidence=f"{len(na)} tools, same names, different order; first out of place: {moved[0]!r}",
+            fix="Send tools in a stable order (sort them by name)", origin="client",
         )  # fmt: skip
     if na != nb and (na or nb):
         added = [n for n in nb if n not in na]
         removed = [n for n in na if n not in nb]
-        what = ", ".join(f"+{n}" for n in added[:5]) + (", " if added and removed else "") + ", ".join(f"-{n}" for n in removed[:5])
+        what = ", ".join([f"+{n}" for n in added[:5]] + [f"-{n}" for n in removed[:5]])
         return Finding(
-            "tool_set", ctx.i, 0.95, "Tools added or removed",
-            f"tool set changed ({what}): {len(na)} -> {len(nb)} tools",
-            "Keep the tool list fixed for a session; load on-demand tools at the end of the list (or after the history)",
+            kind="tool_set", hunk=ctx.i, confidence=0.95, title="Tools added or removed",
+            evidence=f"tool set changed ({what}): {len(na)} -> {len(nb)} tools",
+            fix="Keep the tool list fixed for a session; load on-demand tools at the end of the list "
+            "(or after the history)",
             origin="client",
         )  # fmt: skip
-    owner = next((p for p in ctx.a_path if re.match(r"^tools?\[\d+\]", p)), None)
+    return None
+
+
+def detect_tools(ctx: Ctx) -> Finding | None:
+    """tool_order, tool_set and tool_changed: the tools block differs."""
+    if not (ctx.a_path.has("tools", "tool") or ctx.b_path.has("tools", "tool")):
+        return None
+    found = _tool_moved_or_changed(ctx, _tool_names(ctx.a), _tool_names(ctx.b))
+    if found:
+        return found
+    owner = ctx.a_path.tool_name
     if owner:
         return Finding(
-            "tool_changed", ctx.i, 0.6, f"Tool definition changed: {owner}",
-            f"the text of {owner} differs between the two requests",
-            "Keep tool schemas byte-stable; move per-request data (lists, counts) out of descriptions",
+            kind="tool_changed", hunk=ctx.i, confidence=0.6, title=f"Tool definition changed: {owner}",
+            evidence=f"the text of the tool {owner} differs between the two requests",
+            fix="Keep tool schemas byte-stable; move per-request data (lists, counts) out of descriptions",
             origin="client",
         )  # fmt: skip
     return None
 
 
 def detect_date(ctx: Ctx) -> Finding | None:
-    """E5/E9: a date or time changed."""
+    """date: a date or time changed."""
     ch = _changed(ctx, DATE_RE)
     if not ch:
         return None
     client = _field_origin(ctx.a_path) == "client"
-    origin = "template" if _in(ctx.a_path, "date", "(template)") else "client" if client else ""
-    where = " › ".join(ctx.a_path) or "the prompt"
+    origin = "template" if ctx.a_path.has("date", "boilerplate") else "client" if client else ""
     fix = {
         "template": "Pin the template's date (pass date_string) or accept one miss per day",
         "client": "Give the date at day precision, or move it out of the system prompt into the newest user message",
-        "": "Keep dates out of the prefix: day precision at most, or in the newest user message (pin date_string if the template injects it)",
+        "": "Keep dates out of the prefix: day precision at most, or in the newest user message "
+        "(pin date_string if the template injects it)",
     }[origin]
     return Finding(
-        "date", ctx.i, 0.9, "Date or time in the prompt changed",
-        f"{ch[0]!r} -> {ch[1]!r} in {where}" + (" (injected by the template or server)" if origin == "template" else ""),
-        fix, origin=origin,
+        kind="date", hunk=ctx.i, confidence=0.9, title="Date or time in the prompt changed",
+        evidence=f"{ch[0]!r} -> {ch[1]!r} in {_where(ctx.a_path)}"
+        + (" (injected by the template or server)" if origin == "template" else ""),
+        fix=fix, origin=origin,
     )  # fmt: skip
 
 
 def detect_nonce(ctx: Ctx) -> Finding | None:
-    """E10 and friends: a UUID, hex nonce or request id changed."""
+    """nonce: a UUID, hex nonce or request id changed."""
     ch = _changed(ctx, UUID_RE) or _changed(ctx, HEX_RE)
     wa, _ = ctx.a_win()
     keyed = NONCE_KEY_RE.search(wa)
@@ -318,9 +357,9 @@ def detect_nonce(ctx: Ctx) -> Finding | None:
         ch = (a, b)
     billing = "cch=" in wa or "billing" in wa.lower()
     return Finding(
-        "nonce", ctx.i, 0.85, "Per-request nonce or ID in the prompt",
-        f"{ch[0]!r} -> {ch[1]!r}" + (" (a billing-header nonce, cch=)" if billing else ""),
-        "Strip the billing header (CLAUDE_CODE_ATTRIBUTION_HEADER=0) or drop it at a proxy"
+        kind="nonce", hunk=ctx.i, confidence=0.85, title="Per-request nonce or ID in the prompt",
+        evidence=f"{ch[0]!r} -> {ch[1]!r}" + (" (a billing-header nonce, cch=)" if billing else ""),
+        fix="Strip the billing header (CLAUDE_CODE_ATTRIBUTION_HEADER=0) or drop it at a proxy"
         if billing
         else "Move per-request IDs and nonces out of the prefix (or remove them)",
         origin="client",
@@ -328,16 +367,16 @@ def detect_nonce(ctx: Ctx) -> Finding | None:
 
 
 def detect_call_id(ctx: Ctx) -> Finding | None:
-    """E13: tool-call IDs regenerated on replay."""
-    field_id = any(p.endswith((".id", ".tool_call_id")) for p in ctx.a_path + ctx.b_path)
+    """tool_call_id: tool-call IDs regenerated on replay."""
+    field_id = _field_named(ctx.a_path, "id", "tool_call_id") or _field_named(ctx.b_path, "id", "tool_call_id")
     ch = _changed(ctx, CALL_ID_RE)
-    if not field_id and not (ch and _in(ctx.a_path, "tool_call", "tool_response", "tool")):
+    if not field_id and not (ch and _in_tool_exchange(ctx.a_path)):
         return None
     a, b = ch or (ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace"))
     return Finding(
-        "tool_call_id", ctx.i, 0.85, "Tool-call IDs regenerated",
-        f"{a!r} -> {b!r} in {' › '.join(ctx.a_path)}",
-        "Persist tool-call IDs with the history, or derive them deterministically (e.g. a hash of the call)",
+        kind="tool_call_id", hunk=ctx.i, confidence=0.85, title="Tool-call IDs regenerated",
+        evidence=f"{a!r} -> {b!r} in {_where(ctx.a_path)}",
+        fix="Persist tool-call IDs with the history, or derive them deterministically (e.g. a hash of the call)",
         origin="client",
     )  # fmt: skip
 
@@ -389,7 +428,7 @@ def _enclosing_json(data: bytes, start: int, end: int, limit: int = 65536) -> tu
 
 
 def detect_json_reserialized(ctx: Ctx) -> Finding | None:
-    """E8/E11: the same JSON value serialised differently."""
+    """json_reserialized: the same JSON value serialised differently."""
     ja = _enclosing_json(ctx.a.data, ctx.h.a_byte_start, ctx.h.a_byte_end)
     jb = _enclosing_json(ctx.b.data, ctx.h.b_byte_start, ctx.h.b_byte_end)
     if not ja or not jb:
@@ -406,34 +445,37 @@ def detect_json_reserialized(ctx: Ctx) -> Finding | None:
     keys_a = re.findall(rb'"([^"\\]+)"\s*:', ta)
     keys_b = re.findall(rb'"([^"\\]+)"\s*:', tb)
     how = "key order" if keys_a != keys_b else "whitespace or separators"
-    in_call = _in(ctx.a_path, "tool_call", "arguments")
+    in_call = ctx.a_path.has("tool_call") or _field_named(ctx.a_path, "arguments")
     return Finding(
-        "json_reserialized", ctx.i, 0.9, "JSON re-serialised (same value, different text)",
-        f"the JSON object at byte {ja[0]:,} is equal as data but differs in {how}" + (" (tool-call arguments)" if in_call else ""),
-        "Send tool-call arguments exactly as generated (the string), or serialise with a fixed key order and separators",
+        kind="json_reserialized", hunk=ctx.i, confidence=0.9,
+        title="JSON re-serialised (same value, different text)",
+        evidence=f"the JSON object at byte {ja[0]:,} is equal as data but differs in {how}"
+        + (" (tool-call arguments)" if in_call else ""),
+        fix="Send tool-call arguments exactly as generated (the string), or serialise with a fixed key order "
+        "and separators",
         origin="client" if in_call else "",
     )  # fmt: skip
 
 
 def detect_counter(ctx: Ctx) -> Finding | None:
-    """E9: a counter or percentage changed (memory items, tokens left ...)."""
+    """counter: a counter or percentage changed (memory items, tokens left ...)."""
     ch = _changed(ctx, NUMBER_RE)
     if not ch or len(ctx.a_text.strip()) > 16 or len(ctx.b_text.strip()) > 16:
         return None
     wa, ia = ctx.a_win(24)
     label = wa[max(0, ia - 24) : ia].strip().split("\n")[-1][-30:]
     return Finding(
-        "counter", ctx.i, 0.7, "A counter or percentage changed",
-        f"{ch[0].strip()!r} -> {ch[1].strip()!r} after {label!r} in {' › '.join(ctx.a_path) or 'the prompt'}",
-        "Move volatile counters (memory, usage, budgets) to the end of the prompt, into the newest message",
+        kind="counter", hunk=ctx.i, confidence=0.7, title="A counter or percentage changed",
+        evidence=f"{ch[0].strip()!r} -> {ch[1].strip()!r} after {label!r} in {_where(ctx.a_path)}",
+        fix="Move volatile counters (memory, usage, budgets) to the end of the prompt, into the newest message",
         origin=_field_origin(ctx.a_path),
     )  # fmt: skip
 
 
 def detect_moved(ctx: Ctx) -> Finding | None:
-    """E7: text the client appended shows up earlier (system messages moved or merged)."""
+    """system_moved: text the client appended shows up earlier (system messages moved or merged)."""
     bt = ctx.b_text
-    if len(bt) < 24 or not _in(ctx.b_path, "system"):
+    if len(bt) < 24 or not _is_system(ctx.b_path):
         return None
     probe = re.sub(rb"^\W+", b"", bt)[:200]
     if len(probe) < 24:
@@ -442,15 +484,16 @@ def detect_moved(ctx: Ctx) -> Finding | None:
     if where < 0:
         return None
     return Finding(
-        "system_moved", ctx.i, 0.75, "Text moved into the system prompt",
-        f"{len(bt)} bytes now in B's system section appear later in A (byte {where:,}): a mid-conversation system message moved or merged",
-        "Send reminders as user messages, or keep system messages where they were added",
+        kind="system_moved", hunk=ctx.i, confidence=0.75, title="Text moved into the system prompt",
+        evidence=f"{len(bt)} bytes now in B's system section appear later in A (byte {where:,}): "
+        "a mid-conversation system message moved or merged",
+        fix="Send reminders as user messages, or keep system messages where they were added",
         origin="server",
     )  # fmt: skip
 
 
 def detect_truncation(ctx: Ctx) -> Finding | None:
-    """E20: old turns dropped after the system prompt (context shift or num_ctx overflow)."""
+    """truncation: old turns dropped after the system prompt (context shift or num_ctx overflow)."""
     if ctx.h.kind != "delete" and (ctx.h.a_end - ctx.h.a_start) < 4 * max(1, ctx.h.b_end - ctx.h.b_start):
         return None
     if ctx.h.a_end - ctx.h.a_start < 32:
@@ -461,40 +504,44 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
         if len(s.path) == 1 and s.end > s.start
         and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
     ]  # fmt: skip
-    if len(turns_a) < 1:
+    if not turns_a:
         return None
     return Finding(
-        "truncation", ctx.i, 0.75, "Old turns dropped (truncation or context shift)",
-        f"{len(turns_a)} whole turn(s), {ctx.h.a_end - ctx.h.a_start} tokens, dropped from A at token {ctx.h.a_start:,}",
-        "Raise the context size (num_ctx / -c), or prune from the end of old tool results rather than the middle",
-        origin="",
+        kind="truncation", hunk=ctx.i, confidence=0.75, title="Old turns dropped (truncation or context shift)",
+        evidence=f"{len(turns_a)} whole turn(s), {ctx.h.a_end - ctx.h.a_start} tokens, dropped from A "
+        f"at token {ctx.h.a_start:,}",
+        fix="Raise the context size (num_ctx / -c), or prune from the end of old tool results rather than the middle",
     )  # fmt: skip
 
 
 def detect_rewritten(ctx: Ctx) -> Finding | None:
-    """E15: an old message rewritten in place (pruned, compacted)."""
+    """history_rewritten: an old message rewritten in place (pruned, compacted)."""
     a_txt = ctx.a_text.decode("utf-8", "replace")
     b_txt = ctx.b_text.decode("utf-8", "replace")
     placeholder = PLACEHOLDER_RE.search(b_txt)
-    turn = ctx.a_path[0] if ctx.a_path else ""
-    if not turn.startswith("message") and not placeholder:
+    top = ctx.a_path.top
+    in_message = top is not None and top.kind == "message"
+    if not in_message and not placeholder:
         return None
     if placeholder or len(b_txt) < len(a_txt) // 2:
         return Finding(
-            "history_rewritten", ctx.i, 0.8 if placeholder else 0.5, "History rewritten in place",
-            f"{turn}: {len(a_txt)} bytes became {len(b_txt)}" + (f" ({placeholder.group(0)!r})" if placeholder else ""),
-            "Keep history append-only; if you must prune, prune once past a threshold and from the newest tool results first",
+            kind="history_rewritten", hunk=ctx.i, confidence=0.8 if placeholder else 0.5,
+            title="History rewritten in place",
+            evidence=f"{top.label if in_message else 'the prompt'}: {len(a_txt)} bytes became {len(b_txt)}"
+            + (f" ({placeholder.group(0)!r})" if placeholder else ""),
+            fix="Keep history append-only; if you must prune, prune once past a threshold and from the newest "
+            "tool results first",
             origin="client",
         )  # fmt: skip
     return None
 
 
 def detect_fallback(ctx: Ctx) -> Finding:
-    where = " › ".join(ctx.a_path) or "the prompt"
+    """content_changed: no detector recognised the change."""
     return Finding(
-        "content_changed", ctx.i, 0.2, f"Content changed in {where}",
-        f"{ctx.h.a_end - ctx.h.a_start} token(s) of A became {ctx.h.b_end - ctx.h.b_start} in B",
-        "Make this part of the prompt stable between turns, or move it after the history",
+        kind="content_changed", hunk=ctx.i, confidence=0.2, title=f"Content changed in {_where(ctx.a_path)}",
+        evidence=f"{ctx.h.a_end - ctx.h.a_start} token(s) of A became {ctx.h.b_end - ctx.h.b_start} in B",
+        fix="Make this part of the prompt stable between turns, or move it after the history",
         origin=_field_origin(ctx.a_path),
     )  # fmt: skip
 
