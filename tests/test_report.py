@@ -33,7 +33,9 @@ def test_json_report_on_the_agent_session():
     assert {c["kind"] for c in doc["causes"]} == {"counter", "date", "tool_set", "reasoning_stripped"}
     date = next(c for c in doc["causes"] if c["kind"] == "date")
     assert date["a"]["text"]["diverged"] == "8" and date["b"]["text"]["diverged"] == "9"
-    assert date["a"]["section"] == "messages[0] system › messages[0].content"
+    assert date["a"]["section"] == "system prompt"
+    assert date["a"]["path"][-1] == {"kind": "field", "index": None, "name": "content", "field": "messages[0].content"}
+    assert doc["spans"][1]["section"] == "system prompt" and doc["spans"][1]["path"][0]["kind"] == "message"
     assert [t["reported_cached"] for t in doc["turns"]] == [t["reusable"] for t in doc["turns"]]
 
 
@@ -41,7 +43,7 @@ def test_markdown_report_on_slot_files():
     r = run("report", str(DEMO), "--order", "name")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("# tokendiff report")
-    assert "| 1 | Date or time in the prompt changed | `system` | 5 | 1,719 |" in r.stdout
+    assert "| 1 | Date or time in the prompt changed | `system prompt` | 5 | 1,719 |" in r.stdout
     assert "## Causes" in r.stdout and "bytes 211..212" in r.stdout
 
 

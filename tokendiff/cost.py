@@ -12,15 +12,13 @@ table for exports. No I/O.
 
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from tokendiff.align import align, common_prefix
 from tokendiff.explain import explain, prompt_end
-from tokendiff.model import SEP, Divergence, Finding, Prompt
+from tokendiff.model import Divergence, Finding, Hunk, Prompt, SectionPath
 
 BACKENDS = ("llama.cpp", "llama.cpp-hybrid", "vllm", "sglang", "ollama")
 VLLM_BLOCK = 16
@@ -61,7 +59,8 @@ class Turn:
     recompute: int = 0  # llama.cpp
     new_tokens: int = 0  # beyond what the previous prompt had: unavoidable
     wasted: int = 0  # recomputed tokens the previous prompt already had
-    section: str = ""  # owner of the first divergence (B side)
+    section: str = ""  # label of the owner of the first wasteful divergence (A side, else B)
+    path: SectionPath = SectionPath()  # that owner
     cause: str = ""  # kind of the first finding that is not expected
     findings: list[Finding] = field(default_factory=list)
     divergence: Divergence | None = None
@@ -80,7 +79,7 @@ class Span:
     """A volatile span: one cause in one section, across the turns it broke."""
 
     kind: str
-    section: str
+    path: SectionPath  # generalised: the same place in every turn (SectionPath.generalised)
     title: str
     fix: str
     turns: list[int] = field(default_factory=list)
@@ -89,6 +88,10 @@ class Span:
     seconds: float | None = None  # tokens at the session's measured prefill speed
     example: tuple[int, int] | None = None  # (turn, hunk index) of the first occurrence
     share: float = 0.0  # of all wasted tokens
+
+    @property
+    def section(self) -> str:
+        return self.path.label or "(prompt)"
 
 
 @dataclass
@@ -134,82 +137,88 @@ def _reported(p: Prompt) -> tuple[int | None, float | None, int | None]:
     )
 
 
-_INDEX = re.compile(r"^(messages?)\[\d+\]")
+SpanKey = tuple[str, SectionPath]  # (finding kind, generalised section)
 
 
-def _section_key(path: tuple[str, ...]) -> str:
+def _owner(h: Hunk) -> SectionPath:
+    return h.a_owner or h.b_owner
+
+
+def _span_key(f: Finding, d: Divergence) -> SpanKey:
     """Where a cause sits, named the same in every turn and for every instance:
-    `message[*] assistant › reasoning`, `system › tools`, `system`."""
-    out = []
-    for p in path:
-        if re.match(r"^tools?\[\d+\]", p) or re.match(r"^messages\[\d+\]\.tool_calls\[\d+\] ", p):
-            break  # one tool, one call: the span is the block or the message around it
-        out.append(_INDEX.sub(r"\1[*]", p))
-    return SEP.join(out[:3]) or "(prompt)"
+    reasoning in any assistant message, the tools block, the system prompt."""
+    return f.kind, _owner(d.hunks[f.hunk]).generalised()
 
 
 def analyse(prompts: list[Prompt], max_hunks: int = 64) -> Session:
     """Per-turn and per-span costs of a session (turns in order)."""
     turns: list[Turn] = []
-    spans: dict[tuple[str, str], Span] = {}
+    spans: dict[SpanKey, Span] = {}
     for k, b in enumerate(prompts):
-        n = len(b)
-        t = Turn(turn=k + 1, origin=b.origin, n_tokens=n)
+        t = Turn(turn=k + 1, origin=b.origin, n_tokens=len(b))
         t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(b)
         if k == 0:
             t.reuse = {be: 0 for be in BACKENDS}
-            t.recompute = t.new_tokens = n
-            turns.append(t)
-            continue
-        a = prompts[k - 1]
-        d = align(a, b, max_hunks=None)
-        t.divergence = d
-        t.lcp = d.lcp
-        cached_len = len(a)
-        t.reuse = {be: backend_reuse(be, d.lcp, n, cached_len) for be in BACKENDS}
-        t.recompute = n - t.reuse["llama.cpp"]
-        lcps = [common_prefix(prompts[j].ids, b.ids) for j in range(k)]
-        best = max(reversed(range(k)), key=lcps.__getitem__)
-        t.best_earlier, t.best_lcp = best + 1, lcps[best]
-        t.findings = explain(a, b, d, max_hunks=max_hunks)
-        t.wasted, ceiling = 0, reusable_ceiling(a, d, t.findings, n)
-        t.new_tokens = max(0, n - ceiling)
-        t.wasted = max(0, ceiling - t.reuse["llama.cpp"])
-        first = next((f for f in t.findings if not f.expected), None)
-        if first is not None and t.wasted > 0:
-            t.cause = first.kind
-            t.section = SEP.join(d.hunks[first.hunk].a_owner or d.hunks[first.hunk].b_owner)
-        ceiling_key = None
-        if first is not None:
-            h0 = d.hunks[first.hunk]
-            ceiling_key = (first.kind, _section_key(h0.a_owner or h0.b_owner))
-        _notes(t, d, n)
-        for f in t.findings:
-            if f.expected:
-                continue
-            h = d.hunks[f.hunk]
-            key = (f.kind, _section_key(h.a_owner or h.b_owner))
-            sp = spans.setdefault(key, Span(f.kind, key[1], f.title, f.fix))
-            if not sp.turns or sp.turns[-1] != t.turn:
-                sp.turns.append(t.turn)
-            if sp.example is None:
-                sp.example = (t.turn, f.hunk)
-        if ceiling_key is not None:
-            spans[ceiling_key].tokens += t.wasted
-        # what fixing each span would buy in this turn: the prefix extends to the next hunk it does not cause
-        for key, sp in spans.items():
-            if t.turn not in sp.turns:
-                continue
-            other = next(
-                (
-                    ceiling if f.expected else d.hunks[f.hunk].b_start
-                    for f in t.findings
-                    if f.expected or (f.kind, _section_key(d.hunks[f.hunk].a_owner or d.hunks[f.hunk].b_owner)) != key
-                ),
-                ceiling,
-            )
-            sp.gain += max(0, min(other, ceiling) - t.reuse["llama.cpp"])
+            t.recompute = t.new_tokens = len(b)
+        else:
+            ceiling = _compare(t, prompts[:k], b, max_hunks)
+            _count_spans(t, spans, ceiling)
         turns.append(t)
+    return _session(turns, spans)
+
+
+def _compare(t: Turn, earlier: list[Prompt], b: Prompt, max_hunks: int) -> int:
+    """Fill a turn from its diff with the previous prompt; returns its reusable ceiling."""
+    a, n = earlier[-1], len(b)
+    d = align(a, b, max_hunks=None)
+    t.divergence, t.lcp = d, d.lcp
+    t.reuse = {be: backend_reuse(be, d.lcp, n, len(a)) for be in BACKENDS}
+    t.recompute = n - t.reuse["llama.cpp"]
+    lcps = [common_prefix(p.ids, b.ids) for p in earlier]
+    best = max(reversed(range(len(earlier))), key=lcps.__getitem__)
+    t.best_earlier, t.best_lcp = best + 1, lcps[best]
+    t.findings = explain(a, b, d, max_hunks=max_hunks)
+    ceiling = reusable_ceiling(a, d, t.findings, n)
+    t.new_tokens = max(0, n - ceiling)
+    t.wasted = max(0, ceiling - t.reuse["llama.cpp"])
+    first = next((f for f in t.findings if not f.expected), None)
+    if first is not None and t.wasted > 0:
+        t.cause = first.kind
+        t.path = _owner(d.hunks[first.hunk])
+        t.section = t.path.label
+    _notes(t, d, n)
+    return ceiling
+
+
+def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> None:
+    """Add a turn's unexpected findings to the session's spans: the turn's waste goes to the span
+    of its first one (the ceiling), and each span gains what fixing it alone would reuse here."""
+    d = t.divergence
+    assert d is not None
+    unexpected = [f for f in t.findings if not f.expected]
+    for f in unexpected:
+        key = _span_key(f, d)
+        sp = spans.setdefault(key, Span(kind=f.kind, path=key[1], title=f.title, fix=f.fix))
+        if not sp.turns or sp.turns[-1] != t.turn:
+            sp.turns.append(t.turn)
+        if sp.example is None:
+            sp.example = (t.turn, f.hunk)
+    if unexpected:
+        spans[_span_key(unexpected[0], d)].tokens += t.wasted
+    for key, sp in spans.items():
+        if t.turn not in sp.turns:
+            continue
+        # fixing this span alone extends the prefix to the next hunk it does not cause
+        other = next(
+            (ceiling if f.expected else d.hunks[f.hunk].b_start
+             for f in t.findings if f.expected or _span_key(f, d) != key),
+            ceiling,
+        )  # fmt: skip
+        sp.gain += max(0, min(other, ceiling) - t.reuse["llama.cpp"])
+
+
+def _session(turns: list[Turn], spans: dict[SpanKey, Span]) -> Session:
+    """Totals, and the spans ranked by the waste they caused."""
     ms = _ms_per_token(turns)
     total = sum(t.n_tokens for t in turns)
     reused = sum(t.reuse.get("llama.cpp", 0) for t in turns)
@@ -278,6 +287,7 @@ def turn_rows(s: Session) -> list[dict[str, Any]]:
                 "best_earlier_turn": t.best_earlier,
                 "best_earlier_lcp": t.best_lcp,
                 "first_divergence_section": t.section,
+                "first_divergence_field": t.path.field_path,
                 "cause": t.cause,
                 "reported_cached": t.reported_cached,
                 **{f"reuse_{be.replace('.', '').replace('-', '_')}": t.reuse.get(be, 0) for be in BACKENDS},

@@ -15,9 +15,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokendiff.model import Divergence, Finding, Prompt
+from tokendiff.model import Divergence, Finding, Prompt, SectionPath
 
-FIELD = re.compile(r"^messages\[(\d+)\]\.(content|reasoning_content|tool_call_id|name|tool_calls\[(\d+)\]\.(id|function\.arguments|function\.name))$")
+# the request fields a fix can set back, by their exact field path (SectionPath.field_path)
+FIELD = re.compile(
+    r"^messages\[(\d+)\]\.(content|reasoning_content|tool_call_id|name"
+    r"|tool_calls\[(\d+)\]\.(id|function\.arguments|function\.name))$"
+)
 REVERTIBLE = {"date", "counter", "nonce", "tool_call_id", "json_reserialized", "content_changed", "tool_changed"}
 
 
@@ -63,44 +67,51 @@ def _get(body: dict, path: str) -> tuple[Any, Any, Any] | None:
     return fn, key, fn.get(key)
 
 
-def _field_of(path: tuple[str, ...]) -> str | None:
-    for p in reversed(path):
-        if FIELD.match(p):
-            return p
-    return None
+def _field_of(path: SectionPath) -> str | None:
+    """The revertible request field that owns a span, if any."""
+    f = path.field_path
+    return f if f and FIELD.match(f) else None
 
 
-def fix_request(a_req: dict[str, Any], b_req: dict[str, Any], a: Prompt, b: Prompt, d: Divergence, findings: list[Finding]) -> FixedRequest:
+def _tools_in_a_order(a_req: dict[str, Any], body: dict[str, Any]) -> str:
+    """Put B's tools in A's order, new ones at the end; says what it did."""
+    order = {n: i for i, n in enumerate(_tool_name(t) for t in a_req.get("tools") or [])}
+    tools = body.get("tools") or []
+    known = sorted((t for t in tools if _tool_name(t) in order), key=lambda t: order[_tool_name(t)])
+    new = [t for t in tools if _tool_name(t) not in order]
+    body["tools"] = known + new
+    return "tools in A's order" + (f", {len(new)} new tool(s) moved to the end" if new else "")
+
+
+def _revert_field(a_req: dict[str, Any], body: dict[str, Any], path: str) -> bool:
+    """Set B's field at `path` back to A's value (False when either side lacks it)."""
+    got_b = _get(body, path)
+    got_a = _get(a_req, path)
+    if not (got_b and got_a and got_a[2] is not None):
+        return False
+    got_b[0][got_b[1]] = copy.deepcopy(got_a[2])
+    return True
+
+
+def fix_request(
+    a_req: dict[str, Any], b_req: dict[str, Any], a: Prompt, b: Prompt, d: Divergence, findings: list[Finding]
+) -> FixedRequest:
     """B's request with every fixable, unexpected finding undone."""
-    body = copy.deepcopy(b_req)
-    out = FixedRequest(body)
+    out = FixedRequest(copy.deepcopy(b_req))
     done: set[str] = set()
     for f in findings:
         if f.expected:
             continue
         h = d.hunks[f.hunk]
         if f.kind in ("tool_order", "tool_set"):
-            if "tools" in done:
-                continue
-            order = {n: i for i, n in enumerate(_tool_name(t) for t in a_req.get("tools") or [])}
-            tools = body.get("tools") or []
-            known = sorted((t for t in tools if _tool_name(t) in order), key=lambda t: order[_tool_name(t)])
-            new = [t for t in tools if _tool_name(t) not in order]
-            body["tools"] = known + new
-            done.add("tools")
-            out.applied.append(
-                "tools in A's order" + (f", {len(new)} new tool(s) moved to the end" if new else "")
-            )
+            if "tools" not in done:
+                out.applied.append(_tools_in_a_order(a_req, out.body))
+                done.add("tools")
             continue
-        if f.kind in REVERTIBLE:
-            path = _field_of(h.b_owner) or _field_of(h.a_owner)
-            if path and path not in done:
-                got_b = _get(body, path)
-                got_a = _get(a_req, path)
-                if got_b and got_a and got_a[2] is not None:
-                    got_b[0][got_b[1]] = copy.deepcopy(got_a[2])
-                    done.add(path)
-                    out.applied.append(f"{path} as in A ({f.kind})")
-                    continue
+        path = _field_of(h.b_owner) or _field_of(h.a_owner) if f.kind in REVERTIBLE else None
+        if path and path not in done and _revert_field(a_req, out.body, path):
+            done.add(path)
+            out.applied.append(f"{path} as in A ({f.kind})")
+            continue
         out.not_applied.append(f"{f.kind} at hunk {f.hunk}: no automatic fix ({f.fix})")
     return out

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokendiff.model import SEP, Divergence, Prompt
+from tokendiff.model import END_OF_PROMPT, Divergence, Prompt, SectionPath
 from tokendiff.report.excerpt import excerpt
 from tokendiff.vocab import Vocab
 
-SCHEMA = "tokendiff.diff/1"
+SCHEMA = "tokendiff.diff/2"
 
 
 def _side(p: Prompt) -> dict[str, Any]:
@@ -39,18 +39,26 @@ def _finding(f: Any) -> dict[str, Any] | None:
             "confidence": f.confidence, "expected": f.expected, "origin": f.origin}  # fmt: skip
 
 
-def _field(path: tuple[str, ...]) -> str | None:
-    """The innermost request field of a section path (`tools[5] image_generate`,
-    `messages[3].tool_calls[0].function.arguments`), or None for template markers."""
-    for name in reversed(path):
-        if name.startswith(("messages[", "tools[")):
-            return name
-    return None
+def path_json(path: SectionPath) -> list[dict[str, Any]]:
+    """A section path as JSON: its parts, outermost first (docs/diff-json.md)."""
+    return [{"kind": p.kind, "index": p.index, "name": p.name, "field": p.field} for p in path]
+
+
+def _owner_at(p: Prompt, token: int) -> SectionPath:
+    return p.owner(token) if token < len(p) else END_OF_PROMPT
 
 
 def _text(p: Prompt, start: int, end: int, context: int) -> dict[str, Any]:
     e = excerpt(p, start, end, context)
     return {"before": e.before, "diverged": e.diverged, "after": e.after}
+
+
+def _owner_fields(side: str, path: SectionPath) -> dict[str, Any]:
+    return {
+        f"{side}_section": path.label or "(no section)",
+        f"{side}_path": path_json(path),
+        f"{side}_field": path.field_path,
+    }
 
 
 def diff_document(a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: int = 8, findings: list | None = None) -> dict[str, Any]:
@@ -65,12 +73,8 @@ def diff_document(a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: in
             "byte": a.byte_offset(d.lcp),
             "first_byte_diff": d.first_byte_diff,
             "boundary": d.boundary,
-            "a_section": a.owner_label(d.lcp) if d.lcp < len(a) else "end of prompt",
-            "b_section": b.owner_label(d.lcp) if d.lcp < len(b) else "end of prompt",
-            "a_path": list(a.owner(d.lcp)) if d.lcp < len(a) else [],
-            "b_path": list(b.owner(d.lcp)) if d.lcp < len(b) else [],
-            "a_field": _field(a.owner(d.lcp)) if d.lcp < len(a) else None,
-            "b_field": _field(b.owner(d.lcp)) if d.lcp < len(b) else None,
+            **_owner_fields("a", _owner_at(a, d.lcp)),
+            **_owner_fields("b", _owner_at(b, d.lcp)),
             "a_token_id": int(a.ids[d.lcp]) if d.lcp < len(a) else None,
             "b_token_id": int(b.ids[d.lcp]) if d.lcp < len(b) else None,
             "a_text": _text(a, d.lcp, a_end, context),
@@ -84,13 +88,15 @@ def diff_document(a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: in
                 "a": {
                     "tokens": [h.a_start, h.a_end],
                     "bytes": [h.a_byte_start, h.a_byte_end],
-                    "section": SEP.join(h.a_owner) if h.a_owner else None,
+                    "section": h.a_owner.label or None,
+                    "path": path_json(h.a_owner),
                     "text": _text(a, h.a_start, h.a_end, context),
                 },
                 "b": {
                     "tokens": [h.b_start, h.b_end],
                     "bytes": [h.b_byte_start, h.b_byte_end],
-                    "section": SEP.join(h.b_owner) if h.b_owner else None,
+                    "section": h.b_owner.label or None,
+                    "path": path_json(h.b_owner),
                     "text": _text(b, h.b_start, h.b_end, context),
                 },
                 "finding": _finding(best.get(i)),
@@ -167,7 +173,7 @@ def render_text(doc: dict[str, Any], color: bool = False, max_hunks: int = 20) -
     out.append(st.wrap(_BOLD, f"first divergence: token {f['token']:,} · byte {f['byte']:,}"))
     for side in ("a", "b"):
         fld = f.get(f"{side}_field")
-        extra = f"   (field {fld})" if fld and fld != f[f"{side}_section"].split(" › ")[-1] else ""
+        extra = f"   (field {fld})" if fld else ""
         out.append(f"  {side.upper()}: {st.wrap(_CYAN, f[side + '_section'])}{extra}")
     out.append("  A │ " + _line(st, f["a_text"], "a"))
     out.append("  B │ " + _line(st, f["b_text"], "b"))

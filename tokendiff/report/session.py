@@ -11,7 +11,8 @@ import re
 from typing import Any
 
 from tokendiff.cost import Session, turn_rows
-from tokendiff.model import SEP, Prompt
+from tokendiff.model import Prompt
+from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
 
 SCHEMA = "tokendiff.report/1"
@@ -53,6 +54,7 @@ def report_document(
                 "rank": rank,
                 "kind": sp.kind,
                 "section": sp.section,
+                "path": path_json(sp.path),
                 "title": sp.title,
                 "fix": sp.fix,
                 "turns": sp.turns,
@@ -88,9 +90,11 @@ def report_document(
                 "turn": turn_no,
                 "hunk": hi,
                 "a": {"origin": a.origin, "tokens": [h.a_start, h.a_end], "bytes": [h.a_byte_start, h.a_byte_end],
-                      "section": SEP.join(h.a_owner), "text": _ex(a, h.a_start, h.a_end, context, redact)},
+                      "section": h.a_owner.label, "path": path_json(h.a_owner),
+                      "text": _ex(a, h.a_start, h.a_end, context, redact)},
                 "b": {"origin": b.origin, "tokens": [h.b_start, h.b_end], "bytes": [h.b_byte_start, h.b_byte_end],
-                      "section": SEP.join(h.b_owner), "text": _ex(b, h.b_start, h.b_end, context, redact)},
+                      "section": h.b_owner.label, "path": path_json(h.b_owner),
+                      "text": _ex(b, h.b_start, h.b_end, context, redact)},
             }
         )  # fmt: skip
     per_turn_findings = []
@@ -110,13 +114,14 @@ def report_document(
         "wasted_seconds": round(s.wasted_seconds, 3) if s.wasted_seconds is not None else None,
         "ms_per_token": round(s.ms_per_token, 4) if s.ms_per_token else None,
         "top_cause": spans[0] if top else None,
-        "headline": _headline(s),
+        "headline": headline(s),
         "redacted": redact,
     }
     return {"schema": SCHEMA, "summary": summary, "tokenizer": tokenizer, "turns": rows, "spans": spans, "causes": causes, "findings": per_turn_findings}
 
 
-def _headline(s: Session) -> str:
+def headline(s: Session) -> str:
+    """One sentence for the top of the report and the TUI's session screen: the span to fix first."""
     if not s.spans or s.spans[0].tokens == 0:
         return f"No waste: every turn reused everything the previous prompt had ({s.reuse_pct:.1f} % of all tokens reused)."
     sp = s.spans[0]

@@ -14,7 +14,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Sparkline, Static, Tree
 
-from tokendiff.model import SEP, Prompt
+from tokendiff.model import Prompt, SectionPath
 from tokendiff.tui.pairdata import PairView
 from tokendiff.tui.token_view import TokenView
 
@@ -46,9 +46,9 @@ class SessionScreen(Screen):
         self.query_one("#turns", DataTable).loading = True
 
     def show(self, session: "Session") -> None:
-        from tokendiff.report.session import _headline
+        from tokendiff.report.session import headline
 
-        self.query_one("#headline", Static).update(Text(_headline(session), style="bold"))
+        self.query_one("#headline", Static).update(Text(headline(session), style="bold"))
         table = self.query_one("#turns", DataTable)
         table.loading = False
         table.clear(columns=True)
@@ -135,7 +135,7 @@ class PairScreen(Screen):
     def _build_outline(self) -> None:
         tree = self.query_one("#outline", Tree)
         tree.root.expand()
-        self._outline_nodes: dict[tuple[str, ...], object] = {}
+        self._outline_nodes: dict[SectionPath, object] = {}
         for s in self.b.sections:
             parent = self._outline_nodes.get(s.path[:-1], tree.root) if len(s.path) > 1 else tree.root
             node = parent.add(s.name, data=("b", s.start), expand=len(s.path) < 2)  # type: ignore[attr-defined]
@@ -204,7 +204,7 @@ class PairScreen(Screen):
         fs = [f for f in self.findings if f.hunk == self.hunk]
         t = Text()
         t.append(f"span {self.hunk + 1}/{len(self.d.hunks)} ", style="bold")
-        t.append(f"A {h.a_start:,}..{h.a_end:,} → B {h.b_start:,}..{h.b_end:,} · {SEP.join(h.b_owner or h.a_owner)}\n", style="dim")
+        t.append(f"A {h.a_start:,}..{h.a_end:,} → B {h.b_start:,}..{h.b_end:,} · {(h.b_owner or h.a_owner).label}\n", style="dim")
         for f in fs[:2]:
             t.append(f"{f.title}", style="bold")
             t.append(f" ({f.confidence:.0%}{', expected' if f.expected else ''}): {f.evidence}\n")
