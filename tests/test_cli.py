@@ -64,7 +64,7 @@ def test_json_schema(pair):
     assert r.returncode == 1
     assert set(doc) == {"schema", "identical", "a", "b", "tokenizer", "lcp_tokens", "reusable_fraction", "recompute_tokens", "first_divergence", "hunks"}
     f = doc["first_divergence"]
-    assert f["byte"] == HEAD.index("11-28") + 4 and f["a_section"] == "system" and f["boundary"] is False
+    assert f["byte"] == HEAD.index("11-28") + 4 and f["a_section"] == "system prompt" and f["boundary"] is False
     assert doc["hunks"][0]["a"]["tokens"] == [doc["lcp_tokens"], doc["lcp_tokens"] + 1]
     assert doc["tokenizer"]["assumed"] is True and doc["tokenizer"]["n_vocab"] == 151669
     assert doc["hunks"][0]["finding"]["kind"] == "date" and doc["hunks"][0]["finding"]["expected"] is False

@@ -41,14 +41,14 @@ def test_every_turn_lcp_equals_server_cache_n(prompts):
 def test_pure_append(prompts):
     d = align(prompts[0], prompts[1])
     assert d.lcp == SESSION["turns"][0]["usage"]["prompt_tokens"]
-    assert prompts[0].owner_label(d.lcp) == "generation_prompt › generated"
+    assert prompts[0].owner_label(d.lcp) == "generation prompt › generated"
 
 
 def test_tool_loaded_on_demand(prompts):
     a, b = prompts[2], prompts[3]
     d = align(a, b)
-    assert a.owner_label(d.lcp) == "system › tools › tool[6] git_diff"
-    assert b.owner_label(d.lcp) == "system › tools › tool[6] git_blame"
+    assert a.owner_label(d.lcp) == "tools › git_diff"
+    assert b.owner_label(d.lcp) == "tools › git_blame"
     assert b.data[b.byte_offset(d.lcp) :].startswith(b'_blame"')
 
 
@@ -56,15 +56,15 @@ def test_date_change(prompts):
     a, b = prompts[3], prompts[4]
     d = align(a, b)
     assert a.byte_offset(d.lcp) == a.data.index(b"2026-11-28") + 9 == d.first_byte_diff
-    assert a.owner_label(d.lcp) == "system"
+    assert a.owner_label(d.lcp) == "system prompt"
 
 
 def test_reasoning_stripped_on_new_user_message(prompts):
     a, b = prompts[5], prompts[6]
     d = align(a, b)
-    assert a.owner_label(d.lcp) == "message[2] assistant › reasoning"
-    assert b.owner_label(d.lcp) == "message[2] assistant › tool_call[0] read_file"
-    assert all(h.kind == "delete" and "reasoning" in h.a_owner for h in d.hunks[:5])
+    assert a.owner_label(d.lcp) == "message 2 (assistant) › reasoning"
+    assert b.owner_label(d.lcp) == "message 2 (assistant) › tool call read_file"
+    assert all(h.kind == "delete" and h.a_owner.has("reasoning") for h in d.hunks[:5])
 
 
 def test_readme_first_command_runs():

@@ -103,8 +103,8 @@ def test_request_bodies_diff_names_request_fields(tmp_path):
     assert r.returncode == 1, r.stderr
     f = json.loads(r.stdout)["first_divergence"]
     assert f["a_field"] == "tools[1].function.name" and f["b_field"] == "tools[1].function.name"
-    assert f["a_section"] == "messages[0] system › tools › tools[1] get_time › tools[1].function.name"
-    assert f["b_section"] == "messages[0] system › tools › tools[1] web_extract › tools[1].function.name"
+    assert f["a_section"] == "tools › get_time (name)" and f["b_section"] == "tools › web_extract (name)"
+    assert [x["kind"] for x in f["a_path"]] == ["message", "tools", "tool", "field"]
     # a directory of bodies is a session
     r2 = run("diff", f"{tmp_path}@1", f"{tmp_path}@2", "--json")
     assert json.loads(r2.stdout)["lcp_tokens"] == json.loads(r.stdout)["lcp_tokens"]

@@ -11,7 +11,7 @@ import sys
 
 import httpx
 import pytest
-from conftest import TOOLS, qwen_encode, render
+from conftest import TOOLS, qwen_encode, render, spell
 
 from tokendiff.align import align
 from tokendiff.sources import load_prompt
@@ -93,8 +93,8 @@ def test_pure_append_reuses_the_whole_previous_prompt(session):
     d = align(a, b)
     prompt1 = session["turns"][0]["response"]["usage"]["prompt_tokens"]
     assert d.lcp == prompt1  # everything but the generated tail
-    assert d.hunks[0].a_owner == ("generation_prompt", "generated")
-    assert d.hunks[0].b_owner == ("message[2] assistant",)
+    assert d.hunks[0].a_owner.kinds == ("generation_prompt", "generated")
+    assert spell(d.hunks[0].b_owner) == "message[2] assistant"
 
 
 def test_tool_reorder_first_divergence(session):
@@ -111,8 +111,8 @@ def test_tool_reorder_first_divergence(session):
     assert d.lcp == len(head)
     byte = a.byte_offset(d.lcp)
     assert a.data[byte:].startswith(b'get_time"') and b.data[byte:].startswith(b'web_extract"')
-    assert a.owner_label(d.lcp) == "system › tools › tool[1] get_time"
-    assert b.owner_label(d.lcp) == "system › tools › tool[1] web_extract"
+    assert a.owner_label(d.lcp) == "tools › get_time"
+    assert b.owner_label(d.lcp) == "tools › web_extract"
     assert not d.boundary
 
 
@@ -123,7 +123,7 @@ def test_date_change_first_divergence(session):
     assert byte == a.data.index(b"2026-11-28") + 9
     assert a.data[byte : byte + 1] == b"8" and b.data[byte : byte + 1] == b"9"
     assert d.first_byte_diff == byte
-    assert a.owner_label(d.lcp) == b.owner_label(d.lcp) == "system"
+    assert a.owner_label(d.lcp) == b.owner_label(d.lcp) == "system prompt"
     # one changed digit: a one-token hunk, and the tail is identical again after it
     h = d.hunks[0]
     assert (h.a_end - h.a_start, h.b_end - h.b_start) == (1, 1)
@@ -145,9 +145,9 @@ def test_cli_diff_json_on_real_slots(session):
     )
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "tokendiff.diff/1"
+    assert doc["schema"] == "tokendiff.diff/2"
     assert doc["lcp_tokens"] == session["turns"][3]["response"]["timings"]["cache_n"]
-    assert doc["first_divergence"]["a_section"] == "system"
+    assert doc["first_divergence"]["a_section"] == "system prompt"
     assert doc["first_divergence"]["a_text"]["diverged"] == "8"
     assert doc["first_divergence"]["b_text"]["diverged"] == "9"
 

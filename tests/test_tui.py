@@ -68,10 +68,10 @@ async def test_hunk_navigation_mode_switch_and_outline_jump():
         await pilot.pause(0.2)
         # outline: jump to the tools block
         tree = s.query_one("#outline")
-        node = s._outline_nodes[("messages[0] system", "tools")]
+        tools = next(x for x in s.b.sections if x.path.kinds == ("message", "tools"))
+        node = s._outline_nodes[tools.path]
         tree.select_node(node)
         await pilot.pause(0.2)
-        tools = next(x for x in s.b.sections if x.path == ("messages[0] system", "tools"))
         assert unified.cursor == s.pv.b_to_unified(tools.start)
         assert "tools" in str(s.query_one("#status").render())
         await pilot.press("escape")

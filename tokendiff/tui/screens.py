@@ -87,6 +87,13 @@ class SessionScreen(Screen):
         self.app.export_report()  # type: ignore[attr-defined]
 
 
+def _owner_text(path: SectionPath) -> str:
+    """The owning section as people say it, and the exact request field when there is one."""
+    if not path:
+        return "(no section)"
+    return path.label + (f" · {path.field_path}" if path.field_path else "")
+
+
 class PairScreen(Screen):
     """Two prompts as tokens: unified or side by side, hunks, sections, findings."""
 
@@ -223,7 +230,7 @@ class PairScreen(Screen):
         raw = p.token_bytes(idx)
         status = Text()
         status.append(f" {side.upper()} token {idx:,}", style="bold")
-        status.append(f" · byte {p.byte_offset(idx):,} · id {int(p.ids[idx])} · {raw!r} · {p.owner_label(idx)}")
+        status.append(f" · byte {p.byte_offset(idx):,} · id {int(p.ids[idx])} · {raw!r} · {_owner_text(p.owner(idx))}")
         self.query_one("#status", Static).update(status)
         self._follow_outline(side, idx)
         # the hunk at or before the cursor
