@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import (
-    CONVERSATION, TOOLS, owner_spelled, prompt_from_ids, prompt_from_text, qwen_encode, render, spell, token_at, with_ids,
+    CONVERSATION, TOOLS, owner_spelled, prompt_from_ids, prompt_from_text, qwen_encode, render, spell, token_at,
+    with_ids,
 )
 
 from tokendiff.grammar import detect_family

@@ -6,7 +6,9 @@ import copy
 import json
 
 import pytest
-from conftest import CONVERSATION, TOOLS, owner_spelled, prompt_from_ids, qwen_encode, spell, template, token_at, with_ids
+from conftest import (
+    CONVERSATION, TOOLS, owner_spelled, prompt_from_ids, qwen_encode, spell, template, token_at, with_ids,
+)
 
 from tokendiff.render import Renderer
 from tokendiff.sections import field_sections
@@ -72,7 +74,9 @@ def test_qwen3_field_sections_on_real_tokens(vocab):
     p.sections = field_sections(p, r)
     assert owner_spelled(p, token_at(p, "terse")) == "messages[0] system › messages[0].content"
     assert owner_spelled(p, token_at(p, '"name": "get_time"')) == "messages[0] system › tools › tools[1] get_time"
-    assert owner_spelled(p, token_at(p, "get_time")) == "messages[0] system › tools › tools[1] get_time › tools[1].function.name"
+    assert owner_spelled(p, token_at(p, "get_time")) == (
+        "messages[0] system › tools › tools[1] get_time › tools[1].function.name"
+    )
     assert owner_spelled(p, token_at(p, "# Tools")) == "messages[0] system › tools"
     assert owner_spelled(p, token_at(p, "Paris", 1)) == (
         "messages[2] assistant › messages[2].tool_calls[0] get_weather › messages[2].tool_calls[0].function.arguments"

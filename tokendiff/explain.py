@@ -239,7 +239,8 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
     return Finding(
         kind="generation_prompt", hunk=ctx.i, confidence=0.85,
         title="Generation prompt replaced by the answer (expected)",
-        evidence=f"A's open generation prompt ({a_txt[:40]!r}, {n} token(s)) is rendered differently once it is history",
+        evidence=f"A's open generation prompt ({a_txt[:40]!r}, {n} token(s)) is rendered differently "
+        "once it is history",
         fix="Nothing to fix: a few tokens per turn", expected=True, origin="template",
     )  # fmt: skip
 

@@ -59,6 +59,10 @@ class Part:
     name: str | None = None  # role, tool or function name, or a field's short name
     field: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:  # one vocabulary: a misspelt kind would silently match nothing
+            raise ValueError(f"unknown section kind {self.kind!r}")
+
     @property
     def label(self) -> str:
         """How a person names this part on its own."""

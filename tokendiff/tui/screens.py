@@ -211,7 +211,8 @@ class PairScreen(Screen):
         fs = [f for f in self.findings if f.hunk == self.hunk]
         t = Text()
         t.append(f"span {self.hunk + 1}/{len(self.d.hunks)} ", style="bold")
-        t.append(f"A {h.a_start:,}..{h.a_end:,} → B {h.b_start:,}..{h.b_end:,} · {(h.b_owner or h.a_owner).label}\n", style="dim")
+        where = (h.b_owner or h.a_owner).label
+        t.append(f"A {h.a_start:,}..{h.a_end:,} → B {h.b_start:,}..{h.b_end:,} · {where}\n", style="dim")
         for f in fs[:2]:
             t.append(f"{f.title}", style="bold")
             t.append(f" ({f.confidence:.0%}{', expected' if f.expected else ''}): {f.evidence}\n")
@@ -230,7 +231,8 @@ class PairScreen(Screen):
         raw = p.token_bytes(idx)
         status = Text()
         status.append(f" {side.upper()} token {idx:,}", style="bold")
-        status.append(f" · byte {p.byte_offset(idx):,} · id {int(p.ids[idx])} · {raw!r} · {_owner_text(p.owner(idx))}")
+        status.append(f" · byte {p.byte_offset(idx):,} · id {int(p.ids[idx])} · {raw!r}")
+        status.append(f" · {_owner_text(p.owner(idx))}")
         self.query_one("#status", Static).update(status)
         self._follow_outline(side, idx)
         # the hunk at or before the cursor
