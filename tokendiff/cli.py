@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tokendiff import __version__
 from tokendiff.errors import InputError
+from tokendiff.paths import demo_capture
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
 
@@ -29,6 +30,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tokendiff", description="Token-level prompt diff and prefix-cache forensics.")
     p.add_argument("--version", action="version", version=f"tokendiff {__version__}")
+    p.add_argument("--theme", dest="top_theme", metavar="NAME", help="open the TUI with this theme (= tui --theme NAME)")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     d = sub.add_parser(
@@ -112,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--live", metavar="URL", help="a llama-server to pull slots from as the agent runs (needs --slot-dir)")
     t.add_argument("--slot-dir", metavar="DIR", help="the live server's --slot-save-path")
     t.add_argument("--every", default="2s", metavar="DURATION", help="live polling interval (default 2s)")
-    t.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, or any loaded theme")
+    t.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
     t.add_argument("--backend", metavar="URL", help="a local backend to replay pairs against (key r on the pair screen)")
     return p
 
@@ -377,7 +379,7 @@ def _what_if(a, b, d, findings, loader, be, plan) -> dict | None:
     return {"applied": fixed.applied, "not_applied": fixed.not_applied, "fixed_tokens": len(ids), "fixed_lcp_tokens": plan.fixed_lcp}
 
 
-DEMO_SESSION = Path(__file__).resolve().parent.parent / "captures" / "agent" / "capture.jsonl"
+DEMO_SESSION = demo_capture()
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
@@ -390,6 +392,10 @@ def cmd_tui(args: argparse.Namespace) -> int:
         if len(paths) != 1 or args.paths == []:
             raise InputError("--live takes one session directory to collect the turns in")
         Path(paths[0]).mkdir(parents=True, exist_ok=True)
+    if args.theme:
+        from tokendiff.tui.themes import require_theme
+
+        args.theme = require_theme(args.theme)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise InputError("the TUI needs a terminal; for a headless answer use `tokendiff report PATH` or `tokendiff diff A B`")
     from tokendiff.tui.app import Options, TokendiffApp
@@ -406,6 +412,11 @@ def cmd_tui(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.top_theme:  # `tokendiff --theme X [tui ...]` is `tokendiff tui --theme X ...`
+        if args.command not in (None, "tui"):
+            parser.error(f"--theme is an option of the TUI, not of {args.command}")
+        args = parser.parse_args(["tui", "--theme", args.top_theme]) if args.command is None else args
+        args.theme = args.theme or args.top_theme
     if args.command is None:
         if sys.stdin.isatty() and sys.stdout.isatty():
             args = parser.parse_args(["tui"])
