@@ -18,6 +18,7 @@ from tokendiff.errors import InputError
 from tokendiff.paths import demo_capture
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
+CAUSES_EPILOG = "Every finding kind (date, nonce, tool_order ...), its cause and its fix: docs/causes.md in tokendiff's source."
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         "diff",
         help="diff two prompts (slot files, captures, request bodies, DIR@N turns)",
         description="Diff two prompts as the server cached them. Exit 0 identical, 1 different, 2 trouble.",
+        epilog=CAUSES_EPILOG,
     )
     d.add_argument(
         "a",
@@ -75,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         "report",
         help="the incident report for a session (slot directory, capture file, HAR)",
         description="Analyse every turn of a session: reuse, waste, the causes ranked by cost, and what to fix first.",
+        epilog=CAUSES_EPILOG,
     )
     r.add_argument("path", help="a directory of slot files (or request bodies, prompt logs), a capture.jsonl, or a .har")
     _tokenizer_args(r)
@@ -414,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.top_theme:  # `tokendiff --theme X [tui ...]` is `tokendiff tui --theme X ...`
         if args.command not in (None, "tui"):
-            parser.error(f"--theme is an option of the TUI, not of {args.command}")
+            print(f"tokendiff: --theme is an option of the TUI, not of {args.command}", file=sys.stderr)
+            return EXIT_TROUBLE
         args = parser.parse_args(["tui", "--theme", args.top_theme]) if args.command is None else args
         args.theme = args.theme or args.top_theme
     if args.command is None:
