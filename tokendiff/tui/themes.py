@@ -26,7 +26,9 @@ from tokendiff.config import Config
 from tokendiff.errors import InputError
 from tokendiff.paths import theme_dirs
 
-BASE_KEYS = ("primary", "secondary", "accent", "foreground", "background", "surface", "panel", "success", "warning", "error")
+BASE_KEYS = (
+    "primary", "secondary", "accent", "foreground", "background", "surface", "panel", "success", "warning", "error",
+)  # fmt: skip
 DEFAULT_THEME = "tokendiff-dark"
 
 
