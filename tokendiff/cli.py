@@ -18,7 +18,7 @@ from tokendiff.errors import InputError
 from tokendiff.paths import demo_capture
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
-CAUSES_EPILOG = "Every finding kind (date, nonce, tool_order ...), its cause and its fix: docs/causes.md in tokendiff's source."
+CAUSES_EPILOG = "Each finding kind (date, nonce, tool_order ...), its cause and its fix: docs/causes.md in the source."
 
 
 class _Parser(argparse.ArgumentParser):
@@ -388,6 +388,10 @@ DEMO_SESSION = demo_capture()
 def cmd_tui(args: argparse.Namespace) -> int:
     from tokendiff.pull import parse_interval
 
+    if args.theme:  # before anything else: an unknown theme is an error, not a silent fallback
+        from tokendiff.tui.themes import require_theme
+
+        args.theme = require_theme(args.theme)
     paths = args.paths or [str(DEMO_SESSION)]
     if args.live:
         if not args.slot_dir:
@@ -395,10 +399,6 @@ def cmd_tui(args: argparse.Namespace) -> int:
         if len(paths) != 1 or args.paths == []:
             raise InputError("--live takes one session directory to collect the turns in")
         Path(paths[0]).mkdir(parents=True, exist_ok=True)
-    if args.theme:
-        from tokendiff.tui.themes import require_theme
-
-        args.theme = require_theme(args.theme)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise InputError("the TUI needs a terminal; for a headless answer use `tokendiff report PATH` or `tokendiff diff A B`")
     from tokendiff.tui.app import Options, TokendiffApp
