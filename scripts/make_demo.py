@@ -1,7 +1,8 @@
 """Record the bundled demo sessions from a real llama-server.
 
-captures/agent/ is an agent loop recorded through `tokendiff proxy` (see
-agent_turns); captures/demo/ is described below.
+tokendiff/demo/agent/ (captures/agent/ in a checkout) is an agent loop
+recorded through `tokendiff proxy` (see agent_turns); tokendiff/demo/slots/
+(captures/demo/) is described below. Both ship inside the package.
 
 
 A coding agent with 16 tools works on a failing test for 7 turns against a
@@ -19,7 +20,7 @@ What happens, turn by turn (the diff between N-1 and N shows it):
   7  a new user message: the Qwen3 template strips the reasoning of earlier
      assistant turns from history
 
-    python scripts/make_demo.py [--out captures/demo]
+    python scripts/make_demo.py [--out tokendiff/demo/slots] [--agent-out tokendiff/demo/agent]
 """
 
 from __future__ import annotations
@@ -33,10 +34,9 @@ from pathlib import Path
 
 import httpx
 
+from tokendiff.paths import demo_capture, demo_slots
 from tokendiff.testing.llama_server import LlamaServer
 from tokendiff.testing.tiny_gguf import TinySpec, tiny_gguf
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def tool(name: str, desc: str, **params: str) -> dict:
@@ -295,8 +295,8 @@ def record_agent(out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="Record the demo sessions from a real llama-server.")
-    ap.add_argument("--out", type=Path, default=ROOT / "captures" / "demo", help="slot-file session")
-    ap.add_argument("--agent-out", type=Path, default=ROOT / "captures" / "agent", help="proxy-recorded session")
+    ap.add_argument("--out", type=Path, default=demo_slots(), help="slot-file session")
+    ap.add_argument("--agent-out", type=Path, default=demo_capture().parent, help="proxy-recorded session")
     args = ap.parse_args()
     record(args.out)
     record_agent(args.agent_out)

@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tokendiff.align import align
+from tokendiff.paths import demo_slots
 from tokendiff.sources import load_prompt
 
-DEMO = Path(__file__).resolve().parent.parent / "captures" / "demo"
+DEMO = demo_slots()  # captures/demo in a checkout
 SESSION = json.loads((DEMO / "session.json").read_text())
 
 

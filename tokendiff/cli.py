@@ -15,8 +15,10 @@ from pathlib import Path
 
 from tokendiff import __version__
 from tokendiff.errors import InputError
+from tokendiff.paths import demo_capture
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
+CAUSES_EPILOG = "Each finding kind (date, nonce, tool_order ...), its cause and its fix: docs/causes.md in the source."
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,12 +31,14 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tokendiff", description="Token-level prompt diff and prefix-cache forensics.")
     p.add_argument("--version", action="version", version=f"tokendiff {__version__}")
+    p.add_argument("--theme", dest="top_theme", metavar="NAME", help="open the TUI with this theme (= tui --theme NAME)")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     d = sub.add_parser(
         "diff",
         help="diff two prompts (slot files, captures, request bodies, DIR@N turns)",
         description="Diff two prompts as the server cached them. Exit 0 identical, 1 different, 2 trouble.",
+        epilog=CAUSES_EPILOG,
     )
     d.add_argument(
         "a",
@@ -73,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         "report",
         help="the incident report for a session (slot directory, capture file, HAR)",
         description="Analyse every turn of a session: reuse, waste, the causes ranked by cost, and what to fix first.",
+        epilog=CAUSES_EPILOG,
     )
     r.add_argument("path", help="a directory of slot files (or request bodies, prompt logs), a capture.jsonl, or a .har")
     _tokenizer_args(r)
@@ -112,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--live", metavar="URL", help="a llama-server to pull slots from as the agent runs (needs --slot-dir)")
     t.add_argument("--slot-dir", metavar="DIR", help="the live server's --slot-save-path")
     t.add_argument("--every", default="2s", metavar="DURATION", help="live polling interval (default 2s)")
-    t.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, or any loaded theme")
+    t.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
     t.add_argument("--backend", metavar="URL", help="a local backend to replay pairs against (key r on the pair screen)")
     return p
 
@@ -377,12 +382,16 @@ def _what_if(a, b, d, findings, loader, be, plan) -> dict | None:
     return {"applied": fixed.applied, "not_applied": fixed.not_applied, "fixed_tokens": len(ids), "fixed_lcp_tokens": plan.fixed_lcp}
 
 
-DEMO_SESSION = Path(__file__).resolve().parent.parent / "captures" / "agent" / "capture.jsonl"
+DEMO_SESSION = demo_capture()
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
     from tokendiff.pull import parse_interval
 
+    if args.theme:  # before anything else: an unknown theme is an error, not a silent fallback
+        from tokendiff.tui.themes import require_theme
+
+        args.theme = require_theme(args.theme)
     paths = args.paths or [str(DEMO_SESSION)]
     if args.live:
         if not args.slot_dir:
@@ -406,6 +415,12 @@ def cmd_tui(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.top_theme:  # `tokendiff --theme X [tui ...]` is `tokendiff tui --theme X ...`
+        if args.command not in (None, "tui"):
+            print(f"tokendiff: --theme is an option of the TUI, not of {args.command}", file=sys.stderr)
+            return EXIT_TROUBLE
+        args = parser.parse_args(["tui", "--theme", args.top_theme]) if args.command is None else args
+        args.theme = args.theme or args.top_theme
     if args.command is None:
         if sys.stdin.isatty() and sys.stdout.isatty():
             args = parser.parse_args(["tui"])

@@ -2,7 +2,7 @@
 
 Only the 12-byte header and the token payload are read, never the state blob
 that follows: a file with a multi-GB KV cache costs what a tiny one costs.
-The layouts are described in `../shared/docs/llama-server.md` §1.
+The layouts, and what each check guards against, are in docs/slot-files.md.
 """
 
 from __future__ import annotations
@@ -75,67 +75,12 @@ def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
         raise InputError("is a directory; use DIR@N to pick a turn", source=p) from None
     except OSError as e:
         raise InputError(e.strerror or str(e), source=p) from None
-    size = st.st_size
     with f:
-        head = f.read(HEADER)
-        if len(head) < HEADER:
-            if not head:
-                raise InputError("empty file, not a slot file", source=p, offset=0)
-            if len(head) >= 4:
-                magic = struct.unpack_from("<I", head)[0]
-                if magic not in (MAGIC_GGSQ, MAGIC_GGSN):
-                    raise _magic_error(p, magic, head)
-            raise InputError(
-                f"truncated header: {len(head)} of {HEADER} bytes", source=p, offset=len(head)
-            )
-        magic, version, n = struct.unpack("<III", head)
-        warnings: list[str] = []
-        if magic == MAGIC_GGSQ:
-            kind = "ggsq"
-            if version == 0 or version > MAX_PLAUSIBLE_VERSION:
-                raise InputError(f"implausible ggsq version {version}", source=p, offset=4)
-            if version not in GGSQ_KNOWN:
-                warnings.append(
-                    f"{p}: unknown ggsq version {version} (known 1-4); "
-                    "the token header is the same in every version, reading it anyway"
-                )
-        elif magic == MAGIC_GGSN:
-            kind = "ggsn"
-            if version < GGSN_MIN:
-                raise InputError(
-                    f"legacy ggsn session file version {version} with a build-specific "
-                    "hparams struct; unsupported (version 8 and later are read)",
-                    source=p,
-                    offset=4,
-                )
-            if version > MAX_PLAUSIBLE_VERSION:
-                raise InputError(f"implausible ggsn version {version}", source=p, offset=4)
-            if version > GGSN_MAX:
-                warnings.append(
-                    f"{p}: unknown ggsn version {version} (known {GGSN_MIN}-{GGSN_MAX}); reading tokens anyway"
-                )
-        else:
-            raise _magic_error(p, magic, head)
-
-        need = HEADER + 4 * n
-        if n > MAX_TOKENS:
-            raise InputError(
-                f"implausible token count {n} (more than {MAX_TOKENS}; corrupt header?)", source=p, offset=8
-            )
-        if need > size:
-            raise InputError(
-                f"token count {n} needs {need} bytes but the file has {size} (truncated or corrupt)",
-                source=p,
-                offset=8,
-            )
-        words = np.fromfile(f, dtype="<i4", count=n)
-        if words.shape[0] != n:  # file shrank while reading
-            raise InputError(f"truncated token payload: {words.shape[0]} of {n} words", source=p, offset=HEADER)
-        state_bytes = size - need
-        arch = None
-        if kind == "ggsn" and state_bytes >= 4:
-            arch = _read_arch(f, state_bytes)
-
+        kind, version, n = _read_header(f, p)
+        warnings = _check_version(p, kind, version)
+        words = _read_payload(f, p, n, st.st_size)
+        state_bytes = st.st_size - (HEADER + 4 * n)
+        arch = _read_arch(f, state_bytes) if kind == "ggsn" and state_bytes >= 4 else None
     slot = SlotFile(
         path=p,
         kind=kind,
@@ -149,13 +94,74 @@ def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
     if kind == "ggsq" and n > 0 and int(words[0]) == MEDIA:
         _unpack_server_tokens(slot, words)
     else:
-        bad = np.flatnonzero(slot.tokens < 0)
-        if bad.size:
-            i = int(bad[0])
-            raise InputError(
-                f"negative token id {int(slot.tokens[i])} at token {i}", source=p, offset=HEADER + 4 * i
-            )
+        _refuse_negative(slot.tokens, p)
     return slot
+
+
+def _read_header(f, p: str) -> tuple[str, int, int]:
+    """(kind, version, n) from the 12-byte header; a short or foreign header is an error."""
+    head = f.read(HEADER)
+    if len(head) < HEADER:
+        if not head:
+            raise InputError("empty file, not a slot file", source=p, offset=0)
+        if len(head) >= 4:
+            magic = struct.unpack_from("<I", head)[0]
+            if magic not in (MAGIC_GGSQ, MAGIC_GGSN):
+                raise _magic_error(p, magic, head)
+        raise InputError(f"truncated header: {len(head)} of {HEADER} bytes", source=p, offset=len(head))
+    magic, version, n = struct.unpack("<III", head)
+    if magic not in (MAGIC_GGSQ, MAGIC_GGSN):
+        raise _magic_error(p, magic, head)
+    return ("ggsq" if magic == MAGIC_GGSQ else "ggsn"), version, n
+
+
+def _check_version(p: str, kind: str, version: int) -> list[str]:
+    """Warnings for versions newer than the known ones (the token header has not changed);
+    an error for implausible versions and for legacy ggsn files, whose layout differs."""
+    if kind == "ggsq":
+        if version == 0 or version > MAX_PLAUSIBLE_VERSION:
+            raise InputError(f"implausible ggsq version {version}", source=p, offset=4)
+        if version not in GGSQ_KNOWN:
+            return [
+                f"{p}: unknown ggsq version {version} (known 1-4); "
+                "the token header is the same in every version, reading it anyway"
+            ]
+        return []
+    if version < GGSN_MIN:
+        raise InputError(
+            f"legacy ggsn session file version {version} with a build-specific "
+            "hparams struct; unsupported (version 8 and later are read)",
+            source=p,
+            offset=4,
+        )
+    if version > MAX_PLAUSIBLE_VERSION:
+        raise InputError(f"implausible ggsn version {version}", source=p, offset=4)
+    if version > GGSN_MAX:
+        return [f"{p}: unknown ggsn version {version} (known {GGSN_MIN}-{GGSN_MAX}); reading tokens anyway"]
+    return []
+
+
+def _read_payload(f, p: str, n: int, size: int) -> np.ndarray:
+    """The n token words after the header, checked against the file's size before reading."""
+    need = HEADER + 4 * n
+    if n > MAX_TOKENS:
+        raise InputError(f"implausible token count {n} (more than {MAX_TOKENS}; corrupt header?)", source=p, offset=8)
+    if need > size:
+        raise InputError(
+            f"token count {n} needs {need} bytes but the file has {size} (truncated or corrupt)", source=p, offset=8
+        )
+    words = np.fromfile(f, dtype="<i4", count=n)
+    if words.shape[0] != n:  # file shrank while reading
+        raise InputError(f"truncated token payload: {words.shape[0]} of {n} words", source=p, offset=HEADER)
+    return words
+
+
+def _refuse_negative(tokens: np.ndarray, p: str) -> None:
+    """A negative ID in a plain payload is corruption (only packed payloads mark media with -1)."""
+    bad = np.flatnonzero(tokens < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(f"negative token id {int(tokens[i])} at token {i}", source=p, offset=HEADER + 4 * i)
 
 
 def _read_arch(f, state_bytes: int) -> str | None:

@@ -26,6 +26,7 @@ import numpy as np
 import orjson
 
 from tokendiff.errors import InputError
+from tokendiff.paths import vocab_cache_dir
 
 DATA_DIR = Path(__file__).parent / "data"
 BUNDLED_DIR = DATA_DIR / "qwen3"
@@ -141,18 +142,10 @@ def _pack(name: str, pieces: list[bytes], flags: list[int], identity: str, meta:
 # ---------------------------------------------------------------- cache
 
 
-def cache_dir() -> Path:
-    env = os.environ.get("TOKENDIFF_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tokendiff"
-
-
 def _cache_path(src: Path, kind: str) -> Path:
     st = src.stat()
     key = f"{kind}|{src.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()
-    return cache_dir() / "vocab" / (hashlib.sha256(key).hexdigest()[:32] + ".bin")
+    return vocab_cache_dir() / (hashlib.sha256(key).hexdigest()[:32] + ".bin")
 
 
 def _save_cache(path: Path, v: Vocab) -> None:

@@ -18,7 +18,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tokendiff.vocab import BUNDLED_DIR, cache_dir
+from tokendiff.paths import models_cache_dir
+from tokendiff.vocab import BUNDLED_DIR
 
 _SPECIAL_SHAPE = re.compile(r"^<\|.*\|>$")
 
@@ -139,7 +140,7 @@ def write_tiny_gguf(out: Path, spec: TinySpec = TinySpec()) -> Path:
 
 def tiny_gguf(spec: TinySpec = TinySpec()) -> Path:
     """The tiny model for `spec`, generated once and kept in the cache directory."""
-    out = cache_dir() / "models" / f"tiny-{spec.key()}.gguf"
+    out = models_cache_dir() / f"tiny-{spec.key()}.gguf"
     if not out.is_file():
         write_tiny_gguf(out, spec)
     return out

@@ -6,8 +6,6 @@ workers; the UI shows a loading state meanwhile and never blocks.
 
 from __future__ import annotations
 
-import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,10 +15,10 @@ from textual.app import App
 from textual.binding import Binding
 from textual.command import Hit, Hits, Provider
 
+from tokendiff.config import load_config, unknown_bindings
 from tokendiff.tui.screens import PairScreen, SessionScreen
-from tokendiff.tui.themes import diff_defaults, load_themes
-
-DEFAULT_THEME = "tokendiff-dark"
+from tokendiff.tui.themes import choose_theme, diff_defaults, load_catalogue
+from tokendiff.tui.token_view import TokenView
 
 
 @dataclass
@@ -62,16 +60,9 @@ class TokendiffCommands(Provider):
                 yield Hit(score, matcher.highlight(name), lambda a=action: app.run_action(f"screen.{a}") if a not in ("export_report",) else app.export_report(), help=action)
 
 
-def load_config() -> dict[str, Any]:
-    path = os.environ.get("TOKENDIFF_CONFIG") or os.path.join(
-        os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config"), "tokendiff", "config.toml"
-    )
-    try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        return {"_error": f"{path}: {e}"}
+def _binding_ids(*classes: type) -> set[str]:
+    """The ids a keymap can rebind."""
+    return {b.id for cls in classes for b in getattr(cls, "BINDINGS", []) if isinstance(b, Binding) and b.id}
 
 
 class TokendiffApp(App):
@@ -95,23 +86,25 @@ class TokendiffApp(App):
         return diff_defaults(self.current_theme)
 
     def on_mount(self) -> None:
-        themes, failed = load_themes()
-        for t in themes:
-            self.register_theme(t)
-        names = {t.name for t in themes}
-        wanted = self.options.theme or self.config.get("theme") or DEFAULT_THEME
-        self.theme = wanted if wanted in names or wanted in self.available_themes else DEFAULT_THEME if DEFAULT_THEME in names else "textual-dark"
-        if failed:
-            self.notify("themes not loaded: " + "; ".join(failed), severity="warning")
-        if "_error" in self.config:
-            self.notify(f"config not loaded: {self.config['_error']}", severity="warning")
-        keymap = self.config.get("keymap")
-        if isinstance(keymap, dict):
-            self.set_keymap({str(k): str(v) for k, v in keymap.items()})
+        self.apply_theme_and_keys()
         self.push_screen(SessionScreen())
         self.load_session()
         if self.options.live:
             self.poll_live()
+
+    def apply_theme_and_keys(self) -> None:
+        """Themes and the config's keymap; every problem is one warning, none stops the TUI."""
+        cat = load_catalogue()
+        for t in cat.themes:
+            self.register_theme(t)
+        self.theme, theme_warnings = choose_theme(self.options.theme, self.config, cat)
+        if cat.failed:
+            self.notify("themes not loaded: " + "; ".join(cat.failed), severity="warning")
+        ids = _binding_ids(type(self), SessionScreen, PairScreen, TokenView)
+        for w in (*self.config.warnings, *theme_warnings, *unknown_bindings(self.config, ids)):
+            self.notify(w, severity="warning")
+        if self.config.keymap:
+            self.set_keymap(self.config.keymap)
 
     # ------------------------------------------------------------ loading
 

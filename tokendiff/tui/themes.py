@@ -1,4 +1,4 @@
-"""Themes: TOML files in themes/ (shipped) and the user's themes directory.
+"""Themes: TOML files shipped in tokendiff/themes/ and in the user's themes directories.
 
     name = "tokendiff-dark"
     primary = "#4f9dde"           # required; secondary, accent, foreground, background,
@@ -7,29 +7,51 @@
     added = "#1f5f3a"             # optional: derived from success / error / accent otherwise
     removed = "#6e2430"
     cursor = "#e0a000"
+
+A theme is asked for by its `name` or by its file's stem, so what `ls` shows
+works as well as what the file says. Textual's built-in themes are available
+too, after the files: a user's `nord.toml` wins over Textual's `nord`.
 """
 
 from __future__ import annotations
 
-import os
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from textual.color import Color, ColorParseError
-from textual.theme import Theme
+from textual.theme import BUILTIN_THEMES, Theme
 
-SHIPPED = Path(__file__).resolve().parent.parent.parent / "themes"
-BASE_KEYS = ("primary", "secondary", "accent", "foreground", "background", "surface", "panel", "success", "warning", "error")
+from tokendiff.config import Config
+from tokendiff.errors import InputError
+from tokendiff.paths import theme_dirs
+
+BASE_KEYS = (
+    "primary", "secondary", "accent", "foreground", "background", "surface", "panel", "success", "warning", "error",
+)  # fmt: skip
+DEFAULT_THEME = "tokendiff-dark"
 
 
-def theme_dirs() -> list[Path]:
-    dirs = [SHIPPED]
-    env = os.environ.get("TOKENDIFF_THEMES_DIR")
-    if env:
-        dirs.append(Path(env))
-    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    dirs.append(Path(data) / "tokendiff" / "themes")
-    return dirs
+@dataclass
+class ThemeCatalogue:
+    """Every theme that can be picked, and the files that failed to load."""
+
+    themes: list[Theme] = field(default_factory=list)  # tokendiff's and the user's, by name
+    stems: dict[str, str] = field(default_factory=dict)  # file stem -> theme name
+    failed: list[str] = field(default_factory=list)  # 'file: why'
+
+    def names(self) -> list[str]:
+        """Names to offer: tokendiff's themes first, then Textual's built-ins."""
+        own = sorted(t.name for t in self.themes)
+        return own + sorted(n for n in BUILTIN_THEMES if n not in own)
+
+    def resolve(self, wanted: str) -> str | None:
+        """The theme `wanted` names: a file's theme name, a file's stem, then a built-in; None if none."""
+        if any(t.name == wanted for t in self.themes):
+            return wanted
+        if wanted in self.stems:
+            return self.stems[wanted]
+        return wanted if wanted in BUILTIN_THEMES else None
 
 
 def load_theme(path: Path) -> Theme:
@@ -48,21 +70,55 @@ def load_theme(path: Path) -> Theme:
     return Theme(name=doc["name"], dark=bool(doc.get("dark", True)), variables=variables, **kw)
 
 
-def load_themes() -> tuple[list[Theme], list[str]]:
-    """(themes, failures as 'file: why'), later directories overriding earlier ones."""
+def load_catalogue(dirs: list[Path] | None = None) -> ThemeCatalogue:
+    """Themes from `dirs` (default: paths.theme_dirs()), later directories overriding earlier ones."""
     loaded: dict[str, Theme] = {}
-    failed: list[str] = []
-    for d in theme_dirs():
+    cat = ThemeCatalogue()
+    for d in theme_dirs() if dirs is None else dirs:
         if not d.is_dir():
             continue
         for f in sorted(d.glob("*.toml")):
             try:
                 t = load_theme(f)
-            except (OSError, ValueError, tomllib.TOMLDecodeError, ColorParseError, TypeError) as e:
-                failed.append(f"{f.name}: {e}")
+            except (OSError, UnicodeDecodeError, ValueError, tomllib.TOMLDecodeError, ColorParseError, TypeError) as e:
+                cat.failed.append(f"{f.name}: {e}")
                 continue
             loaded[t.name] = t
-    return list(loaded.values()), failed
+            cat.stems[f.stem] = t.name
+    cat.themes = list(loaded.values())
+    return cat
+
+
+def load_themes() -> tuple[list[Theme], list[str]]:
+    """(themes, failures as 'file: why'): the catalogue's parts, for callers that need no lookup."""
+    cat = load_catalogue()
+    return cat.themes, cat.failed
+
+
+def require_theme(wanted: str, cat: ThemeCatalogue | None = None) -> str:
+    """The theme `--theme wanted` names; an unknown one is an error listing the available ones."""
+    cat = load_catalogue() if cat is None else cat
+    name = cat.resolve(wanted)
+    if name is None:
+        raise InputError(f"unknown theme; available: {', '.join(cat.names())}", source=f"--theme {wanted}")
+    return name
+
+
+def choose_theme(asked: str | None, config: Config, cat: ThemeCatalogue) -> tuple[str, list[str]]:
+    """(the theme to use, warnings): `asked` (--theme), else the config's, else the default.
+
+    An unknown name is a warning and the next choice applies: the TUI still opens.
+    """
+    warnings = []
+    available = ", ".join(cat.names())
+    for wanted, where in ((asked, "--theme"), (config.theme, str(config.source))):
+        if wanted is None:
+            continue
+        name = cat.resolve(wanted)
+        if name is not None:
+            return name, warnings
+        warnings.append(f"{where}: unknown theme {wanted!r}; available: {available}")
+    return cat.resolve(DEFAULT_THEME) or "textual-dark", warnings
 
 
 def diff_defaults(theme: Theme) -> dict[str, str]:

@@ -1,0 +1,82 @@
+"""The user's configuration file (`~/.config/tokendiff/config.toml`), typed and checked.
+
+    theme = "tokendiff-light"
+    [keymap]
+    "pair.next" = "j"
+
+A bad configuration never stops tokendiff: each problem (an unknown key, a
+value of the wrong type, a file that is not TOML) becomes one warning line
+naming the file and the key, and the rest of the file still applies. Whether
+the theme exists is checked by the TUI, which knows the themes
+(tui/themes.py: `choose_theme`).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokendiff.paths import config_file
+
+KNOWN_KEYS = ("theme", "keymap")
+
+
+@dataclass(frozen=True)
+class Config:
+    theme: str | None = None  # a theme name or file stem
+    keymap: dict[str, str] = field(default_factory=dict)  # binding id -> keys, e.g. "pair.next" -> "j"
+    source: Path | None = None  # the file read; None when there was none
+    warnings: tuple[str, ...] = ()  # one line each, naming the file
+
+
+def load_config(path: Path | None = None) -> Config:
+    """The configuration at `path` (default: paths.config_file()); a missing file is an empty one."""
+    path = config_file() if path is None else path
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return Config()
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        return Config(source=path, warnings=(f"{path}: not read: {why}",))
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        return Config(source=path, warnings=(f"{path}: not valid TOML: {e}",))
+    return parse_config(doc, path)
+
+
+def parse_config(doc: dict[str, Any], source: Path) -> Config:
+    """Keep what is well-formed; a warning for everything else."""
+    warnings = [f"{source}: unknown key {k!r} (known: {', '.join(KNOWN_KEYS)})" for k in doc if k not in KNOWN_KEYS]
+    theme = doc.get("theme")
+    if theme is not None and not isinstance(theme, str):
+        warnings.append(f"{source}: theme must be a string, not {_toml_type(theme)}")
+        theme = None
+    keymap: dict[str, str] = {}
+    raw = doc.get("keymap", {})
+    if not isinstance(raw, dict):
+        warnings.append(f"{source}: keymap must be a table of binding id = \"keys\", not {_toml_type(raw)}")
+        raw = {}
+    for binding, keys in raw.items():
+        if isinstance(keys, str):
+            keymap[binding] = keys
+        else:
+            warnings.append(f"{source}: keymap.{binding} must be a string of keys, not {_toml_type(keys)}")
+    return Config(theme=theme, keymap=keymap, source=source, warnings=tuple(warnings))
+
+
+def unknown_bindings(config: Config, known: set[str]) -> list[str]:
+    """A warning per keymap entry naming no binding (the TUI knows the ids; Textual would ignore them)."""
+    return [
+        f"{config.source}: keymap: unknown binding id {b!r} (ids look like pair.next, session.open, app.quit)"
+        for b in config.keymap
+        if b not in known
+    ]
+
+
+def _toml_type(value: object) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array", dict: "a table"}
+    return names.get(type(value), type(value).__name__)
