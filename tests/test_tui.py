@@ -82,7 +82,7 @@ async def test_hunk_navigation_mode_switch_and_outline_jump():
 async def test_session_screen_and_export(tmp_path, monkeypatch):
     a = app(paths=[str(ROOT / AGENT)])
     monkeypatch.chdir(tmp_path)
-    a.options.extra["open_first_divergence"] = False
+    a.options.open_first_divergence = False
     async with a.run_test(size=(140, 40)) as pilot:
         await wait_for(pilot, lambda: a.session is not None)
         table = a.screen.query_one("#turns")
@@ -125,7 +125,7 @@ def test_snapshot_pair_side_by_side(snap_compare):
 
 def test_snapshot_session_light_theme(snap_compare):
     a = app(theme="tokendiff-light")
-    a.options.extra["open_first_divergence"] = False
+    a.options.open_first_divergence = False
 
     async def run_before(pilot):
         await wait_for(pilot, lambda: a.session is not None)
@@ -141,7 +141,7 @@ async def test_live_mode_appends_turns_from_a_real_llama_server(llama_server_bin
     session.mkdir()
     with LlamaServer(tiny_model, slot_dir=slots, ctx=4096) as srv:
         a = app(paths=[str(session)], live=srv.url, slot_dir=str(slots), every=0.2)
-        a.options.extra["open_first_divergence"] = False
+        a.options.open_first_divergence = False
         async with a.run_test(size=(140, 40)) as pilot:
             for k in (1, 2):
                 msgs = [{"role": "user", "content": "hello"}] + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}] * (k - 1)
