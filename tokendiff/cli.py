@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--every", default="2s", metavar="DURATION", help="live polling interval (default 2s)")
     t.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, or any loaded theme")
     t.add_argument("--backend", metavar="URL", help="a local backend to replay pairs against (key r on the pair screen)")
+    t.add_argument("--force", action="store_true", help="replay even when the backend serves another model than the capture's")
     return p
 
 
@@ -259,7 +260,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
 
     opts = Options(
         paths=paths, prompts=_prompt_options(args), live=args.live, slot_dir=args.slot_dir,
-        every=parse_interval(args.every), theme=args.theme, backend=args.backend,
+        every=parse_interval(args.every), theme=args.theme, backend=args.backend, force=args.force,
     )  # fmt: skip
     TokendiffApp(opts).run()
     return 0

@@ -35,6 +35,7 @@ class Options:
     every: float = 2.0
     theme: str | None = None
     backend: str | None = None  # for replay from the pair screen
+    force: bool = False  # replay even when the backend serves another model than the capture's
     open_first_divergence: bool = True  # open the first turn that wasted the cache once loaded
 
 

@@ -271,12 +271,12 @@ class PairScreen(Screen):
         def progress(msg: str) -> None:
             self.app.call_from_thread(self.query_one("#findings", Static).update, Text(f"replay: {msg}"))
 
-        loader = self.app.loader  # type: ignore[attr-defined]
+        loader, force = self.app.loader, self.app.options.force  # type: ignore[attr-defined]
         try:
-            result = replay_pair(self._pair(), loader, ReplayOptions(backend=backend), progress)
+            result = replay_pair(self._pair(), loader, ReplayOptions(backend=backend, force=force), progress)
         except InputError as e:
             self.app.call_from_thread(self.notify, str(e), severity="error")
-            self.app.call_from_thread(self._show_findings)
+            self.app.call_from_thread(self.query_one("#findings", Static).update, Text(f"replay refused: {e}"))
             return
         self.replay_doc = result.document
         self.app.call_from_thread(self.query_one("#findings", Static).update, Text(result.text))
