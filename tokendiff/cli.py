@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from tokendiff import __version__
 from tokendiff import workflows as wf
@@ -33,6 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"tokendiff {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
+    _diff_parser(sub)
+    _proxy_parser(sub)
+    _pull_parser(sub)
+    _report_parser(sub)
+    _replay_parser(sub)
+    _tui_parser(sub)
+    return p
+
+
+def _diff_parser(sub: Any) -> None:  # argparse subparsers
     d = sub.add_parser(
         "diff",
         help="diff two prompts (slot files, captures, request bodies, DIR@N turns)",
@@ -50,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-hunks", type=int, default=20, metavar="N", help="spans listed in text output (default 20)")
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     d.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
+
+
+def _proxy_parser(sub: Any) -> None:  # argparse subparsers
     x = sub.add_parser(
         "proxy",
         help="record an agent's requests through an OpenAI-compatible reverse proxy",
@@ -60,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--out", required=True, metavar="DIR", help="session directory (created 0700; capture.jsonl 0600)")
     x.add_argument("--listen", default="127.0.0.1:8081", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:8081)")
     x.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from llama-server")
+
+
+def _pull_parser(sub: Any) -> None:  # argparse subparsers
     pl = sub.add_parser(
         "pull",
         help="save a live llama-server's slots into a session directory",
@@ -71,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", required=True, metavar="DIR", help="session directory")
     pl.add_argument("--slot-dir", required=True, metavar="DIR", help="the server's --slot-save-path")
     pl.add_argument("--every", metavar="DURATION", help="keep polling (e.g. 5s) and save each changed slot; Ctrl-C stops")
+
+
+def _report_parser(sub: Any) -> None:  # argparse subparsers
     r = sub.add_parser(
         "report",
         help="the incident report for a session (slot directory, capture file, HAR)",
@@ -85,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--export", metavar="FILE", help="also write the per-turn table (.parquet or .csv)")
     r.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
     r.add_argument("--replay", action="append", default=[], metavar="FILE", help="include a `tokendiff replay --json` result (repeatable)")
+
+
+def _replay_parser(sub: Any) -> None:  # argparse subparsers
     rp = sub.add_parser(
         "replay",
         help="measure what a divergence costs on a real backend (cold / actual / ideal / fixed)",
@@ -103,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--force", action="store_true", help="replay even when the backend serves another model than the capture's")
     _tokenizer_args(rp)
     rp.add_argument("--order", choices=("mtime", "name"), default="mtime")
+
+
+def _tui_parser(sub: Any) -> None:  # argparse subparsers
     t = sub.add_parser(
         "tui",
         help="the interactive TUI on a session (the default command, on the bundled demo)",
@@ -117,7 +143,6 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, or any loaded theme")
     t.add_argument("--backend", metavar="URL", help="a local backend to replay pairs against (key r on the pair screen)")
     t.add_argument("--force", action="store_true", help="replay even when the backend serves another model than the capture's")
-    return p
 
 
 def _tokenizer_args(p: argparse.ArgumentParser) -> None:
