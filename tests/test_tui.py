@@ -185,7 +185,8 @@ async def test_live_mode_appends_turns_from_a_real_llama_server(llama_server_bin
 async def test_replay_from_the_pair_screen(llama_server_bin, tiny_model, tmp_path):
     from tokendiff.testing.llama_server import LlamaServer
 
-    with LlamaServer(tiny_model, slot_dir=tmp_path / "slots", ctx=8192) as srv:
+    # the model check: the demo capture was recorded against a server with this alias
+    with LlamaServer(tiny_model, slot_dir=tmp_path / "slots", ctx=8192, extra=["--alias", "tokendiff-tiny"]) as srv:
         a = app(backend=srv.url)
         async with a.run_test(size=(140, 50)) as pilot:
             await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))

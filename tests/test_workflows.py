@@ -108,7 +108,9 @@ def test_replay_options_are_checked_before_anything_is_loaded():
 def server(llama_server_bin, tiny_model, tmp_path_factory):
     from tokendiff.testing.llama_server import LlamaServer
 
-    with LlamaServer(tiny_model, ctx=8192, slot_dir=tmp_path_factory.mktemp("slots")) as s:
+    # the demo capture names the model it was recorded against by this alias
+    alias = ["--alias", "tokendiff-tiny"]
+    with LlamaServer(tiny_model, ctx=8192, slot_dir=tmp_path_factory.mktemp("slots"), extra=alias) as s:
         yield s
 
 
