@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pytest
 from tokendiff.tui.app import Options, TokendiffApp
 from tokendiff.tui.screens import PairScreen, SessionScreen
 from tokendiff.tui.token_view import TokenView
+from tokendiff.workflows import PromptOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = "captures/agent/capture.jsonl"  # relative: snapshots must not depend on where the checkout is
@@ -82,7 +86,7 @@ async def test_hunk_navigation_mode_switch_and_outline_jump():
 async def test_session_screen_and_export(tmp_path, monkeypatch):
     a = app(paths=[str(ROOT / AGENT)])
     monkeypatch.chdir(tmp_path)
-    a.options.extra["open_first_divergence"] = False
+    a.options.open_first_divergence = False
     async with a.run_test(size=(140, 40)) as pilot:
         await wait_for(pilot, lambda: a.session is not None)
         table = a.screen.query_one("#turns")
@@ -97,6 +101,33 @@ async def test_session_screen_and_export(tmp_path, monkeypatch):
         await pilot.press("x")
         await pilot.pause(0.2)
         assert (tmp_path / "tokendiff-pair-6-7.json").is_file()
+
+
+async def test_export_is_the_diff_json_document(tmp_path, monkeypatch):
+    """`x` writes what `tokendiff diff --json` prints for the same pair, byte for byte once parsed."""
+    agent = str(ROOT / AGENT)
+    a = app(paths=[agent])
+    monkeypatch.chdir(tmp_path)
+    async with a.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
+        assert a.screen.turn == 3
+        await pilot.press("x")
+        await wait_for(pilot, lambda: (tmp_path / "tokendiff-pair-2-3.json").is_file())
+    exported = json.loads((tmp_path / "tokendiff-pair-2-3.json").read_bytes())
+    cli = subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{agent}@2", f"{agent}@3", "--json"],
+                         capture_output=True, cwd=tmp_path)  # fmt: skip
+    assert cli.returncode == 1, cli.stderr
+    assert exported == json.loads(cli.stdout)
+    assert exported["hunks"][0]["finding"]["kind"] == "counter"  # the findings `diff --json` has
+
+
+async def test_chat_template_from_a_tokenizer_config():
+    """The TUI reads --chat-template as the CLI does: a tokenizer_config.json gives its template."""
+    cfg = "tokendiff/data/qwen3/tokenizer_config.json"
+    a = app(prompts=PromptOptions(chat_template=cfg), open_first_divergence=False)
+    async with a.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: a.session is not None)
+        assert all(p.meta.get("sections_from") == "request fields" for p in a.prompts)
 
 
 def _settled(a):
@@ -125,7 +156,7 @@ def test_snapshot_pair_side_by_side(snap_compare):
 
 def test_snapshot_session_light_theme(snap_compare):
     a = app(theme="tokendiff-light")
-    a.options.extra["open_first_divergence"] = False
+    a.options.open_first_divergence = False
 
     async def run_before(pilot):
         await wait_for(pilot, lambda: a.session is not None)
@@ -141,7 +172,7 @@ async def test_live_mode_appends_turns_from_a_real_llama_server(llama_server_bin
     session.mkdir()
     with LlamaServer(tiny_model, slot_dir=slots, ctx=4096) as srv:
         a = app(paths=[str(session)], live=srv.url, slot_dir=str(slots), every=0.2)
-        a.options.extra["open_first_divergence"] = False
+        a.options.open_first_divergence = False
         async with a.run_test(size=(140, 40)) as pilot:
             for k in (1, 2):
                 msgs = [{"role": "user", "content": "hello"}] + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}] * (k - 1)
@@ -154,7 +185,8 @@ async def test_live_mode_appends_turns_from_a_real_llama_server(llama_server_bin
 async def test_replay_from_the_pair_screen(llama_server_bin, tiny_model, tmp_path):
     from tokendiff.testing.llama_server import LlamaServer
 
-    with LlamaServer(tiny_model, slot_dir=tmp_path / "slots", ctx=8192) as srv:
+    # the model check: the demo capture was recorded against a server with this alias
+    with LlamaServer(tiny_model, slot_dir=tmp_path / "slots", ctx=8192, extra=["--alias", "tokendiff-tiny"]) as srv:
         a = app(backend=srv.url)
         async with a.run_test(size=(140, 50)) as pilot:
             await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
@@ -166,3 +198,28 @@ async def test_replay_from_the_pair_screen(llama_server_bin, tiny_model, tmp_pat
             assert doc["discarded"] == []
             text = str(s.query_one("#findings").render())
             assert "cold" in text and "actual" in text and "ideal" in text and "the divergence costs" in text
+            # what `tokendiff replay` measures: the what-if fix too
+            assert doc["fix"]["applied"] and doc["scenarios"]["fixed"]["cached"] == doc["fix"]["fixed_lcp_tokens"]
+            assert "with the fix" in text
+
+
+async def test_replay_checks_the_model(llama_server_bin, tiny_model, tmp_path):
+    """A capture recorded against another model is refused, as `tokendiff replay` refuses it."""
+    from tokendiff.capture import CaptureWriter
+    from tokendiff.testing.llama_server import LlamaServer
+
+    with CaptureWriter(tmp_path / "c.jsonl") as w:
+        for text in ("hi", "hi there"):
+            body = {"messages": [{"role": "user", "content": text}]}
+            w.append({"request": body, "server": {"kind": "llama-server", "model": "/models/Qwen3-32B-Q4_K_M.gguf"}})
+    with LlamaServer(tiny_model, slot_dir=tmp_path / "slots", ctx=4096) as srv:
+        a = app(paths=[str(tmp_path / "c.jsonl")], backend=srv.url, open_first_divergence=False)
+        async with a.run_test(size=(140, 50)) as pilot:
+            await wait_for(pilot, lambda: a.session is not None)
+            a.open_pair(2)
+            await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
+            await pilot.press("r")
+            findings = a.screen.query_one("#findings")
+            await wait_for(pilot, lambda: "replay refused" in str(findings.render()), timeout=60)
+            assert "Qwen3-32B" in str(findings.render()) and "--force" in str(findings.render())
+            assert getattr(a.screen, "replay_doc", None) is None

@@ -12,10 +12,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from tokendiff import __version__
+from tokendiff import workflows as wf
 from tokendiff.errors import InputError
 from tokendiff.paths import demo_capture
+from tokendiff.workflows import PromptOptions
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
 CAUSES_EPILOG = "Each finding kind (date, nonce, tool_order ...), its cause and its fix: docs/causes.md in the source."
@@ -34,6 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--theme", dest="top_theme", metavar="NAME", help="open the TUI with this theme (= tui --theme NAME)")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
+    _diff_parser(sub)
+    _proxy_parser(sub)
+    _pull_parser(sub)
+    _report_parser(sub)
+    _replay_parser(sub)
+    _tui_parser(sub)
+    return p
+
+
+def _diff_parser(sub: Any) -> None:  # argparse subparsers
     d = sub.add_parser(
         "diff",
         help="diff two prompts (slot files, captures, request bodies, DIR@N turns)",
@@ -52,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-hunks", type=int, default=20, metavar="N", help="spans listed in text output (default 20)")
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     d.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
+
+
+def _proxy_parser(sub: Any) -> None:  # argparse subparsers
     x = sub.add_parser(
         "proxy",
         help="record an agent's requests through an OpenAI-compatible reverse proxy",
@@ -62,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--out", required=True, metavar="DIR", help="session directory (created 0700; capture.jsonl 0600)")
     x.add_argument("--listen", default="127.0.0.1:8081", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:8081)")
     x.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from llama-server")
+
+
+def _pull_parser(sub: Any) -> None:  # argparse subparsers
     pl = sub.add_parser(
         "pull",
         help="save a live llama-server's slots into a session directory",
@@ -73,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", required=True, metavar="DIR", help="session directory")
     pl.add_argument("--slot-dir", required=True, metavar="DIR", help="the server's --slot-save-path")
     pl.add_argument("--every", metavar="DURATION", help="keep polling (e.g. 5s) and save each changed slot; Ctrl-C stops")
+
+
+def _report_parser(sub: Any) -> None:  # argparse subparsers
     r = sub.add_parser(
         "report",
         help="the incident report for a session (slot directory, capture file, HAR)",
@@ -88,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--export", metavar="FILE", help="also write the per-turn table (.parquet or .csv)")
     r.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
     r.add_argument("--replay", action="append", default=[], metavar="FILE", help="include a `tokendiff replay --json` result (repeatable)")
+
+
+def _replay_parser(sub: Any) -> None:  # argparse subparsers
     rp = sub.add_parser(
         "replay",
         help="measure what a divergence costs on a real backend (cold / actual / ideal / fixed)",
@@ -106,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--force", action="store_true", help="replay even when the backend serves another model than the capture's")
     _tokenizer_args(rp)
     rp.add_argument("--order", choices=("mtime", "name"), default="mtime")
+
+
+def _tui_parser(sub: Any) -> None:  # argparse subparsers
     t = sub.add_parser(
         "tui",
         help="the interactive TUI on a session (the default command, on the bundled demo)",
@@ -119,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--every", default="2s", metavar="DURATION", help="live polling interval (default 2s)")
     t.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
     t.add_argument("--backend", metavar="URL", help="a local backend to replay pairs against (key r on the pair screen)")
-    return p
+    t.add_argument("--force", action="store_true", help="replay even when the backend serves another model than the capture's")
 
 
 def _tokenizer_args(p: argparse.ArgumentParser) -> None:
@@ -133,25 +161,11 @@ def _tokenizer_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _read_template(path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read chat template: {e}", source=path) from None
-    if path.endswith(".json"):  # a tokenizer_config.json
-        import orjson
-
-        try:
-            cfg = orjson.loads(text)
-        except orjson.JSONDecodeError as e:
-            raise InputError(f"malformed JSON: {e}", source=path) from None
-        tmpl = cfg.get("chat_template") if isinstance(cfg, dict) else None
-        if not isinstance(tmpl, str):
-            raise InputError("no chat_template string in this JSON file", source=path)
-        return tmpl
-    return text
+def _prompt_options(args: argparse.Namespace) -> PromptOptions:
+    return PromptOptions(
+        tokenizer=args.tokenizer, server=args.server, chat_template=args.chat_template,
+        family=args.template_family, order=args.order,
+    )  # fmt: skip
 
 
 def _use_color(choice: str) -> bool:
@@ -163,28 +177,17 @@ def _use_color(choice: str) -> bool:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from tokendiff.align import align
-    from tokendiff.report.diff import diff_document, render_text
-    from tokendiff.sources import Loader
-    from tokendiff.vocab import load_vocab
+    from tokendiff.report.diff import render_text
 
     if args.context < 0:
         raise InputError("--context must be 0 or more")
-    vocab = load_vocab(args.tokenizer, args.server)
-    loader = Loader(vocab, args.template_family, args.order, _read_template(args.chat_template))
-    a = loader.load(args.a)
-    b = loader.load(args.b)
-    d = align(a, b)
-    from tokendiff.explain import explain
-
-    doc = diff_document(a, b, d, vocab, context=args.context, findings=explain(a, b, d))
+    loader = wf.open_loader(_prompt_options(args))
+    pair = wf.load_pair(loader, args.a, args.b, context=args.context)
     if args.json:
-        import orjson
-
-        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.buffer.write(wf.pair_json(pair))
     else:
-        sys.stdout.write(render_text(doc, color=_use_color(args.color), max_hunks=args.max_hunks))
-    return EXIT_SAME if d.identical else EXIT_DIFFERENT
+        sys.stdout.write(render_text(pair.document, color=_use_color(args.color), max_hunks=args.max_hunks))
+    return EXIT_SAME if pair.divergence.identical else EXIT_DIFFERENT
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
@@ -205,181 +208,67 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return pull(args.server, args.out, args.slot_dir, every)
 
 
-def _read_replay(path: str) -> dict:
-    import orjson
+def _progress_line(enabled: bool) -> wf.Progress | None:
+    """Progress on one rewritten stderr line, when stderr is a terminal."""
+    if not enabled:
+        return None
 
-    try:
-        doc = orjson.loads(Path(path).read_bytes())
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=path) from None
-    except orjson.JSONDecodeError as e:
-        raise InputError(f"malformed JSON: {e}", source=path) from None
-    if not isinstance(doc, dict) or doc.get("schema") != "tokendiff.replay/1":
-        raise InputError("not a tokendiff replay result (tokendiff.replay/1)", source=path)
-    return doc
+    def show(msg: str) -> None:
+        print(f"\r\x1b[Ktokendiff: {msg}", end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _clear_line(enabled: bool) -> None:
+    if enabled:
+        print("\r\x1b[K", end="", file=sys.stderr, flush=True)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from tokendiff.cost import analyse, turn_frame
-    from tokendiff.report.session import report_document
-    from tokendiff.sources import Loader, session_selectors
-    from tokendiff.vocab import load_vocab
-
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise InputError("--fail-under takes a percentage from 0 to 100")
     if args.export and not args.export.endswith((".parquet", ".csv")):
         raise InputError("--export writes .parquet or .csv files", source=args.export)
-    vocab = load_vocab(args.tokenizer, args.server)
-    loader = Loader(vocab, args.template_family, args.order, _read_template(args.chat_template))
-    specs = session_selectors(args.path, args.order)
-    progress = sys.stderr.isatty()
-    prompts = []
-    for k, spec in enumerate(specs, 1):
-        if progress:
-            print(f"\rtokendiff: reading turn {k}/{len(specs)}", end="", file=sys.stderr, flush=True)
-        prompts.append(loader.load(spec))
-    if progress:
-        print(f"\rtokendiff: analysing {len(prompts)} turns   ", end="", file=sys.stderr, flush=True)
-    session = analyse(prompts)
-    if progress:
-        print("\r\x1b[K", end="", file=sys.stderr, flush=True)
-    tk = {"name": vocab.name, "assumed": vocab.assumed, "n_vocab": vocab.n_vocab, "identity": vocab.identity}
-    doc = report_document(args.path, prompts, session, tk, redact=args.redact)
-    doc["replays"] = [_read_replay(f) for f in args.replay]
-    if args.format == "json":
-        import orjson
-
-        text = orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
-    elif args.format == "html":
-        from tokendiff.report.html import render_html
-
-        text = render_html(doc)
-    else:
-        from tokendiff.report.markdown import render_markdown
-
-        text = render_markdown(doc)
+    tty = sys.stderr.isatty()
+    loaded = wf.open_session(_prompt_options(args), [args.path], _progress_line(tty), single_turns=False)
+    _clear_line(tty)
+    doc = wf.session_report(loaded, args.path, wf.ReportOptions(redact=args.redact, replays=tuple(args.replay)))
     if args.output:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as e:
-            raise InputError(e.strerror or str(e), source=args.output) from None
+        wf.export_report(doc, Path(args.output), args.format)
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(wf.render_report(doc, args.format))
     if args.export:
-        frame = turn_frame(session)
-        try:
-            frame.write_parquet(args.export) if args.export.endswith(".parquet") else frame.write_csv(args.export)
-        except OSError as e:
-            raise InputError(e.strerror or str(e), source=args.export) from None
-    if args.fail_under is not None and session.reuse_pct < args.fail_under:
-        print(f"tokendiff: session reuse {session.reuse_pct:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
+        wf.export_turns(loaded.session, Path(args.export))
+    reuse = loaded.session.reuse_pct
+    if args.fail_under is not None and reuse < args.fail_under:
+        print(f"tokendiff: session reuse {reuse:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
         return 1
     return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    import httpx
-    import numpy as np
+    from tokendiff.replay import progress_printer
 
-    from tokendiff import replay as rp
-    from tokendiff.align import align
-    from tokendiff.cost import reusable_ceiling
-    from tokendiff.explain import explain
-    from tokendiff.sources import Loader
-    from tokendiff.vocab import load_vocab
-
-    if args.repeat < 1:
-        raise InputError("--repeat must be at least 1")
-    if not rp.is_loopback_url(args.backend) and not args.allow_remote:
-        raise InputError("refusing to replay to a backend that is not on this machine; pass --allow-remote if you mean it", source=args.backend)
-    server = args.server
-    if not args.tokenizer and not server:
-        server = _llama_server_or_none(args.backend)
-    vocab = load_vocab(args.tokenizer, server)
-    loader = Loader(vocab, args.template_family, args.order, _read_template(args.chat_template))
-    a, b = loader.load(args.a), loader.load(args.b)
-    d = align(a, b)
-    findings = explain(a, b, d)
-    # a fresh connection per request: llama-server may close a kept-alive one after a stream
-    client = httpx.Client(timeout=httpx.Timeout(600, connect=10), limits=httpx.Limits(max_keepalive_connections=0))
-
-    def decode(ids: list[int]) -> str:
-        return vocab.decode(np.asarray(ids))[0].decode("utf-8", "replace")
-
-    be = rp.connect(args.backend, args.backend_kind, client, decode, args.slot)
-    _check_model(be, a, b, args.force)
-    plan = rp.Plan(a.ids.tolist(), b.ids.tolist(), d.lcp, reusable_ceiling(a, d, findings, len(b)))
-    fix_doc = None
-    if not args.no_fix:
-        fix_doc = _what_if(a, b, d, findings, loader, be, plan)
-    scen = rp.run_scenarios(be, plan, args.repeat, rp.progress_printer(sys.stderr.isatty()))
-    if sys.stderr.isatty():
-        print("\r\x1b[K", end="", file=sys.stderr, flush=True)
-    doc = rp.replay_document(be, plan, scen, {"a": a.origin, "b": b.origin}, fix_doc)
+    opts = wf.ReplayOptions(
+        backend=args.backend, backend_kind=args.backend_kind, repeat=args.repeat, slot=args.slot,
+        fix=not args.no_fix, allow_remote=args.allow_remote, force=args.force,
+    )  # fmt: skip
+    wf.check_replay(opts)
+    loader = wf.open_loader(wf.replay_prompt_options(_prompt_options(args), opts))
+    pair = wf.load_pair(loader, args.a, args.b)
+    tty = sys.stderr.isatty()
+    result = wf.replay_pair(pair, loader, opts, progress_printer(tty))
+    _clear_line(tty)
     if args.json:
         import orjson
 
-        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.buffer.write(orjson.dumps(result.document, option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        sys.stdout.write(rp.render_replay_text(doc))
-    empty = [k for k in ("actual", "ideal") if not scen[k].valid]
-    if empty:
-        print(
-            f"tokendiff: no valid runs for {' and '.join(empty)}: the server's cache did not hold what the scenario "
-            "primed; restart llama-server with --cache-ram 0 (and --slot-save-path so slots can be erased)",
-            file=sys.stderr,
-        )
+        sys.stdout.write(result.text)
+    if result.problem:
+        print(f"tokendiff: {result.problem}", file=sys.stderr)
         return EXIT_TROUBLE
     return 0
-
-
-def _llama_server_or_none(url: str) -> str | None:
-    import httpx
-
-    try:
-        r = httpx.get(url.rstrip("/") + "/props", timeout=5)
-        if r.status_code == 200 and "default_generation_settings" in r.json():
-            return url
-    except (httpx.HTTPError, ValueError):
-        pass
-    return None
-
-
-def _check_model(be, a, b, force: bool) -> None:
-    """Token IDs only mean something for the model that produced them."""
-    served = (be.identity().get("model") or "")
-    for p in (a, b):
-        rec_server = (p.meta.get("request") is not None) and p.meta.get("server_model")
-        if rec_server and served and Path(str(rec_server)).name != Path(str(served)).name and not force:
-            raise InputError(
-                f"the capture was recorded against {rec_server!r} but the backend serves {served!r}: the token IDs "
-                "would mean other text and the timings would not transfer (pass --force to replay anyway)",
-                source=be.url,
-            )
-
-
-def _what_if(a, b, d, findings, loader, be, plan) -> dict | None:
-    """The fixed B, rendered (by the server itself when it is llama-server), for the `fixed` scenario."""
-    import numpy as np
-
-    from tokendiff.align import common_prefix
-    from tokendiff.fixes import fix_request
-
-    a_req, b_req = a.meta.get("request"), b.meta.get("request")
-    if not (isinstance(a_req, dict) and isinstance(b_req, dict) and a_req.get("messages") and b_req.get("messages")):
-        return {"applied": [], "not_applied": ["the pair has no requests to fix (slot files): record with tokendiff proxy"]}
-    fixed = fix_request(a_req, b_req, a, b, d, findings)
-    if not fixed.applied:
-        return {"applied": [], "not_applied": fixed.not_applied}
-    if be.kind == "llama-server":
-        from tokendiff.sources import _server_prompt_ids
-
-        ids = _server_prompt_ids(be.url, fixed.body)
-    else:
-        ids = loader.tokenizer.encode(loader.renderer.render(fixed.body))
-    plan.fixed_b = list(ids)
-    plan.fixed_lcp = common_prefix(np.asarray(plan.a), np.asarray(ids))
-    return {"applied": fixed.applied, "not_applied": fixed.not_applied, "fixed_tokens": len(ids), "fixed_lcp_tokens": plan.fixed_lcp}
 
 
 DEMO_SESSION = demo_capture()
@@ -404,9 +293,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
     from tokendiff.tui.app import Options, TokendiffApp
 
     opts = Options(
-        paths=paths, tokenizer=args.tokenizer, server=args.server, chat_template=args.chat_template,
-        family=args.template_family, order=args.order, live=args.live, slot_dir=args.slot_dir,
-        every=parse_interval(args.every), theme=args.theme, backend=args.backend,
+        paths=paths, prompts=_prompt_options(args), live=args.live, slot_dir=args.slot_dir,
+        every=parse_interval(args.every), theme=args.theme, backend=args.backend, force=args.force,
     )  # fmt: skip
     TokendiffApp(opts).run()
     return 0

@@ -279,12 +279,12 @@ def list_session_dir(path: str | os.PathLike[str], order: str = "mtime") -> list
     except OSError as e:
         raise InputError(e.strerror or str(e), source=str(d)) from None
     if order == "name":
-        files.sort(key=lambda e: _natural(e.name))
+        files.sort(key=lambda e: natural_key(e.name))
     else:
-        files.sort(key=lambda e: (e.stat().st_mtime_ns, _natural(e.name)))
+        files.sort(key=lambda e: (e.stat().st_mtime_ns, natural_key(e.name)))
     return files
 
 
-def _natural(name: str) -> list:
+def natural_key(name: str) -> list:
     """Sort key that puts turn-2 before turn-10."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]

@@ -23,7 +23,7 @@ import numpy as np
 from tokendiff import grammar
 from tokendiff.errors import InputError
 from tokendiff.model import Prompt
-from tokendiff.slotfile import _natural, check_vocab, is_slot_file, list_session_dir, read_slot_file
+from tokendiff.slotfile import check_vocab, is_slot_file, list_session_dir, natural_key, read_slot_file
 from tokendiff.vocab import Vocab
 
 _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
@@ -49,7 +49,7 @@ def _dir_entries(base: Path, order: str) -> tuple[str, list[Path]]:
     slots = list_session_dir(base, order)
     if slots:
         return "slot", slots
-    files = sorted((e for e in base.iterdir() if e.is_file()), key=lambda e: _natural(e.name))
+    files = sorted((e for e in base.iterdir() if e.is_file()), key=lambda e: natural_key(e.name))
     bodies = [e for e in files if e.suffix == ".json" and e.name not in ("session.json", "props.json", "models.json", "slots.json")]
     if bodies:
         return "body", bodies
@@ -59,7 +59,8 @@ def _dir_entries(base: Path, order: str) -> tuple[str, list[Path]]:
     raise InputError("no slot files, request bodies (.json) or prompt logs (.txt) in this directory", source=str(base))
 
 
-def _file_kind(p: Path) -> str:
+def file_kind(p: Path) -> str:
+    """What a file holds (slot | capture | har | promptlog | body), from its magic, name and first bytes."""
     from tokendiff.capture import is_capture_file
 
     if is_slot_file(p):
@@ -93,7 +94,7 @@ def select(spec: str, order: str = "mtime") -> Selected:
             kind, files = _dir_entries(base, order)
             idx, f = _pick(files, n, "turn", str(base))
             return Selected(kind, f, f"{base}@{idx + 1} ({f.name})", idx + 1)
-        kind = _file_kind(base)
+        kind = file_kind(base)
         if kind in ("capture", "har"):
             return Selected(kind, base, f"{base}@{n}", n)
         raise InputError(f"'@{n}' selects a turn of a session (directory, capture or HAR), and this is a {kind} file", source=str(base))
@@ -102,7 +103,7 @@ def select(spec: str, order: str = "mtime") -> Selected:
         raise InputError("is a directory: pick a turn with DIR@N (counting from 1)", source=spec)
     if not p.exists():
         raise InputError("no such file", source=spec)
-    kind = _file_kind(p)
+    kind = file_kind(p)
     if kind in ("capture", "har"):
         raise InputError(f"a {kind} file holds many requests: pick one with {spec}@N (counting from 1)", source=spec)
     return Selected(kind, p, spec, None)
@@ -116,7 +117,7 @@ def session_selectors(path: str, order: str = "mtime") -> list[str]:
     if p.is_dir():
         _, files = _dir_entries(p, order)
         return [str(f) for f in files]
-    kind = _file_kind(p)
+    kind = file_kind(p)
     if kind == "capture":
         from tokendiff.capture import read_capture
 
@@ -261,79 +262,108 @@ class Loader:
     def from_record(self, rec: dict[str, Any], label: str, turn: int | None = None) -> Prompt:
         """A prompt from a capture record: the server's IDs when recorded, else
         the local render (or the logged text) tokenised."""
-        request = rec.get("request") or {}
-        from tokendiff.importers.anthropic import is_anthropic, to_openai
-
-        server = rec.get("server") if isinstance(rec.get("server"), dict) else {}
-        llama = server.get("kind", "llama-server") == "llama-server"
-        if isinstance(request, dict) and is_anthropic(request, rec.get("endpoint")):
-            request = to_openai(request, llama_server=llama)
-        if llama and rec.get("prompt_ids") is not None and isinstance(request, dict):
-            request = _parsed_arguments(request)
-        has_messages = isinstance(request.get("messages"), list)
-        meta: dict[str, Any] = {
-            "path": rec.get("origin") or label,
-            "format": rec.get("source", "capture"),
-            "turn": turn,
-            "request": request,
-            "response": rec.get("response"),
-            "server_model": (rec.get("server") or {}).get("model") if isinstance(rec.get("server"), dict) else None,
-        }
+        request = _request_of(rec)
+        meta = _record_meta(rec, request, label, turn)
         rendered = None
-        if has_messages and (rec.get("prompt_ids") is None or self._can_render()):
+        if isinstance(request.get("messages"), list) and (rec.get("prompt_ids") is None or self._can_render()):
             rendered = self.renderer.attribute(request)
-        ids_in = rec.get("prompt_ids")
-        if ids_in is not None:
-            try:
-                ids = np.asarray(ids_in, dtype=np.int64)
-                if ids.ndim != 1:
-                    raise ValueError("not a flat list")
-            except (TypeError, ValueError, OverflowError) as e:
-                raise InputError(f"prompt_ids is not a list of token IDs: {e}", source=label) from None
-            if ids.size and (ids.min() < 0 or ids.max() >= 2**31):
-                raise InputError("prompt_ids holds negative or oversized IDs", source=label)
-            ids = ids.astype(np.int32)
-            meta["ids_from"] = rec.get("prompt_source", "server")
-        elif isinstance(rec.get("prompt_text"), str):
-            ids = np.asarray(self.tokenizer.encode(rec["prompt_text"], add_special=bool(self.vocab.meta.get("add_bos"))), dtype=np.int32)
-            meta["ids_from"] = "prompt log, tokenised here"
-        elif has_messages and self.vocab.meta.get("server"):
-            ids = np.asarray(_server_prompt_ids(self.vocab.meta["server"], request), dtype=np.int32)
-            meta["ids_from"] = "llama-server /apply-template + /tokenize"
-        elif rendered is not None:
-            ids = np.asarray(self.tokenizer.encode(rendered.text), dtype=np.int32)
-            meta["ids_from"] = "local render, tokenised here"
-        else:
-            raise InputError("record has neither messages, prompt_ids nor prompt_text", source=label)
+        ids = self._record_ids(rec, request, rendered, label, meta)
         p = self._decode(ids, label, label, meta)
         fam = grammar.annotate(p, self.family)
         if rendered is not None:
-            local = rendered.text.encode("utf-8")
-            if local == p.data:
-                from tokendiff.sections import field_sections
-
-                p.sections = field_sections(p, rendered)
-                meta["sections_from"] = "request fields"
-            else:
-                from tokendiff.align import first_byte_diff
-
-                at = first_byte_diff(local, p.data)
-                meta["render_mismatch"] = {
-                    "byte": at,
-                    "local": local[max(0, (at or 0) - 40) : (at or 0) + 40].decode("utf-8", "replace"),
-                    "server": p.data[max(0, (at or 0) - 40) : (at or 0) + 40].decode("utf-8", "replace"),
-                }
-                warn(
-                    f"{label}: the local render differs from the server's tokens at byte {at}; "
-                    "sections come from the template markers (the server renders differently)"
-                )
-            if rendered.unlocated:
-                meta["unlocated_fields"] = rendered.unlocated
+            _attach_render(p, rendered, label)
         _warn_if_mismatched(p, fam, self.family, self.vocab)
         return p
 
+    def _record_ids(
+        self, rec: dict[str, Any], request: dict[str, Any], rendered, label: str, meta: dict[str, Any]
+    ) -> np.ndarray:
+        """The token IDs, from the best source the record allows; `meta["ids_from"]` says which."""
+        if rec.get("prompt_ids") is not None:
+            meta["ids_from"] = rec.get("prompt_source", "server")
+            return _recorded_ids(rec["prompt_ids"], label)
+        if isinstance(rec.get("prompt_text"), str):
+            meta["ids_from"] = "prompt log, tokenised here"
+            ids = self.tokenizer.encode(rec["prompt_text"], add_special=bool(self.vocab.meta.get("add_bos")))
+        elif isinstance(request.get("messages"), list) and self.vocab.meta.get("server"):
+            meta["ids_from"] = "llama-server /apply-template + /tokenize"
+            ids = _server_prompt_ids(self.vocab.meta["server"], request)
+        elif rendered is not None:
+            meta["ids_from"] = "local render, tokenised here"
+            ids = self.tokenizer.encode(rendered.text)
+        else:
+            raise InputError("record has neither messages, prompt_ids nor prompt_text", source=label)
+        return np.asarray(ids, dtype=np.int32)
+
     def _can_render(self) -> bool:
         return bool(self.chat_template or self.vocab.meta.get("chat_template"))
+
+
+def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
+    """The request as llama-server templates it: Anthropic requests converted, and tool-call
+    arguments parsed when the record carries the server's own IDs."""
+    from tokendiff.importers.anthropic import is_anthropic, to_openai
+
+    request = rec.get("request") or {}
+    server = rec.get("server") if isinstance(rec.get("server"), dict) else {}
+    llama = server.get("kind", "llama-server") == "llama-server"
+    if isinstance(request, dict) and is_anthropic(request, rec.get("endpoint")):
+        request = to_openai(request, llama_server=llama)
+    if llama and rec.get("prompt_ids") is not None and isinstance(request, dict):
+        request = _parsed_arguments(request)
+    return request
+
+
+def _record_meta(rec: dict[str, Any], request: dict[str, Any], label: str, turn: int | None) -> dict[str, Any]:
+    server = rec.get("server")
+    return {
+        "path": rec.get("origin") or label,
+        "format": rec.get("source", "capture"),
+        "turn": turn,
+        "request": request,
+        "response": rec.get("response"),
+        "server_model": server.get("model") if isinstance(server, dict) else None,
+    }
+
+
+def _recorded_ids(ids_in: Any, label: str) -> np.ndarray:
+    """The record's `prompt_ids`, checked to be a flat list of 32-bit token IDs."""
+    try:
+        ids = np.asarray(ids_in, dtype=np.int64)
+        if ids.ndim != 1:
+            raise ValueError("not a flat list")
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InputError(f"prompt_ids is not a list of token IDs: {e}", source=label) from None
+    if ids.size and (ids.min() < 0 or ids.max() >= 2**31):
+        raise InputError("prompt_ids holds negative or oversized IDs", source=label)
+    return ids.astype(np.int32)
+
+
+def _attach_render(p: Prompt, rendered, label: str) -> None:
+    """Sections from the request fields when the local render is the prompt byte for byte; otherwise
+    say where they part (itself a finding) and keep the template markers' sections."""
+    local = rendered.text.encode("utf-8")
+    if local == p.data:
+        from tokendiff.sections import field_sections
+
+        p.sections = field_sections(p, rendered)
+        p.meta["sections_from"] = "request fields"
+    else:
+        from tokendiff.align import first_byte_diff
+
+        at = first_byte_diff(local, p.data)
+        lo, hi = max(0, (at or 0) - 40), (at or 0) + 40
+        p.meta["render_mismatch"] = {
+            "byte": at,
+            "local": local[lo:hi].decode("utf-8", "replace"),
+            "server": p.data[lo:hi].decode("utf-8", "replace"),
+        }
+        warn(
+            f"{label}: the local render differs from the server's tokens at byte {at}; "
+            "sections come from the template markers (the server renders differently)"
+        )
+    if rendered.unlocated:
+        p.meta["unlocated_fields"] = rendered.unlocated
 
 
 def _parsed_arguments(request: dict[str, Any]) -> dict[str, Any]:

@@ -15,26 +15,26 @@ from textual.app import App
 from textual.binding import Binding
 from textual.command import Hit, Hits, Provider
 
+from tokendiff import workflows as wf
 from tokendiff.config import load_config, unknown_bindings
+from tokendiff.errors import InputError
 from tokendiff.tui.screens import PairScreen, SessionScreen
 from tokendiff.tui.themes import choose_theme, diff_defaults, load_catalogue
 from tokendiff.tui.token_view import TokenView
+from tokendiff.workflows import PromptOptions
 
 
 @dataclass
 class Options:
     paths: list[str]
-    tokenizer: str | None = None
-    server: str | None = None
-    chat_template: str | None = None
-    family: str | None = None
-    order: str = "mtime"
+    prompts: PromptOptions = field(default_factory=PromptOptions)  # tokenizer, template, family, order
     live: str | None = None  # a llama-server URL to pull slots from
     slot_dir: str | None = None
     every: float = 2.0
     theme: str | None = None
     backend: str | None = None  # for replay from the pair screen
-    extra: dict[str, Any] = field(default_factory=dict)
+    force: bool = False  # replay even when the backend serves another model than the capture's
+    open_first_divergence: bool = True  # open the first turn that wasted the cache once loaded
 
 
 class TokendiffCommands(Provider):
@@ -74,10 +74,12 @@ class TokendiffApp(App):
     def __init__(self, options: Options) -> None:
         super().__init__()
         self.options = options
+        self.loaded: wf.LoadedSession | None = None
         self.prompts: list = []
         self.session = None
         self.vocab = None
         self.loader = None
+        self._opened_first = False
         self.config = load_config()
 
     # ------------------------------------------------------------ themes and keys
@@ -110,27 +112,13 @@ class TokendiffApp(App):
 
     @work(thread=True, exclusive=True, group="load")
     def load_session(self) -> None:
-        from tokendiff.cost import analyse
-        from tokendiff.errors import InputError
-        from tokendiff.sources import Loader, session_selectors
-        from tokendiff.vocab import load_vocab
-
         o = self.options
         try:
-            self.vocab = load_vocab(o.tokenizer, o.server)
-            tmpl = Path(o.chat_template).read_text() if o.chat_template else None
-            self.loader = Loader(self.vocab, o.family, o.order, tmpl)
-            specs: list[str] = []
-            for p in o.paths:
-                if o.live and Path(p).is_dir() and not any(Path(p).glob("*.bin")):
-                    continue  # a live session starts empty and fills as the agent runs
-                specs += session_selectors(p, o.order) if _is_session(p) else [p]
-            prompts = [self.loader.load(s) for s in specs]
-            session = analyse(prompts)
+            loaded = wf.open_session(o.prompts, o.paths, live=bool(o.live))
         except (InputError, OSError) as e:
             self.call_from_thread(self._failed, str(e))
             return
-        self.call_from_thread(self._loaded, prompts, session)
+        self.call_from_thread(self._loaded, loaded)
 
     def _failed(self, msg: str) -> None:
         self.notify(msg, severity="error", timeout=30)
@@ -138,42 +126,43 @@ class TokendiffApp(App):
         if isinstance(screen, SessionScreen):
             screen.query_one("#headline").update(f"could not load the session: {msg}")  # type: ignore[attr-defined]
 
-    def _loaded(self, prompts: list, session) -> None:
-        self.prompts, self.session = prompts, session
+    def _loaded(self, loaded: wf.LoadedSession) -> None:
+        self.loaded = loaded
+        self.prompts, self.session = loaded.prompts, loaded.session
+        self.vocab, self.loader = loaded.vocab, loaded.loader
         screen = self.screen_stack[1] if len(self.screen_stack) > 1 else self.screen
         if isinstance(screen, SessionScreen):
-            screen.show(session)
-        if self.options.extra.get("open_first_divergence", True) and not self.options.extra.get("_opened"):
-            self.options.extra["_opened"] = True
-            first = next((t.turn for t in session.turns if t.wasted), None)
+            screen.show(loaded.session)
+        if self.options.open_first_divergence and not self._opened_first:
+            self._opened_first = True
+            first = next((t.turn for t in loaded.session.turns if t.wasted), None)
             if first:
                 self.open_pair(first)
 
     def open_pair(self, turn: int) -> None:
-        if self.session is None or turn < 2 or turn > len(self.prompts):
+        if self.loaded is None or turn < 2 or turn > len(self.loaded.prompts):
             self.notify("pick a turn after the first: a pair is a turn and the one before it")
             return
-        self._build_pair(turn)
+        self._build_pair(self.loaded, turn)
 
     @work(thread=True, exclusive=True, group="pair")
-    def _build_pair(self, turn: int) -> None:
+    def _build_pair(self, loaded: wf.LoadedSession, turn: int) -> None:
         from tokendiff.tui.pairdata import build_pair_view
 
-        t = self.session.turns[turn - 1]
-        a, b = self.prompts[turn - 2], self.prompts[turn - 1]
-        view = build_pair_view(a, b, t.divergence)
-        self.call_from_thread(self.push_screen, PairScreen(turn, a, b, t.divergence, t.findings, view))
+        pair = wf.session_pair(loaded, turn)
+        view = build_pair_view(pair.a, pair.b, pair.divergence)
+        self.call_from_thread(self.push_screen, PairScreen(turn, pair.a, pair.b, pair.divergence, pair.findings, view))
 
     def export_report(self) -> None:
-        if self.session is None:
+        """`e`: the session report as markdown in the working directory (what `tokendiff report` prints)."""
+        if self.loaded is None:
             return
-        from tokendiff.report.markdown import render_markdown
-        from tokendiff.report.session import report_document
-
-        tk = {"name": self.vocab.name, "assumed": self.vocab.assumed}
-        doc = report_document(", ".join(self.options.paths), self.prompts, self.session, tk)
-        out = Path.cwd() / "tokendiff-report.md"
-        out.write_text(render_markdown(doc), encoding="utf-8")
+        try:
+            doc = wf.session_report(self.loaded, ", ".join(self.options.paths))
+            out = wf.export_report(doc, Path.cwd() / "tokendiff-report.md")
+        except InputError as e:
+            self.notify(str(e), severity="error")
+            return
         self.notify(f"report written to {out}")
 
     # ------------------------------------------------------------ live
@@ -184,8 +173,6 @@ class TokendiffApp(App):
 
         from textual.worker import get_current_worker
 
-        from tokendiff.cost import analyse
-        from tokendiff.errors import InputError
         from tokendiff.pull import Puller
 
         o = self.options
@@ -203,19 +190,13 @@ class TokendiffApp(App):
             except InputError as e:
                 self.call_from_thread(self.notify, str(e), severity="warning")
                 new = []
-            if new and self.loader is not None:
-                prompts = self.prompts + [self.loader.load(str(f)) for f in new]
-                session = analyse(prompts)
-                self.call_from_thread(self._loaded, prompts, session)
-                self.call_from_thread(self.notify, f"{len(new)} new turn(s) from {o.live}")
+            if new and self.loaded is not None:
+                try:
+                    loaded = wf.append_turns(self.loaded, [str(f) for f in new])
+                except InputError as e:
+                    self.call_from_thread(self.notify, str(e), severity="warning")
+                else:
+                    self.call_from_thread(self._loaded, loaded)
+                    self.call_from_thread(self.notify, f"{len(new)} new turn(s) from {o.live}")
             time.sleep(o.every)
 
-
-def _is_session(p: str) -> bool:
-    """A directory, a capture or a HAR: many turns. A slot file, a body or DIR@N: one."""
-    from tokendiff.sources import _file_kind
-
-    path = Path(p)
-    if not path.exists():
-        return False
-    return path.is_dir() or _file_kind(path) in ("capture", "har")

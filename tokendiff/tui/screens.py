@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import orjson
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -21,6 +20,7 @@ from tokendiff.tui.token_view import TokenView
 if TYPE_CHECKING:
     from tokendiff.cost import Session
     from tokendiff.model import Divergence, Finding
+    from tokendiff.workflows import PairResult
 
 
 class SessionScreen(Screen):
@@ -266,43 +266,40 @@ class PairScreen(Screen):
         self.query_one("#findings", Static).update(Text(f"replaying against {backend}…", style="bold"))
         self._replay(backend)
 
+    def _pair(self) -> "PairResult":
+        from tokendiff.workflows import PairResult
+
+        return PairResult(self.a, self.b, self.d, self.findings, self.app.vocab)  # type: ignore[attr-defined]
+
     @work(thread=True, exclusive=True, group="replay")
     def _replay(self, backend: str) -> None:
-        """cold / actual / ideal / fixed, measured in a worker; results shown in place."""
-        import httpx
-        import numpy as np
-
-        from tokendiff import replay as rp
-        from tokendiff.cost import reusable_ceiling
+        """cold / actual / ideal / fixed, measured in a worker (what `tokendiff replay` measures); shown in place."""
         from tokendiff.errors import InputError
-
-        if not rp.is_loopback_url(backend):
-            self.app.call_from_thread(self.notify, "refusing a backend that is not on this machine", severity="error")
-            return
-        vocab = self.app.vocab  # type: ignore[attr-defined]
-        client = httpx.Client(timeout=httpx.Timeout(600, connect=10), limits=httpx.Limits(max_keepalive_connections=0))
-
-        def decode(ids: list[int]) -> str:
-            return vocab.decode(np.asarray(ids))[0].decode("utf-8", "replace")
+        from tokendiff.workflows import ReplayOptions, replay_pair
 
         def progress(msg: str) -> None:
             self.app.call_from_thread(self.query_one("#findings", Static).update, Text(f"replay: {msg}"))
 
+        loader, force = self.app.loader, self.app.options.force  # type: ignore[attr-defined]
         try:
-            be = rp.connect(backend, None, client, decode)
-            plan = rp.Plan(self.a.ids.tolist(), self.b.ids.tolist(), self.d.lcp, reusable_ceiling(self.a, self.d, self.findings, len(self.b)))
-            scen = rp.run_scenarios(be, plan, 3, progress)
-            doc = rp.replay_document(be, plan, scen, {"a": self.a.origin, "b": self.b.origin}, None)
+            result = replay_pair(self._pair(), loader, ReplayOptions(backend=backend, force=force), progress)
         except InputError as e:
             self.app.call_from_thread(self.notify, str(e), severity="error")
+            self.app.call_from_thread(self.query_one("#findings", Static).update, Text(f"replay refused: {e}"))
             return
-        self.replay_doc = doc
-        self.app.call_from_thread(self.query_one("#findings", Static).update, Text(rp.render_replay_text(doc)))
+        self.replay_doc = result.document
+        self.app.call_from_thread(self.query_one("#findings", Static).update, Text(result.text))
+        if result.problem:
+            self.app.call_from_thread(self.notify, result.problem, severity="warning", timeout=30)
 
     def action_export_pair(self) -> None:
-        from tokendiff.report.diff import diff_document
+        """`x`: exactly the document `tokendiff diff --json A B` prints for this pair."""
+        from tokendiff.errors import InputError
+        from tokendiff.workflows import export_pair
 
-        doc = diff_document(self.a, self.b, self.d, self.app.vocab)  # type: ignore[attr-defined]
-        out = Path.cwd() / f"tokendiff-pair-{self.turn - 1}-{self.turn}.json"
-        out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        try:
+            out = export_pair(self._pair(), Path.cwd() / f"tokendiff-pair-{self.turn - 1}-{self.turn}.json")
+        except InputError as e:
+            self.notify(str(e), severity="error")
+            return
         self.notify(f"pair written to {out}")

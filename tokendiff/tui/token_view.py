@@ -45,8 +45,6 @@ def _widths(texts: list[str]) -> list[int]:
     return [len(t) if t.isascii() else cell_len(t) for t in texts]
 
 
-
-
 class TokenView(ScrollView, can_focus=True):
     """Tokens with visible boundaries, the shared prefix dimmed and changes highlighted."""
 
@@ -100,15 +98,6 @@ class TokenView(ScrollView, can_focus=True):
         self._cache: LRUCache[tuple, Strip] = LRUCache(1024)
 
     # ------------------------------------------------------------ layout
-
-    def set_tokens(self, tokens: ViewTokens) -> None:
-        self.tokens = tokens
-        self._widths = None
-        self._layout_width = -1
-        self._cache.clear()
-        self.cursor = 0
-        self._relayout()
-        self.refresh()
 
     def _relayout(self) -> None:
         width = max(10, self.scrollable_content_region.width or self.size.width or 80)

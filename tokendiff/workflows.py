@@ -1,0 +1,429 @@
+"""The application layer: the workflows the CLI, the TUI, the report and live mode share.
+
+Plain typed options in, typed results and documents out. Nothing here parses
+arguments, prints or knows about Textual: the CLI prints what these functions
+return and the TUI shows it, so the two cannot drift apart again. Progress
+goes to an optional callback. Heavy libraries (httpx, polars, transformers)
+are imported inside the functions that need them, so `tokendiff diff` stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from tokendiff.errors import InputError
+
+if TYPE_CHECKING:
+    from tokendiff.cost import Session
+    from tokendiff.model import Divergence, Finding, Prompt
+    from tokendiff.replay import Backend, Plan
+    from tokendiff.sources import Loader
+    from tokendiff.vocab import Vocab
+
+Progress = Callable[[str], None]
+REPORT_FORMATS = ("md", "html", "json")
+
+
+# ---------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class PromptOptions:
+    """How prompts are read; the same for every command and the TUI."""
+
+    tokenizer: str | None = None  # tokenizer.json(.gz), a Hugging Face directory or a GGUF file
+    server: str | None = None  # a live llama-server to decode (and tokenise) with
+    chat_template: str | None = None  # a .jinja file or a tokenizer_config.json
+    family: str | None = None  # template family override
+    order: str = "mtime"  # turn order in a directory: mtime | name
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    redact: bool = False
+    replays: tuple[str, ...] = ()  # `tokendiff replay --json` files to include
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    backend: str
+    backend_kind: str | None = None  # skip detection: llama-server | vllm | sglang | ollama
+    repeat: int = 3
+    slot: int = 0
+    fix: bool = True  # measure the what-if fix where one is known
+    allow_remote: bool = False
+    force: bool = False  # replay even when the backend serves another model than the capture's
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def read_chat_template(path: str | None) -> str | None:
+    """A chat template from a .jinja file, or the `chat_template` of a tokenizer_config.json."""
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read chat template: {e}", source=path) from None
+    if not path.endswith(".json"):
+        return text
+    import orjson
+
+    try:
+        cfg = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise InputError(f"malformed JSON: {e}", source=path) from None
+    tmpl = cfg.get("chat_template") if isinstance(cfg, dict) else None
+    if not isinstance(tmpl, str):
+        raise InputError("no chat_template string in this JSON file", source=path)
+    return tmpl
+
+
+def open_loader(opts: PromptOptions) -> "Loader":
+    """The vocabulary and a prompt loader for these options (the vocabulary is `loader.vocab`)."""
+    from tokendiff.sources import Loader
+    from tokendiff.vocab import load_vocab
+
+    vocab = load_vocab(opts.tokenizer, opts.server)
+    return Loader(vocab, opts.family, opts.order, read_chat_template(opts.chat_template))
+
+
+def tokenizer_info(vocab: "Vocab") -> dict[str, Any]:
+    """How documents name the tokenizer they were decoded with."""
+    return {"name": vocab.name, "assumed": vocab.assumed, "n_vocab": vocab.n_vocab, "identity": vocab.identity}
+
+
+# ---------------------------------------------------------------- sessions
+
+
+@dataclass
+class LoadedSession:
+    loader: "Loader"
+    prompts: list["Prompt"]
+    session: "Session"
+
+    @property
+    def vocab(self) -> "Vocab":
+        return self.loader.vocab
+
+
+def is_session_path(path: str) -> bool:
+    """A directory, a capture or a HAR holds many turns; a slot file, a body or DIR@N one."""
+    from tokendiff.sources import file_kind
+
+    p = Path(path)
+    if not p.exists():
+        return False
+    return p.is_dir() or file_kind(p) in ("capture", "har")
+
+
+def session_specs(
+    paths: Sequence[str], order: str = "mtime", *, single_turns: bool = True, live: bool = False
+) -> list[str]:
+    """One selector per turn, in order. Sessions expand to their turns; a single turn stays
+    itself unless `single_turns` is off (the report wants sessions). In live mode an empty
+    session directory is fine: it fills as the agent runs."""
+    from tokendiff.sources import session_selectors
+
+    specs: list[str] = []
+    for p in paths:
+        if live and Path(p).is_dir() and not any(Path(p).glob("*.bin")):
+            continue
+        specs += session_selectors(p, order) if not single_turns or is_session_path(p) else [p]
+    return specs
+
+
+def load_session(loader: "Loader", specs: Sequence[str], progress: Progress | None = None) -> LoadedSession:
+    """Every turn loaded and the session analysed (reuse, waste, spans ranked by cost)."""
+    from tokendiff.cost import analyse
+
+    prompts = []
+    for k, spec in enumerate(specs, 1):
+        if progress:
+            progress(f"reading turn {k}/{len(specs)}")
+        prompts.append(loader.load(spec))
+    if progress:
+        progress(f"analysing {len(prompts)} turns")
+    return LoadedSession(loader, prompts, analyse(prompts))
+
+
+def open_session(
+    opts: PromptOptions,
+    paths: Sequence[str],
+    progress: Progress | None = None,
+    *,
+    single_turns: bool = True,
+    live: bool = False,
+) -> LoadedSession:
+    """Loader, turns and analysis for `paths` in one call."""
+    loader = open_loader(opts)
+    return load_session(loader, session_specs(paths, opts.order, single_turns=single_turns, live=live), progress)
+
+
+def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:
+    """The session with new turns (live mode) appended and re-analysed."""
+    from tokendiff.cost import analyse
+
+    prompts = loaded.prompts + [loaded.loader.load(s) for s in specs]
+    return LoadedSession(loaded.loader, prompts, analyse(prompts))
+
+
+# ---------------------------------------------------------------- pairs
+
+
+@dataclass
+class PairResult:
+    """Two prompts, how they diverge and why; `document` is the `tokendiff.diff/1` document."""
+
+    a: "Prompt"
+    b: "Prompt"
+    divergence: "Divergence"
+    findings: list["Finding"]
+    vocab: "Vocab"
+    context: int = 8  # tokens of context around spans in the document
+
+    @cached_property
+    def document(self) -> dict[str, Any]:
+        from tokendiff.report.diff import diff_document
+
+        return diff_document(self.a, self.b, self.divergence, self.vocab, context=self.context, findings=self.findings)
+
+
+def diff_pair(a: "Prompt", b: "Prompt", vocab: "Vocab", context: int = 8) -> PairResult:
+    from tokendiff.align import align
+    from tokendiff.explain import explain
+
+    d = align(a, b)
+    return PairResult(a, b, d, explain(a, b, d), vocab, context)
+
+
+def load_pair(loader: "Loader", spec_a: str, spec_b: str, context: int = 8) -> PairResult:
+    a = loader.load(spec_a)
+    b = loader.load(spec_b)
+    return diff_pair(a, b, loader.vocab, context)
+
+
+def session_pair(loaded: LoadedSession, turn: int) -> PairResult:
+    """Turn `turn` (from 2) and the one before it, as the session analysis aligned and explained them
+    (the same alignment and findings `diff_pair` computes)."""
+    if not 2 <= turn <= len(loaded.prompts):
+        raise InputError(f"turn {turn} has no pair: pick a turn from 2 to {len(loaded.prompts)}")
+    t = loaded.session.turns[turn - 1]
+    assert t.divergence is not None
+    a, b = loaded.prompts[turn - 2], loaded.prompts[turn - 1]
+    return PairResult(a, b, t.divergence, t.findings, loaded.vocab)
+
+
+def pair_json(pair: PairResult) -> bytes:
+    """The bytes `tokendiff diff --json` prints."""
+    import orjson
+
+    return orjson.dumps(pair.document, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def export_pair(pair: PairResult, path: Path) -> Path:
+    """The pair's `diff --json` document written to `path`."""
+    return _write(path, pair_json(pair))
+
+
+# ---------------------------------------------------------------- reports
+
+
+def read_replay(path: str) -> dict[str, Any]:
+    """A `tokendiff replay --json` result, checked to be one."""
+    import orjson
+
+    try:
+        doc = orjson.loads(Path(path).read_bytes())
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=path) from None
+    except orjson.JSONDecodeError as e:
+        raise InputError(f"malformed JSON: {e}", source=path) from None
+    if not isinstance(doc, dict) or doc.get("schema") != "tokendiff.replay/1":
+        raise InputError("not a tokendiff replay result (tokendiff.replay/1)", source=path)
+    return doc
+
+
+def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = ReportOptions()) -> dict[str, Any]:
+    """The session report document (`tokendiff.report/1`) with the replays it includes."""
+    from tokendiff.report.session import report_document
+
+    replays = [read_replay(f) for f in opts.replays]
+    doc = report_document(label, loaded.prompts, loaded.session, tokenizer_info(loaded.vocab), redact=opts.redact)
+    doc["replays"] = replays
+    return doc
+
+
+def render_report(doc: dict[str, Any], fmt: str = "md") -> str:
+    if fmt == "json":
+        import orjson
+
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+    if fmt == "html":
+        from tokendiff.report.html import render_html
+
+        return render_html(doc)
+    if fmt != "md":
+        raise InputError(f"report formats are {', '.join(REPORT_FORMATS)}", source=fmt)
+    from tokendiff.report.markdown import render_markdown
+
+    return render_markdown(doc)
+
+
+def export_report(doc: dict[str, Any], path: Path, fmt: str = "md") -> Path:
+    """The report rendered as `fmt` and written to `path`."""
+    return _write(path, render_report(doc, fmt).encode("utf-8"))
+
+
+def export_turns(session: "Session", path: Path) -> Path:
+    """The per-turn table as .parquet (else CSV)."""
+    from tokendiff.cost import turn_frame
+
+    frame = turn_frame(session)
+    try:
+        frame.write_parquet(path) if str(path).endswith(".parquet") else frame.write_csv(path)
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(path)) from None
+    return Path(path)
+
+
+def _write(path: Path, data: bytes) -> Path:
+    try:
+        Path(path).write_bytes(data)
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(path)) from None
+    return Path(path)
+
+
+# ---------------------------------------------------------------- replay
+
+
+@dataclass
+class ReplayResult:
+    document: dict[str, Any]  # tokendiff.replay/1
+    no_valid_runs: list[str] = field(default_factory=list)  # scenarios (actual, ideal) left without a valid run
+
+    @property
+    def text(self) -> str:
+        from tokendiff.replay import render_replay_text
+
+        return render_replay_text(self.document)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the measurement is unusable, or None."""
+        if not self.no_valid_runs:
+            return None
+        return (
+            f"no valid runs for {' and '.join(self.no_valid_runs)}: the server's cache did not hold what the scenario "
+            "primed; restart llama-server with --cache-ram 0 (and --slot-save-path so slots can be erased)"
+        )
+
+
+def check_replay(opts: ReplayOptions) -> None:
+    """The options' own errors, before anything is loaded: run count and the loopback policy."""
+    from tokendiff.replay import is_loopback_url
+
+    if opts.repeat < 1:
+        raise InputError("--repeat must be at least 1")
+    if not is_loopback_url(opts.backend) and not opts.allow_remote:
+        raise InputError(
+            "refusing to replay to a backend that is not on this machine; pass --allow-remote if you mean it",
+            source=opts.backend,
+        )
+
+
+def replay_prompt_options(prompts: PromptOptions, opts: ReplayOptions) -> PromptOptions:
+    """With no tokenizer named, a llama-server backend decodes with its own vocabulary."""
+    if prompts.tokenizer or prompts.server:
+        return prompts
+    return replace(prompts, server=llama_server_or_none(opts.backend))
+
+
+def llama_server_or_none(url: str) -> str | None:
+    """`url` when it answers like llama-server (its /props), else None."""
+    import httpx
+
+    try:
+        r = httpx.get(url.rstrip("/") + "/props", timeout=5)
+        if r.status_code == 200 and "default_generation_settings" in r.json():
+            return url
+    except (httpx.HTTPError, ValueError):
+        pass
+    return None
+
+
+def replay_pair(
+    pair: PairResult, loader: "Loader", opts: ReplayOptions, progress: Progress | None = None
+) -> ReplayResult:
+    """cold / actual / ideal (and fixed, where a fix is known) measured on the backend."""
+    import httpx
+    import numpy as np
+
+    from tokendiff import replay as rp
+    from tokendiff.cost import reusable_ceiling
+
+    check_replay(opts)
+    a, b, d = pair.a, pair.b, pair.divergence
+
+    def decode(ids: list[int]) -> str:
+        return pair.vocab.decode(np.asarray(ids))[0].decode("utf-8", "replace")
+
+    # a fresh connection per request: llama-server may close a kept-alive one after a stream
+    limits = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(timeout=httpx.Timeout(600, connect=10), limits=limits) as client:
+        be = rp.connect(opts.backend, opts.backend_kind, client, decode, opts.slot)
+        check_model(be, a, b, opts.force)
+        plan = rp.Plan(a.ids.tolist(), b.ids.tolist(), d.lcp, reusable_ceiling(a, d, pair.findings, len(b)))
+        fix_doc = what_if_fix(pair, loader, be, plan) if opts.fix else None
+        scen = rp.run_scenarios(be, plan, opts.repeat, progress)
+        doc = rp.replay_document(be, plan, scen, {"a": a.origin, "b": b.origin}, fix_doc)
+    return ReplayResult(doc, [k for k in ("actual", "ideal") if not scen[k].valid])
+
+
+def check_model(be: "Backend", a: "Prompt", b: "Prompt", force: bool) -> None:
+    """Token IDs only mean something for the model that produced them."""
+    served = be.identity().get("model") or ""
+    for p in (a, b):
+        recorded = p.meta.get("request") is not None and p.meta.get("server_model")
+        if recorded and served and Path(str(recorded)).name != Path(str(served)).name and not force:
+            raise InputError(
+                f"the capture was recorded against {recorded!r} but the backend serves {served!r}: the token IDs "
+                "would mean other text and the timings would not transfer (pass --force to replay anyway)",
+                source=be.url,
+            )
+
+
+def what_if_fix(pair: PairResult, loader: "Loader", be: "Backend", plan: "Plan") -> dict[str, Any]:
+    """The fixed B, rendered (by the server itself when it is llama-server), set on `plan` for the
+    `fixed` scenario; the document's `fix` entry."""
+    import numpy as np
+
+    from tokendiff.align import common_prefix
+    from tokendiff.fixes import fix_request
+
+    a_req, b_req = pair.a.meta.get("request"), pair.b.meta.get("request")
+    if not (isinstance(a_req, dict) and isinstance(b_req, dict) and a_req.get("messages") and b_req.get("messages")):
+        why = "the pair has no requests to fix (slot files): record with tokendiff proxy"
+        return {"applied": [], "not_applied": [why]}
+    fixed = fix_request(a_req, b_req, pair.a, pair.b, pair.divergence, pair.findings)
+    if not fixed.applied:
+        return {"applied": [], "not_applied": fixed.not_applied}
+    if be.kind == "llama-server":
+        from tokendiff.sources import _server_prompt_ids  # moves to tokendiff.server (issue #10, "server" slice)
+
+        ids = _server_prompt_ids(be.url, fixed.body)
+    else:
+        ids = loader.tokenizer.encode(loader.renderer.render(fixed.body))
+    plan.fixed_b = list(ids)
+    plan.fixed_lcp = common_prefix(np.asarray(plan.a), np.asarray(ids))
+    return {
+        "applied": fixed.applied,
+        "not_applied": fixed.not_applied,
+        "fixed_tokens": len(ids),
+        "fixed_lcp_tokens": plan.fixed_lcp,
+    }
