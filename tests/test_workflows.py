@@ -82,7 +82,7 @@ def test_session_pairs_are_the_diff_documents(agent):
 def test_exports_return_their_paths(agent, tmp_path):
     pair = wf.session_pair(agent, 3)
     out = wf.export_pair(pair, tmp_path / "pair.json")
-    assert out.read_bytes() == wf.pair_json(pair) and json.loads(out.read_bytes())["schema"] == "tokendiff.diff/1"
+    assert out.read_bytes() == wf.pair_json(pair) and json.loads(out.read_bytes())["schema"] == "tokendiff.diff/2"
     doc = wf.session_report(agent, AGENT)
     assert doc["tokenizer"] == wf.tokenizer_info(agent.vocab) and doc["replays"] == []
     md = wf.export_report(doc, tmp_path / "r.md")

@@ -60,7 +60,7 @@ def _diff_parser(sub: Any) -> None:  # argparse subparsers
     )
     d.add_argument("b", help="newer prompt")
     _tokenizer_args(d)
-    d.add_argument("--json", action="store_true", help="print the tokendiff.diff/1 JSON document")
+    d.add_argument("--json", action="store_true", help="print the tokendiff.diff/2 JSON document")
     d.add_argument("--context", type=int, default=8, metavar="N", help="tokens of context around spans (default 8)")
     d.add_argument("--max-hunks", type=int, default=20, metavar="N", help="spans listed in text output (default 20)")
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto")

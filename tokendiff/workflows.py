@@ -177,7 +177,7 @@ def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:
 
 @dataclass
 class PairResult:
-    """Two prompts, how they diverge and why; `document` is the `tokendiff.diff/1` document."""
+    """Two prompts, how they diverge and why; `document` is the `tokendiff.diff/2` document."""
 
     a: "Prompt"
     b: "Prompt"
