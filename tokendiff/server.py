@@ -423,6 +423,8 @@ class LlamaClient:
         r = self.request("GET", "/slots")
         if r.status_code == 501:
             raise InputError("the server disables /slots (started with --no-slots)", source=self.url)
+        if r.status_code >= 400:
+            raise InputError(f"GET /slots: HTTP {r.status_code}: {r.text[:200]}", source=self.url)
         doc = _json_or_none(r.status_code, r.content)
         if not isinstance(doc, list):
             raise InputError("/slots did not return a list", source=self.url)
