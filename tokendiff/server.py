@@ -126,7 +126,7 @@ class ServerInfo:
         return out
 
 
-def _probe_steps(url: str, kind: str | None) -> Generator[str, Any, ServerInfo]:
+def probe_steps(url: str, kind: str | None) -> Generator[str, Any, ServerInfo]:
     """The probe as a sequence of GETs (each yields a path and receives its JSON or None),
     so the blocking and the async probe share one decision."""
     props = (yield "/props") if kind in (None, LLAMA) else None
@@ -167,7 +167,7 @@ def probe(url: str, kind: str | None = None, client: httpx.Client | None = None)
 
     base = url.rstrip("/")
     http = client or httpx.Client(timeout=PROBE_TIMEOUT)
-    steps = _probe_steps(base, kind)
+    steps = probe_steps(base, kind)
     try:
         path = next(steps)
         while True:
@@ -189,7 +189,7 @@ async def aprobe(url: str, client: httpx.AsyncClient) -> ServerInfo:
     import httpx
 
     base = url.rstrip("/")
-    steps = _probe_steps(base, None)
+    steps = probe_steps(base, None)
     try:
         path = next(steps)
         while True:
