@@ -53,7 +53,9 @@ def test_sse_summary_joins_lines_split_across_chunks():
     for i in range(0, len(text), 7):  # every line cut somewhere
         s.feed(text[i : i + 7])
     assert s.result() == whole
-    assert whole == {"content": "Hello", "finish_reason": "stop", "usage": {"prompt_tokens": 9}, "timings": {"cache_n": 4}}
+    assert whole == {
+        "content": "Hello", "finish_reason": "stop", "usage": {"prompt_tokens": 9}, "timings": {"cache_n": 4},
+    }  # fmt: skip
 
 
 def test_final_fields():
@@ -64,7 +66,8 @@ def test_final_fields():
 def test_request_bodies():
     req = {"model": "m", "messages": CONVERSATION, "tools": TOOLS, "temperature": 0.7, "stream": True}
     assert set(sv.template_body(req)) == {"messages", "tools"}
-    assert sv.vllm_tokenize_body(req) == {"model": "m", "messages": CONVERSATION, "tools": TOOLS, "add_generation_prompt": True}
+    vbody = sv.vllm_tokenize_body(req)
+    assert vbody == {"model": "m", "messages": CONVERSATION, "tools": TOOLS, "add_generation_prompt": True}
     assert sv.tokenize_body("x") == {"content": "x", "add_special": True, "parse_special": True}
     assert sv.token_ids({"tokens": [1, {"id": 2, "piece": "a"}]}) == [1, 2]
 
@@ -131,13 +134,16 @@ def test_ollama_requests():
     body = rp.ollama_generate_body("qwen3:8b", "<|im_start|>user", 8192)
     assert body["raw"] is True and body["options"] == {"num_predict": 1, "temperature": 0, "num_ctx": 8192}
     unload, load = rp.ollama_reload_bodies("qwen3:8b", 8192)
-    assert unload == {"model": "qwen3:8b", "keep_alive": 0} and "prompt" not in load and load["options"]["num_ctx"] == 8192
-    assert rp.ollama_counts({"prompt_eval_duration": 2_000_000, "prompt_eval_count": 10, "prompt_eval_cached_count": 4}) == (2.0, 4, 6)
+    assert unload == {"model": "qwen3:8b", "keep_alive": 0}
+    assert "prompt" not in load and load["options"]["num_ctx"] == 8192
+    done = {"prompt_eval_duration": 2_000_000, "prompt_eval_count": 10, "prompt_eval_cached_count": 4}
+    assert rp.ollama_counts(done) == (2.0, 4, 6)
     assert rp.ollama_counts({"prompt_eval_count": 10}) == (None, None, 10)
 
 
 def test_llama_completion_body():
-    assert rp.llama_completion_body([1], 0, 0, True) == {"prompt": [1], "n_predict": 0, "cache_prompt": True, "id_slot": 0}
+    prime = rp.llama_completion_body([1], 0, 0, True)
+    assert prime == {"prompt": [1], "n_predict": 0, "cache_prompt": True, "id_slot": 0}
     timed = rp.llama_completion_body([1], 2, 1, False)
     assert timed["cache_prompt"] is False and timed["stream"] and timed["id_slot"] == 2
 
@@ -199,7 +205,7 @@ async def _afetch(url, req):
 def test_slots_save_restore_erase(llama):
     srv, slots = llama
     with sv.LlamaClient(srv.url) as c:
-        c.call("POST", "/completion", json={"prompt": "Hello there", "n_predict": 1, "id_slot": 0, "cache_prompt": True})
+        c.call("POST", "/completion", json=rp.llama_completion_body(qwen_encode("Hello there"), 0, 0, True))
         states, raw = c.slots()
         assert isinstance(raw, list) and states[0].holds_prompt
         c.save_slot(0, "t.bin")
@@ -214,5 +220,6 @@ def test_stream_reports_first_event_and_timings(llama):
     srv, _ = llama
     seen = []
     with sv.LlamaClient(srv.url) as c:
-        final = c.stream("/completion", rp.llama_completion_body(qwen_encode("Hi there"), 0, 1, False), lambda: seen.append(1))
+        body = rp.llama_completion_body(qwen_encode("Hi there"), 0, 1, False)
+        final = c.stream("/completion", body, lambda: seen.append(1))
     assert seen == [1] and final["timings"]["cache_n"] == 0

@@ -359,7 +359,9 @@ async def _prompt_patch(state: ProxyState, rec: dict[str, Any]) -> dict[str, Any
     usage = (rec.get("response") or {}).get("usage") or {}
     reported = usage.get("prompt_tokens")
     if found.text is not None and isinstance(reported, int) and reported != len(found.ids):
-        patch["prompt_warning"] = f"/tokenize gave {len(found.ids)} tokens but the response reported prompt_tokens={reported}"
+        patch["prompt_warning"] = (
+            f"/tokenize gave {len(found.ids)} tokens but the response reported prompt_tokens={reported}"
+        )
     return patch
 
 

@@ -178,12 +178,15 @@ class LlamaServer(Backend):
 
     def timed(self, ids: list[int], use_cache: bool = True) -> Timing:
         clock, first = _clock(), []
-        final = self.api.stream("/completion", llama_completion_body(ids, self.slot, 1, use_cache), lambda: first.append(clock()))
+        body = llama_completion_body(ids, self.slot, 1, use_cache)
+        final = self.api.stream("/completion", body, lambda: first.append(clock()))
         t = final.get("timings") or {}
         return Timing(t.get("prompt_ms"), first[0] if first else clock(), t.get("cache_n"), t.get("prompt_n"))
 
 
-def openai_completion_body(model: str | None, ids: list[int], max_tokens: int, cache_salt: str | None) -> dict[str, Any]:
+def openai_completion_body(
+    model: str | None, ids: list[int], max_tokens: int, cache_salt: str | None
+) -> dict[str, Any]:
     """Token IDs to /v1/completions, streamed with usage; `cache_salt` (vLLM) keys the prefix cache,
     so a salt no earlier request used means a cold prefill."""
     body: dict[str, Any] = {
@@ -245,7 +248,8 @@ class OpenAICompatible(Backend):
     def _completion(self, ids: list[int], salt: str | None) -> Timing:
         self.clean = False
         clock, first = _clock(), []
-        final = self.api.stream("/v1/completions", openai_completion_body(self.model, ids, 1, salt), lambda: first.append(clock()))
+        body = openai_completion_body(self.model, ids, 1, salt)
+        final = self.api.stream("/v1/completions", body, lambda: first.append(clock()))
         cached, evaluated = usage_counts(final.get("usage") or {})
         return Timing(None, first[0] if first else clock(), cached, evaluated)
 
@@ -325,7 +329,8 @@ class Ollama(Backend):
     def _gen(self, ids: list[int]) -> Timing:
         self.clean = False
         clock = _clock()
-        doc = self.api.call("POST", "/api/generate", json=ollama_generate_body(self.model, self.decode(ids), self.num_ctx))
+        body = ollama_generate_body(self.model, self.decode(ids), self.num_ctx)
+        doc = self.api.call("POST", "/api/generate", json=body)
         ms, cached, evaluated = ollama_counts(doc if isinstance(doc, dict) else {})
         return Timing(ms, clock(), cached, evaluated)
 

@@ -346,7 +346,8 @@ def slot_states(doc: Any) -> list[SlotState]:
     for s in doc if isinstance(doc, list) else []:
         if isinstance(s, dict) and isinstance(s.get("id"), int):
             n = s.get("n_prompt_tokens")
-            out.append(SlotState(s["id"], s.get("id_task"), n if isinstance(n, int) else 0, bool(s.get("is_processing"))))
+            n = n if isinstance(n, int) else 0
+            out.append(SlotState(s["id"], s.get("id_task"), n, bool(s.get("is_processing"))))
     return out
 
 
