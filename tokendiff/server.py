@@ -355,7 +355,8 @@ def slot_states(doc: Any) -> list[SlotState]:
 
 
 class LlamaClient:
-    """Blocking calls to one llama-server; every failure is an InputError naming the server."""
+    """Blocking calls to one llama-server; every failure is an InputError naming the server.
+    request/call/stream are plain HTTP and serve the other servers' replay backends too."""
 
     def __init__(self, url: str, timeout: float = RENDER_TIMEOUT, client: httpx.Client | None = None):
         import httpx
