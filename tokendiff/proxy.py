@@ -75,11 +75,9 @@ class Exchange:
             self.ttft = (time.perf_counter() - self.t0) * 1000
         self.digest.update(chunk)
         self.sent += len(chunk)
-        if self.rec is None:
+        if self.rec is None or self.stream is not None:  # streams are summarised after the send
             return
-        if self.stream is not None:
-            self.stream.feed(chunk)
-        elif self.kept_n < MAX_RECORDED_RESPONSE:
+        if self.kept_n < MAX_RECORDED_RESPONSE:
             self.kept.append(chunk)
             self.kept_n += len(chunk)
 
@@ -253,6 +251,8 @@ async def _relay(state: ProxyState, resp: httpx.Response, receive, send, ex: Exc
                 raise ConnectionResetError("client closed the connection")
             ex.take(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if ex.stream is not None and ex.rec is not None:
+                ex.stream.feed(chunk)  # after the send: the client never waits for the parse
         if ex.rec is not None:
             # recorded before the response is complete for the client: a request the
             # client saw finish is never missing from the capture, even after kill -9
