@@ -14,6 +14,7 @@ import pytest
 from conftest import TOOLS, qwen_encode, render, spell
 
 from tokendiff.align import align
+from tokendiff.server import LlamaClient
 from tokendiff.sources import load_prompt
 from tokendiff.vocab import ServerVocab, load_bundled, load_vocab
 
@@ -159,7 +160,7 @@ def test_server_tokenizer_uses_the_model_vocab(session, llama_server_bin, tiny_m
         v = load_vocab(server=srv.url)
         assert tiny_model.name in v.name and v.n_vocab == 151669
         # the detokenize path, used when the model file is not readable here
-        sv = ServerVocab(srv.url, httpx.Client(base_url=srv.url), 151669, {})
+        sv = ServerVocab(LlamaClient(srv.url), 151669, {})
         ids = qwen_encode("<|im_start|>user\nWeather in Paris? 18°C<|im_end|>")
         data, _, special = sv.decode(ids)
     assert data == "<|im_start|>user\nWeather in Paris? 18°C<|im_end|>".encode()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import ipaddress
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,8 +26,12 @@ import httpx
 import orjson
 
 from tokendiff.capture import CaptureWriter
+from tokendiff.errors import InputError
 from tokendiff.importers import CHAT_ENDPOINTS
-from tokendiff.importers.har import parse_sse
+from tokendiff.server import (
+    CONNECT_TIMEOUT, LLAMA, ServerInfo, SSESummary, afetch_prompt_tokens, aprobe, can_tokenize_chat, final_fields,
+    is_loopback_host,
+)  # fmt: skip
 
 HOP_BY_HOP = {
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailers",
@@ -45,12 +48,38 @@ class ProxyState:
     out: Path
     writer: CaptureWriter | None = None
     client: httpx.AsyncClient | None = None
-    server: dict[str, Any] | None = None  # what the upstream said about itself, recorded once
-    is_llama: bool = False
-    is_vllm: bool = False
+    info: ServerInfo | None = None  # what the upstream said about itself, probed once
+    server: dict[str, Any] | None = None  # the `server` field of every record, from `info`
     pending: set[asyncio.Task] = field(default_factory=set)
     recorded: int = 0
-    log: Any = sys.stderr
+
+
+@dataclass
+class Exchange:
+    """One request passing through: what was forwarded, and the record being built from it."""
+
+    rec: dict[str, Any] | None  # None for requests that are not recorded (not chat)
+    t0: float
+    ttft: float | None = None
+    sent: int = 0
+    digest: Any = field(default_factory=hashlib.sha256)  # of exactly the bytes forwarded to the client
+    kept: list[bytes] = field(default_factory=list)
+    kept_n: int = 0
+    stream: SSESummary | None = None  # set for event streams: summarised as they pass
+    error: str | None = None
+    client_gone: bool = False
+    written: bool = False
+
+    def take(self, chunk: bytes) -> None:
+        if self.ttft is None:
+            self.ttft = (time.perf_counter() - self.t0) * 1000
+        self.digest.update(chunk)
+        self.sent += len(chunk)
+        if self.rec is None or self.stream is not None:  # streams are summarised after the send
+            return
+        if self.kept_n < MAX_RECORDED_RESPONSE:
+            self.kept.append(chunk)
+            self.kept_n += len(chunk)
 
 
 def make_app(upstream: str, out: str | Path, fetch_tokens: bool = True):
@@ -89,8 +118,19 @@ async def _startup(state: ProxyState) -> None:
     state.out.mkdir(parents=True, exist_ok=True, mode=0o700)
     state.out.chmod(0o700)
     state.writer = CaptureWriter(state.out / "capture.jsonl")
-    state.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
-    state.server = await _server_info(state)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    state.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT), limits=limits)
+    state.info = await aprobe(state.upstream, state.client)
+    state.server = state.info.record()
+    if state.info.props is not None:
+        _save_json(state.out / "props.json", state.info.props)
+    if state.info.models is not None:
+        _save_json(state.out / "models.json", state.info.models)
+
+
+def _save_json(path: Path, doc: Any) -> None:
+    path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    path.chmod(0o600)
 
 
 async def _shutdown(state: ProxyState) -> None:
@@ -100,50 +140,6 @@ async def _shutdown(state: ProxyState) -> None:
         await state.client.aclose()
     if state.writer:
         state.writer.close()
-
-
-async def _server_info(state: ProxyState) -> dict[str, Any]:
-    """Record /props (llama-server) or /v1/models once per session."""
-    info: dict[str, Any] = {"upstream": state.upstream}
-    assert state.client
-    try:
-        r = await state.client.get(f"{state.upstream}/props", timeout=5)
-        if r.status_code == 200:
-            props = r.json()
-            if isinstance(props, dict) and "default_generation_settings" in props:
-                state.is_llama = True
-                tmpl = props.get("chat_template") or ""
-                info.update(
-                    kind="llama-server",
-                    build_info=props.get("build_info"),
-                    model=props.get("model_alias") or props.get("model_path"),
-                    chat_template_sha256=hashlib.sha256(tmpl.encode()).hexdigest() if tmpl else None,
-                )
-                (state.out / "props.json").write_bytes(orjson.dumps(props, option=orjson.OPT_INDENT_2))
-                (state.out / "props.json").chmod(0o600)
-    except (httpx.HTTPError, ValueError):
-        pass
-    try:
-        r = await state.client.get(f"{state.upstream}/v1/models", timeout=5)
-        if r.status_code == 200:
-            models = r.json()
-            (state.out / "models.json").write_bytes(orjson.dumps(models, option=orjson.OPT_INDENT_2))
-            (state.out / "models.json").chmod(0o600)
-            data = models.get("data") if isinstance(models, dict) else None
-            if data and isinstance(data[0], dict):
-                info.setdefault("model", data[0].get("id"))
-    except (httpx.HTTPError, ValueError):
-        pass
-    if not state.is_llama:
-        try:  # vLLM answers /version and tokenises chat requests on /tokenize
-            r = await state.client.get(f"{state.upstream}/version", timeout=5)
-            if r.status_code == 200 and isinstance(r.json(), dict) and "version" in r.json():
-                state.is_vllm = True
-                info.update(kind="vllm", version=r.json()["version"])
-        except (httpx.HTTPError, ValueError):
-            pass
-    info.setdefault("kind", "openai-compatible")
-    return info
 
 
 async def _read_body(receive) -> tuple[bytes, bool]:
@@ -166,148 +162,160 @@ def _forward_headers(scope) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
 
 
-async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -> None:
+def _response_headers(resp: httpx.Response) -> list[tuple[bytes, bytes]]:
+    items = resp.headers.multi_items()
+    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in items if k.lower().encode() not in HOP_BY_HOP]
+    if "content-length" in resp.headers and "content-encoding" not in resp.headers:
+        headers.append((b"content-length", resp.headers["content-length"].encode()))
+    return headers
+
+
+def _new_record(state: ProxyState, scope, body: bytes) -> dict[str, Any] | None:
+    """A record for a chat request with a JSON object body; None for everything else."""
     path = scope["path"]
+    if not (scope["method"] == "POST" and path.endswith(CHAT_ENDPOINTS)):
+        return None
+    try:
+        req_json = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(req_json, dict):
+        return None
+    return {"source": "proxy", "endpoint": path, "request": req_json, "server": state.server}
+
+
+async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -> None:
     query = scope.get("query_string", b"")
-    url = state.upstream + path + (("?" + query.decode("latin-1")) if query else "")
+    url = state.upstream + scope["path"] + (("?" + query.decode("latin-1")) if query else "")
     body, disconnected = await _read_body(receive)
-    is_chat = scope["method"] == "POST" and path.endswith(CHAT_ENDPOINTS)
-    rec: dict[str, Any] | None = None
-    if is_chat:
-        try:
-            req_json = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            req_json = None
-        if isinstance(req_json, dict):
-            rec = {"source": "proxy", "endpoint": path, "request": req_json, "server": state.server}
+    rec = _new_record(state, scope, body)
     if disconnected:
         if rec is not None:
             rec["response"] = {"status": None, "error": "client disconnected before sending the whole request"}
             rec["client_disconnected"] = True
             _write(state, rec)
         return
+    ex = Exchange(rec, time.perf_counter())
+    resp = await _open_upstream(state, scope, url, body, send, ex)
+    if resp is None:
+        return
+    await _relay(state, resp, receive, send, ex)
+    if rec is None:
+        return
+    if not ex.written:
+        _complete(ex, resp)
+        _write(state, rec)
+    if fetch_tokens and ex.error is None and resp.status_code == 200:
+        _schedule_token_fetch(state, rec)
+
+
+async def _open_upstream(state: ProxyState, scope, url: str, body: bytes, send, ex: Exchange):
+    """The upstream's streamed response, or None after answering the client a 502."""
     assert state.client
-    t0 = time.perf_counter()
     try:
-        req = state.client.build_request(scope["method"], url, headers=_forward_headers(scope), content=body)
         try:
-            resp = await state.client.send(req, stream=True)
+            return await _send_upstream(state.client, scope, url, body)
         except (httpx.RemoteProtocolError, httpx.ReadError):
             # a kept-alive connection the server had closed: nothing reached it, send again once
-            req = state.client.build_request(scope["method"], url, headers=_forward_headers(scope), content=body)
-            resp = await state.client.send(req, stream=True)
+            return await _send_upstream(state.client, scope, url, body)
     except httpx.HTTPError as e:
         msg = f"tokendiff proxy: upstream {state.upstream} unreachable: {type(e).__name__}: {e}"
         payload = orjson.dumps({"error": {"message": msg, "type": "upstream_unreachable", "code": 502}})
-        await send({"type": "http.response.start", "status": 502, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": 502, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
-        if rec is not None:
-            rec["response"] = {"status": 502, "error": msg}
-            rec["upstream_error"] = msg
-            rec["total_ms"] = (time.perf_counter() - t0) * 1000
-            _write(state, rec)
-        return
-    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.multi_items() if k.lower().encode() not in HOP_BY_HOP]
-    if "content-length" in resp.headers and "content-encoding" not in resp.headers:
-        headers.append((b"content-length", resp.headers["content-length"].encode()))
-    kept: list[bytes] = []
-    kept_n = 0
-    digest = hashlib.sha256()
-    sent = 0
-    ttft = None
-    error = None
-    client_gone = False
-    # The server may not fail a send to a closed client: watch for the
-    # disconnect ourselves, and stop pulling from the upstream when it comes
-    # (closing the upstream response makes the server stop generating).
+        if ex.rec is not None:
+            ex.rec["response"] = {"status": 502, "error": msg}
+            ex.rec["upstream_error"] = msg
+            ex.rec["total_ms"] = (time.perf_counter() - ex.t0) * 1000
+            _write(state, ex.rec)
+        return None
+
+
+async def _send_upstream(client: httpx.AsyncClient, scope, url: str, body: bytes) -> httpx.Response:
+    req = client.build_request(scope["method"], url, headers=_forward_headers(scope), content=body)
+    return await client.send(req, stream=True)
+
+
+async def _relay(state: ProxyState, resp: httpx.Response, receive, send, ex: Exchange) -> None:
+    """Forward the upstream's response chunk by chunk; record a chat exchange before its last byte."""
+    if "event-stream" in resp.headers.get("content-type", ""):
+        ex.stream = SSESummary()
+    # The server may not fail a send to a closed client: watch for the disconnect ourselves,
+    # and stop pulling from the upstream when it comes (closing it stops the generation).
     gone = asyncio.get_running_loop().create_task(_wait_disconnect(receive))
-    written = False
     try:
-        await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
+        await send({"type": "http.response.start", "status": resp.status_code, "headers": _response_headers(resp)})
         async for chunk in resp.aiter_raw():
-            if ttft is None:
-                ttft = (time.perf_counter() - t0) * 1000
-            if rec is not None and kept_n < MAX_RECORDED_RESPONSE:
-                kept.append(chunk)
-                kept_n += len(chunk)
             if gone.done():
                 raise ConnectionResetError("client closed the connection")
-            digest.update(chunk)
-            sent += len(chunk)
+            ex.take(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        if rec is not None:
+            if ex.stream is not None and ex.rec is not None:
+                ex.stream.feed(chunk)  # after the send: the client never waits for the parse
+        if ex.rec is not None:
             # recorded before the response is complete for the client: a request the
             # client saw finish is never missing from the capture, even after kill -9
-            _complete(rec, resp, kept, ttft, t0, None, False, digest, sent)
-            _write(state, rec)
-            written = True
+            _complete(ex, resp)
+            _write(state, ex.rec)
+            ex.written = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except httpx.HTTPError as e:  # the upstream died mid-stream: the client sees the stream end
-        error = f"upstream failed mid-response: {type(e).__name__}: {e}"
-        try:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except Exception:  # noqa: BLE001 - the client may be gone too
-            pass
+        ex.error = f"upstream failed mid-response: {type(e).__name__}: {e}"
+        await _end_body(send)
     except (OSError, RuntimeError, asyncio.CancelledError) as e:  # the client went away
-        if not written:  # after the record, only the end-of-body marker was lost: the client had it all
-            client_gone = True
-            error = f"client disconnected mid-response: {type(e).__name__}"
+        if not ex.written:  # after the record, only the end-of-body marker was lost: the client had it all
+            ex.client_gone = True
+            ex.error = f"client disconnected mid-response: {type(e).__name__}"
         if isinstance(e, asyncio.CancelledError):
             await resp.aclose()
-            if rec is not None and not written:
-                _complete(rec, resp, kept, ttft, t0, error, True, digest, sent)
-                _write(state, rec)
+            if ex.rec is not None and not ex.written:
+                _complete(ex, resp)
+                _write(state, ex.rec)
             raise
     finally:
         gone.cancel()
         await resp.aclose()
-    if rec is None:
-        return
-    if not written:
-        _complete(rec, resp, kept, ttft, t0, error, client_gone, digest, sent)
-        _write(state, rec)
-    can_fetch = state.is_llama or state.is_vllm
-    if fetch_tokens and error is None and can_fetch and resp.status_code == 200 and "messages" in rec["request"]:
-        rec.setdefault("endpoint", path)
-        task = asyncio.get_running_loop().create_task(_fetch_and_patch(state, rec))
-        state.pending.add(task)
-        task.add_done_callback(state.pending.discard)
 
 
-def _complete(rec, resp, kept, ttft, t0, error, client_gone, digest=None, sent=0) -> None:
-    raw = b"".join(kept)
-    response: dict[str, Any] = {"status": resp.status_code, "bytes": sent}
-    if digest is not None:
-        response["sha256"] = digest.hexdigest()  # of exactly the bytes forwarded to the client
-    ctype = resp.headers.get("content-type", "")
-    text = raw.decode("utf-8", errors="replace")
-    if "event-stream" in ctype:
-        response.update(parse_sse(text))
+async def _end_body(send) -> None:
+    try:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except Exception:  # noqa: BLE001 - the client may be gone too
+        pass
+
+
+def _complete(ex: Exchange, resp: httpx.Response) -> None:
+    """Fill the record's response, timings and disconnect mark from the exchange."""
+    assert ex.rec is not None
+    response: dict[str, Any] = {"status": resp.status_code, "bytes": ex.sent, "sha256": ex.digest.hexdigest()}
+    if ex.stream is not None:
+        response.update(ex.stream.result())
         response["streamed"] = True
     else:
-        try:
-            doc = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            doc = None
-        if isinstance(doc, dict):
-            for k in ("usage", "timings", "system_fingerprint", "model", "error"):
-                if doc.get(k) is not None:
-                    response[k] = doc[k]
-            ch = doc.get("choices")
-            if isinstance(ch, list) and ch and isinstance(ch[0], dict):
-                if ch[0].get("finish_reason"):
-                    response["finish_reason"] = ch[0]["finish_reason"]
-                if isinstance(ch[0].get("message"), dict):
-                    response["message"] = ch[0]["message"]
-        elif resp.status_code >= 400:
-            response["error"] = text[:2000]
-    if error:
-        response["error"] = error
-    rec["response"] = response
-    rec["ttft_ms"] = ttft
-    rec["total_ms"] = (time.perf_counter() - t0) * 1000
-    if client_gone:
-        rec["client_disconnected"] = True
+        response.update(_body_summary(b"".join(ex.kept), resp.status_code))
+    if ex.error:
+        response["error"] = ex.error
+    ex.rec["response"] = response
+    ex.rec["ttft_ms"] = ex.ttft
+    ex.rec["total_ms"] = (time.perf_counter() - ex.t0) * 1000
+    if ex.client_gone:
+        ex.rec["client_disconnected"] = True
+
+
+def _body_summary(raw: bytes, status: int) -> dict[str, Any]:
+    """What a record keeps of a non-streamed answer: the final fields and the message."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict):
+        return {"error": raw.decode("utf-8", errors="replace")[:2000]} if status >= 400 else {}
+    out = final_fields(doc)
+    ch = doc.get("choices")
+    if isinstance(ch, list) and ch and isinstance(ch[0], dict) and isinstance(ch[0].get("message"), dict):
+        out["message"] = ch[0]["message"]
+    return out
 
 
 def _write(state: ProxyState, rec: dict[str, Any]) -> None:
@@ -317,55 +325,44 @@ def _write(state: ProxyState, rec: dict[str, Any]) -> None:
     state.recorded += 1
 
 
+def _schedule_token_fetch(state: ProxyState, rec: dict[str, Any]) -> None:
+    """Off the request path: the client never waits for the token IDs."""
+    if state.info is None or not can_tokenize_chat(state.info) or "messages" not in rec["request"]:
+        return
+    task = asyncio.get_running_loop().create_task(_fetch_and_patch(state, rec))
+    state.pending.add(task)
+    task.add_done_callback(state.pending.discard)
+
+
 async def _fetch_and_patch(state: ProxyState, rec: dict[str, Any]) -> None:
     """Fetch the prompt's token IDs after the fact and append them as a patch of the record."""
-    found: dict[str, Any] = {"request": rec["request"], "response": rec.get("response") or {}}
     try:
-        await asyncio.wait_for(_fetch_tokens(state, found), TOKEN_FETCH_TIMEOUT)
-    except (asyncio.TimeoutError, httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-        found["prompt_error"] = f"could not fetch the prompt tokens: {type(e).__name__}: {e}"
-    patch = {k: v for k, v in found.items() if k not in ("request", "response")}
+        patch = await asyncio.wait_for(_prompt_patch(state, rec), TOKEN_FETCH_TIMEOUT)
+    except (asyncio.TimeoutError, httpx.HTTPError, InputError, ValueError, KeyError, TypeError) as e:
+        patch = {"prompt_error": f"could not fetch the prompt tokens: {type(e).__name__}: {e}"}
     assert state.writer
     state.writer.append({"patch": rec["seq"], **patch})
 
 
-async def _fetch_tokens(state: ProxyState, rec: dict[str, Any]) -> None:
+async def _prompt_patch(state: ProxyState, rec: dict[str, Any]) -> dict[str, Any]:
     from tokendiff.importers.anthropic import is_anthropic, to_openai
 
-    assert state.client
+    assert state.client and state.info
     req = rec["request"]
     if is_anthropic(req, rec.get("endpoint")):
-        req = to_openai(req, llama_server=state.is_llama)
-    if state.is_vllm:
-        body = {k: req[k] for k in ("model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt") if k in req}
-        body.setdefault("add_generation_prompt", True)
-        r = await state.client.post(f"{state.upstream}/tokenize", json=body, timeout=30)
-        r.raise_for_status()
-        rec["prompt_ids"] = [int(t) for t in r.json()["tokens"]]
-        rec["prompt_source"] = "vllm /tokenize"
-        return
-    tmpl_body = {k: req[k] for k in ("messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt", "reasoning_format", "parallel_tool_calls") if k in req}
-    r = await state.client.post(f"{state.upstream}/apply-template", json=tmpl_body, timeout=30)
-    r.raise_for_status()
-    prompt = r.json()["prompt"]
-    r = await state.client.post(f"{state.upstream}/tokenize", json={"content": prompt, "add_special": True, "parse_special": True}, timeout=30)
-    r.raise_for_status()
-    toks = r.json()["tokens"]
-    rec["prompt_ids"] = [t["id"] if isinstance(t, dict) else int(t) for t in toks]
-    rec["prompt_text"] = prompt
-    rec["prompt_source"] = "llama-server /apply-template + /tokenize"
+        req = to_openai(req, llama_server=state.info.kind == LLAMA)
+    found = await afetch_prompt_tokens(state.client, state.info, req)
+    patch: dict[str, Any] = {"prompt_ids": found.ids}
+    if found.text is not None:
+        patch["prompt_text"] = found.text
+    patch["prompt_source"] = found.source
     usage = (rec.get("response") or {}).get("usage") or {}
-    if isinstance(usage.get("prompt_tokens"), int) and usage["prompt_tokens"] != len(rec["prompt_ids"]):
-        rec["prompt_warning"] = f"/tokenize gave {len(rec['prompt_ids'])} tokens but the response reported prompt_tokens={usage['prompt_tokens']}"
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost",):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    reported = usage.get("prompt_tokens")
+    if found.text is not None and isinstance(reported, int) and reported != len(found.ids):
+        patch["prompt_warning"] = (
+            f"/tokenize gave {len(found.ids)} tokens but the response reported prompt_tokens={reported}"
+        )
+    return patch
 
 
 def serve(upstream: str, out: str, listen: str = "127.0.0.1:8081", fetch_tokens: bool = True) -> int:
@@ -373,11 +370,17 @@ def serve(upstream: str, out: str, listen: str = "127.0.0.1:8081", fetch_tokens:
 
     host, _, port = listen.rpartition(":")
     host = host or "127.0.0.1"
-    if not is_loopback(host):
-        print(f"tokendiff: warning: listening on {host}, not loopback: anyone who can reach it can use the upstream", file=sys.stderr)
+    if not is_loopback_host(host):
+        print(
+            f"tokendiff: warning: listening on {host}, not loopback: anyone who can reach it can use the upstream",
+            file=sys.stderr,
+        )
     app = make_app(upstream, out, fetch_tokens)
     print(f"tokendiff proxy: http://{listen} -> {upstream}, recording to {Path(out) / 'capture.jsonl'}", file=sys.stderr)
-    config = uvicorn.Config(app, host=host, port=int(port), log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=30)
+    config = uvicorn.Config(
+        app, host=host, port=int(port), log_level="warning", lifespan="on", access_log=False,
+        timeout_graceful_shutdown=30,
+    )  # fmt: skip
     try:
         uvicorn.Server(config).run()
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 
 from tokendiff.errors import InputError
+from tokendiff.server import LLAMA, SLOT_TIMEOUT, LlamaClient, probe
 
 
 @dataclass
@@ -29,76 +29,51 @@ class Puller:
     server: str
     out: Path
     slot_dir: Path
-    client: httpx.Client = field(init=False)
-    seen: dict[int, tuple] = field(default_factory=dict)  # slot id -> (id_task, n_prompt_tokens) last saved
+    api: LlamaClient = field(init=False)
+    seen: dict[int, tuple[int | None, int]] = field(default_factory=dict)  # slot -> (id_task, n_prompt_tokens) saved
     n_slots: int = 1
 
     def __post_init__(self) -> None:
         self.server = self.server.rstrip("/")
-        self.client = httpx.Client(base_url=self.server, timeout=120)
-
-    def _get(self, path: str) -> Any:
-        try:
-            r = self.client.get(path)
-        except httpx.HTTPError as e:
-            raise InputError(f"cannot reach the server: {e}", source=self.server) from None
-        if r.status_code == 501 and path.startswith("/slots"):
-            raise InputError("the server disables /slots (started with --no-slots)", source=self.server)
-        try:
-            r.raise_for_status()
-            return r.json()
-        except (httpx.HTTPError, ValueError) as e:
-            raise InputError(f"GET {path}: {e}", source=self.server) from None
+        self.api = LlamaClient(self.server, timeout=SLOT_TIMEOUT)
 
     def start(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        props = self._get("/props")
-        self._write("props.json", props)
-        try:
-            self._write("models.json", self._get("/v1/models"))
-        except InputError:
-            pass
-        self.n_slots = int(props.get("total_slots") or 1) if isinstance(props, dict) else 1
+        info = probe(self.server, LLAMA, self.api.http)
+        self._write("props.json", info.props)
+        if info.models is not None:
+            self._write("models.json", info.models)
+        self.n_slots = info.total_slots
 
     def _write(self, name: str, doc: Any) -> None:
         (self.out / name).write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
 
     def poll(self) -> list[Path]:
         """Save every slot whose prompt changed since the last save; return the new files."""
-        slots = self._get("/slots")
-        if not isinstance(slots, list):
-            raise InputError("/slots did not return a list", source=self.server)
-        self._write("slots.json", slots)
+        states, raw = self.api.slots()
+        self._write("slots.json", raw)
         saved = []
-        for s in slots:
-            if not isinstance(s, dict) or "id" not in s:
+        for s in states:
+            if not s.holds_prompt:  # never used: nothing cached
                 continue
-            n = s.get("n_prompt_tokens")
-            if s.get("id_task") is None or not n:  # never used: nothing cached
+            key = (s.id_task, s.n_prompt_tokens)
+            if self.seen.get(s.id) == key and not s.is_processing:
                 continue
-            key = (s.get("id_task"), n, s.get("is_processing"))
-            if self.seen.get(s["id"]) == key[:2] and not s.get("is_processing"):
-                continue
-            f = self._save(int(s["id"]))
+            f = self._save(s.id)
             if f is not None:
-                self.seen[s["id"]] = key[:2]
+                self.seen[s.id] = key
                 saved.append(f)
         return saved
 
     def _save(self, slot: int) -> Path | None:
         name = f"tokendiff-pull-{os.getpid()}-{slot}.bin"
         try:
-            r = self.client.post(f"/slots/{slot}", params={"action": "save"}, json={"filename": name})
-        except httpx.HTTPError as e:
-            raise InputError(f"saving slot {slot} failed: {e}", source=self.server) from None
-        if r.status_code == 501:
-            raise InputError(
-                "the server was started without --slot-save-path, so it cannot save slots; "
-                "restart it with --slot-save-path DIR and pass the same DIR as --slot-dir",
-                source=self.server,
-            )
-        if r.status_code >= 400:
-            raise InputError(f"saving slot {slot}: HTTP {r.status_code}: {r.text[:200]}", source=self.server)
+            self.api.save_slot(slot, name)
+        except InputError as e:
+            if "--slot-save-path" in str(e):
+                raise InputError(f"{e}; restart it with --slot-save-path DIR and pass the same DIR as --slot-dir",
+                                 source=self.server) from None
+            raise
         src = self.slot_dir / name
         if not src.is_file():
             raise InputError(
@@ -106,6 +81,10 @@ class Puller:
                 "pass the server's --slot-save-path",
                 source=self.server,
             )
+        return self._keep(slot, src)
+
+    def _keep(self, slot: int, src: Path) -> Path | None:
+        """Move a saved slot file into the session as the next turn, unless nothing changed."""
         dest_dir = self.out if self.n_slots == 1 else self.out / f"slot-{slot}"
         dest_dir.mkdir(parents=True, exist_ok=True)
         existing = sorted(dest_dir.glob("turn-*.bin"))

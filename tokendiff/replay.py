@@ -16,19 +16,20 @@ restoring another prefix, a slot switch) is discarded and said so.
 
 from __future__ import annotations
 
-import ipaddress
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
-from urllib.parse import urlsplit
-
-import httpx
-import orjson
+from typing import TYPE_CHECKING, Any, Callable
 
 from tokendiff.cost import backend_reuse
 from tokendiff.errors import InputError
+from tokendiff.server import LLAMA, OLLAMA, SGLANG, VLLM, LlamaClient, is_loopback_url, probe
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["is_loopback_url", "connect", "run_scenarios", "replay_document", "render_replay_text", "Plan"]
 
 SCHEMA = "tokendiff.replay/1"
 
@@ -87,30 +88,43 @@ def _mode(xs: list[Any]) -> Any:
     return max(set(xs), key=xs.count) if xs else None
 
 
-def is_loopback_url(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 # ---------------------------------------------------------------- backends
 
 
+@dataclass(frozen=True)
+class Timing:
+    """One timed request: server prefill ms (None where the server does not say), client TTFT ms,
+    and the cached / evaluated token counts the server reported (None where it does not)."""
+
+    prompt_ms: float | None
+    ttft_ms: float
+    cached: int | None
+    evaluated: int | None
+
+
+def _clock() -> Callable[[], float]:
+    t0 = time.perf_counter()
+    return lambda: (time.perf_counter() - t0) * 1000
+
+
 class Backend:
+    """A server replay can time. Every backend honours every argument: where a server cannot
+    switch its cache off for one request, `timed(use_cache=False)` empties it first, and where
+    it cannot do that either, it raises InputError rather than measure a warm run as cold."""
+
     kind = "generic"
     semantics = "llama.cpp"
 
     def __init__(self, url: str, client: httpx.Client):
-        self.url = url.rstrip("/")
-        self.c = client
+        self.api = LlamaClient(url, client=client)
+        self.url = self.api.url
         self.notes: list[str] = []
 
     def identity(self) -> dict[str, Any]:
         return {}
+
+    def prepare(self, longest: int) -> None:
+        """Called once before the runs with the longest prompt to be sent."""
 
     def reset(self) -> None:
         raise NotImplementedError
@@ -118,18 +132,25 @@ class Backend:
     def prime(self, ids: list[int]) -> None:
         raise NotImplementedError
 
-    def timed(self, ids: list[int], use_cache: bool = True) -> tuple[float | None, float, int | None, int | None]:
-        """(server prefill ms, client TTFT ms, cached tokens, evaluated tokens)."""
+    def timed(self, ids: list[int], use_cache: bool = True) -> Timing:
         raise NotImplementedError
 
     def predicted(self, lcp: int, n: int, cached_len: int) -> int:
         return backend_reuse(self.semantics, lcp, n, cached_len)
 
 
-class LlamaServer(Backend):
-    """Exact token IDs to /completion, a pinned slot, n_predict 1."""
+def llama_completion_body(ids: list[int], slot: int, n_predict: int, cache_prompt: bool) -> dict[str, Any]:
+    """Exact token IDs, a pinned slot; timed requests stream so TTFT is the first event."""
+    body: dict[str, Any] = {"prompt": ids, "n_predict": n_predict, "cache_prompt": cache_prompt, "id_slot": slot}
+    if n_predict > 0:
+        body.update(stream=True, temperature=0)
+    return body
 
-    kind = "llama-server"
+
+class LlamaServer(Backend):
+    """Exact token IDs to /completion, a pinned slot, n_predict 1; cache_prompt switches the cache per request."""
+
+    kind = LLAMA
 
     def __init__(self, url: str, client: httpx.Client, slot: int = 0, props: dict[str, Any] | None = None):
         super().__init__(url, client)
@@ -140,190 +161,204 @@ class LlamaServer(Backend):
     def identity(self) -> dict[str, Any]:
         return {"model": self.props.get("model_alias") or self.props.get("model_path"), "build_info": self.props.get("build_info")}
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            r = self.c.post(self.url + path, json=body)
-        except httpx.HTTPError as e:
-            raise InputError(f"{path}: {e}", source=self.url) from None
-        if r.status_code >= 400:
-            raise InputError(f"{path}: HTTP {r.status_code}: {r.text[:300]}", source=self.url)
-        return r.json()
-
     def reset(self) -> None:
+        if self.can_erase and self.api.erase_slot(self.slot):
+            return
         if self.can_erase:
-            try:
-                r = self.c.post(f"{self.url}/slots/{self.slot}", params={"action": "erase"})
-            except httpx.HTTPError as e:
-                raise InputError(f"erasing slot {self.slot}: {e}", source=self.url) from None
-            if r.status_code == 200:
-                return
             self.can_erase = False
-            self.notes.append("the server has no --slot-save-path, so slots cannot be erased: displacing the slot's cache with a short unrelated prompt instead")
+            self.notes.append(
+                "the server has no --slot-save-path, so slots cannot be erased: displacing the slot's cache "
+                "with a short unrelated prompt instead"
+            )
         # displace: a 2-token prompt that shares no prefix with any real prompt
-        self._post("/completion", {"prompt": [0, 0], "n_predict": 0, "cache_prompt": True, "id_slot": self.slot})
+        self.api.call("POST", "/completion", json=llama_completion_body([0, 0], self.slot, 0, True))
 
     def prime(self, ids: list[int]) -> None:
-        self._post("/completion", {"prompt": ids, "n_predict": 0, "cache_prompt": True, "id_slot": self.slot})
+        self.api.call("POST", "/completion", json=llama_completion_body(ids, self.slot, 0, True))
 
-    def timed(self, ids: list[int], use_cache: bool = True) -> tuple[float | None, float, int | None, int | None]:
-        body = {"prompt": ids, "n_predict": 1, "cache_prompt": use_cache, "id_slot": self.slot, "stream": True, "temperature": 0}
-        t0 = time.perf_counter()
-        ttft = None
-        final: dict[str, Any] = {}
-        try:
-            with self.c.stream("POST", self.url + "/completion", json=body) as r:
-                if r.status_code >= 400:
-                    raise InputError(f"/completion: HTTP {r.status_code}: {r.read()[:300]!r}", source=self.url)
-                for line in r.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    if ttft is None:
-                        ttft = (time.perf_counter() - t0) * 1000
-                    try:
-                        chunk = orjson.loads(line[5:])
-                    except orjson.JSONDecodeError:
-                        continue
-                    if isinstance(chunk, dict) and chunk.get("timings"):
-                        final = chunk
-        except httpx.HTTPError as e:
-            raise InputError(f"/completion: {e}", source=self.url) from None
+    def timed(self, ids: list[int], use_cache: bool = True) -> Timing:
+        clock, first = _clock(), []
+        body = llama_completion_body(ids, self.slot, 1, use_cache)
+        final = self.api.stream("/completion", body, lambda: first.append(clock()))
         t = final.get("timings") or {}
-        return t.get("prompt_ms"), ttft if ttft is not None else (time.perf_counter() - t0) * 1000, t.get("cache_n"), t.get("prompt_n")
+        return Timing(t.get("prompt_ms"), first[0] if first else clock(), t.get("cache_n"), t.get("prompt_n"))
+
+
+def openai_completion_body(
+    model: str | None, ids: list[int], max_tokens: int, cache_salt: str | None
+) -> dict[str, Any]:
+    """Token IDs to /v1/completions, streamed with usage; `cache_salt` (vLLM) keys the prefix cache,
+    so a salt no earlier request used means a cold prefill."""
+    body: dict[str, Any] = {
+        "model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0,
+        "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
+    return body
+
+
+def usage_counts(usage: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(cached, evaluated) from an OpenAI usage block (cached_tokens needs vLLM's
+    --enable-prompt-tokens-details or SGLang's --enable-cache-report)."""
+    det = usage.get("prompt_tokens_details")
+    cached = det.get("cached_tokens") if isinstance(det, dict) else None
+    n = usage.get("prompt_tokens")
+    return cached, (n - cached) if isinstance(n, int) and isinstance(cached, int) else None
 
 
 class OpenAICompatible(Backend):
-    """vLLM and SGLang: token IDs to /v1/completions, cached_tokens from usage."""
+    """vLLM and SGLang: token IDs to /v1/completions, cached_tokens from usage.
 
-    kind = "openai-compatible"
+    vLLM keys its prefix cache by `cache_salt`: each reset starts a fresh salt (an empty cache
+    as far as these requests can see, without the dev-mode-only /reset_prefix_cache), and a
+    cold run uses a salt of its own. SGLang has no per-request switch: its radix cache is
+    flushed (/flush_cache) and a failure to flush is an error.
+    """
+
     semantics = "vllm"
 
     def __init__(self, url: str, client: httpx.Client, kind: str, model: str | None):
         super().__init__(url, client)
         self.kind = kind
         self.model = model
-        self.semantics = "sglang" if kind == "sglang" else "vllm"
+        self.semantics = "sglang" if kind == SGLANG else "vllm"
+        self.salt: str | None = None
+        self.clean = False  # SGLang: flushed and nothing sent since
 
     def identity(self) -> dict[str, Any]:
         return {"model": self.model}
 
-    def reset(self) -> None:
-        path = "/flush_cache" if self.kind == "sglang" else "/reset_prefix_cache"
-        try:
-            r = self.c.post(self.url + path)
-            ok = r.status_code < 400
-        except httpx.HTTPError:
-            ok = False
-        if not ok and not any("cannot reset" in n for n in self.notes):
-            self.notes.append(f"{path} is unavailable: the cache cannot be reset, runs are checked against the reported counts")
+    def _flush(self) -> None:
+        r = self.api.request("POST", "/flush_cache")
+        if r.status_code >= 400:
+            raise InputError(
+                f"SGLang refused /flush_cache (HTTP {r.status_code}: {r.text[:200]}); it cannot switch its cache off "
+                "per request, so cold and primed runs cannot be measured: stop other clients of this server and retry",
+                source=self.url,
+            )
+        self.clean = True
 
-    def _completion(self, ids: list[int], max_tokens: int) -> tuple[float, dict[str, Any]]:
-        body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-        t0 = time.perf_counter()
-        ttft = None
-        usage: dict[str, Any] = {}
-        try:
-            with self.c.stream("POST", self.url + "/v1/completions", json=body) as r:
-                if r.status_code >= 400:
-                    raise InputError(f"/v1/completions: HTTP {r.status_code}", source=self.url)
-                for line in r.iter_lines():
-                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                        continue
-                    if ttft is None:
-                        ttft = (time.perf_counter() - t0) * 1000
-                    chunk = orjson.loads(line[5:])
-                    if isinstance(chunk, dict) and chunk.get("usage"):
-                        usage = chunk["usage"]
-        except (httpx.HTTPError, orjson.JSONDecodeError) as e:
-            raise InputError(f"/v1/completions: {e}", source=self.url) from None
-        return ttft or (time.perf_counter() - t0) * 1000, usage
+    def reset(self) -> None:
+        if self.kind == SGLANG:
+            self._flush()
+        else:
+            self.salt = new_salt()
+
+    def _completion(self, ids: list[int], salt: str | None) -> Timing:
+        self.clean = False
+        clock, first = _clock(), []
+        body = openai_completion_body(self.model, ids, 1, salt)
+        final = self.api.stream("/v1/completions", body, lambda: first.append(clock()))
+        cached, evaluated = usage_counts(final.get("usage") or {})
+        return Timing(None, first[0] if first else clock(), cached, evaluated)
 
     def prime(self, ids: list[int]) -> None:
-        self._completion(ids, 1)
+        self._completion(ids, self.salt)
 
-    def timed(self, ids: list[int], use_cache: bool = True) -> tuple[float | None, float, int | None, int | None]:
-        ttft, usage = self._completion(ids, 1)
-        det = usage.get("prompt_tokens_details") or {}
-        cached = det.get("cached_tokens") if isinstance(det, dict) else None
-        n = usage.get("prompt_tokens")
-        return None, ttft, cached, (n - cached) if isinstance(n, int) and isinstance(cached, int) else None
+    def timed(self, ids: list[int], use_cache: bool = True) -> Timing:
+        if use_cache:
+            return self._completion(ids, self.salt)
+        if self.kind == SGLANG:
+            if not self.clean:
+                self._flush()
+            return self._completion(ids, None)
+        return self._completion(ids, new_salt())
+
+
+def new_salt() -> str:
+    """A salt no earlier request used (vLLM asks for an unpredictable, long one)."""
+    import secrets
+
+    return "tokendiff-" + secrets.token_urlsafe(32)
+
+
+def ollama_generate_body(model: str, prompt: str, num_ctx: int | None) -> dict[str, Any]:
+    """Raw text (no template: it already is the rendered prompt), one token generated. num_ctx is
+    fixed for the whole replay: Ollama reloads the model (and drops its cache) when it changes,
+    and its small default context would truncate a long prompt."""
+    options: dict[str, Any] = {"num_predict": 1, "temperature": 0}
+    if num_ctx is not None:
+        options["num_ctx"] = num_ctx
+    return {"model": model, "prompt": prompt, "raw": True, "stream": False, "options": options}
+
+
+def ollama_reload_bodies(model: str, num_ctx: int | None) -> list[dict[str, Any]]:
+    """Unload (keep_alive 0, no prompt), then load with no prompt: the model resident, its cache empty."""
+    load: dict[str, Any] = {"model": model}
+    if num_ctx is not None:
+        load["options"] = {"num_ctx": num_ctx}
+    return [{"model": model, "keep_alive": 0}, load]
+
+
+def ollama_counts(doc: dict[str, Any]) -> tuple[float | None, int | None, int | None]:
+    """(prefill ms, cached, evaluated): prompt_eval_count includes the cached tokens where
+    prompt_eval_cached_count is reported (newer Ollama); without it, nothing is known about reuse."""
+    ns = doc.get("prompt_eval_duration")
+    cached = doc.get("prompt_eval_cached_count")
+    total = doc.get("prompt_eval_count")
+    evaluated = total - cached if isinstance(total, int) and isinstance(cached, int) else total
+    return (ns / 1e6 if isinstance(ns, (int, float)) else None), cached, evaluated
 
 
 class Ollama(Backend):
-    """Raw prompt text to /api/generate; prefill from prompt_eval_duration."""
+    """Raw prompt text to /api/generate; prefill from prompt_eval_duration. Ollama has no
+    per-request cache switch: an empty cache is a model unloaded and loaded again."""
 
-    kind = "ollama"
+    kind = OLLAMA
     semantics = "ollama"
 
     def __init__(self, url: str, client: httpx.Client, model: str, decode: Callable[[list[int]], str]):
         super().__init__(url, client)
         self.model = model
         self.decode = decode
+        self.num_ctx: int | None = None
+        self.clean = False
 
     def identity(self) -> dict[str, Any]:
         return {"model": self.model}
 
-    def reset(self) -> None:
-        try:
-            self.c.post(self.url + "/api/generate", json={"model": self.model, "keep_alive": 0})
-        except httpx.HTTPError as e:
-            raise InputError(f"unloading the model: {e}", source=self.url) from None
+    def prepare(self, longest: int) -> None:
+        self.num_ctx = -(-(longest + 64) // 1024) * 1024  # room for re-tokenisation, in whole KiB of tokens
 
-    def _gen(self, ids: list[int], n: int) -> tuple[float, dict[str, Any]]:
-        body = {"model": self.model, "prompt": self.decode(ids), "raw": True, "stream": False, "options": {"num_predict": n, "temperature": 0}}
-        t0 = time.perf_counter()
-        try:
-            r = self.c.post(self.url + "/api/generate", json=body)
-        except httpx.HTTPError as e:
-            raise InputError(f"/api/generate: {e}", source=self.url) from None
-        if r.status_code >= 400:
-            raise InputError(f"/api/generate: HTTP {r.status_code}", source=self.url)
-        return (time.perf_counter() - t0) * 1000, r.json()
+    def reset(self) -> None:
+        for body in ollama_reload_bodies(self.model, self.num_ctx):
+            self.api.call("POST", "/api/generate", json=body)
+        self.clean = True
+
+    def _gen(self, ids: list[int]) -> Timing:
+        self.clean = False
+        clock = _clock()
+        body = ollama_generate_body(self.model, self.decode(ids), self.num_ctx)
+        doc = self.api.call("POST", "/api/generate", json=body)
+        ms, cached, evaluated = ollama_counts(doc if isinstance(doc, dict) else {})
+        return Timing(ms, clock(), cached, evaluated)
 
     def prime(self, ids: list[int]) -> None:
-        self._gen(ids, 1)
+        self._gen(ids)
 
-    def timed(self, ids: list[int], use_cache: bool = True) -> tuple[float | None, float, int | None, int | None]:
-        wall, doc = self._gen(ids, 1)
-        ms = doc.get("prompt_eval_duration")
-        cached = doc.get("prompt_eval_cached_count")
-        return (ms / 1e6 if isinstance(ms, (int, float)) else None), wall, cached, doc.get("prompt_eval_count")
+    def timed(self, ids: list[int], use_cache: bool = True) -> Timing:
+        if not use_cache and not self.clean:
+            self.reset()
+        return self._gen(ids)
 
 
 def connect(url: str, kind: str | None, client: httpx.Client, decode: Callable[[list[int]], str], slot: int = 0) -> Backend:
     """Detect the backend from its endpoints (or take `kind`)."""
-    base = url.rstrip("/")
-
-    def get(path: str) -> Any:
-        try:
-            r = client.get(base + path, timeout=10)
-            return r.json() if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None
-
-    if kind in (None, "llama-server"):
-        props = get("/props")
-        if isinstance(props, dict) and "default_generation_settings" in props:
-            return LlamaServer(base, client, slot, props)
-        if kind == "llama-server":
-            raise InputError("no llama-server /props at this URL", source=base)
-    if kind in (None, "ollama"):
-        tags = get("/api/tags")
-        if isinstance(tags, dict) and "models" in tags:
-            models = [m.get("name") for m in tags["models"] if isinstance(m, dict)]
-            if not models:
-                raise InputError("Ollama has no models loaded", source=base)
-            return Ollama(base, client, models[0], decode)
-    models = get("/v1/models")
-    model = None
-    if isinstance(models, dict) and models.get("data"):
-        model = models["data"][0].get("id")
-    if kind in (None, "vllm", "sglang"):
-        k = kind
-        if k is None:
-            k = "sglang" if get("/get_model_info") is not None else "vllm" if get("/version") is not None else None
-        if k:
-            return OpenAICompatible(base, client, k, model)
-    raise InputError("cannot tell what backend this is (no llama-server /props, Ollama /api/tags or vLLM/SGLang endpoints); pass --backend-kind", source=base)
+    info = probe(url, kind, client)
+    if info.kind == LLAMA:
+        return LlamaServer(info.url, client, slot, info.props)
+    if info.kind == OLLAMA:
+        if not info.ollama_models:
+            raise InputError("Ollama has no models loaded", source=info.url)
+        return Ollama(info.url, client, info.ollama_models[0], decode)
+    if info.kind in (VLLM, SGLANG):
+        return OpenAICompatible(info.url, client, info.kind, info.model)
+    raise InputError(
+        "cannot tell what backend this is (no llama-server /props, Ollama /api/tags or vLLM/SGLang endpoints); "
+        "pass --backend-kind",
+        source=info.url,
+    )
 
 
 # ---------------------------------------------------------------- the measurement
@@ -339,44 +374,55 @@ class Plan:
     fixed_lcp: int | None = None
 
 
-def run_scenarios(be: Backend, plan: Plan, repeat: int = 3, progress: Callable[[str], None] | None = None) -> dict[str, Scenario]:
+def _scenarios(be: Backend, plan: Plan) -> dict[str, tuple[Scenario, list[int] | None, list[int], bool]]:
+    """name -> (scenario, prefix to prime, prompt to time, use_cache)."""
     n = len(plan.b)
-    scen: dict[str, Scenario] = {
-        "cold": Scenario("cold", n, 0),
-        "actual": Scenario("actual", n, be.predicted(plan.lcp, n, len(plan.a))),
-        "ideal": Scenario("ideal", n, be.predicted(plan.ideal_prefix, n, plan.ideal_prefix)),
-    }
+    out = {
+        "cold": (Scenario("cold", n, 0), None, plan.b, False),
+        "actual": (Scenario("actual", n, be.predicted(plan.lcp, n, len(plan.a))), plan.a, plan.b, True),
+        "ideal": (
+            Scenario("ideal", n, be.predicted(plan.ideal_prefix, n, plan.ideal_prefix)),
+            plan.b[: plan.ideal_prefix], plan.b, True,
+        ),
+    }  # fmt: skip
     if plan.fixed_b is not None and plan.fixed_lcp is not None:
-        scen["fixed"] = Scenario("fixed", len(plan.fixed_b), be.predicted(plan.fixed_lcp, len(plan.fixed_b), len(plan.a)))
-    steps = {
-        "cold": (None, plan.b, False),
-        "actual": (plan.a, plan.b, True),
-        "ideal": (plan.b[: plan.ideal_prefix], plan.b, True),
-        "fixed": (plan.a, plan.fixed_b, True),
-    }
-    total = repeat * len(scen)
+        fixed = Scenario("fixed", len(plan.fixed_b), be.predicted(plan.fixed_lcp, len(plan.fixed_b), len(plan.a)))
+        out["fixed"] = (fixed, plan.a, plan.fixed_b, True)
+    return out
+
+
+def _measure(be: Backend, sc: Scenario, prefix: list[int] | None, ids: list[int], use_cache: bool) -> Run:
+    """One run: an empty cache, exactly the scenario's prefix primed, then the timed request."""
+    be.reset()
+    if prefix:
+        be.prime(prefix)
+    t = be.timed(ids, use_cache=use_cache)
+    expected = sc.expected_cached
+    if t.cached is None or t.cached == expected:
+        return Run(t.prompt_ms, t.ttft_ms, t.cached, t.evaluated, expected, True)
+    note = (
+        f"server reported {t.cached} cached tokens where {expected} were expected: discarded "
+        "(a RAM prompt cache restoring another prefix? start llama-server with --cache-ram 0)"
+    )
+    return Run(t.prompt_ms, t.ttft_ms, t.cached, t.evaluated, expected, False, note)
+
+
+def run_scenarios(
+    be: Backend, plan: Plan, repeat: int = 3, progress: Callable[[str], None] | None = None
+) -> dict[str, Scenario]:
+    steps = _scenarios(be, plan)
+    be.prepare(max(len(ids) for _, _, ids, _ in steps.values()))
+    total = repeat * len(steps)
     done = 0
     for k in range(repeat):
-        for name, sc in scen.items():
-            prefix, ids, use_cache = steps[name]
-            assert ids is not None
-            be.reset()
-            if prefix:
-                be.prime(prefix)
-            ms, ttft, cached, evaluated = be.timed(ids, use_cache=use_cache)
-            expected = sc.expected_cached
-            valid = cached is None or cached == expected
-            note = ""
-            if not valid:
-                note = (
-                    f"server reported {cached} cached tokens where {expected} were expected: discarded "
-                    "(a RAM prompt cache restoring another prefix? start llama-server with --cache-ram 0)"
-                )
-            sc.runs.append(Run(ms, ttft, cached, evaluated, expected, valid, note))
+        for name, (sc, prefix, ids, use_cache) in steps.items():
+            run = _measure(be, sc, prefix, ids, use_cache)
+            sc.runs.append(run)
             done += 1
             if progress:
-                progress(f"{name} run {k + 1}/{repeat} ({done}/{total}): prefill {ms if ms is not None else '?'} ms, cached {cached}")
-    return scen
+                ms = run.prompt_ms if run.prompt_ms is not None else "?"
+                progress(f"{name} run {k + 1}/{repeat} ({done}/{total}): prefill {ms} ms, cached {run.cached}")
+    return {name: sc for name, (sc, _, _, _) in steps.items()}
 
 
 def replay_document(be: Backend, plan: Plan, scen: dict[str, Scenario], pair: dict[str, Any], fix: dict[str, Any] | None) -> dict[str, Any]:

@@ -391,19 +391,10 @@ def _parsed_arguments(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _server_prompt_ids(base: str, request: dict[str, Any]) -> list[int]:
-    """The IDs a live llama-server would cache for this request: its own render, its own tokenizer."""
-    import httpx
+    """The IDs a live llama-server would cache for this request (kept until callers use server.prompt_ids)."""
+    from tokendiff.server import prompt_ids
 
-    from tokendiff.vocab import _server_tokenizer
-
-    keys = ("messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt", "reasoning_format", "parallel_tool_calls")
-    try:
-        r = httpx.post(base.rstrip("/") + "/apply-template", json={k: request[k] for k in keys if k in request}, timeout=60)
-        r.raise_for_status()
-        prompt = r.json()["prompt"]
-    except (httpx.HTTPError, ValueError, KeyError) as e:
-        raise InputError(f"the server could not render this request: {e}", source=base) from None
-    return _server_tokenizer(base).encode(prompt, add_special=True)
+    return prompt_ids(base, request)
 
 
 def warn(msg: str) -> None:

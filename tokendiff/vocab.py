@@ -98,18 +98,6 @@ class Vocab:
             return MEDIA_PIECE
         return self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])].tobytes()
 
-    def is_special(self, i: int) -> bool:
-        return i < 0 or bool(self.flags[i] & SPECIAL)
-
-    def special_ids(self) -> dict[str, int]:
-        """Special and added token text -> id (the markers sections look for)."""
-        cached = self.meta.get("_special_ids")
-        if cached is None:
-            idx = np.flatnonzero(self.flags & (SPECIAL | ADDED))
-            cached = {self.piece(int(i)).decode("utf-8", "replace"): int(i) for i in idx}
-            self.meta["_special_ids"] = cached
-        return cached
-
     def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
         """(bytes, offsets, special) for a token array; -1 decodes as a media marker."""
         ids = np.asarray(ids, dtype=np.int64)
@@ -274,7 +262,7 @@ class TextTokenizer:
 def text_tokenizer(vocab: Vocab) -> TextTokenizer:
     server = vocab.meta.get("server")
     if server:
-        return _server_tokenizer(server)
+        return server_tokenizer(server)
     path = vocab.meta.get("path")
     if vocab.meta.get("source") == "tokenizer.json" and path:
         from tokenizers import Tokenizer
@@ -342,21 +330,12 @@ def _tokenizer_from_gguf(path: str):
     return tk
 
 
-def _server_tokenizer(base: str) -> TextTokenizer:
-    import httpx
+def server_tokenizer(url: str) -> TextTokenizer:
+    """Text -> IDs on a live llama-server's /tokenize (special tokens parsed, as it caches them)."""
+    from tokendiff.server import LlamaClient
 
-    client = httpx.Client(base_url=base, timeout=60)
-
-    def encode(text: str, add: bool) -> list[int]:
-        try:
-            r = client.post("/tokenize", json={"content": text, "add_special": add, "parse_special": True})
-            r.raise_for_status()
-            toks = r.json()["tokens"]
-        except (httpx.HTTPError, ValueError, KeyError) as e:
-            raise InputError(f"/tokenize failed: {e}", source=base) from None
-        return [t["id"] if isinstance(t, dict) else int(t) for t in toks]
-
-    return TextTokenizer(encode, base)
+    api = LlamaClient(url)
+    return TextTokenizer(lambda text, add: api.tokenize(text, add_special=add), api.url)
 
 
 def load_tokenizer_json(path: str | os.PathLike[str], name: str | None = None, config: Path | None = None) -> Vocab:
@@ -470,73 +449,52 @@ def load_gguf(path: str | os.PathLike[str]) -> Vocab:
 # ---------------------------------------------------------------- live server
 
 
-def load_server(url: str, timeout: float = 10.0) -> "ServerVocab":
+def load_server(url: str) -> "Vocab":
     """A tokenizer that asks a live llama-server.
 
     When the server's model file is readable here (same machine), its GGUF
     vocabulary is used: exact and fast. Otherwise tokens are detokenized on the
     server as they are needed.
     """
-    import httpx
+    from tokendiff.server import LLAMA, LlamaClient, probe
 
-    base = url.rstrip("/")
-    try:
-        client = httpx.Client(base_url=base, timeout=timeout)
-        props = client.get("/props")
-        props.raise_for_status()
-        pj = props.json()
-    except (httpx.HTTPError, ValueError) as e:
-        raise InputError(f"cannot read /props: {e}", source=base) from None
-    n_vocab = None
-    try:
-        models = client.get("/v1/models").json()
-        n_vocab = int(models["data"][0]["meta"]["n_vocab"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-        pass
-    model_path = pj.get("model_path")
+    info = probe(url, LLAMA)
+    model_path = info.props.get("model_path") if info.props else None
     if isinstance(model_path, str) and os.path.isfile(model_path):
         try:
             v = load_gguf(model_path)
         except InputError:
             v = None
-        if v is not None and (n_vocab is None or n_vocab == v.n_vocab):
-            client.close()
-            v.name = f"{base} ({os.path.basename(model_path)})"
-            v.meta["server"] = base
-            return v  # type: ignore[return-value]
-    if n_vocab is None:
-        raise InputError("server did not report n_vocab in /v1/models", source=base)
-    return ServerVocab(base, client, n_vocab, pj)
+        if v is not None and (info.n_vocab is None or info.n_vocab == v.n_vocab):
+            v.name = f"{info.url} ({os.path.basename(model_path)})"
+            v.meta["server"] = info.url
+            return v
+    if info.n_vocab is None:
+        raise InputError("server did not report n_vocab in /v1/models", source=info.url)
+    return ServerVocab(LlamaClient(info.url), info.n_vocab, info.props or {})
 
 
 class ServerVocab(Vocab):
     """Vocab filled lazily from /detokenize; exact except for half-character tokens."""
 
-    def __init__(self, base: str, client: Any, n_vocab: int, props: dict[str, Any]):
+    def __init__(self, api: Any, n_vocab: int, props: dict[str, Any]):
         super().__init__(
-            name=base,
+            name=api.url,
             blob=np.zeros(0, dtype=np.uint8),
             offsets=np.zeros(n_vocab + 1, dtype=np.int64),
             flags=np.zeros(n_vocab, dtype=np.uint8),
             identity=f"server:{props.get('model_path', '')}:{n_vocab}",
-            meta={"source": "server", "server": base, "chat_template": props.get("chat_template")},
+            meta={"source": "server", "server": api.url, "chat_template": props.get("chat_template")},
         )
-        self._client = client
+        self._api = api  # a tokendiff.server.LlamaClient
         self._pieces: dict[int, bytes] = {}
         for key in ("bos_token", "eos_token"):
             if isinstance(props.get(key), str):
                 self.meta[key] = props[key]
 
     def _fetch(self, ids: list[int]) -> None:
-        import httpx
-
-        for i in ids:
-            try:
-                r = self._client.post("/detokenize", json={"tokens": [i]})
-                r.raise_for_status()
-                text = r.json()["content"]
-            except (httpx.HTTPError, ValueError, KeyError) as e:
-                raise InputError(f"/detokenize failed for token {i}: {e}", source=self.name) from None
+        for i in ids:  # one at a time: a piece is the exact text of one token
+            text = self._api.detokenize([i])
             self._pieces[i] = text.encode("utf-8", errors="surrogateescape")
             if _LOOKS_SPECIAL.match(text):
                 self.flags[i] = SPECIAL
@@ -548,7 +506,6 @@ class ServerVocab(Vocab):
         self.offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lens, out=self.offsets[1:])
         self.blob = np.frombuffer(b"".join(pieces), dtype=np.uint8)
-        self.meta.pop("_special_ids", None)
 
     def ensure(self, ids: np.ndarray) -> None:
         want = [int(i) for i in np.unique(ids) if 0 <= i < self.n_vocab and int(i) not in self._pieces]

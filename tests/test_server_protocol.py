@@ -1,0 +1,225 @@
+"""tokendiff.server: the request builders and answer parsers (pure), and the calls
+against a real llama-server; the replay backends' requests for the servers not
+available here (vLLM, SGLang, Ollama) as the pure functions that build them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from conftest import CONVERSATION, TOOLS, qwen_encode
+
+from tokendiff import replay as rp
+from tokendiff import server as sv
+from tokendiff.errors import InputError
+
+# ---------------------------------------------------------------- pure
+
+
+@pytest.mark.parametrize(
+    ("url", "local"),
+    [
+        ("http://127.0.0.1:8080", True), ("http://localhost:1/v1", True), ("http://[::1]:8080", True),
+        ("http://127.8.9.1", True), ("http://192.0.2.10:8080", False), ("http://example.com", False), ("", False),
+    ],
+)  # fmt: skip
+def test_loopback_policy(url, local):
+    assert sv.is_loopback_url(url) is local
+    assert rp.is_loopback_url(url) is local  # the old name stays importable
+
+
+def test_loopback_hosts():
+    assert sv.is_loopback_host("[::1]") and sv.is_loopback_host("localhost") and not sv.is_loopback_host("0.0.0.0")
+
+
+def test_sse_lines():
+    assert sv.sse_event('data: {"a": 1}') == {"a": 1}
+    assert sv.sse_event(b"data:{\"a\":2}") == {"a": 2}
+    for junk in ("data: [DONE]", ": keep-alive", "event: x", "data: {broken", "data: [1, 2]", ""):
+        assert sv.sse_event(junk) is None
+    assert list(sv.iter_sse(["data: {\"a\": 1}", "", "data: [DONE]"])) == [{"a": 1}]
+
+
+def test_sse_summary_joins_lines_split_across_chunks():
+    text = (
+        'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'
+        'data: {"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]}\r\n\r\n'
+        'data: {"choices": [], "usage": {"prompt_tokens": 9}, "timings": {"cache_n": 4}}\n\n'
+        "data: [DONE]\n\n"
+    ).encode()
+    whole = sv.summarize_sse(text.decode())
+    s = sv.SSESummary()
+    for i in range(0, len(text), 7):  # every line cut somewhere
+        s.feed(text[i : i + 7])
+    assert s.result() == whole
+    assert whole == {
+        "content": "Hello", "finish_reason": "stop", "usage": {"prompt_tokens": 9}, "timings": {"cache_n": 4},
+    }  # fmt: skip
+
+
+def test_final_fields():
+    doc = {"usage": {"x": 1}, "model": "m", "error": None, "choices": [{"finish_reason": "length"}], "other": 1}
+    assert sv.final_fields(doc) == {"usage": {"x": 1}, "model": "m", "finish_reason": "length"}
+
+
+def test_request_bodies():
+    req = {"model": "m", "messages": CONVERSATION, "tools": TOOLS, "temperature": 0.7, "stream": True}
+    assert set(sv.template_body(req)) == {"messages", "tools"}
+    vbody = sv.vllm_tokenize_body(req)
+    assert vbody == {"model": "m", "messages": CONVERSATION, "tools": TOOLS, "add_generation_prompt": True}
+    assert sv.tokenize_body("x") == {"content": "x", "add_special": True, "parse_special": True}
+    assert sv.token_ids({"tokens": [1, {"id": 2, "piece": "a"}]}) == [1, 2]
+
+
+def test_server_info_record():
+    props = {"default_generation_settings": {}, "model_path": "/m/q.gguf", "build_info": "b1", "chat_template": "t",
+             "total_slots": 2}  # fmt: skip
+    info = sv.ServerInfo("http://h", sv.LLAMA, props=props, models={"data": [{"id": "q", "meta": {"n_vocab": 7}}]})
+    rec = info.record()
+    assert rec["kind"] == "llama-server" and rec["model"] == "/m/q.gguf" and len(rec["chat_template_sha256"]) == 64
+    assert info.n_vocab == 7 and info.total_slots == 2
+    v = sv.ServerInfo("http://h", sv.VLLM, models={"data": [{"id": "Qwen/Qwen3-8B"}]}, version="0.11.0")
+    assert v.record() == {"upstream": "http://h", "model": "Qwen/Qwen3-8B", "kind": "vllm", "version": "0.11.0"}
+    assert sv.ServerInfo("http://h", sv.OLLAMA, ollama_models=("qwen3:8b",)).model == "qwen3:8b"
+
+
+def _drive(kind, answers):
+    """Run the probe's decision over canned answers: (paths asked, result)."""
+    steps = sv.probe_steps("http://h", kind)  # the decision itself, without sockets
+    asked = [next(steps)]
+    try:
+        while True:
+            asked.append(steps.send(answers.get(asked[-1])))
+    except StopIteration as done:
+        return asked, done.value
+
+
+def test_probe_decisions():
+    asked, info = _drive(None, {"/props": {"default_generation_settings": {}}, "/v1/models": {"data": []}})
+    assert info.kind == sv.LLAMA and asked == ["/props", "/v1/models"]
+    asked, info = _drive(None, {"/api/tags": {"models": [{"name": "qwen3:8b"}]}})
+    assert info.kind == sv.OLLAMA and info.ollama_models == ("qwen3:8b",)
+    assert _drive(None, {"/get_model_info": {"model_path": "x"}})[1].kind == sv.SGLANG
+    assert _drive(None, {"/version": {"version": "0.11.0"}})[1].version == "0.11.0"
+    assert _drive(None, {})[1].kind == sv.GENERIC
+    assert _drive(sv.VLLM, {})[0] == ["/v1/models"]  # a forced kind asks no more than it needs
+    with pytest.raises(InputError, match="no llama-server"):
+        _drive(sv.LLAMA, {})
+
+
+def test_slot_states():
+    raw = [{"id": 0, "id_task": 5, "n_prompt_tokens": 10, "is_processing": False}, {"id": 1, "id_task": None}, {"x": 1}]
+    a, b = sv.slot_states(raw)
+    assert a.holds_prompt and not b.holds_prompt and b.n_prompt_tokens == 0
+
+
+# ---------------------------------------------------------------- replay requests for servers not available here
+
+
+def test_vllm_cold_runs_use_a_salt_of_their_own():
+    assert "cache_salt" not in rp.openai_completion_body("m", [1, 2], 1, None)
+    body = rp.openai_completion_body("m", [1, 2], 1, "s")
+    assert body["cache_salt"] == "s" and body["prompt"] == [1, 2] and body["stream_options"] == {"include_usage": True}
+    a, b = rp.new_salt(), rp.new_salt()
+    assert a != b and len(a) > 40
+
+
+def test_usage_counts():
+    assert rp.usage_counts({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 4}}) == (4, 6)
+    assert rp.usage_counts({"prompt_tokens": 10}) == (None, None)
+
+
+def test_ollama_requests():
+    body = rp.ollama_generate_body("qwen3:8b", "<|im_start|>user", 8192)
+    assert body["raw"] is True and body["options"] == {"num_predict": 1, "temperature": 0, "num_ctx": 8192}
+    unload, load = rp.ollama_reload_bodies("qwen3:8b", 8192)
+    assert unload == {"model": "qwen3:8b", "keep_alive": 0}
+    assert "prompt" not in load and load["options"]["num_ctx"] == 8192
+    done = {"prompt_eval_duration": 2_000_000, "prompt_eval_count": 10, "prompt_eval_cached_count": 4}
+    assert rp.ollama_counts(done) == (2.0, 4, 6)
+    assert rp.ollama_counts({"prompt_eval_count": 10}) == (None, None, 10)
+
+
+def test_llama_completion_body():
+    prime = rp.llama_completion_body([1], 0, 0, True)
+    assert prime == {"prompt": [1], "n_predict": 0, "cache_prompt": True, "id_slot": 0}
+    timed = rp.llama_completion_body([1], 2, 1, False)
+    assert timed["cache_prompt"] is False and timed["stream"] and timed["id_slot"] == 2
+
+
+# ---------------------------------------------------------------- against a real llama-server
+
+
+@pytest.fixture(scope="module")
+def llama(llama_server_bin, tiny_model, tmp_path_factory):
+    from tokendiff.testing.llama_server import LlamaServer
+
+    slots = tmp_path_factory.mktemp("slots")
+    with LlamaServer(tiny_model, slot_dir=slots, ctx=4096) as srv:
+        yield srv, slots
+
+
+def test_probe_a_real_llama_server(llama):
+    srv, _ = llama
+    info = sv.probe(srv.url)
+    assert info.kind == sv.LLAMA and info.n_vocab == 151669 and info.props["model_path"].endswith(".gguf")
+    assert sv.llama_server_url(srv.url) == srv.url
+    ainfo = asyncio.run(_aprobe(srv.url))
+    assert ainfo == info
+
+
+async def _aprobe(url):
+    async with httpx.AsyncClient() as c:
+        return await sv.aprobe(url, c)
+
+
+def test_nothing_listening_is_no_llama_server():
+    from tokendiff.testing.llama_server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    assert sv.llama_server_url(url) is None
+    assert sv.probe(url).kind == sv.GENERIC
+    with pytest.raises(InputError, match="POST /apply-template"):
+        sv.prompt_ids(url, {"messages": CONVERSATION})
+
+
+def test_render_tokenize_detokenize(llama):
+    srv, _ = llama
+    req = {"messages": CONVERSATION, "tools": TOOLS}
+    ids = sv.prompt_ids(srv.url, req)
+    with sv.LlamaClient(srv.url) as c:
+        text = c.apply_template(req)
+        assert ids == qwen_encode(text)  # the tiny model carries the real Qwen3 vocabulary
+        assert c.detokenize(ids[:5]) == text[: len(c.detokenize(ids[:5]))]
+    found = asyncio.run(_afetch(srv.url, req))
+    assert found.ids == ids and found.text == text and "apply-template" in found.source
+
+
+async def _afetch(url, req):
+    async with httpx.AsyncClient() as c:
+        info = await sv.aprobe(url, c)
+        return await sv.afetch_prompt_tokens(c, info, req)
+
+
+def test_slots_save_restore_erase(llama):
+    srv, slots = llama
+    with sv.LlamaClient(srv.url) as c:
+        c.call("POST", "/completion", json=rp.llama_completion_body(qwen_encode("Hello there"), 0, 0, True))
+        states, raw = c.slots()
+        assert isinstance(raw, list) and states[0].holds_prompt
+        c.save_slot(0, "t.bin")
+        assert (slots / "t.bin").is_file()
+        assert c.erase_slot(0)
+        c.restore_slot(0, "t.bin")
+        with pytest.raises(InputError, match="restore slot 0"):
+            c.restore_slot(0, "missing.bin")
+
+
+def test_stream_reports_first_event_and_timings(llama):
+    srv, _ = llama
+    seen = []
+    with sv.LlamaClient(srv.url) as c:
+        body = rp.llama_completion_body(qwen_encode("Hi there"), 0, 1, False)
+        final = c.stream("/completion", body, lambda: seen.append(1))
+    assert seen == [1] and final["timings"]["cache_n"] == 0

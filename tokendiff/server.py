@@ -1,0 +1,519 @@
+"""The one place that speaks the inference servers' HTTP protocol.
+
+llama-server first (`/props`, `/apply-template`, `/tokenize`, `/detokenize`,
+`/slots`, `/completion`), and where tokendiff needs them vLLM (`/version`,
+`/tokenize`), SGLang (`/get_model_info`, `/flush_cache`) and Ollama
+(`/api/tags`). The proxy, pull, replay, the vocabularies and the sources all
+go through here, so a protocol detail (which fields `/apply-template` takes,
+what a `/tokenize` token looks like, when a stream chunk is final) is decided
+once. Blocking calls raise InputError naming the server; the proxy's async
+calls share the request builders and answer parsers with them.
+
+httpx is imported lazily: `tokendiff diff` never loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator
+from urllib.parse import urlsplit
+
+import orjson
+
+from tokendiff.errors import InputError
+
+if TYPE_CHECKING:
+    import httpx
+
+PROBE_TIMEOUT = 5.0  # a server that takes longer to say what it is is not one we can measure
+RENDER_TIMEOUT = 60.0  # /apply-template + /tokenize of a long prompt on a busy server
+SLOT_TIMEOUT = 120.0  # saving a slot writes its whole KV state
+REPLAY_TIMEOUT = 600.0  # one cold prefill of a long prompt on a CPU
+CONNECT_TIMEOUT = 10.0
+
+# the request fields llama-server's /apply-template reads (the rest would be ignored or refused)
+TEMPLATE_KEYS = (
+    "messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt",
+    "reasoning_format", "parallel_tool_calls",
+)  # fmt: skip
+VLLM_TOKENIZE_KEYS = ("model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt")
+FINAL_KEYS = ("usage", "timings", "system_fingerprint", "model", "error")
+
+LLAMA, VLLM, SGLANG, OLLAMA, GENERIC = "llama-server", "vllm", "sglang", "ollama", "openai-compatible"
+KINDS = (LLAMA, VLLM, SGLANG, OLLAMA)
+
+
+# ---------------------------------------------------------------- loopback policy
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for localhost and loopback addresses (IPv6 with or without brackets)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback_url(url: str) -> bool:
+    """Replay sends a server prompts and load: only one on this machine unless the user says otherwise."""
+    return is_loopback_host(urlsplit(url).hostname or "")
+
+
+# ---------------------------------------------------------------- probe
+
+
+def is_llama_props(doc: Any) -> bool:
+    """llama-server's /props (and no other server's) carries default_generation_settings."""
+    return isinstance(doc, dict) and "default_generation_settings" in doc
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a server said about itself: its kind and the raw answers worth keeping."""
+
+    url: str
+    kind: str  # one of KINDS, or GENERIC when nothing more specific answered
+    props: dict[str, Any] | None = None  # llama-server /props
+    models: Any = None  # /v1/models
+    version: str | None = None  # vLLM /version
+    ollama_models: tuple[str, ...] = ()  # Ollama /api/tags names
+
+    @property
+    def model(self) -> str | None:
+        """The served model: llama-server's alias or path, Ollama's first model, or /v1/models' first id."""
+        if self.props:
+            return self.props.get("model_alias") or self.props.get("model_path")
+        if self.ollama_models:
+            return self.ollama_models[0]
+        data = self.models.get("data") if isinstance(self.models, dict) else None
+        if isinstance(data, list) and data and isinstance(data[0], dict):
+            return data[0].get("id")
+        return None
+
+    @property
+    def n_vocab(self) -> int | None:
+        """llama-server reports the vocabulary size in /v1/models' meta."""
+        try:
+            return int(self.models["data"][0]["meta"]["n_vocab"])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+
+    @property
+    def total_slots(self) -> int:
+        return int((self.props or {}).get("total_slots") or 1)
+
+    def record(self) -> dict[str, Any]:
+        """The `server` field of a capture record: enough to tell which model and build answered."""
+        out: dict[str, Any] = {"upstream": self.url}
+        if self.kind == LLAMA and self.props is not None:
+            tmpl = self.props.get("chat_template") or ""
+            out.update(
+                kind=LLAMA,
+                build_info=self.props.get("build_info"),
+                model=self.model,
+                chat_template_sha256=hashlib.sha256(tmpl.encode()).hexdigest() if tmpl else None,
+            )
+            return out
+        if self.model is not None:
+            out["model"] = self.model
+        out["kind"] = self.kind
+        if self.version is not None:
+            out["version"] = self.version
+        return out
+
+
+def probe_steps(url: str, kind: str | None) -> Generator[str, Any, ServerInfo]:
+    """The probe as a sequence of GETs (each yields a path and receives its JSON or None),
+    so the blocking and the async probe share one decision."""
+    props = (yield "/props") if kind in (None, LLAMA) else None
+    if is_llama_props(props):
+        return ServerInfo(url, LLAMA, props=props, models=(yield "/v1/models"))
+    if kind == LLAMA:
+        raise InputError("no llama-server /props at this URL", source=url)
+    tags = (yield "/api/tags") if kind in (None, OLLAMA) else None
+    if isinstance(tags, dict) and isinstance(tags.get("models"), list):
+        names = tuple(str(m.get("name")) for m in tags["models"] if isinstance(m, dict) and m.get("name"))
+        return ServerInfo(url, OLLAMA, ollama_models=names)
+    if kind == OLLAMA:
+        raise InputError("no Ollama /api/tags at this URL", source=url)
+    models = yield "/v1/models"
+    if kind in (VLLM, SGLANG):
+        return ServerInfo(url, kind, models=models)
+    if (yield "/get_model_info") is not None:
+        return ServerInfo(url, SGLANG, models=models)
+    version = yield "/version"
+    if isinstance(version, dict) and "version" in version:
+        return ServerInfo(url, VLLM, models=models, version=str(version["version"]))
+    return ServerInfo(url, GENERIC, models=models)
+
+
+def _json_or_none(status: int, content: bytes) -> Any:
+    if status != 200:
+        return None
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def probe(url: str, kind: str | None = None, client: httpx.Client | None = None) -> ServerInfo:
+    """Ask a server what it is (`kind` forces one and checks it where it can be checked).
+    An unreachable server probes as GENERIC with no answers; callers decide whether that is fatal."""
+    import httpx
+
+    base = url.rstrip("/")
+    http = client or httpx.Client(timeout=PROBE_TIMEOUT)
+    steps = probe_steps(base, kind)
+    try:
+        path = next(steps)
+        while True:
+            try:
+                r = http.get(base + path, timeout=PROBE_TIMEOUT)
+                answer = _json_or_none(r.status_code, r.content)
+            except httpx.HTTPError:
+                answer = None
+            path = steps.send(answer)
+    except StopIteration as done:
+        return done.value
+    finally:
+        if client is None:
+            http.close()
+
+
+async def aprobe(url: str, client: httpx.AsyncClient) -> ServerInfo:
+    """probe() for the proxy's event loop."""
+    import httpx
+
+    base = url.rstrip("/")
+    steps = probe_steps(base, None)
+    try:
+        path = next(steps)
+        while True:
+            try:
+                r = await client.get(base + path, timeout=PROBE_TIMEOUT)
+                answer = _json_or_none(r.status_code, r.content)
+            except httpx.HTTPError:
+                answer = None
+            path = steps.send(answer)
+    except StopIteration as done:
+        return done.value
+
+
+def llama_server_url(url: str) -> str | None:
+    """`url` when a llama-server answers there, else None."""
+    try:
+        probe(url, LLAMA)
+    except InputError:
+        return None
+    return url
+
+
+# ---------------------------------------------------------------- request builders and answers
+
+
+def template_body(request: dict[str, Any]) -> dict[str, Any]:
+    """The /apply-template body for a chat request: the fields the template sees."""
+    return {k: request[k] for k in TEMPLATE_KEYS if k in request}
+
+
+def tokenize_body(text: str, add_special: bool = True) -> dict[str, Any]:
+    """parse_special: the rendered prompt's markers are special tokens, as the server caches them."""
+    return {"content": text, "add_special": add_special, "parse_special": True}
+
+
+def vllm_tokenize_body(request: dict[str, Any]) -> dict[str, Any]:
+    """vLLM tokenises chat requests itself on /tokenize, template included."""
+    body = {k: request[k] for k in VLLM_TOKENIZE_KEYS if k in request}
+    body.setdefault("add_generation_prompt", True)
+    return body
+
+
+def token_ids(doc: Any) -> list[int]:
+    """The IDs of a /tokenize answer (plain ints, or {"id": ..., "piece": ...} with with_pieces)."""
+    return [int(t["id"]) if isinstance(t, dict) else int(t) for t in doc["tokens"]]
+
+
+@dataclass
+class PromptTokens:
+    """A request's prompt as the server tokenises it, and how that was found out."""
+
+    ids: list[int]
+    source: str
+    text: str | None = None  # llama-server's rendered prompt
+
+
+# ---------------------------------------------------------------- SSE
+
+
+def sse_event(line: str | bytes) -> dict[str, Any] | None:
+    """The JSON object of one `data:` line; None for comments, [DONE], blank or broken lines."""
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", "replace")
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if not data or data == "[DONE]":
+        return None
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The events of a blocking stream of lines (httpx's iter_lines)."""
+    for line in lines:
+        ev = sse_event(line)
+        if ev is not None:
+            yield ev
+
+
+def final_fields(doc: dict[str, Any]) -> dict[str, Any]:
+    """What a capture keeps of a completion answer or a stream's final chunk."""
+    out = {k: doc[k] for k in FINAL_KEYS if doc.get(k) is not None}
+    choices = doc.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+        out["finish_reason"] = choices[0]["finish_reason"]
+    return out
+
+
+class SSESummary:
+    """Incremental summary of a chat stream (usage, timings, finish reason, text), fed the raw
+    bytes as they pass through the proxy's async loop; lines split across chunks are joined."""
+
+    def __init__(self) -> None:
+        self._rest = b""
+        self.fields: dict[str, Any] = {}
+        self._parts: list[str] = []
+
+    def feed(self, chunk: bytes) -> None:
+        lines = (self._rest + chunk).split(b"\n")
+        self._rest = lines.pop()
+        for line in lines:
+            self._take(sse_event(line.rstrip(b"\r")))
+
+    def _take(self, ev: dict[str, Any] | None) -> None:
+        if ev is None:
+            return
+        self.fields.update(final_fields(ev))
+        for ch in ev.get("choices") or []:
+            delta = ch.get("delta") if isinstance(ch, dict) else None
+            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+                self._parts.append(delta["content"])
+
+    def result(self) -> dict[str, Any]:
+        if self._rest:
+            self._take(sse_event(self._rest.rstrip(b"\r")))
+            self._rest = b""
+        out = dict(self.fields)
+        if self._parts:
+            out["content"] = "".join(self._parts)
+        return out
+
+
+def summarize_sse(text: str) -> dict[str, Any]:
+    """SSESummary of a whole stream at once."""
+    s = SSESummary()
+    s.feed(text.encode("utf-8", "surrogateescape"))
+    return s.result()
+
+
+# ---------------------------------------------------------------- slots
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """One entry of llama-server's /slots: enough to tell whether its prompt changed."""
+
+    id: int
+    id_task: int | None
+    n_prompt_tokens: int
+    is_processing: bool
+
+    @property
+    def holds_prompt(self) -> bool:
+        return self.id_task is not None and self.n_prompt_tokens > 0
+
+
+def slot_states(doc: Any) -> list[SlotState]:
+    """The /slots answer as typed states (entries without an id are skipped)."""
+    out = []
+    for s in doc if isinstance(doc, list) else []:
+        if isinstance(s, dict) and isinstance(s.get("id"), int):
+            n = s.get("n_prompt_tokens")
+            n = n if isinstance(n, int) else 0
+            out.append(SlotState(s["id"], s.get("id_task"), n, bool(s.get("is_processing"))))
+    return out
+
+
+# ---------------------------------------------------------------- a blocking llama-server client
+
+
+class LlamaClient:
+    """Blocking calls to one llama-server; every failure is an InputError naming the server.
+    request/call/stream are plain HTTP and serve the other servers' replay backends too."""
+
+    def __init__(self, url: str, timeout: float = RENDER_TIMEOUT, client: httpx.Client | None = None):
+        import httpx
+
+        self.url = url.rstrip("/")
+        self._own = client is None
+        self.http = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT))
+
+    def close(self) -> None:
+        if self._own:
+            self.http.close()
+
+    def __enter__(self) -> "LlamaClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One request; a transport failure becomes an InputError (status codes are the caller's)."""
+        import httpx
+
+        try:
+            return self.http.request(method, self.url + path, **kw)
+        except httpx.HTTPError as e:
+            raise InputError(f"{method} {path}: {type(e).__name__}: {e}", source=self.url) from None
+
+    def call(self, method: str, path: str, **kw: Any) -> Any:
+        """A request whose answer must be 200 and JSON."""
+        r = self.request(method, path, **kw)
+        if r.status_code >= 400:
+            raise InputError(f"{method} {path}: HTTP {r.status_code}: {r.text[:300]}", source=self.url)
+        try:
+            return orjson.loads(r.content)
+        except orjson.JSONDecodeError as e:
+            raise InputError(f"{method} {path}: not JSON: {e}", source=self.url) from None
+
+    # -- render, tokenize, detokenize
+
+    def apply_template(self, request: dict[str, Any]) -> str:
+        doc = self.call("POST", "/apply-template", json=template_body(request))
+        if not isinstance(doc, dict) or not isinstance(doc.get("prompt"), str):
+            raise InputError("the server could not render this request (no prompt in /apply-template)", source=self.url)
+        return doc["prompt"]
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        try:
+            return token_ids(self.call("POST", "/tokenize", json=tokenize_body(text, add_special)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"/tokenize gave no tokens: {e}", source=self.url) from None
+
+    def prompt_ids(self, request: dict[str, Any]) -> list[int]:
+        """The IDs the server would cache for this chat request: its own render, its own tokenizer."""
+        return self.tokenize(self.apply_template(request), add_special=True)
+
+    def detokenize(self, ids: list[int]) -> str:
+        doc = self.call("POST", "/detokenize", json={"tokens": ids})
+        if not isinstance(doc, dict) or not isinstance(doc.get("content"), str):
+            raise InputError(f"/detokenize gave no content for {ids[:8]}", source=self.url)
+        return doc["content"]
+
+    # -- slots
+
+    def slots(self) -> tuple[list[SlotState], Any]:
+        """(typed states, the raw answer to keep beside the session)."""
+        r = self.request("GET", "/slots")
+        if r.status_code == 501:
+            raise InputError("the server disables /slots (started with --no-slots)", source=self.url)
+        if r.status_code >= 400:
+            raise InputError(f"GET /slots: HTTP {r.status_code}: {r.text[:200]}", source=self.url)
+        doc = _json_or_none(r.status_code, r.content)
+        if not isinstance(doc, list):
+            raise InputError("/slots did not return a list", source=self.url)
+        return slot_states(doc), doc
+
+    def _slot_action(self, slot: int, action: str, body: dict[str, Any] | None) -> Any:
+        r = self.request("POST", f"/slots/{slot}", params={"action": action}, json=body, timeout=SLOT_TIMEOUT)
+        if r.status_code == 501:
+            raise InputError(
+                f"the server was started without --slot-save-path, so it cannot {action} slots", source=self.url
+            )
+        if r.status_code >= 400:
+            raise InputError(f"{action} slot {slot}: HTTP {r.status_code}: {r.text[:200]}", source=self.url)
+        return _json_or_none(200, r.content)
+
+    def save_slot(self, slot: int, filename: str) -> Any:
+        """The server writes the slot into its --slot-save-path as `filename`."""
+        return self._slot_action(slot, "save", {"filename": filename})
+
+    def restore_slot(self, slot: int, filename: str) -> Any:
+        return self._slot_action(slot, "restore", {"filename": filename})
+
+    def erase_slot(self, slot: int) -> bool:
+        """False when the server cannot erase (no --slot-save-path): callers displace the cache instead."""
+        r = self.request("POST", f"/slots/{slot}", params={"action": "erase"})
+        return r.status_code == 200
+
+    # -- completion
+
+    def stream(self, path: str, body: dict[str, Any], on_first: Callable[[], None]) -> dict[str, Any]:
+        """POST a streamed completion; `on_first` runs at the first event; returns the last event
+        that carried timings or usage (llama-server's and OpenAI's final chunks)."""
+        import httpx
+
+        final: dict[str, Any] = {}
+        first = True
+        try:
+            with self.http.stream("POST", self.url + path, json=body) as r:
+                if r.status_code >= 400:
+                    raise InputError(f"{path}: HTTP {r.status_code}: {r.read()[:300]!r}", source=self.url)
+                for ev in iter_sse(r.iter_lines()):
+                    if first:
+                        on_first()
+                        first = False
+                    if ev.get("timings") or ev.get("usage"):
+                        final = ev
+        except httpx.HTTPError as e:
+            raise InputError(f"{path}: {type(e).__name__}: {e}", source=self.url) from None
+        return final
+
+
+def prompt_ids(url: str, request: dict[str, Any]) -> list[int]:
+    """The IDs a live llama-server would cache for `request` (replaces sources._server_prompt_ids)."""
+    with LlamaClient(url) as c:
+        return c.prompt_ids(request)
+
+
+# ---------------------------------------------------------------- async: the proxy's token fetch
+
+
+async def afetch_prompt_tokens(client: httpx.AsyncClient, info: ServerInfo, request: dict[str, Any]) -> PromptTokens:
+    """A chat request's prompt IDs from the upstream that served it (llama-server or vLLM).
+    Raises InputError, or httpx/ValueError on a broken answer (the proxy records either)."""
+    if info.kind == VLLM:
+        r = await client.post(f"{info.url}/tokenize", json=vllm_tokenize_body(request), timeout=RENDER_TIMEOUT)
+        r.raise_for_status()
+        return PromptTokens(token_ids(r.json()), "vllm /tokenize")
+    if info.kind != LLAMA:
+        raise InputError(f"a {info.kind} upstream cannot tokenise chat requests", source=info.url)
+    r = await client.post(f"{info.url}/apply-template", json=template_body(request), timeout=RENDER_TIMEOUT)
+    r.raise_for_status()
+    prompt = r.json()["prompt"]
+    r = await client.post(f"{info.url}/tokenize", json=tokenize_body(prompt), timeout=RENDER_TIMEOUT)
+    r.raise_for_status()
+    return PromptTokens(token_ids(r.json()), "llama-server /apply-template + /tokenize", prompt)
+
+
+def can_tokenize_chat(info: ServerInfo) -> bool:
+    return info.kind in (LLAMA, VLLM)
+
+
+def replay_client() -> httpx.Client:
+    """A long read timeout, and a fresh connection per request: llama-server may close a
+    kept-alive connection after a stream, and a replay must not retry a timed request."""
+    import httpx
+
+    return httpx.Client(
+        timeout=httpx.Timeout(REPLAY_TIMEOUT, connect=CONNECT_TIMEOUT),
+        limits=httpx.Limits(max_keepalive_connections=0),
+    )
