@@ -26,7 +26,6 @@ from tokendiff.errors import InputError
 )  # fmt: skip
 def test_loopback_policy(url, local):
     assert sv.is_loopback_url(url) is local
-    assert rp.is_loopback_url(url) is local  # the old name stays importable
 
 
 def test_loopback_hosts():

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tokendiff.cost import backend_reuse
 from tokendiff.errors import InputError
-from tokendiff.server import LLAMA, OLLAMA, SGLANG, VLLM, LlamaClient, is_loopback_url, probe
+from tokendiff.server import LLAMA, OLLAMA, SGLANG, VLLM, LlamaClient, probe
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["is_loopback_url", "connect", "run_scenarios", "replay_document", "render_replay_text", "Plan"]
+__all__ = ["connect", "run_scenarios", "replay_document", "render_replay_text", "Plan"]
 
 SCHEMA = "tokendiff.replay/1"
 

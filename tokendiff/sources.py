@@ -287,7 +287,9 @@ class Loader:
             ids = self.tokenizer.encode(rec["prompt_text"], add_special=bool(self.vocab.meta.get("add_bos")))
         elif isinstance(request.get("messages"), list) and self.vocab.meta.get("server"):
             meta["ids_from"] = "llama-server /apply-template + /tokenize"
-            ids = _server_prompt_ids(self.vocab.meta["server"], request)
+            from tokendiff.server import prompt_ids
+
+            ids = prompt_ids(self.vocab.meta["server"], request)
         elif rendered is not None:
             meta["ids_from"] = "local render, tokenised here"
             ids = self.tokenizer.encode(rendered.text)
@@ -388,13 +390,6 @@ def _parsed_arguments(request: dict[str, Any]) -> dict[str, Any]:
                 if isinstance(parsed, dict):
                     fn["arguments"] = parsed
     return request
-
-
-def _server_prompt_ids(base: str, request: dict[str, Any]) -> list[int]:
-    """The IDs a live llama-server would cache for this request (kept until callers use server.prompt_ids)."""
-    from tokendiff.server import prompt_ids
-
-    return prompt_ids(base, request)
 
 
 def warn(msg: str) -> None:

@@ -326,7 +326,7 @@ class ReplayResult:
 
 def check_replay(opts: ReplayOptions) -> None:
     """The options' own errors, before anything is loaded: run count and the loopback policy."""
-    from tokendiff.replay import is_loopback_url
+    from tokendiff.server import is_loopback_url
 
     if opts.repeat < 1:
         raise InputError("--repeat must be at least 1")
@@ -341,31 +341,20 @@ def replay_prompt_options(prompts: PromptOptions, opts: ReplayOptions) -> Prompt
     """With no tokenizer named, a llama-server backend decodes with its own vocabulary."""
     if prompts.tokenizer or prompts.server:
         return prompts
-    return replace(prompts, server=llama_server_or_none(opts.backend))
+    from tokendiff.server import llama_server_url
 
-
-def llama_server_or_none(url: str) -> str | None:
-    """`url` when it answers like llama-server (its /props), else None."""
-    import httpx
-
-    try:
-        r = httpx.get(url.rstrip("/") + "/props", timeout=5)
-        if r.status_code == 200 and "default_generation_settings" in r.json():
-            return url
-    except (httpx.HTTPError, ValueError):
-        pass
-    return None
+    return replace(prompts, server=llama_server_url(opts.backend))
 
 
 def replay_pair(
     pair: PairResult, loader: "Loader", opts: ReplayOptions, progress: Progress | None = None
 ) -> ReplayResult:
     """cold / actual / ideal (and fixed, where a fix is known) measured on the backend."""
-    import httpx
     import numpy as np
 
     from tokendiff import replay as rp
     from tokendiff.cost import reusable_ceiling
+    from tokendiff.server import replay_client
 
     check_replay(opts)
     a, b, d = pair.a, pair.b, pair.divergence
@@ -373,9 +362,7 @@ def replay_pair(
     def decode(ids: list[int]) -> str:
         return pair.vocab.decode(np.asarray(ids))[0].decode("utf-8", "replace")
 
-    # a fresh connection per request: llama-server may close a kept-alive one after a stream
-    limits = httpx.Limits(max_keepalive_connections=0)
-    with httpx.Client(timeout=httpx.Timeout(600, connect=10), limits=limits) as client:
+    with replay_client() as client:
         be = rp.connect(opts.backend, opts.backend_kind, client, decode, opts.slot)
         check_model(be, a, b, opts.force)
         plan = rp.Plan(a.ids.tolist(), b.ids.tolist(), d.lcp, reusable_ceiling(a, d, pair.findings, len(b)))
@@ -414,9 +401,9 @@ def what_if_fix(pair: PairResult, loader: "Loader", be: "Backend", plan: "Plan")
     if not fixed.applied:
         return {"applied": [], "not_applied": fixed.not_applied}
     if be.kind == "llama-server":
-        from tokendiff.sources import _server_prompt_ids  # moves to tokendiff.server (issue #10, "server" slice)
+        from tokendiff.server import prompt_ids
 
-        ids = _server_prompt_ids(be.url, fixed.body)
+        ids = prompt_ids(be.url, fixed.body)
     else:
         ids = loader.tokenizer.encode(loader.renderer.render(fixed.body))
     plan.fixed_b = list(ids)

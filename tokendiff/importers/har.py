@@ -13,6 +13,7 @@ import orjson
 
 from tokendiff.errors import InputError
 from tokendiff.importers import CHAT_ENDPOINTS, is_chat_body
+from tokendiff.server import final_fields, summarize_sse
 
 MAX_BYTES = 1 << 30
 
@@ -108,7 +109,7 @@ def _response(resp: dict[str, Any], where: str) -> dict[str, Any]:
         return out
     mime = str(content.get("mimeType", ""))
     if "event-stream" in mime or text.lstrip().startswith("data:"):
-        out.update(parse_sse(text))
+        out.update(summarize_sse(text))
         out["streamed"] = True
         return out
     try:
@@ -116,45 +117,10 @@ def _response(resp: dict[str, Any], where: str) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         return out
     if isinstance(doc, dict):
-        _take_final(out, doc)
+        out.update(final_fields(doc))
         choices = doc.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             msg = choices[0].get("message")
             if isinstance(msg, dict):
                 out["message"] = msg
-    return out
-
-
-def _take_final(out: dict[str, Any], doc: dict[str, Any]) -> None:
-    for k in ("usage", "timings", "system_fingerprint", "model", "error"):
-        if doc.get(k) is not None:
-            out[k] = doc[k]
-    choices = doc.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
-        out["finish_reason"] = choices[0]["finish_reason"]
-
-
-def parse_sse(text: str) -> dict[str, Any]:
-    """usage/timings from the final chunks of an SSE stream, and the streamed text."""
-    out: dict[str, Any] = {}
-    parts: list[str] = []
-    for line in text.splitlines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if not data or data == "[DONE]":
-            continue
-        try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        if not isinstance(chunk, dict):
-            continue
-        _take_final(out, chunk)
-        for ch in chunk.get("choices") or []:
-            delta = ch.get("delta") if isinstance(ch, dict) else None
-            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
-                parts.append(delta["content"])
-    if parts:
-        out["content"] = "".join(parts)
     return out
