@@ -25,7 +25,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers import packed_payload, slot_bytes  # noqa: E402
 
-
 WORDS = "the a parser test file function returns value error line json tool call result user agent".split()
 
 
@@ -94,8 +93,10 @@ def bench_cli(tmp: Path, runs: int) -> None:
         walls.append(time.perf_counter() - t0)
         rss.append(usage.ru_maxrss / 1024)
         assert os.waitstatus_to_exitcode(status) == 1
-    print(f"diff --json, 2 x 50,000 tokens, {total_state:,} MB of state (sparse): "
-          f"wall median {statistics.median(walls):.3f} s (min {min(walls):.3f}), peak RSS {max(rss):.0f} MB  [budget 0.3 s, 120 MB]")
+    print(
+        f"diff --json, 2 x 50,000 tokens, {total_state:,} MB of state (sparse): "
+        f"wall median {statistics.median(walls):.3f} s (min {min(walls):.3f}), peak RSS {max(rss):.0f} MB  [budget 0.3 s, 120 MB]"
+    )
 
 
 def bench_align(runs: int) -> None:
@@ -109,8 +110,10 @@ def bench_align(runs: int) -> None:
         t0 = time.perf_counter()
         spans = diff_spans(a, b)
         times.append(time.perf_counter() - t0)
-    print(f"align 100,000 tokens, 10 edits: median {1000 * statistics.median(times):.1f} ms "
-          f"(min {1000 * min(times):.1f}), {len(spans)} hunks  [budget 50 ms]")
+    print(
+        f"align 100,000 tokens, 10 edits: median {1000 * statistics.median(times):.1f} ms "
+        f"(min {1000 * min(times):.1f}), {len(spans)} hunks  [budget 50 ms]"
+    )
 
 
 def main() -> None:

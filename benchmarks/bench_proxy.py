@@ -55,7 +55,10 @@ def main() -> None:
         with httpx.Client(timeout=60) as c:
             for name, fn in (
                 ("GET /health", lambda base: timed(c, "GET", base + "/health")),
-                ("POST /v1/chat/completions (1 token)", lambda base: timed(c, "POST", base + "/v1/chat/completions", json=chat)),
+                (
+                    "POST /v1/chat/completions (1 token)",
+                    lambda base: timed(c, "POST", base + "/v1/chat/completions", json=chat),
+                ),
                 ("streamed TTFT", lambda base: ttft(c, base + "/v1/chat/completions", stream)),
             ):
                 for base in (srv.url, proxy):  # warm both paths
@@ -68,8 +71,10 @@ def main() -> None:
         stop_proxy(proc)
     for name, (direct, via) in results.items():
         d50, v50 = statistics.median(direct), statistics.median(via)
-        print(f"{name:38s} direct p50 {d50:6.2f} ms  via proxy p50 {v50:6.2f} ms  added p50 {v50 - d50:5.2f} ms"
-              f"  (p99 {pct(direct, 0.99):6.2f} / {pct(via, 0.99):6.2f} ms)  [budget 2 ms]")
+        print(
+            f"{name:38s} direct p50 {d50:6.2f} ms  via proxy p50 {v50:6.2f} ms  added p50 {v50 - d50:5.2f} ms"
+            f"  (p99 {pct(direct, 0.99):6.2f} / {pct(via, 0.99):6.2f} ms)  [budget 2 ms]"
+        )
 
 
 if __name__ == "__main__":

@@ -34,9 +34,15 @@ def make_session(out: Path, turns: int, tokens: int) -> None:
     tools = agent_tools(rng, 40, 30)
     history = []
     for _ in range(60):  # ~40k tokens of history before the session starts
-        history += [{"role": "user", "content": " ".join(rng.choice(words, 300))}, {"role": "assistant", "content": " ".join(rng.choice(words, 300))}]
+        history += [
+            {"role": "user", "content": " ".join(rng.choice(words, 300))},
+            {"role": "assistant", "content": " ".join(rng.choice(words, 300))},
+        ]
     for _ in range(turns):  # then one short exchange a turn
-        history += [{"role": "user", "content": " ".join(rng.choice(words, 30))}, {"role": "assistant", "content": " ".join(rng.choice(words, 30))}]
+        history += [
+            {"role": "user", "content": " ".join(rng.choice(words, 30))},
+            {"role": "assistant", "content": " ".join(rng.choice(words, 30))},
+        ]
     for k in range(1, turns + 1):
         date = f"2026-11-{1 + k // 25:02d}"
         tl = tools if k < turns // 2 else tools[:10] + [tools[-1]] + tools[10:-1]
@@ -58,7 +64,10 @@ def main() -> None:
         return make_session(args.make, args.turns, args.tokens)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, __file__, "--make", tmp, "--turns", str(args.turns), "--tokens", str(args.tokens)], check=True)
+        subprocess.run(
+            [sys.executable, __file__, "--make", tmp, "--turns", str(args.turns), "--tokens", str(args.tokens)],
+            check=True,
+        )
         made = time.perf_counter() - t0
         cmd = [sys.executable, "-m", "tokendiff", "report", tmp, "--format", "json", "-o", os.devnull]
         subprocess.run(cmd, check=True)  # warm the vocabulary cache
@@ -67,8 +76,10 @@ def main() -> None:
             t0 = time.perf_counter()
             subprocess.run(cmd, check=True)
             times.append(time.perf_counter() - t0)
-    print(f"report on {args.turns} turns x {args.tokens:,} tokens (slot files): best {min(times):.2f} s, "
-          f"worst {max(times):.2f} s  [budget 5 s]  (session made in {made:.0f} s)")
+    print(
+        f"report on {args.turns} turns x {args.tokens:,} tokens (slot files): best {min(times):.2f} s, "
+        f"worst {max(times):.2f} s  [budget 5 s]  (session made in {made:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

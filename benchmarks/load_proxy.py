@@ -46,7 +46,9 @@ def body(tag: str, stream: bool = True, n: int = 8) -> dict:
     return {"messages": [{"role": "user", "content": tag}], "max_tokens": n, "stream": stream, "ignore_eos": n > 8}
 
 
-async def one(client: httpx.AsyncClient, url: str, tag: str, slow: float = 0.0, cut: bool = False, n: int = 8) -> tuple[int, str, float]:
+async def one(
+    client: httpx.AsyncClient, url: str, tag: str, slow: float = 0.0, cut: bool = False, n: int = 8
+) -> tuple[int, str, float]:
     h = hashlib.sha256()
     t0 = time.perf_counter()
     ttfb = None
@@ -67,7 +69,9 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-async def load(upstream: str, url: str, clients: int, seconds: float) -> tuple[dict[str, str], list[str], list[float], list[float], dict[str, float]]:
+async def load(
+    upstream: str, url: str, clients: int, seconds: float
+) -> tuple[dict[str, str], list[str], list[float], list[float], dict[str, float]]:
     done: dict[str, str] = {}
     ttfbs: dict[str, float] = {}
     errors: list[str] = []
@@ -132,16 +136,24 @@ def main() -> None:
         stop(proxy)
         missing, dup, bad, warns = check_records(tmp / "load" / "capture.jsonl", done)
         kinds = {e: errors.count(e) for e in set(errors)}
-        print(f"load: {args.clients} concurrent streaming clients for {args.seconds:.0f} s: {len(done):,} requests completed "
-              f"({len(errors)} failed client-side: {kinds or 'none'}); recorded: {len(done) - missing:,}, missing {missing}, "
-              f"duplicated {dup}, bytes differing from the upstream's {bad}; reader warnings {len(warns)}")
+        print(
+            f"load: {args.clients} concurrent streaming clients for {args.seconds:.0f} s: {len(done):,} requests completed "
+            f"({len(errors)} failed client-side: {kinds or 'none'}); recorded: {len(done) - missing:,}, missing {missing}, "
+            f"duplicated {dup}, bytes differing from the upstream's {bad}; reader warnings {len(warns)}"
+        )
         # the proxy's own share of each request's time to first byte: what the client saw minus
         # what the proxy measured from its upstream request to the upstream's first byte
         recs, _ = read_capture(tmp / "load" / "capture.jsonl")
-        added = [ttfbs[t] - r["ttft_ms"] for r in recs if (t := r["request"]["messages"][0]["content"]) in ttfbs and r.get("ttft_ms")]
-        print(f"added latency per request under that load (client TTFB - upstream TTFB seen by the proxy): "
-              f"p50 {statistics.median(added):.2f} ms, p99 {pct(added, .99):.2f} ms over {len(added):,} requests; "
-              f"sampled TTFB direct p50 {statistics.median(direct):.0f} ms vs via proxy {statistics.median(via):.0f} ms (queueing dominates)")
+        added = [
+            ttfbs[t] - r["ttft_ms"]
+            for r in recs
+            if (t := r["request"]["messages"][0]["content"]) in ttfbs and r.get("ttft_ms")
+        ]
+        print(
+            f"added latency per request under that load (client TTFB - upstream TTFB seen by the proxy): "
+            f"p50 {statistics.median(added):.2f} ms, p99 {pct(added, 0.99):.2f} ms over {len(added):,} requests; "
+            f"sampled TTFB direct p50 {statistics.median(direct):.0f} ms vs via proxy {statistics.median(via):.0f} ms (queueing dominates)"
+        )
 
         # clients disconnecting mid-stream, and a slow client
         proxy, url = start_proxy(srv.url, tmp / "clients")
@@ -158,18 +170,29 @@ def main() -> None:
         recs, _ = read_capture(tmp / "clients" / "capture.jsonl")
         by = {r["request"]["messages"][0]["content"]: r for r in recs}
         n_cut = sum(1 for i in range(20) if by.get(f"cut {i}", {}).get("client_disconnected"))
-        n_slow = sum(1 for i, (code, digest, _) in enumerate(slow) if code == 200 and by.get(f"slow {i}", {}).get("response", {}).get("sha256") == digest)
-        print(f"clients disconnecting mid-stream: {n_cut}/20 recorded as disconnected, {len(recs)} records for 25 requests; "
-              f"slow clients: {n_slow}/5 complete and byte-identical")
+        n_slow = sum(
+            1
+            for i, (code, digest, _) in enumerate(slow)
+            if code == 200 and by.get(f"slow {i}", {}).get("response", {}).get("sha256") == digest
+        )
+        print(
+            f"clients disconnecting mid-stream: {n_cut}/20 recorded as disconnected, {len(recs)} records for 25 requests; "
+            f"slow clients: {n_slow}/5 complete and byte-identical"
+        )
 
     # the upstream refusing connections
     dead = f"http://127.0.0.1:{free_port()}"
     proxy, url = start_proxy(dead, tmp / "refused")
-    codes = [httpx.post(url + "/v1/chat/completions", json=body(f"refused {i}", stream=False), timeout=30).status_code for i in range(20)]
+    codes = [
+        httpx.post(url + "/v1/chat/completions", json=body(f"refused {i}", stream=False), timeout=30).status_code
+        for i in range(20)
+    ]
     stop(proxy)
     recs, _ = read_capture(tmp / "refused" / "capture.jsonl")
-    print(f"upstream refusing connections: {codes.count(502)}/20 clients got 502, {len(recs)} records with upstream_error "
-          f"{sum(1 for r in recs if r.get('upstream_error'))}")
+    print(
+        f"upstream refusing connections: {codes.count(502)}/20 clients got 502, {len(recs)} records with upstream_error "
+        f"{sum(1 for r in recs if r.get('upstream_error'))}"
+    )
 
     # the upstream killed mid-stream
     srv = LlamaServer(model, ctx=8192).start()
@@ -187,9 +210,11 @@ def main() -> None:
     time.sleep(0.5)
     stop(proxy)
     recs, _ = read_capture(tmp / "killed" / "capture.jsonl")
-    print(f"upstream killed mid-stream: {len(recs)}/10 requests recorded, "
-          f"{sum(1 for r in recs if 'error' in r['response'] or r['response'].get('status') == 502)} marked failed; "
-          f"clients: {sum(1 for x in results if not isinstance(x, BaseException))} got a response")
+    print(
+        f"upstream killed mid-stream: {len(recs)}/10 requests recorded, "
+        f"{sum(1 for r in recs if 'error' in r['response'] or r['response'].get('status') == 502)} marked failed; "
+        f"clients: {sum(1 for x in results if not isinstance(x, BaseException))} got a response"
+    )
 
     # kill -9 of the proxy while it writes
     with LlamaServer(model, ctx=8192) as srv:
@@ -221,8 +246,10 @@ def main() -> None:
         asyncio.run(both())
         proxy.wait()
         missing, dup, bad, warns = check_records(tmp / "kill9" / "capture.jsonl", completed)
-        print(f"kill -9 of the proxy under load: {len(completed)} requests completed before it; missing {missing}, "
-              f"duplicated {dup}, differing {bad}; reader: {warns[0] if warns else 'no torn line'}")
+        print(
+            f"kill -9 of the proxy under load: {len(completed)} requests completed before it; missing {missing}, "
+            f"duplicated {dup}, differing {bad}; reader: {warns[0] if warns else 'no torn line'}"
+        )
 
 
 if __name__ == "__main__":

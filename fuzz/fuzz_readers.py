@@ -20,10 +20,18 @@ import atheris
 TMP = tempfile.mkdtemp(prefix="tokendiff-fuzz-")
 PATH = os.path.join(TMP, "input")
 SEEDS = {
-    "slot": [b"qsgg\x04\x00\x00\x00\x07\x00\x00\x00\xff\xff\xff\xff\x01\x00\x00\x00\x02\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00state"],
-    "capture": [b'{"schema": "tokendiff.capture/1", "seq": 1, "request": {"messages": []}}\n{"schema": "tokendiff.capture/1", "seq": 2, "patch": 1, "prompt_ids": [1]}\n'],
-    "har": [b'{"log": {"version": "1.2", "entries": [{"request": {"method": "POST", "url": "http://h/v1/chat/completions", "postData": {"text": "{\\"messages\\": []}"}}, "response": {"status": 200, "content": {"mimeType": "text/event-stream", "text": "data: {}\\n\\n"}}}]}}'],
+    "slot": [
+        b"qsgg\x04\x00\x00\x00\x07\x00\x00\x00\xff\xff\xff\xff\x01\x00\x00\x00\x02\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00state"
+    ],
+    "capture": [
+        b'{"schema": "tokendiff.capture/1", "seq": 1, "request": {"messages": []}}\n{"schema": "tokendiff.capture/1", "seq": 2, "patch": 1, "prompt_ids": [1]}\n'
+    ],
+    "har": [
+        b'{"log": {"version": "1.2", "entries": [{"request": {"method": "POST", "url": "http://h/v1/chat/completions", "postData": {"text": "{\\"messages\\": []}"}}, "response": {"status": 200, "content": {"mimeType": "text/event-stream", "text": "data: {}\\n\\n"}}}]}}'
+    ],
 }
+
+
 def make_target(name: str):
     with atheris.instrument_imports():
         from tokendiff.capture import read_capture
@@ -66,12 +74,20 @@ def main() -> None:
     names = ["slot", "capture", "har"] if args.harness == "all" else [args.harness]
     for name in names:
         t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, __file__, "--child", name, "--runs", str(args.runs)], capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, __file__, "--child", name, "--runs", str(args.runs)], capture_output=True, text=True
+        )
         done = [line for line in r.stderr.splitlines() if line.startswith("Done ")]
         status = "ok" if r.returncode == 0 else f"CRASH (exit {r.returncode})"
-        print(f"{name:8s} {done[-1] if done else r.stderr.strip().splitlines()[-1:]}  {status}  {time.perf_counter() - t0:.0f} s")
+        print(
+            f"{name:8s} {done[-1] if done else r.stderr.strip().splitlines()[-1:]}  {status}  {time.perf_counter() - t0:.0f} s"
+        )
         if r.returncode != 0:
-            print("\n".join(line for line in r.stderr.splitlines() if "Error" in line or "Traceback" in line or "File " in line)[-3000:])
+            print(
+                "\n".join(
+                    line for line in r.stderr.splitlines() if "Error" in line or "Traceback" in line or "File " in line
+                )[-3000:]
+            )
 
 
 if __name__ == "__main__":

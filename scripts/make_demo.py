@@ -80,7 +80,7 @@ Current date: {date}
 Working directory: /home/dev/parser
 Platform: linux"""
 
-TEST_FILE = '''     1\timport pytest
+TEST_FILE = """     1\timport pytest
      2\tfrom parser import parse_duration
      3\t
      4\t
@@ -92,9 +92,9 @@ TEST_FILE = '''     1\timport pytest
     10\tdef test_rejects_garbage():
     11\t    with pytest.raises(ValueError):
     12\t        parse_duration("soon")
-'''
+"""
 
-PARSER_FILE = '''     1\timport re
+PARSER_FILE = """     1\timport re
      2\t
      3\t_UNIT = {"h": 3600, "m": 60, "s": 1}
      4\t
@@ -104,7 +104,7 @@ PARSER_FILE = '''     1\timport re
      8\t    for value, unit in re.findall(r"(\\d+)([hms])", text):
      9\t        total += int(value) * _UNIT[unit]
     10\t    return total
-'''
+"""
 
 TEST_OUTPUT = """============================= test session starts ==============================
 collected 4 items
@@ -147,7 +147,10 @@ def conversation() -> list[tuple[str, list[dict], list[dict]]]:
         result(1, TEST_FILE),
     ]
     h2 = [
-        assistant("The garbage case should raise. Run the tests to see the failure.", call("run_tests", 2, target="tests/test_parser.py")),
+        assistant(
+            "The garbage case should raise. Run the tests to see the failure.",
+            call("run_tests", 2, target="tests/test_parser.py"),
+        ),
         result(2, TEST_OUTPUT),
     ]
     h3 = [
@@ -155,7 +158,9 @@ def conversation() -> list[tuple[str, list[dict], list[dict]]]:
         result(3, "a41c9e2 (dana 2026-10-02) for value, unit in re.findall(...)"),
     ]
     h4 = [
-        assistant("parse_duration returns 0 for text without units; it must raise.", call("read_file", 4, path="parser.py")),
+        assistant(
+            "parse_duration returns 0 for text without units; it must raise.", call("read_file", 4, path="parser.py")
+        ),
         result(4, PARSER_FILE),
     ]
     tools_more = sorted(TOOLS + [ON_DEMAND], key=lambda t: t["function"]["name"])
@@ -168,12 +173,49 @@ def conversation() -> list[tuple[str, list[dict], list[dict]]]:
         ("date in the system prompt changes", [sys29, user, *h1, *h2, *h3, *h4], tools_more),
         (
             "pure append: the fix",
-            [sys29, user, *h1, *h2, *h3, *h4, assistant("Raise when nothing matched.", call("apply_patch", 5, patch="--- a/parser.py\n+++ b/parser.py\n@@ -10 +10,3 @@\n-    return total\n+    if not total:\n+        raise ValueError(text)\n+    return total")), result(5, "patched parser.py")],
+            [
+                sys29,
+                user,
+                *h1,
+                *h2,
+                *h3,
+                *h4,
+                assistant(
+                    "Raise when nothing matched.",
+                    call(
+                        "apply_patch",
+                        5,
+                        patch="--- a/parser.py\n+++ b/parser.py\n@@ -10 +10,3 @@\n-    return total\n+    if not total:\n+        raise ValueError(text)\n+    return total",
+                    ),
+                ),
+                result(5, "patched parser.py"),
+            ],
             tools_more,
         ),
         (
             "new user message: earlier reasoning stripped by the template",
-            [sys29, user, *h1, *h2, *h3, *h4, assistant("Raise when nothing matched.", call("apply_patch", 5, patch="--- a/parser.py\n+++ b/parser.py\n@@ -10 +10,3 @@\n-    return total\n+    if not total:\n+        raise ValueError(text)\n+    return total")), result(5, "patched parser.py"), {"role": "assistant", "content": "Fixed: parse_duration now raises ValueError on text without a duration."}, follow],
+            [
+                sys29,
+                user,
+                *h1,
+                *h2,
+                *h3,
+                *h4,
+                assistant(
+                    "Raise when nothing matched.",
+                    call(
+                        "apply_patch",
+                        5,
+                        patch="--- a/parser.py\n+++ b/parser.py\n@@ -10 +10,3 @@\n-    return total\n+    if not total:\n+        raise ValueError(text)\n+    return total",
+                    ),
+                ),
+                result(5, "patched parser.py"),
+                {
+                    "role": "assistant",
+                    "content": "Fixed: parse_duration now raises ValueError on text without a duration.",
+                },
+                follow,
+            ],
             tools_more,
         ),
     ]
@@ -187,12 +229,31 @@ def record(out: Path) -> None:
         with LlamaServer(model, slot_dir=slots, ctx=32768) as srv, httpx.Client() as c:
             turns = []
             for k, (what, msgs, tools) in enumerate(conversation(), 1):
-                body = {"messages": msgs, "tools": tools, "max_tokens": 8, "temperature": 0, "seed": 7, "cache_prompt": True, "id_slot": 0}
+                body = {
+                    "messages": msgs,
+                    "tools": tools,
+                    "max_tokens": 8,
+                    "temperature": 0,
+                    "seed": 7,
+                    "cache_prompt": True,
+                    "id_slot": 0,
+                }
                 r = srv.chat(c, body)
                 saved = srv.save_slot(c, f"turn-{k:02d}.bin")
-                turns.append({"turn": k, "what": what, "file": f"turn-{k:02d}.bin", "request": copy.deepcopy(body),
-                              "usage": r["usage"], "timings": r["timings"], "saved": saved})
-                print(f"turn {k}: {r['usage']['prompt_tokens']:5d} prompt tokens, cache_n {r['timings']['cache_n']:5d}  {what}")
+                turns.append(
+                    {
+                        "turn": k,
+                        "what": what,
+                        "file": f"turn-{k:02d}.bin",
+                        "request": copy.deepcopy(body),
+                        "usage": r["usage"],
+                        "timings": r["timings"],
+                        "saved": saved,
+                    }
+                )
+                print(
+                    f"turn {k}: {r['usage']['prompt_tokens']:5d} prompt tokens, cache_n {r['timings']['cache_n']:5d}  {what}"
+                )
             server = {"props": c.get(f"{srv.url}/props").json(), "models": c.get(f"{srv.url}/v1/models").json()}
         if out.exists():
             shutil.rmtree(out)
@@ -203,7 +264,16 @@ def record(out: Path) -> None:
         server["props"].pop(key, None)
     for m in server["models"].get("data", []):
         m["id"] = "tokendiff-tiny"
-    (out / "session.json").write_text(json.dumps({"tinygguf": spec.__dict__ | {"tokenizer": "bundled", "config": "bundled"}, "server": server, "turns": turns}, indent=1))
+    (out / "session.json").write_text(
+        json.dumps(
+            {
+                "tinygguf": spec.__dict__ | {"tokenizer": "bundled", "config": "bundled"},
+                "server": server,
+                "turns": turns,
+            },
+            indent=1,
+        )
+    )
 
 
 AGENT_SYSTEM = """You are Forge, a careful coding agent working in the repository at /home/dev/parser.
@@ -226,13 +296,38 @@ def agent_turns() -> list[tuple[str, list[dict], list[dict]]]:
 
     user1 = {"role": "user", "content": "tests/test_parser.py fails on CI. Find out why and fix it."}
     steps = [
-        (assistant("Start by reading the failing test.", call("read_file", 1, path="tests/test_parser.py")), result(1, TEST_FILE)),
-        (assistant("Run the tests to see the failure.", call("run_tests", 2, target="tests/test_parser.py")), result(2, TEST_OUTPUT)),
+        (
+            assistant("Start by reading the failing test.", call("read_file", 1, path="tests/test_parser.py")),
+            result(1, TEST_FILE),
+        ),
+        (
+            assistant("Run the tests to see the failure.", call("run_tests", 2, target="tests/test_parser.py")),
+            result(2, TEST_OUTPUT),
+        ),
         (assistant("Read the parser.", call("read_file", 3, path="parser.py")), result(3, PARSER_FILE)),
-        (assistant("Who wrote the loop?", call("git_blame", 4, path="parser.py")), result(4, "a41c9e2 (dana 2026-10-02) for value, unit in re.findall(...)")),
-        (assistant("Raise when nothing matched.", call("apply_patch", 5, patch="--- a/parser.py\n+++ b/parser.py\n@@ -10 +10,3 @@\n-    return total\n+    if not total:\n+        raise ValueError(text)\n+    return total")), result(5, "patched parser.py")),
-        (assistant("Run the tests again.", call("run_tests", 6, target="tests/test_parser.py")), result(6, "4 passed in 0.03s")),
-        (assistant("Check the other callers.", call("grep", 7, pattern="parse_duration", path=".")), result(7, "cli.py:14: seconds = parse_duration(args.timeout)")),
+        (
+            assistant("Who wrote the loop?", call("git_blame", 4, path="parser.py")),
+            result(4, "a41c9e2 (dana 2026-10-02) for value, unit in re.findall(...)"),
+        ),
+        (
+            assistant(
+                "Raise when nothing matched.",
+                call(
+                    "apply_patch",
+                    5,
+                    patch="--- a/parser.py\n+++ b/parser.py\n@@ -10 +10,3 @@\n-    return total\n+    if not total:\n+        raise ValueError(text)\n+    return total",
+                ),
+            ),
+            result(5, "patched parser.py"),
+        ),
+        (
+            assistant("Run the tests again.", call("run_tests", 6, target="tests/test_parser.py")),
+            result(6, "4 passed in 0.03s"),
+        ),
+        (
+            assistant("Check the other callers.", call("grep", 7, pattern="parse_duration", path=".")),
+            result(7, "cli.py:14: seconds = parse_duration(args.timeout)"),
+        ),
     ]
     tools_more = sorted(TOOLS + [ON_DEMAND], key=lambda t: t["function"]["name"])
     # turn k sends the first k-1 steps; (notes, date, tools) as the agent had them at turn k
@@ -250,7 +345,10 @@ def agent_turns() -> list[tuple[str, list[dict], list[dict]]]:
     done += [{"role": "assistant", "content": "Fixed: parse_duration raises ValueError on text without a duration."},
              {"role": "user", "content": "Good. Also make it accept uppercase units like 2H."}]  # fmt: skip
     turns.append(("new user message: earlier reasoning stripped by the template", done, tools_more))
-    more = done + [assistant("Lower-case the text first.", call("read_file", 8, path="parser.py")), result(8, PARSER_FILE)]
+    more = done + [
+        assistant("Lower-case the text first.", call("read_file", 8, path="parser.py")),
+        result(8, PARSER_FILE),
+    ]
     turns.append(("append", more, tools_more))
     return turns
 

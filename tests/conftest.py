@@ -25,7 +25,11 @@ TOOLS = [
         "function": {
             "name": name,
             "description": desc,
-            "parameters": {"type": "object", "properties": {"q": {"type": "string", "description": "query"}}, "required": ["q"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"q": {"type": "string", "description": "query"}},
+                "required": ["q"],
+            },
         },
     }
     for name, desc in [

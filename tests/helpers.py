@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 MAGIC_GGSQ = 0x67677371
 MAGIC_GGSN = 0x6767736E
@@ -24,8 +24,14 @@ def packed_payload(tokens: Sequence[int], media: Sequence[tuple[int, bytes]] = (
     return out
 
 
-def slot_bytes(payload: bytes, *, magic: int = MAGIC_GGSQ, version: int = 4, state: bytes = b"\x01" * 64,
-               n_words: int | None = None) -> bytes:
+def slot_bytes(
+    payload: bytes,
+    *,
+    magic: int = MAGIC_GGSQ,
+    version: int = 4,
+    state: bytes = b"\x01" * 64,
+    n_words: int | None = None,
+) -> bytes:
     n = len(payload) // 4 if n_words is None else n_words
     return struct.pack("<III", magic, version, n) + payload + state
 

@@ -62,7 +62,18 @@ def test_json_schema(pair):
     r = run("diff", str(a), str(b), "--json")
     doc = json.loads(r.stdout)
     assert r.returncode == 1
-    assert set(doc) == {"schema", "identical", "a", "b", "tokenizer", "lcp_tokens", "reusable_fraction", "recompute_tokens", "first_divergence", "hunks"}
+    assert set(doc) == {
+        "schema",
+        "identical",
+        "a",
+        "b",
+        "tokenizer",
+        "lcp_tokens",
+        "reusable_fraction",
+        "recompute_tokens",
+        "first_divergence",
+        "hunks",
+    }
     f = doc["first_divergence"]
     assert f["byte"] == HEAD.index("11-28") + 4 and f["a_section"] == "system prompt" and f["boundary"] is False
     assert doc["hunks"][0]["a"]["tokens"] == [doc["lcp_tokens"], doc["lcp_tokens"] + 1]
@@ -97,7 +108,11 @@ def test_ids_outside_vocab_suggest_tokenizer(tmp_path, pair):
 
 def test_wrong_tokenizer_is_refused(tmp_path, pair):
     a, b = pair
-    small = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}, "added_tokens": [], "decoder": {"type": "ByteLevel"}}
+    small = {
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+        "added_tokens": [],
+        "decoder": {"type": "ByteLevel"},
+    }
     tj = tmp_path / "tok" / "tokenizer.json"
     tj.parent.mkdir()
     tj.write_text(json.dumps(small))

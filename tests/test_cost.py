@@ -49,7 +49,18 @@ def test_agent_session_turns(agent):
         assert t.reported_cached == rec["response"]["timings"]["cache_n"]
         assert t.reuse["llama.cpp"] == t.reported_cached  # the prediction is the server's count
         assert t.note == ""
-    assert [t.cause for t in s.turns] == ["", "", "counter", "", "tool_set", "counter", "date", "", "reasoning_stripped", ""]
+    assert [t.cause for t in s.turns] == [
+        "",
+        "",
+        "counter",
+        "",
+        "tool_set",
+        "counter",
+        "date",
+        "",
+        "reasoning_stripped",
+        "",
+    ]
     assert s.wasted_tokens == sum(t.wasted for t in s.turns) == sum(sp.tokens for sp in s.spans)
     assert s.total_tokens == sum(len(p) for p in prompts)
     frame = turn_frame(s)
@@ -73,7 +84,9 @@ def _local_reuse(records, fix) -> int:
 def render_template(tmpl, body):
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    out, _ = render_jinja_template(conversations=[body["messages"]], tools=body.get("tools"), chat_template=tmpl, add_generation_prompt=True)
+    out, _ = render_jinja_template(
+        conversations=[body["messages"]], tools=body.get("tools"), chat_template=tmpl, add_generation_prompt=True
+    )
     return out[0]
 
 
@@ -113,7 +126,11 @@ def test_spans_ranked_as_fixing_them_would_pay(agent):
 
 def test_alternating_prefixes_are_noticed(vocab):
     def prompt(kind, n):
-        text = render("Qwen-Qwen3-0.6B.jinja", [{"role": "system", "content": f"You are the {kind} agent. " * 40}] + [{"role": "user", "content": f"step {i}"} for i in range(n)])
+        text = render(
+            "Qwen-Qwen3-0.6B.jinja",
+            [{"role": "system", "content": f"You are the {kind} agent. " * 40}]
+            + [{"role": "user", "content": f"step {i}"} for i in range(n)],
+        )
         return prompt_from_ids(qwen_encode(text), vocab)
 
     s = analyse([prompt("main", 1), prompt("title", 1), prompt("main", 2), prompt("title", 2)])

@@ -69,7 +69,16 @@ def test_reasoning_stripped_on_new_user_message(prompts):
 
 def test_readme_first_command_runs():
     r = subprocess.run(
-        [sys.executable, "-m", "tokendiff", "diff", str(DEMO / "turn-04.bin"), str(DEMO / "turn-05.bin"), "--color", "never"],
+        [
+            sys.executable,
+            "-m",
+            "tokendiff",
+            "diff",
+            str(DEMO / "turn-04.bin"),
+            str(DEMO / "turn-05.bin"),
+            "--color",
+            "never",
+        ],
         capture_output=True,
         text=True,
     )

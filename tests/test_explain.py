@@ -38,7 +38,11 @@ def first(a, b):
 def test_reasoning_stripped_by_qwen3_on_a_new_user_message(vocab):
     msgs = copy.deepcopy(CONVERSATION[:3])  # the tool call, reasoning kept (after the last user message)
     a = qwen_prompt(vocab, msgs, add_generation_prompt=False)
-    msgs += [{"role": "tool", "content": "18 C"}, {"role": "assistant", "content": "18 C."}, {"role": "user", "content": "Thanks"}]
+    msgs += [
+        {"role": "tool", "content": "18 C"},
+        {"role": "assistant", "content": "18 C."},
+        {"role": "user", "content": "Thanks"},
+    ]
     b = qwen_prompt(vocab, msgs)
     f, _, d = first(a, b)
     assert f.kind == "reasoning_stripped" and f.origin == "template"
@@ -60,8 +64,18 @@ def test_client_dropping_reasoning(vocab):
 def test_llama32_injected_date_is_the_templates():
     specials = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
     msgs = [{"role": "user", "content": "Hi"}]
-    a = prompt_from_text(render("meta-llama-Llama-3.2-3B-Instruct.jinja", msgs, bos_token="<|begin_of_text|>", date_string="28 Nov 2026"), specials)
-    b = prompt_from_text(render("meta-llama-Llama-3.2-3B-Instruct.jinja", msgs, bos_token="<|begin_of_text|>", date_string="29 Nov 2026"), specials)
+    a = prompt_from_text(
+        render(
+            "meta-llama-Llama-3.2-3B-Instruct.jinja", msgs, bos_token="<|begin_of_text|>", date_string="28 Nov 2026"
+        ),
+        specials,
+    )
+    b = prompt_from_text(
+        render(
+            "meta-llama-Llama-3.2-3B-Instruct.jinja", msgs, bos_token="<|begin_of_text|>", date_string="29 Nov 2026"
+        ),
+        specials,
+    )
     f, _, _ = first(a, b)
     assert f.kind == "date" and f.origin == "template"
     assert "'28 Nov 2026' -> '29 Nov 2026'" in f.evidence
@@ -69,7 +83,10 @@ def test_llama32_injected_date_is_the_templates():
 
 def test_client_date_in_system_prompt_from_request_fields(vocab):
     def msgs(day):
-        return [{"role": "system", "content": f"You are an agent. Now: 2026-11-{day} 23:59."}, {"role": "user", "content": "hi"}]
+        return [
+            {"role": "system", "content": f"You are an agent. Now: 2026-11-{day} 23:59."},
+            {"role": "user", "content": "hi"},
+        ]
 
     a = qwen_prompt(vocab, msgs(28), fields=True)
     b = qwen_prompt(vocab, msgs(29), fields=True)
@@ -83,7 +100,11 @@ def test_client_date_in_system_prompt_from_request_fields(vocab):
     [
         ([TOOLS[1], TOOLS[0], TOOLS[2]], "tool_order", "3 tools, same names"),
         (TOOLS[:2], "tool_set", "-web_extract"),
-        (TOOLS + [{"type": "function", "function": {"name": "git_blame", "description": "x", "parameters": {}}}], "tool_set", "+git_blame"),
+        (
+            TOOLS + [{"type": "function", "function": {"name": "git_blame", "description": "x", "parameters": {}}}],
+            "tool_set",
+            "+git_blame",
+        ),
     ],
 )
 def test_tools_reordered_or_changed(vocab, tools_b, kind, words):
@@ -103,7 +124,12 @@ def test_empty_think_prefill_on_the_generation_prompt(vocab):
     """Qwen3 with enable_thinking=false: the generation prompt's empty think block vanishes from history."""
     msgs = [{"role": "user", "content": "Hi"}]
     a = qwen_prompt(vocab, msgs, tools=None, enable_thinking=False)
-    b = qwen_prompt(vocab, msgs + [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}], tools=None, enable_thinking=False)
+    b = qwen_prompt(
+        vocab,
+        msgs + [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}],
+        tools=None,
+        enable_thinking=False,
+    )
     d = align(a, b)
     fs = explain(a, b, d)
     assert fs[0].kind == "empty_think_prefill" and fs[0].origin == "template"
@@ -161,7 +187,13 @@ def test_tool_call_ids_regenerated_in_a_mistral_render(vocab):
 
 def test_billing_header_nonce(vocab):
     def msgs(n):
-        return [{"role": "system", "content": f"x-anthropic-billing-header: cc_version=2.1.4; cc_entrypoint=cli; cch={n};\nYou are Claude Code."}, {"role": "user", "content": "hi"}]
+        return [
+            {
+                "role": "system",
+                "content": f"x-anthropic-billing-header: cc_version=2.1.4; cc_entrypoint=cli; cch={n};\nYou are Claude Code.",
+            },
+            {"role": "user", "content": "hi"},
+        ]
 
     f, _, _ = first(qwen_prompt(vocab, msgs("3f2a1")), qwen_prompt(vocab, msgs("9b7c4")))
     assert f.kind == "nonce" and "billing" in f.evidence
@@ -171,13 +203,19 @@ def test_uuid_nonce(vocab):
     def msgs(u):
         return [{"role": "system", "content": f"benchmark_id: {u}\nYou are terse."}, {"role": "user", "content": "hi"}]
 
-    f, _, _ = first(qwen_prompt(vocab, msgs("0b6f2e1c-7d7e-4a55-9f51-2c0d3e5a8b11")), qwen_prompt(vocab, msgs("9e1d0a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b")))
+    f, _, _ = first(
+        qwen_prompt(vocab, msgs("0b6f2e1c-7d7e-4a55-9f51-2c0d3e5a8b11")),
+        qwen_prompt(vocab, msgs("9e1d0a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b")),
+    )
     assert f.kind == "nonce"
 
 
 def test_memory_counter(vocab):
     def msgs(n):
-        return [{"role": "system", "content": f"You are an agent.\nMemory: {n} items stored."}, {"role": "user", "content": "hi"}]
+        return [
+            {"role": "system", "content": f"You are an agent.\nMemory: {n} items stored."},
+            {"role": "user", "content": "hi"},
+        ]
 
     f, _, _ = first(qwen_prompt(vocab, msgs(41)), qwen_prompt(vocab, msgs(42)))
     assert f.kind == "counter" and "'41' -> '42'" in f.evidence
@@ -195,9 +233,17 @@ def test_history_pruned_in_place(vocab):
 
 def test_system_message_moved_to_the_front(vocab):
     reminder = "Reminder: you have 5000 tokens of context left."
-    base = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
-    a = qwen_prompt(vocab, base + [{"role": "user", "content": "u2"}, {"role": "system", "content": reminder}], tools=None)
-    merged = [{"role": "system", "content": "You are terse.\n" + reminder}] + base[1:] + [{"role": "user", "content": "u2"}]
+    base = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+    ]
+    a = qwen_prompt(
+        vocab, base + [{"role": "user", "content": "u2"}, {"role": "system", "content": reminder}], tools=None
+    )
+    merged = (
+        [{"role": "system", "content": "You are terse.\n" + reminder}] + base[1:] + [{"role": "user", "content": "u2"}]
+    )
     b = qwen_prompt(vocab, merged, tools=None)
     f, _, _ = first(a, b)
     assert f.kind == "system_moved"
@@ -206,7 +252,10 @@ def test_system_message_moved_to_the_front(vocab):
 def test_truncation_drops_old_turns(vocab):
     turns = [{"role": "system", "content": "You are terse."}]
     for i in range(6):
-        turns += [{"role": "user", "content": f"question {i} " * 20}, {"role": "assistant", "content": f"answer {i} " * 20}]
+        turns += [
+            {"role": "user", "content": f"question {i} " * 20},
+            {"role": "assistant", "content": f"answer {i} " * 20},
+        ]
     a = qwen_prompt(vocab, turns + [{"role": "user", "content": "next"}], tools=None)
     b = qwen_prompt(vocab, turns[:1] + turns[3:] + [{"role": "user", "content": "next"}], tools=None)
     f, _, _ = first(a, b)
@@ -223,7 +272,9 @@ def test_bpe_boundary(vocab):
 
 def test_double_bos():
     specials = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-    text = render("meta-llama-Llama-3.1-8B-Instruct.jinja", [{"role": "user", "content": "Hi"}], bos_token="<|begin_of_text|>")
+    text = render(
+        "meta-llama-Llama-3.1-8B-Instruct.jinja", [{"role": "user", "content": "Hi"}], bos_token="<|begin_of_text|>"
+    )
     a = prompt_from_text(text, specials)
     b = prompt_from_text("<|begin_of_text|>" + text, specials)
     f, _, _ = first(a, b)

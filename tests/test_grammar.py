@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pytest
 from conftest import (
-    CONVERSATION, TOOLS, owner_spelled, prompt_from_ids, prompt_from_text, qwen_encode, render, spell, token_at,
+    CONVERSATION,
+    TOOLS,
+    owner_spelled,
+    prompt_from_ids,
+    prompt_from_text,
+    qwen_encode,
+    render,
+    spell,
+    token_at,
     with_ids,
 )
 
@@ -72,8 +80,17 @@ def test_qwen3_reasoning_in_latest_turn_and_generated_tail(vocab):
 
 
 def test_llama31_tools_in_first_user_message_and_date():
-    specials = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"]
-    text = render("meta-llama-Llama-3.1-8B-Instruct.jinja", with_ids(CONVERSATION), TOOLS, bos_token="<|begin_of_text|>")
+    specials = [
+        "<|begin_of_text|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|python_tag|>",
+    ]
+    text = render(
+        "meta-llama-Llama-3.1-8B-Instruct.jinja", with_ids(CONVERSATION), TOOLS, bos_token="<|begin_of_text|>"
+    )
     p = prompt_from_text(text, specials)
     assert detect_family(p) == "llama3"
     assert labels(p)[:8] == [
@@ -92,7 +109,9 @@ def test_llama31_tools_in_first_user_message_and_date():
 
 
 def test_hermes3_tools_in_their_own_system_turn():
-    text = render("NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", CONVERSATION, TOOLS, bos_token="<|begin_of_text|>")
+    text = render(
+        "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", CONVERSATION, TOOLS, bos_token="<|begin_of_text|>"
+    )
     p = prompt_from_text(text, ["<|begin_of_text|>", "<|im_start|>", "<|im_end|>"])
     got = labels(p)
     assert got[:2] == ["bos", "message[0] system"]
@@ -102,8 +121,20 @@ def test_hermes3_tools_in_their_own_system_turn():
 
 
 def test_mistral_nemo_tools_before_last_user_message():
-    specials = ["<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]
-    text = render("mistralai-Mistral-Nemo-Instruct-2407.jinja", with_ids(CONVERSATION), TOOLS, bos_token="<s>", eos_token="</s>")
+    specials = [
+        "<s>",
+        "</s>",
+        "[INST]",
+        "[/INST]",
+        "[AVAILABLE_TOOLS]",
+        "[/AVAILABLE_TOOLS]",
+        "[TOOL_CALLS]",
+        "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]",
+    ]
+    text = render(
+        "mistralai-Mistral-Nemo-Instruct-2407.jinja", with_ids(CONVERSATION), TOOLS, bos_token="<s>", eos_token="</s>"
+    )
     p = prompt_from_text(text, specials)
     assert detect_family(p) == "mistral"
     assert labels(p) == [
@@ -156,7 +187,15 @@ def test_deepseek_v31_tool_calls_and_outputs():
 
 
 def test_gemma_model_role_is_assistant():
-    text = render("google-gemma-2-2b-it.jinja", [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}], bos_token="<bos>")
+    text = render(
+        "google-gemma-2-2b-it.jinja",
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Bye"},
+        ],
+        bos_token="<bos>",
+    )
     p = prompt_from_text(text, ["<bos>", "<start_of_turn>", "<end_of_turn>"])
     assert labels(p) == ["bos", "message[0] user", "message[1] assistant", "message[2] user", "generation_prompt"]
 

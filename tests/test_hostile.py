@@ -20,7 +20,9 @@ from tokendiff.slotfile import read_slot_file
 
 
 def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tokendiff", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tokendiff", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def _har(text: str | None = None, b64: str | None = None) -> dict:
@@ -29,7 +31,17 @@ def _har(text: str | None = None, b64: str | None = None) -> dict:
         post["text"] = text
     if b64 is not None:
         post.update(text=b64, encoding="base64")
-    return {"log": {"version": "1.2", "entries": [{"request": {"method": "POST", "url": "http://h/v1/chat/completions", "postData": post}, "response": {"status": 200, "content": {}}}]}}
+    return {
+        "log": {
+            "version": "1.2",
+            "entries": [
+                {
+                    "request": {"method": "POST", "url": "http://h/v1/chat/completions", "postData": post},
+                    "response": {"status": 200, "content": {}},
+                }
+            ],
+        }
+    }
 
 
 def corpus(tmp):
@@ -54,7 +66,12 @@ def corpus(tmp):
         ("log.txt", b"<|im_start|>user\n\xc3\x28<|im_end|>", "", "not UTF-8"),
         ("bin.txt", b"<|im_start|>user\n\x00\x01<|im_end|>", "", "binary data"),
         ("torn.jsonl", b'{"schema": "tokendiff.capture/1", "seq": 1, "req', "@1", "request 1 is out of range"),
-        ("bad.jsonl", b'{"schema": "tokendiff.capture/1", "seq": 1, "request": {}}\n\xff\xfe\n{"schema": "tokendiff.capture/1", "seq": 2, "request": {}}\n', "@1", "line 2: malformed capture record"),
+        (
+            "bad.jsonl",
+            b'{"schema": "tokendiff.capture/1", "seq": 1, "request": {}}\n\xff\xfe\n{"schema": "tokendiff.capture/1", "seq": 2, "request": {}}\n',
+            "@1",
+            "line 2: malformed capture record",
+        ),
         ("garbage.har", json.dumps(_har(b64="!!not base64!!")).encode(), "@1", "invalid base64"),
         ("binary.har", json.dumps(_har(b64=base64.b64encode(bytes(range(256))).decode())).encode(), "@1", "not UTF-8"),
         ("nested.har", json.dumps(_har(text=deep_body)).encode(), "@1", "not JSON"),
@@ -131,7 +148,13 @@ def test_slot_round_trip(tmp_path, tokens, packed, version, state):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8), lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4), max_leaves=20))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
+        max_leaves=20,
+    )
+)
 def test_importers_take_any_json(tmp_path, doc):
     from tokendiff.importers.har import read_har
     from tokendiff.importers.openai_body import read_body
@@ -146,7 +169,10 @@ def test_importers_take_any_json(tmp_path, doc):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from([151644, 151645, 198, 872, 8948, 9707, 1879, 0, 42, 151667]), max_size=60), st.lists(st.sampled_from([151644, 151645, 198, 872, 8948, 9707, 1879, 0, 42, 151667]), max_size=60))
+@given(
+    st.lists(st.sampled_from([151644, 151645, 198, 872, 8948, 9707, 1879, 0, 42, 151667]), max_size=60),
+    st.lists(st.sampled_from([151644, 151645, 198, 872, 8948, 9707, 1879, 0, 42, 151667]), max_size=60),
+)
 def test_byte_offsets_consistent_with_token_bytes(vocab, a_ids, b_ids):
     from conftest import prompt_from_ids
 

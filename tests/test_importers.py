@@ -40,7 +40,13 @@ def body(n_msgs: int, tools=TOOLS) -> dict:
 def test_capture_round_trip_scrubs_secrets_and_is_private(tmp_path):
     path = tmp_path / "new" / "capture.jsonl"
     with CaptureWriter(path) as w:
-        w.append({"source": "test", "request": {**body(2), "api_key": "sk-1"}, "headers": {"Authorization": "Bearer x", "x-api-key": "k"}})
+        w.append(
+            {
+                "source": "test",
+                "request": {**body(2), "api_key": "sk-1"},
+                "headers": {"Authorization": "Bearer x", "x-api-key": "k"},
+            }
+        )
         w.append({"source": "test", "request": body(4)})
     records, warnings = read_capture(path)
     assert [r["seq"] for r in records] == [1, 2] and warnings == []
@@ -72,7 +78,10 @@ def test_torn_last_line_is_reported_and_skipped(tmp_path):
 @pytest.mark.parametrize(
     "content, words",
     [
-        (b'{"schema": "tokendiff.capture/1", "seq": 1, "request": {}}\n{oops}\n{"schema": "tokendiff.capture/1", "seq": 3, "request": {}}\n', "line 2: malformed capture record"),
+        (
+            b'{"schema": "tokendiff.capture/1", "seq": 1, "request": {}}\n{oops}\n{"schema": "tokendiff.capture/1", "seq": 3, "request": {}}\n',
+            "line 2: malformed capture record",
+        ),
         (b'{"schema": "tokendiff.capture/9", "seq": 1, "request": {}}\n', "unknown capture schema"),
         (b'{"schema": "tokendiff.capture/1", "seq": 1}\n', "no request object"),
     ],
@@ -124,9 +133,20 @@ def test_custom_chat_template(tmp_path):
     from conftest import TEMPLATES
 
     (tmp_path / "a.json").write_text(json.dumps(body(2)))
-    r = run("diff", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--chat-template", str(TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"))
+    r = run(
+        "diff",
+        str(tmp_path / "a.json"),
+        str(tmp_path / "a.json"),
+        "--chat-template",
+        str(TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"),
+    )
     assert r.returncode == 0
-    one_line(run("diff", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--chat-template", str(tmp_path / "none.jinja")), "cannot read chat template")
+    one_line(
+        run(
+            "diff", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--chat-template", str(tmp_path / "none.jinja")
+        ),
+        "cannot read chat template",
+    )
 
 
 # ---------------------------------------------------------------- HAR
@@ -136,30 +156,48 @@ def _har(entries):
     return {"log": {"version": "1.2", "creator": {"name": "test", "version": "1"}, "entries": entries}}
 
 
-def _entry(req_body, resp_text, mime="application/json", encoding=None, url="http://127.0.0.1:8080/v1/chat/completions"):
+def _entry(
+    req_body, resp_text, mime="application/json", encoding=None, url="http://127.0.0.1:8080/v1/chat/completions"
+):
     content = {"mimeType": mime, "text": resp_text}
     if encoding:
         content["encoding"] = encoding
     return {
         "startedDateTime": "2026-11-29T10:00:00.000Z",
         "time": 1234.5,
-        "request": {"method": "POST", "url": url, "headers": [{"name": "Authorization", "value": "Bearer secret"}],
-                    "postData": {"mimeType": "application/json", "text": json.dumps(req_body)}},
+        "request": {
+            "method": "POST",
+            "url": url,
+            "headers": [{"name": "Authorization", "value": "Bearer secret"}],
+            "postData": {"mimeType": "application/json", "text": json.dumps(req_body)},
+        },
         "response": {"status": 200, "content": content},
         "timings": {"send": 1, "wait": 812.0, "receive": 400},
     }
 
 
 def test_har_streamed_and_base64_responses(tmp_path):
-    sse = "".join(
-        f"data: {json.dumps(c)}\n\n"
-        for c in [
-            {"choices": [{"delta": {"content": "Hel"}}]},
-            {"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]},
-            {"choices": [], "usage": {"prompt_tokens": 300, "completion_tokens": 2}, "timings": {"cache_n": 250, "prompt_n": 50}},
-        ]
-    ) + "data: [DONE]\n\n"
-    plain = json.dumps({"choices": [{"message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}], "usage": {"prompt_tokens": 100}})
+    sse = (
+        "".join(
+            f"data: {json.dumps(c)}\n\n"
+            for c in [
+                {"choices": [{"delta": {"content": "Hel"}}]},
+                {"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]},
+                {
+                    "choices": [],
+                    "usage": {"prompt_tokens": 300, "completion_tokens": 2},
+                    "timings": {"cache_n": 250, "prompt_n": 50},
+                },
+            ]
+        )
+        + "data: [DONE]\n\n"
+    )
+    plain = json.dumps(
+        {
+            "choices": [{"message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 100},
+        }
+    )
     har = _har([
         {"request": {"method": "GET", "url": "http://127.0.0.1:8080/v1/models"}, "response": {"status": 200, "content": {}}},
         _entry(body(2), sse, mime="text/event-stream"),
@@ -185,7 +223,12 @@ def test_har_streamed_and_base64_responses(tmp_path):
         ({"nolog": 1}, "not a HAR file"),
         (_har([_entry(body(2), "!!!", encoding="base64")]), "entry 0 response: invalid base64"),
         (_har([_entry(body(2), base64.b64encode(b"\xff\xfe\x00").decode(), encoding="base64")]), "not UTF-8"),
-        (_har([{"request": {"method": "POST", "url": "http://h/v1/chat/completions", "postData": {"text": "{bad"}}}]), "entry 0: request body of /v1/chat/completions is not JSON"),
+        (
+            _har(
+                [{"request": {"method": "POST", "url": "http://h/v1/chat/completions", "postData": {"text": "{bad"}}}]
+            ),
+            "entry 0: request body of /v1/chat/completions is not JSON",
+        ),
         (_har(["x"]), "entry 0: entry has no request"),
     ],
 )

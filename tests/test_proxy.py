@@ -19,8 +19,22 @@ from tokendiff.testing.proxy_process import stop_proxy
 
 SECRET = "sk-live-DO-NOT-RECORD-4242"
 TOOLS = [
-    {"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
-    {"type": "function", "function": {"name": "run_tests", "description": "Run the tests.", "parameters": {"type": "object", "properties": {}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run_tests",
+            "description": "Run the tests.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
 ]
 
 
@@ -50,8 +64,17 @@ def test_openai_sdk_through_proxy_is_recorded_once_with_tokens(server, tmp_path)
         msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Read main.py"}]
         r1 = client.chat.completions.create(model="tiny", messages=msgs, tools=TOOLS, max_tokens=4, temperature=0)
         msgs2 = msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "Now run the tests"}]
-        chunks = list(client.chat.completions.create(model="tiny", messages=msgs2, tools=TOOLS, max_tokens=4, temperature=0,
-                                                     stream=True, stream_options={"include_usage": True}))
+        chunks = list(
+            client.chat.completions.create(
+                model="tiny",
+                messages=msgs2,
+                tools=TOOLS,
+                max_tokens=4,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         models = client.models.list()  # passed through, not recorded
     finally:
         err = stop(proc)
@@ -64,7 +87,10 @@ def test_openai_sdk_through_proxy_is_recorded_once_with_tokens(server, tmp_path)
     first, second = records
     assert first["request"]["messages"] == msgs and second["request"]["stream"] is True
     assert first["response"]["status"] == 200 and first["response"]["usage"]["prompt_tokens"] == r1.usage.prompt_tokens
-    assert second["response"]["streamed"] and second["response"]["usage"]["prompt_tokens"] == chunks[-1].usage.prompt_tokens
+    assert (
+        second["response"]["streamed"]
+        and second["response"]["usage"]["prompt_tokens"] == chunks[-1].usage.prompt_tokens
+    )
     for r in records:
         assert len(r["prompt_ids"]) == r["response"]["usage"]["prompt_tokens"]
         assert r["ttft_ms"] > 0 and r["total_ms"] >= r["ttft_ms"]
@@ -79,7 +105,11 @@ def test_openai_sdk_through_proxy_is_recorded_once_with_tokens(server, tmp_path)
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o700
     assert (out / "props.json").is_file()
     # and the capture diffs from the shell, sections named by request field
-    r = subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{capture}@1", f"{capture}@2", "--json"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "diff", f"{capture}@1", f"{capture}@2", "--json"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     assert doc["lcp_tokens"] == lcp
@@ -141,18 +171,29 @@ def test_concurrent_clients_each_recorded_once(server, tmp_path):
     # what each client received is byte for byte what the proxy read from the upstream
     sha = {r["request"]["messages"][0]["content"]: r["response"]["sha256"] for r in records}
     assert all(sha[content] == digest for _, content, digest in results)
-    assert sorted(r["request"]["messages"][0]["content"] for r in records) == sorted(f"request number {i}" for i in range(40))
+    assert sorted(r["request"]["messages"][0]["content"] for r in records) == sorted(
+        f"request number {i}" for i in range(40)
+    )
 
 
 def test_client_disconnect_mid_stream_is_recorded(server, tmp_path):
     out = tmp_path / "s"
     proc, url = start_proxy(server.url, out, "--no-tokens")
     try:
-        body = {"messages": [{"role": "user", "content": "talk"}], "max_tokens": 3000, "stream": True, "ignore_eos": True}
+        body = {
+            "messages": [{"role": "user", "content": "talk"}],
+            "max_tokens": 3000,
+            "stream": True,
+            "ignore_eos": True,
+        }
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
             for _ in r.iter_raw():
                 break  # the client goes away after the first chunk
-        ok = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "after"}], "max_tokens": 2}, timeout=120)
+        ok = httpx.post(
+            url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "after"}], "max_tokens": 2},
+            timeout=120,
+        )
         time.sleep(1.0)
     finally:
         stop(proc)
@@ -168,7 +209,13 @@ def test_client_disconnect_mid_stream_is_recorded(server, tmp_path):
 
 READ_CALL = [
     {"role": "user", "content": "Read main.py"},
-    {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"main.py"}'}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"main.py"}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "c1", "content": "print(1)"},
 ]
 
@@ -177,10 +224,16 @@ def record_and_diff(server, out, msgs) -> subprocess.CompletedProcess:
     """Send one request through the proxy, then diff the recorded turn with itself."""
     proc, url = start_proxy(server.url, out)
     try:
-        httpx.post(url + "/v1/chat/completions", json={"messages": msgs, "tools": TOOLS, "max_tokens": 2}, timeout=120).raise_for_status()
+        httpx.post(
+            url + "/v1/chat/completions", json={"messages": msgs, "tools": TOOLS, "max_tokens": 2}, timeout=120
+        ).raise_for_status()
     finally:
         stop(proc)
-    return subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{out}/capture.jsonl@1", f"{out}/capture.jsonl@1", "--json"], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "tokendiff", "diff", f"{out}/capture.jsonl@1", f"{out}/capture.jsonl@1", "--json"],
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_server_renders_differently_is_reported(server, tmp_path):
@@ -207,8 +260,17 @@ def test_upstream_killed_mid_stream_is_recorded(llama_server_bin, tiny_model, tm
     srv = LlamaServer(tiny_model, ctx=4096).start()
     proc, url = start_proxy(srv.url, out, "--no-tokens")
     try:
-        httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "before"}], "max_tokens": 2}, timeout=60)
-        body = {"messages": [{"role": "user", "content": "doomed"}], "max_tokens": 3000, "stream": True, "ignore_eos": True}
+        httpx.post(
+            url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "before"}], "max_tokens": 2},
+            timeout=60,
+        )
+        body = {
+            "messages": [{"role": "user", "content": "doomed"}],
+            "max_tokens": 3000,
+            "stream": True,
+            "ignore_eos": True,
+        }
         got = b""
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
             status = r.status_code
@@ -249,6 +311,7 @@ def test_listening_beyond_loopback_warns(tmp_path):
 def test_anthropic_messages_as_claude_code_sends_them(server, tmp_path):
     """/v1/messages through the proxy: recorded, converted as llama-server converts it (the
     billing-header nonce pinned), so the fetched IDs are the ones the server cached."""
+
     def body(nonce: str, extra: list) -> dict:
         return {
             "model": "claude", "max_tokens": 2,
@@ -259,8 +322,19 @@ def test_anthropic_messages_as_claude_code_sends_them(server, tmp_path):
         }  # fmt: skip
 
     turn2 = [
-        {"role": "assistant", "content": [{"type": "text", "text": "Reading."}, {"type": "tool_use", "id": "toolu_01", "name": "Read", "input": {"path": "main.py"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": [{"type": "text", "text": "print(1)"}]}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Reading."},
+                {"type": "tool_use", "id": "toolu_01", "name": "Read", "input": {"path": "main.py"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01", "content": [{"type": "text", "text": "print(1)"}]}
+            ],
+        },
     ]
     out = tmp_path / "s"
     proc, url = start_proxy(server.url, out)
@@ -276,7 +350,11 @@ def test_anthropic_messages_as_claude_code_sends_them(server, tmp_path):
         assert "prompt_warning" not in rec
     # the nonce changed but the server pins it: the second turn reused the whole first prompt
     assert r2["usage"]["cache_read_input_tokens"] == len(records[0]["prompt_ids"])
-    d = subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{out}/capture.jsonl@1", f"{out}/capture.jsonl@2", "--json"], capture_output=True, text=True)
+    d = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "diff", f"{out}/capture.jsonl@1", f"{out}/capture.jsonl@2", "--json"],
+        capture_output=True,
+        text=True,
+    )
     doc = json.loads(d.stdout)
     assert doc["lcp_tokens"] == len(records[0]["prompt_ids"])
     assert doc["a"]["sections_from"] == "request fields" and doc["b"]["sections_from"] == "request fields"

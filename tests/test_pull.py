@@ -24,7 +24,9 @@ def chat(srv: LlamaServer, content: list[str]) -> dict:
         if i:
             msgs.append({"role": "assistant", "content": "ok"})
         msgs.append({"role": "user", "content": c})
-    r = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, "temperature": 0}, timeout=120)
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, "temperature": 0}, timeout=120
+    )
     r.raise_for_status()
     return r.json()
 
@@ -38,7 +40,13 @@ def test_pull_saves_turns_that_diff_like_the_server_cached(llama_server_bin, tin
         assert run("pull", "--server", srv.url, "--out", str(out), "--slot-dir", str(slots)).returncode == 0
         second = chat(srv, ["List the files.", "Read main.py."])
         assert run("pull", "--server", srv.url, "--out", str(out), "--slot-dir", str(slots)).returncode == 0
-    assert sorted(p.name for p in out.iterdir()) == ["models.json", "props.json", "slots.json", "turn-0001.bin", "turn-0002.bin"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "models.json",
+        "props.json",
+        "slots.json",
+        "turn-0001.bin",
+        "turn-0002.bin",
+    ]
     assert list(slots.iterdir()) == []  # the server-side copies are cleaned up
     d = run("diff", f"{out}@1", f"{out}@2", "--json")
     assert d.returncode == 1, d.stderr
@@ -48,8 +56,24 @@ def test_pull_saves_turns_that_diff_like_the_server_cached(llama_server_bin, tin
 def test_pull_every_collects_turns_as_they_happen(llama_server_bin, tiny_model, tmp_path):
     slots, out = tmp_path / "server-slots", tmp_path / "session"
     with LlamaServer(tiny_model, slot_dir=slots, ctx=4096) as srv:
-        proc = subprocess.Popen([sys.executable, "-m", "tokendiff", "pull", "--server", srv.url, "--out", str(out),
-                                 "--slot-dir", str(slots), "--every", "100ms"], stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tokendiff",
+                "pull",
+                "--server",
+                srv.url,
+                "--out",
+                str(out),
+                "--slot-dir",
+                str(slots),
+                "--every",
+                "100ms",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             for k in range(1, 4):
                 chat(srv, ["hello"] * k)
@@ -72,7 +96,9 @@ def test_pull_without_slot_save_path_says_so(llama_server_bin, tiny_model, tmp_p
 
 @pytest.mark.parametrize("every", ["0s", "soon", "-1s"])
 def test_pull_bad_interval(tmp_path, every):
-    r = run("pull", "--server", "http://127.0.0.1:9", "--out", str(tmp_path), "--slot-dir", str(tmp_path), "--every", every)
+    r = run(
+        "pull", "--server", "http://127.0.0.1:9", "--out", str(tmp_path), "--slot-dir", str(tmp_path), "--every", every
+    )
     assert r.returncode == 2 and "--every" in r.stderr
 
 

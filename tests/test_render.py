@@ -7,7 +7,15 @@ import json
 
 import pytest
 from conftest import (
-    CONVERSATION, TOOLS, owner_spelled, prompt_from_ids, qwen_encode, spell, template, token_at, with_ids,
+    CONVERSATION,
+    TOOLS,
+    owner_spelled,
+    prompt_from_ids,
+    qwen_encode,
+    spell,
+    template,
+    token_at,
+    with_ids,
 )
 
 from tokendiff.render import Renderer
@@ -64,7 +72,7 @@ def test_fields_land_on_their_text(name):
     assert {text[a:b] for a, b in f["messages[2].tool_calls[0].function.arguments"]} == {"Paris"}
     # the generation prompt is the rendered tail
     if name != "mistralai-Mistral-Nemo-Instruct-2407.jinja":  # Mistral has none
-        (a, b), = f["generation_prompt"]
+        ((a, b),) = f["generation_prompt"]
         assert b == len(text) and a < b
 
 
@@ -98,7 +106,9 @@ def test_qwen3_field_sections_on_real_tokens(vocab):
 
 def test_qwen3_consecutive_tool_results_split_one_turn(vocab):
     b = body()
-    b["messages"][2]["tool_calls"].append({"type": "function", "function": {"name": "get_time", "arguments": {"q": "CET"}}, "id": "x2"})
+    b["messages"][2]["tool_calls"].append(
+        {"type": "function", "function": {"name": "get_time", "arguments": {"q": "CET"}}, "id": "x2"}
+    )
     b["messages"].insert(4, {"role": "tool", "content": "13:05", "tool_call_id": "x2"})
     r = Renderer(template("Qwen-Qwen3-0.6B.jinja")).attribute(b)
     p = prompt_from_ids(qwen_encode(r.text), vocab)
@@ -118,7 +128,7 @@ def test_reasoning_stripped_field_is_reported_unlocated():
     assert "messages[2].reasoning_content" not in spans_by_field(r)
     r2 = Renderer(template("Qwen-Qwen3-0.6B.jinja")).attribute({"messages": body()["messages"][:3], "tools": TOOLS})
     f = spans_by_field(r2)
-    (a, b), = f["messages[2].reasoning_content"]
+    ((a, b),) = f["messages[2].reasoning_content"]
     # the reasoning field owns the think block the template wraps it in
     assert r2.text[a:b] == "<think>\nThe user wants the weather; call the tool.\n</think>\n\n"
 

@@ -26,10 +26,16 @@ def pair(tmp_path_factory):
     words = "the a parser test file function returns value error line json tool call result user agent".split()
     hist = []
     for _ in range(10):
-        hist += [{"role": "user", "content": " ".join(rng.choice(words, 130))}, {"role": "assistant", "content": " ".join(rng.choice(words, 130))}]
+        hist += [
+            {"role": "user", "content": " ".join(rng.choice(words, 130))},
+            {"role": "assistant", "content": " ".join(rng.choice(words, 130))},
+        ]
 
     def body(ts: str, n: int) -> dict:
-        return {"messages": [{"role": "system", "content": f"You are an agent. Time: 2026-11-29 {ts}"}] + hist[:n], "tools": TOOLS}
+        return {
+            "messages": [{"role": "system", "content": f"You are an agent. Time: 2026-11-29 {ts}"}] + hist[:n],
+            "tools": TOOLS,
+        }
 
     (d / "a.json").write_text(json.dumps(body("14:02:11", 17)))
     (d / "b.json").write_text(json.dumps(body("14:02:19", 19)))
@@ -74,7 +80,17 @@ def test_slot_files_have_no_fix(server, tmp_path):
     from pathlib import Path
 
     demo = Path(__file__).resolve().parent.parent / "captures" / "demo"
-    r = run("replay", str(demo / "turn-04.bin"), str(demo / "turn-05.bin"), "--backend", server.url, "--repeat", "1", "--json", "--force")
+    r = run(
+        "replay",
+        str(demo / "turn-04.bin"),
+        str(demo / "turn-05.bin"),
+        "--backend",
+        server.url,
+        "--repeat",
+        "1",
+        "--json",
+        "--force",
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["scenarios"]["actual"]["cached"] == 52 and "fixed" not in doc["scenarios"]
@@ -99,7 +115,9 @@ def test_ram_prompt_cache_interference_is_detected(llama_server_bin, tiny_model,
 def test_replay_refuses_remote_and_other_models(pair, tmp_path):
     r = run("replay", str(pair[0]), str(pair[1]), "--backend", "http://192.0.2.10:8080")
     assert r.returncode == 2 and "--allow-remote" in r.stderr and "Traceback" not in r.stderr
-    assert run("replay", str(pair[0]), str(pair[1]), "--backend", "http://127.0.0.1:8080", "--repeat", "0").returncode == 2
+    assert (
+        run("replay", str(pair[0]), str(pair[1]), "--backend", "http://127.0.0.1:8080", "--repeat", "0").returncode == 2
+    )
 
 
 def test_replay_refuses_a_different_model(server, tmp_path):

@@ -106,12 +106,16 @@ def test_html_renders_in_headless_chromium(tmp_path):
     out = tmp_path / "report.html"
     assert run("report", str(AGENT), "--format", "html", "-o", str(out)).returncode == 0
     html = out.read_text()
-    assert "<script" not in html and "http" not in html.split("<body>")[1].split("</body>")[0].replace("http://www.w3.org/2000/svg", "")
+    assert "<script" not in html and "http" not in html.split("<body>")[1].split("</body>")[0].replace(
+        "http://www.w3.org/2000/svg", ""
+    )
     cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
     dom = subprocess.run(cmd + ["--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120)
     assert "Fix this first" in dom.stdout and "<svg" in dom.stdout and dom.stdout.count("<rect") >= 10
     shot = tmp_path / "report.png"
-    subprocess.run(cmd + ["--window-size=1200,1600", f"--screenshot={shot}", out.as_uri()], capture_output=True, timeout=120)
+    subprocess.run(
+        cmd + ["--window-size=1200,1600", f"--screenshot={shot}", out.as_uri()], capture_output=True, timeout=120
+    )
     assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000

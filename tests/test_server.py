@@ -20,7 +20,10 @@ from tokendiff.vocab import ServerVocab, load_bundled, load_vocab
 
 QWEN3 = "Qwen-Qwen3-0.6B.jinja"
 MORE_TOOLS = TOOLS + [
-    {"type": "function", "function": {"name": n, "description": f"{n} tool.", "parameters": {"type": "object", "properties": {}}}}
+    {
+        "type": "function",
+        "function": {"name": n, "description": f"{n} tool.", "parameters": {"type": "object", "properties": {}}},
+    }
     for n in ("read_file", "write_file", "list_dir")
 ]
 
@@ -41,7 +44,13 @@ def session(tmp_path_factory, llama_server_bin, tiny_model):
     msgs = [system("2026-11-28"), {"role": "user", "content": "List the files."}]
     plan = [
         ("first", None),
-        ("append", lambda m, t: (m + [{"role": "assistant", "content": "Listing."}, {"role": "user", "content": "Now read main.py."}], t)),
+        (
+            "append",
+            lambda m, t: (
+                m + [{"role": "assistant", "content": "Listing."}, {"role": "user", "content": "Now read main.py."}],
+                t,
+            ),
+        ),
         ("reorder", lambda m, t: (m, [t[0], t[2], t[1]] + t[3:])),
         ("date", lambda m, t: ([system("2026-11-29")] + m[1:], t)),
         ("identical", lambda m, t: (m, t)),
@@ -50,10 +59,25 @@ def session(tmp_path_factory, llama_server_bin, tiny_model):
         for k, (name, change) in enumerate(plan, 1):
             if change:
                 msgs, tools = change(msgs, tools)
-            body = {"messages": msgs, "tools": tools, "max_tokens": 3, "temperature": 0, "cache_prompt": True, "id_slot": 0}
+            body = {
+                "messages": msgs,
+                "tools": tools,
+                "max_tokens": 3,
+                "temperature": 0,
+                "cache_prompt": True,
+                "id_slot": 0,
+            }
             r = srv.chat(c, body)
             saved = srv.save_slot(c, f"turn-{k:02d}.bin")
-            turns.append({"name": name, "messages": copy.deepcopy(msgs), "tools": copy.deepcopy(tools), "response": r, "saved": saved})
+            turns.append(
+                {
+                    "name": name,
+                    "messages": copy.deepcopy(msgs),
+                    "tools": copy.deepcopy(tools),
+                    "response": r,
+                    "saved": saved,
+                }
+            )
         props = c.get(f"{srv.url}/props").json()
     return {"dir": slots, "turns": turns, "props": props}
 
@@ -140,7 +164,17 @@ def test_identical_prompt_full_hit(session):
 
 def test_cli_diff_json_on_real_slots(session):
     r = subprocess.run(
-        [sys.executable, "-m", "tokendiff", "diff", f"{session['dir']}@3", f"{session['dir']}@4", "--json", "--order", "name"],
+        [
+            sys.executable,
+            "-m",
+            "tokendiff",
+            "diff",
+            f"{session['dir']}@3",
+            f"{session['dir']}@4",
+            "--json",
+            "--order",
+            "name",
+        ],
         capture_output=True,
         text=True,
     )

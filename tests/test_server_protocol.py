@@ -34,19 +34,19 @@ def test_loopback_hosts():
 
 def test_sse_lines():
     assert sv.sse_event('data: {"a": 1}') == {"a": 1}
-    assert sv.sse_event(b"data:{\"a\":2}") == {"a": 2}
+    assert sv.sse_event(b'data:{"a":2}') == {"a": 2}
     for junk in ("data: [DONE]", ": keep-alive", "event: x", "data: {broken", "data: [1, 2]", ""):
         assert sv.sse_event(junk) is None
-    assert list(sv.iter_sse(["data: {\"a\": 1}", "", "data: [DONE]"])) == [{"a": 1}]
+    assert list(sv.iter_sse(['data: {"a": 1}', "", "data: [DONE]"])) == [{"a": 1}]
 
 
 def test_sse_summary_joins_lines_split_across_chunks():
     text = (
-        'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'
-        'data: {"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]}\r\n\r\n'
-        'data: {"choices": [], "usage": {"prompt_tokens": 9}, "timings": {"cache_n": 4}}\n\n'
-        "data: [DONE]\n\n"
-    ).encode()
+        b'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'
+        b'data: {"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]}\r\n\r\n'
+        b'data: {"choices": [], "usage": {"prompt_tokens": 9}, "timings": {"cache_n": 4}}\n\n'
+        b"data: [DONE]\n\n"
+    )
     whole = sv.summarize_sse(text.decode())
     s = sv.SSESummary()
     for i in range(0, len(text), 7):  # every line cut somewhere

@@ -175,8 +175,13 @@ async def test_live_mode_appends_turns_from_a_real_llama_server(llama_server_bin
         a.options.open_first_divergence = False
         async with a.run_test(size=(140, 40)) as pilot:
             for k in (1, 2):
-                msgs = [{"role": "user", "content": "hello"}] + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}] * (k - 1)
-                httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": msgs, "max_tokens": 2}, timeout=60).raise_for_status()
+                msgs = [{"role": "user", "content": "hello"}] + [
+                    {"role": "assistant", "content": "ok"},
+                    {"role": "user", "content": "more"},
+                ] * (k - 1)
+                httpx.post(
+                    f"{srv.url}/v1/chat/completions", json={"messages": msgs, "max_tokens": 2}, timeout=60
+                ).raise_for_status()
                 await wait_for(pilot, lambda k=k: a.session is not None and len(a.session.turns) == k)
             assert a.screen.query_one("#turns").row_count == 2
     assert sorted(p.name for p in session.glob("turn-*.bin")) == ["turn-0001.bin", "turn-0002.bin"]

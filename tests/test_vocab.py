@@ -12,7 +12,7 @@ from tokendiff.errors import InputError
 from tokendiff.gguf_meta import read_gguf_metadata
 from tokendiff.vocab import BUNDLED_DIR, load_gguf, load_hf_dir, load_tokenizer_json, load_vocab
 
-TRICKY = "<|im_start|>user\nHéllo 𒀀 世界 🙂\t\r\n  <think>x</think>{\"a\": [1,2]}<|im_end|>"
+TRICKY = '<|im_start|>user\nHéllo 𒀀 世界 🙂\t\r\n  <think>x</think>{"a": [1,2]}<|im_end|>'
 
 
 def test_bundled_decodes_exact_bytes_even_half_characters(vocab):
@@ -72,8 +72,16 @@ def test_spm_gguf_with_byte_fallback(tmp_path):
 
 def test_spm_tokenizer_json(tmp_path):
     tj = {
-        "model": {"type": "BPE", "byte_fallback": True, "vocab": {"<unk>": 0, "<0x0A>": 1, "▁hi": 2, "▁there": 3}, "merges": []},
-        "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}]},
+        "model": {
+            "type": "BPE",
+            "byte_fallback": True,
+            "vocab": {"<unk>": 0, "<0x0A>": 1, "▁hi": 2, "▁there": 3},
+            "merges": [],
+        },
+        "decoder": {
+            "type": "Sequence",
+            "decoders": [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}],
+        },
         "added_tokens": [{"id": 4, "content": "<s>", "special": True}],
     }
     (tmp_path / "tokenizer.json").write_text(json.dumps(tj))
@@ -143,5 +151,9 @@ def test_gguf_tokenises_text_like_the_tokenizer_json(tiny_model):
     from tokendiff.vocab import text_tokenizer
 
     tk = text_tokenizer(load_gguf(tiny_model))
-    for text in [TRICKY, "<|im_start|>system\nYou are terse.\n\n# Tools\n<tools>\n{\"a\": 1}\n</tools><|im_end|>\n", "  multiple   spaces\n\n\nand 12345 numbers 𒀀"]:
+    for text in [
+        TRICKY,
+        '<|im_start|>system\nYou are terse.\n\n# Tools\n<tools>\n{"a": 1}\n</tools><|im_end|>\n',
+        "  multiple   spaces\n\n\nand 12345 numbers 𒀀",
+    ]:
         assert tk.encode(text) == qwen_encode(text)

@@ -31,7 +31,11 @@ def test_chat_template_from_a_file_or_a_tokenizer_config(tmp_path):
     assert wf.read_chat_template(None) is None
     (tmp_path / "bad.json").write_text("{")
     (tmp_path / "none.json").write_text('{"bos_token": "<s>"}')
-    for name, words in [("bad.json", "malformed JSON"), ("none.json", "no chat_template"), ("missing.jinja", "cannot read")]:
+    for name, words in [
+        ("bad.json", "malformed JSON"),
+        ("none.json", "no chat_template"),
+        ("missing.jinja", "cannot read"),
+    ]:
         with pytest.raises(InputError, match=words) as e:
             wf.read_chat_template(str(tmp_path / name))
         assert name in str(e.value)

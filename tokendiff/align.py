@@ -249,9 +249,14 @@ def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
     for a0, a1, b0, b1 in spans:
         hunks.append(
             Hunk(
-                a_start=a0, a_end=a1, b_start=b0, b_end=b1,
-                a_byte_start=a.byte_offset(a0), a_byte_end=a.byte_offset(a1),
-                b_byte_start=b.byte_offset(b0), b_byte_end=b.byte_offset(b1),
+                a_start=a0,
+                a_end=a1,
+                b_start=b0,
+                b_end=b1,
+                a_byte_start=a.byte_offset(a0),
+                a_byte_end=a.byte_offset(a1),
+                b_byte_start=b.byte_offset(b0),
+                b_byte_end=b.byte_offset(b1),
                 # a span past the end (an insertion after A's last token) belongs to the last token's section
                 a_owner=a.owner(a0) if a0 < len(a) else a.owner(max(a0 - 1, 0)),
                 b_owner=b.owner(b0) if b0 < len(b) else b.owner(max(b0 - 1, 0)),

@@ -29,7 +29,17 @@ from tokendiff.errors import InputError
 
 SCHEMA = "tokendiff.capture/1"
 SECRET_KEYS = frozenset(
-    {"authorization", "proxy-authorization", "api-key", "api_key", "apikey", "x-api-key", "cookie", "set-cookie", "x-goog-api-key"}
+    {
+        "authorization",
+        "proxy-authorization",
+        "api-key",
+        "api_key",
+        "apikey",
+        "x-api-key",
+        "cookie",
+        "set-cookie",
+        "x-goog-api-key",
+    }
 )
 MAX_LINE = 256 << 20  # a single record over 256 MB is refused rather than loaded
 
@@ -78,7 +88,7 @@ class CaptureWriter:
                 os.close(self._fd)
                 self._fd = -1
 
-    def __enter__(self) -> "CaptureWriter":
+    def __enter__(self) -> CaptureWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

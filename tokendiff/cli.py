@@ -34,7 +34,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tokendiff", description="Token-level prompt diff and prefix-cache forensics.")
     p.add_argument("--version", action="version", version=f"tokendiff {__version__}")
-    p.add_argument("--theme", dest="top_theme", metavar="NAME", help="open the TUI with this theme (= tui --theme NAME)")
+    p.add_argument(
+        "--theme", dest="top_theme", metavar="NAME", help="open the TUI with this theme (= tui --theme NAME)"
+    )
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     _diff_parser(sub)
@@ -76,7 +78,9 @@ def _proxy_parser(sub: Any) -> None:  # argparse subparsers
     )
     x.add_argument("--upstream", required=True, metavar="URL", help="the inference server, e.g. http://127.0.0.1:8080")
     x.add_argument("--out", required=True, metavar="DIR", help="session directory (created 0700; capture.jsonl 0600)")
-    x.add_argument("--listen", default="127.0.0.1:8081", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:8081)")
+    x.add_argument(
+        "--listen", default="127.0.0.1:8081", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:8081)"
+    )
     x.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from llama-server")
 
 
@@ -91,7 +95,9 @@ def _pull_parser(sub: Any) -> None:  # argparse subparsers
     pl.add_argument("--server", required=True, metavar="URL")
     pl.add_argument("--out", required=True, metavar="DIR", help="session directory")
     pl.add_argument("--slot-dir", required=True, metavar="DIR", help="the server's --slot-save-path")
-    pl.add_argument("--every", metavar="DURATION", help="keep polling (e.g. 5s) and save each changed slot; Ctrl-C stops")
+    pl.add_argument(
+        "--every", metavar="DURATION", help="keep polling (e.g. 5s) and save each changed slot; Ctrl-C stops"
+    )
 
 
 def _report_parser(sub: Any) -> None:  # argparse subparsers
@@ -101,15 +107,27 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
         description="Analyse every turn of a session: reuse, waste, the causes ranked by cost, and what to fix first.",
         epilog=CAUSES_EPILOG,
     )
-    r.add_argument("path", help="a directory of slot files (or request bodies, prompt logs), a capture.jsonl, or a .har")
+    r.add_argument(
+        "path", help="a directory of slot files (or request bodies, prompt logs), a capture.jsonl, or a .har"
+    )
     _tokenizer_args(r)
     r.add_argument("--format", choices=("md", "html", "json"), default="md")
     r.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
-    r.add_argument("--fail-under", type=float, metavar="PCT", help="exit 1 when the session reuses less than PCT %% of its tokens")
-    r.add_argument("--redact", action="store_true", help="replace words with hashes (structure, offsets and findings kept)")
+    r.add_argument(
+        "--fail-under", type=float, metavar="PCT", help="exit 1 when the session reuses less than PCT %% of its tokens"
+    )
+    r.add_argument(
+        "--redact", action="store_true", help="replace words with hashes (structure, offsets and findings kept)"
+    )
     r.add_argument("--export", metavar="FILE", help="also write the per-turn table (.parquet or .csv)")
     r.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
-    r.add_argument("--replay", action="append", default=[], metavar="FILE", help="include a `tokendiff replay --json` result (repeatable)")
+    r.add_argument(
+        "--replay",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="include a `tokendiff replay --json` result (repeatable)",
+    )
 
 
 def _replay_parser(sub: Any) -> None:  # argparse subparsers
@@ -128,7 +146,9 @@ def _replay_parser(sub: Any) -> None:  # argparse subparsers
     rp.add_argument("--json", action="store_true", help="print the tokendiff.replay/1 document")
     rp.add_argument("--no-fix", action="store_true", help="skip the what-if fix scenario")
     rp.add_argument("--allow-remote", action="store_true", help="allow a backend that is not on this machine")
-    rp.add_argument("--force", action="store_true", help="replay even when the backend serves another model than the capture's")
+    rp.add_argument(
+        "--force", action="store_true", help="replay even when the backend serves another model than the capture's"
+    )
     _tokenizer_args(rp)
     rp.add_argument("--order", choices=("mtime", "name"), default="mtime")
 
@@ -142,18 +162,30 @@ def _tui_parser(sub: Any) -> None:  # argparse subparsers
     t.add_argument("paths", nargs="*", help="sessions or turns (default: the bundled demo)")
     _tokenizer_args(t)
     t.add_argument("--order", choices=("mtime", "name"), default="mtime")
-    t.add_argument("--live", metavar="URL", help="a llama-server to pull slots from as the agent runs (needs --slot-dir)")
+    t.add_argument(
+        "--live", metavar="URL", help="a llama-server to pull slots from as the agent runs (needs --slot-dir)"
+    )
     t.add_argument("--slot-dir", metavar="DIR", help="the live server's --slot-save-path")
     t.add_argument("--every", default="2s", metavar="DURATION", help="live polling interval (default 2s)")
     t.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
-    t.add_argument("--backend", metavar="URL", help="a local backend to replay pairs against (key r on the pair screen)")
-    t.add_argument("--force", action="store_true", help="replay even when the backend serves another model than the capture's")
+    t.add_argument(
+        "--backend", metavar="URL", help="a local backend to replay pairs against (key r on the pair screen)"
+    )
+    t.add_argument(
+        "--force", action="store_true", help="replay even when the backend serves another model than the capture's"
+    )
 
 
 def _tokenizer_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json(.gz), Hugging Face directory, or GGUF model file")
+    p.add_argument(
+        "--tokenizer", metavar="PATH", help="tokenizer.json(.gz), Hugging Face directory, or GGUF model file"
+    )
     p.add_argument("--server", metavar="URL", help="a live llama-server to decode (and tokenise) with")
-    p.add_argument("--chat-template", metavar="FILE", help="chat template (.jinja, or a tokenizer_config.json) for rendering requests")
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="chat template (.jinja, or a tokenizer_config.json) for rendering requests",
+    )
     p.add_argument(
         "--template-family",
         choices=("chatml", "llama3", "mistral", "gemma", "harmony", "deepseek", "none"),
@@ -289,7 +321,9 @@ def cmd_tui(args: argparse.Namespace) -> int:
             raise InputError("--live takes one session directory to collect the turns in")
         Path(paths[0]).mkdir(parents=True, exist_ok=True)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise InputError("the TUI needs a terminal; for a headless answer use `tokendiff report PATH` or `tokendiff diff A B`")
+        raise InputError(
+            "the TUI needs a terminal; for a headless answer use `tokendiff report PATH` or `tokendiff diff A B`"
+        )
     from tokendiff.tui.app import Options, TokendiffApp
 
     opts = Options(
@@ -313,10 +347,20 @@ def main(argv: list[str] | None = None) -> int:
         if sys.stdin.isatty() and sys.stdout.isatty():
             args = parser.parse_args(["tui"])
         else:  # no terminal: the demo's report, and how to get the TUI
-            print("tokendiff: no terminal for the TUI; here is the bundled demo's report (run `tokendiff` in a terminal for the TUI)", file=sys.stderr)
+            print(
+                "tokendiff: no terminal for the TUI; here is the bundled demo's report (run `tokendiff` in a terminal for the TUI)",
+                file=sys.stderr,
+            )
             args = parser.parse_args(["report", str(DEMO_SESSION)])
     try:
-        commands = {"diff": cmd_diff, "proxy": cmd_proxy, "pull": cmd_pull, "report": cmd_report, "replay": cmd_replay, "tui": cmd_tui}
+        commands = {
+            "diff": cmd_diff,
+            "proxy": cmd_proxy,
+            "pull": cmd_pull,
+            "report": cmd_report,
+            "replay": cmd_replay,
+            "tui": cmd_tui,
+        }
         return commands[args.command](args)
     except InputError as e:
         print(f"tokendiff: {e}", file=sys.stderr)
@@ -329,5 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - never a traceback for the user; TOKENDIFF_DEBUG=1 shows it
         if os.environ.get("TOKENDIFF_DEBUG"):
             raise
-        print(f"tokendiff: internal error: {type(e).__name__}: {e} (set TOKENDIFF_DEBUG=1 for the traceback)", file=sys.stderr)
+        print(
+            f"tokendiff: internal error: {type(e).__name__}: {e} (set TOKENDIFF_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_TROUBLE

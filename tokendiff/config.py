@@ -58,7 +58,7 @@ def parse_config(doc: dict[str, Any], source: Path) -> Config:
     keymap: dict[str, str] = {}
     raw = doc.get("keymap", {})
     if not isinstance(raw, dict):
-        warnings.append(f"{source}: keymap must be a table of binding id = \"keys\", not {_toml_type(raw)}")
+        warnings.append(f'{source}: keymap must be a table of binding id = "keys", not {_toml_type(raw)}')
         raw = {}
     for binding, keys in raw.items():
         if isinstance(keys, str):

@@ -254,14 +254,18 @@ def _notes(t: Turn, d: Divergence, n: int) -> None:
     if rc is not None:
         pred = t.reuse["llama.cpp"]
         if rc == 0 and d.identical:
-            notes.append("the server reused nothing for an identical prompt: caching disabled (cache_prompt=false) or salted")
+            notes.append(
+                "the server reused nothing for an identical prompt: caching disabled (cache_prompt=false) or salted"
+            )
         elif rc < pred:
             notes.append(
                 f"the server reused {rc:,} tokens, fewer than the {pred:,} predicted: checkpoint fallback (SWA/hybrid model), "
                 "slot switch or LRU eviction, or a prompt-cache swap"
             )
         elif rc > pred:
-            notes.append(f"the server reused {rc:,} tokens, more than the {pred:,} shared prefix: --cache-reuse shifted chunks")
+            notes.append(
+                f"the server reused {rc:,} tokens, more than the {pred:,} shared prefix: --cache-reuse shifted chunks"
+            )
     t.note = "; ".join(notes)
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from tokendiff.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
 
@@ -43,11 +43,15 @@ class Ctx:
     def a_win(self, pad: int = PAD) -> tuple[str, int]:
         """Text around A's side, and where the hunk starts in it."""
         s = max(0, self.h.a_byte_start - pad)
-        return self.a.data[s : self.h.a_byte_end + pad].decode("utf-8", "replace"), len(self.a.data[s : self.h.a_byte_start].decode("utf-8", "replace"))
+        return self.a.data[s : self.h.a_byte_end + pad].decode("utf-8", "replace"), len(
+            self.a.data[s : self.h.a_byte_start].decode("utf-8", "replace")
+        )
 
     def b_win(self, pad: int = PAD) -> tuple[str, int]:
         s = max(0, self.h.b_byte_start - pad)
-        return self.b.data[s : self.h.b_byte_end + pad].decode("utf-8", "replace"), len(self.b.data[s : self.h.b_byte_start].decode("utf-8", "replace"))
+        return self.b.data[s : self.h.b_byte_end + pad].decode("utf-8", "replace"), len(
+            self.b.data[s : self.h.b_byte_start].decode("utf-8", "replace")
+        )
 
     @property
     def a_path(self) -> SectionPath:
@@ -101,7 +105,10 @@ HEX_RE = re.compile(r"(?<![0-9A-Za-z])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{
 NONCE_KEY_RE = re.compile(r"(?:cch|nonce|request[_-]?id|session[_-]?id|trace[_-]?id|billing)\s*[=:]", re.I)
 CALL_ID_RE = re.compile(r"(?:call|toolu|fc|chatcmpl)_[A-Za-z0-9]{6,}|(?<![A-Za-z0-9])[A-Za-z0-9]{9}(?![A-Za-z0-9])")
 NUMBER_RE = re.compile(r"\d+(?:[.,]\d+)?\s?%?")
-PLACEHOLDER_RE = re.compile(r"\[(?:pruned|truncated|omitted|removed|elided|summari[sz]ed)[^\]]*\]|\.\.\. ?\(\d+ (?:lines|chars|tokens) (?:omitted|truncated)\)", re.I)
+PLACEHOLDER_RE = re.compile(
+    r"\[(?:pruned|truncated|omitted|removed|elided|summari[sz]ed)[^\]]*\]|\.\.\. ?\(\d+ (?:lines|chars|tokens) (?:omitted|truncated)\)",
+    re.I,
+)
 
 
 def _spans(rx: re.Pattern[str], text: str) -> list[tuple[int, int]]:

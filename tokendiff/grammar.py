@@ -17,12 +17,13 @@ them) are `generated` inside it. No field paths: a slot file has no request.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from tokendiff.model import Part, Prompt, Section, SectionPath
+
 
 @dataclass
 class _Turn:
@@ -122,7 +123,9 @@ def _split_generic(
         if closed:
             # the end marker's bytes are the end of content; what follows up to the
             # next turn (a newline) is boilerplate of this turn
-            marker_len = next(len(m.encode()) for m in end_markers if data[close - len(m.encode()) : close] == m.encode())
+            marker_len = next(
+                len(m.encode()) for m in end_markers if data[close - len(m.encode()) : close] == m.encode()
+            )
             content_end = close - marker_len
         else:
             content_end = limit
@@ -196,7 +199,9 @@ def _turns_deepseek(prompt: Prompt) -> list[_Turn]:
     data = prompt.data
     wrapped = bool(_markers(prompt, "<｜tool▁outputs▁begin｜>"))
     tool_open, tool_close = (
-        ("<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>") if wrapped else ("<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
+        ("<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>")
+        if wrapped
+        else ("<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
     )
     marks = sorted(
         [(s, e, "user") for s, e in _markers(prompt, "<｜User｜>")]

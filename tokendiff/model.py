@@ -8,8 +8,9 @@ offset into `Prompt.data`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, overload
+from typing import Any, overload
 
 import numpy as np
 

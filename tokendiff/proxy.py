@@ -29,7 +29,14 @@ from tokendiff.capture import CaptureWriter
 from tokendiff.errors import InputError
 from tokendiff.importers import CHAT_ENDPOINTS
 from tokendiff.server import (
-    CONNECT_TIMEOUT, LLAMA, ServerInfo, SSESummary, afetch_prompt_tokens, aprobe, can_tokenize_chat, final_fields,
+    CONNECT_TIMEOUT,
+    LLAMA,
+    ServerInfo,
+    SSESummary,
+    afetch_prompt_tokens,
+    aprobe,
+    can_tokenize_chat,
+    final_fields,
     is_loopback_host,
 )  # fmt: skip
 
@@ -338,7 +345,7 @@ async def _fetch_and_patch(state: ProxyState, rec: dict[str, Any]) -> None:
     """Fetch the prompt's token IDs after the fact and append them as a patch of the record."""
     try:
         patch = await asyncio.wait_for(_prompt_patch(state, rec), TOKEN_FETCH_TIMEOUT)
-    except (asyncio.TimeoutError, httpx.HTTPError, InputError, ValueError, KeyError, TypeError) as e:
+    except (TimeoutError, httpx.HTTPError, InputError, ValueError, KeyError, TypeError) as e:
         patch = {"prompt_error": f"could not fetch the prompt tokens: {type(e).__name__}: {e}"}
     assert state.writer
     state.writer.append({"patch": rec["seq"], **patch})
@@ -376,7 +383,9 @@ def serve(upstream: str, out: str, listen: str = "127.0.0.1:8081", fetch_tokens:
             file=sys.stderr,
         )
     app = make_app(upstream, out, fetch_tokens)
-    print(f"tokendiff proxy: http://{listen} -> {upstream}, recording to {Path(out) / 'capture.jsonl'}", file=sys.stderr)
+    print(
+        f"tokendiff proxy: http://{listen} -> {upstream}, recording to {Path(out) / 'capture.jsonl'}", file=sys.stderr
+    )
     config = uvicorn.Config(
         app, host=host, port=int(port), log_level="warning", lifespan="on", access_log=False,
         timeout_graceful_shutdown=30,

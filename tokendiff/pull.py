@@ -71,8 +71,9 @@ class Puller:
             self.api.save_slot(slot, name)
         except InputError as e:
             if "--slot-save-path" in str(e):
-                raise InputError(f"{e}; restart it with --slot-save-path DIR and pass the same DIR as --slot-dir",
-                                 source=self.server) from None
+                raise InputError(
+                    f"{e}; restart it with --slot-save-path DIR and pass the same DIR as --slot-dir", source=self.server
+                ) from None
             raise
         src = self.slot_dir / name
         if not src.is_file():

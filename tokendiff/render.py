@@ -26,8 +26,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from tokendiff.errors import InputError
 from tokendiff.model import Part, SectionPath
@@ -301,7 +302,7 @@ def _removed_span(full: str, shorter: str | None, snap: bool) -> tuple[int, int]
     balanced = [q for q in cands if depth[q] == best]
     for ok in (
         lambda q: (q == 0 or full[q - 1] == "\n") and not full[q].isspace(),
-        lambda q: full[q:q + n].lstrip(" \n,")[:1] in ("{", "[", "<"),
+        lambda q: full[q : q + n].lstrip(" \n,")[:1] in ("{", "[", "<"),
         lambda q: True,
     ):
         for q in balanced:

@@ -19,8 +19,9 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from tokendiff.cost import backend_reuse
 from tokendiff.errors import InputError
@@ -159,7 +160,10 @@ class LlamaServer(Backend):
         self.can_erase = True
 
     def identity(self) -> dict[str, Any]:
-        return {"model": self.props.get("model_alias") or self.props.get("model_path"), "build_info": self.props.get("build_info")}
+        return {
+            "model": self.props.get("model_alias") or self.props.get("model_path"),
+            "build_info": self.props.get("build_info"),
+        }
 
     def reset(self) -> None:
         if self.can_erase and self.api.erase_slot(self.slot):
@@ -343,7 +347,9 @@ class Ollama(Backend):
         return self._gen(ids)
 
 
-def connect(url: str, kind: str | None, client: httpx.Client, decode: Callable[[list[int]], str], slot: int = 0) -> Backend:
+def connect(
+    url: str, kind: str | None, client: httpx.Client, decode: Callable[[list[int]], str], slot: int = 0
+) -> Backend:
     """Detect the backend from its endpoints (or take `kind`)."""
     info = probe(url, kind, client)
     if info.kind == LLAMA:
@@ -425,7 +431,9 @@ def run_scenarios(
     return {name: sc for name, (sc, _, _, _) in steps.items()}
 
 
-def replay_document(be: Backend, plan: Plan, scen: dict[str, Scenario], pair: dict[str, Any], fix: dict[str, Any] | None) -> dict[str, Any]:
+def replay_document(
+    be: Backend, plan: Plan, scen: dict[str, Scenario], pair: dict[str, Any], fix: dict[str, Any] | None
+) -> dict[str, Any]:
     actual, ideal = scen["actual"], scen["ideal"]
     key = "prompt_ms" if actual.median("prompt_ms") is not None else "ttft_ms"
     am, im = actual.median(key), ideal.median(key)
@@ -452,9 +460,14 @@ def render_replay_text(doc: dict[str, Any]) -> str:
     sc = doc["scenarios"]
     key = doc["measure"]
     unit = "server prefill" if key == "prompt_ms" else "client TTFT"
-    out = [f"backend: {doc['backend']['kind']} at {doc['backend']['url']}" + (f" ({doc['backend'].get('model')})" if doc["backend"].get("model") else "")]
+    out = [
+        f"backend: {doc['backend']['kind']} at {doc['backend']['url']}"
+        + (f" ({doc['backend'].get('model')})" if doc["backend"].get("model") else "")
+    ]
     p = doc["pair"]
-    out.append(f"pair: {p.get('a')} -> {p.get('b')}: {p['b_tokens']:,} tokens, {p['lcp_tokens']:,} shared, {p['ideal_prefix_tokens']:,} reusable without the divergence")
+    out.append(
+        f"pair: {p.get('a')} -> {p.get('b')}: {p['b_tokens']:,} tokens, {p['lcp_tokens']:,} shared, {p['ideal_prefix_tokens']:,} reusable without the divergence"
+    )
     out.append("")
     out.append(f"{'scenario':8s} {'cached':>8s} {'expected':>8s} {unit + ' ms':>20s} {'TTFT ms':>10s}  runs")
     for name in ("cold", "actual", "ideal", "fixed"):
@@ -466,14 +479,20 @@ def render_replay_text(doc: dict[str, Any]) -> str:
         sp = f" ({spread[0]:.1f}-{spread[1]:.1f})" if spread else ""
         ttft = s["ttft_ms"] if s["ttft_ms"] is not None else float("nan")
         bad = f", {s['discarded_runs']} discarded" if s["discarded_runs"] else ""
-        out.append(f"{name:8s} {str(s['cached']):>8s} {s['expected_cached']:>8d} {val:>12.1f}{sp:>8s} {ttft:>10.1f}  {s['valid_runs']}{bad}")
+        out.append(
+            f"{name:8s} {str(s['cached']):>8s} {s['expected_cached']:>8d} {val:>12.1f}{sp:>8s} {ttft:>10.1f}  {s['valid_runs']}{bad}"
+        )
     out.append("")
     if doc["cost_ms"] is not None:
-        out.append(f"the divergence costs {doc['cost_ms']:.1f} ms per turn ({unit}); fixing it would make this turn {doc['speedup']:.1f}x faster")
+        out.append(
+            f"the divergence costs {doc['cost_ms']:.1f} ms per turn ({unit}); fixing it would make this turn {doc['speedup']:.1f}x faster"
+        )
     if doc.get("fix"):
         f = doc["fix"]
         if "fixed" in sc and sc["fixed"][key] is not None:
-            out.append(f"with the fix ({'; '.join(f['applied'])}): {sc['fixed'][key]:.1f} ms instead of {sc['actual'][key]:.1f} ms")
+            out.append(
+                f"with the fix ({'; '.join(f['applied'])}): {sc['fixed'][key]:.1f} ms instead of {sc['actual'][key]:.1f} ms"
+            )
         for na in f.get("not_applied", []):
             out.append(f"not fixed automatically: {na}")
     for n in doc["notes"] + doc["discarded"]:

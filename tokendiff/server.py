@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -369,7 +370,7 @@ class LlamaClient:
         if self._own:
             self.http.close()
 
-    def __enter__(self) -> "LlamaClient":
+    def __enter__(self) -> LlamaClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

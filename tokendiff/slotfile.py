@@ -191,14 +191,10 @@ def _unpack_server_tokens(slot: SlotFile, words: np.ndarray) -> None:
         raise InputError(f"packed token payload of {n} words is too short", source=p, offset=HEADER)
     state_version = int(words[1]) & 0xFFFFFFFF
     if state_version != SERVER_TOKENS_STATE_VERSION:
-        raise InputError(
-            f"Unsupported server tokens state version {state_version}", source=p, offset=off(1)
-        )
+        raise InputError(f"Unsupported server tokens state version {state_version}", source=p, offset=off(1))
     c = int(words[2]) & 0xFFFFFFFF
     if 3 + c + 1 > n:
-        raise InputError(
-            f"packed payload claims {c} tokens but holds only {n - 4} words", source=p, offset=off(2)
-        )
+        raise InputError(f"packed payload claims {c} tokens but holds only {n - 4} words", source=p, offset=off(2))
     tokens = words[3 : 3 + c]
     k = int(words[3 + c]) & 0xFFFFFFFF
     if 3 + c + 1 + k > n:

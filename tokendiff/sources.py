@@ -50,7 +50,11 @@ def _dir_entries(base: Path, order: str) -> tuple[str, list[Path]]:
     if slots:
         return "slot", slots
     files = sorted((e for e in base.iterdir() if e.is_file()), key=lambda e: natural_key(e.name))
-    bodies = [e for e in files if e.suffix == ".json" and e.name not in ("session.json", "props.json", "models.json", "slots.json")]
+    bodies = [
+        e
+        for e in files
+        if e.suffix == ".json" and e.name not in ("session.json", "props.json", "models.json", "slots.json")
+    ]
     if bodies:
         return "body", bodies
     logs = [e for e in files if e.suffix == ".txt"]
@@ -97,7 +101,10 @@ def select(spec: str, order: str = "mtime") -> Selected:
         kind = file_kind(base)
         if kind in ("capture", "har"):
             return Selected(kind, base, f"{base}@{n}", n)
-        raise InputError(f"'@{n}' selects a turn of a session (directory, capture or HAR), and this is a {kind} file", source=str(base))
+        raise InputError(
+            f"'@{n}' selects a turn of a session (directory, capture or HAR), and this is a {kind} file",
+            source=str(base),
+        )
     p = Path(spec)
     if p.is_dir():
         raise InputError("is a directory: pick a turn with DIR@N (counting from 1)", source=spec)

@@ -323,7 +323,10 @@ def _tokenizer_from_gguf(path: str):
     if pre in ("qwen2", "qwen35"):
         tk.normalizer = normalizers.NFC()
     tk.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(pattern), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
     tk.decoder = decoders.ByteLevel()
     tk.add_tokens([AddedToken(texts[i], special=int(types[i]) == GT_CONTROL, normalized=False) for i in added])
@@ -429,7 +432,12 @@ def load_gguf(path: str | os.PathLike[str]) -> Vocab:
             else:
                 pieces.append(byte_level_bytes(text))
                 flags.append(0)
-        meta: dict[str, Any] = {"kind": "byte_level" if byte_level else "spm", "source": "gguf", "ggml_model": model, "path": str(src.resolve())}
+        meta: dict[str, Any] = {
+            "kind": "byte_level" if byte_level else "spm",
+            "source": "gguf",
+            "ggml_model": model,
+            "path": str(src.resolve()),
+        }
         for key, out in (
             ("tokenizer.chat_template", "chat_template"),
             ("tokenizer.ggml.bos_token_id", "bos_id"),
@@ -449,7 +457,7 @@ def load_gguf(path: str | os.PathLike[str]) -> Vocab:
 # ---------------------------------------------------------------- live server
 
 
-def load_server(url: str) -> "Vocab":
+def load_server(url: str) -> Vocab:
     """A tokenizer that asks a live llama-server.
 
     When the server's model file is readable here (same machine), its GGUF

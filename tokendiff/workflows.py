@@ -9,10 +9,11 @@ are imported inside the functions that need them, so `tokendiff diff` stays fast
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tokendiff.errors import InputError
 
@@ -83,7 +84,7 @@ def read_chat_template(path: str | None) -> str | None:
     return tmpl
 
 
-def open_loader(opts: PromptOptions) -> "Loader":
+def open_loader(opts: PromptOptions) -> Loader:
     """The vocabulary and a prompt loader for these options (the vocabulary is `loader.vocab`)."""
     from tokendiff.sources import Loader
     from tokendiff.vocab import load_vocab
@@ -92,7 +93,7 @@ def open_loader(opts: PromptOptions) -> "Loader":
     return Loader(vocab, opts.family, opts.order, read_chat_template(opts.chat_template))
 
 
-def tokenizer_info(vocab: "Vocab") -> dict[str, Any]:
+def tokenizer_info(vocab: Vocab) -> dict[str, Any]:
     """How documents name the tokenizer they were decoded with."""
     return {"name": vocab.name, "assumed": vocab.assumed, "n_vocab": vocab.n_vocab, "identity": vocab.identity}
 
@@ -102,12 +103,12 @@ def tokenizer_info(vocab: "Vocab") -> dict[str, Any]:
 
 @dataclass
 class LoadedSession:
-    loader: "Loader"
-    prompts: list["Prompt"]
-    session: "Session"
+    loader: Loader
+    prompts: list[Prompt]
+    session: Session
 
     @property
-    def vocab(self) -> "Vocab":
+    def vocab(self) -> Vocab:
         return self.loader.vocab
 
 
@@ -137,7 +138,7 @@ def session_specs(
     return specs
 
 
-def load_session(loader: "Loader", specs: Sequence[str], progress: Progress | None = None) -> LoadedSession:
+def load_session(loader: Loader, specs: Sequence[str], progress: Progress | None = None) -> LoadedSession:
     """Every turn loaded and the session analysed (reuse, waste, spans ranked by cost)."""
     from tokendiff.cost import analyse
 
@@ -179,11 +180,11 @@ def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:
 class PairResult:
     """Two prompts, how they diverge and why; `document` is the `tokendiff.diff/2` document."""
 
-    a: "Prompt"
-    b: "Prompt"
-    divergence: "Divergence"
-    findings: list["Finding"]
-    vocab: "Vocab"
+    a: Prompt
+    b: Prompt
+    divergence: Divergence
+    findings: list[Finding]
+    vocab: Vocab
     context: int = 8  # tokens of context around spans in the document
 
     @cached_property
@@ -193,7 +194,7 @@ class PairResult:
         return diff_document(self.a, self.b, self.divergence, self.vocab, context=self.context, findings=self.findings)
 
 
-def diff_pair(a: "Prompt", b: "Prompt", vocab: "Vocab", context: int = 8) -> PairResult:
+def diff_pair(a: Prompt, b: Prompt, vocab: Vocab, context: int = 8) -> PairResult:
     from tokendiff.align import align
     from tokendiff.explain import explain
 
@@ -201,7 +202,7 @@ def diff_pair(a: "Prompt", b: "Prompt", vocab: "Vocab", context: int = 8) -> Pai
     return PairResult(a, b, d, explain(a, b, d), vocab, context)
 
 
-def load_pair(loader: "Loader", spec_a: str, spec_b: str, context: int = 8) -> PairResult:
+def load_pair(loader: Loader, spec_a: str, spec_b: str, context: int = 8) -> PairResult:
     a = loader.load(spec_a)
     b = loader.load(spec_b)
     return diff_pair(a, b, loader.vocab, context)
@@ -279,7 +280,7 @@ def export_report(doc: dict[str, Any], path: Path, fmt: str = "md") -> Path:
     return _write(path, render_report(doc, fmt).encode("utf-8"))
 
 
-def export_turns(session: "Session", path: Path) -> Path:
+def export_turns(session: Session, path: Path) -> Path:
     """The per-turn table as .parquet (else CSV)."""
     from tokendiff.cost import turn_frame
 
@@ -347,7 +348,7 @@ def replay_prompt_options(prompts: PromptOptions, opts: ReplayOptions) -> Prompt
 
 
 def replay_pair(
-    pair: PairResult, loader: "Loader", opts: ReplayOptions, progress: Progress | None = None
+    pair: PairResult, loader: Loader, opts: ReplayOptions, progress: Progress | None = None
 ) -> ReplayResult:
     """cold / actual / ideal (and fixed, where a fix is known) measured on the backend."""
     import numpy as np
@@ -372,7 +373,7 @@ def replay_pair(
     return ReplayResult(doc, [k for k in ("actual", "ideal") if not scen[k].valid])
 
 
-def check_model(be: "Backend", a: "Prompt", b: "Prompt", force: bool) -> None:
+def check_model(be: Backend, a: Prompt, b: Prompt, force: bool) -> None:
     """Token IDs only mean something for the model that produced them."""
     served = be.identity().get("model") or ""
     for p in (a, b):
@@ -385,7 +386,7 @@ def check_model(be: "Backend", a: "Prompt", b: "Prompt", force: bool) -> None:
             )
 
 
-def what_if_fix(pair: PairResult, loader: "Loader", be: "Backend", plan: "Plan") -> dict[str, Any]:
+def what_if_fix(pair: PairResult, loader: Loader, be: Backend, plan: Plan) -> dict[str, Any]:
     """The fixed B, rendered (by the server itself when it is llama-server), set on `plan` for the
     `fixed` scenario; the document's `fix` entry."""
     import numpy as np

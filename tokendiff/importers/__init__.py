@@ -14,7 +14,9 @@ CHAT_ENDPOINTS = (
 
 
 def is_chat_body(body: object) -> bool:
-    return isinstance(body, dict) and (isinstance(body.get("messages"), list) or isinstance(body.get("prompt"), (str, list)))
+    return isinstance(body, dict) and (
+        isinstance(body.get("messages"), list) or isinstance(body.get("prompt"), (str, list))
+    )
 
 
 def read_bounded(path, limit: int, what: str) -> bytes:

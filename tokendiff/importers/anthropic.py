@@ -20,7 +20,9 @@ def is_anthropic(body: dict[str, Any], endpoint: str | None = None) -> bool:
         return True
     for m in body.get("messages") or []:
         content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result") for b in content):
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result") for b in content
+        ):
             return True
     return False
 
@@ -55,7 +57,14 @@ def to_openai(body: dict[str, Any], llama_server: bool = True) -> dict[str, Any]
     if isinstance(system, str):
         msgs.append({"role": "system", "content": norm(system)})
     elif isinstance(system, list):
-        msgs.append({"role": "system", "content": "".join(norm(b.get("text", "")) for b in system if isinstance(b, dict) and b.get("type") == "text")})
+        msgs.append(
+            {
+                "role": "system",
+                "content": "".join(
+                    norm(b.get("text", "")) for b in system if isinstance(b, dict) and b.get("type") == "text"
+                ),
+            }
+        )
     for m in body.get("messages") or []:
         if not isinstance(m, dict):
             continue
@@ -69,7 +78,9 @@ def to_openai(body: dict[str, Any], llama_server: bool = True) -> dict[str, Any]
              "function": {"name": b.get("name", ""), "arguments": json.dumps(b.get("input", {}), separators=(",", ":"), ensure_ascii=False)}}
             for b in content if isinstance(b, dict) and b.get("type") == "tool_use"
         ]  # fmt: skip
-        thinking = "".join(b.get("thinking", "") for b in content if isinstance(b, dict) and b.get("type") == "thinking")
+        thinking = "".join(
+            b.get("thinking", "") for b in content if isinstance(b, dict) and b.get("type") == "thinking"
+        )
         if texts or calls or thinking:
             msg: dict[str, Any] = {"role": role, "content": _text(texts)}
             if calls:
@@ -78,12 +89,21 @@ def to_openai(body: dict[str, Any], llama_server: bool = True) -> dict[str, Any]
                 msg["reasoning_content"] = thinking
             msgs.append(msg)
         for r in (b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"):
-            msgs.append({"role": "tool", "tool_call_id": r.get("tool_use_id", ""), "content": _text(r.get("content"), sep="")})
+            msgs.append(
+                {"role": "tool", "tool_call_id": r.get("tool_use_id", ""), "content": _text(r.get("content"), sep="")}
+            )
     out["messages"] = msgs
     tools = body.get("tools")
     if isinstance(tools, list):
         out["tools"] = [
-            {"type": "function", "function": {"name": t.get("name", ""), "description": t.get("description", ""), "parameters": t.get("input_schema", {})}}
+            {
+                "type": "function",
+                "function": {
+                    "name": t.get("name", ""),
+                    "description": t.get("description", ""),
+                    "parameters": t.get("input_schema", {}),
+                },
+            }
             for t in tools
             if isinstance(t, dict)
         ]

@@ -24,4 +24,11 @@ def record_from_prompt_log(path: Path) -> dict[str, Any]:
     ts = None
     if path.stem.isdigit():
         ts = int(path.stem) / 1000.0
-    return {"source": "llama-log", "origin": str(path), "endpoint": "/completion", "request": {}, "prompt_text": text, "log_ts": ts}
+    return {
+        "source": "llama-log",
+        "origin": str(path),
+        "endpoint": "/completion",
+        "request": {},
+        "prompt_text": text,
+        "log_ts": ts,
+    }

@@ -61,7 +61,9 @@ def _owner_fields(side: str, path: SectionPath) -> dict[str, Any]:
     }
 
 
-def diff_document(a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: int = 8, findings: list | None = None) -> dict[str, Any]:
+def diff_document(
+    a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: int = 8, findings: list | None = None
+) -> dict[str, Any]:
     first = None
     best = {f.hunk: f for f in (findings or [])}
     if not d.identical:
@@ -154,8 +156,11 @@ def render_text(doc: dict[str, Any], color: bool = False, max_hunks: int = 20) -
         mm = d.get("render_mismatch")
         if mm:
             out.append(
-                st.wrap(_DIM, f"{side}: the local render differs from the server's tokens at byte {mm['byte']}: "
-                        f"local …{mm['local']!r}… server …{mm['server']!r}…")
+                st.wrap(
+                    _DIM,
+                    f"{side}: the local render differs from the server's tokens at byte {mm['byte']}: "
+                    f"local …{mm['local']!r}… server …{mm['server']!r}…",
+                )
             )
     tk = doc["tokenizer"]
     note = " (assumed; pass --tokenizer or --server for the model's own)" if tk["assumed"] else ""

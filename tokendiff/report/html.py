@@ -39,16 +39,20 @@ def _chart(turns: list[dict[str, Any]]) -> str:
         y0 = h - pad
         parts.append(
             f'<rect x="{x:.1f}" y="{y0 - reuse_h:.1f}" width="{bw * 0.8:.1f}" height="{reuse_h:.1f}" fill="#3c8d5a">'
-            f'<title>turn {t["turn"]}: {t["reuse_pct"]:.1f} % reused</title></rect>'
+            f"<title>turn {t['turn']}: {t['reuse_pct']:.1f} % reused</title></rect>"
         )
         if waste_h > 0:
             parts.append(
                 f'<rect x="{x:.1f}" y="{y0 - reuse_h - waste_h:.1f}" width="{bw * 0.8:.1f}" height="{waste_h:.1f}" fill="#d9534f">'
-                f'<title>turn {t["turn"]}: {t["wasted"]:,} tokens wasted</title></rect>'
+                f"<title>turn {t['turn']}: {t['wasted']:,} tokens wasted</title></rect>"
             )
         if n <= 60 or i % max(1, n // 30) == 0:
-            parts.append(f'<text x="{x + bw * 0.4:.1f}" y="{h - pad + 14}" font-size="10" text-anchor="middle" fill="#667">{t["turn"]}</text>')
-    parts.append(f'<text x="{w - pad}" y="{h - 6}" font-size="11" text-anchor="end" fill="#667">turn · green: reused · red: wasted</text>')
+            parts.append(
+                f'<text x="{x + bw * 0.4:.1f}" y="{h - pad + 14}" font-size="10" text-anchor="middle" fill="#667">{t["turn"]}</text>'
+            )
+    parts.append(
+        f'<text x="{w - pad}" y="{h - 6}" font-size="11" text-anchor="end" fill="#667">turn · green: reused · red: wasted</text>'
+    )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -79,7 +83,9 @@ def render_html(doc: dict[str, Any]) -> str:
     out.append(_chart(doc["turns"]))
     out.append("<h2>Spans, ranked by what they cost</h2>")
     if doc["spans"]:
-        out.append("<table><tr><th>#</th><th>cause</th><th>section</th><th>turns</th><th>tokens</th><th>share</th><th>reuse without it</th><th>fix</th></tr>")
+        out.append(
+            "<table><tr><th>#</th><th>cause</th><th>section</th><th>turns</th><th>tokens</th><th>share</th><th>reuse without it</th><th>fix</th></tr>"
+        )
         for sp in doc["spans"]:
             out.append(
                 f"<tr><td class=n>{sp['rank']}</td><td>{e(sp['title'])}</td><td><code>{e(sp['section'])}</code></td>"
@@ -105,7 +111,10 @@ def render_html(doc: dict[str, Any]) -> str:
                    "<th>ideal ms</th><th>fixed ms</th><th>cost ms</th><th>speedup</th></tr>")  # fmt: skip
         for rp in doc["replays"]:
             sc, key = rp["scenarios"], rp["measure"]
-            cells = "".join(f"<td class=n>{'' if k not in sc or sc[k][key] is None else sc[k][key]}</td>" for k in ("cold", "actual", "ideal", "fixed"))
+            cells = "".join(
+                f"<td class=n>{'' if k not in sc or sc[k][key] is None else sc[k][key]}</td>"
+                for k in ("cold", "actual", "ideal", "fixed")
+            )
             out.append(f"<tr><td><code>{e(str(rp['pair'].get('a')))} → {e(str(rp['pair'].get('b')))}</code></td><td>{e(rp['backend']['kind'])}</td>"
                        f"{cells}<td class=n>{rp['cost_ms']}</td><td class=n>{rp['speedup']}x</td></tr>")  # fmt: skip
         out.append("</table>")
@@ -117,7 +126,7 @@ def render_html(doc: dict[str, Any]) -> str:
             x = c[side]
             out.append(
                 f'<p class="muted">{side.upper()} <code>{e(x["origin"])}</code> tokens {x["tokens"][0]:,}..{x["tokens"][1]:,}, '
-                f'bytes {x["bytes"][0]:,}..{x["bytes"][1]:,}, in <code>{e(x["section"])}</code></p>'
+                f"bytes {x['bytes'][0]:,}..{x['bytes'][1]:,}, in <code>{e(x['section'])}</code></p>"
             )
             out.append(_ex(x["text"], side))
     out.append("</body></html>")

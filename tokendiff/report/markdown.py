@@ -42,7 +42,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
     else:
         out.append("None: nothing broke the cache.")
     out += ["", "## Turns", ""]
-    out.append("| turn | tokens | reusable | reuse % | recomputed | new | wasted | first divergence | cause | server cached | note |")
+    out.append(
+        "| turn | tokens | reusable | reuse % | recomputed | new | wasted | first divergence | cause | server cached | note |"
+    )
     out.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for t in doc["turns"]:
         out.append(

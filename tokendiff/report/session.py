@@ -62,7 +62,9 @@ def report_document(
                 "share": round(sp.share, 4),
                 "seconds": round(sp.seconds, 3) if sp.seconds is not None else None,
                 "gain_if_fixed": sp.gain,
-                "reuse_pct_without": round(100.0 * (s.reused_tokens + sp.gain) / s.total_tokens, 2) if s.total_tokens else None,
+                "reuse_pct_without": round(100.0 * (s.reused_tokens + sp.gain) / s.total_tokens, 2)
+                if s.total_tokens
+                else None,
                 "seconds_saved_if_fixed": round(sp.gain * s.ms_per_token / 1000, 3) if s.ms_per_token else None,
             }
         )
@@ -117,7 +119,15 @@ def report_document(
         "headline": headline(s),
         "redacted": redact,
     }
-    return {"schema": SCHEMA, "summary": summary, "tokenizer": tokenizer, "turns": rows, "spans": spans, "causes": causes, "findings": per_turn_findings}
+    return {
+        "schema": SCHEMA,
+        "summary": summary,
+        "tokenizer": tokenizer,
+        "turns": rows,
+        "spans": spans,
+        "causes": causes,
+        "findings": per_turn_findings,
+    }
 
 
 def headline(s: Session) -> str:

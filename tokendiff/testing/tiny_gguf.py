@@ -115,7 +115,7 @@ def write_tiny_gguf(out: Path, spec: TinySpec = TinySpec()) -> Path:
     rng = np.random.default_rng(spec.seed)
     hd = spec.dim // spec.heads
 
-    def mat(rows: int, cols: int) -> "np.ndarray":
+    def mat(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
 
     w.add_tensor("token_embd.weight", mat(n_vocab, spec.dim))

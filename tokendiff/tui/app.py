@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from textual import work
 from textual.app import App
@@ -57,7 +56,14 @@ class TokendiffCommands(Provider):
         for name, action in entries:
             score = matcher.match(name)
             if score > 0:
-                yield Hit(score, matcher.highlight(name), lambda a=action: app.run_action(f"screen.{a}") if a not in ("export_report",) else app.export_report(), help=action)
+                yield Hit(
+                    score,
+                    matcher.highlight(name),
+                    lambda a=action: (
+                        app.run_action(f"screen.{a}") if a not in ("export_report",) else app.export_report()
+                    ),
+                    help=action,
+                )
 
 
 def _binding_ids(*classes: type) -> set[str]:
@@ -199,4 +205,3 @@ class TokendiffApp(App):
                     self.call_from_thread(self._loaded, loaded)
                     self.call_from_thread(self.notify, f"{len(new)} new turn(s) from {o.live}")
             time.sleep(o.every)
-

@@ -45,14 +45,24 @@ class SessionScreen(Screen):
     def on_mount(self) -> None:
         self.query_one("#turns", DataTable).loading = True
 
-    def show(self, session: "Session") -> None:
+    def show(self, session: Session) -> None:
         from tokendiff.report.session import headline
 
         self.query_one("#headline", Static).update(Text(headline(session), style="bold"))
         table = self.query_one("#turns", DataTable)
         table.loading = False
         table.clear(columns=True)
-        table.add_columns("turn", "tokens", "reusable", "reuse %", "recomputed", "wasted", "cause", "server cached", "first divergence")
+        table.add_columns(
+            "turn",
+            "tokens",
+            "reusable",
+            "reuse %",
+            "recomputed",
+            "wasted",
+            "cause",
+            "server cached",
+            "first divergence",
+        )
         for t in session.turns:
             table.add_row(
                 str(t.turn), f"{t.n_tokens:,}", f"{t.reuse.get('llama.cpp', 0):,}", f"{t.reuse_pct:.1f}", f"{t.recompute:,}",
@@ -64,7 +74,10 @@ class SessionScreen(Screen):
         lines.append("fix first\n", style="bold")
         for k, sp in enumerate(session.spans[:8], 1):
             lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
-            lines.append(f"   {sp.section} · turns {', '.join(map(str, sp.turns))} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %)\n", style="dim")
+            lines.append(
+                f"   {sp.section} · turns {', '.join(map(str, sp.turns))} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %)\n",
+                style="dim",
+            )
             lines.append(f"   {sp.fix}\n")
         if not session.spans:
             lines.append("nothing broke the cache")
@@ -109,7 +122,9 @@ class PairScreen(Screen):
         Binding("escape", "back", "back", id="pair.back"),
     ]
 
-    def __init__(self, turn: int, a: Prompt, b: Prompt, d: "Divergence", findings: list["Finding"], view: PairView) -> None:
+    def __init__(
+        self, turn: int, a: Prompt, b: Prompt, d: Divergence, findings: list[Finding], view: PairView
+    ) -> None:
         super().__init__()
         self.turn, self.a, self.b, self.d, self.findings, self.pv = turn, a, b, d, findings, view
         self.mode = "unified"
@@ -261,12 +276,15 @@ class PairScreen(Screen):
     def action_replay(self) -> None:
         backend = getattr(self.app.options, "backend", None)  # type: ignore[attr-defined]
         if not backend:
-            self.notify("no backend: start the TUI with --backend URL (a llama-server, vLLM, SGLang or Ollama)", severity="warning")
+            self.notify(
+                "no backend: start the TUI with --backend URL (a llama-server, vLLM, SGLang or Ollama)",
+                severity="warning",
+            )
             return
         self.query_one("#findings", Static).update(Text(f"replaying against {backend}…", style="bold"))
         self._replay(backend)
 
-    def _pair(self) -> "PairResult":
+    def _pair(self) -> PairResult:
         from tokendiff.workflows import PairResult
 
         return PairResult(self.a, self.b, self.d, self.findings, self.app.vocab)  # type: ignore[attr-defined]

@@ -83,7 +83,7 @@ class TokenView(ScrollView, can_focus=True):
     class Moved(Message):
         """The cursor moved to view token `position`."""
 
-        def __init__(self, view: "TokenView", position: int) -> None:
+        def __init__(self, view: TokenView, position: int) -> None:
             super().__init__()
             self.view = view
             self.position = position
