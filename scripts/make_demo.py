@@ -331,19 +331,36 @@ def agent_turns() -> list[tuple[str, list[dict], list[dict]]]:
     ]
     tools_more = sorted(TOOLS + [ON_DEMAND], key=lambda t: t["function"]["name"])
     # turn k sends the first k-1 steps; (notes, date, tools) as the agent had them at turn k
-    state = {1: (4, "2026-11-28", TOOLS), 2: (4, "2026-11-28", TOOLS), 3: (5, "2026-11-28", TOOLS), 4: (5, "2026-11-28", TOOLS),
-             5: (5, "2026-11-28", tools_more), 6: (6, "2026-11-28", tools_more), 7: (6, "2026-11-29", tools_more),
-             8: (6, "2026-11-29", tools_more)}  # fmt: skip
-    whats = {1: "first request", 2: "append", 3: "memory counter 4 -> 5", 4: "append", 5: "git_blame loaded on demand",
-             6: "memory counter 5 -> 6", 7: "date rolls over", 8: "append"}  # fmt: skip
+    state = {
+        1: (4, "2026-11-28", TOOLS),
+        2: (4, "2026-11-28", TOOLS),
+        3: (5, "2026-11-28", TOOLS),
+        4: (5, "2026-11-28", TOOLS),
+        5: (5, "2026-11-28", tools_more),
+        6: (6, "2026-11-28", tools_more),
+        7: (6, "2026-11-29", tools_more),
+        8: (6, "2026-11-29", tools_more),
+    }
+    whats = {
+        1: "first request",
+        2: "append",
+        3: "memory counter 4 -> 5",
+        4: "append",
+        5: "git_blame loaded on demand",
+        6: "memory counter 5 -> 6",
+        7: "date rolls over",
+        8: "append",
+    }
     turns = []
     for k in range(1, 9):
         notes, date, tools = state[k]
         msgs = [system(notes, date), user1] + [m for step in steps[: k - 1] for m in step]
         turns.append((whats[k], msgs, tools))
     done = [system(6, "2026-11-29"), user1] + [m for step in steps for m in step]
-    done += [{"role": "assistant", "content": "Fixed: parse_duration raises ValueError on text without a duration."},
-             {"role": "user", "content": "Good. Also make it accept uppercase units like 2H."}]  # fmt: skip
+    done += [
+        {"role": "assistant", "content": "Fixed: parse_duration raises ValueError on text without a duration."},
+        {"role": "user", "content": "Good. Also make it accept uppercase units like 2H."},
+    ]
     turns.append(("new user message: earlier reasoning stripped by the template", done, tools_more))
     more = done + [
         assistant("Lower-case the text first.", call("read_file", 8, path="parser.py")),
@@ -367,8 +384,15 @@ def record_agent(out: Path) -> None:
 
             client = openai.OpenAI(base_url=base + "/v1", api_key="sk-demo-not-recorded")
             for k, (what, msgs, tools) in enumerate(agent_turns(), 1):
-                r = client.chat.completions.create(model="tokendiff-tiny", messages=msgs, tools=tools, max_tokens=8,
-                                                   temperature=0, seed=7, extra_body={"id_slot": 0, "cache_prompt": True})  # fmt: skip
+                r = client.chat.completions.create(
+                    model="tokendiff-tiny",
+                    messages=msgs,
+                    tools=tools,
+                    max_tokens=8,
+                    temperature=0,
+                    seed=7,
+                    extra_body={"id_slot": 0, "cache_prompt": True},
+                )
                 t = r.model_extra.get("timings", {}) if r.model_extra else {}
                 print(f"agent turn {k}: {r.usage.prompt_tokens:5d} prompt tokens, cache_n {t.get('cache_n')}  {what}")
         finally:

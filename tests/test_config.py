@@ -63,8 +63,10 @@ def test_bundled_files_are_inside_the_package():
         assert p.is_file() and pkg in p.parents, p
     assert (paths.demo_capture().parent / "props.json").is_file()  # the chat template the capture renders with
     assert sorted(f.stem for f in paths.shipped_themes_dir().glob("*.toml")) == [
-        "tokendiff-dark", "tokendiff-light", "tokendiff-solarized",
-    ]  # fmt: skip
+        "tokendiff-dark",
+        "tokendiff-light",
+        "tokendiff-solarized",
+    ]
     # the checkout's user-facing folders are the same files, not copies
     assert (ROOT / "captures" / "agent").resolve() == paths.demo_capture().parent
     assert (ROOT / "captures" / "demo").resolve() == paths.demo_slots()
@@ -143,8 +145,11 @@ def test_require_theme_lists_the_available_ones(home):
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tokendiff", *args],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def one_line(r: subprocess.CompletedProcess, *words: str) -> str:

@@ -167,10 +167,18 @@ def test_gpt_oss_harmony_channels_and_namespace_tools():
 
 def test_deepseek_v31_tool_calls_and_outputs():
     specials = [
-        "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
-        "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
-        "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>",
-    ]  # fmt: skip
+        "<｜begin▁of▁sentence｜>",
+        "<｜end▁of▁sentence｜>",
+        "<｜User｜>",
+        "<｜Assistant｜>",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁calls▁end｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁output▁begin｜>",
+        "<｜tool▁output▁end｜>",
+    ]
     text = render("deepseek-ai-DeepSeek-V3.1.jinja", CONVERSATION, TOOLS, bos_token="<｜begin▁of▁sentence｜>")
     p = prompt_from_text(text, specials)
     assert detect_family(p) == "deepseek"

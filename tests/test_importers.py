@@ -198,11 +198,16 @@ def test_har_streamed_and_base64_responses(tmp_path):
             "usage": {"prompt_tokens": 100},
         }
     )
-    har = _har([
-        {"request": {"method": "GET", "url": "http://127.0.0.1:8080/v1/models"}, "response": {"status": 200, "content": {}}},
-        _entry(body(2), sse, mime="text/event-stream"),
-        _entry(body(4), base64.b64encode(plain.encode()).decode(), encoding="base64"),
-    ])  # fmt: skip
+    har = _har(
+        [
+            {
+                "request": {"method": "GET", "url": "http://127.0.0.1:8080/v1/models"},
+                "response": {"status": 200, "content": {}},
+            },
+            _entry(body(2), sse, mime="text/event-stream"),
+            _entry(body(4), base64.b64encode(plain.encode()).decode(), encoding="base64"),
+        ]
+    )
     path = tmp_path / "s.har"
     path.write_text(json.dumps(har))
     recs = read_har(path)

@@ -294,8 +294,22 @@ def test_upstream_killed_mid_stream_is_recorded(llama_server_bin, tiny_model, tm
 
 def test_listening_beyond_loopback_warns(tmp_path):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tokendiff", "proxy", "--upstream", "http://127.0.0.1:9", "--out", str(tmp_path / "s"),
-                             "--listen", f"0.0.0.0:{port}"], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tokendiff",
+            "proxy",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--out",
+            str(tmp_path / "s"),
+            "--listen",
+            f"0.0.0.0:{port}",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for _ in range(100):
             try:
@@ -314,12 +328,24 @@ def test_anthropic_messages_as_claude_code_sends_them(server, tmp_path):
 
     def body(nonce: str, extra: list) -> dict:
         return {
-            "model": "claude", "max_tokens": 2,
-            "system": [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.4; cc_entrypoint=cli; cch={nonce};"},
-                       {"type": "text", "text": "You are Claude Code."}],
+            "model": "claude",
+            "max_tokens": 2,
+            "system": [
+                {
+                    "type": "text",
+                    "text": f"x-anthropic-billing-header: cc_version=2.1.4; cc_entrypoint=cli; cch={nonce};",
+                },
+                {"type": "text", "text": "You are Claude Code."},
+            ],
             "messages": [{"role": "user", "content": [{"type": "text", "text": "Read main.py"}]}] + extra,
-            "tools": [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}],
-        }  # fmt: skip
+            "tools": [
+                {
+                    "name": "Read",
+                    "description": "Read a file",
+                    "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+                }
+            ],
+        }
 
     turn2 = [
         {

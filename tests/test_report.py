@@ -109,9 +109,18 @@ def test_html_renders_in_headless_chromium(tmp_path):
     assert "<script" not in html and "http" not in html.split("<body>")[1].split("</body>")[0].replace(
         "http://www.w3.org/2000/svg", ""
     )
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
     dom = subprocess.run(cmd + ["--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120)
     assert "Fix this first" in dom.stdout and "<svg" in dom.stdout and dom.stdout.count("<rect") >= 10
     shot = tmp_path / "report.png"

@@ -20,10 +20,15 @@ from tokendiff.errors import InputError
 @pytest.mark.parametrize(
     ("url", "local"),
     [
-        ("http://127.0.0.1:8080", True), ("http://localhost:1/v1", True), ("http://[::1]:8080", True),
-        ("http://127.8.9.1", True), ("http://192.0.2.10:8080", False), ("http://example.com", False), ("", False),
+        ("http://127.0.0.1:8080", True),
+        ("http://localhost:1/v1", True),
+        ("http://[::1]:8080", True),
+        ("http://127.8.9.1", True),
+        ("http://192.0.2.10:8080", False),
+        ("http://example.com", False),
+        ("", False),
     ],
-)  # fmt: skip
+)
 def test_loopback_policy(url, local):
     assert sv.is_loopback_url(url) is local
 
@@ -53,8 +58,11 @@ def test_sse_summary_joins_lines_split_across_chunks():
         s.feed(text[i : i + 7])
     assert s.result() == whole
     assert whole == {
-        "content": "Hello", "finish_reason": "stop", "usage": {"prompt_tokens": 9}, "timings": {"cache_n": 4},
-    }  # fmt: skip
+        "content": "Hello",
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 9},
+        "timings": {"cache_n": 4},
+    }
 
 
 def test_final_fields():
@@ -72,8 +80,13 @@ def test_request_bodies():
 
 
 def test_server_info_record():
-    props = {"default_generation_settings": {}, "model_path": "/m/q.gguf", "build_info": "b1", "chat_template": "t",
-             "total_slots": 2}  # fmt: skip
+    props = {
+        "default_generation_settings": {},
+        "model_path": "/m/q.gguf",
+        "build_info": "b1",
+        "chat_template": "t",
+        "total_slots": 2,
+    }
     info = sv.ServerInfo("http://h", sv.LLAMA, props=props, models={"data": [{"id": "q", "meta": {"n_vocab": 7}}]})
     rec = info.record()
     assert rec["kind"] == "llama-server" and rec["model"] == "/m/q.gguf" and len(rec["chat_template_sha256"]) == 64

@@ -114,8 +114,11 @@ async def test_export_is_the_diff_json_document(tmp_path, monkeypatch):
         await pilot.press("x")
         await wait_for(pilot, lambda: (tmp_path / "tokendiff-pair-2-3.json").is_file())
     exported = json.loads((tmp_path / "tokendiff-pair-2-3.json").read_bytes())
-    cli = subprocess.run([sys.executable, "-m", "tokendiff", "diff", f"{agent}@2", f"{agent}@3", "--json"],
-                         capture_output=True, cwd=tmp_path)  # fmt: skip
+    cli = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "diff", f"{agent}@2", f"{agent}@3", "--json"],
+        capture_output=True,
+        cwd=tmp_path,
+    )
     assert cli.returncode == 1, cli.stderr
     assert exported == json.loads(cli.stdout)
     assert exported["hunks"][0]["finding"]["kind"] == "counter"  # the findings `diff --json` has

@@ -88,8 +88,10 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
     bindir = venv / "bin"
     site = subprocess.run(
         [bindir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (Path(site) / "tokendiff-test-deps.pth").write_text("\n".join(sorted(ours)) + "\n")
     env = _clean_env(work)
@@ -104,9 +106,14 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
 def run(installed, *args: str, exe: str = "tokendiff") -> subprocess.CompletedProcess:
     bindir, env, cwd = installed
     return subprocess.run(
-        [str(bindir / exe), *args], capture_output=True, text=True, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+        [str(bindir / exe), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
         timeout=300,
-    )  # fmt: skip
+    )
 
 
 def test_the_installed_package_is_the_wheel(installed):

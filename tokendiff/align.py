@@ -260,7 +260,7 @@ def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
                 # a span past the end (an insertion after A's last token) belongs to the last token's section
                 a_owner=a.owner(a0) if a0 < len(a) else a.owner(max(a0 - 1, 0)),
                 b_owner=b.owner(b0) if b0 < len(b) else b.owner(max(b0 - 1, 0)),
-            )  # fmt: skip
+            )
         )
     # A tokenization boundary: the first divergent span spells the same bytes on both
     # sides (a BPE merge across the old/new boundary), not a content change.

@@ -195,9 +195,12 @@ def _tokenizer_args(p: argparse.ArgumentParser) -> None:
 
 def _prompt_options(args: argparse.Namespace) -> PromptOptions:
     return PromptOptions(
-        tokenizer=args.tokenizer, server=args.server, chat_template=args.chat_template,
-        family=args.template_family, order=args.order,
-    )  # fmt: skip
+        tokenizer=args.tokenizer,
+        server=args.server,
+        chat_template=args.chat_template,
+        family=args.template_family,
+        order=args.order,
+    )
 
 
 def _use_color(choice: str) -> bool:
@@ -282,9 +285,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from tokendiff.replay import progress_printer
 
     opts = wf.ReplayOptions(
-        backend=args.backend, backend_kind=args.backend_kind, repeat=args.repeat, slot=args.slot,
-        fix=not args.no_fix, allow_remote=args.allow_remote, force=args.force,
-    )  # fmt: skip
+        backend=args.backend,
+        backend_kind=args.backend_kind,
+        repeat=args.repeat,
+        slot=args.slot,
+        fix=not args.no_fix,
+        allow_remote=args.allow_remote,
+        force=args.force,
+    )
     wf.check_replay(opts)
     loader = wf.open_loader(wf.replay_prompt_options(_prompt_options(args), opts))
     pair = wf.load_pair(loader, args.a, args.b)
@@ -327,9 +335,15 @@ def cmd_tui(args: argparse.Namespace) -> int:
     from tokendiff.tui.app import Options, TokendiffApp
 
     opts = Options(
-        paths=paths, prompts=_prompt_options(args), live=args.live, slot_dir=args.slot_dir,
-        every=parse_interval(args.every), theme=args.theme, backend=args.backend, force=args.force,
-    )  # fmt: skip
+        paths=paths,
+        prompts=_prompt_options(args),
+        live=args.live,
+        slot_dir=args.slot_dir,
+        every=parse_interval(args.every),
+        theme=args.theme,
+        backend=args.backend,
+        force=args.force,
+    )
     TokendiffApp(opts).run()
     return 0
 

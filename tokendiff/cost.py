@@ -210,10 +210,13 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> None:
             continue
         # fixing this span alone extends the prefix to the next hunk it does not cause
         other = next(
-            (ceiling if f.expected else d.hunks[f.hunk].b_start
-             for f in t.findings if f.expected or _span_key(f, d) != key),
+            (
+                ceiling if f.expected else d.hunks[f.hunk].b_start
+                for f in t.findings
+                if f.expected or _span_key(f, d) != key
+            ),
             ceiling,
-        )  # fmt: skip
+        )
         sp.gain += max(0, min(other, ceiling) - t.reuse["llama.cpp"])
 
 

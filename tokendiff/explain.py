@@ -147,7 +147,9 @@ def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
     n_a, n_b = ctx.h.a_end - ctx.h.a_start, ctx.h.b_end - ctx.h.b_start
     gen = ctx.a_path.has("generated")
     return Finding(
-        kind="bpe_boundary", hunk=ctx.i, confidence=0.95,
+        kind="bpe_boundary",
+        hunk=ctx.i,
+        confidence=0.95,
         title="Tokenization boundary: same text, different token IDs",
         evidence=f"{n_a} token(s) in A and {n_b} in B spell the same bytes"
         + (" (the model's generated tokens, re-tokenised from text)" if gen else "")
@@ -155,7 +157,7 @@ def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
         fix="Send the conversation as token IDs, or keep the generated text's original tokens "
         "(text-level resume server-side)",
         origin="client" if gen else "",
-    )  # fmt: skip
+    )
 
 
 def detect_double_bos(ctx: Ctx) -> Finding | None:
@@ -166,11 +168,14 @@ def detect_double_bos(ctx: Ctx) -> Finding | None:
         if len(p) >= 2 and p.special[0] and p.ids[0] == p.ids[1]:
             tok = p.token_bytes(0).decode("utf-8", "replace")
             return Finding(
-                kind="double_bos", hunk=ctx.i, confidence=0.95, title=f"Double BOS in {side}",
+                kind="double_bos",
+                hunk=ctx.i,
+                confidence=0.95,
+                title=f"Double BOS in {side}",
                 evidence=f"{side} starts with {tok} twice",
                 fix="Tokenise with add_special_tokens=false when the chat template already emits BOS",
                 origin="client",
-            )  # fmt: skip
+            )
     return None
 
 
@@ -199,18 +204,24 @@ def detect_appended(ctx: Ctx) -> Finding | None:
     n_new = ctx.h.b_end - ctx.h.b_start
     if pure_insert or ctx.h.a_start >= len(ctx.a):
         return Finding(
-            kind="appended", hunk=ctx.i, confidence=0.8, title="New turns appended (expected)",
+            kind="appended",
+            hunk=ctx.i,
+            confidence=0.8,
+            title="New turns appended (expected)",
             evidence=f"{n_new} new tokens after A's prompt",
-            fix="Nothing to fix: this is the new part of the conversation", expected=True,
-        )  # fmt: skip
+            fix="Nothing to fix: this is the new part of the conversation",
+            expected=True,
+        )
     n_gen = ctx.h.a_end - ctx.h.a_start
     return Finding(
-        kind="generated_rerendered", hunk=ctx.i, confidence=0.5,
+        kind="generated_rerendered",
+        hunk=ctx.i,
+        confidence=0.5,
         title="The model's output is rendered differently in history",
         evidence=f"{n_gen} generated token(s) kept in A's slot differ from how B renders that assistant message",
         fix="Send the assistant message back exactly as generated (content, reasoning and tool calls)",
         origin="client",
-    )  # fmt: skip
+    )
 
 
 _TAGS = re.compile(r"</?think>|<\|channel\|>|analysis|<\|message\|>")
@@ -234,22 +245,28 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
         return None  # the model's output itself differs: other detectors (reasoning, JSON, boundary) say why
     if "<think>" in a_txt and "</think>" in a_txt and _prefill_only(a_txt):
         return Finding(
-            kind="empty_think_prefill", hunk=ctx.i, confidence=0.9,
+            kind="empty_think_prefill",
+            hunk=ctx.i,
+            confidence=0.9,
             title="Empty think block only on the generation prompt",
             evidence="A's generation prompt ends with an empty <think></think> that the same turn loses in history "
             "(enable_thinking=false)",
             fix="Patch the template to emit the empty think block for history turns too (a ~90x speedup reported), "
             "or accept a few tokens",
             origin="template",
-        )  # fmt: skip
+        )
     n = ctx.h.a_end - ctx.h.a_start
     return Finding(
-        kind="generation_prompt", hunk=ctx.i, confidence=0.85,
+        kind="generation_prompt",
+        hunk=ctx.i,
+        confidence=0.85,
         title="Generation prompt replaced by the answer (expected)",
         evidence=f"A's open generation prompt ({a_txt[:40]!r}, {n} token(s)) is rendered differently "
         "once it is history",
-        fix="Nothing to fix: a few tokens per turn", expected=True, origin="template",
-    )  # fmt: skip
+        fix="Nothing to fix: a few tokens per turn",
+        expected=True,
+        origin="template",
+    )
 
 
 def detect_reasoning(ctx: Ctx) -> Finding | None:
@@ -267,21 +284,25 @@ def detect_reasoning(ctx: Ctx) -> Finding | None:
     turn = top.label if top else "an assistant turn"
     if empty_b:
         return Finding(
-            kind="reasoning_dropped_by_client", hunk=ctx.i, confidence=0.85,
+            kind="reasoning_dropped_by_client",
+            hunk=ctx.i,
+            confidence=0.85,
             title="Reasoning dropped from history by the client",
             evidence=f"{n} tokens of reasoning in {turn} became an empty think block",
             fix="Send reasoning_content back with each assistant message (and check that proxies keep it)",
             origin="client",
-        )  # fmt: skip
+        )
     return Finding(
-        kind="reasoning_stripped", hunk=ctx.i, confidence=0.9,
+        kind="reasoning_stripped",
+        hunk=ctx.i,
+        confidence=0.9,
         title="Reasoning stripped from an earlier assistant turn",
         evidence=f"{n} tokens of reasoning in {turn} are in A and gone from B "
         "(the template drops reasoning before the latest user message)",
         fix="Preserve reasoning in history (preserve_thinking / --reasoning-preserve where the template supports it), "
         "or accept one miss per user turn",
         origin="template",
-    )  # fmt: skip
+    )
 
 
 def _tool_names(p: Prompt) -> list[str]:
@@ -293,21 +314,28 @@ def _tool_moved_or_changed(ctx: Ctx, na: list[str], nb: list[str]) -> Finding | 
     if na and nb and na != nb and sorted(na) == sorted(nb):
         moved = [n for n, m in zip(na, nb) if n != m]
         return Finding(
-            kind="tool_order", hunk=ctx.i, confidence=0.95, title="Tools reordered (same set)",
+            kind="tool_order",
+            hunk=ctx.i,
+            confidence=0.95,
+            title="Tools reordered (same set)",
             evidence=f"{len(na)} tools, same names, different order; first out of place: {moved[0]!r}",
-            fix="Send tools in a stable order (sort them by name)", origin="client",
-        )  # fmt: skip
+            fix="Send tools in a stable order (sort them by name)",
+            origin="client",
+        )
     if na != nb and (na or nb):
         added = [n for n in nb if n not in na]
         removed = [n for n in na if n not in nb]
         what = ", ".join([f"+{n}" for n in added[:5]] + [f"-{n}" for n in removed[:5]])
         return Finding(
-            kind="tool_set", hunk=ctx.i, confidence=0.95, title="Tools added or removed",
+            kind="tool_set",
+            hunk=ctx.i,
+            confidence=0.95,
+            title="Tools added or removed",
             evidence=f"tool set changed ({what}): {len(na)} -> {len(nb)} tools",
             fix="Keep the tool list fixed for a session; load on-demand tools at the end of the list "
             "(or after the history)",
             origin="client",
-        )  # fmt: skip
+        )
     return None
 
 
@@ -321,11 +349,14 @@ def detect_tools(ctx: Ctx) -> Finding | None:
     owner = ctx.a_path.tool_name
     if owner:
         return Finding(
-            kind="tool_changed", hunk=ctx.i, confidence=0.6, title=f"Tool definition changed: {owner}",
+            kind="tool_changed",
+            hunk=ctx.i,
+            confidence=0.6,
+            title=f"Tool definition changed: {owner}",
             evidence=f"the text of the tool {owner} differs between the two requests",
             fix="Keep tool schemas byte-stable; move per-request data (lists, counts) out of descriptions",
             origin="client",
-        )  # fmt: skip
+        )
     return None
 
 
@@ -343,11 +374,15 @@ def detect_date(ctx: Ctx) -> Finding | None:
         "(pin date_string if the template injects it)",
     }[origin]
     return Finding(
-        kind="date", hunk=ctx.i, confidence=0.9, title="Date or time in the prompt changed",
+        kind="date",
+        hunk=ctx.i,
+        confidence=0.9,
+        title="Date or time in the prompt changed",
         evidence=f"{ch[0]!r} -> {ch[1]!r} in {_where(ctx.a_path)}"
         + (" (injected by the template or server)" if origin == "template" else ""),
-        fix=fix, origin=origin,
-    )  # fmt: skip
+        fix=fix,
+        origin=origin,
+    )
 
 
 def detect_nonce(ctx: Ctx) -> Finding | None:
@@ -365,13 +400,16 @@ def detect_nonce(ctx: Ctx) -> Finding | None:
         ch = (a, b)
     billing = "cch=" in wa or "billing" in wa.lower()
     return Finding(
-        kind="nonce", hunk=ctx.i, confidence=0.85, title="Per-request nonce or ID in the prompt",
+        kind="nonce",
+        hunk=ctx.i,
+        confidence=0.85,
+        title="Per-request nonce or ID in the prompt",
         evidence=f"{ch[0]!r} -> {ch[1]!r}" + (" (a billing-header nonce, cch=)" if billing else ""),
         fix="Strip the billing header (CLAUDE_CODE_ATTRIBUTION_HEADER=0) or drop it at a proxy"
         if billing
         else "Move per-request IDs and nonces out of the prefix (or remove them)",
         origin="client",
-    )  # fmt: skip
+    )
 
 
 def detect_call_id(ctx: Ctx) -> Finding | None:
@@ -382,11 +420,14 @@ def detect_call_id(ctx: Ctx) -> Finding | None:
         return None
     a, b = ch or (ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace"))
     return Finding(
-        kind="tool_call_id", hunk=ctx.i, confidence=0.85, title="Tool-call IDs regenerated",
+        kind="tool_call_id",
+        hunk=ctx.i,
+        confidence=0.85,
+        title="Tool-call IDs regenerated",
         evidence=f"{a!r} -> {b!r} in {_where(ctx.a_path)}",
         fix="Persist tool-call IDs with the history, or derive them deterministically (e.g. a hash of the call)",
         origin="client",
-    )  # fmt: skip
+    )
 
 
 _BRACES = re.compile(rb"[{}]")
@@ -455,14 +496,16 @@ def detect_json_reserialized(ctx: Ctx) -> Finding | None:
     how = "key order" if keys_a != keys_b else "whitespace or separators"
     in_call = ctx.a_path.has("tool_call") or _field_named(ctx.a_path, "arguments")
     return Finding(
-        kind="json_reserialized", hunk=ctx.i, confidence=0.9,
+        kind="json_reserialized",
+        hunk=ctx.i,
+        confidence=0.9,
         title="JSON re-serialised (same value, different text)",
         evidence=f"the JSON object at byte {ja[0]:,} is equal as data but differs in {how}"
         + (" (tool-call arguments)" if in_call else ""),
         fix="Send tool-call arguments exactly as generated (the string), or serialise with a fixed key order "
         "and separators",
         origin="client" if in_call else "",
-    )  # fmt: skip
+    )
 
 
 def detect_counter(ctx: Ctx) -> Finding | None:
@@ -473,11 +516,14 @@ def detect_counter(ctx: Ctx) -> Finding | None:
     wa, ia = ctx.a_win(24)
     label = wa[max(0, ia - 24) : ia].strip().split("\n")[-1][-30:]
     return Finding(
-        kind="counter", hunk=ctx.i, confidence=0.7, title="A counter or percentage changed",
+        kind="counter",
+        hunk=ctx.i,
+        confidence=0.7,
+        title="A counter or percentage changed",
         evidence=f"{ch[0].strip()!r} -> {ch[1].strip()!r} after {label!r} in {_where(ctx.a_path)}",
         fix="Move volatile counters (memory, usage, budgets) to the end of the prompt, into the newest message",
         origin=_field_origin(ctx.a_path),
-    )  # fmt: skip
+    )
 
 
 def detect_moved(ctx: Ctx) -> Finding | None:
@@ -492,12 +538,15 @@ def detect_moved(ctx: Ctx) -> Finding | None:
     if where < 0:
         return None
     return Finding(
-        kind="system_moved", hunk=ctx.i, confidence=0.75, title="Text moved into the system prompt",
+        kind="system_moved",
+        hunk=ctx.i,
+        confidence=0.75,
+        title="Text moved into the system prompt",
         evidence=f"{len(bt)} bytes now in B's system section appear later in A (byte {where:,}): "
         "a mid-conversation system message moved or merged",
         fix="Send reminders as user messages, or keep system messages where they were added",
         origin="server",
-    )  # fmt: skip
+    )
 
 
 def detect_truncation(ctx: Ctx) -> Finding | None:
@@ -508,18 +557,23 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
         return None
     # whole turns inside the deleted run (the diff may keep a few of a turn's tokens as "equal")
     turns_a = [
-        s for s in ctx.a.sections
-        if len(s.path) == 1 and s.end > s.start
+        s
+        for s in ctx.a.sections
+        if len(s.path) == 1
+        and s.end > s.start
         and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
-    ]  # fmt: skip
+    ]
     if not turns_a:
         return None
     return Finding(
-        kind="truncation", hunk=ctx.i, confidence=0.75, title="Old turns dropped (truncation or context shift)",
+        kind="truncation",
+        hunk=ctx.i,
+        confidence=0.75,
+        title="Old turns dropped (truncation or context shift)",
         evidence=f"{len(turns_a)} whole turn(s), {ctx.h.a_end - ctx.h.a_start} tokens, dropped from A "
         f"at token {ctx.h.a_start:,}",
         fix="Raise the context size (num_ctx / -c), or prune from the end of old tool results rather than the middle",
-    )  # fmt: skip
+    )
 
 
 def detect_rewritten(ctx: Ctx) -> Finding | None:
@@ -533,25 +587,30 @@ def detect_rewritten(ctx: Ctx) -> Finding | None:
         return None
     if placeholder or len(b_txt) < len(a_txt) // 2:
         return Finding(
-            kind="history_rewritten", hunk=ctx.i, confidence=0.8 if placeholder else 0.5,
+            kind="history_rewritten",
+            hunk=ctx.i,
+            confidence=0.8 if placeholder else 0.5,
             title="History rewritten in place",
             evidence=f"{top.label if in_message else 'the prompt'}: {len(a_txt)} bytes became {len(b_txt)}"
             + (f" ({placeholder.group(0)!r})" if placeholder else ""),
             fix="Keep history append-only; if you must prune, prune once past a threshold and from the newest "
             "tool results first",
             origin="client",
-        )  # fmt: skip
+        )
     return None
 
 
 def detect_fallback(ctx: Ctx) -> Finding:
     """content_changed: no detector recognised the change."""
     return Finding(
-        kind="content_changed", hunk=ctx.i, confidence=0.2, title=f"Content changed in {_where(ctx.a_path)}",
+        kind="content_changed",
+        hunk=ctx.i,
+        confidence=0.2,
+        title=f"Content changed in {_where(ctx.a_path)}",
         evidence=f"{ctx.h.a_end - ctx.h.a_start} token(s) of A became {ctx.h.b_end - ctx.h.b_start} in B",
         fix="Make this part of the prompt stable between turns, or move it after the history",
         origin=_field_origin(ctx.a_path),
-    )  # fmt: skip
+    )
 
 
 DETECTORS: list[Callable[[Ctx], Finding | None]] = [

@@ -38,13 +38,21 @@ from tokendiff.server import (
     can_tokenize_chat,
     final_fields,
     is_loopback_host,
-)  # fmt: skip
+)
 
 HOP_BY_HOP = {
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailers",
-    b"transfer-encoding", b"upgrade", b"host", b"content-length",
+    b"connection",
+    b"keep-alive",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailers",
+    b"transfer-encoding",
+    b"upgrade",
+    b"host",
+    b"content-length",
     b"accept-encoding",  # ask for uncompressed bodies, so what is forwarded can also be recorded
-}  # fmt: skip
+}
 MAX_RECORDED_RESPONSE = 64 << 20  # keep at most this much of a response for the record
 TOKEN_FETCH_TIMEOUT = 60.0
 
@@ -387,9 +395,14 @@ def serve(upstream: str, out: str, listen: str = "127.0.0.1:8081", fetch_tokens:
         f"tokendiff proxy: http://{listen} -> {upstream}, recording to {Path(out) / 'capture.jsonl'}", file=sys.stderr
     )
     config = uvicorn.Config(
-        app, host=host, port=int(port), log_level="warning", lifespan="on", access_log=False,
+        app,
+        host=host,
+        port=int(port),
+        log_level="warning",
+        lifespan="on",
+        access_log=False,
         timeout_graceful_shutdown=30,
-    )  # fmt: skip
+    )
     try:
         uvicorn.Server(config).run()
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown

@@ -194,9 +194,13 @@ def openai_completion_body(
     """Token IDs to /v1/completions, streamed with usage; `cache_salt` (vLLM) keys the prefix cache,
     so a salt no earlier request used means a cold prefill."""
     body: dict[str, Any] = {
-        "model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0,
-        "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
+        "model": model,
+        "prompt": ids,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if cache_salt is not None:
         body["cache_salt"] = cache_salt
     return body
@@ -388,9 +392,11 @@ def _scenarios(be: Backend, plan: Plan) -> dict[str, tuple[Scenario, list[int] |
         "actual": (Scenario("actual", n, be.predicted(plan.lcp, n, len(plan.a))), plan.a, plan.b, True),
         "ideal": (
             Scenario("ideal", n, be.predicted(plan.ideal_prefix, n, plan.ideal_prefix)),
-            plan.b[: plan.ideal_prefix], plan.b, True,
+            plan.b[: plan.ideal_prefix],
+            plan.b,
+            True,
         ),
-    }  # fmt: skip
+    }
     if plan.fixed_b is not None and plan.fixed_lcp is not None:
         fixed = Scenario("fixed", len(plan.fixed_b), be.predicted(plan.fixed_lcp, len(plan.fixed_b), len(plan.a)))
         out["fixed"] = (fixed, plan.a, plan.fixed_b, True)

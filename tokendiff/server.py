@@ -36,9 +36,14 @@ CONNECT_TIMEOUT = 10.0
 
 # the request fields llama-server's /apply-template reads (the rest would be ignored or refused)
 TEMPLATE_KEYS = (
-    "messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt",
-    "reasoning_format", "parallel_tool_calls",
-)  # fmt: skip
+    "messages",
+    "tools",
+    "tool_choice",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "reasoning_format",
+    "parallel_tool_calls",
+)
 VLLM_TOKENIZE_KEYS = ("model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt")
 FINAL_KEYS = ("usage", "timings", "system_fingerprint", "model", "error")
 

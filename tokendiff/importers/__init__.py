@@ -8,9 +8,15 @@ naming the file and the entry.
 from __future__ import annotations
 
 CHAT_ENDPOINTS = (
-    "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completion", "/completions",
-    "/api/chat", "/api/generate", "/v1/messages",
-)  # fmt: skip
+    "/v1/chat/completions",
+    "/chat/completions",
+    "/v1/completions",
+    "/completion",
+    "/completions",
+    "/api/chat",
+    "/api/generate",
+    "/v1/messages",
+)
 
 
 def is_chat_body(body: object) -> bool:

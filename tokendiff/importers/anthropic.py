@@ -74,10 +74,17 @@ def to_openai(body: dict[str, Any], llama_server: bool = True) -> dict[str, Any]
             continue
         texts = [b for b in content if isinstance(b, dict) and b.get("type") == "text"]
         calls = [
-            {"id": b.get("id", ""), "type": "function",
-             "function": {"name": b.get("name", ""), "arguments": json.dumps(b.get("input", {}), separators=(",", ":"), ensure_ascii=False)}}
-            for b in content if isinstance(b, dict) and b.get("type") == "tool_use"
-        ]  # fmt: skip
+            {
+                "id": b.get("id", ""),
+                "type": "function",
+                "function": {
+                    "name": b.get("name", ""),
+                    "arguments": json.dumps(b.get("input", {}), separators=(",", ":"), ensure_ascii=False),
+                },
+            }
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "tool_use"
+        ]
         thinking = "".join(
             b.get("thinking", "") for b in content if isinstance(b, dict) and b.get("type") == "thinking"
         )

@@ -35,8 +35,15 @@ def _side(p: Prompt) -> dict[str, Any]:
 def _finding(f: Any) -> dict[str, Any] | None:
     if f is None:
         return None
-    return {"kind": f.kind, "title": f.title, "evidence": f.evidence, "fix": f.fix,
-            "confidence": f.confidence, "expected": f.expected, "origin": f.origin}  # fmt: skip
+    return {
+        "kind": f.kind,
+        "title": f.title,
+        "evidence": f.evidence,
+        "fix": f.fix,
+        "confidence": f.confidence,
+        "expected": f.expected,
+        "origin": f.origin,
+    }
 
 
 def path_json(path: SectionPath) -> list[dict[str, Any]]:

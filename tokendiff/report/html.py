@@ -77,8 +77,10 @@ def render_html(doc: dict[str, Any]) -> str:
         f"(<b>{s['reuse_pct']:.1f} %</b>); wasted {s['wasted_tokens']:,} tokens{secs}.</p>",
     ]
     tk = doc["tokenizer"]
-    out.append(f'<p class="muted">tokenizer: {e(tk["name"])}{" (assumed)" if tk.get("assumed") else ""}'
-               f'{" · redacted: words replaced by hashes" if s["redacted"] else ""}</p>')  # fmt: skip
+    out.append(
+        f'<p class="muted">tokenizer: {e(tk["name"])}{" (assumed)" if tk.get("assumed") else ""}'
+        f"{' · redacted: words replaced by hashes' if s['redacted'] else ''}</p>"
+    )
     out.append("<h2>Reuse across turns</h2>")
     out.append(_chart(doc["turns"]))
     out.append("<h2>Spans, ranked by what they cost</h2>")
@@ -95,8 +97,10 @@ def render_html(doc: dict[str, Any]) -> str:
         out.append("</table>")
     else:
         out.append("<p>None: nothing broke the cache.</p>")
-    out.append("<h2>Turns</h2><table><tr><th>turn</th><th>tokens</th><th>reusable</th><th>reuse %</th><th>recomputed</th>"
-               "<th>new</th><th>wasted</th><th>first divergence</th><th>cause</th><th>server cached</th><th>note</th></tr>")  # fmt: skip
+    out.append(
+        "<h2>Turns</h2><table><tr><th>turn</th><th>tokens</th><th>reusable</th><th>reuse %</th><th>recomputed</th>"
+        "<th>new</th><th>wasted</th><th>first divergence</th><th>cause</th><th>server cached</th><th>note</th></tr>"
+    )
     for t in doc["turns"]:
         rc = "" if t["reported_cached"] is None else f"{t['reported_cached']:,}"
         out.append(
@@ -107,16 +111,20 @@ def render_html(doc: dict[str, Any]) -> str:
         )
     out.append("</table>")
     if doc.get("replays"):
-        out.append("<h2>Measured on a backend</h2><table><tr><th>pair</th><th>backend</th><th>cold ms</th><th>actual ms</th>"
-                   "<th>ideal ms</th><th>fixed ms</th><th>cost ms</th><th>speedup</th></tr>")  # fmt: skip
+        out.append(
+            "<h2>Measured on a backend</h2><table><tr><th>pair</th><th>backend</th><th>cold ms</th><th>actual ms</th>"
+            "<th>ideal ms</th><th>fixed ms</th><th>cost ms</th><th>speedup</th></tr>"
+        )
         for rp in doc["replays"]:
             sc, key = rp["scenarios"], rp["measure"]
             cells = "".join(
                 f"<td class=n>{'' if k not in sc or sc[k][key] is None else sc[k][key]}</td>"
                 for k in ("cold", "actual", "ideal", "fixed")
             )
-            out.append(f"<tr><td><code>{e(str(rp['pair'].get('a')))} → {e(str(rp['pair'].get('b')))}</code></td><td>{e(rp['backend']['kind'])}</td>"
-                       f"{cells}<td class=n>{rp['cost_ms']}</td><td class=n>{rp['speedup']}x</td></tr>")  # fmt: skip
+            out.append(
+                f"<tr><td><code>{e(str(rp['pair'].get('a')))} → {e(str(rp['pair'].get('b')))}</code></td><td>{e(rp['backend']['kind'])}</td>"
+                f"{cells}<td class=n>{rp['cost_ms']}</td><td class=n>{rp['speedup']}x</td></tr>"
+            )
         out.append("</table>")
     out.append("<h2>Causes</h2>")
     for c in doc["causes"]:

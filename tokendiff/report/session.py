@@ -91,21 +91,40 @@ def report_document(
                 "evidence": scrub(f.evidence),
                 "turn": turn_no,
                 "hunk": hi,
-                "a": {"origin": a.origin, "tokens": [h.a_start, h.a_end], "bytes": [h.a_byte_start, h.a_byte_end],
-                      "section": h.a_owner.label, "path": path_json(h.a_owner),
-                      "text": _ex(a, h.a_start, h.a_end, context, redact)},
-                "b": {"origin": b.origin, "tokens": [h.b_start, h.b_end], "bytes": [h.b_byte_start, h.b_byte_end],
-                      "section": h.b_owner.label, "path": path_json(h.b_owner),
-                      "text": _ex(b, h.b_start, h.b_end, context, redact)},
+                "a": {
+                    "origin": a.origin,
+                    "tokens": [h.a_start, h.a_end],
+                    "bytes": [h.a_byte_start, h.a_byte_end],
+                    "section": h.a_owner.label,
+                    "path": path_json(h.a_owner),
+                    "text": _ex(a, h.a_start, h.a_end, context, redact),
+                },
+                "b": {
+                    "origin": b.origin,
+                    "tokens": [h.b_start, h.b_end],
+                    "bytes": [h.b_byte_start, h.b_byte_end],
+                    "section": h.b_owner.label,
+                    "path": path_json(h.b_owner),
+                    "text": _ex(b, h.b_start, h.b_end, context, redact),
+                },
             }
-        )  # fmt: skip
+        )
     per_turn_findings = []
     for t in s.turns:
         for f in t.findings:
             per_turn_findings.append(
-                {"turn": t.turn, "hunk": f.hunk, "kind": f.kind, "confidence": f.confidence, "expected": f.expected,
-                 "origin": f.origin, "title": f.title, "evidence": scrub(f.evidence), "fix": f.fix}
-            )  # fmt: skip
+                {
+                    "turn": t.turn,
+                    "hunk": f.hunk,
+                    "kind": f.kind,
+                    "confidence": f.confidence,
+                    "expected": f.expected,
+                    "origin": f.origin,
+                    "title": f.title,
+                    "evidence": scrub(f.evidence),
+                    "fix": f.fix,
+                }
+            )
     summary = {
         "path": path,
         "turns": len(s.turns),

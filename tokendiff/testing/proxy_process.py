@@ -30,9 +30,23 @@ def start_proxy(upstream: str, out: Path | str, *extra: str, stderr=subprocess.D
     """Start the proxy on a free loopback port; returns (process, base URL)."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tokendiff", "proxy", "--upstream", upstream, "--out", str(out), "--listen", f"127.0.0.1:{port}", *extra],
-        stdout=subprocess.DEVNULL, stderr=stderr, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tokendiff",
+            "proxy",
+            "--upstream",
+            upstream,
+            "--out",
+            str(out),
+            "--listen",
+            f"127.0.0.1:{port}",
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)

@@ -65,10 +65,17 @@ class SessionScreen(Screen):
         )
         for t in session.turns:
             table.add_row(
-                str(t.turn), f"{t.n_tokens:,}", f"{t.reuse.get('llama.cpp', 0):,}", f"{t.reuse_pct:.1f}", f"{t.recompute:,}",
-                f"{t.wasted:,}", t.cause or "", "" if t.reported_cached is None else f"{t.reported_cached:,}", t.section or "",
+                str(t.turn),
+                f"{t.n_tokens:,}",
+                f"{t.reuse.get('llama.cpp', 0):,}",
+                f"{t.reuse_pct:.1f}",
+                f"{t.recompute:,}",
+                f"{t.wasted:,}",
+                t.cause or "",
+                "" if t.reported_cached is None else f"{t.reported_cached:,}",
+                t.section or "",
                 key=str(t.turn),
-            )  # fmt: skip
+            )
         self.query_one("#chart", Sparkline).data = [t.reuse_pct for t in session.turns] or [0]
         lines = Text()
         lines.append("fix first\n", style="bold")
@@ -122,9 +129,7 @@ class PairScreen(Screen):
         Binding("escape", "back", "back", id="pair.back"),
     ]
 
-    def __init__(
-        self, turn: int, a: Prompt, b: Prompt, d: Divergence, findings: list[Finding], view: PairView
-    ) -> None:
+    def __init__(self, turn: int, a: Prompt, b: Prompt, d: Divergence, findings: list[Finding], view: PairView) -> None:
         super().__init__()
         self.turn, self.a, self.b, self.d, self.findings, self.pv = turn, a, b, d, findings, view
         self.mode = "unified"

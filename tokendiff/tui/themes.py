@@ -27,8 +27,17 @@ from tokendiff.errors import InputError
 from tokendiff.paths import theme_dirs
 
 BASE_KEYS = (
-    "primary", "secondary", "accent", "foreground", "background", "surface", "panel", "success", "warning", "error",
-)  # fmt: skip
+    "primary",
+    "secondary",
+    "accent",
+    "foreground",
+    "background",
+    "surface",
+    "panel",
+    "success",
+    "warning",
+    "error",
+)
 DEFAULT_THEME = "tokendiff-dark"
 
 
