@@ -113,11 +113,10 @@ class Session:
 
 
 def _reported(p: Prompt) -> tuple[int | None, float | None, int | None]:
-    resp = p.meta.get("response") or {}
-    if not isinstance(resp, dict):
-        return None, None, None
-    t = resp.get("timings") if isinstance(resp.get("timings"), dict) else {}
-    usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
+    resp = p.meta.response or {}
+    t, usage = resp.get("timings"), resp.get("usage")
+    t = t if isinstance(t, dict) else {}
+    usage = usage if isinstance(usage, dict) else {}
     cached = t.get("cache_n")
     if cached is None:
         det = usage.get("prompt_tokens_details")
