@@ -247,22 +247,22 @@ class Loader:
         if self._renderer is None:
             from tokendiff.render import Renderer
 
-            tmpl = self.chat_template or self.vocab.meta.get("chat_template")
+            tmpl = self.chat_template or self.vocab.meta.chat_template
             if not tmpl:
                 raise InputError(
                     f"no chat template: {self.vocab.name} carries none; pass --chat-template FILE, "
                     "a tokenizer directory with tokenizer_config.json, a GGUF file, or --server URL"
                 )
-            self._renderer = Renderer(tmpl, bos_token=self._special_text("bos"), eos_token=self._special_text("eos"))
+            m = self.vocab.meta
+            bos, eos = self._special_text(m.bos_token, m.bos_id), self._special_text(m.eos_token, m.eos_id)
+            self._renderer = Renderer(tmpl, bos_token=bos, eos_token=eos)
         return self._renderer
 
-    def _special_text(self, which: str) -> str:
-        v = self.vocab.meta.get(f"{which}_token")
-        if isinstance(v, str):
-            return v
-        i = self.vocab.meta.get(f"{which}_id")
-        if isinstance(i, int) and 0 <= i < self.vocab.n_vocab:
-            return self.vocab.piece(i).decode("utf-8", "replace")
+    def _special_text(self, text: str | None, token_id: int | None) -> str:
+        if text is not None:
+            return text
+        if token_id is not None and 0 <= token_id < self.vocab.n_vocab:
+            return self.vocab.piece(token_id).decode("utf-8", "replace")
         return ""
 
     def from_record(self, rec: dict[str, Any], label: str, turn: int | None = None) -> Prompt:
@@ -292,11 +292,11 @@ class Loader:
         if isinstance(rec.get("prompt_text"), str):
             meta.ids_from = "prompt log, tokenised here"
             ids = self._tokenise_logged(rec["prompt_text"])
-        elif isinstance(request.get("messages"), list) and self.vocab.meta.get("server"):
+        elif isinstance(request.get("messages"), list) and self.vocab.meta.server:
             meta.ids_from = "llama-server /apply-template + /tokenize"
             from tokendiff.server import prompt_ids
 
-            ids = prompt_ids(self.vocab.meta["server"], request)
+            ids = prompt_ids(self.vocab.meta.server, request)
         elif rendered is not None:
             meta.ids_from = "local render, tokenised here"
             ids = self.tokenizer.encode(rendered.text)
@@ -305,10 +305,18 @@ class Loader:
         return np.asarray(ids, dtype=np.int32)
 
     def _tokenise_logged(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special=bool(self.vocab.meta.get("add_bos")))
+        """A prompt log as llama-server tokenised it (add_special): with exactly one BOS where the
+        model adds one, also when the logged text already starts with it."""
+        m = self.vocab.meta
+        if not m.add_bos:
+            return self.tokenizer.encode(text)
+        if m.bos_id is None:  # the BOS is not known by ID: let the tokenizer add it
+            return self.tokenizer.encode(text, add_special=True)
+        ids = self.tokenizer.encode(text)
+        return ids if ids[:1] == [m.bos_id] else [m.bos_id, *ids]
 
     def _can_render(self) -> bool:
-        return bool(self.chat_template or self.vocab.meta.get("chat_template"))
+        return bool(self.chat_template or self.vocab.meta.chat_template)
 
 
 def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
