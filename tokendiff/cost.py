@@ -261,8 +261,8 @@ def _notes(t: Turn, d: Divergence, n: int) -> None:
             )
         elif rc < pred:
             notes.append(
-                f"the server reused {rc:,} tokens, fewer than the {pred:,} predicted: checkpoint fallback (SWA/hybrid model), "
-                "slot switch or LRU eviction, or a prompt-cache swap"
+                f"the server reused {rc:,} tokens, fewer than the {pred:,} predicted: "
+                "checkpoint fallback (SWA/hybrid model), slot switch or LRU eviction, or a prompt-cache swap"
             )
         elif rc > pred:
             notes.append(

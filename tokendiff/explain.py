@@ -106,7 +106,8 @@ NONCE_KEY_RE = re.compile(r"(?:cch|nonce|request[_-]?id|session[_-]?id|trace[_-]
 CALL_ID_RE = re.compile(r"(?:call|toolu|fc|chatcmpl)_[A-Za-z0-9]{6,}|(?<![A-Za-z0-9])[A-Za-z0-9]{9}(?![A-Za-z0-9])")
 NUMBER_RE = re.compile(r"\d+(?:[.,]\d+)?\s?%?")
 PLACEHOLDER_RE = re.compile(
-    r"\[(?:pruned|truncated|omitted|removed|elided|summari[sz]ed)[^\]]*\]|\.\.\. ?\(\d+ (?:lines|chars|tokens) (?:omitted|truncated)\)",
+    r"\[(?:pruned|truncated|omitted|removed|elided|summari[sz]ed)[^\]]*\]"
+    r"|\.\.\. ?\(\d+ (?:lines|chars|tokens) (?:omitted|truncated)\)",
     re.I,
 )
 
