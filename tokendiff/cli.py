@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tokendiff import __version__
 from tokendiff import workflows as wf
@@ -25,7 +25,7 @@ CAUSES_EPILOG = "Each finding kind (date, nonce, tool_order ...), its cause and 
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse exits 2 too; keep it to one line
+    def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep it to one line
         self.print_usage(sys.stderr)
         print(f"tokendiff: {message}", file=sys.stderr)
         raise SystemExit(EXIT_TROUBLE)

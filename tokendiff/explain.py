@@ -592,8 +592,8 @@ def detect_rewritten(ctx: Ctx) -> Finding | None:
             hunk=ctx.i,
             confidence=0.8 if placeholder else 0.5,
             title="History rewritten in place",
-            evidence=f"{top.label if in_message else 'the prompt'}: {len(a_txt)} bytes became {len(b_txt)}"
-            + (f" ({placeholder.group(0)!r})" if placeholder else ""),
+            evidence=f"{top.label if top is not None and in_message else 'the prompt'}: "
+            f"{len(a_txt)} bytes became {len(b_txt)}" + (f" ({placeholder.group(0)!r})" if placeholder else ""),
             fix="Keep history append-only; if you must prune, prune once past a threshold and from the newest "
             "tool results first",
             origin="client",

@@ -325,7 +325,8 @@ def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
     from tokendiff.importers.anthropic import is_anthropic, to_openai
 
     request = rec.get("request") or {}
-    server = rec.get("server") if isinstance(rec.get("server"), dict) else {}
+    server = rec.get("server")
+    server = server if isinstance(server, dict) else {}
     llama = server.get("kind", "llama-server") == "llama-server"
     if isinstance(request, dict) and is_anthropic(request, rec.get("endpoint")):
         request = to_openai(request, llama_server=llama)

@@ -374,8 +374,9 @@ def _tokenizer_from_gguf(path: str):
     if pattern is None or not tokens or not merges:
         return None
     types = md.get("tokenizer.ggml.token_type")
+    types = [] if types is None else types
     texts = [t.decode("utf-8", errors="surrogateescape") for t in tokens]
-    added = [i for i, t in enumerate(types if types is not None else []) if int(t) in (GT_CONTROL, GT_USER_DEFINED)]
+    added = [i for i, t in enumerate(types) if int(t) in (GT_CONTROL, GT_USER_DEFINED)]
     added_set = set(added)
     vocab = {t: i for i, t in enumerate(texts) if i not in added_set}
     pairs = []
