@@ -95,7 +95,8 @@ def bench_cli(tmp: Path, runs: int) -> None:
         assert os.waitstatus_to_exitcode(status) == 1
     print(
         f"diff --json, 2 x 50,000 tokens, {total_state:,} MB of state (sparse): "
-        f"wall median {statistics.median(walls):.3f} s (min {min(walls):.3f}), peak RSS {max(rss):.0f} MB  [budget 0.3 s, 120 MB]"
+        f"wall median {statistics.median(walls):.3f} s (min {min(walls):.3f}), peak RSS {max(rss):.0f} MB  "
+        "[budget 0.3 s, 120 MB]"
     )
 
 

@@ -99,8 +99,10 @@ def main() -> None:
             t_scroll = (time.perf_counter() - t1) / 10
             print(
                 f"TUI, {len(b):,}-token pair with {len(d.hunks)} hunks: view model {t_view * 1000:.0f} ms, "
-                f"first paint {t_paint * 1000:.0f} ms [budget 500 ms] (an empty screen takes {t_base * 1000:.0f} ms in this headless harness); {first_calls} lines rendered for the first screen, "
-                f"{calls['n'] / 10:.0f} lines per page-down ({t_scroll * 1000:.0f} ms each, incl. the headless pilot's pauses); "
+                f"first paint {t_paint * 1000:.0f} ms [budget 500 ms] (an empty screen takes {t_base * 1000:.0f} ms "
+                f"in this headless harness); {first_calls} lines rendered for the first screen, "
+                f"{calls['n'] / 10:.0f} lines per page-down ({t_scroll * 1000:.0f} ms each, "
+                "incl. the headless pilot's pauses); "
                 f"{len(tv._line_starts):,} visual lines"
             )
 

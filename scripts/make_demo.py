@@ -122,6 +122,12 @@ FAILED tests/test_parser.py::test_rejects_garbage - Failed: DID NOT RAISE
 ========================= 1 failed, 3 passed in 0.04s =========================="""
 
 
+PATCH = (
+    "--- a/parser.py\n+++ b/parser.py\n@@ -10 +10,3 @@\n-    return total\n"
+    "+    if not total:\n+        raise ValueError(text)\n+    return total"
+)
+
+
 def call(name: str, n: int, **args: str) -> dict:
     return {"id": f"call_{n:03d}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
@@ -185,7 +191,7 @@ def conversation() -> list[tuple[str, list[dict], list[dict]]]:
                     call(
                         "apply_patch",
                         5,
-                        patch="--- a/parser.py\n+++ b/parser.py\n@@ -10 +10,3 @@\n-    return total\n+    if not total:\n+        raise ValueError(text)\n+    return total",
+                        patch=PATCH,
                     ),
                 ),
                 result(5, "patched parser.py"),
@@ -206,7 +212,7 @@ def conversation() -> list[tuple[str, list[dict], list[dict]]]:
                     call(
                         "apply_patch",
                         5,
-                        patch="--- a/parser.py\n+++ b/parser.py\n@@ -10 +10,3 @@\n-    return total\n+    if not total:\n+        raise ValueError(text)\n+    return total",
+                        patch=PATCH,
                     ),
                 ),
                 result(5, "patched parser.py"),
@@ -252,7 +258,8 @@ def record(out: Path) -> None:
                     }
                 )
                 print(
-                    f"turn {k}: {r['usage']['prompt_tokens']:5d} prompt tokens, cache_n {r['timings']['cache_n']:5d}  {what}"
+                    f"turn {k}: {r['usage']['prompt_tokens']:5d} prompt tokens, "
+                    f"cache_n {r['timings']['cache_n']:5d}  {what}"
                 )
             server = {"props": c.get(f"{srv.url}/props").json(), "models": c.get(f"{srv.url}/v1/models").json()}
         if out.exists():
@@ -315,7 +322,7 @@ def agent_turns() -> list[tuple[str, list[dict], list[dict]]]:
                 call(
                     "apply_patch",
                     5,
-                    patch="--- a/parser.py\n+++ b/parser.py\n@@ -10 +10,3 @@\n-    return total\n+    if not total:\n+        raise ValueError(text)\n+    return total",
+                    patch=PATCH,
                 ),
             ),
             result(5, "patched parser.py"),

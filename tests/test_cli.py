@@ -12,7 +12,10 @@ import pytest
 from conftest import qwen_encode
 from helpers import write_slot
 
-HEAD = "<|im_start|>system\nYou are terse. Today is 2026-11-28.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+HEAD = (
+    "<|im_start|>system\nYou are terse. Today is 2026-11-28.<|im_end|>\n"
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+)
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -158,12 +161,12 @@ def test_unknown_version_warns_but_diffs(tmp_path):
 def test_diff_does_not_import_heavy_libraries(pair):
     a, b = pair
     code = (
-        "import sys, runpy; sys.argv=['tokendiff','diff',%r,%r];\n"
+        f"import sys, runpy; sys.argv=['tokendiff','diff',{str(a)!r},{str(b)!r}];\n"
         "from tokendiff.cli import main\n"
         "import io, contextlib\n"
         "with contextlib.redirect_stdout(io.StringIO()): main(sys.argv[1:])\n"
         "print(sorted(m for m in ('textual','transformers','polars','torch','tokenizers','rich') if m in sys.modules))"
-    ) % (str(a), str(b))
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
 

@@ -151,7 +151,7 @@ def test_server_count_disagreements(vocab, cache_n, identical, words):
     base = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello there, how are you?<|im_end|>\n"
     a = prompt_from_ids(qwen_encode(base), vocab)
     b = prompt_from_ids(qwen_encode(base if identical else base + "<|im_start|>user\nmore<|im_end|>\n"), vocab)
-    b.meta["response"] = {"timings": {"cache_n": cache_n, "prompt_n": 3, "prompt_ms": 1.5}}
+    b.meta.response = {"timings": {"cache_n": cache_n, "prompt_n": 3, "prompt_ms": 1.5}}
     s = analyse([a, b])
     assert words in s.turns[1].note
     assert s.ms_per_token == 0.5

@@ -31,7 +31,7 @@ def labels(p) -> list[str]:
 def test_qwen3_sections_with_real_tokens(vocab):
     text = render("Qwen-Qwen3-0.6B.jinja", CONVERSATION, TOOLS)
     p = prompt_from_ids(qwen_encode(text), vocab)
-    assert p.meta["template_family"] == "chatml"
+    assert p.meta.template_family == "chatml"
     assert labels(p) == [
         "message[0] system",
         "message[0] system › tools",
@@ -211,5 +211,5 @@ def test_gemma_model_role_is_assistant():
 @pytest.mark.parametrize("family", ["none", "chatml"])
 def test_family_override(vocab, family):
     p = prompt_from_ids(qwen_encode("<|im_start|>user\nhi<|im_end|>\n"), vocab, family=family)
-    assert p.meta["template_family"] == family
+    assert p.meta.template_family == family
     assert (labels(p) == []) == (family == "none")

@@ -68,7 +68,8 @@ def corpus(tmp):
         ("torn.jsonl", b'{"schema": "tokendiff.capture/1", "seq": 1, "req', "@1", "request 1 is out of range"),
         (
             "bad.jsonl",
-            b'{"schema": "tokendiff.capture/1", "seq": 1, "request": {}}\n\xff\xfe\n{"schema": "tokendiff.capture/1", "seq": 2, "request": {}}\n',
+            b'{"schema": "tokendiff.capture/1", "seq": 1, "request": {}}\n\xff\xfe\n'
+            b'{"schema": "tokendiff.capture/1", "seq": 2, "request": {}}\n',
             "@1",
             "line 2: malformed capture record",
         ),
@@ -113,7 +114,8 @@ def test_memory_stays_bounded_on_an_absurd_count(tmp_path):
         fh.truncate(2 << 30)
     # VmHWM: this process's own peak (ru_maxrss would carry the forking pytest's over exec)
     code = (
-        f"import tokendiff.slotfile as s\ntry: s.read_slot_file({str(f)!r})\nexcept Exception as e: print(type(e).__name__)\n"
+        f"import tokendiff.slotfile as s\ntry: s.read_slot_file({str(f)!r})\n"
+        "except Exception as e: print(type(e).__name__)\n"
         "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

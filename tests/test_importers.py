@@ -79,7 +79,8 @@ def test_torn_last_line_is_reported_and_skipped(tmp_path):
     "content, words",
     [
         (
-            b'{"schema": "tokendiff.capture/1", "seq": 1, "request": {}}\n{oops}\n{"schema": "tokendiff.capture/1", "seq": 3, "request": {}}\n',
+            b'{"schema": "tokendiff.capture/1", "seq": 1, "request": {}}\n{oops}\n'
+            b'{"schema": "tokendiff.capture/1", "seq": 3, "request": {}}\n',
             "line 2: malformed capture record",
         ),
         (b'{"schema": "tokendiff.capture/9", "seq": 1, "request": {}}\n', "unknown capture schema"),

@@ -130,7 +130,7 @@ async def test_chat_template_from_a_tokenizer_config():
     a = app(prompts=PromptOptions(chat_template=cfg), open_first_divergence=False)
     async with a.run_test(size=(140, 40)) as pilot:
         await wait_for(pilot, lambda: a.session is not None)
-        assert all(p.meta.get("sections_from") == "request fields" for p in a.prompts)
+        assert all(p.meta.sections_from == "request fields" for p in a.prompts)
 
 
 def _settled(a):

@@ -3,6 +3,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,8 +37,8 @@ def test_gguf_vocab_equals_tokenizer_json(vocab, tiny_model):
     g = load_gguf(tiny_model)
     assert g.n_vocab == vocab.n_vocab == 151669
     assert np.array_equal(g.offsets, vocab.offsets) and g.blob.tobytes() == vocab.blob.tobytes()
-    assert g.meta["chat_template"].startswith("{%- if tools %}")
-    assert g.meta["eos_id"] == 151645
+    assert g.meta.chat_template.startswith("{%- if tools %}")
+    assert g.meta.eos_id == 151645
 
 
 def test_gguf_metadata_reader_matches_gguf_package(tiny_model):
@@ -96,7 +97,7 @@ def test_hf_directory_reads_config(tmp_path):
     shutil.copy(BUNDLED_DIR / "tokenizer_config.json", d)
     v = load_vocab(str(d))
     assert v.n_vocab == 151669 and v.name == str(d) and not v.assumed
-    assert "<|im_start|>" in v.meta["chat_template"] and v.meta["eos_token"] == "<|im_end|>"
+    assert "<|im_start|>" in v.meta.chat_template and v.meta.eos_token == "<|im_end|>"
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(InputError, match="no tokenizer.json"):
@@ -157,3 +158,101 @@ def test_gguf_tokenises_text_like_the_tokenizer_json(tiny_model):
         "  multiple   spaces\n\n\nand 12345 numbers 𒀀",
     ]:
         assert tk.encode(text) == qwen_encode(text)
+
+
+# ---------------------------------------------------------------- add_bos: exactly one BOS
+
+QWEN_EOT = 151643  # <|endoftext|>: the BOS of the Qwen3 variants below that add one
+PROMPT_LOG = "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _bos_config(d: Path) -> Path:
+    """The bundled tokenizer_config.json, changed to add <|endoftext|> as BOS."""
+    cfg = json.loads((BUNDLED_DIR / "tokenizer_config.json").read_text())
+    cfg.update(add_bos_token=True, bos_token="<|endoftext|>")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d / "tokenizer_config.json"
+
+
+def bos_adding_gguf(d: Path) -> Path:
+    """A tiny GGUF model whose metadata says tokenizer.ggml.add_bos_token = true."""
+    from tokendiff.testing.tiny_gguf import TinySpec, write_tiny_gguf
+
+    return write_tiny_gguf(d / "bos.gguf", TinySpec(layers=1, config=str(_bos_config(d / "cfg"))))
+
+
+def _bos_tokenizer_json(d: Path, how: str) -> str:
+    """The bundled tokenizer.json in a directory whose config adds BOS (`config`), or with a
+    post-processor that adds it, as Llama 3's does, and no config (`post_processor`)."""
+    d.mkdir()
+    tok = json.loads(gzip.decompress((BUNDLED_DIR / "tokenizer.json.gz").read_bytes()))
+    if how == "config":
+        _bos_config(d)
+    else:
+        eot = {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}
+        tok["post_processor"] = {
+            "type": "Sequence",
+            "processors": [
+                tok["post_processor"],
+                {
+                    "type": "TemplateProcessing",
+                    "single": [eot, {"Sequence": {"id": "A", "type_id": 0}}],
+                    "pair": [eot, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                    "special_tokens": {
+                        "<|endoftext|>": {"id": "<|endoftext|>", "ids": [QWEN_EOT], "tokens": ["<|endoftext|>"]}
+                    },
+                },
+            ],
+        }
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    return str(d if how == "config" else d / "tokenizer.json")
+
+
+def _logged_ids(v, path: Path, text: str) -> list[int]:
+    from tokendiff.sources import Loader
+
+    path.write_text(text)
+    return Loader(v).load(str(path)).ids.tolist()
+
+
+def test_bundled_qwen3_adds_no_bos(tmp_path, vocab):
+    assert vocab.meta.add_bos is False and vocab.meta.bos_token is None
+    assert _logged_ids(vocab, tmp_path / "p.txt", PROMPT_LOG) == qwen_encode(PROMPT_LOG)
+
+
+@pytest.mark.parametrize("how", ["gguf", "config", "post_processor"])
+def test_prompt_log_gets_exactly_one_bos_where_the_tokenizer_adds_it(tmp_path, monkeypatch, how):
+    monkeypatch.setenv("TOKENDIFF_CACHE_DIR", str(tmp_path / "cache"))
+    spec = str(bos_adding_gguf(tmp_path)) if how == "gguf" else _bos_tokenizer_json(tmp_path / "tk", how)
+    v = load_vocab(spec)
+    assert v.meta.add_bos is True and v.meta.bos_id == QWEN_EOT
+    for k, text in enumerate([PROMPT_LOG, "<|endoftext|>" + PROMPT_LOG]):  # the text may start with it already
+        ids = _logged_ids(v, tmp_path / f"{k}.txt", text)
+        assert ids == [QWEN_EOT, *qwen_encode(PROMPT_LOG)], text
+
+
+def test_llama_server_adds_one_bos_and_the_prompt_log_tokenises_to_its_slot(llama_server_bin, tmp_path, monkeypatch):
+    """The real server is the reference: its cached prompt starts with one BOS, the logged prompt
+    tokenised here is that prompt, and the /tokenize probe of a server-side vocabulary finds the BOS."""
+    import httpx
+
+    from tokendiff.server import LlamaClient
+    from tokendiff.slotfile import read_slot_file
+    from tokendiff.testing.llama_server import LlamaServer
+    from tokendiff.vocab import ServerVocab
+
+    monkeypatch.setenv("TOKENDIFF_CACHE_DIR", str(tmp_path / "cache"))
+    model, logs, slots = bos_adding_gguf(tmp_path), tmp_path / "prompts", tmp_path / "slots"
+    logs.mkdir()
+    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 1}
+    with LlamaServer(model, slot_dir=slots, ctx=4096, extra=["--log-prompts-dir", str(logs)]) as srv:
+        httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120).raise_for_status()
+        httpx.post(f"{srv.url}/slots/0?action=save", json={"filename": "t.bin"}, timeout=60).raise_for_status()
+        probed = ServerVocab(LlamaClient(srv.url), 151669, {}).meta
+    assert probed.add_bos is True and probed.bos_id == QWEN_EOT
+    cached = read_slot_file(slots / "t.bin").tokens.tolist()
+    assert cached[0] == QWEN_EOT and cached.count(QWEN_EOT) == 1
+    (log,) = sorted(logs.iterdir())
+    logged = _logged_ids(load_gguf(model), tmp_path / "copy.txt", log.read_text())
+    assert logged == cached[: len(logged)] and len(logged) >= len(cached) - 1  # the slot may hold the answer too

@@ -45,7 +45,7 @@ def test_a_tokenizer_config_template_renders_the_requests(agent):
     """The loader gets the template, not the JSON text: request-field sections, as with props.json."""
     opts = wf.PromptOptions(chat_template=str(BUNDLED_DIR / "tokenizer_config.json"))
     loaded = wf.open_session(opts, [f"{AGENT}@2"])
-    assert loaded.prompts[0].meta["sections_from"] == "request fields"
+    assert loaded.prompts[0].meta.sections_from == "request fields"
     assert loaded.prompts[0].sections == agent.prompts[1].sections
 
 

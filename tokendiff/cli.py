@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tokendiff import __version__
 from tokendiff import workflows as wf
@@ -25,7 +25,7 @@ CAUSES_EPILOG = "Each finding kind (date, nonce, tool_order ...), its cause and 
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse exits 2 too; keep it to one line
+    def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep it to one line
         self.print_usage(sys.stderr)
         print(f"tokendiff: {message}", file=sys.stderr)
         raise SystemExit(EXIT_TROUBLE)
@@ -135,7 +135,8 @@ def _replay_parser(sub: Any) -> None:  # argparse subparsers
         "replay",
         help="measure what a divergence costs on a real backend (cold / actual / ideal / fixed)",
         description="Replay B cold, after A (what the agent gets), after its own reusable prefix (what it would get "
-        "without the divergence) and, where a fix is known, the fixed B after A. Loopback backends only, unless --allow-remote.",
+        "without the divergence) and, where a fix is known, the fixed B after A. "
+        "Loopback backends only, unless --allow-remote.",
     )
     rp.add_argument("a")
     rp.add_argument("b")
@@ -362,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
             args = parser.parse_args(["tui"])
         else:  # no terminal: the demo's report, and how to get the TUI
             print(
-                "tokendiff: no terminal for the TUI; here is the bundled demo's report (run `tokendiff` in a terminal for the TUI)",
+                "tokendiff: no terminal for the TUI; here is the bundled demo's report "
+                "(run `tokendiff` in a terminal for the TUI)",
                 file=sys.stderr,
             )
             args = parser.parse_args(["report", str(DEMO_SESSION)])

@@ -113,11 +113,10 @@ class Session:
 
 
 def _reported(p: Prompt) -> tuple[int | None, float | None, int | None]:
-    resp = p.meta.get("response") or {}
-    if not isinstance(resp, dict):
-        return None, None, None
-    t = resp.get("timings") if isinstance(resp.get("timings"), dict) else {}
-    usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
+    resp = p.meta.response or {}
+    t, usage = resp.get("timings"), resp.get("usage")
+    t = t if isinstance(t, dict) else {}
+    usage = usage if isinstance(usage, dict) else {}
     cached = t.get("cache_n")
     if cached is None:
         det = usage.get("prompt_tokens_details")
@@ -262,8 +261,8 @@ def _notes(t: Turn, d: Divergence, n: int) -> None:
             )
         elif rc < pred:
             notes.append(
-                f"the server reused {rc:,} tokens, fewer than the {pred:,} predicted: checkpoint fallback (SWA/hybrid model), "
-                "slot switch or LRU eviction, or a prompt-cache swap"
+                f"the server reused {rc:,} tokens, fewer than the {pred:,} predicted: "
+                "checkpoint fallback (SWA/hybrid model), slot switch or LRU eviction, or a prompt-cache swap"
             )
         elif rc > pred:
             notes.append(

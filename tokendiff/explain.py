@@ -106,7 +106,8 @@ NONCE_KEY_RE = re.compile(r"(?:cch|nonce|request[_-]?id|session[_-]?id|trace[_-]
 CALL_ID_RE = re.compile(r"(?:call|toolu|fc|chatcmpl)_[A-Za-z0-9]{6,}|(?<![A-Za-z0-9])[A-Za-z0-9]{9}(?![A-Za-z0-9])")
 NUMBER_RE = re.compile(r"\d+(?:[.,]\d+)?\s?%?")
 PLACEHOLDER_RE = re.compile(
-    r"\[(?:pruned|truncated|omitted|removed|elided|summari[sz]ed)[^\]]*\]|\.\.\. ?\(\d+ (?:lines|chars|tokens) (?:omitted|truncated)\)",
+    r"\[(?:pruned|truncated|omitted|removed|elided|summari[sz]ed)[^\]]*\]"
+    r"|\.\.\. ?\(\d+ (?:lines|chars|tokens) (?:omitted|truncated)\)",
     re.I,
 )
 
@@ -591,8 +592,8 @@ def detect_rewritten(ctx: Ctx) -> Finding | None:
             hunk=ctx.i,
             confidence=0.8 if placeholder else 0.5,
             title="History rewritten in place",
-            evidence=f"{top.label if in_message else 'the prompt'}: {len(a_txt)} bytes became {len(b_txt)}"
-            + (f" ({placeholder.group(0)!r})" if placeholder else ""),
+            evidence=f"{top.label if top is not None and in_message else 'the prompt'}: "
+            f"{len(a_txt)} bytes became {len(b_txt)}" + (f" ({placeholder.group(0)!r})" if placeholder else ""),
             fix="Keep history append-only; if you must prune, prune once past a threshold and from the newest "
             "tool results first",
             origin="client",

@@ -509,5 +509,5 @@ def annotate(prompt: Prompt, family: str | None = None) -> str:
     """Fill `prompt.sections` (token-only attribution) and return the family."""
     fam, secs = sections_for(prompt, family)
     prompt.sections = secs
-    prompt.meta["template_family"] = fam
+    prompt.meta.template_family = fam
     return fam

@@ -223,6 +223,40 @@ class Section:
         return self.path.label
 
 
+@dataclass(frozen=True, kw_only=True)
+class RenderMismatch:
+    """Where the local render of a request first differs from the server's tokens: the
+    request's field sections cannot be trusted past it, and the difference is itself a finding."""
+
+    byte: int | None  # first differing byte (None: one is a prefix of the other)
+    local: str  # ~80 bytes of the local render around it
+    server: str  # the same bytes of what the server tokenised
+
+
+@dataclass(kw_only=True)
+class PromptMeta:
+    """Where a prompt came from and how it was built; reports and the cost model read it.
+
+    Every field is optional because each source knows only some of them (a slot file
+    has no request, a request has no KV state).
+    """
+
+    path: str | None = None  # the file it was read from (a record's origin, else its label)
+    format: str | None = None  # "ggsq v4 packed" for a slot file, the record's source ("capture", "har" ...)
+    turn: int | None = None  # 1-based position in its session, when picked from one
+    state_bytes: int | None = None  # slot file: size of the KV state blob (never read)
+    media_chunks: int = 0  # slot file: image/audio chunks inside the packed payload
+    arch: str | None = None  # slot file: the model architecture its state names
+    request: dict[str, Any] | None = None  # the request as templated (the user's JSON; Anthropic converted)
+    response: dict[str, Any] | None = None  # the recorded response summary (usage, timings), the user's JSON
+    server_model: str | None = None  # the model the recording server served
+    ids_from: str = "slot file"  # where the token IDs came from
+    sections_from: str = "template markers"  # or "request fields" when the local render matched
+    template_family: str | None = None  # set by grammar.annotate: chatml, llama3, ..., none
+    render_mismatch: RenderMismatch | None = None  # the local render is not the server's prompt
+    unlocated_fields: list[str] = field(default_factory=list)  # request fields the render does not show verbatim
+
+
 @dataclass(eq=False)
 class Prompt:
     """One prompt: IDs, the bytes of each token, and who owns each token."""
@@ -233,7 +267,7 @@ class Prompt:
     special: np.ndarray  # bool, len(ids): token is a control/special token
     origin: str = ""
     sections: list[Section] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: PromptMeta = field(default_factory=PromptMeta)
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])

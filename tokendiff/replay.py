@@ -472,7 +472,8 @@ def render_replay_text(doc: dict[str, Any]) -> str:
     ]
     p = doc["pair"]
     out.append(
-        f"pair: {p.get('a')} -> {p.get('b')}: {p['b_tokens']:,} tokens, {p['lcp_tokens']:,} shared, {p['ideal_prefix_tokens']:,} reusable without the divergence"
+        f"pair: {p.get('a')} -> {p.get('b')}: {p['b_tokens']:,} tokens, {p['lcp_tokens']:,} shared, "
+        f"{p['ideal_prefix_tokens']:,} reusable without the divergence"
     )
     out.append("")
     out.append(f"{'scenario':8s} {'cached':>8s} {'expected':>8s} {unit + ' ms':>20s} {'TTFT ms':>10s}  runs")
@@ -486,18 +487,21 @@ def render_replay_text(doc: dict[str, Any]) -> str:
         ttft = s["ttft_ms"] if s["ttft_ms"] is not None else float("nan")
         bad = f", {s['discarded_runs']} discarded" if s["discarded_runs"] else ""
         out.append(
-            f"{name:8s} {str(s['cached']):>8s} {s['expected_cached']:>8d} {val:>12.1f}{sp:>8s} {ttft:>10.1f}  {s['valid_runs']}{bad}"
+            f"{name:8s} {str(s['cached']):>8s} {s['expected_cached']:>8d} {val:>12.1f}{sp:>8s} {ttft:>10.1f}  "
+            f"{s['valid_runs']}{bad}"
         )
     out.append("")
     if doc["cost_ms"] is not None:
         out.append(
-            f"the divergence costs {doc['cost_ms']:.1f} ms per turn ({unit}); fixing it would make this turn {doc['speedup']:.1f}x faster"
+            f"the divergence costs {doc['cost_ms']:.1f} ms per turn ({unit}); "
+            f"fixing it would make this turn {doc['speedup']:.1f}x faster"
         )
     if doc.get("fix"):
         f = doc["fix"]
         if "fixed" in sc and sc["fixed"][key] is not None:
             out.append(
-                f"with the fix ({'; '.join(f['applied'])}): {sc['fixed'][key]:.1f} ms instead of {sc['actual'][key]:.1f} ms"
+                f"with the fix ({'; '.join(f['applied'])}): {sc['fixed'][key]:.1f} ms "
+                f"instead of {sc['actual'][key]:.1f} ms"
             )
         for na in f.get("not_applied", []):
             out.append(f"not fixed automatically: {na}")

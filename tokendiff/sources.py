@@ -22,7 +22,7 @@ import numpy as np
 
 from tokendiff import grammar
 from tokendiff.errors import InputError
-from tokendiff.model import Prompt
+from tokendiff.model import Prompt, PromptMeta, RenderMismatch
 from tokendiff.slotfile import check_vocab, is_slot_file, list_session_dir, natural_key, read_slot_file
 from tokendiff.vocab import Vocab
 
@@ -170,21 +170,20 @@ class Loader:
         slot = read_slot_file(sel.path)
         for w in slot.warnings:
             warn(w)
-        meta = {
-            "path": str(sel.path),
-            "format": f"{slot.kind} v{slot.version}" + (" packed" if slot.packed else ""),
-            "state_bytes": slot.state_bytes,
-            "media_chunks": slot.media_chunks,
-            "turn": sel.turn,
-        }
-        if slot.arch:
-            meta["arch"] = slot.arch
+        meta = PromptMeta(
+            path=str(sel.path),
+            format=f"{slot.kind} v{slot.version}" + (" packed" if slot.packed else ""),
+            state_bytes=slot.state_bytes,
+            media_chunks=slot.media_chunks,
+            turn=sel.turn,
+            arch=slot.arch or None,
+        )
         p = self._decode(slot.tokens, str(sel.path), sel.label, meta)
         fam = grammar.annotate(p, self.family)
         _warn_if_mismatched(p, fam, self.family, self.vocab)
         return p
 
-    def _decode(self, ids: np.ndarray, source: str, label: str, meta: dict[str, Any]) -> Prompt:
+    def _decode(self, ids: np.ndarray, source: str, label: str, meta: PromptMeta) -> Prompt:
         check_vocab(ids, self.vocab.n_vocab, source, self.vocab.name)
         data, offsets, special = self.vocab.decode(ids)
         return Prompt(ids=ids, data=data, offsets=offsets, special=special, origin=label, meta=meta)
@@ -248,22 +247,22 @@ class Loader:
         if self._renderer is None:
             from tokendiff.render import Renderer
 
-            tmpl = self.chat_template or self.vocab.meta.get("chat_template")
+            tmpl = self.chat_template or self.vocab.meta.chat_template
             if not tmpl:
                 raise InputError(
                     f"no chat template: {self.vocab.name} carries none; pass --chat-template FILE, "
                     "a tokenizer directory with tokenizer_config.json, a GGUF file, or --server URL"
                 )
-            self._renderer = Renderer(tmpl, bos_token=self._special_text("bos"), eos_token=self._special_text("eos"))
+            m = self.vocab.meta
+            bos, eos = self._special_text(m.bos_token, m.bos_id), self._special_text(m.eos_token, m.eos_id)
+            self._renderer = Renderer(tmpl, bos_token=bos, eos_token=eos)
         return self._renderer
 
-    def _special_text(self, which: str) -> str:
-        v = self.vocab.meta.get(f"{which}_token")
-        if isinstance(v, str):
-            return v
-        i = self.vocab.meta.get(f"{which}_id")
-        if isinstance(i, int) and 0 <= i < self.vocab.n_vocab:
-            return self.vocab.piece(i).decode("utf-8", "replace")
+    def _special_text(self, text: str | None, token_id: int | None) -> str:
+        if text is not None:
+            return text
+        if token_id is not None and 0 <= token_id < self.vocab.n_vocab:
+            return self.vocab.piece(token_id).decode("utf-8", "replace")
         return ""
 
     def from_record(self, rec: dict[str, Any], label: str, turn: int | None = None) -> Prompt:
@@ -283,29 +282,41 @@ class Loader:
         return p
 
     def _record_ids(
-        self, rec: dict[str, Any], request: dict[str, Any], rendered, label: str, meta: dict[str, Any]
+        self, rec: dict[str, Any], request: dict[str, Any], rendered, label: str, meta: PromptMeta
     ) -> np.ndarray:
-        """The token IDs, from the best source the record allows; `meta["ids_from"]` says which."""
+        """The token IDs, from the best source the record allows; `meta.ids_from` says which."""
         if rec.get("prompt_ids") is not None:
-            meta["ids_from"] = rec.get("prompt_source", "server")
+            source = rec.get("prompt_source", "server")
+            meta.ids_from = source if isinstance(source, str) else "server"
             return _recorded_ids(rec["prompt_ids"], label)
         if isinstance(rec.get("prompt_text"), str):
-            meta["ids_from"] = "prompt log, tokenised here"
-            ids = self.tokenizer.encode(rec["prompt_text"], add_special=bool(self.vocab.meta.get("add_bos")))
-        elif isinstance(request.get("messages"), list) and self.vocab.meta.get("server"):
-            meta["ids_from"] = "llama-server /apply-template + /tokenize"
+            meta.ids_from = "prompt log, tokenised here"
+            ids = self._tokenise_logged(rec["prompt_text"])
+        elif isinstance(request.get("messages"), list) and self.vocab.meta.server:
+            meta.ids_from = "llama-server /apply-template + /tokenize"
             from tokendiff.server import prompt_ids
 
-            ids = prompt_ids(self.vocab.meta["server"], request)
+            ids = prompt_ids(self.vocab.meta.server, request)
         elif rendered is not None:
-            meta["ids_from"] = "local render, tokenised here"
+            meta.ids_from = "local render, tokenised here"
             ids = self.tokenizer.encode(rendered.text)
         else:
             raise InputError("record has neither messages, prompt_ids nor prompt_text", source=label)
         return np.asarray(ids, dtype=np.int32)
 
+    def _tokenise_logged(self, text: str) -> list[int]:
+        """A prompt log as llama-server tokenised it (add_special): with exactly one BOS where the
+        model adds one, also when the logged text already starts with it."""
+        m = self.vocab.meta
+        if not m.add_bos:
+            return self.tokenizer.encode(text)
+        if m.bos_id is None:  # the BOS is not known by ID: let the tokenizer add it
+            return self.tokenizer.encode(text, add_special=True)
+        ids = self.tokenizer.encode(text)
+        return ids if ids[:1] == [m.bos_id] else [m.bos_id, *ids]
+
     def _can_render(self) -> bool:
-        return bool(self.chat_template or self.vocab.meta.get("chat_template"))
+        return bool(self.chat_template or self.vocab.meta.chat_template)
 
 
 def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
@@ -314,7 +325,8 @@ def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
     from tokendiff.importers.anthropic import is_anthropic, to_openai
 
     request = rec.get("request") or {}
-    server = rec.get("server") if isinstance(rec.get("server"), dict) else {}
+    server = rec.get("server")
+    server = server if isinstance(server, dict) else {}
     llama = server.get("kind", "llama-server") == "llama-server"
     if isinstance(request, dict) and is_anthropic(request, rec.get("endpoint")):
         request = to_openai(request, llama_server=llama)
@@ -323,16 +335,18 @@ def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
     return request
 
 
-def _record_meta(rec: dict[str, Any], request: dict[str, Any], label: str, turn: int | None) -> dict[str, Any]:
+def _record_meta(rec: dict[str, Any], request: dict[str, Any], label: str, turn: int | None) -> PromptMeta:
     server = rec.get("server")
-    return {
-        "path": rec.get("origin") or label,
-        "format": rec.get("source", "capture"),
-        "turn": turn,
-        "request": request,
-        "response": rec.get("response"),
-        "server_model": server.get("model") if isinstance(server, dict) else None,
-    }
+    model = server.get("model") if isinstance(server, dict) else None
+    response = rec.get("response")
+    return PromptMeta(
+        path=rec.get("origin") or label,
+        format=rec.get("source", "capture"),
+        turn=turn,
+        request=request,
+        response=response if isinstance(response, dict) else None,
+        server_model=str(model) if model else None,
+    )
 
 
 def _recorded_ids(ids_in: Any, label: str) -> np.ndarray:
@@ -356,23 +370,23 @@ def _attach_render(p: Prompt, rendered, label: str) -> None:
         from tokendiff.sections import field_sections
 
         p.sections = field_sections(p, rendered)
-        p.meta["sections_from"] = "request fields"
+        p.meta.sections_from = "request fields"
     else:
         from tokendiff.align import first_byte_diff
 
         at = first_byte_diff(local, p.data)
         lo, hi = max(0, (at or 0) - 40), (at or 0) + 40
-        p.meta["render_mismatch"] = {
-            "byte": at,
-            "local": local[lo:hi].decode("utf-8", "replace"),
-            "server": p.data[lo:hi].decode("utf-8", "replace"),
-        }
+        p.meta.render_mismatch = RenderMismatch(
+            byte=at,
+            local=local[lo:hi].decode("utf-8", "replace"),
+            server=p.data[lo:hi].decode("utf-8", "replace"),
+        )
         warn(
             f"{label}: the local render differs from the server's tokens at byte {at}; "
             "sections come from the template markers (the server renders differently)"
         )
     if rendered.unlocated:
-        p.meta["unlocated_fields"] = rendered.unlocated
+        p.meta.unlocated_fields = rendered.unlocated
 
 
 def _parsed_arguments(request: dict[str, Any]) -> dict[str, Any]:

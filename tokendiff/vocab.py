@@ -18,7 +18,7 @@ import hashlib
 import os
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ DATA_DIR = Path(__file__).parent / "data"
 BUNDLED_DIR = DATA_DIR / "qwen3"
 BUNDLED_NAME = "bundled Qwen3 tokenizer"
 MEDIA_PIECE = b"<__media__>"
-CACHE_MAGIC = b"TDVOCAB4"
+CACHE_MAGIC = b"TDVOCAB5"  # 5: VocabMeta (add_bos)
 
 # Token flags
 SPECIAL = 1  # control token (<|im_start|>, <s>, [INST] ...): structure, not text
@@ -77,6 +77,27 @@ def spm_bytes(token: str) -> bytes:
     return token.replace("▁", " ").encode("utf-8", errors="surrogateescape")
 
 
+@dataclass(kw_only=True)
+class VocabMeta:
+    """What a tokenizer source says besides its token table: the chat template and special tokens
+    a request is rendered with, whether tokenising text adds BOS (llama-server's add_special), and
+    where the full tokenizer lives when text must be tokenised. Each source knows only some of it."""
+
+    source: str = ""  # tokenizer.json | gguf | server ("" for a table built by hand)
+    kind: str | None = None  # byte_level | spm: how token strings map to bytes
+    path: str | None = None  # the tokenizer.json or GGUF file, resolved: the text tokenizer is rebuilt from it
+    server: str | None = None  # a llama-server URL that tokenises and detokenises for us
+    chat_template: str | None = None
+    bos_token: str | None = None
+    eos_token: str | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+    add_bos: bool | None = None  # tokenising text prepends BOS (None: the source does not say)
+    ggml_model: str | None = None  # GGUF tokenizer.ggml.model: gpt2 (byte-level BPE), llama (SentencePiece) ...
+    arch: str | None = None  # GGUF general.architecture
+    model_name: str | None = None  # GGUF general.name
+
+
 @dataclass(eq=False)
 class Vocab:
     """An id -> bytes table plus the special-token facts sections need."""
@@ -86,7 +107,7 @@ class Vocab:
     offsets: np.ndarray  # int64, n+1
     flags: np.ndarray  # uint8, n
     identity: str = ""  # sha256 of the source file (or a server fingerprint)
-    meta: dict[str, Any] = field(default_factory=dict)  # bos/eos ids, chat_template, kind
+    meta: VocabMeta = field(default_factory=VocabMeta)
     assumed: bool = False  # True when the user did not choose it
 
     @property
@@ -119,7 +140,7 @@ class Vocab:
         return data, out_off, special
 
 
-def _pack(name: str, pieces: list[bytes], flags: list[int], identity: str, meta: dict[str, Any]) -> Vocab:
+def _pack(name: str, pieces: list[bytes], flags: list[int], identity: str, meta: VocabMeta) -> Vocab:
     lens = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
     offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
@@ -137,8 +158,7 @@ def _cache_path(src: Path, kind: str) -> Path:
 
 
 def _save_cache(path: Path, v: Vocab) -> None:
-    meta = {k: val for k, val in v.meta.items() if not k.startswith("_")}
-    head = orjson.dumps({"name": v.name, "identity": v.identity, "n": v.n_vocab, "meta": meta})
+    head = orjson.dumps({"name": v.name, "identity": v.identity, "n": v.n_vocab, "meta": asdict(v.meta)})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -173,9 +193,10 @@ def _load_cache(path: Path) -> Vocab | None:
         blob = np.frombuffer(raw, dtype=np.uint8, count=blen, offset=pos)
         if pos + blen != len(raw) or int(offsets[-1]) != blen:
             return None
-    except (ValueError, KeyError, struct.error, orjson.JSONDecodeError):
+        meta = VocabMeta(**head["meta"])
+    except (ValueError, KeyError, TypeError, struct.error, orjson.JSONDecodeError):
         return None
-    return Vocab(head["name"], blob, offsets, flags, head["identity"], head["meta"])
+    return Vocab(head["name"], blob, offsets, flags, head["identity"], meta)
 
 
 def _cached(src: Path, kind: str, build) -> Vocab:
@@ -218,7 +239,9 @@ def _decoder_kind(tok: dict[str, Any]) -> str:
     return "spm" if model.get("byte_fallback") else "byte_level"
 
 
-def vocab_from_tokenizer_json(data: dict[str, Any], name: str, identity: str, extra: dict[str, Any]) -> Vocab:
+def vocab_from_tokenizer_json(data: dict[str, Any], name: str, identity: str, meta: VocabMeta) -> Vocab:
+    """The table of a parsed tokenizer.json; `meta` (what tokenizer_config.json said) is completed
+    with the byte mapping and what the post-processor says about BOS."""
     model = data.get("model")
     if not isinstance(model, dict) or "vocab" not in model:
         raise InputError("not a tokenizer.json (no model.vocab)", source=name)
@@ -243,8 +266,46 @@ def vocab_from_tokenizer_json(data: dict[str, Any], name: str, identity: str, ex
         i = int(a["id"])
         pieces[i] = str(a["content"]).encode("utf-8")
         flags[i] = SPECIAL if a.get("special") else ADDED
-    meta = {"kind": kind, "source": "tokenizer.json", **extra}
+    meta.kind = kind
+    _complete_specials(meta, data, {p: i for i, p in enumerate(pieces)})
     return _pack(name, pieces, flags, identity, meta)
+
+
+def _complete_specials(meta: VocabMeta, data: dict[str, Any], ids: dict[bytes, int]) -> None:
+    """BOS from the post-processor where tokenizer_config.json did not say (Llama 3 says it only
+    there), and the IDs of the BOS and EOS texts."""
+    adds, text, tid = _template_bos(data)
+    if meta.add_bos is None:
+        meta.add_bos = adds
+    if adds and meta.bos_token is None:
+        meta.bos_token = text
+    if adds and text == meta.bos_token and tid is not None:
+        meta.bos_id = tid
+    if meta.bos_id is None and meta.bos_token is not None:
+        meta.bos_id = ids.get(meta.bos_token.encode("utf-8"))
+    if meta.eos_id is None and meta.eos_token is not None:
+        meta.eos_id = ids.get(meta.eos_token.encode("utf-8"))
+
+
+def _template_bos(data: dict[str, Any]) -> tuple[bool | None, str | None, int | None]:
+    """(adds BOS, its text, its ID) from a TemplateProcessing post-processor, also inside a Sequence;
+    (None, None, None) when there is none."""
+    pp = data.get("post_processor")
+    procs = pp.get("processors") if isinstance(pp, dict) and pp.get("type") == "Sequence" else [pp]
+    for proc in procs if isinstance(procs, list) else []:
+        if not (isinstance(proc, dict) and proc.get("type") == "TemplateProcessing"):
+            continue
+        single = proc.get("single")
+        first = single[0] if isinstance(single, list) and single else None
+        tok = first.get("SpecialToken") if isinstance(first, dict) else None
+        if not (isinstance(tok, dict) and isinstance(tok.get("id"), str)):
+            return False, None, None
+        entry = (proc.get("special_tokens") or {}).get(tok["id"])
+        entry = entry if isinstance(entry, dict) else {}
+        texts, ids = entry.get("tokens") or [tok["id"]], entry.get("ids") or [None]
+        text, tid = texts[0], ids[0]
+        return True, text if isinstance(text, str) else tok["id"], tid if isinstance(tid, int) else None
+    return None, None, None
 
 
 class TextTokenizer:
@@ -260,11 +321,11 @@ class TextTokenizer:
 
 
 def text_tokenizer(vocab: Vocab) -> TextTokenizer:
-    server = vocab.meta.get("server")
-    if server:
-        return server_tokenizer(server)
-    path = vocab.meta.get("path")
-    if vocab.meta.get("source") == "tokenizer.json" and path:
+    meta = vocab.meta
+    if meta.server:
+        return server_tokenizer(meta.server)
+    path = meta.path
+    if meta.source == "tokenizer.json" and path:
         from tokenizers import Tokenizer
 
         raw = Path(path).read_bytes()
@@ -275,8 +336,8 @@ def text_tokenizer(vocab: Vocab) -> TextTokenizer:
         except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception
             raise InputError(f"cannot load the tokenizer for text: {e}", source=path) from None
         return TextTokenizer(lambda text, add: tk.encode(text, add_special_tokens=add).ids, vocab.name)
-    if vocab.meta.get("source") == "gguf" and vocab.meta.get("ggml_model") == "gpt2" and vocab.meta.get("path"):
-        tk = _tokenizer_from_gguf(vocab.meta["path"])
+    if meta.source == "gguf" and meta.ggml_model == "gpt2" and path:
+        tk = _tokenizer_from_gguf(path)
         if tk is not None:
             return TextTokenizer(lambda text, add: tk.encode(text, add_special_tokens=add).ids, vocab.name)
     raise InputError(
@@ -288,8 +349,10 @@ def text_tokenizer(vocab: Vocab) -> TextTokenizer:
 # The pre-tokenizer regexes llama.cpp uses for the byte-level BPE vocabularies it names in
 # tokenizer.ggml.pre (llama-vocab.cpp); enough to rebuild the tokenizer from a GGUF file.
 _PRE = {
-    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     "gpt2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
 }
 _PRE["qwen35"] = _PRE["qwen2"]
@@ -311,8 +374,9 @@ def _tokenizer_from_gguf(path: str):
     if pattern is None or not tokens or not merges:
         return None
     types = md.get("tokenizer.ggml.token_type")
+    types = [] if types is None else types
     texts = [t.decode("utf-8", errors="surrogateescape") for t in tokens]
-    added = [i for i, t in enumerate(types if types is not None else []) if int(t) in (GT_CONTROL, GT_USER_DEFINED)]
+    added = [i for i, t in enumerate(types) if int(t) in (GT_CONTROL, GT_USER_DEFINED)]
     added_set = set(added)
     vocab = {t: i for i, t in enumerate(texts) if i not in added_set}
     pairs = []
@@ -350,33 +414,37 @@ def load_tokenizer_json(path: str | os.PathLike[str], name: str | None = None, c
         data, raw = _read_json_file(src)
         if not isinstance(data, dict):
             raise InputError("not a tokenizer.json (top level is not an object)", source=str(src))
-        extra = _read_tokenizer_config(config) if config else {}
-        extra["path"] = str(src.resolve())
-        return vocab_from_tokenizer_json(data, name or str(src), _sha256(raw), extra)
+        meta = VocabMeta(source="tokenizer.json", path=str(src.resolve()))
+        if config:
+            _read_tokenizer_config(config, meta)
+        return vocab_from_tokenizer_json(data, name or str(src), _sha256(raw), meta)
 
     return _cached(src, "tokenizer.json", build)
 
 
-def _read_tokenizer_config(path: Path) -> dict[str, Any]:
+def _read_tokenizer_config(path: Path, meta: VocabMeta) -> None:
+    """The chat template, the BOS/EOS texts and add_bos_token of a tokenizer_config.json, into `meta`."""
     if not path.is_file():
-        return {}
+        return
     cfg, _ = _read_json_file(path)
     if not isinstance(cfg, dict):
-        return {}
-    out: dict[str, Any] = {}
+        return
     tmpl = cfg.get("chat_template")
     if isinstance(tmpl, list):  # [{"name": "default", "template": ...}, ...]
         named = {e.get("name"): e.get("template") for e in tmpl if isinstance(e, dict)}
         tmpl = named.get("default") or next(iter(named.values()), None)
     if isinstance(tmpl, str):
-        out["chat_template"] = tmpl
-    for k in ("bos_token", "eos_token"):
-        v = cfg.get(k)
-        if isinstance(v, dict):
-            v = v.get("content")
-        if isinstance(v, str):
-            out[k] = v
-    return out
+        meta.chat_template = tmpl
+    meta.bos_token, meta.eos_token = _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token"))
+    if isinstance(cfg.get("add_bos_token"), bool):
+        meta.add_bos = cfg["add_bos_token"]
+
+
+def _token_text(v: Any) -> str | None:
+    """A special token as tokenizer_config.json gives it: its text, or an AddedToken object."""
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else None
 
 
 def load_hf_dir(path: str | os.PathLike[str]) -> Vocab:
@@ -432,26 +500,38 @@ def load_gguf(path: str | os.PathLike[str]) -> Vocab:
             else:
                 pieces.append(byte_level_bytes(text))
                 flags.append(0)
-        meta: dict[str, Any] = {
-            "kind": "byte_level" if byte_level else "spm",
-            "source": "gguf",
-            "ggml_model": model,
-            "path": str(src.resolve()),
-        }
-        for key, out in (
-            ("tokenizer.chat_template", "chat_template"),
-            ("tokenizer.ggml.bos_token_id", "bos_id"),
-            ("tokenizer.ggml.eos_token_id", "eos_id"),
-            ("general.architecture", "arch"),
-            ("general.name", "model_name"),
-        ):
-            if key in md:
-                val = md[key]
-                meta[out] = int(val) if isinstance(val, (int, np.integer)) and not isinstance(val, bool) else val
+        meta = _gguf_meta(md, str(src.resolve()))
         ident = hashlib.sha256(b"\0".join(tokens)).hexdigest()
         return _pack(str(src), pieces, flags, ident, meta)
 
     return _cached(src, "gguf", build)
+
+
+def _gguf_meta(md: dict[str, Any], path: str) -> VocabMeta:
+    """The special-token facts of a GGUF file's metadata (values of the wrong type are ignored)."""
+
+    def text(key: str) -> str | None:
+        v = md.get(key)
+        return v if isinstance(v, str) else None
+
+    def number(key: str) -> int | None:
+        v = md.get(key)
+        return int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else None
+
+    add_bos = md.get("tokenizer.ggml.add_bos_token")
+    model = md.get("tokenizer.ggml.model", "gpt2")
+    return VocabMeta(
+        source="gguf",
+        kind="byte_level" if model == "gpt2" else "spm",
+        path=path,
+        ggml_model=model if isinstance(model, str) else None,
+        chat_template=text("tokenizer.chat_template"),
+        bos_id=number("tokenizer.ggml.bos_token_id"),
+        eos_id=number("tokenizer.ggml.eos_token_id"),
+        add_bos=add_bos if isinstance(add_bos, bool) else None,
+        arch=text("general.architecture"),
+        model_name=text("general.name"),
+    )
 
 
 # ---------------------------------------------------------------- live server
@@ -475,7 +555,7 @@ def load_server(url: str) -> Vocab:
             v = None
         if v is not None and (info.n_vocab is None or info.n_vocab == v.n_vocab):
             v.name = f"{info.url} ({os.path.basename(model_path)})"
-            v.meta["server"] = info.url
+            v.meta.server = info.url
             return v
     if info.n_vocab is None:
         raise InputError("server did not report n_vocab in /v1/models", source=info.url)
@@ -492,13 +572,17 @@ class ServerVocab(Vocab):
             offsets=np.zeros(n_vocab + 1, dtype=np.int64),
             flags=np.zeros(n_vocab, dtype=np.uint8),
             identity=f"server:{props.get('model_path', '')}:{n_vocab}",
-            meta={"source": "server", "server": api.url, "chat_template": props.get("chat_template")},
+            meta=VocabMeta(
+                source="server",
+                server=api.url,
+                chat_template=_token_text(props.get("chat_template")),
+                bos_token=_token_text(props.get("bos_token")),
+                eos_token=_token_text(props.get("eos_token")),
+            ),
         )
         self._api = api  # a tokendiff.server.LlamaClient
         self._pieces: dict[int, bytes] = {}
-        for key in ("bos_token", "eos_token"):
-            if isinstance(props.get(key), str):
-                self.meta[key] = props[key]
+        self.meta.add_bos, self.meta.bos_id = _probe_bos(api)
 
     def _fetch(self, ids: list[int]) -> None:
         for i in ids:  # one at a time: a piece is the exact text of one token
@@ -524,6 +608,17 @@ class ServerVocab(Vocab):
     def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
         self.ensure(np.asarray(ids))
         return super().decode(ids)
+
+
+def _probe_bos(api: Any) -> tuple[bool | None, int | None]:
+    """(adds BOS, its ID), from tokenising the same text with and without add_special: /props does
+    not say. (None, None) when the server cannot tell."""
+    try:
+        bare, full = api.tokenize("a", add_special=False), api.tokenize("a", add_special=True)
+    except InputError:
+        return None, None
+    adds = len(full) > len(bare) and full[1 : 1 + len(bare)] == bare
+    return adds, full[0] if adds else None
 
 
 # ---------------------------------------------------------------- choosing

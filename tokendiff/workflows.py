@@ -377,7 +377,7 @@ def check_model(be: Backend, a: Prompt, b: Prompt, force: bool) -> None:
     """Token IDs only mean something for the model that produced them."""
     served = be.identity().get("model") or ""
     for p in (a, b):
-        recorded = p.meta.get("request") is not None and p.meta.get("server_model")
+        recorded = p.meta.request is not None and p.meta.server_model
         if recorded and served and Path(str(recorded)).name != Path(str(served)).name and not force:
             raise InputError(
                 f"the capture was recorded against {recorded!r} but the backend serves {served!r}: the token IDs "
@@ -394,7 +394,7 @@ def what_if_fix(pair: PairResult, loader: Loader, be: Backend, plan: Plan) -> di
     from tokendiff.align import common_prefix
     from tokendiff.fixes import fix_request
 
-    a_req, b_req = pair.a.meta.get("request"), pair.b.meta.get("request")
+    a_req, b_req = pair.a.meta.request, pair.b.meta.request
     if not (isinstance(a_req, dict) and isinstance(b_req, dict) and a_req.get("messages") and b_req.get("messages")):
         why = "the pair has no requests to fix (slot files): record with tokendiff proxy"
         return {"applied": [], "not_applied": [why]}

@@ -33,8 +33,8 @@ def read_har(path: Path) -> list[dict[str, Any]]:
     if not isinstance(entries, list):
         raise InputError("not a HAR file (no log.entries list)", source=src)
     out = []
-    for i, e in enumerate(entries):
-        rec = _entry(e, f"{src}: entry {i}")
+    for i, entry in enumerate(entries):
+        rec = _entry(entry, f"{src}: entry {i}")
         if rec is not None:
             rec["origin"] = f"{src}#entry{i}"
             out.append(rec)
@@ -103,7 +103,9 @@ def _entry(e: Any, where: str) -> dict[str, Any] | None:
 
 def _response(resp: dict[str, Any], where: str) -> dict[str, Any]:
     out: dict[str, Any] = {"status": resp.get("status")}
-    content = resp.get("content") if isinstance(resp.get("content"), dict) else {}
+    content = resp.get("content")
+    if not isinstance(content, dict):
+        content = {}
     text = _text(content, where + " response")
     if not text:
         return out

@@ -18,17 +18,18 @@ SCHEMA = "tokendiff.diff/2"
 
 def _side(p: Prompt) -> dict[str, Any]:
     m = p.meta
+    mm = m.render_mismatch
     return {
         "origin": p.origin,
-        "path": m.get("path"),
-        "format": m.get("format"),
+        "path": m.path,
+        "format": m.format,
         "n_tokens": len(p),
         "n_bytes": len(p.data),
-        "template_family": m.get("template_family"),
-        "state_bytes": m.get("state_bytes"),
-        "ids_from": m.get("ids_from", "slot file"),
-        "sections_from": m.get("sections_from", "template markers"),
-        "render_mismatch": m.get("render_mismatch"),
+        "template_family": m.template_family,
+        "state_bytes": m.state_bytes,
+        "ids_from": m.ids_from,
+        "sections_from": m.sections_from,
+        "render_mismatch": {"byte": mm.byte, "local": mm.local, "server": mm.server} if mm else None,
     }
 
 

@@ -6,13 +6,16 @@ from html import escape
 from typing import Any
 
 CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1100px;color:#1d2330;background:#fbfbfd;padding:0 1rem}
+body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1100px;color:#1d2330;background:#fbfbfd;
+padding:0 1rem}
 h1{font-size:1.4rem} h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #dde} h3{font-size:1rem}
 .headline{font-size:1.1rem;font-weight:600;background:#fff4d6;border-left:4px solid #e0a000;padding:.6rem .9rem}
-table{border-collapse:collapse;width:100%;font-size:13px} th,td{border-bottom:1px solid #e4e6ee;padding:.3rem .5rem;text-align:left;vertical-align:top}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{border-bottom:1px solid #e4e6ee;padding:.3rem .5rem;text-align:left;vertical-align:top}
 th{background:#eef0f6} td.n{text-align:right;font-variant-numeric:tabular-nums}
 code,.ex{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
-.ex{white-space:pre-wrap;word-break:break-all;background:#fff;border:1px solid #e4e6ee;padding:.4rem .6rem;margin:.2rem 0 .6rem}
+.ex{white-space:pre-wrap;word-break:break-all;background:#fff;border:1px solid #e4e6ee;padding:.4rem .6rem;
+margin:.2rem 0 .6rem}
 .ctx{color:#8a90a0} mark.a{background:#ffd5d5;color:#7a0010} mark.b{background:#cdf3d6;color:#00501a}
 .muted{color:#6b7280} .chart{background:#fff;border:1px solid #e4e6ee}
 """
@@ -24,7 +27,8 @@ def _chart(turns: list[dict[str, Any]]) -> str:
     w, h, pad = 1000, 220, 34
     bw = (w - 2 * pad) / n
     parts = [
-        f'<svg class="chart" role="img" aria-label="reuse across turns" viewBox="0 0 {w} {h}" width="100%" xmlns="http://www.w3.org/2000/svg">',
+        f'<svg class="chart" role="img" aria-label="reuse across turns" viewBox="0 0 {w} {h}" width="100%" '
+        'xmlns="http://www.w3.org/2000/svg">',
         f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#99a"/>',
     ]
     for pct in (0, 50, 100):
@@ -43,15 +47,17 @@ def _chart(turns: list[dict[str, Any]]) -> str:
         )
         if waste_h > 0:
             parts.append(
-                f'<rect x="{x:.1f}" y="{y0 - reuse_h - waste_h:.1f}" width="{bw * 0.8:.1f}" height="{waste_h:.1f}" fill="#d9534f">'
-                f"<title>turn {t['turn']}: {t['wasted']:,} tokens wasted</title></rect>"
+                f'<rect x="{x:.1f}" y="{y0 - reuse_h - waste_h:.1f}" width="{bw * 0.8:.1f}" height="{waste_h:.1f}" '
+                f'fill="#d9534f"><title>turn {t["turn"]}: {t["wasted"]:,} tokens wasted</title></rect>'
             )
         if n <= 60 or i % max(1, n // 30) == 0:
             parts.append(
-                f'<text x="{x + bw * 0.4:.1f}" y="{h - pad + 14}" font-size="10" text-anchor="middle" fill="#667">{t["turn"]}</text>'
+                f'<text x="{x + bw * 0.4:.1f}" y="{h - pad + 14}" font-size="10" text-anchor="middle" fill="#667">'
+                f"{t['turn']}</text>"
             )
     parts.append(
-        f'<text x="{w - pad}" y="{h - 6}" font-size="11" text-anchor="end" fill="#667">turn · green: reused · red: wasted</text>'
+        f'<text x="{w - pad}" y="{h - 6}" font-size="11" text-anchor="end" fill="#667">'
+        "turn · green: reused · red: wasted</text>"
     )
     parts.append("</svg>")
     return "".join(parts)
@@ -60,8 +66,87 @@ def _chart(turns: list[dict[str, Any]]) -> str:
 def _ex(t: dict[str, str], side: str) -> str:
     return (
         f'<div class="ex"><span class="ctx">…{escape(t["before"])}</span>'
-        f'<mark class="{side}">{escape(t["diverged"]) or "∅"}</mark><span class="ctx">{escape(t["after"])}…</span></div>'
+        f'<mark class="{side}">{escape(t["diverged"]) or "∅"}</mark>'
+        f'<span class="ctx">{escape(t["after"])}…</span></div>'
     )
+
+
+def _spans(doc: dict[str, Any]) -> list[str]:
+    if not doc["spans"]:
+        return ["<p>None: nothing broke the cache.</p>"]
+    e = escape
+    out = [
+        "<table><tr><th>#</th><th>cause</th><th>section</th><th>turns</th><th>tokens</th><th>share</th>"
+        "<th>reuse without it</th><th>fix</th></tr>"
+    ]
+    for sp in doc["spans"]:
+        out.append(
+            f"<tr><td class=n>{sp['rank']}</td><td>{e(sp['title'])}</td><td><code>{e(sp['section'])}</code></td>"
+            f"<td>{e(', '.join(map(str, sp['turns'])))}</td><td class=n>{sp['tokens']:,}</td>"
+            f"<td class=n>{100 * sp['share']:.0f} %</td>"
+            f"<td class=n>{sp['reuse_pct_without']} %</td><td>{e(sp['fix'])}</td></tr>"
+        )
+    out.append("</table>")
+    return out
+
+
+def _turns(doc: dict[str, Any]) -> list[str]:
+    e = escape
+    out = [
+        "<h2>Turns</h2><table><tr><th>turn</th><th>tokens</th><th>reusable</th><th>reuse %</th><th>recomputed</th>"
+        "<th>new</th><th>wasted</th><th>first divergence</th><th>cause</th><th>server cached</th><th>note</th></tr>"
+    ]
+    for t in doc["turns"]:
+        rc = "" if t["reported_cached"] is None else f"{t['reported_cached']:,}"
+        out.append(
+            f"<tr><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td><td class=n>{t['reusable']:,}</td>"
+            f"<td class=n>{t['reuse_pct']:.1f}</td><td class=n>{t['recomputed']:,}</td>"
+            f"<td class=n>{t['new_tokens']:,}</td><td class=n>{t['wasted']:,}</td>"
+            f"<td><code>{e(t['first_divergence_section'] or '')}</code></td><td>{e(t['cause'] or '')}</td>"
+            f"<td class=n>{rc}</td><td>{e(t['note'])}</td></tr>"
+        )
+    out.append("</table>")
+    return out
+
+
+def _replays(doc: dict[str, Any]) -> list[str]:
+    if not doc.get("replays"):
+        return []
+    e = escape
+    out = [
+        "<h2>Measured on a backend</h2><table><tr><th>pair</th><th>backend</th><th>cold ms</th><th>actual ms</th>"
+        "<th>ideal ms</th><th>fixed ms</th><th>cost ms</th><th>speedup</th></tr>"
+    ]
+    for rp in doc["replays"]:
+        sc, key = rp["scenarios"], rp["measure"]
+        cells = "".join(
+            f"<td class=n>{'' if k not in sc or sc[k][key] is None else sc[k][key]}</td>"
+            for k in ("cold", "actual", "ideal", "fixed")
+        )
+        pair = f"{e(str(rp['pair'].get('a')))} → {e(str(rp['pair'].get('b')))}"
+        out.append(
+            f"<tr><td><code>{pair}</code></td><td>{e(rp['backend']['kind'])}</td>"
+            f"{cells}<td class=n>{rp['cost_ms']}</td><td class=n>{rp['speedup']}x</td></tr>"
+        )
+    out.append("</table>")
+    return out
+
+
+def _causes(doc: dict[str, Any]) -> list[str]:
+    e = escape
+    out = ["<h2>Causes</h2>"]
+    for c in doc["causes"]:
+        out.append(f"<h3>{e(c['title'])} <span class=muted>(turn {c['turn']})</span></h3>")
+        out.append(f"<p>{e(c['evidence'])}. <b>Fix:</b> {e(c['fix'])}</p>")
+        for side in ("a", "b"):
+            x = c[side]
+            out.append(
+                f'<p class="muted">{side.upper()} <code>{e(x["origin"])}</code> '
+                f"tokens {x['tokens'][0]:,}..{x['tokens'][1]:,}, "
+                f"bytes {x['bytes'][0]:,}..{x['bytes'][1]:,}, in <code>{e(x['section'])}</code></p>"
+            )
+            out.append(_ex(x["text"], side))
+    return out
 
 
 def render_html(doc: dict[str, Any]) -> str:
@@ -84,58 +169,6 @@ def render_html(doc: dict[str, Any]) -> str:
     out.append("<h2>Reuse across turns</h2>")
     out.append(_chart(doc["turns"]))
     out.append("<h2>Spans, ranked by what they cost</h2>")
-    if doc["spans"]:
-        out.append(
-            "<table><tr><th>#</th><th>cause</th><th>section</th><th>turns</th><th>tokens</th><th>share</th><th>reuse without it</th><th>fix</th></tr>"
-        )
-        for sp in doc["spans"]:
-            out.append(
-                f"<tr><td class=n>{sp['rank']}</td><td>{e(sp['title'])}</td><td><code>{e(sp['section'])}</code></td>"
-                f"<td>{e(', '.join(map(str, sp['turns'])))}</td><td class=n>{sp['tokens']:,}</td><td class=n>{100 * sp['share']:.0f} %</td>"
-                f"<td class=n>{sp['reuse_pct_without']} %</td><td>{e(sp['fix'])}</td></tr>"
-            )
-        out.append("</table>")
-    else:
-        out.append("<p>None: nothing broke the cache.</p>")
-    out.append(
-        "<h2>Turns</h2><table><tr><th>turn</th><th>tokens</th><th>reusable</th><th>reuse %</th><th>recomputed</th>"
-        "<th>new</th><th>wasted</th><th>first divergence</th><th>cause</th><th>server cached</th><th>note</th></tr>"
-    )
-    for t in doc["turns"]:
-        rc = "" if t["reported_cached"] is None else f"{t['reported_cached']:,}"
-        out.append(
-            f"<tr><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td><td class=n>{t['reusable']:,}</td>"
-            f"<td class=n>{t['reuse_pct']:.1f}</td><td class=n>{t['recomputed']:,}</td><td class=n>{t['new_tokens']:,}</td>"
-            f"<td class=n>{t['wasted']:,}</td><td><code>{e(t['first_divergence_section'] or '')}</code></td><td>{e(t['cause'] or '')}</td>"
-            f"<td class=n>{rc}</td><td>{e(t['note'])}</td></tr>"
-        )
-    out.append("</table>")
-    if doc.get("replays"):
-        out.append(
-            "<h2>Measured on a backend</h2><table><tr><th>pair</th><th>backend</th><th>cold ms</th><th>actual ms</th>"
-            "<th>ideal ms</th><th>fixed ms</th><th>cost ms</th><th>speedup</th></tr>"
-        )
-        for rp in doc["replays"]:
-            sc, key = rp["scenarios"], rp["measure"]
-            cells = "".join(
-                f"<td class=n>{'' if k not in sc or sc[k][key] is None else sc[k][key]}</td>"
-                for k in ("cold", "actual", "ideal", "fixed")
-            )
-            out.append(
-                f"<tr><td><code>{e(str(rp['pair'].get('a')))} → {e(str(rp['pair'].get('b')))}</code></td><td>{e(rp['backend']['kind'])}</td>"
-                f"{cells}<td class=n>{rp['cost_ms']}</td><td class=n>{rp['speedup']}x</td></tr>"
-            )
-        out.append("</table>")
-    out.append("<h2>Causes</h2>")
-    for c in doc["causes"]:
-        out.append(f"<h3>{e(c['title'])} <span class=muted>(turn {c['turn']})</span></h3>")
-        out.append(f"<p>{e(c['evidence'])}. <b>Fix:</b> {e(c['fix'])}</p>")
-        for side in ("a", "b"):
-            x = c[side]
-            out.append(
-                f'<p class="muted">{side.upper()} <code>{e(x["origin"])}</code> tokens {x["tokens"][0]:,}..{x["tokens"][1]:,}, '
-                f"bytes {x['bytes'][0]:,}..{x['bytes'][1]:,}, in <code>{e(x['section'])}</code></p>"
-            )
-            out.append(_ex(x["text"], side))
+    out += _spans(doc) + _turns(doc) + _replays(doc) + _causes(doc)
     out.append("</body></html>")
     return "\n".join(out)

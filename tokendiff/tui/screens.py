@@ -81,10 +81,9 @@ class SessionScreen(Screen):
         lines.append("fix first\n", style="bold")
         for k, sp in enumerate(session.spans[:8], 1):
             lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
-            lines.append(
-                f"   {sp.section} · turns {', '.join(map(str, sp.turns))} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %)\n",
-                style="dim",
-            )
+            turns = ", ".join(map(str, sp.turns))
+            where = f"   {sp.section} · turns {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %)\n"
+            lines.append(where, style="dim")
             lines.append(f"   {sp.fix}\n")
         if not session.spans:
             lines.append("nothing broke the cache")

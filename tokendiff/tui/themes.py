@@ -118,7 +118,7 @@ def choose_theme(asked: str | None, config: Config, cat: ThemeCatalogue) -> tupl
 
     An unknown name is a warning and the next choice applies: the TUI still opens.
     """
-    warnings = []
+    warnings: list[str] = []
     available = ", ".join(cat.names())
     for wanted, where in ((asked, "--theme"), (config.theme, str(config.source))):
         if wanted is None:
