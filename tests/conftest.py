@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import functools
 import gzip
 import os
-import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,8 @@ sys.path.insert(0, str(HERE))
 
 from tokendiff import grammar  # noqa: E402
 from tokendiff.model import Prompt  # noqa: E402
-from tokendiff.vocab import BUNDLED_DIR, Vocab, load_bundled  # noqa: E402
+from tokendiff.paths import cache_dir  # noqa: E402
+from tokendiff.vocab import BUNDLED_DIR, TextTokenizer, Vocab, load_bundled, load_hf_dir, text_tokenizer  # noqa: E402
 
 TEMPLATES = HERE / "fixtures" / "templates"
 REQUIRE_SERVER = os.environ.get("TOKENDIFF_REQUIRE_SERVER") == "1"
@@ -107,26 +109,79 @@ def prompt_from_ids(ids, vocab: Vocab, family: str | None = None, origin: str = 
     return p
 
 
-def prompt_from_text(text: str, specials: list[str], family: str | None = None) -> Prompt:
-    """A prompt tokenised the simple way: each special marker one token, words and
-    punctuation one token each. Lets the grammar be tested on real template
-    renders of families whose real tokenizer is not available offline."""
-    pat = "(" + "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)) + ")"
-    pieces: list[tuple[bytes, bool]] = []
-    for part in re.split(pat, text) if specials else [text]:
-        if not part:
-            continue
-        if part in specials:
-            pieces.append((part.encode(), True))
-        else:
-            pieces += [(m.encode(), False) for m in re.findall(r"\s+|\w+|[^\w\s]", part)]
-    lens = [len(b) for b, _ in pieces]
-    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    ids = np.array([abs(hash(b)) % 100000 for b, _ in pieces], dtype=np.int32)
-    p = Prompt(ids, b"".join(b for b, _ in pieces), offsets, np.array([s for _, s in pieces], dtype=bool))
-    grammar.annotate(p, family)
-    return p
+# ---------------------------------------------------------------- real tokenizers of other families
+
+# template family -> the @lenml/tokenizer-<name> package scripts/install_tokenizers.sh caches
+FAMILY_TOKENIZERS = {
+    "llama3": "llama3_2",
+    "harmony": "gptoss",
+    "gemma": "gemma3",
+    "deepseek": "deepseek_v3",
+    "mistral": "mistral_nemo",
+}
+
+
+@dataclass(frozen=True)
+class RealTokenizer:
+    """A model family's real tokenizer, loaded by tokendiff's own vocab loader: the Vocab for
+    decoding and the full tokenizer for text (special markers in the text parsed, as servers do)."""
+
+    name: str
+    vocab: Vocab
+    text: TextTokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.text.encode(text, add_special=False)
+
+    def prompt(self, text: str, family: str | None = None) -> Prompt:
+        """Text as the server would cache it: real IDs, decoded back through the Vocab."""
+        return prompt_from_ids(self.encode(text), self.vocab, family)
+
+
+def tokenizers_dir() -> Path:
+    return cache_dir() / "tokenizers"
+
+
+@functools.cache
+def _load_real(name: str) -> RealTokenizer:
+    vocab = load_hf_dir(tokenizers_dir() / name)
+    return RealTokenizer(name, vocab, text_tokenizer(vocab))
+
+
+def real_tokenizer(family: str) -> RealTokenizer:
+    """The real tokenizer of a template family; missing ones fail in CI, skip elsewhere."""
+    name = FAMILY_TOKENIZERS[family]
+    if not (tokenizers_dir() / name / "tokenizer.json").is_file():
+        msg = f"tokenizer {name} not in {tokenizers_dir()}: run scripts/install_tokenizers.sh (needs npm)"
+        if REQUIRE_SERVER:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return _load_real(name)
+
+
+@pytest.fixture(scope="session")
+def llama3_tok() -> RealTokenizer:
+    return real_tokenizer("llama3")
+
+
+@pytest.fixture(scope="session")
+def harmony_tok() -> RealTokenizer:
+    return real_tokenizer("harmony")
+
+
+@pytest.fixture(scope="session")
+def gemma_tok() -> RealTokenizer:
+    return real_tokenizer("gemma")
+
+
+@pytest.fixture(scope="session")
+def deepseek_tok() -> RealTokenizer:
+    return real_tokenizer("deepseek")
+
+
+@pytest.fixture(scope="session")
+def mistral_tok() -> RealTokenizer:
+    return real_tokenizer("mistral")
 
 
 def token_at(p: Prompt, needle: str | bytes, occurrence: int = 0) -> int:

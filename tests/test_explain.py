@@ -1,4 +1,5 @@
-"""Each explainer on real renders from real templates, where the cause is real."""
+"""Each explainer on real renders from real templates, tokenised by the model's real tokenizer,
+where the cause is real."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import copy
 import json
 
 import pytest
-from conftest import CONVERSATION, TOOLS, prompt_from_ids, prompt_from_text, qwen_encode, render
+from conftest import CONVERSATION, TOOLS, prompt_from_ids, qwen_encode, render
 
 from tokendiff.align import align
 from tokendiff.explain import explain
@@ -61,22 +62,14 @@ def test_client_dropping_reasoning(vocab):
     assert f.kind == "reasoning_dropped_by_client"
 
 
-def test_llama32_injected_date_is_the_templates():
-    specials = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+def test_llama32_injected_date_is_the_templates(llama3_tok):
     msgs = [{"role": "user", "content": "Hi"}]
-    a = prompt_from_text(
-        render(
-            "meta-llama-Llama-3.2-3B-Instruct.jinja", msgs, bos_token="<|begin_of_text|>", date_string="28 Nov 2026"
-        ),
-        specials,
-    )
-    b = prompt_from_text(
-        render(
-            "meta-llama-Llama-3.2-3B-Instruct.jinja", msgs, bos_token="<|begin_of_text|>", date_string="29 Nov 2026"
-        ),
-        specials,
-    )
-    f, _, _ = first(a, b)
+
+    def prompt(day: str):
+        kw = {"bos_token": "<|begin_of_text|>", "date_string": day}
+        return llama3_tok.prompt(render("meta-llama-Llama-3.2-3B-Instruct.jinja", msgs, **kw))
+
+    f, _, _ = first(prompt("28 Nov 2026"), prompt("29 Nov 2026"))
     assert f.kind == "date" and f.origin == "template"
     assert "'28 Nov 2026' -> '29 Nov 2026'" in f.evidence
 
@@ -111,6 +104,47 @@ def test_tools_reordered_or_changed(vocab, tools_b, kind, words):
     msgs = CONVERSATION[:2]
     f, _, _ = first(qwen_prompt(vocab, msgs), qwen_prompt(vocab, msgs, tools=tools_b))
     assert f.kind == kind and words in f.evidence
+
+
+# Other families, real tokens, sections from the template markers only (as for slot files).
+FAMILIES = {
+    "llama3": ("meta-llama-Llama-3.1-8B-Instruct.jinja", {"bos_token": "<|begin_of_text|>"}),
+    "mistral": ("mistralai-Mistral-Nemo-Instruct-2407.jinja", {"bos_token": "<s>", "eos_token": "</s>"}),
+    "harmony": ("openai-gpt-oss-120b.jinja", {}),
+    "deepseek": ("deepseek-ai-DeepSeek-V3.1.jinja", {"bos_token": "<｜begin▁of▁sentence｜>"}),
+}
+
+
+def family_prompt(family, messages, tools=TOOLS):
+    from conftest import real_tokenizer
+
+    name, kw = FAMILIES[family]
+    p = real_tokenizer(family).prompt(render(name, messages, tools, **kw))
+    assert p.meta["template_family"] == family
+    return p
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral", "harmony"])  # DeepSeek V3.1's template renders no tools
+@pytest.mark.parametrize(
+    "tools_b, kind, words",
+    [([TOOLS[1], TOOLS[0], TOOLS[2]], "tool_order", "3 tools, same names"), (TOOLS[:2], "tool_set", "-web_extract")],
+)
+def test_tools_reordered_or_changed_in_other_families(family, tools_b, kind, words):
+    msgs = CONVERSATION[:2]
+    f, _, _ = first(family_prompt(family, msgs), family_prompt(family, msgs, tools=tools_b))
+    assert f.kind == kind and words in f.evidence
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_client_date_in_system_prompt_in_other_families(family):
+    def msgs(day):
+        return [
+            {"role": "system", "content": f"You are an agent. Now: 2026-11-{day} 23:59."},
+            {"role": "user", "content": "hi"},
+        ]
+
+    f, _, _ = first(family_prompt(family, msgs(28), tools=None), family_prompt(family, msgs(29), tools=None))
+    assert f.kind == "date" and "'2026-11-28 23:59' -> '2026-11-29 23:59'" in f.evidence
 
 
 def test_tool_description_mutated(vocab):
@@ -165,7 +199,7 @@ def test_json_key_order(vocab):
     assert f.kind == "json_reserialized" and "key order" in f.evidence
 
 
-def test_tool_call_ids_regenerated_in_a_mistral_render(vocab):
+def test_tool_call_ids_regenerated_in_a_mistral_render(mistral_tok):
     from conftest import template
 
     def body(call_id):
@@ -178,7 +212,8 @@ def test_tool_call_ids_regenerated_in_a_mistral_render(vocab):
     prompts = []
     for cid in ("a1B2c3D4e", "Zz9Yy8Xx7"):
         rr = r.attribute(body(cid))
-        p = prompt_from_ids(qwen_encode(rr.text), vocab, family="mistral")
+        p = mistral_tok.prompt(rr.text)
+        assert p.meta["template_family"] == "mistral"
         p.sections = field_sections(p, rr)
         prompts.append(p)
     f, _, _ = first(*prompts)
@@ -190,7 +225,9 @@ def test_billing_header_nonce(vocab):
         return [
             {
                 "role": "system",
-                "content": f"x-anthropic-billing-header: cc_version=2.1.4; cc_entrypoint=cli; cch={n};\nYou are Claude Code.",
+                "content": (
+                    f"x-anthropic-billing-header: cc_version=2.1.4; cc_entrypoint=cli; cch={n};\nYou are Claude Code."
+                ),
             },
             {"role": "user", "content": "hi"},
         ]
@@ -270,13 +307,13 @@ def test_bpe_boundary(vocab):
     assert fs[0].kind == "bpe_boundary" and d.boundary
 
 
-def test_double_bos():
-    specials = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+def test_double_bos(llama3_tok):
     text = render(
         "meta-llama-Llama-3.1-8B-Instruct.jinja", [{"role": "user", "content": "Hi"}], bos_token="<|begin_of_text|>"
     )
-    a = prompt_from_text(text, specials)
-    b = prompt_from_text("<|begin_of_text|>" + text, specials)
+    a = llama3_tok.prompt(text)
+    b = llama3_tok.prompt("<|begin_of_text|>" + text)
+    assert b.ids[0] == b.ids[1] == llama3_tok.encode("<|begin_of_text|>")[0]
     f, _, _ = first(a, b)
     assert f.kind == "double_bos"
 

@@ -12,6 +12,7 @@ from conftest import (
     owner_spelled,
     prompt_from_ids,
     qwen_encode,
+    real_tokenizer,
     spell,
     template,
     token_at,
@@ -102,6 +103,32 @@ def test_qwen3_field_sections_on_real_tokens(vocab):
     assert args.field_path == "messages[2].tool_calls[0].function.arguments" and args.message_index == 2
     assert p.owner_label(token_at(p, '{"temp"')) == "message 3 (tool)"
     assert p.owner_label(len(p) - 1) == "generation prompt"
+
+
+# the other templates, each tokenised by its family's real tokenizer (Hermes 3: Llama 3.1's)
+REAL_FAMILY = {
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3",
+    "meta-llama-Llama-3.2-3B-Instruct.jinja": "llama3",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": "llama3",
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral",
+    "openai-gpt-oss-120b.jinja": "harmony",
+}
+
+
+@pytest.mark.parametrize("name", list(REAL_FAMILY))
+def test_field_sections_on_real_tokens_of_other_families(name):
+    r = Renderer(template(name), **CASES[name]).attribute(body())
+    p = real_tokenizer(REAL_FAMILY[name]).prompt(r.text)
+    p.sections = field_sections(p, r)
+    assert owner_spelled(p, token_at(p, "terse")) == "messages[0] system › messages[0].content"
+    assert owner_spelled(p, token_at(p, "get_time")).endswith("tools[1] get_time › tools[1].function.name")
+    assert owner_spelled(p, token_at(p, "Paris", 1)) == (
+        "messages[2] assistant › messages[2].tool_calls[0] get_weather › messages[2].tool_calls[0].function.arguments"
+    )
+    assert owner_spelled(p, token_at(p, "Rome")) == "messages[5] user › messages[5].content"
+    # Mistral has no generation prompt: the prompt ends in the last user turn
+    last = "messages[5] user" if "Mistral" in name else "generation_prompt"
+    assert owner_spelled(p, len(p) - 1) == last
 
 
 def test_qwen3_consecutive_tool_results_split_one_turn(vocab):

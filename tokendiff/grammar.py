@@ -81,15 +81,20 @@ def detect_family(prompt: Prompt) -> str:
         return "gemma"
     if "<｜User｜>".encode() in present or "<｜Assistant｜>".encode() in present:
         return "deepseek"
-    # No special tokens (e.g. a tokenizer that splits the markers): look at the text.
+    # No special tokens among the markers: a tokenizer that splits them, or one whose markers
+    # are added but not special (DeepSeek V3's <｜User｜>, <｜Assistant｜>): look at the text.
     if b"<|im_start|>" in data:
         return "chatml"
     if b"<|start_header_id|>" in data:
         return "llama3"
+    if b"<|start|>" in data and b"<|message|>" in data:
+        return "harmony"
     if b"[INST]" in data:
         return "mistral"
     if b"<start_of_turn>" in data:
         return "gemma"
+    if "<｜User｜>".encode() in data or "<｜Assistant｜>".encode() in data:
+        return "deepseek"
     return "none"
 
 
