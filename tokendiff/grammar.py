@@ -125,7 +125,7 @@ def _split_generic(
         cstart = min(cstart, limit)
         close = next((e for e in ends if cstart <= e <= limit), None)
         closed = close is not None
-        if closed:
+        if close is not None:
             # the end marker's bytes are the end of content; what follows up to the
             # next turn (a newline) is boilerplate of this turn
             marker_len = next(
@@ -350,7 +350,7 @@ def _json_objects(data: bytes, start: int, end: int) -> list[tuple[int, int]]:
 
 def _pairs(data: bytes, start: int, end: int, open_: bytes, close: bytes) -> list[tuple[int, int]]:
     """Spans open_..close inside [start, end); an unclosed one runs to end."""
-    out = []
+    out: list[tuple[int, int]] = []
     pos = start
     while True:
         s = data.find(open_, pos, end)

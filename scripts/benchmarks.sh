@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# A short run of every benchmark whose figures the README quotes, so they cannot silently
+# rot: each prints its figures against its budget. The full runs are the same scripts
+# without arguments (see the README's Performance section). .ci/run calls this.
+#   usage: scripts/benchmarks.sh [PYTHON]    (default .venv/bin/python)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:-.venv/bin/python}
+run() { echo "== $*"; "$PY" "$@"; }
+run benchmarks/bench_diff.py --runs 1
+run benchmarks/bench_report.py --turns 10 --tokens 5000
+run benchmarks/bench_tui.py --tokens 20000
+run benchmarks/bench_proxy.py --n 30
