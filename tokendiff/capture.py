@@ -40,7 +40,8 @@ from tokendiff.errors import InputError
 
 SCHEMA = "tokendiff.capture/1"
 BLOB_THRESHOLD = 1 << 20  # request bodies over 1 MiB go to blobs/<sha256>, so every line stays small
-MAX_BODY = 128 << 20  # request bodies over 128 MiB are forwarded but not stored (the record says so)
+# request bodies over 128 MiB are forwarded but not stored (the record says so); the tests lower it
+MAX_BODY = int(os.environ.get("TOKENDIFF_MAX_BODY", 128 << 20))
 MAX_LINE = 64 << 20  # the reader skips (with a warning) a line over 64 MiB without ever holding it
 MAX_FILE = 1 << 30  # the reader refuses a capture over 1 GiB: memory stays proportional, under ~2 GB
 BLOB_DIR = "blobs"
@@ -371,9 +372,10 @@ def _open_regular(path: str | os.PathLike[str]) -> int:
     return fd
 
 
-def _lines(f: Any, limit: int = MAX_LINE) -> Iterator[tuple[int, bytes | None, bool]]:
-    """(line number, line without its newline, torn) in order, holding at most `limit` bytes of a
-    line: a longer one comes out as None. `torn`: the last line, with no newline after it."""
+def _lines(f: Any, limit: int | None = None) -> Iterator[tuple[int, bytes | None, bool]]:
+    """(line number, line without its newline, torn) in order, holding at most `limit` (MAX_LINE)
+    bytes of a line: a longer one comes out as None. `torn`: the last line, with no newline after it."""
+    limit = MAX_LINE if limit is None else limit
     n, buf, over = 0, b"", False
     while chunk := f.read(_CHUNK):
         buf += chunk
