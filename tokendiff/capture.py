@@ -376,19 +376,20 @@ def _lines(f: Any, limit: int | None = None) -> Iterator[tuple[int, bytes | None
     """(line number, line without its newline, torn) in order, holding at most `limit` (MAX_LINE)
     bytes of a line: a longer one comes out as None. `torn`: the last line, with no newline after it."""
     limit = MAX_LINE if limit is None else limit
-    n, buf, over = 0, b"", False
+    n, buf, over = 0, bytearray(), False
     while chunk := f.read(_CHUNK):
+        start = len(buf)
         buf += chunk
-        start = 0
         while (nl := buf.find(b"\n", start)) >= 0:
             n += 1
-            yield n, (None if over or nl - start > limit else buf[start:nl]), False
-            over, start = False, nl + 1
-        buf = buf[start:]
+            yield n, (None if over or nl > limit else bytes(buf[:nl])), False
+            del buf[: nl + 1]  # cheap: bytearray drops a prefix without copying the rest
+            over, start = False, 0
         if len(buf) > limit:
-            over, buf = True, b""
+            over = True
+            buf.clear()
     if buf or over:
-        yield n + 1, None if over else buf, True
+        yield n + 1, None if over else bytes(buf), True
 
 
 class CaptureRecord(dict):
