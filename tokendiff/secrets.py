@@ -114,7 +114,8 @@ def plan(value: Any, *, prompt_fields: bool = True, values: bool = True) -> list
                     edits.append(Edit((*path, k), None))
                 else:
                     prompt = in_prompt or (prompt_fields and not path and k in PROMPT_FIELDS)
-                    stack.append(((*path, k), v[k], prompt))
+                    if values or not prompt:  # without rule 3 nothing inside a prompt field can change
+                        stack.append(((*path, k), v[k], prompt))
         elif isinstance(v, list):
             for i in reversed(range(len(v))):
                 if not in_prompt and _secret_pair(v[i]):
