@@ -384,3 +384,237 @@ def test_anthropic_messages_as_claude_code_sends_them(server, tmp_path):
     doc = json.loads(d.stdout)
     assert doc["lcp_tokens"] == len(records[0]["prompt_ids"])
     assert doc["a"]["sections_from"] == "request fields" and doc["b"]["sections_from"] == "request fields"
+
+
+# ---------------------------------------------------------------- issue 11: nothing lost, nothing secret
+
+
+def start_env(upstream: str, out, env: dict[str, str], *extra: str) -> tuple[subprocess.Popen, str]:
+    """start_proxy with extra environment (the body cap lowered for a test)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return start_proxy(upstream, out, *extra)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def post_raw(url: str, raw: bytes) -> httpx.Response:
+    return httpx.post(
+        url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}, timeout=120
+    )
+
+
+def stored_bytes(out, rec) -> bytes:
+    import base64
+
+    body = rec["request_body"]
+    if "base64" in body:
+        return base64.b64decode(body["base64"])
+    return (out / body["blob"]).read_bytes()
+
+
+VERBATIM = {
+    "lone surrogate": rb'{"messages": [{"role": "user", "content": "a\ud800b"}], "max_tokens": 1}',
+    "1e400": rb'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 1e400}',
+    "big int": rb'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "seed": 18446744073709551616}',
+    "duplicate keys": rb'{"messages": [{"role": "user", "content": "a"}], "max_tokens": 1, "max_tokens": 2}',
+    "NaN": rb'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "top_p": NaN}',
+    "huge int": b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "seed": 1' + b"0" * 5000 + b"}",
+}
+
+
+def test_bodies_json_cannot_round_trip_are_kept_byte_for_byte(server, tmp_path):
+    out = tmp_path / "s"
+    proc, url = start_proxy(server.url, out, "--no-tokens")
+    try:
+        codes = {name: post_raw(url, raw).status_code for name, raw in VERBATIM.items()}
+        ok = post_raw(url, b'{"messages": [{"role": "user", "content": "plain"}], "max_tokens": 1}')
+    finally:
+        stop(proc)
+    assert ok.status_code == 200 and all(codes.values()), codes  # forwarded, whatever the server made of them
+    records, warnings = read_capture(out / "capture.jsonl")
+    assert warnings == [] and len(records) == len(VERBATIM) + 1
+    for (name, raw), rec in zip(VERBATIM.items(), records):
+        assert stored_bytes(out, rec) == raw, name
+        assert rec["request_body"]["verbatim"] is True and rec["request_body"]["bytes"] == len(raw)
+        assert rec["request_body_reason"], name
+    assert records[2]["request"]["seed"] == 18446744073709551616  # parsed exactly, for rendering
+    assert records[3]["request"]["max_tokens"] == 2
+    assert records[-1]["request"]["messages"][0]["content"] == "plain" and "request_body" not in records[-1]
+
+
+SECRETS = {
+    "password": "hunter2-pw-9911",
+    "token": "tok-7f3a9b2c1d",
+    "secret": "the-secret-4411",
+    "access_token": "at-55aa66bb77cc",
+    "client_secret": "cs-0099887766",
+    "openai_api_key": "oak-13579-24680",
+    "bearer_token": "bt-11223344",
+    "har": "har-header-value-8877",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "ghp": "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8",
+    "aws": "AKIAIOSFODNN7EXAMPLE",
+    "sk": "sk-proj-abcDEF1234567890xyz",
+    "bearer": "Zm9vYmFyYmF6cXV4MTIz",
+}
+
+
+def secret_body(pad: int = 0) -> dict:
+    s = SECRETS
+    return {
+        "messages": [
+            {"role": "system", "content": "You are terse." + " " * pad},
+            {"role": "user", "content": f"my key is {s['sk']}, keep it safe"},
+        ],
+        "tools": TOOLS[:1],
+        "max_tokens": 1,
+        "metadata": {
+            "password": s["password"],
+            "nested": {"deeper": {"token": s["token"], "Secret": s["secret"], "access_token": s["access_token"]}},
+            "oauth": {"client_secret": s["client_secret"], "openai_api_key": s["openai_api_key"]},
+            "auth": [{"bearer_token": s["bearer_token"]}],
+            "headers": [{"name": "Authorization", "value": s["har"]}, {"name": "Accept", "value": "x"}],
+            "note": f"Authorization: Bearer {s['bearer']} and {s['jwt']} {s['ghp']} {s['aws']}",
+        },
+    }
+
+
+def test_secrets_never_reach_the_capture_or_its_blobs(server, tmp_path):
+    out = tmp_path / "s"
+    proc, url = start_proxy(server.url, out)
+    try:
+        small = httpx.post(url + "/v1/chat/completions", json=secret_body(), timeout=120)
+        big = httpx.post(url + "/v1/chat/completions", json=secret_body(pad=1_200_000), timeout=300)
+    finally:
+        stop(proc)
+    assert small.status_code == 200 and big.status_code in (200, 400)
+    written = (out / "capture.jsonl").read_bytes() + b"".join(p.read_bytes() for p in (out / "blobs").iterdir())
+    leaked = [k for k, v in SECRETS.items() if v.encode() in written]
+    assert leaked == []
+    records, _ = read_capture(out / "capture.jsonl")
+    first = records[0]
+    assert "metadata.password" in first["redacted"] and "messages[1].content" in first["redacted"]
+    assert first["request"]["messages"][1]["content"] == "my key is [REDACTED], keep it safe"
+    assert first["request"]["metadata"]["headers"] == [{"name": "Accept", "value": "x"}]
+    assert first["request"]["tools"] == TOOLS[:1]  # prompt fields keep their structure
+    # the prompt IDs are the server's, fetched with the unredacted request
+    assert len(first["prompt_ids"]) == small.json()["usage"]["prompt_tokens"]
+    assert "blob" in records[1]["request_body"] and records[1]["request"]["metadata"]["note"].count("[REDACTED]") == 4
+
+
+def test_large_body_goes_to_a_blob_and_a_missing_blob_fails_that_turn_only(server, tmp_path):
+    out = tmp_path / "s"
+    proc, url = start_proxy(server.url, out, "--no-tokens")
+    big = {"messages": [{"role": "user", "content": "x " * 700_000}], "max_tokens": 1}
+    try:
+        for content in ("first", None, "third"):
+            body = big if content is None else {"messages": [{"role": "user", "content": content}], "max_tokens": 1}
+            httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+    finally:
+        stop(proc)
+    capture = out / "capture.jsonl"
+    assert max(len(line) for line in capture.read_bytes().splitlines()) < 64 << 10  # every line small
+    records, _ = read_capture(capture)
+    blob = out / records[1]["request_body"]["blob"]
+    assert stat.S_IMODE(os.stat(blob).st_mode) == 0o600 and stat.S_IMODE(os.stat(blob.parent).st_mode) == 0o700
+    assert records[1]["request"] == big  # resolved when asked for
+    blob.unlink()
+    records, _ = read_capture(capture)  # the capture itself stays readable
+    with pytest.raises(Exception, match="blobs/"):
+        records[1]["request"]
+    run = [sys.executable, "-m", "tokendiff", "diff", f"{capture}@1", f"{capture}@3", "--json"]
+    assert subprocess.run(run, capture_output=True, text=True).returncode == 1
+    r = subprocess.run(run[:4] + [f"{capture}@2", f"{capture}@3"], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "line 2" in r.stderr, r.stderr
+
+
+def test_body_over_the_cap_is_forwarded_and_marked(server, tmp_path):
+    import hashlib
+
+    out = tmp_path / "s"
+    raw = orjson_dumps({"messages": "not a list", "pad": "y" * (3 << 20)})
+    proc, url = start_env(server.url, out, {"TOKENDIFF_MAX_BODY": str(2 << 20)}, "--no-tokens")
+    try:
+        via = post_raw(url, raw)
+        after = httpx.post(
+            url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        )
+    finally:
+        stop(proc)
+    direct = post_raw(server.url, raw)
+    assert via.status_code == direct.status_code and via.json() == direct.json()  # the upstream got all of it
+    assert after.status_code == 200
+    records, warnings = read_capture(out / "capture.jsonl")
+    assert warnings == [] and len(records) == 2
+    body = records[0]["request_body"]
+    assert body["bytes"] == len(raw) and body["sha256"] == hashlib.sha256(raw).hexdigest() and "cap" in body["omitted"]
+    assert not (out / "blobs").exists() or not any((out / "blobs").iterdir())
+
+
+def orjson_dumps(doc) -> bytes:
+    import orjson
+
+    return orjson.dumps(doc)
+
+
+def proxy_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tokendiff", "proxy", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def one_line_exit_2(r: subprocess.CompletedProcess, words: str) -> None:
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "ERROR" not in r.stderr, r.stderr
+
+
+def test_start_up_errors_are_one_line_exit_2(tmp_path):
+    import socket
+
+    (tmp_path / "file").write_text("x")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    up = "http://127.0.0.1:9"
+    try:
+        one_line_exit_2(proxy_cli("--upstream", up, "--out", str(tmp_path / "s"), "--listen", f"127.0.0.1:{port}"),
+                        "cannot listen")  # fmt: skip
+    finally:
+        busy.close()
+    one_line_exit_2(proxy_cli("--upstream", up, "--out", str(tmp_path / "file")), "not a directory")
+    one_line_exit_2(proxy_cli("--upstream", "http://", "--out", str(tmp_path / "s")), "with a host")
+    one_line_exit_2(proxy_cli("--upstream", "http://127.0.0.1:x", "--out", str(tmp_path / "s")), "--upstream")
+    one_line_exit_2(proxy_cli("--upstream", up, "--out", str(tmp_path / "s"), "--listen", "nohost"), "HOST:PORT")
+    one_line_exit_2(proxy_cli("--upstream", up, "--out", str(tmp_path / "s"), "--listen", "bad host:8081"),
+                    "--listen")  # fmt: skip
+
+
+def test_out_safety_symlinks_and_other_owners_refused_modes_left_alone(tmp_path):
+    target = tmp_path / "victim.txt"
+    target.write_text("precious\n")
+    target.chmod(0o644)
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / "capture.jsonl").symlink_to(target)
+    one_line_exit_2(proxy_cli("--upstream", "http://127.0.0.1:9", "--out", str(out)), "symbolic link")
+    assert target.read_text() == "precious\n" and stat.S_IMODE(os.stat(target).st_mode) == 0o644
+    if os.geteuid() == 0:  # root can hand a directory to another user
+        other = tmp_path / "other"
+        other.mkdir()
+        os.chown(other, 65534, 65534)
+        one_line_exit_2(proxy_cli("--upstream", "http://127.0.0.1:9", "--out", str(other)), "another user")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    mine.chmod(0o755)
+    proc, _ = start_proxy("http://127.0.0.1:9", mine)
+    stop(proc)
+    assert stat.S_IMODE(os.stat(mine).st_mode) == 0o755  # not ours to chmod
+    assert stat.S_IMODE(os.stat(mine / "capture.jsonl").st_mode) == 0o600

@@ -8,73 +8,295 @@
      "prompt_ids": [...], "prompt_text": "...", "prompt_source": "llama-server /apply-template+/tokenize",
      "server": {"kind": "llama-server", "build_info": ..., "model": ..., "chat_template_sha256": ...}}
 
-Everything but `schema`, `seq` and `request` is optional. Lines are written
-with a single write(2) on an O_APPEND descriptor, so concurrent writers never
-interleave and a crash can only tear the last line, which the reader reports
-and skips. Files are created 0600 in a 0700 directory. Secrets (Authorization,
-api-key, cookies) are removed before anything is written.
+docs/capture-format.md is the reference. Lines are written with a single write(2) on an
+O_APPEND descriptor, so concurrent writers never interleave and a crash can only tear the last
+line, which the reader reports and skips. Every line stays small whatever a request holds:
+bodies over BLOB_THRESHOLD live in content-addressed side files (`blobs/<sha256>`), bodies over
+MAX_BODY are forwarded but not stored, and a body the JSON library cannot round-trip is kept as
+its exact bytes. Secrets are removed first (tokendiff.secrets). Files are created 0600 in a 0700
+directory, opened without following symlinks.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
+import math
 import os
+import re
+import stat
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from tokendiff import secrets
 from tokendiff.errors import InputError
 
 SCHEMA = "tokendiff.capture/1"
-SECRET_KEYS = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "api-key",
-        "api_key",
-        "apikey",
-        "x-api-key",
-        "cookie",
-        "set-cookie",
-        "x-goog-api-key",
-    }
-)
-MAX_LINE = 256 << 20  # a single record over 256 MB is refused rather than loaded
+BLOB_THRESHOLD = 1 << 20  # request bodies over 1 MiB go to blobs/<sha256>, so every line stays small
+# request bodies over 128 MiB are forwarded but not stored (the record says so); the tests lower it
+MAX_BODY = int(os.environ.get("TOKENDIFF_MAX_BODY", 128 << 20))
+MAX_LINE = 64 << 20  # the reader skips (with a warning) a line over 64 MiB without ever holding it
+MAX_FILE = 1 << 30  # the reader refuses a capture over 1 GiB: memory stays proportional, under ~2 GB
+BLOB_DIR = "blobs"
+_CHUNK = 1 << 20
 
 
 def scrub(value: Any) -> Any:
-    """A copy of `value` with every secret-named key removed, at any depth."""
-    if isinstance(value, dict):
-        return {k: scrub(v) for k, v in value.items() if not (isinstance(k, str) and k.lower() in SECRET_KEYS)}
-    if isinstance(value, list):
-        return [scrub(v) for v in value]
-    return value
+    """A copy of `value` with the secrets policy applied everywhere (no prompt fields)."""
+    return secrets.apply(value, secrets.plan(value, prompt_fields=False))
+
+
+# ---------------------------------------------------------------- request bodies
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request body made ready for a record: the fields it contributes (`request`, or
+    `request_body` describing stored bytes; `redacted`), the blob to write before the record,
+    and the body as parsed (unredacted, for the proxy's own use: fetching the prompt's IDs)."""
+
+    fields: dict[str, Any]
+    parsed: dict[str, Any]
+    blob: bytes | None = None
+
+
+def prepare_request(raw: bytes) -> PreparedRequest | None:
+    """The record fields for a request body; None when it is not a JSON object."""
+    parsed = _parse_body(raw)
+    if parsed is None:
+        return None
+    obj, why = parsed
+    edits = secrets.plan(obj, values=secrets.may_hold_credentials(raw))
+    fields: dict[str, Any] = {}
+    if edits:
+        fields["redacted"] = [secrets.path_text(e.path) for e in edits]
+    if not why:  # round-trips: the parsed object is the body
+        if len(raw) <= BLOB_THRESHOLD:
+            return PreparedRequest({"request": secrets.apply(obj, edits), **fields}, obj)
+        data = orjson.dumps(secrets.apply(obj, edits)) if edits else raw
+        return _stored(data, len(raw), fields, obj, verbatim=not edits)
+    data = secrets.apply_text(raw.decode("utf-8"), edits).encode("utf-8") if edits else raw
+    fields["request_body_reason"] = why
+    return _stored(data, len(raw), fields, obj, verbatim=True)
+
+
+def omitted_request(size: int, sha256: str) -> dict[str, Any]:
+    """The record fields for a body over MAX_BODY: forwarded, counted, hashed, not stored."""
+    return {"request_body": {"bytes": size, "sha256": sha256, "omitted": f"over the {MAX_BODY >> 20} MiB cap"}}
+
+
+def _stored(data: bytes, size: int, fields: dict[str, Any], obj: dict[str, Any], verbatim: bool) -> PreparedRequest:
+    digest = hashlib.sha256(data).hexdigest()
+    body: dict[str, Any] = {"bytes": size, "sha256": digest, "verbatim": verbatim}
+    if len(data) > BLOB_THRESHOLD:
+        body["blob"] = f"{BLOB_DIR}/{digest}"
+        return PreparedRequest({"request_body": body, **fields}, obj, data)
+    body["base64"] = base64.b64encode(data).decode("ascii")
+    return PreparedRequest({"request_body": body, **fields}, obj)
+
+
+def _parse_body(raw: bytes) -> tuple[dict[str, Any], str] | None:
+    """(object, why it cannot round-trip through orjson, or ""), or None when not a JSON object.
+    orjson first (fast); Python's json with hooks when orjson refuses or may have lost something."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _parse_exact(raw)
+    if not isinstance(obj, dict):
+        return None
+    if _suspect(obj, raw):
+        return _parse_exact(raw)
+    return obj, ""
+
+
+def _suspect(obj: Any, raw: bytes) -> bool:
+    """Whether orjson may have changed the body: a float where a big integer could have been, or
+    fewer strings than the text holds (duplicate keys keep only the last)."""
+    strings, stack = 0, [obj]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            strings += 1
+        elif isinstance(v, dict):
+            strings += len(v)
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, float) and abs(v) >= 2**63:
+            return True
+    return strings != _count_strings(raw)
+
+
+_ESCAPED_QUOTE = re.compile(rb'(\\+)"')
+
+
+def _count_strings(raw: bytes) -> int:
+    escaped = sum(len(m.group(1)) % 2 for m in _ESCAPED_QUOTE.finditer(raw)) if b'\\"' in raw else 0
+    return (raw.count(b'"') - escaped) // 2
+
+
+def _parse_exact(raw: bytes) -> tuple[dict[str, Any], str] | None:
+    """Python's json, noting each thing orjson could not keep."""
+    why: list[str] = []
+
+    def note(what: str) -> None:
+        if what not in why:
+            why.append(what)
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        d = dict(items)
+        if len(d) < len(items):
+            note("duplicate keys")
+        return d
+
+    def big_int(s: str) -> Any:
+        try:
+            v = int(s)
+        except ValueError:  # more digits than Python converts
+            note("integer beyond 64 bits")
+            return s
+        if not -(2**63) <= v < 2**64:
+            note("integer beyond 64 bits")
+        return v
+
+    def double(s: str) -> float:
+        v = float(s)
+        if math.isinf(v):
+            note("number beyond double range")
+        return v
+
+    def constant(s: str) -> float:
+        note(f"{s} literal")
+        return float(s)
+
+    try:
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=pairs, parse_int=big_int, parse_float=double,
+                         parse_constant=constant)  # fmt: skip
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if not why:
+        try:
+            orjson.dumps(obj)
+        except orjson.JSONEncodeError:
+            note("lone surrogate in a string")
+    return obj, "; ".join(why) or "not representable by orjson"
+
+
+# ---------------------------------------------------------------- writing
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def session_dir(path: str | os.PathLike[str]) -> Path:
+    """The session directory, created 0700 when missing; an existing one must be a directory
+    owned by this user (its mode is left alone: we did not create it)."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        try:
+            p.mkdir(parents=True, mode=0o700)
+        except OSError as e:
+            raise InputError(f"cannot create the session directory: {e.strerror or e}", source=str(p)) from None
+        return p
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(p)) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputError("is not a directory: --out names the session directory", source=str(p))
+    if st.st_uid != os.geteuid():
+        raise InputError("is owned by another user: refusing to record into it", source=str(p))
+    return p
+
+
+def _open_private(path: Path, flags: int) -> tuple[int, bool]:
+    """(fd, created) for a file opened without following a symlink; an existing one must be a
+    regular file of ours. A file we create is 0600; one we did not create keeps its mode."""
+    base = os.O_WRONLY | _NOFOLLOW | _CLOEXEC | flags
+    try:
+        try:
+            return os.open(path, base | os.O_CREAT | os.O_EXCL, 0o600), True
+        except FileExistsError:
+            fd = os.open(path, base | os.O_NONBLOCK)
+    except OSError as e:
+        if os.path.islink(path):
+            raise InputError("is a symbolic link: refusing to follow it", source=str(path)) from None
+        raise InputError(e.strerror or str(e), source=str(path)) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        why = "is not a regular file" if not stat.S_ISREG(st.st_mode) else "is owned by another user"
+        raise InputError(f"{why}: refusing to write to it", source=str(path))
+    return fd, False
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically, 0600, never writing through a symlink."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd, _ = _open_private(tmp, os.O_TRUNC)
+    try:
+        _write_all(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class CaptureWriter:
-    """Appends records to a capture file; safe to share between threads."""
+    """Appends records to a capture file, and bodies to its blobs; safe to share between threads."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        parent = self.path.parent
-        if not parent.exists():
-            parent.mkdir(parents=True, mode=0o700)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.chmod(self.path, 0o600)
+        self.dir = session_dir(self.path.parent)
+        self._fd, _ = _open_private(self.path, os.O_APPEND)
+        blobs = self.dir / BLOB_DIR
+        if os.path.lexists(blobs) and not (blobs.is_dir() and not blobs.is_symlink()):
+            os.close(self._fd)
+            raise InputError("is not a directory of ours: refusing to write blobs there", source=str(blobs))
         self._lock = threading.Lock()
         self._seq = _last_seq(self.path)
 
-    def append(self, record: dict[str, Any]) -> dict[str, Any]:
+    def write_blob(self, data: bytes) -> str:
+        """Store `data` as blobs/<sha256> (once: the name is the content) and return the name.
+        Written before the record that references it, so a record never points at nothing."""
+        digest = hashlib.sha256(data).hexdigest()
+        blobs = self.dir / BLOB_DIR
+        try:
+            blobs.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        target = blobs / digest
+        if not target.is_file() or target.is_symlink() or target.stat().st_size != len(data):
+            write_private(target, data)
+        return digest
+
+    def store(self, prepared: PreparedRequest) -> None:
+        if prepared.blob is not None:
+            self.write_blob(prepared.blob)
+
+    def append(self, record: dict[str, Any], *, redact_request: bool = True) -> dict[str, Any]:
+        """Write one record (the secrets policy applied; `redact_request=False` when its request
+        part came from prepare_request, which applied it already) and return it as written."""
+        rec = _redact_record(record, redact_request)
         with self._lock:
             self._seq += 1
-            rec = {"schema": SCHEMA, "seq": self._seq, "ts": time.time(), **scrub(record)}
-            line = orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-            view = memoryview(line)
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
+            rec = {"schema": SCHEMA, "seq": self._seq, "ts": time.time(), **rec}
+            _write_all(self._fd, orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE))
             return rec
 
     def flush(self) -> None:
@@ -95,72 +317,334 @@ class CaptureWriter:
         self.close()
 
 
+def _redact_record(record: dict[str, Any], redact_request: bool) -> dict[str, Any]:
+    """The record with the secrets policy applied: the request with its prompt fields kept (rule 3
+    only), prompt_text masked, prompt_ids as the server tokenised them, the rest in full."""
+    out: dict[str, Any] = {}
+    redacted: list[str] = list(record.get("redacted") or [])
+    for k, v in record.items():
+        if secrets.is_secret_name(k):
+            redacted.append(k)
+        elif k == "request" and redact_request and isinstance(v, dict):
+            edits = secrets.plan(v)
+            out[k] = secrets.apply(v, edits)
+            redacted += [secrets.path_text(e.path) for e in edits]
+        elif k in ("prompt_ids", "redacted", "request_body") or (k == "request" and not redact_request):
+            out[k] = v
+        else:
+            out[k] = scrub(v)
+    if redacted:
+        out["redacted"] = redacted
+    return out
+
+
 def _last_seq(path: Path) -> int:
-    """The highest seq in an existing file (records and patches both carry one)."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return 0
+    """The highest seq in an existing file (records and patches both carry one), read line by line."""
     last = 0
-    for line in raw.splitlines():
-        try:
-            rec = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue  # a torn line: the reader reports it
-        if isinstance(rec, dict) and isinstance(rec.get("seq"), int):
-            last = max(last, rec["seq"])
+    try:
+        fd = _open_regular(path)
+    except InputError:
+        return 0
+    with os.fdopen(fd, "rb") as f:
+        for _, line, _ in _lines(f):
+            m = _SEQ.search(line[:200]) if line else None
+            if m:
+                last = max(last, int(m.group(1)))
     return last
 
 
-def read_capture(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[str]]:
-    """(records, warnings). A torn last line is skipped with a warning; a bad
-    line anywhere else is an error naming the line."""
+_SEQ = re.compile(rb'"seq":\s*(\d+)')
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _open_regular(path: str | os.PathLike[str]) -> int:
+    """A read descriptor for a regular file; a FIFO or device is refused without blocking on it."""
     p = str(path)
     try:
-        raw = Path(p).read_bytes()
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
     except OSError as e:
         raise InputError(e.strerror or str(e), source=p) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError("is not a regular file (a FIFO, socket or device?): refusing to read it", source=p)
+    return fd
+
+
+def _lines(f: Any, limit: int | None = None) -> Iterator[tuple[int, bytes | None, bool]]:
+    """(line number, line without its newline, torn) in order, holding at most `limit` (MAX_LINE)
+    bytes of a line: a longer one comes out as None. `torn`: the last line, with no newline after it."""
+    limit = MAX_LINE if limit is None else limit
+    n, buf, over = 0, bytearray(), False
+    while chunk := f.read(_CHUNK):
+        start = len(buf)
+        buf += chunk
+        while (nl := buf.find(b"\n", start)) >= 0:
+            n += 1
+            yield n, (None if over or nl > limit else bytes(buf[:nl])), False
+            del buf[: nl + 1]  # cheap: bytearray drops a prefix without copying the rest
+            over, start = False, 0
+        if len(buf) > limit:
+            over = True
+            buf.clear()
+    if buf or over:
+        yield n + 1, None if over else bytes(buf), True
+
+
+class CaptureRecord(dict):
+    """A record as read: a dict of its fields. A request stored as bytes (`request_body`) is
+    resolved when `request` is first asked for (`rec["request"]`, `rec.get("request")`), so a
+    missing or corrupt blob is an error for that turn only."""
+
+    def __init__(self, fields: dict[str, Any], *, where: str, base: Path):
+        super().__init__(fields)
+        self.where = where  # "capture.jsonl: line N", for errors about this record
+        self.base = base  # the directory blobs/ is in
+
+    def __getitem__(self, key: Any) -> Any:
+        if key == "request" and not dict.__contains__(self, "request") and dict.__contains__(self, "request_body"):
+            body = dict.__getitem__(self, "request_body")
+            dict.__setitem__(self, "request", load_request_body(body, self.base, self.where))
+        return dict.__getitem__(self, key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or (key == "request" and dict.__contains__(self, "request_body"))
+
+
+def load_request_body(body: dict[str, Any], base: Path, where: str) -> dict[str, Any]:
+    """The request a `request_body` field describes: its bytes (inline or blobs/<sha256>, checked
+    against the sha256) parsed as exactly as Python's json can (big integers stay integers)."""
+    if "omitted" in body:
+        raise InputError(
+            f"the request body ({body.get('bytes')} bytes) was not stored: {body['omitted']}", source=where
+        )
+    if isinstance(body.get("base64"), str):
+        try:
+            data = base64.b64decode(body["base64"], validate=True)
+        except ValueError:
+            raise InputError("request_body.base64 is not base64", source=where) from None
+    else:
+        data = _read_blob(base, str(body.get("blob")), where)
+    if hashlib.sha256(data).hexdigest() != body.get("sha256"):
+        raise InputError("request body does not match its sha256 (corrupt?)", source=where)
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise InputError(f"request body is not JSON: {e}", source=where) from None
+    if not isinstance(obj, dict):
+        raise InputError("request body is not a JSON object", source=where)
+    return obj
+
+
+_BLOB_NAME = re.compile(rf"{BLOB_DIR}/[0-9a-f]{{64}}")
+
+
+def _read_blob(base: Path, name: str, where: str) -> bytes:
+    if not _BLOB_NAME.fullmatch(name):
+        raise InputError(f"request_body.blob {name!r} is not {BLOB_DIR}/<sha256>", source=where)
+    path = base / name
+    try:
+        fd = _open_regular(path)
+    except InputError as e:
+        raise InputError(f"request body {name}: {e}", source=where) from None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_BODY + 1)
+    if len(data) > MAX_BODY:
+        raise InputError(f"request body {name} is over the {MAX_BODY >> 20} MiB bound", source=where)
+    return data
+
+
+def read_capture(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(records, warnings). A torn last line, or a line over MAX_LINE, is skipped with a warning;
+    a bad line anywhere else is an error naming the line. Bodies stored as bytes load lazily."""
+    p = str(path)
+    fd = _open_regular(p)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_FILE:
+            raise InputError(f"capture of {size} bytes is over the reader's {MAX_FILE >> 30} GiB bound: split it",
+                             source=p)  # fmt: skip
+        return _read_lines(f, p, Path(p).parent)
+
+
+def _read_lines(f: Any, p: str, base: Path) -> tuple[list[dict[str, Any]], list[str]]:
     warnings: list[str] = []
     records: list[dict[str, Any]] = []
-    lines = raw.split(b"\n")
-    torn_tail = lines[-1] != b""  # no newline after the last record
-    if not torn_tail:
-        lines.pop()
-    for n, line in enumerate(lines, 1):
-        last = n == len(lines)
-        if not line.strip():
+    by_seq: dict[int, CaptureRecord] = {}
+    total = 0
+    for n, line, torn in _lines(f):
+        if line is None:
+            warnings.append(f"{p}: line {n}: record over the reader's {MAX_LINE >> 20} MiB line bound; skipped")
             continue
-        try:
-            if len(line) > MAX_LINE:
-                raise ValueError(f"line of {len(line)} bytes")
-            rec = orjson.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError("not a JSON object")
-        except (orjson.JSONDecodeError, ValueError) as e:
-            if last and torn_tail:
-                warnings.append(f"{p}: line {n}: torn last line ({len(line)} bytes, a crash while writing?) skipped")
-                continue
-            raise InputError(f"line {n}: malformed capture record: {e}", source=p) from None
-        schema = rec.get("schema")
-        if schema != SCHEMA:
-            raise InputError(f"line {n}: unknown capture schema {schema!r} (expected {SCHEMA})", source=p)
+        total += len(line)
+        if total > MAX_FILE:  # a file growing while read (st_size is not trusted)
+            raise InputError(f"capture over the reader's {MAX_FILE >> 30} GiB bound: split it", source=p)
+        rec = _parse_line(line, n, torn, p, warnings)
+        if rec is None:
+            continue
         if "patch" in rec:  # later facts about an earlier record (the proxy's prompt token IDs)
-            target = next((r for r in reversed(records) if r.get("seq") == rec["patch"]), None)
+            target = by_seq.get(rec["patch"])
             if target is None:
                 warnings.append(f"{p}: line {n}: patch for record {rec['patch']}, which is not in the file; skipped")
             else:
-                target.update({k: v for k, v in rec.items() if k not in ("schema", "seq", "ts", "patch")})
+                dict.update(target, {k: v for k, v in rec.items() if k not in ("schema", "seq", "ts", "patch")})
             continue
-        if not isinstance(rec.get("request"), dict):
+        if not isinstance(rec.get("request"), dict) and "request_body" not in rec:
             raise InputError(f"line {n}: capture record has no request object", source=p)
-        records.append(rec)
+        record = CaptureRecord(rec, where=f"{p}: line {n}", base=base)
+        records.append(record)
+        by_seq[rec["seq"]] = record
     return records, warnings
+
+
+def _parse_line(line: bytes, n: int, torn: bool, p: str, warnings: list[str]) -> dict[str, Any] | None:
+    if torn:  # no newline after it: written by a writer that crashed?
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            if line.strip():
+                warnings.append(f"{p}: line {n}: torn last line ({len(line)} bytes, a crash while writing?) skipped")
+            return None
+    elif not line.strip():
+        return None
+    else:
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            raise InputError(f"line {n}: malformed capture record: {e}", source=p) from None
+    if not isinstance(rec, dict):
+        raise InputError(f"line {n}: malformed capture record: not a JSON object", source=p)
+    if rec.get("schema") != SCHEMA:
+        raise InputError(f"line {n}: unknown capture schema {rec.get('schema')!r} (expected {SCHEMA})", source=p)
+    check_record(rec, f"line {n}", p)
+    return rec
 
 
 def is_capture_file(path: Path) -> bool:
     try:
-        with open(path, "rb") as f:
-            head = f.read(64)
-    except OSError:
+        fd = _open_regular(path)
+    except InputError:
         return False
+    with os.fdopen(fd, "rb") as f:
+        head = f.read(64)
     return head.startswith(b'{"schema":"tokendiff.capture/') or head.startswith(b'{"schema": "tokendiff.capture/')
+
+
+# ---------------------------------------------------------------- field types
+
+_KINDS: dict[str, Any] = {
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "null": lambda v: v is None,
+}
+_INT, _NUM, _STR = ("integer", "null"), ("number", "null"), ("string", "null")
+RECORD_TYPES: dict[str, tuple[str, ...]] = {
+    "seq": ("integer",),
+    "ts": _NUM,
+    "patch": ("integer",),
+    "source": _STR,
+    "endpoint": _STR,
+    "request": ("object",),
+    "request_body": ("object",),
+    "request_body_reason": _STR,
+    "redacted": ("array",),
+    "response": ("object", "null"),
+    "ttft_ms": _NUM,
+    "total_ms": _NUM,
+    "prompt_ids": ("array", "null"),
+    "prompt_text": _STR,
+    "prompt_source": _STR,
+    "prompt_error": _STR,
+    "prompt_warning": _STR,
+    "client_disconnected": ("boolean", "null"),
+    "upstream_error": _STR,
+    "server": ("object", "null"),
+}
+NESTED_TYPES: dict[str, dict[str, tuple[str, ...]]] = {
+    "response": {
+        "status": _INT,
+        "usage": ("object", "null"),
+        "timings": ("object", "null"),
+        "finish_reason": _STR,
+        "message": ("object", "null"),
+        "content": _STR,
+        "streamed": ("boolean", "null"),
+        "bytes": _INT,
+        "sha256": _STR,
+        "error": ("string", "object", "null"),
+    },
+    "response.usage": {
+        **{k: _INT for k in ("prompt_tokens", "completion_tokens", "total_tokens", "input_tokens", "output_tokens")},
+        **{k: _INT for k in ("cache_read_input_tokens", "cache_creation_input_tokens")},
+        "prompt_tokens_details": ("object", "null"),
+    },
+    "response.usage.prompt_tokens_details": {"cached_tokens": _INT},
+    "response.timings": {
+        **{k: _INT for k in ("cache_n", "prompt_n", "predicted_n")},
+        **{k: _NUM for k in ("prompt_ms", "predicted_ms", "prompt_per_second", "predicted_per_second")},
+    },
+    "server": {k: _STR for k in ("kind", "upstream", "build_info", "model", "chat_template_sha256")},
+    "request_body": {
+        "bytes": ("integer",),
+        "sha256": ("string",),
+        "blob": ("string",),
+        "base64": ("string",),
+        "verbatim": ("boolean",),
+        "omitted": ("string",),
+    },
+}
+
+
+def check_record(rec: dict[str, Any], where: str, source: str) -> None:
+    """Every documented field of a record has its documented type (undocumented ones are
+    ignored), or an InputError names the line and the field; prompt_ids become an int32 array."""
+    if "seq" not in rec:
+        raise InputError(f"{where}: capture record has no seq", source=source)
+    _check_fields(rec, RECORD_TYPES, "", where, source)
+    for name, spec in NESTED_TYPES.items():
+        obj: Any = rec
+        for step in name.split("."):
+            obj = obj.get(step) if isinstance(obj, dict) else None
+        if isinstance(obj, dict):
+            _check_fields(obj, spec, name + ".", where, source)
+    if isinstance(rec.get("redacted"), list) and not all(isinstance(x, str) for x in rec["redacted"]):
+        raise InputError(f"{where}: field 'redacted' should be an array of strings", source=source)
+    if rec.get("prompt_ids") is not None:
+        rec["prompt_ids"] = _token_ids(rec["prompt_ids"], where, source)
+
+
+def _check_fields(obj: dict[str, Any], spec: dict[str, tuple[str, ...]], prefix: str, where: str, source: str) -> None:
+    for key, kinds in spec.items():
+        if key in obj and not any(_KINDS[k](obj[key]) for k in kinds):
+            want = " or ".join(k for k in kinds if k != "null") + (" or null" if "null" in kinds else "")
+            got = _kind_of(obj[key])
+            raise InputError(f"{where}: field '{prefix}{key}' should be {want}, not {got}", source=source)
+
+
+def _kind_of(v: Any) -> str:
+    return next((k for k in ("boolean", "integer", "number", "string", "object", "array", "null") if _KINDS[k](v)), "?")
+
+
+def _token_ids(ids: list[Any], where: str, source: str) -> Any:
+    """The IDs as an int32 array (4 bytes a token instead of ~36 for a list of ints)."""
+    import numpy as np
+
+    if not ids:
+        return np.zeros(0, dtype=np.int32)
+    try:
+        arr = np.array(ids)
+    except (ValueError, OverflowError, TypeError):
+        arr = None
+    if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise InputError(f"{where}: field 'prompt_ids' should be an array of token IDs (integers)", source=source)
+    if arr.min() < 0 or arr.max() >= 2**31:
+        raise InputError(f"{where}: field 'prompt_ids' holds negative or oversized IDs", source=source)
+    return arr.astype(np.int32)

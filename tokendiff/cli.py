@@ -227,13 +227,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
-    from tokendiff.proxy import serve
+    from tokendiff.proxy import serve  # checks --upstream, --out and --listen before serving
 
-    if not args.upstream.startswith(("http://", "https://")):
-        raise InputError("--upstream must be an http:// or https:// URL", source=args.upstream)
-    host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InputError("--listen must be HOST:PORT", source=args.listen)
     return serve(args.upstream, args.out, args.listen, fetch_tokens=not args.no_tokens)
 
 

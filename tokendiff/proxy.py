@@ -8,14 +8,19 @@ upstream is a llama-server, the exact prompt token IDs it used are fetched
 afterwards (`/apply-template` + `/tokenize` with add_special and
 parse_special), off the request path: the client never waits for them.
 
-The listening side is a plain ASGI app served by uvicorn; the upstream side
-is an httpx.AsyncClient.
+Whatever a request holds, the capture stays readable (capture.py): large bodies go to
+`blobs/<sha256>`, bodies over the cap are forwarded but not stored, bodies the JSON library
+cannot round-trip keep their exact bytes, and secrets are removed first (secrets.py).
+
+The listening side is a plain ASGI app served by uvicorn on a socket bound here (so a busy port
+is one line, exit 2); the upstream side is an httpx.AsyncClient.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,7 +30,16 @@ from typing import Any
 import httpx
 import orjson
 
-from tokendiff.capture import CaptureWriter
+from tokendiff.capture import (
+    BLOB_THRESHOLD,
+    MAX_BODY,
+    CaptureWriter,
+    PreparedRequest,
+    omitted_request,
+    prepare_request,
+    session_dir,
+    write_private,
+)
 from tokendiff.errors import InputError
 from tokendiff.importers import CHAT_ENDPOINTS
 from tokendiff.server import (
@@ -53,7 +67,8 @@ HOP_BY_HOP = {
     b"content-length",
     b"accept-encoding",  # ask for uncompressed bodies, so what is forwarded can also be recorded
 }
-MAX_RECORDED_RESPONSE = 64 << 20  # keep at most this much of a response for the record
+MAX_RECORDED_RESPONSE = 8 << 20  # keep at most this much of a non-streamed response for the record
+MAX_RECORDED_TEXT = 1 << 20  # a streamed answer's text beyond this is cut from the record (and marked)
 TOKEN_FETCH_TIMEOUT = 60.0
 
 
@@ -75,6 +90,7 @@ class Exchange:
 
     rec: dict[str, Any] | None  # None for requests that are not recorded (not chat)
     t0: float
+    request: dict[str, Any] | None = None  # the body as parsed, unredacted: what the server rendered
     ttft: float | None = None
     sent: int = 0
     digest: Any = field(default_factory=hashlib.sha256)  # of exactly the bytes forwarded to the client
@@ -98,8 +114,10 @@ class Exchange:
 
 
 def make_app(upstream: str, out: str | Path, fetch_tokens: bool = True):
-    """The ASGI application (uvicorn serves it)."""
-    state = ProxyState(upstream.rstrip("/"), Path(out))
+    """The ASGI application (uvicorn serves it). The session directory and capture file are
+    opened here, before serving, so a bad `--out` is an InputError rather than a failed start."""
+    out = session_dir(out)
+    state = ProxyState(upstream.rstrip("/"), out, writer=CaptureWriter(out / "capture.jsonl"))
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
@@ -130,9 +148,6 @@ async def _lifespan(state: ProxyState, receive, send) -> None:
 
 
 async def _startup(state: ProxyState) -> None:
-    state.out.mkdir(parents=True, exist_ok=True, mode=0o700)
-    state.out.chmod(0o700)
-    state.writer = CaptureWriter(state.out / "capture.jsonl")
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     state.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT), limits=limits)
     state.info = await aprobe(state.upstream, state.client)
@@ -144,8 +159,10 @@ async def _startup(state: ProxyState) -> None:
 
 
 def _save_json(path: Path, doc: Any) -> None:
-    path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    path.chmod(0o600)
+    try:
+        write_private(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    except (InputError, OSError) as e:
+        print(f"tokendiff proxy: warning: {path.name} not saved: {e}", file=sys.stderr)
 
 
 async def _shutdown(state: ProxyState) -> None:
@@ -157,15 +174,53 @@ async def _shutdown(state: ProxyState) -> None:
         state.writer.close()
 
 
-async def _read_body(receive) -> tuple[bytes, bool]:
-    chunks = []
+@dataclass
+class Incoming:
+    """A request body as read from the client: whole, or (over MAX_BODY) the chunks read so far,
+    with the rest still to be relayed from the client to the upstream as it comes."""
+
+    data: bytes | None
+    head: list[bytes] = field(default_factory=list)
+    more: bool = False
+    disconnected: bool = False
+
+
+async def _read_body(receive) -> Incoming:
+    chunks: list[bytes] = []
+    n = 0
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":
-            return b"".join(chunks), True
-        chunks.append(msg.get("body", b""))
+            return Incoming(b"".join(chunks), disconnected=True)
+        part = msg.get("body", b"")
+        chunks.append(part)
+        n += len(part)
         if not msg.get("more_body"):
-            return b"".join(chunks), False
+            return Incoming(b"".join(chunks))
+        if n > MAX_BODY:  # not held whole: relayed as it comes, counted and hashed, not stored
+            return Incoming(None, chunks, more=True)
+
+
+async def _relay_body(inc: Incoming, receive, facts: dict[str, Any]):
+    """The body of an over-cap request for httpx: the chunks read so far, then the rest from the
+    client; `facts` (the record's request_body) gets its size and sha256 as they pass."""
+    digest = hashlib.sha256()
+    size = 0
+    chunks, inc.head = inc.head[::-1], []
+    while chunks or inc.more:
+        if chunks:
+            part = chunks.pop()
+        else:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                inc.disconnected = True
+                raise ConnectionResetError("client disconnected while sending the request body")
+            part, inc.more = msg.get("body", b""), bool(msg.get("more_body"))
+        digest.update(part)
+        size += len(part)
+        facts["bytes"] = size
+        yield part
+    facts["sha256"] = digest.hexdigest()
 
 
 async def _wait_disconnect(receive) -> None:
@@ -185,33 +240,57 @@ def _response_headers(resp: httpx.Response) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def _new_record(state: ProxyState, scope, body: bytes) -> dict[str, Any] | None:
-    """A record for a chat request with a JSON object body; None for everything else."""
+async def _new_record(state: ProxyState, scope, inc: Incoming) -> tuple[dict[str, Any] | None, dict | None]:
+    """(record, the body as parsed) for a chat request; (None, None) for everything else. A large
+    body is parsed and its blob written in a thread, so other requests keep flowing."""
     path = scope["path"]
     if not (scope["method"] == "POST" and path.endswith(CHAT_ENDPOINTS)):
-        return None
+        return None, None
+    rec: dict[str, Any] = {"source": "proxy", "endpoint": path}
+    if inc.data is None:
+        rec.update(omitted_request(0, ""))
+        return {**rec, "server": state.server}, None
+    if len(inc.data) > BLOB_THRESHOLD:
+        prepared = await asyncio.to_thread(_prepare, state, inc.data)
+    else:
+        prepared = _prepare(state, inc.data)
+    if prepared is None:
+        return None, None
+    return {**rec, **prepared.fields, "server": state.server}, prepared.parsed
+
+
+def _prepare(state: ProxyState, body: bytes) -> PreparedRequest | None:
+    """The request's record fields, its blob (if any) already written. Never raises: a body that
+    cannot be stored is recorded as not stored, with why, and still forwarded."""
+    assert state.writer
     try:
-        req_json = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(req_json, dict):
-        return None
-    return {"source": "proxy", "endpoint": path, "request": req_json, "server": state.server}
+        prepared = prepare_request(body)
+        if prepared is not None:
+            state.writer.store(prepared)
+        return prepared
+    except Exception as e:  # noqa: BLE001 - recording must never break forwarding
+        fields = omitted_request(len(body), hashlib.sha256(body).hexdigest())
+        fields["request_body"]["omitted"] = f"could not be stored: {type(e).__name__}: {e}"
+        return PreparedRequest(fields, {})
 
 
 async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -> None:
     query = scope.get("query_string", b"")
     url = state.upstream + scope["path"] + (("?" + query.decode("latin-1")) if query else "")
-    body, disconnected = await _read_body(receive)
-    rec = _new_record(state, scope, body)
-    if disconnected:
+    inc = await _read_body(receive)
+    rec, parsed = await _new_record(state, scope, inc)
+    if inc.disconnected:
         if rec is not None:
-            rec["response"] = {"status": None, "error": "client disconnected before sending the whole request"}
-            rec["client_disconnected"] = True
-            _write(state, rec)
+            _disconnected_early(state, rec)
         return
-    ex = Exchange(rec, time.perf_counter())
+    ex = Exchange(rec, time.perf_counter(), request=parsed)
+    if inc.data is not None:
+        body: Any = inc.data
+    else:
+        body = _relay_body(inc, receive, rec["request_body"] if rec is not None else {})
     resp = await _open_upstream(state, scope, url, body, send, ex)
+    if inc.disconnected:
+        return
     if resp is None:
         return
     await _relay(state, resp, receive, send, ex)
@@ -220,19 +299,32 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
     if not ex.written:
         _complete(ex, resp)
         _write(state, rec)
-    if fetch_tokens and ex.error is None and resp.status_code == 200:
-        _schedule_token_fetch(state, rec)
+    if fetch_tokens and ex.error is None and resp.status_code == 200 and ex.request is not None:
+        _schedule_token_fetch(state, rec, ex.request)
 
 
-async def _open_upstream(state: ProxyState, scope, url: str, body: bytes, send, ex: Exchange):
-    """The upstream's streamed response, or None after answering the client a 502."""
+def _disconnected_early(state: ProxyState, rec: dict[str, Any]) -> None:
+    rec["response"] = {"status": None, "error": "client disconnected before sending the whole request"}
+    rec["client_disconnected"] = True
+    _write(state, rec)
+
+
+async def _open_upstream(state: ProxyState, scope, url: str, body: Any, send, ex: Exchange):
+    """The upstream's streamed response, or None after answering the client a 502 (or, for a
+    client gone while its over-cap body was being relayed, after recording that)."""
     assert state.client
     try:
         try:
             return await _send_upstream(state.client, scope, url, body)
         except (httpx.RemoteProtocolError, httpx.ReadError):
+            if not isinstance(body, bytes):
+                raise  # a relayed body cannot be sent twice
             # a kept-alive connection the server had closed: nothing reached it, send again once
             return await _send_upstream(state.client, scope, url, body)
+    except ConnectionResetError:
+        if ex.rec is not None:
+            _disconnected_early(state, ex.rec)
+        return None
     except httpx.HTTPError as e:
         msg = f"tokendiff proxy: upstream {state.upstream} unreachable: {type(e).__name__}: {e}"
         payload = orjson.dumps({"error": {"message": msg, "type": "upstream_unreachable", "code": 502}})
@@ -247,8 +339,11 @@ async def _open_upstream(state: ProxyState, scope, url: str, body: bytes, send, 
         return None
 
 
-async def _send_upstream(client: httpx.AsyncClient, scope, url: str, body: bytes) -> httpx.Response:
-    req = client.build_request(scope["method"], url, headers=_forward_headers(scope), content=body)
+async def _send_upstream(client: httpx.AsyncClient, scope, url: str, body: Any) -> httpx.Response:
+    headers = _forward_headers(scope)
+    if not isinstance(body, bytes):  # relayed as it comes: keep the client's length, not chunked
+        headers += [(k, v) for k, v in scope["headers"] if k.lower() == b"content-length"]
+    req = client.build_request(scope["method"], url, headers=headers, content=body)
     return await client.send(req, stream=True)
 
 
@@ -307,6 +402,9 @@ def _complete(ex: Exchange, resp: httpx.Response) -> None:
     if ex.stream is not None:
         response.update(ex.stream.result())
         response["streamed"] = True
+        text = response.get("content")
+        if isinstance(text, str) and len(text) > MAX_RECORDED_TEXT:  # every line stays small
+            response["content"], response["content_truncated"] = text[:MAX_RECORDED_TEXT], len(text)
     else:
         response.update(_body_summary(b"".join(ex.kept), resp.status_code))
     if ex.error:
@@ -335,35 +433,35 @@ def _body_summary(raw: bytes, status: int) -> dict[str, Any]:
 
 def _write(state: ProxyState, rec: dict[str, Any]) -> None:
     assert state.writer
-    out = state.writer.append(rec)
+    out = state.writer.append(rec, redact_request=False)  # the request part was prepared already
     rec["seq"] = out["seq"]
     state.recorded += 1
 
 
-def _schedule_token_fetch(state: ProxyState, rec: dict[str, Any]) -> None:
-    """Off the request path: the client never waits for the token IDs."""
-    if state.info is None or not can_tokenize_chat(state.info) or "messages" not in rec["request"]:
+def _schedule_token_fetch(state: ProxyState, rec: dict[str, Any], request: dict[str, Any]) -> None:
+    """Off the request path: the client never waits for the token IDs. `request` is the body as
+    the server got it (secrets included), so the IDs are the ones the server cached."""
+    if state.info is None or not can_tokenize_chat(state.info) or "messages" not in request:
         return
-    task = asyncio.get_running_loop().create_task(_fetch_and_patch(state, rec))
+    task = asyncio.get_running_loop().create_task(_fetch_and_patch(state, rec, request))
     state.pending.add(task)
     task.add_done_callback(state.pending.discard)
 
 
-async def _fetch_and_patch(state: ProxyState, rec: dict[str, Any]) -> None:
+async def _fetch_and_patch(state: ProxyState, rec: dict[str, Any], request: dict[str, Any]) -> None:
     """Fetch the prompt's token IDs after the fact and append them as a patch of the record."""
     try:
-        patch = await asyncio.wait_for(_prompt_patch(state, rec), TOKEN_FETCH_TIMEOUT)
+        patch = await asyncio.wait_for(_prompt_patch(state, rec, request), TOKEN_FETCH_TIMEOUT)
     except (TimeoutError, httpx.HTTPError, InputError, ValueError, KeyError, TypeError) as e:
         patch = {"prompt_error": f"could not fetch the prompt tokens: {type(e).__name__}: {e}"}
     assert state.writer
     state.writer.append({"patch": rec["seq"], **patch})
 
 
-async def _prompt_patch(state: ProxyState, rec: dict[str, Any]) -> dict[str, Any]:
+async def _prompt_patch(state: ProxyState, rec: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     from tokendiff.importers.anthropic import is_anthropic, to_openai
 
     assert state.client and state.info
-    req = rec["request"]
     if is_anthropic(req, rec.get("endpoint")):
         req = to_openai(req, llama_server=state.info.kind == LLAMA)
     found = await afetch_prompt_tokens(state.client, state.info, req)
@@ -381,31 +479,88 @@ async def _prompt_patch(state: ProxyState, rec: dict[str, Any]) -> dict[str, Any
 
 
 def serve(upstream: str, out: str, listen: str = "127.0.0.1:8081", fetch_tokens: bool = True) -> int:
+    """Run the proxy until Ctrl-C. Everything that can fail at start (the upstream URL, `--out`,
+    the listening address) is checked here first and raised as one InputError; uvicorn gets a
+    socket already bound and logs only what goes wrong later, one line each."""
     import uvicorn
 
-    host, _, port = listen.rpartition(":")
-    host = host or "127.0.0.1"
+    _check_upstream(upstream)
+    host, port = _parse_listen(listen)
+    app = make_app(upstream, out, fetch_tokens)
+    sock = _bind(host, port, listen)
     if not is_loopback_host(host):
         print(
             f"tokendiff: warning: listening on {host}, not loopback: anyone who can reach it can use the upstream",
             file=sys.stderr,
         )
-    app = make_app(upstream, out, fetch_tokens)
     print(
         f"tokendiff proxy: http://{listen} -> {upstream}, recording to {Path(out) / 'capture.jsonl'}", file=sys.stderr
     )
     config = uvicorn.Config(
         app,
-        host=host,
-        port=int(port),
-        log_level="warning",
+        log_config=LOG_CONFIG,
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=30,
     )
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown
         pass
+    finally:
+        sock.close()
     print(f"tokendiff proxy: stopped; {app.state.recorded} requests recorded", file=sys.stderr)
     return 0
+
+
+# uvicorn's own messages, when something goes wrong after the start: one line each, ours
+LOG_CONFIG: dict[str, Any] = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"line": {"format": "tokendiff proxy: %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line", "stream": "ext://sys.stderr"}},
+    "loggers": {
+        "uvicorn": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
+        "uvicorn.error": {"level": "WARNING"},
+        "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
+    },
+}
+
+
+def _check_upstream(upstream: str) -> None:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(upstream)
+        parts.port  # noqa: B018 - raises for a port that is not a number
+    except ValueError as e:
+        raise InputError(f"--upstream is not a valid URL: {e}", source=upstream) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError("--upstream must be an http:// or https:// URL with a host", source=upstream)
+
+
+def _parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError("--listen must be HOST:PORT (port 1-65535)", source=listen)
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+def _bind(host: str, port: int, listen: str) -> socket.socket:
+    """A listening socket, bound here so a busy port or an unknown host is one line, exit 2."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise InputError(f"--listen: cannot resolve {host}: {e}", source=listen) from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise InputError(f"--listen: cannot listen there: {e.strerror or e}", source=listen) from None
+    sock.set_inheritable(True)
+    return sock

@@ -1,0 +1,234 @@
+"""What a capture never holds: the one secrets policy, applied to everything the proxy writes.
+
+Three rules (docs/capture-format.md, "Secrets"):
+
+1. **Secret-named keys** (`SECRET_NAME`: authorization, cookie, password, secret, token, api_key,
+   `*_api_key`, `*_token`, `*_secret`, credentials, private_key …; any case, `-`/`_`/camelCase alike)
+   are removed, with their values, at any depth.
+2. **Name/value pairs** (`[{"name": "Authorization", "value": …}]`, HAR-style header lists; also
+   `key`/`header` + `value`) whose name is secret-named are removed from their list.
+3. **Credential-looking values** (`CREDENTIAL`: `Bearer …`, `sk-…`, `ghp_…`, `AKIA…`, JWTs, PEM
+   private keys …) are replaced by `[REDACTED]` inside any string, the substring only.
+
+The prompt fields (`PROMPT_FIELDS`: messages, tools, system …) are what the server renders into
+the prompt, so rules 1 and 2 do not apply inside them: a tool whose schema has a `password`
+parameter keeps it, or the recorded tools would no longer be the ones the model saw. Rule 3
+does apply there; the record's `prompt_ids` stay as the server tokenised them (they are the
+truth about the cache), so a local render of a redacted request differs from them at the
+redaction, and the record's `redacted` list names every field that was changed.
+
+Core logic only: no I/O. Walks are iterative, so a body nested deeper than the recursion limit
+is handled like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+REDACTED = "[REDACTED]"
+
+SECRET_NAME = re.compile(
+    r"""^(?:
+        (?:.*_)?(?:authorization|cookies?|set_cookie|passwords?|passwd|passphrase|secrets?|credentials?)(?:_.*)?
+      | (?:.*_)?(?:api_?key|apikey|private_key|secret_key|access_key|session_key|signing_key)s?
+      | (?:.*_)?token                      # token, access_token, bearer_token (not max_tokens)
+      | x_api_key | x_goog_api_key
+    )$""",
+    re.VERBOSE,
+)
+# tokenizer settings, not credentials (they may appear in chat_template_kwargs or metadata)
+NOT_SECRET = frozenset({"bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token"})
+
+CREDENTIAL = re.compile(
+    r"""(?<![A-Za-z0-9_-])(?:
+        (?:Bearer|bearer|BEARER|Basic|basic)\s+[A-Za-z0-9._~+/=-]{8,}
+      | sk-(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{16,}
+      | (?:gh[pousr]_|github_pat_)[A-Za-z0-9_]{20,}
+      | (?:AKIA|ASIA)[0-9A-Z]{16}
+      | eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}
+      | xox[abposr]-[A-Za-z0-9-]{10,}
+      | AIza[0-9A-Za-z_-]{35}
+      | hf_[A-Za-z0-9]{30,}
+      | glpat-[A-Za-z0-9_-]{20,}
+      | -----BEGIN[A-Z ]*PRIVATE\ KEY-----[\s\S]*?(?:-----END[A-Z ]*PRIVATE\ KEY-----|$)
+    )""",
+    re.VERBOSE,
+)
+# cheap test on raw bytes first (substring search, no regex): most bodies hold no credential shape
+_CREDENTIAL_HINTS = (
+    *(b"earer", b"EARER", b"asic", b"ASIC", b"sk-", b"github_pat_", b"AKIA", b"ASIA", b"eyJ", b"xox"),
+    *(b"AIza", b"hf_", b"glpat-", b"PRIVATE KEY", b"ghp_", b"gho_", b"ghu_", b"ghs_", b"ghr_"),
+)
+
+# request fields the server renders into the prompt (OpenAI chat/completions/responses, Anthropic)
+PROMPT_FIELDS = frozenset(
+    {"messages", "tools", "functions", "system", "prompt", "input", "instructions", "chat_template_kwargs"}
+)
+_PAIR_NAMES = ("name", "key", "header")
+
+Path = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One change the policy makes: remove the member/element at `path`, or replace its string."""
+
+    path: Path
+    new: str | None  # None: removed
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a key (or a header name) names a credential."""
+    norm = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower().replace("-", "_").replace(" ", "_")
+    return norm not in NOT_SECRET and SECRET_NAME.match(norm) is not None
+
+
+def mask(text: str) -> str:
+    """`text` with every credential-looking substring replaced by `[REDACTED]`."""
+    return CREDENTIAL.sub(REDACTED, text)
+
+
+def may_hold_credentials(raw: bytes) -> bool:
+    """False when no value in `raw` can match CREDENTIAL (a fast pre-check on the body bytes)."""
+    return any(h in raw for h in _CREDENTIAL_HINTS)
+
+
+def plan(value: Any, *, prompt_fields: bool = True, values: bool = True) -> list[Edit]:
+    """The edits the policy makes to a JSON value, in document order. With `prompt_fields`,
+    the top-level PROMPT_FIELDS get rule 3 only; `values=False` skips rule 3 (no credential shapes)."""
+    edits: list[Edit] = []
+    stack: list[tuple[Path, Any, bool]] = [((), value, False)]
+    while stack:
+        path, v, in_prompt = stack.pop()
+        if isinstance(v, str):
+            if values:
+                new = mask(v)
+                if new != v:
+                    edits.append(Edit(path, new))
+        elif isinstance(v, dict):
+            for k in reversed(list(v)):
+                if not in_prompt and isinstance(k, str) and is_secret_name(k):
+                    edits.append(Edit((*path, k), None))
+                else:
+                    prompt = in_prompt or (prompt_fields and not path and k in PROMPT_FIELDS)
+                    if values or not prompt:  # without rule 3 nothing inside a prompt field can change
+                        stack.append(((*path, k), v[k], prompt))
+        elif isinstance(v, list):
+            for i in reversed(range(len(v))):
+                if not in_prompt and _secret_pair(v[i]):
+                    edits.append(Edit((*path, i), None))
+                else:
+                    stack.append(((*path, i), v[i], in_prompt))
+    edits.sort(key=_order)
+    return edits
+
+
+def _order(e: Edit) -> tuple[tuple[int, Any], ...]:
+    """Document order; keys and indices never meet at one depth of one container, so tag them."""
+    return tuple((0, s) if isinstance(s, int) else (1, s) for s in e.path)
+
+
+def _secret_pair(item: Any) -> bool:
+    if not isinstance(item, dict) or "value" not in item:
+        return False
+    return any(isinstance(item.get(n), str) and is_secret_name(item[n]) for n in _PAIR_NAMES)
+
+
+def apply(value: Any, edits: list[Edit]) -> Any:
+    """A copy of `value` with `edits` made; untouched subtrees are shared, not copied."""
+    if not edits:
+        return value
+    root = _copy(value)
+    copied = {id(root)}
+    # last first: a removal from a list never shifts an index another edit still needs
+    for e in sorted(edits, key=_order, reverse=True):
+        parent = root
+        for step in e.path[:-1]:
+            child = parent[step]
+            if id(child) not in copied:
+                child = _copy(child)
+                parent[step] = child
+                copied.add(id(child))
+            parent = child
+        last = e.path[-1] if e.path else None
+        if last is None:
+            return e.new
+        if e.new is None:
+            del parent[last]
+        else:
+            parent[last] = e.new
+    return root
+
+
+def _copy(v: Any) -> Any:
+    return dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
+
+
+def path_text(path: Path) -> str:
+    """`metadata.headers[0]`: how a path is written in a record's `redacted` list."""
+    out = ""
+    for step in path:
+        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
+    return out
+
+
+# ---------------------------------------------------------------- verbatim bodies
+
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def apply_text(text: str, edits: list[Edit]) -> str:
+    """`text` (a JSON document kept byte for byte) with `edits` made in place: every other byte
+    stays as it was. A removed member's value becomes `"[REDACTED]"` here (cutting members out of
+    raw text would have to re-punctuate it); a replaced string is re-encoded by json."""
+    if not edits:
+        return text
+    targets = {e.path: e for e in edits}
+    prefixes = {e.path[:i] for e in edits for i in range(len(e.path))}
+    cuts: list[tuple[int, int, str]] = []
+    _walk_text(text, _skip(text, 0), (), targets, prefixes, cuts)
+    out, pos = [], 0
+    for a, b, rep in sorted(cuts):
+        out += [text[pos:a], rep]
+        pos = b
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _skip(text: str, i: int) -> int:
+    m = _WS.match(text, i)
+    return m.end() if m else i
+
+
+def _walk_text(text: str, i: int, path: Path, targets, prefixes, cuts) -> int:
+    """The end of the JSON value at `i`, recording the cuts for `targets` inside it."""
+    if path not in prefixes or text[i] not in "{[":
+        end = _DECODER.raw_decode(text, i)[1]
+    else:
+        end = _walk_container(text, i, path, targets, prefixes, cuts)
+    edit = targets.get(path)
+    if edit is not None:
+        cuts.append((i, end, json.dumps(REDACTED if edit.new is None else edit.new)))
+    return end
+
+
+def _walk_container(text: str, i: int, path: Path, targets, prefixes, cuts) -> int:
+    is_obj = text[i] == "{"
+    j = _skip(text, i + 1)
+    if text[j] in "}]":
+        return j + 1
+    n = 0
+    while True:
+        step: str | int = n
+        if is_obj:
+            step, j = json.decoder.scanstring(text, j + 1)
+            j = _skip(text, _skip(text, j) + 1)  # past the colon
+        j = _skip(text, _walk_text(text, j, (*path, step), targets, prefixes, cuts))
+        n += 1
+        if text[j] != ",":
+            return j + 1
+        j = _skip(text, j + 1)
