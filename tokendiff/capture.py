@@ -164,3 +164,62 @@ def is_capture_file(path: Path) -> bool:
     except OSError:
         return False
     return head.startswith(b'{"schema":"tokendiff.capture/') or head.startswith(b'{"schema": "tokendiff.capture/')
+
+
+def iter_capture(path: str | os.PathLike[str], warn=None, window: int = 64):
+    """The records of a capture one at a time, in bounded memory (`read_capture` holds them all).
+    A patch is merged while its record is among the last `window` records read (the proxy writes
+    it right after the record); one for an older record is skipped with a warning. `warn` gets
+    the warnings as they arise; the line checks are read_capture's."""
+    from collections import deque
+
+    p = str(path)
+    say = warn or (lambda msg: None)
+    pending: deque[dict[str, Any]] = deque()
+    try:
+        f = open(p, "rb")
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=p) from None
+    with f:
+        line, n = f.readline(MAX_LINE + 2), 0
+        while line:
+            nxt = f.readline(MAX_LINE + 2)
+            n += 1
+            rec = _stream_line(line, n, p, last=not nxt, say=say)
+            line = nxt
+            if rec is None:
+                continue
+            if "patch" in rec:
+                target = next((r for r in reversed(pending) if r.get("seq") == rec["patch"]), None)
+                if target is None:
+                    say(f"{p}: line {n}: patch for record {rec['patch']}, which is not among the last {window}; skipped")
+                else:
+                    target.update({k: v for k, v in rec.items() if k not in ("schema", "seq", "ts", "patch")})
+                continue
+            pending.append(rec)
+            if len(pending) > window:
+                yield pending.popleft()
+    yield from pending
+
+
+def _stream_line(line: bytes, n: int, p: str, *, last: bool, say) -> dict[str, Any] | None:
+    """One line of a capture checked as read_capture checks it; None for a blank or torn last line."""
+    torn = last and not line.endswith(b"\n")
+    if not line.strip():
+        return None
+    try:
+        if len(line) > MAX_LINE:
+            raise ValueError(f"line of {len(line)} bytes")
+        rec = orjson.loads(line)
+        if not isinstance(rec, dict):
+            raise ValueError("not a JSON object")
+    except (orjson.JSONDecodeError, ValueError) as e:
+        if torn:
+            say(f"{p}: line {n}: torn last line ({len(line)} bytes, a crash while writing?) skipped")
+            return None
+        raise InputError(f"line {n}: malformed capture record: {e}", source=p) from None
+    if rec.get("schema") != SCHEMA:
+        raise InputError(f"line {n}: unknown capture schema {rec.get('schema')!r} (expected {SCHEMA})", source=p)
+    if "patch" not in rec and not isinstance(rec.get("request"), dict):
+        raise InputError(f"line {n}: capture record has no request object", source=p)
+    return rec
