@@ -192,7 +192,7 @@ def iter_capture(path: str | os.PathLike[str], warn=None, window: int = 64):
             if "patch" in rec:
                 target = next((r for r in reversed(pending) if r.get("seq") == rec["patch"]), None)
                 if target is None:
-                    say(f"{p}: line {n}: patch for record {rec['patch']}, which is not among the last {window}; skipped")
+                    say(f"{p}: line {n}: patch for record {rec['patch']}, not among the last {window} records; skipped")
                 else:
                     target.update({k: v for k, v in rec.items() if k not in ("schema", "seq", "ts", "patch")})
                 continue

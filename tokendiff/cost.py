@@ -221,7 +221,8 @@ class Analyser:
 
     def session(self) -> Session:
         s = _session(self.turns, self.spans)
-        s.examples = {k: v for k, v in self.examples.items() if any(sp.example and sp.example[0] == k for sp in s.spans)}
+        first = {sp.example[0] for sp in s.spans if sp.example}
+        s.examples = {k: v for k, v in self.examples.items() if k in first}
         s.work = self.work + self.index.tokens_hashed + self.index.tokens_compared
         return s
 
@@ -402,4 +403,16 @@ def turn_frame(s: Session):
     return pl.DataFrame(turn_rows(s))
 
 
-__all__ = ["analyse", "analyse_stream", "Analyser", "TurnInput", "backend_reuse", "turn_frame", "turn_rows", "Session", "Turn", "Span", "BACKENDS"]
+__all__ = [
+    "analyse",
+    "analyse_stream",
+    "Analyser",
+    "TurnInput",
+    "backend_reuse",
+    "turn_frame",
+    "turn_rows",
+    "Session",
+    "Turn",
+    "Span",
+    "BACKENDS",
+]

@@ -220,7 +220,8 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int) ->
         arr = None
     if arr is None or arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= loader.vocab.n_vocab)):
         return TurnInput.of(load())  # no IDs, or IDs the full load refuses with the right message
-    return TurnInput(ids=arr.astype(np.int32), origin=label, load=load, response=resp if isinstance(resp, dict) else None)
+    resp = resp if isinstance(resp, dict) else None
+    return TurnInput(ids=arr.astype(np.int32), origin=label, load=load, response=resp)
 
 
 def _path_inputs(loader: Loader, paths: Sequence[str], order: str, single_turns: bool, live: bool):
