@@ -223,9 +223,25 @@ def test_writer_refuses_a_symlinked_capture(tmp_path):
 
 @pytest.mark.parametrize(
     "name",
-    ["password", "Password", "token", "secret", "access_token", "client_secret", "openai_api_key", "bearer_token",
-     "Authorization", "api-key", "x-api-key", "apiKey", "refreshToken", "cookie", "Set-Cookie", "private_key"],
-)  # fmt: skip
+    [
+        "password",
+        "Password",
+        "token",
+        "secret",
+        "access_token",
+        "client_secret",
+        "openai_api_key",
+        "bearer_token",
+        "Authorization",
+        "api-key",
+        "x-api-key",
+        "apiKey",
+        "refreshToken",
+        "cookie",
+        "Set-Cookie",
+        "private_key",
+    ],
+)
 def test_secret_names(name):
     assert secrets.is_secret_name(name)
 
@@ -246,8 +262,11 @@ def test_policy_keeps_prompt_fields_structure_and_masks_credentials_everywhere()
     assert out["messages"][0] == {"role": "user", "content": "use [REDACTED] please", "password": "kept"}
     assert out["tools"] == body["tools"] and out["metadata"] == {"x": [], "deep": [{}]}
     assert body["metadata"]["x"]  # the original is untouched
-    assert [secrets.path_text(e.path) for e in edits] == ["messages[0].content", "metadata.deep[0].api_key",
-                                                          "metadata.x[0]"]  # fmt: skip
+    assert [secrets.path_text(e.path) for e in edits] == [
+        "messages[0].content",
+        "metadata.deep[0].api_key",
+        "metadata.x[0]",
+    ]
 
 
 def test_deeply_nested_bodies_are_walked_without_recursion():

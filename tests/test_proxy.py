@@ -585,16 +585,16 @@ def test_start_up_errors_are_one_line_exit_2(tmp_path):
     port = busy.getsockname()[1]
     up = "http://127.0.0.1:9"
     try:
-        one_line_exit_2(proxy_cli("--upstream", up, "--out", str(tmp_path / "s"), "--listen", f"127.0.0.1:{port}"),
-                        "cannot listen")  # fmt: skip
+        one_line_exit_2(
+            proxy_cli("--upstream", up, "--out", str(tmp_path / "s"), "--listen", f"127.0.0.1:{port}"), "cannot listen"
+        )
     finally:
         busy.close()
     one_line_exit_2(proxy_cli("--upstream", up, "--out", str(tmp_path / "file")), "not a directory")
     one_line_exit_2(proxy_cli("--upstream", "http://", "--out", str(tmp_path / "s")), "with a host")
     one_line_exit_2(proxy_cli("--upstream", "http://127.0.0.1:x", "--out", str(tmp_path / "s")), "--upstream")
     one_line_exit_2(proxy_cli("--upstream", up, "--out", str(tmp_path / "s"), "--listen", "nohost"), "HOST:PORT")
-    one_line_exit_2(proxy_cli("--upstream", up, "--out", str(tmp_path / "s"), "--listen", "bad host:8081"),
-                    "--listen")  # fmt: skip
+    one_line_exit_2(proxy_cli("--upstream", up, "--out", str(tmp_path / "s"), "--listen", "bad host:8081"), "--listen")
 
 
 def test_out_safety_symlinks_and_other_owners_refused_modes_left_alone(tmp_path):

@@ -28,7 +28,8 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,8 +178,9 @@ def _parse_exact(raw: bytes) -> tuple[dict[str, Any], str] | None:
         return float(s)
 
     try:
-        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=pairs, parse_int=big_int, parse_float=double,
-                         parse_constant=constant)  # fmt: skip
+        obj = json.loads(
+            raw.decode("utf-8"), object_pairs_hook=pairs, parse_int=big_int, parse_float=double, parse_constant=constant
+        )
     except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):
@@ -459,55 +461,77 @@ def _read_blob(base: Path, name: str, where: str) -> bytes:
 
 
 def read_capture(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[str]]:
-    """(records, warnings). A torn last line, or a line over MAX_LINE, is skipped with a warning;
-    a bad line anywhere else is an error naming the line. Bodies stored as bytes load lazily."""
+    """(records, warnings), every record held (`iter_capture` streams them). A torn last line, or a
+    line over MAX_LINE, is skipped with a warning; a bad line anywhere else is an error naming the
+    line. Bodies stored as bytes load lazily."""
+    warnings: list[str] = []
+    records: list[dict[str, Any]] = list(iter_capture(path, warnings.append, window=None))
+    return records, warnings
+
+
+def iter_capture(
+    path: str | os.PathLike[str], warn: Callable[[str], None] | None = None, window: int | None = 64
+) -> Iterator[CaptureRecord]:
+    """The records of a capture one at a time, in memory bounded by `window` records. A patch (later
+    facts about an earlier record: the proxy's prompt token IDs, written right after it) is merged while
+    its record is among the last `window` records read (None: any record); `warn` gets the warnings."""
     p = str(path)
     fd = _open_regular(p)
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size > MAX_FILE:
-            raise InputError(f"capture of {size} bytes is over the reader's {MAX_FILE >> 30} GiB bound: split it",
-                             source=p)  # fmt: skip
-        return _read_lines(f, p, Path(p).parent)
+            raise InputError(
+                f"capture of {size} bytes is over the reader's {MAX_FILE >> 30} GiB bound: split it", source=p
+            )
+        yield from _records(f, p, Path(p).parent, warn or (lambda msg: None), window)
 
 
-def _read_lines(f: Any, p: str, base: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    warnings: list[str] = []
-    records: list[dict[str, Any]] = []
+def _records(f: Any, p: str, base: Path, warn: Callable[[str], None], window: int | None) -> Iterator[CaptureRecord]:
+    pending: deque[CaptureRecord] = deque()
     by_seq: dict[int, CaptureRecord] = {}
     total = 0
     for n, line, torn in _lines(f):
         if line is None:
-            warnings.append(f"{p}: line {n}: record over the reader's {MAX_LINE >> 20} MiB line bound; skipped")
+            warn(f"{p}: line {n}: record over the reader's {MAX_LINE >> 20} MiB line bound; skipped")
             continue
         total += len(line)
         if total > MAX_FILE:  # a file growing while read (st_size is not trusted)
             raise InputError(f"capture over the reader's {MAX_FILE >> 30} GiB bound: split it", source=p)
-        rec = _parse_line(line, n, torn, p, warnings)
+        rec = _parse_line(line, n, torn, p, warn)
         if rec is None:
             continue
-        if "patch" in rec:  # later facts about an earlier record (the proxy's prompt token IDs)
-            target = by_seq.get(rec["patch"])
-            if target is None:
-                warnings.append(f"{p}: line {n}: patch for record {rec['patch']}, which is not in the file; skipped")
-            else:
-                dict.update(target, {k: v for k, v in rec.items() if k not in ("schema", "seq", "ts", "patch")})
+        if "patch" in rec:
+            _merge_patch(by_seq.get(rec["patch"]), rec, f"{p}: line {n}", window, warn)
             continue
         if not isinstance(rec.get("request"), dict) and "request_body" not in rec:
             raise InputError(f"line {n}: capture record has no request object", source=p)
         record = CaptureRecord(rec, where=f"{p}: line {n}", base=base)
-        records.append(record)
+        pending.append(record)
         by_seq[rec["seq"]] = record
-    return records, warnings
+        if window is not None and len(pending) > window:
+            done = pending.popleft()
+            by_seq.pop(done["seq"], None)
+            yield done
+    yield from pending
 
 
-def _parse_line(line: bytes, n: int, torn: bool, p: str, warnings: list[str]) -> dict[str, Any] | None:
+def _merge_patch(
+    target: CaptureRecord | None, patch: dict[str, Any], where: str, window: int | None, warn: Callable[[str], None]
+) -> None:
+    if target is None:
+        held = "which is not in the file" if window is None else f"not among the last {window} records"
+        warn(f"{where}: patch for record {patch['patch']}, {held}; skipped")
+        return
+    dict.update(target, {k: v for k, v in patch.items() if k not in ("schema", "seq", "ts", "patch")})
+
+
+def _parse_line(line: bytes, n: int, torn: bool, p: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
     if torn:  # no newline after it: written by a writer that crashed?
         try:
             rec = orjson.loads(line)
         except orjson.JSONDecodeError:
             if line.strip():
-                warnings.append(f"{p}: line {n}: torn last line ({len(line)} bytes, a crash while writing?) skipped")
+                warn(f"{p}: line {n}: torn last line ({len(line)} bytes, a crash while writing?) skipped")
             return None
     elif not line.strip():
         return None

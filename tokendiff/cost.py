@@ -13,12 +13,16 @@ table for exports. No I/O.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokendiff.align import align, common_prefix
-from tokendiff.explain import explain, prompt_end
+import numpy as np
+
+from tokendiff.align import align
+from tokendiff.explain import appended_finding, explain, prompt_end
 from tokendiff.model import Divergence, Finding, Hunk, Prompt, SectionPath
+from tokendiff.prefix_index import PrefixIndex
 
 BACKENDS = ("llama.cpp", "llama.cpp-hybrid", "vllm", "sglang", "ollama")
 VLLM_BLOCK = 16
@@ -102,6 +106,9 @@ class Session:
     total_tokens: int
     reused_tokens: int
     wasted_tokens: int
+    # (A, B) of every turn that is a span's first example: all a report needs of the prompts
+    examples: dict[int, tuple[Prompt, Prompt]] = field(default_factory=dict)
+    work: int = 0  # tokens processed (hashed, compared, diffed): linear in the session's tokens
 
     @property
     def reuse_pct(self) -> float:
@@ -112,8 +119,8 @@ class Session:
         return self.wasted_tokens * self.ms_per_token / 1000 if self.ms_per_token else None
 
 
-def _reported(p: Prompt) -> tuple[int | None, float | None, int | None]:
-    resp = p.meta.response or {}
+def _reported(resp: dict[str, Any] | None) -> tuple[int | None, float | None, int | None]:
+    resp = resp or {}
     t, usage = resp.get("timings"), resp.get("usage")
     t = t if isinstance(t, dict) else {}
     usage = usage if isinstance(usage, dict) else {}
@@ -149,33 +156,116 @@ def _span_key(f: Finding, d: Divergence) -> SpanKey:
     return f.kind, _owner(d.hunks[f.hunk]).generalised()
 
 
-def analyse(prompts: list[Prompt], max_hunks: int = 64) -> Session:
-    """Per-turn and per-span costs of a session (turns in order)."""
-    turns: list[Turn] = []
-    spans: dict[SpanKey, Span] = {}
-    for k, b in enumerate(prompts):
-        t = Turn(turn=k + 1, origin=b.origin, n_tokens=len(b))
-        t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(b)
-        if k == 0:
+@dataclass
+class TurnInput:
+    """One turn as the analysis reads it: the token IDs at once, the decoded and sectioned
+    prompt only when a diff needs it (a pure append needs neither side's text)."""
+
+    ids: np.ndarray
+    origin: str
+    load: Callable[[], Prompt]
+    response: dict[str, Any] | None = None
+    _prompt: Prompt | None = None
+
+    @classmethod
+    def of(cls, p: Prompt) -> TurnInput:
+        return cls(ids=p.ids, origin=p.origin, load=lambda: p, response=p.meta.response, _prompt=p)
+
+    @property
+    def decoded(self) -> Prompt | None:
+        """The prompt, if something has loaded it already."""
+        return self._prompt
+
+    def prompt(self) -> Prompt:
+        if self._prompt is None:
+            self._prompt = self.load()
+        return self._prompt
+
+
+class Analyser:
+    """The session analysis as a stream: feed turns in order with `add`, read `session()` at any
+    point. Holds the prefix index, the per-turn facts and the previous turn, never every prompt,
+    so time is linear in tokens and memory grows with distinct content, not with turns."""
+
+    def __init__(self, max_hunks: int = 64):
+        self.max_hunks = max_hunks
+        self.index = PrefixIndex()
+        self.turns: list[Turn] = []
+        self.spans: dict[SpanKey, Span] = {}
+        self.examples: dict[int, tuple[Prompt, Prompt]] = {}
+        self.prev: TurnInput | None = None
+        self.work = 0  # tokens compared or diffed outside the index
+
+    def add(self, cur: TurnInput) -> Turn:
+        k = len(self.turns) + 1
+        t = Turn(turn=k, origin=cur.origin, n_tokens=len(cur.ids))
+        t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
+        m = self.index.match_and_add(cur.ids, k)
+        if self.prev is None:
             t.reuse = {be: 0 for be in BACKENDS}
-            t.recompute = t.new_tokens = len(b)
+            t.recompute = t.new_tokens = len(cur.ids)
         else:
-            ceiling = _compare(t, prompts[:k], b, max_hunks)
-            _count_spans(t, spans, ceiling)
-        turns.append(t)
-    return _session(turns, spans)
+            t.best_earlier, t.best_lcp = m.turn, m.lcp
+            if _appends(self.prev.ids, cur.ids):
+                self.work += len(self.prev.ids)
+                _append_turn(t, len(self.prev.ids))
+            else:
+                a, b = self.prev.prompt(), cur.prompt()
+                self.work += len(a) + len(b)
+                ceiling = _compare(t, a, b, self.max_hunks)
+                if _count_spans(t, self.spans, ceiling):
+                    self.examples[k] = (a, b)
+        self.turns.append(t)
+        self.prev = cur
+        return t
+
+    def session(self) -> Session:
+        s = _session(self.turns, self.spans)
+        first = {sp.example[0] for sp in s.spans if sp.example}
+        s.examples = {k: v for k, v in self.examples.items() if k in first}
+        s.work = self.work + self.index.tokens_hashed + self.index.tokens_compared
+        return s
 
 
-def _compare(t: Turn, earlier: list[Prompt], b: Prompt, max_hunks: int) -> int:
+def analyse(prompts: Iterable[Prompt], max_hunks: int = 64) -> Session:
+    """Per-turn and per-span costs of a session (turns in order)."""
+    return analyse_stream((TurnInput.of(p) for p in prompts), max_hunks)
+
+
+def analyse_stream(turns: Iterable[TurnInput], max_hunks: int = 64) -> Session:
+    """`analyse` over turns that load their prompts only when a diff needs them."""
+    an = Analyser(max_hunks)
+    for t in turns:
+        an.add(t)
+    return an.session()
+
+
+def _appends(a: np.ndarray, b: np.ndarray) -> bool:
+    """B is A with tokens after it: the one diff that needs no text to explain."""
+    n = len(a)
+    return 2 <= n < len(b) and bool(np.array_equal(a, b[:n]))
+
+
+def _append_turn(t: Turn, n_a: int) -> None:
+    """What `_compare` finds for a pure append, from the lengths alone: all of A reused, the new
+    turns expected, no waste. The divergence is left for whoever opens the pair."""
+    n = t.n_tokens
+    t.lcp = n_a
+    t.reuse = {be: backend_reuse(be, n_a, n, n_a) for be in BACKENDS}
+    t.recompute = n - t.reuse["llama.cpp"]
+    t.findings = [appended_finding(0, n - n_a)]
+    t.new_tokens = n - n_a
+    t.wasted = max(0, n_a - t.reuse["llama.cpp"])
+    _notes(t, False, n)
+
+
+def _compare(t: Turn, a: Prompt, b: Prompt, max_hunks: int) -> int:
     """Fill a turn from its diff with the previous prompt; returns its reusable ceiling."""
-    a, n = earlier[-1], len(b)
+    n = len(b)
     d = align(a, b, max_hunks=None)
     t.divergence, t.lcp = d, d.lcp
     t.reuse = {be: backend_reuse(be, d.lcp, n, len(a)) for be in BACKENDS}
     t.recompute = n - t.reuse["llama.cpp"]
-    lcps = [common_prefix(p.ids, b.ids) for p in earlier]
-    best = max(reversed(range(len(earlier))), key=lcps.__getitem__)
-    t.best_earlier, t.best_lcp = best + 1, lcps[best]
     t.findings = explain(a, b, d, max_hunks=max_hunks)
     ceiling = reusable_ceiling(a, d, t.findings, n)
     t.new_tokens = max(0, n - ceiling)
@@ -185,16 +275,18 @@ def _compare(t: Turn, earlier: list[Prompt], b: Prompt, max_hunks: int) -> int:
         t.cause = first.kind
         t.path = _owner(d.hunks[first.hunk])
         t.section = t.path.label
-    _notes(t, d, n)
+    _notes(t, d.identical, n)
     return ceiling
 
 
-def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> None:
+def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
     """Add a turn's unexpected findings to the session's spans: the turn's waste goes to the span
-    of its first one (the ceiling), and each span gains what fixing it alone would reuse here."""
+    of its first one (the ceiling), and each span gains what fixing it alone would reuse here.
+    True when the turn is the first example of a span."""
     d = t.divergence
     assert d is not None
     unexpected = [f for f in t.findings if not f.expected]
+    first_example = False
     for f in unexpected:
         key = _span_key(f, d)
         sp = spans.setdefault(key, Span(kind=f.kind, path=key[1], title=f.title, fix=f.fix))
@@ -202,11 +294,11 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> None:
             sp.turns.append(t.turn)
         if sp.example is None:
             sp.example = (t.turn, f.hunk)
-    if unexpected:
-        spans[_span_key(unexpected[0], d)].tokens += t.wasted
-    for key, sp in spans.items():
-        if t.turn not in sp.turns:
-            continue
+            first_example = True
+    if not unexpected:
+        return False
+    spans[_span_key(unexpected[0], d)].tokens += t.wasted
+    for key in {_span_key(f, d) for f in unexpected}:
         # fixing this span alone extends the prefix to the next hunk it does not cause
         other = next(
             (
@@ -216,7 +308,8 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> None:
             ),
             ceiling,
         )
-        sp.gain += max(0, min(other, ceiling) - t.reuse["llama.cpp"])
+        spans[key].gain += max(0, min(other, ceiling) - t.reuse["llama.cpp"])
+    return first_example
 
 
 def _session(turns: list[Turn], spans: dict[SpanKey, Span]) -> Session:
@@ -245,7 +338,7 @@ def reusable_ceiling(a: Prompt, d: Divergence, findings: list[Finding], n: int) 
     return h.b_start
 
 
-def _notes(t: Turn, d: Divergence, n: int) -> None:
+def _notes(t: Turn, identical: bool, n: int) -> None:
     notes = []
     if t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64:
         notes.append(
@@ -255,7 +348,7 @@ def _notes(t: Turn, d: Divergence, n: int) -> None:
     rc = t.reported_cached
     if rc is not None:
         pred = t.reuse["llama.cpp"]
-        if rc == 0 and d.identical:
+        if rc == 0 and identical:
             notes.append(
                 "the server reused nothing for an identical prompt: caching disabled (cache_prompt=false) or salted"
             )
@@ -310,4 +403,16 @@ def turn_frame(s: Session):
     return pl.DataFrame(turn_rows(s))
 
 
-__all__ = ["analyse", "backend_reuse", "turn_frame", "turn_rows", "Session", "Turn", "Span", "BACKENDS"]
+__all__ = [
+    "analyse",
+    "analyse_stream",
+    "Analyser",
+    "TurnInput",
+    "backend_reuse",
+    "turn_frame",
+    "turn_rows",
+    "Session",
+    "Turn",
+    "Span",
+    "BACKENDS",
+]

@@ -191,6 +191,20 @@ def _top(p: Prompt, kind: str) -> Section | None:
     return next((s for s in p.sections if s.path.kinds == (kind,)), None)
 
 
+def appended_finding(hunk: int, n_new: int) -> Finding:
+    """The finding for new turns after A's prompt; the cost model's fast path for a pure append
+    (A a prefix of B) says exactly this without decoding either prompt."""
+    return Finding(
+        kind="appended",
+        hunk=hunk,
+        confidence=0.8,
+        title="New turns appended (expected)",
+        evidence=f"{n_new} new tokens after A's prompt",
+        fix="Nothing to fix: this is the new part of the conversation",
+        expected=True,
+    )
+
+
 def detect_appended(ctx: Ctx) -> Finding | None:
     """appended (expected) and generated_rerendered: new turns after A's prompt, or A's generated tail
     rendered differently as history."""
@@ -204,15 +218,7 @@ def detect_appended(ctx: Ctx) -> Finding | None:
         return None
     n_new = ctx.h.b_end - ctx.h.b_start
     if pure_insert or ctx.h.a_start >= len(ctx.a):
-        return Finding(
-            kind="appended",
-            hunk=ctx.i,
-            confidence=0.8,
-            title="New turns appended (expected)",
-            evidence=f"{n_new} new tokens after A's prompt",
-            fix="Nothing to fix: this is the new part of the conversation",
-            expected=True,
-        )
+        return appended_finding(ctx.i, n_new)
     n_gen = ctx.h.a_end - ctx.h.a_start
     return Finding(
         kind="generated_rerendered",

@@ -225,7 +225,7 @@ def _walk_container(text: str, i: int, path: Path, targets, prefixes, cuts) -> i
     while True:
         step: str | int = n
         if is_obj:
-            step, j = json.decoder.scanstring(text, j + 1)
+            step, j = json.decoder.scanstring(text, j + 1)  # type: ignore[attr-defined]  # public, not in typeshed
             j = _skip(text, _skip(text, j) + 1)  # past the colon
         j = _skip(text, _walk_text(text, j, (*path, step), targets, prefixes, cuts))
         n += 1

@@ -219,6 +219,11 @@ class Loader:
             self._sessions[sel.path] = records
         return self._sessions[sel.path]
 
+    def adopt_capture_template(self, capture: Path) -> None:
+        """For a capture read record by record (workflows' streaming session): the template from
+        the server's /props saved beside it, as loading `capture@N` does."""
+        self._adopt_server_template(Path(capture).parent / "props.json")
+
     def _adopt_server_template(self, props_path: Path) -> None:
         """The proxy saves the server's /props beside a capture: its chat template is the one
         the server rendered with, unless the user named one."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
-    from tokendiff.cost import Session
+    from tokendiff.cost import Session, TurnInput
     from tokendiff.model import Divergence, Finding, Prompt
     from tokendiff.replay import Backend, Plan
     from tokendiff.sources import Loader
@@ -101,15 +101,49 @@ def tokenizer_info(vocab: Vocab) -> dict[str, Any]:
 # ---------------------------------------------------------------- sessions
 
 
+class TurnPrompts(Sequence["Prompt"]):
+    """A session's prompts by turn, loaded when asked for: a long session is never all in memory.
+    The most recently used ones are kept, up to `budget` tokens."""
+
+    def __init__(self, loader: Loader, specs: Sequence[str], budget: int = 2_000_000):
+        self.loader, self.specs, self.budget = loader, list(specs), budget
+        self._kept: dict[int, Prompt] = {}
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        k = i + len(self) if i < 0 else i
+        if not 0 <= k < len(self):
+            raise IndexError(i)
+        p = self._kept.pop(k, None)
+        if p is None:
+            p = self.loader.load(self.specs[k])
+        self.keep(k, p)
+        return p
+
+    def keep(self, k: int, p: Prompt) -> None:
+        """Remember turn k's prompt (0-based), forgetting the least recently used over budget."""
+        self._kept[k] = p
+        while len(self._kept) > 2 and sum(len(q) for q in self._kept.values()) > self.budget:
+            del self._kept[next(iter(self._kept))]
+
+
 @dataclass
 class LoadedSession:
     loader: Loader
-    prompts: list[Prompt]
+    prompts: TurnPrompts
     session: Session
 
     @property
     def vocab(self) -> Vocab:
         return self.loader.vocab
+
+    @property
+    def specs(self) -> list[str]:
+        return self.prompts.specs
 
 
 def is_session_path(path: str) -> bool:
@@ -140,16 +174,72 @@ def session_specs(
 
 def load_session(loader: Loader, specs: Sequence[str], progress: Progress | None = None) -> LoadedSession:
     """Every turn loaded and the session analysed (reuse, waste, spans ranked by cost)."""
-    from tokendiff.cost import analyse
+    return _analyse(loader, ((spec, _spec_input(loader, spec)) for spec in specs), len(specs), progress)
 
-    prompts = []
-    for k, spec in enumerate(specs, 1):
-        if progress:
-            progress(f"reading turn {k}/{len(specs)}")
-        prompts.append(loader.load(spec))
+
+def _analyse(loader: Loader, inputs, n: int | None, progress: Progress | None) -> LoadedSession:
+    """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views."""
+    from tokendiff.cost import Analyser
+
+    an = Analyser()
+    specs: list[str] = []
+    prompts = TurnPrompts(loader, specs)
+    for k, (spec, turn) in enumerate(inputs, 1):
+        if progress and (k < 100 or k % 100 == 0):
+            progress(f"reading turn {k}/{n}" if n else f"reading turn {k}")
+        specs.append(spec)
+        an.add(turn)
+        if turn.decoded is not None:
+            prompts.keep(k - 1, turn.decoded)
+    prompts.specs = specs
     if progress:
-        progress(f"analysing {len(prompts)} turns")
-    return LoadedSession(loader, prompts, analyse(prompts))
+        progress(f"analysed {len(specs)} turns")
+    return LoadedSession(loader, prompts, an.session())
+
+
+def _spec_input(loader: Loader, spec: str) -> TurnInput:
+    from tokendiff.cost import TurnInput
+
+    return TurnInput.of(loader.load(spec))
+
+
+def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int) -> TurnInput:
+    """A capture record as a turn: the recorded IDs now, rendering and decoding only if a diff needs them."""
+    import numpy as np
+
+    from tokendiff.cost import TurnInput
+
+    def load() -> Prompt:
+        return loader.from_record(rec, label, turn)
+
+    ids = rec.get("prompt_ids")
+    resp = rec.get("response")
+    try:
+        arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, list) else None
+    except (TypeError, ValueError, OverflowError):
+        arr = None
+    if arr is None or arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= loader.vocab.n_vocab)):
+        return TurnInput.of(load())  # no IDs, or IDs the full load refuses with the right message
+    resp = resp if isinstance(resp, dict) else None
+    return TurnInput(ids=arr.astype(np.int32), origin=label, load=load, response=resp)
+
+
+def _path_inputs(loader: Loader, paths: Sequence[str], order: str, single_turns: bool, live: bool):
+    """(selector, turn) for every turn of `paths`; captures are streamed record by record."""
+    from tokendiff.capture import is_capture_file, iter_capture
+    from tokendiff.sources import warn
+
+    for p in paths:
+        if Path(p).is_file() and is_capture_file(Path(p)):
+            loader.adopt_capture_template(Path(p))
+            k = 0
+            for k, rec in enumerate(iter_capture(p, warn), 1):
+                yield f"{p}@{k}", _record_input(loader, rec, f"{p}@{k}", k)
+            if k == 0:
+                raise InputError("the session holds no chat requests", source=p)
+            continue
+        for spec in session_specs([p], order, single_turns=single_turns, live=live):
+            yield spec, _spec_input(loader, spec)
 
 
 def open_session(
@@ -160,17 +250,14 @@ def open_session(
     single_turns: bool = True,
     live: bool = False,
 ) -> LoadedSession:
-    """Loader, turns and analysis for `paths` in one call."""
+    """Loader, turns and analysis for `paths` in one call (captures streamed)."""
     loader = open_loader(opts)
-    return load_session(loader, session_specs(paths, opts.order, single_turns=single_turns, live=live), progress)
+    return _analyse(loader, _path_inputs(loader, paths, opts.order, single_turns, live), None, progress)
 
 
 def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:
     """The session with new turns (live mode) appended and re-analysed."""
-    from tokendiff.cost import analyse
-
-    prompts = loaded.prompts + [loaded.loader.load(s) for s in specs]
-    return LoadedSession(loaded.loader, prompts, analyse(prompts))
+    return load_session(loaded.loader, [*loaded.specs, *specs])
 
 
 # ---------------------------------------------------------------- pairs
@@ -214,8 +301,9 @@ def session_pair(loaded: LoadedSession, turn: int) -> PairResult:
     if not 2 <= turn <= len(loaded.prompts):
         raise InputError(f"turn {turn} has no pair: pick a turn from 2 to {len(loaded.prompts)}")
     t = loaded.session.turns[turn - 1]
-    assert t.divergence is not None
     a, b = loaded.prompts[turn - 2], loaded.prompts[turn - 1]
+    if t.divergence is None:  # a pure append, analysed from the IDs alone: diff it now
+        return diff_pair(a, b, loaded.vocab)
     return PairResult(a, b, t.divergence, t.findings, loaded.vocab)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from tokendiff.cost import Session, turn_rows
@@ -42,7 +43,7 @@ def _ex(p: Prompt, start: int, end: int, context: int, redact: bool) -> dict[str
 
 
 def report_document(
-    path: str, prompts: list[Prompt], s: Session, tokenizer: dict[str, Any], redact: bool = False, context: int = 12
+    path: str, prompts: Sequence[Prompt], s: Session, tokenizer: dict[str, Any], redact: bool = False, context: int = 12
 ) -> dict[str, Any]:
     top = s.spans[0] if s.spans and s.spans[0].tokens > 0 else None
     scrub = redact_text if redact else (lambda x: x)
@@ -79,7 +80,7 @@ def report_document(
         d = t.divergence
         assert d is not None
         h = d.hunks[hi]
-        a, b = prompts[turn_no - 2], prompts[turn_no - 1]
+        a, b = s.examples[turn_no] if turn_no in s.examples else (prompts[turn_no - 2], prompts[turn_no - 1])
         f = next(x for x in t.findings if x.hunk == hi)
         causes.append(
             {

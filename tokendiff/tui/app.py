@@ -6,6 +6,7 @@ workers; the UI shows a loading state meanwhile and never blocks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -90,7 +91,7 @@ class TokendiffApp(App):
         super().__init__()
         self.options = options
         self.loaded: wf.LoadedSession | None = None
-        self.prompts: list[Prompt] = []
+        self.prompts: Sequence[Prompt] = []
         self.session: Session | None = None
         self.vocab: Vocab | None = None
         self.loader: Loader | None = None

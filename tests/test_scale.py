@@ -1,0 +1,90 @@
+"""Session analysis at scale: the shape (work linear in tokens), the prefix index against the
+pairwise reference, the IDs-only fast path against the full diff, streamed captures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokendiff import workflows as wf
+from tokendiff.align import common_prefix
+from tokendiff.capture import iter_capture, read_capture
+from tokendiff.prefix_index import PrefixIndex
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from scale_capture import make_capture  # noqa: E402
+
+
+def _session(path: Path, n: int) -> wf.LoadedSession:
+    make_capture(path, n, history=1_500, compact_at=2_500, date_every=7)
+    return wf.open_session(wf.PromptOptions(), [str(path)])
+
+
+def test_work_is_linear_in_tokens(tmp_path):
+    """Four times the turns is four times the tokens and four times the work, within 20 %."""
+    small = _session(tmp_path / "small.jsonl", 40).session
+    large = _session(tmp_path / "large.jsonl", 160).session
+    per_small, per_large = small.work / small.total_tokens, large.work / large.total_tokens
+    assert large.total_tokens > 3.5 * small.total_tokens
+    assert 0.8 < per_large / per_small < 1.2, (per_small, per_large)
+
+
+def test_index_matches_the_pairwise_reference():
+    rng = np.random.default_rng(3)
+    for block in (1, 3, 8):
+        idx, prompts = PrefixIndex(block), []
+        for turn in range(1, 40):
+            if prompts and rng.random() < 0.7:
+                base = prompts[int(rng.integers(0, len(prompts)))]
+                base = base[: int(rng.integers(0, len(base) + 1))]
+            else:
+                base = np.zeros(0, dtype=np.int32)
+            ids = np.concatenate([base, rng.integers(0, 4, int(rng.integers(0, 20)))]).astype(np.int32)
+            m = idx.match_and_add(ids, turn)
+            if prompts:
+                lcps = [common_prefix(p, ids) for p in prompts]
+                best = max(reversed(range(len(prompts))), key=lcps.__getitem__)
+                assert (m.turn, m.lcp) == (best + 1, lcps[best])
+            prompts.append(ids)
+
+
+def test_fast_path_is_the_full_diff(tmp_path):
+    """Pure appends are analysed from the IDs alone; opening the pair diffs it and finds the same."""
+    loaded = _session(tmp_path / "c.jsonl", 20)
+    fast = [t for t in loaded.session.turns[1:] if t.divergence is None]
+    assert fast and len(fast) < len(loaded.session.turns) - 1
+    for t in fast:
+        pair = wf.session_pair(loaded, t.turn)
+        assert pair.findings == t.findings and pair.divergence.lcp == t.lcp
+
+
+def test_best_earlier_with_alternating_prompts(tmp_path):
+    loaded = _session(tmp_path / "c.jsonl", 30)
+    ids = [loaded.prompts[k].ids for k in range(len(loaded.prompts))]
+    for k, t in enumerate(loaded.session.turns[1:], 1):
+        lcps = [common_prefix(p, ids[k]) for p in ids[:k]]
+        best = max(reversed(range(k)), key=lcps.__getitem__)
+        assert (t.best_earlier, t.best_lcp) == (best + 1, lcps[best])
+
+
+def test_streamed_capture_is_the_read_capture(tmp_path, capsys):
+    path = tmp_path / "c.jsonl"
+    make_capture(path, 5, history=300, compact_at=600)
+    lines = path.read_bytes().splitlines(keepends=True)
+    patch = b'{"schema":"tokendiff.capture/1","seq":9,"patch":2,"prompt_source":"patched"}\n'
+    path.write_bytes(b"".join(lines[:3]) + patch + b"".join(lines[3:]) + b'{"schema": "tok')
+    warnings: list[str] = []
+    assert list(iter_capture(path, warnings.append)) == read_capture(path)[0]
+    assert len(warnings) == 1 and "torn last line" in warnings[0]
+
+
+@pytest.mark.parametrize("fmt", ["md", "json"])
+def test_report_of_a_streamed_capture(tmp_path, fmt):
+    loaded = _session(tmp_path / "c.jsonl", 15)
+    doc = wf.session_report(loaded, "c")
+    assert doc["summary"]["turns"] == 15 and doc["causes"] and doc["causes"][0]["kind"] == "date"
+    assert wf.render_report(doc, fmt)
