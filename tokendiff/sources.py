@@ -20,12 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from tokendiff import grammar
+from tokendiff import grammar, safeio
 from tokendiff.errors import InputError
 from tokendiff.model import Prompt, PromptMeta, RenderMismatch
 from tokendiff.slotfile import check_vocab, is_slot_file, list_session_dir, natural_key, read_slot_file
 from tokendiff.vocab import Vocab
 
+MAX_PROPS_BYTES = 64 << 20  # the server's /props beside a capture: its chat template and settings
 _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
 
 
@@ -76,11 +77,7 @@ def file_kind(p: Path) -> str:
     if p.suffix.lower() == ".txt":
         return "promptlog"
     if p.suffix.lower() in (".json", ".gz") or p.suffix == "":
-        try:
-            with open(p, "rb") as f:
-                head = f.read(4096).lstrip()
-        except OSError as e:
-            raise InputError(e.strerror or str(e), source=str(p)) from None
+        head = safeio.head(p, 4096).lstrip()
         if head.startswith(b"{") and b'"log"' in head[:200] and b'"entries"' in head:
             return "har"
         if head.startswith(b"{"):
@@ -98,6 +95,7 @@ def select(spec: str, order: str = "mtime") -> Selected:
             kind, files = _dir_entries(base, order)
             idx, f = _pick(files, n, "turn", str(base))
             return Selected(kind, f, f"{base}@{idx + 1} ({f.name})", idx + 1)
+        safeio.require_regular(base)
         kind = file_kind(base)
         if kind in ("capture", "har"):
             return Selected(kind, base, f"{base}@{n}", n)
@@ -110,6 +108,7 @@ def select(spec: str, order: str = "mtime") -> Selected:
         raise InputError("is a directory: pick a turn with DIR@N (counting from 1)", source=spec)
     if not p.exists():
         raise InputError("no such file", source=spec)
+    safeio.require_regular(p)
     kind = file_kind(p)
     if kind in ("capture", "har"):
         raise InputError(f"a {kind} file holds many requests: pick one with {spec}@N (counting from 1)", source=spec)
@@ -124,6 +123,7 @@ def session_selectors(path: str, order: str = "mtime") -> list[str]:
     if p.is_dir():
         _, files = _dir_entries(p, order)
         return [str(f) for f in files]
+    safeio.require_regular(p)
     kind = file_kind(p)
     if kind == "capture":
         from tokendiff.capture import read_capture
@@ -227,8 +227,8 @@ class Loader:
         import orjson
 
         try:
-            props = orjson.loads(props_path.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
+            props = orjson.loads(safeio.read_limited(props_path, MAX_PROPS_BYTES, "props.json"))
+        except (InputError, orjson.JSONDecodeError):
             return
         tmpl = props.get("chat_template") if isinstance(props, dict) else None
         if isinstance(tmpl, str) and tmpl.strip():
