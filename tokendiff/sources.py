@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from tokendiff import grammar, safeio
-from tokendiff.errors import InputError
+from tokendiff.errors import InputError, one_line
+from tokendiff.importers import check_depth
 from tokendiff.model import Prompt, PromptMeta, RenderMismatch
 from tokendiff.slotfile import check_vocab, is_slot_file, list_session_dir, natural_key, read_slot_file
 from tokendiff.vocab import Vocab
@@ -34,7 +35,7 @@ _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
 class Selected:
     kind: str  # slot | capture | har | body | promptlog
     path: Path
-    label: str  # how reports name it, e.g. "captures/demo@3 (turn-03.bin)"
+    label: str  # how reports name it (one line of valid text), e.g. "captures/demo@3 (turn-03.bin)"
     turn: int | None  # 1-based position within a session, when chosen from one
 
 
@@ -94,11 +95,11 @@ def select(spec: str, order: str = "mtime") -> Selected:
         if base.is_dir():
             kind, files = _dir_entries(base, order)
             idx, f = _pick(files, n, "turn", str(base))
-            return Selected(kind, f, f"{base}@{idx + 1} ({f.name})", idx + 1)
+            return Selected(kind, f, one_line(f"{base}@{idx + 1} ({f.name})"), idx + 1)
         safeio.require_regular(base)
         kind = file_kind(base)
         if kind in ("capture", "har"):
-            return Selected(kind, base, f"{base}@{n}", n)
+            return Selected(kind, base, one_line(f"{base}@{n}"), n)
         raise InputError(
             f"'@{n}' selects a turn of a session (directory, capture or HAR), and this is a {kind} file",
             source=str(base),
@@ -112,7 +113,7 @@ def select(spec: str, order: str = "mtime") -> Selected:
     kind = file_kind(p)
     if kind in ("capture", "har"):
         raise InputError(f"a {kind} file holds many requests: pick one with {spec}@N (counting from 1)", source=spec)
-    return Selected(kind, p, spec, None)
+    return Selected(kind, p, one_line(spec), None)
 
 
 def session_selectors(path: str, order: str = "mtime") -> list[str]:
@@ -171,7 +172,7 @@ class Loader:
         for w in slot.warnings:
             warn(w)
         meta = PromptMeta(
-            path=str(sel.path),
+            path=one_line(str(sel.path)),
             format=f"{slot.kind} v{slot.version}" + (" packed" if slot.packed else ""),
             state_bytes=slot.state_bytes,
             media_chunks=slot.media_chunks,
@@ -268,11 +269,24 @@ class Loader:
     def from_record(self, rec: dict[str, Any], label: str, turn: int | None = None) -> Prompt:
         """A prompt from a capture record: the server's IDs when recorded, else
         the local render (or the logged text) tokenised."""
+        try:
+            return self._from_record(rec, label, turn)
+        except InputError as e:
+            if e.source:
+                raise
+            raise InputError(e.reason, source=label) from None
+
+    def _from_record(self, rec: dict[str, Any], label: str, turn: int | None) -> Prompt:
+        if not isinstance(rec, dict):
+            raise InputError("the record is not a JSON object")
+        check_depth(rec.get("request"), label)
         request = _request_of(rec)
         meta = _record_meta(rec, request, label, turn)
         rendered = None
-        if isinstance(request.get("messages"), list) and (rec.get("prompt_ids") is None or self._can_render()):
-            rendered = self.renderer.attribute(request)
+        if rec.get("prompt_ids") is None:  # the render is the prompt: a bad messages field is an error
+            rendered = self.renderer.attribute(request) if "messages" in request else None
+        elif isinstance(request.get("messages"), list) and request["messages"] and self._can_render():
+            rendered = self.renderer.attribute(request)  # for sections only
         ids = self._record_ids(rec, request, rendered, label, meta)
         p = self._decode(ids, label, label, meta)
         fam = grammar.annotate(p, self.family)
@@ -325,6 +339,8 @@ def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
     from tokendiff.importers.anthropic import is_anthropic, to_openai
 
     request = rec.get("request") or {}
+    if not isinstance(request, dict):
+        raise InputError(f"the record's request is a {type(request).__name__}, not a JSON object")
     server = rec.get("server")
     server = server if isinstance(server, dict) else {}
     llama = server.get("kind", "llama-server") == "llama-server"
@@ -340,7 +356,7 @@ def _record_meta(rec: dict[str, Any], request: dict[str, Any], label: str, turn:
     model = server.get("model") if isinstance(server, dict) else None
     response = rec.get("response")
     return PromptMeta(
-        path=rec.get("origin") or label,
+        path=one_line(str(rec.get("origin") or label)),
         format=rec.get("source", "capture"),
         turn=turn,
         request=request,
