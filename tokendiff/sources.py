@@ -181,7 +181,7 @@ class Loader:
         )
         p = self._decode(slot.tokens, str(sel.path), sel.label, meta)
         fam = grammar.annotate(p, self.family)
-        _warn_if_mismatched(p, fam, self.family, self.vocab)
+        _check_tokenizer_fits(p, fam, self.family, self)
         return p
 
     def _decode(self, ids: np.ndarray, source: str, label: str, meta: PromptMeta) -> Prompt:
@@ -292,7 +292,7 @@ class Loader:
         fam = grammar.annotate(p, self.family)
         if rendered is not None:
             _attach_render(p, rendered, label)
-        _warn_if_mismatched(p, fam, self.family, self.vocab)
+        _check_tokenizer_fits(p, fam, self.family, self)
         return p
 
     def _record_ids(
@@ -437,18 +437,62 @@ def load_prompt(spec: str, vocab: Vocab, family: str | None = None, order: str =
     return Loader(vocab, family, order).load(spec)
 
 
-def _warn_if_mismatched(prompt: Prompt, fam: str, forced: str | None, vocab: Vocab) -> None:
-    """IDs inside the vocabulary can still belong to another model: say when the text looks wrong."""
+MISMATCH_HINT = (
+    "pass --tokenizer with the model's tokenizer.json, HF directory or GGUF file "
+    "(or --template-family to read it with this one anyway)"
+)
+MIN_ROUND_TRIP = 0.8  # the model's own tokenizer re-encodes its decoded prompt to ~100% of the tokens
+
+
+def _check_tokenizer_fits(prompt: Prompt, fam: str, forced: str | None, loader: Loader) -> None:
+    """IDs inside the vocabulary can still belong to another model, and then the text is garbage:
+    refuse (exit 2) when the text shows it, unless the user forced a template family."""
     if len(prompt) < 16:
         return
+    vocab = loader.vocab.name
     bad = prompt.data.decode("utf-8", errors="replace").count("\ufffd")
     if bad > max(8, len(prompt) // 50):
-        warn(
-            f"{prompt.origin}: {bad} invalid UTF-8 sequences after decoding with "
-            f"{vocab.name}; the tokenizer is probably not the model's (pass --tokenizer)"
+        why = f"{bad} invalid UTF-8 sequences after decoding with {vocab}"
+    elif fam == "none" and _stray_specials(prompt):
+        why = f"no chat-template markers, but {_stray_specials(prompt)} control tokens of {vocab} inside the text"
+    elif fam == "none":
+        ratio = _round_trip(prompt, loader)
+        if forced is not None and (ratio is None or ratio >= MIN_ROUND_TRIP):
+            return
+        if ratio is None or ratio >= MIN_ROUND_TRIP:
+            warn(
+                f"{prompt.origin}: no chat-template markers found with {vocab}; sections are unavailable "
+                "(a raw completion prompt, or not the model's tokenizer: pass --tokenizer)"
+            )
+            return
+        why = (
+            f"no chat-template markers, and only {ratio:.0%} of the {len(prompt)} tokens come back when the "
+            f"decoded text is tokenised again with {vocab}"
         )
-    elif fam == "none" and forced is None:
-        warn(
-            f"{prompt.origin}: no chat-template markers found with {vocab.name}; "
-            "sections are unavailable (a raw completion prompt, or not the model's tokenizer: pass --tokenizer)"
-        )
+    else:
+        return
+    if forced is not None:
+        warn(f"{prompt.origin}: {why}; the tokenizer is probably not the model's")
+        return
+    raise InputError(f"{why}: the tokenizer is not the model's; {MISMATCH_HINT}", source=prompt.origin)
+
+
+def _stray_specials(prompt: Prompt) -> int:
+    """Control tokens after the first: a prompt without template markers holds at most a BOS, so
+    control tokens inside its text are another vocabulary's IDs."""
+    ids = np.asarray(prompt.ids)
+    return int(np.count_nonzero(np.asarray(prompt.special)[1:] & (ids[1:] >= 0)))
+
+
+def _round_trip(prompt: Prompt, loader: Loader) -> float | None:
+    """The share of the prompt's tokens found again when its decoded text is tokenised (as a multiset);
+    None when this tokenizer cannot tokenise text. The model's own tokenizer gives ~100%; another
+    vocabulary decodes to pieces that merge differently."""
+    from collections import Counter
+
+    try:
+        again = loader.tokenizer.encode(prompt.data.decode("utf-8", errors="replace"))
+    except InputError:
+        return None
+    common = Counter(np.asarray(prompt.ids).tolist()) & Counter(again)
+    return sum(common.values()) / len(prompt)
