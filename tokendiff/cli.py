@@ -26,8 +26,7 @@ CAUSES_EPILOG = "Each finding kind (date, nonce, tool_order ...), its cause and 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep it to one line
-        self.print_usage(sys.stderr)
-        print(f"tokendiff: {message}", file=sys.stderr)
+        print(f"tokendiff: {message} (see `{self.prog} --help`)", file=sys.stderr)
         raise SystemExit(EXIT_TROUBLE)
 
 

@@ -221,8 +221,11 @@ def _read_tokenizer_bytes(path: Path) -> bytes:
     """A tokenizer file's JSON bytes, inflated when gzip, within MAX_JSON_BYTES either way."""
     from tokendiff.safeio import gunzip_limited, read_limited
 
-    raw = read_limited(path, MAX_JSON_BYTES, "tokenizer file")
-    return gunzip_limited(raw, MAX_JSON_BYTES, str(path), "tokenizer file")
+    try:
+        raw = read_limited(path, MAX_JSON_BYTES, "tokenizer file")
+        return gunzip_limited(raw, MAX_JSON_BYTES, str(path), "tokenizer file")
+    except InputError as e:
+        raise InputError(f"cannot read: {e.reason}", source=str(path)) from None
 
 
 def _read_json_file(path: Path) -> tuple[Any, bytes]:
