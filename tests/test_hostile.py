@@ -189,3 +189,251 @@ def test_byte_offsets_consistent_with_token_bytes(vocab, a_ids, b_ids):
     for p in (a, b):  # every token has an owner in range, and sections nest in the prompt
         for s in p.sections:
             assert 0 <= s.start <= s.end <= len(p) and 0 <= s.byte_start <= s.byte_end <= len(p.data)
+
+
+# ---------------------------------------------------------------- never block, bounded, one line
+
+
+def _one_line_error(r: subprocess.CompletedProcess, name: str, words: str) -> str:
+    """The run exited 2 with one error line naming `name` and saying `words` (a crash cannot pass)."""
+    assert r.returncode == 2, (r.returncode, r.stdout[:300], r.stderr)
+    lines = [ln for ln in r.stderr.strip().splitlines() if not ln.startswith("tokendiff: warning:")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert lines[0].startswith("tokendiff: ") and name in lines[0] and words in lines[0], r.stderr
+    return lines[0]
+
+
+def _good(tmp_path):
+    return write_slot(tmp_path / "good.bin", [151644, 872, 198])
+
+
+@pytest.mark.parametrize(
+    "role",
+    ["slot", "body", "promptlog", "har", "capture", "template", "tokenizer", "gguf", "replay"],
+)
+def test_fifo_and_dev_zero_refused_without_blocking(tmp_path, role):
+    import os
+
+    fifo = tmp_path / {"slot": "s.bin", "body": "b.json", "promptlog": "1.txt", "har": "x.har"}.get(role, "f")
+    os.mkfifo(fifo)
+    zero = tmp_path / (fifo.name + ".zero")
+    zero.symlink_to("/dev/zero")
+    good = str(_good(tmp_path))
+    for target in (fifo, zero):
+        args = {
+            "har": ["diff", good, f"{target}@1"],
+            "capture": ["report", str(target)],
+            "template": ["diff", good, good, "--chat-template", str(target)],
+            "tokenizer": ["diff", good, good, "--tokenizer", str(target)],
+            "gguf": ["diff", good, good, "--tokenizer", str(target)],
+            "replay": ["report", str(tmp_path), "--replay", str(target)],
+        }.get(role, ["diff", good, str(target)])
+        r = run(*args)  # run() has a timeout: a hang fails the test
+        _one_line_error(r, str(target), "only regular files are read")
+
+
+def test_bad_file_name_with_newline_stays_one_line(tmp_path):
+    bad = tmp_path / "evil\nname.bin"
+    bad.write_bytes(b"\x7fELF" + b"\0" * 60)
+    r = run("diff", str(_good(tmp_path)), str(bad))
+    _one_line_error(r, "evil\\nname.bin", "not a llama.cpp slot")
+
+
+def test_slot_names_not_utf8_under_json(tmp_path):
+    import os
+
+    d = os.fsencode(tmp_path)
+    a = os.fsdecode(d + b"/a\xff.bin")
+    write_slot(tmp_path / a, [151644, 872, 198])
+    write_slot(tmp_path / "b.bin", [151644, 872, 198, 9707])
+    r = run("diff", a, str(tmp_path / "b.bin"), "--json")
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["a"]["path"].endswith("a\\xff.bin")
+
+
+def test_gzip_bomb_tokenizer_refused_in_bounded_memory(tmp_path):
+    import gzip
+
+    bomb = tmp_path / "tokenizer.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        f.write(b'{"model": {"vocab": {"' + b"a" * (200 << 20))
+    code = (
+        "import sys\nfrom tokendiff.cli import main\nrc = main(sys.argv[1:])\n"
+        "print(rc, next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))"
+    )
+    good = str(_good(tmp_path))
+    r = subprocess.run(
+        [sys.executable, "-c", code, "diff", good, good, "--tokenizer", str(bomb)], capture_output=True, text=True
+    )
+    rc, rss_kb = r.stdout.split()
+    assert rc == "2" and "inflates to over the 128 MB limit" in r.stderr and str(bomb) in r.stderr, r.stderr
+    assert int(rss_kb) < 600_000
+
+
+@pytest.mark.parametrize(
+    "added, words",
+    [
+        ([{"id": 400_000_000, "content": "<x>", "special": True}], "has id 400000000"),
+        ([{"content": "<x>", "special": True}], "has no integer id"),
+        ([{"id": -3, "content": "<x>"}], "has id -3"),
+        ([{"id": "7", "content": "<x>"}], "has no integer id"),
+        ([{"id": 7}], "has no content string"),
+        ({"id": 7}, "added_tokens is not a list"),
+    ],
+)
+def test_tokenizer_entries_with_bad_ids(tmp_path, added, words):
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}}, "added_tokens": added}))
+    good = str(_good(tmp_path))
+    _one_line_error(run("diff", good, good, "--tokenizer", str(tok)), str(tok), words)
+
+
+def test_sparse_gguf_claiming_huge_vocabulary(tmp_path):
+    """A GGUF header claiming 2^26 tokens over a sparse file: refused before anything is allocated."""
+    f = tmp_path / "big.gguf"
+    key = b"tokenizer.ggml.tokens"
+    head = (
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 1 << 26)
+    )
+    with open(f, "wb") as fh:
+        fh.write(head)
+        fh.truncate(1 << 30)
+    good = str(_good(tmp_path))
+    _one_line_error(run("diff", good, good, "--tokenizer", str(f)), str(f), "implausible GGUF array length")
+
+
+def test_request_nested_past_the_recursion_limit(tmp_path):
+    deep = {"type": "object"}
+    for _ in range(300):  # 600 levels: orjson reads it (under 1024); copying and templating it would not
+        deep = {"type": "object", "properties": {"x": deep}}
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": deep}]}
+    f = tmp_path / "deep.json"
+    f.write_text(json.dumps(body))
+    _one_line_error(run("diff", str(f), str(f)), str(f), "nested more than 128 levels")
+
+
+# ---------------------------------------------------------------- a tokenizer for another model
+
+
+def _reversed_tokenizer(tmp_path):
+    """The bundled Qwen3 tokenizer with every ID reversed: a real tokenizer whose vocabulary covers
+    Qwen's IDs but means other tokens by them, as another model's would."""
+    import gzip
+
+    from tokendiff.vocab import BUNDLED_DIR
+
+    tok = json.loads(gzip.decompress((BUNDLED_DIR / "tokenizer.json.gz").read_bytes()))
+    n = 1 + max([*tok["model"]["vocab"].values(), *(a["id"] for a in tok["added_tokens"])])
+    tok["model"]["vocab"] = {t: n - 1 - i for t, i in tok["model"]["vocab"].items()}
+    for a in tok["added_tokens"]:
+        a["id"] = n - 1 - a["id"]
+    tok["post_processor"] = None
+    d = tmp_path / "other"
+    d.mkdir()
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    return d
+
+
+def test_tokenizer_of_another_model_is_refused(tmp_path):
+    from conftest import qwen_encode
+
+    text = (
+        "<|im_start|>system\nYou are a helpful assistant that answers questions about the weather.<|im_end|>\n"
+        "<|im_start|>user\nWhat is the weather like in Paris today, and should I take an umbrella?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    a = write_slot(tmp_path / "a.bin", qwen_encode(text))
+    b = write_slot(tmp_path / "b.bin", qwen_encode(text + "It is sunny."))
+    assert run("diff", str(a), str(b)).returncode == 1  # the model's own tokenizer: a correct answer
+    other = _reversed_tokenizer(tmp_path)
+    r = run("diff", str(a), str(b), "--tokenizer", str(other))
+    line = _one_line_error(r, str(a), "the tokenizer is not the model's")
+    assert "--tokenizer" in line and "--template-family" in line
+    r = run("diff", str(a), str(b), "--tokenizer", str(other), "--template-family", "none")
+    assert r.returncode == 1 and "probably not the model's" in r.stderr  # the user insists: a warning
+
+
+# ---------------------------------------------------------------- standard shapes
+
+
+def _qwen_body(**kw) -> dict:
+    return {"messages": [{"role": "user", "content": "hello\nworld"}], **kw}
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]}
+            ]
+        },
+        {"messages": [{"role": "user", "content": [{"text": "hello"}, {"type": "text", "text": "world"}]}]},
+    ],
+)
+def test_content_parts_render_like_a_string(tmp_path, variant):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_qwen_body()))
+    b.write_text(json.dumps(variant))
+    r = run("diff", str(a), str(b))
+    assert r.returncode == 0 and "identical" in r.stdout, r.stderr
+
+
+def test_image_parts_render_as_the_media_marker(tmp_path):
+    a = tmp_path / "a.json"
+    parts = [{"type": "text", "text": "hello"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]
+    a.write_text(json.dumps({"messages": [{"role": "user", "content": parts}]}))
+    r = run("diff", str(a), str(a), "--json")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(
+    "tools",
+    [
+        {"tools": [{"name": "get", "description": "d", "parameters": {"type": "object"}}]},
+        {"functions": [{"name": "get", "description": "d", "parameters": {"type": "object"}}]},
+    ],
+)
+def test_other_tool_shapes_render_like_the_standard_one(tmp_path, tools):
+    std = {
+        "tools": [
+            {"type": "function", "function": {"name": "get", "description": "d", "parameters": {"type": "object"}}}
+        ]
+    }
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_qwen_body(**std)))
+    b.write_text(json.dumps(_qwen_body(**tools)))
+    r = run("diff", str(a), str(b))
+    assert r.returncode == 0 and "identical" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize(
+    "messages, words",
+    [
+        ([], "empty messages list"),
+        (["hi"], "messages[0] is a str"),
+        ([{"role": "user", "content": [{"type": "video", "video": "x"}]}], "messages[0].content[0] is not a text"),
+        ([{"role": "user", "content": [3]}], "messages[0].content[0] is not a text"),
+    ],
+)
+def test_unusable_messages_name_the_file(tmp_path, messages, words):
+    f = tmp_path / "x.json"
+    f.write_text(json.dumps({"messages": messages}))
+    _one_line_error(run("diff", str(f), str(f)), str(f), words)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["diff", "a", "b", "--max-hunks", "-1"], "argument --max-hunks: -1 is negative"),
+        (["diff", "a", "b", "--context", "-1"], "argument --context: -1 is negative"),
+        (["replay", "a", "b", "--backend", "http://127.0.0.1:1", "--repeat", "0"], "argument --repeat: must be 1"),
+        (["pull", "--server", "s", "--out", "o", "--slot-dir", "d", "--every", "0s"], "argument --every: '0s'"),
+        (["report", "x", "--fail-under", "120"], "argument --fail-under: 120 is not a percentage"),
+    ],
+)
+def test_option_values_out_of_range(args, words):
+    r = run(*args)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"tokendiff: {words}"), r.stderr

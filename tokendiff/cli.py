@@ -26,9 +26,49 @@ CAUSES_EPILOG = "Each finding kind (date, nonce, tool_order ...), its cause and 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep it to one line
-        self.print_usage(sys.stderr)
-        print(f"tokendiff: {message}", file=sys.stderr)
+        print(f"tokendiff: {message} (see `{self.prog} --help`)", file=sys.stderr)
         raise SystemExit(EXIT_TROUBLE)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer 0 or more (argparse then names the option in its one-line error)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} is negative (0 or more)")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer 1 or more."""
+    v = non_negative_int(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return v
+
+
+def percentage(text: str) -> float:
+    """An argparse type: a number from 0 to 100."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= v <= 100:
+        raise argparse.ArgumentTypeError(f"{text} is not a percentage from 0 to 100")
+    return v
+
+
+def duration(text: str) -> str:
+    """An argparse type: a positive duration such as 5s, 500ms or 1m (kept as text; pull parses it)."""
+    from tokendiff.pull import parse_interval
+
+    try:
+        parse_interval(text)
+    except InputError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration such as 5s, 500ms or 1m") from None
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,8 +103,12 @@ def _diff_parser(sub: Any) -> None:  # argparse subparsers
     d.add_argument("b", help="newer prompt")
     _tokenizer_args(d)
     d.add_argument("--json", action="store_true", help="print the tokendiff.diff/2 JSON document")
-    d.add_argument("--context", type=int, default=8, metavar="N", help="tokens of context around spans (default 8)")
-    d.add_argument("--max-hunks", type=int, default=20, metavar="N", help="spans listed in text output (default 20)")
+    d.add_argument(
+        "--context", type=non_negative_int, default=8, metavar="N", help="tokens of context around spans (default 8)"
+    )
+    d.add_argument(
+        "--max-hunks", type=non_negative_int, default=20, metavar="N", help="spans listed in text output (default 20)"
+    )
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     d.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
 
@@ -96,7 +140,10 @@ def _pull_parser(sub: Any) -> None:  # argparse subparsers
     pl.add_argument("--out", required=True, metavar="DIR", help="session directory")
     pl.add_argument("--slot-dir", required=True, metavar="DIR", help="the server's --slot-save-path")
     pl.add_argument(
-        "--every", metavar="DURATION", help="keep polling (e.g. 5s) and save each changed slot; Ctrl-C stops"
+        "--every",
+        type=duration,
+        metavar="DURATION",
+        help="keep polling (e.g. 5s) and save each changed slot; Ctrl-C stops",
     )
 
 
@@ -114,7 +161,10 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
     r.add_argument("--format", choices=("md", "html", "json"), default="md")
     r.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
     r.add_argument(
-        "--fail-under", type=float, metavar="PCT", help="exit 1 when the session reuses less than PCT %% of its tokens"
+        "--fail-under",
+        type=percentage,
+        metavar="PCT",
+        help="exit 1 when the session reuses less than PCT %% of its tokens",
     )
     r.add_argument(
         "--redact", action="store_true", help="replace words with hashes (structure, offsets and findings kept)"
@@ -142,8 +192,10 @@ def _replay_parser(sub: Any) -> None:  # argparse subparsers
     rp.add_argument("b")
     rp.add_argument("--backend", required=True, metavar="URL", help="llama-server, vLLM, SGLang or Ollama base URL")
     rp.add_argument("--backend-kind", choices=("llama-server", "vllm", "sglang", "ollama"), help="skip detection")
-    rp.add_argument("--repeat", type=int, default=3, metavar="N", help="runs per scenario (default 3)")
-    rp.add_argument("--slot", type=int, default=0, metavar="N", help="llama-server slot to pin (default 0)")
+    rp.add_argument("--repeat", type=positive_int, default=3, metavar="N", help="runs per scenario (default 3)")
+    rp.add_argument(
+        "--slot", type=non_negative_int, default=0, metavar="N", help="llama-server slot to pin (default 0)"
+    )
     rp.add_argument("--json", action="store_true", help="print the tokendiff.replay/1 document")
     rp.add_argument("--no-fix", action="store_true", help="skip the what-if fix scenario")
     rp.add_argument("--allow-remote", action="store_true", help="allow a backend that is not on this machine")
@@ -167,7 +219,9 @@ def _tui_parser(sub: Any) -> None:  # argparse subparsers
         "--live", metavar="URL", help="a llama-server to pull slots from as the agent runs (needs --slot-dir)"
     )
     t.add_argument("--slot-dir", metavar="DIR", help="the live server's --slot-save-path")
-    t.add_argument("--every", default="2s", metavar="DURATION", help="live polling interval (default 2s)")
+    t.add_argument(
+        "--every", type=duration, default="2s", metavar="DURATION", help="live polling interval (default 2s)"
+    )
     t.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
     t.add_argument(
         "--backend", metavar="URL", help="a local backend to replay pairs against (key r on the pair screen)"

@@ -21,6 +21,7 @@ from typing import Any
 from tokendiff.paths import config_file
 
 KNOWN_KEYS = ("theme", "keymap")
+MAX_CONFIG_BYTES = 1 << 20  # a configuration file is a few lines
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,15 @@ class Config:
 def load_config(path: Path | None = None) -> Config:
     """The configuration at `path` (default: paths.config_file()); a missing file is an empty one."""
     path = config_file() if path is None else path
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    from tokendiff.errors import InputError
+    from tokendiff.safeio import read_text_limited
+
+    if not path.exists():
         return Config()
-    except (OSError, UnicodeDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        return Config(source=path, warnings=(f"{path}: not read: {why}",))
+    try:
+        text = read_text_limited(path, MAX_CONFIG_BYTES, "the file")
+    except InputError as e:
+        return Config(source=path, warnings=(f"{path}: not read: {e.reason}",))
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -13,6 +13,7 @@ import struct
 from typing import Any
 
 from tokendiff.errors import InputError
+from tokendiff.safeio import open_regular
 
 GGUF_MAGIC = b"GGUF"
 _SCALARS = {
@@ -31,7 +32,11 @@ _SCALARS = {
 _NP = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
 STRING, ARRAY = 8, 9
 MAX_KV = 1 << 20
-MAX_ARRAY = 1 << 26
+# Bounds on what is copied out of the (possibly sparse, possibly huge) file: the largest
+# vocabularies hold ~260k tokens, and a chat template is a few tens of KB.
+MAX_ARRAY = 1 << 22  # entries of one array (tokens, merges, token types)
+MAX_STRING = 16 << 20  # bytes of one string value
+MAX_STRING_ARRAY_BYTES = 256 << 20  # bytes of all the strings of one array
 
 
 class _Buf:
@@ -59,6 +64,8 @@ class _Buf:
 
     def string(self) -> str:
         n = self.unpack("<Q")
+        if n > MAX_STRING:
+            raise InputError(f"implausible GGUF string length {n}", source=self.source, offset=self.pos - 8)
         self.need(n)
         raw = self.data[self.pos : self.pos + n]
         self.pos += n
@@ -73,7 +80,7 @@ def read_gguf_metadata(path: str, keys_prefix: tuple[str, ...] = ()) -> dict[str
     import numpy as np
 
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "GGUF file") as f:
             if os.fstat(f.fileno()).st_size == 0:
                 raise InputError("empty file, not a GGUF file", source=path, offset=0)
             # mmap: only the pages of the metadata are ever read, however
@@ -137,6 +144,7 @@ def _string_array(b: _Buf, n: int, want: bool) -> list[bytes] | None:
     data, pos, end = b.data, b.pos, len(b.data)
     unpack = struct.unpack_from
     out: list[bytes] | None = [] if want else None
+    start = pos
     for _ in range(n):
         if pos + 8 > end:
             b.pos = pos
@@ -147,6 +155,10 @@ def _string_array(b: _Buf, n: int, want: bool) -> list[bytes] | None:
             b.pos = pos
             b.need(ln)
         if out is not None:
+            if pos + ln - start > MAX_STRING_ARRAY_BYTES:
+                raise InputError(
+                    f"GGUF string array over {MAX_STRING_ARRAY_BYTES >> 20} MB", source=b.source, offset=pos - 8
+                )
             out.append(data[pos : pos + ln])
         pos += ln
     b.pos = pos

@@ -73,32 +73,61 @@ class Renderer:
             raise InputError("empty chat template")
         self.template = template
         self.defaults = {"bos_token": bos_token, "eos_token": eos_token, **kwargs}
+        self._typed: bool | None = None
 
     def render(self, body: dict[str, Any], add_generation_prompt: bool | None = None) -> str:
-        from jinja2 import TemplateError
-
-        render_jinja_template = _jinja_renderer()
-
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise InputError("request has no messages list")
+        body = normalize_tools(body)
+        messages = [self._for_template(i, m) for i, m in enumerate(checked_messages(body))]
         kwargs = dict(self.defaults)
         ctk = body.get("chat_template_kwargs")
         if isinstance(ctk, dict):
             kwargs.update(ctk)
         agp = body.get("add_generation_prompt", True) if add_generation_prompt is None else add_generation_prompt
-        tools = body.get("tools") or None
+        return self._render(messages, body.get("tools") or None, agp, kwargs)
+
+    def _render(self, messages: list, tools: Any, agp: Any, kwargs: dict[str, Any]) -> str:
+        from jinja2 import TemplateError
+
+        render_jinja_template = _jinja_renderer()
         try:
             out, _ = render_jinja_template(
                 conversations=[messages], tools=tools, chat_template=self.template, add_generation_prompt=agp, **kwargs
             )
-        except (TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        except (TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:
             raise InputError(f"the chat template failed on this request: {type(e).__name__}: {e}") from None
         return out[0]
+
+    def _for_template(self, i: int, m: dict[str, Any]) -> dict[str, Any]:
+        """The message with list content as llama-server hands it to the template: the parts joined
+        with newlines, or kept as text parts for a template that iterates them."""
+        content = m.get("content")
+        if not isinstance(content, list):
+            return m
+        texts = part_texts(content, f"messages[{i}].content")
+        if self.typed_content:
+            return dict(m, content=[{"type": "text", "text": t} for t in texts])
+        return dict(m, content="\n".join(texts))
+
+    @property
+    def typed_content(self) -> bool:
+        """Whether the template shows content only when given as a list of parts (minja's
+        requires_typed_content, which llama-server uses to decide): probed once."""
+        if self._typed is None:
+            needle = "\ue000tokendiff-probe\ue001"
+
+            def shows(content: Any) -> bool:
+                try:
+                    return needle in self._render([{"role": "user", "content": content}], None, False, self.defaults)
+                except InputError:
+                    return False
+
+            self._typed = not shows(needle) and shows([{"type": "text", "text": needle}])
+        return self._typed
 
     # ------------------------------------------------------------ attribution
 
     def attribute(self, body: dict[str, Any]) -> Rendered:
+        body = normalize_tools(body)
         text = self.render(body)
         r = Rendered(text, template_sha256=template_sha256(self.template))
         leaves = _leaves(body)
@@ -227,6 +256,65 @@ class Renderer:
         for path, members in groups.items():
             out.append(Span(path, min(m.start for m in members), max(m.end for m in members)))
         return out
+
+
+MEDIA_MARKER = "<__media__>"  # llama-server's text for an image or audio part (mtmd_default_marker)
+_TEXT_PARTS = ("text", "input_text")
+_MEDIA_PARTS = ("image_url", "input_audio", "image", "input_image")
+
+
+def checked_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's messages, refused unless a non-empty list of objects."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise InputError("request has no messages list")
+    if not messages:
+        raise InputError("request has an empty messages list: nothing to render")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise InputError(f"messages[{i}] is a {type(m).__name__}, not a message object")
+    return messages
+
+
+def part_texts(parts: list, where: str) -> list[str]:
+    """The text of each content part, as llama-server reads them: text parts as they are, image and
+    audio parts as the media marker; any other part is an error naming it."""
+    out = []
+    for j, part in enumerate(parts):
+        kind = part.get("type", "text") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            out.append(part["text"])
+        elif kind in _MEDIA_PARTS:
+            out.append(MEDIA_MARKER)
+        else:
+            raise InputError(f"{where}[{j}] is not a text, image or audio part ({_describe(part)})")
+    return out
+
+
+def _describe(part: Any) -> str:
+    if not isinstance(part, dict):
+        return f"a {type(part).__name__}"
+    kind = part.get("type")
+    return f"type {kind!r}" if isinstance(kind, str) else "no type and no text string"
+
+
+def normalize_tools(body: dict[str, Any]) -> dict[str, Any]:
+    """Tools in the standard shape (`{"type": "function", "function": {...}}`): bare function objects
+    and the legacy `functions` field wrapped. The same object when nothing needs changing."""
+    tools = body.get("tools")
+    legacy = not tools and isinstance(body.get("functions"), list) and bool(body["functions"])
+    if legacy:
+        tools = body["functions"]
+    if not isinstance(tools, list) or not tools:
+        return body
+    if not legacy and all(not _bare_function(t) for t in tools):
+        return body
+    wrapped = [{"type": "function", "function": t} if _bare_function(t) else t for t in tools]
+    return {**{k: v for k, v in body.items() if k != "functions"}, "tools": wrapped}
+
+
+def _bare_function(tool: Any) -> bool:
+    return isinstance(tool, dict) and "function" not in tool and isinstance(tool.get("name"), str)
 
 
 def _jinja_renderer():

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tokendiff import safeio
 from tokendiff.errors import InputError
+from tokendiff.safeio import open_regular
 
 MAGIC_GGSQ = 0x67677371  # on disk b"qsgg"
 MAGIC_GGSN = 0x6767736E  # on disk b"nsgg"
@@ -68,14 +70,10 @@ def _magic_error(path: str, magic: int, head: bytes) -> InputError:
 def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
     """Read the header and token payload of a `ggsq` or `ggsn` file."""
     p = str(path)
-    try:
-        st = os.stat(p)
-        f = open(p, "rb")
-    except IsADirectoryError:
-        raise InputError("is a directory; use DIR@N to pick a turn", source=p) from None
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=p) from None
-    with f:
+    if os.path.isdir(p):
+        raise InputError("is a directory; use DIR@N to pick a turn", source=p)
+    with open_regular(p, "slot file") as f:
+        st = os.fstat(f.fileno())
         kind, version, n = _read_header(f, p)
         warnings = _check_version(p, kind, version)
         words = _read_payload(f, p, n, st.st_size)
@@ -259,11 +257,7 @@ def check_vocab(slot_tokens: np.ndarray, n_vocab: int, source: str, vocab_name: 
 
 def is_slot_file(path: Path) -> bool:
     """Cheap probe: does the file start with a ggsq/ggsn magic?"""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError:
-        return False
+    head = safeio.head(path, 4)
     return len(head) == 4 and struct.unpack("<I", head)[0] in (MAGIC_GGSQ, MAGIC_GGSN)
 
 

@@ -20,12 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from tokendiff import grammar
-from tokendiff.errors import InputError
+from tokendiff import grammar, safeio
+from tokendiff.errors import InputError, one_line
+from tokendiff.importers import check_depth
 from tokendiff.model import Prompt, PromptMeta, RenderMismatch
 from tokendiff.slotfile import check_vocab, is_slot_file, list_session_dir, natural_key, read_slot_file
 from tokendiff.vocab import Vocab
 
+MAX_PROPS_BYTES = 64 << 20  # the server's /props beside a capture: its chat template and settings
 _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
 
 
@@ -33,7 +35,7 @@ _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
 class Selected:
     kind: str  # slot | capture | har | body | promptlog
     path: Path
-    label: str  # how reports name it, e.g. "captures/demo@3 (turn-03.bin)"
+    label: str  # how reports name it (one line of valid text), e.g. "captures/demo@3 (turn-03.bin)"
     turn: int | None  # 1-based position within a session, when chosen from one
 
 
@@ -76,11 +78,7 @@ def file_kind(p: Path) -> str:
     if p.suffix.lower() == ".txt":
         return "promptlog"
     if p.suffix.lower() in (".json", ".gz") or p.suffix == "":
-        try:
-            with open(p, "rb") as f:
-                head = f.read(4096).lstrip()
-        except OSError as e:
-            raise InputError(e.strerror or str(e), source=str(p)) from None
+        head = safeio.head(p, 4096).lstrip()
         if head.startswith(b"{") and b'"log"' in head[:200] and b'"entries"' in head:
             return "har"
         if head.startswith(b"{"):
@@ -97,10 +95,11 @@ def select(spec: str, order: str = "mtime") -> Selected:
         if base.is_dir():
             kind, files = _dir_entries(base, order)
             idx, f = _pick(files, n, "turn", str(base))
-            return Selected(kind, f, f"{base}@{idx + 1} ({f.name})", idx + 1)
+            return Selected(kind, f, one_line(f"{base}@{idx + 1} ({f.name})"), idx + 1)
+        safeio.require_regular(base)
         kind = file_kind(base)
         if kind in ("capture", "har"):
-            return Selected(kind, base, f"{base}@{n}", n)
+            return Selected(kind, base, one_line(f"{base}@{n}"), n)
         raise InputError(
             f"'@{n}' selects a turn of a session (directory, capture or HAR), and this is a {kind} file",
             source=str(base),
@@ -110,10 +109,11 @@ def select(spec: str, order: str = "mtime") -> Selected:
         raise InputError("is a directory: pick a turn with DIR@N (counting from 1)", source=spec)
     if not p.exists():
         raise InputError("no such file", source=spec)
+    safeio.require_regular(p)
     kind = file_kind(p)
     if kind in ("capture", "har"):
         raise InputError(f"a {kind} file holds many requests: pick one with {spec}@N (counting from 1)", source=spec)
-    return Selected(kind, p, spec, None)
+    return Selected(kind, p, one_line(spec), None)
 
 
 def session_selectors(path: str, order: str = "mtime") -> list[str]:
@@ -124,6 +124,7 @@ def session_selectors(path: str, order: str = "mtime") -> list[str]:
     if p.is_dir():
         _, files = _dir_entries(p, order)
         return [str(f) for f in files]
+    safeio.require_regular(p)
     kind = file_kind(p)
     if kind == "capture":
         from tokendiff.capture import read_capture
@@ -171,7 +172,7 @@ class Loader:
         for w in slot.warnings:
             warn(w)
         meta = PromptMeta(
-            path=str(sel.path),
+            path=one_line(str(sel.path)),
             format=f"{slot.kind} v{slot.version}" + (" packed" if slot.packed else ""),
             state_bytes=slot.state_bytes,
             media_chunks=slot.media_chunks,
@@ -180,7 +181,7 @@ class Loader:
         )
         p = self._decode(slot.tokens, str(sel.path), sel.label, meta)
         fam = grammar.annotate(p, self.family)
-        _warn_if_mismatched(p, fam, self.family, self.vocab)
+        _check_tokenizer_fits(p, fam, self.family, self)
         return p
 
     def _decode(self, ids: np.ndarray, source: str, label: str, meta: PromptMeta) -> Prompt:
@@ -232,8 +233,8 @@ class Loader:
         import orjson
 
         try:
-            props = orjson.loads(props_path.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
+            props = orjson.loads(safeio.read_limited(props_path, MAX_PROPS_BYTES, "props.json"))
+        except (InputError, orjson.JSONDecodeError):
             return
         tmpl = props.get("chat_template") if isinstance(props, dict) else None
         if isinstance(tmpl, str) and tmpl.strip():
@@ -273,17 +274,30 @@ class Loader:
     def from_record(self, rec: dict[str, Any], label: str, turn: int | None = None) -> Prompt:
         """A prompt from a capture record: the server's IDs when recorded, else
         the local render (or the logged text) tokenised."""
+        try:
+            return self._from_record(rec, label, turn)
+        except InputError as e:
+            if e.source:
+                raise
+            raise InputError(e.reason, source=label) from None
+
+    def _from_record(self, rec: dict[str, Any], label: str, turn: int | None) -> Prompt:
+        if not isinstance(rec, dict):
+            raise InputError("the record is not a JSON object")
+        check_depth(rec.get("request"), label)
         request = _request_of(rec)
         meta = _record_meta(rec, request, label, turn)
         rendered = None
-        if isinstance(request.get("messages"), list) and (rec.get("prompt_ids") is None or self._can_render()):
-            rendered = self.renderer.attribute(request)
+        if rec.get("prompt_ids") is None:  # the render is the prompt: a bad messages field is an error
+            rendered = self.renderer.attribute(request) if "messages" in request else None
+        elif isinstance(request.get("messages"), list) and request["messages"] and self._can_render():
+            rendered = self.renderer.attribute(request)  # for sections only
         ids = self._record_ids(rec, request, rendered, label, meta)
         p = self._decode(ids, label, label, meta)
         fam = grammar.annotate(p, self.family)
         if rendered is not None:
             _attach_render(p, rendered, label)
-        _warn_if_mismatched(p, fam, self.family, self.vocab)
+        _check_tokenizer_fits(p, fam, self.family, self)
         return p
 
     def _record_ids(
@@ -330,6 +344,8 @@ def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
     from tokendiff.importers.anthropic import is_anthropic, to_openai
 
     request = rec.get("request") or {}
+    if not isinstance(request, dict):
+        raise InputError(f"the record's request is a {type(request).__name__}, not a JSON object")
     server = rec.get("server")
     server = server if isinstance(server, dict) else {}
     llama = server.get("kind", "llama-server") == "llama-server"
@@ -345,7 +361,7 @@ def _record_meta(rec: dict[str, Any], request: dict[str, Any], label: str, turn:
     model = server.get("model") if isinstance(server, dict) else None
     response = rec.get("response")
     return PromptMeta(
-        path=rec.get("origin") or label,
+        path=one_line(str(rec.get("origin") or label)),
         format=rec.get("source", "capture"),
         turn=turn,
         request=request,
@@ -426,18 +442,62 @@ def load_prompt(spec: str, vocab: Vocab, family: str | None = None, order: str =
     return Loader(vocab, family, order).load(spec)
 
 
-def _warn_if_mismatched(prompt: Prompt, fam: str, forced: str | None, vocab: Vocab) -> None:
-    """IDs inside the vocabulary can still belong to another model: say when the text looks wrong."""
+MISMATCH_HINT = (
+    "pass --tokenizer with the model's tokenizer.json, HF directory or GGUF file "
+    "(or --template-family to read it with this one anyway)"
+)
+MIN_ROUND_TRIP = 0.8  # the model's own tokenizer re-encodes its decoded prompt to ~100% of the tokens
+
+
+def _check_tokenizer_fits(prompt: Prompt, fam: str, forced: str | None, loader: Loader) -> None:
+    """IDs inside the vocabulary can still belong to another model, and then the text is garbage:
+    refuse (exit 2) when the text shows it, unless the user forced a template family."""
     if len(prompt) < 16:
         return
+    vocab = loader.vocab.name
     bad = prompt.data.decode("utf-8", errors="replace").count("\ufffd")
     if bad > max(8, len(prompt) // 50):
-        warn(
-            f"{prompt.origin}: {bad} invalid UTF-8 sequences after decoding with "
-            f"{vocab.name}; the tokenizer is probably not the model's (pass --tokenizer)"
+        why = f"{bad} invalid UTF-8 sequences after decoding with {vocab}"
+    elif fam == "none" and _stray_specials(prompt):
+        why = f"no chat-template markers, but {_stray_specials(prompt)} control tokens of {vocab} inside the text"
+    elif fam == "none":
+        ratio = _round_trip(prompt, loader)
+        if forced is not None and (ratio is None or ratio >= MIN_ROUND_TRIP):
+            return
+        if ratio is None or ratio >= MIN_ROUND_TRIP:
+            warn(
+                f"{prompt.origin}: no chat-template markers found with {vocab}; sections are unavailable "
+                "(a raw completion prompt, or not the model's tokenizer: pass --tokenizer)"
+            )
+            return
+        why = (
+            f"no chat-template markers, and only {ratio:.0%} of the {len(prompt)} tokens come back when the "
+            f"decoded text is tokenised again with {vocab}"
         )
-    elif fam == "none" and forced is None:
-        warn(
-            f"{prompt.origin}: no chat-template markers found with {vocab.name}; "
-            "sections are unavailable (a raw completion prompt, or not the model's tokenizer: pass --tokenizer)"
-        )
+    else:
+        return
+    if forced is not None:
+        warn(f"{prompt.origin}: {why}; the tokenizer is probably not the model's")
+        return
+    raise InputError(f"{why}: the tokenizer is not the model's; {MISMATCH_HINT}", source=prompt.origin)
+
+
+def _stray_specials(prompt: Prompt) -> int:
+    """Control tokens after the first: a prompt without template markers holds at most a BOS, so
+    control tokens inside its text are another vocabulary's IDs."""
+    ids = np.asarray(prompt.ids)
+    return int(np.count_nonzero(np.asarray(prompt.special)[1:] & (ids[1:] >= 0)))
+
+
+def _round_trip(prompt: Prompt, loader: Loader) -> float | None:
+    """The share of the prompt's tokens found again when its decoded text is tokenised (as a multiset);
+    None when this tokenizer cannot tokenise text. The model's own tokenizer gives ~100%; another
+    vocabulary decodes to pieces that merge differently."""
+    from collections import Counter
+
+    try:
+        again = loader.tokenizer.encode(prompt.data.decode("utf-8", errors="replace"))
+    except InputError:
+        return None
+    common = Counter(np.asarray(prompt.ids).tolist()) & Counter(again)
+    return sum(common.values()) / len(prompt)

@@ -13,7 +13,6 @@ ships with tokendiff (see tokendiff/data/README.md for origin and licence).
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
 import re
@@ -32,6 +31,9 @@ DATA_DIR = Path(__file__).parent / "data"
 BUNDLED_DIR = DATA_DIR / "qwen3"
 BUNDLED_NAME = "bundled Qwen3 tokenizer"
 MEDIA_PIECE = b"<__media__>"
+# Bounds on tokenizer files: the largest real vocabularies hold ~260k tokens in ~35 MB of JSON.
+MAX_VOCAB = 1 << 22  # highest token ID + 1 a tokenizer may claim (the table costs ~40 bytes an ID)
+MAX_JSON_BYTES = 128 << 20  # a tokenizer.json or tokenizer_config.json, after gzip inflation
 CACHE_MAGIC = b"TDVOCAB5"  # 5: VocabMeta (add_bos)
 
 # Token flags
@@ -215,13 +217,19 @@ def _sha256(data: bytes) -> str:
 # ---------------------------------------------------------------- tokenizer.json
 
 
-def _read_json_file(path: Path) -> tuple[Any, bytes]:
+def _read_tokenizer_bytes(path: Path) -> bytes:
+    """A tokenizer file's JSON bytes, inflated when gzip, within MAX_JSON_BYTES either way."""
+    from tokendiff.safeio import gunzip_limited, read_limited
+
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
-        raise InputError(f"cannot read: {e}", source=str(path)) from None
+        raw = read_limited(path, MAX_JSON_BYTES, "tokenizer file")
+        return gunzip_limited(raw, MAX_JSON_BYTES, str(path), "tokenizer file")
+    except InputError as e:
+        raise InputError(f"cannot read: {e.reason}", source=str(path)) from None
+
+
+def _read_json_file(path: Path) -> tuple[Any, bytes]:
+    raw = _read_tokenizer_bytes(path)
     try:
         return orjson.loads(raw), raw
     except orjson.JSONDecodeError as e:
@@ -245,15 +253,9 @@ def vocab_from_tokenizer_json(data: dict[str, Any], name: str, identity: str, me
     model = data.get("model")
     if not isinstance(model, dict) or "vocab" not in model:
         raise InputError("not a tokenizer.json (no model.vocab)", source=name)
-    vocab = model["vocab"]
-    if isinstance(vocab, dict):  # BPE / WordPiece: token -> id
-        items = [(int(i), t) for t, i in vocab.items()]
-    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
-        items = [(i, e[0]) for i, e in enumerate(vocab)]
-    else:
-        raise InputError("unsupported tokenizer.json vocab", source=name)
-    added = data.get("added_tokens") or []
-    n = max([i for i, _ in items] + [int(a["id"]) for a in added] + [-1]) + 1
+    items = _vocab_items(model["vocab"], name)
+    added = _added_items(data.get("added_tokens"), name)
+    n = max([i for i, _ in items] + [i for i, _, _ in added] + [-1]) + 1
     if n <= 0:
         raise InputError("tokenizer.json has an empty vocabulary", source=name)
     kind = _decoder_kind(data)
@@ -262,13 +264,52 @@ def vocab_from_tokenizer_json(data: dict[str, Any], name: str, identity: str, me
     flags = [0] * n
     for i, t in items:
         pieces[i] = conv(t)
-    for a in added:
-        i = int(a["id"])
-        pieces[i] = str(a["content"]).encode("utf-8")
-        flags[i] = SPECIAL if a.get("special") else ADDED
+    for i, content, special in added:
+        pieces[i] = content.encode("utf-8", errors="surrogateescape")
+        flags[i] = SPECIAL if special else ADDED
     meta.kind = kind
     _complete_specials(meta, data, {p: i for i, p in enumerate(pieces)})
     return _pack(name, pieces, flags, identity, meta)
+
+
+def _token_id(v: Any, what: str, name: str) -> int:
+    """A token ID from the file, refused unless it is an integer in [0, MAX_VOCAB)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InputError(f"{what} has no integer id (got {type(v).__name__})", source=name)
+    if not 0 <= v < MAX_VOCAB:
+        raise InputError(f"{what} has id {v}, outside 0..{MAX_VOCAB - 1} (the most any tokenizer holds)", source=name)
+    return v
+
+
+def _vocab_items(vocab: Any, name: str) -> list[tuple[int, str]]:
+    """(id, token) pairs of model.vocab: a token -> id object (BPE, WordPiece) or [piece, score] list (Unigram)."""
+    if isinstance(vocab, dict):
+        return [(_token_id(i, f"vocab entry {t[:40]!r}", name), t) for t, i in vocab.items()]
+    if isinstance(vocab, list):
+        if len(vocab) > MAX_VOCAB:
+            raise InputError(f"vocabulary of {len(vocab)} entries (over {MAX_VOCAB})", source=name)
+        out = []
+        for i, e in enumerate(vocab):
+            piece = e[0] if isinstance(e, list) and e else None
+            if not isinstance(piece, str):
+                raise InputError(f"vocab entry {i} is not a [piece, score] pair", source=name)
+            out.append((i, piece))
+        return out
+    raise InputError("unsupported tokenizer.json vocab", source=name)
+
+
+def _added_items(added: Any, name: str) -> list[tuple[int, str, bool]]:
+    """(id, content, special) of added_tokens, each checked."""
+    if added is None:
+        return []
+    if not isinstance(added, list):
+        raise InputError("added_tokens is not a list", source=name)
+    out = []
+    for j, a in enumerate(added):
+        if not isinstance(a, dict) or not isinstance(a.get("content"), str):
+            raise InputError(f"added_tokens[{j}] has no content string", source=name)
+        out.append((_token_id(a.get("id"), f"added_tokens[{j}]", name), a["content"], bool(a.get("special"))))
+    return out
 
 
 def _complete_specials(meta: VocabMeta, data: dict[str, Any], ids: dict[bytes, int]) -> None:
@@ -328,9 +369,7 @@ def text_tokenizer(vocab: Vocab) -> TextTokenizer:
     if meta.source == "tokenizer.json" and path:
         from tokenizers import Tokenizer
 
-        raw = Path(path).read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+        raw = _read_tokenizer_bytes(Path(path))
         try:
             tk = Tokenizer.from_str(raw.decode("utf-8"))
         except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception
@@ -406,9 +445,10 @@ def server_tokenizer(url: str) -> TextTokenizer:
 
 
 def load_tokenizer_json(path: str | os.PathLike[str], name: str | None = None, config: Path | None = None) -> Vocab:
+    from tokendiff.safeio import require_regular
+
     src = Path(path)
-    if not src.is_file():
-        raise InputError("no such tokenizer file", source=str(src))
+    require_regular(src, "tokenizer file")
 
     def build() -> Vocab:
         data, raw = _read_json_file(src)
@@ -637,11 +677,9 @@ def load_vocab(spec: str | None = None, server: str | None = None) -> Vocab:
         return load_hf_dir(p)
     if not p.exists():
         raise InputError("no such tokenizer file or directory", source=spec)
-    try:
-        with open(p, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=spec) from None
-    if head == b"GGUF":
+    from tokendiff.safeio import head, require_regular
+
+    require_regular(p, "tokenizer file")
+    if head(p, 4) == b"GGUF":
         return load_gguf(p)
     return load_tokenizer_json(p, config=p.parent / "tokenizer_config.json")

@@ -62,14 +62,20 @@ class ReplayOptions:
 # ---------------------------------------------------------------- prompts
 
 
+MAX_TEMPLATE_BYTES = 64 << 20  # a .jinja is KBs; a tokenizer_config.json with 260k added tokens is tens of MB
+MAX_REPLAY_BYTES = 64 << 20  # a replay result is KBs
+
+
 def read_chat_template(path: str | None) -> str | None:
     """A chat template from a .jinja file, or the `chat_template` of a tokenizer_config.json."""
     if not path:
         return None
+    from tokendiff.safeio import read_text_limited
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read chat template: {e}", source=path) from None
+        text = read_text_limited(path, MAX_TEMPLATE_BYTES, "chat template")
+    except InputError as e:
+        raise InputError(f"cannot read chat template: {e.reason}", source=path) from None
     if not path.endswith(".json"):
         return text
     import orjson
@@ -326,10 +332,11 @@ def read_replay(path: str) -> dict[str, Any]:
     """A `tokendiff replay --json` result, checked to be one."""
     import orjson
 
+    from tokendiff.safeio import read_limited
+
+    raw = read_limited(path, MAX_REPLAY_BYTES, "replay result")
     try:
-        doc = orjson.loads(Path(path).read_bytes())
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=path) from None
+        doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise InputError(f"malformed JSON: {e}", source=path) from None
     if not isinstance(doc, dict) or doc.get("schema") != "tokendiff.replay/1":

@@ -25,13 +25,29 @@ def is_chat_body(body: object) -> bool:
     )
 
 
+MAX_DEPTH = 128  # JSON nesting a request may have: tool schemas nest ~10 deep; rendering recurses per level
+
+
 def read_bounded(path, limit: int, what: str) -> bytes:
-    """The file's bytes, refusing one over `limit` before reading it."""
+    """The file's bytes: a regular file only, refused when over `limit` (counted while reading)."""
+    from tokendiff.safeio import read_limited
+
+    return read_limited(path, limit, what)
+
+
+def check_depth(doc: object, source: str, limit: int = MAX_DEPTH) -> None:
+    """Refuse JSON nested deeper than `limit`: copying and templating it would exhaust the stack."""
     from tokendiff.errors import InputError
 
-    try:
-        if path.stat().st_size > limit:
-            raise InputError(f"{what} over {limit >> 20} MB", source=str(path))
-        return path.read_bytes()
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=str(path)) from None
+    level: list[object] = [doc]
+    for _ in range(limit + 1):
+        nxt: list[object] = []
+        for v in level:
+            if isinstance(v, dict):
+                nxt.extend(v.values())
+            elif isinstance(v, list):
+                nxt.extend(v)
+        if not nxt:
+            return
+        level = nxt
+    raise InputError(f"JSON nested more than {limit} levels deep", source=source)

@@ -12,21 +12,18 @@ from urllib.parse import urlsplit
 import orjson
 
 from tokendiff.errors import InputError
-from tokendiff.importers import CHAT_ENDPOINTS, is_chat_body
+from tokendiff.importers import CHAT_ENDPOINTS, check_depth, is_chat_body, read_bounded
 from tokendiff.server import final_fields, summarize_sse
 
-MAX_BYTES = 1 << 30
+MAX_BYTES = 256 << 20  # parsed, a HAR costs a few times its size; each request body is parsed again
 
 
 def read_har(path: Path) -> list[dict[str, Any]]:
     """Capture records for the chat requests in a HAR file, in file order."""
     src = str(path)
+    raw = read_bounded(path, MAX_BYTES, "HAR file")
     try:
-        if path.stat().st_size > MAX_BYTES:
-            raise InputError("HAR file over 1 GB", source=src)
-        doc = orjson.loads(path.read_bytes())
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=src) from None
+        doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise InputError(f"malformed JSON: {e}", source=src) from None
     entries = doc.get("log", {}).get("entries") if isinstance(doc, dict) and isinstance(doc.get("log"), dict) else None
@@ -83,6 +80,7 @@ def _entry(e: Any, where: str) -> dict[str, Any] | None:
         if chat_url:
             raise InputError(f"request body of {path} is not JSON: {ex}", source=where) from None
         return None
+    check_depth(body, where)
     if not is_chat_body(body):
         if chat_url:
             raise InputError(f"request body of {path} is not a chat request", source=where)

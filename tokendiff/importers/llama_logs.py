@@ -10,7 +10,7 @@ from typing import Any
 from tokendiff.errors import InputError
 from tokendiff.importers import read_bounded
 
-MAX_BYTES = 256 << 20
+MAX_BYTES = 16 << 20  # a rendered prompt: 1M tokens of context is ~4 MB of text
 
 
 def record_from_prompt_log(path: Path) -> dict[str, Any]:

@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 
 from tokendiff.errors import InputError
-from tokendiff.importers import is_chat_body, read_bounded
+from tokendiff.importers import check_depth, is_chat_body, read_bounded
 
-MAX_BYTES = 512 << 20
+MAX_BYTES = 64 << 20  # a request with inline images is a few MB; parsed JSON costs several times its size
 
 
 def read_body(path: Path) -> dict[str, Any]:
@@ -19,6 +19,7 @@ def read_body(path: Path) -> dict[str, Any]:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise InputError(f"malformed JSON: {e}", source=str(path)) from None
+    check_depth(body, str(path))
     if isinstance(body, dict) and isinstance(body.get("request"), dict) and is_chat_body(body["request"]):
         return body["request"]  # a request wrapped with its response, as some tools save them
     if not is_chat_body(body):

@@ -63,8 +63,18 @@ class ThemeCatalogue:
         return wanted if wanted in BUILTIN_THEMES else None
 
 
+MAX_THEME_BYTES = 1 << 20  # a theme is a few dozen lines
+
+
 def load_theme(path: Path) -> Theme:
-    doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    from tokendiff.errors import InputError
+    from tokendiff.safeio import read_text_limited
+
+    try:
+        text = read_text_limited(path, MAX_THEME_BYTES, "the file")
+    except InputError as e:
+        raise ValueError(e.reason) from None
+    doc = tomllib.loads(text)
     if not isinstance(doc.get("name"), str) or not isinstance(doc.get("primary"), str):
         raise ValueError("a theme needs `name` and `primary`")
     kw = {}

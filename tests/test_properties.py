@@ -1,0 +1,90 @@
+"""Property tests through the real CLI on structure-aware inputs (tests/strategies.py): every input
+ends with exit 0/1 and an answer, or exit 2 and one line naming the input; never a traceback or an
+"internal error". A fixed seed and bounded example counts keep CI fast and reproducible
+(HYPOTHESIS_PROFILE=deep for a longer run)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from strategies import har_documents, request_bodies, slot_files, tokenizer_documents
+
+from tokendiff.cli import main
+from tokendiff.errors import InputError
+from tokendiff.slotfile import read_slot_file
+
+settings.register_profile(
+    "ci",
+    max_examples=60,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.register_profile("deep", parent=settings.get_profile("ci"), max_examples=2000, derandomize=False)
+PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def cli(*args: str) -> tuple[int, str]:
+    """`tokendiff ARGS` in this process: (exit code, stderr)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(list(args))
+    return rc, err.getvalue()
+
+
+def assert_answer_or_one_line(rc: int, err: str, name: str) -> None:
+    assert "internal error" not in err and "Traceback" not in err, err
+    if rc in (0, 1):
+        return
+    assert rc == 2, (rc, err)
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("tokendiff: warning:")]
+    assert len(lines) == 1 and lines[0].startswith("tokendiff: ") and name in lines[0], err
+
+
+@settings(PROFILE, max_examples=PROFILE.max_examples * 3)
+@given(slot_files())
+def test_slot_files_with_valid_headers(tmp_path, raw):
+    f = tmp_path / "s.bin"
+    f.write_bytes(raw)
+    try:
+        s = read_slot_file(f)
+    except InputError as e:
+        assert str(f) in str(e) and "\n" not in str(e)
+    else:
+        assert s.tokens.dtype == np.int32 and (s.tokens >= -1).all()
+        assert (s.tokens >= 0).all() or s.packed
+    assert_answer_or_one_line(*cli("diff", str(f), str(f)), str(f))
+
+
+@settings(PROFILE)
+@given(request_bodies())
+def test_openai_bodies_of_every_shape(tmp_path, body):
+    f = tmp_path / "b.json"
+    f.write_text(json.dumps(body))
+    assert_answer_or_one_line(*cli("diff", str(f), str(f)), str(f))
+
+
+@settings(PROFILE)
+@given(har_documents())
+def test_har_files_with_wrong_details(tmp_path, doc):
+    f = tmp_path / "s.har"
+    f.write_text(json.dumps(doc))
+    assert_answer_or_one_line(*cli("report", str(f), "--format", "json"), str(f))
+
+
+@settings(PROFILE)
+@given(tokenizer_documents())
+def test_tokenizer_json_with_wrong_details(tmp_path, doc):
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text(json.dumps(doc))
+    slot = tmp_path / "s.bin"
+    import struct
+
+    slot.write_bytes(struct.pack("<IIIii", 0x67677371, 4, 2, 0, 1))
+    assert_answer_or_one_line(*cli("diff", str(slot), str(slot), "--tokenizer", str(tok)), "")

@@ -1,0 +1,131 @@
+"""Opening input files so that no file can hang or exhaust the reader.
+
+Every reader of user-named files comes here. A FIFO, a device, a socket or a
+symlink to one (`/dev/zero`, `/dev/stdin`) is refused before a byte is read:
+the open is non-blocking, so even a FIFO with no writer cannot hang it, and
+`fstat` on the opened descriptor (not the name, which can change) decides.
+Sizes are enforced while reading, never trusted from `st_size` alone, and
+gzip is inflated with the same ceiling on its output.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import zlib
+from typing import BinaryIO
+
+from tokendiff.errors import InputError, one_line
+
+CHUNK = 1 << 20
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def require_regular(path: str | os.PathLike[str], what: str = "input") -> os.stat_result:
+    """The file's stat, refusing anything but a regular file (symlinks followed) without opening it."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=os.fspath(path)) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{what} is {_kind(st.st_mode)}; only regular files are read", source=os.fspath(path))
+    return st
+
+
+def open_regular(path: str | os.PathLike[str], what: str = "input") -> BinaryIO:
+    """A binary file object for a regular file; O_NONBLOCK so that a FIFO cannot block the open."""
+    src = os.fspath(path)
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except IsADirectoryError:
+        raise InputError(f"{what} is a directory", source=src) from None
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=src) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputError(f"{what} is {_kind(mode)}; only regular files are read", source=src)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_limited(path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
+    """All bytes of a regular file, refusing one over `limit` bytes (counted as read)."""
+    src = os.fspath(path)
+    with open_regular(src, what) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise InputError(e.strerror or str(e), source=src) from None
+    if len(data) > limit:
+        raise InputError(f"{what} over the {size_text(limit)} limit", source=src)
+    return data
+
+
+def read_text_limited(path: str | os.PathLike[str], limit: int, what: str = "file") -> str:
+    """A regular file's text as UTF-8, with the same bounds as `read_limited`."""
+    raw = read_limited(path, limit, what)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} is not UTF-8 text (byte {e.start})", source=os.fspath(path)) from None
+
+
+def gunzip_limited(raw: bytes, limit: int, source: str, what: str = "file") -> bytes:
+    """`raw` inflated when it is gzip (else unchanged), refusing output over `limit` bytes:
+    a small .gz can expand a thousandfold."""
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    d = zlib.decompressobj(wbits=31)
+    out = bytearray()
+    data = raw
+    try:
+        while not d.eof:
+            chunk = d.decompress(data, CHUNK)
+            out += chunk
+            if len(out) > limit:
+                raise InputError(f"{what} inflates to over the {size_text(limit)} limit", source=source)
+            data = d.unconsumed_tail
+            if not chunk and not data:
+                break
+    except zlib.error as e:
+        raise InputError(f"corrupt gzip data: {e}", source=source) from None
+    if not d.eof:
+        raise InputError("truncated gzip data", source=source)
+    return bytes(out)
+
+
+def head(path: str | os.PathLike[str], n: int) -> bytes:
+    """The first `n` bytes of a regular file; b"" for anything else (a probe never blocks)."""
+    try:
+        with open_regular(path) as f:
+            return f.read(n)
+    except (InputError, OSError):
+        return b""
+
+
+def size_text(n: int) -> str:
+    if n >= 1 << 30 and n % (1 << 30) == 0:
+        return f"{n >> 30} GB"
+    if n >= 1 << 20:
+        return f"{n >> 20} MB"
+    return f"{n >> 10} KB"
+
+
+def display_path(path: str | os.PathLike[str] | bytes) -> str:
+    """A path as one line of valid text: control characters escaped, undecodable bytes as \\xNN."""
+    return one_line(os.fsdecode(path) if not isinstance(path, str) else path)
