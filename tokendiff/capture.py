@@ -38,6 +38,7 @@ import orjson
 
 from tokendiff import secrets
 from tokendiff.errors import InputError
+from tokendiff.safeio import open_regular
 
 SCHEMA = "tokendiff.capture/1"
 BLOB_THRESHOLD = 1 << 20  # request bodies over 1 MiB go to blobs/<sha256>, so every line stays small
@@ -344,10 +345,10 @@ def _last_seq(path: Path) -> int:
     """The highest seq in an existing file (records and patches both carry one), read line by line."""
     last = 0
     try:
-        fd = _open_regular(path)
+        f = open_regular(path)
     except InputError:
         return 0
-    with os.fdopen(fd, "rb") as f:
+    with f:
         for _, line, _ in _lines(f):
             m = _SEQ.search(line[:200]) if line else None
             if m:
@@ -359,19 +360,6 @@ _SEQ = re.compile(rb'"seq":\s*(\d+)')
 
 
 # ---------------------------------------------------------------- reading
-
-
-def _open_regular(path: str | os.PathLike[str]) -> int:
-    """A read descriptor for a regular file; a FIFO or device is refused without blocking on it."""
-    p = str(path)
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=p) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise InputError("is not a regular file (a FIFO, socket or device?): refusing to read it", source=p)
-    return fd
 
 
 def _lines(f: Any, limit: int | None = None) -> Iterator[tuple[int, bytes | None, bool]]:
@@ -450,10 +438,10 @@ def _read_blob(base: Path, name: str, where: str) -> bytes:
         raise InputError(f"request_body.blob {name!r} is not {BLOB_DIR}/<sha256>", source=where)
     path = base / name
     try:
-        fd = _open_regular(path)
+        f = open_regular(path)
     except InputError as e:
         raise InputError(f"request body {name}: {e}", source=where) from None
-    with os.fdopen(fd, "rb") as f:
+    with f:
         data = f.read(MAX_BODY + 1)
     if len(data) > MAX_BODY:
         raise InputError(f"request body {name} is over the {MAX_BODY >> 20} MiB bound", source=where)
@@ -476,8 +464,8 @@ def iter_capture(
     facts about an earlier record: the proxy's prompt token IDs, written right after it) is merged while
     its record is among the last `window` records read (None: any record); `warn` gets the warnings."""
     p = str(path)
-    fd = _open_regular(p)
-    with os.fdopen(fd, "rb") as f:
+    f = open_regular(p, "capture")
+    with f:
         size = os.fstat(f.fileno()).st_size
         if size > MAX_FILE:
             raise InputError(
@@ -550,10 +538,10 @@ def _parse_line(line: bytes, n: int, torn: bool, p: str, warn: Callable[[str], N
 
 def is_capture_file(path: Path) -> bool:
     try:
-        fd = _open_regular(path)
+        f = open_regular(path)
     except InputError:
         return False
-    with os.fdopen(fd, "rb") as f:
+    with f:
         head = f.read(64)
     return head.startswith(b'{"schema":"tokendiff.capture/') or head.startswith(b'{"schema": "tokendiff.capture/')
 
