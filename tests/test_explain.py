@@ -120,7 +120,7 @@ def family_prompt(family, messages, tools=TOOLS):
 
     name, kw = FAMILIES[family]
     p = real_tokenizer(family).prompt(render(name, messages, tools, **kw))
-    assert p.meta["template_family"] == family
+    assert p.meta.template_family == family
     return p
 
 
@@ -213,7 +213,7 @@ def test_tool_call_ids_regenerated_in_a_mistral_render(mistral_tok):
     for cid in ("a1B2c3D4e", "Zz9Yy8Xx7"):
         rr = r.attribute(body(cid))
         p = mistral_tok.prompt(rr.text)
-        assert p.meta["template_family"] == "mistral"
+        assert p.meta.template_family == "mistral"
         p.sections = field_sections(p, rr)
         prompts.append(p)
     f, _, _ = first(*prompts)
