@@ -32,8 +32,8 @@ from pathlib import Path
 import httpx
 
 from tokendiff.capture import read_capture
+from tokendiff.testing import proxy_process
 from tokendiff.testing.llama_server import LlamaServer, free_port
-from tokendiff.testing.proxy_process import start_proxy as _start
 from tokendiff.testing.proxy_process import stop_proxy
 from tokendiff.testing.tiny_gguf import tiny_gguf
 
@@ -58,7 +58,7 @@ class LoadResult:
 
 
 def start_proxy(upstream: str, out: Path) -> tuple[subprocess.Popen, str]:
-    return _start(upstream, out, "--no-tokens")
+    return proxy_process.start_proxy(upstream, out, "--no-tokens")
 
 
 def body(tag: str, stream: bool = True, n: int = 8) -> dict:

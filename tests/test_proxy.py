@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from tokendiff.capture import read_capture
+from tokendiff.testing import proxy_process
 from tokendiff.testing.llama_server import LlamaServer, free_port
-from tokendiff.testing.proxy_process import start_proxy as _start
 from tokendiff.testing.proxy_process import stop_proxy
 
 SECRET = "sk-live-DO-NOT-RECORD-4242"
@@ -39,7 +39,7 @@ TOOLS = [
 
 
 def start_proxy(upstream: str, out, *extra: str) -> tuple[subprocess.Popen, str]:
-    return _start(upstream, out, *extra, stderr=subprocess.PIPE)
+    return proxy_process.start_proxy(upstream, out, *extra, stderr=subprocess.PIPE)
 
 
 def stop(proc: subprocess.Popen) -> str:
