@@ -150,12 +150,17 @@ def _pull_parser(sub: Any) -> None:  # argparse subparsers
 def _report_parser(sub: Any) -> None:  # argparse subparsers
     r = sub.add_parser(
         "report",
-        help="the incident report for a session (slot directory, capture file, HAR)",
-        description="Analyse every turn of a session: reuse, waste, the causes ranked by cost, and what to fix first.",
+        help="the incident report for a session (slot directory, capture file, HAR), or for many",
+        description="Analyse every turn of a session: reuse, waste, the causes ranked by cost, and what to fix first. "
+        "With several sessions (or a quoted glob), the fleet view: one row per session and the causes ranked "
+        "across all of them.",
         epilog=CAUSES_EPILOG,
     )
     r.add_argument(
-        "path", help="a directory of slot files (or request bodies, prompt logs), a capture.jsonl, or a .har"
+        "path",
+        nargs="+",
+        help="a directory of slot files (or request bodies, prompt logs), a capture.jsonl, or a .har; "
+        "several, or a quoted glob ('captures/*.jsonl'), for the fleet view",
     )
     _tokenizer_args(r)
     r.add_argument("--format", choices=("md", "html", "json"), default="md")
@@ -169,7 +174,12 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
     r.add_argument(
         "--redact", action="store_true", help="replace words with hashes (structure, offsets and findings kept)"
     )
-    r.add_argument("--export", metavar="FILE", help="also write the per-turn table (.parquet or .csv)")
+    r.add_argument(
+        "--export",
+        metavar="FILE|DIR/",
+        help="also write one session's per-turn table (.parquet or .csv), or the per-turn and per-span "
+        "dataset of every session into DIR/ (Hive-partitioned Parquet, docs/dataset.md)",
+    )
     r.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
     r.add_argument(
         "--replay",
@@ -312,21 +322,37 @@ def _clear_line(enabled: bool) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise InputError("--fail-under takes a percentage from 0 to 100")
-    if args.export and not args.export.endswith((".parquet", ".csv")):
-        raise InputError("--export writes .parquet or .csv files", source=args.export)
+    dataset = bool(args.export) and wf.is_dataset_target(args.export)
+    if args.export and not dataset and not args.export.endswith((".parquet", ".csv")):
+        raise InputError("--export writes .parquet or .csv files, or a dataset into DIR/", source=args.export)
+    paths = wf.expand_session_paths(args.path)
+    if len(paths) > 1 and args.export and not dataset:
+        raise InputError(
+            "a table file holds one session; for several, export the dataset into a directory (DIR/)",
+            source=args.export,
+        )
     tty = sys.stderr.isatty()
-    loaded = wf.open_session(_prompt_options(args), [args.path], _progress_line(tty), single_turns=False)
-    _clear_line(tty)
-    doc = wf.session_report(loaded, args.path, wf.ReportOptions(redact=args.redact, replays=tuple(args.replay)))
+    opts = wf.ReportOptions(redact=args.redact, replays=tuple(args.replay))
+    loaded = None
+    if len(paths) == 1:
+        loaded = wf.open_session(_prompt_options(args), paths, _progress_line(tty), single_turns=False)
+        _clear_line(tty)
+        doc, reuse, what = wf.session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
+    else:  # the fleet view; its workers write the dataset as they go
+        fleet_opts = wf.FleetOptions(report=opts, export_dir=args.export if dataset else None)
+        fleet = wf.fleet_report(_prompt_options(args), paths, fleet_opts, _progress_line(tty))
+        _clear_line(tty)
+        doc, reuse, what = fleet.document, fleet.reuse_pct, "fleet"
     if args.output:
         wf.export_report(doc, Path(args.output), args.format)
     else:
         sys.stdout.write(wf.render_report(doc, args.format))
-    if args.export:
+    if loaded is not None and dataset:
+        wf.export_session_dataset(loaded, paths[0], Path(args.export), args.order)
+    elif loaded is not None and args.export:
         wf.export_turns(loaded.session, Path(args.export))
-    reuse = loaded.session.reuse_pct
     if args.fail_under is not None and reuse < args.fail_under:
-        print(f"tokendiff: session reuse {reuse:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
+        print(f"tokendiff: {what} reuse {reuse:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
         return 1
     return 0
 

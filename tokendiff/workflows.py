@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from tokendiff.cost import Session, TurnInput
     from tokendiff.model import Divergence, Finding, Prompt
     from tokendiff.replay import Backend, Plan
+    from tokendiff.report.dataset import TurnTime
+    from tokendiff.report.fleet import SessionFacts
     from tokendiff.sources import Loader
     from tokendiff.vocab import Vocab
 
@@ -393,6 +395,171 @@ def _write(path: Path, data: bytes) -> Path:
     except OSError as e:
         raise InputError(e.strerror or str(e), source=str(path)) from None
     return Path(path)
+
+
+# ---------------------------------------------------------------- fleets and datasets
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    report: ReportOptions = ReportOptions()
+    export_dir: str | None = None  # write the Parquet dataset here (docs/dataset.md)
+    workers: int | None = None  # processes; default: one per core, at most one per session
+
+
+@dataclass
+class FleetResult:
+    document: dict[str, Any]  # tokendiff.fleet/1
+    sessions: list[SessionFacts]
+
+    @property
+    def reuse_pct(self) -> float:
+        return float(self.document["summary"]["reuse_pct"])
+
+
+def expand_session_paths(patterns: Sequence[str]) -> list[str]:
+    """The paths as given, with globs the shell left unexpanded (quoted `'captures/*.jsonl'`)
+    expanded in sorted order; a pattern that matches nothing is an error naming it."""
+    import glob
+
+    out: list[str] = []
+    for pat in patterns:
+        if Path(pat).exists() or not any(c in pat for c in "*?["):
+            out.append(pat)
+            continue
+        hits = sorted(glob.glob(pat, recursive=True))
+        if not hits:
+            raise InputError("no session matches this pattern", source=pat)
+        out += hits
+    return list(dict.fromkeys(out))
+
+
+def is_dataset_target(path: str) -> bool:
+    """`--export DIR/` (a trailing slash or an existing directory) writes the dataset."""
+    import os
+
+    return path.endswith(("/", os.sep)) or Path(path).is_dir()
+
+
+def turn_times(path: str, order: str, n: int) -> list[TurnTime]:
+    """When each of a session's `n` turns happened: the record's timestamp (a capture's `ts`, a
+    HAR's `startedDateTime`), else the turn's file's modification time (slot files)."""
+    from tokendiff.report.dataset import TurnTime
+    from tokendiff.sources import file_kind
+
+    p = Path(path)
+    stamps: list[TurnTime | None] = []
+    if p.is_dir():
+        specs = session_specs([path], order, single_turns=False)
+        stamps = [TurnTime(Path(sp).stat().st_mtime, "mtime") for sp in specs]
+    elif file_kind(p) == "capture":
+        from tokendiff.capture import iter_capture
+
+        stamps = [_record_time(rec.get("ts")) for rec in iter_capture(path)]
+    elif file_kind(p) == "har":
+        from tokendiff.importers.har import read_har
+
+        stamps = [_record_time(rec.get("started")) for rec in read_har(p)]
+    fallback = TurnTime(p.stat().st_mtime, "mtime")
+    stamps = (stamps + [None] * n)[:n]
+    return [t or fallback for t in stamps]
+
+
+def _record_time(value: Any) -> TurnTime | None:
+    """A record's timestamp: seconds since the epoch, or an ISO 8601 string (HAR)."""
+    from datetime import UTC, datetime
+
+    from tokendiff.report.dataset import TurnTime
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e11:
+        return TurnTime(float(value), "record")
+    if isinstance(value, str):
+        try:
+            when = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        when = when if when.tzinfo else when.replace(tzinfo=UTC)
+        return TurnTime(when.timestamp(), "record")
+    return None
+
+
+def export_dataset(session: Session, path: str, times: Sequence[TurnTime], root: Path) -> list[Path]:
+    """The session's turns and spans written into the Hive-partitioned Parquet dataset at `root`
+    (`turns/session=KEY/day=DAY/part-0.parquet`, `spans/…`); the session's earlier partitions
+    there are replaced. Returns the files written."""
+    from tokendiff.report.dataset import session_key, span_table, turn_table
+
+    key = session_key(path)
+    written: list[Path] = []
+    for table, frame in (("turns", turn_table(session, path, times)), ("spans", span_table(session, path, times))):
+        base = Path(root) / table / f"session={key}"
+        try:
+            for old in base.glob("day=*/part-*.parquet"):
+                old.unlink()
+            for (day,), part in frame.partition_by("day", as_dict=True, include_key=False).items():
+                (base / f"day={day}").mkdir(parents=True, exist_ok=True)
+                part.write_parquet(base / f"day={day}" / "part-0.parquet")
+                written.append(base / f"day={day}" / "part-0.parquet")
+        except OSError as e:
+            raise InputError(e.strerror or str(e), source=str(e.filename or root)) from None
+    return written
+
+
+def export_session_dataset(loaded: LoadedSession, path: str, root: Path, order: str = "mtime") -> list[Path]:
+    """`export_dataset` for a session already loaded from `path`."""
+    return export_dataset(loaded.session, path, turn_times(path, order, len(loaded.session.turns)), root)
+
+
+def fleet_member(opts: PromptOptions, path: str, export_dir: str | None = None) -> SessionFacts:
+    """One session of a fleet, analysed (in a worker process): its facts, its partitions written."""
+    from tokendiff.report.dataset import session_key
+    from tokendiff.report.fleet import session_facts
+
+    loaded = open_session(opts, [path], single_turns=False)
+    if export_dir:
+        export_session_dataset(loaded, path, Path(export_dir), opts.order)
+    return session_facts(path, loaded.session, tokenizer_info(loaded.vocab), session_key(path))
+
+
+def analyse_fleet(
+    opts: PromptOptions, paths: Sequence[str], fopts: FleetOptions = FleetOptions(), progress: Progress | None = None
+) -> list[SessionFacts]:
+    """Every session's facts, in the order of `paths`: in parallel processes when there are
+    several sessions and cores (each session is independent; the vocabulary is a cached mmap)."""
+    import os
+
+    n = len(paths)
+    workers = min(n, fopts.workers or os.cpu_count() or 1)
+    if workers <= 1:
+        facts = []
+        for k, p in enumerate(paths, 1):
+            facts.append(fleet_member(opts, p, fopts.export_dir))
+            if progress:
+                progress(f"analysed {k}/{n} sessions")
+        return facts
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(workers) as pool:
+        futures = {pool.submit(fleet_member, opts, p, fopts.export_dir): i for i, p in enumerate(paths)}
+        done: dict[int, SessionFacts] = {}
+        for fut in as_completed(futures):
+            done[futures[fut]] = fut.result()
+            if progress:
+                progress(f"analysed {len(done)}/{n} sessions")
+    return [done[i] for i in range(n)]
+
+
+def fleet_report(
+    opts: PromptOptions, paths: Sequence[str], fopts: FleetOptions = FleetOptions(), progress: Progress | None = None
+) -> FleetResult:
+    """The fleet document (`tokendiff.fleet/1`) over several sessions, the dataset written if asked."""
+    from tokendiff.report.fleet import fleet_document
+
+    replays = [read_replay(f) for f in fopts.report.replays]  # bad replay files fail before the work
+    facts = analyse_fleet(opts, paths, fopts, progress)
+    doc = fleet_document(facts, redact=fopts.report.redact)
+    doc["replays"] = replays
+    return FleetResult(doc, facts)
 
 
 # ---------------------------------------------------------------- replay

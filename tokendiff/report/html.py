@@ -5,6 +5,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from tokendiff.report.fleet import seconds_text
+
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1100px;color:#1d2330;background:#fbfbfd;
 padding:0 1rem}
@@ -21,13 +23,13 @@ margin:.2rem 0 .6rem}
 """
 
 
-def _chart(turns: list[dict[str, Any]]) -> str:
-    """Reuse % per turn as bars, with the wasted share in red."""
+def _chart(turns: list[dict[str, Any]], unit: str = "turn") -> str:
+    """Reuse % per turn (or per session: `unit`) as bars, with the wasted share in red."""
     n = max(1, len(turns))
     w, h, pad = 1000, 220, 34
     bw = (w - 2 * pad) / n
     parts = [
-        f'<svg class="chart" role="img" aria-label="reuse across turns" viewBox="0 0 {w} {h}" width="100%" '
+        f'<svg class="chart" role="img" aria-label="reuse across {unit}s" viewBox="0 0 {w} {h}" width="100%" '
         'xmlns="http://www.w3.org/2000/svg">',
         f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#99a"/>',
     ]
@@ -43,12 +45,12 @@ def _chart(turns: list[dict[str, Any]]) -> str:
         y0 = h - pad
         parts.append(
             f'<rect x="{x:.1f}" y="{y0 - reuse_h:.1f}" width="{bw * 0.8:.1f}" height="{reuse_h:.1f}" fill="#3c8d5a">'
-            f"<title>turn {t['turn']}: {t['reuse_pct']:.1f} % reused</title></rect>"
+            f"<title>{unit} {t['turn']}: {t['reuse_pct']:.1f} % reused</title></rect>"
         )
         if waste_h > 0:
             parts.append(
                 f'<rect x="{x:.1f}" y="{y0 - reuse_h - waste_h:.1f}" width="{bw * 0.8:.1f}" height="{waste_h:.1f}" '
-                f'fill="#d9534f"><title>turn {t["turn"]}: {t["wasted"]:,} tokens wasted</title></rect>'
+                f'fill="#d9534f"><title>{unit} {t["turn"]}: {t["wasted"]:,} tokens wasted</title></rect>'
             )
         if n <= 60 or i % max(1, n // 30) == 0:
             parts.append(
@@ -57,7 +59,7 @@ def _chart(turns: list[dict[str, Any]]) -> str:
             )
     parts.append(
         f'<text x="{w - pad}" y="{h - 6}" font-size="11" text-anchor="end" fill="#667">'
-        "turn · green: reused · red: wasted</text>"
+        f"{unit} · green: reused · red: wasted</text>"
     )
     parts.append("</svg>")
     return "".join(parts)
@@ -150,6 +152,8 @@ def _causes(doc: dict[str, Any]) -> list[str]:
 
 
 def render_html(doc: dict[str, Any]) -> str:
+    if doc.get("schema") == "tokendiff.fleet/1":
+        return render_fleet_html(doc)
     s = doc["summary"]
     e = escape
     secs = f", {s['wasted_seconds']:.1f} s of prefill" if s["wasted_seconds"] is not None else ""
@@ -170,5 +174,98 @@ def render_html(doc: dict[str, Any]) -> str:
     out.append(_chart(doc["turns"]))
     out.append("<h2>Spans, ranked by what they cost</h2>")
     out += _spans(doc) + _turns(doc) + _replays(doc) + _causes(doc)
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def _fleet_causes(doc: dict[str, Any]) -> list[str]:
+    if not doc["causes"]:
+        return ["<p>None: nothing broke the cache.</p>"]
+    e = escape
+    out = [
+        "<table><tr><th>#</th><th>cause</th><th>kind</th><th>sessions</th><th>turns</th><th>tokens</th>"
+        "<th>share</th><th>seconds</th><th>sections</th><th>fix</th></tr>"
+    ]
+    for c in doc["causes"]:
+        sections = ", ".join(f"<code>{e(x)}</code>" for x in c["sections"])
+        out.append(
+            f"<tr><td class=n>{c['rank']}</td><td>{e(c['title'])}</td><td>{e(c['kind'])}</td>"
+            f"<td class=n>{c['sessions']}</td><td class=n>{c['turns']:,}</td><td class=n>{c['tokens']:,}</td>"
+            f"<td class=n>{100 * c['share']:.0f} %</td><td class=n>{seconds_text(c['seconds'])}</td>"
+            f"<td>{sections}</td><td>{e(c['fix'])}</td></tr>"
+        )
+    out.append("</table>")
+    return out
+
+
+def _fleet_sessions(doc: dict[str, Any]) -> list[str]:
+    e = escape
+    out = [
+        "<h2>Sessions</h2><table><tr><th>#</th><th>session</th><th>turns</th><th>tokens</th><th>reuse %</th>"
+        "<th>wasted</th><th>wasted s</th><th>top cause</th></tr>"
+    ]
+    for i, r in enumerate(doc["sessions"], 1):
+        top = r["top_cause"]
+        cause = f"{e(top['title'])} in <code>{e(top['section'])}</code> ({top['tokens']:,})" if top else ""
+        out.append(
+            f"<tr><td class=n>{i}</td><td><code>{e(r['path'])}</code></td><td class=n>{r['turns']:,}</td>"
+            f"<td class=n>{r['total_tokens']:,}</td><td class=n>{r['reuse_pct']:.1f}</td>"
+            f"<td class=n>{r['wasted_tokens']:,}</td><td class=n>{seconds_text(r['wasted_seconds'])}</td>"
+            f"<td>{cause}</td></tr>"
+        )
+    out.append("</table>")
+    return out
+
+
+def _fleet_worst(doc: dict[str, Any]) -> list[str]:
+    e = escape
+    out = [
+        "<h2>Worst turns</h2><table><tr><th>session</th><th>turn</th><th>tokens</th><th>wasted</th>"
+        "<th>reuse %</th><th>cause</th><th>first divergence</th></tr>"
+    ]
+    for t in doc["worst_turns"]:
+        out.append(
+            f"<tr><td><code>{e(t['path'])}</code></td><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td>"
+            f"<td class=n>{t['wasted']:,}</td><td class=n>{t['reuse_pct']:.1f}</td><td>{e(t['cause'] or '')}</td>"
+            f"<td><code>{e(t['section'] or '')}</code></td></tr>"
+        )
+    out.append("</table>")
+    return out
+
+
+def render_fleet_html(doc: dict[str, Any]) -> str:
+    """The fleet document (`tokendiff.fleet/1`) as one self-contained page."""
+    s = doc["summary"]
+    e = escape
+    secs = ""
+    if s["wasted_seconds"] is not None:
+        secs = f", {seconds_text(s['wasted_seconds'])} s of prefill (timed in {s['sessions_timed']} of {s['sessions']})"
+    title = f"tokendiff report: {s['sessions']} sessions"
+    out = [
+        "<!doctype html><html lang=en><head><meta charset=utf-8>",
+        f"<title>{e(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+        f'<p class="headline">{e(s["headline"])}</p>',
+        f"<p>{s['sessions']} sessions, {s['turns']:,} turns, {s['total_tokens']:,} prompt tokens; reused "
+        f"{s['reused_tokens']:,} (<b>{s['reuse_pct']:.1f} %</b>); wasted {s['wasted_tokens']:,} tokens{secs}.</p>",
+    ]
+    tk = doc["tokenizer"]
+    if tk:
+        out.append(
+            f'<p class="muted">tokenizer: {e(tk["name"])}{" (assumed)" if tk.get("assumed") else ""}'
+            f"{' · redacted: words replaced by hashes' if s['redacted'] else ''}</p>"
+        )
+    bars = [
+        {
+            "turn": i,
+            "tokens": r["total_tokens"],
+            "reusable": r["reused_tokens"],
+            "wasted": r["wasted_tokens"],
+            "reuse_pct": r["reuse_pct"],
+        }
+        for i, r in enumerate(doc["sessions"], 1)
+    ]
+    out += ["<h2>Reuse by session</h2>", _chart(bars, "session"), "<h2>Causes, ranked across sessions</h2>"]
+    out += _fleet_causes(doc) + _fleet_sessions(doc) + _fleet_worst(doc) + _replays(doc)
     out.append("</body></html>")
     return "\n".join(out)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokendiff.report.fleet import seconds_text
+
 
 def _cell(v: Any) -> str:
     s = "" if v is None else str(v)
@@ -22,7 +24,22 @@ def _replay_row(rp: dict[str, Any]) -> str:
     return f"| {pair} | {rp['backend']['kind']} | {ms} | {_cell(rp['cost_ms'])} | {_cell(rp['speedup'])}x |"
 
 
+def _replays(doc: dict[str, Any]) -> list[str]:
+    if not doc.get("replays"):
+        return []
+    return [
+        "",
+        "## Measured on a backend (tokendiff replay)",
+        "",
+        "| pair | backend | cold ms | actual ms | ideal ms | fixed ms | cost ms | speedup |",
+        "|---|---|---|---|---|---|---|---|",
+        *(_replay_row(rp) for rp in doc["replays"]),
+    ]
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
+    if doc.get("schema") == "tokendiff.fleet/1":
+        return render_fleet_markdown(doc)
     s = doc["summary"]
     out = [f"# tokendiff report: {s['path']}", ""]
     out.append(f"**{s['headline']}**")
@@ -63,11 +80,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             f"{t['new_tokens']:,} | {t['wasted']:,} | `{_code(t['first_divergence_section'] or '')}` | "
             f"{_cell(t['cause'])} | {_cell(t['reported_cached'])} | {_cell(t['note'])} |"
         )
-    if doc.get("replays"):
-        out += ["", "## Measured on a backend (tokendiff replay)", ""]
-        out.append("| pair | backend | cold ms | actual ms | ideal ms | fixed ms | cost ms | speedup |")
-        out.append("|---|---|---|---|---|---|---|---|")
-        out += [_replay_row(rp) for rp in doc["replays"]]
+    out += _replays(doc)
     out += ["", "## Causes", ""]
     for c in doc["causes"]:
         out.append(f"### {c['title']} (turn {c['turn']})")
@@ -83,4 +96,71 @@ def render_markdown(doc: dict[str, Any]) -> str:
             )
             out.append(f"  `…{_code(t['before'])}⟦{_code(t['diverged'])}⟧{_code(t['after'])}…`")
         out.append("")
+    return "\n".join(out) + "\n"
+
+
+def _fleet_sessions(doc: dict[str, Any]) -> list[str]:
+    out = ["| session | turns | tokens | reuse % | wasted | wasted s | top cause |", "|---|---|---|---|---|---|---|"]
+    for r in doc["sessions"]:
+        top = r["top_cause"]
+        cause = f"{_cell(top['title'])} in `{_code(top['section'])}` ({top['tokens']:,})" if top else ""
+        out.append(
+            f"| `{_code(r['path'])}` | {r['turns']:,} | {r['total_tokens']:,} | {r['reuse_pct']:.1f} | "
+            f"{r['wasted_tokens']:,} | {seconds_text(r['wasted_seconds'])} | {cause} |"
+        )
+    return out
+
+
+def _fleet_causes(doc: dict[str, Any]) -> list[str]:
+    if not doc["causes"]:
+        return ["None: nothing broke the cache."]
+    out = [
+        "| # | cause | kind | sessions | turns | tokens | share | seconds | sections | fix |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in doc["causes"]:
+        sections = ", ".join(f"`{_code(x)}`" for x in c["sections"][:3]) + (" …" if len(c["sections"]) > 3 else "")
+        out.append(
+            f"| {c['rank']} | {_cell(c['title'])} | {c['kind']} | {c['sessions']} | {c['turns']:,} | "
+            f"{c['tokens']:,} | {100 * c['share']:.0f} % | {seconds_text(c['seconds'])} | {_cell(sections)} | "
+            f"{_cell(c['fix'])} |"
+        )
+    return out
+
+
+def _fleet_worst(doc: dict[str, Any]) -> list[str]:
+    if not doc["worst_turns"]:
+        return ["None: no turn wasted a token."]
+    out = [
+        "| session | turn | tokens | wasted | reuse % | cause | first divergence |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in doc["worst_turns"]:
+        out.append(
+            f"| `{_code(t['path'])}` | {t['turn']} | {t['tokens']:,} | {t['wasted']:,} | {t['reuse_pct']:.1f} | "
+            f"{_cell(t['cause'])} | `{_code(t['section'] or '')}` |"
+        )
+    return out
+
+
+def render_fleet_markdown(doc: dict[str, Any]) -> str:
+    """The fleet document (`tokendiff.fleet/1`): totals, sessions, causes across them, worst turns."""
+    s = doc["summary"]
+    out = [f"# tokendiff report: {s['sessions']} sessions", "", f"**{s['headline']}**", ""]
+    secs = ""
+    if s["wasted_seconds"] is not None:
+        secs = f", {seconds_text(s['wasted_seconds'])} s of prefill (timed in {s['sessions_timed']} of {s['sessions']})"
+    out.append(
+        f"- {s['sessions']} sessions, {s['turns']:,} turns, {s['total_tokens']:,} prompt tokens; reused "
+        f"{s['reused_tokens']:,} (**{s['reuse_pct']:.1f} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
+    )
+    tk = doc["tokenizer"]
+    if tk:
+        out.append(f"- tokenizer: {tk['name']}" + (" (assumed)" if tk.get("assumed") else ""))
+    if s["redacted"]:
+        out.append("- redacted: words are replaced by hashes; structure, offsets and findings are kept")
+    out += ["", "## Causes, ranked across sessions", "", *_fleet_causes(doc)]
+    out += ["", "## Sessions", "", *_fleet_sessions(doc)]
+    out += ["", "## Worst turns", "", *_fleet_worst(doc)]
+    out += _replays(doc)
     return "\n".join(out) + "\n"

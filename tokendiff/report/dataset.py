@@ -1,0 +1,166 @@
+"""The fleet's data as a dataset: per-turn and per-span facts as typed tables.
+
+`tokendiff report … --export DIR/` writes these tables as Hive-partitioned Parquet
+(`turns/session=KEY/day=YYYY-MM-DD/part-0.parquet`, `spans/…`), so polars, DuckDB or
+Spark aggregate a day of traffic without tokendiff. The schema is fixed here, column by
+column, and documented in docs/dataset.md: every partition has the same types even where
+a column is all null, or a scan over many sessions would not line up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tokendiff.cost import BACKENDS, Session, turn_rows
+
+SCHEMA_VERSION = "tokendiff.dataset/1"
+TABLES = ("turns", "spans")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: str  # a polars dtype name: Int64, Float64, String, Boolean, Datetime
+    doc: str
+
+
+@dataclass(frozen=True)
+class TurnTime:
+    """When a turn happened: the record's own timestamp, else its file's modification time."""
+
+    ts: float  # seconds since the epoch, UTC
+    source: str  # "record" (capture `ts`, HAR `startedDateTime`) or "mtime"
+
+    @property
+    def day(self) -> str:
+        return datetime.fromtimestamp(self.ts, UTC).strftime("%Y-%m-%d")
+
+
+_SHARED = (
+    Column("session_path", "String", "the session as given on the command line (directory, capture or HAR)"),
+    Column("turn", "Int64", "1-based position of the turn in its session"),
+    Column("ts", "Datetime", "when the turn happened, UTC, microseconds (see ts_source)"),
+    Column("ts_source", "String", "'record': the capture's ts or the HAR's startedDateTime; 'mtime': the file's"),
+)
+
+TURN_COLUMNS: tuple[Column, ...] = (
+    *_SHARED,
+    Column("origin", "String", "the turn's selector, e.g. captures/agent/capture.jsonl@3"),
+    Column("tokens", "Int64", "prompt tokens"),
+    Column("reusable", "Int64", "tokens llama.cpp reuses from the previous prompt (at least one is evaluated)"),
+    Column("reuse_pct", "Float64", "reusable / tokens, percent"),
+    Column("recomputed", "Int64", "tokens llama.cpp evaluates: tokens - reusable"),
+    Column("new_tokens", "Int64", "tokens beyond what the previous prompt had: unavoidable work"),
+    Column("wasted", "Int64", "recomputed tokens the previous prompt already had: the waste"),
+    Column("wasted_seconds", "Float64", "wasted at the session's measured prefill speed, seconds; null untimed"),
+    Column("lcp_prev", "Int64", "tokens shared with the previous prompt (longest common prefix)"),
+    Column("best_earlier_turn", "Int64", "the earlier turn sharing the longest prefix; null on turn 1"),
+    Column("best_earlier_lcp", "Int64", "tokens shared with that turn"),
+    Column("cause", "String", "finding kind of the first wasteful divergence (docs/causes.md); null: no waste"),
+    Column("section", "String", "section that owns the first wasteful divergence, e.g. 'system prompt'"),
+    Column("field", "String", "request field there, e.g. messages[0].content; null for slot files"),
+    Column("reported_cached", "Int64", "tokens the server said it reused (timings.cache_n, cached_tokens)"),
+    Column("server_prompt_ms", "Float64", "prefill time the server reported, milliseconds"),
+    Column("server_prompt_n", "Int64", "tokens the server reported evaluating for that time"),
+    *(Column(f"reuse_{be.replace('.', '').replace('-', '_')}", "Int64", f"tokens {be} would reuse") for be in BACKENDS),
+    Column("note", "String", "disagreements between the server's count and the prediction; slot thrash"),
+)
+
+SPAN_COLUMNS: tuple[Column, ...] = (
+    *_SHARED,
+    Column("span_rank", "Int64", "rank of the span in its session's report (1: cost the most)"),
+    Column("kind", "String", "finding kind (docs/causes.md): date, counter, tool_set …"),
+    Column("section", "String", "where the span sits, the same in every turn: 'system prompt', 'tools' …"),
+    Column("title", "String", "what the cause is, in words"),
+    Column("fix", "String", "one line of fix advice"),
+    Column("first_divergence", "Boolean", "the span is this turn's first wasteful divergence"),
+    Column("wasted", "Int64", "the turn's wasted tokens when first_divergence, else 0"),
+    Column("wasted_seconds", "Float64", "wasted at the session's measured prefill speed, seconds; null untimed"),
+)
+
+PARTITIONS = (
+    Column("session", "String", "partition: a stable key for the session (its path's last parts and a hash)"),
+    Column("day", "Date", "partition: the UTC day of ts"),
+)
+
+
+def session_key(path: str) -> str:
+    """The `session` partition value: readable (the path's last two parts), safe in a path
+    and a Hive partition, and unique (a hash of the resolved path: every proxy writes `capture.jsonl`)."""
+    p = Path(os.path.abspath(path))
+    tail = "_".join(x for x in (p.parent.name if p.is_file() else "", p.name) if x)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", tail).strip("._") or "session"
+    digest = hashlib.sha256(str(p.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"{slug[:60]}-{digest}"
+
+
+def _polars_schema(columns: Sequence[Column]) -> dict[str, Any]:
+    import polars as pl
+
+    types = {
+        "Int64": pl.Int64,
+        "Float64": pl.Float64,
+        "String": pl.String,
+        "Boolean": pl.Boolean,
+        "Datetime": pl.Datetime("us", "UTC"),
+    }
+    return {c.name: types[c.dtype] for c in columns} | {"day": pl.String}
+
+
+def _when(times: Sequence[TurnTime], k: int) -> dict[str, Any]:
+    t = times[k - 1]
+    return {"ts": datetime.fromtimestamp(t.ts, UTC), "ts_source": t.source, "day": t.day}
+
+
+def turn_table(s: Session, path: str, times: Sequence[TurnTime]):
+    """The per-turn facts of one session as a polars DataFrame (with a `day` column to partition on)."""
+    import polars as pl
+
+    ms = s.ms_per_token
+    rows = []
+    for t, row in zip(s.turns, turn_rows(s), strict=True):
+        row["section"] = row.pop("first_divergence_section") or None
+        row["field"] = row.pop("first_divergence_field") or None
+        row["cause"] = row["cause"] or None
+        row["note"] = row["note"] or None
+        row["wasted_seconds"] = t.wasted * ms / 1000 if ms else None
+        row["server_prompt_ms"], row["server_prompt_n"] = t.reported_prompt_ms, t.reported_prompt_n
+        rows.append({"session_path": path, **row, **_when(times, t.turn)})
+    return pl.DataFrame(rows, schema=_polars_schema(TURN_COLUMNS))
+
+
+def span_table(s: Session, path: str, times: Sequence[TurnTime]):
+    """One row per span per turn it broke; the turn's waste goes to the span of its first divergence,
+    so summing `wasted` by kind gives the report's per-span tokens."""
+    import polars as pl
+
+    ms = s.ms_per_token
+    rows = []
+    for rank, sp in enumerate(s.spans, 1):
+        for k in sp.turns:
+            t = s.turns[k - 1]
+            first = t.cause == sp.kind and t.path.generalised() == sp.path
+            wasted = t.wasted if first else 0
+            rows.append(
+                {
+                    "session_path": path,
+                    "turn": k,
+                    **_when(times, k),
+                    "span_rank": rank,
+                    "kind": sp.kind,
+                    "section": sp.section,
+                    "title": sp.title,
+                    "fix": sp.fix,
+                    "first_divergence": first,
+                    "wasted": wasted,
+                    "wasted_seconds": wasted * ms / 1000 if ms else None,
+                }
+            )
+    return pl.DataFrame(rows, schema=_polars_schema(SPAN_COLUMNS))

@@ -1,0 +1,259 @@
+"""Many sessions at once: the `tokendiff.fleet/1` document.
+
+Each session is analysed on its own (in a worker process, see workflows.fleet_report) and
+reduced to `SessionFacts`: small, picklable, and all the fleet view needs. The document
+ranks the causes across sessions by the tokens they wasted, so a team with hundreds of
+agent sessions sees the one fix worth making first. Markdown and HTML render from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokendiff.cost import Session
+
+SCHEMA = "tokendiff.fleet/1"
+WORST_TURNS = 10  # the worst turns the document lists (by wasted tokens)
+
+
+@dataclass(frozen=True)
+class SpanFacts:
+    """One ranked span of a session (a cause in a section)."""
+
+    kind: str
+    section: str
+    title: str
+    fix: str
+    turns: int  # turns it broke
+    tokens: int  # wasted tokens it caused as a turn's first divergence
+    seconds: float | None  # those tokens at the session's measured prefill speed
+
+
+@dataclass(frozen=True)
+class TurnFacts:
+    """A turn that wasted tokens, for the fleet's worst turns."""
+
+    turn: int
+    origin: str
+    tokens: int
+    wasted: int
+    reuse_pct: float
+    cause: str
+    section: str
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class SessionFacts:
+    """What the fleet view keeps of one analysed session."""
+
+    path: str
+    turns: int
+    total_tokens: int
+    reused_tokens: int
+    wasted_tokens: int
+    ms_per_token: float | None
+    headline: str
+    tokenizer: dict[str, Any]
+    spans: tuple[SpanFacts, ...] = ()
+    worst: tuple[TurnFacts, ...] = ()
+    key: str = ""  # the dataset's `session` partition, when exported
+
+    @property
+    def reuse_pct(self) -> float:
+        return 100.0 * self.reused_tokens / self.total_tokens if self.total_tokens else 100.0
+
+    @property
+    def wasted_seconds(self) -> float | None:
+        return self.wasted_tokens * self.ms_per_token / 1000 if self.ms_per_token else None
+
+
+def session_facts(path: str, s: Session, tokenizer: dict[str, Any], key: str = "") -> SessionFacts:
+    """A session reduced to its fleet facts: totals, ranked spans, its worst turns."""
+    from tokendiff.report.session import headline
+
+    ms = s.ms_per_token
+    spans = tuple(
+        SpanFacts(
+            kind=sp.kind,
+            section=sp.section,
+            title=sp.title,
+            fix=sp.fix,
+            turns=len(sp.turns),
+            tokens=sp.tokens,
+            seconds=sp.seconds,
+        )
+        for sp in s.spans
+    )
+    wasteful = sorted((t for t in s.turns if t.wasted > 0), key=lambda t: (-t.wasted, t.turn))[:WORST_TURNS]
+    worst = tuple(
+        TurnFacts(
+            turn=t.turn,
+            origin=t.origin,
+            tokens=t.n_tokens,
+            wasted=t.wasted,
+            reuse_pct=t.reuse_pct,
+            cause=t.cause,
+            section=t.section,
+            seconds=t.wasted * ms / 1000 if ms else None,
+        )
+        for t in wasteful
+    )
+    return SessionFacts(
+        path=path,
+        turns=len(s.turns),
+        total_tokens=s.total_tokens,
+        reused_tokens=s.reused_tokens,
+        wasted_tokens=s.wasted_tokens,
+        ms_per_token=ms,
+        headline=headline(s),
+        tokenizer=tokenizer,
+        spans=spans,
+        worst=worst,
+        key=key,
+    )
+
+
+@dataclass
+class _Cause:
+    """A cause (finding kind) summed across sessions."""
+
+    kind: str
+    title: str
+    fix: str
+    sessions: set[str] = field(default_factory=set)
+    turns: int = 0
+    tokens: int = 0
+    seconds: float | None = None
+    sections: dict[str, int] = field(default_factory=dict)  # section label -> tokens
+
+    def add(self, path: str, sp: SpanFacts) -> None:
+        self.sessions.add(path)
+        self.turns += sp.turns
+        self.tokens += sp.tokens
+        self.sections[sp.section] = self.sections.get(sp.section, 0) + sp.tokens
+        if sp.seconds is not None:
+            self.seconds = (self.seconds or 0.0) + sp.seconds
+
+
+def _rounded(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def ranked_causes(sessions: Sequence[SessionFacts]) -> list[dict[str, Any]]:
+    """Causes across sessions, ranked by the tokens they wasted (then the turns they broke)."""
+    by_kind: dict[str, _Cause] = {}
+    for s in sessions:
+        for sp in s.spans:
+            by_kind.setdefault(sp.kind, _Cause(sp.kind, sp.title, sp.fix)).add(s.path, sp)
+    wasted = sum(s.wasted_tokens for s in sessions)
+    ranked = sorted(by_kind.values(), key=lambda c: (-c.tokens, -c.turns, c.kind))
+    return [
+        {
+            "rank": rank,
+            "kind": c.kind,
+            "title": c.title,
+            "fix": c.fix,
+            "sessions": len(c.sessions),
+            "turns": c.turns,
+            "tokens": c.tokens,
+            "share": round(c.tokens / wasted, 4) if wasted else 0.0,
+            "seconds": _rounded(c.seconds),
+            "sections": sorted(c.sections, key=lambda k: (-c.sections[k], k)),
+        }
+        for rank, c in enumerate(ranked, 1)
+    ]
+
+
+def _session_row(s: SessionFacts) -> dict[str, Any]:
+    top = s.spans[0] if s.spans and s.spans[0].tokens > 0 else None
+    return {
+        "path": s.path,
+        "session": s.key or None,
+        "turns": s.turns,
+        "total_tokens": s.total_tokens,
+        "reused_tokens": s.reused_tokens,
+        "reuse_pct": round(s.reuse_pct, 2),
+        "wasted_tokens": s.wasted_tokens,
+        "wasted_seconds": _rounded(s.wasted_seconds),
+        "ms_per_token": _rounded(s.ms_per_token, 4),
+        "top_cause": None
+        if top is None
+        else {"kind": top.kind, "title": top.title, "section": top.section, "tokens": top.tokens},
+        "headline": s.headline,
+    }
+
+
+def _worst_turns(sessions: Sequence[SessionFacts], n: int) -> list[dict[str, Any]]:
+    rows = [(s, t) for s in sessions for t in s.worst]
+    rows.sort(key=lambda st: (-st[1].wasted, st[0].path, st[1].turn))
+    return [
+        {
+            "path": s.path,
+            "turn": t.turn,
+            "origin": t.origin,
+            "tokens": t.tokens,
+            "wasted": t.wasted,
+            "reuse_pct": round(t.reuse_pct, 2),
+            "cause": t.cause or None,
+            "section": t.section or None,
+            "seconds": _rounded(t.seconds),
+        }
+        for s, t in rows[:n]
+    ]
+
+
+def seconds_text(x: float | None) -> str:
+    """Seconds as people read them: two decimals under a second (a tiny model's waste), else one."""
+    return "" if x is None else f"{x:.2f}" if x < 1 else f"{x:,.1f}"
+
+
+def fleet_headline(causes: list[dict[str, Any]], n_sessions: int, reuse_pct: float) -> str:
+    """One sentence: the cause to fix first across the fleet."""
+    if not causes or causes[0]["tokens"] == 0:
+        return (
+            f"No waste in {n_sessions} sessions: every turn reused everything the previous prompt had "
+            f"({reuse_pct:.1f} % of all tokens reused)."
+        )
+    c = causes[0]
+    secs = f" ({seconds_text(c['seconds'])} s of prefill)" if c["seconds"] else ""
+    title = c["title"][0].lower() + c["title"][1:]
+    return (
+        f"Fix this first: {title}, in {c['sessions']} of {n_sessions} sessions. "
+        f"It is {100 * c['share']:.0f} % of the waste: {c['tokens']:,} tokens recomputed over "
+        f"{c['turns']} turn{'s' if c['turns'] != 1 else ''}{secs}."
+    )
+
+
+def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst: int = WORST_TURNS) -> dict[str, Any]:
+    """The `tokendiff.fleet/1` document: totals, one row per session, causes ranked, the worst turns."""
+    total = sum(s.total_tokens for s in sessions)
+    reused = sum(s.reused_tokens for s in sessions)
+    timed = [s.wasted_seconds for s in sessions if s.wasted_seconds is not None]
+    reuse_pct = 100.0 * reused / total if total else 100.0
+    causes = ranked_causes(sessions)
+    summary = {
+        "sessions": len(sessions),
+        "turns": sum(s.turns for s in sessions),
+        "total_tokens": total,
+        "reused_tokens": reused,
+        "reuse_pct": round(reuse_pct, 2),
+        "wasted_tokens": sum(s.wasted_tokens for s in sessions),
+        "wasted_seconds": round(sum(timed), 3) if timed else None,
+        "sessions_timed": len(timed),
+        "top_cause": causes[0] if causes and causes[0]["tokens"] > 0 else None,
+        "headline": fleet_headline(causes, len(sessions), reuse_pct),
+        "redacted": redact,
+    }
+    return {
+        "schema": SCHEMA,
+        "summary": summary,
+        "tokenizer": sessions[0].tokenizer if sessions else {},
+        "sessions": [_session_row(s) for s in sessions],
+        "causes": causes,
+        "worst_turns": _worst_turns(sessions, worst),
+        "replays": [],
+    }
