@@ -10,9 +10,12 @@ compares and dict lookups run in C), so the diff needs no numpy.
 
 from __future__ import annotations
 
+import struct
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
+from itertools import compress, count, groupby, repeat
+from operator import eq, itemgetter, sub
 
 from tokendiff.model import Divergence, Hunk, Prompt, id_bytes
 
@@ -138,13 +141,22 @@ def _difflib(s: _Seqs, alo, ahi, blo, bhi, out) -> None:
             out.append((alo + i1, alo + i2, blo + j1, blo + j2))
 
 
-def _once(raw: bytes, lo: int, hi: int) -> tuple[list[bytes], dict[bytes, int]]:
-    """The k-grams of tokens [lo, hi) (as int32 bytes, in order), and those that occur exactly once
-    there with their position relative to lo."""
-    w = 4 * KGRAM
-    grams = [raw[p : p + w] for p in range(4 * lo, 4 * (hi - KGRAM) + 1, 4)]
-    pos = dict(zip(grams, range(len(grams))))  # the last occurrence: for a unique k-gram, the only one
-    return grams, {g: pos[g] for g, c in Counter(grams).items() if c == 1}
+def _kgrams(raw: bytes, lo: int, hi: int) -> list[bytes]:
+    """The k-grams of tokens [lo, hi) as int32 bytes, in order: cut by struct in KGRAM interleaved
+    passes and put in place by slice assignment, so no Python code runs per token."""
+    n, w = hi - lo - KGRAM + 1, 4 * KGRAM
+    out: list[bytes] = [b""] * n
+    for j in range(min(KGRAM, n)):
+        m = (n - j + KGRAM - 1) // KGRAM  # the k-grams at j, j+KGRAM, ... < n
+        at = 4 * (lo + j)
+        out[j::KGRAM] = list(map(itemgetter(0), struct.iter_unpack(f"{w}s", raw[at : at + m * w])))
+    return out
+
+
+def _once(grams: list[bytes]) -> set[bytes]:
+    """The k-grams that occur exactly once (counted and filtered in C)."""
+    counts = Counter(grams)
+    return set(compress(counts, map(eq, counts.values(), repeat(1))))
 
 
 def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
@@ -152,23 +164,21 @@ def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int
     k = KGRAM
     if ahi - alo < k or bhi - blo < k:
         return []
-    grams_a, once_a = _once(s.ra, alo, ahi)
-    _, once_b = _once(s.rb, blo, bhi)
-    # Runs of anchors on one diagonal that follow each other are one block.
-    runs: list[tuple[int, int, int]] = []
-    ra = rb = last = -2
-    for xa, g in enumerate(grams_a):
-        xb = once_b.get(g)
-        if xb is None or g not in once_a:
-            continue
-        if xa != last + 1 or xb - xa != rb - ra:
-            if last >= 0:
-                runs.append((ra, rb, last - ra + k))
-            ra, rb = xa, xb
-        last = xa
-    if last < 0:
+    ga, gb = _kgrams(s.ra, alo, ahi), _kgrams(s.rb, blo, bhi)
+    common = _once(ga) & _once(gb)
+    if not common:
         return []
-    runs.append((ra, rb, last - ra + k))
+    mask = list(map(common.__contains__, ga))
+    xas = list(compress(range(len(ga)), mask))
+    where_b = dict(zip(gb, range(len(gb))))  # a k-gram unique in B: its only position
+    xbs = list(map(where_b.__getitem__, compress(ga, mask)))
+    # Runs of anchors on one diagonal that follow each other are one block: equal (diagonal, xa - rank).
+    runs: list[tuple[int, int, int]] = []
+    i = 0
+    for (diag, _), group in groupby(zip(map(sub, xbs, xas), map(sub, xas, count()))):
+        m = len(list(group))
+        runs.append((xas[i], xas[i] + diag, xas[i + m - 1] - xas[i] + k))
+        i += m
     chain = _heaviest_increasing(runs)
     # Verify (hash collisions) and drop overlaps left by k-gram widths.
     blocks: list[tuple[int, int, int]] = []
