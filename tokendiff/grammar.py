@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tokendiff.model import Part, Prompt, Section, SectionPath, flag_indices
@@ -309,35 +309,34 @@ def _name_in(data: bytes, start: int, end: int) -> str | None:
     return None
 
 
+# A JSON string (an unterminated one runs to the end) or a brace: strings are skipped in one match,
+# so scanning a tools block visits its braces, not its bytes.
+_STRING_OR_BRACE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[{}]', re.S)
+
+
+def json_braces(data: bytes, start: int, end: int) -> Iterator[tuple[int, bool]]:
+    """(offset, is_open) of every brace in data[start:end] outside JSON strings (escape-aware)."""
+    for m in _STRING_OR_BRACE.finditer(data, start, end):
+        c = data[m.start()]
+        if c != 0x22:
+            yield m.start(), c == 0x7B
+
+
 def _json_objects(data: bytes, start: int, end: int) -> list[tuple[int, int]]:
-    """Top-level {...} objects between start and end (string- and escape-aware)."""
+    """Top-level {...} objects between start and end (string- and escape-aware; JSON strings only:
+    single quotes appear inside prose)."""
     out = []
     depth = 0
-    in_str: int | None = None
-    esc = False
     obj_start = 0
-    i = start
-    quote_chars = (0x22,)  # JSON strings only; single quotes appear inside prose
-    while i < end:
-        c = data[i]
-        if in_str is not None:
-            if esc:
-                esc = False
-            elif c == 0x5C:
-                esc = True
-            elif c == in_str:
-                in_str = None
-        elif c in quote_chars:
-            in_str = c
-        elif c == 0x7B:
+    for i, is_open in json_braces(data, start, end):
+        if is_open:
             if depth == 0:
                 obj_start = i
             depth += 1
-        elif c == 0x7D and depth > 0:
+        elif depth > 0:
             depth -= 1
             if depth == 0:
                 out.append((obj_start, i + 1))
-        i += 1
     return out
 
 

@@ -68,10 +68,10 @@ def _dir_entries(base: Path, order: str) -> tuple[str, list[Path]]:
 
 def file_kind(p: Path) -> str:
     """What a file holds (slot | capture | har | promptlog | body), from its magic, name and first bytes."""
-    from tokendiff.capture import is_capture_file
-
     if is_slot_file(p):
         return "slot"
+    from tokendiff.capture import is_capture_file
+
     if is_capture_file(p):
         return "capture"
     if p.suffix.lower() == ".har":
