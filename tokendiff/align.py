@@ -11,6 +11,7 @@ compares and dict lookups run in C), so the diff needs no numpy.
 from __future__ import annotations
 
 import struct
+import sys
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ KGRAM = 8
 WEIGHTED_MAX = 400
 GLUE = 3  # equal runs this short between two larger edits are merged into them
 _SCAN = 64  # bytes left to compare one by one after bisecting
+NUMPY_FROM = 150_000  # tokens a side from which importing numpy for the anchors pays for itself
 
 
 def _first_diff(x: bytes, xo: int, y: bytes, yo: int, n: int) -> int:
@@ -153,32 +155,92 @@ def _kgrams(raw: bytes, lo: int, hi: int) -> list[bytes]:
     return out
 
 
-def _once(grams: list[bytes]) -> set[bytes]:
-    """The k-grams that occur exactly once (counted and filtered in C)."""
-    counts = Counter(grams)
-    return set(compress(counts, map(eq, counts.values(), repeat(1))))
-
-
-def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
-    """Matching blocks (ia, ib, n) relative to (alo, blo), from k-grams unique on both sides, in order."""
+def _runs_stdlib(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
+    """The anchor runs (ia, ib, n) relative to (alo, blo), in order of ia: k-grams occurring once in
+    A and once in B (one count over both, filtered in C), consecutive on one diagonal."""
     k = KGRAM
-    if ahi - alo < k or bhi - blo < k:
-        return []
     ga, gb = _kgrams(s.ra, alo, ahi), _kgrams(s.rb, blo, bhi)
-    common = _once(ga) & _once(gb)
-    if not common:
-        return []
+    counts = Counter(ga)
+    counts.update(gb)
+    where_b = dict(zip(gb, count()))  # for a k-gram B holds once: its only position
+    # twice in all and present in B: once in each, or twice in B (then absent from A, so never masked in)
+    common = set(compress(counts, map(eq, counts.values(), repeat(2)))) & where_b.keys()
     mask = list(map(common.__contains__, ga))
     xas = list(compress(range(len(ga)), mask))
-    where_b = dict(zip(gb, range(len(gb))))  # a k-gram unique in B: its only position
     xbs = list(map(where_b.__getitem__, compress(ga, mask)))
-    # Runs of anchors on one diagonal that follow each other are one block: equal (diagonal, xa - rank).
+    # Anchors that follow each other on one diagonal are one run: equal (diagonal, xa - rank).
     runs: list[tuple[int, int, int]] = []
     i = 0
     for (diag, _), group in groupby(zip(map(sub, xbs, xas), map(sub, xas, count()))):
         m = len(list(group))
         runs.append((xas[i], xas[i] + diag, xas[i + m - 1] - xas[i] + k))
         i += m
+    return runs
+
+
+def _runs_numpy(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
+    """`_runs_stdlib` vectorised (k-grams hashed to 64 bits; a collision is caught by the verification)."""
+    import numpy as np
+
+    k = KGRAM
+    a = np.frombuffer(s.ra, dtype=np.int32)[alo:ahi].astype(np.int64)
+    b = np.frombuffer(s.rb, dtype=np.int32)[blo:bhi].astype(np.int64)
+    ha, pa = _np_unique_positions(_np_kgram_hashes(np, a, k))
+    hb, pb = _np_unique_positions(_np_kgram_hashes(np, b, k))
+    common, ia, ib = np.intersect1d(ha, hb, assume_unique=True, return_indices=True)
+    if common.shape[0] == 0:
+        return []
+    xa, xb = pa[ia], pb[ib]
+    order = np.argsort(xa, kind="stable")
+    xa, xb = xa[order], xb[order]
+    diag = xb - xa
+    brk = np.ones(xa.shape[0], dtype=bool)
+    brk[1:] = (diag[1:] != diag[:-1]) | (xa[1:] != xa[:-1] + 1)
+    starts = np.flatnonzero(brk)
+    ends = np.append(starts[1:], xa.shape[0])
+    return [(int(xa[s]), int(xb[s]), int(xa[e - 1] - xa[s]) + k) for s, e in zip(starts.tolist(), ends.tolist())]
+
+
+def _np_kgram_hashes(np, x, k: int):
+    n = x.shape[0] - k + 1
+    h = np.zeros(n, dtype=np.uint64)
+    mult = np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        for j in range(k):
+            h = h * mult + (x[j : j + n].astype(np.uint64) + np.uint64(1))
+    return h
+
+
+def _np_unique_positions(h):
+    """Hashes that occur exactly once, and where."""
+    import numpy as np
+
+    order = np.argsort(h, kind="stable")
+    hs = h[order]
+    if hs.shape[0] == 0:
+        return hs, order
+    first = np.ones(hs.shape[0], dtype=bool)
+    first[1:] = hs[1:] != hs[:-1]
+    last = np.ones(hs.shape[0], dtype=bool)
+    last[:-1] = hs[1:] != hs[:-1]
+    once = first & last
+    return hs[once], order[once]
+
+
+def _use_numpy(n: int) -> bool:
+    """numpy finds the anchors of big gaps ~5x faster, but importing it costs what 50k tokens cost
+    without it: use it when a caller already paid for it (reports, the TUI) or the gap is huge."""
+    return n >= NUMPY_FROM or "numpy" in sys.modules
+
+
+def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
+    """Matching blocks (ia, ib, n) relative to (alo, blo), from k-grams unique on both sides, in order."""
+    if ahi - alo < KGRAM or bhi - blo < KGRAM:
+        return []
+    find = _runs_numpy if _use_numpy(max(ahi - alo, bhi - blo)) else _runs_stdlib
+    runs = find(s, alo, ahi, blo, bhi)
+    if not runs:
+        return []
     chain = _heaviest_increasing(runs)
     # Verify (hash collisions) and drop overlaps left by k-gram widths.
     blocks: list[tuple[int, int, int]] = []
