@@ -15,8 +15,8 @@ import sys
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
-from itertools import compress, count, groupby, repeat
-from operator import eq, itemgetter, sub
+from itertools import compress, count, repeat
+from operator import eq, itemgetter
 
 from tokendiff.model import Divergence, Hunk, Prompt, id_bytes
 
@@ -155,27 +155,60 @@ def _kgrams(raw: bytes, lo: int, hi: int) -> list[bytes]:
     return out
 
 
+def _once(grams: list[bytes]) -> set[bytes]:
+    """The k-grams that occur exactly once (counted and filtered in C)."""
+    counts = Counter(grams)
+    return set(compress(counts, map(eq, counts.values(), repeat(1))))
+
+
 def _runs_stdlib(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
     """The anchor runs (ia, ib, n) relative to (alo, blo), in order of ia: k-grams occurring once in
-    A and once in B (one count over both, filtered in C), consecutive on one diagonal."""
-    k = KGRAM
+    A and once in B, consecutive on one diagonal. Only the anchors' A positions are listed; where
+    each run starts in B and how far it goes are found by byte search and compare (`_run_end`)."""
     ga, gb = _kgrams(s.ra, alo, ahi), _kgrams(s.rb, blo, bhi)
-    counts = Counter(ga)
-    counts.update(gb)
-    where_b = dict(zip(gb, count()))  # for a k-gram B holds once: its only position
-    # twice in all and present in B: once in each, or twice in B (then absent from A, so never masked in)
-    common = set(compress(counts, map(eq, counts.values(), repeat(2)))) & where_b.keys()
-    mask = list(map(common.__contains__, ga))
-    xas = list(compress(range(len(ga)), mask))
-    xbs = list(map(where_b.__getitem__, compress(ga, mask)))
-    # Anchors that follow each other on one diagonal are one run: equal (diagonal, xa - rank).
+    common = _once(ga).intersection(_once(gb))
+    xas = list(compress(count(), map(common.__contains__, ga)))
     runs: list[tuple[int, int, int]] = []
     i = 0
-    for (diag, _), group in groupby(zip(map(sub, xbs, xas), map(sub, xas, count()))):
-        m = len(list(group))
-        runs.append((xas[i], xas[i] + diag, xas[i + m - 1] - xas[i] + k))
-        i += m
+    while i < len(xas):
+        xa = xas[i]
+        at = s.rb.find(ga[xa], 4 * blo, 4 * bhi)
+        while at % 4:  # a match across token boundaries: the aligned one (B holds it once) is further on
+            at = s.rb.find(ga[xa], at + 1, 4 * bhi)
+        xb = at // 4 - blo
+        j = _run_end(s, xas, i, (alo, blo, bhi), xb)
+        runs.append((xa, xb, xas[j] - xa + KGRAM))
+        i = j + 1
     return runs
+
+
+def _run_end(s: _Seqs, xas: list[int], i: int, box: tuple[int, int, int], xb: int) -> int:
+    """The last j such that anchors i..j are one run. They are iff their A positions are consecutive
+    and A's tokens from the first to the last k-gram equal B's from xb on (within the gap): every
+    k-gram in between is then found on the diagonal, and B holds it only there. Galloping, then
+    bisecting, each probe comparing only tokens past those already verified."""
+    alo, blo, bhi = box
+    xa0, good, n = xas[i], i, len(xas)
+
+    def extends(j: int) -> bool:
+        xa = xas[j]
+        if xa - xa0 != j - i or xb + (xa - xa0) + KGRAM > bhi - blo:
+            return False
+        a0, a1 = alo + xas[good] + KGRAM, alo + xa + KGRAM  # tokens [.., a0) are verified
+        b0 = blo + xb + (a0 - alo - xa0)
+        return s.ra[4 * a0 : 4 * a1] == s.rb[4 * b0 : 4 * (b0 + a1 - a0)]
+
+    step = 1
+    while good + step < n and extends(good + step):
+        good, step = good + step, step * 2
+    bad = min(good + step, n)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if extends(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
 
 
 def _runs_numpy(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
