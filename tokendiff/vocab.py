@@ -135,9 +135,21 @@ class Vocab:
         pieces = list(map(table.__getitem__, seq))
         offsets = array("q", [0])
         offsets.extend(accumulate(map(len, pieces)))
-        flags = self.flags
-        spec = {i: 1 if i < 0 or flags[i] & SPECIAL else 0 for i in table}
-        return b"".join(pieces), offsets, array("B", map(spec.__getitem__, seq))
+        return b"".join(pieces), offsets, self._special(seq, [i for i in table if i < 0 or self.flags[i] & SPECIAL])
+
+    @staticmethod
+    def _special(seq: list[int], special_ids: list[int]) -> array[int]:
+        """0/1 per token: the few special IDs are found in the int32 bytes by find(), not token by token."""
+        out = bytearray(len(seq))
+        raw = array("i", seq).tobytes() if special_ids else b""
+        for sid in special_ids:
+            word = struct.pack("=i", sid)
+            at = raw.find(word)
+            while at >= 0:
+                if at % 4 == 0:
+                    out[at // 4] = 1
+                at = raw.find(word, at + 1)
+        return array("B", out)
 
 
 def _pack(name: str, pieces: list[bytes], flags: list[int], identity: str, meta: VocabMeta) -> Vocab:
