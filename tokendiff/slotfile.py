@@ -159,11 +159,21 @@ def _read_payload(f, p: str, n: int, size: int) -> array[int]:
     return words
 
 
+_SIGN = bytes([0] * 128 + [1] * 128)  # bytes.translate table: the high bit of a byte -> 0/1
+
+
+def _negatives(tokens: array[int]) -> bytes:
+    """One byte per ID, 1 where it is negative: its sign byte, translated (in C, no int per token)."""
+    sign = 3 if sys.byteorder == "little" else 0
+    return tokens.tobytes()[sign::4].translate(_SIGN)
+
+
 def _first_negative(tokens: array[int], skip: int | None = None) -> int | None:
-    """Index of the first ID below 0 other than `skip` (min() scans at C speed; the loop runs only on a hit)."""
-    if not tokens or min(tokens) >= 0:
+    """Index of the first ID below 0 other than `skip`; the loop runs only from the first negative on."""
+    first = _negatives(tokens).find(1)
+    if first < 0:
         return None
-    return next((i for i, t in enumerate(tokens) if t < 0 and t != skip), None)
+    return next((i for i in range(first, len(tokens)) if tokens[i] < 0 and tokens[i] != skip), None)
 
 
 def _refuse_negative(tokens: array[int], p: str) -> None:
@@ -249,7 +259,7 @@ def _unpack_server_tokens(slot: SlotFile, words: array[int]) -> None:
     i = _first_negative(tokens, skip=MEDIA)
     if i is not None:
         raise InputError(f"negative token id {tokens[i]} at token {i}", source=p, offset=off(3 + i))
-    if k == 0 and MEDIA in tokens:
+    if k == 0 and _negatives(tokens).find(1) >= 0:  # only -1 (media) is left among the negatives
         i = tokens.index(MEDIA)
         raise InputError(f"media cell at token {i} but no media chunks", source=p, offset=off(3 + i))
     slot.tokens = tokens
