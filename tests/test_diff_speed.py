@@ -128,3 +128,17 @@ def test_json_braces_skip_strings_like_a_scanner():
         s = rng.randrange(len(data) + 1)
         e = rng.randrange(s, len(data) + 1)
         assert list(json_braces(data, s, e)) == _braces_reference(data, s, e), (data, s, e)
+
+
+def test_vocab_table_is_mapped_and_pickles(vocab):
+    """The cached table is a memory map (nothing read up front); a worker process gets a plain copy."""
+    import pickle
+
+    from tokendiff.vocab import load_vocab
+
+    v = load_vocab()
+    assert isinstance(v.blob, memoryview) and v.blob.readonly
+    w = pickle.loads(pickle.dumps(v))
+    ids = array("i", [9707, 151644, 11, 151645])
+    assert w.decode(ids)[0] == v.decode(ids)[0] == vocab.decode(ids)[0]
+    assert w.n_vocab == v.n_vocab and w.meta == v.meta and list(w.decode(ids)[2]) == [0, 1, 0, 1]

@@ -137,6 +137,15 @@ class Vocab:
         offsets.extend(accumulate(map(len, pieces)))
         return b"".join(pieces), offsets, self._special(seq, [i for i in table if i < 0 or self.flags[i] & SPECIAL])
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (for a worker process) as plain bytes and arrays: a memory map does not pickle."""
+        state = dict(self.__dict__)
+        state.update(blob=self.blob.tobytes(), offsets=array("q", self.offsets), flags=bytes(self.flags))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, blob=memoryview(state["blob"]))
+
     @staticmethod
     def _special(seq: list[int], special_ids: list[int]) -> array[int]:
         """0/1 per token: the few special IDs are found in the int32 bytes by find(), not token by token."""
