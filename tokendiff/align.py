@@ -78,16 +78,17 @@ def first_byte_diff(a: bytes, b: bytes) -> int | None:
 
 
 class _Seqs:
-    """The two ID sequences of a diff: int32 bytes for prefixes, suffixes and k-grams; lists for difflib."""
+    """The two ID sequences of a diff as int32 bytes: prefixes, suffixes and k-grams are slices of them."""
 
     def __init__(self, a: Sequence[int], b: Sequence[int]):
         self.ra, self.rb = id_bytes(a), id_bytes(b)
-        self._lists: tuple[list[int], list[int]] | None = None
 
-    def lists(self) -> tuple[list[int], list[int]]:
-        if self._lists is None:
-            self._lists = (memoryview(self.ra).cast("i").tolist(), memoryview(self.rb).cast("i").tolist())
-        return self._lists
+    def lists(self, alo: int, ahi: int, blo: int, bhi: int) -> tuple[list[int], list[int]]:
+        """The IDs of A[alo:ahi] and B[blo:bhi] as lists (for difflib)."""
+        return (
+            memoryview(self.ra)[4 * alo : 4 * ahi].cast("i").tolist(),
+            memoryview(self.rb)[4 * blo : 4 * bhi].cast("i").tolist(),
+        )
 
     def prefix(self, alo: int, ahi: int, blo: int, bhi: int) -> int:
         return _first_diff(self.ra, 4 * alo, self.rb, 4 * blo, 4 * min(ahi - alo, bhi - blo)) // 4
@@ -136,8 +137,7 @@ def _diff(s: _Seqs, alo, ahi, blo, bhi, out, depth) -> None:
 def _difflib(s: _Seqs, alo, ahi, blo, bhi, out) -> None:
     import difflib
 
-    la, lb = s.lists()
-    sm = difflib.SequenceMatcher(None, la[alo:ahi], lb[blo:bhi], autojunk=False)
+    sm = difflib.SequenceMatcher(None, *s.lists(alo, ahi, blo, bhi), autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag != "equal":
             out.append((alo + i1, alo + i2, blo + j1, blo + j2))

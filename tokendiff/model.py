@@ -267,8 +267,9 @@ def id_bytes(ids: Sequence[int]) -> bytes:
     memcmp speed without numpy (which would cost `tokendiff diff` more to import than to run)."""
     if isinstance(ids, array) and ids.itemsize == 4:
         return ids.tobytes()
-    tolist = getattr(ids, "tolist", None)
-    return array("i", tolist() if tolist else ids).tobytes()
+    if hasattr(ids, "astype"):  # numpy: converted in C
+        return ids.astype("=i4", copy=False).tobytes()
+    return array("i", ids).tobytes()
 
 
 _ONE = bytes([0] + [1] * 255)  # bytes.translate table: any non-zero byte -> 1
