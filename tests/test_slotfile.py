@@ -139,4 +139,5 @@ def test_session_dir_order(tmp_path):
 
 def test_tokens_are_int32(tmp_path):
     s = read_slot_file(write_slot(tmp_path / "a.bin", [151668, 0]))
-    assert s.tokens.dtype == np.int32
+    assert s.tokens.typecode == "i" and s.tokens.itemsize == 4  # a stdlib array: reading imports no numpy
+    assert np.asarray(s.tokens).dtype == np.int32 and s.tokens.tolist() == [151668, 0]

@@ -2,103 +2,239 @@
 
 The longest common prefix is what a token-exact prefix cache can reuse. The
 hunks after it come from a real sequence diff that stays near-linear on 100k
-tokens with a handful of edits: trim the common ends with numpy, anchor the
-middle on k-grams that occur once on each side (patience-style), and hand
-only the small gaps between anchors to difflib.
+tokens with a handful of edits: trim the common ends, anchor the middle on
+k-grams that occur once on each side (patience-style), and hand only the small
+gaps between anchors to difflib. IDs are compared as int32 bytes (slice
+compares and dict lookups run in C), so the diff needs no numpy.
 """
 
 from __future__ import annotations
 
-import difflib
+import struct
+import sys
 from bisect import bisect_left
+from collections import Counter
+from collections.abc import Sequence
+from itertools import compress, count, repeat
+from operator import eq, itemgetter
 
-import numpy as np
-
-from tokendiff.model import Divergence, Hunk, Prompt
+from tokendiff.model import Divergence, Hunk, Prompt, id_bytes
 
 SMALL = 1500  # gaps up to this many tokens a side go to difflib directly
 KGRAM = 8
 WEIGHTED_MAX = 400
 GLUE = 3  # equal runs this short between two larger edits are merged into them
+_SCAN = 64  # bytes left to compare one by one after bisecting
+NUMPY_FROM = 150_000  # tokens a side from which importing numpy for the anchors pays for itself
 
 
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Number of equal leading elements (vectorised)."""
-    n = min(a.shape[0], b.shape[0])
-    if n == 0:
-        return 0
-    neq = np.flatnonzero(a[:n] != b[:n])
-    return int(neq[0]) if neq.size else n
+def _first_diff(x: bytes, xo: int, y: bytes, yo: int, n: int) -> int:
+    """Length of the common prefix of x[xo:xo+n] and y[yo:yo+n]: bisected with slice compares
+    (memcmp), so 50k tokens cost a few hundred microseconds in plain Python."""
+    lo, hi = 0, n
+    while hi - lo > _SCAN:
+        mid = (lo + hi) // 2
+        if x[xo + lo : xo + mid] == y[yo + lo : yo + mid]:
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and x[xo + lo] == y[yo + lo]:
+        lo += 1
+    return lo
 
 
-def common_suffix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
+def _last_diff(x: bytes, xe: int, y: bytes, ye: int, n: int) -> int:
+    """Length of the common suffix of x[xe-n:xe] and y[ye-n:ye]."""
+    lo, hi = 0, n
+    while hi - lo > _SCAN:
+        mid = (lo + hi) // 2
+        if x[xe - mid : xe - lo] == y[ye - mid : ye - lo]:
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and x[xe - lo - 1] == y[ye - lo - 1]:
+        lo += 1
+    return lo
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of equal leading elements (stdlib or numpy arrays, or lists of IDs)."""
+    ra, rb = id_bytes(a), id_bytes(b)
+    return _first_diff(ra, 0, rb, 0, min(len(ra), len(rb))) // 4
+
+
+def common_suffix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
     """Number of equal trailing elements, at most `limit`."""
-    n = min(a.shape[0], b.shape[0], limit)
-    if n == 0:
-        return 0
-    neq = np.flatnonzero(a[a.shape[0] - n :][::-1] != b[b.shape[0] - n :][::-1])
-    return int(neq[0]) if neq.size else n
+    ra, rb = id_bytes(a), id_bytes(b)
+    n = 4 * max(0, min(len(ra) // 4, len(rb) // 4, limit))
+    return _last_diff(ra, len(ra), rb, len(rb), n) // 4
 
 
 def first_byte_diff(a: bytes, b: bytes) -> int | None:
     """Offset of the first differing byte (None when equal)."""
     if a == b:
         return None
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    av = np.frombuffer(a, dtype=np.uint8, count=n)
-    bv = np.frombuffer(b, dtype=np.uint8, count=n)
-    neq = np.flatnonzero(av != bv)
-    return int(neq[0]) if neq.size else n
+    return _first_diff(a, 0, b, 0, min(len(a), len(b)))
 
 
-def diff_spans(a: np.ndarray, b: np.ndarray) -> list[tuple[int, int, int, int]]:
+class _Seqs:
+    """The two ID sequences of a diff as int32 bytes: prefixes, suffixes and k-grams are slices of them."""
+
+    def __init__(self, a: Sequence[int], b: Sequence[int]):
+        self.ra, self.rb = id_bytes(a), id_bytes(b)
+
+    def lists(self, alo: int, ahi: int, blo: int, bhi: int) -> tuple[list[int], list[int]]:
+        """The IDs of A[alo:ahi] and B[blo:bhi] as lists (for difflib)."""
+        return (
+            memoryview(self.ra)[4 * alo : 4 * ahi].cast("i").tolist(),
+            memoryview(self.rb)[4 * blo : 4 * bhi].cast("i").tolist(),
+        )
+
+    def prefix(self, alo: int, ahi: int, blo: int, bhi: int) -> int:
+        return _first_diff(self.ra, 4 * alo, self.rb, 4 * blo, 4 * min(ahi - alo, bhi - blo)) // 4
+
+    def suffix(self, alo: int, ahi: int, blo: int, bhi: int) -> int:
+        return _last_diff(self.ra, 4 * ahi, self.rb, 4 * bhi, 4 * min(ahi - alo, bhi - blo)) // 4
+
+
+def diff_spans(a: Sequence[int], b: Sequence[int]) -> list[tuple[int, int, int, int]]:
     """Non-equal spans (a_start, a_end, b_start, b_end), in order."""
-    a = np.ascontiguousarray(a, dtype=np.int64)
-    b = np.ascontiguousarray(b, dtype=np.int64)
+    seqs = _Seqs(a, b)
     out: list[tuple[int, int, int, int]] = []
-    _diff(a, b, 0, a.shape[0], 0, b.shape[0], out, 0)
+    _diff(seqs, 0, len(seqs.ra) // 4, 0, len(seqs.rb) // 4, out, 0)
     return _merge(out)
 
 
-def _diff(a, b, alo, ahi, blo, bhi, out, depth) -> None:
-    p = common_prefix(a[alo:ahi], b[blo:bhi])
+def _diff(s: _Seqs, alo, ahi, blo, bhi, out, depth) -> None:
+    p = s.prefix(alo, ahi, blo, bhi)
     alo += p
     blo += p
-    s = common_suffix(a[alo:ahi], b[blo:bhi], min(ahi - alo, bhi - blo))
-    ahi -= s
-    bhi -= s
+    n = s.suffix(alo, ahi, blo, bhi)
+    ahi -= n
+    bhi -= n
     if alo == ahi and blo == bhi:
         return
     if alo == ahi or blo == bhi:
         out.append((alo, ahi, blo, bhi))
         return
     if (ahi - alo) <= SMALL and (bhi - blo) <= SMALL:
-        _difflib(a, b, alo, ahi, blo, bhi, out)
+        _difflib(s, alo, ahi, blo, bhi, out)
         return
-    blocks = _anchors(a[alo:ahi], b[blo:bhi]) if depth < 32 else []
+    blocks = _anchors(s, alo, ahi, blo, bhi) if depth < 32 else []
     if not blocks:
         if (ahi - alo) * (bhi - blo) <= 16_000_000:
-            _difflib(a, b, alo, ahi, blo, bhi, out)
+            _difflib(s, alo, ahi, blo, bhi, out)
         else:  # nothing unique in common: one replaced span is the honest answer
             out.append((alo, ahi, blo, bhi))
         return
     ca, cb = alo, blo
     for ia, ib, n in blocks:
-        _diff(a, b, ca, alo + ia, cb, blo + ib, out, depth + 1)
+        _diff(s, ca, alo + ia, cb, blo + ib, out, depth + 1)
         ca, cb = alo + ia + n, blo + ib + n
-    _diff(a, b, ca, ahi, cb, bhi, out, depth + 1)
+    _diff(s, ca, ahi, cb, bhi, out, depth + 1)
 
 
-def _difflib(a, b, alo, ahi, blo, bhi, out) -> None:
-    sm = difflib.SequenceMatcher(None, a[alo:ahi].tolist(), b[blo:bhi].tolist(), autojunk=False)
+def _difflib(s: _Seqs, alo, ahi, blo, bhi, out) -> None:
+    import difflib
+
+    sm = difflib.SequenceMatcher(None, *s.lists(alo, ahi, blo, bhi), autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag != "equal":
             out.append((alo + i1, alo + i2, blo + j1, blo + j2))
 
 
-def _kgram_hashes(x: np.ndarray, k: int) -> np.ndarray:
+def _kgrams(raw: bytes, lo: int, hi: int) -> list[bytes]:
+    """The k-grams of tokens [lo, hi) as int32 bytes, in order: cut by struct in KGRAM interleaved
+    passes and put in place by slice assignment, so no Python code runs per token."""
+    n, w = hi - lo - KGRAM + 1, 4 * KGRAM
+    out: list[bytes] = [b""] * n
+    for j in range(min(KGRAM, n)):
+        m = (n - j + KGRAM - 1) // KGRAM  # the k-grams at j, j+KGRAM, ... < n
+        at = 4 * (lo + j)
+        out[j::KGRAM] = list(map(itemgetter(0), struct.iter_unpack(f"{w}s", raw[at : at + m * w])))
+    return out
+
+
+def _once(grams: list[bytes]) -> set[bytes]:
+    """The k-grams that occur exactly once (counted and filtered in C)."""
+    counts = Counter(grams)
+    return set(compress(counts, map(eq, counts.values(), repeat(1))))
+
+
+def _runs_stdlib(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
+    """The anchor runs (ia, ib, n) relative to (alo, blo), in order of ia: k-grams occurring once in
+    A and once in B, consecutive on one diagonal. Only the anchors' A positions are listed; where
+    each run starts in B and how far it goes are found by byte search and compare (`_run_end`)."""
+    ga, gb = _kgrams(s.ra, alo, ahi), _kgrams(s.rb, blo, bhi)
+    common = _once(ga).intersection(_once(gb))
+    xas = list(compress(count(), map(common.__contains__, ga)))
+    runs: list[tuple[int, int, int]] = []
+    i = 0
+    while i < len(xas):
+        xa = xas[i]
+        at = s.rb.find(ga[xa], 4 * blo, 4 * bhi)
+        while at % 4:  # a match across token boundaries: the aligned one (B holds it once) is further on
+            at = s.rb.find(ga[xa], at + 1, 4 * bhi)
+        xb = at // 4 - blo
+        j = _run_end(s, xas, i, (alo, blo, bhi), xb)
+        runs.append((xa, xb, xas[j] - xa + KGRAM))
+        i = j + 1
+    return runs
+
+
+def _run_end(s: _Seqs, xas: list[int], i: int, box: tuple[int, int, int], xb: int) -> int:
+    """The last j such that anchors i..j are one run. They are iff their A positions are consecutive
+    and A's tokens from the first to the last k-gram equal B's from xb on (within the gap): every
+    k-gram in between is then found on the diagonal, and B holds it only there. Galloping, then
+    bisecting, each probe comparing only tokens past those already verified."""
+    alo, blo, bhi = box
+    xa0, good, n = xas[i], i, len(xas)
+
+    def extends(j: int) -> bool:
+        xa = xas[j]
+        if xa - xa0 != j - i or xb + (xa - xa0) + KGRAM > bhi - blo:
+            return False
+        a0, a1 = alo + xas[good] + KGRAM, alo + xa + KGRAM  # tokens [.., a0) are verified
+        b0 = blo + xb + (a0 - alo - xa0)
+        return s.ra[4 * a0 : 4 * a1] == s.rb[4 * b0 : 4 * (b0 + a1 - a0)]
+
+    step = 1
+    while good + step < n and extends(good + step):
+        good, step = good + step, step * 2
+    bad = min(good + step, n)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if extends(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def _runs_numpy(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
+    """`_runs_stdlib` vectorised (k-grams hashed to 64 bits; a collision is caught by the verification)."""
+    import numpy as np
+
+    k = KGRAM
+    a = np.frombuffer(s.ra, dtype=np.int32)[alo:ahi].astype(np.int64)
+    b = np.frombuffer(s.rb, dtype=np.int32)[blo:bhi].astype(np.int64)
+    ha, pa = _np_unique_positions(_np_kgram_hashes(np, a, k))
+    hb, pb = _np_unique_positions(_np_kgram_hashes(np, b, k))
+    common, ia, ib = np.intersect1d(ha, hb, assume_unique=True, return_indices=True)
+    if common.shape[0] == 0:
+        return []
+    xa, xb = pa[ia], pb[ib]
+    order = np.argsort(xa, kind="stable")
+    xa, xb = xa[order], xb[order]
+    diag = xb - xa
+    brk = np.ones(xa.shape[0], dtype=bool)
+    brk[1:] = (diag[1:] != diag[:-1]) | (xa[1:] != xa[:-1] + 1)
+    starts = np.flatnonzero(brk)
+    ends = np.append(starts[1:], xa.shape[0])
+    return [(int(xa[s]), int(xb[s]), int(xa[e - 1] - xa[s]) + k) for s, e in zip(starts.tolist(), ends.tolist())]
+
+
+def _np_kgram_hashes(np, x, k: int):
     n = x.shape[0] - k + 1
     h = np.zeros(n, dtype=np.uint64)
     mult = np.uint64(0x9E3779B97F4A7C15)
@@ -108,8 +244,10 @@ def _kgram_hashes(x: np.ndarray, k: int) -> np.ndarray:
     return h
 
 
-def _unique_positions(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _np_unique_positions(h):
     """Hashes that occur exactly once, and where."""
+    import numpy as np
+
     order = np.argsort(h, kind="stable")
     hs = h[order]
     if hs.shape[0] == 0:
@@ -122,27 +260,20 @@ def _unique_positions(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return hs[once], order[once]
 
 
-def _anchors(a: np.ndarray, b: np.ndarray) -> list[tuple[int, int, int]]:
-    """Matching blocks (ia, ib, n) from k-grams unique on both sides, in increasing order."""
-    k = KGRAM
-    if a.shape[0] < k or b.shape[0] < k:
+def _use_numpy(n: int) -> bool:
+    """numpy finds the anchors of big gaps ~5x faster, but importing it costs what 50k tokens cost
+    without it: use it when a caller already paid for it (reports, the TUI) or the gap is huge."""
+    return n >= NUMPY_FROM or "numpy" in sys.modules
+
+
+def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
+    """Matching blocks (ia, ib, n) relative to (alo, blo), from k-grams unique on both sides, in order."""
+    if ahi - alo < KGRAM or bhi - blo < KGRAM:
         return []
-    ha, pa = _unique_positions(_kgram_hashes(a, k))
-    hb, pb = _unique_positions(_kgram_hashes(b, k))
-    common, ia, ib = np.intersect1d(ha, hb, assume_unique=True, return_indices=True)
-    if common.shape[0] == 0:
+    find = _runs_numpy if _use_numpy(max(ahi - alo, bhi - blo)) else _runs_stdlib
+    runs = find(s, alo, ahi, blo, bhi)
+    if not runs:
         return []
-    xa = pa[ia]
-    xb = pb[ib]
-    order = np.argsort(xa, kind="stable")
-    xa, xb = xa[order], xb[order]
-    # Runs of anchors on one diagonal that follow each other are one block.
-    diag = xb - xa
-    brk = np.ones(xa.shape[0], dtype=bool)
-    brk[1:] = (diag[1:] != diag[:-1]) | (xa[1:] != xa[:-1] + 1)
-    starts = np.flatnonzero(brk)
-    ends = np.append(starts[1:], xa.shape[0])
-    runs = [(int(xa[s]), int(xb[s]), int(xa[e - 1] - xa[s]) + k) for s, e in zip(starts.tolist(), ends.tolist())]
     chain = _heaviest_increasing(runs)
     # Verify (hash collisions) and drop overlaps left by k-gram widths.
     blocks: list[tuple[int, int, int]] = []
@@ -151,7 +282,7 @@ def _anchors(a: np.ndarray, b: np.ndarray) -> list[tuple[int, int, int]]:
         if ra < end_a or rb < end_b:
             cut = max(end_a - ra, end_b - rb)
             ra, rb, n = ra + cut, rb + cut, n - cut
-        if n <= 0 or not np.array_equal(a[ra : ra + n], b[rb : rb + n]):
+        if n <= 0 or s.ra[4 * (alo + ra) : 4 * (alo + ra + n)] != s.rb[4 * (blo + rb) : 4 * (blo + rb + n)]:
             continue
         blocks.append((ra, rb, n))
         end_a, end_b = ra + n, rb + n

@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tokendiff.grammar import json_braces
 from tokendiff.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
 
 PAD = 48  # bytes of context either side when matching patterns around a hunk
@@ -438,7 +439,6 @@ def detect_call_id(ctx: Ctx) -> Finding | None:
 
 
 _BRACES = re.compile(rb"[{}]")
-_JSON_CHARS = re.compile(rb'[{}"\\]')
 
 
 def _enclosing_json(data: bytes, start: int, end: int, limit: int = 65536) -> tuple[int, int] | None:
@@ -457,29 +457,10 @@ def _enclosing_json(data: bytes, start: int, end: int, limit: int = 65536) -> tu
     if open_at is None:
         return None
     depth = 0
-    in_str = esc = False
-    prev = -2
-    for m in _JSON_CHARS.finditer(data, open_at, min(len(data), end + limit)):
-        j, c = m.start(), data[m.start()]
-        if esc and j == prev + 1:
-            esc = False
-            prev = j
-            continue
-        esc = False
-        prev = j
-        if in_str:
-            if c == 0x5C:
-                esc = True
-            elif c == 0x22:
-                in_str = False
-        elif c == 0x22:
-            in_str = True
-        elif c == 0x7B:
-            depth += 1
-        elif c == 0x7D:
-            depth -= 1
-            if depth == 0:
-                return (open_at, j + 1) if j + 1 >= end else None
+    for j, is_open in json_braces(data, open_at, min(len(data), end + limit)):
+        depth += 1 if is_open else -1
+        if depth == 0:
+            return (open_at, j + 1) if j + 1 >= end else None
     return None
 
 

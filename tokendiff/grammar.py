@@ -17,12 +17,11 @@ them) are `generated` inside it. No field paths: a slot file has no request.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
-
-from tokendiff.model import Part, Prompt, Section, SectionPath
+from tokendiff.model import Part, Prompt, Section, SectionPath, flag_indices
 
 
 @dataclass
@@ -48,21 +47,15 @@ class _Span:
 def _marker_positions(prompt: Prompt, text: str) -> list[tuple[int, int]]:
     """Byte ranges where `text` occurs as a special token (or as text, if it never does)."""
     raw = text.encode()
-    special_idx = np.flatnonzero(prompt.special)
-    hits = [
-        (int(prompt.offsets[i]), int(prompt.offsets[i + 1]))
-        for i in special_idx.tolist()
-        if prompt.token_bytes(i) == raw
-    ]
-    return hits
+    offs = prompt.offsets
+    return [(int(offs[i]), int(offs[i + 1])) for i in flag_indices(prompt.special) if prompt.token_bytes(i) == raw]
 
 
 def _special_texts(prompt: Prompt) -> set[bytes]:
-    idx = np.flatnonzero(prompt.special)
-    if not idx.size:
-        return set()
-    _, first = np.unique(prompt.ids[idx], return_index=True)
-    return {prompt.token_bytes(int(idx[f])) for f in first.tolist()}
+    first: dict[int, int] = {}  # the first index of each special token ID
+    for i in flag_indices(prompt.special):
+        first.setdefault(int(prompt.ids[i]), i)
+    return {prompt.token_bytes(i) for i in first.values()}
 
 
 def detect_family(prompt: Prompt) -> str:
@@ -316,35 +309,34 @@ def _name_in(data: bytes, start: int, end: int) -> str | None:
     return None
 
 
+# A JSON string (an unterminated one runs to the end) or a brace: strings are skipped in one match,
+# so scanning a tools block visits its braces, not its bytes.
+_STRING_OR_BRACE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[{}]', re.S)
+
+
+def json_braces(data: bytes, start: int, end: int) -> Iterator[tuple[int, bool]]:
+    """(offset, is_open) of every brace in data[start:end] outside JSON strings (escape-aware)."""
+    for m in _STRING_OR_BRACE.finditer(data, start, end):
+        c = data[m.start()]
+        if c != 0x22:
+            yield m.start(), c == 0x7B
+
+
 def _json_objects(data: bytes, start: int, end: int) -> list[tuple[int, int]]:
-    """Top-level {...} objects between start and end (string- and escape-aware)."""
+    """Top-level {...} objects between start and end (string- and escape-aware; JSON strings only:
+    single quotes appear inside prose)."""
     out = []
     depth = 0
-    in_str: int | None = None
-    esc = False
     obj_start = 0
-    i = start
-    quote_chars = (0x22,)  # JSON strings only; single quotes appear inside prose
-    while i < end:
-        c = data[i]
-        if in_str is not None:
-            if esc:
-                esc = False
-            elif c == 0x5C:
-                esc = True
-            elif c == in_str:
-                in_str = None
-        elif c in quote_chars:
-            in_str = c
-        elif c == 0x7B:
+    for i, is_open in json_braces(data, start, end):
+        if is_open:
             if depth == 0:
                 obj_start = i
             depth += 1
-        elif c == 0x7D and depth > 0:
+        elif depth > 0:
             depth -= 1
             if depth == 0:
                 out.append((obj_start, i + 1))
-        i += 1
     return out
 
 
@@ -495,12 +487,10 @@ def _to_sections(prompt: Prompt, spans: list[_Span]) -> list[Section]:
         return []
     offs = prompt.offsets
     n = len(prompt)
-    starts = np.array([s.start for s in spans], dtype=np.int64)
-    ends = np.array([s.end for s in spans], dtype=np.int64)
-    t0 = np.searchsorted(offs, starts, side="right") - 1
-    t1 = np.searchsorted(offs, np.maximum(ends - 1, starts), side="right")
     out = []
-    for s, a, b in zip(spans, t0.tolist(), t1.tolist()):
+    for s in spans:
+        a = bisect_right(offs, s.start) - 1
+        b = bisect_right(offs, max(s.end - 1, s.start))
         a = max(0, min(a, n))
         b = max(a, min(b, n))
         if s.end <= s.start:

@@ -8,11 +8,16 @@ offset into `Prompt.data`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+
+    IntArray = array[int] | np.ndarray  # numpy where the caller had numpy; the diff path stays stdlib
 
 SEP = " › "
 
@@ -257,20 +262,49 @@ class PromptMeta:
     unlocated_fields: list[str] = field(default_factory=list)  # request fields the render does not show verbatim
 
 
+def id_bytes(ids: Sequence[int]) -> bytes:
+    """Token IDs as native int32 bytes: equal IDs are equal bytes, so prefixes and k-grams compare at
+    memcmp speed without numpy (which would cost `tokendiff diff` more to import than to run)."""
+    if isinstance(ids, array) and ids.itemsize == 4:
+        return ids.tobytes()
+    if hasattr(ids, "astype"):  # numpy: converted in C
+        return ids.astype("=i4", copy=False).tobytes()
+    return array("i", ids).tobytes()
+
+
+_ONE = bytes([0] + [1] * 255)  # bytes.translate table: any non-zero byte -> 1
+
+
+def flag_indices(flags: Sequence[int]) -> list[int]:
+    """Indices of the true entries of a flag array (stdlib or numpy): usually few, found by find()."""
+    if hasattr(flags, "tobytes") and getattr(flags, "itemsize", 0) == 1:
+        raw = flags.tobytes().translate(_ONE)
+    else:
+        raw = bytes(1 if f else 0 for f in flags)
+    out, i = [], raw.find(1)
+    while i >= 0:
+        out.append(i)
+        i = raw.find(1, i + 1)
+    return out
+
+
 @dataclass(eq=False)
 class Prompt:
-    """One prompt: IDs, the bytes of each token, and who owns each token."""
+    """One prompt: IDs, the bytes of each token, and who owns each token.
 
-    ids: np.ndarray  # int32, one per token
+    The arrays are stdlib `array`s as the tokenizer decodes them (numpy ones are accepted: both
+    index, slice, `len()` and `tolist()` alike), so reading and diffing prompts imports no numpy."""
+
+    ids: IntArray  # int32, one per token
     data: bytes  # b"".join(token bytes): the rendered prompt
-    offsets: np.ndarray  # int64, len(ids)+1: token i is data[offsets[i]:offsets[i+1]]
-    special: np.ndarray  # bool, len(ids): token is a control/special token
+    offsets: IntArray  # int64, len(ids)+1: token i is data[offsets[i]:offsets[i+1]]
+    special: IntArray  # 0/1 (bool), len(ids): token is a control/special token
     origin: str = ""
     sections: list[Section] = field(default_factory=list)
     meta: PromptMeta = field(default_factory=PromptMeta)
 
     def __len__(self) -> int:
-        return int(self.ids.shape[0])
+        return len(self.ids)
 
     def token_bytes(self, i: int) -> bytes:
         return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
@@ -283,7 +317,7 @@ class Prompt:
         """Index of the token holding byte `offset` (len(self) past the end)."""
         if offset >= len(self.data):
             return len(self)
-        return int(np.searchsorted(self.offsets, offset, side="right")) - 1
+        return bisect_right(self.offsets, offset) - 1
 
     def owner(self, token: int) -> SectionPath:
         """Path of the innermost section holding `token` (empty when none)."""

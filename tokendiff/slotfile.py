@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import re
 import struct
+import sys
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from tokendiff import safeio
 from tokendiff.errors import InputError
@@ -41,7 +42,7 @@ class SlotFile:
     path: str
     kind: str  # "ggsq" or "ggsn"
     version: int
-    tokens: np.ndarray  # int32; -1 marks a media cell
+    tokens: array[int]  # int32 (typecode "i"); -1 marks a media cell
     packed: bool = False
     media_chunks: int = 0
     state_bytes: int = 0
@@ -83,7 +84,7 @@ def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
         path=p,
         kind=kind,
         version=version,
-        tokens=words.astype(np.int32, copy=False),
+        tokens=words,
         state_bytes=state_bytes,
         arch=arch,
         mtime=st.st_mtime,
@@ -139,7 +140,7 @@ def _check_version(p: str, kind: str, version: int) -> list[str]:
     return []
 
 
-def _read_payload(f, p: str, n: int, size: int) -> np.ndarray:
+def _read_payload(f, p: str, n: int, size: int) -> array[int]:
     """The n token words after the header, checked against the file's size before reading."""
     need = HEADER + 4 * n
     if n > MAX_TOKENS:
@@ -148,18 +149,38 @@ def _read_payload(f, p: str, n: int, size: int) -> np.ndarray:
         raise InputError(
             f"token count {n} needs {need} bytes but the file has {size} (truncated or corrupt)", source=p, offset=8
         )
-    words = np.fromfile(f, dtype="<i4", count=n)
-    if words.shape[0] != n:  # file shrank while reading
-        raise InputError(f"truncated token payload: {words.shape[0]} of {n} words", source=p, offset=HEADER)
+    raw = f.read(4 * n)
+    if len(raw) != 4 * n:  # file shrank while reading
+        raise InputError(f"truncated token payload: {len(raw) // 4} of {n} words", source=p, offset=HEADER)
+    words = array("i")
+    words.frombytes(raw)
+    if sys.byteorder == "big":  # the file is little-endian
+        words.byteswap()
     return words
 
 
-def _refuse_negative(tokens: np.ndarray, p: str) -> None:
+_SIGN = bytes([0] * 128 + [1] * 128)  # bytes.translate table: the high bit of a byte -> 0/1
+
+
+def _negatives(tokens: array[int]) -> bytes:
+    """One byte per ID, 1 where it is negative: its sign byte, translated (in C, no int per token)."""
+    sign = 3 if sys.byteorder == "little" else 0
+    return tokens.tobytes()[sign::4].translate(_SIGN)
+
+
+def _first_negative(tokens: array[int], skip: int | None = None) -> int | None:
+    """Index of the first ID below 0 other than `skip`; the loop runs only from the first negative on."""
+    first = _negatives(tokens).find(1)
+    if first < 0:
+        return None
+    return next((i for i in range(first, len(tokens)) if tokens[i] < 0 and tokens[i] != skip), None)
+
+
+def _refuse_negative(tokens: array[int], p: str) -> None:
     """A negative ID in a plain payload is corruption (only packed payloads mark media with -1)."""
-    bad = np.flatnonzero(tokens < 0)
-    if bad.size:
-        i = int(bad[0])
-        raise InputError(f"negative token id {int(tokens[i])} at token {i}", source=p, offset=HEADER + 4 * i)
+    i = _first_negative(tokens)
+    if i is not None:
+        raise InputError(f"negative token id {tokens[i]} at token {i}", source=p, offset=HEADER + 4 * i)
 
 
 def _read_arch(f, state_bytes: int) -> str | None:
@@ -178,9 +199,17 @@ def _read_arch(f, state_bytes: int) -> str | None:
     return text if text.isprintable() else None
 
 
-def _unpack_server_tokens(slot: SlotFile, words: np.ndarray) -> None:
+def _little_endian(words: array[int]) -> bytes:
+    """The payload's bytes as the file holds them."""
+    if sys.byteorder == "big":
+        words = array("i", words)
+        words.byteswap()
+    return words.tobytes()
+
+
+def _unpack_server_tokens(slot: SlotFile, words: array[int]) -> None:
     """Unpack llama-server's packed payload (marker -1, version, text tokens, media)."""
-    p, n = slot.path, int(words.shape[0])
+    p, n = slot.path, len(words)
 
     def off(word: int) -> int:
         return HEADER + 4 * word
@@ -201,8 +230,8 @@ def _unpack_server_tokens(slot: SlotFile, words: np.ndarray) -> None:
             source=p,
             offset=off(3 + c),
         )
-    starts = words[4 + c : 4 + c + k].astype(np.int64) & 0xFFFFFFFF
-    raw = words.tobytes()
+    starts = [w & 0xFFFFFFFF for w in words[4 + c : 4 + c + k]]
+    raw = _little_endian(words)
     pos = 4 * (4 + c + k)
     for j in range(k):
         if pos + 4 > len(raw):
@@ -222,34 +251,35 @@ def _unpack_server_tokens(slot: SlotFile, words: np.ndarray) -> None:
             source=p,
             offset=HEADER + pos,
         )
-    media = tokens == MEDIA
-    for j, s in enumerate(starts.tolist()):
-        if s >= c or not media[s]:
+    for j, s in enumerate(starts):
+        if s >= c or tokens[s] != MEDIA:
             raise InputError(
                 f"media chunk {j} starts at token {s}, which is not a media cell", source=p, offset=off(4 + c + j)
             )
-    bad = np.flatnonzero((tokens < 0) & ~media)
-    if bad.size:
-        i = int(bad[0])
-        raise InputError(f"negative token id {int(tokens[i])} at token {i}", source=p, offset=off(3 + i))
-    if media.any() and k == 0:
-        i = int(np.flatnonzero(media)[0])
+    i = _first_negative(tokens, skip=MEDIA)
+    if i is not None:
+        raise InputError(f"negative token id {tokens[i]} at token {i}", source=p, offset=off(3 + i))
+    if k == 0 and _negatives(tokens).find(1) >= 0:  # only -1 (media) is left among the negatives
+        i = tokens.index(MEDIA)
         raise InputError(f"media cell at token {i} but no media chunks", source=p, offset=off(3 + i))
-    slot.tokens = tokens.astype(np.int32, copy=True)
+    slot.tokens = tokens
     slot.packed = True
     slot.media_chunks = k
 
 
-def check_vocab(slot_tokens: np.ndarray, n_vocab: int, source: str, vocab_name: str) -> None:
-    """Refuse IDs outside [0, n_vocab): the tokenizer is not the model's."""
-    if slot_tokens.size == 0:
+def check_vocab(slot_tokens: Sequence[int], n_vocab: int, source: str, vocab_name: str) -> None:
+    """Refuse IDs outside [0, n_vocab): the tokenizer is not the model's. The IDs are a stdlib
+    array, a list or a numpy array; max() runs at C speed on the first two."""
+    if len(slot_tokens) == 0:
         return
-    bad = np.flatnonzero(slot_tokens >= n_vocab)
-    if bad.size:
-        i = int(bad[0])
+    ids = slot_tokens.tolist() if hasattr(slot_tokens, "dtype") else slot_tokens
+    top = max(ids)
+    if top >= n_vocab:
+        bad = [i for i, t in enumerate(ids) if t >= n_vocab]
+        i = bad[0]
         raise InputError(
-            f"token {i} is id {int(slot_tokens[i])}, outside the {n_vocab}-token vocabulary of "
-            f"{vocab_name} ({bad.size} such tokens, max id {int(slot_tokens.max())}); "
+            f"token {i} is id {ids[i]}, outside the {n_vocab}-token vocabulary of "
+            f"{vocab_name} ({len(bad)} such tokens, max id {top}); "
             "pass --tokenizer with the model's tokenizer.json, HF directory or GGUF file",
             source=source,
         )

@@ -16,9 +16,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from tokendiff import grammar, safeio
 from tokendiff.errors import InputError, one_line
@@ -26,6 +24,9 @@ from tokendiff.importers import check_depth
 from tokendiff.model import Prompt, PromptMeta, RenderMismatch
 from tokendiff.slotfile import check_vocab, is_slot_file, list_session_dir, natural_key, read_slot_file
 from tokendiff.vocab import Vocab
+
+if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slot files never needs it
+    import numpy as np
 
 MAX_PROPS_BYTES = 64 << 20  # the server's /props beside a capture: its chat template and settings
 _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
@@ -67,10 +68,10 @@ def _dir_entries(base: Path, order: str) -> tuple[str, list[Path]]:
 
 def file_kind(p: Path) -> str:
     """What a file holds (slot | capture | har | promptlog | body), from its magic, name and first bytes."""
-    from tokendiff.capture import is_capture_file
-
     if is_slot_file(p):
         return "slot"
+    from tokendiff.capture import is_capture_file
+
     if is_capture_file(p):
         return "capture"
     if p.suffix.lower() == ".har":
@@ -321,6 +322,8 @@ class Loader:
             ids = self.tokenizer.encode(rendered.text)
         else:
             raise InputError("record has neither messages, prompt_ids nor prompt_text", source=label)
+        import numpy as np
+
         return np.asarray(ids, dtype=np.int32)
 
     def _tokenise_logged(self, text: str) -> list[int]:
@@ -372,6 +375,8 @@ def _record_meta(rec: dict[str, Any], request: dict[str, Any], label: str, turn:
 
 def _recorded_ids(ids_in: Any, label: str) -> np.ndarray:
     """The record's `prompt_ids`, checked to be a flat list of 32-bit token IDs."""
+    import numpy as np
+
     try:
         ids = np.asarray(ids_in, dtype=np.int64)
         if ids.ndim != 1:
@@ -485,6 +490,8 @@ def _check_tokenizer_fits(prompt: Prompt, fam: str, forced: str | None, loader: 
 def _stray_specials(prompt: Prompt) -> int:
     """Control tokens after the first: a prompt without template markers holds at most a BOS, so
     control tokens inside its text are another vocabulary's IDs."""
+    import numpy as np
+
     ids = np.asarray(prompt.ids)
     return int(np.count_nonzero(np.asarray(prompt.special)[1:] & (ids[1:] >= 0)))
 
@@ -494,6 +501,8 @@ def _round_trip(prompt: Prompt, loader: Loader) -> float | None:
     None when this tokenizer cannot tokenise text. The model's own tokenizer gives ~100%; another
     vocabulary decodes to pieces that merge differently."""
     from collections import Counter
+
+    import numpy as np
 
     try:
         again = loader.tokenizer.encode(prompt.data.decode("utf-8", errors="replace"))

@@ -13,16 +13,19 @@ ships with tokendiff (see tokendiff/data/README.md for origin and licence).
 
 from __future__ import annotations
 
-import hashlib
+import mmap
+import numbers
 import os
 import re
 import struct
+import sys
+import zlib
+from array import array
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import orjson
 
 from tokendiff.errors import InputError
 from tokendiff.paths import vocab_cache_dir
@@ -34,7 +37,7 @@ MEDIA_PIECE = b"<__media__>"
 # Bounds on tokenizer files: the largest real vocabularies hold ~260k tokens in ~35 MB of JSON.
 MAX_VOCAB = 1 << 22  # highest token ID + 1 a tokenizer may claim (the table costs ~40 bytes an ID)
 MAX_JSON_BYTES = 128 << 20  # a tokenizer.json or tokenizer_config.json, after gzip inflation
-CACHE_MAGIC = b"TDVOCAB5"  # 5: VocabMeta (add_bos)
+CACHE_MAGIC = b"TDVOCAB6"  # 5: VocabMeta (add_bos); 6: memory-mapped, the key in the header
 
 # Token flags
 SPECIAL = 1  # control token (<|im_start|>, <s>, [INST] ...): structure, not text
@@ -102,115 +105,154 @@ class VocabMeta:
 
 @dataclass(eq=False)
 class Vocab:
-    """An id -> bytes table plus the special-token facts sections need."""
+    """An id -> bytes table plus the special-token facts sections need.
+
+    Plain buffers, no numpy: the cached table is a memory map, and decoding a prompt looks up each
+    distinct ID once, so `tokendiff diff` pays neither numpy's import nor a read of the whole table."""
 
     name: str  # human name, e.g. "bundled Qwen3 tokenizer" or a path
-    blob: np.ndarray  # uint8, all token bytes back to back
-    offsets: np.ndarray  # int64, n+1
-    flags: np.ndarray  # uint8, n
+    blob: memoryview  # all token bytes back to back (format "B")
+    offsets: Sequence[int]  # n+1 int64 (a memoryview or array of format "q"): token i is blob[o[i]:o[i+1]]
+    flags: Sequence[int]  # n bytes of SPECIAL | ADDED
     identity: str = ""  # sha256 of the source file (or a server fingerprint)
     meta: VocabMeta = field(default_factory=VocabMeta)
     assumed: bool = False  # True when the user did not choose it
 
     @property
     def n_vocab(self) -> int:
-        return int(self.flags.shape[0])
+        return len(self.flags)
 
     def piece(self, i: int) -> bytes:
         if i < 0:
             return MEDIA_PIECE
-        return self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])].tobytes()
+        return self.blob[self.offsets[i] : self.offsets[i + 1]].tobytes()
 
-    def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
-        """(bytes, offsets, special) for a token array; -1 decodes as a media marker."""
-        ids = np.asarray(ids, dtype=np.int64)
-        media = ids < 0
-        safe = np.where(media, 0, ids)
-        starts = self.offsets[safe]
-        lens = self.offsets[safe + 1] - starts
-        lens = np.where(media, len(MEDIA_PIECE), lens)
-        out_off = np.zeros(ids.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lens, out=out_off[1:])
-        total = int(out_off[-1])
-        if not media.any():
-            # gather: position p of the output comes from blob[starts[t] + (p - out_off[t])]
-            src = np.repeat(starts - out_off[:-1], lens) + np.arange(total, dtype=np.int64)
-            data = self.blob[src].tobytes()
-        else:
-            data = b"".join(MEDIA_PIECE if i < 0 else self.piece(int(i)) for i in ids.tolist())
-        special = media | ((self.flags[safe] & SPECIAL) != 0)
-        return data, out_off, special
+    def decode(self, ids: Sequence[int]) -> tuple[bytes, array[int], array[int]]:
+        """(bytes, offsets, special) for token IDs (a stdlib, numpy or list sequence); -1 decodes as a
+        media marker. Offsets are an int64 array of len(ids)+1, special a 0/1 byte array."""
+        seq = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        table = {i: self.piece(i) for i in set(seq)}
+        pieces = list(map(table.__getitem__, seq))
+        offsets = array("q", [0])
+        offsets.extend(accumulate(map(len, pieces)))
+        return b"".join(pieces), offsets, self._special(seq, [i for i in table if i < 0 or self.flags[i] & SPECIAL])
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (for a worker process) as plain bytes and arrays: a memory map does not pickle."""
+        state = dict(self.__dict__)
+        state.update(blob=self.blob.tobytes(), offsets=array("q", self.offsets), flags=bytes(self.flags))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, blob=memoryview(state["blob"]))
+
+    @staticmethod
+    def _special(seq: list[int], special_ids: list[int]) -> array[int]:
+        """0/1 per token: the few special IDs are found in the int32 bytes by find(), not token by token."""
+        out = bytearray(len(seq))
+        raw = array("i", seq).tobytes() if special_ids else b""
+        for sid in special_ids:
+            word = struct.pack("=i", sid)
+            at = raw.find(word)
+            while at >= 0:
+                if at % 4 == 0:
+                    out[at // 4] = 1
+                at = raw.find(word, at + 1)
+        return array("B", out)
 
 
 def _pack(name: str, pieces: list[bytes], flags: list[int], identity: str, meta: VocabMeta) -> Vocab:
-    lens = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
-    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    blob = np.frombuffer(b"".join(pieces), dtype=np.uint8)
-    return Vocab(name, blob, offsets, np.asarray(flags, dtype=np.uint8), identity, meta)
+    offsets = array("q", [0])
+    offsets.extend(accumulate(map(len, pieces)))
+    return Vocab(name, memoryview(b"".join(pieces)), offsets, bytes(flags), identity, meta)
 
 
 # ---------------------------------------------------------------- cache
+#
+# A cache file: CACHE_MAGIC, then <IQQ (header length, n, blob length), the JSON header, zero padding
+# to 8 bytes, offsets (n+1 little-endian int64), flags (n bytes), blob. It is opened as a memory map and
+# sliced by offset: only the pages of the tokens a prompt holds are ever read.
+
+_CACHE_FIXED = struct.Struct("<IQQ")
 
 
-def _cache_path(src: Path, kind: str) -> Path:
+def _cache_key(src: Path, kind: str) -> str:
     st = src.stat()
-    key = f"{kind}|{src.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()
-    return vocab_cache_dir() / (hashlib.sha256(key).hexdigest()[:32] + ".bin")
+    return f"{kind}|{src.resolve()}|{st.st_size}|{st.st_mtime_ns}"
 
 
-def _save_cache(path: Path, v: Vocab) -> None:
-    head = orjson.dumps({"name": v.name, "identity": v.identity, "n": v.n_vocab, "meta": asdict(v.meta)})
+def _cache_path(key: str) -> Path:
+    """The file of a key: a cheap checksum names it (hashlib's OpenSSL costs more to import than a whole
+    diff), and the header holds the key itself, so a name collision is a miss, never a wrong table."""
+    raw = key.encode("utf-8", errors="surrogateescape")
+    return vocab_cache_dir() / f"{zlib.crc32(raw):08x}{zlib.adler32(raw):08x}{len(raw):04x}.bin"
+
+
+def _save_cache(path: Path, key: str, v: Vocab) -> None:
+    import orjson
+
+    head = orjson.dumps({"key": key, "name": v.name, "identity": v.identity, "n": v.n_vocab, "meta": asdict(v.meta)})
+    pad = -(len(CACHE_MAGIC) + _CACHE_FIXED.size + len(head)) % 8
+    offsets = array("q", v.offsets)
+    if sys.byteorder == "big":
+        offsets.byteswap()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
-            f.write(CACHE_MAGIC + struct.pack("<IQ", len(head), v.blob.shape[0]))
-            f.write(head)
-            f.write(v.offsets.astype("<i8").tobytes())
-            f.write(v.flags.tobytes())
-            f.write(v.blob.tobytes())
+            f.write(CACHE_MAGIC + _CACHE_FIXED.pack(len(head), v.n_vocab, len(v.blob)) + head + b"\0" * pad)
+            f.write(offsets.tobytes())
+            f.write(bytes(v.flags))
+            f.write(v.blob)
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only cache only costs speed
 
 
-def _load_cache(path: Path) -> Vocab | None:
+def _map(path: Path) -> memoryview | None:
     try:
-        raw = path.read_bytes()
-    except OSError:
+        with open(path, "rb") as f:
+            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+        return None
+
+
+def _load_cache(path: Path, key: str) -> Vocab | None:
+    import orjson
+
+    mv = _map(path) if sys.byteorder == "little" else None  # the offsets are little-endian
+    if mv is None or mv[: len(CACHE_MAGIC)] != CACHE_MAGIC:
         return None
     try:
-        if raw[:8] != CACHE_MAGIC:
+        hlen, n, blen = _CACHE_FIXED.unpack_from(mv, len(CACHE_MAGIC))
+        pos = len(CACHE_MAGIC) + _CACHE_FIXED.size
+        head = orjson.loads(mv[pos : pos + hlen])
+        pos += hlen + (-(pos + hlen) % 8)
+        if head.get("key") != key or head["n"] != n or pos + 9 * n + 8 + blen != len(mv):
             return None
-        hlen, blen = struct.unpack_from("<IQ", raw, 8)
-        pos = 20
-        head = orjson.loads(raw[pos : pos + hlen])
-        pos += hlen
-        n = int(head["n"])
-        offsets = np.frombuffer(raw, dtype="<i8", count=n + 1, offset=pos)
-        pos += 8 * (n + 1)
-        flags = np.frombuffer(raw, dtype=np.uint8, count=n, offset=pos)
-        pos += n
-        blob = np.frombuffer(raw, dtype=np.uint8, count=blen, offset=pos)
-        if pos + blen != len(raw) or int(offsets[-1]) != blen:
+        offsets = mv[pos : pos + 8 * (n + 1)].cast("q")
+        flags = mv[pos + 8 * (n + 1) : pos + 9 * n + 8]
+        if offsets[n] != blen:
             return None
         meta = VocabMeta(**head["meta"])
     except (ValueError, KeyError, TypeError, struct.error, orjson.JSONDecodeError):
         return None
-    return Vocab(head["name"], blob, offsets, flags, head["identity"], meta)
+    return Vocab(head["name"], mv[pos + 9 * n + 8 :], offsets, flags, head["identity"], meta)
 
 
 def _cached(src: Path, kind: str, build) -> Vocab:
-    cp = _cache_path(src, kind)
-    v = _load_cache(cp)
+    key = _cache_key(src, kind)
+    cp = _cache_path(key)
+    v = _load_cache(cp, key)
     if v is None:
         v = build()
-        _save_cache(cp, v)
+        _save_cache(cp, key, v)
     return v
 
 
 def _sha256(data: bytes) -> str:
+    import hashlib
+
     return hashlib.sha256(data).hexdigest()
 
 
@@ -229,6 +271,8 @@ def _read_tokenizer_bytes(path: Path) -> bytes:
 
 
 def _read_json_file(path: Path) -> tuple[Any, bytes]:
+    import orjson
+
     raw = _read_tokenizer_bytes(path)
     try:
         return orjson.loads(raw), raw
@@ -238,6 +282,8 @@ def _read_json_file(path: Path) -> tuple[Any, bytes]:
 
 def _decoder_kind(tok: dict[str, Any]) -> str:
     """'byte_level' or 'spm', from the decoder and pre-tokenizer declarations."""
+    import orjson
+
     text = orjson.dumps([tok.get("decoder"), tok.get("pre_tokenizer")]).decode()
     if '"ByteLevel"' in text:
         return "byte_level"
@@ -541,7 +587,7 @@ def load_gguf(path: str | os.PathLike[str]) -> Vocab:
                 pieces.append(byte_level_bytes(text))
                 flags.append(0)
         meta = _gguf_meta(md, str(src.resolve()))
-        ident = hashlib.sha256(b"\0".join(tokens)).hexdigest()
+        ident = _sha256(b"\0".join(tokens))
         return _pack(str(src), pieces, flags, ident, meta)
 
     return _cached(src, "gguf", build)
@@ -556,7 +602,7 @@ def _gguf_meta(md: dict[str, Any], path: str) -> VocabMeta:
 
     def number(key: str) -> int | None:
         v = md.get(key)
-        return int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else None
+        return int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else None
 
     add_bos = md.get("tokenizer.ggml.add_bos_token")
     model = md.get("tokenizer.ggml.model", "gpt2")
@@ -608,9 +654,9 @@ class ServerVocab(Vocab):
     def __init__(self, api: Any, n_vocab: int, props: dict[str, Any]):
         super().__init__(
             name=api.url,
-            blob=np.zeros(0, dtype=np.uint8),
-            offsets=np.zeros(n_vocab + 1, dtype=np.int64),
-            flags=np.zeros(n_vocab, dtype=np.uint8),
+            blob=memoryview(b""),
+            offsets=array("q", bytes(8 * (n_vocab + 1))),
+            flags=bytearray(n_vocab),
             identity=f"server:{props.get('model_path', '')}:{n_vocab}",
             meta=VocabMeta(
                 source="server",
@@ -632,21 +678,20 @@ class ServerVocab(Vocab):
                 self.flags[i] = SPECIAL
 
     def _rebuild(self) -> None:
-        n = self.n_vocab
-        pieces = [self._pieces.get(i, b"") for i in range(n)]
-        lens = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=n)
-        self.offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lens, out=self.offsets[1:])
-        self.blob = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        pieces = [self._pieces.get(i, b"") for i in range(self.n_vocab)]
+        self.offsets = array("q", [0])
+        self.offsets.extend(accumulate(map(len, pieces)))
+        self.blob = memoryview(b"".join(pieces))
 
-    def ensure(self, ids: np.ndarray) -> None:
-        want = [int(i) for i in np.unique(ids) if 0 <= i < self.n_vocab and int(i) not in self._pieces]
+    def ensure(self, ids: Sequence[int]) -> None:
+        seq = ids.tolist() if hasattr(ids, "tolist") else ids
+        want = sorted(i for i in set(seq) if 0 <= i < self.n_vocab and i not in self._pieces)
         if want:
             self._fetch(want)
             self._rebuild()
 
-    def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
-        self.ensure(np.asarray(ids))
+    def decode(self, ids: Sequence[int]) -> tuple[bytes, array[int], array[int]]:
+        self.ensure(ids)
         return super().decode(ids)
 
 

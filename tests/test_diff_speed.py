@@ -1,0 +1,144 @@
+"""`tokendiff diff` stays instant (issue #12): what it imports, and that its stdlib fast paths give
+the answers of the numpy ones they replace."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokendiff import align
+from tokendiff.grammar import json_braces
+from tokendiff.model import flag_indices, id_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("numpy", "httpx", "jinja2", "transformers", "tokenizers", "polars", "textual", "torch", "hashlib")
+
+
+def test_diff_of_slot_files_imports_nothing_heavy():
+    """The whole `diff --json` of two demo slot files, then what it loaded."""
+    code = (
+        "import sys, io, contextlib\n"
+        "from tokendiff.cli import main\n"
+        "with contextlib.redirect_stdout(io.TextIOWrapper(io.BytesIO())):\n"
+        "    rc = main(['diff', 'captures/demo/turn-04.bin', 'captures/demo/turn-05.bin', '--json'])\n"
+        f"print(rc, sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "1 []", r.stdout
+
+
+def _edited(ids: list[int], n: int, rng: random.Random) -> list[int]:
+    out = list(ids)
+    for _ in range(n):
+        pos = rng.randrange(len(out))
+        kind = rng.choice("rid")
+        if kind == "r":
+            out[pos] = rng.randrange(50)
+        elif kind == "i":
+            out[pos:pos] = [rng.randrange(50) for _ in range(rng.randrange(1, 20))]
+        else:
+            del out[pos : pos + rng.randrange(1, 20)]
+    return out
+
+
+def _both(monkeypatch, a, b):
+    """diff_spans without numpy's anchors and with them."""
+    monkeypatch.setattr(align, "NUMPY_FROM", 1 << 40)
+    monkeypatch.delitem(sys.modules, "numpy")
+    plain = align.diff_spans(a, b)
+    monkeypatch.undo()
+    monkeypatch.setattr(align, "NUMPY_FROM", 0)
+    return plain, align.diff_spans(a, b)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stdlib_anchors_match_numpy(monkeypatch, seed):
+    """Repetitive IDs (a small alphabet: many k-grams repeat), moved blocks, big gaps: one answer."""
+    rng = random.Random(seed)
+    base = [rng.randrange(8 if seed % 2 else 3000) for _ in range(rng.randrange(3000, 9000))]
+    a = _edited(base, rng.randrange(1, 30), rng)
+    b = _edited(base, rng.randrange(1, 30), rng)
+    if seed == 5:  # a moved block
+        b = b[4000:6000] + b[:4000] + b[6000:]
+    plain, vectorised = _both(monkeypatch, array("i", a), array("i", b))
+    assert plain == vectorised
+
+
+def test_stdlib_anchors_match_numpy_zipf(monkeypatch):
+    rng = np.random.default_rng(3)
+    a = rng.zipf(1.3, 40_000).clip(0, 150_000).astype(np.int32)
+    b = np.concatenate([a[:9000], a[9500:20000], [7, 7, 7], a[20000:]]).astype(np.int32)
+    plain, vectorised = _both(monkeypatch, a, b)
+    assert plain == vectorised and plain
+
+
+def test_common_prefix_and_suffix_on_any_array():
+    a = list(range(1000))
+    b = a[:637] + [-5] + a[638:]
+    for conv in (list, lambda x: array("i", x), lambda x: np.asarray(x, dtype=np.int64)):
+        assert align.common_prefix(conv(a), conv(b)) == 637
+        assert align.common_suffix(conv(a), conv(b), 10_000) == 1000 - 638
+        assert align.common_suffix(conv(a), conv(b), 5) == 5
+    assert align.first_byte_diff(b"abcdef" * 100, b"abcdef" * 50 + b"abcdeX") == 305
+    assert align.first_byte_diff(b"ab", b"ab") is None and align.first_byte_diff(b"ab", b"abc") == 2
+    assert id_bytes(np.asarray([1, 2], dtype=np.int64)) == id_bytes(array("i", [1, 2])) == id_bytes([1, 2])
+
+
+def test_flag_indices():
+    flags = [0, 1, 0, 0, 1, 1]
+    want = [1, 4, 5]
+    assert flag_indices(array("B", flags)) == want
+    assert flag_indices(np.asarray(flags, dtype=bool)) == want
+    assert flag_indices(np.asarray(flags, dtype=np.int64)) == want
+    assert flag_indices(bytes([0, 3, 0])) == [1]
+
+
+def _braces_reference(data: bytes, start: int, end: int) -> list[tuple[int, bool]]:
+    """The byte-by-byte scanner json_braces replaced."""
+    out, in_str, esc = [], False, False
+    for i in range(start, end):
+        c = data[i]
+        if in_str:
+            if esc:
+                esc = False
+            elif c == 0x5C:
+                esc = True
+            elif c == 0x22:
+                in_str = False
+        elif c == 0x22:
+            in_str = True
+        elif c in (0x7B, 0x7D):
+            out.append((i, c == 0x7B))
+    return out
+
+
+def test_json_braces_skip_strings_like_a_scanner():
+    rng = random.Random(1)
+    for _ in range(5000):
+        data = bytes(rng.choice(b'{}"\\ab:,') for _ in range(rng.randrange(40)))
+        s = rng.randrange(len(data) + 1)
+        e = rng.randrange(s, len(data) + 1)
+        assert list(json_braces(data, s, e)) == _braces_reference(data, s, e), (data, s, e)
+
+
+def test_vocab_table_is_mapped_and_pickles(vocab):
+    """The cached table is a memory map (nothing read up front); a worker process gets a plain copy."""
+    import pickle
+
+    from tokendiff.vocab import load_vocab
+
+    v = load_vocab()
+    assert isinstance(v.blob, memoryview) and v.blob.readonly
+    w = pickle.loads(pickle.dumps(v))
+    ids = array("i", [9707, 151644, 11, 151645])
+    assert w.decode(ids)[0] == v.decode(ids)[0] == vocab.decode(ids)[0]
+    assert w.n_vocab == v.n_vocab and w.meta == v.meta and list(w.decode(ids)[2]) == [0, 1, 0, 1]
