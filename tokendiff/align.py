@@ -14,11 +14,14 @@ import struct
 import sys
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Sequence
 from itertools import compress, count, repeat
 from operator import eq, itemgetter
+from typing import TYPE_CHECKING
 
 from tokendiff.model import Divergence, Hunk, Prompt, id_bytes
+
+if TYPE_CHECKING:
+    from tokendiff.model import Ids
 
 SMALL = 1500  # gaps up to this many tokens a side go to difflib directly
 KGRAM = 8
@@ -57,13 +60,13 @@ def _last_diff(x: bytes, xe: int, y: bytes, ye: int, n: int) -> int:
     return lo
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Ids, b: Ids) -> int:
     """Number of equal leading elements (stdlib or numpy arrays, or lists of IDs)."""
     ra, rb = id_bytes(a), id_bytes(b)
     return _first_diff(ra, 0, rb, 0, min(len(ra), len(rb))) // 4
 
 
-def common_suffix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+def common_suffix(a: Ids, b: Ids, limit: int) -> int:
     """Number of equal trailing elements, at most `limit`."""
     ra, rb = id_bytes(a), id_bytes(b)
     n = 4 * max(0, min(len(ra) // 4, len(rb) // 4, limit))
@@ -80,7 +83,7 @@ def first_byte_diff(a: bytes, b: bytes) -> int | None:
 class _Seqs:
     """The two ID sequences of a diff as int32 bytes: prefixes, suffixes and k-grams are slices of them."""
 
-    def __init__(self, a: Sequence[int], b: Sequence[int]):
+    def __init__(self, a: Ids, b: Ids):
         self.ra, self.rb = id_bytes(a), id_bytes(b)
 
     def lists(self, alo: int, ahi: int, blo: int, bhi: int) -> tuple[list[int], list[int]]:
@@ -97,7 +100,7 @@ class _Seqs:
         return _last_diff(self.ra, 4 * ahi, self.rb, 4 * bhi, 4 * min(ahi - alo, bhi - blo)) // 4
 
 
-def diff_spans(a: Sequence[int], b: Sequence[int]) -> list[tuple[int, int, int, int]]:
+def diff_spans(a: Ids, b: Ids) -> list[tuple[int, int, int, int]]:
     """Non-equal spans (a_start, a_end, b_start, b_end), in order."""
     seqs = _Seqs(a, b)
     out: list[tuple[int, int, int, int]] = []

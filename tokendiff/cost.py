@@ -161,15 +161,18 @@ class TurnInput:
     """One turn as the analysis reads it: the token IDs at once, the decoded and sectioned
     prompt only when a diff needs it (a pure append needs neither side's text)."""
 
-    ids: np.ndarray
+    ids: np.ndarray  # slot files give a stdlib array: made numpy (no copy) for the index
     origin: str
     load: Callable[[], Prompt]
     response: dict[str, Any] | None = None
     _prompt: Prompt | None = None
 
+    def __post_init__(self) -> None:
+        self.ids = np.asarray(self.ids)
+
     @classmethod
     def of(cls, p: Prompt) -> TurnInput:
-        return cls(ids=p.ids, origin=p.origin, load=lambda: p, response=p.meta.response, _prompt=p)
+        return cls(ids=np.asarray(p.ids), origin=p.origin, load=lambda: p, response=p.meta.response, _prompt=p)
 
     @property
     def decoded(self) -> Prompt | None:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     IntArray = array[int] | np.ndarray  # numpy where the caller had numpy; the diff path stays stdlib
+    Ids = IntArray | Sequence[int]  # token IDs in any of the forms the readers give
 
 SEP = " › "
 
@@ -262,7 +263,7 @@ class PromptMeta:
     unlocated_fields: list[str] = field(default_factory=list)  # request fields the render does not show verbatim
 
 
-def id_bytes(ids: Sequence[int]) -> bytes:
+def id_bytes(ids: Ids) -> bytes:
     """Token IDs as native int32 bytes: equal IDs are equal bytes, so prefixes and k-grams compare at
     memcmp speed without numpy (which would cost `tokendiff diff` more to import than to run)."""
     if isinstance(ids, array) and ids.itemsize == 4:
@@ -275,7 +276,7 @@ def id_bytes(ids: Sequence[int]) -> bytes:
 _ONE = bytes([0] + [1] * 255)  # bytes.translate table: any non-zero byte -> 1
 
 
-def flag_indices(flags: Sequence[int]) -> list[int]:
+def flag_indices(flags: Ids) -> list[int]:
     """Indices of the true entries of a flag array (stdlib or numpy): usually few, found by find()."""
     if hasattr(flags, "tobytes") and getattr(flags, "itemsize", 0) == 1:
         raw = flags.tobytes().translate(_ONE)

@@ -12,13 +12,16 @@ import re
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from tokendiff import safeio
 from tokendiff.errors import InputError
 from tokendiff.safeio import open_regular
+
+if TYPE_CHECKING:
+    from tokendiff.model import Ids
 
 MAGIC_GGSQ = 0x67677371  # on disk b"qsgg"
 MAGIC_GGSN = 0x6767736E  # on disk b"nsgg"
@@ -267,12 +270,12 @@ def _unpack_server_tokens(slot: SlotFile, words: array[int]) -> None:
     slot.media_chunks = k
 
 
-def check_vocab(slot_tokens: Sequence[int], n_vocab: int, source: str, vocab_name: str) -> None:
+def check_vocab(slot_tokens: Ids, n_vocab: int, source: str, vocab_name: str) -> None:
     """Refuse IDs outside [0, n_vocab): the tokenizer is not the model's. The IDs are a stdlib
     array, a list or a numpy array; max() runs at C speed on the first two."""
     if len(slot_tokens) == 0:
         return
-    ids = slot_tokens.tolist() if hasattr(slot_tokens, "dtype") else slot_tokens
+    ids = cast(Any, slot_tokens).tolist() if hasattr(slot_tokens, "dtype") else slot_tokens  # numpy: plain ints
     top = max(ids)
     if top >= n_vocab:
         bad = [i for i, t in enumerate(ids) if t >= n_vocab]

@@ -28,6 +28,8 @@ from tokendiff.vocab import Vocab
 if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slot files never needs it
     import numpy as np
 
+    from tokendiff.model import IntArray
+
 MAX_PROPS_BYTES = 64 << 20  # the server's /props beside a capture: its chat template and settings
 _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
 
@@ -185,7 +187,7 @@ class Loader:
         _check_tokenizer_fits(p, fam, self.family, self)
         return p
 
-    def _decode(self, ids: np.ndarray, source: str, label: str, meta: PromptMeta) -> Prompt:
+    def _decode(self, ids: IntArray, source: str, label: str, meta: PromptMeta) -> Prompt:
         check_vocab(ids, self.vocab.n_vocab, source, self.vocab.name)
         data, offsets, special = self.vocab.decode(ids)
         return Prompt(ids=ids, data=data, offsets=offsets, special=special, origin=label, meta=meta)

@@ -25,10 +25,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokendiff.errors import InputError
 from tokendiff.paths import vocab_cache_dir
+
+if TYPE_CHECKING:
+    from tokendiff.model import Ids
 
 DATA_DIR = Path(__file__).parent / "data"
 BUNDLED_DIR = DATA_DIR / "qwen3"
@@ -127,7 +130,7 @@ class Vocab:
             return MEDIA_PIECE
         return self.blob[self.offsets[i] : self.offsets[i + 1]].tobytes()
 
-    def decode(self, ids: Sequence[int]) -> tuple[bytes, array[int], array[int]]:
+    def decode(self, ids: Ids) -> tuple[bytes, array[int], array[int]]:
         """(bytes, offsets, special) for token IDs (a stdlib, numpy or list sequence); -1 decodes as a
         media marker. Offsets are an int64 array of len(ids)+1, special a 0/1 byte array."""
         seq = ids.tolist() if hasattr(ids, "tolist") else list(ids)
@@ -675,6 +678,7 @@ class ServerVocab(Vocab):
             text = self._api.detokenize([i])
             self._pieces[i] = text.encode("utf-8", errors="surrogateescape")
             if _LOOKS_SPECIAL.match(text):
+                assert isinstance(self.flags, bytearray)  # a server vocabulary learns its flags as it goes
                 self.flags[i] = SPECIAL
 
     def _rebuild(self) -> None:
@@ -683,14 +687,14 @@ class ServerVocab(Vocab):
         self.offsets.extend(accumulate(map(len, pieces)))
         self.blob = memoryview(b"".join(pieces))
 
-    def ensure(self, ids: Sequence[int]) -> None:
+    def ensure(self, ids: Ids) -> None:
         seq = ids.tolist() if hasattr(ids, "tolist") else ids
         want = sorted(i for i in set(seq) if 0 <= i < self.n_vocab and i not in self._pieces)
         if want:
             self._fetch(want)
             self._rebuild()
 
-    def decode(self, ids: Sequence[int]) -> tuple[bytes, array[int], array[int]]:
+    def decode(self, ids: Ids) -> tuple[bytes, array[int], array[int]]:
         self.ensure(ids)
         return super().decode(ids)
 

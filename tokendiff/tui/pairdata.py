@@ -25,7 +25,9 @@ def _texts(p: Prompt) -> _Texts:
     off = p.offsets.tolist()
     data = p.data
     raw = [data[off[i] : off[i + 1]].decode("utf-8", "replace") for i in range(len(off) - 1)]
-    return _Texts([t.translate(_SHOW) or "∅" for t in raw], ["\n" in t for t in raw], p.special.tolist())
+    return _Texts(
+        [t.translate(_SHOW) or "∅" for t in raw], ["\n" in t for t in raw], [bool(x) for x in p.special.tolist()]
+    )
 
 
 def _empty() -> ViewTokens:
