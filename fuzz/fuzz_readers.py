@@ -210,6 +210,8 @@ def run_harness(name: str, args: argparse.Namespace) -> bool:
     runs = re.findall(r"stat::number_of_executed_units:\s*(\d+)", r.stdout)
     rate = re.findall(r"stat::average_exec_per_sec:\s*(\d+)", r.stdout)
     cov = re.findall(r"\bcov: (\d+)", r.stdout)
+    if not runs:  # a crash ends the run before the final stats: the last status line counts
+        runs = re.findall(r"^#(\d+)\s", r.stdout, re.M)
     n = int(runs[-1]) if runs else 0
     ok = r.returncode == 0
     status = "ok" if ok else f"FAILED (exit {r.returncode})"
