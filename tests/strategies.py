@@ -173,3 +173,88 @@ def tokenizer_documents(draw) -> dict:
         "decoder": draw(st.one_of(st.just({"type": "ByteLevel"}), st.just({"type": "ByteFallback"}), any_json)),
         "post_processor": draw(any_json),
     }
+
+
+# ---------------------------------------------------------------- capture files
+
+SCHEMA = "tokendiff.capture/1"
+CHATML_TEXT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@st.composite
+def request_body_fields(draw) -> dict:
+    """`request_body` as the proxy writes it (inline base64 or a blob name, sha256 right or
+    wrong, omitted), or any JSON."""
+    import base64
+    import hashlib
+
+    data = draw(st.one_of(request_bodies().map(lambda b: json.dumps(b).encode()), st.binary(max_size=40)))
+    digest = draw(st.one_of(st.just(hashlib.sha256(data).hexdigest()), st.just("0" * 64), texts))
+    body: dict = {"bytes": len(data), "sha256": digest, "verbatim": draw(st.booleans())}
+    where = draw(st.sampled_from(["base64", "blob", "omitted", "bad64"]))
+    if where == "base64":
+        body["base64"] = base64.b64encode(data).decode()
+    elif where == "blob":
+        body["blob"] = draw(st.sampled_from([f"blobs/{digest}", "blobs/../x", "/etc/passwd", ""]))
+    elif where == "omitted":
+        body["omitted"] = "over the 128 MiB cap"
+    else:
+        body["base64"] = "!!"
+    return draw(st.one_of(st.just(body), st.just(body), any_json))
+
+
+def _field(right, wrong=any_json):
+    """Mostly the right type, sometimes any JSON: every field of the wrong type now and then."""
+    return st.one_of(right, right, right, wrong)
+
+
+@st.composite
+def capture_records(draw, seq: int = 1) -> dict:
+    """One capture record: documented fields of the right or a wrong type, a request or a
+    request_body, recorded IDs or a logged prompt text, a response with usage and timings."""
+    ints = st.integers(0, 1 << 20)
+    rec: dict = {"schema": draw(st.one_of(st.just(SCHEMA), st.just(SCHEMA), texts)), "seq": draw(_field(st.just(seq)))}
+    if draw(st.booleans()):
+        rec["request"] = draw(_field(request_bodies()))
+    else:
+        rec["request_body"] = draw(request_body_fields())
+    optional = {
+        "ts": st.floats(0, 2e9),
+        "source": st.sampled_from(["proxy", "har"]),
+        "endpoint": st.sampled_from(["/v1/chat/completions", "/v1/messages", "/completion"]),
+        "prompt_ids": st.lists(token_ids, max_size=30),
+        "prompt_text": st.one_of(st.just(CHATML_TEXT), texts),
+        "prompt_source": texts,
+        "redacted": st.lists(texts, max_size=2),
+        "response": st.fixed_dictionaries(
+            {"status": st.just(200)},
+            optional={
+                "usage": st.fixed_dictionaries({"prompt_tokens": _field(ints)}),
+                "timings": st.fixed_dictionaries({"cache_n": _field(ints), "prompt_ms": _field(st.floats(0, 1e6))}),
+                "streamed": st.booleans(),
+                "error": st.one_of(texts, any_json),
+            },
+        ),
+        "ttft_ms": st.floats(0, 1e6),
+        "client_disconnected": st.booleans(),
+        "server": st.fixed_dictionaries({"kind": st.just("llama-server"), "model": texts}),
+    }
+    for key in draw(st.lists(st.sampled_from(sorted(optional)), max_size=5, unique=True)):
+        rec[key] = draw(_field(optional[key]))
+    return rec
+
+
+@st.composite
+def capture_files(draw) -> bytes:
+    """capture.jsonl: records, patches for earlier (or missing) records, blank lines, a torn
+    or malformed line."""
+    lines: list[bytes] = []
+    n = draw(st.integers(1, 3))
+    for seq in range(1, n + 1):
+        lines.append(json.dumps(draw(capture_records(seq))).encode())
+        if draw(st.booleans()):
+            patch = {"schema": SCHEMA, "seq": n + seq, "patch": draw(st.sampled_from([seq, seq + 7, -1]))}
+            patch["prompt_ids"] = draw(_field(st.lists(token_ids, max_size=20)))
+            lines.append(json.dumps(patch).encode())
+    extra = draw(st.sampled_from([b"", b"", b"\n", b'{"schema": ', b"[1, 2]", b"\xff\xfe"]))
+    return b"\n".join(lines) + b"\n" + extra

@@ -516,7 +516,7 @@ def _merge_patch(
 def _parse_line(line: bytes, n: int, torn: bool, p: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
     if torn:  # no newline after it: written by a writer that crashed?
         try:
-            rec = orjson.loads(line)
+            rec, ids = _loads(line)
         except orjson.JSONDecodeError:
             if line.strip():
                 warn(f"{p}: line {n}: torn last line ({len(line)} bytes, a crash while writing?) skipped")
@@ -525,7 +525,7 @@ def _parse_line(line: bytes, n: int, torn: bool, p: str, warn: Callable[[str], N
         return None
     else:
         try:
-            rec = orjson.loads(line)
+            rec, ids = _loads(line)
         except orjson.JSONDecodeError as e:
             raise InputError(f"line {n}: malformed capture record: {e}", source=p) from None
     if not isinstance(rec, dict):
@@ -533,7 +533,53 @@ def _parse_line(line: bytes, n: int, torn: bool, p: str, warn: Callable[[str], N
     if rec.get("schema") != SCHEMA:
         raise InputError(f"line {n}: unknown capture schema {rec.get('schema')!r} (expected {SCHEMA})", source=p)
     check_record(rec, f"line {n}", p)
+    if ids is not None:
+        rec["prompt_ids"] = _token_ids(ids, f"line {n}", p)
     return rec
+
+
+_IDS_KEY = b'"prompt_ids"'
+_IDS_ARRAY = re.compile(rb"\s*:\s*\[([-0-9,\s]*)\]")
+LIFT_IDS_OVER = 1 << 20  # lines longer than this have their prompt_ids read straight into an array
+_IDS_CHUNK = 1 << 20  # bytes of ID text parsed at once
+
+
+def _loads(line: bytes) -> tuple[Any, Any]:
+    """(orjson.loads(line), None), except that a long line's top-level `prompt_ids` come as a
+    separate int32 array, parsed a chunk at a time (the record holds [] in their place): as one
+    list they cost ~40 bytes a token (a 1M-token prompt: 40 MB), as an array 4."""
+    if len(line) <= LIFT_IDS_OVER or line.count(_IDS_KEY) != 1:
+        return orjson.loads(line), None
+    m = _IDS_ARRAY.match(line, line.index(_IDS_KEY) + len(_IDS_KEY))
+    ids = _ids_from_text(m.group(1)) if m is not None else None
+    if m is None or ids is None:  # not plain integers: orjson reads it (or names what is wrong)
+        return orjson.loads(line), None
+    rec = orjson.loads(line[: m.start(1)] + line[m.end(1) :])
+    if not isinstance(rec, dict) or rec.get("prompt_ids") != []:  # the key was not the record's own
+        return orjson.loads(line), None
+    return rec, ids
+
+
+def _ids_from_text(text: bytes) -> Any:
+    """The int32 array a JSON array's inside text holds, cut at commas into chunks that orjson
+    parses; None unless every element is an integer in int32 range."""
+    import numpy as np
+
+    parts, pos = [], 0
+    while pos < len(text):
+        end = text.find(b",", pos + _IDS_CHUNK)
+        end = len(text) if end < 0 else end
+        try:
+            chunk = np.array(orjson.loads(b"[" + text[pos:end] + b"]"))
+        except (orjson.JSONDecodeError, OverflowError):
+            return None
+        if chunk.ndim != 1 or chunk.dtype.kind != "i" or not chunk.size or chunk.min() < -(2**31):
+            return None
+        if chunk.max() >= 2**31:
+            return None
+        parts.append(chunk.astype(np.int32))
+        pos = end + 1
+    return np.concatenate(parts) if parts else None
 
 
 def is_capture_file(path: Path) -> bool:
@@ -649,10 +695,10 @@ def _token_ids(ids: list[Any], where: str, source: str) -> Any:
     """The IDs as an int32 array (4 bytes a token instead of ~36 for a list of ints)."""
     import numpy as np
 
-    if not ids:
+    if len(ids) == 0:
         return np.zeros(0, dtype=np.int32)
     try:
-        arr = np.array(ids)
+        arr = ids if isinstance(ids, np.ndarray) else np.array(ids)
     except (ValueError, OverflowError, TypeError):
         arr = None
     if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iu":

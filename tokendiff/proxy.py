@@ -86,10 +86,14 @@ class ProxyState:
 
 @dataclass
 class Exchange:
-    """One request passing through: what was forwarded, and the record being built from it."""
+    """One request passing through: what was forwarded, and the record being built from it.
+    A chat body is prepared for its record (`prep`) once it is on its way upstream, while the
+    server works: the client never waits for the parse, the verbatim check or the secrets plan."""
 
     rec: dict[str, Any] | None  # None for requests that are not recorded (not chat)
     t0: float
+    prep: asyncio.Task | None = None  # -> PreparedRequest | None (None: not a JSON object, not recorded)
+    on_wire: asyncio.Event = field(default_factory=asyncio.Event)  # the request body is sent upstream
     request: dict[str, Any] | None = None  # the body as parsed, unredacted: what the server rendered
     ttft: float | None = None
     sent: int = 0
@@ -240,23 +244,31 @@ def _response_headers(resp: httpx.Response) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-async def _new_record(state: ProxyState, scope, inc: Incoming) -> tuple[dict[str, Any] | None, dict | None]:
-    """(record, the body as parsed) for a chat request; (None, None) for everything else. A large
-    body is parsed and its blob written in a thread, so other requests keep flowing."""
+def _new_record(scope, inc: Incoming) -> dict[str, Any] | None:
+    """The start of the record for a chat request (its body's fields come from `_start_prepare`);
+    None for everything else."""
     path = scope["path"]
     if not (scope["method"] == "POST" and path.endswith(CHAT_ENDPOINTS)):
-        return None, None
+        return None
     rec: dict[str, Any] = {"source": "proxy", "endpoint": path}
     if inc.data is None:
         rec.update(omitted_request(0, ""))
-        return {**rec, "server": state.server}, None
-    if len(inc.data) > BLOB_THRESHOLD:
-        prepared = await asyncio.to_thread(_prepare, state, inc.data)
-    else:
-        prepared = _prepare(state, inc.data)
-    if prepared is None:
-        return None, None
-    return {**rec, **prepared.fields, "server": state.server}, prepared.parsed
+    return rec
+
+
+def _start_prepare(state: ProxyState, ex: Exchange, data: bytes) -> None:
+    """Prepare the body for its record in a task that starts once the body is on the wire (`ex.on_wire`),
+    so the parse runs while the upstream works rather than before it is asked."""
+    ex.prep = asyncio.get_running_loop().create_task(_prepare_when_sent(state, data, ex.on_wire))
+    state.pending.add(ex.prep)
+    ex.prep.add_done_callback(state.pending.discard)
+
+
+async def _prepare_when_sent(state: ProxyState, data: bytes, sent: asyncio.Event) -> PreparedRequest | None:
+    await sent.wait()
+    if len(data) > BLOB_THRESHOLD:  # parsed and its blob written in a thread: other requests keep flowing
+        return await asyncio.to_thread(_prepare, state, data)
+    return _prepare(state, data)
 
 
 def _prepare(state: ProxyState, body: bytes) -> PreparedRequest | None:
@@ -278,54 +290,56 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
     query = scope.get("query_string", b"")
     url = state.upstream + scope["path"] + (("?" + query.decode("latin-1")) if query else "")
     inc = await _read_body(receive)
-    rec, parsed = await _new_record(state, scope, inc)
+    ex = Exchange(_new_record(scope, inc), time.perf_counter())
+    if ex.rec is not None and inc.data is not None:
+        _start_prepare(state, ex, inc.data)
     if inc.disconnected:
-        if rec is not None:
-            _disconnected_early(state, rec)
+        if ex.rec is not None:
+            await _disconnected_early(state, ex)
         return
-    ex = Exchange(rec, time.perf_counter(), request=parsed)
     if inc.data is not None:
         body: Any = inc.data
     else:
-        body = _relay_body(inc, receive, rec["request_body"] if rec is not None else {})
+        body = _relay_body(inc, receive, ex.rec["request_body"] if ex.rec is not None else {})
     resp = await _open_upstream(state, scope, url, body, send, ex)
-    if inc.disconnected:
-        return
-    if resp is None:
+    if inc.disconnected or resp is None:
         return
     await _relay(state, resp, receive, send, ex)
-    if rec is None:
+    if ex.rec is None:
         return
     if not ex.written:
         _complete(ex, resp)
-        _write(state, rec)
-    if fetch_tokens and ex.error is None and resp.status_code == 200 and ex.request is not None:
-        _schedule_token_fetch(state, rec, ex.request)
+        await _record(state, ex)
+    if fetch_tokens and ex.error is None and resp.status_code == 200 and ex.request is not None and "seq" in ex.rec:
+        _schedule_token_fetch(state, ex.rec, ex.request)
 
 
-def _disconnected_early(state: ProxyState, rec: dict[str, Any]) -> None:
-    rec["response"] = {"status": None, "error": "client disconnected before sending the whole request"}
-    rec["client_disconnected"] = True
-    _write(state, rec)
+async def _disconnected_early(state: ProxyState, ex: Exchange) -> None:
+    assert ex.rec is not None
+    ex.rec["response"] = {"status": None, "error": "client disconnected before sending the whole request"}
+    ex.rec["client_disconnected"] = True
+    await _record(state, ex)
 
 
 async def _open_upstream(state: ProxyState, scope, url: str, body: Any, send, ex: Exchange):
     """The upstream's streamed response, or None after answering the client a 502 (or, for a
     client gone while its over-cap body was being relayed, after recording that)."""
     assert state.client
+    sent = ex.on_wire if ex.prep is not None else None
     try:
         try:
-            return await _send_upstream(state.client, scope, url, body)
+            return await _send_upstream(state.client, scope, url, body, sent)
         except (httpx.RemoteProtocolError, httpx.ReadError):
             if not isinstance(body, bytes):
                 raise  # a relayed body cannot be sent twice
             # a kept-alive connection the server had closed: nothing reached it, send again once
-            return await _send_upstream(state.client, scope, url, body)
+            return await _send_upstream(state.client, scope, url, body, sent)
     except ConnectionResetError:
         if ex.rec is not None:
-            _disconnected_early(state, ex.rec)
+            await _disconnected_early(state, ex)
         return None
     except httpx.HTTPError as e:
+        ex.on_wire.set()  # prepare the record now: the body will not be sent
         msg = f"tokendiff proxy: upstream {state.upstream} unreachable: {type(e).__name__}: {e}"
         payload = orjson.dumps({"error": {"message": msg, "type": "upstream_unreachable", "code": 502}})
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
@@ -335,16 +349,31 @@ async def _open_upstream(state: ProxyState, scope, url: str, body: Any, send, ex
             ex.rec["response"] = {"status": 502, "error": msg}
             ex.rec["upstream_error"] = msg
             ex.rec["total_ms"] = (time.perf_counter() - ex.t0) * 1000
-            _write(state, ex.rec)
+            await _record(state, ex)
         return None
+    finally:
+        ex.on_wire.set()
 
 
-async def _send_upstream(client: httpx.AsyncClient, scope, url: str, body: Any) -> httpx.Response:
+async def _send_upstream(
+    client: httpx.AsyncClient, scope, url: str, body: Any, sent: asyncio.Event | None
+) -> httpx.Response:
+    """Send the request; `sent` is set as soon as its body is written (httpcore's trace extension),
+    before the upstream answers."""
     headers = _forward_headers(scope)
     if not isinstance(body, bytes):  # relayed as it comes: keep the client's length, not chunked
         headers += [(k, v) for k, v in scope["headers"] if k.lower() == b"content-length"]
-    req = client.build_request(scope["method"], url, headers=headers, content=body)
+    extensions = {"trace": _body_sent_trace(sent)} if sent is not None else None
+    req = client.build_request(scope["method"], url, headers=headers, content=body, extensions=extensions)
     return await client.send(req, stream=True)
+
+
+def _body_sent_trace(sent: asyncio.Event):
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event.endswith("send_request_body.complete"):
+            sent.set()
+
+    return trace
 
 
 async def _relay(state: ProxyState, resp: httpx.Response, receive, send, ex: Exchange) -> None:
@@ -367,8 +396,7 @@ async def _relay(state: ProxyState, resp: httpx.Response, receive, send, ex: Exc
             # recorded before the response is complete for the client: a request the
             # client saw finish is never missing from the capture, even after kill -9
             _complete(ex, resp)
-            _write(state, ex.rec)
-            ex.written = True
+            await _record(state, ex)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except httpx.HTTPError as e:  # the upstream died mid-stream: the client sees the stream end
         ex.error = f"upstream failed mid-response: {type(e).__name__}: {e}"
@@ -381,7 +409,7 @@ async def _relay(state: ProxyState, resp: httpx.Response, receive, send, ex: Exc
             await resp.aclose()
             if ex.rec is not None and not ex.written:
                 _complete(ex, resp)
-                _write(state, ex.rec)
+                await _record(state, ex)
             raise
     finally:
         gone.cancel()
@@ -431,10 +459,29 @@ def _body_summary(raw: bytes, status: int) -> dict[str, Any]:
     return out
 
 
-def _write(state: ProxyState, rec: dict[str, Any]) -> None:
-    assert state.writer
+async def _record(state: ProxyState, ex: Exchange) -> None:
+    """Write the exchange's record, once: its body's fields (waiting for the preparation, which
+    starts now if the body was never sent), the server, then what the exchange added. A body that
+    is not a JSON object is not recorded."""
+    assert state.writer and ex.rec is not None
+    fields: dict[str, Any] = {}
+    if ex.prep is not None:
+        ex.on_wire.set()
+        prepared = await asyncio.shield(ex.prep)  # a cancelled handler still records, see _relay
+        if prepared is None or ex.written:
+            ex.written = True
+            return
+        fields, ex.request = prepared.fields, prepared.parsed
+    if ex.written:
+        return
+    ex.written = True
+    rec: dict[str, Any] = {k: ex.rec[k] for k in ("source", "endpoint", "request_body") if k in ex.rec}
+    rec.update(fields)
+    rec["server"] = state.server
+    rec.update((k, v) for k, v in ex.rec.items() if k not in rec)
     out = state.writer.append(rec, redact_request=False)  # the request part was prepared already
     rec["seq"] = out["seq"]
+    ex.rec = rec
     state.recorded += 1
 
 

@@ -423,15 +423,64 @@ def text_tokenizer(vocab: Vocab) -> TextTokenizer:
             tk = Tokenizer.from_str(raw.decode("utf-8"))
         except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception
             raise InputError(f"cannot load the tokenizer for text: {e}", source=path) from None
-        return TextTokenizer(lambda text, add: tk.encode(text, add_special_tokens=add).ids, vocab.name)
+        return TextTokenizer(_windowed_encoder(tk), vocab.name)
     if meta.source == "gguf" and meta.ggml_model == "gpt2" and path:
         tk = _tokenizer_from_gguf(path)
         if tk is not None:
-            return TextTokenizer(lambda text, add: tk.encode(text, add_special_tokens=add).ids, vocab.name)
+            return TextTokenizer(_windowed_encoder(tk), vocab.name)
     raise InputError(
         f"{vocab.name} can decode IDs but not tokenise text; pass --tokenizer with a tokenizer.json "
         "(or an HF directory), or --server URL"
     )
+
+
+ENCODE_WINDOW = 1 << 18  # characters tokenised at once: `tokenizers` holds ~500 bytes a token while encoding
+WINDOW_MARGIN = 1 << 10  # a cut this far before a window's end is where the whole text would be cut too
+
+
+def _windowed_encoder(tk):
+    """`encode(text, add_special)` in memory bounded by the window, not the text: a 4 MB prompt
+    encoded at once costs ~500 MB. Only for byte-level BPE with a regex pre-tokenizer (and at most
+    NFC), where tokens never span a pre-token boundary and the split of a text into pre-tokens,
+    read left to right, does not depend on what lies far ahead: the result is the one-shot encoding."""
+    pre = tk.pre_tokenizer.__getstate__() if tk.pre_tokenizer is not None else b""
+    norm = tk.normalizer.__getstate__() if tk.normalizer is not None else b'{"type":"NFC"}'
+    chunkable = b'"ByteLevel"' in pre and b"Metaspace" not in pre and norm == b'{"type":"NFC"}'
+
+    def encode(text: str, add: bool) -> list[int]:
+        if add or not chunkable or len(text) <= ENCODE_WINDOW + WINDOW_MARGIN:
+            return tk.encode(text, add_special_tokens=add).ids
+        return encode_in_windows(tk, text)
+
+    return encode
+
+
+def encode_in_windows(tk, text: str, window: int = ENCODE_WINDOW, margin: int = WINDOW_MARGIN) -> list[int]:
+    """`tk.encode(text).ids`, a window of text at a time: each window is cut at its last pre-token
+    boundary at least `margin` characters before its end, and the next starts there."""
+    out: list[int] = []
+    a = 0
+    while len(text) - a > window + margin:
+        enc = tk.encode(text[a : a + window + margin], add_special_tokens=False)
+        cut = _last_boundary(enc.word_ids, enc.offsets, window)
+        if cut is None:  # one pre-token longer than the window: the rest at once
+            break
+        k, chars = cut
+        out += enc.ids[:k]
+        a += chars
+    out += tk.encode(text[a:], add_special_tokens=False).ids
+    return out
+
+
+def _last_boundary(words: list, offsets: list, limit: int) -> tuple[int, int] | None:
+    """(tokens before it, its character offset) for the last token that starts a new pre-token at
+    or before `limit`; None when there is none."""
+    i = len(offsets) - 1
+    while i > 0 and offsets[i][0] > limit:
+        i -= 1
+    while i > 0 and words[i] == words[i - 1]:
+        i -= 1
+    return (i, offsets[i][0]) if i > 0 else None
 
 
 # The pre-tokenizer regexes llama.cpp uses for the byte-level BPE vocabularies it names in

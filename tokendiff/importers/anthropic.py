@@ -18,7 +18,7 @@ def is_anthropic(body: dict[str, Any], endpoint: str | None = None) -> bool:
     tools = body.get("tools")
     if isinstance(tools, list) and any(isinstance(t, dict) and "input_schema" in t for t in tools):
         return True
-    for m in body.get("messages") or []:
+    for m in body["messages"] if isinstance(body.get("messages"), list) else []:
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list) and any(
             isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result") for b in content
@@ -65,7 +65,7 @@ def to_openai(body: dict[str, Any], llama_server: bool = True) -> dict[str, Any]
                 ),
             }
         )
-    for m in body.get("messages") or []:
+    for m in body["messages"] if isinstance(body.get("messages"), list) else []:
         if not isinstance(m, dict):
             continue
         role, content = m.get("role"), m.get("content")
