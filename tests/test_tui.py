@@ -402,3 +402,20 @@ async def test_headlines_do_not_contradict_the_figures():
     text = session_headline(s)
     assert text.startswith("No waste") and f"{s.reuse_pct:.1f} %" in text and "reused everything" not in text
     assert session_headline(long_session(20)).startswith("Fix this first")
+
+
+async def test_session_table_mouse_and_enter_open_the_pair():
+    a = app(open_first_divergence=False)
+    async with a.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: a.session is not None)
+        table = a.screen.query_one("#turns")
+        await pilot.click("#turns", offset=(2, 5))  # the header, then turns 1..: row 5 is turn 5
+        assert table.cursor_row == 4
+        await pilot.click("#turns", offset=(2, 5))  # a click on the cursor's row opens it
+        await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
+        assert a.screen.turn == 5
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(a.screen, SessionScreen))
+        await pilot.press("up", "enter")
+        await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
+        assert a.screen.turn == 4
