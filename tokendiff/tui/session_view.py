@@ -219,8 +219,10 @@ class SessionTable(ScrollView, can_focus=True):
     # ------------------------------------------------------------ layout and drawing
 
     def _relayout(self) -> None:
-        width = self.scrollable_content_region.width or self.size.width
-        if width == self._layout_width or not width:
+        width = self.size.width
+        if len(self.turns) + 1 > self.size.height:  # the scrollbar to come: laid out once, not again when it shows
+            width -= self.styles.scrollbar_size_vertical
+        if width <= 0 or width == self._layout_width:
             return
         self._layout_width = width
         self._placed = fit_columns(COLUMNS, self._natural, width) if self._natural else []
