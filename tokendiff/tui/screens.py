@@ -46,7 +46,7 @@ class SessionScreen(Screen):
         with Horizontal(id="session-body"):
             yield SessionTable(id="turns")
             with Vertical(id="session-side"):
-                yield Static("reuse of each turn's tokens", classes="caption")
+                yield Static("reuse per turn", classes="caption")
                 yield ReuseChart(id="chart")
                 yield Static("", id="spans")
         yield Footer()
