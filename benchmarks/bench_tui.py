@@ -1,9 +1,14 @@
-"""TUI first paint of a 100k-token pair, and what a scroll renders.
+"""TUI first paint of a 100k-token pair, and what a scroll renders; the session screen on a long session.
 
 Budget: first paint <= 0.5 s (from the aligned pair to the token view on
 screen, headless at 140x40); scrolling renders only the visible lines.
+With --session-turns N: a synthetic agent capture of N turns (scale_capture.py,
+~--session-tokens tokens each) is analysed (timed on its own), then the time from
+the analysed session to the first complete session screen (budget 2 s at 10,000
+turns) and the cost of a page-down, with the rows each renders.
 
     python benchmarks/bench_tui.py [--tokens 100000]
+    python benchmarks/bench_tui.py --session-turns 10000 [--session-tokens 2000] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -22,7 +27,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=100_000)
+    ap.add_argument("--session-turns", type=int, default=0, help="measure the session screen on N turns instead")
+    ap.add_argument("--session-tokens", type=int, default=2_000, help="about this many tokens per turn")
+    ap.add_argument("--keep", type=Path, help="write (or reuse) the synthetic capture in this directory")
     args = ap.parse_args()
+    if args.session_turns:
+        bench_session(args.session_turns, args.session_tokens, args.keep)
+        return
     import numpy as np
     from bench_diff import agent_prompt_ids, edited
 
@@ -107,6 +118,71 @@ def main() -> None:
             )
 
     asyncio.run(run())
+
+
+def _capture(turns: int, tokens: int, keep: Path | None) -> Path:
+    """The synthetic capture: history ~3/4 of `tokens`, compacted past 5/4 (a date break every 10th turn)."""
+    import tempfile
+
+    from scale_capture import make_capture
+
+    folder = keep or Path(tempfile.mkdtemp(prefix="tokendiff-bench-tui-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"session-{turns}x{tokens}.jsonl"
+    if not path.exists():
+        make_capture(path, turns, history=tokens * 3 // 4, compact_at=tokens * 5 // 4)
+    return path
+
+
+def bench_session(turns: int, tokens: int, keep: Path | None) -> None:
+    from tokendiff import workflows as wf
+
+    path = _capture(turns, tokens, keep)
+    t0 = time.perf_counter()
+    loaded = wf.open_session(wf.PromptOptions(), [str(path)])
+    t_analysis = time.perf_counter() - t0
+    s = loaded.session
+    print(
+        f"analysis of {len(s.turns):,} turns ({s.total_tokens:,} tokens): {t_analysis:.1f} s "
+        "(not the screen's cost: measured apart)"
+    )
+    asyncio.run(_session_screen(loaded))
+
+
+async def _session_screen(loaded) -> None:
+    from tokendiff.tui.app import Options, TokendiffApp
+    from tokendiff.tui.screens import SessionScreen
+    from tokendiff.tui.session_view import SessionTable
+
+    class Bench(TokendiffApp):
+        def load_session(self) -> None:  # the session is already analysed: delivered below, timed
+            pass
+
+    app = Bench(Options(paths=[], open_first_divergence=False))
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SessionScreen)
+        table = screen.query_one("#turns", SessionTable)
+        t0, c0 = time.perf_counter(), time.process_time()
+        app._loaded(loaded)
+        while not table.rendered_rows:  # the rows are drawn by the compositor, after show()
+            await pilot.pause()
+        t_first, c_first = time.perf_counter() - t0, time.process_time() - c0
+        first_rows = table.rendered_rows
+        table.rendered_rows = 0
+        t1, c1 = time.perf_counter(), time.process_time()
+        for _ in range(20):
+            await pilot.press("pagedown")
+        await pilot.pause()
+        t_page, c_page = (time.perf_counter() - t1) / 20, (time.process_time() - c1) / 20
+        print(
+            f"session screen, {table.row_count:,} turns at 140x40: first complete screen {t_first * 1000:.0f} ms "
+            f"wall, {c_first * 1000:.0f} ms CPU [budget 2000 ms]; {first_rows} rows rendered for it "
+            f"({table.page} rows on screen); page-down {t_page * 1000:.1f} ms wall, {c_page * 1000:.1f} ms CPU, "
+            f"{table.rendered_rows / 20:.0f} rows rendered each (incl. the headless pilot's pauses); "
+            f"cursor on turn {table.cursor_row + 1:,}"
+        )
 
 
 if __name__ == "__main__":

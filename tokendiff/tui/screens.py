@@ -11,10 +11,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Sparkline, Static, Tree
+from textual.widgets import ContentSwitcher, Footer, Header, Static, Tree
 
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.tui.pairdata import PairView
+from tokendiff.tui.session_view import ReuseChart, SessionTable
 from tokendiff.tui.token_view import TokenView
 
 if TYPE_CHECKING:
@@ -24,86 +25,123 @@ if TYPE_CHECKING:
 
 
 class SessionScreen(Screen):
-    """Every turn: size, reuse, waste, the first divergence and its cause; the spans to fix first."""
+    """Every turn: size, reuse, waste, the first divergence and its cause; the spans to fix first.
+
+    The table and the chart cost what the screen shows, not the session's length (session_view.py).
+    """
 
     BINDINGS = [
-        Binding("enter", "open_pair", "open pair", id="session.open"),
+        Binding("enter", "open_pair", "open pair", key_display="⏎", id="session.open"),
         Binding("e", "export_report", "export report", id="session.export"),
     ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session: Session | None = None
+        self.failure: str | None = None  # why the session could not be loaded
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static("loading the session…", id="headline")
         with Horizontal(id="session-body"):
-            yield DataTable(id="turns", cursor_type="row", zebra_stripes=True)
+            yield SessionTable(id="turns")
             with Vertical(id="session-side"):
-                yield Static("reuse across turns", classes="caption")
-                yield Sparkline([], id="chart")
+                yield Static("reuse per turn", classes="caption")
+                yield ReuseChart(id="chart")
                 yield Static("", id="spans")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#turns", DataTable).loading = True
+        self.query_one("#turns", SessionTable).loading = self.session is None and self.failure is None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Open and export only once there are turns: the footer offers nothing that would do nothing."""
+        if action in ("open_pair", "export_report"):
+            return bool(self.session and self.session.turns)
+        return True
 
     def show(self, session: Session) -> None:
-        from tokendiff.report.session import headline
-
-        self.query_one("#headline", Static).update(Text(headline(session), style="bold"))
-        table = self.query_one("#turns", DataTable)
+        if not self.is_mounted:  # a small session can load before the screen has mounted: shown once it has
+            self.call_later(self.show, session)
+            return
+        first_load = self.session is None
+        self.session = session
+        self.query_one("#headline", Static).update(Text(session_headline(session), style="bold"))
+        table = self.query_one("#turns", SessionTable)
         table.loading = False
-        table.clear(columns=True)
-        table.add_columns(
-            "turn",
-            "tokens",
-            "reusable",
-            "reuse %",
-            "recomputed",
-            "wasted",
-            "cause",
-            "server cached",
-            "first divergence",
-        )
-        for t in session.turns:
-            table.add_row(
-                str(t.turn),
-                f"{t.n_tokens:,}",
-                f"{t.reuse.get('llama.cpp', 0):,}",
-                f"{t.reuse_pct:.1f}",
-                f"{t.recompute:,}",
-                f"{t.wasted:,}",
-                t.cause or "",
-                "" if t.reported_cached is None else f"{t.reported_cached:,}",
-                t.section or "",
-                key=str(t.turn),
-            )
-        self.query_one("#chart", Sparkline).data = [t.reuse_pct for t in session.turns] or [0]
-        lines = Text()
-        lines.append("fix first\n", style="bold")
-        for k, sp in enumerate(session.spans[:8], 1):
-            lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
-            turns = ", ".join(map(str, sp.turns))
-            where = f"   {sp.section} · turns {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %)\n"
-            lines.append(where, style="dim")
-            lines.append(f"   {sp.fix}\n")
-        if not session.spans:
-            lines.append("nothing broke the cache")
-        self.query_one("#spans", Static).update(lines)
-        table.focus()
         first_bad = next((t.turn for t in session.turns if t.wasted), None)
-        if first_bad:
-            table.move_cursor(row=first_bad - 1)
+        table.show(session.turns, cursor=(first_bad or 1) - 1 if first_load else None)
+        if not session.turns:
+            table.show_message("no turns yet")
+        self.query_one("#chart", ReuseChart).show(session.turns)
+        self.query_one("#spans", Static).update(_spans_text(session))
+        table.focus()
+        self.refresh_bindings()
+
+    def failed(self, msg: str) -> None:
+        """The load failed: say so in place of the table, and stop offering actions."""
+        self.failure = msg
+        if not self.is_mounted:
+            self.call_later(self.failed, msg)
+            return
+        self.query_one("#headline", Static).update(Text(f"could not load the session: {msg}", style="bold"))
+        table = self.query_one("#turns", SessionTable)
+        table.loading = False
+        table.show_message("no session: " + msg)
+        self.refresh_bindings()
+
+    @on(SessionTable.Highlighted, "#turns")
+    def _highlighted(self, event: SessionTable.Highlighted) -> None:
+        self.query_one("#chart", ReuseChart).marked = event.row
 
     def action_open_pair(self) -> None:
-        table = self.query_one("#turns", DataTable)
+        table = self.query_one("#turns", SessionTable)
         if table.row_count:
             self.app.open_pair(table.cursor_row + 1)  # type: ignore[attr-defined]
 
-    @on(DataTable.RowSelected)
-    def _selected(self, event: DataTable.RowSelected) -> None:
-        self.app.open_pair(event.cursor_row + 1)  # type: ignore[attr-defined]
+    @on(SessionTable.Selected, "#turns")
+    def _selected(self, event: SessionTable.Selected) -> None:
+        self.app.open_pair(event.row + 1)  # type: ignore[attr-defined]
 
     def action_export_report(self) -> None:
         self.app.export_report()  # type: ignore[attr-defined]
+
+
+def session_headline(s: Session) -> str:
+    """The report's headline, except where its words would contradict the figures on screen."""
+    from tokendiff.report.session import headline
+
+    if not s.turns:
+        return "No turns yet."
+    if s.spans and s.spans[0].tokens:
+        return headline(s)
+    new = s.total_tokens - s.reused_tokens
+    return (
+        f"No waste: no turn recomputed what the previous prompt already had. {s.reuse_pct:.1f} % of all tokens "
+        f"were reused; the other {new:,} were new."
+    )
+
+
+def _turn_list(turns: list[int], show: int = 6) -> str:
+    """A span's turns, the first few of them on a long session (a date break can be every 10th of 10,000)."""
+    if len(turns) <= show:
+        return ", ".join(map(str, turns))
+    return ", ".join(f"{t:,}" for t in turns[: show - 1]) + f", … {turns[-1]:,} ({len(turns):,} turns)"
+
+
+def _spans_text(session: Session) -> Text:
+    """The "fix first" list: the spans that cost the most, with where, when and the fix."""
+    lines = Text()
+    lines.append("fix first\n", style="bold")
+    for k, sp in enumerate(session.spans[:8], 1):
+        lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
+        turns = _turn_list(sp.turns)
+        where = f"   {sp.section} · turns {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %)\n"
+        lines.append(where, style="dim")
+        lines.append(f"   {sp.fix}\n")
+    if not session.spans:
+        lines.append("nothing broke the cache")
+    return lines
 
 
 def _owner_text(path: SectionPath) -> str:

@@ -1,0 +1,430 @@
+"""The session screen's table and chart, sized for sessions of any length.
+
+SessionTable draws with Textual's Line API: only the rows on screen are
+rendered, each cached as a Strip, so a 10,000-turn session opens as fast as a
+10-turn one. The columns are chosen by the width available (the cause first,
+the rest as room allows) instead of scrolling sideways. ReuseChart draws one
+bar per column of the widget: turns are bucketed to the width, each bar the
+reuse of its bucket's tokens on a fixed 0–100 % scale, with axis and turn labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual import events
+from textual.binding import Binding
+from textual.cache import LRUCache
+from textual.geometry import Size
+from textual.message import Message
+from textual.reactive import var
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widget import Widget
+
+if TYPE_CHECKING:
+    from tokendiff.cost import Turn
+
+
+def cause_title(t: Turn) -> str:
+    """The first unexpected finding's title: what a person reads, not its kind id."""
+    return next((f.title for f in t.findings if not f.expected), t.cause)
+
+
+def _num(v: int | None) -> str:
+    return "" if v is None else f"{v:,}"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One table column: `rank` orders which columns stay when the table is narrow."""
+
+    title: str
+    cell: Callable[[Turn], str]
+    rank: int
+    numeric: bool = True
+    widest: Callable[[Sequence[Turn]], str] | None = None  # its widest cell, without formatting every row
+
+
+def _widest_num(get: Callable[[Turn], int | None]) -> Callable[[Sequence[Turn]], str]:
+    """The widest formatted value; "" when no turn has one (the column is left out)."""
+    return lambda turns: _num(max((v for t in turns if (v := get(t)) is not None), default=None))
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("turn", lambda t: str(t.turn), 0, widest=lambda ts: str(ts[-1].turn) if ts else ""),
+    Column("tokens", lambda t: _num(t.n_tokens), 4, widest=_widest_num(lambda t: t.n_tokens)),
+    Column("reusable", lambda t: _num(t.reuse.get("llama.cpp", 0)), 8, widest=_widest_num(lambda t: t.n_tokens)),
+    Column("reuse %", lambda t: f"{t.reuse_pct:.1f}", 1, widest=lambda ts: "100.0"),
+    Column("recomputed", lambda t: _num(t.recompute), 7, widest=_widest_num(lambda t: t.recompute)),
+    Column("wasted", lambda t: _num(t.wasted), 2, widest=_widest_num(lambda t: t.wasted)),
+    Column("cause", cause_title, 3, numeric=False),
+    Column("server cached", lambda t: _num(t.reported_cached), 6, widest=_widest_num(lambda t: t.reported_cached)),
+    Column("first divergence", lambda t: t.section, 5, numeric=False),
+)
+MIN_TEXT, MAX_TEXT = 12, 28  # a text column narrower than MIN says nothing; wider than MAX only with room to spare
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A column as laid out: its cell width."""
+
+    column: Column
+    width: int
+
+
+def natural_widths(columns: Sequence[Column], turns: Sequence[Turn]) -> list[int]:
+    """Each column's width for its title and its widest cell; 0 for a column no turn has a value for."""
+    out = []
+    for c in columns:
+        widest = c.widest(turns) if c.widest else max((c.cell(t) for t in turns), key=len, default="")
+        out.append(max(len(c.title), len(widest)) if widest or c.rank == 0 else 0)
+    return out
+
+
+def fit_columns(columns: Sequence[Column], natural: Sequence[int], width: int) -> list[Placed]:
+    """The columns that fit `width`, in table order: by rank, text columns first at up to MAX_TEXT
+    (then, if they did not fit, at MIN_TEXT); what is left widens the text columns to their natural width."""
+    widths: dict[int, int] = {}
+    used = -1  # no separator before the first column
+    order = sorted(range(len(columns)), key=lambda i: columns[i].rank)
+    for cap in (MAX_TEXT, MIN_TEXT):
+        for i in order:
+            if not natural[i]:  # no turn has a value for it
+                continue
+            w = natural[i] if columns[i].numeric else min(natural[i], cap)
+            if i not in widths and used + 1 + w <= width:
+                widths[i] = w
+                used += 1 + w
+    texts = [i for i in sorted(widths) if not columns[i].numeric]
+    spare = width - max(used, 0)
+    for k, i in enumerate(texts):  # the room left, to each text column up to its natural width
+        extra = min(natural[i] - widths[i], spare // (len(texts) - k))
+        widths[i] += extra
+        spare -= extra
+    return [Placed(columns[i], widths[i]) for i in sorted(widths)]
+
+
+def _cell(text: str, width: int, right: bool) -> str:
+    if len(text) > width:
+        return text[: max(0, width - 1)] + "…"
+    return text.rjust(width) if right else text.ljust(width)
+
+
+class SessionTable(ScrollView, can_focus=True):
+    """One row per turn, a header that stays, a row cursor; Enter is the screen's (it opens the pair)."""
+
+    COMPONENT_CLASSES = {
+        "sessiontable--header",
+        "sessiontable--even",
+        "sessiontable--odd",
+        "sessiontable--waste",
+        "sessiontable--cursor",
+    }
+    DEFAULT_CSS = """
+    SessionTable { background: $surface; }
+    SessionTable > .sessiontable--header { color: $foreground; background: $panel; text-style: bold; }
+    SessionTable > .sessiontable--even { color: $foreground; }
+    SessionTable > .sessiontable--odd { color: $foreground; background: $foreground 5%; }
+    SessionTable > .sessiontable--waste { color: $error; }
+    SessionTable > .sessiontable--cursor { color: $background; background: $td-cursor; }
+    """
+    BINDINGS = [
+        Binding("up", "move(-1)", "turn up", show=False, id="session.up"),
+        Binding("down", "move(1)", "turn down", show=False, id="session.down"),
+        Binding("pageup", "page(-1)", "page up", show=False, id="session.pageup"),
+        Binding("pagedown", "page(1)", "page down", show=False, id="session.pagedown"),
+        Binding("home", "edge(0)", "first turn", show=False, id="session.home"),
+        Binding("end", "edge(-1)", "last turn", show=False, id="session.end"),
+    ]
+
+    cursor: var[int] = var(0)
+
+    class Highlighted(Message):
+        """The cursor moved to row `row` (turn row + 1)."""
+
+        def __init__(self, table: SessionTable, row: int) -> None:
+            super().__init__()
+            self.table, self.row = table, row
+
+        @property
+        def control(self) -> SessionTable:
+            return self.table
+
+    class Selected(Message):
+        """Row `row` was clicked while under the cursor: open it."""
+
+        def __init__(self, table: SessionTable, row: int) -> None:
+            super().__init__()
+            self.table, self.row = table, row
+
+        @property
+        def control(self) -> SessionTable:
+            return self.table
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.turns: Sequence[Turn] = []
+        self.message = ""  # shown instead of rows when there are none
+        self._natural: list[int] = []
+        self._placed: list[Placed] = []
+        self._layout_width = -1
+        self._cache: LRUCache[tuple[int, bool], Strip] = LRUCache(256)
+        self.rendered_rows = 0  # rows drawn since the last show(): the benchmark's and tests' measure
+
+    # ------------------------------------------------------------ data
+
+    def show(self, turns: Sequence[Turn], cursor: int | None = None) -> None:
+        """New turns (a load or a live append); the cursor stays unless `cursor` is given."""
+        self.turns, self.message = turns, ""
+        self._natural = natural_widths(COLUMNS, turns)
+        self._layout_width = -1
+        self.rendered_rows = 0
+        self._relayout()
+        self.set_reactive(SessionTable.cursor, min(self.cursor if cursor is None else cursor, max(0, len(turns) - 1)))
+        self.go_to(self.cursor)
+        self.post_message(self.Highlighted(self, self.cursor))
+
+    def show_message(self, text: str) -> None:
+        self.turns, self.message = [], text
+        self._layout_width = -1
+        self._relayout()
+        self.refresh()
+
+    @property
+    def row_count(self) -> int:
+        return len(self.turns)
+
+    @property
+    def cursor_row(self) -> int:
+        return self.cursor
+
+    @property
+    def columns(self) -> list[str]:
+        return [p.column.title for p in self._placed]
+
+    def move_cursor(self, row: int) -> None:
+        self.go_to(row)
+
+    def row_text(self, row: int) -> str:
+        """Row `row` as it reads on screen."""
+        return self._row(row, self._layout_width).text
+
+    # ------------------------------------------------------------ layout and drawing
+
+    def _relayout(self) -> None:
+        width = self.size.width
+        if len(self.turns) + 1 > self.size.height:  # the scrollbar to come: laid out once, not again when it shows
+            width -= self.styles.scrollbar_size_vertical
+        if width <= 0 or width == self._layout_width:
+            return
+        self._layout_width = width
+        self._placed = fit_columns(COLUMNS, self._natural, width) if self._natural else []
+        self._cache.clear()
+        self.virtual_size = Size(width, len(self.turns) + 1)
+
+    def on_resize(self) -> None:
+        self._relayout()
+        self.scroll_to_row(self.cursor)
+        self.refresh()
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._cache.clear()
+
+    def _line(self, cells: list[tuple[str, Style]], width: int, style: Style) -> Strip:
+        segs: list[Segment] = []
+        for k, (text, st) in enumerate(cells):
+            if k:
+                segs.append(Segment(" ", style))
+            segs.append(Segment(text, st))
+        return Strip(segs).crop_extend(0, width, style)
+
+    def _header(self, width: int) -> Strip:
+        st = self.get_component_rich_style("sessiontable--header")
+        return self._line([(_cell(p.column.title, p.width, p.column.numeric), st) for p in self._placed], width, st)
+
+    def _row(self, row: int, width: int) -> Strip:
+        on_cursor = row == self.cursor
+        strip = self._cache.get((row, on_cursor))
+        if strip is None:
+            self.rendered_rows += 1
+            t = self.turns[row]
+            cls = "sessiontable--cursor" if on_cursor else f"sessiontable--{'odd' if row % 2 else 'even'}"
+            base = self.get_component_rich_style(cls)
+            waste = base if on_cursor or not t.wasted else base + self.get_component_rich_style("sessiontable--waste")
+            cells = []
+            for p in self._placed:
+                st = waste if p.column.title in ("wasted", "cause") else base
+                cells.append((_cell(p.column.cell(t), p.width, p.column.numeric), st))
+            strip = self._line(cells, width, base)
+            self._cache[(row, on_cursor)] = strip
+        return strip
+
+    def render_line(self, y: int) -> Strip:
+        self._relayout()
+        width = self.scrollable_content_region.width
+        if not self.turns:
+            text = self.message if y == 1 else ""
+            return Strip([Segment(f" {text}" if text else "")]).crop_extend(0, width, self.rich_style)
+        if y == 0:
+            return self._header(width)
+        row = self.scroll_offset.y + y - 1
+        if row >= len(self.turns):
+            return Strip.blank(width, self.rich_style)
+        return self._row(row, width)
+
+    # ------------------------------------------------------------ cursor
+
+    @property
+    def page(self) -> int:
+        return max(1, self.scrollable_content_region.height - 1)
+
+    def watch_cursor(self, old: int, new: int) -> None:
+        for row in {old, new}:
+            y = row - self.scroll_offset.y + 1
+            if 1 <= y < self.size.height:
+                self.refresh_line(y)
+        self.post_message(self.Highlighted(self, new))
+
+    def scroll_to_row(self, row: int) -> None:
+        top = self.scroll_offset.y
+        if row < top:
+            self.scroll_to(y=row, animate=False, immediate=True)
+        elif row >= top + self.page:
+            self.scroll_to(y=row - self.page + 1, animate=False, immediate=True)
+
+    def go_to(self, row: int) -> None:
+        if not self.turns:
+            return
+        self.cursor = max(0, min(row, len(self.turns) - 1))
+        self.scroll_to_row(self.cursor)
+
+    def action_move(self, delta: int) -> None:
+        self.go_to(self.cursor + delta)
+
+    def action_page(self, direction: int) -> None:
+        """A page of turns: the view and the cursor move together."""
+        step = direction * self.page
+        self.scroll_to(y=self.scroll_offset.y + step, animate=False, immediate=True)
+        self.go_to(self.cursor + step)
+
+    def action_edge(self, where: int) -> None:
+        self.go_to(0 if where == 0 else len(self.turns) - 1)
+
+    def on_click(self, event: events.Click) -> None:
+        row = self.scroll_offset.y + event.y - 1
+        if event.y < 1 or not 0 <= row < len(self.turns):
+            return
+        if row == self.cursor:
+            self.post_message(self.Selected(self, row))
+        else:
+            self.go_to(row)
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One chart column: reuse of its turns' tokens (None: no tokens), and whether any of them wasted."""
+
+    reuse: float | None
+    waste: bool
+
+
+class ChartData:
+    """Prefix sums over the turns, so any bucket's reuse is two subtractions: downsampling costs the width."""
+
+    def __init__(self, turns: Sequence[Turn]) -> None:
+        self.n = len(turns)
+        self.tokens = [0, *accumulate(t.n_tokens for t in turns)]
+        self.reused = [0, *accumulate(t.reuse.get("llama.cpp", 0) for t in turns)]
+        self.wasted = [0, *accumulate(1 if t.wasted else 0 for t in turns)]
+
+    def per_turn(self, width: int) -> int:
+        """Columns per turn: 1 when turns outnumber the columns (then each column is a bucket of turns)."""
+        return max(1, min(3, width // self.n)) if self.n and self.n <= width else 1
+
+    def bars(self, width: int) -> list[Bar]:
+        """One bar per column: turns bucketed to `width` (or each turn `per_turn` columns wide)."""
+        if not self.n or width <= 0:
+            return []
+        if self.n <= width:
+            k = self.per_turn(width)
+            return [b for i in range(self.n) for b in [self._bar(i, i + 1)] * k]
+        return [self._bar(c * self.n // width, (c + 1) * self.n // width) for c in range(width)]
+
+    def column_of(self, turn_index: int, width: int) -> int:
+        """The column that holds turn `turn_index` (0-based) in bars(width)."""
+        if self.n <= width:
+            return turn_index * self.per_turn(width)
+        return ((turn_index + 1) * width + self.n - 1) // self.n - 1
+
+    def _bar(self, lo: int, hi: int) -> Bar:
+        tokens = self.tokens[hi] - self.tokens[lo]
+        reuse = (self.reused[hi] - self.reused[lo]) / tokens if tokens else None
+        return Bar(reuse, self.wasted[hi] > self.wasted[lo])
+
+
+EIGHTHS = " ▁▂▃▄▅▆▇█"
+AXIS = 5  # "100%┤"
+BAR_ROWS = 4
+
+
+class ReuseChart(Widget):
+    """Reuse per turn on a 0–100 % scale, downsampled to the width; red where a turn wasted cache."""
+
+    COMPONENT_CLASSES = {"reusechart--ok", "reusechart--waste", "reusechart--axis"}
+    DEFAULT_CSS = """
+    ReuseChart { height: 6; }
+    ReuseChart > .reusechart--ok { color: $success; }
+    ReuseChart > .reusechart--waste { color: $error; }
+    ReuseChart > .reusechart--axis { color: $foreground 60%; }
+    """
+
+    marked: var[int] = var(-1)  # the turn (0-based) under the table's cursor
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.data = ChartData([])
+        self.shown = False  # nothing to say before the session has loaded
+
+    def show(self, turns: Sequence[Turn]) -> None:
+        self.data, self.shown = ChartData(turns), True
+        self.refresh()
+
+    def watch_marked(self) -> None:
+        self.refresh()
+
+    def render(self) -> Text:
+        width = self.content_region.width - AXIS
+        d = self.data
+        if not d.n:
+            return Text("no turns yet" if self.shown else "", style=self.get_component_rich_style("reusechart--axis"))
+        bars = d.bars(width)
+        ok, bad = (self.get_component_rich_style(f"reusechart--{k}") for k in ("ok", "waste"))
+        axis = self.get_component_rich_style("reusechart--axis")
+        labels = {0: "100%┤", BAR_ROWS // 2: " 50%┤"}
+        out = Text(no_wrap=True, overflow="crop")
+        for r in range(BAR_ROWS):
+            out.append(labels.get(r, "    │"), style=axis)
+            for b in bars:
+                eighths = round((b.reuse or 0.0) * 8 * BAR_ROWS) - 8 * (BAR_ROWS - 1 - r)
+                out.append(EIGHTHS[max(0, min(8, eighths))], style=bad if b.waste else ok)
+            out.append("\n")
+        mark = d.column_of(self.marked, width) if 0 <= self.marked < d.n else -1
+        out.append("  0%└", style=axis)
+        out.append("".join("▲" if c == mark else "─" for c in range(len(bars))), style=axis)
+        out.append("\n" + self._turn_labels(len(bars)), style=axis)
+        return out
+
+    def _turn_labels(self, used: int) -> str:
+        """'turn 1' under the first bar, the last turn's number under the last."""
+        left, right = "turn 1", f"{self.data.n:,}"
+        if self.data.n == 1 or used < len(left) + len(right) + 1:
+            return " " * AXIS + left
+        return " " * AXIS + left + right.rjust(used - len(left))
