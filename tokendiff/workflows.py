@@ -187,26 +187,31 @@ def _analyse(loader: Loader, inputs, n: int | None, progress: Progress | None) -
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views."""
     from tokendiff.cost import Analyser
 
-    an = Analyser()
+    pool = PairWorkers(loader)
+    an = Analyser(pool=pool)
     specs: list[str] = []
     prompts = TurnPrompts(loader, specs)
-    for k, (spec, turn) in enumerate(inputs, 1):
-        if progress and (k < 100 or k % 100 == 0):
-            progress(f"reading turn {k}/{n}" if n else f"reading turn {k}")
-        specs.append(spec)
-        an.add(turn)
-        if turn.decoded is not None:
-            prompts.keep(k - 1, turn.decoded)
+    try:
+        for k, (spec, turn) in enumerate(inputs, 1):
+            if progress and (k < 100 or k % 100 == 0):
+                progress(f"reading turn {k}/{n}" if n else f"reading turn {k}")
+            specs.append(spec)
+            an.add(turn)
+            if turn.decoded is not None:
+                prompts.keep(k - 1, turn.decoded)
+        session = an.session()
+    finally:
+        pool.close()
     prompts.specs = specs
     if progress:
         progress(f"analysed {len(specs)} turns")
-    return LoadedSession(loader, prompts, an.session())
+    return LoadedSession(loader, prompts, session)
 
 
 def _spec_input(loader: Loader, spec: str) -> TurnInput:
     from tokendiff.cost import TurnInput
 
-    return TurnInput.of(loader.load(spec))
+    return TurnInput.of(loader.load(spec), job=SpecJob(spec))
 
 
 def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int) -> TurnInput:
@@ -215,19 +220,137 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int) ->
 
     from tokendiff.cost import TurnInput
 
-    def load() -> Prompt:
-        return loader.from_record(rec, label, turn)
-
+    job = RecordJob(rec, label, turn)
     ids = rec.get("prompt_ids")
     resp = rec.get("response")
-    try:
-        arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, list) else None
+    try:  # the capture reader gives an int32 array; other record sources may give a list
+        arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, (list, np.ndarray)) else None
     except (TypeError, ValueError, OverflowError):
         arr = None
     if arr is None or arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= loader.vocab.n_vocab)):
-        return TurnInput.of(load())  # no IDs, or IDs the full load refuses with the right message
+        return TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
     resp = resp if isinstance(resp, dict) else None
-    return TurnInput(ids=arr.astype(np.int32), origin=label, load=load, response=resp)
+    return TurnInput(ids=arr.astype(np.int32), origin=label, load=lambda: job.load(loader), response=resp, job=job)
+
+
+# ---------------------------------------------------------------- divergent pairs in worker processes
+
+
+@dataclass(frozen=True)
+class RecordJob:
+    """A capture record's prompt as a picklable recipe: a worker renders and decodes it itself."""
+
+    rec: dict[str, Any]
+    label: str
+    turn: int
+
+    def load(self, loader: Loader) -> Prompt:
+        return loader.from_record(self.rec, self.label, self.turn)
+
+
+@dataclass(frozen=True)
+class SpecJob:
+    """A selector's prompt (slot file, request body, DIR@N) as a picklable recipe."""
+
+    spec: str
+
+    def load(self, loader: Loader) -> Prompt:
+        return loader.load(self.spec)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """An InputError raised in a worker, carried back field by field."""
+
+    reason: str
+    source: str | None
+    offset: int | None
+
+
+_FORKED: Loader | None = None  # the session's loader, as the workers inherit it when they fork
+_WORKER_LOADERS: dict[str | None, Loader] = {}
+
+
+class PairWorkers:
+    """Divergent pairs (the turns that need both prompts rendered, decoded, sectioned and diffed: almost
+    all the time of a long session) diffed in forked worker processes while this one reads and indexes.
+    Forked, the workers share the vocabulary table and the compiled chat template instead of rebuilding
+    them. The first `after` pairs are diffed here, so a short session never starts a process."""
+
+    def __init__(self, loader: Loader, workers: int | None = None, after: int = 4):
+        import os
+
+        self.loader, self.after, self.seen = loader, after, 0
+        self.workers = workers if workers is not None else min(2, len(os.sched_getaffinity(0)))
+        self._pool: Any = None
+
+    def submit(self, t, a: TurnInput, b: TurnInput, max_hunks: int):
+        from tokendiff.cost import InlinePairs
+
+        self.seen += 1
+        if self.workers < 2 or self.seen <= self.after or a.job is None or b.job is None:
+            return InlinePairs().submit(t, a, b, max_hunks)
+        fut = self._executor().submit(_worker_compare, t, a.job, b.job, self.loader.chat_template, max_hunks)
+        return _relay(fut)
+
+    def _executor(self):
+        if self._pool is None:
+            import multiprocessing
+            import os
+            from concurrent.futures import ProcessPoolExecutor
+
+            global _FORKED
+            _FORKED = self.loader
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no fork warning from tokenizers
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"))
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+def _worker_compare(t, job_a, job_b, template: str | None, max_hunks: int):
+    """In a worker: load both prompts and fill the turn (`cost.compare_turn`)."""
+    from tokendiff.cost import compare_turn
+
+    try:
+        loader = _worker_loader(template)
+        return t, compare_turn(t, job_a.load(loader), job_b.load(loader), max_hunks)
+    except InputError as e:
+        return _Failed(e.reason, e.source, e.offset)
+
+
+def _worker_loader(template: str | None) -> Loader:
+    """The forked loader's vocabulary with the chat template the session has adopted by now."""
+    from tokendiff.sources import Loader
+
+    if template not in _WORKER_LOADERS:
+        assert _FORKED is not None
+        _WORKER_LOADERS[template] = Loader(_FORKED.vocab, _FORKED.family, _FORKED.order, template)
+    return _WORKER_LOADERS[template]
+
+
+def _relay(src):
+    """A future with the worker's result, its carried InputError raised as one."""
+    from concurrent.futures import Future
+
+    out: Future = Future()
+
+    def done(f) -> None:
+        try:
+            r = f.result()
+        except BaseException as e:  # noqa: BLE001 - a crashed worker: the reader of the result sees it
+            out.set_exception(e)
+            return
+        if isinstance(r, _Failed):
+            out.set_exception(InputError(r.reason, source=r.source, offset=r.offset))
+        else:
+            out.set_result(r)
+
+    src.add_done_callback(done)
+    return out
 
 
 def _path_inputs(loader: Loader, paths: Sequence[str], order: str, single_turns: bool, live: bool):
