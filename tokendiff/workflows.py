@@ -114,6 +114,7 @@ class TurnPrompts(Sequence["Prompt"]):
     def __init__(self, loader: Loader, specs: Sequence[str], budget: int = 2_000_000):
         self.loader, self.specs, self.budget = loader, list(specs), budget
         self._kept: dict[int, Prompt] = {}
+        self._tokens = 0  # in the kept prompts (a running total: summing per keep is quadratic)
 
     def __len__(self) -> int:
         return len(self.specs)
@@ -124,7 +125,7 @@ class TurnPrompts(Sequence["Prompt"]):
         k = i + len(self) if i < 0 else i
         if not 0 <= k < len(self):
             raise IndexError(i)
-        p = self._kept.pop(k, None)
+        p = self._kept.get(k)
         if p is None:
             p = self.loader.load(self.specs[k])
         self.keep(k, p)
@@ -132,9 +133,11 @@ class TurnPrompts(Sequence["Prompt"]):
 
     def keep(self, k: int, p: Prompt) -> None:
         """Remember turn k's prompt (0-based), forgetting the least recently used over budget."""
+        old = self._kept.pop(k, None)
+        self._tokens += len(p) - (len(old) if old is not None else 0)
         self._kept[k] = p
-        while len(self._kept) > 2 and sum(len(q) for q in self._kept.values()) > self.budget:
-            del self._kept[next(iter(self._kept))]
+        while len(self._kept) > 2 and self._tokens > self.budget:
+            self._tokens -= len(self._kept.pop(next(iter(self._kept))))
 
 
 @dataclass
@@ -227,6 +230,8 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int) ->
         arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, (list, np.ndarray)) else None
     except (TypeError, ValueError, OverflowError):
         arr = None
+    if arr is None and ids is None:
+        arr = loader.rendered_ids(rec)  # a HAR entry, a request body: its render tokenised
     if arr is None or arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= loader.vocab.n_vocab)):
         return TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
     resp = resp if isinstance(resp, dict) else None
@@ -256,6 +261,20 @@ class SpecJob:
 
     def load(self, loader: Loader) -> Prompt:
         return loader.load(self.spec)
+
+
+@dataclass(frozen=True)
+class SelectedJob:
+    """A directory's turn (sources.Selected) as a picklable recipe; its slot file read quietly (the
+    session's reader warned already)."""
+
+    sel: Any
+
+    def load(self, loader: Loader) -> Prompt:
+        from tokendiff.slotfile import read_slot_file
+
+        slot = read_slot_file(self.sel.path) if self.sel.kind == "slot" else None
+        return loader.load_selected(self.sel, slot)
 
 
 @dataclass(frozen=True)
@@ -354,21 +373,61 @@ def _relay(src):
 
 
 def _path_inputs(loader: Loader, paths: Sequence[str], order: str, single_turns: bool, live: bool):
-    """(selector, turn) for every turn of `paths`; captures are streamed record by record."""
-    from tokendiff.capture import is_capture_file, iter_capture
-    from tokendiff.sources import warn
+    """(selector, turn) for every turn of `paths`: captures and HAR files read record by record,
+    directories listed once, each turn's IDs first and its prompt only if a diff needs it."""
+    from tokendiff.sources import file_kind, session_turns
 
     for p in paths:
-        if Path(p).is_file() and is_capture_file(Path(p)):
-            loader.adopt_capture_template(Path(p))
-            k = 0
-            for k, rec in enumerate(iter_capture(p, warn), 1):
-                yield f"{p}@{k}", _record_input(loader, rec, f"{p}@{k}", k)
-            if k == 0:
-                raise InputError("the session holds no chat requests", source=p)
-            continue
-        for spec in session_specs([p], order, single_turns=single_turns, live=live):
-            yield spec, _spec_input(loader, spec)
+        path = Path(p)
+        kind = file_kind(path) if path.is_file() else None
+        if kind in ("capture", "har"):
+            yield from _records_inputs(loader, p, kind)
+        elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
+            for sel in session_turns(p, order):
+                yield str(sel.path), _selected_input(loader, sel)
+        elif not path.is_dir():
+            for spec in session_specs([p], order, single_turns=single_turns, live=live):
+                yield spec, _spec_input(loader, spec)
+
+
+def _records_inputs(loader: Loader, p: str, kind: str):
+    """A capture or a HAR file, one record at a time (each file parsed once)."""
+    from tokendiff.errors import one_line
+    from tokendiff.sources import warn
+
+    if kind == "capture":
+        from tokendiff.capture import iter_capture
+
+        loader.adopt_capture_template(Path(p))
+        records = iter_capture(p, warn)
+    else:
+        from tokendiff.importers.har import iter_har
+
+        records = iter_har(Path(p))
+    k = 0
+    for k, rec in enumerate(records, 1):  # labelled as loading `p@k` labels them
+        label = f"{p}@{k}" if kind == "capture" else one_line(f"{Path(p)}@{k}")
+        yield f"{p}@{k}", _record_input(loader, rec, label, k)
+    if k == 0:
+        raise InputError("the session holds no chat requests", source=p)
+
+
+def _selected_input(loader: Loader, sel) -> TurnInput:
+    """A turn of a directory: a slot file's IDs from its header and payload, decoded only if needed."""
+    from tokendiff.cost import TurnInput
+    from tokendiff.slotfile import read_slot_file
+    from tokendiff.sources import warn
+
+    job = SelectedJob(sel)
+    if sel.kind != "slot":
+        return TurnInput.of(loader.load_selected(sel), job=job)
+    slot = read_slot_file(sel.path)
+    for w in slot.warnings:
+        warn(w)
+    ids = slot.tokens
+    if ids.size and (ids.min() < 0 or ids.max() >= loader.vocab.n_vocab):  # media cells, or a foreign vocabulary
+        return TurnInput.of(loader.load_selected(sel, slot), job=job)
+    return TurnInput(ids=ids, origin=sel.label, load=lambda: loader.load_selected(sel, slot), job=job)
 
 
 def open_session(
