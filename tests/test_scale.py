@@ -35,9 +35,9 @@ def test_work_is_linear_in_tokens(tmp_path):
 
 def test_index_matches_the_pairwise_reference():
     rng = np.random.default_rng(3)
-    for block in (1, 3, 8):
+    for block, turns in ((1, 40), (3, 40), (8, 40), (4, 160), (16, 160)):  # many siblings: ties, neighbours
         idx, prompts = PrefixIndex(block), []
-        for turn in range(1, 40):
+        for turn in range(1, turns):
             if prompts and rng.random() < 0.7:
                 base = prompts[int(rng.integers(0, len(prompts)))]
                 base = base[: int(rng.integers(0, len(base) + 1))]

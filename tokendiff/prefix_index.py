@@ -15,6 +15,7 @@ every prompt: a session that appends keeps adding only its new tail. No I/O.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +28,40 @@ _ROOT = 0
 class _Node:
     turn: int  # the latest turn whose prompt holds this block (after the same chain)
     tokens: bytes  # the block's token IDs (int32), for the token-level extension
-    children: list[int] = field(default_factory=list)  # chain keys of the blocks that followed
+    children: _Kids = field(default_factory=lambda: _Kids())  # the blocks that followed
+
+
+class _Kids:
+    """The blocks that followed one prefix, sorted by their tokens (big-endian, so byte order is token
+    order): the one sharing the most tokens with a partial block is next to where it would sort, so the
+    token-level extension looks at a few neighbours, not at every block that ever followed (a date in
+    the first block makes a new first block every day)."""
+
+    def __init__(self) -> None:
+        self.sorted: list[bytes] = []  # big-endian tokens
+        self.nodes: list[_Node] = []  # in the same order
+
+    def add(self, node: _Node) -> None:
+        key = _big_endian(node.tokens)
+        i = bisect.bisect_left(self.sorted, key)
+        self.sorted.insert(i, key)
+        self.nodes.insert(i, node)
+
+    def best(self, rest: bytes) -> tuple[int | None, int, int]:
+        """(latest turn, tokens) of the block sharing the most leading tokens with `rest` (None, 0: none
+        shares any), and the tokens compared to find it."""
+        q = _big_endian(rest)
+        i = bisect.bisect_left(self.sorted, q)
+        near = [j for j in (i - 1, i) if 0 <= j < len(self.sorted)]
+        n = max((_common_bytes(self.sorted[j], q) // 4 for j in near), default=0)
+        if n == 0:
+            return None, 0, len(near)
+        lo, hi, compared = i, i, 0
+        while lo > 0 and _common_bytes(self.sorted[lo - 1], q) // 4 >= n:
+            lo, compared = lo - 1, compared + n
+        while hi < len(self.sorted) and _common_bytes(self.sorted[hi], q) // 4 >= n:
+            hi, compared = hi + 1, compared + n
+        return max(node.turn for node in self.nodes[lo:hi]), n, compared + 2 * n
 
 
 @dataclass(frozen=True)
@@ -42,7 +76,7 @@ class PrefixIndex:
     def __init__(self, block: int = BLOCK):
         self.block = block
         self.nodes: dict[int, _Node] = {}
-        self.roots: list[int] = []  # first blocks (children of the empty prefix)
+        self.roots = _Kids()  # first blocks (children of the empty prefix)
         self.tokens_hashed = 0  # work done, for the scaling tests
         self.tokens_compared = 0
         self.last_turn: int | None = None
@@ -75,16 +109,12 @@ class PrefixIndex:
             depth, parent = depth + 1, node
         rest = raw[depth * step : (depth + 1) * step]
         below = parent.children if parent is not None else self.roots
-        best_turn, best_len = (parent.turn if parent is not None else self.last_turn), 0
-        for key in below:
-            child = self.nodes[key]
-            n = _common_bytes(child.tokens, rest) // 4
-            self.tokens_compared += n
-            if n > best_len or (n == best_len and n > 0 and child.turn > (best_turn or 0)):
-                best_turn, best_len = child.turn, n
+        turn, n, compared = below.best(rest) if rest else (None, 0, 0)
+        self.tokens_compared += compared
+        best_turn = turn if n > 0 else (parent.turn if parent is not None else self.last_turn)
         if best_turn is None:
             return Match(None, 0)
-        return Match(best_turn, depth * self.block + best_len)
+        return Match(best_turn, depth * self.block + n)
 
     def _add(self, raw: bytes, keys: list[int], turn: int) -> None:
         step = self.block * 4
@@ -94,13 +124,18 @@ class PrefixIndex:
             node = self.nodes.get(k)
             if node is None:
                 node = self.nodes[k] = _Node(turn, raw[i * step : (i + 1) * step])
-                below.append(k)
+                below.add(node)
             else:
                 node.turn = turn
             below = node.children
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+
+def _big_endian(raw: bytes) -> bytes:
+    """int32 tokens (native order) as big-endian words: bytes compare as the token sequences do."""
+    return np.frombuffer(raw, dtype=np.int32).astype(">u4").tobytes()
 
 
 def _common_bytes(a: bytes, b: bytes) -> int:

@@ -183,14 +183,15 @@ def session_specs(
 
 def load_session(loader: Loader, specs: Sequence[str], progress: Progress | None = None) -> LoadedSession:
     """Every turn loaded and the session analysed (reuse, waste, spans ranked by cost)."""
-    return _analyse(loader, ((spec, _spec_input(loader, spec)) for spec in specs), len(specs), progress)
+    inputs = ((spec, _spec_input(loader, spec)) for spec in specs)
+    return _analyse(loader, inputs, len(specs), progress, PairWorkers(loader))
 
 
-def _analyse(loader: Loader, inputs, n: int | None, progress: Progress | None) -> LoadedSession:
-    """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views."""
+def _analyse(loader: Loader, inputs, n: int | None, progress: Progress | None, pool: PairWorkers) -> LoadedSession:
+    """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
+    `pool` diffs the divergent pairs (and may be tokenising the inputs ahead); closed at the end."""
     from tokendiff.cost import Analyser
 
-    pool = PairWorkers(loader)
     an = Analyser(pool=pool)
     specs: list[str] = []
     prompts = TurnPrompts(loader, specs)
@@ -217,8 +218,9 @@ def _spec_input(loader: Loader, spec: str) -> TurnInput:
     return TurnInput.of(loader.load(spec), job=SpecJob(spec))
 
 
-def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int) -> TurnInput:
-    """A capture record as a turn: the recorded IDs now, rendering and decoding only if a diff needs them."""
+def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int, rendered: Any = None) -> TurnInput:
+    """A capture record as a turn: the recorded IDs now (or `rendered`, its render tokenised already),
+    rendering and decoding only if a diff needs them."""
     import numpy as np
 
     from tokendiff.cost import TurnInput
@@ -230,8 +232,8 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int) ->
         arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, (list, np.ndarray)) else None
     except (TypeError, ValueError, OverflowError):
         arr = None
-    if arr is None and ids is None:
-        arr = loader.rendered_ids(rec)  # a HAR entry, a request body: its render tokenised
+    if arr is None and ids is None:  # a HAR entry, a request body: its render tokenised
+        arr = rendered if rendered is not None else loader.rendered_ids(rec)
     if arr is None or arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= loader.vocab.n_vocab)):
         return TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
     resp = resp if isinstance(resp, dict) else None
@@ -324,6 +326,28 @@ class PairWorkers:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"))
         return self._pool
 
+    def with_ids(self, records, chunk: int = 32, ahead: int = 4):
+        """(record, its render tokenised or None) in order, the rendering and tokenising done in the
+        workers `ahead` chunks in advance (after the first chunks, so a short session starts no process)."""
+        from collections import deque
+        from itertools import islice
+
+        from tokendiff.cost import done_future
+
+        it, pending, sent = iter(records), deque(), 0
+        while True:
+            while len(pending) < ahead and (batch := list(islice(it, chunk))):
+                sent += 1
+                if self.workers < 2 or sent <= 2:
+                    fut = done_future(lambda b=batch: [self.loader.rendered_ids(r) for r in b])
+                else:
+                    fut = self._executor().submit(_worker_ids, batch, self.loader.chat_template)
+                pending.append((batch, fut))
+            if not pending:
+                return
+            batch, fut = pending.popleft()
+            yield from zip(batch, fut.result())
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
@@ -339,6 +363,12 @@ def _worker_compare(t, job_a, job_b, template: str | None, max_hunks: int):
         return t, compare_turn(t, job_a.load(loader), job_b.load(loader), max_hunks)
     except InputError as e:
         return _Failed(e.reason, e.source, e.offset)
+
+
+def _worker_ids(records: list, template: str | None) -> list:
+    """In a worker: each record's render tokenised (`Loader.rendered_ids`)."""
+    loader = _worker_loader(template)
+    return [loader.rendered_ids(r) for r in records]
 
 
 def _worker_loader(template: str | None) -> Loader:
@@ -372,7 +402,7 @@ def _relay(src):
     return out
 
 
-def _path_inputs(loader: Loader, paths: Sequence[str], order: str, single_turns: bool, live: bool):
+def _path_inputs(loader: Loader, pool: PairWorkers, paths: Sequence[str], order: str, single_turns: bool, live: bool):
     """(selector, turn) for every turn of `paths`: captures and HAR files read record by record,
     directories listed once, each turn's IDs first and its prompt only if a diff needs it."""
     from tokendiff.sources import file_kind, session_turns
@@ -381,7 +411,7 @@ def _path_inputs(loader: Loader, paths: Sequence[str], order: str, single_turns:
         path = Path(p)
         kind = file_kind(path) if path.is_file() else None
         if kind in ("capture", "har"):
-            yield from _records_inputs(loader, p, kind)
+            yield from _records_inputs(loader, pool, p, kind)
         elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
             for sel in session_turns(p, order):
                 yield str(sel.path), _selected_input(loader, sel)
@@ -390,8 +420,9 @@ def _path_inputs(loader: Loader, paths: Sequence[str], order: str, single_turns:
                 yield spec, _spec_input(loader, spec)
 
 
-def _records_inputs(loader: Loader, p: str, kind: str):
-    """A capture or a HAR file, one record at a time (each file parsed once)."""
+def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
+    """A capture or a HAR file, one record at a time (each file parsed once); a HAR's requests, which
+    carry no token IDs, rendered and tokenised in the workers a few chunks ahead."""
     from tokendiff.errors import one_line
     from tokendiff.sources import warn
 
@@ -403,11 +434,12 @@ def _records_inputs(loader: Loader, p: str, kind: str):
     else:
         from tokendiff.importers.har import iter_har
 
-        records = iter_har(Path(p))
+        records = pool.with_ids(iter_har(Path(p)))
     k = 0
-    for k, rec in enumerate(records, 1):  # labelled as loading `p@k` labels them
+    for k, item in enumerate(records, 1):  # labelled as loading `p@k` labels them
+        rec, ids = item if kind == "har" else (item, None)
         label = f"{p}@{k}" if kind == "capture" else one_line(f"{Path(p)}@{k}")
-        yield f"{p}@{k}", _record_input(loader, rec, label, k)
+        yield f"{p}@{k}", _record_input(loader, rec, label, k, ids)
     if k == 0:
         raise InputError("the session holds no chat requests", source=p)
 
@@ -440,7 +472,8 @@ def open_session(
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed)."""
     loader = open_loader(opts)
-    return _analyse(loader, _path_inputs(loader, paths, opts.order, single_turns, live), None, progress)
+    pool = PairWorkers(loader)
+    return _analyse(loader, _path_inputs(loader, pool, paths, opts.order, single_turns, live), None, progress, pool)
 
 
 def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:
