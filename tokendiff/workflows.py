@@ -469,10 +469,12 @@ def open_session(
     *,
     single_turns: bool = True,
     live: bool = False,
+    workers: int | None = None,
 ) -> LoadedSession:
-    """Loader, turns and analysis for `paths` in one call (captures streamed)."""
+    """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
+    in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one)."""
     loader = open_loader(opts)
-    pool = PairWorkers(loader)
+    pool = PairWorkers(loader, workers)
     return _analyse(loader, _path_inputs(loader, pool, paths, opts.order, single_turns, live), None, progress, pool)
 
 
