@@ -16,7 +16,7 @@ every prompt: a session that appends keeps adding only its new tail. No I/O.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,33 +24,36 @@ BLOCK = 64
 _ROOT = 0
 
 
-@dataclass
 class _Node:
-    turn: int  # the latest turn whose prompt holds this block (after the same chain)
-    tokens: bytes  # the block's token IDs (int32), for the token-level extension
-    children: _Kids = field(default_factory=lambda: _Kids())  # the blocks that followed
+    """One block after one prefix (slots: a long session holds hundreds of thousands)."""
+
+    __slots__ = ("turn", "tokens", "children")
+
+    def __init__(self, turn: int, tokens: bytes):
+        self.turn = turn  # the latest turn whose prompt holds this block (after the same chain)
+        self.tokens = tokens  # the block's token IDs (big-endian words), for the token-level extension
+        self.children: _Kids | None = None  # the blocks that followed, once one has
 
 
 class _Kids:
-    """The blocks that followed one prefix, sorted by their tokens (big-endian, so byte order is token
-    order): the one sharing the most tokens with a partial block is next to where it would sort, so the
+    """The blocks that followed one prefix, sorted by their tokens (big-endian words, so byte order is
+    token order): the one sharing the most tokens with a partial block is next to where it would sort, so the
     token-level extension looks at a few neighbours, not at every block that ever followed (a date in
     the first block makes a new first block every day)."""
 
     def __init__(self) -> None:
-        self.sorted: list[bytes] = []  # big-endian tokens
+        self.sorted: list[bytes] = []  # the nodes' tokens
         self.nodes: list[_Node] = []  # in the same order
 
     def add(self, node: _Node) -> None:
-        key = _big_endian(node.tokens)
-        i = bisect.bisect_left(self.sorted, key)
-        self.sorted.insert(i, key)
+        i = bisect.bisect_left(self.sorted, node.tokens)
+        self.sorted.insert(i, node.tokens)
         self.nodes.insert(i, node)
 
     def best(self, rest: bytes) -> tuple[int | None, int, int]:
         """(latest turn, tokens) of the block sharing the most leading tokens with `rest` (None, 0: none
         shares any), and the tokens compared to find it."""
-        q = _big_endian(rest)
+        q = rest
         i = bisect.bisect_left(self.sorted, q)
         near = [j for j in (i - 1, i) if 0 <= j < len(self.sorted)]
         n = max((_common_bytes(self.sorted[j], q) // 4 for j in near), default=0)
@@ -93,7 +96,7 @@ class PrefixIndex:
 
     def match_and_add(self, ids: np.ndarray, turn: int) -> Match:
         """The best earlier match of `ids`, then `ids` added as `turn` (turns added in order)."""
-        raw = np.ascontiguousarray(ids, dtype=np.int32).tobytes()
+        raw = np.asarray(ids, dtype=np.int32).astype(">u4").tobytes()  # bytes compare as tokens do
         keys = self._keys(raw)
         m = self._match(raw, keys)
         self._add(raw, keys, turn)
@@ -109,7 +112,7 @@ class PrefixIndex:
             depth, parent = depth + 1, node
         rest = raw[depth * step : (depth + 1) * step]
         below = parent.children if parent is not None else self.roots
-        turn, n, compared = below.best(rest) if rest else (None, 0, 0)
+        turn, n, compared = below.best(rest) if rest and below is not None else (None, 0, 0)
         self.tokens_compared += compared
         best_turn = turn if n > 0 else (parent.turn if parent is not None else self.last_turn)
         if best_turn is None:
@@ -127,19 +130,16 @@ class PrefixIndex:
                 below.add(node)
             else:
                 node.turn = turn
+            if node.children is None and i + 1 < len(keys):
+                node.children = _Kids()
             below = node.children
 
     def __len__(self) -> int:
         return len(self.nodes)
 
 
-def _big_endian(raw: bytes) -> bytes:
-    """int32 tokens (native order) as big-endian words: bytes compare as the token sequences do."""
-    return np.frombuffer(raw, dtype=np.int32).astype(">u4").tobytes()
-
-
 def _common_bytes(a: bytes, b: bytes) -> int:
-    """Length of the common prefix of two byte strings, in whole int32 tokens' bytes."""
+    """Length of the common prefix of two token byte strings, in whole 4-byte tokens' bytes."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n - n % 4
