@@ -299,10 +299,8 @@ class PairWorkers:
     them. The first `after` pairs are diffed here, so a short session never starts a process."""
 
     def __init__(self, loader: Loader, workers: int | None = None, after: int = 4):
-        import os
-
         self.loader, self.after, self.seen = loader, after, 0
-        self.workers = workers if workers is not None else min(2, len(os.sched_getaffinity(0)))
+        self.workers = workers if workers is not None else _default_workers()
         self._pool: Any = None
 
     def submit(self, t, a: TurnInput, b: TurnInput, max_hunks: int):
@@ -352,6 +350,18 @@ class PairWorkers:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+
+
+def _default_workers() -> int:
+    """Two workers where two cores are ours and processes can fork (not on Windows; macOS forks fine
+    for this: the workers run no Objective-C)."""
+    import multiprocessing
+    import os
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(2, cores)
 
 
 def _worker_compare(t, job_a, job_b, template: str | None, max_hunks: int):
