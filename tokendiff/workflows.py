@@ -189,7 +189,7 @@ def load_session(loader: Loader, specs: Sequence[str], progress: Progress | None
 
 def _analyse(loader: Loader, inputs, n: int | None, progress: Progress | None, pool: PairWorkers) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
-    `pool` diffs the divergent pairs (and may be tokenising the inputs ahead); closed at the end."""
+    `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end."""
     from tokendiff.cost import Analyser
 
     an = Analyser(pool=pool)
@@ -280,7 +280,7 @@ class SelectedJob:
 
 
 @dataclass(frozen=True)
-class _Failed:
+class _WorkerError:
     """An InputError raised in a worker, carried back field by field."""
 
     reason: str
@@ -372,7 +372,7 @@ def _worker_compare(t, job_a, job_b, template: str | None, max_hunks: int):
         loader = _worker_loader(template)
         return t, compare_turn(t, job_a.load(loader), job_b.load(loader), max_hunks)
     except InputError as e:
-        return _Failed(e.reason, e.source, e.offset)
+        return _WorkerError(e.reason, e.source, e.offset)
 
 
 def _worker_ids(records: list, template: str | None) -> list:
@@ -403,7 +403,7 @@ def _relay(src):
         except BaseException as e:  # noqa: BLE001 - a crashed worker: the reader of the result sees it
             out.set_exception(e)
             return
-        if isinstance(r, _Failed):
+        if isinstance(r, _WorkerError):
             out.set_exception(InputError(r.reason, source=r.source, offset=r.offset))
         else:
             out.set_result(r)
