@@ -73,12 +73,14 @@ def run_report(session: Path) -> tuple[float, float, float, int]:
 
 
 def make(case: str, where: Path, n: int) -> Path:
-    """The session for a case, made unless `where` already holds it (--keep)."""
-    from scale_capture import make_capture, make_har, make_slot_dir
-
+    """The session for a case, made unless `where` already holds it (--keep). Made in another process:
+    a report process forked from this one would inherit its peak RSS (ru_maxrss survives exec)."""
     path = where / {"capture": f"capture-{n}.jsonl", "har": f"session-{n}.har", "slots": f"slots-{n}"}[case]
     if not path.exists():
-        {"capture": make_capture, "har": make_har, "slots": make_slot_dir}[case](path, n)
+        fn = {"capture": "make_capture", "har": "make_har", "slots": "make_slot_dir"}[case]
+        code = f"import sys; from pathlib import Path; from scale_capture import {fn}; {fn}(Path(sys.argv[1]), {n})"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)])}
+        subprocess.run([sys.executable, "-c", code, str(path)], check=True, env=env)
     return path
 
 

@@ -312,6 +312,11 @@ class PairWorkers:
         fut = self._executor().submit(_worker_compare, t, a.job, b.job, self.loader.chat_template, max_hunks)
         return _relay(fut)
 
+    def start(self) -> None:
+        """Fork the workers now, while this process is small."""
+        if self.workers >= 2:
+            self._executor().submit(int).result()
+
     def _executor(self):
         if self._pool is None:
             import multiprocessing
@@ -444,6 +449,8 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
     else:
         from tokendiff.importers.har import iter_har
 
+        if Path(p).stat().st_size > 16 << 20:
+            pool.start()  # before the parse: forked later, each worker would map the parsed document too
         records = pool.with_ids(iter_har(Path(p)))
     k = 0
     for k, item in enumerate(records, 1):  # labelled as loading `p@k` labels them
