@@ -1,11 +1,17 @@
-"""`tokendiff report` on long agent captures: time and peak RSS against the issue #12 targets.
+"""`tokendiff report` on long sessions: time and peak RSS against the issue #12 targets.
 
-Each capture is an agent loop recorded through the proxy from llama-server (see
-scale_capture.py): ~25k-token prompts, a date break every 10th turn, compaction when the
-history passes 30k tokens, `prompt_ids` recorded. Targets (2-core machine): 10,000 requests
-in <= 60 s and <= 1 GB peak RSS; time per token from 1k to 4k to 10k requests within 20 %.
+Sessions (see scale_capture.py): agent captures recorded through the proxy from llama-server
+(~25k-token prompts, a date break every 10th turn, compaction when the history passes 30k
+tokens, `prompt_ids` recorded); a HAR file of a chat UI's requests (no token IDs: each request
+is rendered and tokenised); a directory of small slot files. Targets (2-core machine):
 
-    python benchmarks/bench_scale.py [--requests 1000 4000 10000] [--keep DIR]
+- 10,000 requests in <= 60 s and <= 1 GB peak RSS; time per token from 1k to 4k to 10k within 20 %;
+- a 50,000-entry HAR in <= 30 s;
+- 5,000 slot files in <= 10 s.
+
+    python benchmarks/bench_scale.py [--requests 1000 4000 10000] [--har 50000] [--slots 5000] [--keep DIR]
+
+Peak RSS is the report process's plus its largest worker's (the workers diff divergent pairs).
 """
 
 from __future__ import annotations
@@ -16,65 +22,122 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 TARGET_S, TARGET_RSS_MB = 60.0, 1024
+TARGET_HAR_S, TARGET_SLOTS_S = 30.0, 10.0
+SPREAD = 0.2
 
 
-def run_report(capture: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of `tokendiff report --format json` in a fresh process."""
+@dataclass
+class Run:
+    case: str  # capture | har | slots
+    n: int  # requests, entries or files
+    tokens: int
+    wall: float
+    rss_mb: float  # main process
+    worker_rss_mb: float  # largest worker
+
+    @property
+    def peak_mb(self) -> float:
+        return self.rss_mb + self.worker_rss_mb
+
+    @property
+    def s_per_gtok(self) -> float:
+        return self.wall / self.tokens * 1e9
+
+
+def run_report(session: Path) -> tuple[float, float, float, int]:
+    """Wall seconds, peak RSS of the process and of its largest worker (MB), and the session's tokens,
+    of `tokendiff report --format json` in a fresh process."""
     code = (
-        "import resource, runpy, sys; sys.argv = ['tokendiff', 'report', sys.argv[1], '--format', 'json', '-o', "
-        "'/dev/null']\ntry:\n    runpy.run_module('tokendiff', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)"
+        "import resource, runpy, sys, orjson; out = sys.argv[2]\n"
+        "sys.argv = ['tokendiff', 'report', sys.argv[1], '--format', 'json', '-o', out]\n"
+        "try:\n    runpy.run_module('tokendiff', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "doc = orjson.loads(open(out, 'rb').read())\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN)"
+        ".ru_maxrss, doc['summary']['total_tokens'], file=sys.stderr)"
     )
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code, str(capture)], capture_output=True, text=True, check=True)
-    wall = time.perf_counter() - t0
-    return wall, int(out.stderr.strip().splitlines()[-1]) / 1024
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-c", code, str(session), out.name], capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        sys.exit(f"report on {session} failed:\n{res.stderr[-2000:]}")
+    rss, child, tokens = res.stderr.strip().splitlines()[-1].split()
+    return wall, int(rss) / 1024, int(child) / 1024, int(tokens)
+
+
+def make(case: str, where: Path, n: int) -> Path:
+    """The session for a case, made unless `where` already holds it (--keep). Made in another process:
+    a report process forked from this one would inherit its peak RSS (ru_maxrss survives exec)."""
+    path = where / {"capture": f"capture-{n}.jsonl", "har": f"session-{n}.har", "slots": f"slots-{n}"}[case]
+    if not path.exists():
+        fn = {"capture": "make_capture", "har": "make_har", "slots": "make_slot_dir"}[case]
+        code = f"import sys; from pathlib import Path; from scale_capture import {fn}; {fn}(Path(sys.argv[1]), {n})"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)])}
+        subprocess.run([sys.executable, "-c", code, str(path)], check=True, env=env)
+    return path
+
+
+def measure(case: str, where: Path, n: int) -> Run:
+    path = make(case, where, n)
+    wall, rss, child, tokens = run_report(path)
+    r = Run(case, n, tokens, wall, rss, child)
+    what = {"capture": "requests", "har": "HAR entries", "slots": "slot files"}[case]
+    print(
+        f"{case:>7} {n:>7,} {what} ({tokens / 1e6:,.1f}M tokens): {wall:6.1f} s, peak RSS {r.peak_mb:,.0f} MB "
+        f"({rss:,.0f} + worker {child:,.0f}), {r.s_per_gtok:,.1f} s per 1G tokens",
+        flush=True,
+    )
+    return r
 
 
 def main() -> None:
-    from scale_capture import make_capture
-
     ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, nargs="+", default=[1000, 4000, 10000])
-    ap.add_argument("--keep", type=Path, help="write the captures here and keep them")
+    ap.add_argument("--requests", type=int, nargs="*", default=[1000, 4000, 10000])
+    ap.add_argument("--har", type=int, nargs="*", default=[50000], help="HAR entries (several: the shape too)")
+    ap.add_argument("--slots", type=int, nargs="*", default=[5000], help="slot files (several: the shape too)")
+    ap.add_argument("--keep", type=Path, help="write the sessions here and keep them (reused when there)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         where = args.keep or Path(tmp)
         where.mkdir(parents=True, exist_ok=True)
-        rows = []
-        for n in args.requests:
-            cap = where / f"capture-{n}.jsonl"
-            tokens = make_capture(cap, n) if not cap.exists() else None
-            wall, rss = run_report(cap)
-            rows.append((n, tokens, wall, rss))
-            tok = f"{tokens / 1e6:.0f}M tokens" if tokens else "kept capture"
-            per = f"{wall / tokens * 1e9:.1f} s per 1G tokens" if tokens else ""
-            print(
-                f"{n:>6,} requests ({tok}, {cap.stat().st_size / 1e9:.1f} GB): "
-                f"{wall:.1f} s, {rss:.0f} MB peak RSS  {per}"
+        runs = [measure("capture", where, n) for n in args.requests]
+        runs += [measure("har", where, n) for n in args.har]
+        runs += [measure("slots", where, n) for n in args.slots]
+    for line in verdicts(runs):
+        print(line)
+    print(f"(cpus: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f} at the end; measured under that load)")
+
+
+def verdicts(runs: list[Run]) -> list[str]:
+    """One line per target the runs measure: met or NOT met."""
+    out = []
+
+    def line(target: str, ok: bool) -> None:
+        out.append(f"target {target}: {'met' if ok else 'NOT met'}")
+
+    for r in runs:
+        if r.case == "capture" and r.n >= 10_000:
+            line(f"{r.n:,} requests <= {TARGET_S:.0f} s and <= 1 GB", r.wall <= TARGET_S and r.peak_mb <= TARGET_RSS_MB)
+        if r.case == "har" and r.n >= 50_000:
+            line(f"{r.n:,}-entry HAR <= {TARGET_HAR_S:.0f} s", r.wall <= TARGET_HAR_S)
+        if r.case == "slots" and r.n >= 5_000:
+            line(f"{r.n:,} slot files <= {TARGET_SLOTS_S:.0f} s", r.wall <= TARGET_SLOTS_S)
+    for case in ("capture", "har", "slots"):
+        rates = [r.s_per_gtok for r in runs if r.case == case]
+        if len(rates) > 1:
+            spread = max(rates) / min(rates) - 1
+            line(
+                f"{case} time per token across sizes within {100 * SPREAD:.0f} % ({100 * spread:.0f} %)",
+                spread <= SPREAD,
             )
-    _verdict(rows)
-    print(f"(cpus: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}; measured under that load)")
-
-
-def _verdict(rows: list[tuple[int, int | None, float, float]]) -> None:
-    big = max(rows, key=lambda r: r[0])
-    if big[0] >= 10_000:
-        ok = big[2] <= TARGET_S and big[3] <= TARGET_RSS_MB
-        print(f"target 10,000 requests <= {TARGET_S:.0f} s and <= 1 GB: {'met' if ok else 'NOT met'}")
-    rates = [r[2] / r[1] for r in rows if r[1]]
-    if len(rates) > 1:
-        spread = max(rates) / min(rates) - 1
-        print(
-            f"time per token across sizes varies by {100 * spread:.0f} % (target <= 20 %): "
-            f"{'met' if spread <= 0.2 else 'NOT met'}"
-        )
+    return out
 
 
 if __name__ == "__main__":

@@ -111,3 +111,87 @@ def make_capture(
                     chat.add(m["role"], m["content"])
                 chat.fill(history * 0.6)
     return total
+
+
+def _har_entry(k: int, url: str, body: dict | None, answer: str) -> dict:
+    req: dict = {"method": "POST" if body else "GET", "url": url, "headers": []}
+    if body is not None:
+        req["postData"] = {"mimeType": "application/json", "text": orjson.dumps(body).decode()}
+    resp = {"choices": [{"message": {"role": "assistant", "content": answer}}], "usage": {"prompt_tokens": 0}}
+    return {
+        "startedDateTime": f"2026-11-28T10:{k // 3600 % 60:02d}:{k // 60 % 60:02d}.{k % 60:03d}Z",
+        "time": 120.0,
+        "request": req,
+        "response": {"status": 200, "content": {"mimeType": "application/json", "text": orjson.dumps(resp).decode()}},
+        "timings": {"wait": 100.0},
+    }
+
+
+def make_har(
+    path: Path, n: int, *, history: int = 300, compact_at: int = 1_200, date_every: int = 10, seed: int = 0
+) -> int:
+    """A HAR 1.2 file of `n` chat requests (browser devtools of a chat UI: short conversations, a
+    date in the system prompt, compaction), each followed by a GET the importer skips. Returns the
+    number of chat entries."""
+    rng = np.random.default_rng(seed)
+    enc = _Encoder()
+    users, answers = _pool(rng, 97, 20), _pool(rng, 89, 20)
+    chat = _Chat(enc, users, answers)
+    chat.fill(history)
+    entries = []
+    for k in range(1, n + 1):
+        day = k // date_every
+        system = f"You are a helpful assistant. Today is 2026-{1 + day // 28 % 12:02d}-{1 + day % 28:02d}."
+        user = users[(k * 7) % 97]
+        body = {
+            "model": "qwen3",
+            "messages": [{"role": "system", "content": system}, *chat.msgs, {"role": "user", "content": user}],
+        }
+        answer = answers[(k * 5) % 89]
+        entries.append(_har_entry(2 * k, "http://127.0.0.1:8080/v1/chat/completions", body, answer))
+        entries.append(_har_entry(2 * k + 1, "http://127.0.0.1:8080/v1/models", None, ""))
+        chat.add("user", user)
+        chat.add("assistant", answer)
+        if len(chat.ids) > compact_at:
+            chat.msgs, chat.ids = [], []
+            chat.add("user", "Summary of the conversation so far:" + answers[k % 89])
+            chat.fill(history * 0.6)
+    doc = {"log": {"version": "1.2", "creator": {"name": "bench", "version": "1"}, "entries": entries}}
+    path.write_bytes(orjson.dumps(doc))
+    return n
+
+
+def make_slot_dir(
+    path: Path, n: int, *, history: int = 400, compact_at: int = 1_000, date_every: int = 10, seed: int = 0
+) -> int:
+    """A directory of `n` small slot files as `tokendiff pull` saves them from llama-server (ggsq v4,
+    packed payload, a little state), turn-00001.bin onwards with increasing mtimes. Returns the
+    total number of tokens."""
+    import os
+    import struct
+
+    rng = np.random.default_rng(seed)
+    enc = _Encoder()
+    users, answers = _pool(rng, 97, 20), _pool(rng, 89, 20)
+    gen = enc.generation_prompt()
+    chat = _Chat(enc, users, answers)
+    chat.fill(history)
+    path.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for k in range(1, n + 1):
+        day = k // date_every
+        system = f"You are an agent. Today is 2026-{1 + day // 28 % 12:02d}-{1 + day % 28:02d}."
+        user = users[(k * 7) % 97]
+        ids = enc.turn("system", system) + chat.ids + enc.turn("user", user) + gen
+        total += len(ids)
+        payload = struct.pack(f"<iII{len(ids)}iI", -1, 1, len(ids), *ids, 0)
+        f = path / f"turn-{k:05d}.bin"
+        f.write_bytes(struct.pack("<III", 0x67677371, 4, len(payload) // 4) + payload + b"\x01" * 256)
+        os.utime(f, ns=(1_800_000_000_000_000_000 + k * 10**9,) * 2)
+        chat.add("user", user)
+        chat.add("assistant", answers[(k * 5) % 89])
+        if len(chat.ids) > compact_at:
+            chat.msgs, chat.ids = [], []
+            chat.add("user", "Summary of the work so far:" + answers[k % 89])
+            chat.fill(history * 0.6)
+    return total

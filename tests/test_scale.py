@@ -16,7 +16,7 @@ from tokendiff.prefix_index import PrefixIndex
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from scale_capture import make_capture  # noqa: E402
+from scale_capture import make_capture, make_har, make_slot_dir  # noqa: E402
 
 
 def _session(path: Path, n: int) -> wf.LoadedSession:
@@ -33,11 +33,29 @@ def test_work_is_linear_in_tokens(tmp_path):
     assert 0.8 < per_large / per_small < 1.2, (per_small, per_large)
 
 
+@pytest.mark.parametrize("make", [make_har, make_slot_dir], ids=["har", "slot-dir"])
+def test_work_is_linear_in_tokens_for_har_and_slot_dirs(tmp_path, make):
+    """The same shape for sessions without recorded IDs (a HAR: each request rendered and tokenised)
+    and for directories of slot files (listed once, decoded only where a pair diverges)."""
+    ext = ".har" if make is make_har else ""
+    sizes = []
+    for n in (40, 160):
+        path = tmp_path / f"s{n}{ext}"
+        make(path, n, history=120, compact_at=400, date_every=7)
+        s = wf.open_session(wf.PromptOptions(), [str(path)]).session
+        assert len(s.turns) == n and any(t.cause == "date" for t in s.turns)
+        sizes.append(s)
+    small, large = sizes
+    per_small, per_large = small.work / small.total_tokens, large.work / large.total_tokens
+    assert large.total_tokens > 3.5 * small.total_tokens
+    assert 0.8 < per_large / per_small < 1.2, (per_small, per_large)
+
+
 def test_index_matches_the_pairwise_reference():
     rng = np.random.default_rng(3)
-    for block in (1, 3, 8):
+    for block, turns in ((1, 40), (3, 40), (8, 40), (4, 160), (16, 160)):  # many siblings: ties, neighbours
         idx, prompts = PrefixIndex(block), []
-        for turn in range(1, 40):
+        for turn in range(1, turns):
             if prompts and rng.random() < 0.7:
                 base = prompts[int(rng.integers(0, len(prompts)))]
                 base = base[: int(rng.integers(0, len(base) + 1))]
@@ -96,3 +114,15 @@ def test_report_of_a_streamed_capture(tmp_path, fmt):
     doc = wf.session_report(loaded, "c")
     assert doc["summary"]["turns"] == 15 and doc["causes"] and doc["causes"][0]["kind"] == "date"
     assert wf.render_report(doc, fmt)
+
+
+@pytest.mark.parametrize("make", [make_capture, make_har, make_slot_dir], ids=["capture", "har", "slot-dir"])
+def test_workers_give_the_answer_of_one_process(tmp_path, make):
+    """Pairs diffed (and HAR requests tokenised) in worker processes: the same report as all in one."""
+    path = tmp_path / ("s.har" if make is make_har else "s.jsonl" if make is make_capture else "s")
+    make(path, 120, history=150, compact_at=500, date_every=6)
+    docs = []
+    for workers in (1, 2):
+        loaded = wf.open_session(wf.PromptOptions(), [str(path)], workers=workers)
+        docs.append(wf.render_report(wf.session_report(loaded, "s"), "json"))
+    assert docs[0] == docs[1]

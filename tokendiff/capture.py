@@ -46,6 +46,7 @@ BLOB_THRESHOLD = 1 << 20  # request bodies over 1 MiB go to blobs/<sha256>, so e
 MAX_BODY = int(os.environ.get("TOKENDIFF_MAX_BODY", 128 << 20))
 MAX_LINE = 64 << 20  # the reader skips (with a warning) a line over 64 MiB without ever holding it
 MAX_FILE = 1 << 30  # the reader refuses a capture over 1 GiB: memory stays proportional, under ~2 GB
+MAX_STREAMED = 64 << 30  # streamed (iter_capture with a window) memory is bounded by the window, not the file
 BLOB_DIR = "blobs"
 _CHUNK = 1 << 20
 
@@ -466,15 +467,16 @@ def iter_capture(
     p = str(path)
     f = open_regular(p, "capture")
     with f:
-        size = os.fstat(f.fileno()).st_size
-        if size > MAX_FILE:
-            raise InputError(
-                f"capture of {size} bytes is over the reader's {MAX_FILE >> 30} GiB bound: split it", source=p
-            )
-        yield from _records(f, p, Path(p).parent, warn or (lambda msg: None), window)
+        size, limit = os.fstat(f.fileno()).st_size, MAX_FILE if window is None else MAX_STREAMED
+        if size > limit:
+            why = f"capture of {size} bytes is over the reader's {limit >> 30} GiB bound: split it"
+            raise InputError(why, source=p)
+        yield from _records(f, p, Path(p).parent, warn or (lambda msg: None), window, limit)
 
 
-def _records(f: Any, p: str, base: Path, warn: Callable[[str], None], window: int | None) -> Iterator[CaptureRecord]:
+def _records(
+    f: Any, p: str, base: Path, warn: Callable[[str], None], window: int | None, limit: int = MAX_FILE
+) -> Iterator[CaptureRecord]:
     pending: deque[CaptureRecord] = deque()
     by_seq: dict[int, CaptureRecord] = {}
     total = 0
@@ -483,8 +485,8 @@ def _records(f: Any, p: str, base: Path, warn: Callable[[str], None], window: in
             warn(f"{p}: line {n}: record over the reader's {MAX_LINE >> 20} MiB line bound; skipped")
             continue
         total += len(line)
-        if total > MAX_FILE:  # a file growing while read (st_size is not trusted)
-            raise InputError(f"capture over the reader's {MAX_FILE >> 30} GiB bound: split it", source=p)
+        if total > limit:  # a file growing while read (st_size is not trusted)
+            raise InputError(f"capture over the reader's {limit >> 30} GiB bound: split it", source=p)
         rec = _parse_line(line, n, torn, p, warn)
         if rec is None:
             continue

@@ -13,9 +13,11 @@ table for exports. No I/O.
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -159,20 +161,22 @@ def _span_key(f: Finding, d: Divergence) -> SpanKey:
 @dataclass
 class TurnInput:
     """One turn as the analysis reads it: the token IDs at once, the decoded and sectioned
-    prompt only when a diff needs it (a pure append needs neither side's text)."""
+    prompt only when a diff needs it (a pure append needs neither side's text). `job` is a
+    picklable recipe for the same prompt, so another process can load it (see `PairPool`)."""
 
     ids: np.ndarray  # slot files give a stdlib array: made numpy (no copy) for the index
     origin: str
     load: Callable[[], Prompt]
     response: dict[str, Any] | None = None
     _prompt: Prompt | None = None
+    job: Any = None
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
 
     @classmethod
-    def of(cls, p: Prompt) -> TurnInput:
-        return cls(ids=np.asarray(p.ids), origin=p.origin, load=lambda: p, response=p.meta.response, _prompt=p)
+    def of(cls, p: Prompt, job: Any = None) -> TurnInput:
+        return cls(ids=np.asarray(p.ids), origin=p.origin, load=lambda: p, response=p.meta.response, _prompt=p, job=job)
 
     @property
     def decoded(self) -> Prompt | None:
@@ -185,18 +189,47 @@ class TurnInput:
         return self._prompt
 
 
+class PairPool(Protocol):
+    """Where divergent pairs are diffed: in this process, or in workers (workflows.PairWorkers).
+    `submit` returns the turn filled by `compare_turn` and its reusable ceiling."""
+
+    def submit(self, t: Turn, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[tuple[Turn, int]]: ...
+
+
+class InlinePairs:
+    """Every pair diffed here, at once."""
+
+    def submit(self, t: Turn, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[tuple[Turn, int]]:
+        return done_future(lambda: (t, compare_turn(t, a.prompt(), b.prompt(), max_hunks)))
+
+
+def done_future(fn: Callable[[], Any]) -> Future:
+    """A future already holding fn's result (or its exception)."""
+    fut: Future = Future()
+    try:
+        fut.set_result(fn())
+    except Exception as e:  # noqa: BLE001 - handed to whoever reads the result, as a worker's would be
+        fut.set_exception(e)
+    return fut
+
+
 class Analyser:
     """The session analysis as a stream: feed turns in order with `add`, read `session()` at any
     point. Holds the prefix index, the per-turn facts and the previous turn, never every prompt,
-    so time is linear in tokens and memory grows with distinct content, not with turns."""
+    so time is linear in tokens and memory grows with distinct content, not with turns.
+    Divergent pairs go to `pool` (a few in flight at once); their results are counted in turn
+    order, so the answer is the same whichever process diffed them."""
 
-    def __init__(self, max_hunks: int = 64):
+    def __init__(self, max_hunks: int = 64, pool: PairPool | None = None, in_flight: int = 8):
         self.max_hunks = max_hunks
+        self.pool = pool or InlinePairs()
+        self.in_flight = in_flight
         self.index = PrefixIndex()
         self.turns: list[Turn] = []
         self.spans: dict[SpanKey, Span] = {}
         self.examples: dict[int, tuple[Prompt, Prompt]] = {}
         self.prev: TurnInput | None = None
+        self.pending: deque[tuple[Future[tuple[Turn, int]], TurnInput, TurnInput]] = deque()
         self.work = 0  # tokens compared or diffed outside the index
 
     def add(self, cur: TurnInput) -> Turn:
@@ -204,6 +237,7 @@ class Analyser:
         t = Turn(turn=k, origin=cur.origin, n_tokens=len(cur.ids))
         t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
         m = self.index.match_and_add(cur.ids, k)
+        self.turns.append(t)
         if self.prev is None:
             t.reuse = {be: 0 for be in BACKENDS}
             t.recompute = t.new_tokens = len(cur.ids)
@@ -213,16 +247,23 @@ class Analyser:
                 self.work += len(self.prev.ids)
                 _append_turn(t, len(self.prev.ids))
             else:
-                a, b = self.prev.prompt(), cur.prompt()
-                self.work += len(a) + len(b)
-                ceiling = _compare(t, a, b, self.max_hunks)
-                if _count_spans(t, self.spans, ceiling):
-                    self.examples[k] = (a, b)
-        self.turns.append(t)
+                self.work += len(self.prev.ids) + len(cur.ids)
+                self.pending.append((self.pool.submit(t, self.prev, cur, self.max_hunks), self.prev, cur))
         self.prev = cur
+        self._collect(self.in_flight)
         return t
 
+    def _collect(self, keep: int) -> None:
+        """Count the finished pairs in turn order, waiting while more than `keep` are in flight."""
+        while self.pending and (len(self.pending) > keep or self.pending[0][0].done()):
+            fut, a, b = self.pending.popleft()
+            t, ceiling = fut.result()
+            self.turns[t.turn - 1] = t
+            if _count_spans(t, self.spans, ceiling):
+                self.examples[t.turn] = (a.prompt(), b.prompt())
+
     def session(self) -> Session:
+        self._collect(0)
         s = _session(self.turns, self.spans)
         first = {sp.example[0] for sp in s.spans if sp.example}
         s.examples = {k: v for k, v in self.examples.items() if k in first}
@@ -250,7 +291,7 @@ def _appends(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def _append_turn(t: Turn, n_a: int) -> None:
-    """What `_compare` finds for a pure append, from the lengths alone: all of A reused, the new
+    """What `compare_turn` finds for a pure append, from the lengths alone: all of A reused, the new
     turns expected, no waste. The divergence is left for whoever opens the pair."""
     n = t.n_tokens
     t.lcp = n_a
@@ -262,7 +303,7 @@ def _append_turn(t: Turn, n_a: int) -> None:
     _notes(t, False, n)
 
 
-def _compare(t: Turn, a: Prompt, b: Prompt, max_hunks: int) -> int:
+def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
     """Fill a turn from its diff with the previous prompt; returns its reusable ceiling."""
     n = len(b)
     d = align(a, b, max_hunks=None)
@@ -411,6 +452,10 @@ __all__ = [
     "analyse_stream",
     "Analyser",
     "TurnInput",
+    "PairPool",
+    "InlinePairs",
+    "compare_turn",
+    "done_future",
     "backend_reuse",
     "turn_frame",
     "turn_rows",

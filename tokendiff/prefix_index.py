@@ -15,7 +15,8 @@ every prompt: a session that appends keeps adding only its new tail. No I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import bisect
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,11 +24,47 @@ BLOCK = 64
 _ROOT = 0
 
 
-@dataclass
 class _Node:
-    turn: int  # the latest turn whose prompt holds this block (after the same chain)
-    tokens: bytes  # the block's token IDs (int32), for the token-level extension
-    children: list[int] = field(default_factory=list)  # chain keys of the blocks that followed
+    """One block after one prefix (slots: a long session holds hundreds of thousands)."""
+
+    __slots__ = ("turn", "tokens", "children")
+
+    def __init__(self, turn: int, tokens: bytes):
+        self.turn = turn  # the latest turn whose prompt holds this block (after the same chain)
+        self.tokens = tokens  # the block's token IDs (big-endian words), for the token-level extension
+        self.children: _Kids | None = None  # the blocks that followed, once one has
+
+
+class _Kids:
+    """The blocks that followed one prefix, sorted by their tokens (big-endian words, so byte order is
+    token order): the one sharing the most tokens with a partial block is next to where it would sort, so the
+    token-level extension looks at a few neighbours, not at every block that ever followed (a date in
+    the first block makes a new first block every day)."""
+
+    def __init__(self) -> None:
+        self.sorted: list[bytes] = []  # the nodes' tokens
+        self.nodes: list[_Node] = []  # in the same order
+
+    def add(self, node: _Node) -> None:
+        i = bisect.bisect_left(self.sorted, node.tokens)
+        self.sorted.insert(i, node.tokens)
+        self.nodes.insert(i, node)
+
+    def best(self, rest: bytes) -> tuple[int | None, int, int]:
+        """(latest turn, tokens) of the block sharing the most leading tokens with `rest` (None, 0: none
+        shares any), and the tokens compared to find it."""
+        q = rest
+        i = bisect.bisect_left(self.sorted, q)
+        near = [j for j in (i - 1, i) if 0 <= j < len(self.sorted)]
+        n = max((_common_bytes(self.sorted[j], q) // 4 for j in near), default=0)
+        if n == 0:
+            return None, 0, len(near)
+        lo, hi, compared = i, i, 0
+        while lo > 0 and _common_bytes(self.sorted[lo - 1], q) // 4 >= n:
+            lo, compared = lo - 1, compared + n
+        while hi < len(self.sorted) and _common_bytes(self.sorted[hi], q) // 4 >= n:
+            hi, compared = hi + 1, compared + n
+        return max(node.turn for node in self.nodes[lo:hi]), n, compared + 2 * n
 
 
 @dataclass(frozen=True)
@@ -42,7 +79,7 @@ class PrefixIndex:
     def __init__(self, block: int = BLOCK):
         self.block = block
         self.nodes: dict[int, _Node] = {}
-        self.roots: list[int] = []  # first blocks (children of the empty prefix)
+        self.roots = _Kids()  # first blocks (children of the empty prefix)
         self.tokens_hashed = 0  # work done, for the scaling tests
         self.tokens_compared = 0
         self.last_turn: int | None = None
@@ -59,7 +96,7 @@ class PrefixIndex:
 
     def match_and_add(self, ids: np.ndarray, turn: int) -> Match:
         """The best earlier match of `ids`, then `ids` added as `turn` (turns added in order)."""
-        raw = np.ascontiguousarray(ids, dtype=np.int32).tobytes()
+        raw = np.asarray(ids, dtype=np.int32).astype(">u4").tobytes()  # bytes compare as tokens do
         keys = self._keys(raw)
         m = self._match(raw, keys)
         self._add(raw, keys, turn)
@@ -75,16 +112,12 @@ class PrefixIndex:
             depth, parent = depth + 1, node
         rest = raw[depth * step : (depth + 1) * step]
         below = parent.children if parent is not None else self.roots
-        best_turn, best_len = (parent.turn if parent is not None else self.last_turn), 0
-        for key in below:
-            child = self.nodes[key]
-            n = _common_bytes(child.tokens, rest) // 4
-            self.tokens_compared += n
-            if n > best_len or (n == best_len and n > 0 and child.turn > (best_turn or 0)):
-                best_turn, best_len = child.turn, n
+        turn, n, compared = below.best(rest) if rest and below is not None else (None, 0, 0)
+        self.tokens_compared += compared
+        best_turn = turn if n > 0 else (parent.turn if parent is not None else self.last_turn)
         if best_turn is None:
             return Match(None, 0)
-        return Match(best_turn, depth * self.block + best_len)
+        return Match(best_turn, depth * self.block + n)
 
     def _add(self, raw: bytes, keys: list[int], turn: int) -> None:
         step = self.block * 4
@@ -94,9 +127,13 @@ class PrefixIndex:
             node = self.nodes.get(k)
             if node is None:
                 node = self.nodes[k] = _Node(turn, raw[i * step : (i + 1) * step])
-                below.append(k)
+                below.add(node)
             else:
                 node.turn = turn
+            if node.children is None and i + 1 < len(keys):
+                node.children = _Kids()
+            if node.children is None:  # the last block: nothing follows it
+                break
             below = node.children
 
     def __len__(self) -> int:
@@ -104,7 +141,7 @@ class PrefixIndex:
 
 
 def _common_bytes(a: bytes, b: bytes) -> int:
-    """Length of the common prefix of two byte strings, in whole int32 tokens' bytes."""
+    """Length of the common prefix of two token byte strings, in whole 4-byte tokens' bytes."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n - n % 4

@@ -22,7 +22,7 @@ from tokendiff import grammar, safeio
 from tokendiff.errors import InputError, one_line
 from tokendiff.importers import check_depth
 from tokendiff.model import Prompt, PromptMeta, RenderMismatch
-from tokendiff.slotfile import check_vocab, is_slot_file, list_session_dir, natural_key, read_slot_file
+from tokendiff.slotfile import SlotFile, check_vocab, is_slot_file, list_session_dir, natural_key, read_slot_file
 from tokendiff.vocab import Vocab
 
 if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slot files never needs it
@@ -144,6 +144,14 @@ def session_selectors(path: str, order: str = "mtime") -> list[str]:
     return [f"{path}@{i}" for i in range(1, n + 1)]
 
 
+def session_turns(path: str, order: str = "mtime") -> list[Selected]:
+    """Every turn of a session directory from one listing, as `select` picks each file
+    (selecting `DIR@N` turn by turn lists and sorts the directory every time)."""
+    base = Path(path)
+    kind, files = _dir_entries(base, order)
+    return [Selected(kind if kind == "slot" else file_kind(f), f, one_line(str(f)), None) for f in files]
+
+
 class Loader:
     """Loads prompts with one tokenizer, template family and chat template.
 
@@ -164,16 +172,20 @@ class Loader:
     # ---------------------------------------------------------------- slots
 
     def load(self, spec: str) -> Prompt:
-        sel = select(spec, self.order)
+        return self.load_selected(select(spec, self.order))
+
+    def load_selected(self, sel: Selected, slot: SlotFile | None = None) -> Prompt:
+        """`load` for a turn selected already; from `slot` when its file was read (and warned about) already."""
         if sel.kind == "slot":
-            return self._slot(sel)
+            return self._slot(sel, slot)
         rec = self._record(sel)
         return self.from_record(rec, sel.label, sel.turn)
 
-    def _slot(self, sel: Selected) -> Prompt:
-        slot = read_slot_file(sel.path)
-        for w in slot.warnings:
-            warn(w)
+    def _slot(self, sel: Selected, slot: SlotFile | None = None) -> Prompt:
+        if slot is None:
+            slot = read_slot_file(sel.path)
+            for w in slot.warnings:
+                warn(w)
         meta = PromptMeta(
             path=one_line(str(sel.path)),
             format=f"{slot.kind} v{slot.version}" + (" packed" if slot.packed else ""),
@@ -283,6 +295,25 @@ class Loader:
             if e.source:
                 raise
             raise InputError(e.reason, source=label) from None
+
+    def rendered_ids(self, rec: dict[str, Any]) -> np.ndarray | None:
+        """A record's token IDs where they are its local render tokenised (no recorded IDs, no logged
+        text, no server): what the full load finds, without attributing sections or decoding. None
+        where only the full load can tell (it also raises the right error)."""
+        if not isinstance(rec, dict) or rec.get("prompt_ids") is not None or isinstance(rec.get("prompt_text"), str):
+            return None
+        if self.vocab.meta.server or not self._can_render():
+            return None
+        import numpy as np
+
+        try:
+            check_depth(rec.get("request"), "record")
+            request = _request_of(rec)
+            if not isinstance(request.get("messages"), list):
+                return None
+            return np.asarray(self.tokenizer.encode(self.renderer.render(request)), dtype=np.int32)
+        except InputError:
+            return None
 
     def _from_record(self, rec: dict[str, Any], label: str, turn: int | None) -> Prompt:
         if not isinstance(rec, dict):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +116,7 @@ class TurnPrompts(Sequence["Prompt"]):
     def __init__(self, loader: Loader, specs: Sequence[str], budget: int = 2_000_000):
         self.loader, self.specs, self.budget = loader, list(specs), budget
         self._kept: dict[int, Prompt] = {}
+        self._tokens = 0  # in the kept prompts (a running total: summing per keep is quadratic)
 
     def __len__(self) -> int:
         return len(self.specs)
@@ -126,7 +127,7 @@ class TurnPrompts(Sequence["Prompt"]):
         k = i + len(self) if i < 0 else i
         if not 0 <= k < len(self):
             raise IndexError(i)
-        p = self._kept.pop(k, None)
+        p = self._kept.get(k)
         if p is None:
             p = self.loader.load(self.specs[k])
         self.keep(k, p)
@@ -134,9 +135,11 @@ class TurnPrompts(Sequence["Prompt"]):
 
     def keep(self, k: int, p: Prompt) -> None:
         """Remember turn k's prompt (0-based), forgetting the least recently used over budget."""
+        old = self._kept.pop(k, None)
+        self._tokens += len(p) - (len(old) if old is not None else 0)
         self._kept[k] = p
-        while len(self._kept) > 2 and sum(len(q) for q in self._kept.values()) > self.budget:
-            del self._kept[next(iter(self._kept))]
+        while len(self._kept) > 2 and self._tokens > self.budget:
+            self._tokens -= len(self._kept.pop(next(iter(self._kept))))
 
 
 @dataclass
@@ -182,72 +185,309 @@ def session_specs(
 
 def load_session(loader: Loader, specs: Sequence[str], progress: Progress | None = None) -> LoadedSession:
     """Every turn loaded and the session analysed (reuse, waste, spans ranked by cost)."""
-    return _analyse(loader, ((spec, _spec_input(loader, spec)) for spec in specs), len(specs), progress)
+    inputs = ((spec, _spec_input(loader, spec)) for spec in specs)
+    return _analyse(loader, inputs, len(specs), progress, PairWorkers(loader))
 
 
-def _analyse(loader: Loader, inputs, n: int | None, progress: Progress | None) -> LoadedSession:
-    """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views."""
+def _analyse(loader: Loader, inputs, n: int | None, progress: Progress | None, pool: PairWorkers) -> LoadedSession:
+    """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
+    `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end."""
     from tokendiff.cost import Analyser
 
-    an = Analyser()
+    an = Analyser(pool=pool)
     specs: list[str] = []
     prompts = TurnPrompts(loader, specs)
-    for k, (spec, turn) in enumerate(inputs, 1):
-        if progress and (k < 100 or k % 100 == 0):
-            progress(f"reading turn {k}/{n}" if n else f"reading turn {k}")
-        specs.append(spec)
-        an.add(turn)
-        if turn.decoded is not None:
-            prompts.keep(k - 1, turn.decoded)
+    try:
+        for k, (spec, turn) in enumerate(inputs, 1):
+            if progress and (k < 100 or k % 100 == 0):
+                progress(f"reading turn {k}/{n}" if n else f"reading turn {k}")
+            specs.append(spec)
+            an.add(turn)
+            if turn.decoded is not None:
+                prompts.keep(k - 1, turn.decoded)
+        session = an.session()
+    finally:
+        pool.close()
     prompts.specs = specs
     if progress:
         progress(f"analysed {len(specs)} turns")
-    return LoadedSession(loader, prompts, an.session())
+    return LoadedSession(loader, prompts, session)
 
 
 def _spec_input(loader: Loader, spec: str) -> TurnInput:
     from tokendiff.cost import TurnInput
 
-    return TurnInput.of(loader.load(spec))
+    return TurnInput.of(loader.load(spec), job=SpecJob(spec))
 
 
-def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int) -> TurnInput:
-    """A capture record as a turn: the recorded IDs now, rendering and decoding only if a diff needs them."""
+def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int, rendered: Any = None) -> TurnInput:
+    """A capture record as a turn: the recorded IDs now (or `rendered`, its render tokenised already),
+    rendering and decoding only if a diff needs them."""
     import numpy as np
 
     from tokendiff.cost import TurnInput
 
-    def load() -> Prompt:
-        return loader.from_record(rec, label, turn)
-
+    job = RecordJob(rec, label, turn)
     ids = rec.get("prompt_ids")
     resp = rec.get("response")
-    try:
-        arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, list) else None
+    try:  # the capture reader gives an int32 array; other record sources may give a list
+        arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, (list, np.ndarray)) else None
     except (TypeError, ValueError, OverflowError):
         arr = None
+    if arr is None and ids is None:  # a HAR entry, a request body: its render tokenised
+        arr = rendered if rendered is not None else loader.rendered_ids(rec)
     if arr is None or arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= loader.vocab.n_vocab)):
-        return TurnInput.of(load())  # no IDs, or IDs the full load refuses with the right message
+        return TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
     resp = resp if isinstance(resp, dict) else None
-    return TurnInput(ids=arr.astype(np.int32), origin=label, load=load, response=resp)
+    return TurnInput(ids=arr.astype(np.int32), origin=label, load=lambda: job.load(loader), response=resp, job=job)
 
 
-def _path_inputs(loader: Loader, paths: Sequence[str], order: str, single_turns: bool, live: bool):
-    """(selector, turn) for every turn of `paths`; captures are streamed record by record."""
-    from tokendiff.capture import is_capture_file, iter_capture
-    from tokendiff.sources import warn
+# ---------------------------------------------------------------- divergent pairs in worker processes
+
+
+@dataclass(frozen=True)
+class RecordJob:
+    """A capture record's prompt as a picklable recipe: a worker renders and decodes it itself."""
+
+    rec: dict[str, Any]
+    label: str
+    turn: int
+
+    def load(self, loader: Loader) -> Prompt:
+        return loader.from_record(self.rec, self.label, self.turn)
+
+
+@dataclass(frozen=True)
+class SpecJob:
+    """A selector's prompt (slot file, request body, DIR@N) as a picklable recipe."""
+
+    spec: str
+
+    def load(self, loader: Loader) -> Prompt:
+        return loader.load(self.spec)
+
+
+@dataclass(frozen=True)
+class SelectedJob:
+    """A directory's turn (sources.Selected) as a picklable recipe; its slot file read quietly (the
+    session's reader warned already)."""
+
+    sel: Any
+
+    def load(self, loader: Loader) -> Prompt:
+        from tokendiff.slotfile import read_slot_file
+
+        slot = read_slot_file(self.sel.path) if self.sel.kind == "slot" else None
+        return loader.load_selected(self.sel, slot)
+
+
+@dataclass(frozen=True)
+class _WorkerError:
+    """An InputError raised in a worker, carried back field by field."""
+
+    reason: str
+    source: str | None
+    offset: int | None
+
+
+_FORKED: Loader | None = None  # the session's loader, as the workers inherit it when they fork
+_WORKER_LOADERS: dict[str | None, Loader] = {}
+
+
+class PairWorkers:
+    """Divergent pairs (the turns that need both prompts rendered, decoded, sectioned and diffed: almost
+    all the time of a long session) diffed in forked worker processes while this one reads and indexes.
+    Forked, the workers share the vocabulary table and the compiled chat template instead of rebuilding
+    them. The first `after` pairs are diffed here, so a short session never starts a process."""
+
+    def __init__(self, loader: Loader, workers: int | None = None, after: int = 4):
+        self.loader, self.after, self.seen = loader, after, 0
+        self.workers = workers if workers is not None else _default_workers()
+        self._pool: Any = None
+
+    def submit(self, t, a: TurnInput, b: TurnInput, max_hunks: int):
+        from tokendiff.cost import InlinePairs
+
+        self.seen += 1
+        if self.workers < 2 or self.seen <= self.after or a.job is None or b.job is None:
+            return InlinePairs().submit(t, a, b, max_hunks)
+        fut = self._executor().submit(_worker_compare, t, a.job, b.job, self.loader.chat_template, max_hunks)
+        return _relay(fut)
+
+    def start(self) -> None:
+        """Fork the workers now, while this process is small."""
+        if self.workers >= 2:
+            self._executor().submit(int).result()
+
+    def _executor(self):
+        if self._pool is None:
+            import multiprocessing
+            import os
+            from concurrent.futures import ProcessPoolExecutor
+
+            global _FORKED
+            _FORKED = self.loader
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no fork warning from tokenizers
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"))
+        return self._pool
+
+    def with_ids(self, records, chunk: int = 32, ahead: int = 4):
+        """(record, its render tokenised or None) in order, the rendering and tokenising done in the
+        workers `ahead` chunks in advance (after the first chunks, so a short session starts no process)."""
+        from collections import deque
+        from itertools import islice
+
+        from tokendiff.cost import done_future
+
+        it, sent = iter(records), 0
+        pending: deque[tuple[list[Any], Any]] = deque()
+        while True:
+            while len(pending) < ahead and (batch := list(islice(it, chunk))):
+                sent += 1
+                if self.workers < 2 or sent <= 2:
+                    fut = done_future(partial(_local_ids, self.loader, batch))
+                else:
+                    fut = self._executor().submit(_worker_ids, batch, self.loader.chat_template)
+                pending.append((batch, fut))
+            if not pending:
+                return
+            batch, fut = pending.popleft()
+            yield from zip(batch, fut.result())
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+def _default_workers() -> int:
+    """Two workers where two cores are ours and processes can fork (not on Windows; macOS forks fine
+    for this: the workers run no Objective-C)."""
+    import multiprocessing
+    import os
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(2, cores)
+
+
+def _worker_compare(t, job_a, job_b, template: str | None, max_hunks: int):
+    """In a worker: load both prompts and fill the turn (`cost.compare_turn`)."""
+    from tokendiff.cost import compare_turn
+
+    try:
+        loader = _worker_loader(template)
+        return t, compare_turn(t, job_a.load(loader), job_b.load(loader), max_hunks)
+    except InputError as e:
+        return _WorkerError(e.reason, e.source, e.offset)
+
+
+def _local_ids(loader: Loader, records: list) -> list:
+    """Here, without a worker: each record's render tokenised."""
+    return [loader.rendered_ids(r) for r in records]
+
+
+def _worker_ids(records: list, template: str | None) -> list:
+    """In a worker: each record's render tokenised (`Loader.rendered_ids`)."""
+    loader = _worker_loader(template)
+    return [loader.rendered_ids(r) for r in records]
+
+
+def _worker_loader(template: str | None) -> Loader:
+    """The forked loader's vocabulary with the chat template the session has adopted by now."""
+    from tokendiff.sources import Loader
+
+    if template not in _WORKER_LOADERS:
+        assert _FORKED is not None
+        _WORKER_LOADERS[template] = Loader(_FORKED.vocab, _FORKED.family, _FORKED.order, template)
+    return _WORKER_LOADERS[template]
+
+
+def _relay(src):
+    """A future with the worker's result, its carried InputError raised as one."""
+    from concurrent.futures import Future
+
+    out: Future = Future()
+
+    def done(f) -> None:
+        try:
+            r = f.result()
+        except BaseException as e:  # noqa: BLE001 - a crashed worker: the reader of the result sees it
+            out.set_exception(e)
+            return
+        if isinstance(r, _WorkerError):
+            out.set_exception(InputError(r.reason, source=r.source, offset=r.offset))
+        else:
+            out.set_result(r)
+
+    src.add_done_callback(done)
+    return out
+
+
+def _path_inputs(loader: Loader, pool: PairWorkers, paths: Sequence[str], order: str, single_turns: bool, live: bool):
+    """(selector, turn) for every turn of `paths`: captures and HAR files read record by record,
+    directories listed once, each turn's IDs first and its prompt only if a diff needs it."""
+    from tokendiff.sources import file_kind, session_turns
 
     for p in paths:
-        if Path(p).is_file() and is_capture_file(Path(p)):
-            loader.adopt_capture_template(Path(p))
-            k = 0
-            for k, rec in enumerate(iter_capture(p, warn), 1):
-                yield f"{p}@{k}", _record_input(loader, rec, f"{p}@{k}", k)
-            if k == 0:
-                raise InputError("the session holds no chat requests", source=p)
-            continue
-        for spec in session_specs([p], order, single_turns=single_turns, live=live):
-            yield spec, _spec_input(loader, spec)
+        path = Path(p)
+        kind = file_kind(path) if path.is_file() else None
+        if kind in ("capture", "har"):
+            yield from _records_inputs(loader, pool, p, kind)
+        elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
+            for sel in session_turns(p, order):
+                yield str(sel.path), _selected_input(loader, sel)
+        elif not path.is_dir():
+            for spec in session_specs([p], order, single_turns=single_turns, live=live):
+                yield spec, _spec_input(loader, spec)
+
+
+def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
+    """A capture or a HAR file, one record at a time (each file parsed once); a HAR's requests, which
+    carry no token IDs, rendered and tokenised in the workers a few chunks ahead."""
+    from tokendiff.errors import one_line
+    from tokendiff.sources import warn
+
+    if kind == "capture":
+        from tokendiff.capture import iter_capture
+
+        loader.adopt_capture_template(Path(p))
+        records = iter_capture(p, warn)
+    else:
+        from tokendiff.importers.har import iter_har
+
+        if Path(p).stat().st_size > 16 << 20:
+            pool.start()  # before the parse: forked later, each worker would map the parsed document too
+        records = pool.with_ids(iter_har(Path(p)))
+    k = 0
+    for k, item in enumerate(records, 1):  # labelled as loading `p@k` labels them
+        rec, ids = item if kind == "har" else (item, None)
+        label = f"{p}@{k}" if kind == "capture" else one_line(f"{Path(p)}@{k}")
+        yield f"{p}@{k}", _record_input(loader, rec, label, k, ids)
+    if k == 0:
+        raise InputError("the session holds no chat requests", source=p)
+
+
+def _selected_input(loader: Loader, sel) -> TurnInput:
+    """A turn of a directory: a slot file's IDs from its header and payload, decoded only if needed."""
+    import numpy as np
+
+    from tokendiff.cost import TurnInput
+    from tokendiff.slotfile import read_slot_file
+    from tokendiff.sources import warn
+
+    job = SelectedJob(sel)
+    if sel.kind != "slot":
+        return TurnInput.of(loader.load_selected(sel), job=job)
+    slot = read_slot_file(sel.path)
+    for w in slot.warnings:
+        warn(w)
+    ids = slot.tokens
+    if len(ids) and (min(ids) < 0 or max(ids) >= loader.vocab.n_vocab):  # media cells, or a foreign vocabulary
+        return TurnInput.of(loader.load_selected(sel, slot), job=job)
+    load = partial(loader.load_selected, sel, slot)
+    return TurnInput(ids=np.asarray(ids), origin=sel.label, load=load, job=job)
 
 
 def open_session(
@@ -257,10 +497,13 @@ def open_session(
     *,
     single_turns: bool = True,
     live: bool = False,
+    workers: int | None = None,
 ) -> LoadedSession:
-    """Loader, turns and analysis for `paths` in one call (captures streamed)."""
+    """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
+    in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one)."""
     loader = open_loader(opts)
-    return _analyse(loader, _path_inputs(loader, paths, opts.order, single_turns, live), None, progress)
+    pool = PairWorkers(loader, workers)
+    return _analyse(loader, _path_inputs(loader, pool, paths, opts.order, single_turns, live), None, progress, pool)
 
 
 def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:

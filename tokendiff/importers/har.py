@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,22 +21,35 @@ MAX_BYTES = 256 << 20  # parsed, a HAR costs a few times its size; each request 
 
 def read_har(path: Path) -> list[dict[str, Any]]:
     """Capture records for the chat requests in a HAR file, in file order."""
+    return list(iter_har(path))
+
+
+def iter_har(path: Path) -> Iterator[dict[str, Any]]:
+    """The chat requests of a HAR file as capture records, one at a time: the document is parsed
+    once (a HAR is one JSON value), then each entry becomes a record only when asked for and is
+    dropped from the parsed document, so a long session is never held twice."""
+    src = str(path)
+    entries = _entries(path)
+    for i in range(len(entries)):
+        entry, entries[i] = entries[i], None
+        rec = _entry(entry, f"{src}: entry {i}")
+        if rec is not None:
+            rec["origin"] = f"{src}#entry{i}"
+            yield rec
+
+
+def _entries(path: Path) -> list[Any]:
     src = str(path)
     raw = read_bounded(path, MAX_BYTES, "HAR file")
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise InputError(f"malformed JSON: {e}", source=src) from None
+    del raw
     entries = doc.get("log", {}).get("entries") if isinstance(doc, dict) and isinstance(doc.get("log"), dict) else None
     if not isinstance(entries, list):
         raise InputError("not a HAR file (no log.entries list)", source=src)
-    out = []
-    for i, entry in enumerate(entries):
-        rec = _entry(entry, f"{src}: entry {i}")
-        if rec is not None:
-            rec["origin"] = f"{src}#entry{i}"
-            out.append(rec)
-    return out
+    return entries
 
 
 def _text(obj: dict[str, Any], where: str) -> str | None:
