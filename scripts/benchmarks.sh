@@ -11,3 +11,5 @@ run benchmarks/bench_diff.py --runs 1
 run benchmarks/bench_report.py --turns 10 --tokens 5000
 run benchmarks/bench_tui.py --tokens 20000
 run benchmarks/bench_proxy.py --n 30
+run benchmarks/bench_scale.py --requests 100 200 --har 200 --slots 200
+run benchmarks/bench_tui.py --session-turns 500
