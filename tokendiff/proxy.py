@@ -82,6 +82,7 @@ class ProxyState:
     server: dict[str, Any] | None = None  # the `server` field of every record, from `info`
     pending: set[asyncio.Task] = field(default_factory=set)
     recorded: int = 0
+    fetch_tokens: bool = True  # fetch each recorded prompt's token IDs from the upstream afterwards
 
 
 @dataclass
@@ -104,6 +105,7 @@ class Exchange:
     error: str | None = None
     client_gone: bool = False
     written: bool = False
+    fetch_scheduled: bool = False
 
     def take(self, chunk: bytes) -> None:
         if self.ttft is None:
@@ -122,6 +124,7 @@ def make_app(upstream: str, out: str | Path, fetch_tokens: bool = True):
     opened here, before serving, so a bad `--out` is an InputError rather than a failed start."""
     out = session_dir(out)
     state = ProxyState(upstream.rstrip("/"), out, writer=CaptureWriter(out / "capture.jsonl"))
+    state.fetch_tokens = fetch_tokens
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
@@ -129,7 +132,7 @@ def make_app(upstream: str, out: str | Path, fetch_tokens: bool = True):
             return
         if scope["type"] != "http":
             return
-        await _handle(state, scope, receive, send, fetch_tokens)
+        await _handle(state, scope, receive, send)
 
     app.state = state  # type: ignore[attr-defined]
     return app
@@ -286,7 +289,7 @@ def _prepare(state: ProxyState, body: bytes) -> PreparedRequest | None:
         return PreparedRequest(fields, {})
 
 
-async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -> None:
+async def _handle(state: ProxyState, scope, receive, send) -> None:
     query = scope.get("query_string", b"")
     url = state.upstream + scope["path"] + (("?" + query.decode("latin-1")) if query else "")
     inc = await _read_body(receive)
@@ -310,8 +313,7 @@ async def _handle(state: ProxyState, scope, receive, send, fetch_tokens: bool) -
     if not ex.written:
         _complete(ex, resp)
         await _record(state, ex)
-    if fetch_tokens and ex.error is None and resp.status_code == 200 and ex.request is not None and "seq" in ex.rec:
-        _schedule_token_fetch(state, ex.rec, ex.request)
+        _fetch_tokens_after(state, ex, resp)
 
 
 async def _disconnected_early(state: ProxyState, ex: Exchange) -> None:
@@ -397,6 +399,8 @@ async def _relay(state: ProxyState, resp: httpx.Response, receive, send, ex: Exc
             # client saw finish is never missing from the capture, even after kill -9
             _complete(ex, resp)
             await _record(state, ex)
+            # scheduled before the client's last byte: a proxy stopped right after it still waits for it
+            _fetch_tokens_after(state, ex, resp)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except httpx.HTTPError as e:  # the upstream died mid-stream: the client sees the stream end
         ex.error = f"upstream failed mid-response: {type(e).__name__}: {e}"
@@ -483,6 +487,16 @@ async def _record(state: ProxyState, ex: Exchange) -> None:
     rec["seq"] = out["seq"]
     ex.rec = rec
     state.recorded += 1
+
+
+def _fetch_tokens_after(state: ProxyState, ex: Exchange, resp: httpx.Response) -> None:
+    """Once per exchange, for a successful recorded chat request: fetch its prompt's token IDs."""
+    if ex.fetch_scheduled or not state.fetch_tokens or ex.error is not None or resp.status_code != 200:
+        return
+    if ex.rec is None or ex.request is None or "seq" not in ex.rec:
+        return
+    ex.fetch_scheduled = True
+    _schedule_token_fetch(state, ex.rec, ex.request)
 
 
 def _schedule_token_fetch(state: ProxyState, rec: dict[str, Any], request: dict[str, Any]) -> None:
