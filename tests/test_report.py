@@ -97,12 +97,18 @@ def test_report_errors(args, words):
     assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
 
 
-def test_html_renders_in_headless_chromium(tmp_path):
+def _chromium() -> str:
+    """Debian's chromium; missing, it fails in CI (.ci/run installs it) and skips elsewhere."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         if REQUIRE_CHROMIUM:
             pytest.fail("chromium not found: .ci/run installs Debian's chromium")
         pytest.skip("chromium not installed")
+    return chromium
+
+
+def test_html_renders_in_headless_chromium(tmp_path):
+    chromium = _chromium()
     out = tmp_path / "report.html"
     assert run("report", str(AGENT), "--format", "html", "-o", str(out)).returncode == 0
     html = out.read_text()
@@ -132,11 +138,7 @@ def test_html_renders_in_headless_chromium(tmp_path):
 
 def test_fleet_html_renders_in_headless_chromium(tmp_path):
     """The fleet view (several sessions) is one self-contained page too."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        if REQUIRE_CHROMIUM:
-            pytest.fail("chromium not found: .ci/run installs Debian's chromium")
-        pytest.skip("chromium not installed")
+    chromium = _chromium()
     out = tmp_path / "fleet.html"
     r = run("report", str(AGENT), str(DEMO), "--format", "html", "-o", str(out))
     assert r.returncode == 0, r.stderr

@@ -117,6 +117,18 @@ def _cell(text: str, width: int, right: bool) -> str:
     return text.rjust(width) if right else text.ljust(width)
 
 
+class _RowMessage(Message):
+    """A message about one row of a SessionTable."""
+
+    def __init__(self, table: SessionTable, row: int) -> None:
+        super().__init__()
+        self.table, self.row = table, row
+
+    @property
+    def control(self) -> SessionTable:
+        return self.table
+
+
 class SessionTable(ScrollView, can_focus=True):
     """One row per turn, a header that stays, a row cursor; Enter is the screen's (it opens the pair)."""
 
@@ -146,27 +158,11 @@ class SessionTable(ScrollView, can_focus=True):
 
     cursor: var[int] = var(0)
 
-    class Highlighted(Message):
+    class Highlighted(_RowMessage):
         """The cursor moved to row `row` (turn row + 1)."""
 
-        def __init__(self, table: SessionTable, row: int) -> None:
-            super().__init__()
-            self.table, self.row = table, row
-
-        @property
-        def control(self) -> SessionTable:
-            return self.table
-
-    class Selected(Message):
+    class Selected(_RowMessage):
         """Row `row` was clicked while under the cursor: open it."""
-
-        def __init__(self, table: SessionTable, row: int) -> None:
-            super().__init__()
-            self.table, self.row = table, row
-
-        @property
-        def control(self) -> SessionTable:
-            return self.table
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
