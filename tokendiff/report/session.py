@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokendiff.cost import Session, turn_rows
-from tokendiff.model import Prompt
+from tokendiff.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
 
@@ -34,6 +34,20 @@ def redact_text(s: str) -> str:
         pos = m.end()
     out.append(_WORD.sub(word, s[pos:]))
     return "".join(out)
+
+
+def _side(
+    p: Prompt, tokens: tuple[int, int], byte_range: tuple[int, int], owner: SectionPath, context: int, redact: bool
+) -> dict[str, Any]:
+    """One side of an example span: where it is in its prompt, who owns it, and its text."""
+    return {
+        "origin": p.origin,
+        "tokens": list(tokens),
+        "bytes": list(byte_range),
+        "section": owner.label,
+        "path": path_json(owner),
+        "text": _ex(p, tokens[0], tokens[1], context, redact),
+    }
 
 
 def _ex(p: Prompt, start: int, end: int, context: int, redact: bool) -> dict[str, Any]:
@@ -92,22 +106,8 @@ def report_document(
                 "evidence": scrub(f.evidence),
                 "turn": turn_no,
                 "hunk": hi,
-                "a": {
-                    "origin": a.origin,
-                    "tokens": [h.a_start, h.a_end],
-                    "bytes": [h.a_byte_start, h.a_byte_end],
-                    "section": h.a_owner.label,
-                    "path": path_json(h.a_owner),
-                    "text": _ex(a, h.a_start, h.a_end, context, redact),
-                },
-                "b": {
-                    "origin": b.origin,
-                    "tokens": [h.b_start, h.b_end],
-                    "bytes": [h.b_byte_start, h.b_byte_end],
-                    "section": h.b_owner.label,
-                    "path": path_json(h.b_owner),
-                    "text": _ex(b, h.b_start, h.b_end, context, redact),
-                },
+                "a": _side(a, (h.a_start, h.a_end), (h.a_byte_start, h.a_byte_end), h.a_owner, context, redact),
+                "b": _side(b, (h.b_start, h.b_end), (h.b_byte_start, h.b_byte_end), h.b_owner, context, redact),
             }
         )
     per_turn_findings = []
