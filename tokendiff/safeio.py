@@ -15,7 +15,7 @@ import stat
 import zlib
 from typing import BinaryIO
 
-from tokendiff.errors import InputError, one_line
+from tokendiff.errors import InputError
 
 CHUNK = 1 << 20
 
@@ -124,8 +124,3 @@ def size_text(n: int) -> str:
     if n >= 1 << 20:
         return f"{n >> 20} MB"
     return f"{n >> 10} KB"
-
-
-def display_path(path: str | os.PathLike[str] | bytes) -> str:
-    """A path as one line of valid text: control characters escaped, undecodable bytes as \\xNN."""
-    return one_line(os.fsdecode(path) if not isinstance(path, str) else path)

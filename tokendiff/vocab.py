@@ -28,13 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokendiff.errors import InputError
-from tokendiff.paths import vocab_cache_dir
+from tokendiff.paths import bundled_data_dir, vocab_cache_dir
 
 if TYPE_CHECKING:
     from tokendiff.model import Ids
 
-DATA_DIR = Path(__file__).parent / "data"
-BUNDLED_DIR = DATA_DIR / "qwen3"
+BUNDLED_DIR = bundled_data_dir() / "qwen3"
 BUNDLED_NAME = "bundled Qwen3 tokenizer"
 MEDIA_PIECE = b"<__media__>"
 # Bounds on tokenizer files: the largest real vocabularies hold ~260k tokens in ~35 MB of JSON.
