@@ -497,17 +497,26 @@ async def afetch_prompt_tokens(client: httpx.AsyncClient, info: ServerInfo, requ
     """A chat request's prompt IDs from the upstream that served it (llama-server or vLLM).
     Raises InputError, or httpx/ValueError on a broken answer (the proxy records either)."""
     if info.kind == VLLM:
-        r = await client.post(f"{info.url}/tokenize", json=vllm_tokenize_body(request), timeout=RENDER_TIMEOUT)
-        r.raise_for_status()
+        r = await _apost(client, f"{info.url}/tokenize", vllm_tokenize_body(request))
         return PromptTokens(token_ids(r.json()), "vllm /tokenize")
     if info.kind != LLAMA:
         raise InputError(f"a {info.kind} upstream cannot tokenise chat requests", source=info.url)
-    r = await client.post(f"{info.url}/apply-template", json=template_body(request), timeout=RENDER_TIMEOUT)
-    r.raise_for_status()
-    prompt = r.json()["prompt"]
-    r = await client.post(f"{info.url}/tokenize", json=tokenize_body(prompt), timeout=RENDER_TIMEOUT)
-    r.raise_for_status()
+    prompt = (await _apost(client, f"{info.url}/apply-template", template_body(request))).json()["prompt"]
+    r = await _apost(client, f"{info.url}/tokenize", tokenize_body(prompt))
     return PromptTokens(token_ids(r.json()), "llama-server /apply-template + /tokenize", prompt)
+
+
+async def _apost(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> httpx.Response:
+    """POST an idempotent request (render, tokenise), once more on a kept-alive connection the
+    server had closed after a stream (nothing reached it); an HTTP error status raises."""
+    import httpx
+
+    try:
+        r = await client.post(url, json=body, timeout=RENDER_TIMEOUT)
+    except (httpx.RemoteProtocolError, httpx.ReadError):
+        r = await client.post(url, json=body, timeout=RENDER_TIMEOUT)
+    r.raise_for_status()
+    return r
 
 
 def can_tokenize_chat(info: ServerInfo) -> bool:
