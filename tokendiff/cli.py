@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     _report_parser(sub)
     _replay_parser(sub)
     _tui_parser(sub)
+    _doctor_parser(sub)
     return p
 
 
@@ -242,6 +243,25 @@ def _tui_parser(sub: Any) -> None:  # argparse subparsers
     t.add_argument(
         "--force", action="store_true", help="replay even when the backend serves another model than the capture's"
     )
+
+
+def _doctor_parser(sub: Any) -> None:  # argparse subparsers
+    dr = sub.add_parser(
+        "doctor",
+        help="check a live server's configuration for an agent workload before a turn is lost",
+        description="Read the server's /props, /slots, /v1/models and /metrics (its command line and model file "
+        "when it runs here), render probe conversations on it, and say what will break prefix caching. "
+        "Exit 0 all clear, 1 a problem found, 2 trouble.",
+    )
+    dr.add_argument("--server", required=True, metavar="URL", help="llama-server, vLLM, SGLang or Ollama")
+    dr.add_argument("--agents", type=positive_int, default=1, metavar="N", help="agents sharing it (default 1)")
+    dr.add_argument(
+        "--prompt-tokens", type=positive_int, default=32768, metavar="N", help="an agent's prompt (default 32768)"
+    )
+    dr.add_argument(
+        "--passive", action="store_true", help="no probe completion (it briefly takes a slot): read and render only"
+    )
+    dr.add_argument("--json", action="store_true", help="print the tokendiff.doctor/1 JSON document")
 
 
 def _tokenizer_args(p: argparse.ArgumentParser) -> None:
@@ -441,6 +461,22 @@ def cmd_tui(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    opts = wf.DoctorOptions(
+        server=args.server, agents=args.agents, prompt_tokens=args.prompt_tokens, passive=args.passive
+    )
+    report = wf.doctor(opts)
+    if args.json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(report.document(), option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        from tokendiff.doctor import render_text
+
+        sys.stdout.write(render_text(report))
+    return report.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -468,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             "report": cmd_report,
             "replay": cmd_replay,
             "tui": cmd_tui,
+            "doctor": cmd_doctor,
         }
         return commands[args.command](args)
     except InputError as e:

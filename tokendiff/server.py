@@ -532,3 +532,61 @@ def replay_client() -> httpx.Client:
         timeout=httpx.Timeout(REPLAY_TIMEOUT, connect=CONNECT_TIMEOUT),
         limits=httpx.Limits(max_keepalive_connections=0),
     )
+
+
+# ---------------------------------------------------------------- doctor: what a server says about its configuration
+
+# every GET `tokendiff doctor` reads; each server kind answers a few and refuses the rest
+DOCTOR_PATHS = ("/props", "/slots", "/v1/models", "/metrics", "/api/tags", "/api/ps", "/get_server_info", "/version")
+REUSE_PROBE_TIMEOUT = 60.0  # two short prompts; a busy server may queue them behind an agent's turn
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One GET's outcome: the status (None when nothing answered) and the body."""
+
+    status: int | None
+    body: bytes = b""
+
+    @property
+    def json(self) -> Any:
+        return _json_or_none(self.status or 0, self.body)
+
+    @property
+    def text(self) -> str | None:
+        return self.body.decode("utf-8", "replace") if self.status == 200 else None
+
+
+def read_endpoints(url: str, paths: Iterable[str] = DOCTOR_PATHS) -> dict[str, Answer]:
+    """GET each path once. Nothing listening at the URL is an InputError naming it, found on the
+    first path, so a wrong port costs one refused connection, not eight timeouts."""
+    import httpx
+
+    base = url.rstrip("/")
+    out: dict[str, Answer] = {}
+    with httpx.Client(timeout=httpx.Timeout(PROBE_TIMEOUT, connect=CONNECT_TIMEOUT)) as http:
+        for path in paths:
+            try:
+                r = http.get(base + path)
+                out[path] = Answer(r.status_code, r.content)
+            except httpx.HTTPError as e:
+                if not out:
+                    raise InputError(f"cannot reach the server: {type(e).__name__}: {e}", source=url) from None
+                out[path] = Answer(None)
+    return out
+
+
+def reuse_probe(url: str, prompt: str) -> tuple[int, int]:
+    """(prompt tokens, tokens the server reused) when the same short prompt is sent twice to one
+    slot with the server's default cache_prompt: what an agent's second turn would get."""
+    body: dict[str, Any] = {"prompt": prompt, "n_predict": 1, "temperature": 0}
+    with LlamaClient(url, timeout=REUSE_PROBE_TIMEOUT) as c:
+        first = c.call("POST", "/completion", json=body)
+        if isinstance(first, dict) and isinstance(first.get("id_slot"), int):
+            body["id_slot"] = first["id_slot"]
+        second = c.call("POST", "/completion", json=body)
+    try:
+        timings = second["timings"]
+        return int(timings["prompt_n"]) + int(timings["cache_n"]), int(timings["cache_n"])
+    except (KeyError, TypeError, ValueError):
+        raise InputError("/completion answered without timings.cache_n", source=url) from None

@@ -19,6 +19,7 @@ from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
     from tokendiff.cost import Session, TurnInput
+    from tokendiff.doctor import DoctorReport
     from tokendiff.model import Divergence, Finding, Prompt
     from tokendiff.replay import Backend, Plan
     from tokendiff.report.dataset import TurnTime
@@ -920,3 +921,22 @@ def what_if_fix(pair: PairResult, loader: Loader, be: Backend, plan: Plan) -> di
         "fixed_tokens": len(ids),
         "fixed_lcp_tokens": plan.fixed_lcp,
     }
+
+
+# ---------------------------------------------------------------- doctor
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    server: str
+    agents: int = 1
+    prompt_tokens: int = 32768
+    passive: bool = False  # read and render only: no probe completion on the server
+
+
+def doctor(opts: DoctorOptions) -> DoctorReport:
+    """Pre-flight check of a live server for an agent workload (exit_code: 0 all clear, 1 problems)."""
+    from tokendiff.doctor import Workload, doctor
+
+    workload = Workload(agents=opts.agents, prompt_tokens=opts.prompt_tokens, probe_cache=not opts.passive)
+    return doctor(opts.server, workload)
