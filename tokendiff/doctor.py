@@ -430,7 +430,8 @@ def _tokens(n: float) -> str:
 def check_caching(ev: Evidence, w: Workload) -> Check:
     """Prompt caching on: the flag, the default generation settings, and an identical prompt sent twice."""
     settings = ev.props.get("default_generation_settings") or {}
-    params = settings.get("params") if isinstance(settings.get("params"), dict) else {}
+    params = settings.get("params")
+    params = params if isinstance(params, dict) else {}
     evidence = []
     if ev.flags and ev.flags.cache_prompt is False:
         evidence.append(f"--no-cache-prompt in {ev.flags.source}")
@@ -629,7 +630,8 @@ def check_template_date(ev: Evidence, w: Workload) -> Check:
         )
     tmpl = str(ev.props.get("chat_template") or "")
     fix = (
-        '--chat-template-kwargs \'{"date_string": "26 Jul 2024"}\' (the template reads date_string)'
+        f'--chat-template-kwargs \'{{"date_string": "{ev.today:%d %b %Y}"}}\' (the template reads date_string; '
+        "the date then changes only when you restart the server)"
         if "date_string" in tmpl
         else "--chat-template-file with a template that does not call strftime_now"
     )
@@ -712,7 +714,9 @@ def check_llama_metrics(ev: Evidence, w: Workload) -> Check:
     if cached is None or processed is None:
         return Check("metrics", INFO, "/metrics answers, without cached-token totals", "")
     total = cached + processed
-    share = f" ({100 * cached / total:.1f} %)" if total else ""
+    if not total:
+        return Check("metrics", INFO, "no prompt processed yet", "llamacpp:prompt_tokens_total = 0")
+    share = f" ({100 * cached / total:.1f} %)"
     return Check(
         "metrics",
         INFO,
@@ -887,7 +891,9 @@ def diagnose(ev: Evidence, w: Workload) -> DoctorReport:
     else:
         by_kind = {srv.VLLM: check_vllm, srv.SGLANG: check_sglang, srv.OLLAMA: check_ollama}
         checks = by_kind.get(ev.kind, check_generic)(ev, w)
-    info = srv.ServerInfo(ev.url, ev.kind, props=ev.props or None, models=ev.json("/v1/models"))
+    tags = ev.json("/api/tags") if ev.kind == srv.OLLAMA else None
+    names = tuple(str(m["name"]) for m in tags["models"] if isinstance(m, dict) and m.get("name")) if tags else ()
+    info = srv.ServerInfo(ev.url, ev.kind, props=ev.props or None, models=ev.json("/v1/models"), ollama_models=names)
     return DoctorReport(ev.url, ev.kind, info.model, w, tuple(checks))
 
 

@@ -1,0 +1,264 @@
+"""`tokendiff doctor` against real llama-servers started with good and with bad flags, and its
+checks on the other backends' documented answers (vLLM, SGLang and Ollama need a GPU or a
+download this machine does not have)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import TEMPLATES
+
+from tokendiff import doctor as dr
+from tokendiff import server as srv
+from tokendiff.cli import main
+from tokendiff.errors import InputError
+from tokendiff.testing.llama_server import LlamaServer, free_port
+
+# a ChatML template that renders every assistant turn's reasoning: nothing for doctor to object to
+KEEPS_REASONING = """{%- for m in messages -%}
+<|im_start|>{{ m.role }}
+{% if m.reasoning_content %}<think>
+{{ m.reasoning_content }}
+</think>
+{% endif %}{{ m.content }}<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif -%}"""
+
+
+def run_doctor(capsys, *args: str) -> tuple[int, dict]:
+    code = main(["doctor", *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def by_kind(doc: dict) -> dict[str, dict]:
+    return {c["kind"]: c for c in doc["checks"]}
+
+
+@pytest.fixture(scope="module")
+def good_server(tmp_path_factory, llama_server_bin, tiny_model):
+    tmpl = tmp_path_factory.mktemp("doctor") / "keeps.jinja"
+    tmpl.write_text(KEEPS_REASONING)
+    flags = ["-np", "2", "--cache-ram", "-1", "--metrics", "--chat-template-file", str(tmpl)]
+    with LlamaServer(tiny_model, ctx=16384, extra=flags) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def bad_server(llama_server_bin, tiny_model):
+    """One slot of 4,096 tokens, caching off, no RAM cache, and Llama 3.2's template (it stamps the date)."""
+    tmpl = TEMPLATES / "meta-llama-Llama-3.2-3B-Instruct.jinja"
+    flags = ["--no-cache-prompt", "--chat-template-file", str(tmpl)]
+    with LlamaServer(tiny_model, ctx=4096, extra=flags) as s:
+        yield s
+
+
+def test_good_server_is_all_clear(good_server, capsys):
+    code, doc = run_doctor(capsys, "--server", good_server.url, "--agents", "2", "--prompt-tokens", "8192")
+    checks = by_kind(doc)
+    assert code == 0, [c for c in doc["checks"] if c["status"] == "problem"]
+    assert doc["server"]["kind"] == "llama-server"
+    for kind in ("caching", "slots", "context", "swa", "cache_ram", "template_date", "template_reasoning"):
+        assert checks[kind]["status"] == "ok", checks[kind]
+    assert "reused" in checks["caching"]["evidence"]  # the probe ran and the server reused it
+    assert checks["metrics"] == {**checks["metrics"], "status": "info", "summary": "no prompt processed yet"}
+    _, again = run_doctor(capsys, "--server", good_server.url, "--agents", "2", "--prompt-tokens", "8192")
+    # the first run's probe, seen by /metrics: 42 tokens, then 41 of the same 42 from the cache
+    assert by_kind(again)["metrics"]["summary"] == "so far 41 of 84 prompt tokens came from the cache (48.8 %)"
+
+
+def test_bad_server_names_each_problem_and_its_flag(bad_server, capsys):
+    code, doc = run_doctor(capsys, "--server", bad_server.url, "--agents", "3")
+    checks = by_kind(doc)
+    assert code == 1
+    problems = {k for k, c in checks.items() if c["status"] == "problem"}
+    assert problems == {"caching", "slots", "context", "cache_ram", "template_date"}
+    assert "--no-cache-prompt" in checks["caching"]["evidence"]
+    assert "reused 0" in checks["caching"]["evidence"]  # the server's own answer agrees with its flags
+    assert checks["slots"]["fix"].startswith("-np 3 with -c 98304")
+    assert checks["context"]["fix"] == "-c 32768"
+    assert "--cache-ram 0" in checks["cache_ram"]["evidence"] and checks["cache_ram"]["fix"].startswith("--cache-ram ")
+    assert dt.date.today().strftime("%d %b %Y") in checks["template_date"]["evidence"] or (
+        "Today Date" in checks["template_date"]["evidence"]
+    )
+    assert "date_string" in checks["template_date"]["fix"]
+    assert checks["metrics"]["status"] == "not checked" and checks["metrics"]["fix"] == "--metrics"
+
+
+def test_text_output_gives_evidence_and_fix(bad_server, capsys):
+    code = main(["doctor", "--server", bad_server.url, "--prompt-tokens", "2048"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "PROBLEM      caching" in out and "fix: drop --no-cache-prompt" in out
+    assert out.rstrip().endswith("problem(s) found")
+
+
+def test_qwen3_template_strips_reasoning(llama_server_bin, tiny_model, capsys):
+    """The model's own Qwen3 template drops earlier turns' reasoning at a new user message."""
+    with LlamaServer(tiny_model, ctx=4096) as s:
+        code, doc = run_doctor(capsys, "--server", s.url, "--prompt-tokens", "1024", "--passive")
+        slots = httpx.get(f"{s.url}/slots").json()
+    reasoning = by_kind(doc)["template_reasoning"]
+    assert code == 1 and reasoning["status"] == "problem"
+    assert "strips earlier turns' reasoning" in reasoning["summary"]
+    assert not any(s.get("n_prompt_tokens") for s in slots)  # --passive sent no completion
+    assert "--passive" in by_kind(doc)["caching"]["evidence"]
+
+
+def test_unreachable_server_is_trouble():
+    url = f"http://127.0.0.1:{free_port()}"
+    r = subprocess.run([sys.executable, "-m", "tokendiff", "doctor", "--server", url], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and url in r.stderr and "cannot reach" in r.stderr
+
+
+class QuietFiles(http.server.SimpleHTTPRequestHandler):
+    """A real web server that is not an inference server (a static file server, silent on stderr)."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_not_an_inference_server_is_trouble(tmp_path, capsys):
+    handler = lambda *a: QuietFiles(*a, directory=str(tmp_path))  # noqa: E731
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        assert main(["doctor", "--server", url]) == 2
+    finally:
+        httpd.shutdown()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and url in err and "not an inference server" in err
+
+
+# ---------------------------------------------------------------- pieces
+
+
+def test_launch_flags_command_line_wins_over_environment():
+    argv = ["-m", "m.gguf", "--cache-ram=512", "-np", "4", "--swa-full", "--ctx-checkpoints", "2", "-np", "6"]
+    env = {"LLAMA_ARG_CACHE_RAM": "64", "LLAMA_ARG_CTX_SIZE": "65536", "LLAMA_ARG_CACHE_PROMPT": "false"}
+    f = dr.parse_launch_flags(argv, env, "test")
+    assert (f.cache_ram_mib, f.parallel, f.ctx_size, f.ctx_checkpoints) == (512, 6, 65536, 2)
+    assert f.swa_full is True and f.cache_prompt is False and f.model == "m.gguf"
+
+
+def test_launch_flags_of_a_real_server(bad_server):
+    f = dr.local_launch_flags(bad_server.url)
+    assert f is not None and f.cache_prompt is False and f.cache_ram_mib == 0 and f.ctx_size == 4096
+
+
+def test_layout_of_the_tiny_model(tiny_model):
+    lay = dr.read_model_layout(str(tiny_model), None)
+    assert lay is not None and lay.kind == "dense"
+    assert lay.kv_bytes_per_token == lay.n_layer * 2 * (16 * 2 + 16 * 2)  # 2 KV heads of 16 dims, f16 K and V
+
+
+def _evidence(kind: str, layout: dr.ModelLayout | None = None, flags: dr.LaunchFlags | None = None, **answers):
+    got = {path: srv.Answer(200, body if isinstance(body, bytes) else json.dumps(body).encode())
+           for path, body in answers.items()}  # fmt: skip
+    return dr.Evidence(url="http://127.0.0.1:1", kind=kind, answers=got, layout=layout, flags=flags)
+
+
+GEMMA2 = {
+    "general.architecture": "gemma2",
+    "gemma2.block_count": 26,
+    "gemma2.attention.head_count": 8,
+    "gemma2.attention.head_count_kv": 4,
+    "gemma2.attention.key_length": 256,
+    "gemma2.attention.value_length": 256,
+    "gemma2.attention.sliding_window": 4096,
+    "gemma2.embedding_length": 2304,
+}
+
+
+def test_swa_model_without_swa_full_is_a_problem():
+    lay = dr.model_layout(GEMMA2)
+    assert lay.kind == "swa" and lay.sliding_window == 4096 and lay.kv_bytes_per_token == 26 * 4 * 256 * 4
+    props = {"default_generation_settings": {"n_ctx": 65536}, "total_slots": 1}
+    w = dr.Workload()
+    ev = _evidence(srv.LLAMA, lay, dr.LaunchFlags(source="test"), **{"/props": props})
+    check = dr.check_swa(ev, w)
+    assert check.status == dr.PROBLEM and "--swa-full" in check.fix
+    ev.flags = dr.LaunchFlags(source="test", swa_full=True)
+    assert dr.check_swa(ev, w).status == dr.OK
+    ev.flags = None
+    assert dr.check_swa(ev, w).status == dr.UNCHECKED
+
+
+def test_hybrid_model_needs_checkpoints():
+    meta = {
+        "general.architecture": "jamba",
+        "jamba.block_count": 4,
+        "jamba.attention.head_count": 8,
+        "jamba.attention.head_count_kv": [0, 8, 0, 0],  # one attention layer, three Mamba layers
+        "jamba.embedding_length": 512,
+        "jamba.ssm.conv_kernel": 4,
+    }
+    lay = dr.model_layout(meta)
+    assert lay.kind == "hybrid" and lay.kv_bytes_per_token == 8 * 64 * 4
+    ev = _evidence(srv.LLAMA, lay, dr.LaunchFlags(source="test", ctx_checkpoints=1))
+    check = dr.check_swa(ev, dr.Workload(prompt_tokens=32768))
+    assert check.status == dr.PROBLEM and check.fix.startswith("--ctx-checkpoints 5")
+    ev.flags = dr.LaunchFlags(source="test")
+    assert dr.check_swa(ev, dr.Workload()).status == dr.OK  # llama-server's default of 32
+
+
+def test_find_date_in_a_render():
+    today = dt.date(2026, 12, 1)
+    assert dr.find_date("<|system|>\nToday Date: 01 Dec 2026\n\nHi", today) == "Today Date: 01 Dec 2026"
+    assert dr.find_date("Current date: 2026-11-30\n", today) == "Current date: 2026-11-30"
+    assert dr.find_date("no date at all, 2024-07-26", today) is None
+
+
+VLLM_METRICS = (
+    b"# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+    b"# TYPE vllm:cache_config_info gauge\n"
+    b'vllm:cache_config_info{block_size="16",enable_prefix_caching="False",gpu_memory_utilization="0.9",'
+    b'num_cpu_blocks="0",num_gpu_blocks="2048"} 1.0\n'
+)
+
+
+def test_vllm_prefix_caching_off_and_small_pool():
+    models = {"object": "list", "data": [{"id": "m", "owned_by": "vllm", "max_model_len": 16384}]}
+    answers = {"/metrics": VLLM_METRICS, "/v1/models": models}
+    assert dr.server_kind({p: srv.Answer(200, b) for p, b in [("/metrics", VLLM_METRICS)]}, "u") == srv.VLLM
+    report = dr.diagnose(_evidence(srv.VLLM, **answers), dr.Workload(agents=2))
+    checks = {c.kind: c for c in report.checks}
+    assert checks["caching"].status == dr.PROBLEM and checks["caching"].fix == "--enable-prefix-caching"
+    assert checks["cache_capacity"].status == dr.PROBLEM and "32,768" in checks["cache_capacity"].evidence
+    assert checks["context"].status == dr.PROBLEM and checks["context"].fix == "--max-model-len"
+    assert checks["cached_tokens"].status == dr.UNCHECKED and report.exit_code == 1
+
+
+def test_sglang_and_ollama_say_what_they_could_not_check():
+    info = {"disable_radix_cache": False, "context_length": 131072, "max_total_num_tokens": 500000}
+    report = dr.diagnose(_evidence(srv.SGLANG, **{"/get_server_info": info}), dr.Workload(agents=4))
+    assert report.exit_code == 0
+    assert {c.kind: c.status for c in report.checks}["template"] == dr.UNCHECKED
+    ps = {"models": [{"name": "qwen3:8b", "context_length": 4096}]}
+    report = dr.diagnose(_evidence(srv.OLLAMA, **{"/api/tags": {"models": [{"name": "qwen3:8b"}]}, "/api/ps": ps}),
+                         dr.Workload())  # fmt: skip
+    checks = {c.kind: c for c in report.checks}
+    assert checks["context"].status == dr.PROBLEM and "OLLAMA_CONTEXT_LENGTH" in checks["context"].fix
+    assert checks["slots"].status == dr.UNCHECKED and report.model == "qwen3:8b"
+
+
+def test_no_answers_is_not_a_server():
+    with pytest.raises(InputError, match="not an inference server"):
+        dr.server_kind({"/props": srv.Answer(404, b"nope")}, "http://x")
+
+
+def test_doctor_module_is_not_imported_by_diff():
+    """`tokendiff diff` must stay fast: doctor (and httpx) load only for `tokendiff doctor`."""
+    code = "import sys, tokendiff.cli; print('tokendiff.doctor' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert out.stdout.strip() == "False"
