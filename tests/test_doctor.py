@@ -212,6 +212,21 @@ def test_hybrid_model_needs_checkpoints():
     assert dr.check_swa(ev, dr.Workload()).status == dr.OK  # llama-server's default of 32
 
 
+def test_cache_ram_against_the_working_set():
+    props = {"total_slots": 1}
+    lay = dr.model_layout(GEMMA2)  # 106,496 B/token: 2 agents x 32,768 tokens = 6,656 MiB
+    w = dr.Workload(agents=2)
+    small = _evidence(srv.LLAMA, lay, dr.LaunchFlags(source="t", cache_ram_mib=4096), **{"/props": props})
+    check = dr.check_cache_ram(small, w)
+    assert check.status == dr.PROBLEM and "6,656 MiB" in check.evidence and check.fix.startswith("--cache-ram 7322 ")
+    assert dr.check_cache_ram(_evidence(srv.LLAMA, lay, dr.LaunchFlags(source="t"), **{"/props": props}), w).status == (
+        dr.OK
+    )  # llama-server's default of 8,192 MiB
+    remote = _evidence(srv.LLAMA, None, None, **{"/props": props})
+    assert dr.check_cache_ram(remote, w).status == dr.UNCHECKED
+    assert dr.check_cache_ram(remote, dr.Workload(agents=1)).status == dr.OK  # one agent keeps its slot
+
+
 def test_find_date_in_a_render():
     today = dt.date(2026, 12, 1)
     assert dr.find_date("<|system|>\nToday Date: 01 Dec 2026\n\nHi", today) == "Today Date: 01 Dec 2026"

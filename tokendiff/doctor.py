@@ -579,31 +579,55 @@ def check_cache_ram(ev: Evidence, w: Workload) -> Check:
     """With more agents than slots, the prompts of the agents not on a slot live in the RAM prompt cache."""
     need = working_set_bytes(ev, w)
     slots = int(ev.props.get("total_slots") or 1)
-    if need is None:
-        return Check("cache_ram", UNCHECKED, "working set unknown", "the model file is not readable here")
-    bpt = ev.layout.kv_bytes_per_token if ev.layout else 0
-    sizes = f"{w.agents} agent(s) x {_tokens(w.prompt_tokens)} tokens x {_tokens(bpt or 0)} B/token = {_mib(need)}"
+    bpt = ev.layout.kv_bytes_per_token if ev.layout else None
+    sizes = (
+        ""
+        if need is None
+        else (f"{w.agents} agent(s) x {_tokens(w.prompt_tokens)} tokens x {_tokens(bpt or 0)} B/token = {_mib(need)}")
+    )
     if w.agents <= slots:
-        return Check("cache_ram", OK, "every agent's prompt stays in its slot; the RAM cache is not needed", sizes)
-    if ev.flags is None:
+        return Check(
+            "cache_ram",
+            OK,
+            "every agent's prompt stays in its slot; the RAM cache is not needed",
+            f"{slots} slot(s) for {w.agents} agent(s)" + (f"; {sizes}" if sizes else ""),
+        )
+    ram = None
+    if ev.flags is not None:
+        ram = LLAMA_DEFAULT_CACHE_RAM_MIB if ev.flags.cache_ram_mib is None else ev.flags.cache_ram_mib
+    fix = (f"--cache-ram {_mib_flag(need)}" if need else "a --cache-ram that holds every agent's prompt") + (
+        f" (or -np {w.agents} so every agent keeps a slot)"
+    )
+    if ram is None or ev.flags is None:
+        why = "the server does not report --cache-ram and its command line is not readable here"
+        return Check("cache_ram", UNCHECKED, "--cache-ram unknown", "; ".join(filter(None, [sizes, why])), fix)
+    evidence = "; ".join(filter(None, [sizes, f"--cache-ram {ram} ({ev.flags.source})"]))
+    if ram == 0:
+        return Check(
+            "cache_ram",
+            PROBLEM,
+            "--cache-ram 0 disables the RAM prompt cache: an agent that loses its slot loses its prompt",
+            evidence,
+            fix,
+        )
+    if ram < 0:
+        return Check("cache_ram", OK, "the RAM prompt cache is unlimited", evidence)
+    if need is None:
         return Check(
             "cache_ram",
             UNCHECKED,
-            "--cache-ram unknown",
-            f"{sizes}; the server does not report --cache-ram and its command line is not readable here",
-            f"--cache-ram {_mib_flag(need)}",
+            f"--cache-ram {ram} MiB against an unknown working set",
+            f"{evidence}; the model file is not readable here",
+            fix,
         )
-    ram = LLAMA_DEFAULT_CACHE_RAM_MIB if ev.flags.cache_ram_mib is None else ev.flags.cache_ram_mib
-    evidence = f"{sizes}; --cache-ram {ram} ({ev.flags.source})"
-    if ram < 0 or ram * MIB >= need:
+    if ram * MIB >= need:
         return Check("cache_ram", OK, "the RAM prompt cache holds every agent's prompt", evidence)
-    what = "disabled" if ram == 0 else f"{ram} MiB, smaller than the working set"
     return Check(
         "cache_ram",
         PROBLEM,
-        f"--cache-ram {what}: agents off a slot lose their prompt",
+        f"--cache-ram {ram} MiB is smaller than the agents' prompts: an agent that loses its slot loses its prompt",
         evidence,
-        f"--cache-ram {_mib_flag(need)} (or -np {w.agents} so every agent keeps a slot)",
+        fix,
     )
 
 
