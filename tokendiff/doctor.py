@@ -554,7 +554,7 @@ def check_swa(ev: Evidence, w: Workload) -> Check:
             "SWA without --swa-full: a divergence rewinds to the last checkpoint before "
             "it, or reprocesses the whole prompt",
             evidence,
-            f"--swa-full (full-size KV for the SWA layers), or --ctx-checkpoints {max(need, cps)}",
+            "--swa-full (full-size KV for the SWA layers)" + (f", or --ctx-checkpoints {need}" if cps < need else ""),
         )
     if cps < need:
         return Check(
