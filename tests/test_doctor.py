@@ -140,6 +140,16 @@ def test_not_an_inference_server_is_trouble(tmp_path, capsys):
     assert err.count("\n") == 1 and url in err and "not an inference server" in err
 
 
+def test_flags_only_from_a_llama_server_process(tmp_path):
+    """A proxy in front of the server listens on the port: its command line says nothing of the cache."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietFiles)
+    try:
+        assert dr.local_launch_flags(f"http://127.0.0.1:{httpd.server_address[1]}") is None  # this python process
+    finally:
+        httpd.server_close()
+    assert dr.local_launch_flags("http://192.0.2.1:8080") is None  # not on this machine
+
+
 def byte_level_tokens() -> list[str]:
     """GPT-2's byte-to-character table: a byte-level BPE vocabulary of the 256 bytes."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]

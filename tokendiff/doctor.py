@@ -181,6 +181,8 @@ def local_launch_flags(url: str) -> LaunchFlags | None:
         env_raw = Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace").split("\0")
     except OSError:
         return None
+    if "llama" not in Path(argv[0]).name:  # a proxy in front of the server: its flags say nothing
+        return None
     environ = dict(e.split("=", 1) for e in env_raw if "=" in e and e.startswith("LLAMA_ARG_"))
     return parse_launch_flags([a for a in argv[1:] if a], environ, f"the command line of pid {pid}")
 
@@ -232,8 +234,8 @@ def model_layout(meta: dict[str, Any], cache_type_k: str | None = None, cache_ty
     kv_heads = num("attention.head_count_kv")
     kv_heads = heads if kv_heads is None else kv_heads
     per_layer = _per_layer(kv_heads, n_layer)
-    width = num("embedding_length")
-    head_dim = width // max(1, int(_per_layer(heads, n_layer)[0] or 1)) if width and heads is not None else None
+    width, q_heads = num("embedding_length"), _per_layer(heads, n_layer)
+    head_dim = int(width) // max(q_heads) if width and q_heads and max(q_heads) else None
     k_len, v_len = num("attention.key_length") or head_dim, num("attention.value_length") or head_dim
     bpt = None
     if per_layer and k_len and v_len:
