@@ -271,7 +271,7 @@ class Analyser:
         t = Turn(turn=k, origin=cur.origin, n_tokens=len(cur.ids))
         t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
         t.reported_generated = _generated(cur.response)
-        t.checkpoint = checkpoint_reuse(self.slot, cur.ids, t.reported_generated or 0)
+        t.checkpoint = checkpoint_reuse(self.slot, cur.ids, t.reported_generated or 0, self._user_starts(cur))
         m = self.index.match_and_add(cur.ids, k)
         self.turns.append(t)
         if self.prev is None:
@@ -288,6 +288,15 @@ class Analyser:
         self.prev = cur
         self._collect(self.in_flight)
         return t
+
+    def _user_starts(self, cur: TurnInput) -> list[int]:
+        """Where the server's chat request had user messages (it checkpoints there). Read from the
+        decoded prompt: loaded for a model known to need checkpoints, else only if already loaded."""
+        if self.layout is ASSUMED_LAYOUT or not self.layout.needs_checkpoints:
+            p = cur.decoded
+        else:
+            p = cur.prompt()
+        return user_message_starts(p) if p is not None else []
 
     def _collect(self, keep: int) -> None:
         """Count the finished pairs in turn order, waiting while more than `keep` are in flight."""
@@ -309,6 +318,18 @@ class Analyser:
         s.examples = {k: v for k, v in self.examples.items() if k in first}
         s.work = self.work + self.index.tokens_hashed + self.index.tokens_compared
         return s
+
+
+def user_message_starts(p: Prompt) -> list[int]:
+    """First tokens of the user turns of a chat request's prompt (llama-server's message spans);
+    a raw-token prompt (slot file, /completion) has none the server knows of."""
+    if p.meta.request is None:
+        return []
+    return [
+        s.start
+        for s in p.sections
+        if len(s.path) == 1 and s.path[0].kind == "message" and s.path[0].name == "user" and s.start > 0
+    ]
 
 
 def analyse(prompts: Iterable[Prompt], max_hunks: int = 64, layout: AttentionLayout | None = None) -> Session:
@@ -520,6 +541,7 @@ __all__ = [
     "PairPool",
     "InlinePairs",
     "compare_turn",
+    "user_message_starts",
     "done_future",
     "backend_reuse",
     "turn_frame",

@@ -105,6 +105,7 @@ class Checkpoint:
     n_tokens: int
     pos_min: int
     pos_max: int
+    request: int = 0  # the request that took it
 
 
 @dataclass
@@ -115,6 +116,7 @@ class SlotState:
     tokens: Any = ()  # prompt + decoded generated tokens (-1 stands for a generated one), numpy
     checkpoints: list[Checkpoint] = field(default_factory=list)
     cells: SwaCells | None = None
+    requests: int = 0
 
     def __post_init__(self) -> None:
         lay = self.layout
@@ -283,10 +285,8 @@ def process(slot: SlotState, prompt: Sequence[int], n_generated: int = 0, user_s
             not cks or start == last_user or near_end or start > cks[-1].n_tokens + layout.checkpoint_min_step
         )
         if take:
-            while len(slot.checkpoints) >= layout.n_ctx_checkpoints:
-                slot.checkpoints.pop(0)
             held = slot.cells.pos_min() if slot.cells is not None else (start - 1 if layout.recurrent else 0)
-            slot.checkpoints.append(Checkpoint(start, held, start - 1))
+            _add_checkpoint(slot, Checkpoint(start, held, start - 1, slot.requests))
         slot.decode(start, end)
         start = end
     for p in range(n, n + n_generated - 1):
@@ -296,10 +296,27 @@ def process(slot: SlotState, prompt: Sequence[int], n_generated: int = 0, user_s
     slot.tokens = np.concatenate([np.asarray(prompt, dtype=np.int64), np.full(max(0, n_generated - 1), -1)])
 
 
+def _add_checkpoint(slot: SlotState, ck: Checkpoint) -> None:
+    """When the list is full, earlier requests' checkpoints within min-step of the one before them
+    go first, then the oldest."""
+    lay, cks = slot.layout, slot.checkpoints
+    if len(cks) + 1 >= lay.n_ctx_checkpoints:
+        kept: list[Checkpoint] = []
+        for c in cks:
+            if c.request != ck.request and kept and c.n_tokens <= kept[-1].n_tokens + lay.checkpoint_min_step:
+                continue
+            kept.append(c)
+        cks[:] = kept
+    while len(cks) >= lay.n_ctx_checkpoints:
+        cks.pop(0)
+    cks.append(ck)
+
+
 def checkpoint_reuse(
     slot: SlotState, prompt: Sequence[int], n_generated: int = 0, user_starts: Sequence[int] = ()
 ) -> Reuse:
     """One request on a slot: the reuse llama-server reports, then the slot as it leaves it."""
+    slot.requests += 1
     r = restore(slot, prompt)
     process(slot, prompt, n_generated, user_starts)
     return r
