@@ -33,7 +33,12 @@ CHECKPOINT_BACKEND = "llama.cpp-hybrid"  # stateful: the session replayed throug
 VLLM_BLOCK = 16
 # The layout assumed when the session does not say which model served it: a hybrid/recurrent model on
 # llama-server's default flags, the strictest case (a sliding-window model keeps at least this much).
-ASSUMED_LAYOUT = AttentionLayout(arch="hybrid (assumed)", recurrent=True)
+ASSUMED_LAYOUT = AttentionLayout(arch="a hybrid model", recurrent=True)
+
+
+def is_assumed(layout: AttentionLayout) -> bool:
+    """True when the layout is the stand-in for a model the session does not name."""
+    return layout.arch == ASSUMED_LAYOUT.arch
 
 
 def backend_reuse(backend: str, lcp: int, n_b: int, cached_len: int, block: int = VLLM_BLOCK, page: int = 1) -> int:
@@ -292,7 +297,7 @@ class Analyser:
     def _user_starts(self, cur: TurnInput) -> list[int]:
         """Where the server's chat request had user messages (it checkpoints there). Read from the
         decoded prompt: loaded for a model known to need checkpoints, else only if already loaded."""
-        if self.layout is ASSUMED_LAYOUT or not self.layout.needs_checkpoints:
+        if is_assumed(self.layout) or not self.layout.needs_checkpoints:
             p = cur.decoded
         else:
             p = cur.prompt()
@@ -311,7 +316,7 @@ class Analyser:
         self._collect(0)
         s = _session(self.turns, self.spans)
         s.layout = self.layout
-        if self.layout is not ASSUMED_LAYOUT and self.layout.needs_checkpoints:
+        if not is_assumed(self.layout) and self.layout.needs_checkpoints:
             for t in s.turns:
                 _checkpoint_note(t, self.layout)
         first = {sp.example[0] for sp in s.spans if sp.example}
@@ -552,4 +557,5 @@ __all__ = [
     "BACKENDS",
     "CHECKPOINT_BACKEND",
     "ASSUMED_LAYOUT",
+    "is_assumed",
 ]

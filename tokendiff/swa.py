@@ -75,7 +75,7 @@ class AttentionLayout:
     def summary(self) -> str:
         if not self.needs_checkpoints:
             return f"{self.arch or 'model'}: full attention" + (" (--swa-full)" if self.swa_full else "")
-        kind = "recurrent/hybrid" if self.recurrent else f"sliding window {self.n_swa:,}"
+        kind = "recurrent/hybrid layers" if self.recurrent else f"sliding window of {self.n_swa:,} tokens"
         return (
             f"{self.arch or 'model'}: {kind}; checkpoints: {self.n_ctx_checkpoints} per slot, "
             f"n_ubatch {self.n_ubatch}, min step {self.checkpoint_min_step:,}"
@@ -96,6 +96,46 @@ class AttentionLayout:
         recurrent = any(k.startswith((f"{arch}.ssm.", f"{arch}.shortconv.", f"{arch}.wkv.")) for k in meta)
         recurrent = recurrent or arch in RECURRENT_ARCHS
         return cls(arch=arch, n_swa=num("attention.sliding_window"), recurrent=recurrent, **flags)
+
+
+_INT_FLAGS = {
+    "-ub": "n_ubatch",
+    "--ubatch-size": "n_ubatch",
+    "-b": "n_batch",
+    "--batch-size": "n_batch",
+    "-ctxcp": "n_ctx_checkpoints",
+    "--ctx-checkpoints": "n_ctx_checkpoints",
+    "--swa-checkpoints": "n_ctx_checkpoints",
+    "-cms": "checkpoint_min_step",
+    "--checkpoint-min-step": "checkpoint_min_step",
+    "-np": "n_seq",
+    "--parallel": "n_seq",
+    "-c": "n_ctx",
+    "--ctx-size": "n_ctx",
+}
+
+
+def server_flags(argv: Sequence[str]) -> dict[str, Any]:
+    """The llama-server flags that decide checkpoints, from its command line (`-ub 512 --swa-full`);
+    other flags are ignored. The context is per slot (`-c` divided by `-np`). Raises ValueError
+    on a flag without its number."""
+    out: dict[str, Any] = {}
+    it = iter(argv)
+    for arg in it:
+        name, _, inline = arg.partition("=")
+        if name == "--swa-full":
+            out["swa_full"] = True
+        elif name in _INT_FLAGS:
+            value = inline or next(it, "")
+            try:
+                out[_INT_FLAGS[name]] = int(value)
+            except ValueError:
+                raise ValueError(f"{name} needs a number, not {value!r}") from None
+    if "n_ctx" in out and out.get("n_seq", 1) > 1:
+        out["n_ctx"] //= out["n_seq"]
+    if out.get("n_ctx") == 0:
+        del out["n_ctx"]  # -c 0: the model's own context
+    return out
 
 
 @dataclass

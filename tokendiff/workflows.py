@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tokendiff.report.dataset import TurnTime
     from tokendiff.report.fleet import SessionFacts
     from tokendiff.sources import Loader
+    from tokendiff.swa import AttentionLayout
     from tokendiff.vocab import Vocab
 
 Progress = Callable[[str], None]
@@ -189,12 +190,19 @@ def load_session(loader: Loader, specs: Sequence[str], progress: Progress | None
     return _analyse(loader, inputs, len(specs), progress, PairWorkers(loader))
 
 
-def _analyse(loader: Loader, inputs, n: int | None, progress: Progress | None, pool: PairWorkers) -> LoadedSession:
+def _analyse(
+    loader: Loader,
+    inputs,
+    n: int | None,
+    progress: Progress | None,
+    pool: PairWorkers,
+    layout: AttentionLayout | None = None,
+) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
     `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end."""
     from tokendiff.cost import Analyser
 
-    an = Analyser(pool=pool)
+    an = Analyser(pool=pool, layout=layout)
     specs: list[str] = []
     prompts = TurnPrompts(loader, specs)
     try:
@@ -498,12 +506,59 @@ def open_session(
     single_turns: bool = True,
     live: bool = False,
     workers: int | None = None,
+    layout: AttentionLayout | None = None,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
-    in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one)."""
+    in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
+    `layout`: the model's attention layout for the SWA/hybrid column (`attention_layout`)."""
     loader = open_loader(opts)
     pool = PairWorkers(loader, workers)
-    return _analyse(loader, _path_inputs(loader, pool, paths, opts.order, single_turns, live), None, progress, pool)
+    inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
+    return _analyse(loader, inputs, None, progress, pool, layout)
+
+
+def attention_layout(
+    paths: Sequence[str], opts: PromptOptions, model: str | None = None, server_args: str | None = None
+) -> AttentionLayout | None:
+    """The served model's attention layout, for the SWA/hybrid column: from `model` (a GGUF file),
+    else a `--tokenizer` GGUF, else the model file the server's `/props` (props.json beside the
+    session) names, when it is readable here; with the server's flags (`server_args`, its command
+    line). None when no model is known and no flags are given (the report assumes a hybrid model)."""
+    import shlex
+
+    from tokendiff.cost import ASSUMED_LAYOUT
+    from tokendiff.gguf_meta import read_attention_layout
+    from tokendiff.swa import server_flags
+
+    try:
+        flags = server_flags(shlex.split(server_args or ""))
+    except ValueError as e:
+        raise InputError(f"--server-args: {e}") from None
+    gguf = model or (opts.tokenizer if opts.tokenizer and opts.tokenizer.endswith(".gguf") else None)
+    gguf = gguf or _props_model_path(paths)
+    if gguf:
+        return read_attention_layout(gguf, **flags)
+    return ASSUMED_LAYOUT.with_flags(**flags) if flags else None
+
+
+def _props_model_path(paths: Sequence[str]) -> str | None:
+    """The model file a saved `/props` names (props.json beside a capture or in a slot directory)."""
+    import orjson
+
+    from tokendiff import safeio
+    from tokendiff.sources import MAX_PROPS_BYTES
+
+    for p in paths:
+        base = Path(p.split("@", 1)[0])
+        props = (base if base.is_dir() else base.parent) / "props.json"
+        try:
+            doc = orjson.loads(safeio.read_limited(props, MAX_PROPS_BYTES, "props.json")) if props.is_file() else None
+        except (InputError, orjson.JSONDecodeError):
+            continue
+        mp = doc.get("model_path") if isinstance(doc, dict) else None
+        if isinstance(mp, str) and mp.endswith(".gguf") and Path(mp).is_file():
+            return mp
+    return None
 
 
 def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:

@@ -92,16 +92,27 @@ def _spans(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _layout_line(doc: dict[str, Any]) -> list[str]:
+    """What the SWA/hybrid column assumes about the model and the server."""
+    lay = doc["summary"].get("layout") or {}
+    if not lay:
+        return []
+    return [f'<p class="muted">{escape(lay["column"])}: {escape(lay["summary"])}</p>']
+
+
 def _turns(doc: dict[str, Any]) -> list[str]:
     e = escape
     out = [
-        "<h2>Turns</h2><table><tr><th>turn</th><th>tokens</th><th>reusable</th><th>reuse %</th><th>recomputed</th>"
-        "<th>new</th><th>wasted</th><th>first divergence</th><th>cause</th><th>server cached</th><th>note</th></tr>"
+        "<h2>Turns</h2>",
+        *_layout_line(doc),
+        "<table><tr><th>turn</th><th>tokens</th><th>reusable</th><th>SWA/hybrid</th><th>reuse %</th><th>recomputed</th>"
+        "<th>new</th><th>wasted</th><th>first divergence</th><th>cause</th><th>server cached</th><th>note</th></tr>",
     ]
     for t in doc["turns"]:
         rc = "" if t["reported_cached"] is None else f"{t['reported_cached']:,}"
         out.append(
             f"<tr><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td><td class=n>{t['reusable']:,}</td>"
+            f"<td class=n>{t.get('checkpoint_reusable', t['reusable']):,}</td>"
             f"<td class=n>{t['reuse_pct']:.1f}</td><td class=n>{t['recomputed']:,}</td>"
             f"<td class=n>{t['new_tokens']:,}</td><td class=n>{t['wasted']:,}</td>"
             f"<td><code>{e(t['first_divergence_section'] or '')}</code></td><td>{e(t['cause'] or '')}</td>"

@@ -69,14 +69,20 @@ def render_markdown(doc: dict[str, Any]) -> str:
     else:
         out.append("None: nothing broke the cache.")
     out += ["", "## Turns", ""]
+    lay = s.get("layout") or {}
+    if lay:
+        out.append(f"{_cell(lay['column'])}: {_cell(lay['summary'])}")
+        out.append("")
     out.append(
-        "| turn | tokens | reusable | reuse % | recomputed | new | wasted | first divergence | cause "
+        "| turn | tokens | reusable | SWA/hybrid | reuse % | recomputed | new | wasted | first divergence | cause "
         "| server cached | note |"
     )
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for t in doc["turns"]:
+        ck = t.get("checkpoint_reusable", t["reusable"])
         out.append(
-            f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} | {t['reuse_pct']:.1f} | {t['recomputed']:,} | "
+            f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} | {ck:,} | {t['reuse_pct']:.1f} | "
+            f"{t['recomputed']:,} | "
             f"{t['new_tokens']:,} | {t['wasted']:,} | `{_code(t['first_divergence_section'] or '')}` | "
             f"{_cell(t['cause'])} | {_cell(t['reported_cached'])} | {_cell(t['note'])} |"
         )

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from tokendiff.cost import Session, turn_rows
+from tokendiff.cost import Session, is_assumed, turn_rows
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
@@ -136,6 +136,8 @@ def report_document(
         "wasted_seconds": round(s.wasted_seconds, 3) if s.wasted_seconds is not None else None,
         "ms_per_token": round(s.ms_per_token, 4) if s.ms_per_token else None,
         "top_cause": spans[0] if top else None,
+        "checkpoint_reused_tokens": s.checkpoint_reused,
+        "layout": layout_json(s),
         "headline": headline(s),
         "redacted": redact,
     }
@@ -147,6 +149,28 @@ def report_document(
         "spans": spans,
         "causes": causes,
         "findings": per_turn_findings,
+    }
+
+
+def layout_json(s: Session) -> dict[str, Any]:
+    """The attention layout the SWA/hybrid column replays llama-server's checkpoints for."""
+    lay = s.layout
+    return {
+        "column": "SWA/hybrid: what llama-server reuses where it cannot cut the cache at the divergence",
+        "summary": lay.summary
+        + (
+            " (assumed: the session does not name its model; see `tokendiff report --model`)"
+            if is_assumed(lay)
+            else ""
+        ),
+        "assumed": is_assumed(lay),
+        "arch": lay.arch,
+        "n_swa": lay.n_swa,
+        "recurrent": lay.recurrent,
+        "swa_full": lay.swa_full,
+        "n_ubatch": lay.n_ubatch,
+        "n_ctx_checkpoints": lay.n_ctx_checkpoints,
+        "checkpoint_min_step": lay.checkpoint_min_step,
     }
 
 
