@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tokendiff.align import align
+from tokendiff.capacity import CapacityLadder, CapacityReport
 from tokendiff.explain import appended_finding, explain, prompt_end
 from tokendiff.model import Divergence, Finding, Hunk, Prompt, SectionPath
 from tokendiff.prefix_index import PrefixIndex
@@ -125,6 +126,7 @@ class Session:
     examples: dict[int, tuple[Prompt, Prompt]] = field(default_factory=dict)
     work: int = 0  # tokens processed (hashed, compared, diffed): linear in the session's tokens
     layout: AttentionLayout = ASSUMED_LAYOUT  # what the checkpoint column assumes
+    capacity: CapacityReport | None = None  # reuse as a function of cache capacity, when asked for
 
     @property
     def checkpoint_reused(self) -> int:
@@ -257,8 +259,10 @@ class Analyser:
         pool: PairPool | None = None,
         in_flight: int = 8,
         layout: AttentionLayout | None = None,
+        capacity: CapacityLadder | None = None,
     ):
         self.max_hunks = max_hunks
+        self.capacity = capacity
         self.layout = layout or ASSUMED_LAYOUT
         self.slot = SlotState(self.layout)
         self.pool = pool or InlinePairs()
@@ -277,6 +281,8 @@ class Analyser:
         t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
         t.reported_generated = _generated(cur.response)
         t.checkpoint = checkpoint_reuse(self.slot, cur.ids, t.reported_generated or 0, self._user_starts(cur))
+        if self.capacity is not None:
+            self.capacity.add(cur.ids)
         m = self.index.match_and_add(cur.ids, k)
         self.turns.append(t)
         if self.prev is None:
@@ -316,6 +322,9 @@ class Analyser:
         self._collect(0)
         s = _session(self.turns, self.spans)
         s.layout = self.layout
+        if self.capacity is not None:
+            counts = [t.reported_cached for t in s.turns]
+            s.capacity = self.capacity.report(sum(c for c in counts if c is not None) if None not in counts else None)
         if not is_assumed(self.layout) and self.layout.needs_checkpoints:
             for t in s.turns:
                 _checkpoint_note(t, self.layout)

@@ -174,9 +174,15 @@ def read_attention_layout(path: str, **flags: Any) -> AttentionLayout:
     llama-server can keep a prefix or must fall back to a checkpoint (tokendiff.swa)."""
     from tokendiff.swa import AttentionLayout
 
+    return AttentionLayout.from_gguf(read_model_metadata(path), **flags)
+
+
+def read_model_metadata(path: str) -> dict[str, Any]:
+    """The architecture's own keys (`<arch>.block_count`, `<arch>.attention.*` ...) and
+    `general.architecture`, without decoding the vocabulary."""
     arch = read_gguf_metadata(path, ("general.architecture",)).get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise InputError("GGUF file names no general.architecture", source=path)
     meta = read_gguf_metadata(path, (f"{arch}.",))
     meta["general.architecture"] = arch
-    return AttentionLayout.from_gguf(meta, **flags)
+    return meta

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
+    from tokendiff.capacity import CapacityLadder
     from tokendiff.cost import Session, TurnInput
     from tokendiff.model import Divergence, Finding, Prompt
     from tokendiff.replay import Backend, Plan
@@ -197,12 +198,13 @@ def _analyse(
     progress: Progress | None,
     pool: PairWorkers,
     layout: AttentionLayout | None = None,
+    capacity: CapacityLadder | None = None,
 ) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
     `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end."""
     from tokendiff.cost import Analyser
 
-    an = Analyser(pool=pool, layout=layout)
+    an = Analyser(pool=pool, layout=layout, capacity=capacity)
     specs: list[str] = []
     prompts = TurnPrompts(loader, specs)
     try:
@@ -507,14 +509,50 @@ def open_session(
     live: bool = False,
     workers: int | None = None,
     layout: AttentionLayout | None = None,
+    capacity: CapacityLadder | None = None,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
     in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
-    `layout`: the model's attention layout for the SWA/hybrid column (`attention_layout`)."""
+    `layout`: the model's attention layout for the SWA/hybrid column (`attention_layout`);
+    `capacity`: the cache sizes to replay the session through (`capacity_ladder`)."""
     loader = open_loader(opts)
     pool = PairWorkers(loader, workers)
     inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
-    return _analyse(loader, inputs, None, progress, pool, layout)
+    return _analyse(loader, inputs, None, progress, pool, layout, capacity)
+
+
+def capacity_ladder(
+    paths: Sequence[str],
+    opts: PromptOptions,
+    sizes: Sequence[str],
+    model: str | None = None,
+    bytes_per_token: int | None = None,
+    server_args: str | None = None,
+) -> CapacityLadder:
+    """The capacities `report --cache-size` asked for (`ladder`: the default ladder), in bytes when
+    the KV bytes per token are known (given, or from the model's GGUF and the cache type in
+    `server_args`), else in tokens."""
+    import shlex
+
+    from tokendiff.capacity import CapacityLadder, kv_bytes_per_token, parse_size
+    from tokendiff.gguf_meta import read_model_metadata
+
+    argv = shlex.split(server_args or "")
+    ctype = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-ctk", "--cache-type-k")), "f16")
+    gguf = _model_file(paths, opts, model)
+    if bytes_per_token is None and gguf:
+        bytes_per_token = kv_bytes_per_token(read_model_metadata(gguf), ctype)
+    try:
+        parsed = [parse_size(s) for s in sizes if s != "ladder"]
+        return CapacityLadder(parsed, bytes_per_token)
+    except ValueError as e:
+        raise InputError(f"--cache-size: {e}") from None
+
+
+def _model_file(paths: Sequence[str], opts: PromptOptions, model: str | None) -> str | None:
+    """The served model's GGUF: given, the --tokenizer GGUF, or the one the saved /props names."""
+    gguf = model or (opts.tokenizer if opts.tokenizer and opts.tokenizer.endswith(".gguf") else None)
+    return gguf or _props_model_path(paths)
 
 
 def attention_layout(
@@ -534,8 +572,7 @@ def attention_layout(
         flags = server_flags(shlex.split(server_args or ""))
     except ValueError as e:
         raise InputError(f"--server-args: {e}") from None
-    gguf = model or (opts.tokenizer if opts.tokenizer and opts.tokenizer.endswith(".gguf") else None)
-    gguf = gguf or _props_model_path(paths)
+    gguf = _model_file(paths, opts, model)
     if gguf:
         return read_attention_layout(gguf, **flags)
     return ASSUMED_LAYOUT.with_flags(**flags) if flags else None

@@ -122,6 +122,25 @@ def _turns(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _capacity(doc: dict[str, Any]) -> list[str]:
+    """Reuse per cache size (tokendiff report --cache-size)."""
+    c = doc.get("capacity")
+    if not c:
+        return []
+    e = escape
+    out = [
+        "<h2>Cache capacity</h2>",
+        f"<p>{e(c['verdict'])}</p>",
+        "<table><tr><th>cache</th><th>llama-server (slot + RAM cache)</th><th>vLLM / SGLang (blocks, LRU)</th></tr>",
+    ]
+    for p in c["points"]:
+        r = p["reuse_pct"]
+        cells = f"<td class=n>{r['llama.cpp']:.1f} %</td><td class=n>{r['vllm']:.1f} %</td>"
+        out.append(f"<tr><td>{e(p['cache'])}</td>{cells}</tr>")
+    out.append("</table>")
+    return out
+
+
 def _replays(doc: dict[str, Any]) -> list[str]:
     if not doc.get("replays"):
         return []
@@ -184,7 +203,7 @@ def render_html(doc: dict[str, Any]) -> str:
     out.append("<h2>Reuse across turns</h2>")
     out.append(_chart(doc["turns"]))
     out.append("<h2>Spans, ranked by what they cost</h2>")
-    out += _spans(doc) + _turns(doc) + _replays(doc) + _causes(doc)
+    out += _spans(doc) + _turns(doc) + _capacity(doc) + _replays(doc) + _causes(doc)
     out.append("</body></html>")
     return "\n".join(out)
 

@@ -37,6 +37,19 @@ def _replays(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def _capacity(doc: dict[str, Any]) -> list[str]:
+    """Reuse per cache size: separates "the prompts break the cache" from "the cache is too small"."""
+    c = doc.get("capacity")
+    if not c:
+        return []
+    per = f" ({c['bytes_per_token']:,} bytes of KV per token)" if c["bytes_per_token"] else ""
+    out = ["", "## Cache capacity", "", f"{c['verdict']}{per}", ""]
+    out += ["| cache | llama-server (slot + RAM cache) | vLLM / SGLang (16-token blocks, LRU) |", "|---|---|---|"]
+    for p in c["points"]:
+        out.append(f"| {p['cache']} | {p['reuse_pct']['llama.cpp']:.1f} % | {p['reuse_pct']['vllm']:.1f} % |")
+    return out
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     if doc.get("schema") == "tokendiff.fleet/1":
         return render_fleet_markdown(doc)
@@ -86,6 +99,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             f"{t['new_tokens']:,} | {t['wasted']:,} | `{_code(t['first_divergence_section'] or '')}` | "
             f"{_cell(t['cause'])} | {_cell(t['reported_cached'])} | {_cell(t['note'])} |"
         )
+    out += _capacity(doc)
     out += _replays(doc)
     out += ["", "## Causes", ""]
     for c in doc["causes"]:

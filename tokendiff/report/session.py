@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from tokendiff.capacity import CapacityReport
 from tokendiff.cost import Session, is_assumed, turn_rows
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
@@ -144,11 +145,28 @@ def report_document(
     return {
         "schema": SCHEMA,
         "summary": summary,
+        "capacity": capacity_json(s.capacity) if s.capacity is not None else None,
         "tokenizer": tokenizer,
         "turns": rows,
         "spans": spans,
         "causes": causes,
         "findings": per_turn_findings,
+    }
+
+
+def capacity_json(c: CapacityReport) -> dict[str, Any]:
+    """Reuse at each cache capacity, unlimited last, and the one-line verdict."""
+    points = [{"cache": p.label, "tokens": p.tokens, "reuse_pct": p.reuse_pct} for p in c.points]
+    parts = [f"with {p.label} of cache: {p.reuse_pct['llama.cpp']:.0f} %" for p in c.points[:-1]]
+    parts.append(f"unlimited: {c.unlimited.reuse_pct['llama.cpp']:.0f} %")
+    if c.reported_pct is not None:
+        parts.append(f"your server reported {c.reported_pct:.0f} %")
+    return {
+        "bytes_per_token": c.bytes_per_token,
+        "total_tokens": c.total_tokens,
+        "points": points,
+        "reported_pct": c.reported_pct,
+        "verdict": "llama-server: " + "; ".join(parts),
     }
 
 
@@ -159,9 +177,7 @@ def layout_json(s: Session) -> dict[str, Any]:
         "column": "SWA/hybrid: what llama-server reuses where it cannot cut the cache at the divergence",
         "summary": lay.summary
         + (
-            " (assumed: the session does not name its model; see `tokendiff report --model`)"
-            if is_assumed(lay)
-            else ""
+            " (assumed: the session does not name its model; see `tokendiff report --model`)" if is_assumed(lay) else ""
         ),
         "assumed": is_assumed(lay),
         "arch": lay.arch,
