@@ -17,12 +17,13 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from tokendiff.align import align
+from tokendiff.backend_facts import BackendFact, TurnRecord, backend_facts, turn_record
 from tokendiff.capacity import CapacityLadder, CapacityReport
 from tokendiff.explain import appended_finding, explain, prompt_end
 from tokendiff.model import Divergence, Finding, Hunk, Prompt, SectionPath
@@ -127,6 +128,7 @@ class Session:
     work: int = 0  # tokens processed (hashed, compared, diffed): linear in the session's tokens
     layout: AttentionLayout = ASSUMED_LAYOUT  # what the checkpoint column assumes
     capacity: CapacityReport | None = None  # reuse as a function of cache capacity, when asked for
+    facts: list[BackendFact] = field(default_factory=list)  # what the backend did (reloads, truncation ...)
 
     @property
     def checkpoint_reused(self) -> int:
@@ -203,13 +205,23 @@ class TurnInput:
     response: dict[str, Any] | None = None
     _prompt: Prompt | None = None
     job: Any = None
+    request: dict[str, Any] | None = None  # the recorded request, when the turn is a record
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
 
     @classmethod
     def of(cls, p: Prompt, job: Any = None) -> TurnInput:
-        return cls(ids=np.asarray(p.ids), origin=p.origin, load=lambda: p, response=p.meta.response, _prompt=p, job=job)
+        meta = p.meta
+        return cls(
+            ids=np.asarray(p.ids),
+            origin=p.origin,
+            load=lambda: p,
+            response=meta.response,
+            _prompt=p,
+            job=job,
+            request=meta.request,
+        )
 
     @property
     def decoded(self) -> Prompt | None:
@@ -260,9 +272,12 @@ class Analyser:
         in_flight: int = 8,
         layout: AttentionLayout | None = None,
         capacity: CapacityLadder | None = None,
+        props: dict[str, Any] | None = None,
     ):
         self.max_hunks = max_hunks
         self.capacity = capacity
+        self.props = props  # the server's /props, for the backend facts
+        self.records: list[TurnRecord] = []
         self.layout = layout or ASSUMED_LAYOUT
         self.slot = SlotState(self.layout)
         self.pool = pool or InlinePairs()
@@ -283,6 +298,8 @@ class Analyser:
         t.checkpoint = checkpoint_reuse(self.slot, cur.ids, t.reported_generated or 0, self._user_starts(cur))
         if self.capacity is not None:
             self.capacity.add(cur.ids)
+        if cur.response is not None or cur.request is not None:
+            self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response))
         m = self.index.match_and_add(cur.ids, k)
         self.turns.append(t)
         if self.prev is None:
@@ -322,6 +339,8 @@ class Analyser:
         self._collect(0)
         s = _session(self.turns, self.spans)
         s.layout = self.layout
+        lcps = {t.turn: t.lcp for t in s.turns}
+        s.facts = backend_facts([replace(r, lcp=lcps.get(r.turn, 0)) for r in self.records], self.props)
         if self.capacity is not None:
             counts = [t.reported_cached for t in s.turns]
             s.capacity = self.capacity.report(sum(c for c in counts if c is not None) if None not in counts else None)

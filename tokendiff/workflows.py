@@ -199,12 +199,13 @@ def _analyse(
     pool: PairWorkers,
     layout: AttentionLayout | None = None,
     capacity: CapacityLadder | None = None,
+    props: dict[str, Any] | None = None,
 ) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
     `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end."""
     from tokendiff.cost import Analyser
 
-    an = Analyser(pool=pool, layout=layout, capacity=capacity)
+    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props)
     specs: list[str] = []
     prompts = TurnPrompts(loader, specs)
     try:
@@ -249,7 +250,10 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int, re
     if arr is None or arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= loader.vocab.n_vocab)):
         return TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
     resp = resp if isinstance(resp, dict) else None
-    return TurnInput(ids=arr.astype(np.int32), origin=label, load=lambda: job.load(loader), response=resp, job=job)
+    req = rec.get("request") if isinstance(rec.get("request"), dict) else None
+    return TurnInput(
+        ids=arr.astype(np.int32), origin=label, load=lambda: job.load(loader), response=resp, job=job, request=req
+    )
 
 
 # ---------------------------------------------------------------- divergent pairs in worker processes
@@ -510,15 +514,18 @@ def open_session(
     workers: int | None = None,
     layout: AttentionLayout | None = None,
     capacity: CapacityLadder | None = None,
+    props: dict[str, Any] | None = None,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
     in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
     `layout`: the model's attention layout for the SWA/hybrid column (`attention_layout`);
-    `capacity`: the cache sizes to replay the session through (`capacity_ladder`)."""
+    `capacity`: the cache sizes to replay the session through (`capacity_ladder`); `props`: the
+    server's /props for the backend facts (default: the props.json saved beside the session)."""
     loader = open_loader(opts)
     pool = PairWorkers(loader, workers)
     inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
-    return _analyse(loader, inputs, None, progress, pool, layout, capacity)
+    props = props if props is not None else saved_props(paths)
+    return _analyse(loader, inputs, None, progress, pool, layout, capacity, props)
 
 
 def capacity_ladder(
@@ -578,8 +585,9 @@ def attention_layout(
     return ASSUMED_LAYOUT.with_flags(**flags) if flags else None
 
 
-def _props_model_path(paths: Sequence[str]) -> str | None:
-    """The model file a saved `/props` names (props.json beside a capture or in a slot directory)."""
+def saved_props(paths: Sequence[str]) -> dict[str, Any] | None:
+    """The server's `/props` the proxy or `pull` saved (props.json beside a capture or in a slot
+    directory); None when there is none or it is not a JSON object."""
     import orjson
 
     from tokendiff import safeio
@@ -592,10 +600,15 @@ def _props_model_path(paths: Sequence[str]) -> str | None:
             doc = orjson.loads(safeio.read_limited(props, MAX_PROPS_BYTES, "props.json")) if props.is_file() else None
         except (InputError, orjson.JSONDecodeError):
             continue
-        mp = doc.get("model_path") if isinstance(doc, dict) else None
-        if isinstance(mp, str) and mp.endswith(".gguf") and Path(mp).is_file():
-            return mp
+        if isinstance(doc, dict):
+            return doc
     return None
+
+
+def _props_model_path(paths: Sequence[str]) -> str | None:
+    """The model file a saved `/props` names, when it is readable here."""
+    mp = (saved_props(paths) or {}).get("model_path")
+    return mp if isinstance(mp, str) and mp.endswith(".gguf") and Path(mp).is_file() else None
 
 
 def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:

@@ -122,6 +122,20 @@ def _turns(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _facts(doc: dict[str, Any]) -> list[str]:
+    """What the backend did (backend_facts.py), one item per fact."""
+    facts = doc.get("backend_facts") or []
+    if not facts:
+        return []
+    e = escape
+    items = [
+        f"<li>turn {f['turn']}: <b>{e(f['title'])}</b> ({e(f['evidence'])}). Fix: {e(f['fix'])} "
+        f"<code>{e(f['kind'])}</code></li>"
+        for f in facts
+    ]
+    return ["<h2>What the backend did</h2><ul>", *items, "</ul>"]
+
+
 def _capacity(doc: dict[str, Any]) -> list[str]:
     """Reuse per cache size (tokendiff report --cache-size)."""
     c = doc.get("capacity")
@@ -203,7 +217,7 @@ def render_html(doc: dict[str, Any]) -> str:
     out.append("<h2>Reuse across turns</h2>")
     out.append(_chart(doc["turns"]))
     out.append("<h2>Spans, ranked by what they cost</h2>")
-    out += _spans(doc) + _turns(doc) + _capacity(doc) + _replays(doc) + _causes(doc)
+    out += _spans(doc) + _turns(doc) + _capacity(doc) + _facts(doc) + _replays(doc) + _causes(doc)
     out.append("</body></html>")
     return "\n".join(out)
 

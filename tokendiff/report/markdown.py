@@ -50,6 +50,17 @@ def _capacity(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _facts(doc: dict[str, Any]) -> list[str]:
+    """What the backend did, from the records: reloads, silent truncation, block rounding."""
+    facts = doc.get("backend_facts") or []
+    if not facts:
+        return []
+    out = ["", "## What the backend did", ""]
+    for f in facts:
+        out.append(f"- turn {f['turn']}: **{f['title']}** ({f['evidence']}). Fix: {f['fix']} (`{f['kind']}`)")
+    return out
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     if doc.get("schema") == "tokendiff.fleet/1":
         return render_fleet_markdown(doc)
@@ -100,6 +111,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             f"{_cell(t['cause'])} | {_cell(t['reported_cached'])} | {_cell(t['note'])} |"
         )
     out += _capacity(doc)
+    out += _facts(doc)
     out += _replays(doc)
     out += ["", "## Causes", ""]
     for c in doc["causes"]:

@@ -146,6 +146,9 @@ def report_document(
         "schema": SCHEMA,
         "summary": summary,
         "capacity": capacity_json(s.capacity) if s.capacity is not None else None,
+        "backend_facts": [
+            {"turn": f.turn, "kind": f.kind, "title": f.title, "evidence": f.evidence, "fix": f.fix} for f in s.facts
+        ],
         "tokenizer": tokenizer,
         "turns": rows,
         "spans": spans,
