@@ -40,8 +40,9 @@ class BackendFact:
 
 def turn_record(turn: int, n_prompt: int, lcp: int, request: Any, response: Any) -> TurnRecord:
     """A TurnRecord from a recorded request and response (the user's JSON: anything may be missing)."""
-    req = request if isinstance(request, Mapping) else {}
-    opts = req.get("options") if isinstance(req.get("options"), Mapping) else {}
+    req: Mapping[str, Any] = request if isinstance(request, Mapping) else {}
+    options = req.get("options")
+    opts: Mapping[str, Any] = options if isinstance(options, Mapping) else {}
     num_ctx = opts.get("num_ctx", req.get("num_ctx"))
     reuse = req.get("n_cache_reuse")
     return TurnRecord(

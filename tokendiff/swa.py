@@ -254,7 +254,7 @@ class SwaCells:
             self.head = int(idxs[-1]) + 1
 
 
-def restore(slot: SlotState, prompt: Sequence[int], lcp: int | None = None) -> Reuse:
+def restore(slot: SlotState, prompt: Any, lcp: int | None = None) -> Reuse:
     """The start of a request: how many tokens the server keeps (`timings.cache_n`). Updates the
     slot's checkpoints (those past the divergence are erased) and cuts its tokens there."""
     layout, n = slot.layout, len(prompt)
@@ -291,7 +291,7 @@ def restore(slot: SlotState, prompt: Sequence[int], lcp: int | None = None) -> R
     return Reuse(reused=n_past, lcp=lcp_, reason=reason, checkpoint=used)
 
 
-def _batch_end(start: int, n: int, layout: AttentionLayout, user_starts: Sequence[int], slot: SlotState) -> int:
+def _batch_end(start: int, n: int, layout: AttentionLayout, user_starts: Any, slot: SlotState) -> int:
     """Where the batch beginning at `start` stops: n_batch tokens, a user-message start, or the
     `4 + n_ubatch` / `4` tokens before the prompt's end that leave room for checkpoints."""
     offsets = [n - min(layout.n_batch, off) for off in (4 + layout.n_ubatch, 4)]
@@ -308,7 +308,7 @@ def _batch_end(start: int, n: int, layout: AttentionLayout, user_starts: Sequenc
     return pos
 
 
-def process(slot: SlotState, prompt: Sequence[int], n_generated: int = 0, user_starts: Sequence[int] = ()) -> None:
+def process(slot: SlotState, prompt: Any, n_generated: int = 0, user_starts: Sequence[int] = ()) -> None:
     """The rest of a request: the prompt from the slot's tokens on, in batches, with the
     checkpoints the server takes; then `n_generated` tokens (all but the last are decoded)."""
     layout, n = slot.layout, len(prompt)
@@ -352,9 +352,7 @@ def _add_checkpoint(slot: SlotState, ck: Checkpoint) -> None:
     cks.append(ck)
 
 
-def checkpoint_reuse(
-    slot: SlotState, prompt: Sequence[int], n_generated: int = 0, user_starts: Sequence[int] = ()
-) -> Reuse:
+def checkpoint_reuse(slot: SlotState, prompt: Any, n_generated: int = 0, user_starts: Sequence[int] = ()) -> Reuse:
     """One request on a slot: the reuse llama-server reports, then the slot as it leaves it."""
     slot.requests += 1
     r = restore(slot, prompt)
@@ -362,9 +360,7 @@ def checkpoint_reuse(
     return r
 
 
-def simulate(
-    prompts: Sequence[Sequence[int]], layout: AttentionLayout, generated: Sequence[int] | None = None
-) -> list[Reuse]:
+def simulate(prompts: Sequence[Any], layout: AttentionLayout, generated: Sequence[int] | None = None) -> list[Reuse]:
     """Every request of a session sent in order to one slot."""
     slot = SlotState(layout)
     gen = list(generated or [])
