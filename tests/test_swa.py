@@ -13,7 +13,7 @@ from conftest import prompt_from_ids
 
 from tokendiff.cost import analyse
 from tokendiff.gguf_meta import read_attention_layout, read_gguf_metadata
-from tokendiff.swa import AttentionLayout, SlotState, checkpoint_reuse, simulate
+from tokendiff.swa import AttentionLayout, SlotState, checkpoint_reuse, reuse_after, server_flags, simulate
 
 N_SWA = 32
 UB = 64  # -ub and -b: small batches keep the tiny model's prompts short and checkpoints frequent
@@ -109,6 +109,22 @@ def test_swa_falls_back_to_the_last_checkpoint_before_the_divergence():
     assert got[2].checkpoint == 1996 and "the last checkpoint before it is at token 1,996" in got[2].reason
     assert "divergence 300 tokens before the end" in got[2].reason
     assert [r.reused for r in simulate([a, b, c], lay.with_flags(swa_full=True))] == [0, 2000, 2300]
+
+
+def test_reuse_after_one_pair():
+    lay = AttentionLayout(arch="gemma2", n_swa=N_SWA, n_ubatch=UB, n_batch=UB)
+    a = list(range(1000, 3000))
+    assert reuse_after(a, a[:1800] + [7] + a[1801:], lay).reused == 1800  # the 256 SWA cells still hold it
+    far = reuse_after(a, a[:1700] + [7] + a[1701:], lay)  # a's checkpoints (1,936 and 1,996) are past it
+    assert far.reused == 0 and far.lcp == 1700 and "no checkpoint" in far.reason
+    assert reuse_after(a, a[:1700] + [7] + a[1701:], lay.with_flags(swa_full=True)).reused == 1700
+
+
+def test_server_flags():
+    flags = server_flags(["-ub", "256", "--swa-full", "-ctxcp=8", "-np", "4", "-c", "65536", "-m", "x.gguf"])
+    assert flags == {"n_ubatch": 256, "swa_full": True, "n_ctx_checkpoints": 8, "n_seq": 4, "n_ctx": 16384}
+    with pytest.raises(ValueError):
+        server_flags(["-ub"])
 
 
 def test_no_checkpoint_means_the_whole_prompt():

@@ -291,21 +291,19 @@ def restore(slot: SlotState, prompt: Any, lcp: int | None = None) -> Reuse:
     return Reuse(reused=n_past, lcp=lcp_, reason=reason, checkpoint=used)
 
 
-def _batch_end(start: int, n: int, layout: AttentionLayout, user_starts: Any, slot: SlotState) -> int:
+def _batch_end(start: int, n: int, layout: AttentionLayout, user_starts: Sequence[int], slot: SlotState) -> int:
     """Where the batch beginning at `start` stops: n_batch tokens, a user-message start, or the
     `4 + n_ubatch` / `4` tokens before the prompt's end that leave room for checkpoints."""
-    offsets = [n - min(layout.n_batch, off) for off in (4 + layout.n_ubatch, 4)]
-    last_user = user_starts[-1] if user_starts else -1
-    pos = start
-    while pos < n and pos - start < layout.n_batch:
-        pos += 1
-        if layout.needs_checkpoints and pos in user_starts:
-            cks = slot.checkpoints
-            if pos == last_user or not cks or pos > cks[-1].n_tokens + layout.checkpoint_min_step:
-                return pos
-        if layout.needs_checkpoints and pos in offsets:
-            return pos
-    return pos
+    ends = [n, start + layout.n_batch]
+    if layout.needs_checkpoints:
+        ends += [n - min(layout.n_batch, off) for off in (4 + layout.n_ubatch, 4)]
+        last_user, cks = (user_starts[-1] if user_starts else -1), slot.checkpoints
+        ends += [
+            u
+            for u in user_starts
+            if u > start and (u == last_user or not cks or u > cks[-1].n_tokens + layout.checkpoint_min_step)
+        ][:1]
+    return min(e for e in ends if e > start)
 
 
 def process(slot: SlotState, prompt: Any, n_generated: int = 0, user_starts: Sequence[int] = ()) -> None:
@@ -358,6 +356,14 @@ def checkpoint_reuse(slot: SlotState, prompt: Any, n_generated: int = 0, user_st
     r = restore(slot, prompt)
     process(slot, prompt, n_generated, user_starts)
     return r
+
+
+def reuse_after(previous: Any, prompt: Any, layout: AttentionLayout, n_generated: int = 0) -> Reuse:
+    """What a request for `prompt` reuses right after one for `previous` (that generated
+    `n_generated` tokens) on a fresh slot: the rule for one pair, e.g. a probe's divergence."""
+    slot = SlotState(layout)
+    checkpoint_reuse(slot, previous, n_generated)
+    return checkpoint_reuse(slot, prompt)
 
 
 def simulate(prompts: Sequence[Any], layout: AttentionLayout, generated: Sequence[int] | None = None) -> list[Reuse]:
