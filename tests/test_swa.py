@@ -49,6 +49,8 @@ def write_gemma2(out: Path, tokenizer_from: Path, n_swa: int = N_SWA, dim: int =
     w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
     w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
     w.add_add_bos_token(False)
+    if isinstance(src.get("tokenizer.chat_template"), str):
+        w.add_chat_template(src["tokenizer.chat_template"])
     rng = np.random.default_rng(0)
 
     def mat(rows: int, cols: int) -> np.ndarray:
@@ -196,3 +198,63 @@ def test_prediction_is_the_servers_cache_n(llama_server_bin, swa_model, vocab, f
     assert len(fell_back) >= 2  # the session does exercise the rule
     for t in fell_back:
         assert "checkpoint" in t.note and "as the SWA/hybrid checkpoint rule predicts" in t.note
+
+
+def _chat_turns() -> list[list[dict]]:
+    """An agent conversation: appends, then history rewritten in an old assistant message (far before
+    the end: the checkpoint at a user message's start is what is left), then a recent edit."""
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+
+    def text(k: int, n: int) -> str:
+        return " ".join(words[(k + i) % 10] for i in range(n))
+
+    sys_ = {"role": "system", "content": "You are a coding agent. " + text(0, 260)}
+    msgs = [sys_, {"role": "user", "content": text(1, 60)}]
+    turns = [list(msgs)]
+    for k in range(2, 5):
+        msgs += [{"role": "assistant", "content": text(k, 80)}, {"role": "user", "content": text(k + 3, 50)}]
+        turns.append(list(msgs))
+    edited = [dict(m) for m in msgs]
+    edited[2]["content"] = text(9, 80)  # the first answer rewritten: far before the end
+    edited += [{"role": "assistant", "content": text(5, 40)}, {"role": "user", "content": text(6, 30)}]
+    turns.append(edited)
+    recent = [dict(m) for m in edited]
+    recent[-1]["content"] = text(7, 30)  # the newest user message edited: near the end
+    turns.append(recent)
+    return turns
+
+
+@pytest.mark.server
+def test_chat_session_report_matches_the_server(llama_server_bin, swa_model, tmp_path):
+    """A chat session recorded as a capture (its /props beside it naming the model file): the
+    report finds the model's layout itself, and its SWA/hybrid column is the server's cache_n on
+    every turn, user-message checkpoints included."""
+    import json
+
+    from tokendiff import workflows as wf
+    from tokendiff.testing.llama_server import LlamaServer
+
+    out = tmp_path / "capture.jsonl"
+    recs = []
+    with LlamaServer(model=swa_model, ctx=16384, extra=["-ub", str(UB), "-b", str(UB)]) as srv:
+        client = httpx.Client()
+        (tmp_path / "props.json").write_text(json.dumps(client.get(f"{srv.url}/props").json()))
+        for k, messages in enumerate(_chat_turns(), 1):
+            body = {"messages": messages, "max_tokens": 8, "temperature": 0}
+            prompt = client.post(f"{srv.url}/apply-template", json=body).json()["prompt"]
+            tok = {"content": prompt, "add_special": False, "parse_special": True}
+            ids = client.post(f"{srv.url}/tokenize", json=tok).json()["tokens"]
+            resp = srv.chat(client, body)
+            rec = {"schema": "tokendiff.capture/1", "seq": k, "request": body, "prompt_ids": ids}
+            recs.append({**rec, "response": {"status": 200, "usage": resp["usage"], "timings": resp["timings"]}})
+    out.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    opts = wf.PromptOptions()
+    layout = wf.attention_layout([str(out)], opts, server_args=f"-ub {UB} -b {UB}")
+    assert layout is not None and layout.arch == "gemma2" and layout.n_swa == N_SWA
+    loaded = wf.open_session(opts, [str(out)], single_turns=False, workers=1, layout=layout)
+    turns = loaded.session.turns
+    assert [t.reuse["llama.cpp-hybrid"] for t in turns] == [t.reported_cached for t in turns]
+    assert any(0 < t.reported_cached < t.reuse["llama.cpp"] for t in turns)  # a user-message checkpoint
+    doc = wf.session_report(loaded, str(out))
+    assert doc["summary"]["layout"]["arch"] == "gemma2" and not doc["summary"]["layout"]["assumed"]
+    assert "| SWA/hybrid |" in wf.render_report(doc, "md")
