@@ -26,12 +26,25 @@ AGENT = Path(__file__).resolve().parent.parent / "captures" / "agent" / "capture
         ("vllm", 100, 200, 150, 96),  # whole 16-token blocks
         ("vllm", 200, 200, 200, 192),
         ("sglang", 100, 200, 150, 100),
-        ("llama.cpp-hybrid", 100, 200, 150, 0),  # an edit inside the cache: no rollback, no reuse
-        ("llama.cpp-hybrid", 150, 200, 150, 150),  # a pure append reuses it all
     ],
 )
 def test_backend_semantics(backend, lcp, n, cached, want):
     assert backend_reuse(backend, lcp, n, cached) == want
+
+
+def test_hybrid_reuse_replays_the_checkpoints(vocab):
+    """The hybrid column is not a stateless rule: an edit inside the cache falls back to the last
+    checkpoint before it (taken 4 + n_ubatch and 4 tokens before each prompt's end), a pure
+    append keeps everything (tests/test_swa.py checks the rule against a real server)."""
+    with pytest.raises(ValueError):
+        backend_reuse("llama.cpp-hybrid", 100, 200, 150)
+    a = list(range(1000, 3000))
+    b = a + list(range(5000, 5600))  # a pure append
+    c = b[:2300] + [7] + b[2301:]  # an edit 300 tokens past a's end: b's checkpoints are at 2,084 and 2,596
+    s = analyse([prompt_from_ids(x, vocab) for x in (a, b, c)])
+    assert [t.reuse["llama.cpp"] for t in s.turns] == [0, 2000, 2300]
+    assert [t.reuse["llama.cpp-hybrid"] for t in s.turns] == [0, 2000, 2084]
+    assert "the last checkpoint before it is at token 2,084" in s.turns[2].checkpoint.reason
 
 
 @pytest.fixture(scope="module")

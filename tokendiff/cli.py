@@ -186,6 +186,32 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
     )
     r.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
     r.add_argument(
+        "--model",
+        metavar="GGUF",
+        help="the served model file: its attention layout (sliding window, recurrent layers) decides the "
+        "SWA/hybrid column (default: a --tokenizer GGUF, or the model the saved /props names)",
+    )
+    r.add_argument(
+        "--server-args",
+        metavar="ARGS",
+        help="llama-server's flags that decide checkpoints, as on its command line "
+        "('-ub 512 -ctxcp 32 --swa-full -np 4 -c 65536')",
+    )
+    r.add_argument(
+        "--cache-size",
+        action="append",
+        default=[],
+        metavar="SIZE",
+        help="replay the session through a prefix cache of SIZE (8GiB, 512MiB, 32ktok; repeatable; "
+        "'ladder' for 1-32 GiB) and report the reuse at each size and unlimited",
+    )
+    r.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        metavar="N",
+        help="KV cache bytes per token for --cache-size in bytes (default: from the model's GGUF)",
+    )
+    r.add_argument(
         "--replay",
         action="append",
         default=[],
@@ -372,7 +398,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     opts = wf.ReportOptions(redact=args.redact, replays=tuple(args.replay))
     loaded = None
     if len(paths) == 1:
-        loaded = wf.open_session(_prompt_options(args), paths, _progress_line(tty), single_turns=False)
+        popts = _prompt_options(args)
+        layout = wf.attention_layout(paths, popts, args.model, args.server_args)
+        ladder = None
+        if args.cache_size:
+            ladder = wf.capacity_ladder(
+                paths, popts, args.cache_size, args.model, args.kv_bytes_per_token, args.server_args
+            )
+        loaded = wf.open_session(popts, paths, _progress_line(tty), single_turns=False, layout=layout, capacity=ladder)
         _clear_line(tty)
         doc, reuse, what = wf.session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
     else:  # the fleet view; its workers write the dataset as they go

@@ -2,7 +2,8 @@
 
 For every turn: the shared prefix with the previous turn and with every
 earlier prompt (a better match two turns back means alternating prefixes or
-the wrong slot), what each backend would reuse, what had to be recomputed,
+the wrong slot), what each backend would reuse (a sliding-window or hybrid
+llama.cpp model by replaying the server's checkpoints, tokendiff.swa), what had to be recomputed,
 and how much of that was waste (tokens the previous prompt already had).
 Across the session: every volatile span (a cause in a section) ranked by the
 tokens it invalidated, with the reuse and prefill time the session would have
@@ -16,18 +17,30 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from tokendiff.align import align
+from tokendiff.backend_facts import BackendFact, TurnRecord, backend_facts, turn_record
+from tokendiff.capacity import CapacityLadder, CapacityReport
 from tokendiff.explain import appended_finding, explain, prompt_end
 from tokendiff.model import Divergence, Finding, Hunk, Prompt, SectionPath
 from tokendiff.prefix_index import PrefixIndex
+from tokendiff.swa import AttentionLayout, Reuse, SlotState, checkpoint_reuse
 
 BACKENDS = ("llama.cpp", "llama.cpp-hybrid", "vllm", "sglang", "ollama")
+CHECKPOINT_BACKEND = "llama.cpp-hybrid"  # stateful: the session replayed through one slot's checkpoints
 VLLM_BLOCK = 16
+# The layout assumed when the session does not say which model served it: a hybrid/recurrent model on
+# llama-server's default flags, the strictest case (a sliding-window model keeps at least this much).
+ASSUMED_LAYOUT = AttentionLayout(arch="a hybrid model", recurrent=True)
+
+
+def is_assumed(layout: AttentionLayout) -> bool:
+    """True when the layout is the stand-in for a model the session does not name."""
+    return layout.arch == ASSUMED_LAYOUT.arch
 
 
 def backend_reuse(backend: str, lcp: int, n_b: int, cached_len: int, block: int = VLLM_BLOCK, page: int = 1) -> int:
@@ -35,15 +48,15 @@ def backend_reuse(backend: str, lcp: int, n_b: int, cached_len: int, block: int 
     with what it has cached (cached_len tokens).
 
     llama.cpp / Ollama: the LCP, but at least one token is always evaluated
-    (a full hit reuses n_b - 1). Hybrid/SWA llama.cpp models cannot roll back:
-    only a pure append (the whole cache is a prefix) reuses anything (checkpoints
-    ignored). vLLM reuses whole blocks; SGLang whole pages.
+    (a full hit reuses n_b - 1). vLLM reuses whole blocks; SGLang whole pages.
+    A sliding-window or hybrid llama.cpp model depends on the checkpoints earlier
+    requests left (`swa.checkpoint_reuse`), so it has no stateless rule here.
     """
     usable = min(lcp, max(n_b - 1, 0))
     if backend in ("llama.cpp", "ollama"):
         return usable
-    if backend == "llama.cpp-hybrid":
-        return usable if lcp >= cached_len else 0
+    if backend == CHECKPOINT_BACKEND:
+        raise ValueError(f"{backend} depends on the session's checkpoints: use swa.checkpoint_reuse")
     if backend == "vllm":
         return (usable // block) * block
     if backend == "sglang":
@@ -73,6 +86,8 @@ class Turn:
     reported_cached: int | None = None
     reported_prompt_ms: float | None = None
     reported_prompt_n: int | None = None
+    reported_generated: int | None = None  # tokens the server generated after this prompt
+    checkpoint: Reuse | None = None  # the checkpoint rule's prediction (reuse[CHECKPOINT_BACKEND]) and why
     note: str = ""  # disagreement between the server's count and the prediction, slot thrash
 
     @property
@@ -111,6 +126,13 @@ class Session:
     # (A, B) of every turn that is a span's first example: all a report needs of the prompts
     examples: dict[int, tuple[Prompt, Prompt]] = field(default_factory=dict)
     work: int = 0  # tokens processed (hashed, compared, diffed): linear in the session's tokens
+    layout: AttentionLayout = ASSUMED_LAYOUT  # what the checkpoint column assumes
+    capacity: CapacityReport | None = None  # reuse as a function of cache capacity, when asked for
+    facts: list[BackendFact] = field(default_factory=list)  # what the backend did (reloads, truncation ...)
+
+    @property
+    def checkpoint_reused(self) -> int:
+        return sum(t.reuse.get(CHECKPOINT_BACKEND, 0) for t in self.turns)
 
     @property
     def reuse_pct(self) -> float:
@@ -119,6 +141,19 @@ class Session:
     @property
     def wasted_seconds(self) -> float | None:
         return self.wasted_tokens * self.ms_per_token / 1000 if self.ms_per_token else None
+
+
+def _generated(resp: dict[str, Any] | None) -> int | None:
+    """Tokens generated after the prompt: they sit in the slot behind it and age the SWA cache."""
+    resp = resp or {}
+    for box, key in (
+        (resp.get("timings"), "predicted_n"),
+        (resp.get("usage"), "completion_tokens"),
+        (resp, "eval_count"),
+    ):
+        if isinstance(box, dict) and isinstance(box.get(key), int):
+            return box[key]
+    return None
 
 
 def _reported(resp: dict[str, Any] | None) -> tuple[int | None, float | None, int | None]:
@@ -170,13 +205,23 @@ class TurnInput:
     response: dict[str, Any] | None = None
     _prompt: Prompt | None = None
     job: Any = None
+    request: dict[str, Any] | None = None  # the recorded request, when the turn is a record
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
 
     @classmethod
     def of(cls, p: Prompt, job: Any = None) -> TurnInput:
-        return cls(ids=np.asarray(p.ids), origin=p.origin, load=lambda: p, response=p.meta.response, _prompt=p, job=job)
+        meta = p.meta
+        return cls(
+            ids=np.asarray(p.ids),
+            origin=p.origin,
+            load=lambda: p,
+            response=meta.response,
+            _prompt=p,
+            job=job,
+            request=meta.request,
+        )
 
     @property
     def decoded(self) -> Prompt | None:
@@ -220,8 +265,21 @@ class Analyser:
     Divergent pairs go to `pool` (a few in flight at once); their results are counted in turn
     order, so the answer is the same whichever process diffed them."""
 
-    def __init__(self, max_hunks: int = 64, pool: PairPool | None = None, in_flight: int = 8):
+    def __init__(
+        self,
+        max_hunks: int = 64,
+        pool: PairPool | None = None,
+        in_flight: int = 8,
+        layout: AttentionLayout | None = None,
+        capacity: CapacityLadder | None = None,
+        props: dict[str, Any] | None = None,
+    ):
         self.max_hunks = max_hunks
+        self.capacity = capacity
+        self.props = props  # the server's /props, for the backend facts
+        self.records: list[TurnRecord] = []
+        self.layout = layout or ASSUMED_LAYOUT
+        self.slot = SlotState(self.layout)
         self.pool = pool or InlinePairs()
         self.in_flight = in_flight
         self.index = PrefixIndex()
@@ -236,6 +294,12 @@ class Analyser:
         k = len(self.turns) + 1
         t = Turn(turn=k, origin=cur.origin, n_tokens=len(cur.ids))
         t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
+        t.reported_generated = _generated(cur.response)
+        t.checkpoint = checkpoint_reuse(self.slot, cur.ids, t.reported_generated or 0, self._user_starts(cur))
+        if self.capacity is not None:
+            self.capacity.add(cur.ids)
+        if cur.response is not None or cur.request is not None:
+            self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response))
         m = self.index.match_and_add(cur.ids, k)
         self.turns.append(t)
         if self.prev is None:
@@ -253,6 +317,15 @@ class Analyser:
         self._collect(self.in_flight)
         return t
 
+    def _user_starts(self, cur: TurnInput) -> list[int]:
+        """Where the server's chat request had user messages (it checkpoints there). Read from the
+        decoded prompt: loaded for a model known to need checkpoints, else only if already loaded."""
+        if is_assumed(self.layout) or not self.layout.needs_checkpoints:
+            p = cur.decoded
+        else:
+            p = cur.prompt()
+        return user_message_starts(p) if p is not None else []
+
     def _collect(self, keep: int) -> None:
         """Count the finished pairs in turn order, waiting while more than `keep` are in flight."""
         while self.pending and (len(self.pending) > keep or self.pending[0][0].done()):
@@ -265,20 +338,41 @@ class Analyser:
     def session(self) -> Session:
         self._collect(0)
         s = _session(self.turns, self.spans)
+        s.layout = self.layout
+        lcps = {t.turn: t.lcp for t in s.turns}
+        s.facts = backend_facts([replace(r, lcp=lcps.get(r.turn, 0)) for r in self.records], self.props)
+        if self.capacity is not None:
+            counts = [t.reported_cached for t in s.turns]
+            s.capacity = self.capacity.report(sum(c for c in counts if c is not None) if None not in counts else None)
+        if not is_assumed(self.layout) and self.layout.needs_checkpoints:
+            for t in s.turns:
+                _checkpoint_note(t, self.layout)
         first = {sp.example[0] for sp in s.spans if sp.example}
         s.examples = {k: v for k, v in self.examples.items() if k in first}
         s.work = self.work + self.index.tokens_hashed + self.index.tokens_compared
         return s
 
 
-def analyse(prompts: Iterable[Prompt], max_hunks: int = 64) -> Session:
+def user_message_starts(p: Prompt) -> list[int]:
+    """First tokens of the user turns of a chat request's prompt (llama-server's message spans);
+    a raw-token prompt (slot file, /completion) has none the server knows of."""
+    if p.meta.request is None:
+        return []
+    return [
+        s.start
+        for s in p.sections
+        if len(s.path) == 1 and s.path[0].kind == "message" and s.path[0].name == "user" and s.start > 0
+    ]
+
+
+def analyse(prompts: Iterable[Prompt], max_hunks: int = 64, layout: AttentionLayout | None = None) -> Session:
     """Per-turn and per-span costs of a session (turns in order)."""
-    return analyse_stream((TurnInput.of(p) for p in prompts), max_hunks)
+    return analyse_stream((TurnInput.of(p) for p in prompts), max_hunks, layout)
 
 
-def analyse_stream(turns: Iterable[TurnInput], max_hunks: int = 64) -> Session:
+def analyse_stream(turns: Iterable[TurnInput], max_hunks: int = 64, layout: AttentionLayout | None = None) -> Session:
     """`analyse` over turns that load their prompts only when a diff needs them."""
-    an = Analyser(max_hunks)
+    an = Analyser(max_hunks, layout=layout)
     for t in turns:
         an.add(t)
     return an.session()
@@ -295,7 +389,7 @@ def _append_turn(t: Turn, n_a: int) -> None:
     turns expected, no waste. The divergence is left for whoever opens the pair."""
     n = t.n_tokens
     t.lcp = n_a
-    t.reuse = {be: backend_reuse(be, n_a, n, n_a) for be in BACKENDS}
+    t.reuse = _reuse(t, n_a, n, n_a)
     t.recompute = n - t.reuse["llama.cpp"]
     t.findings = [appended_finding(0, n - n_a)]
     t.new_tokens = n - n_a
@@ -308,7 +402,7 @@ def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
     n = len(b)
     d = align(a, b, max_hunks=None)
     t.divergence, t.lcp = d, d.lcp
-    t.reuse = {be: backend_reuse(be, d.lcp, n, len(a)) for be in BACKENDS}
+    t.reuse = _reuse(t, d.lcp, n, len(a))
     t.recompute = n - t.reuse["llama.cpp"]
     t.findings = explain(a, b, d, max_hunks=max_hunks)
     ceiling = reusable_ceiling(a, d, t.findings, n)
@@ -321,6 +415,13 @@ def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
         t.section = t.path.label
     _notes(t, d.identical, n)
     return ceiling
+
+
+def _reuse(t: Turn, lcp: int, n: int, cached_len: int) -> dict[str, int]:
+    """Every backend's reuse: the stateless rules, and the checkpoint rule's replay of the session."""
+    out = {be: backend_reuse(be, lcp, n, cached_len) for be in BACKENDS if be != CHECKPOINT_BACKEND}
+    out[CHECKPOINT_BACKEND] = t.checkpoint.reused if t.checkpoint is not None else out["llama.cpp"]
+    return {be: out[be] for be in BACKENDS}
 
 
 def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
@@ -396,6 +497,11 @@ def _notes(t: Turn, identical: bool, n: int) -> None:
             notes.append(
                 "the server reused nothing for an identical prompt: caching disabled (cache_prompt=false) or salted"
             )
+        elif rc < pred and t.checkpoint is not None and t.checkpoint.reused == rc and t.checkpoint.reason:
+            notes.append(
+                f"the server reused {rc:,} tokens, fewer than the {pred:,} shared, as the SWA/hybrid checkpoint rule "
+                f"predicts: {t.checkpoint.reason}"
+            )
         elif rc < pred:
             notes.append(
                 f"the server reused {rc:,} tokens, fewer than the {pred:,} predicted: "
@@ -406,6 +512,17 @@ def _notes(t: Turn, identical: bool, n: int) -> None:
                 f"the server reused {rc:,} tokens, more than the {pred:,} shared prefix: --cache-reuse shifted chunks"
             )
     t.note = "; ".join(notes)
+
+
+def _checkpoint_note(t: Turn, layout: AttentionLayout) -> None:
+    """On a model known to need checkpoints, say why its reuse is not the LCP (once)."""
+    ck = t.checkpoint
+    if ck is None or not ck.reason or ck.reason in t.note:
+        return
+    note = (
+        f"{layout.arch or 'SWA/hybrid'} reuses {ck.reused:,} of the {t.reuse.get('llama.cpp', 0):,} shared: {ck.reason}"
+    )
+    t.note = f"{t.note}; {note}" if t.note else note
 
 
 def _ms_per_token(turns: list[Turn]) -> float | None:
@@ -433,6 +550,8 @@ def turn_rows(s: Session) -> list[dict[str, Any]]:
                 "first_divergence_field": t.path.field_path,
                 "cause": t.cause,
                 "reported_cached": t.reported_cached,
+                "checkpoint_reusable": t.reuse.get(CHECKPOINT_BACKEND, 0),
+                "checkpoint_note": t.checkpoint.reason if t.checkpoint is not None else "",
                 **{f"reuse_{be.replace('.', '').replace('-', '_')}": t.reuse.get(be, 0) for be in BACKENDS},
                 "note": t.note,
             }
@@ -455,6 +574,7 @@ __all__ = [
     "PairPool",
     "InlinePairs",
     "compare_turn",
+    "user_message_starts",
     "done_future",
     "backend_reuse",
     "turn_frame",
@@ -463,4 +583,7 @@ __all__ = [
     "Turn",
     "Span",
     "BACKENDS",
+    "CHECKPOINT_BACKEND",
+    "ASSUMED_LAYOUT",
+    "is_assumed",
 ]

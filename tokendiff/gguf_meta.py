@@ -1,8 +1,8 @@
 """A fast reader for the key/value metadata section of a GGUF file.
 
 `gguf.GGUFReader` maps every tensor and takes ~7 s on a 150k-token vocabulary;
-tokendiff only needs the tokenizer keys, so this reads the header and KV
-section with `struct` and stops before the tensor infos.
+tokendiff only needs the tokenizer keys (and the attention layout's), so this
+reads the header and KV section with `struct` and stops before the tensor infos.
 """
 
 from __future__ import annotations
@@ -10,10 +10,13 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokendiff.errors import InputError
 from tokendiff.safeio import open_regular
+
+if TYPE_CHECKING:
+    from tokendiff.swa import AttentionLayout
 
 GGUF_MAGIC = b"GGUF"
 _SCALARS = {
@@ -163,3 +166,23 @@ def _string_array(b: _Buf, n: int, want: bool) -> list[bytes] | None:
         pos += ln
     b.pos = pos
     return out
+
+
+def read_attention_layout(path: str, **flags: Any) -> AttentionLayout:
+    """The model's attention layout (sliding window, recurrent layers) from its GGUF metadata,
+    with the server's flags (n_ubatch, swa_full, n_ctx_checkpoints ...): what decides whether
+    llama-server can keep a prefix or must fall back to a checkpoint (tokendiff.swa)."""
+    from tokendiff.swa import AttentionLayout
+
+    return AttentionLayout.from_gguf(read_model_metadata(path), **flags)
+
+
+def read_model_metadata(path: str) -> dict[str, Any]:
+    """The architecture's own keys (`<arch>.block_count`, `<arch>.attention.*` ...) and
+    `general.architecture`, without decoding the vocabulary."""
+    arch = read_gguf_metadata(path, ("general.architecture",)).get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise InputError("GGUF file names no general.architecture", source=path)
+    meta = read_gguf_metadata(path, (f"{arch}.",))
+    meta["general.architecture"] = arch
+    return meta

@@ -45,7 +45,7 @@ TEMPLATE_KEYS = (
     "parallel_tool_calls",
 )
 VLLM_TOKENIZE_KEYS = ("model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt")
-FINAL_KEYS = ("usage", "timings", "system_fingerprint", "model", "error")
+FINAL_KEYS = ("usage", "timings", "system_fingerprint", "model", "error", "load_duration", "prompt_eval_count")
 
 LLAMA, VLLM, SGLANG, OLLAMA, GENERIC = "llama-server", "vllm", "sglang", "ollama", "openai-compatible"
 KINDS = (LLAMA, VLLM, SGLANG, OLLAMA)

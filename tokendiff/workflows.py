@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
+    from tokendiff.capacity import CapacityLadder
     from tokendiff.cost import Session, TurnInput
     from tokendiff.doctor import DoctorReport
     from tokendiff.model import Divergence, Finding, Prompt
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from tokendiff.report.dataset import TurnTime
     from tokendiff.report.fleet import SessionFacts
     from tokendiff.sources import Loader
+    from tokendiff.swa import AttentionLayout
     from tokendiff.vocab import Vocab
 
 Progress = Callable[[str], None]
@@ -190,12 +192,21 @@ def load_session(loader: Loader, specs: Sequence[str], progress: Progress | None
     return _analyse(loader, inputs, len(specs), progress, PairWorkers(loader))
 
 
-def _analyse(loader: Loader, inputs, n: int | None, progress: Progress | None, pool: PairWorkers) -> LoadedSession:
+def _analyse(
+    loader: Loader,
+    inputs,
+    n: int | None,
+    progress: Progress | None,
+    pool: PairWorkers,
+    layout: AttentionLayout | None = None,
+    capacity: CapacityLadder | None = None,
+    props: dict[str, Any] | None = None,
+) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
     `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end."""
     from tokendiff.cost import Analyser
 
-    an = Analyser(pool=pool)
+    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props)
     specs: list[str] = []
     prompts = TurnPrompts(loader, specs)
     try:
@@ -240,7 +251,10 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int, re
     if arr is None or arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= loader.vocab.n_vocab)):
         return TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
     resp = resp if isinstance(resp, dict) else None
-    return TurnInput(ids=arr.astype(np.int32), origin=label, load=lambda: job.load(loader), response=resp, job=job)
+    req = rec.get("request") if isinstance(rec.get("request"), dict) else None
+    return TurnInput(
+        ids=arr.astype(np.int32), origin=label, load=lambda: job.load(loader), response=resp, job=job, request=req
+    )
 
 
 # ---------------------------------------------------------------- divergent pairs in worker processes
@@ -499,12 +513,103 @@ def open_session(
     single_turns: bool = True,
     live: bool = False,
     workers: int | None = None,
+    layout: AttentionLayout | None = None,
+    capacity: CapacityLadder | None = None,
+    props: dict[str, Any] | None = None,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
-    in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one)."""
+    in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
+    `layout`: the model's attention layout for the SWA/hybrid column (`attention_layout`);
+    `capacity`: the cache sizes to replay the session through (`capacity_ladder`); `props`: the
+    server's /props for the backend facts (default: the props.json saved beside the session)."""
     loader = open_loader(opts)
     pool = PairWorkers(loader, workers)
-    return _analyse(loader, _path_inputs(loader, pool, paths, opts.order, single_turns, live), None, progress, pool)
+    inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
+    props = props if props is not None else saved_props(paths)
+    return _analyse(loader, inputs, None, progress, pool, layout, capacity, props)
+
+
+def capacity_ladder(
+    paths: Sequence[str],
+    opts: PromptOptions,
+    sizes: Sequence[str],
+    model: str | None = None,
+    bytes_per_token: int | None = None,
+    server_args: str | None = None,
+) -> CapacityLadder:
+    """The capacities `report --cache-size` asked for (`ladder`: the default ladder), in bytes when
+    the KV bytes per token are known (given, or from the model's GGUF and the cache type in
+    `server_args`), else in tokens."""
+    import shlex
+
+    from tokendiff.capacity import CapacityLadder, kv_bytes_per_token, parse_size
+    from tokendiff.gguf_meta import read_model_metadata
+
+    argv = shlex.split(server_args or "")
+    ctype = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-ctk", "--cache-type-k")), "f16")
+    gguf = _model_file(paths, opts, model)
+    if bytes_per_token is None and gguf:
+        bytes_per_token = kv_bytes_per_token(read_model_metadata(gguf), ctype)
+    try:
+        parsed = [parse_size(s) for s in sizes if s != "ladder"]
+        return CapacityLadder(parsed, bytes_per_token)
+    except ValueError as e:
+        raise InputError(f"--cache-size: {e}") from None
+
+
+def _model_file(paths: Sequence[str], opts: PromptOptions, model: str | None) -> str | None:
+    """The served model's GGUF: given, the --tokenizer GGUF, or the one the saved /props names."""
+    gguf = model or (opts.tokenizer if opts.tokenizer and opts.tokenizer.endswith(".gguf") else None)
+    return gguf or _props_model_path(paths)
+
+
+def attention_layout(
+    paths: Sequence[str], opts: PromptOptions, model: str | None = None, server_args: str | None = None
+) -> AttentionLayout | None:
+    """The served model's attention layout, for the SWA/hybrid column: from `model` (a GGUF file),
+    else a `--tokenizer` GGUF, else the model file the server's `/props` (props.json beside the
+    session) names, when it is readable here; with the server's flags (`server_args`, its command
+    line). None when no model is known and no flags are given (the report assumes a hybrid model)."""
+    import shlex
+
+    from tokendiff.cost import ASSUMED_LAYOUT
+    from tokendiff.gguf_meta import read_attention_layout
+    from tokendiff.swa import server_flags
+
+    try:
+        flags = server_flags(shlex.split(server_args or ""))
+    except ValueError as e:
+        raise InputError(f"--server-args: {e}") from None
+    gguf = _model_file(paths, opts, model)
+    if gguf:
+        return read_attention_layout(gguf, **flags)
+    return ASSUMED_LAYOUT.with_flags(**flags) if flags else None
+
+
+def saved_props(paths: Sequence[str]) -> dict[str, Any] | None:
+    """The server's `/props` the proxy or `pull` saved (props.json beside a capture or in a slot
+    directory); None when there is none or it is not a JSON object."""
+    import orjson
+
+    from tokendiff import safeio
+    from tokendiff.sources import MAX_PROPS_BYTES
+
+    for p in paths:
+        base = Path(p.split("@", 1)[0])
+        props = (base if base.is_dir() else base.parent) / "props.json"
+        try:
+            doc = orjson.loads(safeio.read_limited(props, MAX_PROPS_BYTES, "props.json")) if props.is_file() else None
+        except (InputError, orjson.JSONDecodeError):
+            continue
+        if isinstance(doc, dict):
+            return doc
+    return None
+
+
+def _props_model_path(paths: Sequence[str]) -> str | None:
+    """The model file a saved `/props` names, when it is readable here."""
+    mp = (saved_props(paths) or {}).get("model_path")
+    return mp if isinstance(mp, str) and mp.endswith(".gguf") and Path(mp).is_file() else None
 
 
 def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:

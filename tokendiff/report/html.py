@@ -92,21 +92,65 @@ def _spans(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _layout_line(doc: dict[str, Any]) -> list[str]:
+    """What the SWA/hybrid column assumes about the model and the server."""
+    lay = doc["summary"].get("layout") or {}
+    if not lay:
+        return []
+    return [f'<p class="muted">{escape(lay["column"])}: {escape(lay["summary"])}</p>']
+
+
 def _turns(doc: dict[str, Any]) -> list[str]:
     e = escape
     out = [
-        "<h2>Turns</h2><table><tr><th>turn</th><th>tokens</th><th>reusable</th><th>reuse %</th><th>recomputed</th>"
-        "<th>new</th><th>wasted</th><th>first divergence</th><th>cause</th><th>server cached</th><th>note</th></tr>"
+        "<h2>Turns</h2>",
+        *_layout_line(doc),
+        "<table><tr><th>turn</th><th>tokens</th><th>reusable</th><th>SWA/hybrid</th><th>reuse %</th><th>recomputed</th>"
+        "<th>new</th><th>wasted</th><th>first divergence</th><th>cause</th><th>server cached</th><th>note</th></tr>",
     ]
     for t in doc["turns"]:
         rc = "" if t["reported_cached"] is None else f"{t['reported_cached']:,}"
         out.append(
             f"<tr><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td><td class=n>{t['reusable']:,}</td>"
+            f"<td class=n>{t.get('checkpoint_reusable', t['reusable']):,}</td>"
             f"<td class=n>{t['reuse_pct']:.1f}</td><td class=n>{t['recomputed']:,}</td>"
             f"<td class=n>{t['new_tokens']:,}</td><td class=n>{t['wasted']:,}</td>"
             f"<td><code>{e(t['first_divergence_section'] or '')}</code></td><td>{e(t['cause'] or '')}</td>"
             f"<td class=n>{rc}</td><td>{e(t['note'])}</td></tr>"
         )
+    out.append("</table>")
+    return out
+
+
+def _facts(doc: dict[str, Any]) -> list[str]:
+    """What the backend did (backend_facts.py), one item per fact."""
+    facts = doc.get("backend_facts") or []
+    if not facts:
+        return []
+    e = escape
+    items = [
+        f"<li>turn {f['turn']}: <b>{e(f['title'])}</b> ({e(f['evidence'])}). Fix: {e(f['fix'])} "
+        f"<code>{e(f['kind'])}</code></li>"
+        for f in facts
+    ]
+    return ["<h2>What the backend did</h2><ul>", *items, "</ul>"]
+
+
+def _capacity(doc: dict[str, Any]) -> list[str]:
+    """Reuse per cache size (tokendiff report --cache-size)."""
+    c = doc.get("capacity")
+    if not c:
+        return []
+    e = escape
+    out = [
+        "<h2>Cache capacity</h2>",
+        f"<p>{e(c['verdict'])}</p>",
+        "<table><tr><th>cache</th><th>llama-server (slot + RAM cache)</th><th>vLLM / SGLang (blocks, LRU)</th></tr>",
+    ]
+    for p in c["points"]:
+        r = p["reuse_pct"]
+        cells = f"<td class=n>{r['llama.cpp']:.1f} %</td><td class=n>{r['vllm']:.1f} %</td>"
+        out.append(f"<tr><td>{e(p['cache'])}</td>{cells}</tr>")
     out.append("</table>")
     return out
 
@@ -173,7 +217,7 @@ def render_html(doc: dict[str, Any]) -> str:
     out.append("<h2>Reuse across turns</h2>")
     out.append(_chart(doc["turns"]))
     out.append("<h2>Spans, ranked by what they cost</h2>")
-    out += _spans(doc) + _turns(doc) + _replays(doc) + _causes(doc)
+    out += _spans(doc) + _turns(doc) + _capacity(doc) + _facts(doc) + _replays(doc) + _causes(doc)
     out.append("</body></html>")
     return "\n".join(out)
 

@@ -37,6 +37,30 @@ def _replays(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def _capacity(doc: dict[str, Any]) -> list[str]:
+    """Reuse per cache size: separates "the prompts break the cache" from "the cache is too small"."""
+    c = doc.get("capacity")
+    if not c:
+        return []
+    per = f" ({c['bytes_per_token']:,} bytes of KV per token)" if c["bytes_per_token"] else ""
+    out = ["", "## Cache capacity", "", f"{c['verdict']}{per}", ""]
+    out += ["| cache | llama-server (slot + RAM cache) | vLLM / SGLang (16-token blocks, LRU) |", "|---|---|---|"]
+    for p in c["points"]:
+        out.append(f"| {p['cache']} | {p['reuse_pct']['llama.cpp']:.1f} % | {p['reuse_pct']['vllm']:.1f} % |")
+    return out
+
+
+def _facts(doc: dict[str, Any]) -> list[str]:
+    """What the backend did, from the records: reloads, silent truncation, block rounding."""
+    facts = doc.get("backend_facts") or []
+    if not facts:
+        return []
+    out = ["", "## What the backend did", ""]
+    for f in facts:
+        out.append(f"- turn {f['turn']}: **{f['title']}** ({f['evidence']}). Fix: {f['fix']} (`{f['kind']}`)")
+    return out
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     if doc.get("schema") == "tokendiff.fleet/1":
         return render_fleet_markdown(doc)
@@ -69,17 +93,25 @@ def render_markdown(doc: dict[str, Any]) -> str:
     else:
         out.append("None: nothing broke the cache.")
     out += ["", "## Turns", ""]
+    lay = s.get("layout") or {}
+    if lay:
+        out.append(f"{_cell(lay['column'])}: {_cell(lay['summary'])}")
+        out.append("")
     out.append(
-        "| turn | tokens | reusable | reuse % | recomputed | new | wasted | first divergence | cause "
+        "| turn | tokens | reusable | SWA/hybrid | reuse % | recomputed | new | wasted | first divergence | cause "
         "| server cached | note |"
     )
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for t in doc["turns"]:
+        ck = t.get("checkpoint_reusable", t["reusable"])
         out.append(
-            f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} | {t['reuse_pct']:.1f} | {t['recomputed']:,} | "
+            f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} | {ck:,} | {t['reuse_pct']:.1f} | "
+            f"{t['recomputed']:,} | "
             f"{t['new_tokens']:,} | {t['wasted']:,} | `{_code(t['first_divergence_section'] or '')}` | "
             f"{_cell(t['cause'])} | {_cell(t['reported_cached'])} | {_cell(t['note'])} |"
         )
+    out += _capacity(doc)
+    out += _facts(doc)
     out += _replays(doc)
     out += ["", "## Causes", ""]
     for c in doc["causes"]:

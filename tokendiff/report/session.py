@@ -11,7 +11,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from tokendiff.cost import Session, turn_rows
+from tokendiff.capacity import CapacityReport
+from tokendiff.cost import Session, is_assumed, turn_rows
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
@@ -136,17 +137,59 @@ def report_document(
         "wasted_seconds": round(s.wasted_seconds, 3) if s.wasted_seconds is not None else None,
         "ms_per_token": round(s.ms_per_token, 4) if s.ms_per_token else None,
         "top_cause": spans[0] if top else None,
+        "checkpoint_reused_tokens": s.checkpoint_reused,
+        "layout": layout_json(s),
         "headline": headline(s),
         "redacted": redact,
     }
     return {
         "schema": SCHEMA,
         "summary": summary,
+        "capacity": capacity_json(s.capacity) if s.capacity is not None else None,
+        "backend_facts": [
+            {"turn": f.turn, "kind": f.kind, "title": f.title, "evidence": f.evidence, "fix": f.fix} for f in s.facts
+        ],
         "tokenizer": tokenizer,
         "turns": rows,
         "spans": spans,
         "causes": causes,
         "findings": per_turn_findings,
+    }
+
+
+def capacity_json(c: CapacityReport) -> dict[str, Any]:
+    """Reuse at each cache capacity, unlimited last, and the one-line verdict."""
+    points = [{"cache": p.label, "tokens": p.tokens, "reuse_pct": p.reuse_pct} for p in c.points]
+    parts = [f"with {p.label} of cache: {p.reuse_pct['llama.cpp']:.0f} %" for p in c.points[:-1]]
+    parts.append(f"unlimited: {c.unlimited.reuse_pct['llama.cpp']:.0f} %")
+    if c.reported_pct is not None:
+        parts.append(f"your server reported {c.reported_pct:.0f} %")
+    return {
+        "bytes_per_token": c.bytes_per_token,
+        "total_tokens": c.total_tokens,
+        "points": points,
+        "reported_pct": c.reported_pct,
+        "verdict": "llama-server: " + "; ".join(parts),
+    }
+
+
+def layout_json(s: Session) -> dict[str, Any]:
+    """The attention layout the SWA/hybrid column replays llama-server's checkpoints for."""
+    lay = s.layout
+    return {
+        "column": "SWA/hybrid: what llama-server reuses where it cannot cut the cache at the divergence",
+        "summary": lay.summary
+        + (
+            " (assumed: the session does not name its model; see `tokendiff report --model`)" if is_assumed(lay) else ""
+        ),
+        "assumed": is_assumed(lay),
+        "arch": lay.arch,
+        "n_swa": lay.n_swa,
+        "recurrent": lay.recurrent,
+        "swa_full": lay.swa_full,
+        "n_ubatch": lay.n_ubatch,
+        "n_ctx_checkpoints": lay.n_ctx_checkpoints,
+        "checkpoint_min_step": lay.checkpoint_min_step,
     }
 
 

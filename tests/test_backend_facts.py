@@ -1,0 +1,92 @@
+"""Backend facts from captures: the real agent session's records (recorded from llama-server) with
+their responses reshaped as Ollama's /api/chat and vLLM's usage report them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokendiff.backend_facts import TurnRecord, backend_facts, turn_record
+
+AGENT = Path(__file__).resolve().parent.parent / "captures" / "agent" / "capture.jsonl"
+
+
+def _records() -> list[dict]:
+    return [json.loads(line) for line in AGENT.read_text().splitlines()]
+
+
+def _write(tmp_path: Path, recs: list[dict], props: dict | None = None) -> Path:
+    out = tmp_path / "capture.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    if props is not None:
+        (tmp_path / "props.json").write_text(json.dumps(props))
+    return out
+
+
+def _report(path: Path) -> dict:
+    from tokendiff import workflows as wf
+
+    loaded = wf.open_session(wf.PromptOptions(), [str(path)], single_turns=False, workers=1)
+    return wf.session_report(loaded, str(path))
+
+
+def _ollama(rec: dict, num_ctx: int, load_ns: int, evaluated: int | None = None) -> dict:
+    n = len(rec["prompt_ids"])
+    rec["request"]["options"] = {"num_ctx": num_ctx}
+    rec["response"] = {
+        "status": 200,
+        "model": "qwen3:0.6b",
+        "load_duration": load_ns,
+        "prompt_eval_count": n if evaluated is None else evaluated,
+        "eval_count": 12,
+        "message": {"role": "assistant", "content": "ok"},
+    }
+    return rec
+
+
+def test_ollama_reload_and_truncation(tmp_path):
+    recs = _records()
+    for i, rec in enumerate(recs, 1):
+        ctx = 4096 if i < 5 else 8192  # the client raised num_ctx on turn 5: Ollama reloads
+        _ollama(rec, ctx, 2_310_000_000 if i in (1, 5) else 0, evaluated=1024 if i == 7 else None)
+    doc = _report(_write(tmp_path, recs))
+    facts = [(f["turn"], f["kind"]) for f in doc["backend_facts"]]
+    assert facts == [(5, "ollama_reload"), (7, "ollama_truncated")]
+    reload = doc["backend_facts"][0]
+    assert "load_duration 2.31 s on turn 5 (num_ctx went from 4,096 to 8,192)" == reload["evidence"]
+    assert doc["backend_facts"][1]["evidence"].startswith("prompt_eval_count 1,024 for a prompt of ")
+    from tokendiff.report.markdown import render_markdown
+
+    assert "## What the backend did" in render_markdown(doc)
+
+
+def test_vllm_block_rounding(tmp_path):
+    """vLLM reports cached_tokens in whole blocks: the shared prefix's tail in a partial block is
+    recomputed (the agent session's counter turns share 42 tokens: 32 cached)."""
+    recs = _records()
+    for rec in recs:
+        cached = rec["response"]["timings"]["cache_n"]
+        n = len(rec["prompt_ids"])
+        rec["response"] = {
+            "status": 200,
+            "usage": {"prompt_tokens": n, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": cached}},
+        }
+        rec["response"]["usage"]["prompt_tokens_details"]["cached_tokens"] = cached // 16 * 16
+    doc = _report(_write(tmp_path, recs))
+    kinds = {f["kind"] for f in doc["backend_facts"]}
+    assert kinds == {"vllm_block_rounding"}
+    f = next(f for f in doc["backend_facts"] if f["turn"] == 3)
+    assert f["evidence"] == "cached_tokens 32 of the 42 shared: the last 10 shared tokens fill a partial block"
+
+
+def test_hybrid_blocks_and_mmproj():
+    recs = [
+        TurnRecord(turn=k, n_prompt=6000, lcp=lcp, response={"usage": {"prompt_tokens_details": {"cached_tokens": c}}})
+        for k, lcp, c in ((2, 4500, 4192), (3, 5000, 4192), (4, 2000, 0))
+    ]
+    facts = backend_facts(recs)
+    assert [f.kind for f in facts][:1] == ["vllm_large_blocks"] and "4,192 tokens" in facts[0].title
+    req = turn_record(2, 100, 90, {"messages": [], "n_cache_reuse": 256}, {"timings": {"cache_n": 90}})
+    facts = backend_facts([req], props={"modalities": {"vision": True, "audio": False}})
+    assert [f.kind for f in facts] == ["mmproj_no_cache_reuse"] and "vision" in facts[0].evidence
+    assert backend_facts([req], props={"modalities": {"vision": False}}) == []

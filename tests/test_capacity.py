@@ -1,0 +1,95 @@
+"""Cache capacity: the session replayed through capacity-limited prefix caches (real sessions: the
+bundled agent capture recorded from llama-server, and the demo's slot files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokendiff.capacity import BlockPool, CapacityLadder, SlotCache, kv_bytes_per_token, parse_size
+from tokendiff.cost import analyse
+from tokendiff.gguf_meta import read_model_metadata
+from tokendiff.slotfile import read_slot_file
+from tokendiff.sources import Loader, session_selectors
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENT = ROOT / "captures" / "agent" / "capture.jsonl"
+DEMO = ROOT / "captures" / "demo"
+
+
+@pytest.fixture(scope="module")
+def agent(vocab):
+    loader = Loader(vocab)
+    return [loader.load(s) for s in session_selectors(str(AGENT))]
+
+
+def _demo_ids() -> list[np.ndarray]:
+    return [np.asarray(read_slot_file(str(p)).tokens) for p in sorted(DEMO.glob("turn-*.bin"))]
+
+
+def test_the_slot_alone_is_the_session_reuse(agent):
+    """`--cache-ram 0`: one slot holding the previous prompt reuses exactly the LCP with it."""
+    s = analyse(agent)
+    slot = SlotCache(0)
+    assert sum(slot.add(np.asarray(p.ids)) for p in agent) == s.reused_tokens
+
+
+def test_two_agents_sharing_one_slot_need_the_ram_cache(agent):
+    """Two real sessions interleaved on one slot thrash it; the RAM prompt cache gives the reuse
+    back once it holds the other agent's prompt, and not below that size."""
+    a = [np.asarray(p.ids) for p in agent]
+    b = _demo_ids()
+    mixed = [x for pair in zip(a, b, strict=False) for x in pair]
+    largest = max(len(x) for x in mixed)
+    reuse = {}
+    for cap in (0, largest // 2, 2 * largest, None):
+        slot = SlotCache(cap)
+        reuse[cap] = sum(slot.add(x) for x in mixed)
+    assert reuse[0] < 0.05 * sum(len(x) for x in mixed)  # every request finds the other agent's prompt
+    assert reuse[largest // 2] == reuse[0]  # too small to hold one prompt
+    assert reuse[2 * largest] == reuse[None] > 10 * reuse[0]
+
+
+def test_block_pool_lru():
+    blk = list(range(16))
+    a, b = blk * 4, [x + 100 for x in blk] * 4  # 4 blocks each, no block shared
+    pool = BlockPool(capacity=4, block=16)
+    assert [pool.add(np.asarray(p)) for p in (a, a, b, a)] == [0, 48, 0, 0]  # b evicted a entirely
+    pool = BlockPool(capacity=None, block=16)
+    assert [pool.add(np.asarray(p)) for p in (a, b, a + [1])] == [0, 0, 64]
+
+
+def test_ladder_report_and_parse_size(agent):
+    assert parse_size("8GiB") == (8 << 30, "bytes") and parse_size("512MiB") == (512 << 20, "bytes")
+    assert parse_size("32ktok") == (32768, "tokens") and parse_size("1000 tokens") == (1000, "tokens")
+    with pytest.raises(ValueError):
+        parse_size("lots")
+    with pytest.raises(ValueError):
+        CapacityLadder([(8 << 30, "bytes")])  # bytes without the model's bytes per token
+    lad = CapacityLadder([(1 << 20, "bytes")], bytes_per_token=1024)
+    for p in agent:
+        lad.add(np.asarray(p.ids))
+    r = lad.report(reported=1000)
+    assert [p.label for p in r.points] == ["1 MiB", "unlimited"] and r.points[0].tokens == 1024
+    assert r.reported_pct == round(100 * 1000 / r.total_tokens, 2)
+    assert r.unlimited.reuse_pct["llama.cpp"] >= r.points[0].reuse_pct["llama.cpp"]
+
+
+def test_kv_bytes_per_token_from_the_model(tiny_model):
+    """The tiny test model: 2 layers, 2 KV heads of width 16, f16: 2 * 2 * (16 + 16) * 2 bytes."""
+    meta = read_model_metadata(str(tiny_model))
+    assert kv_bytes_per_token(meta) == 256
+    assert kv_bytes_per_token(meta, "q8_0") == 136
+    assert kv_bytes_per_token({"general.architecture": "mamba"}) is None
+
+
+def test_report_cache_size(tmp_path):
+    from tokendiff.cli import main
+
+    out = tmp_path / "r.md"
+    rc = main(["report", str(AGENT), "--cache-size", "1MiB", "--kv-bytes-per-token", "512", "-o", str(out)])
+    text = out.read_text()
+    assert rc == 0 and "## Cache capacity" in text
+    assert "llama-server: with 1 MiB of cache:" in text and "your server reported" in text

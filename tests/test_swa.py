@@ -1,0 +1,260 @@
+"""Sliding-window / hybrid reuse: llama.cpp's checkpoint rule, checked against a real llama-server
+serving a tiny gemma2 model (sliding window 32) whose `timings.cache_n` is the truth."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from conftest import prompt_from_ids
+
+from tokendiff.cost import analyse
+from tokendiff.gguf_meta import read_attention_layout, read_gguf_metadata
+from tokendiff.swa import AttentionLayout, SlotState, checkpoint_reuse, reuse_after, server_flags, simulate
+
+N_SWA = 32
+UB = 64  # -ub and -b: small batches keep the tiny model's prompts short and checkpoints frequent
+
+
+def write_gemma2(out: Path, tokenizer_from: Path, n_swa: int = N_SWA, dim: int = 64, layers: int = 2) -> Path:
+    """A tiny gemma2 GGUF (interleaved sliding-window attention) with the tiny llama's vocabulary."""
+    import gguf
+
+    src = read_gguf_metadata(str(tokenizer_from), ("tokenizer.",))
+    heads, kv, ffn, hd = 4, 2, 128, dim // 4
+    w = gguf.GGUFWriter(str(out), "gemma2")
+    w.add_name("tokendiff-tiny-swa")
+    w.add_context_length(131072)
+    w.add_embedding_length(dim)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(n_swa)
+    w.add_attn_logit_softcapping(50.0)
+    w.add_final_logit_softcapping(30.0)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    tokens = [t.decode("utf-8", "surrogateescape") for t in src["tokenizer.ggml.tokens"]]
+    w.add_tokenizer_model(src["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(src["tokenizer.ggml.pre"])
+    w.add_token_list(tokens)
+    w.add_token_types(src["tokenizer.ggml.token_type"].tolist())
+    w.add_token_merges([m.decode() for m in src["tokenizer.ggml.merges"]])
+    w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
+    w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
+    w.add_add_bos_token(False)
+    if isinstance(src.get("tokenizer.chat_template"), str):
+        w.add_chat_template(src["tokenizer.chat_template"])
+    rng = np.random.default_rng(0)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    w.add_tensor("token_embd.weight", mat(len(tokens), dim))
+    w.add_tensor("output_norm.weight", ones(dim))
+    for i in range(layers):
+        b = f"blk.{i}."
+        for name, t in (
+            ("attn_norm", ones(dim)),
+            ("attn_q", mat(heads * hd, dim)),
+            ("attn_k", mat(kv * hd, dim)),
+            ("attn_v", mat(kv * hd, dim)),
+            ("attn_output", mat(dim, heads * hd)),
+            ("post_attention_norm", ones(dim)),
+            ("ffn_norm", ones(dim)),
+            ("ffn_gate", mat(ffn, dim)),
+            ("ffn_up", mat(ffn, dim)),
+            ("ffn_down", mat(dim, ffn)),
+            ("post_ffw_norm", ones(dim)),
+        ):
+            w.add_tensor(b + name + ".weight", t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+# ---------------------------------------------------------------- the rule, without a server
+
+
+def test_layout_from_gguf_metadata():
+    lay = AttentionLayout.from_gguf({"general.architecture": "gemma3", "gemma3.attention.sliding_window": 1024})
+    assert lay.n_swa == 1024 and lay.needs_checkpoints and lay.swa_cells == 1536  # 1024 + 512, padded to 256
+    assert not lay.with_flags(swa_full=True).needs_checkpoints
+    hybrid = AttentionLayout.from_gguf({"general.architecture": "qwen35", "qwen35.ssm.state_size": 128})
+    assert hybrid.recurrent and hybrid.needs_checkpoints
+    assert not AttentionLayout.from_gguf({"general.architecture": "llama"}).needs_checkpoints
+
+
+def test_full_attention_keeps_the_lcp():
+    got = simulate([list(range(3000)), list(range(1500)) + [1] * 10], AttentionLayout(arch="llama"))
+    assert [r.reused for r in got] == [0, 1500]
+
+
+def test_swa_falls_back_to_the_last_checkpoint_before_the_divergence():
+    lay = AttentionLayout(arch="gemma2", n_swa=N_SWA, n_ubatch=UB, n_batch=UB)
+    a = list(range(1000, 3000))  # checkpoints 64 and 4 tokens before its end: 1,936 and 1,996
+    b = a + list(range(5000, 5600))  # a pure append keeps everything
+    c = b[:2300] + [7] + b[2301:]  # an edit past a's end but far before b's: b's checkpoints are later
+    got = simulate([a, b, c], lay)
+    assert [r.reused for r in got] == [0, 2000, 1995]
+    assert got[2].checkpoint == 1996 and "the last checkpoint before it is at token 1,996" in got[2].reason
+    assert "divergence 300 tokens before the end" in got[2].reason
+    assert [r.reused for r in simulate([a, b, c], lay.with_flags(swa_full=True))] == [0, 2000, 2300]
+
+
+def test_reuse_after_one_pair():
+    lay = AttentionLayout(arch="gemma2", n_swa=N_SWA, n_ubatch=UB, n_batch=UB)
+    a = list(range(1000, 3000))
+    assert reuse_after(a, a[:1800] + [7] + a[1801:], lay).reused == 1800  # the 256 SWA cells still hold it
+    far = reuse_after(a, a[:1700] + [7] + a[1701:], lay)  # a's checkpoints (1,936 and 1,996) are past it
+    assert far.reused == 0 and far.lcp == 1700 and "no checkpoint" in far.reason
+    assert reuse_after(a, a[:1700] + [7] + a[1701:], lay.with_flags(swa_full=True)).reused == 1700
+
+
+def test_server_flags():
+    flags = server_flags(["-ub", "256", "--swa-full", "-ctxcp=8", "-np", "4", "-c", "65536", "-m", "x.gguf"])
+    assert flags == {"n_ubatch": 256, "swa_full": True, "n_ctx_checkpoints": 8, "n_seq": 4, "n_ctx": 16384}
+    with pytest.raises(ValueError):
+        server_flags(["-ub"])
+
+
+def test_no_checkpoint_means_the_whole_prompt():
+    lay = AttentionLayout(arch="gemma2", n_swa=N_SWA, n_ubatch=UB, n_batch=UB)
+    a = list(range(1000, 3000))
+    got = simulate([a, a[:500] + [7] + a[501:]], lay)
+    assert got[1].reused == 0 and got[1].lcp == 500 and "no checkpoint" in got[1].reason
+
+
+def test_user_message_starts_are_checkpointed():
+    lay = AttentionLayout(arch="gemma2", n_swa=N_SWA, n_ubatch=UB, n_batch=UB)
+    slot = SlotState(lay)
+    a = list(range(1000, 3000))
+    checkpoint_reuse(slot, a, user_starts=[700, 1500])
+    assert [c.n_tokens for c in slot.checkpoints] == [700, 1500, 1936, 1996]
+    assert checkpoint_reuse(slot, a[:1600] + [7] + a[1601:]).reused == 1499
+
+
+# ---------------------------------------------------------------- against a real llama-server
+
+
+@pytest.fixture(scope="module")
+def swa_model(tmp_path_factory, tiny_model) -> Path:
+    return write_gemma2(tmp_path_factory.mktemp("swa") / "tiny-gemma2.gguf", tiny_model)
+
+
+def _session(rng: random.Random) -> list[list[int]]:
+    """An agent-shaped session: appends, edits far before the end (a checkpoint must be restored),
+    edits near the end (the window still holds it), a resend, a cut-back history."""
+    cur = [rng.randrange(1000, 50000) for _ in range(700)]
+    out = [cur]
+    for op in ("append", "edit_far", "append", "edit_near", "same", "append", "edit_far", "truncate", "append"):
+        if op == "append":
+            cur = cur + [rng.randrange(1000, 50000) for _ in range(rng.randrange(60, 250))]
+        elif op == "edit_far":
+            i = len(cur) - rng.randrange(300, 450)  # the SWA cache holds 256 positions
+            cur = cur[:i] + [7] + cur[i + 1 :] + [rng.randrange(1000, 50000) for _ in range(40)]
+        elif op == "edit_near":
+            i = len(cur) - rng.randrange(5, 60)
+            cur = cur[:i] + [9] + cur[i + 1 :]
+        elif op == "truncate":
+            cur = cur[: len(cur) * 3 // 4]
+        out.append(cur)
+    return out
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("flags", [[], ["-ctxcp", "3"]], ids=["default", "ctxcp3"])
+def test_prediction_is_the_servers_cache_n(llama_server_bin, swa_model, vocab, flags):
+    """Every turn's predicted reuse equals what the real server reused (timings.cache_n), and the
+    turns where that is less than the LCP say why."""
+    from tokendiff.testing.llama_server import LlamaServer
+
+    layout = read_attention_layout(str(swa_model), n_ubatch=UB, n_batch=UB)
+    if flags:
+        layout = layout.with_flags(n_ctx_checkpoints=int(flags[1]))
+    prompts = []
+    with LlamaServer(model=swa_model, ctx=16384, extra=["-ub", str(UB), "-b", str(UB), *flags]) as srv:
+        client = httpx.Client()
+        for k, ids in enumerate(_session(random.Random(7))):
+            body = {"prompt": ids, "n_predict": 4 if k % 2 else 40, "ignore_eos": True, "temperature": 0}
+            r = client.post(f"{srv.url}/completion", json={**body, "cache_prompt": True, "id_slot": 0}, timeout=600)
+            p = prompt_from_ids(ids, vocab, origin=f"turn {k + 1}")
+            p.meta.response = r.json()
+            prompts.append(p)
+    s = analyse(prompts, layout=layout)
+    assert [t.reuse["llama.cpp-hybrid"] for t in s.turns] == [t.reported_cached for t in s.turns]
+    fell_back = [t for t in s.turns if t.reported_cached < t.reuse["llama.cpp"]]
+    assert len(fell_back) >= 2  # the session does exercise the rule
+    for t in fell_back:
+        assert "checkpoint" in t.note and "as the SWA/hybrid checkpoint rule predicts" in t.note
+
+
+def _chat_turns() -> list[list[dict]]:
+    """An agent conversation: appends, then history rewritten in an old assistant message (far before
+    the end: the checkpoint at a user message's start is what is left), then a recent edit."""
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+
+    def text(k: int, n: int) -> str:
+        return " ".join(words[(k + i) % 10] for i in range(n))
+
+    sys_ = {"role": "system", "content": "You are a coding agent. " + text(0, 260)}
+    msgs = [sys_, {"role": "user", "content": text(1, 60)}]
+    turns = [list(msgs)]
+    for k in range(2, 5):
+        msgs += [{"role": "assistant", "content": text(k, 80)}, {"role": "user", "content": text(k + 3, 50)}]
+        turns.append(list(msgs))
+    edited = [dict(m) for m in msgs]
+    edited[2]["content"] = text(9, 80)  # the first answer rewritten: far before the end
+    edited += [{"role": "assistant", "content": text(5, 40)}, {"role": "user", "content": text(6, 30)}]
+    turns.append(edited)
+    recent = [dict(m) for m in edited]
+    recent[-1]["content"] = text(7, 30)  # the newest user message edited: near the end
+    turns.append(recent)
+    return turns
+
+
+@pytest.mark.server
+def test_chat_session_report_matches_the_server(llama_server_bin, swa_model, tmp_path):
+    """A chat session recorded as a capture (its /props beside it naming the model file): the
+    report finds the model's layout itself, and its SWA/hybrid column is the server's cache_n on
+    every turn, user-message checkpoints included."""
+    import json
+
+    from tokendiff import workflows as wf
+    from tokendiff.testing.llama_server import LlamaServer
+
+    out = tmp_path / "capture.jsonl"
+    recs = []
+    with LlamaServer(model=swa_model, ctx=16384, extra=["-ub", str(UB), "-b", str(UB)]) as srv:
+        client = httpx.Client()
+        (tmp_path / "props.json").write_text(json.dumps(client.get(f"{srv.url}/props").json()))
+        for k, messages in enumerate(_chat_turns(), 1):
+            body = {"messages": messages, "max_tokens": 8, "temperature": 0}
+            prompt = client.post(f"{srv.url}/apply-template", json=body).json()["prompt"]
+            tok = {"content": prompt, "add_special": False, "parse_special": True}
+            ids = client.post(f"{srv.url}/tokenize", json=tok).json()["tokens"]
+            resp = srv.chat(client, body)
+            rec = {"schema": "tokendiff.capture/1", "seq": k, "request": body, "prompt_ids": ids}
+            recs.append({**rec, "response": {"status": 200, "usage": resp["usage"], "timings": resp["timings"]}})
+    out.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    opts = wf.PromptOptions()
+    layout = wf.attention_layout([str(out)], opts, server_args=f"-ub {UB} -b {UB}")
+    assert layout is not None and layout.arch == "gemma2" and layout.n_swa == N_SWA
+    loaded = wf.open_session(opts, [str(out)], single_turns=False, workers=1, layout=layout)
+    turns = loaded.session.turns
+    assert [t.reuse["llama.cpp-hybrid"] for t in turns] == [t.reported_cached for t in turns]
+    assert any(0 < t.reported_cached < t.reuse["llama.cpp"] for t in turns)  # a user-message checkpoint
+    doc = wf.session_report(loaded, str(out))
+    assert doc["summary"]["layout"]["arch"] == "gemma2" and not doc["summary"]["layout"]["assumed"]
+    assert "| SWA/hybrid |" in wf.render_report(doc, "md")

@@ -1,0 +1,168 @@
+"""What the backend itself did to a session, read from the recorded requests and responses.
+
+Not every lost prefix is the prompt's fault. The server can reload the model (Ollama, when a
+request changes `num_ctx`), cut a prompt silently at its context, round its cached count down to
+whole blocks (vLLM; a hybrid model's blocks are thousands of tokens), or ignore `--cache-reuse`
+(llama-server with a multimodal projector). Each is a `BackendFact` naming the turn and the
+record's own numbers as evidence. Plain data in, facts out: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+VLLM_BLOCK = 16
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """The few fields of one recorded turn the facts need."""
+
+    turn: int
+    n_prompt: int  # the prompt's tokens as tokendiff counts them
+    lcp: int  # tokens shared with the previous prompt
+    response: Mapping[str, Any] | None = None
+    num_ctx: int | None = None  # Ollama: options.num_ctx the request asked for
+    cache_reuse: int | None = None  # llama-server: n_cache_reuse the request asked for
+
+
+@dataclass(frozen=True)
+class BackendFact:
+    kind: str  # ollama_reload, ollama_truncated, vllm_block_rounding, vllm_large_blocks, mmproj_no_cache_reuse
+    turn: int
+    title: str
+    evidence: str
+    fix: str
+
+
+def turn_record(turn: int, n_prompt: int, lcp: int, request: Any, response: Any) -> TurnRecord:
+    """A TurnRecord from a recorded request and response (the user's JSON: anything may be missing)."""
+    req: Mapping[str, Any] = request if isinstance(request, Mapping) else {}
+    options = req.get("options")
+    opts: Mapping[str, Any] = options if isinstance(options, Mapping) else {}
+    num_ctx = opts.get("num_ctx", req.get("num_ctx"))
+    reuse = req.get("n_cache_reuse")
+    return TurnRecord(
+        turn=turn,
+        n_prompt=n_prompt,
+        lcp=lcp,
+        response=response if isinstance(response, Mapping) else None,
+        num_ctx=num_ctx if isinstance(num_ctx, int) else None,
+        cache_reuse=reuse if isinstance(reuse, int) else None,
+    )
+
+
+def _int(d: Mapping[str, Any] | None, *path: str) -> int | None:
+    cur: Any = d
+    for key in path:
+        cur = cur.get(key) if isinstance(cur, Mapping) else None
+    return cur if isinstance(cur, int) and not isinstance(cur, bool) else None
+
+
+def _ctx(v: int | None) -> str:
+    return "the server's default" if v is None else f"{v:,}"
+
+
+def ollama_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
+    """Reloads (load_duration > 0 after the first turn, and num_ctx before and after) and silent
+    truncation (prompt_eval_count below the prompt's length)."""
+    out: list[BackendFact] = []
+    for prev, r in zip([None, *records], records, strict=False):
+        load = _int(r.response, "load_duration")
+        if prev is not None and load and load > 0:
+            changed = prev.num_ctx != r.num_ctx
+            why = f"num_ctx went from {_ctx(prev.num_ctx)} to {_ctx(r.num_ctx)}" if changed else "num_ctx unchanged"
+            out.append(
+                BackendFact(
+                    kind="ollama_reload",
+                    turn=r.turn,
+                    title="Ollama reloaded the model: the whole prompt was recomputed",
+                    evidence=f"load_duration {load / 1e9:.2f} s on turn {r.turn} ({why})",
+                    fix="Send the same num_ctx on every request (or set it once in the Modelfile / "
+                    "OLLAMA_CONTEXT_LENGTH), and keep the model loaded (keep_alive)",
+                )
+            )
+        evaluated = _int(r.response, "prompt_eval_count")
+        if evaluated is not None and 0 < evaluated < r.n_prompt * 0.98:
+            ctx = f" (num_ctx {r.num_ctx:,})" if r.num_ctx else ""
+            out.append(
+                BackendFact(
+                    kind="ollama_truncated",
+                    turn=r.turn,
+                    title="Ollama cut the prompt silently at its context",
+                    evidence=f"prompt_eval_count {evaluated:,} for a prompt of {r.n_prompt:,} tokens{ctx}",
+                    fix="Raise num_ctx above the agent's longest prompt; a cut prompt loses its front, "
+                    "so nothing is reused and the model never sees the system prompt",
+                )
+            )
+    return out
+
+
+def vllm_facts(records: Sequence[TurnRecord], block: int = VLLM_BLOCK) -> list[BackendFact]:
+    """cached_tokens rounded down to whole blocks; a block size far above 16 (hybrid models)."""
+    cached = [(r, _int(r.response, "usage", "prompt_tokens_details", "cached_tokens")) for r in records]
+    hits = [(r, c) for r, c in cached if c is not None and c > 0 and r.response and "timings" not in r.response]
+    if not hits:
+        return []
+    size = math.gcd(*(c for _, c in hits))
+    out: list[BackendFact] = []
+    if size >= 4 * block and len(hits) >= 2:
+        r, c = hits[0]
+        out.append(
+            BackendFact(
+                kind="vllm_large_blocks",
+                turn=r.turn,
+                title=f"The server caches blocks of {size:,} tokens: a shorter shared prefix is never reused",
+                evidence=f"every cached_tokens is a multiple of {size:,} ({', '.join(f'{c:,}' for _, c in hits[:4])})",
+                fix="Hybrid (Mamba/attention) models use large blocks on vLLM: keep the stable prefix longer "
+                "than one block, or use --mamba-cache-mode all / a smaller --block-size where supported",
+            )
+        )
+        block = size
+    for r, c in hits:
+        if c % block == 0 and 0 < r.lcp - c < block:
+            out.append(
+                BackendFact(
+                    kind="vllm_block_rounding",
+                    turn=r.turn,
+                    title=f"vLLM reused whole {block}-token blocks only",
+                    evidence=f"cached_tokens {c:,} of the {r.lcp:,} shared: the last {r.lcp - c} "
+                    f"shared tokens fill a partial block",
+                    fix="Nothing to fix in the prompt: expected rounding (it only matters when the shared "
+                    "prefix is short)",
+                )
+            )
+    return out
+
+
+def mmproj_facts(records: Sequence[TurnRecord], props: Mapping[str, Any] | None) -> list[BackendFact]:
+    """llama-server with a multimodal projector ignores `--cache-reuse` (n_cache_reuse)."""
+    mods = props.get("modalities") if isinstance(props, Mapping) else None
+    if not isinstance(mods, Mapping) or not any(mods.get(k) for k in ("vision", "audio")):
+        return []
+    asked = next((r for r in records if r.cache_reuse and r.cache_reuse > 0), None)
+    if asked is None:
+        return []
+    return [
+        BackendFact(
+            kind="mmproj_no_cache_reuse",
+            turn=asked.turn,
+            title="--cache-reuse is ignored: the server runs a multimodal projector (--mmproj)",
+            evidence=f"n_cache_reuse {asked.cache_reuse} asked for on turn {asked.turn}; /props modalities "
+            + ", ".join(k for k in ("vision", "audio") if mods.get(k)),
+            fix="Keep the prefix byte-stable instead (chunk reuse is off with --mmproj), or serve text-only "
+            "agents from a server without the projector",
+        )
+    ]
+
+
+def backend_facts(records: Sequence[TurnRecord], props: Mapping[str, Any] | None = None) -> list[BackendFact]:
+    """Every backend fact of a session, in turn order."""
+    facts = ollama_facts(records) + vllm_facts(records) + mmproj_facts(records, props)
+    return sorted(facts, key=lambda f: f.turn)
+
+
+__all__ = ["TurnRecord", "BackendFact", "turn_record", "backend_facts", "ollama_facts", "vllm_facts", "mmproj_facts"]

@@ -1,0 +1,211 @@
+"""Reuse as a function of cache capacity: "your prompts break the cache" or "your cache is too small".
+
+A perfect prefix still misses when the server no longer holds it. From a session's prompts (in
+order) this replays two capacity-limited prefix caches and reports the reuse each would give:
+
+- llama-server: one slot holds the previous prompt; the RAM prompt cache (`--cache-ram`) keeps
+  earlier slot prompts (a prompt that the new one extends is dropped, not kept), oldest evicted
+  first, and a request restores the cached prompt sharing the longest prefix when it beats the slot;
+- vLLM / SGLang: a pool of fixed-size blocks keyed by their whole prefix (chained hashes), a
+  prompt reusing its leading blocks still in the pool, least recently used blocks evicted first
+  (the later blocks of a prompt before its earlier ones).
+
+Capacities are in bytes when the KV bytes per token are known (the model's n_layer, K/V widths
+and cache type: `kv_bytes_per_token`), else in tokens. Pure: token IDs in, numbers out, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 1 << 30
+DEFAULT_LADDER_BYTES = (1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB, 16 * GIB, 32 * GIB)
+DEFAULT_LADDER_TOKENS = (4096, 16384, 65536, 262144, 1 << 20)
+TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32}
+TYPE_BYTES |= {"q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b|tok(?:ens)?|[kmg]tok)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def kv_bytes_per_token(meta: Mapping[str, Any], cache_type: str = "f16") -> int | None:
+    """KV cache bytes one token costs, from GGUF metadata: every layer's K and V rows
+    (n_head_kv x head width) in the cache type (`-ctk`/`-ctv`, f16 by default). None when the
+    metadata lacks the sizes (a recurrent model's state does not grow per token)."""
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        return None
+
+    def num(key: str) -> Any:
+        return meta.get(f"{arch}.{key}")
+
+    n_layer, n_embd, n_head = num("block_count"), num("embedding_length"), num("attention.head_count")
+    n_head_kv = num("attention.head_count_kv")
+    if not isinstance(n_layer, int) or not isinstance(n_embd, int):
+        return None
+    heads = [int(h) for h in n_head_kv] if hasattr(n_head_kv, "__len__") else [int(n_head_kv or n_head or 1)] * n_layer
+    q_heads = int(n_head[0] if hasattr(n_head, "__len__") else (n_head or 1))
+    k_width = int(num("attention.key_length") or n_embd // max(1, q_heads))
+    v_width = int(num("attention.value_length") or k_width)
+    per = sum(h * (k_width + v_width) for h in heads[:n_layer])
+    return int(round(per * TYPE_BYTES.get(cache_type.lower(), 2.0))) or None
+
+
+def parse_size(text: str) -> tuple[int, str]:
+    """`8GiB`, `512MiB`, `1.5G` (bytes) or `32k tok`, `65536tok` (tokens) as (amount, "bytes"|"tokens")."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (8GiB, 512MiB, 32ktok)")
+    value, unit = float(m.group(1)), (m.group(2) or "").lower()
+    if "tok" in unit:
+        return int(value * _UNITS[unit[0]] if unit[0] in "kmg" else value), "tokens"
+    return int(value * _UNITS[unit[:1]]), "bytes"
+
+
+def _lcp(a: Any, b: Any) -> int:
+    import numpy as np
+
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+class SlotCache:
+    """One llama-server slot plus a RAM prompt cache of `capacity` tokens (None: unlimited; 0:
+    `--cache-ram 0`, the slot alone). `add` returns what a request reuses."""
+
+    def __init__(self, capacity: int | None):
+        self.capacity = capacity
+        self.slot: Any = None
+        self.cache: OrderedDict[int, Any] = OrderedDict()  # insertion order = age
+        self.held = 0
+        self.saved = 0
+
+    def add(self, p: Any) -> int:
+        slot, n = self.slot, len(p)
+        best = _lcp(slot, p) if slot is not None else 0
+        scores = {k: _lcp(v, p) for k, v in self.cache.items()}
+        pick = max(scores, key=scores.__getitem__, default=None)
+        if pick is not None and scores[pick] > best:
+            best = scores[pick]
+            self.held -= len(self.cache.pop(pick))
+        if slot is not None and self.capacity != 0 and _lcp(slot, p) < len(slot):
+            self.saved += 1  # the slot's prompt goes to RAM unless the new one extends it
+            self.cache[self.saved] = slot
+            self.held += len(slot)
+        while self.capacity is not None and self.held > self.capacity and self.cache:
+            self.held -= len(self.cache.popitem(last=False)[1])
+        self.slot = p
+        return min(best, max(n - 1, 0))
+
+
+class BlockPool:
+    """A pool of `capacity` blocks (None: unlimited) keyed by their whole prefix, least recently
+    used evicted first, as vLLM's and SGLang's prefix caches keep them."""
+
+    def __init__(self, capacity: int | None, block: int = 16):
+        self.capacity, self.block = capacity, block
+        self.pool: dict[int, tuple[int, int]] = {}  # chain hash -> (last use, position in its prompt)
+        self.step = 0
+
+    def add(self, p: Any) -> int:
+        import numpy as np
+
+        ids, b = np.asarray(p, dtype=np.int64), self.block
+        n_full = (len(ids) - 1) // b  # the last token is always computed
+        h, hit, reused, chain = 0, True, 0, []
+        for i in range(len(ids) // b):
+            h = hash((h, ids[i * b : (i + 1) * b].tobytes()))
+            chain.append(h)
+            hit = hit and i < n_full and h in self.pool
+            reused += b if hit else 0
+        self.step += 1
+        for i, hk in enumerate(chain):
+            self.pool[hk] = (self.step, i)
+        if self.capacity is not None and len(self.pool) > self.capacity:
+            order = sorted(self.pool, key=lambda k: (self.pool[k][0], -self.pool[k][1]))
+            for k in order[: len(self.pool) - self.capacity]:
+                del self.pool[k]
+        return reused
+
+
+@dataclass
+class CapacityPoint:
+    """One capacity of the ladder and the session's reuse (percent of all prompt tokens) there."""
+
+    label: str  # "8 GiB", "65,536 tokens", "unlimited"
+    tokens: int | None  # capacity in tokens; None = unlimited
+    reuse_pct: dict[str, float] = field(default_factory=dict)  # backend -> percent
+
+
+@dataclass
+class CapacityReport:
+    bytes_per_token: int | None
+    points: list[CapacityPoint]
+    total_tokens: int
+    reported_pct: float | None  # what the server said it reused (cache_n), when the session says
+
+    @property
+    def unlimited(self) -> CapacityPoint:
+        return self.points[-1]
+
+
+def _label(amount: int, unit: str) -> str:
+    if unit == "tokens":
+        return f"{amount:,} tokens"
+    for div, name in ((GIB, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if amount >= div:
+            return f"{amount / div:g} {name}"
+    return f"{amount} B"
+
+
+class CapacityLadder:
+    """The session's reuse per backend at each capacity, fed one prompt at a time (`add`)."""
+
+    def __init__(self, sizes: Sequence[tuple[int, str]] = (), bytes_per_token: int | None = None, block: int = 16):
+        if not sizes:
+            unit = "bytes" if bytes_per_token else "tokens"
+            sizes = [(a, unit) for a in (DEFAULT_LADDER_BYTES if bytes_per_token else DEFAULT_LADDER_TOKENS)]
+        if any(unit == "bytes" for _, unit in sizes) and not bytes_per_token:
+            raise ValueError("a capacity in bytes needs the KV bytes per token (the model's GGUF, or a flag)")
+        bpt = bytes_per_token or 1
+        caps = sorted({(a // bpt if u == "bytes" else a, _label(a, u)) for a, u in sizes})
+        self.bytes_per_token = bytes_per_token
+        self.points = [CapacityPoint(label, tokens) for tokens, label in caps] + [CapacityPoint("unlimited", None)]
+        self.sims = [
+            (SlotCache(pt.tokens), BlockPool(None if pt.tokens is None else pt.tokens // block, block))
+            for pt in self.points
+        ]
+        self.reused = [[0, 0] for _ in self.points]
+        self.total = 0
+
+    def add(self, ids: Any) -> None:
+        self.total += len(ids)
+        for r, (slot, pool) in zip(self.reused, self.sims, strict=True):
+            r[0] += slot.add(ids)
+            r[1] += pool.add(ids)
+
+    def report(self, reported: int | None = None) -> CapacityReport:
+        """`reported`: the tokens the server said it reused over the session."""
+        for pt, (slot, pool) in zip(self.points, self.reused, strict=True):
+            pt.reuse_pct = {"llama.cpp": self._pct(slot), "vllm": self._pct(pool)}
+        rep = self._pct(reported) if reported is not None else None
+        return CapacityReport(self.bytes_per_token, self.points, self.total, rep)
+
+    def _pct(self, tokens: int) -> float:
+        return round(100.0 * tokens / self.total, 2) if self.total else 100.0
+
+
+__all__ = [
+    "kv_bytes_per_token",
+    "parse_size",
+    "SlotCache",
+    "BlockPool",
+    "CapacityLadder",
+    "CapacityPoint",
+    "CapacityReport",
+    "TYPE_BYTES",
+]
