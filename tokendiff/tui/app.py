@@ -92,10 +92,7 @@ class TokendiffApp(App):
     CSS_PATH = Path(__file__).resolve().parent / "app.tcss"
     TITLE = "tokendiff"
     COMMANDS = App.COMMANDS | {TokendiffCommands}
-    BINDINGS = [
-        Binding("question_mark", "help", "help", key_display="?", id="app.help"),
-        Binding("q", "quit", "quit", id="app.quit"),
-    ]
+    BINDINGS = [Binding("q", "quit", "quit", show=False, id="app.quit")]  # `?` is on each screen, first
 
     def __init__(self, options: Options) -> None:
         super().__init__()
@@ -222,7 +219,8 @@ class TokendiffApp(App):
             return
         views = list(screen.query(TokenView))
         colours = legend(views[0]) if views else None
-        self.push_screen(HelpScreen(f"keys: {screen.title or self.title}", screen_keys(screen), colours))
+        where = f"the pair screen ({screen.title})" if isinstance(screen, PairScreen) else "the session screen"
+        self.push_screen(HelpScreen(f"keys on {where}", screen_keys(screen), colours))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """Textual's commands, with a screenshot that lands in the working directory and says where."""

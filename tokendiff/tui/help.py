@@ -34,13 +34,14 @@ def screen_keys(screen: Screen) -> list[KeyHelp]:
     by_action: dict[tuple[str, str], list[str]] = {}
     for key, active in screen.active_bindings.items():
         b = active.binding
-        if not b.description or b.action in ("help", "command_palette"):
+        if not b.id or b.id == "app.help":  # Textual's own (tab, scrolling) are listed below in a line
             continue
-        keys = by_action.setdefault((b.description, b.action), [])
+        keys = by_action.setdefault((b.tooltip or b.description, b.action), [])
         shown = app.get_key_display(b) if b.key == key else app.get_key_display(Binding(key, b.action))
         if shown not in keys:
             keys.append(shown)
     rows = [KeyHelp(" ".join(keys), desc) for (desc, _), keys in by_action.items()]
+    rows.append(KeyHelp("tab", "move the focus: outline, tokens (A and B side by side)"))
     rows.append(KeyHelp(app.get_key_display(Binding("ctrl+p", "")), "command palette: every action, by name"))
     rows.append(KeyHelp("?", "this help (Esc closes it)"))
     return rows
@@ -58,13 +59,17 @@ LEGEND = [
 def legend(view: TokenView) -> Text:
     """Sample tokens in the view's styles; alternating shades are how token boundaries show."""
     text = Text()
+    text.append("colours\n", style="bold")
     for kind, special, words in LEGEND:
         sample = "<|im_start|>" if special else "token"
         text.append(sample, view.token_style(kind, special, odd=False))
         text.append(" " * (14 - len(sample)) + words + "\n")
     for k, part in enumerate(("to", "ken", "s", "↵")):
         text.append(part, view.token_style(SAME, False, odd=k % 2 == 1))
-    text.append(" " * 9 + "token boundaries: every other token is shaded; ↵ newline, ⇥ tab\n")
+    text.append(" " * 7 + "token boundaries: every other token is shaded; ↵ newline, ⇥ tab\n")
+    text.append("the cursor shows the token under it reversed, in its colours; search matches are underlined\n")
+    if view.app.no_color:
+        text.append("without colour (NO_COLOR): removed is struck through, added underlined\n")
     return text
 
 
@@ -94,10 +99,9 @@ class HelpScreen(ModalScreen[None]):
             table.add_row(row.keys, row.description)
         with VerticalScroll():
             yield Static(Text(self.help_title, style="bold"), id="help-title")
-            yield Static(table, id="help-keys")
             if self.colours is not None:
-                yield Static(Text("\ncolours", style="bold"), id="help-legend-title")
                 yield Static(self.colours, id="help-legend")
+            yield Static(table, id="help-keys")
 
     def action_dismiss_help(self) -> None:
         self.dismiss(None)

@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from tokendiff.workflows import PairResult
 
 
+HELP = Binding(
+    "question_mark", "app.help", "help", key_display="?", tooltip="every key, and the colours", id="app.help"
+)
+
+
 class SessionScreen(Screen):
     """Every turn: size, reuse, waste, the first divergence and its cause; the spans to fix first.
 
@@ -32,6 +37,7 @@ class SessionScreen(Screen):
     """
 
     BINDINGS = [
+        HELP,
         Binding("enter", "open_pair", "open pair", key_display="⏎", id="session.open"),
         Binding("e", "export_report", "export report", id="session.export"),
     ]
@@ -155,24 +161,57 @@ def _owner_text(path: SectionPath) -> str:
 class PairScreen(Screen):
     """Two prompts as tokens: unified or side by side, spans, sections, findings, search."""
 
+    # Short descriptions for the footer (what matters fits 80 columns); the tooltip is what `?` says.
     BINDINGS = [
-        Binding("slash", "search", "search", key_display="/", id="pair.search"),
-        Binding("n", "match(1)", "next match or span", id="pair.match_next"),
-        Binding("N", "match(-1)", "previous match or span", show=False, id="pair.match_prev"),
+        HELP,
+        Binding(
+            "slash",
+            "search",
+            "search",
+            key_display="/",
+            tooltip="search the tokens: text, or #1234 for an id",
+            id="pair.search",
+        ),
+        Binding(
+            "n",
+            "match(1)",
+            "next",
+            tooltip="next search match (next span when there is no search)",
+            id="pair.match_next",
+        ),
+        Binding(
+            "N", "match(-1)", "previous", show=False, tooltip="previous search match (or span)", id="pair.match_prev"
+        ),
         Binding("right_square_bracket", "hunk(1)", "next span", show=False, key_display="]", id="pair.next"),
-        Binding("left_square_bracket", "hunk(-1)", "previous span", show=False, key_display="[", id="pair.prev"),
+        Binding("left_square_bracket,p", "hunk(-1)", "previous span", show=False, id="pair.prev"),
         Binding("f", "first", "first divergence", show=False, id="pair.first"),
-        Binding("m", "toggle_mode", "side by side", id="pair.mode"),
-        Binding("y", "copy_span", "copy span", id="pair.copy"),
-        Binding("Y", "copy_token", "copy the token under the cursor", show=False, id="pair.copy_token"),
+        Binding("m", "toggle_mode", "side by side", tooltip="unified, or A and B side by side", id="pair.mode"),
+        Binding("y", "copy_span", "copy", tooltip="copy the current span's text, A's and B's", id="pair.copy"),
+        Binding(
+            "Y",
+            "copy_token",
+            "copy token",
+            show=False,
+            tooltip="copy the token under the cursor: index, byte offset, id, bytes",
+            id="pair.copy_token",
+        ),
         Binding("greater_than_sign", "turn(1)", "next turn pair", show=False, key_display=">", id="pair.next_turn"),
         Binding("less_than_sign", "turn(-1)", "previous turn pair", show=False, key_display="<", id="pair.prev_turn"),
-        Binding("o", "focus_outline", "focus the outline", show=False, id="pair.outline"),
-        Binding("O", "toggle_outline", "hide or show the outline", show=False, id="pair.hide_outline"),
-        Binding("t", "focus_tokens", "focus the tokens", show=False, id="pair.tokens"),
-        Binding("x", "export_pair", "export the pair as JSON", show=False, id="pair.export"),
-        Binding("r", "replay", "replay against the backend", show=False, id="pair.replay"),
-        Binding("escape", "back", "back", id="pair.back"),
+        Binding("o", "focus_outline", "outline", show=False, tooltip="focus the section outline", id="pair.outline"),
+        Binding(
+            "O",
+            "toggle_outline",
+            "hide outline",
+            show=False,
+            tooltip="hide or show the section outline",
+            id="pair.hide_outline",
+        ),
+        Binding("t", "focus_tokens", "tokens", show=False, tooltip="focus the tokens", id="pair.tokens"),
+        Binding(
+            "x", "export_pair", "export", show=False, tooltip="export the pair as JSON (diff --json)", id="pair.export"
+        ),
+        Binding("r", "replay", "replay", show=False, tooltip="replay the pair against --backend", id="pair.replay"),
+        Binding("escape", "back", "back", tooltip="back to the session (closes the search bar first)", id="pair.back"),
     ]
 
     def __init__(
@@ -223,7 +262,7 @@ class PairScreen(Screen):
             parent = self._outline_nodes.get(s.path[:-1], tree.root) if len(s.path) > 1 else tree.root
             node = parent.add(s.name, data=("b", s.start), expand=len(s.path) < 2)  # type: ignore[attr-defined]
             self._outline_nodes[s.path] = node
-        tree.root.set_label(f"B: {self.b.origin}")
+        tree.root.set_label(f"B: {Path(self.b.origin).name}")
 
     @on(Tree.NodeSelected, "#outline")
     def _jump(self, event: Tree.NodeSelected) -> None:
