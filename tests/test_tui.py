@@ -169,6 +169,45 @@ def test_snapshot_session_light_theme(snap_compare):
     assert snap_compare(a, terminal_size=(140, 40), run_before=run_before)
 
 
+def _pair_then(a, *keys: str):
+    """run_before: the pair screen settled, then `keys`."""
+
+    async def run_before(pilot):
+        await _settled(a)(pilot)
+        for key in keys:
+            await pilot.press(key)
+        await pilot.pause(0.3)
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)])
+def test_snapshot_side_by_side_small_and_large(snap_compare, size):
+    a = app()
+    assert snap_compare(a, terminal_size=size, run_before=_pair_then(a, "m"))
+
+
+def test_snapshot_help(snap_compare):
+    a = app()
+    assert snap_compare(a, terminal_size=(140, 40), run_before=_pair_then(a, "question_mark"))
+
+
+def test_snapshot_search(snap_compare):
+    a = app()
+    assert snap_compare(a, terminal_size=(140, 40), run_before=_pair_then(a, "slash", *"Memory", "enter", "n"))
+
+
+def test_snapshot_no_color(snap_compare, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    a = app()
+    assert snap_compare(a, terminal_size=(120, 30), run_before=_pair_then(a))
+
+
+def test_snapshot_pair_light_theme(snap_compare):
+    a = app(theme="tokendiff-light")
+    assert snap_compare(a, terminal_size=(120, 30), run_before=_pair_then(a, "m"))
+
+
 async def test_live_mode_appends_turns_from_a_real_llama_server(llama_server_bin, tiny_model, tmp_path):
     from tokendiff.testing.llama_server import LlamaServer
 
