@@ -393,6 +393,7 @@ class PairScreen(Screen):
             self.query_one("#view-b", TokenView).go_to(b_idx)
             target = self.query_one("#view-a" if side == "a" else "#view-b", TokenView)
         target.focus()
+        self._mark_matches()
         self.refresh_bindings()
 
     def action_focus_outline(self) -> None:
@@ -428,10 +429,15 @@ class PairScreen(Screen):
         event.input.display = False
         self.query_text = event.value.strip()
         self._hits = {}
-        for view in self.query(TokenView):
-            view.set_matches(self._search_hits(view).tokens)
+        self._mark_matches()
         self.action_focus_tokens()
         self.action_match(1, inclusive=True)
+
+    def _mark_matches(self) -> None:
+        """Underline the search's matches in the views on screen (the other mode's when it is shown)."""
+        for view in self.query(TokenView):
+            if (view.id == "unified") == (self.mode == "unified"):
+                view.set_matches(self._search_hits(view).tokens if self.query_text else set())
 
     def _search_hits(self, view: TokenView) -> SearchHits:
         key = view.id or ""

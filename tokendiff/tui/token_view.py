@@ -116,6 +116,8 @@ class TokenView(ScrollView, can_focus=True):
 
     def _relayout(self) -> None:
         width = self.content_width()
+        if not width and self._layout_width > 0:
+            return  # hidden (the other mode is showing): keep the layout; re-wrapping 100k tokens costs ~0.1 s
         if self.peer is not None and self.peer.content_width():
             width = min(width, self.peer.content_width()) if width else self.peer.content_width()
         width = max(10, width or 80)
