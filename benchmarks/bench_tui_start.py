@@ -11,7 +11,11 @@ The process's CPU time at that moment is given too (from /proc): on a machine
 shared with other work the wall time says more about the neighbours than about
 tokendiff, and CPU seconds is what the wall time comes down to on an idle one.
 
+With --keys: the CPU time each key costs on a 100,000-token pair (headless, 140x40,
+the median of 9 presses, the refresh it causes included). Budget: 50 ms.
+
     python benchmarks/bench_tui_start.py [--runs 5] [--size 140x40] [--python .venv/bin/python]
+    python benchmarks/bench_tui_start.py --keys [--tokens 100000]
 """
 
 from __future__ import annotations
@@ -85,13 +89,77 @@ def one_run(python: str, size: tuple[int, int], timeout: float) -> Run:
     return run
 
 
+KEYS = [["pagedown"], ["down"], ["right"], ["n"], ["right_square_bracket"], ["Y"], ["m"]]
+
+
+def bench_keys(tokens: int) -> None:
+    """CPU milliseconds per key on the pair screen of a `tokens`-token pair with 10 edits."""
+    import asyncio
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import numpy as np
+    from bench_diff import agent_prompt_ids, edited
+
+    from tokendiff import grammar
+    from tokendiff.align import align
+    from tokendiff.explain import explain
+    from tokendiff.model import Prompt
+    from tokendiff.tui.app import Options, TokendiffApp
+    from tokendiff.tui.pairdata import build_pair_view
+    from tokendiff.tui.screens import PairScreen
+    from tokendiff.vocab import load_bundled
+
+    vocab = load_bundled()
+
+    def prompt(ids: list[int]) -> Prompt:
+        data, off, sp = vocab.decode(np.asarray(ids))
+        p = Prompt(np.asarray(ids, dtype=np.int32), data, off, sp)
+        grammar.annotate(p)
+        return p
+
+    a_ids = agent_prompt_ids(tokens)
+    a, b = prompt(a_ids), prompt(edited(a_ids, 10))
+    d = align(a, b)
+
+    class Bench(TokendiffApp):
+        def on_mount(self) -> None:  # no session: the pair screen alone
+            self.vocab = vocab
+
+    async def run() -> dict[str, float]:
+        app = Bench(Options(paths=[]))
+        costs = {}
+        async with app.run_test(size=(140, 40)) as pilot:
+            await app.push_screen(PairScreen(2, a, b, d, explain(a, b, d), build_pair_view(a, b, d)))
+            await pilot.pause(0.5)
+            for keys in KEYS:
+                samples = []
+                for _ in range(9):
+                    c0 = time.process_time()
+                    await pilot.press(*keys)
+                    await pilot.pause(0)
+                    samples.append(time.process_time() - c0)
+                costs[keys[0]] = statistics.median(samples) * 1000
+        return costs
+
+    costs = asyncio.run(run())
+    print(
+        f"keys on a {len(b):,}-token pair, CPU ms (median of 9; budget 50): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in costs.items())
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--keys", action="store_true", help="the CPU cost of keys on a large pair instead")
+    ap.add_argument("--tokens", type=int, default=100_000)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--size", default="140x40")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--timeout", type=float, default=30.0)
     args = ap.parse_args()
+    if args.keys:
+        bench_keys(args.tokens)
+        return
     if shutil.which("tmux") is None:
         sys.exit("bench_tui_start: tmux is not installed (apt-get install tmux)")
     w, h = (int(x) for x in args.size.split("x"))

@@ -394,7 +394,6 @@ class PairScreen(Screen):
             target = self.query_one("#view-a" if side == "a" else "#view-b", TokenView)
         target.focus()
         self._mark_matches()
-        self.refresh_bindings()
 
     def action_focus_outline(self) -> None:
         tree = self.query_one("#outline", Tree)
@@ -436,7 +435,7 @@ class PairScreen(Screen):
     def _mark_matches(self) -> None:
         """Underline the search's matches in the views on screen (the other mode's when it is shown)."""
         for view in self.query(TokenView):
-            if (view.id == "unified") == (self.mode == "unified"):
+            if (view.id == "unified") == (self.mode == "unified") and (self.query_text or view.matches):
                 view.set_matches(self._search_hits(view).tokens if self.query_text else set())
 
     def _search_hits(self, view: TokenView) -> SearchHits:
