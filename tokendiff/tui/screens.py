@@ -223,6 +223,7 @@ class PairScreen(Screen):
         super().__init__()
         self.turn, self.a, self.b, self.d, self.findings, self.pv = turn, a, b, d, findings, view
         self.label = label or f"turn {turn - 1} → {turn}"
+        self.summary = f"{d.lcp:,} of {len(b):,} tokens reusable · {_spans_count(d, findings)}"  # the sub-title
         self.mode = "unified"
         self.hunk = 0
         self.query_text = ""  # the last search
@@ -247,7 +248,7 @@ class PairScreen(Screen):
 
     def on_mount(self) -> None:
         self.title = self.label
-        self.sub_title = f"{self.d.lcp:,} of {len(self.b):,} tokens reusable · {_spans_count(self.d, self.findings)}"
+        self.sub_title = self.summary
         va, vb = self.query_one("#view-a", TokenView), self.query_one("#view-b", TokenView)
         va.peer, vb.peer = vb, va  # the two panes wrap at one width, so the same text lines up
         self._build_outline()
@@ -457,7 +458,7 @@ class PairScreen(Screen):
         k = bisect_left(starts, view.cursor + (0 if inclusive or delta < 0 else 1))
         k = k % len(starts) if delta > 0 else (k - 1) % len(starts)
         view.go_to(starts[k])
-        self.sub_title = f"match {k + 1} of {len(starts)} for {self.query_text!r}"
+        self.sub_title = f"{self.summary} · match {k + 1} of {len(starts)} for {self.query_text!r}"
 
     # ------------------------------------------------------------ copy
 
