@@ -786,3 +786,17 @@ async def test_defect_21_the_readme_quickstart_is_what_opens():
         claim = f"{turn.wasted:,} of the {len(s.a):,} tokens the previous turn had were recomputed"
         assert claim.replace(" ", "") in readme.replace("\n", "").replace(" ", "")
         assert turn.cause == "counter" and "memory counter in its system prompt went\nfrom 4 to 5" in readme
+
+
+async def test_defect_13_an_identical_pair_counts_as_the_session_table_does():
+    """The header and the table agree: a full hit reuses all but the token the server always evaluates."""
+    a = app(paths=["captures/demo/turn-04.bin", "captures/demo/turn-04.bin"], open_first_divergence=False)
+    async with a.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: a.session is not None)
+        turn = a.session.turns[1]
+        a.open_pair(2)
+        s = await open_pair_screen(pilot, a)
+        n = len(s.b)
+        assert turn.reuse["llama.cpp"] == n - 1
+        assert s.sub_title.startswith(f"{n - 1:,} of {n:,} tokens reusable (the last token is always evaluated)")
+        assert "0 divergent spans" in s.sub_title

@@ -223,7 +223,7 @@ class PairScreen(Screen):
         super().__init__()
         self.turn, self.a, self.b, self.d, self.findings, self.pv = turn, a, b, d, findings, view
         self.label = label or f"turn {turn - 1} → {turn}"
-        self.summary = f"{d.lcp:,} of {len(b):,} tokens reusable · {_spans_count(d, findings)}"  # the sub-title
+        self.summary = f"{_reusable(a, b, d)} · {_spans_count(d, findings)}"  # the sub-title
         self.mode = "unified"
         self.hunk = 0
         self.query_text = ""  # the last search
@@ -591,6 +591,15 @@ def span_clip(a: Prompt, b: Prompt, h: Hunk) -> str:
             side("B", b, h.b_start, h.b_end, h.b_byte_start, h.b_byte_end),
         )
     )
+
+
+def _reusable(a: Prompt, b: Prompt, d: Divergence) -> str:
+    """What llama-server reuses, counted as the session table counts it: a full hit still evaluates one token."""
+    from tokendiff.cost import backend_reuse
+
+    reuse = backend_reuse("llama.cpp", d.lcp, len(b), len(a))
+    note = " (the last token is always evaluated)" if reuse < d.lcp else ""
+    return f"{reuse:,} of {len(b):,} tokens reusable{note}"
 
 
 def _spans_count(d: Divergence, findings: list[Finding]) -> str:
