@@ -800,3 +800,20 @@ async def test_defect_13_an_identical_pair_counts_as_the_session_table_does():
         assert turn.reuse["llama.cpp"] == n - 1
         assert s.sub_title.startswith(f"{n - 1:,} of {n:,} tokens reusable (the last token is always evaluated)")
         assert "0 divergent spans" in s.sub_title
+
+
+async def test_the_palette_names_actions_with_descriptions_and_runs_them():
+    from textual.command import CommandPalette
+
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: isinstance(a.screen, CommandPalette))
+        await pilot.press(*"side by side")
+        await pilot.pause(0.5)
+        options = a.screen.query_one("CommandList")
+        first = str(options.get_option_at_index(0).prompt)
+        assert "side by side" in first.lower() and "two panes" in first
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: a.screen is s and s.mode == "sbs")
