@@ -66,11 +66,14 @@ def one_run(python: str, size: tuple[int, int], timeout: float) -> Run:
     env["TERM"] = "xterm-256color"
     command = f"cd {ROOT} && exec {python} -m tokendiff"
     t0 = time.perf_counter()
-    subprocess.run(
+    done = subprocess.run(
         ["tmux", "-L", SOCKET, "new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]), command],
-        check=True,
+        capture_output=True,
+        text=True,
         env=env,
     )
+    if done.returncode:
+        sys.exit(f"bench_tui_start: tmux could not start the pane: {done.stderr.strip()}")
     run = Run()
     pid = int(tmux("display-message", "-p", "-t", name, "#{pane_pid}").strip() or 0)
     try:
@@ -163,6 +166,8 @@ def main() -> None:
     if shutil.which("tmux") is None:
         sys.exit("bench_tui_start: tmux is not installed (apt-get install tmux)")
     w, h = (int(x) for x in args.size.split("x"))
+    # a session that outlives the runs keeps the server up: a new session raced the exit of the last one's server
+    tmux("new-session", "-d", "-s", "keeper", "sleep 3600", check=True)
     try:
         one_run(args.python, (w, h), args.timeout)  # warm the file cache and the bytecode: not counted
         runs = [one_run(args.python, (w, h), args.timeout) for _ in range(args.runs)]
