@@ -169,6 +169,45 @@ def test_snapshot_session_light_theme(snap_compare):
     assert snap_compare(a, terminal_size=(140, 40), run_before=run_before)
 
 
+def _pair_then(a, *keys: str):
+    """run_before: the pair screen settled, then `keys`."""
+
+    async def run_before(pilot):
+        await _settled(a)(pilot)
+        for key in keys:
+            await pilot.press(key)
+        await pilot.pause(0.3)
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)])
+def test_snapshot_side_by_side_small_and_large(snap_compare, size):
+    a = app()
+    assert snap_compare(a, terminal_size=size, run_before=_pair_then(a, "m"))
+
+
+def test_snapshot_help(snap_compare):
+    a = app()
+    assert snap_compare(a, terminal_size=(140, 40), run_before=_pair_then(a, "question_mark"))
+
+
+def test_snapshot_search(snap_compare):
+    a = app()
+    assert snap_compare(a, terminal_size=(140, 40), run_before=_pair_then(a, "slash", *"Memory", "enter", "n"))
+
+
+def test_snapshot_no_color(snap_compare, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    a = app()
+    assert snap_compare(a, terminal_size=(120, 30), run_before=_pair_then(a))
+
+
+def test_snapshot_pair_light_theme(snap_compare):
+    a = app(theme="tokendiff-light")
+    assert snap_compare(a, terminal_size=(120, 30), run_before=_pair_then(a, "m"))
+
+
 async def test_live_mode_appends_turns_from_a_real_llama_server(llama_server_bin, tiny_model, tmp_path):
     from tokendiff.testing.llama_server import LlamaServer
 
@@ -419,3 +458,362 @@ async def test_session_table_mouse_and_enter_open_the_pair():
         await pilot.press("up", "enter")
         await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
         assert a.screen.turn == 4
+
+
+# ---------------------------------------------------------------- navigation, help, search, copy (issue #14)
+
+
+async def open_pair_screen(pilot, a) -> PairScreen:
+    await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
+    return a.screen
+
+
+def on_screen(view: TokenView) -> bool:
+    line = view.line_of(view.cursor)
+    return view.scroll_offset.y <= line < view.scroll_offset.y + view.size.height
+
+
+async def test_help_lists_the_screens_keys_and_the_colours():
+    from tokendiff.tui.help import HelpScreen
+
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        await open_pair_screen(pilot, a)
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(a.screen, HelpScreen))
+        keys = {(k.keys, k.description) for k in a.screen.keys}
+        assert ("/", "search the tokens: text, or #1234 for an id") in keys
+        assert ("[ p", "previous span") in keys and ("]", "next span") in keys and (">", "next turn pair") in keys
+        assert any(k.startswith("n") and "next search match" in d for k, d in keys)
+        legend = a.screen.colours.plain
+        for words in ("reusable prefix", "what A had", "what B adds", "special token", "token boundaries"):
+            assert words in legend
+        await pilot.press("escape")
+        assert isinstance(a.screen, PairScreen)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(a.screen, SessionScreen))
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(a.screen, HelpScreen))
+        assert any(d == "open pair" for _, d in ((k.keys, k.description) for k in a.screen.keys))
+        assert a.screen.colours is None  # no tokens on the session screen
+
+
+async def test_search_text_and_token_id_with_n_and_shift_n():
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        view = s.query_one("#unified", TokenView)
+        await pilot.press("slash")
+        search = s.query_one("#search")
+        assert search.display and search.has_focus
+        await pilot.press(*"name", "enter")  # an `n` typed into the search bar is text, not "next"
+        await pilot.pause(0.1)
+        hits = s._hits["unified"].starts
+        assert len(hits) > 3 and not search.display and view.has_focus
+        first = view.cursor
+        assert first in hits and "".join(view.tokens.texts[first : first + 3]).lower().find("name") >= 0
+        await pilot.press("n")
+        assert view.cursor == hits[hits.index(first) + 1]
+        await pilot.press("N", "N")
+        assert view.cursor == hits[hits.index(first) - 1]
+        assert view.cursor in view.matches
+        # a token id: every token with that id, on both sides
+        token_id = int(s.b.ids[42])
+        await pilot.press("slash", *f"#{token_id}", "enter")  # the last query is selected: typing replaces it
+        await pilot.pause(0.1)
+        found = s._hits["unified"].starts
+        assert found and all(
+            int((s.a if v == "a" else s.b).ids[i]) == token_id
+            for v, i in ((view.tokens.side[k], view.tokens.index[k]) for k in found)
+        )
+        # Esc closes the search bar, and only that
+        await pilot.press("slash", "escape")
+        assert isinstance(a.screen, PairScreen) and not search.display
+
+
+async def test_next_and_previous_turn_pair_without_going_back():
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        assert s.turn == 3
+        await pilot.press("greater_than_sign")
+        await wait_for(pilot, lambda: isinstance(a.screen, PairScreen) and a.screen.turn == 4)
+        await pilot.press("less_than_sign", "less_than_sign")
+        await wait_for(pilot, lambda: a.screen.turn == 2)
+        await pilot.press("less_than_sign")  # turn 1 has no pair: said, and nothing changes
+        await pilot.pause(0.2)
+        assert a.screen.turn == 2 and len(a.screen_stack) == 3  # the default screen, the session, one pair
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(a.screen, SessionScreen))
+
+
+async def test_copy_the_span_and_the_token_and_click_a_token():
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        await pilot.press("y")
+        assert a.clipboard == "A tokens 42..43 (bytes 198..199):\n4\nB tokens 42..43 (bytes 198..199):\n5"
+        await pilot.press("Y")
+        assert a.clipboard.startswith("A token 42 · byte 198 · id ") and "b'4'" in a.clipboard
+        view = s.query_one("#unified", TokenView)
+        await pilot.click("#unified", offset=(0, 0))  # the first visible line's first token
+        assert view.cursor == view._line_starts[view.scroll_offset.y] and view.has_focus
+        assert f"token {view.tokens.index[view.cursor]:,}" in str(s.query_one("#status").render())
+
+
+async def test_outline_hides_and_enter_jumps_without_folding():
+    """Defect 19: Enter on a section jumps to it and leaves it open; the outline is its own column."""
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        tree = s.query_one("#outline")
+        await pilot.press("o")
+        assert tree.has_focus
+        tree.move_cursor(s._outline_nodes[next(x.path for x in s.b.sections if x.name == "tools")])
+        node = tree.cursor_node
+        expanded = node.is_expanded
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert node.is_expanded == expanded and s.query_one("#unified").has_focus
+        labels = [n.label.plain for n in s._outline_nodes.values()]
+        assert tree.size.width >= max(len(x) for x in labels) + 8  # the deepest labels fit, not cut
+        assert tree.styles.background != s.query_one("#unified").styles.background
+        await pilot.press("O")
+        assert not tree.display and s.query_one("#unified").has_focus
+        await pilot.press("O")
+        assert tree.display
+
+
+async def test_footer_at_80x24_shows_what_matters_and_no_hunk_anywhere():
+    from tokendiff.tui.app import TokendiffCommands
+
+    a = app()
+    async with a.run_test(size=(80, 24)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        await pilot.pause(0.3)
+        keys = footer_keys(s)
+        assert keys[:6] == ["help", "search", "next", "side by side", "copy", "back"]
+        footer = s.query_one("Footer")
+        last = [k for k in s.query("FooterKey") if k.description == "back"][0]
+        assert last.region.right <= footer.region.right - len("^p palette")  # not under the palette key
+    words = [b.description + (b.tooltip or "") for b in PairScreen.BINDINGS + SessionScreen.BINDINGS]
+    words += [n + d for n, _, d in TokendiffCommands.ENTRIES]
+    assert all(w and "hunk" not in w.lower() for w in words)
+    assert all(d for _, _, d in TokendiffCommands.ENTRIES)
+
+
+# ---------------------------------------------------------------- the defects list (issue #14), one test each
+
+
+async def test_defect_1_mode_then_escape_in_quick_succession_does_not_crash():
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        for _ in range(6):
+            await open_pair_screen(pilot, a)
+            await pilot.press("m", "escape")
+            await wait_for(pilot, lambda: isinstance(a.screen, SessionScreen))
+            await pilot.press("enter")
+        await open_pair_screen(pilot, a)
+
+
+async def test_defects_2_3_after_m_keys_work_and_both_panes_show_the_cursor():
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        unified = s.query_one("#unified", TokenView)
+        unified.go_to(s.pv.b_to_unified(527))
+        await pilot.press("m")
+        await pilot.pause(0.1)
+        va, vb = s.query_one("#view-a", TokenView), s.query_one("#view-b", TokenView)
+        assert vb.cursor == 527 and va.cursor == s.pv.a_of_b(527) and vb.has_focus
+        assert on_screen(va) and on_screen(vb)
+        assert "B token 527" in str(s.query_one("#status").render())
+        for key, moved in (("right", 528), ("down", None), ("pagedown", None), ("home", 0), ("end", len(s.b) - 1)):
+            before = vb.cursor
+            await pilot.press(key)
+            assert vb.cursor == moved if moved is not None else vb.cursor > before
+        await pilot.press("shift+tab")  # to A's pane: keys move A
+        await pilot.press("home")
+        assert va.has_focus and va.cursor == 0
+        await pilot.press("m")
+        await pilot.pause(0.1)
+        assert unified.has_focus and unified.cursor == s.pv.a_to_unified(0) and on_screen(unified)
+        await pilot.press("down")
+        assert unified.cursor > 0
+
+
+async def test_defect_4_resize_and_the_keys_panel_keep_the_cursor_on_screen():
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        view = s.query_one("#unified", TokenView)
+        view.go_to(s.pv.b_to_unified(1_200))
+        await pilot.pause(0.1)
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.3)
+        assert on_screen(view)
+        await pilot.resize_terminal(200, 60)
+        await pilot.pause(0.3)
+        assert on_screen(view)
+        a.action_show_help_panel()
+        await pilot.pause(0.3)
+        assert on_screen(view)
+
+
+@pytest.mark.parametrize("width", [140, 141, 97])
+async def test_defect_5_side_by_side_panes_wrap_at_one_width(width):
+    a = app()
+    async with a.run_test(size=(width, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        await pilot.press("m")
+        await pilot.pause(0.2)
+        va, vb = s.query_one("#view-a", TokenView), s.query_one("#view-b", TokenView)
+        assert va._layout_width == vb._layout_width == min(va.content_width(), vb.content_width())
+        assert va._line_starts[:40] == vb._line_starts[:40]  # identical text starts identical lines
+
+
+async def test_defect_7_a_single_pair_is_titled_with_its_files():
+    a = app(paths=["captures/demo/turn-04.bin", "captures/demo/turn-05.bin"])
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        assert s.title == "turn-04.bin → turn-05.bin"
+    b = app()
+    async with b.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, b)
+        assert s.title == "turn 2 → 3"  # a session: turn numbers
+
+
+async def test_defects_8_9_special_tokens_keep_the_span_colour_and_the_cursor_keeps_the_diff_colour():
+    from tokendiff.tui.token_view import ADDED, REMOVED
+
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        view = s.query_one("#unified", TokenView)
+        for kind in (ADDED, REMOVED):
+            plain, special = view.token_style(kind, False, False), view.token_style(kind, True, False)
+            assert special.bgcolor == plain.bgcolor and special.bold and special.color != plain.color
+            cursor = view.token_style(kind, False, False, cursor=True)
+            assert cursor.reverse and cursor.bgcolor == plain.bgcolor  # reversed: the span colour shows
+        # and on screen: a special token inside a span is drawn with the span's background
+        inside = [i for i, k in enumerate(view.tokens.kinds) if k in (ADDED, REMOVED) and view.tokens.special[i]]
+        assert inside, "the demo pair has special tokens in a span (the generation prompt)"
+        i = inside[0]
+        assert view._style(i, False).bgcolor == view.token_style(view.tokens.kinds[i], False, i % 2 == 1).bgcolor
+
+
+async def test_defect_10_no_color_marks_changes_with_text_styles(monkeypatch):
+    from tokendiff.tui.token_view import ADDED, REMOVED, SAME
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        view = s.query_one("#unified", TokenView)
+        assert a.no_color
+        assert view.token_style(REMOVED, False, False).strike and view.token_style(ADDED, False, False).underline
+        same = view.token_style(SAME, False, False)
+        assert not same.strike and not same.underline
+        # "2026-11-289" no more: the 8 is struck through, the 9 underlined
+        strip = view.render_line(view.line_of(view.cursor) - view.scroll_offset.y)
+        marks = {seg.text: (bool(seg.style.strike), bool(seg.style.underline)) for seg in strip if seg.text in "45"}
+        assert marks == {"4": (True, False), "5": (False, True)}
+
+
+async def test_defect_11_replay_against_an_unreachable_backend_says_so():
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    a = app(backend=f"http://127.0.0.1:{port}")
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        await pilot.press("r")
+        findings = s.query_one("#findings")
+        await wait_for(pilot, lambda: "replay refused" in str(findings.render()), timeout=20)
+        text = str(findings.render())
+        assert "cannot connect" in text and "refused" in text.lower() and "backend-kind" not in text
+
+
+async def test_defect_17_the_palette_screenshot_is_saved(tmp_path, monkeypatch):
+    a = app(paths=[str(ROOT / AGENT)])
+    monkeypatch.chdir(tmp_path)
+    async with a.run_test(size=(100, 30)) as pilot:
+        await open_pair_screen(pilot, a)
+        commands = {c.title: c for c in a.get_system_commands(a.screen)}
+        commands["Screenshot"].callback()
+        await pilot.pause(0.1)
+        assert (tmp_path / "tokendiff-screenshot.svg").read_text().startswith("<svg")
+        assert any(str(tmp_path) in n.message for n in a._notifications)
+
+
+async def test_defect_18_exports_never_overwrite_say_the_full_path_and_leave_the_fix_visible(tmp_path, monkeypatch):
+    a = app(paths=[str(ROOT / AGENT)])
+    monkeypatch.chdir(tmp_path)
+    async with a.run_test(size=(140, 40), notifications=True) as pilot:
+        s = await open_pair_screen(pilot, a)
+        await pilot.press("x", "x")
+        await wait_for(pilot, lambda: (tmp_path / "tokendiff-pair-2-3-2.json").is_file())
+        assert (tmp_path / "tokendiff-pair-2-3.json").is_file()
+        assert any(str(tmp_path / "tokendiff-pair-2-3-2.json") in n.message for n in a._notifications)
+        await pilot.pause(0.2)
+        toast = a.screen.query("Toast").last()
+        assert toast.region.bottom <= s.query_one("#findings").region.y  # the fix line stays readable
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(a.screen, SessionScreen))
+        await pilot.press("e", "e")
+        await wait_for(pilot, lambda: (tmp_path / "tokendiff-report-2.md").is_file())
+
+
+async def test_defect_20_the_findings_say_what_their_figures_are():
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        assert s.sub_title == "42 of 1,617 tokens reusable · 1 divergent span and 1 expected"
+        text = str(s.query_one("#findings").render())
+        assert "A's token 42 became B's token 42" in text and "(confidence 70%)" in text and "→" not in text
+
+
+async def test_defect_21_the_readme_quickstart_is_what_opens():
+    from tokendiff.paths import demo_capture
+
+    readme = (ROOT / "README.md").read_text()
+    a = app(paths=[str(demo_capture())])  # what bare `tokendiff` opens
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        turn = a.session.turns[s.turn - 1]
+        claim = f"{turn.wasted:,} of the {len(s.a):,} tokens the previous turn had were recomputed"
+        assert claim.replace(" ", "") in readme.replace("\n", "").replace(" ", "")
+        assert turn.cause == "counter" and "memory counter in its system prompt went\nfrom 4 to 5" in readme
+
+
+async def test_defect_13_an_identical_pair_counts_as_the_session_table_does():
+    """The header and the table agree: a full hit reuses all but the token the server always evaluates."""
+    a = app(paths=["captures/demo/turn-04.bin", "captures/demo/turn-04.bin"], open_first_divergence=False)
+    async with a.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: a.session is not None)
+        turn = a.session.turns[1]
+        a.open_pair(2)
+        s = await open_pair_screen(pilot, a)
+        n = len(s.b)
+        assert turn.reuse["llama.cpp"] == n - 1
+        assert s.sub_title.startswith(f"{n - 1:,} of {n:,} tokens reusable (the last token is always evaluated)")
+        assert "0 divergent spans" in s.sub_title
+
+
+async def test_the_palette_names_actions_with_descriptions_and_runs_them():
+    from textual.command import CommandPalette
+
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: isinstance(a.screen, CommandPalette))
+        await pilot.press(*"side by side")
+        await pilot.pause(0.5)
+        options = a.screen.query_one("CommandList")
+        first = str(options.get_option_at_index(0).prompt)
+        assert "side by side" in first.lower() and "two panes" in first
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: a.screen is s and s.mode == "sbs")

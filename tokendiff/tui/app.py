@@ -6,15 +6,17 @@ workers; the UI shows a loading state meanwhile and never blocks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textual import work
-from textual.app import App
+from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.command import Hit, Hits, Provider
+from textual.screen import Screen
 
 from tokendiff import workflows as wf
 from tokendiff.config import load_config, unknown_bindings
@@ -46,35 +48,39 @@ class Options:
 
 
 class TokendiffCommands(Provider):
-    """Command palette entries for every action."""
+    """Command palette entries for every action, named and described as a user would say them."""
+
+    ENTRIES = [
+        ("Next divergent span", "screen.hunk(1)", "Move the cursor to the next span where A and B differ (])"),
+        ("Previous divergent span", "screen.hunk(-1)", "Move the cursor to the previous span ([)"),
+        ("First divergence", "screen.first", "Back to the first token the two prompts do not share (f)"),
+        ("Search the tokens", "screen.search", "Find text, or #1234 for a token id; n/N between matches (/)"),
+        ("Unified / side by side", "screen.toggle_mode", "Show the prompts interleaved, or A and B in two panes (m)"),
+        ("Hide or show the outline", "screen.toggle_outline", "The sections of B's prompt, beside the tokens (O)"),
+        ("Copy the current span", "screen.copy_span", "Both sides of the span under the cursor, to the clipboard (y)"),
+        ("Copy the token under the cursor", "screen.copy_token", "Its side, index, byte offset, id and bytes (Y)"),
+        ("Next turn pair", "screen.turn(1)", "This turn and the next one, without going back to the session (>)"),
+        ("Previous turn pair", "screen.turn(-1)", "The turn before and the one before it (<)"),
+        ("Export this pair as JSON", "screen.export_pair", "What `tokendiff diff --json` prints, to a new file (x)"),
+        ("Export the session report", "app.export_report", "The markdown report, to a new file in this folder (e)"),
+        ("Replay this pair", "screen.replay", "Measure cold / actual / ideal prefill on the --backend server (r)"),
+        ("Help: keys and colours", "app.help", "Every key of this screen and what the colours mean (?)"),
+        ("Back to the session", "screen.back", "Every turn's reuse and the spans to fix first (Esc)"),
+    ]
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
-        app = self.app
+        app, screen = self.app, self.screen  # the screen the palette was opened on
         if not isinstance(app, TokendiffApp):
             return
-        entries = [
-            ("Next divergent span", "hunk(1)"),
-            ("Previous divergent span", "hunk(-1)"),
-            ("Jump to the first divergence", "first"),
-            ("Toggle unified / side by side", "toggle_mode"),
-            ("Focus the section outline", "focus_outline"),
-            ("Export this pair as JSON", "export_pair"),
-            ("Export the session report (markdown)", "export_report"),
-            ("Replay this pair against the backend", "replay"),
-            ("Back to the session", "back"),
-        ]
-        for name, action in entries:
+        for name, action, description in self.ENTRIES:
+            target, _, call = action.partition(".")
+            method = call.split("(")[0]
+            if target == "screen" and not hasattr(screen, f"action_{method}"):
+                continue  # offer only what this screen can do
             score = matcher.match(name)
             if score > 0:
-                yield Hit(
-                    score,
-                    matcher.highlight(name),
-                    lambda a=action: (
-                        app.run_action(f"screen.{a}") if a not in ("export_report",) else app.export_report()
-                    ),
-                    help=action,
-                )
+                yield Hit(score, matcher.highlight(name), partial(app.run_action, action, screen), help=description)
 
 
 def _binding_ids(*classes: type) -> set[str]:
@@ -86,7 +92,7 @@ class TokendiffApp(App):
     CSS_PATH = Path(__file__).resolve().parent / "app.tcss"
     TITLE = "tokendiff"
     COMMANDS = App.COMMANDS | {TokendiffCommands}
-    BINDINGS = [Binding("q", "quit", "quit", id="app.quit")]
+    BINDINGS = [Binding("q", "quit", "quit", show=False, id="app.quit")]  # `?` is on each screen, first
 
     def __init__(self, options: Options) -> None:
         super().__init__()
@@ -161,31 +167,81 @@ class TokendiffApp(App):
             if first:
                 self.open_pair(first)
 
-    def open_pair(self, turn: int) -> None:
+    def open_pair(self, turn: int, replace: bool = False) -> None:
+        """The pair screen of `turn` and the turn before it; `replace` swaps it for the pair screen on top."""
         if self.loaded is None or turn < 2 or turn > len(self.loaded.prompts):
-            self.notify("pick a turn after the first: a pair is a turn and the one before it")
+            last = len(self.loaded.prompts) if self.loaded else 0
+            self.notify(f"no pair for turn {turn}: a pair is a turn from 2 to {last} and the one before it")
             return
-        self._build_pair(self.loaded, turn)
+        self._build_pair(self.loaded, turn, replace)
 
     @work(thread=True, exclusive=True, group="pair")
-    def _build_pair(self, loaded: wf.LoadedSession, turn: int) -> None:
+    def _build_pair(self, loaded: wf.LoadedSession, turn: int, replace: bool = False) -> None:
         from tokendiff.tui.pairdata import build_pair_view
 
         pair = wf.session_pair(loaded, turn)
         view = build_pair_view(pair.a, pair.b, pair.divergence)
-        self.call_from_thread(self.push_screen, PairScreen(turn, pair.a, pair.b, pair.divergence, pair.findings, view))
+        label = pair_label(self.options.paths, pair.a.origin, pair.b.origin, turn)
+        screen = PairScreen(turn, pair.a, pair.b, pair.divergence, pair.findings, view, label=label)
+        self.call_from_thread(self._show_pair, screen, replace)
+
+    def _show_pair(self, screen: PairScreen, replace: bool) -> None:
+        if replace and isinstance(self.screen, PairScreen):
+            self.switch_screen(screen)
+        else:
+            self.push_screen(screen)
 
     def export_report(self) -> None:
         """`e`: the session report as markdown in the working directory (what `tokendiff report` prints)."""
+        from tokendiff.tui.screens import free_path
+
         if self.loaded is None:
             return
         try:
             doc = wf.session_report(self.loaded, ", ".join(self.options.paths))
-            out = wf.export_report(doc, Path.cwd() / "tokendiff-report.md")
+            out = wf.export_report(doc, free_path(Path.cwd() / "tokendiff-report.md"))
         except InputError as e:
             self.notify(str(e), severity="error")
             return
-        self.notify(f"report written to {out}")
+        self.notify(f"report written to {out.resolve()}")
+
+    def action_export_report(self) -> None:
+        self.export_report()
+
+    # ------------------------------------------------------------ help and the palette's system commands
+
+    def action_help(self) -> None:
+        """`?`: the keys of the screen underneath, and on a pair screen what the colours mean."""
+        from tokendiff.tui.help import HelpScreen, legend, screen_keys
+
+        screen = self.screen
+        if not isinstance(screen, SessionScreen | PairScreen):
+            return
+        views = list(screen.query(TokenView))
+        colours = legend(views[0]) if views else None
+        where = f"the pair screen ({screen.title})" if isinstance(screen, PairScreen) else "the session screen"
+        self.push_screen(HelpScreen(f"keys on {where}", screen_keys(screen), colours))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Textual's commands, with a screenshot that lands in the working directory and says where."""
+        for command in super().get_system_commands(screen):
+            if command.title == "Screenshot":
+                yield SystemCommand("Screenshot", "Save an SVG picture of this screen in this folder", self.screenshot)
+            else:
+                yield command
+
+    def screenshot(self) -> Path | None:
+        """The screen as SVG in the working directory (Textual's own goes to ~/Downloads, which may not exist)."""
+        from tokendiff.tui.screens import free_path
+
+        out = free_path(Path.cwd() / "tokendiff-screenshot.svg")
+        try:
+            out.write_text(self.export_screenshot(), encoding="utf-8")
+        except OSError as e:
+            self.notify(f"could not save the screenshot to {out}: {e.strerror or e}", severity="error")
+            return None
+        self.notify(f"screenshot saved to {out}")
+        return out
 
     # ------------------------------------------------------------ live
 
@@ -223,3 +279,10 @@ class TokendiffApp(App):
                     self.call_from_thread(self._loaded, loaded)
                     self.call_from_thread(self.notify, f"{len(new)} new turn(s) from {o.live}")
             time.sleep(o.every)
+
+
+def pair_label(paths: Sequence[str], a_origin: str, b_origin: str, turn: int) -> str:
+    """The pair screen's title: the inputs' own names when the user named each file, else turn numbers."""
+    if len(paths) > 1 and "@" not in a_origin + b_origin:
+        return f"{Path(a_origin).name} → {Path(b_origin).name}"
+    return f"turn {turn - 1} → {turn}"

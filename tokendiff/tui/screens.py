@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,17 +12,22 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Footer, Header, Static, Tree
+from textual.widgets import ContentSwitcher, Footer, Header, Input, Static, Tree
 
 from tokendiff.model import Prompt, SectionPath
-from tokendiff.tui.pairdata import PairView
+from tokendiff.tui.pairdata import PairView, SearchHits, search
 from tokendiff.tui.session_view import ReuseChart, SessionTable
 from tokendiff.tui.token_view import TokenView
 
 if TYPE_CHECKING:
     from tokendiff.cost import Session
-    from tokendiff.model import Divergence, Finding
+    from tokendiff.model import Divergence, Finding, Hunk
     from tokendiff.workflows import PairResult
+
+
+HELP = Binding(
+    "question_mark", "app.help", "help", key_display="?", tooltip="every key, and the colours", id="app.help"
+)
 
 
 class SessionScreen(Screen):
@@ -31,6 +37,7 @@ class SessionScreen(Screen):
     """
 
     BINDINGS = [
+        HELP,
         Binding("enter", "open_pair", "open pair", key_display="⏎", id="session.open"),
         Binding("e", "export_report", "export report", id="session.export"),
     ]
@@ -52,7 +59,10 @@ class SessionScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#turns", SessionTable).loading = self.session is None and self.failure is None
+        # a still message, not Textual's animated loading indicator: its frames competed with the analysis
+        # thread for the interpreter and delayed the first complete screen by ~0.3 s of CPU
+        if self.session is None and self.failure is None:
+            self.query_one("#turns", SessionTable).show_message("loading the session…")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Open and export only once there are turns: the footer offers nothing that would do nothing."""
@@ -152,25 +162,72 @@ def _owner_text(path: SectionPath) -> str:
 
 
 class PairScreen(Screen):
-    """Two prompts as tokens: unified or side by side, hunks, sections, findings."""
+    """Two prompts as tokens: unified or side by side, spans, sections, findings, search."""
 
+    # Short descriptions for the footer (what matters fits 80 columns); the tooltip is what `?` says.
     BINDINGS = [
-        Binding("n", "hunk(1)", "next hunk", id="pair.next"),
-        Binding("p", "hunk(-1)", "previous hunk", id="pair.prev"),
-        Binding("f", "first", "first divergence", id="pair.first"),
-        Binding("m", "toggle_mode", "side by side", id="pair.mode"),
-        Binding("o", "focus_outline", "outline", id="pair.outline"),
-        Binding("t", "focus_tokens", "tokens", show=False, id="pair.tokens"),
-        Binding("x", "export_pair", "export JSON", id="pair.export"),
-        Binding("r", "replay", "replay", id="pair.replay"),
-        Binding("escape", "back", "back", id="pair.back"),
+        HELP,
+        Binding(
+            "slash",
+            "search",
+            "search",
+            key_display="/",
+            tooltip="search the tokens: text, or #1234 for an id",
+            id="pair.search",
+        ),
+        Binding(
+            "n",
+            "match(1)",
+            "next",
+            tooltip="next search match (next span when there is no search)",
+            id="pair.match_next",
+        ),
+        Binding(
+            "N", "match(-1)", "previous", show=False, tooltip="previous search match (or span)", id="pair.match_prev"
+        ),
+        Binding("right_square_bracket", "hunk(1)", "next span", show=False, key_display="]", id="pair.next"),
+        Binding("left_square_bracket,p", "hunk(-1)", "previous span", show=False, id="pair.prev"),
+        Binding("f", "first", "first divergence", show=False, id="pair.first"),
+        Binding("m", "toggle_mode", "side by side", tooltip="unified, or A and B side by side", id="pair.mode"),
+        Binding("y", "copy_span", "copy", tooltip="copy the current span's text, A's and B's", id="pair.copy"),
+        Binding(
+            "Y",
+            "copy_token",
+            "copy token",
+            show=False,
+            tooltip="copy the token under the cursor: index, byte offset, id, bytes",
+            id="pair.copy_token",
+        ),
+        Binding("greater_than_sign", "turn(1)", "next turn pair", show=False, key_display=">", id="pair.next_turn"),
+        Binding("less_than_sign", "turn(-1)", "previous turn pair", show=False, key_display="<", id="pair.prev_turn"),
+        Binding("o", "focus_outline", "outline", show=False, tooltip="focus the section outline", id="pair.outline"),
+        Binding(
+            "O",
+            "toggle_outline",
+            "hide outline",
+            show=False,
+            tooltip="hide or show the section outline",
+            id="pair.hide_outline",
+        ),
+        Binding("t", "focus_tokens", "tokens", show=False, tooltip="focus the tokens", id="pair.tokens"),
+        Binding(
+            "x", "export_pair", "export", show=False, tooltip="export the pair as JSON (diff --json)", id="pair.export"
+        ),
+        Binding("r", "replay", "replay", show=False, tooltip="replay the pair against --backend", id="pair.replay"),
+        Binding("escape", "back", "back", tooltip="back to the session (closes the search bar first)", id="pair.back"),
     ]
 
-    def __init__(self, turn: int, a: Prompt, b: Prompt, d: Divergence, findings: list[Finding], view: PairView) -> None:
+    def __init__(
+        self, turn: int, a: Prompt, b: Prompt, d: Divergence, findings: list[Finding], view: PairView, label: str = ""
+    ) -> None:
         super().__init__()
         self.turn, self.a, self.b, self.d, self.findings, self.pv = turn, a, b, d, findings, view
+        self.label = label or f"turn {turn - 1} → {turn}"
+        self.summary = f"{_reusable(a, b, d)} · {_spans_count(d, findings)}"  # the sub-title
         self.mode = "unified"
         self.hunk = 0
+        self.query_text = ""  # the last search
+        self._hits: dict[str, SearchHits] = {}  # per view id, for query_text
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -182,14 +239,18 @@ class PairScreen(Screen):
                     yield TokenView(self.pv.unified, start_at=first, id="unified")
                     with Horizontal(id="sbs"):
                         yield TokenView(self.pv.a, id="view-a")
+                        yield Static(" ", id="sbs-gap")
                         yield TokenView(self.pv.b, id="view-b")
                 yield Static("", id="findings")
+        yield Input(placeholder="search: text, or #1234 for a token id (Enter searches, Esc closes)", id="search")
         yield Static("", id="status")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.title = f"turn {self.turn - 1} → {self.turn}"
-        self.sub_title = f"{self.d.lcp:,} of {len(self.b):,} tokens reusable · {len(self.d.hunks)} divergent spans"
+        self.title = self.label
+        self.sub_title = self.summary
+        va, vb = self.query_one("#view-a", TokenView), self.query_one("#view-b", TokenView)
+        va.peer, vb.peer = vb, va  # the two panes wrap at one width, so the same text lines up
         self._build_outline()
         self.action_focus_tokens()
         self._show_findings()  # the unified view opens on the first divergence by itself
@@ -198,13 +259,14 @@ class PairScreen(Screen):
 
     def _build_outline(self) -> None:
         tree = self.query_one("#outline", Tree)
+        tree.auto_expand = False  # Enter jumps to the section; it does not fold it as well
         tree.root.expand()
         self._outline_nodes: dict[SectionPath, object] = {}
         for s in self.b.sections:
             parent = self._outline_nodes.get(s.path[:-1], tree.root) if len(s.path) > 1 else tree.root
             node = parent.add(s.name, data=("b", s.start), expand=len(s.path) < 2)  # type: ignore[attr-defined]
             self._outline_nodes[s.path] = node
-        tree.root.set_label(f"B: {self.b.origin}")
+        tree.root.set_label(f"B: {Path(self.b.origin).name}")
 
     @on(Tree.NodeSelected, "#outline")
     def _jump(self, event: Tree.NodeSelected) -> None:
@@ -227,9 +289,19 @@ class PairScreen(Screen):
             tree = self.query_one("#outline", Tree)
             tree.move_cursor(node, animate=False)  # type: ignore[arg-type]
 
-    # ------------------------------------------------------------ cursor and hunks
+    def action_toggle_outline(self) -> None:
+        tree = self.query_one("#outline", Tree)
+        tree.display = not tree.display
+        if not tree.display:
+            self.action_focus_tokens()
+
+    # ------------------------------------------------------------ cursor and spans
 
     def _view(self) -> TokenView:
+        """The token view keys act on: the focused one when it is showing, else the mode's main one."""
+        focused = self.focused
+        if isinstance(focused, TokenView) and (focused.id == "unified") == (self.mode == "unified"):
+            return focused
         return self.query_one("#unified" if self.mode == "unified" else "#view-b", TokenView)
 
     def _go_b(self, b_index: int) -> None:
@@ -237,6 +309,7 @@ class PairScreen(Screen):
             self.query_one("#unified", TokenView).go_to(self.pv.b_to_unified(b_index))
         else:
             self.query_one("#view-b", TokenView).go_to(b_index)
+            self.query_one("#view-a", TokenView).go_to(self.pv.a_of_b(b_index))
 
     def action_first(self) -> None:
         self.hunk = 0
@@ -249,6 +322,8 @@ class PairScreen(Screen):
         self._show_hunk()
 
     def _show_hunk(self) -> None:
+        if not self.is_attached:  # popped meanwhile (m then Esc in quick succession)
+            return
         if not self.d.hunks:
             self._view().go_to(0)
             return
@@ -267,12 +342,11 @@ class PairScreen(Screen):
         h = self.d.hunks[self.hunk]
         fs = [f for f in self.findings if f.hunk == self.hunk]
         t = Text()
-        t.append(f"span {self.hunk + 1}/{len(self.d.hunks)} ", style="bold")
-        where = (h.b_owner or h.a_owner).label
-        t.append(f"A {h.a_start:,}..{h.a_end:,} → B {h.b_start:,}..{h.b_end:,} · {where}\n", style="dim")
+        t.append(f"span {self.hunk + 1} of {len(self.d.hunks)}: ", style="bold")
+        t.append(f"{span_words(h)} · {(h.b_owner or h.a_owner).label}\n", style="dim")
         for f in fs[:2]:
             t.append(f"{f.title}", style="bold")
-            t.append(f" ({f.confidence:.0%}{', expected' if f.expected else ''}): {f.evidence}\n")
+            t.append(f" ({'expected; ' if f.expected else ''}confidence {f.confidence:.0%}): {f.evidence}\n")
             t.append(f"fix: {f.fix}\n", style="italic")
         if not fs:
             t.append("not explained (beyond the first spans)")
@@ -281,39 +355,133 @@ class PairScreen(Screen):
     @on(TokenView.Moved)
     def _moved(self, event: TokenView.Moved) -> None:
         v = event.view.tokens
-        if not v.texts:
+        if not v.texts or not self.is_attached:
             return
         side, idx = v.side[event.position], v.index[event.position]
-        p = self.a if side == "a" else self.b
-        raw = p.token_bytes(idx)
-        status = Text()
-        status.append(f" {side.upper()} token {idx:,}", style="bold")
-        status.append(f" · byte {p.byte_offset(idx):,} · id {int(p.ids[idx])} · {raw!r}")
-        status.append(f" · {_owner_text(p.owner(idx))}")
-        self.query_one("#status", Static).update(status)
+        self.query_one("#status", Static).update(self._status(side, idx))
         self._follow_outline(side, idx)
-        # the hunk at or before the cursor
-        if self.d.hunks and side == "b":
-            k = max((i for i, h in enumerate(self.d.hunks) if h.b_start <= idx), default=0)
+        # the span at or before the cursor
+        if self.d.hunks:
+            starts = [h.b_start if side == "b" else h.a_start for h in self.d.hunks]
+            k = max((i for i, s in enumerate(starts) if s <= idx), default=0)
             if k != self.hunk:
                 self.hunk = k
                 self._show_findings()
 
-    # ------------------------------------------------------------ actions
+    def _status(self, side: str, idx: int) -> Text:
+        p = self.a if side == "a" else self.b
+        status = Text()
+        status.append(f" {side.upper()} token {idx:,}", style="bold")
+        status.append(f" · byte {p.byte_offset(idx):,} · id {int(p.ids[idx])} · {p.token_bytes(idx)!r}")
+        status.append(f" · {_owner_text(p.owner(idx))}")
+        return status
+
+    # ------------------------------------------------------------ modes
 
     def action_toggle_mode(self) -> None:
+        """Switch views keeping the token under the cursor, focused and on screen in the new view."""
+        v = self._view()
+        pos = v.cursor
+        side, idx = (v.tokens.side[pos], v.tokens.index[pos]) if v.tokens.texts else ("b", 0)
         self.mode = "sbs" if self.mode == "unified" else "unified"
         self.query_one("#modes", ContentSwitcher).current = self.mode
-        self.call_after_refresh(self._show_hunk)
+        if self.mode == "unified":
+            target = self.query_one("#unified", TokenView)
+            target.go_to(self.pv.b_to_unified(idx) if side == "b" else self.pv.a_to_unified(idx))
+        else:
+            a_idx, b_idx = (self.pv.a_of_b(idx), idx) if side == "b" else (idx, self.pv.b_of_a(idx))
+            self.query_one("#view-a", TokenView).go_to(a_idx)
+            self.query_one("#view-b", TokenView).go_to(b_idx)
+            target = self.query_one("#view-a" if side == "a" else "#view-b", TokenView)
+        target.focus()
+        self._mark_matches()
 
     def action_focus_outline(self) -> None:
-        self.query_one("#outline", Tree).focus()
+        tree = self.query_one("#outline", Tree)
+        tree.display = True
+        tree.focus()
 
     def action_focus_tokens(self) -> None:
         self._view().focus()
 
     def action_back(self) -> None:
+        search = self.query_one("#search", Input)
+        if search.display:  # Esc closes the search bar first
+            search.display = False
+            self.action_focus_tokens()
+            return
         self.app.pop_screen()
+
+    def action_turn(self, delta: int) -> None:
+        """The next or previous turn pair, in place of this one (Esc still goes back to the session)."""
+        self.app.open_pair(self.turn + delta, replace=True)  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------ search
+
+    def action_search(self) -> None:
+        search = self.query_one("#search", Input)
+        search.display = True
+        search.value = self.query_text
+        search.focus()
+
+    @on(Input.Submitted, "#search")
+    def _searched(self, event: Input.Submitted) -> None:
+        event.input.display = False
+        self.query_text = event.value.strip()
+        self._hits = {}
+        self._mark_matches()
+        self.action_focus_tokens()
+        self.action_match(1, inclusive=True)
+
+    def _mark_matches(self) -> None:
+        """Underline the search's matches in the views on screen (the other mode's when it is shown)."""
+        for view in self.query(TokenView):
+            if (view.id == "unified") == (self.mode == "unified") and (self.query_text or view.matches):
+                view.set_matches(self._search_hits(view).tokens if self.query_text else set())
+
+    def _search_hits(self, view: TokenView) -> SearchHits:
+        key = view.id or ""
+        if key not in self._hits:
+            self._hits[key] = search(view.tokens, self.query_text, self.a, self.b)
+        return self._hits[key]
+
+    def action_match(self, delta: int, inclusive: bool = False) -> None:
+        """`n`/`N`: the next or previous match of the search; with no search, the next or previous span."""
+        if not self.query_text:
+            self.action_hunk(delta)
+            return
+        view = self._view()
+        starts = self._search_hits(view).starts
+        if not starts:
+            self.notify(f"no match for {self.query_text!r}", severity="warning")
+            return
+        k = bisect_left(starts, view.cursor + (0 if inclusive or delta < 0 else 1))
+        k = k % len(starts) if delta > 0 else (k - 1) % len(starts)
+        view.go_to(starts[k])
+        self.sub_title = f"{self.summary} · match {k + 1} of {len(starts)} for {self.query_text!r}"
+
+    # ------------------------------------------------------------ copy
+
+    def action_copy_span(self) -> None:
+        """`y`: the current span's text, A's and B's, to the clipboard."""
+        if not self.d.hunks:
+            self.action_copy_token()
+            return
+        h = self.d.hunks[self.hunk]
+        text = span_clip(self.a, self.b, h)
+        self.app.copy_to_clipboard(text)
+        self.notify(f"copied span {self.hunk + 1} ({len(text):,} characters)")
+
+    def action_copy_token(self) -> None:
+        """`Y`: the token under the cursor, with its side, index, byte offset, id and bytes."""
+        v = self._view()
+        if not v.tokens.texts:
+            return
+        side, idx = v.tokens.side[v.cursor], v.tokens.index[v.cursor]
+        self.app.copy_to_clipboard(self._status(side, idx).plain.strip())
+        self.notify(f"copied {side.upper()} token {idx:,}")
+
+    # ------------------------------------------------------------ replay and export
 
     def action_replay(self) -> None:
         backend = getattr(self.app.options, "backend", None)  # type: ignore[attr-defined]
@@ -337,29 +505,106 @@ class PairScreen(Screen):
         from tokendiff.errors import InputError
         from tokendiff.workflows import ReplayOptions, replay_pair
 
-        def progress(msg: str) -> None:
-            self.app.call_from_thread(self.query_one("#findings", Static).update, Text(f"replay: {msg}"))
+        def show(text: str | Text) -> None:
+            self.app.call_from_thread(self.query_one("#findings", Static).update, text)
 
         loader, force = self.app.loader, self.app.options.force  # type: ignore[attr-defined]
         try:
-            result = replay_pair(self._pair(), loader, ReplayOptions(backend=backend, force=force), progress)
+            unreachable = _unreachable(backend)
+            if unreachable:
+                raise InputError(unreachable)
+            result = replay_pair(
+                self._pair(), loader, ReplayOptions(backend=backend, force=force), lambda m: show(f"replay: {m}")
+            )
         except InputError as e:
             self.app.call_from_thread(self.notify, str(e), severity="error")
-            self.app.call_from_thread(self.query_one("#findings", Static).update, Text(f"replay refused: {e}"))
+            show(Text(f"replay refused: {e}"))
             return
         self.replay_doc = result.document
-        self.app.call_from_thread(self.query_one("#findings", Static).update, Text(result.text))
+        show(Text(result.text))
         if result.problem:
             self.app.call_from_thread(self.notify, result.problem, severity="warning", timeout=30)
 
     def action_export_pair(self) -> None:
-        """`x`: exactly the document `tokendiff diff --json A B` prints for this pair."""
+        """`x`: exactly the document `tokendiff diff --json A B` prints for this pair; never over an older file."""
         from tokendiff.errors import InputError
         from tokendiff.workflows import export_pair
 
         try:
-            out = export_pair(self._pair(), Path.cwd() / f"tokendiff-pair-{self.turn - 1}-{self.turn}.json")
+            out = export_pair(self._pair(), free_path(Path.cwd() / f"tokendiff-pair-{self.turn - 1}-{self.turn}.json"))
         except InputError as e:
             self.notify(str(e), severity="error")
             return
-        self.notify(f"pair written to {out}")
+        self.notify(f"pair written to {out.resolve()}")
+
+
+def free_path(path: Path) -> Path:
+    """`path`, or `name-2.ext`, `name-3.ext`…: the first that does not exist, so an export never overwrites."""
+    k = 2
+    candidate = path
+    while candidate.exists():
+        candidate = path.with_name(f"{path.stem}-{k}{path.suffix}")
+        k += 1
+    return candidate
+
+
+def _unreachable(url: str) -> str | None:
+    """Why nothing answers at `url` (connection refused, no such host), or None when something does.
+
+    Asked first so that a server that is down is reported as down, not as a backend of unknown kind.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=3).close()
+    except OSError as e:
+        return f"cannot connect to {url}: {e.strerror or e}"
+    return None
+
+
+def span_words(h: Hunk) -> str:
+    """A span's extent in words: which of A's tokens became which of B's."""
+
+    def tokens(lo: int, hi: int) -> str:
+        return f"token {lo:,}" if hi - lo == 1 else f"tokens {lo:,}–{hi - 1:,}"
+
+    if h.kind == "insert":
+        return f"B adds {tokens(h.b_start, h.b_end)} at A's token {h.a_start:,}"
+    if h.kind == "delete":
+        return f"A's {tokens(h.a_start, h.a_end)} are gone from B"
+    return f"A's {tokens(h.a_start, h.a_end)} became B's {tokens(h.b_start, h.b_end)}"
+
+
+def span_clip(a: Prompt, b: Prompt, h: Hunk) -> str:
+    """What `y` copies: both sides of a span, labelled with their token and byte ranges."""
+
+    def side(name: str, p: Prompt, lo: int, hi: int, b0: int, b1: int) -> str:
+        text = p.data[b0:b1].decode("utf-8", "replace")
+        return f"{name} tokens {lo}..{hi} (bytes {b0}..{b1}):\n{text}"
+
+    return "\n".join(
+        (
+            side("A", a, h.a_start, h.a_end, h.a_byte_start, h.a_byte_end),
+            side("B", b, h.b_start, h.b_end, h.b_byte_start, h.b_byte_end),
+        )
+    )
+
+
+def _reusable(a: Prompt, b: Prompt, d: Divergence) -> str:
+    """What llama-server reuses, counted as the session table counts it: a full hit still evaluates one token."""
+    from tokendiff.cost import backend_reuse
+
+    reuse = backend_reuse("llama.cpp", d.lcp, len(b), len(a))
+    note = " (the last token is always evaluated)" if reuse < d.lcp else ""
+    return f"{reuse:,} of {len(b):,} tokens reusable{note}"
+
+
+def _spans_count(d: Divergence, findings: list[Finding]) -> str:
+    """How many spans break the cache, not counting those that are expected (the generation prompt replaced)."""
+    expected = {f.hunk for f in findings if f.expected}
+    n = len(d.hunks) - len(expected)
+    text = f"{n} divergent span{'s' if n != 1 else ''}"
+    return text + (f" and {len(expected)} expected" if expected else "")

@@ -268,7 +268,7 @@ class SessionTable(ScrollView, can_focus=True):
         width = self.scrollable_content_region.width
         if not self.turns:
             text = self.message if y == 1 else ""
-            return Strip([Segment(f" {text}" if text else "")]).crop_extend(0, width, self.rich_style)
+            return Strip([Segment(f" {text}" if text else "", self.rich_style)]).crop_extend(0, width, self.rich_style)
         if y == 0:
             return self._header(width)
         row = self.scroll_offset.y + y - 1

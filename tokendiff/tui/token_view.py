@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
+from textual import events
 from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.geometry import Size
@@ -40,6 +41,10 @@ class ViewTokens:
         return len(self.texts)
 
 
+_OVERLAYS = {SHARED: "tokenview--shared", ADDED: "tokenview--added", REMOVED: "tokenview--removed"}
+_MARKS = {ADDED: Style(underline=True), REMOVED: Style(strike=True)}  # NO_COLOR: what colour would say
+
+
 def _widths(texts: list[str]) -> list[int]:
     """Cell widths; plain ASCII (most tokens) is its length."""
     return [len(t) if t.isascii() else cell_len(t) for t in texts]
@@ -55,8 +60,11 @@ class TokenView(ScrollView, can_focus=True):
         "tokenview--added",
         "tokenview--removed",
         "tokenview--special",
+        "tokenview--match",
         "tokenview--cursor",
     }
+    # Overlays (shared, added, removed, special, match, cursor) are partial styles laid over the token's
+    # shade, so a special token keeps its span's colour and the cursor keeps the diff colour under it.
     DEFAULT_CSS = """
     TokenView { background: $surface; }
     TokenView > .tokenview--even { color: $foreground; }
@@ -65,17 +73,18 @@ class TokenView(ScrollView, can_focus=True):
     TokenView > .tokenview--added { color: $foreground; background: $td-added; }
     TokenView > .tokenview--removed { color: $foreground; background: $td-removed; }
     TokenView > .tokenview--special { color: $accent; text-style: bold; }
-    TokenView > .tokenview--cursor { color: $background; background: $td-cursor; text-style: bold; }
+    TokenView > .tokenview--match { text-style: bold underline; }
+    TokenView > .tokenview--cursor { color: $td-cursor; text-style: bold reverse; }
     """
     BINDINGS = [
         Binding("left", "move(-1)", "token left", show=False, id="token.left"),
         Binding("right", "move(1)", "token right", show=False, id="token.right"),
         Binding("up", "line(-1)", "line up", show=False, id="token.up"),
         Binding("down", "line(1)", "line down", show=False, id="token.down"),
-        Binding("pageup", "line(-20)", show=False, id="token.pageup"),
-        Binding("pagedown", "line(20)", show=False, id="token.pagedown"),
-        Binding("home", "go(0)", show=False, id="token.home"),
-        Binding("end", "go(-1)", show=False, id="token.end"),
+        Binding("pageup", "page(-1)", "page up", show=False, id="token.pageup"),
+        Binding("pagedown", "page(1)", "page down", show=False, id="token.pagedown"),
+        Binding("home", "go(0)", "first token", show=False, id="token.home"),
+        Binding("end", "go(-1)", "last token", show=False, id="token.end"),
     ]
 
     cursor: var[int] = var(0)
@@ -96,11 +105,22 @@ class TokenView(ScrollView, can_focus=True):
         self._line_starts: list[int] = [0]
         self._layout_width = -1
         self._cache: LRUCache[tuple, Strip] = LRUCache(1024)
+        self.peer: TokenView | None = None  # side by side: both panes wrap at the narrower one's width
+        self.matches: set[int] = set()  # view positions a search found
+        self._generation = 0  # bumped when the matches change: part of the strip cache's key
 
     # ------------------------------------------------------------ layout
 
+    def content_width(self) -> int:
+        return self.scrollable_content_region.width or self.size.width
+
     def _relayout(self) -> None:
-        width = max(10, self.scrollable_content_region.width or self.size.width or 80)
+        width = self.content_width()
+        if not width and self._layout_width > 0:
+            return  # hidden (the other mode is showing): keep the layout; re-wrapping 100k tokens costs ~0.1 s
+        if self.peer is not None and self.peer.content_width():
+            width = min(width, self.peer.content_width()) if width else self.peer.content_width()
+        width = max(10, width or 80)
         if width == self._layout_width:
             return
         if self._widths is None:
@@ -122,10 +142,22 @@ class TokenView(ScrollView, can_focus=True):
         self.virtual_size = Size(width, len(starts))
 
     def on_resize(self) -> None:
+        """Re-wrap, and keep the cursor on screen: the line it was on has moved."""
         self._relayout()
+        if self.peer is not None:
+            self.peer.relayout()
         if self._start_at is not None and self.size.height:
             start, self._start_at = self._start_at, None
             self.go_to(start)
+        elif self.size.height and self.tokens.texts:
+            self.scroll_to_region_line(self.line_of(self.cursor), center=True)
+        self.refresh()
+
+    def relayout(self) -> None:
+        """Re-wrap now (the peer pane's width changed) and keep the cursor in view."""
+        self._relayout()
+        if self.size.height and self.tokens.texts:
+            self.scroll_to_region_line(self.line_of(self.cursor), center=True)
         self.refresh()
 
     def notify_style_update(self) -> None:
@@ -140,19 +172,27 @@ class TokenView(ScrollView, can_focus=True):
     # ------------------------------------------------------------ drawing
 
     def _style(self, i: int, on_cursor: bool) -> Style:
-        if on_cursor:
-            return self.get_component_rich_style("tokenview--cursor")
-        kind = self.tokens.kinds[i]
-        base = self.get_component_rich_style("tokenview--even" if i % 2 == 0 else "tokenview--odd")
-        if kind == ADDED:
-            base = base + self.get_component_rich_style("tokenview--added")
-        elif kind == REMOVED:
-            base = base + self.get_component_rich_style("tokenview--removed")
-        elif kind == SHARED:
-            base = base + self.get_component_rich_style("tokenview--shared")
-        if self.tokens.special[i]:
-            base = base + self.get_component_rich_style("tokenview--special")
-        return base
+        t = self.tokens
+        return self.token_style(t.kinds[i], t.special[i], i % 2 == 1, i in self.matches, on_cursor)
+
+    def token_style(self, kind: int, special: bool, odd: bool, match: bool = False, cursor: bool = False) -> Style:
+        """A token's style: its shade, then its kind, special, match and cursor laid over it.
+
+        The help screen's colour legend is drawn with it, so the legend is what the view shows.
+        """
+        style = self.get_component_rich_style("tokenview--odd" if odd else "tokenview--even")
+        overlay = _OVERLAYS.get(kind)
+        if overlay:
+            style += self.get_component_rich_style(overlay, partial=True)
+        if special:
+            style += self.get_component_rich_style("tokenview--special", partial=True)
+        if self.app.no_color and kind in _MARKS:  # without colour the change is marked by a text style
+            style += _MARKS[kind]
+        if match:
+            style += self.get_component_rich_style("tokenview--match", partial=True)
+        if cursor:
+            style += self.get_component_rich_style("tokenview--cursor", partial=True)
+        return style
 
     def render_line(self, y: int) -> Strip:
         self._relayout()
@@ -164,7 +204,7 @@ class TokenView(ScrollView, can_focus=True):
         start = self._line_starts[line]
         end = self._line_starts[line + 1] if line + 1 < len(self._line_starts) else len(self.tokens)
         on_line = start <= self.cursor < end
-        key = (line, self._layout_width, self.cursor if on_line else -1)
+        key = (line, self._layout_width, self.cursor if on_line else -1, self._generation)
         strip = self._cache.get(key)
         if strip is None:
             segs = [Segment(self.tokens.texts[i], self._style(i, i == self.cursor)) for i in range(start, end)]
@@ -193,12 +233,17 @@ class TokenView(ScrollView, can_focus=True):
         else:
             self.scroll_to_region_line(line)
 
-    def scroll_to_region_line(self, line: int) -> None:
-        top = self.scroll_offset.y
-        if line < top:
+    def scroll_to_region_line(self, line: int, center: bool = False) -> None:
+        """Scroll just enough to show `line` (or centre it) when it is off screen."""
+        top, height = self.scroll_offset.y, self.size.height
+        if top <= line < top + height:
+            return
+        if center:
+            self.scroll_to(y=max(0, line - height // 2), animate=False)
+        elif line < top:
             self.scroll_to(y=line, animate=False)
-        elif line >= top + self.size.height:
-            self.scroll_to(y=line - self.size.height + 1, animate=False)
+        else:
+            self.scroll_to(y=line - height + 1, animate=False)
 
     def action_move(self, delta: int) -> None:
         self.go_to(self.cursor + delta, center=False)
@@ -208,5 +253,38 @@ class TokenView(ScrollView, can_focus=True):
         line = max(0, min(line, len(self._line_starts) - 1))
         self.go_to(self._line_starts[line], center=False)
 
+    def action_page(self, pages: int) -> None:
+        self.action_line(pages * max(1, self.size.height - 1))
+
     def action_go(self, where: int) -> None:
         self.go_to(where if where >= 0 else len(self.tokens) - 1)
+
+    def on_click(self, event: events.Click) -> None:
+        """A click puts the cursor on the token under the pointer."""
+        offset = event.get_content_offset(self)
+        if offset is None or not self.tokens.texts:
+            return
+        position = self.position_at(offset.x + self.scroll_offset.x, offset.y + self.scroll_offset.y)
+        if position is not None:
+            self.focus()
+            self.cursor = position
+
+    def position_at(self, x: int, line: int) -> int | None:
+        """The token drawn at column `x` of virtual line `line`, or None past the text."""
+        self._relayout()
+        if not 0 <= line < len(self._line_starts) or self._widths is None:
+            return None
+        start = self._line_starts[line]
+        end = self._line_starts[line + 1] if line + 1 < len(self._line_starts) else len(self.tokens)
+        col = 0
+        for i in range(start, end):
+            col += self._widths[i]
+            if x < col:
+                return i
+        return end - 1 if end > start else None
+
+    def set_matches(self, positions: set[int]) -> None:
+        """Mark the tokens a search found (and only repaint, not re-layout)."""
+        self.matches = positions
+        self._generation += 1
+        self.refresh()
