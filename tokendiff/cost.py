@@ -73,6 +73,7 @@ class Turn:
     reported_cached: int | None = None
     reported_prompt_ms: float | None = None
     reported_prompt_n: int | None = None
+    ttft_ms: float | None = None  # time to first token, as the recording proxy measured it
     note: str = ""  # disagreement between the server's count and the prediction, slot thrash
 
     @property
@@ -111,6 +112,7 @@ class Session:
     # (A, B) of every turn that is a span's first example: all a report needs of the prompts
     examples: dict[int, tuple[Prompt, Prompt]] = field(default_factory=dict)
     work: int = 0  # tokens processed (hashed, compared, diffed): linear in the session's tokens
+    rate_estimated: bool = False  # ms_per_token is a given prefill rate (--prefill-rate), not measured
 
     @property
     def reuse_pct(self) -> float:
@@ -170,6 +172,7 @@ class TurnInput:
     response: dict[str, Any] | None = None
     _prompt: Prompt | None = None
     job: Any = None
+    ttft_ms: float | None = None
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
@@ -236,6 +239,7 @@ class Analyser:
         k = len(self.turns) + 1
         t = Turn(turn=k, origin=cur.origin, n_tokens=len(cur.ids))
         t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
+        t.ttft_ms = cur.ttft_ms
         m = self.index.match_and_add(cur.ids, k)
         self.turns.append(t)
         if self.prev is None:

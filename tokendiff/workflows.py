@@ -237,9 +237,13 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int, re
     if arr is None and ids is None:  # a HAR entry, a request body: its render tokenised
         arr = rendered if rendered is not None else loader.rendered_ids(rec)
     if arr is None or arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= loader.vocab.n_vocab)):
-        return TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
-    resp = resp if isinstance(resp, dict) else None
-    return TurnInput(ids=arr.astype(np.int32), origin=label, load=lambda: job.load(loader), response=resp, job=job)
+        ti = TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
+    else:
+        resp = resp if isinstance(resp, dict) else None
+        ti = TurnInput(ids=arr.astype(np.int32), origin=label, load=lambda: job.load(loader), response=resp, job=job)
+    ttft = rec.get("ttft_ms")
+    ti.ttft_ms = float(ttft) if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) else None
+    return ti
 
 
 # ---------------------------------------------------------------- divergent pairs in worker processes
@@ -504,6 +508,51 @@ def open_session(
     loader = open_loader(opts)
     pool = PairWorkers(loader, workers)
     return _analyse(loader, _path_inputs(loader, pool, paths, opts.order, single_turns, live), None, progress, pool)
+
+
+class SessionFeed:
+    """A capture analysed as it grows, one record at a time (`tokendiff watch`): the streaming
+    Analyser's state is kept between records, so each new turn costs its own diff, not the session's."""
+
+    def __init__(self, loader: Loader, capture: str | Path, prefill_rate: float | None = None):
+        from tokendiff.cost import Analyser
+
+        self.loader, self.capture, self.prefill_rate = loader, str(capture), prefill_rate
+        self.analyser = Analyser()  # pairs diffed here: a live session brings one at a time
+        self.prompts = TurnPrompts(loader, [])
+        self.loader.adopt_capture_template(Path(capture))
+
+    def add(self, rec: dict[str, Any]) -> LoadedSession:
+        """The next record (a capture record, patches merged) as a turn; the session as it now stands."""
+        from dataclasses import replace as copy_with
+
+        k = len(self.prompts.specs) + 1
+        spec = f"{self.capture}@{k}"
+        try:
+            turn = _record_input(self.loader, rec, spec, k)
+        except InputError as e:  # a turn that cannot be read still counts, so turn k stays record k
+            raise InputError(e.reason, source=e.source or spec) from None
+        self.prompts.specs.append(spec)
+        self.analyser.add(turn)
+        if turn.decoded is not None:
+            self.prompts.keep(k - 1, turn.decoded)
+        session = self.analyser.session()
+        session = copy_with(session, turns=list(session.turns))  # the views keep this one; the next add appends
+        apply_prefill_rate(session, self.prefill_rate)
+        return LoadedSession(self.loader, self.prompts, session)
+
+
+def apply_prefill_rate(session: Session, tokens_per_s: float | None) -> Session:
+    """Seconds for a session without timings (slot files): `tokens_per_s` (`--prefill-rate`) as its
+    prefill speed, marked estimated. A measured speed is kept: the server's own timings win."""
+    if tokens_per_s is None or session.ms_per_token is not None:
+        return session
+    if tokens_per_s <= 0:
+        raise InputError("--prefill-rate must be a positive number of tokens per second")
+    session.ms_per_token, session.rate_estimated = 1000.0 / tokens_per_s, True
+    for sp in session.spans:
+        sp.seconds = sp.tokens * session.ms_per_token / 1000
+    return session
 
 
 def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:
