@@ -70,7 +70,9 @@ class SessionScreen(Screen):
         table = self.query_one("#turns", SessionTable)
         table.loading = False
         first_bad = next((t.turn for t in session.turns if t.wasted), None)
-        table.show(session.turns, cursor=(first_bad or 1) - 1 if first_load else None)
+        table.show(
+            session.turns, (first_bad or 1) - 1 if first_load else None, session.ms_per_token, session.rate_estimated
+        )
         if not session.turns:
             table.show_message("no turns yet")
         self.query_one("#chart", ReuseChart).show(session.turns)
@@ -136,7 +138,8 @@ def _spans_text(session: Session) -> Text:
     for k, sp in enumerate(session.spans[:8], 1):
         lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
         turns = _turn_list(sp.turns)
-        where = f"   {sp.section} · turns {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %)\n"
+        secs = f" · {'~' if session.rate_estimated else ''}{sp.seconds:,.1f} s" if sp.seconds is not None else ""
+        where = f"   {sp.section} · turns {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %){secs}\n"
         lines.append(where, style="dim")
         lines.append(f"   {sp.fix}\n")
     if not session.spans:
