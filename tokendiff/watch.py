@@ -127,13 +127,15 @@ class ProxyThread:
 def break_message(t: Turn, s: Session) -> str | None:
     """The footer's flash for a turn that broke the cache, e.g. "turn 14: tools reordered — 31,200
     tokens recomputed, 41 s": the server's measured prefill time when it has one, else an estimate."""
-    from tokendiff.report.session import cause_title, prefill_seconds
+    from tokendiff.report.session import cause_title, prefill_seconds, seconds_label
 
     if not t.wasted:
         return None
     title = cause_title(t) or "the prompt changed before its end"
     msg = f"turn {t.turn}: {title[0].lower() + title[1:]} — {t.recompute:,} tokens recomputed"
     secs = prefill_seconds(t)
-    if secs is None and s.ms_per_token:
-        return msg + f", ~{t.recompute * s.ms_per_token / 1000:,.1f} s"
-    return msg + (f", {secs:,.1f} s" if secs is not None else "")
+    if secs is not None:
+        return msg + ", " + seconds_label(secs)
+    if s.ms_per_token:
+        return msg + ", " + seconds_label(t.recompute * s.ms_per_token / 1000, estimated=True)
+    return msg

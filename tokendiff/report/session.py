@@ -72,6 +72,11 @@ def turn_wasted_seconds(t: Turn, s: Session) -> float | None:
     return t.wasted * s.ms_per_token / 1000 if s.ms_per_token else None
 
 
+def seconds_label(x: float, estimated: bool = False) -> str:
+    """Seconds as a person reads them: "0.05 s" (a tiny model's waste), "41.2 s"; "~" when estimated."""
+    return ("~" if estimated else "") + (f"{x:.2f} s" if x < 1 else f"{x:,.1f} s")
+
+
 def _secs(x: float | None) -> float | None:
     return round(x, 3) if x is not None else None
 

@@ -133,12 +133,14 @@ def _turn_list(turns: list[int], show: int = 6) -> str:
 
 def _spans_text(session: Session) -> Text:
     """The "fix first" list: the spans that cost the most, with where, when and the fix."""
+    from tokendiff.report.session import seconds_label
+
     lines = Text()
     lines.append("fix first\n", style="bold")
     for k, sp in enumerate(session.spans[:8], 1):
         lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
         turns = _turn_list(sp.turns)
-        secs = f" · {'~' if session.rate_estimated else ''}{sp.seconds:,.1f} s" if sp.seconds is not None else ""
+        secs = f" · {seconds_label(sp.seconds, session.rate_estimated)}" if sp.seconds is not None else ""
         where = f"   {sp.section} · turns {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %){secs}\n"
         lines.append(where, style="dim")
         lines.append(f"   {sp.fix}\n")

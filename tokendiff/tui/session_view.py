@@ -68,6 +68,7 @@ class Column:
     numeric: bool = True
     widest: Callable[[Sequence[Turn]], str] | None = None  # its widest cell, without formatting every row
     key: Callable[[Turn], Any] | None = None  # what the column sorts by (default: the turn)
+    optional: bool = False  # shown only with room to spare once the text columns have their full width
     descending: bool = True  # its first sort: the most (wasted, reuse, seconds) first
 
 
@@ -108,6 +109,7 @@ COLUMNS: tuple[Column, ...] = (
         "ttft s",
         lambda t: _ms_as_s(t.ttft_ms),
         6.5,
+        optional=True,
         widest=_widest_secs(lambda t: t.ttft_ms and t.ttft_ms / 1000),
         key=lambda t: _missing_last(t.ttft_ms),
     ),
@@ -115,6 +117,7 @@ COLUMNS: tuple[Column, ...] = (
         "prefill s",
         lambda t: _ms_as_s(t.reported_prompt_ms),
         7.5,
+        optional=True,
         widest=_widest_secs(lambda t: t.reported_prompt_ms and t.reported_prompt_ms / 1000),
         key=lambda t: _missing_last(t.reported_prompt_ms),
     ),
@@ -133,9 +136,11 @@ def wasted_seconds_column(ms_per_token: float, estimated: bool) -> Column:
         3.5,  # after the cause: at 80 columns the cause stays
         widest=_widest_secs(lambda t: secs(t) if t.wasted else None),
         key=lambda t: t.wasted,
+        optional=True,
     )
 
 
+WIDE_TEXT = 40  # text columns get up to this before the optional columns get any room
 MIN_TEXT, MAX_TEXT = 12, 28  # a text column narrower than MIN says nothing; wider than MAX only with room to spare
 
 
@@ -158,25 +163,36 @@ def natural_widths(columns: Sequence[Column], turns: Sequence[Turn]) -> list[int
 
 def fit_columns(columns: Sequence[Column], natural: Sequence[int], width: int) -> list[Placed]:
     """The columns that fit `width`, in table order: by rank, text columns first at up to MAX_TEXT
-    (then, if they did not fit, at MIN_TEXT); what is left widens the text columns to their natural width."""
+    (then, if they did not fit, at MIN_TEXT); what is left widens the text columns to their natural width,
+    and what is left after that takes the optional columns (seconds), by rank."""
     widths: dict[int, int] = {}
     used = -1  # no separator before the first column
     order = sorted(range(len(columns)), key=lambda i: columns[i].rank)
     for cap in (MAX_TEXT, MIN_TEXT):
         for i in order:
-            if not natural[i]:  # no turn has a value for it
+            if not natural[i] or columns[i].optional:  # no turn has a value for it, or only with room to spare
                 continue
             w = natural[i] if columns[i].numeric else min(natural[i], cap)
             if i not in widths and used + 1 + w <= width:
                 widths[i] = w
                 used += 1 + w
     texts = [i for i in sorted(widths) if not columns[i].numeric]
-    spare = width - max(used, 0)
-    for k, i in enumerate(texts):  # the room left, to each text column up to its natural width
-        extra = min(natural[i] - widths[i], spare // (len(texts) - k))
+    spare = _widen(texts, widths, natural, width - max(used, 0), WIDE_TEXT)
+    for i in order:
+        if columns[i].optional and natural[i] and 1 + natural[i] <= spare:
+            widths[i] = natural[i]
+            spare -= 1 + natural[i]
+    _widen(texts, widths, natural, spare, None)
+    return [Placed(columns[i], widths[i]) for i in sorted(widths)]
+
+
+def _widen(texts: list[int], widths: dict[int, int], natural: Sequence[int], spare: int, cap: int | None) -> int:
+    """The room left shared among the text columns, each up to its natural width (or `cap`); returns what is left."""
+    for k, i in enumerate(texts):
+        extra = max(0, min(min(natural[i], cap or natural[i]) - widths[i], spare // (len(texts) - k)))
         widths[i] += extra
         spare -= extra
-    return [Placed(columns[i], widths[i]) for i in sorted(widths)]
+    return spare
 
 
 def _cell(text: str, width: int, right: bool) -> str:

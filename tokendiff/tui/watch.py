@@ -11,8 +11,9 @@ import queue
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from textual import work
+from textual import on, work
 from textual.app import ComposeResult
+from textual.events import Mount
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
@@ -23,7 +24,7 @@ from tokendiff.tui.screens import PairScreen, SessionScreen
 from tokendiff.watch import ProxyThread, RecordFeed, break_message
 
 if TYPE_CHECKING:
-    from textual.events import Mount
+    from textual.timer import Timer
 
     from tokendiff.proxy import RecordEvent
 
@@ -58,10 +59,11 @@ class WatchApp(TokendiffApp):
         super().__init__(replace(options, open_first_divergence=False, paths=[str(proxy.capture)]))
         self.proxy, self.events = proxy, events
         self.breaks: list[str] = []  # every flash so far, oldest first
-        self._flash_timer = None
+        self._flash_timer: Timer | None = None
 
-    def on_mount(self, event: Mount) -> None:
-        event.prevent_default()  # not TokendiffApp's: nothing to load from files
+    @on(Mount)
+    def _start(self, event: Mount) -> None:
+        event.prevent_default()  # instead of TokendiffApp.on_mount: nothing to load from files
         self.apply_theme_and_keys()
         self.push_screen(WatchScreen())
         self._status()
