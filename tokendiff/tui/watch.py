@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.events import Mount
 from textual.binding import Binding
+from textual.events import Mount
 from textual.widgets import Footer, Static
 
 from tokendiff import workflows as wf
