@@ -126,3 +126,109 @@ def test_record_feed_keeps_capture_order_until_tokens_arrive():
     assert feed.take(RecordEvent(2, {"seq": 2})) == []  # waits behind record 1
     out = feed.take(RecordEvent(1, {"seq": 3, "patch": 1, "prompt_ids": [1, 2]}, patch=True))
     assert [r["seq"] for r in out] == [1, 2] and out[0]["prompt_ids"] == [1, 2] and feed.waiting == 0
+
+
+# ---------------------------------------------------------------- the session screen: sort, jump, seconds
+
+
+def demo_app(paths: list[str], **kw):
+    from tokendiff.paths import demo_capture
+    from tokendiff.tui.app import Options, TokendiffApp
+
+    return TokendiffApp(
+        Options(paths=paths or [str(demo_capture())], theme="tokendiff-dark", open_first_divergence=False, **kw)
+    )
+
+
+async def test_session_table_sorts_by_any_column_and_jumps_to_the_most_wasteful_turn():
+    from tokendiff.tui.screens import PairScreen
+    from tokendiff.tui.session_view import SessionTable
+
+    a = demo_app([])
+    async with a.run_test(size=(200, 40)) as pilot:
+        await wait_for(pilot, lambda: a.session is not None)
+        table = a.screen.query_one("#turns", SessionTable)
+        turns = a.session.turns
+        worst = max(turns, key=lambda t: t.wasted)
+        await pilot.press("w")
+        assert table.cursor_row == worst.turn - 1
+        table.sort("wasted")  # most first; the cursor stays on its turn
+        assert table.sort_by == "wasted" and table.descending and table.cursor_row == worst.turn - 1
+        shown = [turns[table.turn_at(r)].wasted for r in range(len(turns))]
+        assert shown == sorted(shown, reverse=True) and table.cursor == 0
+        assert table.row_text(0).split()[0] == str(worst.turn) and "▼wasted" in table._header(200).text.replace(" ", "")
+        await pilot.press("S")  # reversed: least first, ties in turn order
+        shown = [turns[table.turn_at(r)] for r in range(len(turns))]
+        assert [t.wasted for t in shown] == sorted(t.wasted for t in turns) and shown[0].turn == 1
+        table.sort("reuse %")
+        assert [turns[table.turn_at(r)].reuse_pct for r in range(len(turns))] == sorted(
+            (t.reuse_pct for t in turns), reverse=True
+        )
+        await pilot.press("home", "enter")  # Enter opens the turn on the row, not the row's number
+        await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
+        assert a.screen.turn == table.turn_at(0) + 1
+        await pilot.press("escape")
+        table.sort("turn")
+        assert table.turn_at(3) == 3 and table._order is None
+        await pilot.press("s")  # cycles to the next column on screen
+        assert table.sort_by == table.columns[1]
+
+
+async def test_seconds_per_turn_and_per_cause_measured_or_estimated():
+    from tokendiff.paths import demo_slots
+    from tokendiff.tui.session_view import SessionTable
+
+    measured = demo_app([])
+    async with measured.run_test(size=(300, 40)) as pilot:  # the seconds columns take the room left
+        await wait_for(pilot, lambda: measured.session is not None)
+        s = measured.session
+        assert s.ms_per_token and not s.rate_estimated and s.spans[0].seconds
+        table = measured.screen.query_one("#turns", SessionTable)
+        assert {"ttft s", "prefill s", "wasted s"} <= set(table.columns)
+        assert " s\n" in str(measured.screen.query_one("#spans").render())  # the cause's seconds
+    slots = demo_app([str(demo_slots())], prefill_rate=500.0)
+    async with slots.run_test(size=(220, 40)) as pilot:
+        await wait_for(pilot, lambda: slots.session is not None)
+        s = slots.session
+        assert s.rate_estimated and s.ms_per_token == 2.0
+        assert s.spans[0].seconds == pytest.approx(s.spans[0].tokens / 500)
+        table = slots.screen.query_one("#turns", SessionTable)
+        assert "~wasted s" in table.columns and "ttft s" not in table.columns
+        assert "~" in str(slots.screen.query_one("#spans").render())
+
+
+def test_report_has_seconds_per_turn_and_marks_an_estimated_rate(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tokendiff.paths import demo_capture, demo_slots
+
+    def report(*args: str) -> dict:
+        r = subprocess.run(
+            [sys.executable, "-m", "tokendiff", "report", *args, "--format", "json"], capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    doc = report(str(demo_capture()))
+    assert not doc["summary"]["seconds_estimated"]
+    timed = [t for t in doc["turns"] if t["ttft_ms"] is not None]
+    assert timed and all(t["prefill_ms"] is not None for t in timed)
+    assert sum(t["wasted_seconds"] or 0 for t in doc["turns"]) == pytest.approx(doc["summary"]["wasted_seconds"], 0.01)
+    slots = report(str(demo_slots()), "--prefill-rate", "1000")
+    assert slots["summary"]["seconds_estimated"] and slots["summary"]["ms_per_token"] == 1.0
+    assert slots["spans"][0]["seconds"] == pytest.approx(slots["spans"][0]["tokens"] / 1000, abs=1e-3)
+    assert "estimated" in slots["summary"]["headline"]
+    md = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "report", str(demo_slots()), "--prefill-rate", "1000"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "estimated (--prefill-rate) prefill speed: 1.000 ms per token" in md
+    bad = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "report", str(demo_slots()), "--prefill-rate", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--prefill-rate" in bad.stderr

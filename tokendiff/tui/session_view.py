@@ -358,14 +358,17 @@ class SessionTable(ScrollView, can_focus=True):
         return Strip(segs).crop_extend(0, width, style)
 
     def _header(self, width: int) -> Strip:
+        """The titles; the sort column's marked ▼ (most first) or ▲ in the gap before it (after it,
+        for the first column), so the title itself is never cut. Turn order is not marked."""
         st = self.get_component_rich_style("sessiontable--header")
-        cells = []
-        for p in self._placed:
-            title = p.column.title
-            if title == self.sort_by and (title != "turn" or self.descending):  # turn order: no mark
-                title = ("▼" if self.descending else "▲") + title
-            cells.append((_cell(title, p.width, p.column.numeric), st))
-        return self._line(cells, width, st)
+        text = " ".join(_cell(p.column.title, p.width, p.column.numeric) for p in self._placed)
+        marked = [k for k, p in enumerate(self._placed) if p.column.title == self.sort_by]
+        if marked and (self.sort_by != "turn" or self.descending):
+            k = marked[0]
+            gap = sum(p.width + 1 for p in self._placed[:k]) - 1 if k else self._placed[0].width
+            if 0 <= gap < len(text):
+                text = text[:gap] + ("▼" if self.descending else "▲") + text[gap + 1 :]
+        return Strip([Segment(text, st)]).crop_extend(0, width, st)
 
     def _row(self, row: int, width: int) -> Strip:
         on_cursor = row == self.cursor
