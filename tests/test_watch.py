@@ -232,3 +232,24 @@ def test_report_has_seconds_per_turn_and_marks_an_estimated_rate(tmp_path):
         text=True,
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--prefill-rate" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--upstream", "http://127.0.0.1:9", "--prefill-rate", "-5"], "--prefill-rate"),
+        (["--upstream", "http://127.0.0.1:9"], "needs a terminal"),
+        ([], "--upstream"),
+    ],
+)
+def test_watch_bad_input_is_one_line_exit_2(args, words, tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "watch", "--out", str(tmp_path / "s"), *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr

@@ -11,6 +11,8 @@ proxy` would. Nothing here knows about Textual (tui/watch.py draws it).
 from __future__ import annotations
 
 import asyncio
+import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -83,6 +85,7 @@ class ProxyThread:
         self.served: Served | None = None
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # why the server stopped, if it did on its own
+        self.messages: queue.Queue[str] = queue.Queue()  # what uvicorn would print, for the TUI to show
 
     @property
     def capture(self) -> Path:
@@ -97,13 +100,15 @@ class ProxyThread:
         from tokendiff.proxy import build_server
 
         self.served = build_server(self.upstream, self.out, self.listen, self.fetch_tokens, self.on_event)
+        _log_to(self.messages)  # a line on the terminal would tear the TUI
         self._thread = threading.Thread(target=self._run, name="tokendiff-proxy", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + START_TIMEOUT
         while not self.served.server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
-                raise InputError(f"the proxy did not start: {self.error or 'timed out'}", source=self.listen)
+                why = self.error or _drain(self.messages) or "it stopped during start-up"
+                raise InputError(f"the proxy did not start: {why}", source=self.listen)
             time.sleep(0.02)
         return self
 
@@ -122,6 +127,29 @@ class ProxyThread:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(STOP_TIMEOUT)
         self.served.sock.close()
+
+
+class _QueueHandler(logging.Handler):
+    def __init__(self, q: queue.Queue[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.q = q
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.q.put(record.getMessage())
+
+
+def _log_to(q: queue.Queue[str]) -> None:
+    """uvicorn's warnings and errors into `q` instead of stderr."""
+    log = logging.getLogger("uvicorn")
+    log.handlers = [_QueueHandler(q)]
+    logging.getLogger("uvicorn.error").handlers = []
+
+
+def _drain(q: queue.Queue[str]) -> str:
+    out = []
+    while not q.empty():
+        out.append(q.get_nowait())
+    return "; ".join(out)
 
 
 def break_message(t: Turn, s: Session) -> str | None:

@@ -90,6 +90,8 @@ class WatchApp(TokendiffApp):
         self.call_from_thread(self._arrived, None)
         records = RecordFeed()
         while not worker.is_cancelled:
+            while not self.proxy.messages.empty():
+                self.call_from_thread(self.notify, f"proxy: {self.proxy.messages.get()}", severity="warning")
             try:
                 ev = self.events.get(timeout=0.1)
             except queue.Empty:
