@@ -253,3 +253,29 @@ def test_watch_bad_input_is_one_line_exit_2(args, words, tmp_path):
         stdin=subprocess.DEVNULL,
     )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+
+
+def test_session_feed_record_by_record_is_the_batch_analysis():
+    """The live analysis (one record at a time) gives what `tokendiff report` gives for the capture."""
+    from tokendiff import workflows as wf
+    from tokendiff.capture import iter_capture
+    from tokendiff.paths import demo_capture
+
+    cap = demo_capture()
+    batch = wf.open_session(wf.PromptOptions(), [str(cap)], workers=1).session
+    feed = wf.SessionFeed(wf.open_loader(wf.PromptOptions()), cap)
+    for rec in iter_capture(cap):
+        live = feed.add(rec)
+    s = live.session
+    assert [(t.wasted, t.cause, t.reported_cached, t.ttft_ms) for t in s.turns] == [
+        (t.wasted, t.cause, t.reported_cached, t.ttft_ms) for t in batch.turns
+    ]
+    assert [(sp.kind, sp.tokens, sp.seconds) for sp in s.spans] == [
+        (sp.kind, sp.tokens, sp.seconds) for sp in batch.spans
+    ]
+    # records already in the capture before this run: turns numbered from 1, selectors still the records'
+    later = wf.SessionFeed(wf.open_loader(wf.PromptOptions()), cap, after=2)
+    for rec in list(iter_capture(cap))[2:4]:
+        part = later.add(rec)
+    assert part.specs == [f"{cap}@3", f"{cap}@4"] and part.session.turns[1].turn == 2
+    assert part.prompts[1].ids.tolist() == wf.open_loader(wf.PromptOptions()).load(f"{cap}@4").ids.tolist()

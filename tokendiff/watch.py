@@ -86,6 +86,7 @@ class ProxyThread:
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # why the server stopped, if it did on its own
         self.messages: queue.Queue[str] = queue.Queue()  # what uvicorn would print, for the TUI to show
+        self.existing = 0  # records the capture held before this run (the proxy appends)
 
     @property
     def capture(self) -> Path:
@@ -97,8 +98,11 @@ class ProxyThread:
 
     def start(self) -> ProxyThread:
         """Bind and start serving; every start-up problem (URL, --out, --listen) is an InputError here."""
+        from tokendiff.capture import iter_capture
         from tokendiff.proxy import build_server
 
+        if self.capture.is_file():
+            self.existing = sum(1 for _ in iter_capture(self.capture))
         self.served = build_server(self.upstream, self.out, self.listen, self.fetch_tokens, self.on_event)
         _log_to(self.messages)  # a line on the terminal would tear the TUI
         self._thread = threading.Thread(target=self._run, name="tokendiff-proxy", daemon=True)

@@ -512,25 +512,29 @@ def open_session(
 
 class SessionFeed:
     """A capture analysed as it grows, one record at a time (`tokendiff watch`): the streaming
-    Analyser's state is kept between records, so each new turn costs its own diff, not the session's."""
+    Analyser's state is kept between records, so each new turn costs its own diff, not the session's.
+    `after`: records the capture held already (an earlier run into the same directory), not shown."""
 
-    def __init__(self, loader: Loader, capture: str | Path, prefill_rate: float | None = None):
+    def __init__(self, loader: Loader, capture: str | Path, prefill_rate: float | None = None, after: int = 0):
         from tokendiff.cost import Analyser
 
         self.loader, self.capture, self.prefill_rate = loader, str(capture), prefill_rate
         self.analyser = Analyser()  # pairs diffed here: a live session brings one at a time
         self.prompts = TurnPrompts(loader, [])
+        self.records = after  # records in the capture before ours, then ours: each turn's selector is its record's
         self.loader.adopt_capture_template(Path(capture))
 
     def add(self, rec: dict[str, Any]) -> LoadedSession:
-        """The next record (a capture record, patches merged) as a turn; the session as it now stands."""
+        """The next record (a capture record, patches merged) as a turn; the session as it now stands.
+        A record that cannot be read is an InputError naming it, and is not a turn."""
         from dataclasses import replace as copy_with
 
+        self.records += 1
         k = len(self.prompts.specs) + 1
-        spec = f"{self.capture}@{k}"
+        spec = f"{self.capture}@{self.records}"
         try:
             turn = _record_input(self.loader, rec, spec, k)
-        except InputError as e:  # a turn that cannot be read still counts, so turn k stays record k
+        except InputError as e:
             raise InputError(e.reason, source=e.source or spec) from None
         self.prompts.specs.append(spec)
         self.analyser.add(turn)

@@ -83,7 +83,8 @@ class WatchApp(TokendiffApp):
 
         worker = get_current_worker()
         try:
-            feed = wf.SessionFeed(wf.open_loader(self.options.prompts), self.proxy.capture, self.options.prefill_rate)
+            loader = wf.open_loader(self.options.prompts)
+            feed = wf.SessionFeed(loader, self.proxy.capture, self.options.prefill_rate, self.proxy.existing)
         except (InputError, OSError) as e:
             self.call_from_thread(self._failed, str(e))
             return
@@ -112,7 +113,8 @@ class WatchApp(TokendiffApp):
 
             screen = self.screen_stack[1] if len(self.screen_stack) > 1 else self.screen
             if isinstance(screen, SessionScreen):
-                screen.show(Session([], [], None, 0, 0, 0))
+                empty = Session(turns=[], spans=[], ms_per_token=None, total_tokens=0, reused_tokens=0, wasted_tokens=0)
+                screen.show(empty)
             return
         before = len(self.session.turns) if self.session else 0
         self._loaded(loaded)
