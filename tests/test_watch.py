@@ -88,7 +88,7 @@ async def test_watch_shows_turns_and_the_cause_while_the_agent_runs(server, tmp_
     app, proxy, url = start_watch(server, out)
     agent = Agent(url)
     try:
-        async with app.run_test(size=(220, 45)) as pilot:
+        async with app.run_test(size=(140, 40)) as pilot:
             agent.start()
             await wait_for(pilot, lambda: app.session is not None and len(app.session.turns) >= 3)
             assert agent.error is None and agent.sent == 3  # the agent is still running: turn 4 waits

@@ -11,7 +11,7 @@ reuse of its bucket's tokens on a fixed 0–100 % scale, with axis and turn labe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
@@ -261,6 +261,7 @@ class SessionTable(ScrollView, can_focus=True):
         self.sort_by = "turn"  # a column title
         self.descending = False
         self._order: list[int] | None = None  # turn index of each row; None: turn order
+        self.seconds_first = False  # the seconds columns by rank like the others (watch: time is the symptom)
         self._natural: list[int] = []
         self._placed: list[Placed] = []
         self._layout_width = -1
@@ -336,7 +337,10 @@ class SessionTable(ScrollView, can_focus=True):
         if width <= 0 or width == self._layout_width:
             return
         self._layout_width = width
-        self._placed = fit_columns(self.all_columns, self._natural, width) if self._natural else []
+        cols = self.all_columns
+        if self.seconds_first:  # right after the cause, in their order
+            cols = tuple(replace(c, optional=False, rank=3 + c.rank / 100) if c.optional else c for c in cols)
+        self._placed = fit_columns(cols, self._natural, width) if self._natural else []
         self._cache.clear()
         self.virtual_size = Size(width, len(self.turns) + 1)
 

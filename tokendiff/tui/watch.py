@@ -21,6 +21,7 @@ from tokendiff import workflows as wf
 from tokendiff.errors import InputError
 from tokendiff.tui.app import Options, TokendiffApp
 from tokendiff.tui.screens import PairScreen, SessionScreen
+from tokendiff.tui.session_view import SessionTable
 from tokendiff.watch import ProxyThread, RecordFeed, break_message
 
 if TYPE_CHECKING:
@@ -44,6 +45,9 @@ class WatchScreen(SessionScreen):
             if isinstance(w, Footer):
                 yield Static("", id="flash")
             yield w
+
+    def on_mount(self) -> None:
+        self.query_one("#turns", SessionTable).seconds_first = True  # TTFT and prefill before the extras
 
 
 class WatchApp(TokendiffApp):
