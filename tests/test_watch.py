@@ -97,7 +97,7 @@ async def test_watch_shows_turns_and_the_cause_while_the_agent_runs(server, tmp_
             assert t3.reported_cached is not None and t3.ttft_ms and t3.reported_prompt_ms is not None
             table = app.screen.query_one("#turns", SessionTable)
             assert "ttft s" in table.columns and "prefill s" in table.columns
-            assert "date" in table.row_text(2).lower()
+            assert "date" in table.row_text(2).lower() and table.cursor_row == 2  # the cursor follows the newest
             assert app.breaks and app.breaks[0].startswith("turn 3: ") and "tokens recomputed" in app.breaks[0]
             assert "turn 3: " in str(app.screen.query_one("#flash").render())
             agent.go.set()

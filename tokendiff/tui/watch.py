@@ -121,12 +121,22 @@ class WatchApp(TokendiffApp):
                 screen.show(empty)
             return
         before = len(self.session.turns) if self.session else 0
+        table = self._table()
+        tail = table is not None and table.cursor_row >= before - 1  # on the newest turn: stay on the newest
         self._loaded(loaded)
         self._status()
+        if table is not None and tail and loaded.session.turns:
+            table.go_to(table.row_of(len(loaded.session.turns) - 1))
         for t in loaded.session.turns[before:]:
             msg = break_message(t, loaded.session)
             if msg:
                 self._flash(msg)
+
+    def _table(self) -> SessionTable | None:
+        screen = self.screen_stack[1] if len(self.screen_stack) > 1 else None
+        return (
+            screen.query_one("#turns", SessionTable) if isinstance(screen, WatchScreen) and screen.is_mounted else None
+        )
 
     def _flash(self, msg: str) -> None:
         """Show the break above the footer for a while, and as a notification on any screen."""
