@@ -139,10 +139,11 @@ class WatchApp(TokendiffApp):
         )
 
     def _flash(self, msg: str) -> None:
-        """Show the break above the footer for a while, and as a notification on any screen."""
+        """Show the break above the session screen's footer for a while; on another screen, as a notification."""
         self.breaks.append(msg)
-        self.notify(msg, severity="warning", timeout=FLASH_SECONDS)
         screen = self.screen_stack[1] if len(self.screen_stack) > 1 else None
+        if self.screen is not screen:
+            self.notify(msg, severity="warning", timeout=FLASH_SECONDS)
         if not isinstance(screen, WatchScreen) or not screen.is_mounted:
             return
         flash = screen.query_one("#flash", Static)
