@@ -225,7 +225,7 @@ def test_report_has_seconds_per_turn_and_marks_an_estimated_rate(tmp_path):
         capture_output=True,
         text=True,
     ).stdout
-    assert "estimated (--prefill-rate) prefill speed: 1.000 ms per token" in md
+    assert "estimated (--prefill-rate or a replay's cold run) prefill speed: 1.000 ms per token" in md
     bad = subprocess.run(
         [sys.executable, "-m", "tokendiff", "report", str(demo_slots()), "--prefill-rate", "0"],
         capture_output=True,
@@ -279,3 +279,26 @@ def test_session_feed_record_by_record_is_the_batch_analysis():
         part = later.add(rec)
     assert part.specs == [f"{cap}@3", f"{cap}@4"] and part.session.turns[1].turn == 2
     assert part.prompts[1].ids.tolist() == wf.open_loader(wf.PromptOptions()).load(f"{cap}@4").ids.tolist()
+
+
+def test_a_replays_cold_rate_gives_seconds_to_a_session_without_timings(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tokendiff.paths import demo_slots
+    from tokendiff.workflows import replay_prefill_rate
+
+    replay = {"schema": "tokendiff.replay/1", "scenarios": {"cold": {"tokens": 2000, "prompt_ms": 4000.0}}}
+    (tmp_path / "replay.json").write_text(json.dumps(replay))
+    assert replay_prefill_rate([replay]) == 500.0 and replay_prefill_rate([{"scenarios": {}}]) is None
+    r = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "report", str(demo_slots()), "--format", "json"]
+        + ["--replay", str(tmp_path / "replay.json")],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["summary"]
+    assert s["seconds_estimated"] and s["ms_per_token"] == 2.0
+    assert s["wasted_seconds"] == pytest.approx(s["wasted_tokens"] / 500, abs=1e-3)

@@ -393,11 +393,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             source=args.export,
         )
     tty = sys.stderr.isatty()
-    opts = wf.ReportOptions(redact=args.redact, replays=tuple(args.replay))
+    opts = wf.ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
     loaded = None
     if len(paths) == 1:
         loaded = wf.open_session(_prompt_options(args), paths, _progress_line(tty), single_turns=False)
-        wf.apply_prefill_rate(loaded.session, args.prefill_rate)
         _clear_line(tty)
         doc, reuse, what = wf.session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
     else:  # the fleet view; its workers write the dataset as they go

@@ -48,6 +48,7 @@ class PromptOptions:
 class ReportOptions:
     redact: bool = False
     replays: tuple[str, ...] = ()  # `tokendiff replay --json` files to include
+    prefill_rate: float | None = None  # tokens/s for a session without timings (else a replay's cold rate)
 
 
 @dataclass(frozen=True)
@@ -647,9 +648,24 @@ def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = Repo
     from tokendiff.report.session import report_document
 
     replays = [read_replay(f) for f in opts.replays]
+    apply_prefill_rate(loaded.session, opts.prefill_rate or replay_prefill_rate(replays))
     doc = report_document(label, loaded.prompts, loaded.session, tokenizer_info(loaded.vocab), redact=opts.redact)
     doc["replays"] = replays
     return doc
+
+
+def replay_prefill_rate(replays: Sequence[dict[str, Any]]) -> float | None:
+    """Tokens per second of prefill measured by `tokendiff replay` (its cold runs: the whole prompt
+    computed), the median over the replays; None without a usable cold run."""
+    import statistics
+
+    rates = []
+    for doc in replays:
+        cold = (doc.get("scenarios") or {}).get("cold") or {}
+        n, ms = cold.get("tokens"), cold.get("prompt_ms")
+        if isinstance(n, int) and isinstance(ms, (int, float)) and n > 0 and ms > 0:
+            rates.append(n / (ms / 1000))
+    return statistics.median(rates) if rates else None
 
 
 def render_report(doc: dict[str, Any], fmt: str = "md") -> str:

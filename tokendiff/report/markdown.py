@@ -54,7 +54,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"(**{s['reuse_pct']:.1f} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
     )
     if s["ms_per_token"]:
-        how = "estimated (--prefill-rate)" if s.get("seconds_estimated") else "measured"
+        how = "estimated (--prefill-rate or a replay's cold run)" if s.get("seconds_estimated") else "measured"
         out.append(f"- {how} prefill speed: {s['ms_per_token']:.3f} ms per token")
     tk = doc["tokenizer"]
     out.append(f"- tokenizer: {tk['name']}" + (" (assumed)" if tk.get("assumed") else ""))
