@@ -172,6 +172,11 @@ async def test_session_table_sorts_by_any_column_and_jumps_to_the_most_wasteful_
         assert table.turn_at(3) == 3 and table._order is None
         await pilot.press("s")  # cycles to the next column on screen
         assert table.sort_by == table.columns[1]
+        x = table._header(200).text.index("wasted") + 2
+        await pilot.click(SessionTable, offset=(x, 0))  # a click on a title sorts by it; again reverses
+        assert (table.sort_by, table.descending) == ("wasted", True)
+        await pilot.click(SessionTable, offset=(x, 0))
+        assert (table.sort_by, table.descending) == ("wasted", False)
 
 
 async def test_seconds_per_turn_and_per_cause_measured_or_estimated():
