@@ -63,6 +63,17 @@ def percentage(text: str) -> float:
     return v
 
 
+def positive_rate(text: str) -> float:
+    """An argparse type: a positive, finite number (tokens per second)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of tokens per second")
+    return v
+
+
 def duration(text: str) -> str:
     """An argparse type: a positive duration such as 5s, 500ms or 1m (kept as text; pull parses it)."""
     from tokendiff.pull import parse_interval
@@ -89,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     _replay_parser(sub)
     _tui_parser(sub)
     _doctor_parser(sub)
+    _watch_parser(sub)
     return p
 
 
@@ -185,6 +197,7 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
         "dataset of every session into DIR/ (Hive-partitioned Parquet, docs/dataset.md)",
     )
     r.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
+    _prefill_rate_arg(r)
     r.add_argument(
         "--model",
         metavar="GGUF",
@@ -268,6 +281,37 @@ def _tui_parser(sub: Any) -> None:  # argparse subparsers
     )
     t.add_argument(
         "--force", action="store_true", help="replay even when the backend serves another model than the capture's"
+    )
+    _prefill_rate_arg(t)
+
+
+def _watch_parser(sub: Any) -> None:  # argparse subparsers
+    w = sub.add_parser(
+        "watch",
+        help="the recording proxy and the TUI in one: every turn, its reuse, time and cause, as the agent runs",
+        description="Run the recording proxy (as `tokendiff proxy`) and show each request as a session row the "
+        "moment it completes: reuse, the server's cached count, TTFT, prefill time and the cause of any break. "
+        "Ctrl-C stops and leaves the complete capture in OUT.",
+        epilog=CAUSES_EPILOG,
+    )
+    w.add_argument("--upstream", required=True, metavar="URL", help="the inference server, e.g. http://127.0.0.1:8080")
+    w.add_argument(
+        "--listen", default="127.0.0.1:8081", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:8081)"
+    )
+    w.add_argument("--out", default="watch-session", metavar="DIR", help="session directory (default ./watch-session)")
+    w.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from llama-server")
+    _tokenizer_args(w)
+    _prefill_rate_arg(w)
+    w.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
+    w.set_defaults(order="mtime")
+
+
+def _prefill_rate_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prefill-rate",
+        type=positive_rate,
+        metavar="TOKENS/S",
+        help="prefill speed for sessions without server timings (slot files); their seconds are marked estimated",
     )
 
 
@@ -395,7 +439,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             source=args.export,
         )
     tty = sys.stderr.isatty()
-    opts = wf.ReportOptions(redact=args.redact, replays=tuple(args.replay))
+    opts = wf.ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
     loaded = None
     if len(paths) == 1:
         popts = _prompt_options(args)
@@ -489,6 +533,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
         theme=args.theme,
         backend=args.backend,
         force=args.force,
+        prefill_rate=args.prefill_rate,
     )
     TokendiffApp(opts).run()
     return 0
@@ -508,6 +553,40 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
         sys.stdout.write(render_text(report))
     return report.exit_code
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    import queue
+    from dataclasses import replace
+
+    from tokendiff.watch import ProxyThread
+
+    if args.theme:
+        from tokendiff.tui.themes import require_theme
+
+        args.theme = require_theme(args.theme)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise InputError(
+            "watch needs a terminal for its TUI; without one, run `tokendiff proxy` and `tokendiff report`"
+        )
+    prompts = _prompt_options(args)
+    if not (prompts.tokenizer or prompts.server):  # a llama-server upstream decodes with its own vocabulary
+        from tokendiff.server import llama_server_url
+
+        prompts = replace(prompts, server=llama_server_url(args.upstream))
+    from tokendiff.tui.app import Options
+    from tokendiff.tui.watch import WatchApp
+
+    events: queue.Queue = queue.Queue()
+    proxy = ProxyThread(args.upstream, args.out, args.listen, not args.no_tokens, events.put).start()
+    try:
+        WatchApp(
+            Options(paths=[], prompts=prompts, theme=args.theme, prefill_rate=args.prefill_rate), proxy, events
+        ).run()
+    finally:
+        proxy.stop()
+    print(f"tokendiff watch: stopped; {proxy.recorded} requests recorded in {proxy.capture}", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -538,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
             "replay": cmd_replay,
             "tui": cmd_tui,
             "doctor": cmd_doctor,
+            "watch": cmd_watch,
         }
         return commands[args.command](args)
     except InputError as e:

@@ -88,6 +88,7 @@ class Turn:
     reported_prompt_n: int | None = None
     reported_generated: int | None = None  # tokens the server generated after this prompt
     checkpoint: Reuse | None = None  # the checkpoint rule's prediction (reuse[CHECKPOINT_BACKEND]) and why
+    ttft_ms: float | None = None  # time to first token, as the recording proxy measured it
     note: str = ""  # disagreement between the server's count and the prediction, slot thrash
 
     @property
@@ -133,6 +134,8 @@ class Session:
     @property
     def checkpoint_reused(self) -> int:
         return sum(t.reuse.get(CHECKPOINT_BACKEND, 0) for t in self.turns)
+
+    rate_estimated: bool = False  # ms_per_token is a given prefill rate (--prefill-rate), not measured
 
     @property
     def reuse_pct(self) -> float:
@@ -206,6 +209,7 @@ class TurnInput:
     _prompt: Prompt | None = None
     job: Any = None
     request: dict[str, Any] | None = None  # the recorded request, when the turn is a record
+    ttft_ms: float | None = None
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
@@ -300,6 +304,7 @@ class Analyser:
             self.capacity.add(cur.ids)
         if cur.response is not None or cur.request is not None:
             self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response))
+        t.ttft_ms = cur.ttft_ms
         m = self.index.match_and_add(cur.ids, k)
         self.turns.append(t)
         if self.prev is None:

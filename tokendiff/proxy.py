@@ -23,6 +23,7 @@ import hashlib
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,18 @@ MAX_RECORDED_TEXT = 1 << 20  # a streamed answer's text beyond this is cut from 
 TOKEN_FETCH_TIMEOUT = 60.0
 
 
+@dataclass(frozen=True)
+class RecordEvent:
+    """What the proxy tells a watcher (`tokendiff watch`) as the capture grows: a record as written,
+    or a later patch of record `seq` (its prompt token IDs). Records come in `seq` order; a record
+    with `tokens_pending` is followed by exactly one patch."""
+
+    seq: int
+    fields: dict[str, Any]
+    patch: bool = False
+    tokens_pending: bool = False
+
+
 @dataclass
 class ProxyState:
     upstream: str
@@ -83,6 +96,7 @@ class ProxyState:
     pending: set[asyncio.Task] = field(default_factory=set)
     recorded: int = 0
     fetch_tokens: bool = True  # fetch each recorded prompt's token IDs from the upstream afterwards
+    on_record: Callable[[RecordEvent], None] | None = None  # called in the proxy's loop; must not block
 
 
 @dataclass
@@ -106,6 +120,7 @@ class Exchange:
     client_gone: bool = False
     written: bool = False
     fetch_scheduled: bool = False
+    as_written: dict[str, Any] | None = None  # the record as the capture holds it, for `on_record`
 
     def take(self, chunk: bytes) -> None:
         if self.ttft is None:
@@ -119,12 +134,14 @@ class Exchange:
             self.kept_n += len(chunk)
 
 
-def make_app(upstream: str, out: str | Path, fetch_tokens: bool = True):
+def make_app(
+    upstream: str, out: str | Path, fetch_tokens: bool = True, on_record: Callable[[RecordEvent], None] | None = None
+):
     """The ASGI application (uvicorn serves it). The session directory and capture file are
     opened here, before serving, so a bad `--out` is an InputError rather than a failed start."""
     out = session_dir(out)
     state = ProxyState(upstream.rstrip("/"), out, writer=CaptureWriter(out / "capture.jsonl"))
-    state.fetch_tokens = fetch_tokens
+    state.fetch_tokens, state.on_record = fetch_tokens, on_record
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
@@ -321,6 +338,7 @@ async def _disconnected_early(state: ProxyState, ex: Exchange) -> None:
     ex.rec["response"] = {"status": None, "error": "client disconnected before sending the whole request"}
     ex.rec["client_disconnected"] = True
     await _record(state, ex)
+    _announce(state, ex, False)
 
 
 async def _open_upstream(state: ProxyState, scope, url: str, body: Any, send, ex: Exchange):
@@ -352,6 +370,7 @@ async def _open_upstream(state: ProxyState, scope, url: str, body: Any, send, ex
             ex.rec["upstream_error"] = msg
             ex.rec["total_ms"] = (time.perf_counter() - ex.t0) * 1000
             await _record(state, ex)
+            _announce(state, ex, False)
         return None
     finally:
         ex.on_wire.set()
@@ -414,6 +433,7 @@ async def _relay(state: ProxyState, resp: httpx.Response, receive, send, ex: Exc
             if ex.rec is not None and not ex.written:
                 _complete(ex, resp)
                 await _record(state, ex)
+                _announce(state, ex, False)
             raise
     finally:
         gone.cancel()
@@ -485,28 +505,34 @@ async def _record(state: ProxyState, ex: Exchange) -> None:
     rec.update((k, v) for k, v in ex.rec.items() if k not in rec)
     out = state.writer.append(rec, redact_request=False)  # the request part was prepared already
     rec["seq"] = out["seq"]
-    ex.rec = rec
+    ex.rec, ex.as_written = rec, out
     state.recorded += 1
 
 
 def _fetch_tokens_after(state: ProxyState, ex: Exchange, resp: httpx.Response) -> None:
     """Once per exchange, for a successful recorded chat request: fetch its prompt's token IDs."""
-    if ex.fetch_scheduled or not state.fetch_tokens or ex.error is not None or resp.status_code != 200:
-        return
-    if ex.rec is None or ex.request is None or "seq" not in ex.rec:
+    if ex.fetch_scheduled or ex.rec is None or "seq" not in ex.rec:
         return
     ex.fetch_scheduled = True
-    _schedule_token_fetch(state, ex.rec, ex.request)
+    fetch = state.fetch_tokens and ex.error is None and resp.status_code == 200 and ex.request is not None
+    _announce(state, ex, fetch and _schedule_token_fetch(state, ex.rec, ex.request))
 
 
-def _schedule_token_fetch(state: ProxyState, rec: dict[str, Any], request: dict[str, Any]) -> None:
+def _announce(state: ProxyState, ex: Exchange, tokens_pending: bool) -> None:
+    """Tell the watcher, if any, that the exchange's record is written (in seq order: no await since)."""
+    if state.on_record is not None and ex.as_written is not None:
+        state.on_record(RecordEvent(ex.as_written["seq"], ex.as_written, tokens_pending=tokens_pending))
+
+
+def _schedule_token_fetch(state: ProxyState, rec: dict[str, Any], request: dict[str, Any] | None) -> bool:
     """Off the request path: the client never waits for the token IDs. `request` is the body as
-    the server got it (secrets included), so the IDs are the ones the server cached."""
-    if state.info is None or not can_tokenize_chat(state.info) or "messages" not in request:
-        return
+    the server got it (secrets included), so the IDs are the ones the server cached. False: no fetch."""
+    if state.info is None or request is None or not can_tokenize_chat(state.info) or "messages" not in request:
+        return False
     task = asyncio.get_running_loop().create_task(_fetch_and_patch(state, rec, request))
     state.pending.add(task)
     task.add_done_callback(state.pending.discard)
+    return True
 
 
 async def _fetch_and_patch(state: ProxyState, rec: dict[str, Any], request: dict[str, Any]) -> None:
@@ -516,7 +542,9 @@ async def _fetch_and_patch(state: ProxyState, rec: dict[str, Any], request: dict
     except (TimeoutError, httpx.HTTPError, InputError, ValueError, KeyError, TypeError) as e:
         patch = {"prompt_error": f"could not fetch the prompt tokens: {type(e).__name__}: {e}"}
     assert state.writer
-    state.writer.append({"patch": rec["seq"], **patch})
+    written = state.writer.append({"patch": rec["seq"], **patch})
+    if state.on_record is not None:
+        state.on_record(RecordEvent(rec["seq"], written, patch=True))
 
 
 async def _prompt_patch(state: ProxyState, rec: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
@@ -539,38 +567,53 @@ async def _prompt_patch(state: ProxyState, rec: dict[str, Any], req: dict[str, A
     return patch
 
 
-def serve(upstream: str, out: str, listen: str = "127.0.0.1:8081", fetch_tokens: bool = True) -> int:
-    """Run the proxy until Ctrl-C. Everything that can fail at start (the upstream URL, `--out`,
-    the listening address) is checked here first and raised as one InputError; uvicorn gets a
-    socket already bound and logs only what goes wrong later, one line each."""
+@dataclass
+class Served:
+    """A proxy ready to serve: uvicorn's server, the socket bound for it, and the app (its `state`)."""
+
+    server: Any  # uvicorn.Server
+    sock: socket.socket
+    app: Any
+
+
+def build_server(
+    upstream: str,
+    out: str,
+    listen: str = "127.0.0.1:8081",
+    fetch_tokens: bool = True,
+    on_record: Callable[[RecordEvent], None] | None = None,
+) -> Served:
+    """Everything that can fail at start (the upstream URL, `--out`, the listening address) checked
+    here first and raised as one InputError; uvicorn gets a socket already bound and logs only what
+    goes wrong later, one line each."""
     import uvicorn
 
     _check_upstream(upstream)
     host, port = _parse_listen(listen)
-    app = make_app(upstream, out, fetch_tokens)
+    app = make_app(upstream, out, fetch_tokens, on_record)
     sock = _bind(host, port, listen)
     if not is_loopback_host(host):
         print(
             f"tokendiff: warning: listening on {host}, not loopback: anyone who can reach it can use the upstream",
             file=sys.stderr,
         )
+    config = uvicorn.Config(app, log_config=LOG_CONFIG, lifespan="on", access_log=False, timeout_graceful_shutdown=30)
+    return Served(uvicorn.Server(config), sock, app)
+
+
+def serve(upstream: str, out: str, listen: str = "127.0.0.1:8081", fetch_tokens: bool = True) -> int:
+    """Run the proxy until Ctrl-C."""
+    served = build_server(upstream, out, listen, fetch_tokens)
     print(
         f"tokendiff proxy: http://{listen} -> {upstream}, recording to {Path(out) / 'capture.jsonl'}", file=sys.stderr
     )
-    config = uvicorn.Config(
-        app,
-        log_config=LOG_CONFIG,
-        lifespan="on",
-        access_log=False,
-        timeout_graceful_shutdown=30,
-    )
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        served.server.run(sockets=[served.sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown
         pass
     finally:
-        sock.close()
-    print(f"tokendiff proxy: stopped; {app.state.recorded} requests recorded", file=sys.stderr)
+        served.sock.close()
+    print(f"tokendiff proxy: stopped; {served.app.state.recorded} requests recorded", file=sys.stderr)
     return 0
 
 

@@ -51,6 +51,7 @@ class PromptOptions:
 class ReportOptions:
     redact: bool = False
     replays: tuple[str, ...] = ()  # `tokendiff replay --json` files to include
+    prefill_rate: float | None = None  # tokens/s for a session without timings (else a replay's cold rate)
 
 
 @dataclass(frozen=True)
@@ -249,12 +250,16 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int, re
     if arr is None and ids is None:  # a HAR entry, a request body: its render tokenised
         arr = rendered if rendered is not None else loader.rendered_ids(rec)
     if arr is None or arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= loader.vocab.n_vocab)):
-        return TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
-    resp = resp if isinstance(resp, dict) else None
-    req = rec.get("request") if isinstance(rec.get("request"), dict) else None
-    return TurnInput(
-        ids=arr.astype(np.int32), origin=label, load=lambda: job.load(loader), response=resp, job=job, request=req
-    )
+        ti = TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
+    else:
+        resp = resp if isinstance(resp, dict) else None
+        req = rec.get("request") if isinstance(rec.get("request"), dict) else None
+        ti = TurnInput(
+            ids=arr.astype(np.int32), origin=label, load=lambda: job.load(loader), response=resp, job=job, request=req
+        )
+    ttft = rec.get("ttft_ms")
+    ti.ttft_ms = float(ttft) if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) else None
+    return ti
 
 
 # ---------------------------------------------------------------- divergent pairs in worker processes
@@ -612,6 +617,55 @@ def _props_model_path(paths: Sequence[str]) -> str | None:
     return mp if isinstance(mp, str) and mp.endswith(".gguf") and Path(mp).is_file() else None
 
 
+class SessionFeed:
+    """A capture analysed as it grows, one record at a time (`tokendiff watch`): the streaming
+    Analyser's state is kept between records, so each new turn costs its own diff, not the session's.
+    `after`: records the capture held already (an earlier run into the same directory), not shown."""
+
+    def __init__(self, loader: Loader, capture: str | Path, prefill_rate: float | None = None, after: int = 0):
+        from tokendiff.cost import Analyser
+
+        self.loader, self.capture, self.prefill_rate = loader, str(capture), prefill_rate
+        self.analyser = Analyser()  # pairs diffed here: a live session brings one at a time
+        self.prompts = TurnPrompts(loader, [])
+        self.records = after  # records in the capture before ours, then ours: each turn's selector is its record's
+        self.loader.adopt_capture_template(Path(capture))
+
+    def add(self, rec: dict[str, Any]) -> LoadedSession:
+        """The next record (a capture record, patches merged) as a turn; the session as it now stands.
+        A record that cannot be read is an InputError naming it, and is not a turn."""
+        from dataclasses import replace as copy_with
+
+        self.records += 1
+        k = len(self.prompts.specs) + 1
+        spec = f"{self.capture}@{self.records}"
+        try:
+            turn = _record_input(self.loader, rec, spec, k)
+        except InputError as e:
+            raise InputError(e.reason, source=e.source or spec) from None
+        self.prompts.specs.append(spec)
+        self.analyser.add(turn)
+        if turn.decoded is not None:
+            self.prompts.keep(k - 1, turn.decoded)
+        session = self.analyser.session()
+        session = copy_with(session, turns=list(session.turns))  # the views keep this one; the next add appends
+        apply_prefill_rate(session, self.prefill_rate)
+        return LoadedSession(self.loader, self.prompts, session)
+
+
+def apply_prefill_rate(session: Session, tokens_per_s: float | None) -> Session:
+    """Seconds for a session without timings (slot files): `tokens_per_s` (`--prefill-rate`) as its
+    prefill speed, marked estimated. A measured speed is kept: the server's own timings win."""
+    if tokens_per_s is None or session.ms_per_token is not None:
+        return session
+    if tokens_per_s <= 0:
+        raise InputError("--prefill-rate must be a positive number of tokens per second")
+    session.ms_per_token, session.rate_estimated = 1000.0 / tokens_per_s, True
+    for sp in session.spans:
+        sp.seconds = sp.tokens * session.ms_per_token / 1000
+    return session
+
+
 def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:
     """The session with new turns (live mode) appended and re-analysed."""
     return load_session(loaded.loader, [*loaded.specs, *specs])
@@ -700,9 +754,24 @@ def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = Repo
     from tokendiff.report.session import report_document
 
     replays = [read_replay(f) for f in opts.replays]
+    apply_prefill_rate(loaded.session, opts.prefill_rate or replay_prefill_rate(replays))
     doc = report_document(label, loaded.prompts, loaded.session, tokenizer_info(loaded.vocab), redact=opts.redact)
     doc["replays"] = replays
     return doc
+
+
+def replay_prefill_rate(replays: Sequence[dict[str, Any]]) -> float | None:
+    """Tokens per second of prefill measured by `tokendiff replay` (its cold runs: the whole prompt
+    computed), the median over the replays; None without a usable cold run."""
+    import statistics
+
+    rates = []
+    for doc in replays:
+        cold = (doc.get("scenarios") or {}).get("cold") or {}
+        n, ms = cold.get("tokens"), cold.get("prompt_ms")
+        if isinstance(n, int) and isinstance(ms, (int, float)) and n > 0 and ms > 0:
+            rates.append(n / (ms / 1000))
+    return statistics.median(rates) if rates else None
 
 
 def render_report(doc: dict[str, Any], fmt: str = "md") -> str:

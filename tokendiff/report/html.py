@@ -106,17 +106,22 @@ def _turns(doc: dict[str, Any]) -> list[str]:
         "<h2>Turns</h2>",
         *_layout_line(doc),
         "<table><tr><th>turn</th><th>tokens</th><th>reusable</th><th>SWA/hybrid</th><th>reuse %</th><th>recomputed</th>"
-        "<th>new</th><th>wasted</th><th>first divergence</th><th>cause</th><th>server cached</th><th>note</th></tr>",
+        "<th>new</th><th>wasted</th><th>wasted s</th><th>first divergence</th><th>cause</th><th>server cached</th>"
+        "<th>TTFT ms</th><th>prefill ms</th><th>note</th></tr>",
     ]
     for t in doc["turns"]:
         rc = "" if t["reported_cached"] is None else f"{t['reported_cached']:,}"
+        ms = "".join(
+            f"<td class=n>{'' if t.get(k) is None else f'{t[k]:,.0f}'}</td>" for k in ("ttft_ms", "prefill_ms")
+        )
         out.append(
             f"<tr><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td><td class=n>{t['reusable']:,}</td>"
             f"<td class=n>{t.get('checkpoint_reusable', t['reusable']):,}</td>"
             f"<td class=n>{t['reuse_pct']:.1f}</td><td class=n>{t['recomputed']:,}</td>"
             f"<td class=n>{t['new_tokens']:,}</td><td class=n>{t['wasted']:,}</td>"
+            f"<td class=n>{seconds_text(t.get('wasted_seconds'))}</td>"
             f"<td><code>{e(t['first_divergence_section'] or '')}</code></td><td>{e(t['cause'] or '')}</td>"
-            f"<td class=n>{rc}</td><td>{e(t['note'])}</td></tr>"
+            f"<td class=n>{rc}</td>{ms}<td>{e(t['note'])}</td></tr>"
         )
     out.append("</table>")
     return out

@@ -12,6 +12,10 @@ def _cell(v: Any) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
+def _ms(v: float | None) -> str:
+    return "" if v is None else f"{v:,.0f}"
+
+
 def _code(s: str) -> str:
     return s.replace("`", "ˋ")
 
@@ -74,21 +78,22 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"(**{s['reuse_pct']:.1f} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
     )
     if s["ms_per_token"]:
-        out.append(f"- measured prefill speed: {s['ms_per_token']:.3f} ms per token")
+        how = "estimated (--prefill-rate or a replay's cold run)" if s.get("seconds_estimated") else "measured"
+        out.append(f"- {how} prefill speed: {s['ms_per_token']:.3f} ms per token")
     tk = doc["tokenizer"]
     out.append(f"- tokenizer: {tk['name']}" + (" (assumed)" if tk.get("assumed") else ""))
     if s["redacted"]:
         out.append("- redacted: words are replaced by hashes; structure, offsets and findings are kept")
     out += ["", "## Spans, ranked by what they cost", ""]
     if doc["spans"]:
-        out.append("| # | cause | section | turns | tokens | share | reuse without it | fix |")
-        out.append("|---|---|---|---|---|---|---|---|")
+        out.append("| # | cause | section | turns | tokens | share | seconds | reuse without it | fix |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
         for sp in doc["spans"]:
             turns = _cell(", ".join(map(str, sp["turns"])))
             out.append(
                 f"| {sp['rank']} | {_cell(sp['title'])} | `{_code(sp['section'])}` | {turns} | "
-                f"{sp['tokens']:,} | {100 * sp['share']:.0f} % | {_cell(sp['reuse_pct_without'])} % | "
-                f"{_cell(sp['fix'])} |"
+                f"{sp['tokens']:,} | {100 * sp['share']:.0f} % | {seconds_text(sp['seconds'])} | "
+                f"{_cell(sp['reuse_pct_without'])} % | {_cell(sp['fix'])} |"
             )
     else:
         out.append("None: nothing broke the cache.")
@@ -98,17 +103,17 @@ def render_markdown(doc: dict[str, Any]) -> str:
         out.append(f"{_cell(lay['column'])}: {_cell(lay['summary'])}")
         out.append("")
     out.append(
-        "| turn | tokens | reusable | SWA/hybrid | reuse % | recomputed | new | wasted | first divergence | cause "
-        "| server cached | note |"
+        "| turn | tokens | reusable | SWA/hybrid | reuse % | recomputed | new | wasted | wasted s | first divergence "
+        "| cause | server cached | TTFT ms | prefill ms | note |"
     )
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for t in doc["turns"]:
         ck = t.get("checkpoint_reusable", t["reusable"])
         out.append(
             f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} | {ck:,} | {t['reuse_pct']:.1f} | "
-            f"{t['recomputed']:,} | "
-            f"{t['new_tokens']:,} | {t['wasted']:,} | `{_code(t['first_divergence_section'] or '')}` | "
-            f"{_cell(t['cause'])} | {_cell(t['reported_cached'])} | {_cell(t['note'])} |"
+            f"{t['recomputed']:,} | {t['new_tokens']:,} | {t['wasted']:,} | {seconds_text(t.get('wasted_seconds'))} | "
+            f"`{_code(t['first_divergence_section'] or '')}` | {_cell(t['cause'])} | {_cell(t['reported_cached'])} | "
+            f"{_ms(t.get('ttft_ms'))} | {_ms(t.get('prefill_ms'))} | {_cell(t['note'])} |"
         )
     out += _capacity(doc)
     out += _facts(doc)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokendiff.capacity import CapacityReport
-from tokendiff.cost import Session, is_assumed, turn_rows
+from tokendiff.cost import Session, Turn, is_assumed, turn_rows
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
@@ -57,12 +57,49 @@ def _ex(p: Prompt, start: int, end: int, context: int, redact: bool) -> dict[str
     return {"before": f(e.before), "diverged": f(e.diverged), "after": f(e.after)}
 
 
+def cause_title(t: Turn) -> str:
+    """The first unexpected finding's title: what a person reads, not its kind id."""
+    return next((f.title for f in t.findings if not f.expected), t.cause)
+
+
+def prefill_seconds(t: Turn) -> float | None:
+    """The turn's prefill time as the server measured it (its timings), or None."""
+    return t.reported_prompt_ms / 1000 if t.reported_prompt_ms is not None else None
+
+
+def turn_wasted_seconds(t: Turn, s: Session) -> float | None:
+    """The turn's wasted tokens at the session's prefill speed (measured, or given and estimated):
+    summed over the turns, the session's wasted seconds."""
+    return t.wasted * s.ms_per_token / 1000 if s.ms_per_token else None
+
+
+def seconds_label(x: float, estimated: bool = False) -> str:
+    """Seconds as a person reads them: "0.05 s" (a tiny model's waste), "41.2 s"; "~" when estimated."""
+    return ("~" if estimated else "") + (f"{x:.2f} s" if x < 1 else f"{x:,.1f} s")
+
+
+def _secs(x: float | None) -> float | None:
+    return round(x, 3) if x is not None else None
+
+
+def _time_columns(s: Session) -> list[dict[str, Any]]:
+    """Each turn's seconds: TTFT from the proxy, prefill from the server's timings, waste at the session's speed."""
+    return [
+        {
+            "ttft_ms": _secs(t.ttft_ms),
+            "prefill_ms": _secs(t.reported_prompt_ms),
+            "wasted_seconds": _secs(turn_wasted_seconds(t, s)),
+        }
+        for t in s.turns
+    ]
+
+
 def report_document(
     path: str, prompts: Sequence[Prompt], s: Session, tokenizer: dict[str, Any], redact: bool = False, context: int = 12
 ) -> dict[str, Any]:
     top = s.spans[0] if s.spans and s.spans[0].tokens > 0 else None
     scrub = redact_text if redact else (lambda x: x)
-    rows = turn_rows(s)
+    rows = [row | times for row, times in zip(turn_rows(s), _time_columns(s), strict=True)]
     spans = []
     for rank, sp in enumerate(s.spans, 1):
         spans.append(
@@ -136,6 +173,7 @@ def report_document(
         "wasted_tokens": s.wasted_tokens,
         "wasted_seconds": round(s.wasted_seconds, 3) if s.wasted_seconds is not None else None,
         "ms_per_token": round(s.ms_per_token, 4) if s.ms_per_token else None,
+        "seconds_estimated": s.rate_estimated,  # ms_per_token was given (--prefill-rate), not measured
         "top_cause": spans[0] if top else None,
         "checkpoint_reused_tokens": s.checkpoint_reused,
         "layout": layout_json(s),
@@ -201,7 +239,8 @@ def headline(s: Session) -> str:
             f"({s.reuse_pct:.1f} % of all tokens reused)."
         )
     sp = s.spans[0]
-    gain = f" ({sp.seconds:.1f} s of prefill)" if sp.seconds else ""
+    est = ", estimated" if s.rate_estimated else ""
+    gain = f" ({sp.seconds:.1f} s of prefill{est})" if sp.seconds else ""
     turns = f"{len(sp.turns)} turn" + ("s" if len(sp.turns) != 1 else "")
     return (
         f"Fix this first: {sp.title[0].lower() + sp.title[1:]} in {sp.section}. "

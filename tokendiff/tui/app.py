@@ -45,6 +45,7 @@ class Options:
     backend: str | None = None  # for replay from the pair screen
     force: bool = False  # replay even when the backend serves another model than the capture's
     open_first_divergence: bool = True  # open the first turn that wasted the cache once loaded
+    prefill_rate: float | None = None  # tokens/s for sessions without timings (seconds marked estimated)
 
 
 class TokendiffCommands(Provider):
@@ -155,6 +156,7 @@ class TokendiffApp(App):
         # the session lives as long as the app: keep the cyclic GC from rescanning its objects (a
         # 10,000-turn session is millions of them, and every full collection cost ~0.4 s of scrolling)
         gc.freeze()
+        wf.apply_prefill_rate(loaded.session, self.options.prefill_rate)
         self.loaded = loaded
         self.prompts, self.session = loaded.prompts, loaded.session
         self.vocab, self.loader = loaded.vocab, loaded.loader

@@ -80,7 +80,9 @@ class SessionScreen(Screen):
         table = self.query_one("#turns", SessionTable)
         table.loading = False
         first_bad = next((t.turn for t in session.turns if t.wasted), None)
-        table.show(session.turns, cursor=(first_bad or 1) - 1 if first_load else None)
+        table.show(
+            session.turns, (first_bad or 1) - 1 if first_load else None, session.ms_per_token, session.rate_estimated
+        )
         if not session.turns:
             table.show_message("no turns yet")
         self.query_one("#chart", ReuseChart).show(session.turns)
@@ -141,12 +143,15 @@ def _turn_list(turns: list[int], show: int = 6) -> str:
 
 def _spans_text(session: Session) -> Text:
     """The "fix first" list: the spans that cost the most, with where, when and the fix."""
+    from tokendiff.report.session import seconds_label
+
     lines = Text()
     lines.append("fix first\n", style="bold")
     for k, sp in enumerate(session.spans[:8], 1):
         lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
         turns = _turn_list(sp.turns)
-        where = f"   {sp.section} · turns {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %)\n"
+        secs = f" · {seconds_label(sp.seconds, session.rate_estimated)}" if sp.seconds is not None else ""
+        where = f"   {sp.section} · turns {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %){secs}\n"
         lines.append(where, style="dim")
         lines.append(f"   {sp.fix}\n")
     if not session.spans:
