@@ -115,7 +115,16 @@ def test_probe_decisions():
     assert _drive(None, {"/get_model_info": {"model_path": "x"}})[1].kind == sv.SGLANG
     assert _drive(None, {"/version": {"version": "0.11.0"}})[1].version == "0.11.0"
     assert _drive(None, {})[1].kind == sv.GENERIC
-    assert _drive(sv.VLLM, {})[0] == ["/v1/models"]  # a forced kind asks no more than it needs
+    # vLLM's block size comes from its Prometheus metrics, the one answer that is text
+    metrics = '# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="128",engine="0"} 1.0\n'
+    asked, info = _drive(None, {"/version": {"version": "0.32.0"}, "/metrics": metrics})
+    assert info.block_size == 128 and info.record()["block_size"] == 128 and asked[-1] == "/metrics"
+    assert _drive(None, {"/version": {"version": "0.32.0"}})[1].block_size is None  # no /metrics: unknown
+    assert _drive(sv.VLLM, {})[0] == ["/v1/models", "/metrics"]  # a forced kind asks no more than it needs
+    assert sv.vllm_block_size('vllm:cache_config_info{x="1",block_size="0"} 1') is None
+    assert sv.recorded_backend({"kind": "vllm", "block_size": 32}) == ("vllm", 32)
+    assert sv.recorded_backend({"kind": "vllm", "block_size": True}) == ("vllm", None)
+    assert sv.recorded_backend(None) == ("", None)
     with pytest.raises(InputError, match="no llama-server"):
         _drive(sv.LLAMA, {})
 

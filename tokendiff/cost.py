@@ -27,7 +27,7 @@ from tokendiff.model import Divergence, Finding, Hunk, Prompt, SectionPath
 from tokendiff.prefix_index import PrefixIndex
 
 BACKENDS = ("llama.cpp", "llama.cpp-hybrid", "vllm", "sglang", "ollama")
-VLLM_BLOCK = 16
+VLLM_BLOCK = 16  # vLLM's default on GPUs; a capture recorded through the proxy carries the server's own
 
 
 def backend_reuse(backend: str, lcp: int, n_b: int, cached_len: int, block: int = VLLM_BLOCK, page: int = 1) -> int:
@@ -37,7 +37,8 @@ def backend_reuse(backend: str, lcp: int, n_b: int, cached_len: int, block: int 
     llama.cpp / Ollama: the LCP, but at least one token is always evaluated
     (a full hit reuses n_b - 1). Hybrid/SWA llama.cpp models cannot roll back:
     only a pure append (the whole cache is a prefix) reuses anything (checkpoints
-    ignored). vLLM reuses whole blocks; SGLang whole pages.
+    ignored). vLLM reuses whole blocks of `block` tokens (checked against a real vLLM server: a
+    resend of n tokens hits (n - 1) // block blocks); SGLang whole pages.
     """
     usable = min(lcp, max(n_b - 1, 0))
     if backend in ("llama.cpp", "ollama"):
@@ -74,6 +75,8 @@ class Turn:
     reported_prompt_ms: float | None = None
     reported_prompt_n: int | None = None
     note: str = ""  # disagreement between the server's count and the prediction, slot thrash
+    server: str = ""  # the kind of server that answered ("vllm", "llama-server" ...), where the capture says
+    vllm_block: int = VLLM_BLOCK  # the vLLM server's block size, where the capture says
 
     @property
     def reuse_pct(self) -> float:
@@ -170,6 +173,8 @@ class TurnInput:
     response: dict[str, Any] | None = None
     _prompt: Prompt | None = None
     job: Any = None
+    server: str = ""  # the recording server's kind, where the capture says
+    vllm_block: int | None = None  # and its block size, when it is vLLM
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
@@ -234,7 +239,8 @@ class Analyser:
 
     def add(self, cur: TurnInput) -> Turn:
         k = len(self.turns) + 1
-        t = Turn(turn=k, origin=cur.origin, n_tokens=len(cur.ids))
+        t = Turn(turn=k, origin=cur.origin, n_tokens=len(cur.ids), server=cur.server)
+        t.vllm_block = cur.vllm_block or VLLM_BLOCK
         t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
         m = self.index.match_and_add(cur.ids, k)
         self.turns.append(t)
@@ -295,7 +301,7 @@ def _append_turn(t: Turn, n_a: int) -> None:
     turns expected, no waste. The divergence is left for whoever opens the pair."""
     n = t.n_tokens
     t.lcp = n_a
-    t.reuse = {be: backend_reuse(be, n_a, n, n_a) for be in BACKENDS}
+    t.reuse = _reuse(t, n_a, n, n_a)
     t.recompute = n - t.reuse["llama.cpp"]
     t.findings = [appended_finding(0, n - n_a)]
     t.new_tokens = n - n_a
@@ -308,7 +314,7 @@ def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
     n = len(b)
     d = align(a, b, max_hunks=None)
     t.divergence, t.lcp = d, d.lcp
-    t.reuse = {be: backend_reuse(be, d.lcp, n, len(a)) for be in BACKENDS}
+    t.reuse = _reuse(t, d.lcp, n, len(a))
     t.recompute = n - t.reuse["llama.cpp"]
     t.findings = explain(a, b, d, max_hunks=max_hunks)
     ceiling = reusable_ceiling(a, d, t.findings, n)
@@ -321,6 +327,14 @@ def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
         t.section = t.path.label
     _notes(t, d.identical, n)
     return ceiling
+
+
+def _reuse(t: Turn, lcp: int, n: int, cached_len: int) -> dict[str, int]:
+    """Every backend's reuse of the previous prompt, but vLLM's: its cache keeps the blocks of every
+    earlier prompt (until evicted), so its hit is the best earlier match, in the server's blocks."""
+    out = {be: backend_reuse(be, lcp, n, cached_len) for be in BACKENDS}
+    out["vllm"] = backend_reuse("vllm", max(lcp, t.best_lcp), n, cached_len, block=t.vllm_block)
+    return out
 
 
 def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
@@ -384,13 +398,16 @@ def reusable_ceiling(a: Prompt, d: Divergence, findings: list[Finding], n: int) 
 
 def _notes(t: Turn, identical: bool, n: int) -> None:
     notes = []
-    if t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64:
+    moved = t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64
+    if moved and t.server != "vllm":  # vLLM's cache holds every earlier prompt: no slot to get wrong
         notes.append(
             f"turn {t.best_earlier} shares {t.best_lcp:,} tokens, more than the previous turn's {t.lcp:,}: "
             "alternating prefixes or the wrong slot"
         )
     rc = t.reported_cached
-    if rc is not None:
+    if rc is not None and t.server == "vllm":
+        notes += _vllm_notes(t, rc, identical)
+    elif rc is not None:
         pred = t.reuse["llama.cpp"]
         if rc == 0 and identical:
             notes.append(
@@ -406,6 +423,24 @@ def _notes(t: Turn, identical: bool, n: int) -> None:
                 f"the server reused {rc:,} tokens, more than the {pred:,} shared prefix: --cache-reuse shifted chunks"
             )
     t.note = "; ".join(notes)
+
+
+def _vllm_notes(t: Turn, rc: int, identical: bool) -> list[str]:
+    """A vLLM server's cached_tokens against the vLLM prediction (whole blocks of its block size)."""
+    pred = t.reuse["vllm"]
+    if rc == 0 and identical:
+        return ["vLLM reused nothing for an identical prompt: prefix caching off, or another cache_salt"]
+    if rc < pred:
+        return [
+            f"vLLM reused {rc:,} tokens, fewer than the {pred:,} predicted in {t.vllm_block}-token blocks: "
+            "blocks evicted (KV cache full), another cache_salt, or a different block size"
+        ]
+    if rc > pred:
+        return [
+            f"vLLM reused {rc:,} tokens, more than the {pred:,} predicted: blocks of the previous reply "
+            "(vLLM caches generated tokens too, and the history repeats them)"
+        ]
+    return []
 
 
 def _ms_per_token(turns: list[Turn]) -> float | None:

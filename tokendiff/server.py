@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import re
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -87,6 +88,7 @@ class ServerInfo:
     models: Any = None  # /v1/models
     version: str | None = None  # vLLM /version
     ollama_models: tuple[str, ...] = ()  # Ollama /api/tags names
+    block_size: int | None = None  # vLLM: its prefix cache's block, from /metrics vllm:cache_config_info
 
     @property
     def model(self) -> str | None:
@@ -129,7 +131,19 @@ class ServerInfo:
         out["kind"] = self.kind
         if self.version is not None:
             out["version"] = self.version
+        if self.block_size is not None:
+            out["block_size"] = self.block_size
         return out
+
+
+def recorded_backend(server: Any) -> tuple[str, int | None]:
+    """(kind, vLLM block size) from a capture record's `server` field; ("", None) where it does not say."""
+    if not isinstance(server, dict):
+        return "", None
+    kind = server.get("kind")
+    block = server.get("block_size")
+    ok = isinstance(block, int) and not isinstance(block, bool) and block > 0
+    return (kind if isinstance(kind, str) else ""), (block if ok else None)
 
 
 def probe_steps(url: str, kind: str | None) -> Generator[str, Any, ServerInfo]:
@@ -147,14 +161,39 @@ def probe_steps(url: str, kind: str | None) -> Generator[str, Any, ServerInfo]:
     if kind == OLLAMA:
         raise InputError("no Ollama /api/tags at this URL", source=url)
     models = yield "/v1/models"
-    if kind in (VLLM, SGLANG):
+    if kind == SGLANG:
         return ServerInfo(url, kind, models=models)
+    if kind == VLLM:
+        return ServerInfo(url, VLLM, models=models, block_size=vllm_block_size((yield METRICS)))
     if (yield "/get_model_info") is not None:
         return ServerInfo(url, SGLANG, models=models)
     version = yield "/version"
     if isinstance(version, dict) and "version" in version:
-        return ServerInfo(url, VLLM, models=models, version=str(version["version"]))
+        block = vllm_block_size((yield METRICS))
+        return ServerInfo(url, VLLM, models=models, version=str(version["version"]), block_size=block)
     return ServerInfo(url, GENERIC, models=models)
+
+
+METRICS = "/metrics"  # Prometheus text, not JSON: the probe hands it over as a string
+
+
+def vllm_block_size(metrics: Any) -> int | None:
+    """The block size in vLLM's `vllm:cache_config_info` metric: its prefix cache hits whole blocks
+    of this many tokens (16 by default on GPUs, 128 on CPUs, whatever --block-size said)."""
+    if not isinstance(metrics, str):
+        return None
+    for line in metrics.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            m = re.search(r'[{,]block_size="(\d+)"', line)
+            return int(m.group(1)) if m and int(m.group(1)) > 0 else None
+    return None
+
+
+def _answer(path: str, status: int, content: bytes) -> Any:
+    """A probe step's answer: /metrics as text, the rest as JSON; None for an error or a non-answer."""
+    if path == METRICS:
+        return content.decode("utf-8", "replace") if status == 200 else None
+    return _json_or_none(status, content)
 
 
 def _json_or_none(status: int, content: bytes) -> Any:
@@ -179,7 +218,7 @@ def probe(url: str, kind: str | None = None, client: httpx.Client | None = None)
         while True:
             try:
                 r = http.get(base + path, timeout=PROBE_TIMEOUT)
-                answer = _json_or_none(r.status_code, r.content)
+                answer = _answer(path, r.status_code, r.content)
             except httpx.HTTPError:
                 answer = None
             path = steps.send(answer)
@@ -201,7 +240,7 @@ async def aprobe(url: str, client: httpx.AsyncClient) -> ServerInfo:
         while True:
             try:
                 r = await client.get(base + path, timeout=PROBE_TIMEOUT)
-                answer = _json_or_none(r.status_code, r.content)
+                answer = _answer(path, r.status_code, r.content)
             except httpx.HTTPError:
                 answer = None
             path = steps.send(answer)
