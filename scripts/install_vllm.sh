@@ -58,4 +58,4 @@ EOF
 "${pip[@]}" -r "$reqs" "torch==$TORCH_VERSION"
 "$vpy" -m pip uninstall -q -y triton >/dev/null 2>&1 || true
 "$vpy" -c "import vllm.entrypoints.openai.api_server" >/dev/null
-echo "vllm: $vpy"
+echo "vllm: $vpy (installed in ${SECONDS} s)"

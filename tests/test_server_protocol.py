@@ -1,6 +1,7 @@
 """tokendiff.server: the request builders and answer parsers (pure), and the calls
 against a real llama-server; the replay backends' requests for the servers not
-available here (vLLM, SGLang, Ollama) as the pure functions that build them."""
+available here (SGLang, Ollama; vLLM also runs for real in test_vllm.py) as the pure
+functions that build them."""
 
 from __future__ import annotations
 
@@ -116,9 +117,13 @@ def test_probe_decisions():
     assert _drive(None, {"/version": {"version": "0.11.0"}})[1].version == "0.11.0"
     assert _drive(None, {})[1].kind == sv.GENERIC
     # vLLM's block size comes from its Prometheus metrics, the one answer that is text
-    metrics = '# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="128",engine="0"} 1.0\n'
+    metrics = (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="128",enable_prefix_caching="False",engine="0"} 1.0\n'
+    )
     asked, info = _drive(None, {"/version": {"version": "0.32.0"}, "/metrics": metrics})
-    assert info.block_size == 128 and info.record()["block_size"] == 128 and asked[-1] == "/metrics"
+    assert info.block_size == 128 and info.prefix_caching is False and asked[-1] == "/metrics"
+    assert info.record()["block_size"] == 128 and info.record()["prefix_caching"] is False
     assert _drive(None, {"/version": {"version": "0.32.0"}})[1].block_size is None  # no /metrics: unknown
     assert _drive(sv.VLLM, {})[0] == ["/v1/models", "/metrics"]  # a forced kind asks no more than it needs
     assert sv.vllm_block_size('vllm:cache_config_info{x="1",block_size="0"} 1') is None

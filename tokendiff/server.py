@@ -89,6 +89,7 @@ class ServerInfo:
     version: str | None = None  # vLLM /version
     ollama_models: tuple[str, ...] = ()  # Ollama /api/tags names
     block_size: int | None = None  # vLLM: its prefix cache's block, from /metrics vllm:cache_config_info
+    prefix_caching: bool | None = None  # vLLM: --enable-prefix-caching in effect, from the same metric
 
     @property
     def model(self) -> str | None:
@@ -133,6 +134,8 @@ class ServerInfo:
             out["version"] = self.version
         if self.block_size is not None:
             out["block_size"] = self.block_size
+        if self.prefix_caching is not None:
+            out["prefix_caching"] = self.prefix_caching
         return out
 
 
@@ -164,29 +167,50 @@ def probe_steps(url: str, kind: str | None) -> Generator[str, Any, ServerInfo]:
     if kind == SGLANG:
         return ServerInfo(url, kind, models=models)
     if kind == VLLM:
-        return ServerInfo(url, VLLM, models=models, block_size=vllm_block_size((yield METRICS)))
+        return _vllm_info(url, models, None, (yield METRICS))
     if (yield "/get_model_info") is not None:
         return ServerInfo(url, SGLANG, models=models)
     version = yield "/version"
     if isinstance(version, dict) and "version" in version:
-        block = vllm_block_size((yield METRICS))
-        return ServerInfo(url, VLLM, models=models, version=str(version["version"]), block_size=block)
+        return _vllm_info(url, models, str(version["version"]), (yield METRICS))
     return ServerInfo(url, GENERIC, models=models)
+
+
+def _vllm_info(url: str, models: Any, version: str | None, metrics: Any) -> ServerInfo:
+    cache = vllm_cache_config(metrics)
+    return ServerInfo(
+        url, VLLM, models=models, version=version, block_size=cache.block_size, prefix_caching=cache.prefix_caching
+    )
 
 
 METRICS = "/metrics"  # Prometheus text, not JSON: the probe hands it over as a string
 
 
-def vllm_block_size(metrics: Any) -> int | None:
-    """The block size in vLLM's `vllm:cache_config_info` metric: its prefix cache hits whole blocks
-    of this many tokens (16 by default on GPUs, 128 on CPUs, whatever --block-size said)."""
+@dataclass(frozen=True)
+class VllmCacheConfig:
+    """What vLLM's `vllm:cache_config_info` metric says about its prefix cache (None: not said)."""
+
+    block_size: int | None = None  # hits are whole blocks: 16 by default on GPUs, 128 on CPUs, or --block-size
+    prefix_caching: bool | None = None  # enable_prefix_caching
+
+
+def vllm_cache_config(metrics: Any) -> VllmCacheConfig:
+    """The labels of `vllm:cache_config_info` in a /metrics answer (Prometheus text)."""
     if not isinstance(metrics, str):
-        return None
-    for line in metrics.splitlines():
-        if line.startswith("vllm:cache_config_info{"):
-            m = re.search(r'[{,]block_size="(\d+)"', line)
-            return int(m.group(1)) if m and int(m.group(1)) > 0 else None
-    return None
+        return VllmCacheConfig()
+    line = next((ln for ln in metrics.splitlines() if ln.startswith("vllm:cache_config_info{")), "")
+    labels = dict(re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="([^"]*)"', line))
+    block = labels.get("block_size", "")
+    caching = labels.get("enable_prefix_caching")
+    return VllmCacheConfig(
+        block_size=int(block) if block.isdigit() and int(block) > 0 else None,
+        prefix_caching={"True": True, "False": False}.get(caching) if caching is not None else None,
+    )
+
+
+def vllm_block_size(metrics: Any) -> int | None:
+    """vLLM's prefix-cache block size from a /metrics answer, or None."""
+    return vllm_cache_config(metrics).block_size
 
 
 def _answer(path: str, status: int, content: bytes) -> Any:
