@@ -75,7 +75,17 @@ def test_request_bodies():
     req = {"model": "m", "messages": CONVERSATION, "tools": TOOLS, "temperature": 0.7, "stream": True}
     assert set(sv.template_body(req)) == {"messages", "tools"}
     vbody = sv.vllm_tokenize_body(req)
-    assert vbody == {"model": "m", "messages": CONVERSATION, "tools": TOOLS, "add_generation_prompt": True}
+    assert {k: v for k, v in vbody.items() if k != "messages"} == {
+        "model": "m",
+        "tools": TOOLS,
+        "add_generation_prompt": True,
+    }
+    # vLLM takes tool-call arguments only as JSON strings: parsed ones go back as strings, the rest unchanged
+    call = vbody["messages"][2]["tool_calls"][0]
+    assert call["function"]["arguments"] == '{"q":"Paris"}' and CONVERSATION[2]["tool_calls"][0]["function"][
+        "arguments"
+    ] == {"q": "Paris"}
+    assert [m for k, m in enumerate(vbody["messages"]) if k != 2] == [m for k, m in enumerate(CONVERSATION) if k != 2]
     assert sv.tokenize_body("x") == {"content": "x", "add_special": True, "parse_special": True}
     assert sv.token_ids({"tokens": [1, {"id": 2, "piece": "a"}]}) == [1, 2]
 

@@ -44,7 +44,13 @@ def system(date: str) -> dict:
 # (name, messages, tools) of each turn of an agent session: what every vLLM test below reads
 def _turns() -> list[tuple[str, list[dict], list[dict]]]:
     msgs = [system("2026-11-28"), {"role": "user", "content": "List the files."}]
-    more = msgs + [{"role": "assistant", "content": "Listing."}, {"role": "user", "content": "Now read main.py."}]
+    call = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"."}'}}
+    more = msgs + [
+        {"role": "assistant", "content": "", "tool_calls": [call]},  # compact JSON: vLLM re-serialises it
+        {"role": "tool", "tool_call_id": "call_1", "content": "main.py\nutil.py"},
+        {"role": "assistant", "content": "Two files."},
+        {"role": "user", "content": "Now read main.py."},
+    ]
     later = [system("2026-11-29")] + more[1:]
     return [
         ("first", msgs, [READ, RUN]),
@@ -85,7 +91,7 @@ def capture(vllm_server, tmp_path_factory):
 
 def test_probe_reads_the_block_size_from_metrics(vllm_server):
     info = probe(vllm_server.url)
-    assert info.kind == VLLM and info.version and info.block_size == BLOCK
+    assert info.kind == VLLM and info.version and info.block_size == BLOCK and info.prefix_caching is True
     assert info.record()["block_size"] == BLOCK
     assert probe(vllm_server.url, VLLM).block_size == BLOCK
 
@@ -126,6 +132,8 @@ def test_diff_names_the_first_divergent_token_byte_and_section(capture, a, b, fi
     fd = doc["first_divergence"]
     assert doc["lcp_tokens"] == lcp(ids_a, ids_b) == fd["token"]
     assert doc["b"]["ids_from"] == "vllm /tokenize"
+    # the local render is vLLM's (tool-call arguments parsed as vLLM does), so sections are request fields
+    assert doc["b"]["sections_from"] == "request fields" and doc["b"]["render_mismatch"] is None
     assert fd["byte"] > 0 and fd["b_field"].startswith(field)
     assert kind in {h["finding"]["kind"] for h in doc["hunks"] if h.get("finding")}
 

@@ -295,10 +295,29 @@ def tokenize_body(text: str, add_special: bool = True) -> dict[str, Any]:
 
 
 def vllm_tokenize_body(request: dict[str, Any]) -> dict[str, Any]:
-    """vLLM tokenises chat requests itself on /tokenize, template included."""
+    """vLLM tokenises chat requests itself on /tokenize, template included. It takes tool-call
+    `arguments` only as JSON strings (and parses them before templating), so parsed ones (a request
+    as tokendiff renders it) go back as strings: the same prompt either way."""
     body = {k: request[k] for k in VLLM_TOKENIZE_KEYS if k in request}
     body.setdefault("add_generation_prompt", True)
+    if isinstance(body.get("messages"), list):
+        body["messages"] = [_string_arguments(m) for m in body["messages"]]
     return body
+
+
+def _string_arguments(msg: Any) -> Any:
+    """The message with its tool calls' parsed `arguments` as JSON strings again (a shallow copy)."""
+    calls = msg.get("tool_calls") if isinstance(msg, dict) else None
+    if not isinstance(calls, list):
+        return msg
+    return {**msg, "tool_calls": [_string_call(c) for c in calls]}
+
+
+def _string_call(call: Any) -> Any:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or "arguments" not in fn or isinstance(fn["arguments"], str):
+        return call
+    return {**call, "function": {**fn, "arguments": orjson.dumps(fn["arguments"]).decode()}}
 
 
 def token_ids(doc: Any) -> list[int]:
