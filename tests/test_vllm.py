@@ -15,7 +15,7 @@ import pytest
 
 from tokendiff.capture import read_capture
 from tokendiff.cost import backend_reuse
-from tokendiff.server import VLLM, probe
+from tokendiff.server import VLLM, probe, vllm_counts_cached
 from tokendiff.testing import proxy_process
 
 pytestmark = pytest.mark.vllm
@@ -94,6 +94,7 @@ def test_probe_reads_the_block_size_from_metrics(vllm_server):
     assert info.kind == VLLM and info.version and info.block_size == BLOCK and info.prefix_caching is True
     assert info.record()["block_size"] == BLOCK
     assert probe(vllm_server.url, VLLM).block_size == BLOCK
+    assert vllm_counts_cached(vllm_server.url, info.model)  # started with --enable-prompt-tokens-details
 
 
 def test_proxy_records_the_prompt_ids_vllm_used(capture):
@@ -172,3 +173,44 @@ def test_replay_against_vllm_cold_actual_ideal_fixed(vllm_server, capture):
         body = {"messages": [_turns()[2][1][0]] + later[1][1:], "tools": later[2]}
         ids = c.post(f"{vllm_server.url}/tokenize", json=body).json()["tokens"]
     assert fix["fixed_tokens"] == len(ids) and sc["fixed"]["cached"] == (len(ids) - 1) // BLOCK * BLOCK
+
+
+def anthropic_turns() -> list[dict]:
+    """Claude Code's shape of request (system blocks, tools with input_schema, tool_use / tool_result)."""
+    tools = [{"name": "Read", "description": "Read a file.", "input_schema": READ["function"]["parameters"]}]
+    first = [{"role": "user", "content": [{"type": "text", "text": f"Run {RUN_ID}. Read main.py.\n{RULES}"}]}]
+    use = {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"path": "main.py"}}
+    second = first + [
+        {"role": "assistant", "content": [{"type": "text", "text": "Reading."}, use]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "print(1)"}]},
+    ]
+    system = [{"type": "text", "text": "You are a coding agent."}]
+    return [
+        {"model": "tiny-qwen3", "max_tokens": 1, "system": system, "tools": tools, "messages": m}
+        for m in (first, second)
+    ]
+
+
+def test_anthropic_messages_to_vllm_are_recorded_and_counted(vllm_server, tmp_path):
+    """Claude Code pointed at vLLM's /v1/messages: the prompt IDs are the ones vLLM counted, and the
+    report's vLLM column is the cache_read_input_tokens vLLM reported."""
+    out = tmp_path / "session"
+    proc, url = proxy_process.start_proxy(vllm_server.url, out, stderr=subprocess.PIPE)
+    try:
+        with httpx.Client(timeout=300) as c:
+            for body in anthropic_turns():
+                r = c.post(f"{url}/v1/messages", json=body)
+                assert r.status_code == 200, r.text
+    finally:
+        err = proxy_process.stop_proxy(proc)
+    assert "2 requests recorded" in err, err
+    records, _ = read_capture(out / "capture.jsonl")
+    for rec in records:
+        u = rec["response"]["usage"]
+        counted = u["input_tokens"] + u["cache_creation_input_tokens"] + u["cache_read_input_tokens"]
+        assert len(rec["prompt_ids"]) == counted and rec["prompt_source"] == "vllm /tokenize"
+    r = run("report", str(out / "capture.jsonl"), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    second = json.loads(r.stdout)["turns"][1]
+    assert second["reported_cached"] == records[1]["response"]["usage"]["cache_read_input_tokens"] > 0
+    assert second["reuse_vllm"] == second["reported_cached"] and second["note"] == ""

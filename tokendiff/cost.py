@@ -134,6 +134,8 @@ def _reported(resp: dict[str, Any] | None) -> tuple[int | None, float | None, in
         det = usage.get("prompt_tokens_details")
         if isinstance(det, dict):
             cached = det.get("cached_tokens")
+    if cached is None and isinstance(usage.get("cache_read_input_tokens"), int):
+        cached = usage["cache_read_input_tokens"]  # Anthropic /v1/messages (vLLM's among them)
     if cached is None and isinstance(resp.get("prompt_eval_cached_count"), int):
         cached = resp["prompt_eval_cached_count"]  # Ollama
     ms = t.get("prompt_ms")

@@ -566,6 +566,15 @@ class LlamaClient:
         return final
 
 
+def vllm_counts_cached(url: str, model: str | None, client: httpx.Client | None = None) -> bool:
+    """Whether a vLLM server reports `cached_tokens` (it needs --enable-prompt-tokens-details: without
+    it usage.prompt_tokens_details is null, so no count can be checked). Costs a 1-token completion."""
+    with LlamaClient(url, client=client) as c:
+        doc = c.call("POST", "/v1/completions", json={"model": model, "prompt": "ping", "max_tokens": 1})
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    return isinstance(usage, dict) and isinstance(usage.get("prompt_tokens_details"), dict)
+
+
 def prompt_ids(url: str, request: dict[str, Any]) -> list[int]:
     """The IDs a live llama-server would cache for `request` (replaces sources._server_prompt_ids)."""
     with LlamaClient(url) as c:
