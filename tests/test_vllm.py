@@ -158,7 +158,7 @@ def test_replay_against_vllm_cold_actual_ideal_fixed(vllm_server, capture):
     doc = json.loads(r.stdout)
     sc = doc["scenarios"]
     assert doc["backend"]["kind"] == VLLM and doc["backend"]["block_size"] == BLOCK
-    assert doc["measure"] == "ttft_ms" and doc["discarded"] == []
+    assert doc["measure"] == "ttft_ms" and doc["discarded"] == [] and doc["notes"] == []
     assert set(sc) == {"cold", "actual", "ideal", "fixed"}
     for name, s in sc.items():
         assert s["valid_runs"] == 1 and s["cached"] == s["expected_cached"], (name, s)

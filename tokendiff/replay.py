@@ -290,6 +290,9 @@ class OpenAICompatible(Backend):
         body = openai_completion_body(self.model, ids, 1, salt)
         final = self.api.stream("/v1/completions", body, lambda: first.append(clock()))
         cached, evaluated = usage_counts(final.get("usage") or {})
+        if cached is None and not any(n.startswith(UNCOUNTED) for n in self.notes):
+            flag = "--enable-cache-report" if self.kind == SGLANG else "--enable-prompt-tokens-details"
+            self.notes.append(f"{UNCOUNTED}: the runs' cache state is not checked (start the server with {flag})")
         return Timing(None, first[0] if first else clock(), cached, evaluated)
 
     def prime(self, ids: list[int]) -> None:
@@ -303,6 +306,9 @@ class OpenAICompatible(Backend):
                 self._flush()
             return self._completion(ids, None)
         return self._completion(ids, new_salt())
+
+
+UNCOUNTED = "the server reports no cached_tokens"
 
 
 def new_salt() -> str:
