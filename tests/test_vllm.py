@@ -4,7 +4,6 @@ against the server's own `cached_tokens`, and replay."""
 
 from __future__ import annotations
 
-import copy
 import json
 import secrets
 import subprocess
@@ -168,10 +167,9 @@ def test_replay_against_vllm_cold_actual_ideal_fixed(vllm_server, capture):
     assert sc["ideal"]["cached"] > sc["actual"]["cached"]
     fix = doc["fix"]
     assert fix["applied"] and fix["rendered_by"] == "vllm /tokenize"
-    later = copy.deepcopy(_turns()[3])
-    with httpx.Client() as c:
-        body = {"messages": [_turns()[2][1][0]] + later[1][1:], "tools": later[2]}
-        ids = c.post(f"{vllm_server.url}/tokenize", json=body).json()["tokens"]
+    (_, a_msgs, _), (_, b_msgs, tools) = _turns()[2:4]
+    body = {"messages": a_msgs[:1] + b_msgs[1:], "tools": tools}  # B with A's system prompt: A's date
+    ids = httpx.post(f"{vllm_server.url}/tokenize", json=body).json()["tokens"]
     assert fix["fixed_tokens"] == len(ids) and sc["fixed"]["cached"] == (len(ids) - 1) // BLOCK * BLOCK
 
 
