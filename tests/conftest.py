@@ -241,3 +241,34 @@ def tiny_model():
     from tokendiff.testing.tiny_gguf import tiny_gguf
 
     return tiny_gguf()
+
+
+# ---------------------------------------------------------------- vLLM
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """One real vLLM server (CPU build, tiny random Qwen3) for every vLLM test: it takes 35-60 s to start.
+    32-token blocks: neither vLLM's GPU default (16) nor its CPU default (128), so a test passes only
+    if tokendiff reads the block size from the server."""
+    from tokendiff.testing.llama_server import ServerUnavailable
+    from tokendiff.testing.tiny_hf import tiny_hf
+    from tokendiff.testing.vllm_server import VllmServer, find_vllm_python, vllm_venv_dir
+
+    if os.environ.get("TOKENDIFF_TEST_VLLM_URL"):  # a server already running (started as below): for iterating
+        yield VllmServer(tiny_hf(), block_size=32, port=int(os.environ["TOKENDIFF_TEST_VLLM_URL"].rsplit(":", 1)[1]))
+        return
+    if find_vllm_python() is None:
+        msg = f"vLLM not installed in {vllm_venv_dir()}: run scripts/install_vllm.sh (or .ci/run)"
+        if REQUIRE_SERVER:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    srv = VllmServer(tiny_hf(), block_size=32, log_path=log)
+    try:
+        srv.start()
+    except ServerUnavailable as e:
+        tail = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
+        pytest.fail(f"{e}\n{tail}")
+    yield srv
+    srv.stop()

@@ -1,6 +1,7 @@
 """tokendiff.server: the request builders and answer parsers (pure), and the calls
 against a real llama-server; the replay backends' requests for the servers not
-available here (vLLM, SGLang, Ollama) as the pure functions that build them."""
+available here (SGLang, Ollama; vLLM also runs for real in test_vllm.py) as the pure
+functions that build them."""
 
 from __future__ import annotations
 
@@ -74,7 +75,17 @@ def test_request_bodies():
     req = {"model": "m", "messages": CONVERSATION, "tools": TOOLS, "temperature": 0.7, "stream": True}
     assert set(sv.template_body(req)) == {"messages", "tools"}
     vbody = sv.vllm_tokenize_body(req)
-    assert vbody == {"model": "m", "messages": CONVERSATION, "tools": TOOLS, "add_generation_prompt": True}
+    assert {k: v for k, v in vbody.items() if k != "messages"} == {
+        "model": "m",
+        "tools": TOOLS,
+        "add_generation_prompt": True,
+    }
+    # vLLM takes tool-call arguments only as JSON strings: parsed ones go back as strings, the rest unchanged
+    call = vbody["messages"][2]["tool_calls"][0]
+    assert call["function"]["arguments"] == '{"q":"Paris"}' and CONVERSATION[2]["tool_calls"][0]["function"][
+        "arguments"
+    ] == {"q": "Paris"}
+    assert [m for k, m in enumerate(vbody["messages"]) if k != 2] == [m for k, m in enumerate(CONVERSATION) if k != 2]
     assert sv.tokenize_body("x") == {"content": "x", "add_special": True, "parse_special": True}
     assert sv.token_ids({"tokens": [1, {"id": 2, "piece": "a"}]}) == [1, 2]
 
@@ -115,7 +126,20 @@ def test_probe_decisions():
     assert _drive(None, {"/get_model_info": {"model_path": "x"}})[1].kind == sv.SGLANG
     assert _drive(None, {"/version": {"version": "0.11.0"}})[1].version == "0.11.0"
     assert _drive(None, {})[1].kind == sv.GENERIC
-    assert _drive(sv.VLLM, {})[0] == ["/v1/models"]  # a forced kind asks no more than it needs
+    # vLLM's block size comes from its Prometheus metrics, the one answer that is text
+    metrics = (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="128",enable_prefix_caching="False",engine="0"} 1.0\n'
+    )
+    asked, info = _drive(None, {"/version": {"version": "0.32.0"}, "/metrics": metrics})
+    assert info.block_size == 128 and info.prefix_caching is False and asked[-1] == "/metrics"
+    assert info.record()["block_size"] == 128 and info.record()["prefix_caching"] is False
+    assert _drive(None, {"/version": {"version": "0.32.0"}})[1].block_size is None  # no /metrics: unknown
+    assert _drive(sv.VLLM, {})[0] == ["/v1/models", "/metrics"]  # a forced kind asks no more than it needs
+    assert sv.vllm_block_size('vllm:cache_config_info{x="1",block_size="0"} 1') is None
+    assert sv.recorded_backend({"kind": "vllm", "block_size": 32}) == ("vllm", 32)
+    assert sv.recorded_backend({"kind": "vllm", "block_size": True}) == ("vllm", None)
+    assert sv.recorded_backend(None) == ("", None)
     with pytest.raises(InputError, match="no llama-server"):
         _drive(sv.LLAMA, {})
 

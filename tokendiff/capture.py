@@ -651,7 +651,10 @@ NESTED_TYPES: dict[str, dict[str, tuple[str, ...]]] = {
         **{k: _INT for k in ("cache_n", "prompt_n", "predicted_n")},
         **{k: _NUM for k in ("prompt_ms", "predicted_ms", "prompt_per_second", "predicted_per_second")},
     },
-    "server": {k: _STR for k in ("kind", "upstream", "build_info", "model", "chat_template_sha256")},
+    "server": {
+        **{k: _STR for k in ("kind", "upstream", "build_info", "model", "chat_template_sha256", "version")},
+        **{"block_size": _INT, "prefix_caching": ("boolean", "null")},  # vLLM: from its /metrics
+    },
     "request_body": {
         "bytes": ("integer",),
         "sha256": ("string",),

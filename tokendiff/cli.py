@@ -134,14 +134,14 @@ def _proxy_parser(sub: Any) -> None:  # argparse subparsers
         "proxy",
         help="record an agent's requests through an OpenAI-compatible reverse proxy",
         description="Pass every request to the upstream unchanged (streaming included) and record chat requests "
-        "in OUT/capture.jsonl, with the exact prompt token IDs when the upstream is llama-server.",
+        "in OUT/capture.jsonl, with the exact prompt token IDs when the upstream is llama-server or vLLM.",
     )
     x.add_argument("--upstream", required=True, metavar="URL", help="the inference server, e.g. http://127.0.0.1:8080")
     x.add_argument("--out", required=True, metavar="DIR", help="session directory (created 0700; capture.jsonl 0600)")
     x.add_argument(
         "--listen", default="127.0.0.1:8081", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:8081)"
     )
-    x.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from llama-server")
+    x.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from the upstream")
 
 
 def _pull_parser(sub: Any) -> None:  # argparse subparsers

@@ -32,7 +32,7 @@ from tokendiff.swa import AttentionLayout, Reuse, SlotState, checkpoint_reuse
 
 BACKENDS = ("llama.cpp", "llama.cpp-hybrid", "vllm", "sglang", "ollama")
 CHECKPOINT_BACKEND = "llama.cpp-hybrid"  # stateful: the session replayed through one slot's checkpoints
-VLLM_BLOCK = 16
+VLLM_BLOCK = 16  # vLLM's default on GPUs; a capture recorded through the proxy carries the server's own
 # The layout assumed when the session does not say which model served it: a hybrid/recurrent model on
 # llama-server's default flags, the strictest case (a sliding-window model keeps at least this much).
 ASSUMED_LAYOUT = AttentionLayout(arch="a hybrid model", recurrent=True)
@@ -48,7 +48,8 @@ def backend_reuse(backend: str, lcp: int, n_b: int, cached_len: int, block: int 
     with what it has cached (cached_len tokens).
 
     llama.cpp / Ollama: the LCP, but at least one token is always evaluated
-    (a full hit reuses n_b - 1). vLLM reuses whole blocks; SGLang whole pages.
+    (a full hit reuses n_b - 1). vLLM reuses whole blocks of `block` tokens (checked against a real
+    vLLM server: a resend of n tokens hits (n - 1) // block blocks); SGLang whole pages.
     A sliding-window or hybrid llama.cpp model depends on the checkpoints earlier
     requests left (`swa.checkpoint_reuse`), so it has no stateless rule here.
     """
@@ -90,6 +91,8 @@ class Turn:
     checkpoint: Reuse | None = None  # the checkpoint rule's prediction (reuse[CHECKPOINT_BACKEND]) and why
     ttft_ms: float | None = None  # time to first token, as the recording proxy measured it
     note: str = ""  # disagreement between the server's count and the prediction, slot thrash
+    server: str = ""  # the kind of server that answered ("vllm", "llama-server" ...), where the capture says
+    vllm_block: int = VLLM_BLOCK  # the vLLM server's block size, where the capture says
 
     @property
     def reuse_pct(self) -> float:
@@ -169,6 +172,8 @@ def _reported(resp: dict[str, Any] | None) -> tuple[int | None, float | None, in
         det = usage.get("prompt_tokens_details")
         if isinstance(det, dict):
             cached = det.get("cached_tokens")
+    if cached is None and isinstance(usage.get("cache_read_input_tokens"), int):
+        cached = usage["cache_read_input_tokens"]  # Anthropic /v1/messages (vLLM's among them)
     if cached is None and isinstance(resp.get("prompt_eval_cached_count"), int):
         cached = resp["prompt_eval_cached_count"]  # Ollama
     ms = t.get("prompt_ms")
@@ -210,6 +215,8 @@ class TurnInput:
     job: Any = None
     request: dict[str, Any] | None = None  # the recorded request, when the turn is a record
     ttft_ms: float | None = None
+    server: str = ""  # the recording server's kind, where the capture says
+    vllm_block: int | None = None  # and its block size, when it is vLLM
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
@@ -296,7 +303,8 @@ class Analyser:
 
     def add(self, cur: TurnInput) -> Turn:
         k = len(self.turns) + 1
-        t = Turn(turn=k, origin=cur.origin, n_tokens=len(cur.ids))
+        t = Turn(turn=k, origin=cur.origin, n_tokens=len(cur.ids), server=cur.server)
+        t.vllm_block = cur.vllm_block or VLLM_BLOCK
         t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
         t.reported_generated = _generated(cur.response)
         t.checkpoint = checkpoint_reuse(self.slot, cur.ids, t.reported_generated or 0, self._user_starts(cur))
@@ -423,9 +431,12 @@ def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
 
 
 def _reuse(t: Turn, lcp: int, n: int, cached_len: int) -> dict[str, int]:
-    """Every backend's reuse: the stateless rules, and the checkpoint rule's replay of the session."""
+    """Every backend's reuse: the stateless rules of the previous prompt, the checkpoint rule's replay
+    of the session, and vLLM's best earlier match: its cache keeps the blocks of every earlier prompt
+    (until evicted), so its hit is counted in the server's blocks."""
     out = {be: backend_reuse(be, lcp, n, cached_len) for be in BACKENDS if be != CHECKPOINT_BACKEND}
     out[CHECKPOINT_BACKEND] = t.checkpoint.reused if t.checkpoint is not None else out["llama.cpp"]
+    out["vllm"] = backend_reuse("vllm", max(lcp, t.best_lcp), n, cached_len, block=t.vllm_block)
     return {be: out[be] for be in BACKENDS}
 
 
@@ -490,13 +501,16 @@ def reusable_ceiling(a: Prompt, d: Divergence, findings: list[Finding], n: int) 
 
 def _notes(t: Turn, identical: bool, n: int) -> None:
     notes = []
-    if t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64:
+    moved = t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64
+    if moved and t.server != "vllm":  # vLLM's cache holds every earlier prompt: no slot to get wrong
         notes.append(
             f"turn {t.best_earlier} shares {t.best_lcp:,} tokens, more than the previous turn's {t.lcp:,}: "
             "alternating prefixes or the wrong slot"
         )
     rc = t.reported_cached
-    if rc is not None:
+    if rc is not None and t.server == "vllm":
+        notes += _vllm_notes(t, rc, identical)
+    elif rc is not None:
         pred = t.reuse["llama.cpp"]
         if rc == 0 and identical:
             notes.append(
@@ -528,6 +542,24 @@ def _checkpoint_note(t: Turn, layout: AttentionLayout) -> None:
         f"{layout.arch or 'SWA/hybrid'} reuses {ck.reused:,} of the {t.reuse.get('llama.cpp', 0):,} shared: {ck.reason}"
     )
     t.note = f"{t.note}; {note}" if t.note else note
+
+
+def _vllm_notes(t: Turn, rc: int, identical: bool) -> list[str]:
+    """A vLLM server's cached_tokens against the vLLM prediction (whole blocks of its block size)."""
+    pred = t.reuse["vllm"]
+    if rc == 0 and identical:
+        return ["vLLM reused nothing for an identical prompt: prefix caching off, or another cache_salt"]
+    if rc < pred:
+        return [
+            f"vLLM reused {rc:,} tokens, fewer than the {pred:,} predicted in {t.vllm_block}-token blocks: "
+            "blocks evicted (KV cache full), another cache_salt, or a different block size"
+        ]
+    if rc > pred:
+        return [
+            f"vLLM reused {rc:,} tokens, more than the {pred:,} predicted: blocks of the previous reply "
+            "(vLLM caches generated tokens too, and the history repeats them)"
+        ]
+    return []
 
 
 def _ms_per_token(turns: list[Turn]) -> float | None:

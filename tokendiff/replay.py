@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tokendiff.cost import backend_reuse
+from tokendiff.cost import VLLM_BLOCK, backend_reuse
 from tokendiff.errors import InputError
-from tokendiff.server import LLAMA, OLLAMA, SGLANG, VLLM, LlamaClient, probe
+from tokendiff.server import LLAMA, OLLAMA, SGLANG, VLLM, LlamaClient, probe, prompt_ids, token_ids, vllm_tokenize_body
 
 if TYPE_CHECKING:
     import httpx
@@ -115,6 +115,8 @@ class Backend:
 
     kind = "generic"
     semantics = "llama.cpp"
+    # what a cached count other than the prediction most likely means, for the discard note
+    mismatch_hint = "a RAM prompt cache restoring another prefix? start llama-server with --cache-ram 0"
 
     def __init__(self, url: str, client: httpx.Client):
         self.api = LlamaClient(url, client=client)
@@ -138,6 +140,10 @@ class Backend:
 
     def predicted(self, lcp: int, n: int, cached_len: int) -> int:
         return backend_reuse(self.semantics, lcp, n, cached_len)
+
+    def render_ids(self, request: dict[str, Any]) -> tuple[list[int], str] | None:
+        """A chat request rendered and tokenised by the server itself, and how; None where it cannot."""
+        return None
 
 
 def llama_completion_body(ids: list[int], slot: int, n_predict: int, cache_prompt: bool) -> dict[str, Any]:
@@ -164,6 +170,9 @@ class LlamaServer(Backend):
             "model": self.props.get("model_alias") or self.props.get("model_path"),
             "build_info": self.props.get("build_info"),
         }
+
+    def render_ids(self, request: dict[str, Any]) -> tuple[list[int], str] | None:
+        return prompt_ids(self.url, request), "llama-server /apply-template + /tokenize"
 
     def reset(self) -> None:
         if self.can_erase and self.api.erase_slot(self.slot):
@@ -225,17 +234,39 @@ class OpenAICompatible(Backend):
     """
 
     semantics = "vllm"
+    mismatch_hint = "another client of the server evicting blocks, or a block size other than the one probed"
 
-    def __init__(self, url: str, client: httpx.Client, kind: str, model: str | None):
+    def __init__(self, url: str, client: httpx.Client, kind: str, model: str | None, block_size: int | None = None):
         super().__init__(url, client)
         self.kind = kind
         self.model = model
         self.semantics = "sglang" if kind == SGLANG else "vllm"
+        self.block_size = block_size
         self.salt: str | None = None
         self.clean = False  # SGLang: flushed and nothing sent since
+        if kind == VLLM and block_size is None:
+            self.notes.append(
+                f"vLLM did not say its block size (no vllm:cache_config_info in /metrics): {VLLM_BLOCK} assumed"
+            )
 
     def identity(self) -> dict[str, Any]:
+        if self.kind == VLLM:
+            return {"model": self.model, "block_size": self.block_size or VLLM_BLOCK}
         return {"model": self.model}
+
+    def predicted(self, lcp: int, n: int, cached_len: int) -> int:
+        """vLLM: whole blocks of the server's own block size (read from /metrics by the probe)."""
+        return backend_reuse(self.semantics, lcp, n, cached_len, block=self.block_size or VLLM_BLOCK)
+
+    def render_ids(self, request: dict[str, Any]) -> tuple[list[int], str] | None:
+        """vLLM renders and tokenises a chat request on /tokenize (SGLang has no such endpoint)."""
+        if self.kind != VLLM:
+            return None
+        doc = self.api.call("POST", "/tokenize", json=vllm_tokenize_body({**request, "model": self.model}))
+        try:
+            return token_ids(doc), "vllm /tokenize"
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"/tokenize gave no tokens: {e}", source=self.url) from None
 
     def _flush(self) -> None:
         r = self.api.request("POST", "/flush_cache")
@@ -259,6 +290,9 @@ class OpenAICompatible(Backend):
         body = openai_completion_body(self.model, ids, 1, salt)
         final = self.api.stream("/v1/completions", body, lambda: first.append(clock()))
         cached, evaluated = usage_counts(final.get("usage") or {})
+        if cached is None and not any(n.startswith(UNCOUNTED) for n in self.notes):
+            flag = "--enable-cache-report" if self.kind == SGLANG else "--enable-prompt-tokens-details"
+            self.notes.append(f"{UNCOUNTED}: the runs' cache state is not checked (start the server with {flag})")
         return Timing(None, first[0] if first else clock(), cached, evaluated)
 
     def prime(self, ids: list[int]) -> None:
@@ -272,6 +306,9 @@ class OpenAICompatible(Backend):
                 self._flush()
             return self._completion(ids, None)
         return self._completion(ids, new_salt())
+
+
+UNCOUNTED = "the server reports no cached_tokens"
 
 
 def new_salt() -> str:
@@ -363,7 +400,7 @@ def connect(
             raise InputError("Ollama has no models loaded", source=info.url)
         return Ollama(info.url, client, info.ollama_models[0], decode)
     if info.kind in (VLLM, SGLANG):
-        return OpenAICompatible(info.url, client, info.kind, info.model)
+        return OpenAICompatible(info.url, client, info.kind, info.model, info.block_size)
     raise InputError(
         "cannot tell what backend this is (no llama-server /props, Ollama /api/tags or vLLM/SGLang endpoints); "
         "pass --backend-kind",
@@ -412,10 +449,7 @@ def _measure(be: Backend, sc: Scenario, prefix: list[int] | None, ids: list[int]
     expected = sc.expected_cached
     if t.cached is None or t.cached == expected:
         return Run(t.prompt_ms, t.ttft_ms, t.cached, t.evaluated, expected, True)
-    note = (
-        f"server reported {t.cached} cached tokens where {expected} were expected: discarded "
-        "(a RAM prompt cache restoring another prefix? start llama-server with --cache-ram 0)"
-    )
+    note = f"server reported {t.cached} cached tokens where {expected} were expected: discarded ({be.mismatch_hint})"
     return Run(t.prompt_ms, t.ttft_ms, t.cached, t.evaluated, expected, False, note)
 
 

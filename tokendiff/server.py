@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import re
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -87,6 +88,8 @@ class ServerInfo:
     models: Any = None  # /v1/models
     version: str | None = None  # vLLM /version
     ollama_models: tuple[str, ...] = ()  # Ollama /api/tags names
+    block_size: int | None = None  # vLLM: its prefix cache's block, from /metrics vllm:cache_config_info
+    prefix_caching: bool | None = None  # vLLM: --enable-prefix-caching in effect, from the same metric
 
     @property
     def model(self) -> str | None:
@@ -129,7 +132,21 @@ class ServerInfo:
         out["kind"] = self.kind
         if self.version is not None:
             out["version"] = self.version
+        if self.block_size is not None:
+            out["block_size"] = self.block_size
+        if self.prefix_caching is not None:
+            out["prefix_caching"] = self.prefix_caching
         return out
+
+
+def recorded_backend(server: Any) -> tuple[str, int | None]:
+    """(kind, vLLM block size) from a capture record's `server` field; ("", None) where it does not say."""
+    if not isinstance(server, dict):
+        return "", None
+    kind = server.get("kind")
+    block = server.get("block_size")
+    ok = isinstance(block, int) and not isinstance(block, bool) and block > 0
+    return (kind if isinstance(kind, str) else ""), (block if ok else None)
 
 
 def probe_steps(url: str, kind: str | None) -> Generator[str, Any, ServerInfo]:
@@ -147,14 +164,60 @@ def probe_steps(url: str, kind: str | None) -> Generator[str, Any, ServerInfo]:
     if kind == OLLAMA:
         raise InputError("no Ollama /api/tags at this URL", source=url)
     models = yield "/v1/models"
-    if kind in (VLLM, SGLANG):
+    if kind == SGLANG:
         return ServerInfo(url, kind, models=models)
+    if kind == VLLM:
+        return _vllm_info(url, models, None, (yield METRICS))
     if (yield "/get_model_info") is not None:
         return ServerInfo(url, SGLANG, models=models)
     version = yield "/version"
     if isinstance(version, dict) and "version" in version:
-        return ServerInfo(url, VLLM, models=models, version=str(version["version"]))
+        return _vllm_info(url, models, str(version["version"]), (yield METRICS))
     return ServerInfo(url, GENERIC, models=models)
+
+
+def _vllm_info(url: str, models: Any, version: str | None, metrics: Any) -> ServerInfo:
+    cache = vllm_cache_config(metrics)
+    return ServerInfo(
+        url, VLLM, models=models, version=version, block_size=cache.block_size, prefix_caching=cache.prefix_caching
+    )
+
+
+METRICS = "/metrics"  # Prometheus text, not JSON: the probe hands it over as a string
+
+
+@dataclass(frozen=True)
+class VllmCacheConfig:
+    """What vLLM's `vllm:cache_config_info` metric says about its prefix cache (None: not said)."""
+
+    block_size: int | None = None  # hits are whole blocks: 16 by default on GPUs, 128 on CPUs, or --block-size
+    prefix_caching: bool | None = None  # enable_prefix_caching
+
+
+def vllm_cache_config(metrics: Any) -> VllmCacheConfig:
+    """The labels of `vllm:cache_config_info` in a /metrics answer (Prometheus text)."""
+    if not isinstance(metrics, str):
+        return VllmCacheConfig()
+    line = next((ln for ln in metrics.splitlines() if ln.startswith("vllm:cache_config_info{")), "")
+    labels = dict(re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="([^"]*)"', line))
+    block = labels.get("block_size", "")
+    caching = labels.get("enable_prefix_caching")
+    return VllmCacheConfig(
+        block_size=int(block) if block.isdigit() and int(block) > 0 else None,
+        prefix_caching={"True": True, "False": False}.get(caching) if caching is not None else None,
+    )
+
+
+def vllm_block_size(metrics: Any) -> int | None:
+    """vLLM's prefix-cache block size from a /metrics answer, or None."""
+    return vllm_cache_config(metrics).block_size
+
+
+def _answer(path: str, status: int, content: bytes) -> Any:
+    """A probe step's answer: /metrics as text, the rest as JSON; None for an error or a non-answer."""
+    if path == METRICS:
+        return content.decode("utf-8", "replace") if status == 200 else None
+    return _json_or_none(status, content)
 
 
 def _json_or_none(status: int, content: bytes) -> Any:
@@ -179,7 +242,7 @@ def probe(url: str, kind: str | None = None, client: httpx.Client | None = None)
         while True:
             try:
                 r = http.get(base + path, timeout=PROBE_TIMEOUT)
-                answer = _json_or_none(r.status_code, r.content)
+                answer = _answer(path, r.status_code, r.content)
             except httpx.HTTPError:
                 answer = None
             path = steps.send(answer)
@@ -201,7 +264,7 @@ async def aprobe(url: str, client: httpx.AsyncClient) -> ServerInfo:
         while True:
             try:
                 r = await client.get(base + path, timeout=PROBE_TIMEOUT)
-                answer = _json_or_none(r.status_code, r.content)
+                answer = _answer(path, r.status_code, r.content)
             except httpx.HTTPError:
                 answer = None
             path = steps.send(answer)
@@ -232,10 +295,29 @@ def tokenize_body(text: str, add_special: bool = True) -> dict[str, Any]:
 
 
 def vllm_tokenize_body(request: dict[str, Any]) -> dict[str, Any]:
-    """vLLM tokenises chat requests itself on /tokenize, template included."""
+    """vLLM tokenises chat requests itself on /tokenize, template included. It takes tool-call
+    `arguments` only as JSON strings (and parses them before templating), so parsed ones (a request
+    as tokendiff renders it) go back as strings: the same prompt either way."""
     body = {k: request[k] for k in VLLM_TOKENIZE_KEYS if k in request}
     body.setdefault("add_generation_prompt", True)
+    if isinstance(body.get("messages"), list):
+        body["messages"] = [_string_arguments(m) for m in body["messages"]]
     return body
+
+
+def _string_arguments(msg: Any) -> Any:
+    """The message with its tool calls' parsed `arguments` as JSON strings again (a shallow copy)."""
+    calls = msg.get("tool_calls") if isinstance(msg, dict) else None
+    if not isinstance(calls, list):
+        return msg
+    return {**msg, "tool_calls": [_string_call(c) for c in calls]}
+
+
+def _string_call(call: Any) -> Any:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or "arguments" not in fn or isinstance(fn["arguments"], str):
+        return call
+    return {**call, "function": {**fn, "arguments": orjson.dumps(fn["arguments"]).decode()}}
 
 
 def token_ids(doc: Any) -> list[int]:
@@ -482,6 +564,15 @@ class LlamaClient:
         except httpx.HTTPError as e:
             raise InputError(f"{path}: {type(e).__name__}: {e}", source=self.url) from None
         return final
+
+
+def vllm_counts_cached(url: str, model: str | None, client: httpx.Client | None = None) -> bool:
+    """Whether a vLLM server reports `cached_tokens` (it needs --enable-prompt-tokens-details: without
+    it usage.prompt_tokens_details is null, so no count can be checked). Costs a 1-token completion."""
+    with LlamaClient(url, client=client) as c:
+        doc = c.call("POST", "/v1/completions", json={"model": model, "prompt": "ping", "max_tokens": 1})
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    return isinstance(usage, dict) and isinstance(usage.get("prompt_tokens_details"), dict)
 
 
 def prompt_ids(url: str, request: dict[str, Any]) -> list[int]:

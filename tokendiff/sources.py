@@ -387,7 +387,8 @@ def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
     llama = server.get("kind", "llama-server") == "llama-server"
     if isinstance(request, dict) and is_anthropic(request, rec.get("endpoint")):
         request = to_openai(request, llama_server=llama)
-    if llama and rec.get("prompt_ids") is not None and isinstance(request, dict):
+    parses_arguments = llama or server.get("kind") == "vllm"  # as a real vLLM 0.32 does (tests/test_vllm.py)
+    if parses_arguments and rec.get("prompt_ids") is not None and isinstance(request, dict):
         request = _parsed_arguments(request)
     return request
 
@@ -449,7 +450,7 @@ def _attach_render(p: Prompt, rendered, label: str) -> None:
 
 
 def _parsed_arguments(request: dict[str, Any]) -> dict[str, Any]:
-    """llama-server parses tool-call `arguments` strings into objects before templating; the
+    """llama-server and vLLM parse tool-call `arguments` strings into objects before templating; the
     local render must too, or it cannot match the server's tokens field by field."""
     import copy
 

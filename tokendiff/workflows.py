@@ -239,6 +239,7 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int, re
     import numpy as np
 
     from tokendiff.cost import TurnInput
+    from tokendiff.server import recorded_backend
 
     job = RecordJob(rec, label, turn)
     ids = rec.get("prompt_ids")
@@ -259,6 +260,7 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int, re
         )
     ttft = rec.get("ttft_ms")
     ti.ttft_ms = float(ttft) if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) else None
+    ti.server, ti.vllm_block = recorded_backend(rec.get("server"))  # which rules the server's counts follow
     return ti
 
 
@@ -1067,7 +1069,7 @@ def check_model(be: Backend, a: Prompt, b: Prompt, force: bool) -> None:
 
 
 def what_if_fix(pair: PairResult, loader: Loader, be: Backend, plan: Plan) -> dict[str, Any]:
-    """The fixed B, rendered (by the server itself when it is llama-server), set on `plan` for the
+    """The fixed B, rendered (by the server itself when it is llama-server or vLLM), set on `plan` for the
     `fixed` scenario; the document's `fix` entry."""
     import numpy as np
 
@@ -1081,12 +1083,8 @@ def what_if_fix(pair: PairResult, loader: Loader, be: Backend, plan: Plan) -> di
     fixed = fix_request(a_req, b_req, pair.a, pair.b, pair.divergence, pair.findings)
     if not fixed.applied:
         return {"applied": [], "not_applied": fixed.not_applied}
-    if be.kind == "llama-server":
-        from tokendiff.server import prompt_ids
-
-        ids = prompt_ids(be.url, fixed.body)
-    else:
-        ids = loader.tokenizer.encode(loader.renderer.render(fixed.body))
+    by_server = be.render_ids(fixed.body)  # the server's own render where it has one (llama-server, vLLM)
+    ids, rendered_by = by_server or (loader.tokenizer.encode(loader.renderer.render(fixed.body)), "local render")
     plan.fixed_b = list(ids)
     plan.fixed_lcp = common_prefix(np.asarray(plan.a), np.asarray(ids))
     return {
@@ -1094,6 +1092,7 @@ def what_if_fix(pair: PairResult, loader: Loader, be: Backend, plan: Plan) -> di
         "not_applied": fixed.not_applied,
         "fixed_tokens": len(ids),
         "fixed_lcp_tokens": plan.fixed_lcp,
+        "rendered_by": rendered_by,
     }
 
 

@@ -1,0 +1,214 @@
+"""tokendiff's vLLM paths against a real vLLM server (the CPU build serving a tiny random Qwen3 with the
+real tokenizer and chat template, 32-token blocks): the proxy's prompt IDs, the reuse prediction
+against the server's own `cached_tokens`, and replay."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tokendiff.capture import read_capture
+from tokendiff.cost import backend_reuse
+from tokendiff.server import VLLM, probe, vllm_counts_cached
+from tokendiff.testing import proxy_process
+
+pytestmark = pytest.mark.vllm
+
+BLOCK = 32
+RULES = "\n".join(f"{i + 1}. Rule {i + 1}: keep the change small and run the tests after it." for i in range(40))
+
+
+def tool(name: str, desc: str) -> dict:
+    params = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    return {"type": "function", "function": {"name": name, "description": desc, "parameters": params}}
+
+
+READ, SEARCH, RUN = tool("read_file", "Read a file."), tool("web_search", "Search the web."), tool("run_tests", "Run.")
+
+
+# one server serves every test (and, while iterating, several runs): a run's own prompts start with
+# this, so none of them hits blocks an earlier run cached
+RUN_ID = secrets.token_hex(4)
+
+
+def system(date: str) -> dict:
+    return {"role": "system", "content": f"Run {RUN_ID}. You are a coding agent. Today is {date}.\n{RULES}"}
+
+
+# (name, messages, tools) of each turn of an agent session: what every vLLM test below reads
+def _turns() -> list[tuple[str, list[dict], list[dict]]]:
+    msgs = [system("2026-11-28"), {"role": "user", "content": "List the files."}]
+    call = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"."}'}}
+    more = msgs + [
+        {"role": "assistant", "content": "", "tool_calls": [call]},  # compact JSON: vLLM re-serialises it
+        {"role": "tool", "tool_call_id": "call_1", "content": "main.py\nutil.py"},
+        {"role": "assistant", "content": "Two files."},
+        {"role": "user", "content": "Now read main.py."},
+    ]
+    later = [system("2026-11-29")] + more[1:]
+    return [
+        ("first", msgs, [READ, RUN]),
+        ("append", more, [READ, RUN]),
+        ("tool inserted", more, [READ, SEARCH, RUN]),
+        ("date change", later, [READ, SEARCH, RUN]),
+        ("full resend", later, [READ, SEARCH, RUN]),
+        ("date reverted", more, [READ, SEARCH, RUN]),  # turn 3 again: its blocks are still in vLLM's cache
+    ]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tokendiff", *args], capture_output=True, text=True, timeout=600)
+
+
+def lcp(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+@pytest.fixture(scope="module")
+def capture(vllm_server, tmp_path_factory):
+    """The session sent through `tokendiff proxy` to vLLM (odd turns streamed); the capture file."""
+    out = tmp_path_factory.mktemp("vllm-proxy") / "session"
+    proc, url = proxy_process.start_proxy(vllm_server.url, out, stderr=subprocess.PIPE)
+    try:
+        with httpx.Client(timeout=300) as c:
+            for k, (_, msgs, tools) in enumerate(_turns()):
+                body = {"model": "tiny-qwen3", "messages": msgs, "tools": tools, "max_tokens": 1, "temperature": 0}
+                if k % 2:
+                    body.update(stream=True, stream_options={"include_usage": True})
+                r = c.post(f"{url}/v1/chat/completions", json=body)
+                assert r.status_code == 200, r.text
+    finally:
+        err = proxy_process.stop_proxy(proc)
+    assert proc.returncode == 0 and f"{len(_turns())} requests recorded" in err, err
+    return out / "capture.jsonl"
+
+
+def test_probe_reads_the_block_size_from_metrics(vllm_server):
+    info = probe(vllm_server.url)
+    assert info.kind == VLLM and info.version and info.block_size == BLOCK and info.prefix_caching is True
+    assert info.record()["block_size"] == BLOCK
+    assert probe(vllm_server.url, VLLM).block_size == BLOCK
+    assert vllm_counts_cached(vllm_server.url, info.model)  # started with --enable-prompt-tokens-details
+
+
+def test_proxy_records_the_prompt_ids_vllm_used(capture):
+    records, warnings = read_capture(capture)
+    assert warnings == [] and len(records) == len(_turns())
+    for rec in records:
+        assert rec["server"]["kind"] == VLLM and rec["server"]["block_size"] == BLOCK
+        assert rec["prompt_source"] == "vllm /tokenize" and "prompt_error" not in rec
+        assert len(rec["prompt_ids"]) == rec["response"]["usage"]["prompt_tokens"]
+    assert records[1]["response"]["streamed"] and not records[0]["response"].get("streamed")
+
+
+def test_cached_tokens_follow_the_vllm_rule(capture):
+    """Whole 32-token blocks of the prefix shared with the previous prompt, never the last token."""
+    records, _ = read_capture(capture)
+    for k, cur in enumerate(records[1:], 1):
+        b = cur["prompt_ids"].tolist()
+        best = max(lcp(prev["prompt_ids"].tolist(), b) for prev in records[:k])  # any earlier prompt's blocks
+        cached = cur["response"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached == backend_reuse("vllm", best, len(b), 0, block=BLOCK), cur["seq"]
+    assert cached > lcp(records[-2]["prompt_ids"].tolist(), b) + BLOCK  # more than the previous prompt offered
+    resend = records[-1]["response"]["usage"]
+    assert resend["prompt_tokens_details"]["cached_tokens"] == (resend["prompt_tokens"] - 1) // BLOCK * BLOCK
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "field", "kind"),
+    [(2, 3, "tools[1]", "tool_set"), (3, 4, "messages[0].content", "date")],
+)
+def test_diff_names_the_first_divergent_token_byte_and_section(capture, a, b, field, kind):
+    records, _ = read_capture(capture)
+    r = run("diff", f"{capture}@{a}", f"{capture}@{b}", "--json")
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    ids_a, ids_b = records[a - 1]["prompt_ids"].tolist(), records[b - 1]["prompt_ids"].tolist()
+    fd = doc["first_divergence"]
+    assert doc["lcp_tokens"] == lcp(ids_a, ids_b) == fd["token"]
+    assert doc["b"]["ids_from"] == "vllm /tokenize"
+    # the local render is vLLM's (tool-call arguments parsed as vLLM does), so sections are request fields
+    assert doc["b"]["sections_from"] == "request fields" and doc["b"]["render_mismatch"] is None
+    assert fd["byte"] > 0 and fd["b_field"].startswith(field)
+    assert kind in {h["finding"]["kind"] for h in doc["hunks"] if h.get("finding")}
+
+
+def test_report_vllm_column_equals_cached_tokens_on_every_turn(capture):
+    r = run("report", str(capture), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    turns = json.loads(r.stdout)["turns"]
+    names = [name for name, _, _ in _turns()]
+    assert len(turns) == len(names)
+    for t, name in zip(turns[1:], names[1:]):
+        assert t["reported_cached"] is not None, name
+        assert t["reuse_vllm"] == t["reported_cached"], (name, t)
+        assert t["note"] == "", (name, t["note"])
+
+
+def test_replay_against_vllm_cold_actual_ideal_fixed(vllm_server, capture):
+    """The date change replayed: every scenario's cached_tokens as predicted, the fix rendered by vLLM."""
+    r = run("replay", f"{capture}@3", f"{capture}@4", "--backend", vllm_server.url, "--repeat", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    sc = doc["scenarios"]
+    assert doc["backend"]["kind"] == VLLM and doc["backend"]["block_size"] == BLOCK
+    assert doc["measure"] == "ttft_ms" and doc["discarded"] == [] and doc["notes"] == []
+    assert set(sc) == {"cold", "actual", "ideal", "fixed"}
+    for name, s in sc.items():
+        assert s["valid_runs"] == 1 and s["cached"] == s["expected_cached"], (name, s)
+    shared = doc["pair"]["lcp_tokens"]
+    assert sc["cold"]["cached"] == 0
+    assert sc["actual"]["cached"] == shared // BLOCK * BLOCK
+    assert sc["ideal"]["cached"] > sc["actual"]["cached"]
+    fix = doc["fix"]
+    assert fix["applied"] and fix["rendered_by"] == "vllm /tokenize"
+    (_, a_msgs, _), (_, b_msgs, tools) = _turns()[2:4]
+    body = {"messages": a_msgs[:1] + b_msgs[1:], "tools": tools}  # B with A's system prompt: A's date
+    ids = httpx.post(f"{vllm_server.url}/tokenize", json=body).json()["tokens"]
+    assert fix["fixed_tokens"] == len(ids) and sc["fixed"]["cached"] == (len(ids) - 1) // BLOCK * BLOCK
+
+
+def anthropic_turns() -> list[dict]:
+    """Claude Code's shape of request (system blocks, tools with input_schema, tool_use / tool_result)."""
+    tools = [{"name": "Read", "description": "Read a file.", "input_schema": READ["function"]["parameters"]}]
+    first = [{"role": "user", "content": [{"type": "text", "text": f"Run {RUN_ID}. Read main.py.\n{RULES}"}]}]
+    use = {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"path": "main.py"}}
+    second = first + [
+        {"role": "assistant", "content": [{"type": "text", "text": "Reading."}, use]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "print(1)"}]},
+    ]
+    system = [{"type": "text", "text": "You are a coding agent."}]
+    return [
+        {"model": "tiny-qwen3", "max_tokens": 1, "system": system, "tools": tools, "messages": m}
+        for m in (first, second)
+    ]
+
+
+def test_anthropic_messages_to_vllm_are_recorded_and_counted(vllm_server, tmp_path):
+    """Claude Code pointed at vLLM's /v1/messages: the prompt IDs are the ones vLLM counted, and the
+    report's vLLM column is the cache_read_input_tokens vLLM reported."""
+    out = tmp_path / "session"
+    proc, url = proxy_process.start_proxy(vllm_server.url, out, stderr=subprocess.PIPE)
+    try:
+        with httpx.Client(timeout=300) as c:
+            for body in anthropic_turns():
+                r = c.post(f"{url}/v1/messages", json=body)
+                assert r.status_code == 200, r.text
+    finally:
+        err = proxy_process.stop_proxy(proc)
+    assert "2 requests recorded" in err, err
+    records, _ = read_capture(out / "capture.jsonl")
+    for rec in records:
+        u = rec["response"]["usage"]
+        counted = u["input_tokens"] + u["cache_creation_input_tokens"] + u["cache_read_input_tokens"]
+        assert len(rec["prompt_ids"]) == counted and rec["prompt_source"] == "vllm /tokenize"
+    r = run("report", str(out / "capture.jsonl"), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    second = json.loads(r.stdout)["turns"][1]
+    assert second["reported_cached"] == records[1]["response"]["usage"]["cache_read_input_tokens"] > 0
+    assert second["reuse_vllm"] == second["reported_cached"] and second["note"] == ""
