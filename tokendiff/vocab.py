@@ -476,7 +476,8 @@ def _windowed_encoder(tk):
             return tk.encode(text, add_special_tokens=False).ids
         return encode_in_windows(tk, text)
 
-    segments = SegmentEncoder.for_tokenizer(tk, whole) if chunkable else None
+    prepends = b"Metaspace" in pre or b"Prepend" in norm  # a piece's start would gain a prefix the text's lacks
+    segments = None if prepends else SegmentEncoder.for_tokenizer(tk, whole)
 
     def encode(text: str, add: bool) -> list[int]:
         if add:

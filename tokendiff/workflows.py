@@ -395,12 +395,11 @@ def _worker_ids(records: list, template: str | None) -> list:
 
 
 def _worker_loader(template: str | None) -> Loader:
-    """The forked loader's vocabulary with the chat template the session has adopted by now."""
-    from tokendiff.sources import Loader
-
+    """The forked loader (its tokenizer and compiled template inherited) with the chat template the
+    session has adopted by now."""
     if template not in _WORKER_LOADERS:
         assert _FORKED is not None
-        _WORKER_LOADERS[template] = Loader(_FORKED.vocab, _FORKED.family, _FORKED.order, template)
+        _WORKER_LOADERS[template] = _FORKED.with_template(template)
     return _WORKER_LOADERS[template]
 
 
@@ -458,6 +457,7 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
         from tokendiff.importers.har import iter_har
 
         if Path(p).stat().st_size > 16 << 20:
+            loader.warm_text()  # the tokenizer and template the workers inherit
             pool.start()  # before the parse: forked later, each worker would map the parsed document too
         records = pool.with_ids(iter_har(Path(p)))
     k = 0
