@@ -253,6 +253,10 @@ class RecordJob:
     label: str
     turn: int
 
+    @property
+    def key(self) -> Any:
+        return self.label, self.turn
+
     def load(self, loader: Loader) -> Prompt:
         return loader.from_record(self.rec, self.label, self.turn)
 
@@ -262,6 +266,10 @@ class SpecJob:
     """A selector's prompt (slot file, request body, DIR@N) as a picklable recipe."""
 
     spec: str
+
+    @property
+    def key(self) -> Any:
+        return self.spec
 
     def load(self, loader: Loader) -> Prompt:
         return loader.load(self.spec)
@@ -273,6 +281,10 @@ class SelectedJob:
     session's reader warned already)."""
 
     sel: Any
+
+    @property
+    def key(self) -> Any:
+        return self.sel
 
     def load(self, loader: Loader) -> Prompt:
         from tokendiff.slotfile import read_slot_file
@@ -378,9 +390,25 @@ def _worker_compare(t, job_a, job_b, template: str | None, max_hunks: int):
 
     try:
         loader = _worker_loader(template)
-        return t, compare_turn(t, job_a.load(loader), job_b.load(loader), max_hunks)
+        return t, compare_turn(t, _worker_prompt(job_a, loader), _worker_prompt(job_b, loader), max_hunks)
     except InputError as e:
         return _WorkerError(e.reason, e.source, e.offset)
+
+
+_WORKER_PROMPTS: dict[tuple[Any, int], Prompt] = {}  # the last prompts this worker loaded
+
+
+def _worker_prompt(job, loader: Loader) -> Prompt:
+    """A job's prompt, loaded once where consecutive divergent pairs share it (turn k is B of one pair
+    and A of the next): a session whose every turn diverges would otherwise decode each prompt twice."""
+    key = (job.key, id(loader))
+    p = _WORKER_PROMPTS.get(key)
+    if p is None:
+        p = job.load(loader)
+        if len(_WORKER_PROMPTS) >= 2:
+            del _WORKER_PROMPTS[next(iter(_WORKER_PROMPTS))]
+        _WORKER_PROMPTS[key] = p
+    return p
 
 
 def _local_ids(loader: Loader, records: list) -> list:
