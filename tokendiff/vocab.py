@@ -487,7 +487,7 @@ def _windowed_encoder(tk):
     return encode
 
 
-SEGMENT_CACHE_CHARS = 1 << 24  # text a SegmentEncoder keeps with its IDs (~100 MB at most, IDs included)
+SEGMENT_CACHE_CHARS = 1 << 23  # text a SegmentEncoder keeps with its IDs (~100 MB at most, IDs included)
 SEGMENT_CHECKS = 3  # encodings compared with the one-shot encoding before the segments are trusted
 
 
