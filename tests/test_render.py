@@ -164,3 +164,70 @@ def test_llama32_injects_the_date_outside_any_field():
     r = Renderer(template("meta-llama-Llama-3.2-3B-Instruct.jinja"), bos_token="<|begin_of_text|>").attribute(body())
     i = r.text.index("Today Date:")
     assert not any(s.start <= i < s.end and (s.path[-1].field or "").startswith("messages[") for s in r.spans)
+
+
+# ---------------------------------------------------------------- tokenising rendered prompts a piece at a time
+
+
+def _one_shot_and_segments(family: str | None):
+    """A real tokenizer's one-shot encoding and its SegmentEncoder (checks off, cache on)."""
+    from tokenizers import Tokenizer
+
+    from tokendiff.vocab import BUNDLED_DIR, SegmentEncoder, _read_tokenizer_bytes
+
+    if family is None:
+        tk = Tokenizer.from_str(_read_tokenizer_bytes(BUNDLED_DIR / "tokenizer.json.gz").decode())
+    else:
+        real_tokenizer(family)  # skips (or fails in CI) where the tokenizer is not installed
+        from conftest import FAMILY_TOKENIZERS, tokenizers_dir
+
+        tk = Tokenizer.from_file(str(tokenizers_dir() / FAMILY_TOKENIZERS[family] / "tokenizer.json"))
+
+    def whole(text: str) -> list[int]:
+        return tk.encode(text, add_special_tokens=False).ids
+
+    seg = SegmentEncoder.for_tokenizer(tk, whole)
+    assert seg is not None
+    seg.checks = 0
+    return tk, whole, seg
+
+
+@pytest.mark.parametrize("family", [None, "llama3", "harmony", "gemma", "deepseek", "mistral"])
+def test_segmented_encoding_is_the_one_shot_encoding(family):
+    """Text cut at the added tokens and encoded piece by piece (pieces seen before from the cache)
+    gives the one-shot IDs on real tokenizers, whatever sits at the cuts: spaces and newlines that
+    BPE would merge, combining marks, digits, half a special token, added tokens the tokenizer
+    matches after normalising."""
+    import random
+
+    tk, whole, seg = _one_shot_and_segments(family)
+    rnd = random.Random(12)
+    added = sorted(t.content for t in tk.get_added_tokens_decoder().values())
+    specials = rnd.sample(added, min(30, len(added))) + ["<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    pieces = ["hello", " ", "  ", "\n", "\n\n", "\t", "123456", "é", "e\u0301", "\u0301", "日本語", "🙂", "'s"]
+    pieces += ["...", " \n ", "x" * 40, "\r\n", "<|im_st", "art|>", "user\n", "Today is 2026-01-02.", "\u212a"]
+    history: list[str] = []
+    for _ in range(200):
+        if history and rnd.random() < 0.5:  # a later prompt: an earlier one with more after it
+            text = rnd.choice(history) + "".join(rnd.choice(pieces + specials) for _ in range(rnd.randint(1, 40)))
+        else:
+            text = "".join(rnd.choice(pieces + specials) for _ in range(rnd.randint(1, 300)))
+        history.append(text)
+        assert seg.encode(text) == whole(text), (family, text)
+    assert seg.trusted and seg.cache
+
+
+def test_rendered_prompts_tokenised_in_pieces_match_the_one_shot_encoding():
+    """The session path: a growing conversation rendered by the real Qwen3 template and tokenised
+    by the loader (segments cached across turns) gives the IDs of a full tokenisation."""
+    from tokendiff.sources import Loader
+    from tokendiff.vocab import load_bundled
+
+    loader = Loader(load_bundled(), chat_template=template("Qwen-Qwen3-0.6B.jinja"))
+    messages: list[dict] = [{"role": "system", "content": "You are terse. Today is 2026-03-04."}]
+    for k in range(12):
+        messages.append({"role": "user", "content": f"Question {k}:  what is {k} + {k}?\n\n"})
+        text = Renderer(template("Qwen-Qwen3-0.6B.jinja")).render({"messages": messages})
+        ids = loader.rendered_ids({"request": {"messages": messages}})
+        assert ids is not None and ids.tolist() == qwen_encode(text)
+        messages.append({"role": "assistant", "content": f"<think>\nadd\n</think>\n\n{2 * k} "})

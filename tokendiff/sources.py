@@ -169,6 +169,25 @@ class Loader:
         self._renderer = None
         self._sessions: dict[Path, list[dict[str, Any]]] = {}
 
+    def with_template(self, chat_template: str | None) -> Loader:
+        """This loader with another chat template, sharing its text tokenizer (built once: parsing
+        a tokenizer.json costs a second), and itself when the template is the same."""
+        if chat_template == self.chat_template:
+            return self
+        other = Loader(self.vocab, self.family, self.order, chat_template)
+        other._tokenizer = self._tokenizer
+        return other
+
+    def warm_text(self) -> None:
+        """Build the text tokenizer and compile the chat template now, where the session will render
+        requests locally: worker processes forked after this inherit both instead of each building them."""
+        if self.vocab.meta.server or not self._can_render():
+            return
+        try:
+            _ = self.tokenizer, self.renderer.typed_content  # the probe render compiles the template
+        except InputError:
+            pass  # the loads that need them raise it, with their source
+
     # ---------------------------------------------------------------- slots
 
     def load(self, spec: str) -> Prompt:

@@ -464,17 +464,96 @@ def _windowed_encoder(tk):
     """`encode(text, add_special)` in memory bounded by the window, not the text: a 4 MB prompt
     encoded at once costs ~500 MB. Only for byte-level BPE with a regex pre-tokenizer (and at most
     NFC), where tokens never span a pre-token boundary and the split of a text into pre-tokens,
-    read left to right, does not depend on what lies far ahead: the result is the one-shot encoding."""
+    read left to right, does not depend on what lies far ahead: the result is the one-shot encoding.
+    Such a tokenizer also encodes the text between its added tokens piece by piece, so pieces seen
+    before (the history an agent's next prompt repeats) come from a cache (`SegmentEncoder`)."""
     pre = tk.pre_tokenizer.__getstate__() if tk.pre_tokenizer is not None else b""
     norm = tk.normalizer.__getstate__() if tk.normalizer is not None else b'{"type":"NFC"}'
     chunkable = b'"ByteLevel"' in pre and b"Metaspace" not in pre and norm == b'{"type":"NFC"}'
 
-    def encode(text: str, add: bool) -> list[int]:
-        if add or not chunkable or len(text) <= ENCODE_WINDOW + WINDOW_MARGIN:
-            return tk.encode(text, add_special_tokens=add).ids
+    def whole(text: str) -> list[int]:
+        if not chunkable or len(text) <= ENCODE_WINDOW + WINDOW_MARGIN:
+            return tk.encode(text, add_special_tokens=False).ids
         return encode_in_windows(tk, text)
 
+    prepends = b"Metaspace" in pre or b"Prepend" in norm  # a piece's start would gain a prefix the text's lacks
+    segments = None if prepends else SegmentEncoder.for_tokenizer(tk, whole)
+
+    def encode(text: str, add: bool) -> list[int]:
+        if add:
+            return tk.encode(text, add_special_tokens=True).ids
+        return segments.encode(text) if segments is not None else whole(text)
+
     return encode
+
+
+SEGMENT_CACHE_CHARS = 1 << 23  # text a SegmentEncoder keeps with its IDs (~100 MB at most, IDs included)
+SEGMENT_CHECKS = 3  # encodings compared with the one-shot encoding before the segments are trusted
+
+
+class SegmentEncoder:
+    """Text -> IDs a piece at a time, cut where the tokenizer itself cuts first: at its added tokens
+    that match the raw text (`normalized` false). `tokenizers` takes those out before normalising and
+    pre-tokenising and encodes each piece between them on its own, so the pieces' IDs joined are the
+    one-shot IDs; a piece seen before costs a dict lookup. Refused (None) where an added token strips
+    whitespace or matches whole words only (its match reaches past its text), or the tokenizer
+    truncates or pads. The first encodings are checked against the one-shot encoding; a mismatch
+    turns the cache off for good (the answer never depends on it)."""
+
+    def __init__(self, split: re.Pattern[str], ids: dict[str, int], whole):
+        self.split, self.ids, self.whole = split, ids, whole
+        self.cache: dict[str, list[int]] = {}
+        self.chars = 0
+        self.checks = SEGMENT_CHECKS
+        self.trusted = True
+
+    @classmethod
+    def for_tokenizer(cls, tk, whole) -> SegmentEncoder | None:
+        if tk.truncation is not None or tk.padding is not None:
+            return None
+        added = list(tk.get_added_tokens_decoder().items())
+        if not added or any(t.lstrip or t.rstrip or t.single_word for _, t in added):
+            return None
+        ids = {t.content: i for i, t in added if not t.normalized and t.content}
+        if not ids:
+            return None
+        alternatives = sorted(ids, key=len, reverse=True)  # the longest match at the leftmost place, as tokenizers
+        return cls(re.compile("|".join(map(re.escape, alternatives))), ids, whole)
+
+    def encode(self, text: str) -> list[int]:
+        if not self.trusted:
+            return self.whole(text)
+        out = self._segmented(text)
+        if self.checks > 0:
+            self.checks -= 1
+            full = self.whole(text)
+            if full != out:
+                self.trusted, self.cache = False, {}
+                return full
+        return out
+
+    def _segmented(self, text: str) -> list[int]:
+        out: list[int] = []
+        pos = 0
+        for m in self.split.finditer(text):
+            if m.start() > pos:
+                out += self._piece(text[pos : m.start()])
+            out.append(self.ids[m.group()])
+            pos = m.end()
+        if pos < len(text):
+            out += self._piece(text[pos:])
+        return out
+
+    def _piece(self, piece: str) -> list[int]:
+        got = self.cache.get(piece)
+        if got is None:
+            got = self.whole(piece)
+            if len(piece) <= SEGMENT_CACHE_CHARS >> 6:
+                if self.chars + len(piece) > SEGMENT_CACHE_CHARS:  # start again rather than track recency
+                    self.cache, self.chars = {}, 0
+                self.cache[piece] = got
+                self.chars += len(piece)
+        return got
 
 
 def encode_in_windows(tk, text: str, window: int = ENCODE_WINDOW, margin: int = WINDOW_MARGIN) -> list[int]:

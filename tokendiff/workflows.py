@@ -275,6 +275,10 @@ class RecordJob:
     label: str
     turn: int
 
+    @property
+    def key(self) -> Any:
+        return self.label, self.turn
+
     def load(self, loader: Loader) -> Prompt:
         return loader.from_record(self.rec, self.label, self.turn)
 
@@ -284,6 +288,10 @@ class SpecJob:
     """A selector's prompt (slot file, request body, DIR@N) as a picklable recipe."""
 
     spec: str
+
+    @property
+    def key(self) -> Any:
+        return self.spec
 
     def load(self, loader: Loader) -> Prompt:
         return loader.load(self.spec)
@@ -295,6 +303,10 @@ class SelectedJob:
     session's reader warned already)."""
 
     sel: Any
+
+    @property
+    def key(self) -> Any:
+        return self.sel
 
     def load(self, loader: Loader) -> Prompt:
         from tokendiff.slotfile import read_slot_file
@@ -400,9 +412,25 @@ def _worker_compare(t, job_a, job_b, template: str | None, max_hunks: int):
 
     try:
         loader = _worker_loader(template)
-        return t, compare_turn(t, job_a.load(loader), job_b.load(loader), max_hunks)
+        return t, compare_turn(t, _worker_prompt(job_a, loader), _worker_prompt(job_b, loader), max_hunks)
     except InputError as e:
         return _WorkerError(e.reason, e.source, e.offset)
+
+
+_WORKER_PROMPTS: dict[tuple[Any, int], Prompt] = {}  # the last prompts this worker loaded
+
+
+def _worker_prompt(job, loader: Loader) -> Prompt:
+    """A job's prompt, loaded once where consecutive divergent pairs share it (turn k is B of one pair
+    and A of the next): a session whose every turn diverges would otherwise decode each prompt twice."""
+    key = (job.key, id(loader))
+    p = _WORKER_PROMPTS.get(key)
+    if p is None:
+        p = job.load(loader)
+        if len(_WORKER_PROMPTS) >= 2:
+            del _WORKER_PROMPTS[next(iter(_WORKER_PROMPTS))]
+        _WORKER_PROMPTS[key] = p
+    return p
 
 
 def _local_ids(loader: Loader, records: list) -> list:
@@ -417,12 +445,11 @@ def _worker_ids(records: list, template: str | None) -> list:
 
 
 def _worker_loader(template: str | None) -> Loader:
-    """The forked loader's vocabulary with the chat template the session has adopted by now."""
-    from tokendiff.sources import Loader
-
+    """The forked loader (its tokenizer and compiled template inherited) with the chat template the
+    session has adopted by now."""
     if template not in _WORKER_LOADERS:
         assert _FORKED is not None
-        _WORKER_LOADERS[template] = Loader(_FORKED.vocab, _FORKED.family, _FORKED.order, template)
+        _WORKER_LOADERS[template] = _FORKED.with_template(template)
     return _WORKER_LOADERS[template]
 
 
@@ -480,6 +507,7 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
         from tokendiff.importers.har import iter_har
 
         if Path(p).stat().st_size > 16 << 20:
+            loader.warm_text()  # the tokenizer and template the workers inherit
             pool.start()  # before the parse: forked later, each worker would map the parsed document too
         records = pool.with_ids(iter_har(Path(p)))
     k = 0
