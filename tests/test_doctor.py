@@ -21,6 +21,7 @@ from tokendiff import server as srv
 from tokendiff.cli import main
 from tokendiff.errors import InputError
 from tokendiff.testing.llama_server import LlamaServer, free_port
+from tokendiff.testing.tiny_gguf import write_tiny_gemma2
 
 # a ChatML template that renders every assistant turn's reasoning: nothing for doctor to object to
 KEEPS_REASONING = """{%- for m in messages -%}
@@ -150,63 +151,8 @@ def test_flags_only_from_a_llama_server_process(tmp_path):
     assert dr.local_launch_flags("http://192.0.2.1:8080") is None  # not on this machine
 
 
-def byte_level_tokens() -> list[str]:
-    """GPT-2's byte-to-character table: a byte-level BPE vocabulary of the 256 bytes."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    others = [b for b in range(256) if b not in printable]
-    table = dict(zip(printable, printable)) | {b: 256 + i for i, b in enumerate(others)}
-    return [chr(table[b]) for b in range(256)]
-
-
-def write_swa_gguf(out: Path, layers: int = 2, dim: int = 64, heads: int = 4, window: int = 64) -> Path:
-    """A tiny Gemma 2 (interleaved sliding-window attention) with a byte vocabulary and random weights:
-    llama-server loads it as an SWA model, which is all doctor needs to see."""
-    import gguf
-    import numpy as np
-
-    tokens = [*byte_level_tokens(), "<bos>", "<eos>", "ab"]
-    w = gguf.GGUFWriter(str(out), "gemma2")
-    w.add_context_length(8192)
-    w.add_embedding_length(dim)
-    w.add_block_count(layers)
-    w.add_feed_forward_length(2 * dim)
-    w.add_head_count(heads)
-    w.add_head_count_kv(heads // 2)
-    w.add_key_length(dim // heads)
-    w.add_value_length(dim // heads)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_sliding_window(window)
-    w.add_attn_logit_softcapping(50.0)
-    w.add_final_logit_softcapping(30.0)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.NORMAL] * 256 + [gguf.TokenType.CONTROL] * 2 + [gguf.TokenType.NORMAL])
-    w.add_token_merges(["a b"])
-    w.add_bos_token_id(256)
-    w.add_eos_token_id(257)
-    w.add_chat_template(KEEPS_REASONING)
-    rng = np.random.default_rng(0)
-    kv = heads // 2 * (dim // heads)
-    shapes = {"attn_q": (dim, dim), "attn_k": (kv, dim), "attn_v": (kv, dim), "attn_output": (dim, dim),
-              "ffn_gate": (2 * dim, dim), "ffn_up": (2 * dim, dim), "ffn_down": (dim, 2 * dim)}  # fmt: skip
-    norms = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
-    w.add_tensor("token_embd.weight", (rng.standard_normal((len(tokens), dim)) * 0.02).astype(np.float16))
-    w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
-    for i in range(layers):
-        for name, shape in shapes.items():
-            w.add_tensor(f"blk.{i}.{name}.weight", (rng.standard_normal(shape) * 0.02).astype(np.float16))
-        for name in norms:
-            w.add_tensor(f"blk.{i}.{name}.weight", np.ones(dim, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
-
-
-def test_swa_model_needs_swa_full(tmp_path, llama_server_bin, capsys):
-    model = write_swa_gguf(tmp_path / "swa.gguf")
+def test_swa_model_needs_swa_full(tmp_path, llama_server_bin, tiny_model, capsys):
+    model = write_tiny_gemma2(tmp_path / "swa.gguf", tiny_model, n_swa=64, chat_template=KEEPS_REASONING)
     with LlamaServer(model, ctx=2048) as s:
         code, doc = run_doctor(capsys, "--server", s.url, "--prompt-tokens", "1024")
     swa = by_kind(doc)["swa"]

@@ -31,10 +31,11 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b|tok(?:ens)?|[kmg]tok)?\
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def kv_bytes_per_token(meta: Mapping[str, Any], cache_type: str = "f16") -> int | None:
+def kv_bytes_per_token(meta: Mapping[str, Any], cache_type: str = "f16", cache_type_v: str | None = None) -> int | None:
     """KV cache bytes one token costs, from GGUF metadata: every layer's K and V rows
-    (n_head_kv x head width) in the cache type (`-ctk`/`-ctv`, f16 by default). None when the
-    metadata lacks the sizes (a recurrent model's state does not grow per token)."""
+    (n_head_kv x head width) in the cache types (`-ctk`/`-ctv`, f16 by default; V as K unless
+    given). Per-layer head counts (hybrid models give recurrent layers 0 KV heads) are honoured,
+    and the head width comes from the widest layer. None when the metadata lacks the sizes."""
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         return None
@@ -42,16 +43,30 @@ def kv_bytes_per_token(meta: Mapping[str, Any], cache_type: str = "f16") -> int 
     def num(key: str) -> Any:
         return meta.get(f"{arch}.{key}")
 
-    n_layer, n_embd, n_head = num("block_count"), num("embedding_length"), num("attention.head_count")
-    n_head_kv = num("attention.head_count_kv")
-    if not isinstance(n_layer, int) or not isinstance(n_embd, int):
+    n_layer, n_embd = num("block_count"), num("embedding_length")
+    if not isinstance(n_layer, int) or n_layer <= 0:
         return None
-    heads = [int(h) for h in n_head_kv] if hasattr(n_head_kv, "__len__") else [int(n_head_kv or n_head or 1)] * n_layer
-    q_heads = int(n_head[0] if hasattr(n_head, "__len__") else (n_head or 1))
-    k_width = int(num("attention.key_length") or n_embd // max(1, q_heads))
+    q_heads = per_layer(num("attention.head_count"), n_layer)
+    kv_heads = per_layer(num("attention.head_count_kv"), n_layer) or q_heads
+    head = int(n_embd) // max(q_heads) if isinstance(n_embd, int) and q_heads and max(q_heads) else 0
+    k_width = int(num("attention.key_length") or head)
     v_width = int(num("attention.value_length") or k_width)
-    per = sum(h * (k_width + v_width) for h in heads[:n_layer])
-    return int(round(per * TYPE_BYTES.get(cache_type.lower(), 2.0))) or None
+    bk = TYPE_BYTES.get(cache_type.lower(), 2.0)
+    bv = TYPE_BYTES.get((cache_type_v or cache_type).lower(), 2.0)
+    per = sum(h * (k_width * bk + v_width * bv) for h in kv_heads[:n_layer])
+    return int(round(per)) or None
+
+
+def per_layer(value: Any, n_layer: int) -> list[int]:
+    """A per-layer count from a GGUF scalar or array ([] when absent or not a number)."""
+    if value is None:
+        return []
+    try:
+        if hasattr(value, "__len__"):
+            return [int(v) for v in value]
+        return [int(value)] * n_layer
+    except (TypeError, ValueError):
+        return []
 
 
 def parse_size(text: str) -> tuple[int, str]:

@@ -207,53 +207,22 @@ class ModelLayout:
         return "swa" if self.sliding_window else "dense"
 
 
-# bytes per element of llama.cpp's KV cache types (block formats: bytes per block / 32 elements)
-_TYPE_BYTES = {
-    "f32": 4.0,
-    "f16": 2.0,
-    "bf16": 2.0,
-    "q8_0": 34 / 32,
-    "q4_0": 18 / 32,
-    "q4_1": 20 / 32,
-    "q5_0": 22 / 32,
-    "q5_1": 24 / 32,
-    "iq4_nl": 18 / 32,
-}
-_RECURRENT_MARKERS = (".ssm.", ".shortconv.", ".wkv.", ".time_mix", ".rwkv")
-
-
 def model_layout(meta: dict[str, Any], cache_type_k: str | None = None, cache_type_v: str | None = None) -> ModelLayout:
-    """The layout from GGUF metadata (general.architecture and the architecture's keys)."""
-    arch = str(meta.get("general.architecture") or "")
+    """The layout from GGUF metadata, read by the same rules as the report's SWA/hybrid column
+    (`swa.AttentionLayout`) and its cache capacity (`capacity.kv_bytes_per_token`)."""
+    from tokendiff.capacity import kv_bytes_per_token
+    from tokendiff.swa import AttentionLayout
 
-    def num(key: str) -> Any:
-        return meta.get(f"{arch}.{key}")
-
-    n_layer = int(num("block_count") or 0)
-    heads = num("attention.head_count")
-    kv_heads = num("attention.head_count_kv")
-    kv_heads = heads if kv_heads is None else kv_heads
-    per_layer = _per_layer(kv_heads, n_layer)
-    width, q_heads = num("embedding_length"), _per_layer(heads, n_layer)
-    head_dim = int(width) // max(q_heads) if width and q_heads and max(q_heads) else None
-    k_len, v_len = num("attention.key_length") or head_dim, num("attention.value_length") or head_dim
-    bpt = None
-    if per_layer and k_len and v_len:
-        bk = _TYPE_BYTES.get((cache_type_k or "f16").lower(), 2.0)
-        bv = _TYPE_BYTES.get((cache_type_v or "f16").lower(), 2.0)
-        bpt = sum(h * (k_len * bk + v_len * bv) for h in per_layer)
-    window = num("attention.sliding_window")
-    recurrent = any(k.startswith(arch + ".") and m in k[len(arch) :] for k in meta for m in _RECURRENT_MARKERS)
-    return ModelLayout(arch, n_layer, bpt, int(window) if window else None, recurrent)
-
-
-def _per_layer(value: Any, n_layer: int) -> list[int]:
-    """A per-layer count from a GGUF scalar or array (hybrid models give 0 KV heads to recurrent layers)."""
-    if value is None:
-        return []
-    if hasattr(value, "__len__"):
-        return [int(v) for v in value]
-    return [int(value)] * n_layer
+    att = AttentionLayout.from_gguf(meta)
+    n_layer = meta.get(f"{att.arch}.block_count")
+    bpt = kv_bytes_per_token(meta, cache_type_k or "f16", cache_type_v)
+    return ModelLayout(
+        arch=att.arch,
+        n_layer=n_layer if isinstance(n_layer, int) else 0,
+        kv_bytes_per_token=bpt,
+        sliding_window=att.n_swa or None,
+        recurrent=att.recurrent,
+    )
 
 
 def read_model_layout(path: str, flags: LaunchFlags | None) -> ModelLayout | None:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 KV_PAD = 256  # llama.cpp pads the SWA cache's size to this many cells
+# metadata key prefixes (after "<arch>") that only recurrent/linear-attention layers have
+RECURRENT_KEYS = (".ssm.", ".shortconv.", ".wkv.", ".time_mix", ".rwkv")
 RECURRENT_ARCHS = ("mamba", "mamba2", "rwkv", "lfm2", "jamba", "granitehybrid", "nemotron_h", "qwen3next", "plamo2")
 
 
@@ -93,7 +95,8 @@ class AttentionLayout:
             except (TypeError, ValueError):
                 return 0
 
-        recurrent = any(k.startswith((f"{arch}.ssm.", f"{arch}.shortconv.", f"{arch}.wkv.")) for k in meta)
+        markers = tuple(f"{arch}{m}" for m in RECURRENT_KEYS)
+        recurrent = any(k.startswith(markers) for k in meta)
         recurrent = recurrent or arch in RECURRENT_ARCHS
         return cls(arch=arch, n_swa=num("attention.sliding_window"), recurrent=recurrent, **flags)
 

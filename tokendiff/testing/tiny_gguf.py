@@ -138,6 +138,79 @@ def write_tiny_gguf(out: Path, spec: TinySpec = TinySpec()) -> Path:
     return out
 
 
+def write_tiny_gemma2(
+    out: Path, tokenizer_from: Path, n_swa: int = 32, dim: int = 64, layers: int = 2, chat_template: str | None = None
+) -> Path:
+    """A tiny gemma2 GGUF (interleaved sliding-window attention, random weights) with the vocabulary of
+    `tokenizer_from` (the tiny llama): llama-server serves it as an SWA model, so its `timings.cache_n`
+    shows what llama.cpp's checkpoints really keep. `chat_template` replaces the source's."""
+    import gguf
+    import numpy as np
+
+    from tokendiff.gguf_meta import read_gguf_metadata
+
+    src = read_gguf_metadata(str(tokenizer_from), ("tokenizer.",))
+    heads, kv, ffn, hd = 4, 2, 128, dim // 4
+    w = gguf.GGUFWriter(str(out), "gemma2")
+    w.add_name("tokendiff-tiny-swa")
+    w.add_context_length(131072)
+    w.add_embedding_length(dim)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(n_swa)
+    w.add_attn_logit_softcapping(50.0)
+    w.add_final_logit_softcapping(30.0)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    tokens = [t.decode("utf-8", "surrogateescape") for t in src["tokenizer.ggml.tokens"]]
+    w.add_tokenizer_model(src["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(src["tokenizer.ggml.pre"])
+    w.add_token_list(tokens)
+    w.add_token_types(src["tokenizer.ggml.token_type"].tolist())
+    w.add_token_merges([m.decode() for m in src["tokenizer.ggml.merges"]])
+    w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
+    w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
+    w.add_add_bos_token(False)
+    template = chat_template if chat_template is not None else src.get("tokenizer.chat_template")
+    if isinstance(template, str):
+        w.add_chat_template(template)
+    rng = np.random.default_rng(0)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    w.add_tensor("token_embd.weight", mat(len(tokens), dim))
+    w.add_tensor("output_norm.weight", ones(dim))
+    for i in range(layers):
+        b = f"blk.{i}."
+        for name, t in (
+            ("attn_norm", ones(dim)),
+            ("attn_q", mat(heads * hd, dim)),
+            ("attn_k", mat(kv * hd, dim)),
+            ("attn_v", mat(kv * hd, dim)),
+            ("attn_output", mat(dim, heads * hd)),
+            ("post_attention_norm", ones(dim)),
+            ("ffn_norm", ones(dim)),
+            ("ffn_gate", mat(ffn, dim)),
+            ("ffn_up", mat(ffn, dim)),
+            ("ffn_down", mat(dim, ffn)),
+            ("post_ffw_norm", ones(dim)),
+        ):
+            w.add_tensor(b + name + ".weight", t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
 def tiny_gguf(spec: TinySpec = TinySpec()) -> Path:
     """The tiny model for `spec`, generated once and kept in the cache directory."""
     out = models_cache_dir() / f"tiny-{spec.key()}.gguf"
