@@ -13,3 +13,5 @@ run benchmarks/bench_tui.py --tokens 20000
 run benchmarks/bench_proxy.py --n 30
 run benchmarks/bench_scale.py --requests 100 200 --har 200 --slots 200
 run benchmarks/bench_tui.py --session-turns 500
+run benchmarks/bench_tui_start.py --runs 1
+run benchmarks/bench_tui_start.py --keys --tokens 20000 --runs 1
