@@ -104,7 +104,6 @@ DATE_RE = re.compile(
 UUID_RE = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
 HEX_RE = re.compile(r"(?<![0-9A-Za-z])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{5,}(?![0-9A-Za-z])")
 NONCE_KEY_RE = re.compile(r"(?:cch|nonce|request[_-]?id|session[_-]?id|trace[_-]?id|billing)\s*[=:]", re.I)
-CALL_ID_RE = re.compile(r"(?:call|toolu|fc|chatcmpl)_[A-Za-z0-9]{6,}|(?<![A-Za-z0-9])[A-Za-z0-9]{9}(?![A-Za-z0-9])")
 NUMBER_RE = re.compile(r"\d+(?:[.,]\d+)?\s?%?")
 PLACEHOLDER_RE = re.compile(
     r"\[(?:pruned|truncated|omitted|removed|elided|summari[sz]ed)[^\]]*\]"
@@ -141,13 +140,17 @@ def _changed(ctx: Ctx, rx: re.Pattern[str]) -> tuple[str, str] | None:
 
 
 def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
-    """bpe_boundary: the IDs differ, the bytes do not."""
+    """bpe_boundary: the IDs differ, the bytes do not (output_retokenized when that is inside the
+    model's answer rather than where the generation began)."""
     from tokendiff.align import is_boundary
 
     if not is_boundary(ctx.a, ctx.b, ctx.h):
         return None
-    n_a, n_b = ctx.h.a_end - ctx.h.a_start, ctx.h.b_end - ctx.h.b_start
     gen = ctx.a_path.has("generated")
+    inside = retokenized_finding(ctx, ctx.h.a_start, ctx.h.b_start) if gen else None
+    if inside is not None and ctx.h.a_byte_start > _generated_start(ctx.a):
+        return inside
+    n_a, n_b = ctx.h.a_end - ctx.h.a_start, ctx.h.b_end - ctx.h.b_start
     return Finding(
         kind="bpe_boundary",
         hunk=ctx.i,
@@ -160,6 +163,79 @@ def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
         "(text-level resume server-side)",
         origin="client" if gen else "",
     )
+
+
+def _generated_start(p: Prompt) -> int:
+    """Byte where the model's answer begins (after a prefilled empty think block)."""
+    gen = next((x for x in p.sections if x.path[-1].kind == "generated"), None)
+    if gen is None:
+        return len(p.data)
+    m = re.match(rb"\s*(?:<think>\s*</think>\s*)?", p.data[gen.byte_start : gen.byte_end])
+    return gen.byte_start + (m.end() if m else 0)
+
+
+def _retokenized_at(a: Prompt, ia: int, b: Prompt, ib: int, limit: int = 8) -> tuple[list[bytes], list[bytes]]:
+    """From tokens ia of A and ib of B, which start at the same text: the first tokens that differ on
+    each side, up to where both sides next end a token at the same byte."""
+    while ia < len(a) and ib < len(b) and a.ids[ia] == b.ids[ib]:
+        ia, ib = ia + 1, ib + 1
+    ta: list[bytes] = []
+    tb: list[bytes] = []
+    la = lb = 0
+    while ia < len(a) and ib < len(b) and len(ta) < limit and len(tb) < limit:
+        if la <= lb:
+            ta.append(a.token_bytes(ia))
+            la, ia = la + len(ta[-1]), ia + 1
+        else:
+            tb.append(b.token_bytes(ib))
+            lb, ib = lb + len(tb[-1]), ib + 1
+        if la == lb and ta and tb:
+            break
+    return ta, tb
+
+
+def _spelled(tokens: list[bytes]) -> str:
+    return " + ".join(repr(t.decode("utf-8", "replace")) for t in tokens) or "nothing"
+
+
+def retokenized_finding(ctx: Ctx, ia: int, ib: int) -> Finding | None:
+    """output_retokenized: the model's generated tokens, from A's token ia, spell text that B (the
+    answer sent back as history) tokenises differently from B's token ib."""
+    ta, tb = _retokenized_at(ctx.a, ia, ctx.b, ib)
+    if not ta or not tb or b"".join(ta) != b"".join(tb):
+        return None
+    into = max(0, ctx.a.byte_offset(ia) - _generated_start(ctx.a))
+    where = ctx.b.owner(ib)
+    turn = where.top.label if where.top is not None and where.top.kind == "message" else "history"
+    return Finding(
+        kind="output_retokenized",
+        hunk=ctx.i,
+        confidence=0.95,
+        title="Model output re-tokenised differently inside its content",
+        evidence=f"the model generated {_spelled(ta)} ({len(ta)} token(s)); tokenised back from text in {turn} "
+        f"it is {_spelled(tb)} ({len(tb)} token(s)), {into:,} bytes into the answer",
+        fix="Nothing in the text to change: send the history as token IDs (llama-server /completion), "
+        "or let --cache-reuse N recover the rest of the prefix",
+        origin="server",
+    )
+
+
+def detect_output_retokenized(ctx: Ctx) -> Finding | None:
+    """output_retokenized: A's generated text is dropped here but B holds the same text elsewhere
+    (a diff that lined up the re-tokenised answer as a deletion plus an insertion)."""
+    if not ctx.a_path.has("generated") or ctx.h.a_start == ctx.h.a_end:
+        return None
+    start = max(ctx.h.a_byte_start, _generated_start(ctx.a))
+    text = ctx.a.data[start : ctx.h.a_byte_end]
+    if len(text.strip()) < 8:
+        return None
+    at = ctx.b.data.find(text)
+    if at < 0:
+        return None
+    ia, ib = ctx.a.token_at_byte(start), ctx.b.token_at_byte(at)
+    if ctx.a.byte_offset(ia) != start or ctx.b.byte_offset(ib) != at:
+        return None  # not on token boundaries on both sides: compare from the next shared boundary only
+    return retokenized_finding(ctx, ia, ib)
 
 
 def detect_double_bos(ctx: Ctx) -> Finding | None:
@@ -420,19 +496,48 @@ def detect_nonce(ctx: Ctx) -> Finding | None:
     )
 
 
+ID_FIELDS = ("id", "tool_call_id", "call_id")
+
+
+def _id_position(path: SectionPath) -> bool:
+    """A tool-call ID position: a call's `id` or a result's `tool_call_id`, from the request's
+    fields or from the template's markers (Mistral [CALL_ID], Kimi functions.NAME:IDX)."""
+    return any(p.kind == "field" and p.name in ID_FIELDS for p in path)
+
+
+def _paths_at_first_byte(ctx: Ctx) -> tuple[SectionPath, SectionPath]:
+    """The owners of the first differing byte on each side (a hunk may start a token early)."""
+    from tokendiff.align import first_byte_diff
+
+    k = first_byte_diff(ctx.a_text, ctx.b_text) or 0
+    ia = ctx.a.token_at_byte(ctx.h.a_byte_start + k)
+    ib = ctx.b.token_at_byte(ctx.h.b_byte_start + k)
+    return (ctx.a.owner(ia) if ia < len(ctx.a) else ctx.a_path), (ctx.b.owner(ib) if ib < len(ctx.b) else ctx.b_path)
+
+
+def _section_text(p: Prompt, path: SectionPath, byte: int) -> str:
+    """The text of the section with `path` around `byte`."""
+    s = next((x for x in p.sections if x.path == path and x.byte_start <= byte < x.byte_end), None)
+    return p.data[s.byte_start : s.byte_end].decode("utf-8", "replace") if s else ""
+
+
 def detect_call_id(ctx: Ctx) -> Finding | None:
-    """tool_call_id: tool-call IDs regenerated on replay."""
-    field_id = _field_named(ctx.a_path, "id", "tool_call_id") or _field_named(ctx.b_path, "id", "tool_call_id")
-    ch = _changed(ctx, CALL_ID_RE)
-    if not field_id and not (ch and _in_tool_exchange(ctx.a_path)):
+    """tool_call_id: tool-call IDs regenerated. Decided from where the span sits (an ID position of
+    the section path), never from the string's shape: a 9-letter word is not an ID."""
+    pa, pb = _paths_at_first_byte(ctx)
+    path_a = next((x for x in (pa, ctx.a_path) if _id_position(x)), None)
+    path_b = next((x for x in (pb, ctx.b_path) if _id_position(x)), None)
+    path = path_a or path_b
+    if path is None:
         return None
-    a, b = ch or (ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace"))
+    a = (_section_text(ctx.a, path_a, ctx.h.a_byte_start) if path_a else "") or ctx.a_text.decode("utf-8", "replace")
+    b = (_section_text(ctx.b, path_b, ctx.h.b_byte_start) if path_b else "") or ctx.b_text.decode("utf-8", "replace")
     return Finding(
         kind="tool_call_id",
         hunk=ctx.i,
-        confidence=0.85,
+        confidence=0.95,
         title="Tool-call IDs regenerated",
-        evidence=f"{a!r} -> {b!r} in {_where(ctx.a_path)}",
+        evidence=f"{a!r} -> {b!r} in {_where(path)}",
         fix="Persist tool-call IDs with the history, or derive them deterministically (e.g. a hash of the call)",
         origin="client",
     )
