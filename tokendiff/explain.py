@@ -642,6 +642,205 @@ def detect_moved(ctx: Ctx) -> Finding | None:
     )
 
 
+def _turn_at(p: Prompt, token: int) -> Section | None:
+    """The top-level section (a turn) holding `token`."""
+    return next((s for s in p.sections if len(s.path) == 1 and s.start <= token < s.end), None)
+
+
+def _content_text(content: object) -> str:
+    """A message's text: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(x.get("text", "")) for x in content if isinstance(x, dict))
+    return ""
+
+
+def _messages(p: Prompt) -> list[dict]:
+    msgs = (p.meta.request or {}).get("messages")
+    return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []
+
+
+def _merge_story(ctx: Ctx, added: str) -> tuple[str, str]:
+    """(what the requests show, origin): a later system message of B merged by the server, the
+    client's own system prompt grown, or nothing known (no requests)."""
+    probe = added.strip()[:120]
+    msgs_b = _messages(ctx.b)
+    for k, m in enumerate(msgs_b[1:], 1):
+        text = _content_text(m.get("content")).strip()
+        if m.get("role") in ("system", "developer") and len(text) >= 8 and text[:120] in added:
+            return f"; B's request sends it as a separate system message (messages[{k}]), merged into the first", "server"
+    first = _content_text(msgs_b[0].get("content")) if msgs_b else ""
+    if probe and probe in first:
+        moved = any(probe in _content_text(m.get("content")) for m in _messages(ctx.a)[1:])
+        where = "moved there from a later message of A" if moved else "the client appended it to messages[0]"
+        return f"; B's request has it in its system prompt ({where})", "client"
+    return "", ""
+
+
+def detect_system_appended(ctx: Ctx) -> Finding | None:
+    """system_appended: text inserted at the end of the system prompt (a reminder or a plan-mode note
+    folded into the first system block); system_moved when A had the text later."""
+    ta, tb = _turn_at(ctx.a, ctx.h.a_start), _turn_at(ctx.b, ctx.h.b_start)
+    if ta is None or tb is None or not (_is_system(ta.path) and _is_system(tb.path)):
+        return None
+    tail_a = ctx.a.data[ctx.h.a_byte_end : ta.byte_end]
+    tail_b = ctx.b.data[ctx.h.b_byte_end : tb.byte_end]
+    grown = len(ctx.b_text) - len(ctx.a_text)
+    if ctx.h.b_byte_end > tb.byte_end or tail_a != tail_b or len(tail_a) > 32 or grown < 16:
+        return None
+    added = ctx.b_text.decode("utf-8", "replace")
+    head = ctx.a_text.decode("utf-8", "replace").rstrip()
+    added = added[len(head) :] if added.startswith(head) else added
+    probe = re.sub(r"^\W+", "", added)[:200].encode()
+    if len(probe) >= 8 and ctx.a.data.find(probe, ctx.h.a_byte_end) >= 0:
+        return None  # the text was later in A: moved (detect_moved)
+    story, origin = _merge_story(ctx, added)
+    tag = " (a <system-reminder>)" if "<system-reminder>" in added else ""
+    return Finding(
+        kind="system_appended",
+        hunk=ctx.i,
+        confidence=0.85,
+        title="Text inserted at the end of the system prompt",
+        evidence=f"{grown:,} bytes inserted at the end of the system prompt{tag}: {added.strip()[:60]!r}{story}",
+        fix="Keep injected reminders and mode notes out of the system prompt: send them in the newest message",
+        origin=origin,
+    )
+
+
+def _removed(ctx: Ctx) -> str:
+    """A's text of the hunk less what B's side shares with it at either end."""
+    a, b = ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace")
+    i = 0
+    while i < min(len(a), len(b)) and a[i] == b[i]:
+        i += 1
+    j = 0
+    while j < min(len(a), len(b)) - i and a[-1 - j] == b[-1 - j]:
+        j += 1
+    return a[i : len(a) - j]
+
+
+def detect_reminder_moved(ctx: Ctx) -> Finding | None:
+    """reminder_moved: a block removed from an older message shows up in a later message of B
+    (opencode moves its <system-reminder> to the newest user message)."""
+    src = ctx.a_path.top
+    if src is None or src.kind != "message":
+        return None
+    removed = _removed(ctx).strip()
+    if len(removed) < 24:
+        return None
+    at = ctx.b.data.find(removed[:200].encode(), ctx.h.b_byte_end)
+    dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if at >= 0 else None
+    if dest is None or dest.kind not in ("message", "generation_prompt"):
+        return None
+    what = "a <system-reminder> block" if "<system-reminder>" in removed else f"{len(removed.encode()):,} bytes"
+    return Finding(
+        kind="reminder_moved",
+        hunk=ctx.i,
+        confidence=0.85,
+        title="Reminder moved from an older message to a newer one",
+        evidence=f"{what} removed from {src.label} is now in {dest.label} ({removed[:48]!r})",
+        fix="Leave a reminder where it was first sent (history append-only); add the new one to the newest message",
+        origin="client",
+    )
+
+
+TRUNC_NOTE_RE = re.compile(r"truncat|omitted|elided|\.\.\.|…|\bmore (?:lines|chars|characters|bytes)\b", re.I)
+
+
+def _is_result(path: SectionPath) -> bool:
+    last = path[-1] if path else None
+    if last is None:
+        return False
+    if last.kind == "tool_response":
+        return True
+    return path.role in ("tool", "ipython") and (last.kind == "message" or last.name == "content")
+
+
+def _result_at(p: Prompt, token: int) -> Section | None:
+    """The innermost tool-result section holding `token`."""
+    found = [s for s in p.sections if s.start <= token < s.end and _is_result(s.path)]
+    return max(found, key=lambda s: len(s.path), default=None)
+
+
+def detect_result_truncated(ctx: Ctx) -> Finding | None:
+    """tool_result_truncated: one tool result cut at a different length than last turn
+    (context-trimming jitter): same start, different cut."""
+    ra, rb = _result_at(ctx.a, ctx.h.a_start), _result_at(ctx.b, ctx.h.b_start)
+    if ra is None or rb is None:
+        return None
+    ta, tb = ctx.a.data[ra.byte_start : ra.byte_end], ctx.b.data[rb.byte_start : rb.byte_end]
+    same = ctx.h.a_byte_start - ra.byte_start
+    if len(ta) == len(tb) or same < 32 or ta[:same] != tb[:same] or ctx.h.b_byte_start - rb.byte_start != same:
+        return None
+    rest_a = ta[same:].decode("utf-8", "replace")
+    rest_b = tb[same:].decode("utf-8", "replace")
+    note = TRUNC_NOTE_RE.search(rest_a[-160:]) or TRUNC_NOTE_RE.search(rest_b[-160:])
+    if not note and min(len(rest_a), len(rest_b)) > 24:
+        return None
+    return Finding(
+        kind="tool_result_truncated",
+        hunk=ctx.i,
+        confidence=0.85,
+        title=f"Tool result re-truncated differently: {ra.path.label}",
+        evidence=f"{ra.path.label}: {len(ta):,} bytes in A, {len(tb):,} in B ({len(tb) - len(ta):+,}), "
+        f"the same up to byte {same:,}",
+        fix="Truncate each tool result once, when it is added, and send that text unchanged on every later turn",
+        origin="client",
+    )
+
+
+SETTING_LINE_RE = re.compile(
+    r"^[ \t#*>-]*((?:reasoning(?:[ _]effort)?|effort|thinking(?: mode| budget)?|(?:permission |agent |plan )?mode"
+    r"|verbosity|reasoning_effort)\s*[:=])\s*(\S[^\n]{0,60})$",
+    re.I | re.M,
+)
+THINK_SWITCH_RE = re.compile(r"/(?:no_)?think\b")
+SETTING_KEYS = ("reasoning_effort", "enable_thinking", "thinking", "reasoning", "thinking_budget")
+
+
+def _line_at(p: Prompt, byte: int) -> str:
+    s = p.data.rfind(b"\n", 0, byte) + 1
+    e = p.data.find(b"\n", byte)
+    return p.data[s : e if e >= 0 else len(p.data)].decode("utf-8", "replace")
+
+
+def _request_settings(p: Prompt) -> dict[str, object]:
+    """The thinking/effort settings a request passes (top level or chat_template_kwargs)."""
+    req = p.meta.request or {}
+    kw = req.get("chat_template_kwargs")
+    out = {k: req[k] for k in SETTING_KEYS if k in req}
+    if isinstance(kw, dict):
+        out.update({f"chat_template_kwargs.{k}": kw[k] for k in SETTING_KEYS if k in kw})
+    return out
+
+
+def detect_setting(ctx: Ctx) -> Finding | None:
+    """setting_changed: a setting rendered into the prompt changed (gpt-oss `Reasoning: high`, a
+    Qwen3 /think or /no_think switch, a mode line in the system prompt)."""
+    la, lb = _line_at(ctx.a, ctx.h.a_byte_start), _line_at(ctx.b, ctx.h.b_byte_start)
+    ma, mb = SETTING_LINE_RE.search(la), SETTING_LINE_RE.search(lb)
+    sa, sb = THINK_SWITCH_RE.findall(la), THINK_SWITCH_RE.findall(lb)
+    if ma and mb and ma.group(1).lower() == mb.group(1).lower() and ma.group(2) != mb.group(2):
+        what = f"{ma.group(1)} {ma.group(2).strip()} -> {mb.group(2).strip()}"
+    elif sa != sb and (sa or sb):
+        what = f"thinking switch {' '.join(sa) or 'none'} -> {' '.join(sb) or 'none'}"
+    else:
+        return None
+    ka, kb = _request_settings(ctx.a), _request_settings(ctx.b)
+    changed = [f"{k} {ka.get(k)!r} -> {kb.get(k)!r}" for k in sorted(set(ka) | set(kb)) if ka.get(k) != kb.get(k)]
+    origin = "template" if changed or ctx.a_path.has("boilerplate") else _field_origin(ctx.a_path)
+    return Finding(
+        kind="setting_changed",
+        hunk=ctx.i,
+        confidence=0.9,
+        title="A setting rendered into the prompt changed",
+        evidence=f"{what} in {_where(ctx.a_path)}" + (f" (request: {', '.join(changed)})" if changed else ""),
+        fix="Keep thinking/effort and mode settings fixed for a session, or switch them in the newest message",
+        origin=origin,
+    )
+
+
 def detect_truncation(ctx: Ctx) -> Finding | None:
     """truncation: old turns dropped after the system prompt (context shift or num_ctx overflow)."""
     if ctx.h.kind != "delete" and (ctx.h.a_end - ctx.h.a_start) < 4 * max(1, ctx.h.b_end - ctx.h.b_start):
@@ -714,10 +913,15 @@ DETECTORS: list[Callable[[Ctx], Finding | None]] = [
     detect_reasoning,
     detect_tools,
     detect_json_reserialized,
-    detect_date,
     detect_call_id,
+    detect_setting,
+    detect_date,
     detect_nonce,
+    detect_system_appended,
     detect_moved,
+    detect_reminder_moved,
+    detect_result_truncated,
+    detect_output_retokenized,
     detect_truncation,
     detect_counter,
     detect_rewritten,
