@@ -669,7 +669,10 @@ def _merge_story(ctx: Ctx, added: str) -> tuple[str, str]:
     for k, m in enumerate(msgs_b[1:], 1):
         text = _content_text(m.get("content")).strip()
         if m.get("role") in ("system", "developer") and len(text) >= 8 and text[:120] in added:
-            return f"; B's request sends it as a separate system message (messages[{k}]), merged into the first", "server"
+            return (
+                f"; B's request sends it as a separate system message (messages[{k}]), merged into the first",
+                "server",
+            )
     first = _content_text(msgs_b[0].get("content")) if msgs_b else ""
     if probe and probe in first:
         moved = any(probe in _content_text(m.get("content")) for m in _messages(ctx.a)[1:])
@@ -720,6 +723,13 @@ def _removed(ctx: Ctx) -> str:
     return a[i : len(a) - j]
 
 
+def _kept_tail(ctx: Ctx) -> str:
+    """A's text after an insertion up to the end of its turn (the next special token)."""
+    stop = min(len(ctx.a), ctx.h.a_end + 512)
+    end = next((i for i in range(ctx.h.a_end, stop) if ctx.a.special[i]), stop)
+    return ctx.a.data[ctx.h.a_byte_end : ctx.a.byte_offset(end)].decode("utf-8", "replace").strip()
+
+
 def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     """reminder_moved: a block removed from an older message shows up in a later message of B
     (opencode moves its <system-reminder> to the newest user message)."""
@@ -727,11 +737,11 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     if src is None or src.kind != "message":
         return None
     removed = _removed(ctx).strip()
-    if len(removed) < 24:
-        return None
-    at = ctx.b.data.find(removed[:200].encode(), ctx.h.b_byte_end)
-    dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if at >= 0 else None
-    if dest is None or dest.kind not in ("message", "generation_prompt"):
+    at = ctx.b.data.find(removed[:200].encode(), ctx.h.b_byte_end) if len(removed) >= 24 else -1
+    if at < 0:  # the diff kept the block and inserted the turns in between: what follows is the block
+        removed, at = _kept_tail(ctx), ctx.h.b_byte_end
+    dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
+    if dest is None or dest.kind != "message" or (dest.index or 0) <= (src.index or 0):
         return None
     what = "a <system-reminder> block" if "<system-reminder>" in removed else f"{len(removed.encode()):,} bytes"
     return Finding(
