@@ -14,6 +14,7 @@ from conftest import CONVERSATION, TEMPLATES, TOOLS, prompt_from_ids, real_token
 from tokendiff import server as sv
 from tokendiff.align import align
 from tokendiff.explain import explain
+from tokendiff.fixes import fix_request
 from tokendiff.slotfile import read_slot_file
 from tokendiff.sources import Loader
 from tokendiff.testing.llama_server import LlamaServer
@@ -62,6 +63,13 @@ def first(a, b):
     return findings(a, b)[0][0]
 
 
+def fixed(a, b):
+    """B's request with the first finding undone (fixes.fix_request), and what it says it did."""
+    fs, d = findings(a, b)
+    out = fix_request(a.meta.request, b.meta.request, a, b, d, fs[:1])
+    return out.body, out.applied
+
+
 # ---------------------------------------------------------------- system text appended or merged
 
 REMINDER = "<system-reminder>\nPlan mode is active. Do not edit any file yet.\n</system-reminder>"
@@ -74,11 +82,15 @@ def test_system_reminder_appended_to_the_system_prompt(qwen, vocab, fields):
     b_msgs = copy.deepcopy(a_msgs)
     b_msgs[0]["content"] = sys_a + "\n\n" + REMINDER
     b_msgs += [{"role": "assistant", "content": "On it."}, {"role": "user", "content": "Go on."}]
-    f = first(served(qwen, vocab, {"messages": a_msgs}, fields), served(qwen, vocab, {"messages": b_msgs}, fields))
+    a, b = served(qwen, vocab, {"messages": a_msgs}, fields), served(qwen, vocab, {"messages": b_msgs}, fields)
+    f = first(a, b)
     assert f.kind == "system_appended" and f.title == "Text inserted at the end of the system prompt"
     assert "<system-reminder>" in f.evidence and "newest message" in f.fix
     if fields:
         assert "the client appended it to messages[0]" in f.evidence and f.origin == "client"
+        body, applied = fixed(a, b)
+        assert body["messages"][0]["content"] == sys_a and body["messages"][-1]["content"].endswith(REMINDER)
+        assert applied == ["text appended to messages[0] moved to the newest user message (system_appended)"]
     else:
         assert "request" not in f.evidence
 
@@ -97,9 +109,13 @@ def test_reminder_moved_to_the_newest_user_message(qwen, vocab, fields):
         {"role": "assistant", "content": "Done."},
         {"role": "user", "content": "Now run the tests.\n\n" + REMINDER},
     ]
-    f = first(served(qwen, vocab, {"messages": a_msgs}, fields), served(qwen, vocab, {"messages": b_msgs}, fields))
+    a, b = served(qwen, vocab, {"messages": a_msgs}, fields), served(qwen, vocab, {"messages": b_msgs}, fields)
+    f = first(a, b)
     assert f.kind == "reminder_moved" and f.origin == "client"
     assert "a <system-reminder> block removed from message 1 (user) is now in message 3 (user)" in f.evidence
+    if fields:
+        body, _ = fixed(a, b)
+        assert body["messages"][1] == a_msgs[1] and body["messages"][3] == b_msgs[3]
 
 
 # ---------------------------------------------------------------- tool-call IDs, from the template's structure
@@ -151,10 +167,13 @@ def test_tool_result_truncated_differently_each_turn(qwen, vocab, fields):
         msgs[3]["content"] = log[:keep] + f"\n[... {len(log) - keep} chars truncated]"
         return {"messages": msgs, "tools": TOOLS}
 
-    f = first(served(qwen, vocab, body(1500), fields), served(qwen, vocab, body(1200), fields))
+    a, b = served(qwen, vocab, body(1500), fields), served(qwen, vocab, body(1200), fields)
+    f = first(a, b)
     assert f.kind == "tool_result_truncated" and f.origin == "client"
     where = "message 3 (tool)" if fields else "message 3 (user) › tool response 0"
     assert f.title.endswith(where) and "(-300)" in f.evidence.replace(",", "")
+    if fields:
+        assert fixed(a, b)[0]["messages"][3] == body(1500)["messages"][3]
 
 
 # ---------------------------------------------------------------- model output re-tokenised inside its content
@@ -230,3 +249,21 @@ def test_mode_line_and_thinking_switch_in_the_system_prompt(qwen, vocab, line_a,
 
     f = first(served(qwen, vocab, body(line_a)), served(qwen, vocab, body(line_b)))
     assert f.kind == "setting_changed" and words in f.evidence and "system prompt" in f.evidence
+
+
+def test_thinking_setting_named_from_the_requests(qwen, vocab):
+    """A /no_think switch the client adds with enable_thinking off: the finding names the request's
+    setting, and the fix sets it back."""
+
+    def body(think):
+        line = "/think" if think else "/no_think"
+        return {
+            "messages": [{"role": "system", "content": f"You are terse. {line}"}, CONVERSATION[1]],
+            "chat_template_kwargs": {"enable_thinking": think},
+        }
+
+    a, b = served(qwen, vocab, body(True)), served(qwen, vocab, body(False))
+    f = first(a, b)
+    assert f.kind == "setting_changed" and "chat_template_kwargs.enable_thinking True -> False" in f.evidence
+    fixed_body, applied = fixed(a, b)
+    assert fixed_body["chat_template_kwargs"] == {"enable_thinking": True} and "setting_changed" in applied[0]
