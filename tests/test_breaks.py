@@ -214,11 +214,12 @@ def test_generated_text_retokenised_inside_the_answer(llama_server_bin, tiny_mod
 
 
 def test_generated_text_retokenised_after_a_think_prefill(qwen, vocab):
-    """Qwen3 with thinking off: the diff lines the re-tokenised answer up as a deletion of A's
-    generated text; it is named as re-tokenised output, not as dropped turns."""
+    """Qwen3 with thinking off: the open turn's empty think block is gone from history, and the diff
+    lines the re-tokenised answer up as a deletion of A's generated text. Both are named (they were
+    called a pure append and dropped turns)."""
     a, b = _slot_pair(qwen, vocab, "q3", chat_template_kwargs={"enable_thinking": False})
     kinds = [f.kind for f in findings(a, b)[0]]
-    assert "output_retokenized" in kinds and "truncation" not in kinds
+    assert kinds[0] == "empty_think_prefill" and "output_retokenized" in kinds and "truncation" not in kinds
 
 
 # ---------------------------------------------------------------- settings rendered into the prompt

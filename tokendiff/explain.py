@@ -316,6 +316,17 @@ def _prefill_only(text: str) -> bool:
     return not _TAGS.sub("", text).strip()
 
 
+def _think_prefill_skipped(ctx: Ctx) -> bool:
+    """B's history goes straight to the answer where A's open turn had an empty think block first (the
+    diff then lines A's block up with B's own generation prompt: an insertion before it)."""
+    if ctx.h.a_start != ctx.h.a_end:
+        return False
+    at = ctx.h.a_byte_start
+    return re.match(rb"<think>\s*</think>", ctx.a.data[at : at + 64]) is not None and not ctx.b.data[
+        ctx.h.b_byte_start : ctx.h.b_byte_end
+    ].lstrip().startswith(b"<think>")
+
+
 def detect_generation_prompt(ctx: Ctx) -> Finding | None:
     """generation_prompt (expected) and empty_think_prefill: A's open generation prompt becomes the
     answer in B."""
@@ -325,9 +336,9 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
     gp = _top(ctx.a, "generation_prompt")
     # what A had from the divergence to the end of its generation prompt
     a_txt = ctx.a.data[ctx.h.a_byte_start : gp.byte_end if gp else ctx.h.a_byte_end].decode("utf-8", "replace")
-    if ctx.a_path.has("generated") and not _prefill_only(a_txt):
+    if ctx.a_path.has("generated") and not _prefill_only(a_txt) and not _think_prefill_skipped(ctx):
         return None  # the model's output itself differs: other detectors (reasoning, JSON, boundary) say why
-    if "<think>" in a_txt and "</think>" in a_txt and _prefill_only(a_txt):
+    if _think_prefill_skipped(ctx) or ("<think>" in a_txt and "</think>" in a_txt and _prefill_only(a_txt)):
         return Finding(
             kind="empty_think_prefill",
             hunk=ctx.i,
@@ -501,7 +512,8 @@ ID_FIELDS = ("id", "tool_call_id", "call_id")
 
 def _id_position(path: SectionPath) -> bool:
     """A tool-call ID position: a call's `id` or a result's `tool_call_id`, from the request's
-    fields or from the template's markers (Mistral [CALL_ID], Kimi functions.NAME:IDX)."""
+    fields (any template that prints them: Kimi's functions.NAME:IDX too) or from the template's
+    markers (Mistral's [CALL_ID] and [TOOL_RESULTS] IDs, Mistral Nemo's "id" and "call_id" keys)."""
     return any(p.kind == "field" and p.name in ID_FIELDS for p in path)
 
 

@@ -420,7 +420,6 @@ def _assistant_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -
     spans = [_Span(base + (Part("reasoning"),), a, b) for a, b in _pairs(data, cs, ce, b"<think>", b"</think>")]
     calls = _pairs(data, cs, ce, b"<tool_call>", b"</tool_call>")
     calls += _pairs(data, cs, ce, "<｜tool▁call▁begin｜>".encode(), "<｜tool▁call▁end｜>".encode())
-    calls += _kimi_calls(data, cs, ce)
     v7: dict[int, tuple[str, int, int, int]] = {}
     if family == "mistral" and data[turn.start : turn.start + 12] == b"[TOOL_CALLS]":
         v7 = _mistral_v7_calls(data, cs, ce)
@@ -440,7 +439,6 @@ def _assistant_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -
 _JSON_ID = re.compile(rb'"(id|call_id|tool_call_id)"\s*:\s*"([^"\\]{1,128})"')
 _MISTRAL_CALL = re.compile(rb"([^\[\]\s]{1,200})\[CALL_ID\]([^\[\]]{1,128})\[ARGS\]")
 _MISTRAL_RESULT_ID = re.compile(rb"\[TOOL_RESULTS\]([^\[\]]{1,128})\[TOOL_CONTENT\]")
-_KIMI_ID = re.compile(rb"functions\.[\w.\-]{1,200}:\d{1,6}")
 
 
 def _id_part(name: str) -> Part:
@@ -450,26 +448,19 @@ def _id_part(name: str) -> Part:
 
 def _call_id_spans(data: bytes, a: int, b: int, base: SectionPath, name: str) -> list[_Span]:
     """ID spans inside a call or a tool result: an ID key of the call's own JSON object (Mistral
-    Nemo's `"id"`, `"call_id"`; never a key of the arguments or of a result's data), or Kimi's
-    `functions.NAME:IDX`."""
+    Nemo's `"id"`, `"call_id"`; never a key of the arguments or of a result's data)."""
     keys = (b"id",) if name == "id" else (b"call_id", b"tool_call_id")
     out = [
         _Span(base + (_id_part(name),), m.start(2), m.end(2))
         for m in _JSON_ID.finditer(data, a, b)
         if m.group(1) in keys and _depth(data, a, m.start()) == 1
     ]
-    out += [_Span(base + (_id_part(name),), m.start(), m.end()) for m in _KIMI_ID.finditer(data, a, b)]
     return out
 
 
 def _depth(data: bytes, start: int, at: int) -> int:
     """JSON object depth at `at`, counting braces from `start`."""
     return sum(1 if is_open else -1 for _, is_open in json_braces(data, start, at))
-
-
-def _kimi_calls(data: bytes, cs: int, ce: int) -> list[tuple[int, int]]:
-    """Kimi K2's `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>`."""
-    return _pairs(data, cs, ce, b"<|tool_call_begin|>", b"<|tool_call_end|>")
 
 
 def _mistral_v7_calls(data: bytes, cs: int, ce: int) -> dict[int, tuple[str, int, int, int]]:
@@ -484,7 +475,7 @@ def _mistral_v7_calls(data: bytes, cs: int, ce: int) -> dict[int, tuple[str, int
 
 def _result_id_spans(data: bytes, cs: int, ce: int, base: SectionPath) -> list[_Span]:
     """The call ID a tool result names: Mistral v7+'s `[TOOL_RESULTS]ID[TOOL_CONTENT]`, or a JSON
-    `call_id` / `tool_call_id` key (Mistral Nemo), or Kimi's `functions.NAME:IDX`."""
+    `call_id` / `tool_call_id` key (Mistral Nemo)."""
     out = [
         _Span(base + (_id_part("tool_call_id"),), m.start(1), m.end(1))
         for m in _MISTRAL_RESULT_ID.finditer(data, max(0, cs - 16), ce)
