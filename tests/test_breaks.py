@@ -95,6 +95,24 @@ def test_system_reminder_appended_to_the_system_prompt(qwen, vocab, fields):
         assert "request" not in f.evidence
 
 
+def test_system_message_merged_by_the_server(qwen, vocab):
+    """A server that folds a later system message into the first system block (Ollama moves system
+    messages to the front): the record holds the request as sent and the prompt as the server built
+    it, and the finding says the server merged a separate system message."""
+    base = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "u1"}]
+    sent = base + [{"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}]
+    built = [{"role": "system", "content": "You are terse.\n\n" + REMINDER}] + sent[1:]
+    with sv.LlamaClient(qwen.url) as c:
+        ids_a, ids_b = c.prompt_ids({"messages": base}), c.prompt_ids({"messages": built})
+    loader = Loader(vocab)
+    a = loader.from_record({"request": {"messages": base}, "prompt_ids": ids_a}, "A")
+    b_req = {"messages": sent + [{"role": "system", "content": REMINDER}]}
+    b = loader.from_record({"request": b_req, "prompt_ids": ids_b}, "B")  # the local render differs: markers
+    f = first(a, b)
+    assert f.kind == "system_appended" and f.origin == "server"
+    assert "separate system message (messages[4]), merged into the first" in f.evidence
+
+
 # ---------------------------------------------------------------- reminders moved between user messages
 
 
