@@ -13,6 +13,7 @@ never on display labels. Pure functions over core types; no I/O.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -174,11 +175,15 @@ def _generated_start(p: Prompt) -> int:
     return gen.byte_start + (m.end() if m else 0)
 
 
-def _retokenized_at(a: Prompt, ia: int, b: Prompt, ib: int, limit: int = 8) -> tuple[list[bytes], list[bytes]]:
+def _retokenized_at(
+    a: Prompt, ia: int, b: Prompt, ib: int, stop: int, limit: int = 8
+) -> tuple[list[bytes], list[bytes]]:
     """From tokens ia of A and ib of B, which start at the same text: the first tokens that differ on
-    each side, up to where both sides next end a token at the same byte."""
-    while ia < len(a) and ib < len(b) and a.ids[ia] == b.ids[ib]:
+    each side (before A's token `stop`), up to where both sides next end a token at the same byte."""
+    while ia < stop and ib < len(b) and a.ids[ia] == b.ids[ib]:
         ia, ib = ia + 1, ib + 1
+    if ia >= stop:
+        return [], []
     ta: list[bytes] = []
     tb: list[bytes] = []
     la = lb = 0
@@ -199,9 +204,9 @@ def _spelled(tokens: list[bytes]) -> str:
 
 
 def retokenized_finding(ctx: Ctx, ia: int, ib: int) -> Finding | None:
-    """output_retokenized: the model's generated tokens, from A's token ia, spell text that B (the
-    answer sent back as history) tokenises differently from B's token ib."""
-    ta, tb = _retokenized_at(ctx.a, ia, ctx.b, ib)
+    """output_retokenized: the model's generated tokens, from A's token ia to the hunk's end, spell
+    text that B (the answer sent back as history) tokenises differently from B's token ib."""
+    ta, tb = _retokenized_at(ctx.a, ia, ctx.b, ib, ctx.h.a_end)
     if not ta or not tb or b"".join(ta) != b"".join(tb):
         return None
     into = max(0, ctx.a.byte_offset(ia) - _generated_start(ctx.a))
@@ -726,12 +731,8 @@ def detect_system_appended(ctx: Ctx) -> Finding | None:
 def _removed(ctx: Ctx) -> str:
     """A's text of the hunk less what B's side shares with it at either end."""
     a, b = ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace")
-    i = 0
-    while i < min(len(a), len(b)) and a[i] == b[i]:
-        i += 1
-    j = 0
-    while j < min(len(a), len(b)) - i and a[-1 - j] == b[-1 - j]:
-        j += 1
+    i = len(os.path.commonprefix([a, b]))
+    j = len(os.path.commonprefix([a[i:][::-1], b[i:][::-1]]))
     return a[i : len(a) - j]
 
 
