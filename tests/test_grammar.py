@@ -125,7 +125,9 @@ def test_mistral_nemo_tools_before_last_user_message(mistral_tok):
         "message[0] user",
         "message[1] assistant",
         "message[1] assistant › tool_call[0] get_weather",
+        "message[1] assistant › tool_call[0] get_weather › field",  # the call's "id"
         "message[2] tool",
+        "message[2] tool › field",  # the result's "call_id"
         "message[3] assistant",
         "tools",
         "tools › tool[0] get_weather",

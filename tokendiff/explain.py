@@ -13,6 +13,7 @@ never on display labels. Pure functions over core types; no I/O.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,7 +105,6 @@ DATE_RE = re.compile(
 UUID_RE = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
 HEX_RE = re.compile(r"(?<![0-9A-Za-z])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{5,}(?![0-9A-Za-z])")
 NONCE_KEY_RE = re.compile(r"(?:cch|nonce|request[_-]?id|session[_-]?id|trace[_-]?id|billing)\s*[=:]", re.I)
-CALL_ID_RE = re.compile(r"(?:call|toolu|fc|chatcmpl)_[A-Za-z0-9]{6,}|(?<![A-Za-z0-9])[A-Za-z0-9]{9}(?![A-Za-z0-9])")
 NUMBER_RE = re.compile(r"\d+(?:[.,]\d+)?\s?%?")
 PLACEHOLDER_RE = re.compile(
     r"\[(?:pruned|truncated|omitted|removed|elided|summari[sz]ed)[^\]]*\]"
@@ -141,13 +141,17 @@ def _changed(ctx: Ctx, rx: re.Pattern[str]) -> tuple[str, str] | None:
 
 
 def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
-    """bpe_boundary: the IDs differ, the bytes do not."""
+    """bpe_boundary: the IDs differ, the bytes do not (output_retokenized when that is inside the
+    model's answer rather than where the generation began)."""
     from tokendiff.align import is_boundary
 
     if not is_boundary(ctx.a, ctx.b, ctx.h):
         return None
-    n_a, n_b = ctx.h.a_end - ctx.h.a_start, ctx.h.b_end - ctx.h.b_start
     gen = ctx.a_path.has("generated")
+    inside = retokenized_finding(ctx, ctx.h.a_start, ctx.h.b_start) if gen else None
+    if inside is not None and ctx.h.a_byte_start > _generated_start(ctx.a):
+        return inside
+    n_a, n_b = ctx.h.a_end - ctx.h.a_start, ctx.h.b_end - ctx.h.b_start
     return Finding(
         kind="bpe_boundary",
         hunk=ctx.i,
@@ -160,6 +164,83 @@ def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
         "(text-level resume server-side)",
         origin="client" if gen else "",
     )
+
+
+def _generated_start(p: Prompt) -> int:
+    """Byte where the model's answer begins (after a prefilled empty think block)."""
+    gen = next((x for x in p.sections if x.path[-1].kind == "generated"), None)
+    if gen is None:
+        return len(p.data)
+    m = re.match(rb"\s*(?:<think>\s*</think>\s*)?", p.data[gen.byte_start : gen.byte_end])
+    return gen.byte_start + (m.end() if m else 0)
+
+
+def _retokenized_at(
+    a: Prompt, ia: int, b: Prompt, ib: int, stop: int, limit: int = 8
+) -> tuple[list[bytes], list[bytes]]:
+    """From tokens ia of A and ib of B, which start at the same text: the first tokens that differ on
+    each side (before A's token `stop`), up to where both sides next end a token at the same byte."""
+    while ia < stop and ib < len(b) and a.ids[ia] == b.ids[ib]:
+        ia, ib = ia + 1, ib + 1
+    if ia >= stop:
+        return [], []
+    ta: list[bytes] = []
+    tb: list[bytes] = []
+    la = lb = 0
+    while ia < len(a) and ib < len(b) and len(ta) < limit and len(tb) < limit:
+        if la <= lb:
+            ta.append(a.token_bytes(ia))
+            la, ia = la + len(ta[-1]), ia + 1
+        else:
+            tb.append(b.token_bytes(ib))
+            lb, ib = lb + len(tb[-1]), ib + 1
+        if la == lb and ta and tb:
+            break
+    return ta, tb
+
+
+def _spelled(tokens: list[bytes]) -> str:
+    return " + ".join(repr(t.decode("utf-8", "replace")) for t in tokens) or "nothing"
+
+
+def retokenized_finding(ctx: Ctx, ia: int, ib: int) -> Finding | None:
+    """output_retokenized: the model's generated tokens, from A's token ia to the hunk's end, spell
+    text that B (the answer sent back as history) tokenises differently from B's token ib."""
+    ta, tb = _retokenized_at(ctx.a, ia, ctx.b, ib, ctx.h.a_end)
+    if not ta or not tb or b"".join(ta) != b"".join(tb):
+        return None
+    into = max(0, ctx.a.byte_offset(ia) - _generated_start(ctx.a))
+    where = ctx.b.owner(ib)
+    turn = where.top.label if where.top is not None and where.top.kind == "message" else "history"
+    return Finding(
+        kind="output_retokenized",
+        hunk=ctx.i,
+        confidence=0.95,
+        title="Model output re-tokenised differently inside its content",
+        evidence=f"the model generated {_spelled(ta)} ({len(ta)} token(s)); tokenised back from text in {turn} "
+        f"it is {_spelled(tb)} ({len(tb)} token(s)), {into:,} bytes into the answer",
+        fix="Nothing in the text to change: send the history as token IDs (llama-server /completion), "
+        "or let --cache-reuse N recover the rest of the prefix",
+        origin="server",
+    )
+
+
+def detect_output_retokenized(ctx: Ctx) -> Finding | None:
+    """output_retokenized: A's generated text is dropped here but B holds the same text elsewhere
+    (a diff that lined up the re-tokenised answer as a deletion plus an insertion)."""
+    if not ctx.a_path.has("generated") or ctx.h.a_start == ctx.h.a_end:
+        return None
+    start = max(ctx.h.a_byte_start, _generated_start(ctx.a))
+    text = ctx.a.data[start : ctx.h.a_byte_end]
+    if len(text.strip()) < 8:
+        return None
+    at = ctx.b.data.find(text)
+    if at < 0:
+        return None
+    ia, ib = ctx.a.token_at_byte(start), ctx.b.token_at_byte(at)
+    if ctx.a.byte_offset(ia) != start or ctx.b.byte_offset(ib) != at:
+        return None  # not on token boundaries on both sides: compare from the next shared boundary only
+    return retokenized_finding(ctx, ia, ib)
 
 
 def detect_double_bos(ctx: Ctx) -> Finding | None:
@@ -240,6 +321,17 @@ def _prefill_only(text: str) -> bool:
     return not _TAGS.sub("", text).strip()
 
 
+def _think_prefill_skipped(ctx: Ctx) -> bool:
+    """B's history goes straight to the answer where A's open turn had an empty think block first (the
+    diff then lines A's block up with B's own generation prompt: an insertion before it)."""
+    if ctx.h.a_start != ctx.h.a_end:
+        return False
+    at = ctx.h.a_byte_start
+    return re.match(rb"<think>\s*</think>", ctx.a.data[at : at + 64]) is not None and not ctx.b.data[
+        ctx.h.b_byte_start : ctx.h.b_byte_end
+    ].lstrip().startswith(b"<think>")
+
+
 def detect_generation_prompt(ctx: Ctx) -> Finding | None:
     """generation_prompt (expected) and empty_think_prefill: A's open generation prompt becomes the
     answer in B."""
@@ -249,9 +341,9 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
     gp = _top(ctx.a, "generation_prompt")
     # what A had from the divergence to the end of its generation prompt
     a_txt = ctx.a.data[ctx.h.a_byte_start : gp.byte_end if gp else ctx.h.a_byte_end].decode("utf-8", "replace")
-    if ctx.a_path.has("generated") and not _prefill_only(a_txt):
+    if ctx.a_path.has("generated") and not _prefill_only(a_txt) and not _think_prefill_skipped(ctx):
         return None  # the model's output itself differs: other detectors (reasoning, JSON, boundary) say why
-    if "<think>" in a_txt and "</think>" in a_txt and _prefill_only(a_txt):
+    if _think_prefill_skipped(ctx) or ("<think>" in a_txt and "</think>" in a_txt and _prefill_only(a_txt)):
         return Finding(
             kind="empty_think_prefill",
             hunk=ctx.i,
@@ -420,19 +512,49 @@ def detect_nonce(ctx: Ctx) -> Finding | None:
     )
 
 
+ID_FIELDS = ("id", "tool_call_id", "call_id")
+
+
+def _id_position(path: SectionPath) -> bool:
+    """A tool-call ID position: a call's `id` or a result's `tool_call_id`, from the request's
+    fields (any template that prints them: Kimi's functions.NAME:IDX too) or from the template's
+    markers (Mistral's [CALL_ID] and [TOOL_RESULTS] IDs, Mistral Nemo's "id" and "call_id" keys)."""
+    return any(p.kind == "field" and p.name in ID_FIELDS for p in path)
+
+
+def _paths_at_first_byte(ctx: Ctx) -> tuple[SectionPath, SectionPath]:
+    """The owners of the first differing byte on each side (a hunk may start a token early)."""
+    from tokendiff.align import first_byte_diff
+
+    k = first_byte_diff(ctx.a_text, ctx.b_text) or 0
+    ia = ctx.a.token_at_byte(ctx.h.a_byte_start + k)
+    ib = ctx.b.token_at_byte(ctx.h.b_byte_start + k)
+    return (ctx.a.owner(ia) if ia < len(ctx.a) else ctx.a_path), (ctx.b.owner(ib) if ib < len(ctx.b) else ctx.b_path)
+
+
+def _section_text(p: Prompt, path: SectionPath, byte: int) -> str:
+    """The text of the section with `path` around `byte`."""
+    s = next((x for x in p.sections if x.path == path and x.byte_start <= byte < x.byte_end), None)
+    return p.data[s.byte_start : s.byte_end].decode("utf-8", "replace") if s else ""
+
+
 def detect_call_id(ctx: Ctx) -> Finding | None:
-    """tool_call_id: tool-call IDs regenerated on replay."""
-    field_id = _field_named(ctx.a_path, "id", "tool_call_id") or _field_named(ctx.b_path, "id", "tool_call_id")
-    ch = _changed(ctx, CALL_ID_RE)
-    if not field_id and not (ch and _in_tool_exchange(ctx.a_path)):
+    """tool_call_id: tool-call IDs regenerated. Decided from where the span sits (an ID position of
+    the section path), never from the string's shape: a 9-letter word is not an ID."""
+    pa, pb = _paths_at_first_byte(ctx)
+    path_a = next((x for x in (pa, ctx.a_path) if _id_position(x)), None)
+    path_b = next((x for x in (pb, ctx.b_path) if _id_position(x)), None)
+    path = path_a or path_b
+    if path is None:
         return None
-    a, b = ch or (ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace"))
+    a = (_section_text(ctx.a, path_a, ctx.h.a_byte_start) if path_a else "") or ctx.a_text.decode("utf-8", "replace")
+    b = (_section_text(ctx.b, path_b, ctx.h.b_byte_start) if path_b else "") or ctx.b_text.decode("utf-8", "replace")
     return Finding(
         kind="tool_call_id",
         hunk=ctx.i,
-        confidence=0.85,
+        confidence=0.95,
         title="Tool-call IDs regenerated",
-        evidence=f"{a!r} -> {b!r} in {_where(ctx.a_path)}",
+        evidence=f"{a!r} -> {b!r} in {_where(path)}",
         fix="Persist tool-call IDs with the history, or derive them deterministically (e.g. a hash of the call)",
         origin="client",
     )
@@ -537,6 +659,211 @@ def detect_moved(ctx: Ctx) -> Finding | None:
     )
 
 
+def _turn_at(p: Prompt, token: int) -> Section | None:
+    """The top-level section (a turn) holding `token`."""
+    return next((s for s in p.sections if len(s.path) == 1 and s.start <= token < s.end), None)
+
+
+def _content_text(content: object) -> str:
+    """A message's text: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(x.get("text", "")) for x in content if isinstance(x, dict))
+    return ""
+
+
+def _messages(p: Prompt) -> list[dict]:
+    msgs = (p.meta.request or {}).get("messages")
+    return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []
+
+
+def _merge_story(ctx: Ctx, added: str) -> tuple[str, str]:
+    """(what the requests show, origin): a later system message of B merged by the server, the
+    client's own system prompt grown, or nothing known (no requests)."""
+    probe = added.strip()[:120]
+    msgs_b = _messages(ctx.b)
+    for k, m in enumerate(msgs_b[1:], 1):
+        text = _content_text(m.get("content")).strip()
+        if m.get("role") in ("system", "developer") and len(text) >= 8 and text[:120] in added:
+            return (
+                f"; B's request sends it as a separate system message (messages[{k}]), merged into the first",
+                "server",
+            )
+    first = _content_text(msgs_b[0].get("content")) if msgs_b else ""
+    if probe and probe in first:
+        moved = any(probe in _content_text(m.get("content")) for m in _messages(ctx.a)[1:])
+        where = "moved there from a later message of A" if moved else "the client appended it to messages[0]"
+        return f"; B's request has it in its system prompt ({where})", "client"
+    return "", ""
+
+
+def detect_system_appended(ctx: Ctx) -> Finding | None:
+    """system_appended: text inserted at the end of the system prompt (a reminder or a plan-mode note
+    folded into the first system block); system_moved when A had the text later."""
+    ta, tb = _turn_at(ctx.a, ctx.h.a_start), _turn_at(ctx.b, ctx.h.b_start)
+    if ta is None or tb is None or not (_is_system(ta.path) and _is_system(tb.path)):
+        return None
+    tail_a = ctx.a.data[ctx.h.a_byte_end : ta.byte_end]
+    tail_b = ctx.b.data[ctx.h.b_byte_end : tb.byte_end]
+    grown = len(ctx.b_text) - len(ctx.a_text)
+    if ctx.h.b_byte_end > tb.byte_end or tail_a != tail_b or len(tail_a) > 32 or grown < 16:
+        return None
+    added = ctx.b_text.decode("utf-8", "replace")
+    head = ctx.a_text.decode("utf-8", "replace").rstrip()
+    added = added[len(head) :] if added.startswith(head) else added
+    probe = re.sub(r"^\W+", "", added)[:200].encode()
+    if len(probe) >= 8 and ctx.a.data.find(probe, ctx.h.a_byte_end) >= 0:
+        return None  # the text was later in A: moved (detect_moved)
+    story, origin = _merge_story(ctx, added)
+    tag = " (a <system-reminder>)" if "<system-reminder>" in added else ""
+    return Finding(
+        kind="system_appended",
+        hunk=ctx.i,
+        confidence=0.85,
+        title="Text inserted at the end of the system prompt",
+        evidence=f"{grown:,} bytes inserted at the end of the system prompt{tag}: {added.strip()[:60]!r}{story}",
+        fix="Keep injected reminders and mode notes out of the system prompt: send them in the newest message",
+        origin=origin,
+    )
+
+
+def _removed(ctx: Ctx) -> str:
+    """A's text of the hunk less what B's side shares with it at either end."""
+    a, b = ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace")
+    i = len(os.path.commonprefix([a, b]))
+    j = len(os.path.commonprefix([a[i:][::-1], b[i:][::-1]]))
+    return a[i : len(a) - j]
+
+
+def _kept_tail(ctx: Ctx) -> str:
+    """A's text after an insertion up to the end of its turn (the next special token)."""
+    stop = min(len(ctx.a), ctx.h.a_end + 512)
+    end = next((i for i in range(ctx.h.a_end, stop) if ctx.a.special[i]), stop)
+    return ctx.a.data[ctx.h.a_byte_end : ctx.a.byte_offset(end)].decode("utf-8", "replace").strip()
+
+
+def detect_reminder_moved(ctx: Ctx) -> Finding | None:
+    """reminder_moved: a block removed from an older message shows up in a later message of B
+    (opencode moves its <system-reminder> to the newest user message)."""
+    src = ctx.a_path.top
+    if src is None or src.kind != "message":
+        return None
+    removed = _removed(ctx).strip()
+    at = ctx.b.data.find(removed[:200].encode(), ctx.h.b_byte_end) if len(removed) >= 24 else -1
+    if at < 0:  # the diff kept the block and inserted the turns in between: what follows is the block
+        removed, at = _kept_tail(ctx), ctx.h.b_byte_end
+    dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
+    if dest is None or dest.kind != "message" or (dest.index or 0) <= (src.index or 0):
+        return None
+    what = "a <system-reminder> block" if "<system-reminder>" in removed else f"{len(removed.encode()):,} bytes"
+    return Finding(
+        kind="reminder_moved",
+        hunk=ctx.i,
+        confidence=0.85,
+        title="Reminder moved from an older message to a newer one",
+        evidence=f"{what} removed from {src.label} is now in {dest.label} ({removed[:48]!r})",
+        fix="Leave a reminder where it was first sent (history append-only); add the new one to the newest message",
+        origin="client",
+    )
+
+
+TRUNC_NOTE_RE = re.compile(r"truncat|omitted|elided|\.\.\.|…|\bmore (?:lines|chars|characters|bytes)\b", re.I)
+
+
+def _is_result(path: SectionPath) -> bool:
+    last = path[-1] if path else None
+    if last is None:
+        return False
+    if last.kind == "tool_response":
+        return True
+    return path.role in ("tool", "ipython") and (last.kind == "message" or last.name == "content")
+
+
+def _result_at(p: Prompt, token: int) -> Section | None:
+    """The innermost tool-result section holding `token`."""
+    found = [s for s in p.sections if s.start <= token < s.end and _is_result(s.path)]
+    return max(found, key=lambda s: len(s.path), default=None)
+
+
+def detect_result_truncated(ctx: Ctx) -> Finding | None:
+    """tool_result_truncated: one tool result cut at a different length than last turn
+    (context-trimming jitter): same start, different cut."""
+    ra, rb = _result_at(ctx.a, ctx.h.a_start), _result_at(ctx.b, ctx.h.b_start)
+    if ra is None or rb is None:
+        return None
+    ta, tb = ctx.a.data[ra.byte_start : ra.byte_end], ctx.b.data[rb.byte_start : rb.byte_end]
+    same = ctx.h.a_byte_start - ra.byte_start
+    if len(ta) == len(tb) or same < 32 or ta[:same] != tb[:same] or ctx.h.b_byte_start - rb.byte_start != same:
+        return None
+    rest_a = ta[same:].decode("utf-8", "replace")
+    rest_b = tb[same:].decode("utf-8", "replace")
+    note = TRUNC_NOTE_RE.search(rest_a[-160:]) or TRUNC_NOTE_RE.search(rest_b[-160:])
+    if not note and min(len(rest_a), len(rest_b)) > 24:
+        return None
+    return Finding(
+        kind="tool_result_truncated",
+        hunk=ctx.i,
+        confidence=0.85,
+        title=f"Tool result re-truncated differently: {ra.path.label}",
+        evidence=f"{ra.path.label}: {len(ta):,} bytes in A, {len(tb):,} in B ({len(tb) - len(ta):+,}), "
+        f"the same up to byte {same:,}",
+        fix="Truncate each tool result once, when it is added, and send that text unchanged on every later turn",
+        origin="client",
+    )
+
+
+SETTING_LINE_RE = re.compile(
+    r"^[ \t#*>-]*((?:reasoning(?:[ _]effort)?|effort|thinking(?: mode| budget)?|(?:permission |agent |plan )?mode"
+    r"|verbosity|reasoning_effort)\s*[:=])\s*(\S[^\n]{0,60})$",
+    re.I | re.M,
+)
+THINK_SWITCH_RE = re.compile(r"/(?:no_)?think\b")
+SETTING_KEYS = ("reasoning_effort", "enable_thinking", "thinking", "reasoning", "thinking_budget")
+
+
+def _line_at(p: Prompt, byte: int) -> str:
+    s = p.data.rfind(b"\n", 0, byte) + 1
+    e = p.data.find(b"\n", byte)
+    return p.data[s : e if e >= 0 else len(p.data)].decode("utf-8", "replace")
+
+
+def _request_settings(p: Prompt) -> dict[str, object]:
+    """The thinking/effort settings a request passes (top level or chat_template_kwargs)."""
+    req = p.meta.request or {}
+    kw = req.get("chat_template_kwargs")
+    out = {k: req[k] for k in SETTING_KEYS if k in req}
+    if isinstance(kw, dict):
+        out.update({f"chat_template_kwargs.{k}": kw[k] for k in SETTING_KEYS if k in kw})
+    return out
+
+
+def detect_setting(ctx: Ctx) -> Finding | None:
+    """setting_changed: a setting rendered into the prompt changed (gpt-oss `Reasoning: high`, a
+    Qwen3 /think or /no_think switch, a mode line in the system prompt)."""
+    la, lb = _line_at(ctx.a, ctx.h.a_byte_start), _line_at(ctx.b, ctx.h.b_byte_start)
+    ma, mb = SETTING_LINE_RE.search(la), SETTING_LINE_RE.search(lb)
+    sa, sb = THINK_SWITCH_RE.findall(la), THINK_SWITCH_RE.findall(lb)
+    if ma and mb and ma.group(1).lower() == mb.group(1).lower() and ma.group(2) != mb.group(2):
+        what = f"{ma.group(1)} {ma.group(2).strip()} -> {mb.group(2).strip()}"
+    elif sa != sb and (sa or sb):
+        what = f"thinking switch {' '.join(sa) or 'none'} -> {' '.join(sb) or 'none'}"
+    else:
+        return None
+    ka, kb = _request_settings(ctx.a), _request_settings(ctx.b)
+    changed = [f"{k} {ka.get(k)!r} -> {kb.get(k)!r}" for k in sorted(set(ka) | set(kb)) if ka.get(k) != kb.get(k)]
+    origin = "template" if changed or ctx.a_path.has("boilerplate") else _field_origin(ctx.a_path)
+    return Finding(
+        kind="setting_changed",
+        hunk=ctx.i,
+        confidence=0.9,
+        title="A setting rendered into the prompt changed",
+        evidence=f"{what} in {_where(ctx.a_path)}" + (f" (request: {', '.join(changed)})" if changed else ""),
+        fix="Keep thinking/effort and mode settings fixed for a session, or switch them in the newest message",
+        origin=origin,
+    )
+
+
 def detect_truncation(ctx: Ctx) -> Finding | None:
     """truncation: old turns dropped after the system prompt (context shift or num_ctx overflow)."""
     if ctx.h.kind != "delete" and (ctx.h.a_end - ctx.h.a_start) < 4 * max(1, ctx.h.b_end - ctx.h.b_start):
@@ -609,10 +936,15 @@ DETECTORS: list[Callable[[Ctx], Finding | None]] = [
     detect_reasoning,
     detect_tools,
     detect_json_reserialized,
-    detect_date,
     detect_call_id,
+    detect_setting,
+    detect_date,
     detect_nonce,
+    detect_system_appended,
     detect_moved,
+    detect_reminder_moved,
+    detect_result_truncated,
+    detect_output_retokenized,
     detect_truncation,
     detect_counter,
     detect_rewritten,

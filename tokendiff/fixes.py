@@ -22,7 +22,18 @@ FIELD = re.compile(
     r"^messages\[(\d+)\]\.(content|reasoning_content|tool_call_id|name"
     r"|tool_calls\[(\d+)\]\.(id|function\.arguments|function\.name))$"
 )
-REVERTIBLE = {"date", "counter", "nonce", "tool_call_id", "json_reserialized", "content_changed", "tool_changed"}
+REVERTIBLE = {
+    "date",
+    "counter",
+    "nonce",
+    "tool_call_id",
+    "json_reserialized",
+    "content_changed",
+    "tool_changed",
+    "reminder_moved",  # the older message as in A: the reminder left where it was first sent
+    "tool_result_truncated",  # the result as A cut it
+}
+SETTING_KEYS = ("reasoning_effort", "enable_thinking", "thinking", "reasoning", "thinking_budget")
 
 
 @dataclass
@@ -93,6 +104,46 @@ def _revert_field(a_req: dict[str, Any], body: dict[str, Any], path: str) -> boo
     return True
 
 
+def _reset(src: dict[str, Any], dst: dict[str, Any], prefix: str) -> list[str]:
+    """The setting keys of dst set back to src's; the ones that differed."""
+    out = []
+    for k in SETTING_KEYS:
+        if src.get(k) != dst.get(k):
+            out.append(prefix + k)
+            if k in src:
+                dst[k] = copy.deepcopy(src[k])
+            else:
+                dst.pop(k, None)
+    return out
+
+
+def _settings_as_in_a(a_req: dict[str, Any], body: dict[str, Any]) -> str | None:
+    """Thinking/effort settings (top level and chat_template_kwargs) set back to A's; None when equal."""
+    changed = _reset(a_req, body, "")
+    ka, kb = a_req.get("chat_template_kwargs"), body.get("chat_template_kwargs")
+    if isinstance(ka, dict) or isinstance(kb, dict):
+        kb = kb if isinstance(kb, dict) else {}
+        changed += _reset(ka if isinstance(ka, dict) else {}, kb, "chat_template_kwargs.")
+        body["chat_template_kwargs"] = kb
+    return ", ".join(changed) + " as in A" if changed else None
+
+
+def _system_tail_to_newest(a_req: dict[str, Any], body: dict[str, Any]) -> str | None:
+    """Text the client appended to its system prompt moved into the newest user message."""
+    ma, mb = a_req.get("messages"), body.get("messages")
+    if not (isinstance(ma, list) and isinstance(mb, list) and ma and mb):
+        return None
+    sa, sb = ma[0].get("content") if isinstance(ma[0], dict) else None, mb[0].get("content")
+    if not (isinstance(sa, str) and isinstance(sb, str) and sb.startswith(sa) and len(sb) > len(sa)):
+        return None
+    last = next((m for m in reversed(mb) if isinstance(m, dict) and m.get("role") == "user"), None)
+    if last is None or not isinstance(last.get("content"), str):
+        return None
+    mb[0]["content"] = sa
+    last["content"] += sb[len(sa) :]
+    return "text appended to messages[0] moved to the newest user message"
+
+
 def fix_request(
     a_req: dict[str, Any], b_req: dict[str, Any], a: Prompt, b: Prompt, d: Divergence, findings: list[Finding]
 ) -> FixedRequest:
@@ -107,6 +158,12 @@ def fix_request(
             if "tools" not in done:
                 out.applied.append(_tools_in_a_order(a_req, out.body))
                 done.add("tools")
+            continue
+        special = {"setting_changed": _settings_as_in_a, "system_appended": _system_tail_to_newest}.get(f.kind)
+        said = special(a_req, out.body) if special and f.kind not in done else None
+        if said:
+            done.add(f.kind)
+            out.applied.append(f"{said} ({f.kind})")
             continue
         path = _field_of(h.b_owner) or _field_of(h.a_owner) if f.kind in REVERTIBLE else None
         if path and path not in done and _revert_field(a_req, out.body, path):

@@ -420,11 +420,67 @@ def _assistant_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -
     spans = [_Span(base + (Part("reasoning"),), a, b) for a, b in _pairs(data, cs, ce, b"<think>", b"</think>")]
     calls = _pairs(data, cs, ce, b"<tool_call>", b"</tool_call>")
     calls += _pairs(data, cs, ce, "<｜tool▁call▁begin｜>".encode(), "<｜tool▁call▁end｜>".encode())
+    v7: dict[int, tuple[str, int, int, int]] = {}
     if family == "mistral" and data[turn.start : turn.start + 12] == b"[TOOL_CALLS]":
-        calls += _json_objects(data, cs, ce)
+        v7 = _mistral_v7_calls(data, cs, ce)
+        calls += [(a, v[3]) for a, v in v7.items()] or _json_objects(data, cs, ce)
     for j, (a, b) in enumerate(sorted(calls)):
-        spans.append(_Span(base + (Part("tool_call", j, _name_in(data, a, b)),), a, b))
+        call = base + (Part("tool_call", j, v7[a][0] if a in v7 else _name_in(data, a, b)),)
+        spans.append(_Span(call, a, b))
+        if a in v7:
+            spans.append(_Span(call + (_id_part("id"),), v7[a][1], v7[a][2]))
+        else:
+            spans += _call_id_spans(data, a, b, call, "id")
     return spans
+
+
+# Where templates print tool-call IDs: the positions a regenerated ID shows up in (explain's
+# tool_call_id detector decides from these, not from an ID's shape).
+_JSON_ID = re.compile(rb'"(id|call_id|tool_call_id)"\s*:\s*"([^"\\]{1,128})"')
+_MISTRAL_CALL = re.compile(rb"([^\[\]\s]{1,200})\[CALL_ID\]([^\[\]]{1,128})\[ARGS\]")
+_MISTRAL_RESULT_ID = re.compile(rb"\[TOOL_RESULTS\]([^\[\]]{1,128})\[TOOL_CONTENT\]")
+
+
+def _id_part(name: str) -> Part:
+    """A tool-call ID position found from template markers (no request field behind it)."""
+    return Part("field", name=name)
+
+
+def _call_id_spans(data: bytes, a: int, b: int, base: SectionPath, name: str) -> list[_Span]:
+    """ID spans inside a call or a tool result: an ID key of the call's own JSON object (Mistral
+    Nemo's `"id"`, `"call_id"`; never a key of the arguments or of a result's data)."""
+    keys = (b"id",) if name == "id" else (b"call_id", b"tool_call_id")
+    out = [
+        _Span(base + (_id_part(name),), m.start(2), m.end(2))
+        for m in _JSON_ID.finditer(data, a, b)
+        if m.group(1) in keys and _depth(data, a, m.start()) == 1
+    ]
+    return out
+
+
+def _depth(data: bytes, start: int, at: int) -> int:
+    """JSON object depth at `at`, counting braces from `start`."""
+    return sum(1 if is_open else -1 for _, is_open in json_braces(data, start, at))
+
+
+def _mistral_v7_calls(data: bytes, cs: int, ce: int) -> dict[int, tuple[str, int, int, int]]:
+    """Mistral v7+ calls, `NAME[CALL_ID]ID[ARGS]{...}`: start -> (name, ID start, ID end, call end)."""
+    out: dict[int, tuple[str, int, int, int]] = {}
+    for m in _MISTRAL_CALL.finditer(data, cs, ce):
+        objs = _json_objects(data, m.end(), ce)
+        end = objs[0][1] if objs and objs[0][0] == m.end() else m.end()
+        out[m.start()] = (m.group(1).decode("utf-8", "replace"), m.start(2), m.end(2), end)
+    return out
+
+
+def _result_id_spans(data: bytes, cs: int, ce: int, base: SectionPath) -> list[_Span]:
+    """The call ID a tool result names: Mistral v7+'s `[TOOL_RESULTS]ID[TOOL_CONTENT]`, or a JSON
+    `call_id` / `tool_call_id` key (Mistral Nemo)."""
+    out = [
+        _Span(base + (_id_part("tool_call_id"),), m.start(1), m.end(1))
+        for m in _MISTRAL_RESULT_ID.finditer(data, max(0, cs - 16), ce)
+    ]
+    return out + _call_id_spans(data, cs, ce, base, "tool_call_id")
 
 
 def _inner_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> list[_Span]:
@@ -441,6 +497,8 @@ def _inner_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> li
         results += _pairs(data, cs, ce, "<｜tool▁output▁begin｜>".encode(), "<｜tool▁output▁end｜>".encode())
         for j, (a, b) in enumerate(sorted(results)):
             spans.append(_Span(base + (Part("tool_response", j),), a, b))
+        if turn.role in ("tool", "ipython"):
+            spans += _result_id_spans(data, cs, ce, base)
     return spans
 
 
