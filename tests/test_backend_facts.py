@@ -47,8 +47,9 @@ def _ollama(rec: dict, num_ctx: int, load_ns: int, evaluated: int | None = None)
 def test_ollama_reload_and_truncation(tmp_path):
     recs = _records()
     for i, rec in enumerate(recs, 1):
-        ctx = 4096 if i < 5 else 8192  # the client raised num_ctx on turn 5: Ollama reloads
-        _ollama(rec, ctx, 2_310_000_000 if i in (1, 5) else 0, evaluated=1024 if i == 7 else None)
+        ctx = 4096 if i < 5 else 1024 if i == 7 else 8192  # num_ctx raised on turn 5: Ollama reloads
+        # turn 6: a cache hit (few tokens evaluated, the prompt fits): no cut; turn 7: longer than num_ctx
+        _ollama(rec, ctx, 2_310_000_000 if i in (1, 5) else 0, evaluated={6: 100, 7: 1024}.get(i))
     doc = _report(_write(tmp_path, recs))
     facts = [(f["turn"], f["kind"]) for f in doc["backend_facts"]]
     assert facts == [(5, "ollama_reload"), (7, "ollama_truncated")]

@@ -301,3 +301,20 @@ def test_doctor_module_is_not_imported_by_diff():
     code = "import sys, tokendiff.cli; print('tokendiff.doctor' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["doctor", "--server", "http://127.0.0.1:abc"], "--server 'http://127.0.0.1:abc': not a valid URL"),
+        (["doctor", "--server", "http://[::1"], "--server 'http://[::1': not a valid URL"),
+        (["doctor", "--server", ""], "--server '': not an http(s) URL with a host"),
+        (["doctor", "--server", "http://u:hunter2@127.0.0.1:x"], "--server 'http://u:***@127.0.0.1:x'"),
+        (["replay", "a", "b", "--backend", "ftp://host"], "--backend 'ftp://host': not an http(s) URL"),
+        (["proxy", "--upstream", "http://h:99999", "--out", "o"], "--upstream 'http://h:99999': not a valid URL"),
+    ],
+)
+def test_a_bad_server_url_is_one_line_naming_it(args, words, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and "internal error" not in err and "hunter2" not in err

@@ -212,3 +212,57 @@ def test_anthropic_messages_to_vllm_are_recorded_and_counted(vllm_server, tmp_pa
     second = json.loads(r.stdout)["turns"][1]
     assert second["reported_cached"] == records[1]["response"]["usage"]["cache_read_input_tokens"] > 0
     assert second["reuse_vllm"] == second["reported_cached"] and second["note"] == ""
+
+
+def test_doctor_on_a_real_vllm_server(vllm_server, capsys):
+    """doctor reads vLLM's cache config from /metrics and asks one completion whether cached counts are
+    reported: the test server (prefix caching, prompt-tokens details, 32-token blocks) is all clear."""
+    from tokendiff.cli import main
+
+    code = main(["doctor", "--server", vllm_server.url, "--prompt-tokens", "2048", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    checks = {c["kind"]: c for c in doc["checks"]}
+    assert checks["caching"]["status"] == "ok", checks["caching"]
+    assert checks["cached_tokens"]["status"] == "ok", checks["cached_tokens"]
+    assert checks["block_size"]["status"] == "ok" and "block_size=32" in checks["block_size"]["evidence"]
+    assert code == (1 if any(c["status"] == "problem" for c in doc["checks"]) else 0)
+    assert all(c["status"] != "problem" for c in doc["checks"]), doc["checks"]
+
+
+async def test_watch_shows_vllm_cached_counts_per_turn(vllm_server, tmp_path):
+    """`tokendiff watch` with vLLM upstream: each turn's row carries the server's cached count, equal to
+    the vLLM prediction (whole blocks of the server's block size)."""
+    import asyncio
+    import queue
+
+    from tokendiff.testing.llama_server import free_port
+    from tokendiff.tui.app import Options
+    from tokendiff.tui.watch import WatchApp
+    from tokendiff.watch import ProxyThread
+    from tokendiff.workflows import PromptOptions
+
+    events: queue.Queue = queue.Queue()
+    listen = f"127.0.0.1:{free_port()}"
+    proxy = ProxyThread(vllm_server.url, str(tmp_path / "session"), listen, True, events.put).start()
+    app = WatchApp(Options(paths=[], prompts=PromptOptions()), proxy, events)
+    turns = _turns()[:4]
+    try:
+        async with app.run_test(size=(140, 40)) as pilot:
+            async with httpx.AsyncClient(timeout=300) as c:
+                for _, msgs, tools in turns:  # a prefix of their own: the capture fixture's blocks are cached
+                    msgs = [{**msgs[0], "content": msgs[0]["content"].replace(RUN_ID, RUN_ID + "-watch")}, *msgs[1:]]
+                    body = {"model": "tiny-qwen3", "messages": msgs, "tools": tools, "max_tokens": 1}
+                    r = await c.post(f"http://{listen}/v1/chat/completions", json=body)
+                    assert r.status_code == 200, r.text
+            for _ in range(600):
+                if app.session is not None and len(app.session.turns) == len(turns):
+                    break
+                await pilot.pause(0.1)
+                await asyncio.sleep(0)
+            assert app.session is not None and len(app.session.turns) == len(turns)
+            for t in app.session.turns[1:]:
+                assert t.reported_cached is not None and t.reported_cached == t.reuse["vllm"], t
+            assert app.session.turns[3].cause == "date"
+            await pilot.press("ctrl+c")
+    finally:
+        proxy.stop()

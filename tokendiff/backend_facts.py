@@ -66,9 +66,12 @@ def _ctx(v: int | None) -> str:
     return "the server's default" if v is None else f"{v:,}"
 
 
+OLLAMA_DEFAULT_CTX = 4096  # Ollama's context when a request sends no num_ctx (2048 before v0.6)
+
+
 def ollama_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
     """Reloads (load_duration > 0 after the first turn, and num_ctx before and after) and silent
-    truncation (prompt_eval_count below the prompt's length)."""
+    truncation (a prompt longer than the context, and prompt_eval_count within it)."""
     out: list[BackendFact] = []
     for prev, r in zip([None, *records], records, strict=False):
         load = _int(r.response, "load_duration")
@@ -86,8 +89,11 @@ def ollama_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
                 )
             )
         evaluated = _int(r.response, "prompt_eval_count")
-        if evaluated is not None and 0 < evaluated < r.n_prompt * 0.98:
-            ctx = f" (num_ctx {r.num_ctx:,})" if r.num_ctx else ""
+        # a low count alone is also a cache hit (Ollama counts only what it evaluated): a cut needs a prompt
+        # longer than the context, the request's num_ctx or Ollama's default when none was sent
+        limit = r.num_ctx or OLLAMA_DEFAULT_CTX
+        if evaluated is not None and 0 < evaluated <= limit < r.n_prompt:
+            ctx = f" (num_ctx {r.num_ctx:,})" if r.num_ctx else f" (no num_ctx sent: Ollama's default {limit:,})"
             out.append(
                 BackendFact(
                     kind="ollama_truncated",

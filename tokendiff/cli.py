@@ -589,6 +589,16 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_urls(args: argparse.Namespace) -> None:
+    """Every server URL option, checked before any work: a bad one is one line naming it."""
+    from tokendiff.server import check_url
+
+    for name in ("server", "backend", "upstream", "live"):
+        url = getattr(args, name, None)
+        if isinstance(url, str):
+            check_url(url, "--" + name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -609,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             args = parser.parse_args(["report", str(DEMO_SESSION)])
     try:
+        _check_urls(args)
         commands = {
             "diff": cmd_diff,
             "proxy": cmd_proxy,

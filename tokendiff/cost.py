@@ -528,7 +528,8 @@ def _notes(t: Turn, identical: bool, n: int) -> None:
             )
         elif rc > pred:
             notes.append(
-                f"the server reused {rc:,} tokens, more than the {pred:,} shared prefix: --cache-reuse shifted chunks"
+                f"the server reused {rc:,} tokens, more than the {pred:,} shared with the previous prompt: "
+                "the slot also held the previous reply, which the history repeats (or --cache-reuse shifted chunks)"
             )
     t.note = "; ".join(notes)
 

@@ -318,6 +318,7 @@ class Evidence:
     probe: TemplateProbe | None = None
     reuse: tuple[int, int] | None = None  # (probe prompt tokens, tokens reused on the second send)
     reuse_error: str | None = None
+    counts_cached: bool | None = None  # vLLM: usage carries prompt_tokens_details (None: not asked)
     today: dt.date = field(default_factory=dt.date.today)
 
     def json(self, path: str) -> Any:
@@ -377,6 +378,8 @@ def gather(url: str, workload: Workload) -> Evidence:
     """Read the server's endpoints, its launch flags and model file where local, and run the probes."""
     answers = srv.read_endpoints(url)
     ev = Evidence(url=url, kind=server_kind(answers, url), answers=answers)
+    if ev.kind == srv.VLLM and workload.probe_cache:
+        ev.counts_cached = _vllm_counts_cached(url, _served_model(ev))
     if ev.kind != srv.LLAMA:
         return ev
     ev.flags = local_launch_flags(url)
@@ -389,6 +392,25 @@ def gather(url: str, workload: Workload) -> Evidence:
         except InputError as e:
             ev.reuse_error = e.reason
     return ev
+
+
+def _served_model(ev: Evidence) -> str | None:
+    """The first model /v1/models lists (what a probe completion names)."""
+    doc = ev.json("/v1/models")
+    data = doc.get("data") if isinstance(doc, dict) else None
+    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    model = first.get("id")
+    return model if isinstance(model, str) else None
+
+
+def _vllm_counts_cached(url: str, model: str | None) -> bool | None:
+    """Whether a vLLM server reports cached_tokens (one 1-token completion); None when it could not say."""
+    import httpx
+
+    try:
+        return srv.vllm_counts_cached(url, model)
+    except (InputError, httpx.HTTPError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------- llama-server checks
@@ -748,17 +770,50 @@ def check_vllm(ev: Evidence, w: Workload) -> list[Check]:
         out.append(Check("caching", OK, "prefix caching is on", "vllm:cache_config_info enable_prefix_caching=True"))
     out.append(_pool_check(info, w))
     out.append(_model_len_check(ev, w, "max_model_len", "--max-model-len"))
-    out.append(
-        Check(
+    out.append(_cached_tokens_check(ev))
+    out.append(_block_check(info, w))
+    out.append(_unchecked("template", "template probes need llama-server's /apply-template"))
+    return out
+
+
+def _cached_tokens_check(ev: Evidence) -> Check:
+    """Without --enable-prompt-tokens-details vLLM's usage has no cached count to compare."""
+    flag = "--enable-prompt-tokens-details"
+    if ev.counts_cached is None:
+        return Check(
             "cached_tokens",
             UNCHECKED,
             "whether usage reports prompt_tokens_details.cached_tokens",
-            "not visible on vLLM's endpoints; tokendiff's report compares it with its prediction",
-            "--enable-prompt-tokens-details",
+            "no probe completion (--passive, or the server refused it)",
+            flag,
         )
+    if ev.counts_cached:
+        return Check("cached_tokens", OK, "usage reports cached_tokens", "a probe completion's prompt_tokens_details")
+    evidence = "a probe completion's usage.prompt_tokens_details is null"
+    return Check("cached_tokens", PROBLEM, "the server does not report cached tokens", evidence, flag)
+
+
+# vLLM reuses whole blocks: an agent's edit this many tokens from the end costs up to a block more
+LARGE_BLOCK = 64
+
+
+def _block_check(info: dict[str, str] | None, w: Workload) -> Check:
+    """A large block size loses up to a block of reuse at every divergence, and on every append."""
+    try:
+        size = int((info or {})["block_size"])
+    except (KeyError, ValueError):
+        return _unchecked("block_size", "no block_size in vllm:cache_config_info")
+    evidence = f"vllm:cache_config_info block_size={size}"
+    if size <= LARGE_BLOCK:
+        return Check("block_size", OK, f"{size}-token blocks", evidence)
+    return Check(
+        "block_size",
+        PROBLEM,
+        f"{size}-token blocks: each turn recomputes up to {size - 1} tokens before its divergence, "
+        "and a resend never hits its last partial block",
+        evidence,
+        "--block-size 16 (or 32 on CPU)",
     )
-    out.append(_unchecked("template", "template probes need llama-server's /apply-template"))
-    return out
 
 
 def _pool_check(info: dict[str, str] | None, w: Workload) -> Check:

@@ -460,6 +460,14 @@ def detect_tools(ctx: Ctx) -> Finding | None:
     return None
 
 
+_TIME_OF_DAY = re.compile(r"\d{1,2}:\d{2}|T\d{2}|\b\d{9,13}\b")
+
+
+def _has_time(change: tuple[str, str]) -> bool:
+    """True when either side of a date change carries a time of day (or an epoch timestamp)."""
+    return any(_TIME_OF_DAY.search(x) for x in change)
+
+
 def detect_date(ctx: Ctx) -> Finding | None:
     """date: a date or time changed."""
     ch = _changed(ctx, DATE_RE)
@@ -467,10 +475,12 @@ def detect_date(ctx: Ctx) -> Finding | None:
         return None
     client = _field_origin(ctx.a_path) == "client"
     origin = "template" if ctx.a_path.has("date", "boilerplate") else "client" if client else ""
+    # a time of day changes every turn; a bare date only once a day, so "day precision" is no advice for it
+    precision = "Give the date at day precision (drop the time), or move" if _has_time(ch) else "Move"
     fix = {
         "template": "Pin the template's date (pass date_string) or accept one miss per day",
-        "client": "Give the date at day precision, or move it out of the system prompt into the newest user message",
-        "": "Keep dates out of the prefix: day precision at most, or in the newest user message "
+        "client": f"{precision} it out of the system prompt into the newest user message",
+        "": f"Keep dates out of the prefix. {precision} them into the newest user message "
         "(pin date_string if the template injects it)",
     }[origin]
     return Finding(

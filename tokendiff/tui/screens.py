@@ -151,7 +151,8 @@ def _spans_text(session: Session) -> Text:
         lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
         turns = _turn_list(sp.turns)
         secs = f" · {seconds_label(sp.seconds, session.rate_estimated)}" if sp.seconds is not None else ""
-        where = f"   {sp.section} · turns {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %){secs}\n"
+        label = "turns" if len(sp.turns) > 1 else "turn"
+        where = f"   {sp.section} · {label} {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %){secs}\n"
         lines.append(where, style="dim")
         lines.append(f"   {sp.fix}\n")
     if not session.spans:
