@@ -62,6 +62,51 @@ def test_server_flags():
     assert flags == {"n_ubatch": 256, "swa_full": True, "n_ctx_checkpoints": 8, "n_seq": 4, "n_ctx": 16384}
     with pytest.raises(ValueError):
         server_flags(["-ub"])
+    for bad in (["--ctx-checkpoints", "-3"], ["-ub", "0"], ["-ctxcp", "99999999999999999999"]):
+        with pytest.raises(ValueError, match="out of range"):
+            server_flags(bad)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [("--ctx-checkpoints -3", "--ctx-checkpoints -3 is out of range"), ("-ub 0", "-ub 0 is out of range")],
+)
+def test_report_server_args_out_of_range_is_one_line(value, words, capsys):
+    from tokendiff.cli import main
+
+    assert (
+        main(
+            [
+                "report",
+                str(Path(__file__).parents[1] / "captures/agent/capture.jsonl"),
+                "--server-args",
+                value,
+                "--format",
+                "json",
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err
+
+
+def test_report_server_args_takes_a_lone_flag(capsys):
+    from tokendiff.cli import main
+
+    assert (
+        main(
+            [
+                "report",
+                str(Path(__file__).parents[1] / "captures/agent/capture.jsonl"),
+                "--server-args",
+                "--swa-full",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
 
 
 def test_no_checkpoint_means_the_whole_prompt():

@@ -76,8 +76,12 @@ def parse_size(text: str) -> tuple[int, str]:
         raise ValueError(f"not a size: {text!r} (8GiB, 512MiB, 32ktok)")
     value, unit = float(m.group(1)), (m.group(2) or "").lower()
     if "tok" in unit:
-        return int(value * _UNITS[unit[0]] if unit[0] in "kmg" else value), "tokens"
-    return int(value * _UNITS[unit[:1]]), "bytes"
+        amount, what = value * _UNITS[unit[0]] if unit[0] in "kmg" else value, "tokens"
+    else:
+        amount, what = value * _UNITS[unit[:1]], "bytes"
+    if amount < 1 or amount != int(amount):
+        raise ValueError(f"not a size: {text!r} (a whole number of at least one token or byte)")
+    return int(amount), what
 
 
 def _lcp(a: Any, b: Any) -> int:

@@ -589,6 +589,17 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _joined_server_args(argv: list[str]) -> list[str]:
+    """`--server-args --swa-full` as `--server-args=--swa-full`: its value is a command line of flags,
+    which argparse would otherwise read as options of its own."""
+    out = list(argv)
+    for i, a in enumerate(out[:-1]):
+        if a == "--server-args" and out[i + 1].startswith("-"):
+            out[i : i + 2] = [f"--server-args={out[i + 1]}"]
+            break
+    return out
+
+
 def _check_urls(args: argparse.Namespace) -> None:
     """Every server URL option, checked before any work: a bad one is one line naming it."""
     from tokendiff.server import check_url
@@ -601,7 +612,7 @@ def _check_urls(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_joined_server_args(sys.argv[1:] if argv is None else argv))
     if args.top_theme:  # `tokendiff --theme X [tui ...]` is `tokendiff tui --theme X ...`
         if args.command not in (None, "tui"):
             print(f"tokendiff: --theme is an option of the TUI, not of {args.command}", file=sys.stderr)

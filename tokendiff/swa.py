@@ -118,6 +118,9 @@ _INT_FLAGS = {
 }
 
 
+_AT_LEAST_ONE = ("n_ubatch", "n_batch", "n_seq")  # a batch or a slot count of 0 is no server
+
+
 def server_flags(argv: Sequence[str]) -> dict[str, Any]:
     """The llama-server flags that decide checkpoints, from its command line (`-ub 512 --swa-full`);
     other flags are ignored. The context is per slot (`-c` divided by `-np`). Raises ValueError
@@ -131,9 +134,13 @@ def server_flags(argv: Sequence[str]) -> dict[str, Any]:
         elif name in _INT_FLAGS:
             value = inline or next(it, "")
             try:
-                out[_INT_FLAGS[name]] = int(value)
+                number = int(value)
             except ValueError:
                 raise ValueError(f"{name} needs a number, not {value!r}") from None
+            least = 1 if _INT_FLAGS[name] in _AT_LEAST_ONE else 0
+            if not least <= number < 1 << 31:
+                raise ValueError(f"{name} {number} is out of range ({least} to {(1 << 31) - 1:,})")
+            out[_INT_FLAGS[name]] = number
     if "n_ctx" in out and out.get("n_seq", 1) > 1:
         out["n_ctx"] //= out["n_seq"]
     if out.get("n_ctx") == 0:

@@ -150,7 +150,8 @@ def _capacity(doc: dict[str, Any]) -> list[str]:
     out = [
         "<h2>Cache capacity</h2>",
         f"<p>{e(c['verdict'])}</p>",
-        "<table><tr><th>cache</th><th>llama-server (slot + RAM cache)</th><th>vLLM / SGLang (blocks, LRU)</th></tr>",
+        "<table><tr><th>cache</th><th>llama-server (the slot, plus a RAM cache of this size)</th>"
+        "<th>vLLM / SGLang (a block pool of this size, LRU)</th></tr>",
     ]
     for p in c["points"]:
         r = p["reuse_pct"]

@@ -48,7 +48,11 @@ def _capacity(doc: dict[str, Any]) -> list[str]:
         return []
     per = f" ({c['bytes_per_token']:,} bytes of KV per token)" if c["bytes_per_token"] else ""
     out = ["", "## Cache capacity", "", f"{c['verdict']}{per}", ""]
-    out += ["| cache | llama-server (slot + RAM cache) | vLLM / SGLang (16-token blocks, LRU) |", "|---|---|---|"]
+    out += [
+        "| cache | llama-server (the slot, plus a RAM cache of this size) "
+        "| vLLM / SGLang (a block pool of this size, LRU) |",
+        "|---|---|---|",
+    ]
     for p in c["points"]:
         out.append(f"| {p['cache']} | {p['reuse_pct']['llama.cpp']:.1f} % | {p['reuse_pct']['vllm']:.1f} % |")
     return out
