@@ -86,8 +86,8 @@ def duration(text: str) -> str:
 
 
 def build_parser(only_diff: bool = False) -> argparse.ArgumentParser:
-    """The whole CLI; with only_diff, just `diff` (its usage and errors are the same), since building every
-    subcommand's parser costs `tokendiff diff` ~6 ms of its 0.12 s budget (issue #12)."""
+    """The whole CLI; with only_diff, just `diff` (same usage and errors): the other subcommands' parsers
+    cost `tokendiff diff` ~1 ms of its 0.12 s budget (issue #12)."""
     p = _Parser(prog="tokendiff", description="Token-level prompt diff and prefix-cache forensics.")
     p.add_argument("--version", action="version", version=f"tokendiff {__version__}")
     p.add_argument(
