@@ -1,8 +1,8 @@
 """Render a chat request through its real chat template, attributing every
 character to the request field that produced it.
 
-Rendering is transformers' own jinja machinery (`render_jinja_template`), so
-the text is what `apply_chat_template` gives. Attribution needs no knowledge
+Rendering is jinja2 in transformers' exact chat-template environment
+(tokendiff.template_env), so the text is what `apply_chat_template` gives. Attribution needs no knowledge
 of any particular template:
 
 * string fields (message content, reasoning, tool-call names, arguments,
@@ -88,14 +88,12 @@ class Renderer:
     def _render(self, messages: list, tools: Any, agp: Any, kwargs: dict[str, Any]) -> str:
         from jinja2 import TemplateError
 
-        render_jinja_template = _jinja_renderer()
+        from tokendiff.template_env import render_chat
+
         try:
-            out, _ = render_jinja_template(
-                conversations=[messages], tools=tools, chat_template=self.template, add_generation_prompt=agp, **kwargs
-            )
+            return render_chat(self.template, messages, tools=tools, add_generation_prompt=agp, **kwargs)
         except (TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:
             raise InputError(f"the chat template failed on this request: {type(e).__name__}: {e}") from None
-        return out[0]
 
     def _for_template(self, i: int, m: dict[str, Any]) -> dict[str, Any]:
         """The message with list content as llama-server hands it to the template: the parts joined
@@ -315,19 +313,6 @@ def normalize_tools(body: dict[str, Any]) -> dict[str, Any]:
 
 def _bare_function(tool: Any) -> bool:
     return isinstance(tool, dict) and "function" not in tool and isinstance(tool.get("name"), str)
-
-
-def _jinja_renderer():
-    """transformers' renderer, imported quietly (no torch here is expected)."""
-    import logging
-    import os
-
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    return render_jinja_template
 
 
 _THINK_OPEN = re.compile(r"<think>\s*$")
