@@ -91,6 +91,9 @@ class ProxyState:
     out: Path
     writer: CaptureWriter | None = None
     client: httpx.AsyncClient | None = None
+    # forwarding goes straight to a transport: no cookie jar (upstream cookies must not pass between
+    # clients), auth or redirects to run per request, which the added-latency budget cannot afford
+    transport: httpx.AsyncHTTPTransport | None = None
     info: ServerInfo | None = None  # what the upstream said about itself, probed once
     server: dict[str, Any] | None = None  # the `server` field of every record, from `info`
     pending: set[asyncio.Task] = field(default_factory=set)
@@ -174,6 +177,7 @@ async def _lifespan(state: ProxyState, receive, send) -> None:
 async def _startup(state: ProxyState) -> None:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     state.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT), limits=limits)
+    state.transport = httpx.AsyncHTTPTransport(limits=limits)
     state.info = await aprobe(state.upstream, state.client)
     state.server = state.info.record()
     if state.info.props is not None:
@@ -194,6 +198,8 @@ async def _shutdown(state: ProxyState) -> None:
         await asyncio.wait(state.pending, timeout=TOKEN_FETCH_TIMEOUT)
     if state.client:
         await state.client.aclose()
+    if state.transport:
+        await state.transport.aclose()
     if state.writer:
         state.writer.close()
 
@@ -344,16 +350,16 @@ async def _disconnected_early(state: ProxyState, ex: Exchange) -> None:
 async def _open_upstream(state: ProxyState, scope, url: str, body: Any, send, ex: Exchange):
     """The upstream's streamed response, or None after answering the client a 502 (or, for a
     client gone while its over-cap body was being relayed, after recording that)."""
-    assert state.client
+    assert state.client and state.transport
     sent = ex.on_wire if ex.prep is not None else None
     try:
         try:
-            return await _send_upstream(state.client, scope, url, body, sent)
+            return await _send_upstream(state.client, state.transport, scope, url, body, sent)
         except (httpx.RemoteProtocolError, httpx.ReadError):
             if not isinstance(body, bytes):
                 raise  # a relayed body cannot be sent twice
             # a kept-alive connection the server had closed: nothing reached it, send again once
-            return await _send_upstream(state.client, scope, url, body, sent)
+            return await _send_upstream(state.client, state.transport, scope, url, body, sent)
     except ConnectionResetError:
         if ex.rec is not None:
             await _disconnected_early(state, ex)
@@ -377,7 +383,12 @@ async def _open_upstream(state: ProxyState, scope, url: str, body: Any, send, ex
 
 
 async def _send_upstream(
-    client: httpx.AsyncClient, scope, url: str, body: Any, sent: asyncio.Event | None
+    client: httpx.AsyncClient,
+    transport: httpx.AsyncHTTPTransport,
+    scope,
+    url: str,
+    body: Any,
+    sent: asyncio.Event | None,
 ) -> httpx.Response:
     """Send the request; `sent` is set as soon as its body is written (httpcore's trace extension),
     before the upstream answers."""
@@ -386,7 +397,7 @@ async def _send_upstream(
         headers += [(k, v) for k, v in scope["headers"] if k.lower() == b"content-length"]
     extensions = {"trace": _body_sent_trace(sent)} if sent is not None else None
     req = client.build_request(scope["method"], url, headers=headers, content=body, extensions=extensions)
-    return await client.send(req, stream=True)
+    return await transport.handle_async_request(req)
 
 
 def _body_sent_trace(sent: asyncio.Event):
