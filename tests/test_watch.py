@@ -307,3 +307,14 @@ def test_a_replays_cold_rate_gives_seconds_to_a_session_without_timings(tmp_path
     s = json.loads(r.stdout)["summary"]
     assert s["seconds_estimated"] and s["ms_per_token"] == 2.0
     assert s["wasted_seconds"] == pytest.approx(s["wasted_tokens"] / 500, abs=1e-3)
+
+
+def test_a_prefill_rate_the_session_does_not_need_is_said(capsys):
+    """The agent capture has the server's timings: a given --prefill-rate is not used, and the report says so."""
+    from pathlib import Path
+
+    from tokendiff.cli import main
+
+    capture = Path(__file__).parents[1] / "captures/agent/capture.jsonl"
+    assert main(["report", str(capture), "--prefill-rate", "100", "--format", "json"]) == 0
+    assert "--prefill-rate not used: the session has the server's measured timings" in capsys.readouterr().err

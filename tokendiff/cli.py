@@ -456,6 +456,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         loaded = wf.open_session(popts, paths, _progress_line(tty), single_turns=False, layout=layout, capacity=ladder)
         _clear_line(tty)
         doc, reuse, what = wf.session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
+        if args.prefill_rate and not loaded.session.rate_estimated and loaded.session.ms_per_token is not None:
+            print("tokendiff: --prefill-rate not used: the session has the server's measured timings", file=sys.stderr)
     else:  # the fleet view; its workers write the dataset as they go
         fleet_opts = wf.FleetOptions(report=opts, export_dir=args.export if dataset else None)
         fleet = wf.fleet_report(_prompt_options(args), paths, fleet_opts, _progress_line(tty))

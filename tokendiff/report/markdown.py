@@ -69,6 +69,11 @@ def _facts(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _section_cell(section: str | None) -> str:
+    """A section as code, or nothing at all for a turn without a divergence (not an empty code span)."""
+    return f"`{_code(section)}`" if section else ""
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     if doc.get("schema") == "tokendiff.fleet/1":
         return render_fleet_markdown(doc)
@@ -116,7 +121,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         out.append(
             f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} | {ck:,} | {t['reuse_pct']:.1f} | "
             f"{t['recomputed']:,} | {t['new_tokens']:,} | {t['wasted']:,} | {seconds_text(t.get('wasted_seconds'))} | "
-            f"`{_code(t['first_divergence_section'] or '')}` | {_cell(t['cause'])} | {_cell(t['reported_cached'])} | "
+            f"{_section_cell(t['first_divergence_section'])} | {_cell(t['cause'])} | {_cell(t['reported_cached'])} | "
             f"{_ms(t.get('ttft_ms'))} | {_ms(t.get('prefill_ms'))} | {_cell(t['note'])} |"
         )
     out += _capacity(doc)
