@@ -816,7 +816,7 @@ def detect_result_truncated(ctx: Ctx) -> Finding | None:
         hunk=ctx.i,
         confidence=0.85,
         title=f"Tool result re-truncated differently: {ra.path.label}",
-        evidence=f"{ra.path.label}: {len(ta):,} bytes in A, {len(tb):,} in B ({len(tb) - len(ta):+,}), "
+        evidence=f"its text is {len(ta):,} bytes in A, {len(tb):,} in B ({len(tb) - len(ta):+,}), "
         f"the same up to byte {same:,}",
         fix="Truncate each tool result once, when it is added, and send that text unchanged on every later turn",
         origin="client",
