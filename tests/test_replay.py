@@ -142,3 +142,17 @@ def test_replay_result_merges_into_the_report(server, pair, tmp_path):
     assert "## Measured on a backend" in md.stdout and "| llama-server |" in md.stdout
     bad = run("report", str(tmp_path / "s"), "--replay", str(pair[0]))
     assert bad.returncode == 2 and "not a tokendiff replay result" in bad.stderr
+
+
+def test_replay_to_a_backend_that_is_down_says_so(capsys):
+    """The same one line as the TUI's replay (issue 14 defect 11), from the shared workflow."""
+    from pathlib import Path
+
+    from tokendiff.cli import main
+    from tokendiff.testing.llama_server import free_port
+
+    demo = Path(__file__).parents[1] / "captures/demo"
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["replay", str(demo / "turn-04.bin"), str(demo / "turn-05.bin"), "--backend", url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot connect to {url}" in err and "refused" in err.lower()

@@ -640,6 +640,22 @@ def can_tokenize_chat(info: ServerInfo) -> bool:
     return info.kind in (LLAMA, VLLM)
 
 
+def unreachable(url: str) -> str | None:
+    """Why nothing answers at `url` (connection refused, no such host), or None when something does.
+    Asked before a probe, so that a server that is down is reported as down, not as a backend of
+    unknown kind."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=CONNECT_TIMEOUT).close()
+    except OSError as e:
+        return f"cannot connect to {shown_url(url)}: {e.strerror or e}"
+    return None
+
+
 def replay_client() -> httpx.Client:
     """A long read timeout, and a fresh connection per request: llama-server may close a
     kept-alive connection after a stream, and a replay must not retry a timed request."""

@@ -1065,9 +1065,12 @@ def replay_pair(
 
     from tokendiff import replay as rp
     from tokendiff.cost import reusable_ceiling
-    from tokendiff.server import replay_client
+    from tokendiff.server import replay_client, unreachable
 
     check_replay(opts)
+    down = unreachable(opts.backend)
+    if down:
+        raise InputError(down)
     a, b, d = pair.a, pair.b, pair.divergence
 
     def decode(ids: list[int]) -> str:

@@ -516,9 +516,6 @@ class PairScreen(Screen):
 
         loader, force = self.app.loader, self.app.options.force  # type: ignore[attr-defined]
         try:
-            unreachable = _unreachable(backend)
-            if unreachable:
-                raise InputError(unreachable)
             result = replay_pair(
                 self._pair(), loader, ReplayOptions(backend=backend, force=force), lambda m: show(f"replay: {m}")
             )
@@ -552,23 +549,6 @@ def free_path(path: Path) -> Path:
         candidate = path.with_name(f"{path.stem}-{k}{path.suffix}")
         k += 1
     return candidate
-
-
-def _unreachable(url: str) -> str | None:
-    """Why nothing answers at `url` (connection refused, no such host), or None when something does.
-
-    Asked first so that a server that is down is reported as down, not as a backend of unknown kind.
-    """
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=3).close()
-    except OSError as e:
-        return f"cannot connect to {url}: {e.strerror or e}"
-    return None
 
 
 def span_words(h: Hunk) -> str:
