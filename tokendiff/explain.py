@@ -832,10 +832,16 @@ THINK_SWITCH_RE = re.compile(r"/(?:no_)?think\b")
 SETTING_KEYS = ("reasoning_effort", "enable_thinking", "thinking", "reasoning", "thinking_budget")
 
 
+LINE_REACH = 512  # a setting line is short; a megabyte-long line is read only this far each side
+
+
 def _line_at(p: Prompt, byte: int) -> str:
-    s = p.data.rfind(b"\n", 0, byte) + 1
-    e = p.data.find(b"\n", byte)
-    return p.data[s : e if e >= 0 else len(p.data)].decode("utf-8", "replace")
+    """The line holding `byte`, cut to LINE_REACH bytes each side so a prompt without newlines
+    does not decode whole."""
+    lo, hi = max(0, byte - LINE_REACH), min(len(p.data), byte + LINE_REACH)
+    s = p.data.rfind(b"\n", lo, byte) + 1 or lo
+    e = p.data.find(b"\n", byte, hi)
+    return p.data[s : e if e >= 0 else hi].decode("utf-8", "replace")
 
 
 def _request_settings(p: Prompt) -> dict[str, object]:

@@ -272,16 +272,16 @@ def _unpack_server_tokens(slot: SlotFile, words: array[int]) -> None:
 
 def check_vocab(slot_tokens: Ids, n_vocab: int, source: str, vocab_name: str) -> None:
     """Refuse IDs outside [0, n_vocab): the tokenizer is not the model's. The IDs are a stdlib
-    array, a list or a numpy array; max() runs at C speed on the first two."""
+    array, a list or a numpy array; max() runs at C speed on each without a Python int per token."""
     if len(slot_tokens) == 0:
         return
-    ids = cast(Any, slot_tokens).tolist() if hasattr(slot_tokens, "dtype") else slot_tokens  # numpy: plain ints
-    top = max(ids)
+    ids = cast(Any, slot_tokens)
+    top = int(ids.max()) if hasattr(ids, "dtype") else max(ids)  # numpy's own max: no Python int per token
     if top >= n_vocab:
         bad = [i for i, t in enumerate(ids) if t >= n_vocab]
         i = bad[0]
         raise InputError(
-            f"token {i} is id {ids[i]}, outside the {n_vocab}-token vocabulary of "
+            f"token {i} is id {int(ids[i])}, outside the {n_vocab}-token vocabulary of "
             f"{vocab_name} ({len(bad)} such tokens, max id {top}); "
             "pass --tokenizer with the model's tokenizer.json, HF directory or GGUF file",
             source=source,
