@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import struct
 import sys
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter
-from itertools import compress, count, repeat
+from itertools import compress, count, filterfalse, repeat
 from operator import eq, itemgetter
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,8 @@ SMALL = 1500  # gaps up to this many tokens a side go to difflib directly
 KGRAM = 8
 WEIGHTED_MAX = 400
 GLUE = 3  # equal runs this short between two larger edits are merged into them
+STRIDE = 64  # B's tokens between the k-grams `_cover` looks up in A
+MIN_SEGMENT = 2 * KGRAM  # shorter equal segments found that way are not taken
 _SCAN = 64  # bytes left to compare one by one after bisecting
 NUMPY_FROM = 150_000  # tokens a side from which importing numpy for the anchors pays for itself
 
@@ -158,27 +160,95 @@ def _kgrams(raw: bytes, lo: int, hi: int) -> list[bytes]:
     return out
 
 
-def _once(grams: list[bytes]) -> set[bytes]:
-    """The k-grams that occur exactly once (counted and filtered in C)."""
-    counts = Counter(grams)
-    return set(compress(counts, map(eq, counts.values(), repeat(1))))
+def _cover(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
+    """Equal segments (i, j, n), A[i:i+n] == B[j:j+n], increasing and disjoint on both sides: B's
+    k-grams at every STRIDE-th token found in A past the last segment, each grown both ways by
+    byte compares. Any such cover gives B's k-gram counts exactly from A's (`_unique_common`); a
+    good one (one segment per unedited stretch) leaves few k-grams to count by hand."""
+    ra, rb, k = s.ra, s.rb, KGRAM
+    segs: list[tuple[int, int, int]] = []
+    ia, jb, j = alo, blo, blo  # everything before A's ia and B's jb is settled
+    while j + k <= bhi:
+        at = ra.find(rb[4 * j : 4 * (j + k)], 4 * ia, 4 * ahi)
+        while at > 0 and at % 4:
+            at = ra.find(rb[4 * j : 4 * (j + k)], at + 1, 4 * ahi)
+        if at < 0:
+            j += STRIDE
+            continue
+        i = at // 4
+        back = _last_diff(ra, 4 * i, rb, 4 * j, 4 * min(i - ia, j - jb)) // 4
+        fwd = _first_diff(ra, 4 * i, rb, 4 * j, 4 * min(ahi - i, bhi - j)) // 4
+        if back + fwd < MIN_SEGMENT:  # a stray match: taking it would only skip A past the right one
+            j += STRIDE
+            continue
+        segs.append((i - back, j - back, back + fwd))
+        ia = i + fwd
+        jb = j = j + fwd
+    return segs
+
+
+def _uncovered(segs: list[tuple[int, int, int]], lo: int, hi: int, side: int) -> list[tuple[int, int]]:
+    """The k-gram starts in [lo, hi - KGRAM] of one side (0: A, 1: B) that no segment holds whole."""
+    out, at = [], lo
+    for seg in segs:
+        start, n = seg[side], seg[2]
+        if n >= KGRAM:
+            if start > at:
+                out.append((at, start))
+            at = start + n - KGRAM + 1
+    if hi - KGRAM + 1 > at:
+        out.append((at, hi - KGRAM + 1))
+    return out
+
+
+def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) -> list[int]:
+    """A's k-gram positions (relative to alo) whose k-gram occurs once in A and once in B, in order.
+
+    B's counts come from A's: through a cover (`_cover`) every B k-gram inside a segment is the
+    A k-gram it sits on, so count_B = count_A - (A's uncovered) + (B's uncovered). For a k-gram
+    once in A, that is 1 + count in B's uncovered where A's one is covered, else that count alone.
+    Only A's k-grams are counted in full; B's are cut only where the cover leaves gaps."""
+    alo, ahi, blo, bhi = box
+    segs = _cover(s, alo, ahi, blo, bhi)
+    counts = Counter(ga)
+    xs = list(compress(count(), map(eq, map(counts.__getitem__, ga), repeat(1))))
+    extra: Counter[bytes] = Counter()
+    for b0, b1 in _uncovered(segs, blo, bhi, 1):
+        extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
+    drop: set[int] = set()
+    gaps = _uncovered(segs, alo, ahi, 0)
+    for a0, a1 in gaps:  # A's uncovered k-grams: kept iff B's uncovered hold them once
+        once = map(eq, map(counts.__getitem__, ga[a0 - alo : a1 - alo]), repeat(1))
+        drop.update(x for x in compress(range(a0 - alo, a1 - alo), once) if extra.get(ga[x], 0) != 1)
+    starts = [a0 for a0, _ in gaps]
+    for g in extra:  # covered ones: kept iff B's uncovered lack them
+        if counts.get(g) == 1:
+            x = _find_aligned(s.ra, g, alo, ahi) - alo
+            at = bisect_right(starts, x + alo) - 1
+            if at < 0 or x + alo >= gaps[at][1]:
+                drop.add(x)
+    return list(filterfalse(drop.__contains__, xs)) if drop else xs
+
+
+def _find_aligned(raw: bytes, gram: bytes, lo: int, hi: int) -> int:
+    """The token position of `gram` in raw's tokens [lo, hi), at a token boundary (-1: none)."""
+    at = raw.find(gram, 4 * lo, 4 * hi)
+    while at > 0 and at % 4:
+        at = raw.find(gram, at + 1, 4 * hi)
+    return at // 4 if at >= 0 else -1
 
 
 def _runs_stdlib(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
     """The anchor runs (ia, ib, n) relative to (alo, blo), in order of ia: k-grams occurring once in
     A and once in B, consecutive on one diagonal. Only the anchors' A positions are listed; where
     each run starts in B and how far it goes are found by byte search and compare (`_run_end`)."""
-    ga, gb = _kgrams(s.ra, alo, ahi), _kgrams(s.rb, blo, bhi)
-    common = _once(ga).intersection(_once(gb))
-    xas = list(compress(count(), map(common.__contains__, ga)))
+    ga = _kgrams(s.ra, alo, ahi)
+    xas = _unique_common(s, (alo, ahi, blo, bhi), ga)
     runs: list[tuple[int, int, int]] = []
     i = 0
     while i < len(xas):
         xa = xas[i]
-        at = s.rb.find(ga[xa], 4 * blo, 4 * bhi)
-        while at % 4:  # a match across token boundaries: the aligned one (B holds it once) is further on
-            at = s.rb.find(ga[xa], at + 1, 4 * bhi)
-        xb = at // 4 - blo
+        xb = _find_aligned(s.rb, ga[xa], blo, bhi) - blo  # a match across token boundaries is skipped
         j = _run_end(s, xas, i, (alo, blo, bhi), xb)
         runs.append((xa, xb, xas[j] - xa + KGRAM))
         i = j + 1
