@@ -243,7 +243,7 @@ def _map(path: Path) -> memoryview | None:
 
 
 def _load_cache(path: Path, key: str) -> Vocab | None:
-    import orjson
+    import json  # not orjson: its import costs `tokendiff diff` more than this one header saves
 
     mv = _map(path) if sys.byteorder == "little" else None  # the offsets are little-endian
     if mv is None or mv[: len(CACHE_MAGIC)] != CACHE_MAGIC:
@@ -251,7 +251,7 @@ def _load_cache(path: Path, key: str) -> Vocab | None:
     try:
         hlen, n, blen = _CACHE_FIXED.unpack_from(mv, len(CACHE_MAGIC))
         pos = len(CACHE_MAGIC) + _CACHE_FIXED.size
-        head = orjson.loads(mv[pos : pos + hlen])
+        head = json.loads(bytes(mv[pos : pos + hlen]))
         pos += hlen + (-(pos + hlen) % 8)
         if head.get("key") != key or head["n"] != n or pos + 9 * n + 8 + blen != len(mv):
             return None
@@ -260,7 +260,7 @@ def _load_cache(path: Path, key: str) -> Vocab | None:
         if offsets[n] != blen:
             return None
         meta = VocabMeta(**head["meta"])
-    except (ValueError, KeyError, TypeError, struct.error, orjson.JSONDecodeError):
+    except (ValueError, KeyError, TypeError, struct.error):  # json.JSONDecodeError is a ValueError
         return None
     return Vocab(head["name"], mv[pos + 9 * n + 8 :], offsets, flags, head["identity"], meta)
 

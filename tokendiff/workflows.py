@@ -750,9 +750,9 @@ def session_pair(loaded: LoadedSession, turn: int) -> PairResult:
 
 def pair_json(pair: PairResult) -> bytes:
     """The bytes `tokendiff diff --json` prints."""
-    import orjson
+    from tokendiff.report.diff import document_json
 
-    return orjson.dumps(pair.document, option=orjson.OPT_INDENT_2) + b"\n"
+    return document_json(pair.document)
 
 
 def export_pair(pair: PairResult, path: Path) -> Path:

@@ -223,3 +223,36 @@ def render_text(doc: dict[str, Any], color: bool = False, max_hunks: int = 20) -
     if len(hunks) > max_hunks:
         out.append(f"… {len(hunks) - max_hunks} more (--json lists all)")
     return "\n".join(out) + "\n"
+
+
+def document_json(doc: dict[str, Any]) -> bytes:
+    """The document as `diff --json` prints it: orjson's indented form, newline-terminated.
+
+    Written by the stdlib encoder when it gives the same bytes, for `tokendiff diff` leaves orjson
+    unimported (~3 ms with its datetime, uuid and platform imports, against ~1 ms to encode here)."""
+    if _stdlib_writes_it(doc):
+        import json
+
+        try:
+            return json.dumps(doc, indent=2, ensure_ascii=False).encode() + b"\n"
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: orjson names it
+    import orjson
+
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def _stdlib_writes_it(x: Any) -> bool:
+    """Whether json.dumps writes x as orjson does: plain JSON types only, integers within 64 bits and
+    finite floats that repr without a negative exponent (json writes 1e-06 where orjson writes 1e-6)."""
+    if isinstance(x, str) or x is None or isinstance(x, bool):
+        return True
+    if isinstance(x, int):
+        return -(1 << 63) <= x < (1 << 64)
+    if isinstance(x, float):
+        return x == 0.0 or 1e-4 <= abs(x) < float("inf")
+    if type(x) is dict:
+        return all(type(k) is str for k in x) and all(map(_stdlib_writes_it, x.values()))
+    if type(x) in (list, tuple):
+        return all(map(_stdlib_writes_it, x))
+    return False
