@@ -73,6 +73,54 @@ def test_stdlib_anchors_match_numpy(monkeypatch, seed):
     assert plain == vectorised
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_stdlib_anchors_match_numpy_copied_and_repeated(monkeypatch, seed):
+    """Blocks of A copied into B (two B segments on one A stretch), and a repeated unit: the cover
+    `_runs_stdlib` counts B's k-grams through must still give B's exact counts."""
+    rng = random.Random(100 + seed)
+    unit = [rng.randrange(3000) for _ in range(rng.randrange(20, 300))]
+    base = [rng.randrange(3000) for _ in range(4000)] + unit * 20 + [rng.randrange(3000) for _ in range(3000)]
+    a = _edited(base, rng.randrange(1, 10), rng)
+    b = _edited(base, rng.randrange(1, 10), rng)
+    at, n = rng.randrange(len(b)), rng.randrange(50, 1500)
+    b[at:at] = a[rng.randrange(len(a) - n) :][:n]
+    plain, vectorised = _both(monkeypatch, array("i", a), array("i", b))
+    assert plain == vectorised and plain
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_stdlib_runs_are_numpys(seed):
+    """The anchor runs themselves, before the chain and the verification that would hide a wrong one:
+    k-grams once in A and once in B, with B's counts taken through `_cover`."""
+    rng = random.Random(200 + seed)
+    alphabet = (2, 30, 3000)[seed % 3]
+    base = [rng.randrange(alphabet) for _ in range(rng.randrange(2000, 9000))]
+    if seed % 4 == 3:
+        base = (base[: rng.randrange(20, 300)] * 40)[: len(base)]
+    a = _edited(base, rng.randrange(0, 20), rng)
+    b = _edited(base, rng.randrange(0, 20), rng)
+    at, n = rng.randrange(len(b)), rng.randrange(10, 1500)
+    b[at:at] = a[rng.randrange(len(a)) :][:n]  # a copied block
+    s = align._Seqs(array("i", a), array("i", b))
+    assert align._runs_stdlib(s, 0, len(a), 0, len(b)) == align._runs_numpy(s, 0, len(a), 0, len(b))
+
+
+def test_document_json_is_orjsons():
+    """`diff --json` bytes from the stdlib encoder where they equal orjson's, orjson's otherwise."""
+    import orjson
+
+    from tokendiff.report.diff import document_json
+
+    docs = [
+        {"a": [1, 2.5, None, True, 'é\x1f\n"', {}, []], "b": {"c": 0.036685, "d": -0.0, "e": 1e16, "f": 1 << 63}},
+        {"small": 1e-06, "x": [0.1]},  # json writes 1e-06, orjson 1e-6
+        {"inf": float("inf")},  # json writes Infinity, orjson null
+        {"t": (1, 2), "big": -(1 << 63)},
+    ]
+    for doc in docs:
+        assert document_json(doc) == orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n", doc
+
+
 def test_stdlib_anchors_match_numpy_zipf(monkeypatch):
     rng = np.random.default_rng(3)
     a = rng.zipf(1.3, 40_000).clip(0, 150_000).astype(np.int32)

@@ -4,7 +4,9 @@ The longest common prefix is what a token-exact prefix cache can reuse. The
 hunks after it come from a real sequence diff that stays near-linear on 100k
 tokens with a handful of edits: trim the common ends, anchor the middle on
 k-grams that occur once on each side (patience-style), and hand only the small
-gaps between anchors to difflib. IDs are compared as int32 bytes (slice
+gaps between anchors to difflib. Only A's k-grams are counted in full: B's
+counts follow from A's through equal segments found by byte search, so B's
+k-grams are cut only around its edits. IDs are compared as int32 bytes (slice
 compares and dict lookups run in C), so the diff needs no numpy.
 """
 
