@@ -607,6 +607,28 @@ def prompt_ids(url: str, request: dict[str, Any]) -> list[int]:
         return c.prompt_ids(request)
 
 
+def served_template(url: str, local: str | None, local_name: str) -> str | None:
+    """The chat template a llama-server renders with, as its /props reports it: a `--chat-template-file`
+    on the server overrides the model file's, so rendering with the local one would part from the
+    server's tokens at the first byte. None where the server reports none. Said once on stderr when it
+    differs from `local` (the template `local_name` carries)."""
+    import sys
+
+    with LlamaClient(url, timeout=PROBE_TIMEOUT) as api:
+        r = api.request("GET", "/props")
+    props = _json_or_none(r.status_code, r.content)
+    tmpl = props.get("chat_template") if isinstance(props, dict) else None
+    if not isinstance(tmpl, str) or not tmpl.strip():
+        return None
+    if local is not None and tmpl != local:
+        print(
+            f"tokendiff: rendering requests with the chat template {shown_url(url)} reports in /props, "
+            f"not the different one in {local_name}",
+            file=sys.stderr,
+        )
+    return tmpl
+
+
 # ---------------------------------------------------------------- async: the proxy's token fetch
 
 

@@ -102,7 +102,12 @@ def open_loader(opts: PromptOptions) -> Loader:
     from tokendiff.vocab import load_vocab
 
     vocab = load_vocab(opts.tokenizer, opts.server)
-    return Loader(vocab, opts.family, opts.order, read_chat_template(opts.chat_template))
+    tmpl = read_chat_template(opts.chat_template)
+    if tmpl is None and opts.server:  # the template the server renders with (issue #13)
+        from tokendiff.server import served_template
+
+        tmpl = served_template(opts.server, vocab.meta.chat_template, vocab.name)
+    return Loader(vocab, opts.family, opts.order, tmpl)
 
 
 def tokenizer_info(vocab: Vocab) -> dict[str, Any]:
