@@ -17,7 +17,7 @@ import sys
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from itertools import compress, count, filterfalse, repeat
-from operator import eq, itemgetter
+from operator import eq, itemgetter, ne, not_
 from typing import TYPE_CHECKING
 
 from tokendiff.model import Divergence, Hunk, Prompt, id_bytes
@@ -213,7 +213,9 @@ def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) ->
     alo, ahi, blo, bhi = box
     segs = _cover(s, alo, ahi, blo, bhi)
     counts = Counter(ga)
-    xs = list(compress(count(), map(eq, map(counts.__getitem__, ga), repeat(1))))
+    # the few repeated k-grams as a small set, looked up far faster than the whole count table
+    dups = set(compress(counts, map(ne, counts.values(), repeat(1))))
+    xs = list(compress(count(), map(not_, map(dups.__contains__, ga)))) if dups else list(range(len(ga)))
     extra: Counter[bytes] = Counter()
     for b0, b1 in _uncovered(segs, blo, bhi, 1):
         extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
