@@ -18,7 +18,10 @@ from tokendiff.grammar import json_braces
 from tokendiff.model import flag_indices, id_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("numpy", "httpx", "jinja2", "transformers", "tokenizers", "polars", "textual", "torch", "hashlib")
+HEAVY = (
+    *("numpy", "httpx", "jinja2", "transformers", "tokenizers", "polars", "textual", "torch", "hashlib"),
+    *("orjson", "shutil"),  # orjson brings datetime, uuid and platform; shutil zlib, bz2 and lzma
+)
 
 
 def test_diff_of_slot_files_imports_nothing_heavy():
