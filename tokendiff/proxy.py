@@ -388,23 +388,23 @@ async def _send_upstream(
     transport: httpx.AsyncHTTPTransport, scope, url: httpx.URL, body: Any, sent: asyncio.Event | None
 ) -> httpx.Response:
     """Send the request straight to the transport: a client's per-request work (default headers,
-    cookies, URL joining, ~0.1 ms) is not the proxy's to add. `sent` is set as soon as the body is
-    written, before the upstream answers."""
+    cookies, URL joining, ~0.05 ms) is not the proxy's to add. `sent` is set as soon as the body is
+    written (httpcore's trace extension), before the upstream answers."""
     headers = _forward_headers(scope)
     headers.append((b"accept-encoding", b"identity"))  # an answer the record can read, as the client gets it
     if not isinstance(body, bytes):  # relayed as it comes: keep the client's length, not chunked
         headers += [(k, v) for k, v in scope["headers"] if k.lower() == b"content-length"]
-    elif body and sent is not None:
-        headers.append((b"content-length", str(len(body)).encode()))
-        body = _then_set(body, sent)
-    req = httpx.Request(scope["method"], url, headers=headers, content=body, extensions=FORWARD_EXTENSIONS)
+    extensions = {**FORWARD_EXTENSIONS, "trace": _body_sent_trace(sent)} if sent is not None else FORWARD_EXTENSIONS
+    req = httpx.Request(scope["method"], url, headers=headers, content=body, extensions=extensions)
     return await transport.handle_async_request(req)
 
 
-async def _then_set(body: bytes, sent: asyncio.Event):
-    """The body for httpcore, which asks for more only once it has written it: then `sent` is set."""
-    yield body
-    sent.set()
+def _body_sent_trace(sent: asyncio.Event):
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event.endswith("send_request_body.complete"):
+            sent.set()
+
+    return trace
 
 
 def _upstream_url(state: ProxyState, scope) -> httpx.URL:
