@@ -108,6 +108,34 @@ def bench_cli(tmp: Path, runs: int) -> None:
     )
 
 
+ALIGN_STDLIB = """
+import statistics, sys, time
+from tokendiff.align import diff_spans
+from tokendiff.slotfile import read_slot_file
+a, b = read_slot_file(sys.argv[1]).tokens, read_slot_file(sys.argv[2]).tokens
+times = []
+for _ in range(int(sys.argv[3])):
+    t0 = time.perf_counter()
+    spans = diff_spans(a, b)
+    times.append(time.perf_counter() - t0)
+print(f"{1000 * statistics.median(times):.1f} {1000 * min(times):.1f} {len(spans)} {'numpy' in sys.modules}")
+"""
+
+
+def bench_align_stdlib(tmp: Path, runs: int) -> None:
+    """The aligner as `diff` runs it: in a process without numpy, on the slot files' 50k-token pair."""
+    out = subprocess.run(
+        [sys.executable, "-c", ALIGN_STDLIB, str(tmp / "a.bin"), str(tmp / "b.bin"), str(runs)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out[3] == "False", "numpy was imported"
+    print(
+        f"align the 50,000-token pair without numpy (as diff does): median {out[0]} ms (min {out[1]}), {out[2]} hunks"
+    )
+
+
 def bench_align(runs: int) -> None:
     from tokendiff.align import diff_spans
 
@@ -134,6 +162,7 @@ def main() -> None:
         return make_files(args.make)
     with tempfile.TemporaryDirectory() as tmp:
         bench_cli(Path(tmp), args.runs)
+        bench_align_stdlib(Path(tmp), args.runs)
     bench_align(args.runs)
 
 
