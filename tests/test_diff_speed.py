@@ -108,6 +108,20 @@ def test_stdlib_runs_are_numpys(seed):
     assert align._runs_stdlib(s, 0, len(a), 0, len(b)) == align._runs_numpy(s, 0, len(a), 0, len(b))
 
 
+def test_stdlib_runs_where_the_cover_fails():
+    """Unrelated prompts, and a tail rewritten: `_cover` gives up and B's k-grams are counted by hand."""
+    rng = random.Random(7)
+    a = [rng.randrange(3000) for _ in range(6000)]
+    pairs = [
+        (a, [rng.randrange(3000) for _ in range(6000)]),
+        (a, a[:2500] + [rng.randrange(3000) for _ in range(4000)]),
+    ]
+    pairs.append((a, pairs[1][1][:3000] + a[4000:]))  # and a deletion within the rewritten part
+    for x, y in pairs:
+        s = align._Seqs(array("i", x), array("i", y))
+        assert align._runs_stdlib(s, 0, len(x), 0, len(y)) == align._runs_numpy(s, 0, len(x), 0, len(y))
+
+
 def test_document_json_is_orjsons():
     """`diff --json` bytes from the stdlib encoder where they equal orjson's, orjson's otherwise."""
     import orjson

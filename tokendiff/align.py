@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import struct
 import sys
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections import Counter
-from itertools import compress, count, filterfalse, repeat
-from operator import eq, itemgetter, ne, not_
+from itertools import chain, compress, count, repeat
+from operator import and_, eq, itemgetter, ne, not_
 from typing import TYPE_CHECKING
 
 from tokendiff.model import Divergence, Hunk, Prompt, id_bytes
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from tokendiff.model import Ids
 
 SMALL = 1500  # gaps up to this many tokens a side go to difflib directly
@@ -31,6 +33,7 @@ WEIGHTED_MAX = 400
 GLUE = 3  # equal runs this short between two larger edits are merged into them
 STRIDE = 64  # B's tokens between the k-grams `_cover` looks up in A
 MIN_SEGMENT = 2 * KGRAM  # shorter equal segments found that way are not taken
+MAX_MISSES = 16  # B's k-grams in a row not found in A before `_cover` stops looking (unrelated prompts)
 _SCAN = 64  # bytes left to compare one by one after bisecting
 NUMPY_FROM = 150_000  # tokens a side from which importing numpy for the anchors pays for itself
 
@@ -170,22 +173,22 @@ def _cover(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, 
     ra, rb, k = s.ra, s.rb, KGRAM
     segs: list[tuple[int, int, int]] = []
     ia, jb, j = alo, blo, blo  # everything before A's ia and B's jb is settled
-    while j + k <= bhi:
+    misses = 0  # lookups in a row that found nothing to take: past MAX_MISSES, B's rest is counted by hand
+    while j + k <= bhi and misses < MAX_MISSES:
         at = ra.find(rb[4 * j : 4 * (j + k)], 4 * ia, 4 * ahi)
         while at > 0 and at % 4:
             at = ra.find(rb[4 * j : 4 * (j + k)], at + 1, 4 * ahi)
-        if at < 0:
-            j += STRIDE
-            continue
         i = at // 4
-        back = _last_diff(ra, 4 * i, rb, 4 * j, 4 * min(i - ia, j - jb)) // 4
-        fwd = _first_diff(ra, 4 * i, rb, 4 * j, 4 * min(ahi - i, bhi - j)) // 4
-        if back + fwd < MIN_SEGMENT:  # a stray match: taking it would only skip A past the right one
+        back = _last_diff(ra, 4 * i, rb, 4 * j, 4 * min(i - ia, j - jb)) // 4 if at >= 0 else 0
+        fwd = _first_diff(ra, 4 * i, rb, 4 * j, 4 * min(ahi - i, bhi - j)) // 4 if at >= 0 else 0
+        if back + fwd < MIN_SEGMENT:  # none, or a stray match: taking it would only skip A past the right one
             j += STRIDE
+            misses += 1
             continue
         segs.append((i - back, j - back, back + fwd))
         ia = i + fwd
         jb = j = j + fwd
+        misses = 0
     return segs
 
 
@@ -208,30 +211,30 @@ def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) ->
 
     B's counts come from A's: through a cover (`_cover`) every B k-gram inside a segment is the
     A k-gram it sits on, so count_B = count_A - (A's uncovered) + (B's uncovered). For a k-gram
-    once in A, that is 1 + count in B's uncovered where A's one is covered, else that count alone.
-    Only A's k-grams are counted in full; B's are cut only where the cover leaves gaps."""
+    once in A, B holds it once iff B's uncovered k-grams hold it 0 times where A's one is covered,
+    once where it is not. Only A's k-grams are counted in full; B's are cut only where the cover
+    leaves gaps, and looked up in that small table."""
     alo, ahi, blo, bhi = box
     segs = _cover(s, alo, ahi, blo, bhi)
     counts = Counter(ga)
-    # the few repeated k-grams as a small set, looked up far faster than the whole count table
-    dups = set(compress(counts, map(ne, counts.values(), repeat(1))))
-    xs = list(compress(count(), map(not_, map(dups.__contains__, ga)))) if dups else list(range(len(ga)))
+    dups = set(compress(counts, map(ne, counts.values(), repeat(1))))  # small: looked up fast
     extra: Counter[bytes] = Counter()
     for b0, b1 in _uncovered(segs, blo, bhi, 1):
         extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
-    drop: set[int] = set()
-    gaps = _uncovered(segs, alo, ahi, 0)
-    for a0, a1 in gaps:  # A's uncovered k-grams: kept iff B's uncovered hold them once
-        once = map(eq, map(counts.__getitem__, ga[a0 - alo : a1 - alo]), repeat(1))
-        drop.update(x for x in compress(range(a0 - alo, a1 - alo), once) if extra.get(ga[x], 0) != 1)
-    starts = [a0 for a0, _ in gaps]
-    for g in extra:  # covered ones: kept iff B's uncovered lack them
-        if counts.get(g) == 1:
-            x = _find_aligned(s.ra, g, alo, ahi) - alo
-            at = bisect_right(starts, x + alo) - 1
-            if at < 0 or x + alo >= gaps[at][1]:
-                drop.add(x)
-    return list(filterfalse(drop.__contains__, xs)) if drop else xs
+    once_in_a = map(not_, map(dups.__contains__, ga))
+    once_in_b = map(eq, map(extra.get, ga, repeat(0)), _wanted(_uncovered(segs, alo, ahi, 0), alo, ahi))
+    return list(compress(count(), map(and_, once_in_a, once_in_b)))
+
+
+def _wanted(gaps: list[tuple[int, int]], alo: int, ahi: int) -> Iterator[int]:
+    """Per k-gram start of A in [alo, ahi - KGRAM]: 1 in A's uncovered ranges, 0 in the covered ones."""
+    at = alo
+    parts = []
+    for g0, g1 in gaps:
+        parts += [repeat(0, g0 - at), repeat(1, g1 - g0)]
+        at = g1
+    parts.append(repeat(0, ahi - KGRAM + 1 - at))
+    return chain.from_iterable(parts)
 
 
 def _find_aligned(raw: bytes, gram: bytes, lo: int, hi: int) -> int:
