@@ -186,8 +186,12 @@ def test_tool_result_truncated_differently_each_turn(qwen, vocab, fields):
         return {"messages": msgs, "tools": TOOLS}
 
     a, b = served(qwen, vocab, body(1500), fields), served(qwen, vocab, body(1200), fields)
-    f = first(a, b)
+    fs, _ = findings(a, b)
+    f = fs[0]
     assert f.kind == "tool_result_truncated" and f.origin == "client"
+    # the truncation note's count is a second span of the same finding, not a counter change
+    assert [x.kind for x in fs] == ["tool_result_truncated", "tool_result_truncated"]
+    assert "its truncation note: '[... 1200 chars truncated]' -> '[... 1500 chars truncated]'" in fs[1].evidence
     where = "message 3 (tool)" if fields else "message 3 (user) › tool response 0"
     assert f.title.endswith(where) and "(-300)" in f.evidence.replace(",", "")
     if fields:

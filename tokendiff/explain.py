@@ -796,28 +796,42 @@ def _result_at(p: Prompt, token: int) -> Section | None:
     return max(found, key=lambda s: len(s.path), default=None)
 
 
+def _retruncated(ta: bytes, tb: bytes, same: int) -> bool:
+    """One result cut at two lengths: the same text for its first `same` bytes (at least 32), then a
+    truncation note after the cut, or one side ending within a few bytes of it."""
+    if len(ta) == len(tb) or same < 32 or ta[:same] != tb[:same]:
+        return False
+    rest_a = ta[same:].decode("utf-8", "replace")
+    rest_b = tb[same:].decode("utf-8", "replace")
+    note = TRUNC_NOTE_RE.search(rest_a[-160:]) or TRUNC_NOTE_RE.search(rest_b[-160:])
+    return bool(note) or min(len(rest_a), len(rest_b)) <= 24
+
+
 def detect_result_truncated(ctx: Ctx) -> Finding | None:
     """tool_result_truncated: one tool result cut at a different length than last turn
-    (context-trimming jitter): same start, different cut."""
+    (context-trimming jitter): same start, different cut. A later span inside the same result
+    (the truncation note's count, "[... 1234 chars truncated]") belongs to the same finding."""
     ra, rb = _result_at(ctx.a, ctx.h.a_start), _result_at(ctx.b, ctx.h.b_start)
     if ra is None or rb is None:
         return None
     ta, tb = ctx.a.data[ra.byte_start : ra.byte_end], ctx.b.data[rb.byte_start : rb.byte_end]
-    same = ctx.h.a_byte_start - ra.byte_start
-    if len(ta) == len(tb) or same < 32 or ta[:same] != tb[:same] or ctx.h.b_byte_start - rb.byte_start != same:
-        return None
-    rest_a = ta[same:].decode("utf-8", "replace")
-    rest_b = tb[same:].decode("utf-8", "replace")
-    note = TRUNC_NOTE_RE.search(rest_a[-160:]) or TRUNC_NOTE_RE.search(rest_b[-160:])
-    if not note and min(len(rest_a), len(rest_b)) > 24:
+    at_a, at_b = ctx.h.a_byte_start - ra.byte_start, ctx.h.b_byte_start - rb.byte_start
+    cut = len(os.path.commonprefix([ta, tb]))
+    if at_a == at_b and at_a <= cut and _retruncated(ta, tb, at_a):
+        evidence = f"the same up to byte {at_a:,}"
+    elif at_a > cut and at_b > cut and _retruncated(ta, tb, cut):
+        note_a, note_b = (
+            _line_at(p, at).strip()[:48] for p, at in ((ctx.a, ctx.h.a_byte_start), (ctx.b, ctx.h.b_byte_start))
+        )
+        evidence = f"the same up to byte {cut:,}; this span is its truncation note: {note_a!r} -> {note_b!r}"
+    else:
         return None
     return Finding(
         kind="tool_result_truncated",
         hunk=ctx.i,
         confidence=0.85,
         title=f"Tool result re-truncated differently: {ra.path.label}",
-        evidence=f"its text is {len(ta):,} bytes in A, {len(tb):,} in B ({len(tb) - len(ta):+,}), "
-        f"the same up to byte {same:,}",
+        evidence=f"its text is {len(ta):,} bytes in A, {len(tb):,} in B ({len(tb) - len(ta):+,}), " + evidence,
         fix="Truncate each tool result once, when it is added, and send that text unchanged on every later turn",
         origin="client",
     )
