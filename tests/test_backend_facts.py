@@ -54,7 +54,21 @@ def test_ollama_reload_and_truncation(tmp_path):
     facts = [(f["turn"], f["kind"]) for f in doc["backend_facts"]]
     assert facts == [(5, "ollama_reload"), (7, "ollama_truncated")]
     reload = doc["backend_facts"][0]
-    assert "load_duration 2.31 s on turn 5 (num_ctx went from 4,096 to 8,192)" == reload["evidence"]
+    assert "load_duration 2.31 s on turn 5; num_ctx went from 4,096 to 8,192" == reload["evidence"]
+    # one truth: the reloaded turn reused nothing in the table, the totals and the spans
+    t5 = doc["turns"][4]
+    assert t5["reusable"] == t5["reuse_pct"] == 0 and t5["recomputed"] == t5["tokens"]
+    assert all(v == 0 for k, v in t5.items() if k.startswith("reuse_") and k != "reuse_pct")
+    assert t5["checkpoint_reusable"] == 0 and t5["cause"] == "ollama_reload"
+    assert t5["wasted"] == t5["tokens"] - t5["new_tokens"] and "it reused none" in t5["note"]
+    s = doc["summary"]
+    assert s["reused_tokens"] == sum(t["reusable"] for t in doc["turns"])
+    assert s["wasted_tokens"] == sum(t["wasted"] for t in doc["turns"]) == sum(sp["tokens"] for sp in doc["spans"])
+    span = next(sp for sp in doc["spans"] if sp["kind"] == "ollama_reload")
+    assert span["turns"] == [5] and span["tokens"] == t5["lcp_prev"] == span["gain_if_fixed"]
+    assert span["section"] == "(the server)"
+    tools = next(sp for sp in doc["spans"] if sp["kind"] == "tool_set")
+    assert tools["gain_if_fixed"] == 0  # fixing the tools alone: the reload still recomputes everything
     assert doc["backend_facts"][1]["evidence"].startswith("prompt_eval_count 1,024 for a prompt of ")
     from tokendiff.report.markdown import render_markdown
 

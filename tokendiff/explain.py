@@ -16,7 +16,7 @@ import json
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tokendiff.grammar import json_braces
 from tokendiff.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
@@ -945,6 +945,59 @@ def detect_rewritten(ctx: Ctx) -> Finding | None:
     return None
 
 
+SHARED_RUN = 64  # a shared stretch this long past the divergence: the conversation goes on
+
+
+def _shared_runs(d: Divergence) -> list[tuple[int, int]]:
+    """A's token ranges past the first divergence that B has too (between and after the hunks)."""
+    ends = [h.a_end for h in d.hunks]
+    starts = [h.a_start for h in d.hunks[1:]] + [d.n_a]
+    return [(e, s) for e, s in zip(ends, starts, strict=True) if s > e]
+
+
+def _shared_in(p: Prompt, sec: Section, lcp: int, runs: list[tuple[int, int]]) -> int:
+    """Tokens of one of A's turns that B shares: before the divergence, or text (not markers) in a shared run."""
+    n = max(0, min(sec.end, lcp) - sec.start)
+    for s, e in runs:
+        n += sum(1 for i in range(max(s, sec.start), min(e, sec.end)) if not p.special[i])
+    return n
+
+
+def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
+    """new_conversation (expected): B shares nothing with A past the system prompt, or nothing at all:
+    none of A's turns from the divergence on is in B (at most a few markers and words line up). Not
+    a break of A's cache, so no waste: a new conversation (or another agent on the slot) begins."""
+    if not d.hunks or d.lcp >= prompt_end(a):
+        return None
+    runs = _shared_runs(d)
+    if any(e - s >= SHARED_RUN for s, e in runs):
+        return None
+    turns = [
+        s
+        for s in a.sections
+        if len(s.path) == 1 and s.end > d.lcp and s.start < prompt_end(a) and s.path[0].kind != "generation_prompt"
+    ]
+    if not turns or any(2 * _shared_in(a, s, d.lcp, runs) >= s.end - s.start for s in turns):
+        return None
+    system = next((s for s in a.sections if len(s.path) == 1 and _is_system(s.path) and s.start <= 1), None)
+    if system is not None and d.lcp >= system.end:
+        kept, later = f"only the system prompt with A ({d.lcp:,} tokens)", " later"
+    elif all(a.special[i] for i in range(d.lcp)):
+        kept, later = f"nothing with A but {d.lcp:,} template marker token(s)", ""
+    else:
+        kept, later = f"only its first {d.lcp:,} token(s) with A", ""
+    return Finding(
+        kind="new_conversation",
+        hunk=0,
+        confidence=0.99,
+        title="New conversation (expected)",
+        evidence=f"B shares {kept}; none of A's {len(turns)}{later} turn(s) is in B",
+        fix="Nothing to fix in the prompts: a new conversation starts. If two agents or conversations take "
+        "turns on one slot, give each its own slot (-np) so neither evicts the other",
+        expected=True,
+    )
+
+
 def detect_fallback(ctx: Ctx) -> Finding:
     """content_changed: no detector recognised the change."""
     return Finding(
@@ -983,6 +1036,9 @@ DETECTORS: list[Callable[[Ctx], Finding | None]] = [
 
 def explain_hunk(a: Prompt, b: Prompt, d: Divergence, i: int) -> list[Finding]:
     """Every finding for hunk i, most confident first (a fallback when none)."""
+    fresh = new_conversation(a, b, d)
+    if fresh is not None:
+        return [replace(fresh, hunk=i)]
     ctx = Ctx(a, b, d, d.hunks[i], i)
     found = [f for f in (det(ctx) for det in DETECTORS) if f is not None]
     if not found:
@@ -991,5 +1047,10 @@ def explain_hunk(a: Prompt, b: Prompt, d: Divergence, i: int) -> list[Finding]:
 
 
 def explain(a: Prompt, b: Prompt, d: Divergence, max_hunks: int = 64) -> list[Finding]:
-    """The best finding for each of the first `max_hunks` hunks."""
-    return [explain_hunk(a, b, d, i)[0] for i in range(min(len(d.hunks), max_hunks))]
+    """The best finding for each of the first `max_hunks` hunks; every hunk of a new conversation is
+    that one finding (its spans are no separate causes)."""
+    n = min(len(d.hunks), max_hunks)
+    fresh = new_conversation(a, b, d)
+    if fresh is not None:
+        return [replace(fresh, hunk=i) for i in range(n)]
+    return [explain_hunk(a, b, d, i)[0] for i in range(n)]

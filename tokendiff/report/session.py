@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokendiff.capacity import CapacityReport
-from tokendiff.cost import Session, Turn, is_assumed, turn_rows
+from tokendiff.cost import RELOAD, RELOAD_TITLE, Session, Turn, is_assumed, turn_rows
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
@@ -58,8 +58,11 @@ def _ex(p: Prompt, start: int, end: int, context: int, redact: bool) -> dict[str
 
 
 def cause_title(t: Turn) -> str:
-    """The first unexpected finding's title: what a person reads, not its kind id."""
-    return next((f.title for f in t.findings if not f.expected), t.cause)
+    """The title of the turn's cause (its first unexpected finding, a new conversation, or the model
+    reloaded): what a person reads, not its kind id."""
+    if t.cause == RELOAD:
+        return RELOAD_TITLE
+    return next((f.title for f in t.findings if f.kind == t.cause), t.cause)
 
 
 def prefill_seconds(t: Turn) -> float | None:
@@ -235,15 +238,16 @@ def headline(s: Session) -> str:
     """One sentence for the top of the report and the TUI's session screen: the span to fix first."""
     if not s.spans or s.spans[0].tokens == 0:
         return (
-            "No waste: every turn reused everything the previous prompt had "
+            "No waste: no turn recomputed what the previous prompt already had "
             f"({s.reuse_pct:.1f} % of all tokens reused)."
         )
     sp = s.spans[0]
     est = ", estimated" if s.rate_estimated else ""
     gain = f" ({sp.seconds:.1f} s of prefill{est})" if sp.seconds else ""
     turns = f"{len(sp.turns)} turn" + ("s" if len(sp.turns) != 1 else "")
+    where = f" in {sp.section}" if sp.path else ""
     return (
-        f"Fix this first: {sp.title[0].lower() + sp.title[1:]} in {sp.section}. "
+        f"Fix this first: {sp.title[0].lower() + sp.title[1:]}{where}. "
         f"It is {100 * sp.share:.0f} % of the waste: "
         f"{sp.tokens:,} tokens recomputed over {turns}{gain}."
     )
