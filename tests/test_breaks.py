@@ -290,3 +290,44 @@ def test_thinking_setting_named_from_the_requests(qwen, vocab):
     assert f.kind == "setting_changed" and "chat_template_kwargs.enable_thinking True -> False" in f.evidence
     fixed_body, applied = fixed(a, b)
     assert fixed_body["chat_template_kwargs"] == {"enable_thinking": True} and "setting_changed" in applied[0]
+
+
+# ---------------------------------------------------------------- a new conversation is no break
+
+
+@pytest.mark.parametrize("fields", [True, False])
+@pytest.mark.parametrize("same_system", [True, False])
+def test_new_conversation_is_named_not_dropped_turns(qwen, vocab, fields, same_system):
+    """B starts over: it shares the system prompt with A (or nothing at all) and none of A's turns. That is
+    a new conversation, expected and no waste, not "old turns dropped" (which gave a 0-token span row)."""
+    from tokendiff.cost import analyse
+
+    a = served(qwen, vocab, {"messages": CONVERSATION, "tools": TOOLS}, fields)
+    new = [{"role": "user", "content": "Write a haiku about the sea, please."}]
+    if same_system:  # the same agent starts over; else another agent (its own system prompt, no tools)
+        b = served(qwen, vocab, {"messages": CONVERSATION[:1] + new, "tools": TOOLS}, fields)
+    else:
+        b = served(
+            qwen, vocab, {"messages": [{"role": "system", "content": "You review pull requests."}, *new]}, fields
+        )
+    fs = explain(a, b, align(a, b))
+    assert {f.kind for f in fs} == {"new_conversation"} and all(f.expected for f in fs)
+    assert ("B shares only the system prompt with A" in fs[0].evidence) == same_system
+    assert "none of A's" in fs[0].evidence
+    s = analyse([a, b])
+    t = s.turns[1]
+    assert s.spans == [] and t.wasted == 0 and t.cause == "new_conversation"
+
+
+def test_dropped_old_turns_are_still_truncation(qwen, vocab):
+    """The other side of that line: old turns dropped after the system prompt, the recent ones kept."""
+    turns = [{"role": "system", "content": "You are terse."}]
+    for i in range(6):
+        turns += [
+            {"role": "user", "content": f"question {i} " * 20},
+            {"role": "assistant", "content": f"answer {i} " * 20},
+        ]
+    last = [{"role": "user", "content": "next"}]
+    a = served(qwen, vocab, {"messages": turns + last})
+    b = served(qwen, vocab, {"messages": turns[:1] + turns[3:] + last})
+    assert first(a, b).kind == "truncation"

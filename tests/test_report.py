@@ -160,3 +160,22 @@ def test_fleet_html_renders_in_headless_chromium(tmp_path):
     dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
     assert "Fix this first" in dom and "Causes, ranked across sessions" in dom and "Worst turns" in dom
     assert dom.count("<rect") >= 2 and "captures/demo" in dom
+
+
+def test_seconds_from_a_given_prefill_rate_are_marked_estimated_on_every_row():
+    """Slot files carry no timings: with --prefill-rate every seconds figure is an estimate, and each row says so
+    (the JSON's seconds_estimated, "est." in md and html), not only the summary."""
+    args = ("report", str(DEMO), "--order", "name", "--prefill-rate", "1000")
+    doc = json.loads(run(*args, "--format", "json").stdout)
+    assert doc["summary"]["seconds_estimated"] is True
+    assert all(t["seconds_estimated"] for t in doc["turns"]) and all(sp["seconds_estimated"] for sp in doc["spans"])
+    md = run(*args).stdout
+    assert "| 1,719 | 49 % | 1.7 est. |" in md and "| 1,719 | 1.7 est. | `system prompt` |" in md
+    assert "3.5 s of prefill (estimated)" in md
+    html = run(*args, "--format", "html").stdout
+    assert "<td class=n>1.7 est.</td>" in html and "3.5 s of prefill (estimated)" in html
+    # measured timings are not marked
+    measured = json.loads(run("report", str(AGENT), "--format", "json").stdout)
+    assert (
+        not any(t["seconds_estimated"] for t in measured["turns"]) and " est." not in run("report", str(AGENT)).stdout
+    )

@@ -86,15 +86,24 @@ def _secs(x: float | None) -> float | None:
 
 
 def _time_columns(s: Session) -> list[dict[str, Any]]:
-    """Each turn's seconds: TTFT from the proxy, prefill from the server's timings, waste at the session's speed."""
+    """Each turn's seconds: TTFT from the proxy, prefill from the server's timings, waste at the session's
+    speed (estimated when that speed was given, --prefill-rate or a replay, rather than measured)."""
     return [
         {
             "ttft_ms": _secs(t.ttft_ms),
             "prefill_ms": _secs(t.reported_prompt_ms),
             "wasted_seconds": _secs(turn_wasted_seconds(t, s)),
+            "seconds_estimated": s.rate_estimated and s.ms_per_token is not None,
         }
         for t in s.turns
     ]
+
+
+def split_spans(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The document's spans that cost something (tokens as a turn's first break, or reuse if fixed), and
+    those only ever seen behind another break: a table row of zeros for them says nothing."""
+    costly = [sp for sp in spans if sp["tokens"] > 0 or sp["gain_if_fixed"] > 0]
+    return costly, [sp for sp in spans if sp not in costly]
 
 
 def report_document(
@@ -117,6 +126,7 @@ def report_document(
                 "tokens": sp.tokens,
                 "share": round(sp.share, 4),
                 "seconds": round(sp.seconds, 3) if sp.seconds is not None else None,
+                "seconds_estimated": s.rate_estimated and sp.seconds is not None,
                 "gain_if_fixed": sp.gain,
                 "reuse_pct_without": round(100.0 * (s.reused_tokens + sp.gain) / s.total_tokens, 2)
                 if s.total_tokens
