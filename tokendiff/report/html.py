@@ -6,7 +6,7 @@ from html import escape
 from typing import Any
 
 from tokendiff.report.fleet import seconds_text
-from tokendiff.report.session import split_spans
+from tokendiff.report.session import span_place, split_spans
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1100px;color:#1d2330;background:#fbfbfd;
@@ -221,8 +221,7 @@ def _causes(doc: dict[str, Any]) -> list[str]:
             x = c[side]
             out.append(
                 f'<p class="muted">{side.upper()} <code>{e(x["origin"])}</code> '
-                f"tokens {x['tokens'][0]:,}..{x['tokens'][1]:,}, "
-                f"bytes {x['bytes'][0]:,}..{x['bytes'][1]:,}, in <code>{e(x['section'])}</code></p>"
+                f"{e(span_place(side, x))}, in <code>{e(x['section'])}</code></p>"
             )
             out.append(_ex(x["text"], side))
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokendiff.report.fleet import seconds_text
-from tokendiff.report.session import split_spans
+from tokendiff.report.session import span_place, split_spans
 
 
 def _cell(v: Any) -> str:
@@ -165,10 +165,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         for side in ("a", "b"):
             x = c[side]
             t = x["text"]
-            out.append(
-                f"- {side.upper()} `{_code(x['origin'])}` tokens {x['tokens'][0]:,}..{x['tokens'][1]:,}, "
-                f"bytes {x['bytes'][0]:,}..{x['bytes'][1]:,}, in `{_code(x['section'])}`"
-            )
+            out.append(f"- {side.upper()} `{_code(x['origin'])}` {span_place(side, x)}, in `{_code(x['section'])}`")
             out.append(f"  `…{_code(t['before'])}⟦{_code(t['diverged'])}⟧{_code(t['after'])}…`")
         out.append("")
     return "\n".join(out) + "\n"

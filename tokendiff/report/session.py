@@ -99,6 +99,17 @@ def _time_columns(s: Session) -> list[dict[str, Any]]:
     ]
 
 
+def span_place(doc_side: str, side: dict[str, Any]) -> str:
+    """Where side "a" or "b" of an example span is: its token and byte ranges, or, for the empty side of
+    an insertion or deletion, the point where the other side's text goes in or was."""
+    (t0, t1), (b0, b1) = side["tokens"], side["bytes"]
+    if t0 == t1:
+        return f"nothing at token {t0:,}, byte {b0:,} " + (
+            "(B inserts here)" if doc_side == "a" else "(A's text was here)"
+        )
+    return f"tokens {t0:,}..{t1:,}, bytes {b0:,}..{b1:,}"
+
+
 def split_spans(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The document's spans that cost something (tokens as a turn's first break, or reuse if fixed), and
     those only ever seen behind another break: a table row of zeros for them says nothing."""
