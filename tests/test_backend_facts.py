@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from tokendiff.backend_facts import TurnRecord, backend_facts, turn_record
+from tokendiff.report.markdown import render_markdown
 
 AGENT = Path(__file__).resolve().parent.parent / "captures" / "agent" / "capture.jsonl"
 
@@ -23,11 +24,18 @@ def _write(tmp_path: Path, recs: list[dict], props: dict | None = None) -> Path:
     return out
 
 
-def _report(path: Path) -> dict:
+def _report(path: Path, with_session: bool = False):
     from tokendiff import workflows as wf
 
     loaded = wf.open_session(wf.PromptOptions(), [str(path)], single_turns=False, workers=1)
-    return wf.session_report(loaded, str(path))
+    doc = wf.session_report(loaded, str(path))
+    return (doc, loaded.session) if with_session else doc
+
+
+def pl_sum(col: str):
+    import polars as pl
+
+    return pl.col(col).sum()
 
 
 def _ollama(rec: dict, num_ctx: int, load_ns: int, evaluated: int | None = None) -> dict:
@@ -50,7 +58,7 @@ def test_ollama_reload_and_truncation(tmp_path):
         ctx = 4096 if i < 5 else 1024 if i == 7 else 8192  # num_ctx raised on turn 5: Ollama reloads
         # turn 6: a cache hit (few tokens evaluated, the prompt fits): no cut; turn 7: longer than num_ctx
         _ollama(rec, ctx, 2_310_000_000 if i in (1, 5) else 0, evaluated={6: 100, 7: 1024}.get(i))
-    doc = _report(_write(tmp_path, recs))
+    doc, session = _report(_write(tmp_path, recs), with_session=True)
     facts = [(f["turn"], f["kind"]) for f in doc["backend_facts"]]
     assert facts == [(5, "ollama_reload"), (7, "ollama_truncated")]
     reload = doc["backend_facts"][0]
@@ -64,14 +72,22 @@ def test_ollama_reload_and_truncation(tmp_path):
     s = doc["summary"]
     assert s["reused_tokens"] == sum(t["reusable"] for t in doc["turns"])
     assert s["wasted_tokens"] == sum(t["wasted"] for t in doc["turns"]) == sum(sp["tokens"] for sp in doc["spans"])
+    # the reload is a break at token 0: the turn's whole waste is its span's, as turns grouped by cause say
     span = next(sp for sp in doc["spans"] if sp["kind"] == "ollama_reload")
-    assert span["turns"] == [5] and span["tokens"] == t5["lcp_prev"] == span["gain_if_fixed"]
+    assert span["turns"] == [5] and span["tokens"] == t5["wasted"] and span["gain_if_fixed"] == t5["lcp_prev"]
     assert span["section"] == "(the server)"
     tools = next(sp for sp in doc["spans"] if sp["kind"] == "tool_set")
-    assert tools["gain_if_fixed"] == 0  # fixing the tools alone: the reload still recomputes everything
-    assert doc["backend_facts"][1]["evidence"].startswith("prompt_eval_count 1,024 for a prompt of ")
-    from tokendiff.report.markdown import render_markdown
+    assert tools["tokens"] == tools["gain_if_fixed"] == 0  # fixing the tools alone: the reload still recomputes all
+    md = render_markdown(doc)
+    assert "Tools added or removed in `tools` (turn 5)" in md  # behind the reload: one line, not a row of zeros
+    # the dataset export agrees: spans' wasted grouped by kind = turns' wasted grouped by cause
+    from tokendiff.report.dataset import TurnTime, span_table, turn_table
 
+    times = [TurnTime(0.0, "mtime")] * len(session.turns)
+    by_cause = turn_table(session, "s", times).group_by("cause").agg(w=pl_sum("wasted"))
+    by_kind = span_table(session, "s", times).group_by("kind").agg(w=pl_sum("wasted"))
+    assert dict(by_cause.drop_nulls().iter_rows()) == {k: w for k, w in by_kind.iter_rows() if w}
+    assert doc["backend_facts"][1]["evidence"].startswith("prompt_eval_count 1,024 for a prompt of ")
     assert "## What the backend did" in render_markdown(doc)
 
 

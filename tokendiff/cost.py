@@ -498,23 +498,27 @@ def _span_gains(t: Turn, ceiling: int) -> dict[SpanKey, int]:
 
 def _reloaded(t: Turn, spans: dict[SpanKey, Span], fact: BackendFact) -> None:
     """A turn on which the backend reloaded the model (Ollama): nothing was reused, whatever the prompts
-    shared, so every column, the waste and the spans say so. The reload's own span holds what it cost
-    beyond the prompts' break; fixing a prompt span alone gains nothing on this turn. Applied once."""
+    shared, so every column says 0 and the turn's whole waste is the reload's (a break at token 0, before
+    any the prompts have); fixing a prompt span alone gains nothing on this turn. Applied once."""
     if t.reloaded:
         return
     t.reloaded = True
+    d = t.divergence
+    first = next((f for f in t.findings if not f.expected), None)
+    if d is not None and first is not None:
+        spans[_span_key(first, d)].tokens -= t.wasted
     for key, gain in _span_gains(t, t.ceiling).items():
         spans[key].gain -= gain
     before = t.reuse.get("llama.cpp", 0)
-    wasted = max(t.wasted, t.ceiling)
+    t.wasted = max(t.wasted, t.ceiling)
     sp = spans.setdefault(
         (RELOAD, SectionPath()), Span(kind=RELOAD, path=SectionPath(), title=RELOAD_TITLE, fix=fact.fix)
     )
     sp.turns.append(t.turn)
-    sp.tokens += wasted - t.wasted
+    sp.tokens += t.wasted
     sp.gain += before
     t.reuse = {be: 0 for be in BACKENDS}
-    t.recompute, t.wasted, t.cause = t.n_tokens, wasted, RELOAD
+    t.recompute, t.cause = t.n_tokens, RELOAD
     note = f"Ollama reloaded the model ({fact.evidence}): the prompts shared {t.lcp:,} tokens, it reused none"
     t.note = f"{note}; {t.note}" if t.note else note
 
