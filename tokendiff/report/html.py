@@ -124,7 +124,12 @@ def _layout_line(doc: dict[str, Any]) -> list[str]:
     lay = doc["summary"].get("layout") or {}
     if not lay:
         return []
-    return [f'<p class="muted">{escape(lay["column"])}: {escape(lay["summary"])}</p>']
+    return [f'<p class="muted">{escape(lay["column"])} — for {escape(lay["summary"])}</p>']
+
+
+def _code_cell(text: str | None) -> str:
+    """A section as code, or nothing for a turn without a divergence (not an empty code element)."""
+    return f"<code>{escape(text)}</code>" if text else ""
 
 
 def _turns(doc: dict[str, Any]) -> list[str]:
@@ -147,7 +152,7 @@ def _turns(doc: dict[str, Any]) -> list[str]:
             f"<td class=n>{t['reuse_pct']:.1f}</td><td class=n>{t['recomputed']:,}</td>"
             f"<td class=n>{t['new_tokens']:,}</td><td class=n>{t['wasted']:,}</td>"
             f"<td class=n>{_est(t.get('wasted_seconds'), t.get('seconds_estimated'))}</td>"
-            f"<td><code>{e(t['first_divergence_section'] or '')}</code></td><td>{e(t['cause'] or '')}</td>"
+            f"<td>{_code_cell(t['first_divergence_section'])}</td><td>{e(t['cause'] or '')}</td>"
             f"<td class=n>{rc}</td>{ms}<td>{e(t['note'])}</td></tr>"
         )
     out.append("</table>")

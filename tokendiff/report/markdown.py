@@ -137,7 +137,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     out += ["", "## Turns", ""]
     lay = s.get("layout") or {}
     if lay:
-        out.append(f"{_cell(lay['column'])}: {_cell(lay['summary'])}")
+        out.append(f"{_cell(lay['column'])} — for {_cell(lay['summary'])}")
         out.append("")
     out.append(
         "| turn | tokens | reusable | SWA/hybrid | reuse % | recomputed | new | wasted | wasted s | first divergence "

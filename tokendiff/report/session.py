@@ -242,7 +242,9 @@ def layout_json(s: Session) -> dict[str, Any]:
         "column": "SWA/hybrid: what llama-server reuses where it cannot cut the cache at the divergence",
         "summary": lay.summary
         + (
-            " (assumed: the session does not name its model; see `tokendiff report --model`)" if is_assumed(lay) else ""
+            " (assumed: the session does not name its model; name it with tokendiff report --model)"
+            if is_assumed(lay)
+            else ""
         ),
         "assumed": is_assumed(lay),
         "arch": lay.arch,
