@@ -83,7 +83,7 @@ def ollama_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
                     kind="ollama_reload",
                     turn=r.turn,
                     title="Ollama reloaded the model: the whole prompt was recomputed",
-                    evidence=f"load_duration {load / 1e9:.2f} s on turn {r.turn}; {why}",
+                    evidence=f"load_duration {load / 1e9:.2f} s; {why}",
                     fix="Send the same num_ctx on every request (or set it once in the Modelfile / "
                     "OLLAMA_CONTEXT_LENGTH), and keep the model loaded (keep_alive)",
                 )

@@ -12,6 +12,7 @@ never on display labels. Pure functions over core types; no I/O.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -956,10 +957,14 @@ def _shared_runs(d: Divergence) -> list[tuple[int, int]]:
 
 
 def _shared_in(p: Prompt, sec: Section, lcp: int, runs: list[tuple[int, int]]) -> int:
-    """Tokens of one of A's turns that B shares: before the divergence, or text (not markers) in a shared run."""
+    """Tokens of one of A's turns that B shares: before the divergence, or text (not markers) in a shared
+    run. `runs` are in order and short, so only those overlapping the turn are visited."""
     n = max(0, min(sec.end, lcp) - sec.start)
-    for s, e in runs:
+    j = max(0, bisect.bisect_right(runs, (sec.start, sec.start)) - 1)
+    while j < len(runs) and runs[j][0] < sec.end:
+        s, e = runs[j]
         n += sum(1 for i in range(max(s, sec.start), min(e, sec.end)) if not p.special[i])
+        j += 1
     return n
 
 
@@ -1037,9 +1042,11 @@ DETECTORS: list[Callable[[Ctx], Finding | None]] = [
 def explain_hunk(a: Prompt, b: Prompt, d: Divergence, i: int) -> list[Finding]:
     """Every finding for hunk i, most confident first (a fallback when none)."""
     fresh = new_conversation(a, b, d)
-    if fresh is not None:
-        return [replace(fresh, hunk=i)]
-    ctx = Ctx(a, b, d, d.hunks[i], i)
+    return [replace(fresh, hunk=i)] if fresh is not None else _detected(Ctx(a, b, d, d.hunks[i], i))
+
+
+def _detected(ctx: Ctx) -> list[Finding]:
+    """What the detectors find for one hunk, most confident first (a fallback when none)."""
     found = [f for f in (det(ctx) for det in DETECTORS) if f is not None]
     if not found:
         found = [detect_fallback(ctx)]
@@ -1053,4 +1060,4 @@ def explain(a: Prompt, b: Prompt, d: Divergence, max_hunks: int = 64) -> list[Fi
     fresh = new_conversation(a, b, d)
     if fresh is not None:
         return [replace(fresh, hunk=i) for i in range(n)]
-    return [explain_hunk(a, b, d, i)[0] for i in range(n)]
+    return [_detected(Ctx(a, b, d, d.hunks[i], i))[0] for i in range(n)]
