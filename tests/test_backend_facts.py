@@ -121,3 +121,20 @@ def test_hybrid_blocks_and_mmproj():
     facts = backend_facts([req], props={"modalities": {"vision": True, "audio": False}})
     assert [f.kind for f in facts] == ["mmproj_no_cache_reuse"] and "vision" in facts[0].evidence
     assert backend_facts([req], props={"modalities": {"vision": False}}) == []
+
+
+def test_reloads_lead_the_headline_when_they_cost_the_most(tmp_path):
+    """Two reloads on pure-append turns (8 and 10): nothing else broke those turns, so the reload's span holds
+    their whole shared prefix, comes first, and the headline names it (without a section: it is the server)."""
+    recs = _records()
+    for i, rec in enumerate(recs, 1):
+        _ollama(rec, 8192, 1_500_000_000 if i in (1, 8, 10) else 0)
+    doc = _report(_write(tmp_path, recs))
+    lost = sum(doc["turns"][k - 1]["lcp_prev"] for k in (8, 10))
+    top = doc["spans"][0]
+    assert top["kind"] == "ollama_reload" and top["turns"] == [8, 10] and top["tokens"] == lost
+    assert doc["summary"]["headline"].startswith(
+        f"Fix this first: model reloaded by Ollama: nothing reused. It is {100 * top['share']:.0f} % of the waste: "
+        f"{lost:,} tokens recomputed over 2 turns"
+    )
+    assert [doc["turns"][k - 1]["reusable"] for k in (8, 10)] == [0, 0]
