@@ -52,12 +52,21 @@ def _ollama(rec: dict, num_ctx: int, load_ns: int, evaluated: int | None = None)
     return rec
 
 
+def _unshared(recs: list[dict], i: int) -> int:
+    """Tokens of record i (1-based) past its common prefix with the record before: what a cache hit evaluates."""
+    a, b = recs[i - 2]["prompt_ids"], recs[i - 1]["prompt_ids"]
+    return len(b) - next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 def test_ollama_reload_and_truncation(tmp_path):
     recs = _records()
+    hits = {i: _unshared(recs, i) for i in (2, 3, 4, 8, 9, 10)}
     for i, rec in enumerate(recs, 1):
         ctx = 4096 if i < 5 else 1024 if i == 7 else 8192  # num_ctx raised on turn 5: Ollama reloads
-        # turn 6: a cache hit (few tokens evaluated, the prompt fits): no cut; turn 7: longer than num_ctx
-        _ollama(rec, ctx, 2_310_000_000 if i in (1, 5) else 0, evaluated={6: 100, 7: 1024}.get(i))
+        # turn 6: a cache hit (few tokens evaluated, the prompt fits): no cut; turn 7: longer than num_ctx;
+        # the others: cache hits with the few milliseconds of load_duration a loaded model reports
+        load = 2_310_000_000 if i in (1, 5) else 0 if i in (6, 7) else 4_071_084
+        _ollama(rec, ctx, load, evaluated={6: 100, 7: 1024, **hits}.get(i))
     doc, session = _report(_write(tmp_path, recs), with_session=True)
     facts = [(f["turn"], f["kind"]) for f in doc["backend_facts"]]
     assert facts == [(5, "ollama_reload"), (7, "ollama_truncated")]
