@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from tokendiff.backend_facts import TurnRecord, backend_facts, turn_record
+from tokendiff.report.markdown import render_markdown
 
 AGENT = Path(__file__).resolve().parent.parent / "captures" / "agent" / "capture.jsonl"
 
@@ -23,11 +24,18 @@ def _write(tmp_path: Path, recs: list[dict], props: dict | None = None) -> Path:
     return out
 
 
-def _report(path: Path) -> dict:
+def _report(path: Path, with_session: bool = False):
     from tokendiff import workflows as wf
 
     loaded = wf.open_session(wf.PromptOptions(), [str(path)], single_turns=False, workers=1)
-    return wf.session_report(loaded, str(path))
+    doc = wf.session_report(loaded, str(path))
+    return (doc, loaded.session) if with_session else doc
+
+
+def pl_sum(col: str):
+    import polars as pl
+
+    return pl.col(col).sum()
 
 
 def _ollama(rec: dict, num_ctx: int, load_ns: int, evaluated: int | None = None) -> dict:
@@ -44,20 +52,51 @@ def _ollama(rec: dict, num_ctx: int, load_ns: int, evaluated: int | None = None)
     return rec
 
 
+def _unshared(recs: list[dict], i: int) -> int:
+    """Tokens of record i (1-based) past its common prefix with the record before: what a cache hit evaluates."""
+    a, b = recs[i - 2]["prompt_ids"], recs[i - 1]["prompt_ids"]
+    return len(b) - next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 def test_ollama_reload_and_truncation(tmp_path):
     recs = _records()
+    hits = {i: _unshared(recs, i) for i in (2, 3, 4, 8, 9, 10)}
     for i, rec in enumerate(recs, 1):
         ctx = 4096 if i < 5 else 1024 if i == 7 else 8192  # num_ctx raised on turn 5: Ollama reloads
-        # turn 6: a cache hit (few tokens evaluated, the prompt fits): no cut; turn 7: longer than num_ctx
-        _ollama(rec, ctx, 2_310_000_000 if i in (1, 5) else 0, evaluated={6: 100, 7: 1024}.get(i))
-    doc = _report(_write(tmp_path, recs))
+        # turn 6: a cache hit (few tokens evaluated, the prompt fits): no cut; turn 7: longer than num_ctx;
+        # the others: cache hits with the few milliseconds of load_duration a loaded model reports
+        load = 2_310_000_000 if i in (1, 5) else 0 if i in (6, 7) else 4_071_084
+        _ollama(rec, ctx, load, evaluated={6: 100, 7: 1024, **hits}.get(i))
+    doc, session = _report(_write(tmp_path, recs), with_session=True)
     facts = [(f["turn"], f["kind"]) for f in doc["backend_facts"]]
     assert facts == [(5, "ollama_reload"), (7, "ollama_truncated")]
     reload = doc["backend_facts"][0]
-    assert "load_duration 2.31 s on turn 5 (num_ctx went from 4,096 to 8,192)" == reload["evidence"]
-    assert doc["backend_facts"][1]["evidence"].startswith("prompt_eval_count 1,024 for a prompt of ")
-    from tokendiff.report.markdown import render_markdown
+    assert "load_duration 2.31 s; num_ctx went from 4,096 to 8,192" == reload["evidence"]
+    # one truth: the reloaded turn reused nothing in the table, the totals and the spans
+    t5 = doc["turns"][4]
+    assert t5["reusable"] == t5["reuse_pct"] == 0 and t5["recomputed"] == t5["tokens"]
+    assert all(v == 0 for k, v in t5.items() if k.startswith("reuse_") and k != "reuse_pct")
+    assert t5["checkpoint_reusable"] == 0 and t5["cause"] == "ollama_reload"
+    assert t5["wasted"] == t5["tokens"] - t5["new_tokens"] and "it reused none" in t5["note"]
+    s = doc["summary"]
+    assert s["reused_tokens"] == sum(t["reusable"] for t in doc["turns"])
+    assert s["wasted_tokens"] == sum(t["wasted"] for t in doc["turns"]) == sum(sp["tokens"] for sp in doc["spans"])
+    # the reload is a break at token 0: the turn's whole waste is its span's, as turns grouped by cause say
+    span = next(sp for sp in doc["spans"] if sp["kind"] == "ollama_reload")
+    assert span["turns"] == [5] and span["tokens"] == t5["wasted"] and span["gain_if_fixed"] == t5["lcp_prev"]
+    assert span["section"] == "(the server)"
+    tools = next(sp for sp in doc["spans"] if sp["kind"] == "tool_set")
+    assert tools["tokens"] == tools["gain_if_fixed"] == 0  # fixing the tools alone: the reload still recomputes all
+    md = render_markdown(doc)
+    assert "Tools added or removed in `tools` (turn 5)" in md  # behind the reload: one line, not a row of zeros
+    # the dataset export agrees: spans' wasted grouped by kind = turns' wasted grouped by cause
+    from tokendiff.report.dataset import TurnTime, span_table, turn_table
 
+    times = [TurnTime(0.0, "mtime")] * len(session.turns)
+    by_cause = turn_table(session, "s", times).group_by("cause").agg(w=pl_sum("wasted"))
+    by_kind = span_table(session, "s", times).group_by("kind").agg(w=pl_sum("wasted"))
+    assert dict(by_cause.drop_nulls().iter_rows()) == {k: w for k, w in by_kind.iter_rows() if w}
+    assert doc["backend_facts"][1]["evidence"].startswith("prompt_eval_count 1,024 for a prompt of ")
     assert "## What the backend did" in render_markdown(doc)
 
 
@@ -91,3 +130,20 @@ def test_hybrid_blocks_and_mmproj():
     facts = backend_facts([req], props={"modalities": {"vision": True, "audio": False}})
     assert [f.kind for f in facts] == ["mmproj_no_cache_reuse"] and "vision" in facts[0].evidence
     assert backend_facts([req], props={"modalities": {"vision": False}}) == []
+
+
+def test_reloads_lead_the_headline_when_they_cost_the_most(tmp_path):
+    """Two reloads on pure-append turns (8 and 10): nothing else broke those turns, so the reload's span holds
+    their whole shared prefix, comes first, and the headline names it (without a section: it is the server)."""
+    recs = _records()
+    for i, rec in enumerate(recs, 1):
+        _ollama(rec, 8192, 1_500_000_000 if i in (1, 8, 10) else 0)
+    doc = _report(_write(tmp_path, recs))
+    lost = sum(doc["turns"][k - 1]["lcp_prev"] for k in (8, 10))
+    top = doc["spans"][0]
+    assert top["kind"] == "ollama_reload" and top["turns"] == [8, 10] and top["tokens"] == lost
+    assert doc["summary"]["headline"].startswith(
+        f"Fix this first: model reloaded by Ollama: nothing reused. It is {100 * top['share']:.0f} % of the waste: "
+        f"{lost:,} tokens recomputed over 2 turns"
+    )
+    assert [doc["turns"][k - 1]["reusable"] for k in (8, 10)] == [0, 0]

@@ -20,6 +20,7 @@ from tokendiff.sources import Loader
 from tokendiff.testing.llama_server import LlamaServer
 
 MISTRAL_V7 = "Mistral-Small-3.2-24B-Instruct-2506.jinja"
+MISTRAL_NEMO = "mistralai-Mistral-Nemo-Instruct-2407.jinja"
 GPT_OSS = "openai-gpt-oss-120b.jinja"
 
 
@@ -29,9 +30,10 @@ def qwen(llama_server_bin, tiny_model, tmp_path_factory):
         yield srv
 
 
-@pytest.fixture(scope="module")
-def mistral(llama_server_bin):
-    """A tiny model with Mistral Nemo's real vocabulary, serving Mistral Small 3.2's template."""
+@pytest.fixture(scope="module", params=[MISTRAL_V7, MISTRAL_NEMO])
+def mistral(llama_server_bin, request):
+    """A tiny model with Mistral Nemo's real vocabulary, serving Mistral Small 3.2's template ([CALL_ID]) or
+    Mistral Nemo's (the call's "id" and the result's "call_id" in JSON)."""
     from tokendiff.testing.tiny_gguf import TinySpec, tiny_gguf
 
     tok = real_tokenizer("mistral")
@@ -39,8 +41,8 @@ def mistral(llama_server_bin):
     model = tiny_gguf(
         TinySpec(tokenizer=str(d / "tokenizer.json"), config=str(d / "tokenizer_config.json"), pre="tekken")
     )
-    with LlamaServer(model, ctx=8192, extra=["--chat-template-file", str(TEMPLATES / MISTRAL_V7)]) as srv:
-        yield srv, tok
+    with LlamaServer(model, ctx=8192, extra=["--chat-template-file", str(TEMPLATES / request.param)]) as srv:
+        yield srv, tok, request.param
 
 
 def served(srv, vocab, body, fields=True, chat_template=None):
@@ -149,15 +151,40 @@ def _with_call_id(call_id):
 @pytest.mark.parametrize("fields", [True, False])
 @pytest.mark.parametrize("ids", [("a1B2c3D4e", "Zz9Yy8Xx7"), ("Kq3Tz7Wm2", "Kq3Tz7Wm5")])
 def test_mistral_call_ids_regenerated(mistral, fields, ids):
-    """Mistral v7's [CALL_ID]: a regenerated ID is named as one, also when only a digit differs
-    (which a slot file's markers used to call a counter change)."""
-    srv, tok = mistral
-    tmpl = template(MISTRAL_V7)
-    a, b = (served(srv, tok.vocab, _with_call_id(i), fields, tmpl) for i in ids)
-    assert b"[CALL_ID]" + ids[0].encode() in a.data
+    """Mistral v7's [CALL_ID] and Nemo's "id"/"call_id" keys: a regenerated ID is named as one, also when
+    only a digit differs (which a slot file's markers used to call a counter change)."""
+    srv, tok, name = mistral
+    a, b = (served(srv, tok.vocab, _with_call_id(i), fields, template(name)) for i in ids)
+    printed = b"[CALL_ID]" if name == MISTRAL_V7 else b'"id": "'
+    assert printed + ids[0].encode() in a.data
     fs, _ = findings(a, b)
     assert [f.kind for f in fs] == ["tool_call_id", "tool_call_id"]  # the call and the result that names it
     assert f"{ids[0]!r} -> {ids[1]!r}" in fs[0].evidence and fs[0].origin == "client"
+
+
+# Kimi K2's way of printing a call (the id verbatim, `functions.NAME:IDX`, before its arguments; the result
+# after "## Return of" its tool_call_id), written here in ChatML turns the tiny Qwen3 vocabulary knows (Kimi's
+# template is not among the fixtures).
+KIMI_STYLE = (
+    "{%- for m in messages -%}<|im_start|>{{ m.role }}\n"
+    "{%- if m.role == 'tool' %}## Return of {{ m.tool_call_id }}\n{% endif -%}"
+    "{%- if m.content is string %}{{ m.content }}{% endif -%}"
+    "{%- for tc in m.tool_calls or [] %}\n<tool_call>{{ tc.id }} {{ tc.function.arguments | tojson }}</tool_call>"
+    "{%- endfor -%}<|im_end|>\n{%- endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
+)
+
+
+def test_kimi_style_call_ids_regenerated(llama_server_bin, tiny_model, vocab, tmp_path):
+    """A template that prints the client's call IDs (Kimi's functions.NAME:IDX, renumbered by the client):
+    the request fields put the span in an ID position, whatever the string looks like."""
+    (tmp_path / "kimi.jinja").write_text(KIMI_STYLE)
+    with LlamaServer(tiny_model, ctx=4096, extra=["--chat-template-file", str(tmp_path / "kimi.jinja")]) as srv:
+        a, b = (served(srv, vocab, _with_call_id(f"functions.get_weather:{i}"), True, KIMI_STYLE) for i in (0, 1))
+    assert b"<tool_call>functions.get_weather:0 " in a.data
+    fs, _ = findings(a, b)
+    assert fs and {f.kind for f in fs} == {"tool_call_id"}
+    assert "'functions.get_weather:0' -> 'functions.get_weather:1'" in fs[0].evidence
 
 
 def test_a_nine_letter_word_in_a_tool_result_is_no_call_id(qwen, vocab):
@@ -186,8 +213,12 @@ def test_tool_result_truncated_differently_each_turn(qwen, vocab, fields):
         return {"messages": msgs, "tools": TOOLS}
 
     a, b = served(qwen, vocab, body(1500), fields), served(qwen, vocab, body(1200), fields)
-    f = first(a, b)
+    fs, _ = findings(a, b)
+    f = fs[0]
     assert f.kind == "tool_result_truncated" and f.origin == "client"
+    # the truncation note's count is a second span of the same finding, not a counter change
+    assert [x.kind for x in fs] == ["tool_result_truncated", "tool_result_truncated"]
+    assert "its truncation note: '[... 1200 chars truncated]' -> '[... 1500 chars truncated]'" in fs[1].evidence
     where = "message 3 (tool)" if fields else "message 3 (user) › tool response 0"
     assert f.title.endswith(where) and "(-300)" in f.evidence.replace(",", "")
     if fields:
@@ -286,3 +317,44 @@ def test_thinking_setting_named_from_the_requests(qwen, vocab):
     assert f.kind == "setting_changed" and "chat_template_kwargs.enable_thinking True -> False" in f.evidence
     fixed_body, applied = fixed(a, b)
     assert fixed_body["chat_template_kwargs"] == {"enable_thinking": True} and "setting_changed" in applied[0]
+
+
+# ---------------------------------------------------------------- a new conversation is no break
+
+
+@pytest.mark.parametrize("fields", [True, False])
+@pytest.mark.parametrize("same_system", [True, False])
+def test_new_conversation_is_named_not_dropped_turns(qwen, vocab, fields, same_system):
+    """B starts over: it shares the system prompt with A (or nothing at all) and none of A's turns. That is
+    a new conversation, expected and no waste, not "old turns dropped" (which gave a 0-token span row)."""
+    from tokendiff.cost import analyse
+
+    a = served(qwen, vocab, {"messages": CONVERSATION, "tools": TOOLS}, fields)
+    new = [{"role": "user", "content": "Write a haiku about the sea, please."}]
+    if same_system:  # the same agent starts over; else another agent (its own system prompt, no tools)
+        b = served(qwen, vocab, {"messages": CONVERSATION[:1] + new, "tools": TOOLS}, fields)
+    else:
+        b = served(
+            qwen, vocab, {"messages": [{"role": "system", "content": "You review pull requests."}, *new]}, fields
+        )
+    fs = explain(a, b, align(a, b))
+    assert {f.kind for f in fs} == {"new_conversation"} and all(f.expected for f in fs)
+    assert ("B shares only the system prompt with A" in fs[0].evidence) == same_system
+    assert "none of A's" in fs[0].evidence
+    s = analyse([a, b])
+    t = s.turns[1]
+    assert s.spans == [] and t.wasted == 0 and t.cause == "new_conversation"
+
+
+def test_dropped_old_turns_are_still_truncation(qwen, vocab):
+    """The other side of that line: old turns dropped after the system prompt, the recent ones kept."""
+    turns = [{"role": "system", "content": "You are terse."}]
+    for i in range(6):
+        turns += [
+            {"role": "user", "content": f"question {i} " * 20},
+            {"role": "assistant", "content": f"answer {i} " * 20},
+        ]
+    last = [{"role": "user", "content": "next"}]
+    a = served(qwen, vocab, {"messages": turns + last})
+    b = served(qwen, vocab, {"messages": turns[:1] + turns[3:] + last})
+    assert first(a, b).kind == "truncation"

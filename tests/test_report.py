@@ -160,3 +160,50 @@ def test_fleet_html_renders_in_headless_chromium(tmp_path):
     dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
     assert "Fix this first" in dom and "Causes, ranked across sessions" in dom and "Worst turns" in dom
     assert dom.count("<rect") >= 2 and "captures/demo" in dom
+
+
+def test_seconds_from_a_given_prefill_rate_are_marked_estimated_on_every_row():
+    """Slot files carry no timings: with --prefill-rate every seconds figure is an estimate, and each row says so
+    (the JSON's seconds_estimated, "est." in md and html), not only the summary."""
+    args = ("report", str(DEMO), "--order", "name", "--prefill-rate", "1000")
+    doc = json.loads(run(*args, "--format", "json").stdout)
+    assert doc["summary"]["seconds_estimated"] is True
+    assert all(t["seconds_estimated"] for t in doc["turns"]) and all(sp["seconds_estimated"] for sp in doc["spans"])
+    md = run(*args).stdout
+    assert "| 1,719 | 49 % | 1.7 est. |" in md and "| 1,719 | 1.7 est. | `system prompt` |" in md
+    assert "3.5 s of prefill (estimated)" in md
+    html = run(*args, "--format", "html").stdout
+    assert "<td class=n>1.7 est.</td>" in html and "3.5 s of prefill (estimated)" in html
+    # measured timings are not marked
+    measured = json.loads(run("report", str(AGENT), "--format", "json").stdout)
+    assert (
+        not any(t["seconds_estimated"] for t in measured["turns"]) and " est." not in run("report", str(AGENT)).stdout
+    )
+
+
+def test_a_span_only_seen_behind_another_break_is_no_row_of_zeros(vocab):
+    """A date and a counter change in one system prompt: the date breaks the cache first, so the counter costs
+    nothing of its own. md and html name it in one line instead of a 0-token row of the ranked table."""
+    from conftest import CONVERSATION, TOOLS, prompt_from_ids, qwen_encode, render
+
+    from tokendiff.cost import analyse
+    from tokendiff.report.html import render_html
+    from tokendiff.report.markdown import render_markdown
+    from tokendiff.report.session import report_document
+
+    def prompt(day, left):
+        sys = {
+            "role": "system",
+            "content": f"Date: 2026-11-{day}\n" + "Be terse and careful. " * 30 + f"\n{left}% left",
+        }
+        return prompt_from_ids(qwen_encode(render("Qwen-Qwen3-0.6B.jinja", [sys, *CONVERSATION[1:2]], TOOLS)), vocab)
+
+    prompts = [prompt(28, 40), prompt(29, 35)]
+    doc = report_document("pair", prompts, analyse(prompts), {"name": "qwen3"})
+    assert [(sp["kind"], sp["tokens"]) for sp in doc["spans"]] == [("date", doc["turns"][1]["wasted"]), ("counter", 0)]
+    md = render_markdown(doc)
+    assert "| 2 | A counter" not in md
+    assert "Also changed, but only after an earlier break in the same turn (no tokens of their own): " in md
+    assert "A counter or percentage changed in `system prompt` (turn 2)" in md
+    html = render_html(doc)
+    assert "A counter or percentage changed in <code>system prompt</code> (turn 2)" in html

@@ -67,15 +67,26 @@ def _ctx(v: int | None) -> str:
 
 
 OLLAMA_DEFAULT_CTX = 4096  # Ollama's context when a request sends no num_ctx (2048 before v0.6)
+# Ollama reports a few milliseconds of load_duration on every request to a loaded model; a reload takes
+# longer, and evaluates the prompt it had cached again
+RELOAD_NS = 50_000_000
+
+
+def _reloaded(prev: TurnRecord, r: TurnRecord, load: int) -> bool:
+    """A reload, not the per-request check of a loaded model: a long load_duration, and num_ctx changed
+    (Ollama reloads for that) or more of the prompt evaluated than the part the previous one lacked."""
+    evaluated = _int(r.response, "prompt_eval_count")
+    recomputed = evaluated is None or evaluated > r.n_prompt - r.lcp
+    return load >= RELOAD_NS and (prev.num_ctx != r.num_ctx or recomputed)
 
 
 def ollama_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
-    """Reloads (load_duration > 0 after the first turn, and num_ctx before and after) and silent
-    truncation (a prompt longer than the context, and prompt_eval_count within it)."""
+    """Reloads (a long load_duration after the first turn, with num_ctx changed or the shared prefix
+    evaluated again) and silent truncation (a prompt longer than the context, and prompt_eval_count within it)."""
     out: list[BackendFact] = []
     for prev, r in zip([None, *records], records, strict=False):
         load = _int(r.response, "load_duration")
-        if prev is not None and load and load > 0:
+        if prev is not None and load and _reloaded(prev, r, load):
             changed = prev.num_ctx != r.num_ctx
             why = f"num_ctx went from {_ctx(prev.num_ctx)} to {_ctx(r.num_ctx)}" if changed else "num_ctx unchanged"
             out.append(
@@ -83,7 +94,7 @@ def ollama_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
                     kind="ollama_reload",
                     turn=r.turn,
                     title="Ollama reloaded the model: the whole prompt was recomputed",
-                    evidence=f"load_duration {load / 1e9:.2f} s on turn {r.turn} ({why})",
+                    evidence=f"load_duration {load / 1e9:.2f} s; {why}",
                     fix="Send the same num_ctx on every request (or set it once in the Modelfile / "
                     "OLLAMA_CONTEXT_LENGTH), and keep the model loaded (keep_alive)",
                 )

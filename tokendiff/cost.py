@@ -36,6 +36,8 @@ VLLM_BLOCK = 16  # vLLM's default on GPUs; a capture recorded through the proxy 
 # The layout assumed when the session does not say which model served it: a hybrid/recurrent model on
 # llama-server's default flags, the strictest case (a sliding-window model keeps at least this much).
 ASSUMED_LAYOUT = AttentionLayout(arch="a hybrid model", recurrent=True)
+RELOAD = "ollama_reload"  # the backend fact that overrides a turn's reuse: a reloaded model has no cache
+RELOAD_TITLE = "Model reloaded by Ollama: nothing reused"
 
 
 def is_assumed(layout: AttentionLayout) -> bool:
@@ -93,6 +95,8 @@ class Turn:
     note: str = ""  # disagreement between the server's count and the prediction, slot thrash
     server: str = ""  # the kind of server that answered ("vllm", "llama-server" ...), where the capture says
     vllm_block: int = VLLM_BLOCK  # the vLLM server's block size, where the capture says
+    ceiling: int = 0  # what B could have reused with every unexpected span fixed
+    reloaded: bool = False  # the backend reloaded the model (Ollama): it reused nothing, whatever the prompts
 
     @property
     def reuse_pct(self) -> float:
@@ -116,7 +120,7 @@ class Span:
 
     @property
     def section(self) -> str:
-        return self.path.label or "(prompt)"
+        return self.path.label or ("(the server)" if self.kind == RELOAD else "(prompt)")
 
 
 @dataclass
@@ -350,10 +354,14 @@ class Analyser:
 
     def session(self) -> Session:
         self._collect(0)
+        lcps = {t.turn: t.lcp for t in self.turns}
+        facts = backend_facts([replace(r, lcp=lcps.get(r.turn, 0)) for r in self.records], self.props)
+        for f in facts:
+            if f.kind == RELOAD and 0 < f.turn <= len(self.turns):
+                _reloaded(self.turns[f.turn - 1], self.spans, f)
         s = _session(self.turns, self.spans)
         s.layout = self.layout
-        lcps = {t.turn: t.lcp for t in s.turns}
-        s.facts = backend_facts([replace(r, lcp=lcps.get(r.turn, 0)) for r in self.records], self.props)
+        s.facts = facts
         if self.capacity is not None:
             counts = [t.reported_cached for t in s.turns]
             s.capacity = self.capacity.report(sum(c for c in counts if c is not None) if None not in counts else None)
@@ -406,6 +414,7 @@ def _append_turn(t: Turn, n_a: int) -> None:
     t.recompute = n - t.reuse["llama.cpp"]
     t.findings = [appended_finding(0, n - n_a)]
     t.new_tokens = n - n_a
+    t.ceiling = n_a
     t.wasted = max(0, n_a - t.reuse["llama.cpp"])
     _notes(t, False, n)
 
@@ -419,10 +428,13 @@ def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
     t.recompute = n - t.reuse["llama.cpp"]
     t.findings = explain(a, b, d, max_hunks=max_hunks)
     ceiling = reusable_ceiling(a, d, t.findings, n)
+    t.ceiling = ceiling
     t.new_tokens = max(0, n - ceiling)
     t.wasted = max(0, ceiling - t.reuse["llama.cpp"])
     first = next((f for f in t.findings if not f.expected), None)
-    if first is not None and t.wasted > 0:
+    if first is None and t.findings and t.findings[0].kind == "new_conversation":
+        first = t.findings[0]  # no waste, but the turn is named: the cache of A had nothing for B
+    if first is not None and (t.wasted > 0 or first.expected):
         t.cause = first.kind
         t.path = _owner(d.hunks[first.hunk])
         t.section = t.path.label
@@ -459,8 +471,19 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
     if not unexpected:
         return False
     spans[_span_key(unexpected[0], d)].tokens += t.wasted
-    for key in {_span_key(f, d) for f in unexpected}:
-        # fixing this span alone extends the prefix to the next hunk it does not cause
+    for key, gain in _span_gains(t, ceiling).items():
+        spans[key].gain += gain
+    return first_example
+
+
+def _span_gains(t: Turn, ceiling: int) -> dict[SpanKey, int]:
+    """What fixing each of the turn's spans alone would reuse here: the prefix extends to the next
+    hunk that span does not cause."""
+    d = t.divergence
+    if d is None:
+        return {}
+    out = {}
+    for key in {_span_key(f, d) for f in t.findings if not f.expected}:
         other = next(
             (
                 ceiling if f.expected else d.hunks[f.hunk].b_start
@@ -469,8 +492,35 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
             ),
             ceiling,
         )
-        spans[key].gain += max(0, min(other, ceiling) - t.reuse["llama.cpp"])
-    return first_example
+        out[key] = max(0, min(other, ceiling) - t.reuse["llama.cpp"])
+    return out
+
+
+def _reloaded(t: Turn, spans: dict[SpanKey, Span], fact: BackendFact) -> None:
+    """A turn on which the backend reloaded the model (Ollama): nothing was reused, whatever the prompts
+    shared, so every column says 0 and the turn's whole waste is the reload's (a break at token 0, before
+    any the prompts have); fixing a prompt span alone gains nothing on this turn. Applied once."""
+    if t.reloaded:
+        return
+    t.reloaded = True
+    d = t.divergence
+    first = next((f for f in t.findings if not f.expected), None)
+    if d is not None and first is not None:
+        spans[_span_key(first, d)].tokens -= t.wasted
+    for key, gain in _span_gains(t, t.ceiling).items():
+        spans[key].gain -= gain
+    before = t.reuse.get("llama.cpp", 0)
+    t.wasted = max(t.wasted, t.ceiling)
+    sp = spans.setdefault(
+        (RELOAD, SectionPath()), Span(kind=RELOAD, path=SectionPath(), title=RELOAD_TITLE, fix=fact.fix)
+    )
+    sp.turns.append(t.turn)
+    sp.tokens += t.wasted
+    sp.gain += before
+    t.reuse = {be: 0 for be in BACKENDS}
+    t.recompute, t.cause = t.n_tokens, RELOAD
+    note = f"Ollama reloaded the model ({fact.evidence}): the prompts shared {t.lcp:,} tokens, it reused none"
+    t.note = f"{note}; {t.note}" if t.note else note
 
 
 def _session(turns: list[Turn], spans: dict[SpanKey, Span]) -> Session:

@@ -12,11 +12,12 @@ never on display labels. Pure functions over core types; no I/O.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tokendiff.grammar import json_braces
 from tokendiff.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
@@ -796,28 +797,42 @@ def _result_at(p: Prompt, token: int) -> Section | None:
     return max(found, key=lambda s: len(s.path), default=None)
 
 
+def _retruncated(ta: bytes, tb: bytes, same: int) -> bool:
+    """One result cut at two lengths: the same text for its first `same` bytes (at least 32), then a
+    truncation note after the cut, or one side ending within a few bytes of it."""
+    if len(ta) == len(tb) or same < 32 or ta[:same] != tb[:same]:
+        return False
+    rest_a = ta[same:].decode("utf-8", "replace")
+    rest_b = tb[same:].decode("utf-8", "replace")
+    note = TRUNC_NOTE_RE.search(rest_a[-160:]) or TRUNC_NOTE_RE.search(rest_b[-160:])
+    return bool(note) or min(len(rest_a), len(rest_b)) <= 24
+
+
 def detect_result_truncated(ctx: Ctx) -> Finding | None:
     """tool_result_truncated: one tool result cut at a different length than last turn
-    (context-trimming jitter): same start, different cut."""
+    (context-trimming jitter): same start, different cut. A later span inside the same result
+    (the truncation note's count, "[... 1234 chars truncated]") belongs to the same finding."""
     ra, rb = _result_at(ctx.a, ctx.h.a_start), _result_at(ctx.b, ctx.h.b_start)
     if ra is None or rb is None:
         return None
     ta, tb = ctx.a.data[ra.byte_start : ra.byte_end], ctx.b.data[rb.byte_start : rb.byte_end]
-    same = ctx.h.a_byte_start - ra.byte_start
-    if len(ta) == len(tb) or same < 32 or ta[:same] != tb[:same] or ctx.h.b_byte_start - rb.byte_start != same:
-        return None
-    rest_a = ta[same:].decode("utf-8", "replace")
-    rest_b = tb[same:].decode("utf-8", "replace")
-    note = TRUNC_NOTE_RE.search(rest_a[-160:]) or TRUNC_NOTE_RE.search(rest_b[-160:])
-    if not note and min(len(rest_a), len(rest_b)) > 24:
+    at_a, at_b = ctx.h.a_byte_start - ra.byte_start, ctx.h.b_byte_start - rb.byte_start
+    cut = len(os.path.commonprefix([ta, tb]))
+    if at_a == at_b and at_a <= cut and _retruncated(ta, tb, at_a):
+        evidence = f"the same up to byte {at_a:,}"
+    elif at_a > cut and at_b > cut and _retruncated(ta, tb, cut):
+        note_a, note_b = (
+            _line_at(p, at).strip()[:48] for p, at in ((ctx.a, ctx.h.a_byte_start), (ctx.b, ctx.h.b_byte_start))
+        )
+        evidence = f"the same up to byte {cut:,}; this span is its truncation note: {note_a!r} -> {note_b!r}"
+    else:
         return None
     return Finding(
         kind="tool_result_truncated",
         hunk=ctx.i,
         confidence=0.85,
         title=f"Tool result re-truncated differently: {ra.path.label}",
-        evidence=f"its text is {len(ta):,} bytes in A, {len(tb):,} in B ({len(tb) - len(ta):+,}), "
-        f"the same up to byte {same:,}",
+        evidence=f"its text is {len(ta):,} bytes in A, {len(tb):,} in B ({len(tb) - len(ta):+,}), " + evidence,
         fix="Truncate each tool result once, when it is added, and send that text unchanged on every later turn",
         origin="client",
     )
@@ -931,6 +946,63 @@ def detect_rewritten(ctx: Ctx) -> Finding | None:
     return None
 
 
+SHARED_RUN = 64  # a shared stretch this long past the divergence: the conversation goes on
+
+
+def _shared_runs(d: Divergence) -> list[tuple[int, int]]:
+    """A's token ranges past the first divergence that B has too (between and after the hunks)."""
+    ends = [h.a_end for h in d.hunks]
+    starts = [h.a_start for h in d.hunks[1:]] + [d.n_a]
+    return [(e, s) for e, s in zip(ends, starts, strict=True) if s > e]
+
+
+def _shared_in(p: Prompt, sec: Section, lcp: int, runs: list[tuple[int, int]]) -> int:
+    """Tokens of one of A's turns that B shares: before the divergence, or text (not markers) in a shared
+    run. `runs` are in order and short, so only those overlapping the turn are visited."""
+    n = max(0, min(sec.end, lcp) - sec.start)
+    j = max(0, bisect.bisect_right(runs, (sec.start, sec.start)) - 1)
+    while j < len(runs) and runs[j][0] < sec.end:
+        s, e = runs[j]
+        n += sum(1 for i in range(max(s, sec.start), min(e, sec.end)) if not p.special[i])
+        j += 1
+    return n
+
+
+def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
+    """new_conversation (expected): B shares nothing with A past the system prompt, or nothing at all:
+    none of A's turns from the divergence on is in B (at most a few markers and words line up). Not
+    a break of A's cache, so no waste: a new conversation (or another agent on the slot) begins."""
+    if not d.hunks or d.lcp >= prompt_end(a):
+        return None
+    runs = _shared_runs(d)
+    if any(e - s >= SHARED_RUN for s, e in runs):
+        return None
+    turns = [
+        s
+        for s in a.sections
+        if len(s.path) == 1 and s.end > d.lcp and s.start < prompt_end(a) and s.path[0].kind != "generation_prompt"
+    ]
+    if not turns or any(2 * _shared_in(a, s, d.lcp, runs) >= s.end - s.start for s in turns):
+        return None
+    system = next((s for s in a.sections if len(s.path) == 1 and _is_system(s.path) and s.start <= 1), None)
+    if system is not None and d.lcp >= system.end:
+        kept, later = f"only the system prompt with A ({d.lcp:,} tokens)", " later"
+    elif all(a.special[i] for i in range(d.lcp)):
+        kept, later = f"nothing with A but {d.lcp:,} template marker token(s)", ""
+    else:
+        kept, later = f"only its first {d.lcp:,} token(s) with A", ""
+    return Finding(
+        kind="new_conversation",
+        hunk=0,
+        confidence=0.99,
+        title="New conversation (expected)",
+        evidence=f"B shares {kept}; none of A's {len(turns)}{later} turn(s) is in B",
+        fix="Nothing to fix in the prompts: a new conversation starts. If two agents or conversations take "
+        "turns on one slot, give each its own slot (-np) so neither evicts the other",
+        expected=True,
+    )
+
+
 def detect_fallback(ctx: Ctx) -> Finding:
     """content_changed: no detector recognised the change."""
     return Finding(
@@ -969,7 +1041,12 @@ DETECTORS: list[Callable[[Ctx], Finding | None]] = [
 
 def explain_hunk(a: Prompt, b: Prompt, d: Divergence, i: int) -> list[Finding]:
     """Every finding for hunk i, most confident first (a fallback when none)."""
-    ctx = Ctx(a, b, d, d.hunks[i], i)
+    fresh = new_conversation(a, b, d)
+    return [replace(fresh, hunk=i)] if fresh is not None else _detected(Ctx(a, b, d, d.hunks[i], i))
+
+
+def _detected(ctx: Ctx) -> list[Finding]:
+    """What the detectors find for one hunk, most confident first (a fallback when none)."""
     found = [f for f in (det(ctx) for det in DETECTORS) if f is not None]
     if not found:
         found = [detect_fallback(ctx)]
@@ -977,5 +1054,10 @@ def explain_hunk(a: Prompt, b: Prompt, d: Divergence, i: int) -> list[Finding]:
 
 
 def explain(a: Prompt, b: Prompt, d: Divergence, max_hunks: int = 64) -> list[Finding]:
-    """The best finding for each of the first `max_hunks` hunks."""
-    return [explain_hunk(a, b, d, i)[0] for i in range(min(len(d.hunks), max_hunks))]
+    """The best finding for each of the first `max_hunks` hunks; every hunk of a new conversation is
+    that one finding (its spans are no separate causes)."""
+    n = min(len(d.hunks), max_hunks)
+    fresh = new_conversation(a, b, d)
+    if fresh is not None:
+        return [replace(fresh, hunk=i) for i in range(n)]
+    return [_detected(Ctx(a, b, d, d.hunks[i], i))[0] for i in range(n)]

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tokendiff.cost import BACKENDS, Session, turn_rows
+from tokendiff.cost import BACKENDS, RELOAD, Session, turn_rows
 
 SCHEMA_VERSION = "tokendiff.dataset/1"
 TABLES = ("turns", "spans")
@@ -59,11 +59,18 @@ TURN_COLUMNS: tuple[Column, ...] = (
     Column("recomputed", "Int64", "tokens llama.cpp evaluates: tokens - reusable"),
     Column("new_tokens", "Int64", "tokens beyond what the previous prompt had: unavoidable work"),
     Column("wasted", "Int64", "recomputed tokens the previous prompt already had: the waste"),
-    Column("wasted_seconds", "Float64", "wasted at the session's measured prefill speed, seconds; null untimed"),
+    Column(
+        "wasted_seconds", "Float64", "wasted at the session's prefill speed (measured, or given), seconds; null untimed"
+    ),
     Column("lcp_prev", "Int64", "tokens shared with the previous prompt (longest common prefix)"),
     Column("best_earlier_turn", "Int64", "the earlier turn sharing the longest prefix; null on turn 1"),
     Column("best_earlier_lcp", "Int64", "tokens shared with that turn"),
-    Column("cause", "String", "finding kind of the first wasteful divergence (docs/causes.md); null: no waste"),
+    Column(
+        "cause",
+        "String",
+        "finding kind of the first wasteful divergence (docs/causes.md), ollama_reload when the model was "
+        "reloaded, new_conversation (no waste) when the turn starts over; null: no waste",
+    ),
     Column("section", "String", "section that owns the first wasteful divergence, e.g. 'system prompt'"),
     Column("field", "String", "request field there, e.g. messages[0].content; null for slot files"),
     Column("reported_cached", "Int64", "tokens the server said it reused (timings.cache_n, cached_tokens)"),
@@ -82,7 +89,9 @@ SPAN_COLUMNS: tuple[Column, ...] = (
     Column("fix", "String", "one line of fix advice"),
     Column("first_divergence", "Boolean", "the span is this turn's first wasteful divergence"),
     Column("wasted", "Int64", "the turn's wasted tokens when first_divergence, else 0"),
-    Column("wasted_seconds", "Float64", "wasted at the session's measured prefill speed, seconds; null untimed"),
+    Column(
+        "wasted_seconds", "Float64", "wasted at the session's prefill speed (measured, or given), seconds; null untimed"
+    ),
 )
 
 PARTITIONS = (
@@ -146,7 +155,8 @@ def span_table(s: Session, path: str, times: Sequence[TurnTime]):
     for rank, sp in enumerate(s.spans, 1):
         for k in sp.turns:
             t = s.turns[k - 1]
-            first = t.cause == sp.kind and t.path.generalised() == sp.path
+            # a reloaded model's turn: its whole waste is the reload's (cost.RELOAD), wherever the prompts differ
+            first = t.cause == sp.kind and (sp.kind == RELOAD or t.path.generalised() == sp.path)
             wasted = t.wasted if first else 0
             rows.append(
                 {

@@ -6,6 +6,7 @@ from html import escape
 from typing import Any
 
 from tokendiff.report.fleet import seconds_text
+from tokendiff.report.session import span_place, split_spans
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1100px;color:#1d2330;background:#fbfbfd;
@@ -73,23 +74,49 @@ def _ex(t: dict[str, str], side: str) -> str:
     )
 
 
+def _est(x: float | None, estimated: bool | None) -> str:
+    """Seconds for a table cell, marked "est." when they come from a given prefill rate."""
+    if x == 0:
+        return "0"  # no tokens wasted: no seconds, measured or not
+    text = seconds_text(x)
+    return f"{text} est." if text and estimated else text
+
+
+def _behind(spans: list[dict[str, Any]]) -> list[str]:
+    """Spans only seen behind an earlier break of their turn: one line, not rows of zeros."""
+    if not spans:
+        return []
+    e = escape
+    seen = "; ".join(
+        f"{e(sp['title'])} in <code>{e(sp['section'])}</code> (turn{'s' if len(sp['turns']) > 1 else ''} "
+        f"{e(', '.join(map(str, sp['turns'])))})"
+        for sp in spans
+    )
+    return [
+        '<p class="muted">Also changed, but only after an earlier break in the same turn '
+        f"(no tokens of their own): {seen}</p>"
+    ]
+
+
 def _spans(doc: dict[str, Any]) -> list[str]:
-    if not doc["spans"]:
-        return ["<p>None: nothing broke the cache.</p>"]
+    costly, behind = split_spans(doc["spans"])
+    if not costly:
+        return (["<p>None: nothing broke the cache.</p>"] if not behind else []) + _behind(behind)
     e = escape
     out = [
         "<table><tr><th>#</th><th>cause</th><th>section</th><th>turns</th><th>tokens</th><th>share</th>"
-        "<th>reuse without it</th><th>fix</th></tr>"
+        "<th>seconds</th><th>reuse without it</th><th>fix</th></tr>"
     ]
-    for sp in doc["spans"]:
+    for sp in costly:
         out.append(
             f"<tr><td class=n>{sp['rank']}</td><td>{e(sp['title'])}</td><td><code>{e(sp['section'])}</code></td>"
             f"<td>{e(', '.join(map(str, sp['turns'])))}</td><td class=n>{sp['tokens']:,}</td>"
             f"<td class=n>{100 * sp['share']:.0f} %</td>"
+            f"<td class=n>{_est(sp['seconds'], sp.get('seconds_estimated'))}</td>"
             f"<td class=n>{sp['reuse_pct_without']} %</td><td>{e(sp['fix'])}</td></tr>"
         )
     out.append("</table>")
-    return out
+    return out + _behind(behind)
 
 
 def _layout_line(doc: dict[str, Any]) -> list[str]:
@@ -97,7 +124,12 @@ def _layout_line(doc: dict[str, Any]) -> list[str]:
     lay = doc["summary"].get("layout") or {}
     if not lay:
         return []
-    return [f'<p class="muted">{escape(lay["column"])}: {escape(lay["summary"])}</p>']
+    return [f'<p class="muted">{escape(lay["column"])} — for {escape(lay["summary"])}</p>']
+
+
+def _code_cell(text: str | None) -> str:
+    """A section as code, or nothing for a turn without a divergence (not an empty code element)."""
+    return f"<code>{escape(text)}</code>" if text else ""
 
 
 def _turns(doc: dict[str, Any]) -> list[str]:
@@ -119,8 +151,8 @@ def _turns(doc: dict[str, Any]) -> list[str]:
             f"<td class=n>{t.get('checkpoint_reusable', t['reusable']):,}</td>"
             f"<td class=n>{t['reuse_pct']:.1f}</td><td class=n>{t['recomputed']:,}</td>"
             f"<td class=n>{t['new_tokens']:,}</td><td class=n>{t['wasted']:,}</td>"
-            f"<td class=n>{seconds_text(t.get('wasted_seconds'))}</td>"
-            f"<td><code>{e(t['first_divergence_section'] or '')}</code></td><td>{e(t['cause'] or '')}</td>"
+            f"<td class=n>{_est(t.get('wasted_seconds'), t.get('seconds_estimated'))}</td>"
+            f"<td>{_code_cell(t['first_divergence_section'])}</td><td>{e(t['cause'] or '')}</td>"
             f"<td class=n>{rc}</td>{ms}<td>{e(t['note'])}</td></tr>"
         )
     out.append("</table>")
@@ -194,8 +226,7 @@ def _causes(doc: dict[str, Any]) -> list[str]:
             x = c[side]
             out.append(
                 f'<p class="muted">{side.upper()} <code>{e(x["origin"])}</code> '
-                f"tokens {x['tokens'][0]:,}..{x['tokens'][1]:,}, "
-                f"bytes {x['bytes'][0]:,}..{x['bytes'][1]:,}, in <code>{e(x['section'])}</code></p>"
+                f"{e(span_place(side, x))}, in <code>{e(x['section'])}</code></p>"
             )
             out.append(_ex(x["text"], side))
     return out
@@ -206,7 +237,8 @@ def render_html(doc: dict[str, Any]) -> str:
         return render_fleet_html(doc)
     s = doc["summary"]
     e = escape
-    secs = f", {s['wasted_seconds']:.1f} s of prefill" if s["wasted_seconds"] is not None else ""
+    est = " (estimated)" if s.get("seconds_estimated") else ""
+    secs = f", {s['wasted_seconds']:.1f} s of prefill{est}" if s["wasted_seconds"] is not None else ""
     out = [
         "<!doctype html><html lang=en><head><meta charset=utf-8>",
         f"<title>tokendiff report: {e(s['path'])}</title><style>{CSS}</style></head><body>",

@@ -5,11 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from tokendiff.report.fleet import seconds_text
+from tokendiff.report.session import span_place, split_spans
 
 
 def _cell(v: Any) -> str:
     s = "" if v is None else str(v)
     return s.replace("|", "\\|").replace("\n", " ")
+
+
+def _count(v: int | None) -> str:
+    return "" if v is None else f"{v:,}"
 
 
 def _ms(v: float | None) -> str:
@@ -69,6 +74,40 @@ def _facts(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _est(x: float | None, estimated: bool | None) -> str:
+    """Seconds for a table cell, marked "est." when they come from a given prefill rate (html.py has the same)."""
+    if x == 0:
+        return "0"  # no tokens wasted: no seconds, measured or not
+    text = seconds_text(x)
+    return f"{text} est." if text and estimated else text
+
+
+def _spans(doc: dict[str, Any]) -> list[str]:
+    """The spans that cost tokens, as a table; those only seen behind another break, in one line."""
+    costly, behind = split_spans(doc["spans"])
+    out = []
+    if costly:
+        out.append("| # | cause | section | turns | tokens | share | seconds | reuse without it | fix |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        for sp in costly:
+            turns = _cell(", ".join(map(str, sp["turns"])))
+            out.append(
+                f"| {sp['rank']} | {_cell(sp['title'])} | `{_code(sp['section'])}` | {turns} | "
+                f"{sp['tokens']:,} | {100 * sp['share']:.0f} % | {_est(sp['seconds'], sp.get('seconds_estimated'))} | "
+                f"{_cell(sp['reuse_pct_without'])} % | {_cell(sp['fix'])} |"
+            )
+    elif not behind:
+        out.append("None: nothing broke the cache.")
+    if behind:
+        seen = "; ".join(
+            f"{sp['title']} in `{_code(sp['section'])}` (turn{'s' if len(sp['turns']) > 1 else ''} "
+            f"{', '.join(map(str, sp['turns']))})"
+            for sp in behind
+        )
+        out += ["", f"Also changed, but only after an earlier break in the same turn (no tokens of their own): {seen}"]
+    return out
+
+
 def _section_cell(section: str | None) -> str:
     """A section as code, or nothing at all for a turn without a divergence (not an empty code span)."""
     return f"`{_code(section)}`" if section else ""
@@ -81,7 +120,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
     out = [f"# tokendiff report: {s['path']}", ""]
     out.append(f"**{s['headline']}**")
     out.append("")
-    secs = f", {s['wasted_seconds']:.1f} s of prefill" if s["wasted_seconds"] is not None else ""
+    est = " (estimated)" if s.get("seconds_estimated") else ""
+    secs = f", {s['wasted_seconds']:.1f} s of prefill{est}" if s["wasted_seconds"] is not None else ""
     out.append(
         f"- {s['turns']} turns, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
         f"(**{s['reuse_pct']:.1f} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
@@ -93,23 +133,11 @@ def render_markdown(doc: dict[str, Any]) -> str:
     out.append(f"- tokenizer: {tk['name']}" + (" (assumed)" if tk.get("assumed") else ""))
     if s["redacted"]:
         out.append("- redacted: words are replaced by hashes; structure, offsets and findings are kept")
-    out += ["", "## Spans, ranked by what they cost", ""]
-    if doc["spans"]:
-        out.append("| # | cause | section | turns | tokens | share | seconds | reuse without it | fix |")
-        out.append("|---|---|---|---|---|---|---|---|---|")
-        for sp in doc["spans"]:
-            turns = _cell(", ".join(map(str, sp["turns"])))
-            out.append(
-                f"| {sp['rank']} | {_cell(sp['title'])} | `{_code(sp['section'])}` | {turns} | "
-                f"{sp['tokens']:,} | {100 * sp['share']:.0f} % | {seconds_text(sp['seconds'])} | "
-                f"{_cell(sp['reuse_pct_without'])} % | {_cell(sp['fix'])} |"
-            )
-    else:
-        out.append("None: nothing broke the cache.")
+    out += ["", "## Spans, ranked by what they cost", "", *_spans(doc)]
     out += ["", "## Turns", ""]
     lay = s.get("layout") or {}
     if lay:
-        out.append(f"{_cell(lay['column'])}: {_cell(lay['summary'])}")
+        out.append(f"{_cell(lay['column'])} — for {_cell(lay['summary'])}")
         out.append("")
     out.append(
         "| turn | tokens | reusable | SWA/hybrid | reuse % | recomputed | new | wasted | wasted s | first divergence "
@@ -120,8 +148,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         ck = t.get("checkpoint_reusable", t["reusable"])
         out.append(
             f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} | {ck:,} | {t['reuse_pct']:.1f} | "
-            f"{t['recomputed']:,} | {t['new_tokens']:,} | {t['wasted']:,} | {seconds_text(t.get('wasted_seconds'))} | "
-            f"{_section_cell(t['first_divergence_section'])} | {_cell(t['cause'])} | {_cell(t['reported_cached'])} | "
+            f"{t['recomputed']:,} | {t['new_tokens']:,} | {t['wasted']:,} | "
+            f"{_est(t.get('wasted_seconds'), t.get('seconds_estimated'))} | "
+            f"{_section_cell(t['first_divergence_section'])} | {_cell(t['cause'])} | {_count(t['reported_cached'])} | "
             f"{_ms(t.get('ttft_ms'))} | {_ms(t.get('prefill_ms'))} | {_cell(t['note'])} |"
         )
     out += _capacity(doc)
@@ -136,10 +165,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         for side in ("a", "b"):
             x = c[side]
             t = x["text"]
-            out.append(
-                f"- {side.upper()} `{_code(x['origin'])}` tokens {x['tokens'][0]:,}..{x['tokens'][1]:,}, "
-                f"bytes {x['bytes'][0]:,}..{x['bytes'][1]:,}, in `{_code(x['section'])}`"
-            )
+            out.append(f"- {side.upper()} `{_code(x['origin'])}` {span_place(side, x)}, in `{_code(x['section'])}`")
             out.append(f"  `…{_code(t['before'])}⟦{_code(t['diverged'])}⟧{_code(t['after'])}…`")
         out.append("")
     return "\n".join(out) + "\n"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokendiff.capacity import CapacityReport
-from tokendiff.cost import Session, Turn, is_assumed, turn_rows
+from tokendiff.cost import RELOAD, RELOAD_TITLE, Session, Turn, is_assumed, turn_rows
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
@@ -58,8 +58,11 @@ def _ex(p: Prompt, start: int, end: int, context: int, redact: bool) -> dict[str
 
 
 def cause_title(t: Turn) -> str:
-    """The first unexpected finding's title: what a person reads, not its kind id."""
-    return next((f.title for f in t.findings if not f.expected), t.cause)
+    """The title of the turn's cause (its first unexpected finding, a new conversation, or the model
+    reloaded): what a person reads, not its kind id."""
+    if t.cause == RELOAD:
+        return RELOAD_TITLE
+    return next((f.title for f in t.findings if f.kind == t.cause), t.cause)
 
 
 def prefill_seconds(t: Turn) -> float | None:
@@ -83,15 +86,35 @@ def _secs(x: float | None) -> float | None:
 
 
 def _time_columns(s: Session) -> list[dict[str, Any]]:
-    """Each turn's seconds: TTFT from the proxy, prefill from the server's timings, waste at the session's speed."""
+    """Each turn's seconds: TTFT from the proxy, prefill from the server's timings, waste at the session's
+    speed (estimated when that speed was given, --prefill-rate or a replay, rather than measured)."""
     return [
         {
             "ttft_ms": _secs(t.ttft_ms),
             "prefill_ms": _secs(t.reported_prompt_ms),
             "wasted_seconds": _secs(turn_wasted_seconds(t, s)),
+            "seconds_estimated": s.rate_estimated and s.ms_per_token is not None,
         }
         for t in s.turns
     ]
+
+
+def span_place(doc_side: str, side: dict[str, Any]) -> str:
+    """Where side "a" or "b" of an example span is: its token and byte ranges, or, for the empty side of
+    an insertion or deletion, the point where the other side's text goes in or was."""
+    (t0, t1), (b0, b1) = side["tokens"], side["bytes"]
+    if t0 == t1:
+        return f"nothing at token {t0:,}, byte {b0:,} " + (
+            "(B inserts here)" if doc_side == "a" else "(A's text was here)"
+        )
+    return f"tokens {t0:,}..{t1:,}, bytes {b0:,}..{b1:,}"
+
+
+def split_spans(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The document's spans that cost something (tokens as a turn's first break, or reuse if fixed), and
+    those only ever seen behind another break: a table row of zeros for them says nothing."""
+    costly = [sp for sp in spans if sp["tokens"] > 0 or sp["gain_if_fixed"] > 0]
+    return costly, [sp for sp in spans if sp not in costly]
 
 
 def report_document(
@@ -114,6 +137,7 @@ def report_document(
                 "tokens": sp.tokens,
                 "share": round(sp.share, 4),
                 "seconds": round(sp.seconds, 3) if sp.seconds is not None else None,
+                "seconds_estimated": s.rate_estimated and sp.seconds is not None,
                 "gain_if_fixed": sp.gain,
                 "reuse_pct_without": round(100.0 * (s.reused_tokens + sp.gain) / s.total_tokens, 2)
                 if s.total_tokens
@@ -218,7 +242,9 @@ def layout_json(s: Session) -> dict[str, Any]:
         "column": "SWA/hybrid: what llama-server reuses where it cannot cut the cache at the divergence",
         "summary": lay.summary
         + (
-            " (assumed: the session does not name its model; see `tokendiff report --model`)" if is_assumed(lay) else ""
+            " (assumed: the session does not name its model; name it with tokendiff report --model)"
+            if is_assumed(lay)
+            else ""
         ),
         "assumed": is_assumed(lay),
         "arch": lay.arch,
@@ -235,15 +261,16 @@ def headline(s: Session) -> str:
     """One sentence for the top of the report and the TUI's session screen: the span to fix first."""
     if not s.spans or s.spans[0].tokens == 0:
         return (
-            "No waste: every turn reused everything the previous prompt had "
+            "No waste: no turn recomputed what the previous prompt already had "
             f"({s.reuse_pct:.1f} % of all tokens reused)."
         )
     sp = s.spans[0]
     est = ", estimated" if s.rate_estimated else ""
     gain = f" ({sp.seconds:.1f} s of prefill{est})" if sp.seconds else ""
     turns = f"{len(sp.turns)} turn" + ("s" if len(sp.turns) != 1 else "")
+    where = f" in {sp.section}" if sp.path else ""
     return (
-        f"Fix this first: {sp.title[0].lower() + sp.title[1:]} in {sp.section}. "
+        f"Fix this first: {sp.title[0].lower() + sp.title[1:]}{where}. "
         f"It is {100 * sp.share:.0f} % of the waste: "
         f"{sp.tokens:,} tokens recomputed over {turns}{gain}."
     )
