@@ -77,6 +77,11 @@ def corpus(tmp):
         ("binary.har", json.dumps(_har(b64=base64.b64encode(bytes(range(256))).decode())).encode(), "@1", "not UTF-8"),
         ("nested.har", json.dumps(_har(text=deep_body)).encode(), "@1", "not JSON"),
         ("notjson.har", b"\x89PNG\r\n\x1a\n", "@1", "malformed JSON"),
+        # the HAR is parsed as a stream: the document's own nesting, tears and shape
+        ("deep.har", b'{"log": {"entries": [' + b"[" * 10**5 + b"]" * 10**5 + b"]}}", "@1", "deeper than 128"),
+        ("torn.har", json.dumps(_har(text="{}")).encode()[:-9], "@1", "malformed JSON: parse error"),
+        ("nolog.har", b'{"log": {"entries": {"0": {}}}}', "@1", "not a HAR file (no log.entries list)"),
+        ("scalar.har", b'{"log": {"entries": [7]}}', "@1", "entry 0: entry has no request object"),
     ]
 
 

@@ -134,9 +134,9 @@ def session_selectors(path: str, order: str = "mtime") -> list[str]:
 
         n = len(read_capture(p)[0])
     elif kind == "har":
-        from tokendiff.importers.har import read_har
+        from tokendiff.importers.har import iter_har
 
-        n = len(read_har(p))
+        n = sum(1 for _ in iter_har(p))
     else:
         raise InputError(f"a session is a directory, a capture file or a HAR file; this is a {kind} file", source=path)
     if n == 0:

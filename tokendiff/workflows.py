@@ -910,9 +910,9 @@ def turn_times(path: str, order: str, n: int) -> list[TurnTime]:
 
         stamps = [_record_time(rec.get("ts")) for rec in iter_capture(path)]
     elif file_kind(p) == "har":
-        from tokendiff.importers.har import read_har
+        from tokendiff.importers.har import iter_har
 
-        stamps = [_record_time(rec.get("started")) for rec in read_har(p)]
+        stamps = [_record_time(rec.get("started")) for rec in iter_har(p)]
     fallback = TurnTime(p.stat().st_mtime, "mtime")
     stamps = (stamps + [None] * n)[:n]
     return [t or fallback for t in stamps]

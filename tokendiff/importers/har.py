@@ -12,11 +12,13 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from tokendiff.errors import InputError
-from tokendiff.importers import CHAT_ENDPOINTS, check_depth, is_chat_body, read_bounded
+from tokendiff.errors import InputError, one_line
+from tokendiff.importers import CHAT_ENDPOINTS, MAX_DEPTH, check_depth, is_chat_body
+from tokendiff.safeio import open_regular, size_text
 from tokendiff.server import final_fields, summarize_sse
 
-MAX_BYTES = 256 << 20  # parsed, a HAR costs a few times its size; each request body is parsed again
+MAX_BYTES = 4 << 30  # the file: streamed, so this bounds time, not memory
+MAX_ENTRY_BYTES = 64 << 20  # one entry as read: what parsing one entry may hold at once
 
 
 def read_har(path: Path) -> list[dict[str, Any]]:
@@ -25,31 +27,111 @@ def read_har(path: Path) -> list[dict[str, Any]]:
 
 
 def iter_har(path: Path) -> Iterator[dict[str, Any]]:
-    """The chat requests of a HAR file as capture records, one at a time: the document is parsed
-    once (a HAR is one JSON value), then each entry becomes a record only when asked for and is
-    dropped from the parsed document, so a long session is never held twice."""
-    src = str(path)
-    entries = _entries(path)
-    for i in range(len(entries)):
-        entry, entries[i] = entries[i], None
-        rec = _entry(entry, f"{src}: entry {i}")
-        if rec is not None:
-            rec["origin"] = f"{src}#entry{i}"
-            yield rec
+    """The chat requests of a HAR file as capture records, one at a time. A HAR is one JSON value, so
+    it is parsed as a stream (ijson's C parser): memory holds one entry, not the whole document."""
+    import ijson
 
-
-def _entries(path: Path) -> list[Any]:
     src = str(path)
-    raw = read_bounded(path, MAX_BYTES, "HAR file")
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise InputError(f"malformed JSON: {e}", source=src) from None
-    del raw
-    entries = doc.get("log", {}).get("entries") if isinstance(doc, dict) and isinstance(doc.get("log"), dict) else None
-    if not isinstance(entries, list):
+    with open_regular(path, "HAR file") as f:
+        reader = _BoundedReader(f, src)
+        walk = _EntryWalk(src)
+        try:
+            for i, entry in enumerate(walk.entries(ijson.basic_parse(reader, use_float=True))):
+                reader.entry_done()
+                rec = _entry(entry, f"{src}: entry {i}")
+                if rec is not None:
+                    rec["origin"] = f"{src}#entry{i}"
+                    yield rec
+        except ijson.JSONError as e:
+            raise InputError(f"malformed JSON: {_message(e)}", source=src) from None
+    if not walk.seen:
         raise InputError("not a HAR file (no log.entries list)", source=src)
-    return entries
+
+
+def _message(e: Exception) -> str:
+    """The parser's reason, without the excerpt it draws under it."""
+    text = e.args[0] if e.args else str(e)
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+    return one_line(text.split("\n")[0].strip())
+
+
+_OPEN: dict[str, type] = {"start_map": dict, "start_array": list}
+_CLOSE = ("end_map", "end_array")
+_ITEM = object()  # the "key" of an array's element
+_ENTRIES = ["log", "entries"]
+
+
+class _EntryWalk:
+    """The elements of the document's log.entries, each built from the parser's events as it ends.
+    Built here rather than by ijson.items, whose prefix strings grow with the nesting (quadratic
+    memory on a hostile file); an entry nested past MAX_DEPTH is refused."""
+
+    def __init__(self, src: str):
+        self.src, self.seen = src, False
+
+    def entries(self, events: Iterator[tuple[str, Any]]) -> Iterator[Any]:
+        keys: list[Any] = []  # the key under which each open container sits (_ITEM: in an array)
+        arrays: list[bool] = []  # whether each open container is an array
+        key: Any = None
+        for ev, val in events:
+            if ev == "map_key":
+                key = val
+            elif ev in _CLOSE:
+                keys.pop()
+                arrays.pop()
+                key = _ITEM if arrays and arrays[-1] else None
+            elif len(keys) == 3 and keys[1:] == _ENTRIES and arrays[-1]:  # an element of log.entries
+                yield self._build(_OPEN[ev](), events) if ev in _OPEN else val
+            elif ev in _OPEN:
+                keys.append(key)
+                arrays.append(ev == "start_array")
+                self.seen = self.seen or (len(keys) == 3 and keys[1:] == _ENTRIES and arrays[-1])
+                key = _ITEM if arrays[-1] else None
+
+    def _build(self, top: Any, events: Iterator[tuple[str, Any]]) -> Any:
+        stack, key = [top], None
+        for ev, val in events:
+            if ev == "map_key":
+                key = val
+            elif ev in _CLOSE:
+                stack.pop()
+                if not stack:
+                    return top
+            else:
+                value = _OPEN[ev]() if ev in _OPEN else val
+                parent = stack[-1]
+                if type(parent) is list:
+                    parent.append(value)
+                else:
+                    parent[key] = value
+                if ev in _OPEN:
+                    stack.append(value)
+                    if len(stack) > MAX_DEPTH:
+                        raise InputError(f"a HAR entry nested deeper than {MAX_DEPTH} levels", source=self.src)
+        return top
+
+
+class _BoundedReader:
+    """The file as ijson reads it, refused past MAX_BYTES in all or MAX_ENTRY_BYTES within one entry
+    (counted as read, so a huge entry is refused before it is held)."""
+
+    def __init__(self, f: Any, src: str):
+        self.f, self.src, self.pos, self.mark = f, src, 0, 0
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            data = self.f.read(n if n >= 0 else 1 << 16)
+        except OSError as e:
+            raise InputError(e.strerror or str(e), source=self.src) from None
+        self.pos += len(data)
+        if self.pos > MAX_BYTES:
+            raise InputError(f"HAR file over the {size_text(MAX_BYTES)} limit", source=self.src)
+        if self.pos - self.mark > MAX_ENTRY_BYTES:
+            raise InputError(f"a HAR entry over the {size_text(MAX_ENTRY_BYTES)} limit", source=self.src)
+        return data
+
+    def entry_done(self) -> None:
+        self.mark = self.pos
 
 
 def _text(obj: dict[str, Any], where: str) -> str | None:
