@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokendiff.capacity import CapacityReport
-from tokendiff.cost import RELOAD, RELOAD_TITLE, Session, Turn, is_assumed, turn_rows
+from tokendiff.cost import RELOAD, RELOAD_TITLE, Session, Turn, turn_rows
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
@@ -235,18 +235,25 @@ def capacity_json(c: CapacityReport) -> dict[str, Any]:
     }
 
 
+UNKNOWN_LAYOUT = (
+    "the model's attention layout is unknown (the session names no model file, nor a sliding-window or "
+    "hybrid family by name): a dense model reuses the LCP, a sliding-window or hybrid one often far less; "
+    "name the model with tokendiff report --model FILE for that prediction"
+)
+
+
 def layout_json(s: Session) -> dict[str, Any]:
-    """The attention layout the SWA/hybrid column replays llama-server's checkpoints for."""
+    """The attention layout the SWA/hybrid column replays llama-server's checkpoints for; `known`
+    false (and the column left out) where the session does not say which model served it."""
     lay = s.layout
+    column = "SWA/hybrid: what llama-server reuses where it cannot cut the cache at the divergence"
+    if lay is None:
+        return {"column": column, "known": False, "summary": UNKNOWN_LAYOUT}
     return {
-        "column": "SWA/hybrid: what llama-server reuses where it cannot cut the cache at the divergence",
-        "summary": lay.summary
-        + (
-            " (assumed: the session does not name its model; name it with tokendiff report --model)"
-            if is_assumed(lay)
-            else ""
-        ),
-        "assumed": is_assumed(lay),
+        "column": column,
+        "known": True,
+        "source": lay.source or "gguf",
+        "summary": lay.summary,
         "arch": lay.arch,
         "n_swa": lay.n_swa,
         "recurrent": lay.recurrent,
