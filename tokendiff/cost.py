@@ -310,6 +310,8 @@ class Analyser:
         if self.slot is not None:
             t.checkpoint = checkpoint_reuse(self.slot, cur.ids, t.reported_generated or 0, self._user_starts(cur))
         if self.capacity is not None:
+            if cur.vllm_block and not self.turns:
+                self.capacity.use_block(cur.vllm_block)  # the block pool in the server's own blocks
             self.capacity.add(cur.ids)
         if cur.response is not None or cur.request is not None:
             self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response))

@@ -187,6 +187,7 @@ def _capacity(doc: dict[str, Any]) -> list[str]:
     out = [
         "<h2>Cache capacity</h2>",
         f"<p>{e(c['verdict'])}</p>",
+        *(f"<p><strong>{e(k['text'])}.</strong></p>" for k in c.get("conclusions") or []),
         "<table><tr><th>cache</th><th>llama-server (the slot, plus a RAM cache of this size)</th>"
         "<th>vLLM / SGLang (a block pool of this size, LRU)</th></tr>",
     ]

@@ -53,6 +53,8 @@ def _capacity(doc: dict[str, Any]) -> list[str]:
         return []
     per = f" ({c['bytes_per_token']:,} bytes of KV per token)" if c["bytes_per_token"] else ""
     out = ["", "## Cache capacity", "", f"{c['verdict']}{per}", ""]
+    for k in c.get("conclusions") or []:
+        out += [f"**{k['text']}.**", ""]
     out += [
         "| cache | llama-server (the slot, plus a RAM cache of this size) "
         "| vLLM / SGLang (a block pool of this size, LRU) |",
