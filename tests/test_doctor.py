@@ -175,6 +175,31 @@ def test_launch_flags_command_line_wins_over_environment():
     assert f.swa_full is True and f.cache_prompt is False and f.model == "m.gguf"
 
 
+def test_mmproj_turns_cache_reuse_off():
+    """Unit level: a real llama-server here cannot load a projector (no vision model), so this checks the
+    decision from the launch flags and /props as llama-server reports them. llama.cpp sets chunk reuse to 0
+    at start when a projector is loaded, so --cache-reuse with --mmproj does nothing."""
+    argv = ["-m", "m.gguf", "--mmproj", "mmproj-f16.gguf", "--cache-reuse", "256"]
+    f = dr.parse_launch_flags(argv, {}, "the command line of pid 7")
+    assert (f.mmproj, f.cache_reuse) == ("mmproj-f16.gguf", 256)
+    props = {"modalities": {"vision": True, "audio": False}}
+    check = dr.check_cache_reuse(_evidence(srv.LLAMA, flags=f, **{"/props": props}), dr.Workload())
+    assert check is not None and check.status == dr.PROBLEM and check.kind == "cache_reuse"
+    assert check.evidence == (
+        "--cache-reuse 256 and --mmproj mmproj-f16.gguf in the command line of pid 7; /props modalities: vision"
+    )
+    assert check.fix.startswith("drop --mmproj for text-only agents")
+    # from the environment, as LLAMA_ARG_*: the same; without a projector (or with --no-mmproj) reuse works
+    env = dr.parse_launch_flags([], {"LLAMA_ARG_MMPROJ": "p.gguf", "LLAMA_ARG_CACHE_REUSE": "64"}, "env")
+    assert dr.check_cache_reuse(_evidence(srv.LLAMA, flags=env), dr.Workload()).status == dr.PROBLEM
+    off = dr.parse_launch_flags([*argv, "--no-mmproj"], {}, "cmd")
+    assert off.mmproj is None
+    assert dr.check_cache_reuse(_evidence(srv.LLAMA, flags=off, **{"/props": {}}), dr.Workload()).status == dr.OK
+    # no --cache-reuse: nothing to say (llama-server's default is 0)
+    plain = dr.parse_launch_flags(["--mmproj", "p.gguf"], {}, "cmd")
+    assert dr.check_cache_reuse(_evidence(srv.LLAMA, flags=plain, **{"/props": props}), dr.Workload()) is None
+
+
 def test_launch_flags_of_a_real_server(bad_server):
     f = dr.local_launch_flags(bad_server.url)
     assert f is not None and f.cache_prompt is False and f.cache_ram_mib == 0 and f.ctx_size == 4096
