@@ -164,6 +164,23 @@ def test_swa_model_needs_swa_full(tmp_path, llama_server_bin, tiny_model, capsys
     assert code == 0 and by_kind(doc)["swa"]["status"] == "ok"
 
 
+@pytest.mark.parametrize(("ram", "status"), [(1, "problem"), (8, "ok")])
+def test_cache_ram_against_two_agents_working_set(tiny_model, llama_server_bin, capsys, ram, status):
+    """One slot for two agents: the agent off the slot keeps its prompt only in the RAM prompt cache. The tiny
+    model's KV costs 256 bytes a token (2 layers x 2 KV heads x (16 + 16) dims x 2 bytes), so two 8,192-token
+    prompts need 4 MiB: --cache-ram 1 is too small, 8 holds them."""
+    with LlamaServer(tiny_model, ctx=8192, extra=["-np", "1", "--cache-ram", str(ram)]) as s:
+        _, doc = run_doctor(capsys, "--server", s.url, "--agents", "2", "--prompt-tokens", "8192", "--passive")
+    check = by_kind(doc)["cache_ram"]
+    assert check["status"] == status, check
+    assert check["evidence"].startswith(f"2 agent(s) x 8,192 tokens x 256 B/token = 4 MiB; --cache-ram {ram} (")
+    assert "command line of pid" in check["evidence"]
+    if status == "problem":
+        assert check["summary"].startswith("--cache-ram 1 MiB is smaller than the agents' prompts")
+        assert check["fix"] == "--cache-ram 5 (or -np 2 so every agent keeps a slot)"
+    assert by_kind(doc)["slots"]["status"] == "problem"  # and the slot itself is shared
+
+
 # ---------------------------------------------------------------- pieces
 
 
