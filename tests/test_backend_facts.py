@@ -75,8 +75,12 @@ def test_ollama_reload_and_truncation(tmp_path):
     # one truth: the reloaded turn reused nothing in the table, the totals and the spans
     t5 = doc["turns"][4]
     assert t5["reusable"] == t5["reuse_pct"] == 0 and t5["recomputed"] == t5["tokens"]
-    assert all(v == 0 for k, v in t5.items() if k.startswith("reuse_") and k != "reuse_pct")
-    assert t5["checkpoint_reusable"] == 0 and t5["cause"] == "ollama_reload"
+    # the session names no model of a sliding-window or hybrid family: no SWA/hybrid prediction at all
+    assert t5["reuse_llamacpp_hybrid"] is None and t5["checkpoint_reusable"] is None
+    assert all(
+        v == 0 for k, v in t5.items() if k.startswith("reuse_") and k not in ("reuse_pct", "reuse_llamacpp_hybrid")
+    )
+    assert t5["cause"] == "ollama_reload"
     assert t5["wasted"] == t5["tokens"] - t5["new_tokens"] and "it reused none" in t5["note"]
     s = doc["summary"]
     assert s["reused_tokens"] == sum(t["reusable"] for t in doc["turns"])
@@ -117,6 +121,31 @@ def test_vllm_block_rounding(tmp_path):
     assert kinds == {"vllm_block_rounding"}
     f = next(f for f in doc["backend_facts"] if f["turn"] == 3)
     assert f["evidence"] == "cached_tokens 32 of the 42 shared: the last 10 shared tokens fill a partial block"
+
+
+def test_vllm_block_rounding_in_the_servers_block_size(tmp_path):
+    """A capture recorded from vLLM carries its block size (the proxy reads /metrics): 32-token blocks here,
+    so the counter turns' 42 shared tokens are cached as 32 and the rounding is counted in 32s, not 16s."""
+    recs = _records()
+    for rec in recs:
+        cached = rec["response"]["timings"]["cache_n"] // 32 * 32
+        n = len(rec["prompt_ids"])
+        details = {"cached_tokens": cached}
+        rec["response"] = {"status": 200, "usage": {"prompt_tokens": n, "prompt_tokens_details": details}}
+        rec["server"] = {"kind": "vllm", "upstream": "http://127.0.0.1:8000", "block_size": 32}
+    doc = _report(_write(tmp_path, recs))
+    rounding = [f for f in doc["backend_facts"] if f["kind"] == "vllm_block_rounding"]
+    assert rounding and all(f["title"] == "vLLM reused whole 32-token blocks only" for f in rounding)
+    f = next(f for f in rounding if f["turn"] == 3)
+    assert f["evidence"] == "cached_tokens 32 of the 42 shared: the last 10 shared tokens fill a partial block"
+    for rec, orig in zip(recs, _records(), strict=True):  # a hybrid model's 1,024-token blocks, said by the server
+        rec["server"]["block_size"] = 1024
+        rec["response"]["usage"]["prompt_tokens_details"]["cached_tokens"] = (
+            orig["response"]["timings"]["cache_n"] // 1024 * 1024
+        )
+    doc = _report(_write(tmp_path, recs))
+    large = [f for f in doc["backend_facts"] if f["kind"] == "vllm_large_blocks"]
+    assert len(large) == 1 and large[0]["evidence"].startswith("block_size 1,024 in vLLM's /metrics; cached_tokens ")
 
 
 def test_hybrid_blocks_and_mmproj():

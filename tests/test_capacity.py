@@ -8,7 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokendiff.capacity import BlockPool, CapacityLadder, SlotCache, kv_bytes_per_token, parse_size
+from tokendiff.capacity import (
+    BlockPool,
+    CapacityLadder,
+    CapacityPoint,
+    CapacityReport,
+    SlotCache,
+    conclusions,
+    kv_bytes_per_token,
+    parse_size,
+)
 from tokendiff.cost import analyse
 from tokendiff.gguf_meta import read_model_metadata
 from tokendiff.slotfile import read_slot_file
@@ -93,3 +102,42 @@ def test_report_cache_size(tmp_path):
     text = out.read_text()
     assert rc == 0 and "## Cache capacity" in text
     assert "llama-server: with 1 MiB of cache:" in text and "your server reported" in text
+
+
+def _ladder(reported: float | None, *pcts: float) -> CapacityReport:
+    labels = ["4,096 tokens", "65,536 tokens", "unlimited"]
+    points = [CapacityPoint(lab, None, {"llama.cpp": pct, "vllm": pct}) for lab, pct in zip(labels, pcts, strict=True)]
+    return CapacityReport(None, points, 100_000, reported)
+
+
+@pytest.mark.parametrize(
+    ("reported", "pcts", "wasted", "kinds", "words"),
+    [
+        # every simulated size keeps far more than the server did: something else takes the slot
+        (52.0, (88.0, 91.0, 91.0), 2.0, ["sharing"], "Your agents share a slot, or something evicts it"),
+        # the server's count is what a small cache keeps, and a bigger one would keep the rest
+        (60.0, (58.0, 90.0, 91.0), 2.0, ["capacity"], "65,536 tokens of cache is enough"),
+        # unlimited is low and the waste high: the prompts
+        (49.0, (49.0, 49.0, 49.0), 39.0, ["prompts"], "Your prompts break the cache: even unlimited, 49 %"),
+        # no server count, but the small size loses reuse
+        (None, (40.0, 90.0, 91.0), 1.0, ["capacity"], "A small cache loses reuse below 65,536 tokens"),
+        (None, (90.0, 90.0, 91.0), 1.0, ["none"], "Neither the prompts nor the cache size"),
+        # both: a small cache and prompts that break it
+        (30.0, (30.0, 60.0, 60.0), 25.0, ["capacity", "prompts"], "Your cache is too small"),
+    ],
+)
+def test_ladder_conclusions(reported, pcts, wasted, kinds, words):
+    got = conclusions(_ladder(reported, *pcts), wasted)
+    assert [c.kind for c in got] == kinds
+    assert words in got[0].text
+
+
+def test_block_pool_uses_the_servers_block_size():
+    """A capture recorded from vLLM says its block size: the pool counts in those blocks, not 16."""
+    lad = CapacityLadder([(4096, "tokens")])
+    lad.use_block(32)
+    a = list(range(1000, 1100))
+    for p in (a, a + [1, 2]):
+        lad.add(np.asarray(p))
+    assert lad.sims[0][1].block == 32 and lad.sims[0][1].capacity == 128
+    assert lad.report().unlimited.reuse_pct["vllm"] == round(100 * 96 / 202, 2)  # 3 blocks of 32, not 6 of 16

@@ -13,6 +13,7 @@ from conftest import prompt_from_ids, qwen_encode, render
 from tokendiff.align import common_prefix
 from tokendiff.cost import analyse, backend_reuse, turn_frame
 from tokendiff.sources import Loader, session_selectors
+from tokendiff.swa import AttentionLayout
 
 AGENT = Path(__file__).resolve().parent.parent / "captures" / "agent" / "capture.jsonl"
 
@@ -41,7 +42,7 @@ def test_hybrid_reuse_replays_the_checkpoints(vocab):
     a = list(range(1000, 3000))
     b = a + list(range(5000, 5600))  # a pure append
     c = b[:2300] + [7] + b[2301:]  # an edit 300 tokens past a's end: b's checkpoints are at 2,084 and 2,596
-    s = analyse([prompt_from_ids(x, vocab) for x in (a, b, c)])
+    s = analyse([prompt_from_ids(x, vocab) for x in (a, b, c)], layout=AttentionLayout(arch="lfm2", recurrent=True))
     assert [t.reuse["llama.cpp"] for t in s.turns] == [0, 2000, 2300]
     assert [t.reuse["llama.cpp-hybrid"] for t in s.turns] == [0, 2000, 2084]
     assert "the last checkpoint before it is at token 2,084" in s.turns[2].checkpoint.reason

@@ -164,6 +164,23 @@ def test_swa_model_needs_swa_full(tmp_path, llama_server_bin, tiny_model, capsys
     assert code == 0 and by_kind(doc)["swa"]["status"] == "ok"
 
 
+@pytest.mark.parametrize(("ram", "status"), [(1, "problem"), (8, "ok")])
+def test_cache_ram_against_two_agents_working_set(tiny_model, llama_server_bin, capsys, ram, status):
+    """One slot for two agents: the agent off the slot keeps its prompt only in the RAM prompt cache. The tiny
+    model's KV costs 256 bytes a token (2 layers x 2 KV heads x (16 + 16) dims x 2 bytes), so two 8,192-token
+    prompts need 4 MiB: --cache-ram 1 is too small, 8 holds them."""
+    with LlamaServer(tiny_model, ctx=8192, extra=["-np", "1", "--cache-ram", str(ram)]) as s:
+        _, doc = run_doctor(capsys, "--server", s.url, "--agents", "2", "--prompt-tokens", "8192", "--passive")
+    check = by_kind(doc)["cache_ram"]
+    assert check["status"] == status, check
+    assert check["evidence"].startswith(f"2 agent(s) x 8,192 tokens x 256 B/token = 4 MiB; --cache-ram {ram} (")
+    assert "command line of pid" in check["evidence"]
+    if status == "problem":
+        assert check["summary"].startswith("--cache-ram 1 MiB is smaller than the agents' prompts")
+        assert check["fix"] == "--cache-ram 5 (or -np 2 so every agent keeps a slot)"
+    assert by_kind(doc)["slots"]["status"] == "problem"  # and the slot itself is shared
+
+
 # ---------------------------------------------------------------- pieces
 
 
@@ -173,6 +190,31 @@ def test_launch_flags_command_line_wins_over_environment():
     f = dr.parse_launch_flags(argv, env, "test")
     assert (f.cache_ram_mib, f.parallel, f.ctx_size, f.ctx_checkpoints) == (512, 6, 65536, 2)
     assert f.swa_full is True and f.cache_prompt is False and f.model == "m.gguf"
+
+
+def test_mmproj_turns_cache_reuse_off():
+    """Unit level: a real llama-server here cannot load a projector (no vision model), so this checks the
+    decision from the launch flags and /props as llama-server reports them. llama.cpp sets chunk reuse to 0
+    at start when a projector is loaded, so --cache-reuse with --mmproj does nothing."""
+    argv = ["-m", "m.gguf", "--mmproj", "mmproj-f16.gguf", "--cache-reuse", "256"]
+    f = dr.parse_launch_flags(argv, {}, "the command line of pid 7")
+    assert (f.mmproj, f.cache_reuse) == ("mmproj-f16.gguf", 256)
+    props = {"modalities": {"vision": True, "audio": False}}
+    check = dr.check_cache_reuse(_evidence(srv.LLAMA, flags=f, **{"/props": props}), dr.Workload())
+    assert check is not None and check.status == dr.PROBLEM and check.kind == "cache_reuse"
+    assert check.evidence == (
+        "--cache-reuse 256 and --mmproj mmproj-f16.gguf in the command line of pid 7; /props modalities: vision"
+    )
+    assert check.fix.startswith("drop --mmproj for text-only agents")
+    # from the environment, as LLAMA_ARG_*: the same; without a projector (or with --no-mmproj) reuse works
+    env = dr.parse_launch_flags([], {"LLAMA_ARG_MMPROJ": "p.gguf", "LLAMA_ARG_CACHE_REUSE": "64"}, "env")
+    assert dr.check_cache_reuse(_evidence(srv.LLAMA, flags=env), dr.Workload()).status == dr.PROBLEM
+    off = dr.parse_launch_flags([*argv, "--no-mmproj"], {}, "cmd")
+    assert off.mmproj is None
+    assert dr.check_cache_reuse(_evidence(srv.LLAMA, flags=off, **{"/props": {}}), dr.Workload()).status == dr.OK
+    # no --cache-reuse: nothing to say (llama-server's default is 0)
+    plain = dr.parse_launch_flags(["--mmproj", "p.gguf"], {}, "cmd")
+    assert dr.check_cache_reuse(_evidence(srv.LLAMA, flags=plain, **{"/props": props}), dr.Workload()) is None
 
 
 def test_launch_flags_of_a_real_server(bad_server):

@@ -46,6 +46,29 @@ def test_sse_lines():
     assert list(sv.iter_sse(['data: {"a": 1}', "", "data: [DONE]"])) == [{"a": 1}]
 
 
+def test_ndjson_summary_keeps_ollamas_final_object():
+    """Ollama streams /api/chat and /api/generate as NDJSON: the text joined, the `done` object's counts kept."""
+    text = (
+        b'{"message": {"role": "assistant", "content": "Hel"}, "done": false}\n'
+        b'{"response": "lo", "done": false}\r\n'
+        b"not json\n"
+        b'{"done": true, "done_reason": "stop", "load_duration": 2310000000, "prompt_eval_count": 64, "eval_count": 2}'
+    )
+    s = sv.stream_summary("application/x-ndjson")
+    assert isinstance(s, sv.NDJSONSummary)
+    for i in range(0, len(text), 5):
+        s.feed(text[i : i + 5])
+    assert s.result() == {
+        "content": "Hello",
+        "done_reason": "stop",
+        "load_duration": 2310000000,
+        "prompt_eval_count": 64,
+        "eval_count": 2,
+    }
+    assert sv.stream_summary("application/json") is None
+    assert type(sv.stream_summary("text/event-stream; charset=utf-8")) is sv.SSESummary
+
+
 def test_sse_summary_joins_lines_split_across_chunks():
     text = (
         b'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'

@@ -12,7 +12,15 @@ from conftest import prompt_from_ids
 
 from tokendiff.cost import analyse
 from tokendiff.gguf_meta import read_attention_layout
-from tokendiff.swa import AttentionLayout, SlotState, checkpoint_reuse, reuse_after, server_flags, simulate
+from tokendiff.swa import (
+    AttentionLayout,
+    SlotState,
+    checkpoint_reuse,
+    layout_from_name,
+    reuse_after,
+    server_flags,
+    simulate,
+)
 from tokendiff.testing.tiny_gguf import write_tiny_gemma2
 
 N_SWA = 32
@@ -46,6 +54,47 @@ def test_swa_falls_back_to_the_last_checkpoint_before_the_divergence():
     assert got[2].checkpoint == 1996 and "the last checkpoint before it is at token 1,996" in got[2].reason
     assert "divergence 300 tokens before the end" in got[2].reason
     assert [r.reused for r in simulate([a, b, c], lay.with_flags(swa_full=True))] == [0, 2000, 2300]
+
+
+def test_recurrent_state_is_kept_only_at_its_end_or_a_checkpoint():
+    """A recurrent (SSM) state exists only at the last position: a pure append keeps it, any cut inside
+    the cache restores the newest checkpoint at or before it, and one before every checkpoint
+    reprocesses the prompt. Checkpoints sit 4 + n_ubatch and 4 tokens before each prompt's end."""
+    lay = AttentionLayout(arch="lfm2", recurrent=True)  # default flags: -ub 512, -b 2048
+    slot = SlotState(lay)
+    a = list(range(1000, 3000))
+    b = a + list(range(5000, 5600))
+    assert checkpoint_reuse(slot, a).reused == 0
+    assert [c.n_tokens for c in slot.checkpoints] == [1484, 1996]
+    assert all(c.pos_min == c.pos_max == c.n_tokens - 1 for c in slot.checkpoints)  # one position: the state
+    assert checkpoint_reuse(slot, b).reused == 2000  # appended: the state at a's end carries on
+    assert [c.n_tokens for c in slot.checkpoints] == [1484, 1996, 2084, 2596]
+    edit = checkpoint_reuse(slot, b[:2300] + [7] + b[2301:])
+    assert (edit.reused, edit.lcp, edit.checkpoint) == (2084, 2300, 2084)
+    assert "the last checkpoint before it is at token 2,084" in edit.reason
+    # the one past the cut (2,596) was erased, then taken again as the rest of the prompt was processed
+    assert sorted({c.n_tokens for c in slot.checkpoints}) == [1484, 1996, 2084, 2596]
+    early = reuse_after(a, a[:1000] + [7] + a[1001:], lay)  # before the first checkpoint: everything again
+    assert early.reused == 0 and early.lcp == 1000 and "no checkpoint" in early.reason
+    # two checkpoints per slot: the oldest are evicted, so a divergence before the kept ones reprocesses all
+    few = simulate([a, b, a[:1700] + [7] + a[1701:]], lay.with_flags(n_ctx_checkpoints=2))
+    assert [r.reused for r in few] == [0, 2000, 0]
+    # an identical resend keeps the state minus the one token the server evaluates again (a checkpoint)
+    assert [r.reused for r in simulate([a, a], lay)] == [0, 1996]
+
+
+def test_layout_from_the_model_name():
+    """Known by family: an Ollama tag or a model path on another machine names a sliding-window or hybrid
+    family; any other name is an unknown layout (None), not a dense one."""
+    gemma = layout_from_name("gemma3:12b", n_ubatch=256)
+    assert gemma is not None and gemma.n_swa == 1024 and not gemma.recurrent and gemma.n_ubatch == 256
+    assert "known from the model name 'gemma3:12b'" in gemma.summary
+    assert layout_from_name("/models/gpt-oss-20b-mxfp4.gguf").n_swa == 128
+    for hybrid in ("Qwen3-Next-80B-A3B-Instruct-Q4_K_M.gguf", "qwen3.5:4b", "granite-4.0-h-tiny", "LFM2-1.2B"):
+        lay = layout_from_name(hybrid)
+        assert lay is not None and lay.recurrent, hybrid
+    for other in ("qwen3:0.6b", "tokendiff-tiny", "Llama-3.2-3B-Instruct", "gemma3n:e4b", "granite-4.0-micro"):
+        assert layout_from_name(other) is None, other
 
 
 def test_reuse_after_one_pair():
@@ -236,5 +285,34 @@ def test_chat_session_report_matches_the_server(llama_server_bin, swa_model, tmp
     assert [t.reuse["llama.cpp-hybrid"] for t in turns] == [t.reported_cached for t in turns]
     assert any(0 < t.reported_cached < t.reuse["llama.cpp"] for t in turns)  # a user-message checkpoint
     doc = wf.session_report(loaded, str(out))
-    assert doc["summary"]["layout"]["arch"] == "gemma2" and not doc["summary"]["layout"]["assumed"]
+    assert doc["summary"]["layout"]["arch"] == "gemma2" and doc["summary"]["layout"]["known"]
     assert "| SWA/hybrid |" in wf.render_report(doc, "md")
+
+
+def test_report_shows_the_column_only_for_a_known_layout(tmp_path, capsys):
+    """No model named: no SWA/hybrid column (a dense model's reuse is the LCP, a hybrid's far less, and the
+    session does not say which). A session whose requests name a sliding-window family gets the column, from
+    the family's defaults, and says so."""
+    import json
+
+    from tokendiff.cli import main
+
+    agent = Path(__file__).parents[1] / "captures/agent/capture.jsonl"
+    assert main(["report", str(agent), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["layout"]["known"] is False and doc["summary"]["checkpoint_reused_tokens"] is None
+    assert all(t["checkpoint_reusable"] is None for t in doc["turns"])
+    assert main(["report", str(agent)]) == 0
+    md = capsys.readouterr().out
+    assert "| SWA/hybrid |" not in md and "No SWA/hybrid column: the model's attention layout is unknown" in md
+    recs = [json.loads(line) for line in agent.read_text().splitlines()]
+    for r in recs:
+        r["request"]["model"] = "gemma3:4b"
+    named = tmp_path / "capture.jsonl"
+    named.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["report", str(named), "--format", "json"]) == 0
+    lay = json.loads(capsys.readouterr().out)["summary"]["layout"]
+    assert lay["known"] and lay["n_swa"] == 1024 and lay["source"] == "the model name 'gemma3:4b'"
+    assert main(["report", str(named)]) == 0
+    md = capsys.readouterr().out
+    assert "| SWA/hybrid |" in md and "known from the model name 'gemma3:4b'" in md

@@ -141,13 +141,18 @@ def test_diff_names_the_first_divergent_token_byte_and_section(capture, a, b, fi
 def test_report_vllm_column_equals_cached_tokens_on_every_turn(capture):
     r = run("report", str(capture), "--format", "json")
     assert r.returncode == 0, r.stderr
-    turns = json.loads(r.stdout)["turns"]
+    doc = json.loads(r.stdout)
+    turns = doc["turns"]
     names = [name for name, _, _ in _turns()]
     assert len(turns) == len(names)
     for t, name in zip(turns[1:], names[1:]):
         assert t["reported_cached"] is not None, name
         assert t["reuse_vllm"] == t["reported_cached"], (name, t)
         assert t["note"] == "", (name, t["note"])
+    # any block rounding is counted in the server's 32-token blocks, never vLLM's GPU default of 16
+    for f in doc["backend_facts"]:
+        if f["kind"] == "vllm_block_rounding":
+            assert f["title"] == f"vLLM reused whole {BLOCK}-token blocks only", f
 
 
 def test_replay_against_vllm_cold_actual_ideal_fixed(vllm_server, capture):

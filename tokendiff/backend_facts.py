@@ -27,6 +27,7 @@ class TurnRecord:
     response: Mapping[str, Any] | None = None
     num_ctx: int | None = None  # Ollama: options.num_ctx the request asked for
     cache_reuse: int | None = None  # llama-server: n_cache_reuse the request asked for
+    block: int | None = None  # vLLM: the server's block size, where the capture says (its /metrics)
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,9 @@ class BackendFact:
     fix: str
 
 
-def turn_record(turn: int, n_prompt: int, lcp: int, request: Any, response: Any) -> TurnRecord:
+def turn_record(
+    turn: int, n_prompt: int, lcp: int, request: Any, response: Any, block: int | None = None
+) -> TurnRecord:
     """A TurnRecord from a recorded request and response (the user's JSON: anything may be missing)."""
     req: Mapping[str, Any] = request if isinstance(request, Mapping) else {}
     options = req.get("options")
@@ -52,6 +55,7 @@ def turn_record(turn: int, n_prompt: int, lcp: int, request: Any, response: Any)
         response=response if isinstance(response, Mapping) else None,
         num_ctx=num_ctx if isinstance(num_ctx, int) else None,
         cache_reuse=reuse if isinstance(reuse, int) else None,
+        block=block,
     )
 
 
@@ -118,24 +122,37 @@ def ollama_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
     return out
 
 
-def vllm_facts(records: Sequence[TurnRecord], block: int = VLLM_BLOCK) -> list[BackendFact]:
-    """cached_tokens rounded down to whole blocks; a block size far above 16 (hybrid models)."""
+LARGE_FIX = (
+    "Hybrid (Mamba/attention) models use large blocks on vLLM: keep the stable prefix longer "
+    "than one block, or use --mamba-cache-mode all / a smaller --block-size where supported"
+)
+
+
+def vllm_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
+    """cached_tokens rounded down to whole blocks (of the server's block size, where the capture says, else
+    16); a block size far above 16 (hybrid models): the server's own, or every count's common divisor."""
     cached = [(r, _int(r.response, "usage", "prompt_tokens_details", "cached_tokens")) for r in records]
     hits = [(r, c) for r, c in cached if c is not None and c > 0 and r.response and "timings" not in r.response]
     if not hits:
         return []
-    size = math.gcd(*(c for _, c in hits))
+    known = next((r.block for r, _ in hits if r.block), None)
+    size = known or math.gcd(*(c for _, c in hits))
+    block = known or VLLM_BLOCK
     out: list[BackendFact] = []
-    if size >= 4 * block and len(hits) >= 2:
+    if size >= 4 * VLLM_BLOCK and (known or len(hits) >= 2):
         r, c = hits[0]
+        counts = ", ".join(f"{c:,}" for _, c in hits[:4])
+        if known:
+            evidence = f"block_size {size:,} in vLLM's /metrics; cached_tokens {counts}"
+        else:
+            evidence = f"every cached_tokens is a multiple of {size:,} ({counts})"
         out.append(
             BackendFact(
                 kind="vllm_large_blocks",
                 turn=r.turn,
                 title=f"The server caches blocks of {size:,} tokens: a shorter shared prefix is never reused",
-                evidence=f"every cached_tokens is a multiple of {size:,} ({', '.join(f'{c:,}' for _, c in hits[:4])})",
-                fix="Hybrid (Mamba/attention) models use large blocks on vLLM: keep the stable prefix longer "
-                "than one block, or use --mamba-cache-mode all / a smaller --block-size where supported",
+                evidence=evidence,
+                fix=LARGE_FIX,
             )
         )
         block = size

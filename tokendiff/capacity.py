@@ -172,6 +172,72 @@ class CapacityReport:
         return self.points[-1]
 
 
+@dataclass(frozen=True)
+class Conclusion:
+    """What the ladder says is wrong: `prompts` (they break the cache: a bigger one would not help),
+    `capacity` (the cache is too small), `sharing` (the server kept less than any simulated size:
+    other agents take the slot or evict the prefix), or `none`."""
+
+    kind: str
+    text: str
+
+
+CLOSE = 2.0  # percentage points: a size "reaches" unlimited within this
+GAP = 5.0  # the server reporting this many points less than a simulation is a real shortfall
+PROMPTS_WASTE = 10.0  # recomputing this much of all prompt tokens the previous prompt had: the prompts break it
+
+
+def conclusions(c: CapacityReport, wasted_pct: float) -> list[Conclusion]:
+    """The ladder read as a diagnosis (llama-server's column), given the share of all prompt tokens the
+    session recomputed although the previous prompt had them (`wasted_pct`): the server's own count against
+    the simulated sizes, then the prompts."""
+    unl = c.unlimited.reuse_pct["llama.cpp"]
+    finite = [(p.label, p.reuse_pct["llama.cpp"]) for p in c.points[:-1]]
+    enough = next((label for label, pct in finite if pct >= unl - CLOSE), None)
+    rep = c.reported_pct
+    out: list[Conclusion] = []
+    if rep is not None and unl - rep > GAP and finite and all(pct > rep + GAP for _, pct in finite):
+        out.append(
+            Conclusion(
+                "sharing",
+                f"Your agents share a slot, or something evicts it: your server reported {rep:.0f} %, less than "
+                f"even {finite[0][0]} of cache would keep ({finite[0][1]:.0f} %; unlimited {unl:.0f} %). Give "
+                "each agent its own slot (-np one per agent, id_slot), and keep other clients off it",
+            )
+        )
+    elif rep is not None and unl - rep > GAP:
+        near = next((label for label, pct in reversed(finite) if pct <= rep + GAP), None)
+        like = f"what {near} of cache keeps" if near else "less than an unlimited cache keeps"
+        size = f"; {enough} of cache is enough" if enough else ""
+        out.append(
+            Conclusion(
+                "capacity",
+                f"Your cache is too small (or shared): your server reported {rep:.0f} %, {like}; "
+                f"unlimited: {unl:.0f} %{size} (--cache-ram, or one slot per agent)",
+            )
+        )
+    if wasted_pct >= PROMPTS_WASTE:
+        out.append(
+            Conclusion(
+                "prompts",
+                f"Your prompts break the cache: even unlimited, {unl:.0f} % is reused, and {wasted_pct:.0f} % of "
+                "all prompt tokens were recomputed although the previous prompt had them; fix the spans above first",
+            )
+        )
+    if not out and finite and enough != finite[0][0]:
+        where = f"below {enough}" if enough else f"at every simulated size up to {finite[-1][0]}"
+        out.append(
+            Conclusion(
+                "capacity",
+                f"A small cache loses reuse {where} ({finite[0][0]}: {finite[0][1]:.0f} %; unlimited: {unl:.0f} %): "
+                "size --cache-ram for the agents' working set",
+            )
+        )
+    if not out:
+        out.append(Conclusion("none", f"Neither the prompts nor the cache size lose much: {unl:.0f} % reused"))
+    return out
+
+
 def _label(amount: int, unit: str) -> str:
     if unit == "tokens":
         return f"{amount:,} tokens"
@@ -201,6 +267,14 @@ class CapacityLadder:
         self.reused = [[0, 0] for _ in self.points]
         self.total = 0
 
+    def use_block(self, block: int) -> None:
+        """The vLLM server's own block size (the capture's), before the first prompt is added."""
+        if self.total == 0 and block > 0:
+            self.sims = [
+                (slot, BlockPool(None if pt.tokens is None else pt.tokens // block, block))
+                for pt, (slot, _) in zip(self.points, self.sims, strict=True)
+            ]
+
     def add(self, ids: Any) -> None:
         self.total += len(ids)
         for r, (slot, pool) in zip(self.reused, self.sims, strict=True):
@@ -226,5 +300,7 @@ __all__ = [
     "CapacityLadder",
     "CapacityPoint",
     "CapacityReport",
+    "Conclusion",
+    "conclusions",
     "TYPE_BYTES",
 ]

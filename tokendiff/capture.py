@@ -640,6 +640,9 @@ NESTED_TYPES: dict[str, dict[str, tuple[str, ...]]] = {
         "bytes": _INT,
         "sha256": _STR,
         "error": ("string", "object", "null"),
+        # Ollama's /api/chat and /api/generate (streamed: from the final, `done: true` object)
+        **{k: _INT for k in ("load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count")},
+        "done_reason": _STR,
     },
     "response.usage": {
         **{k: _INT for k in ("prompt_tokens", "completion_tokens", "total_tokens", "input_tokens", "output_tokens")},

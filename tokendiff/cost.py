@@ -33,16 +33,8 @@ from tokendiff.swa import AttentionLayout, Reuse, SlotState, checkpoint_reuse
 BACKENDS = ("llama.cpp", "llama.cpp-hybrid", "vllm", "sglang", "ollama")
 CHECKPOINT_BACKEND = "llama.cpp-hybrid"  # stateful: the session replayed through one slot's checkpoints
 VLLM_BLOCK = 16  # vLLM's default on GPUs; a capture recorded through the proxy carries the server's own
-# The layout assumed when the session does not say which model served it: a hybrid/recurrent model on
-# llama-server's default flags, the strictest case (a sliding-window model keeps at least this much).
-ASSUMED_LAYOUT = AttentionLayout(arch="a hybrid model", recurrent=True)
 RELOAD = "ollama_reload"  # the backend fact that overrides a turn's reuse: a reloaded model has no cache
 RELOAD_TITLE = "Model reloaded by Ollama: nothing reused"
-
-
-def is_assumed(layout: AttentionLayout) -> bool:
-    """True when the layout is the stand-in for a model the session does not name."""
-    return layout.arch == ASSUMED_LAYOUT.arch
 
 
 def backend_reuse(backend: str, lcp: int, n_b: int, cached_len: int, block: int = VLLM_BLOCK, page: int = 1) -> int:
@@ -134,12 +126,16 @@ class Session:
     # (A, B) of every turn that is a span's first example: all a report needs of the prompts
     examples: dict[int, tuple[Prompt, Prompt]] = field(default_factory=dict)
     work: int = 0  # tokens processed (hashed, compared, diffed): linear in the session's tokens
-    layout: AttentionLayout = ASSUMED_LAYOUT  # what the checkpoint column assumes
+    # the model's layout, for the SWA/hybrid column; None when the session does not say which model served
+    # it: no checkpoint prediction then (a dense model's would be the LCP, a hybrid's far less)
+    layout: AttentionLayout | None = None
     capacity: CapacityReport | None = None  # reuse as a function of cache capacity, when asked for
     facts: list[BackendFact] = field(default_factory=list)  # what the backend did (reloads, truncation ...)
 
     @property
-    def checkpoint_reused(self) -> int:
+    def checkpoint_reused(self) -> int | None:
+        if self.layout is None:
+            return None
         return sum(t.reuse.get(CHECKPOINT_BACKEND, 0) for t in self.turns)
 
     rate_estimated: bool = False  # ms_per_token is a given prefill rate (--prefill-rate), not measured
@@ -293,8 +289,8 @@ class Analyser:
         self.capacity = capacity
         self.props = props  # the server's /props, for the backend facts
         self.records: list[TurnRecord] = []
-        self.layout = layout or ASSUMED_LAYOUT
-        self.slot = SlotState(self.layout)
+        self.layout = layout
+        self.slot = SlotState(layout) if layout is not None else None
         self.pool = pool or InlinePairs()
         self.in_flight = in_flight
         self.index = PrefixIndex()
@@ -311,11 +307,14 @@ class Analyser:
         t.vllm_block = cur.vllm_block or VLLM_BLOCK
         t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
         t.reported_generated = _generated(cur.response)
-        t.checkpoint = checkpoint_reuse(self.slot, cur.ids, t.reported_generated or 0, self._user_starts(cur))
+        if self.slot is not None:
+            t.checkpoint = checkpoint_reuse(self.slot, cur.ids, t.reported_generated or 0, self._user_starts(cur))
         if self.capacity is not None:
+            if cur.vllm_block and not self.turns:
+                self.capacity.use_block(cur.vllm_block)  # the block pool in the server's own blocks
             self.capacity.add(cur.ids)
         if cur.response is not None or cur.request is not None:
-            self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response))
+            self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response, cur.vllm_block))
         t.ttft_ms = cur.ttft_ms
         m = self.index.match_and_add(cur.ids, k)
         self.turns.append(t)
@@ -337,7 +336,7 @@ class Analyser:
     def _user_starts(self, cur: TurnInput) -> list[int]:
         """Where the server's chat request had user messages (it checkpoints there). Read from the
         decoded prompt: loaded for a model known to need checkpoints, else only if already loaded."""
-        if is_assumed(self.layout) or not self.layout.needs_checkpoints:
+        if self.layout is None or not self.layout.needs_checkpoints:
             p = cur.decoded
         else:
             p = cur.prompt()
@@ -365,7 +364,7 @@ class Analyser:
         if self.capacity is not None:
             counts = [t.reported_cached for t in s.turns]
             s.capacity = self.capacity.report(sum(c for c in counts if c is not None) if None not in counts else None)
-        if not is_assumed(self.layout) and self.layout.needs_checkpoints:
+        if self.layout is not None and self.layout.needs_checkpoints:
             for t in s.turns:
                 _checkpoint_note(t, self.layout)
         first = {sp.example[0] for sp in s.spans if sp.example}
@@ -619,7 +618,8 @@ def _ms_per_token(turns: list[Turn]) -> float | None:
 
 
 def turn_rows(s: Session) -> list[dict[str, Any]]:
-    rows = []
+    """One row a turn; the SWA/hybrid columns are null where the model's layout is unknown."""
+    rows, known = [], s.layout is not None
     for t in s.turns:
         rows.append(
             {
@@ -638,9 +638,10 @@ def turn_rows(s: Session) -> list[dict[str, Any]]:
                 "first_divergence_field": t.path.field_path,
                 "cause": t.cause,
                 "reported_cached": t.reported_cached,
-                "checkpoint_reusable": t.reuse.get(CHECKPOINT_BACKEND, 0),
+                "checkpoint_reusable": t.reuse.get(CHECKPOINT_BACKEND, 0) if known else None,
                 "checkpoint_note": t.checkpoint.reason if t.checkpoint is not None else "",
                 **{f"reuse_{be.replace('.', '').replace('-', '_')}": t.reuse.get(be, 0) for be in BACKENDS},
+                **({} if known else {"reuse_llamacpp_hybrid": None}),  # no layout, no prediction
                 "note": t.note,
             }
         )
@@ -672,6 +673,4 @@ __all__ = [
     "Span",
     "BACKENDS",
     "CHECKPOINT_BACKEND",
-    "ASSUMED_LAYOUT",
-    "is_assumed",
 ]

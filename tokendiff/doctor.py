@@ -87,6 +87,8 @@ class LaunchFlags:
     cache_type_k: str | None = None
     cache_type_v: str | None = None
     model: str | None = None
+    cache_reuse: int | None = None  # --cache-reuse N: chunk reuse past a divergence
+    mmproj: str | None = None  # --mmproj FILE (or -mmu URL): a multimodal projector, which turns chunk reuse off
 
 
 _VALUE_FLAGS = {
@@ -98,14 +100,17 @@ _VALUE_FLAGS = {
     "cache_type_k": ("-ctk", "--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K"),
     "cache_type_v": ("-ctv", "--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V"),
     "model": ("-m", "--model", "LLAMA_ARG_MODEL"),
+    "cache_reuse": ("--cache-reuse", "LLAMA_ARG_CACHE_REUSE"),
+    "mmproj": ("-mm", "--mmproj", "-mmu", "--mmproj-url", "LLAMA_ARG_MMPROJ"),
 }
 _SWITCHES = {
     "--swa-full": ("swa_full", True),
     "--cache-prompt": ("cache_prompt", True),
     "--no-cache-prompt": ("cache_prompt", False),
+    "--no-mmproj": ("mmproj", None),
 }
 _BOOL_ENV = {"LLAMA_ARG_SWA_FULL": "swa_full", "LLAMA_ARG_CACHE_PROMPT": "cache_prompt"}
-_TEXT_FIELDS = ("cache_type_k", "cache_type_v", "model")
+_TEXT_FIELDS = ("cache_type_k", "cache_type_v", "model", "mmproj")
 
 
 def parse_launch_flags(argv: list[str], environ: dict[str, str], source: str) -> LaunchFlags:
@@ -742,6 +747,28 @@ def check_llama_metrics(ev: Evidence, w: Workload) -> Check:
     )
 
 
+def check_cache_reuse(ev: Evidence, w: Workload) -> Check | None:
+    """`--cache-reuse N` with a multimodal projector: llama-server sets chunk reuse to 0 at start ("cache_reuse
+    is not supported by multimodal"), so the flag the agent relies on does nothing. Read from the launch
+    flags (and /props modalities); None where the server was not started with --cache-reuse."""
+    f = ev.flags
+    if f is None or not f.cache_reuse or f.cache_reuse <= 0:
+        return None
+    mods = ev.props.get("modalities")
+    on = [k for k in ("vision", "audio") if isinstance(mods, dict) and mods.get(k)]
+    if not f.mmproj and not on:
+        return Check("cache_reuse", OK, f"--cache-reuse {f.cache_reuse}: chunk reuse on", f"{f.source}; no --mmproj")
+    evidence = f"--cache-reuse {f.cache_reuse}" + (f" and --mmproj {f.mmproj}" if f.mmproj else "")
+    evidence += f" in {f.source}" + (f"; /props modalities: {', '.join(on)}" if on else "")
+    return Check(
+        "cache_reuse",
+        PROBLEM,
+        "--cache-reuse does nothing: llama-server turns chunk reuse off when it runs a multimodal projector",
+        evidence,
+        "drop --mmproj for text-only agents (a server of its own), or keep prefixes byte-stable without chunk reuse",
+    )
+
+
 LLAMA_CHECKS: tuple[Callable[[Evidence, Workload], Check], ...] = (
     check_caching,
     check_slots,
@@ -938,6 +965,7 @@ def diagnose(ev: Evidence, w: Workload) -> DoctorReport:
     """Every check that applies to the server's kind."""
     if ev.kind == srv.LLAMA:
         checks = [check(ev, w) for check in LLAMA_CHECKS]
+        checks += [c for c in (check_cache_reuse(ev, w),) if c is not None]
     else:
         by_kind = {srv.VLLM: check_vllm, srv.SGLANG: check_sglang, srv.OLLAMA: check_ollama}
         checks = by_kind.get(ev.kind, check_generic)(ev, w)

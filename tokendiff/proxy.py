@@ -53,6 +53,7 @@ from tokendiff.server import (
     can_tokenize_chat,
     final_fields,
     is_loopback_host,
+    stream_summary,
 )
 
 HOP_BY_HOP = {
@@ -121,7 +122,7 @@ class Exchange:
     digest: Any = field(default_factory=hashlib.sha256)  # of exactly the bytes forwarded to the client
     kept: list[bytes] = field(default_factory=list)
     kept_n: int = 0
-    stream: SSESummary | None = None  # set for event streams: summarised as they pass
+    stream: SSESummary | None = None  # set for event and NDJSON streams: summarised as they pass
     error: str | None = None
     client_gone: bool = False
     written: bool = False
@@ -421,8 +422,7 @@ def _upstream_url(state: ProxyState, scope) -> httpx.URL:
 
 async def _relay(state: ProxyState, resp: httpx.Response, receive, send, ex: Exchange) -> None:
     """Forward the upstream's response chunk by chunk; record a chat exchange before its last byte."""
-    if "event-stream" in resp.headers.get("content-type", ""):
-        ex.stream = SSESummary()
+    ex.stream = stream_summary(resp.headers.get("content-type", ""))
     # The server may not fail a send to a closed client: watch for the disconnect ourselves,
     # and stop pulling from the upstream when it comes (closing it stops the generation).
     gone = asyncio.get_running_loop().create_task(_wait_disconnect(receive))

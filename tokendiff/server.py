@@ -46,7 +46,9 @@ TEMPLATE_KEYS = (
     "parallel_tool_calls",
 )
 VLLM_TOKENIZE_KEYS = ("model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt")
-FINAL_KEYS = ("usage", "timings", "system_fingerprint", "model", "error", "load_duration", "prompt_eval_count")
+FINAL_KEYS = ("usage", "timings", "system_fingerprint", "model", "error")
+# Ollama's /api/chat and /api/generate answers (a stream's last, `done: true` object): reloads, truncation, timings
+OLLAMA_FINAL_KEYS = ("load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "done_reason")
 
 LLAMA, VLLM, SGLANG, OLLAMA, GENERIC = "llama-server", "vllm", "sglang", "ollama", "openai-compatible"
 KINDS = (LLAMA, VLLM, SGLANG, OLLAMA)
@@ -389,7 +391,7 @@ def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
 
 def final_fields(doc: dict[str, Any]) -> dict[str, Any]:
     """What a capture keeps of a completion answer or a stream's final chunk."""
-    out = {k: doc[k] for k in FINAL_KEYS if doc.get(k) is not None}
+    out = {k: doc[k] for k in (*FINAL_KEYS, *OLLAMA_FINAL_KEYS) if doc.get(k) is not None}
     choices = doc.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
         out["finish_reason"] = choices[0]["finish_reason"]
@@ -409,25 +411,65 @@ class SSESummary:
         lines = (self._rest + chunk).split(b"\n")
         self._rest = lines.pop()
         for line in lines:
-            self._take(sse_event(line.rstrip(b"\r")))
+            self._take(self.event(line.rstrip(b"\r")))
+
+    @staticmethod
+    def event(line: bytes) -> dict[str, Any] | None:
+        return sse_event(line)
+
+    @staticmethod
+    def text(ev: dict[str, Any]) -> list[str]:
+        """The text an event adds to the answer."""
+        out = []
+        for ch in ev.get("choices") or []:
+            delta = ch.get("delta") if isinstance(ch, dict) else None
+            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+                out.append(delta["content"])
+        return out
 
     def _take(self, ev: dict[str, Any] | None) -> None:
         if ev is None:
             return
         self.fields.update(final_fields(ev))
-        for ch in ev.get("choices") or []:
-            delta = ch.get("delta") if isinstance(ch, dict) else None
-            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
-                self._parts.append(delta["content"])
+        self._parts += self.text(ev)
 
     def result(self) -> dict[str, Any]:
         if self._rest:
-            self._take(sse_event(self._rest.rstrip(b"\r")))
+            self._take(self.event(self._rest.rstrip(b"\r")))
             self._rest = b""
         out = dict(self.fields)
         if self._parts:
             out["content"] = "".join(self._parts)
         return out
+
+
+class NDJSONSummary(SSESummary):
+    """The same summary of an Ollama stream (`application/x-ndjson`, Ollama's default for /api/chat
+    and /api/generate): one JSON object a line, the last (`done: true`) carrying load_duration and
+    prompt_eval_count, which tell a reload and a silent cut."""
+
+    @staticmethod
+    def event(line: bytes) -> dict[str, Any] | None:
+        try:
+            doc = orjson.loads(line) if line.strip() else None
+        except orjson.JSONDecodeError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    @staticmethod
+    def text(ev: dict[str, Any]) -> list[str]:
+        msg = ev.get("message")
+        piece = msg.get("content") if isinstance(msg, dict) else ev.get("response")  # /api/chat, /api/generate
+        return [piece] if isinstance(piece, str) and piece else []
+
+
+def stream_summary(content_type: str) -> SSESummary | None:
+    """The incremental summary for a streamed answer of this content type; None when not a stream."""
+    if "event-stream" in content_type:
+        return SSESummary()
+    if "ndjson" in content_type:
+        return NDJSONSummary()
+    return None
 
 
 def summarize_sse(text: str) -> dict[str, Any]:

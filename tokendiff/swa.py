@@ -50,6 +50,7 @@ class AttentionLayout:
     checkpoint_min_step: int = 8192  # --checkpoint-min-step
     n_seq: int = 1  # sequences sharing the SWA cache (-np with a unified KV cache)
     n_ctx: int = 1 << 30  # the slot's context, which bounds the SWA cache
+    source: str = ""  # where the layout is known from, when not the GGUF: "the model name 'gemma3:12b'"
 
     @property
     def needs_checkpoints(self) -> bool:
@@ -75,11 +76,14 @@ class AttentionLayout:
 
     @property
     def summary(self) -> str:
+        who = self.arch or "model"
+        if self.source:
+            who += f" (known from {self.source}: the family's defaults; --model FILE reads its GGUF)"
         if not self.needs_checkpoints:
-            return f"{self.arch or 'model'}: full attention" + (" (--swa-full)" if self.swa_full else "")
+            return f"{who}: full attention" + (" (--swa-full)" if self.swa_full else "")
         kind = "recurrent/hybrid layers" if self.recurrent else f"sliding window of {self.n_swa:,} tokens"
         return (
-            f"{self.arch or 'model'}: {kind}; checkpoints: {self.n_ctx_checkpoints} per slot, "
+            f"{who}: {kind}; checkpoints: {self.n_ctx_checkpoints} per slot, "
             f"n_ubatch {self.n_ubatch}, min step {self.checkpoint_min_step:,}"
         )
 
@@ -99,6 +103,36 @@ class AttentionLayout:
         recurrent = any(k.startswith(markers) for k in meta)
         recurrent = recurrent or arch in RECURRENT_ARCHS
         return cls(arch=arch, n_swa=num("attention.sliding_window"), recurrent=recurrent, **flags)
+
+
+# Families whose name says their layout, for a session that names its model but whose GGUF is not
+# here (an Ollama tag, a /props model path on another machine): (name pattern, n_swa, recurrent), the
+# families' published defaults. A name matching none is an unknown layout, not a dense one.
+FAMILY_LAYOUTS = (
+    (r"gemma[-_ ]?2(?!\d)", 4096, False),
+    (r"gemma[-_ ]?3(?![n\d])", 1024, False),
+    (r"gpt[-_]?oss", 128, False),
+    (r"qwen3[-_.]?next|qwen3[._]5", 0, True),
+    (r"granite[-_ ]?4[^/]*[-_:]h(?:[-_]|\b)", 0, True),
+    (r"lfm[-_ ]?2", 0, True),
+    (r"jamba|mamba|nemotron[-_]?h|falcon[-_]?h1|rwkv", 0, True),
+)
+
+
+def layout_from_name(name: str, **flags: Any) -> AttentionLayout | None:
+    """The layout a sliding-window or hybrid family's model name implies (`gpt-oss:20b`,
+    `Qwen3-Next-80B-A3B-Q4_K_M.gguf`); None for any other name."""
+    import re
+
+    base = name.replace("\\", "/").rsplit("/", 1)[-1].lower()
+    for pattern, n_swa, recurrent in FAMILY_LAYOUTS:
+        m = re.search(pattern, base)
+        if m:
+            arch = m.group(0).replace("_", "-").replace(" ", "-")
+            return AttentionLayout(
+                arch=arch, n_swa=n_swa, recurrent=recurrent, source=f"the model name {name!r}", **flags
+            )
+    return None
 
 
 _INT_FLAGS = {
@@ -385,6 +419,9 @@ def simulate(prompts: Sequence[Any], layout: AttentionLayout, generated: Sequenc
 
 __all__ = [
     "AttentionLayout",
+    "FAMILY_LAYOUTS",
+    "layout_from_name",
+    "server_flags",
     "Checkpoint",
     "SlotState",
     "SwaCells",

@@ -608,13 +608,14 @@ def attention_layout(
 ) -> AttentionLayout | None:
     """The served model's attention layout, for the SWA/hybrid column: from `model` (a GGUF file),
     else a `--tokenizer` GGUF, else the model file the server's `/props` (props.json beside the
-    session) names, when it is readable here; with the server's flags (`server_args`, its command
-    line). None when no model is known and no flags are given (the report assumes a hybrid model)."""
+    session) names, when it is readable here; else, from the model's name (the saved /props' model
+    path, the capture's first record), the defaults of a sliding-window or hybrid family; with the
+    server's flags (`server_args`, its command line). None when the layout is unknown: the report then
+    shows no SWA/hybrid column rather than guess."""
     import shlex
 
-    from tokendiff.cost import ASSUMED_LAYOUT
     from tokendiff.gguf_meta import read_attention_layout
-    from tokendiff.swa import server_flags
+    from tokendiff.swa import layout_from_name, server_flags
 
     try:
         flags = server_flags(shlex.split(server_args or ""))
@@ -623,7 +624,29 @@ def attention_layout(
     gguf = _model_file(paths, opts, model)
     if gguf:
         return read_attention_layout(gguf, **flags)
-    return ASSUMED_LAYOUT.with_flags(**flags) if flags else None
+    return next((lay for name in _model_names(paths) if (lay := layout_from_name(name, **flags))), None)
+
+
+def _model_names(paths: Sequence[str]) -> list[str]:
+    """What the session calls its model: the saved /props' model path, then the first record's
+    request `model` and recording server's `model` (an Ollama tag, a vLLM model ID)."""
+    props: dict[str, Any] = saved_props(paths) or {}
+    names = [props.get("model_path")]
+    for p in paths:
+        base = Path(p.split("@", 1)[0])
+        capture = base / "capture.jsonl" if base.is_dir() else base
+        if capture.suffix != ".jsonl" or not capture.is_file():
+            continue
+        from tokendiff.capture import iter_capture
+
+        try:
+            rec: dict[str, Any] = next(iter(iter_capture(capture, lambda _w: None)), {})
+        except InputError:
+            continue
+        req, server = rec.get("request"), rec.get("server")
+        names += [req.get("model") if isinstance(req, dict) else None]
+        names += [server.get("model") if isinstance(server, dict) else None]
+    return [n for n in names if isinstance(n, str) and n]
 
 
 def saved_props(paths: Sequence[str]) -> dict[str, Any] | None:

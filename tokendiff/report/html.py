@@ -124,6 +124,8 @@ def _layout_line(doc: dict[str, Any]) -> list[str]:
     lay = doc["summary"].get("layout") or {}
     if not lay:
         return []
+    if not lay.get("known", True):
+        return [f'<p class="muted">No SWA/hybrid column: {escape(lay["summary"])}</p>']
     return [f'<p class="muted">{escape(lay["column"])} — for {escape(lay["summary"])}</p>']
 
 
@@ -134,10 +136,13 @@ def _code_cell(text: str | None) -> str:
 
 def _turns(doc: dict[str, Any]) -> list[str]:
     e = escape
+    known = (doc["summary"].get("layout") or {}).get("known", True)
     out = [
         "<h2>Turns</h2>",
         *_layout_line(doc),
-        "<table><tr><th>turn</th><th>tokens</th><th>reusable</th><th>SWA/hybrid</th><th>reuse %</th><th>recomputed</th>"
+        "<table><tr><th>turn</th><th>tokens</th><th>reusable</th>"
+        + ("<th>SWA/hybrid</th>" if known else "")
+        + "<th>reuse %</th><th>recomputed</th>"
         "<th>new</th><th>wasted</th><th>wasted s</th><th>first divergence</th><th>cause</th><th>server cached</th>"
         "<th>TTFT ms</th><th>prefill ms</th><th>note</th></tr>",
     ]
@@ -148,8 +153,8 @@ def _turns(doc: dict[str, Any]) -> list[str]:
         )
         out.append(
             f"<tr><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td><td class=n>{t['reusable']:,}</td>"
-            f"<td class=n>{t.get('checkpoint_reusable', t['reusable']):,}</td>"
-            f"<td class=n>{t['reuse_pct']:.1f}</td><td class=n>{t['recomputed']:,}</td>"
+            + (f"<td class=n>{t.get('checkpoint_reusable', t['reusable']):,}</td>" if known else "")
+            + f"<td class=n>{t['reuse_pct']:.1f}</td><td class=n>{t['recomputed']:,}</td>"
             f"<td class=n>{t['new_tokens']:,}</td><td class=n>{t['wasted']:,}</td>"
             f"<td class=n>{_est(t.get('wasted_seconds'), t.get('seconds_estimated'))}</td>"
             f"<td>{_code_cell(t['first_divergence_section'])}</td><td>{e(t['cause'] or '')}</td>"
@@ -182,6 +187,7 @@ def _capacity(doc: dict[str, Any]) -> list[str]:
     out = [
         "<h2>Cache capacity</h2>",
         f"<p>{e(c['verdict'])}</p>",
+        *(f"<p><strong>{e(k['text'])}.</strong></p>" for k in c.get("conclusions") or []),
         "<table><tr><th>cache</th><th>llama-server (the slot, plus a RAM cache of this size)</th>"
         "<th>vLLM / SGLang (a block pool of this size, LRU)</th></tr>",
     ]

@@ -53,6 +53,8 @@ def _capacity(doc: dict[str, Any]) -> list[str]:
         return []
     per = f" ({c['bytes_per_token']:,} bytes of KV per token)" if c["bytes_per_token"] else ""
     out = ["", "## Cache capacity", "", f"{c['verdict']}{per}", ""]
+    for k in c.get("conclusions") or []:
+        out += [f"**{k['text']}.**", ""]
     out += [
         "| cache | llama-server (the slot, plus a RAM cache of this size) "
         "| vLLM / SGLang (a block pool of this size, LRU) |",
@@ -136,18 +138,22 @@ def render_markdown(doc: dict[str, Any]) -> str:
     out += ["", "## Spans, ranked by what they cost", "", *_spans(doc)]
     out += ["", "## Turns", ""]
     lay = s.get("layout") or {}
-    if lay:
+    known = lay.get("known", True)
+    if lay and known:
         out.append(f"{_cell(lay['column'])} — for {_cell(lay['summary'])}")
         out.append("")
+    elif lay:
+        out += [f"No SWA/hybrid column: {_cell(lay['summary'])}", ""]
+    swa = " SWA/hybrid |" if known else ""
     out.append(
-        "| turn | tokens | reusable | SWA/hybrid | reuse % | recomputed | new | wasted | wasted s | first divergence "
+        f"| turn | tokens | reusable |{swa} reuse % | recomputed | new | wasted | wasted s | first divergence "
         "| cause | server cached | TTFT ms | prefill ms | note |"
     )
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out.append("|---" * (15 if known else 14) + "|")
     for t in doc["turns"]:
-        ck = t.get("checkpoint_reusable", t["reusable"])
+        ck = f" {t.get('checkpoint_reusable', t['reusable']):,} |" if known else ""
         out.append(
-            f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} | {ck:,} | {t['reuse_pct']:.1f} | "
+            f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} |{ck} {t['reuse_pct']:.1f} | "
             f"{t['recomputed']:,} | {t['new_tokens']:,} | {t['wasted']:,} | "
             f"{_est(t.get('wasted_seconds'), t.get('seconds_estimated'))} | "
             f"{_section_cell(t['first_divergence_section'])} | {_cell(t['cause'])} | {_count(t['reported_cached'])} | "

@@ -11,8 +11,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from tokendiff.capacity import CapacityReport
-from tokendiff.cost import RELOAD, RELOAD_TITLE, Session, Turn, is_assumed, turn_rows
+from tokendiff.capacity import CapacityReport, conclusions
+from tokendiff.cost import RELOAD, RELOAD_TITLE, Session, Turn, turn_rows
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
@@ -207,7 +207,7 @@ def report_document(
     return {
         "schema": SCHEMA,
         "summary": summary,
-        "capacity": capacity_json(s.capacity) if s.capacity is not None else None,
+        "capacity": capacity_json(s.capacity, _wasted_pct(s)) if s.capacity is not None else None,
         "backend_facts": [
             {"turn": f.turn, "kind": f.kind, "title": f.title, "evidence": f.evidence, "fix": f.fix} for f in s.facts
         ],
@@ -219,8 +219,13 @@ def report_document(
     }
 
 
-def capacity_json(c: CapacityReport) -> dict[str, Any]:
-    """Reuse at each cache capacity, unlimited last, and the one-line verdict."""
+def _wasted_pct(s: Session) -> float:
+    return 100.0 * s.wasted_tokens / s.total_tokens if s.total_tokens else 0.0
+
+
+def capacity_json(c: CapacityReport, wasted_pct: float = 0.0) -> dict[str, Any]:
+    """Reuse at each cache capacity, unlimited last, the one-line verdict, and what it concludes:
+    the prompts break the cache, the cache is too small, or the agents share a slot."""
     points = [{"cache": p.label, "tokens": p.tokens, "reuse_pct": p.reuse_pct} for p in c.points]
     parts = [f"with {p.label} of cache: {p.reuse_pct['llama.cpp']:.0f} %" for p in c.points[:-1]]
     parts.append(f"unlimited: {c.unlimited.reuse_pct['llama.cpp']:.0f} %")
@@ -232,21 +237,29 @@ def capacity_json(c: CapacityReport) -> dict[str, Any]:
         "points": points,
         "reported_pct": c.reported_pct,
         "verdict": "llama-server: " + "; ".join(parts),
+        "conclusions": [{"kind": k.kind, "text": k.text} for k in conclusions(c, wasted_pct)],
     }
 
 
+UNKNOWN_LAYOUT = (
+    "the model's attention layout is unknown (the session names no model file, nor a sliding-window or "
+    "hybrid family by name): a dense model reuses the LCP, a sliding-window or hybrid one often far less; "
+    "name the model with tokendiff report --model FILE for that prediction"
+)
+
+
 def layout_json(s: Session) -> dict[str, Any]:
-    """The attention layout the SWA/hybrid column replays llama-server's checkpoints for."""
+    """The attention layout the SWA/hybrid column replays llama-server's checkpoints for; `known`
+    false (and the column left out) where the session does not say which model served it."""
     lay = s.layout
+    column = "SWA/hybrid: what llama-server reuses where it cannot cut the cache at the divergence"
+    if lay is None:
+        return {"column": column, "known": False, "summary": UNKNOWN_LAYOUT}
     return {
-        "column": "SWA/hybrid: what llama-server reuses where it cannot cut the cache at the divergence",
-        "summary": lay.summary
-        + (
-            " (assumed: the session does not name its model; name it with tokendiff report --model)"
-            if is_assumed(lay)
-            else ""
-        ),
-        "assumed": is_assumed(lay),
+        "column": column,
+        "known": True,
+        "source": lay.source or "gguf",
+        "summary": lay.summary,
         "arch": lay.arch,
         "n_swa": lay.n_swa,
         "recurrent": lay.recurrent,
