@@ -12,6 +12,8 @@ nest inside. No I/O.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+
 import numpy as np
 
 from tokendiff.model import Part, Prompt, Section, SectionPath
@@ -38,23 +40,24 @@ def field_sections(prompt: Prompt, rendered: Rendered) -> list[Section]:
     b = char_to_byte(text, [p for s in rendered.spans for p in (s.start, s.end)])
     fields = [(s.path, b[s.start], b[s.end]) for s in rendered.spans if s.end > s.start]
     gen = next((x for x in fields if x[0].kinds == ("generation_prompt",)), None)
+    fields.sort(key=lambda x: x[1])
+    starts = [x[1] for x in fields]
     out: list[Piece] = []
+    placed: set[int] = set()  # fields (by index in `fields`) inside some turn
     for t in (s for s in prompt.sections if len(s.path) == 1):
-        inside = [
-            x for x in fields if t.byte_start <= x[1] and x[2] <= t.byte_end and x[0].kinds != ("generation_prompt",)
-        ]
+        lo, hi = bisect_left(starts, t.byte_start), bisect_right(starts, t.byte_end)
+        inside = [x for x in fields[lo:hi] if x[2] <= t.byte_end and x[0].kinds != ("generation_prompt",)]
         for turn, a, z in _turn_pieces(prompt.data, t, inside, gen):
             out.append((SectionPath.of(turn), a, z))
+            if a < z:
+                placed.update(k for k in range(bisect_left(starts, a), bisect_right(starts, z)) if fields[k][2] <= z)
             for path, s, e in inside:
                 if a <= s and e <= z:
                     rest = path[1:] if _same_place(path[0], turn) else path
                     if rest:
                         out.append((SectionPath.of(turn) + rest, s, e))
     # fields in no turn (a family without markers): keep them at top level
-    covered = [(a, z) for _, a, z in out if a < z]
-    for path, s, e in fields:
-        if not any(a <= s and e <= z for a, z in covered):
-            out.append((path, s, e))
+    out += [x for k, x in enumerate(fields) if k not in placed]
     return _to_sections(prompt, out)
 
 
