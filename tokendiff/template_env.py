@@ -50,10 +50,21 @@ def render_chat(
     )
 
 
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
 def plain_data(value: Any) -> Any:
     """A fresh copy in plain JSON types (the template may not edit the caller's data nor reach object methods)."""
-    if value is None or type(value) in (str, int, float, bool):
+    kind = type(value)
+    if kind in _SCALARS:
         return value
+    if kind is dict:  # parsed JSON: its scalars taken as they are, without a call each
+        return {
+            k if type(k) is str else plain_data(k): v if type(v) in _SCALARS else plain_data(v)
+            for k, v in value.items()
+        }
+    if kind is list:
+        return [v if type(v) in _SCALARS else plain_data(v) for v in value]
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, int):
