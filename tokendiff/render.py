@@ -23,7 +23,6 @@ of any particular template:
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import re
 from collections.abc import Callable
@@ -63,6 +62,14 @@ class _Leaf:
 
 def template_sha256(template: str) -> str:
     return hashlib.sha256(template.encode()).hexdigest()
+
+
+def _copy(body: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a request to edit: its dicts and lists fresh, its scalars shared (immutable). A request
+    is parsed JSON; anything else in it renders as its type's name either way (template_env.plain_data)."""
+    from tokendiff.template_env import plain_data
+
+    return plain_data(body)
 
 
 class Renderer:
@@ -160,7 +167,7 @@ class Renderer:
         return spans
 
     def _wrapped(self, body: dict, leaves: list[_Leaf], text: str) -> list[Span] | None:
-        wrapped = copy.deepcopy(body)
+        wrapped = _copy(body)
         used = []
         for k, leaf in enumerate(leaves):
             v = leaf.get(wrapped)
@@ -198,7 +205,7 @@ class Renderer:
         v = leaf.get(body)
         if not isinstance(v, str) or not v:
             return None
-        changed = copy.deepcopy(body)
+        changed = _copy(body)
         leaf.set(changed, _rotate(v))
         try:
             out = self.render(changed)
