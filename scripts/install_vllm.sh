@@ -60,6 +60,12 @@ EOF
 "${pip[@]}" -r "$reqs" "torch==$TORCH_VERSION"
 echo "(pip's complaint that torchvision, torchaudio and torchcodec are missing is expected: left out on purpose)" >&2
 "$vpy" -m pip uninstall -q -y triton >/dev/null 2>&1 || true
+# a CUDA torch (PyPI's plain wheel, where no CPU wheel was found) imports here but fails at serve time
+torch_got=$("$vpy" -c "import torch; print(torch.__version__)")
+if [ "$torch_got" != "$TORCH_VERSION+cpu" ]; then
+  echo "install_vllm.sh: torch $torch_got installed, not the CPU build $TORCH_VERSION+cpu: pip found no CPU wheel (give it one with PIP_FIND_LINKS or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)" >&2
+  exit 1
+fi
 "$vpy" -c "import vllm.entrypoints.openai.api_server" >/dev/null
 echo "$want" >"$marker"
 echo "vllm: $vpy (installed in ${SECONDS} s)"

@@ -246,25 +246,23 @@ def tiny_model():
 # ---------------------------------------------------------------- vLLM
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory):
-    """One real vLLM server (CPU build, tiny random Qwen3) for every vLLM test: it takes 35-60 s to start.
-    32-token blocks: neither vLLM's GPU default (16) nor its CPU default (128), so a test passes only
-    if tokendiff reads the block size from the server."""
+def _vllm(tmp_path_factory, env: str, name: str, **kw):
+    """Start a real vLLM server (or name one already running in `env`, for iterating); fail in CI when
+    vLLM is not installed, skip elsewhere."""
     from tokendiff.testing.llama_server import ServerUnavailable
     from tokendiff.testing.tiny_hf import tiny_hf
     from tokendiff.testing.vllm_server import VllmServer, find_vllm_python, vllm_venv_dir
 
-    if os.environ.get("TOKENDIFF_TEST_VLLM_URL"):  # a server already running (started as below): for iterating
-        yield VllmServer(tiny_hf(), block_size=32, port=int(os.environ["TOKENDIFF_TEST_VLLM_URL"].rsplit(":", 1)[1]))
+    if os.environ.get(env):  # a server already running (started as below): for iterating
+        yield VllmServer(tiny_hf(), port=int(os.environ[env].rsplit(":", 1)[1]), **kw)
         return
     if find_vllm_python() is None:
         msg = f"vLLM not installed in {vllm_venv_dir()}: run scripts/install_vllm.sh (or .ci/run)"
         if REQUIRE_SERVER:
             pytest.fail(msg)
         pytest.skip(msg)
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    srv = VllmServer(tiny_hf(), block_size=32, log_path=log)
+    log = tmp_path_factory.mktemp(name) / "server.log"
+    srv = VllmServer(tiny_hf(), log_path=log, **kw)
     try:
         srv.start()
     except ServerUnavailable as e:
@@ -272,3 +270,19 @@ def vllm_server(tmp_path_factory):
         pytest.fail(f"{e}\n{tail}")
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """One real vLLM server (CPU build, tiny random Qwen3) for every vLLM test: it takes 35-60 s to start.
+    32-token blocks: neither vLLM's GPU default (16) nor its CPU default (128), so a test passes only
+    if tokendiff reads the block size from the server."""
+    yield from _vllm(tmp_path_factory, "TOKENDIFF_TEST_VLLM_URL", "vllm", block_size=32)
+
+
+@pytest.fixture(scope="module")
+def misconfigured_vllm_server(tmp_path_factory):
+    """A second vLLM server, started once, as an agent's server is often left: prefix caching off, no
+    --enable-prompt-tokens-details (no cached counts) and vLLM's CPU default of 128-token blocks."""
+    kw = {"prefix_caching": False, "cached_counts": False}
+    yield from _vllm(tmp_path_factory, "TOKENDIFF_TEST_VLLM_PLAIN_URL", "vllm-plain", **kw)

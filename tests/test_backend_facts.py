@@ -118,7 +118,7 @@ def test_vllm_block_rounding(tmp_path):
         rec["response"]["usage"]["prompt_tokens_details"]["cached_tokens"] = cached // 16 * 16
     doc = _report(_write(tmp_path, recs))
     kinds = {f["kind"] for f in doc["backend_facts"]}
-    assert kinds == {"vllm_block_rounding"}
+    assert kinds == {"vllm_block_rounding", "vllm_block_inferred"}  # no block size recorded: 16 read from the counts
     f = next(f for f in doc["backend_facts"] if f["turn"] == 3)
     assert f["evidence"] == "cached_tokens 32 of the 42 shared: the last 10 shared tokens fill a partial block"
 
@@ -146,6 +146,47 @@ def test_vllm_block_rounding_in_the_servers_block_size(tmp_path):
     doc = _report(_write(tmp_path, recs))
     large = [f for f in doc["backend_facts"] if f["kind"] == "vllm_large_blocks"]
     assert len(large) == 1 and large[0]["evidence"].startswith("block_size 1,024 in vLLM's /metrics; cached_tokens ")
+
+
+def _vllm_counts(recs: list[dict], block: int, keep: int | None = None) -> list[dict]:
+    """The agent session as a vLLM of `block`-token blocks reports it, the capture without a block size;
+    `keep`: only that turn's count above 0."""
+    for k, rec in enumerate(recs, 1):
+        cached = rec["response"]["timings"]["cache_n"] // block * block if keep in (None, k) else 0
+        details = {"cached_tokens": cached}
+        rec["response"] = {
+            "status": 200,
+            "usage": {"prompt_tokens": len(rec["prompt_ids"]), "prompt_tokens_details": details},
+        }
+        rec["server"] = {"kind": "vllm", "upstream": "http://127.0.0.1:8000"}
+    return recs
+
+
+def test_vllm_block_size_read_from_the_counts_where_the_capture_has_none(tmp_path):
+    """Every count a multiple of 32: the vLLM column counts 32-token blocks, so it equals cached_tokens on
+    every turn, and the report says where the 32 came from."""
+    doc = _report(_write(tmp_path, _vllm_counts(_records(), 32)))
+    for t in doc["turns"][1:]:
+        assert t["reuse_vllm"] == t["reported_cached"] and t["note"] == "", t
+    facts = {f["kind"]: f for f in doc["backend_facts"]}
+    inferred = facts["vllm_block_inferred"]
+    assert (
+        inferred["title"]
+        == "The vLLM column counts 32-token blocks, read from the counts: the capture has no block size"
+    )
+    assert inferred["evidence"].startswith("every cached_tokens is a multiple of 32 (")
+    assert facts["vllm_block_rounding"]["title"] == "vLLM reused whole 32-token blocks only"
+    assert "vllm_block_assumed" not in facts
+
+
+def test_vllm_block_size_assumed_is_said(tmp_path):
+    """One count only: nothing to infer from, so 16 is assumed, and the report says so."""
+    recs = _vllm_counts(_records(), 32, keep=3)
+    doc = _report(_write(tmp_path, recs))
+    assumed = [f for f in doc["backend_facts"] if f["kind"] == "vllm_block_assumed"]
+    assert len(assumed) == 1 and assumed[0]["title"].startswith("The vLLM column assumes 16-token blocks")
+    assert assumed[0]["evidence"] == "fewer than two cached counts; no block_size recorded"
+    assert "tokendiff proxy" in assumed[0]["fix"] and "assumes 16-token blocks" in render_markdown(doc)
 
 
 def test_hybrid_blocks_and_mmproj():

@@ -320,6 +320,45 @@ def test_vllm_prefix_caching_off_and_small_pool():
     assert checks["cached_tokens"].status == dr.UNCHECKED and report.exit_code == 1
 
 
+def _vllm_metrics(block: int) -> bytes:
+    return VLLM_METRICS.replace(b'block_size="16"', f'block_size="{block}"'.encode())
+
+
+@pytest.mark.parametrize(
+    ("block", "turn", "status", "fix"),
+    [
+        (128, 256, dr.PROBLEM, "--block-size 64 "),  # vLLM's CPU default against the default turn
+        (64, 256, dr.OK, None),  # a quarter of the turn: still fine
+        (128, 512, dr.OK, None),  # an agent whose turns add more tolerates larger blocks
+        (32, 64, dr.PROBLEM, "--block-size 16 "),
+    ],
+)
+def test_vllm_block_size_is_judged_against_what_a_turn_adds(block, turn, status, fix):
+    """Up to a block before each divergence is recomputed: a problem where that is over a quarter of the turn."""
+    report = dr.diagnose(_evidence(srv.VLLM, **{"/metrics": _vllm_metrics(block)}), dr.Workload(turn_tokens=turn))
+    check = {c.kind: c for c in report.checks}["block_size"]
+    assert check.status == status and f"block_size={block}; turns that add {turn} tokens" in check.evidence
+    if fix:
+        assert check.fix.startswith(fix) and f"recomputes up to {block - 1} more" in check.summary
+        assert f"+{100 * (block - 1) // turn} % prefill at most" in check.summary
+
+
+@pytest.mark.parametrize(
+    ("probe", "status", "words"),
+    [
+        (None, dr.UNCHECKED, "no probe completion"),
+        (srv.CachedProbe(290, None), dr.PROBLEM, "290-token prompts: usage.prompt_tokens_details is null"),
+        (srv.CachedProbe(290, 0), dr.OK, "cached_tokens = 0"),  # counted, nothing cached: prefix caching off
+        (srv.CachedProbe(290, 256), dr.OK, "cached_tokens = 256"),
+    ],
+)
+def test_vllm_cached_tokens_judged_by_the_second_send(probe, status, words):
+    ev = _evidence(srv.VLLM, **{"/metrics": VLLM_METRICS})
+    ev.cached_probe = probe
+    check = {c.kind: c for c in dr.diagnose(ev, dr.Workload()).checks}["cached_tokens"]
+    assert check.status == status and words in check.evidence, check
+
+
 def test_sglang_and_ollama_say_what_they_could_not_check():
     info = {"disable_radix_cache": False, "context_length": 131072, "max_total_num_tokens": 500000}
     report = dr.diagnose(_evidence(srv.SGLANG, **{"/get_server_info": info}), dr.Workload(agents=4))

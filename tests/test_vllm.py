@@ -14,7 +14,7 @@ import pytest
 
 from tokendiff.capture import read_capture
 from tokendiff.cost import backend_reuse
-from tokendiff.server import VLLM, probe, vllm_counts_cached
+from tokendiff.server import VLLM, probe, vllm_cached_probe
 from tokendiff.testing import proxy_process
 
 pytestmark = pytest.mark.vllm
@@ -69,6 +69,16 @@ def lcp(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def split_bytes(a: list[int], b: list[int]) -> tuple[int, int]:
+    """(where the first divergent token starts, the first byte that differs) in the two prompts' texts,
+    decoded with the real Qwen3 vocabulary vLLM tokenised with."""
+    from tokendiff.vocab import load_bundled
+
+    vocab = load_bundled()
+    ta, tb = vocab.decode(a)[0], vocab.decode(b)[0]
+    return len(vocab.decode(a[: lcp(a, b)])[0]), lcp(list(ta), list(tb))
+
+
 @pytest.fixture(scope="module")
 def capture(vllm_server, tmp_path_factory):
     """The session sent through `tokendiff proxy` to vLLM (odd turns streamed); the capture file."""
@@ -93,7 +103,9 @@ def test_probe_reads_the_block_size_from_metrics(vllm_server):
     assert info.kind == VLLM and info.version and info.block_size == BLOCK and info.prefix_caching is True
     assert info.record()["block_size"] == BLOCK
     assert probe(vllm_server.url, VLLM).block_size == BLOCK
-    assert vllm_counts_cached(vllm_server.url, info.model)  # started with --enable-prompt-tokens-details
+    # a prompt of more than two blocks sent twice: the second send hits its whole blocks
+    sent = vllm_cached_probe(vllm_server.url, info.model, info.block_size)
+    assert sent.prompt_tokens and sent.cached == (sent.prompt_tokens - 1) // BLOCK * BLOCK >= 2 * BLOCK
 
 
 def test_proxy_records_the_prompt_ids_vllm_used(capture):
@@ -134,7 +146,9 @@ def test_diff_names_the_first_divergent_token_byte_and_section(capture, a, b, fi
     assert doc["b"]["ids_from"] == "vllm /tokenize"
     # the local render is vLLM's (tool-call arguments parsed as vLLM does), so sections are request fields
     assert doc["b"]["sections_from"] == "request fields" and doc["b"]["render_mismatch"] is None
-    assert fd["byte"] > 0 and fd["b_field"].startswith(field)
+    assert fd["b_field"].startswith(field)
+    assert (fd["byte"], fd["first_byte_diff"]) == split_bytes(ids_a, ids_b)  # where the decoded prompts split
+    assert fd["byte"] > 0
     assert kind in {h["finding"]["kind"] for h in doc["hunks"] if h.get("finding")}
 
 
@@ -232,6 +246,66 @@ def test_doctor_on_a_real_vllm_server(vllm_server, capsys):
     assert checks["block_size"]["status"] == "ok" and "block_size=32" in checks["block_size"]["evidence"]
     assert code == (1 if any(c["status"] == "problem" for c in doc["checks"]) else 0)
     assert all(c["status"] != "problem" for c in doc["checks"]), doc["checks"]
+
+
+def test_doctor_finds_a_misconfigured_vllm_server(misconfigured_vllm_server, capsys):
+    """Prefix caching off, no --enable-prompt-tokens-details and 128-token blocks, each read from the
+    server itself: three problems, exit 1."""
+    from tokendiff.cli import main
+
+    code = main(["doctor", "--server", misconfigured_vllm_server.url, "--prompt-tokens", "2048", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    checks = {c["kind"]: c for c in doc["checks"]}
+    assert checks["caching"]["status"] == "problem" and checks["caching"]["fix"] == "--enable-prefix-caching"
+    assert "enable_prefix_caching='False'" in checks["caching"]["evidence"]
+    tokens = checks["cached_tokens"]
+    assert tokens["status"] == "problem" and tokens["fix"] == "--enable-prompt-tokens-details"
+    assert "usage.prompt_tokens_details is null" in tokens["evidence"]
+    block = checks["block_size"]
+    assert block["status"] == "problem" and "block_size=128; turns that add 256 tokens" in block["evidence"]
+    assert block["fix"].startswith("--block-size 64 ")
+    assert {k for k, c in checks.items() if c["status"] == "problem"} == {"caching", "cached_tokens", "block_size"}
+    assert code == 1 and doc["problems"] == 3
+
+
+def test_replay_says_when_vllm_reports_no_cached_tokens(misconfigured_vllm_server, capture):
+    """Without --enable-prompt-tokens-details no run's cache state can be checked: said once, nothing
+    discarded, the block size still read from the server."""
+    url = misconfigured_vllm_server.url
+    r = run("replay", f"{capture}@3", f"{capture}@4", "--backend", url, "--repeat", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["backend"]["kind"] == VLLM and doc["backend"]["block_size"] == 128
+    assert doc["notes"] == [
+        "the server reports no cached_tokens: the runs' cache state is not checked "
+        "(start the server with --enable-prompt-tokens-details)"
+    ]
+    assert doc["discarded"] == [] and all(s["cached"] is None for s in doc["scenarios"].values())
+
+
+def test_replay_discards_runs_whose_cached_tokens_disagree(vllm_server, capture):
+    """A replay that predicts in 16-token blocks against the 32-token server: every run whose cached_tokens
+    differs from the prediction is discarded and said to be, the others kept."""
+    from tokendiff.replay import OpenAICompatible, Plan, replay_document, run_scenarios
+
+    records, _ = read_capture(capture)
+    a, b = records[2]["prompt_ids"].tolist(), records[3]["prompt_ids"].tolist()
+    shared = lcp(a, b)
+    ideal = shared // BLOCK * BLOCK + BLOCK // 2 + 3  # half-way into a 32-token block: 16-token blocks differ
+    with httpx.Client(timeout=300) as client:
+        be = OpenAICompatible(vllm_server.url, client, VLLM, "tiny-qwen3", block_size=16)
+        scen = run_scenarios(be, Plan(a, b, shared, ideal), repeat=1)
+        doc = replay_document(be, Plan(a, b, shared, ideal), scen, {}, None)
+    real = {"cold": 0, "actual": shared // BLOCK * BLOCK, "ideal": ideal // BLOCK * BLOCK}
+    for name, s in doc["scenarios"].items():
+        (got,) = s["runs"]
+        assert got["cached"] == real[name], (name, got)  # what the server did
+        assert got["valid"] == (got["expected"] == real[name]) and s["valid_runs"] == int(got["valid"]), (name, s)
+    hint = "another client of the server evicting blocks, or a block size other than the one probed"
+    assert f"ideal: server reported {real['ideal']} cached tokens where {real['ideal'] + 16} were expected: " in (
+        "\n".join(doc["discarded"])
+    )
+    assert doc["discarded"] and all(d.endswith(f"discarded ({hint})") for d in doc["discarded"])
 
 
 async def test_watch_shows_vllm_cached_counts_per_turn(vllm_server, tmp_path):

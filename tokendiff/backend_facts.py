@@ -32,7 +32,7 @@ class TurnRecord:
 
 @dataclass(frozen=True)
 class BackendFact:
-    kind: str  # ollama_reload, ollama_truncated, vllm_block_rounding, vllm_large_blocks, mmproj_no_cache_reuse
+    kind: str  # ollama_reload, ollama_truncated, vllm_block_rounding, vllm_large_blocks, vllm_block_assumed, ...
     turn: int
     title: str
     evidence: str
@@ -128,17 +128,32 @@ LARGE_FIX = (
 )
 
 
+def _vllm_hits(records: Sequence[TurnRecord]) -> list[tuple[TurnRecord, int]]:
+    """The turns with an OpenAI-style cached count above 0 (llama-server's responses carry timings)."""
+    cached = [(r, _int(r.response, "usage", "prompt_tokens_details", "cached_tokens")) for r in records]
+    return [(r, c) for r, c in cached if c is not None and c > 0 and r.response and "timings" not in r.response]
+
+
+def inferred_vllm_block(records: Sequence[TurnRecord]) -> int | None:
+    """The block size of a capture that does not record it, from its counts: vLLM counts whole blocks, so
+    the common divisor of two or more cached_tokens, where it is a multiple of 16 (vLLM's block sizes are);
+    None where the counts cannot say."""
+    hits = _vllm_hits(records)
+    size = math.gcd(*(c for _, c in hits)) if len(hits) >= 2 else 0
+    return size if size and size % VLLM_BLOCK == 0 else None
+
+
 def vllm_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
     """cached_tokens rounded down to whole blocks (of the server's block size, where the capture says, else
-    16); a block size far above 16 (hybrid models): the server's own, or every count's common divisor."""
-    cached = [(r, _int(r.response, "usage", "prompt_tokens_details", "cached_tokens")) for r in records]
-    hits = [(r, c) for r, c in cached if c is not None and c > 0 and r.response and "timings" not in r.response]
+    the counts' common block, else 16, said so); a block size far above 16 (hybrid models): the server's
+    own, or every count's common divisor."""
+    out = _block_source(records)
+    hits = _vllm_hits(records)
     if not hits:
-        return []
+        return out
     known = next((r.block for r, _ in hits if r.block), None)
     size = known or math.gcd(*(c for _, c in hits))
-    block = known or VLLM_BLOCK
-    out: list[BackendFact] = []
+    block = known or inferred_vllm_block(records) or VLLM_BLOCK
     if size >= 4 * VLLM_BLOCK and (known or len(hits) >= 2):
         r, c = hits[0]
         counts = ", ".join(f"{c:,}" for _, c in hits[:4])
@@ -172,6 +187,36 @@ def vllm_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
     return out
 
 
+RECORD_BLOCK = "Record through `tokendiff proxy`, which reads the block size from vLLM's /metrics into the capture"
+
+
+def _block_source(records: Sequence[TurnRecord]) -> list[BackendFact]:
+    """Where a capture with vLLM-style counts does not record the block size: what the vLLM column assumes
+    (the counts' common block below 64, said here; larger ones are vllm_large_blocks), or that it assumes 16."""
+    counted = [
+        r
+        for r in records
+        if _int(r.response, "usage", "prompt_tokens_details", "cached_tokens") is not None
+        and "timings" not in (r.response or {})  # llama-server's, which counts tokens, not blocks
+    ]
+    if not counted or any(r.block for r in records):
+        return []
+    hits = _vllm_hits(records)
+    counts = ", ".join(f"{c:,}" for _, c in hits[:4])
+    size = inferred_vllm_block(records)
+    if size is None:
+        why = f"cached_tokens {counts} show no common block" if len(hits) >= 2 else "fewer than two cached counts"
+        title = f"The vLLM column assumes {VLLM_BLOCK}-token blocks (vLLM's GPU default): the capture has no block size"
+        return [
+            BackendFact("vllm_block_assumed", counted[0].turn, title, f"{why}; no block_size recorded", RECORD_BLOCK)
+        ]
+    if size >= 4 * VLLM_BLOCK:
+        return []
+    title = f"The vLLM column counts {size}-token blocks, read from the counts: the capture has no block size"
+    evidence = f"every cached_tokens is a multiple of {size} ({counts}); no block_size recorded"
+    return [BackendFact("vllm_block_inferred", hits[0][0].turn, title, evidence, RECORD_BLOCK)]
+
+
 def mmproj_facts(records: Sequence[TurnRecord], props: Mapping[str, Any] | None) -> list[BackendFact]:
     """llama-server with a multimodal projector ignores `--cache-reuse` (n_cache_reuse)."""
     mods = props.get("modalities") if isinstance(props, Mapping) else None
@@ -199,4 +244,13 @@ def backend_facts(records: Sequence[TurnRecord], props: Mapping[str, Any] | None
     return sorted(facts, key=lambda f: f.turn)
 
 
-__all__ = ["TurnRecord", "BackendFact", "turn_record", "backend_facts", "ollama_facts", "vllm_facts", "mmproj_facts"]
+__all__ = [
+    "TurnRecord",
+    "BackendFact",
+    "turn_record",
+    "backend_facts",
+    "ollama_facts",
+    "vllm_facts",
+    "mmproj_facts",
+    "inferred_vllm_block",
+]

@@ -357,6 +357,13 @@ def _doctor_parser(sub: Any) -> None:  # argparse subparsers
         "--prompt-tokens", type=positive_int, default=32768, metavar="N", help="an agent's prompt (default 32768)"
     )
     dr.add_argument(
+        "--turn-tokens",
+        type=positive_int,
+        default=256,
+        metavar="N",
+        help="tokens an agent's turn adds to its prompt: vLLM's block size is judged against it (default 256)",
+    )
+    dr.add_argument(
         "--passive", action="store_true", help="no probe completion (it briefly takes a slot): read and render only"
     )
     dr.add_argument("--json", action="store_true", help="print the tokendiff.doctor/1 JSON document")
@@ -571,7 +578,11 @@ def cmd_tui(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     opts = wf.DoctorOptions(
-        server=args.server, agents=args.agents, prompt_tokens=args.prompt_tokens, passive=args.passive
+        server=args.server,
+        agents=args.agents,
+        prompt_tokens=args.prompt_tokens,
+        turn_tokens=args.turn_tokens,
+        passive=args.passive,
     )
     report = wf.doctor(opts)
     if args.json:

