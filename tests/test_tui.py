@@ -817,3 +817,20 @@ async def test_the_palette_names_actions_with_descriptions_and_runs_them():
         assert "side by side" in first.lower() and "two panes" in first
         await pilot.press("enter")
         await wait_for(pilot, lambda: a.screen is s and s.mode == "sbs")
+
+
+async def test_the_footer_is_rebuilt_only_when_its_keys_change():
+    """`m` moves the focus (the bindings are updated) but shows the same keys: the same key widgets stay;
+    the session screen's keys change once it has turns (open and export offered): they are redrawn."""
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        before = list(s.query("FooterKey"))
+        for _ in range(3):
+            await pilot.press("m")
+            await pilot.pause(0.1)
+        assert list(s.query("FooterKey")) == before and footer_keys(s) == [k.description for k in before]
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(a.screen, SessionScreen) and a.session is not None)
+        keys = {k.description: k for k in a.screen.query("FooterKey")}
+        assert not keys["open pair"].disabled and not keys["export report"].disabled

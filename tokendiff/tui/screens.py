@@ -12,9 +12,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Footer, Header, Input, Static, Tree
+from textual.widgets import ContentSwitcher, Header, Input, Static, Tree
 
 from tokendiff.model import Prompt, SectionPath
+from tokendiff.tui.footer import KeyFooter
 from tokendiff.tui.pairdata import PairView, SearchHits, search
 from tokendiff.tui.session_view import ReuseChart, SessionTable
 from tokendiff.tui.token_view import TokenView
@@ -56,7 +57,7 @@ class SessionScreen(Screen):
                 yield Static("reuse per turn", classes="caption")
                 yield ReuseChart(id="chart")
                 yield Static("", id="spans")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         # a still message, not Textual's animated loading indicator: its frames competed with the analysis
@@ -250,7 +251,7 @@ class PairScreen(Screen):
                 yield Static("", id="findings")
         yield Input(placeholder="search: text, or #1234 for a token id (Enter searches, Esc closes)", id="search")
         yield Static("", id="status")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.title = self.label
