@@ -782,6 +782,7 @@ async def test_defect_21_the_readme_quickstart_is_what_opens():
     a = app(paths=[str(demo_capture())])  # what bare `tokendiff` opens
     async with a.run_test(size=(140, 40)) as pilot:
         s = await open_pair_screen(pilot, a)
+        await wait_for(pilot, lambda: a.session is not None)  # the pair opens before the rest is analysed
         turn = a.session.turns[s.turn - 1]
         claim = f"{turn.wasted:,} of the {len(s.a):,} tokens the previous turn had were recomputed"
         assert claim.replace(" ", "") in readme.replace("\n", "").replace(" ", "")
