@@ -52,6 +52,7 @@ async def test_opens_on_the_first_divergence_without_a_key_press():
         status = str(screen.query_one("#status").render())
         assert "token 42 · byte 198" in status and "messages[0].content" in status
         assert "A counter or percentage changed" in str(screen.query_one("#findings").render())
+        assert screen.ready is None and screen.query_one("KeyFooter").drawn  # painted once complete, then freed
 
 
 async def test_hunk_navigation_mode_switch_and_outline_jump():

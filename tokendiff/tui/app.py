@@ -162,8 +162,26 @@ class TokendiffApp(App):
             return
         self._opened_first = True
         self.vocab, self.loader = loader.vocab, loader  # what the pair screen's export and replay use
+        self._hold_paint_until_ready(screen, painted)
         self.push_screen(screen)
-        screen.call_after_refresh(painted)
+
+    def _hold_paint_until_ready(self, screen: PairScreen, painted: Callable[[], None]) -> None:
+        """No frames while `screen` mounts, lays out and places its cursor: painted once, complete
+        (each partial frame cost the first screen ~20 ms). Half a second at most."""
+        from contextlib import ExitStack
+
+        held = ExitStack()
+        held.enter_context(self.batch_update())
+
+        def ready() -> None:
+            if screen.ready is None:
+                return
+            screen.ready = None
+            held.close()
+            screen.call_after_refresh(painted)
+
+        screen.ready = ready
+        self.set_timer(0.5, ready)
 
     def _failed(self, msg: str) -> None:
         self.notify(msg, severity="error", timeout=30)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
+from textual.message import Message
 from textual.widgets import Footer
 
 if TYPE_CHECKING:
@@ -36,6 +37,15 @@ class KeyFooter(Footer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._wanted: tuple[Hashable, ...] | None = None  # the keys drawn, or those a scheduled rebuild draws
+        self._drawn = False
+
+    class Drawn(Message):
+        """The footer has composed its keys (the first time, or after they changed)."""
+
+    @property
+    def drawn(self) -> bool:
+        """Whether the keys are composed (not only scheduled)."""
+        return self._drawn
 
     def compose(self) -> ComposeResult:
         drew = False
@@ -43,6 +53,9 @@ class KeyFooter(Footer):
             drew = True
             yield widget
         self._wanted = shown_keys(self.screen) if drew else None
+        if drew:
+            self._drawn = True
+            self.post_message(self.Drawn())
 
     def bindings_changed(self, screen: Screen) -> None:
         keys = shown_keys(screen)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -235,6 +236,8 @@ class PairScreen(Screen):
         self.hunk = 0
         self.query_text = ""  # the last search
         self._hits: dict[str, SearchHits] = {}  # per view id, for query_text
+        self.ready: Callable[[], None] | None = None  # called once the screen is complete (see _check_ready)
+        self._placed = False  # the cursor is on the first divergence and the status line says so
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -261,6 +264,12 @@ class PairScreen(Screen):
         self._build_outline()
         self.action_focus_tokens()
         self._show_findings()  # the unified view opens on the first divergence by itself
+
+    @on(KeyFooter.Drawn)
+    def _check_ready(self) -> None:
+        """The first complete screen: findings (shown at mount), the status of the placed cursor, the keys."""
+        if self.ready is not None and self._placed and self.query_one(KeyFooter).drawn:
+            self.ready()
 
     # ------------------------------------------------------------ outline
 
@@ -366,6 +375,9 @@ class PairScreen(Screen):
             return
         side, idx = v.side[event.position], v.index[event.position]
         self.query_one("#status", Static).update(self._status(side, idx))
+        if event.view.placed:
+            self._placed = True
+            self._check_ready()
         self._follow_outline(side, idx)
         # the span at or before the cursor
         if self.d.hunks:

@@ -109,6 +109,11 @@ class TokenView(ScrollView, can_focus=True):
         self.matches: set[int] = set()  # view positions a search found
         self._generation = 0  # bumped when the matches change: part of the strip cache's key
 
+    @property
+    def placed(self) -> bool:
+        """Whether the cursor is where the view was asked to open (that waits for its size)."""
+        return self._start_at is None
+
     # ------------------------------------------------------------ layout
 
     def content_width(self) -> int:
