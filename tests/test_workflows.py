@@ -178,3 +178,17 @@ def test_replay_refuses_a_capture_of_another_model(server, tmp_path):
         wf.replay_pair(pair, loader, wf.ReplayOptions(backend=server.url, repeat=1))
     forced = wf.replay_pair(pair, loader, wf.ReplayOptions(backend=server.url, repeat=1, force=True))
     assert forced.document["scenarios"]["cold"]["valid_runs"] == 1
+
+
+def test_a_cause_without_an_automatic_fix_is_named_by_its_span_counted_from_1(agent):
+    """What `replay` and the pair screen's `r` say: "span N" as the pair screen numbers spans, never "hunk"."""
+    from dataclasses import replace as copy_with
+
+    from tokendiff.fixes import fix_request
+
+    pair = wf.session_pair(agent, 3)
+    first = next(f for f in pair.findings if not f.expected)
+    unfixable = copy_with(first, kind="unknown", expected=False)
+    fixed = fix_request(pair.a.meta.request, pair.b.meta.request, pair.a, pair.b, pair.divergence, [unfixable])
+    assert fixed.not_applied == [f"unknown at span {first.hunk + 1}: no automatic fix ({first.fix})"]
+    assert not any("hunk" in line for line in fixed.not_applied)
