@@ -836,3 +836,32 @@ async def test_the_footer_is_rebuilt_only_when_its_keys_change():
         await wait_for(pilot, lambda: isinstance(a.screen, SessionScreen) and a.session is not None)
         keys = {k.description: k for k in a.screen.query("FooterKey")}
         assert not keys["open pair"].disabled and not keys["export report"].disabled
+
+
+FUZZ_KEYS = [
+    "m", "escape", "enter", "n", "N", "left", "right", "up", "down", "pageup", "pagedown", "home", "end",
+    "right_square_bracket", "left_square_bracket", "p", "f", "o", "O", "t", "y", "Y", "slash", "a",
+    "greater_than_sign", "less_than_sign", "question_mark", "tab", "r",
+]  # fmt: skip
+
+
+async def test_defect_1_random_key_sequences_on_the_pair_screen_raise_nothing():
+    """~100 seeded random sequences, each pressed in quick succession (m then Esc crashed once in ~50):
+    whatever the order, the app is still running and still answers."""
+    import random
+
+    rng = random.Random(14)
+    a = app()
+    a.animation_level = "none"  # the help overlay's Home/End would animate a second each
+    async with a.run_test(size=(120, 36)) as pilot:
+        await open_pair_screen(pilot, a)
+        await wait_for(pilot, lambda: a.session is not None)
+        for k in range(100):
+            await pilot.press(*rng.choices(FUZZ_KEYS, k=rng.randint(2, 6)))
+            if k % 10 == 9:
+                await pilot.pause(0.05)  # now and then, let scheduled callbacks land on a popped screen
+            assert a.is_running, k
+        while not isinstance(a.screen, SessionScreen | PairScreen):  # the help overlay or the palette
+            await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert a.is_running and a.return_code is None
