@@ -865,3 +865,26 @@ async def test_defect_1_random_key_sequences_on_the_pair_screen_raise_nothing():
             await pilot.press("escape")
         await pilot.pause(0.2)
         assert a.is_running and a.return_code is None
+
+
+async def test_token_lines_are_redrawn_only_when_their_styles_change():
+    """`m` moves the focus, which restyles the views without changing their styles: the lines drawn
+    before are reused (redrawing them was a third of what `m` cost); a new theme redraws them."""
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        view = s.query_one("#unified", TokenView)
+        for _ in range(2):  # there and back once: both modes laid out and scrolled to the cursor
+            await pilot.press("m")
+            await pilot.pause(0.1)
+        styled: list[int] = []
+        style = view._style
+        view._style = lambda i, on_cursor: styled.append(i) or style(i, on_cursor)  # type: ignore[method-assign]
+        for _ in range(2):
+            await pilot.press("m")
+            await pilot.pause(0.1)
+        assert s.mode == "unified" and styled == []
+        before = view.render_line(0)
+        a.theme = "tokendiff-light"
+        await pilot.pause(0.2)
+        assert styled and view.render_line(0) != before
