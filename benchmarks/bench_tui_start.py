@@ -64,7 +64,9 @@ def one_run(python: str, size: tuple[int, int], timeout: float) -> Run:
     env = os.environ.copy()
     env.pop("NO_COLOR", None)
     env["TERM"] = "xterm-256color"
-    command = f"cd {ROOT} && exec {python} -m tokendiff"
+    # bytecode as an installed package has it: a PYTHONDONTWRITEBYTECODE in the caller's environment would
+    # have every run compile tokendiff from source (~0.1 s); tmux panes inherit the server's environment
+    command = f"cd {ROOT} && exec env -u PYTHONDONTWRITEBYTECODE {python} -m tokendiff"
     t0 = time.perf_counter()
     done = subprocess.run(
         ["tmux", "-L", SOCKET, "new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]), command],

@@ -188,3 +188,9 @@ def test_natural_name_order(tmp_path):
     for n in (10, 2, 1):
         write_slot(tmp_path / f"turn-{n}.bin", [1])
     assert [p.name for p in list_session_dir(tmp_path, "name")] == ["turn-1.bin", "turn-2.bin", "turn-10.bin"]
+
+
+def test_diff_help_says_spans_not_hunks():
+    """`--max-spans` is the flag; `--max-hunks` still works (test_diff_golden) but is not offered."""
+    r = run("diff", "--help")
+    assert r.returncode == 0 and "--max-spans N" in r.stdout and "hunk" not in r.stdout

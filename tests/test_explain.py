@@ -74,6 +74,24 @@ def test_llama32_injected_date_is_the_templates(llama3_tok):
     assert "'28 Nov 2026' -> '29 Nov 2026'" in f.evidence
 
 
+@pytest.mark.parametrize(
+    "old, new, day_precision",
+    [
+        ("2026-11-28 09:15", "2026-11-28 09:16", True),  # a time of day: dropping it is the fix
+        ("2026-11-28T09:15:00", "2026-11-28T09:16:00", True),
+        ("2026-11-28", "2026-11-29", False),  # already at day precision: the advice would be no advice
+    ],
+)
+def test_defect_20_day_precision_is_advised_only_for_a_date_with_a_time_of_day(vocab, old, new, day_precision):
+    def msgs(when):
+        return [{"role": "system", "content": f"You are an agent. Now: {when}."}, {"role": "user", "content": "hi"}]
+
+    f, _, _ = first(qwen_prompt(vocab, msgs(old), fields=True), qwen_prompt(vocab, msgs(new), fields=True))
+    assert f.kind == "date" and f.origin == "client"
+    assert ("day precision" in f.fix) == day_precision, f.fix
+    assert "newest user message" in f.fix
+
+
 def test_client_date_in_system_prompt_from_request_fields(vocab):
     def msgs(day):
         return [

@@ -431,6 +431,7 @@ def test_unusable_messages_name_the_file(tmp_path, messages, words):
 @pytest.mark.parametrize(
     "args, words",
     [
+        (["diff", "a", "b", "--max-spans", "-1"], "argument --max-spans: -1 is negative"),
         (["diff", "a", "b", "--max-hunks", "-1"], "argument --max-hunks: -1 is negative"),
         (["diff", "a", "b", "--context", "-1"], "argument --context: -1 is negative"),
         (["replay", "a", "b", "--backend", "http://127.0.0.1:1", "--repeat", "0"], "argument --repeat: must be 1"),

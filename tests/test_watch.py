@@ -318,3 +318,32 @@ def test_a_prefill_rate_the_session_does_not_need_is_said(capsys):
     capture = Path(__file__).parents[1] / "captures/agent/capture.jsonl"
     assert main(["report", str(capture), "--prefill-rate", "100", "--format", "json"]) == 0
     assert "--prefill-rate not used: the session has the server's measured timings" in capsys.readouterr().err
+
+
+async def test_watch_rows_show_the_servers_cached_count_at_140_columns():
+    """Watching, the server's reported cached count is a measure, not an extra: it stays at 140x40, with
+    the seconds (time is the symptom), ranked before what only wider terminals show."""
+    from textual import on
+    from textual.events import Mount
+
+    from tokendiff.tui.app import Options, TokendiffApp
+    from tokendiff.tui.session_view import SessionTable
+    from tokendiff.tui.watch import WatchScreen
+
+    class Watching(TokendiffApp):  # the watch screen on the demo capture (recorded from llama-server)
+        @on(Mount)
+        def _start(self, event: Mount) -> None:
+            event.prevent_default()  # instead of TokendiffApp.on_mount's session screen
+            self.push_screen(WatchScreen())
+            self.load_session()
+
+    from tokendiff.paths import demo_capture
+
+    a = Watching(Options(paths=[str(demo_capture())], theme="tokendiff-dark", open_first_divergence=False))
+    async with a.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: a.session is not None)
+        table = a.screen.query_one("#turns", SessionTable)
+        assert table.columns[:4] == ["turn", "reuse %", "wasted", "cause"]
+        assert {"server cached", "ttft s", "prefill s"} <= set(table.columns)
+        t3 = a.session.turns[2]
+        assert t3.reported_cached is not None and f"{t3.reported_cached:,}" in table.row_text(2)

@@ -83,6 +83,39 @@ def test_session_pairs_are_the_diff_documents(agent):
         wf.session_pair(agent, 1)
 
 
+def _first_pairs(path: str, workers: int | None = None) -> tuple[wf.LoadedSession, list]:
+    seen: list = []
+    loaded = wf.open_session(
+        wf.PromptOptions(), [path], workers=workers, first_pair=lambda t, pair, loader: seen.append((t, pair))
+    )
+    return loaded, seen
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_first_wasteful_pair_is_handed_over_before_the_rest(workers):
+    """What the TUI opens early is what it would open once the whole session is analysed."""
+    loaded, seen = _first_pairs(AGENT, workers)
+    first = next(t.turn for t in loaded.session.turns if t.wasted)
+    assert [t for t, _ in seen] == [first]
+    assert seen[0][1].document == wf.session_pair(loaded, first).document
+
+
+def test_a_reload_before_the_first_diff_leaves_the_choice_to_the_whole_session(tmp_path):
+    """Ollama reloading on turn 2 makes it the first wasteful turn, which only `session()` counts:
+    nothing is handed over early rather than turn 3."""
+    recs = [json.loads(line) for line in Path(AGENT).read_text().splitlines()]
+    for i, rec in enumerate(recs, 1):
+        n = len(rec["prompt_ids"])
+        rec["request"]["options"] = {"num_ctx": 4096 if i < 2 else 8192}
+        load = 2_310_000_000 if i == 2 else 4_000_000
+        rec["response"] = {"status": 200, "load_duration": load, "prompt_eval_count": n, "eval_count": 1}
+    path = tmp_path / "capture.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    loaded, seen = _first_pairs(str(path), workers=1)
+    assert next(t.turn for t in loaded.session.turns if t.wasted) == 2
+    assert seen == []
+
+
 def test_exports_return_their_paths(agent, tmp_path):
     pair = wf.session_pair(agent, 3)
     out = wf.export_pair(pair, tmp_path / "pair.json")
@@ -145,3 +178,17 @@ def test_replay_refuses_a_capture_of_another_model(server, tmp_path):
         wf.replay_pair(pair, loader, wf.ReplayOptions(backend=server.url, repeat=1))
     forced = wf.replay_pair(pair, loader, wf.ReplayOptions(backend=server.url, repeat=1, force=True))
     assert forced.document["scenarios"]["cold"]["valid_runs"] == 1
+
+
+def test_a_cause_without_an_automatic_fix_is_named_by_its_span_counted_from_1(agent):
+    """What `replay` and the pair screen's `r` say: "span N" as the pair screen numbers spans, never "hunk"."""
+    from dataclasses import replace as copy_with
+
+    from tokendiff.fixes import fix_request
+
+    pair = wf.session_pair(agent, 3)
+    first = next(f for f in pair.findings if not f.expected)
+    unfixable = copy_with(first, kind="unknown", expected=False)
+    fixed = fix_request(pair.a.meta.request, pair.b.meta.request, pair.a, pair.b, pair.divergence, [unfixable])
+    assert fixed.not_applied == [f"unknown at span {first.hunk + 1}: no automatic fix ({first.fix})"]
+    assert not any("hunk" in line for line in fixed.not_applied)

@@ -151,7 +151,15 @@ def _diff_parser(sub: Any) -> None:  # argparse subparsers
         "--context", type=non_negative_int, default=8, metavar="N", help="tokens of context around spans (default 8)"
     )
     d.add_argument(
-        "--max-hunks", type=non_negative_int, default=20, metavar="N", help="spans listed in text output (default 20)"
+        "--max-spans",
+        type=non_negative_int,
+        default=20,
+        metavar="N",
+        dest="max_spans",
+        help="spans listed in text output (default 20)",
+    )
+    d.add_argument(  # the flag's old name, kept working for scripts
+        "--max-hunks", type=non_negative_int, dest="max_spans", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     d.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
@@ -428,7 +436,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         if args.json:
             sys.stdout.buffer.write(wf.pair_json(pair))
         else:
-            sys.stdout.write(render_text(pair.document, color=_use_color(args.color), max_hunks=args.max_hunks))
+            sys.stdout.write(render_text(pair.document, color=_use_color(args.color), max_hunks=args.max_spans))
     return EXIT_SAME if pair.divergence.identical else EXIT_DIFFERENT
 
 

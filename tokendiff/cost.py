@@ -23,7 +23,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from tokendiff.align import align
-from tokendiff.backend_facts import BackendFact, TurnRecord, backend_facts, inferred_vllm_block, turn_record
+from tokendiff.backend_facts import (
+    BackendFact,
+    TurnRecord,
+    backend_facts,
+    inferred_vllm_block,
+    ollama_facts,
+    turn_record,
+)
 from tokendiff.capacity import CapacityLadder, CapacityReport
 from tokendiff.explain import appended_finding, explain, prompt_end
 from tokendiff.model import Divergence, Finding, Hunk, Prompt, SectionPath
@@ -298,8 +305,10 @@ class Analyser:
         self.spans: dict[SpanKey, Span] = {}
         self.examples: dict[int, tuple[Prompt, Prompt]] = {}
         self.prev: TurnInput | None = None
-        self.pending: deque[tuple[Future[tuple[Turn, int]], TurnInput, TurnInput]] = deque()
+        self.pending: deque[tuple[Future[tuple[Turn, int]], TurnInput, TurnInput, int]] = deque()
         self.work = 0  # tokens compared or diffed outside the index
+        self._scanned = 0  # turns `first_wasted` has looked at
+        self._first_wasted: int | None = None
 
     def add(self, cur: TurnInput) -> Turn:
         k = len(self.turns) + 1
@@ -328,7 +337,7 @@ class Analyser:
                 _append_turn(t, len(self.prev.ids))
             else:
                 self.work += len(self.prev.ids) + len(cur.ids)
-                self.pending.append((self.pool.submit(t, self.prev, cur, self.max_hunks), self.prev, cur))
+                self.pending.append((self.pool.submit(t, self.prev, cur, self.max_hunks), self.prev, cur, k))
         self.prev = cur
         self._collect(self.in_flight)
         return t
@@ -359,11 +368,27 @@ class Analyser:
     def _collect(self, keep: int) -> None:
         """Count the finished pairs in turn order, waiting while more than `keep` are in flight."""
         while self.pending and (len(self.pending) > keep or self.pending[0][0].done()):
-            fut, a, b = self.pending.popleft()
+            fut, a, b, _ = self.pending.popleft()
             t, ceiling = fut.result()
             self.turns[t.turn - 1] = t
             if _count_spans(t, self.spans, ceiling):
                 self.examples[t.turn] = (a.prompt(), b.prompt())
+
+    def first_wasted(self) -> int | None:
+        """The first turn that wasted the cache, as `session()` will count it, as soon as that is certain
+        (every turn up to it counted), so a view can open it before the rest is read. None until then,
+        and for good when a model reload comes first: `session()` counts a reload as its turn's waste."""
+        settled = self.pending[0][3] - 1 if self.pending else len(self.turns)
+        while self._first_wasted is None and self._scanned < settled:
+            t = self.turns[self._scanned]
+            self._scanned += 1
+            if t.wasted:
+                self._first_wasted = t.turn
+                lcps = {u.turn: u.lcp for u in self.turns[: t.turn]}
+                upto = [replace(r, lcp=lcps.get(r.turn, 0)) for r in self.records if r.turn <= t.turn]
+                if any(f.kind == RELOAD for f in ollama_facts(upto)):
+                    self._first_wasted = 0  # uncertain: the whole session decides
+        return self._first_wasted or None
 
     def session(self) -> Session:
         self._collect(0)

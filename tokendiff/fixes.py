@@ -170,5 +170,5 @@ def fix_request(
             done.add(path)
             out.applied.append(f"{path} as in A ({f.kind})")
             continue
-        out.not_applied.append(f"{f.kind} at hunk {f.hunk}: no automatic fix ({f.fix})")
+        out.not_applied.append(f"{f.kind} at span {f.hunk + 1}: no automatic fix ({f.fix})")  # spans count from 1
     return out

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tokendiff.errors import InputError
 from tokendiff.model import Part, SectionPath
 
@@ -376,13 +378,13 @@ def _removed_span(full: str, shorter: str | None, snap: bool) -> tuple[int, int]
         return None  # not a single deleted run: the template restructured
     if not snap:
         return left, left + n
-    cands = list(range(left, min(right, left + 4000) + 1))
-    depth = {q: _min_depth(full, q, q + n) for q in cands}
-    best = max(depth.values())
-    balanced = [q for q in cands if depth[q] == best]
+    right = min(right, left + 4000)
+    depth = _min_depths(full, left, right, n)
+    best = max(depth)
+    balanced = [left + r for r, low in enumerate(depth) if low == best]
     for ok in (
         lambda q: (q == 0 or full[q - 1] == "\n") and not full[q].isspace(),
-        lambda q: full[q : q + n].lstrip(" \n,")[:1] in ("{", "[", "<"),
+        lambda q: (m := _FIRST_AFTER_SEPARATORS.match(full, q, q + n)) is not None and m.group(1) in "{[<",
         lambda q: True,
     ):
         for q in balanced:
@@ -391,16 +393,30 @@ def _removed_span(full: str, shorter: str | None, snap: bool) -> tuple[int, int]
     return left, left + n
 
 
-def _min_depth(text: str, a: int, b: int) -> int:
-    """The lowest bracket depth reached in text[a:b] (0 for a well-formed piece)."""
-    depth = low = 0
-    for c in text[a:b]:
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-            low = min(low, depth)
-    return low
+_FIRST_AFTER_SEPARATORS = re.compile(r"[ \n,]*(.)", re.DOTALL)
+_OPENING = np.array([ord(c) for c in "([{"], dtype=np.uint32)
+_CLOSING = np.array([ord(c) for c in ")]}"], dtype=np.uint32)
+
+
+def _min_depths(text: str, left: int, right: int, n: int) -> list[int]:
+    """For each q in [left, right], the lowest bracket depth reached in text[q:q+n], relative to its
+    start (0 for a well-formed piece). One pass of running depths and a sliding minimum instead of a
+    walk over each window: a long tool that can slide far made that walk quadratic."""
+    codes = np.frombuffer(text[left : right + n].encode("utf-32-le"), dtype="<u4")
+    steps = np.isin(codes, _OPENING).astype(np.int64) - np.isin(codes, _CLOSING)
+    depth = np.concatenate(([0], np.cumsum(steps)))  # depth[i]: after the first i characters
+    # window r (q = left + r) reaches depth[r + 1 .. r + n]; depth only falls at a closing bracket
+    lows = _sliding_min(depth[1:], n) - depth[: right - left + 1]
+    return np.minimum(lows, 0).tolist()
+
+
+def _sliding_min(x: np.ndarray, w: int) -> np.ndarray:
+    """min(x[i:i+w]) for every i (van Herk / Gil-Werman: prefix and suffix minima of w-blocks)."""
+    m = len(x) - w + 1
+    padded = np.concatenate((x, np.full(-len(x) % w, x.max(), dtype=x.dtype))).reshape(-1, w)
+    prefix = np.minimum.accumulate(padded, axis=1).ravel()
+    suffix = np.minimum.accumulate(padded[:, ::-1], axis=1)[:, ::-1].ravel()
+    return np.minimum(suffix[:m], prefix[w - 1 : w - 1 + m])
 
 
 def _common_prefix(a: str, b: str) -> int:

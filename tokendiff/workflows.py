@@ -19,7 +19,7 @@ from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
     from tokendiff.capacity import CapacityLadder
-    from tokendiff.cost import Session, TurnInput
+    from tokendiff.cost import Session, Turn, TurnInput
     from tokendiff.doctor import DoctorReport
     from tokendiff.model import Divergence, Finding, Prompt
     from tokendiff.replay import Backend, Plan
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tokendiff.vocab import Vocab
 
 Progress = Callable[[str], None]
+FirstPair = Callable[[int, "PairResult", "Loader"], None]  # the first wasteful turn, its pair, the loader
 REPORT_FORMATS = ("md", "html", "json")
 
 
@@ -207,26 +208,33 @@ def _analyse(
     layout: AttentionLayout | None = None,
     capacity: CapacityLadder | None = None,
     props: dict[str, Any] | None = None,
+    first_pair: FirstPair | None = None,
 ) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
-    `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end."""
+    `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end.
+    `first_pair` is given the first pair that wasted the cache as soon as it is analysed."""
     from tokendiff.cost import Analyser
 
     an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props)
-    specs: list[str] = []
-    prompts = TurnPrompts(loader, specs)
+    prompts = TurnPrompts(loader, [])
+    specs = prompts.specs  # filled as the turns come, so the prompts so far can be loaded meanwhile
+    prev: TurnInput | None = None
     try:
         for k, (spec, turn) in enumerate(inputs, 1):
             if progress and (k < 100 or k % 100 == 0):
                 progress(f"reading turn {k}/{n}" if n else f"reading turn {k}")
             specs.append(spec)
             an.add(turn)
-            if turn.decoded is not None:
-                prompts.keep(k - 1, turn.decoded)
+            for i, t in ((k - 2, prev), (k - 1, turn)):  # the previous prompt may have been decoded for this diff
+                if t is not None and t.decoded is not None:
+                    prompts.keep(i, t.decoded)
+            prev = turn
+            if first_pair is not None and (w := an.first_wasted()):
+                first_pair(w, _turn_pair(an.turns[w - 1], prompts[w - 2], prompts[w - 1], loader.vocab), loader)
+                first_pair = None
         session = an.session()
     finally:
         pool.close()
-    prompts.specs = specs
     if progress:
         progress(f"analysed {len(specs)} turns")
     return LoadedSession(loader, prompts, session)
@@ -556,17 +564,21 @@ def open_session(
     layout: AttentionLayout | None = None,
     capacity: CapacityLadder | None = None,
     props: dict[str, Any] | None = None,
+    first_pair: FirstPair | None = None,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
     in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
     `layout`: the model's attention layout for the SWA/hybrid column (`attention_layout`);
     `capacity`: the cache sizes to replay the session through (`capacity_ladder`); `props`: the
-    server's /props for the backend facts (default: the props.json saved beside the session)."""
+    server's /props for the backend facts (default: the props.json saved beside the session).
+    `first_pair(turn, pair, loader)` is called once, as soon as the first turn that wasted the cache
+    is analysed, with what `session_pair` will give for it: a view can show it before the rest is
+    read (the analysis goes on when it returns)."""
     loader = open_loader(opts)
     pool = PairWorkers(loader, workers)
     inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
     props = props if props is not None else saved_props(paths)
-    return _analyse(loader, inputs, None, progress, pool, layout, capacity, props)
+    return _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair)
 
 
 def capacity_ladder(
@@ -770,10 +782,14 @@ def session_pair(loaded: LoadedSession, turn: int) -> PairResult:
     if not 2 <= turn <= len(loaded.prompts):
         raise InputError(f"turn {turn} has no pair: pick a turn from 2 to {len(loaded.prompts)}")
     t = loaded.session.turns[turn - 1]
-    a, b = loaded.prompts[turn - 2], loaded.prompts[turn - 1]
+    return _turn_pair(t, loaded.prompts[turn - 2], loaded.prompts[turn - 1], loaded.vocab)
+
+
+def _turn_pair(t: Turn, a: Prompt, b: Prompt, vocab: Vocab) -> PairResult:
+    """A turn's pair with the analysis's alignment and findings."""
     if t.divergence is None:  # a pure append, analysed from the IDs alone: diff it now
-        return diff_pair(a, b, loaded.vocab)
-    return PairResult(a, b, t.divergence, t.findings, loaded.vocab)
+        return diff_pair(a, b, vocab)
+    return PairResult(a, b, t.divergence, t.findings, vocab)
 
 
 def pair_json(pair: PairResult) -> bytes:

@@ -6,7 +6,7 @@ workers; the UI shows a loading state meanwhile and never blocks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -104,6 +104,7 @@ class TokendiffApp(App):
         self.vocab: Vocab | None = None
         self.loader: Loader | None = None
         self._opened_first = False
+        self._pair_asked: tuple[int, bool] | None = None  # a pair asked for while the session was loading
         self.config = load_config()
 
     # ------------------------------------------------------------ themes and keys
@@ -137,12 +138,50 @@ class TokendiffApp(App):
     @work(thread=True, exclusive=True, group="load")
     def load_session(self) -> None:
         o = self.options
+        early = self._first_pair if o.open_first_divergence and not o.live else None
         try:
-            loaded = wf.open_session(o.prompts, o.paths, live=bool(o.live))
+            loaded = wf.open_session(o.prompts, o.paths, live=bool(o.live), first_pair=early)
         except (InputError, OSError) as e:
             self.call_from_thread(self._failed, str(e))
             return
         self.call_from_thread(self._loaded, loaded)
+
+    def _first_pair(self, turn: int, pair: wf.PairResult, loader: Loader) -> None:
+        """In the loading thread: the first wasteful pair's screen, shown as soon as the analysis reaches
+        it. The rest of the session is analysed once that screen is painted: the two share the interpreter."""
+        import threading
+
+        screen = self._pair_screen(pair, turn)
+        painted = threading.Event()
+        self.call_from_thread(self._show_first, screen, loader, painted.set)
+        painted.wait(timeout=1.0)
+
+    def _show_first(self, screen: PairScreen, loader: Loader, painted: Callable[[], None]) -> None:
+        if self._opened_first:
+            painted()
+            return
+        self._opened_first = True
+        self.vocab, self.loader = loader.vocab, loader  # what the pair screen's export and replay use
+        self._hold_paint_until_ready(screen, painted)
+        self.push_screen(screen)
+
+    def _hold_paint_until_ready(self, screen: PairScreen, painted: Callable[[], None]) -> None:
+        """No frames while `screen` mounts, lays out and places its cursor: painted once, complete
+        (each partial frame cost the first screen ~20 ms). Half a second at most."""
+        from contextlib import ExitStack
+
+        held = ExitStack()
+        held.enter_context(self.batch_update())
+
+        def ready() -> None:
+            if screen.ready is None:
+                return
+            screen.ready = None
+            held.close()
+            screen.call_after_refresh(painted)
+
+        screen.ready = ready
+        self.set_timer(0.5, ready)
 
     def _failed(self, msg: str) -> None:
         self.notify(msg, severity="error", timeout=30)
@@ -163,6 +202,9 @@ class TokendiffApp(App):
         screen = self.screen_stack[1] if len(self.screen_stack) > 1 else self.screen
         if isinstance(screen, SessionScreen):
             screen.show(loaded.session)
+        if self._pair_asked is not None:
+            (turn, replace), self._pair_asked = self._pair_asked, None
+            self.open_pair(turn, replace)
         if self.options.open_first_divergence and not self._opened_first:
             self._opened_first = True
             first = next((t.turn for t in loaded.session.turns if t.wasted), None)
@@ -171,6 +213,10 @@ class TokendiffApp(App):
 
     def open_pair(self, turn: int, replace: bool = False) -> None:
         """The pair screen of `turn` and the turn before it; `replace` swaps it for the pair screen on top."""
+        if self.loaded is None and self._opened_first:  # the first pair opened early: this one once loaded
+            self._pair_asked = (turn, replace)
+            self.notify(f"turn {turn} opens once the session is loaded")
+            return
         if self.loaded is None or turn < 2 or turn > len(self.loaded.prompts):
             last = len(self.loaded.prompts) if self.loaded else 0
             self.notify(f"no pair for turn {turn}: a pair is a turn from 2 to {last} and the one before it")
@@ -179,13 +225,16 @@ class TokendiffApp(App):
 
     @work(thread=True, exclusive=True, group="pair")
     def _build_pair(self, loaded: wf.LoadedSession, turn: int, replace: bool = False) -> None:
+        screen = self._pair_screen(wf.session_pair(loaded, turn), turn)
+        self.call_from_thread(self._show_pair, screen, replace)
+
+    def _pair_screen(self, pair: wf.PairResult, turn: int) -> PairScreen:
+        """The pair screen of `turn` (its token views laid out here, in a worker thread)."""
         from tokendiff.tui.pairdata import build_pair_view
 
-        pair = wf.session_pair(loaded, turn)
         view = build_pair_view(pair.a, pair.b, pair.divergence)
         label = pair_label(self.options.paths, pair.a.origin, pair.b.origin, turn)
-        screen = PairScreen(turn, pair.a, pair.b, pair.divergence, pair.findings, view, label=label)
-        self.call_from_thread(self._show_pair, screen, replace)
+        return PairScreen(turn, pair.a, pair.b, pair.divergence, pair.findings, view, label=label)
 
     def _show_pair(self, screen: PairScreen, replace: bool) -> None:
         if replace and isinstance(self.screen, PairScreen):

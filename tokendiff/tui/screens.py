@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,9 +13,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Footer, Header, Input, Static, Tree
+from textual.widgets import ContentSwitcher, Header, Input, Static, Tree
 
 from tokendiff.model import Prompt, SectionPath
+from tokendiff.tui.footer import KeyFooter
 from tokendiff.tui.pairdata import PairView, SearchHits, search
 from tokendiff.tui.session_view import ReuseChart, SessionTable
 from tokendiff.tui.token_view import TokenView
@@ -56,7 +58,7 @@ class SessionScreen(Screen):
                 yield Static("reuse per turn", classes="caption")
                 yield ReuseChart(id="chart")
                 yield Static("", id="spans")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         # a still message, not Textual's animated loading indicator: its frames competed with the analysis
@@ -234,6 +236,8 @@ class PairScreen(Screen):
         self.hunk = 0
         self.query_text = ""  # the last search
         self._hits: dict[str, SearchHits] = {}  # per view id, for query_text
+        self.ready: Callable[[], None] | None = None  # called once the screen is complete (see _check_ready)
+        self._placed = False  # the cursor is on the first divergence and the status line says so
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -250,7 +254,7 @@ class PairScreen(Screen):
                 yield Static("", id="findings")
         yield Input(placeholder="search: text, or #1234 for a token id (Enter searches, Esc closes)", id="search")
         yield Static("", id="status")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.title = self.label
@@ -260,6 +264,12 @@ class PairScreen(Screen):
         self._build_outline()
         self.action_focus_tokens()
         self._show_findings()  # the unified view opens on the first divergence by itself
+
+    @on(KeyFooter.Drawn)
+    def _check_ready(self) -> None:
+        """The first complete screen: findings (shown at mount), the status of the placed cursor, the keys."""
+        if self.ready is not None and self._placed and self.query_one(KeyFooter).drawn:
+            self.ready()
 
     # ------------------------------------------------------------ outline
 
@@ -365,6 +375,9 @@ class PairScreen(Screen):
             return
         side, idx = v.side[event.position], v.index[event.position]
         self.query_one("#status", Static).update(self._status(side, idx))
+        if event.view.placed:
+            self._placed = True
+            self._check_ready()
         self._follow_outline(side, idx)
         # the span at or before the cursor
         if self.d.hunks:

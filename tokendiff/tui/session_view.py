@@ -70,6 +70,7 @@ class Column:
     key: Callable[[Turn], Any] | None = None  # what the column sorts by (default: the turn)
     optional: bool = False  # shown only with room to spare once the text columns have their full width
     descending: bool = True  # its first sort: the most (wasted, reuse, seconds) first
+    watch_rank: float | None = None  # its rank while the turns come live (watch), where that differs
 
 
 def _widest_num(get: Callable[[Turn], int | None]) -> Callable[[Sequence[Turn]], str]:
@@ -103,6 +104,7 @@ COLUMNS: tuple[Column, ...] = (
         6,
         widest=_widest_num(lambda t: t.reported_cached),
         key=lambda t: _missing_last(t.reported_cached),
+        watch_rank=3.08,  # watching, what the server says it reused comes right after the seconds
     ),
     Column("first divergence", lambda t: t.section, 5, numeric=False, key=lambda t: t.section, descending=False),
     Column(
@@ -193,6 +195,13 @@ def _widen(texts: list[int], widths: dict[int, int], natural: Sequence[int], spa
         widths[i] += extra
         spare -= extra
     return spare
+
+
+def _watch_column(c: Column) -> Column:
+    """A column as ranked while watching: time is the symptom, and the server's cached count its measure."""
+    if c.optional:
+        return replace(c, optional=False, rank=3 + c.rank / 100)
+    return c if c.watch_rank is None else replace(c, rank=c.watch_rank)
 
 
 def _cell(text: str, width: int, right: bool) -> str:
@@ -338,8 +347,8 @@ class SessionTable(ScrollView, can_focus=True):
             return
         self._layout_width = width
         cols = self.all_columns
-        if self.seconds_first:  # right after the cause, in their order
-            cols = tuple(replace(c, optional=False, rank=3 + c.rank / 100) if c.optional else c for c in cols)
+        if self.seconds_first:  # the seconds right after the cause, in their order; then the server's count
+            cols = tuple(_watch_column(c) for c in cols)
         self._placed = fit_columns(cols, self._natural, width) if self._natural else []
         self._cache.clear()
         self.virtual_size = Size(width, len(self.turns) + 1)

@@ -108,6 +108,13 @@ class TokenView(ScrollView, can_focus=True):
         self.peer: TokenView | None = None  # side by side: both panes wrap at the narrower one's width
         self.matches: set[int] = set()  # view positions a search found
         self._generation = 0  # bumped when the matches change: part of the strip cache's key
+        self._drawn_with: tuple[object, ...] = ()  # the component styles the cached lines were drawn with
+        self._restyled = True  # the styles may have changed since: checked at the next draw
+
+    @property
+    def placed(self) -> bool:
+        """Whether the cursor is where the view was asked to open (that waits for its size)."""
+        return self._start_at is None
 
     # ------------------------------------------------------------ layout
 
@@ -162,7 +169,16 @@ class TokenView(ScrollView, can_focus=True):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._cache.clear()
+        self._restyled = True
+
+    def _check_styles(self) -> None:
+        """Drop the drawn lines only when the styles they were drawn with changed: a focus change (`m`,
+        Tab) restyles the view without changing them, and redrawing a screen of tokens cost ~15 ms."""
+        self._restyled = False
+        styles = (self.app.no_color, *(self.get_component_rich_style(n) for n in sorted(self.COMPONENT_CLASSES)))
+        if styles != self._drawn_with:
+            self._drawn_with = styles
+            self._cache.clear()
 
     def line_of(self, position: int) -> int:
         from bisect import bisect_right
@@ -196,6 +212,8 @@ class TokenView(ScrollView, can_focus=True):
 
     def render_line(self, y: int) -> Strip:
         self._relayout()
+        if self._restyled:
+            self._check_styles()
         scroll_x, scroll_y = self.scroll_offset
         line = scroll_y + y
         width = self.scrollable_content_region.width

@@ -1,0 +1,66 @@
+"""The footer every screen uses: Textual's, recomposed only when the keys it shows change.
+
+Textual's Footer rebuilds all its key widgets whenever the screen's bindings are updated, which
+is on every focus change and every `refresh_bindings`, even when the shown keys are the same:
+on the pair screen that was most of what `m` cost (~100 ms of CPU) and ten rebuilds before the
+first complete screen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+from textual.message import Message
+from textual.widgets import Footer
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
+    from textual.screen import Screen
+
+
+def shown_keys(screen: Screen) -> tuple[Hashable, ...]:
+    """Everything the footer draws from the screen's bindings: each shown key and the palette's."""
+    app = screen.app
+    palette = app.COMMAND_PALETTE_BINDING
+    return tuple(
+        (key, b.key, app.get_key_display(b), b.description, b.action, b.group, enabled, tooltip)
+        for key, (_, b, enabled, tooltip) in screen.active_bindings.items()
+        if b.show or key == palette
+    )
+
+
+class KeyFooter(Footer):
+    """A Footer that skips the rebuild when the keys it would show are the ones it shows, or the ones
+    a rebuild already scheduled will show (a rebuild reads the keys when it runs)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._wanted: tuple[Hashable, ...] | None = None  # the keys drawn, or those a scheduled rebuild draws
+        self._drawn = False
+
+    class Drawn(Message):
+        """The footer has composed its keys (the first time, or after they changed)."""
+
+    @property
+    def drawn(self) -> bool:
+        """Whether the keys are composed (not only scheduled)."""
+        return self._drawn
+
+    def compose(self) -> ComposeResult:
+        drew = False
+        for widget in super().compose():  # passed on as they come: a `with` group in there must stay open
+            drew = True
+            yield widget
+        self._wanted = shown_keys(self.screen) if drew else None
+        if drew:
+            self._drawn = True
+            self.post_message(self.Drawn())
+
+    def bindings_changed(self, screen: Screen) -> None:
+        keys = shown_keys(screen)
+        if keys == self._wanted and screen is self.screen:
+            return
+        super().bindings_changed(screen)
+        if screen.app.app_focus and self.is_attached and screen is self.screen:  # Footer scheduled a rebuild
+            self._wanted = keys
