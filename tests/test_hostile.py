@@ -82,6 +82,8 @@ def corpus(tmp):
         ("torn.har", json.dumps(_har(text="{}")).encode()[:-9], "@1", "malformed JSON: parse error"),
         ("nolog.har", b'{"log": {"entries": {"0": {}}}}', "@1", "not a HAR file (no log.entries list)"),
         ("scalar.har", b'{"log": {"entries": [7]}}', "@1", "entry 0: entry has no request object"),
+        ("surrogate.har", b'{"log": {"entries": [{"request": {"url": "\\udc00"}}]}}', "@1", "invalid text"),
+        ("deepdoc.har", b'{"log": {"pages": ' + b"[" * 10**5, "@1", "the HAR file is nested deeper than 128"),
     ]
 
 

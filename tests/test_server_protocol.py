@@ -160,6 +160,8 @@ def test_probe_decisions():
     assert _drive(None, {"/version": {"version": "0.32.0"}})[1].block_size is None  # no /metrics: unknown
     assert _drive(sv.VLLM, {})[0] == ["/v1/models", "/metrics"]  # a forced kind asks no more than it needs
     assert sv.vllm_block_size('vllm:cache_config_info{x="1",block_size="0"} 1') is None
+    for hostile in ("\u00b2", "50000000", "1e3", "-16"):  # a digit int() refuses; sizes no vLLM runs with
+        assert sv.vllm_block_size(f'vllm:cache_config_info{{block_size="{hostile}"}} 1') is None, hostile
     assert sv.recorded_backend({"kind": "vllm", "block_size": 32}) == ("vllm", 32)
     assert sv.recorded_backend({"kind": "vllm", "block_size": True}) == ("vllm", None)
     assert sv.recorded_backend(None) == ("", None)

@@ -95,6 +95,12 @@ def test_layout_from_the_model_name():
         assert lay is not None and lay.recurrent, hybrid
     for other in ("qwen3:0.6b", "tokendiff-tiny", "Llama-3.2-3B-Instruct", "gemma3n:e4b", "granite-4.0-micro"):
         assert layout_from_name(other) is None, other
+    # Gemma 1 and the Gemma-based models of other layouts are not Gemma 2/3
+    for other in ("gemma-2b-it", "codegemma-2b", "paligemma-3b-mix-224", "gemma:7b"):
+        assert layout_from_name(other) is None, other
+    assert layout_from_name("recurrentgemma-2b").recurrent
+    assert layout_from_name("google_gemma-3-4b-it-Q4_K_M.gguf").n_swa == 1024
+    assert layout_from_name("gemma-2-2b-it").n_swa == 4096
 
 
 def test_reuse_after_one_pair():

@@ -402,7 +402,7 @@ def _min_depths(text: str, left: int, right: int, n: int) -> list[int]:
     """For each q in [left, right], the lowest bracket depth reached in text[q:q+n], relative to its
     start (0 for a well-formed piece). One pass of running depths and a sliding minimum instead of a
     walk over each window: a long tool that can slide far made that walk quadratic."""
-    codes = np.frombuffer(text[left : right + n].encode("utf-32-le"), dtype="<u4")
+    codes = np.frombuffer(text[left : right + n].encode("utf-32-le", "surrogatepass"), dtype="<u4")
     steps = np.isin(codes, _OPENING).astype(np.int64) - np.isin(codes, _CLOSING)
     depth = np.concatenate(([0], np.cumsum(steps)))  # depth[i]: after the first i characters
     # window r (q = left + r) reaches depth[r + 1 .. r + n]; depth only falls at a closing bracket

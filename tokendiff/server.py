@@ -222,6 +222,9 @@ class VllmCacheConfig:
     prefix_caching: bool | None = None  # enable_prefix_caching
 
 
+MAX_VLLM_BLOCK = 1 << 16  # a block size past this is not one vLLM runs with: the answer is ignored
+
+
 def vllm_cache_config(metrics: Any) -> VllmCacheConfig:
     """The labels of `vllm:cache_config_info` in a /metrics answer (Prometheus text)."""
     if not isinstance(metrics, str):
@@ -231,7 +234,7 @@ def vllm_cache_config(metrics: Any) -> VllmCacheConfig:
     block = labels.get("block_size", "")
     caching = labels.get("enable_prefix_caching")
     return VllmCacheConfig(
-        block_size=int(block) if block.isdigit() and int(block) > 0 else None,
+        block_size=int(block) if re.fullmatch(r"[0-9]{1,6}", block) and 0 < int(block) <= MAX_VLLM_BLOCK else None,
         prefix_caching={"True": True, "False": False}.get(caching) if caching is not None else None,
     )
 

@@ -109,13 +109,13 @@ class AttentionLayout:
 # here (an Ollama tag, a /props model path on another machine): (name pattern, n_swa, recurrent), the
 # families' published defaults. A name matching none is an unknown layout, not a dense one.
 FAMILY_LAYOUTS = (
-    (r"gemma[-_ ]?2(?!\d)", 4096, False),
-    (r"gemma[-_ ]?3(?![n\d])", 1024, False),
+    (r"(?<![a-z])gemma[-_ ]?2(?![\db])", 4096, False),  # not gemma-2b (Gemma 1), codegemma, recurrentgemma
+    (r"(?<![a-z])gemma[-_ ]?3(?![n\db])", 1024, False),  # not gemma-3n, paligemma-3b
     (r"gpt[-_]?oss", 128, False),
     (r"qwen3[-_.]?next|qwen3[._]5", 0, True),
     (r"granite[-_ ]?4[^/]*[-_:]h(?:[-_]|\b)", 0, True),
     (r"lfm[-_ ]?2", 0, True),
-    (r"jamba|mamba|nemotron[-_]?h|falcon[-_]?h1|rwkv", 0, True),
+    (r"jamba|mamba|nemotron[-_]?h|falcon[-_]?h1|rwkv|recurrent[-_]?gemma", 0, True),
 )
 
 

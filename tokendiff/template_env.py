@@ -50,6 +50,7 @@ def render_chat(
     )
 
 
+MEMO_LIMIT = 4096  # (type, attribute) answers the sandbox keeps; real templates read a few dozen
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
@@ -171,7 +172,9 @@ def _sandbox_class(namespace: type) -> type:
                 return super().is_safe_attribute(obj, attr, value)
             ok = self.safe.get((kind, attr))
             if ok is None:
-                ok = self.safe[kind, attr] = super().is_safe_attribute(obj, attr, value)
+                ok = super().is_safe_attribute(obj, attr, value)
+                if len(self.safe) < MEMO_LIMIT:  # a template reading endless names off a namespace
+                    self.safe[kind, attr] = ok
             return ok
 
     return Sandbox

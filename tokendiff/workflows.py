@@ -651,10 +651,15 @@ def _model_names(paths: Sequence[str]) -> list[str]:
             continue
         from tokendiff.capture import iter_capture
 
+        records = iter_capture(capture, lambda _w: None)
         try:
-            rec: dict[str, Any] = next(iter(iter_capture(capture, lambda _w: None)), {})
+            rec: dict[str, Any] = next(iter(records), {})
         except InputError:
             continue
+        finally:
+            close = getattr(records, "close", None)  # the generator holds the file open
+            if close is not None:
+                close()
         req, server = rec.get("request"), rec.get("server")
         names += [req.get("model") if isinstance(req, dict) else None]
         names += [server.get("model") if isinstance(server, dict) else None]

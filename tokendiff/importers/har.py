@@ -18,7 +18,20 @@ from tokendiff.safeio import open_regular, size_text
 from tokendiff.server import final_fields, summarize_sse
 
 MAX_BYTES = 4 << 30  # the file: streamed, so this bounds time, not memory
-MAX_ENTRY_BYTES = 64 << 20  # one entry as read: what parsing one entry may hold at once
+MAX_ENTRY_BYTES = 256 << 20  # read without an entry ending: what parsing one entry may hold at once
+READ_SIZE = 1 << 20  # the parser's buffer. It scans a string crossing a buffer again, so a small one is
+# quadratic in a long body (63 MB: 14 s with ijson's 64 KiB, 0.8 s with 1 MiB); it lists a buffer's
+# events before yielding them, so a large one costs memory on `[[[[...` (~80 bytes an event)
+
+
+def _ijson() -> Any:
+    """ijson's C backend (in its wheels); the pure-Python one where that cannot load."""
+    import ijson
+
+    try:
+        return ijson.get_backend("yajl2_c")
+    except ImportError:
+        return ijson
 
 
 def read_har(path: Path) -> list[dict[str, Any]]:
@@ -29,20 +42,24 @@ def read_har(path: Path) -> list[dict[str, Any]]:
 def iter_har(path: Path) -> Iterator[dict[str, Any]]:
     """The chat requests of a HAR file as capture records, one at a time. A HAR is one JSON value, so
     it is parsed as a stream (ijson's C parser): memory holds one entry, not the whole document."""
-    import ijson
+    from ijson.common import JSONError
 
+    ijson = _ijson()
     src = str(path)
     with open_regular(path, "HAR file") as f:
         reader = _BoundedReader(f, src)
         walk = _EntryWalk(src)
+        events = ijson.basic_parse(reader, buf_size=READ_SIZE, use_float=True)
         try:
-            for i, entry in enumerate(walk.entries(ijson.basic_parse(reader, use_float=True))):
+            for i, entry in enumerate(walk.entries(events)):
                 reader.entry_done()
                 rec = _entry(entry, f"{src}: entry {i}")
                 if rec is not None:
                     rec["origin"] = f"{src}#entry{i}"
                     yield rec
-        except ijson.JSONError as e:
+        except InputError:
+            raise
+        except (JSONError, ValueError) as e:  # the C parser raises UnicodeDecodeError for a lone surrogate
             raise InputError(f"malformed JSON: {_message(e)}", source=src) from None
     if not walk.seen:
         raise InputError("not a HAR file (no log.entries list)", source=src)
@@ -50,6 +67,8 @@ def iter_har(path: Path) -> Iterator[dict[str, Any]]:
 
 def _message(e: Exception) -> str:
     """The parser's reason, without the excerpt it draws under it."""
+    if isinstance(e, UnicodeDecodeError):
+        return f"invalid text ({e.reason})"
     text = e.args[0] if e.args else str(e)
     text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
     return one_line(text.split("\n")[0].strip())
@@ -83,6 +102,8 @@ class _EntryWalk:
             elif len(keys) == 3 and keys[1:] == _ENTRIES and arrays[-1]:  # an element of log.entries
                 yield self._build(_OPEN[ev](), events) if ev in _OPEN else val
             elif ev in _OPEN:
+                if len(keys) >= MAX_DEPTH:
+                    raise InputError(f"the HAR file is nested deeper than {MAX_DEPTH} levels", source=self.src)
                 keys.append(key)
                 arrays.append(ev == "start_array")
                 self.seen = self.seen or (len(keys) == 3 and keys[1:] == _ENTRIES and arrays[-1])
@@ -127,7 +148,9 @@ class _BoundedReader:
         if self.pos > MAX_BYTES:
             raise InputError(f"HAR file over the {size_text(MAX_BYTES)} limit", source=self.src)
         if self.pos - self.mark > MAX_ENTRY_BYTES:
-            raise InputError(f"a HAR entry over the {size_text(MAX_ENTRY_BYTES)} limit", source=self.src)
+            raise InputError(
+                f"over {size_text(MAX_ENTRY_BYTES)} of the HAR file without a complete entry", source=self.src
+            )
         return data
 
     def entry_done(self) -> None:
