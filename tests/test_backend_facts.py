@@ -185,14 +185,14 @@ def test_vllm_block_size_assumed_is_said(tmp_path):
     doc = _report(_write(tmp_path, recs))
     assumed = [f for f in doc["backend_facts"] if f["kind"] == "vllm_block_assumed"]
     assert len(assumed) == 1 and assumed[0]["title"].startswith("The vLLM column assumes 16-token blocks")
-    assert assumed[0]["evidence"] == "fewer than two cached counts; no block_size recorded"
+    assert assumed[0]["evidence"] == "fewer than three cached counts; no block_size recorded"
     assert "tokendiff proxy" in assumed[0]["fix"] and "assumes 16-token blocks" in render_markdown(doc)
 
 
 def test_hybrid_blocks_and_mmproj():
     recs = [
         TurnRecord(turn=k, n_prompt=6000, lcp=lcp, response={"usage": {"prompt_tokens_details": {"cached_tokens": c}}})
-        for k, lcp, c in ((2, 4500, 4192), (3, 5000, 4192), (4, 2000, 0))
+        for k, lcp, c in ((2, 4500, 4192), (3, 5000, 4192), (4, 9000, 8384), (5, 2000, 0))
     ]
     facts = backend_facts(recs)
     assert [f.kind for f in facts][:1] == ["vllm_large_blocks"] and "4,192 tokens" in facts[0].title

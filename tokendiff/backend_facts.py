@@ -134,12 +134,15 @@ def _vllm_hits(records: Sequence[TurnRecord]) -> list[tuple[TurnRecord, int]]:
     return [(r, c) for r, c in cached if c is not None and c > 0 and r.response and "timings" not in r.response]
 
 
+MIN_INFER_COUNTS = 3  # cached counts a block size is read from
+
+
 def inferred_vllm_block(records: Sequence[TurnRecord]) -> int | None:
     """The block size of a capture that does not record it, from its counts: vLLM counts whole blocks, so
-    the common divisor of two or more cached_tokens, where it is a multiple of 16 (vLLM's block sizes are);
-    None where the counts cannot say."""
+    the common divisor of three or more cached_tokens, where it is a multiple of 16 (vLLM's block sizes are);
+    None where the counts cannot say (two counts often share a multiple of the block: 4,096 and 8,192)."""
     hits = _vllm_hits(records)
-    size = math.gcd(*(c for _, c in hits)) if len(hits) >= 2 else 0
+    size = math.gcd(*(c for _, c in hits)) if len(hits) >= MIN_INFER_COUNTS else 0
     return size if size and size % VLLM_BLOCK == 0 else None
 
 
@@ -154,7 +157,7 @@ def vllm_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
     known = next((r.block for r, _ in hits if r.block), None)
     size = known or math.gcd(*(c for _, c in hits))
     block = known or inferred_vllm_block(records) or VLLM_BLOCK
-    if size >= 4 * VLLM_BLOCK and (known or len(hits) >= 2):
+    if size >= 4 * VLLM_BLOCK and (known or len(hits) >= MIN_INFER_COUNTS):
         r, c = hits[0]
         counts = ", ".join(f"{c:,}" for _, c in hits[:4])
         if known:
@@ -205,7 +208,8 @@ def _block_source(records: Sequence[TurnRecord]) -> list[BackendFact]:
     counts = ", ".join(f"{c:,}" for _, c in hits[:4])
     size = inferred_vllm_block(records)
     if size is None:
-        why = f"cached_tokens {counts} show no common block" if len(hits) >= 2 else "fewer than two cached counts"
+        enough = len(hits) >= MIN_INFER_COUNTS
+        why = f"cached_tokens {counts} show no common block" if enough else "fewer than three cached counts"
         title = f"The vLLM column assumes {VLLM_BLOCK}-token blocks (vLLM's GPU default): the capture has no block size"
         return [
             BackendFact("vllm_block_assumed", counted[0].turn, title, f"{why}; no block_size recorded", RECORD_BLOCK)
