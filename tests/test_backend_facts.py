@@ -116,6 +116,7 @@ def test_vllm_block_rounding(tmp_path):
             "usage": {"prompt_tokens": n, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": cached}},
         }
         rec["response"]["usage"]["prompt_tokens_details"]["cached_tokens"] = cached // 16 * 16
+        rec["server"] = {"kind": "vllm", "upstream": "http://127.0.0.1:8000"}  # a vLLM that did not say its block
     doc = _report(_write(tmp_path, recs))
     kinds = {f["kind"] for f in doc["backend_facts"]}
     assert kinds == {"vllm_block_rounding", "vllm_block_inferred"}  # no block size recorded: 16 read from the counts
@@ -217,3 +218,21 @@ def test_reloads_lead_the_headline_when_they_cost_the_most(tmp_path):
         f"{lost:,} tokens recomputed over 2 turns"
     )
     assert [doc["turns"][k - 1]["reusable"] for k in (8, 10)] == [0, 0]
+
+
+def test_no_vllm_block_facts_for_a_server_recorded_as_another_kind():
+    """SGLang reports OpenAI-style cached counts too, by its own rules: no vLLM block fact for it."""
+    recs = [
+        TurnRecord(
+            turn=k,
+            n_prompt=6000,
+            lcp=lcp,
+            response={"usage": {"prompt_tokens_details": {"cached_tokens": c}}},
+            server=kind,
+        )
+        for kind in ("sglang", "vllm")
+        for k, lcp, c in ((2, 4500, 4192), (3, 5000, 4192), (4, 9000, 8384))
+    ]
+    kinds = {f.kind for f in backend_facts(recs[:3])}
+    assert not any(k.startswith("vllm") for k in kinds), kinds
+    assert "vllm_large_blocks" in {f.kind for f in backend_facts(recs[3:])}

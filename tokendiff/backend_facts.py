@@ -28,6 +28,7 @@ class TurnRecord:
     num_ctx: int | None = None  # Ollama: options.num_ctx the request asked for
     cache_reuse: int | None = None  # llama-server: n_cache_reuse the request asked for
     block: int | None = None  # vLLM: the server's block size, where the capture says (its /metrics)
+    server: str = ""  # the kind of server that answered, where the capture says ("vllm", "sglang" ...)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class BackendFact:
 
 
 def turn_record(
-    turn: int, n_prompt: int, lcp: int, request: Any, response: Any, block: int | None = None
+    turn: int, n_prompt: int, lcp: int, request: Any, response: Any, block: int | None = None, server: str = ""
 ) -> TurnRecord:
     """A TurnRecord from a recorded request and response (the user's JSON: anything may be missing)."""
     req: Mapping[str, Any] = request if isinstance(request, Mapping) else {}
@@ -56,6 +57,7 @@ def turn_record(
         num_ctx=num_ctx if isinstance(num_ctx, int) else None,
         cache_reuse=reuse if isinstance(reuse, int) else None,
         block=block,
+        server=server,
     )
 
 
@@ -128,10 +130,18 @@ LARGE_FIX = (
 )
 
 
+NOT_VLLM = ("llama-server", "sglang", "ollama")  # recorded kinds whose counts are not vLLM's blocks
+
+
 def _vllm_hits(records: Sequence[TurnRecord]) -> list[tuple[TurnRecord, int]]:
-    """The turns with an OpenAI-style cached count above 0 (llama-server's responses carry timings)."""
+    """The turns with an OpenAI-style cached count above 0 from a server that may be vLLM (llama-server's
+    responses carry timings; SGLang's and Ollama's counts follow their own rules)."""
     cached = [(r, _int(r.response, "usage", "prompt_tokens_details", "cached_tokens")) for r in records]
-    return [(r, c) for r, c in cached if c is not None and c > 0 and r.response and "timings" not in r.response]
+    return [
+        (r, c)
+        for r, c in cached
+        if c is not None and c > 0 and r.response and "timings" not in r.response and r.server not in NOT_VLLM
+    ]
 
 
 MIN_INFER_COUNTS = 3  # cached counts a block size is read from
@@ -201,6 +211,7 @@ def _block_source(records: Sequence[TurnRecord]) -> list[BackendFact]:
         for r in records
         if _int(r.response, "usage", "prompt_tokens_details", "cached_tokens") is not None
         and "timings" not in (r.response or {})  # llama-server's, which counts tokens, not blocks
+        and r.server not in NOT_VLLM
     ]
     if not counted or any(r.block for r in records):
         return []

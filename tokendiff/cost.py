@@ -323,7 +323,7 @@ class Analyser:
                 self.capacity.use_block(cur.vllm_block)  # the block pool in the server's own blocks
             self.capacity.add(cur.ids)
         if cur.response is not None or cur.request is not None:
-            self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response, cur.vllm_block))
+            self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response, cur.vllm_block, cur.server))
         t.ttft_ms = cur.ttft_ms
         m = self.index.match_and_add(cur.ids, k)
         self.turns.append(t)
