@@ -223,6 +223,24 @@ def test_har_streamed_and_base64_responses(tmp_path):
     assert json.loads(r.stdout)["a"]["format"] == "har"
 
 
+def test_har_ollama_ndjson_response_keeps_the_final_counts(tmp_path):
+    """Ollama streams NDJSON by default: the HAR record keeps the reply and the final object's
+    load_duration and prompt_eval_count (a reload, a silent cut), as the proxy does."""
+    lines = [
+        {"message": {"role": "assistant", "content": "Hel"}, "done": False},
+        {"message": {"role": "assistant", "content": "lo"}, "done": False},
+        {"done": True, "done_reason": "stop", "load_duration": 2_100_000_000, "prompt_eval_count": 4096},
+    ]
+    ndjson = "".join(json.dumps(x) + "\n" for x in lines)
+    url = "http://127.0.0.1:11434/api/chat"
+    path = tmp_path / "o.har"
+    path.write_text(json.dumps(_har([_entry(body(2), ndjson, mime="application/x-ndjson", url=url)])))
+    (rec,) = read_har(path)
+    resp = rec["response"]
+    assert resp["content"] == "Hello" and resp["streamed"] is True
+    assert resp["load_duration"] == 2_100_000_000 and resp["prompt_eval_count"] == 4096
+
+
 @pytest.mark.parametrize(
     "har, words",
     [

@@ -1,5 +1,5 @@
 """HAR 1.2 (browser devtools, mitmproxy's HAR export, Proxyman): chat requests
-and their responses, streamed (`text/event-stream`) or not."""
+and their responses, streamed (`text/event-stream`, Ollama's `application/x-ndjson`) or not."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import orjson
 from tokendiff.errors import InputError, one_line
 from tokendiff.importers import CHAT_ENDPOINTS, MAX_DEPTH, check_depth, is_chat_body
 from tokendiff.safeio import open_regular, size_text
-from tokendiff.server import final_fields, summarize_sse
+from tokendiff.server import final_fields, stream_summary
 
 MAX_BYTES = 4 << 30  # the file: streamed, so this bounds time, not memory
 MAX_ENTRY_BYTES = 256 << 20  # read without an entry ending: what parsing one entry may hold at once
@@ -227,8 +227,10 @@ def _response(resp: dict[str, Any], where: str) -> dict[str, Any]:
     if not text:
         return out
     mime = str(content.get("mimeType", ""))
-    if "event-stream" in mime or text.lstrip().startswith("data:"):
-        out.update(summarize_sse(text))
+    stream = stream_summary("text/event-stream" if text.lstrip().startswith("data:") else mime)
+    if stream is not None:  # an event stream, or Ollama's NDJSON (its load_duration tells a reload)
+        stream.feed(text.encode("utf-8", "surrogateescape"))
+        out.update(stream.result())
         out["streamed"] = True
         return out
     try:
