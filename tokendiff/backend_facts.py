@@ -133,15 +133,20 @@ LARGE_FIX = (
 NOT_VLLM = ("llama-server", "sglang", "ollama")  # recorded kinds whose counts are not vLLM's blocks
 
 
-def _vllm_hits(records: Sequence[TurnRecord]) -> list[tuple[TurnRecord, int]]:
-    """The turns with an OpenAI-style cached count above 0 from a server that may be vLLM (llama-server's
-    responses carry timings; SGLang's and Ollama's counts follow their own rules)."""
+def _vllm_counts(records: Sequence[TurnRecord]) -> list[tuple[TurnRecord, int]]:
+    """The turns with an OpenAI-style cached count from a server that may be vLLM (llama-server's
+    responses carry timings and count tokens; SGLang's and Ollama's counts follow their own rules)."""
     cached = [(r, _int(r.response, "usage", "prompt_tokens_details", "cached_tokens")) for r in records]
     return [
         (r, c)
         for r, c in cached
-        if c is not None and c > 0 and r.response and "timings" not in r.response and r.server not in NOT_VLLM
+        if c is not None and r.response and "timings" not in r.response and r.server not in NOT_VLLM
     ]
+
+
+def _vllm_hits(records: Sequence[TurnRecord]) -> list[tuple[TurnRecord, int]]:
+    """Those of the counts above 0: the ones a block size shows in."""
+    return [(r, c) for r, c in _vllm_counts(records) if c > 0]
 
 
 MIN_INFER_COUNTS = 3  # cached counts a block size is read from
@@ -206,13 +211,7 @@ RECORD_BLOCK = "Record through `tokendiff proxy`, which reads the block size fro
 def _block_source(records: Sequence[TurnRecord]) -> list[BackendFact]:
     """Where a capture with vLLM-style counts does not record the block size: what the vLLM column assumes
     (the counts' common block below 64, said here; larger ones are vllm_large_blocks), or that it assumes 16."""
-    counted = [
-        r
-        for r in records
-        if _int(r.response, "usage", "prompt_tokens_details", "cached_tokens") is not None
-        and "timings" not in (r.response or {})  # llama-server's, which counts tokens, not blocks
-        and r.server not in NOT_VLLM
-    ]
+    counted = _vllm_counts(records)
     if not counted or any(r.block for r in records):
         return []
     hits = _vllm_hits(records)
@@ -223,7 +222,7 @@ def _block_source(records: Sequence[TurnRecord]) -> list[BackendFact]:
         why = f"cached_tokens {counts} show no common block" if enough else "fewer than three cached counts"
         title = f"The vLLM column assumes {VLLM_BLOCK}-token blocks (vLLM's GPU default): the capture has no block size"
         return [
-            BackendFact("vllm_block_assumed", counted[0].turn, title, f"{why}; no block_size recorded", RECORD_BLOCK)
+            BackendFact("vllm_block_assumed", counted[0][0].turn, title, f"{why}; no block_size recorded", RECORD_BLOCK)
         ]
     if size >= 4 * VLLM_BLOCK:
         return []

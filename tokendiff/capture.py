@@ -29,7 +29,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -460,7 +460,7 @@ def read_capture(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], li
 
 def iter_capture(
     path: str | os.PathLike[str], warn: Callable[[str], None] | None = None, window: int | None = 64
-) -> Iterator[CaptureRecord]:
+) -> Generator[CaptureRecord, None, None]:
     """The records of a capture one at a time, in memory bounded by `window` records. A patch (later
     facts about an earlier record: the proxy's prompt token IDs, written right after it) is merged while
     its record is among the last `window` records read (None: any record); `warn` gets the warnings."""

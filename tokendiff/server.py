@@ -475,11 +475,18 @@ def stream_summary(content_type: str) -> SSESummary | None:
     return None
 
 
-def summarize_sse(text: str) -> dict[str, Any]:
-    """SSESummary of a whole stream at once."""
-    s = SSESummary()
+def summarize_stream(text: str, content_type: str) -> dict[str, Any] | None:
+    """A whole streamed answer summarised at once (`stream_summary`); None when not a stream."""
+    s = stream_summary(content_type)
+    if s is None:
+        return None
     s.feed(text.encode("utf-8", "surrogateescape"))
     return s.result()
+
+
+def summarize_sse(text: str) -> dict[str, Any]:
+    """SSESummary of a whole event stream at once."""
+    return summarize_stream(text, "text/event-stream") or {}
 
 
 # ---------------------------------------------------------------- slots

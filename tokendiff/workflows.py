@@ -653,13 +653,11 @@ def _model_names(paths: Sequence[str]) -> list[str]:
 
         records = iter_capture(capture, lambda _w: None)
         try:
-            rec: dict[str, Any] = next(iter(records), {})
+            rec: dict[str, Any] = next(records, {})
         except InputError:
             continue
         finally:
-            close = getattr(records, "close", None)  # the generator holds the file open
-            if close is not None:
-                close()
+            records.close()  # the generator holds the file open
         req, server = rec.get("request"), rec.get("server")
         names += [req.get("model") if isinstance(req, dict) else None]
         names += [server.get("model") if isinstance(server, dict) else None]

@@ -15,7 +15,7 @@ import orjson
 from tokendiff.errors import InputError, one_line
 from tokendiff.importers import CHAT_ENDPOINTS, MAX_DEPTH, check_depth, is_chat_body
 from tokendiff.safeio import open_regular, size_text
-from tokendiff.server import final_fields, stream_summary
+from tokendiff.server import final_fields, summarize_stream
 
 MAX_BYTES = 4 << 30  # the file: streamed, so this bounds time, not memory
 MAX_ENTRY_BYTES = 256 << 20  # read without an entry ending: what parsing one entry may hold at once
@@ -57,8 +57,6 @@ def iter_har(path: Path) -> Iterator[dict[str, Any]]:
                 if rec is not None:
                     rec["origin"] = f"{src}#entry{i}"
                     yield rec
-        except InputError:
-            raise
         except (JSONError, ValueError) as e:  # the C parser raises UnicodeDecodeError for a lone surrogate
             raise InputError(f"malformed JSON: {_message(e)}", source=src) from None
     if not walk.seen:
@@ -227,10 +225,9 @@ def _response(resp: dict[str, Any], where: str) -> dict[str, Any]:
     if not text:
         return out
     mime = str(content.get("mimeType", ""))
-    stream = stream_summary("text/event-stream" if text.lstrip().startswith("data:") else mime)
-    if stream is not None:  # an event stream, or Ollama's NDJSON (its load_duration tells a reload)
-        stream.feed(text.encode("utf-8", "surrogateescape"))
-        out.update(stream.result())
+    summary = summarize_stream(text, "text/event-stream" if text.lstrip().startswith("data:") else mime)
+    if summary is not None:  # an event stream, or Ollama's NDJSON (its load_duration tells a reload)
+        out.update(summary)
         out["streamed"] = True
         return out
     try:
