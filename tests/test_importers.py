@@ -290,3 +290,20 @@ def test_llama_server_prompt_logs_and_mixed_pairs(llama_server_bin, tiny_model, 
     assert mixed.returncode == 0, mixed.stdout + mixed.stderr
     d = run("diff", f"{logs}@1", f"{logs}@2", "--json")
     assert d.returncode == 1 and json.loads(d.stdout)["a"]["format"] == "llama-log"
+
+
+def test_a_har_prompt_loaded_from_its_rendered_ids_is_the_prompt_loaded_from_scratch(tmp_path):
+    # the session reader tokenises each request once; a worker diffing the pair is handed those IDs
+    # and their text stands in for one render: the prompt, its sections and provenance are the same
+    from tokendiff.workflows import PromptOptions, open_loader
+
+    path = tmp_path / "s.har"
+    path.write_text(json.dumps(_har([_entry(body(n), "{}") for n in (2, 4, len(CONVERSATION))])))
+    loader = open_loader(PromptOptions())
+    for k, rec in enumerate(read_har(path), 1):
+        ids = loader.rendered_ids(rec)
+        assert ids is not None
+        want, got = loader.from_record(rec, "s", k), loader.from_record(rec, "s", k, ids)
+        assert got.data == want.data and list(got.ids) == list(want.ids)
+        assert got.sections == want.sections and got.meta == want.meta
+        assert got.meta.sections_from == "request fields"

@@ -231,3 +231,32 @@ def test_rendered_prompts_tokenised_in_pieces_match_the_one_shot_encoding():
         ids = loader.rendered_ids({"request": {"messages": messages}})
         assert ids is not None and ids.tolist() == qwen_encode(text)
         messages.append({"role": "assistant", "content": f"<think>\nadd\n</think>\n\n{2 * k} "})
+
+
+def _attribution(r) -> tuple:
+    return r.text, [(spell(s.path), s.start, s.end) for s in r.spans], r.unlocated
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_attribution_given_the_render_is_the_attribution_rendered_here(name):
+    # a record whose tokens are known passes their text: taken only where the sentinel render confirms it
+    renderer = Renderer(template(name), **CASES[name])
+    for b in (body(), {"messages": body()["messages"][:3], "tools": TOOLS}):
+        want = _attribution(renderer.attribute(b))
+        assert _attribution(renderer.attribute(b, want[0])) == want
+        for wrong in (want[0] + "x", want[0][:-1], "", want[0].replace("weather", "w3ather")):
+            assert _attribution(renderer.attribute(b, wrong)) == want, wrong[:40]
+
+
+def test_attribution_given_the_render_of_a_template_that_inspects_fields():
+    # the sentinels change what this template shows (it trims and tests the content): each field is
+    # then found on its own, the same with or without the text given
+    t = (
+        "{% for m in messages %}<{{ m.role }}>{% if m.content.startswith('!') %}LOUD {% endif %}"
+        "{{ m.content | trim }}</{{ m.role }}>\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    b = {"messages": [{"role": "user", "content": " hi there "}, {"role": "assistant", "content": "!ok"}]}
+    renderer = Renderer(t)
+    want = _attribution(renderer.attribute(b))
+    assert want[0] == "<user>hi there</user>\n<assistant>LOUD !ok</assistant>\n<assistant>"
+    assert _attribution(renderer.attribute(b, want[0])) == want

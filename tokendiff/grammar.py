@@ -513,8 +513,9 @@ def _turn_part(turn: _Turn, index: int, last: bool) -> Part:
     return Part("message", index, turn.role)
 
 
-def sections_for(prompt: Prompt, family: str | None = None) -> tuple[str, list[Section]]:
-    """(family used, sections) for a token-only prompt."""
+def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) -> tuple[str, list[Section]]:
+    """(family used, sections) for a token-only prompt; only the turns without `inner` (what request
+    fields are placed in, when they replace the markers' finer sections)."""
     fam = family or detect_family(prompt)
     if fam not in _SPLITTERS:
         return "none", []
@@ -534,9 +535,9 @@ def sections_for(prompt: Prompt, family: str | None = None) -> tuple[str, list[S
             if t.content_start < t.end:
                 generated = path + (Part("generated"),)
                 spans.append(_Span(generated, t.content_start, t.end))
-                spans.extend(_inner_spans(data, t, generated, fam))
+                spans.extend(_inner_spans(data, t, generated, fam) if inner else ())
             continue
-        spans.extend(_inner_spans(data, t, path, fam))
+        spans.extend(_inner_spans(data, t, path, fam) if inner else ())
     return fam, _to_sections(prompt, spans)
 
 
@@ -558,9 +559,9 @@ def _to_sections(prompt: Prompt, spans: list[_Span]) -> list[Section]:
     return out
 
 
-def annotate(prompt: Prompt, family: str | None = None) -> str:
+def annotate(prompt: Prompt, family: str | None = None, inner: bool = True) -> str:
     """Fill `prompt.sections` (token-only attribution) and return the family."""
-    fam, secs = sections_for(prompt, family)
+    fam, secs = sections_for(prompt, family, inner)
     prompt.sections = secs
     prompt.meta.template_family = fam
     return fam

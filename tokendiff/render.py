@@ -133,12 +133,18 @@ class Renderer:
 
     # ------------------------------------------------------------ attribution
 
-    def attribute(self, body: dict[str, Any]) -> Rendered:
+    def attribute(self, body: dict[str, Any], text: str | None = None) -> Rendered:
+        """The render with every field's span. `text`: the render as the caller has it already (its
+        tokens decoded): taken only if the sentinel render confirms it, else rendered here."""
         body = normalize_tools(body)
-        text = self.render(body)
-        r = Rendered(text, template_sha256=template_sha256(self.template))
         leaves = _leaves(body)
-        r.spans += [_with_think_tags(text, sp) for sp in self._leaf_spans(body, leaves, text, r.unlocated)]
+        spans = self._confirmed_spans(body, leaves, text) if text is not None else None
+        unlocated: list[str] = []
+        if text is None or spans is None:
+            text = self.render(body)
+            spans = self._leaf_spans(body, leaves, text, unlocated)
+        r = Rendered(text, template_sha256=template_sha256(self.template), unlocated=unlocated)
+        r.spans += [_with_think_tags(text, sp) for sp in spans]
         r.spans += self._tool_spans(body, text)
         r.spans += self._message_spans(r.spans)
         no_gen = self.render(body, add_generation_prompt=False)
@@ -146,6 +152,41 @@ class Renderer:
             r.spans.append(Span(SectionPath.of(Part("generation_prompt")), len(no_gen), len(text)))
         r.spans.sort(key=lambda s: (s.start, -s.end, len(s.path)))
         return r
+
+    def _confirmed_spans(self, body: dict[str, Any], leaves: list[_Leaf], text: str) -> list[Span] | None:
+        """The fields' spans if every chunk's sentinel render is `text` without the sentinels: then
+        `text` is the render, with no render of its own. None when some render is not, or none ran."""
+        spans: list[Span] = []
+        rendered = False
+        for chunk in _chunks(leaves, MAX_SENTINELS):
+            got = self._sentinel_render(body, chunk)
+            if got is None:
+                if any(isinstance(v := leaf.get(body), str) and v for leaf in chunk):
+                    return None  # the template failed on the wrapped fields
+                continue
+            if got[1] != text:
+                return None
+            rendered = True
+            spans += _sentinel_spans(got[0], chunk)
+        return spans if rendered else None
+
+    def _sentinel_render(self, body: dict, leaves: list[_Leaf]) -> tuple[str, str] | None:
+        """(the render with `leaves` wrapped in sentinels, that render without them); None when no
+        leaf has text to wrap or the template fails on the wrapped request."""
+        wrapped = _copy(body)
+        used = 0
+        for k, leaf in enumerate(leaves):
+            v = leaf.get(wrapped)
+            if isinstance(v, str) and v:
+                leaf.set(wrapped, chr(SENT_START + k) + v + chr(SENT_END + k))
+                used += 1
+        if not used:
+            return None
+        try:
+            out = self.render(wrapped)
+        except InputError:
+            return None
+        return out, _SENTINELS.sub("", out)
 
     def _leaf_spans(self, body: dict, leaves: list[_Leaf], text: str, unlocated: list[str]) -> list[Span]:
         spans: list[Span] = []
@@ -169,39 +210,14 @@ class Renderer:
         return spans
 
     def _wrapped(self, body: dict, leaves: list[_Leaf], text: str) -> list[Span] | None:
-        wrapped = _copy(body)
-        used = []
-        for k, leaf in enumerate(leaves):
-            v = leaf.get(wrapped)
-            if not isinstance(v, str) or not v:
-                continue
-            leaf.set(wrapped, chr(SENT_START + k) + v + chr(SENT_END + k))
-            used.append(k)
-        if not used:
+        """The spans of `leaves` from one sentinel render, if it is `text` once the sentinels are
+        removed ([] when no leaf has text); None when the wrapping changes the output."""
+        if not any(isinstance(v := leaf.get(body), str) and v for leaf in leaves):
             return []
-        try:
-            out = self.render(wrapped)
-        except InputError:
+        got = self._sentinel_render(body, leaves)
+        if got is None or got[1] != text:
             return None
-        if _SENTINELS.sub("", out) != text:
-            return None
-        opens: dict[int, list[int]] = {}
-        closes: dict[int, list[int]] = {}
-        removed = 0
-        for m in _SENTINELS.finditer(out):
-            c = ord(m.group())
-            pos = m.start() - removed
-            removed += 1
-            if c >= SENT_END:
-                closes.setdefault(c - SENT_END, []).append(pos)
-            else:
-                opens.setdefault(c - SENT_START, []).append(pos)
-        spans = []
-        for k in used:
-            for s, e in zip(opens.get(k, []), closes.get(k, [])):  # a field rendered twice is two spans
-                if e >= s:
-                    spans.append(Span(leaves[k].path, s, e))
-        return spans
+        return _sentinel_spans(got[0], leaves)
 
     def _substituted(self, body: dict, leaf: _Leaf, text: str) -> Span | None:
         v = leaf.get(body)
@@ -326,6 +342,25 @@ def _bare_function(tool: Any) -> bool:
 
 _THINK_OPEN = re.compile(r"<think>\s*$")
 _THINK_CLOSE = re.compile(r"^\s*</think>\n*")
+
+
+def _sentinel_spans(out: str, leaves: list[_Leaf]) -> list[Span]:
+    """Where each wrapped leaf landed in `out` (positions counted without the sentinels); a field
+    rendered twice is two spans."""
+    opens: dict[int, list[int]] = {}
+    closes: dict[int, list[int]] = {}
+    for removed, m in enumerate(_SENTINELS.finditer(out)):
+        c = ord(m.group())
+        pos = m.start() - removed
+        if c >= SENT_END:
+            closes.setdefault(c - SENT_END, []).append(pos)
+        else:
+            opens.setdefault(c - SENT_START, []).append(pos)
+    spans = []
+    for k in sorted(opens.keys() & closes.keys()):
+        if k < len(leaves):
+            spans += [Span(leaves[k].path, s, e) for s, e in zip(opens[k], closes[k]) if e >= s]
+    return spans
 
 
 def _with_think_tags(text: str, sp: Span) -> Span:

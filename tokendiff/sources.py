@@ -305,11 +305,14 @@ class Loader:
             return self.vocab.piece(token_id).decode("utf-8", "replace")
         return ""
 
-    def from_record(self, rec: dict[str, Any], label: str, turn: int | None = None) -> Prompt:
-        """A prompt from a capture record: the server's IDs when recorded, else
-        the local render (or the logged text) tokenised."""
+    def from_record(
+        self, rec: dict[str, Any], label: str, turn: int | None = None, rendered_ids: np.ndarray | None = None
+    ) -> Prompt:
+        """A prompt from a capture record: the server's IDs when recorded, else the local render (or
+        the logged text) tokenised. `rendered_ids`: what `rendered_ids` gave for this record, so its
+        render is not tokenised again."""
         try:
-            return self._from_record(rec, label, turn)
+            return self._from_record(rec, label, turn, rendered_ids)
         except InputError as e:
             if e.source:
                 raise
@@ -334,24 +337,40 @@ class Loader:
         except InputError:
             return None
 
-    def _from_record(self, rec: dict[str, Any], label: str, turn: int | None) -> Prompt:
+    def _from_record(self, rec: dict[str, Any], label: str, turn: int | None, rendered_ids=None) -> Prompt:
         if not isinstance(rec, dict):
             raise InputError("the record is not a JSON object")
         check_depth(rec.get("request"), label)
         request = _request_of(rec)
         meta = _record_meta(rec, request, label, turn)
-        rendered = None
-        if rec.get("prompt_ids") is None:  # the render is the prompt: a bad messages field is an error
+        if rec.get("prompt_ids") is not None or rendered_ids is not None:
+            p, rendered = self._decoded_first(rec, request, label, meta, rendered_ids)
+        else:  # the render is the prompt: a bad messages field is an error
             rendered = self.renderer.attribute(request) if "messages" in request else None
-        elif isinstance(request.get("messages"), list) and request["messages"] and self._can_render():
-            rendered = self.renderer.attribute(request)  # for sections only
-        ids = self._record_ids(rec, request, rendered, label, meta)
-        p = self._decode(ids, label, label, meta)
-        fam = grammar.annotate(p, self.family)
-        if rendered is not None:
-            _attach_render(p, rendered, label)
+            ids = self._record_ids(rec, request, rendered, label, meta)
+            p = self._decode(ids, label, label, meta)
+        fam = grammar.annotate(p, self.family, inner=rendered is None)
+        if rendered is not None and not _attach_render(p, rendered, label):
+            grammar.annotate(p, self.family)  # the markers' sections stay: with their finer ones
         _check_tokenizer_fits(p, fam, self.family, self)
         return p
+
+    def _decoded_first(self, rec: dict[str, Any], request: dict[str, Any], label: str, meta: PromptMeta, rendered_ids):
+        """The prompt of a record whose IDs are known (the server's, or its render tokenised already),
+        decoded before the request is attributed, so the attribution can take the decoded text as the
+        render instead of rendering it once more."""
+        if rec.get("prompt_ids") is not None:
+            p = self._decode(self._record_ids(rec, request, None, label, meta), label, label, meta)
+        else:
+            meta.ids_from = "local render, tokenised here"
+            p = self._decode(rendered_ids, label, label, meta)
+        if not (isinstance(request.get("messages"), list) and request["messages"] and self._can_render()):
+            return p, None
+        try:
+            text: str | None = p.data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        return p, self.renderer.attribute(request, text)
 
     def _record_ids(
         self, rec: dict[str, Any], request: dict[str, Any], rendered, label: str, meta: PromptMeta
@@ -441,11 +460,12 @@ def _recorded_ids(ids_in: Any, label: str) -> np.ndarray:
     return ids.astype(np.int32)
 
 
-def _attach_render(p: Prompt, rendered, label: str) -> None:
-    """Sections from the request fields when the local render is the prompt byte for byte; otherwise
-    say where they part (itself a finding) and keep the template markers' sections."""
+def _attach_render(p: Prompt, rendered, label: str) -> bool:
+    """Sections from the request fields when the local render is the prompt byte for byte (True);
+    otherwise say where they part (itself a finding) and leave the template markers' sections."""
     local = rendered.text.encode("utf-8")
-    if local == p.data:
+    matched = local == p.data
+    if matched:
         from tokendiff.sections import field_sections
 
         p.sections = field_sections(p, rendered)
@@ -466,6 +486,7 @@ def _attach_render(p: Prompt, rendered, label: str) -> None:
         )
     if rendered.unlocated:
         p.meta.unlocated_fields = rendered.unlocated
+    return matched
 
 
 def _parsed_arguments(request: dict[str, Any]) -> dict[str, Any]:

@@ -52,6 +52,7 @@ def render_chat(
 
 MEMO_LIMIT = 4096  # (type, attribute) answers the sandbox keeps; real templates read a few dozen
 _SCALARS = frozenset((str, int, float, bool, type(None)))
+_FORMATS = frozenset(("format", "format_map"))  # str methods the sandbox wraps on every access
 
 
 def plain_data(value: Any) -> Any:
@@ -164,6 +165,11 @@ def _sandbox_class(namespace: type) -> type:
                     return obj[attribute]
                 except (TypeError, LookupError):
                     return self.undefined(obj=obj, name=attribute)
+            if self.safe.get((type(obj), attribute)) and attribute not in _FORMATS:
+                try:  # decided safe before (the answer depends on type and name only): no checks again
+                    return getattr(obj, attribute)
+                except AttributeError:
+                    pass
             return super().getattr(obj, attribute)
 
         def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:

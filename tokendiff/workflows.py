@@ -254,8 +254,8 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int, re
     from tokendiff.cost import TurnInput
     from tokendiff.server import recorded_backend
 
-    job = RecordJob(rec, label, turn)
     ids = rec.get("prompt_ids")
+    job = RecordJob(rec, label, turn, rendered if ids is None else None)
     resp = rec.get("response")
     try:  # the capture reader gives an int32 array; other record sources may give a list
         arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, (list, np.ndarray)) else None
@@ -287,13 +287,14 @@ class RecordJob:
     rec: dict[str, Any]
     label: str
     turn: int
+    rendered: Any = None  # the render's token IDs, when the reader tokenised it already
 
     @property
     def key(self) -> Any:
         return self.label, self.turn
 
     def load(self, loader: Loader) -> Prompt:
-        return loader.from_record(self.rec, self.label, self.turn)
+        return loader.from_record(self.rec, self.label, self.turn, self.rendered)
 
 
 @dataclass(frozen=True)
