@@ -307,3 +307,13 @@ def test_a_har_prompt_loaded_from_its_rendered_ids_is_the_prompt_loaded_from_scr
         assert got.data == want.data and list(got.ids) == list(want.ids)
         assert got.sections == want.sections and got.meta == want.meta
         assert got.meta.sections_from == "request fields"
+
+
+def test_har_with_integers_past_64_bits_and_huge_floats_is_read(tmp_path):
+    # devtools and proxies write their own fields; one integer past 64 bits must not cost the whole file
+    entry = _entry(body(2), "{}")
+    entry.update(_connection=2**64 + 1, _huge="HUGE", time=1234.5)
+    path = tmp_path / "s.har"
+    path.write_text(json.dumps(_har([entry, entry])).replace('"HUGE"', "1e400"))
+    recs = read_har(path)
+    assert len(recs) == 2 and recs[0]["total_ms"] == 1234.5 and type(recs[0]["total_ms"]) is float

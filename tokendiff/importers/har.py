@@ -49,7 +49,9 @@ def iter_har(path: Path) -> Iterator[dict[str, Any]]:
     with open_regular(path, "HAR file") as f:
         reader = _BoundedReader(f, src)
         walk = _EntryWalk(src)
-        events = ijson.basic_parse(reader, buf_size=READ_SIZE, use_float=True)
+        # not use_float: the C parser then refuses an integer past 64 bits ("integer overflow") and
+        # with it the whole file; its exact numbers are made floats here instead (`_number`)
+        events = ijson.basic_parse(reader, buf_size=READ_SIZE)
         try:
             for i, entry in enumerate(walk.entries(events)):
                 reader.entry_done()
@@ -98,7 +100,7 @@ class _EntryWalk:
                 arrays.pop()
                 key = _ITEM if arrays and arrays[-1] else None
             elif len(keys) == 3 and keys[1:] == _ENTRIES and arrays[-1]:  # an element of log.entries
-                yield self._build(_OPEN[ev](), events) if ev in _OPEN else val
+                yield self._build(_OPEN[ev](), events) if ev in _OPEN else _number(ev, val)
             elif ev in _OPEN:
                 if len(keys) >= MAX_DEPTH:
                     raise InputError(f"the HAR file is nested deeper than {MAX_DEPTH} levels", source=self.src)
@@ -117,7 +119,7 @@ class _EntryWalk:
                 if not stack:
                     return top
             else:
-                value = _OPEN[ev]() if ev in _OPEN else val
+                value = _OPEN[ev]() if ev in _OPEN else _number(ev, val)
                 parent = stack[-1]
                 if type(parent) is list:
                     parent.append(value)
@@ -128,6 +130,12 @@ class _EntryWalk:
                     if len(stack) > MAX_DEPTH:
                         raise InputError(f"a HAR entry nested deeper than {MAX_DEPTH} levels", source=self.src)
         return top
+
+
+def _number(ev: str, val: Any) -> Any:
+    """A scalar as JSON readers give it: ijson's Decimal for a number with a fraction or exponent
+    becomes a float (inf past its range), an integer stays exact at any size."""
+    return float(val) if ev == "number" and type(val) is not int else val
 
 
 class _BoundedReader:
