@@ -51,16 +51,18 @@ class Run:
         return self.wall / self.tokens * 1e9
 
 
-def run_report(session: Path) -> tuple[float, float, float, int]:
-    """Wall seconds, peak RSS of the process and of its largest worker (MB), and the session's tokens,
-    of `tokendiff report --format json` in a fresh process."""
+def run_report(session: Path) -> tuple[float, float, float, int, float, float]:
+    """Wall seconds, peak RSS of the process and of its largest worker (MB), the session's tokens, and
+    the CPU seconds of the process and of its workers, of `tokendiff report --format json` in a fresh
+    process. CPU says what the wall time comes to on an idle machine, whatever else runs."""
     code = (
         "import resource, runpy, sys, orjson; out = sys.argv[2]\n"
         "sys.argv = ['tokendiff', 'report', sys.argv[1], '--format', 'json', '-o', out]\n"
         "try:\n    runpy.run_module('tokendiff', run_name='__main__')\nexcept SystemExit:\n    pass\n"
         "doc = orjson.loads(open(out, 'rb').read())\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN)"
-        ".ru_maxrss, doc['summary']['total_tokens'], file=sys.stderr)"
+        "me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "print(me.ru_maxrss, kids.ru_maxrss, doc['summary']['total_tokens'], me.ru_utime + me.ru_stime,"
+        " kids.ru_utime + kids.ru_stime, file=sys.stderr)"
     )
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         t0 = time.perf_counter()
@@ -68,8 +70,8 @@ def run_report(session: Path) -> tuple[float, float, float, int]:
         wall = time.perf_counter() - t0
     if res.returncode != 0:
         sys.exit(f"report on {session} failed:\n{res.stderr[-2000:]}")
-    rss, child, tokens = res.stderr.strip().splitlines()[-1].split()
-    return wall, int(rss) / 1024, int(child) / 1024, int(tokens)
+    rss, child, tokens, cpu, child_cpu = res.stderr.strip().splitlines()[-1].split()
+    return wall, int(rss) / 1024, int(child) / 1024, int(tokens), float(cpu), float(child_cpu)
 
 
 def make(case: str, where: Path, n: int) -> Path:
@@ -86,12 +88,13 @@ def make(case: str, where: Path, n: int) -> Path:
 
 def measure(case: str, where: Path, n: int) -> Run:
     path = make(case, where, n)
-    wall, rss, child, tokens = run_report(path)
+    wall, rss, child, tokens, cpu, child_cpu = run_report(path)
     r = Run(case, n, tokens, wall, rss, child)
     what = {"capture": "requests", "har": "HAR entries", "slots": "slot files"}[case]
     print(
         f"{case:>7} {n:>7,} {what} ({tokens / 1e6:,.1f}M tokens): {wall:6.1f} s, peak RSS {r.peak_mb:,.0f} MB "
-        f"({rss:,.0f} + worker {child:,.0f}), {r.s_per_gtok:,.1f} s per 1G tokens",
+        f"({rss:,.0f} + worker {child:,.0f}), {r.s_per_gtok:,.1f} s per 1G tokens; "
+        f"CPU {cpu:,.1f} s + workers {child_cpu:,.1f} s",
         flush=True,
     )
     return r
