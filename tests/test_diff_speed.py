@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HEAVY = (
     *("numpy", "httpx", "jinja2", "transformers", "tokenizers", "polars", "textual", "torch", "hashlib"),
     *("orjson", "shutil"),  # orjson brings datetime, uuid and platform; shutil zlib, bz2 and lzma
+    "tokendiff.workflows",  # the session, report and replay machinery: diff needs only tokendiff.pairs
 )
 
 
