@@ -208,3 +208,40 @@ def test_vocab_table_is_mapped_and_pickles(vocab):
     ids = array("i", [9707, 151644, 11, 151645])
     assert w.decode(ids)[0] == v.decode(ids)[0] == vocab.decode(ids)[0]
     assert w.n_vocab == v.n_vocab and w.meta == v.meta and list(w.decode(ids)[2]) == [0, 1, 0, 1]
+
+
+def _enclosing_reference(data: bytes, start: int, end: int, limit: int = 65536) -> tuple[int, int] | None:
+    """explain's scan as it was: a 64 KiB window's braces listed by a regex, then walked back."""
+    import re
+
+    depth, open_at = 0, None
+    for m in reversed(list(re.finditer(rb"[{}]", data[:start]))):
+        if m.start() < start - limit:
+            break
+        if data[m.start()] == 0x7D:
+            depth += 1
+        elif depth == 0:
+            open_at = m.start()
+            break
+        else:
+            depth -= 1
+    if open_at is None:
+        return None
+    depth = 0
+    for j, is_open in json_braces(data, open_at, min(len(data), end + limit)):
+        depth += 1 if is_open else -1
+        if depth == 0:
+            return (open_at, j + 1) if j + 1 >= end else None
+    return None
+
+
+def test_enclosing_json_is_the_regex_scans():
+    from tokendiff.explain import _enclosing_json
+
+    rng = random.Random(2)
+    for _ in range(3000):
+        data = bytes(rng.choice(b'{}"\\ab:,') for _ in range(rng.randrange(60)))
+        s = rng.randrange(len(data) + 1)
+        e = rng.randrange(s, len(data) + 1)
+        limit = rng.choice((4, 16, 65536))
+        assert _enclosing_json(data, s, e, limit) == _enclosing_reference(data, s, e, limit), (data, s, e, limit)

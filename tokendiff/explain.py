@@ -16,7 +16,7 @@ import bisect
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from tokendiff.grammar import json_braces
@@ -571,7 +571,17 @@ def detect_call_id(ctx: Ctx) -> Finding | None:
     )
 
 
-_BRACES = re.compile(rb"[{}]")
+def _braces_before(data: bytes, lo: int, hi: int) -> Iterator[int]:
+    """Offsets of the braces in data[lo:hi], the last first. Found with rfind, which runs at memrchr
+    speed where a regex steps through every byte (0.35 ms for a 64 KiB window without a brace)."""
+    o, c = data.rfind(b"{", lo, hi), data.rfind(b"}", lo, hi)
+    while o >= 0 or c >= 0:
+        if o > c:
+            yield o
+            o = data.rfind(b"{", lo, o)
+        else:
+            yield c
+            c = data.rfind(b"}", lo, c)
 
 
 def _enclosing_json(data: bytes, start: int, end: int, limit: int = 65536) -> tuple[int, int] | None:
@@ -579,11 +589,11 @@ def _enclosing_json(data: bytes, start: int, end: int, limit: int = 65536) -> tu
     lo = max(0, start - limit)
     depth = 0
     open_at = None
-    for m in reversed(list(_BRACES.finditer(data, lo, start))):
-        if data[m.start()] == 0x7D:
+    for at in _braces_before(data, lo, start):
+        if data[at] == 0x7D:
             depth += 1
         elif depth == 0:
-            open_at = m.start()
+            open_at = at
             break
         else:
             depth -= 1
