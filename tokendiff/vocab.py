@@ -39,6 +39,7 @@ MEDIA_PIECE = b"<__media__>"
 # Bounds on tokenizer files: the largest real vocabularies hold ~260k tokens in ~35 MB of JSON.
 MAX_VOCAB = 1 << 22  # highest token ID + 1 a tokenizer may claim (the table costs ~40 bytes an ID)
 MAX_JSON_BYTES = 128 << 20  # a tokenizer.json or tokenizer_config.json, after gzip inflation
+MEMO_IDS = 1 << 16  # distinct IDs a vocabulary keeps the pieces of between prompts (~5 MB at most)
 CACHE_MAGIC = b"TDVOCAB6"  # 5: VocabMeta (add_bos); 6: memory-mapped, the key in the header
 
 # Token flags
@@ -119,6 +120,7 @@ class Vocab:
     identity: str = ""  # sha256 of the source file (or a server fingerprint)
     meta: VocabMeta = field(default_factory=VocabMeta)
     assumed: bool = False  # True when the user did not choose it
+    _memo: _PieceMemo | None = field(default=None, init=False, repr=False)  # pieces cut so far
 
     @property
     def n_vocab(self) -> int:
@@ -134,18 +136,20 @@ class Vocab:
         media marker. Offsets are an int64 array of len(ids)+1, special a 0/1 byte array. The IDs are
         held as int32 (4 bytes a token, not a list's ~36): a 1M-token prompt decodes in ~25 MB."""
         seq = _int32(ids)
-        table = {i: self.piece(i) for i in set(seq)}
-        pieces = list(map(table.__getitem__, seq))
+        memo = self._memo
+        if memo is None or len(memo) > MEMO_IDS:
+            memo = self._memo = _PieceMemo(self)
+        pieces = list(map(memo.__getitem__, seq))
         offsets = array("q", [0])
         offsets.extend(accumulate(map(len, pieces)))
         data = _join(pieces)
         del pieces
-        return data, offsets, self._special(seq, [i for i in table if i < 0 or self.flags[i] & SPECIAL])
+        return data, offsets, self._special(seq, memo.special)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (for a worker process) as plain bytes and arrays: a memory map does not pickle."""
         state = dict(self.__dict__)
-        state.update(blob=self.blob.tobytes(), offsets=array("q", self.offsets), flags=bytes(self.flags))
+        state.update(blob=self.blob.tobytes(), offsets=array("q", self.offsets), flags=bytes(self.flags), _memo=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -164,6 +168,23 @@ class Vocab:
                     out[at // 4] = 1
                 at = raw.find(word, at + 1)
         return array("B", out)
+
+
+class _PieceMemo(dict):
+    """Token ID -> bytes for the IDs a vocabulary has decoded so far. `map` looks every token up in C
+    and only an ID not seen yet runs Python (`__missing__`): a prompt needs no pass to collect its
+    distinct IDs first, and the second prompt of a pair finds most of its pieces cut already."""
+
+    def __init__(self, vocab: Vocab):
+        super().__init__()
+        self.vocab = vocab
+        self.special: list[int] = []  # the keys that are special tokens or media cells
+
+    def __missing__(self, i: int) -> bytes:
+        piece = self[i] = self.vocab.piece(i)
+        if i < 0 or self.vocab.flags[i] & SPECIAL:
+            self.special.append(i)
+        return piece
 
 
 def _join(pieces: list[bytes], block: int = 1 << 16) -> bytes:
