@@ -187,9 +187,10 @@ class _PieceMemo(dict):
         return piece
 
 
-def _join(pieces: list[bytes], block: int = 1 << 16) -> bytes:
-    """b"".join in blocks: a one-shot join holds an ~80-byte buffer record per piece (80 MB for a
-    1M-token prompt); blocks of 64K pieces hold 5 MB."""
+def _join(pieces: list[bytes], block: int = 1024) -> bytes:
+    """b"".join in blocks: a join holds an ~80-byte buffer record per piece (80 MB for a 1M-token
+    prompt). Blocks of 1,024 hold 80 KiB, which malloc takes from its heap; 4 MB for 50k pieces came
+    from a fresh mmap, a page fault every 4 KiB: 3 ms of a 0.6 ms join, in every `tokendiff diff`."""
     if len(pieces) <= block:
         return b"".join(pieces)
     return b"".join([b"".join(pieces[k : k + block]) for k in range(0, len(pieces), block)])
