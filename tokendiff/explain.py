@@ -264,13 +264,19 @@ def detect_double_bos(ctx: Ctx) -> Finding | None:
 
 def prompt_end(p: Prompt) -> int:
     """Where A's prompt ends and the model's generated tokens (kept by slot dumps) begin."""
-    gen = next((s for s in p.sections if s.path[-1].kind == "generated"), None)
+    gen = next((s for s in p.sections if s.path.parts[-1].kind == "generated"), None)
     return gen.start if gen else len(p)
 
 
 def _top(p: Prompt, kind: str) -> Section | None:
     """The top-level section of `kind` (a turn-level section such as the generation prompt)."""
-    return next((s for s in p.sections if s.path.kinds == (kind,)), None)
+    return next((s for s in p.sections if len(s.path.parts) == 1 and s.path.parts[0].kind == kind), None)
+
+
+def _last_turn_start(p: Prompt, end: int) -> int:
+    """Where A's open generation prompt starts, else `end` (looked up only for an insertion)."""
+    gp = _top(p, "generation_prompt")
+    return gp.start if gp else end
 
 
 def appended_finding(hunk: int, n_new: int) -> Finding:
@@ -291,12 +297,10 @@ def detect_appended(ctx: Ctx) -> Finding | None:
     """appended (expected) and generated_rerendered: new turns after A's prompt, or A's generated tail
     rendered differently as history."""
     end = prompt_end(ctx.a)
-    gp = _top(ctx.a, "generation_prompt")
-    last_turn = gp.start if gp else end
     pure_insert = ctx.h.a_start == ctx.h.a_end
     # an insertion just before A's open generation prompt is the new turns too: the diff may
     # have matched a stray newline of the generated tail
-    if ctx.h.a_start < end and not (pure_insert and ctx.h.a_start >= last_turn - 8):
+    if ctx.h.a_start < end and not (pure_insert and ctx.h.a_start >= _last_turn_start(ctx.a, end) - 8):
         return None
     n_new = ctx.h.b_end - ctx.h.b_start
     if pure_insert or ctx.h.a_start >= len(ctx.a):
