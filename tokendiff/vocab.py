@@ -23,7 +23,7 @@ import zlib
 from array import array
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from itertools import accumulate
+from itertools import accumulate, islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -140,8 +140,7 @@ class Vocab:
         if memo is None or len(memo) > MEMO_IDS:
             memo = self._memo = _PieceMemo(self)
         pieces = list(map(memo.__getitem__, seq))
-        offsets = array("q", [0])
-        offsets.extend(accumulate(map(len, pieces)))
+        offsets = _offsets(pieces)
         data = _join(pieces)
         del pieces
         return data, offsets, self._special(seq, memo.special)
@@ -185,6 +184,16 @@ class _PieceMemo(dict):
         if i < 0 or self.vocab.flags[i] & SPECIAL:
             self.special.append(i)
         return piece
+
+
+def _offsets(pieces: list[bytes], block: int = 4096) -> array[int]:
+    """0 and the running total of the pieces' lengths, as int64, packed by struct a block at a time:
+    array's own extend parses every item as if it were a call's arguments (~40% of decode's work)."""
+    total = accumulate(map(len, pieces), initial=0)
+    out = array("q")
+    while chunk := tuple(islice(total, block)):
+        out.frombytes(struct.pack(f"{len(chunk)}q", *chunk))
+    return out
 
 
 def _join(pieces: list[bytes], block: int = 1024) -> bytes:
