@@ -22,7 +22,7 @@ import sys
 import zlib
 from array import array
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from itertools import accumulate, islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -106,21 +106,31 @@ class VocabMeta:
     model_name: str | None = None  # GGUF general.name
 
 
-@dataclass(eq=False)
 class Vocab:
     """An id -> bytes table plus the special-token facts sections need.
 
     Plain buffers, no numpy: the cached table is a memory map, and decoding a prompt looks up each
-    distinct ID once, so `tokendiff diff` pays neither numpy's import nor a read of the whole table."""
+    distinct ID once, so `tokendiff diff` pays neither numpy's import nor a read of the whole table.
+    A plain class (compared by identity): a dataclass costs ~0.7 ms to create at import."""
 
-    name: str  # human name, e.g. "bundled Qwen3 tokenizer" or a path
-    blob: memoryview  # all token bytes back to back (format "B")
-    offsets: Sequence[int]  # n+1 int64 (a memoryview or array of format "q"): token i is blob[o[i]:o[i+1]]
-    flags: Sequence[int]  # n bytes of SPECIAL | ADDED
-    identity: str = ""  # sha256 of the source file (or a server fingerprint)
-    meta: VocabMeta = field(default_factory=VocabMeta)
-    assumed: bool = False  # True when the user did not choose it
-    _memo: _PieceMemo | None = field(default=None, init=False, repr=False)  # pieces cut so far
+    def __init__(
+        self,
+        name: str,
+        blob: memoryview,
+        offsets: Sequence[int],
+        flags: Sequence[int],
+        identity: str = "",
+        meta: VocabMeta | None = None,
+        assumed: bool = False,
+    ):
+        self.name = name  # human name, e.g. "bundled Qwen3 tokenizer" or a path
+        self.blob = blob  # all token bytes back to back (format "B")
+        self.offsets = offsets  # n+1 int64 (a memoryview or array of format "q"): token i is blob[o[i]:o[i+1]]
+        self.flags = flags  # n bytes of SPECIAL | ADDED
+        self.identity = identity  # sha256 of the source file (or a server fingerprint)
+        self.meta = meta if meta is not None else VocabMeta()
+        self.assumed = assumed  # True when the user did not choose it
+        self._memo: _PieceMemo | None = None  # the pieces cut so far
 
     @property
     def n_vocab(self) -> int:
