@@ -18,12 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from tokendiff import __version__, pairs
+from tokendiff import __version__
 from tokendiff.errors import InputError
-from tokendiff.pairs import PromptOptions
 from tokendiff.paths import demo_capture
 
 if TYPE_CHECKING:
+    from tokendiff.pairs import PromptOptions
     from tokendiff.workflows import Progress
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
@@ -398,6 +398,8 @@ def _tokenizer_args(p: argparse.ArgumentParser) -> None:
 
 
 def _prompt_options(args: argparse.Namespace) -> PromptOptions:
+    from tokendiff.pairs import PromptOptions
+
     return PromptOptions(
         tokenizer=args.tokenizer,
         server=args.server,
@@ -418,22 +420,27 @@ def _use_color(choice: str) -> bool:
 @contextmanager
 def _no_cyclic_gc() -> Iterator[None]:
     """A one-shot command whose objects all live to its end: the cyclic collector, woken by the
-    ~10^5 k-grams and tuples a big diff allocates, would only cost time (~5 %)."""
+    ~10^5 k-grams and tuples a big diff allocates and a dozen times by the imports, would only cost
+    time. What is left at the end is frozen (gc.freeze): the process is about to exit, and the next
+    collection and the one at exit would pass over all of it again (~4 ms after a big diff); a
+    caller that goes on can gc.unfreeze()."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()
         if was:
             gc.enable()
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from tokendiff.report.diff import render_text
-
     if args.context < 0:
         raise InputError("--context must be 0 or more")
-    with _no_cyclic_gc():
+    with _no_cyclic_gc():  # the imports too
+        from tokendiff import pairs
+        from tokendiff.report.diff import render_text
+
         loader = pairs.open_loader(_prompt_options(args))
         pair = pairs.load_pair(loader, args.a, args.b, context=args.context)
         if args.json:
