@@ -245,3 +245,24 @@ def test_enclosing_json_is_the_regex_scans():
         e = rng.randrange(s, len(data) + 1)
         limit = rng.choice((4, 16, 65536))
         assert _enclosing_json(data, s, e, limit) == _enclosing_reference(data, s, e, limit), (data, s, e, limit)
+
+
+def test_one_token_side_is_difflibs():
+    """A gap with a single token on one side is aligned without difflib, to difflib's answer."""
+    import difflib
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        one = [rng.randrange(4)]
+        other = [rng.randrange(4) for _ in range(rng.randrange(1, 12))]
+        for a, b in ((one, other), (other, one)):
+            lo_a, lo_b = rng.randrange(3), rng.randrange(3)  # the gap inside longer sequences
+            pad_a, pad_b = [9] * lo_a, [8] * lo_b
+            s = align._Seqs(array("i", pad_a + a + [7]), array("i", pad_b + b + [7]))
+            got: list[tuple[int, int, int, int]] = []
+            align._one_token_side(s, lo_a, lo_a + len(a), lo_b, lo_b + len(b), got)
+            sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+            want = [
+                (lo_a + i1, lo_a + i2, lo_b + j1, lo_b + j2) for t, i1, i2, j1, j2 in sm.get_opcodes() if t != "equal"
+            ]
+            assert got == want, (a, b)
