@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HEAVY = (
     *("numpy", "httpx", "jinja2", "transformers", "tokenizers", "polars", "textual", "torch", "hashlib"),
     *("orjson", "shutil"),  # orjson brings datetime, uuid and platform; shutil zlib, bz2 and lzma
+    "tokendiff.workflows",  # the session, report and replay machinery: diff needs only tokendiff.pairs
 )
 
 
@@ -207,3 +208,61 @@ def test_vocab_table_is_mapped_and_pickles(vocab):
     ids = array("i", [9707, 151644, 11, 151645])
     assert w.decode(ids)[0] == v.decode(ids)[0] == vocab.decode(ids)[0]
     assert w.n_vocab == v.n_vocab and w.meta == v.meta and list(w.decode(ids)[2]) == [0, 1, 0, 1]
+
+
+def _enclosing_reference(data: bytes, start: int, end: int, limit: int = 65536) -> tuple[int, int] | None:
+    """explain's scan as it was: a 64 KiB window's braces listed by a regex, then walked back."""
+    import re
+
+    depth, open_at = 0, None
+    for m in reversed(list(re.finditer(rb"[{}]", data[:start]))):
+        if m.start() < start - limit:
+            break
+        if data[m.start()] == 0x7D:
+            depth += 1
+        elif depth == 0:
+            open_at = m.start()
+            break
+        else:
+            depth -= 1
+    if open_at is None:
+        return None
+    depth = 0
+    for j, is_open in json_braces(data, open_at, min(len(data), end + limit)):
+        depth += 1 if is_open else -1
+        if depth == 0:
+            return (open_at, j + 1) if j + 1 >= end else None
+    return None
+
+
+def test_enclosing_json_is_the_regex_scans():
+    from tokendiff.explain import _enclosing_json
+
+    rng = random.Random(2)
+    for _ in range(3000):
+        data = bytes(rng.choice(b'{}"\\ab:,') for _ in range(rng.randrange(60)))
+        s = rng.randrange(len(data) + 1)
+        e = rng.randrange(s, len(data) + 1)
+        limit = rng.choice((4, 16, 65536))
+        assert _enclosing_json(data, s, e, limit) == _enclosing_reference(data, s, e, limit), (data, s, e, limit)
+
+
+def test_one_token_side_is_difflibs():
+    """A gap with a single token on one side is aligned without difflib, to difflib's answer."""
+    import difflib
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        one = [rng.randrange(4)]
+        other = [rng.randrange(4) for _ in range(rng.randrange(1, 12))]
+        for a, b in ((one, other), (other, one)):
+            lo_a, lo_b = rng.randrange(3), rng.randrange(3)  # the gap inside longer sequences
+            pad_a, pad_b = [9] * lo_a, [8] * lo_b
+            s = align._Seqs(array("i", pad_a + a + [7]), array("i", pad_b + b + [7]))
+            got: list[tuple[int, int, int, int]] = []
+            align._one_token_side(s, lo_a, lo_a + len(a), lo_b, lo_b + len(b), got)
+            sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+            want = [
+                (lo_a + i1, lo_a + i2, lo_b + j1, lo_b + j2) for t, i1, i2, j1, j2 in sm.get_opcodes() if t != "equal"
+            ]
+            assert got == want, (a, b)

@@ -33,6 +33,19 @@ def test_media_cells_decode_as_marker(vocab):
     assert data == b"Hello<__media__>Hello" and special.tolist() == [False, True, False]
 
 
+def test_pieces_kept_between_prompts_decode_each_alike(monkeypatch):
+    """The pieces a vocabulary keeps from one prompt serve the next (special tokens and media cells
+    included), and past its bound the memo starts afresh: each prompt decodes as it does alone."""
+    from tokendiff import vocab as vocab_mod
+
+    monkeypatch.setattr(vocab_mod, "MEMO_IDS", 8)
+    prompts = [qwen_encode(TRICKY), [9707, -1, 9707], qwen_encode("<|im_start|>system\nHi<|im_end|>"), []]
+    shared = vocab_mod.load_bundled()
+    for ids in prompts * 2:
+        got, want = shared.decode(np.array(ids, dtype=np.int32)), vocab_mod.load_bundled().decode(np.array(ids))
+        assert got[0] == want[0] and list(got[1]) == list(want[1]) and list(got[2]) == list(want[2])
+
+
 def test_gguf_vocab_equals_tokenizer_json(vocab, tiny_model):
     g = load_gguf(tiny_model)
     assert g.n_vocab == vocab.n_vocab == 151669

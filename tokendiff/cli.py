@@ -2,7 +2,8 @@
 
 Exit codes follow diff(1): 0 identical, 1 different, 2 trouble. Every
 expected failure is an `InputError`, printed as one line on stderr.
-Heavy libraries are imported inside the commands that need them, so
+Heavy libraries, and the application layer beyond the pair workflow
+(`tokendiff.workflows`), are imported inside the commands that need them, so
 `tokendiff diff` starts fast.
 """
 
@@ -15,13 +16,15 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tokendiff import __version__
-from tokendiff import workflows as wf
 from tokendiff.errors import InputError
 from tokendiff.paths import demo_capture
-from tokendiff.workflows import PromptOptions
+
+if TYPE_CHECKING:
+    from tokendiff.pairs import PromptOptions
+    from tokendiff.workflows import Progress
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
 CAUSES_EPILOG = "Each finding kind (date, nonce, tool_order ...), its cause and its fix: docs/causes.md in the source."
@@ -395,6 +398,8 @@ def _tokenizer_args(p: argparse.ArgumentParser) -> None:
 
 
 def _prompt_options(args: argparse.Namespace) -> PromptOptions:
+    from tokendiff.pairs import PromptOptions
+
     return PromptOptions(
         tokenizer=args.tokenizer,
         server=args.server,
@@ -415,26 +420,31 @@ def _use_color(choice: str) -> bool:
 @contextmanager
 def _no_cyclic_gc() -> Iterator[None]:
     """A one-shot command whose objects all live to its end: the cyclic collector, woken by the
-    ~10^5 k-grams and tuples a big diff allocates, would only cost time (~5 %)."""
+    ~10^5 k-grams and tuples a big diff allocates and a dozen times by the imports, would only cost
+    time. What is left at the end is frozen (gc.freeze): the process is about to exit, and the next
+    collection and the one at exit would pass over all of it again (~4 ms after a big diff); a
+    caller that goes on can gc.unfreeze()."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()
         if was:
             gc.enable()
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from tokendiff.report.diff import render_text
-
     if args.context < 0:
         raise InputError("--context must be 0 or more")
-    with _no_cyclic_gc():
-        loader = wf.open_loader(_prompt_options(args))
-        pair = wf.load_pair(loader, args.a, args.b, context=args.context)
+    with _no_cyclic_gc():  # the imports too
+        from tokendiff import pairs
+        from tokendiff.report.diff import render_text
+
+        loader = pairs.open_loader(_prompt_options(args))
+        pair = pairs.load_pair(loader, args.a, args.b, context=args.context)
         if args.json:
-            sys.stdout.buffer.write(wf.pair_json(pair))
+            sys.stdout.buffer.write(pairs.pair_json(pair))
         else:
             sys.stdout.write(render_text(pair.document, color=_use_color(args.color), max_hunks=args.max_spans))
     return EXIT_SAME if pair.divergence.identical else EXIT_DIFFERENT
@@ -453,7 +463,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return pull(args.server, args.out, args.slot_dir, every)
 
 
-def _progress_line(enabled: bool) -> wf.Progress | None:
+def _progress_line(enabled: bool) -> Progress | None:
     """Progress on one rewritten stderr line, when stderr is a terminal."""
     if not enabled:
         return None
@@ -470,6 +480,8 @@ def _clear_line(enabled: bool) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from tokendiff import workflows as wf
+
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise InputError("--fail-under takes a percentage from 0 to 100")
     dataset = bool(args.export) and wf.is_dataset_target(args.export)
@@ -517,6 +529,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from tokendiff import workflows as wf
     from tokendiff.replay import progress_printer
 
     opts = wf.ReplayOptions(
@@ -585,6 +598,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from tokendiff import workflows as wf
+
     opts = wf.DoctorOptions(
         server=args.server,
         agents=args.agents,

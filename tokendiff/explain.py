@@ -16,8 +16,8 @@ import bisect
 import json
 import os
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from tokendiff.grammar import json_braces
 from tokendiff.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
@@ -25,15 +25,14 @@ from tokendiff.model import Divergence, Finding, Hunk, Prompt, Section, SectionP
 PAD = 48  # bytes of context either side when matching patterns around a hunk
 
 
-@dataclass
 class Ctx:
-    """One hunk of one pair, with the texts detectors look at."""
+    """One hunk of one pair, with the texts detectors look at. (A plain class: a dataclass costs
+    ~0.6 ms to create at import, in every `tokendiff diff`.)"""
 
-    a: Prompt
-    b: Prompt
-    d: Divergence
-    h: Hunk
-    i: int
+    __slots__ = ("a", "b", "d", "h", "i")
+
+    def __init__(self, a: Prompt, b: Prompt, d: Divergence, h: Hunk, i: int):
+        self.a, self.b, self.d, self.h, self.i = a, b, d, h, i
 
     @property
     def a_text(self) -> bytes:
@@ -265,13 +264,19 @@ def detect_double_bos(ctx: Ctx) -> Finding | None:
 
 def prompt_end(p: Prompt) -> int:
     """Where A's prompt ends and the model's generated tokens (kept by slot dumps) begin."""
-    gen = next((s for s in p.sections if s.path[-1].kind == "generated"), None)
+    gen = next((s for s in p.sections if s.path.parts[-1].kind == "generated"), None)
     return gen.start if gen else len(p)
 
 
 def _top(p: Prompt, kind: str) -> Section | None:
     """The top-level section of `kind` (a turn-level section such as the generation prompt)."""
-    return next((s for s in p.sections if s.path.kinds == (kind,)), None)
+    return next((s for s in p.sections if len(s.path.parts) == 1 and s.path.parts[0].kind == kind), None)
+
+
+def _last_turn_start(p: Prompt, end: int) -> int:
+    """Where A's open generation prompt starts, else `end` (looked up only for an insertion)."""
+    gp = _top(p, "generation_prompt")
+    return gp.start if gp else end
 
 
 def appended_finding(hunk: int, n_new: int) -> Finding:
@@ -292,12 +297,10 @@ def detect_appended(ctx: Ctx) -> Finding | None:
     """appended (expected) and generated_rerendered: new turns after A's prompt, or A's generated tail
     rendered differently as history."""
     end = prompt_end(ctx.a)
-    gp = _top(ctx.a, "generation_prompt")
-    last_turn = gp.start if gp else end
     pure_insert = ctx.h.a_start == ctx.h.a_end
     # an insertion just before A's open generation prompt is the new turns too: the diff may
     # have matched a stray newline of the generated tail
-    if ctx.h.a_start < end and not (pure_insert and ctx.h.a_start >= last_turn - 8):
+    if ctx.h.a_start < end and not (pure_insert and ctx.h.a_start >= _last_turn_start(ctx.a, end) - 8):
         return None
     n_new = ctx.h.b_end - ctx.h.b_start
     if pure_insert or ctx.h.a_start >= len(ctx.a):
@@ -571,7 +574,17 @@ def detect_call_id(ctx: Ctx) -> Finding | None:
     )
 
 
-_BRACES = re.compile(rb"[{}]")
+def _braces_before(data: bytes, lo: int, hi: int) -> Iterator[int]:
+    """Offsets of the braces in data[lo:hi], the last first. Found with rfind, which runs at memrchr
+    speed where a regex steps through every byte (0.35 ms for a 64 KiB window without a brace)."""
+    o, c = data.rfind(b"{", lo, hi), data.rfind(b"}", lo, hi)
+    while o >= 0 or c >= 0:
+        if o > c:
+            yield o
+            o = data.rfind(b"{", lo, o)
+        else:
+            yield c
+            c = data.rfind(b"}", lo, c)
 
 
 def _enclosing_json(data: bytes, start: int, end: int, limit: int = 65536) -> tuple[int, int] | None:
@@ -579,11 +592,11 @@ def _enclosing_json(data: bytes, start: int, end: int, limit: int = 65536) -> tu
     lo = max(0, start - limit)
     depth = 0
     open_at = None
-    for m in reversed(list(_BRACES.finditer(data, lo, start))):
-        if data[m.start()] == 0x7D:
+    for at in _braces_before(data, lo, start):
+        if data[at] == 0x7D:
             depth += 1
         elif depth == 0:
-            open_at = m.start()
+            open_at = at
             break
         else:
             depth -= 1

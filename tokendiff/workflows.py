@@ -11,17 +11,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property, partial
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokendiff.errors import InputError
+from tokendiff.pairs import MAX_TEMPLATE_BYTES as MAX_TEMPLATE_BYTES  # the pair workflow: see tokendiff.pairs
+from tokendiff.pairs import PairResult as PairResult
+from tokendiff.pairs import PromptOptions as PromptOptions
+from tokendiff.pairs import diff_pair as diff_pair
+from tokendiff.pairs import load_pair as load_pair
+from tokendiff.pairs import open_loader as open_loader
+from tokendiff.pairs import pair_json as pair_json
+from tokendiff.pairs import read_chat_template as read_chat_template
 
 if TYPE_CHECKING:
     from tokendiff.capacity import CapacityLadder
     from tokendiff.cost import Session, Turn, TurnInput
     from tokendiff.doctor import DoctorReport
-    from tokendiff.model import Divergence, Finding, Prompt
+    from tokendiff.model import Prompt
     from tokendiff.replay import Backend, Plan
     from tokendiff.report.dataset import TurnTime
     from tokendiff.report.fleet import SessionFacts
@@ -35,17 +43,6 @@ REPORT_FORMATS = ("md", "html", "json")
 
 
 # ---------------------------------------------------------------- options
-
-
-@dataclass(frozen=True)
-class PromptOptions:
-    """How prompts are read; the same for every command and the TUI."""
-
-    tokenizer: str | None = None  # tokenizer.json(.gz), a Hugging Face directory or a GGUF file
-    server: str | None = None  # a live llama-server to decode (and tokenise) with
-    chat_template: str | None = None  # a .jinja file or a tokenizer_config.json
-    family: str | None = None  # template family override
-    order: str = "mtime"  # turn order in a directory: mtime | name
 
 
 @dataclass(frozen=True)
@@ -69,46 +66,7 @@ class ReplayOptions:
 # ---------------------------------------------------------------- prompts
 
 
-MAX_TEMPLATE_BYTES = 64 << 20  # a .jinja is KBs; a tokenizer_config.json with 260k added tokens is tens of MB
 MAX_REPLAY_BYTES = 64 << 20  # a replay result is KBs
-
-
-def read_chat_template(path: str | None) -> str | None:
-    """A chat template from a .jinja file, or the `chat_template` of a tokenizer_config.json."""
-    if not path:
-        return None
-    from tokendiff.safeio import read_text_limited
-
-    try:
-        text = read_text_limited(path, MAX_TEMPLATE_BYTES, "chat template")
-    except InputError as e:
-        raise InputError(f"cannot read chat template: {e.reason}", source=path) from None
-    if not path.endswith(".json"):
-        return text
-    import orjson
-
-    try:
-        cfg = orjson.loads(text)
-    except orjson.JSONDecodeError as e:
-        raise InputError(f"malformed JSON: {e}", source=path) from None
-    tmpl = cfg.get("chat_template") if isinstance(cfg, dict) else None
-    if not isinstance(tmpl, str):
-        raise InputError("no chat_template string in this JSON file", source=path)
-    return tmpl
-
-
-def open_loader(opts: PromptOptions) -> Loader:
-    """The vocabulary and a prompt loader for these options (the vocabulary is `loader.vocab`)."""
-    from tokendiff.sources import Loader
-    from tokendiff.vocab import load_vocab
-
-    vocab = load_vocab(opts.tokenizer, opts.server)
-    tmpl = read_chat_template(opts.chat_template)
-    if tmpl is None and opts.server:  # the template the server renders with (issue #13)
-        from tokendiff.server import served_template
-
-        tmpl = served_template(opts.server, vocab.meta.chat_template, vocab.name)
-    return Loader(vocab, opts.family, opts.order, tmpl)
 
 
 def tokenizer_info(vocab: Vocab) -> dict[str, Any]:
@@ -748,38 +706,6 @@ def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:
 # ---------------------------------------------------------------- pairs
 
 
-@dataclass
-class PairResult:
-    """Two prompts, how they diverge and why; `document` is the `tokendiff.diff/2` document."""
-
-    a: Prompt
-    b: Prompt
-    divergence: Divergence
-    findings: list[Finding]
-    vocab: Vocab
-    context: int = 8  # tokens of context around spans in the document
-
-    @cached_property
-    def document(self) -> dict[str, Any]:
-        from tokendiff.report.diff import diff_document
-
-        return diff_document(self.a, self.b, self.divergence, self.vocab, context=self.context, findings=self.findings)
-
-
-def diff_pair(a: Prompt, b: Prompt, vocab: Vocab, context: int = 8) -> PairResult:
-    from tokendiff.align import align
-    from tokendiff.explain import explain
-
-    d = align(a, b)
-    return PairResult(a, b, d, explain(a, b, d), vocab, context)
-
-
-def load_pair(loader: Loader, spec_a: str, spec_b: str, context: int = 8) -> PairResult:
-    a = loader.load(spec_a)
-    b = loader.load(spec_b)
-    return diff_pair(a, b, loader.vocab, context)
-
-
 def session_pair(loaded: LoadedSession, turn: int) -> PairResult:
     """Turn `turn` (from 2) and the one before it, as the session analysis aligned and explained them
     (the same alignment and findings `diff_pair` computes)."""
@@ -794,13 +720,6 @@ def _turn_pair(t: Turn, a: Prompt, b: Prompt, vocab: Vocab) -> PairResult:
     if t.divergence is None:  # a pure append, analysed from the IDs alone: diff it now
         return diff_pair(a, b, vocab)
     return PairResult(a, b, t.divergence, t.findings, vocab)
-
-
-def pair_json(pair: PairResult) -> bytes:
-    """The bytes `tokendiff diff --json` prints."""
-    from tokendiff.report.diff import document_json
-
-    return document_json(pair.document)
 
 
 def export_pair(pair: PairResult, path: Path) -> Path:

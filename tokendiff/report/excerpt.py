@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tokendiff.model import Prompt
 
@@ -10,8 +10,7 @@ _VISIBLE = str.maketrans({"\n": "↵", "\r": "␍", "\t": "⇥"})
 MAX_SPAN_CHARS = 400
 
 
-@dataclass(frozen=True)
-class Excerpt:
+class Excerpt(NamedTuple):  # a NamedTuple: a frozen dataclass costs ~0.6 ms to create at import
     before: str
     diverged: str
     after: str
