@@ -532,7 +532,8 @@ def _message_leaves(i: int, m: dict) -> list[_Leaf]:
     for fld in (*_REASONING_FIELDS, "tool_call_id", "name"):
         if isinstance(m.get(fld), str):
             out.append(_leaf(base, f"messages[{i}].{fld}", fld, "messages", i, fld))
-    for k, call in enumerate(m.get("tool_calls") or []):
+    calls = m.get("tool_calls")
+    for k, call in enumerate(calls if isinstance(calls, list) else []):
         if isinstance(call, dict):
             out += _call_leaves(base + (_call_part(i, k, call),), i, k, call)
     return out
@@ -562,10 +563,11 @@ def _call_leaves(cbase: SectionPath, i: int, k: int, call: dict) -> list[_Leaf]:
 def _leaves(body: dict) -> list[_Leaf]:
     """Every string field whose text a template may show, with a getter and setter."""
     leaves: list[_Leaf] = []
-    for i, m in enumerate(body.get("messages") or []):
+    messages, tools = body.get("messages"), body.get("tools")  # what the template refuses: no leaves
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
         if isinstance(m, dict):
             leaves += _message_leaves(i, m)
-    for j, tool in enumerate(body.get("tools") or []):
+    for j, tool in enumerate(tools if isinstance(tools, list) else []):
         if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict):
             continue
         tbase = SectionPath.of(TOOLS, _tool_part(j, tool))
