@@ -374,7 +374,9 @@ class PairScreen(Screen):
         if not v.texts or not self.is_attached:
             return
         side, idx = v.side[event.position], v.index[event.position]
-        self.query_one("#status", Static).update(self._status(side, idx))
+        # the status line is one row of the screen's width whatever it says: no layout, which on every
+        # cursor move re-flowed the screen and repainted the views' scrollbars (~10 ms on a large pair)
+        self.query_one("#status", Static).update(self._status(side, idx), layout=False)
         if event.view.placed:
             self._placed = True
             self._check_ready()

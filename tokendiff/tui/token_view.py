@@ -121,15 +121,16 @@ class TokenView(ScrollView, can_focus=True):
     def content_width(self) -> int:
         return self.scrollable_content_region.width or self.size.width
 
-    def _relayout(self) -> None:
+    def _relayout(self) -> bool:
+        """Re-wrap when the width changed; True when it did (the drawn lines are stale)."""
         width = self.content_width()
         if not width and self._layout_width > 0:
-            return  # hidden (the other mode is showing): keep the layout; re-wrapping 100k tokens costs ~0.1 s
+            return False  # hidden (the other mode is showing): keep the layout; re-wrapping 100k tokens costs ~0.1 s
         if self.peer is not None and self.peer.content_width():
             width = min(width, self.peer.content_width()) if width else self.peer.content_width()
         width = max(10, width or 80)
         if width == self._layout_width:
-            return
+            return False
         if self._widths is None:
             self._widths = _widths(self.tokens.texts)
         starts = [0]
@@ -147,10 +148,16 @@ class TokenView(ScrollView, can_focus=True):
         self._layout_width = width
         self._cache.clear()
         self.virtual_size = Size(width, len(starts))
+        return True
 
     def on_resize(self) -> None:
-        """Re-wrap, and keep the cursor on screen: the line it was on has moved."""
-        self._relayout()
+        """Re-wrap, and keep the cursor on screen: the line it was on has moved.
+
+        Repainted only when re-wrapped: showing the view again (`m`) resizes it to the size it had, and
+        a repaint of what is already drawn cost that key a third frame (~10 ms on a large pair). A new
+        size repaints by itself; so does a scroll.
+        """
+        rewrapped = self._relayout()
         if self.peer is not None:
             self.peer.relayout()
         if self._start_at is not None and self.size.height:
@@ -158,14 +165,16 @@ class TokenView(ScrollView, can_focus=True):
             self.go_to(start)
         elif self.size.height and self.tokens.texts:
             self.scroll_to_region_line(self.line_of(self.cursor), center=True)
-        self.refresh()
+        if rewrapped:
+            self.refresh()
 
     def relayout(self) -> None:
         """Re-wrap now (the peer pane's width changed) and keep the cursor in view."""
-        self._relayout()
+        rewrapped = self._relayout()
         if self.size.height and self.tokens.texts:
             self.scroll_to_region_line(self.line_of(self.cursor), center=True)
-        self.refresh()
+        if rewrapped:
+            self.refresh()
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
