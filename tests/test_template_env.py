@@ -111,3 +111,33 @@ def test_generated_bodies(body: dict):
         return
     for template in TEMPLATES.values():
         assert ours(template, messages, tools, True, **kwargs) == oracle(template, messages, tools, True, **kwargs)
+
+
+def test_compiled_code_is_kept_between_processes_and_a_damaged_file_is_compiled_again(tmp_path, monkeypatch):
+    # jinja compiles a chat template in ~20 ms; the code is kept in the cache directory, checked whole
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("TOKENDIFF_CACHE_DIR", str(tmp_path))
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{{ '!' if add_generation_prompt }}"
+    code = (
+        "import sys; from tokendiff.template_env import render_chat\n"
+        "print(render_chat(sys.argv[1], [{'role': 'user', 'content': 'hi'}], add_generation_prompt=True))"
+    )
+
+    def render() -> str:
+        return subprocess.run([sys.executable, "-c", code, template], capture_output=True, text=True, check=True).stdout
+
+    assert render() == "<user>hi!\n"
+    (kept,) = (tmp_path / "templates").iterdir()
+    assert render() == "<user>hi!\n" and list((tmp_path / "templates").iterdir()) == [kept]
+    for damage in (kept.read_bytes()[:-7], kept.read_bytes()[:40] + b"\0" * 64, b""):
+        kept.write_bytes(damage)
+        assert render() == "<user>hi!\n"
+    assert len(kept.read_bytes()) > 100  # written again, whole
+    kept.chmod(0o400)
+    (tmp_path / "templates").chmod(0o500)  # a read-only cache only costs the compile
+    try:
+        assert render() == "<user>hi!\n"
+    finally:
+        (tmp_path / "templates").chmod(0o700)

@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -121,10 +122,76 @@ class TemplateDict:
         return dict.fromkeys(*args, **kwargs)
 
 
+CODE_FORMAT = 1  # raise when _environment() changes what a template compiles to
+_CODE_MAGIC = b"TDJINJA1"
+
+
 @lru_cache(maxsize=64)
 def compile_template(template: str) -> Any:
-    """The compiled template, once per template string."""
-    return _environment().from_string(template)
+    """The compiled template, once per template string, and once per machine: jinja's compiler takes
+    ~20 ms for a real chat template, every time a process first renders it (the TUI's start, a
+    report, a diff of request bodies), so the code it makes is kept in the cache directory."""
+    env = _environment()
+    key = _code_key(template)
+    code = _cached_code(key)
+    if code is None:
+        code = env.compile(template)  # a syntax error is raised here, as from_string raises it
+        _save_code(key, code)
+    return env.template_class.from_code(env, code, env.make_globals(None), None)
+
+
+def _code_key(template: str) -> str:
+    """What the compiled code depends on: the template, jinja's version, this environment's form and
+    the interpreter's bytecode format."""
+    import hashlib
+    from importlib.util import MAGIC_NUMBER
+
+    import jinja2
+
+    head = f"{CODE_FORMAT}|{jinja2.__version__}|{MAGIC_NUMBER.hex()}|".encode()
+    return hashlib.sha256(head + template.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _code_path(key: str) -> Path:
+    from tokendiff.paths import template_cache_dir
+
+    return template_cache_dir() / f"{key}.code"
+
+
+def _cached_code(key: str) -> Any:
+    """The code compiled before for `key`, or None (none kept, or a file that is not whole)."""
+    import hashlib
+    import marshal
+
+    try:
+        with open(_code_path(key), "rb") as f:
+            raw = f.read(1 << 24)
+    except OSError:
+        return None
+    head, digest, body = raw[: len(_CODE_MAGIC)], raw[len(_CODE_MAGIC) : len(_CODE_MAGIC) + 32], raw[40:]
+    if head != _CODE_MAGIC or hashlib.sha256(key.encode() + body).digest() != digest:
+        return None
+    try:
+        return marshal.loads(body)
+    except (EOFError, ValueError, TypeError):
+        return None
+
+
+def _save_code(key: str, code: Any) -> None:
+    import hashlib
+    import marshal
+    import os
+    import threading
+
+    body = marshal.dumps(code)
+    path = _code_path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(_CODE_MAGIC + hashlib.sha256(key.encode() + body).digest() + body)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs the compile
 
 
 @lru_cache(maxsize=1)
