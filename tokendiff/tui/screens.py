@@ -414,7 +414,7 @@ class PairScreen(Screen):
             self.query_one("#view-a", TokenView).go_to(a_idx)
             self.query_one("#view-b", TokenView).go_to(b_idx)
             target = self.query_one("#view-a" if side == "a" else "#view-b", TokenView)
-        target.focus()
+        target.focus(scroll_visible=False)  # it fills the switcher: nothing to scroll, a frame saved
         self._mark_matches()
 
     def action_focus_outline(self) -> None:
