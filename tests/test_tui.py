@@ -888,3 +888,27 @@ async def test_token_lines_are_redrawn_only_when_their_styles_change():
         a.theme = "tokendiff-light"
         await pilot.pause(0.2)
         assert styled and view.render_line(0) != before
+
+
+async def test_a_token_view_is_styled_the_same_with_and_without_focus():
+    # TokenView skips Textual's restyle on focus changes (it made `m` slow): that is right only while
+    # no rule of the app's stylesheet, or of Textual's, styles a token view by its focus
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
+        view = a.screen.query_one("#unified", TokenView)
+
+        def styles() -> tuple:
+            a.stylesheet.apply(view)
+            names = sorted(view.COMPONENT_CLASSES)
+            return (view.rich_style, *(view.get_component_rich_style(n, partial=True) for n in names))
+
+        view.focus()
+        await pilot.pause()
+        assert view.has_focus
+        focused = styles()
+        lines = [view.render_line(y).text for y in range(5)]
+        a.screen.query_one("#outline").focus()
+        await pilot.pause()
+        assert not view.has_focus and styles() == focused
+        assert [view.render_line(y).text for y in range(5)] == lines

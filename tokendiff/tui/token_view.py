@@ -176,6 +176,11 @@ class TokenView(ScrollView, can_focus=True):
         if rewrapped:
             self.refresh()
 
+    def watch_has_focus(self, _has_focus: bool) -> None:
+        """No restyle when focus comes or goes: no rule styles a token view by its focus (the cursor is
+        drawn the same either way; tests/test_tui.py holds both), and the restyle, with the redraw of
+        its scrollbars and the frame it brings, cost ~8 ms of every `m` and Tab."""
+
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._restyled = True
