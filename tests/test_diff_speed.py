@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 from array import array
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -187,12 +188,17 @@ def _braces_reference(data: bytes, start: int, end: int) -> list[tuple[int, bool
     return out
 
 
-def test_json_braces_skip_strings_like_a_scanner():
-    rng = random.Random(1)
-    for _ in range(5000):
-        data = bytes(rng.choice(b'{}"\\ab:,') for _ in range(rng.randrange(40)))
+def _json_soup(seed: int, n: int, longest: int):
+    """(rng, bytes of braces, quotes and escapes, a range in them), n times."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        data = bytes(rng.choice(b'{}"\\ab:,') for _ in range(rng.randrange(longest)))
         s = rng.randrange(len(data) + 1)
-        e = rng.randrange(s, len(data) + 1)
+        yield rng, data, s, rng.randrange(s, len(data) + 1)
+
+
+def test_json_braces_skip_strings_like_a_scanner():
+    for _, data, s, e in _json_soup(1, 5000, 40):
         assert list(json_braces(data, s, e)) == _braces_reference(data, s, e), (data, s, e)
 
 
@@ -227,22 +233,16 @@ def _enclosing_reference(data: bytes, start: int, end: int, limit: int = 65536) 
             depth -= 1
     if open_at is None:
         return None
-    depth = 0
-    for j, is_open in json_braces(data, open_at, min(len(data), end + limit)):
-        depth += 1 if is_open else -1
-        if depth == 0:
-            return (open_at, j + 1) if j + 1 >= end else None
-    return None
+    braces = _braces_reference(data, open_at, min(len(data), end + limit))
+    depths = accumulate(1 if is_open else -1 for _, is_open in braces)
+    close = next((j for (j, _), d in zip(braces, depths) if d == 0), None)
+    return None if close is None or close + 1 < end else (open_at, close + 1)
 
 
 def test_enclosing_json_is_the_regex_scans():
     from tokendiff.explain import _enclosing_json
 
-    rng = random.Random(2)
-    for _ in range(3000):
-        data = bytes(rng.choice(b'{}"\\ab:,') for _ in range(rng.randrange(60)))
-        s = rng.randrange(len(data) + 1)
-        e = rng.randrange(s, len(data) + 1)
+    for rng, data, s, e in _json_soup(2, 3000, 60):
         limit = rng.choice((4, 16, 65536))
         assert _enclosing_json(data, s, e, limit) == _enclosing_reference(data, s, e, limit), (data, s, e, limit)
 
