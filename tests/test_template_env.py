@@ -115,6 +115,7 @@ def test_generated_bodies(body: dict):
 
 def test_compiled_code_is_kept_between_processes_and_a_damaged_file_is_compiled_again(tmp_path, monkeypatch):
     # jinja compiles a chat template in ~20 ms; the code is kept in the cache directory, checked whole
+    import os
     import subprocess
     import sys
 
@@ -135,6 +136,10 @@ def test_compiled_code_is_kept_between_processes_and_a_damaged_file_is_compiled_
         kept.write_bytes(damage)
         assert render() == "<user>hi!\n"
     assert len(kept.read_bytes()) > 100  # written again, whole
+    kept.unlink()
+    os.mkfifo(kept)  # not a file: never opened for reading (it would block), compiled instead
+    assert render() == "<user>hi!\n"
+    assert kept.is_file()  # the compile replaced it
     kept.chmod(0o400)
     (tmp_path / "templates").chmod(0o500)  # a read-only cache only costs the compile
     try:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -129,6 +130,10 @@ def test_table_is_cached_and_a_corrupt_cache_is_rebuilt(tmp_path, monkeypatch):
     files[0].write_bytes(files[0].read_bytes()[:1000])
     v3 = load_tokenizer_json(src)
     assert v3.blob.tobytes() == v1.blob.tobytes()
+    files[0].unlink()
+    os.mkfifo(files[0])  # not a file: never opened for reading (that would block), the table rebuilt
+    v4 = load_tokenizer_json(src)
+    assert v4.blob.tobytes() == v1.blob.tobytes() and files[0].is_file()
 
 
 @pytest.mark.parametrize(

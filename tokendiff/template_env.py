@@ -163,10 +163,13 @@ def _cached_code(key: str) -> Any:
     import hashlib
     import marshal
 
+    from tokendiff.errors import InputError
+    from tokendiff.safeio import open_regular
+
     try:
-        with open(_code_path(key), "rb") as f:
+        with open_regular(_code_path(key), "compiled template") as f:  # a FIFO put there cannot hang us
             raw = f.read(1 << 24)
-    except OSError:
+    except (InputError, OSError):
         return None
     head, digest, body = raw[: len(_CODE_MAGIC)], raw[len(_CODE_MAGIC) : len(_CODE_MAGIC) + 32], raw[40:]
     if head != _CODE_MAGIC or hashlib.sha256(key.encode() + body).digest() != digest:

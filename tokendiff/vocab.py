@@ -275,10 +275,12 @@ def _save_cache(path: Path, key: str, v: Vocab) -> None:
 
 
 def _map(path: Path) -> memoryview | None:
+    from tokendiff.safeio import open_regular
+
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "vocabulary cache") as f:  # a FIFO put in its place cannot hang us
             return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+    except (InputError, OSError, ValueError):  # ValueError: an empty file cannot be mapped
         return None
 
 
