@@ -260,3 +260,19 @@ def test_attribution_given_the_render_of_a_template_that_inspects_fields():
     want = _attribution(renderer.attribute(b))
     assert want[0] == "<user>hi there</user>\n<assistant>LOUD !ok</assistant>\n<assistant>"
     assert _attribution(renderer.attribute(b, want[0])) == want
+
+
+@pytest.mark.parametrize("n", [2400, 7000])
+def test_thousands_of_fields_are_located_in_a_few_renders(n, monkeypatch):
+    # a long agent session holds thousands of string fields: each chunk of them is wrapped at once,
+    # with sentinels inside the range they are found by (past 2,304 fields a chunk once fell back to
+    # locating every field alone: thousands of renders)
+    renderer = Renderer("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}")
+    calls = []
+    real = Renderer.render
+    monkeypatch.setattr(Renderer, "render", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    b = {"messages": [{"role": "user", "content": f"message number {i}"} for i in range(n)]}
+    r = renderer.attribute(b)
+    assert len(r.spans) == n and r.unlocated == []
+    assert all(r.text[s.start : s.end] == f"message number {s.path[0].index}" for s in r.spans)
+    assert len(calls) <= 2 + -(-n // 3200)  # the render, the one without the generation prompt, a chunk's each
