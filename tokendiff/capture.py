@@ -38,7 +38,7 @@ import orjson
 
 from tokendiff import secrets
 from tokendiff.errors import InputError
-from tokendiff.safeio import open_regular
+from tokendiff.safeio import open_private, open_regular, write_all, write_private
 
 SCHEMA = "tokendiff.capture/1"
 BLOB_THRESHOLD = 1 << 20  # request bodies over 1 MiB go to blobs/<sha256>, so every line stays small
@@ -198,10 +198,6 @@ def _parse_exact(raw: bytes) -> tuple[dict[str, Any], str] | None:
 # ---------------------------------------------------------------- writing
 
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
 def session_dir(path: str | os.PathLike[str]) -> Path:
     """The session directory, created 0700 when missing; an existing one must be a directory
     owned by this user (its mode is left alone: we did not create it)."""
@@ -223,51 +219,13 @@ def session_dir(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def _open_private(path: Path, flags: int) -> tuple[int, bool]:
-    """(fd, created) for a file opened without following a symlink; an existing one must be a
-    regular file of ours. A file we create is 0600; one we did not create keeps its mode."""
-    base = os.O_WRONLY | _NOFOLLOW | _CLOEXEC | flags
-    try:
-        try:
-            return os.open(path, base | os.O_CREAT | os.O_EXCL, 0o600), True
-        except FileExistsError:
-            fd = os.open(path, base | os.O_NONBLOCK)
-    except OSError as e:
-        if os.path.islink(path):
-            raise InputError("is a symbolic link: refusing to follow it", source=str(path)) from None
-        raise InputError(e.strerror or str(e), source=str(path)) from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-        os.close(fd)
-        why = "is not a regular file" if not stat.S_ISREG(st.st_mode) else "is owned by another user"
-        raise InputError(f"{why}: refusing to write to it", source=str(path))
-    return fd, False
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` atomically, 0600, never writing through a symlink."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd, _ = _open_private(tmp, os.O_TRUNC)
-    try:
-        _write_all(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 class CaptureWriter:
     """Appends records to a capture file, and bodies to its blobs; safe to share between threads."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.dir = session_dir(self.path.parent)
-        self._fd, _ = _open_private(self.path, os.O_APPEND)
+        self._fd, _ = open_private(self.path, os.O_APPEND)
         blobs = self.dir / BLOB_DIR
         if os.path.lexists(blobs) and not (blobs.is_dir() and not blobs.is_symlink()):
             os.close(self._fd)
@@ -300,7 +258,7 @@ class CaptureWriter:
         with self._lock:
             self._seq += 1
             rec = {"schema": SCHEMA, "seq": self._seq, "ts": time.time(), **rec}
-            _write_all(self._fd, orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE))
+            write_all(self._fd, orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE))
             return rec
 
     def flush(self) -> None:

@@ -39,10 +39,10 @@ from tokendiff.capture import (
     omitted_request,
     prepare_request,
     session_dir,
-    write_private,
 )
 from tokendiff.errors import InputError
 from tokendiff.importers import CHAT_ENDPOINTS
+from tokendiff.safeio import write_private
 from tokendiff.server import (
     CONNECT_TIMEOUT,
     LLAMA,

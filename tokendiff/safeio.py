@@ -6,6 +6,9 @@ the open is non-blocking, so even a FIFO with no writer cannot hang it, and
 `fstat` on the opened descriptor (not the name, which can change) decides.
 Sizes are enforced while reading, never trusted from `st_size` alone, and
 gzip is inflated with the same ceiling on its output.
+
+Files tokendiff writes for itself (captures, caches) are written here too: 0600, never through
+a symlink, replaced atomically.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ from __future__ import annotations
 import os
 import stat
 import zlib
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from tokendiff.errors import InputError
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 CHUNK = 1 << 20
 
@@ -124,3 +130,49 @@ def size_text(n: int) -> str:
     if n >= 1 << 20:
         return f"{n >> 20} MB"
     return f"{n >> 10} KB"
+
+
+# ---------------------------------------------------------------- writing our own files
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def open_private(path: Path, flags: int) -> tuple[int, bool]:
+    """(fd, created) for a file opened for writing without following a symlink; an existing one must be a
+    regular file of ours. A file we create is 0600; one we did not create keeps its mode."""
+    base = os.O_WRONLY | _NOFOLLOW | _CLOEXEC | flags
+    try:
+        try:
+            return os.open(path, base | os.O_CREAT | os.O_EXCL, 0o600), True
+        except FileExistsError:
+            fd = os.open(path, base | os.O_NONBLOCK)
+    except OSError as e:
+        if os.path.islink(path):
+            raise InputError("is a symbolic link: refusing to follow it", source=str(path)) from None
+        raise InputError(e.strerror or str(e), source=str(path)) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        why = "is not a regular file" if not stat.S_ISREG(st.st_mode) else "is owned by another user"
+        raise InputError(f"{why}: refusing to write to it", source=str(path))
+    return fd, False
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically, 0600, never writing through a symlink."""
+    import threading
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd, _ = open_private(tmp, os.O_TRUNC)
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -183,17 +183,16 @@ def _cached_code(key: str) -> Any:
 def _save_code(key: str, code: Any) -> None:
     import hashlib
     import marshal
-    import os
-    import threading
+
+    from tokendiff.errors import InputError
+    from tokendiff.safeio import write_private
 
     body = marshal.dumps(code)
     path = _code_path(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_bytes(_CODE_MAGIC + hashlib.sha256(key.encode() + body).digest() + body)
-        os.replace(tmp, path)
-    except OSError:
+        write_private(path, _CODE_MAGIC + hashlib.sha256(key.encode() + body).digest() + body)
+    except (InputError, OSError):
         pass  # a read-only cache only costs the compile
 
 
