@@ -214,7 +214,7 @@ def _block_source(records: Sequence[TurnRecord]) -> list[BackendFact]:
     counted = _vllm_counts(records)
     if not counted or any(r.block for r in records):
         return []
-    hits = _vllm_hits(records)
+    hits = [(r, c) for r, c in counted if c > 0]  # _vllm_hits, from the counts at hand
     counts = ", ".join(f"{c:,}" for _, c in hits[:4])
     size = inferred_vllm_block(records)
     if size is None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slo
     import numpy as np
 
     from tokendiff.model import IntArray
+    from tokendiff.render import Rendered
 
 MAX_PROPS_BYTES = 64 << 20  # the server's /props beside a capture: its chat template and settings
 _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
@@ -337,7 +338,9 @@ class Loader:
         except InputError:
             return None
 
-    def _from_record(self, rec: dict[str, Any], label: str, turn: int | None, rendered_ids=None) -> Prompt:
+    def _from_record(
+        self, rec: dict[str, Any], label: str, turn: int | None, rendered_ids: np.ndarray | None = None
+    ) -> Prompt:
         if not isinstance(rec, dict):
             raise InputError("the record is not a JSON object")
         check_depth(rec.get("request"), label)
@@ -355,11 +358,18 @@ class Loader:
         _check_tokenizer_fits(p, fam, self.family, self)
         return p
 
-    def _decoded_first(self, rec: dict[str, Any], request: dict[str, Any], label: str, meta: PromptMeta, rendered_ids):
+    def _decoded_first(
+        self,
+        rec: dict[str, Any],
+        request: dict[str, Any],
+        label: str,
+        meta: PromptMeta,
+        rendered_ids: np.ndarray | None,
+    ) -> tuple[Prompt, Rendered | None]:
         """The prompt of a record whose IDs are known (the server's, or its render tokenised already),
         decoded before the request is attributed, so the attribution can take the decoded text as the
         render instead of rendering it once more."""
-        if rec.get("prompt_ids") is not None:
+        if rec.get("prompt_ids") is not None or rendered_ids is None:
             p = self._decode(self._record_ids(rec, request, None, label, meta), label, label, meta)
         else:
             meta.ids_from = "local render, tokenised here"

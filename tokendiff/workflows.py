@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokendiff.errors import InputError
-from tokendiff.pairs import MAX_TEMPLATE_BYTES as MAX_TEMPLATE_BYTES  # the pair workflow: see tokendiff.pairs
-from tokendiff.pairs import PairResult as PairResult
+from tokendiff.pairs import PairResult as PairResult  # the pair workflow, re-exported: see tokendiff.pairs
 from tokendiff.pairs import PromptOptions as PromptOptions
 from tokendiff.pairs import diff_pair as diff_pair
 from tokendiff.pairs import load_pair as load_pair
@@ -213,7 +212,7 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int, re
     from tokendiff.server import recorded_backend
 
     ids = rec.get("prompt_ids")
-    job = RecordJob(rec, label, turn, rendered if ids is None else None)
+    job = RecordJob(rec, label, turn, rendered)
     resp = rec.get("response")
     try:  # the capture reader gives an int32 array; other record sources may give a list
         arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, (list, np.ndarray)) else None
