@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -224,6 +225,9 @@ def _entry(e: Any, where: str) -> dict[str, Any] | None:
     return rec
 
 
+_SSE_START = re.compile(r"\s*data:")
+
+
 def _response(resp: dict[str, Any], where: str) -> dict[str, Any]:
     out: dict[str, Any] = {"status": resp.get("status")}
     content = resp.get("content")
@@ -233,7 +237,8 @@ def _response(resp: dict[str, Any], where: str) -> dict[str, Any]:
     if not text:
         return out
     mime = str(content.get("mimeType", ""))
-    summary = summarize_stream(text, "text/event-stream" if text.lstrip().startswith("data:") else mime)
+    sse = _SSE_START.match(text) is not None  # an event stream whatever its mime type says (no copy of the text)
+    summary = summarize_stream(text, "text/event-stream" if sse else mime)
     if summary is not None:  # an event stream, or Ollama's NDJSON (its load_duration tells a reload)
         out.update(summary)
         out["streamed"] = True
