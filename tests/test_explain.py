@@ -8,6 +8,8 @@ import json
 
 import pytest
 from conftest import CONVERSATION, TOOLS, prompt_from_ids, qwen_encode, render
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokendiff.align import align
 from tokendiff.explain import explain
@@ -343,3 +345,32 @@ def test_pure_append_is_expected(vocab):
     d = align(a, b)
     fs = explain(a, b, d)
     assert [f.kind for f in fs] == ["appended"] and fs[0].expected
+
+
+# ---------------------------------------------------------------- the patterns' fast scan
+
+_PATTERN_PIECES = (
+    *"0 1 9 a f A F x z - : / , . % T \u0663".split(),
+    " ",
+    "\n",
+    *"Jan January Feb Mon Monday Tue Thu Sep Wed 12 2026 1712345678 deadbeef 12:30 PM am nonce cch= session_id".split(),
+    *"550e8400- e29b- 41d4- 446655440000 0123abcd 5:".split(),
+    " Tue ",
+    " 550e8400-e29b-41d4-a716-446655440000",
+    " f00d4",
+    " Thursday,",
+    "Jan 5, 2026",
+)
+_PATTERN_TEXT = st.lists(st.sampled_from(_PATTERN_PIECES), max_size=60).map("".join)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_PATTERN_TEXT, st.sampled_from(["DATE_RE", "HEX_RE", "UUID_RE", "NUMBER_RE", "NONCE_KEY_RE"]))
+def test_the_fast_scan_finds_what_finditer_finds(text, name):
+    """`explain.matches` jumps between the places a match can start; it must find exactly the matches
+    re's own scan finds (text built from the pieces the patterns turn on: digits, hex, months, days,
+    times, separators, a non-ASCII digit)."""
+    from tokendiff import explain as ex
+
+    rx = getattr(ex, name)
+    assert [m.span() for m in ex.matches(rx, text)] == [m.span() for m in rx.finditer(text)]
