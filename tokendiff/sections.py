@@ -32,54 +32,69 @@ def char_to_byte(text: str, positions: list[int]) -> dict[int, int]:
 
 
 Piece = tuple[SectionPath, int, int]  # a path and its byte range
+_GEN = ("generation_prompt",)
 
 
 def field_sections(prompt: Prompt, rendered: Rendered) -> list[Section]:
     """Sections for `prompt`, whose bytes must be `rendered.text` encoded."""
-    text = rendered.text
-    b = char_to_byte(text, [p for s in rendered.spans for p in (s.start, s.end)])
-    fields = [(s.path, b[s.start], b[s.end]) for s in rendered.spans if s.end > s.start]
-    gen = next((x for x in fields if x[0].kinds == ("generation_prompt",)), None)
+    fields = _field_bytes(rendered)
+    gen = next((x for x in fields if x[0].kinds == _GEN), None)
     fields.sort(key=lambda x: x[1])
     starts = [x[1] for x in fields]
+    plain = [x[0].kinds != _GEN for x in fields]  # the generation prompt's span is no field of a turn
     out: list[Piece] = []
-    placed: set[int] = set()  # fields (by index in `fields`) inside some turn
-    for t in (s for s in prompt.sections if len(s.path) == 1):
+    placed = [False] * len(fields)  # fields inside some turn
+    for t in prompt.sections:
+        if len(t.path) != 1:
+            continue
         lo, hi = bisect_left(starts, t.byte_start), bisect_right(starts, t.byte_end)
-        inside = [x for x in fields[lo:hi] if x[2] <= t.byte_end and x[0].kinds != ("generation_prompt",)]
+        inside = [fields[k] for k in range(lo, hi) if fields[k][2] <= t.byte_end and plain[k]]
         for turn, a, z in _turn_pieces(prompt.data, t, inside, gen):
-            out.append((SectionPath.of(turn), a, z))
+            here = SectionPath((turn,))
+            out.append((here, a, z))
             if a < z:
-                placed.update(k for k in range(bisect_left(starts, a), bisect_right(starts, z)) if fields[k][2] <= z)
+                for k in range(bisect_left(starts, a), bisect_right(starts, z)):
+                    if fields[k][2] <= z:
+                        placed[k] = True
             for path, s, e in inside:
                 if a <= s and e <= z:
-                    rest = path[1:] if _same_place(path[0], turn) else path
-                    if rest:
-                        out.append((SectionPath.of(turn) + rest, s, e))
+                    first = path.parts[0]
+                    if first.kind == turn.kind and first.index == turn.index:  # the same place
+                        if len(path.parts) > 1:
+                            out.append((SectionPath((turn, *path.parts[1:])), s, e))
+                    else:
+                        out.append((SectionPath((turn, *path.parts)), s, e))
     # fields in no turn (a family without markers): keep them at top level
-    out += [x for k, x in enumerate(fields) if k not in placed]
+    out += [x for k, x in enumerate(fields) if not placed[k]]
     return _to_sections(prompt, out)
 
 
-def _same_place(x: Part, y: Part) -> bool:
-    """The grammar's part and the renderer's name the same place (the renderer knows the field)."""
-    return x.kind == y.kind and x.index == y.index
+def _field_bytes(rendered: Rendered) -> list[Piece]:
+    """The rendered fields' spans in bytes (characters are bytes in an ASCII render)."""
+    text = rendered.text
+    if text.isascii():
+        return [(s.path, s.start, s.end) for s in rendered.spans if s.end > s.start]
+    b = char_to_byte(text, [p for s in rendered.spans for p in (s.start, s.end)])
+    return [(s.path, b[s.start], b[s.end]) for s in rendered.spans if s.end > s.start]
 
 
 def _turn_pieces(data: bytes, t: Section, inside: list[Piece], gen: Piece | None) -> list[tuple[Part, int, int]]:
     """The turn named after the request: the generation prompt, template boilerplate (no field in it),
-    or the message(s) whose fields it holds."""
-    owners: list[Part] = []
-    for path, _, _ in sorted(inside, key=lambda x: x[1]):
-        if path[0].kind == "message" and path[0] not in owners:
-            owners.append(path[0])
-    part = t.path[0]
+    or the message(s) whose fields it holds (`inside`, in order of their starts)."""
+    part = t.path.parts[0]
     if part.kind == "generation_prompt" or (gen and gen[1] <= t.byte_start and t.byte_end <= gen[2] + 1):
         return [(Part("generation_prompt"), t.byte_start, t.byte_end)]
+    owners: list[Part] = []
+    for path, _, _ in inside:
+        top = path.parts[0]
+        if top.kind == "message" and top not in owners:
+            owners.append(top)
     if not owners:
         if part.kind == "message" and part.name == "system":
             part = Part("boilerplate", name="system")
         return [(part, t.byte_start, t.byte_end)]
+    if len(owners) == 1:
+        return [(owners[0], t.byte_start, t.byte_end)]
     return _split(data, t, owners, inside)
 
 
@@ -112,14 +127,17 @@ def _to_sections(prompt: Prompt, spans: list[Piece]) -> list[Section]:
     t0 = np.searchsorted(offs, starts, side="right") - 1
     t1 = np.searchsorted(offs, np.maximum(ends - 1, starts), side="right")
     out = []
-    seen = set()
+    seen: dict[tuple[int, int], list[SectionPath]] = {}  # by bytes, then path: equal spans are few
     for (path, s, e), a, z in zip(spans, t0.tolist(), t1.tolist()):
-        if e <= s or (path, s, e) in seen:
+        if e <= s:
             continue
-        seen.add((path, s, e))
+        same = seen.setdefault((s, e), [])
+        if path in same:
+            continue
+        same.append(path)
         a = max(0, min(a, n))
         out.append(Section(path, a, max(a, min(z, n)), s, e))
-    out.sort(key=lambda x: (x.start, -x.end, len(x.path)))
+    out.sort(key=lambda x: (x.start, -x.end, len(x.path.parts)))
     return out
 
 
