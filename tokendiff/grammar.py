@@ -44,23 +44,32 @@ class _Span(NamedTuple):
 # ---------------------------------------------------------------- markers
 
 
-def _marker_positions(prompt: Prompt, text: str) -> list[tuple[int, int]]:
-    """Byte ranges where `text` occurs as a special token (or as text, if it never does)."""
-    raw = text.encode()
-    offs = prompt.offsets
-    return [(int(offs[i]), int(offs[i + 1])) for i in flag_indices(prompt.special) if prompt.token_bytes(i) == raw]
+class _Marks:
+    """Where each special token's text stands in one prompt, found in one pass over its special tokens
+    (a prompt's turn markers are looked up several times: the family, each splitter's markers)."""
+
+    __slots__ = ("data", "specials")
+
+    def __init__(self, prompt: Prompt):
+        self.data = data = prompt.data
+        offs = prompt.offsets
+        self.specials: dict[bytes, list[tuple[int, int]]] = {}
+        for i in flag_indices(prompt.special):
+            a, b = int(offs[i]), int(offs[i + 1])
+            self.specials.setdefault(data[a:b], []).append((a, b))
+
+    def find(self, text: str) -> list[tuple[int, int]]:
+        """Byte ranges where `text` occurs as a special token (or as text, if it never does)."""
+        raw = text.encode()
+        hits = self.specials.get(raw)
+        if hits:
+            return list(hits)
+        return [(m.start(), m.end()) for m in re.finditer(re.escape(raw), self.data)]
 
 
-def _special_texts(prompt: Prompt) -> set[bytes]:
-    first: dict[int, int] = {}  # the first index of each special token ID
-    for i in flag_indices(prompt.special):
-        first.setdefault(int(prompt.ids[i]), i)
-    return {prompt.token_bytes(i) for i in first.values()}
-
-
-def detect_family(prompt: Prompt) -> str:
+def detect_family(prompt: Prompt, marks: _Marks | None = None) -> str:
     """Guess the template family from the special tokens present."""
-    present = _special_texts(prompt)
+    present = (marks or _Marks(prompt)).specials.keys()
     data = prompt.data
     if b"<|start_header_id|>" in present:
         return "llama3"
@@ -91,26 +100,18 @@ def detect_family(prompt: Prompt) -> str:
     return "none"
 
 
-def _markers(prompt: Prompt, text: str) -> list[tuple[int, int]]:
-    hits = _marker_positions(prompt, text)
-    if hits:
-        return hits
-    raw = text.encode()
-    return [(m.start(), m.end()) for m in re.finditer(re.escape(raw), prompt.data)]
-
-
 # ---------------------------------------------------------------- turn splitters
 
 
 def _split_generic(
-    prompt: Prompt,
+    marks: _Marks,
     start_marker: str,
     end_markers: tuple[str, ...],
     role_end: Callable[[bytes, int], tuple[str, int]],
 ) -> list[_Turn]:
-    data = prompt.data
-    starts = [s for s, _ in _markers(prompt, start_marker)]
-    ends = sorted(e for m in end_markers for _, e in _markers(prompt, m))
+    data = marks.data
+    starts = [s for s, _ in marks.find(start_marker)]
+    ends = sorted(e for m in end_markers for _, e in marks.find(m))
     turns = []
     for k, s in enumerate(starts):
         limit = starts[k + 1] if k + 1 < len(starts) else len(data)
@@ -142,19 +143,19 @@ def _role_until(sep: bytes) -> Callable[[bytes, int], tuple[str, int]]:
     return f
 
 
-def _turns_chatml(prompt: Prompt) -> list[_Turn]:
-    return _split_generic(prompt, "<|im_start|>", ("<|im_end|>",), _role_until(b"\n"))
+def _turns_chatml(marks: _Marks) -> list[_Turn]:
+    return _split_generic(marks, "<|im_start|>", ("<|im_end|>",), _role_until(b"\n"))
 
 
-def _turns_gemma(prompt: Prompt) -> list[_Turn]:
-    turns = _split_generic(prompt, "<start_of_turn>", ("<end_of_turn>",), _role_until(b"\n"))
+def _turns_gemma(marks: _Marks) -> list[_Turn]:
+    turns = _split_generic(marks, "<start_of_turn>", ("<end_of_turn>",), _role_until(b"\n"))
     for t in turns:
         if t.role == "model":
             t.role = "assistant"
     return turns
 
 
-def _turns_llama3(prompt: Prompt) -> list[_Turn]:
+def _turns_llama3(marks: _Marks) -> list[_Turn]:
     def role(data: bytes, pos: int) -> tuple[str, int]:
         j = data.find(b"<|end_header_id|>", pos, pos + 200)
         if j < 0:
@@ -164,10 +165,10 @@ def _turns_llama3(prompt: Prompt) -> list[_Turn]:
             cstart += 2
         return data[pos:j].decode("utf-8", "replace"), cstart
 
-    return _split_generic(prompt, "<|start_header_id|>", ("<|eot_id|>", "<|eom_id|>"), role)
+    return _split_generic(marks, "<|start_header_id|>", ("<|eot_id|>", "<|eom_id|>"), role)
 
 
-def _turns_harmony(prompt: Prompt) -> list[_Turn]:
+def _turns_harmony(marks: _Marks) -> list[_Turn]:
     def role(data: bytes, pos: int) -> tuple[str, int]:
         j = data.find(b"<|message|>", pos, pos + 400)
         if j < 0:  # an open header at the end: `<|start|>assistant`
@@ -176,7 +177,7 @@ def _turns_harmony(prompt: Prompt) -> list[_Turn]:
             return data[pos:k].decode("utf-8", "replace"), k
         return data[pos:j].decode("utf-8", "replace"), j + len(b"<|message|>")
 
-    turns = _split_generic(prompt, "<|start|>", ("<|end|>", "<|call|>", "<|return|>"), role)
+    turns = _split_generic(marks, "<|start|>", ("<|end|>", "<|call|>", "<|return|>"), role)
     for t in turns:
         head = t.role
         base = re.split(r"<\|channel\|>| ", head, maxsplit=1)[0] or "?"
@@ -194,24 +195,24 @@ def _turns_harmony(prompt: Prompt) -> list[_Turn]:
 _DS_EOS = "<｜end▁of▁sentence｜>"
 
 
-def _turns_deepseek(prompt: Prompt) -> list[_Turn]:
-    data = prompt.data
-    wrapped = bool(_markers(prompt, "<｜tool▁outputs▁begin｜>"))
+def _turns_deepseek(marks: _Marks) -> list[_Turn]:
+    data = marks.data
+    wrapped = bool(marks.find("<｜tool▁outputs▁begin｜>"))
     tool_open, tool_close = (
         ("<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>")
         if wrapped
         else ("<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
     )
-    marks = sorted(
-        [(s, e, "user") for s, e in _markers(prompt, "<｜User｜>")]
-        + [(s, e, "assistant") for s, e in _markers(prompt, "<｜Assistant｜>")]
-        + [(s, e, "tool") for s, e in _markers(prompt, tool_open)]
+    heads = sorted(
+        [(s, e, "user") for s, e in marks.find("<｜User｜>")]
+        + [(s, e, "assistant") for s, e in marks.find("<｜Assistant｜>")]
+        + [(s, e, "tool") for s, e in marks.find(tool_open)]
     )
-    eos = sorted(e for _, e in _markers(prompt, _DS_EOS))
-    tool_ends = sorted(e for _, e in _markers(prompt, tool_close))
+    eos = sorted(e for _, e in marks.find(_DS_EOS))
+    tool_ends = sorted(e for _, e in marks.find(tool_close))
     turns: list[_Turn] = []
-    bos_hits = _markers(prompt, "<｜begin▁of▁sentence｜>")
-    first = marks[0][0] if marks else len(data)
+    bos_hits = marks.find("<｜begin▁of▁sentence｜>")
+    first = heads[0][0] if heads else len(data)
     sys_start = bos_hits[0][1] if bos_hits and bos_hits[0][0] == 0 else 0
     if first > sys_start:
         turns.append(_Turn("system", sys_start, first, sys_start, first, True))
@@ -223,8 +224,8 @@ def _turns_deepseek(prompt: Prompt) -> list[_Turn]:
         else:
             turns.append(_Turn("assistant", start, close, cstart, close - len(_DS_EOS.encode()), True))
 
-    for k, (s, e, r) in enumerate(marks):
-        limit = marks[k + 1][0] if k + 1 < len(marks) else len(data)
+    for k, (s, e, r) in enumerate(heads):
+        limit = heads[k + 1][0] if k + 1 < len(heads) else len(data)
         if r == "user":
             turns.append(_Turn("user", s, limit, e, limit, True))
         elif r == "assistant":
@@ -249,11 +250,11 @@ _MISTRAL_BLOCKS = {
 }
 
 
-def _turns_mistral(prompt: Prompt) -> list[_Turn]:
-    data = prompt.data
-    opens = sorted((s, e, m) for m in _MISTRAL_BLOCKS for s, e in _markers(prompt, m))
-    closes = {m: sorted(e for _, e in _markers(prompt, c)) for m, (c, _) in _MISTRAL_BLOCKS.items()}
-    eos = sorted(e for _, e in _markers(prompt, "</s>"))
+def _turns_mistral(marks: _Marks) -> list[_Turn]:
+    data = marks.data
+    opens = sorted((s, e, m) for m in _MISTRAL_BLOCKS for s, e in marks.find(m))
+    closes = {m: sorted(e for _, e in marks.find(c)) for m, (c, _) in _MISTRAL_BLOCKS.items()}
+    eos = sorted(e for _, e in marks.find("</s>"))
     turns: list[_Turn] = []
     pos_after = None
     for k, (s, e, m) in enumerate(opens):
@@ -519,11 +520,12 @@ def _turn_part(turn: _Turn, index: int, last: bool) -> Part:
 def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) -> tuple[str, list[Section]]:
     """(family used, sections) for a token-only prompt; only the turns without `inner` (what request
     fields are placed in, when they replace the markers' finer sections)."""
-    fam = family or detect_family(prompt)
+    marks = _Marks(prompt)
+    fam = family or detect_family(prompt, marks)
     if fam not in _SPLITTERS:
         return "none", []
     data = prompt.data
-    turns = _SPLITTERS[fam](prompt)
+    turns = _SPLITTERS[fam](marks)
     spans: list[_Span] = []
     if turns and turns[0].start > 0:
         spans.append(_Span(SectionPath.of(Part("bos")), 0, turns[0].start))
