@@ -8,6 +8,7 @@ import json
 import pytest
 from conftest import (
     CONVERSATION,
+    TEMPLATES,
     TOOLS,
     owner_spelled,
     prompt_from_ids,
@@ -19,6 +20,7 @@ from conftest import (
     with_ids,
 )
 
+from tokendiff.errors import InputError
 from tokendiff.render import Renderer
 from tokendiff.sections import field_sections
 
@@ -276,3 +278,41 @@ def test_thousands_of_fields_are_located_in_a_few_renders(n, monkeypatch):
     assert len(r.spans) == n and r.unlocated == []
     assert all(r.text[s.start : s.end] == f"message number {s.path[0].index}" for s in r.spans)
     assert len(calls) <= 2 + -(-n // 3200)  # the render, the one without the generation prompt, a chunk's each
+
+
+ALL_TEMPLATES = sorted(p.name for p in TEMPLATES.glob("*.jinja"))
+
+
+@pytest.mark.parametrize("name", ALL_TEMPLATES)
+def test_the_marked_generation_prompt_is_where_the_render_without_it_ends(name):
+    # given its text, a request is attributed from one render that marks where the generation prompt
+    # begins (templates that read add_generation_prompt only in a last if-block); without the text,
+    # from the renders with and without the generation prompt: the same spans either way
+    renderer = Renderer(template(name), **CASES.get(name, {"bos_token": "<s>", "eos_token": "</s>"}))
+    bodies = [
+        {"messages": body()["messages"][:3]},
+        {"messages": body()["messages"][:3], "add_generation_prompt": False},
+        {"messages": body()["messages"][:4], "chat_template_kwargs": {"enable_thinking": False}},
+    ]
+    for b in bodies:
+        try:
+            want = _attribution(renderer.attribute(b))
+        except InputError:
+            continue  # a template that refuses this conversation (roles out of order)
+        assert _attribution(renderer.attribute(b, want[0])) == want
+
+
+def test_a_marked_template_attributes_a_request_in_one_render(monkeypatch):
+    from tokendiff import template_env
+
+    renderer = Renderer(template("Qwen-Qwen3-0.6B.jinja"))
+    b = {"messages": body()["messages"][:3]}
+    text = renderer.render(b)
+    calls = []
+    real = template_env.render_chat
+    monkeypatch.setattr(template_env, "render_chat", lambda *a, **k: calls.append(k) or real(*a, **k))
+    r = renderer.attribute(b, text)
+    assert [k["mark_generation"] for k in calls] == [True]
+    gen = [s for s in r.spans if s.path[0].kind == "generation_prompt"]
+    assert [text[s.start : s.end] for s in gen] == ["<|im_start|>assistant\n"]
+    assert template_env.compile_marked(template("openai-gpt-oss-120b.jinja")) is None  # reads it elsewhere too

@@ -38,9 +38,10 @@ from tokendiff.model import Part, SectionPath
 # a chunk of fields wrapped at once never uses a character outside the range the sentinels are found by
 # (closing at U+F000 + k left every field past the 2,304th of a chunk unfound, and the chunk's fields
 # then located one by one: 2,400 messages took 14 s instead of 0.1 s)
-MAX_SENTINELS = 0x0C80  # fields wrapped in one render
+MAX_SENTINELS = 0x0C7F  # fields wrapped in one render
 SENT_START = 0xE000  # sentinel k opens with chr(SENT_START + k) ...
-SENT_END = SENT_START + MAX_SENTINELS  # ... and closes with chr(SENT_END + k), at most U+F8FF
+SENT_END = SENT_START + MAX_SENTINELS  # ... and closes with chr(SENT_END + k), at most U+F8FD
+GEN_AT = 0xF8FF  # template_env.GEN_MARK: where the generation prompt begins
 _SENTINELS = re.compile("[\ue000-\uf8ff]")
 
 
@@ -88,7 +89,11 @@ class Renderer:
         self.defaults = {"bos_token": bos_token, "eos_token": eos_token, **kwargs}
         self._typed: bool | None = None
 
-    def render(self, body: dict[str, Any], add_generation_prompt: bool | None = None) -> str:
+    def render(
+        self, body: dict[str, Any], add_generation_prompt: bool | None = None, mark_generation: bool = False
+    ) -> str:
+        """The request's prompt; `mark_generation`: with template_env.GEN_MARK where the generation
+        prompt begins, if the template tells (see compile_marked)."""
         body = normalize_tools(body)
         messages = [self._for_template(i, m) for i, m in enumerate(checked_messages(body))]
         kwargs = dict(self.defaults)
@@ -96,15 +101,17 @@ class Renderer:
         if isinstance(ctk, dict):
             kwargs.update(ctk)
         agp = body.get("add_generation_prompt", True) if add_generation_prompt is None else add_generation_prompt
-        return self._render(messages, body.get("tools") or None, agp, kwargs)
+        return self._render(messages, body.get("tools") or None, agp, kwargs, mark_generation)
 
-    def _render(self, messages: list, tools: Any, agp: Any, kwargs: dict[str, Any]) -> str:
+    def _render(self, messages: list, tools: Any, agp: Any, kwargs: dict[str, Any], mark: bool = False) -> str:
         from jinja2 import TemplateError
 
         from tokendiff.template_env import render_chat
 
         try:
-            return render_chat(self.template, messages, tools=tools, add_generation_prompt=agp, **kwargs)
+            return render_chat(
+                self.template, messages, tools=tools, add_generation_prompt=agp, mark_generation=mark, **kwargs
+            )
         except (TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:
             raise InputError(f"the chat template failed on this request: {type(e).__name__}: {e}") from None
 
@@ -142,7 +149,7 @@ class Renderer:
         tokens decoded): taken only if the sentinel render confirms it, else rendered here."""
         body = normalize_tools(body)
         leaves = _leaves(body)
-        spans = self._confirmed_spans(body, leaves, text) if text is not None else None
+        spans, gen_at = self._confirmed_spans(body, leaves, text) if text is not None else (None, None)
         unlocated: list[str] = []
         if text is None or spans is None:
             text = self.render(body)
@@ -151,32 +158,40 @@ class Renderer:
         r.spans += [_with_think_tags(text, sp) for sp in spans]
         r.spans += self._tool_spans(body, text)
         r.spans += self._message_spans(r.spans)
-        no_gen = self.render(body, add_generation_prompt=False)
-        if text.startswith(no_gen) and len(no_gen) < len(text):
-            r.spans.append(Span(SectionPath.of(Part("generation_prompt")), len(no_gen), len(text)))
+        if gen_at is None:  # where the render without the generation prompt ends
+            no_gen = self.render(body, add_generation_prompt=False)
+            gen_at = len(no_gen) if text.startswith(no_gen) else len(text)
+        if gen_at < len(text):
+            r.spans.append(Span(SectionPath.of(Part("generation_prompt")), gen_at, len(text)))
         r.spans.sort(key=lambda s: (s.start, -s.end, len(s.path)))
         return r
 
-    def _confirmed_spans(self, body: dict[str, Any], leaves: list[_Leaf], text: str) -> list[Span] | None:
+    def _confirmed_spans(
+        self, body: dict[str, Any], leaves: list[_Leaf], text: str
+    ) -> tuple[list[Span] | None, int | None]:
         """The fields' spans if every chunk's sentinel render is `text` without the sentinels: then
-        `text` is the render, with no render of its own. None when some render is not, or none ran."""
+        `text` is the render, with no render of its own. None when some render is not, or none ran.
+        Second, where the generation prompt begins, when the template marks it (else None)."""
         spans: list[Span] = []
         rendered = False
+        gen_at: int | None = None
         for chunk in _chunks(leaves, MAX_SENTINELS):
             got = self._sentinel_render(body, chunk)
             if got is None:
                 if any(isinstance(v := leaf.get(body), str) and v for leaf in chunk):
-                    return None  # the template failed on the wrapped fields
+                    return None, None  # the template failed on the wrapped fields
                 continue
             if got[1] != text:
-                return None
+                return None, None
             rendered = True
-            spans += _sentinel_spans(got[0], chunk)
-        return spans if rendered else None
+            found, gen_at = _sentinel_spans(got[0], chunk)
+            spans += found
+        return (spans, gen_at) if rendered else (None, None)
 
     def _sentinel_render(self, body: dict, leaves: list[_Leaf]) -> tuple[str, str] | None:
-        """(the render with `leaves` wrapped in sentinels, that render without them); None when no
-        leaf has text to wrap or the template fails on the wrapped request."""
+        """(the render with `leaves` wrapped in sentinels, and the generation prompt marked where the
+        template allows; that render without them); None when no leaf has text to wrap or the
+        template fails on the wrapped request."""
         wrapped = _copy(body)
         used = 0
         for k, leaf in enumerate(leaves):
@@ -187,7 +202,7 @@ class Renderer:
         if not used:
             return None
         try:
-            out = self.render(wrapped)
+            out = self.render(wrapped, mark_generation=True)
         except InputError:
             return None
         return out, _SENTINELS.sub("", out)
@@ -221,7 +236,7 @@ class Renderer:
         got = self._sentinel_render(body, leaves)
         if got is None or got[1] != text:
             return None
-        return _sentinel_spans(got[0], leaves)
+        return _sentinel_spans(got[0], leaves)[0]
 
     def _substituted(self, body: dict, leaf: _Leaf, text: str) -> Span | None:
         v = leaf.get(body)
@@ -348,15 +363,18 @@ _THINK_OPEN = re.compile(r"<think>\s*$")
 _THINK_CLOSE = re.compile(r"^\s*</think>\n*")
 
 
-def _sentinel_spans(out: str, leaves: list[_Leaf]) -> list[Span]:
+def _sentinel_spans(out: str, leaves: list[_Leaf]) -> tuple[list[Span], int | None]:
     """Where each wrapped leaf landed in `out` (positions counted without the sentinels); a field
-    rendered twice is two spans."""
+    rendered twice is two spans. Second, where the generation prompt begins, if marked once."""
     opens: dict[int, list[int]] = {}
     closes: dict[int, list[int]] = {}
+    gen: list[int] = []
     for removed, m in enumerate(_SENTINELS.finditer(out)):
         c = ord(m.group())
         pos = m.start() - removed
-        if c >= SENT_END:
+        if c == GEN_AT:
+            gen.append(pos)
+        elif c >= SENT_END:
             closes.setdefault(c - SENT_END, []).append(pos)
         else:
             opens.setdefault(c - SENT_START, []).append(pos)
@@ -364,7 +382,7 @@ def _sentinel_spans(out: str, leaves: list[_Leaf]) -> list[Span]:
     for k in sorted(opens.keys() & closes.keys()):
         if k < len(leaves):
             spans += [Span(leaves[k].path, s, e) for s, e in zip(opens[k], closes[k]) if e >= s]
-    return spans
+    return spans, (gen[0] if len(gen) == 1 else None)
 
 
 def _with_think_tags(text: str, sp: Span) -> Span:

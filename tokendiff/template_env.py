@@ -23,10 +23,14 @@ def render_chat(
     tools: list[Any] | None = None,
     documents: list[Any] | None = None,
     add_generation_prompt: Any = False,
+    *,
+    mark_generation: bool = False,
     **kwargs: Any,
 ) -> str:
-    """One conversation through `template`, as transformers renders it (without continue_final_message)."""
-    compiled = compile_template(template)
+    """One conversation through `template`, as transformers renders it (without continue_final_message).
+    `mark_generation`: with GEN_MARK where the generation prompt begins, for a template that tells
+    (`compile_marked`); without it for any other."""
+    compiled = (mark_generation and compile_marked(template)) or compile_template(template)
     if tools is not None:
         for tool in tools:
             if not isinstance(tool, dict):
@@ -138,6 +142,47 @@ def compile_template(template: str) -> Any:
         code = env.compile(template)  # a syntax error is raised here, as from_string raises it
         _save_code(key, code)
     return env.template_class.from_code(env, code, env.make_globals(None), None)
+
+
+GEN_MARK = "\uf8ff"  # written where a template's generation prompt begins (compile_marked)
+MARK_FORMAT = 1  # raise when _marked_code changes what it makes
+
+
+@lru_cache(maxsize=64)
+def compile_marked(template: str) -> Any:
+    """The template with GEN_MARK written just before its generation prompt, for a template that reads
+    `add_generation_prompt` only in the test of one `{% if add_generation_prompt %}` block with no
+    else, its last statement (most do): what it writes before the mark is then exactly its render
+    without the generation prompt, so one render tells both. None for any other template. Kept in
+    the cache directory as the plain code is (the answer too, when it is no)."""
+    env = _environment()
+    key = _code_key(f"{template}\x00generation-mark-{MARK_FORMAT}")
+    code = _cached_code(key)
+    if code is None:
+        code = _marked_code(env, template)
+        _save_code(key, code)
+    if code is False:
+        return None
+    return env.template_class.from_code(env, code, env.make_globals(None), None)
+
+
+def _marked_code(env: Any, template: str) -> Any:
+    """The code of the marked template, or False where the template does not qualify."""
+    from jinja2 import nodes
+    from jinja2.exceptions import TemplateSyntaxError
+
+    try:
+        ast = env.parse(template)
+    except TemplateSyntaxError:
+        return False  # the plain compile raises it, where a render needs it
+    reads = [n for n in ast.find_all(nodes.Name) if n.name == "add_generation_prompt"]
+    last = ast.body[-1] if ast.body else None
+    if not (isinstance(last, nodes.If) and len(reads) == 1 and last.test is reads[0]) or last.elif_ or last.else_:
+        return False
+    if any(ast.find_all((nodes.Extends, nodes.Block, nodes.Include, nodes.Import, nodes.FromImport))):
+        return False
+    ast.body.insert(len(ast.body) - 1, nodes.Output([nodes.TemplateData(GEN_MARK)]))
+    return env.compile(ast)
 
 
 def _code_key(template: str) -> str:
