@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
+from functools import lru_cache
 from typing import NamedTuple
 
 from tokendiff.model import Part, Prompt, Section, SectionPath, flag_indices
@@ -112,24 +113,23 @@ def _split_generic(
     data = marks.data
     starts = [s for s, _ in marks.find(start_marker)]
     ends = sorted(e for m in end_markers for _, e in marks.find(m))
+    skip = len(start_marker.encode())
+    enders = [m.encode() for m in end_markers]
     turns = []
     for k, s in enumerate(starts):
         limit = starts[k + 1] if k + 1 < len(starts) else len(data)
-        role, cstart = role_end(data, s + len(start_marker.encode()))
+        role, cstart = role_end(data, s + skip)
         cstart = min(cstart, limit)
         j = bisect_left(ends, cstart)  # the first end marker in [cstart, limit]
         close = ends[j] if j < len(ends) and ends[j] <= limit else None
-        closed = close is not None
         if close is not None:
             # the end marker's bytes are the end of content; what follows up to the
             # next turn (a newline) is boilerplate of this turn
-            marker_len = next(
-                len(m.encode()) for m in end_markers if data[close - len(m.encode()) : close] == m.encode()
-            )
+            marker_len = next(len(m) for m in enders if data[close - len(m) : close] == m)
             content_end = close - marker_len
         else:
             content_end = limit
-        turns.append(_Turn(role, s, limit, cstart, content_end, closed))
+        turns.append(_Turn(role, s, limit, cstart, content_end, close is not None))
     return turns
 
 
@@ -509,12 +509,18 @@ def _inner_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> li
 # ---------------------------------------------------------------- assembling
 
 
-def _turn_part(turn: _Turn, index: int, last: bool) -> Part:
+def _turn_path(turn: _Turn, index: int, last: bool) -> SectionPath:
     if turn.role == "tools":
-        return Part("tools")
+        return _path("tools", None, None)
     if last and not turn.closed and turn.role.startswith("assistant"):
-        return Part("generation_prompt")
-    return Part("message", index, turn.role)
+        return _path("generation_prompt", None, None)
+    return _path("message", index, turn.role)
+
+
+@lru_cache(maxsize=4096)
+def _path(kind: str, index: int | None, role: str | None) -> SectionPath:
+    """A turn's path, made once: the same turns recur in every prompt of a session."""
+    return SectionPath.of(Part(kind, index, role))
 
 
 def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) -> tuple[str, list[Section]]:
@@ -532,7 +538,7 @@ def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) 
     index = 0
     for i, t in enumerate(turns):
         last = i == len(turns) - 1
-        path = SectionPath.of(_turn_part(t, index, last))
+        path = _turn_path(t, index, last)
         if t.role != "tools":  # Mistral's tools block is no message
             index += 1
         spans.append(_Span(path, t.start, t.end))

@@ -12,7 +12,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 if TYPE_CHECKING:
     import numpy as np
@@ -204,13 +204,13 @@ NO_SECTION = SectionPath()
 END_OF_PROMPT = SectionPath.of(Part("end"))
 
 
-@dataclass(frozen=True)
-class Section:
+class Section(NamedTuple):
     """A named half-open token range (and its byte range) of a prompt.
 
     `path` runs from the outermost section down to this one (system prompt ›
     tools › web_extract); sections nest, and the owner of a token is the
-    innermost section containing it.
+    innermost section containing it. A NamedTuple: a prompt has hundreds of
+    sections, built for every prompt a report diffs.
     """
 
     path: SectionPath

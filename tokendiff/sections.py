@@ -32,16 +32,20 @@ def char_to_byte(text: str, positions: list[int]) -> dict[int, int]:
 
 
 Piece = tuple[SectionPath, int, int]  # a path and its byte range
-_GEN = ("generation_prompt",)
+
+
+def _is_gen(path: SectionPath) -> bool:
+    parts = path.parts
+    return len(parts) == 1 and parts[0].kind == "generation_prompt"
 
 
 def field_sections(prompt: Prompt, rendered: Rendered) -> list[Section]:
     """Sections for `prompt`, whose bytes must be `rendered.text` encoded."""
     fields = _field_bytes(rendered)
-    gen = next((x for x in fields if x[0].kinds == _GEN), None)
+    gen = next((x for x in fields if _is_gen(x[0])), None)
     fields.sort(key=lambda x: x[1])
     starts = [x[1] for x in fields]
-    plain = [x[0].kinds != _GEN for x in fields]  # the generation prompt's span is no field of a turn
+    plain = [not _is_gen(x[0]) for x in fields]  # the generation prompt's span is no field of a turn
     out: list[Piece] = []
     placed = [False] * len(fields)  # fields inside some turn
     for t in prompt.sections:
@@ -120,12 +124,11 @@ def _split(data: bytes, turn: Section, owners: list[Part], inside: list[Piece]) 
 def _to_sections(prompt: Prompt, spans: list[Piece]) -> list[Section]:
     if not spans:
         return []
-    offs = prompt.offsets
     n = len(prompt)
     starts = np.array([s for _, s, _ in spans], dtype=np.int64)
     ends = np.array([e for _, _, e in spans], dtype=np.int64)
-    t0 = np.searchsorted(offs, starts, side="right") - 1
-    t1 = np.searchsorted(offs, np.maximum(ends - 1, starts), side="right")
+    t0 = np.searchsorted(prompt.offsets, starts, side="right") - 1  # in [0, n]: offsets run from 0 to the end
+    t1 = np.maximum(np.minimum(np.searchsorted(prompt.offsets, np.maximum(ends - 1, starts), side="right"), n), t0)
     out = []
     seen: dict[tuple[int, int], list[SectionPath]] = {}  # by bytes, then path: equal spans are few
     for (path, s, e), a, z in zip(spans, t0.tolist(), t1.tolist()):
@@ -135,8 +138,7 @@ def _to_sections(prompt: Prompt, spans: list[Piece]) -> list[Section]:
         if path in same:
             continue
         same.append(path)
-        a = max(0, min(a, n))
-        out.append(Section(path, a, max(a, min(z, n)), s, e))
+        out.append(Section(path, a, z, s, e))
     out.sort(key=lambda x: (x.start, -x.end, len(x.path.parts)))
     return out
 
