@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -60,11 +61,29 @@ class Rendered:
     unlocated: list[str] = field(default_factory=list)  # fields the render does not show verbatim
 
 
-@dataclass
 class _Leaf:
-    path: SectionPath  # container path (message/tool call/tool) + the field
-    get: Callable[[dict], Any]
-    set: Callable[[dict, Any], None]
+    """A string field of a request: where it sits (keys from the body down) and its section path. Shared:
+    the same fields recur in every request of a session, so the common ones are made once."""
+
+    __slots__ = ("path", "keys")
+
+    def __init__(self, path: SectionPath, keys: tuple[Any, ...]):
+        self.path, self.keys = path, keys
+
+    def get(self, b: dict) -> Any:
+        cur: Any = b
+        for k in self.keys:
+            try:
+                cur = cur[k]
+            except (KeyError, IndexError, TypeError):
+                return None
+        return cur
+
+    def set(self, b: dict, v: Any) -> None:
+        cur: Any = b
+        for k in self.keys[:-1]:
+            cur = cur[k]
+        cur[self.keys[-1]] = v
 
 
 def template_sha256(template: str) -> str:
@@ -188,10 +207,10 @@ class Renderer:
             spans += found
         return (spans, gen_at) if rendered else (None, None)
 
-    def _sentinel_render(self, body: dict, leaves: list[_Leaf]) -> tuple[str, str] | None:
-        """(the render with `leaves` wrapped in sentinels, and the generation prompt marked where the
-        template allows; that render without them); None when no leaf has text to wrap or the
-        template fails on the wrapped request."""
+    def _sentinel_render(self, body: dict, leaves: list[_Leaf]) -> tuple[list[tuple[int, int]], str] | None:
+        """The render with `leaves` wrapped in sentinels (and the generation prompt marked where the
+        template allows), as (each sentinel's code and position in the text without them, that text);
+        None when no leaf has text to wrap or the template fails on the wrapped request."""
         wrapped = _copy(body)
         used = 0
         for k, leaf in enumerate(leaves):
@@ -205,7 +224,9 @@ class Renderer:
             out = self.render(wrapped, mark_generation=True)
         except InputError:
             return None
-        return out, _SENTINELS.sub("", out)
+        pieces = _SENTINELS.split(out)  # the text between sentinels: their positions are its running lengths
+        marks = list(zip(map(ord, _SENTINELS.findall(out)), accumulate(map(len, pieces[:-1]))))
+        return marks, "".join(pieces)
 
     def _leaf_spans(self, body: dict, leaves: list[_Leaf], text: str, unlocated: list[str]) -> list[Span]:
         spans: list[Span] = []
@@ -363,15 +384,13 @@ _THINK_OPEN = re.compile(r"<think>\s*$")
 _THINK_CLOSE = re.compile(r"^\s*</think>\n*")
 
 
-def _sentinel_spans(out: str, leaves: list[_Leaf]) -> tuple[list[Span], int | None]:
-    """Where each wrapped leaf landed in `out` (positions counted without the sentinels); a field
-    rendered twice is two spans. Second, where the generation prompt begins, if marked once."""
+def _sentinel_spans(marks: list[tuple[int, int]], leaves: list[_Leaf]) -> tuple[list[Span], int | None]:
+    """Where each wrapped leaf landed, from the sentinels' codes and positions in the text without them;
+    a field rendered twice is two spans. Second, where the generation prompt begins, if marked once."""
     opens: dict[int, list[int]] = {}
     closes: dict[int, list[int]] = {}
     gen: list[int] = []
-    for removed, m in enumerate(_SENTINELS.finditer(out)):
-        c = ord(m.group())
-        pos = m.start() - removed
+    for c, pos in marks:
         if c == GEN_AT:
             gen.append(pos)
         elif c >= SENT_END:
@@ -521,43 +540,38 @@ def _field_part(path: str, short: str) -> Part:
 
 def _leaf(base: SectionPath, field_path: str, short: str, *keys: Any) -> _Leaf:
     """The string at body[keys[0]][keys[1]]..., located as `base` › the field."""
+    return _Leaf(base + (_field_part(field_path, short),), keys)
 
-    def get(b: dict) -> Any:
-        cur: Any = b
-        for k in keys:
-            try:
-                cur = cur[k]
-            except (KeyError, IndexError, TypeError):
-                return None
-        return cur
 
-    def set_(b: dict, v: Any) -> None:
-        cur: Any = b
-        for k in keys[:-1]:
-            cur = cur[k]
-        cur[keys[-1]] = v
-
-    return _Leaf(base + (_field_part(field_path, short),), get, set_)
+@lru_cache(maxsize=8192)
+def _message_field(i: int, role: str | None, fld: str) -> _Leaf:
+    """messages[i].fld of a message with this role: made once per session."""
+    base = SectionPath.of(Part("message", i, role, f"messages[{i}]"))
+    return _leaf(base, f"messages[{i}].{fld}", fld, "messages", i, fld)
 
 
 def _message_leaves(i: int, m: dict) -> list[_Leaf]:
-    base = SectionPath.of(_msg_part(i, m))
+    role = m.get("role")
+    role = role if isinstance(role, str) else None
     out: list[_Leaf] = []
     content = m.get("content")
     if isinstance(content, str):
-        out.append(_leaf(base, f"messages[{i}].content", "content", "messages", i, "content"))
+        out.append(_message_field(i, role, "content"))
     elif isinstance(content, list):
+        base = SectionPath.of(_msg_part(i, m))
         for j, part in enumerate(content):
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 path = f"messages[{i}].content[{j}].text"
                 out.append(_leaf(base, path, f"content[{j}]", "messages", i, "content", j, "text"))
     for fld in (*_REASONING_FIELDS, "tool_call_id", "name"):
         if isinstance(m.get(fld), str):
-            out.append(_leaf(base, f"messages[{i}].{fld}", fld, "messages", i, fld))
+            out.append(_message_field(i, role, fld))
     calls = m.get("tool_calls")
-    for k, call in enumerate(calls if isinstance(calls, list) else []):
-        if isinstance(call, dict):
-            out += _call_leaves(base + (_call_part(i, k, call),), i, k, call)
+    if isinstance(calls, list) and calls:
+        base = SectionPath.of(_msg_part(i, m))
+        for k, call in enumerate(calls):
+            if isinstance(call, dict):
+                out += _call_leaves(base + (_call_part(i, k, call),), i, k, call)
     return out
 
 
