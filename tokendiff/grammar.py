@@ -125,7 +125,11 @@ def _split_generic(
         if close is not None:
             # the end marker's bytes are the end of content; what follows up to the
             # next turn (a newline) is boilerplate of this turn
-            marker_len = next(len(m) for m in enders if data[close - len(m) : close] == m)
+            marker_len = (
+                len(enders[0])
+                if len(enders) == 1
+                else next(len(m) for m in enders if data[close - len(m) : close] == m)
+            )
             content_end = close - marker_len
         else:
             content_end = limit
@@ -566,7 +570,7 @@ def _to_sections(prompt: Prompt, spans: list[_Span]) -> list[Section]:
         if s.end <= s.start:
             continue
         out.append(Section(s.path, a, b, s.start, s.end))
-    out.sort(key=lambda x: (x.start, -x.end, len(x.path)))
+    out.sort(key=lambda x: (x.start, -x.end, len(x.path.parts)))
     return out
 
 

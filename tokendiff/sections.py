@@ -49,7 +49,7 @@ def field_sections(prompt: Prompt, rendered: Rendered) -> list[Section]:
     out: list[Piece] = []
     placed = [False] * len(fields)  # fields inside some turn
     for t in prompt.sections:
-        if len(t.path) != 1:
+        if len(t.path.parts) != 1:
             continue
         lo, hi = bisect_left(starts, t.byte_start), bisect_right(starts, t.byte_end)
         inside = [fields[k] for k in range(lo, hi) if fields[k][2] <= t.byte_end and plain[k]]
