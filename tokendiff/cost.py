@@ -224,6 +224,7 @@ class TurnInput:
     ttft_ms: float | None = None
     server: str = ""  # the recording server's kind, where the capture says
     vllm_block: int | None = None  # and its block size, when it is vLLM
+    diff: Any = None  # its diff with the turn read before it, where a worker made that already (a PairDiff)
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
@@ -254,16 +255,16 @@ class TurnInput:
 
 class PairPool(Protocol):
     """Where divergent pairs are diffed: in this process, or in workers (workflows.PairWorkers).
-    `submit` returns the turn filled by `compare_turn` and its reusable ceiling."""
+    `submit` returns the pair's diff (`diff_turn`); the turn is filled from it here (`fill_turn`)."""
 
-    def submit(self, t: Turn, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[tuple[Turn, int]]: ...
+    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[PairDiff]: ...
 
 
 class InlinePairs:
     """Every pair diffed here, at once."""
 
-    def submit(self, t: Turn, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[tuple[Turn, int]]:
-        return done_future(lambda: (t, compare_turn(t, a.prompt(), b.prompt(), max_hunks)))
+    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[PairDiff]:
+        return done_future(lambda: diff_turn(a.prompt(), b.prompt(), max_hunks))
 
 
 def done_future(fn: Callable[[], Any]) -> Future:
@@ -305,7 +306,7 @@ class Analyser:
         self.spans: dict[SpanKey, Span] = {}
         self.examples: dict[int, tuple[Prompt, Prompt]] = {}
         self.prev: TurnInput | None = None
-        self.pending: deque[tuple[Future[tuple[Turn, int]], TurnInput, TurnInput, int]] = deque()
+        self.pending: deque[tuple[Future[PairDiff], TurnInput, TurnInput, int]] = deque()
         self.work = 0  # tokens compared or diffed outside the index
         self._scanned = 0  # turns `first_wasted` has looked at
         self._first_wasted: int | None = None
@@ -332,12 +333,12 @@ class Analyser:
             t.recompute = t.new_tokens = len(cur.ids)
         else:
             t.best_earlier, t.best_lcp = m.turn, m.lcp
-            if _appends(self.prev.ids, cur.ids):
+            if appends(self.prev.ids, cur.ids):
                 self.work += len(self.prev.ids)
                 _append_turn(t, len(self.prev.ids))
             else:
                 self.work += len(self.prev.ids) + len(cur.ids)
-                self.pending.append((self.pool.submit(t, self.prev, cur, self.max_hunks), self.prev, cur, k))
+                self.pending.append((self.pool.submit(self.prev, cur, self.max_hunks), self.prev, cur, k))
         self.prev = cur
         self._collect(self.in_flight)
         return t
@@ -368,9 +369,9 @@ class Analyser:
     def _collect(self, keep: int) -> None:
         """Count the finished pairs in turn order, waiting while more than `keep` are in flight."""
         while self.pending and (len(self.pending) > keep or self.pending[0][0].done()):
-            fut, a, b, _ = self.pending.popleft()
-            t, ceiling = fut.result()
-            self.turns[t.turn - 1] = t
+            fut, a, b, k = self.pending.popleft()
+            t = self.turns[k - 1]
+            ceiling = fill_turn(t, fut.result())
             if _count_spans(t, self.spans, ceiling):
                 self.examples[t.turn] = (a.prompt(), b.prompt())
 
@@ -438,7 +439,7 @@ def analyse_stream(turns: Iterable[TurnInput], max_hunks: int = 64, layout: Atte
     return an.session()
 
 
-def _appends(a: np.ndarray, b: np.ndarray) -> bool:
+def appends(a: np.ndarray, b: np.ndarray) -> bool:
     """B is A with tokens after it: the one diff that needs no text to explain."""
     n = len(a)
     return 2 <= n < len(b) and bool(np.array_equal(a, b[:n]))
@@ -458,18 +459,40 @@ def _append_turn(t: Turn, n_a: int) -> None:
     _notes(t, False, n)
 
 
-def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
-    """Fill a turn from its diff with the previous prompt; returns its reusable ceiling."""
-    n = len(b)
+class PairDiff:
+    """What the diff of a pair gives a turn: the heavy part of `compare_turn`, which a worker process
+    computes and sends back (small: no prompt in it). A plain class: it is built for every pair."""
+
+    __slots__ = ("divergence", "findings", "ceiling")
+
+    def __init__(self, divergence: Divergence, findings: list[Finding], ceiling: int):
+        self.divergence, self.findings, self.ceiling = divergence, findings, ceiling
+
+    def __getstate__(self) -> tuple[Divergence, list[Finding], int]:
+        return self.divergence, self.findings, self.ceiling
+
+    def __setstate__(self, state: tuple[Divergence, list[Finding], int]) -> None:
+        self.divergence, self.findings, self.ceiling = state
+
+
+def diff_turn(a: Prompt, b: Prompt, max_hunks: int = 64) -> PairDiff:
+    """Align the pair, explain its spans, and find the reuse B could have had without the unexpected ones."""
     d = align(a, b, max_hunks=None)
+    findings = explain(a, b, d, max_hunks=max_hunks)
+    return PairDiff(d, findings, reusable_ceiling(a, d, findings, len(b)))
+
+
+def fill_turn(t: Turn, pd: PairDiff) -> int:
+    """Fill a turn from its pair's diff; returns its reusable ceiling."""
+    d = pd.divergence
+    n = d.n_b
     t.divergence, t.lcp = d, d.lcp
-    t.reuse = _reuse(t, d.lcp, n, len(a))
+    t.reuse = _reuse(t, d.lcp, n, d.n_a)
     t.recompute = n - t.reuse["llama.cpp"]
-    t.findings = explain(a, b, d, max_hunks=max_hunks)
-    ceiling = reusable_ceiling(a, d, t.findings, n)
-    t.ceiling = ceiling
-    t.new_tokens = max(0, n - ceiling)
-    t.wasted = max(0, ceiling - t.reuse["llama.cpp"])
+    t.findings = pd.findings
+    t.ceiling = pd.ceiling
+    t.new_tokens = max(0, n - pd.ceiling)
+    t.wasted = max(0, pd.ceiling - t.reuse["llama.cpp"])
     first = next((f for f in t.findings if not f.expected), None)
     if first is None and t.findings and t.findings[0].kind == "new_conversation":
         first = t.findings[0]  # no waste, but the turn is named: the cache of A had nothing for B
@@ -478,7 +501,12 @@ def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
         t.path = _owner(d.hunks[first.hunk])
         t.section = t.path.label
     _notes(t, d.identical, n)
-    return ceiling
+    return pd.ceiling
+
+
+def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
+    """Fill a turn from its diff with the previous prompt; returns its reusable ceiling."""
+    return fill_turn(t, diff_turn(a, b, max_hunks))
 
 
 def _reuse(t: Turn, lcp: int, n: int, cached_len: int) -> dict[str, int]:
@@ -703,6 +731,10 @@ __all__ = [
     "PairPool",
     "InlinePairs",
     "compare_turn",
+    "appends",
+    "diff_turn",
+    "fill_turn",
+    "PairDiff",
     "user_message_starts",
     "done_future",
     "backend_reuse",

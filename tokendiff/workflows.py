@@ -218,9 +218,12 @@ def _spec_input(loader: Loader, spec: str) -> TurnInput:
     return TurnInput.of(loader.load(spec), job=SpecJob(spec))
 
 
-def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int, rendered: Any = None) -> TurnInput:
+def _record_input(
+    loader: Loader, rec: dict[str, Any], label: str, turn: int, rendered: Any = None, diff: Any = None
+) -> TurnInput:
     """A capture record as a turn: the recorded IDs now (or `rendered`, its render tokenised already),
-    rendering and decoding only if a diff needs them."""
+    rendering and decoding only if a diff needs them. `diff`: its diff with the record before it, where
+    the worker that tokenised it made that too."""
     import numpy as np
 
     from tokendiff.cost import TurnInput
@@ -235,18 +238,29 @@ def _record_input(loader: Loader, rec: dict[str, Any], label: str, turn: int, re
         arr = None
     if arr is None and ids is None:  # a HAR entry, a request body: its render tokenised
         arr = rendered if rendered is not None else loader.rendered_ids(rec)
-    if arr is None or arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= loader.vocab.n_vocab)):
+    if arr is None or not usable_ids(arr, loader.vocab.n_vocab):
         ti = TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
     else:
         resp = resp if isinstance(resp, dict) else None
         req = rec.get("request") if isinstance(rec.get("request"), dict) else None
         ti = TurnInput(
-            ids=arr.astype(np.int32), origin=label, load=lambda: job.load(loader), response=resp, job=job, request=req
+            ids=arr.astype(np.int32),
+            origin=label,
+            load=lambda: job.load(loader),
+            response=resp,
+            job=job,
+            request=req,
+            diff=diff,
         )
     ttft = rec.get("ttft_ms")
     ti.ttft_ms = float(ttft) if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) else None
     ti.server, ti.vllm_block = recorded_backend(rec.get("server"))  # which rules the server's counts follow
     return ti
+
+
+def usable_ids(arr: Any, n_vocab: int) -> bool:
+    """IDs the analysis takes as they are: one flat array, inside the vocabulary."""
+    return arr.ndim == 1 and not (arr.size and (arr.min() < 0 or arr.max() >= n_vocab))
 
 
 # ---------------------------------------------------------------- divergent pairs in worker processes
@@ -320,18 +334,20 @@ class PairWorkers:
     Forked, the workers share the vocabulary table and the compiled chat template instead of rebuilding
     them. The first `after` pairs are diffed here, so a short session never starts a process."""
 
-    def __init__(self, loader: Loader, workers: int | None = None, after: int = 4):
-        self.loader, self.after, self.seen = loader, after, 0
+    def __init__(self, loader: Loader, workers: int | None = None, after: int = 4, max_hunks: int = 64):
+        self.loader, self.after, self.seen, self.max_hunks = loader, after, 0, max_hunks
         self.workers = workers if workers is not None else _default_workers()
         self._pool: Any = None
 
-    def submit(self, t, a: TurnInput, b: TurnInput, max_hunks: int):
-        from tokendiff.cost import InlinePairs
+    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int):
+        from tokendiff.cost import InlinePairs, done_future
 
         self.seen += 1
+        if b.diff is not None and max_hunks == self.max_hunks:  # diffed already, where b was tokenised
+            return done_future(partial(_worker_result, b.diff))
         if self.workers < 2 or self.seen <= self.after or a.job is None or b.job is None:
-            return InlinePairs().submit(t, a, b, max_hunks)
-        fut = self._executor().submit(_worker_compare, t, a.job, b.job, self.loader.chat_template, max_hunks)
+            return InlinePairs().submit(a, b, max_hunks)
+        fut = self._executor().submit(_worker_compare, a.job, b.job, self.loader.chat_template, max_hunks)
         return _relay(fut)
 
     def start(self) -> None:
@@ -351,15 +367,18 @@ class PairWorkers:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"))
         return self._pool
 
-    def with_ids(self, records, chunk: int = 32, ahead: int = 4):
-        """(record, its render tokenised or None) in order, the rendering and tokenising done in the
-        workers `ahead` chunks in advance (after the first chunks, so a short session starts no process)."""
+    def with_ids(self, records, labels, chunk: int = 32, ahead: int = 4):
+        """(record, its render tokenised or None, its diff with the record before it or None) in order:
+        the rendering and tokenising done in the workers `ahead` chunks in advance (after the first
+        chunks, so a short session starts no process), and with them the diff of each record that does
+        not just extend the one before it in its chunk (`_worker_chunk`): a pair needs no second trip.
+        `labels` gives each record's label, from 1."""
         from collections import deque
         from itertools import islice
 
         from tokendiff.cost import done_future
 
-        it, sent = iter(records), 0
+        it, sent, first = iter(records), 0, 1
         pending: deque[tuple[list[Any], Any]] = deque()
         while True:
             while len(pending) < ahead and (batch := list(islice(it, chunk))):
@@ -367,12 +386,15 @@ class PairWorkers:
                 if self.workers < 2 or sent <= 2:
                     fut = done_future(partial(_local_ids, self.loader, batch))
                 else:
-                    fut = self._executor().submit(_worker_ids, batch, self.loader.chat_template)
+                    names = [labels(first + i) for i in range(len(batch))]
+                    job = (batch, names, first, self.loader.chat_template, self.max_hunks)
+                    fut = self._executor().submit(_worker_chunk, *job)
+                first += len(batch)
                 pending.append((batch, fut))
             if not pending:
                 return
             batch, fut = pending.popleft()
-            yield from zip(batch, fut.result())
+            yield from zip(batch, *zip(*fut.result(), strict=True), strict=True)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -392,15 +414,47 @@ def _default_workers() -> int:
     return min(2, cores)
 
 
-def _worker_compare(t, job_a, job_b, template: str | None, max_hunks: int):
-    """In a worker: load both prompts and fill the turn (`cost.compare_turn`)."""
-    from tokendiff.cost import compare_turn
+def _worker_compare(job_a, job_b, template: str | None, max_hunks: int):
+    """In a worker: load both prompts and diff them (`cost.diff_turn`)."""
+    from tokendiff.cost import diff_turn
 
     try:
         loader = _worker_loader(template)
-        return t, compare_turn(t, _worker_prompt(job_a, loader), _worker_prompt(job_b, loader), max_hunks)
+        return diff_turn(_worker_prompt(job_a, loader), _worker_prompt(job_b, loader), max_hunks)
     except InputError as e:
         return _WorkerError(e.reason, e.source, e.offset)
+
+
+def _worker_chunk(records: list, labels: list[str], first: int, template: str | None, max_hunks: int) -> list:
+    """In a worker: each record's render tokenised, and its diff with the record before it in the chunk
+    where it does not just extend it (what the analysis will ask for: `Analyser.add`), as
+    [(IDs or None, its PairDiff, _WorkerError or None)]. The pair's prompts come from the IDs at hand, and
+    a record diffed on both sides is loaded once (`_worker_prompt`)."""
+    from tokendiff.cost import appends, diff_turn
+
+    loader = _worker_loader(template)
+    ids = [loader.rendered_ids(r) for r in records]
+    ok = [x if x is not None and usable_ids(x, loader.vocab.n_vocab) else None for x in ids]
+    out: list[tuple[Any, Any]] = [(ids[0], None)]
+    for k in range(1, len(records)):
+        diff: Any = None
+        xa, xb = ok[k - 1], ok[k]
+        if xa is not None and xb is not None and not appends(xa, xb):
+            a = RecordJob(records[k - 1], labels[k - 1], first + k - 1, xa)
+            b = RecordJob(records[k], labels[k], first + k, xb)
+            try:
+                diff = diff_turn(_worker_prompt(a, loader), _worker_prompt(b, loader), max_hunks)
+            except InputError as e:
+                diff = _WorkerError(e.reason, e.source, e.offset)
+        out.append((ids[k], diff))
+    return out
+
+
+def _worker_result(r: Any) -> Any:
+    """A worker's answer, its carried InputError raised as one."""
+    if isinstance(r, _WorkerError):
+        raise InputError(r.reason, source=r.source, offset=r.offset)
+    return r
 
 
 _WORKER_PROMPTS: dict[tuple[Any, int], Prompt] = {}  # the last prompts this worker loaded
@@ -420,14 +474,8 @@ def _worker_prompt(job, loader: Loader) -> Prompt:
 
 
 def _local_ids(loader: Loader, records: list) -> list:
-    """Here, without a worker: each record's render tokenised."""
-    return [loader.rendered_ids(r) for r in records]
-
-
-def _worker_ids(records: list, template: str | None) -> list:
-    """In a worker: each record's render tokenised (`Loader.rendered_ids`)."""
-    loader = _worker_loader(template)
-    return [loader.rendered_ids(r) for r in records]
+    """Here, without a worker: each record's render tokenised (its pairs are diffed as the analysis asks)."""
+    return [(loader.rendered_ids(r), None) for r in records]
 
 
 def _worker_loader(template: str | None) -> Loader:
@@ -447,14 +495,9 @@ def _relay(src):
 
     def done(f) -> None:
         try:
-            r = f.result()
-        except BaseException as e:  # noqa: BLE001 - a crashed worker: the reader of the result sees it
+            out.set_result(_worker_result(f.result()))
+        except BaseException as e:  # noqa: BLE001 - a crashed worker, or its InputError: the reader of the result sees it
             out.set_exception(e)
-            return
-        if isinstance(r, _WorkerError):
-            out.set_exception(InputError(r.reason, source=r.source, offset=r.offset))
-        else:
-            out.set_result(r)
 
     src.add_done_callback(done)
     return out
@@ -495,12 +538,12 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
         if Path(p).stat().st_size > 16 << 20:
             loader.warm_text()  # the tokenizer and template the workers inherit
             pool.start()  # before the parse: forked later, each worker would map the parsed document too
-        records = pool.with_ids(iter_har(Path(p)))
+        records = pool.with_ids(iter_har(Path(p)), lambda k: one_line(f"{Path(p)}@{k}"))
     k = 0
     for k, item in enumerate(records, 1):  # labelled as loading `p@k` labels them
-        rec, ids = item if kind == "har" else (item, None)
+        rec, ids, diff = item if kind == "har" else (item, None, None)
         label = f"{p}@{k}" if kind == "capture" else one_line(f"{Path(p)}@{k}")
-        yield f"{p}@{k}", _record_input(loader, rec, label, k, ids)
+        yield f"{p}@{k}", _record_input(loader, rec, label, k, ids, diff)
     if k == 0:
         raise InputError("the session holds no chat requests", source=p)
 
