@@ -97,3 +97,16 @@ def test_pure_append_is_not_a_boundary(vocab):
     d = align(a, b)
     assert d.lcp == len(a) and not d.boundary
     assert [(h.a_start, h.a_end, h.b_start, h.b_end, h.kind) for h in d.hunks] == [(2, 2, 2, 3, "insert")]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 5), max_size=80), st.lists(st.integers(0, 5), max_size=80))
+def test_the_csequence_matcher_gives_difflibs_answers(a, b):
+    # the aligner takes cydifflib's SequenceMatcher where installed: it must match difflib's block for
+    # block (small alphabets: many equal candidates, where the tie-breaking shows)
+    import difflib
+
+    from tokendiff.align import sequence_matcher
+
+    fast = sequence_matcher()(None, a, b, autojunk=False).get_opcodes()
+    assert fast == difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()

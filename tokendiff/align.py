@@ -148,12 +148,23 @@ def _difflib(s: _Seqs, alo, ahi, blo, bhi, out) -> None:
     if ahi - alo == 1 or bhi - blo == 1:
         _one_token_side(s, alo, ahi, blo, bhi, out)
         return
-    import difflib
-
-    sm = difflib.SequenceMatcher(None, *s.lists(alo, ahi, blo, bhi), autojunk=False)
+    sm = sequence_matcher()(None, *s.lists(alo, ahi, blo, bhi), autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag != "equal":
             out.append((alo + i1, alo + i2, blo + j1, blo + j2))
+
+
+def sequence_matcher() -> type:
+    """difflib's SequenceMatcher, as cydifflib implements it in C where installed: the same algorithm
+    and answers (tests/test_align.py holds them equal), ~3x faster on the gaps of a long session's pairs."""
+    try:
+        import cydifflib
+
+        return cydifflib.SequenceMatcher
+    except ImportError:
+        import difflib
+
+        return difflib.SequenceMatcher
 
 
 def _one_token_side(s: _Seqs, alo, ahi, blo, bhi, out) -> None:
