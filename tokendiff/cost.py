@@ -442,7 +442,11 @@ def analyse_stream(turns: Iterable[TurnInput], max_hunks: int = 64, layout: Atte
 def appends(a: np.ndarray, b: np.ndarray) -> bool:
     """B is A with tokens after it: the one diff that needs no text to explain."""
     n = len(a)
-    return 2 <= n < len(b) and bool(np.array_equal(a, b[:n]))
+    if not 2 <= n < len(b):
+        return False
+    if a.dtype == b.dtype:  # their bytes compared (memcmp): a tenth of array_equal's cost
+        return a.tobytes() == b[:n].tobytes()
+    return bool(np.array_equal(a, b[:n]))
 
 
 def _append_turn(t: Turn, n_a: int) -> None:

@@ -538,11 +538,12 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
         if Path(p).stat().st_size > 16 << 20:
             loader.warm_text()  # the tokenizer and template the workers inherit
             pool.start()  # before the parse: forked later, each worker would map the parsed document too
-        records = pool.with_ids(iter_har(Path(p)), lambda k: one_line(f"{Path(p)}@{k}"))
+        base = one_line(str(Path(p)))
+        records = pool.with_ids(iter_har(Path(p)), lambda k: f"{base}@{k}")
     k = 0
     for k, item in enumerate(records, 1):  # labelled as loading `p@k` labels them
         rec, ids, diff = item if kind == "har" else (item, None, None)
-        label = f"{p}@{k}" if kind == "capture" else one_line(f"{Path(p)}@{k}")
+        label = f"{p}@{k}" if kind == "capture" else f"{base}@{k}"
         yield f"{p}@{k}", _record_input(loader, rec, label, k, ids, diff)
     if k == 0:
         raise InputError("the session holds no chat requests", source=p)
