@@ -210,7 +210,7 @@ class Section(NamedTuple):
     `path` runs from the outermost section down to this one (system prompt ›
     tools › web_extract); sections nest, and the owner of a token is the
     innermost section containing it. A NamedTuple: a prompt has hundreds of
-    sections, built for every prompt a report diffs.
+    sections, built for every prompt a report compares.
     """
 
     path: SectionPath
