@@ -107,6 +107,7 @@ class Renderer:
         self.template = template
         self.defaults = {"bos_token": bos_token, "eos_token": eos_token, **kwargs}
         self._typed: bool | None = None
+        self.template_sha256 = template_sha256(template)
 
     def render(
         self, body: dict[str, Any], add_generation_prompt: bool | None = None, mark_generation: bool = False
@@ -173,7 +174,7 @@ class Renderer:
         if text is None or spans is None:
             text = self.render(body)
             spans = self._leaf_spans(body, leaves, text, unlocated)
-        r = Rendered(text, template_sha256=template_sha256(self.template), unlocated=unlocated)
+        r = Rendered(text, template_sha256=self.template_sha256, unlocated=unlocated)
         r.spans += [_with_think_tags(text, sp) for sp in spans]
         r.spans += self._tool_spans(body, text)
         r.spans += self._message_spans(r.spans)
