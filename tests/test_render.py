@@ -316,3 +316,37 @@ def test_a_marked_template_attributes_a_request_in_one_render(monkeypatch):
     gen = [s for s in r.spans if s.path[0].kind == "generation_prompt"]
     assert [text[s.start : s.end] for s in gen] == ["<|im_start|>assistant\n"]
     assert template_env.compile_marked(template("openai-gpt-oss-120b.jinja")) is None  # reads it elsewhere too
+
+
+def _glyph_conversation(glyphs: str) -> dict:
+    return {"messages": [{"role": ("user", "assistant")[i % 2], "content": f"turn {i} {glyphs}"} for i in range(40)]}
+
+
+@pytest.mark.parametrize("glyphs", ["\uf8ff", "\ue0a0 main \ue0b0"])
+def test_private_use_characters_in_a_prompt_cost_no_render_per_field(glyphs, monkeypatch):
+    # Nerd Font glyphs in a tool's output, Apple's logo in a message: the sentinels come from the other
+    # Private Use range, so a long conversation is still attributed in one render
+    renderer = Renderer(template("Qwen-Qwen3-0.6B.jinja"))
+    b = _glyph_conversation(glyphs)
+    text = renderer.render(b)
+    calls = []
+    real = Renderer.render
+    monkeypatch.setattr(Renderer, "render", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    r = renderer.attribute(b, text)
+    assert len(calls) <= 2  # the sentinel render, and the one without the generation prompt
+    fields = [s for s in r.spans if s.path[-1].kind == "field"]
+    assert len(fields) == 40
+    assert all(text[s.start : s.end] == b["messages"][s.path[0].index]["content"] for s in fields)
+    gen = [text[s.start : s.end] for s in r.spans if s.path[0].kind == "generation_prompt"]
+    assert gen == ["<|im_start|>assistant\n"]
+    assert _attribution(r) == _attribution(renderer.attribute(b))
+
+
+def test_a_prompt_holding_both_private_use_ranges_is_attributed_field_by_field():
+    renderer = Renderer(template("Qwen-Qwen3-0.6B.jinja"))
+    b = _glyph_conversation("\uf8ff \U000f0001")
+    want = _attribution(renderer.attribute(b))
+    assert _attribution(renderer.attribute(b, want[0])) == want
+    assert any(
+        p == "messages[39].content" for p, _, _ in [(s.path.field_path, 0, 0) for s in renderer.attribute(b).spans]
+    )

@@ -35,15 +35,40 @@ import numpy as np
 from tokendiff.errors import InputError
 from tokendiff.model import Part, SectionPath
 
-# Sentinels are Private Use characters (U+E000-U+F8FF, 6,400 of them), half to open and half to close:
-# a chunk of fields wrapped at once never uses a character outside the range the sentinels are found by
-# (closing at U+F000 + k left every field past the 2,304th of a chunk unfound, and the chunk's fields
-# then located one by one: 2,400 messages took 14 s instead of 0.1 s)
-MAX_SENTINELS = 0x0C7F  # fields wrapped in one render
-SENT_START = 0xE000  # sentinel k opens with chr(SENT_START + k) ...
-SENT_END = SENT_START + MAX_SENTINELS  # ... and closes with chr(SENT_END + k), at most U+F8FD
-GEN_AT = 0xF8FF  # template_env.GEN_MARK: where the generation prompt begins
-_SENTINELS = re.compile("[\ue000-\uf8ff]")
+
+class _Sentinels:
+    """Private Use characters that wrap fields for one render, half opening and half closing: sentinel k
+    opens with chr(start + k) and closes with chr(start + per_render + k). A prompt that holds a
+    character of the range (Nerd Font glyphs in a tool's output, Apple's logo) gets the other range:
+    with sentinels it cannot tell apart, every field would be located by a render of its own."""
+
+    __slots__ = ("start", "per_render", "pattern", "marked")
+
+    def __init__(self, first: str, last: str, marked: bool):
+        self.start = ord(first)
+        self.per_render = (ord(last) - ord(first) - int(marked)) // 2  # fields wrapped in one render
+        self.pattern = re.compile(f"[{first}-{last}]")
+        self.marked = marked  # its last character is template_env.GEN_MARK, where the generation prompt begins
+
+    def field(self, code: int) -> tuple[int, bool]:
+        """(the field a sentinel belongs to, whether it closes it)."""
+        k = code - self.start
+        return (k - self.per_render, True) if k >= self.per_render else (k, False)
+
+
+# the Basic Multilingual Plane's Private Use Area, 6,400 characters (U+F8FF marks the generation prompt): chunks
+# of 3,199 fields, every sentinel inside the range they are found by (closing at U+F000 + k once left every
+# field past the 2,304th of a chunk unfound, and the chunk's fields then located one by one: 2,400 messages
+# took 14 s instead of 0.1 s); then Supplementary Private Use Area-A, for a prompt that holds the first
+BMP_SENTINELS = _Sentinels("\ue000", "\uf8ff", marked=True)
+PLANE_15_SENTINELS = _Sentinels("\U000f0000", "\U000ffffd", marked=False)
+MAX_SENTINELS = BMP_SENTINELS.per_render
+GEN_AT = ord("\uf8ff")  # template_env.GEN_MARK
+
+
+def _sentinels_for(text: str) -> _Sentinels | None:
+    """Sentinels that `text` does not hold (None: it holds characters of both ranges)."""
+    return next((s for s in (BMP_SENTINELS, PLANE_15_SENTINELS) if not s.pattern.search(text)), None)
 
 
 @dataclass
@@ -195,8 +220,11 @@ class Renderer:
         spans: list[Span] = []
         rendered = False
         gen_at: int | None = None
-        for chunk in _chunks(leaves, MAX_SENTINELS):
-            got = self._sentinel_render(body, chunk)
+        sent = _sentinels_for(text)
+        if sent is None:
+            return None, None
+        for chunk in _chunks(leaves, sent.per_render):
+            got = self._sentinel_render(body, chunk, sent)
             if got is None:
                 if any(isinstance(v := leaf.get(body), str) and v for leaf in chunk):
                     return None, None  # the template failed on the wrapped fields
@@ -204,42 +232,44 @@ class Renderer:
             if got[1] != text:
                 return None, None
             rendered = True
-            found, gen_at = _sentinel_spans(got[0], chunk)
+            found, gen_at = _sentinel_spans(got[0], chunk, sent)
             spans += found
         return (spans, gen_at) if rendered else (None, None)
 
-    def _sentinel_render(self, body: dict, leaves: list[_Leaf]) -> tuple[list[tuple[int, int]], str] | None:
+    def _sentinel_render(
+        self, body: dict, leaves: list[_Leaf], sent: _Sentinels
+    ) -> tuple[list[tuple[int, int]], str] | None:
         """The render with `leaves` wrapped in sentinels (and the generation prompt marked where the
         template allows), as (each sentinel's code and position in the text without them, that text);
         None when no leaf has text to wrap or the template fails on the wrapped request."""
         wrapped = _copy(body)
         used = 0
+        opens, closes = sent.start, sent.start + sent.per_render
         for k, leaf in enumerate(leaves):
             v = leaf.get(wrapped)
             if isinstance(v, str) and v:
-                leaf.set(wrapped, chr(SENT_START + k) + v + chr(SENT_END + k))
+                leaf.set(wrapped, chr(opens + k) + v + chr(closes + k))
                 used += 1
         if not used:
             return None
         try:
-            out = self.render(wrapped, mark_generation=True)
+            out = self.render(wrapped, mark_generation=sent.marked)
         except InputError:
             return None
-        pieces = _SENTINELS.split(out)  # the text between sentinels: their positions are its running lengths
-        marks = list(zip(map(ord, _SENTINELS.findall(out)), accumulate(map(len, pieces[:-1]))))
+        pieces = sent.pattern.split(out)  # the text between sentinels: their positions are its running lengths
+        marks = list(zip(map(ord, sent.pattern.findall(out)), accumulate(map(len, pieces[:-1]))))
         return marks, "".join(pieces)
 
     def _leaf_spans(self, body: dict, leaves: list[_Leaf], text: str, unlocated: list[str]) -> list[Span]:
         spans: list[Span] = []
-        good: list[_Leaf] = []
-        for chunk in _chunks(leaves, MAX_SENTINELS):
-            found = self._wrapped(body, chunk, text)
+        sent = _sentinels_for(text)
+        for chunk in _chunks(leaves, sent.per_render if sent else 1):
+            found = self._wrapped(body, chunk, text, sent) if sent else None
             if found is not None:
                 spans += found
-                good += chunk
                 continue
             for leaf in chunk:  # find the fields whose wrapping changes the output
-                one = self._wrapped(body, [leaf], text)
+                one = self._wrapped(body, [leaf], text, sent) if sent else None
                 if one is not None:
                     spans += one
                 else:
@@ -250,15 +280,15 @@ class Renderer:
                         unlocated.append(leaf.path[-1].field or "")
         return spans
 
-    def _wrapped(self, body: dict, leaves: list[_Leaf], text: str) -> list[Span] | None:
+    def _wrapped(self, body: dict, leaves: list[_Leaf], text: str, sent: _Sentinels) -> list[Span] | None:
         """The spans of `leaves` from one sentinel render, if it is `text` once the sentinels are
         removed ([] when no leaf has text); None when the wrapping changes the output."""
         if not any(isinstance(v := leaf.get(body), str) and v for leaf in leaves):
             return []
-        got = self._sentinel_render(body, leaves)
+        got = self._sentinel_render(body, leaves, sent)
         if got is None or got[1] != text:
             return None
-        return _sentinel_spans(got[0], leaves)[0]
+        return _sentinel_spans(got[0], leaves, sent)[0]
 
     def _substituted(self, body: dict, leaf: _Leaf, text: str) -> Span | None:
         v = leaf.get(body)
@@ -385,19 +415,20 @@ _THINK_OPEN = re.compile(r"<think>\s*$")
 _THINK_CLOSE = re.compile(r"^\s*</think>\n*")
 
 
-def _sentinel_spans(marks: list[tuple[int, int]], leaves: list[_Leaf]) -> tuple[list[Span], int | None]:
+def _sentinel_spans(
+    marks: list[tuple[int, int]], leaves: list[_Leaf], sent: _Sentinels
+) -> tuple[list[Span], int | None]:
     """Where each wrapped leaf landed, from the sentinels' codes and positions in the text without them;
     a field rendered twice is two spans. Second, where the generation prompt begins, if marked once."""
     opens: dict[int, list[int]] = {}
     closes: dict[int, list[int]] = {}
     gen: list[int] = []
     for c, pos in marks:
-        if c == GEN_AT:
+        if sent.marked and c == GEN_AT:
             gen.append(pos)
-        elif c >= SENT_END:
-            closes.setdefault(c - SENT_END, []).append(pos)
-        else:
-            opens.setdefault(c - SENT_START, []).append(pos)
+            continue
+        k, closing = sent.field(c)
+        (closes if closing else opens).setdefault(k, []).append(pos)
     spans = []
     for k in sorted(opens.keys() & closes.keys()):
         if k < len(leaves):
