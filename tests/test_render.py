@@ -350,3 +350,26 @@ def test_a_prompt_holding_both_private_use_ranges_is_attributed_field_by_field()
     assert any(
         p == "messages[39].content" for p, _, _ in [(s.path.field_path, 0, 0) for s in renderer.attribute(b).spans]
     )
+
+
+@pytest.mark.parametrize("name", ALL_TEMPLATES)
+def test_tools_located_in_a_few_turns_are_where_the_whole_conversation_puts_them(name, monkeypatch):
+    # each tool's span comes from leaving it out of a request cut to its first turns (as few as render
+    # the same text through the tools block and past it): the spans the whole conversation would give
+    renderer = Renderer(template(name), **CASES.get(name, {"bos_token": "<s>", "eos_token": "</s>"}))
+    tools = [
+        dict(t, function=dict(t["function"], name=f"{t['function']['name']}_{i}")) for i in range(4) for t in TOOLS
+    ]
+    long = [
+        *body()["messages"],
+        *[{"role": r, "content": f"more words {k} " * 30} for k in range(12) for r in ("assistant", "user")],
+    ]
+    for b in ({"messages": body()["messages"], "tools": tools}, {"messages": long, "tools": tools}):
+        try:
+            cut = _attribution(renderer.attribute(b))
+        except InputError:
+            continue  # a template that refuses this conversation (roles out of order)
+        with monkeypatch.context() as m:
+            m.setattr(Renderer, "_tools_context", lambda self, body, text, block: (body, text, len(text)))
+            whole = _attribution(renderer.attribute(b))
+        assert cut == whole
