@@ -367,7 +367,7 @@ class PairWorkers:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"))
         return self._pool
 
-    def with_ids(self, records, labels, chunk: int = 32, ahead: int = 4):
+    def with_ids(self, records, labels, chunk: int = 32, ahead: int = 16):
         """(record, its render tokenised or None, its diff with the record before it or None) in order:
         the rendering and tokenising done in the workers `ahead` chunks in advance (after the first
         chunks, so a short session starts no process), and with them the diff of each record that does
