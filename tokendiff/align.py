@@ -18,12 +18,14 @@ from bisect import bisect_left
 from collections import Counter
 from itertools import compress, count, repeat
 from operator import itemgetter, ne, not_
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from tokendiff.model import Divergence, Hunk, Prompt, id_bytes
 
 if TYPE_CHECKING:
     from tokendiff.model import Ids
+
+Text = TypeVar("Text", bytes, str)  # what the prefix and suffix bisections compare: both sides one kind
 
 SMALL = 1500  # gaps up to this many tokens a side go to difflib directly...
 DIRECT = 256 * 256  # ...once small in area too: difflib costs up to the product of the sides (with a long
@@ -38,7 +40,7 @@ _SCAN = 64  # bytes left to compare one by one after bisecting
 NUMPY_FROM = 150_000  # tokens a side from which importing numpy for the anchors pays for itself
 
 
-def _first_diff(x: bytes, xo: int, y: bytes, yo: int, n: int) -> int:
+def _first_diff(x: Text, xo: int, y: Text, yo: int, n: int) -> int:
     """Length of the common prefix of x[xo:xo+n] and y[yo:yo+n]: bisected with slice compares
     (memcmp), so 50k tokens cost a few hundred microseconds in plain Python."""
     lo, hi = 0, n
@@ -53,7 +55,7 @@ def _first_diff(x: bytes, xo: int, y: bytes, yo: int, n: int) -> int:
     return lo
 
 
-def _last_diff(x: bytes, xe: int, y: bytes, ye: int, n: int) -> int:
+def _last_diff(x: Text, xe: int, y: Text, ye: int, n: int) -> int:
     """Length of the common suffix of x[xe-n:xe] and y[ye-n:ye]."""
     lo, hi = 0, n
     while hi - lo > _SCAN:
@@ -65,6 +67,16 @@ def _last_diff(x: bytes, xe: int, y: bytes, ye: int, n: int) -> int:
     while lo < hi and x[xe - lo - 1] == y[ye - lo - 1]:
         lo += 1
     return lo
+
+
+def shared_prefix(x: Text, y: Text) -> int:
+    """Length of the common prefix of two byte or character strings (bisected slice compares)."""
+    return _first_diff(x, 0, y, 0, min(len(x), len(y)))
+
+
+def shared_suffix(x: Text, y: Text) -> int:
+    """Length of the common suffix of two byte or character strings (no reversed copies)."""
+    return _last_diff(x, len(x), y, len(y), min(len(x), len(y)))
 
 
 def common_prefix(a: Ids, b: Ids) -> int:

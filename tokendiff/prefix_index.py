@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tokendiff.align import shared_prefix
+
 BLOCK = 64
 _ROOT = 0
 
@@ -141,19 +143,9 @@ class PrefixIndex:
 
 
 def _common_bytes(a: bytes, b: bytes) -> int:
-    """Length of the common prefix of two token byte strings, in whole 4-byte tokens' bytes: bisected
-    with slice compares (memcmp), as a block is a few hundred bytes."""
-    n = min(len(a), len(b))
-    lo, hi = 0, n
-    while hi - lo > 16:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    while lo < hi and a[lo] == b[lo]:
-        lo += 1
-    return lo - lo % 4
+    """Length of the common prefix of two token byte strings, in whole 4-byte tokens' bytes."""
+    n = shared_prefix(a, b)
+    return n - n % 4
 
 
 __all__ = ["PrefixIndex", "Match", "BLOCK"]

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from tokendiff.align import shared_prefix, shared_suffix
 from tokendiff.errors import InputError
 from tokendiff.model import Part, SectionPath
 
@@ -352,7 +353,7 @@ class Renderer:
             short = dict(body, messages=messages[:m])
             got = self._render_quiet(short)
             if got is not None:
-                agree = _common_prefix(got, text)
+                agree = shared_prefix(got, text)
                 if agree >= block[1] + TOOLS_MARGIN:
                     return short, got, agree
             m *= 2
@@ -508,8 +509,8 @@ def _removed_run(full: str, shorter: str | None, snap: bool) -> tuple[tuple[int,
         return None, len(full) + 1
     n = len(full) - len(shorter)
     lim = len(shorter)
-    p = _common_prefix(full, shorter)
-    s = _common_suffix(full, shorter)
+    p = shared_prefix(full, shorter)
+    s = shared_suffix(full, shorter)
     reach = p + n + 1  # the prefix stopped at full[p + n]; the suffix and the placements read no further
     # placements q with full[:q] == shorter[:q] and full[q+n:] == shorter[q:]
     left, right = max(0, len(full) - s - n), min(p, lim)
@@ -556,35 +557,6 @@ def _sliding_min(x: np.ndarray, w: int) -> np.ndarray:
     prefix = np.minimum.accumulate(padded, axis=1).ravel()
     suffix = np.minimum.accumulate(padded[:, ::-1], axis=1)[:, ::-1].ravel()
     return np.minimum(suffix[:m], prefix[w - 1 : w - 1 + m])
-
-
-def _common_prefix(a: str, b: str) -> int:
-    """Length of the common prefix, by bisection over C-speed compares of the slices still in doubt."""
-    lo, hi = 0, min(len(a), len(b))
-    while hi - lo > 64:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    while lo < hi and a[lo] == b[lo]:
-        lo += 1
-    return lo
-
-
-def _common_suffix(a: str, b: str) -> int:
-    """Length of the common suffix, as `_common_prefix` finds a prefix (no reversed copies)."""
-    la, lb = len(a), len(b)
-    lo, hi = 0, min(la, lb)
-    while hi - lo > 64:
-        mid = (lo + hi) // 2
-        if a[la - mid : la - lo] == b[lb - mid : lb - lo]:
-            lo = mid
-        else:
-            hi = mid
-    while lo < hi and a[la - lo - 1] == b[lb - lo - 1]:
-        lo += 1
-    return lo
 
 
 TOOLS = Part("tools", field="tools")
