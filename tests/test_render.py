@@ -308,11 +308,12 @@ def test_a_marked_template_attributes_a_request_in_one_render(monkeypatch):
     renderer = Renderer(template("Qwen-Qwen3-0.6B.jinja"))
     b = {"messages": body()["messages"][:3]}
     text = renderer.render(b)
-    calls = []
-    real = template_env.render_chat
-    monkeypatch.setattr(template_env, "render_chat", lambda *a, **k: calls.append(k) or real(*a, **k))
+    calls: list[str] = []
+    for name in ("render_chat", "render_chat_marked"):
+        real = getattr(template_env, name)
+        monkeypatch.setattr(template_env, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k))
     r = renderer.attribute(b, text)
-    assert [k["mark_generation"] for k in calls] == [True]
+    assert calls == ["render_chat_marked"]
     gen = [s for s in r.spans if s.path[0].kind == "generation_prompt"]
     assert [text[s.start : s.end] for s in gen] == ["<|im_start|>assistant\n"]
     assert template_env.compile_marked(template("openai-gpt-oss-120b.jinja")) is None  # reads it elsewhere too
@@ -373,3 +374,42 @@ def test_tools_located_in_a_few_turns_are_where_the_whole_conversation_puts_them
             m.setattr(Renderer, "_tools_context", lambda self, body, text, block: (body, text, len(text)))
             whole = _attribution(renderer.attribute(b))
         assert cut == whole
+
+
+NOT_OFFERED = (  # a template that flags a call to a tool the request does not offer: tools read in the loop
+    "{%- if tools %}<tools>\n{% for t in tools %}{{ t.function.name }}: {{ t.function.description }}\n{% endfor %}"
+    "</tools>\n{% set names = tools | map(attribute='function') | map(attribute='name') | list %}{% endif %}"
+    "{%- for m in messages %}<{{ m.role }}>{{ m.content }}{%- if m.tool_calls %}{% for c in m.tool_calls %}"
+    "[call {{ c.function.name }}{% if tools and c.function.name not in names %} (not offered){% endif %}]"
+    "{% endfor %}{% endif %}\n{% endfor %}{%- if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_tools_are_cut_out_of_a_few_turns_only_where_the_messages_cannot_read_them(monkeypatch):
+    from tokendiff.template_env import tools_written_first
+
+    assert tools_written_first(template("Qwen-Qwen3-0.6B.jinja"))
+    assert not tools_written_first(NOT_OFFERED)
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "description": f"thing {i} " * 5}} for i in range(4)
+    ]
+    msgs = [{"role": r, "content": f"more words {k} " * 30} for k in range(6) for r in ("user", "assistant")]
+    call = {"type": "function", "function": {"name": "tool_2", "arguments": "{}"}}
+    msgs += [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "user", "content": "ok"}]
+    renderer = Renderer(NOT_OFFERED)
+    b = {"messages": msgs, "tools": tools}
+    got = renderer.attribute(b)
+    assert "tools[2]" not in {s.path.field_path for s in got.spans}  # leaving it out changes a later turn too
+    cut = _attribution(got)
+    monkeypatch.setattr(Renderer, "_tools_context", lambda self, body, text, block: (body, text, len(text)))
+    assert cut == _attribution(renderer.attribute(b))
+
+
+def test_a_request_variable_named_like_an_option_is_a_template_variable():
+    renderer = Renderer("{% for m in messages %}{{ m.content }}{% endfor %}[{{ mark_generation }}|{{ variables }}]")
+    b = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "chat_template_kwargs": {"mark_generation": 7, "variables": 8},
+    }
+    assert renderer.render(b) == "hi[7|8]"
+    assert renderer.attribute(b, "hi[7|8]").text == "hi[7|8]"

@@ -16,6 +16,7 @@ import struct
 import sys
 from bisect import bisect_left
 from collections import Counter
+from functools import cache
 from itertools import compress, count, repeat
 from operator import itemgetter, ne, not_
 from typing import TYPE_CHECKING, TypeVar
@@ -166,9 +167,11 @@ def _difflib(s: _Seqs, alo, ahi, blo, bhi, out) -> None:
             out.append((alo + i1, alo + i2, blo + j1, blo + j2))
 
 
+@cache
 def sequence_matcher() -> type:
     """difflib's SequenceMatcher, as cydifflib implements it in C where installed: the same algorithm
-    and answers (tests/test_align.py holds them equal), ~3x faster on the gaps of a long session's pairs."""
+    and answers (tests/test_align.py holds them equal), ~3x faster on the gaps of a long session's pairs.
+    Without it (no wheel for this Python), difflib's own."""
     try:
         import cydifflib
 

@@ -224,7 +224,7 @@ class TurnInput:
     ttft_ms: float | None = None
     server: str = ""  # the recording server's kind, where the capture says
     vllm_block: int | None = None  # and its block size, when it is vLLM
-    diff: Any = None  # its diff with the turn read before it, where a worker made that already (a PairDiff)
+    diff: Future[PairDiff] | None = None  # its diff with the turn read before it, where a worker made that already
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
@@ -471,12 +471,6 @@ class PairDiff:
 
     def __init__(self, divergence: Divergence, findings: list[Finding], ceiling: int):
         self.divergence, self.findings, self.ceiling = divergence, findings, ceiling
-
-    def __getstate__(self) -> tuple[Divergence, list[Finding], int]:
-        return self.divergence, self.findings, self.ceiling
-
-    def __setstate__(self, state: tuple[Divergence, list[Finding], int]) -> None:
-        self.divergence, self.findings, self.ceiling = state
 
 
 def diff_turn(a: Prompt, b: Prompt, max_hunks: int = 64) -> PairDiff:

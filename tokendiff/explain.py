@@ -61,15 +61,11 @@ class Ctx:
     def _win(self, side: str, pad: int) -> tuple[str, int]:
         got = self._wins.get((side, pad))
         if got is None:
-            p, lo, hi = (
-                (self.a, self.h.a_byte_start, self.h.a_byte_end)
-                if side == "a"
-                else (
-                    self.b,
-                    self.h.b_byte_start,
-                    self.h.b_byte_end,
-                )
-            )
+            h = self.h
+            if side == "a":
+                p, lo, hi = self.a, h.a_byte_start, h.a_byte_end
+            else:
+                p, lo, hi = self.b, h.b_byte_start, h.b_byte_end
             s = max(0, lo - pad)
             got = p.data[s : hi + pad].decode("utf-8", "replace"), len(p.data[s:lo].decode("utf-8", "replace"))
             self._wins[(side, pad)] = got
@@ -133,11 +129,12 @@ PLACEHOLDER_RE = re.compile(
 )
 
 
-# Where a match of a pattern can start, found at C speed (a character class or a literal re can skip
+# Where a match of each pattern above can start, found at C speed (a character class or a literal re can skip
 # to), and the match's start relative to it: re itself tries every alternative at every position
 # (DATE_RE reads ~7 MB/s of prose that holds no date; a long hunk is searched by several patterns)
 _CANDIDATES: dict[re.Pattern[str], tuple[re.Pattern[str], int]] = {
-    DATE_RE: (re.compile(r"[\dJFMASONDTW]"), 0),  # every alternative starts with a digit, a month or a day
+    DATE_RE: (re.compile(r"[\dJFMASONDTW]"), 0),  # every alternative starts with a digit, a month or a day:
+    # a new alternative needs its first characters here (tests/test_explain.py's fast-scan test)
     HEX_RE: (re.compile(r"[0-9a-f]{5}"), 0),
     UUID_RE: (re.compile(r"-"), -8),  # its first hyphen follows 8 hex digits
     NUMBER_RE: (re.compile(r"\d"), 0),

@@ -68,10 +68,14 @@ class _Marks:
         return [(m.start(), m.end()) for m in re.finditer(re.escape(raw), self.data)]
 
 
-def detect_family(prompt: Prompt, marks: _Marks | None = None) -> str:
+def detect_family(prompt: Prompt) -> str:
     """Guess the template family from the special tokens present."""
-    present = (marks or _Marks(prompt)).specials.keys()
-    data = prompt.data
+    return _family(_Marks(prompt))
+
+
+def _family(marks: _Marks) -> str:
+    present = marks.specials.keys()
+    data = marks.data
     if b"<|start_header_id|>" in present:
         return "llama3"
     if b"<|start|>" in present and b"<|message|>" in present:
@@ -531,7 +535,7 @@ def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) 
     """(family used, sections) for a token-only prompt; only the turns without `inner` (what request
     fields are placed in, when they replace the markers' finer sections)."""
     marks = _Marks(prompt)
-    fam = family or detect_family(prompt, marks)
+    fam = family or _family(marks)
     if fam not in _SPLITTERS:
         return "none", []
     data = prompt.data

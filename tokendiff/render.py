@@ -35,6 +35,7 @@ import numpy as np
 from tokendiff.align import shared_prefix, shared_suffix
 from tokendiff.errors import InputError
 from tokendiff.model import Part, SectionPath
+from tokendiff.template_env import GEN_MARK
 
 
 class _Sentinels:
@@ -49,7 +50,7 @@ class _Sentinels:
         self.start = ord(first)
         self.per_render = (ord(last) - ord(first) - int(marked)) // 2  # fields wrapped in one render
         self.pattern = re.compile(f"[{first}-{last}]")
-        self.marked = marked  # its last character is template_env.GEN_MARK, where the generation prompt begins
+        self.marked = marked  # its last character, template_env.GEN_MARK, is where the generation prompt begins
 
     def field(self, code: int) -> tuple[int, bool]:
         """(the field a sentinel belongs to, whether it closes it)."""
@@ -61,10 +62,10 @@ class _Sentinels:
 # of 3,199 fields, every sentinel inside the range they are found by (closing at U+F000 + k once left every
 # field past the 2,304th of a chunk unfound, and the chunk's fields then located one by one: 2,400 messages
 # took 14 s instead of 0.1 s); then Supplementary Private Use Area-A, for a prompt that holds the first
-BMP_SENTINELS = _Sentinels("\ue000", "\uf8ff", marked=True)
+BMP_SENTINELS = _Sentinels("\ue000", GEN_MARK, marked=True)
 PLANE_15_SENTINELS = _Sentinels("\U000f0000", "\U000ffffd", marked=False)
 MAX_SENTINELS = BMP_SENTINELS.per_render
-GEN_AT = ord("\uf8ff")  # template_env.GEN_MARK
+GEN_AT = ord(GEN_MARK)
 
 
 def _sentinels_for(text: str) -> _Sentinels | None:
@@ -152,12 +153,12 @@ class Renderer:
     def _render(self, messages: list, tools: Any, agp: Any, kwargs: dict[str, Any], mark: bool = False) -> str:
         from jinja2 import TemplateError
 
-        from tokendiff.template_env import render_chat
+        from tokendiff.template_env import render_chat, render_chat_marked
 
         try:
-            return render_chat(
-                self.template, messages, tools=tools, add_generation_prompt=agp, mark_generation=mark, **kwargs
-            )
+            if mark:
+                return render_chat_marked(self.template, messages, tools, agp, kwargs)
+            return render_chat(self.template, messages, tools=tools, add_generation_prompt=agp, **kwargs)
         except (TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:
             raise InputError(f"the chat template failed on this request: {type(e).__name__}: {e}") from None
 
@@ -341,12 +342,16 @@ class Renderer:
         """The request cut to its first messages, as few as render the text of the whole request through
         the tools block and a little past it, that render, and how far it is the whole request's text.
         Each tool is then left out of a prompt of a few turns, not of the whole conversation (40 tools
-        and 200 messages: 42 renders of 1.5 ms each, and as many scans of the whole text): where a tool
-        leaves one run of the cut's text, decided within the part it shares with the whole (the run, its
-        slides), the whole would leave the same run. The whole request itself when leaving out every tool
-        changes more than one run of it (a template that renders more than the tools from them)."""
+        and 200 messages: 42 renders of 1.5 ms each, and as many scans of the whole text). It gives
+        the whole request's answer for a template that writes its tools before the messages and from
+        nothing the messages read (`tools_written_first`): leaving a tool out of the whole request then
+        leaves one run where it leaves one from the cut, decided where the two texts agree (a tool
+        whose run is decided further in is left out of the whole request instead). The whole request
+        itself for any other template, or when leaving out every tool changes more than one run."""
+        from tokendiff.template_env import tools_written_first
+
         messages = body.get("messages")
-        if block is None or not isinstance(messages, list):
+        if block is None or not isinstance(messages, list) or not tools_written_first(self.template):
             return body, text, len(text)
         m = 1
         while m < len(messages):
@@ -606,10 +611,11 @@ def _message_field(i: int, role: str | None, fld: str) -> _Leaf:
 def _message_leaves(i: int, m: dict) -> list[_Leaf]:
     role = m.get("role")
     role = role if isinstance(role, str) else None
+    field = _message_field if role is None or len(role) <= 32 else _message_field.__wrapped__  # a long role: not kept
     out: list[_Leaf] = []
     content = m.get("content")
     if isinstance(content, str):
-        out.append(_message_field(i, role, "content"))
+        out.append(field(i, role, "content"))
     elif isinstance(content, list):
         base = SectionPath.of(_msg_part(i, m))
         for j, part in enumerate(content):
@@ -618,7 +624,7 @@ def _message_leaves(i: int, m: dict) -> list[_Leaf]:
                 out.append(_leaf(base, path, f"content[{j}]", "messages", i, "content", j, "text"))
     for fld in (*_REASONING_FIELDS, "tool_call_id", "name"):
         if isinstance(m.get(fld), str):
-            out.append(_message_field(i, role, fld))
+            out.append(field(i, role, fld))
     calls = m.get("tool_calls")
     if isinstance(calls, list) and calls:
         base = SectionPath.of(_msg_part(i, m))

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -23,14 +24,27 @@ def render_chat(
     tools: list[Any] | None = None,
     documents: list[Any] | None = None,
     add_generation_prompt: Any = False,
-    *,
-    mark_generation: bool = False,
     **kwargs: Any,
 ) -> str:
-    """One conversation through `template`, as transformers renders it (without continue_final_message).
-    `mark_generation`: with GEN_MARK where the generation prompt begins, for a template that tells
-    (`compile_marked`); without it for any other."""
-    compiled = (mark_generation and compile_marked(template)) or compile_template(template)
+    """One conversation through `template`, as transformers renders it (without continue_final_message)."""
+    return _render(compile_template(template), messages, tools, documents, add_generation_prompt, kwargs)
+
+
+def render_chat_marked(
+    template: str,
+    messages: list[Any],
+    tools: list[Any] | None = None,
+    add_generation_prompt: Any = False,
+    variables: dict[str, Any] | None = None,
+) -> str:
+    """`render_chat`, with GEN_MARK where the generation prompt begins for a template that tells
+    (`compile_marked`), without it for any other. `variables` are the template's further variables
+    (the request's chat_template_kwargs), kept apart from this function's own arguments."""
+    compiled = compile_marked(template) or compile_template(template)
+    return _render(compiled, messages, tools, None, add_generation_prompt, variables or {})
+
+
+def _render(compiled: Any, messages: list[Any], tools: Any, documents: Any, agp: Any, kwargs: dict[str, Any]) -> str:
     if tools is not None:
         for tool in tools:
             if not isinstance(tool, dict):
@@ -50,7 +64,7 @@ def render_chat(
         messages=alias_reasoning(chat),
         tools=plain_data(tools),
         documents=plain_data(documents),
-        add_generation_prompt=add_generation_prompt,
+        add_generation_prompt=agp,
         **plain_data(kwargs),
     )
 
@@ -138,7 +152,7 @@ def compile_template(template: str) -> Any:
     env = _environment()
     key = _code_key(template)
     code = _cached_code(key)
-    if code is None:
+    if not isinstance(code, CodeType):
         code = env.compile(template)  # a syntax error is raised here, as from_string raises it
         _save_code(key, code)
     return env.template_class.from_code(env, code, env.make_globals(None), None)
@@ -156,12 +170,12 @@ def compile_marked(template: str) -> Any:
     without the generation prompt, so one render tells both. None for any other template. Kept in
     the cache directory as the plain code is (the answer too, when it is no)."""
     env = _environment()
-    key = _code_key(f"{template}\x00generation-mark-{MARK_FORMAT}")
+    key = _code_key(template, f"generation-mark-{MARK_FORMAT}")
     code = _cached_code(key)
     if code is None:
         code = _marked_code(env, template)
         _save_code(key, code)
-    if code is False:
+    if not isinstance(code, CodeType):
         return None
     return env.template_class.from_code(env, code, env.make_globals(None), None)
 
@@ -169,12 +183,10 @@ def compile_marked(template: str) -> Any:
 def _marked_code(env: Any, template: str) -> Any:
     """The code of the marked template, or False where the template does not qualify."""
     from jinja2 import nodes
-    from jinja2.exceptions import TemplateSyntaxError
 
-    try:
-        ast = env.parse(template)
-    except TemplateSyntaxError:
-        return False  # the plain compile raises it, where a render needs it
+    ast = _parsed(env, template)
+    if ast is None:
+        return False  # the plain compile raises the syntax error, where a render needs it
     reads = [n for n in ast.find_all(nodes.Name) if n.name == "add_generation_prompt"]
     last = ast.body[-1] if ast.body else None
     if not (isinstance(last, nodes.If) and len(reads) == 1 and last.test is reads[0]) or last.elif_ or last.else_:
@@ -185,15 +197,61 @@ def _marked_code(env: Any, template: str) -> Any:
     return env.compile(ast)
 
 
-def _code_key(template: str) -> str:
-    """What the compiled code depends on: the template, jinja's version, this environment's form and
-    the interpreter's bytecode format."""
+def _parsed(env: Any, template: str) -> Any:
+    from jinja2.exceptions import TemplateSyntaxError
+
+    try:
+        return env.parse(template)
+    except TemplateSyntaxError:
+        return None
+
+
+@lru_cache(maxsize=64)
+def tools_written_first(template: str) -> bool:
+    """Whether the template reads `tools` only in statements that write output (if, for, output: no
+    variable set, no macro) and that come before any loop over the messages: then what it writes
+    for the messages cannot depend on the tools, and the tools block of a request cut to its first
+    messages is the whole request's (render.Renderer._tools_context relies on it)."""
+    from jinja2 import nodes
+
+    ast = _parsed(_environment(), template)
+    if ast is None:
+        return False
+    reading = [k for k, n in enumerate(ast.body) if any(x.name == "tools" for x in n.find_all(nodes.Name))]
+    looping = [k for k, n in enumerate(ast.body) if any(_loops_over(f, "messages") for f in _fors(n))]
+    writes_only = (nodes.If, nodes.For, nodes.Output)
+    return (
+        bool(reading and looping)
+        and max(reading) < min(looping)
+        and all(isinstance(x, writes_only) for k in reading for x in ast.body[k].find_all(nodes.Stmt))
+        and all(isinstance(ast.body[k], writes_only) for k in reading)
+    )
+
+
+def _fors(node: Any) -> list[Any]:
+    from jinja2 import nodes
+
+    return [node, *node.find_all(nodes.For)] if isinstance(node, nodes.For) else list(node.find_all(nodes.For))
+
+
+def _loops_over(loop: Any, name: str) -> bool:
+    from jinja2 import nodes
+
+    return any(x.name == name for x in loop.iter.find_all(nodes.Name)) or (
+        isinstance(loop.iter, nodes.Name) and loop.iter.name == name
+    )
+
+
+def _code_key(template: str, variant: str = "") -> str:
+    """What the compiled code depends on: the template, which compile of it (the plain one, or a
+    variant such as the marked one), jinja's version, this environment's form and the interpreter's
+    bytecode format."""
     import hashlib
     from importlib.util import MAGIC_NUMBER
 
     import jinja2
 
-    head = f"{CODE_FORMAT}|{jinja2.__version__}|{MAGIC_NUMBER.hex()}|".encode()
+    head = f"{CODE_FORMAT}|{variant}|{jinja2.__version__}|{MAGIC_NUMBER.hex()}|".encode()
     return hashlib.sha256(head + template.encode("utf-8", "surrogatepass")).hexdigest()
 
 

@@ -10,7 +10,8 @@ are imported inside the functions that need them, so `tokendiff diff` stays fast
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -26,8 +27,10 @@ from tokendiff.pairs import pair_json as pair_json
 from tokendiff.pairs import read_chat_template as read_chat_template
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from tokendiff.capacity import CapacityLadder
-    from tokendiff.cost import Session, Turn, TurnInput
+    from tokendiff.cost import PairDiff, Session, Turn, TurnInput
     from tokendiff.doctor import DoctorReport
     from tokendiff.model import Prompt
     from tokendiff.replay import Backend, Plan
@@ -177,39 +180,59 @@ def _analyse(
     prompts = TurnPrompts(loader, [])
     specs = prompts.specs  # filled as the turns come, so the prompts so far can be loaded meanwhile
     prev: TurnInput | None = None
-    young = _rare_young_collections()  # the workers fork inside, and keep it
-    try:
-        for k, (spec, turn) in enumerate(inputs, 1):
-            if progress and (k < 100 or k % 100 == 0):
-                progress(f"reading turn {k}/{n}" if n else f"reading turn {k}")
-            specs.append(spec)
-            an.add(turn)
-            for i, t in ((k - 2, prev), (k - 1, turn)):  # the previous prompt may have been decoded for this diff
-                if t is not None and t.decoded is not None:
-                    prompts.keep(i, t.decoded)
-            prev = turn
-            if first_pair is not None and (w := an.first_wasted()):
-                first_pair(w, _turn_pair(an.turns[w - 1], prompts[w - 2], prompts[w - 1], loader.vocab), loader)
-                first_pair = None
-        session = an.session()
-    finally:
-        pool.close()
-        gc.set_threshold(*young)
+    with RARE_YOUNG_COLLECTIONS:  # the workers fork inside, and keep it
+        try:
+            for k, (spec, turn) in enumerate(inputs, 1):
+                if progress and (k < 100 or k % 100 == 0):
+                    progress(f"reading turn {k}/{n}" if n else f"reading turn {k}")
+                specs.append(spec)
+                an.add(turn)
+                for i, t in ((k - 2, prev), (k - 1, turn)):  # the previous prompt may have been decoded for this diff
+                    if t is not None and t.decoded is not None:
+                        prompts.keep(i, t.decoded)
+                prev = turn
+                if first_pair is not None and (w := an.first_wasted()):
+                    pair = _turn_pair(an.turns[w - 1], prompts[w - 2], prompts[w - 1], loader.vocab)
+                    first_pair(w, pair, loader)
+                    first_pair = None
+            session = an.session()
+        finally:
+            pool.close()
     if progress:
         progress(f"analysed {len(specs)} turns")
     return LoadedSession(loader, prompts, session)
 
 
-YOUNG_GC_EVERY = 50_000  # container allocations between young collections during an analysis (Python: 700)
+class _RareYoungCollections:
+    """While sessions are analysed, the young generation is collected every YOUNG_EVERY allocations,
+    not 700: parsing, rendering and diffing allocate millions of short-lived containers and hardly a
+    cycle among them, and collecting every 700 scanned them all for ~15 % of the CPU. The first
+    analysis to start sets it, the last to end puts back what was (a TUI may run several in
+    threads); a collector that is off, or set never to run, is left alone."""
+
+    YOUNG_EVERY = 50_000
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.was: tuple[int, int, int] = gc.get_threshold()
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if self.running == 0:
+                self.was = gc.get_threshold()
+                if gc.isenabled() and 0 < self.was[0] < self.YOUNG_EVERY:
+                    gc.set_threshold(self.YOUNG_EVERY, *self.was[1:])
+            self.running += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.running -= 1
+            if self.running == 0 and gc.get_threshold()[0] == self.YOUNG_EVERY and self.was[0] < self.YOUNG_EVERY:
+                gc.set_threshold(*self.was)
 
 
-def _rare_young_collections() -> tuple[int, ...]:
-    """Collect the young generation rarely while a session is analysed; returns the thresholds to
-    restore. Parsing, rendering and diffing allocate millions of short-lived containers and hardly a
-    cycle among them: a collection every 700 allocations scanned them all for ~15 % of the CPU."""
-    was = gc.get_threshold()
-    gc.set_threshold(YOUNG_GC_EVERY, *was[1:])
-    return was
+RARE_YOUNG_COLLECTIONS = _RareYoungCollections()
 
 
 def _spec_input(loader: Loader, spec: str) -> TurnInput:
@@ -219,7 +242,12 @@ def _spec_input(loader: Loader, spec: str) -> TurnInput:
 
 
 def _record_input(
-    loader: Loader, rec: dict[str, Any], label: str, turn: int, rendered: Any = None, diff: Any = None
+    loader: Loader,
+    rec: dict[str, Any],
+    label: str,
+    turn: int,
+    rendered: Any = None,
+    diff: Future[PairDiff] | None = None,
 ) -> TurnInput:
     """A capture record as a turn: the recorded IDs now (or `rendered`, its render tokenised already),
     rendering and decoding only if a diff needs them. `diff`: its diff with the record before it, where
@@ -340,11 +368,11 @@ class PairWorkers:
         self._pool: Any = None
 
     def submit(self, a: TurnInput, b: TurnInput, max_hunks: int):
-        from tokendiff.cost import InlinePairs, done_future
+        from tokendiff.cost import InlinePairs
 
         self.seen += 1
         if b.diff is not None and max_hunks == self.max_hunks:  # diffed already, where b was tokenised
-            return done_future(partial(_worker_result, b.diff))
+            return b.diff
         if self.workers < 2 or self.seen <= self.after or a.job is None or b.job is None:
             return InlinePairs().submit(a, b, max_hunks)
         fut = self._executor().submit(_worker_compare, a.job, b.job, self.loader.chat_template, max_hunks)
@@ -367,7 +395,9 @@ class PairWorkers:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"))
         return self._pool
 
-    def with_ids(self, records, labels, chunk: int = 32, ahead: int = 16):
+    def with_ids(
+        self, records: Iterable[dict[str, Any]], labels: Callable[[int], str], chunk: int = 32, ahead: int = 16
+    ) -> Iterator[tuple[dict[str, Any], Any, Any]]:
         """(record, its render tokenised or None, its diff with the record before it or None) in order:
         the rendering and tokenising done in the workers `ahead` chunks in advance (after the first
         chunks, so a short session starts no process), and with them the diff of each record that does
@@ -427,9 +457,9 @@ def _worker_compare(job_a, job_b, template: str | None, max_hunks: int):
 
 def _worker_chunk(records: list, labels: list[str], first: int, template: str | None, max_hunks: int) -> list:
     """In a worker: each record's render tokenised, and its diff with the record before it in the chunk
-    where it does not just extend it (what the analysis will ask for: `Analyser.add`), as
-    [(IDs or None, its PairDiff, _WorkerError or None)]. The pair's prompts come from the IDs at hand, and
-    a record diffed on both sides is loaded once (`_worker_prompt`)."""
+    where it does not just extend it (what the analysis will ask for: `Analyser.add`), as a list of
+    (IDs or None, a PairDiff, the _WorkerError its loading met, or None). The pair's prompts come from
+    the IDs at hand, and a record diffed on both sides is loaded once (`_worker_prompt`)."""
     from tokendiff.cost import appends, diff_turn
 
     loader = _worker_loader(template)
@@ -448,6 +478,13 @@ def _worker_chunk(records: list, labels: list[str], first: int, template: str | 
                 diff = _WorkerError(e.reason, e.source, e.offset)
         out.append((ids[k], diff))
     return out
+
+
+def _diff_future(diff: Any) -> Future[PairDiff] | None:
+    """A worker's diff of a pair (or the InputError it met) as the future the analysis reads it from."""
+    from tokendiff.cost import done_future
+
+    return None if diff is None else done_future(partial(_worker_result, diff))
 
 
 def _worker_result(r: Any) -> Any:
@@ -527,11 +564,12 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
     from tokendiff.errors import one_line
     from tokendiff.sources import warn
 
+    records: Iterable[tuple[dict[str, Any], Any, Any]]  # (record, its render's IDs, its diff): `with_ids`
     if kind == "capture":
         from tokendiff.capture import iter_capture
 
         loader.adopt_capture_template(Path(p))
-        records = iter_capture(p, warn)
+        records = ((rec, None, None) for rec in iter_capture(p, warn))
     else:
         from tokendiff.importers.har import iter_har
 
@@ -541,10 +579,9 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
         base = one_line(str(Path(p)))
         records = pool.with_ids(iter_har(Path(p)), lambda k: f"{base}@{k}")
     k = 0
-    for k, item in enumerate(records, 1):  # labelled as loading `p@k` labels them
-        rec, ids, diff = item if kind == "har" else (item, None, None)
+    for k, (rec, ids, diff) in enumerate(records, 1):  # labelled as loading `p@k` labels them
         label = f"{p}@{k}" if kind == "capture" else f"{base}@{k}"
-        yield f"{p}@{k}", _record_input(loader, rec, label, k, ids, diff)
+        yield f"{p}@{k}", _record_input(loader, rec, label, k, ids, _diff_future(diff))
     if k == 0:
         raise InputError("the session holds no chat requests", source=p)
 
