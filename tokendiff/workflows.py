@@ -401,14 +401,15 @@ class PairWorkers:
         """(record, its render tokenised or None, its diff with the record before it or None) in order:
         the rendering and tokenising done in the workers `ahead` chunks in advance (after the first
         chunks, so a short session starts no process), and with them the diff of each record that does
-        not just extend the one before it in its chunk (`_worker_chunk`): a pair needs no second trip.
-        `labels` gives each record's label, from 1."""
+        not just extend the one before it (`_worker_chunk`): a pair needs no second trip, and none
+        waits behind the chunks queued before it. `labels` gives each record's label, from 1."""
         from collections import deque
         from itertools import islice
 
         from tokendiff.cost import done_future
 
         it, sent, first = iter(records), 0, 1
+        last: dict[str, Any] | None = None  # the record before the batch: its first record's A side
         pending: deque[tuple[list[Any], Any]] = deque()
         while True:
             while len(pending) < ahead and (batch := list(islice(it, chunk))):
@@ -416,10 +417,13 @@ class PairWorkers:
                 if self.workers < 2 or sent <= 2:
                     fut = done_future(partial(_local_ids, self.loader, batch))
                 else:
-                    names = [labels(first + i) for i in range(len(batch))]
-                    job = (batch, names, first, self.loader.chat_template, self.max_hunks)
-                    fut = self._executor().submit(_worker_chunk, *job)
+                    with_last = [last, *batch] if last is not None else batch
+                    at = first - len(with_last) + len(batch)
+                    names = [labels(at + i) for i in range(len(with_last))]
+                    job = (with_last, names, at, self.loader.chat_template, self.max_hunks)
+                    fut = self._executor().submit(_worker_chunk, *job, len(with_last) - len(batch))
                 first += len(batch)
+                last = batch[-1]
                 pending.append((batch, fut))
             if not pending:
                 return
@@ -455,11 +459,18 @@ def _worker_compare(job_a, job_b, template: str | None, max_hunks: int):
         return _WorkerError(e.reason, e.source, e.offset)
 
 
-def _worker_chunk(records: list, labels: list[str], first: int, template: str | None, max_hunks: int) -> list:
-    """In a worker: each record's render tokenised, and its diff with the record before it in the chunk
-    where it does not just extend it (what the analysis will ask for: `Analyser.add`), as a list of
-    (IDs or None, a PairDiff, the _WorkerError its loading met, or None). The pair's prompts come from
-    the IDs at hand, and a record diffed on both sides is loaded once (`_worker_prompt`)."""
+def _worker_chunk(
+    records: list, labels: list[str], first: int, template: str | None, max_hunks: int, skip: int = 0
+) -> list:
+    """In a worker: each record's render tokenised, and its diff with the record before it where it does
+    not just extend it (what the analysis will ask for: `Analyser.add`), as a list of (IDs or None,
+    a PairDiff, the _WorkerError its loading met, or None). The first `skip` records are the ones
+    before the chunk, there for its first record's diff: tokenised again, not returned. The pair's
+    prompts come from the IDs at hand, and a record diffed on both sides is loaded once."""
+    return _chunk_diffs(records, labels, first, template, max_hunks)[skip:]
+
+
+def _chunk_diffs(records: list, labels: list[str], first: int, template: str | None, max_hunks: int) -> list:
     from tokendiff.cost import appends, diff_turn
 
     loader = _worker_loader(template)
