@@ -428,6 +428,29 @@ async def test_a_failed_load_stops_loading_and_offers_nothing(tmp_path):
         assert isinstance(a.screen, SessionScreen)
 
 
+async def test_the_session_screen_under_the_first_pair_gets_its_body_with_the_session(tmp_path):
+    """Opening on the first wasteful pair, the session screen starts as its title and "loading"; the table,
+    chart and footer are mounted when the session arrives: under the pair, with no waste, or on a failure."""
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        session_screen = a.screen
+        assert isinstance(session_screen, SessionScreen) and not session_screen.query("#turns")
+        await open_pair_screen(pilot, a)
+        await wait_for(pilot, lambda: bool(a.session and session_screen.query("#turns")))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(a.screen, SessionScreen))
+        table = a.screen.query_one("#turns")
+        assert table.row_count == 10 and table.has_focus and "open pair" in footer_keys(a.screen)
+    same = app(paths=["captures/demo/turn-04.bin", "captures/demo/turn-04.bin"])  # no waste: no pair opens
+    async with same.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: same.session is not None and bool(same.screen.query("#turns")))
+        assert isinstance(same.screen, SessionScreen) and same.screen.query_one("#turns").row_count == 2
+    missing = app(paths=[str(tmp_path / "missing.jsonl")])
+    async with missing.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: bool(missing.screen.query("#turns")))
+        assert "missing.jsonl" in missing.screen.query_one("#turns").render_line(1).text
+
+
 async def test_headlines_do_not_contradict_the_figures():
     """Defect 13: an empty session is not "100 %"; a session without waste does not claim full reuse."""
     from tokendiff.tui.screens import session_headline

@@ -114,7 +114,8 @@ class TokendiffApp(App):
 
     def on_mount(self) -> None:
         self.apply_theme_and_keys()
-        self.push_screen(SessionScreen())
+        # when the first wasteful pair opens on top, the session screen's body waits for the session
+        self.push_screen(SessionScreen(body_later=self.options.open_first_divergence and not self.options.live))
         self.load_session()
         if self.options.live:
             self.poll_live()
