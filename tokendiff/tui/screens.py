@@ -14,13 +14,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Header, Input, Static, Tree
+from textual.widgets import Header, Input, Static, Tree
 
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.tui.footer import KeyFooter
 from tokendiff.tui.pairdata import PairView, SearchHits, search
 from tokendiff.tui.session_view import ReuseChart, SessionTable
-from tokendiff.tui.token_view import TokenView
+from tokendiff.tui.token_view import TokenPanes, TokenView
 
 if TYPE_CHECKING:
     from textual.widget import AwaitMount
@@ -271,7 +271,7 @@ class PairScreen(Screen):
         with Horizontal(id="pair-body"):
             yield Tree("sections", id="outline")
             with Vertical(id="pair-main"):
-                with ContentSwitcher(initial="unified", id="modes"):
+                with TokenPanes(initial="unified", id="modes"):
                     first = self.pv.hunk_unified[0] if self.pv.hunk_unified else 0
                     yield TokenView(self.pv.unified, start_at=first, id="unified")
                     with Horizontal(id="sbs"):
@@ -288,6 +288,7 @@ class PairScreen(Screen):
         self.sub_title = self.summary
         va, vb = self.query_one("#view-a", TokenView), self.query_one("#view-b", TokenView)
         va.peer, vb.peer = vb, va  # the two panes wrap at one width, so the same text lines up
+        self.query_one(TokenPanes).active = self.query_one("#unified", TokenView)
         self._build_outline()
         self.action_focus_tokens()
         self._show_findings()  # the unified view opens on the first divergence by itself
@@ -341,11 +342,8 @@ class PairScreen(Screen):
     # ------------------------------------------------------------ cursor and spans
 
     def _view(self) -> TokenView:
-        """The token view keys act on: the focused one when it is showing, else the mode's main one."""
-        focused = self.focused
-        if isinstance(focused, TokenView) and (focused.id == "unified") == (self.mode == "unified"):
-            return focused
-        return self.query_one("#unified" if self.mode == "unified" else "#view-b", TokenView)
+        """The token view keys act on: the unified one, or the side-by-side pane last chosen."""
+        return self.query_one(TokenPanes).active or self.query_one("#unified", TokenView)
 
     def _go_b(self, b_index: int) -> None:
         if self.mode == "unified":
@@ -427,12 +425,14 @@ class PairScreen(Screen):
     # ------------------------------------------------------------ modes
 
     def action_toggle_mode(self) -> None:
-        """Switch views keeping the token under the cursor, focused and on screen in the new view."""
+        """Switch views keeping the token under the cursor, on screen and under the keys in the new view
+        (the focus stays on the panes: moving it repainted the whole screen)."""
         v = self._view()
         pos = v.cursor
         side, idx = (v.tokens.side[pos], v.tokens.index[pos]) if v.tokens.texts else ("b", 0)
         self.mode = "sbs" if self.mode == "unified" else "unified"
-        self.query_one("#modes", ContentSwitcher).current = self.mode
+        panes = self.query_one(TokenPanes)
+        panes.current = self.mode
         if self.mode == "unified":
             target = self.query_one("#unified", TokenView)
             target.go_to(self.pv.b_to_unified(idx) if side == "b" else self.pv.a_to_unified(idx))
@@ -441,7 +441,9 @@ class PairScreen(Screen):
             self.query_one("#view-a", TokenView).go_to(a_idx)
             self.query_one("#view-b", TokenView).go_to(b_idx)
             target = self.query_one("#view-a" if side == "a" else "#view-b", TokenView)
-        target.focus(scroll_visible=False)  # it fills the switcher: nothing to scroll, a frame saved
+        panes.active = target
+        if not panes.has_focus:  # from the outline or the search bar: the keys go to the tokens
+            panes.focus(scroll_visible=False)
         self._mark_matches()
 
     def action_focus_outline(self) -> None:
@@ -450,7 +452,7 @@ class PairScreen(Screen):
         tree.focus()
 
     def action_focus_tokens(self) -> None:
-        self._view().focus()
+        self.query_one(TokenPanes).focus()
 
     def action_back(self) -> None:
         search = self.query_one("#search", Input)
