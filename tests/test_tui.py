@@ -708,6 +708,32 @@ async def test_defect_5_side_by_side_panes_wrap_at_one_width(width):
         assert va._line_starts[:40] == vb._line_starts[:40]  # identical text starts identical lines
 
 
+async def test_token_views_wrap_once_inside_the_scrollbar_and_never_scroll_sideways(monkeypatch):
+    """The vertical scrollbar's column is kept from the first layout: the lines are wrapped once, at the
+    width inside it (not re-wrapped, with a frame more, when it appears), and there is no horizontal one.
+    The side-by-side panes too, the first time they show."""
+    wraps: list[str | None] = []
+    relayout = TokenView._relayout
+
+    def counted(view: TokenView) -> bool:
+        rewrapped = relayout(view)
+        if rewrapped:
+            wraps.append(view.id)
+        return rewrapped
+
+    monkeypatch.setattr(TokenView, "_relayout", counted)
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        for mode in ("unified", "sbs"):
+            views = s.query_one(TokenPanes).showing()
+            width = min(v.outer_size.width - v.styles.scrollbar_size_vertical for v in views)  # A and B: one width
+            assert all(v._layout_width == width and not v.show_horizontal_scrollbar for v in views), mode
+            await pilot.press("m")
+            await pilot.pause(0.2)
+        assert sorted(wraps, key=str) == ["unified", "view-a", "view-b"]
+
+
 async def test_defect_7_a_single_pair_is_titled_with_its_files():
     a = app(paths=["captures/demo/turn-04.bin", "captures/demo/turn-05.bin"])
     async with a.run_test(size=(140, 40)) as pilot:

@@ -276,7 +276,6 @@ class PairScreen(Screen):
                     yield TokenView(self.pv.unified, start_at=first, id="unified")
                     with Horizontal(id="sbs"):
                         yield TokenView(self.pv.a, id="view-a")
-                        yield Static(" ", id="sbs-gap")
                         yield TokenView(self.pv.b, id="view-b")
                 yield Static("", id="findings")
         yield Input(placeholder="search: text, or #1234 for a token id (Enter searches, Esc closes)", id="search")

@@ -71,8 +71,10 @@ class TokenView(ScrollView, can_focus=False):
     }
     # Overlays (shared, added, removed, special, match, cursor) are partial styles laid over the token's
     # shade, so a special token keeps its span's colour and the cursor keeps the diff colour under it.
+    # The lines wrap at the width inside a vertical scrollbar that is always reserved: no horizontal
+    # scrollbar, and no re-wrap (and frames) when the vertical one appears after the first layout.
     DEFAULT_CSS = """
-    TokenView { background: $surface; }
+    TokenView { background: $surface; overflow-x: hidden; scrollbar-gutter: stable; }
     TokenView > .tokenview--even { color: $foreground; }
     TokenView > .tokenview--odd { color: $foreground; background: $foreground 7%; }
     TokenView > .tokenview--shared { color: $foreground 45%; }
@@ -171,6 +173,11 @@ class TokenView(ScrollView, can_focus=False):
         if rewrapped:
             self.refresh()
 
+    def watch_show_vertical_scrollbar(self, shown: bool) -> None:
+        """A scrollbar shown after a (forced) scroll starts where the view is, not at the top."""
+        if shown:
+            self.vertical_scrollbar.position = self.scroll_y
+
     def relayout(self) -> None:
         """Re-wrap now (the peer pane's width changed) and keep the cursor in view."""
         rewrapped = self._relayout()
@@ -256,24 +263,28 @@ class TokenView(ScrollView, can_focus=False):
             return
         position = max(0, min(position, len(self.tokens) - 1))
         self.cursor = position
+        if self._layout_width < 0 and not self.content_width():  # never shown: placed once it has a size
+            self._start_at = position  # (wrapping now, at a guessed width, cost the first `m` a re-wrap)
+            return
         self._relayout()
         line = self.line_of(position)
         if center:
-            self.scroll_to(y=max(0, line - self.size.height // 2), animate=False)
+            self.scroll_to(y=max(0, line - self.size.height // 2), animate=False, force=True)
         else:
             self.scroll_to_region_line(line)
 
     def scroll_to_region_line(self, line: int, center: bool = False) -> None:
-        """Scroll just enough to show `line` (or centre it) when it is off screen."""
+        """Scroll just enough to show `line` (or centre it) when it is off screen. Forced: right after the
+        first wrap the scrollbar is not shown yet, and Textual refuses to scroll a view without one."""
         top, height = self.scroll_offset.y, self.size.height
         if top <= line < top + height:
             return
         if center:
-            self.scroll_to(y=max(0, line - height // 2), animate=False)
+            self.scroll_to(y=max(0, line - height // 2), animate=False, force=True)
         elif line < top:
-            self.scroll_to(y=line, animate=False)
+            self.scroll_to(y=line, animate=False, force=True)
         else:
-            self.scroll_to(y=line - height + 1, animate=False)
+            self.scroll_to(y=line - height + 1, animate=False, force=True)
 
     def move_by(self, delta: int) -> None:
         """`delta` tokens on (back when negative), scrolling only as far as needed."""
