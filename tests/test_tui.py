@@ -358,6 +358,26 @@ async def test_long_session_renders_rows_by_screen_height_not_turn_count(height)
         assert "(1,000 turns)" in str(a.screen.query_one("#spans").render())
 
 
+def test_token_texts_show_newlines_tabs_split_characters_and_empty_tokens():
+    """Each token decoded on its own (a character split over two tokens shows as two replacement
+    characters), with repeated tokens decoded once: the same texts as decoding token by token."""
+    from array import array
+
+    from tokendiff.model import Prompt
+    from tokendiff.tui.pairdata import _texts
+
+    pieces = [b"a", b"\n", b"\t", b"\xe2\x82", b"\xac", b"", b"a", b"<|im_end|>", b"\n"]
+    offsets = [0]
+    for piece in pieces:
+        offsets.append(offsets[-1] + len(piece))
+    ids = array("i", range(len(pieces)))
+    p = Prompt(ids, b"".join(pieces), array("q", offsets), array("b", [0] * 7 + [1, 0]))
+    t = _texts(p)
+    assert t.texts == ["a", "↵", "⇥", "\ufffd", "\ufffd", "∅", "a", "<|im_end|>", "↵"]
+    assert t.breaks == [False, True, False, False, False, False, False, False, True]
+    assert t.special == [False] * 7 + [True, False]
+
+
 def test_chart_downsamples_on_a_0_to_100_scale():
     from tokendiff.tui.session_view import ChartData
 
