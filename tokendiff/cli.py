@@ -588,7 +588,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
         raise InputError(
             "the TUI needs a terminal; for a headless answer use `tokendiff report PATH` or `tokendiff diff A B`"
         )
-    from tokendiff.tui.app import Options, TokendiffApp
+    with _no_cyclic_gc():  # what the imports make (Textual, numpy) lives as long as the TUI: frozen, not rescanned
+        from tokendiff.tui.app import Options, TokendiffApp
 
     opts = Options(
         paths=paths,
