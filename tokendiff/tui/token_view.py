@@ -334,6 +334,15 @@ class TokenView(ScrollView, can_focus=False):
         self.refresh()
 
 
+# what TokenPanes' cursor keys do to the active view
+_MOVES = {
+    "token": TokenView.move_by,
+    "line": TokenView.move_lines,
+    "page": TokenView.move_pages,
+    "end": TokenView.go_to_end,
+}
+
+
 class TokenPanes(ContentSwitcher, can_focus=True):
     """A pair's token views (the unified one, or A's and B's side by side) as one focus, with their keys.
 
@@ -343,14 +352,14 @@ class TokenPanes(ContentSwitcher, can_focus=True):
     """
 
     BINDINGS = [  # in the order the help has listed them
-        Binding("up", "line(-1)", "line up", show=False, id="token.up"),
-        Binding("down", "line(1)", "line down", show=False, id="token.down"),
-        Binding("left", "move(-1)", "token left", show=False, id="token.left"),
-        Binding("right", "move(1)", "token right", show=False, id="token.right"),
-        Binding("home", "go(0)", "first token", show=False, id="token.home"),
-        Binding("end", "go(-1)", "last token", show=False, id="token.end"),
-        Binding("pageup", "page(-1)", "page up", show=False, id="token.pageup"),
-        Binding("pagedown", "page(1)", "page down", show=False, id="token.pagedown"),
+        Binding("up", "cursor('line', -1)", "line up", show=False, id="token.up"),
+        Binding("down", "cursor('line', 1)", "line down", show=False, id="token.down"),
+        Binding("left", "cursor('token', -1)", "token left", show=False, id="token.left"),
+        Binding("right", "cursor('token', 1)", "token right", show=False, id="token.right"),
+        Binding("home", "cursor('end', 0)", "first token", show=False, id="token.home"),
+        Binding("end", "cursor('end', -1)", "last token", show=False, id="token.end"),
+        Binding("pageup", "cursor('page', -1)", "page up", show=False, id="token.pageup"),
+        Binding("pagedown", "cursor('page', 1)", "page down", show=False, id="token.pagedown"),
         # as Textual's focus chain did when each view took the focus: outline, A, B (the help says so)
         Binding("tab", "pane(1)", "next pane", show=False),
         Binding("shift+tab", "pane(-1)", "previous pane", show=False),
@@ -375,21 +384,10 @@ class TokenPanes(ContentSwitcher, can_focus=True):
     def on_token_view_clicked(self, event: TokenView.Clicked) -> None:
         self.active = event.view
 
-    def action_move(self, delta: int) -> None:
+    def action_cursor(self, by: str, amount: int) -> None:
+        """Arrows, PgUp/PgDn, Home/End on the active view: `amount` tokens, lines or pages, or to an end."""
         if self.active is not None:
-            self.active.move_by(delta)
-
-    def action_line(self, delta: int) -> None:
-        if self.active is not None:
-            self.active.move_lines(delta)
-
-    def action_page(self, pages: int) -> None:
-        if self.active is not None:
-            self.active.move_pages(pages)
-
-    def action_go(self, where: int) -> None:
-        if self.active is not None:
-            self.active.go_to_end(where)
+            _MOVES[by](self.active, amount)
 
     def action_pane(self, step: int) -> None:
         """Tab / Shift+Tab: to the next or previous pane, and past the last one to the next widget (the
