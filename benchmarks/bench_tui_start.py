@@ -104,6 +104,7 @@ def bench_keys(tokens: int) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import numpy as np
     from bench_diff import agent_prompt_ids, edited
+    from textual.events import Mount
 
     from tokendiff import grammar
     from tokendiff.align import align
@@ -127,7 +128,11 @@ def bench_keys(tokens: int) -> None:
     d = align(a, b)
 
     class Bench(TokendiffApp):
-        def on_mount(self) -> None:  # no session: the pair screen alone
+        def on_mount(self, event: Mount) -> None:
+            # no session: the pair screen alone. Textual would run TokendiffApp.on_mount too, which pushes
+            # the session screen and loads an (empty) session in the background, during the measurement
+            event.prevent_default()
+            self.apply_theme_and_keys()
             self.vocab = vocab
 
     async def run() -> dict[str, float]:

@@ -14,7 +14,7 @@ import pytest
 from tokendiff.model import SectionPath
 from tokendiff.tui.app import Options, TokendiffApp
 from tokendiff.tui.screens import PairScreen, SessionScreen
-from tokendiff.tui.token_view import TokenView
+from tokendiff.tui.token_view import TokenPanes, TokenView
 from tokendiff.workflows import PromptOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -358,6 +358,26 @@ async def test_long_session_renders_rows_by_screen_height_not_turn_count(height)
         assert "(1,000 turns)" in str(a.screen.query_one("#spans").render())
 
 
+def test_token_texts_show_newlines_tabs_split_characters_and_empty_tokens():
+    """Each token decoded on its own (a character split over two tokens shows as two replacement
+    characters), with repeated tokens decoded once: the same texts as decoding token by token."""
+    from array import array
+
+    from tokendiff.model import Prompt
+    from tokendiff.tui.pairdata import _texts
+
+    pieces = [b"a", b"\n", b"\t", b"\xe2\x82", b"\xac", b"", b"a", b"<|im_end|>", b"\n"]
+    offsets = [0]
+    for piece in pieces:
+        offsets.append(offsets[-1] + len(piece))
+    ids = array("i", range(len(pieces)))
+    p = Prompt(ids, b"".join(pieces), array("q", offsets), array("b", [0] * 7 + [1, 0]))
+    t = _texts(p)
+    assert t.texts == ["a", "↵", "⇥", "\ufffd", "\ufffd", "∅", "a", "<|im_end|>", "↵"]
+    assert t.breaks == [False, True, False, False, False, False, False, False, True]
+    assert t.special == [False] * 7 + [True, False]
+
+
 def test_chart_downsamples_on_a_0_to_100_scale():
     from tokendiff.tui.session_view import ChartData
 
@@ -428,6 +448,29 @@ async def test_a_failed_load_stops_loading_and_offers_nothing(tmp_path):
         assert isinstance(a.screen, SessionScreen)
 
 
+async def test_the_session_screen_under_the_first_pair_gets_its_body_with_the_session(tmp_path):
+    """Opening on the first wasteful pair, the session screen starts as its title and "loading"; the table,
+    chart and footer are mounted when the session arrives: under the pair, with no waste, or on a failure."""
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        session_screen = a.screen
+        assert isinstance(session_screen, SessionScreen) and not session_screen.query("#turns")
+        await open_pair_screen(pilot, a)
+        await wait_for(pilot, lambda: bool(a.session and session_screen.query("#turns")))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(a.screen, SessionScreen))
+        table = a.screen.query_one("#turns")
+        assert table.row_count == 10 and table.has_focus and "open pair" in footer_keys(a.screen)
+    same = app(paths=["captures/demo/turn-04.bin", "captures/demo/turn-04.bin"])  # no waste: no pair opens
+    async with same.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: same.session is not None and bool(same.screen.query("#turns")))
+        assert isinstance(same.screen, SessionScreen) and same.screen.query_one("#turns").row_count == 2
+    missing = app(paths=[str(tmp_path / "missing.jsonl")])
+    async with missing.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: bool(missing.screen.query("#turns")))
+        assert "missing.jsonl" in missing.screen.query_one("#turns").render_line(1).text
+
+
 async def test_headlines_do_not_contradict_the_figures():
     """Defect 13: an empty session is not "100 %"; a session without waste does not claim full reuse."""
     from tokendiff.tui.screens import session_headline
@@ -467,6 +510,12 @@ async def test_session_table_mouse_and_enter_open_the_pair():
 async def open_pair_screen(pilot, a) -> PairScreen:
     await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
     return a.screen
+
+
+def keys_on(screen: PairScreen, view: TokenView) -> bool:
+    """Whether the keys act on `view`: the token panes have the focus and `view` is the active one."""
+    panes = screen.query_one(TokenPanes)
+    return panes.has_focus and panes.active is view
 
 
 def on_screen(view: TokenView) -> bool:
@@ -510,7 +559,7 @@ async def test_search_text_and_token_id_with_n_and_shift_n():
         await pilot.press(*"name", "enter")  # an `n` typed into the search bar is text, not "next"
         await pilot.pause(0.1)
         hits = s._hits["unified"].starts
-        assert len(hits) > 3 and not search.display and view.has_focus
+        assert len(hits) > 3 and not search.display and keys_on(s, view)
         first = view.cursor
         assert first in hits and "".join(view.tokens.texts[first : first + 3]).lower().find("name") >= 0
         await pilot.press("n")
@@ -558,7 +607,7 @@ async def test_copy_the_span_and_the_token_and_click_a_token():
         assert a.clipboard.startswith("A token 42 · byte 198 · id ") and "b'4'" in a.clipboard
         view = s.query_one("#unified", TokenView)
         await pilot.click("#unified", offset=(0, 0))  # the first visible line's first token
-        assert view.cursor == view._line_starts[view.scroll_offset.y] and view.has_focus
+        assert view.cursor == view._line_starts[view.scroll_offset.y] and keys_on(s, view)
         assert f"token {view.tokens.index[view.cursor]:,}" in str(s.query_one("#status").render())
 
 
@@ -575,12 +624,12 @@ async def test_outline_hides_and_enter_jumps_without_folding():
         expanded = node.is_expanded
         await pilot.press("enter")
         await pilot.pause(0.1)
-        assert node.is_expanded == expanded and s.query_one("#unified").has_focus
+        assert node.is_expanded == expanded and keys_on(s, s.query_one("#unified", TokenView))
         labels = [n.label.plain for n in s._outline_nodes.values()]
         assert tree.size.width >= max(len(x) for x in labels) + 8  # the deepest labels fit, not cut
         assert tree.styles.background != s.query_one("#unified").styles.background
         await pilot.press("O")
-        assert not tree.display and s.query_one("#unified").has_focus
+        assert not tree.display and keys_on(s, s.query_one("#unified", TokenView))
         await pilot.press("O")
         assert tree.display
 
@@ -626,7 +675,7 @@ async def test_defects_2_3_after_m_keys_work_and_both_panes_show_the_cursor():
         await pilot.press("m")
         await pilot.pause(0.1)
         va, vb = s.query_one("#view-a", TokenView), s.query_one("#view-b", TokenView)
-        assert vb.cursor == 527 and va.cursor == s.pv.a_of_b(527) and vb.has_focus
+        assert vb.cursor == 527 and va.cursor == s.pv.a_of_b(527) and keys_on(s, vb)
         assert on_screen(va) and on_screen(vb)
         assert "B token 527" in str(s.query_one("#status").render())
         for key, moved in (("right", 528), ("down", None), ("pagedown", None), ("home", 0), ("end", len(s.b) - 1)):
@@ -635,10 +684,16 @@ async def test_defects_2_3_after_m_keys_work_and_both_panes_show_the_cursor():
             assert vb.cursor == moved if moved is not None else vb.cursor > before
         await pilot.press("shift+tab")  # to A's pane: keys move A
         await pilot.press("home")
-        assert va.has_focus and va.cursor == 0
+        assert keys_on(s, va) and va.cursor == 0
+        await pilot.press("tab")  # and back to B's, then on to the outline, and round to A's
+        assert keys_on(s, vb)
+        await pilot.press("tab")
+        assert s.query_one("#outline").has_focus
+        await pilot.press("tab")
+        assert keys_on(s, va)
         await pilot.press("m")
         await pilot.pause(0.1)
-        assert unified.has_focus and unified.cursor == s.pv.a_to_unified(0) and on_screen(unified)
+        assert keys_on(s, unified) and unified.cursor == s.pv.a_to_unified(0) and on_screen(unified)
         await pilot.press("down")
         assert unified.cursor > 0
 
@@ -671,6 +726,32 @@ async def test_defect_5_side_by_side_panes_wrap_at_one_width(width):
         va, vb = s.query_one("#view-a", TokenView), s.query_one("#view-b", TokenView)
         assert va._layout_width == vb._layout_width == min(va.content_width(), vb.content_width())
         assert va._line_starts[:40] == vb._line_starts[:40]  # identical text starts identical lines
+
+
+async def test_token_views_wrap_once_inside_the_scrollbar_and_never_scroll_sideways(monkeypatch):
+    """The vertical scrollbar's column is kept from the first layout: the lines are wrapped once, at the
+    width inside it (not re-wrapped, with a frame more, when it appears), and there is no horizontal one.
+    The side-by-side panes too, the first time they show."""
+    wraps: list[str | None] = []
+    relayout = TokenView._relayout
+
+    def counted(view: TokenView) -> bool:
+        rewrapped = relayout(view)
+        if rewrapped:
+            wraps.append(view.id)
+        return rewrapped
+
+    monkeypatch.setattr(TokenView, "_relayout", counted)
+    a = app()
+    async with a.run_test(size=(140, 40)) as pilot:
+        s = await open_pair_screen(pilot, a)
+        for mode in ("unified", "sbs"):
+            views = s.query_one(TokenPanes).showing()
+            width = min(v.outer_size.width - v.styles.scrollbar_size_vertical for v in views)  # A and B: one width
+            assert all(v._layout_width == width and not v.show_horizontal_scrollbar for v in views), mode
+            await pilot.press("m")
+            await pilot.pause(0.2)
+        assert sorted(wraps, key=str) == ["unified", "view-a", "view-b"]
 
 
 async def test_defect_7_a_single_pair_is_titled_with_its_files():
@@ -822,7 +903,7 @@ async def test_the_palette_names_actions_with_descriptions_and_runs_them():
 
 
 async def test_the_footer_is_rebuilt_only_when_its_keys_change():
-    """`m` moves the focus (the bindings are updated) but shows the same keys: the same key widgets stay;
+    """`m` shows the same keys (it keeps the focus where it is): the same key widgets stay;
     the session screen's keys change once it has turns (open and export offered): they are redrawn."""
     a = app()
     async with a.run_test(size=(140, 40)) as pilot:
@@ -868,8 +949,8 @@ async def test_defect_1_random_key_sequences_on_the_pair_screen_raise_nothing():
 
 
 async def test_token_lines_are_redrawn_only_when_their_styles_change():
-    """`m` moves the focus, which restyles the views without changing their styles: the lines drawn
-    before are reused (redrawing them was a third of what `m` cost); a new theme redraws them."""
+    """`m` shows the other mode without restyling the views: the lines drawn before are reused (redrawing
+    them was a third of what `m` cost); a new theme redraws them."""
     a = app()
     async with a.run_test(size=(140, 40)) as pilot:
         s = await open_pair_screen(pilot, a)
@@ -890,25 +971,26 @@ async def test_token_lines_are_redrawn_only_when_their_styles_change():
         assert styled and view.render_line(0) != before
 
 
-async def test_a_token_view_is_styled_the_same_with_and_without_focus():
-    # TokenView skips Textual's restyle on focus changes (it made `m` slow): that is right only while
-    # no rule of the app's stylesheet, or of Textual's, styles a token view by its focus
+async def test_the_token_panes_are_styled_the_same_with_and_without_focus():
+    # TokenPanes skips Textual's restyle on focus changes (a frame more on every Tab): that is right only
+    # while no rule of the app's stylesheet, or of Textual's, styles the panes or a token view by focus
     a = app()
     async with a.run_test(size=(140, 40)) as pilot:
         await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
-        view = a.screen.query_one("#unified", TokenView)
+        panes, view = a.screen.query_one(TokenPanes), a.screen.query_one("#unified", TokenView)
 
         def styles() -> tuple:
+            a.stylesheet.apply(panes)
             a.stylesheet.apply(view)
             names = sorted(view.COMPONENT_CLASSES)
-            return (view.rich_style, *(view.get_component_rich_style(n, partial=True) for n in names))
+            return (panes.rich_style, view.rich_style, *(view.get_component_rich_style(n, partial=True) for n in names))
 
-        view.focus()
+        panes.focus()
         await pilot.pause()
-        assert view.has_focus
+        assert panes.has_focus
         focused = styles()
         lines = [view.render_line(y).text for y in range(5)]
         a.screen.query_one("#outline").focus()
         await pilot.pause()
-        assert not view.has_focus and styles() == focused
+        assert not panes.has_focus and styles() == focused
         assert [view.render_line(y).text for y in range(5)] == lines

@@ -562,9 +562,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
 DEMO_SESSION = demo_capture()
 
 
+def _one_blas_thread() -> None:
+    """numpy's OpenBLAS starts a thread per core at import, and they spin ~50 ms of CPU that the TUI's
+    start pays for on a 2-core machine; tokendiff does no linear algebra. Before numpy is imported;
+    the user's own setting wins."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def cmd_tui(args: argparse.Namespace) -> int:
     from tokendiff.pull import parse_interval
 
+    _one_blas_thread()
     if args.theme:  # before anything else: an unknown theme is an error, not a silent fallback
         from tokendiff.tui.themes import require_theme
 
@@ -580,7 +588,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
         raise InputError(
             "the TUI needs a terminal; for a headless answer use `tokendiff report PATH` or `tokendiff diff A B`"
         )
-    from tokendiff.tui.app import Options, TokendiffApp
+    with _no_cyclic_gc():  # what the imports make (Textual, numpy) lives as long as the TUI: frozen, not rescanned
+        from tokendiff.tui.app import Options, TokendiffApp
 
     opts = Options(
         paths=paths,
@@ -625,6 +634,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     from tokendiff.watch import ProxyThread
 
+    _one_blas_thread()
     if args.theme:
         from tokendiff.tui.themes import require_theme
 

@@ -24,7 +24,7 @@ from tokendiff.errors import InputError
 from tokendiff.tui.screens import PairScreen, SessionScreen
 from tokendiff.tui.session_view import SessionTable
 from tokendiff.tui.themes import choose_theme, diff_defaults, load_catalogue
-from tokendiff.tui.token_view import TokenView
+from tokendiff.tui.token_view import TokenPanes, TokenView
 from tokendiff.workflows import PromptOptions
 
 if TYPE_CHECKING:
@@ -114,7 +114,8 @@ class TokendiffApp(App):
 
     def on_mount(self) -> None:
         self.apply_theme_and_keys()
-        self.push_screen(SessionScreen())
+        # when the first wasteful pair opens on top, the session screen's body waits for the session
+        self.push_screen(SessionScreen(body_later=self.options.open_first_divergence and not self.options.live))
         self.load_session()
         if self.options.live:
             self.poll_live()
@@ -127,7 +128,7 @@ class TokendiffApp(App):
         self.theme, theme_warnings = choose_theme(self.options.theme, self.config, cat)
         if cat.failed:
             self.notify("themes not loaded: " + "; ".join(cat.failed), severity="warning")
-        ids = _binding_ids(type(self), SessionScreen, SessionTable, PairScreen, TokenView)
+        ids = _binding_ids(type(self), SessionScreen, SessionTable, PairScreen, TokenPanes)
         for w in (*self.config.warnings, *theme_warnings, *unknown_bindings(self.config, ids)):
             self.notify(w, severity="warning")
         if self.config.keymap:

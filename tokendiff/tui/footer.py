@@ -51,6 +51,11 @@ class KeyFooter(Footer):
         drew = False
         for widget in super().compose():  # passed on as they come: a `with` group in there must stay open
             drew = True
+            compact = getattr(type(widget), "compact", None)
+            if compact is not None and not widget.has_class("-command-palette"):
+                # a key, which Footer binds to its own `compact`: given it now, it is not restyled twice at
+                # mount (its default, then the footer's), ~10 ms of every screen with a footer
+                widget.set_reactive(compact, self.compact)
             yield widget
         self._wanted = shown_keys(self.screen) if drew else None
         if drew:

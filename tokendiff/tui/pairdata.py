@@ -22,11 +22,20 @@ class _Texts:
 
 
 def _texts(p: Prompt) -> _Texts:
+    """Each token's text as shown, whether it ends a line, whether it is special. A prompt's tokens repeat
+    (100k tokens are a few thousand distinct byte strings): each distinct one is decoded once, and the
+    lists are built by lookups (~4x faster than decoding token by token)."""
     off = p.offsets.tolist()
     data = p.data
-    raw = [data[off[i] : off[i + 1]].decode("utf-8", "replace") for i in range(len(off) - 1)]
+    pieces = [data[i:j] for i, j in zip(off, off[1:])]
+    shown: dict[bytes, str] = {}
+    ends: dict[bytes, bool] = {}
+    for piece in set(pieces):
+        raw = piece.decode("utf-8", "replace")
+        shown[piece] = raw.translate(_SHOW) or "∅"
+        ends[piece] = "\n" in raw
     return _Texts(
-        [t.translate(_SHOW) or "∅" for t in raw], ["\n" in t for t in raw], [bool(x) for x in p.special.tolist()]
+        list(map(shown.__getitem__, pieces)), list(map(ends.__getitem__, pieces)), list(map(bool, p.special.tolist()))
     )
 
 

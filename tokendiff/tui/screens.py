@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,15 +14,17 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Header, Input, Static, Tree
+from textual.widgets import Header, Input, Static, Tree
 
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.tui.footer import KeyFooter
 from tokendiff.tui.pairdata import PairView, SearchHits, search
 from tokendiff.tui.session_view import ReuseChart, SessionTable
-from tokendiff.tui.token_view import TokenView
+from tokendiff.tui.token_view import TokenPanes, TokenView
 
 if TYPE_CHECKING:
+    from textual.widget import AwaitMount
+
     from tokendiff.cost import Session
     from tokendiff.model import Divergence, Finding, Hunk
     from tokendiff.workflows import PairResult
@@ -44,14 +47,24 @@ class SessionScreen(Screen):
         Binding("e", "export_report", "export report", id="session.export"),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, body_later: bool = False) -> None:
+        """`body_later`: compose only the title and "loading the session…", and mount the table, the chart
+        and the footer when the session (or its failure) arrives. For a start that opens the first
+        wasteful pair on top of this screen: they cost ~60 ms of CPU that delayed that pair's screen."""
         super().__init__()
         self.session: Session | None = None
         self.failure: str | None = None  # why the session could not be loaded
+        self._body_later = body_later
+        self._body: AwaitMount | None = None  # the body's mount, once started (body_later)
+        self._has_body = not body_later
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static("loading the session…", id="headline")
+        if not self._body_later:
+            yield from self._body_widgets()
+
+    def _body_widgets(self) -> ComposeResult:
         with Horizontal(id="session-body"):
             yield SessionTable(id="turns")
             with Vertical(id="session-side"):
@@ -63,8 +76,16 @@ class SessionScreen(Screen):
     def on_mount(self) -> None:
         # a still message, not Textual's animated loading indicator: its frames competed with the analysis
         # thread for the interpreter and delayed the first complete screen by ~0.3 s of CPU
-        if self.session is None and self.failure is None:
+        if self.session is None and self.failure is None and self._has_body:
             self.query_one("#turns", SessionTable).show_message("loading the session…")
+
+    async def _with_body(self, then: Callable[[], None]) -> None:
+        """`then`, once the body is mounted (mounted here first if it was left for later)."""
+        if self._body is None:
+            self._body = self.mount_compose(self._body_widgets())
+        await self._body
+        self._has_body = True
+        then()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Open and export only once there are turns: the footer offers nothing that would do nothing."""
@@ -75,6 +96,9 @@ class SessionScreen(Screen):
     def show(self, session: Session) -> None:
         if not self.is_mounted:  # a small session can load before the screen has mounted: shown once it has
             self.call_later(self.show, session)
+            return
+        if not self._has_body:
+            self.call_later(self._with_body, partial(self.show, session))
             return
         first_load = self.session is None
         self.session = session
@@ -97,6 +121,9 @@ class SessionScreen(Screen):
         self.failure = msg
         if not self.is_mounted:
             self.call_later(self.failed, msg)
+            return
+        if not self._has_body:
+            self.call_later(self._with_body, partial(self.failed, msg))
             return
         self.query_one("#headline", Static).update(Text(f"could not load the session: {msg}", style="bold"))
         table = self.query_one("#turns", SessionTable)
@@ -244,12 +271,11 @@ class PairScreen(Screen):
         with Horizontal(id="pair-body"):
             yield Tree("sections", id="outline")
             with Vertical(id="pair-main"):
-                with ContentSwitcher(initial="unified", id="modes"):
+                with TokenPanes(initial="unified", id="modes"):
                     first = self.pv.hunk_unified[0] if self.pv.hunk_unified else 0
                     yield TokenView(self.pv.unified, start_at=first, id="unified")
                     with Horizontal(id="sbs"):
                         yield TokenView(self.pv.a, id="view-a")
-                        yield Static(" ", id="sbs-gap")
                         yield TokenView(self.pv.b, id="view-b")
                 yield Static("", id="findings")
         yield Input(placeholder="search: text, or #1234 for a token id (Enter searches, Esc closes)", id="search")
@@ -261,6 +287,7 @@ class PairScreen(Screen):
         self.sub_title = self.summary
         va, vb = self.query_one("#view-a", TokenView), self.query_one("#view-b", TokenView)
         va.peer, vb.peer = vb, va  # the two panes wrap at one width, so the same text lines up
+        self.query_one(TokenPanes).active = self.query_one("#unified", TokenView)
         self._build_outline()
         self.action_focus_tokens()
         self._show_findings()  # the unified view opens on the first divergence by itself
@@ -314,11 +341,8 @@ class PairScreen(Screen):
     # ------------------------------------------------------------ cursor and spans
 
     def _view(self) -> TokenView:
-        """The token view keys act on: the focused one when it is showing, else the mode's main one."""
-        focused = self.focused
-        if isinstance(focused, TokenView) and (focused.id == "unified") == (self.mode == "unified"):
-            return focused
-        return self.query_one("#unified" if self.mode == "unified" else "#view-b", TokenView)
+        """The token view keys act on: the unified one, or the side-by-side pane last chosen."""
+        return self.query_one(TokenPanes).active or self.query_one("#unified", TokenView)
 
     def _go_b(self, b_index: int) -> None:
         if self.mode == "unified":
@@ -400,12 +424,14 @@ class PairScreen(Screen):
     # ------------------------------------------------------------ modes
 
     def action_toggle_mode(self) -> None:
-        """Switch views keeping the token under the cursor, focused and on screen in the new view."""
+        """Switch views keeping the token under the cursor, on screen and under the keys in the new view
+        (the focus stays on the panes: moving it repainted the whole screen)."""
         v = self._view()
         pos = v.cursor
         side, idx = (v.tokens.side[pos], v.tokens.index[pos]) if v.tokens.texts else ("b", 0)
         self.mode = "sbs" if self.mode == "unified" else "unified"
-        self.query_one("#modes", ContentSwitcher).current = self.mode
+        panes = self.query_one(TokenPanes)
+        panes.current = self.mode
         if self.mode == "unified":
             target = self.query_one("#unified", TokenView)
             target.go_to(self.pv.b_to_unified(idx) if side == "b" else self.pv.a_to_unified(idx))
@@ -414,7 +440,9 @@ class PairScreen(Screen):
             self.query_one("#view-a", TokenView).go_to(a_idx)
             self.query_one("#view-b", TokenView).go_to(b_idx)
             target = self.query_one("#view-a" if side == "a" else "#view-b", TokenView)
-        target.focus(scroll_visible=False)  # it fills the switcher: nothing to scroll, a frame saved
+        panes.active = target
+        if not panes.has_focus:  # from the outline or the search bar: the keys go to the tokens
+            panes.focus(scroll_visible=False)
         self._mark_matches()
 
     def action_focus_outline(self) -> None:
@@ -423,7 +451,7 @@ class PairScreen(Screen):
         tree.focus()
 
     def action_focus_tokens(self) -> None:
-        self._view().focus()
+        self.query_one(TokenPanes).focus()
 
     def action_back(self) -> None:
         search = self.query_one("#search", Input)

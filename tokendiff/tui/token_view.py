@@ -3,7 +3,8 @@
 Only the visible lines are rendered (`render_line`), each cached as a Strip;
 the layout (which token starts each visual line) is a pure function of the
 token widths and the widget width, recomputed only on resize. One widget for
-100k tokens, never one widget per token.
+100k tokens, never one widget per token. TokenPanes holds a pair's views and
+their keys, one focus for both modes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from textual.message import Message
 from textual.reactive import var
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.widget import Widget
+from textual.widgets import ContentSwitcher
 
 # token kinds
 SHARED, SAME, ADDED, REMOVED = 0, 1, 2, 3
@@ -50,8 +53,11 @@ def _widths(texts: list[str]) -> list[int]:
     return [len(t) if t.isascii() else cell_len(t) for t in texts]
 
 
-class TokenView(ScrollView, can_focus=True):
-    """Tokens with visible boundaries, the shared prefix dimmed and changes highlighted."""
+class TokenView(ScrollView, can_focus=False):
+    """Tokens with visible boundaries, the shared prefix dimmed and changes highlighted.
+
+    Not focusable itself: the TokenPanes around it takes the focus and the keys (see there).
+    """
 
     COMPONENT_CLASSES = {
         "tokenview--even",
@@ -65,8 +71,10 @@ class TokenView(ScrollView, can_focus=True):
     }
     # Overlays (shared, added, removed, special, match, cursor) are partial styles laid over the token's
     # shade, so a special token keeps its span's colour and the cursor keeps the diff colour under it.
+    # The lines wrap at the width inside a vertical scrollbar that is always reserved: no horizontal
+    # scrollbar, and no re-wrap (and frames) when the vertical one appears after the first layout.
     DEFAULT_CSS = """
-    TokenView { background: $surface; }
+    TokenView { background: $surface; overflow-x: hidden; scrollbar-gutter: stable; }
     TokenView > .tokenview--even { color: $foreground; }
     TokenView > .tokenview--odd { color: $foreground; background: $foreground 7%; }
     TokenView > .tokenview--shared { color: $foreground 45%; }
@@ -76,16 +84,6 @@ class TokenView(ScrollView, can_focus=True):
     TokenView > .tokenview--match { text-style: bold underline; }
     TokenView > .tokenview--cursor { color: $td-cursor; text-style: bold reverse; }
     """
-    BINDINGS = [
-        Binding("left", "move(-1)", "token left", show=False, id="token.left"),
-        Binding("right", "move(1)", "token right", show=False, id="token.right"),
-        Binding("up", "line(-1)", "line up", show=False, id="token.up"),
-        Binding("down", "line(1)", "line down", show=False, id="token.down"),
-        Binding("pageup", "page(-1)", "page up", show=False, id="token.pageup"),
-        Binding("pagedown", "page(1)", "page down", show=False, id="token.pagedown"),
-        Binding("home", "go(0)", "first token", show=False, id="token.home"),
-        Binding("end", "go(-1)", "last token", show=False, id="token.end"),
-    ]
 
     cursor: var[int] = var(0)
 
@@ -96,6 +94,13 @@ class TokenView(ScrollView, can_focus=True):
             super().__init__()
             self.view = view
             self.position = position
+
+    class Clicked(Message):
+        """A click put the cursor on one of `view`'s tokens: the keys act on it from now on."""
+
+        def __init__(self, view: TokenView) -> None:
+            super().__init__()
+            self.view = view
 
     def __init__(self, tokens: ViewTokens | None = None, start_at: int | None = None, **kw) -> None:
         super().__init__(**kw)
@@ -168,6 +173,11 @@ class TokenView(ScrollView, can_focus=True):
         if rewrapped:
             self.refresh()
 
+    def watch_show_vertical_scrollbar(self, shown: bool) -> None:
+        """A scrollbar shown after a (forced) scroll starts where the view is, not at the top."""
+        if shown:
+            self.vertical_scrollbar.position = self.scroll_y
+
     def relayout(self) -> None:
         """Re-wrap now (the peer pane's width changed) and keep the cursor in view."""
         rewrapped = self._relayout()
@@ -176,18 +186,13 @@ class TokenView(ScrollView, can_focus=True):
         if rewrapped:
             self.refresh()
 
-    def watch_has_focus(self, _has_focus: bool) -> None:
-        """No restyle when focus comes or goes: no rule styles a token view by its focus (the cursor is
-        drawn the same either way; tests/test_tui.py holds both), and the restyle, with the redraw of
-        its scrollbars and the frame it brings, cost ~8 ms of every `m` and Tab."""
-
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._restyled = True
 
     def _check_styles(self) -> None:
-        """Drop the drawn lines only when the styles they were drawn with changed: a focus change (`m`,
-        Tab) restyles the view without changing them, and redrawing a screen of tokens cost ~15 ms."""
+        """Drop the drawn lines only when the styles they were drawn with changed: a restyle that changes
+        none of them (a screen coming back on top) leaves them, and redrawing a screen of tokens cost ~15 ms."""
         self._restyled = False
         styles = (self.app.no_color, *(self.get_component_rich_style(n) for n in sorted(self.COMPONENT_CLASSES)))
         if styles != self._drawn_with:
@@ -258,48 +263,55 @@ class TokenView(ScrollView, can_focus=True):
             return
         position = max(0, min(position, len(self.tokens) - 1))
         self.cursor = position
+        if self._layout_width < 0 and not self.content_width():  # never shown: placed once it has a size
+            self._start_at = position  # (wrapping now, at a guessed width, cost the first `m` a re-wrap)
+            return
         self._relayout()
         line = self.line_of(position)
         if center:
-            self.scroll_to(y=max(0, line - self.size.height // 2), animate=False)
+            self.scroll_to(y=max(0, line - self.size.height // 2), animate=False, force=True)
         else:
             self.scroll_to_region_line(line)
 
     def scroll_to_region_line(self, line: int, center: bool = False) -> None:
-        """Scroll just enough to show `line` (or centre it) when it is off screen."""
+        """Scroll just enough to show `line` (or centre it) when it is off screen. Forced: right after the
+        first wrap the scrollbar is not shown yet, and Textual refuses to scroll a view without one."""
         top, height = self.scroll_offset.y, self.size.height
         if top <= line < top + height:
             return
         if center:
-            self.scroll_to(y=max(0, line - height // 2), animate=False)
+            self.scroll_to(y=max(0, line - height // 2), animate=False, force=True)
         elif line < top:
-            self.scroll_to(y=line, animate=False)
+            self.scroll_to(y=line, animate=False, force=True)
         else:
-            self.scroll_to(y=line - height + 1, animate=False)
+            self.scroll_to(y=line - height + 1, animate=False, force=True)
 
-    def action_move(self, delta: int) -> None:
+    def move_by(self, delta: int) -> None:
+        """`delta` tokens on (back when negative), scrolling only as far as needed."""
         self.go_to(self.cursor + delta, center=False)
 
-    def action_line(self, delta: int) -> None:
+    def move_lines(self, delta: int) -> None:
+        """To the first token of the line `delta` lines down (up when negative)."""
         line = self.line_of(self.cursor) + delta
         line = max(0, min(line, len(self._line_starts) - 1))
         self.go_to(self._line_starts[line], center=False)
 
-    def action_page(self, pages: int) -> None:
-        self.action_line(pages * max(1, self.size.height - 1))
+    def move_pages(self, pages: int) -> None:
+        self.move_lines(pages * max(1, self.size.height - 1))
 
-    def action_go(self, where: int) -> None:
+    def go_to_end(self, where: int) -> None:
+        """To the first token (`where` 0) or the last (-1)."""
         self.go_to(where if where >= 0 else len(self.tokens) - 1)
 
     def on_click(self, event: events.Click) -> None:
-        """A click puts the cursor on the token under the pointer."""
+        """A click puts the cursor on the token under the pointer (and Textual focuses the panes)."""
         offset = event.get_content_offset(self)
         if offset is None or not self.tokens.texts:
             return
         position = self.position_at(offset.x + self.scroll_offset.x, offset.y + self.scroll_offset.y)
         if position is not None:
-            self.focus()
             self.cursor = position
+            self.post_message(self.Clicked(self))
 
     def position_at(self, x: int, line: int) -> int | None:
         """The token drawn at column `x` of virtual line `line`, or None past the text."""
@@ -320,3 +332,74 @@ class TokenView(ScrollView, can_focus=True):
         self.matches = positions
         self._generation += 1
         self.refresh()
+
+
+# what TokenPanes' cursor keys do to the active view
+_MOVES = {
+    "token": TokenView.move_by,
+    "line": TokenView.move_lines,
+    "page": TokenView.move_pages,
+    "end": TokenView.go_to_end,
+}
+
+
+class TokenPanes(ContentSwitcher, can_focus=True):
+    """A pair's token views (the unified one, or A's and B's side by side) as one focus, with their keys.
+
+    The keys act on the active view: the one showing, or in side by side the pane last chosen (Tab and
+    Shift+Tab between A and B, or a click). Switching modes moves no focus: a focus change repainted
+    the whole screen and restyled the views, ~20 ms of every `m`.
+    """
+
+    BINDINGS = [  # in the order the help has listed them
+        Binding("up", "cursor('line', -1)", "line up", show=False, id="token.up"),
+        Binding("down", "cursor('line', 1)", "line down", show=False, id="token.down"),
+        Binding("left", "cursor('token', -1)", "token left", show=False, id="token.left"),
+        Binding("right", "cursor('token', 1)", "token right", show=False, id="token.right"),
+        Binding("home", "cursor('end', 0)", "first token", show=False, id="token.home"),
+        Binding("end", "cursor('end', -1)", "last token", show=False, id="token.end"),
+        Binding("pageup", "cursor('page', -1)", "page up", show=False, id="token.pageup"),
+        Binding("pagedown", "cursor('page', 1)", "page down", show=False, id="token.pagedown"),
+        # as Textual's focus chain did when each view took the focus: outline, A, B (the help says so)
+        Binding("tab", "pane(1)", "next pane", show=False),
+        Binding("shift+tab", "pane(-1)", "previous pane", show=False),
+    ]
+
+    def __init__(self, *children: Widget, initial: str | None = None, id: str | None = None) -> None:
+        super().__init__(*children, initial=initial, id=id)
+        self.active: TokenView | None = None  # the view the keys act on
+
+    def showing(self) -> list[TokenView]:
+        """The views on show, left to right."""
+        child = self.visible_content
+        if isinstance(child, TokenView):
+            return [child]
+        return list(child.query(TokenView)) if child is not None else []
+
+    def watch_has_focus(self, _has_focus: bool) -> None:
+        """No restyle when focus comes or goes: no rule styles the panes or what is in them by focus (the
+        cursor is drawn the same either way; tests/test_tui.py holds it), and a restyle redraws the views'
+        scrollbars, a frame more on every Tab and `o`."""
+
+    def on_token_view_clicked(self, event: TokenView.Clicked) -> None:
+        self.active = event.view
+
+    def action_cursor(self, by: str, amount: int) -> None:
+        """Arrows, PgUp/PgDn, Home/End on the active view: `amount` tokens, lines or pages, or to an end."""
+        if self.active is not None:
+            _MOVES[by](self.active, amount)
+
+    def action_pane(self, step: int) -> None:
+        """Tab / Shift+Tab: to the next or previous pane, and past the last one to the next widget (the
+        outline); the pane a Tab comes back to is then the first one (Shift+Tab: the last)."""
+        views = self.showing()
+        k = views.index(self.active) + step if self.active in views else len(views)
+        if 0 <= k < len(views):
+            self.active = views[k]
+            return
+        if views:
+            self.active = views[0] if step > 0 else views[-1]
+        if step > 0:
+            self.screen.focus_next()
+        else:
+            self.screen.focus_previous()
