@@ -44,12 +44,13 @@ class _Sentinels:
     character of the range (Nerd Font glyphs in a tool's output, Apple's logo) gets the other range:
     with sentinels it cannot tell apart, every field would be located by a render of its own."""
 
-    __slots__ = ("start", "per_render", "pattern", "marked")
+    __slots__ = ("start", "per_render", "pattern", "split", "marked")
 
     def __init__(self, first: str, last: str, marked: bool):
         self.start = ord(first)
         self.per_render = (ord(last) - ord(first) - int(marked)) // 2  # fields wrapped in one render
         self.pattern = re.compile(f"[{first}-{last}]")
+        self.split = re.compile(f"([{first}-{last}])")  # keeps what it splits at
         self.marked = marked  # its last character, template_env.GEN_MARK, is where the generation prompt begins
 
     def field(self, code: int) -> tuple[int, bool]:
@@ -258,9 +259,10 @@ class Renderer:
             out = self.render(wrapped, mark_generation=sent.marked)
         except InputError:
             return None
-        pieces = sent.pattern.split(out)  # the text between sentinels: their positions are its running lengths
-        marks = list(zip(map(ord, sent.pattern.findall(out)), accumulate(map(len, pieces[:-1]))))
-        return marks, "".join(pieces)
+        parts = sent.split.split(out)  # the text between sentinels (even places), and the sentinels (odd)
+        texts = parts[0::2]  # a sentinel's position is the running length of the texts before it
+        marks = list(zip(map(ord, parts[1::2]), accumulate(map(len, texts[:-1]))))
+        return marks, "".join(texts)
 
     def _leaf_spans(self, body: dict, leaves: list[_Leaf], text: str, unlocated: list[str]) -> list[Span]:
         spans: list[Span] = []
