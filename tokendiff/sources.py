@@ -307,22 +307,29 @@ class Loader:
         return ""
 
     def from_record(
-        self, rec: dict[str, Any], label: str, turn: int | None = None, rendered_ids: np.ndarray | None = None
+        self,
+        rec: dict[str, Any],
+        label: str,
+        turn: int | None = None,
+        rendered_ids: np.ndarray | None = None,
+        depth_checked: bool = False,
     ) -> Prompt:
         """A prompt from a capture record: the server's IDs when recorded, else the local render (or
         the logged text) tokenised. `rendered_ids`: what `rendered_ids` gave for this record, so its
-        render is not tokenised again."""
+        render is not tokenised again; `depth_checked`: its request's nesting was checked when it was
+        read (a HAR's is), so it is not walked again."""
         try:
-            return self._from_record(rec, label, turn, rendered_ids)
+            return self._from_record(rec, label, turn, rendered_ids, depth_checked)
         except InputError as e:
             if e.source:
                 raise
             raise InputError(e.reason, source=label) from None
 
-    def rendered_ids(self, rec: dict[str, Any]) -> np.ndarray | None:
+    def rendered_ids(self, rec: dict[str, Any], depth_checked: bool = False) -> np.ndarray | None:
         """A record's token IDs where they are its local render tokenised (no recorded IDs, no logged
         text, no server): what the full load finds, without attributing sections or decoding. None
-        where only the full load can tell (it also raises the right error)."""
+        where only the full load can tell (it also raises the right error). `depth_checked`: as for
+        `from_record`."""
         if not isinstance(rec, dict) or rec.get("prompt_ids") is not None or isinstance(rec.get("prompt_text"), str):
             return None
         if self.vocab.meta.server or not self._can_render():
@@ -330,7 +337,8 @@ class Loader:
         import numpy as np
 
         try:
-            check_depth(rec.get("request"), "record")
+            if not depth_checked:
+                check_depth(rec.get("request"), "record")
             request = _request_of(rec)
             if not isinstance(request.get("messages"), list):
                 return None
@@ -339,11 +347,17 @@ class Loader:
             return None
 
     def _from_record(
-        self, rec: dict[str, Any], label: str, turn: int | None, rendered_ids: np.ndarray | None = None
+        self,
+        rec: dict[str, Any],
+        label: str,
+        turn: int | None,
+        rendered_ids: np.ndarray | None = None,
+        depth_checked: bool = False,
     ) -> Prompt:
         if not isinstance(rec, dict):
             raise InputError("the record is not a JSON object")
-        check_depth(rec.get("request"), label)
+        if not depth_checked:
+            check_depth(rec.get("request"), label)
         request = _request_of(rec)
         meta = _record_meta(rec, request, label, turn)
         if rec.get("prompt_ids") is not None or rendered_ids is not None:

@@ -302,13 +302,14 @@ class RecordJob:
     label: str
     turn: int
     rendered: Any = None  # the render's token IDs, when the reader tokenised it already
+    depth_checked: bool = False  # its request's nesting checked when it was read (a HAR's)
 
     @property
     def key(self) -> Any:
         return self.label, self.turn
 
     def load(self, loader: Loader) -> Prompt:
-        return loader.from_record(self.rec, self.label, self.turn, self.rendered)
+        return loader.from_record(self.rec, self.label, self.turn, self.rendered, self.depth_checked)
 
 
 @dataclass(frozen=True)
@@ -402,7 +403,8 @@ class PairWorkers:
         the rendering and tokenising done in the workers `ahead` chunks in advance (after the first
         chunks, so a short session starts no process), and with them the diff of each record that does
         not just extend the one before it (`_worker_chunk`): a pair needs no second trip, and none
-        waits behind the chunks queued before it. `labels` gives each record's label, from 1."""
+        waits behind the chunks queued before it. `labels` gives each record's label, from 1. The
+        records are a HAR's (`iter_har`), their requests' nesting checked as they were read."""
         from collections import deque
         from itertools import islice
 
@@ -474,15 +476,15 @@ def _chunk_diffs(records: list, labels: list[str], first: int, template: str | N
     from tokendiff.cost import appends, diff_turn
 
     loader = _worker_loader(template)
-    ids = [loader.rendered_ids(r) for r in records]
+    ids = [loader.rendered_ids(r, depth_checked=True) for r in records]  # a HAR's: checked as it was read
     ok = [x if x is not None and usable_ids(x, loader.vocab.n_vocab) else None for x in ids]
     out: list[tuple[Any, Any]] = [(ids[0], None)]
     for k in range(1, len(records)):
         diff: Any = None
         xa, xb = ok[k - 1], ok[k]
         if xa is not None and xb is not None and not appends(xa, xb):
-            a = RecordJob(records[k - 1], labels[k - 1], first + k - 1, xa)
-            b = RecordJob(records[k], labels[k], first + k, xb)
+            a = RecordJob(records[k - 1], labels[k - 1], first + k - 1, xa, depth_checked=True)
+            b = RecordJob(records[k], labels[k], first + k, xb, depth_checked=True)
             try:
                 diff = diff_turn(_worker_prompt(a, loader), _worker_prompt(b, loader), max_hunks)
             except InputError as e:
@@ -523,7 +525,7 @@ def _worker_prompt(job, loader: Loader) -> Prompt:
 
 def _local_ids(loader: Loader, records: list) -> list:
     """Here, without a worker: each record's render tokenised (its pairs are diffed as the analysis asks)."""
-    return [(loader.rendered_ids(r), None) for r in records]
+    return [(loader.rendered_ids(r, depth_checked=True), None) for r in records]
 
 
 def _worker_loader(template: str | None) -> Loader:
