@@ -63,8 +63,10 @@ def turn_record(
 
 def _int(d: Mapping[str, Any] | None, *path: str) -> int | None:
     cur: Any = d
-    for key in path:
-        cur = cur.get(key) if isinstance(cur, Mapping) else None
+    for key in path:  # a parsed response's are dicts: the abstract Mapping check only for anything else
+        cur = cur.get(key) if type(cur) is dict or isinstance(cur, Mapping) else None
+    if type(cur) is int:
+        return cur
     return cur if isinstance(cur, int) and not isinstance(cur, bool) else None
 
 

@@ -683,6 +683,9 @@ def _ms_per_token(turns: list[Turn]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
+_REUSE_COLUMNS = [(f"reuse_{be.replace('.', '').replace('-', '_')}", be) for be in BACKENDS]
+
+
 def turn_rows(s: Session) -> list[dict[str, Any]]:
     """One row a turn; the SWA/hybrid columns are null where the model's layout is unknown."""
     rows, known = [], s.layout is not None
@@ -706,7 +709,7 @@ def turn_rows(s: Session) -> list[dict[str, Any]]:
                 "reported_cached": t.reported_cached,
                 "checkpoint_reusable": t.reuse.get(CHECKPOINT_BACKEND, 0) if known else None,
                 "checkpoint_note": t.checkpoint.reason if t.checkpoint is not None else "",
-                **{f"reuse_{be.replace('.', '').replace('-', '_')}": t.reuse.get(be, 0) for be in BACKENDS},
+                **{key: t.reuse.get(be, 0) for key, be in _REUSE_COLUMNS},
                 **({} if known else {"reuse_llamacpp_hybrid": None}),  # no layout, no prediction
                 "note": t.note,
             }
