@@ -308,12 +308,11 @@ def test_a_marked_template_attributes_a_request_in_one_render(monkeypatch):
     renderer = Renderer(template("Qwen-Qwen3-0.6B.jinja"))
     b = {"messages": body()["messages"][:3]}
     text = renderer.render(b)
-    calls: list[str] = []
-    for name in ("render_chat", "render_chat_marked"):
-        real = getattr(template_env, name)
-        monkeypatch.setattr(template_env, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k))
+    calls: list[bool] = []
+    real = template_env.render_request
+    monkeypatch.setattr(template_env, "render_request", lambda *a, **k: calls.append(k["marked"]) or real(*a, **k))
     r = renderer.attribute(b, text)
-    assert calls == ["render_chat_marked"]
+    assert calls == [True]  # one render, marked
     gen = [s for s in r.spans if s.path[0].kind == "generation_prompt"]
     assert [text[s.start : s.end] for s in gen] == ["<|im_start|>assistant\n"]
     assert template_env.compile_marked(template("openai-gpt-oss-120b.jinja")) is None  # reads it elsewhere too
@@ -403,6 +402,39 @@ def test_tools_are_cut_out_of_a_few_turns_only_where_the_messages_cannot_read_th
     cut = _attribution(got)
     monkeypatch.setattr(Renderer, "_tools_context", lambda self, body, text, block: (body, text, len(text)))
     assert cut == _attribution(renderer.attribute(b))
+
+
+COUNTS_MESSAGES = (  # the tools block reads more of the messages than the first: a cut would change it
+    "{% if tools %}{% for t in tools %}{{ t.function.name }}: {{ t.function.description }}\n{% endfor %}"
+    "{% if tools|length == messages|length %}NOTE\n{% endif %}{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}"
+)
+COUNTED_BEFORE = "{% set n = messages|length %}" + COUNTS_MESSAGES.replace("== messages|length", "== n")
+
+
+@pytest.mark.parametrize("source", [COUNTS_MESSAGES, COUNTED_BEFORE], ids=["counts", "counted-before"])
+def test_tools_are_not_cut_where_their_block_reads_more_than_the_first_message(source):
+    from tokendiff.template_env import tools_written_first
+
+    assert "tools|length == " in source and not tools_written_first(source)
+    assert tools_written_first(COUNTS_MESSAGES.replace("tools|length == messages|length", "messages[0].role == 'x'"))
+    tools = [{"type": "function", "function": {"name": f"tool{j}", "description": f"does {j}"}} for j in range(5)]
+    msgs = [{"role": r, "content": f"turn {i} " * 10} for i in range(5) for r in ("user", "assistant")]
+    got = Renderer(source).attribute({"messages": msgs, "tools": tools})
+    assert {f"tools[{j}]" for j in range(5)} <= {s.path.field_path for s in got.spans}
+
+
+def test_documents_in_the_template_kwargs_are_attributed_as_without_them():
+    """transformers takes `documents` as its own argument: the marked render takes it the same way."""
+    plain = {"messages": body()["messages"][:3]}
+    with_docs = dict(plain, chat_template_kwargs={"documents": [{"title": "a", "text": "b"}]})
+    for name in ("Qwen-Qwen3-0.6B.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja"):
+        renderer = Renderer(template(name))
+        assert renderer.render(with_docs) == renderer.render(plain)
+        assert _attribution(renderer.attribute(with_docs)) == _attribution(renderer.attribute(plain))
+    docs_first = "{% for d in documents %}[{{ d.title }}]{% endfor %}"
+    shown = Renderer(docs_first + "{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert shown.attribute(with_docs).text.startswith("[a]")
 
 
 def test_a_request_variable_named_like_an_option_is_a_template_variable():

@@ -126,3 +126,28 @@ def test_workers_give_the_answer_of_one_process(tmp_path, make):
         loaded = wf.open_session(wf.PromptOptions(), [str(path)], workers=workers)
         docs.append(wf.render_report(wf.session_report(loaded, "s"), "json"))
     assert docs[0] == docs[1]
+
+
+def test_a_har_error_is_the_earliest_record_s_even_when_a_later_entry_fails_to_read(tmp_path):
+    """The reader runs chunks ahead of the analysis: an entry it cannot read (nested too deep) is
+    reported only once the records before it are analysed, so an earlier record's own error wins."""
+    import orjson
+
+    from tokendiff.errors import InputError
+
+    path = tmp_path / "s.har"
+    make_har(path, 300, history=120, compact_at=400, date_every=7)
+    doc = orjson.loads(path.read_bytes())
+    chat = [e for e in doc["log"]["entries"] if e["request"]["url"].endswith("/chat/completions")]
+    broken = orjson.loads(chat[4]["request"]["postData"]["text"])
+    broken["messages"][0]["content"] = "Broken \ufffd" * 60  # read fine, refused when its prompt is decoded
+    chat[4]["request"]["postData"]["text"] = orjson.dumps(broken).decode()
+    chat[199]["request"]["postData"]["text"] = '{"messages": [' + "[" * 300 + "]" * 300 + "]}"
+    path.write_bytes(orjson.dumps(doc))
+    with pytest.raises(InputError, match="invalid UTF-8") as got:
+        wf.open_session(wf.PromptOptions(), [str(path)])
+    assert got.value.source is not None and got.value.source.endswith("s.har@5")
+    chat[4]["request"]["postData"]["text"] = orjson.dumps(dict(broken, messages=broken["messages"][1:])).decode()
+    path.write_bytes(orjson.dumps(doc))
+    with pytest.raises(InputError, match="nested more than 128 levels"):  # alone, the later entry's error
+        wf.open_session(wf.PromptOptions(), [str(path)])

@@ -154,12 +154,10 @@ class Renderer:
     def _render(self, messages: list, tools: Any, agp: Any, kwargs: dict[str, Any], mark: bool = False) -> str:
         from jinja2 import TemplateError
 
-        from tokendiff.template_env import render_chat, render_chat_marked
+        from tokendiff.template_env import render_request
 
         try:
-            if mark:
-                return render_chat_marked(self.template, messages, tools, agp, kwargs)
-            return render_chat(self.template, messages, tools=tools, add_generation_prompt=agp, **kwargs)
+            return render_request(self.template, messages, tools, agp, kwargs, marked=mark)
         except (TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:
             raise InputError(f"the chat template failed on this request: {type(e).__name__}: {e}") from None
 

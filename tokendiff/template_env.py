@@ -30,18 +30,22 @@ def render_chat(
     return _render(compile_template(template), messages, tools, documents, add_generation_prompt, kwargs)
 
 
-def render_chat_marked(
+def render_request(
     template: str,
     messages: list[Any],
-    tools: list[Any] | None = None,
-    add_generation_prompt: Any = False,
-    variables: dict[str, Any] | None = None,
+    tools: list[Any] | None,
+    add_generation_prompt: Any,
+    variables: dict[str, Any],
+    marked: bool = False,
 ) -> str:
-    """`render_chat`, with GEN_MARK where the generation prompt begins for a template that tells
-    (`compile_marked`), without it for any other. `variables` are the template's further variables
-    (the request's chat_template_kwargs), kept apart from this function's own arguments."""
-    compiled = compile_marked(template) or compile_template(template)
-    return _render(compiled, messages, tools, None, add_generation_prompt, variables or {})
+    """A request through `template`: `variables` are the template's further variables (the request's
+    chat_template_kwargs, `documents` among them as transformers takes it), kept apart from this
+    function's own arguments so that any name is a variable. `marked`: with GEN_MARK where the
+    generation prompt begins for a template that tells (`compile_marked`), without it for any other."""
+    variables = dict(variables)
+    documents = variables.pop("documents", None)
+    compiled = (marked and compile_marked(template)) or compile_template(template)
+    return _render(compiled, messages, tools, documents, add_generation_prompt, variables)
 
 
 def _render(compiled: Any, messages: list[Any], tools: Any, documents: Any, agp: Any, kwargs: dict[str, Any]) -> str:
@@ -209,9 +213,11 @@ def _parsed(env: Any, template: str) -> Any:
 @lru_cache(maxsize=64)
 def tools_written_first(template: str) -> bool:
     """Whether the template reads `tools` only in statements that write output (if, for, output: no
-    variable set, no macro) and that come before any loop over the messages: then what it writes
-    for the messages cannot depend on the tools, and the tools block of a request cut to its first
-    messages is the whole request's (render.Renderer._tools_context relies on it)."""
+    variable set, no macro), that come before any loop over the messages, and that read of the
+    messages only the first (`messages[0]`, which every cut keeps) and no variable set before them
+    (which could hold more of the messages): then what it writes for the messages cannot depend on
+    the tools, and the tools block of a request cut to its first messages is the whole request's
+    (render.Renderer._tools_context relies on it)."""
     from jinja2 import nodes
 
     ast = _parsed(_environment(), template)
@@ -220,12 +226,43 @@ def tools_written_first(template: str) -> bool:
     reading = [k for k, n in enumerate(ast.body) if any(x.name == "tools" for x in n.find_all(nodes.Name))]
     looping = [k for k, n in enumerate(ast.body) if any(_loops_over(f, "messages") for f in _fors(n))]
     writes_only = (nodes.If, nodes.For, nodes.Output)
+    if not (reading and looping and max(reading) < min(looping)):
+        return False
+    stmts = [ast.body[k] for k in reading]
+    others = [n for k, n in enumerate(ast.body[: max(reading)]) if k not in reading]
     return (
-        bool(reading and looping)
-        and max(reading) < min(looping)
-        and all(isinstance(x, writes_only) for k in reading for x in ast.body[k].find_all(nodes.Stmt))
-        and all(isinstance(ast.body[k], writes_only) for k in reading)
+        all(isinstance(n, writes_only) for n in stmts)
+        and all(isinstance(x, writes_only) for n in stmts for x in n.find_all(nodes.Stmt))
+        and _reads_first_message_only(stmts)
+        and not (_names(stmts, "load") & (_names(others, "store") | _macro_names(others)))
     )
+
+
+def _reads_first_message_only(stmts: list[Any]) -> bool:
+    """`messages` appears in these statements only as `messages[0]`."""
+    from jinja2 import nodes
+
+    firsts = {
+        id(g.node)
+        for n in stmts
+        for g in n.find_all(nodes.Getitem)
+        if isinstance(g.node, nodes.Name) and isinstance(g.arg, nodes.Const) and type(g.arg.value) is int
+        if g.arg.value == 0
+    }
+    return all(id(x) in firsts for n in stmts for x in n.find_all(nodes.Name) if x.name == "messages")
+
+
+def _names(stmts: list[Any], ctx: str) -> set[str]:
+    from jinja2 import nodes
+
+    names = {x.name for n in stmts for x in n.find_all(nodes.Name) if x.ctx == ctx}
+    return names | {x.name for n in stmts for x in n.find_all(nodes.NSRef)} if ctx == "store" else names
+
+
+def _macro_names(stmts: list[Any]) -> set[str]:
+    from jinja2 import nodes
+
+    return {x.name for n in stmts for x in (n, *n.find_all(nodes.Macro)) if isinstance(x, nodes.Macro)}
 
 
 def _fors(node: Any) -> list[Any]:

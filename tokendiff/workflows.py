@@ -404,17 +404,22 @@ class PairWorkers:
         chunks, so a short session starts no process), and with them the diff of each record that does
         not just extend the one before it (`_worker_chunk`): a pair needs no second trip, and none
         waits behind the chunks queued before it. `labels` gives each record's label, from 1. The
-        records are a HAR's (`iter_har`), their requests' nesting checked as they were read."""
+        records are a HAR's (`iter_har`), their requests' nesting checked as they were read. An
+        InputError in reading them is raised once the records before it are given, so an earlier
+        record's error, met later in the analysis, is still the one reported."""
         from collections import deque
-        from itertools import islice
 
         from tokendiff.cost import done_future
 
         it, sent, first = iter(records), 0, 1
         last: dict[str, Any] | None = None  # the record before the batch: its first record's A side
         pending: deque[tuple[list[Any], Any]] = deque()
+        failed: InputError | None = None
         while True:
-            while len(pending) < ahead and (batch := list(islice(it, chunk))):
+            while failed is None and len(pending) < ahead:
+                batch, failed = _take(it, chunk)
+                if not batch:
+                    break
                 sent += 1
                 if self.workers < 2 or sent <= 2:
                     fut = done_future(partial(_local_ids, self.loader, batch))
@@ -428,6 +433,8 @@ class PairWorkers:
                 last = batch[-1]
                 pending.append((batch, fut))
             if not pending:
+                if failed is not None:
+                    raise failed
                 return
             batch, fut = pending.popleft()
             yield from zip(batch, *zip(*fut.result(), strict=True), strict=True)
@@ -436,6 +443,19 @@ class PairWorkers:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+
+
+def _take(it: Iterator[Any], n: int) -> tuple[list[Any], InputError | None]:
+    """Up to `n` items of `it`, and the InputError that ended them early, if one did."""
+    batch: list[Any] = []
+    try:
+        for item in it:
+            batch.append(item)
+            if len(batch) == n:
+                break
+    except InputError as e:
+        return batch, e
+    return batch, None
 
 
 def _default_workers() -> int:
