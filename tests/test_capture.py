@@ -276,3 +276,24 @@ def test_deeply_nested_bodies_are_walked_without_recursion():
     edits = secrets.plan(deep)
     assert len(edits) == 1 and edits[0].path[-1] == "password"
     assert secrets.apply(deep, edits) is not deep
+
+
+def test_a_recording_directory_is_read_as_its_capture(tmp_path):
+    """`proxy --out session/` then `report session/` (and `diff session/@N`): the directory a
+    recording wrote is its capture.jsonl, with the props.json and models.json beside it ignored."""
+    from tokendiff.paths import demo_capture
+
+    session = tmp_path / "session"
+    session.mkdir()
+    (session / "capture.jsonl").write_bytes(demo_capture().read_bytes())
+    (session / "props.json").write_text("{}")
+    (session / "models.json").write_text('{"data": []}')
+    by_dir = run("report", str(session) + "/", "--format", "json")
+    assert by_dir.returncode == 0, by_dir.stderr
+    by_file = run("report", str(demo_capture()), "--format", "json")
+    a, b = orjson.loads(by_dir.stdout), orjson.loads(by_file.stdout)
+    assert a["summary"]["turns"] == b["summary"]["turns"] > 2
+    assert a["summary"]["wasted_tokens"] == b["summary"]["wasted_tokens"]
+    d = run("diff", f"{session}@2", f"{session}@3", "--json")
+    assert d.returncode in (0, 1), d.stderr
+    assert orjson.loads(d.stdout)["a"]["origin"].endswith("capture.jsonl@2")

@@ -120,6 +120,14 @@ def test_request_bodies_diff_names_request_fields(tmp_path):
     assert json.loads(r2.stdout)["lcp_tokens"] == json.loads(r.stdout)["lcp_tokens"]
 
 
+def test_a_body_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    (tmp_path / "plain.json").write_text(json.dumps(body(4)))
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(body(4)).encode())
+    r = run("diff", str(tmp_path / "bom.json"), str(tmp_path / "plain.json"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["first_divergence"] is None
+
+
 def test_bad_bodies(tmp_path):
     (tmp_path / "a.json").write_text("{not json")
     one_line(run("diff", str(tmp_path / "a.json"), str(tmp_path / "a.json")), "a.json", "malformed JSON")

@@ -17,8 +17,8 @@ DEMO = ROOT / "captures" / "demo"
 REQUIRE_CHROMIUM = os.environ.get("TOKENDIFF_REQUIRE_CHROMIUM") == "1"
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tokendiff", *args], capture_output=True, text=True)
+def run(*args: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tokendiff", *map(str, args)], capture_output=True, text=True)
 
 
 def test_json_report_on_the_agent_session():
@@ -71,6 +71,35 @@ def test_redact_leaves_no_message_text():
     assert "Date or time in the prompt changed" in r.stdout  # findings are kept
     plain = run("report", str(AGENT), "--format", "html")
     assert any(w in plain.stdout for w in words)  # and the unredacted report does show them
+
+
+def _tool_names() -> set[str]:
+    """The names the agent's requests give their tools and tool calls."""
+    names = set()
+    for line in AGENT.read_text().splitlines():
+        req = json.loads(line)["request"]
+        names.update(t["function"]["name"] for t in req.get("tools") or [])
+        names.update(c["function"]["name"] for m in req["messages"] for c in m.get("tool_calls") or [])
+    return names
+
+
+@pytest.mark.parametrize("fmt", ["md", "html", "json"])
+def test_redact_hashes_tool_names_in_sections_and_titles_alike(fmt, tmp_path):
+    """A tool's name is the request's word: hashed in section labels, titles and paths as in the
+    excerpts, so the section still points at its excerpt; and so across sessions (the fleet)."""
+    from tokendiff.report.redact import redact_text
+
+    names = {n for n in _tool_names() if "_" in n}  # not plain words tokendiff might say itself
+    assert "git_blame" in names
+    plain = run("report", str(AGENT), "--format", fmt)
+    assert "git_blame" in plain.stdout  # the section of the tool the session added
+    two = tmp_path / "two.jsonl"
+    shutil.copy(AGENT, two)
+    single, fleet = (run("report", *args, "--format", fmt, "--redact") for args in ([AGENT], [AGENT, two]))
+    for r in (single, fleet):
+        assert r.returncode == 0, r.stderr
+        assert [n for n in names if n in r.stdout] == []
+    assert redact_text("git_blame") in single.stdout
 
 
 def test_exports(tmp_path):

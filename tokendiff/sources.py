@@ -51,6 +51,21 @@ def _pick(items: list, n: int, what: str, source: str) -> tuple[int, Any]:
     return idx, items[idx]
 
 
+CAPTURE_NAME = "capture.jsonl"  # what `proxy` and `watch` write in their --out directory
+
+
+def session_source(path: str) -> str:
+    """The file or directory that holds a session's turns: a recording directory (`proxy --out DIR`)
+    is its capture.jsonl, unless slot files of its own sit beside it."""
+    p = Path(path)
+    if p.is_dir() and (p / CAPTURE_NAME).is_file():
+        from tokendiff.capture import is_capture_file
+
+        if is_capture_file(p / CAPTURE_NAME) and not list_session_dir(p):
+            return str(p / CAPTURE_NAME)
+    return path
+
+
 def _dir_entries(base: Path, order: str) -> tuple[str, list[Path]]:
     slots = list_session_dir(base, order)
     if slots:
@@ -77,23 +92,37 @@ def file_kind(p: Path) -> str:
 
     if is_capture_file(p):
         return "capture"
-    if p.suffix.lower() == ".har":
+    suffix = p.suffix.lower()
+    if suffix == ".har":
         return "har"
-    if p.suffix.lower() == ".txt":
+    if suffix == ".txt":
         return "promptlog"
-    if p.suffix.lower() in (".json", ".gz") or p.suffix == "":
-        head = safeio.head(p, 4096).lstrip()
+    if suffix in (".json", ".jsonl", ".gz") or p.suffix == "":
+        head = safeio.head(p, 4096).removeprefix(b"\xef\xbb\xbf").lstrip()
         if head.startswith(b"{") and b'"log"' in head[:200] and b'"entries"' in head:
             return "har"
-        if head.startswith(b"{"):
+        if head.startswith(b"{") and suffix != ".jsonl":
             return "body"
+        if suffix == ".jsonl":
+            raise InputError(f"not a tokendiff capture: {_first_line_is(head)}", source=str(p))
+        if suffix == ".json":
+            raise InputError(f"not a request body or HAR file: {_first_line_is(head)}", source=str(p))
     return "slot"  # let the slot reader say what is wrong with it
+
+
+def _first_line_is(head: bytes) -> str:
+    """What a JSON file that is none of ours starts with, for its error."""
+    if not head:
+        return "the file is empty"
+    if head.startswith(b"{"):
+        return "its first line is not a tokendiff.capture record"
+    return "it does not start with a JSON object"
 
 
 def select(spec: str, order: str = "mtime") -> Selected:
     m = _SELECTOR.match(spec)
     if m and not Path(spec).exists():
-        base, n = Path(m.group("base")), int(m.group("n"))
+        base, n = Path(session_source(m.group("base"))), int(m.group("n"))
         if not base.exists():
             raise InputError("no such file or directory", source=str(base))
         if base.is_dir():
@@ -122,6 +151,7 @@ def select(spec: str, order: str = "mtime") -> Selected:
 
 def session_selectors(path: str, order: str = "mtime") -> list[str]:
     """One selector per turn of a session: a directory, a capture file or a HAR file."""
+    path = session_source(path)
     p = Path(path)
     if not p.exists():
         raise InputError("no such file or directory", source=path)

@@ -576,9 +576,9 @@ def _relay(src):
 def _path_inputs(loader: Loader, pool: PairWorkers, paths: Sequence[str], order: str, single_turns: bool, live: bool):
     """(selector, turn) for every turn of `paths`: captures and HAR files read record by record,
     directories listed once, each turn's IDs first and its prompt only if a diff needs it."""
-    from tokendiff.sources import file_kind, session_turns
+    from tokendiff.sources import file_kind, session_source, session_turns
 
-    for p in paths:
+    for p in map(session_source, paths):
         path = Path(p)
         kind = file_kind(path) if path.is_file() else None
         if kind in ("capture", "har"):
@@ -988,8 +988,9 @@ def turn_times(path: str, order: str, n: int) -> list[TurnTime]:
     """When each of a session's `n` turns happened: the record's timestamp (a capture's `ts`, a
     HAR's `startedDateTime`), else the turn's file's modification time (slot files)."""
     from tokendiff.report.dataset import TurnTime
-    from tokendiff.sources import file_kind
+    from tokendiff.sources import file_kind, session_source
 
+    path = session_source(path)
     p = Path(path)
     stamps: list[TurnTime | None] = []
     if p.is_dir():

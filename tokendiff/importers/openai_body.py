@@ -16,7 +16,7 @@ MAX_BYTES = 64 << 20  # a request with inline images is a few MB; parsed JSON co
 def read_body(path: Path) -> dict[str, Any]:
     raw = read_bounded(path, MAX_BYTES, "request body")
     try:
-        body = orjson.loads(raw)
+        body = orjson.loads(raw.removeprefix(b"\xef\xbb\xbf"))  # a BOM, as some Windows editors save JSON
     except orjson.JSONDecodeError as e:
         raise InputError(f"malformed JSON: {e}", source=str(path)) from None
     check_depth(body, str(path))

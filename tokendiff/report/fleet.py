@@ -61,6 +61,7 @@ class SessionFacts:
     spans: tuple[SpanFacts, ...] = ()
     worst: tuple[TurnFacts, ...] = ()
     key: str = ""  # the dataset's `session` partition, when exported
+    names: frozenset[str] = frozenset()  # names the requests chose (tools, calls), hashed under --redact
 
     @property
     def reuse_pct(self) -> float:
@@ -73,6 +74,7 @@ class SessionFacts:
 
 def session_facts(path: str, s: Session, tokenizer: dict[str, Any], key: str = "") -> SessionFacts:
     """A session reduced to its fleet facts: totals, ranked spans, its worst turns."""
+    from tokendiff.report.redact import session_names
     from tokendiff.report.session import headline
 
     ms = s.ms_per_token
@@ -114,6 +116,7 @@ def session_facts(path: str, s: Session, tokenizer: dict[str, Any], key: str = "
         spans=spans,
         worst=worst,
         key=key,
+        names=session_names(s),
     )
 
 
@@ -248,7 +251,7 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
         "headline": fleet_headline(causes, len(sessions), reuse_pct),
         "redacted": redact,
     }
-    return {
+    doc = {
         "schema": SCHEMA,
         "summary": summary,
         "tokenizer": sessions[0].tokenizer if sessions else {},
@@ -257,3 +260,8 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
         "worst_turns": _worst_turns(sessions, worst),
         "replays": [],
     }
+    if not redact:
+        return doc
+    from tokendiff.report.redact import redact_names
+
+    return redact_names(doc, frozenset().union(*(s.names for s in sessions)))

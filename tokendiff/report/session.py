@@ -6,8 +6,6 @@ report/html.py), so every format says the same thing.
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,25 +14,9 @@ from tokendiff.cost import RELOAD, RELOAD_TITLE, Session, Turn, turn_rows
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
+from tokendiff.report.redact import redact_names, redact_text, session_names
 
 SCHEMA = "tokendiff.report/1"
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)
-_SPECIAL = re.compile(r"<\|[^|>]{1,40}\|>|<｜[^｜>]{1,40}｜>|\[/?[A-Z_]{2,30}\]|</?[a-z_]{2,20}>")
-
-
-def redact_text(s: str) -> str:
-    """Every word replaced by a short hash of it; template markers, punctuation and layout kept."""
-
-    def word(m: re.Match[str]) -> str:
-        return "#" + hashlib.sha256(m.group().encode()).hexdigest()[:6]
-
-    out, pos = [], 0
-    for m in _SPECIAL.finditer(s):
-        out.append(_WORD.sub(word, s[pos : m.start()]))
-        out.append(m.group())
-        pos = m.end()
-    out.append(_WORD.sub(word, s[pos:]))
-    return "".join(out)
 
 
 def _side(
@@ -204,7 +186,7 @@ def report_document(
         "headline": headline(s),
         "redacted": redact,
     }
-    return {
+    doc = {
         "schema": SCHEMA,
         "summary": summary,
         "capacity": capacity_json(s.capacity, _wasted_pct(s)) if s.capacity is not None else None,
@@ -217,6 +199,7 @@ def report_document(
         "causes": causes,
         "findings": per_turn_findings,
     }
+    return redact_names(doc, session_names(s)) if redact else doc
 
 
 def _wasted_pct(s: Session) -> float:
