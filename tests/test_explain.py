@@ -25,7 +25,9 @@ def qwen_prompt(vocab, messages, tools=TOOLS, fields=False, **kw):
     if fields:
         from conftest import template
 
-        r = Renderer(template(QWEN3)).attribute({"messages": messages, "tools": tools, "chat_template_kwargs": kw})
+        agp = kw.pop("add_generation_prompt", True)
+        body = {"messages": messages, "tools": tools, "add_generation_prompt": agp, "chat_template_kwargs": kw}
+        r = Renderer(template(QWEN3)).attribute(body)
         p = prompt_from_ids(qwen_encode(r.text), vocab)
         p.sections = field_sections(p, r)
         return p
@@ -62,6 +64,28 @@ def test_client_dropping_reasoning(vocab):
     b = qwen_prompt(vocab, msgs, add_generation_prompt=False)
     f, _, _ = first(a, b)
     assert f.kind == "reasoning_dropped_by_client"
+
+
+@pytest.mark.parametrize("fields", [False, True])
+def test_reasoning_gone_with_no_new_user_message_is_the_clients(vocab, fields):
+    """Qwen3 drops reasoning only before the latest user message: gone with none new (a tool result
+    is not one), the client dropped it, whether its requests are known or only its tokens."""
+    msgs = copy.deepcopy(CONVERSATION[:3])
+    a = qwen_prompt(vocab, msgs, add_generation_prompt=False, fields=fields)
+    later = copy.deepcopy(msgs) + [{"role": "tool", "content": "18 C"}]
+    del later[2]["reasoning_content"]
+    b = qwen_prompt(vocab, later, fields=fields)
+    if fields:
+        a.meta.request, b.meta.request = {"messages": msgs}, {"messages": later}
+    f, _, _ = first(a, b)
+    assert f.kind == "reasoning_dropped_by_client" and f.origin == "client"
+    assert ("no longer carries the reasoning of messages[2]" if fields else "no user message follows") in f.evidence
+    # the same loss with a new user message after it is the template's, when the request kept the reasoning
+    kept = copy.deepcopy(msgs) + [{"role": "tool", "content": "18 C"}, {"role": "user", "content": "Thanks"}]
+    b = qwen_prompt(vocab, kept, fields=fields)
+    if fields:
+        b.meta.request = {"messages": kept}
+    assert first(a, b)[0].kind == "reasoning_stripped"
 
 
 def test_llama32_injected_date_is_the_templates(llama3_tok):

@@ -435,13 +435,14 @@ def detect_reasoning(ctx: Ctx) -> Finding | None:
     empty_b = re.search(rb"<think>\s*</think>", near_b) is not None
     n = ctx.h.a_end - ctx.h.a_start
     turn = top.label if top else "an assistant turn"
-    if empty_b:
+    why = f"{n} tokens of reasoning in {turn} became an empty think block" if empty_b else _client_dropped(ctx)
+    if why:
         return Finding(
             kind="reasoning_dropped_by_client",
             hunk=ctx.i,
-            confidence=0.85,
+            confidence=0.85 if empty_b or ctx.b.meta.request else 0.7,
             title="Reasoning dropped from history by the client",
-            evidence=f"{n} tokens of reasoning in {turn} became an empty think block",
+            evidence=why if empty_b else f"{n} tokens of reasoning in {turn} are in A and gone from B: {why}",
             fix="Send reasoning_content back with each assistant message (and check that proxies keep it)",
             origin="client",
         )
@@ -456,6 +457,41 @@ def detect_reasoning(ctx: Ctx) -> Finding | None:
         "or accept one miss per user turn",
         origin="template",
     )
+
+
+def _client_dropped(ctx: Ctx) -> str | None:
+    """Why the client, not the template, dropped A's reasoning (None when the template may have): B's
+    request no longer carries it; or, without requests, no user message follows it in B (templates
+    drop reasoning only before the latest user message)."""
+    i = ctx.a_path.message_index
+    ma, mb = _request_message(ctx.a, i), _request_message(ctx.b, i)
+    if ma and mb and ma.get("role") == mb.get("role") == "assistant":
+        if _has_reasoning(mb):
+            return None
+        if _has_reasoning(ma):
+            return f"B's request no longer carries the reasoning of messages[{i}]"
+    if ctx.b.meta.request is None and not _user_turn_after(ctx.b, ctx.h.b_end):
+        return "no user message follows it in B, and templates drop reasoning only before the latest one"
+    return None
+
+
+def _request_message(p: Prompt, i: int | None) -> dict | None:
+    msgs = (p.meta.request or {}).get("messages")
+    if i is None or not isinstance(msgs, list) or not 0 <= i < len(msgs):
+        return None
+    return msgs[i] if isinstance(msgs[i], dict) else None
+
+
+def _has_reasoning(m: dict) -> bool:
+    fields = (m.get(f) for f in ("reasoning_content", "reasoning", "thinking"))
+    return any(isinstance(v, str) and v.strip() for v in fields) or "<think>" in _content_text(m.get("content"))
+
+
+def _user_turn_after(p: Prompt, token: int) -> bool:
+    """A user message (not a tool result sent as one) starts at or after `token`."""
+    users = [s for s in p.sections if len(s.path) == 1 and s.start >= token and s.path.role == "user"]
+    results = [s.start for s in p.sections if s.path.has("tool_response")]
+    return any(not any(u.start <= r < u.end for r in results) for u in users)
 
 
 def _tool_names(p: Prompt) -> list[str]:
