@@ -231,6 +231,46 @@ def test_har_streamed_and_base64_responses(tmp_path):
     assert json.loads(r.stdout)["a"]["format"] == "har"
 
 
+def _started_at(entry: dict, second: int, zone: str = "Z") -> dict:
+    return {**entry, "startedDateTime": f"2026-11-29T10:00:{second:02d}.000{zone}"}
+
+
+def test_har_entries_listed_as_they_finished_are_turns_in_the_order_they_started(tmp_path):
+    """Some HAR writers list entries as they complete: the turns are the order the requests were sent
+    (times in any zone compared as instants), or each would look like a break against the one before."""
+    turns = [_entry(body(n), "{}") for n in (2, 3, 4, 6)]
+    listed = [
+        _started_at(turns[1], 5),
+        _started_at(turns[0], 1),
+        _started_at(turns[3], 40, "+01:00"),  # 09:00:40 UTC: the first of all
+        _started_at(turns[2], 9),
+    ]
+    path = tmp_path / "finished.har"
+    path.write_text(json.dumps(_har(listed)))
+    recs = read_har(path)
+    assert [len(r["request"]["messages"]) for r in recs] == [6, 2, 3, 4]
+    assert [r["origin"].rsplit("#", 1)[1] for r in recs] == ["entry2", "entry1", "entry0", "entry3"]
+    r = run("report", str(path), "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0, r.stderr
+    assert [t["wasted"] for t in doc["turns"]][2:] == [0, 0]  # 2 -> 3 -> 4 messages: appends
+
+
+def test_a_har_entry_that_fails_after_reordered_ones_comes_after_them(tmp_path):
+    from tokendiff.errors import InputError
+    from tokendiff.importers.har import iter_har
+
+    entries = [_started_at(_entry(body(2 + (k % 5)), "{}"), k) for k in range(70)]
+    entries.append({"startedDateTime": "2026-11-29T10:01:50Z", "request": {"url": "\udc00"}})
+    path = tmp_path / "late.har"
+    path.write_text(json.dumps(_har(entries)))  # the lone surrogate escaped: invalid text to the parser
+    got = []
+    with pytest.raises(InputError):
+        for rec in iter_har(path):
+            got.append(rec)
+    assert len(got) == 70
+
+
 def test_har_ollama_ndjson_response_keeps_the_final_counts(tmp_path):
     """Ollama streams NDJSON by default: the HAR record keeps the reply and the final object's
     load_duration and prompt_eval_count (a reload, a silent cut), as the proxy does."""

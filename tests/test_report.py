@@ -245,3 +245,26 @@ def _string_literals(source: str) -> str:
     return " ".join(
         n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)
     )
+
+
+def test_text_added_to_the_latest_message_is_a_cause_not_a_new_turn(tmp_path):
+    """Plain text appended to the open user message recomputes A's closing markers: waste with a
+    cause, never "new turns appended" and never a "No waste" headline beside a wasted count."""
+    system = {"role": "system", "content": "You are a helpful coding agent."}
+    for n, text in ((1, "Fix the bug in main.py please"), (2, "Fix the bug in main.py please more")):
+        (tmp_path / f"t{n}.json").write_text(json.dumps({"messages": [system, {"role": "user", "content": text}]}))
+    r = run("report", tmp_path, "--order", "name", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    wasted = doc["summary"]["wasted_tokens"]
+    assert wasted > 0 and doc["turns"][1]["cause"] == "content_changed"
+    assert not doc["summary"]["headline"].startswith("No waste")
+
+
+def test_headlines_without_a_costly_cause_agree_with_the_wasted_count():
+    from tokendiff.report.session import quiet_headline
+
+    assert quiet_headline(80.0, 0, 20).startswith("No waste: ")
+    some = quiet_headline(80.0, 5, 20)
+    assert "No waste" not in some and "5 tokens were recomputed" in some
+    assert quiet_headline(80.0, 0, 20, where=" in 3 sessions").startswith("No waste in 3 sessions: ")

@@ -348,8 +348,11 @@ def detect_appended(ctx: Ctx) -> Finding | None:
     end = prompt_end(ctx.a)
     pure_insert = ctx.h.a_start == ctx.h.a_end
     # an insertion just before A's open generation prompt is the new turns too: the diff may
-    # have matched a stray newline of the generated tail
-    if ctx.h.a_start < end and not (pure_insert and ctx.h.a_start >= _last_turn_start(ctx.a, end) - 8):
+    # have matched a stray newline of the generated tail. New turns carry the template's markers;
+    # plain text inserted there is an edit of the last message, not a turn
+    if ctx.h.a_start < end and not (
+        pure_insert and ctx.h.a_start >= _last_turn_start(ctx.a, end) - 8 and _has_special(ctx.b, ctx.h)
+    ):
         return None
     n_new = ctx.h.b_end - ctx.h.b_start
     if pure_insert or ctx.h.a_start >= len(ctx.a):
@@ -364,6 +367,11 @@ def detect_appended(ctx: Ctx) -> Finding | None:
         fix="Send the assistant message back exactly as generated (content, reasoning and tool calls)",
         origin="client",
     )
+
+
+def _has_special(p: Prompt, h: Hunk) -> bool:
+    """B's side of the hunk holds a special token (a turn marker)."""
+    return any(p.special[k] for k in range(h.b_start, h.b_end))
 
 
 _TAGS = re.compile(r"</?think>|<\|channel\|>|analysis|<\|message\|>")

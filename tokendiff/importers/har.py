@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import heapq
+import itertools
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,6 +23,7 @@ from tokendiff.server import final_fields, summarize_stream
 
 MAX_BYTES = 4 << 30  # the file: streamed, so this bounds time, not memory
 MAX_ENTRY_BYTES = 256 << 20  # read without an entry ending: what parsing one entry may hold at once
+REORDER_WINDOW = 64  # entries held to put those listed as they finished back in start order
 READ_SIZE = 1 << 20  # the parser's buffer. It scans a string crossing a buffer again, so a small one is
 # quadratic in a long body (63 MB: 14 s with ijson's 64 KiB, 0.8 s with 1 MiB); it lists a buffer's
 # events before yielding them, so a large one costs memory on `[[[[...` (~80 bytes an event)
@@ -36,13 +40,68 @@ def _ijson() -> Any:
 
 
 def read_har(path: Path) -> list[dict[str, Any]]:
-    """Capture records for the chat requests in a HAR file, in file order."""
+    """Capture records for the chat requests in a HAR file, in start order."""
     return list(iter_har(path))
 
 
 def iter_har(path: Path) -> Iterator[dict[str, Any]]:
-    """The chat requests of a HAR file as capture records, one at a time. A HAR is one JSON value, so
-    it is parsed as a stream (ijson's C parser): memory holds one entry, not the whole document."""
+    """The chat requests of a HAR file as capture records, one at a time, in the order they started."""
+    return _in_start_order(_file_order(path), str(path))
+
+
+def _in_start_order(records: Iterator[dict[str, Any]], src: str) -> Iterator[dict[str, Any]]:
+    """Records put in start order (`startedDateTime`): some HAR writers list entries as they finish,
+    and a session's turns are compared in the order they were sent. Each record waits in a window of
+    REORDER_WINDOW, so memory stays bounded; an entry that started before one already given keeps
+    its file order (said once). An error is raised only after the records read before it."""
+    heap: list[tuple[float, int, dict[str, Any]]] = []
+    given = last = float("-inf")
+    late = 0
+    for seq in itertools.count():
+        try:
+            rec = next(records)
+        except StopIteration:
+            break
+        except InputError:
+            while heap:
+                yield heapq.heappop(heap)[2]
+            raise
+        key = _started(rec.get("started"))
+        key = last if key is None else key  # no time: it stays where it was read
+        if key < given:
+            late += 1
+            key = given
+        last = key
+        heapq.heappush(heap, (key, seq, rec))
+        if len(heap) > REORDER_WINDOW:
+            given, _, first = heapq.heappop(heap)
+            yield first
+    while heap:
+        yield heapq.heappop(heap)[2]
+    if late:
+        from tokendiff.sources import warn
+
+        warn(
+            f"{one_line(src)}: {late:,} entries started before ones listed {REORDER_WINDOW} or more entries "
+            "earlier; they are kept in file order"
+        )
+
+
+def _started(value: Any) -> float | None:
+    """An entry's `startedDateTime` as seconds (a time without a zone read as UTC); None when absent or
+    not an ISO 8601 time."""
+    if not isinstance(value, str):
+        return None
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+
+
+def _file_order(path: Path) -> Iterator[dict[str, Any]]:
+    """The chat requests in file order. A HAR is one JSON value, so it is parsed as a stream (ijson's
+    C parser): memory holds one entry, not the whole document."""
     from ijson.common import JSONError
 
     ijson = _ijson()

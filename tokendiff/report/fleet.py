@@ -214,13 +214,12 @@ def seconds_text(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}" if x < 1 else f"{x:,.1f}"
 
 
-def fleet_headline(causes: list[dict[str, Any]], n_sessions: int, reuse_pct: float) -> str:
+def fleet_headline(causes: list[dict[str, Any]], n_sessions: int, reuse_pct: float, wasted: int, new: int) -> str:
     """One sentence: the cause to fix first across the fleet."""
     if not causes or causes[0]["tokens"] == 0:
-        return (
-            f"No waste in {n_sessions} sessions: every turn reused everything the previous prompt had "
-            f"({reuse_pct:.1f} % of all tokens reused)."
-        )
+        from tokendiff.report.session import quiet_headline
+
+        return quiet_headline(reuse_pct, wasted, new, where=f" in {n_sessions} sessions")
     c = causes[0]
     secs = f" ({seconds_text(c['seconds'])} s of prefill)" if c["seconds"] else ""
     title = c["title"][0].lower() + c["title"][1:]
@@ -238,17 +237,18 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
     timed = [s.wasted_seconds for s in sessions if s.wasted_seconds is not None]
     reuse_pct = 100.0 * reused / total if total else 100.0
     causes = ranked_causes(sessions)
+    wasted = sum(s.wasted_tokens for s in sessions)
     summary = {
         "sessions": len(sessions),
         "turns": sum(s.turns for s in sessions),
         "total_tokens": total,
         "reused_tokens": reused,
         "reuse_pct": round(reuse_pct, 2),
-        "wasted_tokens": sum(s.wasted_tokens for s in sessions),
+        "wasted_tokens": wasted,
         "wasted_seconds": round(sum(timed), 3) if timed else None,
         "sessions_timed": len(timed),
         "top_cause": causes[0] if causes and causes[0]["tokens"] > 0 else None,
-        "headline": fleet_headline(causes, len(sessions), reuse_pct),
+        "headline": fleet_headline(causes, len(sessions), reuse_pct, wasted, total - reused),
         "redacted": redact,
     }
     doc = {

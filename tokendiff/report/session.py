@@ -253,13 +253,24 @@ def layout_json(s: Session) -> dict[str, Any]:
     }
 
 
+def quiet_headline(reuse_pct: float, wasted: int, new: int, where: str = "") -> str:
+    """The headline when no cause cost anything: no waste, or waste only where the changes were the
+    expected ones (never "no waste" beside a wasted count)."""
+    if wasted:
+        return (
+            f"No cause to fix{where}: {wasted:,} tokens were recomputed where only expected changes were found "
+            f"({reuse_pct:.1f} % of all tokens reused)."
+        )
+    return (
+        f"No waste{where}: no turn recomputed what the previous prompt already had. {reuse_pct:.1f} % of all "
+        f"tokens were reused; the other {new:,} were new."
+    )
+
+
 def headline(s: Session) -> str:
     """One sentence for the top of the report and the TUI's session screen: the span to fix first."""
     if not s.spans or s.spans[0].tokens == 0:
-        return (
-            "No waste: no turn recomputed what the previous prompt already had "
-            f"({s.reuse_pct:.1f} % of all tokens reused)."
-        )
+        return quiet_headline(s.reuse_pct, s.wasted_tokens, s.total_tokens - s.reused_tokens)
     sp = s.spans[0]
     est = ", estimated" if s.rate_estimated else ""
     gain = f" ({sp.seconds:.1f} s of prefill{est})" if sp.seconds else ""

@@ -149,18 +149,10 @@ class SessionScreen(Screen):
 
 
 def session_headline(s: Session) -> str:
-    """The report's headline, except where its words would contradict the figures on screen."""
+    """The report's headline; an empty (live) session has none yet."""
     from tokendiff.report.session import headline
 
-    if not s.turns:
-        return "No turns yet."
-    if s.spans and s.spans[0].tokens:
-        return headline(s)
-    new = s.total_tokens - s.reused_tokens
-    return (
-        f"No waste: no turn recomputed what the previous prompt already had. {s.reuse_pct:.1f} % of all tokens "
-        f"were reused; the other {new:,} were new."
-    )
+    return headline(s) if s.turns else "No turns yet."
 
 
 def _turn_list(turns: list[int], show: int = 6) -> str:
