@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import subprocess
@@ -126,6 +127,28 @@ def test_a_body_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
     r = run("diff", str(tmp_path / "bom.json"), str(tmp_path / "plain.json"), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["first_divergence"] is None
+
+
+def _with_arguments(msgs: list, text: str) -> list:
+    out = copy.deepcopy(msgs)
+    out[2]["tool_calls"][0]["function"]["arguments"] = text
+    del out[2]["reasoning_content"]  # Qwen3 would drop it at the new user message: another break
+    return out
+
+
+def test_arguments_re_serialised_by_the_client_cost_what_they_cost_on_llama_server(tmp_path):
+    """llama-server parses tool-call arguments before templating: spacing a client changes costs
+    nothing there (no waste predicted from bodies or HAR entries), a key order it changes still does."""
+    turns = [
+        _with_arguments(CONVERSATION[:4], '{"q":"Paris","units":"C"}'),  # as the model generated it
+        _with_arguments(CONVERSATION[:6], '{"q": "Paris", "units": "C"}'),  # re-serialised, same keys
+        _with_arguments(CONVERSATION[:6] + [{"role": "assistant", "content": "x"}], '{"units": "C", "q": "Paris"}'),
+    ]
+    for n, msgs in enumerate(turns, 1):
+        (tmp_path / f"t{n}.json").write_text(json.dumps({"messages": msgs, "tools": TOOLS}))
+    doc = json.loads(run("report", str(tmp_path), "--order", "name", "--format", "json").stdout)
+    assert [t["wasted"] for t in doc["turns"]][1] == 0
+    assert doc["turns"][2]["wasted"] > 0 and doc["turns"][2]["cause"] == "json_reserialized"
 
 
 def test_bad_bodies(tmp_path):

@@ -467,8 +467,9 @@ class Loader:
 
 
 def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
-    """The request as llama-server templates it: Anthropic requests converted, and tool-call
-    arguments parsed when the record carries the server's own IDs."""
+    """The request as the server templates it: Anthropic requests converted, and tool-call arguments
+    parsed where the server parses them (llama-server, the default when a record names none; vLLM),
+    so a client's re-serialised arguments cost what they cost there: nothing, unless the keys moved."""
     from tokendiff.importers.anthropic import is_anthropic, to_openai
 
     request = rec.get("request") or {}
@@ -480,7 +481,7 @@ def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
     if isinstance(request, dict) and is_anthropic(request, rec.get("endpoint")):
         request = to_openai(request, llama_server=llama)
     parses_arguments = llama or server.get("kind") == "vllm"  # as a real vLLM 0.32 does (tests/test_vllm.py)
-    if parses_arguments and rec.get("prompt_ids") is not None and isinstance(request, dict):
+    if parses_arguments and isinstance(request, dict):
         request = _parsed_arguments(request)
     return request
 
@@ -545,26 +546,33 @@ def _attach_render(p: Prompt, rendered, label: str) -> bool:
 
 def _parsed_arguments(request: dict[str, Any]) -> dict[str, Any]:
     """llama-server and vLLM parse tool-call `arguments` strings into objects before templating; the
-    local render must too, or it cannot match the server's tokens field by field."""
-    import copy
-
-    import orjson
-
+    local render must too, or it cannot match the server's tokens field by field. Only the calls are
+    copied: the rest of a long request is shared with the record."""
     msgs = request.get("messages")
     if not isinstance(msgs, list) or not any(isinstance(m, dict) and m.get("tool_calls") for m in msgs):
         return request
-    request = copy.deepcopy(request)
-    for m in request["messages"]:
-        for call in (m.get("tool_calls") or []) if isinstance(m, dict) else []:
-            fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-                try:
-                    parsed = orjson.loads(fn["arguments"])
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(parsed, dict):
-                    fn["arguments"] = parsed
-    return request
+    return {**request, "messages": [_with_parsed_calls(m) for m in msgs]}
+
+
+def _with_parsed_calls(m: Any) -> Any:
+    """A message with its calls' JSON-object `arguments` strings parsed (the message itself when none)."""
+    import orjson
+
+    calls = m.get("tool_calls") if isinstance(m, dict) else None
+    if not isinstance(calls, list) or not calls:
+        return m
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+            out.append(call)
+            continue
+        try:
+            parsed = orjson.loads(fn["arguments"])
+        except orjson.JSONDecodeError:
+            parsed = None
+        out.append({**call, "function": {**fn, "arguments": parsed}} if isinstance(parsed, dict) else call)
+    return {**m, "tool_calls": out}
 
 
 def warn(msg: str) -> None:
