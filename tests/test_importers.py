@@ -151,6 +151,15 @@ def test_arguments_re_serialised_by_the_client_cost_what_they_cost_on_llama_serv
     assert doc["turns"][2]["wasted"] > 0 and doc["turns"][2]["cause"] == "json_reserialized"
 
 
+def test_a_directory_of_bodies_is_in_name_order_unless_mtime_is_asked_for(tmp_path):
+    for name, n, when in (("a.json", 4, 200), ("b.json", 2, 100)):  # b was sent first
+        (tmp_path / name).write_text(json.dumps(body(n)))
+        os.utime(tmp_path / name, (when, when))
+    orders = ((), ("--order", "name"), ("--order", "mtime"))
+    first = [json.loads(run("diff", f"{tmp_path}@1", f"{tmp_path}@2", "--json", *o).stdout)["a"] for o in orders]
+    assert [a["origin"].rsplit(" ", 1)[1] for a in first] == ["(a.json)", "(a.json)", "(b.json)"]
+
+
 def test_bad_bodies(tmp_path):
     (tmp_path / "a.json").write_text("{not json")
     one_line(run("diff", str(tmp_path / "a.json"), str(tmp_path / "a.json")), "a.json", "malformed JSON")

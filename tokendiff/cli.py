@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from tokendiff.workflows import Progress
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
+ORDER_HELP = (
+    "turn order in a directory: auto (slot files by save time, request bodies and prompt logs by name), mtime, name"
+)
 CAUSES_EPILOG = "Each finding kind (date, nonce, tool_order ...), its cause and its fix: docs/causes.md in the source."
 
 
@@ -165,7 +168,7 @@ def _diff_parser(sub: Any) -> None:  # argparse subparsers
         "--max-hunks", type=non_negative_int, dest="max_spans", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
-    d.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
+    d.add_argument("--order", choices=("auto", "mtime", "name"), default="auto", help=ORDER_HELP)
 
 
 def _proxy_parser(sub: Any) -> None:  # argparse subparsers
@@ -235,7 +238,7 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
         help="also write one session's per-turn table (.parquet or .csv), or the per-turn and per-span "
         "dataset of every session into DIR/ (Hive-partitioned Parquet, docs/dataset.md)",
     )
-    r.add_argument("--order", choices=("mtime", "name"), default="mtime", help="turn order in a directory")
+    r.add_argument("--order", choices=("auto", "mtime", "name"), default="auto", help=ORDER_HELP)
     _prefill_rate_arg(r)
     r.add_argument(
         "--model",
@@ -295,7 +298,7 @@ def _replay_parser(sub: Any) -> None:  # argparse subparsers
         "--force", action="store_true", help="replay even when the backend serves another model than the capture's"
     )
     _tokenizer_args(rp)
-    rp.add_argument("--order", choices=("mtime", "name"), default="mtime")
+    rp.add_argument("--order", choices=("auto", "mtime", "name"), default="auto", help=ORDER_HELP)
 
 
 def _tui_parser(sub: Any) -> None:  # argparse subparsers
@@ -306,7 +309,7 @@ def _tui_parser(sub: Any) -> None:  # argparse subparsers
     )
     t.add_argument("paths", nargs="*", help="sessions or turns (default: the bundled demo)")
     _tokenizer_args(t)
-    t.add_argument("--order", choices=("mtime", "name"), default="mtime")
+    t.add_argument("--order", choices=("auto", "mtime", "name"), default="auto", help=ORDER_HELP)
     t.add_argument(
         "--live", metavar="URL", help="a llama-server to pull slots from as the agent runs (needs --slot-dir)"
     )
@@ -342,7 +345,7 @@ def _watch_parser(sub: Any) -> None:  # argparse subparsers
     _tokenizer_args(w)
     _prefill_rate_arg(w)
     w.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
-    w.set_defaults(order="mtime")
+    w.set_defaults(order="auto")
 
 
 def _prefill_rate_arg(p: argparse.ArgumentParser) -> None:

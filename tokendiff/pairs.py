@@ -27,7 +27,7 @@ class PromptOptions:
     server: str | None = None  # a live llama-server to decode (and tokenise) with
     chat_template: str | None = None  # a .jinja file or a tokenizer_config.json
     family: str | None = None  # template family override
-    order: str = "mtime"  # turn order in a directory: mtime | name
+    order: str = "auto"  # turn order in a directory: auto (slot files by mtime, the rest by name) | mtime | name
 
 
 MAX_TEMPLATE_BYTES = 64 << 20  # a .jinja is KBs; a tokenizer_config.json with 260k added tokens is tens of MB

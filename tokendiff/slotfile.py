@@ -306,7 +306,7 @@ def is_slot_file(path: Path) -> bool:
     return len(head) == 4 and struct.unpack("<I", head)[0] in (MAGIC_GGSQ, MAGIC_GGSN)
 
 
-def list_session_dir(path: str | os.PathLike[str], order: str = "mtime") -> list[Path]:
+def list_session_dir(path: str | os.PathLike[str], order: str = "auto") -> list[Path]:
     """The slot files of a directory, ordered as turns (by save time, or by name)."""
     d = Path(path)
     try:

@@ -71,6 +71,8 @@ def _dir_entries(base: Path, order: str) -> tuple[str, list[Path]]:
     if slots:
         return "slot", slots
     files = sorted((e for e in base.iterdir() if e.is_file()), key=lambda e: natural_key(e.name))
+    if order == "mtime":  # asked for: request bodies and prompt logs are ordered by name otherwise
+        files.sort(key=lambda e: e.stat().st_mtime_ns)
     bodies = [
         e
         for e in files
@@ -119,7 +121,7 @@ def _first_line_is(head: bytes) -> str:
     return "it does not start with a JSON object"
 
 
-def select(spec: str, order: str = "mtime") -> Selected:
+def select(spec: str, order: str = "auto") -> Selected:
     m = _SELECTOR.match(spec)
     if m and not Path(spec).exists():
         base, n = Path(session_source(m.group("base"))), int(m.group("n"))
@@ -149,7 +151,7 @@ def select(spec: str, order: str = "mtime") -> Selected:
     return Selected(kind, p, one_line(spec), None)
 
 
-def session_selectors(path: str, order: str = "mtime") -> list[str]:
+def session_selectors(path: str, order: str = "auto") -> list[str]:
     """One selector per turn of a session: a directory, a capture file or a HAR file."""
     path = session_source(path)
     p = Path(path)
@@ -175,7 +177,7 @@ def session_selectors(path: str, order: str = "mtime") -> list[str]:
     return [f"{path}@{i}" for i in range(1, n + 1)]
 
 
-def session_turns(path: str, order: str = "mtime") -> list[Selected]:
+def session_turns(path: str, order: str = "auto") -> list[Selected]:
     """Every turn of a session directory from one listing, as `select` picks each file
     (selecting `DIR@N` turn by turn lists and sorts the directory every time)."""
     base = Path(path)
@@ -191,7 +193,7 @@ class Loader:
     files never imports tokenizers, transformers or jinja.
     """
 
-    def __init__(self, vocab: Vocab, family: str | None = None, order: str = "mtime", chat_template: str | None = None):
+    def __init__(self, vocab: Vocab, family: str | None = None, order: str = "auto", chat_template: str | None = None):
         self.vocab = vocab
         self.family = family
         self.order = order
@@ -579,7 +581,7 @@ def warn(msg: str) -> None:
     print(f"tokendiff: warning: {msg}", file=sys.stderr)
 
 
-def load_prompt(spec: str, vocab: Vocab, family: str | None = None, order: str = "mtime") -> Prompt:
+def load_prompt(spec: str, vocab: Vocab, family: str | None = None, order: str = "auto") -> Prompt:
     return Loader(vocab, family, order).load(spec)
 
 

@@ -139,7 +139,7 @@ def is_session_path(path: str) -> bool:
 
 
 def session_specs(
-    paths: Sequence[str], order: str = "mtime", *, single_turns: bool = True, live: bool = False
+    paths: Sequence[str], order: str = "auto", *, single_turns: bool = True, live: bool = False
 ) -> list[str]:
     """One selector per turn, in order. Sessions expand to their turns; a single turn stays
     itself unless `single_turns` is off (the report wants sessions). In live mode an empty
@@ -1049,7 +1049,7 @@ def export_dataset(session: Session, path: str, times: Sequence[TurnTime], root:
     return written
 
 
-def export_session_dataset(loaded: LoadedSession, path: str, root: Path, order: str = "mtime") -> list[Path]:
+def export_session_dataset(loaded: LoadedSession, path: str, root: Path, order: str = "auto") -> list[Path]:
     """`export_dataset` for a session already loaded from `path`."""
     return export_dataset(loaded.session, path, turn_times(path, order, len(loaded.session.turns)), root)
 
