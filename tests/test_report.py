@@ -268,3 +268,23 @@ def test_headlines_without_a_costly_cause_agree_with_the_wasted_count():
     some = quiet_headline(80.0, 5, 20)
     assert "No waste" not in some and "5 tokens were recomputed" in some
     assert quiet_headline(80.0, 0, 20, where=" in 3 sessions").startswith("No waste in 3 sessions: ")
+
+
+def test_titles_read_inside_a_sentence():
+    from tokendiff.report.session import in_sentence
+
+    assert in_sentence("JSON re-serialised (same value, different text)").startswith("JSON re-")
+    assert in_sentence("Date or time in the prompt changed") == "date or time in the prompt changed"
+
+
+def test_a_headline_names_the_section_once():
+    from tokendiff.cost import Session, Span
+    from tokendiff.model import Part, SectionPath
+    from tokendiff.report.session import headline
+
+    system = SectionPath.of(Part("message", 0, "system"))
+    span = Span("system_appended", system, "Text inserted at the end of the system prompt", "", [2], 10, share=1.0)
+    text = headline(Session([], [span], None, 100, 50, 10))
+    assert text.startswith("Fix this first: text inserted at the end of the system prompt. ")
+    span = Span("date", system, "Date or time in the prompt changed", "", [2], 10, share=1.0)
+    assert "changed in system prompt. " in headline(Session([], [span], None, 100, 50, 10))

@@ -159,12 +159,12 @@ def _drain(q: queue.Queue[str]) -> str:
 def break_message(t: Turn, s: Session) -> str | None:
     """The footer's flash for a turn that broke the cache, e.g. "turn 14: tools reordered — 31,200
     tokens recomputed, 41 s": the server's measured prefill time when it has one, else an estimate."""
-    from tokendiff.report.session import cause_title, prefill_seconds, seconds_label
+    from tokendiff.report.session import cause_title, in_sentence, prefill_seconds, seconds_label
 
     if not t.wasted:
         return None
     title = cause_title(t) or "the prompt changed before its end"
-    msg = f"turn {t.turn}: {title[0].lower() + title[1:]} — {t.recompute:,} tokens recomputed"
+    msg = f"turn {t.turn}: {in_sentence(title)} — {t.recompute:,} tokens recomputed"
     secs = prefill_seconds(t)
     if secs is not None:
         return msg + ", " + seconds_label(secs)

@@ -216,13 +216,13 @@ def seconds_text(x: float | None) -> str:
 
 def fleet_headline(causes: list[dict[str, Any]], n_sessions: int, reuse_pct: float, wasted: int, new: int) -> str:
     """One sentence: the cause to fix first across the fleet."""
-    if not causes or causes[0]["tokens"] == 0:
-        from tokendiff.report.session import quiet_headline
+    from tokendiff.report.session import in_sentence, quiet_headline
 
+    if not causes or causes[0]["tokens"] == 0:
         return quiet_headline(reuse_pct, wasted, new, where=f" in {n_sessions} sessions")
     c = causes[0]
     secs = f" ({seconds_text(c['seconds'])} s of prefill)" if c["seconds"] else ""
-    title = c["title"][0].lower() + c["title"][1:]
+    title = in_sentence(c["title"])
     return (
         f"Fix this first: {title}, in {c['sessions']} of {n_sessions} sessions. "
         f"It is {100 * c['share']:.0f} % of the waste: {c['tokens']:,} tokens recomputed over "

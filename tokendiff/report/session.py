@@ -253,6 +253,14 @@ def layout_json(s: Session) -> dict[str, Any]:
     }
 
 
+def in_sentence(title: str) -> str:
+    """A finding's title inside a sentence: its first letter lower-cased, unless it starts an
+    acronym ("JSON re-serialised")."""
+    if title[1:2].isupper():
+        return title
+    return title[:1].lower() + title[1:]
+
+
 def quiet_headline(reuse_pct: float, wasted: int, new: int, where: str = "") -> str:
     """The headline when no cause cost anything: no waste, or waste only where the changes were the
     expected ones (never "no waste" beside a wasted count)."""
@@ -275,9 +283,9 @@ def headline(s: Session) -> str:
     est = ", estimated" if s.rate_estimated else ""
     gain = f" ({sp.seconds:.1f} s of prefill{est})" if sp.seconds else ""
     turns = f"{len(sp.turns)} turn" + ("s" if len(sp.turns) != 1 else "")
-    where = f" in {sp.section}" if sp.path else ""
+    where = f" in {sp.section}" if sp.path and sp.section not in sp.title else ""
     return (
-        f"Fix this first: {sp.title[0].lower() + sp.title[1:]}{where}. "
+        f"Fix this first: {in_sentence(sp.title)}{where}. "
         f"It is {100 * sp.share:.0f} % of the waste: "
         f"{sp.tokens:,} tokens recomputed over {turns}{gain}."
     )
