@@ -262,7 +262,7 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
     )
     r.add_argument(
         "--kv-bytes-per-token",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="KV cache bytes per token for --cache-size in bytes (default: from the model's GGUF)",
     )
