@@ -443,7 +443,7 @@ def test_unusable_messages_name_the_file(tmp_path, messages, words):
         (["replay", "a", "b", "--backend", "http://127.0.0.1:1", "--repeat", "0"], "argument --repeat: must be 1"),
         (["pull", "--server", "s", "--out", "o", "--slot-dir", "d", "--every", "0s"], "argument --every: '0s'"),
         (["report", "x", "--fail-under", "120"], "argument --fail-under: 120 is not a percentage"),
-        (["report", "x", "--kv-bytes-per-token", "-3"], "argument --kv-bytes-per-token: must be 1 or more"),
+        (["report", "x", "--kv-bytes-per-token", "-3"], "argument --kv-bytes-per-token: -3 is negative"),
     ],
 )
 def test_option_values_out_of_range(args, words):
