@@ -225,6 +225,21 @@ def test_fleet_errors(args, words):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_a_session_that_cannot_be_read_costs_only_itself(tmp_path):
+    """One bad session among several: the report covers the others and names it, and the exit says so."""
+    bad = tmp_path / "torn.jsonl"
+    bad.write_text("not a capture\n")
+    r = run("report", str(AGENT), str(bad), str(DEMO), "--format", "json")
+    assert r.returncode == 2, r.stderr
+    doc = json.loads(r.stdout)
+    assert [s["path"] for s in doc["sessions"]] == [str(AGENT), str(DEMO)]
+    assert len(doc["skipped"]) == 1 and str(bad) in doc["skipped"][0]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and "left out of the report" in lines[0], r.stderr
+    md = run("report", str(AGENT), str(bad), "--format", "md")
+    assert "left out, could not be read: " in md.stdout and md.returncode == 2
+
+
 def test_every_column_is_documented():
     doc = (ROOT / "docs" / "dataset.md").read_text()
     documented = set(re.findall(r"^\| `([a-z_]+)` \|", doc, re.M))

@@ -498,7 +498,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
     tty = sys.stderr.isatty()
     opts = wf.ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
-    loaded = None
+    loaded, skipped = None, []
     if len(paths) == 1:
         popts = _prompt_options(args)
         layout = wf.attention_layout(paths, popts, args.model, args.server_args)
@@ -517,6 +517,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         fleet = wf.fleet_report(_prompt_options(args), paths, fleet_opts, _progress_line(tty))
         _clear_line(tty)
         doc, reuse, what = fleet.document, fleet.reuse_pct, "fleet"
+        skipped = fleet.skipped
     if args.output:
         wf.export_report(doc, Path(args.output), args.format)
     else:
@@ -525,6 +526,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         wf.export_session_dataset(loaded, paths[0], Path(args.export), args.order)
     elif loaded is not None and args.export:
         wf.export_turns(loaded.session, Path(args.export))
+    for e in skipped:  # the report above covers the others
+        print(f"tokendiff: {e} (left out of the report)", file=sys.stderr)
+    if skipped:
+        return 2
     if args.fail_under is not None and reuse < args.fail_under:
         print(f"tokendiff: {what} reuse {reuse:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
         return 1

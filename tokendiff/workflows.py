@@ -954,6 +954,7 @@ class FleetOptions:
 class FleetResult:
     document: dict[str, Any]  # tokendiff.fleet/1
     sessions: list[SessionFacts]
+    skipped: list[InputError] = field(default_factory=list)  # the sessions that could not be read
 
     @property
     def reuse_pct(self) -> float:
@@ -1067,43 +1068,58 @@ def fleet_member(opts: PromptOptions, path: str, export_dir: str | None = None) 
 
 def analyse_fleet(
     opts: PromptOptions, paths: Sequence[str], fopts: FleetOptions = FleetOptions(), progress: Progress | None = None
-) -> list[SessionFacts]:
-    """Every session's facts, in the order of `paths`: in parallel processes when there are
-    several sessions and cores (each session is independent; the vocabulary is a cached mmap)."""
+) -> tuple[list[SessionFacts], list[InputError]]:
+    """Every readable session's facts, in the order of `paths`, and the error of each session that could
+    not be read (one bad session does not cost the others' report): in parallel processes when there
+    are several sessions and cores (each session is independent; the vocabulary is a cached mmap)."""
     import os
 
     n = len(paths)
     workers = min(n, fopts.workers or os.cpu_count() or 1)
+    done: dict[int, SessionFacts | InputError] = {}
     if workers <= 1:
-        facts = []
-        for k, p in enumerate(paths, 1):
-            facts.append(fleet_member(opts, p, fopts.export_dir))
+        for k, p in enumerate(paths):
+            done[k] = _fleet_member_or_error(opts, p, fopts.export_dir)
             if progress:
-                progress(f"analysed {k}/{n} sessions")
-        return facts
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+                progress(f"analysed {k + 1}/{n} sessions")
+    else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    with ProcessPoolExecutor(workers) as pool:
-        futures = {pool.submit(fleet_member, opts, p, fopts.export_dir): i for i, p in enumerate(paths)}
-        done: dict[int, SessionFacts] = {}
-        for fut in as_completed(futures):
-            done[futures[fut]] = fut.result()
-            if progress:
-                progress(f"analysed {len(done)}/{n} sessions")
-    return [done[i] for i in range(n)]
+        with ProcessPoolExecutor(workers) as pool:
+            futures = {pool.submit(_fleet_member_or_error, opts, p, fopts.export_dir): i for i, p in enumerate(paths)}
+            for fut in as_completed(futures):
+                done[futures[fut]] = fut.result()
+                if progress:
+                    progress(f"analysed {len(done)}/{n} sessions")
+    results = [done[i] for i in range(n)]
+    return [r for r in results if not isinstance(r, InputError)], [r for r in results if isinstance(r, InputError)]
+
+
+def _fleet_member_or_error(opts: PromptOptions, path: str, export_dir: str | None) -> SessionFacts | InputError:
+    """`fleet_member`, or the session's error (returned, so it crosses from a worker as a value), naming it."""
+    from tokendiff.errors import one_line
+
+    try:
+        return fleet_member(opts, path, export_dir)
+    except InputError as e:
+        return e if one_line(path) in str(e) else InputError(str(e), source=path)
 
 
 def fleet_report(
     opts: PromptOptions, paths: Sequence[str], fopts: FleetOptions = FleetOptions(), progress: Progress | None = None
 ) -> FleetResult:
-    """The fleet document (`tokendiff.fleet/1`) over several sessions, the dataset written if asked."""
+    """The fleet document (`tokendiff.fleet/1`) over the sessions that could be read, the dataset written if
+    asked; the others are listed in it (`skipped`) and in `FleetResult.skipped`. None readable: the first error."""
     from tokendiff.report.fleet import fleet_document
 
     replays = [read_replay(f) for f in fopts.report.replays]  # bad replay files fail before the work
-    facts = analyse_fleet(opts, paths, fopts, progress)
+    facts, errors = analyse_fleet(opts, paths, fopts, progress)
+    if not facts:
+        raise errors[0]
     doc = fleet_document(facts, redact=fopts.report.redact)
     doc["replays"] = replays
-    return FleetResult(doc, facts)
+    doc["skipped"] = [str(e) for e in errors]
+    return FleetResult(doc, facts, errors)
 
 
 # ---------------------------------------------------------------- replay

@@ -343,6 +343,7 @@ def render_fleet_html(doc: dict[str, Any]) -> str:
             f'<p class="muted">tokenizer: {e(tk["name"])}{" (assumed)" if tk.get("assumed") else ""}'
             f"{' · redacted: words replaced by hashes' if s['redacted'] else ''}</p>"
         )
+    out += [f'<p class="muted">left out, could not be read: {e(why)}</p>' for why in doc.get("skipped") or []]
     bars = [
         {
             "turn": i,

@@ -237,6 +237,8 @@ def render_fleet_markdown(doc: dict[str, Any]) -> str:
         out.append(f"- tokenizer: {tk['name']}" + (" (assumed)" if tk.get("assumed") else ""))
     if s["redacted"]:
         out.append("- redacted: words are replaced by hashes; structure, offsets and findings are kept")
+    for why in doc.get("skipped") or []:
+        out.append(f"- left out, could not be read: {why}")
     out += ["", "## Causes, ranked across sessions", "", *_fleet_causes(doc)]
     out += ["", "## Sessions", "", *_fleet_sessions(doc)]
     out += ["", "## Worst turns", "", *_fleet_worst(doc)]
