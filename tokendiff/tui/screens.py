@@ -85,7 +85,8 @@ class SessionScreen(Screen):
             self._body = self.mount_compose(self._body_widgets())
         await self._body
         self._has_body = True
-        then()
+        if self.query("#turns"):  # not while the app is closing: the screen's widgets are being removed
+            then()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Open and export only once there are turns: the footer offers nothing that would do nothing."""
@@ -99,6 +100,8 @@ class SessionScreen(Screen):
             return
         if not self._has_body:
             self.call_later(self._with_body, partial(self.show, session))
+            return
+        if not self.query("#turns"):  # the app is closing: the screen's widgets are gone
             return
         first_load = self.session is None
         self.session = session
@@ -124,6 +127,8 @@ class SessionScreen(Screen):
             return
         if not self._has_body:
             self.call_later(self._with_body, partial(self.failed, msg))
+            return
+        if not self.query("#turns"):
             return
         self.query_one("#headline", Static).update(Text(f"could not load the session: {msg}", style="bold"))
         table = self.query_one("#turns", SessionTable)
