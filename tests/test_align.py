@@ -110,3 +110,14 @@ def test_the_csequence_matcher_gives_difflibs_answers(a, b):
 
     fast = sequence_matcher()(None, a, b, autojunk=False).get_opcodes()
     assert fast == difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+
+
+def test_an_insertion_that_repeats_what_follows_it_is_placed_last():
+    """The common suffix is taken first, so B's appended copy of A's tail would be placed before A's own
+    copy; it is moved as far right as the tokens allow (up to `a_stop`, where A's prompt ends)."""
+    from tokendiff.align import diff_spans
+
+    head, tail = list(range(200, 230)), list(range(100, 130))
+    a, b = [5, *head, *tail], [6, *head, *tail, 7, *tail]  # a change, then B's new turn repeating A's tail
+    assert diff_spans(a, b) == [(0, 1, 0, 1), (61, 61, 61, 92)]
+    assert diff_spans(a, b, a_stop=41) == [(0, 1, 0, 1), (41, 41, 41, 72)]

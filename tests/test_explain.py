@@ -398,3 +398,22 @@ def test_the_fast_scan_finds_what_finditer_finds(text, name):
 
     rx = getattr(ex, name)
     assert [m.span() for m in ex.matches(rx, text)] == [m.span() for m in rx.finditer(text)]
+
+
+def test_a_reminder_sent_again_in_the_new_turn_is_no_move(vocab):
+    """B repeats A's last reminder at the end of its new user message (and a date changed before it):
+    the appended turns are placed after A's prompt, not before A's own copy of the reminder, and
+    nothing is reported moved while A's message still holds it."""
+    reminder = "<system-reminder>Remember to run the tests before you finish the task.</system-reminder>"
+
+    def system(day):
+        return {"role": "system", "content": f"You are a coding agent. Today is 2026-12-0{day}."}
+
+    first = [{"role": "user", "content": "Fix the failing test please. " + reminder}]
+    later = [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Now the docs. " + reminder}]
+    a = qwen_prompt(vocab, [system(1), *first], tools=None)
+    b = qwen_prompt(vocab, [system(2), *first, *later], tools=None)
+    d = align(a, b)
+    fs = explain(a, b, d)
+    assert [f.kind for f in fs] == ["date", "appended"]
+    assert d.hunks[-1].a_start == len(a)

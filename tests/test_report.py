@@ -239,11 +239,22 @@ def test_a_span_only_seen_behind_another_break_is_no_row_of_zeros(vocab):
 
 
 def _string_literals(source: str) -> str:
-    """The string constants of a module (what it can say), not its names and comments."""
+    """The string constants of a module (what it can say), not its names, comments and docstrings."""
     import ast
 
+    tree = ast.parse(source)
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     return " ".join(
-        n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
     )
 
 

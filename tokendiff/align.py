@@ -21,7 +21,7 @@ from itertools import compress, count, repeat
 from operator import itemgetter, ne, not_
 from typing import TYPE_CHECKING, TypeVar
 
-from tokendiff.model import Divergence, Hunk, Prompt, id_bytes
+from tokendiff.model import Divergence, Hunk, Prompt, id_bytes, prompt_end
 
 if TYPE_CHECKING:
     from tokendiff.model import Ids
@@ -120,12 +120,34 @@ class _Seqs:
         return _last_diff(self.ra, 4 * ahi, self.rb, 4 * bhi, 4 * min(ahi - alo, bhi - blo)) // 4
 
 
-def diff_spans(a: Ids, b: Ids) -> list[tuple[int, int, int, int]]:
-    """Non-equal spans (a_start, a_end, b_start, b_end), in order."""
+def diff_spans(a: Ids, b: Ids, a_stop: int | None = None) -> list[tuple[int, int, int, int]]:
+    """Non-equal spans (a_start, a_end, b_start, b_end), in order; an insertion before A's token
+    `a_stop` (where A's prompt ends and its generated tokens begin) is not moved past it."""
     seqs = _Seqs(a, b)
     out: list[tuple[int, int, int, int]] = []
     _diff(seqs, 0, len(seqs.ra) // 4, 0, len(seqs.rb) // 4, out, 0)
-    return _merge(out)
+    return _merge(_slide_insertions(seqs, _merge(out), a_stop))
+
+
+def _slide_insertions(
+    s: _Seqs, spans: list[tuple[int, int, int, int]], a_stop: int | None
+) -> list[tuple[int, int, int, int]]:
+    """Each pure insertion moved as far right as the text allows, up to A's prompt end. Where B's new
+    text repeats what follows it (a reminder sent again at the end of the new turn), the diff may place
+    the insertion before A's copy: the same edit, but it reads as A's text moved. Prompts grow at the
+    end, so the rightmost place is the one a person means (the slider normalisation of text diffs)."""
+    n_a, n_b = len(s.ra) // 4, len(s.rb) // 4
+    stop = n_a if a_stop is None else a_stop
+    out: list[tuple[int, int, int, int]] = []
+    for k, (a0, a1, b0, b1) in enumerate(spans):
+        if a0 == a1 and b0 < b1:
+            nxt = spans[k + 1] if k + 1 < len(spans) else (n_a, n_a, n_b, n_b)
+            room = min(nxt[0] - a0, nxt[2] - b1)  # the equal run after it
+            room = min(room, stop - a0) if a0 <= stop else room
+            m = _first_diff(s.rb, 4 * b0, s.rb, 4 * b1, 4 * room) // 4 if room > 0 else 0
+            a0, a1, b0, b1 = a0 + m, a1 + m, b0 + m, b1 + m
+        out.append((a0, a1, b0, b1))
+    return out
 
 
 def _diff(s: _Seqs, alo, ahi, blo, bhi, out, depth) -> None:
@@ -492,10 +514,14 @@ def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
     lcp = common_prefix(a.ids, b.ids)
     fbd = first_byte_diff(a.data, b.data)
     hunks = []
-    spans = diff_spans(a.ids, b.ids) if not (lcp == len(a) == len(b)) else []
+    end = prompt_end(a)
+    spans = diff_spans(a.ids, b.ids, end) if not (lcp == len(a) == len(b)) else []
     if max_hunks is not None:
         spans = spans[:max_hunks]
     for a0, a1, b0, b1 in spans:
+        # an insertion after A's last token, or after its prompt (before the tokens it generated),
+        # belongs to the last token's section
+        after = a0 >= len(a) or (a0 == a1 == end and end > 0)
         hunks.append(
             Hunk(
                 a_start=a0,
@@ -506,8 +532,7 @@ def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
                 a_byte_end=a.byte_offset(a1),
                 b_byte_start=b.byte_offset(b0),
                 b_byte_end=b.byte_offset(b1),
-                # a span past the end (an insertion after A's last token) belongs to the last token's section
-                a_owner=a.owner(a0) if a0 < len(a) else a.owner(max(a0 - 1, 0)),
+                a_owner=a.owner(max(a0 - 1, 0)) if after else a.owner(a0),
                 b_owner=b.owner(b0) if b0 < len(b) else b.owner(max(b0 - 1, 0)),
             )
         )

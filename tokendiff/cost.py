@@ -32,8 +32,8 @@ from tokendiff.backend_facts import (
     turn_record,
 )
 from tokendiff.capacity import CapacityLadder, CapacityReport
-from tokendiff.explain import appended_finding, explain, prompt_end
-from tokendiff.model import Divergence, Finding, Hunk, Prompt, SectionPath
+from tokendiff.explain import appended_finding, explain
+from tokendiff.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
 from tokendiff.prefix_index import PrefixIndex
 from tokendiff.swa import AttentionLayout, Reuse, SlotState, checkpoint_reuse
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from tokendiff.grammar import json_braces
-from tokendiff.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
+from tokendiff.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath, prompt_end
 
 PAD = 48  # bytes of context either side when matching patterns around a hunk
 
@@ -311,12 +311,6 @@ def detect_double_bos(ctx: Ctx) -> Finding | None:
     return None
 
 
-def prompt_end(p: Prompt) -> int:
-    """Where A's prompt ends and the model's generated tokens (kept by slot dumps) begin."""
-    gen = next((s for s in p.sections if s.path.parts[-1].kind == "generated"), None)
-    return gen.start if gen else len(p)
-
-
 def _top(p: Prompt, kind: str) -> Section | None:
     """The top-level section of `kind` (a turn-level section such as the generation prompt)."""
     return next((s for s in p.sections if len(s.path.parts) == 1 and s.path.parts[0].kind == kind), None)
@@ -416,6 +410,8 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
             "or accept a few tokens",
             origin="template",
         )
+    if ctx.h.a_start == ctx.h.a_end and ctx.h.a_start >= prompt_end(ctx.a) and not _TAGS.search(a_txt):
+        return None  # inserted after the whole of A's prompt, before what the model generated: new turns
     n = ctx.h.a_end - ctx.h.a_start
     return Finding(
         kind="generation_prompt",
@@ -872,6 +868,8 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
     if dest is None or dest.kind != "message" or (dest.index or 0) <= (src.index or 0):
         return None
+    if _message_holds(ctx.b, src.index, removed):  # still where it was: B sent it again, nothing moved
+        return None
     what = "a <system-reminder> block" if "<system-reminder>" in removed else f"{len(removed.encode()):,} bytes"
     return Finding(
         kind="reminder_moved",
@@ -882,6 +880,17 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
         fix="Leave a reminder where it was first sent (history append-only); add the new one to the newest message",
         origin="client",
     )
+
+
+def _message_holds(p: Prompt, index: int | None, text: str) -> bool:
+    """Message `index` of `p` (its turn-level section) holds `text`."""
+    if index is None:
+        return False
+    top = (s for s in p.sections if len(s.path) == 1 and s.path.parts[0].kind == "message")
+    turn = next((s for s in top if s.path.parts[0].index == index), None)
+    if turn is None:
+        return False
+    return text.encode() in p.data[turn.byte_start : turn.byte_end]
 
 
 TRUNC_NOTE_RE = re.compile(r"truncat|omitted|elided|\.\.\.|…|\bmore (?:lines|chars|characters|bytes)\b", re.I)

@@ -335,6 +335,12 @@ class Prompt:
         return path.label if path else "(no section)"
 
 
+def prompt_end(p: Prompt) -> int:
+    """Where the prompt ends and the model's generated tokens (kept by slot dumps) begin."""
+    gen = next((s for s in p.sections if s.path.parts[-1].kind == "generated"), None)
+    return gen.start if gen else len(p)
+
+
 @dataclass(frozen=True)
 class Hunk:
     """One divergent span: A's tokens [a_start, a_end) became B's [b_start, b_end)."""
