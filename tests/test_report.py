@@ -299,3 +299,44 @@ def test_a_headline_names_the_section_once():
     assert text.startswith("Fix this first: text inserted at the end of the system prompt. ")
     span = Span("date", system, "Date or time in the prompt changed", "", [2], 10, share=1.0)
     assert "changed in system prompt. " in headline(Session([], [span], None, 100, 50, 10))
+
+
+def test_reasoning_stripped_before_repeated_text_is_no_reminder_moved(tmp_path):
+    """Qwen3 strips the reasoning when the user writes again; the new user message repeats a sentence of
+    that reasoning, and the tool call after it repeats an earlier one. The diff then crosses over, but
+    what is still in its message is never reported moved (a new user's session)."""
+    tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {}}}]
+
+    def call(i, path):
+        return [
+            {"id": f"c{i}", "type": "function", "function": {"name": "read_file", "arguments": f'{{"path": "{path}"}}'}}
+        ]
+
+    same, next_ = "The function returns a constant value.", "I will read the next file now."
+    msgs = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "What do file2.py and file3.py do?"},
+        {"role": "assistant", "content": "", "reasoning_content": next_, "tool_calls": call(1, "file2.py")},
+        {"role": "tool", "tool_call_id": "c1", "content": "same result every time\n" * 3},
+        {
+            "role": "assistant",
+            "content": "Let me check the file.",
+            "reasoning_content": f"{next_} {same}",
+            "tool_calls": call(2, "file3.py"),
+        },
+        {"role": "tool", "tool_call_id": "c2", "content": "def f3():\n    return 3\n"},
+        {
+            "role": "assistant",
+            "content": "Let me check the file.",
+            "reasoning_content": f"{same} {same}",
+            "tool_calls": call(3, "file3.py"),
+        },
+        {"role": "tool", "tool_call_id": "c3", "content": "same result every time\n" * 18},
+        {"role": "user", "content": f"{same} {next_}"},
+    ]
+    for k, n in ((1, 8), (2, 9)):
+        (tmp_path / f"turn{k}.json").write_text(json.dumps({"messages": msgs[:n], "tools": tools}))
+    r = run("report", tmp_path, "--order", "name", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    kinds = [f["kind"] for f in json.loads(r.stdout)["findings"]]
+    assert kinds[0] == "reasoning_stripped" and "reminder_moved" not in kinds

@@ -519,9 +519,6 @@ def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
     if max_hunks is not None:
         spans = spans[:max_hunks]
     for a0, a1, b0, b1 in spans:
-        # an insertion after A's last token, or after its prompt (before the tokens it generated),
-        # belongs to the last token's section
-        after = a0 >= len(a) or (a0 == a1 == end and end > 0)
         hunks.append(
             Hunk(
                 a_start=a0,
@@ -532,7 +529,8 @@ def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
                 a_byte_end=a.byte_offset(a1),
                 b_byte_start=b.byte_offset(b0),
                 b_byte_end=b.byte_offset(b1),
-                a_owner=a.owner(max(a0 - 1, 0)) if after else a.owner(a0),
+                # a span past the end (an insertion after A's last token) belongs to the last token's section
+                a_owner=a.owner(a0) if a0 < len(a) else a.owner(max(a0 - 1, 0)),
                 b_owner=b.owner(b0) if b0 < len(b) else b.owner(max(b0 - 1, 0)),
             )
         )
