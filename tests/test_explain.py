@@ -86,6 +86,12 @@ def test_reasoning_gone_with_no_new_user_message_is_the_clients(vocab, fields):
     if fields:
         b.meta.request = {"messages": kept}
     assert first(a, b)[0].kind == "reasoning_stripped"
+    # and when the client dropped it too: the template would have, so sending it back saves nothing
+    del kept[2]["reasoning_content"]
+    b = qwen_prompt(vocab, kept, fields=fields)
+    if fields:
+        b.meta.request = {"messages": kept}
+    assert first(a, b)[0].kind == "reasoning_stripped"
 
 
 def test_llama32_injected_date_is_the_templates(llama3_tok):

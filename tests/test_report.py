@@ -340,3 +340,22 @@ def test_reasoning_stripped_before_repeated_text_is_no_reminder_moved(tmp_path):
     assert r.returncode == 0, r.stderr
     kinds = [f["kind"] for f in json.loads(r.stdout)["findings"]]
     assert kinds[0] == "reasoning_stripped" and "reminder_moved" not in kinds
+
+
+@pytest.mark.parametrize("name", ["user", "a", "Tool", "tool_changed"])
+def test_redact_hashes_a_tool_name_that_is_also_a_word_only_where_it_names_the_tool(tmp_path, name):
+    """A tool called "user", "a" or "tool_changed": its name is hashed in the labels and paths that
+    hold it; tokendiff's own sentences, cause ids and roles are left as they are."""
+    from tokendiff.report.redact import redact_text
+
+    for n, words in ((1, "alpha"), (2, "beta gamma"), (3, "delta epsilon zeta")):
+        tool = {"type": "function", "function": {"name": name, "description": f"tell the time {words}"}}
+        msgs = [{"role": "system", "content": "Hi."}, {"role": "user", "content": "What time is it?"}]
+        (tmp_path / f"t{n}.json").write_text(json.dumps({"messages": msgs, "tools": [tool]}))
+    doc = json.loads(run("report", tmp_path, "--order", "name", "--format", "json", "--redact").stdout)
+    assert [t["cause"] for t in doc["turns"]][1:] == ["tool_changed", "tool_changed"]
+    cause = doc["causes"][0]
+    assert cause["title"] == "Tool definition changed" and cause["fix"].startswith("Keep tool schemas byte-stable")
+    assert cause["a"]["section"] == f"tools › {redact_text(name)} (description)"
+    assert [p["name"] for p in cause["a"]["path"]][:3] == ["system", None, redact_text(name)]
+    assert f"› {name} " not in json.dumps(doc, ensure_ascii=False)

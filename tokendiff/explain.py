@@ -467,16 +467,30 @@ def _client_dropped(ctx: Ctx) -> str | None:
     """Why the client, not the template, dropped A's reasoning (None when the template may have): B's
     request no longer carries it; or, without requests, no user message follows it in B (templates
     drop reasoning only before the latest user message)."""
+    if _user_turn_after(ctx.b, ctx.h.b_end):
+        return None  # the template drops it there whatever the client sends
     i = ctx.a_path.message_index
     ma, mb = _request_message(ctx.a, i), _request_message(ctx.b, i)
-    if ma and mb and ma.get("role") == mb.get("role") == "assistant":
+    if ma and mb and _same_message_but_reasoning(ma, mb):
         if _has_reasoning(mb):
             return None
         if _has_reasoning(ma):
             return f"B's request no longer carries the reasoning of messages[{i}]"
-    if ctx.b.meta.request is None and not _user_turn_after(ctx.b, ctx.h.b_end):
+    if ctx.b.meta.request is None:
         return "no user message follows it in B, and templates drop reasoning only before the latest one"
     return None
+
+
+def _same_message_but_reasoning(ma: dict, mb: dict) -> bool:
+    """The same assistant message in both requests (history pruned before it would put another at its
+    index), told apart only by its reasoning."""
+    keys = ("role", "tool_calls", "name")
+    return ma.get("role") == "assistant" and all(ma.get(k) == mb.get(k) for k in keys) and _answer(ma) == _answer(mb)
+
+
+def _answer(m: dict) -> str:
+    """A message's content without a think block in it."""
+    return re.sub(r"<think>.*?</think>\s*", "", _content_text(m.get("content")), flags=re.S).strip()
 
 
 def _request_message(p: Prompt, i: int | None) -> dict | None:
@@ -545,7 +559,7 @@ def detect_tools(ctx: Ctx) -> Finding | None:
             kind="tool_changed",
             hunk=ctx.i,
             confidence=0.6,
-            title=f"Tool definition changed: {owner}",
+            title="Tool definition changed",
             evidence=f"the text of the tool {owner} differs between the two requests",
             fix="Keep tool schemas byte-stable; move per-request data (lists, counts) out of descriptions",
             origin="client",

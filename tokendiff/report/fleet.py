@@ -61,7 +61,7 @@ class SessionFacts:
     spans: tuple[SpanFacts, ...] = ()
     worst: tuple[TurnFacts, ...] = ()
     key: str = ""  # the dataset's `session` partition, when exported
-    names: frozenset[str] = frozenset()  # names the requests chose (tools, calls), hashed under --redact
+    labels: tuple[tuple[str, str], ...] = ()  # its section labels that name a tool or call, and hashed (--redact)
 
     @property
     def reuse_pct(self) -> float:
@@ -74,7 +74,7 @@ class SessionFacts:
 
 def session_facts(path: str, s: Session, tokenizer: dict[str, Any], key: str = "") -> SessionFacts:
     """A session reduced to its fleet facts: totals, ranked spans, its worst turns."""
-    from tokendiff.report.redact import session_names
+    from tokendiff.report.redact import session_labels
     from tokendiff.report.session import headline
 
     ms = s.ms_per_token
@@ -116,7 +116,7 @@ def session_facts(path: str, s: Session, tokenizer: dict[str, Any], key: str = "
         spans=spans,
         worst=worst,
         key=key,
-        names=session_names(s),
+        labels=tuple(session_labels(s).items()),
     )
 
 
@@ -262,6 +262,6 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
     }
     if not redact:
         return doc
-    from tokendiff.report.redact import redact_names
+    from tokendiff.report.redact import redact_labels
 
-    return redact_names(doc, frozenset().union(*(s.names for s in sessions)))
+    return redact_labels(doc, {label: hashed for s in sessions for label, hashed in s.labels})

@@ -3,7 +3,9 @@
 Excerpts and evidence are the prompt's text, so every word in them is hashed. Section labels,
 titles and headlines are tokendiff's words around names the request chose (tools, tool calls,
 custom roles): only those names are hashed, by the same function, so a name reads the same
-wherever it appears and a reader can still follow it from a section to its excerpt.
+wherever it appears and a reader can still follow it from a section to its excerpt. Names are
+replaced as part of the whole labels that hold them, never as bare words, so a tool called
+"user" or "a" leaves tokendiff's own sentences and ids alone.
 """
 
 from __future__ import annotations
@@ -13,14 +15,13 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from tokendiff.model import SectionPath
+from tokendiff.model import KINDS, Part, SectionPath
 
 if TYPE_CHECKING:
     from tokendiff.cost import Session
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _SPECIAL = re.compile(r"<\|[^|>]{1,40}\|>|<｜[^｜>]{1,40}｜>|\[/?[A-Z_]{2,30}\]|</?[a-z_]{2,20}>")
-_NAMED_KINDS = ("tool", "tool_call", "message", "boilerplate")  # parts whose `name` the request chose
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function", "ipython", "model", "turn"})
 # strings that are file names, ids and request field paths, not prompt text; the tokenizer's facts
 _KEEP_TEXT = frozenset({"schema", "path", "origin", "kind", "field", "key", "session"})
@@ -42,40 +43,52 @@ def redact_text(s: str) -> str:
     return "".join(out)
 
 
-def path_names(paths: Iterable[SectionPath]) -> frozenset[str]:
-    """The names the request chose in these section paths: tool and call names, custom roles."""
-    out: set[str] = set()
-    for path in paths:
-        for p in path:
-            if p.kind in _NAMED_KINDS and p.name and p.name not in _ROLES:
-                out.add(p.name)
-    return frozenset(out)
+def redacted_path(path: SectionPath) -> SectionPath:
+    """The path with the names the request chose hashed: tool and call names, a message's custom role."""
+    return SectionPath(tuple(_redacted_part(p) for p in path))
 
 
-def session_names(s: Session) -> frozenset[str]:
-    """Every request-chosen name a report of `s` can mention (its labels and titles come from these paths)."""
+def _redacted_part(p: Part) -> Part:
+    chosen = p.kind in ("tool", "tool_call") or (p.kind in ("message", "boilerplate") and p.name not in _ROLES)
+    return Part(p.kind, p.index, redact_text(p.name), p.field) if chosen and p.name else p
+
+
+def label_map(paths: Iterable[SectionPath]) -> dict[str, str]:
+    """Each of these paths' labels that names something the request chose, and the same label hashed."""
+    out: dict[str, str] = {}
+    for path in set(paths):
+        label, hashed = path.label, redacted_path(path).label
+        if label != hashed:
+            out[label] = hashed
+    return out
+
+
+def session_labels(s: Session) -> dict[str, str]:
+    """`label_map` of every section a report of `s` can name (its labels and titles come from these)."""
     paths: list[SectionPath] = [sp.path for sp in s.spans]
     for t in s.turns:
         paths.append(t.path)
         if t.divergence is not None:
             paths += [x for h in t.divergence.hunks for x in (h.a_owner, h.b_owner)]
-    return path_names(paths)
+    return label_map(paths)
 
 
-def redact_names(doc: Any, names: Iterable[str]) -> Any:
-    """The document with each of `names` hashed wherever it stands as a whole word in a string value
-    (file paths, ids and the tokenizer kept): labels, titles, fixes and headlines."""
-    ordered = sorted(set(names), key=len, reverse=True)
-    if not ordered:
-        return doc
-    pattern = re.compile(r"(?<![\w#])(?:" + "|".join(map(re.escape, ordered)) + r")(?!\w)")
+def redact_labels(doc: Any, labels: dict[str, str]) -> Any:
+    """The document with each label of `labels` replaced by its hashed form wherever a string holds it
+    (sections, titles, headlines), and the chosen names of its section paths hashed. Only whole labels
+    are replaced, never a bare word, so tokendiff's own words and ids stay as they are."""
+    alternatives = "|".join(map(re.escape, sorted(labels, key=len, reverse=True)))
+    pattern = re.compile(f"(?:{alternatives})" + r"(?!\w)") if labels else None
 
     def walk(v: Any, key: str = "") -> Any:
         if key in _KEEP or (key in _KEEP_TEXT and isinstance(v, str)):
             return v
         if isinstance(v, str):
-            return pattern.sub(lambda m: redact_text(m.group()), v)
+            return pattern.sub(lambda m: labels[m.group()], v) if pattern else v
         if isinstance(v, dict):
+            if v.get("kind") in KINDS and isinstance(v.get("name"), str) and "field" in v:  # a section path's part
+                name = _redacted_part(Part(v["kind"], v.get("index"), v["name"], v["field"])).name
+                return {**v, "name": name}
             return {k: walk(x, k) for k, x in v.items()}
         if isinstance(v, list):
             return [walk(x) for x in v]

@@ -14,7 +14,7 @@ from tokendiff.cost import RELOAD, RELOAD_TITLE, Session, Turn, turn_rows
 from tokendiff.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
-from tokendiff.report.redact import redact_names, redact_text, session_names
+from tokendiff.report.redact import redact_labels, redact_text, session_labels
 
 SCHEMA = "tokendiff.report/1"
 
@@ -199,7 +199,7 @@ def report_document(
         "causes": causes,
         "findings": per_turn_findings,
     }
-    return redact_names(doc, session_names(s)) if redact else doc
+    return redact_labels(doc, session_labels(s)) if redact else doc
 
 
 def _wasted_pct(s: Session) -> float:
