@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -245,3 +246,26 @@ def test_every_column_is_documented():
     documented = set(re.findall(r"^\| `([a-z_]+)` \|", doc, re.M))
     for c in (*TURN_COLUMNS, *SPAN_COLUMNS, *PARTITIONS):
         assert c.name in documented, c.name
+
+
+def test_any_failure_of_one_session_costs_only_that_session(tmp_path, monkeypatch):
+    def member(opts, path, export_dir=None):
+        if path == "bad":
+            raise RuntimeError("boom")
+        return real(opts, path, export_dir)
+
+    real = wf.fleet_member
+    monkeypatch.setattr(wf, "fleet_member", member)
+    facts, errors = wf.analyse_fleet(wf.PromptOptions(), [str(AGENT), "bad"], wf.FleetOptions(workers=1))
+    assert [f.path for f in facts] == [str(AGENT)]
+    assert [str(e) for e in errors] == ["bad: could not be analysed (RuntimeError: boom)"]
+
+
+def test_one_session_named_three_ways_is_one_session_and_a_name_too_long_is_an_input_error(tmp_path):
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    shutil.copy(AGENT, rec / "capture.jsonl")
+    assert wf.expand_session_paths([str(rec), f"{rec}/", str(rec / "capture.jsonl")]) == [str(rec)]
+    r = run("report", str(AGENT), "a" * 300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "internal error" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "a" * 300 in r.stderr

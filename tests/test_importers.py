@@ -397,3 +397,12 @@ def test_har_with_integers_past_64_bits_and_huge_floats_is_read(tmp_path):
     path.write_text(json.dumps(_har([entry, entry])).replace('"HUGE"', "1e400"))
     recs = read_har(path)
     assert len(recs) == 2 and recs[0]["total_ms"] == 1234.5 and type(recs[0]["total_ms"]) is float
+
+
+def test_a_har_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    har = json.dumps(_har([_started_at(_entry(body(n), "{}"), n) for n in (2, 4)]))
+    (tmp_path / "plain.har").write_text(har)
+    (tmp_path / "bom.har").write_bytes(b"\xef\xbb\xbf" + har.encode())
+    assert read_har(tmp_path / "bom.har") == [
+        {**r, "origin": r["origin"].replace("plain", "bom")} for r in read_har(tmp_path / "plain.har")
+    ]

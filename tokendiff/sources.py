@@ -58,11 +58,8 @@ def session_source(path: str) -> str:
     """The file or directory that holds a session's turns: a recording directory (`proxy --out DIR`)
     is its capture.jsonl, unless slot files of its own sit beside it."""
     p = Path(path)
-    if p.is_dir() and (p / CAPTURE_NAME).is_file():
-        from tokendiff.capture import is_capture_file
-
-        if is_capture_file(p / CAPTURE_NAME) and not list_session_dir(p):
-            return str(p / CAPTURE_NAME)
+    if p.is_dir() and (p / CAPTURE_NAME).is_file() and not list_session_dir(p):
+        return str(p / CAPTURE_NAME)  # its reader says what is wrong with it, if anything is
     return path
 
 
@@ -100,22 +97,28 @@ def file_kind(p: Path) -> str:
     if suffix == ".txt":
         return "promptlog"
     if suffix in (".json", ".jsonl", ".gz") or p.suffix == "":
-        head = safeio.head(p, 4096).removeprefix(b"\xef\xbb\xbf").lstrip()
+        raw = safeio.head(p, 4096)
+        head = raw.removeprefix(b"\xef\xbb\xbf").lstrip()
         if head.startswith(b"{") and b'"log"' in head[:200] and b'"entries"' in head:
             return "har"
         if head.startswith(b"{") and suffix != ".jsonl":
             return "body"
+        if suffix == ".jsonl" and p.name == CAPTURE_NAME and not head:
+            return "capture"  # a recording that has recorded nothing yet
         if suffix == ".jsonl":
-            raise InputError(f"not a tokendiff capture: {_first_line_is(head)}", source=str(p))
+            raise InputError(f"not a tokendiff capture: {_first_line_is(head, raw)}", source=str(p))
         if suffix == ".json":
-            raise InputError(f"not a request body or HAR file: {_first_line_is(head)}", source=str(p))
+            raise InputError(f"not a request body or HAR file: {_first_line_is(head, raw)}", source=str(p))
     return "slot"  # let the slot reader say what is wrong with it
 
 
-def _first_line_is(head: bytes) -> str:
-    """What a JSON file that is none of ours starts with, for its error."""
-    if not head:
+def _first_line_is(head: bytes, raw: bytes) -> str:
+    """What a JSON file that is none of ours starts with (`head`: its first bytes without a BOM and
+    leading whitespace), for its error."""
+    if not raw:
         return "the file is empty"
+    if not head:
+        return "it holds only white space"
     if head.startswith(b"{"):
         return "its first line is not a tokendiff.capture record"
     return "it does not start with a JSON object"
@@ -283,7 +286,7 @@ class Loader:
             else:
                 from tokendiff.importers.har import read_har
 
-                records = read_har(sel.path)
+                records = read_har(sel.path, warn)
             self._sessions[sel.path] = records
         return self._sessions[sel.path]
 

@@ -610,7 +610,7 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
             loader.warm_text()  # the tokenizer and template the workers inherit
             pool.start()  # before the parse: forked later, each worker would map the parsed document too
         base = one_line(str(Path(p)))
-        records = pool.with_ids(iter_har(Path(p)), lambda k: f"{base}@{k}")
+        records = pool.with_ids(iter_har(Path(p), warn), lambda k: f"{base}@{k}")
     k = 0
     for k, (rec, ids, diff) in enumerate(records, 1):  # labelled as loading `p@k` labels them
         label = f"{p}@{k}" if kind == "capture" else f"{base}@{k}"
@@ -966,16 +966,33 @@ def expand_session_paths(patterns: Sequence[str]) -> list[str]:
     expanded in sorted order; a pattern that matches nothing is an error naming it."""
     import glob
 
+    from tokendiff.sources import session_source
+
     out: list[str] = []
     for pat in patterns:
-        if Path(pat).exists() or not any(c in pat for c in "*?["):
+        try:
+            exists = Path(pat).exists()
+        except OSError as e:  # a name too long for the system
+            raise InputError(e.strerror or str(e), source=pat) from None
+        if exists or not any(c in pat for c in "*?["):
             out.append(pat)
             continue
         hits = sorted(glob.glob(pat, recursive=True))
         if not hits:
             raise InputError("no session matches this pattern", source=pat)
         out += hits
-    return list(dict.fromkeys(out))
+    seen: dict[str, str] = {}  # one session however it is named (`rec/`, `rec/capture.jsonl`): first name kept
+    for p in out:
+        seen.setdefault(_same_file(session_source(p)), p)
+    return list(seen.values())
+
+
+def _same_file(path: str) -> str:
+    """A key equal for every name of one file or directory."""
+    try:
+        return str(Path(path).resolve())
+    except (OSError, RuntimeError):  # a symlink loop: the name as given
+        return path
 
 
 def is_dataset_target(path: str) -> bool:
@@ -1088,7 +1105,7 @@ def analyse_fleet(
         with ProcessPoolExecutor(workers) as pool:
             futures = {pool.submit(_fleet_member_or_error, opts, p, fopts.export_dir): i for i, p in enumerate(paths)}
             for fut in as_completed(futures):
-                done[futures[fut]] = fut.result()
+                done[futures[fut]] = _result_or_error(fut, paths[futures[fut]])
                 if progress:
                     progress(f"analysed {len(done)}/{n} sessions")
     results = [done[i] for i in range(n)]
@@ -1096,13 +1113,24 @@ def analyse_fleet(
 
 
 def _fleet_member_or_error(opts: PromptOptions, path: str, export_dir: str | None) -> SessionFacts | InputError:
-    """`fleet_member`, or the session's error (returned, so it crosses from a worker as a value), naming it."""
-    from tokendiff.errors import one_line
-
+    """`fleet_member`, or the session's error (returned, so it crosses from a worker as a value), naming
+    it; anything else that stops one session's analysis stops only that session."""
     try:
         return fleet_member(opts, path, export_dir)
     except InputError as e:
-        return e if one_line(path) in str(e) else InputError(str(e), source=path)
+        return e if e.source is not None else InputError(e.reason, source=path)
+    except Exception as e:  # a failure of one session's analysis, reported under its name
+        return InputError(f"could not be analysed ({type(e).__name__}: {e})", source=path)
+
+
+def _result_or_error(fut: Future[SessionFacts | InputError], path: str) -> SessionFacts | InputError:
+    """A worker's answer; its process dying (killed, out of memory) is that session's error."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        return fut.result()
+    except BrokenProcessPool:
+        return InputError("the process analysing it stopped", source=path)
 
 
 def fleet_report(

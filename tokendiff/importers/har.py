@@ -8,7 +8,7 @@ import binascii
 import heapq
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,17 +39,20 @@ def _ijson() -> Any:
         return ijson
 
 
-def read_har(path: Path) -> list[dict[str, Any]]:
+def read_har(path: Path, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Capture records for the chat requests in a HAR file, in start order."""
-    return list(iter_har(path))
+    return list(iter_har(path, warn))
 
 
-def iter_har(path: Path) -> Iterator[dict[str, Any]]:
-    """The chat requests of a HAR file as capture records, one at a time, in the order they started."""
-    return _in_start_order(_file_order(path), str(path))
+def iter_har(path: Path, warn: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+    """The chat requests of a HAR file as capture records, one at a time, in the order they started
+    (`warn` hears of entries too far out of that order to be put back)."""
+    return _in_start_order(_file_order(path), str(path), warn)
 
 
-def _in_start_order(records: Iterator[dict[str, Any]], src: str) -> Iterator[dict[str, Any]]:
+def _in_start_order(
+    records: Iterator[dict[str, Any]], src: str, warn: Callable[[str], None] | None
+) -> Iterator[dict[str, Any]]:
     """Records put in start order (`startedDateTime`): some HAR writers list entries as they finish,
     and a session's turns are compared in the order they were sent. Each record waits in a window of
     REORDER_WINDOW, so memory stays bounded; an entry that started before one already given keeps
@@ -78,12 +81,11 @@ def _in_start_order(records: Iterator[dict[str, Any]], src: str) -> Iterator[dic
             yield first
     while heap:
         yield heapq.heappop(heap)[2]
-    if late:
-        from tokendiff.sources import warn
-
+    if late and warn:
+        entries = "1 entry" if late == 1 else f"{late:,} entries"
         warn(
-            f"{one_line(src)}: {late:,} entries started before ones listed {REORDER_WINDOW} or more entries "
-            "earlier; they are kept in file order"
+            f"{one_line(src)}: {entries} started before one listed {REORDER_WINDOW} or more entries earlier; "
+            "kept in file order"
         )
 
 
@@ -107,6 +109,8 @@ def _file_order(path: Path) -> Iterator[dict[str, Any]]:
     ijson = _ijson()
     src = str(path)
     with open_regular(path, "HAR file") as f:
+        if f.read(3) != b"\xef\xbb\xbf":  # a BOM, as some Windows tools write one
+            f.seek(0)
         reader = _BoundedReader(f, src)
         walk = _EntryWalk(src)
         # not use_float: the C parser then refuses an integer past 64 bits ("integer overflow") and
