@@ -201,7 +201,7 @@ def test_tool_description_mutated(vocab):
     tools_b = copy.deepcopy(TOOLS)
     tools_b[2]["function"]["description"] = "Extract the text of a web page. Sub-agents: alpha, beta."
     f, _, _ = first(qwen_prompt(vocab, CONVERSATION[:2]), qwen_prompt(vocab, CONVERSATION[:2], tools=tools_b))
-    assert f.kind == "tool_changed" and "web_extract" in f.title
+    assert f.kind == "tool_changed" and "web_extract" in f.evidence and f.title == "Tool definition changed"
 
 
 def test_empty_think_prefill_on_the_generation_prompt(vocab):
