@@ -445,3 +445,24 @@ def test_a_request_variable_named_like_an_option_is_a_template_variable():
     }
     assert renderer.render(b) == "hi[7|8]"
     assert renderer.attribute(b, "hi[7|8]").text == "hi[7|8]"
+
+
+def test_the_first_encodings_are_checked_at_a_bounded_cost():
+    """The trust check compares the segmented and one-shot encodings of at most SEGMENT_CHECK_CHARS of a
+    prompt: a 10 MB pasted log is not tokenised twice over; a mismatch there still turns the cache off."""
+    from tokendiff.vocab import SEGMENT_CHECK_CHARS, SegmentEncoder
+
+    tk, whole, _ = _one_shot_and_segments(None)
+    seen: list[int] = []
+
+    def counted(text: str) -> list[int]:
+        seen.append(len(text))
+        return whole(text)
+
+    seg = SegmentEncoder.for_tokenizer(tk, counted)
+    assert seg is not None and seg.checks > 0
+    text = "<|im_start|>user\n" + "0001 error line file value timeout\n" * 60_000 + "<|im_end|>"
+    assert seg.encode(text) == whole(text) and seg.trusted
+    assert sum(seen) <= len(text) + 2 * SEGMENT_CHECK_CHARS  # the sample encoded both ways
+    wrong = SegmentEncoder.for_tokenizer(tk, lambda t: [0] if len(t) > 100 else whole(t))
+    assert wrong is not None and wrong.encode(text) == [0] and not wrong.trusted

@@ -531,6 +531,7 @@ def _windowed_encoder(tk):
 
 SEGMENT_CACHE_CHARS = 1 << 23  # text a SegmentEncoder keeps with its IDs (~100 MB at most, IDs included)
 SEGMENT_CHECKS = 3  # encodings compared with the one-shot encoding before the segments are trusted
+SEGMENT_CHECK_CHARS = 1 << 19  # of each, the characters compared (a 10 MB message would cost twice over)
 
 
 class SegmentEncoder:
@@ -539,8 +540,8 @@ class SegmentEncoder:
     pre-tokenising and encodes each piece between them on its own, so the pieces' IDs joined are the
     one-shot IDs; a piece seen before costs a dict lookup. Refused (None) where an added token strips
     whitespace or matches whole words only (its match reaches past its text), or the tokenizer
-    truncates or pads. The first encodings are checked against the one-shot encoding; a mismatch
-    turns the cache off for good (the answer never depends on it)."""
+    truncates or pads. The first encodings (their first SEGMENT_CHECK_CHARS) are checked against the
+    one-shot encoding; a mismatch turns the cache off for good (the answer never depends on it)."""
 
     def __init__(self, split: re.Pattern[str], ids: dict[str, int], whole):
         self.split, self.whole = split, whole
@@ -568,10 +569,10 @@ class SegmentEncoder:
         out = self._segmented(text)
         if self.checks > 0:
             self.checks -= 1
-            full = self.whole(text)
-            if full != out:
+            sample = text[:SEGMENT_CHECK_CHARS]  # a long prompt's check costs a bounded one-shot encoding
+            if (out if sample is text else self._segmented(sample)) != self.whole(sample):
                 self.trusted, self.cache = False, _Pieces(self)
-                return full
+                return self.whole(text)
         return out
 
     def _segmented(self, text: str) -> list[int]:
