@@ -249,10 +249,10 @@ def test_every_column_is_documented():
 
 
 def test_any_failure_of_one_session_costs_only_that_session(tmp_path, monkeypatch):
-    def member(opts, path, export_dir=None):
+    def member(opts, path, export_dir=None, **kw):
         if path == "bad":
             raise RuntimeError("boom")
-        return real(opts, path, export_dir)
+        return real(opts, path, export_dir, **kw)
 
     real = wf.fleet_member
     monkeypatch.setattr(wf, "fleet_member", member)

@@ -365,7 +365,7 @@ def detect_appended(ctx: Ctx) -> Finding | None:
 
 def _has_special(p: Prompt, h: Hunk) -> bool:
     """B's side of the hunk holds a special token (a turn marker)."""
-    return any(p.special[k] for k in range(h.b_start, h.b_end))
+    return any(p.special[h.b_start : h.b_end])
 
 
 _TAGS = re.compile(r"</?think>|<\|channel\|>|analysis|<\|message\|>")

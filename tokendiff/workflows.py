@@ -1072,15 +1072,18 @@ def export_session_dataset(loaded: LoadedSession, path: str, root: Path, order: 
     return export_dataset(loaded.session, path, turn_times(path, order, len(loaded.session.turns)), root)
 
 
-def fleet_member(opts: PromptOptions, path: str, export_dir: str | None = None) -> SessionFacts:
-    """One session of a fleet, analysed (in a worker process): its facts, its partitions written."""
+def fleet_member(
+    opts: PromptOptions, path: str, export_dir: str | None = None, *, redact: bool = False
+) -> SessionFacts:
+    """One session of a fleet, analysed (in a worker process): its facts (with its labels to hash when
+    `redact`), its partitions written."""
     from tokendiff.report.dataset import session_key
     from tokendiff.report.fleet import session_facts
 
     loaded = open_session(opts, [path], single_turns=False)
     if export_dir:
         export_session_dataset(loaded, path, Path(export_dir), opts.order)
-    return session_facts(path, loaded.session, tokenizer_info(loaded.vocab), session_key(path))
+    return session_facts(path, loaded.session, tokenizer_info(loaded.vocab), session_key(path), redact=redact)
 
 
 def analyse_fleet(
@@ -1096,14 +1099,15 @@ def analyse_fleet(
     done: dict[int, SessionFacts | InputError] = {}
     if workers <= 1:
         for k, p in enumerate(paths):
-            done[k] = _fleet_member_or_error(opts, p, fopts.export_dir)
+            done[k] = _fleet_member_or_error(opts, p, fopts.export_dir, fopts.report.redact)
             if progress:
                 progress(f"analysed {k + 1}/{n} sessions")
     else:
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(workers) as pool:
-            futures = {pool.submit(_fleet_member_or_error, opts, p, fopts.export_dir): i for i, p in enumerate(paths)}
+            member = partial(_fleet_member_or_error, opts, export_dir=fopts.export_dir, redact=fopts.report.redact)
+            futures = {pool.submit(member, p): i for i, p in enumerate(paths)}
             for fut in as_completed(futures):
                 done[futures[fut]] = _result_or_error(fut, paths[futures[fut]])
                 if progress:
@@ -1112,11 +1116,13 @@ def analyse_fleet(
     return [r for r in results if not isinstance(r, InputError)], [r for r in results if isinstance(r, InputError)]
 
 
-def _fleet_member_or_error(opts: PromptOptions, path: str, export_dir: str | None) -> SessionFacts | InputError:
+def _fleet_member_or_error(
+    opts: PromptOptions, path: str, export_dir: str | None, redact: bool
+) -> SessionFacts | InputError:
     """`fleet_member`, or the session's error (returned, so it crosses from a worker as a value), naming
     it; anything else that stops one session's analysis stops only that session."""
     try:
-        return fleet_member(opts, path, export_dir)
+        return fleet_member(opts, path, export_dir, redact=redact)
     except InputError as e:
         return e if e.source is not None else InputError(e.reason, source=path)
     except Exception as e:  # a failure of one session's analysis, reported under its name

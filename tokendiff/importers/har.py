@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import binascii
 import heapq
-import itertools
 import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -60,25 +59,22 @@ def _in_start_order(
     heap: list[tuple[float, int, dict[str, Any]]] = []
     given = last = float("-inf")
     late = 0
-    for seq in itertools.count():
-        try:
-            rec = next(records)
-        except StopIteration:
-            break
-        except InputError:
-            while heap:
-                yield heapq.heappop(heap)[2]
-            raise
-        key = _started(rec.get("started"))
-        key = last if key is None else key  # no time: it stays where it was read
-        if key < given:
-            late += 1
-            key = given
-        last = key
-        heapq.heappush(heap, (key, seq, rec))
-        if len(heap) > REORDER_WINDOW:
-            given, _, first = heapq.heappop(heap)
-            yield first
+    try:
+        for seq, rec in enumerate(records):
+            key = _started(rec.get("started"))
+            key = last if key is None else key  # no time: it stays where it was read
+            if key < given:
+                late += 1
+                key = given
+            last = key
+            heapq.heappush(heap, (key, seq, rec))
+            if len(heap) > REORDER_WINDOW:
+                given, _, first = heapq.heappop(heap)
+                yield first
+    except InputError:
+        while heap:
+            yield heapq.heappop(heap)[2]
+        raise
     while heap:
         yield heapq.heappop(heap)[2]
     if late and warn:

@@ -72,8 +72,11 @@ class SessionFacts:
         return self.wasted_tokens * self.ms_per_token / 1000 if self.ms_per_token else None
 
 
-def session_facts(path: str, s: Session, tokenizer: dict[str, Any], key: str = "") -> SessionFacts:
-    """A session reduced to its fleet facts: totals, ranked spans, its worst turns."""
+def session_facts(
+    path: str, s: Session, tokenizer: dict[str, Any], key: str = "", *, redact: bool = False
+) -> SessionFacts:
+    """A session reduced to its fleet facts: totals, ranked spans, its worst turns, and with `redact`
+    the labels `fleet_document` hashes."""
     from tokendiff.report.redact import session_labels
     from tokendiff.report.session import headline
 
@@ -116,7 +119,7 @@ def session_facts(path: str, s: Session, tokenizer: dict[str, Any], key: str = "
         spans=spans,
         worst=worst,
         key=key,
-        labels=tuple(session_labels(s).items()),
+        labels=tuple(session_labels(s).items()) if redact else (),
     )
 
 

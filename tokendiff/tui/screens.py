@@ -85,8 +85,7 @@ class SessionScreen(Screen):
             self._body = self.mount_compose(self._body_widgets())
         await self._body
         self._has_body = True
-        if self.query("#turns"):  # not while the app is closing: the screen's widgets are being removed
-            then()
+        then()  # `show` or `failed`: each does nothing once the app is closing
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Open and export only once there are turns: the footer offers nothing that would do nothing."""
