@@ -110,8 +110,8 @@ def bench_cli(tmp: Path, runs: int) -> None:
 
 ALIGN_STDLIB = """
 import statistics, sys, time
-from tokendiff.align import diff_spans
-from tokendiff.slotfile import read_slot_file
+from tokendiff.core.align import diff_spans
+from tokendiff.sources.slotfile import read_slot_file
 a, b = read_slot_file(sys.argv[1]).tokens, read_slot_file(sys.argv[2]).tokens
 times = []
 for _ in range(int(sys.argv[3])):
@@ -137,7 +137,7 @@ def bench_align_stdlib(tmp: Path, runs: int) -> None:
 
 
 def bench_align(runs: int) -> None:
-    from tokendiff.align import diff_spans
+    from tokendiff.core.align import diff_spans
 
     rng = np.random.default_rng(3)
     a = rng.zipf(1.3, 100_000).clip(0, 150_000).astype(np.int32)

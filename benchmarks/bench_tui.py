@@ -39,15 +39,15 @@ def main() -> None:
     from bench_diff import agent_prompt_ids, edited
     from textual.events import Mount
 
-    from tokendiff import grammar
-    from tokendiff.align import align
-    from tokendiff.explain import explain
-    from tokendiff.model import Prompt
+    from tokendiff.core import grammar
+    from tokendiff.core.align import align
+    from tokendiff.core.explain import explain
+    from tokendiff.core.model import Prompt
+    from tokendiff.core.vocab import load_bundled
     from tokendiff.tui.app import Options, TokendiffApp
-    from tokendiff.tui.pairdata import build_pair_view
     from tokendiff.tui.screens import PairScreen
-    from tokendiff.tui.token_view import TokenView
-    from tokendiff.vocab import load_bundled
+    from tokendiff.tui.widgets.pairdata import build_pair_view
+    from tokendiff.tui.widgets.token_view import TokenView
 
     vocab = load_bundled()
     a_ids = agent_prompt_ids(args.tokens)
@@ -145,7 +145,7 @@ def _capture(turns: int, tokens: int, keep: Path | None) -> Path:
 
 
 def bench_session(turns: int, tokens: int, keep: Path | None) -> None:
-    from tokendiff import workflows as wf
+    from tokendiff.app import workflows as wf
 
     path = _capture(turns, tokens, keep)
     t0 = time.perf_counter()
@@ -162,7 +162,7 @@ def bench_session(turns: int, tokens: int, keep: Path | None) -> None:
 async def _session_screen(loaded) -> None:
     from tokendiff.tui.app import Options, TokendiffApp
     from tokendiff.tui.screens import SessionScreen
-    from tokendiff.tui.session_view import SessionTable
+    from tokendiff.tui.widgets.session_view import SessionTable
 
     class Bench(TokendiffApp):
         def load_session(self) -> None:  # the session is already analysed: delivered below, timed

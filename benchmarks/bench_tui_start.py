@@ -106,14 +106,14 @@ def bench_keys(tokens: int) -> None:
     from bench_diff import agent_prompt_ids, edited
     from textual.events import Mount
 
-    from tokendiff import grammar
-    from tokendiff.align import align
-    from tokendiff.explain import explain
-    from tokendiff.model import Prompt
+    from tokendiff.core import grammar
+    from tokendiff.core.align import align
+    from tokendiff.core.explain import explain
+    from tokendiff.core.model import Prompt
+    from tokendiff.core.vocab import load_bundled
     from tokendiff.tui.app import Options, TokendiffApp
-    from tokendiff.tui.pairdata import build_pair_view
     from tokendiff.tui.screens import PairScreen
-    from tokendiff.vocab import load_bundled
+    from tokendiff.tui.widgets.pairdata import build_pair_view
 
     vocab = load_bundled()
 

@@ -65,10 +65,10 @@ def make_target(name: str, path: Path):
     if name in STRUCTURED:
         return structured_target(name, path)
     with atheris.instrument_imports(include=["tokendiff"]):
-        from tokendiff.capture import read_capture
         from tokendiff.errors import InputError
-        from tokendiff.importers.har import read_har
-        from tokendiff.slotfile import read_slot_file
+        from tokendiff.sources.capture import read_capture
+        from tokendiff.sources.importers.har import read_har
+        from tokendiff.sources.slotfile import read_slot_file
     reader = {"slot": read_slot_file, "capture": read_capture, "har": read_har}[name]
 
     def target(data: bytes) -> None:
@@ -91,18 +91,23 @@ def structured_target(name: str, path: Path):
     import strategies
 
     with atheris.instrument_imports(include=["tokendiff"]):
-        import tokendiff.importers.har
-        import tokendiff.render
-        import tokendiff.sections
-        import tokendiff.sources
-        import tokendiff.vocab
-        from tokendiff.capture import read_capture
+        import tokendiff.core.sections
+        import tokendiff.core.vocab
+        import tokendiff.sources.importers.har
+        import tokendiff.sources.loader
+        import tokendiff.sources.templates.render
         from tokendiff.errors import InputError
-        from tokendiff.slotfile import read_slot_file
+        from tokendiff.sources.capture import read_capture
+        from tokendiff.sources.slotfile import read_slot_file
     checks = StructuredChecks(
         path,
-        tokendiff.sources.Loader(tokendiff.vocab.load_bundled()),
-        Readers(read_slot_file, read_capture, tokendiff.importers.har.read_har, tokendiff.vocab.load_tokenizer_json),
+        tokendiff.sources.loader.Loader(tokendiff.core.vocab.load_bundled()),
+        Readers(
+            read_slot_file,
+            read_capture,
+            tokendiff.sources.importers.har.read_har,
+            tokendiff.core.vocab.load_tokenizer_json,
+        ),
         InputError,
     )
     strategy, check = {

@@ -5,7 +5,7 @@ from conftest import prompt_from_ids, qwen_encode, spell
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokendiff.align import align, common_prefix, diff_spans
+from tokendiff.core.align import align, common_prefix, diff_spans
 
 
 def apply(a: list[int], b: list[int], spans) -> list[int]:
@@ -106,7 +106,7 @@ def test_the_csequence_matcher_gives_difflibs_answers(a, b):
     # block (small alphabets: many equal candidates, where the tie-breaking shows)
     import difflib
 
-    from tokendiff.align import sequence_matcher
+    from tokendiff.core.align import sequence_matcher
 
     fast = sequence_matcher()(None, a, b, autojunk=False).get_opcodes()
     assert fast == difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
@@ -115,7 +115,7 @@ def test_the_csequence_matcher_gives_difflibs_answers(a, b):
 def test_an_insertion_that_repeats_what_follows_it_is_placed_last():
     """The common suffix is taken first, so B's appended copy of A's tail would be placed before A's own
     copy; it is moved as far right as the tokens allow (up to `a_stop`, where A's prompt ends)."""
-    from tokendiff.align import diff_spans
+    from tokendiff.core.align import diff_spans
 
     head, tail = list(range(200, 230)), list(range(100, 130))
     a, b = [5, *head, *tail], [6, *head, *tail, 7, *tail]  # a change, then B's new turn repeating A's tail

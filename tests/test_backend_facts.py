@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokendiff.backend_facts import TurnRecord, backend_facts, turn_record
+from tokendiff.core.cache.backend_facts import TurnRecord, backend_facts, turn_record
 from tokendiff.report.markdown import render_markdown
 
 AGENT = Path(__file__).resolve().parent.parent / "captures" / "agent" / "capture.jsonl"
@@ -25,7 +25,7 @@ def _write(tmp_path: Path, recs: list[dict], props: dict | None = None) -> Path:
 
 
 def _report(path: Path, with_session: bool = False):
-    from tokendiff import workflows as wf
+    from tokendiff.app import workflows as wf
 
     loaded = wf.open_session(wf.PromptOptions(), [str(path)], single_turns=False, workers=1)
     doc = wf.session_report(loaded, str(path))

@@ -11,12 +11,12 @@ import httpx
 import pytest
 from conftest import CONVERSATION, TEMPLATES, TOOLS, prompt_from_ids, real_tokenizer, template, tokenizers_dir
 
-from tokendiff import server as sv
-from tokendiff.align import align
-from tokendiff.explain import explain
-from tokendiff.fixes import fix_request
-from tokendiff.slotfile import read_slot_file
-from tokendiff.sources import Loader
+from tokendiff.backends import server as sv
+from tokendiff.core.align import align
+from tokendiff.core.explain import explain
+from tokendiff.core.fixes import fix_request
+from tokendiff.sources.loader import Loader
+from tokendiff.sources.slotfile import read_slot_file
 from tokendiff.testing.llama_server import LlamaServer
 
 MISTRAL_V7 = "Mistral-Small-3.2-24B-Instruct-2506.jinja"
@@ -327,7 +327,7 @@ def test_thinking_setting_named_from_the_requests(qwen, vocab):
 def test_new_conversation_is_named_not_dropped_turns(qwen, vocab, fields, same_system):
     """B starts over: it shares the system prompt with A (or nothing at all) and none of A's turns. That is
     a new conversation, expected and no waste, not "old turns dropped" (which gave a 0-token span row)."""
-    from tokendiff.cost import analyse
+    from tokendiff.core.cost import analyse
 
     a = served(qwen, vocab, {"messages": CONVERSATION, "tools": TOOLS}, fields)
     new = [{"role": "user", "content": "Write a haiku about the sea, please."}]

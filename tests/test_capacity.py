@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokendiff.capacity import (
+from tokendiff.core.cache.capacity import (
     BlockPool,
     CapacityLadder,
     CapacityPoint,
@@ -18,10 +18,10 @@ from tokendiff.capacity import (
     kv_bytes_per_token,
     parse_size,
 )
-from tokendiff.cost import analyse
-from tokendiff.gguf_meta import read_model_metadata
-from tokendiff.slotfile import read_slot_file
-from tokendiff.sources import Loader, session_selectors
+from tokendiff.core.cost import analyse
+from tokendiff.sources.gguf_meta import read_model_metadata
+from tokendiff.sources.loader import Loader, session_selectors
+from tokendiff.sources.slotfile import read_slot_file
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = ROOT / "captures" / "agent" / "capture.jsonl"
@@ -95,7 +95,7 @@ def test_kv_bytes_per_token_from_the_model(tiny_model):
 
 
 def test_report_cache_size(tmp_path):
-    from tokendiff.cli import main
+    from tokendiff.cli.main import main
 
     out = tmp_path / "r.md"
     rc = main(["report", str(AGENT), "--cache-size", "1MiB", "--kv-bytes-per-token", "512", "-o", str(out)])

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokendiff import capture, secrets
-from tokendiff.capture import SCHEMA, CaptureWriter, prepare_request, read_capture
+from tokendiff.core import secrets
 from tokendiff.errors import InputError
+from tokendiff.sources.capture import SCHEMA, CaptureWriter, prepare_request, read_capture
+from tokendiff.sources import capture
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -151,7 +152,7 @@ def test_one_huge_record_costs_memory_proportional_to_the_bound(tmp_path):
             f.write(b"y" * (1 << 20))
         f.write(b'"}\n' + orjson.dumps(record(3)) + b"\n")
     code = (  # VmHWM: this process's own peak (ru_maxrss can carry the forking parent's over exec)
-        "import re; from tokendiff.capture import read_capture; "
+        "import re; from tokendiff.sources.capture import read_capture; "
         f"r, w = read_capture({str(path)!r}); print(len(r), len(w)); "
         "print(int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) // 1024)"
     )

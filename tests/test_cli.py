@@ -162,7 +162,7 @@ def test_diff_does_not_import_heavy_libraries(pair):
     a, b = pair
     code = (
         f"import sys, runpy; sys.argv=['tokendiff','diff',{str(a)!r},{str(b)!r}];\n"
-        "from tokendiff.cli import main\n"
+        "from tokendiff.cli.main import main\n"
         "import io, contextlib\n"
         "with contextlib.redirect_stdout(io.StringIO()): main(sys.argv[1:])\n"
         "print(sorted(m for m in ('textual','transformers','polars','torch','tokenizers','rich') if m in sys.modules))"
@@ -183,7 +183,7 @@ def test_wrong_model_ids_warn(tmp_path):
 
 
 def test_natural_name_order(tmp_path):
-    from tokendiff.slotfile import list_session_dir
+    from tokendiff.sources.slotfile import list_session_dir
 
     for n in (10, 2, 1):
         write_slot(tmp_path / f"turn-{n}.bin", [1])

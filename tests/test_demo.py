@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from tokendiff.align import align
+from tokendiff.core.align import align
 from tokendiff.paths import demo_slots
-from tokendiff.sources import load_prompt
+from tokendiff.sources.loader import load_prompt
 
 DEMO = demo_slots()  # captures/demo in a checkout
 SESSION = json.loads((DEMO / "session.json").read_text())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tokendiff.cli import main
+from tokendiff.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "fixtures" / "diff_golden"

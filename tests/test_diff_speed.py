@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokendiff import align
-from tokendiff.grammar import json_braces
-from tokendiff.model import flag_indices, id_bytes
+from tokendiff.core import align
+from tokendiff.core.grammar import json_braces
+from tokendiff.core.model import flag_indices, id_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = (
     *("numpy", "httpx", "jinja2", "transformers", "tokenizers", "polars", "textual", "torch", "hashlib"),
     *("orjson", "shutil"),  # orjson brings datetime, uuid and platform; shutil zlib, bz2 and lzma
-    "tokendiff.workflows",  # the session, report and replay machinery: diff needs only tokendiff.pairs
+    "tokendiff.app.workflows",  # the session, report and replay machinery: diff needs only tokendiff.app.pair
 )
 
 
@@ -30,7 +30,7 @@ def test_diff_of_slot_files_imports_nothing_heavy():
     """The whole `diff --json` of two demo slot files, then what it loaded."""
     code = (
         "import sys, io, contextlib\n"
-        "from tokendiff.cli import main\n"
+        "from tokendiff.cli.main import main\n"
         "with contextlib.redirect_stdout(io.TextIOWrapper(io.BytesIO())):\n"
         "    rc = main(['diff', 'captures/demo/turn-04.bin', 'captures/demo/turn-05.bin', '--json'])\n"
         f"print(rc, sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
@@ -206,7 +206,7 @@ def test_vocab_table_is_mapped_and_pickles(vocab):
     """The cached table is a memory map (nothing read up front); a worker process gets a plain copy."""
     import pickle
 
-    from tokendiff.vocab import load_vocab
+    from tokendiff.core.vocab import load_vocab
 
     v = load_vocab()
     assert isinstance(v.blob, memoryview) and v.blob.readonly
@@ -240,7 +240,7 @@ def _enclosing_reference(data: bytes, start: int, end: int, limit: int = 65536) 
 
 
 def test_enclosing_json_is_the_regex_scans():
-    from tokendiff.explain import _enclosing_json
+    from tokendiff.core.explain import _enclosing_json
 
     for rng, data, s, e in _json_soup(2, 3000, 60):
         limit = rng.choice((4, 16, 65536))

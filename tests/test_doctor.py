@@ -16,9 +16,9 @@ import httpx
 import pytest
 from conftest import TEMPLATES
 
-from tokendiff import doctor as dr
-from tokendiff import server as srv
-from tokendiff.cli import main
+from tokendiff.backends import doctor as dr
+from tokendiff.backends import server as srv
+from tokendiff.cli.main import main
 from tokendiff.errors import InputError
 from tokendiff.testing.llama_server import LlamaServer, free_port
 from tokendiff.testing.tiny_gguf import write_tiny_gemma2
@@ -379,7 +379,7 @@ def test_no_answers_is_not_a_server():
 
 def test_doctor_module_is_not_imported_by_diff():
     """`tokendiff diff` must stay fast: doctor (and httpx) load only for `tokendiff doctor`."""
-    code = "import sys, tokendiff.cli; print('tokendiff.doctor' in sys.modules)"
+    code = "import sys, tokendiff.cli.main; print('tokendiff.backends.doctor' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert out.stdout.strip() == "False"
 

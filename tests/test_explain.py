@@ -11,10 +11,10 @@ from conftest import CONVERSATION, TOOLS, prompt_from_ids, qwen_encode, render
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokendiff.align import align
-from tokendiff.explain import explain
-from tokendiff.render import Renderer
-from tokendiff.sections import field_sections
+from tokendiff.core.align import align
+from tokendiff.core.explain import explain
+from tokendiff.core.sections import field_sections
+from tokendiff.sources.templates.render import Renderer
 
 QWEN3 = "Qwen-Qwen3-0.6B.jinja"
 
@@ -400,7 +400,7 @@ def test_the_fast_scan_finds_what_finditer_finds(text, name):
     """`explain.matches` jumps between the places a match can start; it must find exactly the matches
     re's own scan finds (text built from the pieces the patterns turn on: digits, hex, months, days,
     times, separators, a non-ASCII digit)."""
-    from tokendiff import explain as ex
+    from tokendiff.core import explain as ex
 
     rx = getattr(ex, name)
     assert [m.span() for m in ex.matches(rx, text)] == [m.span() for m in rx.finditer(text)]

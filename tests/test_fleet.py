@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tokendiff import workflows as wf
+from tokendiff.app import workflows as wf
 from tokendiff.errors import InputError
 from tokendiff.report.dataset import PARTITIONS, SPAN_COLUMNS, TURN_COLUMNS, session_key
 

@@ -20,7 +20,7 @@ from conftest import (
     with_ids,
 )
 
-from tokendiff.grammar import detect_family
+from tokendiff.core.grammar import detect_family
 
 
 def labels(p) -> list[str]:

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokendiff.errors import InputError
-from tokendiff.slotfile import read_slot_file
+from tokendiff.sources.slotfile import read_slot_file
 
 
 def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -125,7 +125,7 @@ def test_memory_stays_bounded_on_an_absurd_count(tmp_path):
         fh.truncate(2 << 30)
     # VmHWM: this process's own peak (ru_maxrss would carry the forking pytest's over exec)
     code = (
-        f"import tokendiff.slotfile as s\ntry: s.read_slot_file({str(f)!r})\n"
+        f"import tokendiff.sources.slotfile as s\ntry: s.read_slot_file({str(f)!r})\n"
         "except Exception as e: print(type(e).__name__)\n"
         "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))"
     )
@@ -169,8 +169,8 @@ def test_slot_round_trip(tmp_path, tokens, packed, version, state):
     )
 )
 def test_importers_take_any_json(tmp_path, doc):
-    from tokendiff.importers.har import read_har
-    from tokendiff.importers.openai_body import read_body
+    from tokendiff.sources.importers.har import read_har
+    from tokendiff.sources.importers.openai_body import read_body
 
     f = tmp_path / "x.json"
     f.write_text(json.dumps(doc))
@@ -189,7 +189,7 @@ def test_importers_take_any_json(tmp_path, doc):
 def test_byte_offsets_consistent_with_token_bytes(vocab, a_ids, b_ids):
     from conftest import prompt_from_ids
 
-    from tokendiff.align import align
+    from tokendiff.core.align import align
 
     a, b = prompt_from_ids(a_ids, vocab), prompt_from_ids(b_ids, vocab)
     d = align(a, b)
@@ -270,7 +270,7 @@ def test_gzip_bomb_tokenizer_refused_in_bounded_memory(tmp_path):
     with gzip.open(bomb, "wb", compresslevel=9) as f:
         f.write(b'{"model": {"vocab": {"' + b"a" * (200 << 20))
     code = (
-        "import sys\nfrom tokendiff.cli import main\nrc = main(sys.argv[1:])\n"
+        "import sys\nfrom tokendiff.cli.main import main\nrc = main(sys.argv[1:])\n"
         "print(rc, next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))"
     )
     good = str(_good(tmp_path))
@@ -332,7 +332,7 @@ def _reversed_tokenizer(tmp_path):
     Qwen's IDs but means other tokens by them, as another model's would."""
     import gzip
 
-    from tokendiff.vocab import BUNDLED_DIR
+    from tokendiff.core.vocab import BUNDLED_DIR
 
     tok = json.loads(gzip.decompress((BUNDLED_DIR / "tokenizer.json.gz").read_bytes()))
     n = 1 + max([*tok["model"]["vocab"].values(), *(a["id"] for a in tok["added_tokens"])])

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from conftest import CONVERSATION, TOOLS
 
-from tokendiff.capture import CaptureWriter, read_capture, scrub
 from tokendiff.errors import InputError
-from tokendiff.importers.har import read_har
+from tokendiff.sources.capture import CaptureWriter, read_capture, scrub
+from tokendiff.sources.importers.har import read_har
 from tokendiff.testing.llama_server import LlamaServer
 
 
@@ -290,7 +290,7 @@ def test_har_entries_listed_as_they_finished_are_turns_in_the_order_they_started
 
 def test_a_har_entry_that_fails_after_reordered_ones_comes_after_them(tmp_path):
     from tokendiff.errors import InputError
-    from tokendiff.importers.har import iter_har
+    from tokendiff.sources.importers.har import iter_har
 
     entries = [_started_at(_entry(body(2 + (k % 5)), "{}"), k) for k in range(70)]
     entries.append({"startedDateTime": "2026-11-29T10:01:50Z", "request": {"url": "\udc00"}})
@@ -375,7 +375,7 @@ def test_llama_server_prompt_logs_and_mixed_pairs(llama_server_bin, tiny_model, 
 def test_a_har_prompt_loaded_from_its_rendered_ids_is_the_prompt_loaded_from_scratch(tmp_path):
     # the session reader tokenises each request once; a worker diffing the pair is handed those IDs
     # and their text stands in for one render: the prompt, its sections and provenance are the same
-    from tokendiff.workflows import PromptOptions, open_loader
+    from tokendiff.app.workflows import PromptOptions, open_loader
 
     path = tmp_path / "s.har"
     path.write_text(json.dumps(_har([_entry(body(n), "{}") for n in (2, 4, len(CONVERSATION))])))

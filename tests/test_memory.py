@@ -35,7 +35,7 @@ def _peak():
     with open(os.environ['TOKENDIFF_PEAK_OUT'], 'w') as f:
         f.write(kb)
 atexit.register(_peak)
-from tokendiff.cli import main
+from tokendiff.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -205,7 +205,7 @@ def _slot(tmp_path: Path) -> str:
 
 
 def test_oversized_capture_line_is_skipped_holding_at_most_the_line_bound(tmp_path):
-    from tokendiff.capture import MAX_LINE
+    from tokendiff.sources.capture import MAX_LINE
 
     small = write_capture(tmp_path / "small" / "capture.jsonl", [request(1), request(2)])
     cap = tmp_path / "big" / "capture.jsonl"
@@ -224,7 +224,7 @@ def test_gzip_bomb_tokenizer(tmp_path):
     """300 KB of gzip inflating to 300 MB: inflated with a ceiling (128 MB), refused past it."""
     import gzip
 
-    from tokendiff.vocab import MAX_JSON_BYTES
+    from tokendiff.core.vocab import MAX_JSON_BYTES
 
     bomb = tmp_path / "tokenizer.json.gz"
     with gzip.open(bomb, "wb", compresslevel=9) as f:
@@ -282,7 +282,7 @@ def test_windowed_encoding_is_the_one_shot_encoding():
 
     from tokenizers import Tokenizer
 
-    from tokendiff.vocab import BUNDLED_DIR, _read_tokenizer_bytes, encode_in_windows
+    from tokendiff.core.vocab import BUNDLED_DIR, _read_tokenizer_bytes, encode_in_windows
 
     tk = Tokenizer.from_str(_read_tokenizer_bytes(BUNDLED_DIR / "tokenizer.json.gz").decode())
     pieces = ["hello", " ", "  ", "\n", "\n\n", "\t", "<|im_start|>", "<|im_end|>", "<think>", "123456", "é"]

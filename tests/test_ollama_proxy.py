@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tokendiff.capture import read_capture
+from tokendiff.sources.capture import read_capture
 from tokendiff.testing import proxy_process
 
 SYSTEM = (
@@ -120,7 +120,7 @@ def _agent(url: str, stream: bool) -> list[str]:
 
 @pytest.mark.parametrize("stream", [True, False], ids=["ndjson-stream", "not-streamed"])
 def test_reload_and_silent_cut_from_a_proxy_capture(ollama, tmp_path, stream, capsys):
-    from tokendiff.cli import main
+    from tokendiff.cli.main import main
 
     proc, url = proxy_process.start_proxy(ollama, tmp_path / "s")
     try:

@@ -13,9 +13,9 @@ import os
 from hypothesis import HealthCheck, given, settings
 from strategies import har_documents, request_bodies, slot_files, tokenizer_documents
 
-from tokendiff.cli import main
+from tokendiff.cli.main import main
 from tokendiff.errors import InputError
-from tokendiff.slotfile import read_slot_file
+from tokendiff.sources.slotfile import read_slot_file
 
 settings.register_profile(
     "ci",

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tokendiff.capture import read_capture
+from tokendiff.sources.capture import read_capture
 from tokendiff.testing import proxy_process
 from tokendiff.testing.llama_server import LlamaServer, free_port
 from tokendiff.testing.proxy_process import stop_proxy

@@ -20,9 +20,9 @@ from conftest import (
     with_ids,
 )
 
+from tokendiff.core.sections import field_sections
 from tokendiff.errors import InputError
-from tokendiff.render import Renderer
-from tokendiff.sections import field_sections
+from tokendiff.sources.templates.render import Renderer
 
 CASES = {
     "Qwen-Qwen3-0.6B.jinja": {},
@@ -175,7 +175,7 @@ def _one_shot_and_segments(family: str | None):
     """A real tokenizer's one-shot encoding and its SegmentEncoder (checks off, cache on)."""
     from tokenizers import Tokenizer
 
-    from tokendiff.vocab import BUNDLED_DIR, SegmentEncoder, _read_tokenizer_bytes
+    from tokendiff.core.vocab import BUNDLED_DIR, SegmentEncoder, _read_tokenizer_bytes
 
     if family is None:
         tk = Tokenizer.from_str(_read_tokenizer_bytes(BUNDLED_DIR / "tokenizer.json.gz").decode())
@@ -222,8 +222,8 @@ def test_segmented_encoding_is_the_one_shot_encoding(family):
 def test_rendered_prompts_tokenised_in_pieces_match_the_one_shot_encoding():
     """The session path: a growing conversation rendered by the real Qwen3 template and tokenised
     by the loader (segments cached across turns) gives the IDs of a full tokenisation."""
-    from tokendiff.sources import Loader
-    from tokendiff.vocab import load_bundled
+    from tokendiff.core.vocab import load_bundled
+    from tokendiff.sources.loader import Loader
 
     loader = Loader(load_bundled(), chat_template=template("Qwen-Qwen3-0.6B.jinja"))
     messages: list[dict] = [{"role": "system", "content": "You are terse. Today is 2026-03-04."}]
@@ -303,7 +303,7 @@ def test_the_marked_generation_prompt_is_where_the_render_without_it_ends(name):
 
 
 def test_a_marked_template_attributes_a_request_in_one_render(monkeypatch):
-    from tokendiff import template_env
+    from tokendiff.sources.templates import env as template_env
 
     renderer = Renderer(template("Qwen-Qwen3-0.6B.jinja"))
     b = {"messages": body()["messages"][:3]}
@@ -385,7 +385,7 @@ NOT_OFFERED = (  # a template that flags a call to a tool the request does not o
 
 
 def test_tools_are_cut_out_of_a_few_turns_only_where_the_messages_cannot_read_them(monkeypatch):
-    from tokendiff.template_env import tools_written_first
+    from tokendiff.sources.templates.env import tools_written_first
 
     assert tools_written_first(template("Qwen-Qwen3-0.6B.jinja"))
     assert not tools_written_first(NOT_OFFERED)
@@ -414,7 +414,7 @@ COUNTED_BEFORE = "{% set n = messages|length %}" + COUNTS_MESSAGES.replace("== m
 
 @pytest.mark.parametrize("source", [COUNTS_MESSAGES, COUNTED_BEFORE], ids=["counts", "counted-before"])
 def test_tools_are_not_cut_where_their_block_reads_more_than_the_first_message(source):
-    from tokendiff.template_env import tools_written_first
+    from tokendiff.sources.templates.env import tools_written_first
 
     assert "tools|length == " in source and not tools_written_first(source)
     assert tools_written_first(COUNTS_MESSAGES.replace("tools|length == messages|length", "messages[0].role == 'x'"))
@@ -450,7 +450,7 @@ def test_a_request_variable_named_like_an_option_is_a_template_variable():
 def test_the_first_encodings_are_checked_at_a_bounded_cost():
     """The trust check compares the segmented and one-shot encodings of at most SEGMENT_CHECK_CHARS of a
     prompt: a 10 MB pasted log is not tokenised twice over; a mismatch there still turns the cache off."""
-    from tokendiff.vocab import SEGMENT_CHECK_CHARS, SegmentEncoder
+    from tokendiff.core.vocab import SEGMENT_CHECK_CHARS, SegmentEncoder
 
     tk, whole, _ = _one_shot_and_segments(None)
     seen: list[int] = []

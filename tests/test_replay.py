@@ -121,7 +121,7 @@ def test_replay_refuses_remote_and_other_models(pair, tmp_path):
 
 
 def test_replay_refuses_a_different_model(server, tmp_path):
-    from tokendiff.capture import CaptureWriter
+    from tokendiff.sources.capture import CaptureWriter
 
     body = {"messages": [{"role": "user", "content": "hi"}]}
     with CaptureWriter(tmp_path / "c.jsonl") as w:
@@ -148,7 +148,7 @@ def test_replay_to_a_backend_that_is_down_says_so(capsys):
     """The same one line as the TUI's replay (issue 14 defect 11), from the shared workflow."""
     from pathlib import Path
 
-    from tokendiff.cli import main
+    from tokendiff.cli.main import main
     from tokendiff.testing.llama_server import free_port
 
     demo = Path(__file__).parents[1] / "captures/demo"

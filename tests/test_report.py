@@ -215,7 +215,7 @@ def test_a_span_only_seen_behind_another_break_is_no_row_of_zeros(vocab):
     nothing of its own. md and html name it in one line instead of a 0-token row of the ranked table."""
     from conftest import CONVERSATION, TOOLS, prompt_from_ids, qwen_encode, render
 
-    from tokendiff.cost import analyse
+    from tokendiff.core.cost import analyse
     from tokendiff.report.html import render_html
     from tokendiff.report.markdown import render_markdown
     from tokendiff.report.session import report_document
@@ -289,8 +289,8 @@ def test_titles_read_inside_a_sentence():
 
 
 def test_a_headline_names_the_section_once():
-    from tokendiff.cost import Session, Span
-    from tokendiff.model import Part, SectionPath
+    from tokendiff.core.cost import Session, Span
+    from tokendiff.core.model import Part, SectionPath
     from tokendiff.report.session import headline
 
     system = SectionPath.of(Part("message", 0, "system"))

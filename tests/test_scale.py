@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokendiff import workflows as wf
-from tokendiff.align import common_prefix
-from tokendiff.capture import iter_capture, read_capture
-from tokendiff.prefix_index import PrefixIndex
+from tokendiff.app import workflows as wf
+from tokendiff.core.align import common_prefix
+from tokendiff.core.prefix_index import PrefixIndex
+from tokendiff.sources.capture import iter_capture, read_capture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 

@@ -13,10 +13,10 @@ import httpx
 import pytest
 from conftest import TOOLS, qwen_encode, render, spell
 
-from tokendiff.align import align
-from tokendiff.server import LlamaClient
-from tokendiff.sources import load_prompt
-from tokendiff.vocab import ServerVocab, load_bundled, load_vocab
+from tokendiff.backends.server import LlamaClient
+from tokendiff.core.align import align
+from tokendiff.core.vocab import ServerVocab, load_bundled, load_vocab
+from tokendiff.sources.loader import load_prompt
 
 QWEN3 = "Qwen-Qwen3-0.6B.jinja"
 MORE_TOOLS = TOOLS + [

@@ -1,4 +1,4 @@
-"""tokendiff.server: the request builders and answer parsers (pure), and the calls
+"""tokendiff.backends.server: the request builders and answer parsers (pure), and the calls
 against a real llama-server; the replay backends' requests for the servers not
 available here (SGLang, Ollama; vLLM also runs for real in test_vllm.py) as the pure
 functions that build them."""
@@ -11,8 +11,8 @@ import httpx
 import pytest
 from conftest import CONVERSATION, TOOLS, qwen_encode
 
-from tokendiff import replay as rp
-from tokendiff import server as sv
+from tokendiff.backends import replay as rp
+from tokendiff.backends import server as sv
 from tokendiff.errors import InputError
 
 # ---------------------------------------------------------------- pure

@@ -7,7 +7,7 @@ import pytest
 from helpers import MAGIC_GGSN, MAGIC_GGSQ, packed_payload, plain_payload, slot_bytes, write_slot
 
 from tokendiff.errors import InputError
-from tokendiff.slotfile import list_session_dir, read_slot_file
+from tokendiff.sources.slotfile import list_session_dir, read_slot_file
 
 
 def test_plain_payload(tmp_path):

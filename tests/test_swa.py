@@ -10,9 +10,7 @@ import httpx
 import pytest
 from conftest import prompt_from_ids
 
-from tokendiff.cost import analyse
-from tokendiff.gguf_meta import read_attention_layout
-from tokendiff.swa import (
+from tokendiff.core.cache.swa import (
     AttentionLayout,
     SlotState,
     checkpoint_reuse,
@@ -21,6 +19,8 @@ from tokendiff.swa import (
     server_flags,
     simulate,
 )
+from tokendiff.core.cost import analyse
+from tokendiff.sources.gguf_meta import read_attention_layout
 from tokendiff.testing.tiny_gguf import write_tiny_gemma2
 
 N_SWA = 32
@@ -127,7 +127,7 @@ def test_server_flags():
     [("--ctx-checkpoints -3", "--ctx-checkpoints -3 is out of range"), ("-ub 0", "-ub 0 is out of range")],
 )
 def test_report_server_args_out_of_range_is_one_line(value, words, capsys):
-    from tokendiff.cli import main
+    from tokendiff.cli.main import main
 
     assert (
         main(
@@ -147,7 +147,7 @@ def test_report_server_args_out_of_range_is_one_line(value, words, capsys):
 
 
 def test_report_server_args_takes_a_lone_flag(capsys):
-    from tokendiff.cli import main
+    from tokendiff.cli.main import main
 
     assert (
         main(
@@ -266,7 +266,7 @@ def test_chat_session_report_matches_the_server(llama_server_bin, swa_model, tmp
     every turn, user-message checkpoints included."""
     import json
 
-    from tokendiff import workflows as wf
+    from tokendiff.app import workflows as wf
     from tokendiff.testing.llama_server import LlamaServer
 
     out = tmp_path / "capture.jsonl"
@@ -301,7 +301,7 @@ def test_report_shows_the_column_only_for_a_known_layout(tmp_path, capsys):
     the family's defaults, and says so."""
     import json
 
-    from tokendiff.cli import main
+    from tokendiff.cli.main import main
 
     agent = Path(__file__).parents[1] / "captures/agent/capture.jsonl"
     assert main(["report", str(agent), "--format", "json"]) == 0

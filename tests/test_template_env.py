@@ -12,7 +12,7 @@ from conftest import CONVERSATION, TOOLS, tokenizers_dir
 from hypothesis import HealthCheck, given, settings
 from strategies import request_bodies
 
-from tokendiff.template_env import render_chat
+from tokendiff.sources.templates.env import render_chat
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,7 +122,7 @@ def test_compiled_code_is_kept_between_processes_and_a_damaged_file_is_compiled_
     monkeypatch.setenv("TOKENDIFF_CACHE_DIR", str(tmp_path))
     template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{{ '!' if add_generation_prompt }}"
     code = (
-        "import sys; from tokendiff.template_env import render_chat\n"
+        "import sys; from tokendiff.sources.templates.env import render_chat\n"
         "print(render_chat(sys.argv[1], [{'role': 'user', 'content': 'hi'}], add_generation_prompt=True))"
     )
 

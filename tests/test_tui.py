@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tokendiff.model import SectionPath
+from tokendiff.app.workflows import PromptOptions
+from tokendiff.core.model import SectionPath
 from tokendiff.tui.app import Options, TokendiffApp
 from tokendiff.tui.screens import PairScreen, SessionScreen
-from tokendiff.tui.token_view import TokenPanes, TokenView
-from tokendiff.workflows import PromptOptions
+from tokendiff.tui.widgets.token_view import TokenPanes, TokenView
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = "captures/agent/capture.jsonl"  # relative: snapshots must not depend on where the checkout is
@@ -254,7 +254,7 @@ async def test_replay_from_the_pair_screen(llama_server_bin, tiny_model, tmp_pat
 
 async def test_replay_checks_the_model(llama_server_bin, tiny_model, tmp_path):
     """A capture recorded against another model is refused, as `tokendiff replay` refuses it."""
-    from tokendiff.capture import CaptureWriter
+    from tokendiff.sources.capture import CaptureWriter
     from tokendiff.testing.llama_server import LlamaServer
 
     with CaptureWriter(tmp_path / "c.jsonl") as w:
@@ -279,8 +279,8 @@ async def test_replay_checks_the_model(llama_server_bin, tiny_model, tmp_path):
 
 def long_session(n: int):
     """A synthetic agent session of `n` turns: ~2k tokens each, the date breaking the cache every 10th."""
-    from tokendiff.cost import Session, Span, Turn
-    from tokendiff.model import Finding
+    from tokendiff.core.cost import Session, Span, Turn
+    from tokendiff.core.model import Finding
 
     date = "Date or time in the prompt changed"
     turns = []
@@ -323,7 +323,7 @@ def chart_lines(screen) -> list[str]:
 
 @pytest.mark.parametrize("height", [24, 40])
 async def test_long_session_renders_rows_by_screen_height_not_turn_count(height):
-    from tokendiff.tui.session_view import SessionTable
+    from tokendiff.tui.widgets.session_view import SessionTable
 
     a = Preloaded(long_session(10_000))
     async with a.run_test(size=(120, height)) as pilot:
@@ -363,8 +363,8 @@ def test_token_texts_show_newlines_tabs_split_characters_and_empty_tokens():
     characters), with repeated tokens decoded once: the same texts as decoding token by token."""
     from array import array
 
-    from tokendiff.model import Prompt
-    from tokendiff.tui.pairdata import _texts
+    from tokendiff.core.model import Prompt
+    from tokendiff.tui.widgets.pairdata import _texts
 
     pieces = [b"a", b"\n", b"\t", b"\xe2\x82", b"\xac", b"", b"a", b"<|im_end|>", b"\n"]
     offsets = [0]
@@ -379,7 +379,7 @@ def test_token_texts_show_newlines_tabs_split_characters_and_empty_tokens():
 
 
 def test_chart_downsamples_on_a_0_to_100_scale():
-    from tokendiff.tui.session_view import ChartData
+    from tokendiff.tui.widgets.session_view import ChartData
 
     s = long_session(1_000)
     d = ChartData(s.turns)
@@ -524,7 +524,7 @@ def on_screen(view: TokenView) -> bool:
 
 
 async def test_help_lists_the_screens_keys_and_the_colours():
-    from tokendiff.tui.help import HelpScreen
+    from tokendiff.tui.widgets.help import HelpScreen
 
     a = app()
     async with a.run_test(size=(140, 40)) as pilot:
@@ -766,7 +766,7 @@ async def test_defect_7_a_single_pair_is_titled_with_its_files():
 
 
 async def test_defects_8_9_special_tokens_keep_the_span_colour_and_the_cursor_keeps_the_diff_colour():
-    from tokendiff.tui.token_view import ADDED, REMOVED
+    from tokendiff.tui.widgets.token_view import ADDED, REMOVED
 
     a = app()
     async with a.run_test(size=(140, 40)) as pilot:
@@ -785,7 +785,7 @@ async def test_defects_8_9_special_tokens_keep_the_span_colour_and_the_cursor_ke
 
 
 async def test_defect_10_no_color_marks_changes_with_text_styles(monkeypatch):
-    from tokendiff.tui.token_view import ADDED, REMOVED, SAME
+    from tokendiff.tui.widgets.token_view import ADDED, REMOVED, SAME
 
     monkeypatch.setenv("NO_COLOR", "1")
     a = app()

@@ -12,9 +12,9 @@ import sys
 import httpx
 import pytest
 
-from tokendiff.capture import read_capture
-from tokendiff.cost import backend_reuse
-from tokendiff.server import VLLM, probe, vllm_cached_probe
+from tokendiff.backends.server import VLLM, probe, vllm_cached_probe
+from tokendiff.core.cost import backend_reuse
+from tokendiff.sources.capture import read_capture
 from tokendiff.testing import proxy_process
 
 pytestmark = pytest.mark.vllm
@@ -72,7 +72,7 @@ def lcp(a: list[int], b: list[int]) -> int:
 def split_bytes(a: list[int], b: list[int]) -> tuple[int, int]:
     """(where the first divergent token starts, the first byte that differs) in the two prompts' texts,
     decoded with the real Qwen3 vocabulary vLLM tokenised with."""
-    from tokendiff.vocab import load_bundled
+    from tokendiff.core.vocab import load_bundled
 
     vocab = load_bundled()
     ta, tb = vocab.decode(a)[0], vocab.decode(b)[0]
@@ -236,7 +236,7 @@ def test_anthropic_messages_to_vllm_are_recorded_and_counted(vllm_server, tmp_pa
 def test_doctor_on_a_real_vllm_server(vllm_server, capsys):
     """doctor reads vLLM's cache config from /metrics and asks one completion whether cached counts are
     reported: the test server (prefix caching, prompt-tokens details, 32-token blocks) is all clear."""
-    from tokendiff.cli import main
+    from tokendiff.cli.main import main
 
     code = main(["doctor", "--server", vllm_server.url, "--prompt-tokens", "2048", "--json"])
     doc = json.loads(capsys.readouterr().out)
@@ -251,7 +251,7 @@ def test_doctor_on_a_real_vllm_server(vllm_server, capsys):
 def test_doctor_finds_a_misconfigured_vllm_server(misconfigured_vllm_server, capsys):
     """Prefix caching off, no --enable-prompt-tokens-details and 128-token blocks, each read from the
     server itself: three problems, exit 1."""
-    from tokendiff.cli import main
+    from tokendiff.cli.main import main
 
     code = main(["doctor", "--server", misconfigured_vllm_server.url, "--prompt-tokens", "2048", "--json"])
     doc = json.loads(capsys.readouterr().out)
@@ -286,7 +286,7 @@ def test_replay_says_when_vllm_reports_no_cached_tokens(misconfigured_vllm_serve
 def test_replay_discards_runs_whose_cached_tokens_disagree(vllm_server, capture):
     """A replay that predicts in 16-token blocks against the 32-token server: every run whose cached_tokens
     differs from the prediction is discarded and said to be, the others kept."""
-    from tokendiff.replay import OpenAICompatible, Plan, replay_document, run_scenarios
+    from tokendiff.backends.replay import OpenAICompatible, Plan, replay_document, run_scenarios
 
     records, _ = read_capture(capture)
     a, b = records[2]["prompt_ids"].tolist(), records[3]["prompt_ids"].tolist()
@@ -314,11 +314,11 @@ async def test_watch_shows_vllm_cached_counts_per_turn(vllm_server, tmp_path):
     import asyncio
     import queue
 
+    from tokendiff.app.live import ProxyThread
+    from tokendiff.app.workflows import PromptOptions
     from tokendiff.testing.llama_server import free_port
     from tokendiff.tui.app import Options
     from tokendiff.tui.watch import WatchApp
-    from tokendiff.watch import ProxyThread
-    from tokendiff.workflows import PromptOptions
 
     events: queue.Queue = queue.Queue()
     listen = f"127.0.0.1:{free_port()}"

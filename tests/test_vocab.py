@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import qwen_encode
 
+from tokendiff.core.vocab import BUNDLED_DIR, load_gguf, load_hf_dir, load_tokenizer_json, load_vocab
 from tokendiff.errors import InputError
-from tokendiff.gguf_meta import read_gguf_metadata
-from tokendiff.vocab import BUNDLED_DIR, load_gguf, load_hf_dir, load_tokenizer_json, load_vocab
+from tokendiff.sources.gguf_meta import read_gguf_metadata
 
 TRICKY = '<|im_start|>user\nHéllo 𒀀 世界 🙂\t\r\n  <think>x</think>{"a": [1,2]}<|im_end|>'
 
@@ -37,7 +37,7 @@ def test_media_cells_decode_as_marker(vocab):
 def test_pieces_kept_between_prompts_decode_each_alike(monkeypatch):
     """The pieces a vocabulary keeps from one prompt serve the next (special tokens and media cells
     included), and past its bound the memo starts afresh: each prompt decodes as it does alone."""
-    from tokendiff import vocab as vocab_mod
+    from tokendiff.core import vocab as vocab_mod
 
     monkeypatch.setattr(vocab_mod, "MEMO_IDS", 8)
     prompts = [qwen_encode(TRICKY), [9707, -1, 9707], qwen_encode("<|im_start|>system\nHi<|im_end|>"), []]
@@ -167,7 +167,7 @@ def test_gguf_without_vocab(tmp_path):
 def test_gguf_tokenises_text_like_the_tokenizer_json(tiny_model):
     from conftest import qwen_encode
 
-    from tokendiff.vocab import text_tokenizer
+    from tokendiff.core.vocab import text_tokenizer
 
     tk = text_tokenizer(load_gguf(tiny_model))
     for text in [
@@ -228,7 +228,7 @@ def _bos_tokenizer_json(d: Path, how: str) -> str:
 
 
 def _logged_ids(v, path: Path, text: str) -> list[int]:
-    from tokendiff.sources import Loader
+    from tokendiff.sources.loader import Loader
 
     path.write_text(text)
     return Loader(v).load(str(path)).ids.tolist()
@@ -255,10 +255,10 @@ def test_llama_server_adds_one_bos_and_the_prompt_log_tokenises_to_its_slot(llam
     tokenised here is that prompt, and the /tokenize probe of a server-side vocabulary finds the BOS."""
     import httpx
 
-    from tokendiff.server import LlamaClient
-    from tokendiff.slotfile import read_slot_file
+    from tokendiff.backends.server import LlamaClient
+    from tokendiff.core.vocab import ServerVocab
+    from tokendiff.sources.slotfile import read_slot_file
     from tokendiff.testing.llama_server import LlamaServer
-    from tokendiff.vocab import ServerVocab
 
     monkeypatch.setenv("TOKENDIFF_CACHE_DIR", str(tmp_path / "cache"))
     model, logs, slots = bos_adding_gguf(tmp_path), tmp_path / "prompts", tmp_path / "slots"

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from tokendiff.capture import read_capture
-from tokendiff.proxy import RecordEvent
+from tokendiff.app.live import ProxyThread, RecordFeed
+from tokendiff.app.workflows import PromptOptions
+from tokendiff.backends.proxy import RecordEvent
+from tokendiff.sources.capture import read_capture
 from tokendiff.testing.llama_server import LlamaServer, free_port
-from tokendiff.watch import ProxyThread, RecordFeed
-from tokendiff.workflows import PromptOptions
 
 
 async def wait_for(pilot, cond, timeout: float = 60.0) -> None:
@@ -82,7 +82,7 @@ def start_watch(server, out, **kw):
 
 async def test_watch_shows_turns_and_the_cause_while_the_agent_runs(server, tmp_path):
     from tokendiff.tui.screens import PairScreen
-    from tokendiff.tui.session_view import SessionTable
+    from tokendiff.tui.widgets.session_view import SessionTable
 
     out = tmp_path / "session"
     app, proxy, url = start_watch(server, out)
@@ -142,7 +142,7 @@ def demo_app(paths: list[str], **kw):
 
 async def test_session_table_sorts_by_any_column_and_jumps_to_the_most_wasteful_turn():
     from tokendiff.tui.screens import PairScreen
-    from tokendiff.tui.session_view import SessionTable
+    from tokendiff.tui.widgets.session_view import SessionTable
 
     a = demo_app([])
     async with a.run_test(size=(200, 40)) as pilot:
@@ -181,7 +181,7 @@ async def test_session_table_sorts_by_any_column_and_jumps_to_the_most_wasteful_
 
 async def test_seconds_per_turn_and_per_cause_measured_or_estimated():
     from tokendiff.paths import demo_slots
-    from tokendiff.tui.session_view import SessionTable
+    from tokendiff.tui.widgets.session_view import SessionTable
 
     measured = demo_app([])
     async with measured.run_test(size=(300, 40)) as pilot:  # the seconds columns take the room left
@@ -262,9 +262,9 @@ def test_watch_bad_input_is_one_line_exit_2(args, words, tmp_path):
 
 def test_session_feed_record_by_record_is_the_batch_analysis():
     """The live analysis (one record at a time) gives what `tokendiff report` gives for the capture."""
-    from tokendiff import workflows as wf
-    from tokendiff.capture import iter_capture
+    from tokendiff.app import workflows as wf
     from tokendiff.paths import demo_capture
+    from tokendiff.sources.capture import iter_capture
 
     cap = demo_capture()
     batch = wf.open_session(wf.PromptOptions(), [str(cap)], workers=1).session
@@ -291,8 +291,8 @@ def test_a_replays_cold_rate_gives_seconds_to_a_session_without_timings(tmp_path
     import subprocess
     import sys
 
+    from tokendiff.app.workflows import replay_prefill_rate
     from tokendiff.paths import demo_slots
-    from tokendiff.workflows import replay_prefill_rate
 
     replay = {"schema": "tokendiff.replay/1", "scenarios": {"cold": {"tokens": 2000, "prompt_ms": 4000.0}}}
     (tmp_path / "replay.json").write_text(json.dumps(replay))
@@ -313,7 +313,7 @@ def test_a_prefill_rate_the_session_does_not_need_is_said(capsys):
     """The agent capture has the server's timings: a given --prefill-rate is not used, and the report says so."""
     from pathlib import Path
 
-    from tokendiff.cli import main
+    from tokendiff.cli.main import main
 
     capture = Path(__file__).parents[1] / "captures/agent/capture.jsonl"
     assert main(["report", str(capture), "--prefill-rate", "100", "--format", "json"]) == 0
@@ -327,8 +327,8 @@ async def test_watch_rows_show_the_servers_cached_count_at_140_columns():
     from textual.events import Mount
 
     from tokendiff.tui.app import Options, TokendiffApp
-    from tokendiff.tui.session_view import SessionTable
     from tokendiff.tui.watch import WatchScreen
+    from tokendiff.tui.widgets.session_view import SessionTable
 
     class Watching(TokendiffApp):  # the watch screen on the demo capture (recorded from llama-server)
         @on(Mount)

@@ -9,9 +9,9 @@ import pytest
 from conftest import TEMPLATES
 from helpers import write_slot
 
-from tokendiff import workflows as wf
+from tokendiff.app import workflows as wf
+from tokendiff.core.vocab import BUNDLED_DIR
 from tokendiff.errors import InputError
-from tokendiff.vocab import BUNDLED_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = str(ROOT / "captures" / "agent" / "capture.jsonl")
@@ -166,7 +166,7 @@ def test_replay_of_a_session_pair_measures_the_fix(server, agent):
 
 
 def test_replay_refuses_a_capture_of_another_model(server, tmp_path):
-    from tokendiff.capture import CaptureWriter
+    from tokendiff.sources.capture import CaptureWriter
 
     body = {"messages": [{"role": "user", "content": "hi"}]}
     with CaptureWriter(tmp_path / "c.jsonl") as w:
@@ -184,7 +184,7 @@ def test_a_cause_without_an_automatic_fix_is_named_by_its_span_counted_from_1(ag
     """What `replay` and the pair screen's `r` say: "span N" as the pair screen numbers spans, never "hunk"."""
     from dataclasses import replace as copy_with
 
-    from tokendiff.fixes import fix_request
+    from tokendiff.core.fixes import fix_request
 
     pair = wf.session_pair(agent, 3)
     first = next(f for f in pair.findings if not f.expected)

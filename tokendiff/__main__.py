@@ -1,3 +1,3 @@
-from tokendiff.cli import main
+from tokendiff.cli.main import main
 
 raise SystemExit(main())

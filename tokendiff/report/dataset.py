@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tokendiff.cost import BACKENDS, RELOAD, Session, turn_rows
+from tokendiff.core.cost import BACKENDS, RELOAD, Session, turn_rows
 
 SCHEMA_VERSION = "tokendiff.dataset/1"
 TABLES = ("turns", "spans")

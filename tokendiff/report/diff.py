@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokendiff.model import END_OF_PROMPT, Divergence, Prompt, SectionPath
+from tokendiff.core.model import END_OF_PROMPT, Divergence, Prompt, SectionPath
+from tokendiff.core.vocab import Vocab
 from tokendiff.report.excerpt import excerpt
-from tokendiff.vocab import Vocab
 
 SCHEMA = "tokendiff.diff/2"
 

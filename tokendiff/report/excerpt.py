@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from tokendiff.model import Prompt
+from tokendiff.core.model import Prompt
 
 _VISIBLE = str.maketrans({"\n": "↵", "\r": "␍", "\t": "⇥"})
 MAX_SPAN_CHARS = 400

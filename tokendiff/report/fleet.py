@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tokendiff.cost import Session
+    from tokendiff.core.cost import Session
 
 SCHEMA = "tokendiff.fleet/1"
 WORST_TURNS = 10  # the worst turns the document lists (by wasted tokens)

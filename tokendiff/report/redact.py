@@ -15,10 +15,10 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from tokendiff.model import KINDS, Part, SectionPath
+from tokendiff.core.model import KINDS, Part, SectionPath
 
 if TYPE_CHECKING:
-    from tokendiff.cost import Session
+    from tokendiff.core.cost import Session
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _SPECIAL = re.compile(r"<\|[^|>]{1,40}\|>|<｜[^｜>]{1,40}｜>|\[/?[A-Z_]{2,30}\]|</?[a-z_]{2,20}>")

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tokendiff.capacity import CapacityReport, conclusions
-from tokendiff.cost import RELOAD, RELOAD_TITLE, Session, Turn, turn_rows
-from tokendiff.model import Prompt, SectionPath
+from tokendiff.core.cache.capacity import CapacityReport, conclusions
+from tokendiff.core.cost import RELOAD, RELOAD_TITLE, Session, Turn, turn_rows
+from tokendiff.core.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
 from tokendiff.report.redact import redact_labels, redact_text, session_labels

@@ -18,8 +18,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tokendiff.core.vocab import BUNDLED_DIR
 from tokendiff.paths import models_cache_dir
-from tokendiff.vocab import BUNDLED_DIR
 
 _SPECIAL_SHAPE = re.compile(r"^<\|.*\|>$")
 
@@ -147,7 +147,7 @@ def write_tiny_gemma2(
     import gguf
     import numpy as np
 
-    from tokendiff.gguf_meta import read_gguf_metadata
+    from tokendiff.sources.gguf_meta import read_gguf_metadata
 
     src = read_gguf_metadata(str(tokenizer_from), ("tokenizer.",))
     heads, kv, ffn, hd = 4, 2, 128, dim // 4

@@ -18,20 +18,20 @@ from textual.binding import Binding
 from textual.command import Hit, Hits, Provider
 from textual.screen import Screen
 
-from tokendiff import workflows as wf
+from tokendiff.app import workflows as wf
+from tokendiff.app.workflows import PromptOptions
 from tokendiff.config import load_config, unknown_bindings
 from tokendiff.errors import InputError
 from tokendiff.tui.screens import PairScreen, SessionScreen
-from tokendiff.tui.session_view import SessionTable
 from tokendiff.tui.themes import choose_theme, diff_defaults, load_catalogue
-from tokendiff.tui.token_view import TokenPanes, TokenView
-from tokendiff.workflows import PromptOptions
+from tokendiff.tui.widgets.session_view import SessionTable
+from tokendiff.tui.widgets.token_view import TokenPanes, TokenView
 
 if TYPE_CHECKING:
-    from tokendiff.cost import Session
-    from tokendiff.model import Prompt
-    from tokendiff.sources import Loader
-    from tokendiff.vocab import Vocab
+    from tokendiff.core.cost import Session
+    from tokendiff.core.model import Prompt
+    from tokendiff.core.vocab import Vocab
+    from tokendiff.sources.loader import Loader
 
 
 @dataclass
@@ -231,7 +231,7 @@ class TokendiffApp(App):
 
     def _pair_screen(self, pair: wf.PairResult, turn: int) -> PairScreen:
         """The pair screen of `turn` (its token views laid out here, in a worker thread)."""
-        from tokendiff.tui.pairdata import build_pair_view
+        from tokendiff.tui.widgets.pairdata import build_pair_view
 
         view = build_pair_view(pair.a, pair.b, pair.divergence)
         label = pair_label(self.options.paths, pair.a.origin, pair.b.origin, turn)
@@ -264,7 +264,7 @@ class TokendiffApp(App):
 
     def action_help(self) -> None:
         """`?`: the keys of the screen underneath, and on a pair screen what the colours mean."""
-        from tokendiff.tui.help import HelpScreen, legend, screen_keys
+        from tokendiff.tui.widgets.help import HelpScreen, legend, screen_keys
 
         screen = self.screen
         if not isinstance(screen, SessionScreen | PairScreen):
@@ -303,7 +303,7 @@ class TokendiffApp(App):
 
         from textual.worker import get_current_worker
 
-        from tokendiff.pull import Puller
+        from tokendiff.backends.pull import Puller
 
         o = self.options
         if not o.live:  # started only with --live

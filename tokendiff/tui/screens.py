@@ -16,18 +16,18 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Header, Input, Static, Tree
 
-from tokendiff.model import Prompt, SectionPath
-from tokendiff.tui.footer import KeyFooter
-from tokendiff.tui.pairdata import PairView, SearchHits, search
-from tokendiff.tui.session_view import ReuseChart, SessionTable
-from tokendiff.tui.token_view import TokenPanes, TokenView
+from tokendiff.core.model import Prompt, SectionPath
+from tokendiff.tui.widgets.footer import KeyFooter
+from tokendiff.tui.widgets.pairdata import PairView, SearchHits, search
+from tokendiff.tui.widgets.session_view import ReuseChart, SessionTable
+from tokendiff.tui.widgets.token_view import TokenPanes, TokenView
 
 if TYPE_CHECKING:
     from textual.widget import AwaitMount
 
-    from tokendiff.cost import Session
-    from tokendiff.model import Divergence, Finding, Hunk
-    from tokendiff.workflows import PairResult
+    from tokendiff.app.workflows import PairResult
+    from tokendiff.core.cost import Session
+    from tokendiff.core.model import Divergence, Finding, Hunk
 
 
 HELP = Binding(
@@ -540,15 +540,15 @@ class PairScreen(Screen):
         self._replay(backend)
 
     def _pair(self) -> PairResult:
-        from tokendiff.workflows import PairResult
+        from tokendiff.app.workflows import PairResult
 
         return PairResult(self.a, self.b, self.d, self.findings, self.app.vocab)  # type: ignore[attr-defined]
 
     @work(thread=True, exclusive=True, group="replay")
     def _replay(self, backend: str) -> None:
         """cold / actual / ideal / fixed, measured in a worker (what `tokendiff replay` measures); shown in place."""
+        from tokendiff.app.workflows import ReplayOptions, replay_pair
         from tokendiff.errors import InputError
-        from tokendiff.workflows import ReplayOptions, replay_pair
 
         def show(text: str | Text) -> None:
             self.app.call_from_thread(self.query_one("#findings", Static).update, text)
@@ -569,8 +569,8 @@ class PairScreen(Screen):
 
     def action_export_pair(self) -> None:
         """`x`: exactly the document `tokendiff diff --json A B` prints for this pair; never over an older file."""
+        from tokendiff.app.workflows import export_pair
         from tokendiff.errors import InputError
-        from tokendiff.workflows import export_pair
 
         try:
             out = export_pair(self._pair(), free_path(Path.cwd() / f"tokendiff-pair-{self.turn - 1}-{self.turn}.json"))
@@ -620,7 +620,7 @@ def span_clip(a: Prompt, b: Prompt, h: Hunk) -> str:
 
 def _reusable(a: Prompt, b: Prompt, d: Divergence) -> str:
     """What llama-server reuses, counted as the session table counts it: a full hit still evaluates one token."""
-    from tokendiff.cost import backend_reuse
+    from tokendiff.core.cost import backend_reuse
 
     reuse = backend_reuse("llama.cpp", d.lcp, len(b), len(a))
     note = " (the last token is always evaluated)" if reuse < d.lcp else ""

@@ -17,17 +17,17 @@ from textual.binding import Binding
 from textual.events import Mount
 from textual.widgets import Footer, Static
 
-from tokendiff import workflows as wf
+from tokendiff.app import workflows as wf
+from tokendiff.app.live import ProxyThread, RecordFeed, break_message
 from tokendiff.errors import InputError
 from tokendiff.tui.app import Options, TokendiffApp
 from tokendiff.tui.screens import PairScreen, SessionScreen
-from tokendiff.tui.session_view import SessionTable
-from tokendiff.watch import ProxyThread, RecordFeed, break_message
+from tokendiff.tui.widgets.session_view import SessionTable
 
 if TYPE_CHECKING:
     from textual.timer import Timer
 
-    from tokendiff.proxy import RecordEvent
+    from tokendiff.backends.proxy import RecordEvent
 
 FLASH_SECONDS = 12.0
 
@@ -83,7 +83,7 @@ class WatchApp(TokendiffApp):
         """Analyse each record the proxy completes, in capture order, and show the session after each."""
         from textual.worker import get_current_worker
 
-        from tokendiff.capture import CaptureRecord
+        from tokendiff.sources.capture import CaptureRecord
 
         worker = get_current_worker()
         try:
@@ -113,7 +113,7 @@ class WatchApp(TokendiffApp):
     def _arrived(self, loaded: wf.LoadedSession | None) -> None:
         """A new turn (or, with None, the empty session before the first request)."""
         if loaded is None:
-            from tokendiff.cost import Session
+            from tokendiff.core.cost import Session
 
             screen = self.screen_stack[1] if len(self.screen_stack) > 1 else self.screen
             if isinstance(screen, SessionScreen):

@@ -1,0 +1,173 @@
+"""`tokendiff watch`: the recording proxy and the session view in one process.
+
+The proxy runs in its own thread and event loop (uvicorn, as `tokendiff proxy` runs it), so drawing
+the TUI never delays a request or skews the TTFT it measures. The proxy hands every record it
+writes to a `RecordFeed` (proxy.RecordEvent), which releases records in capture order once each
+is complete (its prompt token IDs merged), so turn N of the live view is record N of the capture.
+Stopping waits for the token fetches still running: Ctrl-C leaves the same capture `tokendiff
+proxy` would. Nothing here knows about Textual (tui/watch.py draws it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokendiff.errors import InputError
+
+if TYPE_CHECKING:
+    from tokendiff.backends.proxy import RecordEvent, Served
+    from tokendiff.core.cost import Session, Turn
+
+START_TIMEOUT = 30.0  # the upstream probe included
+STOP_TIMEOUT = 90.0  # the proxy waits up to 60 s for token fetches, then closes the capture
+
+
+@dataclass
+class _Waiting:
+    fields: dict[str, Any]
+    complete: bool
+
+
+class RecordFeed:
+    """Records in capture (seq) order, each released once complete: a record whose token IDs are
+    being fetched waits for its patch, and the records after it wait with it."""
+
+    def __init__(self) -> None:
+        self._queue: deque[_Waiting] = deque()
+        self._by_seq: dict[int, _Waiting] = {}
+
+    def take(self, ev: RecordEvent) -> list[dict[str, Any]]:
+        """The records `ev` completes, in order (often none, or just its own)."""
+        if ev.patch:
+            w = self._by_seq.get(ev.seq)
+            if w is None:  # a patch for a record released already (cannot happen) or never seen
+                return []
+            w.fields.update((k, v) for k, v in ev.fields.items() if k not in ("schema", "seq", "ts", "patch"))
+            w.complete = True
+        else:
+            w = _Waiting(dict(ev.fields), not ev.tokens_pending)
+            self._queue.append(w)
+            self._by_seq[ev.seq] = w
+        out = []
+        while self._queue and self._queue[0].complete:
+            done = self._queue.popleft()
+            self._by_seq.pop(done.fields["seq"], None)
+            out.append(done.fields)
+        return out
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+
+class ProxyThread:
+    """`tokendiff proxy` served in a thread of this process; `on_event` is called in that thread."""
+
+    def __init__(
+        self,
+        upstream: str,
+        out: str,
+        listen: str = "127.0.0.1:8081",
+        fetch_tokens: bool = True,
+        on_event: Callable[[RecordEvent], None] | None = None,
+    ) -> None:
+        self.upstream, self.out, self.listen = upstream, out, listen
+        self.fetch_tokens, self.on_event = fetch_tokens, on_event
+        self.served: Served | None = None
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None  # why the server stopped, if it did on its own
+        self.messages: queue.Queue[str] = queue.Queue()  # what uvicorn would print, for the TUI to show
+        self.existing = 0  # records the capture held before this run (the proxy appends)
+
+    @property
+    def capture(self) -> Path:
+        return Path(self.out) / "capture.jsonl"
+
+    @property
+    def recorded(self) -> int:
+        return self.served.app.state.recorded if self.served else 0
+
+    def start(self) -> ProxyThread:
+        """Bind and start serving; every start-up problem (URL, --out, --listen) is an InputError here."""
+        from tokendiff.backends.proxy import build_server
+        from tokendiff.sources.capture import iter_capture
+
+        if self.capture.is_file():
+            self.existing = sum(1 for _ in iter_capture(self.capture))
+        self.served = build_server(self.upstream, self.out, self.listen, self.fetch_tokens, self.on_event)
+        _log_to(self.messages)  # a line on the terminal would tear the TUI
+        self._thread = threading.Thread(target=self._run, name="tokendiff-proxy", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self.served.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                why = self.error or _drain(self.messages) or "it stopped during start-up"
+                raise InputError(f"the proxy did not start: {why}", source=self.listen)
+            time.sleep(0.02)
+        return self
+
+    def _run(self) -> None:
+        assert self.served is not None
+        try:
+            asyncio.run(self.served.server.serve(sockets=[self.served.sock]))
+        except Exception as e:  # noqa: BLE001 - reported by start() or the app, never a traceback
+            self.error = f"{type(e).__name__}: {e}"
+
+    def stop(self) -> None:
+        """Stop serving, waiting (bounded) for the token fetches in flight: the capture is complete."""
+        if self.served is None:
+            return
+        self.served.server.should_exit = True
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(STOP_TIMEOUT)
+        self.served.sock.close()
+
+
+class _QueueHandler(logging.Handler):
+    def __init__(self, q: queue.Queue[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.q = q
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.q.put(record.getMessage())
+
+
+def _log_to(q: queue.Queue[str]) -> None:
+    """uvicorn's warnings and errors into `q` instead of stderr."""
+    log = logging.getLogger("uvicorn")
+    log.handlers = [_QueueHandler(q)]
+    logging.getLogger("uvicorn.error").handlers = []
+
+
+def _drain(q: queue.Queue[str]) -> str:
+    out = []
+    while not q.empty():
+        out.append(q.get_nowait())
+    return "; ".join(out)
+
+
+def break_message(t: Turn, s: Session) -> str | None:
+    """The footer's flash for a turn that broke the cache, e.g. "turn 14: tools reordered — 31,200
+    tokens recomputed, 41 s": the server's measured prefill time when it has one, else an estimate."""
+    from tokendiff.report.session import cause_title, in_sentence, prefill_seconds, seconds_label
+
+    if not t.wasted:
+        return None
+    title = cause_title(t) or "the prompt changed before its end"
+    msg = f"turn {t.turn}: {in_sentence(title)} — {t.recompute:,} tokens recomputed"
+    secs = prefill_seconds(t)
+    if secs is not None:
+        return msg + ", " + seconds_label(secs)
+    if s.ms_per_token:
+        return msg + ", " + seconds_label(t.recompute * s.ms_per_token / 1000, estimated=True)
+    return msg

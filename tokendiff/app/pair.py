@@ -1,0 +1,109 @@
+"""The pair workflow of the application layer: options, the prompt loader, a pair aligned and explained,
+its `tokendiff.diff/2` bytes.
+
+Apart from `workflows` (which re-exports all of it) so that `tokendiff diff` imports only what a diff
+runs: the session, report, replay and fleet machinery costs ~10 ms of imports it never uses (issue #12).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from tokendiff.errors import InputError
+
+if TYPE_CHECKING:
+    from tokendiff.core.model import Divergence, Finding, Prompt
+    from tokendiff.core.vocab import Vocab
+    from tokendiff.sources.loader import Loader
+
+
+@dataclass(frozen=True)
+class PromptOptions:
+    """How prompts are read; the same for every command and the TUI."""
+
+    tokenizer: str | None = None  # tokenizer.json(.gz), a Hugging Face directory or a GGUF file
+    server: str | None = None  # a live llama-server to decode (and tokenise) with
+    chat_template: str | None = None  # a .jinja file or a tokenizer_config.json
+    family: str | None = None  # template family override
+    order: str = "auto"  # turn order in a directory: auto (slot files by mtime, the rest by name) | mtime | name
+
+
+MAX_TEMPLATE_BYTES = 64 << 20  # a .jinja is KBs; a tokenizer_config.json with 260k added tokens is tens of MB
+
+
+def read_chat_template(path: str | None) -> str | None:
+    """A chat template from a .jinja file, or the `chat_template` of a tokenizer_config.json."""
+    if not path:
+        return None
+    from tokendiff.safeio import read_text_limited
+
+    try:
+        text = read_text_limited(path, MAX_TEMPLATE_BYTES, "chat template")
+    except InputError as e:
+        raise InputError(f"cannot read chat template: {e.reason}", source=path) from None
+    if not path.endswith(".json"):
+        return text
+    import orjson
+
+    try:
+        cfg = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise InputError(f"malformed JSON: {e}", source=path) from None
+    tmpl = cfg.get("chat_template") if isinstance(cfg, dict) else None
+    if not isinstance(tmpl, str):
+        raise InputError("no chat_template string in this JSON file", source=path)
+    return tmpl
+
+
+def open_loader(opts: PromptOptions) -> Loader:
+    """The vocabulary and a prompt loader for these options (the vocabulary is `loader.vocab`)."""
+    from tokendiff.core.vocab import load_vocab
+    from tokendiff.sources.loader import Loader
+
+    vocab = load_vocab(opts.tokenizer, opts.server)
+    tmpl = read_chat_template(opts.chat_template)
+    if tmpl is None and opts.server:  # the template the server renders with (issue #13)
+        from tokendiff.backends.server import served_template
+
+        tmpl = served_template(opts.server, vocab.meta.chat_template, vocab.name)
+    return Loader(vocab, opts.family, opts.order, tmpl)
+
+
+class PairResult:
+    """Two prompts, how they diverge and why; `document` is the `tokendiff.diff/2` document.
+    (A plain class: a dataclass costs ~0.7 ms to create at import, in every `tokendiff diff`.)"""
+
+    def __init__(
+        self, a: Prompt, b: Prompt, divergence: Divergence, findings: list[Finding], vocab: Vocab, context: int = 8
+    ):
+        self.a, self.b, self.divergence, self.findings, self.vocab = a, b, divergence, findings, vocab
+        self.context = context  # tokens of context around spans in the document
+
+    @cached_property
+    def document(self) -> dict[str, Any]:
+        from tokendiff.report.diff import diff_document
+
+        return diff_document(self.a, self.b, self.divergence, self.vocab, context=self.context, findings=self.findings)
+
+
+def diff_pair(a: Prompt, b: Prompt, vocab: Vocab, context: int = 8) -> PairResult:
+    from tokendiff.core.align import align
+    from tokendiff.core.explain import explain
+
+    d = align(a, b)
+    return PairResult(a, b, d, explain(a, b, d), vocab, context)
+
+
+def load_pair(loader: Loader, spec_a: str, spec_b: str, context: int = 8) -> PairResult:
+    a = loader.load(spec_a)
+    b = loader.load(spec_b)
+    return diff_pair(a, b, loader.vocab, context)
+
+
+def pair_json(pair: PairResult) -> bytes:
+    """The bytes `tokendiff diff --json` prints."""
+    from tokendiff.report.diff import document_json
+
+    return document_json(pair.document)

@@ -1,0 +1,540 @@
+"""Alignment of two token-ID arrays: the shared prefix and every divergent span.
+
+The longest common prefix is what a token-exact prefix cache can reuse. The
+hunks after it come from a real sequence diff that stays near-linear on 100k
+tokens with a handful of edits: trim the common ends, anchor the middle on
+k-grams that occur once on each side (patience-style), and hand only the small
+gaps between anchors to difflib. Only A's k-grams are counted in full: B's
+counts follow from A's through equal segments found by byte search, so B's
+k-grams are cut only around its edits. IDs are compared as int32 bytes (slice
+compares and dict lookups run in C), so the diff needs no numpy.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from bisect import bisect_left
+from collections import Counter
+from functools import cache
+from itertools import compress, count, repeat
+from operator import itemgetter, ne, not_
+from typing import TYPE_CHECKING, TypeVar
+
+from tokendiff.core.model import Divergence, Hunk, Prompt, id_bytes, prompt_end
+
+if TYPE_CHECKING:
+    from tokendiff.core.model import Ids
+
+Text = TypeVar("Text", bytes, str)  # what the prefix and suffix bisections compare: both sides one kind
+
+SMALL = 1500  # gaps up to this many tokens a side go to difflib directly...
+DIRECT = 256 * 256  # ...once small in area too: difflib costs up to the product of the sides (with a long
+# equal run inside, as a changed date leaves, 11 ms for 1,200 tokens a side, the anchors ~1 ms)
+KGRAM = 8
+WEIGHTED_MAX = 400
+GLUE = 3  # equal runs this short between two larger edits are merged into them
+STRIDE = 64  # B's tokens between the k-grams `_cover` looks up in A
+MIN_SEGMENT = 2 * KGRAM  # shorter equal segments found that way are not taken
+MAX_MISSES = 16  # B's k-grams in a row not found in A before `_cover` stops looking (unrelated prompts)
+_SCAN = 64  # bytes left to compare one by one after bisecting
+NUMPY_FROM = 150_000  # tokens a side from which importing numpy for the anchors pays for itself
+
+
+def _first_diff(x: Text, xo: int, y: Text, yo: int, n: int) -> int:
+    """Length of the common prefix of x[xo:xo+n] and y[yo:yo+n]: bisected with slice compares
+    (memcmp), so 50k tokens cost a few hundred microseconds in plain Python."""
+    lo, hi = 0, n
+    while hi - lo > _SCAN:
+        mid = (lo + hi) // 2
+        if x[xo + lo : xo + mid] == y[yo + lo : yo + mid]:
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and x[xo + lo] == y[yo + lo]:
+        lo += 1
+    return lo
+
+
+def _last_diff(x: Text, xe: int, y: Text, ye: int, n: int) -> int:
+    """Length of the common suffix of x[xe-n:xe] and y[ye-n:ye]."""
+    lo, hi = 0, n
+    while hi - lo > _SCAN:
+        mid = (lo + hi) // 2
+        if x[xe - mid : xe - lo] == y[ye - mid : ye - lo]:
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and x[xe - lo - 1] == y[ye - lo - 1]:
+        lo += 1
+    return lo
+
+
+def shared_prefix(x: Text, y: Text) -> int:
+    """Length of the common prefix of two byte or character strings (bisected slice compares)."""
+    return _first_diff(x, 0, y, 0, min(len(x), len(y)))
+
+
+def shared_suffix(x: Text, y: Text) -> int:
+    """Length of the common suffix of two byte or character strings (no reversed copies)."""
+    return _last_diff(x, len(x), y, len(y), min(len(x), len(y)))
+
+
+def common_prefix(a: Ids, b: Ids) -> int:
+    """Number of equal leading elements (stdlib or numpy arrays, or lists of IDs)."""
+    ra, rb = id_bytes(a), id_bytes(b)
+    return _first_diff(ra, 0, rb, 0, min(len(ra), len(rb))) // 4
+
+
+def common_suffix(a: Ids, b: Ids, limit: int) -> int:
+    """Number of equal trailing elements, at most `limit`."""
+    ra, rb = id_bytes(a), id_bytes(b)
+    n = 4 * max(0, min(len(ra) // 4, len(rb) // 4, limit))
+    return _last_diff(ra, len(ra), rb, len(rb), n) // 4
+
+
+def first_byte_diff(a: bytes, b: bytes) -> int | None:
+    """Offset of the first differing byte (None when equal)."""
+    if a == b:
+        return None
+    return _first_diff(a, 0, b, 0, min(len(a), len(b)))
+
+
+class _Seqs:
+    """The two ID sequences of a diff as int32 bytes: prefixes, suffixes and k-grams are slices of them."""
+
+    def __init__(self, a: Ids, b: Ids):
+        self.ra, self.rb = id_bytes(a), id_bytes(b)
+
+    def lists(self, alo: int, ahi: int, blo: int, bhi: int) -> tuple[list[int], list[int]]:
+        """The IDs of A[alo:ahi] and B[blo:bhi] as lists (for difflib)."""
+        return (
+            memoryview(self.ra)[4 * alo : 4 * ahi].cast("i").tolist(),
+            memoryview(self.rb)[4 * blo : 4 * bhi].cast("i").tolist(),
+        )
+
+    def prefix(self, alo: int, ahi: int, blo: int, bhi: int) -> int:
+        return _first_diff(self.ra, 4 * alo, self.rb, 4 * blo, 4 * min(ahi - alo, bhi - blo)) // 4
+
+    def suffix(self, alo: int, ahi: int, blo: int, bhi: int) -> int:
+        return _last_diff(self.ra, 4 * ahi, self.rb, 4 * bhi, 4 * min(ahi - alo, bhi - blo)) // 4
+
+
+def diff_spans(a: Ids, b: Ids, a_stop: int | None = None) -> list[tuple[int, int, int, int]]:
+    """Non-equal spans (a_start, a_end, b_start, b_end), in order; an insertion before A's token
+    `a_stop` (where A's prompt ends and its generated tokens begin) is not moved past it."""
+    seqs = _Seqs(a, b)
+    out: list[tuple[int, int, int, int]] = []
+    _diff(seqs, 0, len(seqs.ra) // 4, 0, len(seqs.rb) // 4, out, 0)
+    return _merge(_slide_insertions(seqs, _merge(out), a_stop))
+
+
+def _slide_insertions(
+    s: _Seqs, spans: list[tuple[int, int, int, int]], a_stop: int | None
+) -> list[tuple[int, int, int, int]]:
+    """Each pure insertion moved as far right as the text allows, up to A's prompt end. Where B's new
+    text repeats what follows it (a reminder sent again at the end of the new turn), the diff may place
+    the insertion before A's copy: the same edit, but it reads as A's text moved. Prompts grow at the
+    end, so the rightmost place is the one a person means (the slider normalisation of text diffs)."""
+    n_a, n_b = len(s.ra) // 4, len(s.rb) // 4
+    stop = n_a if a_stop is None else a_stop
+    out: list[tuple[int, int, int, int]] = []
+    for k, (a0, a1, b0, b1) in enumerate(spans):
+        if a0 == a1 and b0 < b1:
+            nxt = spans[k + 1] if k + 1 < len(spans) else (n_a, n_a, n_b, n_b)
+            room = min(nxt[0] - a0, nxt[2] - b1)  # the equal run after it
+            room = min(room, stop - a0) if a0 <= stop else room
+            m = _first_diff(s.rb, 4 * b0, s.rb, 4 * b1, 4 * room) // 4 if room > 0 else 0
+            a0, a1, b0, b1 = a0 + m, a1 + m, b0 + m, b1 + m
+        out.append((a0, a1, b0, b1))
+    return out
+
+
+def _diff(s: _Seqs, alo, ahi, blo, bhi, out, depth) -> None:
+    p = s.prefix(alo, ahi, blo, bhi)
+    alo += p
+    blo += p
+    n = s.suffix(alo, ahi, blo, bhi)
+    ahi -= n
+    bhi -= n
+    if alo == ahi and blo == bhi:
+        return
+    if alo == ahi or blo == bhi:
+        out.append((alo, ahi, blo, bhi))
+        return
+    if (ahi - alo) <= SMALL and (bhi - blo) <= SMALL and (ahi - alo) * (bhi - blo) <= DIRECT:
+        _difflib(s, alo, ahi, blo, bhi, out)
+        return
+    blocks = _anchors(s, alo, ahi, blo, bhi) if depth < 32 else []
+    if not blocks:
+        if (ahi - alo) * (bhi - blo) <= 16_000_000:
+            _difflib(s, alo, ahi, blo, bhi, out)
+        else:  # nothing unique in common: one replaced span is the honest answer
+            out.append((alo, ahi, blo, bhi))
+        return
+    ca, cb = alo, blo
+    for ia, ib, n in blocks:
+        _diff(s, ca, alo + ia, cb, blo + ib, out, depth + 1)
+        ca, cb = alo + ia + n, blo + ib + n
+    _diff(s, ca, ahi, cb, bhi, out, depth + 1)
+
+
+def _difflib(s: _Seqs, alo, ahi, blo, bhi, out) -> None:
+    if ahi - alo == 1 or bhi - blo == 1:
+        _one_token_side(s, alo, ahi, blo, bhi, out)
+        return
+    sm = sequence_matcher()(None, *s.lists(alo, ahi, blo, bhi), autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag != "equal":
+            out.append((alo + i1, alo + i2, blo + j1, blo + j2))
+
+
+@cache
+def sequence_matcher() -> type:
+    """difflib's SequenceMatcher, as cydifflib implements it in C where installed: the same algorithm
+    and answers (tests/test_align.py holds them equal), ~3x faster on the gaps of a long session's pairs.
+    Without it (no wheel for this Python), difflib's own."""
+    try:
+        import cydifflib
+
+        return cydifflib.SequenceMatcher
+    except ImportError:
+        import difflib
+
+        return difflib.SequenceMatcher
+
+
+def _one_token_side(s: _Seqs, alo, ahi, blo, bhi, out) -> None:
+    """difflib's spans where one side is a single token, as most small edits leave, without importing
+    it (~1.5 ms of a diff): its first occurrence on the other side is the one equal block (what
+    find_longest_match picks); without one, the span is replaced."""
+    if ahi - alo == 1:
+        j = _find_aligned(s.rb, s.ra[4 * alo : 4 * ahi], blo, bhi)
+        spans = [(alo, ahi, blo, bhi)] if j < 0 else [(alo, alo, blo, j), (ahi, ahi, j + 1, bhi)]
+    else:
+        i = _find_aligned(s.ra, s.rb[4 * blo : 4 * bhi], alo, ahi)
+        spans = [(alo, ahi, blo, bhi)] if i < 0 else [(alo, i, blo, blo), (i + 1, ahi, bhi, bhi)]
+    out += [sp for sp in spans if sp[0] < sp[1] or sp[2] < sp[3]]
+
+
+def _kgrams(raw: bytes, lo: int, hi: int) -> list[bytes]:
+    """The k-grams of tokens [lo, hi) as int32 bytes, in order: cut by struct in KGRAM interleaved
+    passes and put in place by slice assignment, so no Python code runs per token."""
+    n, w = hi - lo - KGRAM + 1, 4 * KGRAM
+    out: list[bytes] = [b""] * n
+    for j in range(min(KGRAM, n)):
+        m = (n - j + KGRAM - 1) // KGRAM  # the k-grams at j, j+KGRAM, ... < n
+        at = 4 * (lo + j)
+        out[j::KGRAM] = list(map(itemgetter(0), struct.iter_unpack(f"{w}s", raw[at : at + m * w])))
+    return out
+
+
+def _cover(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
+    """Equal segments (i, j, n), A[i:i+n] == B[j:j+n], increasing and disjoint on both sides: B's
+    k-grams at every STRIDE-th token found in A past the last segment, each grown both ways by
+    byte compares. Any such cover gives B's k-gram counts exactly from A's (`_unique_common`); a
+    good one (one segment per unedited stretch) leaves few k-grams to count by hand."""
+    ra, rb, k = s.ra, s.rb, KGRAM
+    segs: list[tuple[int, int, int]] = []
+    ia, jb, j = alo, blo, blo  # everything before A's ia and B's jb is settled
+    misses = 0  # lookups in a row that found nothing to take: past MAX_MISSES, B's rest is counted by hand
+    while j + k <= bhi and misses < MAX_MISSES:
+        at = ra.find(rb[4 * j : 4 * (j + k)], 4 * ia, 4 * ahi)
+        while at > 0 and at % 4:
+            at = ra.find(rb[4 * j : 4 * (j + k)], at + 1, 4 * ahi)
+        i = at // 4
+        back = _last_diff(ra, 4 * i, rb, 4 * j, 4 * min(i - ia, j - jb)) // 4 if at >= 0 else 0
+        fwd = _first_diff(ra, 4 * i, rb, 4 * j, 4 * min(ahi - i, bhi - j)) // 4 if at >= 0 else 0
+        if back + fwd < MIN_SEGMENT:  # none, or a stray match: taking it would only skip A past the right one
+            j += STRIDE
+            misses += 1
+            continue
+        segs.append((i - back, j - back, back + fwd))
+        ia = i + fwd
+        jb = j = j + fwd
+        misses = 0
+    return segs
+
+
+def _uncovered(segs: list[tuple[int, int, int]], lo: int, hi: int, side: int) -> list[tuple[int, int]]:
+    """The k-gram starts in [lo, hi - KGRAM] of one side (0: A, 1: B) that no segment holds whole."""
+    out, at = [], lo
+    for seg in segs:
+        start, n = seg[side], seg[2]
+        if n >= KGRAM:
+            if start > at:
+                out.append((at, start))
+            at = start + n - KGRAM + 1
+    if hi - KGRAM + 1 > at:
+        out.append((at, hi - KGRAM + 1))
+    return out
+
+
+def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) -> list[int]:
+    """A's k-gram positions (relative to alo) whose k-gram occurs once in A and once in B, in order.
+
+    B's counts come from A's: through a cover (`_cover`) every B k-gram inside a segment is the
+    A k-gram it sits on, so count_B = count_A - (A's uncovered) + (B's uncovered). For a k-gram
+    once in A, B holds it once iff B's uncovered k-grams hold it 0 times where A's one is covered,
+    once where it is not. Only A's k-grams are counted in full; B's are cut only where the cover
+    leaves gaps, and looked up in that small table."""
+    alo, ahi, blo, bhi = box
+    segs = _cover(s, alo, ahi, blo, bhi)
+    counts = Counter(ga)
+    dups = set(compress(counts, map(ne, counts.values(), repeat(1))))  # small: looked up fast
+    extra: Counter[bytes] = Counter()
+    for b0, b1 in _uncovered(segs, blo, bhi, 1):
+        extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
+    # where A's k-gram is covered, B's uncovered k-grams must not hold it; where it is not, once: all
+    # positions are taken as covered (one set lookup each), then A's few uncovered ones redone
+    bad = dups.union(extra)
+    out = list(compress(count(), map(not_, map(bad.__contains__, ga))))
+    for g0, g1 in _uncovered(segs, alo, ahi, 0):
+        r0, r1 = g0 - alo, g1 - alo
+        out[bisect_left(out, r0) : bisect_left(out, r1)] = [
+            i for i in range(r0, r1) if ga[i] not in dups and extra[ga[i]] == 1
+        ]
+    return out
+
+
+def _find_aligned(raw: bytes, gram: bytes, lo: int, hi: int) -> int:
+    """The token position of `gram` in raw's tokens [lo, hi), at a token boundary (-1: none)."""
+    at = raw.find(gram, 4 * lo, 4 * hi)
+    while at > 0 and at % 4:
+        at = raw.find(gram, at + 1, 4 * hi)
+    return at // 4 if at >= 0 else -1
+
+
+def _runs_stdlib(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
+    """The anchor runs (ia, ib, n) relative to (alo, blo), in order of ia: k-grams occurring once in
+    A and once in B, consecutive on one diagonal. Only the anchors' A positions are listed; where
+    each run starts in B and how far it goes are found by byte search and compare (`_run_end`)."""
+    ga = _kgrams(s.ra, alo, ahi)
+    xas = _unique_common(s, (alo, ahi, blo, bhi), ga)
+    runs: list[tuple[int, int, int]] = []
+    i = 0
+    while i < len(xas):
+        xa = xas[i]
+        xb = _find_aligned(s.rb, ga[xa], blo, bhi) - blo  # a match across token boundaries is skipped
+        j = _run_end(s, xas, i, (alo, blo, bhi), xb)
+        runs.append((xa, xb, xas[j] - xa + KGRAM))
+        i = j + 1
+    return runs
+
+
+def _run_end(s: _Seqs, xas: list[int], i: int, box: tuple[int, int, int], xb: int) -> int:
+    """The last j such that anchors i..j are one run. They are iff their A positions are consecutive
+    and A's tokens from the first to the last k-gram equal B's from xb on (within the gap): every
+    k-gram in between is then found on the diagonal, and B holds it only there. Galloping, then
+    bisecting, each probe comparing only tokens past those already verified."""
+    alo, blo, bhi = box
+    xa0, good, n = xas[i], i, len(xas)
+
+    def extends(j: int) -> bool:
+        xa = xas[j]
+        if xa - xa0 != j - i or xb + (xa - xa0) + KGRAM > bhi - blo:
+            return False
+        a0, a1 = alo + xas[good] + KGRAM, alo + xa + KGRAM  # tokens [.., a0) are verified
+        b0 = blo + xb + (a0 - alo - xa0)
+        return s.ra[4 * a0 : 4 * a1] == s.rb[4 * b0 : 4 * (b0 + a1 - a0)]
+
+    step = 1
+    while good + step < n and extends(good + step):
+        good, step = good + step, step * 2
+    bad = min(good + step, n)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if extends(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def _runs_numpy(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
+    """`_runs_stdlib` vectorised (k-grams hashed to 64 bits; a collision is caught by the verification)."""
+    import numpy as np
+
+    k = KGRAM
+    a = np.frombuffer(s.ra, dtype=np.int32)[alo:ahi].astype(np.int64)
+    b = np.frombuffer(s.rb, dtype=np.int32)[blo:bhi].astype(np.int64)
+    ha, pa = _np_unique_positions(_np_kgram_hashes(np, a, k))
+    hb, pb = _np_unique_positions(_np_kgram_hashes(np, b, k))
+    common, ia, ib = np.intersect1d(ha, hb, assume_unique=True, return_indices=True)
+    if common.shape[0] == 0:
+        return []
+    xa, xb = pa[ia], pb[ib]
+    order = np.argsort(xa, kind="stable")
+    xa, xb = xa[order], xb[order]
+    diag = xb - xa
+    brk = np.ones(xa.shape[0], dtype=bool)
+    brk[1:] = (diag[1:] != diag[:-1]) | (xa[1:] != xa[:-1] + 1)
+    starts = np.flatnonzero(brk)
+    ends = np.append(starts[1:], xa.shape[0])
+    return [(int(xa[s]), int(xb[s]), int(xa[e - 1] - xa[s]) + k) for s, e in zip(starts.tolist(), ends.tolist())]
+
+
+def _np_kgram_hashes(np, x, k: int):
+    n = x.shape[0] - k + 1
+    h = np.zeros(n, dtype=np.uint64)
+    mult = np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        for j in range(k):
+            h = h * mult + (x[j : j + n].astype(np.uint64) + np.uint64(1))
+    return h
+
+
+def _np_unique_positions(h):
+    """Hashes that occur exactly once, and where."""
+    import numpy as np
+
+    order = np.argsort(h, kind="stable")
+    hs = h[order]
+    if hs.shape[0] == 0:
+        return hs, order
+    first = np.ones(hs.shape[0], dtype=bool)
+    first[1:] = hs[1:] != hs[:-1]
+    last = np.ones(hs.shape[0], dtype=bool)
+    last[:-1] = hs[1:] != hs[:-1]
+    once = first & last
+    return hs[once], order[once]
+
+
+def _use_numpy(n: int) -> bool:
+    """numpy finds the anchors of big gaps ~5x faster, but importing it costs what 50k tokens cost
+    without it: use it when a caller already paid for it (reports, the TUI) or the gap is huge."""
+    return n >= NUMPY_FROM or "numpy" in sys.modules
+
+
+def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
+    """Matching blocks (ia, ib, n) relative to (alo, blo), from k-grams unique on both sides, in order."""
+    if ahi - alo < KGRAM or bhi - blo < KGRAM:
+        return []
+    find = _runs_numpy if _use_numpy(max(ahi - alo, bhi - blo)) else _runs_stdlib
+    runs = find(s, alo, ahi, blo, bhi)
+    if not runs:
+        return []
+    chain = _heaviest_increasing(runs)
+    # Verify (hash collisions) and drop overlaps left by k-gram widths.
+    blocks: list[tuple[int, int, int]] = []
+    end_a = end_b = 0
+    for ra, rb, n in chain:
+        if ra < end_a or rb < end_b:
+            cut = max(end_a - ra, end_b - rb)
+            ra, rb, n = ra + cut, rb + cut, n - cut
+        if n <= 0 or s.ra[4 * (alo + ra) : 4 * (alo + ra + n)] != s.rb[4 * (blo + rb) : 4 * (blo + rb + n)]:
+            continue
+        blocks.append((ra, rb, n))
+        end_a, end_b = ra + n, rb + n
+    return blocks
+
+
+def _heaviest_increasing(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Chain of runs increasing in both a and b that covers the most tokens.
+
+    Weighted by run length, so a moved block costs its own size rather than
+    everything it jumped over. Quadratic in the number of runs, which is small
+    for real edits; past WEIGHTED_MAX runs, a plain patience LIS on b.
+    """
+    if len(runs) <= 1:
+        return runs
+    if len(runs) <= WEIGHTED_MAX:
+        best = [n for _, _, n in runs]
+        prev = [-1] * len(runs)
+        for i, (ra, rb, n) in enumerate(runs):
+            for j in range(i):
+                pa, pb, pn = runs[j]
+                if pb < rb and pa < ra and best[j] + n > best[i]:
+                    best[i] = best[j] + n
+                    prev[i] = j
+        i = max(range(len(runs)), key=best.__getitem__)
+        chain = []
+        while i >= 0:
+            chain.append(runs[i])
+            i = prev[i]
+        return chain[::-1]
+    tails: list[int] = []  # b-start of the chain's last run, per length
+    tail_idx: list[int] = []
+    prev = [-1] * len(runs)
+    for i, (_, rb, _) in enumerate(runs):
+        j = bisect_left(tails, rb)
+        if j == len(tails):
+            tails.append(rb)
+            tail_idx.append(i)
+        else:
+            tails[j] = rb
+            tail_idx[j] = i
+        prev[i] = tail_idx[j - 1] if j > 0 else -1
+    chain = []
+    i = tail_idx[-1]
+    while i >= 0:
+        chain.append(runs[i])
+        i = prev[i]
+    return chain[::-1]
+
+
+def _merge(spans: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """Sort, and join spans separated by a coincidental equal run.
+
+    A diff of a generated tail against a re-rendered message will happily
+    match a stray newline token in the middle; a person reads that as one
+    change. An equal run of at most GLUE tokens, shorter than the edits on
+    both sides of it, is absorbed (the semantic cleanup of diff-match-patch).
+    """
+    spans.sort()
+    out: list[tuple[int, int, int, int]] = []
+    for s in spans:
+        if out:
+            p = out[-1]
+            gap = s[0] - p[1]
+            size_p = max(p[1] - p[0], p[3] - p[2])
+            size_s = max(s[1] - s[0], s[3] - s[2])
+            if gap == s[2] - p[3] and gap <= GLUE and gap < size_p and gap < size_s:
+                out[-1] = (p[0], s[1], p[2], s[3])
+                continue
+        out.append(s)
+    return out
+
+
+def is_boundary(a: Prompt, b: Prompt, h: Hunk) -> bool:
+    """A BPE merge boundary: the two sides' bytes agree at least through the first
+    differing token of each side (" world"+"wide" against " worldwide")."""
+    if h.a_start == h.a_end or h.b_start == h.b_end:
+        return False
+    ta = a.data[h.a_byte_start : h.a_byte_end]
+    tb = b.data[h.b_byte_start : h.b_byte_end]
+    n = min(len(ta), len(tb))
+    k = first_byte_diff(ta[:n], tb[:n])
+    k = n if k is None else k
+    return k > 0 and k >= len(a.token_bytes(h.a_start)) and k >= len(b.token_bytes(h.b_start))
+
+
+def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
+    """The full token diff of a pair of prompts."""
+    lcp = common_prefix(a.ids, b.ids)
+    fbd = first_byte_diff(a.data, b.data)
+    hunks = []
+    end = prompt_end(a)
+    spans = diff_spans(a.ids, b.ids, end) if not (lcp == len(a) == len(b)) else []
+    if max_hunks is not None:
+        spans = spans[:max_hunks]
+    for a0, a1, b0, b1 in spans:
+        hunks.append(
+            Hunk(
+                a_start=a0,
+                a_end=a1,
+                b_start=b0,
+                b_end=b1,
+                a_byte_start=a.byte_offset(a0),
+                a_byte_end=a.byte_offset(a1),
+                b_byte_start=b.byte_offset(b0),
+                b_byte_end=b.byte_offset(b1),
+                # a span past the end (an insertion after A's last token) belongs to the last token's section
+                a_owner=a.owner(a0) if a0 < len(a) else a.owner(max(a0 - 1, 0)),
+                b_owner=b.owner(b0) if b0 < len(b) else b.owner(max(b0 - 1, 0)),
+            )
+        )
+    # A tokenization boundary: the first divergent span spells the same bytes on both
+    # sides (a BPE merge across the old/new boundary), not a content change.
+    boundary = bool(hunks) and lcp < min(len(a), len(b)) and (fbd is None or is_boundary(a, b, hunks[0]))
+    return Divergence(len(a), len(b), lcp, fbd, tuple(hunks), boundary)

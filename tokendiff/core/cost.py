@@ -1,0 +1,749 @@
+"""What divergences cost across a session: per turn, per cause, per backend.
+
+For every turn: the shared prefix with the previous turn and with every
+earlier prompt (a better match two turns back means alternating prefixes or
+the wrong slot), what each backend would reuse (a sliding-window or hybrid
+llama.cpp model by replaying the server's checkpoints, tokendiff.core.cache.swa), what had to be recomputed,
+and how much of that was waste (tokens the previous prompt already had).
+Across the session: every volatile span (a cause in a section) ranked by the
+tokens it invalidated, with the reuse and prefill time the session would have
+had without it. Plain Python over core types; `turn_frame` builds the polars
+table for exports. No I/O.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from tokendiff.core.align import align
+from tokendiff.core.cache.backend_facts import (
+    BackendFact,
+    TurnRecord,
+    backend_facts,
+    inferred_vllm_block,
+    ollama_facts,
+    turn_record,
+)
+from tokendiff.core.cache.capacity import CapacityLadder, CapacityReport
+from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, checkpoint_reuse
+from tokendiff.core.explain import appended_finding, explain
+from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
+from tokendiff.core.prefix_index import PrefixIndex
+
+BACKENDS = ("llama.cpp", "llama.cpp-hybrid", "vllm", "sglang", "ollama")
+CHECKPOINT_BACKEND = "llama.cpp-hybrid"  # stateful: the session replayed through one slot's checkpoints
+VLLM_BLOCK = 16  # vLLM's default on GPUs; a capture recorded through the proxy carries the server's own
+RELOAD = "ollama_reload"  # the backend fact that overrides a turn's reuse: a reloaded model has no cache
+RELOAD_TITLE = "Model reloaded by Ollama: nothing reused"
+
+
+def backend_reuse(backend: str, lcp: int, n_b: int, cached_len: int, block: int = VLLM_BLOCK, page: int = 1) -> int:
+    """Tokens of the new prompt (n_b long) a backend reuses, given the token LCP
+    with what it has cached (cached_len tokens).
+
+    llama.cpp / Ollama: the LCP, but at least one token is always evaluated
+    (a full hit reuses n_b - 1). vLLM reuses whole blocks of `block` tokens (checked against a real
+    vLLM server: a resend of n tokens hits (n - 1) // block blocks); SGLang whole pages.
+    A sliding-window or hybrid llama.cpp model depends on the checkpoints earlier
+    requests left (`swa.checkpoint_reuse`), so it has no stateless rule here.
+    """
+    usable = min(lcp, max(n_b - 1, 0))
+    if backend in ("llama.cpp", "ollama"):
+        return usable
+    if backend == CHECKPOINT_BACKEND:
+        raise ValueError(f"{backend} depends on the session's checkpoints: use swa.checkpoint_reuse")
+    if backend == "vllm":
+        return (usable // block) * block
+    if backend == "sglang":
+        return (usable // page) * page
+    raise ValueError(f"unknown backend {backend}")
+
+
+@dataclass
+class Turn:
+    """One turn of a session compared with the one before it."""
+
+    turn: int  # 1-based
+    origin: str
+    n_tokens: int
+    lcp: int = 0  # with the previous turn
+    best_earlier: int | None = None  # the earlier turn sharing the longest prefix
+    best_lcp: int = 0
+    reuse: dict[str, int] = field(default_factory=dict)  # per backend
+    recompute: int = 0  # llama.cpp
+    new_tokens: int = 0  # beyond what the previous prompt had: unavoidable
+    wasted: int = 0  # recomputed tokens the previous prompt already had
+    section: str = ""  # label of the owner of the first wasteful divergence (A side, else B)
+    path: SectionPath = SectionPath()  # that owner
+    cause: str = ""  # kind of the first finding that is not expected
+    findings: list[Finding] = field(default_factory=list)
+    divergence: Divergence | None = None
+    reported_cached: int | None = None
+    reported_prompt_ms: float | None = None
+    reported_prompt_n: int | None = None
+    reported_generated: int | None = None  # tokens the server generated after this prompt
+    checkpoint: Reuse | None = None  # the checkpoint rule's prediction (reuse[CHECKPOINT_BACKEND]) and why
+    ttft_ms: float | None = None  # time to first token, as the recording proxy measured it
+    note: str = ""  # disagreement between the server's count and the prediction, slot thrash
+    server: str = ""  # the kind of server that answered ("vllm", "llama-server" ...), where the capture says
+    vllm_block: int = VLLM_BLOCK  # the vLLM server's block size, where the capture says
+    ceiling: int = 0  # what B could have reused with every unexpected span fixed
+    reloaded: bool = False  # the backend reloaded the model (Ollama): it reused nothing, whatever the prompts
+
+    @property
+    def reuse_pct(self) -> float:
+        return 100.0 * self.reuse.get("llama.cpp", 0) / self.n_tokens if self.n_tokens else 100.0
+
+
+@dataclass
+class Span:
+    """A volatile span: one cause in one section, across the turns it broke."""
+
+    kind: str
+    path: SectionPath  # generalised: the same place in every turn (SectionPath.generalised)
+    title: str
+    fix: str
+    turns: list[int] = field(default_factory=list)
+    tokens: int = 0  # wasted tokens it caused as the first (ceiling) divergence of a turn
+    gain: int = 0  # reusable tokens the session gains if only this span is fixed
+    seconds: float | None = None  # tokens at the session's measured prefill speed
+    example: tuple[int, int] | None = None  # (turn, hunk index) of the first occurrence
+    share: float = 0.0  # of all wasted tokens
+
+    @property
+    def section(self) -> str:
+        return self.path.label or ("(the server)" if self.kind == RELOAD else "(prompt)")
+
+
+@dataclass
+class Session:
+    turns: list[Turn]
+    spans: list[Span]
+    ms_per_token: float | None  # measured prefill speed, when the session carries timings
+    total_tokens: int
+    reused_tokens: int
+    wasted_tokens: int
+    # (A, B) of every turn that is a span's first example: all a report needs of the prompts
+    examples: dict[int, tuple[Prompt, Prompt]] = field(default_factory=dict)
+    work: int = 0  # tokens processed (hashed, compared, diffed): linear in the session's tokens
+    # the model's layout, for the SWA/hybrid column; None when the session does not say which model served
+    # it: no checkpoint prediction then (a dense model's would be the LCP, a hybrid's far less)
+    layout: AttentionLayout | None = None
+    capacity: CapacityReport | None = None  # reuse as a function of cache capacity, when asked for
+    facts: list[BackendFact] = field(default_factory=list)  # what the backend did (reloads, truncation ...)
+
+    @property
+    def checkpoint_reused(self) -> int | None:
+        if self.layout is None:
+            return None
+        return sum(t.reuse.get(CHECKPOINT_BACKEND, 0) for t in self.turns)
+
+    rate_estimated: bool = False  # ms_per_token is a given prefill rate (--prefill-rate), not measured
+
+    @property
+    def reuse_pct(self) -> float:
+        return 100.0 * self.reused_tokens / self.total_tokens if self.total_tokens else 100.0
+
+    @property
+    def wasted_seconds(self) -> float | None:
+        return self.wasted_tokens * self.ms_per_token / 1000 if self.ms_per_token else None
+
+
+def _generated(resp: dict[str, Any] | None) -> int | None:
+    """Tokens generated after the prompt: they sit in the slot behind it and age the SWA cache."""
+    resp = resp or {}
+    for box, key in (
+        (resp.get("timings"), "predicted_n"),
+        (resp.get("usage"), "completion_tokens"),
+        (resp, "eval_count"),
+    ):
+        if isinstance(box, dict) and isinstance(box.get(key), int):
+            return box[key]
+    return None
+
+
+def _reported(resp: dict[str, Any] | None) -> tuple[int | None, float | None, int | None]:
+    resp = resp or {}
+    t, usage = resp.get("timings"), resp.get("usage")
+    t = t if isinstance(t, dict) else {}
+    usage = usage if isinstance(usage, dict) else {}
+    cached = t.get("cache_n")
+    if cached is None:
+        det = usage.get("prompt_tokens_details")
+        if isinstance(det, dict):
+            cached = det.get("cached_tokens")
+    if cached is None and isinstance(usage.get("cache_read_input_tokens"), int):
+        cached = usage["cache_read_input_tokens"]  # Anthropic /v1/messages (vLLM's among them)
+    if cached is None and isinstance(resp.get("prompt_eval_cached_count"), int):
+        cached = resp["prompt_eval_cached_count"]  # Ollama
+    ms = t.get("prompt_ms")
+    n = t.get("prompt_n")
+    if ms is None and isinstance(resp.get("prompt_eval_duration"), (int, float)):
+        ms = resp["prompt_eval_duration"] / 1e6  # Ollama, ns
+        n = resp.get("prompt_eval_count")
+    return (
+        int(cached) if isinstance(cached, (int, float)) else None,
+        float(ms) if isinstance(ms, (int, float)) else None,
+        int(n) if isinstance(n, (int, float)) else None,
+    )
+
+
+SpanKey = tuple[str, SectionPath]  # (finding kind, generalised section)
+
+
+def _owner(h: Hunk) -> SectionPath:
+    return h.a_owner or h.b_owner
+
+
+def _span_key(f: Finding, d: Divergence) -> SpanKey:
+    """Where a cause sits, named the same in every turn and for every instance:
+    reasoning in any assistant message, the tools block, the system prompt."""
+    return f.kind, _owner(d.hunks[f.hunk]).generalised()
+
+
+@dataclass
+class TurnInput:
+    """One turn as the analysis reads it: the token IDs at once, the decoded and sectioned
+    prompt only when a diff needs it (a pure append needs neither side's text). `job` is a
+    picklable recipe for the same prompt, so another process can load it (see `PairPool`)."""
+
+    ids: np.ndarray  # slot files give a stdlib array: made numpy (no copy) for the index
+    origin: str
+    load: Callable[[], Prompt]
+    response: dict[str, Any] | None = None
+    _prompt: Prompt | None = None
+    job: Any = None
+    request: dict[str, Any] | None = None  # the recorded request, when the turn is a record
+    ttft_ms: float | None = None
+    server: str = ""  # the recording server's kind, where the capture says
+    vllm_block: int | None = None  # and its block size, when it is vLLM
+    diff: Future[PairDiff] | None = None  # its diff with the turn read before it, where a worker made that already
+
+    def __post_init__(self) -> None:
+        self.ids = np.asarray(self.ids)
+
+    @classmethod
+    def of(cls, p: Prompt, job: Any = None) -> TurnInput:
+        meta = p.meta
+        return cls(
+            ids=np.asarray(p.ids),
+            origin=p.origin,
+            load=lambda: p,
+            response=meta.response,
+            _prompt=p,
+            job=job,
+            request=meta.request,
+        )
+
+    @property
+    def decoded(self) -> Prompt | None:
+        """The prompt, if something has loaded it already."""
+        return self._prompt
+
+    def prompt(self) -> Prompt:
+        if self._prompt is None:
+            self._prompt = self.load()
+        return self._prompt
+
+
+class PairPool(Protocol):
+    """Where divergent pairs are diffed: in this process, or in workers (workflows.PairWorkers).
+    `submit` returns the pair's diff (`diff_turn`); the turn is filled from it here (`fill_turn`)."""
+
+    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[PairDiff]: ...
+
+
+class InlinePairs:
+    """Every pair diffed here, at once."""
+
+    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[PairDiff]:
+        return done_future(lambda: diff_turn(a.prompt(), b.prompt(), max_hunks))
+
+
+def done_future(fn: Callable[[], Any]) -> Future:
+    """A future already holding fn's result (or its exception)."""
+    fut: Future = Future()
+    try:
+        fut.set_result(fn())
+    except Exception as e:  # noqa: BLE001 - handed to whoever reads the result, as a worker's would be
+        fut.set_exception(e)
+    return fut
+
+
+class Analyser:
+    """The session analysis as a stream: feed turns in order with `add`, read `session()` at any
+    point. Holds the prefix index, the per-turn facts and the previous turn, never every prompt,
+    so time is linear in tokens and memory grows with distinct content, not with turns.
+    Divergent pairs go to `pool` (a few in flight at once); their results are counted in turn
+    order, so the answer is the same whichever process diffed them."""
+
+    def __init__(
+        self,
+        max_hunks: int = 64,
+        pool: PairPool | None = None,
+        in_flight: int = 8,
+        layout: AttentionLayout | None = None,
+        capacity: CapacityLadder | None = None,
+        props: dict[str, Any] | None = None,
+    ):
+        self.max_hunks = max_hunks
+        self.capacity = capacity
+        self.props = props  # the server's /props, for the backend facts
+        self.records: list[TurnRecord] = []
+        self.layout = layout
+        self.slot = SlotState(layout) if layout is not None else None
+        self.pool = pool or InlinePairs()
+        self.in_flight = in_flight
+        self.index = PrefixIndex()
+        self.turns: list[Turn] = []
+        self.spans: dict[SpanKey, Span] = {}
+        self.examples: dict[int, tuple[Prompt, Prompt]] = {}
+        self.prev: TurnInput | None = None
+        self.pending: deque[tuple[Future[PairDiff], TurnInput, TurnInput, int]] = deque()
+        self.work = 0  # tokens compared or diffed outside the index
+        self._scanned = 0  # turns `first_wasted` has looked at
+        self._first_wasted: int | None = None
+
+    def add(self, cur: TurnInput) -> Turn:
+        k = len(self.turns) + 1
+        t = Turn(turn=k, origin=cur.origin, n_tokens=len(cur.ids), server=cur.server)
+        t.vllm_block = cur.vllm_block or VLLM_BLOCK
+        t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
+        t.reported_generated = _generated(cur.response)
+        if self.slot is not None:
+            t.checkpoint = checkpoint_reuse(self.slot, cur.ids, t.reported_generated or 0, self._user_starts(cur))
+        if self.capacity is not None:
+            if cur.vllm_block and not self.turns:
+                self.capacity.use_block(cur.vllm_block)  # the block pool in the server's own blocks
+            self.capacity.add(cur.ids)
+        if cur.response is not None or cur.request is not None:
+            self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response, cur.vllm_block, cur.server))
+        t.ttft_ms = cur.ttft_ms
+        m = self.index.match_and_add(cur.ids, k)
+        self.turns.append(t)
+        if self.prev is None:
+            t.reuse = {be: 0 for be in BACKENDS}
+            t.recompute = t.new_tokens = len(cur.ids)
+        else:
+            t.best_earlier, t.best_lcp = m.turn, m.lcp
+            if appends(self.prev.ids, cur.ids):
+                self.work += len(self.prev.ids)
+                _append_turn(t, len(self.prev.ids))
+            else:
+                self.work += len(self.prev.ids) + len(cur.ids)
+                self.pending.append((self.pool.submit(self.prev, cur, self.max_hunks), self.prev, cur, k))
+        self.prev = cur
+        self._collect(self.in_flight)
+        return t
+
+    def _reblock(self) -> None:
+        """A capture that records no block size: the vLLM column in the block its cached counts share
+        (16, vLLM's GPU default, stays where they share none; the report's facts say which)."""
+        if any(r.block for r in self.records):
+            return
+        block = inferred_vllm_block(self.records)
+        if block is None or block == VLLM_BLOCK:
+            return
+        for t in self.turns:
+            t.vllm_block = block
+            if t.turn > 1:
+                t.reuse["vllm"] = backend_reuse("vllm", max(t.lcp, t.best_lcp), t.n_tokens, 0, block=block)
+                _notes(t, t.divergence is not None and t.divergence.identical, t.n_tokens)
+
+    def _user_starts(self, cur: TurnInput) -> list[int]:
+        """Where the server's chat request had user messages (it checkpoints there). Read from the
+        decoded prompt: loaded for a model known to need checkpoints, else only if already loaded."""
+        if self.layout is None or not self.layout.needs_checkpoints:
+            p = cur.decoded
+        else:
+            p = cur.prompt()
+        return user_message_starts(p) if p is not None else []
+
+    def _collect(self, keep: int) -> None:
+        """Count the finished pairs in turn order, waiting while more than `keep` are in flight."""
+        while self.pending and (len(self.pending) > keep or self.pending[0][0].done()):
+            fut, a, b, k = self.pending.popleft()
+            t = self.turns[k - 1]
+            ceiling = fill_turn(t, fut.result())
+            if _count_spans(t, self.spans, ceiling):
+                self.examples[t.turn] = (a.prompt(), b.prompt())
+
+    def first_wasted(self) -> int | None:
+        """The first turn that wasted the cache, as `session()` will count it, as soon as that is certain
+        (every turn up to it counted), so a view can open it before the rest is read. None until then,
+        and for good when a model reload comes first: `session()` counts a reload as its turn's waste."""
+        settled = self.pending[0][3] - 1 if self.pending else len(self.turns)
+        while self._first_wasted is None and self._scanned < settled:
+            t = self.turns[self._scanned]
+            self._scanned += 1
+            if t.wasted:
+                self._first_wasted = t.turn
+                lcps = {u.turn: u.lcp for u in self.turns[: t.turn]}
+                upto = [replace(r, lcp=lcps.get(r.turn, 0)) for r in self.records if r.turn <= t.turn]
+                if any(f.kind == RELOAD for f in ollama_facts(upto)):
+                    self._first_wasted = 0  # uncertain: the whole session decides
+        return self._first_wasted or None
+
+    def session(self) -> Session:
+        self._collect(0)
+        self._reblock()
+        lcps = {t.turn: t.lcp for t in self.turns}
+        facts = backend_facts([replace(r, lcp=lcps.get(r.turn, 0)) for r in self.records], self.props)
+        for f in facts:
+            if f.kind == RELOAD and 0 < f.turn <= len(self.turns):
+                _reloaded(self.turns[f.turn - 1], self.spans, f)
+        s = _session(self.turns, self.spans)
+        s.layout = self.layout
+        s.facts = facts
+        if self.capacity is not None:
+            counts = [t.reported_cached for t in s.turns]
+            s.capacity = self.capacity.report(sum(c for c in counts if c is not None) if None not in counts else None)
+        if self.layout is not None and self.layout.needs_checkpoints:
+            for t in s.turns:
+                _checkpoint_note(t, self.layout)
+        first = {sp.example[0] for sp in s.spans if sp.example}
+        s.examples = {k: v for k, v in self.examples.items() if k in first}
+        s.work = self.work + self.index.tokens_hashed + self.index.tokens_compared
+        return s
+
+
+def user_message_starts(p: Prompt) -> list[int]:
+    """First tokens of the user turns of a chat request's prompt (llama-server's message spans);
+    a raw-token prompt (slot file, /completion) has none the server knows of."""
+    if p.meta.request is None:
+        return []
+    return [
+        s.start
+        for s in p.sections
+        if len(s.path) == 1 and s.path[0].kind == "message" and s.path[0].name == "user" and s.start > 0
+    ]
+
+
+def analyse(prompts: Iterable[Prompt], max_hunks: int = 64, layout: AttentionLayout | None = None) -> Session:
+    """Per-turn and per-span costs of a session (turns in order)."""
+    return analyse_stream((TurnInput.of(p) for p in prompts), max_hunks, layout)
+
+
+def analyse_stream(turns: Iterable[TurnInput], max_hunks: int = 64, layout: AttentionLayout | None = None) -> Session:
+    """`analyse` over turns that load their prompts only when a diff needs them."""
+    an = Analyser(max_hunks, layout=layout)
+    for t in turns:
+        an.add(t)
+    return an.session()
+
+
+def appends(a: np.ndarray, b: np.ndarray) -> bool:
+    """B is A with tokens after it: the one diff that needs no text to explain."""
+    n = len(a)
+    if not 2 <= n < len(b):
+        return False
+    if a.dtype == b.dtype:  # their bytes compared (memcmp): a tenth of array_equal's cost
+        return a.tobytes() == b[:n].tobytes()
+    return bool(np.array_equal(a, b[:n]))
+
+
+def _append_turn(t: Turn, n_a: int) -> None:
+    """What `compare_turn` finds for a pure append, from the lengths alone: all of A reused, the new
+    turns expected, no waste. The divergence is left for whoever opens the pair."""
+    n = t.n_tokens
+    t.lcp = n_a
+    t.reuse = _reuse(t, n_a, n, n_a)
+    t.recompute = n - t.reuse["llama.cpp"]
+    t.findings = [appended_finding(0, n - n_a)]
+    t.new_tokens = n - n_a
+    t.ceiling = n_a
+    t.wasted = max(0, n_a - t.reuse["llama.cpp"])
+    _notes(t, False, n)
+
+
+class PairDiff:
+    """What the diff of a pair gives a turn: the heavy part of `compare_turn`, which a worker process
+    computes and sends back (small: no prompt in it). A plain class: it is built for every pair."""
+
+    __slots__ = ("divergence", "findings", "ceiling")
+
+    def __init__(self, divergence: Divergence, findings: list[Finding], ceiling: int):
+        self.divergence, self.findings, self.ceiling = divergence, findings, ceiling
+
+
+def diff_turn(a: Prompt, b: Prompt, max_hunks: int = 64) -> PairDiff:
+    """Align the pair, explain its spans, and find the reuse B could have had without the unexpected ones."""
+    d = align(a, b, max_hunks=None)
+    findings = explain(a, b, d, max_hunks=max_hunks)
+    return PairDiff(d, findings, reusable_ceiling(a, d, findings, len(b)))
+
+
+def fill_turn(t: Turn, pd: PairDiff) -> int:
+    """Fill a turn from its pair's diff; returns its reusable ceiling."""
+    d = pd.divergence
+    n = d.n_b
+    t.divergence, t.lcp = d, d.lcp
+    t.reuse = _reuse(t, d.lcp, n, d.n_a)
+    t.recompute = n - t.reuse["llama.cpp"]
+    t.findings = pd.findings
+    t.ceiling = pd.ceiling
+    t.new_tokens = max(0, n - pd.ceiling)
+    t.wasted = max(0, pd.ceiling - t.reuse["llama.cpp"])
+    first = next((f for f in t.findings if not f.expected), None)
+    if first is None and t.findings and t.findings[0].kind == "new_conversation":
+        first = t.findings[0]  # no waste, but the turn is named: the cache of A had nothing for B
+    if first is not None and (t.wasted > 0 or first.expected):
+        t.cause = first.kind
+        t.path = _owner(d.hunks[first.hunk])
+        t.section = t.path.label
+    _notes(t, d.identical, n)
+    return pd.ceiling
+
+
+def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
+    """Fill a turn from its diff with the previous prompt; returns its reusable ceiling."""
+    return fill_turn(t, diff_turn(a, b, max_hunks))
+
+
+def _reuse(t: Turn, lcp: int, n: int, cached_len: int) -> dict[str, int]:
+    """Every backend's reuse: the stateless rules of the previous prompt, the checkpoint rule's replay
+    of the session, and vLLM's best earlier match: its cache keeps the blocks of every earlier prompt
+    (until evicted), so its hit is counted in the server's blocks."""
+    out = {be: backend_reuse(be, lcp, n, cached_len) for be in BACKENDS if be != CHECKPOINT_BACKEND}
+    out[CHECKPOINT_BACKEND] = t.checkpoint.reused if t.checkpoint is not None else out["llama.cpp"]
+    out["vllm"] = backend_reuse("vllm", max(lcp, t.best_lcp), n, cached_len, block=t.vllm_block)
+    return {be: out[be] for be in BACKENDS}
+
+
+def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
+    """Add a turn's unexpected findings to the session's spans: the turn's waste goes to the span
+    of its first one (the ceiling), and each span gains what fixing it alone would reuse here.
+    True when the turn is the first example of a span."""
+    d = t.divergence
+    assert d is not None
+    unexpected = [f for f in t.findings if not f.expected]
+    first_example = False
+    for f in unexpected:
+        key = _span_key(f, d)
+        sp = spans.setdefault(key, Span(kind=f.kind, path=key[1], title=f.title, fix=f.fix))
+        if not sp.turns or sp.turns[-1] != t.turn:
+            sp.turns.append(t.turn)
+        if sp.example is None:
+            sp.example = (t.turn, f.hunk)
+            first_example = True
+    if not unexpected:
+        return False
+    spans[_span_key(unexpected[0], d)].tokens += t.wasted
+    for key, gain in _span_gains(t, ceiling).items():
+        spans[key].gain += gain
+    return first_example
+
+
+def _span_gains(t: Turn, ceiling: int) -> dict[SpanKey, int]:
+    """What fixing each of the turn's spans alone would reuse here: the prefix extends to the next
+    hunk that span does not cause."""
+    d = t.divergence
+    if d is None:
+        return {}
+    out = {}
+    for key in {_span_key(f, d) for f in t.findings if not f.expected}:
+        other = next(
+            (
+                ceiling if f.expected else d.hunks[f.hunk].b_start
+                for f in t.findings
+                if f.expected or _span_key(f, d) != key
+            ),
+            ceiling,
+        )
+        out[key] = max(0, min(other, ceiling) - t.reuse["llama.cpp"])
+    return out
+
+
+def _reloaded(t: Turn, spans: dict[SpanKey, Span], fact: BackendFact) -> None:
+    """A turn on which the backend reloaded the model (Ollama): nothing was reused, whatever the prompts
+    shared, so every column says 0 and the turn's whole waste is the reload's (a break at token 0, before
+    any the prompts have); fixing a prompt span alone gains nothing on this turn. Applied once."""
+    if t.reloaded:
+        return
+    t.reloaded = True
+    d = t.divergence
+    first = next((f for f in t.findings if not f.expected), None)
+    if d is not None and first is not None:
+        spans[_span_key(first, d)].tokens -= t.wasted
+    for key, gain in _span_gains(t, t.ceiling).items():
+        spans[key].gain -= gain
+    before = t.reuse.get("llama.cpp", 0)
+    t.wasted = max(t.wasted, t.ceiling)
+    sp = spans.setdefault(
+        (RELOAD, SectionPath()), Span(kind=RELOAD, path=SectionPath(), title=RELOAD_TITLE, fix=fact.fix)
+    )
+    sp.turns.append(t.turn)
+    sp.tokens += t.wasted
+    sp.gain += before
+    t.reuse = {be: 0 for be in BACKENDS}
+    t.recompute, t.cause = t.n_tokens, RELOAD
+    note = f"Ollama reloaded the model ({fact.evidence}): the prompts shared {t.lcp:,} tokens, it reused none"
+    t.note = f"{note}; {t.note}" if t.note else note
+
+
+def _session(turns: list[Turn], spans: dict[SpanKey, Span]) -> Session:
+    """Totals, and the spans ranked by the waste they caused."""
+    ms = _ms_per_token(turns)
+    total = sum(t.n_tokens for t in turns)
+    reused = sum(t.reuse.get("llama.cpp", 0) for t in turns)
+    wasted = sum(t.wasted for t in turns)
+    ranked = sorted(spans.values(), key=lambda s: (-s.tokens, -s.gain, s.example or (0, 0)))
+    for s in ranked:
+        s.share = s.tokens / wasted if wasted else 0.0
+        s.seconds = s.tokens * ms / 1000 if ms else None
+    return Session(turns, ranked, ms, total, reused, wasted)
+
+
+def reusable_ceiling(a: Prompt, d: Divergence, findings: list[Finding], n: int) -> int:
+    """How much of B could have been reused with every unexpected span fixed: all of A's
+    prompt (the diff may have placed the appended run a few tokens before A's end,
+    matching A's last markers after it), or up to A's replaced generation prompt."""
+    f = next((f for f in findings if f.expected), None)
+    if f is None:
+        return min(prompt_end(a), n)
+    h = d.hunks[f.hunk]
+    if f.kind == "appended":
+        return min(n, h.b_start + max(0, prompt_end(a) - h.a_start))
+    return h.b_start
+
+
+def _notes(t: Turn, identical: bool, n: int) -> None:
+    notes = []
+    moved = t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64
+    if moved and t.server != "vllm":  # vLLM's cache holds every earlier prompt: no slot to get wrong
+        notes.append(
+            f"turn {t.best_earlier} shares {t.best_lcp:,} tokens, more than the previous turn's {t.lcp:,}: "
+            "alternating prefixes or the wrong slot"
+        )
+    rc = t.reported_cached
+    if rc is not None and t.server == "vllm":
+        notes += _vllm_notes(t, rc, identical)
+    elif rc is not None:
+        pred = t.reuse["llama.cpp"]
+        if rc == 0 and identical:
+            notes.append(
+                "the server reused nothing for an identical prompt: caching disabled (cache_prompt=false) or salted"
+            )
+        elif rc < pred and t.checkpoint is not None and t.checkpoint.reused == rc and t.checkpoint.reason:
+            notes.append(
+                f"the server reused {rc:,} tokens, fewer than the {pred:,} shared, as the SWA/hybrid checkpoint rule "
+                f"predicts: {t.checkpoint.reason}"
+            )
+        elif rc < pred:
+            notes.append(
+                f"the server reused {rc:,} tokens, fewer than the {pred:,} predicted: "
+                "checkpoint fallback (SWA/hybrid model), slot switch or LRU eviction, or a prompt-cache swap"
+            )
+        elif rc > pred:
+            notes.append(
+                f"the server reused {rc:,} tokens, more than the {pred:,} shared with the previous prompt: "
+                "the slot also held the previous reply, which the history repeats (or --cache-reuse shifted chunks)"
+            )
+    t.note = "; ".join(notes)
+
+
+def _checkpoint_note(t: Turn, layout: AttentionLayout) -> None:
+    """On a model known to need checkpoints, say why its reuse is not the LCP (once)."""
+    ck = t.checkpoint
+    if ck is None or not ck.reason or ck.reason in t.note:
+        return
+    note = (
+        f"{layout.arch or 'SWA/hybrid'} reuses {ck.reused:,} of the {t.reuse.get('llama.cpp', 0):,} shared: {ck.reason}"
+    )
+    t.note = f"{t.note}; {note}" if t.note else note
+
+
+def _vllm_notes(t: Turn, rc: int, identical: bool) -> list[str]:
+    """A vLLM server's cached_tokens against the vLLM prediction (whole blocks of its block size)."""
+    pred = t.reuse["vllm"]
+    if rc == 0 and identical:
+        return ["vLLM reused nothing for an identical prompt: prefix caching off, or another cache_salt"]
+    if rc < pred:
+        return [
+            f"vLLM reused {rc:,} tokens, fewer than the {pred:,} predicted in {t.vllm_block}-token blocks: "
+            "blocks evicted (KV cache full), another cache_salt, or a different block size"
+        ]
+    if rc > pred:
+        return [
+            f"vLLM reused {rc:,} tokens, more than the {pred:,} predicted: blocks of the previous reply "
+            "(vLLM caches generated tokens too, and the history repeats them)"
+        ]
+    return []
+
+
+def _ms_per_token(turns: list[Turn]) -> float | None:
+    rates = [t.reported_prompt_ms / t.reported_prompt_n for t in turns if t.reported_prompt_ms and t.reported_prompt_n]
+    return statistics.median(rates) if rates else None
+
+
+_REUSE_COLUMNS = [(f"reuse_{be.replace('.', '').replace('-', '_')}", be) for be in BACKENDS]
+
+
+def turn_rows(s: Session) -> list[dict[str, Any]]:
+    """One row a turn; the SWA/hybrid columns are null where the model's layout is unknown."""
+    rows, known = [], s.layout is not None
+    for t in s.turns:
+        rows.append(
+            {
+                "turn": t.turn,
+                "origin": t.origin,
+                "tokens": t.n_tokens,
+                "reusable": t.reuse.get("llama.cpp", 0),
+                "reuse_pct": round(t.reuse_pct, 2),
+                "recomputed": t.recompute,
+                "new_tokens": t.new_tokens,
+                "wasted": t.wasted,
+                "lcp_prev": t.lcp,
+                "best_earlier_turn": t.best_earlier,
+                "best_earlier_lcp": t.best_lcp,
+                "first_divergence_section": t.section,
+                "first_divergence_field": t.path.field_path,
+                "cause": t.cause,
+                "reported_cached": t.reported_cached,
+                "checkpoint_reusable": t.reuse.get(CHECKPOINT_BACKEND, 0) if known else None,
+                "checkpoint_note": t.checkpoint.reason if t.checkpoint is not None else "",
+                **{key: t.reuse.get(be, 0) for key, be in _REUSE_COLUMNS},
+                **({} if known else {"reuse_llamacpp_hybrid": None}),  # no layout, no prediction
+                "note": t.note,
+            }
+        )
+    return rows
+
+
+def turn_frame(s: Session):
+    """The per-turn table as a polars DataFrame (for exports and the TUI)."""
+    import polars as pl
+
+    return pl.DataFrame(turn_rows(s))
+
+
+__all__ = [
+    "analyse",
+    "analyse_stream",
+    "Analyser",
+    "TurnInput",
+    "PairPool",
+    "InlinePairs",
+    "compare_turn",
+    "appends",
+    "diff_turn",
+    "fill_turn",
+    "PairDiff",
+    "user_message_starts",
+    "done_future",
+    "backend_reuse",
+    "turn_frame",
+    "turn_rows",
+    "Session",
+    "Turn",
+    "Span",
+    "BACKENDS",
+    "CHECKPOINT_BACKEND",
+]

@@ -1,0 +1,1191 @@
+"""Explainers: why a divergent span differs, and what to change.
+
+One small detector per cause, each a function of the pair and one hunk
+returning a Finding or None, registered in DETECTORS in the order they are
+tried. Each cause is a finding `kind` with one entry in the catalogue,
+docs/causes.md (the detector docstrings name the kinds they report).
+`explain` runs them on every hunk (the first ones matter most: the first
+sets the cache ceiling) and keeps the most confident finding per hunk.
+Detectors match on section kinds and request fields (model.SectionPath),
+never on display labels. Pure functions over core types; no I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from tokendiff.core.grammar import json_braces
+from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath, prompt_end
+
+PAD = 48  # bytes of context either side when matching patterns around a hunk
+
+
+class Ctx:
+    """One hunk of one pair, with the texts detectors look at (each decoded once: a long hunk's text is
+    what most detectors read). A plain class: a dataclass costs ~0.6 ms to create at import, in every
+    `tokendiff diff`."""
+
+    __slots__ = ("a", "b", "d", "h", "i", "_wins", "_lens")
+
+    def __init__(self, a: Prompt, b: Prompt, d: Divergence, h: Hunk, i: int):
+        self.a, self.b, self.d, self.h, self.i = a, b, d, h, i
+        self._wins: dict[tuple[str, int], tuple[str, int]] = {}
+        self._lens: tuple[int, int] | None = None
+
+    @property
+    def a_text(self) -> bytes:
+        return self.a.data[self.h.a_byte_start : self.h.a_byte_end]
+
+    @property
+    def b_text(self) -> bytes:
+        return self.b.data[self.h.b_byte_start : self.h.b_byte_end]
+
+    def text_lengths(self) -> tuple[int, int]:
+        """Characters of A's and B's side of the hunk, decoded."""
+        if self._lens is None:
+            self._lens = (len(self.a_text.decode("utf-8", "replace")), len(self.b_text.decode("utf-8", "replace")))
+        return self._lens
+
+    def a_win(self, pad: int = PAD) -> tuple[str, int]:
+        """Text around A's side, and where the hunk starts in it."""
+        return self._win("a", pad)
+
+    def b_win(self, pad: int = PAD) -> tuple[str, int]:
+        return self._win("b", pad)
+
+    def _win(self, side: str, pad: int) -> tuple[str, int]:
+        got = self._wins.get((side, pad))
+        if got is None:
+            h = self.h
+            if side == "a":
+                p, lo, hi = self.a, h.a_byte_start, h.a_byte_end
+            else:
+                p, lo, hi = self.b, h.b_byte_start, h.b_byte_end
+            s = max(0, lo - pad)
+            got = p.data[s : hi + pad].decode("utf-8", "replace"), len(p.data[s:lo].decode("utf-8", "replace"))
+            self._wins[(side, pad)] = got
+        return got
+
+    @property
+    def a_path(self) -> SectionPath:
+        return self.h.a_owner
+
+    @property
+    def b_path(self) -> SectionPath:
+        return self.h.b_owner
+
+
+def _where(path: SectionPath) -> str:
+    return path.label or "the prompt"
+
+
+def _field_origin(path: SectionPath) -> str:
+    """'client' when a request field or a tool owns the span, 'template' for markers and boilerplate."""
+    if path.has("tools", "tool") or any(p.field and p.kind != "message" for p in path):
+        return "client"
+    return "template" if path else ""
+
+
+def _is_reasoning(path: SectionPath) -> bool:
+    """Reasoning: a think block or reasoning field, or a harmony analysis-channel turn."""
+    return path.has("reasoning") or "analysis" in (path.role or "")
+
+
+def _is_system(path: SectionPath) -> bool:
+    return path.role == "system"
+
+
+def _in_tool_exchange(path: SectionPath) -> bool:
+    """A tool call, a tool result, a tool definition, or a tool-role turn."""
+    return path.has("tool_call", "tool_response", "tool", "tools") or path.role in ("tool", "ipython")
+
+
+def _field_named(path: SectionPath, *names: str) -> bool:
+    return any(p.field and p.name in names for p in path)
+
+
+# ---------------------------------------------------------------- patterns
+
+_MONTHS = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*"
+_DAYS = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*"
+DATE_RE = re.compile(
+    r"\d{4}-\d{1,2}-\d{1,2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"
+    rf"|\d{{1,2}} {_MONTHS},? \d{{4}}|{_MONTHS} \d{{1,2}},? \d{{4}}|\d{{1,2}}/\d{{1,2}}/\d{{2,4}}"
+    rf"|\b\d{{1,2}}:\d{{2}}(?::\d{{2}})?(?:\s?[AaPp][Mm])?\b|\b{_DAYS}\b|\b1[6-9]\d{{8}}(?:\d{{3}})?\b"
+)
+UUID_RE = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
+HEX_RE = re.compile(r"(?<![0-9A-Za-z])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{5,}(?![0-9A-Za-z])")
+NONCE_KEY_RE = re.compile(r"(?:cch|nonce|request[_-]?id|session[_-]?id|trace[_-]?id|billing)\s*[=:]", re.I)
+NUMBER_RE = re.compile(r"\d+(?:[.,]\d+)?\s?%?")
+PLACEHOLDER_RE = re.compile(
+    r"\[(?:pruned|truncated|omitted|removed|elided|summari[sz]ed)[^\]]*\]"
+    r"|\.\.\. ?\(\d+ (?:lines|chars|tokens) (?:omitted|truncated)\)",
+    re.I,
+)
+
+
+# Where a match of each pattern above can start, found at C speed (a character class or a literal re can skip
+# to), and the match's start relative to it: re itself tries every alternative at every position
+# (DATE_RE reads ~7 MB/s of prose that holds no date; a long hunk is searched by several patterns)
+_CANDIDATES: dict[re.Pattern[str], tuple[re.Pattern[str], int]] = {
+    DATE_RE: (re.compile(r"[\dJFMASONDTW]"), 0),  # every alternative starts with a digit, a month or a day:
+    # a new alternative needs its first characters here (tests/test_explain.py's fast-scan test)
+    HEX_RE: (re.compile(r"[0-9a-f]{5}"), 0),
+    UUID_RE: (re.compile(r"-"), -8),  # its first hyphen follows 8 hex digits
+    NUMBER_RE: (re.compile(r"\d"), 0),
+}
+
+
+def matches(rx: re.Pattern[str], text: str) -> Iterator[re.Match[str]]:
+    """`rx.finditer(text)` (for patterns that never match empty), faster for the patterns above:
+    tried only where a match can start, leftmost first, each after the one before."""
+    found = _CANDIDATES.get(rx)
+    if found is None:
+        yield from rx.finditer(text)
+        return
+    cand, offset = found
+    pos = look = 0  # where the next match may start; where to look for the next candidate
+    while (c := cand.search(text, look)) is not None:
+        start, look = c.start() + offset, c.start() + 1
+        if start < pos:
+            continue
+        m = rx.match(text, start)
+        if m is not None:
+            yield m
+            pos = m.end()
+            look = max(look, pos - offset)
+
+
+def _covers(rx: re.Pattern[str], win: str, at: int, length: int) -> str | None:
+    """The match of rx that overlaps the changed characters [at, at+length], if any. Matches come in
+    order and do not overlap, so the first one ending past `at` decides: the scan stops there rather
+    than running on through a long hunk."""
+    last = at + max(length, 1) - 1
+    for m in matches(rx, win):
+        s, e = m.span()
+        if e > at:
+            return win[s:e] if s <= last else None
+    return None
+
+
+def _changed(ctx: Ctx, rx: re.Pattern[str]) -> tuple[str, str] | None:
+    la, lb = ctx.text_lengths()
+    wa, ia = ctx.a_win()
+    ma = _covers(rx, wa, ia, la)
+    if not ma:
+        return None
+    wb, ib = ctx.b_win()
+    mb = _covers(rx, wb, ib, lb)
+    if mb and ma != mb:
+        return ma, mb
+    return None
+
+
+# ---------------------------------------------------------------- detectors
+
+
+def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
+    """bpe_boundary: the IDs differ, the bytes do not (output_retokenized when that is inside the
+    model's answer rather than where the generation began)."""
+    from tokendiff.core.align import is_boundary
+
+    if not is_boundary(ctx.a, ctx.b, ctx.h):
+        return None
+    gen = ctx.a_path.has("generated")
+    inside = retokenized_finding(ctx, ctx.h.a_start, ctx.h.b_start) if gen else None
+    if inside is not None and ctx.h.a_byte_start > _generated_start(ctx.a):
+        return inside
+    n_a, n_b = ctx.h.a_end - ctx.h.a_start, ctx.h.b_end - ctx.h.b_start
+    return Finding(
+        kind="bpe_boundary",
+        hunk=ctx.i,
+        confidence=0.95,
+        title="Tokenization boundary: same text, different token IDs",
+        evidence=f"{n_a} token(s) in A and {n_b} in B spell the same bytes"
+        + (" (the model's generated tokens, re-tokenised from text)" if gen else "")
+        + f" at byte {ctx.h.a_byte_start:,}",
+        fix="Send the conversation as token IDs, or keep the generated text's original tokens "
+        "(text-level resume server-side)",
+        origin="client" if gen else "",
+    )
+
+
+def _generated_start(p: Prompt) -> int:
+    """Byte where the model's answer begins (after a prefilled empty think block)."""
+    gen = next((x for x in p.sections if x.path[-1].kind == "generated"), None)
+    if gen is None:
+        return len(p.data)
+    m = re.match(rb"\s*(?:<think>\s*</think>\s*)?", p.data[gen.byte_start : gen.byte_end])
+    return gen.byte_start + (m.end() if m else 0)
+
+
+def _retokenized_at(
+    a: Prompt, ia: int, b: Prompt, ib: int, stop: int, limit: int = 8
+) -> tuple[list[bytes], list[bytes]]:
+    """From tokens ia of A and ib of B, which start at the same text: the first tokens that differ on
+    each side (before A's token `stop`), up to where both sides next end a token at the same byte."""
+    while ia < stop and ib < len(b) and a.ids[ia] == b.ids[ib]:
+        ia, ib = ia + 1, ib + 1
+    if ia >= stop:
+        return [], []
+    ta: list[bytes] = []
+    tb: list[bytes] = []
+    la = lb = 0
+    while ia < len(a) and ib < len(b) and len(ta) < limit and len(tb) < limit:
+        if la <= lb:
+            ta.append(a.token_bytes(ia))
+            la, ia = la + len(ta[-1]), ia + 1
+        else:
+            tb.append(b.token_bytes(ib))
+            lb, ib = lb + len(tb[-1]), ib + 1
+        if la == lb and ta and tb:
+            break
+    return ta, tb
+
+
+def _spelled(tokens: list[bytes]) -> str:
+    return " + ".join(repr(t.decode("utf-8", "replace")) for t in tokens) or "nothing"
+
+
+def retokenized_finding(ctx: Ctx, ia: int, ib: int) -> Finding | None:
+    """output_retokenized: the model's generated tokens, from A's token ia to the hunk's end, spell
+    text that B (the answer sent back as history) tokenises differently from B's token ib."""
+    ta, tb = _retokenized_at(ctx.a, ia, ctx.b, ib, ctx.h.a_end)
+    if not ta or not tb or b"".join(ta) != b"".join(tb):
+        return None
+    into = max(0, ctx.a.byte_offset(ia) - _generated_start(ctx.a))
+    where = ctx.b.owner(ib)
+    turn = where.top.label if where.top is not None and where.top.kind == "message" else "history"
+    return Finding(
+        kind="output_retokenized",
+        hunk=ctx.i,
+        confidence=0.95,
+        title="Model output re-tokenised differently inside its content",
+        evidence=f"the model generated {_spelled(ta)} ({len(ta)} token(s)); tokenised back from text in {turn} "
+        f"it is {_spelled(tb)} ({len(tb)} token(s)), {into:,} bytes into the answer",
+        fix="Nothing in the text to change: send the history as token IDs (llama-server /completion), "
+        "or let --cache-reuse N recover the rest of the prefix",
+        origin="server",
+    )
+
+
+def detect_output_retokenized(ctx: Ctx) -> Finding | None:
+    """output_retokenized: A's generated text is dropped here but B holds the same text elsewhere
+    (a diff that lined up the re-tokenised answer as a deletion plus an insertion)."""
+    if not ctx.a_path.has("generated") or ctx.h.a_start == ctx.h.a_end:
+        return None
+    start = max(ctx.h.a_byte_start, _generated_start(ctx.a))
+    text = ctx.a.data[start : ctx.h.a_byte_end]
+    if len(text.strip()) < 8:
+        return None
+    at = ctx.b.data.find(text)
+    if at < 0:
+        return None
+    ia, ib = ctx.a.token_at_byte(start), ctx.b.token_at_byte(at)
+    if ctx.a.byte_offset(ia) != start or ctx.b.byte_offset(ib) != at:
+        return None  # not on token boundaries on both sides: compare from the next shared boundary only
+    return retokenized_finding(ctx, ia, ib)
+
+
+def detect_double_bos(ctx: Ctx) -> Finding | None:
+    """double_bos: the BOS token twice at the start of one side."""
+    if ctx.i != 0 or ctx.h.a_start > 1:
+        return None
+    for side, p in (("B", ctx.b), ("A", ctx.a)):
+        if len(p) >= 2 and p.special[0] and p.ids[0] == p.ids[1]:
+            tok = p.token_bytes(0).decode("utf-8", "replace")
+            return Finding(
+                kind="double_bos",
+                hunk=ctx.i,
+                confidence=0.95,
+                title=f"Double BOS in {side}",
+                evidence=f"{side} starts with {tok} twice",
+                fix="Tokenise with add_special_tokens=false when the chat template already emits BOS",
+                origin="client",
+            )
+    return None
+
+
+def _top(p: Prompt, kind: str) -> Section | None:
+    """The top-level section of `kind` (a turn-level section such as the generation prompt)."""
+    return next((s for s in p.sections if len(s.path.parts) == 1 and s.path.parts[0].kind == kind), None)
+
+
+def _last_turn_start(p: Prompt, end: int) -> int:
+    """Where A's open generation prompt starts, else `end` (looked up only for an insertion)."""
+    gp = _top(p, "generation_prompt")
+    return gp.start if gp else end
+
+
+def appended_finding(hunk: int, n_new: int) -> Finding:
+    """The finding for new turns after A's prompt; the cost model's fast path for a pure append
+    (A a prefix of B) says exactly this without decoding either prompt."""
+    return Finding(
+        kind="appended",
+        hunk=hunk,
+        confidence=0.8,
+        title="New turns appended (expected)",
+        evidence=f"{n_new} new tokens after A's prompt",
+        fix="Nothing to fix: this is the new part of the conversation",
+        expected=True,
+    )
+
+
+def detect_appended(ctx: Ctx) -> Finding | None:
+    """appended (expected) and generated_rerendered: new turns after A's prompt, or A's generated tail
+    rendered differently as history."""
+    end = prompt_end(ctx.a)
+    pure_insert = ctx.h.a_start == ctx.h.a_end
+    # an insertion just before A's open generation prompt is the new turns too: the diff may
+    # have matched a stray newline of the generated tail. New turns carry the template's markers;
+    # plain text inserted there is an edit of the last message, not a turn
+    if ctx.h.a_start < end and not (
+        pure_insert and ctx.h.a_start >= _last_turn_start(ctx.a, end) - 8 and _has_special(ctx.b, ctx.h)
+    ):
+        return None
+    n_new = ctx.h.b_end - ctx.h.b_start
+    if pure_insert or ctx.h.a_start >= len(ctx.a):
+        return appended_finding(ctx.i, n_new)
+    n_gen = ctx.h.a_end - ctx.h.a_start
+    return Finding(
+        kind="generated_rerendered",
+        hunk=ctx.i,
+        confidence=0.5,
+        title="The model's output is rendered differently in history",
+        evidence=f"{n_gen} generated token(s) kept in A's slot differ from how B renders that assistant message",
+        fix="Send the assistant message back exactly as generated (content, reasoning and tool calls)",
+        origin="client",
+    )
+
+
+def _has_special(p: Prompt, h: Hunk) -> bool:
+    """B's side of the hunk holds a special token (a turn marker)."""
+    return any(p.special[h.b_start : h.b_end])
+
+
+_TAGS = re.compile(r"</?think>|<\|channel\|>|analysis|<\|message\|>")
+
+
+def _prefill_only(text: str) -> bool:
+    """Only think tags and whitespace: what a template prefills on the generation prompt."""
+    return not _TAGS.sub("", text).strip()
+
+
+def _think_prefill_skipped(ctx: Ctx) -> bool:
+    """B's history goes straight to the answer where A's open turn had an empty think block first (the
+    diff then lines A's block up with B's own generation prompt: an insertion before it)."""
+    if ctx.h.a_start != ctx.h.a_end:
+        return False
+    at = ctx.h.a_byte_start
+    return re.match(rb"<think>\s*</think>", ctx.a.data[at : at + 64]) is not None and not ctx.b.data[
+        ctx.h.b_byte_start : ctx.h.b_byte_end
+    ].lstrip().startswith(b"<think>")
+
+
+def detect_generation_prompt(ctx: Ctx) -> Finding | None:
+    """generation_prompt (expected) and empty_think_prefill: A's open generation prompt becomes the
+    answer in B."""
+    top = ctx.a_path.top
+    if top is None or top.kind != "generation_prompt" or ctx.h.a_start >= len(ctx.a):
+        return None
+    gp = _top(ctx.a, "generation_prompt")
+    # what A had from the divergence to the end of its generation prompt
+    a_txt = ctx.a.data[ctx.h.a_byte_start : gp.byte_end if gp else ctx.h.a_byte_end].decode("utf-8", "replace")
+    if ctx.a_path.has("generated") and not _prefill_only(a_txt) and not _think_prefill_skipped(ctx):
+        return None  # the model's output itself differs: other detectors (reasoning, JSON, boundary) say why
+    if _think_prefill_skipped(ctx) or ("<think>" in a_txt and "</think>" in a_txt and _prefill_only(a_txt)):
+        return Finding(
+            kind="empty_think_prefill",
+            hunk=ctx.i,
+            confidence=0.9,
+            title="Empty think block only on the generation prompt",
+            evidence="A's generation prompt ends with an empty <think></think> that the same turn loses in history "
+            "(enable_thinking=false)",
+            fix="Patch the template to emit the empty think block for history turns too (a ~90x speedup reported), "
+            "or accept a few tokens",
+            origin="template",
+        )
+    if ctx.h.a_start == ctx.h.a_end and ctx.h.a_start >= prompt_end(ctx.a) and not _TAGS.search(a_txt):
+        return None  # inserted after the whole of A's prompt, before what the model generated: new turns
+    n = ctx.h.a_end - ctx.h.a_start
+    return Finding(
+        kind="generation_prompt",
+        hunk=ctx.i,
+        confidence=0.85,
+        title="Generation prompt replaced by the answer (expected)",
+        evidence=f"A's open generation prompt ({a_txt[:40]!r}, {n} token(s)) is rendered differently "
+        "once it is history",
+        fix="Nothing to fix: a few tokens per turn",
+        expected=True,
+        origin="template",
+    )
+
+
+def detect_reasoning(ctx: Ctx) -> Finding | None:
+    """reasoning_stripped and reasoning_dropped_by_client: reasoning kept in A, gone from B."""
+    a_reason = _is_reasoning(ctx.a_path) or b"<think>" in ctx.a_text or b"analysis<|message|>" in ctx.a_text
+    b_reason = _is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_text.decode("utf-8", "replace"))
+    if not a_reason or b_reason:
+        return None
+    top = ctx.a_path.top
+    if top and top.kind == "generation_prompt" and _prefill_only(ctx.a_text.decode("utf-8", "replace")):
+        return None  # an empty think block prefilled on the generation prompt: not reasoning
+    near_b = ctx.b.data[max(0, ctx.h.b_byte_start - 16) : ctx.h.b_byte_end + 40]
+    empty_b = re.search(rb"<think>\s*</think>", near_b) is not None
+    n = ctx.h.a_end - ctx.h.a_start
+    turn = top.label if top else "an assistant turn"
+    why = f"{n} tokens of reasoning in {turn} became an empty think block" if empty_b else _client_dropped(ctx)
+    if why:
+        return Finding(
+            kind="reasoning_dropped_by_client",
+            hunk=ctx.i,
+            confidence=0.85 if empty_b or ctx.b.meta.request else 0.7,
+            title="Reasoning dropped from history by the client",
+            evidence=why if empty_b else f"{n} tokens of reasoning in {turn} are in A and gone from B: {why}",
+            fix="Send reasoning_content back with each assistant message (and check that proxies keep it)",
+            origin="client",
+        )
+    return Finding(
+        kind="reasoning_stripped",
+        hunk=ctx.i,
+        confidence=0.9,
+        title="Reasoning stripped from an earlier assistant turn",
+        evidence=f"{n} tokens of reasoning in {turn} are in A and gone from B "
+        "(the template drops reasoning before the latest user message)",
+        fix="Preserve reasoning in history (preserve_thinking / --reasoning-preserve where the template supports it), "
+        "or accept one miss per user turn",
+        origin="template",
+    )
+
+
+def _client_dropped(ctx: Ctx) -> str | None:
+    """Why the client, not the template, dropped A's reasoning (None when the template may have): B's
+    request no longer carries it; or, without requests, no user message follows it in B (templates
+    drop reasoning only before the latest user message)."""
+    if _user_turn_after(ctx.b, ctx.h.b_end):
+        return None  # the template drops it there whatever the client sends
+    i = ctx.a_path.message_index
+    ma, mb = _request_message(ctx.a, i), _request_message(ctx.b, i)
+    if ma and mb and _same_message_but_reasoning(ma, mb):
+        if _has_reasoning(mb):
+            return None
+        if _has_reasoning(ma):
+            return f"B's request no longer carries the reasoning of messages[{i}]"
+    if ctx.b.meta.request is None:
+        return "no user message follows it in B, and templates drop reasoning only before the latest one"
+    return None
+
+
+def _same_message_but_reasoning(ma: dict, mb: dict) -> bool:
+    """The same assistant message in both requests (history pruned before it would put another at its
+    index), told apart only by its reasoning."""
+    keys = ("role", "tool_calls", "name")
+    return ma.get("role") == "assistant" and all(ma.get(k) == mb.get(k) for k in keys) and _answer(ma) == _answer(mb)
+
+
+def _answer(m: dict) -> str:
+    """A message's content without a think block in it."""
+    return re.sub(r"<think>.*?</think>\s*", "", _content_text(m.get("content")), flags=re.S).strip()
+
+
+def _request_message(p: Prompt, i: int | None) -> dict | None:
+    msgs = (p.meta.request or {}).get("messages")
+    if i is None or not isinstance(msgs, list) or not 0 <= i < len(msgs):
+        return None
+    return msgs[i] if isinstance(msgs[i], dict) else None
+
+
+def _has_reasoning(m: dict) -> bool:
+    fields = (m.get(f) for f in ("reasoning_content", "reasoning", "thinking"))
+    return any(isinstance(v, str) and v.strip() for v in fields) or "<think>" in _content_text(m.get("content"))
+
+
+def _user_turn_after(p: Prompt, token: int) -> bool:
+    """A user message (not a tool result sent as one) starts at or after `token`."""
+    users = [s for s in p.sections if len(s.path) == 1 and s.start >= token and s.path.role == "user"]
+    results = [s.start for s in p.sections if s.path.has("tool_response")]
+    return any(not any(u.start <= r < u.end for r in results) for u in users)
+
+
+def _tool_names(p: Prompt) -> list[str]:
+    """The tools of a prompt, in order (`#j` where a tool has no name)."""
+    return [s.path.tool_name or "" for s in p.sections if s.path[-1].kind == "tool"]
+
+
+def _tool_moved_or_changed(ctx: Ctx, na: list[str], nb: list[str]) -> Finding | None:
+    if na and nb and na != nb and sorted(na) == sorted(nb):
+        moved = [n for n, m in zip(na, nb) if n != m]
+        return Finding(
+            kind="tool_order",
+            hunk=ctx.i,
+            confidence=0.95,
+            title="Tools reordered (same set)",
+            evidence=f"{len(na)} tools, same names, different order; first out of place: {moved[0]!r}",
+            fix="Send tools in a stable order (sort them by name)",
+            origin="client",
+        )
+    if na != nb and (na or nb):
+        added = [n for n in nb if n not in na]
+        removed = [n for n in na if n not in nb]
+        what = ", ".join([f"+{n}" for n in added[:5]] + [f"-{n}" for n in removed[:5]])
+        return Finding(
+            kind="tool_set",
+            hunk=ctx.i,
+            confidence=0.95,
+            title="Tools added or removed",
+            evidence=f"tool set changed ({what}): {len(na)} -> {len(nb)} tools",
+            fix="Keep the tool list fixed for a session; load on-demand tools at the end of the list "
+            "(or after the history)",
+            origin="client",
+        )
+    return None
+
+
+def detect_tools(ctx: Ctx) -> Finding | None:
+    """tool_order, tool_set and tool_changed: the tools block differs."""
+    if not (ctx.a_path.has("tools", "tool") or ctx.b_path.has("tools", "tool")):
+        return None
+    found = _tool_moved_or_changed(ctx, _tool_names(ctx.a), _tool_names(ctx.b))
+    if found:
+        return found
+    owner = ctx.a_path.tool_name
+    if owner:
+        return Finding(
+            kind="tool_changed",
+            hunk=ctx.i,
+            confidence=0.6,
+            title="Tool definition changed",
+            evidence=f"the text of the tool {owner} differs between the two requests",
+            fix="Keep tool schemas byte-stable; move per-request data (lists, counts) out of descriptions",
+            origin="client",
+        )
+    return None
+
+
+_TIME_OF_DAY = re.compile(r"\d{1,2}:\d{2}|T\d{2}|\b\d{9,13}\b")
+
+
+def _has_time(change: tuple[str, str]) -> bool:
+    """True when either side of a date change carries a time of day (or an epoch timestamp)."""
+    return any(_TIME_OF_DAY.search(x) for x in change)
+
+
+def detect_date(ctx: Ctx) -> Finding | None:
+    """date: a date or time changed."""
+    ch = _changed(ctx, DATE_RE)
+    if not ch:
+        return None
+    client = _field_origin(ctx.a_path) == "client"
+    origin = "template" if ctx.a_path.has("date", "boilerplate") else "client" if client else ""
+    # a time of day changes every turn; a bare date only once a day, so "day precision" is no advice for it
+    precision = "Give the date at day precision (drop the time), or move" if _has_time(ch) else "Move"
+    fix = {
+        "template": "Pin the template's date (pass date_string) or accept one miss per day",
+        "client": f"{precision} it out of the system prompt into the newest user message",
+        "": f"Keep dates out of the prefix. {precision} them into the newest user message "
+        "(pin date_string if the template injects it)",
+    }[origin]
+    return Finding(
+        kind="date",
+        hunk=ctx.i,
+        confidence=0.9,
+        title="Date or time in the prompt changed",
+        evidence=f"{ch[0]!r} -> {ch[1]!r} in {_where(ctx.a_path)}"
+        + (" (injected by the template or server)" if origin == "template" else ""),
+        fix=fix,
+        origin=origin,
+    )
+
+
+def detect_nonce(ctx: Ctx) -> Finding | None:
+    """nonce: a UUID, hex nonce or request id changed."""
+    ch = _changed(ctx, UUID_RE) or _changed(ctx, HEX_RE)
+    wa, _ = ctx.a_win()
+    if not ch:  # an identifier-like change next to a nonce key
+        a = ctx.a_text.decode("utf-8", "replace")
+        b = ctx.b_text.decode("utf-8", "replace")
+        if not (a and b and re.fullmatch(r"[0-9A-Za-z_\-]{3,}", a) and re.fullmatch(r"[0-9A-Za-z_\-]{3,}", b)):
+            return None
+        if not NONCE_KEY_RE.search(wa):
+            return None
+        ch = (a, b)
+    billing = "cch=" in wa or "billing" in wa.lower()
+    return Finding(
+        kind="nonce",
+        hunk=ctx.i,
+        confidence=0.85,
+        title="Per-request nonce or ID in the prompt",
+        evidence=f"{ch[0]!r} -> {ch[1]!r}" + (" (a billing-header nonce, cch=)" if billing else ""),
+        fix="Strip the billing header (CLAUDE_CODE_ATTRIBUTION_HEADER=0) or drop it at a proxy"
+        if billing
+        else "Move per-request IDs and nonces out of the prefix (or remove them)",
+        origin="client",
+    )
+
+
+ID_FIELDS = ("id", "tool_call_id", "call_id")
+
+
+def _id_position(path: SectionPath) -> bool:
+    """A tool-call ID position: a call's `id` or a result's `tool_call_id`, from the request's
+    fields (any template that prints them: Kimi's functions.NAME:IDX too) or from the template's
+    markers (Mistral's [CALL_ID] and [TOOL_RESULTS] IDs, Mistral Nemo's "id" and "call_id" keys)."""
+    return any(p.kind == "field" and p.name in ID_FIELDS for p in path)
+
+
+def _paths_at_first_byte(ctx: Ctx) -> tuple[SectionPath, SectionPath]:
+    """The owners of the first differing byte on each side (a hunk may start a token early)."""
+    from tokendiff.core.align import first_byte_diff
+
+    k = first_byte_diff(ctx.a_text, ctx.b_text) or 0
+    ia = ctx.a.token_at_byte(ctx.h.a_byte_start + k)
+    ib = ctx.b.token_at_byte(ctx.h.b_byte_start + k)
+    return (ctx.a.owner(ia) if ia < len(ctx.a) else ctx.a_path), (ctx.b.owner(ib) if ib < len(ctx.b) else ctx.b_path)
+
+
+def _section_text(p: Prompt, path: SectionPath, byte: int) -> str:
+    """The text of the section with `path` around `byte`."""
+    s = next((x for x in p.sections if x.path == path and x.byte_start <= byte < x.byte_end), None)
+    return p.data[s.byte_start : s.byte_end].decode("utf-8", "replace") if s else ""
+
+
+def detect_call_id(ctx: Ctx) -> Finding | None:
+    """tool_call_id: tool-call IDs regenerated. Decided from where the span sits (an ID position of
+    the section path), never from the string's shape: a 9-letter word is not an ID."""
+    pa, pb = _paths_at_first_byte(ctx)
+    path_a = next((x for x in (pa, ctx.a_path) if _id_position(x)), None)
+    path_b = next((x for x in (pb, ctx.b_path) if _id_position(x)), None)
+    path = path_a or path_b
+    if path is None:
+        return None
+    a = (_section_text(ctx.a, path_a, ctx.h.a_byte_start) if path_a else "") or ctx.a_text.decode("utf-8", "replace")
+    b = (_section_text(ctx.b, path_b, ctx.h.b_byte_start) if path_b else "") or ctx.b_text.decode("utf-8", "replace")
+    return Finding(
+        kind="tool_call_id",
+        hunk=ctx.i,
+        confidence=0.95,
+        title="Tool-call IDs regenerated",
+        evidence=f"{a!r} -> {b!r} in {_where(path)}",
+        fix="Persist tool-call IDs with the history, or derive them deterministically (e.g. a hash of the call)",
+        origin="client",
+    )
+
+
+def _braces_before(data: bytes, lo: int, hi: int) -> Iterator[int]:
+    """Offsets of the braces in data[lo:hi], the last first. Found with rfind, which runs at memrchr
+    speed where a regex steps through every byte (0.35 ms for a 64 KiB window without a brace)."""
+    o, c = data.rfind(b"{", lo, hi), data.rfind(b"}", lo, hi)
+    while o >= 0 or c >= 0:
+        if o > c:
+            yield o
+            o = data.rfind(b"{", lo, o)
+        else:
+            yield c
+            c = data.rfind(b"}", lo, c)
+
+
+def _enclosing_json(data: bytes, start: int, end: int, limit: int = 65536) -> tuple[int, int] | None:
+    """The smallest balanced {...} around [start, end); only brace positions are visited."""
+    lo = max(0, start - limit)
+    depth = 0
+    open_at = None
+    for at in _braces_before(data, lo, start):
+        if data[at] == 0x7D:
+            depth += 1
+        elif depth == 0:
+            open_at = at
+            break
+        else:
+            depth -= 1
+    if open_at is None:
+        return None
+    depth = 0
+    for j, is_open in json_braces(data, open_at, min(len(data), end + limit)):
+        depth += 1 if is_open else -1
+        if depth == 0:
+            return (open_at, j + 1) if j + 1 >= end else None
+    return None
+
+
+def detect_json_reserialized(ctx: Ctx) -> Finding | None:
+    """json_reserialized: the same JSON value serialised differently."""
+    ja = _enclosing_json(ctx.a.data, ctx.h.a_byte_start, ctx.h.a_byte_end)
+    jb = _enclosing_json(ctx.b.data, ctx.h.b_byte_start, ctx.h.b_byte_end)
+    if not ja or not jb:
+        return None
+    ta, tb = ctx.a.data[ja[0] : ja[1]], ctx.b.data[jb[0] : jb[1]]
+    if ta == tb:
+        return None
+    try:
+        va, vb = json.loads(ta), json.loads(tb)
+    except ValueError:
+        return None
+    if va != vb:
+        return None
+    keys_a = re.findall(rb'"([^"\\]+)"\s*:', ta)
+    keys_b = re.findall(rb'"([^"\\]+)"\s*:', tb)
+    how = "key order" if keys_a != keys_b else "whitespace or separators"
+    in_call = ctx.a_path.has("tool_call") or _field_named(ctx.a_path, "arguments")
+    return Finding(
+        kind="json_reserialized",
+        hunk=ctx.i,
+        confidence=0.9,
+        title="JSON re-serialised (same value, different text)",
+        evidence=f"the JSON object at byte {ja[0]:,} is equal as data but differs in {how}"
+        + (" (tool-call arguments)" if in_call else ""),
+        fix="Send tool-call arguments exactly as generated (the string), or serialise with a fixed key order "
+        "and separators",
+        origin="client" if in_call else "",
+    )
+
+
+def detect_counter(ctx: Ctx) -> Finding | None:
+    """counter: a counter or percentage changed (memory items, tokens left ...)."""
+    ch = _changed(ctx, NUMBER_RE)
+    if not ch or len(ctx.a_text.strip()) > 16 or len(ctx.b_text.strip()) > 16:
+        return None
+    wa, ia = ctx.a_win(24)
+    label = wa[max(0, ia - 24) : ia].strip().split("\n")[-1][-30:]
+    return Finding(
+        kind="counter",
+        hunk=ctx.i,
+        confidence=0.7,
+        title="A counter or percentage changed",
+        evidence=f"{ch[0].strip()!r} -> {ch[1].strip()!r} after {label!r} in {_where(ctx.a_path)}",
+        fix="Move volatile counters (memory, usage, budgets) to the end of the prompt, into the newest message",
+        origin=_field_origin(ctx.a_path),
+    )
+
+
+def detect_moved(ctx: Ctx) -> Finding | None:
+    """system_moved: text the client appended shows up earlier (system messages moved or merged)."""
+    bt = ctx.b_text
+    if len(bt) < 24 or not _is_system(ctx.b_path):
+        return None
+    probe = re.sub(rb"^\W+", b"", bt)[:200]
+    if len(probe) < 24:
+        return None
+    where = ctx.a.data.find(probe, ctx.h.a_byte_end)
+    if where < 0:
+        return None
+    return Finding(
+        kind="system_moved",
+        hunk=ctx.i,
+        confidence=0.75,
+        title="Text moved into the system prompt",
+        evidence=f"{len(bt)} bytes now in B's system section appear later in A (byte {where:,}): "
+        "a mid-conversation system message moved or merged",
+        fix="Send reminders as user messages, or keep system messages where they were added",
+        origin="server",
+    )
+
+
+def _turn_at(p: Prompt, token: int) -> Section | None:
+    """The top-level section (a turn) holding `token`."""
+    return next((s for s in p.sections if len(s.path) == 1 and s.start <= token < s.end), None)
+
+
+def _content_text(content: object) -> str:
+    """A message's text: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(x.get("text", "")) for x in content if isinstance(x, dict))
+    return ""
+
+
+def _messages(p: Prompt) -> list[dict]:
+    msgs = (p.meta.request or {}).get("messages")
+    return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []
+
+
+def _merge_story(ctx: Ctx, added: str) -> tuple[str, str]:
+    """(what the requests show, origin): a later system message of B merged by the server, the
+    client's own system prompt grown, or nothing known (no requests)."""
+    probe = added.strip()[:120]
+    msgs_b = _messages(ctx.b)
+    for k, m in enumerate(msgs_b[1:], 1):
+        text = _content_text(m.get("content")).strip()
+        if m.get("role") in ("system", "developer") and len(text) >= 8 and text[:120] in added:
+            return (
+                f"; B's request sends it as a separate system message (messages[{k}]), merged into the first",
+                "server",
+            )
+    first = _content_text(msgs_b[0].get("content")) if msgs_b else ""
+    if probe and probe in first:
+        moved = any(probe in _content_text(m.get("content")) for m in _messages(ctx.a)[1:])
+        where = "moved there from a later message of A" if moved else "the client appended it to messages[0]"
+        return f"; B's request has it in its system prompt ({where})", "client"
+    return "", ""
+
+
+def detect_system_appended(ctx: Ctx) -> Finding | None:
+    """system_appended: text inserted at the end of the system prompt (a reminder or a plan-mode note
+    folded into the first system block); system_moved when A had the text later."""
+    ta, tb = _turn_at(ctx.a, ctx.h.a_start), _turn_at(ctx.b, ctx.h.b_start)
+    if ta is None or tb is None or not (_is_system(ta.path) and _is_system(tb.path)):
+        return None
+    tail_a = ctx.a.data[ctx.h.a_byte_end : ta.byte_end]
+    tail_b = ctx.b.data[ctx.h.b_byte_end : tb.byte_end]
+    grown = len(ctx.b_text) - len(ctx.a_text)
+    if ctx.h.b_byte_end > tb.byte_end or tail_a != tail_b or len(tail_a) > 32 or grown < 16:
+        return None
+    added = ctx.b_text.decode("utf-8", "replace")
+    head = ctx.a_text.decode("utf-8", "replace").rstrip()
+    added = added[len(head) :] if added.startswith(head) else added
+    probe = re.sub(r"^\W+", "", added)[:200].encode()
+    if len(probe) >= 8 and ctx.a.data.find(probe, ctx.h.a_byte_end) >= 0:
+        return None  # the text was later in A: moved (detect_moved)
+    story, origin = _merge_story(ctx, added)
+    tag = " (a <system-reminder>)" if "<system-reminder>" in added else ""
+    return Finding(
+        kind="system_appended",
+        hunk=ctx.i,
+        confidence=0.85,
+        title="Text inserted at the end of the system prompt",
+        evidence=f"{grown:,} bytes inserted at the end of the system prompt{tag}: {added.strip()[:60]!r}{story}",
+        fix="Keep injected reminders and mode notes out of the system prompt: send them in the newest message",
+        origin=origin,
+    )
+
+
+def _removed(ctx: Ctx) -> str:
+    """A's text of the hunk less what B's side shares with it at either end."""
+    a, b = ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace")
+    i = len(os.path.commonprefix([a, b]))
+    j = len(os.path.commonprefix([a[i:][::-1], b[i:][::-1]]))
+    return a[i : len(a) - j]
+
+
+def _kept_tail(ctx: Ctx) -> str:
+    """A's text after an insertion up to the end of its turn (the next special token)."""
+    stop = min(len(ctx.a), ctx.h.a_end + 512)
+    end = next((i for i in range(ctx.h.a_end, stop) if ctx.a.special[i]), stop)
+    return ctx.a.data[ctx.h.a_byte_end : ctx.a.byte_offset(end)].decode("utf-8", "replace").strip()
+
+
+def detect_reminder_moved(ctx: Ctx) -> Finding | None:
+    """reminder_moved: a block removed from an older message shows up in a later message of B
+    (opencode moves its <system-reminder> to the newest user message)."""
+    src = ctx.a_path.top
+    if src is None or src.kind != "message":
+        return None
+    removed = _removed(ctx).strip()
+    at = ctx.b.data.find(removed[:200].encode(), ctx.h.b_byte_end) if len(removed) >= 24 else -1
+    if at < 0:  # the diff kept the block and inserted the turns in between: what follows is the block
+        removed, at = _kept_tail(ctx), ctx.h.b_byte_end
+    dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
+    if dest is None or dest.kind != "message" or (dest.index or 0) <= (src.index or 0):
+        return None
+    if _message_holds(ctx.b, src.index, removed):  # still where it was: B sent it again, nothing moved
+        return None
+    what = "a <system-reminder> block" if "<system-reminder>" in removed else f"{len(removed.encode()):,} bytes"
+    return Finding(
+        kind="reminder_moved",
+        hunk=ctx.i,
+        confidence=0.85,
+        title="Reminder moved from an older message to a newer one",
+        evidence=f"{what} removed from {src.label} is now in {dest.label} ({removed[:48]!r})",
+        fix="Leave a reminder where it was first sent (history append-only); add the new one to the newest message",
+        origin="client",
+    )
+
+
+def _message_holds(p: Prompt, index: int | None, text: str) -> bool:
+    """Message `index` of `p` (its turn-level section) holds `text`."""
+    if index is None:
+        return False
+    top = (s for s in p.sections if len(s.path) == 1 and s.path.parts[0].kind == "message")
+    turn = next((s for s in top if s.path.parts[0].index == index), None)
+    if turn is None:
+        return False
+    return text.encode() in p.data[turn.byte_start : turn.byte_end]
+
+
+TRUNC_NOTE_RE = re.compile(r"truncat|omitted|elided|\.\.\.|…|\bmore (?:lines|chars|characters|bytes)\b", re.I)
+
+
+def _is_result(path: SectionPath) -> bool:
+    last = path[-1] if path else None
+    if last is None:
+        return False
+    if last.kind == "tool_response":
+        return True
+    return path.role in ("tool", "ipython") and (last.kind == "message" or last.name == "content")
+
+
+def _result_at(p: Prompt, token: int) -> Section | None:
+    """The innermost tool-result section holding `token`."""
+    found = [s for s in p.sections if s.start <= token < s.end and _is_result(s.path)]
+    return max(found, key=lambda s: len(s.path), default=None)
+
+
+def _retruncated(ta: bytes, tb: bytes, same: int) -> bool:
+    """One result cut at two lengths: the same text for its first `same` bytes (at least 32), then a
+    truncation note after the cut, or one side ending within a few bytes of it."""
+    if len(ta) == len(tb) or same < 32 or ta[:same] != tb[:same]:
+        return False
+    rest_a = ta[same:].decode("utf-8", "replace")
+    rest_b = tb[same:].decode("utf-8", "replace")
+    note = TRUNC_NOTE_RE.search(rest_a[-160:]) or TRUNC_NOTE_RE.search(rest_b[-160:])
+    return bool(note) or min(len(rest_a), len(rest_b)) <= 24
+
+
+def detect_result_truncated(ctx: Ctx) -> Finding | None:
+    """tool_result_truncated: one tool result cut at a different length than last turn
+    (context-trimming jitter): same start, different cut. A later span inside the same result
+    (the truncation note's count, "[... 1234 chars truncated]") belongs to the same finding."""
+    ra, rb = _result_at(ctx.a, ctx.h.a_start), _result_at(ctx.b, ctx.h.b_start)
+    if ra is None or rb is None:
+        return None
+    ta, tb = ctx.a.data[ra.byte_start : ra.byte_end], ctx.b.data[rb.byte_start : rb.byte_end]
+    at_a, at_b = ctx.h.a_byte_start - ra.byte_start, ctx.h.b_byte_start - rb.byte_start
+    cut = len(os.path.commonprefix([ta, tb]))
+    if at_a == at_b and at_a <= cut and _retruncated(ta, tb, at_a):
+        evidence = f"the same up to byte {at_a:,}"
+    elif at_a > cut and at_b > cut and _retruncated(ta, tb, cut):
+        note_a, note_b = (
+            _line_at(p, at).strip()[:48] for p, at in ((ctx.a, ctx.h.a_byte_start), (ctx.b, ctx.h.b_byte_start))
+        )
+        evidence = f"the same up to byte {cut:,}; this span is its truncation note: {note_a!r} -> {note_b!r}"
+    else:
+        return None
+    return Finding(
+        kind="tool_result_truncated",
+        hunk=ctx.i,
+        confidence=0.85,
+        title=f"Tool result re-truncated differently: {ra.path.label}",
+        evidence=f"its text is {len(ta):,} bytes in A, {len(tb):,} in B ({len(tb) - len(ta):+,}), " + evidence,
+        fix="Truncate each tool result once, when it is added, and send that text unchanged on every later turn",
+        origin="client",
+    )
+
+
+SETTING_LINE_RE = re.compile(
+    r"^[ \t#*>-]*((?:reasoning(?:[ _]effort)?|effort|thinking(?: mode| budget)?|(?:permission |agent |plan )?mode"
+    r"|verbosity|reasoning_effort)\s*[:=])\s*(\S[^\n]{0,60})$",
+    re.I | re.M,
+)
+THINK_SWITCH_RE = re.compile(r"/(?:no_)?think\b")
+SETTING_KEYS = ("reasoning_effort", "enable_thinking", "thinking", "reasoning", "thinking_budget")
+
+
+LINE_REACH = 512  # a setting line is short; a megabyte-long line is read only this far each side
+
+
+def _line_at(p: Prompt, byte: int) -> str:
+    """The line holding `byte`, cut to LINE_REACH bytes each side so a prompt without newlines
+    does not decode whole."""
+    lo, hi = max(0, byte - LINE_REACH), min(len(p.data), byte + LINE_REACH)
+    s = p.data.rfind(b"\n", lo, byte) + 1 or lo
+    e = p.data.find(b"\n", byte, hi)
+    return p.data[s : e if e >= 0 else hi].decode("utf-8", "replace")
+
+
+def _request_settings(p: Prompt) -> dict[str, object]:
+    """The thinking/effort settings a request passes (top level or chat_template_kwargs)."""
+    req = p.meta.request or {}
+    kw = req.get("chat_template_kwargs")
+    out = {k: req[k] for k in SETTING_KEYS if k in req}
+    if isinstance(kw, dict):
+        out.update({f"chat_template_kwargs.{k}": kw[k] for k in SETTING_KEYS if k in kw})
+    return out
+
+
+def detect_setting(ctx: Ctx) -> Finding | None:
+    """setting_changed: a setting rendered into the prompt changed (gpt-oss `Reasoning: high`, a
+    Qwen3 /think or /no_think switch, a mode line in the system prompt)."""
+    la, lb = _line_at(ctx.a, ctx.h.a_byte_start), _line_at(ctx.b, ctx.h.b_byte_start)
+    ma, mb = SETTING_LINE_RE.search(la), SETTING_LINE_RE.search(lb)
+    sa, sb = THINK_SWITCH_RE.findall(la), THINK_SWITCH_RE.findall(lb)
+    if ma and mb and ma.group(1).lower() == mb.group(1).lower() and ma.group(2) != mb.group(2):
+        what = f"{ma.group(1)} {ma.group(2).strip()} -> {mb.group(2).strip()}"
+    elif sa != sb and (sa or sb):
+        what = f"thinking switch {' '.join(sa) or 'none'} -> {' '.join(sb) or 'none'}"
+    else:
+        return None
+    ka, kb = _request_settings(ctx.a), _request_settings(ctx.b)
+    changed = [f"{k} {ka.get(k)!r} -> {kb.get(k)!r}" for k in sorted(set(ka) | set(kb)) if ka.get(k) != kb.get(k)]
+    origin = "template" if changed or ctx.a_path.has("boilerplate") else _field_origin(ctx.a_path)
+    return Finding(
+        kind="setting_changed",
+        hunk=ctx.i,
+        confidence=0.9,
+        title="A setting rendered into the prompt changed",
+        evidence=f"{what} in {_where(ctx.a_path)}" + (f" (request: {', '.join(changed)})" if changed else ""),
+        fix="Keep thinking/effort and mode settings fixed for a session, or switch them in the newest message",
+        origin=origin,
+    )
+
+
+def detect_truncation(ctx: Ctx) -> Finding | None:
+    """truncation: old turns dropped after the system prompt (context shift or num_ctx overflow)."""
+    if ctx.h.kind != "delete" and (ctx.h.a_end - ctx.h.a_start) < 4 * max(1, ctx.h.b_end - ctx.h.b_start):
+        return None
+    if ctx.h.a_end - ctx.h.a_start < 32:
+        return None
+    # whole turns inside the deleted run (the diff may keep a few of a turn's tokens as "equal")
+    turns_a = [
+        s
+        for s in ctx.a.sections
+        if len(s.path) == 1
+        and s.end > s.start
+        and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
+    ]
+    if not turns_a:
+        return None
+    return Finding(
+        kind="truncation",
+        hunk=ctx.i,
+        confidence=0.75,
+        title="Old turns dropped (truncation or context shift)",
+        evidence=f"{len(turns_a)} whole turn(s), {ctx.h.a_end - ctx.h.a_start} tokens, dropped from A "
+        f"at token {ctx.h.a_start:,}",
+        fix="Raise the context size (num_ctx / -c), or prune from the end of old tool results rather than the middle",
+    )
+
+
+def detect_rewritten(ctx: Ctx) -> Finding | None:
+    """history_rewritten: an old message rewritten in place (pruned, compacted)."""
+    a_txt = ctx.a_text.decode("utf-8", "replace")
+    b_txt = ctx.b_text.decode("utf-8", "replace")
+    placeholder = PLACEHOLDER_RE.search(b_txt)
+    top = ctx.a_path.top
+    in_message = top is not None and top.kind == "message"
+    if not in_message and not placeholder:
+        return None
+    if placeholder or len(b_txt) < len(a_txt) // 2:
+        return Finding(
+            kind="history_rewritten",
+            hunk=ctx.i,
+            confidence=0.8 if placeholder else 0.5,
+            title="History rewritten in place",
+            evidence=f"{top.label if top is not None and in_message else 'the prompt'}: "
+            f"{len(a_txt)} bytes became {len(b_txt)}" + (f" ({placeholder.group(0)!r})" if placeholder else ""),
+            fix="Keep history append-only; if you must prune, prune once past a threshold and from the newest "
+            "tool results first",
+            origin="client",
+        )
+    return None
+
+
+SHARED_RUN = 64  # a shared stretch this long past the divergence: the conversation goes on
+
+
+def _shared_runs(d: Divergence) -> list[tuple[int, int]]:
+    """A's token ranges past the first divergence that B has too (between and after the hunks)."""
+    ends = [h.a_end for h in d.hunks]
+    starts = [h.a_start for h in d.hunks[1:]] + [d.n_a]
+    return [(e, s) for e, s in zip(ends, starts, strict=True) if s > e]
+
+
+def _shared_in(p: Prompt, sec: Section, lcp: int, runs: list[tuple[int, int]]) -> int:
+    """Tokens of one of A's turns that B shares: before the divergence, or text (not markers) in a shared
+    run. `runs` are in order and short, so only those overlapping the turn are visited."""
+    n = max(0, min(sec.end, lcp) - sec.start)
+    j = max(0, bisect.bisect_right(runs, (sec.start, sec.start)) - 1)
+    while j < len(runs) and runs[j][0] < sec.end:
+        s, e = runs[j]
+        n += sum(1 for i in range(max(s, sec.start), min(e, sec.end)) if not p.special[i])
+        j += 1
+    return n
+
+
+def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
+    """new_conversation (expected): B shares nothing with A past the system prompt, or nothing at all:
+    none of A's turns from the divergence on is in B (at most a few markers and words line up). Not
+    a break of A's cache, so no waste: a new conversation (or another agent on the slot) begins."""
+    if not d.hunks or d.lcp >= prompt_end(a):
+        return None
+    runs = _shared_runs(d)
+    if any(e - s >= SHARED_RUN for s, e in runs):
+        return None
+    turns = [
+        s
+        for s in a.sections
+        if len(s.path) == 1 and s.end > d.lcp and s.start < prompt_end(a) and s.path[0].kind != "generation_prompt"
+    ]
+    if not turns or any(2 * _shared_in(a, s, d.lcp, runs) >= s.end - s.start for s in turns):
+        return None
+    system = next((s for s in a.sections if len(s.path) == 1 and _is_system(s.path) and s.start <= 1), None)
+    if system is not None and d.lcp >= system.end:
+        kept, later = f"only the system prompt with A ({d.lcp:,} tokens)", " later"
+    elif all(a.special[i] for i in range(d.lcp)):
+        kept, later = f"nothing with A but {d.lcp:,} template marker token(s)", ""
+    else:
+        kept, later = f"only its first {d.lcp:,} token(s) with A", ""
+    return Finding(
+        kind="new_conversation",
+        hunk=0,
+        confidence=0.99,
+        title="New conversation (expected)",
+        evidence=f"B shares {kept}; none of A's {len(turns)}{later} turn(s) is in B",
+        fix="Nothing to fix in the prompts: a new conversation starts. If two agents or conversations take "
+        "turns on one slot, give each its own slot (-np) so neither evicts the other",
+        expected=True,
+    )
+
+
+def detect_fallback(ctx: Ctx) -> Finding:
+    """content_changed: no detector recognised the change."""
+    return Finding(
+        kind="content_changed",
+        hunk=ctx.i,
+        confidence=0.2,
+        title=f"Content changed in {_where(ctx.a_path)}",
+        evidence=f"{ctx.h.a_end - ctx.h.a_start} token(s) of A became {ctx.h.b_end - ctx.h.b_start} in B",
+        fix="Make this part of the prompt stable between turns, or move it after the history",
+        origin=_field_origin(ctx.a_path),
+    )
+
+
+DETECTORS: list[Callable[[Ctx], Finding | None]] = [
+    detect_bpe_boundary,
+    detect_appended,
+    detect_double_bos,
+    detect_generation_prompt,
+    detect_reasoning,
+    detect_tools,
+    detect_json_reserialized,
+    detect_call_id,
+    detect_setting,
+    detect_date,
+    detect_nonce,
+    detect_system_appended,
+    detect_moved,
+    detect_reminder_moved,
+    detect_result_truncated,
+    detect_output_retokenized,
+    detect_truncation,
+    detect_counter,
+    detect_rewritten,
+]
+
+
+def explain_hunk(a: Prompt, b: Prompt, d: Divergence, i: int) -> list[Finding]:
+    """Every finding for hunk i, most confident first (a fallback when none)."""
+    fresh = new_conversation(a, b, d)
+    return [replace(fresh, hunk=i)] if fresh is not None else _detected(Ctx(a, b, d, d.hunks[i], i))
+
+
+def _detected(ctx: Ctx) -> list[Finding]:
+    """What the detectors find for one hunk, most confident first (a fallback when none)."""
+    found = [f for f in (det(ctx) for det in DETECTORS) if f is not None]
+    if not found:
+        found = [detect_fallback(ctx)]
+    return sorted(found, key=lambda f: -f.confidence)
+
+
+def explain(a: Prompt, b: Prompt, d: Divergence, max_hunks: int = 64) -> list[Finding]:
+    """The best finding for each of the first `max_hunks` hunks; every hunk of a new conversation is
+    that one finding (its spans are no separate causes)."""
+    n = min(len(d.hunks), max_hunks)
+    fresh = new_conversation(a, b, d)
+    if fresh is not None:
+        return [replace(fresh, hunk=i) for i in range(n)]
+    return [_detected(Ctx(a, b, d, d.hunks[i], i))[0] for i in range(n)]

@@ -1,0 +1,586 @@
+"""Sections for token-only prompts, from the chat-template family's markers.
+
+A slot dump carries no request, so structure comes from the special tokens
+the template emits (turn markers) and from the text conventions inside turns
+(`<tools>` blocks, `<think>`, `<tool_call>` ...). Everything is computed in
+byte space over `Prompt.data` and mapped to token ranges at the end, so it
+works whether a marker is one special token or several text tokens.
+
+Paths use the vocabulary of `model.KINDS`, as the request renderer does:
+every turn is a `message` part with its index (counting rendered turns from
+0: for most templates the index into the request's `messages`) and role, so
+a first system turn is the system prompt. The open assistant turn at the end
+is `generation_prompt`; tokens the model generated after it (slot dumps keep
+them) are `generated` inside it. No field paths: a slot file has no request.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator
+from functools import lru_cache
+from typing import NamedTuple
+
+from tokendiff.core.model import Part, Prompt, Section, SectionPath, flag_indices
+
+
+class _Turn:
+    """A turn found between template markers (byte offsets; splitters rename its role). A plain
+    class, and `_Span` a NamedTuple: a dataclass costs ~0.7 ms to create at import, in every diff."""
+
+    __slots__ = ("role", "start", "end", "content_start", "content_end", "closed")
+
+    def __init__(self, role: str, start: int, end: int, content_start: int, content_end: int, closed: bool):
+        self.role, self.start, self.end = role, start, end
+        self.content_start, self.content_end, self.closed = content_start, content_end, closed
+
+
+class _Span(NamedTuple):
+    path: SectionPath
+    start: int  # byte offsets, half-open
+    end: int
+
+
+# ---------------------------------------------------------------- markers
+
+
+class _Marks:
+    """Where each special token's text stands in one prompt, found in one pass over its special tokens
+    (a prompt's turn markers are looked up several times: the family, each splitter's markers)."""
+
+    __slots__ = ("data", "specials")
+
+    def __init__(self, prompt: Prompt):
+        self.data = data = prompt.data
+        offs = prompt.offsets
+        self.specials: dict[bytes, list[tuple[int, int]]] = {}
+        for i in flag_indices(prompt.special):
+            a, b = int(offs[i]), int(offs[i + 1])
+            self.specials.setdefault(data[a:b], []).append((a, b))
+
+    def find(self, text: str) -> list[tuple[int, int]]:
+        """Byte ranges where `text` occurs as a special token (or as text, if it never does)."""
+        raw = text.encode()
+        hits = self.specials.get(raw)
+        if hits:
+            return list(hits)
+        return [(m.start(), m.end()) for m in re.finditer(re.escape(raw), self.data)]
+
+
+def detect_family(prompt: Prompt) -> str:
+    """Guess the template family from the special tokens present."""
+    return _family(_Marks(prompt))
+
+
+def _family(marks: _Marks) -> str:
+    present = marks.specials.keys()
+    data = marks.data
+    if b"<|start_header_id|>" in present:
+        return "llama3"
+    if b"<|start|>" in present and b"<|message|>" in present:
+        return "harmony"
+    if b"<|im_start|>" in present:
+        return "chatml"
+    if present & {b"[INST]", b"[AVAILABLE_TOOLS]", b"[SYSTEM_PROMPT]", b"[TOOL_RESULTS]"}:
+        return "mistral"
+    if b"<start_of_turn>" in present:
+        return "gemma"
+    if "<｜User｜>".encode() in present or "<｜Assistant｜>".encode() in present:
+        return "deepseek"
+    # No special tokens among the markers: a tokenizer that splits them, or one whose markers
+    # are added but not special (DeepSeek V3's <｜User｜>, <｜Assistant｜>): look at the text.
+    if b"<|im_start|>" in data:
+        return "chatml"
+    if b"<|start_header_id|>" in data:
+        return "llama3"
+    if b"<|start|>" in data and b"<|message|>" in data:
+        return "harmony"
+    if b"[INST]" in data:
+        return "mistral"
+    if b"<start_of_turn>" in data:
+        return "gemma"
+    if "<｜User｜>".encode() in data or "<｜Assistant｜>".encode() in data:
+        return "deepseek"
+    return "none"
+
+
+# ---------------------------------------------------------------- turn splitters
+
+
+def _split_generic(
+    marks: _Marks,
+    start_marker: str,
+    end_markers: tuple[str, ...],
+    role_end: Callable[[bytes, int], tuple[str, int]],
+) -> list[_Turn]:
+    data = marks.data
+    starts = [s for s, _ in marks.find(start_marker)]
+    ends = sorted(e for m in end_markers for _, e in marks.find(m))
+    skip = len(start_marker.encode())
+    enders = [m.encode() for m in end_markers]
+    turns = []
+    for k, s in enumerate(starts):
+        limit = starts[k + 1] if k + 1 < len(starts) else len(data)
+        role, cstart = role_end(data, s + skip)
+        cstart = min(cstart, limit)
+        j = bisect_left(ends, cstart)  # the first end marker in [cstart, limit]
+        close = ends[j] if j < len(ends) and ends[j] <= limit else None
+        if close is not None:
+            # the end marker's bytes are the end of content; what follows up to the
+            # next turn (a newline) is boilerplate of this turn
+            marker_len = (
+                len(enders[0])
+                if len(enders) == 1
+                else next(len(m) for m in enders if data[close - len(m) : close] == m)
+            )
+            content_end = close - marker_len
+        else:
+            content_end = limit
+        turns.append(_Turn(role, s, limit, cstart, content_end, close is not None))
+    return turns
+
+
+def _role_until(sep: bytes) -> Callable[[bytes, int], tuple[str, int]]:
+    def f(data: bytes, pos: int) -> tuple[str, int]:
+        j = data.find(sep, pos, pos + 200)
+        if j < 0:
+            return data[pos : pos + 40].decode("utf-8", "replace").strip() or "?", pos
+        return data[pos:j].decode("utf-8", "replace").strip(), j + len(sep)
+
+    return f
+
+
+def _turns_chatml(marks: _Marks) -> list[_Turn]:
+    return _split_generic(marks, "<|im_start|>", ("<|im_end|>",), _role_until(b"\n"))
+
+
+def _turns_gemma(marks: _Marks) -> list[_Turn]:
+    turns = _split_generic(marks, "<start_of_turn>", ("<end_of_turn>",), _role_until(b"\n"))
+    for t in turns:
+        if t.role == "model":
+            t.role = "assistant"
+    return turns
+
+
+def _turns_llama3(marks: _Marks) -> list[_Turn]:
+    def role(data: bytes, pos: int) -> tuple[str, int]:
+        j = data.find(b"<|end_header_id|>", pos, pos + 200)
+        if j < 0:
+            return "?", pos
+        cstart = j + len(b"<|end_header_id|>")
+        if data[cstart : cstart + 2] == b"\n\n":
+            cstart += 2
+        return data[pos:j].decode("utf-8", "replace"), cstart
+
+    return _split_generic(marks, "<|start_header_id|>", ("<|eot_id|>", "<|eom_id|>"), role)
+
+
+def _turns_harmony(marks: _Marks) -> list[_Turn]:
+    def role(data: bytes, pos: int) -> tuple[str, int]:
+        j = data.find(b"<|message|>", pos, pos + 400)
+        if j < 0:  # an open header at the end: `<|start|>assistant`
+            k = data.find(b"<|", pos, pos + 400)
+            k = min(len(data), pos + 400) if k < 0 else k
+            return data[pos:k].decode("utf-8", "replace"), k
+        return data[pos:j].decode("utf-8", "replace"), j + len(b"<|message|>")
+
+    turns = _split_generic(marks, "<|start|>", ("<|end|>", "<|call|>", "<|return|>"), role)
+    for t in turns:
+        head = t.role
+        base = re.split(r"<\|channel\|>| ", head, maxsplit=1)[0] or "?"
+        channel = re.search(r"<\|channel\|>(\w+)", head)
+        recipient = re.search(r"to=([\w.\-]+)", head)
+        if base == "assistant" and channel:
+            t.role = f"assistant {channel.group(1)}"
+            if recipient:
+                t.role += f" to={recipient.group(1)}"
+        else:
+            t.role = base
+    return turns
+
+
+_DS_EOS = "<｜end▁of▁sentence｜>"
+
+
+def _turns_deepseek(marks: _Marks) -> list[_Turn]:
+    data = marks.data
+    wrapped = bool(marks.find("<｜tool▁outputs▁begin｜>"))
+    tool_open, tool_close = (
+        ("<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>")
+        if wrapped
+        else ("<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
+    )
+    heads = sorted(
+        [(s, e, "user") for s, e in marks.find("<｜User｜>")]
+        + [(s, e, "assistant") for s, e in marks.find("<｜Assistant｜>")]
+        + [(s, e, "tool") for s, e in marks.find(tool_open)]
+    )
+    eos = sorted(e for _, e in marks.find(_DS_EOS))
+    tool_ends = sorted(e for _, e in marks.find(tool_close))
+    turns: list[_Turn] = []
+    bos_hits = marks.find("<｜begin▁of▁sentence｜>")
+    first = heads[0][0] if heads else len(data)
+    sys_start = bos_hits[0][1] if bos_hits and bos_hits[0][0] == 0 else 0
+    if first > sys_start:
+        turns.append(_Turn("system", sys_start, first, sys_start, first, True))
+
+    def assistant(start: int, cstart: int, limit: int) -> None:
+        close = next((x for x in eos if cstart <= x <= limit), None)
+        if close is None:
+            turns.append(_Turn("assistant", start, limit, cstart, limit, False))
+        else:
+            turns.append(_Turn("assistant", start, close, cstart, close - len(_DS_EOS.encode()), True))
+
+    for k, (s, e, r) in enumerate(heads):
+        limit = heads[k + 1][0] if k + 1 < len(heads) else len(data)
+        if r == "user":
+            turns.append(_Turn("user", s, limit, e, limit, True))
+        elif r == "assistant":
+            assistant(s, e, limit)
+        else:
+            close = next((x for x in tool_ends if e <= x <= limit), None)
+            if close is None:
+                turns.append(_Turn("tool", s, limit, e, limit, False))
+                continue
+            turns.append(_Turn("tool", s, close, e, close - len(tool_close.encode()), True))
+            if data[close:limit].strip():  # the answer that follows the tool output
+                assistant(close, close, limit)
+    return turns
+
+
+_MISTRAL_BLOCKS = {
+    "[AVAILABLE_TOOLS]": ("[/AVAILABLE_TOOLS]", "tools"),
+    "[SYSTEM_PROMPT]": ("[/SYSTEM_PROMPT]", "system"),
+    "[INST]": ("[/INST]", "user"),
+    "[TOOL_RESULTS]": ("[/TOOL_RESULTS]", "tool"),
+    "[TOOL_CALLS]": ("</s>", "assistant"),
+}
+
+
+def _turns_mistral(marks: _Marks) -> list[_Turn]:
+    data = marks.data
+    opens = sorted((s, e, m) for m in _MISTRAL_BLOCKS for s, e in marks.find(m))
+    closes = {m: sorted(e for _, e in marks.find(c)) for m, (c, _) in _MISTRAL_BLOCKS.items()}
+    eos = sorted(e for _, e in marks.find("</s>"))
+    turns: list[_Turn] = []
+    pos_after = None
+    for k, (s, e, m) in enumerate(opens):
+        nxt = opens[k + 1][0] if k + 1 < len(opens) else len(data)
+        if pos_after is not None and s > pos_after and m != "[TOOL_CALLS]":
+            # text between a closing [/INST] and the next block is the assistant's answer
+            close = next((x for x in eos if pos_after < x <= s), None)
+            cend = close - 4 if close is not None else s
+            turns.append(_Turn("assistant", pos_after, s, pos_after, cend, close is not None))
+        pos_after = None
+        cm, role = _MISTRAL_BLOCKS[m]
+        close = next((x for x in closes[m] if e <= x <= nxt), None)
+        if close is None:
+            turns.append(_Turn(role, s, nxt, e, nxt, False))
+            continue
+        turns.append(_Turn(role, s, close, e, close - len(cm.encode()), True))
+        if m in ("[INST]", "[TOOL_RESULTS]"):
+            pos_after = close
+    if pos_after is not None:
+        close = next((x for x in eos if x > pos_after), None)
+        end = close if close is not None else len(data)
+        cend = close - 4 if close is not None else end
+        turns.append(_Turn("assistant", pos_after, end, pos_after, cend, close is not None))
+    return turns
+
+
+_SPLITTERS = {
+    "chatml": _turns_chatml,
+    "llama3": _turns_llama3,
+    "harmony": _turns_harmony,
+    "gemma": _turns_gemma,
+    "deepseek": _turns_deepseek,
+    "mistral": _turns_mistral,
+}
+
+
+# ---------------------------------------------------------------- inside turns
+
+_NAME_PATTERNS = (
+    re.compile(rb"""["']name["']\s*:\s*["']([^"'\\]{1,200})["']"""),
+    re.compile(rb"<function=([^>\s]{1,200})>"),
+    re.compile(rb"<name>([^<]{1,200})</name>"),
+    re.compile(rb"\btype (\w{1,200}) = "),
+    re.compile("<｜tool▁call▁begin｜>(?:function<｜tool▁sep｜>)?([^<\n]{1,200})".encode()),
+)
+
+
+def _name_in(data: bytes, start: int, end: int) -> str | None:
+    window = data[start : min(end, start + 4000)]
+    for pat in _NAME_PATTERNS:
+        m = pat.search(window)
+        if m:
+            return m.group(1).decode("utf-8", "replace")
+    return None
+
+
+# A JSON string (an unterminated one runs to the end) or a brace: strings are skipped in one match,
+# so scanning a tools block visits its braces, not its bytes.
+_STRING_OR_BRACE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[{}]', re.S)
+
+
+def json_braces(data: bytes, start: int, end: int) -> Iterator[tuple[int, bool]]:
+    """(offset, is_open) of every brace in data[start:end] outside JSON strings (escape-aware)."""
+    for m in _STRING_OR_BRACE.finditer(data, start, end):
+        c = data[m.start()]
+        if c != 0x22:
+            yield m.start(), c == 0x7B
+
+
+def _json_objects(data: bytes, start: int, end: int) -> list[tuple[int, int]]:
+    """Top-level {...} objects between start and end (string- and escape-aware; JSON strings only:
+    single quotes appear inside prose)."""
+    out = []
+    depth = 0
+    obj_start = 0
+    for i, is_open in json_braces(data, start, end):
+        if is_open:
+            if depth == 0:
+                obj_start = i
+            depth += 1
+        elif depth > 0:
+            depth -= 1
+            if depth == 0:
+                out.append((obj_start, i + 1))
+    return out
+
+
+def _pairs(data: bytes, start: int, end: int, open_: bytes, close: bytes) -> list[tuple[int, int]]:
+    """Spans open_..close inside [start, end); an unclosed one runs to end."""
+    out: list[tuple[int, int]] = []
+    pos = start
+    while True:
+        s = data.find(open_, pos, end)
+        if s < 0:
+            return out
+        e = data.find(close, s + len(open_), end)
+        if e < 0:
+            out.append((s, end))
+            return out
+        out.append((s, e + len(close)))
+        pos = e + len(close)
+
+
+_TOOL_START = re.compile(rb'\{\s*"type"\s*:\s*"function"')
+
+
+def _tools_block(data: bytes, start: int, end: int) -> tuple[int, int, list[tuple[int, int]]] | None:
+    """The `<tools>` block of ChatML/Hermes/Qwen (not the literal `<tools></tools>` in prose)."""
+    if data.find(b"<tools>", start, end) < 0:  # at memchr speed: the regex steps through every turn's bytes
+        return None
+    for m in re.finditer(rb"<tools>\s*(?:[\[{]|<function)", data[start:end]):
+        s = start + m.start()
+        e = data.find(b"</tools>", s, end)
+        e = end if e < 0 else e + len(b"</tools>")
+        inner_s = s + len(b"<tools>")
+        objs = _json_objects(data, inner_s, e)
+        starts = [m.start() for m in _TOOL_START.finditer(data, inner_s, e)]
+        if len(starts) > len(objs):  # unbalanced JSON (Hermes 3 drops a brace): split at each tool
+            close = e - len(b"</tools>") if data[e - 8 : e] == b"</tools>" else e
+            objs = [(a, (starts[k + 1] if k + 1 < len(starts) else close)) for k, a in enumerate(starts)]
+        if not objs:
+            objs = _pairs(data, inner_s, e, b"<function", b"</function>")
+        if objs:
+            return s, e, objs
+    return None
+
+
+def _tool_spans(data: bytes, objs: list[tuple[int, int]], base: SectionPath) -> list[_Span]:
+    return [_Span(base + (Part("tool", j, _name_in(data, a, b)),), a, b) for j, (a, b) in enumerate(objs)]
+
+
+def _tools_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> list[_Span]:
+    """The tools block of a turn and one span per tool in it."""
+    cs, ce = turn.content_start, turn.content_end
+    tools = base + (Part("tools"),)
+    if turn.role == "tools":  # Mistral's [AVAILABLE_TOOLS]: the turn is the block, a JSON list of tools
+        return _tool_spans(data, _json_objects(data, cs, ce), base)
+    tb = _tools_block(data, cs, ce)
+    if tb:
+        s, e, objs = tb
+        return [_Span(tools, s, e)] + _tool_spans(data, objs, tools)
+    if family == "llama3" and b'"type": "function"' in data[cs:ce]:
+        objs = [o for o in _json_objects(data, cs, ce) if b'"type": "function"' in data[o[0] : min(o[1], o[0] + 400)]]
+        if objs:
+            return [_Span(tools, objs[0][0], objs[-1][1])] + _tool_spans(data, objs, tools)
+    if family == "harmony" and b"namespace functions" in data[cs:ce]:
+        ns = data.find(b"namespace functions", cs, ce)
+        nend = data.find(b"} // namespace functions", ns, ce)
+        nend = ce if nend < 0 else nend + len(b"} // namespace functions")
+        decls = [m.start() + ns for m in re.finditer(rb"(?m)^(?://[^\n]*\n)*type \w+ = ", data[ns:nend])]
+        objs = [(a, decls[j + 1] if j + 1 < len(decls) else nend) for j, a in enumerate(decls)]
+        return [_Span(tools, ns, nend)] + _tool_spans(data, objs, tools)
+    return []
+
+
+def _assistant_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> list[_Span]:
+    """Reasoning and tool calls inside an assistant turn."""
+    cs, ce, role = turn.content_start, turn.content_end, turn.role
+    if family == "harmony" and role.startswith("assistant "):
+        # the channel and recipient live in the header: the whole content is the span
+        recipient = re.search(r"to=functions\.([\w.\-]+)", role)
+        if " analysis" in role:
+            return [_Span(base + (Part("reasoning"),), cs, ce)]
+        if recipient:
+            return [_Span(base + (Part("tool_call", 0, recipient.group(1)),), cs, ce)]
+        return []
+    spans = [_Span(base + (Part("reasoning"),), a, b) for a, b in _pairs(data, cs, ce, b"<think>", b"</think>")]
+    calls = _pairs(data, cs, ce, b"<tool_call>", b"</tool_call>")
+    calls += _pairs(data, cs, ce, "<｜tool▁call▁begin｜>".encode(), "<｜tool▁call▁end｜>".encode())
+    v7: dict[int, tuple[str, int, int, int]] = {}
+    if family == "mistral" and data[turn.start : turn.start + 12] == b"[TOOL_CALLS]":
+        v7 = _mistral_v7_calls(data, cs, ce)
+        calls += [(a, v[3]) for a, v in v7.items()] or _json_objects(data, cs, ce)
+    for j, (a, b) in enumerate(sorted(calls)):
+        call = base + (Part("tool_call", j, v7[a][0] if a in v7 else _name_in(data, a, b)),)
+        spans.append(_Span(call, a, b))
+        if a in v7:
+            spans.append(_Span(call + (_id_part("id"),), v7[a][1], v7[a][2]))
+        else:
+            spans += _call_id_spans(data, a, b, call, "id")
+    return spans
+
+
+# Where templates print tool-call IDs: the positions a regenerated ID shows up in (explain's
+# tool_call_id detector decides from these, not from an ID's shape).
+_JSON_ID = re.compile(rb'"(id|call_id|tool_call_id)"\s*:\s*"([^"\\]{1,128})"')
+_MISTRAL_CALL = re.compile(rb"([^\[\]\s]{1,200})\[CALL_ID\]([^\[\]]{1,128})\[ARGS\]")
+_MISTRAL_RESULT_ID = re.compile(rb"\[TOOL_RESULTS\]([^\[\]]{1,128})\[TOOL_CONTENT\]")
+
+
+def _id_part(name: str) -> Part:
+    """A tool-call ID position found from template markers (no request field behind it)."""
+    return Part("field", name=name)
+
+
+def _call_id_spans(data: bytes, a: int, b: int, base: SectionPath, name: str) -> list[_Span]:
+    """ID spans inside a call or a tool result: an ID key of the call's own JSON object (Mistral
+    Nemo's `"id"`, `"call_id"`; never a key of the arguments or of a result's data)."""
+    keys = (b"id",) if name == "id" else (b"call_id", b"tool_call_id")
+    out = [
+        _Span(base + (_id_part(name),), m.start(2), m.end(2))
+        for m in _JSON_ID.finditer(data, a, b)
+        if m.group(1) in keys and _depth(data, a, m.start()) == 1
+    ]
+    return out
+
+
+def _depth(data: bytes, start: int, at: int) -> int:
+    """JSON object depth at `at`, counting braces from `start`."""
+    return sum(1 if is_open else -1 for _, is_open in json_braces(data, start, at))
+
+
+def _mistral_v7_calls(data: bytes, cs: int, ce: int) -> dict[int, tuple[str, int, int, int]]:
+    """Mistral v7+ calls, `NAME[CALL_ID]ID[ARGS]{...}`: start -> (name, ID start, ID end, call end)."""
+    out: dict[int, tuple[str, int, int, int]] = {}
+    for m in _MISTRAL_CALL.finditer(data, cs, ce):
+        objs = _json_objects(data, m.end(), ce)
+        end = objs[0][1] if objs and objs[0][0] == m.end() else m.end()
+        out[m.start()] = (m.group(1).decode("utf-8", "replace"), m.start(2), m.end(2), end)
+    return out
+
+
+def _result_id_spans(data: bytes, cs: int, ce: int, base: SectionPath) -> list[_Span]:
+    """The call ID a tool result names: Mistral v7+'s `[TOOL_RESULTS]ID[TOOL_CONTENT]`, or a JSON
+    `call_id` / `tool_call_id` key (Mistral Nemo)."""
+    out = [
+        _Span(base + (_id_part("tool_call_id"),), m.start(1), m.end(1))
+        for m in _MISTRAL_RESULT_ID.finditer(data, max(0, cs - 16), ce)
+    ]
+    return out + _call_id_spans(data, cs, ce, base, "tool_call_id")
+
+
+def _inner_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> list[_Span]:
+    spans = _tools_spans(data, turn, base, family)
+    cs, ce = turn.content_start, turn.content_end
+    if family == "llama3":
+        m = re.search(rb"Today Date: [^\n]*", data[cs:ce])
+        if m:
+            spans.append(_Span(base + (Part("date"),), cs + m.start(), cs + m.end()))
+    if turn.role.startswith("assistant") or turn.role == "model":
+        spans += _assistant_spans(data, turn, base, family)
+    elif turn.role in ("user", "tool", "ipython"):
+        results = _pairs(data, cs, ce, b"<tool_response>", b"</tool_response>")
+        results += _pairs(data, cs, ce, "<｜tool▁output▁begin｜>".encode(), "<｜tool▁output▁end｜>".encode())
+        for j, (a, b) in enumerate(sorted(results)):
+            spans.append(_Span(base + (Part("tool_response", j),), a, b))
+        if turn.role in ("tool", "ipython"):
+            spans += _result_id_spans(data, cs, ce, base)
+    return spans
+
+
+# ---------------------------------------------------------------- assembling
+
+
+def _turn_path(turn: _Turn, index: int, last: bool) -> SectionPath:
+    if turn.role == "tools":
+        return _path("tools", None, None)
+    if last and not turn.closed and turn.role.startswith("assistant"):
+        return _path("generation_prompt", None, None)
+    return _path("message", index, turn.role)
+
+
+@lru_cache(maxsize=4096)
+def _path(kind: str, index: int | None, role: str | None) -> SectionPath:
+    """A turn's path, made once: the same turns recur in every prompt of a session."""
+    return SectionPath.of(Part(kind, index, role))
+
+
+def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) -> tuple[str, list[Section]]:
+    """(family used, sections) for a token-only prompt; only the turns without `inner` (what request
+    fields are placed in, when they replace the markers' finer sections)."""
+    marks = _Marks(prompt)
+    fam = family or _family(marks)
+    if fam not in _SPLITTERS:
+        return "none", []
+    data = prompt.data
+    turns = _SPLITTERS[fam](marks)
+    spans: list[_Span] = []
+    if turns and turns[0].start > 0:
+        spans.append(_Span(SectionPath.of(Part("bos")), 0, turns[0].start))
+    index = 0
+    for i, t in enumerate(turns):
+        last = i == len(turns) - 1
+        path = _turn_path(t, index, last)
+        if t.role != "tools":  # Mistral's tools block is no message
+            index += 1
+        spans.append(_Span(path, t.start, t.end))
+        if path[0].kind == "generation_prompt":
+            if t.content_start < t.end:
+                generated = path + (Part("generated"),)
+                spans.append(_Span(generated, t.content_start, t.end))
+                spans.extend(_inner_spans(data, t, generated, fam) if inner else ())
+            continue
+        spans.extend(_inner_spans(data, t, path, fam) if inner else ())
+    return fam, _to_sections(prompt, spans)
+
+
+def _to_sections(prompt: Prompt, spans: list[_Span]) -> list[Section]:
+    if not spans:
+        return []
+    offs = prompt.offsets
+    n = len(prompt)
+    out = []
+    for s in spans:
+        a = bisect_right(offs, s.start) - 1
+        b = bisect_right(offs, max(s.end - 1, s.start))
+        a = max(0, min(a, n))
+        b = max(a, min(b, n))
+        if s.end <= s.start:
+            continue
+        out.append(Section(s.path, a, b, s.start, s.end))
+    out.sort(key=lambda x: (x.start, -x.end, len(x.path.parts)))
+    return out
+
+
+def annotate(prompt: Prompt, family: str | None = None, inner: bool = True) -> str:
+    """Fill `prompt.sections` (token-only attribution) and return the family."""
+    fam, secs = sections_for(prompt, family, inner)
+    prompt.sections = secs
+    prompt.meta.template_family = fam
+    return fam

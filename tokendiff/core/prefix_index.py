@@ -1,0 +1,151 @@
+"""An index over every earlier prompt of a session: each new turn's best match in one walk.
+
+What would a server with a cache big enough for the whole session reuse? The longest
+prefix the new prompt shares with *any* earlier prompt. Comparing with every earlier
+prompt is quadratic in turns; this index makes it linear in tokens, the way vLLM keys its
+prefix cache: prompts are cut into blocks of `block` tokens and each block is keyed by a
+hash chained over every block before it, so one key stands for a whole prefix. The walk
+follows the new prompt's chain as far as the index knows it, then extends token by token
+into the next block against the blocks stored below the last match (the exact answer,
+not a block-rounded one). Ties go to the latest turn, as the pairwise comparison did.
+
+Memory holds one entry per distinct block (the tokens of content that differs), not
+every prompt: a session that appends keeps adding only its new tail. No I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokendiff.core.align import shared_prefix
+
+BLOCK = 64
+_ROOT = 0
+
+
+class _Node:
+    """One block after one prefix (slots: a long session holds hundreds of thousands)."""
+
+    __slots__ = ("turn", "tokens", "children")
+
+    def __init__(self, turn: int, tokens: bytes):
+        self.turn = turn  # the latest turn whose prompt holds this block (after the same chain)
+        self.tokens = tokens  # the block's token IDs (big-endian words), for the token-level extension
+        self.children: _Kids | None = None  # the blocks that followed, once one has
+
+
+class _Kids:
+    """The blocks that followed one prefix, sorted by their tokens (big-endian words, so byte order is
+    token order): the one sharing the most tokens with a partial block is next to where it would sort, so the
+    token-level extension looks at a few neighbours, not at every block that ever followed (a date in
+    the first block makes a new first block every day)."""
+
+    def __init__(self) -> None:
+        self.sorted: list[bytes] = []  # the nodes' tokens
+        self.nodes: list[_Node] = []  # in the same order
+
+    def add(self, node: _Node) -> None:
+        i = bisect.bisect_left(self.sorted, node.tokens)
+        self.sorted.insert(i, node.tokens)
+        self.nodes.insert(i, node)
+
+    def best(self, rest: bytes) -> tuple[int | None, int, int]:
+        """(latest turn, tokens) of the block sharing the most leading tokens with `rest` (None, 0: none
+        shares any), and the tokens compared to find it."""
+        q = rest
+        i = bisect.bisect_left(self.sorted, q)
+        near = [j for j in (i - 1, i) if 0 <= j < len(self.sorted)]
+        n = max((_common_bytes(self.sorted[j], q) // 4 for j in near), default=0)
+        if n == 0:
+            return None, 0, len(near)
+        lo, hi, compared = i, i, 0
+        while lo > 0 and _common_bytes(self.sorted[lo - 1], q) // 4 >= n:
+            lo, compared = lo - 1, compared + n
+        while hi < len(self.sorted) and _common_bytes(self.sorted[hi], q) // 4 >= n:
+            hi, compared = hi + 1, compared + n
+        return max(node.turn for node in self.nodes[lo:hi]), n, compared + 2 * n
+
+
+@dataclass(frozen=True)
+class Match:
+    turn: int | None  # the earlier turn sharing the longest prefix (None: no earlier prompt)
+    lcp: int  # tokens shared with it
+
+
+class PrefixIndex:
+    """Chained block hashes over every prompt added; `match` then `add` per turn."""
+
+    def __init__(self, block: int = BLOCK):
+        self.block = block
+        self.nodes: dict[int, _Node] = {}
+        self.roots = _Kids()  # first blocks (children of the empty prefix)
+        self.tokens_hashed = 0  # work done, for the scaling tests
+        self.tokens_compared = 0
+        self.last_turn: int | None = None
+
+    def _keys(self, raw: bytes) -> list[int]:
+        """The chain key of every block of a prompt (the last one may be partial)."""
+        step = self.block * 4
+        keys, h = [], _ROOT
+        for pos in range(0, len(raw), step):
+            h = hash((h, raw[pos : pos + step]))
+            keys.append(h)
+        self.tokens_hashed += len(raw) // 4
+        return keys
+
+    def match_and_add(self, ids: np.ndarray, turn: int) -> Match:
+        """The best earlier match of `ids`, then `ids` added as `turn` (turns added in order)."""
+        raw = np.asarray(ids, dtype=np.int32).astype(">u4").tobytes()  # bytes compare as tokens do
+        keys = self._keys(raw)
+        m = self._match(raw, keys)
+        self._add(raw, keys, turn)
+        return m
+
+    def _match(self, raw: bytes, keys: list[int]) -> Match:
+        step = self.block * 4
+        depth, parent = 0, None  # full blocks matched; the node of the last one
+        for k in keys:
+            node = self.nodes.get(k)
+            if node is None or node.tokens != raw[depth * step : (depth + 1) * step] or len(node.tokens) != step:
+                break
+            depth, parent = depth + 1, node
+        rest = raw[depth * step : (depth + 1) * step]
+        below = parent.children if parent is not None else self.roots
+        turn, n, compared = below.best(rest) if rest and below is not None else (None, 0, 0)
+        self.tokens_compared += compared
+        best_turn = turn if n > 0 else (parent.turn if parent is not None else self.last_turn)
+        if best_turn is None:
+            return Match(None, 0)
+        return Match(best_turn, depth * self.block + n)
+
+    def _add(self, raw: bytes, keys: list[int], turn: int) -> None:
+        step = self.block * 4
+        self.last_turn = turn
+        below = self.roots
+        for i, k in enumerate(keys):
+            node = self.nodes.get(k)
+            if node is None:
+                node = self.nodes[k] = _Node(turn, raw[i * step : (i + 1) * step])
+                below.add(node)
+            else:
+                node.turn = turn
+            if node.children is None and i + 1 < len(keys):
+                node.children = _Kids()
+            if node.children is None:  # the last block: nothing follows it
+                break
+            below = node.children
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+
+def _common_bytes(a: bytes, b: bytes) -> int:
+    """Length of the common prefix of two token byte strings, in whole 4-byte tokens' bytes."""
+    n = shared_prefix(a, b)
+    return n - n % 4
+
+
+__all__ = ["PrefixIndex", "Match", "BLOCK"]

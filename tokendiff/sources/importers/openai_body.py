@@ -1,0 +1,33 @@
+"""Raw OpenAI chat-completions request bodies: a .json file, or a directory of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tokendiff.errors import InputError
+from tokendiff.sources.importers import check_depth, is_chat_body, read_bounded
+
+MAX_BYTES = 64 << 20  # a request with inline images is a few MB; parsed JSON costs several times its size
+
+
+def read_body(path: Path) -> dict[str, Any]:
+    raw = read_bounded(path, MAX_BYTES, "request body")
+    try:
+        body = orjson.loads(raw.removeprefix(b"\xef\xbb\xbf"))  # a BOM, as some Windows editors save JSON
+    except orjson.JSONDecodeError as e:
+        raise InputError(f"malformed JSON: {e}", source=str(path)) from None
+    check_depth(body, str(path))
+    if isinstance(body, dict) and isinstance(body.get("request"), dict) and is_chat_body(body["request"]):
+        return body["request"]  # a request wrapped with its response, as some tools save them
+    if not is_chat_body(body):
+        raise InputError("not a chat request body (no messages list or prompt)", source=str(path))
+    return body
+
+
+def record_from_body(path: Path) -> dict[str, Any]:
+    body = read_body(path)
+    endpoint = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    return {"source": "openai-body", "origin": str(path), "endpoint": endpoint, "request": body}

@@ -1,0 +1,661 @@
+"""Turn a user's selector into a decoded, sectioned Prompt.
+
+Selectors: a slot file; `DIR@N` (the N-th turn of a directory of slot files,
+request bodies or llama-server prompt logs); `capture.jsonl@N`; `session.har@N`;
+a request body `.json`; a prompt log `.txt`. N counts from 1; negative N
+counts from the end.
+
+This is the I/O edge for prompts: it reads files, checks IDs against the
+tokenizer, decodes them to exact bytes, renders requests through the chat
+template and attributes sections.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokendiff import safeio
+from tokendiff.core import grammar
+from tokendiff.core.model import Prompt, PromptMeta, RenderMismatch
+from tokendiff.core.vocab import Vocab
+from tokendiff.errors import InputError, one_line
+from tokendiff.sources.importers import check_depth
+from tokendiff.sources.slotfile import (
+    SlotFile,
+    check_vocab,
+    is_slot_file,
+    list_session_dir,
+    natural_key,
+    read_slot_file,
+)
+
+if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slot files never needs it
+    import numpy as np
+
+    from tokendiff.core.model import IntArray
+    from tokendiff.sources.templates.render import Rendered
+
+MAX_PROPS_BYTES = 64 << 20  # the server's /props beside a capture: its chat template and settings
+_SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
+
+
+@dataclass(frozen=True)
+class Selected:
+    kind: str  # slot | capture | har | body | promptlog
+    path: Path
+    label: str  # how reports name it (one line of valid text), e.g. "captures/demo@3 (turn-03.bin)"
+    turn: int | None  # 1-based position within a session, when chosen from one
+
+
+def _pick(items: list, n: int, what: str, source: str) -> tuple[int, Any]:
+    idx = n - 1 if n > 0 else len(items) + n
+    if n == 0 or not 0 <= idx < len(items):
+        rng = f"1..{len(items)}" if items else "none"
+        raise InputError(f"{what} {n} is out of range: there are {len(items)} ({rng})", source=source)
+    return idx, items[idx]
+
+
+CAPTURE_NAME = "capture.jsonl"  # what `proxy` and `watch` write in their --out directory
+
+
+def session_source(path: str) -> str:
+    """The file or directory that holds a session's turns: a recording directory (`proxy --out DIR`)
+    is its capture.jsonl, unless slot files of its own sit beside it."""
+    p = Path(path)
+    if p.is_dir() and (p / CAPTURE_NAME).is_file() and not list_session_dir(p):
+        return str(p / CAPTURE_NAME)  # its reader says what is wrong with it, if anything is
+    return path
+
+
+def _dir_entries(base: Path, order: str) -> tuple[str, list[Path]]:
+    slots = list_session_dir(base, order)
+    if slots:
+        return "slot", slots
+    files = sorted((e for e in base.iterdir() if e.is_file()), key=lambda e: natural_key(e.name))
+    if order == "mtime":  # asked for: request bodies and prompt logs are ordered by name otherwise
+        files.sort(key=lambda e: e.stat().st_mtime_ns)
+    bodies = [
+        e
+        for e in files
+        if e.suffix == ".json" and e.name not in ("session.json", "props.json", "models.json", "slots.json")
+    ]
+    if bodies:
+        return "body", bodies
+    logs = [e for e in files if e.suffix == ".txt"]
+    if logs:
+        return "promptlog", logs
+    raise InputError("no slot files, request bodies (.json) or prompt logs (.txt) in this directory", source=str(base))
+
+
+def file_kind(p: Path) -> str:
+    """What a file holds (slot | capture | har | promptlog | body), from its magic, name and first bytes."""
+    if is_slot_file(p):
+        return "slot"
+    from tokendiff.sources.capture import is_capture_file
+
+    if is_capture_file(p):
+        return "capture"
+    suffix = p.suffix.lower()
+    if suffix == ".har":
+        return "har"
+    if suffix == ".txt":
+        return "promptlog"
+    if suffix in (".json", ".jsonl", ".gz") or p.suffix == "":
+        raw = safeio.head(p, 4096)
+        head = raw.removeprefix(b"\xef\xbb\xbf").lstrip()
+        if head.startswith(b"{") and b'"log"' in head[:200] and b'"entries"' in head:
+            return "har"
+        if head.startswith(b"{") and suffix != ".jsonl":
+            return "body"
+        if suffix == ".jsonl" and p.name == CAPTURE_NAME and not head:
+            return "capture"  # a recording that has recorded nothing yet
+        if suffix == ".jsonl":
+            raise InputError(f"not a tokendiff capture: {_first_line_is(head, raw)}", source=str(p))
+        if suffix == ".json":
+            raise InputError(f"not a request body or HAR file: {_first_line_is(head, raw)}", source=str(p))
+    return "slot"  # let the slot reader say what is wrong with it
+
+
+def _first_line_is(head: bytes, raw: bytes) -> str:
+    """What a JSON file that is none of ours starts with (`head`: its first bytes without a BOM and
+    leading whitespace), for its error."""
+    if not raw:
+        return "the file is empty"
+    if not head:
+        return "it holds only white space"
+    if head.startswith(b"{"):
+        return "its first line is not a tokendiff.capture record"
+    return "it does not start with a JSON object"
+
+
+def select(spec: str, order: str = "auto") -> Selected:
+    m = _SELECTOR.match(spec)
+    if m and not Path(spec).exists():
+        base, n = Path(session_source(m.group("base"))), int(m.group("n"))
+        if not base.exists():
+            raise InputError("no such file or directory", source=str(base))
+        if base.is_dir():
+            kind, files = _dir_entries(base, order)
+            idx, f = _pick(files, n, "turn", str(base))
+            return Selected(kind, f, one_line(f"{base}@{idx + 1} ({f.name})"), idx + 1)
+        safeio.require_regular(base)
+        kind = file_kind(base)
+        if kind in ("capture", "har"):
+            return Selected(kind, base, one_line(f"{base}@{n}"), n)
+        raise InputError(
+            f"'@{n}' selects a turn of a session (directory, capture or HAR), and this is a {kind} file",
+            source=str(base),
+        )
+    p = Path(spec)
+    if p.is_dir():
+        raise InputError("is a directory: pick a turn with DIR@N (counting from 1)", source=spec)
+    if not p.exists():
+        raise InputError("no such file", source=spec)
+    safeio.require_regular(p)
+    kind = file_kind(p)
+    if kind in ("capture", "har"):
+        raise InputError(f"a {kind} file holds many requests: pick one with {spec}@N (counting from 1)", source=spec)
+    return Selected(kind, p, one_line(spec), None)
+
+
+def session_selectors(path: str, order: str = "auto") -> list[str]:
+    """One selector per turn of a session: a directory, a capture file or a HAR file."""
+    path = session_source(path)
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such file or directory", source=path)
+    if p.is_dir():
+        _, files = _dir_entries(p, order)
+        return [str(f) for f in files]
+    safeio.require_regular(p)
+    kind = file_kind(p)
+    if kind == "capture":
+        from tokendiff.sources.capture import read_capture
+
+        n = len(read_capture(p)[0])
+    elif kind == "har":
+        from tokendiff.sources.importers.har import iter_har
+
+        n = sum(1 for _ in iter_har(p))
+    else:
+        raise InputError(f"a session is a directory, a capture file or a HAR file; this is a {kind} file", source=path)
+    if n == 0:
+        raise InputError("the session holds no chat requests", source=path)
+    return [f"{path}@{i}" for i in range(1, n + 1)]
+
+
+def session_turns(path: str, order: str = "auto") -> list[Selected]:
+    """Every turn of a session directory from one listing, as `select` picks each file
+    (selecting `DIR@N` turn by turn lists and sorts the directory every time)."""
+    base = Path(path)
+    kind, files = _dir_entries(base, order)
+    return [Selected(kind if kind == "slot" else file_kind(f), f, one_line(str(f)), None) for f in files]
+
+
+class Loader:
+    """Loads prompts with one tokenizer, template family and chat template.
+
+    The full text tokenizer and the chat-template renderer are created only
+    when a selector needs them (requests and prompt logs), so `diff` of slot
+    files never imports tokenizers, transformers or jinja.
+    """
+
+    def __init__(self, vocab: Vocab, family: str | None = None, order: str = "auto", chat_template: str | None = None):
+        self.vocab = vocab
+        self.family = family
+        self.order = order
+        self.chat_template = chat_template
+        self._tokenizer = None
+        self._renderer = None
+        self._sessions: dict[Path, list[dict[str, Any]]] = {}
+
+    def with_template(self, chat_template: str | None) -> Loader:
+        """This loader with another chat template, sharing its text tokenizer (built once: parsing
+        a tokenizer.json costs a second), and itself when the template is the same."""
+        if chat_template == self.chat_template:
+            return self
+        other = Loader(self.vocab, self.family, self.order, chat_template)
+        other._tokenizer = self._tokenizer
+        return other
+
+    def warm_text(self) -> None:
+        """Build the text tokenizer and compile the chat template now, where the session will render
+        requests locally: worker processes forked after this inherit both instead of each building them."""
+        if self.vocab.meta.server or not self._can_render():
+            return
+        try:
+            _ = self.tokenizer, self.renderer.typed_content  # the probe render compiles the template
+        except InputError:
+            pass  # the loads that need them raise it, with their source
+
+    # ---------------------------------------------------------------- slots
+
+    def load(self, spec: str) -> Prompt:
+        return self.load_selected(select(spec, self.order))
+
+    def load_selected(self, sel: Selected, slot: SlotFile | None = None) -> Prompt:
+        """`load` for a turn selected already; from `slot` when its file was read (and warned about) already."""
+        if sel.kind == "slot":
+            return self._slot(sel, slot)
+        rec = self._record(sel)
+        return self.from_record(rec, sel.label, sel.turn)
+
+    def _slot(self, sel: Selected, slot: SlotFile | None = None) -> Prompt:
+        if slot is None:
+            slot = read_slot_file(sel.path)
+            for w in slot.warnings:
+                warn(w)
+        meta = PromptMeta(
+            path=one_line(str(sel.path)),
+            format=f"{slot.kind} v{slot.version}" + (" packed" if slot.packed else ""),
+            state_bytes=slot.state_bytes,
+            media_chunks=slot.media_chunks,
+            turn=sel.turn,
+            arch=slot.arch or None,
+        )
+        p = self._decode(slot.tokens, str(sel.path), sel.label, meta)
+        fam = grammar.annotate(p, self.family)
+        _check_tokenizer_fits(p, fam, self.family, self)
+        return p
+
+    def _decode(self, ids: IntArray, source: str, label: str, meta: PromptMeta) -> Prompt:
+        check_vocab(ids, self.vocab.n_vocab, source, self.vocab.name)
+        data, offsets, special = self.vocab.decode(ids)
+        return Prompt(ids=ids, data=data, offsets=offsets, special=special, origin=label, meta=meta)
+
+    # ---------------------------------------------------------------- requests
+
+    def _record(self, sel: Selected) -> dict[str, Any]:
+        if sel.kind == "body":
+            from tokendiff.sources.importers.openai_body import record_from_body
+
+            return record_from_body(sel.path)
+        if sel.kind == "promptlog":
+            from tokendiff.sources.importers.llama_logs import record_from_prompt_log
+
+            return record_from_prompt_log(sel.path)
+        records = self._session(sel)
+        idx, rec = _pick(records, sel.turn or 0, "request", str(sel.path))
+        return rec
+
+    def _session(self, sel: Selected) -> list[dict[str, Any]]:
+        if sel.path not in self._sessions:
+            if sel.kind == "capture":
+                from tokendiff.sources.capture import read_capture
+
+                records, warnings = read_capture(sel.path)
+                for w in warnings:
+                    warn(w)
+                self._adopt_server_template(sel.path.parent / "props.json")
+            else:
+                from tokendiff.sources.importers.har import read_har
+
+                records = read_har(sel.path, warn)
+            self._sessions[sel.path] = records
+        return self._sessions[sel.path]
+
+    def adopt_capture_template(self, capture: Path) -> None:
+        """For a capture read record by record (workflows' streaming session): the template from
+        the server's /props saved beside it, as loading `capture@N` does."""
+        self._adopt_server_template(Path(capture).parent / "props.json")
+
+    def _adopt_server_template(self, props_path: Path) -> None:
+        """The proxy saves the server's /props beside a capture: its chat template is the one
+        the server rendered with, unless the user named one."""
+        if self.chat_template or self._renderer is not None or not props_path.is_file():
+            return
+        import orjson
+
+        try:
+            props = orjson.loads(safeio.read_limited(props_path, MAX_PROPS_BYTES, "props.json"))
+        except (InputError, orjson.JSONDecodeError):
+            return
+        tmpl = props.get("chat_template") if isinstance(props, dict) else None
+        if isinstance(tmpl, str) and tmpl.strip():
+            self.chat_template = tmpl
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from tokendiff.core.vocab import text_tokenizer
+
+            self._tokenizer = text_tokenizer(self.vocab)
+        return self._tokenizer
+
+    @property
+    def renderer(self):
+        if self._renderer is None:
+            from tokendiff.sources.templates.render import Renderer
+
+            tmpl = self.chat_template or self.vocab.meta.chat_template
+            if not tmpl:
+                raise InputError(
+                    f"no chat template: {self.vocab.name} carries none; pass --chat-template FILE, "
+                    "a tokenizer directory with tokenizer_config.json, a GGUF file, or --server URL"
+                )
+            m = self.vocab.meta
+            bos, eos = self._special_text(m.bos_token, m.bos_id), self._special_text(m.eos_token, m.eos_id)
+            self._renderer = Renderer(tmpl, bos_token=bos, eos_token=eos)
+        return self._renderer
+
+    def _special_text(self, text: str | None, token_id: int | None) -> str:
+        if text is not None:
+            return text
+        if token_id is not None and 0 <= token_id < self.vocab.n_vocab:
+            return self.vocab.piece(token_id).decode("utf-8", "replace")
+        return ""
+
+    def from_record(
+        self,
+        rec: dict[str, Any],
+        label: str,
+        turn: int | None = None,
+        rendered_ids: np.ndarray | None = None,
+        depth_checked: bool = False,
+    ) -> Prompt:
+        """A prompt from a capture record: the server's IDs when recorded, else the local render (or
+        the logged text) tokenised. `rendered_ids`: what `rendered_ids` gave for this record, so its
+        render is not tokenised again; `depth_checked`: its request's nesting was checked when it was
+        read (a HAR's is), so it is not walked again."""
+        try:
+            return self._from_record(rec, label, turn, rendered_ids, depth_checked)
+        except InputError as e:
+            if e.source:
+                raise
+            raise InputError(e.reason, source=label) from None
+
+    def rendered_ids(self, rec: dict[str, Any], depth_checked: bool = False) -> np.ndarray | None:
+        """A record's token IDs where they are its local render tokenised (no recorded IDs, no logged
+        text, no server): what the full load finds, without attributing sections or decoding. None
+        where only the full load can tell (it also raises the right error). `depth_checked`: as for
+        `from_record`."""
+        if not isinstance(rec, dict) or rec.get("prompt_ids") is not None or isinstance(rec.get("prompt_text"), str):
+            return None
+        if self.vocab.meta.server or not self._can_render():
+            return None
+        import numpy as np
+
+        try:
+            if not depth_checked:
+                check_depth(rec.get("request"), "record")
+            request = _request_of(rec)
+            if not isinstance(request.get("messages"), list):
+                return None
+            return np.asarray(self.tokenizer.encode(self.renderer.render(request)), dtype=np.int32)
+        except InputError:
+            return None
+
+    def _from_record(
+        self,
+        rec: dict[str, Any],
+        label: str,
+        turn: int | None,
+        rendered_ids: np.ndarray | None = None,
+        depth_checked: bool = False,
+    ) -> Prompt:
+        if not isinstance(rec, dict):
+            raise InputError("the record is not a JSON object")
+        if not depth_checked:
+            check_depth(rec.get("request"), label)
+        request = _request_of(rec)
+        meta = _record_meta(rec, request, label, turn)
+        if rec.get("prompt_ids") is not None or rendered_ids is not None:
+            p, rendered = self._decoded_first(rec, request, label, meta, rendered_ids)
+        else:  # the render is the prompt: a bad messages field is an error
+            rendered = self.renderer.attribute(request) if "messages" in request else None
+            ids = self._record_ids(rec, request, rendered, label, meta)
+            p = self._decode(ids, label, label, meta)
+        fam = grammar.annotate(p, self.family, inner=rendered is None)
+        if rendered is not None and not _attach_render(p, rendered, label):
+            grammar.annotate(p, self.family)  # the markers' sections stay: with their finer ones
+        _check_tokenizer_fits(p, fam, self.family, self)
+        return p
+
+    def _decoded_first(
+        self,
+        rec: dict[str, Any],
+        request: dict[str, Any],
+        label: str,
+        meta: PromptMeta,
+        rendered_ids: np.ndarray | None,
+    ) -> tuple[Prompt, Rendered | None]:
+        """The prompt of a record whose IDs are known (the server's, or its render tokenised already),
+        decoded before the request is attributed, so the attribution can take the decoded text as the
+        render instead of rendering it once more."""
+        if rec.get("prompt_ids") is not None or rendered_ids is None:
+            p = self._decode(self._record_ids(rec, request, None, label, meta), label, label, meta)
+        else:
+            meta.ids_from = "local render, tokenised here"
+            p = self._decode(rendered_ids, label, label, meta)
+        if not (isinstance(request.get("messages"), list) and request["messages"] and self._can_render()):
+            return p, None
+        try:
+            text: str | None = p.data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        return p, self.renderer.attribute(request, text)
+
+    def _record_ids(
+        self, rec: dict[str, Any], request: dict[str, Any], rendered, label: str, meta: PromptMeta
+    ) -> np.ndarray:
+        """The token IDs, from the best source the record allows; `meta.ids_from` says which."""
+        if rec.get("prompt_ids") is not None:
+            source = rec.get("prompt_source", "server")
+            meta.ids_from = source if isinstance(source, str) else "server"
+            return _recorded_ids(rec["prompt_ids"], label)
+        if isinstance(rec.get("prompt_text"), str):
+            meta.ids_from = "prompt log, tokenised here"
+            ids = self._tokenise_logged(rec["prompt_text"])
+        elif isinstance(request.get("messages"), list) and self.vocab.meta.server:
+            meta.ids_from = "llama-server /apply-template + /tokenize"
+            from tokendiff.backends.server import prompt_ids
+
+            ids = prompt_ids(self.vocab.meta.server, request)
+        elif rendered is not None:
+            meta.ids_from = "local render, tokenised here"
+            ids = self.tokenizer.encode(rendered.text)
+        else:
+            raise InputError("record has neither messages, prompt_ids nor prompt_text", source=label)
+        import numpy as np
+
+        return np.asarray(ids, dtype=np.int32)
+
+    def _tokenise_logged(self, text: str) -> list[int]:
+        """A prompt log as llama-server tokenised it (add_special): with exactly one BOS where the
+        model adds one, also when the logged text already starts with it."""
+        m = self.vocab.meta
+        if not m.add_bos:
+            return self.tokenizer.encode(text)
+        if m.bos_id is None:  # the BOS is not known by ID: let the tokenizer add it
+            return self.tokenizer.encode(text, add_special=True)
+        ids = self.tokenizer.encode(text)
+        return ids if ids[:1] == [m.bos_id] else [m.bos_id, *ids]
+
+    def _can_render(self) -> bool:
+        return bool(self.chat_template or self.vocab.meta.chat_template)
+
+
+def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
+    """The request as the server templates it: Anthropic requests converted, and tool-call arguments
+    parsed where the server parses them (llama-server, the default when a record names none; vLLM),
+    so a client's re-serialised arguments cost what they cost there: nothing, unless the keys moved."""
+    from tokendiff.sources.importers.anthropic import is_anthropic, to_openai
+
+    request = rec.get("request") or {}
+    if not isinstance(request, dict):
+        raise InputError(f"the record's request is a {type(request).__name__}, not a JSON object")
+    server = rec.get("server")
+    server = server if isinstance(server, dict) else {}
+    llama = server.get("kind", "llama-server") == "llama-server"
+    if isinstance(request, dict) and is_anthropic(request, rec.get("endpoint")):
+        request = to_openai(request, llama_server=llama)
+    parses_arguments = llama or server.get("kind") == "vllm"  # as a real vLLM 0.32 does (tests/test_vllm.py)
+    if parses_arguments and isinstance(request, dict):
+        request = _parsed_arguments(request)
+    return request
+
+
+def _record_meta(rec: dict[str, Any], request: dict[str, Any], label: str, turn: int | None) -> PromptMeta:
+    server = rec.get("server")
+    model = server.get("model") if isinstance(server, dict) else None
+    response = rec.get("response")
+    return PromptMeta(
+        path=one_line(str(rec.get("origin") or label)),
+        format=rec.get("source", "capture"),
+        turn=turn,
+        request=request,
+        response=response if isinstance(response, dict) else None,
+        server_model=str(model) if model else None,
+    )
+
+
+def _recorded_ids(ids_in: Any, label: str) -> np.ndarray:
+    """The record's `prompt_ids`, checked to be a flat list of 32-bit token IDs."""
+    import numpy as np
+
+    try:
+        ids = np.asarray(ids_in, dtype=np.int64)
+        if ids.ndim != 1:
+            raise ValueError("not a flat list")
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InputError(f"prompt_ids is not a list of token IDs: {e}", source=label) from None
+    if ids.size and (ids.min() < 0 or ids.max() >= 2**31):
+        raise InputError("prompt_ids holds negative or oversized IDs", source=label)
+    return ids.astype(np.int32)
+
+
+def _attach_render(p: Prompt, rendered, label: str) -> bool:
+    """Sections from the request fields when the local render is the prompt byte for byte (True);
+    otherwise say where they part (itself a finding) and leave the template markers' sections."""
+    local = rendered.text.encode("utf-8")
+    matched = local == p.data
+    if matched:
+        from tokendiff.core.sections import field_sections
+
+        p.sections = field_sections(p, rendered)
+        p.meta.sections_from = "request fields"
+    else:
+        from tokendiff.core.align import first_byte_diff
+
+        at = first_byte_diff(local, p.data)
+        lo, hi = max(0, (at or 0) - 40), (at or 0) + 40
+        p.meta.render_mismatch = RenderMismatch(
+            byte=at,
+            local=local[lo:hi].decode("utf-8", "replace"),
+            server=p.data[lo:hi].decode("utf-8", "replace"),
+        )
+        warn(
+            f"{label}: the local render differs from the server's tokens at byte {at}; "
+            "sections come from the template markers (the server renders differently)"
+        )
+    if rendered.unlocated:
+        p.meta.unlocated_fields = rendered.unlocated
+    return matched
+
+
+def _parsed_arguments(request: dict[str, Any]) -> dict[str, Any]:
+    """llama-server and vLLM parse tool-call `arguments` strings into objects before templating; the
+    local render must too, or it cannot match the server's tokens field by field. Only the calls are
+    copied: the rest of a long request is shared with the record."""
+    msgs = request.get("messages")
+    if not isinstance(msgs, list) or not any(isinstance(m, dict) and m.get("tool_calls") for m in msgs):
+        return request
+    return {**request, "messages": [_with_parsed_calls(m) for m in msgs]}
+
+
+def _with_parsed_calls(m: Any) -> Any:
+    """A message with its calls' JSON-object `arguments` strings parsed (the message itself when none)."""
+    import orjson
+
+    calls = m.get("tool_calls") if isinstance(m, dict) else None
+    if not isinstance(calls, list) or not calls:
+        return m
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+            out.append(call)
+            continue
+        try:
+            parsed = orjson.loads(fn["arguments"])
+        except orjson.JSONDecodeError:
+            parsed = None
+        out.append({**call, "function": {**fn, "arguments": parsed}} if isinstance(parsed, dict) else call)
+    return {**m, "tool_calls": out}
+
+
+def warn(msg: str) -> None:
+    print(f"tokendiff: warning: {msg}", file=sys.stderr)
+
+
+def load_prompt(spec: str, vocab: Vocab, family: str | None = None, order: str = "auto") -> Prompt:
+    return Loader(vocab, family, order).load(spec)
+
+
+MISMATCH_HINT = (
+    "pass --tokenizer with the model's tokenizer.json, HF directory or GGUF file "
+    "(or --template-family to read it with this one anyway)"
+)
+MIN_ROUND_TRIP = 0.8  # the model's own tokenizer re-encodes its decoded prompt to ~100% of the tokens
+
+
+def _check_tokenizer_fits(prompt: Prompt, fam: str, forced: str | None, loader: Loader) -> None:
+    """IDs inside the vocabulary can still belong to another model, and then the text is garbage:
+    refuse (exit 2) when the text shows it, unless the user forced a template family."""
+    if len(prompt) < 16:
+        return
+    vocab = loader.vocab.name
+    bad = prompt.data.decode("utf-8", errors="replace").count("\ufffd")
+    if bad > max(8, len(prompt) // 50):
+        why = f"{bad} invalid UTF-8 sequences after decoding with {vocab}"
+    elif fam == "none" and _stray_specials(prompt):
+        why = f"no chat-template markers, but {_stray_specials(prompt)} control tokens of {vocab} inside the text"
+    elif fam == "none":
+        ratio = _round_trip(prompt, loader)
+        if forced is not None and (ratio is None or ratio >= MIN_ROUND_TRIP):
+            return
+        if ratio is None or ratio >= MIN_ROUND_TRIP:
+            warn(
+                f"{prompt.origin}: no chat-template markers found with {vocab}; sections are unavailable "
+                "(a raw completion prompt, or not the model's tokenizer: pass --tokenizer)"
+            )
+            return
+        why = (
+            f"no chat-template markers, and only {ratio:.0%} of the {len(prompt)} tokens come back when the "
+            f"decoded text is tokenised again with {vocab}"
+        )
+    else:
+        return
+    if forced is not None:
+        warn(f"{prompt.origin}: {why}; the tokenizer is probably not the model's")
+        return
+    raise InputError(f"{why}: the tokenizer is not the model's; {MISMATCH_HINT}", source=prompt.origin)
+
+
+def _stray_specials(prompt: Prompt) -> int:
+    """Control tokens after the first: a prompt without template markers holds at most a BOS, so
+    control tokens inside its text are another vocabulary's IDs."""
+    import numpy as np
+
+    ids = np.asarray(prompt.ids)
+    return int(np.count_nonzero(np.asarray(prompt.special)[1:] & (ids[1:] >= 0)))
+
+
+def _round_trip(prompt: Prompt, loader: Loader) -> float | None:
+    """The share of the prompt's tokens found again when its decoded text is tokenised (as a multiset);
+    None when this tokenizer cannot tokenise text. The model's own tokenizer gives ~100%; another
+    vocabulary decodes to pieces that merge differently."""
+    from collections import Counter
+
+    import numpy as np
+
+    try:
+        again = loader.tokenizer.encode(prompt.data.decode("utf-8", errors="replace"))
+    except InputError:
+        return None
+    common = Counter(np.asarray(prompt.ids).tolist()) & Counter(again)
+    return sum(common.values()) / len(prompt)

@@ -1,0 +1,325 @@
+"""Readers for llama.cpp sequence-state (`ggsq`) and session (`ggsn`) files.
+
+Only the 12-byte header and the token payload are read, never the state blob
+that follows: a file with a multi-GB KV cache costs what a tiny one costs.
+The layouts, and what each check guards against, are in docs/slot-files.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import sys
+from array import array
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from tokendiff import safeio
+from tokendiff.errors import InputError
+from tokendiff.safeio import open_regular
+
+if TYPE_CHECKING:
+    from tokendiff.core.model import Ids
+
+MAGIC_GGSQ = 0x67677371  # on disk b"qsgg"
+MAGIC_GGSN = 0x6767736E  # on disk b"nsgg"
+GGSQ_KNOWN = range(1, 5)  # 1..4
+GGSN_MIN, GGSN_MAX = 8, 11
+SERVER_TOKENS_STATE_VERSION = 1
+MEDIA = -1  # LLAMA_TOKEN_NULL: a media cell inside a packed payload
+HEADER = 12
+MAX_PLAUSIBLE_VERSION = 255
+MAX_TOKENS = 1 << 24  # no llama.cpp context holds 16M tokens: a larger count is corruption
+
+
+def _swap32(v: int) -> int:
+    return struct.unpack("<I", struct.pack(">I", v))[0]
+
+
+class SlotFile:
+    """The tokens of one slot/session file plus what its header says. (A plain class: a dataclass
+    costs ~0.7 ms to create at import, in every `tokendiff diff`.)"""
+
+    def __init__(
+        self,
+        path: str,
+        kind: str,
+        version: int,
+        tokens: array[int],
+        packed: bool = False,
+        media_chunks: int = 0,
+        state_bytes: int = 0,
+        arch: str | None = None,
+        mtime: float = 0.0,
+        warnings: list[str] | None = None,
+    ):
+        self.path = path
+        self.kind = kind  # "ggsq" or "ggsn"
+        self.version = version
+        self.tokens = tokens  # int32 (typecode "i"); -1 marks a media cell
+        self.packed = packed
+        self.media_chunks = media_chunks
+        self.state_bytes = state_bytes
+        self.arch = arch
+        self.mtime = mtime
+        self.warnings = warnings if warnings is not None else []
+
+
+def _magic_error(path: str, magic: int, head: bytes) -> InputError:
+    if head[:4] == b"GGUF":
+        why = "this is a GGUF model file, not a slot file (pass it as --tokenizer)"
+    elif magic == _swap32(MAGIC_GGSQ):
+        why = "byte-swapped ggsq magic: written by a big-endian host, which is not supported"
+    elif magic == _swap32(MAGIC_GGSN):
+        why = "byte-swapped ggsn magic: written by a big-endian host, which is not supported"
+    elif head[:1] in (b"{", b"["):
+        why = "this looks like JSON, not a llama.cpp slot file"
+    else:
+        why = (
+            f"not a llama.cpp slot or session file: magic {magic:#010x} "
+            f"(expected ggsq {MAGIC_GGSQ:#010x} or ggsn {MAGIC_GGSN:#010x})"
+        )
+    return InputError(why, source=path, offset=0)
+
+
+def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
+    """Read the header and token payload of a `ggsq` or `ggsn` file."""
+    p = str(path)
+    if os.path.isdir(p):
+        raise InputError("is a directory; use DIR@N to pick a turn", source=p)
+    with open_regular(p, "slot file") as f:
+        st = os.fstat(f.fileno())
+        kind, version, n = _read_header(f, p)
+        warnings = _check_version(p, kind, version)
+        words = _read_payload(f, p, n, st.st_size)
+        state_bytes = st.st_size - (HEADER + 4 * n)
+        arch = _read_arch(f, state_bytes) if kind == "ggsn" and state_bytes >= 4 else None
+    slot = SlotFile(
+        path=p,
+        kind=kind,
+        version=version,
+        tokens=words,
+        state_bytes=state_bytes,
+        arch=arch,
+        mtime=st.st_mtime,
+        warnings=warnings,
+    )
+    if kind == "ggsq" and n > 0 and int(words[0]) == MEDIA:
+        _unpack_server_tokens(slot, words)
+    else:
+        _refuse_negative(slot.tokens, p)
+    return slot
+
+
+def _read_header(f, p: str) -> tuple[str, int, int]:
+    """(kind, version, n) from the 12-byte header; a short or foreign header is an error."""
+    head = f.read(HEADER)
+    if len(head) < HEADER:
+        if not head:
+            raise InputError("empty file, not a slot file", source=p, offset=0)
+        if len(head) >= 4:
+            magic = struct.unpack_from("<I", head)[0]
+            if magic not in (MAGIC_GGSQ, MAGIC_GGSN):
+                raise _magic_error(p, magic, head)
+        raise InputError(f"truncated header: {len(head)} of {HEADER} bytes", source=p, offset=len(head))
+    magic, version, n = struct.unpack("<III", head)
+    if magic not in (MAGIC_GGSQ, MAGIC_GGSN):
+        raise _magic_error(p, magic, head)
+    return ("ggsq" if magic == MAGIC_GGSQ else "ggsn"), version, n
+
+
+def _check_version(p: str, kind: str, version: int) -> list[str]:
+    """Warnings for versions newer than the known ones (the token header has not changed);
+    an error for implausible versions and for legacy ggsn files, whose layout differs."""
+    if kind == "ggsq":
+        if version == 0 or version > MAX_PLAUSIBLE_VERSION:
+            raise InputError(f"implausible ggsq version {version}", source=p, offset=4)
+        if version not in GGSQ_KNOWN:
+            return [
+                f"{p}: unknown ggsq version {version} (known 1-4); "
+                "the token header is the same in every version, reading it anyway"
+            ]
+        return []
+    if version < GGSN_MIN:
+        raise InputError(
+            f"legacy ggsn session file version {version} with a build-specific "
+            "hparams struct; unsupported (version 8 and later are read)",
+            source=p,
+            offset=4,
+        )
+    if version > MAX_PLAUSIBLE_VERSION:
+        raise InputError(f"implausible ggsn version {version}", source=p, offset=4)
+    if version > GGSN_MAX:
+        return [f"{p}: unknown ggsn version {version} (known {GGSN_MIN}-{GGSN_MAX}); reading tokens anyway"]
+    return []
+
+
+def _read_payload(f, p: str, n: int, size: int) -> array[int]:
+    """The n token words after the header, checked against the file's size before reading."""
+    need = HEADER + 4 * n
+    if n > MAX_TOKENS:
+        raise InputError(f"implausible token count {n} (more than {MAX_TOKENS}; corrupt header?)", source=p, offset=8)
+    if need > size:
+        raise InputError(
+            f"token count {n} needs {need} bytes but the file has {size} (truncated or corrupt)", source=p, offset=8
+        )
+    raw = f.read(4 * n)
+    if len(raw) != 4 * n:  # file shrank while reading
+        raise InputError(f"truncated token payload: {len(raw) // 4} of {n} words", source=p, offset=HEADER)
+    words = array("i")
+    words.frombytes(raw)
+    if sys.byteorder == "big":  # the file is little-endian
+        words.byteswap()
+    return words
+
+
+_SIGN = bytes([0] * 128 + [1] * 128)  # bytes.translate table: the high bit of a byte -> 0/1
+
+
+def _negatives(tokens: array[int]) -> bytes:
+    """One byte per ID, 1 where it is negative: its sign byte, translated (in C, no int per token)."""
+    sign = 3 if sys.byteorder == "little" else 0
+    return tokens.tobytes()[sign::4].translate(_SIGN)
+
+
+def _first_negative(tokens: array[int], skip: int | None = None) -> int | None:
+    """Index of the first ID below 0 other than `skip`; the loop runs only from the first negative on."""
+    first = _negatives(tokens).find(1)
+    if first < 0:
+        return None
+    return next((i for i in range(first, len(tokens)) if tokens[i] < 0 and tokens[i] != skip), None)
+
+
+def _refuse_negative(tokens: array[int], p: str) -> None:
+    """A negative ID in a plain payload is corruption (only packed payloads mark media with -1)."""
+    i = _first_negative(tokens)
+    if i is not None:
+        raise InputError(f"negative token id {tokens[i]} at token {i}", source=p, offset=HEADER + 4 * i)
+
+
+def _read_arch(f, state_bytes: int) -> str | None:
+    """The ggsn blob starts with the architecture name; read it if it looks sane."""
+    raw = f.read(4)
+    if len(raw) < 4:
+        return None
+    (length,) = struct.unpack("<I", raw)
+    if not 0 < length <= 64 or length + 4 > state_bytes:
+        return None
+    name = f.read(length)
+    try:
+        text = name.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return text if text.isprintable() else None
+
+
+def _little_endian(words: array[int]) -> bytes:
+    """The payload's bytes as the file holds them."""
+    if sys.byteorder == "big":
+        words = array("i", words)
+        words.byteswap()
+    return words.tobytes()
+
+
+def _unpack_server_tokens(slot: SlotFile, words: array[int]) -> None:
+    """Unpack llama-server's packed payload (marker -1, version, text tokens, media)."""
+    p, n = slot.path, len(words)
+
+    def off(word: int) -> int:
+        return HEADER + 4 * word
+
+    if n < 4:
+        raise InputError(f"packed token payload of {n} words is too short", source=p, offset=HEADER)
+    state_version = int(words[1]) & 0xFFFFFFFF
+    if state_version != SERVER_TOKENS_STATE_VERSION:
+        raise InputError(f"Unsupported server tokens state version {state_version}", source=p, offset=off(1))
+    c = int(words[2]) & 0xFFFFFFFF
+    if 3 + c + 1 > n:
+        raise InputError(f"packed payload claims {c} tokens but holds only {n - 4} words", source=p, offset=off(2))
+    tokens = words[3 : 3 + c]
+    k = int(words[3 + c]) & 0xFFFFFFFF
+    if 3 + c + 1 + k > n:
+        raise InputError(
+            f"packed payload claims {k} media chunks but holds only {n - 4 - c} words after the tokens",
+            source=p,
+            offset=off(3 + c),
+        )
+    starts = [w & 0xFFFFFFFF for w in words[4 + c : 4 + c + k]]
+    raw = _little_endian(words)
+    pos = 4 * (4 + c + k)
+    for j in range(k):
+        if pos + 4 > len(raw):
+            raise InputError(f"media chunk {j} header is truncated", source=p, offset=HEADER + pos)
+        (length,) = struct.unpack_from("<I", raw, pos)
+        if pos + 4 + length > len(raw):
+            raise InputError(
+                f"media chunk {j} claims {length} bytes but the payload holds {len(raw) - pos - 4}",
+                source=p,
+                offset=HEADER + pos,
+            )
+        pos += 4 + length
+    trailing = len(raw) - pos
+    if trailing > 3:
+        raise InputError(
+            f"Trailing data in server tokens state: {trailing} bytes after the media chunks",
+            source=p,
+            offset=HEADER + pos,
+        )
+    for j, s in enumerate(starts):
+        if s >= c or tokens[s] != MEDIA:
+            raise InputError(
+                f"media chunk {j} starts at token {s}, which is not a media cell", source=p, offset=off(4 + c + j)
+            )
+    i = _first_negative(tokens, skip=MEDIA)
+    if i is not None:
+        raise InputError(f"negative token id {tokens[i]} at token {i}", source=p, offset=off(3 + i))
+    if k == 0 and _negatives(tokens).find(1) >= 0:  # only -1 (media) is left among the negatives
+        i = tokens.index(MEDIA)
+        raise InputError(f"media cell at token {i} but no media chunks", source=p, offset=off(3 + i))
+    slot.tokens = tokens
+    slot.packed = True
+    slot.media_chunks = k
+
+
+def check_vocab(slot_tokens: Ids, n_vocab: int, source: str, vocab_name: str) -> None:
+    """Refuse IDs outside [0, n_vocab): the tokenizer is not the model's. The IDs are a stdlib
+    array, a list or a numpy array; max() runs at C speed on each without a Python int per token."""
+    if len(slot_tokens) == 0:
+        return
+    ids = cast(Any, slot_tokens)
+    top = int(ids.max()) if hasattr(ids, "dtype") else max(ids)  # numpy's own max: no Python int per token
+    if top >= n_vocab:
+        bad = [i for i, t in enumerate(ids) if t >= n_vocab]
+        i = bad[0]
+        raise InputError(
+            f"token {i} is id {int(ids[i])}, outside the {n_vocab}-token vocabulary of "
+            f"{vocab_name} ({len(bad)} such tokens, max id {top}); "
+            "pass --tokenizer with the model's tokenizer.json, HF directory or GGUF file",
+            source=source,
+        )
+
+
+def is_slot_file(path: Path) -> bool:
+    """Cheap probe: does the file start with a ggsq/ggsn magic?"""
+    head = safeio.head(path, 4)
+    return len(head) == 4 and struct.unpack("<I", head)[0] in (MAGIC_GGSQ, MAGIC_GGSN)
+
+
+def list_session_dir(path: str | os.PathLike[str], order: str = "auto") -> list[Path]:
+    """The slot files of a directory, ordered as turns (by save time, or by name)."""
+    d = Path(path)
+    try:
+        files = [e for e in d.iterdir() if e.is_file() and is_slot_file(e)]
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(d)) from None
+    if order == "name":
+        files.sort(key=lambda e: natural_key(e.name))
+    else:
+        files.sort(key=lambda e: (e.stat().st_mtime_ns, natural_key(e.name)))
+    return files
+
+
+def natural_key(name: str) -> list:
+    """Sort key that puts turn-2 before turn-10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]

@@ -1,0 +1,672 @@
+"""Render a chat request through its real chat template, attributing every
+character to the request field that produced it.
+
+Rendering is jinja2 in transformers' exact chat-template environment
+(tokendiff.sources.templates.env), so the text is what `apply_chat_template` gives. Attribution needs no knowledge
+of any particular template:
+
+* string fields (message content, reasoning, tool-call names, arguments,
+  ids, tool names and descriptions) are wrapped in private-use sentinel
+  characters, rendered once more, and located where the sentinels land. The
+  render without sentinels must be identical; a field whose wrapping changes
+  the output (a template that inspects or strips it) is located by
+  substitution instead: render it with its letters rotated and take the
+  characters that change.
+* each tool's span is what disappears when the tool is left out (snapped to
+  the start of a line or of its JSON object, since a deletion can slide over
+  text the neighbours share); the tools block is what disappears with all of
+  them.
+* the generation prompt is what `add_generation_prompt` appends.
+* turns (and the template's own boilerplate) come from the family grammar on
+  the tokenised text; a turn holding one message's fields is that message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import accumulate
+from typing import Any
+
+import numpy as np
+
+from tokendiff.core.align import shared_prefix, shared_suffix
+from tokendiff.core.model import Part, SectionPath
+from tokendiff.errors import InputError
+from tokendiff.sources.templates.env import GEN_MARK
+
+
+class _Sentinels:
+    """Private Use characters that wrap fields for one render, half opening and half closing: sentinel k
+    opens with chr(start + k) and closes with chr(start + per_render + k). A prompt that holds a
+    character of the range (Nerd Font glyphs in a tool's output, Apple's logo) gets the other range:
+    with sentinels it cannot tell apart, every field would be located by a render of its own."""
+
+    __slots__ = ("start", "per_render", "pattern", "split", "marked")
+
+    def __init__(self, first: str, last: str, marked: bool):
+        self.start = ord(first)
+        self.per_render = (ord(last) - ord(first) - int(marked)) // 2  # fields wrapped in one render
+        self.pattern = re.compile(f"[{first}-{last}]")
+        self.split = re.compile(f"([{first}-{last}])")  # keeps what it splits at
+        self.marked = marked  # its last character, template_env.GEN_MARK, is where the generation prompt begins
+
+    def field(self, code: int) -> tuple[int, bool]:
+        """(the field a sentinel belongs to, whether it closes it)."""
+        k = code - self.start
+        return (k - self.per_render, True) if k >= self.per_render else (k, False)
+
+
+# the Basic Multilingual Plane's Private Use Area, 6,400 characters (U+F8FF marks the generation prompt): chunks
+# of 3,199 fields, every sentinel inside the range they are found by (closing at U+F000 + k once left every
+# field past the 2,304th of a chunk unfound, and the chunk's fields then located one by one: 2,400 messages
+# took 14 s instead of 0.1 s); then Supplementary Private Use Area-A, for a prompt that holds the first
+BMP_SENTINELS = _Sentinels("\ue000", GEN_MARK, marked=True)
+PLANE_15_SENTINELS = _Sentinels("\U000f0000", "\U000ffffd", marked=False)
+MAX_SENTINELS = BMP_SENTINELS.per_render
+GEN_AT = ord(GEN_MARK)
+
+
+def _sentinels_for(text: str) -> _Sentinels | None:
+    """Sentinels that `text` does not hold (None: it holds characters of both ranges)."""
+    return next((s for s in (BMP_SENTINELS, PLANE_15_SENTINELS) if not s.pattern.search(text)), None)
+
+
+@dataclass
+class Span:
+    path: SectionPath  # e.g. message 3 (assistant) › tool call get_weather (arguments)
+    start: int  # character offsets into Rendered.text, half-open
+    end: int
+
+
+@dataclass
+class Rendered:
+    text: str
+    spans: list[Span] = field(default_factory=list)
+    template_sha256: str = ""
+    unlocated: list[str] = field(default_factory=list)  # fields the render does not show verbatim
+
+
+class _Leaf:
+    """A string field of a request: where it sits (keys from the body down) and its section path. Shared:
+    the same fields recur in every request of a session, so the common ones are made once."""
+
+    __slots__ = ("path", "keys")
+
+    def __init__(self, path: SectionPath, keys: tuple[Any, ...]):
+        self.path, self.keys = path, keys
+
+    def get(self, b: dict) -> Any:
+        cur: Any = b
+        for k in self.keys:
+            try:
+                cur = cur[k]
+            except (KeyError, IndexError, TypeError):
+                return None
+        return cur
+
+    def set(self, b: dict, v: Any) -> None:
+        cur: Any = b
+        for k in self.keys[:-1]:
+            cur = cur[k]
+        cur[self.keys[-1]] = v
+
+
+def template_sha256(template: str) -> str:
+    return hashlib.sha256(template.encode()).hexdigest()
+
+
+def _copy(body: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a request to edit: its dicts and lists fresh, its scalars shared (immutable). A request
+    is parsed JSON; anything else in it renders as its type's name either way (template_env.plain_data)."""
+    from tokendiff.sources.templates.env import plain_data
+
+    return plain_data(body)
+
+
+class Renderer:
+    """Renders requests with one chat template (compiled once)."""
+
+    def __init__(self, template: str, bos_token: str = "", eos_token: str = "", **kwargs: Any):
+        if not isinstance(template, str) or not template.strip():
+            raise InputError("empty chat template")
+        self.template = template
+        self.defaults = {"bos_token": bos_token, "eos_token": eos_token, **kwargs}
+        self._typed: bool | None = None
+        self.template_sha256 = template_sha256(template)
+
+    def render(
+        self, body: dict[str, Any], add_generation_prompt: bool | None = None, mark_generation: bool = False
+    ) -> str:
+        """The request's prompt; `mark_generation`: with template_env.GEN_MARK where the generation
+        prompt begins, if the template tells (see compile_marked)."""
+        body = normalize_tools(body)
+        messages = [self._for_template(i, m) for i, m in enumerate(checked_messages(body))]
+        kwargs = dict(self.defaults)
+        ctk = body.get("chat_template_kwargs")
+        if isinstance(ctk, dict):
+            kwargs.update(ctk)
+        agp = body.get("add_generation_prompt", True) if add_generation_prompt is None else add_generation_prompt
+        return self._render(messages, body.get("tools") or None, agp, kwargs, mark_generation)
+
+    def _render(self, messages: list, tools: Any, agp: Any, kwargs: dict[str, Any], mark: bool = False) -> str:
+        from jinja2 import TemplateError
+
+        from tokendiff.sources.templates.env import render_request
+
+        try:
+            return render_request(self.template, messages, tools, agp, kwargs, marked=mark)
+        except (TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:
+            raise InputError(f"the chat template failed on this request: {type(e).__name__}: {e}") from None
+
+    def _for_template(self, i: int, m: dict[str, Any]) -> dict[str, Any]:
+        """The message with list content as llama-server hands it to the template: the parts joined
+        with newlines, or kept as text parts for a template that iterates them."""
+        content = m.get("content")
+        if not isinstance(content, list):
+            return m
+        texts = part_texts(content, f"messages[{i}].content")
+        if self.typed_content:
+            return dict(m, content=[{"type": "text", "text": t} for t in texts])
+        return dict(m, content="\n".join(texts))
+
+    @property
+    def typed_content(self) -> bool:
+        """Whether the template shows content only when given as a list of parts (minja's
+        requires_typed_content, which llama-server uses to decide): probed once."""
+        if self._typed is None:
+            needle = "\ue000tokendiff-probe\ue001"
+
+            def shows(content: Any) -> bool:
+                try:
+                    return needle in self._render([{"role": "user", "content": content}], None, False, self.defaults)
+                except InputError:
+                    return False
+
+            self._typed = not shows(needle) and shows([{"type": "text", "text": needle}])
+        return self._typed
+
+    # ------------------------------------------------------------ attribution
+
+    def attribute(self, body: dict[str, Any], text: str | None = None) -> Rendered:
+        """The render with every field's span. `text`: the render as the caller has it already (its
+        tokens decoded): taken only if the sentinel render confirms it, else rendered here."""
+        body = normalize_tools(body)
+        leaves = _leaves(body)
+        spans, gen_at = self._confirmed_spans(body, leaves, text) if text is not None else (None, None)
+        unlocated: list[str] = []
+        if text is None or spans is None:
+            text = self.render(body)
+            spans = self._leaf_spans(body, leaves, text, unlocated)
+        r = Rendered(text, template_sha256=self.template_sha256, unlocated=unlocated)
+        r.spans += [_with_think_tags(text, sp) for sp in spans]
+        r.spans += self._tool_spans(body, text)
+        r.spans += self._message_spans(r.spans)
+        if gen_at is None:  # where the render without the generation prompt ends
+            no_gen = self.render(body, add_generation_prompt=False)
+            gen_at = len(no_gen) if text.startswith(no_gen) else len(text)
+        if gen_at < len(text):
+            r.spans.append(Span(SectionPath.of(Part("generation_prompt")), gen_at, len(text)))
+        r.spans.sort(key=lambda s: (s.start, -s.end, len(s.path)))
+        return r
+
+    def _confirmed_spans(
+        self, body: dict[str, Any], leaves: list[_Leaf], text: str
+    ) -> tuple[list[Span] | None, int | None]:
+        """The fields' spans if every chunk's sentinel render is `text` without the sentinels: then
+        `text` is the render, with no render of its own. None when some render is not, or none ran.
+        Second, where the generation prompt begins, when the template marks it (else None)."""
+        spans: list[Span] = []
+        rendered = False
+        gen_at: int | None = None
+        sent = _sentinels_for(text)
+        if sent is None:
+            return None, None
+        for chunk in _chunks(leaves, sent.per_render):
+            got = self._sentinel_render(body, chunk, sent)
+            if got is None:
+                if any(isinstance(v := leaf.get(body), str) and v for leaf in chunk):
+                    return None, None  # the template failed on the wrapped fields
+                continue
+            if got[1] != text:
+                return None, None
+            rendered = True
+            found, gen_at = _sentinel_spans(got[0], chunk, sent)
+            spans += found
+        return (spans, gen_at) if rendered else (None, None)
+
+    def _sentinel_render(
+        self, body: dict, leaves: list[_Leaf], sent: _Sentinels
+    ) -> tuple[list[tuple[int, int]], str] | None:
+        """The render with `leaves` wrapped in sentinels (and the generation prompt marked where the
+        template allows), as (each sentinel's code and position in the text without them, that text);
+        None when no leaf has text to wrap or the template fails on the wrapped request."""
+        wrapped = _copy(body)
+        used = 0
+        opens, closes = sent.start, sent.start + sent.per_render
+        for k, leaf in enumerate(leaves):
+            v = leaf.get(wrapped)
+            if isinstance(v, str) and v:
+                leaf.set(wrapped, chr(opens + k) + v + chr(closes + k))
+                used += 1
+        if not used:
+            return None
+        try:
+            out = self.render(wrapped, mark_generation=sent.marked)
+        except InputError:
+            return None
+        parts = sent.split.split(out)  # the text between sentinels (even places), and the sentinels (odd)
+        texts = parts[0::2]  # a sentinel's position is the running length of the texts before it
+        marks = list(zip(map(ord, parts[1::2]), accumulate(map(len, texts[:-1]))))
+        return marks, "".join(texts)
+
+    def _leaf_spans(self, body: dict, leaves: list[_Leaf], text: str, unlocated: list[str]) -> list[Span]:
+        spans: list[Span] = []
+        sent = _sentinels_for(text)
+        for chunk in _chunks(leaves, sent.per_render if sent else 1):
+            found = self._wrapped(body, chunk, text, sent) if sent else None
+            if found is not None:
+                spans += found
+                continue
+            for leaf in chunk:  # find the fields whose wrapping changes the output
+                one = self._wrapped(body, [leaf], text, sent) if sent else None
+                if one is not None:
+                    spans += one
+                else:
+                    s = self._substituted(body, leaf, text)
+                    if s is not None:
+                        spans.append(s)
+                    elif _nonempty(leaf.get(body)):
+                        unlocated.append(leaf.path[-1].field or "")
+        return spans
+
+    def _wrapped(self, body: dict, leaves: list[_Leaf], text: str, sent: _Sentinels) -> list[Span] | None:
+        """The spans of `leaves` from one sentinel render, if it is `text` once the sentinels are
+        removed ([] when no leaf has text); None when the wrapping changes the output."""
+        if not any(isinstance(v := leaf.get(body), str) and v for leaf in leaves):
+            return []
+        got = self._sentinel_render(body, leaves, sent)
+        if got is None or got[1] != text:
+            return None
+        return _sentinel_spans(got[0], leaves, sent)[0]
+
+    def _substituted(self, body: dict, leaf: _Leaf, text: str) -> Span | None:
+        v = leaf.get(body)
+        if not isinstance(v, str) or not v:
+            return None
+        changed = _copy(body)
+        leaf.set(changed, _rotate(v))
+        try:
+            out = self.render(changed)
+        except InputError:
+            return None
+        if len(out) != len(text) or out == text:
+            return None
+        diff = [i for i, (x, y) in enumerate(zip(text, out)) if x != y]
+        a, b = diff[0], diff[-1] + 1
+        # snap to the value itself when the template shows it verbatim or stripped
+        for form in (v, v.strip(), v.strip("\n")):
+            if form:
+                i = text.rfind(form, 0, b)
+                if i >= 0 and i <= a and i + len(form) >= b:
+                    return Span(leaf.path, i, i + len(form))
+        return Span(leaf.path, a, b)
+
+    def _tool_spans(self, body: dict, text: str) -> list[Span]:
+        tools = body.get("tools")
+        if not isinstance(tools, list) or not tools:
+            return []
+        spans = []
+        without_all = dict(body, tools=None)
+        block = _removed_span(text, self._render_quiet(without_all), snap=True)
+        short, short_text, agree = self._tools_context(body, text, block)
+        for j, tool in enumerate(tools):
+            rest = tools[:j] + tools[j + 1 :]
+            s, reach = _removed_run(short_text, self._render_quiet(dict(short, tools=rest)), snap=True)
+            if short is not body and reach > agree:  # decided past what the cut renders as the whole does
+                s = _removed_span(text, self._render_quiet(dict(body, tools=rest)), snap=True)
+            if s:
+                spans.append(Span(SectionPath.of(TOOLS, _tool_part(j, tool)), *s))
+        for prev, cur in zip(spans, spans[1:]):  # a separator both neighbours could claim goes to the first
+            if cur.start < prev.end:
+                cur.start = min(prev.end, cur.end)
+        if block is None and spans:  # the template moved more than the tools: their hull
+            block = (min(x.start for x in spans), max(x.end for x in spans))
+        if block:
+            spans.insert(0, Span(SectionPath.of(TOOLS), *block))
+        return spans
+
+    def _tools_context(self, body: dict, text: str, block: tuple[int, int] | None) -> tuple[dict, str, int]:
+        """The request cut to its first messages, as few as render the text of the whole request through
+        the tools block and a little past it, that render, and how far it is the whole request's text.
+        Each tool is then left out of a prompt of a few turns, not of the whole conversation (40 tools
+        and 200 messages: 42 renders of 1.5 ms each, and as many scans of the whole text). It gives
+        the whole request's answer for a template that writes its tools before the messages and from
+        nothing the messages read (`tools_written_first`): leaving a tool out of the whole request then
+        leaves one run where it leaves one from the cut, decided where the two texts agree (a tool
+        whose run is decided further in is left out of the whole request instead). The whole request
+        itself for any other template, or when leaving out every tool changes more than one run."""
+        from tokendiff.sources.templates.env import tools_written_first
+
+        messages = body.get("messages")
+        if block is None or not isinstance(messages, list) or not tools_written_first(self.template):
+            return body, text, len(text)
+        m = 1
+        while m < len(messages):
+            short = dict(body, messages=messages[:m])
+            got = self._render_quiet(short)
+            if got is not None:
+                agree = shared_prefix(got, text)
+                if agree >= block[1] + TOOLS_MARGIN:
+                    return short, got, agree
+            m *= 2
+        return body, text, len(text)
+
+    def _render_quiet(self, body: dict) -> str | None:
+        try:
+            return self.render(body)
+        except InputError:
+            return None
+
+    def _message_spans(self, spans: list[Span]) -> list[Span]:
+        """Parent spans: a tool call covers its fields; a tool's fields sit in its span."""
+        out = []
+        groups: dict[SectionPath, list[Span]] = {}
+        for s in spans:
+            if len(s.path) >= 3 and s.path[0].kind == "message":  # message › tool call › field
+                groups.setdefault(s.path[:2], []).append(s)
+        for path, members in groups.items():
+            out.append(Span(path, min(m.start for m in members), max(m.end for m in members)))
+        return out
+
+
+MEDIA_MARKER = "<__media__>"  # llama-server's text for an image or audio part (mtmd_default_marker)
+_TEXT_PARTS = ("text", "input_text")
+_MEDIA_PARTS = ("image_url", "input_audio", "image", "input_image")
+
+
+def checked_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's messages, refused unless a non-empty list of objects."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise InputError("request has no messages list")
+    if not messages:
+        raise InputError("request has an empty messages list: nothing to render")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise InputError(f"messages[{i}] is a {type(m).__name__}, not a message object")
+    return messages
+
+
+def part_texts(parts: list, where: str) -> list[str]:
+    """The text of each content part, as llama-server reads them: text parts as they are, image and
+    audio parts as the media marker; any other part is an error naming it."""
+    out = []
+    for j, part in enumerate(parts):
+        kind = part.get("type", "text") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            out.append(part["text"])
+        elif kind in _MEDIA_PARTS:
+            out.append(MEDIA_MARKER)
+        else:
+            raise InputError(f"{where}[{j}] is not a text, image or audio part ({_describe(part)})")
+    return out
+
+
+def _describe(part: Any) -> str:
+    if not isinstance(part, dict):
+        return f"a {type(part).__name__}"
+    kind = part.get("type")
+    return f"type {kind!r}" if isinstance(kind, str) else "no type and no text string"
+
+
+def normalize_tools(body: dict[str, Any]) -> dict[str, Any]:
+    """Tools in the standard shape (`{"type": "function", "function": {...}}`): bare function objects
+    and the legacy `functions` field wrapped. The same object when nothing needs changing."""
+    tools = body.get("tools")
+    legacy = not tools and isinstance(body.get("functions"), list) and bool(body["functions"])
+    if legacy:
+        tools = body["functions"]
+    if not isinstance(tools, list) or not tools:
+        return body
+    if not legacy and all(not _bare_function(t) for t in tools):
+        return body
+    wrapped = [{"type": "function", "function": t} if _bare_function(t) else t for t in tools]
+    return {**{k: v for k, v in body.items() if k != "functions"}, "tools": wrapped}
+
+
+def _bare_function(tool: Any) -> bool:
+    return isinstance(tool, dict) and "function" not in tool and isinstance(tool.get("name"), str)
+
+
+_THINK_OPEN = re.compile(r"<think>\s*$")
+_THINK_CLOSE = re.compile(r"^\s*</think>\n*")
+
+
+def _sentinel_spans(
+    marks: list[tuple[int, int]], leaves: list[_Leaf], sent: _Sentinels
+) -> tuple[list[Span], int | None]:
+    """Where each wrapped leaf landed, from the sentinels' codes and positions in the text without them;
+    a field rendered twice is two spans. Second, where the generation prompt begins, if marked once."""
+    opens: dict[int, list[int]] = {}
+    closes: dict[int, list[int]] = {}
+    gen: list[int] = []
+    for c, pos in marks:
+        if sent.marked and c == GEN_AT:
+            gen.append(pos)
+            continue
+        k, closing = sent.field(c)
+        (closes if closing else opens).setdefault(k, []).append(pos)
+    spans = []
+    for k in sorted(opens.keys() & closes.keys()):
+        if k < len(leaves):
+            spans += [Span(leaves[k].path, s, e) for s, e in zip(opens[k], closes[k]) if e >= s]
+    return spans, (gen[0] if len(gen) == 1 else None)
+
+
+def _with_think_tags(text: str, sp: Span) -> Span:
+    """A reasoning field owns the <think>...</think> wrapper the template puts around it."""
+    if sp.path[-1].kind != "reasoning":
+        return sp
+    before = _THINK_OPEN.search(text, max(0, sp.start - 24), sp.start)
+    after = _THINK_CLOSE.match(text[sp.end : sp.end + 24])
+    if before and after:
+        return Span(sp.path, before.start(), sp.end + after.end())
+    return sp
+
+
+def _chunks(items: list, n: int) -> list[list]:
+    return [items[i : i + n] for i in range(0, len(items), n)] or [[]]
+
+
+def _nonempty(v: Any) -> bool:
+    return isinstance(v, str) and bool(v.strip())
+
+
+def _rotate(s: str) -> str:
+    """The same string with every letter and digit moved on by one: same length, same shape."""
+
+    def rot(c: str) -> str:
+        if "a" <= c <= "y" or "A" <= c <= "Y" or "0" <= c <= "8":
+            return chr(ord(c) + 1)
+        if c in "zZ9":
+            return {"z": "a", "Z": "A", "9": "0"}[c]
+        return c
+
+    return "".join(rot(c) for c in s)
+
+
+def _removed_span(full: str, shorter: str | None, snap: bool) -> tuple[int, int] | None:
+    """Where `full` has the characters that `shorter` lacks (one deleted run).
+
+    A deleted run can slide over text its neighbours share; `snap` picks the
+    placement starting at a line start or at `{`, `[` or `<`, else the leftmost.
+    """
+    return _removed_run(full, shorter, snap)[0]
+
+
+def _removed_run(full: str, shorter: str | None, snap: bool) -> tuple[tuple[int, int] | None, int]:
+    """`_removed_span`, and how far into `full` (and `shorter`, shifted) the answer reads: a text that
+    agrees with `full` that far, less the deleted run from another, gives the same answer."""
+    if shorter is None or len(shorter) >= len(full):
+        return None, len(full) + 1
+    n = len(full) - len(shorter)
+    lim = len(shorter)
+    p = shared_prefix(full, shorter)
+    s = shared_suffix(full, shorter)
+    reach = p + n + 1  # the prefix stopped at full[p + n]; the suffix and the placements read no further
+    # placements q with full[:q] == shorter[:q] and full[q+n:] == shorter[q:]
+    left, right = max(0, len(full) - s - n), min(p, lim)
+    if left > right:
+        return None, reach  # not a single deleted run: the template restructured
+    if not snap:
+        return (left, left + n), reach
+    right = min(right, left + 4000)
+    depth = _min_depths(full, left, right, n)
+    best = max(depth)
+    balanced = [left + r for r, low in enumerate(depth) if low == best]
+    for ok in (
+        lambda q: (q == 0 or full[q - 1] == "\n") and not full[q].isspace(),
+        lambda q: (m := _FIRST_AFTER_SEPARATORS.match(full, q, q + n)) is not None and m.group(1) in "{[<",
+        lambda q: True,
+    ):
+        for q in balanced:
+            if ok(q):
+                return (q, q + n), reach
+    return (left, left + n), reach
+
+
+_FIRST_AFTER_SEPARATORS = re.compile(r"[ \n,]*(.)", re.DOTALL)
+_OPENING = np.array([ord(c) for c in "([{"], dtype=np.uint32)
+_CLOSING = np.array([ord(c) for c in ")]}"], dtype=np.uint32)
+
+
+def _min_depths(text: str, left: int, right: int, n: int) -> list[int]:
+    """For each q in [left, right], the lowest bracket depth reached in text[q:q+n], relative to its
+    start (0 for a well-formed piece). One pass of running depths and a sliding minimum instead of a
+    walk over each window: a long tool that can slide far made that walk quadratic."""
+    codes = np.frombuffer(text[left : right + n].encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    steps = np.isin(codes, _OPENING).astype(np.int64) - np.isin(codes, _CLOSING)
+    depth = np.concatenate(([0], np.cumsum(steps)))  # depth[i]: after the first i characters
+    # window r (q = left + r) reaches depth[r + 1 .. r + n]; depth only falls at a closing bracket
+    lows = _sliding_min(depth[1:], n) - depth[: right - left + 1]
+    return np.minimum(lows, 0).tolist()
+
+
+def _sliding_min(x: np.ndarray, w: int) -> np.ndarray:
+    """min(x[i:i+w]) for every i (van Herk / Gil-Werman: prefix and suffix minima of w-blocks)."""
+    m = len(x) - w + 1
+    padded = np.concatenate((x, np.full(-len(x) % w, x.max(), dtype=x.dtype))).reshape(-1, w)
+    prefix = np.minimum.accumulate(padded, axis=1).ravel()
+    suffix = np.minimum.accumulate(padded[:, ::-1], axis=1)[:, ::-1].ravel()
+    return np.minimum(suffix[:m], prefix[w - 1 : w - 1 + m])
+
+
+TOOLS = Part("tools", field="tools")
+TOOLS_MARGIN = 256  # characters past the tools block a cut request must render as the whole does
+_REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
+
+
+def _function_name(item: Any) -> str | None:
+    """The name of a tool or tool call (`{"function": {"name": ...}}` or flat)."""
+    if not isinstance(item, dict):
+        return None
+    fn = item.get("function") if isinstance(item.get("function"), dict) else item
+    name = fn.get("name") if isinstance(fn, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _tool_part(j: int, tool: Any) -> Part:
+    return Part("tool", j, _function_name(tool), f"tools[{j}]")
+
+
+def _call_part(i: int, k: int, call: Any) -> Part:
+    return Part("tool_call", k, _function_name(call), f"messages[{i}].tool_calls[{k}]")
+
+
+def _msg_part(i: int, m: dict) -> Part:
+    role = m.get("role")
+    return Part("message", i, role if isinstance(role, str) else None, f"messages[{i}]")
+
+
+def _field_part(path: str, short: str) -> Part:
+    """A leaf field: reasoning is its own kind (the grammar finds it too), the rest are fields."""
+    return Part("reasoning" if short in _REASONING_FIELDS else "field", name=short, field=path)
+
+
+def _leaf(base: SectionPath, field_path: str, short: str, *keys: Any) -> _Leaf:
+    """The string at body[keys[0]][keys[1]]..., located as `base` › the field."""
+    return _Leaf(base + (_field_part(field_path, short),), keys)
+
+
+@lru_cache(maxsize=8192)
+def _message_field(i: int, role: str | None, fld: str) -> _Leaf:
+    """messages[i].fld of a message with this role: made once per session."""
+    base = SectionPath.of(Part("message", i, role, f"messages[{i}]"))
+    return _leaf(base, f"messages[{i}].{fld}", fld, "messages", i, fld)
+
+
+def _message_leaves(i: int, m: dict) -> list[_Leaf]:
+    role = m.get("role")
+    role = role if isinstance(role, str) else None
+    field = _message_field if role is None or len(role) <= 32 else _message_field.__wrapped__  # a long role: not kept
+    out: list[_Leaf] = []
+    content = m.get("content")
+    if isinstance(content, str):
+        out.append(field(i, role, "content"))
+    elif isinstance(content, list):
+        base = SectionPath.of(_msg_part(i, m))
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                path = f"messages[{i}].content[{j}].text"
+                out.append(_leaf(base, path, f"content[{j}]", "messages", i, "content", j, "text"))
+    for fld in (*_REASONING_FIELDS, "tool_call_id", "name"):
+        if isinstance(m.get(fld), str):
+            out.append(field(i, role, fld))
+    calls = m.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        base = SectionPath.of(_msg_part(i, m))
+        for k, call in enumerate(calls):
+            if isinstance(call, dict):
+                out += _call_leaves(base + (_call_part(i, k, call),), i, k, call)
+    return out
+
+
+def _call_leaves(cbase: SectionPath, i: int, k: int, call: dict) -> list[_Leaf]:
+    out: list[_Leaf] = []
+    at = ("messages", i, "tool_calls", k)
+    pre = f"messages[{i}].tool_calls[{k}]"
+    if isinstance(call.get("id"), str):
+        out.append(_leaf(cbase, f"{pre}.id", "id", *at, "id"))
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        return out
+    if isinstance(fn.get("name"), str):
+        out.append(_leaf(cbase, f"{pre}.function.name", "name", *at, "function", "name"))
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        out.append(_leaf(cbase, f"{pre}.function.arguments", "arguments", *at, "function", "arguments"))
+    elif isinstance(args, dict):  # parsed arguments (as llama-server templates them): each string value
+        for ak, av in args.items():
+            if isinstance(av, str):
+                out.append(_leaf(cbase, f"{pre}.function.arguments", "arguments", *at, "function", "arguments", ak))
+    return out
+
+
+def _leaves(body: dict) -> list[_Leaf]:
+    """Every string field whose text a template may show, with a getter and setter."""
+    leaves: list[_Leaf] = []
+    messages, tools = body.get("messages"), body.get("tools")  # what the template refuses: no leaves
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        if isinstance(m, dict):
+            leaves += _message_leaves(i, m)
+    for j, tool in enumerate(tools if isinstance(tools, list) else []):
+        if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict):
+            continue
+        tbase = SectionPath.of(TOOLS, _tool_part(j, tool))
+        for fld in ("name", "description"):
+            if isinstance(tool["function"].get(fld), str):
+                leaves.append(_leaf(tbase, f"tools[{j}].function.{fld}", fld, "tools", j, "function", fld))
+    return leaves
