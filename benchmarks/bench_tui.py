@@ -43,7 +43,7 @@ def main() -> None:
     from tokendiff.core.align import align
     from tokendiff.core.explain import explain
     from tokendiff.core.model import Prompt
-    from tokendiff.core.vocab import load_bundled
+    from tokendiff.sources.tokenizers import load_bundled
     from tokendiff.tui.app import Options, TokendiffApp
     from tokendiff.tui.screens import PairScreen
     from tokendiff.tui.widgets.pairdata import build_pair_view
@@ -145,11 +145,12 @@ def _capture(turns: int, tokens: int, keep: Path | None) -> Path:
 
 
 def bench_session(turns: int, tokens: int, keep: Path | None) -> None:
-    from tokendiff.app import workflows as wf
+    from tokendiff.app.pair import PromptOptions
+    from tokendiff.app.session import open_session
 
     path = _capture(turns, tokens, keep)
     t0 = time.perf_counter()
-    loaded = wf.open_session(wf.PromptOptions(), [str(path)])
+    loaded = open_session(PromptOptions(), [str(path)])
     t_analysis = time.perf_counter() - t0
     s = loaded.session
     print(

@@ -110,7 +110,7 @@ def bench_keys(tokens: int) -> None:
     from tokendiff.core.align import align
     from tokendiff.core.explain import explain
     from tokendiff.core.model import Prompt
-    from tokendiff.core.vocab import load_bundled
+    from tokendiff.sources.tokenizers import load_bundled
     from tokendiff.tui.app import Options, TokendiffApp
     from tokendiff.tui.screens import PairScreen
     from tokendiff.tui.widgets.pairdata import build_pair_view

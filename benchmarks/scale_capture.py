@@ -26,7 +26,7 @@ class _Encoder:
     def __init__(self) -> None:
         from tokenizers import Tokenizer
 
-        from tokendiff.core.vocab import BUNDLED_DIR
+        from tokendiff.sources.tokenizers import BUNDLED_DIR
 
         raw = gzip.decompress((BUNDLED_DIR / "tokenizer.json.gz").read_bytes()).decode()
         self.tk = Tokenizer.from_str(raw)

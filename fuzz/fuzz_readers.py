@@ -101,12 +101,12 @@ def structured_target(name: str, path: Path):
         from tokendiff.sources.slotfile import read_slot_file
     checks = StructuredChecks(
         path,
-        tokendiff.sources.loader.Loader(tokendiff.core.vocab.load_bundled()),
+        tokendiff.sources.loader.Loader(tokendiff.sources.tokenizers.load_bundled()),
         Readers(
             read_slot_file,
             read_capture,
             tokendiff.sources.importers.har.read_har,
-            tokendiff.core.vocab.load_tokenizer_json,
+            tokendiff.sources.tokenizers.load_tokenizer_json,
         ),
         InputError,
     )

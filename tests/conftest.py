@@ -15,8 +15,9 @@ sys.path.insert(0, str(HERE))
 
 from tokendiff.core import grammar  # noqa: E402
 from tokendiff.core.model import Prompt  # noqa: E402
-from tokendiff.core.vocab import BUNDLED_DIR, TextTokenizer, Vocab, load_bundled, load_hf_dir, text_tokenizer  # noqa: E402
+from tokendiff.core.vocab import TextTokenizer, Vocab  # noqa: E402
 from tokendiff.paths import cache_dir  # noqa: E402
+from tokendiff.sources.tokenizers import BUNDLED_DIR, load_bundled, load_hf_dir, text_tokenizer  # noqa: E402
 
 TEMPLATES = HERE / "fixtures" / "templates"
 REQUIRE_SERVER = os.environ.get("TOKENDIFF_REQUIRE_SERVER") == "1"

@@ -25,10 +25,12 @@ def _write(tmp_path: Path, recs: list[dict], props: dict | None = None) -> Path:
 
 
 def _report(path: Path, with_session: bool = False):
-    from tokendiff.app import workflows as wf
+    from tokendiff.app.pair import PromptOptions
+    from tokendiff.app.reports import session_report
+    from tokendiff.app.session import open_session
 
-    loaded = wf.open_session(wf.PromptOptions(), [str(path)], single_turns=False, workers=1)
-    doc = wf.session_report(loaded, str(path))
+    loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
+    doc = session_report(loaded, str(path))
     return (doc, loaded.session) if with_session else doc
 
 

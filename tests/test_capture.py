@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from tokendiff.core import secrets
 from tokendiff.errors import InputError
-from tokendiff.sources.capture import SCHEMA, CaptureWriter, prepare_request, read_capture
 from tokendiff.sources import capture
+from tokendiff.sources.capture import SCHEMA, CaptureWriter, prepare_request, read_capture
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

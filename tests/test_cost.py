@@ -12,7 +12,8 @@ from conftest import prompt_from_ids, qwen_encode, render
 
 from tokendiff.core.align import common_prefix
 from tokendiff.core.cache.swa import AttentionLayout
-from tokendiff.core.cost import analyse, backend_reuse, turn_frame
+from tokendiff.core.cost import analyse, backend_reuse
+from tokendiff.report.dataset import turn_frame
 from tokendiff.sources.loader import Loader, session_selectors
 
 AGENT = Path(__file__).resolve().parent.parent / "captures" / "agent" / "capture.jsonl"

@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 HEAVY = (
     *("numpy", "httpx", "jinja2", "transformers", "tokenizers", "polars", "textual", "torch", "hashlib"),
     *("orjson", "shutil"),  # orjson brings datetime, uuid and platform; shutil zlib, bz2 and lzma
-    "tokendiff.app.workflows",  # the session, report and replay machinery: diff needs only tokendiff.app.pair
+    "tokendiff.app.session",  # the session, report and replay machinery: diff needs only tokendiff.app.pair
+    "tokendiff.app.reports",
+    "tokendiff.app.workers",
 )
 
 
@@ -206,7 +208,7 @@ def test_vocab_table_is_mapped_and_pickles(vocab):
     """The cached table is a memory map (nothing read up front); a worker process gets a plain copy."""
     import pickle
 
-    from tokendiff.core.vocab import load_vocab
+    from tokendiff.sources.tokenizers import load_vocab
 
     v = load_vocab()
     assert isinstance(v.blob, memoryview) and v.blob.readonly

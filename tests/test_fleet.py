@@ -13,7 +13,18 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tokendiff.app import workflows as wf
+from tokendiff.app import fleet as app_fleet
+from tokendiff.app.fleet import (
+    FleetOptions,
+    analyse_fleet,
+    expand_session_paths,
+    export_session_dataset,
+    fleet_member,
+    fleet_report,
+)
+from tokendiff.app.pair import PromptOptions
+from tokendiff.app.reports import render_report, session_report
+from tokendiff.app.session import open_session
 from tokendiff.errors import InputError
 from tokendiff.report.dataset import PARTITIONS, SPAN_COLUMNS, TURN_COLUMNS, session_key
 
@@ -99,8 +110,8 @@ def test_one_session_is_the_session_report(tmp_path):
     one = run("report", str(AGENT), "--format", "json")
     assert one.returncode == 0, one.stderr
     assert json.loads(one.stdout)["schema"] == "tokendiff.report/1"
-    loaded = wf.open_session(wf.PromptOptions(), [str(AGENT)], single_turns=False)
-    assert one.stdout == wf.render_report(wf.session_report(loaded, str(AGENT)), "json")
+    loaded = open_session(PromptOptions(), [str(AGENT)], single_turns=False)
+    assert one.stdout == render_report(session_report(loaded, str(AGENT)), "json")
     glob = run("report", str(AGENT.parent / "*.jsonl"), "--format", "json")
     assert glob.returncode == 0 and glob.stdout == one.stdout
 
@@ -166,12 +177,12 @@ def test_the_same_query_in_sql_with_duckdb(fleet):
 
 def test_fleet_formats_and_gate(fleet, tmp_path):
     doc, _, _ = fleet
-    md = wf.render_report(doc, "md")
+    md = render_report(doc, "md")
     assert md.startswith("# tokendiff report: 3 sessions")
     for heading in ("## Causes, ranked across sessions", "## Sessions", "## Worst turns"):
         assert heading in md
     assert f"| `{AGENT}` | 10 |" in md
-    html = wf.render_report(doc, "html")
+    html = render_report(doc, "html")
     assert "<script" not in html and "Reuse by session" in html and html.count("<rect") >= 3
     reuse = doc["summary"]["reuse_pct"]
     low = run("report", str(AGENT), str(DEMO), "--fail-under", "1", "-o", str(tmp_path / "r.html"), "--format", "html")
@@ -184,32 +195,32 @@ def test_fleet_formats_and_gate(fleet, tmp_path):
 
 def test_parallel_is_the_serial_answer(fleet):
     doc, _, synth = fleet
-    serial = wf.fleet_report(wf.PromptOptions(), [str(AGENT), str(DEMO), str(synth)], wf.FleetOptions(workers=1))
+    serial = fleet_report(PromptOptions(), [str(AGENT), str(DEMO), str(synth)], FleetOptions(workers=1))
     assert serial.document == doc
 
 
 def test_reexport_replaces_a_sessions_partitions(tmp_path):
     synth = synthetic(tmp_path / "s.jsonl", n=14)
     root = tmp_path / "ds"
-    loaded = wf.open_session(wf.PromptOptions(), [str(synth)], single_turns=False)
-    first = wf.export_session_dataset(loaded, str(synth), root)
+    loaded = open_session(PromptOptions(), [str(synth)], single_turns=False)
+    first = export_session_dataset(loaded, str(synth), root)
     assert {p.parent.name for p in first} == {"day=2027-01-15", "day=2027-01-16"}
     synthetic(synth, n=14, shift=0)  # every turn on the first day now
-    loaded = wf.open_session(wf.PromptOptions(), [str(synth)], single_turns=False)
-    wf.export_session_dataset(loaded, str(synth), root)
+    loaded = open_session(PromptOptions(), [str(synth)], single_turns=False)
+    export_session_dataset(loaded, str(synth), root)
     assert sorted(p.parent.name for p in root.glob("turns/*/*/part-0.parquet")) == ["day=2027-01-15"]
 
 
 def test_glob_expansion(tmp_path):
     for name in ("b.jsonl", "a.jsonl", "c.txt"):
         (tmp_path / name).write_text("")
-    assert wf.expand_session_paths([str(tmp_path / "*.jsonl")]) == [
+    assert expand_session_paths([str(tmp_path / "*.jsonl")]) == [
         str(tmp_path / "a.jsonl"),
         str(tmp_path / "b.jsonl"),
     ]
-    assert wf.expand_session_paths([str(AGENT), str(AGENT)]) == [str(AGENT)]
+    assert expand_session_paths([str(AGENT), str(AGENT)]) == [str(AGENT)]
     with pytest.raises(InputError, match="no session matches"):
-        wf.expand_session_paths([str(tmp_path / "*.har")])
+        expand_session_paths([str(tmp_path / "*.har")])
 
 
 @pytest.mark.parametrize(
@@ -254,9 +265,9 @@ def test_any_failure_of_one_session_costs_only_that_session(tmp_path, monkeypatc
             raise RuntimeError("boom")
         return real(opts, path, export_dir, **kw)
 
-    real = wf.fleet_member
-    monkeypatch.setattr(wf, "fleet_member", member)
-    facts, errors = wf.analyse_fleet(wf.PromptOptions(), [str(AGENT), "bad"], wf.FleetOptions(workers=1))
+    real = fleet_member
+    monkeypatch.setattr(app_fleet, "fleet_member", member)
+    facts, errors = analyse_fleet(PromptOptions(), [str(AGENT), "bad"], FleetOptions(workers=1))
     assert [f.path for f in facts] == [str(AGENT)]
     assert [str(e) for e in errors] == ["bad: could not be analysed (RuntimeError: boom)"]
 
@@ -265,7 +276,7 @@ def test_one_session_named_three_ways_is_one_session_and_a_name_too_long_is_an_i
     rec = tmp_path / "rec"
     rec.mkdir()
     shutil.copy(AGENT, rec / "capture.jsonl")
-    assert wf.expand_session_paths([str(rec), f"{rec}/", str(rec / "capture.jsonl")]) == [str(rec)]
+    assert expand_session_paths([str(rec), f"{rec}/", str(rec / "capture.jsonl")]) == [str(rec)]
     r = run("report", str(AGENT), "a" * 300)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "internal error" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "a" * 300 in r.stderr

@@ -332,7 +332,7 @@ def _reversed_tokenizer(tmp_path):
     Qwen's IDs but means other tokens by them, as another model's would."""
     import gzip
 
-    from tokendiff.core.vocab import BUNDLED_DIR
+    from tokendiff.sources.tokenizers import BUNDLED_DIR
 
     tok = json.loads(gzip.decompress((BUNDLED_DIR / "tokenizer.json.gz").read_bytes()))
     n = 1 + max([*tok["model"]["vocab"].values(), *(a["id"] for a in tok["added_tokens"])])

@@ -375,7 +375,7 @@ def test_llama_server_prompt_logs_and_mixed_pairs(llama_server_bin, tiny_model, 
 def test_a_har_prompt_loaded_from_its_rendered_ids_is_the_prompt_loaded_from_scratch(tmp_path):
     # the session reader tokenises each request once; a worker diffing the pair is handed those IDs
     # and their text stands in for one render: the prompt, its sections and provenance are the same
-    from tokendiff.app.workflows import PromptOptions, open_loader
+    from tokendiff.app.pair import PromptOptions, open_loader
 
     path = tmp_path / "s.har"
     path.write_text(json.dumps(_har([_entry(body(n), "{}") for n in (2, 4, len(CONVERSATION))])))

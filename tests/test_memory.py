@@ -224,7 +224,7 @@ def test_gzip_bomb_tokenizer(tmp_path):
     """300 KB of gzip inflating to 300 MB: inflated with a ceiling (128 MB), refused past it."""
     import gzip
 
-    from tokendiff.core.vocab import MAX_JSON_BYTES
+    from tokendiff.sources.tokenizers import MAX_JSON_BYTES
 
     bomb = tmp_path / "tokenizer.json.gz"
     with gzip.open(bomb, "wb", compresslevel=9) as f:
@@ -282,7 +282,7 @@ def test_windowed_encoding_is_the_one_shot_encoding():
 
     from tokenizers import Tokenizer
 
-    from tokendiff.core.vocab import BUNDLED_DIR, _read_tokenizer_bytes, encode_in_windows
+    from tokendiff.sources.tokenizers import BUNDLED_DIR, _read_tokenizer_bytes, encode_in_windows
 
     tk = Tokenizer.from_str(_read_tokenizer_bytes(BUNDLED_DIR / "tokenizer.json.gz").decode())
     pieces = ["hello", " ", "  ", "\n", "\n\n", "\t", "<|im_start|>", "<|im_end|>", "<think>", "123456", "é"]

@@ -175,7 +175,7 @@ def _one_shot_and_segments(family: str | None):
     """A real tokenizer's one-shot encoding and its SegmentEncoder (checks off, cache on)."""
     from tokenizers import Tokenizer
 
-    from tokendiff.core.vocab import BUNDLED_DIR, SegmentEncoder, _read_tokenizer_bytes
+    from tokendiff.sources.tokenizers import BUNDLED_DIR, SegmentEncoder, _read_tokenizer_bytes
 
     if family is None:
         tk = Tokenizer.from_str(_read_tokenizer_bytes(BUNDLED_DIR / "tokenizer.json.gz").decode())
@@ -222,8 +222,8 @@ def test_segmented_encoding_is_the_one_shot_encoding(family):
 def test_rendered_prompts_tokenised_in_pieces_match_the_one_shot_encoding():
     """The session path: a growing conversation rendered by the real Qwen3 template and tokenised
     by the loader (segments cached across turns) gives the IDs of a full tokenisation."""
-    from tokendiff.core.vocab import load_bundled
     from tokendiff.sources.loader import Loader
+    from tokendiff.sources.tokenizers import load_bundled
 
     loader = Loader(load_bundled(), chat_template=template("Qwen-Qwen3-0.6B.jinja"))
     messages: list[dict] = [{"role": "system", "content": "You are terse. Today is 2026-03-04."}]
@@ -450,7 +450,7 @@ def test_a_request_variable_named_like_an_option_is_a_template_variable():
 def test_the_first_encodings_are_checked_at_a_bounded_cost():
     """The trust check compares the segmented and one-shot encodings of at most SEGMENT_CHECK_CHARS of a
     prompt: a 10 MB pasted log is not tokenised twice over; a mismatch there still turns the cache off."""
-    from tokendiff.core.vocab import SEGMENT_CHECK_CHARS, SegmentEncoder
+    from tokendiff.sources.tokenizers import SEGMENT_CHECK_CHARS, SegmentEncoder
 
     tk, whole, _ = _one_shot_and_segments(None)
     seen: list[int] = []

@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokendiff.app import workflows as wf
+from tokendiff.app.pair import PromptOptions
+from tokendiff.app.reports import render_report, session_report
+from tokendiff.app.session import LoadedSession, open_session, session_pair
 from tokendiff.core.align import common_prefix
 from tokendiff.core.prefix_index import PrefixIndex
 from tokendiff.sources.capture import iter_capture, read_capture
@@ -19,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from scale_capture import make_capture, make_har, make_slot_dir  # noqa: E402
 
 
-def _session(path: Path, n: int) -> wf.LoadedSession:
+def _session(path: Path, n: int) -> LoadedSession:
     make_capture(path, n, history=1_500, compact_at=2_500, date_every=7)
-    return wf.open_session(wf.PromptOptions(), [str(path)])
+    return open_session(PromptOptions(), [str(path)])
 
 
 def test_work_is_linear_in_tokens(tmp_path):
@@ -42,7 +44,7 @@ def test_work_is_linear_in_tokens_for_har_and_slot_dirs(tmp_path, make):
     for n in (40, 160):
         path = tmp_path / f"s{n}{ext}"
         make(path, n, history=120, compact_at=400, date_every=7)
-        s = wf.open_session(wf.PromptOptions(), [str(path)]).session
+        s = open_session(PromptOptions(), [str(path)]).session
         assert len(s.turns) == n and any(t.cause == "date" for t in s.turns)
         sizes.append(s)
     small, large = sizes
@@ -76,7 +78,7 @@ def test_fast_path_is_the_full_diff(tmp_path):
     fast = [t for t in loaded.session.turns[1:] if t.divergence is None]
     assert fast and len(fast) < len(loaded.session.turns) - 1
     for t in fast:
-        pair = wf.session_pair(loaded, t.turn)
+        pair = session_pair(loaded, t.turn)
         assert pair.findings == t.findings and pair.divergence.lcp == t.lcp
 
 
@@ -111,9 +113,9 @@ def _plain(rec: dict) -> dict:
 @pytest.mark.parametrize("fmt", ["md", "json"])
 def test_report_of_a_streamed_capture(tmp_path, fmt):
     loaded = _session(tmp_path / "c.jsonl", 15)
-    doc = wf.session_report(loaded, "c")
+    doc = session_report(loaded, "c")
     assert doc["summary"]["turns"] == 15 and doc["causes"] and doc["causes"][0]["kind"] == "date"
-    assert wf.render_report(doc, fmt)
+    assert render_report(doc, fmt)
 
 
 @pytest.mark.parametrize("make", [make_capture, make_har, make_slot_dir], ids=["capture", "har", "slot-dir"])
@@ -123,8 +125,8 @@ def test_workers_give_the_answer_of_one_process(tmp_path, make):
     make(path, 120, history=150, compact_at=500, date_every=6)
     docs = []
     for workers in (1, 2):
-        loaded = wf.open_session(wf.PromptOptions(), [str(path)], workers=workers)
-        docs.append(wf.render_report(wf.session_report(loaded, "s"), "json"))
+        loaded = open_session(PromptOptions(), [str(path)], workers=workers)
+        docs.append(render_report(session_report(loaded, "s"), "json"))
     assert docs[0] == docs[1]
 
 
@@ -145,9 +147,9 @@ def test_a_har_error_is_the_earliest_record_s_even_when_a_later_entry_fails_to_r
     chat[199]["request"]["postData"]["text"] = '{"messages": [' + "[" * 300 + "]" * 300 + "]}"
     path.write_bytes(orjson.dumps(doc))
     with pytest.raises(InputError, match="invalid UTF-8") as got:
-        wf.open_session(wf.PromptOptions(), [str(path)])
+        open_session(PromptOptions(), [str(path)])
     assert got.value.source is not None and got.value.source.endswith("s.har@5")
     chat[4]["request"]["postData"]["text"] = orjson.dumps(dict(broken, messages=broken["messages"][1:])).decode()
     path.write_bytes(orjson.dumps(doc))
     with pytest.raises(InputError, match="nested more than 128 levels"):  # alone, the later entry's error
-        wf.open_session(wf.PromptOptions(), [str(path)])
+        open_session(PromptOptions(), [str(path)])

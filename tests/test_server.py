@@ -14,9 +14,10 @@ import pytest
 from conftest import TOOLS, qwen_encode, render, spell
 
 from tokendiff.backends.server import LlamaClient
+from tokendiff.backends.tokenizer import ServerVocab, load_server
 from tokendiff.core.align import align
-from tokendiff.core.vocab import ServerVocab, load_bundled, load_vocab
 from tokendiff.sources.loader import load_prompt
+from tokendiff.sources.tokenizers import load_bundled
 
 QWEN3 = "Qwen-Qwen3-0.6B.jinja"
 MORE_TOOLS = TOOLS + [
@@ -191,7 +192,7 @@ def test_server_tokenizer_uses_the_model_vocab(session, llama_server_bin, tiny_m
     from tokendiff.testing.llama_server import LlamaServer
 
     with LlamaServer(tiny_model, ctx=4096) as srv:
-        v = load_vocab(server=srv.url)
+        v = load_server(srv.url)
         assert tiny_model.name in v.name and v.n_vocab == 151669
         # the detokenize path, used when the model file is not readable here
         sv = ServerVocab(LlamaClient(srv.url), 151669, {})

@@ -13,7 +13,9 @@ from conftest import CONVERSATION, TOOLS, qwen_encode
 
 from tokendiff.backends import replay as rp
 from tokendiff.backends import server as sv
+from tokendiff.backends import urls
 from tokendiff.errors import InputError
+from tokendiff.sources import streams
 
 # ---------------------------------------------------------------- pure
 
@@ -31,19 +33,20 @@ from tokendiff.errors import InputError
     ],
 )
 def test_loopback_policy(url, local):
-    assert sv.is_loopback_url(url) is local
+    assert urls.is_loopback_url(url) is local
 
 
 def test_loopback_hosts():
-    assert sv.is_loopback_host("[::1]") and sv.is_loopback_host("localhost") and not sv.is_loopback_host("0.0.0.0")
+    assert urls.is_loopback_host("[::1]") and urls.is_loopback_host("localhost")
+    assert not urls.is_loopback_host("0.0.0.0")
 
 
 def test_sse_lines():
-    assert sv.sse_event('data: {"a": 1}') == {"a": 1}
-    assert sv.sse_event(b'data:{"a":2}') == {"a": 2}
+    assert streams.sse_event('data: {"a": 1}') == {"a": 1}
+    assert streams.sse_event(b'data:{"a":2}') == {"a": 2}
     for junk in ("data: [DONE]", ": keep-alive", "event: x", "data: {broken", "data: [1, 2]", ""):
-        assert sv.sse_event(junk) is None
-    assert list(sv.iter_sse(['data: {"a": 1}', "", "data: [DONE]"])) == [{"a": 1}]
+        assert streams.sse_event(junk) is None
+    assert list(streams.iter_sse(['data: {"a": 1}', "", "data: [DONE]"])) == [{"a": 1}]
 
 
 def test_ndjson_summary_keeps_ollamas_final_object():
@@ -54,8 +57,8 @@ def test_ndjson_summary_keeps_ollamas_final_object():
         b"not json\n"
         b'{"done": true, "done_reason": "stop", "load_duration": 2310000000, "prompt_eval_count": 64, "eval_count": 2}'
     )
-    s = sv.stream_summary("application/x-ndjson")
-    assert isinstance(s, sv.NDJSONSummary)
+    s = streams.stream_summary("application/x-ndjson")
+    assert isinstance(s, streams.NDJSONSummary)
     for i in range(0, len(text), 5):
         s.feed(text[i : i + 5])
     assert s.result() == {
@@ -65,8 +68,8 @@ def test_ndjson_summary_keeps_ollamas_final_object():
         "prompt_eval_count": 64,
         "eval_count": 2,
     }
-    assert sv.stream_summary("application/json") is None
-    assert type(sv.stream_summary("text/event-stream; charset=utf-8")) is sv.SSESummary
+    assert streams.stream_summary("application/json") is None
+    assert type(streams.stream_summary("text/event-stream; charset=utf-8")) is streams.SSESummary
 
 
 def test_sse_summary_joins_lines_split_across_chunks():
@@ -76,8 +79,8 @@ def test_sse_summary_joins_lines_split_across_chunks():
         b'data: {"choices": [], "usage": {"prompt_tokens": 9}, "timings": {"cache_n": 4}}\n\n'
         b"data: [DONE]\n\n"
     )
-    whole = sv.summarize_sse(text.decode())
-    s = sv.SSESummary()
+    whole = streams.summarize_sse(text.decode())
+    s = streams.SSESummary()
     for i in range(0, len(text), 7):  # every line cut somewhere
         s.feed(text[i : i + 7])
     assert s.result() == whole
@@ -91,7 +94,7 @@ def test_sse_summary_joins_lines_split_across_chunks():
 
 def test_final_fields():
     doc = {"usage": {"x": 1}, "model": "m", "error": None, "choices": [{"finish_reason": "length"}], "other": 1}
-    assert sv.final_fields(doc) == {"usage": {"x": 1}, "model": "m", "finish_reason": "length"}
+    assert streams.final_fields(doc) == {"usage": {"x": 1}, "model": "m", "finish_reason": "length"}
 
 
 def test_request_bodies():

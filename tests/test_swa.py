@@ -266,7 +266,9 @@ def test_chat_session_report_matches_the_server(llama_server_bin, swa_model, tmp
     every turn, user-message checkpoints included."""
     import json
 
-    from tokendiff.app import workflows as wf
+    from tokendiff.app.pair import PromptOptions
+    from tokendiff.app.reports import render_report, session_report
+    from tokendiff.app.session import attention_layout, open_session
     from tokendiff.testing.llama_server import LlamaServer
 
     out = tmp_path / "capture.jsonl"
@@ -283,16 +285,16 @@ def test_chat_session_report_matches_the_server(llama_server_bin, swa_model, tmp
             rec = {"schema": "tokendiff.capture/1", "seq": k, "request": body, "prompt_ids": ids}
             recs.append({**rec, "response": {"status": 200, "usage": resp["usage"], "timings": resp["timings"]}})
     out.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    opts = wf.PromptOptions()
-    layout = wf.attention_layout([str(out)], opts, server_args=f"-ub {UB} -b {UB}")
+    opts = PromptOptions()
+    layout = attention_layout([str(out)], opts, server_args=f"-ub {UB} -b {UB}")
     assert layout is not None and layout.arch == "gemma2" and layout.n_swa == N_SWA
-    loaded = wf.open_session(opts, [str(out)], single_turns=False, workers=1, layout=layout)
+    loaded = open_session(opts, [str(out)], single_turns=False, workers=1, layout=layout)
     turns = loaded.session.turns
     assert [t.reuse["llama.cpp-hybrid"] for t in turns] == [t.reported_cached for t in turns]
     assert any(0 < t.reported_cached < t.reuse["llama.cpp"] for t in turns)  # a user-message checkpoint
-    doc = wf.session_report(loaded, str(out))
+    doc = session_report(loaded, str(out))
     assert doc["summary"]["layout"]["arch"] == "gemma2" and doc["summary"]["layout"]["known"]
-    assert "| SWA/hybrid |" in wf.render_report(doc, "md")
+    assert "| SWA/hybrid |" in render_report(doc, "md")
 
 
 def test_report_shows_the_column_only_for_a_known_layout(tmp_path, capsys):

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tokendiff.app.workflows import PromptOptions
+from tokendiff.app.pair import PromptOptions
 from tokendiff.core.model import SectionPath
 from tokendiff.tui.app import Options, TokendiffApp
 from tokendiff.tui.screens import PairScreen, SessionScreen

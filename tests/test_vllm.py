@@ -72,7 +72,7 @@ def lcp(a: list[int], b: list[int]) -> int:
 def split_bytes(a: list[int], b: list[int]) -> tuple[int, int]:
     """(where the first divergent token starts, the first byte that differs) in the two prompts' texts,
     decoded with the real Qwen3 vocabulary vLLM tokenised with."""
-    from tokendiff.core.vocab import load_bundled
+    from tokendiff.sources.tokenizers import load_bundled
 
     vocab = load_bundled()
     ta, tb = vocab.decode(a)[0], vocab.decode(b)[0]
@@ -315,7 +315,7 @@ async def test_watch_shows_vllm_cached_counts_per_turn(vllm_server, tmp_path):
     import queue
 
     from tokendiff.app.live import ProxyThread
-    from tokendiff.app.workflows import PromptOptions
+    from tokendiff.app.pair import PromptOptions
     from tokendiff.testing.llama_server import free_port
     from tokendiff.tui.app import Options
     from tokendiff.tui.watch import WatchApp

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import qwen_encode
 
-from tokendiff.core.vocab import BUNDLED_DIR, load_gguf, load_hf_dir, load_tokenizer_json, load_vocab
 from tokendiff.errors import InputError
 from tokendiff.sources.gguf_meta import read_gguf_metadata
+from tokendiff.sources.tokenizers import BUNDLED_DIR, load_gguf, load_hf_dir, load_tokenizer_json, load_vocab
 
 TRICKY = '<|im_start|>user\nHéllo 𒀀 世界 🙂\t\r\n  <think>x</think>{"a": [1,2]}<|im_end|>'
 
@@ -37,13 +37,14 @@ def test_media_cells_decode_as_marker(vocab):
 def test_pieces_kept_between_prompts_decode_each_alike(monkeypatch):
     """The pieces a vocabulary keeps from one prompt serve the next (special tokens and media cells
     included), and past its bound the memo starts afresh: each prompt decodes as it does alone."""
-    from tokendiff.core import vocab as vocab_mod
+    from tokendiff.core import vocab as core_vocab
+    from tokendiff.sources.tokenizers import load_bundled
 
-    monkeypatch.setattr(vocab_mod, "MEMO_IDS", 8)
+    monkeypatch.setattr(core_vocab, "MEMO_IDS", 8)
     prompts = [qwen_encode(TRICKY), [9707, -1, 9707], qwen_encode("<|im_start|>system\nHi<|im_end|>"), []]
-    shared = vocab_mod.load_bundled()
+    shared = load_bundled()
     for ids in prompts * 2:
-        got, want = shared.decode(np.array(ids, dtype=np.int32)), vocab_mod.load_bundled().decode(np.array(ids))
+        got, want = shared.decode(np.array(ids, dtype=np.int32)), load_bundled().decode(np.array(ids))
         assert got[0] == want[0] and list(got[1]) == list(want[1]) and list(got[2]) == list(want[2])
 
 
@@ -167,7 +168,7 @@ def test_gguf_without_vocab(tmp_path):
 def test_gguf_tokenises_text_like_the_tokenizer_json(tiny_model):
     from conftest import qwen_encode
 
-    from tokendiff.core.vocab import text_tokenizer
+    from tokendiff.sources.tokenizers import text_tokenizer
 
     tk = text_tokenizer(load_gguf(tiny_model))
     for text in [
@@ -256,7 +257,7 @@ def test_llama_server_adds_one_bos_and_the_prompt_log_tokenises_to_its_slot(llam
     import httpx
 
     from tokendiff.backends.server import LlamaClient
-    from tokendiff.core.vocab import ServerVocab
+    from tokendiff.backends.tokenizer import ServerVocab
     from tokendiff.sources.slotfile import read_slot_file
     from tokendiff.testing.llama_server import LlamaServer
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tokendiff.app.live import ProxyThread, RecordFeed
-from tokendiff.app.workflows import PromptOptions
+from tokendiff.app.pair import PromptOptions
 from tokendiff.backends.proxy import RecordEvent
 from tokendiff.sources.capture import read_capture
 from tokendiff.testing.llama_server import LlamaServer, free_port
@@ -262,13 +262,15 @@ def test_watch_bad_input_is_one_line_exit_2(args, words, tmp_path):
 
 def test_session_feed_record_by_record_is_the_batch_analysis():
     """The live analysis (one record at a time) gives what `tokendiff report` gives for the capture."""
-    from tokendiff.app import workflows as wf
+    from tokendiff.app.live import SessionFeed
+    from tokendiff.app.pair import PromptOptions, open_loader
+    from tokendiff.app.session import open_session
     from tokendiff.paths import demo_capture
     from tokendiff.sources.capture import iter_capture
 
     cap = demo_capture()
-    batch = wf.open_session(wf.PromptOptions(), [str(cap)], workers=1).session
-    feed = wf.SessionFeed(wf.open_loader(wf.PromptOptions()), cap)
+    batch = open_session(PromptOptions(), [str(cap)], workers=1).session
+    feed = SessionFeed(open_loader(PromptOptions()), cap)
     for rec in iter_capture(cap):
         live = feed.add(rec)
     s = live.session
@@ -279,11 +281,11 @@ def test_session_feed_record_by_record_is_the_batch_analysis():
         (sp.kind, sp.tokens, sp.seconds) for sp in batch.spans
     ]
     # records already in the capture before this run: turns numbered from 1, selectors still the records'
-    later = wf.SessionFeed(wf.open_loader(wf.PromptOptions()), cap, after=2)
+    later = SessionFeed(open_loader(PromptOptions()), cap, after=2)
     for rec in list(iter_capture(cap))[2:4]:
         part = later.add(rec)
     assert part.specs == [f"{cap}@3", f"{cap}@4"] and part.session.turns[1].turn == 2
-    assert part.prompts[1].ids.tolist() == wf.open_loader(wf.PromptOptions()).load(f"{cap}@4").ids.tolist()
+    assert part.prompts[1].ids.tolist() == open_loader(PromptOptions()).load(f"{cap}@4").ids.tolist()
 
 
 def test_a_replays_cold_rate_gives_seconds_to_a_session_without_timings(tmp_path):
@@ -291,7 +293,7 @@ def test_a_replays_cold_rate_gives_seconds_to_a_session_without_timings(tmp_path
     import subprocess
     import sys
 
-    from tokendiff.app.workflows import replay_prefill_rate
+    from tokendiff.app.reports import replay_prefill_rate
     from tokendiff.paths import demo_slots
 
     replay = {"schema": "tokendiff.replay/1", "scenarios": {"cold": {"tokens": 2000, "prompt_ms": 4000.0}}}

@@ -9,9 +9,12 @@ import pytest
 from conftest import TEMPLATES
 from helpers import write_slot
 
-from tokendiff.app import workflows as wf
-from tokendiff.core.vocab import BUNDLED_DIR
+from tokendiff.app.pair import PromptOptions, load_pair, open_loader, pair_json, read_chat_template
+from tokendiff.app.replay import ReplayOptions, check_replay, replay_pair, replay_prompt_options
+from tokendiff.app.reports import ReportOptions, export_pair, export_report, session_report
+from tokendiff.app.session import LoadedSession, append_turns, open_session, session_pair, session_specs, tokenizer_info
 from tokendiff.errors import InputError
+from tokendiff.sources.tokenizers import BUNDLED_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = str(ROOT / "captures" / "agent" / "capture.jsonl")
@@ -19,16 +22,16 @@ DEMO = ROOT / "captures" / "demo"
 
 
 @pytest.fixture(scope="module")
-def agent() -> wf.LoadedSession:
-    return wf.open_session(wf.PromptOptions(), [AGENT])
+def agent() -> LoadedSession:
+    return open_session(PromptOptions(), [AGENT])
 
 
 def test_chat_template_from_a_file_or_a_tokenizer_config(tmp_path):
     jinja = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
-    assert wf.read_chat_template(str(jinja)) == jinja.read_text()
+    assert read_chat_template(str(jinja)) == jinja.read_text()
     cfg = BUNDLED_DIR / "tokenizer_config.json"
-    assert wf.read_chat_template(str(cfg)) == json.loads(cfg.read_text())["chat_template"]
-    assert wf.read_chat_template(None) is None
+    assert read_chat_template(str(cfg)) == json.loads(cfg.read_text())["chat_template"]
+    assert read_chat_template(None) is None
     (tmp_path / "bad.json").write_text("{")
     (tmp_path / "none.json").write_text('{"bos_token": "<s>"}')
     for name, words in [
@@ -37,27 +40,27 @@ def test_chat_template_from_a_file_or_a_tokenizer_config(tmp_path):
         ("missing.jinja", "cannot read"),
     ]:
         with pytest.raises(InputError, match=words) as e:
-            wf.read_chat_template(str(tmp_path / name))
+            read_chat_template(str(tmp_path / name))
         assert name in str(e.value)
 
 
 def test_a_tokenizer_config_template_renders_the_requests(agent):
     """The loader gets the template, not the JSON text: request-field sections, as with props.json."""
-    opts = wf.PromptOptions(chat_template=str(BUNDLED_DIR / "tokenizer_config.json"))
-    loaded = wf.open_session(opts, [f"{AGENT}@2"])
+    opts = PromptOptions(chat_template=str(BUNDLED_DIR / "tokenizer_config.json"))
+    loaded = open_session(opts, [f"{AGENT}@2"])
     assert loaded.prompts[0].meta.sections_from == "request fields"
     assert loaded.prompts[0].sections == agent.prompts[1].sections
 
 
 def test_session_specs_expand_sessions_and_keep_single_turns(tmp_path):
-    assert wf.session_specs([AGENT]) == [f"{AGENT}@{k}" for k in range(1, 11)]
+    assert session_specs([AGENT]) == [f"{AGENT}@{k}" for k in range(1, 11)]
     one = str(DEMO / "turn-01.bin")
-    specs = wf.session_specs([str(DEMO), one], order="name")
+    specs = session_specs([str(DEMO), one], order="name")
     assert specs[-1] == one and len(specs) == len(list(DEMO.glob("*.bin"))) + 1
     with pytest.raises(InputError, match="a session is a directory"):
-        wf.session_specs([one], single_turns=False)
+        session_specs([one], single_turns=False)
     (tmp_path / "live").mkdir()
-    assert wf.session_specs([str(tmp_path / "live")], live=True) == []
+    assert session_specs([str(tmp_path / "live")], live=True) == []
 
 
 def test_live_turns_append_and_reanalyse(tmp_path):
@@ -66,9 +69,9 @@ def test_live_turns_append_and_reanalyse(tmp_path):
     head = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     (tmp_path / "s").mkdir()
     write_slot(tmp_path / "s" / "turn-1.bin", qwen_encode(head))
-    loaded = wf.open_session(wf.PromptOptions(order="name"), [str(tmp_path / "s")], live=True)
+    loaded = open_session(PromptOptions(order="name"), [str(tmp_path / "s")], live=True)
     more = write_slot(tmp_path / "s" / "turn-2.bin", qwen_encode(head + "Hello<|im_end|>\n"))
-    grown = wf.append_turns(loaded, [str(more)])
+    grown = append_turns(loaded, [str(more)])
     assert len(grown.prompts) == 2 and len(grown.session.turns) == 2 and grown.session.turns[1].lcp > 0
     assert len(loaded.prompts) == 1  # the earlier result is left as it was
 
@@ -76,17 +79,17 @@ def test_live_turns_append_and_reanalyse(tmp_path):
 def test_session_pairs_are_the_diff_documents(agent):
     """A pair taken from the analysed session (the TUI) is the pair `diff` loads on its own."""
     for turn in range(2, len(agent.prompts) + 1):
-        from_session = wf.session_pair(agent, turn)
-        alone = wf.load_pair(wf.open_loader(wf.PromptOptions()), f"{AGENT}@{turn - 1}", f"{AGENT}@{turn}")
+        from_session = session_pair(agent, turn)
+        alone = load_pair(open_loader(PromptOptions()), f"{AGENT}@{turn - 1}", f"{AGENT}@{turn}")
         assert from_session.document == alone.document, turn
     with pytest.raises(InputError, match="pick a turn from 2"):
-        wf.session_pair(agent, 1)
+        session_pair(agent, 1)
 
 
-def _first_pairs(path: str, workers: int | None = None) -> tuple[wf.LoadedSession, list]:
+def _first_pairs(path: str, workers: int | None = None) -> tuple[LoadedSession, list]:
     seen: list = []
-    loaded = wf.open_session(
-        wf.PromptOptions(), [path], workers=workers, first_pair=lambda t, pair, loader: seen.append((t, pair))
+    loaded = open_session(
+        PromptOptions(), [path], workers=workers, first_pair=lambda t, pair, loader: seen.append((t, pair))
     )
     return loaded, seen
 
@@ -97,7 +100,7 @@ def test_the_first_wasteful_pair_is_handed_over_before_the_rest(workers):
     loaded, seen = _first_pairs(AGENT, workers)
     first = next(t.turn for t in loaded.session.turns if t.wasted)
     assert [t for t, _ in seen] == [first]
-    assert seen[0][1].document == wf.session_pair(loaded, first).document
+    assert seen[0][1].document == session_pair(loaded, first).document
 
 
 def test_a_reload_before_the_first_diff_leaves_the_choice_to_the_whole_session(tmp_path):
@@ -117,28 +120,28 @@ def test_a_reload_before_the_first_diff_leaves_the_choice_to_the_whole_session(t
 
 
 def test_exports_return_their_paths(agent, tmp_path):
-    pair = wf.session_pair(agent, 3)
-    out = wf.export_pair(pair, tmp_path / "pair.json")
-    assert out.read_bytes() == wf.pair_json(pair) and json.loads(out.read_bytes())["schema"] == "tokendiff.diff/2"
-    doc = wf.session_report(agent, AGENT)
-    assert doc["tokenizer"] == wf.tokenizer_info(agent.vocab) and doc["replays"] == []
-    md = wf.export_report(doc, tmp_path / "r.md")
+    pair = session_pair(agent, 3)
+    out = export_pair(pair, tmp_path / "pair.json")
+    assert out.read_bytes() == pair_json(pair) and json.loads(out.read_bytes())["schema"] == "tokendiff.diff/2"
+    doc = session_report(agent, AGENT)
+    assert doc["tokenizer"] == tokenizer_info(agent.vocab) and doc["replays"] == []
+    md = export_report(doc, tmp_path / "r.md")
     assert md.read_text().startswith("# tokendiff report")
     with pytest.raises(InputError, match="r.md"):
-        wf.export_report(doc, tmp_path / "nowhere" / "r.md")
+        export_report(doc, tmp_path / "nowhere" / "r.md")
     with pytest.raises(InputError, match="not a tokendiff replay result"):
-        wf.session_report(agent, AGENT, wf.ReportOptions(replays=(str(out),)))
+        session_report(agent, AGENT, ReportOptions(replays=(str(out),)))
 
 
 def test_replay_options_are_checked_before_anything_is_loaded():
     with pytest.raises(InputError, match="--allow-remote"):
-        wf.check_replay(wf.ReplayOptions(backend="http://192.0.2.10:8080"))
-    wf.check_replay(wf.ReplayOptions(backend="http://192.0.2.10:8080", allow_remote=True))
+        check_replay(ReplayOptions(backend="http://192.0.2.10:8080"))
+    check_replay(ReplayOptions(backend="http://192.0.2.10:8080", allow_remote=True))
     with pytest.raises(InputError, match="--repeat"):
-        wf.check_replay(wf.ReplayOptions(backend="http://127.0.0.1:8080", repeat=0))
+        check_replay(ReplayOptions(backend="http://127.0.0.1:8080", repeat=0))
     # nothing listening: the vocabulary stays the user's choice
-    opts = wf.replay_prompt_options(wf.PromptOptions(), wf.ReplayOptions(backend="http://127.0.0.1:9"))
-    assert opts == wf.PromptOptions()
+    opts = replay_prompt_options(PromptOptions(), ReplayOptions(backend="http://127.0.0.1:9"))
+    assert opts == PromptOptions()
 
 
 @pytest.fixture(scope="module")
@@ -153,16 +156,16 @@ def server(llama_server_bin, tiny_model, tmp_path_factory):
 
 def test_replay_of_a_session_pair_measures_the_fix(server, agent):
     """What the TUI's `r` runs: the session's pair, with the what-if fix and the model check."""
-    pair = wf.session_pair(agent, 3)  # the memory counter in the system prompt went from 4 to 5
+    pair = session_pair(agent, 3)  # the memory counter in the system prompt went from 4 to 5
     seen: list[str] = []
-    result = wf.replay_pair(pair, agent.loader, wf.ReplayOptions(backend=server.url, repeat=1), seen.append)
+    result = replay_pair(pair, agent.loader, ReplayOptions(backend=server.url, repeat=1), seen.append)
     doc, sc = result.document, result.document["scenarios"]
     assert result.problem is None and doc["discarded"] == []
     assert doc["fix"]["applied"] and "messages[0].content" in doc["fix"]["applied"][0]
     assert sc["actual"]["cached"] == pair.divergence.lcp
     assert sc["fixed"]["cached"] == doc["fix"]["fixed_lcp_tokens"] > pair.divergence.lcp
     assert seen and "with the fix" in result.text
-    assert wf.replay_prompt_options(wf.PromptOptions(), wf.ReplayOptions(backend=server.url)).server == server.url
+    assert replay_prompt_options(PromptOptions(), ReplayOptions(backend=server.url)).server == server.url
 
 
 def test_replay_refuses_a_capture_of_another_model(server, tmp_path):
@@ -172,11 +175,11 @@ def test_replay_refuses_a_capture_of_another_model(server, tmp_path):
     with CaptureWriter(tmp_path / "c.jsonl") as w:
         for _ in range(2):
             w.append({"request": body, "server": {"kind": "llama-server", "model": "/models/Qwen3-32B-Q4_K_M.gguf"}})
-    loader = wf.open_loader(wf.PromptOptions())
-    pair = wf.load_pair(loader, f"{tmp_path}/c.jsonl@1", f"{tmp_path}/c.jsonl@2")
+    loader = open_loader(PromptOptions())
+    pair = load_pair(loader, f"{tmp_path}/c.jsonl@1", f"{tmp_path}/c.jsonl@2")
     with pytest.raises(InputError, match="--force"):
-        wf.replay_pair(pair, loader, wf.ReplayOptions(backend=server.url, repeat=1))
-    forced = wf.replay_pair(pair, loader, wf.ReplayOptions(backend=server.url, repeat=1, force=True))
+        replay_pair(pair, loader, ReplayOptions(backend=server.url, repeat=1))
+    forced = replay_pair(pair, loader, ReplayOptions(backend=server.url, repeat=1, force=True))
     assert forced.document["scenarios"]["cold"]["valid_runs"] == 1
 
 
@@ -186,7 +189,7 @@ def test_a_cause_without_an_automatic_fix_is_named_by_its_span_counted_from_1(ag
 
     from tokendiff.core.fixes import fix_request
 
-    pair = wf.session_pair(agent, 3)
+    pair = session_pair(agent, 3)
     first = next(f for f in pair.findings if not f.expected)
     unfixable = copy_with(first, kind="unknown", expected=False)
     fixed = fix_request(pair.a.meta.request, pair.b.meta.request, pair.a, pair.b, pair.divergence, [unfixable])

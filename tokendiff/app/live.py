@@ -21,11 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tokendiff.app.session import LoadedSession, TurnPrompts, apply_prefill_rate, record_input
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
+    from tokendiff.app.pair import PromptOptions
     from tokendiff.backends.proxy import RecordEvent, Served
+    from tokendiff.backends.pull import Puller
     from tokendiff.core.cost import Session, Turn
+    from tokendiff.sources.loader import Loader
 
 START_TIMEOUT = 30.0  # the upstream probe included
 STOP_TIMEOUT = 90.0  # the proxy waits up to 60 s for token fetches, then closes the capture
@@ -171,3 +175,85 @@ def break_message(t: Turn, s: Session) -> str | None:
     if s.ms_per_token:
         return msg + ", " + seconds_label(t.recompute * s.ms_per_token / 1000, estimated=True)
     return msg
+
+
+class SessionFeed:
+    """A capture analysed as it grows, one record at a time (`tokendiff watch`): the streaming
+    Analyser's state is kept between records, so each new turn costs its own diff, not the session's.
+    `after`: records the capture held already (an earlier run into the same directory), not shown."""
+
+    def __init__(self, loader: Loader, capture: str | Path, prefill_rate: float | None = None, after: int = 0):
+        from tokendiff.core.cost import Analyser
+
+        self.loader, self.capture, self.prefill_rate = loader, str(capture), prefill_rate
+        self.analyser = Analyser()  # pairs diffed here: a live session brings one at a time
+        self.prompts = TurnPrompts(loader, [])
+        self.records = after  # records in the capture before ours, then ours: each turn's selector is its record's
+        self.loader.adopt_capture_template(Path(capture))
+
+    def add_recorded(self, fields: dict[str, Any]) -> LoadedSession:
+        """A record the proxy just wrote (its fields, token IDs merged) as the next turn."""
+        from tokendiff.sources.capture import CaptureRecord
+
+        where = f"{self.capture}: record {fields.get('seq')}"
+        return self.add(CaptureRecord(fields, where=where, base=Path(self.capture).parent))
+
+    def add(self, rec: dict[str, Any]) -> LoadedSession:
+        """The next record (a capture record, patches merged) as a turn; the session as it now stands.
+        A record that cannot be read is an InputError naming it, and is not a turn."""
+        from dataclasses import replace as copy_with
+
+        self.records += 1
+        k = len(self.prompts.specs) + 1
+        spec = f"{self.capture}@{self.records}"
+        try:
+            turn = record_input(self.loader, rec, spec, k)
+        except InputError as e:
+            raise InputError(e.reason, source=e.source or spec) from None
+        self.prompts.specs.append(spec)
+        self.analyser.add(turn)
+        if turn.decoded is not None:
+            self.prompts.keep(k - 1, turn.decoded)
+        session = self.analyser.session()
+        session = copy_with(session, turns=list(session.turns))  # the views keep this one; the next add appends
+        apply_prefill_rate(session, self.prefill_rate)
+        return LoadedSession(self.loader, self.prompts, session)
+
+
+# ---------------------------------------------------------------- the live commands
+
+
+def serve_proxy(upstream: str, out: str, listen: str, fetch_tokens: bool = True) -> int:
+    """`tokendiff proxy`: record every request to `out` until Ctrl-C (the upstream, `out` and `listen`
+    are checked before serving)."""
+    from tokendiff.backends.proxy import serve
+
+    return serve(upstream, out, listen, fetch_tokens=fetch_tokens)
+
+
+def pull_slots(server: str, out: str, slot_dir: str, every: float | None = None) -> int:
+    """`tokendiff pull`: the server's slots saved into a session directory, once or every `every` seconds."""
+    from tokendiff.backends.pull import pull
+
+    return pull(server, out, slot_dir, every)
+
+
+def slot_puller(server: str, out: Path, slot_dir: Path) -> Puller:
+    """A started puller for the TUI's `--live`: each `poll()` saves the slots whose prompt changed."""
+    from tokendiff.backends.pull import Puller
+
+    puller = Puller(server, out, slot_dir)
+    puller.start()
+    return puller
+
+
+def upstream_prompt_options(prompts: PromptOptions, upstream: str) -> PromptOptions:
+    """`watch`'s prompt options: with no tokenizer named, a llama-server upstream decodes with its own
+    vocabulary."""
+    from dataclasses import replace
+
+    from tokendiff.backends.server import llama_server_url
+
+    if prompts.tokenizer or prompts.server:
+        return prompts
+    return replace(prompts, server=llama_server_url(upstream))

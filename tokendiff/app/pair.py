@@ -1,7 +1,7 @@
 """The pair workflow of the application layer: options, the prompt loader, a pair aligned and explained,
 its `tokendiff.diff/2` bytes.
 
-Apart from `workflows` (which re-exports all of it) so that `tokendiff diff` imports only what a diff
+Apart from the session workflows (app.session, app.reports ...) so that `tokendiff diff` imports only what a diff
 runs: the session, report, replay and fleet machinery costs ~10 ms of imports it never uses (issue #12).
 """
 
@@ -59,16 +59,28 @@ def read_chat_template(path: str | None) -> str | None:
 
 def open_loader(opts: PromptOptions) -> Loader:
     """The vocabulary and a prompt loader for these options (the vocabulary is `loader.vocab`)."""
-    from tokendiff.core.vocab import load_vocab
     from tokendiff.sources.loader import Loader
+    from tokendiff.sources.tokenizers import load_vocab
 
-    vocab = load_vocab(opts.tokenizer, opts.server)
+    if not opts.server:
+        return Loader(load_vocab(opts.tokenizer), opts.family, opts.order, read_chat_template(opts.chat_template))
+    return _server_loader(opts, opts.server)
+
+
+def _server_loader(opts: PromptOptions, url: str) -> Loader:
+    """With --server: the server's chat template unless one is named; its vocabulary unless a tokenizer is
+    named, and then it renders and tokenises requests too."""
+    from tokendiff.backends.server import served_template
+    from tokendiff.backends.tokenizer import ServerPrompts, load_server
+    from tokendiff.sources.loader import Loader
+    from tokendiff.sources.tokenizers import load_vocab
+
+    vocab = load_vocab(opts.tokenizer) if opts.tokenizer else load_server(url)
     tmpl = read_chat_template(opts.chat_template)
-    if tmpl is None and opts.server:  # the template the server renders with (issue #13)
-        from tokendiff.backends.server import served_template
-
-        tmpl = served_template(opts.server, vocab.meta.chat_template, vocab.name)
-    return Loader(vocab, opts.family, opts.order, tmpl)
+    if tmpl is None:  # the template the server renders with (issue #13)
+        tmpl = served_template(url, vocab.meta.chat_template, vocab.name)
+    server = ServerPrompts(vocab.meta.server) if vocab.meta.server else None
+    return Loader(vocab, opts.family, opts.order, tmpl, server)
 
 
 class PairResult:

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tokendiff.backends import server as srv
+from tokendiff.backends.urls import is_loopback_url
 from tokendiff.errors import InputError
 
 SCHEMA = "tokendiff.doctor/1"
@@ -177,7 +178,7 @@ def _listening_pid(port: int) -> int | None:
 
 def local_launch_flags(url: str) -> LaunchFlags | None:
     """The flags of the llama-server behind a loopback URL, when its process can be read here."""
-    if not srv.is_loopback_url(url):
+    if not is_loopback_url(url):
         return None
     parts = urlsplit(url)
     pid = _listening_pid(parts.port or (443 if parts.scheme == "https" else 80))

@@ -35,14 +35,11 @@ from tokendiff.backends.server import (
     CONNECT_TIMEOUT,
     LLAMA,
     ServerInfo,
-    SSESummary,
     afetch_prompt_tokens,
     aprobe,
     can_tokenize_chat,
-    final_fields,
-    is_loopback_host,
-    stream_summary,
 )
+from tokendiff.backends.urls import is_loopback_host
 from tokendiff.errors import InputError
 from tokendiff.safeio import write_private
 from tokendiff.sources.capture import (
@@ -55,6 +52,7 @@ from tokendiff.sources.capture import (
     session_dir,
 )
 from tokendiff.sources.importers import CHAT_ENDPOINTS
+from tokendiff.sources.streams import SSESummary, final_fields, stream_summary
 
 HOP_BY_HOP = {
     b"connection",

@@ -130,19 +130,3 @@ def pull(server: str, out: str, slot_dir: str, every: float | None = None, log=s
     if total == 0 and every is None:
         print("tokendiff: no slot holds a prompt yet; nothing saved", file=log)
     return 0
-
-
-def parse_interval(text: str) -> float:
-    t = text.strip().lower()
-    mult = 1.0
-    for suffix, m in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
-        if t.endswith(suffix):
-            t, mult = t[: -len(suffix)], m
-            break
-    try:
-        v = float(t) * mult
-    except ValueError:
-        raise InputError("--every takes a duration such as 5s, 500ms or 1m", source=text) from None
-    if not v > 0:
-        raise InputError("--every must be positive", source=text)
-    return v

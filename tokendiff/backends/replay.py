@@ -17,7 +17,6 @@ restoring another prefix, a slot switch) is discarded and said so.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -552,13 +551,3 @@ def render_replay_text(doc: dict[str, Any]) -> str:
     for n in doc["notes"] + doc["discarded"]:
         out.append(f"note: {n}")
     return "\n".join(out) + "\n"
-
-
-def progress_printer(enabled: bool) -> Callable[[str], None] | None:
-    if not enabled:
-        return None
-
-    def show(msg: str) -> None:
-        print(f"\r\x1b[Ktokendiff replay: {msg}", end="", file=sys.stderr, flush=True)
-
-    return show

@@ -15,16 +15,17 @@ httpx is imported lazily: `tokendiff diff` never loads it.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import re
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import orjson
 
+from tokendiff.backends.urls import shown_url
 from tokendiff.errors import InputError
+from tokendiff.sources.streams import iter_sse
 
 if TYPE_CHECKING:
     import httpx
@@ -46,56 +47,9 @@ TEMPLATE_KEYS = (
     "parallel_tool_calls",
 )
 VLLM_TOKENIZE_KEYS = ("model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt")
-FINAL_KEYS = ("usage", "timings", "system_fingerprint", "model", "error")
-# Ollama's /api/chat and /api/generate answers (a stream's last, `done: true` object): reloads, truncation, timings
-OLLAMA_FINAL_KEYS = ("load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "done_reason")
 
 LLAMA, VLLM, SGLANG, OLLAMA, GENERIC = "llama-server", "vllm", "sglang", "ollama", "openai-compatible"
 KINDS = (LLAMA, VLLM, SGLANG, OLLAMA)
-
-
-# ---------------------------------------------------------------- loopback policy
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for localhost and loopback addresses (IPv6 with or without brackets)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def shown_url(url: str) -> str:
-    """A URL as errors may print it: any password in it replaced by ***."""
-    import re
-
-    return re.sub(r"(//[^/@:]*):[^/@]*@", r"\1:***@", url)
-
-
-def check_url(url: str, option: str) -> str:
-    """A server URL the user gave (`--server`, `--backend`, `--upstream`): http(s), a host, a valid port.
-    Anything else is an InputError naming the option and the URL (its password hidden)."""
-    import httpx
-
-    why = ""
-    try:
-        u = httpx.URL(url)
-        if u.scheme not in ("http", "https") or not u.host:
-            why = "not an http(s) URL with a host (e.g. http://127.0.0.1:8080)"
-        elif u.port is not None and not 0 < u.port < 65536:
-            why = f"not a valid URL (port {u.port} out of range)"
-    except (httpx.InvalidURL, ValueError, TypeError) as e:
-        why = f"not a valid URL ({e})"
-    if why:
-        raise InputError(why, source=f"{option} {shown_url(url)!r}")
-    return url
-
-
-def is_loopback_url(url: str) -> bool:
-    """Replay sends a server prompts and load: only one on this machine unless the user says otherwise."""
-    return is_loopback_host(urlsplit(url).hostname or "")
 
 
 # ---------------------------------------------------------------- probe
@@ -365,130 +319,6 @@ class PromptTokens:
     text: str | None = None  # llama-server's rendered prompt
 
 
-# ---------------------------------------------------------------- SSE
-
-
-def sse_event(line: str | bytes) -> dict[str, Any] | None:
-    """The JSON object of one `data:` line; None for comments, [DONE], blank or broken lines."""
-    if isinstance(line, bytes):
-        line = line.decode("utf-8", "replace")
-    if not line.startswith("data:"):
-        return None
-    data = line[5:].strip()
-    if not data or data == "[DONE]":
-        return None
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """The events of a blocking stream of lines (httpx's iter_lines)."""
-    for line in lines:
-        ev = sse_event(line)
-        if ev is not None:
-            yield ev
-
-
-def final_fields(doc: dict[str, Any]) -> dict[str, Any]:
-    """What a capture keeps of a completion answer or a stream's final chunk."""
-    out = {k: doc[k] for k in (*FINAL_KEYS, *OLLAMA_FINAL_KEYS) if doc.get(k) is not None}
-    choices = doc.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
-        out["finish_reason"] = choices[0]["finish_reason"]
-    return out
-
-
-class SSESummary:
-    """Incremental summary of a chat stream (usage, timings, finish reason, text), fed the raw
-    bytes as they pass through the proxy's async loop; lines split across chunks are joined."""
-
-    def __init__(self) -> None:
-        self._rest = b""
-        self.fields: dict[str, Any] = {}
-        self._parts: list[str] = []
-
-    def feed(self, chunk: bytes) -> None:
-        lines = (self._rest + chunk).split(b"\n")
-        self._rest = lines.pop()
-        for line in lines:
-            self._take(self.event(line.rstrip(b"\r")))
-
-    @staticmethod
-    def event(line: bytes) -> dict[str, Any] | None:
-        return sse_event(line)
-
-    @staticmethod
-    def text(ev: dict[str, Any]) -> list[str]:
-        """The text an event adds to the answer."""
-        out = []
-        for ch in ev.get("choices") or []:
-            delta = ch.get("delta") if isinstance(ch, dict) else None
-            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
-                out.append(delta["content"])
-        return out
-
-    def _take(self, ev: dict[str, Any] | None) -> None:
-        if ev is None:
-            return
-        self.fields.update(final_fields(ev))
-        self._parts += self.text(ev)
-
-    def result(self) -> dict[str, Any]:
-        if self._rest:
-            self._take(self.event(self._rest.rstrip(b"\r")))
-            self._rest = b""
-        out = dict(self.fields)
-        if self._parts:
-            out["content"] = "".join(self._parts)
-        return out
-
-
-class NDJSONSummary(SSESummary):
-    """The same summary of an Ollama stream (`application/x-ndjson`, Ollama's default for /api/chat
-    and /api/generate): one JSON object a line, the last (`done: true`) carrying load_duration and
-    prompt_eval_count, which tell a reload and a silent cut."""
-
-    @staticmethod
-    def event(line: bytes) -> dict[str, Any] | None:
-        try:
-            doc = orjson.loads(line) if line.strip() else None
-        except orjson.JSONDecodeError:
-            return None
-        return doc if isinstance(doc, dict) else None
-
-    @staticmethod
-    def text(ev: dict[str, Any]) -> list[str]:
-        msg = ev.get("message")
-        piece = msg.get("content") if isinstance(msg, dict) else ev.get("response")  # /api/chat, /api/generate
-        return [piece] if isinstance(piece, str) and piece else []
-
-
-def stream_summary(content_type: str) -> SSESummary | None:
-    """The incremental summary for a streamed answer of this content type; None when not a stream."""
-    if "event-stream" in content_type:
-        return SSESummary()
-    if "ndjson" in content_type:
-        return NDJSONSummary()
-    return None
-
-
-def summarize_stream(text: str, content_type: str) -> dict[str, Any] | None:
-    """A whole streamed answer summarised at once (`stream_summary`); None when not a stream."""
-    s = stream_summary(content_type)
-    if s is None:
-        return None
-    s.feed(text.encode("utf-8", "surrogateescape"))
-    return s.result()
-
-
-def summarize_sse(text: str) -> dict[str, Any]:
-    """SSESummary of a whole event stream at once."""
-    return summarize_stream(text, "text/event-stream") or {}
-
-
 # ---------------------------------------------------------------- slots
 
 
@@ -745,7 +575,6 @@ def unreachable(url: str) -> str | None:
     Asked before a probe, so that a server that is down is reported as down, not as a backend of
     unknown kind."""
     import socket
-    from urllib.parse import urlsplit
 
     parts = urlsplit(url if "://" in url else f"http://{url}")
     port = parts.port or (443 if parts.scheme == "https" else 80)

@@ -3,7 +3,7 @@
 Exit codes follow diff(1): 0 identical, 1 different, 2 trouble. Every
 expected failure is an `InputError`, printed as one line on stderr.
 Heavy libraries, and the application layer beyond the pair workflow
-(`tokendiff.app.workflows`), are imported inside the commands that need them, so
+(`tokendiff.app.session` and the rest), are imported inside the commands that need them, so
 `tokendiff diff` starts fast.
 """
 
@@ -24,7 +24,7 @@ from tokendiff.paths import demo_capture
 
 if TYPE_CHECKING:
     from tokendiff.app.pair import PromptOptions
-    from tokendiff.app.workflows import Progress
+    from tokendiff.app.session import Progress
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
 ORDER_HELP = (
@@ -106,7 +106,7 @@ def positive_rate(text: str) -> float:
 
 def duration(text: str) -> str:
     """An argparse type: a positive duration such as 5s, 500ms or 1m (kept as text; pull parses it)."""
-    from tokendiff.backends.pull import parse_interval
+    from tokendiff.core.units import parse_interval
 
     try:
         parse_interval(text)
@@ -454,25 +454,26 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
-    from tokendiff.backends.proxy import serve  # checks --upstream, --out and --listen before serving
+    from tokendiff.app.live import serve_proxy
 
-    return serve(args.upstream, args.out, args.listen, fetch_tokens=not args.no_tokens)
+    return serve_proxy(args.upstream, args.out, args.listen, fetch_tokens=not args.no_tokens)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from tokendiff.backends.pull import parse_interval, pull
+    from tokendiff.app.live import pull_slots
+    from tokendiff.core.units import parse_interval
 
     every = parse_interval(args.every) if args.every else None
-    return pull(args.server, args.out, args.slot_dir, every)
+    return pull_slots(args.server, args.out, args.slot_dir, every)
 
 
-def _progress_line(enabled: bool) -> Progress | None:
+def _progress_line(enabled: bool, prefix: str = "tokendiff") -> Progress | None:
     """Progress on one rewritten stderr line, when stderr is a terminal."""
     if not enabled:
         return None
 
     def show(msg: str) -> None:
-        print(f"\r\x1b[Ktokendiff: {msg}", end="", file=sys.stderr, flush=True)
+        print(f"\r\x1b[K{prefix}: {msg}", end="", file=sys.stderr, flush=True)
 
     return show
 
@@ -483,49 +484,57 @@ def _clear_line(enabled: bool) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from tokendiff.app import workflows as wf
+    from tokendiff.app.fleet import (
+        FleetOptions,
+        expand_session_paths,
+        export_session_dataset,
+        fleet_report,
+        is_dataset_target,
+    )
+    from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
+    from tokendiff.app.session import attention_layout, capacity_ladder, open_session
 
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise InputError("--fail-under takes a percentage from 0 to 100")
-    dataset = bool(args.export) and wf.is_dataset_target(args.export)
+    dataset = bool(args.export) and is_dataset_target(args.export)
     if args.export and not dataset and not args.export.endswith((".parquet", ".csv")):
         raise InputError("--export writes .parquet or .csv files, or a dataset into DIR/", source=args.export)
-    paths = wf.expand_session_paths(args.path)
+    paths = expand_session_paths(args.path)
     if len(paths) > 1 and args.export and not dataset:
         raise InputError(
             "a table file holds one session; for several, export the dataset into a directory (DIR/)",
             source=args.export,
         )
     tty = sys.stderr.isatty()
-    opts = wf.ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
+    opts = ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
     loaded, skipped = None, []
     if len(paths) == 1:
         popts = _prompt_options(args)
-        layout = wf.attention_layout(paths, popts, args.model, args.server_args)
+        layout = attention_layout(paths, popts, args.model, args.server_args)
         ladder = None
         if args.cache_size:
-            ladder = wf.capacity_ladder(
+            ladder = capacity_ladder(
                 paths, popts, args.cache_size, args.model, args.kv_bytes_per_token, args.server_args
             )
-        loaded = wf.open_session(popts, paths, _progress_line(tty), single_turns=False, layout=layout, capacity=ladder)
+        loaded = open_session(popts, paths, _progress_line(tty), single_turns=False, layout=layout, capacity=ladder)
         _clear_line(tty)
-        doc, reuse, what = wf.session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
+        doc, reuse, what = session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
         if args.prefill_rate and not loaded.session.rate_estimated and loaded.session.ms_per_token is not None:
             print("tokendiff: --prefill-rate not used: the session has the server's measured timings", file=sys.stderr)
     else:  # the fleet view; its workers write the dataset as they go
-        fleet_opts = wf.FleetOptions(report=opts, export_dir=args.export if dataset else None)
-        fleet = wf.fleet_report(_prompt_options(args), paths, fleet_opts, _progress_line(tty))
+        fleet_opts = FleetOptions(report=opts, export_dir=args.export if dataset else None)
+        fleet = fleet_report(_prompt_options(args), paths, fleet_opts, _progress_line(tty))
         _clear_line(tty)
         doc, reuse, what = fleet.document, fleet.reuse_pct, "fleet"
         skipped = fleet.skipped
     if args.output:
-        wf.export_report(doc, Path(args.output), args.format)
+        export_report(doc, Path(args.output), args.format)
     else:
-        sys.stdout.write(wf.render_report(doc, args.format))
+        sys.stdout.write(render_report(doc, args.format))
     if loaded is not None and dataset:
-        wf.export_session_dataset(loaded, paths[0], Path(args.export), args.order)
+        export_session_dataset(loaded, paths[0], Path(args.export), args.order)
     elif loaded is not None and args.export:
-        wf.export_turns(loaded.session, Path(args.export))
+        export_turns(loaded.session, Path(args.export))
     for e in skipped:  # the report above covers the others
         print(f"tokendiff: {e} (left out of the report)", file=sys.stderr)
     if skipped:
@@ -537,10 +546,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from tokendiff.app import workflows as wf
-    from tokendiff.backends.replay import progress_printer
+    from tokendiff.app.pair import load_pair, open_loader
+    from tokendiff.app.replay import ReplayOptions, check_replay, replay_pair, replay_prompt_options
 
-    opts = wf.ReplayOptions(
+    opts = ReplayOptions(
         backend=args.backend,
         backend_kind=args.backend_kind,
         repeat=args.repeat,
@@ -549,11 +558,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         allow_remote=args.allow_remote,
         force=args.force,
     )
-    wf.check_replay(opts)
-    loader = wf.open_loader(wf.replay_prompt_options(_prompt_options(args), opts))
-    pair = wf.load_pair(loader, args.a, args.b)
+    check_replay(opts)
+    loader = open_loader(replay_prompt_options(_prompt_options(args), opts))
+    pair = load_pair(loader, args.a, args.b)
     tty = sys.stderr.isatty()
-    result = wf.replay_pair(pair, loader, opts, progress_printer(tty))
+    result = replay_pair(pair, loader, opts, _progress_line(tty, "tokendiff replay"))
     _clear_line(tty)
     if args.json:
         import orjson
@@ -578,7 +587,7 @@ def _one_blas_thread() -> None:
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
-    from tokendiff.backends.pull import parse_interval
+    from tokendiff.core.units import parse_interval
 
     _one_blas_thread()
     if args.theme:  # before anything else: an unknown theme is an error, not a silent fallback
@@ -615,32 +624,31 @@ def cmd_tui(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from tokendiff.app import workflows as wf
+    from tokendiff.app.doctor import DoctorOptions, doctor
 
-    opts = wf.DoctorOptions(
+    opts = DoctorOptions(
         server=args.server,
         agents=args.agents,
         prompt_tokens=args.prompt_tokens,
         turn_tokens=args.turn_tokens,
         passive=args.passive,
     )
-    report = wf.doctor(opts)
+    report = doctor(opts)
     if args.json:
         import orjson
 
         sys.stdout.buffer.write(orjson.dumps(report.document(), option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        from tokendiff.backends.doctor import render_text
+        from tokendiff.app.doctor import doctor_text
 
-        sys.stdout.write(render_text(report))
+        sys.stdout.write(doctor_text(report))
     return report.exit_code
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
     import queue
-    from dataclasses import replace
 
-    from tokendiff.app.live import ProxyThread
+    from tokendiff.app.live import ProxyThread, upstream_prompt_options
 
     _one_blas_thread()
     if args.theme:
@@ -651,11 +659,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         raise InputError(
             "watch needs a terminal for its TUI; without one, run `tokendiff proxy` and `tokendiff report`"
         )
-    prompts = _prompt_options(args)
-    if not (prompts.tokenizer or prompts.server):  # a llama-server upstream decodes with its own vocabulary
-        from tokendiff.backends.server import llama_server_url
-
-        prompts = replace(prompts, server=llama_server_url(args.upstream))
+    prompts = upstream_prompt_options(_prompt_options(args), args.upstream)
     from tokendiff.tui.app import Options
     from tokendiff.tui.watch import WatchApp
 
@@ -687,7 +691,7 @@ def _check_urls(args: argparse.Namespace) -> None:
     for name in ("server", "backend", "upstream", "live"):
         url = getattr(args, name, None)
         if isinstance(url, str):
-            from tokendiff.backends.server import check_url  # httpx: only when a URL was given
+            from tokendiff.app.options import check_url  # httpx: only when a URL was given
 
             check_url(url, "--" + name)
 

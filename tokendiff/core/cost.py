@@ -7,8 +7,8 @@ llama.cpp model by replaying the server's checkpoints, tokendiff.core.cache.swa)
 and how much of that was waste (tokens the previous prompt already had).
 Across the session: every volatile span (a cause in a section) ranked by the
 tokens it invalidated, with the reuse and prefill time the session would have
-had without it. Plain Python over core types; `turn_frame` builds the polars
-table for exports. No I/O.
+had without it. Plain Python over core types; `turn_rows` gives the per-turn table
+(report.dataset makes it a polars frame for exports). No I/O.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ class TurnInput:
 
 
 class PairPool(Protocol):
-    """Where divergent pairs are diffed: in this process, or in workers (workflows.PairWorkers).
+    """Where divergent pairs are diffed: in this process, or in workers (app.workers.PairWorkers).
     `submit` returns the pair's diff (`diff_turn`); the turn is filled from it here (`fill_turn`)."""
 
     def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[PairDiff]: ...
@@ -717,13 +717,6 @@ def turn_rows(s: Session) -> list[dict[str, Any]]:
     return rows
 
 
-def turn_frame(s: Session):
-    """The per-turn table as a polars DataFrame (for exports and the TUI)."""
-    import polars as pl
-
-    return pl.DataFrame(turn_rows(s))
-
-
 __all__ = [
     "analyse",
     "analyse_stream",
@@ -739,7 +732,6 @@ __all__ = [
     "user_message_starts",
     "done_future",
     "backend_reuse",
-    "turn_frame",
     "turn_rows",
     "Session",
     "Turn",

@@ -403,3 +403,22 @@ class Finding:
     fix: str  # one line of advice
     expected: bool = False  # benign by design (the generation prompt replaced by the answer)
     origin: str = ""  # "client", "template", "server" or "" when unknown
+
+
+@dataclass
+class FieldSpan:
+    """Where one request field landed in a rendered prompt."""
+
+    path: SectionPath  # e.g. message 3 (assistant) › tool call get_weather (arguments)
+    start: int  # character offsets into Rendered.text, half-open
+    end: int
+
+
+@dataclass
+class Rendered:
+    """A request rendered through its chat template, every located field with its character span."""
+
+    text: str
+    spans: list[FieldSpan] = field(default_factory=list)
+    template_sha256: str = ""
+    unlocated: list[str] = field(default_factory=list)  # fields the render does not show verbatim

@@ -16,8 +16,7 @@ from bisect import bisect_left, bisect_right
 
 import numpy as np
 
-from tokendiff.core.model import Part, Prompt, Section, SectionPath
-from tokendiff.sources.templates.render import Rendered
+from tokendiff.core.model import Part, Prompt, Rendered, Section, SectionPath
 
 
 def char_to_byte(text: str, positions: list[int]) -> dict[int, int]:

@@ -24,6 +24,13 @@ SCHEMA_VERSION = "tokendiff.dataset/1"
 TABLES = ("turns", "spans")
 
 
+def turn_frame(s: Session):  # -> polars.DataFrame (polars is imported only by an export)
+    """The per-turn table as a polars DataFrame (`report --export turns.parquet|.csv`)."""
+    import polars as pl
+
+    return pl.DataFrame(turn_rows(s))
+
+
 @dataclass(frozen=True)
 class Column:
     name: str

@@ -1,6 +1,6 @@
 """Many sessions at once: the `tokendiff.fleet/1` document.
 
-Each session is analysed on its own (in a worker process, see workflows.fleet_report) and
+Each session is analysed on its own (in a worker process, see app.fleet.fleet_report) and
 reduced to `SessionFacts`: small, picklable, and all the fleet view needs. The document
 ranks the causes across sessions by the tokens they wasted, so a team with hundreds of
 agent sessions sees the one fix worth making first. Markdown and HTML render from it.

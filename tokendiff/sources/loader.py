@@ -16,12 +16,12 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tokendiff import safeio
 from tokendiff.core import grammar
 from tokendiff.core.model import Prompt, PromptMeta, RenderMismatch
-from tokendiff.core.vocab import Vocab
+from tokendiff.core.vocab import TextTokenizer, Vocab
 from tokendiff.errors import InputError, one_line
 from tokendiff.sources.importers import check_depth
 from tokendiff.sources.slotfile import (
@@ -196,6 +196,17 @@ def session_turns(path: str, order: str = "auto") -> list[Selected]:
     return [Selected(kind if kind == "slot" else file_kind(f), f, one_line(str(f)), None) for f in files]
 
 
+class PromptServer(Protocol):
+    """A live server that renders requests and tokenises text for the loader, in its own vocabulary
+    (tokendiff.backends.tokenizer.ServerPrompts is the llama-server one; the application layer passes it)."""
+
+    url: str
+
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]: ...
+
+    def prompt_ids(self, request: dict[str, Any]) -> list[int]: ...
+
+
 class Loader:
     """Loads prompts with one tokenizer, template family and chat template.
 
@@ -204,11 +215,19 @@ class Loader:
     files never imports tokenizers, transformers or jinja.
     """
 
-    def __init__(self, vocab: Vocab, family: str | None = None, order: str = "auto", chat_template: str | None = None):
+    def __init__(
+        self,
+        vocab: Vocab,
+        family: str | None = None,
+        order: str = "auto",
+        chat_template: str | None = None,
+        server: PromptServer | None = None,
+    ):
         self.vocab = vocab
         self.family = family
         self.order = order
         self.chat_template = chat_template
+        self.server = server  # a live server renders and tokenises requests (the vocabulary is its own)
         self._tokenizer = None
         self._renderer = None
         self._sessions: dict[Path, list[dict[str, Any]]] = {}
@@ -218,14 +237,14 @@ class Loader:
         a tokenizer.json costs a second), and itself when the template is the same."""
         if chat_template == self.chat_template:
             return self
-        other = Loader(self.vocab, self.family, self.order, chat_template)
+        other = Loader(self.vocab, self.family, self.order, chat_template, self.server)
         other._tokenizer = self._tokenizer
         return other
 
     def warm_text(self) -> None:
         """Build the text tokenizer and compile the chat template now, where the session will render
         requests locally: worker processes forked after this inherit both instead of each building them."""
-        if self.vocab.meta.server or not self._can_render():
+        if self.server is not None or not self._can_render():
             return
         try:
             _ = self.tokenizer, self.renderer.typed_content  # the probe render compiles the template
@@ -299,7 +318,7 @@ class Loader:
         return self._sessions[sel.path]
 
     def adopt_capture_template(self, capture: Path) -> None:
-        """For a capture read record by record (workflows' streaming session): the template from
+        """For a capture read record by record (the application's streaming session): the template from
         the server's /props saved beside it, as loading `capture@N` does."""
         self._adopt_server_template(Path(capture).parent / "props.json")
 
@@ -321,9 +340,12 @@ class Loader:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from tokendiff.core.vocab import text_tokenizer
+            from tokendiff.sources.tokenizers import text_tokenizer
 
-            self._tokenizer = text_tokenizer(self.vocab)
+            server = self.server
+            self._tokenizer = (
+                TextTokenizer(server.tokenize, server.url) if server is not None else text_tokenizer(self.vocab)
+            )
         return self._tokenizer
 
     @property
@@ -375,7 +397,7 @@ class Loader:
         `from_record`."""
         if not isinstance(rec, dict) or rec.get("prompt_ids") is not None or isinstance(rec.get("prompt_text"), str):
             return None
-        if self.vocab.meta.server or not self._can_render():
+        if self.server is not None or not self._can_render():
             return None
         import numpy as np
 
@@ -450,11 +472,9 @@ class Loader:
         if isinstance(rec.get("prompt_text"), str):
             meta.ids_from = "prompt log, tokenised here"
             ids = self._tokenise_logged(rec["prompt_text"])
-        elif isinstance(request.get("messages"), list) and self.vocab.meta.server:
+        elif isinstance(request.get("messages"), list) and self.server is not None:
             meta.ids_from = "llama-server /apply-template + /tokenize"
-            from tokendiff.backends.server import prompt_ids
-
-            ids = prompt_ids(self.vocab.meta.server, request)
+            ids = self.server.prompt_ids(request)
         elif rendered is not None:
             meta.ids_from = "local render, tokenised here"
             ids = self.tokenizer.encode(rendered.text)

@@ -18,8 +18,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tokendiff.core.vocab import BUNDLED_DIR
 from tokendiff.paths import models_cache_dir
+from tokendiff.sources.tokenizers import BUNDLED_DIR
 
 _SPECIAL_SHAPE = re.compile(r"^<\|.*\|>$")
 

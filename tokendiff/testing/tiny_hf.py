@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokendiff.core.vocab import BUNDLED_DIR
 from tokendiff.paths import models_cache_dir
+from tokendiff.sources.tokenizers import BUNDLED_DIR
 
 if TYPE_CHECKING:
     import numpy as np

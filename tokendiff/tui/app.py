@@ -18,8 +18,9 @@ from textual.binding import Binding
 from textual.command import Hit, Hits, Provider
 from textual.screen import Screen
 
-from tokendiff.app import workflows as wf
-from tokendiff.app.workflows import PromptOptions
+from tokendiff.app.pair import PairResult, PromptOptions
+from tokendiff.app.reports import export_report, session_report
+from tokendiff.app.session import LoadedSession, append_turns, apply_prefill_rate, open_session, session_pair
 from tokendiff.config import load_config, unknown_bindings
 from tokendiff.errors import InputError
 from tokendiff.tui.screens import PairScreen, SessionScreen
@@ -98,7 +99,7 @@ class TokendiffApp(App):
     def __init__(self, options: Options) -> None:
         super().__init__()
         self.options = options
-        self.loaded: wf.LoadedSession | None = None
+        self.loaded: LoadedSession | None = None
         self.prompts: Sequence[Prompt] = []
         self.session: Session | None = None
         self.vocab: Vocab | None = None
@@ -141,13 +142,13 @@ class TokendiffApp(App):
         o = self.options
         early = self._first_pair if o.open_first_divergence and not o.live else None
         try:
-            loaded = wf.open_session(o.prompts, o.paths, live=bool(o.live), first_pair=early)
+            loaded = open_session(o.prompts, o.paths, live=bool(o.live), first_pair=early)
         except (InputError, OSError) as e:
             self.call_from_thread(self._failed, str(e))
             return
         self.call_from_thread(self._loaded, loaded)
 
-    def _first_pair(self, turn: int, pair: wf.PairResult, loader: Loader) -> None:
+    def _first_pair(self, turn: int, pair: PairResult, loader: Loader) -> None:
         """In the loading thread: the first wasteful pair's screen, shown as soon as the analysis reaches
         it. The rest of the session is analysed once that screen is painted: the two share the interpreter."""
         import threading
@@ -190,13 +191,13 @@ class TokendiffApp(App):
         if isinstance(screen, SessionScreen):
             screen.failed(msg)
 
-    def _loaded(self, loaded: wf.LoadedSession) -> None:
+    def _loaded(self, loaded: LoadedSession) -> None:
         import gc
 
         # the session lives as long as the app: keep the cyclic GC from rescanning its objects (a
         # 10,000-turn session is millions of them, and every full collection cost ~0.4 s of scrolling)
         gc.freeze()
-        wf.apply_prefill_rate(loaded.session, self.options.prefill_rate)
+        apply_prefill_rate(loaded.session, self.options.prefill_rate)
         self.loaded = loaded
         self.prompts, self.session = loaded.prompts, loaded.session
         self.vocab, self.loader = loaded.vocab, loaded.loader
@@ -225,11 +226,11 @@ class TokendiffApp(App):
         self._build_pair(self.loaded, turn, replace)
 
     @work(thread=True, exclusive=True, group="pair")
-    def _build_pair(self, loaded: wf.LoadedSession, turn: int, replace: bool = False) -> None:
-        screen = self._pair_screen(wf.session_pair(loaded, turn), turn)
+    def _build_pair(self, loaded: LoadedSession, turn: int, replace: bool = False) -> None:
+        screen = self._pair_screen(session_pair(loaded, turn), turn)
         self.call_from_thread(self._show_pair, screen, replace)
 
-    def _pair_screen(self, pair: wf.PairResult, turn: int) -> PairScreen:
+    def _pair_screen(self, pair: PairResult, turn: int) -> PairScreen:
         """The pair screen of `turn` (its token views laid out here, in a worker thread)."""
         from tokendiff.tui.widgets.pairdata import build_pair_view
 
@@ -250,8 +251,8 @@ class TokendiffApp(App):
         if self.loaded is None:
             return
         try:
-            doc = wf.session_report(self.loaded, ", ".join(self.options.paths))
-            out = wf.export_report(doc, free_path(Path.cwd() / "tokendiff-report.md"))
+            doc = session_report(self.loaded, ", ".join(self.options.paths))
+            out = export_report(doc, free_path(Path.cwd() / "tokendiff-report.md"))
         except InputError as e:
             self.notify(str(e), severity="error")
             return
@@ -303,15 +304,14 @@ class TokendiffApp(App):
 
         from textual.worker import get_current_worker
 
-        from tokendiff.backends.pull import Puller
+        from tokendiff.app.live import slot_puller
 
         o = self.options
         if not o.live:  # started only with --live
             return
         out = Path(o.paths[0])
         try:
-            puller = Puller(o.live, out, Path(o.slot_dir or out))
-            puller.start()
+            puller = slot_puller(o.live, out, Path(o.slot_dir or out))
         except InputError as e:
             self.call_from_thread(self.notify, str(e), severity="error")
             return
@@ -324,7 +324,7 @@ class TokendiffApp(App):
                 new = []
             if new and self.loaded is not None:
                 try:
-                    loaded = wf.append_turns(self.loaded, [str(f) for f in new])
+                    loaded = append_turns(self.loaded, [str(f) for f in new])
                 except InputError as e:
                     self.call_from_thread(self.notify, str(e), severity="warning")
                 else:

@@ -25,7 +25,7 @@ from tokendiff.tui.widgets.token_view import TokenPanes, TokenView
 if TYPE_CHECKING:
     from textual.widget import AwaitMount
 
-    from tokendiff.app.workflows import PairResult
+    from tokendiff.app.pair import PairResult
     from tokendiff.core.cost import Session
     from tokendiff.core.model import Divergence, Finding, Hunk
 
@@ -540,14 +540,14 @@ class PairScreen(Screen):
         self._replay(backend)
 
     def _pair(self) -> PairResult:
-        from tokendiff.app.workflows import PairResult
+        from tokendiff.app.pair import PairResult
 
         return PairResult(self.a, self.b, self.d, self.findings, self.app.vocab)  # type: ignore[attr-defined]
 
     @work(thread=True, exclusive=True, group="replay")
     def _replay(self, backend: str) -> None:
         """cold / actual / ideal / fixed, measured in a worker (what `tokendiff replay` measures); shown in place."""
-        from tokendiff.app.workflows import ReplayOptions, replay_pair
+        from tokendiff.app.replay import ReplayOptions, replay_pair
         from tokendiff.errors import InputError
 
         def show(text: str | Text) -> None:
@@ -569,7 +569,7 @@ class PairScreen(Screen):
 
     def action_export_pair(self) -> None:
         """`x`: exactly the document `tokendiff diff --json A B` prints for this pair; never over an older file."""
-        from tokendiff.app.workflows import export_pair
+        from tokendiff.app.reports import export_pair
         from tokendiff.errors import InputError
 
         try:

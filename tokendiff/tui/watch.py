@@ -1,7 +1,7 @@
 """The TUI of `tokendiff watch`: the session screen filling as the agent runs through the proxy.
 
 Records come from the proxy's thread through a queue; a thread worker analyses each as it comes
-(workflows.SessionFeed: the streaming Analyser, one diff per new turn) and hands the session to
+(app.live.SessionFeed: the streaming Analyser, one diff per new turn) and hands the session to
 the screen. A turn that broke the cache flashes above the footer; `l` opens the latest pair.
 """
 
@@ -17,8 +17,9 @@ from textual.binding import Binding
 from textual.events import Mount
 from textual.widgets import Footer, Static
 
-from tokendiff.app import workflows as wf
-from tokendiff.app.live import ProxyThread, RecordFeed, break_message
+from tokendiff.app.live import ProxyThread, RecordFeed, SessionFeed, break_message
+from tokendiff.app.pair import open_loader
+from tokendiff.app.session import LoadedSession
 from tokendiff.errors import InputError
 from tokendiff.tui.app import Options, TokendiffApp
 from tokendiff.tui.screens import PairScreen, SessionScreen
@@ -83,12 +84,10 @@ class WatchApp(TokendiffApp):
         """Analyse each record the proxy completes, in capture order, and show the session after each."""
         from textual.worker import get_current_worker
 
-        from tokendiff.sources.capture import CaptureRecord
-
         worker = get_current_worker()
         try:
-            loader = wf.open_loader(self.options.prompts)
-            feed = wf.SessionFeed(loader, self.proxy.capture, self.options.prefill_rate, self.proxy.existing)
+            loader = open_loader(self.options.prompts)
+            feed = SessionFeed(loader, self.proxy.capture, self.options.prefill_rate, self.proxy.existing)
         except (InputError, OSError) as e:
             self.call_from_thread(self._failed, str(e))
             return
@@ -102,15 +101,14 @@ class WatchApp(TokendiffApp):
             except queue.Empty:
                 continue
             for rec in records.take(ev):
-                where = f"{self.proxy.capture}: record {rec.get('seq')}"
                 try:
-                    loaded = feed.add(CaptureRecord(rec, where=where, base=self.proxy.capture.parent))
+                    loaded = feed.add_recorded(rec)
                 except InputError as e:
                     self.call_from_thread(self.notify, f"turn not analysed: {e}", severity="warning")
                     continue
                 self.call_from_thread(self._arrived, loaded)
 
-    def _arrived(self, loaded: wf.LoadedSession | None) -> None:
+    def _arrived(self, loaded: LoadedSession | None) -> None:
         """A new turn (or, with None, the empty session before the first request)."""
         if loaded is None:
             from tokendiff.core.cost import Session

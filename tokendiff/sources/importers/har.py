@@ -15,10 +15,10 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from tokendiff.backends.server import final_fields, summarize_stream
 from tokendiff.errors import InputError, one_line
 from tokendiff.safeio import open_regular, size_text
 from tokendiff.sources.importers import CHAT_ENDPOINTS, MAX_DEPTH, check_depth, is_chat_body
+from tokendiff.sources.streams import final_fields, summarize_stream
 
 MAX_BYTES = 4 << 30  # the file: streamed, so this bounds time, not memory
 MAX_ENTRY_BYTES = 256 << 20  # read without an entry ending: what parsing one entry may hold at once

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate
 from typing import Any
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from tokendiff.core.align import shared_prefix, shared_suffix
-from tokendiff.core.model import Part, SectionPath
+from tokendiff.core.model import FieldSpan, Part, Rendered, SectionPath
 from tokendiff.errors import InputError
 from tokendiff.sources.templates.env import GEN_MARK
 
@@ -72,21 +71,6 @@ GEN_AT = ord(GEN_MARK)
 def _sentinels_for(text: str) -> _Sentinels | None:
     """Sentinels that `text` does not hold (None: it holds characters of both ranges)."""
     return next((s for s in (BMP_SENTINELS, PLANE_15_SENTINELS) if not s.pattern.search(text)), None)
-
-
-@dataclass
-class Span:
-    path: SectionPath  # e.g. message 3 (assistant) › tool call get_weather (arguments)
-    start: int  # character offsets into Rendered.text, half-open
-    end: int
-
-
-@dataclass
-class Rendered:
-    text: str
-    spans: list[Span] = field(default_factory=list)
-    template_sha256: str = ""
-    unlocated: list[str] = field(default_factory=list)  # fields the render does not show verbatim
 
 
 class _Leaf:
@@ -208,17 +192,17 @@ class Renderer:
             no_gen = self.render(body, add_generation_prompt=False)
             gen_at = len(no_gen) if text.startswith(no_gen) else len(text)
         if gen_at < len(text):
-            r.spans.append(Span(SectionPath.of(Part("generation_prompt")), gen_at, len(text)))
+            r.spans.append(FieldSpan(SectionPath.of(Part("generation_prompt")), gen_at, len(text)))
         r.spans.sort(key=lambda s: (s.start, -s.end, len(s.path)))
         return r
 
     def _confirmed_spans(
         self, body: dict[str, Any], leaves: list[_Leaf], text: str
-    ) -> tuple[list[Span] | None, int | None]:
+    ) -> tuple[list[FieldSpan] | None, int | None]:
         """The fields' spans if every chunk's sentinel render is `text` without the sentinels: then
         `text` is the render, with no render of its own. None when some render is not, or none ran.
         Second, where the generation prompt begins, when the template marks it (else None)."""
-        spans: list[Span] = []
+        spans: list[FieldSpan] = []
         rendered = False
         gen_at: int | None = None
         sent = _sentinels_for(text)
@@ -262,8 +246,8 @@ class Renderer:
         marks = list(zip(map(ord, parts[1::2]), accumulate(map(len, texts[:-1]))))
         return marks, "".join(texts)
 
-    def _leaf_spans(self, body: dict, leaves: list[_Leaf], text: str, unlocated: list[str]) -> list[Span]:
-        spans: list[Span] = []
+    def _leaf_spans(self, body: dict, leaves: list[_Leaf], text: str, unlocated: list[str]) -> list[FieldSpan]:
+        spans: list[FieldSpan] = []
         sent = _sentinels_for(text)
         for chunk in _chunks(leaves, sent.per_render if sent else 1):
             found = self._wrapped(body, chunk, text, sent) if sent else None
@@ -282,7 +266,7 @@ class Renderer:
                         unlocated.append(leaf.path[-1].field or "")
         return spans
 
-    def _wrapped(self, body: dict, leaves: list[_Leaf], text: str, sent: _Sentinels) -> list[Span] | None:
+    def _wrapped(self, body: dict, leaves: list[_Leaf], text: str, sent: _Sentinels) -> list[FieldSpan] | None:
         """The spans of `leaves` from one sentinel render, if it is `text` once the sentinels are
         removed ([] when no leaf has text); None when the wrapping changes the output."""
         if not any(isinstance(v := leaf.get(body), str) and v for leaf in leaves):
@@ -292,7 +276,7 @@ class Renderer:
             return None
         return _sentinel_spans(got[0], leaves, sent)[0]
 
-    def _substituted(self, body: dict, leaf: _Leaf, text: str) -> Span | None:
+    def _substituted(self, body: dict, leaf: _Leaf, text: str) -> FieldSpan | None:
         v = leaf.get(body)
         if not isinstance(v, str) or not v:
             return None
@@ -311,10 +295,10 @@ class Renderer:
             if form:
                 i = text.rfind(form, 0, b)
                 if i >= 0 and i <= a and i + len(form) >= b:
-                    return Span(leaf.path, i, i + len(form))
-        return Span(leaf.path, a, b)
+                    return FieldSpan(leaf.path, i, i + len(form))
+        return FieldSpan(leaf.path, a, b)
 
-    def _tool_spans(self, body: dict, text: str) -> list[Span]:
+    def _tool_spans(self, body: dict, text: str) -> list[FieldSpan]:
         tools = body.get("tools")
         if not isinstance(tools, list) or not tools:
             return []
@@ -328,14 +312,14 @@ class Renderer:
             if short is not body and reach > agree:  # decided past what the cut renders as the whole does
                 s = _removed_span(text, self._render_quiet(dict(body, tools=rest)), snap=True)
             if s:
-                spans.append(Span(SectionPath.of(TOOLS, _tool_part(j, tool)), *s))
+                spans.append(FieldSpan(SectionPath.of(TOOLS, _tool_part(j, tool)), *s))
         for prev, cur in zip(spans, spans[1:]):  # a separator both neighbours could claim goes to the first
             if cur.start < prev.end:
                 cur.start = min(prev.end, cur.end)
         if block is None and spans:  # the template moved more than the tools: their hull
             block = (min(x.start for x in spans), max(x.end for x in spans))
         if block:
-            spans.insert(0, Span(SectionPath.of(TOOLS), *block))
+            spans.insert(0, FieldSpan(SectionPath.of(TOOLS), *block))
         return spans
 
     def _tools_context(self, body: dict, text: str, block: tuple[int, int] | None) -> tuple[dict, str, int]:
@@ -370,15 +354,15 @@ class Renderer:
         except InputError:
             return None
 
-    def _message_spans(self, spans: list[Span]) -> list[Span]:
+    def _message_spans(self, spans: list[FieldSpan]) -> list[FieldSpan]:
         """Parent spans: a tool call covers its fields; a tool's fields sit in its span."""
         out = []
-        groups: dict[SectionPath, list[Span]] = {}
+        groups: dict[SectionPath, list[FieldSpan]] = {}
         for s in spans:
             if len(s.path) >= 3 and s.path[0].kind == "message":  # message › tool call › field
                 groups.setdefault(s.path[:2], []).append(s)
         for path, members in groups.items():
-            out.append(Span(path, min(m.start for m in members), max(m.end for m in members)))
+            out.append(FieldSpan(path, min(m.start for m in members), max(m.end for m in members)))
         return out
 
 
@@ -447,7 +431,7 @@ _THINK_CLOSE = re.compile(r"^\s*</think>\n*")
 
 def _sentinel_spans(
     marks: list[tuple[int, int]], leaves: list[_Leaf], sent: _Sentinels
-) -> tuple[list[Span], int | None]:
+) -> tuple[list[FieldSpan], int | None]:
     """Where each wrapped leaf landed, from the sentinels' codes and positions in the text without them;
     a field rendered twice is two spans. Second, where the generation prompt begins, if marked once."""
     opens: dict[int, list[int]] = {}
@@ -462,18 +446,18 @@ def _sentinel_spans(
     spans = []
     for k in sorted(opens.keys() & closes.keys()):
         if k < len(leaves):
-            spans += [Span(leaves[k].path, s, e) for s, e in zip(opens[k], closes[k]) if e >= s]
+            spans += [FieldSpan(leaves[k].path, s, e) for s, e in zip(opens[k], closes[k]) if e >= s]
     return spans, (gen[0] if len(gen) == 1 else None)
 
 
-def _with_think_tags(text: str, sp: Span) -> Span:
+def _with_think_tags(text: str, sp: FieldSpan) -> FieldSpan:
     """A reasoning field owns the <think>...</think> wrapper the template puts around it."""
     if sp.path[-1].kind != "reasoning":
         return sp
     before = _THINK_OPEN.search(text, max(0, sp.start - 24), sp.start)
     after = _THINK_CLOSE.match(text[sp.end : sp.end + 24])
     if before and after:
-        return Span(sp.path, before.start(), sp.end + after.end())
+        return FieldSpan(sp.path, before.start(), sp.end + after.end())
     return sp
 
 

@@ -1,0 +1,238 @@
+"""Many sessions at once: each analysed on its own (in worker processes) and reduced to its facts, the
+fleet document, and the Parquet dataset of turns and spans."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokendiff.app.pair import PromptOptions
+from tokendiff.app.reports import ReportOptions, read_replay
+from tokendiff.app.session import LoadedSession, Progress, open_session, session_specs, tokenizer_info
+from tokendiff.errors import InputError
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from tokendiff.core.cost import Session
+    from tokendiff.report.dataset import TurnTime
+    from tokendiff.report.fleet import SessionFacts
+
+
+# ---------------------------------------------------------------- fleets and datasets
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    report: ReportOptions = ReportOptions()
+    export_dir: str | None = None  # write the Parquet dataset here (docs/dataset.md)
+    workers: int | None = None  # processes; default: one per core, at most one per session
+
+
+@dataclass
+class FleetResult:
+    document: dict[str, Any]  # tokendiff.fleet/1
+    sessions: list[SessionFacts]
+    skipped: list[InputError] = field(default_factory=list)  # the sessions that could not be read
+
+    @property
+    def reuse_pct(self) -> float:
+        return float(self.document["summary"]["reuse_pct"])
+
+
+def expand_session_paths(patterns: Sequence[str]) -> list[str]:
+    """The paths as given, with globs the shell left unexpanded (quoted `'captures/*.jsonl'`)
+    expanded in sorted order; a pattern that matches nothing is an error naming it."""
+    import glob
+
+    from tokendiff.sources.loader import session_source
+
+    out: list[str] = []
+    for pat in patterns:
+        try:
+            exists = Path(pat).exists()
+        except OSError as e:  # a name too long for the system
+            raise InputError(e.strerror or str(e), source=pat) from None
+        if exists or not any(c in pat for c in "*?["):
+            out.append(pat)
+            continue
+        hits = sorted(glob.glob(pat, recursive=True))
+        if not hits:
+            raise InputError("no session matches this pattern", source=pat)
+        out += hits
+    seen: dict[str, str] = {}  # one session however it is named (`rec/`, `rec/capture.jsonl`): first name kept
+    for p in out:
+        seen.setdefault(_same_file(session_source(p)), p)
+    return list(seen.values())
+
+
+def _same_file(path: str) -> str:
+    """A key equal for every name of one file or directory."""
+    try:
+        return str(Path(path).resolve())
+    except (OSError, RuntimeError):  # a symlink loop: the name as given
+        return path
+
+
+def is_dataset_target(path: str) -> bool:
+    """`--export DIR/` (a trailing slash or an existing directory) writes the dataset."""
+    import os
+
+    return path.endswith(("/", os.sep)) or Path(path).is_dir()
+
+
+def turn_times(path: str, order: str, n: int) -> list[TurnTime]:
+    """When each of a session's `n` turns happened: the record's timestamp (a capture's `ts`, a
+    HAR's `startedDateTime`), else the turn's file's modification time (slot files)."""
+    from tokendiff.report.dataset import TurnTime
+    from tokendiff.sources.loader import file_kind, session_source
+
+    path = session_source(path)
+    p = Path(path)
+    stamps: list[TurnTime | None] = []
+    if p.is_dir():
+        specs = session_specs([path], order, single_turns=False)
+        stamps = [TurnTime(Path(sp).stat().st_mtime, "mtime") for sp in specs]
+    elif file_kind(p) == "capture":
+        from tokendiff.sources.capture import iter_capture
+
+        stamps = [_record_time(rec.get("ts")) for rec in iter_capture(path)]
+    elif file_kind(p) == "har":
+        from tokendiff.sources.importers.har import iter_har
+
+        stamps = [_record_time(rec.get("started")) for rec in iter_har(p)]
+    fallback = TurnTime(p.stat().st_mtime, "mtime")
+    stamps = (stamps + [None] * n)[:n]
+    return [t or fallback for t in stamps]
+
+
+def _record_time(value: Any) -> TurnTime | None:
+    """A record's timestamp: seconds since the epoch, or an ISO 8601 string (HAR)."""
+    from datetime import UTC, datetime
+
+    from tokendiff.report.dataset import TurnTime
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e11:
+        return TurnTime(float(value), "record")
+    if isinstance(value, str):
+        try:
+            when = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        when = when if when.tzinfo else when.replace(tzinfo=UTC)
+        return TurnTime(when.timestamp(), "record")
+    return None
+
+
+def export_dataset(session: Session, path: str, times: Sequence[TurnTime], root: Path) -> list[Path]:
+    """The session's turns and spans written into the Hive-partitioned Parquet dataset at `root`
+    (`turns/session=KEY/day=DAY/part-0.parquet`, `spans/…`); the session's earlier partitions
+    there are replaced. Returns the files written."""
+    from tokendiff.report.dataset import session_key, span_table, turn_table
+
+    key = session_key(path)
+    written: list[Path] = []
+    for table, frame in (("turns", turn_table(session, path, times)), ("spans", span_table(session, path, times))):
+        base = Path(root) / table / f"session={key}"
+        try:
+            for old in base.glob("day=*/part-*.parquet"):
+                old.unlink()
+            for (day,), part in frame.partition_by("day", as_dict=True, include_key=False).items():
+                (base / f"day={day}").mkdir(parents=True, exist_ok=True)
+                part.write_parquet(base / f"day={day}" / "part-0.parquet")
+                written.append(base / f"day={day}" / "part-0.parquet")
+        except OSError as e:
+            raise InputError(e.strerror or str(e), source=str(e.filename or root)) from None
+    return written
+
+
+def export_session_dataset(loaded: LoadedSession, path: str, root: Path, order: str = "auto") -> list[Path]:
+    """`export_dataset` for a session already loaded from `path`."""
+    return export_dataset(loaded.session, path, turn_times(path, order, len(loaded.session.turns)), root)
+
+
+def fleet_member(
+    opts: PromptOptions, path: str, export_dir: str | None = None, *, redact: bool = False
+) -> SessionFacts:
+    """One session of a fleet, analysed (in a worker process): its facts (with its labels to hash when
+    `redact`), its partitions written."""
+    from tokendiff.report.dataset import session_key
+    from tokendiff.report.fleet import session_facts
+
+    loaded = open_session(opts, [path], single_turns=False)
+    if export_dir:
+        export_session_dataset(loaded, path, Path(export_dir), opts.order)
+    return session_facts(path, loaded.session, tokenizer_info(loaded.vocab), session_key(path), redact=redact)
+
+
+def analyse_fleet(
+    opts: PromptOptions, paths: Sequence[str], fopts: FleetOptions = FleetOptions(), progress: Progress | None = None
+) -> tuple[list[SessionFacts], list[InputError]]:
+    """Every readable session's facts, in the order of `paths`, and the error of each session that could
+    not be read (one bad session does not cost the others' report): in parallel processes when there
+    are several sessions and cores (each session is independent; the vocabulary is a cached mmap)."""
+    import os
+
+    n = len(paths)
+    workers = min(n, fopts.workers or os.cpu_count() or 1)
+    done: dict[int, SessionFacts | InputError] = {}
+    if workers <= 1:
+        for k, p in enumerate(paths):
+            done[k] = _fleet_member_or_error(opts, p, fopts.export_dir, fopts.report.redact)
+            if progress:
+                progress(f"analysed {k + 1}/{n} sessions")
+    else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(workers) as pool:
+            member = partial(_fleet_member_or_error, opts, export_dir=fopts.export_dir, redact=fopts.report.redact)
+            futures = {pool.submit(member, p): i for i, p in enumerate(paths)}
+            for fut in as_completed(futures):
+                done[futures[fut]] = _result_or_error(fut, paths[futures[fut]])
+                if progress:
+                    progress(f"analysed {len(done)}/{n} sessions")
+    results = [done[i] for i in range(n)]
+    return [r for r in results if not isinstance(r, InputError)], [r for r in results if isinstance(r, InputError)]
+
+
+def _fleet_member_or_error(
+    opts: PromptOptions, path: str, export_dir: str | None, redact: bool
+) -> SessionFacts | InputError:
+    """`fleet_member`, or the session's error (returned, so it crosses from a worker as a value), naming
+    it; anything else that stops one session's analysis stops only that session."""
+    try:
+        return fleet_member(opts, path, export_dir, redact=redact)
+    except InputError as e:
+        return e if e.source is not None else InputError(e.reason, source=path)
+    except Exception as e:  # a failure of one session's analysis, reported under its name
+        return InputError(f"could not be analysed ({type(e).__name__}: {e})", source=path)
+
+
+def _result_or_error(fut: Future[SessionFacts | InputError], path: str) -> SessionFacts | InputError:
+    """A worker's answer; its process dying (killed, out of memory) is that session's error."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        return fut.result()
+    except BrokenProcessPool:
+        return InputError("the process analysing it stopped", source=path)
+
+
+def fleet_report(
+    opts: PromptOptions, paths: Sequence[str], fopts: FleetOptions = FleetOptions(), progress: Progress | None = None
+) -> FleetResult:
+    """The fleet document (`tokendiff.fleet/1`) over the sessions that could be read, the dataset written if
+    asked; the others are listed in it (`skipped`) and in `FleetResult.skipped`. None readable: the first error."""
+    from tokendiff.report.fleet import fleet_document
+
+    replays = [read_replay(f) for f in fopts.report.replays]  # bad replay files fail before the work
+    facts, errors = analyse_fleet(opts, paths, fopts, progress)
+    if not facts:
+        raise errors[0]
+    doc = fleet_document(facts, redact=fopts.report.redact)
+    doc["replays"] = replays
+    doc["skipped"] = [str(e) for e in errors]
+    return FleetResult(doc, facts, errors)

@@ -1,0 +1,123 @@
+"""The report workflow: a session's `tokendiff.report/1` document, rendered (md, html, json) and exported,
+with the replays it includes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokendiff.app.pair import PairResult, pair_json
+from tokendiff.app.session import LoadedSession, apply_prefill_rate, tokenizer_info
+from tokendiff.errors import InputError
+
+if TYPE_CHECKING:
+    from tokendiff.core.cost import Session
+REPORT_FORMATS = ("md", "html", "json")
+
+
+# ---------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    redact: bool = False
+    replays: tuple[str, ...] = ()  # `tokendiff replay --json` files to include
+    prefill_rate: float | None = None  # tokens/s for a session without timings (else a replay's cold rate)
+
+
+# ---------------------------------------------------------------- prompts
+
+
+MAX_REPLAY_BYTES = 64 << 20  # a replay result is KBs
+
+
+def export_pair(pair: PairResult, path: Path) -> Path:
+    """The pair's `diff --json` document written to `path`."""
+    return _write(path, pair_json(pair))
+
+
+# ---------------------------------------------------------------- reports
+
+
+def read_replay(path: str) -> dict[str, Any]:
+    """A `tokendiff replay --json` result, checked to be one."""
+    import orjson
+
+    from tokendiff.safeio import read_limited
+
+    raw = read_limited(path, MAX_REPLAY_BYTES, "replay result")
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise InputError(f"malformed JSON: {e}", source=path) from None
+    if not isinstance(doc, dict) or doc.get("schema") != "tokendiff.replay/1":
+        raise InputError("not a tokendiff replay result (tokendiff.replay/1)", source=path)
+    return doc
+
+
+def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = ReportOptions()) -> dict[str, Any]:
+    """The session report document (`tokendiff.report/1`) with the replays it includes."""
+    from tokendiff.report.session import report_document
+
+    replays = [read_replay(f) for f in opts.replays]
+    apply_prefill_rate(loaded.session, opts.prefill_rate or replay_prefill_rate(replays))
+    doc = report_document(label, loaded.prompts, loaded.session, tokenizer_info(loaded.vocab), redact=opts.redact)
+    doc["replays"] = replays
+    return doc
+
+
+def replay_prefill_rate(replays: Sequence[dict[str, Any]]) -> float | None:
+    """Tokens per second of prefill measured by `tokendiff replay` (its cold runs: the whole prompt
+    computed), the median over the replays; None without a usable cold run."""
+    import statistics
+
+    rates = []
+    for doc in replays:
+        cold = (doc.get("scenarios") or {}).get("cold") or {}
+        n, ms = cold.get("tokens"), cold.get("prompt_ms")
+        if isinstance(n, int) and isinstance(ms, (int, float)) and n > 0 and ms > 0:
+            rates.append(n / (ms / 1000))
+    return statistics.median(rates) if rates else None
+
+
+def render_report(doc: dict[str, Any], fmt: str = "md") -> str:
+    if fmt == "json":
+        import orjson
+
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+    if fmt == "html":
+        from tokendiff.report.html import render_html
+
+        return render_html(doc)
+    if fmt != "md":
+        raise InputError(f"report formats are {', '.join(REPORT_FORMATS)}", source=fmt)
+    from tokendiff.report.markdown import render_markdown
+
+    return render_markdown(doc)
+
+
+def export_report(doc: dict[str, Any], path: Path, fmt: str = "md") -> Path:
+    """The report rendered as `fmt` and written to `path`."""
+    return _write(path, render_report(doc, fmt).encode("utf-8"))
+
+
+def export_turns(session: Session, path: Path) -> Path:
+    """The per-turn table as .parquet (else CSV)."""
+    from tokendiff.report.dataset import turn_frame
+
+    frame = turn_frame(session)
+    try:
+        frame.write_parquet(path) if str(path).endswith(".parquet") else frame.write_csv(path)
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(path)) from None
+    return Path(path)
+
+
+def _write(path: Path, data: bytes) -> Path:
+    try:
+        Path(path).write_bytes(data)
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(path)) from None
+    return Path(path)

@@ -1,0 +1,488 @@
+"""Sessions: a user's paths to turns, read and analysed as they stream (reuse, waste, spans ranked by cost).
+
+Plain typed options in, typed results out; nothing here parses arguments, prints or knows about Textual,
+so the CLI, the report and the TUI show the same analysis. Progress goes to an optional callback.
+Heavy libraries are imported inside the functions that need them, so `tokendiff diff` stays fast.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokendiff.app.pair import PairResult, PromptOptions, diff_pair, open_loader
+from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SpecJob, diff_future, usable_ids
+from tokendiff.errors import InputError
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from tokendiff.core.cache.capacity import CapacityLadder
+    from tokendiff.core.cache.swa import AttentionLayout
+    from tokendiff.core.cost import PairDiff, Session, Turn, TurnInput
+    from tokendiff.core.model import Prompt
+    from tokendiff.core.vocab import Vocab
+    from tokendiff.sources.loader import Loader
+
+Progress = Callable[[str], None]
+FirstPair = Callable[[int, "PairResult", "Loader"], None]  # the first wasteful turn, its pair, the loader
+
+
+def tokenizer_info(vocab: Vocab) -> dict[str, Any]:
+    """How documents name the tokenizer they were decoded with."""
+    return {"name": vocab.name, "assumed": vocab.assumed, "n_vocab": vocab.n_vocab, "identity": vocab.identity}
+
+
+# ---------------------------------------------------------------- sessions
+
+
+class TurnPrompts(Sequence["Prompt"]):
+    """A session's prompts by turn, loaded when asked for: a long session is never all in memory.
+    The most recently used ones are kept, up to `budget` tokens."""
+
+    def __init__(self, loader: Loader, specs: Sequence[str], budget: int = 2_000_000):
+        self.loader, self.specs, self.budget = loader, list(specs), budget
+        self._kept: dict[int, Prompt] = {}
+        self._tokens = 0  # in the kept prompts (a running total: summing per keep is quadratic)
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        k = i + len(self) if i < 0 else i
+        if not 0 <= k < len(self):
+            raise IndexError(i)
+        p = self._kept.get(k)
+        if p is None:
+            p = self.loader.load(self.specs[k])
+        self.keep(k, p)
+        return p
+
+    def keep(self, k: int, p: Prompt) -> None:
+        """Remember turn k's prompt (0-based), forgetting the least recently used over budget."""
+        old = self._kept.pop(k, None)
+        self._tokens += len(p) - (len(old) if old is not None else 0)
+        self._kept[k] = p
+        while len(self._kept) > 2 and self._tokens > self.budget:
+            self._tokens -= len(self._kept.pop(next(iter(self._kept))))
+
+
+@dataclass
+class LoadedSession:
+    loader: Loader
+    prompts: TurnPrompts
+    session: Session
+
+    @property
+    def vocab(self) -> Vocab:
+        return self.loader.vocab
+
+    @property
+    def specs(self) -> list[str]:
+        return self.prompts.specs
+
+
+def is_session_path(path: str) -> bool:
+    """A directory, a capture or a HAR holds many turns; a slot file, a body or DIR@N one."""
+    from tokendiff.sources.loader import file_kind
+
+    p = Path(path)
+    if not p.exists():
+        return False
+    return p.is_dir() or file_kind(p) in ("capture", "har")
+
+
+def session_specs(
+    paths: Sequence[str], order: str = "auto", *, single_turns: bool = True, live: bool = False
+) -> list[str]:
+    """One selector per turn, in order. Sessions expand to their turns; a single turn stays
+    itself unless `single_turns` is off (the report wants sessions). In live mode an empty
+    session directory is fine: it fills as the agent runs."""
+    from tokendiff.sources.loader import session_selectors
+
+    specs: list[str] = []
+    for p in paths:
+        if live and Path(p).is_dir() and not any(Path(p).glob("*.bin")):
+            continue
+        specs += session_selectors(p, order) if not single_turns or is_session_path(p) else [p]
+    return specs
+
+
+def load_session(loader: Loader, specs: Sequence[str], progress: Progress | None = None) -> LoadedSession:
+    """Every turn loaded and the session analysed (reuse, waste, spans ranked by cost)."""
+    inputs = ((spec, _spec_input(loader, spec)) for spec in specs)
+    return _analyse(loader, inputs, len(specs), progress, PairWorkers(loader))
+
+
+def _analyse(
+    loader: Loader,
+    inputs,
+    n: int | None,
+    progress: Progress | None,
+    pool: PairWorkers,
+    layout: AttentionLayout | None = None,
+    capacity: CapacityLadder | None = None,
+    props: dict[str, Any] | None = None,
+    first_pair: FirstPair | None = None,
+) -> LoadedSession:
+    """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
+    `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end.
+    `first_pair` is given the first pair that wasted the cache as soon as it is analysed."""
+    from tokendiff.core.cost import Analyser
+
+    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props)
+    prompts = TurnPrompts(loader, [])
+    specs = prompts.specs  # filled as the turns come, so the prompts so far can be loaded meanwhile
+    prev: TurnInput | None = None
+    with RARE_YOUNG_COLLECTIONS:  # the workers fork inside, and keep it
+        try:
+            for k, (spec, turn) in enumerate(inputs, 1):
+                if progress and (k < 100 or k % 100 == 0):
+                    progress(f"reading turn {k}/{n}" if n else f"reading turn {k}")
+                specs.append(spec)
+                an.add(turn)
+                for i, t in ((k - 2, prev), (k - 1, turn)):  # the previous prompt may have been decoded for this diff
+                    if t is not None and t.decoded is not None:
+                        prompts.keep(i, t.decoded)
+                prev = turn
+                if first_pair is not None and (w := an.first_wasted()):
+                    pair = _turn_pair(an.turns[w - 1], prompts[w - 2], prompts[w - 1], loader.vocab)
+                    first_pair(w, pair, loader)
+                    first_pair = None
+            session = an.session()
+        finally:
+            pool.close()
+    if progress:
+        progress(f"analysed {len(specs)} turns")
+    return LoadedSession(loader, prompts, session)
+
+
+class _RareYoungCollections:
+    """While sessions are analysed, the young generation is collected every YOUNG_EVERY allocations,
+    not 700: parsing, rendering and diffing allocate millions of short-lived containers and hardly a
+    cycle among them, and collecting every 700 scanned them all for ~15 % of the CPU. The first
+    analysis to start sets it, the last to end puts back what was (a TUI may run several in
+    threads); a collector that is off, or set never to run, is left alone."""
+
+    YOUNG_EVERY = 50_000
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.was: tuple[int, int, int] = gc.get_threshold()
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if self.running == 0:
+                self.was = gc.get_threshold()
+                if gc.isenabled() and 0 < self.was[0] < self.YOUNG_EVERY:
+                    gc.set_threshold(self.YOUNG_EVERY, *self.was[1:])
+            self.running += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.running -= 1
+            if self.running == 0 and gc.get_threshold()[0] == self.YOUNG_EVERY and self.was[0] < self.YOUNG_EVERY:
+                gc.set_threshold(*self.was)
+
+
+RARE_YOUNG_COLLECTIONS = _RareYoungCollections()
+
+
+def _spec_input(loader: Loader, spec: str) -> TurnInput:
+    from tokendiff.core.cost import TurnInput
+
+    return TurnInput.of(loader.load(spec), job=SpecJob(spec))
+
+
+def record_input(
+    loader: Loader,
+    rec: dict[str, Any],
+    label: str,
+    turn: int,
+    rendered: Any = None,
+    diff: Future[PairDiff] | None = None,
+) -> TurnInput:
+    """A capture record as a turn: the recorded IDs now (or `rendered`, its render tokenised already),
+    rendering and decoding only if a diff needs them. `diff`: its diff with the record before it, where
+    the worker that tokenised it made that too."""
+    import numpy as np
+
+    from tokendiff.backends.server import recorded_backend
+    from tokendiff.core.cost import TurnInput
+
+    ids = rec.get("prompt_ids")
+    job = RecordJob(rec, label, turn, rendered)
+    resp = rec.get("response")
+    try:  # the capture reader gives an int32 array; other record sources may give a list
+        arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, (list, np.ndarray)) else None
+    except (TypeError, ValueError, OverflowError):
+        arr = None
+    if arr is None and ids is None:  # a HAR entry, a request body: its render tokenised
+        arr = rendered if rendered is not None else loader.rendered_ids(rec)
+    if arr is None or not usable_ids(arr, loader.vocab.n_vocab):
+        ti = TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
+    else:
+        resp = resp if isinstance(resp, dict) else None
+        req = rec.get("request") if isinstance(rec.get("request"), dict) else None
+        ti = TurnInput(
+            ids=arr.astype(np.int32),
+            origin=label,
+            load=lambda: job.load(loader),
+            response=resp,
+            job=job,
+            request=req,
+            diff=diff,
+        )
+    ttft = rec.get("ttft_ms")
+    ti.ttft_ms = float(ttft) if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) else None
+    ti.server, ti.vllm_block = recorded_backend(rec.get("server"))  # which rules the server's counts follow
+    return ti
+
+
+def _path_inputs(loader: Loader, pool: PairWorkers, paths: Sequence[str], order: str, single_turns: bool, live: bool):
+    """(selector, turn) for every turn of `paths`: captures and HAR files read record by record,
+    directories listed once, each turn's IDs first and its prompt only if a diff needs it."""
+    from tokendiff.sources.loader import file_kind, session_source, session_turns
+
+    for p in map(session_source, paths):
+        path = Path(p)
+        kind = file_kind(path) if path.is_file() else None
+        if kind in ("capture", "har"):
+            yield from _records_inputs(loader, pool, p, kind)
+        elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
+            for sel in session_turns(p, order):
+                yield str(sel.path), _selected_input(loader, sel)
+        elif not path.is_dir():
+            for spec in session_specs([p], order, single_turns=single_turns, live=live):
+                yield spec, _spec_input(loader, spec)
+
+
+def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
+    """A capture or a HAR file, one record at a time (each file parsed once); a HAR's requests, which
+    carry no token IDs, rendered and tokenised in the workers a few chunks ahead."""
+    from tokendiff.errors import one_line
+    from tokendiff.sources.loader import warn
+
+    records: Iterable[tuple[dict[str, Any], Any, Any]]  # (record, its render's IDs, its diff): `with_ids`
+    if kind == "capture":
+        from tokendiff.sources.capture import iter_capture
+
+        loader.adopt_capture_template(Path(p))
+        records = ((rec, None, None) for rec in iter_capture(p, warn))
+    else:
+        from tokendiff.sources.importers.har import iter_har
+
+        if Path(p).stat().st_size > 16 << 20:
+            loader.warm_text()  # the tokenizer and template the workers inherit
+            pool.start()  # before the parse: forked later, each worker would map the parsed document too
+        base = one_line(str(Path(p)))
+        records = pool.with_ids(iter_har(Path(p), warn), lambda k: f"{base}@{k}")
+    k = 0
+    for k, (rec, ids, diff) in enumerate(records, 1):  # labelled as loading `p@k` labels them
+        label = f"{p}@{k}" if kind == "capture" else f"{base}@{k}"
+        yield f"{p}@{k}", record_input(loader, rec, label, k, ids, diff_future(diff))
+    if k == 0:
+        raise InputError("the session holds no chat requests", source=p)
+
+
+def _selected_input(loader: Loader, sel) -> TurnInput:
+    """A turn of a directory: a slot file's IDs from its header and payload, decoded only if needed."""
+    import numpy as np
+
+    from tokendiff.core.cost import TurnInput
+    from tokendiff.sources.loader import warn
+    from tokendiff.sources.slotfile import read_slot_file
+
+    job = SelectedJob(sel)
+    if sel.kind != "slot":
+        return TurnInput.of(loader.load_selected(sel), job=job)
+    slot = read_slot_file(sel.path)
+    for w in slot.warnings:
+        warn(w)
+    ids = slot.tokens
+    if len(ids) and (min(ids) < 0 or max(ids) >= loader.vocab.n_vocab):  # media cells, or a foreign vocabulary
+        return TurnInput.of(loader.load_selected(sel, slot), job=job)
+    load = partial(loader.load_selected, sel, slot)
+    return TurnInput(ids=np.asarray(ids), origin=sel.label, load=load, job=job)
+
+
+def open_session(
+    opts: PromptOptions,
+    paths: Sequence[str],
+    progress: Progress | None = None,
+    *,
+    single_turns: bool = True,
+    live: bool = False,
+    workers: int | None = None,
+    layout: AttentionLayout | None = None,
+    capacity: CapacityLadder | None = None,
+    props: dict[str, Any] | None = None,
+    first_pair: FirstPair | None = None,
+) -> LoadedSession:
+    """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
+    in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
+    `layout`: the model's attention layout for the SWA/hybrid column (`attention_layout`);
+    `capacity`: the cache sizes to replay the session through (`capacity_ladder`); `props`: the
+    server's /props for the backend facts (default: the props.json saved beside the session).
+    `first_pair(turn, pair, loader)` is called once, as soon as the first turn that wasted the cache
+    is analysed, with what `session_pair` will give for it: a view can show it before the rest is
+    read (the analysis goes on when it returns)."""
+    loader = open_loader(opts)
+    pool = PairWorkers(loader, workers)
+    inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
+    props = props if props is not None else saved_props(paths)
+    return _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair)
+
+
+def capacity_ladder(
+    paths: Sequence[str],
+    opts: PromptOptions,
+    sizes: Sequence[str],
+    model: str | None = None,
+    bytes_per_token: int | None = None,
+    server_args: str | None = None,
+) -> CapacityLadder:
+    """The capacities `report --cache-size` asked for (`ladder`: the default ladder), in bytes when
+    the KV bytes per token are known (given, or from the model's GGUF and the cache type in
+    `server_args`), else in tokens."""
+    import shlex
+
+    from tokendiff.core.cache.capacity import CapacityLadder, kv_bytes_per_token, parse_size
+    from tokendiff.sources.gguf_meta import read_model_metadata
+
+    argv = shlex.split(server_args or "")
+    ctype = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-ctk", "--cache-type-k")), "f16")
+    gguf = _model_file(paths, opts, model)
+    if bytes_per_token is None and gguf:
+        bytes_per_token = kv_bytes_per_token(read_model_metadata(gguf), ctype)
+    try:
+        parsed = [parse_size(s) for s in sizes if s != "ladder"]
+        return CapacityLadder(parsed, bytes_per_token)
+    except ValueError as e:
+        raise InputError(f"--cache-size: {e}") from None
+
+
+def _model_file(paths: Sequence[str], opts: PromptOptions, model: str | None) -> str | None:
+    """The served model's GGUF: given, the --tokenizer GGUF, or the one the saved /props names."""
+    gguf = model or (opts.tokenizer if opts.tokenizer and opts.tokenizer.endswith(".gguf") else None)
+    return gguf or _props_model_path(paths)
+
+
+def attention_layout(
+    paths: Sequence[str], opts: PromptOptions, model: str | None = None, server_args: str | None = None
+) -> AttentionLayout | None:
+    """The served model's attention layout, for the SWA/hybrid column: from `model` (a GGUF file),
+    else a `--tokenizer` GGUF, else the model file the server's `/props` (props.json beside the
+    session) names, when it is readable here; else, from the model's name (the saved /props' model
+    path, the capture's first record), the defaults of a sliding-window or hybrid family; with the
+    server's flags (`server_args`, its command line). None when the layout is unknown: the report then
+    shows no SWA/hybrid column rather than guess."""
+    import shlex
+
+    from tokendiff.core.cache.swa import layout_from_name, server_flags
+    from tokendiff.sources.gguf_meta import read_attention_layout
+
+    try:
+        flags = server_flags(shlex.split(server_args or ""))
+    except ValueError as e:
+        raise InputError(f"--server-args: {e}") from None
+    gguf = _model_file(paths, opts, model)
+    if gguf:
+        return read_attention_layout(gguf, **flags)
+    return next((lay for name in _model_names(paths) if (lay := layout_from_name(name, **flags))), None)
+
+
+def _model_names(paths: Sequence[str]) -> list[str]:
+    """What the session calls its model: the saved /props' model path, then the first record's
+    request `model` and recording server's `model` (an Ollama tag, a vLLM model ID)."""
+    props: dict[str, Any] = saved_props(paths) or {}
+    names = [props.get("model_path")]
+    for p in paths:
+        base = Path(p.split("@", 1)[0])
+        capture = base / "capture.jsonl" if base.is_dir() else base
+        if capture.suffix != ".jsonl" or not capture.is_file():
+            continue
+        from tokendiff.sources.capture import iter_capture
+
+        records = iter_capture(capture, lambda _w: None)
+        try:
+            rec: dict[str, Any] = next(records, {})
+        except InputError:
+            continue
+        finally:
+            records.close()  # the generator holds the file open
+        req, server = rec.get("request"), rec.get("server")
+        names += [req.get("model") if isinstance(req, dict) else None]
+        names += [server.get("model") if isinstance(server, dict) else None]
+    return [n for n in names if isinstance(n, str) and n]
+
+
+def saved_props(paths: Sequence[str]) -> dict[str, Any] | None:
+    """The server's `/props` the proxy or `pull` saved (props.json beside a capture or in a slot
+    directory); None when there is none or it is not a JSON object."""
+    import orjson
+
+    from tokendiff import safeio
+    from tokendiff.sources.loader import MAX_PROPS_BYTES
+
+    for p in paths:
+        base = Path(p.split("@", 1)[0])
+        props = (base if base.is_dir() else base.parent) / "props.json"
+        try:
+            doc = orjson.loads(safeio.read_limited(props, MAX_PROPS_BYTES, "props.json")) if props.is_file() else None
+        except (InputError, orjson.JSONDecodeError):
+            continue
+        if isinstance(doc, dict):
+            return doc
+    return None
+
+
+def _props_model_path(paths: Sequence[str]) -> str | None:
+    """The model file a saved `/props` names, when it is readable here."""
+    mp = (saved_props(paths) or {}).get("model_path")
+    return mp if isinstance(mp, str) and mp.endswith(".gguf") and Path(mp).is_file() else None
+
+
+def apply_prefill_rate(session: Session, tokens_per_s: float | None) -> Session:
+    """Seconds for a session without timings (slot files): `tokens_per_s` (`--prefill-rate`) as its
+    prefill speed, marked estimated. A measured speed is kept: the server's own timings win."""
+    if tokens_per_s is None or session.ms_per_token is not None:
+        return session
+    if tokens_per_s <= 0:
+        raise InputError("--prefill-rate must be a positive number of tokens per second")
+    session.ms_per_token, session.rate_estimated = 1000.0 / tokens_per_s, True
+    for sp in session.spans:
+        sp.seconds = sp.tokens * session.ms_per_token / 1000
+    return session
+
+
+def append_turns(loaded: LoadedSession, specs: Sequence[str]) -> LoadedSession:
+    """The session with new turns (live mode) appended and re-analysed."""
+    return load_session(loaded.loader, [*loaded.specs, *specs])
+
+
+# ---------------------------------------------------------------- pairs
+
+
+def session_pair(loaded: LoadedSession, turn: int) -> PairResult:
+    """Turn `turn` (from 2) and the one before it, as the session analysis aligned and explained them
+    (the same alignment and findings `diff_pair` computes)."""
+    if not 2 <= turn <= len(loaded.prompts):
+        raise InputError(f"turn {turn} has no pair: pick a turn from 2 to {len(loaded.prompts)}")
+    t = loaded.session.turns[turn - 1]
+    return _turn_pair(t, loaded.prompts[turn - 2], loaded.prompts[turn - 1], loaded.vocab)
+
+
+def _turn_pair(t: Turn, a: Prompt, b: Prompt, vocab: Vocab) -> PairResult:
+    """A turn's pair with the analysis's alignment and findings."""
+    if t.divergence is None:  # a pure append, analysed from the IDs alone: diff it now
+        return diff_pair(a, b, vocab)
+    return PairResult(a, b, t.divergence, t.findings, vocab)
