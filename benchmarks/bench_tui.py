@@ -45,7 +45,7 @@ def main() -> None:
     from tokendiff.core.model import Prompt
     from tokendiff.sources.tokenizers import load_bundled
     from tokendiff.tui.app import Options, TokendiffApp
-    from tokendiff.tui.screens import PairScreen
+    from tokendiff.tui.screens.pair import PairScreen
     from tokendiff.tui.widgets.pairdata import build_pair_view
     from tokendiff.tui.widgets.token_view import TokenView
 
@@ -162,7 +162,7 @@ def bench_session(turns: int, tokens: int, keep: Path | None) -> None:
 
 async def _session_screen(loaded) -> None:
     from tokendiff.tui.app import Options, TokendiffApp
-    from tokendiff.tui.screens import SessionScreen
+    from tokendiff.tui.screens.session import SessionScreen
     from tokendiff.tui.widgets.session_view import SessionTable
 
     class Bench(TokendiffApp):

@@ -112,7 +112,7 @@ def bench_keys(tokens: int) -> None:
     from tokendiff.core.model import Prompt
     from tokendiff.sources.tokenizers import load_bundled
     from tokendiff.tui.app import Options, TokendiffApp
-    from tokendiff.tui.screens import PairScreen
+    from tokendiff.tui.screens.pair import PairScreen
     from tokendiff.tui.widgets.pairdata import build_pair_view
 
     vocab = load_bundled()

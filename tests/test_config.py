@@ -15,7 +15,7 @@ from tokendiff import paths
 from tokendiff.config import Config, load_config
 from tokendiff.errors import InputError
 from tokendiff.tui.app import Options, TokendiffApp
-from tokendiff.tui.screens import SessionScreen
+from tokendiff.tui.screens.session import SessionScreen
 from tokendiff.tui.themes import DEFAULT_THEME, choose_theme, load_catalogue, require_theme
 
 ROOT = Path(__file__).resolve().parent.parent

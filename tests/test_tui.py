@@ -14,7 +14,8 @@ import pytest
 from tokendiff.app.pair import PromptOptions
 from tokendiff.core.model import SectionPath
 from tokendiff.tui.app import Options, TokendiffApp
-from tokendiff.tui.screens import PairScreen, SessionScreen
+from tokendiff.tui.screens.pair import PairScreen
+from tokendiff.tui.screens.session import SessionScreen
 from tokendiff.tui.widgets.token_view import TokenPanes, TokenView
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -473,7 +474,7 @@ async def test_the_session_screen_under_the_first_pair_gets_its_body_with_the_se
 
 async def test_headlines_do_not_contradict_the_figures():
     """Defect 13: an empty session is not "100 %"; a session without waste does not claim full reuse."""
-    from tokendiff.tui.screens import session_headline
+    from tokendiff.tui.screens.session import session_headline
 
     empty = Preloaded(long_session(0))
     async with empty.run_test(size=(100, 30)) as pilot:
@@ -524,7 +525,7 @@ def on_screen(view: TokenView) -> bool:
 
 
 async def test_help_lists_the_screens_keys_and_the_colours():
-    from tokendiff.tui.widgets.help import HelpScreen
+    from tokendiff.tui.screens.help import HelpScreen
 
     a = app()
     async with a.run_test(size=(140, 40)) as pilot:

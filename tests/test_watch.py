@@ -81,7 +81,7 @@ def start_watch(server, out, **kw):
 
 
 async def test_watch_shows_turns_and_the_cause_while_the_agent_runs(server, tmp_path):
-    from tokendiff.tui.screens import PairScreen
+    from tokendiff.tui.screens.pair import PairScreen
     from tokendiff.tui.widgets.session_view import SessionTable
 
     out = tmp_path / "session"
@@ -141,7 +141,7 @@ def demo_app(paths: list[str], **kw):
 
 
 async def test_session_table_sorts_by_any_column_and_jumps_to_the_most_wasteful_turn():
-    from tokendiff.tui.screens import PairScreen
+    from tokendiff.tui.screens.pair import PairScreen
     from tokendiff.tui.widgets.session_view import SessionTable
 
     a = demo_app([])

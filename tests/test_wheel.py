@@ -29,7 +29,7 @@ TUI_SCRIPT = textwrap.dedent(
     import asyncio, time
     from tokendiff.paths import demo_capture
     from tokendiff.tui.app import Options, TokendiffApp
-    from tokendiff.tui.screens import PairScreen
+    from tokendiff.tui.screens.pair import PairScreen
 
     async def main():
         app = TokendiffApp(Options(paths=[str(demo_capture())], theme="tokendiff-light"))

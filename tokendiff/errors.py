@@ -1,15 +1,21 @@
-"""The one exception type the CLI turns into a one-line message and exit 2.
+"""The errors tokendiff expects, as a small tree; the CLI maps each class to an exit code in one table
+(tokendiff.cli.exits) and prints the message as one line.
 
-Every reader raises `InputError` for input it cannot use, naming the input
-and (for binary files) the byte offset, so a user never sees a traceback for
-a bad file.
+    TokendiffError            anything tokendiff reports as one line instead of a traceback
+     └── InputError           a file, a value or an answer tokendiff cannot use (names the input)
+          ├── ServerError     a server that cannot be reached or answers what no server should
+          └── UsageError      options that do not fit together
+
+Every reader raises InputError for input it cannot use, naming the input and (for binary files)
+the byte offset, so a user never sees a traceback for a bad file. ServerError and UsageError are
+InputErrors, so a caller that treats any unusable input alike needs no second handler.
 """
 
 from __future__ import annotations
 
 
-class InputError(Exception):
-    """Bad or unusable input: the CLI prints `tokendiff: <message>` and exits 2."""
+class TokendiffError(Exception):
+    """An expected failure: printed as `tokendiff: <source>: <message>`."""
 
     def __init__(self, message: str, *, source: str | None = None, offset: int | None = None):
         self.source = source
@@ -22,6 +28,19 @@ class InputError(Exception):
             parts.append(f"byte {offset}")
         prefix = ": ".join([", ".join(parts)]) + ": " if parts else ""
         super().__init__(prefix + message)
+
+
+class InputError(TokendiffError):
+    """Bad or unusable input: the CLI prints `tokendiff: <message>` and exits 2."""
+
+
+class ServerError(InputError):
+    """A server that cannot be reached, refuses, times out or answers what it should not (the source
+    names its URL)."""
+
+
+class UsageError(InputError):
+    """Options that do not fit together, or a command that cannot run here (no terminal for the TUI)."""
 
 
 def one_line(text: str) -> str:

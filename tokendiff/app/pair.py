@@ -100,6 +100,14 @@ class PairResult:
         return diff_document(self.a, self.b, self.divergence, self.vocab, context=self.context, findings=self.findings)
 
 
+def llama_reusable(a: Prompt, b: Prompt, divergence: Divergence) -> int:
+    """The tokens of B llama-server reuses after A, as the session table counts them (a full hit still
+    evaluates one token)."""
+    from tokendiff.core.cost import backend_reuse
+
+    return backend_reuse("llama.cpp", divergence.lcp, len(b), len(a))
+
+
 def diff_pair(a: Prompt, b: Prompt, vocab: Vocab, context: int = 8) -> PairResult:
     from tokendiff.core.align import align
     from tokendiff.core.explain import explain

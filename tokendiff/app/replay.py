@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokendiff.app.pair import PairResult, PromptOptions
 from tokendiff.app.session import Progress
-from tokendiff.errors import InputError
+from tokendiff.errors import InputError, ServerError, UsageError
 
 if TYPE_CHECKING:
     from tokendiff.backends.replay import Backend, Plan
@@ -58,9 +58,9 @@ def check_replay(opts: ReplayOptions) -> None:
     from tokendiff.backends.urls import is_loopback_url
 
     if opts.repeat < 1:
-        raise InputError("--repeat must be at least 1")
+        raise UsageError("--repeat must be at least 1")
     if not is_loopback_url(opts.backend) and not opts.allow_remote:
-        raise InputError(
+        raise UsageError(
             "refusing to replay to a backend that is not on this machine; pass --allow-remote if you mean it",
             source=opts.backend,
         )
@@ -88,7 +88,7 @@ def replay_pair(
     check_replay(opts)
     down = unreachable(opts.backend)
     if down:
-        raise InputError(down)
+        raise ServerError(down)
     a, b, d = pair.a, pair.b, pair.divergence
 
     def decode(ids: list[int]) -> str:

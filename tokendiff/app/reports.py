@@ -121,3 +121,13 @@ def _write(path: Path, data: bytes) -> Path:
     except OSError as e:
         raise InputError(e.strerror or str(e), source=str(path)) from None
     return Path(path)
+
+
+def free_path(path: Path) -> Path:
+    """`path`, or `name-2.ext`, `name-3.ext`…: the first that does not exist, so an export never overwrites."""
+    k = 2
+    candidate = path
+    while candidate.exists():
+        candidate = path.with_name(f"{path.stem}-{k}{path.suffix}")
+        k += 1
+    return candidate

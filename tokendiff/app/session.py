@@ -269,7 +269,7 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
     """A capture or a HAR file, one record at a time (each file parsed once); a HAR's requests, which
     carry no token IDs, rendered and tokenised in the workers a few chunks ahead."""
     from tokendiff.errors import one_line
-    from tokendiff.sources.loader import warn
+    from tokendiff.notices import warn
 
     records: Iterable[tuple[dict[str, Any], Any, Any]]  # (record, its render's IDs, its diff): `with_ids`
     if kind == "capture":
@@ -298,7 +298,7 @@ def _selected_input(loader: Loader, sel) -> TurnInput:
     import numpy as np
 
     from tokendiff.core.cost import TurnInput
-    from tokendiff.sources.loader import warn
+    from tokendiff.notices import warn
     from tokendiff.sources.slotfile import read_slot_file
 
     job = SelectedJob(sel)

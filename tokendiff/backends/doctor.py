@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from tokendiff.backends import server as srv
 from tokendiff.backends.urls import is_loopback_url
-from tokendiff.errors import InputError
+from tokendiff.errors import InputError, ServerError
 
 SCHEMA = "tokendiff.doctor/1"
 OK, PROBLEM, UNCHECKED, INFO = "ok", "problem", "not checked", "info"
@@ -366,7 +366,7 @@ def server_kind(answers: dict[str, srv.Answer], url: str) -> str:
         return srv.VLLM
     if isinstance(doc("/v1/models"), dict):
         return srv.GENERIC
-    raise InputError("not an inference server (no /props, /v1/models, /api/tags or /get_server_info)", source=url)
+    raise ServerError("not an inference server (no /props, /v1/models, /api/tags or /get_server_info)", source=url)
 
 
 def _owned_by(models: Any) -> str | None:

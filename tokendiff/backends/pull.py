@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from tokendiff.backends.server import LLAMA, SLOT_TIMEOUT, LlamaClient, probe
-from tokendiff.errors import InputError
+from tokendiff.errors import InputError, ServerError
 
 
 @dataclass
@@ -71,7 +71,7 @@ class Puller:
             self.api.save_slot(slot, name)
         except InputError as e:
             if "--slot-save-path" in str(e):
-                raise InputError(
+                raise ServerError(
                     f"{e}; restart it with --slot-save-path DIR and pass the same DIR as --slot-dir", source=self.server
                 ) from None
             raise

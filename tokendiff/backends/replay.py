@@ -34,7 +34,7 @@ from tokendiff.backends.server import (
     vllm_tokenize_body,
 )
 from tokendiff.core.cost import VLLM_BLOCK, backend_reuse
-from tokendiff.errors import InputError
+from tokendiff.errors import ServerError
 
 if TYPE_CHECKING:
     import httpx
@@ -275,12 +275,12 @@ class OpenAICompatible(Backend):
         try:
             return token_ids(doc), "vllm /tokenize"
         except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"/tokenize gave no tokens: {e}", source=self.url) from None
+            raise ServerError(f"/tokenize gave no tokens: {e}", source=self.url) from None
 
     def _flush(self) -> None:
         r = self.api.request("POST", "/flush_cache")
         if r.status_code >= 400:
-            raise InputError(
+            raise ServerError(
                 f"SGLang refused /flush_cache (HTTP {r.status_code}: {r.text[:200]}); it cannot switch its cache off "
                 "per request, so cold and primed runs cannot be measured: stop other clients of this server and retry",
                 source=self.url,
@@ -406,11 +406,11 @@ def connect(
         return LlamaServer(info.url, client, slot, info.props)
     if info.kind == OLLAMA:
         if not info.ollama_models:
-            raise InputError("Ollama has no models loaded", source=info.url)
+            raise ServerError("Ollama has no models loaded", source=info.url)
         return Ollama(info.url, client, info.ollama_models[0], decode)
     if info.kind in (VLLM, SGLANG):
         return OpenAICompatible(info.url, client, info.kind, info.model, info.block_size)
-    raise InputError(
+    raise ServerError(
         "cannot tell what backend this is (no llama-server /props, Ollama /api/tags or vLLM/SGLang endpoints); "
         "pass --backend-kind",
         source=info.url,

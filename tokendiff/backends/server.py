@@ -6,7 +6,7 @@ llama-server first (`/props`, `/apply-template`, `/tokenize`, `/detokenize`,
 (`/api/tags`). The proxy, pull, replay, the vocabularies and the sources all
 go through here, so a protocol detail (which fields `/apply-template` takes,
 what a `/tokenize` token looks like, when a stream chunk is final) is decided
-once. Blocking calls raise InputError naming the server; the proxy's async
+once. Blocking calls raise ServerError (an InputError) naming the server; the proxy's async
 calls share the request builders and answer parsers with them.
 
 httpx is imported lazily: `tokendiff diff` never loads it.
@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 import orjson
 
 from tokendiff.backends.urls import shown_url
-from tokendiff.errors import InputError
+from tokendiff.errors import InputError, ServerError
+from tokendiff.notices import warn
 from tokendiff.sources.streams import iter_sse
 
 if TYPE_CHECKING:
@@ -138,13 +139,13 @@ def probe_steps(url: str, kind: str | None) -> Generator[str, Any, ServerInfo]:
     if is_llama_props(props):
         return ServerInfo(url, LLAMA, props=props, models=(yield "/v1/models"))
     if kind == LLAMA:
-        raise InputError("no llama-server /props at this URL", source=url)
+        raise ServerError("no llama-server /props at this URL", source=url)
     tags = (yield "/api/tags") if kind in (None, OLLAMA) else None
     if isinstance(tags, dict) and isinstance(tags.get("models"), list):
         names = tuple(str(m.get("name")) for m in tags["models"] if isinstance(m, dict) and m.get("name"))
         return ServerInfo(url, OLLAMA, ollama_models=names)
     if kind == OLLAMA:
-        raise InputError("no Ollama /api/tags at this URL", source=url)
+        raise ServerError("no Ollama /api/tags at this URL", source=url)
     models = yield "/v1/models"
     if kind == SGLANG:
         return ServerInfo(url, kind, models=models)
@@ -378,31 +379,32 @@ class LlamaClient:
         try:
             return self.http.request(method, self.url + path, **kw)
         except httpx.HTTPError as e:
-            raise InputError(f"{method} {path}: {type(e).__name__}: {e}", source=self.url) from None
+            raise ServerError(f"{method} {path}: {type(e).__name__}: {e}", source=self.url) from None
 
     def call(self, method: str, path: str, **kw: Any) -> Any:
         """A request whose answer must be 200 and JSON."""
         r = self.request(method, path, **kw)
         if r.status_code >= 400:
-            raise InputError(f"{method} {path}: HTTP {r.status_code}: {r.text[:300]}", source=self.url)
+            raise ServerError(f"{method} {path}: HTTP {r.status_code}: {r.text[:300]}", source=self.url)
         try:
             return orjson.loads(r.content)
         except orjson.JSONDecodeError as e:
-            raise InputError(f"{method} {path}: not JSON: {e}", source=self.url) from None
+            raise ServerError(f"{method} {path}: not JSON: {e}", source=self.url) from None
 
     # -- render, tokenize, detokenize
 
     def apply_template(self, request: dict[str, Any]) -> str:
         doc = self.call("POST", "/apply-template", json=template_body(request))
         if not isinstance(doc, dict) or not isinstance(doc.get("prompt"), str):
-            raise InputError("the server could not render this request (no prompt in /apply-template)", source=self.url)
+            why = "the server could not render this request (no prompt in /apply-template)"
+            raise ServerError(why, source=self.url)
         return doc["prompt"]
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         try:
             return token_ids(self.call("POST", "/tokenize", json=tokenize_body(text, add_special)))
         except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"/tokenize gave no tokens: {e}", source=self.url) from None
+            raise ServerError(f"/tokenize gave no tokens: {e}", source=self.url) from None
 
     def prompt_ids(self, request: dict[str, Any]) -> list[int]:
         """The IDs the server would cache for this chat request: its own render, its own tokenizer."""
@@ -411,7 +413,7 @@ class LlamaClient:
     def detokenize(self, ids: list[int]) -> str:
         doc = self.call("POST", "/detokenize", json={"tokens": ids})
         if not isinstance(doc, dict) or not isinstance(doc.get("content"), str):
-            raise InputError(f"/detokenize gave no content for {ids[:8]}", source=self.url)
+            raise ServerError(f"/detokenize gave no content for {ids[:8]}", source=self.url)
         return doc["content"]
 
     # -- slots
@@ -420,22 +422,22 @@ class LlamaClient:
         """(typed states, the raw answer to keep beside the session)."""
         r = self.request("GET", "/slots")
         if r.status_code == 501:
-            raise InputError("the server disables /slots (started with --no-slots)", source=self.url)
+            raise ServerError("the server disables /slots (started with --no-slots)", source=self.url)
         if r.status_code >= 400:
-            raise InputError(f"GET /slots: HTTP {r.status_code}: {r.text[:200]}", source=self.url)
+            raise ServerError(f"GET /slots: HTTP {r.status_code}: {r.text[:200]}", source=self.url)
         doc = _json_or_none(r.status_code, r.content)
         if not isinstance(doc, list):
-            raise InputError("/slots did not return a list", source=self.url)
+            raise ServerError("/slots did not return a list", source=self.url)
         return slot_states(doc), doc
 
     def _slot_action(self, slot: int, action: str, body: dict[str, Any] | None) -> Any:
         r = self.request("POST", f"/slots/{slot}", params={"action": action}, json=body, timeout=SLOT_TIMEOUT)
         if r.status_code == 501:
-            raise InputError(
+            raise ServerError(
                 f"the server was started without --slot-save-path, so it cannot {action} slots", source=self.url
             )
         if r.status_code >= 400:
-            raise InputError(f"{action} slot {slot}: HTTP {r.status_code}: {r.text[:200]}", source=self.url)
+            raise ServerError(f"{action} slot {slot}: HTTP {r.status_code}: {r.text[:200]}", source=self.url)
         return _json_or_none(200, r.content)
 
     def save_slot(self, slot: int, filename: str) -> Any:
@@ -462,7 +464,7 @@ class LlamaClient:
         try:
             with self.http.stream("POST", self.url + path, json=body) as r:
                 if r.status_code >= 400:
-                    raise InputError(f"{path}: HTTP {r.status_code}: {r.read()[:300]!r}", source=self.url)
+                    raise ServerError(f"{path}: HTTP {r.status_code}: {r.read()[:300]!r}", source=self.url)
                 for ev in iter_sse(r.iter_lines()):
                     if first:
                         on_first()
@@ -470,7 +472,7 @@ class LlamaClient:
                     if ev.get("timings") or ev.get("usage"):
                         final = ev
         except httpx.HTTPError as e:
-            raise InputError(f"{path}: {type(e).__name__}: {e}", source=self.url) from None
+            raise ServerError(f"{path}: {type(e).__name__}: {e}", source=self.url) from None
         return final
 
 
@@ -520,7 +522,6 @@ def served_template(url: str, local: str | None, local_name: str) -> str | None:
     on the server overrides the model file's, so rendering with the local one would part from the
     server's tokens at the first byte. None where the server reports none. Said once on stderr when it
     differs from `local` (the template `local_name` carries)."""
-    import sys
 
     with LlamaClient(url, timeout=PROBE_TIMEOUT) as api:
         r = api.request("GET", "/props")
@@ -529,10 +530,9 @@ def served_template(url: str, local: str | None, local_name: str) -> str | None:
     if not isinstance(tmpl, str) or not tmpl.strip():
         return None
     if local is not None and tmpl != local:
-        print(
-            f"tokendiff: rendering requests with the chat template {shown_url(url)} reports in /props, "
-            f"not the different one in {local_name}",
-            file=sys.stderr,
+        warn(
+            f"rendering requests with the chat template {shown_url(url)} reports in /props, "
+            f"not the different one in {local_name}"
         )
     return tmpl
 
@@ -547,7 +547,7 @@ async def afetch_prompt_tokens(client: httpx.AsyncClient, info: ServerInfo, requ
         r = await _apost(client, f"{info.url}/tokenize", vllm_tokenize_body(request))
         return PromptTokens(token_ids(r.json()), "vllm /tokenize")
     if info.kind != LLAMA:
-        raise InputError(f"a {info.kind} upstream cannot tokenise chat requests", source=info.url)
+        raise ServerError(f"a {info.kind} upstream cannot tokenise chat requests", source=info.url)
     prompt = (await _apost(client, f"{info.url}/apply-template", template_body(request))).json()["prompt"]
     r = await _apost(client, f"{info.url}/tokenize", tokenize_body(prompt))
     return PromptTokens(token_ids(r.json()), "llama-server /apply-template + /tokenize", prompt)
@@ -633,7 +633,7 @@ def read_endpoints(url: str, paths: Iterable[str] = DOCTOR_PATHS) -> dict[str, A
                 out[path] = Answer(r.status_code, r.content)
             except httpx.HTTPError as e:
                 if not out:
-                    raise InputError(f"cannot reach the server: {type(e).__name__}: {e}", source=url) from None
+                    raise ServerError(f"cannot reach the server: {type(e).__name__}: {e}", source=url) from None
                 out[path] = Answer(None)
     return out
 
@@ -651,4 +651,4 @@ def reuse_probe(url: str, prompt: str) -> tuple[int, int]:
         timings = second["timings"]
         return int(timings["prompt_n"]) + int(timings["cache_n"]), int(timings["cache_n"])
     except (KeyError, TypeError, ValueError):
-        raise InputError("/completion answered without timings.cache_n", source=url) from None
+        raise ServerError("/completion answered without timings.cache_n", source=url) from None

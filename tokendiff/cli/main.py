@@ -1,678 +1,30 @@
-"""Command-line entry point.
-
-Exit codes follow diff(1): 0 identical, 1 different, 2 trouble. Every
-expected failure is an `InputError`, printed as one line on stderr.
-Heavy libraries, and the application layer beyond the pair workflow
-(`tokendiff.app.session` and the rest), are imported inside the commands that need them, so
-`tokendiff diff` starts fast.
+"""The command line's entry point: arguments parsed (tokendiff.cli.parsers), the command run
+(tokendiff.cli.commands), every expected failure printed as one line and mapped to its exit code
+(tokendiff.cli.exits). Heavy libraries, and the application layer beyond the pair workflow, are imported
+inside the commands that need them, so `tokendiff diff` starts fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
 
-from tokendiff import __version__
-from tokendiff.errors import InputError
-from tokendiff.paths import demo_capture
-
-if TYPE_CHECKING:
-    from tokendiff.app.pair import PromptOptions
-    from tokendiff.app.session import Progress
-
-EXIT_SAME, EXIT_DIFFERENT, EXIT_TROUBLE = 0, 1, 2
-ORDER_HELP = (
-    "turn order in a directory: auto (slot files by save time, request bodies and prompt logs by name), mtime, name"
+from tokendiff.cli.commands import (
+    DEMO_SESSION,
+    cmd_diff,
+    cmd_doctor,
+    cmd_proxy,
+    cmd_pull,
+    cmd_replay,
+    cmd_report,
+    cmd_tui,
+    cmd_watch,
 )
-CAUSES_EPILOG = "Each finding kind (date, nonce, tool_order ...), its cause and its fix: docs/causes.md in the source."
-
-
-def _columns() -> int:
-    """The terminal's width as argparse sizes help (COLUMNS, else the terminal, else 80), read without
-    importing shutil, which brings zlib, bz2 and lzma: ~2 ms of every `tokendiff diff` (issue #12)."""
-    try:
-        columns = int(os.environ.get("COLUMNS", ""))
-    except ValueError:
-        columns = 0
-    if columns > 0:
-        return columns
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        return 80
-
-
-class _Formatter(argparse.HelpFormatter):
-    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
-        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
-
-
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args: Any, **kwargs: Any):
-        kwargs.setdefault("formatter_class", _Formatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep it to one line
-        print(f"tokendiff: {message} (see `{self.prog} --help`)", file=sys.stderr)
-        raise SystemExit(EXIT_TROUBLE)
-
-
-def non_negative_int(text: str) -> int:
-    """An argparse type: an integer 0 or more (argparse then names the option in its one-line error)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} is negative (0 or more)")
-    return v
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer 1 or more."""
-    v = non_negative_int(text)
-    if v == 0:
-        raise argparse.ArgumentTypeError("must be 1 or more")
-    return v
-
-
-def percentage(text: str) -> float:
-    """An argparse type: a number from 0 to 100."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= v <= 100:
-        raise argparse.ArgumentTypeError(f"{text} is not a percentage from 0 to 100")
-    return v
-
-
-def positive_rate(text: str) -> float:
-    """An argparse type: a positive, finite number (tokens per second)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of tokens per second")
-    return v
-
-
-def duration(text: str) -> str:
-    """An argparse type: a positive duration such as 5s, 500ms or 1m (kept as text; pull parses it)."""
-    from tokendiff.core.units import parse_interval
-
-    try:
-        parse_interval(text)
-    except InputError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration such as 5s, 500ms or 1m") from None
-    return text
-
-
-def build_parser(only_diff: bool = False) -> argparse.ArgumentParser:
-    """The whole CLI; with only_diff, just `diff` (same usage and errors): the other subcommands' parsers
-    cost `tokendiff diff` ~1 ms of its 0.12 s budget (issue #12)."""
-    p = _Parser(prog="tokendiff", description="Token-level prompt diff and prefix-cache forensics.")
-    p.add_argument("--version", action="version", version=f"tokendiff {__version__}")
-    p.add_argument(
-        "--theme", dest="top_theme", metavar="NAME", help="open the TUI with this theme (= tui --theme NAME)"
-    )
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
-
-    _diff_parser(sub)
-    if only_diff:
-        return p
-    _proxy_parser(sub)
-    _pull_parser(sub)
-    _report_parser(sub)
-    _replay_parser(sub)
-    _tui_parser(sub)
-    _doctor_parser(sub)
-    _watch_parser(sub)
-    return p
-
-
-def _diff_parser(sub: Any) -> None:  # argparse subparsers
-    d = sub.add_parser(
-        "diff",
-        help="diff two prompts (slot files, captures, request bodies, DIR@N turns)",
-        description="Diff two prompts as the server cached them. Exit 0 identical, 1 different, 2 trouble.",
-        epilog=CAUSES_EPILOG,
-    )
-    d.add_argument(
-        "a",
-        help="older prompt: slot file, request body .json, prompt log .txt, capture.jsonl@N, file.har@N, "
-        "or DIR@N for the N-th turn (from 1) of a directory",
-    )
-    d.add_argument("b", help="newer prompt")
-    _tokenizer_args(d)
-    d.add_argument("--json", action="store_true", help="print the tokendiff.diff/2 JSON document")
-    d.add_argument(
-        "--context", type=non_negative_int, default=8, metavar="N", help="tokens of context around spans (default 8)"
-    )
-    d.add_argument(
-        "--max-spans",
-        type=non_negative_int,
-        default=20,
-        metavar="N",
-        dest="max_spans",
-        help="spans listed in text output (default 20)",
-    )
-    d.add_argument(  # the flag's old name, kept working for scripts
-        "--max-hunks", type=non_negative_int, dest="max_spans", default=argparse.SUPPRESS, help=argparse.SUPPRESS
-    )
-    d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
-    d.add_argument("--order", choices=("auto", "mtime", "name"), default="auto", help=ORDER_HELP)
-
-
-def _proxy_parser(sub: Any) -> None:  # argparse subparsers
-    x = sub.add_parser(
-        "proxy",
-        help="record an agent's requests through an OpenAI-compatible reverse proxy",
-        description="Pass every request to the upstream unchanged (streaming included) and record chat requests "
-        "in OUT/capture.jsonl, with the exact prompt token IDs when the upstream is llama-server or vLLM.",
-    )
-    x.add_argument("--upstream", required=True, metavar="URL", help="the inference server, e.g. http://127.0.0.1:8080")
-    x.add_argument("--out", required=True, metavar="DIR", help="session directory (created 0700; capture.jsonl 0600)")
-    x.add_argument(
-        "--listen", default="127.0.0.1:8081", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:8081)"
-    )
-    x.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from the upstream")
-
-
-def _pull_parser(sub: Any) -> None:  # argparse subparsers
-    pl = sub.add_parser(
-        "pull",
-        help="save a live llama-server's slots into a session directory",
-        description="Save each slot holding a prompt (POST /slots/N?action=save) and copy it into OUT with the "
-        "server's /props, /v1/models and /slots answers. The server needs --slot-save-path; pass the same "
-        "directory as --slot-dir.",
-    )
-    pl.add_argument("--server", required=True, metavar="URL")
-    pl.add_argument("--out", required=True, metavar="DIR", help="session directory")
-    pl.add_argument("--slot-dir", required=True, metavar="DIR", help="the server's --slot-save-path")
-    pl.add_argument(
-        "--every",
-        type=duration,
-        metavar="DURATION",
-        help="keep polling (e.g. 5s) and save each changed slot; Ctrl-C stops",
-    )
-
-
-def _report_parser(sub: Any) -> None:  # argparse subparsers
-    r = sub.add_parser(
-        "report",
-        help="the incident report for a session (slot directory, capture file, HAR), or for many",
-        description="Analyse every turn of a session: reuse, waste, the causes ranked by cost, and what to fix first. "
-        "With several sessions (or a quoted glob), the fleet view: one row per session and the causes ranked "
-        "across all of them.",
-        epilog=CAUSES_EPILOG,
-    )
-    r.add_argument(
-        "path",
-        nargs="+",
-        help="a directory of slot files (or request bodies, prompt logs), a capture.jsonl, or a .har; "
-        "several, or a quoted glob ('captures/*.jsonl'), for the fleet view",
-    )
-    _tokenizer_args(r)
-    r.add_argument("--format", choices=("md", "html", "json"), default="md")
-    r.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
-    r.add_argument(
-        "--fail-under",
-        type=percentage,
-        metavar="PCT",
-        help="exit 1 when the session reuses less than PCT %% of its tokens",
-    )
-    r.add_argument(
-        "--redact", action="store_true", help="replace words with hashes (structure, offsets and findings kept)"
-    )
-    r.add_argument(
-        "--export",
-        metavar="FILE|DIR/",
-        help="also write one session's per-turn table (.parquet or .csv), or the per-turn and per-span "
-        "dataset of every session into DIR/ (Hive-partitioned Parquet, docs/dataset.md)",
-    )
-    r.add_argument("--order", choices=("auto", "mtime", "name"), default="auto", help=ORDER_HELP)
-    _prefill_rate_arg(r)
-    r.add_argument(
-        "--model",
-        metavar="GGUF",
-        help="the served model file: its attention layout (sliding window, recurrent layers) decides the "
-        "SWA/hybrid column (default: a --tokenizer GGUF, or the model the saved /props names)",
-    )
-    r.add_argument(
-        "--server-args",
-        metavar="ARGS",
-        help="llama-server's flags that decide checkpoints, as on its command line "
-        "('-ub 512 -ctxcp 32 --swa-full -np 4 -c 65536')",
-    )
-    r.add_argument(
-        "--cache-size",
-        action="append",
-        default=[],
-        metavar="SIZE",
-        help="replay the session through a prefix cache of SIZE (8GiB, 512MiB, 32ktok; repeatable; "
-        "'ladder' for 1-32 GiB) and report the reuse at each size and unlimited",
-    )
-    r.add_argument(
-        "--kv-bytes-per-token",
-        type=positive_int,
-        metavar="N",
-        help="KV cache bytes per token for --cache-size in bytes (default: from the model's GGUF)",
-    )
-    r.add_argument(
-        "--replay",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="include a `tokendiff replay --json` result (repeatable)",
-    )
-
-
-def _replay_parser(sub: Any) -> None:  # argparse subparsers
-    rp = sub.add_parser(
-        "replay",
-        help="measure what a divergence costs on a real backend (cold / actual / ideal / fixed)",
-        description="Replay B cold, after A (what the agent gets), after its own reusable prefix (what it would get "
-        "without the divergence) and, where a fix is known, the fixed B after A. "
-        "Loopback backends only, unless --allow-remote.",
-    )
-    rp.add_argument("a")
-    rp.add_argument("b")
-    rp.add_argument("--backend", required=True, metavar="URL", help="llama-server, vLLM, SGLang or Ollama base URL")
-    rp.add_argument("--backend-kind", choices=("llama-server", "vllm", "sglang", "ollama"), help="skip detection")
-    rp.add_argument("--repeat", type=positive_int, default=3, metavar="N", help="runs per scenario (default 3)")
-    rp.add_argument(
-        "--slot", type=non_negative_int, default=0, metavar="N", help="llama-server slot to pin (default 0)"
-    )
-    rp.add_argument("--json", action="store_true", help="print the tokendiff.replay/1 document")
-    rp.add_argument("--no-fix", action="store_true", help="skip the what-if fix scenario")
-    rp.add_argument("--allow-remote", action="store_true", help="allow a backend that is not on this machine")
-    rp.add_argument(
-        "--force", action="store_true", help="replay even when the backend serves another model than the capture's"
-    )
-    _tokenizer_args(rp)
-    rp.add_argument("--order", choices=("auto", "mtime", "name"), default="auto", help=ORDER_HELP)
-
-
-def _tui_parser(sub: Any) -> None:  # argparse subparsers
-    t = sub.add_parser(
-        "tui",
-        help="the interactive TUI on a session (the default command, on the bundled demo)",
-        description="Open sessions (slot directories, capture files, HAR files) or single turns in the TUI.",
-    )
-    t.add_argument("paths", nargs="*", help="sessions or turns (default: the bundled demo)")
-    _tokenizer_args(t)
-    t.add_argument("--order", choices=("auto", "mtime", "name"), default="auto", help=ORDER_HELP)
-    t.add_argument(
-        "--live", metavar="URL", help="a llama-server to pull slots from as the agent runs (needs --slot-dir)"
-    )
-    t.add_argument("--slot-dir", metavar="DIR", help="the live server's --slot-save-path")
-    t.add_argument(
-        "--every", type=duration, default="2s", metavar="DURATION", help="live polling interval (default 2s)"
-    )
-    t.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
-    t.add_argument(
-        "--backend", metavar="URL", help="a local backend to replay pairs against (key r on the pair screen)"
-    )
-    t.add_argument(
-        "--force", action="store_true", help="replay even when the backend serves another model than the capture's"
-    )
-    _prefill_rate_arg(t)
-
-
-def _watch_parser(sub: Any) -> None:  # argparse subparsers
-    w = sub.add_parser(
-        "watch",
-        help="the recording proxy and the TUI in one: every turn, its reuse, time and cause, as the agent runs",
-        description="Run the recording proxy (as `tokendiff proxy`) and show each request as a session row the "
-        "moment it completes: reuse, the server's cached count, TTFT, prefill time and the cause of any break. "
-        "Ctrl-C stops and leaves the complete capture in OUT.",
-        epilog=CAUSES_EPILOG,
-    )
-    w.add_argument("--upstream", required=True, metavar="URL", help="the inference server, e.g. http://127.0.0.1:8080")
-    w.add_argument(
-        "--listen", default="127.0.0.1:8081", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:8081)"
-    )
-    w.add_argument("--out", default="watch-session", metavar="DIR", help="session directory (default ./watch-session)")
-    w.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from llama-server")
-    _tokenizer_args(w)
-    _prefill_rate_arg(w)
-    w.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
-    w.set_defaults(order="auto")
-
-
-def _prefill_rate_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--prefill-rate",
-        type=positive_rate,
-        metavar="TOKENS/S",
-        help="prefill speed for sessions without server timings (slot files); their seconds are marked estimated",
-    )
-
-
-def _doctor_parser(sub: Any) -> None:  # argparse subparsers
-    dr = sub.add_parser(
-        "doctor",
-        help="check a live server's configuration for an agent workload before a turn is lost",
-        description="Read the server's /props, /slots, /v1/models and /metrics (its command line and model file "
-        "when it runs here), render probe conversations on it, and say what will break prefix caching. "
-        "Exit 0 all clear, 1 a problem found, 2 trouble.",
-    )
-    dr.add_argument("--server", required=True, metavar="URL", help="llama-server, vLLM, SGLang or Ollama")
-    dr.add_argument("--agents", type=positive_int, default=1, metavar="N", help="agents sharing it (default 1)")
-    dr.add_argument(
-        "--prompt-tokens", type=positive_int, default=32768, metavar="N", help="an agent's prompt (default 32768)"
-    )
-    dr.add_argument(
-        "--turn-tokens",
-        type=positive_int,
-        default=256,
-        metavar="N",
-        help="tokens an agent's turn adds to its prompt: vLLM's block size is judged against it (default 256)",
-    )
-    dr.add_argument(
-        "--passive", action="store_true", help="no probe completion (it briefly takes a slot): read and render only"
-    )
-    dr.add_argument("--json", action="store_true", help="print the tokendiff.doctor/1 JSON document")
-
-
-def _tokenizer_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--tokenizer", metavar="PATH", help="tokenizer.json(.gz), Hugging Face directory, or GGUF model file"
-    )
-    p.add_argument("--server", metavar="URL", help="a live llama-server to decode (and tokenise) with")
-    p.add_argument(
-        "--chat-template",
-        metavar="FILE",
-        help="chat template (.jinja, or a tokenizer_config.json) for rendering requests",
-    )
-    p.add_argument(
-        "--template-family",
-        choices=("chatml", "llama3", "mistral", "gemma", "harmony", "deepseek", "none"),
-        help="override the detected chat-template family",
-    )
-
-
-def _prompt_options(args: argparse.Namespace) -> PromptOptions:
-    from tokendiff.app.pair import PromptOptions
-
-    return PromptOptions(
-        tokenizer=args.tokenizer,
-        server=args.server,
-        chat_template=args.chat_template,
-        family=args.template_family,
-        order=args.order,
-    )
-
-
-def _use_color(choice: str) -> bool:
-    if choice == "always":
-        return True
-    if choice == "never" or os.environ.get("NO_COLOR"):
-        return False
-    return sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
-
-
-@contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """A one-shot command whose objects all live to its end: the cyclic collector, woken by the
-    ~10^5 k-grams and tuples a big diff allocates and a dozen times by the imports, would only cost
-    time. What is left at the end is frozen (gc.freeze): the process is about to exit, and the next
-    collection and the one at exit would pass over all of it again (~4 ms after a big diff); a
-    caller that goes on can gc.unfreeze()."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if was:
-            gc.enable()
-
-
-def cmd_diff(args: argparse.Namespace) -> int:
-    if args.context < 0:
-        raise InputError("--context must be 0 or more")
-    with _no_cyclic_gc():  # the imports too
-        from tokendiff.app import pair as pairs
-        from tokendiff.report.diff import render_text
-
-        loader = pairs.open_loader(_prompt_options(args))
-        pair = pairs.load_pair(loader, args.a, args.b, context=args.context)
-        if args.json:
-            sys.stdout.buffer.write(pairs.pair_json(pair))
-        else:
-            sys.stdout.write(render_text(pair.document, color=_use_color(args.color), max_hunks=args.max_spans))
-    return EXIT_SAME if pair.divergence.identical else EXIT_DIFFERENT
-
-
-def cmd_proxy(args: argparse.Namespace) -> int:
-    from tokendiff.app.live import serve_proxy
-
-    return serve_proxy(args.upstream, args.out, args.listen, fetch_tokens=not args.no_tokens)
-
-
-def cmd_pull(args: argparse.Namespace) -> int:
-    from tokendiff.app.live import pull_slots
-    from tokendiff.core.units import parse_interval
-
-    every = parse_interval(args.every) if args.every else None
-    return pull_slots(args.server, args.out, args.slot_dir, every)
-
-
-def _progress_line(enabled: bool, prefix: str = "tokendiff") -> Progress | None:
-    """Progress on one rewritten stderr line, when stderr is a terminal."""
-    if not enabled:
-        return None
-
-    def show(msg: str) -> None:
-        print(f"\r\x1b[K{prefix}: {msg}", end="", file=sys.stderr, flush=True)
-
-    return show
-
-
-def _clear_line(enabled: bool) -> None:
-    if enabled:
-        print("\r\x1b[K", end="", file=sys.stderr, flush=True)
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from tokendiff.app.fleet import (
-        FleetOptions,
-        expand_session_paths,
-        export_session_dataset,
-        fleet_report,
-        is_dataset_target,
-    )
-    from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
-    from tokendiff.app.session import attention_layout, capacity_ladder, open_session
-
-    if args.fail_under is not None and not 0 <= args.fail_under <= 100:
-        raise InputError("--fail-under takes a percentage from 0 to 100")
-    dataset = bool(args.export) and is_dataset_target(args.export)
-    if args.export and not dataset and not args.export.endswith((".parquet", ".csv")):
-        raise InputError("--export writes .parquet or .csv files, or a dataset into DIR/", source=args.export)
-    paths = expand_session_paths(args.path)
-    if len(paths) > 1 and args.export and not dataset:
-        raise InputError(
-            "a table file holds one session; for several, export the dataset into a directory (DIR/)",
-            source=args.export,
-        )
-    tty = sys.stderr.isatty()
-    opts = ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
-    loaded, skipped = None, []
-    if len(paths) == 1:
-        popts = _prompt_options(args)
-        layout = attention_layout(paths, popts, args.model, args.server_args)
-        ladder = None
-        if args.cache_size:
-            ladder = capacity_ladder(
-                paths, popts, args.cache_size, args.model, args.kv_bytes_per_token, args.server_args
-            )
-        loaded = open_session(popts, paths, _progress_line(tty), single_turns=False, layout=layout, capacity=ladder)
-        _clear_line(tty)
-        doc, reuse, what = session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
-        if args.prefill_rate and not loaded.session.rate_estimated and loaded.session.ms_per_token is not None:
-            print("tokendiff: --prefill-rate not used: the session has the server's measured timings", file=sys.stderr)
-    else:  # the fleet view; its workers write the dataset as they go
-        fleet_opts = FleetOptions(report=opts, export_dir=args.export if dataset else None)
-        fleet = fleet_report(_prompt_options(args), paths, fleet_opts, _progress_line(tty))
-        _clear_line(tty)
-        doc, reuse, what = fleet.document, fleet.reuse_pct, "fleet"
-        skipped = fleet.skipped
-    if args.output:
-        export_report(doc, Path(args.output), args.format)
-    else:
-        sys.stdout.write(render_report(doc, args.format))
-    if loaded is not None and dataset:
-        export_session_dataset(loaded, paths[0], Path(args.export), args.order)
-    elif loaded is not None and args.export:
-        export_turns(loaded.session, Path(args.export))
-    for e in skipped:  # the report above covers the others
-        print(f"tokendiff: {e} (left out of the report)", file=sys.stderr)
-    if skipped:
-        return 2
-    if args.fail_under is not None and reuse < args.fail_under:
-        print(f"tokendiff: {what} reuse {reuse:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
-        return 1
-    return 0
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    from tokendiff.app.pair import load_pair, open_loader
-    from tokendiff.app.replay import ReplayOptions, check_replay, replay_pair, replay_prompt_options
-
-    opts = ReplayOptions(
-        backend=args.backend,
-        backend_kind=args.backend_kind,
-        repeat=args.repeat,
-        slot=args.slot,
-        fix=not args.no_fix,
-        allow_remote=args.allow_remote,
-        force=args.force,
-    )
-    check_replay(opts)
-    loader = open_loader(replay_prompt_options(_prompt_options(args), opts))
-    pair = load_pair(loader, args.a, args.b)
-    tty = sys.stderr.isatty()
-    result = replay_pair(pair, loader, opts, _progress_line(tty, "tokendiff replay"))
-    _clear_line(tty)
-    if args.json:
-        import orjson
-
-        sys.stdout.buffer.write(orjson.dumps(result.document, option=orjson.OPT_INDENT_2) + b"\n")
-    else:
-        sys.stdout.write(result.text)
-    if result.problem:
-        print(f"tokendiff: {result.problem}", file=sys.stderr)
-        return EXIT_TROUBLE
-    return 0
-
-
-DEMO_SESSION = demo_capture()
-
-
-def _one_blas_thread() -> None:
-    """numpy's OpenBLAS starts a thread per core at import, and they spin ~50 ms of CPU that the TUI's
-    start pays for on a 2-core machine; tokendiff does no linear algebra. Before numpy is imported;
-    the user's own setting wins."""
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-
-def cmd_tui(args: argparse.Namespace) -> int:
-    from tokendiff.core.units import parse_interval
-
-    _one_blas_thread()
-    if args.theme:  # before anything else: an unknown theme is an error, not a silent fallback
-        from tokendiff.tui.themes import require_theme
-
-        args.theme = require_theme(args.theme)
-    paths = args.paths or [str(DEMO_SESSION)]
-    if args.live:
-        if not args.slot_dir:
-            raise InputError("--live needs --slot-dir (the server's --slot-save-path)")
-        if len(paths) != 1 or args.paths == []:
-            raise InputError("--live takes one session directory to collect the turns in")
-        Path(paths[0]).mkdir(parents=True, exist_ok=True)
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise InputError(
-            "the TUI needs a terminal; for a headless answer use `tokendiff report PATH` or `tokendiff diff A B`"
-        )
-    with _no_cyclic_gc():  # what the imports make (Textual, numpy) lives as long as the TUI: frozen, not rescanned
-        from tokendiff.tui.app import Options, TokendiffApp
-
-    opts = Options(
-        paths=paths,
-        prompts=_prompt_options(args),
-        live=args.live,
-        slot_dir=args.slot_dir,
-        every=parse_interval(args.every),
-        theme=args.theme,
-        backend=args.backend,
-        force=args.force,
-        prefill_rate=args.prefill_rate,
-    )
-    TokendiffApp(opts).run()
-    return 0
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from tokendiff.app.doctor import DoctorOptions, doctor
-
-    opts = DoctorOptions(
-        server=args.server,
-        agents=args.agents,
-        prompt_tokens=args.prompt_tokens,
-        turn_tokens=args.turn_tokens,
-        passive=args.passive,
-    )
-    report = doctor(opts)
-    if args.json:
-        import orjson
-
-        sys.stdout.buffer.write(orjson.dumps(report.document(), option=orjson.OPT_INDENT_2) + b"\n")
-    else:
-        from tokendiff.app.doctor import doctor_text
-
-        sys.stdout.write(doctor_text(report))
-    return report.exit_code
-
-
-def cmd_watch(args: argparse.Namespace) -> int:
-    import queue
-
-    from tokendiff.app.live import ProxyThread, upstream_prompt_options
-
-    _one_blas_thread()
-    if args.theme:
-        from tokendiff.tui.themes import require_theme
-
-        args.theme = require_theme(args.theme)
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise InputError(
-            "watch needs a terminal for its TUI; without one, run `tokendiff proxy` and `tokendiff report`"
-        )
-    prompts = upstream_prompt_options(_prompt_options(args), args.upstream)
-    from tokendiff.tui.app import Options
-    from tokendiff.tui.watch import WatchApp
-
-    events: queue.Queue = queue.Queue()
-    proxy = ProxyThread(args.upstream, args.out, args.listen, not args.no_tokens, events.put).start()
-    try:
-        WatchApp(
-            Options(paths=[], prompts=prompts, theme=args.theme, prefill_rate=args.prefill_rate), proxy, events
-        ).run()
-    finally:
-        proxy.stop()
-    print(f"tokendiff watch: stopped; {proxy.recorded} requests recorded in {proxy.capture}", file=sys.stderr)
-    return 0
+from tokendiff.cli.exits import ExitCode, exit_code
+from tokendiff.cli.parsers import build_parser
+from tokendiff.errors import TokendiffError
+from tokendiff.notices import Aggregated, sink
 
 
 def _joined_server_args(argv: list[str]) -> list[str]:
@@ -703,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.top_theme:  # `tokendiff --theme X [tui ...]` is `tokendiff tui --theme X ...`
         if args.command not in (None, "tui"):
             print(f"tokendiff: --theme is an option of the TUI, not of {args.command}", file=sys.stderr)
-            return EXIT_TROUBLE
+            return ExitCode.TROUBLE
         args = parser.parse_args(["tui", "--theme", args.top_theme]) if args.command is None else args
         args.theme = args.theme or args.top_theme
     if args.command is None:
@@ -716,6 +68,15 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             args = parser.parse_args(["report", str(DEMO_SESSION)])
+    with sink(Aggregated()) as warnings:
+        try:
+            return _run(args)
+        finally:
+            warnings.close()
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command, its expected failures as one line and their exit code."""
     try:
         _check_urls(args)
         commands = {
@@ -729,14 +90,14 @@ def main(argv: list[str] | None = None) -> int:
             "watch": cmd_watch,
         }
         return commands[args.command](args)
-    except InputError as e:
+    except TokendiffError as e:
         print(f"tokendiff: {e}", file=sys.stderr)
-        return EXIT_TROUBLE
+        return exit_code(e)
     except BrokenPipeError:
-        return EXIT_TROUBLE
+        return ExitCode.TROUBLE
     except KeyboardInterrupt:
         print("tokendiff: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     except Exception as e:  # noqa: BLE001 - never a traceback for the user; TOKENDIFF_DEBUG=1 shows it
         if os.environ.get("TOKENDIFF_DEBUG"):
             raise
@@ -744,4 +105,4 @@ def main(argv: list[str] | None = None) -> int:
             f"tokendiff: internal error: {type(e).__name__}: {e} (set TOKENDIFF_DEBUG=1 for the traceback)",
             file=sys.stderr,
         )
-        return EXIT_TROUBLE
+        return ExitCode.TROUBLE

@@ -13,7 +13,6 @@ template and attributes sections.
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -23,6 +22,7 @@ from tokendiff.core import grammar
 from tokendiff.core.model import Prompt, PromptMeta, RenderMismatch
 from tokendiff.core.vocab import TextTokenizer, Vocab
 from tokendiff.errors import InputError, one_line
+from tokendiff.notices import warn
 from tokendiff.sources.importers import check_depth
 from tokendiff.sources.slotfile import (
     SlotFile,
@@ -606,10 +606,6 @@ def _with_parsed_calls(m: Any) -> Any:
             parsed = None
         out.append({**call, "function": {**fn, "arguments": parsed}} if isinstance(parsed, dict) else call)
     return {**m, "tool_calls": out}
-
-
-def warn(msg: str) -> None:
-    print(f"tokendiff: warning: {msg}", file=sys.stderr)
 
 
 def load_prompt(spec: str, vocab: Vocab, family: str | None = None, order: str = "auto") -> Prompt:

@@ -23,7 +23,9 @@ from tokendiff.app.reports import export_report, session_report
 from tokendiff.app.session import LoadedSession, append_turns, apply_prefill_rate, open_session, session_pair
 from tokendiff.config import load_config, unknown_bindings
 from tokendiff.errors import InputError
-from tokendiff.tui.screens import PairScreen, SessionScreen
+from tokendiff.notices import Sink, set_sink, to_stderr
+from tokendiff.tui.screens.pair import PairScreen
+from tokendiff.tui.screens.session import SessionScreen
 from tokendiff.tui.themes import choose_theme, diff_defaults, load_catalogue
 from tokendiff.tui.widgets.session_view import SessionTable
 from tokendiff.tui.widgets.token_view import TokenPanes, TokenView
@@ -98,6 +100,8 @@ class TokendiffApp(App):
 
     def __init__(self, options: Options) -> None:
         super().__init__()
+        self._warned: set[str] = set()
+        self._warnings_before: Sink = to_stderr
         self.options = options
         self.loaded: LoadedSession | None = None
         self.prompts: Sequence[Prompt] = []
@@ -114,12 +118,27 @@ class TokendiffApp(App):
         return diff_defaults(self.current_theme)
 
     def on_mount(self) -> None:
+        self._warnings_before = set_sink(self.show_warning)  # what the analysis warns of, as notifications
         self.apply_theme_and_keys()
         # when the first wasteful pair opens on top, the session screen's body waits for the session
         self.push_screen(SessionScreen(body_later=self.options.open_first_divergence and not self.options.live))
         self.load_session()
         if self.options.live:
             self.poll_live()
+
+    def on_unmount(self) -> None:
+        set_sink(self._warnings_before)
+
+    def show_warning(self, kind: str, message: str) -> None:
+        """A warning from any thread, as a notification: the first of each kind (a long session can
+        repeat one thousands of times)."""
+        if kind in self._warned:
+            return
+        self._warned.add(kind)
+        try:
+            self.call_from_thread(self.notify, message, severity="warning", timeout=10)
+        except RuntimeError:  # on the app's own thread
+            self.notify(message, severity="warning", timeout=10)
 
     def apply_theme_and_keys(self) -> None:
         """Themes and the config's keymap; every problem is one warning, none stops the TUI."""
@@ -246,7 +265,7 @@ class TokendiffApp(App):
 
     def export_report(self) -> None:
         """`e`: the session report as markdown in the working directory (what `tokendiff report` prints)."""
-        from tokendiff.tui.screens import free_path
+        from tokendiff.app.reports import free_path
 
         if self.loaded is None:
             return
@@ -265,7 +284,7 @@ class TokendiffApp(App):
 
     def action_help(self) -> None:
         """`?`: the keys of the screen underneath, and on a pair screen what the colours mean."""
-        from tokendiff.tui.widgets.help import HelpScreen, legend, screen_keys
+        from tokendiff.tui.screens.help import HelpScreen, legend, screen_keys
 
         screen = self.screen
         if not isinstance(screen, SessionScreen | PairScreen):
@@ -285,7 +304,7 @@ class TokendiffApp(App):
 
     def screenshot(self) -> Path | None:
         """The screen as SVG in the working directory (Textual's own goes to ~/Downloads, which may not exist)."""
-        from tokendiff.tui.screens import free_path
+        from tokendiff.app.reports import free_path
 
         out = free_path(Path.cwd() / "tokendiff-screenshot.svg")
         try:

@@ -22,7 +22,8 @@ from tokendiff.app.pair import open_loader
 from tokendiff.app.session import LoadedSession
 from tokendiff.errors import InputError
 from tokendiff.tui.app import Options, TokendiffApp
-from tokendiff.tui.screens import PairScreen, SessionScreen
+from tokendiff.tui.screens.pair import PairScreen
+from tokendiff.tui.screens.session import SessionScreen
 from tokendiff.tui.widgets.session_view import SessionTable
 
 if TYPE_CHECKING:

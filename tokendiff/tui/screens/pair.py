@@ -1,10 +1,10 @@
-"""The session screen (one row per turn) and the pair screen (two prompts as tokens)."""
+"""The pair screen: two prompts as tokens, interleaved or side by side, with the spans between them, their
+causes and fixes, search, and the outline of B's sections."""
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,173 +16,17 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Header, Input, Static, Tree
 
+from tokendiff.app.pair import llama_reusable
 from tokendiff.core.model import Prompt, SectionPath
 from tokendiff.tui.widgets.footer import KeyFooter
 from tokendiff.tui.widgets.pairdata import PairView, SearchHits, search
-from tokendiff.tui.widgets.session_view import ReuseChart, SessionTable
 from tokendiff.tui.widgets.token_view import TokenPanes, TokenView
 
 if TYPE_CHECKING:
-    from textual.widget import AwaitMount
-
     from tokendiff.app.pair import PairResult
-    from tokendiff.core.cost import Session
     from tokendiff.core.model import Divergence, Finding, Hunk
 
-
-HELP = Binding(
-    "question_mark", "app.help", "help", key_display="?", tooltip="every key, and the colours", id="app.help"
-)
-
-
-class SessionScreen(Screen):
-    """Every turn: size, reuse, waste, the first divergence and its cause; the spans to fix first.
-
-    The table and the chart cost what the screen shows, not the session's length (session_view.py).
-    """
-
-    BINDINGS = [
-        HELP,
-        Binding("enter", "open_pair", "open pair", key_display="⏎", id="session.open"),
-        Binding("e", "export_report", "export report", id="session.export"),
-    ]
-
-    def __init__(self, body_later: bool = False) -> None:
-        """`body_later`: compose only the title and "loading the session…", and mount the table, the chart
-        and the footer when the session (or its failure) arrives. For a start that opens the first
-        wasteful pair on top of this screen: they cost ~60 ms of CPU that delayed that pair's screen."""
-        super().__init__()
-        self.session: Session | None = None
-        self.failure: str | None = None  # why the session could not be loaded
-        self._body_later = body_later
-        self._body: AwaitMount | None = None  # the body's mount, once started (body_later)
-        self._has_body = not body_later
-
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield Static("loading the session…", id="headline")
-        if not self._body_later:
-            yield from self._body_widgets()
-
-    def _body_widgets(self) -> ComposeResult:
-        with Horizontal(id="session-body"):
-            yield SessionTable(id="turns")
-            with Vertical(id="session-side"):
-                yield Static("reuse per turn", classes="caption")
-                yield ReuseChart(id="chart")
-                yield Static("", id="spans")
-        yield KeyFooter()
-
-    def on_mount(self) -> None:
-        # a still message, not Textual's animated loading indicator: its frames competed with the analysis
-        # thread for the interpreter and delayed the first complete screen by ~0.3 s of CPU
-        if self.session is None and self.failure is None and self._has_body:
-            self.query_one("#turns", SessionTable).show_message("loading the session…")
-
-    async def _with_body(self, then: Callable[[], None]) -> None:
-        """`then`, once the body is mounted (mounted here first if it was left for later)."""
-        if self._body is None:
-            self._body = self.mount_compose(self._body_widgets())
-        await self._body
-        self._has_body = True
-        then()  # `show` or `failed`: each does nothing once the app is closing
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Open and export only once there are turns: the footer offers nothing that would do nothing."""
-        if action in ("open_pair", "export_report"):
-            return bool(self.session and self.session.turns)
-        return True
-
-    def show(self, session: Session) -> None:
-        if not self.is_mounted:  # a small session can load before the screen has mounted: shown once it has
-            self.call_later(self.show, session)
-            return
-        if not self._has_body:
-            self.call_later(self._with_body, partial(self.show, session))
-            return
-        if not self.query("#turns"):  # the app is closing: the screen's widgets are gone
-            return
-        first_load = self.session is None
-        self.session = session
-        self.query_one("#headline", Static).update(Text(session_headline(session), style="bold"))
-        table = self.query_one("#turns", SessionTable)
-        table.loading = False
-        first_bad = next((t.turn for t in session.turns if t.wasted), None)
-        table.show(
-            session.turns, (first_bad or 1) - 1 if first_load else None, session.ms_per_token, session.rate_estimated
-        )
-        if not session.turns:
-            table.show_message("no turns yet")
-        self.query_one("#chart", ReuseChart).show(session.turns)
-        self.query_one("#spans", Static).update(_spans_text(session))
-        table.focus()
-        self.refresh_bindings()
-
-    def failed(self, msg: str) -> None:
-        """The load failed: say so in place of the table, and stop offering actions."""
-        self.failure = msg
-        if not self.is_mounted:
-            self.call_later(self.failed, msg)
-            return
-        if not self._has_body:
-            self.call_later(self._with_body, partial(self.failed, msg))
-            return
-        if not self.query("#turns"):
-            return
-        self.query_one("#headline", Static).update(Text(f"could not load the session: {msg}", style="bold"))
-        table = self.query_one("#turns", SessionTable)
-        table.loading = False
-        table.show_message("no session: " + msg)
-        self.refresh_bindings()
-
-    @on(SessionTable.Highlighted, "#turns")
-    def _highlighted(self, event: SessionTable.Highlighted) -> None:
-        self.query_one("#chart", ReuseChart).marked = event.row
-
-    def action_open_pair(self) -> None:
-        table = self.query_one("#turns", SessionTable)
-        if table.row_count:
-            self.app.open_pair(table.cursor_row + 1)  # type: ignore[attr-defined]
-
-    @on(SessionTable.Selected, "#turns")
-    def _selected(self, event: SessionTable.Selected) -> None:
-        self.app.open_pair(event.row + 1)  # type: ignore[attr-defined]
-
-    def action_export_report(self) -> None:
-        self.app.export_report()  # type: ignore[attr-defined]
-
-
-def session_headline(s: Session) -> str:
-    """The report's headline; an empty (live) session has none yet."""
-    from tokendiff.report.session import headline
-
-    return headline(s) if s.turns else "No turns yet."
-
-
-def _turn_list(turns: list[int], show: int = 6) -> str:
-    """A span's turns, the first few of them on a long session (a date break can be every 10th of 10,000)."""
-    if len(turns) <= show:
-        return ", ".join(map(str, turns))
-    return ", ".join(f"{t:,}" for t in turns[: show - 1]) + f", … {turns[-1]:,} ({len(turns):,} turns)"
-
-
-def _spans_text(session: Session) -> Text:
-    """The "fix first" list: the spans that cost the most, with where, when and the fix."""
-    from tokendiff.report.session import seconds_label
-
-    lines = Text()
-    lines.append("fix first\n", style="bold")
-    for k, sp in enumerate(session.spans[:8], 1):
-        lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
-        turns = _turn_list(sp.turns)
-        secs = f" · {seconds_label(sp.seconds, session.rate_estimated)}" if sp.seconds is not None else ""
-        label = "turns" if len(sp.turns) > 1 else "turn"
-        where = f"   {sp.section} · {label} {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %){secs}\n"
-        lines.append(where, style="dim")
-        lines.append(f"   {sp.fix}\n")
-    if not session.spans:
-        lines.append("nothing broke the cache")
-    return lines
+from tokendiff.tui.screens.keys import HELP
 
 
 def _owner_text(path: SectionPath) -> str:
@@ -569,7 +413,7 @@ class PairScreen(Screen):
 
     def action_export_pair(self) -> None:
         """`x`: exactly the document `tokendiff diff --json A B` prints for this pair; never over an older file."""
-        from tokendiff.app.reports import export_pair
+        from tokendiff.app.reports import export_pair, free_path
         from tokendiff.errors import InputError
 
         try:
@@ -578,16 +422,6 @@ class PairScreen(Screen):
             self.notify(str(e), severity="error")
             return
         self.notify(f"pair written to {out.resolve()}")
-
-
-def free_path(path: Path) -> Path:
-    """`path`, or `name-2.ext`, `name-3.ext`…: the first that does not exist, so an export never overwrites."""
-    k = 2
-    candidate = path
-    while candidate.exists():
-        candidate = path.with_name(f"{path.stem}-{k}{path.suffix}")
-        k += 1
-    return candidate
 
 
 def span_words(h: Hunk) -> str:
@@ -620,9 +454,7 @@ def span_clip(a: Prompt, b: Prompt, h: Hunk) -> str:
 
 def _reusable(a: Prompt, b: Prompt, d: Divergence) -> str:
     """What llama-server reuses, counted as the session table counts it: a full hit still evaluates one token."""
-    from tokendiff.core.cost import backend_reuse
-
-    reuse = backend_reuse("llama.cpp", d.lcp, len(b), len(a))
+    reuse = llama_reusable(a, b, d)
     note = " (the last token is always evaluated)" if reuse < d.lcp else ""
     return f"{reuse:,} of {len(b):,} tokens reusable{note}"
 

@@ -1,0 +1,296 @@
+"""The commands: each turns parsed arguments into options, runs one workflow of the application layer and
+prints what it returns (stdout for the answer, stderr for progress and problems)."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokendiff.cli.exits import ExitCode
+from tokendiff.errors import UsageError
+from tokendiff.paths import demo_capture
+
+if TYPE_CHECKING:
+    from tokendiff.app.pair import PromptOptions
+    from tokendiff.app.session import Progress
+
+
+def _prompt_options(args: argparse.Namespace) -> PromptOptions:
+    from tokendiff.app.pair import PromptOptions
+
+    return PromptOptions(
+        tokenizer=args.tokenizer,
+        server=args.server,
+        chat_template=args.chat_template,
+        family=args.template_family,
+        order=args.order,
+    )
+
+
+def _use_color(choice: str) -> bool:
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
+
+
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """A one-shot command whose objects all live to its end: the cyclic collector, woken by the
+    ~10^5 k-grams and tuples a big diff allocates and a dozen times by the imports, would only cost
+    time. What is left at the end is frozen (gc.freeze): the process is about to exit, and the next
+    collection and the one at exit would pass over all of it again (~4 ms after a big diff); a
+    caller that goes on can gc.unfreeze()."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was:
+            gc.enable()
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    if args.context < 0:
+        raise UsageError("--context must be 0 or more")
+    with _no_cyclic_gc():  # the imports too
+        from tokendiff.app import pair as pairs
+        from tokendiff.report.diff import render_text
+
+        loader = pairs.open_loader(_prompt_options(args))
+        pair = pairs.load_pair(loader, args.a, args.b, context=args.context)
+        if args.json:
+            sys.stdout.buffer.write(pairs.pair_json(pair))
+        else:
+            sys.stdout.write(render_text(pair.document, color=_use_color(args.color), max_hunks=args.max_spans))
+    return ExitCode.OK if pair.divergence.identical else ExitCode.DIFFERENT
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    from tokendiff.app.live import serve_proxy
+
+    return serve_proxy(args.upstream, args.out, args.listen, fetch_tokens=not args.no_tokens)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from tokendiff.app.live import pull_slots
+    from tokendiff.core.units import parse_interval
+
+    every = parse_interval(args.every) if args.every else None
+    return pull_slots(args.server, args.out, args.slot_dir, every)
+
+
+def _progress_line(enabled: bool, prefix: str = "tokendiff") -> Progress | None:
+    """Progress on one rewritten stderr line, when stderr is a terminal."""
+    if not enabled:
+        return None
+
+    def show(msg: str) -> None:
+        print(f"\r\x1b[K{prefix}: {msg}", end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _clear_line(enabled: bool) -> None:
+    if enabled:
+        print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tokendiff.app.fleet import (
+        FleetOptions,
+        expand_session_paths,
+        export_session_dataset,
+        fleet_report,
+        is_dataset_target,
+    )
+    from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
+    from tokendiff.app.session import attention_layout, capacity_ladder, open_session
+
+    if args.fail_under is not None and not 0 <= args.fail_under <= 100:
+        raise UsageError("--fail-under takes a percentage from 0 to 100")
+    dataset = bool(args.export) and is_dataset_target(args.export)
+    if args.export and not dataset and not args.export.endswith((".parquet", ".csv")):
+        raise UsageError("--export writes .parquet or .csv files, or a dataset into DIR/", source=args.export)
+    paths = expand_session_paths(args.path)
+    if len(paths) > 1 and args.export and not dataset:
+        raise UsageError(
+            "a table file holds one session; for several, export the dataset into a directory (DIR/)",
+            source=args.export,
+        )
+    tty = sys.stderr.isatty()
+    opts = ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
+    loaded, skipped = None, []
+    if len(paths) == 1:
+        popts = _prompt_options(args)
+        layout = attention_layout(paths, popts, args.model, args.server_args)
+        ladder = None
+        if args.cache_size:
+            ladder = capacity_ladder(
+                paths, popts, args.cache_size, args.model, args.kv_bytes_per_token, args.server_args
+            )
+        loaded = open_session(popts, paths, _progress_line(tty), single_turns=False, layout=layout, capacity=ladder)
+        _clear_line(tty)
+        doc, reuse, what = session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
+        if args.prefill_rate and not loaded.session.rate_estimated and loaded.session.ms_per_token is not None:
+            print("tokendiff: --prefill-rate not used: the session has the server's measured timings", file=sys.stderr)
+    else:  # the fleet view; its workers write the dataset as they go
+        fleet_opts = FleetOptions(report=opts, export_dir=args.export if dataset else None)
+        fleet = fleet_report(_prompt_options(args), paths, fleet_opts, _progress_line(tty))
+        _clear_line(tty)
+        doc, reuse, what = fleet.document, fleet.reuse_pct, "fleet"
+        skipped = fleet.skipped
+    if args.output:
+        export_report(doc, Path(args.output), args.format)
+    else:
+        sys.stdout.write(render_report(doc, args.format))
+    if loaded is not None and dataset:
+        export_session_dataset(loaded, paths[0], Path(args.export), args.order)
+    elif loaded is not None and args.export:
+        export_turns(loaded.session, Path(args.export))
+    for e in skipped:  # the report above covers the others
+        print(f"tokendiff: {e} (left out of the report)", file=sys.stderr)
+    if skipped:
+        return ExitCode.TROUBLE
+    if args.fail_under is not None and reuse < args.fail_under:
+        print(f"tokendiff: {what} reuse {reuse:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
+        return ExitCode.DIFFERENT
+    return ExitCode.OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from tokendiff.app.pair import load_pair, open_loader
+    from tokendiff.app.replay import ReplayOptions, check_replay, replay_pair, replay_prompt_options
+
+    opts = ReplayOptions(
+        backend=args.backend,
+        backend_kind=args.backend_kind,
+        repeat=args.repeat,
+        slot=args.slot,
+        fix=not args.no_fix,
+        allow_remote=args.allow_remote,
+        force=args.force,
+    )
+    check_replay(opts)
+    loader = open_loader(replay_prompt_options(_prompt_options(args), opts))
+    pair = load_pair(loader, args.a, args.b)
+    tty = sys.stderr.isatty()
+    result = replay_pair(pair, loader, opts, _progress_line(tty, "tokendiff replay"))
+    _clear_line(tty)
+    if args.json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(result.document, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        sys.stdout.write(result.text)
+    if result.problem:
+        print(f"tokendiff: {result.problem}", file=sys.stderr)
+        return ExitCode.TROUBLE
+    return ExitCode.OK
+
+
+DEMO_SESSION = demo_capture()
+
+
+def _one_blas_thread() -> None:
+    """numpy's OpenBLAS starts a thread per core at import, and they spin ~50 ms of CPU that the TUI's
+    start pays for on a 2-core machine; tokendiff does no linear algebra. Before numpy is imported;
+    the user's own setting wins."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def cmd_tui(args: argparse.Namespace) -> int:
+    from tokendiff.core.units import parse_interval
+
+    _one_blas_thread()
+    if args.theme:  # before anything else: an unknown theme is an error, not a silent fallback
+        from tokendiff.tui.themes import require_theme
+
+        args.theme = require_theme(args.theme)
+    paths = args.paths or [str(DEMO_SESSION)]
+    if args.live:
+        if not args.slot_dir:
+            raise UsageError("--live needs --slot-dir (the server's --slot-save-path)")
+        if len(paths) != 1 or args.paths == []:
+            raise UsageError("--live takes one session directory to collect the turns in")
+        Path(paths[0]).mkdir(parents=True, exist_ok=True)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError(
+            "the TUI needs a terminal; for a headless answer use `tokendiff report PATH` or `tokendiff diff A B`"
+        )
+    with _no_cyclic_gc():  # what the imports make (Textual, numpy) lives as long as the TUI: frozen, not rescanned
+        from tokendiff.tui.app import Options, TokendiffApp
+
+    opts = Options(
+        paths=paths,
+        prompts=_prompt_options(args),
+        live=args.live,
+        slot_dir=args.slot_dir,
+        every=parse_interval(args.every),
+        theme=args.theme,
+        backend=args.backend,
+        force=args.force,
+        prefill_rate=args.prefill_rate,
+    )
+    TokendiffApp(opts).run()
+    return ExitCode.OK
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from tokendiff.app.doctor import DoctorOptions, doctor
+
+    opts = DoctorOptions(
+        server=args.server,
+        agents=args.agents,
+        prompt_tokens=args.prompt_tokens,
+        turn_tokens=args.turn_tokens,
+        passive=args.passive,
+    )
+    report = doctor(opts)
+    if args.json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(report.document(), option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        from tokendiff.app.doctor import doctor_text
+
+        sys.stdout.write(doctor_text(report))
+    return report.exit_code
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    import queue
+
+    from tokendiff.app.live import ProxyThread, upstream_prompt_options
+
+    _one_blas_thread()
+    if args.theme:
+        from tokendiff.tui.themes import require_theme
+
+        args.theme = require_theme(args.theme)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError(
+            "watch needs a terminal for its TUI; without one, run `tokendiff proxy` and `tokendiff report`"
+        )
+    prompts = upstream_prompt_options(_prompt_options(args), args.upstream)
+    from tokendiff.tui.app import Options
+    from tokendiff.tui.watch import WatchApp
+
+    events: queue.Queue = queue.Queue()
+    proxy = ProxyThread(args.upstream, args.out, args.listen, not args.no_tokens, events.put).start()
+    try:
+        WatchApp(
+            Options(paths=[], prompts=prompts, theme=args.theme, prefill_rate=args.prefill_rate), proxy, events
+        ).run()
+    finally:
+        proxy.stop()
+    print(f"tokendiff watch: stopped; {proxy.recorded} requests recorded in {proxy.capture}", file=sys.stderr)
+    return ExitCode.OK
