@@ -1,6 +1,6 @@
 """The documentation cannot drift from the code: the CLI reference is what the parsers say, every option of
 every command's --help is explained in a hand-written page, every relative link and anchor resolves, every
-rebindable key is listed, and the README's picture is what `tokendiff diff` prints today."""
+rebindable key and import contract is named, and the README's picture is what `tokendiff diff` prints today."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,13 @@ def test_relative_links_point_at_files_and_headings_that_exist(page):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target} (no such heading)")
     assert not broken, f"{page.relative_to(ROOT)}: {broken}"
+
+
+def test_the_architecture_page_names_every_import_contract():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    names = [c["name"] for c in config["tool"]["importlinter"]["contracts"]]
+    page = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    assert names and not [n for n in names if f"**{n}**" not in page]
 
 
 def test_the_readme_is_a_front_page():
