@@ -17,6 +17,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,18 @@ def test_the_installed_package_is_the_wheel(installed):
     venv = installed[0].parent
     assert Path(where).is_relative_to(venv) and Path(demo).is_relative_to(venv), r.stdout
     assert (Path(demo) / "turn-04.bin").is_file()
+
+
+def test_the_wheel_carries_the_licence(installed):
+    """The Apache-2.0 text the package declares travels in the wheel's .dist-info/licenses/ (PEP 639)."""
+    (wheel,) = (installed[0].parent.parent / "dist").glob("tokendiff-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        (licence,) = (n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+        (metadata,) = (n for n in names if n.endswith(".dist-info/METADATA"))
+        assert z.read(licence) == (ROOT / "LICENSE").read_bytes()
+        headers = z.read(metadata).decode().split("\n\n", 1)[0].splitlines()
+    assert "License-Expression: Apache-2.0" in headers and "License-File: LICENSE" in headers, headers
 
 
 def test_tokendiff_without_a_terminal_prints_the_demo_report(installed):
