@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A short run of every benchmark whose figures the README quotes, so they cannot silently
+# A short run of every benchmark whose figures docs/performance.md quotes, so they cannot silently
 # rot: each prints its figures against its budget. The full runs are the same scripts
-# without arguments (see the README's Performance section). .ci/run calls this.
+# without arguments (see docs/performance.md). .ci/run calls this.
 #   usage: scripts/benchmarks.sh [PYTHON]    (default .venv/bin/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's reliability figures, re-measured briefly so they cannot silently rot:
+# The figures of docs/reliability.md, re-measured briefly so they cannot silently rot:
 # coverage-guided fuzzing of each reader for a fixed time with a fixed seed (atheris),
 # then the recording proxy under a short load and every fault check, against a real
 # llama-server. Each prints its figures; any crash, hang, >2 GB input or failed check

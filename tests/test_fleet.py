@@ -56,7 +56,7 @@ def synthetic(path: Path, n: int = 24, shift: int = DAY) -> Path:
 
 
 def waste_by_cause_per_day(root: Path):
-    """The README's polars lazy query: waste by cause per day, over the whole dataset."""
+    """The polars lazy query of docs/dataset.md: waste by cause per day, over the whole dataset."""
     import polars as pl
 
     turns = pl.scan_parquet(
