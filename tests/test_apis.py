@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 
 import httpx
 import pytest
@@ -371,3 +372,41 @@ def test_usage_of_every_provider():
     )
     assert (anth.prompt, anth.cached, anth.written, anth.written_1h) == (2060, 1800, 248, 100)
     assert reported_cached({"timings": {"cache_n": 7}, "usage": {"input_tokens": 9}}) == 7
+
+
+# ---------------------------------------------------------------- the real vLLM server
+
+
+def test_vllm_serves_both_apis_through_proxy(vllm_server, tmp_path):
+    """vLLM renders Responses and Messages requests itself: the proxy records the IDs of its own render
+    endpoints, and the vLLM prediction (whole blocks of its block size) is what it reported."""
+    out = tmp_path / "vllm"
+    proc, url = start_proxy(vllm_server.url, out)
+    model = "tiny-qwen3"
+    usages = []
+    fresh = f"{uuid.uuid4()} "  # the server is shared: nothing it cached before may match
+    try:
+        items = [{"role": "user", "content": fresh + "Read main.py " * 40}]
+        for turn in range(3):
+            body = {"model": model, "instructions": "You are terse.", "input": items, "max_output_tokens": 1}
+            r = httpx.post(url + "/v1/responses", json={**body, "temperature": 0}, timeout=300)
+            assert r.status_code == 200, r.text
+            usages.append(r.json()["usage"])
+            items = items + responses_items(turn)
+        msgs = [{"role": "user", "content": [{"type": "text", "text": fresh + "Read main.py " * 40}]}]
+        body = {"model": model, "max_tokens": 1, "system": "You are Claude Code.", "messages": msgs, "stream": True}
+        events = post_stream(url + "/v1/messages", body)
+        assert any(e.get("type") == "message_stop" for e in events)
+    finally:
+        stop_proxy(proc)
+    records, _ = read_capture(out / "capture.jsonl")
+    assert [r["endpoint"] for r in records] == ["/v1/responses"] * 3 + ["/v1/messages"]
+    for rec, usage in zip(records, usages):
+        assert rec["prompt_source"] in ("vllm /v1/responses/render", "vllm /tokenize")  # without --enable-scale-out
+        assert len(rec["prompt_ids"]) == usage["input_tokens"]
+        assert rec["response"]["usage"]["input_tokens_details"]["cached_tokens"] == usage_of({"usage": usage}).cached
+    assert records[3]["prompt_source"] in ("vllm /v1/messages/render", "vllm /tokenize")
+    assert len(records[3]["prompt_ids"]) > 40
+    doc = report_json(out / "capture.jsonl")
+    for t in doc["turns"][1:3]:
+        assert t["reuse_vllm"] == t["reported_cached"], t

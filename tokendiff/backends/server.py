@@ -557,12 +557,18 @@ async def afetch_prompt_tokens(
     Messages request goes to vLLM's own render endpoint (its conversion, its template); elsewhere it is
     converted as llama-server converts it, then rendered and tokenised there.
     Raises InputError, or httpx/ValueError on a broken answer (the proxy records either)."""
+    import httpx
+
     from tokendiff.sources.importers.apis import chat_form
 
     route = next((r for r in VLLM_RENDER if endpoint and endpoint.rstrip("/").endswith(r)), None)
     if info.kind == VLLM and route is not None:
-        r = await _apost(client, f"{info.url}{route}/render", {**request, "stream": False})
-        return PromptTokens(rendered_ids(r.json()), f"vllm {route}/render")
+        try:
+            r = await _apost(client, f"{info.url}{route}/render", {**request, "stream": False})
+            return PromptTokens(rendered_ids(r.json()), f"vllm {route}/render")
+        except httpx.HTTPStatusError as e:  # render endpoints need --enable-scale-out: convert as vLLM does
+            if e.response.status_code not in (403, 404, 405):
+                raise
     request = chat_form(request, endpoint, info.kind)[0]
     if info.kind == VLLM:
         r = await _apost(client, f"{info.url}/tokenize", vllm_tokenize_body(request))
