@@ -257,3 +257,66 @@ def test_prices_overridden_by_the_config():
     assert prices["claude-sonnet-4-6"].write_5m == pytest.approx(3.75)  # the table's, where not overridden
     assert any("bogus" in w for w in warnings) and any("prices.x needs at least input" in w for w in warnings)
     assert price_of("claude-sonnet-4-5") is not None and price_of("llama-3") is None
+
+
+# ---------------------------------------------------------------- end to end: a HAR recorded against Anthropic
+
+
+def har_of(turns: list[tuple[dict, dict, float]], url: str) -> dict:
+    """A HAR 1.2 file of the session as browser devtools or mitmproxy save it."""
+    import json
+    from datetime import UTC, datetime
+
+    entries = []
+    for body, resp, t in turns:
+        started = datetime.fromtimestamp(1_790_000_000 + t, UTC).isoformat()
+        entries.append(
+            {
+                "startedDateTime": started,
+                "time": 900,
+                "request": {
+                    "method": "POST",
+                    "url": url,
+                    "postData": {"mimeType": "application/json", "text": json.dumps(body)},
+                },
+                "response": {"status": 200, "content": {"mimeType": "application/json", "text": json.dumps(resp)}},
+                "timings": {"wait": 800},
+            }
+        )
+    return {"log": {"version": "1.2", "entries": entries}}
+
+
+def test_report_of_a_har_recorded_against_anthropic(tmp_path):
+    """`tokendiff report session.har`: the provider's verdict per turn, the waste in tokens and dollars,
+    and what fixing it would save per day at the session's rate."""
+    import json
+    import subprocess
+    import sys
+
+    m1 = [user(200, "u1")]
+    m2 = [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+    session = [
+        (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
+        (anthropic_body(SONNET, m2), anthropic_usage(2900, 300, 3), 60.0),
+        (anthropic_body(SONNET, m2, tool_doc="Read any file."), anthropic_usage(0, 3200, 3), 120.0),
+    ]
+    har = tmp_path / "claude.har"
+    har.write_text(json.dumps(har_of(session, "https://api.anthropic.com/v1/messages")))
+    r = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "report", str(har), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    cloud = json.loads(r.stdout)["cloud"]
+    assert cloud["provider"] == "anthropic" and cloud["model"] == SONNET
+    assert [t["cause"] for t in cloud["turns"]] == ["cloud_cold", "cloud_hit", "cloud_content"]
+    assert cloud["turns"][2]["field"] == "tools[0]" and cloud["turns"][2]["waste"] == 3200
+    assert cloud["wasted_usd"] == pytest.approx(3200 * (3.75 - 0.30) / 1e6)
+    assert cloud["wasted_usd_per_day"] == pytest.approx(cloud["wasted_usd"] * 86400 / 120)
+    md = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "report", str(har)], capture_output=True, text=True, timeout=300
+    ).stdout
+    assert "## The provider's cache (anthropic, claude-sonnet-4-6)" in md
+    assert "content changed before the cached prefix's end" in md
