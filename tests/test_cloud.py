@@ -15,6 +15,7 @@ Each verdict is checked, the waste counted from the provider's own usage, and pr
 from __future__ import annotations
 
 import pytest
+from test_apis import report_json
 
 from tokendiff.core.cache.cloud import CloudCause, CloudModel, Provider, cloud_request, provider_of
 from tokendiff.core.prices import break_cost, parse_overrides, price_of
@@ -73,9 +74,12 @@ def anthropic_usage(read: int, written: int, tail: int, diagnostics: dict | None
             "output_tokens": 20,
         },
     }
-    if diagnostics is not None:
-        out["diagnostics"] = diagnostics
-    return out
+    return with_diagnostics(out, "diagnostics", diagnostics)
+
+
+def with_diagnostics(resp: dict, key: str, diagnostics: dict | None) -> dict:
+    """The response with the provider's diagnosis where the session asked for one."""
+    return resp if diagnostics is None else {**resp, key: diagnostics}
 
 
 def run(provider: Provider, turns: list[tuple[dict, dict, float]]):
@@ -175,17 +179,9 @@ def openai_body(key: str, items: list) -> dict:
 
 
 def openai_usage(prompt: int, cached: int, diagnostics: dict | None = None) -> dict:
-    out: dict = {
-        "object": "response",
-        "usage": {
-            "input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": 10,
-        },
-    }
-    if diagnostics is not None:
-        out["prompt_cache_diagnostics"] = diagnostics
-    return out
+    details = {"cached_tokens": cached, "cache_write_tokens": 0}
+    usage = {"input_tokens": prompt, "input_tokens_details": details, "output_tokens": 10}
+    return with_diagnostics({"object": "response", "usage": usage}, "prompt_cache_diagnostics", diagnostics)
 
 
 def test_openai_key_change_and_idle_retention():
@@ -302,14 +298,7 @@ def test_report_of_a_har_recorded_against_anthropic(tmp_path):
     ]
     har = tmp_path / "claude.har"
     har.write_text(json.dumps(har_of(session, "https://api.anthropic.com/v1/messages")))
-    r = subprocess.run(
-        [sys.executable, "-m", "tokendiff", "report", str(har), "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr
-    cloud = json.loads(r.stdout)["cloud"]
+    cloud = report_json(har)["cloud"]
     assert cloud["provider"] == "anthropic" and cloud["model"] == SONNET
     assert [t["cause"] for t in cloud["turns"]] == ["cloud_cold", "cloud_hit", "cloud_content"]
     assert cloud["turns"][2]["field"] == "tools[0]" and cloud["turns"][2]["waste"] == 3200
