@@ -3,6 +3,9 @@
     theme = "tokendiff-light"
     [keymap]
     "pair.next" = "j"
+    [prices."claude-sonnet-4-6"]   # $/MTok, over the built-in table (tokendiff.core.prices)
+    input = 3.0
+    read = 0.3
 
 A bad configuration never stops tokendiff: each problem (an unknown key, a
 value of the wrong type, a file that is not TOML) becomes one warning line
@@ -20,7 +23,7 @@ from typing import Any
 
 from tokendiff.paths import config_file
 
-KNOWN_KEYS = ("theme", "keymap")
+KNOWN_KEYS = ("theme", "keymap", "prices")
 MAX_CONFIG_BYTES = 1 << 20  # a configuration file is a few lines
 
 
@@ -28,6 +31,8 @@ MAX_CONFIG_BYTES = 1 << 20  # a configuration file is a few lines
 class Config:
     theme: str | None = None  # a theme name or file stem
     keymap: dict[str, str] = field(default_factory=dict)  # binding id -> keys, e.g. "pair.next" -> "j"
+    # model -> {input, read, write_5m, write_1h, output} in $/MTok, over tokendiff.core.prices' table (checked there)
+    prices: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None  # the file read; None when there was none
     warnings: tuple[str, ...] = ()  # one line each, naming the file
 
@@ -68,7 +73,11 @@ def parse_config(doc: dict[str, Any], source: Path) -> Config:
             keymap[binding] = keys
         else:
             warnings.append(f"{source}: keymap.{binding} must be a string of keys, not {_toml_type(keys)}")
-    return Config(theme=theme, keymap=keymap, source=source, warnings=tuple(warnings))
+    prices = doc.get("prices", {})
+    if not isinstance(prices, dict):
+        warnings.append(f'{source}: prices must be a table of [prices."MODEL"] tables, not {_toml_type(prices)}')
+        prices = {}
+    return Config(theme=theme, keymap=keymap, prices=prices, source=source, warnings=tuple(warnings))
 
 
 def unknown_bindings(config: Config, known: set[str]) -> list[str]:

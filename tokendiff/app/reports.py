@@ -59,12 +59,18 @@ def read_replay(path: str) -> dict[str, Any]:
 
 def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = ReportOptions()) -> dict[str, Any]:
     """The session report document (`tokendiff.report/1`) with the replays it includes."""
+    from tokendiff.app.cloud import cloud_section
     from tokendiff.report.session import report_document
 
     replays = [read_replay(f) for f in opts.replays]
     apply_prefill_rate(loaded.session, opts.prefill_rate or replay_prefill_rate(replays))
     doc = report_document(label, loaded.prompts, loaded.session, tokenizer_info(loaded.vocab), redact=opts.redact)
     doc["replays"] = replays
+    cloud = cloud_section(label)  # a session sent to a cloud provider: its cache rules and prices
+    if cloud is not None:
+        from tokendiff.report.cloud import cloud_document
+
+        doc["cloud"] = cloud_document(cloud)
     return doc
 
 

@@ -33,13 +33,13 @@ import orjson
 
 from tokendiff.backends.server import (
     CONNECT_TIMEOUT,
-    LLAMA,
     ServerInfo,
     afetch_prompt_tokens,
     aprobe,
     can_tokenize_chat,
 )
 from tokendiff.backends.urls import is_loopback_host
+from tokendiff.core.usage import usage_of
 from tokendiff.errors import InputError
 from tokendiff.safeio import write_private
 from tokendiff.sources.capture import (
@@ -52,6 +52,7 @@ from tokendiff.sources.capture import (
     session_dir,
 )
 from tokendiff.sources.importers import CHAT_ENDPOINTS
+from tokendiff.sources.importers.apis import has_prompt
 from tokendiff.sources.streams import SSESummary, final_fields, stream_summary
 
 HOP_BY_HOP = {
@@ -547,7 +548,9 @@ def _announce(state: ProxyState, ex: Exchange, tokens_pending: bool) -> None:
 def _schedule_token_fetch(state: ProxyState, rec: dict[str, Any], request: dict[str, Any] | None) -> bool:
     """Off the request path: the client never waits for the token IDs. `request` is the body as
     the server got it (secrets included), so the IDs are the ones the server cached. False: no fetch."""
-    if state.info is None or request is None or not can_tokenize_chat(state.info) or "messages" not in request:
+    if state.info is None or request is None or not can_tokenize_chat(state.info):
+        return False
+    if not has_prompt(request, rec.get("endpoint")):
         return False
     task = asyncio.get_running_loop().create_task(_fetch_and_patch(state, rec, request))
     state.pending.add(task)
@@ -568,21 +571,16 @@ async def _fetch_and_patch(state: ProxyState, rec: dict[str, Any], request: dict
 
 
 async def _prompt_patch(state: ProxyState, rec: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
-    from tokendiff.sources.importers.anthropic import is_anthropic, to_openai
-
     assert state.client and state.info
-    if is_anthropic(req, rec.get("endpoint")):
-        req = to_openai(req, llama_server=state.info.kind == LLAMA)
-    found = await afetch_prompt_tokens(state.client, state.info, req)
+    found = await afetch_prompt_tokens(state.client, state.info, req, rec.get("endpoint"))
     patch: dict[str, Any] = {"prompt_ids": found.ids}
     if found.text is not None:
         patch["prompt_text"] = found.text
     patch["prompt_source"] = found.source
-    usage = (rec.get("response") or {}).get("usage") or {}
-    reported = usage.get("prompt_tokens")
-    if found.text is not None and isinstance(reported, int) and reported != len(found.ids):
+    reported = usage_of(rec.get("response")).prompt
+    if found.text is not None and reported is not None and reported != len(found.ids):
         patch["prompt_warning"] = (
-            f"/tokenize gave {len(found.ids)} tokens but the response reported prompt_tokens={reported}"
+            f"/tokenize gave {len(found.ids)} tokens but the response reported {reported} prompt tokens"
         )
     return patch
 

@@ -311,6 +311,13 @@ def token_ids(doc: Any) -> list[int]:
     return [int(t["id"]) if isinstance(t, dict) else int(t) for t in doc["tokens"]]
 
 
+def rendered_ids(doc: Any) -> list[int]:
+    """The IDs of a vLLM render answer (a GenerateRequest: `token_ids`)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("token_ids"), list):
+        raise ValueError("the render answer has no token_ids list")
+    return [int(t) for t in doc["token_ids"]]
+
+
 @dataclass
 class PromptTokens:
     """A request's prompt as the server tokenises it, and how that was found out."""
@@ -540,9 +547,29 @@ def served_template(url: str, local: str | None, local_name: str) -> str | None:
 # ---------------------------------------------------------------- async: the proxy's token fetch
 
 
-async def afetch_prompt_tokens(client: httpx.AsyncClient, info: ServerInfo, request: dict[str, Any]) -> PromptTokens:
-    """A chat request's prompt IDs from the upstream that served it (llama-server or vLLM).
+VLLM_RENDER = ("/v1/responses", "/v1/messages")  # vLLM renders these itself: the exact prompt IDs
+
+
+async def afetch_prompt_tokens(
+    client: httpx.AsyncClient, info: ServerInfo, request: dict[str, Any], endpoint: str | None = None
+) -> PromptTokens:
+    """A request's prompt IDs from the upstream that served it (llama-server or vLLM). A Responses or
+    Messages request goes to vLLM's own render endpoint (its conversion, its template); elsewhere it is
+    converted as llama-server converts it, then rendered and tokenised there.
     Raises InputError, or httpx/ValueError on a broken answer (the proxy records either)."""
+    import httpx
+
+    from tokendiff.sources.importers.apis import chat_form
+
+    route = next((r for r in VLLM_RENDER if endpoint and endpoint.rstrip("/").endswith(r)), None)
+    if info.kind == VLLM and route is not None:
+        try:
+            r = await _apost(client, f"{info.url}{route}/render", {**request, "stream": False})
+            return PromptTokens(rendered_ids(r.json()), f"vllm {route}/render")
+        except httpx.HTTPStatusError as e:  # render endpoints need --enable-scale-out: convert as vLLM does
+            if e.response.status_code not in (403, 404, 405):
+                raise
+    request = chat_form(request, endpoint, info.kind)[0]
     if info.kind == VLLM:
         r = await _apost(client, f"{info.url}/tokenize", vllm_tokenize_body(request))
         return PromptTokens(token_ids(r.json()), "vllm /tokenize")

@@ -36,6 +36,7 @@ from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, checkpoi
 from tokendiff.core.explain import appended_finding, explain
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
 from tokendiff.core.prefix_index import PrefixIndex
+from tokendiff.core.usage import usage_of
 
 BACKENDS = ("llama.cpp", "llama.cpp-hybrid", "vllm", "sglang", "ollama")
 CHECKPOINT_BACKEND = "llama.cpp-hybrid"  # stateful: the session replayed through one slot's checkpoints
@@ -166,7 +167,7 @@ def _generated(resp: dict[str, Any] | None) -> int | None:
     ):
         if isinstance(box, dict) and isinstance(box.get(key), int):
             return box[key]
-    return None
+    return usage_of(resp).output  # Responses and Messages: output_tokens
 
 
 def _reported(resp: dict[str, Any] | None) -> tuple[int | None, float | None, int | None]:
@@ -179,8 +180,8 @@ def _reported(resp: dict[str, Any] | None) -> tuple[int | None, float | None, in
         det = usage.get("prompt_tokens_details")
         if isinstance(det, dict):
             cached = det.get("cached_tokens")
-    if cached is None and isinstance(usage.get("cache_read_input_tokens"), int):
-        cached = usage["cache_read_input_tokens"]  # Anthropic /v1/messages (vLLM's among them)
+    if cached is None:  # Responses, Anthropic Messages, DeepSeek, Gemini: tokendiff.core.usage
+        cached = usage_of(resp).cached
     if cached is None and isinstance(resp.get("prompt_eval_cached_count"), int):
         cached = resp["prompt_eval_cached_count"]  # Ollama
     ms = t.get("prompt_ms")

@@ -162,6 +162,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
     out += _capacity(doc)
     out += _facts(doc)
     out += _replays(doc)
+    if doc.get("cloud"):
+        from tokendiff.report.cloud import cloud_markdown
+
+        out += cloud_markdown(doc["cloud"])
     out += ["", "## Causes", ""]
     for c in doc["causes"]:
         out.append(f"### {c['title']} (turn {c['turn']})")

@@ -24,6 +24,7 @@ from tokendiff.core.vocab import TextTokenizer, Vocab
 from tokendiff.errors import InputError, one_line
 from tokendiff.notices import warn
 from tokendiff.sources.importers import check_depth
+from tokendiff.sources.importers.responses import FieldMap
 from tokendiff.sources.slotfile import (
     SlotFile,
     check_vocab,
@@ -423,7 +424,7 @@ class Loader:
             raise InputError("the record is not a JSON object")
         if not depth_checked:
             check_depth(rec.get("request"), label)
-        request = _request_of(rec)
+        request, fields = _converted_of(rec)
         meta = _record_meta(rec, request, label, turn)
         if rec.get("prompt_ids") is not None or rendered_ids is not None:
             p, rendered = self._decoded_first(rec, request, label, meta, rendered_ids)
@@ -432,6 +433,10 @@ class Loader:
             ids = self._record_ids(rec, request, rendered, label, meta)
             p = self._decode(ids, label, label, meta)
         fam = grammar.annotate(p, self.family, inner=rendered is None)
+        if rendered is not None and fields:
+            from tokendiff.sources.importers.apis import relabel
+
+            rendered = relabel(rendered, fields)
         if rendered is not None and not _attach_render(p, rendered, label):
             grammar.annotate(p, self.family)  # the markers' sections stay: with their finer ones
         _check_tokenizer_fits(p, fam, self.family, self)
@@ -500,23 +505,30 @@ class Loader:
 
 
 def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
-    """The request as the server templates it: Anthropic requests converted, and tool-call arguments
-    parsed where the server parses them (llama-server, the default when a record names none; vLLM),
-    so a client's re-serialised arguments cost what they cost there: nothing, unless the keys moved."""
-    from tokendiff.sources.importers.anthropic import is_anthropic, to_openai
+    """The request as the server templates it: see `_converted_of`."""
+    return _converted_of(rec)[0]
+
+
+def _converted_of(rec: dict[str, Any]) -> tuple[dict[str, Any], FieldMap]:
+    """The request as the server templates it: Responses and Messages requests converted as the server
+    that answered converts them (with the map back to their own fields), and tool-call arguments parsed
+    where the server parses them (llama-server, the default when a record names none; vLLM), so a
+    client's re-serialised arguments cost what they cost there: nothing, unless the keys moved."""
+    from tokendiff.sources.importers.apis import chat_form
 
     request = rec.get("request") or {}
     if not isinstance(request, dict):
         raise InputError(f"the record's request is a {type(request).__name__}, not a JSON object")
     server = rec.get("server")
     server = server if isinstance(server, dict) else {}
-    llama = server.get("kind", "llama-server") == "llama-server"
-    if isinstance(request, dict) and is_anthropic(request, rec.get("endpoint")):
-        request = to_openai(request, llama_server=llama)
-    parses_arguments = llama or server.get("kind") == "vllm"  # as a real vLLM 0.32 does (tests/test_vllm.py)
+    kind = server.get("kind", "llama-server")
+    llama = kind == "llama-server"
+    endpoint = rec.get("endpoint")
+    request, fields = chat_form(request, endpoint if isinstance(endpoint, str) else None, str(kind or ""))
+    parses_arguments = llama or kind == "vllm"  # as a real vLLM 0.32 does (tests/test_vllm.py)
     if parses_arguments and isinstance(request, dict):
         request = _parsed_arguments(request)
-    return request
+    return request, fields
 
 
 def _record_meta(rec: dict[str, Any], request: dict[str, Any], label: str, turn: int | None) -> PromptMeta:

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-FINAL_KEYS = ("usage", "timings", "system_fingerprint", "model", "error")
+FINAL_KEYS = ("usage", "timings", "system_fingerprint", "model", "error", "diagnostics", "prompt_cache_diagnostics")
 # Ollama's /api/chat and /api/generate answers (a stream's last, `done: true` object): reloads, truncation, timings
 OLLAMA_FINAL_KEYS = ("load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "done_reason")
 
@@ -30,7 +30,49 @@ def sse_event(line: str | bytes) -> dict[str, Any] | None:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    return doc if isinstance(doc, dict) else None
+    return api_event(doc) if isinstance(doc, dict) else None
+
+
+# Responses events whose `response` is the whole answer (usage included), and the text deltas of both APIs
+RESPONSE_DONE = ("response.completed", "response.incomplete", "response.failed")
+
+
+def api_event(ev: dict[str, Any]) -> dict[str, Any]:
+    """A Responses or Anthropic Messages stream event in the chat-chunk shape the summaries read
+    (usage, timings, model, error, `choices[0].delta.content`, finish reason); a chat chunk as it is.
+    llama-server puts `timings` beside `response` on response.completed; Anthropic reports usage on
+    message_start and (cumulative) on message_delta, so the summary merges usage rather than replace it."""
+    kind = ev.get("type")
+    if not isinstance(kind, str) or "choices" in ev:
+        return ev
+    if kind in RESPONSE_DONE and isinstance(ev.get("response"), dict):
+        out = {k: v for k, v in ev["response"].items() if k in FINAL_KEYS}
+        if isinstance(ev["response"].get("status"), str):
+            out["choices"] = [{"finish_reason": ev["response"]["status"]}]
+        return {**out, **{k: ev[k] for k in ("timings",) if k in ev}}
+    delta = ev.get("delta")
+    if kind == "response.output_text.delta" and isinstance(delta, str):
+        return {"choices": [{"delta": {"content": delta}}]}
+    if kind == "content_block_delta" and isinstance(delta, dict) and isinstance(delta.get("text"), str):
+        return {"choices": [{"delta": {"content": delta["text"]}}]}
+    if kind == "message_start" and isinstance(ev.get("message"), dict):
+        return {k: v for k, v in ev["message"].items() if k in FINAL_KEYS}
+    if kind == "message_delta":
+        out = {k: ev[k] for k in ("usage",) if isinstance(ev.get(k), dict)}
+        if isinstance(delta, dict) and delta.get("stop_reason"):
+            out["choices"] = [{"finish_reason": delta["stop_reason"]}]
+        return out
+    if kind == "error" and "error" in ev:
+        return {"error": ev["error"]}
+    return {k: v for k, v in ev.items() if k in ("timings", "usage")}  # other events: their stats only
+
+
+def merge_fields(fields: dict[str, Any], new: dict[str, Any]) -> None:
+    """A stream's fields updated with a later event's: usage merged key by key (Anthropic sends the
+    cache counts first and the output count at the end), the rest replaced."""
+    for k, v in new.items():
+        old = fields.get(k)
+        fields[k] = {**old, **v} if k == "usage" and isinstance(old, dict) and isinstance(v, dict) else v
 
 
 def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
@@ -82,7 +124,7 @@ class SSESummary:
     def _take(self, ev: dict[str, Any] | None) -> None:
         if ev is None:
             return
-        self.fields.update(final_fields(ev))
+        merge_fields(self.fields, final_fields(ev))
         self._parts += self.text(ev)
 
     def result(self) -> dict[str, Any]:

@@ -16,12 +16,19 @@ CHAT_ENDPOINTS = (
     "/api/chat",
     "/api/generate",
     "/v1/messages",
+    "/v1/responses",
+    "/responses",
 )
 
 
-def is_chat_body(body: object) -> bool:
+def is_chat_body(body: object, endpoint: str | None = None) -> bool:
+    """A request a server renders into a prompt: chat messages, a raw prompt, or a Responses input."""
+    from tokendiff.sources.importers.responses import is_responses
+
     return isinstance(body, dict) and (
-        isinstance(body.get("messages"), list) or isinstance(body.get("prompt"), (str, list))
+        isinstance(body.get("messages"), list)
+        or isinstance(body.get("prompt"), (str, list))
+        or is_responses(body, endpoint)
     )
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tokendiff.sources.importers.responses import FieldMap
+
 
 def is_anthropic(body: dict[str, Any], endpoint: str | None = None) -> bool:
     if endpoint and endpoint.rstrip("/").endswith("/v1/messages"):
@@ -50,12 +52,20 @@ def normalize_billing_header(text: str) -> str:
 def to_openai(body: dict[str, Any], llama_server: bool = True) -> dict[str, Any]:
     """The same request as an OpenAI chat-completions body, converted as llama-server converts it
     (server_chat_convert_anthropic_to_oai): the message's own content first, then its tool results."""
+    return to_openai_mapped(body, llama_server)[0]
+
+
+def to_openai_mapped(body: dict[str, Any], llama_server: bool = True) -> tuple[dict[str, Any], FieldMap]:
+    """`to_openai`, and each chat field mapped back to the Messages field it came from (`system`,
+    `messages[2].content[1]` for a tool_use or tool_result block), so reports name the client's fields."""
     norm = normalize_billing_header if llama_server else (lambda t: t)
     out: dict[str, Any] = {k: v for k, v in body.items() if k not in ("system", "messages", "tools")}
     msgs: list[dict[str, Any]] = []
+    fields: FieldMap = []
     system = body.get("system")
     if isinstance(system, str):
         msgs.append({"role": "system", "content": norm(system)})
+        fields += [("messages[0]", "system"), ("messages[0].content", "system")]
     elif isinstance(system, list):
         msgs.append(
             {
@@ -65,14 +75,17 @@ def to_openai(body: dict[str, Any], llama_server: bool = True) -> dict[str, Any]
                 ),
             }
         )
-    for m in body["messages"] if isinstance(body.get("messages"), list) else []:
+        fields += [("messages[0]", "system"), ("messages[0].content", "system")]
+    for i, m in enumerate(body["messages"] if isinstance(body.get("messages"), list) else []):
         if not isinstance(m, dict):
             continue
         role, content = m.get("role"), m.get("content")
         if not isinstance(content, list):
+            fields.append((f"messages[{len(msgs)}]", f"messages[{i}]"))
             msgs.append(m)
             continue
         texts = [b for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        uses = [(j, b) for j, b in enumerate(content) if isinstance(b, dict) and b.get("type") == "tool_use"]
         calls = [
             {
                 "id": b.get("id", ""),
@@ -82,8 +95,7 @@ def to_openai(body: dict[str, Any], llama_server: bool = True) -> dict[str, Any]
                     "arguments": json.dumps(b.get("input", {}), separators=(",", ":"), ensure_ascii=False),
                 },
             }
-            for b in content
-            if isinstance(b, dict) and b.get("type") == "tool_use"
+            for _, b in uses
         ]
         thinking = "".join(
             b.get("thinking", "") for b in content if isinstance(b, dict) and b.get("type") == "thinking"
@@ -94,8 +106,18 @@ def to_openai(body: dict[str, Any], llama_server: bool = True) -> dict[str, Any]
                 msg["tool_calls"] = calls
             if thinking:
                 msg["reasoning_content"] = thinking
+            at = f"messages[{len(msgs)}]"
+            fields.append((at, f"messages[{i}]"))
+            for k, (j, _) in enumerate(uses):
+                block = f"messages[{i}].content[{j}]"
+                fields += [(f"{at}.tool_calls[{k}]", block), (f"{at}.tool_calls[{k}].function", block)]
+                fields.append((f"{at}.tool_calls[{k}].function.arguments", f"{block}.input"))
             msgs.append(msg)
-        for r in (b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"):
+        for j, r in enumerate(content):
+            if not (isinstance(r, dict) and r.get("type") == "tool_result"):
+                continue
+            fields += [(f"messages[{len(msgs)}]", f"messages[{i}].content[{j}]")]
+            fields.append((f"messages[{len(msgs)}].content", f"messages[{i}].content[{j}].content"))
             msgs.append(
                 {"role": "tool", "tool_call_id": r.get("tool_use_id", ""), "content": _text(r.get("content"), sep="")}
             )
@@ -114,4 +136,4 @@ def to_openai(body: dict[str, Any], llama_server: bool = True) -> dict[str, Any]
             for t in tools
             if isinstance(t, dict)
         ]
-    return out
+    return out, fields

@@ -266,7 +266,7 @@ def _entry(e: Any, where: str) -> dict[str, Any] | None:
             raise InputError(f"request body of {path} is not JSON: {ex}", source=where) from None
         return None
     check_depth(body, where)
-    if not is_chat_body(body):
+    if not is_chat_body(body, path):
         if chat_url:
             raise InputError(f"request body of {path} is not a chat request", source=where)
         return None

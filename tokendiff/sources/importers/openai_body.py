@@ -29,5 +29,10 @@ def read_body(path: Path) -> dict[str, Any]:
 
 def record_from_body(path: Path) -> dict[str, Any]:
     body = read_body(path)
-    endpoint = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    from tokendiff.sources.importers.apis import Api, api_of
+
+    api = api_of(body)
+    endpoint = {Api.RESPONSES: "/v1/responses", Api.MESSAGES: "/v1/messages", Api.COMPLETION: "/v1/completions"}.get(
+        api, "/v1/chat/completions"
+    )
     return {"source": "openai-body", "origin": str(path), "endpoint": endpoint, "request": body}

@@ -1,0 +1,569 @@
+"""The cloud providers' prompt-cache rules as a model, and a verdict per turn.
+
+A cloud cache is not a slot: each provider keeps prefixes by its own rules, and a break costs money.
+
+- **Anthropic** (platform.claude.com/docs/en/build-with-claude/prompt-caching): the prefix is tools ->
+  system -> messages, cut into blocks; an entry is written only at a `cache_control` breakpoint (at most
+  4; a top-level `cache_control` puts one on the last block), and only when the prefix up to it reaches
+  the model's minimum; a request reads the longest entry found at a breakpoint or up to 20 blocks before
+  it (the lookback window); an entry lives 5 minutes (or 1 hour), refreshed by each read.
+- **OpenAI** (developers.openai.com/api/docs/guides/prompt-caching): automatic from 1,024 tokens, reported
+  in 128-token steps; requests are routed by a hash of the prompt's start and `prompt_cache_key`, so a
+  new key lands on a machine without the prefix; `in_memory` retention keeps a prefix 5-10 idle minutes
+  (at most an hour), `24h` a day.
+- **Gemini** (ai.google.dev/gemini-api/docs/caching): implicit caching above a per-model minimum, no
+  guaranteed lifetime; explicit cached contents (`cachedContent`) live their TTL.
+- **DeepSeek** (api-docs.deepseek.com/guides/kv_cache): a hit needs a whole stored prefix unit: the end
+  of each earlier request's prompt, or a common prefix found when two requests parted.
+
+The verdict of a turn names why it read less than the previous turn had cached: the content (the first
+divergent block and field), the lifetime (the idle gap), the minimum, the routing key, the model, or
+Anthropic's lookback window. Token counts per block are estimates scaled to the provider's own count,
+which is the truth for accounting. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tokendiff.core.usage import Usage, usage_of
+
+
+class Provider(StrEnum):
+    ANTHROPIC = "anthropic"
+    OPENAI = "openai"
+    GEMINI = "gemini"
+    DEEPSEEK = "deepseek"
+
+
+class CloudCause(StrEnum):
+    """Why a turn read what it read from the provider's cache."""
+
+    COLD = "cloud_cold"  # the first request of the prefix: written, nothing to read
+    HIT = "cloud_hit"  # read all the previous turn had cached (a change after the last breakpoint costs nothing)
+    CONTENT = "cloud_content"  # a change before the cached prefix's end: everything after it is written again
+    EXPIRED = "cloud_expired"  # the entry outlived its lifetime while idle
+    BELOW_MINIMUM = "cloud_below_minimum"  # the prefix is shorter than the model's minimum: never cached
+    KEY_CHANGED = "cloud_key_changed"  # prompt_cache_key changed: routed where the prefix is not
+    MODEL_CHANGED = "cloud_model_changed"  # caches are per model
+    LOOKBACK = "cloud_lookback"  # more than 20 blocks since the last written entry: not found
+    UNEXPLAINED = "cloud_unexplained"  # the provider read less than the rules allow (eviction, overflow routing)
+
+
+LOOKBACK_BLOCKS = 20
+MAX_BREAKPOINTS = 4
+TTL = {"5m": 300.0, "1h": 3600.0}
+OPENAI_STEP = 128
+OPENAI_MINIMUM = 1024
+OPENAI_RETENTION = {"in_memory": 600.0, "24h": 86400.0}  # in memory: 5-10 idle minutes; the upper bound
+DEEPSEEK_LIFETIME = 6 * 3600.0  # "a few hours to a few days": a gap past this may have lost the unit
+
+# minimum cacheable prefix, by model name prefix (Anthropic prompt-caching page, 2026-08-21; Gemini caching page
+# 2026-07); the first that matches wins
+ANTHROPIC_MINIMUM = (
+    ("claude-opus-5", 512),
+    ("claude-fable-5", 512),
+    ("claude-mythos-5", 512),
+    ("claude-mythos", 2048),
+    ("claude-opus-4-7", 2048),
+    ("claude-3-5-haiku", 2048),
+    ("claude-haiku-3-5", 2048),
+    ("claude-opus-4-6", 4096),
+    ("claude-opus-4-5", 4096),
+    ("claude-haiku-4-5", 4096),
+    ("claude", 1024),
+)
+GEMINI_MINIMUM = (("gemini-3", 4096), ("gemini-2.5", 2048), ("gemini", 4096))
+
+
+def minimum_tokens(provider: Provider, model: str) -> int:
+    """The shortest prefix the provider caches for this model."""
+    table = {Provider.ANTHROPIC: ANTHROPIC_MINIMUM, Provider.GEMINI: GEMINI_MINIMUM}.get(provider)
+    if table is None:
+        return OPENAI_MINIMUM if provider == Provider.OPENAI else 0
+    m = model.lower()
+    return next((n for prefix, n in table if m.startswith(prefix)), table[-1][1])
+
+
+@dataclass(frozen=True)
+class Block:
+    """One cacheable unit of a request, in prefix order."""
+
+    field: str  # the request field, e.g. tools[2], system[0], messages[4].content[1]
+    text: str  # its content as the provider hashes it (canonical JSON of the block)
+    breakpoint: str | None = None  # "5m" or "1h" where the block carries cache_control
+
+
+@dataclass(frozen=True)
+class CloudRequest:
+    """A recorded request as the cache model reads it."""
+
+    provider: Provider
+    model: str
+    blocks: tuple[Block, ...]
+    usage: Usage
+    t: float | None = None  # when it was sent (seconds)
+    key: str | None = None  # OpenAI prompt_cache_key
+    retention: str | None = None  # OpenAI prompt_cache_retention
+    diagnostics: Any = None  # the provider's own: Anthropic `diagnostics`, OpenAI `prompt_cache_diagnostics`
+
+
+@dataclass
+class CloudTurn:
+    """One turn's verdict."""
+
+    turn: int
+    cause: CloudCause
+    prompt: int  # tokens, as the provider counted them
+    read: int | None  # cache read, as reported
+    written: int | None  # cache written, as reported (Anthropic; OpenAI's newer models)
+    predicted: int  # what the rules give this turn
+    waste: int = 0  # tokens the previous turn had cached that this one paid for again
+    rewritten: int = 0  # of which written to the cache again (Anthropic: at the write premium)
+    field: str = ""  # the first divergent block's field (content)
+    excerpt: str = ""  # where it diverged, a few characters each side
+    token: str = ""  # the first divergent token, where the tokenizer is public
+    idle_s: float | None = None  # the gap since the entry was last used (expiry)
+    detail: str = ""  # the sentence a report prints
+    provider_reason: str = ""  # the provider's own diagnosis, when the session asked for it
+    agrees: bool | None = None  # whether it names the same cause
+    estimated: bool = True  # per-block counts are estimates (the totals are the provider's)
+
+
+Counter = Callable[[str], int]
+
+
+def approx_tokens(text: str) -> int:
+    """About 4 bytes a token: the estimate where the provider's tokenizer is not public (Claude)."""
+    return max(1, (len(text.encode("utf-8")) + 3) // 4)
+
+
+@dataclass
+class _Entry:
+    expires: float
+    tokens: int
+
+
+@dataclass
+class CloudModel:
+    """Feed requests in order with `add`; each gives its turn's verdict."""
+
+    count: Counter = approx_tokens
+    exact_counts: bool = False  # `count` is the provider's own tokenizer
+    pieces: Callable[[str], list[str]] | None = None  # the tokenizer's pieces, for the divergent token
+    turns: list[CloudTurn] = field(default_factory=list)
+    _prev: CloudRequest | None = None
+    _prev_cum: list[int] = field(default_factory=list)
+    _prev_extent: int = 0  # tokens the previous request left cached (read or written)
+    _entries: dict[str, _Entry] = field(default_factory=dict)  # prefix hash -> entry (Anthropic, DeepSeek)
+    _last_t: float | None = None
+
+    def add(self, req: CloudRequest) -> CloudTurn:
+        cum = self._cumulative(req)
+        hashes = _prefix_hashes(req)
+        t = req.t if req.t is not None else (self._last_t or 0.0)
+        rules = {
+            Provider.ANTHROPIC: self._anthropic,
+            Provider.OPENAI: self._implicit,
+            Provider.GEMINI: self._implicit,
+            Provider.DEEPSEEK: self._deepseek,
+        }[req.provider]
+        predicted, free, extent = rules(req, cum, hashes, t)
+        turn = self._verdict(req, cum, predicted, free, t)
+        _compare_diagnostics(turn, req)
+        self.turns.append(turn)
+        self._prev, self._prev_cum, self._last_t = req, cum, t
+        self._prev_extent = _reported_extent(req, extent)
+        return turn
+
+    # ------------------------------------------------------------ the rules
+
+    def _cumulative(self, req: CloudRequest) -> list[int]:
+        """Tokens up to the end of each block, scaled so the last is the provider's prompt count."""
+        raw = [self.count(b.text) for b in req.blocks]
+        total = sum(raw)
+        prompt = req.usage.prompt
+        scale = prompt / total if prompt and total and not self.exact_counts else 1.0
+        out, acc = [], 0.0
+        for n in raw:
+            acc += n * scale
+            out.append(int(round(acc)))
+        return out
+
+    def _anthropic(self, req: CloudRequest, cum: list[int], hashes: list[str], t: float) -> tuple[int, int, int]:
+        """(read, read had nothing expired, tokens left cached). Entries are read at a breakpoint or up to
+        20 blocks before it; written at each breakpoint whose prefix reaches the minimum."""
+        bps = [i for i, b in enumerate(req.blocks) if b.breakpoint][-MAX_BREAKPOINTS:]
+        live = free = -1
+        for bp in bps:
+            for j in range(bp, max(-1, bp - LOOKBACK_BLOCKS), -1):
+                e = self._entries.get(hashes[j])
+                if e is None:
+                    continue
+                free = max(free, j)
+                if e.expires >= t:
+                    live = max(live, j)
+                break
+        minimum = minimum_tokens(req.provider, req.model)
+        for j in range(live + 1):  # a read refreshes every entry on the prefix it read
+            if hashes[j] in self._entries and self._entries[hashes[j]].expires >= t:
+                self._entries[hashes[j]].expires = t + TTL.get(req.blocks[j].breakpoint or "5m", 300.0)
+        for bp in bps:
+            if cum[bp] >= minimum:
+                ttl = TTL.get(req.blocks[bp].breakpoint or "5m", 300.0)
+                self._entries[hashes[bp]] = _Entry(t + ttl, cum[bp])
+        written = [cum[bp] for bp in bps if cum[bp] >= minimum]
+        read = cum[live] if live >= 0 else 0
+        return read, cum[free] if free >= 0 else 0, max([read, *written])
+
+    def _implicit(self, req: CloudRequest, cum: list[int], hashes: list[str], t: float) -> tuple[int, int, int]:
+        """OpenAI and Gemini: the common prefix with the previous request, from the minimum, in OpenAI's
+        128-token steps; nothing across a routing key or model change, or past the retention."""
+        prev = self._prev
+        if prev is None or prev.model != req.model or (req.provider == Provider.OPENAI and prev.key != req.key):
+            return 0, 0, cum[-1] if cum else 0
+        common = _common_tokens(prev, self._prev_cum, req, cum, self.count)
+        minimum = minimum_tokens(req.provider, req.model)
+        free = 0 if common < minimum else common
+        if req.provider == Provider.OPENAI:
+            free = free // OPENAI_STEP * OPENAI_STEP
+        limit = OPENAI_RETENTION.get(req.retention or "in_memory", 600.0) if req.provider == Provider.OPENAI else None
+        gap = t - (self._last_t or t)
+        live = free if limit is None or gap <= limit else 0
+        return live, free, cum[-1] if cum else 0
+
+    def _deepseek(self, req: CloudRequest, cum: list[int], hashes: list[str], t: float) -> tuple[int, int, int]:
+        """A whole stored unit: the longest earlier prompt end (or common prefix) this prompt starts with."""
+        found = -1
+        for j in range(len(hashes) - 1, -1, -1):
+            if hashes[j] in self._entries:
+                found = j
+                break
+        free = cum[found] if found >= 0 else 0
+        gap = t - (self._last_t or t)
+        live = free if gap <= DEEPSEEK_LIFETIME else 0
+        if self._prev is not None:  # where the two parted is persisted too
+            d = _first_divergent(self._prev, req)
+            if d is not None and d > 0:
+                self._entries.setdefault(hashes[d - 1], _Entry(float("inf"), cum[d - 1]))
+        if hashes:
+            self._entries[hashes[-1]] = _Entry(float("inf"), cum[-1])
+        return live, free, cum[-1] if cum else 0
+
+    # ------------------------------------------------------------ the verdict
+
+    def _verdict(self, req: CloudRequest, cum: list[int], predicted: int, free: int, t: float) -> CloudTurn:
+        u = req.usage
+        prompt = u.prompt if u.prompt is not None else (cum[-1] if cum else 0)
+        turn = CloudTurn(len(self.turns) + 1, CloudCause.HIT, prompt, u.cached, u.written, predicted)
+        turn.estimated = not self.exact_counts
+        read = u.cached if u.cached is not None else predicted
+        prev = self._prev
+        if prev is None:
+            turn.cause = CloudCause.COLD if self._cacheable(req, cum) else CloudCause.BELOW_MINIMUM
+            turn.detail = _below(req, cum) if turn.cause == CloudCause.BELOW_MINIMUM else "first request: written"
+            return turn
+        turn.waste = max(0, min(self._prev_extent, prompt) - read)
+        turn.rewritten = min(turn.waste, u.written or 0)
+        gap = t - (self._last_t or t)
+        d = _first_divergent(prev, req)
+        if d is not None:
+            turn.field = req.blocks[d].field if d < len(req.blocks) else prev.blocks[d].field
+            turn.excerpt, turn.token = _excerpt(prev, req, d, self.pieces)
+        if prev.model != req.model:
+            turn.cause, turn.detail = CloudCause.MODEL_CHANGED, f"the model changed ({prev.model} -> {req.model})"
+        elif req.provider == Provider.OPENAI and prev.key != req.key:
+            turn.cause = CloudCause.KEY_CHANGED
+            turn.detail = f"prompt_cache_key changed ({prev.key!r} -> {req.key!r}): routed where the prefix is not"
+        elif turn.waste == 0:
+            turn.cause = CloudCause.HIT
+            turn.detail = _hit_detail(turn, d, prev, cum)
+        elif free > predicted:
+            turn.cause, turn.idle_s = CloudCause.EXPIRED, gap
+            turn.detail = f"idle {_duration(gap)}: longer than the cache's lifetime ({_lifetime(req)})"
+        elif not self._cacheable(req, cum):
+            turn.cause, turn.detail = CloudCause.BELOW_MINIMUM, _below(req, cum)
+        elif d is not None and (self._prev_cum[d - 1] if 0 < d <= len(self._prev_cum) else 0) < self._prev_extent:
+            turn.cause = CloudCause.CONTENT
+            turn.detail = f"{turn.field} changed before the cached prefix's end: everything after it written again"
+        elif req.provider == Provider.ANTHROPIC and predicted < self._prev_extent:
+            turn.cause = CloudCause.LOOKBACK
+            turn.detail = f"more than {LOOKBACK_BLOCKS} blocks after the last cached entry: add a breakpoint"
+        else:
+            turn.cause = CloudCause.UNEXPLAINED
+            turn.detail = "the provider read less than its rules allow (eviction, or overflow routing)"
+        return turn
+
+    def _cacheable(self, req: CloudRequest, cum: list[int]) -> bool:
+        minimum = minimum_tokens(req.provider, req.model)
+        if req.provider == Provider.ANTHROPIC:
+            bps = [i for i, b in enumerate(req.blocks) if b.breakpoint]
+            return any(cum[bp] >= minimum for bp in bps)
+        return bool(cum) and cum[-1] >= minimum
+
+
+def _reported_extent(req: CloudRequest, modelled: int) -> int:
+    """What this request leaves cached, as the provider counts it: Anthropic's read + written; OpenAI's
+    prompt in 128-token steps from the minimum; Gemini's from its minimum; DeepSeek's whole prompt."""
+    u = req.usage
+    if req.provider == Provider.ANTHROPIC and (u.cached is not None or u.written is not None):
+        return (u.cached or 0) + (u.written or 0)
+    if u.prompt is None:
+        return modelled
+    if u.prompt < minimum_tokens(req.provider, req.model):
+        return 0
+    return u.prompt // OPENAI_STEP * OPENAI_STEP if req.provider == Provider.OPENAI else u.prompt
+
+
+def _below(req: CloudRequest, cum: list[int]) -> str:
+    minimum = minimum_tokens(req.provider, req.model)
+    return f"the prefix ({cum[-1] if cum else 0:,} tokens) is below {req.model}'s minimum of {minimum:,}: never cached"
+
+
+def _hit_detail(turn: CloudTurn, d: int | None, prev: CloudRequest, cum: list[int]) -> str:
+    if d is not None and d < len(prev.blocks):
+        return f"{turn.field} changed after the cached prefix: nothing lost"
+    return "read all the previous turn cached"
+
+
+def _lifetime(req: CloudRequest) -> str:
+    if req.provider == Provider.ANTHROPIC:
+        ttls = {b.breakpoint for b in req.blocks if b.breakpoint}
+        return " / ".join(sorted(ttls)) or "5m"
+    if req.provider == Provider.OPENAI:
+        return req.retention or "in_memory, 5-10 idle minutes"
+    return "hours"
+
+
+def _duration(s: float) -> str:
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    return f"{int(s // 60)} min {int(s % 60)} s" if s >= 60 else f"{s:.0f} s"
+
+
+def _prefix_hashes(req: CloudRequest) -> list[str]:
+    """A hash of the prefix up to each block, per model (caches are never shared across models)."""
+    h = hashlib.sha256(req.model.encode())
+    out = []
+    for b in req.blocks:
+        h.update(b"\x00" + b.text.encode("utf-8", "surrogatepass"))
+        out.append(h.copy().hexdigest())
+    return out
+
+
+def _first_divergent(a: CloudRequest, b: CloudRequest) -> int | None:
+    """The first block that differs (None: b starts with all of a)."""
+    for i, (x, y) in enumerate(zip(a.blocks, b.blocks)):
+        if x.text != y.text:
+            return i
+    return None if len(b.blocks) >= len(a.blocks) else len(b.blocks)
+
+
+def _common_tokens(a: CloudRequest, a_cum: list[int], b: CloudRequest, b_cum: list[int], count: Counter) -> int:
+    """The tokens two requests share from the start: whole blocks, then the divergent block's common text."""
+    d = _first_divergent(a, b)
+    if d is None:
+        return a_cum[-1] if a_cum else 0
+    before = b_cum[d - 1] if d > 0 else 0
+    if d >= len(a.blocks) or d >= len(b.blocks):
+        return before
+    x, y = a.blocks[d].text, b.blocks[d].text
+    n = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+    own = b_cum[d] - before
+    share = count(y[:n]) / max(1, count(y)) if n else 0.0
+    return before + int(own * share)
+
+
+def _excerpt(a: CloudRequest, b: CloudRequest, d: int, pieces: Callable[[str], list[str]] | None) -> tuple[str, str]:
+    """A few characters each side of the first divergent character of block d, and the first divergent
+    token where the tokenizer is known."""
+    x = a.blocks[d].text if d < len(a.blocks) else ""
+    y = b.blocks[d].text if d < len(b.blocks) else ""
+    n = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+    excerpt = f"{y[max(0, n - 30) : n]}[{x[n : n + 20]!r} -> {y[n : n + 20]!r}]"
+    token = ""
+    if pieces is not None:
+        pa, pb = pieces(x), pieces(y)
+        k = next((i for i, (p, q) in enumerate(zip(pa, pb)) if p != q), min(len(pa), len(pb)))
+        token = pb[k] if k < len(pb) else ""
+    return excerpt, token
+
+
+# ---------------------------------------------------------------- the providers' own diagnostics
+
+ANTHROPIC_REASONS = {
+    "model_changed": (CloudCause.MODEL_CHANGED, ""),
+    "system_changed": (CloudCause.CONTENT, "system"),
+    "tools_changed": (CloudCause.CONTENT, "tools"),
+    "messages_changed": (CloudCause.CONTENT, "messages"),
+}
+OPENAI_REASONS = {
+    "model_changed": CloudCause.MODEL_CHANGED,
+    "prompt_cache_key_changed": CloudCause.KEY_CHANGED,
+    "tools_changed": CloudCause.CONTENT,
+    "input_changed": CloudCause.CONTENT,
+    "text_format_changed": CloudCause.CONTENT,
+    "reasoning_effort_changed": CloudCause.CONTENT,
+    "verbosity_changed": CloudCause.CONTENT,
+    "context_compacted": CloudCause.CONTENT,
+}
+
+
+def _compare_diagnostics(turn: CloudTurn, req: CloudRequest) -> None:
+    """The provider's diagnosis, where the session asked for one, and whether it names tokendiff's cause."""
+    diag = req.diagnostics
+    if not isinstance(diag, Mapping):
+        return
+    if req.provider == Provider.ANTHROPIC:
+        reason = diag.get("cache_miss_reason")
+        kind = reason.get("type") if isinstance(reason, Mapping) else None
+        if not isinstance(kind, str):
+            return
+        turn.provider_reason = kind
+        cause, section = ANTHROPIC_REASONS.get(kind, (None, ""))
+        if cause is not None:
+            turn.agrees = cause == turn.cause and (not section or turn.field.startswith(section))
+    elif req.provider == Provider.OPENAI:
+        kind = diag.get("type")
+        if kind == "cache_hit":
+            turn.provider_reason, turn.agrees = "cache_hit", turn.waste == 0
+        elif kind == "cache_miss" and isinstance(diag.get("reason"), str):
+            turn.provider_reason = diag["reason"]
+            expected = OPENAI_REASONS.get(diag["reason"])
+            turn.agrees = None if expected is None else expected == turn.cause
+
+
+# ---------------------------------------------------------------- requests in the providers' documented shapes
+
+
+def _canon(v: Any) -> str:
+    """A block's content as a stable string (keys sorted; cache_control left out: it marks, it is not content)."""
+    import json
+
+    def strip(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: strip(w) for k, w in x.items() if k != "cache_control"}
+        if isinstance(x, list):
+            return [strip(w) for w in x]
+        return x
+
+    return json.dumps(strip(v), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def _ttl(block: Any) -> str | None:
+    cc = block.get("cache_control") if isinstance(block, dict) else None
+    if not isinstance(cc, dict):
+        return None
+    ttl = cc.get("ttl")
+    return ttl if ttl in TTL else "5m"
+
+
+def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
+    """tools -> system -> messages, one block per tool, system block and content block."""
+    out: list[Block] = []
+    for j, tool in enumerate(body.get("tools") or []):
+        out.append(Block(f"tools[{j}]", _canon(tool), _ttl(tool)))
+    system = body.get("system")
+    if isinstance(system, str):
+        out.append(Block("system", system))
+    elif isinstance(system, list):
+        out += [Block(f"system[{k}]", _canon(b), _ttl(b)) for k, b in enumerate(system)]
+    for i, m in enumerate(body.get("messages") or []):
+        content = m.get("content") if isinstance(m, dict) else None
+        role = m.get("role") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            out += [Block(f"messages[{i}].content[{k}]", f"{role}:{_canon(b)}", _ttl(b)) for k, b in enumerate(content)]
+        else:
+            out.append(Block(f"messages[{i}]", f"{role}:{_canon(content)}"))
+    auto = body.get("cache_control")
+    if isinstance(auto, dict) and out and not out[-1].breakpoint:
+        last = out[-1]
+        out[-1] = Block(last.field, last.text, auto.get("ttl") if auto.get("ttl") in TTL else "5m")
+    return out
+
+
+def openai_blocks(body: Mapping[str, Any]) -> list[Block]:
+    """Tools first (they sit before the conversation), then instructions and each message or input item."""
+    out: list[Block] = []
+    if body.get("tools"):
+        out.append(Block("tools", _canon(body["tools"])))
+    if isinstance(body.get("instructions"), str):
+        out.append(Block("instructions", body["instructions"]))
+    items = body.get("input", body.get("messages"))
+    name = "input" if "input" in body else "messages"
+    if isinstance(items, str):
+        out.append(Block("input", items))
+    for i, m in enumerate(items if isinstance(items, list) else []):
+        out.append(Block(f"{name}[{i}]", _canon(m)))
+    return out
+
+
+def gemini_blocks(body: Mapping[str, Any]) -> list[Block]:
+    out: list[Block] = []
+    for key in ("tools", "systemInstruction", "system_instruction"):
+        if body.get(key):
+            out.append(Block(key, _canon(body[key])))
+    for i, c in enumerate(body.get("contents") or []):
+        out.append(Block(f"contents[{i}]", _canon(c)))
+    return out
+
+
+def cloud_request(
+    provider: Provider, body: Mapping[str, Any], response: Mapping[str, Any] | None, t: float | None = None
+) -> CloudRequest:
+    """A recorded request and response in the provider's documented shape, as the model reads them."""
+    blocks = {
+        Provider.ANTHROPIC: anthropic_blocks,
+        Provider.OPENAI: openai_blocks,
+        Provider.DEEPSEEK: openai_blocks,
+        Provider.GEMINI: gemini_blocks,
+    }[provider](body)
+    resp: Mapping[str, Any] = response if isinstance(response, Mapping) else {}
+    model = body.get("model") or resp.get("model") or resp.get("modelVersion") or ""
+    diag = resp.get("diagnostics") if provider == Provider.ANTHROPIC else resp.get("prompt_cache_diagnostics")
+    key = body.get("prompt_cache_key")
+    retention = body.get("prompt_cache_retention")
+    return CloudRequest(
+        provider,
+        str(model),
+        tuple(blocks),
+        usage_of(resp),
+        t,
+        key if isinstance(key, str) else None,
+        retention if isinstance(retention, str) else None,
+        diag,
+    )
+
+
+PROVIDER_HOSTS = (
+    ("anthropic.com", Provider.ANTHROPIC),
+    ("openai.com", Provider.OPENAI),
+    ("googleapis.com", Provider.GEMINI),
+    ("deepseek.com", Provider.DEEPSEEK),
+)
+
+
+def provider_of(
+    upstream: str | None, body: Mapping[str, Any] | None, response: Mapping[str, Any] | None
+) -> Provider | None:
+    """The provider a record was sent to: the upstream's host, else the usage fields only one provider writes."""
+    host = (upstream or "").lower()
+    for suffix, p in PROVIDER_HOSTS:
+        if suffix in host:
+            if p == Provider.DEEPSEEK and "/anthropic" in host:
+                return Provider.ANTHROPIC
+            return p
+    resp: Mapping[str, Any] = response if isinstance(response, Mapping) else {}
+    usage = resp.get("usage") if isinstance(resp.get("usage"), Mapping) else {}
+    assert isinstance(usage, Mapping)
+    if "usageMetadata" in resp or "usage_metadata" in resp:
+        return Provider.GEMINI
+    if "prompt_cache_hit_tokens" in usage:
+        return Provider.DEEPSEEK
+    if "cache_creation_input_tokens" in usage:
+        return Provider.ANTHROPIC
+    return None

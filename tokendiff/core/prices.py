@@ -1,0 +1,123 @@
+"""What prompt tokens cost at the cloud providers: a versioned, dated price table, overridable.
+
+US dollars per million tokens, standard tier: base input, cache write (Anthropic's 5-minute and 1-hour
+premiums, 1.25x and 2x; OpenAI's newer explicit regime 1.25x), cache read (Anthropic 0.1x, OpenAI per
+model), output. Sources, read on the dates given: Anthropic's pricing and prompt-caching pages
+(2026-08-21), OpenAI's pricing page, DeepSeek's pricing page (2026-10, off-peak), Gemini's pricing page
+as quoted (UNVERIFIED against the page itself). Prices change: the user's config file overrides any
+model (`[prices."MODEL"]` with input, write_5m, write_1h, read, output). A model is matched by the
+longest table key its name starts with. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+PRICES_VERSION = "2026-10-01"  # the date of the newest source the table was read from
+
+
+@dataclass(frozen=True)
+class Price:
+    """$ per million tokens."""
+
+    input: float
+    read: float  # a cache read
+    write_5m: float | None = None  # a cache write, 5-minute lifetime (None: writes cost the input price)
+    write_1h: float | None = None
+    output: float = 0.0
+    source: str = "table " + PRICES_VERSION
+
+    def write(self, one_hour: bool = False) -> float:
+        w = self.write_1h if one_hour else self.write_5m
+        return w if w is not None else self.input
+
+
+def _anthropic(base: float, out: float) -> Price:
+    return Price(base, base * 0.1, base * 1.25, base * 2.0, out)
+
+
+TABLE: dict[str, Price] = {
+    # Anthropic (prompt-caching page, 2026-08-21)
+    "claude-opus-5": _anthropic(5, 25),
+    "claude-opus-4-8": _anthropic(5, 25),
+    "claude-opus-4-7": _anthropic(5, 25),
+    "claude-opus-4-6": _anthropic(5, 25),
+    "claude-opus-4-5": _anthropic(5, 25),
+    "claude-opus-4-1": _anthropic(15, 75),
+    "claude-opus-4": _anthropic(15, 75),
+    "claude-sonnet-5": _anthropic(2, 10),
+    "claude-sonnet-4": _anthropic(3, 15),
+    "claude-haiku-4-5": _anthropic(1, 5),
+    "claude-3-5-haiku": _anthropic(0.8, 4),
+    "claude-fable-5": _anthropic(10, 50),
+    "claude-mythos-5": _anthropic(10, 50),
+    # OpenAI (pricing page; cached input, no write charge before GPT-5.6)
+    "gpt-4o-mini": Price(0.15, 0.075, output=0.60),
+    "gpt-4o": Price(2.50, 1.25, output=10),
+    "gpt-4.1-nano": Price(0.10, 0.025, output=0.40),
+    "gpt-4.1-mini": Price(0.40, 0.10, output=1.60),
+    "gpt-4.1": Price(2.00, 0.50, output=8.00),
+    "gpt-5-nano": Price(0.05, 0.005, output=0.40),
+    "gpt-5-mini": Price(0.25, 0.025, output=2),
+    "gpt-5.1": Price(1.25, 0.125, output=10),
+    "gpt-5.2": Price(1.75, 0.175, output=14),
+    "gpt-5.4": Price(2.50, 0.25, output=15),
+    "gpt-5.5": Price(5, 0.50, output=30),
+    "gpt-5.6-sol": Price(4, 0.40, 5.00, 5.00, 20),
+    "gpt-5.6-terra": Price(2, 0.20, 2.50, 2.50, 12),
+    "gpt-5.6-luna": Price(0.20, 0.02, 0.25, 0.25, 1.20),
+    "gpt-5": Price(1.25, 0.125, output=10),
+    "o3-mini": Price(1.10, 0.55, output=4.40),
+    "o3": Price(2, 0.50, output=8),
+    "o4-mini": Price(1.10, 0.275, output=4.40),
+    "o1": Price(15, 7.50, output=60),
+    # DeepSeek (pricing page, 2026-10, off-peak; a hit is the read, a miss the input)
+    "deepseek-flash": Price(0.15, 0.003, output=0.60),
+    "deepseek-v4-pro": Price(0.66, 0.022, output=1.98),
+    "deepseek-chat": Price(0.27, 0.07, output=1.10),
+    # Gemini (as quoted from the pricing page; implicit hits at the cached rate)
+    "gemini-2.5-pro": Price(1.25, 0.31, output=10),
+    "gemini-2.5-flash": Price(0.30, 0.075, output=2.50),
+}
+
+
+def price_of(model: str, overrides: Mapping[str, Price] | None = None) -> Price | None:
+    """The price of a model: the user's override first, then the table (longest matching prefix)."""
+    m = model.lower()
+    for table in (overrides or {}, TABLE):
+        keys = [k for k in table if m.startswith(k.lower())]
+        if keys:
+            return table[max(keys, key=len)]
+    return None
+
+
+PRICE_KEYS = ("input", "read", "write_5m", "write_1h", "output")
+
+
+def parse_overrides(doc: Any, source: str) -> tuple[dict[str, Price], list[str]]:
+    """`[prices."MODEL"]` tables of the config file as prices; a warning per bad entry."""
+    out: dict[str, Price] = {}
+    warnings: list[str] = []
+    if not isinstance(doc, dict):
+        return out, [f"{source}: prices must be a table of models"]
+    for model, v in doc.items():
+        if not isinstance(v, dict) or not isinstance(v.get("input"), (int, float)):
+            warnings.append(f"{source}: prices.{model} needs at least input = $/MTok")
+            continue
+        bad = [k for k in v if k not in PRICE_KEYS or not isinstance(v[k], (int, float)) or v[k] < 0]
+        if bad:
+            warnings.append(f"{source}: prices.{model}: {', '.join(map(str, bad))} ignored (known: {PRICE_KEYS})")
+        nums = {k: float(v[k]) for k in PRICE_KEYS if k in v and k not in bad}
+        base = price_of(model) or Price(nums["input"], nums["input"])
+        out[model] = replace(base, **nums, source=f"{source} prices.{model}")
+    return out, warnings
+
+
+def break_cost(price: Price, waste: int, rewritten: int, one_hour: bool = False) -> float:
+    """$ a break cost: tokens written again pay the write price, the rest of the waste the input price,
+    where a hit would have paid the read price for all of them."""
+    fresh = max(0, waste - rewritten)
+    extra = rewritten * (price.write(one_hour) - price.read) + fresh * (price.input - price.read)
+    return extra / 1e6
