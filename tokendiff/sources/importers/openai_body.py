@@ -9,6 +9,7 @@ import orjson
 
 from tokendiff.errors import InputError
 from tokendiff.sources.importers import check_depth, is_chat_body, read_bounded
+from tokendiff.sources.record import CaptureRecord
 
 MAX_BYTES = 64 << 20  # a request with inline images is a few MB; parsed JSON costs several times its size
 
@@ -27,7 +28,7 @@ def read_body(path: Path) -> dict[str, Any]:
     return body
 
 
-def record_from_body(path: Path) -> dict[str, Any]:
+def record_from_body(path: Path) -> CaptureRecord:
     body = read_body(path)
     endpoint = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    return {"source": "openai-body", "origin": str(path), "endpoint": endpoint, "request": body}
+    return CaptureRecord(source="openai-body", origin=str(path), endpoint=endpoint, inline_request=body)
