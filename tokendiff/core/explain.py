@@ -2,7 +2,9 @@
 
 One small detector per cause, each a function of the pair and one hunk
 returning a Finding or None, registered in DETECTORS in the order they are
-tried. Each cause is a finding `kind` with one entry in the catalogue,
+tried. Each cause is a finding `kind` (core.kinds.CauseKind) with one row in
+the cause table, core/causes.py (its title, fix and origin: a detector gives
+only the evidence and what varies), and one entry in the catalogue,
 docs/causes.md (the detector docstrings name the kinds they report).
 `explain` runs them on every hunk (the first ones matter most: the first
 sets the cache ceiling) and keeps the most confident finding per hunk.

@@ -26,31 +26,31 @@ SEP = " › "
 
 # The kinds of a section path's parts. Every stage (the template grammar, the request renderer,
 # the detectors, the cost model) speaks this vocabulary, so none of them parses display strings.
-K = SectionKind
+_K = SectionKind
 KINDS = {
-    K.BOS: "tokens before the first turn (BOS)",
-    K.MESSAGE: "one turn: index into the request's messages (or the rendered turn), name = role",
-    K.BOILERPLATE: "a turn the template wrote with no request field in it (name = role)",
-    K.TOOLS: "the tools block",
-    K.TOOL: "one tool definition: index into the request's tools, name = the tool's name",
-    K.TOOL_CALL: "one tool call of an assistant message: index, name = the function",
-    K.TOOL_RESPONSE: "one tool result inside a turn: index",
-    K.REASONING: "reasoning (<think>, an analysis channel, reasoning_content)",
-    K.DATE: "a date the template injects (Llama 3's `Today Date:`)",
-    K.FIELD: "a request string field; name = its short name (content, arguments, description ...)",
-    K.GENERATION_PROMPT: "the open assistant turn at the end",
-    K.GENERATED: "what the model generated after the generation prompt (slot files keep it)",
-    K.END: "past the end of the prompt",
+    _K.BOS: "tokens before the first turn (BOS)",
+    _K.MESSAGE: "one turn: index into the request's messages (or the rendered turn), name = role",
+    _K.BOILERPLATE: "a turn the template wrote with no request field in it (name = role)",
+    _K.TOOLS: "the tools block",
+    _K.TOOL: "one tool definition: index into the request's tools, name = the tool's name",
+    _K.TOOL_CALL: "one tool call of an assistant message: index, name = the function",
+    _K.TOOL_RESPONSE: "one tool result inside a turn: index",
+    _K.REASONING: "reasoning (<think>, an analysis channel, reasoning_content)",
+    _K.DATE: "a date the template injects (Llama 3's `Today Date:`)",
+    _K.FIELD: "a request string field; name = its short name (content, arguments, description ...)",
+    _K.GENERATION_PROMPT: "the open assistant turn at the end",
+    _K.GENERATED: "what the model generated after the generation prompt (slot files keep it)",
+    _K.END: "past the end of the prompt",
 }
 
 _FIXED_LABELS = {
-    K.BOS: "BOS",
-    K.TOOLS: "tools",
-    K.REASONING: "reasoning",
-    K.DATE: "date",
-    K.GENERATION_PROMPT: "generation prompt",
-    K.GENERATED: "generated",
-    K.END: "end of prompt",
+    _K.BOS: "BOS",
+    _K.TOOLS: "tools",
+    _K.REASONING: "reasoning",
+    _K.DATE: "date",
+    _K.GENERATION_PROMPT: "generation prompt",
+    _K.GENERATED: "generated",
+    _K.END: "end of prompt",
 }
 _SILENT_FIELDS = {"content"}  # a message's content is the message: no label of its own
 
@@ -79,26 +79,26 @@ class Part:
         k, i, n = self.kind, self.index, self.name
         if k in _FIXED_LABELS:
             return _FIXED_LABELS[k]
-        if k == K.MESSAGE:
+        if k == _K.MESSAGE:
             if n == "system" and i == 0:
                 return "system prompt"
             if i is None:
                 return f"{n or 'all'} messages"
             return f"message {i}" + (f" ({n})" if n else "")
-        if k == K.BOILERPLATE:
+        if k == _K.BOILERPLATE:
             return ("system prompt" if n == "system" else (n or "turn")) + " (template)"
-        if k == K.TOOL:
+        if k == _K.TOOL:
             return n or f"tool {i}"
-        if k == K.TOOL_CALL:
+        if k == _K.TOOL_CALL:
             return "tool call " + (n or (str(i) if i is not None else ""))
-        if k == K.TOOL_RESPONSE:
+        if k == _K.TOOL_RESPONSE:
             return "tool response" + (f" {i}" if i is not None else "")
         return n or k
 
     def generalised(self) -> Part:
         """The same place in any turn: message indices and field paths dropped (the system prompt kept)."""
-        if self.kind == K.MESSAGE and self.name == "system" and self.index == 0:
-            return Part(K.MESSAGE, 0, "system")
+        if self.kind == _K.MESSAGE and self.name == "system" and self.index == 0:
+            return Part(_K.MESSAGE, 0, "system")
         return Part(self.kind, None, self.name)
 
 
@@ -163,17 +163,17 @@ class SectionPath:
     @property
     def role(self) -> str | None:
         """The role of the turn holding this place (None outside turns)."""
-        turn = self.find(K.MESSAGE, K.BOILERPLATE)
+        turn = self.find(_K.MESSAGE, _K.BOILERPLATE)
         return turn.name if turn else None
 
     @property
     def message_index(self) -> int | None:
-        turn = self.find(K.MESSAGE)
+        turn = self.find(_K.MESSAGE)
         return turn.index if turn else None
 
     @property
     def tool_name(self) -> str | None:
-        tool = self.find(K.TOOL)
+        tool = self.find(_K.TOOL)
         return (tool.name or f"#{tool.index}") if tool else None
 
     @property
@@ -181,12 +181,12 @@ class SectionPath:
         """How a person says it: tools are named from the tools block down, a message's
         content is the message, a tool's or call's field is said in brackets."""
         parts = self.parts
-        tools_at = max((k for k, p in enumerate(parts) if p.kind == K.TOOLS), default=0)
+        tools_at = max((k for k, p in enumerate(parts) if p.kind == _K.TOOLS), default=0)
         out: list[str] = []
         for k, p in enumerate(parts[tools_at:], tools_at):
-            if p.kind == K.FIELD and (p.name or "").split("[")[0] in _SILENT_FIELDS and out:
+            if p.kind == _K.FIELD and (p.name or "").split("[")[0] in _SILENT_FIELDS and out:
                 continue
-            if p.kind == K.FIELD and k > 0 and parts[k - 1].kind in (K.TOOL, K.TOOL_CALL) and out:
+            if p.kind == _K.FIELD and k > 0 and parts[k - 1].kind in (_K.TOOL, _K.TOOL_CALL) and out:
                 out[-1] += f" ({p.label})"
             else:
                 out.append(p.label)
@@ -197,14 +197,14 @@ class SectionPath:
         one tool or call), at most `depth` parts: how the cost model groups causes."""
         out: list[Part] = []
         for p in self.parts:
-            if p.kind in (K.TOOL, K.TOOL_CALL):
+            if p.kind in (_K.TOOL, _K.TOOL_CALL):
                 break
             out.append(p.generalised())
         return SectionPath(tuple(out[:depth]))
 
 
 NO_SECTION = SectionPath()
-END_OF_PROMPT = SectionPath.of(Part(K.END))
+END_OF_PROMPT = SectionPath.of(Part(_K.END))
 
 
 class Section(NamedTuple):
@@ -340,7 +340,7 @@ class Prompt:
 
 def prompt_end(p: Prompt) -> int:
     """Where the prompt ends and the model's generated tokens (kept by slot dumps) begin."""
-    gen = next((s for s in p.sections if s.path.parts[-1].kind == K.GENERATED), None)
+    gen = next((s for s in p.sections if s.path.parts[-1].kind == _K.GENERATED), None)
     return gen.start if gen else len(p)
 
 
