@@ -154,13 +154,13 @@ def check_recorded(out, usages: list[dict], endpoint: str) -> list:
     """Every request recorded once, with the server's prompt IDs, as long as the server said."""
     records, warnings = read_capture(out / "capture.jsonl")
     assert not warnings
-    assert [r["endpoint"] for r in records] == [endpoint] * len(usages)
+    assert [r.endpoint for r in records] == [endpoint] * len(usages)
     for rec, usage in zip(records, usages):
-        assert rec.get("prompt_error") is None
-        assert "prompt_warning" not in rec
-        assert len(rec["prompt_ids"]) == usage_of({"usage": usage}).prompt
-        assert rec["prompt_source"] == "llama-server /apply-template + /tokenize"
-        assert reported_cached(rec["response"]) == usage_of({"usage": usage}).cached
+        assert rec.prompt_error is None
+        assert rec.prompt_warning is None
+        assert len(rec.prompt_ids) == usage_of({"usage": usage}).prompt
+        assert rec.prompt_source == "llama-server /apply-template + /tokenize"
+        assert reported_cached(rec.response) == usage_of({"usage": usage}).cached
     return records
 
 
@@ -189,7 +189,7 @@ def test_responses_agent_through_proxy_is_recorded_and_predicted(server, tmp_pat
     finally:
         stop_proxy(proc)
     records = check_recorded(out, usages, "/v1/responses")
-    assert records[1]["response"]["streamed"] is True and records[1]["response"]["timings"]["cache_n"] >= 0
+    assert records[1].response["streamed"] is True and records[1].response["timings"]["cache_n"] >= 0
     doc = report_json(out)
     check_predicted_equals_reported(doc, 5)
     assert doc["turns"][4]["first_divergence_field"] == "instructions"
@@ -400,13 +400,13 @@ def test_vllm_serves_both_apis_through_proxy(vllm_server, tmp_path):
     finally:
         stop_proxy(proc)
     records, _ = read_capture(out / "capture.jsonl")
-    assert [r["endpoint"] for r in records] == ["/v1/responses"] * 3 + ["/v1/messages"]
+    assert [r.endpoint for r in records] == ["/v1/responses"] * 3 + ["/v1/messages"]
     for rec, usage in zip(records, usages):
-        assert rec["prompt_source"] in ("vllm /v1/responses/render", "vllm /tokenize")  # without --enable-scale-out
-        assert len(rec["prompt_ids"]) == usage["input_tokens"]
-        assert rec["response"]["usage"]["input_tokens_details"]["cached_tokens"] == usage_of({"usage": usage}).cached
-    assert records[3]["prompt_source"] in ("vllm /v1/messages/render", "vllm /tokenize")
-    assert len(records[3]["prompt_ids"]) > 40
+        assert rec.prompt_source in ("vllm /v1/responses/render", "vllm /tokenize")  # without --enable-scale-out
+        assert len(rec.prompt_ids) == usage["input_tokens"]
+        assert rec.response["usage"]["input_tokens_details"]["cached_tokens"] == usage_of({"usage": usage}).cached
+    assert records[3].prompt_source in ("vllm /v1/messages/render", "vllm /tokenize")
+    assert len(records[3].prompt_ids) > 40
     doc = report_json(out / "capture.jsonl")
     for t in doc["turns"][1:3]:
         assert t["reuse_vllm"] == t["reported_cached"], t

@@ -16,6 +16,7 @@ from tokendiff.core.align import align
 from tokendiff.core.explain import explain
 from tokendiff.core.fixes import fix_request
 from tokendiff.sources.loader import Loader
+from tokendiff.sources.record import CaptureRecord
 from tokendiff.sources.slotfile import read_slot_file
 from tokendiff.testing.llama_server import LlamaServer
 
@@ -51,7 +52,8 @@ def served(srv, vocab, body, fields=True, chat_template=None):
         ids = c.prompt_ids(body)
     if not fields:
         return prompt_from_ids(ids, vocab)
-    p = Loader(vocab, chat_template=chat_template).from_record({"request": body, "prompt_ids": ids}, "turn")
+    record = CaptureRecord(inline_request=body, prompt_ids=ids)
+    p = Loader(vocab, chat_template=chat_template).from_record(record, "turn")
     assert p.meta.sections_from == "request fields"
     return p
 
@@ -107,9 +109,9 @@ def test_system_message_merged_by_the_server(qwen, vocab):
     with sv.LlamaClient(qwen.url) as c:
         ids_a, ids_b = c.prompt_ids({"messages": base}), c.prompt_ids({"messages": built})
     loader = Loader(vocab)
-    a = loader.from_record({"request": {"messages": base}, "prompt_ids": ids_a}, "A")
+    a = loader.from_record(CaptureRecord(inline_request={"messages": base}, prompt_ids=ids_a), "A")
     b_req = {"messages": sent + [{"role": "system", "content": REMINDER}]}
-    b = loader.from_record({"request": b_req, "prompt_ids": ids_b}, "B")  # the local render differs: markers
+    b = loader.from_record(CaptureRecord(inline_request=b_req, prompt_ids=ids_b), "B")  # the local render differs
     f = first(a, b)
     assert f.kind == "system_appended" and f.origin == "server"
     assert "separate system message (messages[4]), merged into the first" in f.evidence

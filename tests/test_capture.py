@@ -83,8 +83,8 @@ def test_a_wrong_type_in_any_field_is_one_error_naming_the_line_or_read_correctl
         assert msg.startswith(f"{path}: line {line}: ") and "\n" not in msg
         assert f"'{'.'.join(field)}'" in msg or field[-1] == "seq" or "prompt_ids" in msg
         return
-    got = records[line - 1]
-    for step in field:
+    got = getattr(records[line - 1], field[0])
+    for step in field[1:]:
         got = got[step]
     if field == ("prompt_ids",) and value is not None:
         assert list(got) == (value if isinstance(value, list) else [value])
@@ -105,7 +105,7 @@ def test_prompt_ids_come_back_compact_and_checked(tmp_path):
     path = tmp_path / "c.jsonl"
     write_lines(path, [record(1, prompt_ids=list(range(50_000)))])
     (rec,), _ = read_capture(path)
-    assert rec["prompt_ids"].dtype.itemsize == 4 and len(rec["prompt_ids"]) == 50_000
+    assert rec.prompt_ids.dtype.itemsize == 4 and len(rec.prompt_ids) == 50_000
     write_lines(path, [record(1, prompt_ids=[1, -5])])
     with pytest.raises(InputError, match="line 1: field 'prompt_ids' holds negative"):
         read_capture(path)
@@ -138,7 +138,7 @@ def test_an_oversized_line_is_skipped_while_reading_and_the_rest_kept(tmp_path, 
     huge = record(2, prompt_text="x" * 100_000)
     write_lines(path, [record(1), huge, record(3)])
     records, warnings = read_capture(path)
-    assert [r["seq"] for r in records] == [1, 3]
+    assert [r.seq for r in records] == [1, 3]
     assert len(warnings) == 1 and "line 2: record over the reader's" in warnings[0]
 
 
@@ -185,17 +185,17 @@ def test_blob_missing_or_corrupt_is_an_error_for_that_record_only(tmp_path):
         w.append({**prepared.fields}, redact_request=False)
         w.append({"request": {"messages": [{"role": "user", "content": "c"}]}})
     records, _ = read_capture(path)
-    assert records[1]["request"] == big
+    assert records[1].request == big
     blob = tmp_path / prepared.fields["request_body"]["blob"]
     blob.write_bytes(b"{}")
     records, _ = read_capture(path)
-    assert records[0]["request"]["messages"][0]["content"] == "a"
+    assert records[0].request["messages"][0]["content"] == "a"
     with pytest.raises(InputError, match="line 2: request body does not match its sha256"):
-        records[1].get("request")
+        _ = records[1].request  # read when first asked for
     blob.unlink()
     records, _ = read_capture(path)
     with pytest.raises(InputError, match=r"line 2: request body blobs/[0-9a-f]{64}: .*No such file"):
-        records[1]["request"]
+        _ = records[1].request  # read when first asked for
 
 
 def test_small_verbatim_bodies_are_inline_base64(tmp_path):

@@ -17,7 +17,8 @@ from __future__ import annotations
 import pytest
 from test_apis import report_json
 
-from tokendiff.core.cache.cloud import CloudCause, CloudModel, Provider, cloud_request, provider_of
+from tokendiff.core.cache.cloud import CloudModel, Provider, cloud_request, provider_of
+from tokendiff.core.kinds import CloudCause
 from tokendiff.core.prices import break_cost, parse_overrides, price_of
 
 WORDS = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "

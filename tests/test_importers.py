@@ -50,7 +50,7 @@ def test_capture_round_trip_scrubs_secrets_and_is_private(tmp_path):
         )
         w.append({"source": "test", "request": body(4)})
     records, warnings = read_capture(path)
-    assert [r["seq"] for r in records] == [1, 2] and warnings == []
+    assert [r.seq for r in records] == [1, 2] and warnings == []
     raw = path.read_bytes()
     assert b"sk-1" not in raw and b"Bearer" not in raw and b'"k"' not in raw
     assert oct(os.stat(path).st_mode & 0o777) == "0o600" and oct(os.stat(path.parent).st_mode & 0o777) == "0o700"
@@ -253,11 +253,11 @@ def test_har_streamed_and_base64_responses(tmp_path):
     path.write_text(json.dumps(har))
     recs = read_har(path)
     assert len(recs) == 2
-    assert recs[0]["response"]["usage"]["prompt_tokens"] == 300 and recs[0]["response"]["timings"]["cache_n"] == 250
-    assert recs[0]["response"]["content"] == "Hello" and recs[0]["response"]["finish_reason"] == "stop"
-    assert recs[0]["ttft_ms"] == 812.0 and recs[0]["total_ms"] == 1234.5
-    assert recs[1]["response"]["usage"]["prompt_tokens"] == 100 and recs[1]["response"]["finish_reason"] == "length"
-    assert "secret" not in json.dumps(recs)
+    assert recs[0].response["usage"]["prompt_tokens"] == 300 and recs[0].response["timings"]["cache_n"] == 250
+    assert recs[0].response["content"] == "Hello" and recs[0].response["finish_reason"] == "stop"
+    assert recs[0].ttft_ms == 812.0 and recs[0].total_ms == 1234.5
+    assert recs[1].response["usage"]["prompt_tokens"] == 100 and recs[1].response["finish_reason"] == "length"
+    assert "secret" not in json.dumps([r.fields() for r in recs])
     r = run("diff", f"{path}@1", f"{path}@2", "--json")
     assert r.returncode == 1, r.stderr
     assert json.loads(r.stdout)["a"]["format"] == "har"
@@ -280,8 +280,8 @@ def test_har_entries_listed_as_they_finished_are_turns_in_the_order_they_started
     path = tmp_path / "finished.har"
     path.write_text(json.dumps(_har(listed)))
     recs = read_har(path)
-    assert [len(r["request"]["messages"]) for r in recs] == [6, 2, 3, 4]
-    assert [r["origin"].rsplit("#", 1)[1] for r in recs] == ["entry2", "entry1", "entry0", "entry3"]
+    assert [len(r.request["messages"]) for r in recs] == [6, 2, 3, 4]
+    assert [r.origin.rsplit("#", 1)[1] for r in recs] == ["entry2", "entry1", "entry0", "entry3"]
     r = run("report", str(path), "--format", "json")
     doc = json.loads(r.stdout)
     assert r.returncode == 0, r.stderr
@@ -316,7 +316,7 @@ def test_har_ollama_ndjson_response_keeps_the_final_counts(tmp_path):
     path = tmp_path / "o.har"
     path.write_text(json.dumps(_har([_entry(body(2), ndjson, mime="application/x-ndjson", url=url)])))
     (rec,) = read_har(path)
-    resp = rec["response"]
+    resp = rec.response
     assert resp["content"] == "Hello" and resp["streamed"] is True
     assert resp["load_duration"] == 2_100_000_000 and resp["prompt_eval_count"] == 4096
 
@@ -396,13 +396,13 @@ def test_har_with_integers_past_64_bits_and_huge_floats_is_read(tmp_path):
     path = tmp_path / "s.har"
     path.write_text(json.dumps(_har([entry, entry])).replace('"HUGE"', "1e400"))
     recs = read_har(path)
-    assert len(recs) == 2 and recs[0]["total_ms"] == 1234.5 and type(recs[0]["total_ms"]) is float
+    assert len(recs) == 2 and recs[0].total_ms == 1234.5 and type(recs[0].total_ms) is float
 
 
 def test_a_har_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
     har = json.dumps(_har([_started_at(_entry(body(n), "{}"), n) for n in (2, 4)]))
     (tmp_path / "plain.har").write_text(har)
     (tmp_path / "bom.har").write_bytes(b"\xef\xbb\xbf" + har.encode())
-    assert read_har(tmp_path / "bom.har") == [
-        {**r, "origin": r["origin"].replace("plain", "bom")} for r in read_har(tmp_path / "plain.har")
+    assert [r.fields() for r in read_har(tmp_path / "bom.har")] == [
+        {**r.fields(), "origin": r.origin.replace("plain", "bom")} for r in read_har(tmp_path / "plain.har")
     ]

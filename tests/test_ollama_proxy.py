@@ -130,8 +130,8 @@ def test_reload_and_silent_cut_from_a_proxy_capture(ollama, tmp_path, stream, ca
     assert answers == ["Reading the test."] * 4  # the client got the answers through the proxy
     recs, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
     assert warnings == []
-    assert [r["server"]["kind"] for r in recs] == ["ollama"] * 4
-    resp = recs[2]["response"]
+    assert [r.server["kind"] for r in recs] == ["ollama"] * 4
+    resp = recs[2].response
     assert resp["load_duration"] == 2_120_000_000 and resp["prompt_eval_count"] == 160
     assert resp.get("streamed", False) is stream and resp["done_reason"] == "stop"
     if stream:

@@ -83,22 +83,19 @@ def test_openai_sdk_through_proxy_is_recorded_once_with_tokens(server, tmp_path)
     assert chunks and chunks[-1].usage is not None
     capture = out / "capture.jsonl"
     records, warnings = read_capture(capture)
-    assert warnings == [] and len(records) == 2 and records[0]["seq"] < records[1]["seq"]
+    assert warnings == [] and len(records) == 2 and records[0].seq < records[1].seq
     first, second = records
-    assert first["request"]["messages"] == msgs and second["request"]["stream"] is True
-    assert first["response"]["status"] == 200 and first["response"]["usage"]["prompt_tokens"] == r1.usage.prompt_tokens
-    assert (
-        second["response"]["streamed"]
-        and second["response"]["usage"]["prompt_tokens"] == chunks[-1].usage.prompt_tokens
-    )
+    assert first.request["messages"] == msgs and second.request["stream"] is True
+    assert first.response["status"] == 200 and first.response["usage"]["prompt_tokens"] == r1.usage.prompt_tokens
+    assert second.response["streamed"] and second.response["usage"]["prompt_tokens"] == chunks[-1].usage.prompt_tokens
     for r in records:
-        assert len(r["prompt_ids"]) == r["response"]["usage"]["prompt_tokens"]
-        assert r["ttft_ms"] > 0 and r["total_ms"] >= r["ttft_ms"]
-        assert r["server"]["kind"] == "llama-server"
+        assert len(r.prompt_ids) == r.response["usage"]["prompt_tokens"]
+        assert r.ttft_ms > 0 and r.total_ms >= r.ttft_ms
+        assert r.server["kind"] == "llama-server"
     # the cache reuse the server reported is tokendiff's LCP between the two recorded prompts
-    a, b = first["prompt_ids"], second["prompt_ids"]
+    a, b = first.prompt_ids, second.prompt_ids
     lcp = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    assert second["response"]["timings"]["cache_n"] == lcp
+    assert second.response["timings"]["cache_n"] == lcp
     # secrets never written; private files
     assert SECRET.encode() not in capture.read_bytes()
     assert stat.S_IMODE(os.stat(capture).st_mode) == 0o600
@@ -127,7 +124,7 @@ def test_upstream_refusing_connections_gives_502_and_a_record(tmp_path):
     assert r.status_code == 502
     assert r.json()["error"]["type"] == "upstream_unreachable"
     (rec,), _ = read_capture(tmp_path / "s" / "capture.jsonl")
-    assert rec["response"]["status"] == 502 and "unreachable" in rec["upstream_error"]
+    assert rec.response["status"] == 502 and "unreachable" in rec.upstream_error
 
 
 def test_upstream_errors_pass_through_verbatim(server, tmp_path):
@@ -167,11 +164,11 @@ def test_concurrent_clients_each_recorded_once(server, tmp_path):
     assert [code for code, _, _ in results] == [200] * 40
     records, warnings = read_capture(out / "capture.jsonl")
     assert warnings == []
-    assert sorted(r["seq"] for r in records) == list(range(1, 41))
+    assert sorted(r.seq for r in records) == list(range(1, 41))
     # what each client received is byte for byte what the proxy read from the upstream
-    sha = {r["request"]["messages"][0]["content"]: r["response"]["sha256"] for r in records}
+    sha = {r.request["messages"][0]["content"]: r.response["sha256"] for r in records}
     assert all(sha[content] == digest for _, content, digest in results)
-    assert sorted(r["request"]["messages"][0]["content"] for r in records) == sorted(
+    assert sorted(r.request["messages"][0]["content"] for r in records) == sorted(
         f"request number {i}" for i in range(40)
     )
 
@@ -199,12 +196,12 @@ def test_client_disconnect_mid_stream_is_recorded(server, tmp_path):
         stop(proc)
     assert ok.status_code == 200
     records, _ = read_capture(out / "capture.jsonl")
-    by = {r["request"]["messages"][0]["content"]: r for r in records}
+    by = {r.request["messages"][0]["content"]: r for r in records}
     assert set(by) == {"talk", "after"}
     talk = by["talk"]
-    assert talk.get("client_disconnected") is True, {k: v for k, v in talk.items() if k != "request"}
-    assert "client disconnected" in talk["response"]["error"]
-    assert "timings" not in talk["response"]  # the proxy stopped reading: the upstream never finished the 3000 tokens
+    assert talk.client_disconnected is True, {k: v for k, v in talk.fields().items() if k != "request"}
+    assert "client disconnected" in talk.response["error"]
+    assert "timings" not in talk.response  # the proxy stopped reading: the upstream never finished the 3000 tokens
 
 
 READ_CALL = [
@@ -287,9 +284,9 @@ def test_upstream_killed_mid_stream_is_recorded(llama_server_bin, tiny_model, tm
     assert status == 200 and got.startswith(b"data: ")
     records, warnings = read_capture(out / "capture.jsonl")
     assert warnings == []
-    by = {r["request"]["messages"][0]["content"]: r for r in records}
-    assert by["before"]["response"]["status"] == 200  # earlier records are kept
-    assert "upstream failed mid-response" in by["doomed"]["response"]["error"]
+    by = {r.request["messages"][0]["content"]: r for r in records}
+    assert by["before"].response["status"] == 200  # earlier records are kept
+    assert "upstream failed mid-response" in by["doomed"].response["error"]
 
 
 def test_listening_beyond_loopback_warns(tmp_path):
@@ -370,19 +367,19 @@ def test_anthropic_messages_as_claude_code_sends_them(server, tmp_path):
     finally:
         stop(proc)
     records, _ = read_capture(out / "capture.jsonl")
-    assert [r["endpoint"] for r in records] == ["/v1/messages", "/v1/messages"]
+    assert [r.endpoint for r in records] == ["/v1/messages", "/v1/messages"]
     for rec, resp in zip(records, (r1, r2)):
-        assert len(rec["prompt_ids"]) == resp["usage"]["input_tokens"] + resp["usage"]["cache_read_input_tokens"]
-        assert "prompt_warning" not in rec
+        assert len(rec.prompt_ids) == resp["usage"]["input_tokens"] + resp["usage"]["cache_read_input_tokens"]
+        assert rec.prompt_warning is None
     # the nonce changed but the server pins it: the second turn reused the whole first prompt
-    assert r2["usage"]["cache_read_input_tokens"] == len(records[0]["prompt_ids"])
+    assert r2["usage"]["cache_read_input_tokens"] == len(records[0].prompt_ids)
     d = subprocess.run(
         [sys.executable, "-m", "tokendiff", "diff", f"{out}/capture.jsonl@1", f"{out}/capture.jsonl@2", "--json"],
         capture_output=True,
         text=True,
     )
     doc = json.loads(d.stdout)
-    assert doc["lcp_tokens"] == len(records[0]["prompt_ids"])
+    assert doc["lcp_tokens"] == len(records[0].prompt_ids)
     assert doc["a"]["sections_from"] == "request fields" and doc["b"]["sections_from"] == "request fields"
 
 
@@ -412,7 +409,7 @@ def post_raw(url: str, raw: bytes) -> httpx.Response:
 def stored_bytes(out, rec) -> bytes:
     import base64
 
-    body = rec["request_body"]
+    body = rec.request_body
     if "base64" in body:
         return base64.b64decode(body["base64"])
     return (out / body["blob"]).read_bytes()
@@ -441,11 +438,11 @@ def test_bodies_json_cannot_round_trip_are_kept_byte_for_byte(server, tmp_path):
     assert warnings == [] and len(records) == len(VERBATIM) + 1
     for (name, raw), rec in zip(VERBATIM.items(), records):
         assert stored_bytes(out, rec) == raw, name
-        assert rec["request_body"]["verbatim"] is True and rec["request_body"]["bytes"] == len(raw)
-        assert rec["request_body_reason"], name
-    assert records[2]["request"]["seed"] == 18446744073709551616  # parsed exactly, for rendering
-    assert records[3]["request"]["max_tokens"] == 2
-    assert records[-1]["request"]["messages"][0]["content"] == "plain" and "request_body" not in records[-1]
+        assert rec.request_body["verbatim"] is True and rec.request_body["bytes"] == len(raw)
+        assert rec.request_body_reason, name
+    assert records[2].request["seed"] == 18446744073709551616  # parsed exactly, for rendering
+    assert records[3].request["max_tokens"] == 2
+    assert records[-1].request["messages"][0]["content"] == "plain" and records[-1].request_body is None
 
 
 SECRETS = {
@@ -499,13 +496,13 @@ def test_secrets_never_reach_the_capture_or_its_blobs(server, tmp_path):
     assert leaked == []
     records, _ = read_capture(out / "capture.jsonl")
     first = records[0]
-    assert "metadata.password" in first["redacted"] and "messages[1].content" in first["redacted"]
-    assert first["request"]["messages"][1]["content"] == "my key is [REDACTED], keep it safe"
-    assert first["request"]["metadata"]["headers"] == [{"name": "Accept", "value": "x"}]
-    assert first["request"]["tools"] == TOOLS[:1]  # prompt fields keep their structure
+    assert "metadata.password" in first.redacted and "messages[1].content" in first.redacted
+    assert first.request["messages"][1]["content"] == "my key is [REDACTED], keep it safe"
+    assert first.request["metadata"]["headers"] == [{"name": "Accept", "value": "x"}]
+    assert first.request["tools"] == TOOLS[:1]  # prompt fields keep their structure
     # the prompt IDs are the server's, fetched with the unredacted request
-    assert len(first["prompt_ids"]) == small.json()["usage"]["prompt_tokens"]
-    assert "blob" in records[1]["request_body"] and records[1]["request"]["metadata"]["note"].count("[REDACTED]") == 4
+    assert len(first.prompt_ids) == small.json()["usage"]["prompt_tokens"]
+    assert "blob" in records[1].request_body and records[1].request["metadata"]["note"].count("[REDACTED]") == 4
 
 
 def test_large_body_goes_to_a_blob_and_a_missing_blob_fails_that_turn_only(server, tmp_path):
@@ -521,13 +518,13 @@ def test_large_body_goes_to_a_blob_and_a_missing_blob_fails_that_turn_only(serve
     capture = out / "capture.jsonl"
     assert max(len(line) for line in capture.read_bytes().splitlines()) < 64 << 10  # every line small
     records, _ = read_capture(capture)
-    blob = out / records[1]["request_body"]["blob"]
+    blob = out / records[1].request_body["blob"]
     assert stat.S_IMODE(os.stat(blob).st_mode) == 0o600 and stat.S_IMODE(os.stat(blob.parent).st_mode) == 0o700
-    assert records[1]["request"] == big  # resolved when asked for
+    assert records[1].request == big  # resolved when asked for
     blob.unlink()
     records, _ = read_capture(capture)  # the capture itself stays readable
     with pytest.raises(Exception, match="blobs/"):
-        records[1]["request"]
+        _ = records[1].request  # read when first asked for
     run = [sys.executable, "-m", "tokendiff", "diff", f"{capture}@1", f"{capture}@3", "--json"]
     assert subprocess.run(run, capture_output=True, text=True).returncode == 1
     r = subprocess.run(run[:4] + [f"{capture}@2", f"{capture}@3"], capture_output=True, text=True)
@@ -552,7 +549,7 @@ def test_body_over_the_cap_is_forwarded_and_marked(server, tmp_path):
     assert after.status_code == 200
     records, warnings = read_capture(out / "capture.jsonl")
     assert warnings == [] and len(records) == 2
-    body = records[0]["request_body"]
+    body = records[0].request_body
     assert body["bytes"] == len(raw) and body["sha256"] == hashlib.sha256(raw).hexdigest() and "cap" in body["omitted"]
     assert not (out / "blobs").exists() or not any((out / "blobs").iterdir())
 

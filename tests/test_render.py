@@ -223,6 +223,7 @@ def test_rendered_prompts_tokenised_in_pieces_match_the_one_shot_encoding():
     """The session path: a growing conversation rendered by the real Qwen3 template and tokenised
     by the loader (segments cached across turns) gives the IDs of a full tokenisation."""
     from tokendiff.sources.loader import Loader
+    from tokendiff.sources.record import CaptureRecord
     from tokendiff.sources.tokenizers import load_bundled
 
     loader = Loader(load_bundled(), chat_template=template("Qwen-Qwen3-0.6B.jinja"))
@@ -230,7 +231,7 @@ def test_rendered_prompts_tokenised_in_pieces_match_the_one_shot_encoding():
     for k in range(12):
         messages.append({"role": "user", "content": f"Question {k}:  what is {k} + {k}?\n\n"})
         text = Renderer(template("Qwen-Qwen3-0.6B.jinja")).render({"messages": messages})
-        ids = loader.rendered_ids({"request": {"messages": messages}})
+        ids = loader.rendered_ids(CaptureRecord(inline_request={"messages": messages}))
         assert ids is not None and ids.tolist() == qwen_encode(text)
         messages.append({"role": "assistant", "content": f"<think>\nadd\n</think>\n\n{2 * k} "})
 

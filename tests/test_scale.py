@@ -15,6 +15,7 @@ from tokendiff.app.session import LoadedSession, open_session, session_pair
 from tokendiff.core.align import common_prefix
 from tokendiff.core.prefix_index import PrefixIndex
 from tokendiff.sources.capture import iter_capture, read_capture
+from tokendiff.sources.record import CaptureRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
@@ -100,14 +101,14 @@ def test_streamed_capture_is_the_read_capture(tmp_path, capsys):
     warnings: list[str] = []
     streamed, held = list(iter_capture(path, warnings.append)), read_capture(path)[0]
     assert [_plain(r) for r in streamed] == [_plain(r) for r in held]
-    assert streamed[1]["prompt_source"] == "patched"
+    assert streamed[1].prompt_source == "patched"
     assert len(warnings) == 1 and "torn last line" in warnings[0]
 
 
-def _plain(rec: dict) -> dict:
-    """A record with its numpy prompt IDs as a list, so records compare with ==."""
-    ids = rec.get("prompt_ids")
-    return {**rec, "prompt_ids": None if ids is None else [int(i) for i in ids]}
+def _plain(rec: CaptureRecord) -> dict:
+    """A record's fields with its numpy prompt IDs as a list, so records compare with ==."""
+    ids = rec.prompt_ids
+    return {**rec.fields(), "prompt_ids": None if ids is None else [int(i) for i in ids]}
 
 
 @pytest.mark.parametrize("fmt", ["md", "json"])

@@ -112,22 +112,22 @@ def test_proxy_records_the_prompt_ids_vllm_used(capture):
     records, warnings = read_capture(capture)
     assert warnings == [] and len(records) == len(_turns())
     for rec in records:
-        assert rec["server"]["kind"] == VLLM and rec["server"]["block_size"] == BLOCK
-        assert rec["prompt_source"] == "vllm /tokenize" and "prompt_error" not in rec
-        assert len(rec["prompt_ids"]) == rec["response"]["usage"]["prompt_tokens"]
-    assert records[1]["response"]["streamed"] and not records[0]["response"].get("streamed")
+        assert rec.server["kind"] == VLLM and rec.server["block_size"] == BLOCK
+        assert rec.prompt_source == "vllm /tokenize" and rec.prompt_error is None
+        assert len(rec.prompt_ids) == rec.response["usage"]["prompt_tokens"]
+    assert records[1].response["streamed"] and not records[0].response.get("streamed")
 
 
 def test_cached_tokens_follow_the_vllm_rule(capture):
     """Whole 32-token blocks of the prefix shared with the previous prompt, never the last token."""
     records, _ = read_capture(capture)
     for k, cur in enumerate(records[1:], 1):
-        b = cur["prompt_ids"].tolist()
-        best = max(lcp(prev["prompt_ids"].tolist(), b) for prev in records[:k])  # any earlier prompt's blocks
-        cached = cur["response"]["usage"]["prompt_tokens_details"]["cached_tokens"]
-        assert cached == backend_reuse("vllm", best, len(b), 0, block=BLOCK), cur["seq"]
-    assert cached > lcp(records[-2]["prompt_ids"].tolist(), b) + BLOCK  # more than the previous prompt offered
-    resend = records[-1]["response"]["usage"]
+        b = cur.prompt_ids.tolist()
+        best = max(lcp(prev.prompt_ids.tolist(), b) for prev in records[:k])  # any earlier prompt's blocks
+        cached = cur.response["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached == backend_reuse("vllm", best, len(b), 0, block=BLOCK), cur.seq
+    assert cached > lcp(records[-2].prompt_ids.tolist(), b) + BLOCK  # more than the previous prompt offered
+    resend = records[-1].response["usage"]
     assert resend["prompt_tokens_details"]["cached_tokens"] == (resend["prompt_tokens"] - 1) // BLOCK * BLOCK
 
 
@@ -140,7 +140,7 @@ def test_diff_names_the_first_divergent_token_byte_and_section(capture, a, b, fi
     r = run("diff", f"{capture}@{a}", f"{capture}@{b}", "--json")
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
-    ids_a, ids_b = records[a - 1]["prompt_ids"].tolist(), records[b - 1]["prompt_ids"].tolist()
+    ids_a, ids_b = records[a - 1].prompt_ids.tolist(), records[b - 1].prompt_ids.tolist()
     fd = doc["first_divergence"]
     assert doc["lcp_tokens"] == lcp(ids_a, ids_b) == fd["token"]
     assert doc["b"]["ids_from"] == "vllm /tokenize"
@@ -223,13 +223,13 @@ def test_anthropic_messages_to_vllm_are_recorded_and_counted(vllm_server, tmp_pa
     assert "2 requests recorded" in err, err
     records, _ = read_capture(out / "capture.jsonl")
     for rec in records:
-        u = rec["response"]["usage"]
+        u = rec.response["usage"]
         counted = u["input_tokens"] + u["cache_creation_input_tokens"] + u["cache_read_input_tokens"]
-        assert len(rec["prompt_ids"]) == counted and rec["prompt_source"] == "vllm /tokenize"
+        assert len(rec.prompt_ids) == counted and rec.prompt_source == "vllm /tokenize"
     r = run("report", str(out / "capture.jsonl"), "--format", "json")
     assert r.returncode == 0, r.stderr
     second = json.loads(r.stdout)["turns"][1]
-    assert second["reported_cached"] == records[1]["response"]["usage"]["cache_read_input_tokens"] > 0
+    assert second["reported_cached"] == records[1].response["usage"]["cache_read_input_tokens"] > 0
     assert second["reuse_vllm"] == second["reported_cached"] and second["note"] == ""
 
 
@@ -289,7 +289,7 @@ def test_replay_discards_runs_whose_cached_tokens_disagree(vllm_server, capture)
     from tokendiff.backends.replay import OpenAICompatible, Plan, replay_document, run_scenarios
 
     records, _ = read_capture(capture)
-    a, b = records[2]["prompt_ids"].tolist(), records[3]["prompt_ids"].tolist()
+    a, b = records[2].prompt_ids.tolist(), records[3].prompt_ids.tolist()
     shared = lcp(a, b)
     ideal = shared // BLOCK * BLOCK + BLOCK // 2 + 3  # half-way into a 32-token block: 16-token blocks differ
     with httpx.Client(timeout=300) as client:

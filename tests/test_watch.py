@@ -116,8 +116,9 @@ async def test_watch_shows_turns_and_the_cause_while_the_agent_runs(server, tmp_
     assert agent.error is None and agent.sent == 4
     records, warnings = read_capture(out / "capture.jsonl")
     assert warnings == [] and len(records) == 4
-    assert all(len(r.get("prompt_ids", [])) and "prompt_error" not in r for r in records)  # every token fetch finished
-    assert [len(r["prompt_ids"]) for r in records] == [t.n_tokens for t in app.session.turns]
+    # every token fetch finished
+    assert all(r.prompt_ids is not None and len(r.prompt_ids) and r.prompt_error is None for r in records)
+    assert [len(r.prompt_ids) for r in records] == [t.n_tokens for t in app.session.turns]
 
 
 def test_record_feed_keeps_capture_order_until_tokens_arrive():
@@ -125,7 +126,7 @@ def test_record_feed_keeps_capture_order_until_tokens_arrive():
     assert feed.take(RecordEvent(1, {"seq": 1}, tokens_pending=True)) == []
     assert feed.take(RecordEvent(2, {"seq": 2})) == []  # waits behind record 1
     out = feed.take(RecordEvent(1, {"seq": 3, "patch": 1, "prompt_ids": [1, 2]}, patch=True))
-    assert [r["seq"] for r in out] == [1, 2] and out[0]["prompt_ids"] == [1, 2] and feed.waiting == 0
+    assert [r.seq for r in out] == [1, 2] and out[0].prompt_ids == [1, 2] and feed.waiting == 0
 
 
 # ---------------------------------------------------------------- the session screen: sort, jump, seconds

@@ -125,6 +125,7 @@ def test_the_installed_package_is_the_wheel(installed):
     venv = installed[0].parent
     assert Path(where).is_relative_to(venv) and Path(demo).is_relative_to(venv), r.stdout
     assert (Path(demo) / "turn-04.bin").is_file()
+    assert (Path(where).parent / "py.typed").is_file()  # type checkers read the package's annotations
 
 
 def test_the_wheel_carries_the_licence(installed):

@@ -11,74 +11,39 @@ the session's rate (its breaks over its duration).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from tokendiff.config import load_config
-from tokendiff.core.cache.cloud import CloudCause, CloudModel, CloudTurn, Provider, cloud_request, provider_of
-from tokendiff.core.prices import Price, break_cost, parse_overrides, price_of
+from tokendiff.core.cache.cloud import CloudModel, Provider, cloud_request, provider_of
+from tokendiff.core.prices import CloudReport, Price, PricedTurn, break_cost, parse_overrides, price_of
 from tokendiff.notices import warn
-
-DAY = 86400.0
-
-
-@dataclass
-class PricedTurn:
-    turn: CloudTurn
-    cost: float | None  # $ the break cost (None: no price for the model)
+from tokendiff.sources.record import CaptureRecord
 
 
-@dataclass
-class CloudReport:
-    provider: Provider
-    model: str
-    turns: list[PricedTurn]
-    price: Price | None
-    duration_s: float | None  # first request to last
-    counts: str  # how per-block tokens were counted
-    by_cause: dict[str, tuple[int, float | None]] = field(default_factory=dict)  # cause -> (tokens, $)
-
-    @property
-    def wasted_tokens(self) -> int:
-        return sum(p.turn.waste for p in self.turns)
-
-    @property
-    def wasted_cost(self) -> float | None:
-        costs = [p.cost for p in self.turns if p.turn.waste]
-        return None if any(c is None for c in costs) else sum(c for c in costs if c is not None)
-
-    def per_day(self, cost: float | None) -> float | None:
-        """`cost` at the session's rate: what it amounts to over a day of sessions like this one."""
-        if cost is None or not self.duration_s or self.duration_s <= 0:
-            return None
-        return cost * DAY / self.duration_s
-
-
-def _time(rec: Mapping[str, Any]) -> float | None:
-    started = rec.get("started")
+def _time(rec: CaptureRecord) -> float | None:
+    started = rec.started
     if isinstance(started, str):
         try:
             return datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
         except ValueError:
             pass
-    ts = rec.get("ts")
+    ts = rec.ts
     return float(ts) if isinstance(ts, (int, float)) else None
 
 
-def session_provider(records: Iterable[Mapping[str, Any]]) -> Provider | None:
+def session_provider(records: Iterable[CaptureRecord]) -> Provider | None:
     """The provider a session's records were sent to; None for a local server's session."""
     for rec in records:
-        server = rec.get("server") if isinstance(rec.get("server"), Mapping) else {}
-        assert isinstance(server, Mapping)
-        p = provider_of(server.get("upstream"), rec.get("request"), rec.get("response"))
+        server: Mapping[str, Any] = rec.server if isinstance(rec.server, Mapping) else {}
+        p = provider_of(server.get("upstream"), rec.request, rec.response)
         if p is not None:
             return p
     return None
 
 
-def cloud_report(records: list[Mapping[str, Any]], overrides: Mapping[str, Price] | None = None) -> CloudReport | None:
+def cloud_report(records: list[CaptureRecord], overrides: Mapping[str, Price] | None = None) -> CloudReport | None:
     """The session judged by its provider's rules; None when it was not sent to one."""
     provider = session_provider(records)
     if provider is None:
@@ -87,10 +52,10 @@ def cloud_report(records: list[Mapping[str, Any]], overrides: Mapping[str, Price
     turns: list[PricedTurn] = []
     last_model = ""
     for rec in records:
-        body = rec.get("request")
+        body = rec.request
         if not isinstance(body, Mapping):
             continue
-        req = cloud_request(provider, body, rec.get("response"), _time(rec))
+        req = cloud_request(provider, body, rec.response, _time(rec))
         last_model = req.model or last_model
         t = model.add(req)
         price = price_of(req.model, overrides)
@@ -135,7 +100,7 @@ def cloud_section(path: str) -> CloudReport | None:
     if kind == "capture":
         from tokendiff.sources.capture import read_capture
 
-        records: list[Mapping[str, Any]] = list(read_capture(src)[0])
+        records: list[CaptureRecord] = list(read_capture(src)[0])
     elif kind == "har":
         from tokendiff.sources.importers.har import read_har
 
@@ -145,4 +110,4 @@ def cloud_section(path: str) -> CloudReport | None:
     return cloud_report(records, user_prices())
 
 
-__all__ = ["CloudCause", "CloudReport", "cloud_report", "cloud_section", "session_provider"]
+__all__ = ["cloud_report", "cloud_section", "session_provider"]

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tokendiff.core.cost import Session
     from tokendiff.report.dataset import TurnTime
     from tokendiff.report.fleet import SessionFacts
+    from tokendiff.report.schema import FleetDocument
 
 
 # ---------------------------------------------------------------- fleets and datasets
@@ -34,7 +35,7 @@ class FleetOptions:
 
 @dataclass
 class FleetResult:
-    document: dict[str, Any]  # tokendiff.fleet/1
+    document: FleetDocument
     sessions: list[SessionFacts]
     skipped: list[InputError] = field(default_factory=list)  # the sessions that could not be read
 
@@ -99,11 +100,11 @@ def turn_times(path: str, order: str, n: int) -> list[TurnTime]:
     elif file_kind(p) == "capture":
         from tokendiff.sources.capture import iter_capture
 
-        stamps = [_record_time(rec.get("ts")) for rec in iter_capture(path)]
+        stamps = [_record_time(rec.ts) for rec in iter_capture(path)]
     elif file_kind(p) == "har":
         from tokendiff.sources.importers.har import iter_har
 
-        stamps = [_record_time(rec.get("started")) for rec in iter_har(p)]
+        stamps = [_record_time(rec.started) for rec in iter_har(p)]
     fallback = TurnTime(p.stat().st_mtime, "mtime")
     stamps = (stamps + [None] * n)[:n]
     return [t or fallback for t in stamps]

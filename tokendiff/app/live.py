@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tokendiff.app.session import LoadedSession, TurnPrompts, apply_prefill_rate, record_input
 from tokendiff.errors import InputError
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tokendiff.backends.pull import Puller
     from tokendiff.core.cost import Session, Turn
     from tokendiff.sources.loader import Loader
+    from tokendiff.sources.record import CaptureRecord
 
 START_TIMEOUT = 30.0  # the upstream probe included
 STOP_TIMEOUT = 90.0  # the proxy waits up to 60 s for token fetches, then closes the capture
@@ -37,7 +38,8 @@ STOP_TIMEOUT = 90.0  # the proxy waits up to 60 s for token fetches, then closes
 
 @dataclass
 class _Waiting:
-    fields: dict[str, Any]
+    seq: int
+    record: CaptureRecord
     complete: bool
 
 
@@ -49,23 +51,25 @@ class RecordFeed:
         self._queue: deque[_Waiting] = deque()
         self._by_seq: dict[int, _Waiting] = {}
 
-    def take(self, ev: RecordEvent) -> list[dict[str, Any]]:
+    def take(self, ev: RecordEvent) -> list[CaptureRecord]:
         """The records `ev` completes, in order (often none, or just its own)."""
+        from tokendiff.sources.record import record_from_v1
+
         if ev.patch:
             w = self._by_seq.get(ev.seq)
             if w is None:  # a patch for a record released already (cannot happen) or never seen
                 return []
-            w.fields.update((k, v) for k, v in ev.fields.items() if k not in ("schema", "seq", "ts", "patch"))
+            w.record.update({k: v for k, v in ev.fields.items() if k not in ("schema", "seq", "ts", "patch")})
             w.complete = True
         else:
-            w = _Waiting(dict(ev.fields), not ev.tokens_pending)
+            w = _Waiting(ev.seq, record_from_v1(ev.fields, f"record {ev.seq}"), not ev.tokens_pending)
             self._queue.append(w)
             self._by_seq[ev.seq] = w
         out = []
         while self._queue and self._queue[0].complete:
             done = self._queue.popleft()
-            self._by_seq.pop(done.fields["seq"], None)
-            out.append(done.fields)
+            self._by_seq.pop(done.seq, None)
+            out.append(done.record)
         return out
 
     @property
@@ -191,14 +195,13 @@ class SessionFeed:
         self.records = after  # records in the capture before ours, then ours: each turn's selector is its record's
         self.loader.adopt_capture_template(Path(capture))
 
-    def add_recorded(self, fields: dict[str, Any]) -> LoadedSession:
-        """A record the proxy just wrote (its fields, token IDs merged) as the next turn."""
-        from tokendiff.sources.capture import CaptureRecord
+    def add_recorded(self, rec: CaptureRecord) -> LoadedSession:
+        """A record the proxy just wrote (RecordFeed.take: its token IDs merged) as the next turn; a body it
+        stored as bytes is read from this capture's blobs."""
+        rec.where, rec.base = f"{self.capture}: record {rec.seq}", Path(self.capture).parent
+        return self.add(rec)
 
-        where = f"{self.capture}: record {fields.get('seq')}"
-        return self.add(CaptureRecord(fields, where=where, base=Path(self.capture).parent))
-
-    def add(self, rec: dict[str, Any]) -> LoadedSession:
+    def add(self, rec: CaptureRecord) -> LoadedSession:
         """The next record (a capture record, patches merged) as a turn; the session as it now stands.
         A record that cannot be read is an InputError naming it, and is not a turn."""
         from dataclasses import replace as copy_with

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
     from tokendiff.core.model import Divergence, Finding, Prompt
     from tokendiff.core.vocab import Vocab
+    from tokendiff.report.schema import DiffDocument
     from tokendiff.sources.loader import Loader
 
 
@@ -94,7 +95,7 @@ class PairResult:
         self.context = context  # tokens of context around spans in the document
 
     @cached_property
-    def document(self) -> dict[str, Any]:
+    def document(self) -> DiffDocument:
         from tokendiff.report.diff import diff_document
 
         return diff_document(self.a, self.b, self.divergence, self.vocab, context=self.context, findings=self.findings)
@@ -104,8 +105,9 @@ def llama_reusable(a: Prompt, b: Prompt, divergence: Divergence) -> int:
     """The tokens of B llama-server reuses after A, as the session table counts them (a full hit still
     evaluates one token)."""
     from tokendiff.core.cost import backend_reuse
+    from tokendiff.core.kinds import Backend
 
-    return backend_reuse("llama.cpp", divergence.lcp, len(b), len(a))
+    return backend_reuse(Backend.LLAMA_CPP, divergence.lcp, len(b), len(a))
 
 
 def diff_pair(a: Prompt, b: Prompt, vocab: Vocab, context: int = 8) -> PairResult:

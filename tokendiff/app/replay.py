@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tokendiff.app.pair import PairResult, PromptOptions
 from tokendiff.app.session import Progress
@@ -14,6 +14,7 @@ from tokendiff.errors import InputError, ServerError, UsageError
 if TYPE_CHECKING:
     from tokendiff.backends.replay import Backend, Plan
     from tokendiff.core.model import Prompt
+    from tokendiff.report.schema import ReplayDocument, ReplayFixDoc
     from tokendiff.sources.loader import Loader
 
 
@@ -33,7 +34,7 @@ class ReplayOptions:
 
 @dataclass
 class ReplayResult:
-    document: dict[str, Any]  # tokendiff.replay/1
+    document: ReplayDocument
     no_valid_runs: list[str] = field(default_factory=list)  # scenarios (actual, ideal) left without a valid run
 
     @property
@@ -117,7 +118,7 @@ def check_model(be: Backend, a: Prompt, b: Prompt, force: bool) -> None:
             )
 
 
-def what_if_fix(pair: PairResult, loader: Loader, be: Backend, plan: Plan) -> dict[str, Any]:
+def what_if_fix(pair: PairResult, loader: Loader, be: Backend, plan: Plan) -> ReplayFixDoc:
     """The fixed B, rendered (by the server itself when it is llama-server or vLLM), set on `plan` for the
     `fixed` scenario; the document's `fix` entry."""
     import numpy as np

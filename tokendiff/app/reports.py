@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from tokendiff.app.pair import PairResult, pair_json
 from tokendiff.app.session import LoadedSession, apply_prefill_rate, tokenizer_info
@@ -14,6 +14,7 @@ from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
     from tokendiff.core.cost import Session
+    from tokendiff.report.schema import AnyReport, ReplayDocument, ReportDocument
 REPORT_FORMATS = ("md", "html", "json")
 
 
@@ -41,8 +42,9 @@ def export_pair(pair: PairResult, path: Path) -> Path:
 # ---------------------------------------------------------------- reports
 
 
-def read_replay(path: str) -> dict[str, Any]:
-    """A `tokendiff replay --json` result, checked to be one."""
+def read_replay(path: str) -> ReplayDocument:
+    """A `tokendiff replay --json` result, checked to be one (by its schema: its fields are then those the
+    replay writes, report.schema.ReplayDocument)."""
     import orjson
 
     from tokendiff.safeio import read_limited
@@ -54,10 +56,10 @@ def read_replay(path: str) -> dict[str, Any]:
         raise InputError(f"malformed JSON: {e}", source=path) from None
     if not isinstance(doc, dict) or doc.get("schema") != "tokendiff.replay/1":
         raise InputError("not a tokendiff replay result (tokendiff.replay/1)", source=path)
-    return doc
+    return cast("ReplayDocument", doc)
 
 
-def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = ReportOptions()) -> dict[str, Any]:
+def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = ReportOptions()) -> ReportDocument:
     """The session report document (`tokendiff.report/1`) with the replays it includes."""
     from tokendiff.app.cloud import cloud_section
     from tokendiff.report.session import report_document
@@ -74,21 +76,22 @@ def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = Repo
     return doc
 
 
-def replay_prefill_rate(replays: Sequence[dict[str, Any]]) -> float | None:
+def replay_prefill_rate(replays: Sequence[ReplayDocument]) -> float | None:
     """Tokens per second of prefill measured by `tokendiff replay` (its cold runs: the whole prompt
     computed), the median over the replays; None without a usable cold run."""
     import statistics
 
     rates = []
     for doc in replays:
-        cold = (doc.get("scenarios") or {}).get("cold") or {}
-        n, ms = cold.get("tokens"), cold.get("prompt_ms")
+        scenarios = doc.get("scenarios")  # a file given on the command line: checked, not trusted
+        cold = scenarios.get("cold") if isinstance(scenarios, dict) else None
+        n, ms = (cold.get("tokens"), cold.get("prompt_ms")) if isinstance(cold, dict) else (None, None)
         if isinstance(n, int) and isinstance(ms, (int, float)) and n > 0 and ms > 0:
             rates.append(n / (ms / 1000))
     return statistics.median(rates) if rates else None
 
 
-def render_report(doc: dict[str, Any], fmt: str = "md") -> str:
+def render_report(doc: AnyReport, fmt: str = "md") -> str:
     if fmt == "json":
         import orjson
 
@@ -104,7 +107,7 @@ def render_report(doc: dict[str, Any], fmt: str = "md") -> str:
     return render_markdown(doc)
 
 
-def export_report(doc: dict[str, Any], path: Path, fmt: str = "md") -> Path:
+def export_report(doc: AnyReport, path: Path, fmt: str = "md") -> Path:
     """The report rendered as `fmt` and written to `path`."""
     return _write(path, render_report(doc, fmt).encode("utf-8"))
 

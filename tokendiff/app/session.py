@@ -27,13 +27,15 @@ if TYPE_CHECKING:
     from tokendiff.core.cost import PairDiff, Session, Turn, TurnInput
     from tokendiff.core.model import Prompt
     from tokendiff.core.vocab import Vocab
+    from tokendiff.report.schema import TokenizerDoc
     from tokendiff.sources.loader import Loader
+    from tokendiff.sources.record import CaptureRecord
 
 Progress = Callable[[str], None]
 FirstPair = Callable[[int, "PairResult", "Loader"], None]  # the first wasteful turn, its pair, the loader
 
 
-def tokenizer_info(vocab: Vocab) -> dict[str, Any]:
+def tokenizer_info(vocab: Vocab) -> TokenizerDoc:
     """How documents name the tokenizer they were decoded with."""
     return {"name": vocab.name, "assumed": vocab.assumed, "n_vocab": vocab.n_vocab, "identity": vocab.identity}
 
@@ -204,7 +206,7 @@ def _spec_input(loader: Loader, spec: str) -> TurnInput:
 
 def record_input(
     loader: Loader,
-    rec: dict[str, Any],
+    rec: CaptureRecord,
     label: str,
     turn: int,
     rendered: Any = None,
@@ -218,9 +220,9 @@ def record_input(
     from tokendiff.backends.server import recorded_backend
     from tokendiff.core.cost import TurnInput
 
-    ids = rec.get("prompt_ids")
+    ids = rec.prompt_ids
     job = RecordJob(rec, label, turn, rendered)
-    resp = rec.get("response")
+    resp = rec.response
     try:  # the capture reader gives an int32 array; other record sources may give a list
         arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, (list, np.ndarray)) else None
     except (TypeError, ValueError, OverflowError):
@@ -231,7 +233,7 @@ def record_input(
         ti = TurnInput.of(job.load(loader), job=job)  # no IDs, or IDs the full load refuses with the right message
     else:
         resp = resp if isinstance(resp, dict) else None
-        req = rec.get("request") if isinstance(rec.get("request"), dict) else None
+        req = rec.request if isinstance(rec.request, dict) else None
         ti = TurnInput(
             ids=arr.astype(np.int32),
             origin=label,
@@ -241,9 +243,9 @@ def record_input(
             request=req,
             diff=diff,
         )
-    ttft = rec.get("ttft_ms")
+    ttft = rec.ttft_ms
     ti.ttft_ms = float(ttft) if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) else None
-    ti.server, ti.vllm_block = recorded_backend(rec.get("server"))  # which rules the server's counts follow
+    ti.server, ti.vllm_block = recorded_backend(rec.server)  # which rules the server's counts follow
     return ti
 
 
@@ -271,7 +273,7 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
     from tokendiff.errors import one_line
     from tokendiff.notices import warn
 
-    records: Iterable[tuple[dict[str, Any], Any, Any]]  # (record, its render's IDs, its diff): `with_ids`
+    records: Iterable[tuple[CaptureRecord, Any, Any]]  # (record, its render's IDs, its diff): `with_ids`
     if kind == "capture":
         from tokendiff.sources.capture import iter_capture
 
@@ -414,12 +416,12 @@ def _model_names(paths: Sequence[str]) -> list[str]:
 
         records = iter_capture(capture, lambda _w: None)
         try:
-            rec: dict[str, Any] = next(records, {})
+            rec = next(records, None)
         except InputError:
             continue
         finally:
             records.close()  # the generator holds the file open
-        req, server = rec.get("request"), rec.get("server")
+        req, server = (rec.request, rec.server) if rec is not None else (None, None)
         names += [req.get("model") if isinstance(req, dict) else None]
         names += [server.get("model") if isinstance(server, dict) else None]
     return [n for n in names if isinstance(n, str) and n]

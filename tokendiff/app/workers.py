@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tokendiff.core.cost import PairDiff, TurnInput
     from tokendiff.core.model import Prompt
     from tokendiff.sources.loader import Loader
+    from tokendiff.sources.record import CaptureRecord
 
 
 def usable_ids(arr: Any, n_vocab: int) -> bool:
@@ -34,7 +35,7 @@ def usable_ids(arr: Any, n_vocab: int) -> bool:
 class RecordJob:
     """A capture record's prompt as a picklable recipe: a worker renders and decodes it itself."""
 
-    rec: dict[str, Any]
+    rec: CaptureRecord
     label: str
     turn: int
     rendered: Any = None  # the render's token IDs, when the reader tokenised it already
@@ -133,8 +134,8 @@ class PairWorkers:
         return self._pool
 
     def with_ids(
-        self, records: Iterable[dict[str, Any]], labels: Callable[[int], str], chunk: int = 32, ahead: int = 16
-    ) -> Iterator[tuple[dict[str, Any], Any, Any]]:
+        self, records: Iterable[CaptureRecord], labels: Callable[[int], str], chunk: int = 32, ahead: int = 16
+    ) -> Iterator[tuple[CaptureRecord, Any, Any]]:
         """(record, its render tokenised or None, its diff with the record before it or None) in order:
         the rendering and tokenising done in the workers `ahead` chunks in advance (after the first
         chunks, so a short session starts no process), and with them the diff of each record that does
@@ -148,7 +149,7 @@ class PairWorkers:
         from tokendiff.core.cost import done_future
 
         it, sent, first = iter(records), 0, 1
-        last: dict[str, Any] | None = None  # the record before the batch: its first record's A side
+        last: CaptureRecord | None = None  # the record before the batch: its first record's A side
         pending: deque[tuple[list[Any], Any]] = deque()
         failed: InputError | None = None
         while True:

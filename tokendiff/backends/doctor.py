@@ -23,14 +23,18 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 from tokendiff.backends import server as srv
 from tokendiff.backends.urls import is_loopback_url
+from tokendiff.core.kinds import ServerKind
 from tokendiff.errors import InputError, ServerError
 
-SCHEMA = "tokendiff.doctor/1"
+if TYPE_CHECKING:
+    from tokendiff.report.schema import CheckDoc, DoctorDocument
+
+SCHEMA: Final = "tokendiff.doctor/1"
 OK, PROBLEM, UNCHECKED, INFO = "ok", "problem", "not checked", "info"
 DEFAULT_PROMPT_TOKENS = 32768
 DEFAULT_TURN_TOKENS = 256  # what a turn adds: a user message, a short tool result, the reply before it
@@ -62,7 +66,7 @@ class Check:
     evidence: str = ""
     fix: str | None = None
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> CheckDoc:
         return {
             "kind": self.kind,
             "status": self.status,
@@ -319,7 +323,7 @@ class Evidence:
     """Everything the checks read, gathered once."""
 
     url: str
-    kind: str
+    kind: ServerKind
     answers: dict[str, srv.Answer]
     flags: LaunchFlags | None = None
     layout: ModelLayout | None = None
@@ -348,7 +352,7 @@ class Evidence:
         return answer.text if answer else None
 
 
-def server_kind(answers: dict[str, srv.Answer], url: str) -> str:
+def server_kind(answers: dict[str, srv.Answer], url: str) -> ServerKind:
     """Which server answered, from the endpoints only it has; not an inference server is an InputError."""
 
     def doc(path: str) -> Any:
@@ -955,7 +959,7 @@ def check_generic(ev: Evidence, w: Workload) -> list[Check]:
 @dataclass(frozen=True)
 class DoctorReport:
     url: str
-    kind: str
+    kind: ServerKind
     model: str | None
     workload: Workload
     checks: tuple[Check, ...]
@@ -969,7 +973,7 @@ class DoctorReport:
         """0 all clear, 1 a problem found (2, trouble, is an InputError before a report exists)."""
         return 1 if self.problems else 0
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> DoctorDocument:
         return {
             "schema": SCHEMA,
             "server": {"url": self.url, "kind": self.kind, "model": self.model},

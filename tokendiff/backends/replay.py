@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from tokendiff.backends.server import (
     LLAMA,
@@ -33,15 +33,27 @@ from tokendiff.backends.server import (
     token_ids,
     vllm_tokenize_body,
 )
-from tokendiff.core.cost import VLLM_BLOCK, backend_reuse
+from tokendiff.core.cost import backend_reuse
+from tokendiff.core.kinds import VLLM_BLOCK, ServerKind
+from tokendiff.core.kinds import Backend as Rules
 from tokendiff.errors import ServerError
 
 if TYPE_CHECKING:
     import httpx
 
+    from tokendiff.report.schema import (
+        BackendIdentity,
+        Measure,
+        PairNames,
+        ReplayDocument,
+        ReplayFixDoc,
+        RunDoc,
+        ScenarioDoc,
+    )
+
 __all__ = ["connect", "run_scenarios", "replay_document", "render_replay_text", "Plan"]
 
-SCHEMA = "tokendiff.replay/1"
+SCHEMA: Final = "tokendiff.replay/1"
 
 
 @dataclass
@@ -53,6 +65,17 @@ class Run:
     expected: int
     valid: bool
     note: str = ""
+
+    def document(self) -> RunDoc:
+        return {
+            "prompt_ms": self.prompt_ms,
+            "ttft_ms": self.ttft_ms,
+            "cached": self.cached,
+            "evaluated": self.evaluated,
+            "expected": self.expected,
+            "valid": self.valid,
+            "note": self.note,
+        }
 
 
 @dataclass
@@ -74,7 +97,7 @@ class Scenario:
         vals = [getattr(r, attr) for r in self.valid if getattr(r, attr) is not None]
         return (min(vals), max(vals)) if vals else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ScenarioDoc:
         return {
             "tokens": self.n_tokens,
             "expected_cached": self.expected_cached,
@@ -85,7 +108,7 @@ class Scenario:
             "cached": _mode([r.cached for r in self.valid]),
             "valid_runs": len(self.valid),
             "discarded_runs": len(self.runs) - len(self.valid),
-            "runs": [r.__dict__ for r in self.runs],
+            "runs": [r.document() for r in self.runs],
         }
 
 
@@ -122,8 +145,8 @@ class Backend:
     switch its cache off for one request, `timed(use_cache=False)` empties it first, and where
     it cannot do that either, it raises InputError rather than measure a warm run as cold."""
 
-    kind = "generic"
-    semantics = "llama.cpp"
+    kind: ServerKind = ServerKind.GENERIC
+    semantics: Rules = Rules.LLAMA_CPP
     # what a cached count other than the prediction most likely means, for the discard note
     mismatch_hint = "a RAM prompt cache restoring another prefix? start llama-server with --cache-ram 0"
 
@@ -132,7 +155,7 @@ class Backend:
         self.url = self.api.url
         self.notes: list[str] = []
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> BackendIdentity:
         return {}
 
     def prepare(self, longest: int) -> None:
@@ -174,7 +197,7 @@ class LlamaServer(Backend):
         self.props = props or {}
         self.can_erase = True
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> BackendIdentity:
         return {
             "model": self.props.get("model_alias") or self.props.get("model_path"),
             "build_info": self.props.get("build_info"),
@@ -242,14 +265,16 @@ class OpenAICompatible(Backend):
     flushed (/flush_cache) and a failure to flush is an error.
     """
 
-    semantics = "vllm"
+    semantics = Rules.VLLM
     mismatch_hint = "another client of the server evicting blocks, or a block size other than the one probed"
 
-    def __init__(self, url: str, client: httpx.Client, kind: str, model: str | None, block_size: int | None = None):
+    def __init__(
+        self, url: str, client: httpx.Client, kind: ServerKind, model: str | None, block_size: int | None = None
+    ):
         super().__init__(url, client)
         self.kind = kind
         self.model = model
-        self.semantics = "sglang" if kind == SGLANG else "vllm"
+        self.semantics = Rules.SGLANG if kind == SGLANG else Rules.VLLM
         self.block_size = block_size
         self.salt: str | None = None
         self.clean = False  # SGLang: flushed and nothing sent since
@@ -258,7 +283,7 @@ class OpenAICompatible(Backend):
                 f"vLLM did not say its block size (no vllm:cache_config_info in /metrics): {VLLM_BLOCK} assumed"
             )
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> BackendIdentity:
         if self.kind == VLLM:
             return {"model": self.model, "block_size": self.block_size or VLLM_BLOCK}
         return {"model": self.model}
@@ -360,7 +385,7 @@ class Ollama(Backend):
     per-request cache switch: an empty cache is a model unloaded and loaded again."""
 
     kind = OLLAMA
-    semantics = "ollama"
+    semantics = Rules.OLLAMA
 
     def __init__(self, url: str, client: httpx.Client, model: str, decode: Callable[[list[int]], str]):
         super().__init__(url, client)
@@ -369,7 +394,7 @@ class Ollama(Backend):
         self.num_ctx: int | None = None
         self.clean = False
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> BackendIdentity:
         return {"model": self.model}
 
     def prepare(self, longest: int) -> None:
@@ -481,12 +506,12 @@ def run_scenarios(
 
 
 def replay_document(
-    be: Backend, plan: Plan, scen: dict[str, Scenario], pair: dict[str, Any], fix: dict[str, Any] | None
-) -> dict[str, Any]:
+    be: Backend, plan: Plan, scen: dict[str, Scenario], pair: PairNames, fix: ReplayFixDoc | None
+) -> ReplayDocument:
     actual, ideal = scen["actual"], scen["ideal"]
-    key = "prompt_ms" if actual.median("prompt_ms") is not None else "ttft_ms"
+    key: Measure = "prompt_ms" if actual.median("prompt_ms") is not None else "ttft_ms"
     am, im = actual.median(key), ideal.median(key)
-    doc: dict[str, Any] = {
+    doc: ReplayDocument = {
         "schema": SCHEMA,
         "backend": {"url": be.url, "kind": be.kind, "semantics": be.semantics, **be.identity()},
         "pair": {**pair, "lcp_tokens": plan.lcp, "ideal_prefix_tokens": plan.ideal_prefix, "b_tokens": len(plan.b)},
@@ -496,16 +521,15 @@ def replay_document(
         "speedup": _r(am / im) if am and im else None,
         "fix": fix,
         "notes": list(be.notes),
+        "discarded": [f"{k}: {r.note}" for k, v in scen.items() for r in v.runs if not r.valid],
     }
-    disagree = [f"{k}: {r.note}" for k, v in scen.items() for r in v.runs if not r.valid]
-    doc["discarded"] = disagree
     if "fixed" in scen:
         fm = scen["fixed"].median(key)
         doc["fixed_ms"] = _r(fm)
     return doc
 
 
-def render_replay_text(doc: dict[str, Any]) -> str:
+def render_replay_text(doc: ReplayDocument) -> str:
     sc = doc["scenarios"]
     key = doc["measure"]
     unit = "server prefill" if key == "prompt_ms" else "client TTFT"
@@ -525,7 +549,7 @@ def render_replay_text(doc: dict[str, Any]) -> str:
             continue
         s = sc[name]
         val = s[key] if s[key] is not None else float("nan")
-        spread = s[key + "_spread"]
+        spread = s["prompt_ms_spread"] if key == "prompt_ms" else s["ttft_ms_spread"]
         sp = f" ({spread[0]:.1f}-{spread[1]:.1f})" if spread else ""
         ttft = s["ttft_ms"] if s["ttft_ms"] is not None else float("nan")
         bad = f", {s['discarded_runs']} discarded" if s["discarded_runs"] else ""
@@ -539,8 +563,8 @@ def render_replay_text(doc: dict[str, Any]) -> str:
             f"the divergence costs {doc['cost_ms']:.1f} ms per turn ({unit}); "
             f"fixing it would make this turn {doc['speedup']:.1f}x faster"
         )
-    if doc.get("fix"):
-        f = doc["fix"]
+    f = doc.get("fix")
+    if f:
         if "fixed" in sc and sc["fixed"][key] is not None:
             out.append(
                 f"with the fix ({'; '.join(f['applied'])}): {sc['fixed'][key]:.1f} ms "

@@ -18,12 +18,13 @@ import hashlib
 import re
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import orjson
 
 from tokendiff.backends.urls import shown_url
+from tokendiff.core.kinds import ServerKind
 from tokendiff.errors import InputError, ServerError
 from tokendiff.notices import warn
 from tokendiff.sources.streams import iter_sse
@@ -49,7 +50,13 @@ TEMPLATE_KEYS = (
 )
 VLLM_TOKENIZE_KEYS = ("model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt")
 
-LLAMA, VLLM, SGLANG, OLLAMA, GENERIC = "llama-server", "vllm", "sglang", "ollama", "openai-compatible"
+LLAMA, VLLM, SGLANG, OLLAMA, GENERIC = (
+    ServerKind.LLAMA_SERVER,
+    ServerKind.VLLM,
+    ServerKind.SGLANG,
+    ServerKind.OLLAMA,
+    ServerKind.GENERIC,
+)
 KINDS = (LLAMA, VLLM, SGLANG, OLLAMA)
 
 
@@ -66,7 +73,7 @@ class ServerInfo:
     """What a server said about itself: its kind and the raw answers worth keeping."""
 
     url: str
-    kind: str  # one of KINDS, or GENERIC when nothing more specific answered
+    kind: ServerKind  # one of KINDS, or GENERIC when nothing more specific answered
     props: dict[str, Any] | None = None  # llama-server /props
     models: Any = None  # /v1/models
     version: str | None = None  # vLLM /version
@@ -122,14 +129,16 @@ class ServerInfo:
         return out
 
 
-def recorded_backend(server: Any) -> tuple[str, int | None]:
-    """(kind, vLLM block size) from a capture record's `server` field; ("", None) where it does not say."""
+def recorded_backend(server: Any) -> tuple[ServerKind | Literal[""], int | None]:
+    """(kind, vLLM block size) from a capture record's `server` field; ("", None) where it does not say
+    (a kind tokendiff does not know is no kind it has rules for)."""
     if not isinstance(server, dict):
         return "", None
     kind = server.get("kind")
     block = server.get("block_size")
     ok = isinstance(block, int) and not isinstance(block, bool) and block > 0
-    return (kind if isinstance(kind, str) else ""), (block if ok else None)
+    known = ServerKind._value2member_map_.get(kind) if isinstance(kind, str) else None
+    return (known if isinstance(known, ServerKind) else ""), (block if ok else None)
 
 
 def probe_steps(url: str, kind: str | None) -> Generator[str, Any, ServerInfo]:
@@ -148,7 +157,7 @@ def probe_steps(url: str, kind: str | None) -> Generator[str, Any, ServerInfo]:
         raise ServerError("no Ollama /api/tags at this URL", source=url)
     models = yield "/v1/models"
     if kind == SGLANG:
-        return ServerInfo(url, kind, models=models)
+        return ServerInfo(url, SGLANG, models=models)
     if kind == VLLM:
         return _vllm_info(url, models, None, (yield METRICS))
     if (yield "/get_model_info") is not None:

@@ -19,6 +19,7 @@ from tokendiff.paths import demo_capture
 if TYPE_CHECKING:
     from tokendiff.app.pair import PromptOptions
     from tokendiff.app.session import Progress
+    from tokendiff.report.schema import AnyReport
 
 
 def _prompt_options(args: argparse.Namespace) -> PromptOptions:
@@ -129,6 +130,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     tty = sys.stderr.isatty()
     opts = ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
     loaded, skipped = None, []
+    doc: AnyReport
     if len(paths) == 1:
         popts = _prompt_options(args)
         layout = attention_layout(paths, popts, args.model, args.server_args)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from tokendiff import __version__
 from tokendiff.cli.exits import ExitCode
+from tokendiff.core.kinds import ServerKind
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
@@ -273,7 +274,8 @@ def _replay_parser(sub: Any) -> None:  # argparse subparsers
     rp.add_argument("a")
     rp.add_argument("b")
     rp.add_argument("--backend", required=True, metavar="URL", help="llama-server, vLLM, SGLang or Ollama base URL")
-    rp.add_argument("--backend-kind", choices=("llama-server", "vllm", "sglang", "ollama"), help="skip detection")
+    kinds = [str(k) for k in ServerKind if k != ServerKind.GENERIC]  # llama-server, vllm, sglang, ollama
+    rp.add_argument("--backend-kind", choices=kinds, help="skip detection")
     rp.add_argument("--repeat", type=positive_int, default=3, metavar="N", help="runs per scenario (default 3)")
     rp.add_argument(
         "--slot", type=non_negative_int, default=0, metavar="N", help="llama-server slot to pin (default 0)"

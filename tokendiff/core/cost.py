@@ -7,8 +7,8 @@ llama.cpp model by replaying the server's checkpoints, tokendiff.core.cache.swa)
 and how much of that was waste (tokens the previous prompt already had).
 Across the session: every volatile span (a cause in a section) ranked by the
 tokens it invalidated, with the reuse and prefill time the session would have
-had without it. Plain Python over core types; `turn_rows` gives the per-turn table
-(report.dataset makes it a polars frame for exports). No I/O.
+had without it. Plain Python over core types (report.session.turn_rows gives the per-turn table,
+report.dataset a polars frame of it for exports). No I/O.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -34,18 +34,18 @@ from tokendiff.core.cache.backend_facts import (
 from tokendiff.core.cache.capacity import CapacityLadder, CapacityReport
 from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, checkpoint_reuse
 from tokendiff.core.explain import appended_finding, explain
+from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, ServerKind
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
 from tokendiff.core.prefix_index import PrefixIndex
 from tokendiff.core.usage import usage_of
 
-BACKENDS = ("llama.cpp", "llama.cpp-hybrid", "vllm", "sglang", "ollama")
-CHECKPOINT_BACKEND = "llama.cpp-hybrid"  # stateful: the session replayed through one slot's checkpoints
-VLLM_BLOCK = 16  # vLLM's default on GPUs; a capture recorded through the proxy carries the server's own
-RELOAD = "ollama_reload"  # the backend fact that overrides a turn's reuse: a reloaded model has no cache
+BACKENDS = tuple(Backend)  # llama.cpp, llama.cpp-hybrid, vllm, sglang, ollama: the columns, in order
+CHECKPOINT_BACKEND = Backend.LLAMA_CPP_HYBRID  # stateful: the session replayed through one slot's checkpoints
+RELOAD = CauseKind.OLLAMA_RELOAD  # the backend fact that overrides a turn's reuse: a reloaded model has no cache
 RELOAD_TITLE = "Model reloaded by Ollama: nothing reused"
 
 
-def backend_reuse(backend: str, lcp: int, n_b: int, cached_len: int, block: int = VLLM_BLOCK, page: int = 1) -> int:
+def backend_reuse(backend: Backend, lcp: int, n_b: int, cached_len: int, block: int = VLLM_BLOCK, page: int = 1) -> int:
     """Tokens of the new prompt (n_b long) a backend reuses, given the token LCP
     with what it has cached (cached_len tokens).
 
@@ -56,13 +56,13 @@ def backend_reuse(backend: str, lcp: int, n_b: int, cached_len: int, block: int 
     requests left (`swa.checkpoint_reuse`), so it has no stateless rule here.
     """
     usable = min(lcp, max(n_b - 1, 0))
-    if backend in ("llama.cpp", "ollama"):
+    if backend in (Backend.LLAMA_CPP, Backend.OLLAMA):
         return usable
     if backend == CHECKPOINT_BACKEND:
         raise ValueError(f"{backend} depends on the session's checkpoints: use swa.checkpoint_reuse")
-    if backend == "vllm":
+    if backend == Backend.VLLM:
         return (usable // block) * block
-    if backend == "sglang":
+    if backend == Backend.SGLANG:
         return (usable // page) * page
     raise ValueError(f"unknown backend {backend}")
 
@@ -77,13 +77,13 @@ class Turn:
     lcp: int = 0  # with the previous turn
     best_earlier: int | None = None  # the earlier turn sharing the longest prefix
     best_lcp: int = 0
-    reuse: dict[str, int] = field(default_factory=dict)  # per backend
+    reuse: dict[Backend, int] = field(default_factory=dict)  # per backend
     recompute: int = 0  # llama.cpp
     new_tokens: int = 0  # beyond what the previous prompt had: unavoidable
     wasted: int = 0  # recomputed tokens the previous prompt already had
     section: str = ""  # label of the owner of the first wasteful divergence (A side, else B)
     path: SectionPath = SectionPath()  # that owner
-    cause: str = ""  # kind of the first finding that is not expected
+    cause: CauseKind | Literal[""] = ""  # kind of the first finding that is not expected
     findings: list[Finding] = field(default_factory=list)
     divergence: Divergence | None = None
     reported_cached: int | None = None
@@ -93,21 +93,21 @@ class Turn:
     checkpoint: Reuse | None = None  # the checkpoint rule's prediction (reuse[CHECKPOINT_BACKEND]) and why
     ttft_ms: float | None = None  # time to first token, as the recording proxy measured it
     note: str = ""  # disagreement between the server's count and the prediction, slot thrash
-    server: str = ""  # the kind of server that answered ("vllm", "llama-server" ...), where the capture says
+    server: ServerKind | Literal[""] = ""  # the kind of server that answered, where the capture says
     vllm_block: int = VLLM_BLOCK  # the vLLM server's block size, where the capture says
     ceiling: int = 0  # what B could have reused with every unexpected span fixed
     reloaded: bool = False  # the backend reloaded the model (Ollama): it reused nothing, whatever the prompts
 
     @property
     def reuse_pct(self) -> float:
-        return 100.0 * self.reuse.get("llama.cpp", 0) / self.n_tokens if self.n_tokens else 100.0
+        return 100.0 * self.reuse.get(Backend.LLAMA_CPP, 0) / self.n_tokens if self.n_tokens else 100.0
 
 
 @dataclass
 class Span:
     """A volatile span: one cause in one section, across the turns it broke."""
 
-    kind: str
+    kind: CauseKind
     path: SectionPath  # generalised: the same place in every turn (SectionPath.generalised)
     title: str
     fix: str
@@ -196,7 +196,7 @@ def _reported(resp: dict[str, Any] | None) -> tuple[int | None, float | None, in
     )
 
 
-SpanKey = tuple[str, SectionPath]  # (finding kind, generalised section)
+SpanKey = tuple[CauseKind, SectionPath]  # (finding kind, generalised section)
 
 
 def _owner(h: Hunk) -> SectionPath:
@@ -223,7 +223,7 @@ class TurnInput:
     job: Any = None
     request: dict[str, Any] | None = None  # the recorded request, when the turn is a record
     ttft_ms: float | None = None
-    server: str = ""  # the recording server's kind, where the capture says
+    server: ServerKind | Literal[""] = ""  # the recording server's kind, where the capture says
     vllm_block: int | None = None  # and its block size, when it is vLLM
     diff: Future[PairDiff] | None = None  # its diff with the turn read before it, where a worker made that already
 
@@ -355,7 +355,7 @@ class Analyser:
         for t in self.turns:
             t.vllm_block = block
             if t.turn > 1:
-                t.reuse["vllm"] = backend_reuse("vllm", max(t.lcp, t.best_lcp), t.n_tokens, 0, block=block)
+                t.reuse[Backend.VLLM] = backend_reuse(Backend.VLLM, max(t.lcp, t.best_lcp), t.n_tokens, 0, block=block)
                 _notes(t, t.divergence is not None and t.divergence.identical, t.n_tokens)
 
     def _user_starts(self, cur: TurnInput) -> list[int]:
@@ -423,7 +423,7 @@ def user_message_starts(p: Prompt) -> list[int]:
     return [
         s.start
         for s in p.sections
-        if len(s.path) == 1 and s.path[0].kind == "message" and s.path[0].name == "user" and s.start > 0
+        if len(s.path) == 1 and s.path[0].kind == SectionKind.MESSAGE and s.path[0].name == "user" and s.start > 0
     ]
 
 
@@ -456,11 +456,11 @@ def _append_turn(t: Turn, n_a: int) -> None:
     n = t.n_tokens
     t.lcp = n_a
     t.reuse = _reuse(t, n_a, n, n_a)
-    t.recompute = n - t.reuse["llama.cpp"]
+    t.recompute = n - t.reuse[Backend.LLAMA_CPP]
     t.findings = [appended_finding(0, n - n_a)]
     t.new_tokens = n - n_a
     t.ceiling = n_a
-    t.wasted = max(0, n_a - t.reuse["llama.cpp"])
+    t.wasted = max(0, n_a - t.reuse[Backend.LLAMA_CPP])
     _notes(t, False, n)
 
 
@@ -487,13 +487,13 @@ def fill_turn(t: Turn, pd: PairDiff) -> int:
     n = d.n_b
     t.divergence, t.lcp = d, d.lcp
     t.reuse = _reuse(t, d.lcp, n, d.n_a)
-    t.recompute = n - t.reuse["llama.cpp"]
+    t.recompute = n - t.reuse[Backend.LLAMA_CPP]
     t.findings = pd.findings
     t.ceiling = pd.ceiling
     t.new_tokens = max(0, n - pd.ceiling)
-    t.wasted = max(0, pd.ceiling - t.reuse["llama.cpp"])
+    t.wasted = max(0, pd.ceiling - t.reuse[Backend.LLAMA_CPP])
     first = next((f for f in t.findings if not f.expected), None)
-    if first is None and t.findings and t.findings[0].kind == "new_conversation":
+    if first is None and t.findings and t.findings[0].kind == CauseKind.NEW_CONVERSATION:
         first = t.findings[0]  # no waste, but the turn is named: the cache of A had nothing for B
     if first is not None and (t.wasted > 0 or first.expected):
         t.cause = first.kind
@@ -508,13 +508,13 @@ def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
     return fill_turn(t, diff_turn(a, b, max_hunks))
 
 
-def _reuse(t: Turn, lcp: int, n: int, cached_len: int) -> dict[str, int]:
+def _reuse(t: Turn, lcp: int, n: int, cached_len: int) -> dict[Backend, int]:
     """Every backend's reuse: the stateless rules of the previous prompt, the checkpoint rule's replay
     of the session, and vLLM's best earlier match: its cache keeps the blocks of every earlier prompt
     (until evicted), so its hit is counted in the server's blocks."""
     out = {be: backend_reuse(be, lcp, n, cached_len) for be in BACKENDS if be != CHECKPOINT_BACKEND}
-    out[CHECKPOINT_BACKEND] = t.checkpoint.reused if t.checkpoint is not None else out["llama.cpp"]
-    out["vllm"] = backend_reuse("vllm", max(lcp, t.best_lcp), n, cached_len, block=t.vllm_block)
+    out[CHECKPOINT_BACKEND] = t.checkpoint.reused if t.checkpoint is not None else out[Backend.LLAMA_CPP]
+    out[Backend.VLLM] = backend_reuse(Backend.VLLM, max(lcp, t.best_lcp), n, cached_len, block=t.vllm_block)
     return {be: out[be] for be in BACKENDS}
 
 
@@ -558,7 +558,7 @@ def _span_gains(t: Turn, ceiling: int) -> dict[SpanKey, int]:
             ),
             ceiling,
         )
-        out[key] = max(0, min(other, ceiling) - t.reuse["llama.cpp"])
+        out[key] = max(0, min(other, ceiling) - t.reuse[Backend.LLAMA_CPP])
     return out
 
 
@@ -575,7 +575,7 @@ def _reloaded(t: Turn, spans: dict[SpanKey, Span], fact: BackendFact) -> None:
         spans[_span_key(first, d)].tokens -= t.wasted
     for key, gain in _span_gains(t, t.ceiling).items():
         spans[key].gain -= gain
-    before = t.reuse.get("llama.cpp", 0)
+    before = t.reuse.get(Backend.LLAMA_CPP, 0)
     t.wasted = max(t.wasted, t.ceiling)
     sp = spans.setdefault(
         (RELOAD, SectionPath()), Span(kind=RELOAD, path=SectionPath(), title=RELOAD_TITLE, fix=fact.fix)
@@ -593,7 +593,7 @@ def _session(turns: list[Turn], spans: dict[SpanKey, Span]) -> Session:
     """Totals, and the spans ranked by the waste they caused."""
     ms = _ms_per_token(turns)
     total = sum(t.n_tokens for t in turns)
-    reused = sum(t.reuse.get("llama.cpp", 0) for t in turns)
+    reused = sum(t.reuse.get(Backend.LLAMA_CPP, 0) for t in turns)
     wasted = sum(t.wasted for t in turns)
     ranked = sorted(spans.values(), key=lambda s: (-s.tokens, -s.gain, s.example or (0, 0)))
     for s in ranked:
@@ -610,7 +610,7 @@ def reusable_ceiling(a: Prompt, d: Divergence, findings: list[Finding], n: int) 
     if f is None:
         return min(prompt_end(a), n)
     h = d.hunks[f.hunk]
-    if f.kind == "appended":
+    if f.kind == CauseKind.APPENDED:
         return min(n, h.b_start + max(0, prompt_end(a) - h.a_start))
     return h.b_start
 
@@ -618,16 +618,16 @@ def reusable_ceiling(a: Prompt, d: Divergence, findings: list[Finding], n: int) 
 def _notes(t: Turn, identical: bool, n: int) -> None:
     notes = []
     moved = t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64
-    if moved and t.server != "vllm":  # vLLM's cache holds every earlier prompt: no slot to get wrong
+    if moved and t.server != ServerKind.VLLM:  # vLLM's cache holds every earlier prompt: no slot to get wrong
         notes.append(
             f"turn {t.best_earlier} shares {t.best_lcp:,} tokens, more than the previous turn's {t.lcp:,}: "
             "alternating prefixes or the wrong slot"
         )
     rc = t.reported_cached
-    if rc is not None and t.server == "vllm":
+    if rc is not None and t.server == ServerKind.VLLM:
         notes += _vllm_notes(t, rc, identical)
     elif rc is not None:
-        pred = t.reuse["llama.cpp"]
+        pred = t.reuse[Backend.LLAMA_CPP]
         if rc == 0 and identical:
             notes.append(
                 "the server reused nothing for an identical prompt: caching disabled (cache_prompt=false) or salted"
@@ -655,15 +655,14 @@ def _checkpoint_note(t: Turn, layout: AttentionLayout) -> None:
     ck = t.checkpoint
     if ck is None or not ck.reason or ck.reason in t.note:
         return
-    note = (
-        f"{layout.arch or 'SWA/hybrid'} reuses {ck.reused:,} of the {t.reuse.get('llama.cpp', 0):,} shared: {ck.reason}"
-    )
+    shared = t.reuse.get(Backend.LLAMA_CPP, 0)
+    note = f"{layout.arch or 'SWA/hybrid'} reuses {ck.reused:,} of the {shared:,} shared: {ck.reason}"
     t.note = f"{t.note}; {note}" if t.note else note
 
 
 def _vllm_notes(t: Turn, rc: int, identical: bool) -> list[str]:
     """A vLLM server's cached_tokens against the vLLM prediction (whole blocks of its block size)."""
-    pred = t.reuse["vllm"]
+    pred = t.reuse[Backend.VLLM]
     if rc == 0 and identical:
         return ["vLLM reused nothing for an identical prompt: prefix caching off, or another cache_salt"]
     if rc < pred:
@@ -684,40 +683,6 @@ def _ms_per_token(turns: list[Turn]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
-_REUSE_COLUMNS = [(f"reuse_{be.replace('.', '').replace('-', '_')}", be) for be in BACKENDS]
-
-
-def turn_rows(s: Session) -> list[dict[str, Any]]:
-    """One row a turn; the SWA/hybrid columns are null where the model's layout is unknown."""
-    rows, known = [], s.layout is not None
-    for t in s.turns:
-        rows.append(
-            {
-                "turn": t.turn,
-                "origin": t.origin,
-                "tokens": t.n_tokens,
-                "reusable": t.reuse.get("llama.cpp", 0),
-                "reuse_pct": round(t.reuse_pct, 2),
-                "recomputed": t.recompute,
-                "new_tokens": t.new_tokens,
-                "wasted": t.wasted,
-                "lcp_prev": t.lcp,
-                "best_earlier_turn": t.best_earlier,
-                "best_earlier_lcp": t.best_lcp,
-                "first_divergence_section": t.section,
-                "first_divergence_field": t.path.field_path,
-                "cause": t.cause,
-                "reported_cached": t.reported_cached,
-                "checkpoint_reusable": t.reuse.get(CHECKPOINT_BACKEND, 0) if known else None,
-                "checkpoint_note": t.checkpoint.reason if t.checkpoint is not None else "",
-                **{key: t.reuse.get(be, 0) for key, be in _REUSE_COLUMNS},
-                **({} if known else {"reuse_llamacpp_hybrid": None}),  # no layout, no prediction
-                "note": t.note,
-            }
-        )
-    return rows
-
-
 __all__ = [
     "analyse",
     "analyse_stream",
@@ -733,7 +698,6 @@ __all__ = [
     "user_message_starts",
     "done_future",
     "backend_reuse",
-    "turn_rows",
     "Session",
     "Turn",
     "Span",

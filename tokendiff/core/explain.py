@@ -2,7 +2,9 @@
 
 One small detector per cause, each a function of the pair and one hunk
 returning a Finding or None, registered in DETECTORS in the order they are
-tried. Each cause is a finding `kind` with one entry in the catalogue,
+tried. Each cause is a finding `kind` (core.kinds.CauseKind) with one row in
+the cause table, core/causes.py (its title, fix and origin: a detector gives
+only the evidence and what varies), and one entry in the catalogue,
 docs/causes.md (the detector docstrings name the kinds they report).
 `explain` runs them on every hunk (the first ones matter most: the first
 sets the cache ceiling) and keeps the most confident finding per hunk.
@@ -19,7 +21,11 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+from tokendiff.core.causes import BILLING_FIX, finding
 from tokendiff.core.grammar import json_braces
+from tokendiff.core.kinds import CauseKind as C
+from tokendiff.core.kinds import HunkKind, Origin
+from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath, prompt_end
 
 PAD = 48  # bytes of context either side when matching patterns around a hunk
@@ -84,16 +90,16 @@ def _where(path: SectionPath) -> str:
     return path.label or "the prompt"
 
 
-def _field_origin(path: SectionPath) -> str:
+def _field_origin(path: SectionPath) -> Origin:
     """'client' when a request field or a tool owns the span, 'template' for markers and boilerplate."""
-    if path.has("tools", "tool") or any(p.field and p.kind != "message" for p in path):
-        return "client"
-    return "template" if path else ""
+    if path.has(K.TOOLS, K.TOOL) or any(p.field and p.kind != K.MESSAGE for p in path):
+        return Origin.CLIENT
+    return Origin.TEMPLATE if path else Origin.UNKNOWN
 
 
 def _is_reasoning(path: SectionPath) -> bool:
     """Reasoning: a think block or reasoning field, or a harmony analysis-channel turn."""
-    return path.has("reasoning") or "analysis" in (path.role or "")
+    return path.has(K.REASONING) or "analysis" in (path.role or "")
 
 
 def _is_system(path: SectionPath) -> bool:
@@ -102,7 +108,7 @@ def _is_system(path: SectionPath) -> bool:
 
 def _in_tool_exchange(path: SectionPath) -> bool:
     """A tool call, a tool result, a tool definition, or a tool-role turn."""
-    return path.has("tool_call", "tool_response", "tool", "tools") or path.role in ("tool", "ipython")
+    return path.has(K.TOOL_CALL, K.TOOL_RESPONSE, K.TOOL, K.TOOLS) or path.role in ("tool", "ipython")
 
 
 def _field_named(path: SectionPath, *names: str) -> bool:
@@ -196,28 +202,24 @@ def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
 
     if not is_boundary(ctx.a, ctx.b, ctx.h):
         return None
-    gen = ctx.a_path.has("generated")
+    gen = ctx.a_path.has(K.GENERATED)
     inside = retokenized_finding(ctx, ctx.h.a_start, ctx.h.b_start) if gen else None
     if inside is not None and ctx.h.a_byte_start > _generated_start(ctx.a):
         return inside
     n_a, n_b = ctx.h.a_end - ctx.h.a_start, ctx.h.b_end - ctx.h.b_start
-    return Finding(
-        kind="bpe_boundary",
-        hunk=ctx.i,
-        confidence=0.95,
-        title="Tokenization boundary: same text, different token IDs",
-        evidence=f"{n_a} token(s) in A and {n_b} in B spell the same bytes"
+    return finding(
+        C.BPE_BOUNDARY,
+        ctx.i,
+        f"{n_a} token(s) in A and {n_b} in B spell the same bytes"
         + (" (the model's generated tokens, re-tokenised from text)" if gen else "")
         + f" at byte {ctx.h.a_byte_start:,}",
-        fix="Send the conversation as token IDs, or keep the generated text's original tokens "
-        "(text-level resume server-side)",
-        origin="client" if gen else "",
+        origin=Origin.CLIENT if gen else Origin.UNKNOWN,
     )
 
 
 def _generated_start(p: Prompt) -> int:
     """Byte where the model's answer begins (after a prefilled empty think block)."""
-    gen = next((x for x in p.sections if x.path[-1].kind == "generated"), None)
+    gen = next((x for x in p.sections if x.path[-1].kind == K.GENERATED), None)
     if gen is None:
         return len(p.data)
     m = re.match(rb"\s*(?:<think>\s*</think>\s*)?", p.data[gen.byte_start : gen.byte_end])
@@ -260,24 +262,19 @@ def retokenized_finding(ctx: Ctx, ia: int, ib: int) -> Finding | None:
         return None
     into = max(0, ctx.a.byte_offset(ia) - _generated_start(ctx.a))
     where = ctx.b.owner(ib)
-    turn = where.top.label if where.top is not None and where.top.kind == "message" else "history"
-    return Finding(
-        kind="output_retokenized",
-        hunk=ctx.i,
-        confidence=0.95,
-        title="Model output re-tokenised differently inside its content",
-        evidence=f"the model generated {_spelled(ta)} ({len(ta)} token(s)); tokenised back from text in {turn} "
+    turn = where.top.label if where.top is not None and where.top.kind == K.MESSAGE else "history"
+    return finding(
+        C.OUTPUT_RETOKENIZED,
+        ctx.i,
+        f"the model generated {_spelled(ta)} ({len(ta)} token(s)); tokenised back from text in {turn} "
         f"it is {_spelled(tb)} ({len(tb)} token(s)), {into:,} bytes into the answer",
-        fix="Nothing in the text to change: send the history as token IDs (llama-server /completion), "
-        "or let --cache-reuse N recover the rest of the prefix",
-        origin="server",
     )
 
 
 def detect_output_retokenized(ctx: Ctx) -> Finding | None:
     """output_retokenized: A's generated text is dropped here but B holds the same text elsewhere
     (a diff that lined up the re-tokenised answer as a deletion plus an insertion)."""
-    if not ctx.a_path.has("generated") or ctx.h.a_start == ctx.h.a_end:
+    if not ctx.a_path.has(K.GENERATED) or ctx.h.a_start == ctx.h.a_end:
         return None
     start = max(ctx.h.a_byte_start, _generated_start(ctx.a))
     text = ctx.a.data[start : ctx.h.a_byte_end]
@@ -299,41 +296,25 @@ def detect_double_bos(ctx: Ctx) -> Finding | None:
     for side, p in (("B", ctx.b), ("A", ctx.a)):
         if len(p) >= 2 and p.special[0] and p.ids[0] == p.ids[1]:
             tok = p.token_bytes(0).decode("utf-8", "replace")
-            return Finding(
-                kind="double_bos",
-                hunk=ctx.i,
-                confidence=0.95,
-                title=f"Double BOS in {side}",
-                evidence=f"{side} starts with {tok} twice",
-                fix="Tokenise with add_special_tokens=false when the chat template already emits BOS",
-                origin="client",
-            )
+            return finding(C.DOUBLE_BOS, ctx.i, f"{side} starts with {tok} twice", side=side)
     return None
 
 
-def _top(p: Prompt, kind: str) -> Section | None:
+def _top(p: Prompt, kind: K) -> Section | None:
     """The top-level section of `kind` (a turn-level section such as the generation prompt)."""
     return next((s for s in p.sections if len(s.path.parts) == 1 and s.path.parts[0].kind == kind), None)
 
 
 def _last_turn_start(p: Prompt, end: int) -> int:
     """Where A's open generation prompt starts, else `end` (looked up only for an insertion)."""
-    gp = _top(p, "generation_prompt")
+    gp = _top(p, K.GENERATION_PROMPT)
     return gp.start if gp else end
 
 
 def appended_finding(hunk: int, n_new: int) -> Finding:
     """The finding for new turns after A's prompt; the cost model's fast path for a pure append
     (A a prefix of B) says exactly this without decoding either prompt."""
-    return Finding(
-        kind="appended",
-        hunk=hunk,
-        confidence=0.8,
-        title="New turns appended (expected)",
-        evidence=f"{n_new} new tokens after A's prompt",
-        fix="Nothing to fix: this is the new part of the conversation",
-        expected=True,
-    )
+    return finding(C.APPENDED, hunk, f"{n_new} new tokens after A's prompt")
 
 
 def detect_appended(ctx: Ctx) -> Finding | None:
@@ -352,14 +333,10 @@ def detect_appended(ctx: Ctx) -> Finding | None:
     if pure_insert or ctx.h.a_start >= len(ctx.a):
         return appended_finding(ctx.i, n_new)
     n_gen = ctx.h.a_end - ctx.h.a_start
-    return Finding(
-        kind="generated_rerendered",
-        hunk=ctx.i,
-        confidence=0.5,
-        title="The model's output is rendered differently in history",
-        evidence=f"{n_gen} generated token(s) kept in A's slot differ from how B renders that assistant message",
-        fix="Send the assistant message back exactly as generated (content, reasoning and tool calls)",
-        origin="client",
+    return finding(
+        C.GENERATED_RERENDERED,
+        ctx.i,
+        f"{n_gen} generated token(s) kept in A's slot differ from how B renders that assistant message",
     )
 
 
@@ -391,38 +368,27 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
     """generation_prompt (expected) and empty_think_prefill: A's open generation prompt becomes the
     answer in B."""
     top = ctx.a_path.top
-    if top is None or top.kind != "generation_prompt" or ctx.h.a_start >= len(ctx.a):
+    if top is None or top.kind != K.GENERATION_PROMPT or ctx.h.a_start >= len(ctx.a):
         return None
-    gp = _top(ctx.a, "generation_prompt")
+    gp = _top(ctx.a, K.GENERATION_PROMPT)
     # what A had from the divergence to the end of its generation prompt
     a_txt = ctx.a.data[ctx.h.a_byte_start : gp.byte_end if gp else ctx.h.a_byte_end].decode("utf-8", "replace")
-    if ctx.a_path.has("generated") and not _prefill_only(a_txt) and not _think_prefill_skipped(ctx):
+    if ctx.a_path.has(K.GENERATED) and not _prefill_only(a_txt) and not _think_prefill_skipped(ctx):
         return None  # the model's output itself differs: other detectors (reasoning, JSON, boundary) say why
     if _think_prefill_skipped(ctx) or ("<think>" in a_txt and "</think>" in a_txt and _prefill_only(a_txt)):
-        return Finding(
-            kind="empty_think_prefill",
-            hunk=ctx.i,
-            confidence=0.9,
-            title="Empty think block only on the generation prompt",
-            evidence="A's generation prompt ends with an empty <think></think> that the same turn loses in history "
+        return finding(
+            C.EMPTY_THINK_PREFILL,
+            ctx.i,
+            "A's generation prompt ends with an empty <think></think> that the same turn loses in history "
             "(enable_thinking=false)",
-            fix="Patch the template to emit the empty think block for history turns too (a ~90x speedup reported), "
-            "or accept a few tokens",
-            origin="template",
         )
     if ctx.h.a_start == ctx.h.a_end and ctx.h.a_start >= prompt_end(ctx.a) and not _TAGS.search(a_txt):
         return None  # inserted after the whole of A's prompt, before what the model generated: new turns
     n = ctx.h.a_end - ctx.h.a_start
-    return Finding(
-        kind="generation_prompt",
-        hunk=ctx.i,
-        confidence=0.85,
-        title="Generation prompt replaced by the answer (expected)",
-        evidence=f"A's open generation prompt ({a_txt[:40]!r}, {n} token(s)) is rendered differently "
-        "once it is history",
-        fix="Nothing to fix: a few tokens per turn",
-        expected=True,
-        origin="template",
+    return finding(
+        C.GENERATION_PROMPT,
+        ctx.i,
+        f"A's open generation prompt ({a_txt[:40]!r}, {n} token(s)) is rendered differently once it is history",
     )
 
 
@@ -433,7 +399,7 @@ def detect_reasoning(ctx: Ctx) -> Finding | None:
     if not a_reason or b_reason:
         return None
     top = ctx.a_path.top
-    if top and top.kind == "generation_prompt" and _prefill_only(ctx.a_text.decode("utf-8", "replace")):
+    if top and top.kind == K.GENERATION_PROMPT and _prefill_only(ctx.a_text.decode("utf-8", "replace")):
         return None  # an empty think block prefilled on the generation prompt: not reasoning
     near_b = ctx.b.data[max(0, ctx.h.b_byte_start - 16) : ctx.h.b_byte_end + 40]
     empty_b = re.search(rb"<think>\s*</think>", near_b) is not None
@@ -441,25 +407,17 @@ def detect_reasoning(ctx: Ctx) -> Finding | None:
     turn = top.label if top else "an assistant turn"
     why = f"{n} tokens of reasoning in {turn} became an empty think block" if empty_b else _client_dropped(ctx)
     if why:
-        return Finding(
-            kind="reasoning_dropped_by_client",
-            hunk=ctx.i,
-            confidence=0.85 if empty_b or ctx.b.meta.request else 0.7,
-            title="Reasoning dropped from history by the client",
-            evidence=why if empty_b else f"{n} tokens of reasoning in {turn} are in A and gone from B: {why}",
-            fix="Send reasoning_content back with each assistant message (and check that proxies keep it)",
-            origin="client",
+        return finding(
+            C.REASONING_DROPPED_BY_CLIENT,
+            ctx.i,
+            why if empty_b else f"{n} tokens of reasoning in {turn} are in A and gone from B: {why}",
+            confidence=None if empty_b or ctx.b.meta.request else 0.7,
         )
-    return Finding(
-        kind="reasoning_stripped",
-        hunk=ctx.i,
-        confidence=0.9,
-        title="Reasoning stripped from an earlier assistant turn",
-        evidence=f"{n} tokens of reasoning in {turn} are in A and gone from B "
+    return finding(
+        C.REASONING_STRIPPED,
+        ctx.i,
+        f"{n} tokens of reasoning in {turn} are in A and gone from B "
         "(the template drops reasoning before the latest user message)",
-        fix="Preserve reasoning in history (preserve_thinking / --reasoning-preserve where the template supports it), "
-        "or accept one miss per user turn",
-        origin="template",
     )
 
 
@@ -508,62 +466,39 @@ def _has_reasoning(m: dict) -> bool:
 def _user_turn_after(p: Prompt, token: int) -> bool:
     """A user message (not a tool result sent as one) starts at or after `token`."""
     users = [s for s in p.sections if len(s.path) == 1 and s.start >= token and s.path.role == "user"]
-    results = [s.start for s in p.sections if s.path.has("tool_response")]
+    results = [s.start for s in p.sections if s.path.has(K.TOOL_RESPONSE)]
     return any(not any(u.start <= r < u.end for r in results) for u in users)
 
 
 def _tool_names(p: Prompt) -> list[str]:
     """The tools of a prompt, in order (`#j` where a tool has no name)."""
-    return [s.path.tool_name or "" for s in p.sections if s.path[-1].kind == "tool"]
+    return [s.path.tool_name or "" for s in p.sections if s.path[-1].kind == K.TOOL]
 
 
 def _tool_moved_or_changed(ctx: Ctx, na: list[str], nb: list[str]) -> Finding | None:
     if na and nb and na != nb and sorted(na) == sorted(nb):
         moved = [n for n, m in zip(na, nb) if n != m]
-        return Finding(
-            kind="tool_order",
-            hunk=ctx.i,
-            confidence=0.95,
-            title="Tools reordered (same set)",
-            evidence=f"{len(na)} tools, same names, different order; first out of place: {moved[0]!r}",
-            fix="Send tools in a stable order (sort them by name)",
-            origin="client",
+        return finding(
+            C.TOOL_ORDER, ctx.i, f"{len(na)} tools, same names, different order; first out of place: {moved[0]!r}"
         )
     if na != nb and (na or nb):
         added = [n for n in nb if n not in na]
         removed = [n for n in na if n not in nb]
         what = ", ".join([f"+{n}" for n in added[:5]] + [f"-{n}" for n in removed[:5]])
-        return Finding(
-            kind="tool_set",
-            hunk=ctx.i,
-            confidence=0.95,
-            title="Tools added or removed",
-            evidence=f"tool set changed ({what}): {len(na)} -> {len(nb)} tools",
-            fix="Keep the tool list fixed for a session; load on-demand tools at the end of the list "
-            "(or after the history)",
-            origin="client",
-        )
+        return finding(C.TOOL_SET, ctx.i, f"tool set changed ({what}): {len(na)} -> {len(nb)} tools")
     return None
 
 
 def detect_tools(ctx: Ctx) -> Finding | None:
     """tool_order, tool_set and tool_changed: the tools block differs."""
-    if not (ctx.a_path.has("tools", "tool") or ctx.b_path.has("tools", "tool")):
+    if not (ctx.a_path.has(K.TOOLS, K.TOOL) or ctx.b_path.has(K.TOOLS, K.TOOL)):
         return None
     found = _tool_moved_or_changed(ctx, _tool_names(ctx.a), _tool_names(ctx.b))
     if found:
         return found
     owner = ctx.a_path.tool_name
     if owner:
-        return Finding(
-            kind="tool_changed",
-            hunk=ctx.i,
-            confidence=0.6,
-            title="Tool definition changed",
-            evidence=f"the text of the tool {owner} differs between the two requests",
-            fix="Keep tool schemas byte-stable; move per-request data (lists, counts) out of descriptions",
-            origin="client",
-        )
+        return finding(C.TOOL_CHANGED, ctx.i, f"the text of the tool {owner} differs between the two requests")
     return None
 
 
@@ -580,25 +515,17 @@ def detect_date(ctx: Ctx) -> Finding | None:
     ch = _changed(ctx, DATE_RE)
     if not ch:
         return None
-    client = _field_origin(ctx.a_path) == "client"
-    origin = "template" if ctx.a_path.has("date", "boilerplate") else "client" if client else ""
+    client = _field_origin(ctx.a_path) == Origin.CLIENT
+    origin = Origin.TEMPLATE if ctx.a_path.has(K.DATE, K.BOILERPLATE) else Origin.CLIENT if client else Origin.UNKNOWN
     # a time of day changes every turn; a bare date only once a day, so "day precision" is no advice for it
     precision = "Give the date at day precision (drop the time), or move" if _has_time(ch) else "Move"
-    fix = {
-        "template": "Pin the template's date (pass date_string) or accept one miss per day",
-        "client": f"{precision} it out of the system prompt into the newest user message",
-        "": f"Keep dates out of the prefix. {precision} them into the newest user message "
-        "(pin date_string if the template injects it)",
-    }[origin]
-    return Finding(
-        kind="date",
-        hunk=ctx.i,
-        confidence=0.9,
-        title="Date or time in the prompt changed",
-        evidence=f"{ch[0]!r} -> {ch[1]!r} in {_where(ctx.a_path)}"
-        + (" (injected by the template or server)" if origin == "template" else ""),
-        fix=fix,
+    return finding(
+        C.DATE,
+        ctx.i,
+        f"{ch[0]!r} -> {ch[1]!r} in {_where(ctx.a_path)}"
+        + (" (injected by the template or server)" if origin == Origin.TEMPLATE else ""),
         origin=origin,
+        precision=precision,
     )
 
 
@@ -615,16 +542,11 @@ def detect_nonce(ctx: Ctx) -> Finding | None:
             return None
         ch = (a, b)
     billing = "cch=" in wa or "billing" in wa.lower()
-    return Finding(
-        kind="nonce",
-        hunk=ctx.i,
-        confidence=0.85,
-        title="Per-request nonce or ID in the prompt",
-        evidence=f"{ch[0]!r} -> {ch[1]!r}" + (" (a billing-header nonce, cch=)" if billing else ""),
-        fix="Strip the billing header (CLAUDE_CODE_ATTRIBUTION_HEADER=0) or drop it at a proxy"
-        if billing
-        else "Move per-request IDs and nonces out of the prefix (or remove them)",
-        origin="client",
+    return finding(
+        C.NONCE,
+        ctx.i,
+        f"{ch[0]!r} -> {ch[1]!r}" + (" (a billing-header nonce, cch=)" if billing else ""),
+        fix=BILLING_FIX if billing else None,
     )
 
 
@@ -635,7 +557,7 @@ def _id_position(path: SectionPath) -> bool:
     """A tool-call ID position: a call's `id` or a result's `tool_call_id`, from the request's
     fields (any template that prints them: Kimi's functions.NAME:IDX too) or from the template's
     markers (Mistral's [CALL_ID] and [TOOL_RESULTS] IDs, Mistral Nemo's "id" and "call_id" keys)."""
-    return any(p.kind == "field" and p.name in ID_FIELDS for p in path)
+    return any(p.kind == K.FIELD and p.name in ID_FIELDS for p in path)
 
 
 def _paths_at_first_byte(ctx: Ctx) -> tuple[SectionPath, SectionPath]:
@@ -665,15 +587,7 @@ def detect_call_id(ctx: Ctx) -> Finding | None:
         return None
     a = (_section_text(ctx.a, path_a, ctx.h.a_byte_start) if path_a else "") or ctx.a_text.decode("utf-8", "replace")
     b = (_section_text(ctx.b, path_b, ctx.h.b_byte_start) if path_b else "") or ctx.b_text.decode("utf-8", "replace")
-    return Finding(
-        kind="tool_call_id",
-        hunk=ctx.i,
-        confidence=0.95,
-        title="Tool-call IDs regenerated",
-        evidence=f"{a!r} -> {b!r} in {_where(path)}",
-        fix="Persist tool-call IDs with the history, or derive them deterministically (e.g. a hash of the call)",
-        origin="client",
-    )
+    return finding(C.TOOL_CALL_ID, ctx.i, f"{a!r} -> {b!r} in {_where(path)}")
 
 
 def _braces_before(data: bytes, lo: int, hi: int) -> Iterator[int]:
@@ -730,17 +644,13 @@ def detect_json_reserialized(ctx: Ctx) -> Finding | None:
     keys_a = re.findall(rb'"([^"\\]+)"\s*:', ta)
     keys_b = re.findall(rb'"([^"\\]+)"\s*:', tb)
     how = "key order" if keys_a != keys_b else "whitespace or separators"
-    in_call = ctx.a_path.has("tool_call") or _field_named(ctx.a_path, "arguments")
-    return Finding(
-        kind="json_reserialized",
-        hunk=ctx.i,
-        confidence=0.9,
-        title="JSON re-serialised (same value, different text)",
-        evidence=f"the JSON object at byte {ja[0]:,} is equal as data but differs in {how}"
+    in_call = ctx.a_path.has(K.TOOL_CALL) or _field_named(ctx.a_path, "arguments")
+    return finding(
+        C.JSON_RESERIALIZED,
+        ctx.i,
+        f"the JSON object at byte {ja[0]:,} is equal as data but differs in {how}"
         + (" (tool-call arguments)" if in_call else ""),
-        fix="Send tool-call arguments exactly as generated (the string), or serialise with a fixed key order "
-        "and separators",
-        origin="client" if in_call else "",
+        origin=Origin.CLIENT if in_call else Origin.UNKNOWN,
     )
 
 
@@ -751,13 +661,10 @@ def detect_counter(ctx: Ctx) -> Finding | None:
         return None
     wa, ia = ctx.a_win(24)
     label = wa[max(0, ia - 24) : ia].strip().split("\n")[-1][-30:]
-    return Finding(
-        kind="counter",
-        hunk=ctx.i,
-        confidence=0.7,
-        title="A counter or percentage changed",
-        evidence=f"{ch[0].strip()!r} -> {ch[1].strip()!r} after {label!r} in {_where(ctx.a_path)}",
-        fix="Move volatile counters (memory, usage, budgets) to the end of the prompt, into the newest message",
+    return finding(
+        C.COUNTER,
+        ctx.i,
+        f"{ch[0].strip()!r} -> {ch[1].strip()!r} after {label!r} in {_where(ctx.a_path)}",
         origin=_field_origin(ctx.a_path),
     )
 
@@ -773,15 +680,11 @@ def detect_moved(ctx: Ctx) -> Finding | None:
     where = ctx.a.data.find(probe, ctx.h.a_byte_end)
     if where < 0:
         return None
-    return Finding(
-        kind="system_moved",
-        hunk=ctx.i,
-        confidence=0.75,
-        title="Text moved into the system prompt",
-        evidence=f"{len(bt)} bytes now in B's system section appear later in A (byte {where:,}): "
+    return finding(
+        C.SYSTEM_MOVED,
+        ctx.i,
+        f"{len(bt)} bytes now in B's system section appear later in A (byte {where:,}): "
         "a mid-conversation system message moved or merged",
-        fix="Send reminders as user messages, or keep system messages where they were added",
-        origin="server",
     )
 
 
@@ -804,7 +707,7 @@ def _messages(p: Prompt) -> list[dict]:
     return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []
 
 
-def _merge_story(ctx: Ctx, added: str) -> tuple[str, str]:
+def _merge_story(ctx: Ctx, added: str) -> tuple[str, Origin]:
     """(what the requests show, origin): a later system message of B merged by the server, the
     client's own system prompt grown, or nothing known (no requests)."""
     probe = added.strip()[:120]
@@ -814,14 +717,14 @@ def _merge_story(ctx: Ctx, added: str) -> tuple[str, str]:
         if m.get("role") in ("system", "developer") and len(text) >= 8 and text[:120] in added:
             return (
                 f"; B's request sends it as a separate system message (messages[{k}]), merged into the first",
-                "server",
+                Origin.SERVER,
             )
     first = _content_text(msgs_b[0].get("content")) if msgs_b else ""
     if probe and probe in first:
         moved = any(probe in _content_text(m.get("content")) for m in _messages(ctx.a)[1:])
         where = "moved there from a later message of A" if moved else "the client appended it to messages[0]"
-        return f"; B's request has it in its system prompt ({where})", "client"
-    return "", ""
+        return f"; B's request has it in its system prompt ({where})", Origin.CLIENT
+    return "", Origin.UNKNOWN
 
 
 def detect_system_appended(ctx: Ctx) -> Finding | None:
@@ -843,13 +746,10 @@ def detect_system_appended(ctx: Ctx) -> Finding | None:
         return None  # the text was later in A: moved (detect_moved)
     story, origin = _merge_story(ctx, added)
     tag = " (a <system-reminder>)" if "<system-reminder>" in added else ""
-    return Finding(
-        kind="system_appended",
-        hunk=ctx.i,
-        confidence=0.85,
-        title="Text inserted at the end of the system prompt",
-        evidence=f"{grown:,} bytes inserted at the end of the system prompt{tag}: {added.strip()[:60]!r}{story}",
-        fix="Keep injected reminders and mode notes out of the system prompt: send them in the newest message",
+    return finding(
+        C.SYSTEM_APPENDED,
+        ctx.i,
+        f"{grown:,} bytes inserted at the end of the system prompt{tag}: {added.strip()[:60]!r}{story}",
         origin=origin,
     )
 
@@ -873,26 +773,20 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     """reminder_moved: a block removed from an older message shows up in a later message of B
     (opencode moves its <system-reminder> to the newest user message)."""
     src = ctx.a_path.top
-    if src is None or src.kind != "message":
+    if src is None or src.kind != K.MESSAGE:
         return None
     removed = _removed(ctx).strip()
     at = ctx.b.data.find(removed[:200].encode(), ctx.h.b_byte_end) if len(removed) >= 24 else -1
     if at < 0:  # the diff kept the block and inserted the turns in between: what follows is the block
         removed, at = _kept_tail(ctx), ctx.h.b_byte_end
     dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
-    if dest is None or dest.kind != "message" or (dest.index or 0) <= (src.index or 0):
+    if dest is None or dest.kind != K.MESSAGE or (dest.index or 0) <= (src.index or 0):
         return None
     if _message_holds(ctx.b, src.index, removed):  # still where it was: B sent it again, nothing moved
         return None
     what = "a <system-reminder> block" if "<system-reminder>" in removed else f"{len(removed.encode()):,} bytes"
-    return Finding(
-        kind="reminder_moved",
-        hunk=ctx.i,
-        confidence=0.85,
-        title="Reminder moved from an older message to a newer one",
-        evidence=f"{what} removed from {src.label} is now in {dest.label} ({removed[:48]!r})",
-        fix="Leave a reminder where it was first sent (history append-only); add the new one to the newest message",
-        origin="client",
+    return finding(
+        C.REMINDER_MOVED, ctx.i, f"{what} removed from {src.label} is now in {dest.label} ({removed[:48]!r})"
     )
 
 
@@ -900,7 +794,7 @@ def _message_holds(p: Prompt, index: int | None, text: str) -> bool:
     """Message `index` of `p` (its turn-level section) holds `text`."""
     if index is None:
         return False
-    top = (s for s in p.sections if len(s.path) == 1 and s.path.parts[0].kind == "message")
+    top = (s for s in p.sections if len(s.path) == 1 and s.path.parts[0].kind == K.MESSAGE)
     turn = next((s for s in top if s.path.parts[0].index == index), None)
     if turn is None:
         return False
@@ -914,9 +808,9 @@ def _is_result(path: SectionPath) -> bool:
     last = path[-1] if path else None
     if last is None:
         return False
-    if last.kind == "tool_response":
+    if last.kind == K.TOOL_RESPONSE:
         return True
-    return path.role in ("tool", "ipython") and (last.kind == "message" or last.name == "content")
+    return path.role in ("tool", "ipython") and (last.kind == K.MESSAGE or last.name == "content")
 
 
 def _result_at(p: Prompt, token: int) -> Section | None:
@@ -955,14 +849,11 @@ def detect_result_truncated(ctx: Ctx) -> Finding | None:
         evidence = f"the same up to byte {cut:,}; this span is its truncation note: {note_a!r} -> {note_b!r}"
     else:
         return None
-    return Finding(
-        kind="tool_result_truncated",
-        hunk=ctx.i,
-        confidence=0.85,
-        title=f"Tool result re-truncated differently: {ra.path.label}",
-        evidence=f"its text is {len(ta):,} bytes in A, {len(tb):,} in B ({len(tb) - len(ta):+,}), " + evidence,
-        fix="Truncate each tool result once, when it is added, and send that text unchanged on every later turn",
-        origin="client",
+    return finding(
+        C.TOOL_RESULT_TRUNCATED,
+        ctx.i,
+        f"its text is {len(ta):,} bytes in A, {len(tb):,} in B ({len(tb) - len(ta):+,}), " + evidence,
+        result=ra.path.label,
     )
 
 
@@ -1011,21 +902,18 @@ def detect_setting(ctx: Ctx) -> Finding | None:
         return None
     ka, kb = _request_settings(ctx.a), _request_settings(ctx.b)
     changed = [f"{k} {ka.get(k)!r} -> {kb.get(k)!r}" for k in sorted(set(ka) | set(kb)) if ka.get(k) != kb.get(k)]
-    origin = "template" if changed or ctx.a_path.has("boilerplate") else _field_origin(ctx.a_path)
-    return Finding(
-        kind="setting_changed",
-        hunk=ctx.i,
-        confidence=0.9,
-        title="A setting rendered into the prompt changed",
-        evidence=f"{what} in {_where(ctx.a_path)}" + (f" (request: {', '.join(changed)})" if changed else ""),
-        fix="Keep thinking/effort and mode settings fixed for a session, or switch them in the newest message",
+    origin = Origin.TEMPLATE if changed or ctx.a_path.has(K.BOILERPLATE) else _field_origin(ctx.a_path)
+    return finding(
+        C.SETTING_CHANGED,
+        ctx.i,
+        f"{what} in {_where(ctx.a_path)}" + (f" (request: {', '.join(changed)})" if changed else ""),
         origin=origin,
     )
 
 
 def detect_truncation(ctx: Ctx) -> Finding | None:
     """truncation: old turns dropped after the system prompt (context shift or num_ctx overflow)."""
-    if ctx.h.kind != "delete" and (ctx.h.a_end - ctx.h.a_start) < 4 * max(1, ctx.h.b_end - ctx.h.b_start):
+    if ctx.h.kind != HunkKind.DELETE and (ctx.h.a_end - ctx.h.a_start) < 4 * max(1, ctx.h.b_end - ctx.h.b_start):
         return None
     if ctx.h.a_end - ctx.h.a_start < 32:
         return None
@@ -1039,14 +927,11 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
     ]
     if not turns_a:
         return None
-    return Finding(
-        kind="truncation",
-        hunk=ctx.i,
-        confidence=0.75,
-        title="Old turns dropped (truncation or context shift)",
-        evidence=f"{len(turns_a)} whole turn(s), {ctx.h.a_end - ctx.h.a_start} tokens, dropped from A "
+    return finding(
+        C.TRUNCATION,
+        ctx.i,
+        f"{len(turns_a)} whole turn(s), {ctx.h.a_end - ctx.h.a_start} tokens, dropped from A "
         f"at token {ctx.h.a_start:,}",
-        fix="Raise the context size (num_ctx / -c), or prune from the end of old tool results rather than the middle",
     )
 
 
@@ -1056,20 +941,16 @@ def detect_rewritten(ctx: Ctx) -> Finding | None:
     b_txt = ctx.b_text.decode("utf-8", "replace")
     placeholder = PLACEHOLDER_RE.search(b_txt)
     top = ctx.a_path.top
-    in_message = top is not None and top.kind == "message"
+    in_message = top is not None and top.kind == K.MESSAGE
     if not in_message and not placeholder:
         return None
     if placeholder or len(b_txt) < len(a_txt) // 2:
-        return Finding(
-            kind="history_rewritten",
-            hunk=ctx.i,
-            confidence=0.8 if placeholder else 0.5,
-            title="History rewritten in place",
-            evidence=f"{top.label if top is not None and in_message else 'the prompt'}: "
+        return finding(
+            C.HISTORY_REWRITTEN,
+            ctx.i,
+            f"{top.label if top is not None and in_message else 'the prompt'}: "
             f"{len(a_txt)} bytes became {len(b_txt)}" + (f" ({placeholder.group(0)!r})" if placeholder else ""),
-            fix="Keep history append-only; if you must prune, prune once past a threshold and from the newest "
-            "tool results first",
-            origin="client",
+            confidence=None if placeholder else 0.5,
         )
     return None
 
@@ -1108,7 +989,7 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
     turns = [
         s
         for s in a.sections
-        if len(s.path) == 1 and s.end > d.lcp and s.start < prompt_end(a) and s.path[0].kind != "generation_prompt"
+        if len(s.path) == 1 and s.end > d.lcp and s.start < prompt_end(a) and s.path[0].kind != K.GENERATION_PROMPT
     ]
     if not turns or any(2 * _shared_in(a, s, d.lcp, runs) >= s.end - s.start for s in turns):
         return None
@@ -1119,28 +1000,17 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
         kept, later = f"nothing with A but {d.lcp:,} template marker token(s)", ""
     else:
         kept, later = f"only its first {d.lcp:,} token(s) with A", ""
-    return Finding(
-        kind="new_conversation",
-        hunk=0,
-        confidence=0.99,
-        title="New conversation (expected)",
-        evidence=f"B shares {kept}; none of A's {len(turns)}{later} turn(s) is in B",
-        fix="Nothing to fix in the prompts: a new conversation starts. If two agents or conversations take "
-        "turns on one slot, give each its own slot (-np) so neither evicts the other",
-        expected=True,
-    )
+    return finding(C.NEW_CONVERSATION, 0, f"B shares {kept}; none of A's {len(turns)}{later} turn(s) is in B")
 
 
 def detect_fallback(ctx: Ctx) -> Finding:
     """content_changed: no detector recognised the change."""
-    return Finding(
-        kind="content_changed",
-        hunk=ctx.i,
-        confidence=0.2,
-        title=f"Content changed in {_where(ctx.a_path)}",
-        evidence=f"{ctx.h.a_end - ctx.h.a_start} token(s) of A became {ctx.h.b_end - ctx.h.b_start} in B",
-        fix="Make this part of the prompt stable between turns, or move it after the history",
+    return finding(
+        C.CONTENT_CHANGED,
+        ctx.i,
+        f"{ctx.h.a_end - ctx.h.a_start} token(s) of A became {ctx.h.b_end - ctx.h.b_start} in B",
         origin=_field_origin(ctx.a_path),
+        where=_where(ctx.a_path),
     )
 
 

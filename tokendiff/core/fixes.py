@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokendiff.core.kinds import CauseKind as C
 from tokendiff.core.model import Divergence, Finding, Prompt, SectionPath
 
 # the request fields a fix can set back, by their exact field path (SectionPath.field_path)
@@ -23,15 +24,15 @@ FIELD = re.compile(
     r"|tool_calls\[(\d+)\]\.(id|function\.arguments|function\.name))$"
 )
 REVERTIBLE = {
-    "date",
-    "counter",
-    "nonce",
-    "tool_call_id",
-    "json_reserialized",
-    "content_changed",
-    "tool_changed",
-    "reminder_moved",  # the older message as in A: the reminder left where it was first sent
-    "tool_result_truncated",  # the result as A cut it
+    C.DATE,
+    C.COUNTER,
+    C.NONCE,
+    C.TOOL_CALL_ID,
+    C.JSON_RESERIALIZED,
+    C.CONTENT_CHANGED,
+    C.TOOL_CHANGED,
+    C.REMINDER_MOVED,  # the older message as in A: the reminder left where it was first sent
+    C.TOOL_RESULT_TRUNCATED,  # the result as A cut it
 }
 SETTING_KEYS = ("reasoning_effort", "enable_thinking", "thinking", "reasoning", "thinking_budget")
 
@@ -154,12 +155,12 @@ def fix_request(
         if f.expected:
             continue
         h = d.hunks[f.hunk]
-        if f.kind in ("tool_order", "tool_set"):
+        if f.kind in (C.TOOL_ORDER, C.TOOL_SET):
             if "tools" not in done:
                 out.applied.append(_tools_in_a_order(a_req, out.body))
                 done.add("tools")
             continue
-        special = {"setting_changed": _settings_as_in_a, "system_appended": _system_tail_to_newest}.get(f.kind)
+        special = {C.SETTING_CHANGED: _settings_as_in_a, C.SYSTEM_APPENDED: _system_tail_to_newest}.get(f.kind)
         said = special(a_req, out.body) if special and f.kind not in done else None
         if said:
             done.add(f.kind)

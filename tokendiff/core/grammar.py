@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import NamedTuple
 
+from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.model import Part, Prompt, Section, SectionPath, flag_indices
 
 
@@ -391,13 +392,13 @@ def _tools_block(data: bytes, start: int, end: int) -> tuple[int, int, list[tupl
 
 
 def _tool_spans(data: bytes, objs: list[tuple[int, int]], base: SectionPath) -> list[_Span]:
-    return [_Span(base + (Part("tool", j, _name_in(data, a, b)),), a, b) for j, (a, b) in enumerate(objs)]
+    return [_Span(base + (Part(K.TOOL, j, _name_in(data, a, b)),), a, b) for j, (a, b) in enumerate(objs)]
 
 
 def _tools_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> list[_Span]:
     """The tools block of a turn and one span per tool in it."""
     cs, ce = turn.content_start, turn.content_end
-    tools = base + (Part("tools"),)
+    tools = base + (Part(K.TOOLS),)
     if turn.role == "tools":  # Mistral's [AVAILABLE_TOOLS]: the turn is the block, a JSON list of tools
         return _tool_spans(data, _json_objects(data, cs, ce), base)
     tb = _tools_block(data, cs, ce)
@@ -425,11 +426,11 @@ def _assistant_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -
         # the channel and recipient live in the header: the whole content is the span
         recipient = re.search(r"to=functions\.([\w.\-]+)", role)
         if " analysis" in role:
-            return [_Span(base + (Part("reasoning"),), cs, ce)]
+            return [_Span(base + (Part(K.REASONING),), cs, ce)]
         if recipient:
-            return [_Span(base + (Part("tool_call", 0, recipient.group(1)),), cs, ce)]
+            return [_Span(base + (Part(K.TOOL_CALL, 0, recipient.group(1)),), cs, ce)]
         return []
-    spans = [_Span(base + (Part("reasoning"),), a, b) for a, b in _pairs(data, cs, ce, b"<think>", b"</think>")]
+    spans = [_Span(base + (Part(K.REASONING),), a, b) for a, b in _pairs(data, cs, ce, b"<think>", b"</think>")]
     calls = _pairs(data, cs, ce, b"<tool_call>", b"</tool_call>")
     calls += _pairs(data, cs, ce, "<｜tool▁call▁begin｜>".encode(), "<｜tool▁call▁end｜>".encode())
     v7: dict[int, tuple[str, int, int, int]] = {}
@@ -437,7 +438,7 @@ def _assistant_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -
         v7 = _mistral_v7_calls(data, cs, ce)
         calls += [(a, v[3]) for a, v in v7.items()] or _json_objects(data, cs, ce)
     for j, (a, b) in enumerate(sorted(calls)):
-        call = base + (Part("tool_call", j, v7[a][0] if a in v7 else _name_in(data, a, b)),)
+        call = base + (Part(K.TOOL_CALL, j, v7[a][0] if a in v7 else _name_in(data, a, b)),)
         spans.append(_Span(call, a, b))
         if a in v7:
             spans.append(_Span(call + (_id_part("id"),), v7[a][1], v7[a][2]))
@@ -455,7 +456,7 @@ _MISTRAL_RESULT_ID = re.compile(rb"\[TOOL_RESULTS\]([^\[\]]{1,128})\[TOOL_CONTEN
 
 def _id_part(name: str) -> Part:
     """A tool-call ID position found from template markers (no request field behind it)."""
-    return Part("field", name=name)
+    return Part(K.FIELD, name=name)
 
 
 def _call_id_spans(data: bytes, a: int, b: int, base: SectionPath, name: str) -> list[_Span]:
@@ -501,14 +502,14 @@ def _inner_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> li
     if family == "llama3":
         m = re.search(rb"Today Date: [^\n]*", data[cs:ce])
         if m:
-            spans.append(_Span(base + (Part("date"),), cs + m.start(), cs + m.end()))
+            spans.append(_Span(base + (Part(K.DATE),), cs + m.start(), cs + m.end()))
     if turn.role.startswith("assistant") or turn.role == "model":
         spans += _assistant_spans(data, turn, base, family)
     elif turn.role in ("user", "tool", "ipython"):
         results = _pairs(data, cs, ce, b"<tool_response>", b"</tool_response>")
         results += _pairs(data, cs, ce, "<｜tool▁output▁begin｜>".encode(), "<｜tool▁output▁end｜>".encode())
         for j, (a, b) in enumerate(sorted(results)):
-            spans.append(_Span(base + (Part("tool_response", j),), a, b))
+            spans.append(_Span(base + (Part(K.TOOL_RESPONSE, j),), a, b))
         if turn.role in ("tool", "ipython"):
             spans += _result_id_spans(data, cs, ce, base)
     return spans
@@ -519,14 +520,14 @@ def _inner_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> li
 
 def _turn_path(turn: _Turn, index: int, last: bool) -> SectionPath:
     if turn.role == "tools":
-        return _path("tools", None, None)
+        return _path(K.TOOLS, None, None)
     if last and not turn.closed and turn.role.startswith("assistant"):
-        return _path("generation_prompt", None, None)
-    return _path("message", index, turn.role)
+        return _path(K.GENERATION_PROMPT, None, None)
+    return _path(K.MESSAGE, index, turn.role)
 
 
 @lru_cache(maxsize=4096)
-def _path(kind: str, index: int | None, role: str | None) -> SectionPath:
+def _path(kind: K, index: int | None, role: str | None) -> SectionPath:
     """A turn's path, made once: the same turns recur in every prompt of a session."""
     return SectionPath.of(Part(kind, index, role))
 
@@ -542,7 +543,7 @@ def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) 
     turns = _SPLITTERS[fam](marks)
     spans: list[_Span] = []
     if turns and turns[0].start > 0:
-        spans.append(_Span(SectionPath.of(Part("bos")), 0, turns[0].start))
+        spans.append(_Span(SectionPath.of(Part(K.BOS)), 0, turns[0].start))
     index = 0
     for i, t in enumerate(turns):
         last = i == len(turns) - 1
@@ -550,9 +551,9 @@ def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) 
         if t.role != "tools":  # Mistral's tools block is no message
             index += 1
         spans.append(_Span(path, t.start, t.end))
-        if path[0].kind == "generation_prompt":
+        if path[0].kind == K.GENERATION_PROMPT:
             if t.content_start < t.end:
-                generated = path + (Part("generated"),)
+                generated = path + (Part(K.GENERATED),)
                 spans.append(_Span(generated, t.content_start, t.end))
                 spans.extend(_inner_spans(data, t, generated, fam) if inner else ())
             continue

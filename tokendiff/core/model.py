@@ -14,6 +14,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
+from tokendiff.core.kinds import CauseKind, HunkKind, Origin, SectionKind
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -24,30 +26,31 @@ SEP = " › "
 
 # The kinds of a section path's parts. Every stage (the template grammar, the request renderer,
 # the detectors, the cost model) speaks this vocabulary, so none of them parses display strings.
+_K = SectionKind
 KINDS = {
-    "bos": "tokens before the first turn (BOS)",
-    "message": "one turn: index into the request's messages (or the rendered turn), name = role",
-    "boilerplate": "a turn the template wrote with no request field in it (name = role)",
-    "tools": "the tools block",
-    "tool": "one tool definition: index into the request's tools, name = the tool's name",
-    "tool_call": "one tool call of an assistant message: index, name = the function",
-    "tool_response": "one tool result inside a turn: index",
-    "reasoning": "reasoning (<think>, an analysis channel, reasoning_content)",
-    "date": "a date the template injects (Llama 3's `Today Date:`)",
-    "field": "a request string field; name = its short name (content, arguments, description ...)",
-    "generation_prompt": "the open assistant turn at the end",
-    "generated": "what the model generated after the generation prompt (slot files keep it)",
-    "end": "past the end of the prompt",
+    _K.BOS: "tokens before the first turn (BOS)",
+    _K.MESSAGE: "one turn: index into the request's messages (or the rendered turn), name = role",
+    _K.BOILERPLATE: "a turn the template wrote with no request field in it (name = role)",
+    _K.TOOLS: "the tools block",
+    _K.TOOL: "one tool definition: index into the request's tools, name = the tool's name",
+    _K.TOOL_CALL: "one tool call of an assistant message: index, name = the function",
+    _K.TOOL_RESPONSE: "one tool result inside a turn: index",
+    _K.REASONING: "reasoning (<think>, an analysis channel, reasoning_content)",
+    _K.DATE: "a date the template injects (Llama 3's `Today Date:`)",
+    _K.FIELD: "a request string field; name = its short name (content, arguments, description ...)",
+    _K.GENERATION_PROMPT: "the open assistant turn at the end",
+    _K.GENERATED: "what the model generated after the generation prompt (slot files keep it)",
+    _K.END: "past the end of the prompt",
 }
 
 _FIXED_LABELS = {
-    "bos": "BOS",
-    "tools": "tools",
-    "reasoning": "reasoning",
-    "date": "date",
-    "generation_prompt": "generation prompt",
-    "generated": "generated",
-    "end": "end of prompt",
+    _K.BOS: "BOS",
+    _K.TOOLS: "tools",
+    _K.REASONING: "reasoning",
+    _K.DATE: "date",
+    _K.GENERATION_PROMPT: "generation prompt",
+    _K.GENERATED: "generated",
+    _K.END: "end of prompt",
 }
 _SILENT_FIELDS = {"content"}  # a message's content is the message: no label of its own
 
@@ -61,7 +64,7 @@ class Part:
     None where the structure comes from template markers alone.
     """
 
-    kind: str  # one of KINDS
+    kind: SectionKind
     index: int | None = None
     name: str | None = None  # role, tool or function name, or a field's short name
     field: str | None = None
@@ -76,26 +79,26 @@ class Part:
         k, i, n = self.kind, self.index, self.name
         if k in _FIXED_LABELS:
             return _FIXED_LABELS[k]
-        if k == "message":
+        if k == _K.MESSAGE:
             if n == "system" and i == 0:
                 return "system prompt"
             if i is None:
                 return f"{n or 'all'} messages"
             return f"message {i}" + (f" ({n})" if n else "")
-        if k == "boilerplate":
+        if k == _K.BOILERPLATE:
             return ("system prompt" if n == "system" else (n or "turn")) + " (template)"
-        if k == "tool":
+        if k == _K.TOOL:
             return n or f"tool {i}"
-        if k == "tool_call":
+        if k == _K.TOOL_CALL:
             return "tool call " + (n or (str(i) if i is not None else ""))
-        if k == "tool_response":
+        if k == _K.TOOL_RESPONSE:
             return "tool response" + (f" {i}" if i is not None else "")
         return n or k
 
     def generalised(self) -> Part:
         """The same place in any turn: message indices and field paths dropped (the system prompt kept)."""
-        if self.kind == "message" and self.name == "system" and self.index == 0:
-            return Part("message", 0, "system")
+        if self.kind == _K.MESSAGE and self.name == "system" and self.index == 0:
+            return Part(_K.MESSAGE, 0, "system")
         return Part(self.kind, None, self.name)
 
 
@@ -138,13 +141,13 @@ class SectionPath:
         return self.label
 
     @property
-    def kinds(self) -> tuple[str, ...]:
+    def kinds(self) -> tuple[SectionKind, ...]:
         return tuple(p.kind for p in self.parts)
 
-    def has(self, *kinds: str) -> bool:
+    def has(self, *kinds: SectionKind) -> bool:
         return any(p.kind in kinds for p in self.parts)
 
-    def find(self, *kinds: str) -> Part | None:
+    def find(self, *kinds: SectionKind) -> Part | None:
         """The innermost part of one of `kinds`."""
         return next((p for p in reversed(self.parts) if p.kind in kinds), None)
 
@@ -160,17 +163,17 @@ class SectionPath:
     @property
     def role(self) -> str | None:
         """The role of the turn holding this place (None outside turns)."""
-        turn = self.find("message", "boilerplate")
+        turn = self.find(_K.MESSAGE, _K.BOILERPLATE)
         return turn.name if turn else None
 
     @property
     def message_index(self) -> int | None:
-        turn = self.find("message")
+        turn = self.find(_K.MESSAGE)
         return turn.index if turn else None
 
     @property
     def tool_name(self) -> str | None:
-        tool = self.find("tool")
+        tool = self.find(_K.TOOL)
         return (tool.name or f"#{tool.index}") if tool else None
 
     @property
@@ -178,12 +181,12 @@ class SectionPath:
         """How a person says it: tools are named from the tools block down, a message's
         content is the message, a tool's or call's field is said in brackets."""
         parts = self.parts
-        tools_at = max((k for k, p in enumerate(parts) if p.kind == "tools"), default=0)
+        tools_at = max((k for k, p in enumerate(parts) if p.kind == _K.TOOLS), default=0)
         out: list[str] = []
         for k, p in enumerate(parts[tools_at:], tools_at):
-            if p.kind == "field" and (p.name or "").split("[")[0] in _SILENT_FIELDS and out:
+            if p.kind == _K.FIELD and (p.name or "").split("[")[0] in _SILENT_FIELDS and out:
                 continue
-            if p.kind == "field" and k > 0 and parts[k - 1].kind in ("tool", "tool_call") and out:
+            if p.kind == _K.FIELD and k > 0 and parts[k - 1].kind in (_K.TOOL, _K.TOOL_CALL) and out:
                 out[-1] += f" ({p.label})"
             else:
                 out.append(p.label)
@@ -194,14 +197,14 @@ class SectionPath:
         one tool or call), at most `depth` parts: how the cost model groups causes."""
         out: list[Part] = []
         for p in self.parts:
-            if p.kind in ("tool", "tool_call"):
+            if p.kind in (_K.TOOL, _K.TOOL_CALL):
                 break
             out.append(p.generalised())
         return SectionPath(tuple(out[:depth]))
 
 
 NO_SECTION = SectionPath()
-END_OF_PROMPT = SectionPath.of(Part("end"))
+END_OF_PROMPT = SectionPath.of(Part(_K.END))
 
 
 class Section(NamedTuple):
@@ -337,7 +340,7 @@ class Prompt:
 
 def prompt_end(p: Prompt) -> int:
     """Where the prompt ends and the model's generated tokens (kept by slot dumps) begin."""
-    gen = next((s for s in p.sections if s.path.parts[-1].kind == "generated"), None)
+    gen = next((s for s in p.sections if s.path.parts[-1].kind == _K.GENERATED), None)
     return gen.start if gen else len(p)
 
 
@@ -357,12 +360,12 @@ class Hunk:
     b_owner: SectionPath
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> HunkKind:
         if self.a_start == self.a_end:
-            return "insert"
+            return HunkKind.INSERT
         if self.b_start == self.b_end:
-            return "delete"
-        return "replace"
+            return HunkKind.DELETE
+        return HunkKind.REPLACE
 
 
 @dataclass(frozen=True)
@@ -395,14 +398,14 @@ class Divergence:
 class Finding:
     """An explained cause for one divergent span (hunk) of a pair."""
 
-    kind: str  # date, nonce, counter, tool_order, tool_set, tool_changed, reasoning_stripped, ...
+    kind: CauseKind  # the cause table (core/causes.py) gives its title and fix
     hunk: int  # index into Divergence.hunks
     confidence: float  # 0..1
     title: str  # one line: what happened
     evidence: str  # what in the tokens shows it
     fix: str  # one line of advice
     expected: bool = False  # benign by design (the generation prompt replaced by the answer)
-    origin: str = ""  # "client", "template", "server" or "" when unknown
+    origin: Origin = Origin.UNKNOWN  # who changed the prompt, where the tokens show it
 
 
 @dataclass

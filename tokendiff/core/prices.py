@@ -12,8 +12,10 @@ longest table key its name starts with. Pure.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from tokendiff.core.cache.cloud import CloudTurn, Provider
 
 PRICES_VERSION = "2026-10-01"  # the date of the newest source the table was read from
 
@@ -121,3 +123,45 @@ def break_cost(price: Price, waste: int, rewritten: int, one_hour: bool = False)
     fresh = max(0, waste - rewritten)
     extra = rewritten * (price.write(one_hour) - price.read) + fresh * (price.input - price.read)
     return extra / 1e6
+
+
+# ---------------------------------------------------------------- a session priced
+
+
+DAY = 86400.0
+
+
+@dataclass
+class PricedTurn:
+    """A turn's verdict and what its break cost."""
+
+    turn: CloudTurn
+    cost: float | None  # $ the break cost (None: no price for the model)
+
+
+@dataclass
+class CloudReport:
+    """A session judged by its provider's rules and priced (app.cloud builds it, report.cloud renders it)."""
+
+    provider: Provider
+    model: str
+    turns: list[PricedTurn]
+    price: Price | None
+    duration_s: float | None  # first request to last
+    counts: str  # how per-block tokens were counted
+    by_cause: dict[str, tuple[int, float | None]] = field(default_factory=dict)  # cause -> (tokens, $)
+
+    @property
+    def wasted_tokens(self) -> int:
+        return sum(p.turn.waste for p in self.turns)
+
+    @property
+    def wasted_cost(self) -> float | None:
+        costs = [p.cost for p in self.turns if p.turn.waste]
+        return None if any(c is None for c in costs) else sum(c for c in costs if c is not None)
+
+    def per_day(self, cost: float | None) -> float | None:
+        """`cost` at the session's rate: what it amounts to over a day of sessions like this one."""
+        if cost is None or not self.duration_s or self.duration_s <= 0:
+            return None
+        return cost * DAY / self.duration_s

@@ -16,6 +16,7 @@ from bisect import bisect_left, bisect_right
 
 import numpy as np
 
+from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.model import Part, Prompt, Rendered, Section, SectionPath
 
 
@@ -35,7 +36,7 @@ Piece = tuple[SectionPath, int, int]  # a path and its byte range
 
 def _is_gen(path: SectionPath) -> bool:
     parts = path.parts
-    return len(parts) == 1 and parts[0].kind == "generation_prompt"
+    return len(parts) == 1 and parts[0].kind == K.GENERATION_PROMPT
 
 
 def field_sections(prompt: Prompt, rendered: Rendered) -> list[Section]:
@@ -85,16 +86,16 @@ def _turn_pieces(data: bytes, t: Section, inside: list[Piece], gen: Piece | None
     """The turn named after the request: the generation prompt, template boilerplate (no field in it),
     or the message(s) whose fields it holds (`inside`, in order of their starts)."""
     part = t.path.parts[0]
-    if part.kind == "generation_prompt" or (gen and gen[1] <= t.byte_start and t.byte_end <= gen[2] + 1):
-        return [(Part("generation_prompt"), t.byte_start, t.byte_end)]
+    if part.kind == K.GENERATION_PROMPT or (gen and gen[1] <= t.byte_start and t.byte_end <= gen[2] + 1):
+        return [(Part(K.GENERATION_PROMPT), t.byte_start, t.byte_end)]
     owners: list[Part] = []
     for path, _, _ in inside:
         top = path.parts[0]
-        if top.kind == "message" and top not in owners:
+        if top.kind == K.MESSAGE and top not in owners:
             owners.append(top)
     if not owners:
-        if part.kind == "message" and part.name == "system":
-            part = Part("boilerplate", name="system")
+        if part.kind == K.MESSAGE and part.name == "system":
+            part = Part(K.BOILERPLATE, name="system")
         return [(part, t.byte_start, t.byte_end)]
     if len(owners) == 1:
         return [(owners[0], t.byte_start, t.byte_end)]

@@ -5,9 +5,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from tokendiff.core.cache.cloud import CloudCause
+from tokendiff.core.kinds import CloudCause
+
+if TYPE_CHECKING:
+    from tokendiff.core.prices import CloudReport
+    from tokendiff.report.schema import CloudDocument
 
 CAUSE_TITLES = {
     CloudCause.COLD: "first request: written",
@@ -28,8 +32,8 @@ def _money(v: float | None) -> str:
     return f"${v:,.4f}" if v < 1 else f"${v:,.2f}"
 
 
-def cloud_document(report: Any) -> dict[str, Any]:
-    """The cloud section as JSON (report: app.cloud.CloudReport)."""
+def cloud_document(report: CloudReport) -> CloudDocument:
+    """The cloud section as JSON."""
     price = report.price
     return {
         "provider": str(report.provider),
@@ -81,7 +85,7 @@ def cloud_document(report: Any) -> dict[str, Any]:
     }
 
 
-def cloud_markdown(doc: dict[str, Any]) -> list[str]:
+def cloud_markdown(doc: CloudDocument) -> list[str]:
     """The section's lines."""
     out = ["", f"## The provider's cache ({doc['provider']}, {doc['model']})", ""]
     per_day = doc.get("wasted_usd_per_day")

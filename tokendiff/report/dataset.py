@@ -16,9 +16,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from tokendiff.core.cost import BACKENDS, RELOAD, Session, turn_rows
+from tokendiff.core.cost import BACKENDS, RELOAD, Session, Turn
+from tokendiff.report.session import turn_rows
+
+if TYPE_CHECKING:
+    from polars.datatypes import DataType
+
+    from tokendiff.report.schema import DatasetSpan, DatasetTurn, TurnRow
+
+    PolarsType = DataType | type[DataType]
 
 SCHEMA_VERSION = "tokendiff.dataset/1"
 TABLES = ("turns", "spans")
@@ -117,10 +125,10 @@ def session_key(path: str) -> str:
     return f"{slug[:60]}-{digest}"
 
 
-def _polars_schema(columns: Sequence[Column]) -> dict[str, Any]:
+def _polars_schema(columns: Sequence[Column]) -> dict[str, PolarsType]:
     import polars as pl
 
-    types = {
+    types: dict[str, PolarsType] = {
         "Int64": pl.Int64,
         "Float64": pl.Float64,
         "String": pl.String,
@@ -130,26 +138,50 @@ def _polars_schema(columns: Sequence[Column]) -> dict[str, Any]:
     return {c.name: types[c.dtype] for c in columns} | {"day": pl.String}
 
 
-def _when(times: Sequence[TurnTime], k: int) -> dict[str, Any]:
-    t = times[k - 1]
-    return {"ts": datetime.fromtimestamp(t.ts, UTC), "ts_source": t.source, "day": t.day}
-
-
 def turn_table(s: Session, path: str, times: Sequence[TurnTime]):
     """The per-turn facts of one session as a polars DataFrame (with a `day` column to partition on)."""
     import polars as pl
 
-    ms = s.ms_per_token
-    rows = []
-    for t, row in zip(s.turns, turn_rows(s), strict=True):
-        row["section"] = row.pop("first_divergence_section") or None
-        row["field"] = row.pop("first_divergence_field") or None
-        row["cause"] = row["cause"] or None
-        row["note"] = row["note"] or None
-        row["wasted_seconds"] = t.wasted * ms / 1000 if ms else None
-        row["server_prompt_ms"], row["server_prompt_n"] = t.reported_prompt_ms, t.reported_prompt_n
-        rows.append({"session_path": path, **row, **_when(times, t.turn)})
+    rows = [
+        _dataset_turn(path, t, row, times[t.turn - 1], s.ms_per_token)
+        for t, row in zip(s.turns, turn_rows(s), strict=True)
+    ]
     return pl.DataFrame(rows, schema=_polars_schema(TURN_COLUMNS))
+
+
+def _dataset_turn(path: str, t: Turn, row: TurnRow, when: TurnTime, ms: float | None) -> DatasetTurn:
+    """A turn's row of the report, as the dataset has it: empty strings as nulls, the when and the
+    server's timings added."""
+    return {
+        "session_path": path,
+        "turn": row["turn"],
+        "ts": datetime.fromtimestamp(when.ts, UTC),
+        "ts_source": when.source,
+        "origin": row["origin"],
+        "tokens": row["tokens"],
+        "reusable": row["reusable"],
+        "reuse_pct": row["reuse_pct"],
+        "recomputed": row["recomputed"],
+        "new_tokens": row["new_tokens"],
+        "wasted": row["wasted"],
+        "wasted_seconds": t.wasted * ms / 1000 if ms else None,
+        "lcp_prev": row["lcp_prev"],
+        "best_earlier_turn": row["best_earlier_turn"],
+        "best_earlier_lcp": row["best_earlier_lcp"],
+        "cause": row["cause"] or None,
+        "section": row["first_divergence_section"] or None,
+        "field": row["first_divergence_field"] or None,
+        "reported_cached": row["reported_cached"],
+        "server_prompt_ms": t.reported_prompt_ms,
+        "server_prompt_n": t.reported_prompt_n,
+        "reuse_llamacpp": row["reuse_llamacpp"],
+        "reuse_llamacpp_hybrid": row["reuse_llamacpp_hybrid"],
+        "reuse_vllm": row["reuse_vllm"],
+        "reuse_sglang": row["reuse_sglang"],
+        "reuse_ollama": row["reuse_ollama"],
+        "note": row["note"] or None,
+        "day": when.day,
+    }
 
 
 def span_table(s: Session, path: str, times: Sequence[TurnTime]):
@@ -158,10 +190,10 @@ def span_table(s: Session, path: str, times: Sequence[TurnTime]):
     import polars as pl
 
     ms = s.ms_per_token
-    rows = []
+    rows: list[DatasetSpan] = []
     for rank, sp in enumerate(s.spans, 1):
         for k in sp.turns:
-            t = s.turns[k - 1]
+            t, when = s.turns[k - 1], times[k - 1]
             # a reloaded model's turn: its whole waste is the reload's (cost.RELOAD), wherever the prompts differ
             first = t.cause == sp.kind and (sp.kind == RELOAD or t.path.generalised() == sp.path)
             wasted = t.wasted if first else 0
@@ -169,7 +201,8 @@ def span_table(s: Session, path: str, times: Sequence[TurnTime]):
                 {
                     "session_path": path,
                     "turn": k,
-                    **_when(times, k),
+                    "ts": datetime.fromtimestamp(when.ts, UTC),
+                    "ts_source": when.source,
                     "span_rank": rank,
                     "kind": sp.kind,
                     "section": sp.section,
@@ -178,6 +211,7 @@ def span_table(s: Session, path: str, times: Sequence[TurnTime]):
                     "first_divergence": first,
                     "wasted": wasted,
                     "wasted_seconds": wasted * ms / 1000 if ms else None,
+                    "day": when.day,
                 }
             )
     return pl.DataFrame(rows, schema=_polars_schema(SPAN_COLUMNS))

@@ -7,16 +7,28 @@ that removes or renames a field.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
-from tokendiff.core.model import END_OF_PROMPT, Divergence, Prompt, SectionPath
+from tokendiff.core.model import END_OF_PROMPT, Divergence, Finding, Prompt, SectionPath
 from tokendiff.core.vocab import Vocab
 from tokendiff.report.excerpt import excerpt
 
-SCHEMA = "tokendiff.diff/2"
+if TYPE_CHECKING:  # the types cost nothing at run time: `tokendiff diff` imports this module
+    from tokendiff.report.schema import (
+        DiffDocument,
+        Excerpt,
+        FindingDoc,
+        FirstDivergence,
+        HunkDoc,
+        HunkSide,
+        PathPart,
+        PromptSide,
+    )
+
+SCHEMA: Final = "tokendiff.diff/2"
 
 
-def _side(p: Prompt) -> dict[str, Any]:
+def _side(p: Prompt) -> PromptSide:
     m = p.meta
     mm = m.render_mismatch
     return {
@@ -33,7 +45,7 @@ def _side(p: Prompt) -> dict[str, Any]:
     }
 
 
-def _finding(f: Any) -> dict[str, Any] | None:
+def _finding(f: Finding | None) -> FindingDoc | None:
     if f is None:
         return None
     return {
@@ -47,7 +59,7 @@ def _finding(f: Any) -> dict[str, Any] | None:
     }
 
 
-def path_json(path: SectionPath) -> list[dict[str, Any]]:
+def path_json(path: SectionPath) -> list[PathPart]:
     """A section path as JSON: its parts, outermost first (docs/diff-json.md)."""
     return [{"kind": p.kind, "index": p.index, "name": p.name, "field": p.field} for p in path]
 
@@ -56,62 +68,61 @@ def _owner_at(p: Prompt, token: int) -> SectionPath:
     return p.owner(token) if token < len(p) else END_OF_PROMPT
 
 
-def _text(p: Prompt, start: int, end: int, context: int) -> dict[str, Any]:
+def _text(p: Prompt, start: int, end: int, context: int) -> Excerpt:
     e = excerpt(p, start, end, context)
     return {"before": e.before, "diverged": e.diverged, "after": e.after}
 
 
-def _owner_fields(side: str, path: SectionPath) -> dict[str, Any]:
+def _first_divergence(a: Prompt, b: Prompt, d: Divergence, context: int) -> FirstDivergence:
+    """Where the shared prefix ends: the token, its owners on both sides, and the text around it."""
+    h = d.hunks[0] if d.hunks else None
+    a_end = h.a_end if h else d.lcp
+    b_end = h.b_end if h else d.lcp
+    pa, pb = _owner_at(a, d.lcp), _owner_at(b, d.lcp)
     return {
-        f"{side}_section": path.label or "(no section)",
-        f"{side}_path": path_json(path),
-        f"{side}_field": path.field_path,
+        "token": d.lcp,
+        "byte": a.byte_offset(d.lcp),
+        "first_byte_diff": d.first_byte_diff,
+        "boundary": d.boundary,
+        "a_section": pa.label or "(no section)",
+        "a_path": path_json(pa),
+        "a_field": pa.field_path,
+        "b_section": pb.label or "(no section)",
+        "b_path": path_json(pb),
+        "b_field": pb.field_path,
+        "a_token_id": int(a.ids[d.lcp]) if d.lcp < len(a) else None,
+        "b_token_id": int(b.ids[d.lcp]) if d.lcp < len(b) else None,
+        "a_text": _text(a, d.lcp, a_end, context),
+        "b_text": _text(b, d.lcp, b_end, context),
+    }
+
+
+def _hunk_side(
+    p: Prompt, tokens: tuple[int, int], byte_range: tuple[int, int], owner: SectionPath, context: int
+) -> HunkSide:
+    return {
+        "tokens": list(tokens),
+        "bytes": list(byte_range),
+        "section": owner.label or None,
+        "path": path_json(owner),
+        "text": _text(p, tokens[0], tokens[1], context),
     }
 
 
 def diff_document(
-    a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: int = 8, findings: list | None = None
-) -> dict[str, Any]:
-    first = None
+    a: Prompt, b: Prompt, d: Divergence, vocab: Vocab, context: int = 8, findings: list[Finding] | None = None
+) -> DiffDocument:
     best = {f.hunk: f for f in (findings or [])}
-    if not d.identical:
-        h = d.hunks[0] if d.hunks else None
-        a_end = h.a_end if h else d.lcp
-        b_end = h.b_end if h else d.lcp
-        first = {
-            "token": d.lcp,
-            "byte": a.byte_offset(d.lcp),
-            "first_byte_diff": d.first_byte_diff,
-            "boundary": d.boundary,
-            **_owner_fields("a", _owner_at(a, d.lcp)),
-            **_owner_fields("b", _owner_at(b, d.lcp)),
-            "a_token_id": int(a.ids[d.lcp]) if d.lcp < len(a) else None,
-            "b_token_id": int(b.ids[d.lcp]) if d.lcp < len(b) else None,
-            "a_text": _text(a, d.lcp, a_end, context),
-            "b_text": _text(b, d.lcp, b_end, context),
+    first = None if d.identical else _first_divergence(a, b, d, context)
+    hunks: list[HunkDoc] = [
+        {
+            "kind": h.kind,
+            "a": _hunk_side(a, (h.a_start, h.a_end), (h.a_byte_start, h.a_byte_end), h.a_owner, context),
+            "b": _hunk_side(b, (h.b_start, h.b_end), (h.b_byte_start, h.b_byte_end), h.b_owner, context),
+            "finding": _finding(best.get(i)),
         }
-    hunks = []
-    for i, h in enumerate(d.hunks):
-        hunks.append(
-            {
-                "kind": h.kind,
-                "a": {
-                    "tokens": [h.a_start, h.a_end],
-                    "bytes": [h.a_byte_start, h.a_byte_end],
-                    "section": h.a_owner.label or None,
-                    "path": path_json(h.a_owner),
-                    "text": _text(a, h.a_start, h.a_end, context),
-                },
-                "b": {
-                    "tokens": [h.b_start, h.b_end],
-                    "bytes": [h.b_byte_start, h.b_byte_end],
-                    "section": h.b_owner.label or None,
-                    "path": path_json(h.b_owner),
-                    "text": _text(b, h.b_start, h.b_end, context),
-                },
-                "finding": _finding(best.get(i)),
-            }
-        )
+        for i, h in enumerate(d.hunks)
+    ]
     return {
         "schema": SCHEMA,
         "identical": d.identical,
@@ -150,12 +161,35 @@ class _Style:
         return f"⟦{s}⟧"
 
 
-def _line(style: _Style, t: dict[str, Any], side: str) -> str:
+def _line(style: _Style, t: Excerpt, side: str) -> str:
     return style.wrap(_DIM, "…" + t["before"]) + style.mark(t["diverged"], side) + style.wrap(_DIM, t["after"] + "…")
 
 
-def render_text(doc: dict[str, Any], color: bool = False, max_hunks: int = 20) -> str:
+def render_text(doc: DiffDocument, color: bool = False, max_hunks: int = 20) -> str:
     st = _Style(color)
+    out = _header(st, doc)
+    f = doc["first_divergence"]
+    if doc["identical"] or f is None:
+        out.append(f"identical: {doc['a']['n_tokens']:,} tokens, all reusable")
+        return "\n".join(out) + "\n"
+    pct = 100.0 * doc["reusable_fraction"]
+    out.append(
+        st.wrap(_BOLD, f"reusable prefix: {doc['lcp_tokens']:,} of {doc['b']['n_tokens']:,} tokens ({pct:.1f} %)")
+        + f" · {doc['recompute_tokens']:,} to recompute"
+    )
+    out += _first_lines(st, f, doc["hunks"][0]["finding"] if doc["hunks"] else None)
+    hunks = doc["hunks"]
+    out.append("")
+    out.append(f"{len(hunks)} divergent span{'s' if len(hunks) != 1 else ''}:")
+    for k, h in enumerate(hunks[:max_hunks], 1):
+        out += _hunk_lines(st, k, h)
+    if len(hunks) > max_hunks:
+        out.append(f"… {len(hunks) - max_hunks} more (--json lists all)")
+    return "\n".join(out) + "\n"
+
+
+def _header(st: _Style, doc: DiffDocument) -> list[str]:
+    """Both prompts, any render mismatch, the tokenizer."""
     out: list[str] = []
     a, b = doc["a"], doc["b"]
     out.append(st.wrap(_BOLD, f"A  {a['origin']}") + f"  {a['format']}, {a['n_tokens']:,} tokens")
@@ -174,26 +208,20 @@ def render_text(doc: dict[str, Any], color: bool = False, max_hunks: int = 20) -
     note = " (assumed; pass --tokenizer or --server for the model's own)" if tk["assumed"] else ""
     out.append(st.wrap(_DIM, f"tokenizer: {tk['name']}{note} · template: {a['template_family']}"))
     out.append("")
-    if doc["identical"]:
-        out.append(f"identical: {a['n_tokens']:,} tokens, all reusable")
-        return "\n".join(out) + "\n"
-    pct = 100.0 * doc["reusable_fraction"]
-    out.append(
-        st.wrap(_BOLD, f"reusable prefix: {doc['lcp_tokens']:,} of {b['n_tokens']:,} tokens ({pct:.1f} %)")
-        + f" · {doc['recompute_tokens']:,} to recompute"
-    )
-    f = doc["first_divergence"]
-    out.append(st.wrap(_BOLD, f"first divergence: token {f['token']:,} · byte {f['byte']:,}"))
-    for side in ("a", "b"):
-        fld = f.get(f"{side}_field")
+    return out
+
+
+def _first_lines(st: _Style, f: FirstDivergence, finding: FindingDoc | None) -> list[str]:
+    """The first divergence: where, both sides' text, its cause and whether it is a tokenization boundary."""
+    out = [st.wrap(_BOLD, f"first divergence: token {f['token']:,} · byte {f['byte']:,}")]
+    for side, section, fld in (("A", f["a_section"], f["a_field"]), ("B", f["b_section"], f["b_field"])):
         extra = f"   (field {fld})" if fld else ""
-        out.append(f"  {side.upper()}: {st.wrap(_CYAN, f[side + '_section'])}{extra}")
+        out.append(f"  {side}: {st.wrap(_CYAN, section)}{extra}")
     out.append("  A │ " + _line(st, f["a_text"], "a"))
     out.append("  B │ " + _line(st, f["b_text"], "b"))
-    first_finding = doc["hunks"][0].get("finding") if doc["hunks"] else None
-    if first_finding:
-        out.append(f"  cause: {st.wrap(_BOLD, first_finding['title'])}: {first_finding['evidence']}")
-        out.append(f"  fix: {first_finding['fix']}")
+    if finding:
+        out.append(f"  cause: {st.wrap(_BOLD, finding['title'])}: {finding['evidence']}")
+        out.append(f"  fix: {finding['fix']}")
     if f["boundary"]:
         fbd = f["first_byte_diff"]
         where = "the bytes are identical" if fbd is None else f"the bytes agree up to byte {fbd:,}"
@@ -201,31 +229,31 @@ def render_text(doc: dict[str, Any], color: bool = False, max_hunks: int = 20) -
             f"  tokenization boundary: token IDs differ at token {f['token']:,} but {where}"
             " (a BPE merge across the boundary, not a content change)"
         )
-    hunks = doc["hunks"]
-    out.append("")
-    out.append(f"{len(hunks)} divergent span{'s' if len(hunks) != 1 else ''}:")
-    for k, h in enumerate(hunks[:max_hunks], 1):
-        ha, hb = h["a"], h["b"]
-        out.append(
-            st.wrap(_CYAN, f"@@ {k} {h['kind']}")
-            + f"  A tokens {ha['tokens'][0]:,}..{ha['tokens'][1]:,} (bytes {ha['bytes'][0]:,}..{ha['bytes'][1]:,})"
-            + f" → B tokens {hb['tokens'][0]:,}..{hb['tokens'][1]:,} (bytes {hb['bytes'][0]:,}..{hb['bytes'][1]:,})"
-        )
-        if ha["section"] == hb["section"]:
-            out.append(f"   in {ha['section']}")
-        else:
-            out.append(f"   A in {ha['section']}")
-            out.append(f"   B in {hb['section']}")
-        if h.get("finding") and k > 1:
-            out.append(f"   {h['finding']['title']}: {h['finding']['evidence']}")
-        out.append("   - " + _line(st, ha["text"], "a"))
-        out.append("   + " + _line(st, hb["text"], "b"))
-    if len(hunks) > max_hunks:
-        out.append(f"… {len(hunks) - max_hunks} more (--json lists all)")
-    return "\n".join(out) + "\n"
+    return out
 
 
-def document_json(doc: dict[str, Any]) -> bytes:
+def _hunk_lines(st: _Style, k: int, h: HunkDoc) -> list[str]:
+    """One divergent span (the k-th, from 1): its ranges, sections, finding (past the first) and text."""
+    ha, hb = h["a"], h["b"]
+    out = [
+        st.wrap(_CYAN, f"@@ {k} {h['kind']}")
+        + f"  A tokens {ha['tokens'][0]:,}..{ha['tokens'][1]:,} (bytes {ha['bytes'][0]:,}..{ha['bytes'][1]:,})"
+        + f" → B tokens {hb['tokens'][0]:,}..{hb['tokens'][1]:,} (bytes {hb['bytes'][0]:,}..{hb['bytes'][1]:,})"
+    ]
+    if ha["section"] == hb["section"]:
+        out.append(f"   in {ha['section']}")
+    else:
+        out.append(f"   A in {ha['section']}")
+        out.append(f"   B in {hb['section']}")
+    finding = h["finding"]
+    if finding and k > 1:
+        out.append(f"   {finding['title']}: {finding['evidence']}")
+    out.append("   - " + _line(st, ha["text"], "a"))
+    out.append("   + " + _line(st, hb["text"], "b"))
+    return out
+
+
+def document_json(doc: DiffDocument) -> bytes:
     """The document as `diff --json` prints it: orjson's indented form, newline-terminated.
 
     Written by the stdlib encoder when it gives the same bytes, for `tokendiff diff` leaves orjson

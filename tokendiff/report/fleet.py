@@ -10,12 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Final, Literal
+
+from tokendiff.core.kinds import CauseKind
 
 if TYPE_CHECKING:
     from tokendiff.core.cost import Session
+    from tokendiff.report.schema import (
+        FleetCause,
+        FleetDocument,
+        FleetSessionRow,
+        FleetSummary,
+        FleetWorstTurn,
+        NoTokenizer,
+        TokenizerDoc,
+    )
 
-SCHEMA = "tokendiff.fleet/1"
+SCHEMA: Final = "tokendiff.fleet/1"
 WORST_TURNS = 10  # the worst turns the document lists (by wasted tokens)
 
 
@@ -23,7 +34,7 @@ WORST_TURNS = 10  # the worst turns the document lists (by wasted tokens)
 class SpanFacts:
     """One ranked span of a session (a cause in a section)."""
 
-    kind: str
+    kind: CauseKind
     section: str
     title: str
     fix: str
@@ -41,7 +52,7 @@ class TurnFacts:
     tokens: int
     wasted: int
     reuse_pct: float
-    cause: str
+    cause: CauseKind | Literal[""]
     section: str
     seconds: float | None
 
@@ -57,7 +68,7 @@ class SessionFacts:
     wasted_tokens: int
     ms_per_token: float | None
     headline: str
-    tokenizer: dict[str, Any]
+    tokenizer: TokenizerDoc
     spans: tuple[SpanFacts, ...] = ()
     worst: tuple[TurnFacts, ...] = ()
     key: str = ""  # the dataset's `session` partition, when exported
@@ -73,7 +84,7 @@ class SessionFacts:
 
 
 def session_facts(
-    path: str, s: Session, tokenizer: dict[str, Any], key: str = "", *, redact: bool = False
+    path: str, s: Session, tokenizer: TokenizerDoc, key: str = "", *, redact: bool = False
 ) -> SessionFacts:
     """A session reduced to its fleet facts: totals, ranked spans, its worst turns, and with `redact`
     the labels `fleet_document` hashes."""
@@ -127,7 +138,7 @@ def session_facts(
 class _Cause:
     """A cause (finding kind) summed across sessions."""
 
-    kind: str
+    kind: CauseKind
     title: str
     fix: str
     sessions: set[str] = field(default_factory=set)
@@ -149,9 +160,9 @@ def _rounded(x: float | None, digits: int = 3) -> float | None:
     return None if x is None else round(x, digits)
 
 
-def ranked_causes(sessions: Sequence[SessionFacts]) -> list[dict[str, Any]]:
+def ranked_causes(sessions: Sequence[SessionFacts]) -> list[FleetCause]:
     """Causes across sessions, ranked by the tokens they wasted (then the turns they broke)."""
-    by_kind: dict[str, _Cause] = {}
+    by_kind: dict[CauseKind, _Cause] = {}
     for s in sessions:
         for sp in s.spans:
             by_kind.setdefault(sp.kind, _Cause(sp.kind, sp.title, sp.fix)).add(s.path, sp)
@@ -174,7 +185,7 @@ def ranked_causes(sessions: Sequence[SessionFacts]) -> list[dict[str, Any]]:
     ]
 
 
-def _session_row(s: SessionFacts) -> dict[str, Any]:
+def _session_row(s: SessionFacts) -> FleetSessionRow:
     top = s.spans[0] if s.spans and s.spans[0].tokens > 0 else None
     return {
         "path": s.path,
@@ -193,7 +204,7 @@ def _session_row(s: SessionFacts) -> dict[str, Any]:
     }
 
 
-def _worst_turns(sessions: Sequence[SessionFacts], n: int) -> list[dict[str, Any]]:
+def _worst_turns(sessions: Sequence[SessionFacts], n: int) -> list[FleetWorstTurn]:
     rows = [(s, t) for s in sessions for t in s.worst]
     rows.sort(key=lambda st: (-st[1].wasted, st[0].path, st[1].turn))
     return [
@@ -217,7 +228,7 @@ def seconds_text(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}" if x < 1 else f"{x:,.1f}"
 
 
-def fleet_headline(causes: list[dict[str, Any]], n_sessions: int, reuse_pct: float, wasted: int, new: int) -> str:
+def fleet_headline(causes: list[FleetCause], n_sessions: int, reuse_pct: float, wasted: int, new: int) -> str:
     """One sentence: the cause to fix first across the fleet."""
     from tokendiff.report.session import in_sentence, quiet_headline
 
@@ -233,7 +244,7 @@ def fleet_headline(causes: list[dict[str, Any]], n_sessions: int, reuse_pct: flo
     )
 
 
-def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst: int = WORST_TURNS) -> dict[str, Any]:
+def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst: int = WORST_TURNS) -> FleetDocument:
     """The `tokendiff.fleet/1` document: totals, one row per session, causes ranked, the worst turns."""
     total = sum(s.total_tokens for s in sessions)
     reused = sum(s.reused_tokens for s in sessions)
@@ -241,7 +252,7 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
     reuse_pct = 100.0 * reused / total if total else 100.0
     causes = ranked_causes(sessions)
     wasted = sum(s.wasted_tokens for s in sessions)
-    summary = {
+    summary: FleetSummary = {
         "sessions": len(sessions),
         "turns": sum(s.turns for s in sessions),
         "total_tokens": total,
@@ -254,10 +265,11 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
         "headline": fleet_headline(causes, len(sessions), reuse_pct, wasted, total - reused),
         "redacted": redact,
     }
-    doc = {
+    no_tokenizer: NoTokenizer = {}
+    doc: FleetDocument = {
         "schema": SCHEMA,
         "summary": summary,
-        "tokenizer": sessions[0].tokenizer if sessions else {},
+        "tokenizer": sessions[0].tokenizer if sessions else no_tokenizer,
         "sessions": [_session_row(s) for s in sessions],
         "causes": causes,
         "worst_turns": _worst_turns(sessions, worst),

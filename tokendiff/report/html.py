@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from tokendiff.report.fleet import seconds_text
 from tokendiff.report.session import span_place, split_spans
+
+if TYPE_CHECKING:
+    from tokendiff.report.schema import AnyReport, Excerpt, FleetDocument, ReportDocument, SpanDoc
+
+
+class Bar(TypedDict):
+    """One bar of the reuse chart: a turn (a report's turn row is one) or a session."""
+
+    turn: int
+    tokens: int
+    reusable: int
+    wasted: int
+    reuse_pct: float
+
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1100px;color:#1d2330;background:#fbfbfd;
@@ -24,7 +39,7 @@ margin:.2rem 0 .6rem}
 """
 
 
-def _chart(turns: list[dict[str, Any]], unit: str = "turn") -> str:
+def _chart(turns: Sequence[Bar], unit: str = "turn") -> str:
     """Reuse % per turn (or per session: `unit`) as bars, with the wasted share in red."""
     n = max(1, len(turns))
     w, h, pad = 1000, 220, 34
@@ -66,7 +81,7 @@ def _chart(turns: list[dict[str, Any]], unit: str = "turn") -> str:
     return "".join(parts)
 
 
-def _ex(t: dict[str, str], side: str) -> str:
+def _ex(t: Excerpt, side: str) -> str:
     return (
         f'<div class="ex"><span class="ctx">…{escape(t["before"])}</span>'
         f'<mark class="{side}">{escape(t["diverged"]) or "∅"}</mark>'
@@ -82,7 +97,7 @@ def _est(x: float | None, estimated: bool | None) -> str:
     return f"{text} est." if text and estimated else text
 
 
-def _behind(spans: list[dict[str, Any]]) -> list[str]:
+def _behind(spans: list[SpanDoc]) -> list[str]:
     """Spans only seen behind an earlier break of their turn: one line, not rows of zeros."""
     if not spans:
         return []
@@ -98,7 +113,7 @@ def _behind(spans: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _spans(doc: dict[str, Any]) -> list[str]:
+def _spans(doc: ReportDocument) -> list[str]:
     costly, behind = split_spans(doc["spans"])
     if not costly:
         return (["<p>None: nothing broke the cache.</p>"] if not behind else []) + _behind(behind)
@@ -119,9 +134,9 @@ def _spans(doc: dict[str, Any]) -> list[str]:
     return out + _behind(behind)
 
 
-def _layout_line(doc: dict[str, Any]) -> list[str]:
+def _layout_line(doc: ReportDocument) -> list[str]:
     """What the SWA/hybrid column assumes about the model and the server."""
-    lay = doc["summary"].get("layout") or {}
+    lay = doc["summary"].get("layout")
     if not lay:
         return []
     if not lay.get("known", True):
@@ -134,9 +149,10 @@ def _code_cell(text: str | None) -> str:
     return f"<code>{escape(text)}</code>" if text else ""
 
 
-def _turns(doc: dict[str, Any]) -> list[str]:
+def _turns(doc: ReportDocument) -> list[str]:
     e = escape
-    known = (doc["summary"].get("layout") or {}).get("known", True)
+    lay = doc["summary"].get("layout")
+    known = lay.get("known", True) if lay else True
     out = [
         "<h2>Turns</h2>",
         *_layout_line(doc),
@@ -149,7 +165,7 @@ def _turns(doc: dict[str, Any]) -> list[str]:
     for t in doc["turns"]:
         rc = "" if t["reported_cached"] is None else f"{t['reported_cached']:,}"
         ms = "".join(
-            f"<td class=n>{'' if t.get(k) is None else f'{t[k]:,.0f}'}</td>" for k in ("ttft_ms", "prefill_ms")
+            f"<td class=n>{'' if v is None else f'{v:,.0f}'}</td>" for v in (t.get("ttft_ms"), t.get("prefill_ms"))
         )
         out.append(
             f"<tr><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td><td class=n>{t['reusable']:,}</td>"
@@ -164,7 +180,7 @@ def _turns(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _facts(doc: dict[str, Any]) -> list[str]:
+def _facts(doc: ReportDocument) -> list[str]:
     """What the backend did (backend_facts.py), one item per fact."""
     facts = doc.get("backend_facts") or []
     if not facts:
@@ -178,7 +194,7 @@ def _facts(doc: dict[str, Any]) -> list[str]:
     return ["<h2>What the backend did</h2><ul>", *items, "</ul>"]
 
 
-def _capacity(doc: dict[str, Any]) -> list[str]:
+def _capacity(doc: ReportDocument) -> list[str]:
     """Reuse per cache size (tokendiff report --cache-size)."""
     c = doc.get("capacity")
     if not c:
@@ -199,15 +215,16 @@ def _capacity(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _replays(doc: dict[str, Any]) -> list[str]:
-    if not doc.get("replays"):
+def _replays(doc: AnyReport) -> list[str]:
+    replays = doc.get("replays")
+    if not replays:
         return []
     e = escape
     out = [
         "<h2>Measured on a backend</h2><table><tr><th>pair</th><th>backend</th><th>cold ms</th><th>actual ms</th>"
         "<th>ideal ms</th><th>fixed ms</th><th>cost ms</th><th>speedup</th></tr>"
     ]
-    for rp in doc["replays"]:
+    for rp in replays:
         sc, key = rp["scenarios"], rp["measure"]
         cells = "".join(
             f"<td class=n>{'' if k not in sc or sc[k][key] is None else sc[k][key]}</td>"
@@ -222,14 +239,13 @@ def _replays(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _causes(doc: dict[str, Any]) -> list[str]:
+def _causes(doc: ReportDocument) -> list[str]:
     e = escape
     out = ["<h2>Causes</h2>"]
     for c in doc["causes"]:
         out.append(f"<h3>{e(c['title'])} <span class=muted>(turn {c['turn']})</span></h3>")
         out.append(f"<p>{e(c['evidence'])}. <b>Fix:</b> {e(c['fix'])}</p>")
-        for side in ("a", "b"):
-            x = c[side]
+        for side, x in (("a", c["a"]), ("b", c["b"])):
             out.append(
                 f'<p class="muted">{side.upper()} <code>{e(x["origin"])}</code> '
                 f"{e(span_place(side, x))}, in <code>{e(x['section'])}</code></p>"
@@ -238,8 +254,8 @@ def _causes(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_html(doc: dict[str, Any]) -> str:
-    if doc.get("schema") == "tokendiff.fleet/1":
+def render_html(doc: AnyReport) -> str:
+    if doc["schema"] == "tokendiff.fleet/1":
         return render_fleet_html(doc)
     s = doc["summary"]
     e = escape
@@ -266,7 +282,7 @@ def render_html(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _fleet_causes(doc: dict[str, Any]) -> list[str]:
+def _fleet_causes(doc: FleetDocument) -> list[str]:
     if not doc["causes"]:
         return ["<p>None: nothing broke the cache.</p>"]
     e = escape
@@ -286,7 +302,7 @@ def _fleet_causes(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _fleet_sessions(doc: dict[str, Any]) -> list[str]:
+def _fleet_sessions(doc: FleetDocument) -> list[str]:
     e = escape
     out = [
         "<h2>Sessions</h2><table><tr><th>#</th><th>session</th><th>turns</th><th>tokens</th><th>reuse %</th>"
@@ -305,7 +321,7 @@ def _fleet_sessions(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _fleet_worst(doc: dict[str, Any]) -> list[str]:
+def _fleet_worst(doc: FleetDocument) -> list[str]:
     e = escape
     out = [
         "<h2>Worst turns</h2><table><tr><th>session</th><th>turn</th><th>tokens</th><th>wasted</th>"
@@ -321,7 +337,7 @@ def _fleet_worst(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_fleet_html(doc: dict[str, Any]) -> str:
+def render_fleet_html(doc: FleetDocument) -> str:
     """The fleet document (`tokendiff.fleet/1`) as one self-contained page."""
     s = doc["summary"]
     e = escape
@@ -338,13 +354,13 @@ def render_fleet_html(doc: dict[str, Any]) -> str:
         f"{s['reused_tokens']:,} (<b>{s['reuse_pct']:.1f} %</b>); wasted {s['wasted_tokens']:,} tokens{secs}.</p>",
     ]
     tk = doc["tokenizer"]
-    if tk:
+    if "name" in tk:  # none without sessions
         out.append(
             f'<p class="muted">tokenizer: {e(tk["name"])}{" (assumed)" if tk.get("assumed") else ""}'
             f"{' · redacted: words replaced by hashes' if s['redacted'] else ''}</p>"
         )
     out += [f'<p class="muted">left out, could not be read: {e(why)}</p>' for why in doc.get("skipped") or []]
-    bars = [
+    bars: list[Bar] = [
         {
             "turn": i,
             "tokens": r["total_tokens"],

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tokendiff.report.fleet import seconds_text
 from tokendiff.report.session import span_place, split_spans
 
+if TYPE_CHECKING:
+    from tokendiff.report.schema import AnyReport, FleetDocument, ReplayDocument, ReportDocument
 
-def _cell(v: Any) -> str:
+
+def _cell(v: object) -> str:
     s = "" if v is None else str(v)
     return s.replace("|", "\\|").replace("\n", " ")
 
@@ -25,7 +28,7 @@ def _code(s: str) -> str:
     return s.replace("`", "ˋ")
 
 
-def _replay_row(rp: dict[str, Any]) -> str:
+def _replay_row(rp: ReplayDocument) -> str:
     """One replay's table row: each scenario's measure, blank for a scenario that did not run."""
     sc, key = rp["scenarios"], rp["measure"]
     ms = " | ".join(_cell(sc[k][key]) if k in sc else "" for k in ("cold", "actual", "ideal", "fixed"))
@@ -33,8 +36,9 @@ def _replay_row(rp: dict[str, Any]) -> str:
     return f"| {pair} | {rp['backend']['kind']} | {ms} | {_cell(rp['cost_ms'])} | {_cell(rp['speedup'])}x |"
 
 
-def _replays(doc: dict[str, Any]) -> list[str]:
-    if not doc.get("replays"):
+def _replays(doc: AnyReport) -> list[str]:
+    replays = doc.get("replays")
+    if not replays:
         return []
     return [
         "",
@@ -42,11 +46,11 @@ def _replays(doc: dict[str, Any]) -> list[str]:
         "",
         "| pair | backend | cold ms | actual ms | ideal ms | fixed ms | cost ms | speedup |",
         "|---|---|---|---|---|---|---|---|",
-        *(_replay_row(rp) for rp in doc["replays"]),
+        *(_replay_row(rp) for rp in replays),
     ]
 
 
-def _capacity(doc: dict[str, Any]) -> list[str]:
+def _capacity(doc: ReportDocument) -> list[str]:
     """Reuse per cache size: separates "the prompts break the cache" from "the cache is too small"."""
     c = doc.get("capacity")
     if not c:
@@ -65,7 +69,7 @@ def _capacity(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _facts(doc: dict[str, Any]) -> list[str]:
+def _facts(doc: ReportDocument) -> list[str]:
     """What the backend did, from the records: reloads, silent truncation, block rounding."""
     facts = doc.get("backend_facts") or []
     if not facts:
@@ -84,7 +88,7 @@ def _est(x: float | None, estimated: bool | None) -> str:
     return f"{text} est." if text and estimated else text
 
 
-def _spans(doc: dict[str, Any]) -> list[str]:
+def _spans(doc: ReportDocument) -> list[str]:
     """The spans that cost tokens, as a table; those only seen behind another break, in one line."""
     costly, behind = split_spans(doc["spans"])
     out = []
@@ -115,8 +119,8 @@ def _section_cell(section: str | None) -> str:
     return f"`{_code(section)}`" if section else ""
 
 
-def render_markdown(doc: dict[str, Any]) -> str:
-    if doc.get("schema") == "tokendiff.fleet/1":
+def render_markdown(doc: AnyReport) -> str:
+    if doc["schema"] == "tokendiff.fleet/1":
         return render_fleet_markdown(doc)
     s = doc["summary"]
     out = [f"# tokendiff report: {s['path']}", ""]
@@ -137,8 +141,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
         out.append("- redacted: words are replaced by hashes; structure, offsets and findings are kept")
     out += ["", "## Spans, ranked by what they cost", "", *_spans(doc)]
     out += ["", "## Turns", ""]
-    lay = s.get("layout") or {}
-    known = lay.get("known", True)
+    lay = s.get("layout")
+    known = lay.get("known", True) if lay else True
     if lay and known:
         out.append(f"{_cell(lay['column'])} — for {_cell(lay['summary'])}")
         out.append("")
@@ -172,16 +176,15 @@ def render_markdown(doc: dict[str, Any]) -> str:
         out.append("")
         out.append(f"{c['evidence']}. **Fix:** {c['fix']}")
         out.append("")
-        for side in ("a", "b"):
-            x = c[side]
-            t = x["text"]
+        for side, x in (("a", c["a"]), ("b", c["b"])):
+            ex = x["text"]
             out.append(f"- {side.upper()} `{_code(x['origin'])}` {span_place(side, x)}, in `{_code(x['section'])}`")
-            out.append(f"  `…{_code(t['before'])}⟦{_code(t['diverged'])}⟧{_code(t['after'])}…`")
+            out.append(f"  `…{_code(ex['before'])}⟦{_code(ex['diverged'])}⟧{_code(ex['after'])}…`")
         out.append("")
     return "\n".join(out) + "\n"
 
 
-def _fleet_sessions(doc: dict[str, Any]) -> list[str]:
+def _fleet_sessions(doc: FleetDocument) -> list[str]:
     out = ["| session | turns | tokens | reuse % | wasted | wasted s | top cause |", "|---|---|---|---|---|---|---|"]
     for r in doc["sessions"]:
         top = r["top_cause"]
@@ -193,7 +196,7 @@ def _fleet_sessions(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _fleet_causes(doc: dict[str, Any]) -> list[str]:
+def _fleet_causes(doc: FleetDocument) -> list[str]:
     if not doc["causes"]:
         return ["None: nothing broke the cache."]
     out = [
@@ -210,7 +213,7 @@ def _fleet_causes(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _fleet_worst(doc: dict[str, Any]) -> list[str]:
+def _fleet_worst(doc: FleetDocument) -> list[str]:
     if not doc["worst_turns"]:
         return ["None: no turn wasted a token."]
     out = [
@@ -225,7 +228,7 @@ def _fleet_worst(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_fleet_markdown(doc: dict[str, Any]) -> str:
+def render_fleet_markdown(doc: FleetDocument) -> str:
     """The fleet document (`tokendiff.fleet/1`): totals, sessions, causes across them, worst turns."""
     s = doc["summary"]
     out = [f"# tokendiff report: {s['sessions']} sessions", "", f"**{s['headline']}**", ""]
@@ -237,7 +240,7 @@ def render_fleet_markdown(doc: dict[str, Any]) -> str:
         f"{s['reused_tokens']:,} (**{s['reuse_pct']:.1f} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
     )
     tk = doc["tokenizer"]
-    if tk:
+    if "name" in tk:  # none without sessions
         out.append(f"- tokenizer: {tk['name']}" + (" (assumed)" if tk.get("assumed") else ""))
     if s["redacted"]:
         out.append("- redacted: words are replaced by hashes; structure, offsets and findings are kept")

@@ -13,9 +13,10 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from tokendiff.core.model import KINDS, Part, SectionPath
+from tokendiff.core.kinds import SectionKind
+from tokendiff.core.model import Part, SectionPath
 
 if TYPE_CHECKING:
     from tokendiff.core.cost import Session
@@ -26,6 +27,7 @@ _ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "functio
 # strings that are file names, ids and request field paths, not prompt text; the tokenizer's facts
 _KEEP_TEXT = frozenset({"schema", "path", "origin", "kind", "field", "key", "session"})
 _KEEP = frozenset({"tokenizer"})
+_SECTION_KINDS = {str(k): k for k in SectionKind}
 
 
 def redact_text(s: str) -> str:
@@ -49,7 +51,9 @@ def redacted_path(path: SectionPath) -> SectionPath:
 
 
 def _redacted_part(p: Part) -> Part:
-    chosen = p.kind in ("tool", "tool_call") or (p.kind in ("message", "boilerplate") and p.name not in _ROLES)
+    chosen = p.kind in (SectionKind.TOOL, SectionKind.TOOL_CALL) or (
+        p.kind in (SectionKind.MESSAGE, SectionKind.BOILERPLATE) and p.name not in _ROLES
+    )
     return Part(p.kind, p.index, redact_text(p.name), p.field) if chosen and p.name else p
 
 
@@ -73,7 +77,10 @@ def session_labels(s: Session) -> dict[str, str]:
     return label_map(paths)
 
 
-def redact_labels(doc: Any, labels: dict[str, str]) -> Any:
+Doc = TypeVar("Doc")
+
+
+def redact_labels(doc: Doc, labels: dict[str, str]) -> Doc:
     """The document with each label of `labels` replaced by its hashed form wherever a string holds it
     (sections, titles, headlines), and the chosen names of its section paths hashed. Only whole labels
     are replaced, never a bare word, so tokendiff's own words and ids stay as they are."""
@@ -86,12 +93,13 @@ def redact_labels(doc: Any, labels: dict[str, str]) -> Any:
         if isinstance(v, str):
             return pattern.sub(lambda m: labels[m.group()], v) if pattern else v
         if isinstance(v, dict):
-            if v.get("kind") in KINDS and isinstance(v.get("name"), str) and "field" in v:  # a section path's part
-                name = _redacted_part(Part(v["kind"], v.get("index"), v["name"], v["field"])).name
+            kind = _SECTION_KINDS.get(v["kind"]) if isinstance(v.get("kind"), str) else None
+            if kind is not None and isinstance(v.get("name"), str) and "field" in v:  # a section path's part
+                name = _redacted_part(Part(kind, v.get("index"), v["name"], v["field"])).name
                 return {**v, "name": name}
             return {k: walk(x, k) for k, x in v.items()}
         if isinstance(v, list):
             return [walk(x) for x in v]
         return v
 
-    return walk(doc)
+    return cast(Doc, walk(doc))  # the same document: strings replaced, nothing added or removed

@@ -7,21 +7,39 @@ report/html.py), so every format says the same thing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Final
 
 from tokendiff.core.cache.capacity import CapacityReport, conclusions
-from tokendiff.core.cost import RELOAD, RELOAD_TITLE, Session, Turn, turn_rows
+from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Session, Span, Turn
+from tokendiff.core.kinds import Backend
 from tokendiff.core.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
 from tokendiff.report.redact import redact_labels, redact_text, session_labels
 
-SCHEMA = "tokendiff.report/1"
+if TYPE_CHECKING:
+    from tokendiff.report.schema import (
+        CapacityDoc,
+        CapacityPointDoc,
+        CauseDoc,
+        CauseSide,
+        Excerpt,
+        LayoutDoc,
+        ReportDocument,
+        ReportSummary,
+        ReportTurn,
+        SpanDoc,
+        TokenizerDoc,
+        TurnFinding,
+        TurnRow,
+    )
+
+SCHEMA: Final = "tokendiff.report/1"
 
 
 def _side(
     p: Prompt, tokens: tuple[int, int], byte_range: tuple[int, int], owner: SectionPath, context: int, redact: bool
-) -> dict[str, Any]:
+) -> CauseSide:
     """One side of an example span: where it is in its prompt, who owns it, and its text."""
     return {
         "origin": p.origin,
@@ -33,7 +51,7 @@ def _side(
     }
 
 
-def _ex(p: Prompt, start: int, end: int, context: int, redact: bool) -> dict[str, Any]:
+def _ex(p: Prompt, start: int, end: int, context: int, redact: bool) -> Excerpt:
     e = excerpt(p, start, end, context)
     f = redact_text if redact else (lambda x: x)
     return {"before": f(e.before), "diverged": f(e.diverged), "after": f(e.after)}
@@ -67,21 +85,55 @@ def _secs(x: float | None) -> float | None:
     return round(x, 3) if x is not None else None
 
 
-def _time_columns(s: Session) -> list[dict[str, Any]]:
-    """Each turn's seconds: TTFT from the proxy, prefill from the server's timings, waste at the session's
-    speed (estimated when that speed was given, --prefill-rate or a replay, rather than measured)."""
-    return [
-        {
-            "ttft_ms": _secs(t.ttft_ms),
-            "prefill_ms": _secs(t.reported_prompt_ms),
-            "wasted_seconds": _secs(turn_wasted_seconds(t, s)),
-            "seconds_estimated": s.rate_estimated and s.ms_per_token is not None,
-        }
-        for t in s.turns
-    ]
+def turn_rows(s: Session) -> list[TurnRow]:
+    """One row a turn (the report's turns, `--export turns.parquet`); the SWA/hybrid columns are null where
+    the model's layout is unknown."""
+    known = s.layout is not None
+    return [_turn_row(t, known) for t in s.turns]
 
 
-def span_place(doc_side: str, side: dict[str, Any]) -> str:
+def _turn_row(t: Turn, known: bool) -> TurnRow:
+    reuse = t.reuse
+    return {
+        "turn": t.turn,
+        "origin": t.origin,
+        "tokens": t.n_tokens,
+        "reusable": reuse.get(Backend.LLAMA_CPP, 0),
+        "reuse_pct": round(t.reuse_pct, 2),
+        "recomputed": t.recompute,
+        "new_tokens": t.new_tokens,
+        "wasted": t.wasted,
+        "lcp_prev": t.lcp,
+        "best_earlier_turn": t.best_earlier,
+        "best_earlier_lcp": t.best_lcp,
+        "first_divergence_section": t.section,
+        "first_divergence_field": t.path.field_path,
+        "cause": t.cause,
+        "reported_cached": t.reported_cached,
+        "checkpoint_reusable": reuse.get(CHECKPOINT_BACKEND, 0) if known else None,
+        "checkpoint_note": t.checkpoint.reason if t.checkpoint is not None else "",
+        "reuse_llamacpp": reuse.get(Backend.LLAMA_CPP, 0),
+        "reuse_llamacpp_hybrid": reuse.get(Backend.LLAMA_CPP_HYBRID, 0) if known else None,  # no layout, no prediction
+        "reuse_vllm": reuse.get(Backend.VLLM, 0),
+        "reuse_sglang": reuse.get(Backend.SGLANG, 0),
+        "reuse_ollama": reuse.get(Backend.OLLAMA, 0),
+        "note": t.note,
+    }
+
+
+def _report_turn(row: TurnRow, t: Turn, s: Session) -> ReportTurn:
+    """A turn row with its seconds: TTFT from the proxy, prefill from the server's timings, waste at the
+    session's speed (estimated when that speed was given, --prefill-rate or a replay, rather than measured)."""
+    return {
+        **row,
+        "ttft_ms": _secs(t.ttft_ms),
+        "prefill_ms": _secs(t.reported_prompt_ms),
+        "wasted_seconds": _secs(turn_wasted_seconds(t, s)),
+        "seconds_estimated": s.rate_estimated and s.ms_per_token is not None,
+    }
+
+
+def span_place(doc_side: str, side: CauseSide) -> str:
     """Where side "a" or "b" of an example span is: its token and byte ranges, or, for the empty side of
     an insertion or deletion, the point where the other side's text goes in or was."""
     (t0, t1), (b0, b1) = side["tokens"], side["bytes"]
@@ -92,7 +144,7 @@ def span_place(doc_side: str, side: dict[str, Any]) -> str:
     return f"tokens {t0:,}..{t1:,}, bytes {b0:,}..{b1:,}"
 
 
-def split_spans(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_spans(spans: list[SpanDoc]) -> tuple[list[SpanDoc], list[SpanDoc]]:
     """The document's spans that cost something (tokens as a turn's first break, or reuse if fixed), and
     those only ever seen behind another break: a table row of zeros for them says nothing."""
     costly = [sp for sp in spans if sp["tokens"] > 0 or sp["gain_if_fixed"] > 0]
@@ -100,34 +152,50 @@ def split_spans(spans: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
 
 
 def report_document(
-    path: str, prompts: Sequence[Prompt], s: Session, tokenizer: dict[str, Any], redact: bool = False, context: int = 12
-) -> dict[str, Any]:
-    top = s.spans[0] if s.spans and s.spans[0].tokens > 0 else None
+    path: str, prompts: Sequence[Prompt], s: Session, tokenizer: TokenizerDoc, redact: bool = False, context: int = 12
+) -> ReportDocument:
+    rows = [_report_turn(row, t, s) for row, t in zip(turn_rows(s), s.turns, strict=True)]
+    spans = [_span_doc(rank, sp, s) for rank, sp in enumerate(s.spans, 1)]
+    doc: ReportDocument = {
+        "schema": SCHEMA,
+        "summary": _summary(path, s, spans, redact),
+        "capacity": capacity_json(s.capacity, _wasted_pct(s)) if s.capacity is not None else None,
+        "backend_facts": [
+            {"turn": f.turn, "kind": f.kind, "title": f.title, "evidence": f.evidence, "fix": f.fix} for f in s.facts
+        ],
+        "tokenizer": tokenizer,
+        "turns": rows,
+        "spans": spans,
+        "causes": _causes(prompts, s, redact, context),
+        "findings": _findings(s, redact),
+    }
+    return redact_labels(doc, session_labels(s)) if redact else doc
+
+
+def _span_doc(rank: int, sp: Span, s: Session) -> SpanDoc:
+    """A ranked span, with the reuse and seconds the session gains if it alone is fixed."""
+    return {
+        "rank": rank,
+        "kind": sp.kind,
+        "section": sp.section,
+        "path": path_json(sp.path),
+        "title": sp.title,
+        "fix": sp.fix,
+        "turns": sp.turns,
+        "tokens": sp.tokens,
+        "share": round(sp.share, 4),
+        "seconds": round(sp.seconds, 3) if sp.seconds is not None else None,
+        "seconds_estimated": s.rate_estimated and sp.seconds is not None,
+        "gain_if_fixed": sp.gain,
+        "reuse_pct_without": round(100.0 * (s.reused_tokens + sp.gain) / s.total_tokens, 2) if s.total_tokens else None,
+        "seconds_saved_if_fixed": round(sp.gain * s.ms_per_token / 1000, 3) if s.ms_per_token else None,
+    }
+
+
+def _causes(prompts: Sequence[Prompt], s: Session, redact: bool, context: int) -> list[CauseDoc]:
+    """Each cause's first example: its finding and both sides of its span."""
     scrub = redact_text if redact else (lambda x: x)
-    rows = [row | times for row, times in zip(turn_rows(s), _time_columns(s), strict=True)]
-    spans = []
-    for rank, sp in enumerate(s.spans, 1):
-        spans.append(
-            {
-                "rank": rank,
-                "kind": sp.kind,
-                "section": sp.section,
-                "path": path_json(sp.path),
-                "title": sp.title,
-                "fix": sp.fix,
-                "turns": sp.turns,
-                "tokens": sp.tokens,
-                "share": round(sp.share, 4),
-                "seconds": round(sp.seconds, 3) if sp.seconds is not None else None,
-                "seconds_estimated": s.rate_estimated and sp.seconds is not None,
-                "gain_if_fixed": sp.gain,
-                "reuse_pct_without": round(100.0 * (s.reused_tokens + sp.gain) / s.total_tokens, 2)
-                if s.total_tokens
-                else None,
-                "seconds_saved_if_fixed": round(sp.gain * s.ms_per_token / 1000, 3) if s.ms_per_token else None,
-            }
-        )
-    causes = []
+    causes: list[CauseDoc] = []
     seen: set[str] = set()
     for sp in s.spans:
         if sp.kind in seen or sp.example is None:
@@ -154,23 +222,32 @@ def report_document(
                 "b": _side(b, (h.b_start, h.b_end), (h.b_byte_start, h.b_byte_end), h.b_owner, context, redact),
             }
         )
-    per_turn_findings = []
-    for t in s.turns:
-        for f in t.findings:
-            per_turn_findings.append(
-                {
-                    "turn": t.turn,
-                    "hunk": f.hunk,
-                    "kind": f.kind,
-                    "confidence": f.confidence,
-                    "expected": f.expected,
-                    "origin": f.origin,
-                    "title": f.title,
-                    "evidence": scrub(f.evidence),
-                    "fix": f.fix,
-                }
-            )
-    summary = {
+    return causes
+
+
+def _findings(s: Session, redact: bool) -> list[TurnFinding]:
+    """Every finding of every turn."""
+    scrub = redact_text if redact else (lambda x: x)
+    return [
+        {
+            "turn": t.turn,
+            "hunk": f.hunk,
+            "kind": f.kind,
+            "confidence": f.confidence,
+            "expected": f.expected,
+            "origin": f.origin,
+            "title": f.title,
+            "evidence": scrub(f.evidence),
+            "fix": f.fix,
+        }
+        for t in s.turns
+        for f in t.findings
+    ]
+
+
+def _summary(path: str, s: Session, spans: list[SpanDoc], redact: bool) -> ReportSummary:
+    top = spans[0] if s.spans and s.spans[0].tokens > 0 else None
+    return {
         "path": path,
         "turns": len(s.turns),
         "total_tokens": s.total_tokens,
@@ -180,38 +257,31 @@ def report_document(
         "wasted_seconds": round(s.wasted_seconds, 3) if s.wasted_seconds is not None else None,
         "ms_per_token": round(s.ms_per_token, 4) if s.ms_per_token else None,
         "seconds_estimated": s.rate_estimated,  # ms_per_token was given (--prefill-rate), not measured
-        "top_cause": spans[0] if top else None,
+        "top_cause": top,
         "checkpoint_reused_tokens": s.checkpoint_reused,
         "layout": layout_json(s),
         "headline": headline(s),
         "redacted": redact,
     }
-    doc = {
-        "schema": SCHEMA,
-        "summary": summary,
-        "capacity": capacity_json(s.capacity, _wasted_pct(s)) if s.capacity is not None else None,
-        "backend_facts": [
-            {"turn": f.turn, "kind": f.kind, "title": f.title, "evidence": f.evidence, "fix": f.fix} for f in s.facts
-        ],
-        "tokenizer": tokenizer,
-        "turns": rows,
-        "spans": spans,
-        "causes": causes,
-        "findings": per_turn_findings,
-    }
-    return redact_labels(doc, session_labels(s)) if redact else doc
 
 
 def _wasted_pct(s: Session) -> float:
     return 100.0 * s.wasted_tokens / s.total_tokens if s.total_tokens else 0.0
 
 
-def capacity_json(c: CapacityReport, wasted_pct: float = 0.0) -> dict[str, Any]:
+def capacity_json(c: CapacityReport, wasted_pct: float = 0.0) -> CapacityDoc:
     """Reuse at each cache capacity, unlimited last, the one-line verdict, and what it concludes:
     the prompts break the cache, the cache is too small, or the agents share a slot."""
-    points = [{"cache": p.label, "tokens": p.tokens, "reuse_pct": p.reuse_pct} for p in c.points]
-    parts = [f"with {p.label} of cache: {p.reuse_pct['llama.cpp']:.0f} %" for p in c.points[:-1]]
-    parts.append(f"unlimited: {c.unlimited.reuse_pct['llama.cpp']:.0f} %")
+    points: list[CapacityPointDoc] = [
+        {
+            "cache": p.label,
+            "tokens": p.tokens,
+            "reuse_pct": {"llama.cpp": p.reuse_pct[Backend.LLAMA_CPP], "vllm": p.reuse_pct[Backend.VLLM]},
+        }
+        for p in c.points
+    ]
+    parts = [f"with {p.label} of cache: {p.reuse_pct[Backend.LLAMA_CPP]:.0f} %" for p in c.points[:-1]]
+    parts.append(f"unlimited: {c.unlimited.reuse_pct[Backend.LLAMA_CPP]:.0f} %")
     if c.reported_pct is not None:
         parts.append(f"your server reported {c.reported_pct:.0f} %")
     return {
@@ -231,7 +301,7 @@ UNKNOWN_LAYOUT = (
 )
 
 
-def layout_json(s: Session) -> dict[str, Any]:
+def layout_json(s: Session) -> LayoutDoc:
     """The attention layout the SWA/hybrid column replays llama-server's checkpoints for; `known`
     false (and the column left out) where the session does not say which model served it."""
     lay = s.layout

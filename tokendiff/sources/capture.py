@@ -39,8 +39,9 @@ import orjson
 from tokendiff.core import secrets
 from tokendiff.errors import InputError
 from tokendiff.safeio import open_private, open_regular, write_all, write_private
+from tokendiff.sources.record import CAPTURE_V1, RECORD_READERS, CaptureRecord, RequestBody
 
-SCHEMA = "tokendiff.capture/1"
+SCHEMA = CAPTURE_V1  # the version the writer writes (the reader reads those of RECORD_READERS)
 BLOB_THRESHOLD = 1 << 20  # request bodies over 1 MiB go to blobs/<sha256>, so every line stays small
 # request bodies over 128 MiB are forwarded but not stored (the record says so); the tests lower it
 MAX_BODY = int(os.environ.get("TOKENDIFF_MAX_BODY", 128 << 20))
@@ -341,30 +342,7 @@ def _lines(f: Any, limit: int | None = None) -> Iterator[tuple[int, bytes | None
         yield n + 1, None if over else bytes(buf), True
 
 
-class CaptureRecord(dict):
-    """A record as read: a dict of its fields. A request stored as bytes (`request_body`) is
-    resolved when `request` is first asked for (`rec["request"]`, `rec.get("request")`), so a
-    missing or corrupt blob is an error for that turn only."""
-
-    def __init__(self, fields: dict[str, Any], *, where: str, base: Path):
-        super().__init__(fields)
-        self.where = where  # "capture.jsonl: line N", for errors about this record
-        self.base = base  # the directory blobs/ is in
-
-    def __getitem__(self, key: Any) -> Any:
-        if key == "request" and not dict.__contains__(self, "request") and dict.__contains__(self, "request_body"):
-            body = dict.__getitem__(self, "request_body")
-            dict.__setitem__(self, "request", load_request_body(body, self.base, self.where))
-        return dict.__getitem__(self, key)
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        return self[key] if key in self else default
-
-    def __contains__(self, key: object) -> bool:
-        return dict.__contains__(self, key) or (key == "request" and dict.__contains__(self, "request_body"))
-
-
-def load_request_body(body: dict[str, Any], base: Path, where: str) -> dict[str, Any]:
+def load_request_body(body: RequestBody, base: Path, where: str) -> dict[str, Any]:
     """The request a `request_body` field describes: its bytes (inline or blobs/<sha256>, checked
     against the sha256) parsed as exactly as Python's json can (big integers stay integers)."""
     if "omitted" in body:
@@ -407,12 +385,12 @@ def _read_blob(base: Path, name: str, where: str) -> bytes:
     return data
 
 
-def read_capture(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[str]]:
+def read_capture(path: str | os.PathLike[str]) -> tuple[list[CaptureRecord], list[str]]:
     """(records, warnings), every record held (`iter_capture` streams them). A torn last line, or a
     line over MAX_LINE, is skipped with a warning; a bad line anywhere else is an error naming the
     line. Bodies stored as bytes load lazily."""
     warnings: list[str] = []
-    records: list[dict[str, Any]] = list(iter_capture(path, warnings.append, window=None))
+    records = list(iter_capture(path, warnings.append, window=None))
     return records, warnings
 
 
@@ -435,7 +413,7 @@ def iter_capture(
 def _records(
     f: Any, p: str, base: Path, warn: Callable[[str], None], window: int | None, limit: int = MAX_FILE
 ) -> Iterator[CaptureRecord]:
-    pending: deque[CaptureRecord] = deque()
+    pending: deque[tuple[int, CaptureRecord]] = deque()  # (seq, record)
     by_seq: dict[int, CaptureRecord] = {}
     total = 0
     for n, line, torn in _lines(f):
@@ -453,14 +431,15 @@ def _records(
             continue
         if not isinstance(rec.get("request"), dict) and "request_body" not in rec:
             raise InputError(f"line {n}: capture record has no request object", source=p)
-        record = CaptureRecord(rec, where=f"{p}: line {n}", base=base)
-        pending.append(record)
+        record = RECORD_READERS[rec["schema"]](rec, f"{p}: line {n}", base)
+        pending.append((rec["seq"], record))
         by_seq[rec["seq"]] = record
         if window is not None and len(pending) > window:
-            done = pending.popleft()
-            by_seq.pop(done["seq"], None)
+            seq, done = pending.popleft()
+            by_seq.pop(seq, None)
             yield done
-    yield from pending
+    for _, record in pending:
+        yield record
 
 
 def _merge_patch(
@@ -470,7 +449,7 @@ def _merge_patch(
         held = "which is not in the file" if window is None else f"not among the last {window} records"
         warn(f"{where}: patch for record {patch['patch']}, {held}; skipped")
         return
-    dict.update(target, {k: v for k, v in patch.items() if k not in ("schema", "seq", "ts", "patch")})
+    target.update({k: v for k, v in patch.items() if k not in ("schema", "seq", "ts", "patch")})
 
 
 def _parse_line(line: bytes, n: int, torn: bool, p: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
@@ -490,7 +469,7 @@ def _parse_line(line: bytes, n: int, torn: bool, p: str, warn: Callable[[str], N
             raise InputError(f"line {n}: malformed capture record: {e}", source=p) from None
     if not isinstance(rec, dict):
         raise InputError(f"line {n}: malformed capture record: not a JSON object", source=p)
-    if rec.get("schema") != SCHEMA:
+    if rec.get("schema") not in RECORD_READERS:
         raise InputError(f"line {n}: unknown capture schema {rec.get('schema')!r} (expected {SCHEMA})", source=p)
     check_record(rec, f"line {n}", p)
     if ids is not None:
@@ -597,6 +576,7 @@ NESTED_TYPES: dict[str, dict[str, tuple[str, ...]]] = {
         "streamed": ("boolean", "null"),
         "bytes": _INT,
         "sha256": _STR,
+        "content_truncated": _INT,  # streamed text over 1 MiB: its length before the cut
         "error": ("string", "object", "null"),
         # Ollama's /api/chat and /api/generate (streamed: from the final, `done: true` object)
         **{k: _INT for k in ("load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count")},

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tokendiff import safeio
 from tokendiff.core import grammar
+from tokendiff.core.kinds import ServerKind
 from tokendiff.core.model import Prompt, PromptMeta, RenderMismatch
 from tokendiff.core.vocab import TextTokenizer, Vocab
 from tokendiff.errors import InputError, one_line
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slo
     import numpy as np
 
     from tokendiff.core.model import IntArray
+    from tokendiff.sources.record import CaptureRecord
     from tokendiff.sources.templates.render import Rendered
 
 MAX_PROPS_BYTES = 64 << 20  # the server's /props beside a capture: its chat template and settings
@@ -231,7 +233,7 @@ class Loader:
         self.server = server  # a live server renders and tokenises requests (the vocabulary is its own)
         self._tokenizer = None
         self._renderer = None
-        self._sessions: dict[Path, list[dict[str, Any]]] = {}
+        self._sessions: dict[Path, list[CaptureRecord]] = {}
 
     def with_template(self, chat_template: str | None) -> Loader:
         """This loader with another chat template, sharing its text tokenizer (built once: parsing
@@ -289,7 +291,7 @@ class Loader:
 
     # ---------------------------------------------------------------- requests
 
-    def _record(self, sel: Selected) -> dict[str, Any]:
+    def _record(self, sel: Selected) -> CaptureRecord:
         if sel.kind == "body":
             from tokendiff.sources.importers.openai_body import record_from_body
 
@@ -302,7 +304,7 @@ class Loader:
         idx, rec = _pick(records, sel.turn or 0, "request", str(sel.path))
         return rec
 
-    def _session(self, sel: Selected) -> list[dict[str, Any]]:
+    def _session(self, sel: Selected) -> list[CaptureRecord]:
         if sel.path not in self._sessions:
             if sel.kind == "capture":
                 from tokendiff.sources.capture import read_capture
@@ -374,7 +376,7 @@ class Loader:
 
     def from_record(
         self,
-        rec: dict[str, Any],
+        rec: CaptureRecord,
         label: str,
         turn: int | None = None,
         rendered_ids: np.ndarray | None = None,
@@ -391,12 +393,12 @@ class Loader:
                 raise
             raise InputError(e.reason, source=label) from None
 
-    def rendered_ids(self, rec: dict[str, Any], depth_checked: bool = False) -> np.ndarray | None:
+    def rendered_ids(self, rec: CaptureRecord, depth_checked: bool = False) -> np.ndarray | None:
         """A record's token IDs where they are its local render tokenised (no recorded IDs, no logged
         text, no server): what the full load finds, without attributing sections or decoding. None
         where only the full load can tell (it also raises the right error). `depth_checked`: as for
         `from_record`."""
-        if not isinstance(rec, dict) or rec.get("prompt_ids") is not None or isinstance(rec.get("prompt_text"), str):
+        if rec.prompt_ids is not None or isinstance(rec.prompt_text, str):
             return None
         if self.server is not None or not self._can_render():
             return None
@@ -404,7 +406,7 @@ class Loader:
 
         try:
             if not depth_checked:
-                check_depth(rec.get("request"), "record")
+                check_depth(rec.request, "record")
             request = _request_of(rec)
             if not isinstance(request.get("messages"), list):
                 return None
@@ -414,19 +416,17 @@ class Loader:
 
     def _from_record(
         self,
-        rec: dict[str, Any],
+        rec: CaptureRecord,
         label: str,
         turn: int | None,
         rendered_ids: np.ndarray | None = None,
         depth_checked: bool = False,
     ) -> Prompt:
-        if not isinstance(rec, dict):
-            raise InputError("the record is not a JSON object")
         if not depth_checked:
-            check_depth(rec.get("request"), label)
+            check_depth(rec.request, label)
         request, fields = _converted_of(rec)
         meta = _record_meta(rec, request, label, turn)
-        if rec.get("prompt_ids") is not None or rendered_ids is not None:
+        if rec.prompt_ids is not None or rendered_ids is not None:
             p, rendered = self._decoded_first(rec, request, label, meta, rendered_ids)
         else:  # the render is the prompt: a bad messages field is an error
             rendered = self.renderer.attribute(request) if "messages" in request else None
@@ -444,7 +444,7 @@ class Loader:
 
     def _decoded_first(
         self,
-        rec: dict[str, Any],
+        rec: CaptureRecord,
         request: dict[str, Any],
         label: str,
         meta: PromptMeta,
@@ -453,7 +453,7 @@ class Loader:
         """The prompt of a record whose IDs are known (the server's, or its render tokenised already),
         decoded before the request is attributed, so the attribution can take the decoded text as the
         render instead of rendering it once more."""
-        if rec.get("prompt_ids") is not None or rendered_ids is None:
+        if rec.prompt_ids is not None or rendered_ids is None:
             p = self._decode(self._record_ids(rec, request, None, label, meta), label, label, meta)
         else:
             meta.ids_from = "local render, tokenised here"
@@ -467,16 +467,16 @@ class Loader:
         return p, self.renderer.attribute(request, text)
 
     def _record_ids(
-        self, rec: dict[str, Any], request: dict[str, Any], rendered, label: str, meta: PromptMeta
+        self, rec: CaptureRecord, request: dict[str, Any], rendered, label: str, meta: PromptMeta
     ) -> np.ndarray:
         """The token IDs, from the best source the record allows; `meta.ids_from` says which."""
-        if rec.get("prompt_ids") is not None:
-            source = rec.get("prompt_source", "server")
+        if rec.prompt_ids is not None:
+            source = rec.prompt_source
             meta.ids_from = source if isinstance(source, str) else "server"
-            return _recorded_ids(rec["prompt_ids"], label)
-        if isinstance(rec.get("prompt_text"), str):
+            return _recorded_ids(rec.prompt_ids, label)
+        if isinstance(rec.prompt_text, str):
             meta.ids_from = "prompt log, tokenised here"
-            ids = self._tokenise_logged(rec["prompt_text"])
+            ids = self._tokenise_logged(rec.prompt_text)
         elif isinstance(request.get("messages"), list) and self.server is not None:
             meta.ids_from = "llama-server /apply-template + /tokenize"
             ids = self.server.prompt_ids(request)
@@ -504,40 +504,38 @@ class Loader:
         return bool(self.chat_template or self.vocab.meta.chat_template)
 
 
-def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
+def _request_of(rec: CaptureRecord) -> dict[str, Any]:
     """The request as the server templates it: see `_converted_of`."""
     return _converted_of(rec)[0]
 
 
-def _converted_of(rec: dict[str, Any]) -> tuple[dict[str, Any], FieldMap]:
+def _converted_of(rec: CaptureRecord) -> tuple[dict[str, Any], FieldMap]:
     """The request as the server templates it: Responses and Messages requests converted as the server
     that answered converts them (with the map back to their own fields), and tool-call arguments parsed
     where the server parses them (llama-server, the default when a record names none; vLLM), so a
     client's re-serialised arguments cost what they cost there: nothing, unless the keys moved."""
     from tokendiff.sources.importers.apis import chat_form
 
-    request = rec.get("request") or {}
+    request = rec.request or {}
     if not isinstance(request, dict):
         raise InputError(f"the record's request is a {type(request).__name__}, not a JSON object")
-    server = rec.get("server")
-    server = server if isinstance(server, dict) else {}
-    kind = server.get("kind", "llama-server")
-    llama = kind == "llama-server"
-    endpoint = rec.get("endpoint")
-    request, fields = chat_form(request, endpoint if isinstance(endpoint, str) else None, str(kind or ""))
-    parses_arguments = llama or kind == "vllm"  # as a real vLLM 0.32 does (tests/test_vllm.py)
+    server = rec.server if isinstance(rec.server, dict) else {}
+    kind = server.get("kind", ServerKind.LLAMA_SERVER)
+    llama = kind == ServerKind.LLAMA_SERVER
+    request, fields = chat_form(request, rec.endpoint if isinstance(rec.endpoint, str) else None, str(kind or ""))
+    parses_arguments = llama or kind == ServerKind.VLLM  # as a real vLLM 0.32 does (tests/test_vllm.py)
     if parses_arguments and isinstance(request, dict):
         request = _parsed_arguments(request)
     return request, fields
 
 
-def _record_meta(rec: dict[str, Any], request: dict[str, Any], label: str, turn: int | None) -> PromptMeta:
-    server = rec.get("server")
+def _record_meta(rec: CaptureRecord, request: dict[str, Any], label: str, turn: int | None) -> PromptMeta:
+    server = rec.server
     model = server.get("model") if isinstance(server, dict) else None
-    response = rec.get("response")
+    response = rec.response
     return PromptMeta(
-        path=one_line(str(rec.get("origin") or label)),
-        format=rec.get("source", "capture"),
+        path=one_line(str(rec.origin or label)),
+        format=rec.source,
         turn=turn,
         request=request,
         response=response if isinstance(response, dict) else None,

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-VLLM_BLOCK = 16
+from tokendiff.core.kinds import VLLM_BLOCK, CauseKind, ServerKind
 
 
 @dataclass(frozen=True)
@@ -28,12 +28,12 @@ class TurnRecord:
     num_ctx: int | None = None  # Ollama: options.num_ctx the request asked for
     cache_reuse: int | None = None  # llama-server: n_cache_reuse the request asked for
     block: int | None = None  # vLLM: the server's block size, where the capture says (its /metrics)
-    server: str = ""  # the kind of server that answered, where the capture says ("vllm", "sglang" ...)
+    server: ServerKind | Literal[""] = ""  # the kind of server that answered, where the capture says
 
 
 @dataclass(frozen=True)
 class BackendFact:
-    kind: str  # ollama_reload, ollama_truncated, vllm_block_rounding, vllm_large_blocks, vllm_block_assumed, ...
+    kind: CauseKind  # ollama_reload, ollama_truncated, vllm_block_rounding, vllm_large_blocks, ...
     turn: int
     title: str
     evidence: str
@@ -41,7 +41,13 @@ class BackendFact:
 
 
 def turn_record(
-    turn: int, n_prompt: int, lcp: int, request: Any, response: Any, block: int | None = None, server: str = ""
+    turn: int,
+    n_prompt: int,
+    lcp: int,
+    request: Any,
+    response: Any,
+    block: int | None = None,
+    server: ServerKind | Literal[""] = "",
 ) -> TurnRecord:
     """A TurnRecord from a recorded request and response (the user's JSON: anything may be missing)."""
     req: Mapping[str, Any] = request if isinstance(request, Mapping) else {}
@@ -99,7 +105,7 @@ def ollama_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
             why = f"num_ctx went from {_ctx(prev.num_ctx)} to {_ctx(r.num_ctx)}" if changed else "num_ctx unchanged"
             out.append(
                 BackendFact(
-                    kind="ollama_reload",
+                    kind=CauseKind.OLLAMA_RELOAD,
                     turn=r.turn,
                     title="Ollama reloaded the model: the whole prompt was recomputed",
                     evidence=f"load_duration {load / 1e9:.2f} s; {why}",
@@ -115,7 +121,7 @@ def ollama_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
             ctx = f" (num_ctx {r.num_ctx:,})" if r.num_ctx else f" (no num_ctx sent: Ollama's default {limit:,})"
             out.append(
                 BackendFact(
-                    kind="ollama_truncated",
+                    kind=CauseKind.OLLAMA_TRUNCATED,
                     turn=r.turn,
                     title="Ollama cut the prompt silently at its context",
                     evidence=f"prompt_eval_count {evaluated:,} for a prompt of {r.n_prompt:,} tokens{ctx}",
@@ -132,7 +138,8 @@ LARGE_FIX = (
 )
 
 
-NOT_VLLM = ("llama-server", "sglang", "ollama")  # recorded kinds whose counts are not vLLM's blocks
+# recorded kinds whose counts are not vLLM's blocks
+NOT_VLLM = (ServerKind.LLAMA_SERVER, ServerKind.SGLANG, ServerKind.OLLAMA)
 
 
 def _vllm_counts(records: Sequence[TurnRecord]) -> list[tuple[TurnRecord, int]]:
@@ -183,7 +190,7 @@ def vllm_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
             evidence = f"every cached_tokens is a multiple of {size:,} ({counts})"
         out.append(
             BackendFact(
-                kind="vllm_large_blocks",
+                kind=CauseKind.VLLM_LARGE_BLOCKS,
                 turn=r.turn,
                 title=f"The server caches blocks of {size:,} tokens: a shorter shared prefix is never reused",
                 evidence=evidence,
@@ -195,7 +202,7 @@ def vllm_facts(records: Sequence[TurnRecord]) -> list[BackendFact]:
         if c % block == 0 and 0 < r.lcp - c < block:
             out.append(
                 BackendFact(
-                    kind="vllm_block_rounding",
+                    kind=CauseKind.VLLM_BLOCK_ROUNDING,
                     turn=r.turn,
                     title=f"vLLM reused whole {block}-token blocks only",
                     evidence=f"cached_tokens {c:,} of the {r.lcp:,} shared: the last {r.lcp - c} "
@@ -223,14 +230,13 @@ def _block_source(records: Sequence[TurnRecord]) -> list[BackendFact]:
         enough = len(hits) >= MIN_INFER_COUNTS
         why = f"cached_tokens {counts} show no common block" if enough else "fewer than three cached counts"
         title = f"The vLLM column assumes {VLLM_BLOCK}-token blocks (vLLM's GPU default): the capture has no block size"
-        return [
-            BackendFact("vllm_block_assumed", counted[0][0].turn, title, f"{why}; no block_size recorded", RECORD_BLOCK)
-        ]
+        evidence = f"{why}; no block_size recorded"
+        return [BackendFact(CauseKind.VLLM_BLOCK_ASSUMED, counted[0][0].turn, title, evidence, RECORD_BLOCK)]
     if size >= 4 * VLLM_BLOCK:
         return []
     title = f"The vLLM column counts {size}-token blocks, read from the counts: the capture has no block size"
     evidence = f"every cached_tokens is a multiple of {size} ({counts}); no block_size recorded"
-    return [BackendFact("vllm_block_inferred", hits[0][0].turn, title, evidence, RECORD_BLOCK)]
+    return [BackendFact(CauseKind.VLLM_BLOCK_INFERRED, hits[0][0].turn, title, evidence, RECORD_BLOCK)]
 
 
 def mmproj_facts(records: Sequence[TurnRecord], props: Mapping[str, Any] | None) -> list[BackendFact]:
@@ -243,7 +249,7 @@ def mmproj_facts(records: Sequence[TurnRecord], props: Mapping[str, Any] | None)
         return []
     return [
         BackendFact(
-            kind="mmproj_no_cache_reuse",
+            kind=CauseKind.MMPROJ_NO_CACHE_REUSE,
             turn=asked.turn,
             title="--cache-reuse is ignored: the server runs a multimodal projector (--mmproj)",
             evidence=f"n_cache_reuse {asked.cache_reuse} asked for on turn {asked.turn}; /props modalities "

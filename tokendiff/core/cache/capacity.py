@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokendiff.core.kinds import Backend
+
 GIB = 1 << 30
 DEFAULT_LADDER_BYTES = (1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB, 16 * GIB, 32 * GIB)
 DEFAULT_LADDER_TOKENS = (4096, 16384, 65536, 262144, 1 << 20)
@@ -157,7 +159,7 @@ class CapacityPoint:
 
     label: str  # "8 GiB", "65,536 tokens", "unlimited"
     tokens: int | None  # capacity in tokens; None = unlimited
-    reuse_pct: dict[str, float] = field(default_factory=dict)  # backend -> percent
+    reuse_pct: dict[Backend, float] = field(default_factory=dict)  # backend -> percent
 
 
 @dataclass
@@ -191,8 +193,8 @@ def conclusions(c: CapacityReport, wasted_pct: float) -> list[Conclusion]:
     """The ladder read as a diagnosis (llama-server's column), given the share of all prompt tokens the
     session recomputed although the previous prompt had them (`wasted_pct`): the server's own count against
     the simulated sizes, then the prompts."""
-    unl = c.unlimited.reuse_pct["llama.cpp"]
-    finite = [(p.label, p.reuse_pct["llama.cpp"]) for p in c.points[:-1]]
+    unl = c.unlimited.reuse_pct[Backend.LLAMA_CPP]
+    finite = [(p.label, p.reuse_pct[Backend.LLAMA_CPP]) for p in c.points[:-1]]
     enough = next((label for label, pct in finite if pct >= unl - CLOSE), None)
     rep = c.reported_pct
     out: list[Conclusion] = []
@@ -284,7 +286,7 @@ class CapacityLadder:
     def report(self, reported: int | None = None) -> CapacityReport:
         """`reported`: the tokens the server said it reused over the session."""
         for pt, (slot, pool) in zip(self.points, self.reused, strict=True):
-            pt.reuse_pct = {"llama.cpp": self._pct(slot), "vllm": self._pct(pool)}
+            pt.reuse_pct = {Backend.LLAMA_CPP: self._pct(slot), Backend.VLLM: self._pct(pool)}
         rep = self._pct(reported) if reported is not None else None
         return CapacityReport(self.bytes_per_token, self.points, self.total, rep)
 

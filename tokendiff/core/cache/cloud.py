@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tokendiff.core.kinds import CloudCause
 from tokendiff.core.usage import Usage, usage_of
 
 
@@ -38,20 +39,6 @@ class Provider(StrEnum):
     OPENAI = "openai"
     GEMINI = "gemini"
     DEEPSEEK = "deepseek"
-
-
-class CloudCause(StrEnum):
-    """Why a turn read what it read from the provider's cache."""
-
-    COLD = "cloud_cold"  # the first request of the prefix: written, nothing to read
-    HIT = "cloud_hit"  # read all the previous turn had cached (a change after the last breakpoint costs nothing)
-    CONTENT = "cloud_content"  # a change before the cached prefix's end: everything after it is written again
-    EXPIRED = "cloud_expired"  # the entry outlived its lifetime while idle
-    BELOW_MINIMUM = "cloud_below_minimum"  # the prefix is shorter than the model's minimum: never cached
-    KEY_CHANGED = "cloud_key_changed"  # prompt_cache_key changed: routed where the prefix is not
-    MODEL_CHANGED = "cloud_model_changed"  # caches are per model
-    LOOKBACK = "cloud_lookback"  # more than 20 blocks since the last written entry: not found
-    UNEXPLAINED = "cloud_unexplained"  # the provider read less than the rules allow (eviction, overflow routing)
 
 
 LOOKBACK_BLOCKS = 20

@@ -1,8 +1,7 @@
 """Importers: turn captures other tools make into capture records.
 
-Each returns records shaped like the capture format (`tokendiff.sources.capture`),
-without `schema`/`seq`, and rejects what it cannot read with an InputError
-naming the file and the entry.
+Each returns `CaptureRecord`s (`tokendiff.sources.record`: the capture format's fields, without
+`seq`), and rejects what it cannot read with an InputError naming the file and the entry.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import orjson
 from tokendiff.errors import InputError, one_line
 from tokendiff.safeio import open_regular, size_text
 from tokendiff.sources.importers import CHAT_ENDPOINTS, MAX_DEPTH, check_depth, is_chat_body
+from tokendiff.sources.record import CaptureRecord
 from tokendiff.sources.streams import final_fields, summarize_stream
 
 MAX_BYTES = 4 << 30  # the file: streamed, so this bounds time, not memory
@@ -38,30 +39,30 @@ def _ijson() -> Any:
         return ijson
 
 
-def read_har(path: Path, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+def read_har(path: Path, warn: Callable[[str], None] | None = None) -> list[CaptureRecord]:
     """Capture records for the chat requests in a HAR file, in start order."""
     return list(iter_har(path, warn))
 
 
-def iter_har(path: Path, warn: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+def iter_har(path: Path, warn: Callable[[str], None] | None = None) -> Iterator[CaptureRecord]:
     """The chat requests of a HAR file as capture records, one at a time, in the order they started
     (`warn` hears of entries too far out of that order to be put back)."""
     return _in_start_order(_file_order(path), str(path), warn)
 
 
 def _in_start_order(
-    records: Iterator[dict[str, Any]], src: str, warn: Callable[[str], None] | None
-) -> Iterator[dict[str, Any]]:
+    records: Iterator[CaptureRecord], src: str, warn: Callable[[str], None] | None
+) -> Iterator[CaptureRecord]:
     """Records put in start order (`startedDateTime`): some HAR writers list entries as they finish,
     and a session's turns are compared in the order they were sent. Each record waits in a window of
     REORDER_WINDOW, so memory stays bounded; an entry that started before one already given keeps
     its file order (said once). An error is raised only after the records read before it."""
-    heap: list[tuple[float, int, dict[str, Any]]] = []
+    heap: list[tuple[float, int, CaptureRecord]] = []
     given = last = float("-inf")
     late = 0
     try:
         for seq, rec in enumerate(records):
-            key = _started(rec.get("started"))
+            key = _started(rec.started)
             key = last if key is None else key  # no time: it stays where it was read
             if key < given:
                 late += 1
@@ -97,7 +98,7 @@ def _started(value: Any) -> float | None:
     return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
-def _file_order(path: Path) -> Iterator[dict[str, Any]]:
+def _file_order(path: Path) -> Iterator[CaptureRecord]:
     """The chat requests in file order. A HAR is one JSON value, so it is parsed as a stream (ijson's
     C parser): memory holds one entry, not the whole document."""
     from ijson.common import JSONError
@@ -117,7 +118,7 @@ def _file_order(path: Path) -> Iterator[dict[str, Any]]:
                 reader.entry_done()
                 rec = _entry(entry, f"{src}: entry {i}")
                 if rec is not None:
-                    rec["origin"] = f"{src}#entry{i}"
+                    rec.origin = f"{src}#entry{i}"
                     yield rec
         except (JSONError, ValueError) as e:  # the C parser raises UnicodeDecodeError for a lone surrogate
             raise InputError(f"malformed JSON: {_message(e)}", source=src) from None
@@ -241,7 +242,7 @@ def _text(obj: dict[str, Any], where: str) -> str | None:
     return text
 
 
-def _entry(e: Any, where: str) -> dict[str, Any] | None:
+def _entry(e: Any, where: str) -> CaptureRecord | None:
     if not isinstance(e, dict) or not isinstance(e.get("request"), dict):
         raise InputError("entry has no request object", source=where)
     req = e["request"]
@@ -270,18 +271,17 @@ def _entry(e: Any, where: str) -> dict[str, Any] | None:
         if chat_url:
             raise InputError(f"request body of {path} is not a chat request", source=where)
         return None
-    rec: dict[str, Any] = {"source": "har", "endpoint": path or "/v1/chat/completions", "request": body}
-    resp = e.get("response")
-    if isinstance(resp, dict):
-        rec["response"] = _response(resp, where)
-    timings = e.get("timings")
-    if isinstance(timings, dict) and isinstance(timings.get("wait"), (int, float)) and timings["wait"] >= 0:
-        rec["ttft_ms"] = float(timings["wait"])
-    if isinstance(e.get("time"), (int, float)):
-        rec["total_ms"] = float(e["time"])
-    if isinstance(e.get("startedDateTime"), str):
-        rec["started"] = e["startedDateTime"]
-    return rec
+    resp, timings, total, started = e.get("response"), e.get("timings"), e.get("time"), e.get("startedDateTime")
+    wait = timings.get("wait") if isinstance(timings, dict) else None
+    return CaptureRecord(
+        source="har",
+        endpoint=path or "/v1/chat/completions",
+        inline_request=body,
+        response=_response(resp, where) if isinstance(resp, dict) else None,
+        ttft_ms=float(wait) if isinstance(wait, (int, float)) and wait >= 0 else None,
+        total_ms=float(total) if isinstance(total, (int, float)) else None,
+        started=started if isinstance(started, str) else None,
+    )
 
 
 _SSE_START = re.compile(r"\s*data:")

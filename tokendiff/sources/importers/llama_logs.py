@@ -5,15 +5,15 @@ the server tokenised (with add_special and parse_special)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from tokendiff.errors import InputError
 from tokendiff.sources.importers import read_bounded
+from tokendiff.sources.record import CaptureRecord
 
 MAX_BYTES = 16 << 20  # a rendered prompt: 1M tokens of context is ~4 MB of text
 
 
-def record_from_prompt_log(path: Path) -> dict[str, Any]:
+def record_from_prompt_log(path: Path) -> CaptureRecord:
     raw = read_bounded(path, MAX_BYTES, "prompt log")
     try:
         text = raw.decode("utf-8")
@@ -24,11 +24,6 @@ def record_from_prompt_log(path: Path) -> dict[str, Any]:
     ts = None
     if path.stem.isdigit():
         ts = int(path.stem) / 1000.0
-    return {
-        "source": "llama-log",
-        "origin": str(path),
-        "endpoint": "/completion",
-        "request": {},
-        "prompt_text": text,
-        "log_ts": ts,
-    }
+    return CaptureRecord(
+        source="llama-log", origin=str(path), endpoint="/completion", inline_request={}, prompt_text=text, log_ts=ts
+    )

@@ -9,6 +9,7 @@ import orjson
 
 from tokendiff.errors import InputError
 from tokendiff.sources.importers import check_depth, is_chat_body, read_bounded
+from tokendiff.sources.record import CaptureRecord
 
 MAX_BYTES = 64 << 20  # a request with inline images is a few MB; parsed JSON costs several times its size
 
@@ -27,7 +28,7 @@ def read_body(path: Path) -> dict[str, Any]:
     return body
 
 
-def record_from_body(path: Path) -> dict[str, Any]:
+def record_from_body(path: Path) -> CaptureRecord:
     body = read_body(path)
     from tokendiff.sources.importers.apis import Api, api_of
 
@@ -35,4 +36,4 @@ def record_from_body(path: Path) -> dict[str, Any]:
     endpoint = {Api.RESPONSES: "/v1/responses", Api.MESSAGES: "/v1/messages", Api.COMPLETION: "/v1/completions"}.get(
         api, "/v1/chat/completions"
     )
-    return {"source": "openai-body", "origin": str(path), "endpoint": endpoint, "request": body}
+    return CaptureRecord(source="openai-body", origin=str(path), endpoint=endpoint, inline_request=body)

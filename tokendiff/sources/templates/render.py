@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tokendiff.core.align import shared_prefix, shared_suffix
+from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.model import FieldSpan, Part, Rendered, SectionPath
 from tokendiff.errors import InputError
 from tokendiff.sources.templates.env import GEN_MARK
@@ -192,7 +193,7 @@ class Renderer:
             no_gen = self.render(body, add_generation_prompt=False)
             gen_at = len(no_gen) if text.startswith(no_gen) else len(text)
         if gen_at < len(text):
-            r.spans.append(FieldSpan(SectionPath.of(Part("generation_prompt")), gen_at, len(text)))
+            r.spans.append(FieldSpan(SectionPath.of(Part(K.GENERATION_PROMPT)), gen_at, len(text)))
         r.spans.sort(key=lambda s: (s.start, -s.end, len(s.path)))
         return r
 
@@ -359,7 +360,7 @@ class Renderer:
         out = []
         groups: dict[SectionPath, list[FieldSpan]] = {}
         for s in spans:
-            if len(s.path) >= 3 and s.path[0].kind == "message":  # message › tool call › field
+            if len(s.path) >= 3 and s.path[0].kind == K.MESSAGE:  # message › tool call › field
                 groups.setdefault(s.path[:2], []).append(s)
         for path, members in groups.items():
             out.append(FieldSpan(path, min(m.start for m in members), max(m.end for m in members)))
@@ -452,7 +453,7 @@ def _sentinel_spans(
 
 def _with_think_tags(text: str, sp: FieldSpan) -> FieldSpan:
     """A reasoning field owns the <think>...</think> wrapper the template puts around it."""
-    if sp.path[-1].kind != "reasoning":
+    if sp.path[-1].kind != K.REASONING:
         return sp
     before = _THINK_OPEN.search(text, max(0, sp.start - 24), sp.start)
     after = _THINK_CLOSE.match(text[sp.end : sp.end + 24])
@@ -548,7 +549,7 @@ def _sliding_min(x: np.ndarray, w: int) -> np.ndarray:
     return np.minimum(suffix[:m], prefix[w - 1 : w - 1 + m])
 
 
-TOOLS = Part("tools", field="tools")
+TOOLS = Part(K.TOOLS, field="tools")
 TOOLS_MARGIN = 256  # characters past the tools block a cut request must render as the whole does
 _REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 
@@ -563,21 +564,21 @@ def _function_name(item: Any) -> str | None:
 
 
 def _tool_part(j: int, tool: Any) -> Part:
-    return Part("tool", j, _function_name(tool), f"tools[{j}]")
+    return Part(K.TOOL, j, _function_name(tool), f"tools[{j}]")
 
 
 def _call_part(i: int, k: int, call: Any) -> Part:
-    return Part("tool_call", k, _function_name(call), f"messages[{i}].tool_calls[{k}]")
+    return Part(K.TOOL_CALL, k, _function_name(call), f"messages[{i}].tool_calls[{k}]")
 
 
 def _msg_part(i: int, m: dict) -> Part:
     role = m.get("role")
-    return Part("message", i, role if isinstance(role, str) else None, f"messages[{i}]")
+    return Part(K.MESSAGE, i, role if isinstance(role, str) else None, f"messages[{i}]")
 
 
 def _field_part(path: str, short: str) -> Part:
     """A leaf field: reasoning is its own kind (the grammar finds it too), the rest are fields."""
-    return Part("reasoning" if short in _REASONING_FIELDS else "field", name=short, field=path)
+    return Part(K.REASONING if short in _REASONING_FIELDS else K.FIELD, name=short, field=path)
 
 
 def _leaf(base: SectionPath, field_path: str, short: str, *keys: Any) -> _Leaf:
@@ -588,7 +589,7 @@ def _leaf(base: SectionPath, field_path: str, short: str, *keys: Any) -> _Leaf:
 @lru_cache(maxsize=8192)
 def _message_field(i: int, role: str | None, fld: str) -> _Leaf:
     """messages[i].fld of a message with this role: made once per session."""
-    base = SectionPath.of(Part("message", i, role, f"messages[{i}]"))
+    base = SectionPath.of(Part(K.MESSAGE, i, role, f"messages[{i}]"))
     return _leaf(base, f"messages[{i}].{fld}", fld, "messages", i, fld)
 
 

@@ -17,6 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Header, Input, Static, Tree
 
 from tokendiff.app.pair import llama_reusable
+from tokendiff.core.kinds import HunkKind
 from tokendiff.core.model import Prompt, SectionPath
 from tokendiff.tui.widgets.footer import KeyFooter
 from tokendiff.tui.widgets.pairdata import PairView, SearchHits, search
@@ -430,9 +431,9 @@ def span_words(h: Hunk) -> str:
     def tokens(lo: int, hi: int) -> str:
         return f"token {lo:,}" if hi - lo == 1 else f"tokens {lo:,}–{hi - 1:,}"
 
-    if h.kind == "insert":
+    if h.kind == HunkKind.INSERT:
         return f"B adds {tokens(h.b_start, h.b_end)} at A's token {h.a_start:,}"
-    if h.kind == "delete":
+    if h.kind == HunkKind.DELETE:
         return f"A's {tokens(h.a_start, h.a_end)} are gone from B"
     return f"A's {tokens(h.a_start, h.a_end)} became B's {tokens(h.b_start, h.b_end)}"
 

@@ -28,6 +28,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
 
+from tokendiff.core.kinds import Backend
 from tokendiff.report.session import cause_title
 
 if TYPE_CHECKING:
@@ -83,10 +84,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("tokens", lambda t: _num(t.n_tokens), 4, widest=_widest_num(lambda t: t.n_tokens), key=lambda t: t.n_tokens),
     Column(
         "reusable",
-        lambda t: _num(t.reuse.get("llama.cpp", 0)),
+        lambda t: _num(t.reuse.get(Backend.LLAMA_CPP, 0)),
         8,
         widest=_widest_num(lambda t: t.n_tokens),
-        key=lambda t: t.reuse.get("llama.cpp", 0),
+        key=lambda t: t.reuse.get(Backend.LLAMA_CPP, 0),
     ),
     Column("reuse %", lambda t: f"{t.reuse_pct:.1f}", 1, widest=lambda ts: "100.0", key=lambda t: t.reuse_pct),
     Column(
@@ -533,7 +534,7 @@ class ChartData:
     def __init__(self, turns: Sequence[Turn]) -> None:
         self.n = len(turns)
         self.tokens = [0, *accumulate(t.n_tokens for t in turns)]
-        self.reused = [0, *accumulate(t.reuse.get("llama.cpp", 0) for t in turns)]
+        self.reused = [0, *accumulate(t.reuse.get(Backend.LLAMA_CPP, 0) for t in turns)]
         self.wasted = [0, *accumulate(1 if t.wasted else 0 for t in turns)]
 
     def per_turn(self, width: int) -> int:
