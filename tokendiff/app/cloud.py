@@ -10,8 +10,9 @@ the session's rate (its breaks over its duration).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -34,40 +35,50 @@ def _time(rec: CaptureRecord) -> float | None:
 
 
 def session_provider(records: Iterable[CaptureRecord]) -> Provider | None:
-    """The provider a session's records were sent to; None for a local server's session."""
+    """The provider a session's records were sent to; None for a local server's session. Only the records'
+    upstream and usage are read (a request stored in a blob stays unread)."""
     for rec in records:
         server: Mapping[str, Any] = rec.server if isinstance(rec.server, Mapping) else {}
-        p = provider_of(server.get("upstream"), rec.request, rec.response)
-        if p is not None:
+        p = provider_of(server.get("upstream"), None, rec.response)
+        if p is not None or server.get("upstream"):  # a record that names its upstream decides
             return p
     return None
 
 
-def cloud_report(records: list[CaptureRecord], overrides: Mapping[str, Price] | None = None) -> CloudReport | None:
-    """The session judged by its provider's rules; None when it was not sent to one."""
-    provider = session_provider(records)
+def cloud_report(
+    records: Iterable[CaptureRecord], overrides: Mapping[str, Price] | None = None, provider: Provider | None = None
+) -> CloudReport | None:
+    """The session judged by its provider's rules, in one pass over its records (one request in memory at a
+    time); None when it was not sent to one. `provider`: known already (else found from the records, which
+    must then be a sequence)."""
+    if provider is None:
+        records = list(records)
+        provider = session_provider(records)
     if provider is None:
         return None
     model = CloudModel()
     turns: list[PricedTurn] = []
     last_model = ""
+    first = last = None
     for rec in records:
+        ts = _time(rec)
+        if ts is not None:
+            first, last = (ts if first is None else min(first, ts)), (ts if last is None else max(last, ts))
         body = rec.request
         if not isinstance(body, Mapping):
             continue
-        req = cloud_request(provider, body, rec.response, _time(rec))
+        req = cloud_request(provider, body, rec.response, ts)
         last_model = req.model or last_model
         t = model.add(req)
         price = price_of(req.model, overrides)
         one_hour = bool(req.usage.written_1h)
         turns.append(PricedTurn(t, break_cost(price, t.waste, t.rewritten, one_hour) if price else None))
-    times = [x for x in (_time(r) for r in records) if x is not None]
     report = CloudReport(
         provider,
         last_model,
         turns,
         price_of(last_model, overrides),
-        (max(times) - min(times)) if len(times) > 1 else None,
+        (last - first) if first is not None and last is not None and last > first else None,
         "the provider's counts; per-block positions estimated (about 4 bytes a token)",
     )
     for p in turns:
@@ -90,24 +101,40 @@ def user_prices() -> dict[str, Price]:
 
 
 def cloud_section(path: str) -> CloudReport | None:
-    """Cloud mode for a session file (a capture or a HAR); None for a local server's session or another kind."""
+    """Cloud mode for a session file (a capture or a HAR); None for a local server's session or another kind.
+    The first record tells the provider (its upstream, or usage fields only one provider writes): reading
+    no further keeps a local session's report from parsing its records a second time. A provider's session
+    is then read once more, a record at a time."""
     from tokendiff.sources.loader import file_kind, session_source
 
     src = Path(session_source(path))
-    if not src.is_file():
+    kind = file_kind(src) if src.is_file() else None
+    if kind not in ("capture", "har"):
         return None
-    kind = file_kind(src)
+    provider = session_provider(_first_records(src, kind))
+    if provider is None:
+        return None
+    return cloud_report(_records(src, kind), user_prices(), provider)
+
+
+def _first_records(src: Path, kind: str) -> Iterator[CaptureRecord]:
+    """The first record alone: a capture's without reading past it; a HAR's first chat entry."""
     if kind == "capture":
-        from tokendiff.sources.capture import read_capture
+        from tokendiff.sources.capture import first_record
 
-        records: list[CaptureRecord] = list(read_capture(src)[0])
-    elif kind == "har":
-        from tokendiff.sources.importers.har import read_har
+        rec = first_record(src)
+        return iter([rec] if rec is not None else [])
+    return islice(_records(src, kind), 1)
 
-        records = list(read_har(src))
-    else:
-        return None
-    return cloud_report(records, user_prices())
+
+def _records(src: Path, kind: str) -> Iterator[CaptureRecord]:
+    if kind == "capture":
+        from tokendiff.sources.capture import iter_capture
+
+        return iter_capture(src)
+    from tokendiff.sources.importers.har import iter_har
+
+    return iter_har(src)
 
 
 __all__ = ["cloud_report", "cloud_section", "session_provider"]

@@ -410,6 +410,22 @@ def iter_capture(
         yield from _records(f, p, Path(p).parent, warn or (lambda msg: None), window, limit)
 
 
+def first_record(path: str | os.PathLike[str]) -> CaptureRecord | None:
+    """The capture's first record alone (its patches not merged): what it was sent to, read without
+    parsing the records after it (one may be tens of MB)."""
+    p = str(path)
+    with open_regular(p, "capture") as f:
+        for n, line, torn in _lines(f):
+            rec = _parse_line(line, n, torn, p, lambda msg: None) if line is not None else None
+            if (
+                rec is not None
+                and "patch" not in rec
+                and (isinstance(rec.get("request"), dict) or "request_body" in rec)
+            ):
+                return RECORD_READERS[rec["schema"]](rec, f"{p}: line {n}", Path(p).parent)
+    return None
+
+
 def _records(
     f: Any, p: str, base: Path, warn: Callable[[str], None], window: int | None, limit: int = MAX_FILE
 ) -> Iterator[CaptureRecord]:
