@@ -513,7 +513,7 @@ def _request_of(rec: dict[str, Any]) -> dict[str, Any]:
     llama = server.get("kind", "llama-server") == "llama-server"
     if isinstance(request, dict) and is_anthropic(request, rec.get("endpoint")):
         request = to_openai(request, llama_server=llama)
-    parses_arguments = llama or server.get("kind") == "vllm"  # as a real vLLM 0.32 does (tests/test_vllm.py)
+    parses_arguments = llama or server.get("kind") == "vllm"  # as a real vLLM 0.32 does (tests/live/test_vllm.py)
     if parses_arguments and isinstance(request, dict):
         request = _parsed_arguments(request)
     return request
