@@ -498,10 +498,11 @@ async def test_footer_at_80x24_shows_what_matters_and_no_hunk_anywhere():
     assert all(d for _, _, d in TokendiffCommands.ENTRIES)
 
 
-# ---------------------------------------------------------------- the defects list (issue #14), one test each
+# ---------------------------------------------------------------- the defects list of issue #14, one test each
 
 
-async def test_defect_1_mode_then_escape_in_quick_succession_does_not_crash():
+# issue 14, defect 1
+async def test_mode_then_escape_in_quick_succession_does_not_crash():
     a = app()
     async with a.run_test(size=(140, 40)) as pilot:
         for _ in range(6):
@@ -512,7 +513,8 @@ async def test_defect_1_mode_then_escape_in_quick_succession_does_not_crash():
         await open_pair_screen(pilot, a)
 
 
-async def test_defects_2_3_after_m_keys_work_and_both_panes_show_the_cursor():
+# issue 14, defects 2 and 3
+async def test_after_m_the_keys_work_and_both_panes_show_the_cursor():
     a = app()
     async with a.run_test(size=(140, 40)) as pilot:
         s = await open_pair_screen(pilot, a)
@@ -544,7 +546,8 @@ async def test_defects_2_3_after_m_keys_work_and_both_panes_show_the_cursor():
         assert unified.cursor > 0
 
 
-async def test_defect_4_resize_and_the_keys_panel_keep_the_cursor_on_screen():
+# issue 14, defect 4
+async def test_resize_and_the_keys_panel_keep_the_cursor_on_screen():
     a = app()
     async with a.run_test(size=(140, 40)) as pilot:
         s = await open_pair_screen(pilot, a)
@@ -562,8 +565,9 @@ async def test_defect_4_resize_and_the_keys_panel_keep_the_cursor_on_screen():
         assert on_screen(view)
 
 
+# issue 14, defect 5
 @pytest.mark.parametrize("width", [140, 141, 97])
-async def test_defect_5_side_by_side_panes_wrap_at_one_width(width):
+async def test_side_by_side_panes_wrap_at_one_width(width):
     a = app()
     async with a.run_test(size=(width, 40)) as pilot:
         s = await open_pair_screen(pilot, a)
@@ -600,7 +604,8 @@ async def test_token_views_wrap_once_inside_the_scrollbar_and_never_scroll_sidew
         assert sorted(wraps, key=str) == ["unified", "view-a", "view-b"]
 
 
-async def test_defect_7_a_single_pair_is_titled_with_its_files():
+# issue 14, defect 7
+async def test_a_single_pair_is_titled_with_its_files():
     a = app(paths=["captures/demo/turn-04.bin", "captures/demo/turn-05.bin"])
     async with a.run_test(size=(140, 40)) as pilot:
         s = await open_pair_screen(pilot, a)
@@ -611,7 +616,8 @@ async def test_defect_7_a_single_pair_is_titled_with_its_files():
         assert s.title == "turn 2 → 3"  # a session: turn numbers
 
 
-async def test_defects_8_9_special_tokens_keep_the_span_colour_and_the_cursor_keeps_the_diff_colour():
+# issue 14, defects 8 and 9
+async def test_special_tokens_keep_the_span_colour_and_the_cursor_keeps_the_diff_colour():
     from tokendiff.tui.widgets.token_view import ADDED, REMOVED
 
     a = app()
@@ -630,7 +636,8 @@ async def test_defects_8_9_special_tokens_keep_the_span_colour_and_the_cursor_ke
         assert view._style(i, False).bgcolor == view.token_style(view.tokens.kinds[i], False, i % 2 == 1).bgcolor
 
 
-async def test_defect_10_no_color_marks_changes_with_text_styles(monkeypatch):
+# issue 14, defect 10
+async def test_no_color_marks_changes_with_text_styles(monkeypatch):
     from tokendiff.tui.widgets.token_view import ADDED, REMOVED, SAME
 
     monkeypatch.setenv("NO_COLOR", "1")
@@ -648,7 +655,8 @@ async def test_defect_10_no_color_marks_changes_with_text_styles(monkeypatch):
         assert marks == {"4": (True, False), "5": (False, True)}
 
 
-async def test_defect_11_replay_against_an_unreachable_backend_says_so():
+# issue 14, defect 11
+async def test_replay_against_an_unreachable_backend_says_so():
     import socket
 
     with socket.socket() as sock:  # a port nothing listens on once closed
@@ -664,7 +672,8 @@ async def test_defect_11_replay_against_an_unreachable_backend_says_so():
         assert "cannot connect" in text and "refused" in text.lower() and "backend-kind" not in text
 
 
-async def test_defect_17_the_palette_screenshot_is_saved(tmp_path, monkeypatch):
+# issue 14, defect 17
+async def test_the_palette_screenshot_is_saved(tmp_path, monkeypatch):
     a = app(paths=[str(AGENT)])
     monkeypatch.chdir(tmp_path)
     async with a.run_test(size=(100, 30)) as pilot:
@@ -676,7 +685,8 @@ async def test_defect_17_the_palette_screenshot_is_saved(tmp_path, monkeypatch):
         assert any(str(tmp_path) in n.message for n in a._notifications)
 
 
-async def test_defect_18_exports_never_overwrite_say_the_full_path_and_leave_the_fix_visible(tmp_path, monkeypatch):
+# issue 14, defect 18
+async def test_exports_never_overwrite_say_the_full_path_and_leave_the_fix_visible(tmp_path, monkeypatch):
     a = app(paths=[str(AGENT)])
     monkeypatch.chdir(tmp_path)
     async with a.run_test(size=(140, 40), notifications=True) as pilot:
@@ -694,7 +704,8 @@ async def test_defect_18_exports_never_overwrite_say_the_full_path_and_leave_the
         await wait_for(pilot, lambda: (tmp_path / "tokendiff-report-2.md").is_file())
 
 
-async def test_defect_20_the_findings_say_what_their_figures_are():
+# issue 14, defect 20
+async def test_the_findings_say_what_their_figures_are():
     a = app()
     async with a.run_test(size=(140, 40)) as pilot:
         s = await open_pair_screen(pilot, a)
@@ -703,7 +714,8 @@ async def test_defect_20_the_findings_say_what_their_figures_are():
         assert "A's token 42 became B's token 42" in text and "(confidence 70%)" in text and "→" not in text
 
 
-async def test_defect_21_the_readme_quickstart_is_what_opens():
+# issue 14, defect 21
+async def test_the_readme_quickstart_is_what_opens():
     from tokendiff.paths import demo_capture
 
     readme = (ROOT / "README.md").read_text()
@@ -717,7 +729,8 @@ async def test_defect_21_the_readme_quickstart_is_what_opens():
         assert turn.cause == "counter" and "memory counter in its system prompt went\nfrom 4 to 5" in readme
 
 
-async def test_defect_13_an_identical_pair_counts_as_the_session_table_does():
+# issue 14, defect 13
+async def test_an_identical_pair_counts_as_the_session_table_does():
     """The header and the table agree: a full hit reuses all but the token the server always evaluates."""
     a = app(paths=["captures/demo/turn-04.bin", "captures/demo/turn-04.bin"], open_first_divergence=False)
     async with a.run_test(size=(140, 40)) as pilot:
@@ -772,7 +785,8 @@ FUZZ_KEYS = [
 ]  # fmt: skip
 
 
-async def test_defect_1_random_key_sequences_on_the_pair_screen_raise_nothing():
+# issue 14, defect 1: the same crash, searched for
+async def test_random_key_sequences_on_the_pair_screen_raise_nothing():
     """~100 seeded random sequences, each pressed in quick succession (m then Esc crashed once in ~50):
     whatever the order, the app is still running and still answers."""
     import random

@@ -104,6 +104,7 @@ def test_llama32_injected_date_is_the_templates(llama3_tok):
     assert "'28 Nov 2026' -> '29 Nov 2026'" in f.evidence
 
 
+# defect 20 of a review (commit cf70503)
 @pytest.mark.parametrize(
     "old, new, day_precision",
     [
@@ -112,7 +113,7 @@ def test_llama32_injected_date_is_the_templates(llama3_tok):
         ("2026-11-28", "2026-11-29", False),  # already at day precision: the advice would be no advice
     ],
 )
-def test_defect_20_day_precision_is_advised_only_for_a_date_with_a_time_of_day(vocab, old, new, day_precision):
+def test_day_precision_is_advised_only_for_a_date_with_a_time_of_day(vocab, old, new, day_precision):
     def msgs(when):
         return [{"role": "system", "content": f"You are an agent. Now: {when}."}, {"role": "user", "content": "hi"}]
 
