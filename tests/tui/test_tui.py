@@ -181,6 +181,35 @@ def test_snapshot_pair_light_theme(snap_compare):
     assert snap_compare(a, terminal_size=(120, 30), run_before=_pair_then(a, "m"))
 
 
+def test_snapshot_pair_at_80x24(snap_compare):
+    """The smallest terminal the TUI is laid out for: the pair screen as it opens, on the first divergence."""
+    a = app()
+    assert snap_compare(a, terminal_size=(80, 24), run_before=_settled(a))
+
+
+def test_snapshot_session_at_80x24(snap_compare):
+    """The session screen at 80x24: the cause stays on screen, by title (the columns wider screens add do not)."""
+    a = app(open_first_divergence=False)
+
+    async def run_before(pilot):
+        await wait_for(pilot, lambda: a.session is not None)
+        await pilot.pause(0.3)
+
+    assert snap_compare(a, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_snapshot_a_session_that_cannot_be_loaded(snap_compare):
+    """The error state: the session screen says it could not load the session and why, naming the path as
+    given (relative: the snapshot does not depend on where the checkout is), and offers no pair or export."""
+    a = app(paths=["captures/agent/missing.jsonl"], open_first_divergence=False)
+
+    async def run_before(pilot):
+        await wait_for(pilot, lambda: "could not load the session" in str(a.screen.query_one("#headline").render()))
+        await pilot.pause(0.3)
+
+    assert snap_compare(a, terminal_size=(80, 24), run_before=run_before)
+
+
 # ---------------------------------------------------------------- the session screen on long sessions (issue #12)
 
 

@@ -3,8 +3,20 @@ turn, seconds measured or estimated, the server's cached count while watching.""
 
 from __future__ import annotations
 
+import queue
+import threading
+from pathlib import Path
+
+import orjson
 import pytest
 from pilot import wait_for
+
+from tokendiff.backends.proxy import RecordEvent
+from tokendiff.tui import watch
+from tokendiff.tui.app import Options
+from tokendiff.tui.watch import WatchApp
+
+DEMO_CAPTURE = Path("tokendiff/demo/agent/capture.jsonl")  # relative: the TUI tests run in the checkout
 
 
 def demo_app(paths: list[str], **kw):
@@ -105,3 +117,61 @@ async def test_watch_rows_show_the_servers_cached_count_at_140_columns():
         assert {"server cached", "ttft s", "prefill s"} <= set(table.columns)
         t3 = a.session.turns[2]
         assert t3.reported_cached is not None and f"{t3.reported_cached:,}" in table.row_text(2)
+
+
+# ---------------------------------------------------------------- the watch screen, as snapshots
+
+
+class FakeProxy:
+    """What WatchApp reads of its ProxyThread, with no proxy or server behind it: the records of a capture
+    handed over from a thread of their own, as the proxy hands over each record it writes."""
+
+    def __init__(self, capture: Path, records: list[dict], events: queue.Queue[RecordEvent]) -> None:
+        self.capture, self.existing = capture, 0
+        self.listen, self.upstream = "127.0.0.1:8081", "http://127.0.0.1:8080"
+        self.messages: queue.Queue[str] = queue.Queue()  # nothing for the TUI to show from uvicorn
+        self._feed = threading.Thread(target=lambda: [events.put(RecordEvent(r["seq"], r)) for r in records])
+
+    def start(self) -> None:
+        self._feed.start()
+
+    def stop(self) -> None:
+        self._feed.join()
+
+
+def watching(records: list[dict]) -> tuple[WatchApp, FakeProxy]:
+    """`tokendiff watch` fed `records` of the bundled agent capture (named by its path in the checkout, so
+    the header does not depend on where the checkout is)."""
+    events: queue.Queue[RecordEvent] = queue.Queue()
+    proxy = FakeProxy(DEMO_CAPTURE, records, events)
+    return WatchApp(Options(paths=[], theme="tokendiff-dark"), proxy, events), proxy
+
+
+def demo_records() -> list[dict]:
+    return [orjson.loads(line) for line in DEMO_CAPTURE.read_bytes().splitlines()]
+
+
+def test_snapshot_watch_screen_after_ten_turns(snap_compare, monkeypatch):
+    """The whole agent session arrived through the proxy: every turn a row, the cursor on the newest, the
+    latest break flashed above the footer (held on screen: the flash would clear after 12 s)."""
+    monkeypatch.setattr(watch, "FLASH_SECONDS", 3600.0)
+    app, proxy = watching(demo_records())
+
+    async def run_before(pilot):
+        proxy.start()
+        await wait_for(pilot, lambda: app.session is not None and len(app.session.turns) == 10)
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=(140, 40), run_before=run_before)
+
+
+def test_snapshot_watch_screen_before_the_first_turn(snap_compare):
+    """Watching, before the agent's first request: the empty session says so, and offers no pair."""
+    app, proxy = watching([])
+
+    async def run_before(pilot):
+        proxy.start()
+        await wait_for(pilot, lambda: "No turns yet" in str(app.screen.query_one("#headline").render()))
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
