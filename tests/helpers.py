@@ -1,5 +1,6 @@
-"""What every group of tests shares: where things are, one way to run the CLI and one way to check its
-one-line errors, and slot files built byte by byte as llama-server writes them."""
+"""What every group of tests shares: where things are; one way to run the CLI (a child process or main())
+and one way to check its one-line errors; and input files built in code: slot files byte by byte as
+llama-server writes them, HAR documents, capture records, a synthetic session over two days."""
 
 from __future__ import annotations
 

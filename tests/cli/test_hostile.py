@@ -110,9 +110,6 @@ def test_bad_template_and_tokenizer_text(tmp_path):
     assert_one_line_error(r, "chat template")
 
 
-# ---------------------------------------------------------------- properties
-
-
 # ---------------------------------------------------------------- never block, bounded, one line
 
 

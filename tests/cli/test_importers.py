@@ -240,6 +240,3 @@ def test_bad_har(tmp_path, har, words):
     path = tmp_path / "b.har"
     path.write_text(json.dumps(har))
     assert_one_line_error(run_cli("diff", f"{path}@1", f"{path}@1"), words)
-
-
-# ---------------------------------------------------------------- prompt logs and mixed pairs

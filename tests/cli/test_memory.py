@@ -269,6 +269,3 @@ def test_dev_zero_symlink(tmp_path, role):
     rc, err, used = peak(tmp_path, *args)
     assert_one_line_error(CliResult(rc, "", err), str(zero), "only regular files are read")
     assert used - base <= HOSTILE_GROWTH, used // MB
-
-
-# ---------------------------------------------------------------- the windowed tokenizer is exact

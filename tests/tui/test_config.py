@@ -1,5 +1,5 @@
-"""Configuration, paths and themes: every lookup in paths.py, a typed config whose problems are one
-warning each, themes picked by name or file stem, and an unknown `--theme` refused before the TUI starts."""
+"""The TUI and the user's configuration: each problem of the config file shown as a notification while the
+rest applies, and a theme picked by its file's stem."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Configuration, paths and themes: every lookup in paths.py, a typed config whose problems are one
-warning each, themes picked by name or file stem, and an unknown `--theme` refused before the TUI starts."""
+warning each, themes picked by name or file stem (cli/test_config.py: an unknown `--theme` refused before
+the TUI starts; tui/test_config.py: what the TUI shows of them)."""
 
 from __future__ import annotations
 
@@ -113,9 +114,3 @@ def test_require_theme_lists_the_available_ones(home):
     assert require_theme("tokendiff-light") == "tokendiff-light"
     with pytest.raises(InputError, match=r"^--theme solarised: unknown theme; available: tokendiff-dark, "):
         require_theme("solarised")
-
-
-# ---------------------------------------------------------------- the CLI
-
-
-# ---------------------------------------------------------------- the TUI

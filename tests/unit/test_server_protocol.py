@@ -209,7 +209,7 @@ def test_llama_completion_body():
     assert timed["cache_prompt"] is False and timed["stream"] and timed["id_slot"] == 2
 
 
-# ---------------------------------------------------------------- against a real llama-server
+# ---------------------------------------------------------------- no server there
 
 
 def test_nothing_listening_is_no_llama_server():

@@ -128,6 +128,3 @@ def test_user_message_starts_are_checkpointed():
     checkpoint_reuse(slot, a, user_starts=[700, 1500])
     assert [c.n_tokens for c in slot.checkpoints] == [700, 1500, 1936, 1996]
     assert checkpoint_reuse(slot, a[:1600] + [7] + a[1601:]).reused == 1499
-
-
-# ---------------------------------------------------------------- against a real llama-server
