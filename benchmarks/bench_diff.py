@@ -35,7 +35,7 @@ WORDS = "the a parser test file function returns value error line json tool call
 
 def agent_tools(rng: np.random.Generator, n: int, words_per_description: int) -> list[dict]:
     """n tools shaped like the test tools, with random descriptions."""
-    from conftest import TOOLS
+    from prompts import TOOLS
 
     tools = []
     for i in range(n):
@@ -48,7 +48,7 @@ def agent_tools(rng: np.random.Generator, n: int, words_per_description: int) ->
 
 def agent_prompt_ids(n_tokens: int, seed: int = 0) -> np.ndarray:
     """A realistic prompt: real Qwen3 tokens of chat markup, JSON tools and prose."""
-    from conftest import qwen_encode, render
+    from prompts import qwen_encode, render
 
     rng = np.random.default_rng(seed)
     words = WORDS

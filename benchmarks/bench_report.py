@@ -27,8 +27,8 @@ def make_session(out: Path, turns: int, tokens: int) -> None:
     import numpy as np
     from bench_diff import WORDS as words
     from bench_diff import agent_tools
-    from conftest import qwen_encode, render
     from helpers import packed_payload, slot_bytes
+    from prompts import qwen_encode, render
 
     rng = np.random.default_rng(0)
     tools = agent_tools(rng, 40, 30)

@@ -27,8 +27,8 @@ if ! grep -q "^# tokendiff report" "$dir/demo.out"; then
   cat "$dir/demo.err" >&2
   exit 1
 fi
-echo "== 2: ${cmds[1]} tests/test_demo.py"
+echo "== 2: ${cmds[1]} tests/unit/test_demo.py tests/cli/test_demo.py"
 start=$(date +%s)
-bash -c "${cmds[1]} tests/test_demo.py"
+bash -c "${cmds[1]} tests/unit/test_demo.py tests/cli/test_demo.py"
 echo "   $(( $(date +%s) - start )) s (set-up included; the wheel of llama-server, the tokenizers and vLLM come from the cache once built)"
 echo "quickstart: both commands work on a fresh clone"

@@ -1,10 +1,103 @@
-"""Test helpers: build slot files byte by byte, as llama-server writes them."""
+"""What every group of tests shares: where things are; one way to run the CLI (a child process or main())
+and one way to check its one-line errors; and input files built in code: slot files byte by byte as
+llama-server writes them, HAR documents, capture records, a synthetic session over two days."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import os
 import struct
+import subprocess
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+import orjson
+
+from tokendiff.cli.main import main
+from tokendiff.sources.capture import SCHEMA
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent  # the checkout
+FIXTURES = TESTS / "fixtures"
+AGENT = ROOT / "captures" / "agent" / "capture.jsonl"  # the bundled agent capture, as a checkout has it
+DEMO = ROOT / "captures" / "demo"  # the bundled slot-file session
+MY_THEME = 'name = "my-theme"\nprimary = "#336699"\ndark = false\n'  # a user's theme file (saved as mine.toml)
+# CI (.ci/run): a missing llama-server, vLLM or tokenizer fails its tests instead of skipping them
+REQUIRE_SERVER = os.environ.get("TOKENDIFF_REQUIRE_SERVER") == "1"
+
+
+def write_file(path: Path, text: str) -> Path:
+    """`text` at `path`, its directories made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """What a run of `tokendiff` left: its exit code and what it wrote (subprocess.CompletedProcess's names)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(
+    *args: str | Path, env: dict[str, str] | None = None, cwd: str | Path | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """`tokendiff ARGS` in a child process, as a user runs it: no terminal on stdin, NO_COLOR unset unless
+    `env` sets it. The timeout only turns a hang into a failure; it measures nothing."""
+    e = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    e.update(env or {})
+    argv = [sys.executable, "-m", "tokendiff", *map(str, args)]
+    return subprocess.run(
+        argv, capture_output=True, text=True, env=e, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+def report_json(path: str | Path) -> dict:
+    """`tokendiff report PATH --format json`, which must succeed, with a local render that is the server's
+    prompt (no "differs from the server's tokens" warning)."""
+    r = run_cli("report", path, "--format", "json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "differs from the server's tokens" not in r.stderr
+    return json.loads(r.stdout)
+
+
+def call_main(*args: str | Path) -> CliResult:
+    """`tokendiff ARGS` in this process (no interpreter start-up: for many runs, or a stub server in a thread)."""
+    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", newline=""), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+        out.flush()
+    return CliResult(code, out.buffer.getvalue().decode(), err.getvalue())
+
+
+def assert_one_line_error(
+    result: subprocess.CompletedProcess | CliResult, *words: str, after_warnings: bool = False
+) -> str:
+    """The run exited 2 with one line on stderr, `tokendiff: ...` holding every one of `words`, and no
+    traceback or internal error; with `after_warnings`, `tokendiff: warning:` lines may come before it.
+    Returns the line."""
+    assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr)
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    if after_warnings:
+        lines = [line for line in lines if not line.startswith("tokendiff: warning:")]
+    assert len(lines) == 1 and lines[0].startswith("tokendiff: "), result.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+# ---------------------------------------------------------------- slot files
 
 MAGIC_GGSQ = 0x67677371
 MAGIC_GGSN = 0x6767736E
@@ -40,3 +133,94 @@ def write_slot(path: Path, tokens: Sequence[int], *, packed: bool = True, **kw) 
     payload = packed_payload(tokens) if packed else plain_payload(tokens)
     path.write_bytes(slot_bytes(payload, **kw))
     return path
+
+
+# ---------------------------------------------------------------- HAR files
+
+
+def har_document(entries: list) -> dict:
+    """A HAR file's document around `entries`."""
+    return {"log": {"version": "1.2", "creator": {"name": "test", "version": "1"}, "entries": entries}}
+
+
+def har_entry(
+    req_body, resp_text, mime="application/json", encoding=None, url="http://127.0.0.1:8080/v1/chat/completions"
+) -> dict:
+    """One POST of `req_body` answered with `resp_text`, as browsers' devtools record it."""
+    content = {"mimeType": mime, "text": resp_text}
+    if encoding:
+        content["encoding"] = encoding
+    return {
+        "startedDateTime": "2026-11-29T10:00:00.000Z",
+        "time": 1234.5,
+        "request": {
+            "method": "POST",
+            "url": url,
+            "headers": [{"name": "Authorization", "value": "Bearer secret"}],
+            "postData": {"mimeType": "application/json", "text": json.dumps(req_body)},
+        },
+        "response": {"status": 200, "content": content},
+        "timings": {"send": 1, "wait": 812.0, "receive": 400},
+    }
+
+
+def started_at(entry: dict, second: int, zone: str = "Z") -> dict:
+    """`entry` sent at 10:00:`second` of 2026-11-29 in `zone`."""
+    return {**entry, "startedDateTime": f"2026-11-29T10:00:{second:02d}.000{zone}"}
+
+
+# ---------------------------------------------------------------- a session over two days
+
+DAY = 86_400
+SPLIT = 12  # the two-day session's turns after this one happen the next day
+
+
+def two_day_capture(path: Path, n: int = 24, shift: int = DAY) -> Path:
+    """A synthetic agent capture (dates in the system prompt, compaction) whose turns after SPLIT are
+    `shift` seconds later: over two UTC days by default."""
+    from scale_capture import make_capture  # benchmarks/: on sys.path under pytest (tests/conftest.py)
+
+    make_capture(path, n, history=1_500, compact_at=2_500, date_every=7)
+    lines = []
+    for line in path.read_bytes().splitlines():
+        rec = orjson.loads(line)
+        rec["ts"] += shift if rec["seq"] > SPLIT else 0
+        lines.append(orjson.dumps(rec))
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+# ---------------------------------------------------------------- capture files
+
+
+def capture_record(seq: int, **extra) -> dict:
+    """A complete proxy record of request `seq` (every field typed as the writer types it), `extra` set over it."""
+    return {
+        "schema": SCHEMA,
+        "seq": seq,
+        "ts": 1.5,
+        "source": "proxy",
+        "endpoint": "/v1/chat/completions",
+        "request": {"messages": [{"role": "user", "content": f"turn {seq}"}]},
+        "response": {
+            "status": 200,
+            "usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 3}},
+            "timings": {"cache_n": 3, "prompt_n": 6, "prompt_ms": 1.5},
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "ok"},
+            "streamed": False,
+            "bytes": 10,
+            "sha256": "0" * 64,
+        },
+        "ttft_ms": 1.0,
+        "total_ms": 2.0,
+        "prompt_ids": [1, 2, 3],
+        "prompt_text": "abc",
+        "server": {"kind": "llama-server", "model": "m"},
+        **extra,
+    }
+
+
+def write_records(path: Path, recs: list[dict]) -> None:
+    """`recs` as a capture file, one JSON line each."""
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))

@@ -192,7 +192,7 @@ def _difflib(s: _Seqs, alo, ahi, blo, bhi, out) -> None:
 @cache
 def sequence_matcher() -> type:
     """difflib's SequenceMatcher, as cydifflib implements it in C where installed: the same algorithm
-    and answers (tests/test_align.py holds them equal), ~3x faster on the gaps of a long session's pairs.
+    and answers (tests/unit/test_align.py holds them equal), ~3x faster on the gaps of a long session's pairs.
     Without it (no wheel for this Python), difflib's own."""
     try:
         import cydifflib

@@ -3,7 +3,7 @@
 Detectors (core/explain.py) decide whether a cause is present and supply what only they know: the
 evidence, and the parts of a title or fix that vary (`{side}`, `{where}`), named as in the templates
 below. What a cause is called and what to do about it is written once, here, and docs/causes.md
-describes each kind at length (tests/test_explain.py checks that the two list the same kinds).
+describes each kind at length (tests/unit/test_explain.py checks that the two list the same kinds).
 Pure data over core types; no I/O.
 """
 

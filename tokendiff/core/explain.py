@@ -140,7 +140,7 @@ PLACEHOLDER_RE = re.compile(
 # (DATE_RE reads ~7 MB/s of prose that holds no date; a long hunk is searched by several patterns)
 _CANDIDATES: dict[re.Pattern[str], tuple[re.Pattern[str], int]] = {
     DATE_RE: (re.compile(r"[\dJFMASONDTW]"), 0),  # every alternative starts with a digit, a month or a day:
-    # a new alternative needs its first characters here (tests/test_explain.py's fast-scan test)
+    # a new alternative needs its first characters here (tests/unit/test_explain.py's fast-scan test)
     HEX_RE: (re.compile(r"[0-9a-f]{5}"), 0),
     UUID_RE: (re.compile(r"-"), -8),  # its first hyphen follows 8 hex digits
     NUMBER_RE: (re.compile(r"\d"), 0),

@@ -39,7 +39,7 @@ class HunkKind(StrEnum):
 
 class CauseKind(StrEnum):
     """Why a prefix broke: a finding's kind, a report's `cause`; docs/causes.md has one entry for each
-    (tests/test_explain.py checks both ways). core/causes.py gives each finding kind its title and fix."""
+    (tests/unit/test_explain.py checks both ways). core/causes.py gives each finding kind its title and fix."""
 
     # normal growth of a conversation
     APPENDED = "appended"

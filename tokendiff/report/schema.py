@@ -4,7 +4,7 @@ document and the code that renders it.
 Documents are plain dicts at run time (a TypedDict is a dict), so they serialise and compare as
 before; kinds are written as their strings (a StrEnum member is one), so a kind field is typed `str`
 here and means the enum its comment names. The field tables of docs/diff-json.md, docs/dataset.md and
-docs/capture-format.md are tested against these types (tests/test_schema.py): a field added here and
+docs/capture-format.md are tested against these types (tests/unit/test_schema.py): a field added here and
 not there, or there and not here, fails the build. A document from another version (a replay file
 read back) is checked by its `schema` string before it is trusted to have these fields.
 

@@ -523,7 +523,7 @@ def _converted_of(rec: CaptureRecord) -> tuple[dict[str, Any], FieldMap]:
     kind = server.get("kind", ServerKind.LLAMA_SERVER)
     llama = kind == ServerKind.LLAMA_SERVER
     request, fields = chat_form(request, rec.endpoint if isinstance(rec.endpoint, str) else None, str(kind or ""))
-    parses_arguments = llama or kind == ServerKind.VLLM  # as a real vLLM 0.32 does (tests/test_vllm.py)
+    parses_arguments = llama or kind == ServerKind.VLLM  # as a real vLLM 0.32 does (tests/live/test_vllm.py)
     if parses_arguments and isinstance(request, dict):
         request = _parsed_arguments(request)
     return request, fields

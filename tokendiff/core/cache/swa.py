@@ -6,7 +6,7 @@ state only the last one, so the server cannot rewind them to an arbitrary positi
 the newest *context checkpoint* (a snapshot taken while processing an earlier prompt) before the
 divergence, or reprocesses everything. This module replays llama.cpp's rules for one slot
 (tools/server/server-context.cpp, `update_slots`/`create_checkpoint`; checked against a real
-llama-server in tests/test_swa.py):
+llama-server in tests/live/test_swa.py):
 
 - on a request, `n_past` = the LCP with the slot's tokens. If the SWA memory no longer holds
   `n_swa` positions before `n_past` (its oldest position `pos_min >= n_past - n_swa`), the newest

@@ -1,7 +1,7 @@
 """Chat templates compiled and rendered with jinja2 alone, in exactly the environment transformers'
 `render_jinja_template` builds (sandbox, trim/lstrip blocks, loopcontrols, its `tojson`, `raise_exception`,
 `strftime_now`, `dict`, an underscore-safe `namespace`, `{% generation %}`, reasoning aliases), so the text
-is what `apply_chat_template` gives without paying ~0.6 s to import transformers. tests/test_template_env.py
+is what `apply_chat_template` gives without paying ~0.6 s to import transformers. tests/unit/test_template_env.py
 holds transformers to this, byte for byte.
 """
 

@@ -378,7 +378,7 @@ class TokenPanes(ContentSwitcher, can_focus=True):
 
     def watch_has_focus(self, _has_focus: bool) -> None:
         """No restyle when focus comes or goes: no rule styles the panes or what is in them by focus (the
-        cursor is drawn the same either way; tests/test_tui.py holds it), and a restyle redraws the views'
+        cursor is drawn the same either way; tests/tui/test_tui.py holds it), and a restyle redraws the views'
         scrollbars, a frame more on every Tab and `o`."""
 
     def on_token_view_clicked(self, event: TokenView.Clicked) -> None:

@@ -1,0 +1,1 @@
+"""`tokendiff` from the shell: exit codes, output, one-line errors and goldens (helpers.run_cli, call_main)."""

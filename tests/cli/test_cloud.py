@@ -1,0 +1,312 @@
+"""The cloud providers' cache rules (tokendiff.core.cache.cloud) on sessions built from the providers'
+documented request and response shapes (this machine cannot reach the providers):
+
+- Anthropic: platform.claude.com/docs/en/api/messages/create (request: tools, system blocks with
+  cache_control, messages of content blocks; response usage: input_tokens after the last breakpoint,
+  cache_creation_input_tokens, cache_read_input_tokens) and .../build-with-claude/prompt-caching (the
+  rules) and .../cache-diagnostics (the `diagnostics.cache_miss_reason` field);
+- OpenAI: developers.openai.com/api/docs/guides/prompt-caching and its diagnostics page (Responses
+  request with prompt_cache_key; usage.input_tokens_details.cached_tokens; prompt_cache_diagnostics);
+- DeepSeek: api-docs.deepseek.com/guides/kv_cache (prompt_cache_hit_tokens / prompt_cache_miss_tokens).
+
+Each verdict is checked, the waste counted from the provider's own usage, and priced.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import report_json
+
+from tokendiff.core.cache.cloud import CloudModel, Provider, cloud_request, provider_of
+from tokendiff.core.kinds import CloudCause
+from tokendiff.core.prices import break_cost, parse_overrides, price_of
+
+WORDS = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
+
+
+def text(n_tokens: int, tag: str) -> str:
+    """About n_tokens tokens of text (4 bytes a token), distinct per tag."""
+    return (tag + " " + WORDS * (n_tokens * 4 // len(WORDS) + 1))[: n_tokens * 4]
+
+
+# ---------------------------------------------------------------- Anthropic Messages (create.md, prompt-caching.md)
+
+
+def anthropic_body(model: str, messages: list, tool_doc: str = "Read a file.", system_bp: bool = True) -> dict:
+    """A Claude Code-like request: two tools, a long system prompt with a breakpoint, the conversation."""
+    return {
+        "model": model,
+        "max_tokens": 1024,
+        "tools": [
+            {"name": "Read", "description": tool_doc + text(600, "read"), "input_schema": {"type": "object"}},
+            {"name": "Bash", "description": text(600, "bash"), "input_schema": {"type": "object"}},
+        ],
+        "system": [
+            {
+                "type": "text",
+                "text": text(1500, "system"),
+                **({"cache_control": {"type": "ephemeral"}} if system_bp else {}),
+            }
+        ],
+        "messages": messages,
+    }
+
+
+def user(n: int, tag: str, breakpoint: bool = True) -> dict:
+    block = {"type": "text", "text": text(n, tag)}
+    if breakpoint:
+        block["cache_control"] = {"type": "ephemeral"}
+    return {"role": "user", "content": [block]}
+
+
+def assistant(n: int, tag: str) -> dict:
+    return {"role": "assistant", "content": [{"type": "text", "text": text(n, tag)}]}
+
+
+def anthropic_usage(read: int, written: int, tail: int, diagnostics: dict | None = None) -> dict:
+    out: dict = {
+        "id": "msg_x",
+        "type": "message",
+        "usage": {
+            "input_tokens": tail,
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": read,
+            "cache_creation": {"ephemeral_5m_input_tokens": written, "ephemeral_1h_input_tokens": 0},
+            "output_tokens": 20,
+        },
+    }
+    return with_diagnostics(out, "diagnostics", diagnostics)
+
+
+def with_diagnostics(resp: dict, key: str, diagnostics: dict | None) -> dict:
+    """The response with the provider's diagnosis where the session asked for one."""
+    return resp if diagnostics is None else {**resp, key: diagnostics}
+
+
+def run(provider: Provider, turns: list[tuple[dict, dict, float]]):
+    model = CloudModel()
+    return [model.add(cloud_request(provider, body, resp, t)) for body, resp, t in turns]
+
+
+SONNET = "claude-sonnet-4-6"
+
+
+def test_anthropic_session_hit_expiry_and_a_tool_edit():
+    """Turn 2 appends (a hit), turn 3 comes 7 minutes later (the 5-minute lifetime), turn 4 edits a tool
+    description (before every breakpoint: the whole prompt written again), with the provider's diagnosis."""
+    m1 = [user(200, "u1")]
+    m2 = [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+    m3 = [*m2[:2], user(200, "u2", False), assistant(100, "a2"), user(200, "u3")]
+    diag = {"cache_miss_reason": {"type": "tools_changed", "cache_missed_input_tokens": 5400}}
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
+            (anthropic_body(SONNET, m2), anthropic_usage(2900, 300, 3), 60.0),
+            (anthropic_body(SONNET, m3), anthropic_usage(0, 3500, 3), 60.0 + 7 * 60),
+            (anthropic_body(SONNET, m3, tool_doc="Read any file."), anthropic_usage(0, 3503, 3, diag), 500.0),
+        ],
+    )
+    assert [t.cause for t in turns] == [
+        CloudCause.COLD,
+        CloudCause.HIT,
+        CloudCause.EXPIRED,
+        CloudCause.CONTENT,
+    ]
+    assert turns[1].waste == 0
+    assert turns[2].idle_s == 420 and "idle 7 min 0 s" in turns[2].detail and "5m" in turns[2].detail
+    assert turns[2].waste == 3200 and turns[2].rewritten == 3200  # all the previous turn had cached, written again
+    assert turns[3].field == "tools[0]" and turns[3].waste == 3500  # the provider re-wrote the whole prompt
+    assert turns[3].provider_reason == "tools_changed" and turns[3].agrees is True
+    price = price_of(SONNET)
+    assert price is not None and price.write_5m == pytest.approx(3.75) and price.read == pytest.approx(0.30)
+    assert break_cost(price, turns[3].waste, turns[3].rewritten) == pytest.approx(3500 * (3.75 - 0.30) / 1e6)
+
+
+def test_anthropic_change_after_the_last_breakpoint_costs_nothing():
+    """The breakpoint on the system prompt only: a changed user message after it leaves the read intact."""
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(SONNET, [user(300, "q1", False)]), anthropic_usage(0, 2700, 300), 0.0),
+            (anthropic_body(SONNET, [user(300, "q2", False)]), anthropic_usage(2700, 0, 300), 30.0),
+        ],
+    )
+    assert turns[1].cause == CloudCause.HIT and turns[1].waste == 0
+    assert turns[1].field == "messages[0].content[0]" and "nothing lost" in turns[1].detail
+
+
+def test_anthropic_below_the_minimum_is_never_cached():
+    """Haiku 4.5 caches from 4,096 tokens: a 3,000-token prompt is written nowhere, read nowhere."""
+    model = "claude-haiku-4-5"
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(model, [user(100, "q")]), anthropic_usage(0, 0, 2800), 0.0),
+            (
+                anthropic_body(model, [user(100, "q", False), assistant(50, "a"), user(100, "r")]),
+                anthropic_usage(0, 0, 2950),
+                10.0,
+            ),
+        ],
+    )
+    assert turns[0].cause == CloudCause.BELOW_MINIMUM and "minimum of 4,096" in turns[0].detail
+    assert turns[1].cause == CloudCause.HIT and turns[1].waste == 0  # nothing cached, nothing lost
+
+
+def test_anthropic_model_change():
+    m = [user(200, "u1")]
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(SONNET, m), anthropic_usage(0, 2900, 3), 0.0),
+            (anthropic_body("claude-opus-4-8", m), anthropic_usage(0, 2900, 3), 20.0),
+        ],
+    )
+    assert turns[1].cause == CloudCause.MODEL_CHANGED and turns[1].waste == 2900
+
+
+# ---------------------------------------------------------------- OpenAI Responses (prompt-caching guide)
+
+
+def openai_body(key: str, items: list) -> dict:
+    return {
+        "model": "gpt-5.6-terra",
+        "instructions": text(1500, "codex"),
+        "prompt_cache_key": key,
+        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}],
+        "input": items,
+    }
+
+
+def openai_usage(prompt: int, cached: int, diagnostics: dict | None = None) -> dict:
+    details = {"cached_tokens": cached, "cache_write_tokens": 0}
+    usage = {"input_tokens": prompt, "input_tokens_details": details, "output_tokens": 10}
+    return with_diagnostics({"object": "response", "usage": usage}, "prompt_cache_diagnostics", diagnostics)
+
+
+def test_openai_key_change_and_idle_retention():
+    """Same key: the prefix read in 128-token steps; a new prompt_cache_key routes elsewhere (the provider
+    says so too); 20 idle minutes exceed in-memory retention."""
+    i1 = [{"role": "user", "content": text(300, "task")}]
+    i2 = [*i1, {"type": "function_call", "call_id": "c", "name": "shell", "arguments": "{}"}]
+    diag = {"type": "cache_miss", "reason": "prompt_cache_key_changed", "cache_missed_tokens": 1792}
+    turns = run(
+        Provider.OPENAI,
+        [
+            (openai_body("agent-a", i1), openai_usage(1850, 0), 0.0),
+            (openai_body("agent-a", i2), openai_usage(1870, 1792), 30.0),
+            (openai_body("agent-b", i2), openai_usage(1870, 0, diag), 40.0),
+            (openai_body("agent-b", i2), openai_usage(1870, 0), 40.0 + 20 * 60),
+        ],
+    )
+    assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.KEY_CHANGED, CloudCause.EXPIRED]
+    assert turns[1].predicted == 1792  # 128-token steps
+    assert turns[2].waste == 1792 and turns[2].provider_reason == "prompt_cache_key_changed" and turns[2].agrees
+    assert turns[3].idle_s == 1200
+    price = price_of("gpt-5.6-terra")
+    assert price is not None
+    assert break_cost(price, turns[2].waste, 0) == pytest.approx(1792 * (2 - 0.20) / 1e6)
+
+
+def test_openai_below_the_minimum():
+    body = openai_body("k", [{"role": "user", "content": "hi"}])
+    body["instructions"] = "Be terse."
+    turns = run(Provider.OPENAI, [(body, openai_usage(40, 0), 0.0)])
+    assert turns[0].cause == CloudCause.BELOW_MINIMUM
+
+
+# ---------------------------------------------------------------- DeepSeek (kv_cache guide)
+
+
+def deepseek(messages: list, hit: int, miss: int) -> tuple[dict, dict]:
+    usage = {"prompt_tokens": hit + miss, "prompt_cache_hit_tokens": hit, "prompt_cache_miss_tokens": miss}
+    return {"model": "deepseek-flash", "messages": messages}, {"usage": usage}
+
+
+def test_deepseek_prefix_units():
+    """The guide's example: A+B then A+B+C hits A+B; then A+C misses (a change inside the stored unit)."""
+    a = {"role": "system", "content": text(800, "A")}
+    b = {"role": "user", "content": text(200, "B")}
+    c = {"role": "user", "content": text(200, "C")}
+    s1, s2, s3 = deepseek([a, b], 0, 1000), deepseek([a, b, c], 1000, 200), deepseek([a, c], 0, 1000)
+    turns = run(Provider.DEEPSEEK, [(*s1, 0.0), (*s2, 5.0), (*s3, 9.0)])
+    assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
+    assert turns[2].waste == 1000 and turns[2].field == "messages[1]"
+
+
+# ---------------------------------------------------------------- providers, prices
+
+
+def test_provider_from_upstream_or_usage():
+    assert provider_of("https://api.anthropic.com", None, None) == Provider.ANTHROPIC
+    assert provider_of("https://api.deepseek.com/anthropic", None, None) == Provider.ANTHROPIC
+    assert provider_of(None, None, {"usage": {"prompt_cache_hit_tokens": 1}}) == Provider.DEEPSEEK
+    assert provider_of(None, None, {"usageMetadata": {}}) == Provider.GEMINI
+    assert provider_of("http://127.0.0.1:8080", None, {"usage": {"prompt_tokens": 3}}) is None
+
+
+def test_prices_overridden_by_the_config():
+    prices, warnings = parse_overrides(
+        {"claude-sonnet-4-6": {"input": 2.0, "read": 0.2, "bogus": 1}, "x": {"read": 1}}, "config.toml"
+    )
+    assert price_of("claude-sonnet-4-6-20260101", prices) == prices["claude-sonnet-4-6"]
+    assert prices["claude-sonnet-4-6"].write_5m == pytest.approx(3.75)  # the table's, where not overridden
+    assert any("bogus" in w for w in warnings) and any("prices.x needs at least input" in w for w in warnings)
+    assert price_of("claude-sonnet-4-5") is not None and price_of("llama-3") is None
+
+
+# ---------------------------------------------------------------- end to end: a HAR recorded against Anthropic
+
+
+def har_of(turns: list[tuple[dict, dict, float]], url: str) -> dict:
+    """A HAR 1.2 file of the session as browser devtools or mitmproxy save it."""
+    import json
+    from datetime import UTC, datetime
+
+    entries = []
+    for body, resp, t in turns:
+        started = datetime.fromtimestamp(1_790_000_000 + t, UTC).isoformat()
+        entries.append(
+            {
+                "startedDateTime": started,
+                "time": 900,
+                "request": {
+                    "method": "POST",
+                    "url": url,
+                    "postData": {"mimeType": "application/json", "text": json.dumps(body)},
+                },
+                "response": {"status": 200, "content": {"mimeType": "application/json", "text": json.dumps(resp)}},
+                "timings": {"wait": 800},
+            }
+        )
+    return {"log": {"version": "1.2", "entries": entries}}
+
+
+def test_report_of_a_har_recorded_against_anthropic(tmp_path):
+    """`tokendiff report session.har`: the provider's verdict per turn, the waste in tokens and dollars,
+    and what fixing it would save per day at the session's rate."""
+    import json
+    import subprocess
+    import sys
+
+    m1 = [user(200, "u1")]
+    m2 = [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+    session = [
+        (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
+        (anthropic_body(SONNET, m2), anthropic_usage(2900, 300, 3), 60.0),
+        (anthropic_body(SONNET, m2, tool_doc="Read any file."), anthropic_usage(0, 3200, 3), 120.0),
+    ]
+    har = tmp_path / "claude.har"
+    har.write_text(json.dumps(har_of(session, "https://api.anthropic.com/v1/messages")))
+    cloud = report_json(har)["cloud"]
+    assert cloud["provider"] == "anthropic" and cloud["model"] == SONNET
+    assert [t["cause"] for t in cloud["turns"]] == ["cloud_cold", "cloud_hit", "cloud_content"]
+    assert cloud["turns"][2]["field"] == "tools[0]" and cloud["turns"][2]["waste"] == 3200
+    assert cloud["wasted_usd"] == pytest.approx(3200 * (3.75 - 0.30) / 1e6)
+    assert cloud["wasted_usd_per_day"] == pytest.approx(cloud["wasted_usd"] * 86400 / 120)
+    md = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "report", str(har)], capture_output=True, text=True, timeout=300
+    ).stdout
+    assert "## The provider's cache (anthropic, claude-sonnet-4-6)" in md
+    assert "content changed before the cached prefix's end" in md

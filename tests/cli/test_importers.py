@@ -1,0 +1,242 @@
+"""Capture files, HAR and raw request bodies through `tokendiff diff` and `report`: the sections they name,
+the order of a directory, and one line for each kind of broken file."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+
+import pytest
+from helpers import assert_one_line_error, har_document, har_entry, run_cli, started_at
+from prompts import CONVERSATION, TEMPLATES, TOOLS, chat_body
+
+from tokendiff.errors import InputError
+from tokendiff.sources.capture import CaptureWriter, read_capture
+from tokendiff.sources.importers.har import read_har
+
+# ---------------------------------------------------------------- capture files
+
+
+def test_torn_last_line_is_reported_and_skipped(tmp_path):
+    path = tmp_path / "c.jsonl"
+    with CaptureWriter(path) as w:
+        w.append({"request": chat_body(2)})
+        w.append({"request": chat_body(4)})
+    path.write_bytes(path.read_bytes() + b'{"schema": "tokendiff.capture/1", "seq": 3, "requ')
+    records, warnings = read_capture(path)
+    assert len(records) == 2
+    assert len(warnings) == 1 and "line 3: torn last line" in warnings[0]
+    r = run_cli("diff", f"{path}@1", f"{path}@2")
+    assert r.returncode == 1 and "torn last line" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (
+            b'{"schema": "tokendiff.capture/1", "seq": 1, "request": {}}\n{oops}\n'
+            b'{"schema": "tokendiff.capture/1", "seq": 3, "request": {}}\n',
+            "line 2: malformed capture record",
+        ),
+        (b'{"schema": "tokendiff.capture/9", "seq": 1, "request": {}}\n', "unknown capture schema"),
+        (b'{"schema": "tokendiff.capture/1", "seq": 1}\n', "no request object"),
+    ],
+)
+def test_bad_capture_lines(tmp_path, content, words):
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(InputError, match=words):
+        read_capture(path)
+    assert_one_line_error(run_cli("diff", f"{path}@1", f"{path}@1"), words)
+
+
+def test_capture_selectors(tmp_path):
+    path = tmp_path / "c.jsonl"
+    with CaptureWriter(path) as w:
+        w.append({"request": chat_body(2)})
+    assert_one_line_error(run_cli("diff", str(path), str(path)), "pick one with")
+    assert_one_line_error(run_cli("diff", f"{path}@1", f"{path}@5"), "request 5 is out of range")
+
+
+# ---------------------------------------------------------------- request bodies
+
+
+def test_request_bodies_diff_names_request_fields(tmp_path):
+    (tmp_path / "turn3.json").write_text(json.dumps(chat_body(4)))
+    (tmp_path / "turn4.json").write_text(json.dumps({**chat_body(6), "tools": [TOOLS[0], TOOLS[2], TOOLS[1]]}))
+    r = run_cli("diff", str(tmp_path / "turn3.json"), str(tmp_path / "turn4.json"), "--json")
+    assert r.returncode == 1, r.stderr
+    f = json.loads(r.stdout)["first_divergence"]
+    assert f["a_field"] == "tools[1].function.name" and f["b_field"] == "tools[1].function.name"
+    assert f["a_section"] == "tools › get_time (name)" and f["b_section"] == "tools › web_extract (name)"
+    assert [x["kind"] for x in f["a_path"]] == ["message", "tools", "tool", "field"]
+    # a directory of bodies is a session
+    r2 = run_cli("diff", f"{tmp_path}@1", f"{tmp_path}@2", "--json")
+    assert json.loads(r2.stdout)["lcp_tokens"] == json.loads(r.stdout)["lcp_tokens"]
+
+
+def test_a_body_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    (tmp_path / "plain.json").write_text(json.dumps(chat_body(4)))
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(chat_body(4)).encode())
+    r = run_cli("diff", str(tmp_path / "bom.json"), str(tmp_path / "plain.json"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["first_divergence"] is None
+
+
+def _with_arguments(msgs: list, text: str) -> list:
+    out = copy.deepcopy(msgs)
+    out[2]["tool_calls"][0]["function"]["arguments"] = text
+    del out[2]["reasoning_content"]  # Qwen3 would drop it at the new user message: another break
+    return out
+
+
+def test_arguments_re_serialised_by_the_client_cost_what_they_cost_on_llama_server(tmp_path):
+    """llama-server parses tool-call arguments before templating: spacing a client changes costs
+    nothing there (no waste predicted from bodies or HAR entries), a key order it changes still does."""
+    turns = [
+        _with_arguments(CONVERSATION[:4], '{"q":"Paris","units":"C"}'),  # as the model generated it
+        _with_arguments(CONVERSATION[:6], '{"q": "Paris", "units": "C"}'),  # re-serialised, same keys
+        _with_arguments(CONVERSATION[:6] + [{"role": "assistant", "content": "x"}], '{"units": "C", "q": "Paris"}'),
+    ]
+    for n, msgs in enumerate(turns, 1):
+        (tmp_path / f"t{n}.json").write_text(json.dumps({"messages": msgs, "tools": TOOLS}))
+    doc = json.loads(run_cli("report", str(tmp_path), "--order", "name", "--format", "json").stdout)
+    assert [t["wasted"] for t in doc["turns"]][1] == 0
+    assert doc["turns"][2]["wasted"] > 0 and doc["turns"][2]["cause"] == "json_reserialized"
+
+
+def test_a_directory_of_bodies_is_in_name_order_unless_mtime_is_asked_for(tmp_path):
+    for name, n, when in (("a.json", 4, 200), ("b.json", 2, 100)):  # b was sent first
+        (tmp_path / name).write_text(json.dumps(chat_body(n)))
+        os.utime(tmp_path / name, (when, when))
+    orders = ((), ("--order", "name"), ("--order", "mtime"))
+    first = [json.loads(run_cli("diff", f"{tmp_path}@1", f"{tmp_path}@2", "--json", *o).stdout)["a"] for o in orders]
+    assert [a["origin"].rsplit(" ", 1)[1] for a in first] == ["(a.json)", "(a.json)", "(b.json)"]
+
+
+def test_bad_bodies(tmp_path):
+    (tmp_path / "a.json").write_text("{not json")
+    assert_one_line_error(
+        run_cli("diff", str(tmp_path / "a.json"), str(tmp_path / "a.json")), "a.json", "malformed JSON"
+    )
+    (tmp_path / "b.json").write_text('{"model": "x"}')
+    assert_one_line_error(
+        run_cli("diff", str(tmp_path / "b.json"), str(tmp_path / "b.json")), "not a chat request body"
+    )
+    (tmp_path / "c.json").write_text(json.dumps({"messages": [{"role": "user", "content": 5}]}))
+    r = run_cli("diff", str(tmp_path / "c.json"), str(tmp_path / "c.json"))
+    assert r.returncode in (0, 2) and "Traceback" not in r.stderr
+
+
+def test_custom_chat_template(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(chat_body(2)))
+    r = run_cli(
+        "diff",
+        str(tmp_path / "a.json"),
+        str(tmp_path / "a.json"),
+        "--chat-template",
+        str(TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"),
+    )
+    assert r.returncode == 0
+    assert_one_line_error(
+        run_cli(
+            "diff", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--chat-template", str(tmp_path / "none.jinja")
+        ),
+        "cannot read chat template",
+    )
+
+
+# ---------------------------------------------------------------- HAR
+
+
+def test_har_streamed_and_base64_responses(tmp_path):
+    sse = (
+        "".join(
+            f"data: {json.dumps(c)}\n\n"
+            for c in [
+                {"choices": [{"delta": {"content": "Hel"}}]},
+                {"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]},
+                {
+                    "choices": [],
+                    "usage": {"prompt_tokens": 300, "completion_tokens": 2},
+                    "timings": {"cache_n": 250, "prompt_n": 50},
+                },
+            ]
+        )
+        + "data: [DONE]\n\n"
+    )
+    plain = json.dumps(
+        {
+            "choices": [{"message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 100},
+        }
+    )
+    har = har_document(
+        [
+            {
+                "request": {"method": "GET", "url": "http://127.0.0.1:8080/v1/models"},
+                "response": {"status": 200, "content": {}},
+            },
+            har_entry(chat_body(2), sse, mime="text/event-stream"),
+            har_entry(chat_body(4), base64.b64encode(plain.encode()).decode(), encoding="base64"),
+        ]
+    )
+    path = tmp_path / "s.har"
+    path.write_text(json.dumps(har))
+    recs = read_har(path)
+    assert len(recs) == 2
+    assert recs[0].response["usage"]["prompt_tokens"] == 300 and recs[0].response["timings"]["cache_n"] == 250
+    assert recs[0].response["content"] == "Hello" and recs[0].response["finish_reason"] == "stop"
+    assert recs[0].ttft_ms == 812.0 and recs[0].total_ms == 1234.5
+    assert recs[1].response["usage"]["prompt_tokens"] == 100 and recs[1].response["finish_reason"] == "length"
+    assert "secret" not in json.dumps([r.fields() for r in recs])
+    r = run_cli("diff", f"{path}@1", f"{path}@2", "--json")
+    assert r.returncode == 1, r.stderr
+    assert json.loads(r.stdout)["a"]["format"] == "har"
+
+
+def test_har_entries_listed_as_they_finished_are_turns_in_the_order_they_started(tmp_path):
+    """Some HAR writers list entries as they complete: the turns are the order the requests were sent
+    (times in any zone compared as instants), or each would look like a break against the one before."""
+    turns = [har_entry(chat_body(n), "{}") for n in (2, 3, 4, 6)]
+    listed = [
+        started_at(turns[1], 5),
+        started_at(turns[0], 1),
+        started_at(turns[3], 40, "+01:00"),  # 09:00:40 UTC: the first of all
+        started_at(turns[2], 9),
+    ]
+    path = tmp_path / "finished.har"
+    path.write_text(json.dumps(har_document(listed)))
+    recs = read_har(path)
+    assert [len(r.request["messages"]) for r in recs] == [6, 2, 3, 4]
+    assert [r.origin.rsplit("#", 1)[1] for r in recs] == ["entry2", "entry1", "entry0", "entry3"]
+    r = run_cli("report", str(path), "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0, r.stderr
+    assert [t["wasted"] for t in doc["turns"]][2:] == [0, 0]  # 2 -> 3 -> 4 messages: appends
+
+
+@pytest.mark.parametrize(
+    "har, words",
+    [
+        ({"nolog": 1}, "not a HAR file"),
+        (har_document([har_entry(chat_body(2), "!!!", encoding="base64")]), "entry 0 response: invalid base64"),
+        (
+            har_document([har_entry(chat_body(2), base64.b64encode(b"\xff\xfe\x00").decode(), encoding="base64")]),
+            "not UTF-8",
+        ),
+        (
+            har_document(
+                [{"request": {"method": "POST", "url": "http://h/v1/chat/completions", "postData": {"text": "{bad"}}}]
+            ),
+            "entry 0: request body of /v1/chat/completions is not JSON",
+        ),
+        (har_document(["x"]), "entry 0: entry has no request"),
+    ],
+)
+def test_bad_har(tmp_path, har, words):
+    path = tmp_path / "b.har"
+    path.write_text(json.dumps(har))
+    assert_one_line_error(run_cli("diff", f"{path}@1", f"{path}@1"), words)

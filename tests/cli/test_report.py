@@ -1,0 +1,231 @@
+"""`tokendiff report`: formats, gating, redaction and exports (live/test_report.py opens the HTML in a
+real browser)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from helpers import AGENT, DEMO, ROOT, assert_one_line_error, run_cli
+
+
+def test_json_report_on_the_agent_session():
+    r = run_cli("report", str(AGENT), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "tokendiff.report/1"
+    s = doc["summary"]
+    assert s["turns"] == 10 and 0 < s["reuse_pct"] < 100
+    assert [sp["kind"] for sp in doc["spans"]] == ["counter", "date", "tool_set", "reasoning_stripped"]
+    assert s["top_cause"]["kind"] == "counter" and s["headline"].startswith("Fix this first: a counter")
+    assert {c["kind"] for c in doc["causes"]} == {"counter", "date", "tool_set", "reasoning_stripped"}
+    date = next(c for c in doc["causes"] if c["kind"] == "date")
+    assert date["a"]["text"]["diverged"] == "8" and date["b"]["text"]["diverged"] == "9"
+    assert date["a"]["section"] == "system prompt"
+    assert date["a"]["path"][-1] == {"kind": "field", "index": None, "name": "content", "field": "messages[0].content"}
+    assert doc["spans"][1]["section"] == "system prompt" and doc["spans"][1]["path"][0]["kind"] == "message"
+    assert [t["reported_cached"] for t in doc["turns"]] == [t["reusable"] for t in doc["turns"]]
+
+
+def test_markdown_report_on_slot_files():
+    r = run_cli("report", str(DEMO), "--order", "name")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("# tokendiff report")
+    assert "| 1 | Date or time in the prompt changed | `system prompt` | 5 | 1,719 |" in r.stdout
+    assert "## Causes" in r.stdout and "bytes 211..212" in r.stdout
+
+
+def test_fail_under_gates_ci():
+    assert run_cli("report", str(AGENT), "--fail-under", "40").returncode == 0
+    r = run_cli("report", str(AGENT), "--fail-under", "60")
+    assert r.returncode == 1 and "under 60 %" in r.stderr
+    assert_one_line_error(run_cli("report", str(AGENT), "--fail-under", "101"), "--fail-under")
+
+
+def test_redact_leaves_no_message_text():
+    r = run_cli("report", str(AGENT), "--format", "html", "--redact")
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in AGENT.read_text().splitlines()]
+    words = set()
+    for rec in records:
+        for m in rec["request"]["messages"]:
+            words.update(w for w in str(m.get("content") or "").split() if len(w) >= 4 and w.isalpha())
+    # words tokendiff itself says (titles, fixes: the strings in its code) are not message text
+    own = " ".join(_string_literals(p.read_text()) for p in (ROOT / "tokendiff").rglob("*.py"))
+    words = {w for w in words if w not in own}
+    assert len(words) > 10
+    # the checkout's path is no message text: a checkout in /work/wt-tests would "leak" the agent's "tests"
+    shown = r.stdout.replace(str(AGENT), "AGENT")
+    leaked = [w for w in words if w in shown]
+    assert leaked == []
+    assert "Date or time in the prompt changed" in r.stdout  # findings are kept
+    plain = run_cli("report", str(AGENT), "--format", "html")
+    assert any(w in plain.stdout for w in words)  # and the unredacted report does show them
+
+
+def _tool_names() -> set[str]:
+    """The names the agent's requests give their tools and tool calls."""
+    names = set()
+    for line in AGENT.read_text().splitlines():
+        req = json.loads(line)["request"]
+        names.update(t["function"]["name"] for t in req.get("tools") or [])
+        names.update(c["function"]["name"] for m in req["messages"] for c in m.get("tool_calls") or [])
+    return names
+
+
+@pytest.mark.parametrize("fmt", ["md", "html", "json"])
+def test_redact_hashes_tool_names_in_sections_and_titles_alike(fmt, tmp_path):
+    """A tool's name is the request's word: hashed in section labels, titles and paths as in the
+    excerpts, so the section still points at its excerpt; and so across sessions (the fleet)."""
+    from tokendiff.report.redact import redact_text
+
+    names = {n for n in _tool_names() if "_" in n}  # not plain words tokendiff might say itself
+    assert "git_blame" in names
+    plain = run_cli("report", str(AGENT), "--format", fmt)
+    assert "git_blame" in plain.stdout  # the section of the tool the session added
+    two = tmp_path / "two.jsonl"
+    shutil.copy(AGENT, two)
+    single, fleet = (run_cli("report", *args, "--format", fmt, "--redact") for args in ([AGENT], [AGENT, two]))
+    for r in (single, fleet):
+        assert r.returncode == 0, r.stderr
+        assert [n for n in names if n in r.stdout] == []
+    assert redact_text("git_blame") in single.stdout
+
+
+def test_exports(tmp_path):
+    import polars as pl
+
+    for name in ("turns.csv", "turns.parquet"):
+        r = run_cli("report", str(AGENT), "--export", str(tmp_path / name), "-o", str(tmp_path / "r.md"))
+        assert r.returncode == 0, r.stderr
+        frame = pl.read_csv(tmp_path / name) if name.endswith(".csv") else pl.read_parquet(tmp_path / name)
+        assert frame.height == 10 and "reuse_vllm" in frame.columns
+    assert (tmp_path / "r.md").read_text().startswith("# tokendiff report")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["report", "/nonexistent/session"], "no such file"),
+        (["report", str(DEMO / "turn-01.bin")], "a session is a directory"),
+        (["report", str(AGENT), "--export", "x.xlsx"], "--export writes"),
+    ],
+)
+def test_report_errors(args, words):
+    r = run_cli(*args)
+    assert_one_line_error(r, words)
+
+
+def test_seconds_from_a_given_prefill_rate_are_marked_estimated_on_every_row():
+    """Slot files carry no timings: with --prefill-rate every seconds figure is an estimate, and each row says so
+    (the JSON's seconds_estimated, "est." in md and html), not only the summary."""
+    args = ("report", str(DEMO), "--order", "name", "--prefill-rate", "1000")
+    doc = json.loads(run_cli(*args, "--format", "json").stdout)
+    assert doc["summary"]["seconds_estimated"] is True
+    assert all(t["seconds_estimated"] for t in doc["turns"]) and all(sp["seconds_estimated"] for sp in doc["spans"])
+    md = run_cli(*args).stdout
+    assert "| 1,719 | 49 % | 1.7 est. |" in md and "| 1,719 | 1.7 est. | `system prompt` |" in md
+    assert "3.5 s of prefill (estimated)" in md
+    html = run_cli(*args, "--format", "html").stdout
+    assert "<td class=n>1.7 est.</td>" in html and "3.5 s of prefill (estimated)" in html
+    # measured timings are not marked
+    measured = json.loads(run_cli("report", str(AGENT), "--format", "json").stdout)
+    assert (
+        not any(t["seconds_estimated"] for t in measured["turns"])
+        and " est." not in run_cli("report", str(AGENT)).stdout
+    )
+
+
+def _string_literals(source: str) -> str:
+    """The string constants of a module (what it can say), not its names, comments and docstrings."""
+    import ast
+
+    tree = ast.parse(source)
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return " ".join(
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    )
+
+
+def test_text_added_to_the_latest_message_is_a_cause_not_a_new_turn(tmp_path):
+    """Plain text appended to the open user message recomputes A's closing markers: waste with a
+    cause, never "new turns appended" and never a "No waste" headline beside a wasted count."""
+    system = {"role": "system", "content": "You are a helpful coding agent."}
+    for n, text in ((1, "Fix the bug in main.py please"), (2, "Fix the bug in main.py please more")):
+        (tmp_path / f"t{n}.json").write_text(json.dumps({"messages": [system, {"role": "user", "content": text}]}))
+    r = run_cli("report", tmp_path, "--order", "name", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    wasted = doc["summary"]["wasted_tokens"]
+    assert wasted > 0 and doc["turns"][1]["cause"] == "content_changed"
+    assert not doc["summary"]["headline"].startswith("No waste")
+
+
+def test_reasoning_stripped_before_repeated_text_is_no_reminder_moved(tmp_path):
+    """Qwen3 strips the reasoning when the user writes again; the new user message repeats a sentence of
+    that reasoning, and the tool call after it repeats an earlier one. The diff then crosses over, but
+    what is still in its message is never reported moved (a new user's session)."""
+    tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {}}}]
+
+    def call(i, path):
+        return [
+            {"id": f"c{i}", "type": "function", "function": {"name": "read_file", "arguments": f'{{"path": "{path}"}}'}}
+        ]
+
+    same, next_ = "The function returns a constant value.", "I will read the next file now."
+    msgs = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "What do file2.py and file3.py do?"},
+        {"role": "assistant", "content": "", "reasoning_content": next_, "tool_calls": call(1, "file2.py")},
+        {"role": "tool", "tool_call_id": "c1", "content": "same result every time\n" * 3},
+        {
+            "role": "assistant",
+            "content": "Let me check the file.",
+            "reasoning_content": f"{next_} {same}",
+            "tool_calls": call(2, "file3.py"),
+        },
+        {"role": "tool", "tool_call_id": "c2", "content": "def f3():\n    return 3\n"},
+        {
+            "role": "assistant",
+            "content": "Let me check the file.",
+            "reasoning_content": f"{same} {same}",
+            "tool_calls": call(3, "file3.py"),
+        },
+        {"role": "tool", "tool_call_id": "c3", "content": "same result every time\n" * 18},
+        {"role": "user", "content": f"{same} {next_}"},
+    ]
+    for k, n in ((1, 8), (2, 9)):
+        (tmp_path / f"turn{k}.json").write_text(json.dumps({"messages": msgs[:n], "tools": tools}))
+    r = run_cli("report", tmp_path, "--order", "name", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    kinds = [f["kind"] for f in json.loads(r.stdout)["findings"]]
+    assert kinds[0] == "reasoning_stripped" and "reminder_moved" not in kinds
+
+
+@pytest.mark.parametrize("name", ["user", "a", "Tool", "tool_changed"])
+def test_redact_hashes_a_tool_name_that_is_also_a_word_only_where_it_names_the_tool(tmp_path, name):
+    """A tool called "user", "a" or "tool_changed": its name is hashed in the labels and paths that
+    hold it; tokendiff's own sentences, cause ids and roles are left as they are."""
+    from tokendiff.report.redact import redact_text
+
+    for n, words in ((1, "alpha"), (2, "beta gamma"), (3, "delta epsilon zeta")):
+        tool = {"type": "function", "function": {"name": name, "description": f"tell the time {words}"}}
+        msgs = [{"role": "system", "content": "Hi."}, {"role": "user", "content": "What time is it?"}]
+        (tmp_path / f"t{n}.json").write_text(json.dumps({"messages": msgs, "tools": [tool]}))
+    doc = json.loads(run_cli("report", tmp_path, "--order", "name", "--format", "json", "--redact").stdout)
+    assert [t["cause"] for t in doc["turns"]][1:] == ["tool_changed", "tool_changed"]
+    cause = doc["causes"][0]
+    assert cause["title"] == "Tool definition changed" and cause["fix"].startswith("Keep tool schemas byte-stable")
+    assert cause["a"]["section"] == f"tools › {redact_text(name)} (description)"
+    assert [p["name"] for p in cause["a"]["path"]][:3] == ["system", None, redact_text(name)]
+    assert f"› {name} " not in json.dumps(doc, ensure_ascii=False)

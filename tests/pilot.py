@@ -1,0 +1,48 @@
+"""Driving the TUI headless: the app on the bundled agent capture, waiting for what a screen shows, and
+sessions made up to show (no files to read)."""
+
+from __future__ import annotations
+
+import time
+
+from tokendiff.core.cost import Session, Span, Turn
+from tokendiff.core.model import Finding, SectionPath
+from tokendiff.tui.app import Options, TokendiffApp
+
+AGENT = "captures/agent/capture.jsonl"  # relative (the TUI tests run in the checkout): snapshots must not
+# depend on where the checkout is
+
+
+def app(**kw) -> TokendiffApp:
+    """The app on the agent capture (or `paths`), dark theme, any other Options as given."""
+    return TokendiffApp(Options(paths=kw.pop("paths", [AGENT]), theme=kw.pop("theme", "tokendiff-dark"), **kw))
+
+
+async def wait_for(pilot, cond, timeout: float = 60.0) -> None:
+    """Pause until `cond()` holds, then a moment more for the screen to settle; a hang fails (the timeout
+    bounds the wait, it measures nothing)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the TUI")
+        await pilot.pause(0.05)
+    await pilot.pause(0.1)
+
+
+def long_session(n: int):
+    """A synthetic agent session of `n` turns: ~2k tokens each, the date breaking the cache every 10th."""
+    date = "Date or time in the prompt changed"
+    turns = []
+    for k in range(1, n + 1):
+        broke = k % 10 == 0
+        reused = 40 if broke else 1_800 + k % 7
+        t = Turn(turn=k, origin=f"synthetic@{k}", n_tokens=2_000, reuse={"llama.cpp": reused}, recompute=2_000 - reused)
+        if broke:
+            t.wasted, t.cause, t.section = 1_760, "date", "system prompt"
+            t.findings = [Finding(kind="date", hunk=0, confidence=0.9, title=date, evidence="", fix="")]
+        turns.append(t)
+    wasted = sum(t.wasted for t in turns)
+    span = Span(kind="date", path=SectionPath(), title=date, fix="Give the date at day precision")
+    span.turns, span.tokens, span.share = [t.turn for t in turns if t.wasted], wasted, 1.0
+    reused = sum(t.reuse["llama.cpp"] for t in turns)
+    return Session(turns, [span] if wasted else [], None, 2_000 * n, reused, wasted)

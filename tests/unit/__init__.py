@@ -1,0 +1,1 @@
+"""In-process tests of the code: no CLI run, no terminal, no server. `pytest tests/unit` is the quick check."""

@@ -1,0 +1,243 @@
+"""`tokendiff diff` stays instant (issue #12): its stdlib fast paths give the answers of the numpy ones they
+replace (cli/test_diff_speed.py checks what a run of it imports)."""
+
+from __future__ import annotations
+
+import random
+import sys
+from array import array
+from itertools import accumulate
+
+import numpy as np
+import pytest
+
+from tokendiff.core import align
+from tokendiff.core.grammar import json_braces
+from tokendiff.core.model import flag_indices, id_bytes
+
+
+def _edited(ids: list[int], n: int, rng: random.Random) -> list[int]:
+    out = list(ids)
+    for _ in range(n):
+        pos = rng.randrange(len(out))
+        kind = rng.choice("rid")
+        if kind == "r":
+            out[pos] = rng.randrange(50)
+        elif kind == "i":
+            out[pos:pos] = [rng.randrange(50) for _ in range(rng.randrange(1, 20))]
+        else:
+            del out[pos : pos + rng.randrange(1, 20)]
+    return out
+
+
+def _both(monkeypatch, a, b):
+    """diff_spans without numpy's anchors and with them."""
+    monkeypatch.setattr(align, "NUMPY_FROM", 1 << 40)
+    monkeypatch.delitem(sys.modules, "numpy")
+    plain = align.diff_spans(a, b)
+    monkeypatch.undo()
+    monkeypatch.setattr(align, "NUMPY_FROM", 0)
+    return plain, align.diff_spans(a, b)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stdlib_anchors_match_numpy(monkeypatch, seed):
+    """Repetitive IDs (a small alphabet: many k-grams repeat), moved blocks, big gaps: one answer."""
+    rng = random.Random(seed)
+    base = [rng.randrange(8 if seed % 2 else 3000) for _ in range(rng.randrange(3000, 9000))]
+    a = _edited(base, rng.randrange(1, 30), rng)
+    b = _edited(base, rng.randrange(1, 30), rng)
+    if seed == 5:  # a moved block
+        b = b[4000:6000] + b[:4000] + b[6000:]
+    plain, vectorised = _both(monkeypatch, array("i", a), array("i", b))
+    assert plain == vectorised
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stdlib_anchors_match_numpy_copied_and_repeated(monkeypatch, seed):
+    """Blocks of A copied into B (two B segments on one A stretch), and a repeated unit: the cover
+    `_runs_stdlib` counts B's k-grams through must still give B's exact counts."""
+    rng = random.Random(100 + seed)
+    unit = [rng.randrange(3000) for _ in range(rng.randrange(20, 300))]
+    base = [rng.randrange(3000) for _ in range(4000)] + unit * 20 + [rng.randrange(3000) for _ in range(3000)]
+    a = _edited(base, rng.randrange(1, 10), rng)
+    b = _edited(base, rng.randrange(1, 10), rng)
+    at, n = rng.randrange(len(b)), rng.randrange(50, 1500)
+    b[at:at] = a[rng.randrange(len(a) - n) :][:n]
+    plain, vectorised = _both(monkeypatch, array("i", a), array("i", b))
+    assert plain == vectorised and plain
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_stdlib_runs_are_numpys(seed):
+    """The anchor runs themselves, before the chain and the verification that would hide a wrong one:
+    k-grams once in A and once in B, with B's counts taken through `_cover`."""
+    rng = random.Random(200 + seed)
+    alphabet = (2, 30, 3000)[seed % 3]
+    base = [rng.randrange(alphabet) for _ in range(rng.randrange(2000, 9000))]
+    if seed % 4 == 3:
+        base = (base[: rng.randrange(20, 300)] * 40)[: len(base)]
+    a = _edited(base, rng.randrange(0, 20), rng)
+    b = _edited(base, rng.randrange(0, 20), rng)
+    at, n = rng.randrange(len(b)), rng.randrange(10, 1500)
+    b[at:at] = a[rng.randrange(len(a)) :][:n]  # a copied block
+    s = align._Seqs(array("i", a), array("i", b))
+    assert align._runs_stdlib(s, 0, len(a), 0, len(b)) == align._runs_numpy(s, 0, len(a), 0, len(b))
+
+
+def test_stdlib_runs_where_the_cover_fails():
+    """Unrelated prompts, and a tail rewritten: `_cover` gives up and B's k-grams are counted by hand."""
+    rng = random.Random(7)
+    a = [rng.randrange(3000) for _ in range(6000)]
+    pairs = [
+        (a, [rng.randrange(3000) for _ in range(6000)]),
+        (a, a[:2500] + [rng.randrange(3000) for _ in range(4000)]),
+    ]
+    pairs.append((a, pairs[1][1][:3000] + a[4000:]))  # and a deletion within the rewritten part
+    for x, y in pairs:
+        s = align._Seqs(array("i", x), array("i", y))
+        assert align._runs_stdlib(s, 0, len(x), 0, len(y)) == align._runs_numpy(s, 0, len(x), 0, len(y))
+
+
+def test_document_json_is_orjsons():
+    """`diff --json` bytes from the stdlib encoder where they equal orjson's, orjson's otherwise."""
+    import orjson
+
+    from tokendiff.report.diff import document_json
+
+    docs = [
+        {"a": [1, 2.5, None, True, 'é\x1f\n"', {}, []], "b": {"c": 0.036685, "d": -0.0, "e": 1e16, "f": 1 << 63}},
+        {"small": 1e-06, "x": [0.1]},  # json writes 1e-06, orjson 1e-6
+        {"inf": float("inf")},  # json writes Infinity, orjson null
+        {"t": (1, 2), "big": -(1 << 63)},
+    ]
+    for doc in docs:
+        assert document_json(doc) == orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n", doc
+
+
+def test_stdlib_anchors_match_numpy_zipf(monkeypatch):
+    rng = np.random.default_rng(3)
+    a = rng.zipf(1.3, 40_000).clip(0, 150_000).astype(np.int32)
+    b = np.concatenate([a[:9000], a[9500:20000], [7, 7, 7], a[20000:]]).astype(np.int32)
+    plain, vectorised = _both(monkeypatch, a, b)
+    assert plain == vectorised and plain
+
+
+def test_common_prefix_and_suffix_on_any_array():
+    a = list(range(1000))
+    b = a[:637] + [-5] + a[638:]
+    for conv in (list, lambda x: array("i", x), lambda x: np.asarray(x, dtype=np.int64)):
+        assert align.common_prefix(conv(a), conv(b)) == 637
+        assert align.common_suffix(conv(a), conv(b), 10_000) == 1000 - 638
+        assert align.common_suffix(conv(a), conv(b), 5) == 5
+    assert align.first_byte_diff(b"abcdef" * 100, b"abcdef" * 50 + b"abcdeX") == 305
+    assert align.first_byte_diff(b"ab", b"ab") is None and align.first_byte_diff(b"ab", b"abc") == 2
+    assert id_bytes(np.asarray([1, 2], dtype=np.int64)) == id_bytes(array("i", [1, 2])) == id_bytes([1, 2])
+
+
+def test_flag_indices():
+    flags = [0, 1, 0, 0, 1, 1]
+    want = [1, 4, 5]
+    assert flag_indices(array("B", flags)) == want
+    assert flag_indices(np.asarray(flags, dtype=bool)) == want
+    assert flag_indices(np.asarray(flags, dtype=np.int64)) == want
+    assert flag_indices(bytes([0, 3, 0])) == [1]
+
+
+def _braces_reference(data: bytes, start: int, end: int) -> list[tuple[int, bool]]:
+    """The byte-by-byte scanner json_braces replaced."""
+    out, in_str, esc = [], False, False
+    for i in range(start, end):
+        c = data[i]
+        if in_str:
+            if esc:
+                esc = False
+            elif c == 0x5C:
+                esc = True
+            elif c == 0x22:
+                in_str = False
+        elif c == 0x22:
+            in_str = True
+        elif c in (0x7B, 0x7D):
+            out.append((i, c == 0x7B))
+    return out
+
+
+def _json_soup(seed: int, n: int, longest: int):
+    """(rng, bytes of braces, quotes and escapes, a range in them), n times."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        data = bytes(rng.choice(b'{}"\\ab:,') for _ in range(rng.randrange(longest)))
+        s = rng.randrange(len(data) + 1)
+        yield rng, data, s, rng.randrange(s, len(data) + 1)
+
+
+def test_json_braces_skip_strings_like_a_scanner():
+    for _, data, s, e in _json_soup(1, 5000, 40):
+        assert list(json_braces(data, s, e)) == _braces_reference(data, s, e), (data, s, e)
+
+
+def test_vocab_table_is_mapped_and_pickles(vocab):
+    """The cached table is a memory map (nothing read up front); a worker process gets a plain copy."""
+    import pickle
+
+    from tokendiff.sources.tokenizers import load_vocab
+
+    v = load_vocab()
+    assert isinstance(v.blob, memoryview) and v.blob.readonly
+    w = pickle.loads(pickle.dumps(v))
+    ids = array("i", [9707, 151644, 11, 151645])
+    assert w.decode(ids)[0] == v.decode(ids)[0] == vocab.decode(ids)[0]
+    assert w.n_vocab == v.n_vocab and w.meta == v.meta and list(w.decode(ids)[2]) == [0, 1, 0, 1]
+
+
+def _enclosing_reference(data: bytes, start: int, end: int, limit: int = 65536) -> tuple[int, int] | None:
+    """explain's scan as it was: a 64 KiB window's braces listed by a regex, then walked back."""
+    import re
+
+    depth, open_at = 0, None
+    for m in reversed(list(re.finditer(rb"[{}]", data[:start]))):
+        if m.start() < start - limit:
+            break
+        if data[m.start()] == 0x7D:
+            depth += 1
+        elif depth == 0:
+            open_at = m.start()
+            break
+        else:
+            depth -= 1
+    if open_at is None:
+        return None
+    braces = _braces_reference(data, open_at, min(len(data), end + limit))
+    depths = accumulate(1 if is_open else -1 for _, is_open in braces)
+    close = next((j for (j, _), d in zip(braces, depths) if d == 0), None)
+    return None if close is None or close + 1 < end else (open_at, close + 1)
+
+
+def test_enclosing_json_is_the_regex_scans():
+    from tokendiff.core.explain import _enclosing_json
+
+    for rng, data, s, e in _json_soup(2, 3000, 60):
+        limit = rng.choice((4, 16, 65536))
+        assert _enclosing_json(data, s, e, limit) == _enclosing_reference(data, s, e, limit), (data, s, e, limit)
+
+
+def test_one_token_side_is_difflibs():
+    """A gap with a single token on one side is aligned without difflib, to difflib's answer."""
+    import difflib
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        one = [rng.randrange(4)]
+        other = [rng.randrange(4) for _ in range(rng.randrange(1, 12))]
+        for a, b in ((one, other), (other, one)):
+            lo_a, lo_b = rng.randrange(3), rng.randrange(3)  # the gap inside longer sequences
+            pad_a, pad_b = [9] * lo_a, [8] * lo_b
+            s = align._Seqs(array("i", pad_a + a + [7]), array("i", pad_b + b + [7]))
+            got: list[tuple[int, int, int, int]] = []
+            align._one_token_side(s, lo_a, lo_a + len(a), lo_b, lo_b + len(b), got)
+            sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+            want = [
+                (lo_a + i1, lo_a + i2, lo_b + j1, lo_b + j2) for t, i1, i2, j1, j2 in sm.get_opcodes() if t != "equal"
+            ]
+            assert got == want, (a, b)

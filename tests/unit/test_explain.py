@@ -1,0 +1,420 @@
+"""Each explainer on real renders from real templates, tokenised by the model's real tokenizer,
+where the cause is real."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prompts import CONVERSATION, TOOLS, prompt_from_ids, qwen_encode, real_tokenizer, render, template
+
+from tokendiff.core.align import align
+from tokendiff.core.explain import explain
+from tokendiff.core.sections import field_sections
+from tokendiff.sources.templates.render import Renderer
+
+QWEN3 = "Qwen-Qwen3-0.6B.jinja"
+
+
+def qwen_prompt(vocab, messages, tools=TOOLS, fields=False, **kw):
+    """A Qwen3 prompt as the server would hold it, sectioned by template markers
+    (slot files) or by request fields (captures)."""
+    if fields:
+        agp = kw.pop("add_generation_prompt", True)
+        body = {"messages": messages, "tools": tools, "add_generation_prompt": agp, "chat_template_kwargs": kw}
+        r = Renderer(template(QWEN3)).attribute(body)
+        p = prompt_from_ids(qwen_encode(r.text), vocab)
+        p.sections = field_sections(p, r)
+        return p
+    return prompt_from_ids(qwen_encode(render(QWEN3, messages, tools, **kw)), vocab)
+
+
+def first(a, b):
+    d = align(a, b)
+    fs = explain(a, b, d)
+    return next(f for f in fs if not f.expected), fs, d
+
+
+def test_reasoning_stripped_by_qwen3_on_a_new_user_message(vocab):
+    msgs = copy.deepcopy(CONVERSATION[:3])  # the tool call, reasoning kept (after the last user message)
+    a = qwen_prompt(vocab, msgs, add_generation_prompt=False)
+    msgs += [
+        {"role": "tool", "content": "18 C"},
+        {"role": "assistant", "content": "18 C."},
+        {"role": "user", "content": "Thanks"},
+    ]
+    b = qwen_prompt(vocab, msgs)
+    f, _, d = first(a, b)
+    assert f.kind == "reasoning_stripped" and f.origin == "template"
+    owner = d.hunks[f.hunk].a_owner
+    assert owner.kinds == ("message", "reasoning") and owner.message_index == 2 and owner.role == "assistant"
+    assert owner.label == "message 2 (assistant) › reasoning" and "in message 2 (assistant)" in f.evidence
+
+
+def test_client_dropping_reasoning(vocab):
+    msgs = copy.deepcopy(CONVERSATION[:3])
+    a = qwen_prompt(vocab, msgs, add_generation_prompt=False)
+    msgs[2]["content"] = "<think>\n\n</think>\n\n"  # a client that sends back an empty think block
+    del msgs[2]["reasoning_content"]
+    b = qwen_prompt(vocab, msgs, add_generation_prompt=False)
+    f, _, _ = first(a, b)
+    assert f.kind == "reasoning_dropped_by_client"
+
+
+@pytest.mark.parametrize("fields", [False, True])
+def test_reasoning_gone_with_no_new_user_message_is_the_clients(vocab, fields):
+    """Qwen3 drops reasoning only before the latest user message: gone with none new (a tool result
+    is not one), the client dropped it, whether its requests are known or only its tokens."""
+    msgs = copy.deepcopy(CONVERSATION[:3])
+    a = qwen_prompt(vocab, msgs, add_generation_prompt=False, fields=fields)
+    later = copy.deepcopy(msgs) + [{"role": "tool", "content": "18 C"}]
+    del later[2]["reasoning_content"]
+    b = qwen_prompt(vocab, later, fields=fields)
+    if fields:
+        a.meta.request, b.meta.request = {"messages": msgs}, {"messages": later}
+    f, _, _ = first(a, b)
+    assert f.kind == "reasoning_dropped_by_client" and f.origin == "client"
+    assert ("no longer carries the reasoning of messages[2]" if fields else "no user message follows") in f.evidence
+    # the same loss with a new user message after it is the template's, when the request kept the reasoning
+    kept = copy.deepcopy(msgs) + [{"role": "tool", "content": "18 C"}, {"role": "user", "content": "Thanks"}]
+    b = qwen_prompt(vocab, kept, fields=fields)
+    if fields:
+        b.meta.request = {"messages": kept}
+    assert first(a, b)[0].kind == "reasoning_stripped"
+    # and when the client dropped it too: the template would have, so sending it back saves nothing
+    del kept[2]["reasoning_content"]
+    b = qwen_prompt(vocab, kept, fields=fields)
+    if fields:
+        b.meta.request = {"messages": kept}
+    assert first(a, b)[0].kind == "reasoning_stripped"
+
+
+def test_llama32_injected_date_is_the_templates(llama3_tok):
+    msgs = [{"role": "user", "content": "Hi"}]
+
+    def prompt(day: str):
+        kw = {"bos_token": "<|begin_of_text|>", "date_string": day}
+        return llama3_tok.prompt(render("meta-llama-Llama-3.2-3B-Instruct.jinja", msgs, **kw))
+
+    f, _, _ = first(prompt("28 Nov 2026"), prompt("29 Nov 2026"))
+    assert f.kind == "date" and f.origin == "template"
+    assert "'28 Nov 2026' -> '29 Nov 2026'" in f.evidence
+
+
+# defect 20 of a review (commit cf70503)
+@pytest.mark.parametrize(
+    "old, new, day_precision",
+    [
+        ("2026-11-28 09:15", "2026-11-28 09:16", True),  # a time of day: dropping it is the fix
+        ("2026-11-28T09:15:00", "2026-11-28T09:16:00", True),
+        ("2026-11-28", "2026-11-29", False),  # already at day precision: the advice would be no advice
+    ],
+)
+def test_day_precision_is_advised_only_for_a_date_with_a_time_of_day(vocab, old, new, day_precision):
+    def msgs(when):
+        return [{"role": "system", "content": f"You are an agent. Now: {when}."}, {"role": "user", "content": "hi"}]
+
+    f, _, _ = first(qwen_prompt(vocab, msgs(old), fields=True), qwen_prompt(vocab, msgs(new), fields=True))
+    assert f.kind == "date" and f.origin == "client"
+    assert ("day precision" in f.fix) == day_precision, f.fix
+    assert "newest user message" in f.fix
+
+
+def test_client_date_in_system_prompt_from_request_fields(vocab):
+    def msgs(day):
+        return [
+            {"role": "system", "content": f"You are an agent. Now: 2026-11-{day} 23:59."},
+            {"role": "user", "content": "hi"},
+        ]
+
+    a = qwen_prompt(vocab, msgs(28), fields=True)
+    b = qwen_prompt(vocab, msgs(29), fields=True)
+    f, _, _ = first(a, b)
+    assert f.kind == "date" and f.origin == "client"
+    assert "'2026-11-28 23:59' -> '2026-11-29 23:59'" in f.evidence
+
+
+@pytest.mark.parametrize(
+    "tools_b, kind, words",
+    [
+        ([TOOLS[1], TOOLS[0], TOOLS[2]], "tool_order", "3 tools, same names"),
+        (TOOLS[:2], "tool_set", "-web_extract"),
+        (
+            TOOLS + [{"type": "function", "function": {"name": "git_blame", "description": "x", "parameters": {}}}],
+            "tool_set",
+            "+git_blame",
+        ),
+    ],
+)
+def test_tools_reordered_or_changed(vocab, tools_b, kind, words):
+    msgs = CONVERSATION[:2]
+    f, _, _ = first(qwen_prompt(vocab, msgs), qwen_prompt(vocab, msgs, tools=tools_b))
+    assert f.kind == kind and words in f.evidence
+
+
+# Other families, real tokens, sections from the template markers only (as for slot files).
+FAMILIES = {
+    "llama3": ("meta-llama-Llama-3.1-8B-Instruct.jinja", {"bos_token": "<|begin_of_text|>"}),
+    "mistral": ("mistralai-Mistral-Nemo-Instruct-2407.jinja", {"bos_token": "<s>", "eos_token": "</s>"}),
+    "harmony": ("openai-gpt-oss-120b.jinja", {}),
+    "deepseek": ("deepseek-ai-DeepSeek-V3.1.jinja", {"bos_token": "<｜begin▁of▁sentence｜>"}),
+}
+
+
+def family_prompt(family, messages, tools=TOOLS):
+    name, kw = FAMILIES[family]
+    p = real_tokenizer(family).prompt(render(name, messages, tools, **kw))
+    assert p.meta.template_family == family
+    return p
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral", "harmony"])  # DeepSeek V3.1's template renders no tools
+@pytest.mark.parametrize(
+    "tools_b, kind, words",
+    [([TOOLS[1], TOOLS[0], TOOLS[2]], "tool_order", "3 tools, same names"), (TOOLS[:2], "tool_set", "-web_extract")],
+)
+def test_tools_reordered_or_changed_in_other_families(family, tools_b, kind, words):
+    msgs = CONVERSATION[:2]
+    f, _, _ = first(family_prompt(family, msgs), family_prompt(family, msgs, tools=tools_b))
+    assert f.kind == kind and words in f.evidence
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_client_date_in_system_prompt_in_other_families(family):
+    def msgs(day):
+        return [
+            {"role": "system", "content": f"You are an agent. Now: 2026-11-{day} 23:59."},
+            {"role": "user", "content": "hi"},
+        ]
+
+    f, _, _ = first(family_prompt(family, msgs(28), tools=None), family_prompt(family, msgs(29), tools=None))
+    assert f.kind == "date" and "'2026-11-28 23:59' -> '2026-11-29 23:59'" in f.evidence
+
+
+def test_tool_description_mutated(vocab):
+    tools_b = copy.deepcopy(TOOLS)
+    tools_b[2]["function"]["description"] = "Extract the text of a web page. Sub-agents: alpha, beta."
+    f, _, _ = first(qwen_prompt(vocab, CONVERSATION[:2]), qwen_prompt(vocab, CONVERSATION[:2], tools=tools_b))
+    assert f.kind == "tool_changed" and "web_extract" in f.evidence and f.title == "Tool definition changed"
+
+
+def test_empty_think_prefill_on_the_generation_prompt(vocab):
+    """Qwen3 with enable_thinking=false: the generation prompt's empty think block vanishes from history."""
+    msgs = [{"role": "user", "content": "Hi"}]
+    a = qwen_prompt(vocab, msgs, tools=None, enable_thinking=False)
+    b = qwen_prompt(
+        vocab,
+        msgs + [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}],
+        tools=None,
+        enable_thinking=False,
+    )
+    d = align(a, b)
+    fs = explain(a, b, d)
+    assert fs[0].kind == "empty_think_prefill" and fs[0].origin == "template"
+
+
+def test_generation_prompt_suffix_is_expected(vocab):
+    """QwQ prefills `<think>\\n` on the generation prompt; history renders the answer without it (E3)."""
+    msgs = [{"role": "user", "content": "Hi"}]
+    a = prompt_from_ids(qwen_encode(render("Qwen-QwQ-32B.jinja", msgs, enable_thinking=True)), vocab)
+    assert a.data.endswith(b"<|im_start|>assistant\n<think>\n")
+    more = msgs + [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
+    b = prompt_from_ids(qwen_encode(render("Qwen-QwQ-32B.jinja", more, enable_thinking=True)), vocab)
+    d = align(a, b)
+    fs = explain(a, b, d)
+    assert fs[0].kind == "generation_prompt" and fs[0].expected
+    assert d.hunks[0].a_end - d.hunks[0].a_start <= 5
+
+
+def test_tool_call_arguments_reserialized(vocab):
+    msgs = copy.deepcopy(CONVERSATION[:4])
+    msgs[2]["tool_calls"][0]["function"]["arguments"] = '{"q":"Paris"}'  # as the model generated it
+    a = qwen_prompt(vocab, msgs)
+    msgs[2]["tool_calls"][0]["function"]["arguments"] = {"q": "Paris"}  # parsed and re-serialised by a client
+    b = qwen_prompt(vocab, msgs)
+    f, _, _ = first(a, b)
+    assert f.kind == "json_reserialized" and "whitespace" in f.evidence and "tool-call arguments" in f.evidence
+
+
+def test_json_key_order(vocab):
+    a = qwen_prompt(vocab, [{"role": "user", "content": 'State: {"mode": "fast", "depth": 3}'}], tools=None)
+    b = qwen_prompt(vocab, [{"role": "user", "content": 'State: {"depth": 3, "mode": "fast"}'}], tools=None)
+    f, _, _ = first(a, b)
+    assert f.kind == "json_reserialized" and "key order" in f.evidence
+
+
+def test_tool_call_ids_regenerated_in_a_mistral_render(mistral_tok):
+    def body(call_id):
+        msgs = copy.deepcopy(CONVERSATION[:4])
+        msgs[2]["tool_calls"][0]["id"] = call_id
+        msgs[3]["tool_call_id"] = call_id
+        return {"messages": msgs, "tools": TOOLS}
+
+    r = Renderer(template("mistralai-Mistral-Nemo-Instruct-2407.jinja"), bos_token="<s>", eos_token="</s>")
+    prompts = []
+    for cid in ("a1B2c3D4e", "Zz9Yy8Xx7"):
+        rr = r.attribute(body(cid))
+        p = mistral_tok.prompt(rr.text)
+        assert p.meta.template_family == "mistral"
+        p.sections = field_sections(p, rr)
+        prompts.append(p)
+    f, _, _ = first(*prompts)
+    assert f.kind == "tool_call_id" and "a1B2c3D4e" in f.evidence
+
+
+def test_billing_header_nonce(vocab):
+    def msgs(n):
+        return [
+            {
+                "role": "system",
+                "content": (
+                    f"x-anthropic-billing-header: cc_version=2.1.4; cc_entrypoint=cli; cch={n};\nYou are Claude Code."
+                ),
+            },
+            {"role": "user", "content": "hi"},
+        ]
+
+    f, _, _ = first(qwen_prompt(vocab, msgs("3f2a1")), qwen_prompt(vocab, msgs("9b7c4")))
+    assert f.kind == "nonce" and "billing" in f.evidence
+
+
+def test_uuid_nonce(vocab):
+    def msgs(u):
+        return [{"role": "system", "content": f"benchmark_id: {u}\nYou are terse."}, {"role": "user", "content": "hi"}]
+
+    f, _, _ = first(
+        qwen_prompt(vocab, msgs("0b6f2e1c-7d7e-4a55-9f51-2c0d3e5a8b11")),
+        qwen_prompt(vocab, msgs("9e1d0a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b")),
+    )
+    assert f.kind == "nonce"
+
+
+def test_memory_counter(vocab):
+    def msgs(n):
+        return [
+            {"role": "system", "content": f"You are an agent.\nMemory: {n} items stored."},
+            {"role": "user", "content": "hi"},
+        ]
+
+    f, _, _ = first(qwen_prompt(vocab, msgs(41)), qwen_prompt(vocab, msgs(42)))
+    assert f.kind == "counter" and "'41' -> '42'" in f.evidence
+
+
+def test_history_pruned_in_place(vocab):
+    msgs = copy.deepcopy(CONVERSATION[:5])
+    msgs[3]["content"] = json.dumps({"rows": list(range(200))})
+    a = qwen_prompt(vocab, msgs)
+    msgs[3]["content"] = "[pruned: 1 tool result]"
+    b = qwen_prompt(vocab, msgs)
+    f, _, _ = first(a, b)
+    assert f.kind == "history_rewritten" and "[pruned" in f.evidence
+
+
+def test_system_message_moved_to_the_front(vocab):
+    reminder = "Reminder: you have 5000 tokens of context left."
+    base = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+    ]
+    a = qwen_prompt(
+        vocab, base + [{"role": "user", "content": "u2"}, {"role": "system", "content": reminder}], tools=None
+    )
+    merged = (
+        [{"role": "system", "content": "You are terse.\n" + reminder}] + base[1:] + [{"role": "user", "content": "u2"}]
+    )
+    b = qwen_prompt(vocab, merged, tools=None)
+    f, _, _ = first(a, b)
+    assert f.kind == "system_moved"
+
+
+def test_truncation_drops_old_turns(vocab):
+    turns = [{"role": "system", "content": "You are terse."}]
+    for i in range(6):
+        turns += [
+            {"role": "user", "content": f"question {i} " * 20},
+            {"role": "assistant", "content": f"answer {i} " * 20},
+        ]
+    a = qwen_prompt(vocab, turns + [{"role": "user", "content": "next"}], tools=None)
+    b = qwen_prompt(vocab, turns[:1] + turns[3:] + [{"role": "user", "content": "next"}], tools=None)
+    f, _, _ = first(a, b)
+    assert f.kind == "truncation" and "2 whole turn(s)" in f.evidence
+
+
+def test_bpe_boundary(vocab):
+    head = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    a = prompt_from_ids(qwen_encode(head) + qwen_encode(" world") + qwen_encode("wide"), vocab)
+    b = prompt_from_ids(qwen_encode(head + " worldwide") + qwen_encode("<|im_end|>"), vocab)
+    f, fs, d = first(a, b)
+    assert fs[0].kind == "bpe_boundary" and d.boundary
+
+
+def test_double_bos(llama3_tok):
+    text = render(
+        "meta-llama-Llama-3.1-8B-Instruct.jinja", [{"role": "user", "content": "Hi"}], bos_token="<|begin_of_text|>"
+    )
+    a = llama3_tok.prompt(text)
+    b = llama3_tok.prompt("<|begin_of_text|>" + text)
+    assert b.ids[0] == b.ids[1] == llama3_tok.encode("<|begin_of_text|>")[0]
+    f, _, _ = first(a, b)
+    assert f.kind == "double_bos"
+
+
+def test_pure_append_is_expected(vocab):
+    msgs = CONVERSATION[:2]
+    a = qwen_prompt(vocab, msgs)
+    b = qwen_prompt(vocab, msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}])
+    d = align(a, b)
+    fs = explain(a, b, d)
+    assert [f.kind for f in fs] == ["appended"] and fs[0].expected
+
+
+# ---------------------------------------------------------------- the patterns' fast scan
+
+_PATTERN_PIECES = (
+    *"0 1 9 a f A F x z - : / , . % T \u0663".split(),
+    " ",
+    "\n",
+    *"Jan January Feb Mon Monday Tue Thu Sep Wed 12 2026 1712345678 deadbeef 12:30 PM am nonce cch= session_id".split(),
+    *"550e8400- e29b- 41d4- 446655440000 0123abcd 5:".split(),
+    " Tue ",
+    " 550e8400-e29b-41d4-a716-446655440000",
+    " f00d4",
+    " Thursday,",
+    "Jan 5, 2026",
+)
+_PATTERN_TEXT = st.lists(st.sampled_from(_PATTERN_PIECES), max_size=60).map("".join)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_PATTERN_TEXT, st.sampled_from(["DATE_RE", "HEX_RE", "UUID_RE", "NUMBER_RE", "NONCE_KEY_RE"]))
+def test_the_fast_scan_finds_what_finditer_finds(text, name):
+    """`explain.matches` jumps between the places a match can start; it must find exactly the matches
+    re's own scan finds (text built from the pieces the patterns turn on: digits, hex, months, days,
+    times, separators, a non-ASCII digit)."""
+    from tokendiff.core import explain as ex
+
+    rx = getattr(ex, name)
+    assert [m.span() for m in ex.matches(rx, text)] == [m.span() for m in rx.finditer(text)]
+
+
+def test_a_reminder_sent_again_in_the_new_turn_is_no_move(vocab):
+    """B repeats A's last reminder at the end of its new user message (and a date changed before it):
+    the appended turns are placed after A's prompt, not before A's own copy of the reminder, and
+    nothing is reported moved while A's message still holds it."""
+    reminder = "<system-reminder>Remember to run the tests before you finish the task.</system-reminder>"
+
+    def system(day):
+        return {"role": "system", "content": f"You are a coding agent. Today is 2026-12-0{day}."}
+
+    first = [{"role": "user", "content": "Fix the failing test please. " + reminder}]
+    later = [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Now the docs. " + reminder}]
+    a = qwen_prompt(vocab, [system(1), *first], tools=None)
+    b = qwen_prompt(vocab, [system(2), *first, *later], tools=None)
+    d = align(a, b)
+    fs = explain(a, b, d)
+    assert [f.kind for f in fs] == ["date", "appended"]
+    assert d.hunks[-1].a_start == len(a)

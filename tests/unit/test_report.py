@@ -1,0 +1,61 @@
+"""The report's wording in process: headlines that agree with the figures, titles that read inside a
+sentence, and a cause seen only behind another break named without a row of zeros."""
+
+from __future__ import annotations
+
+from prompts import CONVERSATION, TOOLS, prompt_from_ids, qwen_encode, render
+
+
+def test_a_span_only_seen_behind_another_break_is_no_row_of_zeros(vocab):
+    """A date and a counter change in one system prompt: the date breaks the cache first, so the counter costs
+    nothing of its own. md and html name it in one line instead of a 0-token row of the ranked table."""
+    from tokendiff.core.cost import analyse
+    from tokendiff.report.html import render_html
+    from tokendiff.report.markdown import render_markdown
+    from tokendiff.report.session import report_document
+
+    def prompt(day, left):
+        sys = {
+            "role": "system",
+            "content": f"Date: 2026-11-{day}\n" + "Be terse and careful. " * 30 + f"\n{left}% left",
+        }
+        return prompt_from_ids(qwen_encode(render("Qwen-Qwen3-0.6B.jinja", [sys, *CONVERSATION[1:2]], TOOLS)), vocab)
+
+    prompts = [prompt(28, 40), prompt(29, 35)]
+    doc = report_document("pair", prompts, analyse(prompts), {"name": "qwen3"})
+    assert [(sp["kind"], sp["tokens"]) for sp in doc["spans"]] == [("date", doc["turns"][1]["wasted"]), ("counter", 0)]
+    md = render_markdown(doc)
+    assert "| 2 | A counter" not in md
+    assert "Also changed, but only after an earlier break in the same turn (no tokens of their own): " in md
+    assert "A counter or percentage changed in `system prompt` (turn 2)" in md
+    html = render_html(doc)
+    assert "A counter or percentage changed in <code>system prompt</code> (turn 2)" in html
+
+
+def test_headlines_without_a_costly_cause_agree_with_the_wasted_count():
+    from tokendiff.report.session import quiet_headline
+
+    assert quiet_headline(80.0, 0, 20).startswith("No waste: ")
+    some = quiet_headline(80.0, 5, 20)
+    assert "No waste" not in some and "5 tokens were recomputed" in some
+    assert quiet_headline(80.0, 0, 20, where=" in 3 sessions").startswith("No waste in 3 sessions: ")
+
+
+def test_titles_read_inside_a_sentence():
+    from tokendiff.report.session import in_sentence
+
+    assert in_sentence("JSON re-serialised (same value, different text)").startswith("JSON re-")
+    assert in_sentence("Date or time in the prompt changed") == "date or time in the prompt changed"
+
+
+def test_a_headline_names_the_section_once():
+    from tokendiff.core.cost import Session, Span
+    from tokendiff.core.model import Part, SectionPath
+    from tokendiff.report.session import headline
+
+    system = SectionPath.of(Part("message", 0, "system"))
+    span = Span("system_appended", system, "Text inserted at the end of the system prompt", "", [2], 10, share=1.0)
+    text = headline(Session([], [span], None, 100, 50, 10))
+    assert text.startswith("Fix this first: text inserted at the end of the system prompt. ")
+    span = Span("date", system, "Date or time in the prompt changed", "", [2], 10, share=1.0)
+    assert "changed in system prompt. " in headline(Session([], [span], None, 100, 50, 10))
