@@ -127,6 +127,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             source=args.export,
         )
     tty = sys.stderr.isatty()
+    if args.format in ("otlp", "trace"):
+        return _telemetry_report(args, paths, tty)
     opts = ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
     loaded, skipped = None, []
     if len(paths) == 1:
@@ -162,6 +164,28 @@ def cmd_report(args: argparse.Namespace) -> int:
         return ExitCode.TROUBLE
     if args.fail_under is not None and reuse < args.fail_under:
         print(f"tokendiff: {what} reuse {reuse:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
+        return ExitCode.DIFFERENT
+    return ExitCode.OK
+
+
+def _telemetry_report(args: argparse.Namespace, paths: list[str], tty: bool) -> int:
+    """`report --format otlp|trace`: every session as one trace of the document."""
+    from tokendiff.app.reports import write_text
+    from tokendiff.app.telemetry import telemetry_report
+
+    for flag, given in (("--export", args.export), ("--cache-size", args.cache_size), ("--replay", args.replay)):
+        if given:
+            raise UsageError(f"{flag} goes with the report formats (md, html, json), not --format {args.format}")
+    result = telemetry_report(
+        _prompt_options(args), paths, args.format, args.redact, args.prefill_rate, _progress_line(tty)
+    )
+    _clear_line(tty)
+    if args.output:
+        write_text(Path(args.output), result.text)
+    else:
+        sys.stdout.write(result.text)
+    if args.fail_under is not None and result.reuse_pct < args.fail_under:
+        print(f"tokendiff: reuse {result.reuse_pct:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
         return ExitCode.DIFFERENT
     return ExitCode.OK
 

@@ -208,7 +208,13 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
         "several, or a quoted glob ('captures/*.jsonl'), for the fleet view",
     )
     _tokenizer_args(r)
-    r.add_argument("--format", choices=("md", "html", "json"), default="md")
+    r.add_argument(
+        "--format",
+        choices=("md", "html", "json", "otlp", "trace"),
+        default="md",
+        help="md, html, json (the report), otlp (OpenTelemetry traces as OTLP/JSON: a trace per session, a span "
+        "per turn) or trace (a Chrome/Perfetto trace: a track per session)",
+    )
     r.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
     r.add_argument(
         "--fail-under",
