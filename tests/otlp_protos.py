@@ -64,3 +64,70 @@ def to_otlp_json(msg: ExportTraceServiceRequest) -> dict:
         return v
 
     return walk(doc)
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP receiver on loopback (the Collector is not installable here): POST /v1/traces,
+    JSON or protobuf, each request decoded with the official protos as the Collector would, and
+    answered with an ExportTraceServiceResponse. `fail` answers that many requests with 503 first."""
+
+    def __init__(self, fail: int = 0) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[ExportTraceServiceRequest] = []
+        self.content_types: list[str] = []
+        self.fail = fail
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if self.path != "/v1/traces":
+                    return self._answer(404, b"{}")
+                with outer.lock:
+                    if outer.fail > 0:
+                        outer.fail -= 1
+                        return self._answer(503, b"{}")
+                ctype = self.headers.get("content-type", "")
+                try:
+                    if ctype.startswith("application/x-protobuf"):
+                        msg = ExportTraceServiceRequest.FromString(body)
+                    else:
+                        msg = parse_otlp_json(body)
+                except Exception:  # noqa: BLE001 - a malformed export is the test's failure: 400, as the spec says
+                    return self._answer(400, b'{"error": "undecodable"}')
+                with outer.lock:
+                    outer.requests.append(msg)
+                    outer.content_types.append(ctype)
+                self._answer(200, b"{}")
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def spans(self) -> list:
+        with self.lock:
+            return [sp for msg in self.requests for sp in spans_of(msg)]
+
+    def __enter__(self) -> OtlpReceiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -74,10 +74,21 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return ExitCode.OK if pair.divergence.identical else ExitCode.DIFFERENT
 
 
+def _observe_options(args: argparse.Namespace):  # -> ObserveOptions
+    from tokendiff.app.observe import ObserveOptions
+
+    return ObserveOptions(metrics=args.metrics, otlp=args.otlp)
+
+
 def cmd_proxy(args: argparse.Namespace) -> int:
     from tokendiff.app.live import serve_proxy
+    from tokendiff.app.observe import start_observer
+    from tokendiff.app.pair import PromptOptions
 
-    return serve_proxy(args.upstream, args.out, args.listen, fetch_tokens=not args.no_tokens)
+    observer = start_observer(_observe_options(args), PromptOptions(), args.out, upstream=args.upstream)
+    for line in observer.describe() if observer else []:
+        print(f"tokendiff proxy: {line}", file=sys.stderr)
+    return serve_proxy(args.upstream, args.out, args.listen, fetch_tokens=not args.no_tokens, observer=observer)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -293,7 +304,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     import queue
 
-    from tokendiff.app.live import ProxyThread, upstream_prompt_options
+    from tokendiff.app.live import ProxyThread, tee, upstream_prompt_options
+    from tokendiff.app.observe import start_observer
 
     _one_blas_thread()
     if args.theme:
@@ -309,12 +321,20 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from tokendiff.tui.watch import WatchApp
 
     events: queue.Queue = queue.Queue()
-    proxy = ProxyThread(args.upstream, args.out, args.listen, not args.no_tokens, events.put).start()
+    observer = start_observer(_observe_options(args), prompts, args.out, args.prefill_rate)
     try:
-        WatchApp(
-            Options(paths=[], prompts=prompts, theme=args.theme, prefill_rate=args.prefill_rate), proxy, events
-        ).run()
+        hook = tee(events.put, observer.on_record if observer else None)
+        proxy = ProxyThread(args.upstream, args.out, args.listen, not args.no_tokens, hook).start()
+        try:
+            WatchApp(
+                Options(paths=[], prompts=prompts, theme=args.theme, prefill_rate=args.prefill_rate), proxy, events
+            ).run()
+        finally:
+            proxy.stop()
     finally:
-        proxy.stop()
+        if observer is not None:
+            observer.stop()
+    for line in observer.describe() if observer else []:
+        print(f"tokendiff watch: {line}", file=sys.stderr)
     print(f"tokendiff watch: stopped; {proxy.recorded} requests recorded in {proxy.capture}", file=sys.stderr)
     return ExitCode.OK

@@ -193,46 +193,49 @@ def span_hex(trace_id: str, turn: int) -> str:
 
 
 def turn_views(s: Session, contexts: Sequence[TurnContext], redact: bool = False) -> list[TurnView]:
-    """Every turn with its context and times. A turn without a start follows the one before it (the
-    first starts at 0); a turn without a duration lasts its prefill, else its TTFT, else 1 ms."""
+    """Every turn with its context and times; a turn without a start follows the one before it."""
     views: list[TurnView] = []
     clock_ns = 0
     for k, t in enumerate(s.turns):
-        ctx = contexts[k] if k < len(contexts) else TurnContext()
-        start_ns = int(ctx.start * 1e9) if ctx.start is not None else clock_ns
-        prefill_ms, measured = _prefill_ms(t, s)
-        total_ms = ctx.duration_ms if ctx.duration_ms is not None else max(prefill_ms, t.ttft_ms or 0.0)
-        total_ms = max(total_ms, prefill_ms, NOMINAL_MS)
-        end_ns = start_ns + int(total_ms * 1e6)
-        clock_ns = max(clock_ns, end_ns)
-        path = redacted_path(t.path) if redact else t.path
-        views.append(
-            TurnView(
-                turn=t.turn,
-                start_ns=start_ns,
-                end_ns=end_ns,
-                prefill_ns=min(int(prefill_ms * 1e6), end_ns - start_ns),
-                prefill_measured=measured,
-                tokens=t.n_tokens,
-                reused=t.reuse.get("llama.cpp", 0),
-                recomputed=t.recompute,
-                new_tokens=t.new_tokens,
-                wasted=t.wasted,
-                wasted_seconds=turn_wasted_seconds(t, s),
-                seconds_estimated=s.rate_estimated,
-                reported_cached=t.reported_cached,
-                lcp=t.lcp,
-                cause=t.cause,
-                cause_title=cause_title(t) if t.cause else "",
-                section=path.label if t.cause else "",
-                field_path=(t.path.field_path or "") if t.cause else "",
-                ttft_ms=t.ttft_ms,
-                prefill_ms=t.reported_prompt_ms,
-                note=t.note,
-                context=ctx,
-            )
-        )
+        v = turn_view(s, t, contexts[k] if k < len(contexts) else TurnContext(), clock_ns, redact)
+        clock_ns = max(clock_ns, v.end_ns)
+        views.append(v)
     return views
+
+
+def turn_view(s: Session, t: Turn, ctx: TurnContext, after_ns: int = 0, redact: bool = False) -> TurnView:
+    """One turn with its context: it starts when its record says, else at `after_ns`; it lasts its
+    record's duration, else its prefill, else its TTFT, else 1 ms."""
+    start_ns = int(ctx.start * 1e9) if ctx.start is not None else after_ns
+    prefill_ms, measured = _prefill_ms(t, s)
+    total_ms = ctx.duration_ms if ctx.duration_ms is not None else max(prefill_ms, t.ttft_ms or 0.0)
+    total_ms = max(total_ms, prefill_ms, NOMINAL_MS)
+    end_ns = start_ns + int(total_ms * 1e6)
+    path = redacted_path(t.path) if redact else t.path
+    return TurnView(
+        turn=t.turn,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        prefill_ns=min(int(prefill_ms * 1e6), end_ns - start_ns),
+        prefill_measured=measured,
+        tokens=t.n_tokens,
+        reused=t.reuse.get("llama.cpp", 0),
+        recomputed=t.recompute,
+        new_tokens=t.new_tokens,
+        wasted=t.wasted,
+        wasted_seconds=turn_wasted_seconds(t, s),
+        seconds_estimated=s.rate_estimated,
+        reported_cached=t.reported_cached,
+        lcp=t.lcp,
+        cause=t.cause,
+        cause_title=cause_title(t) if t.cause else "",
+        section=path.label if t.cause else "",
+        field_path=(t.path.field_path or "") if t.cause else "",
+        ttft_ms=t.ttft_ms,
+        prefill_ms=t.reported_prompt_ms,
+        note=t.note,
+        context=ctx,
+    )
 
 
 def _prefill_ms(t: Turn, s: Session) -> tuple[float, bool]:
