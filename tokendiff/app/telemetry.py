@@ -61,6 +61,10 @@ def _records(path: str) -> list[dict[str, Any]] | None:
         from tokendiff.sources.importers.har import iter_har
 
         return list(iter_har(p))
+    if kind == "otlp":
+        from tokendiff.sources.importers.otlp import iter_otlp
+
+        return list(iter_otlp(p))
     return None
 
 

@@ -122,7 +122,7 @@ def record_context(rec: Mapping[str, Any]) -> TurnContext:
         input_tokens=prompt,
         output_tokens=_int(usage.get("completion_tokens")) or _int(usage.get("output_tokens")),
         cache_creation=created,
-        conversation=conversation_id(req),
+        conversation=conversation_id(req) or _str(rec.get("conversation"), 128),
     )
 
 
