@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tokendiff.app.evictions import KV_EVENTS_NAME
 from tokendiff.app.live import RecordFeed, upstream_prompt_options
 from tokendiff.app.session import record_input
 from tokendiff.errors import InputError
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from tokendiff.report.telemetry import TurnContext, TurnView
     from tokendiff.sources.loader import Loader
 
-KV_EVENTS_NAME = "kv-events.jsonl"  # beside the capture
 START_TIMEOUT = 120.0  # the child imports numpy, the tokenizer and the HTTP stacks on a busy machine
 NOTE = struct.Struct("<q??")  # (seq, patch, tokens_pending); seq -1: stop
 NICE = 10  # the child's CPU priority below the proxy's

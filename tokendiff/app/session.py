@@ -341,7 +341,11 @@ def open_session(
     pool = PairWorkers(loader, workers)
     inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
     props = props if props is not None else saved_props(paths)
-    return _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair)
+    loaded = _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair)
+    from tokendiff.app.evictions import with_kv_events
+
+    loaded.session = with_kv_events(paths, loaded.session)
+    return loaded
 
 
 def capacity_ladder(

@@ -77,7 +77,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def _observe_options(args: argparse.Namespace):  # -> ObserveOptions
     from tokendiff.app.observe import ObserveOptions
 
-    return ObserveOptions(metrics=args.metrics, otlp=args.otlp)
+    return ObserveOptions(metrics=args.metrics, otlp=args.otlp, kv_events=args.kv_events, kv_topic=args.kv_topic)
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:

@@ -356,6 +356,13 @@ def _observe_args(p: argparse.ArgumentParser) -> None:
         help="send each turn as an OpenTelemetry span to this OTLP/HTTP collector (e.g. http://127.0.0.1:4318; "
         "batched; dropped, never waited for, when the collector is down)",
     )
+    p.add_argument(
+        "--kv-events",
+        metavar="ENDPOINT",
+        help="subscribe to vLLM's KV-cache event publisher (its --kv-events-config endpoint, e.g. "
+        "tcp://127.0.0.1:5557) and record the events in OUT/kv-events.jsonl: the report then names evictions",
+    )
+    p.add_argument("--kv-topic", default="", metavar="TOPIC", help="the publisher's topic (default: all)")
 
 
 def _prefill_rate_arg(p: argparse.ArgumentParser) -> None:

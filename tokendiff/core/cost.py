@@ -42,6 +42,7 @@ CHECKPOINT_BACKEND = "llama.cpp-hybrid"  # stateful: the session replayed throug
 VLLM_BLOCK = 16  # vLLM's default on GPUs; a capture recorded through the proxy carries the server's own
 RELOAD = "ollama_reload"  # the backend fact that overrides a turn's reuse: a reloaded model has no cache
 RELOAD_TITLE = "Model reloaded by Ollama: nothing reused"
+SERVER_CAUSES = (RELOAD, "vllm_evicted")  # causes the server is to blame for, not a place in the prompt
 
 
 def backend_reuse(backend: str, lcp: int, n_b: int, cached_len: int, block: int = VLLM_BLOCK, page: int = 1) -> int:
@@ -119,7 +120,7 @@ class Span:
 
     @property
     def section(self) -> str:
-        return self.path.label or ("(the server)" if self.kind == RELOAD else "(prompt)")
+        return self.path.label or ("(the server)" if self.kind in SERVER_CAUSES else "(prompt)")
 
 
 @dataclass

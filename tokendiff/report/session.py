@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokendiff.core.cache.capacity import CapacityReport, conclusions
+from tokendiff.core.cache.kv_events import EVICTED, EVICTED_TITLE
 from tokendiff.core.cost import RELOAD, RELOAD_TITLE, Session, Turn, turn_rows
 from tokendiff.core.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
@@ -44,6 +45,8 @@ def cause_title(t: Turn) -> str:
     reloaded): what a person reads, not its kind id."""
     if t.cause == RELOAD:
         return RELOAD_TITLE
+    if t.cause == EVICTED:
+        return EVICTED_TITLE
     return next((f.title for f in t.findings if f.kind == t.cause), t.cause)
 
 
