@@ -17,6 +17,7 @@ from tokendiff.core.cache.kv_events import EVICTED, KvBatch, StoredBlocks, TurnB
 from tokendiff.errors import InputError
 from tokendiff.sources.kv_events import batch_of, decode_message, iter_kv_events
 from tokendiff.testing.llama_server import free_port
+from tokendiff.testing.proxy_process import run_proxy
 
 BIG = 9580478765297320230  # vLLM's hashes are the low 64 bits, unsigned: past int64
 
@@ -121,23 +122,7 @@ def test_bad_kv_endpoints_are_one_line(tmp_path):
     assert subscriber_endpoint("tcp://*:5557") == "tcp://127.0.0.1:5557"
     with pytest.raises(InputError, match="must name a port"):
         subscriber_endpoint("tcp://host")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tokendiff",
-            "proxy",
-            "--upstream",
-            "http://127.0.0.1:9",
-            "--out",
-            str(tmp_path / "s"),
-            "--kv-events",
-            "udp://x:1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = run_proxy("--upstream", "http://127.0.0.1:9", "--out", str(tmp_path / "s"), "--kv-events", "udp://x:1")
     assert r.returncode == 2 and "--kv-events must be a tcp://" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -25,17 +25,13 @@ from tokendiff.report.metrics import OTHER, SessionMetrics
 from tokendiff.report.telemetry import TurnContext, record_context
 from tokendiff.sources.capture import read_capture
 from tokendiff.testing.llama_server import LlamaServer, free_port
-from tokendiff.testing.proxy_process import start_proxy, stop_proxy
+from tokendiff.testing.proxy_process import run_proxy, start_proxy, stop_proxy
 
 
 @pytest.fixture(scope="module")
 def server(llama_server_bin, tiny_model, tmp_path_factory):
     with LlamaServer(tiny_model, ctx=8192, log_path=tmp_path_factory.mktemp("srv") / "log") as s:
         yield s
-
-
-def system(day: int) -> dict:
-    return {"role": "system", "content": f"You are a terse coding agent. Today is 2026-11-{day:02d}. Be brief."}
 
 
 def agent(base_url: str, turns: int = 4, user: str | None = None) -> None:
@@ -47,7 +43,11 @@ def agent(base_url: str, turns: int = 4, user: str | None = None) -> None:
     for turn in range(1, turns + 1):
         extra = {"user": user} if user else {}
         r = client.chat.completions.create(
-            model="tiny", messages=[system(28 if turn < 3 else 29), *msgs], max_tokens=3, temperature=0, **extra
+            model="tiny",
+            messages=[{"role": "system", "content": f"Today is 2026-11-{28 if turn < 3 else 29}."}, *msgs],
+            max_tokens=3,
+            temperature=0,
+            **extra,
         )
         msgs += [
             {"role": "assistant", "content": r.choices[0].message.content or "ok"},
@@ -202,42 +202,12 @@ def test_bad_metrics_and_otlp_options_are_one_line(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tokendiff",
-                "proxy",
-                "--upstream",
-                "http://127.0.0.1:9",
-                "--out",
-                str(tmp_path / "s"),
-                "--metrics",
-                f"127.0.0.1:{port}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        r = run_proxy(
+            "--upstream", "http://127.0.0.1:9", "--out", str(tmp_path / "s"), "--metrics", f"127.0.0.1:{port}"
         )
     assert r.returncode == 2 and r.stderr.startswith(f"tokendiff: 127.0.0.1:{port}: --metrics: cannot listen there")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tokendiff",
-            "proxy",
-            "--upstream",
-            "http://127.0.0.1:9",
-            "--out",
-            str(tmp_path / "s"),
-            "--otlp",
-            "grpc://127.0.0.1:4317",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 2 and "--otlp must be an http:// or https:// URL" in r.stderr
+    r = run_proxy("--upstream", "http://127.0.0.1:9", "--out", str(tmp_path / "s"), "--otlp", "grpc://127.0.0.1:4317")
+    assert r.returncode == 2 and "--otlp 'grpc://127.0.0.1:4317': not an http(s) URL" in r.stderr
     assert (
         traces_url("http://c:4318") == "http://c:4318/v1/traces"
         and traces_url("https://c/otlp/x") == "https://c/otlp/x"

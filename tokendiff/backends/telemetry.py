@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from tokendiff.backends.urls import is_loopback_host
+from tokendiff.backends.urls import check_url, is_loopback_host
 from tokendiff.errors import InputError, one_line
 from tokendiff.notices import warn
 
@@ -76,15 +76,7 @@ def serve_metrics(addr: str, registry: Any) -> MetricsServer:
 def traces_url(url: str) -> str:
     """The collector's traces endpoint: a URL with no path gets OTLP's /v1/traces (as OTel SDKs do
     with a base endpoint); one with a path is used as it is."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises for a port that is not a number
-    except ValueError as e:
-        raise InputError(f"--otlp is not a valid URL: {e}", source=url) from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError(
-            "--otlp must be an http:// or https:// URL (OTLP/HTTP, e.g. http://127.0.0.1:4318)", source=url
-        )
+    parts = urlsplit(check_url(url, "--otlp"))
     path = parts.path if parts.path not in ("", "/") else TRACES_PATH
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 

@@ -30,6 +30,7 @@ MAX_BYTES = 1 << 30  # the file, read whole: OTLP/JSON is one document per reque
 MAX_ATTRIBUTES = 100_000  # a span's attributes: a long conversation flattened is thousands
 MAX_SPANS = 1_000_000
 RESOURCE_KEYS = ("resourceSpans", "resource_spans")
+ROLES = {"human": "user", "ai": "assistant", "model": "assistant"}  # some GenAI utilities' role names
 SCOPE_KEYS = ("scopeSpans", "scope_spans", "instrumentationLibrarySpans", "instrumentation_library_spans")
 
 
@@ -220,9 +221,15 @@ def _arguments(v: Any) -> str:
     return v if isinstance(v, str) else orjson.dumps(v).decode() if v is not None else "{}"
 
 
+def _tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    """A chat-completion tool call (arguments as the JSON string the API carries)."""
+    fn = {"name": str(name or ""), "arguments": _arguments(arguments)}
+    return {"id": str(call_id or ""), "type": "function", "function": fn}
+
+
 def _genai_message(m: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One GenAI message as chat messages: its text, reasoning and tool calls; each tool response its own."""
-    role = m.get("role") if isinstance(m.get("role"), str) else "user"
+    role = ROLES.get(str(m.get("role") or "user").lower(), str(m.get("role") or "user").lower())
     raw = m.get("parts")
     parts: list[Any] = raw if isinstance(raw, list) else []
     msg: dict[str, Any] = {"role": role, "content": _parts_text(parts)}
@@ -232,8 +239,7 @@ def _genai_message(m: Mapping[str, Any]) -> list[dict[str, Any]]:
             continue
         kind = p.get("type")
         if kind == "tool_call":
-            fn = {"name": str(p.get("name") or ""), "arguments": _arguments(p.get("arguments"))}
-            calls.append({"id": str(p.get("id") or ""), "type": "function", "function": fn})
+            calls.append(_tool_call(p.get("id"), p.get("name"), p.get("arguments")))
         elif kind == "tool_call_response":
             resp = p.get("response", p.get("result"))
             content = resp if isinstance(resp, str) else orjson.dumps(resp).decode()
@@ -261,14 +267,7 @@ def _openinference_messages(attrs: Mapping[str, Any]) -> list[dict[str, Any]] | 
             content = "".join(t for t in texts if isinstance(t, str))
         msg["content"] = content
         calls = [
-            {
-                "id": str(c.get("tool_call.id") or ""),
-                "type": "function",
-                "function": {
-                    "name": str(c.get("tool_call.function.name") or ""),
-                    "arguments": _arguments(c.get("tool_call.function.arguments")),
-                },
-            }
+            _tool_call(c.get("tool_call.id"), c.get("tool_call.function.name"), c.get("tool_call.function.arguments"))
             for c in _indexed(it, "message.tool_calls")
         ]
         if calls:
@@ -290,14 +289,7 @@ def _openllmetry_messages(attrs: Mapping[str, Any]) -> list[dict[str, Any]] | No
         msg: dict[str, Any] = {"role": str(it.get("role") or "user"), "content": it.get("content")}
         if not isinstance(msg["content"], str):
             msg["content"] = "" if msg["content"] is None else orjson.dumps(msg["content"]).decode()
-        calls = [
-            {
-                "id": str(c.get("id") or ""),
-                "type": "function",
-                "function": {"name": str(c.get("name") or ""), "arguments": _arguments(c.get("arguments"))},
-            }
-            for c in _indexed(it, "tool_calls")
-        ]
+        calls = [_tool_call(c.get("id"), c.get("name"), c.get("arguments")) for c in _indexed(it, "tool_calls")]
         if calls:
             msg["tool_calls"] = calls
         if isinstance(it.get("tool_call_id"), str):
