@@ -13,6 +13,7 @@ warnings come back to the parent, which shows them as any warning (stderr, or th
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import multiprocessing
 import os
@@ -200,7 +201,8 @@ def _child(setup: _Setup, notes: Connection, msgs: Connection) -> None:
 
     def to_parent(kind: str, message: str) -> None:
         with lock:
-            msgs.send(("warn", kind, message))
+            with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
+                msgs.send(("warn", kind, message))
 
     set_sink(to_parent)
     try:
@@ -213,7 +215,7 @@ def _child(setup: _Setup, notes: Connection, msgs: Connection) -> None:
         work.follow(notes)
     finally:
         work.close()
-        with lock:
+        with lock, contextlib.suppress(OSError):
             msgs.send(("stopped", work.stats()))
 
 
