@@ -5,7 +5,10 @@ this 2-core machine's cores. Requests alternate between the server directly and 
 see the same load; the figure is the difference of the medians. Budget: <= 2 ms
 p50 added latency; streamed chunks forwarded as they arrive (TTFT compared too).
 
-    python benchmarks/bench_proxy.py [--n 300]
+    python benchmarks/bench_proxy.py [--n 300] [--observe]
+
+--observe runs the proxy with --metrics and --otlp (to a sink that accepts every export), so the
+live telemetry's cost shows as the difference from a run without it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -43,12 +47,43 @@ def ttft(client: httpx.Client, url: str, body: dict) -> float:
     return float("nan")
 
 
+class Sink:
+    """An OTLP/HTTP endpoint that accepts every export (what the collector costs is not the proxy's)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.send_response(200)
+                self.send_header("content-length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> Sink:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--observe", action="store_true", help="with --metrics and --otlp")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, LlamaServer(tiny_gguf(), ctx=4096, threads=1) as srv:
-        proc, proxy = start_proxy(srv.url, Path(tmp) / "s", "--no-tokens")
+    with tempfile.TemporaryDirectory() as tmp, LlamaServer(tiny_gguf(), ctx=4096, threads=1) as srv, Sink() as sink:
+        extra = ["--metrics", "127.0.0.1:0", "--otlp", sink.url] if args.observe else []
+        proc, proxy = start_proxy(srv.url, Path(tmp) / "s", "--no-tokens", *extra)
         chat = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1, "temperature": 0}
         stream = dict(chat, max_tokens=8, stream=True)
         results: dict[str, tuple[list[float], list[float]]] = {}

@@ -105,6 +105,10 @@ def turn_times(path: str, order: str, n: int) -> list[TurnTime]:
         from tokendiff.sources.importers.har import iter_har
 
         stamps = [_record_time(rec.started) for rec in iter_har(p)]
+    elif file_kind(p) == "otlp":
+        from tokendiff.sources.importers.otlp import iter_otlp
+
+        stamps = [_record_time(rec.started) for rec in iter_otlp(p)]
     fallback = TurnTime(p.stat().st_mtime, "mtime")
     stamps = (stamps + [None] * n)[:n]
     return [t or fallback for t in stamps]

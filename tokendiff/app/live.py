@@ -25,6 +25,7 @@ from tokendiff.app.session import LoadedSession, TurnPrompts, apply_prefill_rate
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
+    from tokendiff.app.observe import Observer
     from tokendiff.app.pair import PromptOptions
     from tokendiff.backends.proxy import RecordEvent, Served
     from tokendiff.backends.pull import Puller
@@ -50,6 +51,15 @@ class RecordFeed:
     def __init__(self) -> None:
         self._queue: deque[_Waiting] = deque()
         self._by_seq: dict[int, _Waiting] = {}
+
+    def release_oldest(self) -> CaptureRecord | None:
+        """The oldest waiting record as it stands (its token IDs never came: a watcher that dropped events
+        would otherwise hold every later record behind it)."""
+        if not self._queue:
+            return None
+        w = self._queue.popleft()
+        self._by_seq.pop(w.seq, None)
+        return w.record
 
     def take(self, ev: RecordEvent) -> list[CaptureRecord]:
         """The records `ev` completes, in order (often none, or just its own)."""
@@ -226,12 +236,20 @@ class SessionFeed:
 # ---------------------------------------------------------------- the live commands
 
 
-def serve_proxy(upstream: str, out: str, listen: str, fetch_tokens: bool = True) -> int:
+def serve_proxy(
+    upstream: str, out: str, listen: str, fetch_tokens: bool = True, observer: Observer | None = None
+) -> int:
     """`tokendiff proxy`: record every request to `out` until Ctrl-C (the upstream, `out` and `listen`
-    are checked before serving)."""
+    are checked before serving); the `observer`, if any, hears of each record and is stopped after."""
     from tokendiff.backends.proxy import serve
 
-    return serve(upstream, out, listen, fetch_tokens=fetch_tokens)
+    try:
+        return serve(
+            upstream, out, listen, fetch_tokens=fetch_tokens, on_record=observer.on_record if observer else None
+        )
+    finally:
+        if observer is not None:
+            observer.stop()
 
 
 def pull_slots(server: str, out: str, slot_dir: str, every: float | None = None) -> int:
@@ -260,3 +278,14 @@ def upstream_prompt_options(prompts: PromptOptions, upstream: str) -> PromptOpti
     if prompts.tokenizer or prompts.server:
         return prompts
     return replace(prompts, server=llama_server_url(upstream))
+
+
+def tee(*hooks: Callable[[RecordEvent], None] | None) -> Callable[[RecordEvent], None]:
+    """One proxy hook calling each of `hooks` (those given) in turn."""
+    given = [h for h in hooks if h is not None]
+
+    def call(ev: RecordEvent) -> None:
+        for h in given:
+            h(ev)
+
+    return call

@@ -112,6 +112,11 @@ def export_report(doc: AnyReport, path: Path, fmt: str = "md") -> Path:
     return _write(path, render_report(doc, fmt).encode("utf-8"))
 
 
+def write_text(path: Path, text: str) -> Path:
+    """A rendered document written to `path`."""
+    return _write(path, text.encode("utf-8"))
+
+
 def export_turns(session: Session, path: Path) -> Path:
     """The per-turn table as .parquet (else CSV)."""
     from tokendiff.report.dataset import turn_frame

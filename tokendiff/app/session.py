@@ -92,13 +92,13 @@ class LoadedSession:
 
 
 def is_session_path(path: str) -> bool:
-    """A directory, a capture or a HAR holds many turns; a slot file, a body or DIR@N one."""
-    from tokendiff.sources.loader import file_kind
+    """A directory, a capture, a HAR or an OTLP file holds many turns; a slot file, a body or DIR@N one."""
+    from tokendiff.sources.loader import SESSION_FILES, file_kind
 
     p = Path(path)
     if not p.exists():
         return False
-    return p.is_dir() or file_kind(p) in ("capture", "har")
+    return p.is_dir() or file_kind(p) in SESSION_FILES
 
 
 def session_specs(
@@ -257,7 +257,7 @@ def _path_inputs(loader: Loader, pool: PairWorkers, paths: Sequence[str], order:
     for p in map(session_source, paths):
         path = Path(p)
         kind = file_kind(path) if path.is_file() else None
-        if kind in ("capture", "har"):
+        if kind in ("capture", "har", "otlp"):
             yield from _records_inputs(loader, pool, p, kind)
         elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
             for sel in session_turns(p, order):
@@ -281,12 +281,14 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
         records = ((rec, None, None) for rec in iter_capture(p, warn))
     else:
         from tokendiff.sources.importers.har import iter_har
+        from tokendiff.sources.importers.otlp import iter_otlp
 
         if Path(p).stat().st_size > 16 << 20:
             loader.warm_text()  # the tokenizer and template the workers inherit
             pool.start()  # before the parse: forked later, each worker would map the parsed document too
         base = one_line(str(Path(p)))
-        records = pool.with_ids(iter_har(Path(p), warn), lambda k: f"{base}@{k}")
+        read = iter_har if kind == "har" else iter_otlp
+        records = pool.with_ids(read(Path(p), warn), lambda k: f"{base}@{k}")
     k = 0
     for k, (rec, ids, diff) in enumerate(records, 1):  # labelled as loading `p@k` labels them
         label = f"{p}@{k}" if kind == "capture" else f"{base}@{k}"
@@ -341,7 +343,11 @@ def open_session(
     pool = PairWorkers(loader, workers)
     inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
     props = props if props is not None else saved_props(paths)
-    return _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair)
+    loaded = _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair)
+    from tokendiff.app.evictions import with_kv_events
+
+    loaded.session = with_kv_events(paths, loaded.session)
+    return loaded
 
 
 def capacity_ladder(

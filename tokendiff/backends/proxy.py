@@ -619,9 +619,15 @@ def build_server(
     return Served(uvicorn.Server(config), sock, app)
 
 
-def serve(upstream: str, out: str, listen: str = "127.0.0.1:8081", fetch_tokens: bool = True) -> int:
-    """Run the proxy until Ctrl-C."""
-    served = build_server(upstream, out, listen, fetch_tokens)
+def serve(
+    upstream: str,
+    out: str,
+    listen: str = "127.0.0.1:8081",
+    fetch_tokens: bool = True,
+    on_record: Callable[[RecordEvent], None] | None = None,
+) -> int:
+    """Run the proxy until Ctrl-C; `on_record` hears of each record as it is written (it must not block)."""
+    served = build_server(upstream, out, listen, fetch_tokens, on_record)
     print(
         f"tokendiff proxy: http://{listen} -> {upstream}, recording to {Path(out) / 'capture.jsonl'}", file=sys.stderr
     )

@@ -75,10 +75,21 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return ExitCode.OK if pair.divergence.identical else ExitCode.DIFFERENT
 
 
+def _observe_options(args: argparse.Namespace):  # -> ObserveOptions
+    from tokendiff.app.observe import ObserveOptions
+
+    return ObserveOptions(metrics=args.metrics, otlp=args.otlp, kv_events=args.kv_events, kv_topic=args.kv_topic)
+
+
 def cmd_proxy(args: argparse.Namespace) -> int:
     from tokendiff.app.live import serve_proxy
+    from tokendiff.app.observe import start_observer
+    from tokendiff.app.pair import PromptOptions
 
-    return serve_proxy(args.upstream, args.out, args.listen, fetch_tokens=not args.no_tokens)
+    observer = start_observer(_observe_options(args), PromptOptions(), args.out, upstream=args.upstream)
+    for line in observer.describe() if observer else []:
+        print(f"tokendiff proxy: {line}", file=sys.stderr)
+    return serve_proxy(args.upstream, args.out, args.listen, fetch_tokens=not args.no_tokens, observer=observer)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -128,6 +139,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             source=args.export,
         )
     tty = sys.stderr.isatty()
+    if args.format in ("otlp", "trace"):
+        return _telemetry_report(args, paths, tty)
     opts = ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
     loaded, skipped = None, []
     doc: AnyReport
@@ -164,6 +177,28 @@ def cmd_report(args: argparse.Namespace) -> int:
         return ExitCode.TROUBLE
     if args.fail_under is not None and reuse < args.fail_under:
         print(f"tokendiff: {what} reuse {reuse:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
+        return ExitCode.DIFFERENT
+    return ExitCode.OK
+
+
+def _telemetry_report(args: argparse.Namespace, paths: list[str], tty: bool) -> int:
+    """`report --format otlp|trace`: every session as one trace of the document."""
+    from tokendiff.app.reports import write_text
+    from tokendiff.app.telemetry import telemetry_report
+
+    for flag, given in (("--export", args.export), ("--cache-size", args.cache_size), ("--replay", args.replay)):
+        if given:
+            raise UsageError(f"{flag} goes with the report formats (md, html, json), not --format {args.format}")
+    result = telemetry_report(
+        _prompt_options(args), paths, args.format, args.redact, args.prefill_rate, _progress_line(tty)
+    )
+    _clear_line(tty)
+    if args.output:
+        write_text(Path(args.output), result.text)
+    else:
+        sys.stdout.write(result.text)
+    if args.fail_under is not None and result.reuse_pct < args.fail_under:
+        print(f"tokendiff: reuse {result.reuse_pct:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
         return ExitCode.DIFFERENT
     return ExitCode.OK
 
@@ -271,7 +306,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     import queue
 
-    from tokendiff.app.live import ProxyThread, upstream_prompt_options
+    from tokendiff.app.live import ProxyThread, tee, upstream_prompt_options
+    from tokendiff.app.observe import start_observer
 
     _one_blas_thread()
     if args.theme:
@@ -287,12 +323,20 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from tokendiff.tui.watch import WatchApp
 
     events: queue.Queue = queue.Queue()
-    proxy = ProxyThread(args.upstream, args.out, args.listen, not args.no_tokens, events.put).start()
+    observer = start_observer(_observe_options(args), prompts, args.out, args.prefill_rate)
     try:
-        WatchApp(
-            Options(paths=[], prompts=prompts, theme=args.theme, prefill_rate=args.prefill_rate), proxy, events
-        ).run()
+        hook = tee(events.put, observer.on_record if observer else None)
+        proxy = ProxyThread(args.upstream, args.out, args.listen, not args.no_tokens, hook).start()
+        try:
+            WatchApp(
+                Options(paths=[], prompts=prompts, theme=args.theme, prefill_rate=args.prefill_rate), proxy, events
+            ).run()
+        finally:
+            proxy.stop()
     finally:
-        proxy.stop()
+        if observer is not None:
+            observer.stop()
+    for line in observer.describe() if observer else []:
+        print(f"tokendiff watch: {line}", file=sys.stderr)
     print(f"tokendiff watch: stopped; {proxy.recorded} requests recorded in {proxy.capture}", file=sys.stderr)
     return ExitCode.OK

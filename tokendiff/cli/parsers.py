@@ -172,6 +172,7 @@ def _proxy_parser(sub: Any) -> None:  # argparse subparsers
         "--listen", default="127.0.0.1:8081", metavar="HOST:PORT", help="where to listen (default 127.0.0.1:8081)"
     )
     x.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from the upstream")
+    _observe_args(x)
 
 
 def _pull_parser(sub: Any) -> None:  # argparse subparsers
@@ -209,7 +210,13 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
         "several, or a quoted glob ('captures/*.jsonl'), for the fleet view",
     )
     _tokenizer_args(r)
-    r.add_argument("--format", choices=("md", "html", "json"), default="md")
+    r.add_argument(
+        "--format",
+        choices=("md", "html", "json", "otlp", "trace"),
+        default="md",
+        help="md, html, json (the report), otlp (OpenTelemetry traces as OTLP/JSON: a trace per session, a span "
+        "per turn) or trace (a Chrome/Perfetto trace: a track per session)",
+    )
     r.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
     r.add_argument(
         "--fail-under",
@@ -334,7 +341,30 @@ def _watch_parser(sub: Any) -> None:  # argparse subparsers
     _tokenizer_args(w)
     _prefill_rate_arg(w)
     w.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
+    _observe_args(w)
     w.set_defaults(order="auto")
+
+
+def _observe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics",
+        metavar="ADDR",
+        help="serve Prometheus metrics at http://ADDR/metrics (HOST:PORT, :PORT or PORT; host 127.0.0.1): "
+        "requests, prompt and cached tokens, waste and breaks by cause, TTFT and prefill histograms",
+    )
+    p.add_argument(
+        "--otlp",
+        metavar="URL",
+        help="send each turn as an OpenTelemetry span to this OTLP/HTTP collector (e.g. http://127.0.0.1:4318; "
+        "batched; dropped, never waited for, when the collector is down)",
+    )
+    p.add_argument(
+        "--kv-events",
+        metavar="ENDPOINT",
+        help="subscribe to vLLM's KV-cache event publisher (its --kv-events-config endpoint, e.g. "
+        "tcp://127.0.0.1:5557) and record the events in OUT/kv-events.jsonl: the report then names evictions",
+    )
+    p.add_argument("--kv-topic", default="", metavar="TOPIC", help="the publisher's topic (default: all)")
 
 
 def _prefill_rate_arg(p: argparse.ArgumentParser) -> None:

@@ -43,6 +43,7 @@ BACKENDS = tuple(Backend)  # llama.cpp, llama.cpp-hybrid, vllm, sglang, ollama: 
 CHECKPOINT_BACKEND = Backend.LLAMA_CPP_HYBRID  # stateful: the session replayed through one slot's checkpoints
 RELOAD = CauseKind.OLLAMA_RELOAD  # the backend fact that overrides a turn's reuse: a reloaded model has no cache
 RELOAD_TITLE = "Model reloaded by Ollama: nothing reused"
+SERVER_CAUSES = (RELOAD, "vllm_evicted")  # causes the server is to blame for, not a place in the prompt
 
 
 def backend_reuse(backend: Backend, lcp: int, n_b: int, cached_len: int, block: int = VLLM_BLOCK, page: int = 1) -> int:
@@ -120,7 +121,7 @@ class Span:
 
     @property
     def section(self) -> str:
-        return self.path.label or ("(the server)" if self.kind == RELOAD else "(prompt)")
+        return self.path.label or ("(the server)" if self.kind in SERVER_CAUSES else "(prompt)")
 
 
 @dataclass

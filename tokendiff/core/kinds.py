@@ -82,6 +82,7 @@ class CauseKind(StrEnum):
     VLLM_BLOCK_ASSUMED = "vllm_block_assumed"
     VLLM_LARGE_BLOCKS = "vllm_large_blocks"
     MMPROJ_NO_CACHE_REUSE = "mmproj_no_cache_reuse"
+    VLLM_EVICTED = "vllm_evicted"  # vLLM's KV events: blocks the turn needed were removed
 
 
 class Origin(StrEnum):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from tokendiff.core.cache.capacity import CapacityReport, conclusions
+from tokendiff.core.cache.kv_events import EVICTED, EVICTED_TITLE
 from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Session, Span, Turn
 from tokendiff.core.kinds import Backend
 from tokendiff.core.model import Prompt, SectionPath
@@ -62,6 +63,8 @@ def cause_title(t: Turn) -> str:
     reloaded): what a person reads, not its kind id."""
     if t.cause == RELOAD:
         return RELOAD_TITLE
+    if t.cause == EVICTED:
+        return EVICTED_TITLE
     return next((f.title for f in t.findings if f.kind == t.cause), t.cause)
 
 

@@ -1,7 +1,8 @@
 """Turn a user's selector into a decoded, sectioned Prompt.
 
 Selectors: a slot file; `DIR@N` (the N-th turn of a directory of slot files,
-request bodies or llama-server prompt logs); `capture.jsonl@N`; `session.har@N`;
+request bodies or llama-server prompt logs); `capture.jsonl@N`; `session.har@N`; `traces.json@N` (an
+OpenTelemetry trace export's N-th LLM span);
 a request body `.json`; a prompt log `.txt`. N counts from 1; negative N
 counts from the end.
 
@@ -48,7 +49,7 @@ _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
 
 @dataclass(frozen=True)
 class Selected:
-    kind: str  # slot | capture | har | body | promptlog
+    kind: str  # slot | capture | har | otlp | body | promptlog
     path: Path
     label: str  # how reports name it (one line of valid text), e.g. "captures/demo@3 (turn-03.bin)"
     turn: int | None  # 1-based position within a session, when chosen from one
@@ -62,6 +63,7 @@ def _pick(items: list, n: int, what: str, source: str) -> tuple[int, Any]:
     return idx, items[idx]
 
 
+SESSION_FILES = ("capture", "har", "otlp")  # file kinds that hold many turns (`file@N` picks one)
 CAPTURE_NAME = "capture.jsonl"  # what `proxy` and `watch` write in their --out directory
 
 
@@ -95,7 +97,7 @@ def _dir_entries(base: Path, order: str) -> tuple[str, list[Path]]:
 
 
 def file_kind(p: Path) -> str:
-    """What a file holds (slot | capture | har | promptlog | body), from its magic, name and first bytes."""
+    """What a file holds (slot | capture | har | otlp | promptlog | body), from its magic, name and first bytes."""
     if is_slot_file(p):
         return "slot"
     from tokendiff.sources.capture import is_capture_file
@@ -112,6 +114,10 @@ def file_kind(p: Path) -> str:
         head = raw.removeprefix(b"\xef\xbb\xbf").lstrip()
         if head.startswith(b"{") and b'"log"' in head[:200] and b'"entries"' in head:
             return "har"
+        from tokendiff.sources.importers.otlp import is_otlp_head
+
+        if is_otlp_head(head):
+            return "otlp"
         if head.startswith(b"{") and suffix != ".jsonl":
             return "body"
         if suffix == ".jsonl" and p.name == CAPTURE_NAME and not head:
@@ -147,10 +153,10 @@ def select(spec: str, order: str = "auto") -> Selected:
             return Selected(kind, f, one_line(f"{base}@{idx + 1} ({f.name})"), idx + 1)
         safeio.require_regular(base)
         kind = file_kind(base)
-        if kind in ("capture", "har"):
+        if kind in SESSION_FILES:
             return Selected(kind, base, one_line(f"{base}@{n}"), n)
         raise InputError(
-            f"'@{n}' selects a turn of a session (directory, capture or HAR), and this is a {kind} file",
+            f"'@{n}' selects a turn of a session (directory, capture, HAR or OTLP file), and this is a {kind} file",
             source=str(base),
         )
     p = Path(spec)
@@ -160,13 +166,13 @@ def select(spec: str, order: str = "auto") -> Selected:
         raise InputError("no such file", source=spec)
     safeio.require_regular(p)
     kind = file_kind(p)
-    if kind in ("capture", "har"):
+    if kind in SESSION_FILES:
         raise InputError(f"a {kind} file holds many requests: pick one with {spec}@N (counting from 1)", source=spec)
     return Selected(kind, p, one_line(spec), None)
 
 
 def session_selectors(path: str, order: str = "auto") -> list[str]:
-    """One selector per turn of a session: a directory, a capture file or a HAR file."""
+    """One selector per turn of a session: a directory, a capture file, a HAR file or an OTLP trace export."""
     path = session_source(path)
     p = Path(path)
     if not p.exists():
@@ -184,8 +190,15 @@ def session_selectors(path: str, order: str = "auto") -> list[str]:
         from tokendiff.sources.importers.har import iter_har
 
         n = sum(1 for _ in iter_har(p))
+    elif kind == "otlp":
+        from tokendiff.sources.importers.otlp import iter_otlp
+
+        n = sum(1 for _ in iter_otlp(p))
     else:
-        raise InputError(f"a session is a directory, a capture file or a HAR file; this is a {kind} file", source=path)
+        raise InputError(
+            f"a session is a directory, a capture file, a HAR file or an OTLP trace export; this is a {kind} file",
+            source=path,
+        )
     if n == 0:
         raise InputError("the session holds no chat requests", source=path)
     return [f"{path}@{i}" for i in range(1, n + 1)]
@@ -313,6 +326,10 @@ class Loader:
                 for w in warnings:
                     warn(w)
                 self._adopt_server_template(sel.path.parent / "props.json")
+            elif sel.kind == "otlp":
+                from tokendiff.sources.importers.otlp import read_otlp
+
+                records = read_otlp(sel.path, warn)
             else:
                 from tokendiff.sources.importers.har import read_har
 

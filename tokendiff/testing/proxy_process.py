@@ -61,3 +61,9 @@ def stop_proxy(proc: subprocess.Popen, timeout: float = 60) -> str:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=timeout)
     return err or ""
+
+
+def run_proxy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`tokendiff proxy ARGS` run to its end: for the options it refuses before serving."""
+    cmd = [sys.executable, "-m", "tokendiff", "proxy", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,210 @@
+"""vLLM's KV-cache events: the wire format (vLLM 0.32's tagged maps and older releases' arrays), the
+recorder on a real ZMQ socket, and the eviction verdict a report draws from them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from tokendiff.backends.kv_events import KvEventRecorder, subscriber_endpoint
+from tokendiff.core.cache.kv_events import EVICTED, KvBatch, StoredBlocks, TurnBlocks, evictions
+from tokendiff.errors import InputError
+from tokendiff.sources.kv_events import batch_of, decode_message, iter_kv_events
+from tokendiff.testing.llama_server import free_port
+from tokendiff.testing.proxy_process import run_proxy
+
+BIG = 9580478765297320230  # vLLM's hashes are the low 64 bits, unsigned: past int64
+
+
+def stored(hashes, parent, ids, size=4) -> dict:
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": ids,
+        "block_size": size,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+    }
+
+
+def message(ts: float, events: list, seq: int = 0, topic: bytes = b"kv") -> list[bytes]:
+    """What vLLM's ZmqEventPublisher sends: topic, an 8-byte big-endian seq, the msgpack batch [ts, events, rank]."""
+    return [topic, seq.to_bytes(8, "big"), msgpack.packb([ts, events, 0])]
+
+
+def test_both_wire_layouts_decode_to_the_same_lines():
+    new = message(
+        1.5,
+        [
+            stored([BIG, 7], None, list(range(8))),
+            {"type": "BlockRemoved", "block_hashes": [BIG], "medium": "GPU"},
+            {"type": "AllBlocksCleared"},
+        ],
+        seq=3,
+    )
+    old = message(
+        1.5,
+        [
+            ["BlockStored", [BIG, 7], None, list(range(8)), 4, None, "GPU"],
+            ["BlockRemoved", [BIG], "GPU"],
+            ["AllBlocksCleared"],
+        ],
+        seq=3,
+    )
+    a, b = decode_message(new), decode_message(old)
+    assert a is not None and b is not None
+    assert a["events"] == b["events"] and a["seq"] == 3 and a["topic"] == "kv" and a["ts"] == 1.5
+    assert a["events"][0]["block_hashes"] == [str(BIG), "7"] and a["events"][0]["token_ids"] == list(range(8))
+    assert [e["type"] for e in a["events"]] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
+    by_bytes = decode_message(message(2.0, [{"type": "BlockRemoved", "block_hashes": [b"\x01\xff"], "medium": "GPU"}]))
+    assert by_bytes["events"][0]["block_hashes"] == ["01ff"]
+    assert decode_message([b"kv", b"\x00" * 8, b"\xc1not msgpack"]) is None
+    assert decode_message([b"kv", b"\x00" * 8, msgpack.packb({"no": "batch"})]) is None
+    offload = batch_of({"ts": 1.0, "events": [{"type": "BlockRemoved", "block_hashes": ["5"], "medium": "CPU"}]})
+    assert offload == KvBatch(1.0)  # an offload tier's removal: the main pool still has the block
+
+
+def test_the_recorder_writes_what_a_publisher_sends(tmp_path):
+    port = free_port()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    out = tmp_path / "kv-events.jsonl"
+    rec = KvEventRecorder(f"tcp://*:{port}", out, topic="kv").start()  # vLLM's bind address, as it is configured
+    try:
+        deadline = time.monotonic() + 30
+        seq = 0
+        while rec.batches < 3 and time.monotonic() < deadline:  # a PUB drops what it sends before the SUB has joined
+            pub.send_multipart(message(100.0 + seq, [stored([seq], None, [1, 2, 3, 4])], seq=seq))
+            pub.send_multipart(message(0.0, [], seq=999, topic=b"other"))  # another topic: not ours
+            seq += 1
+            time.sleep(0.05)
+    finally:
+        rec.stop()
+        pub.close(linger=0)
+        ctx.term()
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) >= 3 and all(x["topic"] == "kv" for x in lines)
+    assert [x["seq"] for x in lines] == sorted(x["seq"] for x in lines)
+    assert len(list(iter_kv_events(out))) == len(lines)
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
+
+
+def test_an_evicted_block_inside_the_reusable_prefix_is_the_verdict():
+    a = list(range(100, 112))  # three 4-token blocks
+    batches = [
+        KvBatch(1.0, stored=(StoredBlocks(("h1", "h2", "h3"), None, tuple(a), 4),)),
+        KvBatch(3.0, removed=("h3",)),  # the tail block, evicted while turn 2 ran
+        KvBatch(5.5, stored=(StoredBlocks(("h3",), "h2", tuple(a[8:12]), 4),)),  # stored again by turn 3 itself
+    ]
+    turns = [
+        TurnBlocks(turn=1, start=0.5, ids=a, predicted=0),
+        TurnBlocks(turn=2, start=2.0, ids=list(range(500, 520)), predicted=0),
+        TurnBlocks(turn=3, start=5.0, ids=[*a, 7], predicted=12, reported=8),
+        TurnBlocks(turn=4, start=6.0, ids=[*a, 7, 8], predicted=12, reported=12),  # back in the cache: no verdict
+    ]
+    (e,) = evictions(turns, batches)
+    assert (e.turn, e.first_block, e.blocks, e.tokens, e.evicted_at) == (3, 2, 1, 4, 3.0)
+    # blocks the events never stored (another salt, another model) say nothing
+    assert evictions([TurnBlocks(turn=1, start=9.0, ids=list(range(12)), predicted=12)], batches) == []
+
+
+def test_bad_kv_endpoints_are_one_line(tmp_path):
+    assert subscriber_endpoint("127.0.0.1:5557") == "tcp://127.0.0.1:5557"
+    assert subscriber_endpoint("tcp://*:5557") == "tcp://127.0.0.1:5557"
+    with pytest.raises(InputError, match="must name a port"):
+        subscriber_endpoint("tcp://host")
+    r = run_proxy("--upstream", "http://127.0.0.1:9", "--out", str(tmp_path / "s"), "--kv-events", "udp://x:1")
+    assert r.returncode == 2 and "--kv-events must be a tcp://" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_report_names_an_eviction_instead_of_a_content_break(tmp_path):
+    """A vLLM capture (prompt IDs as the bundled Qwen3 tokenizer renders the requests) and the events
+    vLLM would have published: turn 3 resends turn 1, whose tail blocks turn 2 pushed out."""
+    from tokendiff.app.pair import PromptOptions, open_loader
+
+    loader = open_loader(PromptOptions())
+    words = " ".join(f"alpha{i}" for i in range(60))
+    a = {"messages": [{"role": "user", "content": f"A: {words}"}], "model": "m"}
+    b = {"messages": [{"role": "user", "content": "B: " + " ".join(f"beta{i}" for i in range(60))}], "model": "m"}
+    ids = [loader.rendered_ids({"request": r}).tolist() for r in (a, b, a)]
+    size = 16
+    blocks = len(ids[0]) // size
+    hashes = [f"a{k}" for k in range(blocks)]
+    predicted = (len(ids[0]) - 1) // size * size
+    records, t0 = [], 1_800_000_000.0
+    for k, (req, pids) in enumerate(zip((a, b, a), ids, strict=True), 1):
+        cached = [0, 0, predicted - 2 * size][k - 1]
+        records.append(
+            {
+                "schema": "tokendiff.capture/1",
+                "seq": k,
+                "ts": t0 + 10 * k + 1,
+                "source": "proxy",
+                "endpoint": "/v1/chat/completions",
+                "request": req,
+                "server": {"kind": "vllm", "block_size": size},
+                "response": {
+                    "status": 200,
+                    "usage": {
+                        "prompt_tokens": len(pids),
+                        "completion_tokens": 1,
+                        "prompt_tokens_details": {"cached_tokens": cached},
+                    },
+                },
+                "ttft_ms": 900.0,
+                "total_ms": 1000.0,
+                "prompt_ids": pids,
+            }
+        )
+    (tmp_path / "capture.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    events = [
+        {
+            "ts": t0 + 10.5,
+            "seq": 0,
+            "topic": "",
+            "rank": 0,
+            "events": [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": hashes,
+                    "parent_block_hash": None,
+                    "token_ids": ids[0][: blocks * size],
+                    "block_size": size,
+                    "medium": "GPU",
+                }
+            ],
+        },
+        {
+            "ts": t0 + 20.5,
+            "seq": 1,
+            "topic": "",
+            "rank": 0,
+            "events": [{"type": "BlockRemoved", "block_hashes": hashes[-2:], "medium": "GPU"}],
+        },
+    ]
+    (tmp_path / "kv-events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    r = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "report", str(tmp_path), "--format", "json"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    t3 = doc["turns"][2]
+    evicted = predicted - (blocks - 2) * size  # from the first block gone to the end of what was reusable
+    assert t3["cause"] == EVICTED and t3["wasted"] >= evicted
+    assert "per its KV events" in t3["note"] and "blocks evicted (KV cache full)" not in t3["note"]
+    fact = next(f for f in doc["backend_facts"] if f["kind"] == EVICTED)
+    assert fact["turn"] == 3 and f"block {blocks - 1} of the prompt" in fact["evidence"]
+    span = next(sp for sp in doc["spans"] if sp["kind"] == EVICTED)
+    assert span["section"] == "(the server)" and span["tokens"] == evicted and span["turns"] == [3]
+    assert [t["cause"] for t in doc["turns"][:2]] != [EVICTED, EVICTED]
+    r = subprocess.run([sys.executable, "-m", "tokendiff", "report", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0 and "vLLM evicted cached blocks this turn needed" in r.stdout

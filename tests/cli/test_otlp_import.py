@@ -1,0 +1,234 @@
+"""OpenTelemetry trace exports (OTLP/JSON) as a session source: the GenAI conventions', OpenInference's
+(Phoenix), OpenLLMetry's and Langfuse's ways of putting the input messages on a span, each built
+with the official protos, read by `report`, `diff` and the TUI's loader like a HAR file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import run_cli as run
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from otlp_protos import to_otlp_json
+
+from tokendiff.app.pair import PromptOptions
+from tokendiff.app.session import open_session
+from tokendiff.errors import InputError
+from tokendiff.sources.importers.otlp import read_otlp
+from tokendiff.sources.loader import file_kind, session_selectors
+
+T0 = 1_795_990_000_000_000_000  # ns
+RULES = "\n".join(f"Rule {i}: keep changes small and run the tests." for i in range(30))
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    },
+]
+
+
+def conversation(turns: int = 4) -> list[list[dict]]:
+    """Each turn's messages: an agent loop whose system prompt's date changes at turn 3."""
+    out, history = [], [{"role": "user", "content": "Read main.py and summarise it."}]
+    for k in range(1, turns + 1):
+        day = 28 if k < 3 else 29
+        out.append(
+            [{"role": "system", "content": f"You are a coding agent. Today is 2026-11-{day}.\n{RULES}"}, *history]
+        )
+        history = history + [
+            {"role": "assistant", "content": f"Step {k} done."},
+            {"role": "user", "content": f"Go on ({k})."},
+        ]
+    return out
+
+
+def kv(key: str, v) -> KeyValue:
+    if isinstance(v, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=v))
+    if isinstance(v, int):
+        return KeyValue(key=key, value=AnyValue(int_value=v))
+    return KeyValue(key=key, value=AnyValue(string_value=v))
+
+
+def genai(msgs: list[dict]) -> dict:
+    system = [{"type": "text", "content": m["content"]} for m in msgs if m["role"] == "system"]
+    rest = [
+        {"role": m["role"], "parts": [{"type": "text", "content": m["content"]}]} for m in msgs if m["role"] != "system"
+    ]
+    return {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "qwen3",
+        "gen_ai.system_instructions": json.dumps(system),
+        "gen_ai.input.messages": json.dumps(rest),
+        "gen_ai.tool.definitions": json.dumps([{"type": "function", **TOOLS[0]["function"]}]),
+        "gen_ai.conversation.id": "conv-1",
+        "gen_ai.usage.input_tokens": 900,
+        "gen_ai.usage.cache_read.input_tokens": 512,
+        "gen_ai.usage.output_tokens": 5,
+    }
+
+
+def openinference(msgs: list[dict]) -> dict:
+    out = {
+        "openinference.span.kind": "LLM",
+        "llm.model_name": "qwen3",
+        "session.id": "conv-1",
+        "llm.token_count.prompt": 900,
+    }
+    for i, m in enumerate(msgs):
+        out[f"llm.input_messages.{i}.message.role"] = m["role"]
+        out[f"llm.input_messages.{i}.message.content"] = m["content"]
+    out["llm.tools.0.tool.json_schema"] = json.dumps(TOOLS[0])
+    return out
+
+
+def openllmetry(msgs: list[dict]) -> dict:
+    out = {
+        "gen_ai.request.model": "qwen3",
+        "gen_ai.usage.prompt_tokens": 900,
+        "gen_ai.usage.cache_read_input_tokens": 256,
+    }
+    for i, m in enumerate(msgs):
+        out[f"gen_ai.prompt.{i}.role"] = m["role"]
+        out[f"gen_ai.prompt.{i}.content"] = m["content"]
+    fn = TOOLS[0]["function"]
+    out |= {"llm.request.functions.0.name": fn["name"], "llm.request.functions.0.description": fn["description"]}
+    out["llm.request.functions.0.parameters"] = json.dumps(fn["parameters"])
+    return out
+
+
+def langfuse(msgs: list[dict]) -> dict:
+    return {
+        "langfuse.observation.type": "generation",
+        "langfuse.observation.model.name": "qwen3",
+        "langfuse.observation.input": json.dumps({"messages": msgs, "tools": TOOLS}),
+        "langfuse.observation.usage_details": json.dumps({"input": 900, "output": 5, "cache_read_input_tokens": 128}),
+        "session.id": "conv-1",
+    }
+
+
+SHAPES = {"genai": genai, "openinference": openinference, "openllmetry": openllmetry, "langfuse": langfuse}
+
+
+def export(shape, turns: int = 4, noise: bool = True) -> dict:
+    """One OTLP/JSON request: the agent's LLM spans (listed newest first) among spans without messages."""
+    spans = []
+    for k, msgs in enumerate(conversation(turns)):
+        start = T0 + k * 2_000_000_000
+        attrs = [kv(key, v) for key, v in shape(msgs).items()]
+        spans.append(
+            Span(
+                trace_id=bytes(range(16)),
+                span_id=bytes([k + 1] * 8),
+                name=f"chat {k}",
+                kind=Span.SPAN_KIND_CLIENT,
+                start_time_unix_nano=start,
+                end_time_unix_nano=start + 750_000_000,
+                attributes=attrs,
+            )
+        )
+        if noise:  # a tool span between the model calls: no messages, not a turn
+            spans.append(
+                Span(
+                    trace_id=bytes(range(16)),
+                    span_id=bytes([k + 100] * 8),
+                    name="execute_tool read_file",
+                    start_time_unix_nano=start + 800_000_000,
+                    end_time_unix_nano=start + 900_000_000,
+                    attributes=[kv("gen_ai.operation.name", "execute_tool")],
+                )
+            )
+    msg = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=spans[::-1])])])
+    return to_otlp_json(msg)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_each_shape_is_a_session_of_its_llm_spans_in_start_order(shape, tmp_path):
+    path = tmp_path / f"{shape}.json"
+    path.write_text(json.dumps(export(SHAPES[shape])))
+    assert file_kind(path) == "otlp"
+    recs = read_otlp(path)
+    assert len(recs) == 4 and [r["start"] for r in recs] == sorted(r["start"] for r in recs)
+    for r, msgs in zip(recs, conversation(4), strict=True):
+        assert [(m["role"], m["content"]) for m in r["request"]["messages"]] == [
+            (m["role"], m["content"]) for m in msgs
+        ]
+        assert r["request"]["model"] == "qwen3" and r["total_ms"] == 750.0
+        assert r["request"]["tools"][0]["function"]["name"] == "read_file"
+    assert recs[0]["response"]["usage"]["prompt_tokens"] == 900
+    assert session_selectors(str(path)) == [f"{path}@{k}" for k in range(1, 5)]
+
+
+def test_report_finds_the_break_in_an_imported_trace(tmp_path):
+    path = tmp_path / "phoenix.json"
+    path.write_text(json.dumps(export(openinference)))
+    r = run("report", path, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["turns"] == 4
+    assert [t["cause"] for t in doc["turns"] if t["wasted"]] == ["date"]
+    assert doc["turns"][2]["first_divergence_section"] == "system prompt"
+    r = run("diff", f"{path}@2", f"{path}@3", "--json")
+    assert r.returncode == 1, r.stderr
+    assert "date" in r.stdout and json.loads(r.stdout)["hunks"][0]["a"]["section"] == "system prompt"
+    r = run("report", path, "--format", "otlp")  # and back out as tokendiff's own spans
+    assert r.returncode == 0, r.stderr
+    spans = json.loads(r.stdout)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    starts = [int(s["startTimeUnixNano"]) for s in spans]
+    assert starts == [T0 + k * 2_000_000_000 for k in range(4)]
+
+
+def test_the_session_opens_as_the_tui_opens_it(tmp_path):
+    path = tmp_path / "genai.jsonl"  # the Collector's file exporter: a request per line
+    path.write_text("\n".join(json.dumps(export(genai, turns=n)) for n in (2,)) + "\n" + json.dumps(export(genai, 4)))
+    loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
+    assert len(loaded.session.turns) == 6  # the two documents' spans, in start order (ties kept)
+    p = loaded.prompts[0]
+    assert b"Today is 2026-11-28" in p.data and p.meta.request["model"] == "qwen3"
+    assert loaded.session.turns[1].reported_cached == 512
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ('{"resourceSpans": [', "malformed JSON"),
+        ('{"resourceSpans": []}', "not an OTLP/JSON trace export"),
+        (
+            json.dumps(export(lambda m: {"gen_ai.operation.name": "chat"}, noise=False)),
+            "none of its 4 spans carries input messages",
+        ),
+        (
+            json.dumps(export(lambda m: {"gen_ai.input.messages": "{not json"}, noise=False)),
+            "gen_ai.input.messages is not valid JSON",
+        ),
+        (json.dumps(export(lambda m: {"gen_ai.input.messages": "42"}, noise=False)), "is not a list of messages"),
+    ],
+)
+def test_bad_otlp_files_are_one_line(tmp_path, content, words):
+    path = tmp_path / "t.json"
+    path.write_text(content)
+    with pytest.raises(InputError, match=words):
+        read_otlp(path)
+    r = run("report", path)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_deeply_nested_messages_are_refused(tmp_path):
+    deep: object = "x"
+    for _ in range(200):
+        deep = [deep]
+
+    def shape(m):
+        part = {"type": "text", "content": "hi", "x": deep}
+        return {"gen_ai.input.messages": json.dumps([{"role": "user", "parts": [part]}])}
+
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(export(shape, turns=1, noise=False)))
+    r = run("report", path)
+    assert r.returncode == 2 and "nested" in r.stderr

@@ -1,0 +1,257 @@
+"""`proxy`/`watch --metrics/--otlp`: a real agent through the proxy to a real llama-server; the spans it
+sends reach a real OTLP/HTTP receiver (decoded with the official protos), the metrics parse with
+prometheus-client's parser, and both match the capture and its report."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from otlp_protos import OtlpReceiver, attrs
+from prometheus_client.parser import text_string_to_metric_families
+
+from tokendiff.app.live import ProxyThread, tee
+from tokendiff.app.observe import ObserveOptions, Observer
+from tokendiff.app.pair import PromptOptions
+from tokendiff.backends.telemetry import OtlpSender, traces_url
+from tokendiff.errors import InputError
+from tokendiff.report.metrics import OTHER, SessionMetrics
+from tokendiff.report.telemetry import TurnContext, record_context
+from tokendiff.sources.capture import read_capture
+from tokendiff.testing.llama_server import LlamaServer, free_port
+from tokendiff.testing.proxy_process import run_proxy, start_proxy, stop_proxy
+
+
+@pytest.fixture(scope="module")
+def server(llama_server_bin, tiny_model, tmp_path_factory):
+    with LlamaServer(tiny_model, ctx=8192, log_path=tmp_path_factory.mktemp("srv") / "log") as s:
+        yield s
+
+
+def agent(base_url: str, turns: int = 4, user: str | None = None) -> None:
+    """An agent loop with the openai SDK; the date in the system prompt changes at turn 3 (a break)."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="sk-test-not-a-secret-0000")
+    msgs: list[dict] = [{"role": "user", "content": "Read main.py and summarise it."}]
+    for turn in range(1, turns + 1):
+        extra = {"user": user} if user else {}
+        r = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "system", "content": f"Today is 2026-11-{28 if turn < 3 else 29}."}, *msgs],
+            max_tokens=3,
+            temperature=0,
+            **extra,
+        )
+        msgs += [
+            {"role": "assistant", "content": r.choices[0].message.content or "ok"},
+            {"role": "user", "content": f"Go on ({turn})."},
+        ]
+
+
+def until(cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def scrape(addr: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics, read with prometheus-client's own parser: {(name, labels): value}."""
+    text = httpx.get(f"http://{addr}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    return sum(v for (n, ls), v in samples.items() if n == name and all((k, x) in ls for k, x in labels.items()))
+
+
+def report_of(out: Path) -> dict:
+    r = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "report", str(out), "--format", "json"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_proxy_metrics_and_otlp_match_the_capture(server, tmp_path):
+    out = tmp_path / "session"
+    maddr = f"127.0.0.1:{free_port()}"
+    with OtlpReceiver() as collector:
+        proc, url = start_proxy(server.url, out, "--metrics", maddr, "--otlp", collector.url, stderr=subprocess.PIPE)
+        try:
+            agent(url)
+            until(lambda: len(collector.spans()) == 4 and total(scrape(maddr), "tokendiff_requests_total") == 4)
+            samples = scrape(maddr)
+        finally:
+            err = stop_proxy(proc)
+        assert f"metrics at http://{maddr}/metrics" in err and f"traces to {collector.url}/v1/traces" in err
+        spans = collector.spans()
+    records, _ = read_capture(out / "capture.jsonl")
+    doc = report_of(out)
+    assert len(records) == 4 and doc["summary"]["turns"] == 4
+    usage = [r["response"]["usage"] for r in records]
+    label = {"session": "session"}
+    assert total(samples, "tokendiff_requests_total", **label) == 4
+    assert total(samples, "tokendiff_prompt_tokens_total", **label) == sum(u["prompt_tokens"] for u in usage)
+    cached = sum(r["response"]["timings"]["cache_n"] for r in records)
+    assert total(samples, "tokendiff_server_cached_tokens_total", **label) == cached
+    assert total(samples, "tokendiff_ttft_seconds_count", **label) == 4
+    assert total(samples, "tokendiff_ttft_seconds_sum") == pytest.approx(sum(r["ttft_ms"] for r in records) / 1000)
+    assert total(samples, "tokendiff_prefill_seconds_sum") == pytest.approx(
+        sum(r["response"]["timings"]["prompt_ms"] for r in records) / 1000
+    )
+    broke = [t for t in doc["turns"] if t["wasted"]]
+    assert [t["cause"] for t in broke] == ["date"]
+    assert total(samples, "tokendiff_cache_breaks_total", cause="date") == 1
+    assert total(samples, "tokendiff_wasted_tokens_total", cause="date") == broke[0]["wasted"]
+    # the spans: one trace, a span per turn, saying what the report says
+    assert len({sp.trace_id for sp in spans}) == 1
+    by_turn = {attrs(sp)["tokendiff.turn"]: attrs(sp) for sp in spans}
+    for row in doc["turns"]:
+        a = by_turn[row["turn"]]
+        assert a["tokendiff.wasted_tokens"] == row["wasted"] and a["tokendiff.reused_tokens"] == row["reusable"]
+        assert a["gen_ai.usage.cache_read.input_tokens"] == row["reported_cached"]
+        assert a["gen_ai.request.model"] == "tiny" and a["gen_ai.conversation.id"] == "session"
+    assert (
+        by_turn[3]["tokendiff.cause"] == "date" and by_turn[3]["tokendiff.first_divergence.section"] == "system prompt"
+    )
+
+
+async def test_watch_sends_its_turns_to_the_collector(server, tmp_path):
+    """As `watch --otlp --metrics` wires it: the proxy's hook feeds both the TUI and the observer."""
+    from tokendiff.tui.app import Options
+    from tokendiff.tui.watch import WatchApp
+
+    out = tmp_path / "watched"
+    events: queue.Queue = queue.Queue()
+    prompts = PromptOptions(server=server.url)
+    with OtlpReceiver(fail=1) as collector:  # the first post is refused (503): retried
+        opts = ObserveOptions(otlp=collector.url, metrics="127.0.0.1:0")
+        observer = Observer(opts, prompts, out / "capture.jsonl").start()
+        listen = f"127.0.0.1:{free_port()}"
+        proxy = ProxyThread(server.url, str(out), listen, True, tee(events.put, observer.on_record)).start()
+        app = WatchApp(Options(paths=[], prompts=prompts), proxy, events)
+        try:
+            async with app.run_test(size=(140, 40)) as pilot:
+                import asyncio
+
+                await asyncio.to_thread(agent, f"http://{listen}", 3)
+                while app.session is None or len(app.session.turns) < 3:
+                    await pilot.pause(0.1)
+                await pilot.press("ctrl+c")
+        finally:
+            proxy.stop()
+            observer.stop()
+        spans = collector.spans()
+        assert collector.fail == 0  # the 503 was answered, and the batch sent again
+    assert sorted(attrs(sp)["tokendiff.turn"] for sp in spans) == [1, 2, 3]
+    tui = {t.turn: t for t in app.session.turns}
+    assert all(attrs(sp)["tokendiff.wasted_tokens"] == tui[attrs(sp)["tokendiff.turn"]].wasted for sp in spans)
+    assert [attrs(sp).get("tokendiff.cause") for sp in spans if attrs(sp)["tokendiff.turn"] == 3] == ["date"]
+    assert observer.stats == {"turns": 3, "sent": 3, "dropped": 0}
+
+
+def test_a_collector_that_is_down_never_fails_a_request(server, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    maddr = f"127.0.0.1:{free_port()}"
+    proc, url = start_proxy(server.url, tmp_path / "s", "--otlp", dead, "--metrics", maddr, stderr=subprocess.PIPE)
+    try:
+        agent(url, turns=2)  # raises if a request failed
+        until(lambda: total(scrape(maddr), "tokendiff_otlp_spans_dropped_total") == 2)
+        assert total(scrape(maddr), "tokendiff_requests_total") == 2
+    finally:
+        err = stop_proxy(proc)
+    assert "spans dropped: collector unreachable" in err
+    assert len(read_capture(tmp_path / "s" / "capture.jsonl")[0]) == 2
+
+
+def test_sessions_named_by_the_agent_get_bounded_labels(server, tmp_path):
+    maddr = f"127.0.0.1:{free_port()}"
+    proc, url = start_proxy(server.url, tmp_path / "s", "--metrics", maddr)
+    try:
+        agent(url, turns=1, user="agent-a")
+        agent(url, turns=1, user="agent-b")
+        until(lambda: total(scrape(maddr), "tokendiff_requests_total") == 2)
+        samples = scrape(maddr)
+    finally:
+        stop_proxy(proc)
+    assert total(samples, "tokendiff_requests_total", session="agent-a") == 1
+    assert total(samples, "tokendiff_requests_total", session="agent-b") == 1
+    m = SessionMetrics(max_sessions=3)
+    for k in range(10):
+        m.observe_unanalysed(f"agent-{k}", TurnContext(input_tokens=5))
+    labels = {s.labels["session"] for f in text_string_to_metric_families(m.text().decode()) for s in f.samples}
+    assert labels == {"agent-0", "agent-1", "agent-2", OTHER}
+
+
+def test_bad_metrics_and_otlp_options_are_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = run_proxy(
+            "--upstream", "http://127.0.0.1:9", "--out", str(tmp_path / "s"), "--metrics", f"127.0.0.1:{port}"
+        )
+    assert r.returncode == 2 and r.stderr.startswith(f"tokendiff: 127.0.0.1:{port}: --metrics: cannot listen there")
+    r = run_proxy("--upstream", "http://127.0.0.1:9", "--out", str(tmp_path / "s"), "--otlp", "grpc://127.0.0.1:4317")
+    assert r.returncode == 2 and "--otlp 'grpc://127.0.0.1:4317': not an http(s) URL" in r.stderr
+    assert (
+        traces_url("http://c:4318") == "http://c:4318/v1/traces"
+        and traces_url("https://c/otlp/x") == "https://c/otlp/x"
+    )
+    with pytest.raises(InputError):
+        traces_url("http://c:port/")
+
+
+def test_the_sender_drops_what_does_not_fit_and_never_blocks():
+    dead = f"http://127.0.0.1:{free_port()}"
+    dropped: list[tuple[int, str]] = []
+    sender = OtlpSender(
+        dead, lambda spans: b"{}", max_queue=2, interval=60, retries=0, on_drop=lambda n, why: dropped.append((n, why))
+    )
+    sender.submit([{}, {}, {}, {}, {}])  # not started: two fit, three are dropped at once
+    assert sender.stats.dropped == 3 and dropped == [(3, "queue full (the collector is behind)")]
+    sender.start()
+    sender.close()
+    assert sender.stats.dropped == 5 and dropped[-1][1] == "collector unreachable"
+
+
+def test_record_context_reads_every_recorded_shape():
+    anthropic = {
+        "endpoint": "/v1/messages",
+        "ts": 100.0,
+        "total_ms": 500.0,
+        "request": {"model": "m", "metadata": {"user_id": "u1"}},
+        "response": {
+            "usage": {
+                "input_tokens": 10,
+                "cache_read_input_tokens": 90,
+                "cache_creation_input_tokens": 5,
+                "output_tokens": 7,
+            }
+        },
+    }
+    ctx = record_context(anthropic)
+    assert (ctx.start, ctx.input_tokens, ctx.output_tokens, ctx.cache_creation, ctx.conversation) == (
+        99.5,
+        105,
+        7,
+        5,
+        "u1",
+    )
+    har = record_context({"started": "2026-11-28T10:00:00Z", "request": {"prompt_cache_key": "k"}})
+    assert har.start == 1795860000.0 and har.conversation == "k"
+    assert record_context({"ts": "x", "response": [], "request": None}) == TurnContext()

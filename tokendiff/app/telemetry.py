@@ -1,0 +1,113 @@
+"""`report --format otlp|trace`: sessions as OpenTelemetry traces or a Chrome/Perfetto trace.
+
+Each path is one session (one trace): analysed as `report` analyses it, and joined with what its
+records say about each turn (when it ran, the model, the server's counts), read from the same files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokendiff.app.session import Progress, apply_prefill_rate, open_session
+from tokendiff.errors import InputError
+
+if TYPE_CHECKING:
+    from tokendiff.app.pair import PromptOptions
+    from tokendiff.report.telemetry import SessionTrace, TurnContext
+    from tokendiff.sources.record import CaptureRecord
+
+TELEMETRY_FORMATS = ("otlp", "trace")
+
+
+@dataclass(frozen=True)
+class TelemetryResult:
+    text: str
+    total_tokens: int
+    reused_tokens: int
+
+    @property
+    def reuse_pct(self) -> float:
+        return 100.0 * self.reused_tokens / self.total_tokens if self.total_tokens else 100.0
+
+
+def turn_contexts(path: str, order: str, n: int) -> list[TurnContext]:
+    """Each of a session's `n` turns' context from its records (a capture, a HAR, an OTLP file), or
+    only its file's modification time (slot files, request bodies)."""
+    from tokendiff.app.fleet import turn_times
+    from tokendiff.report.telemetry import TurnContext, record_context
+
+    records = _records(path)
+    if records is None:
+        return [TurnContext(start=t.ts) for t in turn_times(path, order, n)]
+    out = [record_context(rec) for rec in islice(records, n)]  # one record in memory at a time
+    return out + [TurnContext()] * (n - len(out))
+
+
+def _records(path: str) -> Iterator[CaptureRecord] | None:
+    """A session file's records (captures, HAR and OTLP files), None for a directory of turns."""
+    from tokendiff.sources.loader import file_kind, session_source
+
+    p = Path(session_source(path))
+    if p.is_dir():
+        return None
+    kind = file_kind(p)
+    if kind == "capture":
+        from tokendiff.sources.capture import iter_capture
+
+        return iter_capture(p, lambda _w: None)
+    if kind == "har":
+        from tokendiff.sources.importers.har import iter_har
+
+        return iter_har(p)
+    if kind == "otlp":
+        from tokendiff.sources.importers.otlp import iter_otlp
+
+        return iter_otlp(p)
+    return None
+
+
+def session_trace(
+    opts: PromptOptions,
+    path: str,
+    redact: bool = False,
+    prefill_rate: float | None = None,
+    progress: Progress | None = None,
+) -> SessionTrace:
+    """One session analysed, with its turns' contexts."""
+    from tokendiff.report.telemetry import SessionTrace
+
+    loaded = open_session(opts, [path], progress, single_turns=False)
+    apply_prefill_rate(loaded.session, prefill_rate)
+    contexts = turn_contexts(path, opts.order, len(loaded.session.turns))
+    return SessionTrace(label=path, session=loaded.session, contexts=contexts, redact=redact)
+
+
+def telemetry_report(
+    opts: PromptOptions,
+    paths: Sequence[str],
+    fmt: str,
+    redact: bool = False,
+    prefill_rate: float | None = None,
+    progress: Progress | None = None,
+) -> TelemetryResult:
+    """The sessions at `paths` as one OTLP/JSON request (`otlp`) or one Chrome trace (`trace`)."""
+    import orjson
+
+    if fmt not in TELEMETRY_FORMATS:
+        raise InputError(f"telemetry formats are {', '.join(TELEMETRY_FORMATS)}", source=fmt)
+    traces = [session_trace(opts, p, redact, prefill_rate, progress) for p in paths]
+    if fmt == "otlp":
+        from tokendiff.report.otlp import otlp_document
+
+        doc = otlp_document(traces)
+    else:
+        from tokendiff.report.trace import trace_document
+
+        doc = trace_document(traces)
+    text = orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+    total = sum(tr.session.total_tokens for tr in traces)
+    return TelemetryResult(text, total, sum(tr.session.reused_tokens for tr in traces))
