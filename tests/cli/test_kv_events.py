@@ -130,12 +130,13 @@ def test_the_report_names_an_eviction_instead_of_a_content_break(tmp_path):
     """A vLLM capture (prompt IDs as the bundled Qwen3 tokenizer renders the requests) and the events
     vLLM would have published: turn 3 resends turn 1, whose tail blocks turn 2 pushed out."""
     from tokendiff.app.pair import PromptOptions, open_loader
+    from tokendiff.sources.record import CaptureRecord
 
     loader = open_loader(PromptOptions())
     words = " ".join(f"alpha{i}" for i in range(60))
     a = {"messages": [{"role": "user", "content": f"A: {words}"}], "model": "m"}
     b = {"messages": [{"role": "user", "content": "B: " + " ".join(f"beta{i}" for i in range(60))}], "model": "m"}
-    ids = [loader.rendered_ids({"request": r}).tolist() for r in (a, b, a)]
+    ids = [loader.rendered_ids(CaptureRecord(inline_request=r)).tolist() for r in (a, b, a)]
     size = 16
     blocks = len(ids[0]) // size
     hashes = [f"a{k}" for k in range(blocks)]

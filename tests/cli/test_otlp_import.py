@@ -154,14 +154,12 @@ def test_each_shape_is_a_session_of_its_llm_spans_in_start_order(shape, tmp_path
     path.write_text(json.dumps(export(SHAPES[shape])))
     assert file_kind(path) == "otlp"
     recs = read_otlp(path)
-    assert len(recs) == 4 and [r["start"] for r in recs] == sorted(r["start"] for r in recs)
+    assert len(recs) == 4 and [r.started for r in recs] == sorted(r.started for r in recs)
     for r, msgs in zip(recs, conversation(4), strict=True):
-        assert [(m["role"], m["content"]) for m in r["request"]["messages"]] == [
-            (m["role"], m["content"]) for m in msgs
-        ]
-        assert r["request"]["model"] == "qwen3" and r["total_ms"] == 750.0
-        assert r["request"]["tools"][0]["function"]["name"] == "read_file"
-    assert recs[0]["response"]["usage"]["prompt_tokens"] == 900
+        assert [(m["role"], m["content"]) for m in r.request["messages"]] == [(m["role"], m["content"]) for m in msgs]
+        assert r.request["model"] == "qwen3" and r.total_ms == 750.0
+        assert r.request["tools"][0]["function"]["name"] == "read_file"
+    assert recs[0].response["usage"]["prompt_tokens"] == 900
     assert session_selectors(str(path)) == [f"{path}@{k}" for k in range(1, 5)]
 
 

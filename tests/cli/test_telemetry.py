@@ -48,9 +48,9 @@ def test_otlp_parses_with_the_official_protos_one_span_per_turn(otlp, report):
         a = attrs(sp)
         assert sp.kind == sp.SPAN_KIND_CLIENT and sp.name == "chat tokendiff-tiny"
         assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "tokendiff-tiny"
-        assert a["gen_ai.usage.input_tokens"] == rec["response"]["usage"]["prompt_tokens"]
-        assert a["gen_ai.usage.output_tokens"] == rec["response"]["usage"]["completion_tokens"]
-        cached = rec["response"]["timings"]["cache_n"]
+        assert a["gen_ai.usage.input_tokens"] == rec.response["usage"]["prompt_tokens"]
+        assert a["gen_ai.usage.output_tokens"] == rec.response["usage"]["completion_tokens"]
+        cached = rec.response["timings"]["cache_n"]
         assert a["gen_ai.usage.cache_read.input_tokens"] == row["reported_cached"] == cached
         assert a["tokendiff.turn"] == row["turn"] and a["tokendiff.prompt_tokens"] == row["tokens"]
         assert a["tokendiff.reused_tokens"] == row["reusable"] and a["tokendiff.wasted_tokens"] == row["wasted"]
@@ -58,8 +58,8 @@ def test_otlp_parses_with_the_official_protos_one_span_per_turn(otlp, report):
         assert a["tokendiff.wasted_seconds"] == pytest.approx(row["wasted_seconds"], abs=1e-3)
         assert a.get("tokendiff.cause", "") == (row["cause"] if row["wasted"] else "")
         # the span runs from the request to the answer's end, as the proxy recorded them
-        assert sp.end_time_unix_nano - sp.start_time_unix_nano == pytest.approx(rec["total_ms"] * 1e6, abs=1e3)
-        assert sp.end_time_unix_nano == pytest.approx(rec["ts"] * 1e9, abs=1e3)
+        assert sp.end_time_unix_nano - sp.start_time_unix_nano == pytest.approx(rec.total_ms * 1e6, abs=1e3)
+        assert sp.end_time_unix_nano == pytest.approx(rec.ts * 1e9, abs=1e3)
         if row["wasted"]:
             assert a["tokendiff.first_divergence.token"] == row["lcp_prev"]
             assert a["tokendiff.first_divergence.section"] == row["first_divergence_section"]

@@ -24,6 +24,7 @@ from tokendiff.errors import InputError
 from tokendiff.report.metrics import OTHER, SessionMetrics
 from tokendiff.report.telemetry import TurnContext, record_context
 from tokendiff.sources.capture import read_capture
+from tokendiff.sources.record import record_from_v1
 from tokendiff.testing.llama_server import LlamaServer, free_port
 from tokendiff.testing.proxy_process import run_proxy, start_proxy, stop_proxy
 
@@ -100,16 +101,16 @@ def test_proxy_metrics_and_otlp_match_the_capture(server, tmp_path):
     records, _ = read_capture(out / "capture.jsonl")
     doc = report_of(out)
     assert len(records) == 4 and doc["summary"]["turns"] == 4
-    usage = [r["response"]["usage"] for r in records]
+    usage = [r.response["usage"] for r in records]
     label = {"session": "session"}
     assert total(samples, "tokendiff_requests_total", **label) == 4
     assert total(samples, "tokendiff_prompt_tokens_total", **label) == sum(u["prompt_tokens"] for u in usage)
-    cached = sum(r["response"]["timings"]["cache_n"] for r in records)
+    cached = sum(r.response["timings"]["cache_n"] for r in records)
     assert total(samples, "tokendiff_server_cached_tokens_total", **label) == cached
     assert total(samples, "tokendiff_ttft_seconds_count", **label) == 4
-    assert total(samples, "tokendiff_ttft_seconds_sum") == pytest.approx(sum(r["ttft_ms"] for r in records) / 1000)
+    assert total(samples, "tokendiff_ttft_seconds_sum") == pytest.approx(sum(r.ttft_ms for r in records) / 1000)
     assert total(samples, "tokendiff_prefill_seconds_sum") == pytest.approx(
-        sum(r["response"]["timings"]["prompt_ms"] for r in records) / 1000
+        sum(r.response["timings"]["prompt_ms"] for r in records) / 1000
     )
     broke = [t for t in doc["turns"] if t["wasted"]]
     assert [t["cause"] for t in broke] == ["date"]
@@ -244,7 +245,7 @@ def test_record_context_reads_every_recorded_shape():
             }
         },
     }
-    ctx = record_context(anthropic)
+    ctx = record_context(record_from_v1(anthropic))
     assert (ctx.start, ctx.input_tokens, ctx.output_tokens, ctx.cache_creation, ctx.conversation) == (
         99.5,
         105,
@@ -252,6 +253,6 @@ def test_record_context_reads_every_recorded_shape():
         5,
         "u1",
     )
-    har = record_context({"started": "2026-11-28T10:00:00Z", "request": {"prompt_cache_key": "k"}})
+    har = record_context(record_from_v1({"started": "2026-11-28T10:00:00Z", "request": {"prompt_cache_key": "k"}}))
     assert har.start == 1795860000.0 and har.conversation == "k"
-    assert record_context({"ts": "x", "response": [], "request": None}) == TurnContext()
+    assert record_context(record_from_v1({"ts": "x", "response": [], "request": None})) == TurnContext()
