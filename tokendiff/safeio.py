@@ -13,6 +13,7 @@ a symlink, replaced atomically.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import zlib
@@ -160,16 +161,24 @@ def open_private(path: Path, flags: int) -> tuple[int, bool]:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` atomically, 0600, never writing through a symlink."""
+    """Replace `path` with `data` atomically, 0600, never writing through a symlink: a temporary file
+    written whole and flushed to disk, then renamed, so a reader sees the old file or the new one, never
+    a part; on any failure (a full disk) the temporary file is removed and the error raised."""
     import threading
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd, _ = open_private(tmp, os.O_TRUNC)
     try:
-        write_all(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def write_all(fd: int, data: bytes) -> None:
