@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tokendiff.core import jsontext
+
 REDACTED = "[REDACTED]"
 
 SECRET_NAME = re.compile(
@@ -98,32 +100,44 @@ def may_hold_credentials(raw: bytes) -> bool:
 
 def plan(value: Any, *, prompt_fields: bool = True, values: bool = True) -> list[Edit]:
     """The edits the policy makes to a JSON value, in document order. With `prompt_fields`,
-    the top-level PROMPT_FIELDS get rule 3 only; `values=False` skips rule 3 (no credential shapes)."""
+    the top-level PROMPT_FIELDS get rule 3 only; `values=False` skips rule 3 (no credential shapes).
+    Paths are kept as links to their parent's until an edit needs one, so depth costs no copies."""
     edits: list[Edit] = []
-    stack: list[tuple[Path, Any, bool]] = [((), value, False)]
+    stack: list[tuple[_Link, Any, bool]] = [(None, value, False)]
     while stack:
-        path, v, in_prompt = stack.pop()
+        link, v, in_prompt = stack.pop()
         if isinstance(v, str):
             if values:
                 new = mask(v)
                 if new != v:
-                    edits.append(Edit(path, new))
+                    edits.append(Edit(_path(link), new))
         elif isinstance(v, dict):
             for k in reversed(list(v)):
                 if not in_prompt and isinstance(k, str) and is_secret_name(k):
-                    edits.append(Edit((*path, k), None))
+                    edits.append(Edit(_path((link, k)), None))
                 else:
-                    prompt = in_prompt or (prompt_fields and not path and k in PROMPT_FIELDS)
+                    prompt = in_prompt or (prompt_fields and link is None and k in PROMPT_FIELDS)
                     if values or not prompt:  # without rule 3 nothing inside a prompt field can change
-                        stack.append(((*path, k), v[k], prompt))
+                        stack.append(((link, k), v[k], prompt))
         elif isinstance(v, list):
             for i in reversed(range(len(v))):
                 if not in_prompt and _secret_pair(v[i]):
-                    edits.append(Edit((*path, i), None))
+                    edits.append(Edit(_path((link, i)), None))
                 else:
-                    stack.append(((*path, i), v[i], in_prompt))
+                    stack.append(((link, i), v[i], in_prompt))
     edits.sort(key=_order)
     return edits
+
+
+_Link = tuple[Any, str | int] | None  # (parent's link, step); None: the root
+
+
+def _path(link: _Link) -> Path:
+    steps: list[str | int] = []
+    while link is not None:
+        link, step = link
+        steps.append(step)
+    return tuple(reversed(steps))
 
 
 def _order(e: Edit) -> tuple[tuple[int, Any], ...]:
@@ -167,12 +181,16 @@ def _copy(v: Any) -> Any:
     return dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
 
 
+MAX_PATH_STEPS = 32  # a deeper path is written as its first steps and its depth
+
+
 def path_text(path: Path) -> str:
-    """`metadata.headers[0]`: how a path is written in a record's `redacted` list."""
+    """`metadata.headers[0]`: how a path is written in a record's `redacted` list (a path 100,000 levels
+    deep as its first steps and `…(100000 levels)`)."""
     out = ""
-    for step in path:
+    for step in path[:MAX_PATH_STEPS]:
         out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
-    return out
+    return out if len(path) <= MAX_PATH_STEPS else f"{out}…({len(path)} levels)"
 
 
 # ---------------------------------------------------------------- verbatim bodies
@@ -188,9 +206,14 @@ def apply_text(text: str, edits: list[Edit]) -> str:
     if not edits:
         return text
     targets = {e.path: e for e in edits}
-    prefixes = {e.path[:i] for e in edits for i in range(len(e.path))}
     cuts: list[tuple[int, int, str]] = []
-    _walk_text(text, _skip(text, 0), (), targets, prefixes, cuts)
+    try:
+        prefixes = {e.path[:i] for e in edits for i in range(len(e.path))} if _shallow(edits) else None
+        if prefixes is None:
+            raise RecursionError
+        _walk_text(text, _skip(text, 0), (), targets, prefixes, cuts)
+    except RecursionError:  # nested deeper than the recursion limit: the iterative walk, slower
+        cuts = [(a, b, _replacement(targets[p])) for p, (a, b) in jsontext.value_spans(text, targets).items()]
     out, pos = [], 0
     for a, b, rep in sorted(cuts):
         out += [text[pos:a], rep]
@@ -212,8 +235,17 @@ def _walk_text(text: str, i: int, path: Path, targets, prefixes, cuts) -> int:
         end = _walk_container(text, i, path, targets, prefixes, cuts)
     edit = targets.get(path)
     if edit is not None:
-        cuts.append((i, end, json.dumps(REDACTED if edit.new is None else edit.new)))
+        cuts.append((i, end, _replacement(edit)))
     return end
+
+
+def _replacement(edit: Edit) -> str:
+    return json.dumps(REDACTED if edit.new is None else edit.new)
+
+
+def _shallow(edits: list[Edit]) -> bool:
+    """Whether every edit is shallow enough for the recursive walk (its prefixes are cheap, too)."""
+    return all(len(e.path) < 200 for e in edits)
 
 
 def _walk_container(text: str, i: int, path: Path, targets, prefixes, cuts) -> int:

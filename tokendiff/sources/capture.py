@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from tokendiff.core import secrets
+from tokendiff.core import jsontext, secrets
 from tokendiff.errors import InputError
 from tokendiff.safeio import open_private, open_regular, read_limited, write_private
 
@@ -181,10 +181,15 @@ def _parse_exact(raw: bytes) -> tuple[dict[str, Any], str] | None:
         return float(s)
 
     try:
-        obj = json.loads(
-            raw.decode("utf-8"), object_pairs_hook=pairs, parse_int=big_int, parse_float=double, parse_constant=constant
-        )
-    except (ValueError, RecursionError):
+        text = raw.decode("utf-8")
+        obj = json.loads(text, object_pairs_hook=pairs, parse_int=big_int, parse_float=double, parse_constant=constant)
+    except RecursionError:  # deeper than the parsers go: kept as bytes all the same
+        try:
+            obj = jsontext.loads(text, note)
+        except ValueError:
+            return None
+        note("nested deeper than the JSON parsers' limit")
+    except ValueError:
         return None
     if not isinstance(obj, dict):
         return None
