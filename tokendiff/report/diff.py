@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokendiff.core.model import END_OF_PROMPT, Divergence, Prompt, SectionPath
+from tokendiff.core.secrets import mask
 from tokendiff.core.vocab import Vocab
 from tokendiff.report.excerpt import excerpt
 
@@ -39,7 +40,7 @@ def _finding(f: Any) -> dict[str, Any] | None:
     return {
         "kind": f.kind,
         "title": f.title,
-        "evidence": f.evidence,
+        "evidence": mask(f.evidence) if isinstance(f.evidence, str) else f.evidence,
         "fix": f.fix,
         "confidence": f.confidence,
         "expected": f.expected,

@@ -12,6 +12,7 @@ from typing import Any
 from tokendiff.core.cache.capacity import CapacityReport, conclusions
 from tokendiff.core.cost import RELOAD, RELOAD_TITLE, Session, Turn, turn_rows
 from tokendiff.core.model import Prompt, SectionPath
+from tokendiff.core.secrets import mask
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
 from tokendiff.report.redact import redact_labels, redact_text, session_labels
@@ -103,7 +104,7 @@ def report_document(
     path: str, prompts: Sequence[Prompt], s: Session, tokenizer: dict[str, Any], redact: bool = False, context: int = 12
 ) -> dict[str, Any]:
     top = s.spans[0] if s.spans and s.spans[0].tokens > 0 else None
-    scrub = redact_text if redact else (lambda x: x)
+    scrub = (lambda x: redact_text(mask(x))) if redact else mask
     rows = [row | times for row, times in zip(turn_rows(s), _time_columns(s), strict=True)]
     spans = []
     for rank, sp in enumerate(s.spans, 1):
@@ -191,7 +192,8 @@ def report_document(
         "summary": summary,
         "capacity": capacity_json(s.capacity, _wasted_pct(s)) if s.capacity is not None else None,
         "backend_facts": [
-            {"turn": f.turn, "kind": f.kind, "title": f.title, "evidence": f.evidence, "fix": f.fix} for f in s.facts
+            {"turn": f.turn, "kind": f.kind, "title": f.title, "evidence": scrub(f.evidence), "fix": f.fix}
+            for f in s.facts
         ],
         "tokenizer": tokenizer,
         "turns": rows,
