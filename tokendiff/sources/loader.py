@@ -222,11 +222,13 @@ class Loader:
         order: str = "auto",
         chat_template: str | None = None,
         server: PromptServer | None = None,
+        template_name: str | None = None,
     ):
         self.vocab = vocab
         self.family = family
         self.order = order
         self.chat_template = chat_template
+        self.template_name = template_name  # where chat_template came from, for its errors
         self.server = server  # a live server renders and tokenises requests (the vocabulary is its own)
         self._tokenizer = None
         self._renderer = None
@@ -237,7 +239,7 @@ class Loader:
         a tokenizer.json costs a second), and itself when the template is the same."""
         if chat_template == self.chat_template:
             return self
-        other = Loader(self.vocab, self.family, self.order, chat_template, self.server)
+        other = Loader(self.vocab, self.family, self.order, chat_template, self.server, "a capture's props.json")
         other._tokenizer = self._tokenizer
         return other
 
@@ -335,7 +337,7 @@ class Loader:
             return
         tmpl = props.get("chat_template") if isinstance(props, dict) else None
         if isinstance(tmpl, str) and tmpl.strip():
-            self.chat_template = tmpl
+            self.chat_template, self.template_name = tmpl, str(props_path)
 
     @property
     def tokenizer(self):
@@ -361,7 +363,8 @@ class Loader:
                 )
             m = self.vocab.meta
             bos, eos = self._special_text(m.bos_token, m.bos_id), self._special_text(m.eos_token, m.eos_id)
-            self._renderer = Renderer(tmpl, bos_token=bos, eos_token=eos)
+            name = (self.template_name or "the chat template given") if self.chat_template else self.vocab.name
+            self._renderer = Renderer(tmpl, bos_token=bos, eos_token=eos, name=name)
         return self._renderer
 
     def _special_text(self, text: str | None, token_id: int | None) -> str:
