@@ -66,7 +66,7 @@ def session_source(path: str) -> str:
     """The file or directory that holds a session's turns: a recording directory (`proxy --out DIR`)
     is its capture.jsonl, unless slot files of its own sit beside it."""
     p = Path(path)
-    if p.is_dir() and (p / CAPTURE_NAME).is_file() and not list_session_dir(p):
+    if safeio.is_dir(p) and safeio.is_file(p / CAPTURE_NAME) and not list_session_dir(p):
         return str(p / CAPTURE_NAME)  # its reader says what is wrong with it, if anything is
     return path
 
@@ -75,7 +75,9 @@ def _dir_entries(base: Path, order: str) -> tuple[str, list[Path]]:
     slots = list_session_dir(base, order)
     if slots:
         return "slot", slots
-    files = sorted((e for e in base.iterdir() if e.is_file()), key=lambda e: natural_key(e.name))
+    files = sorted(
+        (base / n for n in safeio.list_dir(base) if safeio.is_file(base / n)), key=lambda e: natural_key(e.name)
+    )
     if order == "mtime":  # asked for: request bodies and prompt logs are ordered by name otherwise
         files.sort(key=lambda e: e.stat().st_mtime_ns)
     bodies = [
@@ -134,11 +136,11 @@ def _first_line_is(head: bytes, raw: bytes) -> str:
 
 def select(spec: str, order: str = "auto") -> Selected:
     m = _SELECTOR.match(spec)
-    if m and not Path(spec).exists():
+    if m and not safeio.exists(spec):
         base, n = Path(session_source(m.group("base"))), int(m.group("n"))
-        if not base.exists():
+        if not safeio.exists(base):
             raise InputError("no such file or directory", source=str(base))
-        if base.is_dir():
+        if safeio.is_dir(base):
             kind, files = _dir_entries(base, order)
             idx, f = _pick(files, n, "turn", str(base))
             return Selected(kind, f, one_line(f"{base}@{idx + 1} ({f.name})"), idx + 1)
@@ -151,9 +153,9 @@ def select(spec: str, order: str = "auto") -> Selected:
             source=str(base),
         )
     p = Path(spec)
-    if p.is_dir():
+    if safeio.is_dir(p):
         raise InputError("is a directory: pick a turn with DIR@N (counting from 1)", source=spec)
-    if not p.exists():
+    if not safeio.exists(p):
         raise InputError("no such file", source=spec)
     safeio.require_regular(p)
     kind = file_kind(p)
@@ -166,9 +168,9 @@ def session_selectors(path: str, order: str = "auto") -> list[str]:
     """One selector per turn of a session: a directory, a capture file or a HAR file."""
     path = session_source(path)
     p = Path(path)
-    if not p.exists():
+    if not safeio.exists(p):
         raise InputError("no such file or directory", source=path)
-    if p.is_dir():
+    if safeio.is_dir(p):
         _, files = _dir_entries(p, order)
         return [str(f) for f in files]
     safeio.require_regular(p)
