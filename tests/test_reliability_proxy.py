@@ -59,6 +59,25 @@ def test_a_post_the_upstream_read_and_dropped_is_never_sent_again(tmp_path):
     assert records[0]["response"]["status"] == 502 and records[0]["upstream_error"]
 
 
+def test_streamed_requests_from_many_clients_all_reach_the_server(server, tmp_path):
+    """llama-server closes a connection after a streamed answer without saying so; a request sent on it
+    would fail unanswered and, never sent twice, come back a 502. The proxy does not reuse such a connection."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    proc, url = start(server.url, tmp_path / "s")
+
+    def client(k: int) -> list[int]:
+        with httpx.Client(timeout=60) as c:
+            return [c.post(url + CHAT, json=chat(f"row {k}-{i}", stream=True)).status_code for i in range(8)]
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            codes = [code for got in pool.map(client, range(8)) for code in got]
+    finally:
+        stop_proxy(proc)
+    assert codes == [200] * 64
+
+
 # ---------------------------------------------------------------- nothing answered is unrecorded
 
 

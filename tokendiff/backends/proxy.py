@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import socket
 import sys
 import time
@@ -472,9 +473,17 @@ async def _send_upstream(
     headers.append((b"accept-encoding", b"identity"))  # an answer the record can read, as the client gets it
     if not isinstance(body, bytes):  # relayed as it comes: keep the client's length, not chunked
         headers += [(k, v) for k, v in scope["headers"] if k.lower() == b"content-length"]
+    if not isinstance(body, bytes) or _STREAM.search(body):
+        # llama-server (cpp-httplib) closes a connection after a streamed answer without saying so: the
+        # next request sent on it would fail unanswered, and is never sent again (it may have run). So a
+        # streamed answer's connection is not kept for another request.
+        headers.append((b"connection", b"close"))
     extensions = {**FORWARD_EXTENSIONS, "trace": _trace(ex)}
     req = httpx.Request(scope["method"], url, headers=headers, content=body, extensions=extensions)
     return await transport.handle_async_request(req)
+
+
+_STREAM = re.compile(rb'"stream"\s*:\s*true')
 
 
 def _trace(ex: Exchange):
