@@ -191,6 +191,12 @@ def _number(m: re.Match[str], note: Note) -> Any:
         if v in (float("inf"), float("-inf")):
             note("number beyond double range")
         return v
+    return exact_int(s, note)
+
+
+def exact_int(s: str, note: Note) -> Any:
+    """A JSON integer as Python's json gives it (as a hook: its `parse_int`), noting one that orjson
+    cannot keep; one with more digits than Python converts stays its text."""
     try:
         n = int(s)
     except ValueError:  # more digits than Python converts

@@ -161,14 +161,7 @@ def _parse_exact(raw: bytes) -> tuple[dict[str, Any], str] | None:
         return d
 
     def big_int(s: str) -> Any:
-        try:
-            v = int(s)
-        except ValueError:  # more digits than Python converts
-            note("integer beyond 64 bits")
-            return s
-        if not -(2**63) <= v < 2**64:
-            note("integer beyond 64 bits")
-        return v
+        return jsontext.exact_int(s, note)
 
     def double(s: str) -> float:
         v = float(s)
