@@ -167,3 +167,23 @@ def test_a_credential_cut_by_an_excerpts_edge_is_still_masked():
     start = data.index(b"sk-") + 6
     spans = secrets.credential_spans(data)
     assert spans == [(data.index(b"sk-"), data.index(b" suffix"))] and spans[0][0] < start
+
+
+ADVERSARIAL = """
+from tokendiff.core import secrets
+texts = ["z" * 300_000, "eyJ" * 100_000, "sk-" * 100_000, "a" * 300_000 + "://x", "Bearer " * 50_000,
+         "http://" + "a:" * 150_000, "?sig=" * 60_000, "aws_secret_access_key=" * 20_000]
+for t in texts:
+    secrets.mask(t)
+    secrets.credential_spans(t.encode())
+body = {"metadata": {"a_" * 200_000 + "password": 1}, "messages": [{"role": "user", "content": texts[0]}]}
+print(len(secrets.plan(body)))
+"""
+
+
+def test_the_policy_is_linear_in_what_it_reads():
+    """A body built to make a pattern backtrack (a 300 KB run of one letter before no `://`) once stalled
+    the recording for minutes; every pattern is bounded now. Run in a child: a regression hangs it, and the
+    test fails at the timeout instead of the suite."""
+    r = subprocess.run([sys.executable, "-c", ADVERSARIAL], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr

@@ -44,12 +44,13 @@ _SECRET_NAME = r"""^(?:
       | (?:.*_)?token                      # token, access_token, bearer_token (not max_tokens)
       | x_api_key | x_goog_api_key
     )$"""
+NAME_ENDS = 128  # characters of each end of a very long key name that decide whether it names a secret
 # tokenizer settings, not credentials (they may appear in chat_template_kwargs or metadata)
 NOT_SECRET = frozenset({"bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token"})
 
 _CREDENTIAL = r"""(?<![A-Za-z0-9_-])(?:
-        (?:Bearer|bearer|BEARER|Basic|basic)\s+(?=[A-Za-z._~+/=-]*[0-9+/=])[A-Za-z0-9._~+/=-]{8,}  # a word is not one
-      | sk-(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{16,}      # OpenAI sk-, sk-proj-; Anthropic sk-ant-
+        (?:Bearer|bearer|BEARER|Basic|basic)\s{1,8}(?=[A-Za-z._~+/=-]{0,256}[0-9+/=])[A-Za-z0-9._~+/=-]{8,}
+      | sk-(?=[A-Za-z0-9_-]{0,256}[0-9])[A-Za-z0-9_-]{16,}  # OpenAI sk-, sk-proj-; Anthropic sk-ant-
       | (?:sk|rk)_(?:live|test)_[A-Za-z0-9]{10,}          # Stripe secret and restricted keys
       | (?:gh[pousr]_|github_pat_)[A-Za-z0-9_]{20,}       # GitHub
       | glpat-[A-Za-z0-9_-]{20,}                          # GitLab
@@ -58,7 +59,7 @@ _CREDENTIAL = r"""(?<![A-Za-z0-9_-])(?:
       | ya29\.[0-9A-Za-z_-]{20,}                          # Google OAuth access tokens
       | (?:AKIA|ASIA)[0-9A-Z]{16}                         # AWS access key ids
       | hf_[A-Za-z0-9]{30,}                               # Hugging Face
-      | eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}  # JWTs
+      | eyJ[A-Za-z0-9_-]{4,8192}\.eyJ[A-Za-z0-9_-]{4,65536}\.[A-Za-z0-9_-]{4,}  # JWTs
       | -----BEGIN[A-Z ]*PRIVATE\ KEY-----[\s\S]*?(?:-----END[A-Z ]*PRIVATE\ KEY-----|$)
     )"""
 # credentials known by what stands before them: only the `secret` group is replaced, so the text says
@@ -66,7 +67,8 @@ _CREDENTIAL = r"""(?<![A-Za-z0-9_-])(?:
 _KEYED = (
     r"(?i:aws_?secret_?access_?key|aws_?secret_?key|secret_?access_?key)\\?[\"']?\s*[:=]\s*\\?[\"']?"
     r"(?P<secret>[A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])",  # AWS secret access keys
-    r"[A-Za-z][A-Za-z0-9+.-]*://(?P<secret>[^\s/?#@:\"'<>\\]+:[^\s/?#@\"'<>\\]+)@",  # URL userinfo
+    # URL userinfo (a scheme of at most 32 characters: every bound here keeps a search linear in the text)
+    r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,31}://(?P<secret>[^\s/?#@:\"'<>\\]{1,256}:[^\s/?#@\"'<>\\]{1,1024})@",
     r"(?:AccountKey|SharedAccessKey)=(?P<secret>[A-Za-z0-9+/]{20,}={0,2})",  # Azure connection strings
     r"[?&](?i:sig|api_?key|access_?token|token|password|secret|key)=(?P<secret>[^&\s\"'#<>\\]{8,})",  # in URLs
 )
@@ -114,6 +116,8 @@ class Edit:
 
 def is_secret_name(name: str) -> bool:
     """Whether a key (or a header name) names a credential."""
+    if len(name) > 2 * NAME_ENDS + 1:  # a name this long is judged by its ends (`authorization_…`, `…_token`)
+        name = name[:NAME_ENDS] + "_" + name[-NAME_ENDS:]
     norm = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower().replace("-", "_").replace(" ", "_")
     return norm not in NOT_SECRET and _patterns(str)[0].match(norm) is not None
 
