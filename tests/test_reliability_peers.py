@@ -38,12 +38,14 @@ def huge(req, conn) -> None:
 BOMB = gzip_bomb(256 << 20)
 HOSTILE_PROPS = {"endless": endless, "gzip bomb": BOMB, "300 MB": huge}
 
-# a child that runs the CLI and says its peak memory (kB) on its last stderr line
+# a child that runs the CLI and says its peak memory on its last stderr line: VmHWM, its own image's peak
+# (ru_maxrss would count the parent's, which Linux carries across the exec of a vforked child)
 PEAK = """
-import resource, sys
+import sys
 from tokendiff.cli.main import main
 code = main(sys.argv[1:])
-print("peak_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, file=sys.stderr)
+with open("/proc/self/status") as f:
+    print("peak_mb", next(int(ln.split()[1]) // 1024 for ln in f if ln.startswith("VmHWM:")), file=sys.stderr)
 sys.exit(code)
 """
 
