@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from tokendiff.core import jsontext
@@ -118,6 +118,11 @@ def is_secret_name(name: str) -> bool:
     """Whether a key (or a header name) names a credential."""
     if len(name) > 2 * NAME_ENDS + 1:  # a name this long is judged by its ends (`authorization_…`, `…_token`)
         name = name[:NAME_ENDS] + "_" + name[-NAME_ENDS:]
+    return _judged(name)
+
+
+@lru_cache(maxsize=4096)  # a body's keys are mostly the same few dozen names, request after request
+def _judged(name: str) -> bool:
     norm = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower().replace("-", "_").replace(" ", "_")
     return norm not in NOT_SECRET and _patterns(str)[0].match(norm) is not None
 

@@ -790,6 +790,8 @@ def conform(rec: dict[str, Any]) -> dict[str, Any]:
     upstream's `"usage": 5`, a /tokenize answer with negative IDs) is left out and named in the
     record's `notes`, so no answer, however odd, makes the capture unreadable. The caller's dicts are
     not changed."""
+    if _conforms(rec):
+        return rec  # the common case: nothing to copy
     notes: list[str] = []
     out = _conformed(rec, RECORD_TYPES, "", notes)
     for name, spec in NESTED_TYPES.items():
@@ -807,6 +809,28 @@ def conform(rec: dict[str, Any]) -> dict[str, Any]:
     if notes:
         out["notes"] = [*(n for n in out.get("notes") or () if isinstance(n, str)), *notes]
     return out
+
+
+def _conforms(rec: dict[str, Any]) -> bool:
+    """Whether every documented field of `rec` has its type already (a check, no copies)."""
+    for obj, spec in _specs_of(rec):
+        for k, kinds in spec.items():
+            if k in obj and not any(_KINDS[t](obj[k]) for t in kinds):
+                return False
+    red = rec.get("redacted")
+    ids = rec.get("prompt_ids")
+    ok_red = red is None or (isinstance(red, list) and all(isinstance(x, str) for x in red))
+    return ok_red and (ids is None or _valid_ids(ids))
+
+
+def _specs_of(rec: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, tuple[str, ...]]]]:
+    yield rec, RECORD_TYPES
+    for name, spec in NESTED_TYPES.items():
+        obj: Any = rec
+        for step in name.split("."):
+            obj = obj.get(step) if isinstance(obj, dict) else None
+        if isinstance(obj, dict):
+            yield obj, spec
 
 
 def _conformed(obj: dict[str, Any], spec: dict[str, tuple[str, ...]], prefix: str, notes: list[str]) -> dict[str, Any]:
