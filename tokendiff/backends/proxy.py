@@ -349,9 +349,18 @@ def _start_line(state: ProxyState, ex: Exchange, data: bytes | None) -> None:
 
 async def _write_request(state: ProxyState, ex: Exchange, data: bytes | None) -> dict[str, Any] | None:
     """The request line: the body prepared (secrets removed, a blob written first when large) and
-    appended with the record's own fields and the server. None: not recorded."""
-    assert ex.rec is not None
+    appended with the record's own fields and the server. None: not recorded (recording never breaks
+    forwarding: whatever goes wrong here is a warning)."""
     await ex.on_wire.wait()
+    try:
+        return await _request_line(state, ex, data)
+    except Exception as e:  # noqa: BLE001 - the client is answered whatever happens to its record
+        warn(f"a request was not recorded: {type(e).__name__}: {e}", kind="request not recorded")
+        return None
+
+
+async def _request_line(state: ProxyState, ex: Exchange, data: bytes | None) -> dict[str, Any] | None:
+    assert ex.rec is not None
     fields: dict[str, Any] = {}
     if data is not None:
         if len(data) > PREPARE_INLINE:  # parsed (and its blob written) in a thread: other requests keep flowing
