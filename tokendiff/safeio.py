@@ -13,6 +13,7 @@ a symlink, replaced atomically.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import zlib
@@ -36,6 +37,42 @@ def _kind(mode: int) -> str:
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         return "a device"
     return "not a regular file"
+
+
+# ---------------------------------------------------------------- looking at paths
+
+
+def _mode(path: str | os.PathLike[str]) -> int | None:
+    """The path's mode (links followed), None when nothing is there; a path that cannot be looked at
+    (a directory on the way is unreadable) is an InputError naming it, never a PermissionError."""
+    try:
+        return os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=os.fspath(path)) from None
+
+
+def exists(path: str | os.PathLike[str]) -> bool:
+    return _mode(path) is not None
+
+
+def is_dir(path: str | os.PathLike[str]) -> bool:
+    mode = _mode(path)
+    return mode is not None and stat.S_ISDIR(mode)
+
+
+def is_file(path: str | os.PathLike[str]) -> bool:
+    mode = _mode(path)
+    return mode is not None and stat.S_ISREG(mode)
+
+
+def list_dir(path: str | os.PathLike[str]) -> list[str]:
+    """The names in a directory; one that cannot be listed is an InputError naming it."""
+    try:
+        return os.listdir(path)
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=os.fspath(path)) from None
 
 
 def require_regular(path: str | os.PathLike[str], what: str = "input") -> os.stat_result:
@@ -160,16 +197,64 @@ def open_private(path: Path, flags: int) -> tuple[int, bool]:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` atomically, 0600, never writing through a symlink."""
+    """Replace `path` with `data` atomically, 0600, never writing through a symlink: a temporary file
+    written whole and flushed to disk, then renamed, so a reader sees the old file or the new one, never
+    a part; on any failure (a full disk) the temporary file is removed and the error raised."""
     import threading
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd, _ = open_private(tmp, os.O_TRUNC)
     try:
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_output(path: str | os.PathLike[str], data: bytes) -> None:
+    """A file the user asked for (a report, an export) written without following a symbolic link at its
+    name: a link planted there is refused, never written through."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | _CLOEXEC, 0o666)
+    except OSError as e:
+        if os.path.islink(path):
+            raise InputError("is a symbolic link: refusing to write through it", source=os.fspath(path)) from None
+        raise InputError(e.strerror or str(e), source=os.fspath(path)) from None
+    try:
         write_all(fd, data)
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=os.fspath(path)) from None
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+
+
+def real_dir(parent: Path, name: str) -> Path:
+    """`parent/name` as a directory of its own, created when missing: a symbolic link there (or a file)
+    is refused, so nothing is written through a link planted in a tree we write."""
+    path = parent / name
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            return real_dir(parent, name)
+        except OSError as e:
+            raise InputError(e.strerror or str(e), source=str(path)) from None
+        return path
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(path)) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise InputError("is a symbolic link: refusing to write through it", source=str(path))
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputError("is not a directory", source=str(path))
+    return path
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -163,7 +163,9 @@ def test_small_verbatim_bodies_are_inline_base64(tmp_path):
     assert "duplicate keys" in prepared.fields["request_body_reason"]
     assert prepare_request(b"[1, 2]") is None and prepare_request(b"not json") is None
     deep = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    assert prepare_request(deep) is None  # not a body any server takes; forwarded, not recorded
+    kept = prepare_request(deep)  # llama-server takes it: recorded as its bytes (issue 28)
+    assert kept is not None and "nested deeper" in kept.fields["request_body_reason"]
+    assert base64.b64decode(kept.fields["request_body"]["base64"]) == deep
 
 
 def test_writer_refuses_a_symlinked_capture(tmp_path):

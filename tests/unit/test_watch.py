@@ -10,7 +10,7 @@ from tokendiff.backends.proxy import RecordEvent
 
 def test_record_feed_keeps_capture_order_until_tokens_arrive():
     feed = RecordFeed()
-    assert feed.take(RecordEvent(1, {"seq": 1}, tokens_pending=True)) == []
+    assert feed.take(RecordEvent(1, {"seq": 1}, pending=True)) == []
     assert feed.take(RecordEvent(2, {"seq": 2})) == []  # waits behind record 1
     out = feed.take(RecordEvent(1, {"seq": 3, "patch": 1, "prompt_ids": [1, 2]}, patch=True))
     assert [r.seq for r in out] == [1, 2] and out[0].prompt_ids == [1, 2] and feed.waiting == 0

@@ -135,23 +135,54 @@ def _record_time(value: Any) -> TurnTime | None:
 def export_dataset(session: Session, path: str, times: Sequence[TurnTime], root: Path) -> list[Path]:
     """The session's turns and spans written into the Hive-partitioned Parquet dataset at `root`
     (`turns/session=KEY/day=DAY/part-0.parquet`, `spans/…`); the session's earlier partitions
-    there are replaced. Returns the files written."""
+    there are replaced. Nothing is written or removed through a symbolic link: a link anywhere in the
+    tree (`root` itself, `turns/`, a partition, a file) is refused with one line. Returns the files written."""
+    import io
+
     from tokendiff.report.dataset import session_key, span_table, turn_table
+    from tokendiff.safeio import real_dir, write_output
 
     key = session_key(path)
     written: list[Path] = []
+    top = _real_root(Path(root))
     for table, frame in (("turns", turn_table(session, path, times)), ("spans", span_table(session, path, times))):
-        base = Path(root) / table / f"session={key}"
-        try:
-            for old in base.glob("day=*/part-*.parquet"):
-                old.unlink()
-            for (day,), part in frame.partition_by("day", as_dict=True, include_key=False).items():
-                (base / f"day={day}").mkdir(parents=True, exist_ok=True)
-                part.write_parquet(base / f"day={day}" / "part-0.parquet")
-                written.append(base / f"day={day}" / "part-0.parquet")
-        except OSError as e:
-            raise InputError(e.strerror or str(e), source=str(e.filename or root)) from None
+        base = real_dir(real_dir(top, table), f"session={key}")
+        _remove_partitions(base)
+        for (day,), part in frame.partition_by("day", as_dict=True, include_key=False).items():
+            buf = io.BytesIO()
+            part.write_parquet(buf)
+            target = real_dir(base, f"day={day}") / "part-0.parquet"
+            write_output(target, buf.getvalue())
+            written.append(target)
     return written
+
+
+def _real_root(root: Path) -> Path:
+    """The dataset's directory, created when missing; a symbolic link there is refused like any in the tree."""
+    import os
+
+    if os.path.islink(root):
+        raise InputError("is a symbolic link: refusing to write the dataset through it", source=str(root))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(root)) from None
+    return root
+
+
+def _remove_partitions(base: Path) -> None:
+    """The session's earlier part files, removed (a link among them is refused, never followed)."""
+    from tokendiff.safeio import list_dir, real_dir
+
+    for day in list_dir(base):
+        if day.startswith("day="):
+            d = real_dir(base, day)
+            for name in list_dir(d):
+                if name.startswith("part-") and name.endswith(".parquet"):
+                    try:
+                        (d / name).unlink()  # a link is removed itself, not its target
+                    except OSError as e:
+                        raise InputError(e.strerror or str(e), source=str(d / name)) from None
 
 
 def export_session_dataset(loaded: LoadedSession, path: str, root: Path, order: str = "auto") -> list[Path]:

@@ -45,8 +45,8 @@ class _Waiting:
 
 
 class RecordFeed:
-    """Records in capture (seq) order, each released once complete: a record whose token IDs are
-    being fetched waits for its patch, and the records after it wait with it."""
+    """Records in capture (seq) order, each released once complete: a record whose response or token
+    IDs are still to come waits for its patches, and the records after it wait with it."""
 
     def __init__(self) -> None:
         self._queue: deque[_Waiting] = deque()
@@ -70,9 +70,9 @@ class RecordFeed:
             if w is None:  # a patch for a record released already (cannot happen) or never seen
                 return []
             w.record.update({k: v for k, v in ev.fields.items() if k not in ("schema", "seq", "ts", "patch")})
-            w.complete = True
+            w.complete = not ev.pending
         else:
-            w = _Waiting(ev.seq, record_from_v1(ev.fields, f"record {ev.seq}"), not ev.tokens_pending)
+            w = _Waiting(ev.seq, record_from_v1(ev.fields, f"record {ev.seq}"), not ev.pending)
             self._queue.append(w)
             self._by_seq[ev.seq] = w
         out = []

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from tokendiff.sources.record import CaptureRecord
 
 START_TIMEOUT = 120.0  # the child imports numpy, the tokenizer and the HTTP stacks on a busy machine
-NOTE = struct.Struct("<q??")  # (seq, patch, tokens_pending); seq -1: stop
+NOTE = struct.Struct("<q??")  # (seq, patch, pending); seq -1: stop
 NICE = 10  # the child's CPU priority below the proxy's
 
 
@@ -131,7 +131,7 @@ class Observer:
         if not self.opts.analyses or self._notes is None:
             return
         try:
-            self._notes.send_bytes(NOTE.pack(ev.seq, ev.patch, ev.tokens_pending))
+            self._notes.send_bytes(NOTE.pack(ev.seq, ev.patch, ev.pending))
         except (BlockingIOError, BrokenPipeError, OSError):
             self.lost += 1
 
@@ -293,7 +293,7 @@ class _Work:
             fields = self.tail.take(seq, patch)
             if fields is None:
                 continue
-            records = self.records.take(RecordEvent(seq, fields, patch=patch, tokens_pending=pending))
+            records = self.records.take(RecordEvent(seq, fields, patch=patch, pending=pending))
             while self.records.waiting > self.MAX_WAITING:
                 oldest = self.records.release_oldest()
                 records += [oldest] if oldest is not None else []

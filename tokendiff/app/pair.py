@@ -64,7 +64,8 @@ def open_loader(opts: PromptOptions) -> Loader:
     from tokendiff.sources.tokenizers import load_vocab
 
     if not opts.server:
-        return Loader(load_vocab(opts.tokenizer), opts.family, opts.order, read_chat_template(opts.chat_template))
+        tmpl = read_chat_template(opts.chat_template)
+        return Loader(load_vocab(opts.tokenizer), opts.family, opts.order, tmpl, template_name=opts.chat_template)
     return _server_loader(opts, opts.server)
 
 
@@ -77,11 +78,11 @@ def _server_loader(opts: PromptOptions, url: str) -> Loader:
     from tokendiff.sources.tokenizers import load_vocab
 
     vocab = load_vocab(opts.tokenizer) if opts.tokenizer else load_server(url)
-    tmpl = read_chat_template(opts.chat_template)
+    tmpl, name = read_chat_template(opts.chat_template), opts.chat_template
     if tmpl is None:  # the template the server renders with (issue #13)
-        tmpl = served_template(url, vocab.meta.chat_template, vocab.name)
+        tmpl, name = served_template(url, vocab.meta.chat_template, vocab.name), f"{url}/props"
     server = ServerPrompts(vocab.meta.server) if vocab.meta.server else None
-    return Loader(vocab, opts.family, opts.order, tmpl, server)
+    return Loader(vocab, opts.family, opts.order, tmpl, server, template_name=name)
 
 
 class PairResult:

@@ -119,21 +119,21 @@ def write_text(path: Path, text: str) -> Path:
 
 def export_turns(session: Session, path: Path) -> Path:
     """The per-turn table as .parquet (else CSV)."""
+    import io
+
     from tokendiff.report.dataset import turn_frame
 
     frame = turn_frame(session)
-    try:
-        frame.write_parquet(path) if str(path).endswith(".parquet") else frame.write_csv(path)
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=str(path)) from None
-    return Path(path)
+    buf = io.BytesIO()
+    frame.write_parquet(buf) if str(path).endswith(".parquet") else frame.write_csv(buf)
+    return _write(path, buf.getvalue())
 
 
 def _write(path: Path, data: bytes) -> Path:
-    try:
-        Path(path).write_bytes(data)
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=str(path)) from None
+    """Written without following a symbolic link at `path` (safeio.write_output)."""
+    from tokendiff.safeio import write_output
+
+    write_output(path, data)
     return Path(path)
 
 

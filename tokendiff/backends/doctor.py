@@ -337,14 +337,25 @@ class Evidence:
         answer = self.answers.get(path)
         return answer.json if answer else None
 
+    def obj(self, path: str) -> dict[str, Any]:
+        """The answer when it is a JSON object, else {}."""
+        doc = self.json(path)
+        return doc if isinstance(doc, dict) else {}
+
     def status(self, path: str) -> int | None:
         answer = self.answers.get(path)
         return answer.status if answer else None
 
     @property
     def props(self) -> dict[str, Any]:
+        """/props with every field the checks read of its type (see props_problems)."""
         doc = self.json("/props")
-        return doc if isinstance(doc, dict) else {}
+        return srv.checked_props(doc)[0] if isinstance(doc, dict) else {}
+
+    @property
+    def props_problems(self) -> list[str]:
+        doc = self.json("/props")
+        return srv.checked_props(doc)[1] if isinstance(doc, dict) else []
 
     @property
     def metrics(self) -> str | None:
@@ -386,10 +397,19 @@ REUSE_PROBE_PROMPT = (
 )
 
 
+UNKNOWN = ServerKind.UNKNOWN  # a server whose endpoints refused, redirected or answered what no server's API does
+
+
 def gather(url: str, workload: Workload) -> Evidence:
     """Read the server's endpoints, its launch flags and model file where local, and run the probes."""
     answers = srv.read_endpoints(url)
-    ev = Evidence(url=url, kind=server_kind(answers, url), answers=answers)
+    try:
+        kind = server_kind(answers, url)
+    except ServerError:
+        if not check_answers(answers):
+            raise
+        kind = UNKNOWN  # nothing identified it, but what answered is worth reporting (exit 1)
+    ev = Evidence(url=url, kind=kind, answers=answers)
     if ev.kind == srv.VLLM and workload.probe_cache:
         block = srv.vllm_block_size(ev.metrics)
         ev.cached_probe = _vllm_cached_probe(url, _served_model(ev), block)
@@ -908,7 +928,7 @@ def _unchecked(kind: str, why: str) -> Check:
 
 def check_sglang(ev: Evidence, w: Workload) -> list[Check]:
     """/get_server_info carries SGLang's server arguments."""
-    info = ev.json("/get_server_info") or {}
+    info = ev.obj("/get_server_info")
     out = []
     if "disable_radix_cache" not in info:
         out.append(_unchecked("caching", "no disable_radix_cache in /get_server_info"))
@@ -935,8 +955,8 @@ def _sglang_pool(pool: Any, w: Workload) -> Check:
 
 def check_ollama(ev: Evidence, w: Workload) -> list[Check]:
     """Ollama reports loaded models' context on /api/ps; its parallelism and cache are not reported."""
-    ps = ev.json("/api/ps")
-    loaded = [m for m in (ps.get("models") or []) if isinstance(m, dict)] if isinstance(ps, dict) else []
+    models = ev.obj("/api/ps").get("models")
+    loaded = [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
     ctx = next((m["context_length"] for m in loaded if isinstance(m.get("context_length"), int)), None)
     out = [
         _context_check(ctx, w, "/api/ps context_length", "num_ctx in the request, or OLLAMA_CONTEXT_LENGTH")
@@ -949,7 +969,51 @@ def check_ollama(ev: Evidence, w: Workload) -> list[Check]:
     return out
 
 
+ABSENT = (404, 405, 501)  # an endpoint this kind of server does not have (or has switched off)
+REFUSED = (401, 403, 407)
+
+
+def check_answers(answers: dict[str, srv.Answer]) -> list[Check]:
+    """What no server's API should answer, one problem per endpoint: a refusal (the server wants
+    credentials doctor does not send), a redirect (a login page, a gateway), a page that is not JSON, a
+    server error, or an answer past doctor's bounds. An endpoint a kind lacks (404, 501) is no problem."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for path, a in answers.items():
+        why = _answer_problem(path, a)
+        if why is not None:
+            grouped.setdefault(why, []).append(path)
+    return [
+        Check("endpoint", PROBLEM, f"GET {', '.join(paths)}: {summary}", "", fix)
+        for (summary, fix), paths in grouped.items()
+    ]
+
+
+def _answer_problem(path: str, a: srv.Answer) -> tuple[str, str] | None:
+    if a.error:
+        return a.error, "check what answers at this URL: doctor reads each endpoint within 10 s and 32 MB"
+    status = a.status
+    if status is None or status in ABSENT:
+        return None
+    if 300 <= status < 400:
+        return f"redirected (HTTP {status})", "point --server at the server itself, not a gateway or a login page"
+    if status in REFUSED:
+        return f"refused (HTTP {status})", "doctor sends no API key: run it where the server's endpoints are open"
+    if status >= 400:
+        return f"HTTP {status}", "see the server's log"
+    if path == srv.METRICS:
+        return ("answered a page, not Prometheus metrics", "point --server at the server itself") if _page(a) else None
+    if a.json is None:
+        return "answered something that is not JSON", "point --server at the server itself, not a web page"
+    return None
+
+
+def _page(a: srv.Answer) -> bool:
+    return a.body.lstrip()[:1] == b"<"
+
+
 def check_generic(ev: Evidence, w: Workload) -> list[Check]:
+    if ev.kind == UNKNOWN:
+        return [_unchecked("server", "no endpoint answered as llama-server, vLLM, SGLang, Ollama or /v1/models do")]
     return [_unchecked("server", "an OpenAI-compatible server that is not llama-server, vLLM, SGLang or Ollama")]
 
 
@@ -988,15 +1052,20 @@ class DoctorReport:
 
 
 def diagnose(ev: Evidence, w: Workload) -> DoctorReport:
-    """Every check that applies to the server's kind."""
+    """Every check that applies to the server's kind, after what its endpoints answered."""
+    checks = check_answers(ev.answers)
+    if ev.props_problems:
+        checks.append(Check("props", PROBLEM, "/props has fields of the wrong type", "; ".join(ev.props_problems)))
     if ev.kind == srv.LLAMA:
-        checks = [check(ev, w) for check in LLAMA_CHECKS]
+        checks += [check(ev, w) for check in LLAMA_CHECKS]
         checks += [c for c in (check_cache_reuse(ev, w),) if c is not None]
     else:
         by_kind = {srv.VLLM: check_vllm, srv.SGLANG: check_sglang, srv.OLLAMA: check_ollama}
-        checks = by_kind.get(ev.kind, check_generic)(ev, w)
-    tags = ev.json("/api/tags") if ev.kind == srv.OLLAMA else None
-    names = tuple(str(m["name"]) for m in tags["models"] if isinstance(m, dict) and m.get("name")) if tags else ()
+        checks += by_kind.get(ev.kind, check_generic)(ev, w)
+    tags = ev.obj("/api/tags").get("models") if ev.kind == srv.OLLAMA else None
+    names = (
+        tuple(str(m["name"]) for m in tags if isinstance(m, dict) and m.get("name")) if isinstance(tags, list) else ()
+    )
     info = srv.ServerInfo(ev.url, ev.kind, props=ev.props or None, models=ev.json("/v1/models"), ollama_models=names)
     return DoctorReport(ev.url, ev.kind, info.model, w, tuple(checks))
 

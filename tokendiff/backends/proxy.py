@@ -2,8 +2,11 @@
 
 Every request is passed to the upstream unchanged and its response streamed
 back chunk by chunk as it arrives (status, headers and body verbatim), so a
-client sees the upstream's behaviour, TTFT included. Chat requests are then
-recorded, once each, in `OUT/capture.jsonl` (see `capture.py`). When the
+client sees the upstream's behaviour, TTFT included. Chat requests are
+recorded, once each, in `OUT/capture.jsonl` (see `capture.py`): the request
+before the client's first byte, the response as a patch before its last, so
+a request the client was answered for survives kill -9. A request that may
+have reached the upstream is never sent twice. When the
 upstream is a llama-server, the exact prompt token IDs it used are fetched
 afterwards (`/apply-template` + `/tokenize` with add_special and
 parse_special), off the request path: the client never waits for them.
@@ -13,13 +16,16 @@ Whatever a request holds, the capture stays readable (capture.py): large bodies 
 cannot round-trip keep their exact bytes, and secrets are removed first (secrets.py).
 
 The listening side is a plain ASGI app served by uvicorn on a socket bound here (so a busy port
-is one line, exit 2); the upstream side is an httpx.AsyncClient.
+is one line, exit 2); the upstream side is an httpx.AsyncClient. The upstream is probed in the
+background, so the proxy serves at once whatever its /props does; a capture that cannot be
+written (a full disk) is one warning, and requests are still forwarded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import socket
 import sys
 import time
@@ -40,10 +46,10 @@ from tokendiff.backends.server import (
 )
 from tokendiff.backends.urls import is_loopback_host
 from tokendiff.core.usage import usage_of
-from tokendiff.errors import InputError
+from tokendiff.errors import InputError, ServerError
+from tokendiff.notices import warn
 from tokendiff.safeio import write_private
 from tokendiff.sources.capture import (
-    BLOB_THRESHOLD,
     MAX_BODY,
     CaptureWriter,
     PreparedRequest,
@@ -69,22 +75,23 @@ HOP_BY_HOP = {
     b"accept-encoding",  # ask for uncompressed bodies, so what is forwarded can also be recorded
 }
 MAX_RECORDED_RESPONSE = 8 << 20  # keep at most this much of a non-streamed response for the record
-MAX_RECORDED_TEXT = 1 << 20  # a streamed answer's text beyond this is cut from the record (and marked)
 TOKEN_FETCH_TIMEOUT = 60.0
+PREPARE_INLINE = 256 << 10  # a larger request body is prepared for its record in a thread
+PROBE_DEADLINE = 20.0  # the upstream's /props and /v1/models, all told (read in the background)
 # what httpx.AsyncClient(timeout=Timeout(None, connect=CONNECT_TIMEOUT)) would put on each forwarded request
 FORWARD_EXTENSIONS = {"timeout": {"connect": CONNECT_TIMEOUT, "read": None, "write": None, "pool": None}}
 
 
 @dataclass(frozen=True)
 class RecordEvent:
-    """What the proxy tells a watcher (`tokendiff watch`) as the capture grows: a record as written,
-    or a later patch of record `seq` (its prompt token IDs). Records come in `seq` order; a record
-    with `tokens_pending` is followed by exactly one patch."""
+    """What the proxy tells a watcher (`tokendiff watch`) as the capture grows: a record as written
+    (its request, when the request was sent), or a later patch of record `seq` (its response, then
+    its prompt token IDs). Records come in `seq` order; `pending`: another patch of this record follows."""
 
     seq: int
     fields: dict[str, Any]
     patch: bool = False
-    tokens_pending: bool = False
+    pending: bool = False
 
 
 @dataclass
@@ -96,10 +103,12 @@ class ProxyState:
     # forwarding goes straight to a transport: no cookie jar (upstream cookies must not pass between
     # clients), auth or redirects to run per request, which the added-latency budget cannot afford
     transport: httpx.AsyncHTTPTransport | None = None
-    info: ServerInfo | None = None  # what the upstream said about itself, probed once
+    info: ServerInfo | None = None  # what the upstream said about itself, probed once, in the background
+    probe: asyncio.Task | None = None  # that probe, while it runs (requests are served meanwhile)
     server: dict[str, Any] | None = None  # the `server` field of every record, from `info`
     pending: set[asyncio.Task] = field(default_factory=set)
     recorded: int = 0
+    unrecorded: int = 0  # records or patches the capture could not take (a full disk)
     fetch_tokens: bool = True  # fetch each recorded prompt's token IDs from the upstream afterwards
     on_record: Callable[[RecordEvent], None] | None = None  # called in the proxy's loop; must not block
     urls: dict[tuple[str, bytes], httpx.URL] = field(default_factory=dict)  # see _upstream_url
@@ -108,25 +117,29 @@ class ProxyState:
 @dataclass
 class Exchange:
     """One request passing through: what was forwarded, and the record being built from it.
-    A chat body is prepared for its record (`prep`) once it is on its way upstream, while the
-    server works: the client never waits for the parse, the verbatim check or the secrets plan."""
 
-    rec: dict[str, Any] | None  # None for requests that are not recorded (not chat)
+    A chat request is recorded in two lines: the request (`line`, a task that prepares the body while
+    the upstream works and writes it once the body is on its way), awaited before the client's first
+    byte, then the response as a patch of it, written before the client's last byte. So a request
+    the client saw answered is in the capture even after kill -9, at any body size."""
+
+    rec: dict[str, Any] | None  # the record's own fields (source, endpoint...); None: not recorded (not chat)
     t0: float
-    prep: asyncio.Task | None = None  # -> PreparedRequest | None (None: not a JSON object, not recorded)
+    line: asyncio.Task | None = None  # -> the request line as written, or None (not a JSON object, not written)
     on_wire: asyncio.Event = field(default_factory=asyncio.Event)  # the request body is sent upstream
+    headers_out: bool = False  # request bytes may have reached the upstream: it is never sent again
     request: dict[str, Any] | None = None  # the body as parsed, unredacted: what the server rendered
+    server_known: bool = False  # the request line carries the probe's `server`
     ttft: float | None = None
     sent: int = 0
     digest: Any = field(default_factory=hashlib.sha256)  # of exactly the bytes forwarded to the client
     kept: list[bytes] = field(default_factory=list)
     kept_n: int = 0
     stream: SSESummary | None = None  # set for event and NDJSON streams: summarised as they pass
+    notes: list[str] = field(default_factory=list)
     error: str | None = None
     client_gone: bool = False
-    written: bool = False
-    fetch_scheduled: bool = False
-    as_written: dict[str, Any] | None = None  # the record as the capture holds it, for `on_record`
+    finished: bool = False  # the response patch is written (or given up)
 
     def take(self, chunk: bytes) -> None:
         if self.ttft is None:
@@ -139,6 +152,16 @@ class Exchange:
             self.kept.append(chunk)
             self.kept_n += len(chunk)
 
+    def observe(self, chunk: bytes) -> None:
+        """Feed the stream summary; whatever goes wrong there is a note, never a cut stream."""
+        if self.stream is None or self.rec is None:
+            return
+        try:
+            self.stream.feed(chunk)
+        except Exception as e:  # noqa: BLE001 - the recorder must never break forwarding
+            self.notes.append(f"stream summary stopped: {type(e).__name__}: {e}")
+            self.stream = None
+
 
 def make_app(
     upstream: str, out: str | Path, fetch_tokens: bool = True, on_record: Callable[[RecordEvent], None] | None = None
@@ -148,6 +171,7 @@ def make_app(
     out = session_dir(out)
     state = ProxyState(upstream.rstrip("/"), out, writer=CaptureWriter(out / "capture.jsonl"))
     state.fetch_tokens, state.on_record = fetch_tokens, on_record
+    state.server = {"upstream": state.upstream}
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
@@ -178,26 +202,49 @@ async def _lifespan(state: ProxyState, receive, send) -> None:
 
 
 async def _startup(state: ProxyState) -> None:
+    """Clients made; the upstream probed in the background (bounded), so the proxy serves at once
+    whatever the upstream does with its /props."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     state.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT), limits=limits)
     state.transport = httpx.AsyncHTTPTransport(limits=limits)
-    state.info = await aprobe(state.upstream, state.client)
-    state.server = state.info.record()
-    if state.info.props is not None:
-        _save_json(state.out / "props.json", state.info.props)
-    if state.info.models is not None:
-        _save_json(state.out / "models.json", state.info.models)
+    state.probe = asyncio.get_running_loop().create_task(_probe(state))
+
+
+async def _probe(state: ProxyState) -> ServerInfo | None:
+    """The upstream's answers about itself, within PROBE_DEADLINE; None when it never said (then
+    records name the upstream only, and no token IDs are fetched)."""
+    assert state.client
+    try:
+        info = await asyncio.wait_for(aprobe(state.upstream, state.client), PROBE_DEADLINE)
+    except (TimeoutError, httpx.HTTPError, InputError) as e:
+        warn(f"the upstream's /props and /v1/models were not read ({type(e).__name__}): recording without them")
+        return None
+    state.info, state.server = info, info.record()
+    if info.props is not None:
+        _save_json(state.out / "props.json", info.props)
+    if info.models is not None:
+        _save_json(state.out / "models.json", info.models)
+    return info
+
+
+async def _probed(state: ProxyState) -> ServerInfo | None:
+    """The probe's answer, waiting for it if it still runs."""
+    if state.probe is not None and not state.probe.done():
+        await asyncio.shield(state.probe)
+    return state.info
 
 
 def _save_json(path: Path, doc: Any) -> None:
     try:
         write_private(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    except (InputError, OSError) as e:
-        print(f"tokendiff proxy: warning: {path.name} not saved: {e}", file=sys.stderr)
+    except (InputError, OSError, TypeError) as e:
+        warn(f"{path.name} not saved: {e}")
 
 
 async def _shutdown(state: ProxyState) -> None:
-    if state.pending:  # token fetches still running: let them finish (bounded) so no record is lost
+    if state.probe is not None and not state.probe.done():
+        state.probe.cancel()
+    if state.pending:  # records and token fetches still running: let them finish (bounded) so none is lost
         await asyncio.wait(state.pending, timeout=TOKEN_FETCH_TIMEOUT)
     if state.client:
         await state.client.aclose()
@@ -268,13 +315,21 @@ def _forward_headers(scope) -> list[tuple[bytes, bytes]]:
 def _response_headers(resp: httpx.Response) -> list[tuple[bytes, bytes]]:
     items = resp.headers.multi_items()
     headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in items if k.lower().encode() not in HOP_BY_HOP]
-    if "content-length" in resp.headers and "content-encoding" not in resp.headers:
+    if _length(resp) is not None:
         headers.append((b"content-length", resp.headers["content-length"].encode()))
     return headers
 
 
+def _length(resp: httpx.Response) -> int | None:
+    """The body's length when the upstream said it (and the bytes are relayed as they come)."""
+    value = resp.headers.get("content-length")
+    if value is None or "content-encoding" in resp.headers or not value.isdigit():
+        return None
+    return int(value)
+
+
 def _new_record(scope, inc: Incoming) -> dict[str, Any] | None:
-    """The start of the record for a chat request (its body's fields come from `_start_prepare`);
+    """The start of the record for a chat request (its body's fields come from `_write_request`);
     None for everything else."""
     path = scope["path"]
     if not (scope["method"] == "POST" and path.endswith(CHAT_ENDPOINTS)):
@@ -285,19 +340,46 @@ def _new_record(scope, inc: Incoming) -> dict[str, Any] | None:
     return rec
 
 
-def _start_prepare(state: ProxyState, ex: Exchange, data: bytes) -> None:
-    """Prepare the body for its record in a task that starts once the body is on the wire (`ex.on_wire`),
+def _start_line(state: ProxyState, ex: Exchange, data: bytes | None) -> None:
+    """Write the request's line in a task that starts once the body is on the wire (`ex.on_wire`),
     so the parse runs while the upstream works rather than before it is asked."""
-    ex.prep = asyncio.get_running_loop().create_task(_prepare_when_sent(state, data, ex.on_wire))
-    state.pending.add(ex.prep)
-    ex.prep.add_done_callback(state.pending.discard)
+    ex.line = asyncio.get_running_loop().create_task(_write_request(state, ex, data))
+    state.pending.add(ex.line)
+    ex.line.add_done_callback(state.pending.discard)
 
 
-async def _prepare_when_sent(state: ProxyState, data: bytes, sent: asyncio.Event) -> PreparedRequest | None:
-    await sent.wait()
-    if len(data) > BLOB_THRESHOLD:  # parsed and its blob written in a thread: other requests keep flowing
-        return await asyncio.to_thread(_prepare, state, data)
-    return _prepare(state, data)
+async def _write_request(state: ProxyState, ex: Exchange, data: bytes | None) -> dict[str, Any] | None:
+    """The request line: the body prepared (secrets removed, a blob written first when large) and
+    appended with the record's own fields and the server. None: not recorded (recording never breaks
+    forwarding: whatever goes wrong here is a warning)."""
+    await ex.on_wire.wait()
+    try:
+        return await _request_line(state, ex, data)
+    except Exception as e:  # noqa: BLE001 - the client is answered whatever happens to its record
+        warn(f"a request was not recorded: {type(e).__name__}: {e}", kind="request not recorded")
+        return None
+
+
+async def _request_line(state: ProxyState, ex: Exchange, data: bytes | None) -> dict[str, Any] | None:
+    assert ex.rec is not None
+    fields: dict[str, Any] = {}
+    if data is not None:
+        if len(data) > PREPARE_INLINE:  # parsed (and its blob written) in a thread: other requests keep flowing
+            prepared = await asyncio.to_thread(_prepare, state, data)
+        else:
+            prepared = _prepare(state, data)
+        if prepared is None:
+            return None
+        fields, ex.request = prepared.fields, prepared.parsed or None
+    rec: dict[str, Any] = {k: ex.rec[k] for k in ("source", "endpoint", "request_body") if k in ex.rec}
+    rec.update(fields)
+    rec["server"] = state.server
+    ex.server_known = state.info is not None
+    written = _append(state, rec, redact_request=False)  # the request part was prepared already
+    if written is not None:
+        state.recorded += 1
+        _announce(state, RecordEvent(written["seq"], written, pending=True))
+    return written
 
 
 def _prepare(state: ProxyState, body: bytes) -> PreparedRequest | None:
@@ -315,94 +397,111 @@ def _prepare(state: ProxyState, body: bytes) -> PreparedRequest | None:
         return PreparedRequest(fields, {})
 
 
+def _append(state: ProxyState, rec: dict[str, Any], redact_request: bool = True) -> dict[str, Any] | None:
+    """A line appended, or None when the capture cannot take it (a full disk): said once, counted,
+    and the request still served."""
+    assert state.writer
+    try:
+        return state.writer.append(rec, redact_request=redact_request)
+    except InputError as e:
+        state.unrecorded += 1
+        warn(f"{e}; requests are still forwarded, but not recorded", kind="capture not written")
+        return None
+
+
+def _announce(state: ProxyState, ev: RecordEvent) -> None:
+    """Tell the watcher, if any (in seq order for records: no await between the write and this)."""
+    if state.on_record is not None:
+        state.on_record(ev)
+
+
 async def _handle(state: ProxyState, scope, receive, send) -> None:
     url = _upstream_url(state, scope)
     inc = await _read_body(receive)
     ex = Exchange(_new_record(scope, inc), time.perf_counter())
-    if ex.rec is not None and inc.data is not None:
-        _start_prepare(state, ex, inc.data)
+    if ex.rec is not None:
+        _start_line(state, ex, inc.data)
     if inc.disconnected:
-        if ex.rec is not None:
-            await _disconnected_early(state, ex)
+        await _finish(state, ex, _early_disconnect())
         return
     if inc.data is not None:
         body: Any = inc.data
     else:
         body = _relay_body(inc, receive, ex.rec["request_body"] if ex.rec is not None else {})
     resp = await _open_upstream(state, scope, url, body, send, ex)
-    if inc.disconnected or resp is None:
-        return
-    await _relay(state, resp, receive, send, ex)
-    if ex.rec is None:
-        return
-    if not ex.written:
-        _complete(ex, resp)
-        await _record(state, ex)
-        _fetch_tokens_after(state, ex, resp)
+    if resp is not None:
+        await _relay(state, resp, receive, send, ex)
 
 
-async def _disconnected_early(state: ProxyState, ex: Exchange) -> None:
-    assert ex.rec is not None
-    ex.rec["response"] = {"status": None, "error": "client disconnected before sending the whole request"}
-    ex.rec["client_disconnected"] = True
-    await _record(state, ex)
-    _announce(state, ex, False)
+def _early_disconnect() -> dict[str, Any]:
+    return {
+        "response": {"status": None, "error": "client disconnected before sending the whole request"},
+        "client_disconnected": True,
+    }
 
 
 async def _open_upstream(state: ProxyState, scope, url: httpx.URL, body: Any, send, ex: Exchange):
     """The upstream's streamed response, or None after answering the client a 502 (or, for a
-    client gone while its over-cap body was being relayed, after recording that)."""
+    client gone while its over-cap body was being relayed, after recording that). A request is
+    sent again only when none of it was sent: one that may have reached the upstream (an agent's
+    tool call, a paid completion) is never run twice."""
     assert state.transport
-    sent = ex.on_wire if ex.prep is not None else None
     try:
         try:
-            return await _send_upstream(state.transport, scope, url, body, sent)
-        except (httpx.RemoteProtocolError, httpx.ReadError):
-            if not isinstance(body, bytes):
-                raise  # a relayed body cannot be sent twice
-            # a kept-alive connection the server had closed: nothing reached it, send again once
-            return await _send_upstream(state.transport, scope, url, body, sent)
+            return await _send_upstream(state.transport, scope, url, body, ex)
+        except httpx.TransportError:
+            if ex.headers_out or not isinstance(body, bytes):
+                raise
+            return await _send_upstream(state.transport, scope, url, body, ex)  # nothing was sent: once more
     except ConnectionResetError:
-        if ex.rec is not None:
-            await _disconnected_early(state, ex)
+        await _finish(state, ex, _early_disconnect())
         return None
     except httpx.HTTPError as e:
-        ex.on_wire.set()  # prepare the record now: the body will not be sent
+        ex.on_wire.set()  # write the request line now: the body will not be sent
         msg = f"tokendiff proxy: upstream {state.upstream} unreachable: {type(e).__name__}: {e}"
+        if ex.headers_out:
+            msg = f"tokendiff proxy: upstream {state.upstream} failed without answering: {type(e).__name__}: {e}"
         payload = orjson.dumps({"error": {"message": msg, "type": "upstream_unreachable", "code": 502}})
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        if ex.line is not None:
+            await asyncio.shield(ex.line)
         await send({"type": "http.response.start", "status": 502, "headers": headers})
+        await _finish(state, ex, {"response": {"status": 502, "error": msg}, "upstream_error": msg})
         await send({"type": "http.response.body", "body": payload})
-        if ex.rec is not None:
-            ex.rec["response"] = {"status": 502, "error": msg}
-            ex.rec["upstream_error"] = msg
-            ex.rec["total_ms"] = (time.perf_counter() - ex.t0) * 1000
-            await _record(state, ex)
-            _announce(state, ex, False)
         return None
     finally:
         ex.on_wire.set()
 
 
 async def _send_upstream(
-    transport: httpx.AsyncHTTPTransport, scope, url: httpx.URL, body: Any, sent: asyncio.Event | None
+    transport: httpx.AsyncHTTPTransport, scope, url: httpx.URL, body: Any, ex: Exchange
 ) -> httpx.Response:
     """Send the request straight to the transport: a client's per-request work (default headers,
-    cookies, URL joining, ~0.05 ms) is not the proxy's to add. `sent` is set as soon as the body is
-    written (httpcore's trace extension), before the upstream answers."""
+    cookies, URL joining, ~0.05 ms) is not the proxy's to add. httpcore's trace tells when the
+    request's first byte goes out (`ex.headers_out`) and when its body is written (`ex.on_wire`)."""
     headers = _forward_headers(scope)
     headers.append((b"accept-encoding", b"identity"))  # an answer the record can read, as the client gets it
     if not isinstance(body, bytes):  # relayed as it comes: keep the client's length, not chunked
         headers += [(k, v) for k, v in scope["headers"] if k.lower() == b"content-length"]
-    extensions = {**FORWARD_EXTENSIONS, "trace": _body_sent_trace(sent)} if sent is not None else FORWARD_EXTENSIONS
+    if not isinstance(body, bytes) or _STREAM.search(body):
+        # llama-server (cpp-httplib) closes a connection after a streamed answer without saying so: the
+        # next request sent on it would fail unanswered, and is never sent again (it may have run). So a
+        # streamed answer's connection is not kept for another request.
+        headers.append((b"connection", b"close"))
+    extensions = {**FORWARD_EXTENSIONS, "trace": _trace(ex)}
     req = httpx.Request(scope["method"], url, headers=headers, content=body, extensions=extensions)
     return await transport.handle_async_request(req)
 
 
-def _body_sent_trace(sent: asyncio.Event):
+_STREAM = re.compile(rb'"stream"\s*:\s*true')
+
+
+def _trace(ex: Exchange):
     async def trace(event: str, info: dict[str, Any]) -> None:
-        if event.endswith("send_request_body.complete"):
-            sent.set()
+        if event.endswith("send_request_headers.started"):
+            ex.headers_out = True
+        elif event.endswith("send_request_body.complete"):
+            ex.on_wire.set()
 
     return trace
 
@@ -420,42 +519,44 @@ def _upstream_url(state: ProxyState, scope) -> httpx.URL:
 
 
 async def _relay(state: ProxyState, resp: httpx.Response, receive, send, ex: Exchange) -> None:
-    """Forward the upstream's response chunk by chunk; record a chat exchange before its last byte."""
-    ex.stream = stream_summary(resp.headers.get("content-type", ""))
+    """Forward the upstream's response chunk by chunk. A chat exchange's request line is on disk
+    before the client's first byte, its response patch before the client's last (a body of known
+    length: before its last chunk; a stream: before the end of the chunked body)."""
+    ex.stream = stream_summary(resp.headers.get("content-type", "")) if ex.rec is not None else None
+    length = _length(resp)
     # The server may not fail a send to a closed client: watch for the disconnect ourselves,
     # and stop pulling from the upstream when it comes (closing it stops the generation).
     gone = asyncio.get_running_loop().create_task(_wait_disconnect(receive))
     try:
+        if ex.line is not None:
+            await asyncio.shield(ex.line)
         await send({"type": "http.response.start", "status": resp.status_code, "headers": _response_headers(resp)})
         async for chunk in resp.aiter_raw():
             if gone.done():
                 raise ConnectionResetError("client closed the connection")
             ex.take(chunk)
+            if length is not None and ex.sent >= length:  # the last chunk: recorded before it goes
+                ex.observe(chunk)
+                await _finish_response(state, ex, resp)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                continue
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            if ex.stream is not None and ex.rec is not None:
-                ex.stream.feed(chunk)  # after the send: the client never waits for the parse
-        if ex.rec is not None:
-            # recorded before the response is complete for the client: a request the
-            # client saw finish is never missing from the capture, even after kill -9
-            _complete(ex, resp)
-            await _record(state, ex)
-            # scheduled before the client's last byte: a proxy stopped right after it still waits for it
-            _fetch_tokens_after(state, ex, resp)
+            ex.observe(chunk)  # after the send: the client never waits for the parse
+        await _finish_response(state, ex, resp)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except httpx.HTTPError as e:  # the upstream died mid-stream: the client sees the stream end
         ex.error = f"upstream failed mid-response: {type(e).__name__}: {e}"
+        await _finish_response(state, ex, resp)
         await _end_body(send)
     except (OSError, RuntimeError, asyncio.CancelledError) as e:  # the client went away
-        if not ex.written:  # after the record, only the end-of-body marker was lost: the client had it all
+        if not ex.finished:  # after the patch, only the end-of-body marker was lost: the client had it all
             ex.client_gone = True
             ex.error = f"client disconnected mid-response: {type(e).__name__}"
         if isinstance(e, asyncio.CancelledError):
             await resp.aclose()
-            if ex.rec is not None and not ex.written:
-                _complete(ex, resp)
-                await _record(state, ex)
-                _announce(state, ex, False)
+            await _finish_response(state, ex, resp)
             raise
+        await _finish_response(state, ex, resp)
     finally:
         gone.cancel()
         await resp.aclose()
@@ -468,25 +569,51 @@ async def _end_body(send) -> None:
         pass
 
 
-def _complete(ex: Exchange, resp: httpx.Response) -> None:
-    """Fill the record's response, timings and disconnect mark from the exchange."""
-    assert ex.rec is not None
+async def _finish_response(state: ProxyState, ex: Exchange, resp: httpx.Response) -> None:
+    """The response patch of a relayed exchange, then (off the request path) its prompt's token IDs."""
+    if ex.rec is None or ex.finished:
+        return
+    fetch = state.fetch_tokens and ex.error is None and resp.status_code == 200
+    await _finish(state, ex, _complete(ex, resp), fetch=fetch)
+
+
+async def _finish(state: ProxyState, ex: Exchange, fields: dict[str, Any], fetch: bool = False) -> None:
+    """Write the exchange's response patch, once, after its request line (waiting for it: a
+    cancelled handler still records); nothing when the request was not recorded."""
+    if ex.rec is None or ex.finished or ex.line is None:
+        return
+    ex.finished = True
+    ex.on_wire.set()
+    line = await asyncio.shield(ex.line)
+    if line is None:
+        return
+    fields.setdefault("total_ms", (time.perf_counter() - ex.t0) * 1000)
+    if ex.notes:
+        fields["notes"] = [*fields.get("notes", ()), *ex.notes]
+    if not ex.server_known and state.info is not None:
+        fields["server"] = state.server
+    written = _append(state, {"patch": line["seq"], **fields})
+    if written is None:
+        return
+    tokens = fetch and ex.request is not None and _schedule_token_fetch(state, line, ex.request, fields)
+    _announce(state, RecordEvent(line["seq"], written, patch=True, pending=tokens))
+
+
+def _complete(ex: Exchange, resp: httpx.Response) -> dict[str, Any]:
+    """The response patch's fields: the response, timings and disconnect mark."""
     response: dict[str, Any] = {"status": resp.status_code, "bytes": ex.sent, "sha256": ex.digest.hexdigest()}
     if ex.stream is not None:
         response.update(ex.stream.result())
         response["streamed"] = True
-        text = response.get("content")
-        if isinstance(text, str) and len(text) > MAX_RECORDED_TEXT:  # every line stays small
-            response["content"], response["content_truncated"] = text[:MAX_RECORDED_TEXT], len(text)
+        ex.notes += ex.stream.notes
     else:
         response.update(_body_summary(b"".join(ex.kept), resp.status_code))
     if ex.error:
         response["error"] = ex.error
-    ex.rec["response"] = response
-    ex.rec["ttft_ms"] = ex.ttft
-    ex.rec["total_ms"] = (time.perf_counter() - ex.t0) * 1000
+    out: dict[str, Any] = {"response": response, "ttft_ms": ex.ttft, "total_ms": (time.perf_counter() - ex.t0) * 1000}
     if ex.client_gone:
-        ex.rec["client_disconnected"] = True
+        out["client_disconnected"] = True
+    return out
 
 
 def _body_summary(raw: bytes, status: int) -> dict[str, Any]:
@@ -504,54 +631,17 @@ def _body_summary(raw: bytes, status: int) -> dict[str, Any]:
     return out
 
 
-async def _record(state: ProxyState, ex: Exchange) -> None:
-    """Write the exchange's record, once: its body's fields (waiting for the preparation, which
-    starts now if the body was never sent), the server, then what the exchange added. A body that
-    is not a JSON object is not recorded."""
-    assert state.writer and ex.rec is not None
-    fields: dict[str, Any] = {}
-    if ex.prep is not None:
-        ex.on_wire.set()
-        prepared = await asyncio.shield(ex.prep)  # a cancelled handler still records, see _relay
-        if prepared is None or ex.written:
-            ex.written = True
-            return
-        fields, ex.request = prepared.fields, prepared.parsed
-    if ex.written:
-        return
-    ex.written = True
-    rec: dict[str, Any] = {k: ex.rec[k] for k in ("source", "endpoint", "request_body") if k in ex.rec}
-    rec.update(fields)
-    rec["server"] = state.server
-    rec.update((k, v) for k, v in ex.rec.items() if k not in rec)
-    out = state.writer.append(rec, redact_request=False)  # the request part was prepared already
-    rec["seq"] = out["seq"]
-    ex.rec, ex.as_written = rec, out
-    state.recorded += 1
-
-
-def _fetch_tokens_after(state: ProxyState, ex: Exchange, resp: httpx.Response) -> None:
-    """Once per exchange, for a successful recorded chat request: fetch its prompt's token IDs."""
-    if ex.fetch_scheduled or ex.rec is None or "seq" not in ex.rec:
-        return
-    ex.fetch_scheduled = True
-    fetch = state.fetch_tokens and ex.error is None and resp.status_code == 200 and ex.request is not None
-    _announce(state, ex, fetch and _schedule_token_fetch(state, ex.rec, ex.request))
-
-
-def _announce(state: ProxyState, ex: Exchange, tokens_pending: bool) -> None:
-    """Tell the watcher, if any, that the exchange's record is written (in seq order: no await since)."""
-    if state.on_record is not None and ex.as_written is not None:
-        state.on_record(RecordEvent(ex.as_written["seq"], ex.as_written, tokens_pending=tokens_pending))
-
-
-def _schedule_token_fetch(state: ProxyState, rec: dict[str, Any], request: dict[str, Any] | None) -> bool:
+def _schedule_token_fetch(
+    state: ProxyState, rec: dict[str, Any], request: dict[str, Any], answer: dict[str, Any]
+) -> bool:
     """Off the request path: the client never waits for the token IDs. `request` is the body as
     the server got it (secrets included), so the IDs are the ones the server cached. False: no fetch."""
-    if state.info is None or request is None or not can_tokenize_chat(state.info):
+    probing = state.probe is not None and not state.probe.done()
+    if not has_prompt(request, rec.get("endpoint")) or not (
+        probing or (state.info is not None and can_tokenize_chat(state.info))
+    ):
         return False
-    if not has_prompt(request, rec.get("endpoint")):
-        return False
+    rec = {**rec, **answer}  # the request line and its response: the usage the IDs are checked against
     task = asyncio.get_running_loop().create_task(_fetch_and_patch(state, rec, request))
     state.pending.add(task)
     task.add_done_callback(state.pending.discard)
@@ -562,23 +652,25 @@ async def _fetch_and_patch(state: ProxyState, rec: dict[str, Any], request: dict
     """Fetch the prompt's token IDs after the fact and append them as a patch of the record."""
     try:
         patch = await asyncio.wait_for(_prompt_patch(state, rec, request), TOKEN_FETCH_TIMEOUT)
-    except (TimeoutError, httpx.HTTPError, InputError, ValueError, KeyError, TypeError) as e:
+    except (TimeoutError, httpx.HTTPError, InputError, ValueError, KeyError, TypeError, RecursionError) as e:
         patch = {"prompt_error": f"could not fetch the prompt tokens: {type(e).__name__}: {e}"}
-    assert state.writer
-    written = state.writer.append({"patch": rec["seq"], **patch})
-    if state.on_record is not None:
-        state.on_record(RecordEvent(rec["seq"], written, patch=True))
+    written = _append(state, {"patch": rec["seq"], **patch})
+    if written is not None:
+        _announce(state, RecordEvent(rec["seq"], written, patch=True))
 
 
 async def _prompt_patch(state: ProxyState, rec: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
-    assert state.client and state.info
-    found = await afetch_prompt_tokens(state.client, state.info, req, rec.get("endpoint"))
+    assert state.client
+    info = await _probed(state)
+    if info is None or not can_tokenize_chat(info):
+        raise ServerError("the upstream did not say it can tokenise chat requests", source=state.upstream)
+    found = await afetch_prompt_tokens(state.client, info, req, rec.get("endpoint"))
     patch: dict[str, Any] = {"prompt_ids": found.ids}
     if found.text is not None:
         patch["prompt_text"] = found.text
     patch["prompt_source"] = found.source
     reported = usage_of(rec.get("response")).prompt
-    if found.text is not None and reported is not None and reported != len(found.ids):
+    if found.text is not None and isinstance(reported, int) and reported != len(found.ids):
         patch["prompt_warning"] = (
             f"/tokenize gave {len(found.ids)} tokens but the response reported {reported} prompt tokens"
         )

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
+import zlib
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -85,12 +87,14 @@ class ServerInfo:
     def model(self) -> str | None:
         """The served model: llama-server's alias or path, Ollama's first model, or /v1/models' first id."""
         if self.props:
-            return self.props.get("model_alias") or self.props.get("model_path")
+            name = self.props.get("model_alias") or self.props.get("model_path")
+            return name if isinstance(name, str) else None
         if self.ollama_models:
             return self.ollama_models[0]
         data = self.models.get("data") if isinstance(self.models, dict) else None
         if isinstance(data, list) and data and isinstance(data[0], dict):
-            return data[0].get("id")
+            model = data[0].get("id")
+            return model if isinstance(model, str) else None
         return None
 
     @property
@@ -141,11 +145,63 @@ def recorded_backend(server: Any) -> tuple[ServerKind | Literal[""], int | None]
     return (known if isinstance(known, ServerKind) else ""), (block if ok else None)
 
 
+# /props fields tokendiff reads, with their types and bounds; a field of another type is left out (and
+# doctor reports it) rather than failing whatever reads it
+_COUNT = (int, 1, 1 << 16)
+_TOKENS = (int, 1, 1 << 31)
+PROPS_FIELDS: dict[str, Any] = {
+    "default_generation_settings": (dict,),
+    "total_slots": _COUNT,
+    "chat_template": (str,),
+    "model_path": (str,),
+    "model_alias": (str,),
+    "build_info": (str,),
+    "chat_template_caps": (dict,),
+    "modalities": (dict,),
+}
+SETTINGS_FIELDS: dict[str, Any] = {"n_ctx": _TOKENS, "params": (dict,), "cache_prompt": (bool,)}
+PARAMS_FIELDS: dict[str, Any] = {"cache_prompt": (bool,)}
+
+
+def checked_props(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(/props with every field tokendiff reads of its type and in its bounds, what was left out and why)."""
+    problems: list[str] = []
+    props = _checked(doc, PROPS_FIELDS, "", problems)
+    settings = props.get("default_generation_settings")
+    if isinstance(settings, dict):
+        settings = props["default_generation_settings"] = _checked(
+            settings, SETTINGS_FIELDS, "default_generation_settings.", problems
+        )
+        if isinstance(settings.get("params"), dict):
+            settings["params"] = _checked(
+                settings["params"], PARAMS_FIELDS, "default_generation_settings.params.", problems
+            )
+    return props, problems
+
+
+def _checked(doc: dict[str, Any], spec: dict[str, Any], prefix: str, problems: list[str]) -> dict[str, Any]:
+    out = dict(doc)
+    for key, (kind, *bounds) in spec.items():
+        if key not in doc or doc[key] is None:
+            continue
+        v = doc[key]
+        ok = isinstance(v, kind) and not (kind is int and isinstance(v, bool))
+        if ok and bounds:
+            ok = bounds[0] <= v < bounds[1]
+        if not ok:
+            want = {dict: "an object", str: "a string", bool: "true or false", int: "an integer"}[kind]
+            want += f" from {bounds[0]} to {bounds[1] - 1}" if bounds else ""
+            problems.append(f"{prefix}{key} is {orjson.dumps(v)[:60].decode('utf-8', 'replace')}, not {want}")
+            del out[key]
+    return out
+
+
 def probe_steps(url: str, kind: str | None) -> Generator[str, Any, ServerInfo]:
     """The probe as a sequence of GETs (each yields a path and receives its JSON or None),
     so the blocking and the async probe share one decision."""
     props = (yield "/props") if kind in (None, LLAMA) else None
-    if is_llama_props(props):
+    if isinstance(props, dict) and is_llama_props(props):
+        props, _ = checked_props(props)
         return ServerInfo(url, LLAMA, props=props, models=(yield "/v1/models"))
     if kind == LLAMA:
         raise ServerError("no llama-server /props at this URL", source=url)
@@ -224,6 +280,64 @@ def _json_or_none(status: int, content: bytes) -> Any:
         return None
 
 
+MAX_PROBE_ANSWER = 32 << 20  # the most of one probe answer read (a /slots of many long slots is a few MB)
+PROBE_DEADLINE = 10.0  # seconds for one probe GET, all told (a /props that trickles forever is cut here)
+IDENTITY = {"accept-encoding": "identity"}  # asked; a gzip answer all the same is inflated with the same bound
+
+
+def get_bounded(http: httpx.Client, url: str, limit: int = MAX_PROBE_ANSWER) -> Answer:
+    """One GET read within PROBE_DEADLINE and `limit` bytes, inflated (gzip, deflate) within `limit`
+    too: a /props that streams forever, a 300 MB one or a gzip bomb is an Answer saying so (its body
+    empty), never a hang or a crash. Nothing answering raises httpx's error."""
+    import httpx
+
+    deadline = time.monotonic() + PROBE_DEADLINE
+    with http.stream("GET", url, headers=IDENTITY, timeout=httpx.Timeout(PROBE_TIMEOUT, connect=CONNECT_TIMEOUT)) as r:
+        raw = bytearray()
+        for chunk in r.iter_raw():
+            raw += chunk
+            if len(raw) > limit:
+                return Answer(r.status_code, error=f"answer over {limit >> 20} MB, not read")
+            if time.monotonic() > deadline:
+                return Answer(r.status_code, error=f"answer still arriving after {PROBE_DEADLINE:.0f} s, not read")
+        return _inflated(r.status_code, r.headers, bytes(raw), limit)
+
+
+async def aget_bounded(client: httpx.AsyncClient, url: str, limit: int = MAX_PROBE_ANSWER) -> Answer:
+    """get_bounded for the proxy's event loop (the deadline covers everything, headers included)."""
+    import asyncio
+
+    async def read() -> Answer:
+        async with client.stream("GET", url, headers=IDENTITY, timeout=PROBE_TIMEOUT) as r:
+            raw = bytearray()
+            async for chunk in r.aiter_raw():
+                raw += chunk
+                if len(raw) > limit:
+                    return Answer(r.status_code, error=f"answer over {limit >> 20} MB, not read")
+            return _inflated(r.status_code, r.headers, bytes(raw), limit)
+
+    try:
+        return await asyncio.wait_for(read(), PROBE_DEADLINE)
+    except TimeoutError:
+        return Answer(None, error=f"no whole answer within {PROBE_DEADLINE:.0f} s")
+
+
+def _inflated(status: int, headers: Any, raw: bytes, limit: int) -> Answer:
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return Answer(status, raw)
+    if encoding not in ("gzip", "deflate", "x-gzip"):
+        return Answer(status, error=f"answer in a {encoding} encoding, not read")
+    d = zlib.decompressobj(wbits=47)  # gzip or zlib, told by the header
+    try:
+        out = d.decompress(raw, limit + 1)
+    except zlib.error as e:
+        return Answer(status, error=f"corrupt {encoding} answer: {e}")
+    if len(out) > limit or d.unconsumed_tail:
+        return Answer(status, error=f"answer inflates to over {limit >> 20} MB, not read")
+    return Answer(status, out)
+
+
 def probe(url: str, kind: str | None = None, client: httpx.Client | None = None) -> ServerInfo:
     """Ask a server what it is (`kind` forces one and checks it where it can be checked).
     An unreachable server probes as GENERIC with no answers; callers decide whether that is fatal."""
@@ -236,8 +350,8 @@ def probe(url: str, kind: str | None = None, client: httpx.Client | None = None)
         path = next(steps)
         while True:
             try:
-                r = http.get(base + path, timeout=PROBE_TIMEOUT)
-                answer = _answer(path, r.status_code, r.content)
+                got = get_bounded(http, base + path)
+                answer = _answer(path, got.status or 0, got.body)
             except httpx.HTTPError:
                 answer = None
             path = steps.send(answer)
@@ -258,8 +372,8 @@ async def aprobe(url: str, client: httpx.AsyncClient) -> ServerInfo:
         path = next(steps)
         while True:
             try:
-                r = await client.get(base + path, timeout=PROBE_TIMEOUT)
-                answer = _answer(path, r.status_code, r.content)
+                got = await aget_bounded(client, base + path)
+                answer = _answer(path, got.status or 0, got.body)
             except httpx.HTTPError:
                 answer = None
             path = steps.send(answer)
@@ -436,12 +550,18 @@ class LlamaClient:
 
     def slots(self) -> tuple[list[SlotState], Any]:
         """(typed states, the raw answer to keep beside the session)."""
-        r = self.request("GET", "/slots")
-        if r.status_code == 501:
+        import httpx
+
+        try:
+            r = get_bounded(self.http, self.url + "/slots")
+        except httpx.HTTPError as e:
+            raise ServerError(f"GET /slots: {type(e).__name__}: {e}", source=self.url) from None
+        if r.status == 501:
             raise ServerError("the server disables /slots (started with --no-slots)", source=self.url)
-        if r.status_code >= 400:
-            raise ServerError(f"GET /slots: HTTP {r.status_code}: {r.text[:200]}", source=self.url)
-        doc = _json_or_none(r.status_code, r.content)
+        if r.error or (r.status or 0) >= 400:
+            why = r.error or r.body[:200].decode("utf-8", "replace")
+            raise ServerError(f"GET /slots: HTTP {r.status}: {why}", source=self.url)
+        doc = _json_or_none(r.status or 0, r.body)
         if not isinstance(doc, list):
             raise ServerError("/slots did not return a list", source=self.url)
         return slot_states(doc), doc
@@ -539,9 +659,14 @@ def served_template(url: str, local: str | None, local_name: str) -> str | None:
     server's tokens at the first byte. None where the server reports none. Said once on stderr when it
     differs from `local` (the template `local_name` carries)."""
 
-    with LlamaClient(url, timeout=PROBE_TIMEOUT) as api:
-        r = api.request("GET", "/props")
-    props = _json_or_none(r.status_code, r.content)
+    import httpx
+
+    with httpx.Client() as http:
+        try:
+            got = get_bounded(http, url.rstrip("/") + "/props")
+        except httpx.HTTPError as e:
+            raise ServerError(f"GET /props: {type(e).__name__}: {e}", source=url) from None
+    props = _json_or_none(got.status or 0, got.body)
     tmpl = props.get("chat_template") if isinstance(props, dict) else None
     if not isinstance(tmpl, str) or not tmpl.strip():
         return None
@@ -556,6 +681,7 @@ def served_template(url: str, local: str | None, local_name: str) -> str | None:
 # ---------------------------------------------------------------- async: the proxy's token fetch
 
 
+MAX_TOKENIZE_ANSWER = 256 << 20  # a /tokenize answer of a million tokens with their pieces is ~30 MB
 VLLM_RENDER = ("/v1/responses", "/v1/messages")  # vLLM renders these itself: the exact prompt IDs
 
 
@@ -573,33 +699,45 @@ async def afetch_prompt_tokens(
     route = next((r for r in VLLM_RENDER if endpoint and endpoint.rstrip("/").endswith(r)), None)
     if info.kind == VLLM and route is not None:
         try:
-            r = await _apost(client, f"{info.url}{route}/render", {**request, "stream": False})
-            return PromptTokens(rendered_ids(r.json()), f"vllm {route}/render")
+            doc = await _apost(client, f"{info.url}{route}/render", {**request, "stream": False})
+            return PromptTokens(rendered_ids(doc), f"vllm {route}/render")
         except httpx.HTTPStatusError as e:  # render endpoints need --enable-scale-out: convert as vLLM does
             if e.response.status_code not in (403, 404, 405):
                 raise
     request = chat_form(request, endpoint, info.kind)[0]
     if info.kind == VLLM:
-        r = await _apost(client, f"{info.url}/tokenize", vllm_tokenize_body(request))
-        return PromptTokens(token_ids(r.json()), "vllm /tokenize")
+        doc = await _apost(client, f"{info.url}/tokenize", vllm_tokenize_body(request))
+        return PromptTokens(token_ids(doc), "vllm /tokenize")
     if info.kind != LLAMA:
         raise ServerError(f"a {info.kind} upstream cannot tokenise chat requests", source=info.url)
-    prompt = (await _apost(client, f"{info.url}/apply-template", template_body(request))).json()["prompt"]
-    r = await _apost(client, f"{info.url}/tokenize", tokenize_body(prompt))
-    return PromptTokens(token_ids(r.json()), "llama-server /apply-template + /tokenize", prompt)
+    prompt = (await _apost(client, f"{info.url}/apply-template", template_body(request)))["prompt"]
+    if not isinstance(prompt, str):
+        raise ServerError("/apply-template answered no prompt text", source=info.url)
+    doc = await _apost(client, f"{info.url}/tokenize", tokenize_body(prompt))
+    return PromptTokens(token_ids(doc), "llama-server /apply-template + /tokenize", prompt)
 
 
-async def _apost(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> httpx.Response:
-    """POST an idempotent request (render, tokenise), once more on a kept-alive connection the
-    server had closed after a stream (nothing reached it); an HTTP error status raises."""
+async def _apost(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Any:
+    """POST an idempotent request (render, tokenise) and parse its answer (at most MAX_TOKENIZE_ANSWER
+    bytes), once more on a kept-alive connection the server had closed after a stream (a render has no
+    effect to repeat); an HTTP error status raises."""
     import httpx
 
     try:
-        r = await client.post(url, json=body, timeout=RENDER_TIMEOUT)
+        return await _apost_once(client, url, body)
     except (httpx.RemoteProtocolError, httpx.ReadError):
-        r = await client.post(url, json=body, timeout=RENDER_TIMEOUT)
-    r.raise_for_status()
-    return r
+        return await _apost_once(client, url, body)
+
+
+async def _apost_once(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Any:
+    async with client.stream("POST", url, json=body, headers=IDENTITY, timeout=RENDER_TIMEOUT) as r:
+        r.raise_for_status()
+        raw = bytearray()
+        async for chunk in r.aiter_raw():
+            raw += chunk
+            if len(raw) > MAX_TOKENIZE_ANSWER:
+                raise ServerError(f"answer over {MAX_TOKENIZE_ANSWER >> 20} MB", source=url)
+    return orjson.loads(raw)
 
 
 def can_tokenize_chat(info: ServerInfo) -> bool:
@@ -641,10 +779,12 @@ REUSE_PROBE_TIMEOUT = 60.0  # two short prompts; a busy server may queue them be
 
 @dataclass(frozen=True)
 class Answer:
-    """One GET's outcome: the status (None when nothing answered) and the body."""
+    """One GET's outcome: the status (None when nothing answered) and the body; `error` says why a body
+    was not read (over the size bound, too slow, an encoding or inflation past the bound)."""
 
     status: int | None
     body: bytes = b""
+    error: str | None = None
 
     @property
     def json(self) -> Any:
@@ -665,8 +805,7 @@ def read_endpoints(url: str, paths: Iterable[str] = DOCTOR_PATHS) -> dict[str, A
     with httpx.Client(timeout=httpx.Timeout(PROBE_TIMEOUT, connect=CONNECT_TIMEOUT)) as http:
         for path in paths:
             try:
-                r = http.get(base + path)
-                out[path] = Answer(r.status_code, r.content)
+                out[path] = get_bounded(http, base + path)
             except httpx.HTTPError as e:
                 if not out:
                     raise ServerError(f"cannot reach the server: {type(e).__name__}: {e}", source=url) from None

@@ -23,7 +23,7 @@ from tokendiff.cli.commands import (
 )
 from tokendiff.cli.exits import ExitCode, exit_code
 from tokendiff.cli.parsers import build_parser
-from tokendiff.errors import TokendiffError
+from tokendiff.errors import InputError, TokendiffError
 from tokendiff.notices import Aggregated, sink
 
 
@@ -95,14 +95,23 @@ def _run(args: argparse.Namespace) -> int:
         return exit_code(e)
     except BrokenPipeError:
         return ExitCode.TROUBLE
+    except OSError as e:  # a file that could not be read or written (permission, a full disk): the input's
+        if e.filename is None:
+            return _internal(e)
+        err = InputError(e.strerror or str(e), source=os.fsdecode(e.filename))
+        print(f"tokendiff: {err}", file=sys.stderr)
+        return exit_code(err)
     except KeyboardInterrupt:
         print("tokendiff: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
     except Exception as e:  # noqa: BLE001 - never a traceback for the user; TOKENDIFF_DEBUG=1 shows it
-        if os.environ.get("TOKENDIFF_DEBUG"):
-            raise
-        print(
-            f"tokendiff: internal error: {type(e).__name__}: {e} (set TOKENDIFF_DEBUG=1 for the traceback)",
-            file=sys.stderr,
-        )
-        return ExitCode.TROUBLE
+        return _internal(e)
+
+
+def _internal(e: Exception) -> int:
+    if os.environ.get("TOKENDIFF_DEBUG"):
+        raise e
+    print(
+        f"tokendiff: internal error: {type(e).__name__}: {e} (set TOKENDIFF_DEBUG=1 for the traceback)", file=sys.stderr
+    )
+    return ExitCode.TROUBLE

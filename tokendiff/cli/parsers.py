@@ -281,7 +281,8 @@ def _replay_parser(sub: Any) -> None:  # argparse subparsers
     rp.add_argument("a")
     rp.add_argument("b")
     rp.add_argument("--backend", required=True, metavar="URL", help="llama-server, vLLM, SGLang or Ollama base URL")
-    kinds = [str(k) for k in ServerKind if k != ServerKind.GENERIC]  # llama-server, vllm, sglang, ollama
+    replayable = (ServerKind.LLAMA_SERVER, ServerKind.VLLM, ServerKind.SGLANG, ServerKind.OLLAMA)
+    kinds = [str(k) for k in replayable]
     rp.add_argument("--backend-kind", choices=kinds, help="skip detection")
     rp.add_argument("--repeat", type=positive_int, default=3, metavar="N", help="runs per scenario (default 3)")
     rp.add_argument(

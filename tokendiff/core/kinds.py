@@ -112,6 +112,7 @@ class ServerKind(StrEnum):
     SGLANG = "sglang"
     OLLAMA = "ollama"
     GENERIC = "openai-compatible"  # nothing more specific answered
+    UNKNOWN = "unknown"  # doctor: endpoints refused, redirected or answered what no server's API does
 
 
 VLLM_BLOCK = 16  # vLLM's block size on GPUs, where a capture does not record the server's own

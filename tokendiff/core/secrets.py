@@ -2,13 +2,16 @@
 
 Three rules (docs/capture-format.md, "Secrets"):
 
-1. **Secret-named keys** (`SECRET_NAME`: authorization, cookie, password, secret, token, api_key,
+1. **Secret-named keys** (`_SECRET_NAME`: authorization, cookie, password, secret, token, api_key,
    `*_api_key`, `*_token`, `*_secret`, credentials, private_key …; any case, `-`/`_`/camelCase alike)
    are removed, with their values, at any depth.
 2. **Name/value pairs** (`[{"name": "Authorization", "value": …}]`, HAR-style header lists; also
-   `key`/`header` + `value`) whose name is secret-named are removed from their list.
-3. **Credential-looking values** (`CREDENTIAL`: `Bearer …`, `sk-…`, `ghp_…`, `AKIA…`, JWTs, PEM
-   private keys …) are replaced by `[REDACTED]` inside any string, the substring only.
+   `key`/`header` + `value`/`val`, and `[["Authorization", …]]`) whose name is secret-named are
+   removed from their list.
+3. **Credential-looking values** (`_CREDENTIAL`: `Bearer …`, `sk-…`, `sk_live_…`, `ghp_…`, `AKIA…`,
+   `ya29.…`, JWTs, PEM private keys …; `_KEYED`: the secret after `aws_secret_access_key=`, URL
+   userinfo, Azure `AccountKey=`, `?sig=`/`?api_key=` in URLs) are replaced by `[REDACTED]` inside
+   any string, the substring only.
 
 The prompt fields (`PROMPT_FIELDS`: messages, tools, system …) are what the server renders into
 the prompt, so rules 1 and 2 do not apply inside them: a tool whose schema has a `password`
@@ -26,41 +29,71 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cache, lru_cache
 from typing import Any
+
+from tokendiff.core import jsontext
 
 REDACTED = "[REDACTED]"
 
-SECRET_NAME = re.compile(
-    r"""^(?:
+_SECRET_NAME = r"""^(?:
         (?:.*_)?(?:authorization|cookies?|set_cookie|passwords?|passwd|passphrase|secrets?|credentials?)(?:_.*)?
-      | (?:.*_)?(?:api_?key|apikey|private_key|secret_key|access_key|session_key|signing_key)s?
+      | (?:.*_)?(?:auth|pwd|jwt|sessionid|session_id|sessid|csrf|xsrf)(?:_.*)?   # X-Auth, auth_header, jwt_value
+      | (?:.*_)?pass                       # pass, db_pass (not bypass, pass_rate)
+      | (?:.*_)?(?:api_?key|apikey|private_key|secret_key|access_key|session_key|signing_key|account_key)s?
       | (?:.*_)?token                      # token, access_token, bearer_token (not max_tokens)
       | x_api_key | x_goog_api_key
-    )$""",
-    re.VERBOSE,
-)
+    )$"""
+NAME_ENDS = 128  # characters of each end of a very long key name that decide whether it names a secret
 # tokenizer settings, not credentials (they may appear in chat_template_kwargs or metadata)
 NOT_SECRET = frozenset({"bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token"})
 
-CREDENTIAL = re.compile(
-    r"""(?<![A-Za-z0-9_-])(?:
-        (?:Bearer|bearer|BEARER|Basic|basic)\s+[A-Za-z0-9._~+/=-]{8,}
-      | sk-(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{16,}
-      | (?:gh[pousr]_|github_pat_)[A-Za-z0-9_]{20,}
-      | (?:AKIA|ASIA)[0-9A-Z]{16}
-      | eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}
-      | xox[abposr]-[A-Za-z0-9-]{10,}
-      | AIza[0-9A-Za-z_-]{35}
-      | hf_[A-Za-z0-9]{30,}
-      | glpat-[A-Za-z0-9_-]{20,}
+_CREDENTIAL = r"""(?<![A-Za-z0-9_-])(?:
+        (?:Bearer|bearer|BEARER|Basic|basic)\s{1,8}(?=[A-Za-z._~+/=-]{0,256}[0-9+/=])[A-Za-z0-9._~+/=-]{8,}
+      | sk-(?=[A-Za-z0-9_-]{0,256}[0-9])[A-Za-z0-9_-]{16,}  # OpenAI sk-, sk-proj-; Anthropic sk-ant-
+      | (?:sk|rk)_(?:live|test)_[A-Za-z0-9]{10,}          # Stripe secret and restricted keys
+      | (?:gh[pousr]_|github_pat_)[A-Za-z0-9_]{20,}       # GitHub
+      | glpat-[A-Za-z0-9_-]{20,}                          # GitLab
+      | (?:xox[abposr]|xapp)-[A-Za-z0-9-]{10,}            # Slack
+      | AIza[0-9A-Za-z_-]{35}                             # Google API keys
+      | ya29\.[0-9A-Za-z_-]{20,}                          # Google OAuth access tokens
+      | (?:AKIA|ASIA)[0-9A-Z]{16}                         # AWS access key ids
+      | hf_[A-Za-z0-9]{30,}                               # Hugging Face
+      | eyJ[A-Za-z0-9_-]{4,8192}\.eyJ[A-Za-z0-9_-]{4,65536}\.[A-Za-z0-9_-]{4,}  # JWTs
       | -----BEGIN[A-Z ]*PRIVATE\ KEY-----[\s\S]*?(?:-----END[A-Z ]*PRIVATE\ KEY-----|$)
-    )""",
-    re.VERBOSE,
+    )"""
+# credentials known by what stands before them: only the `secret` group is replaced, so the text says
+# what was there (`aws_secret_access_key = [REDACTED]`, `https://[REDACTED]@host`)
+_KEYED = (
+    r"(?i:aws_?secret_?access_?key|aws_?secret_?key|secret_?access_?key)\\?[\"']?\s*[:=]\s*\\?[\"']?"
+    r"(?P<secret>[A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])",  # AWS secret access keys
+    # URL userinfo (a scheme of at most 32 characters: every bound here keeps a search linear in the text)
+    r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,31}://(?P<secret>[^\s/?#@:\"'<>\\]{1,256}:[^\s/?#@\"'<>\\]{1,1024})@",
+    r"(?:AccountKey|SharedAccessKey)=(?P<secret>[A-Za-z0-9+/]{20,}={0,2})",  # Azure connection strings
+    r"[?&](?i:sig|api_?key|access_?token|token|password|secret|key)=(?P<secret>[^&\s\"'#<>\\]{8,})",  # in URLs
 )
+
+
+@cache
+def _patterns(kind: type) -> tuple[re.Pattern[Any], re.Pattern[Any], tuple[re.Pattern[Any], ...]]:
+    """(secret names, credentials, keyed credentials) compiled for str or bytes, once, when first
+    needed: `tokendiff diff` masks its excerpts (bytes) and never pays for the rest."""
+
+    def enc(p: str) -> Any:
+        return p if kind is str else p.encode()
+
+    return (
+        re.compile(enc(_SECRET_NAME), re.VERBOSE),
+        re.compile(enc(_CREDENTIAL), re.VERBOSE),
+        tuple(re.compile(enc(p)) for p in _KEYED),
+    )
+
+
 # cheap test on raw bytes first (substring search, no regex): most bodies hold no credential shape
 _CREDENTIAL_HINTS = (
     *(b"earer", b"EARER", b"asic", b"ASIC", b"sk-", b"github_pat_", b"AKIA", b"ASIA", b"eyJ", b"xox"),
     *(b"AIza", b"hf_", b"glpat-", b"PRIVATE KEY", b"ghp_", b"gho_", b"ghu_", b"ghs_", b"ghr_"),
+    *(b"_live_", b"_test_", b"ya29.", b"xapp-", b"ecret", b"ECRET", b"://", b"ccountKey", b"ccessKey"),
 )
 
 # request fields the server renders into the prompt (OpenAI chat/completions/responses, Anthropic)
@@ -68,6 +101,7 @@ PROMPT_FIELDS = frozenset(
     {"messages", "tools", "functions", "system", "prompt", "input", "instructions", "chat_template_kwargs"}
 )
 _PAIR_NAMES = ("name", "key", "header")
+_PAIR_VALUES = ("value", "val", "values")
 
 Path = tuple[str | int, ...]
 
@@ -82,13 +116,44 @@ class Edit:
 
 def is_secret_name(name: str) -> bool:
     """Whether a key (or a header name) names a credential."""
+    if len(name) > 2 * NAME_ENDS + 1:  # a name this long is judged by its ends (`authorization_…`, `…_token`)
+        name = name[:NAME_ENDS] + "_" + name[-NAME_ENDS:]
+    return _judged(name)
+
+
+@lru_cache(maxsize=4096)  # a body's keys are mostly the same few dozen names, request after request
+def _judged(name: str) -> bool:
     norm = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower().replace("-", "_").replace(" ", "_")
-    return norm not in NOT_SECRET and SECRET_NAME.match(norm) is not None
+    return norm not in NOT_SECRET and _patterns(str)[0].match(norm) is not None
 
 
 def mask(text: str) -> str:
     """`text` with every credential-looking substring replaced by `[REDACTED]`."""
-    return CREDENTIAL.sub(REDACTED, text)
+    _, credential, keyed = _patterns(str)
+    text = credential.sub(REDACTED, text)
+    for pattern in keyed:
+        text = pattern.sub(_keep_around, text)
+    return text
+
+
+def _keep_around(m: re.Match[str]) -> str:
+    whole, at = m.group(0), m.start()
+    return whole[: m.start("secret") - at] + REDACTED + whole[m.end("secret") - at :]
+
+
+def credential_spans(data: bytes) -> list[tuple[int, int]]:
+    """The byte ranges of `data` that `mask` would replace, in order, merged (for a report that shows
+    pieces of a prompt: a credential cut across two pieces is still found whole)."""
+    _, credential, keyed = _patterns(bytes)
+    spans = [m.span() for m in credential.finditer(data)]
+    spans += [m.span("secret") for p in keyed for m in p.finditer(data)]
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return merged
 
 
 def may_hold_credentials(raw: bytes) -> bool:
@@ -98,32 +163,44 @@ def may_hold_credentials(raw: bytes) -> bool:
 
 def plan(value: Any, *, prompt_fields: bool = True, values: bool = True) -> list[Edit]:
     """The edits the policy makes to a JSON value, in document order. With `prompt_fields`,
-    the top-level PROMPT_FIELDS get rule 3 only; `values=False` skips rule 3 (no credential shapes)."""
+    the top-level PROMPT_FIELDS get rule 3 only; `values=False` skips rule 3 (no credential shapes).
+    Paths are kept as links to their parent's until an edit needs one, so depth costs no copies."""
     edits: list[Edit] = []
-    stack: list[tuple[Path, Any, bool]] = [((), value, False)]
+    stack: list[tuple[_Link, Any, bool]] = [(None, value, False)]
     while stack:
-        path, v, in_prompt = stack.pop()
+        link, v, in_prompt = stack.pop()
         if isinstance(v, str):
             if values:
                 new = mask(v)
                 if new != v:
-                    edits.append(Edit(path, new))
+                    edits.append(Edit(_path(link), new))
         elif isinstance(v, dict):
             for k in reversed(list(v)):
                 if not in_prompt and isinstance(k, str) and is_secret_name(k):
-                    edits.append(Edit((*path, k), None))
+                    edits.append(Edit(_path((link, k)), None))
                 else:
-                    prompt = in_prompt or (prompt_fields and not path and k in PROMPT_FIELDS)
+                    prompt = in_prompt or (prompt_fields and link is None and k in PROMPT_FIELDS)
                     if values or not prompt:  # without rule 3 nothing inside a prompt field can change
-                        stack.append(((*path, k), v[k], prompt))
+                        stack.append(((link, k), v[k], prompt))
         elif isinstance(v, list):
             for i in reversed(range(len(v))):
                 if not in_prompt and _secret_pair(v[i]):
-                    edits.append(Edit((*path, i), None))
+                    edits.append(Edit(_path((link, i)), None))
                 else:
-                    stack.append(((*path, i), v[i], in_prompt))
+                    stack.append(((link, i), v[i], in_prompt))
     edits.sort(key=_order)
     return edits
+
+
+_Link = tuple[Any, str | int] | None  # (parent's link, step); None: the root
+
+
+def _path(link: _Link) -> Path:
+    steps: list[str | int] = []
+    while link is not None:
+        link, step = link
+        steps.append(step)
+    return tuple(reversed(steps))
 
 
 def _order(e: Edit) -> tuple[tuple[int, Any], ...]:
@@ -132,7 +209,11 @@ def _order(e: Edit) -> tuple[tuple[int, Any], ...]:
 
 
 def _secret_pair(item: Any) -> bool:
-    if not isinstance(item, dict) or "value" not in item:
+    """A header-like entry naming a credential: {"name": "Authorization", "value": v} (also `key`/`header`
+    with `value`/`val`), or ["Authorization", v]."""
+    if isinstance(item, list):
+        return len(item) == 2 and isinstance(item[0], str) and is_secret_name(item[0])
+    if not isinstance(item, dict) or not any(v in item for v in _PAIR_VALUES):
         return False
     return any(isinstance(item.get(n), str) and is_secret_name(item[n]) for n in _PAIR_NAMES)
 
@@ -167,12 +248,16 @@ def _copy(v: Any) -> Any:
     return dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
 
 
+MAX_PATH_STEPS = 32  # a deeper path is written as its first steps and its depth
+
+
 def path_text(path: Path) -> str:
-    """`metadata.headers[0]`: how a path is written in a record's `redacted` list."""
+    """`metadata.headers[0]`: how a path is written in a record's `redacted` list (a path 100,000 levels
+    deep as its first steps and `…(100000 levels)`)."""
     out = ""
-    for step in path:
+    for step in path[:MAX_PATH_STEPS]:
         out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
-    return out
+    return out if len(path) <= MAX_PATH_STEPS else f"{out}…({len(path)} levels)"
 
 
 # ---------------------------------------------------------------- verbatim bodies
@@ -188,9 +273,14 @@ def apply_text(text: str, edits: list[Edit]) -> str:
     if not edits:
         return text
     targets = {e.path: e for e in edits}
-    prefixes = {e.path[:i] for e in edits for i in range(len(e.path))}
     cuts: list[tuple[int, int, str]] = []
-    _walk_text(text, _skip(text, 0), (), targets, prefixes, cuts)
+    try:
+        prefixes = {e.path[:i] for e in edits for i in range(len(e.path))} if _shallow(edits) else None
+        if prefixes is None:
+            raise RecursionError
+        _walk_text(text, _skip(text, 0), (), targets, prefixes, cuts)
+    except RecursionError:  # nested deeper than the recursion limit: the iterative walk, slower
+        cuts = [(a, b, _replacement(targets[p])) for p, (a, b) in jsontext.value_spans(text, targets).items()]
     out, pos = [], 0
     for a, b, rep in sorted(cuts):
         out += [text[pos:a], rep]
@@ -212,8 +302,17 @@ def _walk_text(text: str, i: int, path: Path, targets, prefixes, cuts) -> int:
         end = _walk_container(text, i, path, targets, prefixes, cuts)
     edit = targets.get(path)
     if edit is not None:
-        cuts.append((i, end, json.dumps(REDACTED if edit.new is None else edit.new)))
+        cuts.append((i, end, _replacement(edit)))
     return end
+
+
+def _replacement(edit: Edit) -> str:
+    return json.dumps(REDACTED if edit.new is None else edit.new)
+
+
+def _shallow(edits: list[Edit]) -> bool:
+    """Whether every edit is shallow enough for the recursive walk (its prefixes are cheap, too)."""
+    return all(len(e.path) < 200 for e in edits)
 
 
 def _walk_container(text: str, i: int, path: Path, targets, prefixes, cuts) -> int:

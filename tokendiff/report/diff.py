@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from tokendiff.core.model import END_OF_PROMPT, Divergence, Finding, Prompt, SectionPath
+from tokendiff.core.secrets import mask
 from tokendiff.core.vocab import Vocab
 from tokendiff.report.excerpt import excerpt
 
@@ -51,7 +52,7 @@ def _finding(f: Finding | None) -> FindingDoc | None:
     return {
         "kind": f.kind,
         "title": f.title,
-        "evidence": f.evidence,
+        "evidence": mask(f.evidence) if isinstance(f.evidence, str) else f.evidence,
         "fix": f.fix,
         "confidence": f.confidence,
         "expected": f.expected,

@@ -1,13 +1,16 @@
-"""Readable excerpts of prompt bytes around a token range."""
+"""Readable excerpts of prompt bytes around a token range, credentials masked (whatever --redact says:
+a report or an export never prints a key that was in a prompt)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
 from tokendiff.core.model import Prompt
+from tokendiff.core.secrets import REDACTED, credential_spans
 
 _VISIBLE = str.maketrans({"\n": "↵", "\r": "␍", "\t": "⇥"})
 MAX_SPAN_CHARS = 400
+MASK_MARGIN = 512  # bytes searched either side of an excerpt, so a key its edge cuts is still found whole
 
 
 class Excerpt(NamedTuple):  # a NamedTuple: a frozen dataclass costs ~0.6 ms to create at import
@@ -23,17 +26,36 @@ def _text(b: bytes) -> str:
 
 
 def excerpt(p: Prompt, start: int, end: int, context: int) -> Excerpt:
-    """Text of tokens [start, end) with `context` tokens either side."""
+    """Text of tokens [start, end) with `context` tokens either side, credentials masked."""
     n = len(p)
     start, end = max(0, min(start, n)), max(0, min(end, n))
     c0 = max(0, start - context)
     c1 = min(n, end + context)
-    mid_text = _text(p.data[p.byte_offset(start) : p.byte_offset(end)])
+    b0, b1, b2, b3 = (p.byte_offset(i) for i in (c0, start, end, c1))
+    lo, hi = max(0, b0 - MASK_MARGIN), min(len(p.data), b3 + MASK_MARGIN)
+    spans = [(lo + a, lo + b) for a, b in credential_spans(p.data[lo:hi])]
+    mid_text = _text(_masked(p.data, b1, b2, b0, spans))
     if len(mid_text) > MAX_SPAN_CHARS:
         half = MAX_SPAN_CHARS // 2
         mid_text = mid_text[:half] + f" …[{len(mid_text) - 2 * half} chars]… " + mid_text[-half:]
     return Excerpt(
-        before=_text(p.data[p.byte_offset(c0) : p.byte_offset(start)]),
+        before=_text(_masked(p.data, b0, b1, b0, spans)),
         diverged=mid_text,
-        after=_text(p.data[p.byte_offset(end) : p.byte_offset(c1)]),
+        after=_text(_masked(p.data, b2, b3, b0, spans)),
     )
+
+
+def _masked(data: bytes, a: int, b: int, shown: int, spans: list[tuple[int, int]]) -> bytes:
+    """data[a:b] with each credential span replaced: by [REDACTED] in the piece where the span first
+    shows (from `shown`, the excerpt's start), left out of the pieces after it."""
+    out, pos = [], a
+    for s, e in spans:
+        x, y = max(s, a), min(e, b)
+        if x >= y:
+            continue
+        out.append(data[pos:x])
+        if x == max(s, shown):
+            out.append(REDACTED.encode())
+        pos = y
+    out.append(data[pos:b])
+    return b"".join(out)

@@ -14,6 +14,7 @@ from tokendiff.core.cache.kv_events import EVICTED, EVICTED_TITLE
 from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Session, Span, Turn
 from tokendiff.core.kinds import Backend
 from tokendiff.core.model import Prompt, SectionPath
+from tokendiff.core.secrets import mask
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
 from tokendiff.report.redact import redact_labels, redact_text, session_labels
@@ -164,7 +165,8 @@ def report_document(
         "summary": _summary(path, s, spans, redact),
         "capacity": capacity_json(s.capacity, _wasted_pct(s)) if s.capacity is not None else None,
         "backend_facts": [
-            {"turn": f.turn, "kind": f.kind, "title": f.title, "evidence": f.evidence, "fix": f.fix} for f in s.facts
+            {"turn": f.turn, "kind": f.kind, "title": f.title, "evidence": _scrubbed(f.evidence, redact), "fix": f.fix}
+            for f in s.facts
         ],
         "tokenizer": tokenizer,
         "turns": rows,
@@ -173,6 +175,11 @@ def report_document(
         "findings": _findings(s, redact),
     }
     return redact_labels(doc, session_labels(s)) if redact else doc
+
+
+def _scrubbed(text: str, redact: bool) -> str:
+    """Prompt text as a report may print it: credentials masked always, words hashed with --redact."""
+    return redact_text(mask(text)) if redact else mask(text)
 
 
 def _span_doc(rank: int, sp: Span, s: Session) -> SpanDoc:
@@ -197,7 +204,7 @@ def _span_doc(rank: int, sp: Span, s: Session) -> SpanDoc:
 
 def _causes(prompts: Sequence[Prompt], s: Session, redact: bool, context: int) -> list[CauseDoc]:
     """Each cause's first example: its finding and both sides of its span."""
-    scrub = redact_text if redact else (lambda x: x)
+    scrub = (lambda x: redact_text(mask(x))) if redact else mask
     causes: list[CauseDoc] = []
     seen: set[str] = set()
     for sp in s.spans:
@@ -230,7 +237,7 @@ def _causes(prompts: Sequence[Prompt], s: Session, redact: bool, context: int) -
 
 def _findings(s: Session, redact: bool) -> list[TurnFinding]:
     """Every finding of every turn."""
-    scrub = redact_text if redact else (lambda x: x)
+    scrub = (lambda x: redact_text(mask(x))) if redact else mask
     return [
         {
             "turn": t.turn,

@@ -20,6 +20,7 @@ directory, opened without following symlinks.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import math
@@ -36,9 +37,9 @@ from typing import Any
 
 import orjson
 
-from tokendiff.core import secrets
+from tokendiff.core import jsontext, secrets
 from tokendiff.errors import InputError
-from tokendiff.safeio import open_private, open_regular, write_all, write_private
+from tokendiff.safeio import open_private, open_regular, read_limited, write_private
 from tokendiff.sources.record import CAPTURE_V1, RECORD_READERS, CaptureRecord, RequestBody
 
 SCHEMA = CAPTURE_V1  # the version the writer writes (the reader reads those of RECORD_READERS)
@@ -161,14 +162,7 @@ def _parse_exact(raw: bytes) -> tuple[dict[str, Any], str] | None:
         return d
 
     def big_int(s: str) -> Any:
-        try:
-            v = int(s)
-        except ValueError:  # more digits than Python converts
-            note("integer beyond 64 bits")
-            return s
-        if not -(2**63) <= v < 2**64:
-            note("integer beyond 64 bits")
-        return v
+        return jsontext.exact_int(s, note)
 
     def double(s: str) -> float:
         v = float(s)
@@ -181,10 +175,15 @@ def _parse_exact(raw: bytes) -> tuple[dict[str, Any], str] | None:
         return float(s)
 
     try:
-        obj = json.loads(
-            raw.decode("utf-8"), object_pairs_hook=pairs, parse_int=big_int, parse_float=double, parse_constant=constant
-        )
-    except (ValueError, RecursionError):
+        text = raw.decode("utf-8")
+        obj = json.loads(text, object_pairs_hook=pairs, parse_int=big_int, parse_float=double, parse_constant=constant)
+    except RecursionError:  # deeper than the parsers go: kept as bytes all the same
+        try:
+            obj = jsontext.loads(text, note)
+        except ValueError:
+            return None
+        note("nested deeper than the JSON parsers' limit")
+    except ValueError:
         return None
     if not isinstance(obj, dict):
         return None
@@ -220,32 +219,74 @@ def session_dir(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-class CaptureWriter:
-    """Appends records to a capture file, and bodies to its blobs; safe to share between threads."""
+LOCK_FILE = ".lock"
+SYNC_EVERY = 1.0  # seconds: lines reach the disk (fsync) at most this long after write(2), off the request path
 
-    def __init__(self, path: str | os.PathLike[str]):
+
+class CaptureWriter:
+    """Appends records to a capture file, and bodies to its blobs; safe to share between threads.
+
+    One writer per directory: `OUT/.lock` is held (flock) for the writer's life, so a second proxy
+    on the same directory is refused instead of writing duplicate `seq`s. Each line is one write(2)
+    of a whole line on an O_APPEND descriptor; a write that fails part-way (a full disk) is cut
+    back, so the file never holds half a record. A file whose last line was torn by a crash gets a
+    newline first, so the next record starts on a line of its own. Lines are durable against the
+    process dying as soon as written, and against the machine dying within SYNC_EVERY (fsync in a
+    background thread)."""
+
+    def __init__(self, path: str | os.PathLike[str], sync_every: float | None = SYNC_EVERY):
         self.path = Path(path)
         self.dir = session_dir(self.path.parent)
-        self._fd, _ = open_private(self.path, os.O_APPEND)
-        blobs = self.dir / BLOB_DIR
-        if os.path.lexists(blobs) and not (blobs.is_dir() and not blobs.is_symlink()):
-            os.close(self._fd)
-            raise InputError("is not a directory of ours: refusing to write blobs there", source=str(blobs))
+        self._lock_fd = lock_directory(self.dir)
+        self._fd = -1
         self._lock = threading.Lock()
-        self._seq = _last_seq(self.path)
+        self._dirty = threading.Event()
+        self._closed = threading.Event()
+        try:
+            self._fd, _ = open_private(self.path, os.O_APPEND)
+            blobs = self.dir / BLOB_DIR
+            if os.path.lexists(blobs) and not (blobs.is_dir() and not blobs.is_symlink()):
+                raise InputError("is not a directory of ours: refusing to write blobs there", source=str(blobs))
+            _remove_stale_tmp(blobs)
+            self._seq = _last_seq(self.path)
+            self._end_torn_line()
+        except BaseException:
+            self._release()
+            raise
+        if sync_every is not None:
+            threading.Thread(target=self._syncing, args=(sync_every,), name="capture-fsync", daemon=True).start()
+
+    def _end_torn_line(self) -> None:
+        """A newline after a torn last line (a crash mid-write), so the next record is a line of its own."""
+        size = os.fstat(self._fd).st_size
+        if not size:
+            return
+        with open_regular(self.path) as f:
+            f.seek(size - 1)
+            last = f.read(1)
+        if last != b"\n":
+            self._write_line(b"\n")
 
     def write_blob(self, data: bytes) -> str:
-        """Store `data` as blobs/<sha256> (once: the name is the content) and return the name.
-        Written before the record that references it, so a record never points at nothing."""
+        """Store `data` as blobs/<sha256> and return the name. A blob already there is kept only when its
+        bytes hash to its name (the content, not the name, is checked); otherwise it is replaced. Written to
+        a temporary file, flushed and renamed (nothing half-written is ever under the name), before the
+        record that references it, so a record never points at nothing."""
         digest = hashlib.sha256(data).hexdigest()
         blobs = self.dir / BLOB_DIR
         try:
             blobs.mkdir(mode=0o700)
         except FileExistsError:
             pass
+        except OSError as e:
+            raise InputError(f"cannot create it: {e.strerror or e}", source=str(blobs)) from None
         target = blobs / digest
-        if not target.is_file() or target.is_symlink() or target.stat().st_size != len(data):
-            write_private(target, data)
+        if not _blob_holds(target, len(data), digest):
+            try:
+                write_private(target, data)
+                _sync_dir(blobs)
+            except OSError as e:
+                raise InputError(f"cannot write a blob: {e.strerror or e}", source=str(target)) from None
         return digest
 
     def store(self, prepared: PreparedRequest) -> None:
@@ -254,30 +295,114 @@ class CaptureWriter:
 
     def append(self, record: dict[str, Any], *, redact_request: bool = True) -> dict[str, Any]:
         """Write one record (the secrets policy applied; `redact_request=False` when its request
-        part came from prepare_request, which applied it already) and return it as written."""
-        rec = _redact_record(record, redact_request)
+        part came from prepare_request, which applied it already) and return it as written.
+        A line that cannot be written whole (a full disk) is an InputError, and nothing of it stays."""
+        rec = conform(_redact_record(record, redact_request))
         with self._lock:
+            rec = {"schema": SCHEMA, "seq": self._seq + 1, "ts": time.time(), **rec}
+            self._write_line(orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE))
             self._seq += 1
-            rec = {"schema": SCHEMA, "seq": self._seq, "ts": time.time(), **rec}
-            write_all(self._fd, orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE))
             return rec
+
+    def _write_line(self, line: bytes) -> None:
+        """One write(2) of the whole line (a regular file takes it whole unless the disk is full); a
+        partial write is cut back off the file, so the file ends where it did."""
+        done = 0
+        try:
+            while done < len(line):
+                done += os.write(self._fd, line[done:] if done else line)
+        except OSError as e:
+            if done:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - done)
+            raise InputError(f"record not written: {e.strerror or e}", source=str(self.path)) from None
+        self._dirty.set()
+
+    def _syncing(self, every: float) -> None:
+        while not self._closed.wait(every):
+            if self._dirty.is_set():
+                self._dirty.clear()
+                with contextlib.suppress(OSError):
+                    os.fsync(self._fd)
 
     def flush(self) -> None:
         with self._lock:
             os.fsync(self._fd)
 
     def close(self) -> None:
+        self._closed.set()
         with self._lock:
             if self._fd >= 0:
-                os.fsync(self._fd)
-                os.close(self._fd)
-                self._fd = -1
+                with contextlib.suppress(OSError):
+                    os.fsync(self._fd)
+            self._release()
+
+    def _release(self) -> None:
+        for fd in (self._fd, self._lock_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._lock_fd = -1
 
     def __enter__(self) -> CaptureWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def lock_directory(directory: Path) -> int:
+    """An exclusive lock on `directory/.lock` (flock, released when the process dies), or an InputError
+    naming the process that holds it: two writers on one capture would write duplicate seqs."""
+    import fcntl
+
+    path = directory / LOCK_FILE
+    fd, _ = open_private(path, 0)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = read_limited(path, 64).decode("ascii", "replace").strip() if path.is_file() else ""
+        os.close(fd)
+        who = f" (pid {holder})" if holder.isdigit() else ""
+        raise InputError(
+            f"another tokendiff proxy or watch{who} is recording into this directory: stop it or use another --out",
+            source=str(directory),
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def _blob_holds(target: Path, size: int, digest: str) -> bool:
+    """Whether `target` is a regular file (not a link) of `size` bytes that hash to `digest`."""
+    try:
+        st = os.lstat(target)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return False
+        h = hashlib.sha256()
+        with open_regular(target) as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+    except (OSError, InputError):
+        return False
+    return h.hexdigest() == digest
+
+
+def _sync_dir(path: Path) -> None:
+    """The directory's entries on disk (a renamed blob survives a power cut)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_tmp(blobs: Path) -> None:
+    """Temporary blob files a killed writer left (none can be in progress: the directory is locked)."""
+    if not blobs.is_dir():
+        return
+    for p in blobs.glob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            p.unlink()
 
 
 def _redact_record(record: dict[str, Any], redact_request: bool) -> dict[str, Any]:
@@ -450,12 +575,23 @@ def _records(
         record = RECORD_READERS[rec["schema"]](rec, f"{p}: line {n}", base)
         pending.append((rec["seq"], record))
         by_seq[rec["seq"]] = record
-        if window is not None and len(pending) > window:
+        # in order: a record still waiting for its response patch holds the ones after it (boundedly)
+        while window is not None and len(pending) > window:
+            if _awaits_response(pending[0][1]) and len(pending) <= window + MAX_HELD:
+                break
             seq, done = pending.popleft()
             by_seq.pop(seq, None)
             yield done
     for _, record in pending:
         yield record
+
+
+MAX_HELD = 4096  # records the streaming reader holds past its window for a response patch still to come
+
+
+def _awaits_response(rec: CaptureRecord) -> bool:
+    """A proxy record written when its request was sent, whose response comes as a patch."""
+    return rec.source == "proxy" and rec.response is None
 
 
 def _merge_patch(
@@ -469,20 +605,14 @@ def _merge_patch(
 
 
 def _parse_line(line: bytes, n: int, torn: bool, p: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
-    if torn:  # no newline after it: written by a writer that crashed?
-        try:
-            rec, ids = _loads(line)
-        except orjson.JSONDecodeError:
-            if line.strip():
-                warn(f"{p}: line {n}: torn last line ({len(line)} bytes, a crash while writing?) skipped")
-            return None
-    elif not line.strip():
+    if not line.strip():
         return None
-    else:
-        try:
-            rec, ids = _loads(line)
-        except orjson.JSONDecodeError as e:
-            raise InputError(f"line {n}: malformed capture record: {e}", source=p) from None
+    try:
+        rec, ids = _loads(line)
+    except orjson.JSONDecodeError as e:
+        rec, ids = _torn(line, n, torn, e, p, warn)
+        if rec is None:
+            return None
     if not isinstance(rec, dict):
         raise InputError(f"line {n}: malformed capture record: not a JSON object", source=p)
     if rec.get("schema") not in RECORD_READERS:
@@ -491,6 +621,33 @@ def _parse_line(line: bytes, n: int, torn: bool, p: str, warn: Callable[[str], N
     if ids is not None:
         rec["prompt_ids"] = _token_ids(ids, f"line {n}", p)
     return rec
+
+
+_RECORD_START = re.compile(rb'\{"schema": ?"tokendiff\.capture/')
+
+
+def _torn(
+    line: bytes, n: int, last: bool, e: orjson.JSONDecodeError, p: str, warn: Callable[[str], None]
+) -> tuple[Any, Any]:
+    """A line that does not parse because a writer crashed while writing it: the last line with no
+    newline after it, a line that stops short (the next writer started a fresh line after it), or
+    such a fragment with a whole record written onto it (by a writer that did not start a
+    fresh line): warned about and skipped, keeping the record written onto it. (None, None) when
+    nothing is left; anything else malformed is an error naming the line."""
+    why = f"{p}: line {n}: torn {'last line' if last else 'line'} ({len(line)} bytes, a crash while writing?) skipped"
+    if last or e.pos >= len(line.rstrip()):
+        warn(why)
+        return None, None
+    starts = [m.start() for m in _RECORD_START.finditer(line)]
+    if len(starts) > 1 and starts[0] == 0:
+        try:
+            rec = _loads(line[starts[-1] :])
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            warn(why.replace("skipped", "skipped; the record written onto it kept"))
+            return rec
+    raise InputError(f"line {n}: malformed capture record: {e}", source=p) from None
 
 
 _IDS_KEY = b'"prompt_ids"'
@@ -580,6 +737,7 @@ RECORD_TYPES: dict[str, tuple[str, ...]] = {
     "client_disconnected": ("boolean", "null"),
     "upstream_error": _STR,
     "server": ("object", "null"),
+    "notes": ("array",),
 }
 NESTED_TYPES: dict[str, dict[str, tuple[str, ...]]] = {
     "response": {
@@ -621,6 +779,79 @@ NESTED_TYPES: dict[str, dict[str, tuple[str, ...]]] = {
         "omitted": ("string",),
     },
 }
+
+
+def conform(rec: dict[str, Any]) -> dict[str, Any]:
+    """`rec` as the reader will accept it: a documented field whose value has the wrong type (an
+    upstream's `"usage": 5`, a /tokenize answer with negative IDs) is left out and named in the
+    record's `notes`, so no answer, however odd, makes the capture unreadable. The caller's dicts are
+    not changed."""
+    if _conforms(rec):
+        return rec  # the common case: nothing to copy
+    notes: list[str] = []
+    out = _conformed(rec, RECORD_TYPES, "", notes)
+    for name, spec in NESTED_TYPES.items():
+        *parents, last = name.split(".")
+        holder: Any = out
+        for step in parents:
+            holder = holder.get(step) if isinstance(holder, dict) else None
+        obj = holder.get(last) if isinstance(holder, dict) else None
+        if isinstance(obj, dict):
+            holder[last] = _conformed(obj, spec, name + ".", notes)
+    ids = out.get("prompt_ids")
+    if ids is not None and not _valid_ids(ids):
+        del out["prompt_ids"]
+        notes.append("prompt_ids left out: not an array of token IDs (integers from 0 to 2^31)")
+    if notes:
+        out["notes"] = [*(n for n in out.get("notes") or () if isinstance(n, str)), *notes]
+    return out
+
+
+def _conforms(rec: dict[str, Any]) -> bool:
+    """Whether every documented field of `rec` has its type already (a check, no copies)."""
+    for obj, spec in _specs_of(rec):
+        for k, kinds in spec.items():
+            if k in obj and not any(_KINDS[t](obj[k]) for t in kinds):
+                return False
+    red = rec.get("redacted")
+    ids = rec.get("prompt_ids")
+    ok_red = red is None or (isinstance(red, list) and all(isinstance(x, str) for x in red))
+    return ok_red and (ids is None or _valid_ids(ids))
+
+
+def _specs_of(rec: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, tuple[str, ...]]]]:
+    yield rec, RECORD_TYPES
+    for name, spec in NESTED_TYPES.items():
+        obj: Any = rec
+        for step in name.split("."):
+            obj = obj.get(step) if isinstance(obj, dict) else None
+        if isinstance(obj, dict):
+            yield obj, spec
+
+
+def _conformed(obj: dict[str, Any], spec: dict[str, tuple[str, ...]], prefix: str, notes: list[str]) -> dict[str, Any]:
+    """A copy of `obj` without its members of the wrong type (each noted); nested objects are copied
+    one level, so the caller's are never changed."""
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        kinds = spec.get(k) if isinstance(k, str) else None
+        if kinds is not None and not any(_KINDS[t](v) for t in kinds):
+            notes.append(f"{prefix}{k} left out: {_kind_of(v)}, where the format has {' or '.join(kinds)}")
+            continue
+        if not prefix and k == "redacted" and isinstance(v, list) and not all(isinstance(x, str) for x in v):
+            notes.append("redacted left out: not an array of strings")
+            continue
+        out[k] = dict(v) if isinstance(v, dict) and k != "request" else v
+    return out
+
+
+def _valid_ids(ids: Any) -> bool:
+    if isinstance(ids, list):
+        return all(type(i) is int and 0 <= i < 2**31 for i in ids)
+    try:
+        return ids.ndim == 1 and ids.dtype.kind in "iu" and (ids.size == 0 or (ids.min() >= 0 and ids.max() < 2**31))
+    except AttributeError:
+        return False
 
 
 def check_record(rec: dict[str, Any], where: str, source: str) -> None:

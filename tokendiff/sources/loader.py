@@ -71,7 +71,7 @@ def session_source(path: str) -> str:
     """The file or directory that holds a session's turns: a recording directory (`proxy --out DIR`)
     is its capture.jsonl, unless slot files of its own sit beside it."""
     p = Path(path)
-    if p.is_dir() and (p / CAPTURE_NAME).is_file() and not list_session_dir(p):
+    if safeio.is_dir(p) and safeio.is_file(p / CAPTURE_NAME) and not list_session_dir(p):
         return str(p / CAPTURE_NAME)  # its reader says what is wrong with it, if anything is
     return path
 
@@ -80,7 +80,9 @@ def _dir_entries(base: Path, order: str) -> tuple[str, list[Path]]:
     slots = list_session_dir(base, order)
     if slots:
         return "slot", slots
-    files = sorted((e for e in base.iterdir() if e.is_file()), key=lambda e: natural_key(e.name))
+    files = sorted(
+        (base / n for n in safeio.list_dir(base) if safeio.is_file(base / n)), key=lambda e: natural_key(e.name)
+    )
     if order == "mtime":  # asked for: request bodies and prompt logs are ordered by name otherwise
         files.sort(key=lambda e: e.stat().st_mtime_ns)
     bodies = [
@@ -143,11 +145,11 @@ def _first_line_is(head: bytes, raw: bytes) -> str:
 
 def select(spec: str, order: str = "auto") -> Selected:
     m = _SELECTOR.match(spec)
-    if m and not Path(spec).exists():
+    if m and not safeio.exists(spec):
         base, n = Path(session_source(m.group("base"))), int(m.group("n"))
-        if not base.exists():
+        if not safeio.exists(base):
             raise InputError("no such file or directory", source=str(base))
-        if base.is_dir():
+        if safeio.is_dir(base):
             kind, files = _dir_entries(base, order)
             idx, f = _pick(files, n, "turn", str(base))
             return Selected(kind, f, one_line(f"{base}@{idx + 1} ({f.name})"), idx + 1)
@@ -160,9 +162,9 @@ def select(spec: str, order: str = "auto") -> Selected:
             source=str(base),
         )
     p = Path(spec)
-    if p.is_dir():
+    if safeio.is_dir(p):
         raise InputError("is a directory: pick a turn with DIR@N (counting from 1)", source=spec)
-    if not p.exists():
+    if not safeio.exists(p):
         raise InputError("no such file", source=spec)
     safeio.require_regular(p)
     kind = file_kind(p)
@@ -175,9 +177,9 @@ def session_selectors(path: str, order: str = "auto") -> list[str]:
     """One selector per turn of a session: a directory, a capture file, a HAR file or an OTLP trace export."""
     path = session_source(path)
     p = Path(path)
-    if not p.exists():
+    if not safeio.exists(p):
         raise InputError("no such file or directory", source=path)
-    if p.is_dir():
+    if safeio.is_dir(p):
         _, files = _dir_entries(p, order)
         return [str(f) for f in files]
     safeio.require_regular(p)
@@ -238,11 +240,13 @@ class Loader:
         order: str = "auto",
         chat_template: str | None = None,
         server: PromptServer | None = None,
+        template_name: str | None = None,
     ):
         self.vocab = vocab
         self.family = family
         self.order = order
         self.chat_template = chat_template
+        self.template_name = template_name  # where chat_template came from, for its errors
         self.server = server  # a live server renders and tokenises requests (the vocabulary is its own)
         self._tokenizer = None
         self._renderer = None
@@ -253,7 +257,7 @@ class Loader:
         a tokenizer.json costs a second), and itself when the template is the same."""
         if chat_template == self.chat_template:
             return self
-        other = Loader(self.vocab, self.family, self.order, chat_template, self.server)
+        other = Loader(self.vocab, self.family, self.order, chat_template, self.server, "a capture's props.json")
         other._tokenizer = self._tokenizer
         return other
 
@@ -355,7 +359,7 @@ class Loader:
             return
         tmpl = props.get("chat_template") if isinstance(props, dict) else None
         if isinstance(tmpl, str) and tmpl.strip():
-            self.chat_template = tmpl
+            self.chat_template, self.template_name = tmpl, str(props_path)
 
     @property
     def tokenizer(self):
@@ -381,7 +385,8 @@ class Loader:
                 )
             m = self.vocab.meta
             bos, eos = self._special_text(m.bos_token, m.bos_id), self._special_text(m.eos_token, m.eos_id)
-            self._renderer = Renderer(tmpl, bos_token=bos, eos_token=eos)
+            name = (self.template_name or "the chat template given") if self.chat_template else self.vocab.name
+            self._renderer = Renderer(tmpl, bos_token=bos, eos_token=eos, name=name)
         return self._renderer
 
     def _special_text(self, text: str | None, token_id: int | None) -> str:

@@ -84,7 +84,8 @@ def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
 
 
 def final_fields(doc: dict[str, Any]) -> dict[str, Any]:
-    """What a capture keeps of a completion answer or a stream's final chunk."""
+    """What a capture keeps of a completion answer or a stream's final chunk, as sent (a field of the
+    wrong type is left out by the capture writer, with a note)."""
     out = {k: doc[k] for k in (*FINAL_KEYS, *OLLAMA_FINAL_KEYS) if doc.get(k) is not None}
     choices = doc.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
@@ -92,48 +93,107 @@ def final_fields(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_EVENT = 16 << 20  # an event line longer than this is not held (counted as not understood)
+MAX_TEXT = 1 << 20  # the streamed answer's text kept; the rest is counted (content_truncated)
+
+
 class SSESummary:
     """Incremental summary of a chat stream (usage, timings, finish reason, text), fed the raw
-    bytes as they pass through the proxy's async loop; lines split across chunks are joined."""
+    bytes as they pass through the proxy's async loop; lines split across chunks are joined.
 
-    def __init__(self) -> None:
+    Total: any bytes are data, never an exception. An event that is not a JSON object, or whose
+    `choices` is not a list of objects, is counted and the first kept (cut) in `notes`; memory is
+    bounded (an event over MAX_EVENT is dropped unread, the text past MAX_TEXT counted only)."""
+
+    def __init__(self, text_limit: int = MAX_TEXT) -> None:
         self._rest = b""
         self.fields: dict[str, Any] = {}
         self._parts: list[str] = []
+        self._kept = 0  # characters of text in _parts
+        self._total = 0  # characters of text the stream carried
+        self._limit = text_limit
+        self._odd = 0
+        self._first_odd = ""
 
     def feed(self, chunk: bytes) -> None:
         lines = (self._rest + chunk).split(b"\n")
         self._rest = lines.pop()
+        if len(self._rest) > MAX_EVENT:
+            self._note(self._rest[:200])
+            self._rest = b""
         for line in lines:
-            self._take(self.event(line.rstrip(b"\r")))
+            self._line(line.rstrip(b"\r"))
+
+    def _line(self, line: bytes) -> None:
+        ev = self.event(line)
+        if ev is None:
+            if self.odd(line):
+                self._note(line)
+            return
+        parts = self.text(ev)
+        if parts is None:
+            self._note(line)
+            parts = []
+        merge_fields(self.fields, final_fields(ev))
+        self._keep(parts)
+
+    def _keep(self, parts: list[str]) -> None:
+        for piece in parts:
+            self._total += len(piece)
+            room = self._limit - self._kept
+            if room > 0:
+                self._parts.append(piece[:room])
+                self._kept += min(room, len(piece))
+
+    def _note(self, line: bytes) -> None:
+        self._odd += 1
+        if self._odd == 1:
+            self._first_odd = line[:200].decode("utf-8", "replace")
 
     @staticmethod
     def event(line: bytes) -> dict[str, Any] | None:
         return sse_event(line)
 
     @staticmethod
-    def text(ev: dict[str, Any]) -> list[str]:
-        """The text an event adds to the answer."""
+    def odd(line: bytes) -> bool:
+        """Whether a line that gave no event is one the format does not have (a `data:` line that is
+        not a JSON object; comments, `event:` lines, blanks and [DONE] are the format's own)."""
+        if not line.startswith(b"data:"):
+            return False
+        data = line[5:].strip()
+        return bool(data) and data != b"[DONE]"
+
+    @staticmethod
+    def text(ev: dict[str, Any]) -> list[str] | None:
+        """The text an event adds to the answer; None when its `choices` is not a list of objects."""
+        choices = ev.get("choices")
+        if choices is None:
+            return []
+        if not isinstance(choices, list) or not all(isinstance(ch, dict) for ch in choices):
+            return None
         out = []
-        for ch in ev.get("choices") or []:
-            delta = ch.get("delta") if isinstance(ch, dict) else None
+        for ch in choices:
+            delta = ch.get("delta")
             if isinstance(delta, dict) and isinstance(delta.get("content"), str):
                 out.append(delta["content"])
         return out
 
-    def _take(self, ev: dict[str, Any] | None) -> None:
-        if ev is None:
-            return
-        merge_fields(self.fields, final_fields(ev))
-        self._parts += self.text(ev)
+    @property
+    def notes(self) -> list[str]:
+        """What was not understood, for the record."""
+        if not self._odd:
+            return []
+        return [f"{self._odd} stream event(s) not understood, recorded as received; the first: {self._first_odd!r}"]
 
     def result(self) -> dict[str, Any]:
         if self._rest:
-            self._take(self.event(self._rest.rstrip(b"\r")))
+            self._line(self._rest.rstrip(b"\r"))
             self._rest = b""
         out = dict(self.fields)
         if self._parts:
             out["content"] = "".join(self._parts)
+        if self._total > self._kept:
+            out["content_truncated"] = self._total
         return out
 
 
@@ -151,24 +211,28 @@ class NDJSONSummary(SSESummary):
         return doc if isinstance(doc, dict) else None
 
     @staticmethod
-    def text(ev: dict[str, Any]) -> list[str]:
+    def odd(line: bytes) -> bool:
+        return bool(line.strip())
+
+    @staticmethod
+    def text(ev: dict[str, Any]) -> list[str] | None:
         msg = ev.get("message")
         piece = msg.get("content") if isinstance(msg, dict) else ev.get("response")  # /api/chat, /api/generate
         return [piece] if isinstance(piece, str) and piece else []
 
 
-def stream_summary(content_type: str) -> SSESummary | None:
+def stream_summary(content_type: str, text_limit: int = MAX_TEXT) -> SSESummary | None:
     """The incremental summary for a streamed answer of this content type; None when not a stream."""
     if "event-stream" in content_type:
-        return SSESummary()
+        return SSESummary(text_limit)
     if "ndjson" in content_type:
-        return NDJSONSummary()
+        return NDJSONSummary(text_limit)
     return None
 
 
 def summarize_stream(text: str, content_type: str) -> dict[str, Any] | None:
-    """A whole streamed answer summarised at once (`stream_summary`); None when not a stream."""
-    s = stream_summary(content_type)
+    """A whole streamed answer summarised at once (`stream_summary`, all its text); None when not a stream."""
+    s = stream_summary(content_type, len(text) + 1)
     if s is None:
         return None
     s.feed(text.encode("utf-8", "surrogateescape"))

@@ -277,6 +277,29 @@ def _template_bos(data: dict[str, Any]) -> tuple[bool | None, str | None, int | 
 
 
 def text_tokenizer(vocab: Vocab) -> TextTokenizer:
+    """The vocabulary's text tokenizer, built once per process for each tokenizer file (parsing a
+    tokenizer.json takes a second or more: a fleet of many short sessions paid it per session)."""
+    meta = vocab.meta
+    path = meta.path
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        st = None
+    if st is None:
+        return _text_tokenizer(vocab)
+    key = (meta.source, path, st.st_mtime_ns, st.st_size, vocab.name)
+    found = _TEXT_TOKENIZERS.get(key)
+    if found is None:
+        found = _TEXT_TOKENIZERS[key] = _text_tokenizer(vocab)
+        while len(_TEXT_TOKENIZERS) > 4:
+            del _TEXT_TOKENIZERS[next(iter(_TEXT_TOKENIZERS))]
+    return found
+
+
+_TEXT_TOKENIZERS: dict[tuple[Any, ...], TextTokenizer] = {}
+
+
+def _text_tokenizer(vocab: Vocab) -> TextTokenizer:
     meta = vocab.meta
     path = meta.path
     if meta.source == "tokenizer.json" and path:

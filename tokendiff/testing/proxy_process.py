@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -26,8 +27,11 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float 
     raise RuntimeError(f"{url} did not answer in time")
 
 
-def start_proxy(upstream: str, out: Path | str, *extra: str, stderr=subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
-    """Start the proxy on a free loopback port; returns (process, base URL)."""
+def start_proxy(
+    upstream: str, out: Path | str, *extra: str, stderr=subprocess.DEVNULL, **popen: Any
+) -> tuple[subprocess.Popen, str]:
+    """Start the proxy on a free loopback port; returns (process, base URL). `popen`: more for Popen
+    (a test's preexec_fn that limits the files the proxy may write)."""
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -46,6 +50,7 @@ def start_proxy(upstream: str, out: Path | str, *extra: str, stderr=subprocess.D
         stdout=subprocess.DEVNULL,
         stderr=stderr,
         text=True,
+        **popen,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -21,6 +21,7 @@ from tokendiff.app.live import ProxyThread, RecordFeed, SessionFeed, break_messa
 from tokendiff.app.pair import open_loader
 from tokendiff.app.session import LoadedSession
 from tokendiff.errors import InputError
+from tokendiff.notices import set_sink
 from tokendiff.tui.app import Options, TokendiffApp
 from tokendiff.tui.screens.pair import PairScreen
 from tokendiff.tui.screens.session import SessionScreen
@@ -70,6 +71,7 @@ class WatchApp(TokendiffApp):
     @on(Mount)
     def _start(self, event: Mount) -> None:
         event.prevent_default()  # instead of TokendiffApp.on_mount: nothing to load from files
+        self._warnings_before = set_sink(self.show_warning)  # the proxy's warnings (a full disk) as notifications
         self.apply_theme_and_keys()
         self.push_screen(WatchScreen())
         self._status()

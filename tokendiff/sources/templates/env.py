@@ -3,11 +3,20 @@
 `strftime_now`, `dict`, an underscore-safe `namespace`, `{% generation %}`, reasoning aliases), so the text
 is what `apply_chat_template` gives without paying ~0.6 s to import transformers. tests/unit/test_template_env.py
 holds transformers to this, byte for byte.
+
+Every render is bounded (a template is input: the server's, a file, a capture's): a deadline checked at every
+loop iteration and call, and a size bound on what it builds, checked before a string or list is made
+(`'x' * 3e9`, `center(3e9)`, `'{:>3000000000}'.format`) and as output grows (in macros, `{% set %}` blocks
+and `~` too). Past either, the render stops with TemplateLimit. See `_Budget` and `_guarded`.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import threading
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
@@ -64,13 +73,272 @@ def _render(compiled: Any, messages: list[Any], tools: Any, documents: Any, agp:
     for message in chat:
         if not isinstance(message, dict):
             raise TypeError(f"Chat messages should be dicts, dataclasses or pydantic models, but got {message!r}.")
-    return compiled.render(
-        messages=alias_reasoning(chat),
-        tools=plain_data(tools),
-        documents=plain_data(documents),
-        add_generation_prompt=agp,
+    variables = {
+        "messages": alias_reasoning(chat),
+        "tools": plain_data(tools),
+        "documents": plain_data(documents),
+        "add_generation_prompt": agp,
         **plain_data(kwargs),
-    )
+    }
+    with _Scope(_budget, variables):
+        out: list[str] = []
+        n = 0
+        for piece in compiled.generate(**variables):
+            n += len(piece)
+            if n > OUTPUT_FLOOR:  # rarely: then every piece is counted against the bound
+                _budget.grow(n)
+                n = 0
+            out.append(piece)
+        return "".join(out)
+
+
+# ---------------------------------------------------------------- bounds
+
+
+class TemplateLimit(Exception):
+    """A render stopped at its time or size bound (raised as a jinja TemplateError too: see _limit)."""
+
+
+RENDER_SECONDS = 10.0  # a render's deadline (TOKENDIFF_TEMPLATE_SECONDS overrides it)
+OUTPUT_FLOOR = 64 << 20  # characters a render may build, plus 8 times its input's text
+CHECK_EVERY = 256  # loop iterations and calls between two looks at the clock
+
+
+class _Budget(threading.local):
+    """The bounds of the render running on this thread: its deadline, the characters it may build (`limit`,
+    and `left` of them), and a tick counter (the clock is read every CHECK_EVERY ticks). The bound grows
+    with the input's text, measured only when the floor is reached (most renders never pay for it).
+    Outside a render: no deadline, and a size bound of OUTPUT_FLOOR."""
+
+    deadline: float | None = None
+    seconds: float = RENDER_SECONDS
+    limit: int = OUTPUT_FLOOR
+    left: int = OUTPUT_FLOOR
+    ticks: int = 0
+    next_check: int = CHECK_EVERY
+    variables: Any = None  # the render's input, until it is measured
+
+    def tick(self, n: int = 1) -> None:
+        """`n` more steps (iterations, calls); the clock is looked at every CHECK_EVERY of them."""
+        self.ticks += n
+        if self.ticks >= self.next_check:
+            self.next_check = self.ticks + CHECK_EVERY
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                raise _limit(f"ran past its {self.seconds:g} s limit")
+
+    def grow(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            self._widen()
+            if self.left < 0:
+                raise _limit(f"built more than its {self.limit:,}-character limit")
+
+    def fits(self, n: int) -> None:
+        if n > self.limit:
+            self._widen()
+            if n > self.limit:
+                raise _limit(f"would build {n:,} characters, over its {self.limit:,}-character limit")
+
+    def _widen(self) -> None:
+        """The bound grown by the input's share, once, when first reached."""
+        if self.variables is not None:
+            more = 8 * _text_size(self.variables)
+            self.variables = None
+            self.limit += more
+            self.left += more
+
+
+class _Scope:
+    """One render's bounds, the thread's previous ones restored after it."""
+
+    def __init__(self, budget: _Budget, variables: Any) -> None:
+        self.budget, self.variables = budget, variables
+
+    def __enter__(self) -> None:
+        b = self.budget
+        self.saved = (b.deadline, b.seconds, b.limit, b.left, b.variables)
+        b.seconds = float(os.environ.get("TOKENDIFF_TEMPLATE_SECONDS") or RENDER_SECONDS)
+        b.deadline = time.monotonic() + b.seconds
+        b.limit = b.left = OUTPUT_FLOOR
+        b.variables = self.variables
+
+    def __exit__(self, *exc: object) -> None:
+        b = self.budget
+        b.deadline, b.seconds, b.limit, b.left, b.variables = self.saved
+
+
+_budget = _Budget()
+
+
+def _limit(why: str) -> Exception:
+    return _limit_class()(f"the chat template {why}")
+
+
+@lru_cache(maxsize=1)
+def _limit_class() -> type[Exception]:
+    """TemplateLimit as a jinja TemplateError too, so whatever handles a template's failure handles this
+    one (jinja is imported only when a template is rendered)."""
+    from jinja2.exceptions import TemplateError
+
+    return type("TemplateLimit", (TemplateLimit, TemplateError), {})
+
+
+def _text_size(value: Any) -> int:
+    """The characters of every string in `value` (iterative: any depth)."""
+    n, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            n += len(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+            stack.extend(k for k in v if isinstance(k, str))
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return n
+
+
+_SEQUENCES = (str, list, tuple)
+
+
+def _sized(value: Any) -> Any:
+    """`value`, checked against the size bound when it is a string or a list (after it was made)."""
+    if isinstance(value, _SEQUENCES) and len(value) > OUTPUT_FLOOR:  # the bound is never below the floor
+        _budget.fits(len(value))
+    return value
+
+
+def _loop(iterable: Any) -> Any:
+    """A loop's iterable, its iterations counted before it starts when it has a length (a list, a range, a
+    dict: the loop is bounded by it, and nested loops are looked at each time they start), else one by one."""
+    try:
+        n = len(iterable)
+    except TypeError:
+        return _ticking(iterable)
+    _budget.tick(n)
+    return iterable
+
+
+def _ticking(iterable: Any) -> Any:
+    tick = _budget.tick
+    for item in iterable:
+        tick()
+        yield item
+
+
+def _out(value: Any) -> Any:
+    """An output of a buffered block (a macro, `{% set %}...{% endset %}`, `{% call %}`, `{% filter %}`): counted."""
+    _budget.tick()
+    if isinstance(value, str):
+        _budget.grow(len(value))
+    return value
+
+
+_WIDTH = re.compile(r"[0-9]{7,}")
+
+
+def _check_format(fmt: Any) -> None:
+    """A %- or {}-format whose width or precision is past the size bound is refused before it runs."""
+    if isinstance(fmt, str):
+        for m in _WIDTH.finditer(fmt):
+            _budget.fits(int(m.group()))
+
+
+def _check_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A size argument (a width, a count) past the size bound is refused before the call makes it."""
+    for v in (*args, *kwargs.values()):
+        if type(v) is int and v > OUTPUT_FLOOR:
+            _budget.fits(v)
+
+
+def _binop(op: str, left: Any, right: Any) -> Any:
+    """`*`, `+`, `**` and `%` with the size they would make checked before they run (`+` of two strings,
+    the common case, first and cheapest)."""
+    if op == "+":
+        if isinstance(left, _SEQUENCES) and isinstance(right, _SEQUENCES) and len(left) + len(right) > OUTPUT_FLOOR:
+            _budget.fits(len(left) + len(right))
+        return left + right
+    if op == "*":
+        for a, b in ((left, right), (right, left)):
+            if isinstance(a, _SEQUENCES) and type(b) is int:
+                _budget.fits(len(a) * max(b, 0))
+        return _sized(left * right)
+    if op == "**":
+        if type(left) is int and type(right) is int and abs(left) > 1 and right > 0:
+            _budget.fits(right * abs(left).bit_length() // 4)  # about the decimal digits of the answer
+        return left**right
+    _check_format(left)  # %
+    return _sized(left % right)
+
+
+# the filters that can make more than they are given (a width, a count, an indent, a replacement)
+_SIZED_FILTERS = frozenset(
+    {"center", "indent", "wordwrap", "truncate", "format", "replace", "batch", "slice", "tojson", "sum"}
+)
+_BUDGET_FILTERS = {"_td_loop": _loop, "_td_sized": _sized, "_td_out": _out}
+
+
+def _dropping_context(f: Any) -> Any:
+    def call(context: Any, value: Any) -> Any:
+        return f(value)
+
+    return call
+
+
+def _guarded_filter(f: Any) -> Any:
+    """A filter whose size arguments (a width, a count) are checked first and whose result after."""
+    passed = getattr(f, "jinja_pass_arg", None)  # pass_context, pass_environment...: then the value is second
+    skip = 2 if passed is not None else 1
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        _budget.tick()
+        _check_args(args[skip:], kwargs)
+        return _sized(f(*args, **kwargs))
+
+    if passed is not None:
+        guarded.jinja_pass_arg = passed  # type: ignore[attr-defined]
+    return guarded
+
+
+def _guarded(ast: Any) -> Any:
+    """The template's parse with its loops, `~` concatenations and buffered outputs routed through the
+    budget's filters (the sandbox checks calls and operators itself)."""
+    from jinja2 import nodes
+    from jinja2.visitor import NodeTransformer
+
+    def wrap(node: Any, name: str) -> Any:
+        return nodes.Filter(node, name, [], [], None, None, lineno=node.lineno)
+
+    class Guard(NodeTransformer):
+        buffered = 0
+
+        def visit_For(self, node: Any) -> Any:
+            node = self.generic_visit(node)
+            node.iter = wrap(node.iter, "_td_loop")
+            return node
+
+        def visit_Concat(self, node: Any) -> Any:
+            return wrap(self.generic_visit(node), "_td_sized")
+
+        def visit_Output(self, node: Any) -> Any:
+            node = self.generic_visit(node)
+            if self.buffered:
+                node.nodes = [
+                    wrap(nodes.Const(n.data, lineno=n.lineno) if isinstance(n, nodes.TemplateData) else n, "_td_out")
+                    for n in node.nodes
+                ]
+            return node
+
+        def _buffer(self, node: Any) -> Any:
+            self.buffered += 1
+            try:
+                return self.generic_visit(node)
+            finally:
+                self.buffered -= 1
+
+        visit_Macro = visit_CallBlock = visit_FilterBlock = visit_AssignBlock = _buffer
+
+    return Guard().visit(ast)
 
 
 MEMO_LIMIT = 4096  # (type, attribute) answers the sandbox keeps; real templates read a few dozen
@@ -144,7 +412,7 @@ class TemplateDict:
         return dict.fromkeys(*args, **kwargs)
 
 
-CODE_FORMAT = 1  # raise when _environment() changes what a template compiles to
+CODE_FORMAT = 3  # raise when _environment() changes what a template compiles to
 _CODE_MAGIC = b"TDJINJA1"
 
 
@@ -157,13 +425,13 @@ def compile_template(template: str) -> Any:
     key = _code_key(template)
     code = _cached_code(key)
     if not isinstance(code, CodeType):
-        code = env.compile(template)  # a syntax error is raised here, as from_string raises it
+        code = env.compile(_guarded(env.parse(template)))  # a syntax error is raised here, as from_string raises it
         _save_code(key, code)
     return env.template_class.from_code(env, code, env.make_globals(None), None)
 
 
 GEN_MARK = "\uf8ff"  # written where a template's generation prompt begins (compile_marked)
-MARK_FORMAT = 1  # raise when _marked_code changes what it makes
+MARK_FORMAT = 3  # raise when _marked_code changes what it makes
 
 
 @lru_cache(maxsize=64)
@@ -198,7 +466,7 @@ def _marked_code(env: Any, template: str) -> Any:
     if any(ast.find_all((nodes.Extends, nodes.Block, nodes.Include, nodes.Import, nodes.FromImport))):
         return False
     ast.body.insert(len(ast.body) - 1, nodes.Output([nodes.TemplateData(GEN_MARK)]))
-    return env.compile(ast)
+    return env.compile(_guarded(ast))
 
 
 def _parsed(env: Any, template: str) -> Any:
@@ -338,6 +606,7 @@ def _save_code(key: str, code: Any) -> None:
 
 @lru_cache(maxsize=1)
 def _environment() -> Any:
+    import jinja2
     import jinja2.ext
 
     namespace = _namespace_class()
@@ -345,6 +614,10 @@ def _environment() -> Any:
         trim_blocks=True, lstrip_blocks=True, extensions=[_generation_extension(), jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = tojson
+    for name in _SIZED_FILTERS & set(env.filters):
+        env.filters[name] = _guarded_filter(env.filters[name])
+    # pass_context: never folded into constants at compile time (a loop's iterable must be made per run)
+    env.filters.update({name: jinja2.pass_context(_dropping_context(f)) for name, f in _BUDGET_FILTERS.items()})
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     env.globals["dict"] = TemplateDict()
@@ -364,9 +637,29 @@ def _sandbox_class(namespace: type) -> type:
     plain = {str, dict, list, tuple, int, float, bool, type(None), LoopContext, namespace}
 
     class Sandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "+", "**", "%"})
+
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.safe: dict[tuple[type, str], bool] = {}
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+            _budget.tick()
+            owner = getattr(__obj, "__self__", None)
+            if isinstance(owner, (str, list, tuple)) or getattr(__obj, "__name__", "") == "generate_lorem_ipsum":
+                _check_args(args, kwargs)  # 'x'.ljust(3e9), 'x'.center(3e9), lipsum(3e9)
+            return _sized(super().call(__context, __obj, *args, **kwargs))
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "+" and type(left) is str and type(right) is str and len(left) + len(right) < OUTPUT_FLOOR:
+                return left + right  # most of a template's arithmetic: no call for it
+            return _binop(operator, left, right)
+
+        def wrap_str_format(self, value: Any) -> Any:
+            wrapped = super().wrap_str_format(value)
+            if wrapped is not None:
+                _check_format(value.__self__)
+            return wrapped
 
         def getattr(self, obj: Any, attribute: str) -> Any:
             if type(obj) is dict and attribute not in dict_attrs:  # the getattr the base tries first would fail

@@ -114,10 +114,11 @@ def _copy(body: dict[str, Any]) -> dict[str, Any]:
 class Renderer:
     """Renders requests with one chat template (compiled once)."""
 
-    def __init__(self, template: str, bos_token: str = "", eos_token: str = "", **kwargs: Any):
+    def __init__(self, template: str, bos_token: str = "", eos_token: str = "", *, name: str = "", **kwargs: Any):
         if not isinstance(template, str) or not template.strip():
             raise InputError("empty chat template")
         self.template = template
+        self.name = name  # where the template came from, for errors (a file, a server, a capture)
         self.defaults = {"bos_token": bos_token, "eos_token": eos_token, **kwargs}
         self._typed: bool | None = None
         self.template_sha256 = template_sha256(template)
@@ -139,12 +140,21 @@ class Renderer:
     def _render(self, messages: list, tools: Any, agp: Any, kwargs: dict[str, Any], mark: bool = False) -> str:
         from jinja2 import TemplateError
 
-        from tokendiff.sources.templates.env import render_request
+        from tokendiff.sources.templates.env import TemplateLimit, render_request
 
         try:
             return render_request(self.template, messages, tools, agp, kwargs, marked=mark)
+        except TemplateLimit as e:  # a template that loops or builds gigabytes: stopped at its bound
+            raise InputError(str(e), source=self._shown_name()) from None
         except (TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:
             raise InputError(f"the chat template failed on this request: {type(e).__name__}: {e}") from None
+
+    def _shown_name(self) -> str:
+        return (
+            f"{self.name} (chat template {self.template_sha256[:12]})"
+            if self.name
+            else (f"chat template {self.template_sha256[:12]}")
+        )
 
     def _for_template(self, i: int, m: dict[str, Any]) -> dict[str, Any]:
         """The message with list content as llama-server hands it to the template: the parts joined

@@ -1,0 +1,189 @@
+"""The recording proxy under faults (issue 28): nothing answered is unrecorded, nothing is sent twice,
+every stream shape is data, a full disk and a second proxy are one clear line. A real proxy process and
+a real llama-server; a scripted stub upstream only for what a real server will not do on demand."""
+
+from __future__ import annotations
+
+import base64
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import httpx
+import orjson
+import pytest
+
+from tokendiff.sources.capture import read_capture
+from tokendiff.testing import proxy_process
+from tokendiff.testing.llama_server import LlamaServer
+from tokendiff.testing.proxy_process import stop_proxy
+from tokendiff.testing.stub_upstream import StubUpstream, close_without_answer, sse_route
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def server(llama_server_bin, tiny_model, tmp_path_factory):
+    with LlamaServer(tiny_model, ctx=4096, log_path=tmp_path_factory.mktemp("srv") / "log") as s:
+        yield s
+
+
+def start(upstream: str, out, *extra: str, **popen) -> tuple[subprocess.Popen, str]:
+    return proxy_process.start_proxy(upstream, out, "--no-tokens", *extra, stderr=subprocess.PIPE, **popen)
+
+
+def chat(tag: str, **extra) -> dict:
+    return {"messages": [{"role": "user", "content": tag}], "max_tokens": 2, "temperature": 0, **extra}
+
+
+def tag_of(rec) -> str:
+    return rec["request"]["messages"][0]["content"]
+
+
+# ---------------------------------------------------------------- nothing sent twice
+
+
+def test_a_post_the_upstream_read_and_dropped_is_never_sent_again(tmp_path):
+    with StubUpstream({CHAT: close_without_answer}) as stub:
+        proc, url = start(stub.url, tmp_path / "s")
+        try:
+            r = httpx.post(url + CHAT, json=chat("pay once"), timeout=30)
+        finally:
+            err = stop_proxy(proc)
+        assert stub.seen(CHAT) == 1, err  # the agent's tool call ran once, whatever the proxy saw
+    assert r.status_code == 502 and "failed without answering" in r.json()["error"]["message"]
+    records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
+    assert warnings == [] and [tag_of(r) for r in records] == ["pay once"]
+    assert records[0]["response"]["status"] == 502 and records[0]["upstream_error"]
+
+
+def test_streamed_requests_from_many_clients_all_reach_the_server(server, tmp_path):
+    """llama-server closes a connection after a streamed answer without saying so; a request sent on it
+    would fail unanswered and, never sent twice, come back a 502. The proxy does not reuse such a connection."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    proc, url = start(server.url, tmp_path / "s")
+
+    def client(k: int) -> list[int]:
+        with httpx.Client(timeout=60) as c:
+            return [c.post(url + CHAT, json=chat(f"row {k}-{i}", stream=True)).status_code for i in range(8)]
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            codes = [code for got in pool.map(client, range(8)) for code in got]
+    finally:
+        stop_proxy(proc)
+    assert codes == [200] * 64
+
+
+# ---------------------------------------------------------------- nothing answered is unrecorded
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_answered_is_on_disk_before_the_clients_last_byte_at_any_size(server, tmp_path, stream):
+    """kill -9 the moment the client has its whole answer: the record, body in a blob, is there."""
+    proc, url = start(server.url, tmp_path / "s")
+    body = chat("big one", stream=stream, metadata={"pad": "x" * (24 << 20)})
+    with httpx.stream("POST", url + CHAT, content=orjson.dumps(body), timeout=120) as r:
+        received = r.read()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert r.status_code == 200 and received
+    records, _ = read_capture(tmp_path / "s" / "capture.jsonl")
+    assert [tag_of(r) for r in records] == ["big one"]
+    assert records[0]["response"]["status"] == 200 and records[0]["response"]["bytes"] == len(received)
+
+
+@pytest.mark.parametrize("depth", [10_000, 100_000])
+def test_bodies_nested_deeper_than_any_parser_are_recorded_byte_for_byte(server, tmp_path, depth):
+    raw = orjson.dumps(chat("deep"))[:-1] + b', "metadata": ' + b"[" * depth + b"]" * depth + b"}"
+    proc, url = start(server.url, tmp_path / "s")
+    try:
+        r = httpx.post(url + CHAT, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    finally:
+        err = stop_proxy(proc)
+    assert r.status_code == 200, err
+    records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
+    assert warnings == [] and len(records) == 1, err
+    body = records[0]["request_body"]
+    assert body["verbatim"] and "nested deeper" in records[0]["request_body_reason"]
+    stored = base64.b64decode(body["base64"]) if "base64" in body else (tmp_path / "s" / body["blob"]).read_bytes()
+    assert stored == raw and records[0]["response"]["status"] == 200
+
+
+def _file_size_limit(limit: int):
+    """The proxy's files cannot grow past `limit` bytes: its writes fail as on a full disk."""
+
+    def preexec() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return preexec
+
+
+def test_a_full_disk_is_one_clear_line_and_every_answer_still_relayed(server, tmp_path):
+    proc, url = start(server.url, tmp_path / "s", preexec_fn=_file_size_limit(48 << 10))
+    codes = []
+    try:
+        for i in range(8):  # ~12 KB a record: the capture is full after three or four
+            body = chat(f"full {i}", metadata={"pad": "z" * 12_000})
+            codes.append(httpx.post(url + CHAT, json=body, timeout=60).status_code)
+        big = httpx.post(url + CHAT, json=chat("blob", metadata={"pad": "y" * (2 << 20)}), timeout=60)
+    finally:
+        err = stop_proxy(proc)
+    assert codes == [200] * 8 and big.status_code == 200, err
+    lines = [ln for ln in err.splitlines() if "not written" in ln and "more warnings like this" not in ln]
+    assert len(lines) == 1 and "File too large" in lines[0] and "still forwarded" in lines[0], err  # repeats: counted
+    assert "Traceback" not in err
+    records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
+    assert warnings == [] and 2 <= len(records) < 8  # whole lines only, nothing torn
+    assert not [p for p in (tmp_path / "s").rglob("*.tmp")]  # no half-written blob left behind
+
+
+def test_a_second_proxy_on_one_directory_is_refused_with_one_line(server, tmp_path):
+    proc, url = start(server.url, tmp_path / "s")
+    try:
+        cmd = [sys.executable, "-m", "tokendiff", "proxy", "--upstream", server.url, "--out", str(tmp_path / "s")]
+        second = subprocess.run([*cmd, "--listen", "127.0.0.1:1"], capture_output=True, text=True, timeout=30)
+    finally:
+        stop_proxy(proc)
+    assert second.returncode == 2 and len(second.stderr.strip().splitlines()) == 1, second.stderr
+    assert f"another tokendiff proxy or watch (pid {proc.pid}) is recording into this directory" in second.stderr
+
+
+# ---------------------------------------------------------------- every stream shape is data
+
+ODD_EVENTS = [
+    b'{"choices": 5}',
+    b"[1, 2, 3]",
+    b'"just text"',
+    b"null",
+    b'{"choices": true, "usage": 5}',
+    b'{"choices": [{"delta": {"content": 7}}, "x"]}',
+    b'{"x": 1e999}',
+    b'{"choices": [{"delta": {"content": "\xff\xfe"}}]}',
+    b"{not json",
+    b'{"choices": [{"delta": {"content": "still "}}]}',
+    b'{"choices": [{"delta": {"content": "here"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": "many"}}',
+]
+
+
+def test_a_stream_of_any_shape_reaches_the_client_whole_and_is_recorded_with_notes(tmp_path):
+    with StubUpstream({CHAT: sse_route(ODD_EVENTS)}) as stub:
+        proc, url = start(stub.url, tmp_path / "s")
+        try:
+            with httpx.stream("POST", url + CHAT, json=chat("odd", stream=True), timeout=30) as r:
+                received = r.read()
+        finally:
+            err = stop_proxy(proc)
+    assert received.count(b"data: ") == len(ODD_EVENTS) + 1 and received.endswith(b"data: [DONE]\n\n"), err
+    assert "Traceback" not in err
+    records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
+    assert warnings == [] and len(records) == 1
+    rec = records[0]
+    # bytes that are not UTF-8 are read with U+FFFD in their place
+    assert rec["response"]["content"] == "\ufffd\ufffdstill here" and rec["response"]["finish_reason"] == "stop"
+    notes = " | ".join(rec["notes"])
+    assert "stream event(s) not understood" in notes and "response.usage.prompt_tokens left out" in notes
