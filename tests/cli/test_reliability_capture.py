@@ -22,7 +22,7 @@ def rec(tag: str, **extra) -> dict:
 
 
 def tags(records) -> list[str]:
-    return [r["request"]["messages"][0] for r in records]
+    return [r.request["messages"][0] for r in records]
 
 
 # ---------------------------------------------------------------- torn tails
@@ -39,7 +39,7 @@ def test_the_writer_starts_a_fresh_line_after_a_torn_tail(tmp_path):
     records, warnings = read_capture(path)
     assert tags(records) == ["one", "three"]
     assert len(warnings) == 1 and "line 2: torn line" in warnings[0]
-    assert [r["seq"] for r in records] == [1, 3]  # the torn line's seq is never reused
+    assert [r.seq for r in records] == [1, 3]  # the torn line's seq is never reused
 
 
 def test_the_reader_skips_a_torn_line_anywhere_and_keeps_a_record_written_onto_one(tmp_path):
@@ -150,8 +150,8 @@ def test_a_field_of_the_wrong_type_is_left_out_with_a_note_never_written(tmp_pat
     with CaptureWriter(path) as w:
         w.append(rec("odd", **fields))
     records, _ = read_capture(path)
-    assert len(records) == 1 and records[0]["notes"]
-    assert all("left out" in n for n in records[0]["notes"])
+    assert len(records) == 1 and records[0].notes
+    assert all("left out" in n for n in records[0].notes)
 
 
 def test_conform_leaves_the_callers_record_alone():

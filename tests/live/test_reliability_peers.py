@@ -77,7 +77,7 @@ def test_a_hostile_props_delays_nothing_and_costs_little_memory(tmp_path, name):
     assert r.status_code == 200 and r.json() == REPLY, err
     assert peak < 250, f"the proxy peaked at {peak} MB"
     records, _ = read_capture(tmp_path / "s" / "capture.jsonl")
-    assert len(records) == 1 and records[0]["response"]["status"] == 200
+    assert len(records) == 1 and records[0].response["status"] == 200
 
 
 def test_watch_listens_whatever_the_upstreams_props_does(tmp_path):

@@ -39,7 +39,7 @@ def chat(tag: str, **extra) -> dict:
 
 
 def tag_of(rec) -> str:
-    return rec["request"]["messages"][0]["content"]
+    return rec.request["messages"][0]["content"]
 
 
 # ---------------------------------------------------------------- nothing sent twice
@@ -56,7 +56,7 @@ def test_a_post_the_upstream_read_and_dropped_is_never_sent_again(tmp_path):
     assert r.status_code == 502 and "failed without answering" in r.json()["error"]["message"]
     records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
     assert warnings == [] and [tag_of(r) for r in records] == ["pay once"]
-    assert records[0]["response"]["status"] == 502 and records[0]["upstream_error"]
+    assert records[0].response["status"] == 502 and records[0].upstream_error
 
 
 def test_streamed_requests_from_many_clients_all_reach_the_server(server, tmp_path):
@@ -93,7 +93,7 @@ def test_a_request_answered_is_on_disk_before_the_clients_last_byte_at_any_size(
     assert r.status_code == 200 and received
     records, _ = read_capture(tmp_path / "s" / "capture.jsonl")
     assert [tag_of(r) for r in records] == ["big one"]
-    assert records[0]["response"]["status"] == 200 and records[0]["response"]["bytes"] == len(received)
+    assert records[0].response["status"] == 200 and records[0].response["bytes"] == len(received)
 
 
 @pytest.mark.parametrize("depth", [10_000, 100_000])
@@ -107,10 +107,10 @@ def test_bodies_nested_deeper_than_any_parser_are_recorded_byte_for_byte(server,
     assert r.status_code == 200, err
     records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
     assert warnings == [] and len(records) == 1, err
-    body = records[0]["request_body"]
-    assert body["verbatim"] and "nested deeper" in records[0]["request_body_reason"]
+    body = records[0].request_body
+    assert body["verbatim"] and "nested deeper" in records[0].request_body_reason
     stored = base64.b64decode(body["base64"]) if "base64" in body else (tmp_path / "s" / body["blob"]).read_bytes()
-    assert stored == raw and records[0]["response"]["status"] == 200
+    assert stored == raw and records[0].response["status"] == 200
 
 
 def _file_size_limit(limit: int):
@@ -184,6 +184,6 @@ def test_a_stream_of_any_shape_reaches_the_client_whole_and_is_recorded_with_not
     assert warnings == [] and len(records) == 1
     rec = records[0]
     # bytes that are not UTF-8 are read with U+FFFD in their place
-    assert rec["response"]["content"] == "\ufffd\ufffdstill here" and rec["response"]["finish_reason"] == "stop"
-    notes = " | ".join(rec["notes"])
+    assert rec.response["content"] == "\ufffd\ufffdstill here" and rec.response["finish_reason"] == "stop"
+    notes = " | ".join(rec.notes)
     assert "stream event(s) not understood" in notes and "response.usage.prompt_tokens left out" in notes
