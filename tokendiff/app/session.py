@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from tokendiff.core.cache.capacity import CapacityLadder
+    from tokendiff.core.cache.llama import EngineConfig
     from tokendiff.core.cache.swa import AttentionLayout
     from tokendiff.core.cost import PairDiff, Session, Turn, TurnInput
     from tokendiff.core.model import Prompt
@@ -131,13 +132,14 @@ def _analyse(
     capacity: CapacityLadder | None = None,
     props: dict[str, Any] | None = None,
     first_pair: FirstPair | None = None,
+    engine: EngineConfig | None = None,
 ) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
     `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end.
     `first_pair` is given the first pair that wasted the cache as soon as it is analysed."""
     from tokendiff.core.cost import Analyser
 
-    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props)
+    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props, engine=engine)
     prompts = TurnPrompts(loader, [])
     specs = prompts.specs  # filled as the turns come, so the prompts so far can be loaded meanwhile
     prev: TurnInput | None = None
@@ -244,7 +246,17 @@ def record_input(
     ttft = rec.get("ttft_ms")
     ti.ttft_ms = float(ttft) if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) else None
     ti.server, ti.vllm_block = recorded_backend(rec.get("server"))  # which rules the server's counts follow
+    ti.server_key = server_key(rec.get("server"))
     return ti
+
+
+def server_key(server: Any) -> str:
+    """What names the model and template a recorded turn was served with: a change means another model
+    (llama-server's slots start empty), the same key the same cache."""
+    if not isinstance(server, dict):
+        return ""
+    parts = [server.get(k) for k in ("model", "chat_template_sha256")]
+    return "|".join(p for p in parts if isinstance(p, str))
 
 
 def _path_inputs(loader: Loader, pool: PairWorkers, paths: Sequence[str], order: str, single_turns: bool, live: bool):
@@ -326,6 +338,7 @@ def open_session(
     capacity: CapacityLadder | None = None,
     props: dict[str, Any] | None = None,
     first_pair: FirstPair | None = None,
+    engine: EngineConfig | None = None,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
     in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
@@ -334,12 +347,13 @@ def open_session(
     server's /props for the backend facts (default: the props.json saved beside the session).
     `first_pair(turn, pair, loader)` is called once, as soon as the first turn that wasted the cache
     is analysed, with what `session_pair` will give for it: a view can show it before the rest is
-    read (the analysis goes on when it returns)."""
+    read (the analysis goes on when it returns). `engine`: llama-server's flags for the per-turn verdicts
+    (`engine_config`)."""
     loader = open_loader(opts)
     pool = PairWorkers(loader, workers)
     inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
     props = props if props is not None else saved_props(paths)
-    return _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair)
+    return _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair, engine)
 
 
 def capacity_ladder(
@@ -400,18 +414,81 @@ def attention_layout(
     return next((lay for name in _model_names(paths) if (lay := layout_from_name(name, **flags))), None)
 
 
-def _model_names(paths: Sequence[str]) -> list[str]:
-    """What the session calls its model: the saved /props' model path, then the first record's
-    request `model` and recording server's `model` (an Ollama tag, a vLLM model ID)."""
-    props: dict[str, Any] = saved_props(paths) or {}
-    names = [props.get("model_path")]
+def engine_config(
+    paths: Sequence[str],
+    opts: PromptOptions,
+    layout: AttentionLayout | None = None,
+    model: str | None = None,
+    server_args: str | None = None,
+    log_facts: dict[str, Any] | None = None,
+    force: bool = False,
+) -> EngineConfig | None:
+    """llama-server's policy flags for the per-turn verdicts: the user's `--server-args` first, then what the
+    server's log says (`log_facts`), then the saved /props, llama-server's defaults for the rest; the layout
+    for checkpoints, and the size of a saved state per token from the model's GGUF. None for a session another
+    kind of server answered (vLLM, SGLang, Ollama), unless `force`."""
+    import shlex
+
+    from tokendiff.core.cache.llama import EngineConfig, engine_flags, props_facts
+
+    if not force and not server_args and not log_facts and not _llama_server_session(paths):
+        return None
+    try:
+        flags = engine_flags(shlex.split(server_args or ""))
+    except ValueError as e:
+        raise InputError(f"--server-args: {e}") from None
+    cfg = EngineConfig(layout=layout) if layout is not None else EngineConfig()
+    if server_args:
+        cfg = cfg.merged(flags, "--server-args")
+    if log_facts:
+        cfg = cfg.merged(log_facts, "the server's log")
+    cfg = cfg.merged(props_facts(saved_props(paths)), "/props")
+    return cfg.merged(_model_facts(paths, opts, model), "the model's GGUF")
+
+
+STATE_CELL_BYTES = 12  # a saved state keeps each cell's position and sequence besides its K and V
+
+
+def _model_facts(paths: Sequence[str], opts: PromptOptions, model: str | None) -> dict[str, Any]:
+    """What the model's GGUF tells the policy: the bytes a saved state costs per token, whether it adds BOS."""
+    from tokendiff.core.cache.capacity import kv_bytes_per_token
+    from tokendiff.sources.gguf_meta import read_gguf_metadata, read_model_metadata
+
+    gguf = _model_file(paths, opts, model)
+    if not gguf:
+        return {}
+    try:
+        kv = kv_bytes_per_token(read_model_metadata(gguf))
+        bos = read_gguf_metadata(gguf, ("tokenizer.ggml.add_bos_token",)).get("tokenizer.ggml.add_bos_token")
+    except InputError:
+        return {}
+    return {"bytes_per_token": kv + STATE_CELL_BYTES if kv else None, "add_bos": bool(bos)}
+
+
+def _llama_server_session(paths: Sequence[str]) -> bool:
+    """The session was served by llama-server: its saved /props, a slot-file directory, or a capture whose
+    first record says so (its `server`, or llama-server's `timings` in the answer)."""
+    if "total_slots" in (saved_props(paths) or {}):
+        return True
+    for p in paths:
+        base = Path(p.split("@", 1)[0])
+        if base.is_dir() and any(base.glob("*.bin")):
+            return True
+    rec = _first_record(paths)
+    server, resp = rec.get("server"), rec.get("response")
+    kind = server.get("kind") if isinstance(server, dict) else None
+    return kind == "llama-server" or (not kind and isinstance(resp, dict) and "timings" in resp)
+
+
+def _first_record(paths: Sequence[str]) -> dict[str, Any]:
+    """The first record of the first capture among `paths` ({} when none)."""
+    from tokendiff.sources.capture import iter_capture
+
     for p in paths:
         base = Path(p.split("@", 1)[0])
         capture = base / "capture.jsonl" if base.is_dir() else base
         if capture.suffix != ".jsonl" or not capture.is_file():
             continue
-        from tokendiff.sources.capture import iter_capture
-
         records = iter_capture(capture, lambda _w: None)
         try:
             rec: dict[str, Any] = next(records, {})
@@ -419,6 +496,17 @@ def _model_names(paths: Sequence[str]) -> list[str]:
             continue
         finally:
             records.close()  # the generator holds the file open
+        return rec
+    return {}
+
+
+def _model_names(paths: Sequence[str]) -> list[str]:
+    """What the session calls its model: the saved /props' model path, then the first record's
+    request `model` and recording server's `model` (an Ollama tag, a vLLM model ID)."""
+    props: dict[str, Any] = saved_props(paths) or {}
+    names = [props.get("model_path")]
+    rec = _first_record(paths)
+    if rec:
         req, server = rec.get("request"), rec.get("server")
         names += [req.get("model") if isinstance(req, dict) else None]
         names += [server.get("model") if isinstance(server, dict) else None]

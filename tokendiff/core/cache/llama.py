@@ -498,9 +498,7 @@ class EngineSim:
 
     def request(self, req: Request) -> Outcome:
         """Play one request; the slots and cache as the server leaves them."""
-        if req.key and self.key and req.key != self.key:
-            self.restart(req.turn, "the model or template changed")
-        self.key = req.key or self.key
+        self.switch(req)
         i, how, f_sim, f_keep, loaded, saved = self._select(req)
         slot = self.slots[i]
         cleared = self._launch(slot, req)
@@ -509,6 +507,12 @@ class EngineSim:
         self.clock += 1
         slot.t_last = self.clock
         return out
+
+    def switch(self, req: Request) -> None:
+        """A request served by another model or template than the one before: the server was restarted with it."""
+        if req.key and self.key and req.key != self.key:
+            self.restart(req.turn, "the model or template changed")
+        self.key = req.key or self.key
 
     def restart(self, turn: int, why: str = "restart") -> None:
         """Every slot and the RAM cache emptied (a server restart, or another model)."""
