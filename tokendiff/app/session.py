@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from tokendiff.core.cache.capacity import CapacityLadder
+    from tokendiff.core.cache.engine_log import LogAligner
     from tokendiff.core.cache.llama import EngineConfig
     from tokendiff.core.cache.swa import AttentionLayout
     from tokendiff.core.cost import PairDiff, Session, Turn, TurnInput
@@ -133,13 +134,15 @@ def _analyse(
     props: dict[str, Any] | None = None,
     first_pair: FirstPair | None = None,
     engine: EngineConfig | None = None,
+    server_log: str | None = None,
 ) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
     `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end.
     `first_pair` is given the first pair that wasted the cache as soon as it is analysed."""
     from tokendiff.core.cost import Analyser
 
-    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props, engine=engine)
+    log = log_aligner(server_log, progress) if server_log and engine is not None else None
+    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props, engine=engine, log=log)
     prompts = TurnPrompts(loader, [])
     specs = prompts.specs  # filled as the turns come, so the prompts so far can be loaded meanwhile
     prev: TurnInput | None = None
@@ -339,6 +342,7 @@ def open_session(
     props: dict[str, Any] | None = None,
     first_pair: FirstPair | None = None,
     engine: EngineConfig | None = None,
+    server_log: str | None = None,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
     in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
@@ -348,12 +352,32 @@ def open_session(
     `first_pair(turn, pair, loader)` is called once, as soon as the first turn that wasted the cache
     is analysed, with what `session_pair` will give for it: a view can show it before the rest is
     read (the analysis goes on when it returns). `engine`: llama-server's flags for the per-turn verdicts
-    (`engine_config`)."""
+    (`engine_config`); `server_log`: the server's log, its tasks lined up with the turns as both are read."""
     loader = open_loader(opts)
     pool = PairWorkers(loader, workers)
     inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
     props = props if props is not None else saved_props(paths)
-    return _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair, engine)
+    return _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair, engine, server_log)
+
+
+def log_aligner(path: str, progress: Progress | None = None) -> LogAligner:
+    """The server's log as the analysis reads it: its tasks streamed (progress in percent of the file) and
+    lined up with the turns."""
+    from tokendiff.core.cache.engine_log import LogAligner
+    from tokendiff.sources.server_log import iter_tasks
+
+    def shown(done: int, size: int) -> None:
+        if progress is not None and size:
+            progress(f"reading the server log: {100 * done // size} % of {size >> 20:,} MiB")
+
+    return LogAligner(lambda: iter_tasks(path, shown))
+
+
+def server_log_facts(path: str) -> dict[str, Any]:
+    """The launch settings the server's log states (for `engine_config`); the file refused now if unreadable."""
+    from tokendiff.sources.server_log import check_log, log_facts
+
+    return log_facts(check_log(path))
 
 
 def capacity_ladder(

@@ -113,7 +113,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         is_dataset_target,
     )
     from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
-    from tokendiff.app.session import attention_layout, capacity_ladder, open_session
+    from tokendiff.app.session import attention_layout, capacity_ladder, engine_config, open_session, server_log_facts
 
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise UsageError("--fail-under takes a percentage from 0 to 100")
@@ -126,6 +126,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             "a table file holds one session; for several, export the dataset into a directory (DIR/)",
             source=args.export,
         )
+    if len(paths) > 1 and args.server_log:
+        raise UsageError("--server-log goes with one session (the server's log lined up with its turns)")
     tty = sys.stderr.isatty()
     opts = ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
     loaded, skipped = None, []
@@ -137,7 +139,18 @@ def cmd_report(args: argparse.Namespace) -> int:
             ladder = capacity_ladder(
                 paths, popts, args.cache_size, args.model, args.kv_bytes_per_token, args.server_args
             )
-        loaded = open_session(popts, paths, _progress_line(tty), single_turns=False, layout=layout, capacity=ladder)
+        facts = server_log_facts(args.server_log) if args.server_log else None
+        engine = engine_config(paths, popts, layout, args.model, args.server_args, facts)
+        loaded = open_session(
+            popts,
+            paths,
+            _progress_line(tty),
+            single_turns=False,
+            layout=layout,
+            capacity=ladder,
+            engine=engine,
+            server_log=args.server_log,
+        )
         _clear_line(tty)
         doc, reuse, what = session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
         if args.prefill_rate and not loaded.session.rate_estimated and loaded.session.ms_per_token is not None:

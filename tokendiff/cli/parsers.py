@@ -236,9 +236,10 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
     r.add_argument(
         "--server-args",
         metavar="ARGS",
-        help="llama-server's flags that decide checkpoints, as on its command line "
-        "('-ub 512 -ctxcp 32 --swa-full -np 4 -c 65536')",
+        help="llama-server's flags as on its command line: the SWA/hybrid column's checkpoints and the engine "
+        "verdicts' slots, caches and shifts ('-np 2 -sps 0.5 --cache-ram 0 --cache-reuse 256 -ub 512 -c 65536')",
     )
+    _server_log_arg(r)
     r.add_argument(
         "--cache-size",
         action="append",
@@ -333,6 +334,15 @@ def _watch_parser(sub: Any) -> None:  # argparse subparsers
     _prefill_rate_arg(w)
     w.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
     w.set_defaults(order="auto")
+
+
+def _server_log_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--server-log",
+        metavar="FILE",
+        help="llama-server's log (its --log-file, or captured stderr; -lv 4 shows the most): its slot choices, "
+        "cache saves and evictions, shifts and restarts lined up with the turns",
+    )
 
 
 def _prefill_rate_arg(p: argparse.ArgumentParser) -> None:

@@ -32,6 +32,7 @@ from tokendiff.core.cache.backend_facts import (
     turn_record,
 )
 from tokendiff.core.cache.capacity import CapacityLadder, CapacityReport
+from tokendiff.core.cache.engine_log import LogAligner, TurnNumbers
 from tokendiff.core.cache.llama import EngineConfig
 from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, checkpoint_reuse
 from tokendiff.core.cache.verdict import EngineTrack, EngineTurn, classify, client_waste, engine_request
@@ -299,9 +300,10 @@ class Analyser:
         capacity: CapacityLadder | None = None,
         props: dict[str, Any] | None = None,
         engine: EngineConfig | None = None,
+        log: LogAligner | None = None,
     ):
         self.max_hunks = max_hunks
-        self.engine = EngineTrack(engine) if engine is not None else None  # llama-server's policy, turn by turn
+        self.engine = EngineTrack(engine, log) if engine is not None else None  # llama-server's policy, per turn
         self.capacity = capacity
         self.props = props  # the server's /props, for the backend facts
         self.records: list[TurnRecord] = []
@@ -362,7 +364,8 @@ class Analyser:
             cur.ids, t.turn, cur.request, cur.response, t.reported_generated, cur.reply, cur.server_key, starts
         )
         prev = self.prev.ids if self.prev is not None else None
-        t.engine = self.engine.add(req, prev, best, t.reported_cached)
+        numbers = TurnNumbers(t.n_tokens, t.reported_prompt_n, t.reported_cached, t.reported_generated)
+        t.engine = self.engine.add(req, prev, best, t.reported_cached, numbers)
 
     def _reblock(self) -> None:
         """A capture that records no block size: the vLLM column in the block its cached counts share

@@ -40,6 +40,7 @@ AUTO_SLOTS = 4  # -np unset: 4 slots sharing one unified KV cache
 DEFAULT_SPS = 0.1
 DEFAULT_CACHE_RAM = 8192  # MiB
 F_KEEP_SAVE = 0.5  # a similarity choice keeping less of the slot than this saves it to the RAM cache first
+SIM_MAX_TOKENS = 1 << 25  # tokens the simulated RAM cache holds at most where the server's limit is unknown
 F_KEEP_LOAD = 0.25  # a RAM entry the prompt keeps less of than this is never loaded ("don't trash large prompts")
 
 
@@ -439,10 +440,18 @@ class RamCache:
                 f_keep, f_sim, best = keep, sim, i
         return None if best is None else self.entries.pop(best)
 
+    def _bound(self) -> None:
+        """The simulation's own bound, where the server's is unknown: SIM_MAX_TOKENS held at most."""
+        n_tok = sum(len(e) for e in self.entries)
+        while self.entries and n_tok > SIM_MAX_TOKENS:
+            n_tok -= len(self.entries[0])
+            self.evicted.append(self.entries.pop(0))
+
     def update(self) -> None:
         """Evict the oldest while over the byte limit, then over the token limit: the whole context, raised
         to what the byte limit holds at the cache's own bytes per token (a byte limit with the size of a
         state unknown is taken not to bind)."""
+        self._bound()
         if self.limit and not self.bpt:
             return
         while self.limit and self.entries and self.size() > self.limit:
@@ -459,8 +468,12 @@ class RamCache:
 
 
 def _copy(h: Held) -> Held:
-    """An independent copy of a state (its SWA cells and checkpoints are mutated in place by the rules)."""
-    return Held(copy.deepcopy(h.state), h.origin, h.lora, list(h.kv_lora), h.key)
+    """An independent copy of a state: its tokens shared (an array is replaced, never changed), its SWA cells
+    and checkpoint list copied (the rules change those in place)."""
+    st = h.state
+    cells = copy.deepcopy(st.cells) if st.cells is not None else None
+    state = SlotState(st.layout, st.tokens, list(st.checkpoints), cells, st.requests)
+    return Held(state, h.origin, h.lora, list(h.kv_lora), h.key)
 
 
 @dataclass
@@ -477,7 +490,7 @@ class EngineSim:
         self.config = config
         lay = config.layout
         self.slots = [_Slot(Held(SlotState(lay))) for _ in range(max(1, config.n_slots))]
-        self.ram = RamCache(config.cache_ram_mib, config.n_ctx, config.bytes_per_token) if config.ram_on else None
+        self.ram = RamCache(config.cache_ram_mib, _whole_ctx(config), config.bytes_per_token) if config.ram_on else None
         self.idle_slots = config.cache_idle_slots and self.ram is not None
         self.clock = 0
         self.fates: dict[int, tuple[Fate, int, str]] = {}  # turn -> (fate, the turn that caused it, how)
@@ -513,6 +526,25 @@ class EngineSim:
         if req.key and self.key and req.key != self.key:
             self.restart(req.turn, "the model or template changed")
         self.key = req.key or self.key
+
+    def foreign(self, slot: int, how: SelectedBy, f_keep: float | None, n_tokens: int, turn: int, label: str) -> None:
+        """A request that is not in the session (another client's, seen in the server's log) ran on `slot`: its
+        state is saved to the RAM cache where the rule says (an LRU choice, or a similar slot it keeps under
+        half of), the other idle slots are cached, and the slot then holds `n_tokens` tokens nobody knows."""
+        if not 0 <= slot < len(self.slots):
+            return
+        s = self.slots[slot]
+        update = how == SelectedBy.LRU or (how == SelectedBy.SIMILARITY and (f_keep or 0.0) < F_KEEP_SAVE)
+        if update and self.ram is not None:
+            self.ram.save(s.held)
+            self.ram.update()
+            self._take_evictions(turn)
+        if self._in_ram(s.held) is None:
+            self._lost(s.held, Fate.OVERWRITTEN, turn, f"other:{label}")
+        self._cache_idle(slot, turn)
+        s.held = Held(SlotState(self.config.layout, np.full(max(0, n_tokens), -2, dtype=np.int32)), key=self.key)
+        self.clock += 1
+        s.t_last = self.clock
 
     def restart(self, turn: int, why: str = "restart") -> None:
         """Every slot and the RAM cache emptied (a server restart, or another model)."""
@@ -694,6 +726,15 @@ class EngineSim:
         h.kv_lora = _segments_after(h.kv_lora, cache_n, len(tokens), h.lora)
         h.origin, h.key = req.turn, req.key
         return shifts
+
+
+def _whole_ctx(cfg: EngineConfig) -> int | None:
+    """The whole context (-c), which caps the tokens the RAM cache holds: given, or a slot's times the slots."""
+    if cfg.n_ctx:
+        return cfg.n_ctx
+    if cfg.n_ctx_slot:
+        return cfg.n_ctx_slot if cfg.kv_unified else cfg.n_ctx_slot * max(1, cfg.n_slots)
+    return None
 
 
 def _segments_after(

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tokendiff.core.align import common_prefix
+from tokendiff.core.cache.engine_log import Aligned, LogAligner, LogTask, TurnNumbers, describe
 from tokendiff.core.cache.llama import EngineConfig, EngineSim, Fate, Outcome, Request, SelectedBy
 
 
@@ -114,6 +115,9 @@ class EngineTurn:
     gaps: list[GapItem] = field(default_factory=list)
     verdict: GapClass | None = None  # the class of the largest loss; None: nothing lost
     log: list[str] = field(default_factory=list)  # what the server's log says of this request
+    log_task: LogTask | None = None  # its task in the server's log
+    others: int = 0  # other clients' requests the log shows since the previous turn
+    restarted: bool = False  # the log shows a server start since the previous turn
 
     @property
     def engine(self) -> int:
@@ -154,7 +158,7 @@ def classify(et: EngineTurn, cfg: EngineConfig, wasted: int, cause: str, log_gap
         elif d < 0:
             gaps.append(_loss(et, cfg, d))
     if et.reported is not None and et.reported != et.engine:
-        gaps.append(log_gap or _unexplained(et, cfg))
+        gaps.append(log_gap or _from_log(et) or _unexplained(et, cfg))
     et.gaps = gaps
     lost = [g for g in gaps if g.tokens < 0]
     et.verdict = min(lost, key=lambda g: g.tokens).cls if lost else None
@@ -215,10 +219,33 @@ def _gone(fate: Fate, how: str, d: int, cfg: EngineConfig, by: int) -> GapItem:
     if fate == Fate.RESTART:
         gap = Gap.MODEL if "model" in how else Gap.RESTART
         return GapItem(gap, d, f"before turn {by}: {how}")
+    if how.startswith("other:"):
+        return GapItem(Gap.OTHER_CLIENT, d, f"{how[6:]} took its slot before turn {by} and nothing kept it")
     sel = SelectedBy(how) if how in SelectedBy._value2member_map_ else SelectedBy.LRU
     ram = "" if cfg.ram_on else " and no host-memory cache kept it (--cache-ram 0)"
     gap = _BY_SELECTION[sel] if cfg.ram_on else Gap.CACHE_RAM_OFF
     return GapItem(gap, d, f"turn {by} took its slot (by {sel.value}){ram}")
+
+
+def _from_log(et: EngineTurn) -> GapItem | None:
+    """The server against the model, where its log says why: a restart, a slot cleared for adapters, a
+    context shift or checkpoint the model did not play, another slot than the model's."""
+    task, d = et.log_task, (et.reported or 0) - et.engine
+    if task is None:
+        return None
+    where = f" (log line {task.line:,})"
+    if et.restarted:
+        return GapItem(Gap.RESTART, d, f"the server restarted since the previous turn{where}")
+    if task.lora_cleared:
+        return GapItem(Gap.LORA, d, f"the server cleared the slot for a LoRA change{where}")
+    if task.checkpoint_none or task.checkpoint_restored is not None:
+        what = "restored a checkpoint" if task.checkpoint_restored is not None else "had no checkpoint to restore"
+        return GapItem(Gap.CHECKPOINT, d, f"the server {what}{where}")
+    if task.slot != et.outcome.slot:
+        how = task.selected_by or "an unlogged rule"
+        why = f"the server chose slot {task.slot} ({how}), the model slot {et.outcome.slot}{where}"
+        return GapItem(Gap.UNKNOWN, d, why + ": the flags differ from the ones given or assumed")
+    return GapItem(Gap.UNKNOWN, d, "the server's log: " + "; ".join(describe(task)) + where)
 
 
 def _unexplained(et: EngineTurn, cfg: EngineConfig) -> GapItem:
@@ -315,18 +342,25 @@ class EngineTrack:
     Keeps the server's state (a few slots, the RAM cache) and each turn's prompt length and reply, not the
     prompts."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, log: LogAligner | None = None):
         self.config = config
         self.sim = EngineSim(config)
+        self.log = log  # the server's log, lined up with the turns as they come
         self._held: dict[int, tuple[int, np.ndarray | None, int]] = {}  # turn -> (prompt length, reply, generated)
         self._shifted: set[int] = set()
 
     def add(
-        self, req: Request, prev_ids: np.ndarray | None, best: tuple[int | None, int], reported: int | None
+        self,
+        req: Request,
+        prev_ids: np.ndarray | None,
+        best: tuple[int | None, int],
+        reported: int | None,
+        numbers: TurnNumbers | None = None,
     ) -> EngineTurn:
         """The next request: `prev_ids` the previous turn's prompt, `best` (turn, LCP) the earlier prompt
-        sharing the longest prefix with this one."""
+        sharing the longest prefix with this one; `numbers` what the turn says, to find it in the log."""
         content, source, unknown = self._content(req, prev_ids, best)
+        al = self._logged(req, numbers)
         self.sim.switch(req)
         before = self.sim.where(source) if source else (Fate.OVERWRITTEN, 0, "")
         out = self.sim.request(req)
@@ -334,9 +368,27 @@ class EngineTrack:
             self._shifted.add(req.turn)
         length = self._held[source][0] if source in self._held else 0
         et = EngineTurn(out, content, source, before, unknown, source in self._shifted, length, reported)
+        if al is not None and al.task is not None:
+            et.log_task, et.log, et.others, et.restarted = al.task, describe(al.task), len(al.others), al.restarted
+            if et.reported is None:
+                et.reported = al.task.reused
         g = req.n_generated if req.reply is None else len(req.reply) + 1
         self._held[req.turn] = (len(req.ids), req.reply, g)
         return et
+
+    def _logged(self, req: Request, numbers: TurnNumbers | None) -> Aligned | None:
+        """The turn's task in the log; what came between (a restart, other clients' requests) played first."""
+        if self.log is None:
+            return None
+        al = self.log.next_for(numbers or TurnNumbers(len(req.ids)))
+        if al.restarted:
+            self.sim.restart(req.turn, "the server restarted")
+        for o in al.others:
+            how = SelectedBy(o.selected_by) if o.selected_by in ("id", "similarity", "lru") else SelectedBy.LRU
+            size = o.release_tokens if o.release_tokens is not None else (o.n_prompt or 0)
+            label = f"another client's request (task {o.task}, log line {o.line:,})"
+            self.sim.foreign(o.slot, how, o.f_keep, size, req.turn, label)
+        return al
 
     def _content(self, req: Request, prev_ids: np.ndarray | None, best: tuple[int | None, int]) -> tuple[int, int, int]:
         """(tokens the content allows, the turn whose state gives them, reply tokens of unknown IDs after them)."""
