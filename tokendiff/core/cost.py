@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tokendiff.core.align import align
+from tokendiff.core.cache.advice import Advice
 from tokendiff.core.cache.backend_facts import (
     BackendFact,
     TurnRecord,
@@ -143,6 +144,7 @@ class Session:
     capacity: CapacityReport | None = None  # reuse as a function of cache capacity, when asked for
     facts: list[BackendFact] = field(default_factory=list)  # what the backend did (reloads, truncation ...)
     engine: EngineConfig | None = None  # the llama-server flags the verdicts were played with
+    advice: list[Advice] = field(default_factory=list)  # flags that would have kept more, best first
 
     @property
     def checkpoint_reused(self) -> int | None:
@@ -434,6 +436,8 @@ class Analyser:
                 _checkpoint_note(t, self.layout)
         if self.engine is not None:
             s.engine = self.engine.config
+            if self.engine.advisor is not None:
+                s.advice = self.engine.advisor.advice(s.ms_per_token)
             for t in s.turns:
                 if t.engine is not None:
                     wasted, cause = client_waste(t.engine, t.turn, t.n_tokens, t.wasted, _cause_title(t))

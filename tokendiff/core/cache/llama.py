@@ -490,7 +490,7 @@ class EngineSim:
         self.config = config
         lay = config.layout
         self.slots = [_Slot(Held(SlotState(lay))) for _ in range(max(1, config.n_slots))]
-        self.ram = RamCache(config.cache_ram_mib, _whole_ctx(config), config.bytes_per_token) if config.ram_on else None
+        self.ram = RamCache(config.cache_ram_mib, whole_ctx(config), config.bytes_per_token) if config.ram_on else None
         self.idle_slots = config.cache_idle_slots and self.ram is not None
         self.clock = 0
         self.fates: dict[int, tuple[Fate, int, str]] = {}  # turn -> (fate, the turn that caused it, how)
@@ -728,7 +728,7 @@ class EngineSim:
         return shifts
 
 
-def _whole_ctx(cfg: EngineConfig) -> int | None:
+def whole_ctx(cfg: EngineConfig) -> int | None:
     """The whole context (-c), which caps the tokens the RAM cache holds: given, or a slot's times the slots."""
     if cfg.n_ctx:
         return cfg.n_ctx
@@ -797,4 +797,5 @@ __all__ = [
     "chunk_reuse",
     "generate",
     "simulate",
+    "whole_ctx",
 ]

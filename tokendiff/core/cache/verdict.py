@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tokendiff.core.align import common_prefix
+from tokendiff.core.cache.advice import Advisor
 from tokendiff.core.cache.engine_log import Aligned, LogAligner, LogTask, TurnNumbers, describe
 from tokendiff.core.cache.llama import EngineConfig, EngineSim, Fate, Outcome, Request, SelectedBy
 
@@ -337,15 +338,20 @@ def engine_request(
     )
 
 
+CONTINUES = 0.5  # a turn keeping this much of an earlier prompt continues its conversation (pinning's unit)
+
+
 class EngineTrack:
     """The policy model run alongside the session analysis: each turn's outcome and what its content allowed.
     Keeps the server's state (a few slots, the RAM cache) and each turn's prompt length and reply, not the
     prompts."""
 
-    def __init__(self, config: EngineConfig, log: LogAligner | None = None):
+    def __init__(self, config: EngineConfig, log: LogAligner | None = None, what_if: bool = True):
         self.config = config
         self.sim = EngineSim(config)
         self.log = log  # the server's log, lined up with the turns as they come
+        self.advisor = Advisor(config) if what_if else None  # the same requests under other flags
+        self._conv: dict[int, int] = {}  # turn -> its conversation (the chain of states it continues)
         self._held: dict[int, tuple[int, np.ndarray | None, int]] = {}  # turn -> (prompt length, reply, generated)
         self._shifted: set[int] = set()
 
@@ -368,6 +374,11 @@ class EngineTrack:
             self._shifted.add(req.turn)
         length = self._held[source][0] if source in self._held else 0
         et = EngineTurn(out, content, source, before, unknown, source in self._shifted, length, reported)
+        same = source in self._conv and content >= CONTINUES * length  # it keeps most of that state: its sequel
+        conv = self._conv[source] if same else len(set(self._conv.values()))
+        self._conv[req.turn] = conv
+        if self.advisor is not None:
+            self.advisor.add(req, conv, out.cache_n)
         if al is not None and al.task is not None:
             et.log_task, et.log, et.others, et.restarted = al.task, describe(al.task), len(al.others), al.restarted
             if et.reported is None:

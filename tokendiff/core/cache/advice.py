@@ -1,0 +1,117 @@
+"""What would have kept the cache: the session replayed through llama-server's policy under other flags.
+
+The policy model (tokendiff.core.cache.llama) plays the recorded requests once with the server's flags; here
+it plays them again, in the same pass, under each change a user can make: fewer or more slots (-np), another
+similarity threshold (--slot-prompt-similarity), a host-memory cache (--cache-ram) or a larger one, chunk
+reuse (--cache-reuse), each conversation pinned to its own slot (the request's id_slot). Each change's gain is
+the tokens its replay reuses beyond the server's flags', in seconds at the session's measured prefill rate.
+Only the session's own requests are replayed (other clients' are unknown). Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tokendiff.core.cache.llama import DEFAULT_CACHE_RAM, EngineConfig, EngineSim, Request, whole_ctx
+
+CHUNK_REUSE = 256  # the --cache-reuse threshold tried (llama.cpp's documentation suggests 256)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change of the server's flags (or of the client's requests: pinning)."""
+
+    label: str  # as the user types it: "--cache-ram 8192", "-np 1", "id_slot per conversation"
+    fields: tuple[tuple[str, Any], ...] = ()  # EngineConfig fields it sets
+    pin: bool = False  # each conversation sent with its own id_slot
+    why: str = ""
+
+    def config(self, base: EngineConfig) -> EngineConfig:
+        return replace(base, **dict(self.fields))
+
+
+def changes(base: EngineConfig) -> list[Change]:
+    """The changes worth replaying for a server with `base`'s flags."""
+    out = []
+    whole = whole_ctx(base)
+    for n in (1, 2, 4, 8):
+        if n != base.n_slots:
+            fields = (("n_slots", n), ("kv_unified", base.kv_unified and n > 1), ("n_ctx", whole), ("n_ctx_slot", None))
+            out.append(Change(f"-np {n}", fields, why=_slots_why(n, base)))
+    for sps in (0.0, 0.5, 0.9):
+        if sps != base.sps and base.n_slots > 1:
+            why = "slot choice by LRU only" if sps == 0 else f"a slot is reused only when it shares {sps:.0%}"
+            out.append(Change(f"--slot-prompt-similarity {sps:g}", (("sps", sps),), why=why))
+    for mib in _ram_sizes(base):
+        why = "no byte limit (the whole context's tokens)" if mib < 0 else f"{mib:,} MiB of host memory"
+        out.append(Change(f"--cache-ram {mib}", (("cache_ram_mib", mib),), why=f"states kept in {why}"))
+    if base.cache_reuse == 0 and base.can_shift:
+        why = f"cached runs of {CHUNK_REUSE}+ tokens shifted into place after a deletion"
+        out.append(Change(f"--cache-reuse {CHUNK_REUSE}", (("cache_reuse", CHUNK_REUSE),), why=why))
+    if base.n_slots > 1:
+        why = "each conversation sent with its own id_slot: no other request lands on its slot"
+        out.append(Change("id_slot per conversation", pin=True, why=why))
+    return out
+
+
+def _slots_why(n: int, base: EngineConfig) -> str:
+    if n == 1:
+        return "one slot: every request continues the last state (with the host-memory cache for the others)"
+    return f"{n} slots, one context split {n} ways" if not base.kv_unified else f"{n} slots on the unified KV cache"
+
+
+def _ram_sizes(base: EngineConfig) -> list[int]:
+    if base.cache_ram_mib == 0:
+        return [DEFAULT_CACHE_RAM, -1]
+    if base.cache_ram_mib < 0:
+        return []
+    return [base.cache_ram_mib * 4, -1]
+
+
+@dataclass(frozen=True)
+class Advice:
+    """A change and what the session's replay under it reused."""
+
+    change: Change
+    reused: int  # tokens the replay reused
+    gain: int  # beyond the server's flags' replay
+    seconds: float | None  # the gain at the session's prefill rate
+
+    @property
+    def label(self) -> str:
+        return self.change.label
+
+
+class Advisor:
+    """The session's requests played under every change at once, as they come (`add`)."""
+
+    def __init__(self, base: EngineConfig):
+        self.base = base
+        self.runs = [(c, EngineSim(c.config(base)), [0]) for c in changes(base)]
+        self.base_reused = 0
+        self.refused: set[str] = set()  # changes a prompt did not fit (fewer tokens per slot)
+
+    def add(self, req: Request, conversation: int, reused: int) -> None:
+        """One request of conversation `conversation` (numbered from 0); `reused` what the flags' model kept."""
+        self.base_reused += reused
+        for change, sim, total in self.runs:
+            ctx = sim.config.slot_ctx
+            if ctx and len(req.ids) >= ctx and not req.failed:
+                self.refused.add(change.label)
+            r = replace(req, id_slot=conversation % sim.config.n_slots) if change.pin else req
+            total[0] += sim.request(r).cache_n
+
+    def advice(self, ms_per_token: float | None) -> list[Advice]:
+        """The changes that would have reused more, best first."""
+        out = []
+        for change, _, total in self.runs:
+            gain = total[0] - self.base_reused
+            if gain <= 0 or change.label in self.refused:
+                continue
+            secs = gain * ms_per_token / 1000 if ms_per_token else None
+            out.append(Advice(change, total[0], gain, secs))
+        return sorted(out, key=lambda a: (-a.gain, a.label))
+
+
+__all__ = ["Change", "changes", "Advice", "Advisor", "CHUNK_REUSE"]
