@@ -250,6 +250,8 @@ def record_input(
     ti.ttft_ms = float(ttft) if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) else None
     ti.server, ti.vllm_block = recorded_backend(rec.get("server"))  # which rules the server's counts follow
     ti.server_key = server_key(rec.get("server"))
+    slot = rec.get("slot")  # the proxy's reading of /slots (backends/slots.py)
+    ti.slot = slot if isinstance(slot, int) and not isinstance(slot, bool) else None
     return ti
 
 
@@ -373,6 +375,13 @@ def log_aligner(path: str, progress: Progress | None = None) -> LogAligner:
     return LogAligner(lambda: iter_tasks(path, shown))
 
 
+def check_server_log(path: str) -> str:
+    """The log's path, refused now (one line, exit 2) if it is not a readable regular file."""
+    from tokendiff.sources.server_log import check_log
+
+    return check_log(path)
+
+
 def server_log_facts(path: str) -> dict[str, Any]:
     """The launch settings the server's log states (for `engine_config`); the file refused now if unreadable."""
     from tokendiff.sources.server_log import check_log, log_facts
@@ -470,6 +479,19 @@ def engine_config(
     return cfg.merged(_model_facts(paths, opts, model), "the model's GGUF")
 
 
+def engine_session_config(
+    paths: Sequence[str],
+    opts: PromptOptions,
+    server_args: str | None = None,
+    server_log: str | None = None,
+    model: str | None = None,
+) -> EngineConfig | None:
+    """`engine_config` as the faces want it: the attention layout and the log's launch settings read here."""
+    layout = attention_layout(paths, opts, model, server_args)
+    facts = server_log_facts(server_log) if server_log else None
+    return engine_config(paths, opts, layout, model, server_args, facts)
+
+
 STATE_CELL_BYTES = 12  # a saved state keeps each cell's position and sequence besides its K and V
 
 
@@ -490,15 +512,12 @@ def _model_facts(paths: Sequence[str], opts: PromptOptions, model: str | None) -
 
 
 def _llama_server_session(paths: Sequence[str]) -> bool:
-    """The session was served by llama-server: its saved /props, a slot-file directory, or a capture whose
-    first record says so (its `server`, or llama-server's `timings` in the answer)."""
-    if "total_slots" in (saved_props(paths) or {}):
-        return True
-    for p in paths:
-        base = Path(p.split("@", 1)[0])
-        if base.is_dir() and any(base.glob("*.bin")):
-            return True
+    """The session was recorded from llama-server with its answers (what the verdicts compare with): a capture
+    whose first record says so (its `server`, or llama-server's `timings` in the answer), or beside its /props.
+    Slot files alone carry no answers: their verdicts need --server-args or --server-log."""
     rec = _first_record(paths)
+    if rec and "total_slots" in (saved_props(paths) or {}):
+        return True
     server, resp = rec.get("server"), rec.get("response")
     kind = server.get("kind") if isinstance(server, dict) else None
     return kind == "llama-server" or (not kind and isinstance(resp, dict) and "timings" in resp)

@@ -523,10 +523,22 @@ async def _record(state: ProxyState, ex: Exchange) -> None:
     rec.update(fields)
     rec["server"] = state.server
     rec.update((k, v) for k, v in ex.rec.items() if k not in rec)
+    rec.update(await _slot_fields(state, rec))
     out = state.writer.append(rec, redact_request=False)  # the request part was prepared already
     rec["seq"] = out["seq"]
     ex.rec, ex.as_written = rec, out
     state.recorded += 1
+
+
+async def _slot_fields(state: ProxyState, rec: dict[str, Any]) -> dict[str, Any]:
+    """The llama-server slot a chat answer came from (its answer does not say): read from /slots now, before the
+    client has the answer's end, so its next request cannot have taken the slot yet (backends/slots.py)."""
+    from tokendiff.backends.slots import afetch_slot
+
+    resp = rec.get("response")
+    if state.info is None or state.info.kind != LLAMA or not isinstance(resp, dict) or "id_slot" in resp:
+        return {}
+    return await afetch_slot(state.client, state.info.url, resp)
 
 
 def _fetch_tokens_after(state: ProxyState, ex: Exchange, resp: httpx.Response) -> None:

@@ -220,6 +220,15 @@ def _one_blas_thread() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def _log_path(path: str | None) -> str | None:
+    """--server-log checked before a screen opens: a file that cannot be read is one line and exit 2."""
+    if path is None:
+        return None
+    from tokendiff.app.session import check_server_log
+
+    return check_server_log(path)
+
+
 def cmd_tui(args: argparse.Namespace) -> int:
     from tokendiff.core.units import parse_interval
 
@@ -252,6 +261,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
         backend=args.backend,
         force=args.force,
         prefill_rate=args.prefill_rate,
+        server_args=args.server_args,
+        server_log=_log_path(args.server_log),
     )
     TokendiffApp(opts).run()
     return ExitCode.OK
@@ -294,15 +305,23 @@ def cmd_watch(args: argparse.Namespace) -> int:
             "watch needs a terminal for its TUI; without one, run `tokendiff proxy` and `tokendiff report`"
         )
     prompts = upstream_prompt_options(_prompt_options(args), args.upstream)
+    if args.server_log:
+        _log_path(args.server_log)
     from tokendiff.tui.app import Options
     from tokendiff.tui.watch import WatchApp
 
     events: queue.Queue = queue.Queue()
     proxy = ProxyThread(args.upstream, args.out, args.listen, not args.no_tokens, events.put).start()
     try:
-        WatchApp(
-            Options(paths=[], prompts=prompts, theme=args.theme, prefill_rate=args.prefill_rate), proxy, events
-        ).run()
+        opts = Options(
+            paths=[],
+            prompts=prompts,
+            theme=args.theme,
+            prefill_rate=args.prefill_rate,
+            server_args=args.server_args,
+            server_log=args.server_log,
+        )
+        WatchApp(opts, proxy, events).run()
     finally:
         proxy.stop()
     print(f"tokendiff watch: stopped; {proxy.recorded} requests recorded in {proxy.capture}", file=sys.stderr)

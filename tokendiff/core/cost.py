@@ -234,6 +234,7 @@ class TurnInput:
     diff: Future[PairDiff] | None = None  # its diff with the turn read before it, where a worker made that already
     reply: np.ndarray | None = None  # the generated IDs the slot holds after the prompt, where known
     server_key: str = ""  # the model and template that served it (a change empties llama-server's slots)
+    slot: int | None = None  # the llama-server slot that served it, where the record says
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
@@ -368,6 +369,9 @@ class Analyser:
         prev = self.prev.ids if self.prev is not None else None
         numbers = TurnNumbers(t.n_tokens, t.reported_prompt_n, t.reported_cached, t.reported_generated)
         t.engine = self.engine.add(req, prev, best, t.reported_cached, numbers)
+        resp = cur.response if isinstance(cur.response, dict) else {}
+        slot = cur.slot if cur.slot is not None else resp.get("id_slot")
+        t.engine.recorded_slot = slot if isinstance(slot, int) and not isinstance(slot, bool) else None
 
     def _reblock(self) -> None:
         """A capture that records no block size: the vLLM column in the block its cached counts share

@@ -13,6 +13,7 @@ from tokendiff.core.cache.capacity import CapacityReport, conclusions
 from tokendiff.core.cost import RELOAD, RELOAD_TITLE, Session, Turn, turn_rows
 from tokendiff.core.model import Prompt, SectionPath
 from tokendiff.report.diff import path_json
+from tokendiff.report.engine import engine_json, turn_engine_json
 from tokendiff.report.excerpt import excerpt
 from tokendiff.report.redact import redact_labels, redact_text, session_labels
 
@@ -104,7 +105,10 @@ def report_document(
 ) -> dict[str, Any]:
     top = s.spans[0] if s.spans and s.spans[0].tokens > 0 else None
     scrub = redact_text if redact else (lambda x: x)
-    rows = [row | times for row, times in zip(turn_rows(s), _time_columns(s), strict=True)]
+    rows = [
+        row | times | {"engine": turn_engine_json(t.engine)}
+        for row, times, t in zip(turn_rows(s), _time_columns(s), s.turns, strict=True)
+    ]
     spans = []
     for rank, sp in enumerate(s.spans, 1):
         spans.append(
@@ -190,6 +194,7 @@ def report_document(
         "schema": SCHEMA,
         "summary": summary,
         "capacity": capacity_json(s.capacity, _wasted_pct(s)) if s.capacity is not None else None,
+        "engine": engine_json(s),
         "backend_facts": [
             {"turn": f.turn, "kind": f.kind, "title": f.title, "evidence": f.evidence, "fix": f.fix} for f in s.facts
         ],

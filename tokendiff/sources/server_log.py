@@ -409,6 +409,39 @@ def iter_tasks(path: str | Path, progress: Progress | None = None) -> Iterator[L
     yield from r.finish()
 
 
+def follow_tasks(path: str | Path) -> Iterator[LogTask | None]:
+    """The tasks of a log the server is still writing (`watch`): each as it ends; None when the file has
+    nothing more for now (ask again later: the reading goes on from there). A line still being written waits."""
+    src = str(path)
+    r = _Reader(src)
+    f = open_regular(src, "server log")
+    pending, n = b"", 0
+    with f:
+        while True:
+            chunk = f.readline(MAX_LINE)
+            if not chunk or not chunk.endswith(b"\n"):
+                pending += chunk
+                if len(pending) >= MAX_LINE:
+                    pending = b""  # an over-long line: dropped
+                yield None
+                continue
+            line, pending = pending + chunk, b""
+            n += 1
+            text = _keep(line)
+            if text is not None:
+                r.line = n
+                yield from r.feed(text)
+
+
+def _keep(line: bytes) -> str | None:
+    """The text of a line this reader takes (the filter `_lines` applies inline)."""
+    if line[:1].isdigit():
+        sp = line.find(b" ", 0, 24)
+        if sp > 0 and line[sp + 1 : sp + 2] == b"D" and all(x not in line for x in (b" I ", b" W ", b" E ")):
+            return None
+    return _text(line) if _WORDS.search(line) is not None else None
+
+
 def log_facts(path: str | Path) -> dict[str, Any]:
     """The launch settings the log states (EngineConfig fields): slots, a slot's context, the unified KV cache,
     the host-memory cache's limit, checkpoints, what the model cannot do; and a saved state's bytes per token
@@ -432,4 +465,4 @@ def check_log(path: str | Path) -> str:
     return src
 
 
-__all__ = ["iter_tasks", "log_facts", "check_log", "MAX_LINE"]
+__all__ = ["iter_tasks", "follow_tasks", "log_facts", "check_log", "MAX_LINE"]

@@ -12,7 +12,9 @@ from typing import Any
 
 import orjson
 
-FINAL_KEYS = ("usage", "timings", "system_fingerprint", "model", "error")
+# llama-server's /completion also says which slot served it, and the slot's size after; `tokens` (the generated
+# IDs, with return_tokens) tell what the slot holds behind the prompt
+FINAL_KEYS = ("usage", "timings", "system_fingerprint", "model", "error", "id_slot", "tokens_cached", "tokens")
 # Ollama's /api/chat and /api/generate answers (a stream's last, `done: true` object): reloads, truncation, timings
 OLLAMA_FINAL_KEYS = ("load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "done_reason")
 

@@ -44,8 +44,9 @@ def changes(base: EngineConfig) -> list[Change]:
             why = "slot choice by LRU only" if sps == 0 else f"a slot is reused only when it shares {sps:.0%}"
             out.append(Change(f"--slot-prompt-similarity {sps:g}", (("sps", sps),), why=why))
     for mib in _ram_sizes(base):
-        why = "no byte limit (the whole context's tokens)" if mib < 0 else f"{mib:,} MiB of host memory"
-        out.append(Change(f"--cache-ram {mib}", (("cache_ram_mib", mib),), why=f"states kept in {why}"))
+        size = "with no byte limit (the whole context's tokens at most)" if mib < 0 else f"up to {mib:,} MiB"
+        why = f"a displaced slot's state kept in host memory, {size}, and loaded back when its conversation returns"
+        out.append(Change(f"--cache-ram {mib}", (("cache_ram_mib", mib),), why=why))
     if base.cache_reuse == 0 and base.can_shift:
         why = f"cached runs of {CHUNK_REUSE}+ tokens shifted into place after a deletion"
         out.append(Change(f"--cache-reuse {CHUNK_REUSE}", (("cache_reuse", CHUNK_REUSE),), why=why))
@@ -105,13 +106,13 @@ class Advisor:
     def advice(self, ms_per_token: float | None) -> list[Advice]:
         """The changes that would have reused more, best first."""
         out = []
-        for change, _, total in self.runs:
+        for k, (change, _, total) in enumerate(self.runs):
             gain = total[0] - self.base_reused
             if gain <= 0 or change.label in self.refused:
                 continue
             secs = gain * ms_per_token / 1000 if ms_per_token else None
-            out.append(Advice(change, total[0], gain, secs))
-        return sorted(out, key=lambda a: (-a.gain, a.label))
+            out.append((k, Advice(change, total[0], gain, secs)))
+        return [a for _, a in sorted(out, key=lambda ka: (-ka[1].gain, ka[0]))]  # ties: the simpler change
 
 
 __all__ = ["Change", "changes", "Advice", "Advisor", "CHUNK_REUSE"]

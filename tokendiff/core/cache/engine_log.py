@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+_END = object()
 LOOKAHEAD = 256  # log tasks a turn may look past for its own (other clients' requests in between)
 
 
@@ -96,11 +97,12 @@ class LogAligner:
     to its end (it may start long before the session); a turn not found there (the log starts after it) reads
     the log again from its start, at most `rescans` times, then the log is taken not to cover the session."""
 
-    def __init__(self, open_tasks: Callable[[], Iterator[LogTask]], rescans: int = 2):
+    def __init__(self, open_tasks: Callable[[], Iterator[LogTask | None]], rescans: int = 2):
         self.open_tasks = open_tasks
         self.tasks = open_tasks()
         self.rescans = rescans
         self.window: deque[LogTask] = deque()
+        self.missed: deque[TurnNumbers] = deque(maxlen=8)  # turns not found (a live log may show them late)
         self.started = False  # a turn has matched
         self.epoch: int | None = None
         self.matched = 0
@@ -108,12 +110,14 @@ class LogAligner:
         self.done = False
 
     def _pull(self) -> LogTask | None:
+        """The next task; None at the end of the log, or, for a live one (the reader yields None), for now."""
         if self.done:
             return None
-        nxt = next(self.tasks, None)
-        if nxt is None:
+        nxt = next(self.tasks, _END)
+        if nxt is _END:
             self.done = True
-        return nxt
+            return None
+        return nxt  # type: ignore[return-value]
 
     def next_for(self, t: TurnNumbers) -> Aligned:
         """The turn's task, and what the server did between."""
@@ -133,6 +137,7 @@ class LogAligner:
                 return self._take(i)
             i += 1
         self.unmatched += 1
+        self.missed.append(t)
         if not self.started and self.rescans > 0:  # the log starts after this turn: read it again for the next
             self.rescans -= 1
             self.tasks, self.window, self.done = self.open_tasks(), deque(), False
@@ -140,6 +145,8 @@ class LogAligner:
 
     def _take(self, i: int) -> Aligned:
         others = [self.window.popleft() for _ in range(i)]
+        late = [o for o in others if any(fits(o, m) for m in self.missed)]  # earlier turns' own, written late
+        others = [o for o in others if o not in late]
         task = self.window.popleft()
         restarted = self.epoch is not None and task.epoch != self.epoch
         if not self.started:

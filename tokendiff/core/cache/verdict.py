@@ -119,6 +119,7 @@ class EngineTurn:
     log_task: LogTask | None = None  # its task in the server's log
     others: int = 0  # other clients' requests the log shows since the previous turn
     restarted: bool = False  # the log shows a server start since the previous turn
+    recorded_slot: int | None = None  # the slot the server says it used (the answer's id_slot, the proxy's record)
 
     @property
     def engine(self) -> int:
@@ -257,6 +258,9 @@ def _unexplained(et: EngineTurn, cfg: EngineConfig) -> GapItem:
         return GapItem(
             Gap.REPLY_IN_SLOT, d, f"the slot held the previous reply; the prompt repeats {d:,} of its tokens"
         )
+    if et.recorded_slot is not None and et.recorded_slot != et.outcome.slot:
+        why = f"the server used slot {et.recorded_slot}, the model slot {et.outcome.slot}"
+        return GapItem(Gap.UNKNOWN, d, why + ": the flags differ from the ones given or assumed")
     assumed = cfg.assumed()
     hint = f"; the model assumed llama-server's defaults for {', '.join(assumed)}" if assumed else ""
     more = "more" if d > 0 else "fewer"
