@@ -115,4 +115,82 @@ class Advisor:
         return [a for _, a in sorted(out, key=lambda ka: (-ka[1].gain, ka[0]))]  # ties: the simpler change
 
 
-__all__ = ["Change", "changes", "Advice", "Advisor", "CHUNK_REUSE"]
+# ---------------------------------------------------------------- a workload, for `doctor`
+
+
+def agent_workload(
+    agents: int,
+    prompt_tokens: int,
+    turn_tokens: int,
+    rounds: int = 4,
+    slot_ctx: int | None = None,
+    cache_prompt: bool = True,
+) -> list[tuple[Request, int]]:
+    """`agents` agents taking turns, each prompt its previous one plus `turn_tokens`, growing to `prompt_tokens`;
+    they share a system prompt (a quarter of the first prompt, at most 4,096 tokens), as one program's agents
+    do. Token IDs are made up: the policy only compares them. (request, its agent) in arrival order."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    first = max(1, prompt_tokens - (rounds - 1) * turn_tokens)
+    shared = rng.integers(1000, 50000, size=min(4096, first // 4), dtype=np.int32)
+    prompts = [np.concatenate([shared, rng.integers(1000, 50000, size=first - len(shared), dtype=np.int32)])]
+    prompts += [
+        np.concatenate([shared, rng.integers(1000, 50000, size=first - len(shared), dtype=np.int32)])
+        for _ in range(agents - 1)
+    ]
+    out: list[tuple[Request, int]] = []
+    for r in range(rounds):
+        for a in range(agents):
+            if r:
+                prompts[a] = np.concatenate([prompts[a], rng.integers(1000, 50000, size=turn_tokens, dtype=np.int32)])
+            ids = prompts[a]
+            failed = bool(slot_ctx) and len(ids) >= (slot_ctx or 0)
+            req = Request(ids=ids, turn=len(out) + 1, n_generated=1, failed=failed, cache_prompt=cache_prompt)
+            out.append((req, a))
+    return out
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    """A workload through a server's flags: what it reused of what its prompts allowed, and what would help."""
+
+    reused: int
+    allowed: int  # each turn's own agent's previous prompt (or the prefix it shares with the one before)
+    advice: list[Advice]
+
+    @property
+    def pct(self) -> float:
+        return 100.0 * self.reused / self.allowed if self.allowed else 100.0
+
+
+def replay_workload(config: EngineConfig, requests: list[tuple[Request, int]]) -> WorkloadResult:
+    """The workload through the policy model with `config`, and through every change (`Advisor`)."""
+    from tokendiff.core.align import common_prefix
+
+    sim, adv = EngineSim(config), Advisor(config)
+    last: dict[int, int] = {}
+    prev = None
+    reused = allowed = 0
+    for req, agent in requests:
+        got = sim.request(req).cache_n
+        adv.add(req, agent, got)
+        if req.failed:  # a prompt the slot cannot hold: the context check's business, not the cache's
+            continue
+        reused += got
+        shared = common_prefix(prev, req.ids) if prev is not None else 0  # another agent's system prompt
+        allowed += min(max(last.get(agent, 0), shared), len(req.ids) - 1)
+        last[agent], prev = len(req.ids), req.ids
+    return WorkloadResult(reused, allowed, adv.advice(None))
+
+
+__all__ = [
+    "Change",
+    "changes",
+    "Advice",
+    "Advisor",
+    "CHUNK_REUSE",
+    "agent_workload",
+    "replay_workload",
+    "WorkloadResult",
+]
