@@ -158,10 +158,10 @@ def _capture(drv: Driver, tmp_path: Path, keep: list[int]) -> Path:
 
 def _report(cap: Path, log: Path, server_args: str):
     from tokendiff.app.pair import PromptOptions
-    from tokendiff.app.session import engine_config, open_session, server_log_facts
+    from tokendiff.app.session import engine_config, open_session
 
     opts = PromptOptions()
-    cfg = engine_config([str(cap)], opts, server_args=server_args, log_facts=server_log_facts(str(log)))
+    cfg = engine_config([str(cap)], opts, server_args=server_args, server_log=str(log))
     loaded = open_session(opts, [str(cap)], single_turns=False, workers=1, engine=cfg, server_log=str(log))
     return loaded.session
 

@@ -4,7 +4,6 @@ the engine panel beside the spans, and the pair screen's header; and in the mark
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -47,12 +46,13 @@ def _capture(tmp_path: Path) -> Path:
     return cap
 
 
-async def _until(pilot, cond, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the TUI"
+async def _until(pilot, cond) -> None:
+    """Pause until `cond()` holds (30 s at most)."""
+    for _ in range(600):
+        if cond():
+            return await pilot.pause(0.1)
         await pilot.pause(0.05)
-    await pilot.pause(0.1)
+    raise AssertionError("timed out waiting for the TUI")
 
 
 async def test_the_session_and_pair_screens_show_the_engine(tmp_path):

@@ -241,9 +241,9 @@ def live_log(path: str) -> LogAligner:
 
 def watch_engine(capture: Path, prompts: PromptOptions, server_args: str | None, server_log: str | None):
     """The engine settings for `watch`: its flags, its log's launch lines, the /props the proxy saved."""
-    from tokendiff.app.session import engine_session_config
+    from tokendiff.app.session import engine_config
 
-    return engine_session_config([str(capture)], prompts, server_args, server_log)
+    return engine_config([str(capture)], prompts, server_args=server_args, server_log=server_log)
 
 
 # ---------------------------------------------------------------- the live commands

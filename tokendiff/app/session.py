@@ -450,46 +450,33 @@ def attention_layout(
 def engine_config(
     paths: Sequence[str],
     opts: PromptOptions,
-    layout: AttentionLayout | None = None,
     model: str | None = None,
     server_args: str | None = None,
-    log_facts: dict[str, Any] | None = None,
-    force: bool = False,
+    server_log: str | None = None,
+    layout: AttentionLayout | None = None,
 ) -> EngineConfig | None:
     """llama-server's policy flags for the per-turn verdicts: the user's `--server-args` first, then what the
-    server's log says (`log_facts`), then the saved /props, llama-server's defaults for the rest; the layout
-    for checkpoints, and the size of a saved state per token from the model's GGUF. None for a session another
-    kind of server answered (vLLM, SGLang, Ollama), unless `force`."""
+    server's log states, then the saved /props, llama-server's defaults for the rest; the attention layout
+    (`attention_layout`, unless given) for checkpoints, and a saved state's size per token from the model's
+    GGUF. None for a session no llama-server answer, flag or log speaks of (vLLM, SGLang, Ollama, slot files)."""
     import shlex
 
     from tokendiff.core.cache.llama import EngineConfig, engine_flags, props_facts
 
-    if not force and not server_args and not log_facts and not _llama_server_session(paths):
+    if not server_args and not server_log and not _llama_server_session(paths):
         return None
     try:
         flags = engine_flags(shlex.split(server_args or ""))
     except ValueError as e:
         raise InputError(f"--server-args: {e}") from None
+    layout = layout if layout is not None else attention_layout(paths, opts, model, server_args)
     cfg = EngineConfig(layout=layout) if layout is not None else EngineConfig()
     if server_args:
         cfg = cfg.merged(flags, "--server-args")
-    if log_facts:
-        cfg = cfg.merged(log_facts, "the server's log")
+    if server_log:
+        cfg = cfg.merged(server_log_facts(server_log), "the server's log")
     cfg = cfg.merged(props_facts(saved_props(paths)), "/props")
     return cfg.merged(_model_facts(paths, opts, model), "the model's GGUF")
-
-
-def engine_session_config(
-    paths: Sequence[str],
-    opts: PromptOptions,
-    server_args: str | None = None,
-    server_log: str | None = None,
-    model: str | None = None,
-) -> EngineConfig | None:
-    """`engine_config` as the faces want it: the attention layout and the log's launch settings read here."""
-    layout = attention_layout(paths, opts, model, server_args)
-    facts = server_log_facts(server_log) if server_log else None
-    return engine_config(paths, opts, layout, model, server_args, facts)
 
 
 STATE_CELL_BYTES = 12  # a saved state keeps each cell's position and sequence besides its K and V

@@ -113,7 +113,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         is_dataset_target,
     )
     from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
-    from tokendiff.app.session import attention_layout, capacity_ladder, engine_config, open_session, server_log_facts
+    from tokendiff.app.session import attention_layout, capacity_ladder, engine_config, open_session
 
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise UsageError("--fail-under takes a percentage from 0 to 100")
@@ -139,8 +139,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             ladder = capacity_ladder(
                 paths, popts, args.cache_size, args.model, args.kv_bytes_per_token, args.server_args
             )
-        facts = server_log_facts(args.server_log) if args.server_log else None
-        engine = engine_config(paths, popts, layout, args.model, args.server_args, facts)
+        engine = engine_config(paths, popts, args.model, args.server_args, args.server_log, layout)
         loaded = open_session(
             popts,
             paths,

@@ -233,8 +233,7 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
         help="the served model file: its attention layout (sliding window, recurrent layers) decides the "
         "SWA/hybrid column (default: a --tokenizer GGUF, or the model the saved /props names)",
     )
-    _server_args_arg(r)
-    _server_log_arg(r)
+    _engine_args(r)
     r.add_argument(
         "--cache-size",
         action="append",
@@ -308,8 +307,7 @@ def _tui_parser(sub: Any) -> None:  # argparse subparsers
         "--force", action="store_true", help="replay even when the backend serves another model than the capture's"
     )
     _prefill_rate_arg(t)
-    _server_args_arg(t)
-    _server_log_arg(t)
+    _engine_args(t)
 
 
 def _watch_parser(sub: Any) -> None:  # argparse subparsers
@@ -329,22 +327,19 @@ def _watch_parser(sub: Any) -> None:  # argparse subparsers
     w.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from llama-server")
     _tokenizer_args(w)
     _prefill_rate_arg(w)
-    _server_args_arg(w)
-    _server_log_arg(w)
+    _engine_args(w)
     w.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
     w.set_defaults(order="auto")
 
 
-def _server_args_arg(p: argparse.ArgumentParser) -> None:
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    """What the engine verdicts read of llama-server: its command line and its log."""
     p.add_argument(
         "--server-args",
         metavar="ARGS",
         help="llama-server's flags as on its command line: the SWA/hybrid column's checkpoints and the engine "
         "verdicts' slots, caches and shifts ('-np 2 -sps 0.5 --cache-ram 0 --cache-reuse 256 -ub 512 -c 65536')",
     )
-
-
-def _server_log_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--server-log",
         metavar="FILE",

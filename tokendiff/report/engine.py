@@ -26,26 +26,30 @@ def turn_engine_json(et: EngineTurn | None) -> dict[str, Any] | None:
     """One turn's engine fields (None where the policy model did not run)."""
     if et is None:
         return None
+    verdict = et.verdict.value if et.verdict is not None else None
+    numbers = {"content": et.content, "engine": et.engine, "reported": et.reported, "matched": et.matched}
+    gaps = [{"class": g.cls.value, "kind": g.kind.value, "tokens": g.tokens, "evidence": g.evidence} for g in et.gaps]
+    line = et.log_task.line if et.log_task is not None else None
+    return (
+        numbers
+        | {"verdict": verdict}
+        | _selection(et)
+        | {"source_turn": et.source or None, "gaps": gaps}
+        | {
+            "false_hit": et.false_hit or None,
+            "log": et.log,
+            "log_line": line,
+        }
+    )
+
+
+def _selection(et: EngineTurn) -> dict[str, Any]:
+    """The slot the model chose and how (a similarity's f_keep is nan for an empty slot: null)."""
     o = et.outcome
-    task = et.log_task
-    return {
-        "content": et.content,
-        "engine": et.engine,
-        "reported": et.reported,
-        "matched": et.matched,
-        "verdict": et.verdict.value if et.verdict is not None else None,
-        "slot": o.slot,
-        "recorded_slot": et.recorded_slot,
-        "selected_by": o.selected_by.value,
-        "f_sim": round(o.f_sim, 3) if o.f_sim is not None else None,
-        "f_keep": round(o.f_keep, 3) if o.f_keep is not None and o.f_keep == o.f_keep else None,
-        "source_turn": et.source or None,
-        "gaps": [
-            {"class": g.cls.value, "kind": g.kind.value, "tokens": g.tokens, "evidence": g.evidence} for g in et.gaps
-        ],
-        "false_hit": et.false_hit or None,
-        "log": et.log,
-        "log_line": task.line if task is not None else None,
+    keep = round(o.f_keep, 3) if o.f_keep is not None and o.f_keep == o.f_keep else None
+    f_sim = round(o.f_sim, 3) if o.f_sim is not None else None
+    return {"slot": o.slot, "recorded_slot": et.recorded_slot, "selected_by": o.selected_by.value, "f_sim": f_sim} | {
+        "f_keep": keep
     }
 
 

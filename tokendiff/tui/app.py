@@ -24,7 +24,7 @@ from tokendiff.app.session import (
     LoadedSession,
     append_turns,
     apply_prefill_rate,
-    engine_session_config,
+    engine_config,
     open_session,
     session_pair,
 )
@@ -170,7 +170,7 @@ class TokendiffApp(App):
         o = self.options
         early = self._first_pair if o.open_first_divergence and not o.live else None
         try:
-            engine = engine_session_config(o.paths, o.prompts, o.server_args, o.server_log)
+            engine = engine_config(o.paths, o.prompts, server_args=o.server_args, server_log=o.server_log)
             loaded = open_session(
                 o.prompts, o.paths, live=bool(o.live), first_pair=early, engine=engine, server_log=o.server_log
             )
