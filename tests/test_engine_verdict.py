@@ -158,3 +158,18 @@ def test_another_model_empties_the_slots():
         classify(et, cfg, 0, "")
     assert second.content == 500 and second.engine == 0
     assert second.verdict == GapClass.CACHE_KEY and second.gaps[0].kind == Gap.MODEL
+
+
+def test_telemetry_fields_read():
+    """The generated IDs of a /completion answer are what the slot holds (but a stream's `tokens` are its last
+    chunk's); a stream's final prompt_progress says what was taken from the cache."""
+    from tokendiff.core.cache.verdict import reply_ids
+    from tokendiff.core.cost import _reported
+
+    assert list(reply_ids({"tokens": [5, 6, 7]})) == [5, 6]
+    assert list(reply_ids({"__verbose": {"tokens": [5, 6]}})) == [5]
+    assert reply_ids({"tokens": [7], "streamed": True}) is None
+    progress = {"prompt_progress": {"total": 398, "cache": 358, "processed": 398, "time_ms": 10}}
+    assert _reported(progress)[0] == 358
+    req = engine_request(np.arange(10), 3, {"lora": [{"id": 0, "scale": 0.5}], "id_slot": 1}, {"status": 400}, 2)
+    assert req.lora == ((0, 0.5),) and req.id_slot == 1 and req.failed

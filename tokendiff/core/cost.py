@@ -190,6 +190,9 @@ def _reported(resp: dict[str, Any] | None) -> tuple[int | None, float | None, in
         cached = usage["cache_read_input_tokens"]  # Anthropic /v1/messages (vLLM's among them)
     if cached is None and isinstance(resp.get("prompt_eval_cached_count"), int):
         cached = resp["prompt_eval_cached_count"]  # Ollama
+    progress = resp.get("prompt_progress")
+    if cached is None and isinstance(progress, dict) and isinstance(progress.get("cache"), int):
+        cached = progress["cache"]  # llama-server's streamed prompt_progress (return_progress)
     ms = t.get("prompt_ms")
     n = t.get("prompt_n")
     if ms is None and isinstance(resp.get("prompt_eval_duration"), (int, float)):

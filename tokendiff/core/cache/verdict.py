@@ -300,7 +300,7 @@ def _lora(v: object) -> tuple[tuple[int, float], ...] | None:
 def reply_ids(response: Mapping[str, Any] | None) -> np.ndarray | None:
     """What the slot holds after the prompt, when the answer says which tokens were generated (/completion's
     `tokens` with return_tokens, or `__verbose.tokens`): all but the last sampled one."""
-    if not isinstance(response, Mapping):
+    if not isinstance(response, Mapping) or response.get("streamed"):  # a stream's `tokens` are its last chunk's
         return None
     for box in (response, response.get("__verbose")):
         toks = box.get("tokens") if isinstance(box, Mapping) else None
