@@ -158,6 +158,9 @@ def test_another_model_empties_the_slots():
         classify(et, cfg, 0, "")
     assert second.content == 500 and second.engine == 0
     assert second.verdict == GapClass.CACHE_KEY and second.gaps[0].kind == Gap.MODEL
+    assert not second.false_hit  # the server reused nothing: right
+    third = track.add(engine_request(q, 3, {}, {}, 4, key="m1"), q, (2, 550), 549)
+    assert third.false_hit == "the server reused 549 tokens across a change of model or template"
 
 
 def test_telemetry_fields_read():

@@ -120,6 +120,7 @@ class EngineTurn:
     others: int = 0  # other clients' requests the log shows since the previous turn
     restarted: bool = False  # the log shows a server start since the previous turn
     recorded_slot: int | None = None  # the slot the server says it used (the answer's id_slot, the proxy's record)
+    key_changed: bool = False  # another model or template than the turn before served it
 
     @property
     def engine(self) -> int:
@@ -132,7 +133,12 @@ class EngineTurn:
 
     @property
     def false_hit(self) -> str:
-        return self.outcome.false_hit
+        """Why the server's reuse should not have happened: KV of other adapters, or of another model."""
+        if self.outcome.false_hit:
+            return self.outcome.false_hit
+        if self.key_changed and self.reported:
+            return f"the server reused {self.reported:,} tokens across a change of model or template"
+        return ""
 
 
 def client_waste(et: EngineTurn, turn: int, n: int, wasted: int, cause: str) -> tuple[int, str]:
@@ -371,6 +377,7 @@ class EngineTrack:
         sharing the longest prefix with this one; `numbers` what the turn says, to find it in the log."""
         content, source, unknown = self._content(req, prev_ids, best)
         al = self._logged(req, numbers)
+        changed = bool(req.key and self.sim.key and req.key != self.sim.key)
         self.sim.switch(req)
         before = self.sim.where(source) if source else (Fate.OVERWRITTEN, 0, "")
         out = self.sim.request(req)
@@ -378,6 +385,7 @@ class EngineTrack:
             self._shifted.add(req.turn)
         length = self._held[source][0] if source in self._held else 0
         et = EngineTurn(out, content, source, before, unknown, source in self._shifted, length, reported)
+        et.key_changed = changed
         same = source in self._conv and content >= CONTINUES * length  # it keeps most of that state: its sequel
         conv = self._conv[source] if same else len(set(self._conv.values()))
         self._conv[req.turn] = conv
