@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tokendiff.app.pair import PairResult, PromptOptions, diff_pair, open_loader
 from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SpecJob, diff_future, usable_ids
@@ -343,7 +343,7 @@ def open_session(
     capacity: CapacityLadder | None = None,
     props: dict[str, Any] | None = None,
     first_pair: FirstPair | None = None,
-    engine: EngineConfig | None = None,
+    engine: EngineConfig | None | Literal["auto"] = "auto",
     server_log: str | None = None,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
@@ -354,7 +354,10 @@ def open_session(
     `first_pair(turn, pair, loader)` is called once, as soon as the first turn that wasted the cache
     is analysed, with what `session_pair` will give for it: a view can show it before the rest is
     read (the analysis goes on when it returns). `engine`: llama-server's flags for the per-turn verdicts
-    (`engine_config`); `server_log`: the server's log, its tasks lined up with the turns as both are read."""
+    (`engine_config`; "auto": what the session and its /props say; None: no verdicts); `server_log`: the
+    server's log, its tasks lined up with the turns as both are read."""
+    if engine == "auto":
+        engine = engine_config(paths, opts, server_log=server_log, layout=layout)
     loader = open_loader(opts)
     pool = PairWorkers(loader, workers)
     inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)

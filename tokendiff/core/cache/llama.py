@@ -28,19 +28,21 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from tokendiff.core.align import common_prefix
+from tokendiff.core.align import shared_prefix
 from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, process, restore, server_flags
+from tokendiff.core.model import id_bytes
 
 MIB = 1 << 20
 AUTO_SLOTS = 4  # -np unset: 4 slots sharing one unified KV cache
 DEFAULT_SPS = 0.1
 DEFAULT_CACHE_RAM = 8192  # MiB
 F_KEEP_SAVE = 0.5  # a similarity choice keeping less of the slot than this saves it to the RAM cache first
-SIM_MAX_TOKENS = 1 << 25  # tokens the simulated RAM cache holds at most where the server's limit is unknown
+SIM_MAX_TOKENS = 1 << 20  # tokens the simulated RAM cache holds at most where the server's limit is unknown
 F_KEEP_LOAD = 0.25  # a RAM entry the prompt keeps less of than this is never loaded ("don't trash large prompts")
 
 
@@ -263,6 +265,19 @@ class Request:
     key: str = ""  # the model and template that served it: a change is a restart with another model
     failed: bool = False  # the server refused it (context exceeded, error): the slot is left as it was
 
+    @cached_property
+    def raw(self) -> bytes:
+        """The prompt's IDs as bytes, made once: every comparison is a memcmp of them."""
+        return id_bytes(self.ids)
+
+    @cached_property
+    def held(self) -> np.ndarray:
+        """What a slot holds after this request (no context shift): the prompt, then the reply (unknown IDs
+        as -1), one array every simulation of the request shares."""
+        g = self.n_generated if self.reply is None else len(self.reply) + 1
+        reply = self.reply if self.reply is not None else np.full(max(0, g - 1), -1, dtype=np.int32)
+        return np.concatenate([self.ids.astype(np.int32, copy=False), reply.astype(np.int32, copy=False)])
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -301,8 +316,31 @@ class Held:
     def tokens(self) -> np.ndarray:
         return np.asarray(self.state.tokens, dtype=np.int32)
 
+    def raw(self) -> bytes:
+        """The tokens as bytes, made once per token array (the rules replace the array, never change it)."""
+        toks = self.state.tokens
+        cached = self.__dict__.get("_raw")
+        if cached is None or cached[0] is not toks:
+            cached = (toks, id_bytes(toks))
+            self.__dict__["_raw"] = cached
+        return cached[1]
+
     def __len__(self) -> int:
         return len(self.state.tokens)
+
+
+def lcp(a: bytes, b: bytes) -> int:
+    """Tokens two ID byte strings share at their start: compared in blocks doubling from 1 KiB, so the cost is
+    that of the shared part (most states a cache holds differ from a prompt early), then bisected in the block
+    that differs."""
+    n = min(len(a), len(b))
+    pos, step = 0, 1024
+    while pos < n:
+        end = min(n, pos + step)
+        if a[pos:end] != b[pos:end]:
+            return (pos + shared_prefix(a[pos:end], b[pos:end])) // 4
+        pos, step = end, step * 2
+    return n // 4
 
 
 @dataclass(frozen=True)
@@ -330,25 +368,28 @@ class Outcome:
 # ---------------------------------------------------------------- the rules
 
 
-def chunk_reuse(cache: np.ndarray, prompt: np.ndarray, n_min: int) -> tuple[int, tuple[Chunk, ...]]:
+def chunk_reuse(cache: Any, prompt: Any, n_min: int) -> tuple[int, tuple[Chunk, ...]]:
     """`--cache-reuse n_min`: the LCP, then every later run of at least n_min cached tokens matching the
     prompt where it stands is shifted into place (a cached token that starts no such run is skipped, the
-    prompt never is: a deletion from the history is recovered, an insertion is not)."""
-    n_past = common_prefix(cache, prompt)
+    prompt never is: a deletion from the history is recovered, an insertion is not). Token IDs as arrays, or
+    as their bytes (`id_bytes`)."""
+    c = cache if isinstance(cache, bytes) else id_bytes(cache)
+    p = prompt if isinstance(prompt, bytes) else id_bytes(prompt)
+    n_past = lcp(c, p)
     if n_min <= 0:
         return n_past, ()
-    raw = np.ascontiguousarray(cache, dtype="=i4").tobytes()
     chunks: list[Chunk] = []
+    n_c, n_p = len(c) // 4, len(p) // 4
     hc = hp = n_past
-    while hc < len(cache) and hp + n_min <= len(prompt):
-        needle = np.ascontiguousarray(prompt[hp : hp + n_min], dtype="=i4").tobytes()
-        at = raw.find(needle, 4 * hc)
+    while hc < n_c and hp + n_min <= n_p:
+        needle = p[4 * hp : 4 * (hp + n_min)]
+        at = c.find(needle, 4 * hc)
         while at != -1 and at % 4:
-            at = raw.find(needle, at + 1)
+            at = c.find(needle, at + 1)
         if at == -1:
             break
         hc = at // 4
-        n = n_min + common_prefix(cache[hc + n_min :], prompt[hp + n_min :])
+        n = n_min + lcp(c[4 * (hc + n_min) :], p[4 * (hp + n_min) :])
         chunks.append(Chunk(hc, hc + n, hp, hp + n))
         n_past, hc, hp = n_past + n, hc + n, hp + n
     return n_past, tuple(chunks)
@@ -408,32 +449,47 @@ class RamCache:
     def size(self) -> float:
         return sum(self.size_of(e) for e in self.entries)
 
+    def holding(self, h: Held) -> Held | None:
+        """The entry that holds all of `h`'s tokens (it, or a state it is the start of), if any. Remembered on
+        `h` while its tokens and that entry stay: an idle slot is offered to the cache on every request."""
+        if not len(h):
+            return None
+        memo = h.__dict__.get("_held_by")
+        if memo is not None and memo[0] is h.state.tokens and any(e is memo[1] for e in self.entries):
+            return memo[1]
+        raw, n = h.raw(), len(h)
+        found = next((e for e in self.entries if lcp(e.raw(), raw) == n), None)
+        if found is not None:
+            h.__dict__["_held_by"] = (h.state.tokens, found)
+        return found
+
     def save(self, h: Held) -> bool:
         """Save a slot's state (a copy); False when it is empty, in the cache already, or too large."""
-        if not len(h):
+        if not len(h) or self.holding(h) is not None:
             return False
-        toks = h.tokens
-        if any(common_prefix(e.tokens, toks) == len(toks) for e in self.entries):
-            return False
+        raw = h.raw()
         new = self.size_of(h)
         if self.limit and self.bpt and new > self.limit:
             self.refused.append(_copy(h))
             return False
-        self.entries = [e for e in self.entries if common_prefix(e.tokens, toks) != len(e)]
+        self.entries = [e for e in self.entries if lcp(e.raw(), raw) != len(e)]
         while self.limit and self.bpt and self.entries and self.size() + new > self.limit:
             self.evicted.append(self.entries.pop(0))
-        self.entries.append(_copy(h))
+        entry = _copy(h)
+        self.entries.append(entry)
+        h.__dict__["_held_by"] = (h.state.tokens, entry)
         return True
 
-    def load(self, slot: Held, prompt: np.ndarray) -> Held | None:
-        """The entry to load for `prompt` in place of the slot's state (removed from the cache), or None."""
-        base = common_prefix(slot.tokens, prompt)
+    def load(self, slot: Held, prompt: bytes) -> Held | None:
+        """The entry to load for `prompt` (its ID bytes) in place of the slot's state (removed from the cache)."""
+        size = len(prompt) // 4
+        base = lcp(slot.raw(), prompt)
         f_keep = base / len(slot) if len(slot) else -1.0
-        f_sim = base / len(prompt) if len(prompt) else 0.0
+        f_sim = base / size if size else 0.0
         best = None
         for i, e in enumerate(self.entries):
-            n = common_prefix(e.tokens, prompt)
-            keep, sim = n / len(e), n / len(prompt)
+            n = lcp(e.raw(), prompt)
+            keep, sim = n / len(e), n / size
             if keep < F_KEEP_LOAD:
                 continue
             if f_keep < keep and f_sim < sim:
@@ -473,7 +529,10 @@ def _copy(h: Held) -> Held:
     st = h.state
     cells = copy.deepcopy(st.cells) if st.cells is not None else None
     state = SlotState(st.layout, st.tokens, list(st.checkpoints), cells, st.requests)
-    return Held(state, h.origin, h.lora, list(h.kv_lora), h.key)
+    out = Held(state, h.origin, h.lora, list(h.kv_lora), h.key)
+    if "_raw" in h.__dict__:
+        out.__dict__["_raw"] = h.__dict__["_raw"]  # the same array: the same bytes
+    return out
 
 
 @dataclass
@@ -569,7 +628,7 @@ class EngineSim:
             for k, s in enumerate(self.slots):
                 if (pinned is not None and k != ret) or not len(s.held):
                     continue
-                sim = common_prefix(s.held.tokens, req.ids) / n if n else 0.0
+                sim = lcp(s.held.raw(), req.raw) / n if n else 0.0
                 if sim > best and sim > self.config.sps:
                     best, found = sim, k
             if found is not None:
@@ -593,7 +652,7 @@ class EngineSim:
         assert self.ram is not None
         slot = self.slots[k]
         saved = self.ram.save(slot.held)
-        got = self.ram.load(slot.held, req.ids)
+        got = self.ram.load(slot.held, req.raw)
         if got is not None:
             if not saved and self._in_ram(slot.held) is None:
                 self._lost(slot.held, Fate.OVERWRITTEN, req.turn, "a state loaded from the RAM cache took its slot")
@@ -612,10 +671,7 @@ class EngineSim:
 
     def _in_ram(self, h: Held) -> Held | None:
         """The RAM entry that holds all of `h` (a state saved before, or one it extends), if any."""
-        if self.ram is None or not len(h):
-            return None
-        toks = h.tokens
-        return next((e for e in self.ram.entries if common_prefix(e.tokens, toks) == len(toks)), None)
+        return self.ram.holding(h) if self.ram is not None else None
 
     def _launch(self, slot: _Slot, req: Request) -> bool:
         """Per-request adapters (launch_slot_with_task): a changed `lora` list clears the slot. True if cleared."""
@@ -663,14 +719,14 @@ class EngineSim:
     ) -> Outcome:
         """The prefix the request keeps (timings.cache_n), then the slot as the request leaves it."""
         h, cfg = slot.held, self.config
-        cache, before = h.tokens, len(h)
-        lcp = common_prefix(cache, req.ids)
+        cache, before, raw = h.tokens, len(h), h.raw()
+        shared = lcp(raw, req.raw)
         out = Outcome(
             turn=req.turn,
             slot=k,
             selected_by=how,
             cache_n=0,
-            lcp=lcp,
+            lcp=shared,
             held_origin=h.origin if before else 0,
             f_sim=f_sim,
             f_keep=f_keep,
@@ -685,7 +741,7 @@ class EngineSim:
         n_past = 0
         if req.cache_prompt:
             n_min = cfg.cache_reuse if req.n_cache_reuse is None else req.n_cache_reuse
-            n_past, chunks = chunk_reuse(cache, req.ids, n_min if cfg.can_shift else 0)
+            n_past, chunks = chunk_reuse(raw, req.raw, n_min if cfg.can_shift else 0)
         ck = restore(h.state, req.ids, n_past)
         out = replace(
             out,
@@ -695,8 +751,8 @@ class EngineSim:
             false_hit=_false_hit(h, ck.reused),
         )
         old = Held(SlotState(cfg.layout, cache), h.origin)
-        if h.origin and h.origin != req.turn and (lcp >= before or self._in_ram(old) is None):
-            self._lost(old, Fate.EXTENDED if lcp >= before else Fate.OVERWRITTEN, req.turn, how.value)
+        if h.origin and h.origin != req.turn and (shared >= before or self._in_ram(old) is None):
+            self._lost(old, Fate.EXTENDED if shared >= before else Fate.OVERWRITTEN, req.turn, how.value)
         return replace(out, shifts=self._process(h, req, ck.reused))
 
     def _lost(self, h: Held, fate: Fate, by: int, how: str = "") -> None:
@@ -710,18 +766,17 @@ class EngineSim:
     def _process(self, h: Held, req: Request, cache_n: int) -> tuple[Shift, ...]:
         """Prompt and generation: checkpoints taken, the reply decoded behind the prompt, a context shift."""
         cfg = self.config
-        g = req.n_generated if req.reply is None else len(req.reply) + 1
-        process(h.state, req.ids, g, req.user_starts)
-        reply = req.reply if req.reply is not None else np.full(max(0, g - 1), -1, dtype=np.int32)
+        tokens = req.held
+        g = len(tokens) - len(req.ids) + 1
+        if cfg.layout.needs_checkpoints:  # the SWA cells and checkpoints; a dense slot is just its tokens
+            process(h.state, req.ids, g, req.user_starts)
         shifts: tuple[Shift, ...] = ()
         ctx = cfg.slot_ctx
-        if cfg.context_shift and cfg.can_shift and ctx:
+        if cfg.context_shift and cfg.can_shift and ctx and len(tokens) >= ctx:
             keep = cfg.n_keep if req.n_keep is None else req.n_keep
-            tokens, shifts = generate(req.ids, reply, ctx, keep, req.n_discard, cfg.add_bos)
+            tokens, shifts = generate(req.ids, tokens[len(req.ids) :], ctx, keep, req.n_discard, cfg.add_bos)
             if shifts:
                 h.state.checkpoints = []
-        else:
-            tokens = np.concatenate([req.ids.astype(np.int32, copy=False), reply.astype(np.int32, copy=False)])
         h.state.tokens = tokens
         h.kv_lora = _segments_after(h.kv_lora, cache_n, len(tokens), h.lora)
         h.origin, h.key = req.turn, req.key
