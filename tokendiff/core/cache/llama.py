@@ -64,12 +64,8 @@ class Fate(StrEnum):
     RAM_EVICTED = "ram_evicted"  # saved, then pushed out of the host-memory cache (oldest first)
     RAM_REFUSED = "ram_refused"  # larger than the whole host-memory cache: never saved
     IDLE_CLEARED = "idle_cleared"  # an idle slot cleared for another task (unified KV cache)
-    SHIFTED = "shifted"  # a context shift dropped part of it while generating
     LORA_CLEARED = "lora_cleared"  # a request with another adapter list cleared its slot
     RESTART = "restart"  # the server restarted (or changed model): every state gone
-
-
-LOST = frozenset({Fate.OVERWRITTEN, Fate.RAM_EVICTED, Fate.RAM_REFUSED, Fate.IDLE_CLEARED, Fate.LORA_CLEARED})
 
 
 # ---------------------------------------------------------------- the launch flags
@@ -846,7 +842,6 @@ __all__ = [
     "Shift",
     "SelectedBy",
     "Fate",
-    "LOST",
     "EngineSim",
     "RamCache",
     "chunk_reuse",
