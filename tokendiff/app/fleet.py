@@ -198,7 +198,7 @@ def fleet_member(
     from tokendiff.report.dataset import session_key
     from tokendiff.report.fleet import session_facts
 
-    loaded = open_session(opts, [path], single_turns=False)
+    loaded = open_session(opts, [path], single_turns=False, engine=None)  # the fleet view shows no verdicts
     if export_dir:
         export_session_dataset(loaded, path, Path(export_dir), opts.order)
     return session_facts(path, loaded.session, tokenizer_info(loaded.vocab), session_key(path), redact=redact)

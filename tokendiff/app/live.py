@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from tokendiff.app.pair import PromptOptions
     from tokendiff.backends.proxy import RecordEvent, Served
     from tokendiff.backends.pull import Puller
+    from tokendiff.core.cache.engine_log import LogAligner
+    from tokendiff.core.cache.llama import EngineConfig
     from tokendiff.core.cost import Session, Turn
     from tokendiff.sources.loader import Loader
     from tokendiff.sources.record import CaptureRecord
@@ -196,11 +198,20 @@ class SessionFeed:
     Analyser's state is kept between records, so each new turn costs its own diff, not the session's.
     `after`: records the capture held already (an earlier run into the same directory), not shown."""
 
-    def __init__(self, loader: Loader, capture: str | Path, prefill_rate: float | None = None, after: int = 0):
+    def __init__(
+        self,
+        loader: Loader,
+        capture: str | Path,
+        prefill_rate: float | None = None,
+        after: int = 0,
+        engine: EngineConfig | None = None,
+        server_log: str | None = None,
+    ):
         from tokendiff.core.cost import Analyser
 
         self.loader, self.capture, self.prefill_rate = loader, str(capture), prefill_rate
-        self.analyser = Analyser()  # pairs diffed here: a live session brings one at a time
+        log = live_log(server_log) if server_log and engine is not None else None
+        self.analyser = Analyser(engine=engine, log=log)  # pairs diffed here: a live session brings one at a time
         self.prompts = TurnPrompts(loader, [])
         self.records = after  # records in the capture before ours, then ours: each turn's selector is its record's
         self.loader.adopt_capture_template(Path(capture))
@@ -231,6 +242,21 @@ class SessionFeed:
         session = copy_with(session, turns=list(session.turns))  # the views keep this one; the next add appends
         apply_prefill_rate(session, self.prefill_rate)
         return LoadedSession(self.loader, self.prompts, session)
+
+
+def live_log(path: str) -> LogAligner:
+    """A log the server is still writing, its tasks lined up with the turns as both arrive."""
+    from tokendiff.core.cache.engine_log import LogAligner
+    from tokendiff.sources.server_log import follow_tasks
+
+    return LogAligner(lambda: follow_tasks(path), rescans=0)
+
+
+def watch_engine(capture: Path, prompts: PromptOptions, server_args: str | None, server_log: str | None):
+    """The engine settings for `watch`: its flags, its log's launch lines, the /props the proxy saved."""
+    from tokendiff.app.session import engine_config
+
+    return engine_config([str(capture)], prompts, server_args=server_args, server_log=server_log)
 
 
 # ---------------------------------------------------------------- the live commands

@@ -13,16 +13,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tokendiff.app.pair import PairResult, PromptOptions, diff_pair, open_loader
 from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SpecJob, diff_future, usable_ids
+from tokendiff.core.kinds import ServerKind
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from tokendiff.core.cache.capacity import CapacityLadder
+    from tokendiff.core.cache.engine_log import LogAligner
+    from tokendiff.core.cache.llama import EngineConfig
     from tokendiff.core.cache.swa import AttentionLayout
     from tokendiff.core.cost import PairDiff, Session, Turn, TurnInput
     from tokendiff.core.model import Prompt
@@ -133,13 +136,16 @@ def _analyse(
     capacity: CapacityLadder | None = None,
     props: dict[str, Any] | None = None,
     first_pair: FirstPair | None = None,
+    engine: EngineConfig | None = None,
+    server_log: str | None = None,
 ) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
     `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end.
     `first_pair` is given the first pair that wasted the cache as soon as it is analysed."""
     from tokendiff.core.cost import Analyser
 
-    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props)
+    log = log_aligner(server_log, progress) if server_log and engine is not None else None
+    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props, engine=engine, log=log)
     prompts = TurnPrompts(loader, [])
     specs = prompts.specs  # filled as the turns come, so the prompts so far can be loaded meanwhile
     prev: TurnInput | None = None
@@ -246,7 +252,19 @@ def record_input(
     ttft = rec.ttft_ms
     ti.ttft_ms = float(ttft) if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) else None
     ti.server, ti.vllm_block = recorded_backend(rec.server)  # which rules the server's counts follow
+    ti.server_key = server_key(rec.server)
+    slot = rec.slot  # the proxy's reading of /slots (backends/slots.py)
+    ti.slot = slot if isinstance(slot, int) and not isinstance(slot, bool) else None
     return ti
+
+
+def server_key(server: Any) -> str:
+    """What names the model and template a recorded turn was served with: a change means another model
+    (llama-server's slots start empty), the same key the same cache."""
+    if not isinstance(server, dict):
+        return ""
+    parts = [server.get(k) for k in ("model", "chat_template_sha256")]
+    return "|".join(p for p in parts if isinstance(p, str))
 
 
 def _path_inputs(loader: Loader, pool: PairWorkers, paths: Sequence[str], order: str, single_turns: bool, live: bool):
@@ -330,6 +348,8 @@ def open_session(
     capacity: CapacityLadder | None = None,
     props: dict[str, Any] | None = None,
     first_pair: FirstPair | None = None,
+    engine: EngineConfig | None | Literal["auto"] = "auto",
+    server_log: str | None = None,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
     in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
@@ -338,16 +358,47 @@ def open_session(
     server's /props for the backend facts (default: the props.json saved beside the session).
     `first_pair(turn, pair, loader)` is called once, as soon as the first turn that wasted the cache
     is analysed, with what `session_pair` will give for it: a view can show it before the rest is
-    read (the analysis goes on when it returns)."""
+    read (the analysis goes on when it returns). `engine`: llama-server's flags for the per-turn verdicts
+    (`engine_config`; "auto": what the session and its /props say; None: no verdicts); `server_log`: the
+    server's log, its tasks lined up with the turns as both are read."""
+    if engine == "auto":
+        engine = engine_config(paths, opts, server_log=server_log, layout=layout)
     loader = open_loader(opts)
     pool = PairWorkers(loader, workers)
     inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
     props = props if props is not None else saved_props(paths)
-    loaded = _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair)
+    loaded = _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair, engine, server_log)
     from tokendiff.app.evictions import with_kv_events
 
     loaded.session = with_kv_events(paths, loaded.session)
     return loaded
+
+
+def log_aligner(path: str, progress: Progress | None = None) -> LogAligner:
+    """The server's log as the analysis reads it: its tasks streamed (progress in percent of the file) and
+    lined up with the turns."""
+    from tokendiff.core.cache.engine_log import LogAligner
+    from tokendiff.sources.server_log import iter_tasks
+
+    def shown(done: int, size: int) -> None:
+        if progress is not None and size:
+            progress(f"reading the server log: {100 * done // size} % of {size >> 20:,} MiB")
+
+    return LogAligner(lambda: iter_tasks(path, shown))
+
+
+def check_server_log(path: str) -> str:
+    """The log's path, refused now (one line, exit 2) if it is not a readable regular file."""
+    from tokendiff.sources.server_log import check_log
+
+    return check_log(path)
+
+
+def server_log_facts(path: str) -> dict[str, Any]:
+    """The launch settings the server's log states (for `engine_config`); the file refused now if unreadable."""
+    from tokendiff.sources.server_log import check_log, log_facts
+
+    return log_facts(check_log(path))
 
 
 def capacity_ladder(
@@ -408,26 +459,96 @@ def attention_layout(
     return next((lay for name in _model_names(paths) if (lay := layout_from_name(name, **flags))), None)
 
 
-def _model_names(paths: Sequence[str]) -> list[str]:
-    """What the session calls its model: the saved /props' model path, then the first record's
-    request `model` and recording server's `model` (an Ollama tag, a vLLM model ID)."""
-    props: dict[str, Any] = saved_props(paths) or {}
-    names = [props.get("model_path")]
+def engine_config(
+    paths: Sequence[str],
+    opts: PromptOptions,
+    model: str | None = None,
+    server_args: str | None = None,
+    server_log: str | None = None,
+    layout: AttentionLayout | None = None,
+) -> EngineConfig | None:
+    """llama-server's policy flags for the per-turn verdicts: the user's `--server-args` first, then what the
+    server's log states, then the saved /props, llama-server's defaults for the rest; the attention layout
+    (`attention_layout`, unless given) for checkpoints, and a saved state's size per token from the model's
+    GGUF. None for a session no llama-server answer, flag or log speaks of (vLLM, SGLang, Ollama, slot files)."""
+    import shlex
+
+    from tokendiff.core.cache.llama import EngineConfig, engine_flags, props_facts
+
+    if not server_args and not server_log and not _llama_server_session(paths):
+        return None
+    try:
+        flags = engine_flags(shlex.split(server_args or ""))
+    except ValueError as e:
+        raise InputError(f"--server-args: {e}") from None
+    layout = layout if layout is not None else attention_layout(paths, opts, model, server_args)
+    cfg = EngineConfig(layout=layout) if layout is not None else EngineConfig()
+    if server_args:
+        cfg = cfg.merged(flags, "--server-args")
+    if server_log:
+        cfg = cfg.merged(server_log_facts(server_log), "the server's log")
+    cfg = cfg.merged(props_facts(saved_props(paths)), "/props")
+    return cfg.merged(_model_facts(paths, opts, model), "the model's GGUF")
+
+
+STATE_CELL_BYTES = 12  # a saved state keeps each cell's position and sequence besides its K and V
+
+
+def _model_facts(paths: Sequence[str], opts: PromptOptions, model: str | None) -> dict[str, Any]:
+    """What the model's GGUF tells the policy: the bytes a saved state costs per token, whether it adds BOS."""
+    from tokendiff.core.cache.capacity import kv_bytes_per_token
+    from tokendiff.sources.gguf_meta import read_gguf_metadata, read_model_metadata
+
+    gguf = _model_file(paths, opts, model)
+    if not gguf:
+        return {}
+    try:
+        kv = kv_bytes_per_token(read_model_metadata(gguf))
+        bos = read_gguf_metadata(gguf, ("tokenizer.ggml.add_bos_token",)).get("tokenizer.ggml.add_bos_token")
+    except InputError:
+        return {}
+    return {"bytes_per_token": kv + STATE_CELL_BYTES if kv else None, "add_bos": bool(bos)}
+
+
+def _llama_server_session(paths: Sequence[str]) -> bool:
+    """The session was recorded from llama-server with its answers (what the verdicts compare with): a capture
+    whose first record says so (its `server`, or llama-server's `timings` in the answer), or beside its /props.
+    Slot files alone carry no answers: their verdicts need --server-args or --server-log."""
+    rec = _first_record(paths)
+    if rec is None:
+        return False
+    if "total_slots" in (saved_props(paths) or {}):
+        return True
+    server, resp = rec.server, rec.response
+    kind = server.get("kind") if isinstance(server, dict) else None
+    return kind == ServerKind.LLAMA_SERVER or (not kind and isinstance(resp, dict) and "timings" in resp)
+
+
+def _first_record(paths: Sequence[str]) -> CaptureRecord | None:
+    """The first record of the first capture among `paths` (None when none), its response patch merged."""
+    from tokendiff.sources.capture import first_record
+
     for p in paths:
         base = Path(p.split("@", 1)[0])
         capture = base / "capture.jsonl" if base.is_dir() else base
         if capture.suffix != ".jsonl" or not capture.is_file():
             continue
-        from tokendiff.sources.capture import iter_capture
-
-        records = iter_capture(capture, lambda _w: None)
         try:
-            rec = next(records, None)
+            rec = first_record(capture)
         except InputError:
             continue
-        finally:
-            records.close()  # the generator holds the file open
-        req, server = (rec.request, rec.server) if rec is not None else (None, None)
+        return rec
+    return None
+
+
+def _model_names(paths: Sequence[str]) -> list[str]:
+    """What the session calls its model: the saved /props' model path, then the first record's
+    request `model` and recording server's `model` (an Ollama tag, a vLLM model ID)."""
+    props: dict[str, Any] = saved_props(paths) or {}
+    names = [props.get("model_path")]
+    rec = _first_record(paths)
+    if rec is not None:
+        req, server = rec.request, rec.server
         names += [req.get("model") if isinstance(req, dict) else None]
         names += [server.get("model") if isinstance(server, dict) else None]
     return [n for n in names if isinstance(n, str) and n]

@@ -96,6 +96,7 @@ class LaunchFlags:
     model: str | None = None
     cache_reuse: int | None = None  # --cache-reuse N: chunk reuse past a divergence
     mmproj: str | None = None  # --mmproj FILE (or -mmu URL): a multimodal projector, which turns chunk reuse off
+    sps: float | None = None  # --slot-prompt-similarity: a slot sharing more of the prompt is taken over
 
 
 _VALUE_FLAGS = {
@@ -109,6 +110,7 @@ _VALUE_FLAGS = {
     "model": ("-m", "--model", "LLAMA_ARG_MODEL"),
     "cache_reuse": ("--cache-reuse", "LLAMA_ARG_CACHE_REUSE"),
     "mmproj": ("-mm", "--mmproj", "-mmu", "--mmproj-url", "LLAMA_ARG_MMPROJ"),
+    "sps": ("-sps", "--slot-prompt-similarity", "LLAMA_ARG_SLOT_PROMPT_SIMILARITY"),
 }
 _SWITCHES = {
     "--swa-full": ("swa_full", True),
@@ -146,6 +148,11 @@ def parse_launch_flags(argv: list[str], environ: dict[str, str], source: str) ->
     for name, value in raw.items():
         if isinstance(value, bool) or name in _TEXT_FIELDS:
             typed[name] = value
+        elif name == "sps":
+            try:
+                typed[name] = float(value)
+            except ValueError:
+                continue
         else:
             try:
                 typed[name] = int(value)
@@ -1057,8 +1064,12 @@ def diagnose(ev: Evidence, w: Workload) -> DoctorReport:
     if ev.props_problems:
         checks.append(Check("props", PROBLEM, "/props has fields of the wrong type", "; ".join(ev.props_problems)))
     if ev.kind == srv.LLAMA:
+        from tokendiff.backends.doctor_engine import check_engine
+
         checks += [check(ev, w) for check in LLAMA_CHECKS]
         checks += [c for c in (check_cache_reuse(ev, w),) if c is not None]
+        named = any(c.status == PROBLEM for c in checks if c.kind in ("caching", "slots", "context", "cache_ram"))
+        checks.append(check_engine(ev, w, named))  # the same workload through the cache policy's model
     else:
         by_kind = {srv.VLLM: check_vllm, srv.SGLANG: check_sglang, srv.OLLAMA: check_ollama}
         checks += by_kind.get(ev.kind, check_generic)(ev, w)

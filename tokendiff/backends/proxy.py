@@ -45,6 +45,7 @@ from tokendiff.backends.server import (
     can_tokenize_chat,
 )
 from tokendiff.backends.urls import is_loopback_host
+from tokendiff.core.kinds import ServerKind
 from tokendiff.core.usage import usage_of
 from tokendiff.errors import InputError, ServerError
 from tokendiff.notices import warn
@@ -592,6 +593,7 @@ async def _finish(state: ProxyState, ex: Exchange, fields: dict[str, Any], fetch
         fields["notes"] = [*fields.get("notes", ()), *ex.notes]
     if not ex.server_known and state.info is not None:
         fields["server"] = state.server
+    fields.update(await _slot_fields(state, fields))
     written = _append(state, {"patch": line["seq"], **fields})
     if written is None:
         return
@@ -629,6 +631,22 @@ def _body_summary(raw: bytes, status: int) -> dict[str, Any]:
     if isinstance(ch, list) and ch and isinstance(ch[0], dict) and isinstance(ch[0].get("message"), dict):
         out["message"] = ch[0]["message"]
     return out
+
+
+async def _slot_fields(state: ProxyState, fields: dict[str, Any]) -> dict[str, Any]:
+    """The llama-server slot a chat answer came from (its answer does not say): read from /slots now, before the
+    client has the answer's end, so its next request cannot have taken the slot yet (backends/slots.py)."""
+    from tokendiff.backends.slots import afetch_slot
+
+    resp = fields.get("response")
+    if (
+        state.info is None
+        or state.info.kind != ServerKind.LLAMA_SERVER
+        or not isinstance(resp, dict)
+        or "id_slot" in resp
+    ):
+        return {}
+    return await afetch_slot(state.client, state.info.url, resp)
 
 
 def _schedule_token_fetch(

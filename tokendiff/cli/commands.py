@@ -125,7 +125,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         is_dataset_target,
     )
     from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
-    from tokendiff.app.session import attention_layout, capacity_ladder, open_session
+    from tokendiff.app.session import attention_layout, capacity_ladder, engine_config, open_session
 
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise UsageError("--fail-under takes a percentage from 0 to 100")
@@ -138,6 +138,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             "a table file holds one session; for several, export the dataset into a directory (DIR/)",
             source=args.export,
         )
+    if len(paths) > 1 and args.server_log:
+        raise UsageError("--server-log goes with one session (the server's log lined up with its turns)")
     tty = sys.stderr.isatty()
     if args.format in ("otlp", "trace"):
         return _telemetry_report(args, paths, tty)
@@ -152,7 +154,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             ladder = capacity_ladder(
                 paths, popts, args.cache_size, args.model, args.kv_bytes_per_token, args.server_args
             )
-        loaded = open_session(popts, paths, _progress_line(tty), single_turns=False, layout=layout, capacity=ladder)
+        engine = engine_config(paths, popts, args.model, args.server_args, args.server_log, layout)
+        loaded = open_session(
+            popts,
+            paths,
+            _progress_line(tty),
+            single_turns=False,
+            layout=layout,
+            capacity=ladder,
+            engine=engine,
+            server_log=args.server_log,
+        )
         _clear_line(tty)
         doc, reuse, what = session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
         if args.prefill_rate and not loaded.session.rate_estimated and loaded.session.ms_per_token is not None:
@@ -244,6 +256,15 @@ def _one_blas_thread() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def _log_path(path: str | None) -> str | None:
+    """--server-log checked before a screen opens: a file that cannot be read is one line and exit 2."""
+    if path is None:
+        return None
+    from tokendiff.app.session import check_server_log
+
+    return check_server_log(path)
+
+
 def cmd_tui(args: argparse.Namespace) -> int:
     from tokendiff.core.units import parse_interval
 
@@ -276,6 +297,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
         backend=args.backend,
         force=args.force,
         prefill_rate=args.prefill_rate,
+        server_args=args.server_args,
+        server_log=_log_path(args.server_log),
     )
     TokendiffApp(opts).run()
     return ExitCode.OK
@@ -319,6 +342,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
             "watch needs a terminal for its TUI; without one, run `tokendiff proxy` and `tokendiff report`"
         )
     prompts = upstream_prompt_options(_prompt_options(args), args.upstream)
+    if args.server_log:
+        _log_path(args.server_log)
     from tokendiff.tui.app import Options
     from tokendiff.tui.watch import WatchApp
 
@@ -328,9 +353,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
         hook = tee(events.put, observer.on_record if observer else None)
         proxy = ProxyThread(args.upstream, args.out, args.listen, not args.no_tokens, hook).start()
         try:
-            WatchApp(
-                Options(paths=[], prompts=prompts, theme=args.theme, prefill_rate=args.prefill_rate), proxy, events
-            ).run()
+            opts = Options(
+                paths=[],
+                prompts=prompts,
+                theme=args.theme,
+                prefill_rate=args.prefill_rate,
+                server_args=args.server_args,
+                server_log=args.server_log,
+            )
+            WatchApp(opts, proxy, events).run()
         finally:
             proxy.stop()
     finally:

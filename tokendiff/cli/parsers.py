@@ -241,12 +241,7 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
         help="the served model file: its attention layout (sliding window, recurrent layers) decides the "
         "SWA/hybrid column (default: a --tokenizer GGUF, or the model the saved /props names)",
     )
-    r.add_argument(
-        "--server-args",
-        metavar="ARGS",
-        help="llama-server's flags that decide checkpoints, as on its command line "
-        "('-ub 512 -ctxcp 32 --swa-full -np 4 -c 65536')",
-    )
+    _engine_args(r)
     r.add_argument(
         "--cache-size",
         action="append",
@@ -322,6 +317,7 @@ def _tui_parser(sub: Any) -> None:  # argparse subparsers
         "--force", action="store_true", help="replay even when the backend serves another model than the capture's"
     )
     _prefill_rate_arg(t)
+    _engine_args(t)
 
 
 def _watch_parser(sub: Any) -> None:  # argparse subparsers
@@ -341,6 +337,7 @@ def _watch_parser(sub: Any) -> None:  # argparse subparsers
     w.add_argument("--no-tokens", action="store_true", help="do not fetch the prompt's token IDs from llama-server")
     _tokenizer_args(w)
     _prefill_rate_arg(w)
+    _engine_args(w)
     w.add_argument("--theme", help="tokendiff-dark, tokendiff-light, tokendiff-solarized, a Textual theme, or yours")
     _observe_args(w)
     w.set_defaults(order="auto")
@@ -366,6 +363,22 @@ def _observe_args(p: argparse.ArgumentParser) -> None:
         "tcp://127.0.0.1:5557) and record the events in OUT/kv-events.jsonl: the report then names evictions",
     )
     p.add_argument("--kv-topic", default="", metavar="TOPIC", help="the publisher's topic (default: all)")
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    """What the engine verdicts read of llama-server: its command line and its log."""
+    p.add_argument(
+        "--server-args",
+        metavar="ARGS",
+        help="llama-server's flags as on its command line: the SWA/hybrid column's checkpoints and the engine "
+        "verdicts' slots, caches and shifts ('-np 2 -sps 0.5 --cache-ram 0 --cache-reuse 256 -ub 512 -c 65536')",
+    )
+    p.add_argument(
+        "--server-log",
+        metavar="FILE",
+        help="llama-server's log (its --log-file, or captured stderr; -lv 4 shows the most): its slot choices, "
+        "cache saves and evictions, shifts and restarts lined up with the turns",
+    )
 
 
 def _prefill_rate_arg(p: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from tokendiff.core.align import align
+from tokendiff.core.cache.advice import Advice
 from tokendiff.core.cache.backend_facts import (
     BackendFact,
     TurnRecord,
@@ -32,7 +33,10 @@ from tokendiff.core.cache.backend_facts import (
     turn_record,
 )
 from tokendiff.core.cache.capacity import CapacityLadder, CapacityReport
+from tokendiff.core.cache.engine_log import LogAligner, TurnNumbers
+from tokendiff.core.cache.llama import EngineConfig
 from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, checkpoint_reuse
+from tokendiff.core.cache.verdict import EngineTrack, EngineTurn, classify, client_waste, engine_request
 from tokendiff.core.explain import appended_finding, explain
 from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, ServerKind
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
@@ -98,6 +102,7 @@ class Turn:
     vllm_block: int = VLLM_BLOCK  # the vLLM server's block size, where the capture says
     ceiling: int = 0  # what B could have reused with every unexpected span fixed
     reloaded: bool = False  # the backend reloaded the model (Ollama): it reused nothing, whatever the prompts
+    engine: EngineTurn | None = None  # llama-server's policy on this turn: content, engine, server, verdict
 
     @property
     def reuse_pct(self) -> float:
@@ -140,6 +145,8 @@ class Session:
     layout: AttentionLayout | None = None
     capacity: CapacityReport | None = None  # reuse as a function of cache capacity, when asked for
     facts: list[BackendFact] = field(default_factory=list)  # what the backend did (reloads, truncation ...)
+    engine: EngineConfig | None = None  # the llama-server flags the verdicts were played with
+    advice: list[Advice] = field(default_factory=list)  # flags that would have kept more, best first
 
     @property
     def checkpoint_reused(self) -> int | None:
@@ -185,6 +192,9 @@ def _reported(resp: dict[str, Any] | None) -> tuple[int | None, float | None, in
         cached = usage_of(resp).cached
     if cached is None and isinstance(resp.get("prompt_eval_cached_count"), int):
         cached = resp["prompt_eval_cached_count"]  # Ollama
+    progress = resp.get("prompt_progress")
+    if cached is None and isinstance(progress, dict) and isinstance(progress.get("cache"), int):
+        cached = progress["cache"]  # llama-server's streamed prompt_progress (return_progress)
     ms = t.get("prompt_ms")
     n = t.get("prompt_n")
     if ms is None and isinstance(resp.get("prompt_eval_duration"), (int, float)):
@@ -227,6 +237,9 @@ class TurnInput:
     server: ServerKind | Literal[""] = ""  # the recording server's kind, where the capture says
     vllm_block: int | None = None  # and its block size, when it is vLLM
     diff: Future[PairDiff] | None = None  # its diff with the turn read before it, where a worker made that already
+    reply: np.ndarray | None = None  # the generated IDs the slot holds after the prompt, where known
+    server_key: str = ""  # the model and template that served it (a change empties llama-server's slots)
+    slot: int | None = None  # the llama-server slot that served it, where the record says
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
@@ -294,8 +307,11 @@ class Analyser:
         layout: AttentionLayout | None = None,
         capacity: CapacityLadder | None = None,
         props: dict[str, Any] | None = None,
+        engine: EngineConfig | None = None,
+        log: LogAligner | None = None,
     ):
         self.max_hunks = max_hunks
+        self.engine = EngineTrack(engine, log) if engine is not None else None  # llama-server's policy, per turn
         self.capacity = capacity
         self.props = props  # the server's /props, for the backend facts
         self.records: list[TurnRecord] = []
@@ -329,6 +345,8 @@ class Analyser:
             self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response, cur.vllm_block, cur.server))
         t.ttft_ms = cur.ttft_ms
         m = self.index.match_and_add(cur.ids, k)
+        if self.engine is not None:
+            self._engine_turn(t, cur, (m.turn, m.lcp))
         self.turns.append(t)
         if self.prev is None:
             t.reuse = {be: 0 for be in BACKENDS}
@@ -344,6 +362,21 @@ class Analyser:
         self.prev = cur
         self._collect(self.in_flight)
         return t
+
+    def _engine_turn(self, t: Turn, cur: TurnInput, best: tuple[int | None, int]) -> None:
+        """The turn through llama-server's policy model: its outcome and what its content allowed."""
+        assert self.engine is not None
+        lay = self.engine.config.layout
+        starts = user_message_starts(cur.prompt()) if lay.needs_checkpoints and cur.request is not None else []
+        req = engine_request(
+            cur.ids, t.turn, cur.request, cur.response, t.reported_generated, cur.reply, cur.server_key, starts
+        )
+        prev = self.prev.ids if self.prev is not None else None
+        numbers = TurnNumbers(t.n_tokens, t.reported_prompt_n, t.reported_cached, t.reported_generated)
+        t.engine = self.engine.add(req, prev, best, t.reported_cached, numbers)
+        resp = cur.response if isinstance(cur.response, dict) else {}
+        slot = cur.slot if cur.slot is not None else resp.get("id_slot")
+        t.engine.recorded_slot = slot if isinstance(slot, int) and not isinstance(slot, bool) else None
 
     def _reblock(self) -> None:
         """A capture that records no block size: the vLLM column in the block its cached counts share
@@ -410,10 +443,22 @@ class Analyser:
         if self.layout is not None and self.layout.needs_checkpoints:
             for t in s.turns:
                 _checkpoint_note(t, self.layout)
+        if self.engine is not None:
+            s.engine = self.engine.config
+            if self.engine.advisor is not None:
+                s.advice = self.engine.advisor.advice(s.ms_per_token)
+            for t in s.turns:
+                if t.engine is not None:
+                    wasted, cause = client_waste(t.engine, t.turn, t.n_tokens, t.wasted, _cause_title(t))
+                    classify(t.engine, s.engine, wasted, cause)
         first = {sp.example[0] for sp in s.spans if sp.example}
         s.examples = {k: v for k, v in self.examples.items() if k in first}
         s.work = self.work + self.index.tokens_hashed + self.index.tokens_compared
         return s
+
+
+def _cause_title(t: Turn) -> str:
+    return next((f.title for f in t.findings if f.kind == t.cause), t.cause)
 
 
 def user_message_starts(p: Prompt) -> list[int]:

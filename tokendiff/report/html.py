@@ -180,6 +180,56 @@ def _turns(doc: ReportDocument) -> list[str]:
     return out
 
 
+def _engine(doc: ReportDocument) -> list[str]:
+    """What llama-server's policy did (report/engine.py): flags, the per-turn verdicts, false hits, what helps."""
+    eng = doc.get("engine")
+    if not eng:
+        return []
+    e = escape
+    src = ", ".join(eng["sources"]) or "nobody: llama-server's defaults"
+    out = [
+        "<h2>What the engine did</h2>",
+        f"<p class=headline>{e(eng['headline'])}</p>",
+        f"<p>llama-server flags played: <code>{e(eng['flags'])}</code> (from {e(src)})"
+        + (f"; at llama-server's defaults: {e(', '.join(eng['assumed']))}" if eng["assumed"] else "")
+        + (
+            f". The model's reuse equals the server's on {eng['turns_matched']} of {eng['turns_compared']} turns."
+            if eng["turns_compared"]
+            else "."
+        )
+        + "</p>",
+        "<table><tr><th>turn</th><th>content</th><th>engine</th><th>server</th><th>verdict</th><th>slot</th>"
+        "<th>gaps</th><th>server log</th></tr>",
+    ]
+    for t in doc["turns"]:
+        te = t.get("engine")
+        if not te:
+            continue
+        gaps = "<br>".join(e(f"{g['kind']} {g['tokens']:+,}: {g['evidence']}") for g in te["gaps"])
+        rep = "" if te["reported"] is None else f"{te['reported']:,}"
+        out.append(
+            f"<tr><td class=n>{t['turn']}</td><td class=n>{te['content']:,}</td><td class=n>{te['engine']:,}</td>"
+            f"<td class=n>{rep}</td><td>{e(te['verdict'] or '')}</td><td>{te['slot']} ({e(te['selected_by'])})</td>"
+            f"<td>{gaps}</td><td class=muted>{'<br>'.join(e(x) for x in te['log'])}</td></tr>"
+        )
+    out.append("</table>")
+    if eng["false_hits"]:
+        out.append("<h3>False hits (correctness: reuse that should not have happened)</h3><ul>")
+        out += [f"<li>turn {h['turn']}: {e(h['evidence'])}</li>" for h in eng["false_hits"]]
+        out.append("</ul>")
+    if eng["helped"]:
+        out.append("<h3>What would have helped</h3><table><tr><th>change</th><th>reused</th><th>gain</th>")
+        out.append("<th>seconds</th><th>why</th></tr>")
+        for h in eng["helped"]:
+            out.append(
+                f"<tr><td><code>{e(h['change'])}</code></td><td class=n>{h['reused']:,}</td>"
+                f"<td class=n>{h['gain_tokens']:,}</td><td class=n>{seconds_text(h['gain_seconds'])}</td>"
+                f"<td>{e(h['why'])}</td></tr>"
+            )
+        out.append("</table>")
+    return out
+
+
 def _facts(doc: ReportDocument) -> list[str]:
     """What the backend did (backend_facts.py), one item per fact."""
     facts = doc.get("backend_facts") or []
@@ -277,7 +327,7 @@ def render_html(doc: AnyReport) -> str:
     out.append("<h2>Reuse across turns</h2>")
     out.append(_chart(doc["turns"]))
     out.append("<h2>Spans, ranked by what they cost</h2>")
-    out += _spans(doc) + _turns(doc) + _capacity(doc) + _facts(doc) + _replays(doc) + _causes(doc)
+    out += _spans(doc) + _turns(doc) + _engine(doc) + _capacity(doc) + _facts(doc) + _replays(doc) + _causes(doc)
     out.append("</body></html>")
     return "\n".join(out)
 

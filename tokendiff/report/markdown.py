@@ -80,6 +80,51 @@ def _facts(doc: ReportDocument) -> list[str]:
     return out
 
 
+def _engine(doc: ReportDocument) -> list[str]:
+    """What llama-server's policy did on each turn, the false hits, and what would have kept the cache."""
+    e = doc.get("engine")
+    if not e:
+        return []
+    out = ["", "## What the engine did", "", f"**{_cell(e['headline'])}**", ""]
+    src = ", ".join(e["sources"]) or "nobody: llama-server's defaults"
+    out.append(f"- llama-server flags played: `{_code(e['flags'])}` (from {src})")
+    if e["assumed"]:
+        out.append(f"- at llama-server's defaults (no flag, log or /props said): {', '.join(e['assumed'])}")
+    if e["turns_compared"]:
+        out.append(f"- the model's reuse equals the server's on {e['turns_matched']} of {e['turns_compared']} turns")
+    lost = ", ".join(f"{n:,} to {k}" for k, n in sorted(e["lost_tokens"].items(), key=lambda kv: -kv[1]))
+    if lost:
+        out.append(f"- tokens lost: {lost}")
+    out += ["", "| turn | content | engine | server | verdict | slot | gaps | server log |", "|---" * 8 + "|"]
+    for t in doc["turns"]:
+        te = t.get("engine")
+        if not te:
+            continue
+        gaps = "; ".join(f"{g['kind']} {g['tokens']:+,}: {g['evidence']}" for g in te["gaps"])
+        how = f"{te['slot']} ({te['selected_by']})"
+        out.append(
+            f"| {t['turn']} | {te['content']:,} | {te['engine']:,} | {_count(te['reported'])} | "
+            f"{te['verdict'] or ''} | {how} | {_cell(gaps)} | {_cell('; '.join(te['log']))} |"
+        )
+    if e["false_hits"]:
+        out += ["", "### False hits (correctness: reuse that should not have happened)", ""]
+        out += [f"- turn {h['turn']}: {h['evidence']}" for h in e["false_hits"]]
+    if e["helped"]:
+        out += [
+            "",
+            "### What would have helped",
+            "",
+            "| change | reused | gain | seconds | why |",
+            "|---|---|---|---|---|",
+        ]
+        for h in e["helped"]:
+            out.append(
+                f"| `{_code(h['change'])}` | {h['reused']:,} | {h['gain_tokens']:,} | "
+                f"{seconds_text(h['gain_seconds'])} | {_cell(h['why'])} |"
+            )
+    return out
+
+
 def _est(x: float | None, estimated: bool | None) -> str:
     """Seconds for a table cell, marked "est." when they come from a given prefill rate (html.py has the same)."""
     if x == 0:
@@ -163,6 +208,7 @@ def render_markdown(doc: AnyReport) -> str:
             f"{_section_cell(t['first_divergence_section'])} | {_cell(t['cause'])} | {_count(t['reported_cached'])} | "
             f"{_ms(t.get('ttft_ms'))} | {_ms(t.get('prefill_ms'))} | {_cell(t['note'])} |"
         )
+    out += _engine(doc)
     out += _capacity(doc)
     out += _facts(doc)
     out += _replays(doc)

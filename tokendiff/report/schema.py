@@ -256,6 +256,7 @@ class ReportTurn(TurnRow):
     prefill_ms: float | None
     wasted_seconds: float | None
     seconds_estimated: bool
+    engine: TurnEngineDoc | None  # llama-server's policy on this turn (None where it did not run)
 
 
 class SpanDoc(TypedDict):
@@ -385,12 +386,73 @@ class ReportSummary(TypedDict):
     redacted: bool
 
 
+# ---------------------------------------------------------------- the engine (report/engine.py, docs/guide/engine.md)
+
+
+EngineGapDoc = TypedDict("EngineGapDoc", {"class": str, "kind": str, "tokens": int, "evidence": str})
+EngineGapDoc.__doc__ = """A gap between two of a turn's numbers and its class (core.cache.verdict.GapClass, GapKind)."""
+
+
+class TurnEngineDoc(TypedDict):
+    """A turn's three numbers, verdict and the slot the policy model chose (`turns[].engine`)."""
+
+    content: int  # what the content allows: the LCP with what the slot held, its reply included
+    engine: int  # what llama-server's policy allows given its flags
+    reported: int | None  # what the server reported (timings.cache_n)
+    matched: bool | None
+    verdict: str | None  # a core.cache.verdict.Verdict
+    slot: int
+    recorded_slot: int | None
+    selected_by: str
+    f_sim: float | None
+    f_keep: float | None
+    source_turn: int | None
+    gaps: list[EngineGapDoc]
+    false_hit: str | None
+    log: list[str]
+    log_line: int | None
+
+
+class EngineFalseHit(TypedDict):
+    turn: int
+    evidence: str
+
+
+class EngineHelp(TypedDict):
+    """A flag change the simulator replayed, and what it would have kept."""
+
+    change: str
+    why: str
+    pin: bool
+    reused: int
+    gain_tokens: int
+    gain_seconds: float | None
+
+
+class EngineDocument(TypedDict):
+    """`doc["engine"]`: the flags the verdicts were played with, the model's agreement with the server, the
+    tokens each class lost, the false hits, what would have helped."""
+
+    flags: str
+    known: list[str]
+    assumed: list[str]
+    sources: list[str]
+    turns_compared: int
+    turns_matched: int
+    lost_tokens: dict[str, int]
+    verdicts: dict[str, int]
+    false_hits: list[EngineFalseHit]
+    helped: list[EngineHelp]
+    headline: str
+
+
 class ReportDocument(TypedDict):
     """`tokendiff report --format json` of one session: the `tokendiff.report/1` document."""
 
     schema: Literal["tokendiff.report/1"]
     summary: ReportSummary
     capacity: CapacityDoc | None
+    engine: EngineDocument | None  # llama-server's policy (None: another server, or none known)
     backend_facts: list[BackendFactDoc]
     tokenizer: TokenizerDoc
     turns: list[ReportTurn]

@@ -16,6 +16,7 @@ from tokendiff.core.kinds import Backend
 from tokendiff.core.model import Prompt, SectionPath
 from tokendiff.core.secrets import mask
 from tokendiff.report.diff import path_json
+from tokendiff.report.engine import engine_json, turn_engine_json
 from tokendiff.report.excerpt import excerpt
 from tokendiff.report.redact import redact_labels, redact_text, session_labels
 
@@ -134,6 +135,7 @@ def _report_turn(row: TurnRow, t: Turn, s: Session) -> ReportTurn:
         "prefill_ms": _secs(t.reported_prompt_ms),
         "wasted_seconds": _secs(turn_wasted_seconds(t, s)),
         "seconds_estimated": s.rate_estimated and s.ms_per_token is not None,
+        "engine": turn_engine_json(t.engine),
     }
 
 
@@ -164,6 +166,7 @@ def report_document(
         "schema": SCHEMA,
         "summary": _summary(path, s, spans, redact),
         "capacity": capacity_json(s.capacity, _wasted_pct(s)) if s.capacity is not None else None,
+        "engine": engine_json(s),
         "backend_facts": [
             {"turn": f.turn, "kind": f.kind, "title": f.title, "evidence": _scrubbed(f.evidence, redact), "fix": f.fix}
             for f in s.facts

@@ -32,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -535,20 +536,36 @@ def iter_capture(
         yield from _records(f, p, Path(p).parent, warn or (lambda msg: None), window, limit)
 
 
+FIRST_PATCH_LINES = 16  # lines after the first record looked at for its patches (its response, its token IDs)
+PATCH_HEAD = 160  # bytes at a line's start within which a patch line names the record it patches
+
+
 def first_record(path: str | os.PathLike[str]) -> CaptureRecord | None:
-    """The capture's first record alone (its patches not merged): what it was sent to, read without
-    parsing the records after it (one may be tens of MB)."""
+    """The capture's first record, with the patches that follow it closely (the proxy writes the request,
+    then its response): what the session was sent to and what answered, read without parsing the records
+    after it (one may be tens of MB; a line that is no patch is skipped unread)."""
     p = str(path)
     with open_regular(p, "capture") as f:
-        for n, line, torn in _lines(f):
+        lines = _lines(f)
+        found = None
+        for n, line, torn in lines:
             rec = _parse_line(line, n, torn, p, lambda msg: None) if line is not None else None
             if (
                 rec is not None
                 and "patch" not in rec
                 and (isinstance(rec.get("request"), dict) or "request_body" in rec)
             ):
-                return RECORD_READERS[rec["schema"]](rec, f"{p}: line {n}", Path(p).parent)
-    return None
+                found = RECORD_READERS[rec["schema"]](rec, f"{p}: line {n}", Path(p).parent)
+                break
+        if found is None:
+            return None
+        for n, line, torn in islice(lines, FIRST_PATCH_LINES):
+            if line is None or b'"patch"' not in line[:PATCH_HEAD]:
+                continue
+            patch = _parse_line(line, n, torn, p, lambda msg: None)
+            if patch is not None and patch.get("patch") == found.seq:
+                _merge_patch(found, patch, f"{p}: line {n}", None, lambda msg: None)
+    return found
 
 
 def _records(

@@ -70,9 +70,9 @@ class CaptureRecord:
     prompt_warning: str | None = None
     client_disconnected: bool | None = None
     upstream_error: str | None = None
-    notes: list[str] | None = (
-        None  # what the writer left out or did not understand (a wrong-typed field, odd stream events)
-    )
+    slot: int | None = None  # llama-server: the slot that served the request (the proxy read /slots)
+    slot_source: str | None = None
+    notes: list[str] | None = None  # what the writer left out or did not understand (wrong-typed fields, odd events)
     server: RecordedServer | None = None
     started: str | None = None  # a HAR entry's startedDateTime (ISO 8601)
     log_ts: float | None = None  # a prompt log's time, from its file name

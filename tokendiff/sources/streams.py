@@ -12,7 +12,23 @@ from typing import Any
 
 import orjson
 
-FINAL_KEYS = ("usage", "timings", "system_fingerprint", "model", "error", "diagnostics", "prompt_cache_diagnostics")
+# llama-server's /completion also says which slot served it, and the slot's size after; `tokens` (the generated
+# IDs, with return_tokens) tell what the slot holds behind the prompt (a stream's are one chunk's: not used);
+# a stream with return_progress ends its `prompt_progress` with the tokens it took from the cache; Anthropic's
+# and OpenAI's own cache diagnostics are kept where a session asked for them
+FINAL_KEYS = (
+    "usage",
+    "timings",
+    "system_fingerprint",
+    "model",
+    "error",
+    "diagnostics",
+    "prompt_cache_diagnostics",
+    "id_slot",
+    "tokens_cached",
+    "tokens",
+    "prompt_progress",
+)
 # Ollama's /api/chat and /api/generate answers (a stream's last, `done: true` object): reloads, truncation, timings
 OLLAMA_FINAL_KEYS = ("load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "done_reason")
 

@@ -20,7 +20,14 @@ from textual.screen import Screen
 
 from tokendiff.app.pair import PairResult, PromptOptions
 from tokendiff.app.reports import export_report, session_report
-from tokendiff.app.session import LoadedSession, append_turns, apply_prefill_rate, open_session, session_pair
+from tokendiff.app.session import (
+    LoadedSession,
+    append_turns,
+    apply_prefill_rate,
+    engine_config,
+    open_session,
+    session_pair,
+)
 from tokendiff.config import load_config, unknown_bindings
 from tokendiff.errors import InputError
 from tokendiff.notices import Sink, set_sink, to_stderr
@@ -49,6 +56,8 @@ class Options:
     force: bool = False  # replay even when the backend serves another model than the capture's
     open_first_divergence: bool = True  # open the first turn that wasted the cache once loaded
     prefill_rate: float | None = None  # tokens/s for sessions without timings (seconds marked estimated)
+    server_args: str | None = None  # llama-server's flags, for the engine verdicts
+    server_log: str | None = None  # llama-server's log, lined up with the turns
 
 
 class TokendiffCommands(Provider):
@@ -161,7 +170,10 @@ class TokendiffApp(App):
         o = self.options
         early = self._first_pair if o.open_first_divergence and not o.live else None
         try:
-            loaded = open_session(o.prompts, o.paths, live=bool(o.live), first_pair=early)
+            engine = engine_config(o.paths, o.prompts, server_args=o.server_args, server_log=o.server_log)
+            loaded = open_session(
+                o.prompts, o.paths, live=bool(o.live), first_pair=early, engine=engine, server_log=o.server_log
+            )
         except (InputError, OSError) as e:
             self.call_from_thread(self._failed, str(e))
             return
@@ -251,11 +263,14 @@ class TokendiffApp(App):
 
     def _pair_screen(self, pair: PairResult, turn: int) -> PairScreen:
         """The pair screen of `turn` (its token views laid out here, in a worker thread)."""
+        from tokendiff.report.engine import pair_engine
         from tokendiff.tui.widgets.pairdata import build_pair_view
 
         view = build_pair_view(pair.a, pair.b, pair.divergence)
         label = pair_label(self.options.paths, pair.a.origin, pair.b.origin, turn)
-        return PairScreen(turn, pair.a, pair.b, pair.divergence, pair.findings, view, label=label)
+        turns = self.loaded.session.turns if self.loaded is not None else []
+        engine = pair_engine(turns[turn - 1] if 0 < turn <= len(turns) else None)
+        return PairScreen(turn, pair.a, pair.b, pair.divergence, pair.findings, view, label=label, engine=engine)
 
     def _show_pair(self, screen: PairScreen, replace: bool) -> None:
         if replace and isinstance(self.screen, PairScreen):

@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.events import Mount
 from textual.widgets import Footer, Static
 
-from tokendiff.app.live import ProxyThread, RecordFeed, SessionFeed, break_message
+from tokendiff.app.live import ProxyThread, RecordFeed, SessionFeed, break_message, watch_engine
 from tokendiff.app.pair import open_loader
 from tokendiff.app.session import LoadedSession
 from tokendiff.errors import InputError
@@ -90,7 +90,9 @@ class WatchApp(TokendiffApp):
         worker = get_current_worker()
         try:
             loader = open_loader(self.options.prompts)
-            feed = SessionFeed(loader, self.proxy.capture, self.options.prefill_rate, self.proxy.existing)
+            o = self.options
+            engine = watch_engine(self.proxy.capture, o.prompts, o.server_args, o.server_log)
+            feed = SessionFeed(loader, self.proxy.capture, o.prefill_rate, self.proxy.existing, engine, o.server_log)
         except (InputError, OSError) as e:
             self.call_from_thread(self._failed, str(e))
             return

@@ -160,6 +160,7 @@ def server_flags(argv: Sequence[str]) -> dict[str, Any]:
     other flags are ignored. The context is per slot (`-c` divided by `-np`). Raises ValueError
     on a flag without its number."""
     out: dict[str, Any] = {}
+    auto = False  # -np -1: every slot sees the whole context
     it = iter(argv)
     for arg in it:
         name, _, inline = arg.partition("=")
@@ -172,10 +173,13 @@ def server_flags(argv: Sequence[str]) -> dict[str, Any]:
             except ValueError:
                 raise ValueError(f"{name} needs a number, not {value!r}") from None
             least = 1 if _INT_FLAGS[name] in _AT_LEAST_ONE else 0
+            if _INT_FLAGS[name] == "n_seq" and number == -1:  # auto: 4 slots on one unified KV cache
+                out["n_seq"], auto = 4, True
+                continue
             if not least <= number < 1 << 31:
                 raise ValueError(f"{name} {number} is out of range ({least} to {(1 << 31) - 1:,})")
             out[_INT_FLAGS[name]] = number
-    if "n_ctx" in out and out.get("n_seq", 1) > 1:
+    if "n_ctx" in out and out.get("n_seq", 1) > 1 and not auto:
         out["n_ctx"] //= out["n_seq"]
     if out.get("n_ctx") == 0:
         del out["n_ctx"]  # -c 0: the model's own context

