@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tokendiff.backends.slots import slot_after
+from tokendiff.sources.capture import read_capture
 from tokendiff.testing import proxy_process
 from tokendiff.testing.llama_server import LlamaServer
 
@@ -48,8 +49,8 @@ def test_proxy_records_the_slot_and_the_model_agrees(llama_server_bin, tiny_mode
                     c.post(f"{url}/v1/chat/completions", json=body).raise_for_status()
         finally:
             proxy_process.stop_proxy(proc)
-    recs = [json.loads(x) for x in (out / "capture.jsonl").read_text().splitlines()]
-    slots = [r.get("slot") for r in recs if "patch" not in r]
+    records, _ = read_capture(out / "capture.jsonl")  # the slot comes with the response's patch
+    slots = [r.slot for r in records]
     assert None not in slots and len(slots) == 3
     assert main(["report", str(out / "capture.jsonl"), "--server-args", flags, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)

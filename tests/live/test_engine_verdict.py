@@ -73,7 +73,7 @@ def test_a_side_request_on_the_agents_slot_is_the_engines(llama_server_bin, tiny
 def test_chunk_reuse_is_a_gain_behind_a_content_break(llama_server_bin, tiny_model, tmp_path):
     """--cache-reuse 256: dropping an old tool round is the client's change (content); the server shifted the
     later rounds into place, more than the content's LCP (an engine gain)."""
-    from test_engine_policy import _tool_rounds
+    from live.test_engine_policy import _tool_rounds
 
     flags = "-np 1 --cache-ram 0 --cache-reuse 256"
     with _server(tiny_model, flags.split()) as srv:

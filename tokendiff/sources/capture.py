@@ -753,6 +753,8 @@ RECORD_TYPES: dict[str, tuple[str, ...]] = {
     "prompt_warning": _STR,
     "client_disconnected": ("boolean", "null"),
     "upstream_error": _STR,
+    "slot": _INT,
+    "slot_source": _STR,
     "server": ("object", "null"),
     "notes": ("array",),
 }
