@@ -460,15 +460,18 @@ def _props_model_path(paths: Sequence[str]) -> str | None:
 
 
 def apply_prefill_rate(session: Session, tokens_per_s: float | None) -> Session:
-    """Seconds for a session without timings (slot files): `tokens_per_s` (`--prefill-rate`) as its
-    prefill speed, marked estimated. A measured speed is kept: the server's own timings win."""
-    if tokens_per_s is None or session.ms_per_token is not None:
+    """Seconds for the turns the server did not time (slot files): `tokens_per_s` (`--prefill-rate`) as
+    their prefill speed, marked estimated. A turn's measured speed is kept: the server's own timings win."""
+    from tokendiff.core.cost import price_spans, price_turns
+
+    if tokens_per_s is None:
         return session
     if tokens_per_s <= 0:
         raise InputError("--prefill-rate must be a positive number of tokens per second")
-    session.ms_per_token, session.rate_estimated = 1000.0 / tokens_per_s, True
-    for sp in session.spans:
-        sp.seconds = sp.tokens * session.ms_per_token / 1000
+    measured = price_turns(session.turns, 1000.0 / tokens_per_s)
+    if measured is None:
+        session.ms_per_token, session.rate_estimated = 1000.0 / tokens_per_s, True
+    price_spans(session)
     return session
 
 

@@ -40,7 +40,7 @@ class SpanFacts:
     fix: str
     turns: int  # turns it broke
     tokens: int  # wasted tokens it caused as a turn's first divergence
-    seconds: float | None  # those tokens at the session's measured prefill speed
+    seconds: float | None  # those tokens' share of their turns' measured prefill (cost.price_spans)
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class SessionFacts:
     reused_tokens: int
     wasted_tokens: int
     ms_per_token: float | None
+    wasted_seconds: float | None  # the turns' wasted seconds, each from its own prefill
     headline: str
     tokenizer: TokenizerDoc
     spans: tuple[SpanFacts, ...] = ()
@@ -77,10 +78,6 @@ class SessionFacts:
     @property
     def reuse_pct(self) -> float:
         return 100.0 * self.reused_tokens / self.total_tokens if self.total_tokens else 100.0
-
-    @property
-    def wasted_seconds(self) -> float | None:
-        return self.wasted_tokens * self.ms_per_token / 1000 if self.ms_per_token else None
 
 
 def session_facts(
@@ -114,7 +111,7 @@ def session_facts(
             reuse_pct=t.reuse_pct,
             cause=t.cause,
             section=t.section,
-            seconds=t.wasted * ms / 1000 if ms else None,
+            seconds=t.wasted_seconds,
         )
         for t in wasteful
     )
@@ -125,6 +122,7 @@ def session_facts(
         reused_tokens=s.reused_tokens,
         wasted_tokens=s.wasted_tokens,
         ms_per_token=ms,
+        wasted_seconds=s.wasted_seconds,
         headline=headline(s),
         tokenizer=tokenizer,
         spans=spans,

@@ -73,19 +73,21 @@ def prefill_seconds(t: Turn) -> float | None:
     return t.reported_prompt_ms / 1000 if t.reported_prompt_ms is not None else None
 
 
-def turn_wasted_seconds(t: Turn, s: Session) -> float | None:
-    """The turn's wasted tokens at the session's prefill speed (measured, or given and estimated):
-    summed over the turns, the session's wasted seconds."""
-    return t.wasted * s.ms_per_token / 1000 if s.ms_per_token else None
-
-
 def seconds_label(x: float, estimated: bool = False) -> str:
     """Seconds as a person reads them: "0.05 s" (a tiny model's waste), "41.2 s"; "~" when estimated."""
     return ("~" if estimated else "") + (f"{x:.2f} s" if x < 1 else f"{x:,.1f} s")
 
 
 def _secs(x: float | None) -> float | None:
+    """Milliseconds to the microsecond."""
     return round(x, 3) if x is not None else None
+
+
+SECONDS_DIGITS = 6  # seconds in documents to the microsecond: the turns' seconds add up to the session's
+
+
+def _seconds(x: float | None) -> float | None:
+    return round(x, SECONDS_DIGITS) if x is not None else None
 
 
 def turn_rows(s: Session) -> list[TurnRow]:
@@ -126,13 +128,14 @@ def _turn_row(t: Turn, known: bool) -> TurnRow:
 
 def _report_turn(row: TurnRow, t: Turn, s: Session) -> ReportTurn:
     """A turn row with its seconds: TTFT from the proxy, prefill from the server's timings, waste at the
-    session's speed (estimated when that speed was given, --prefill-rate or a replay, rather than measured)."""
+    turn's own measured speed (never more than its prefill), else estimated (--prefill-rate, a replay, or the
+    speed measured over the turns before it)."""
     return {
         **row,
         "ttft_ms": _secs(t.ttft_ms),
         "prefill_ms": _secs(t.reported_prompt_ms),
-        "wasted_seconds": _secs(turn_wasted_seconds(t, s)),
-        "seconds_estimated": s.rate_estimated and s.ms_per_token is not None,
+        "wasted_seconds": _seconds(t.wasted_seconds),
+        "seconds_estimated": t.seconds_estimated,
     }
 
 
@@ -187,11 +190,11 @@ def _span_doc(rank: int, sp: Span, s: Session) -> SpanDoc:
         "turns": sp.turns,
         "tokens": sp.tokens,
         "share": round(sp.share, 4),
-        "seconds": round(sp.seconds, 3) if sp.seconds is not None else None,
-        "seconds_estimated": s.rate_estimated and sp.seconds is not None,
+        "seconds": _seconds(sp.seconds),
+        "seconds_estimated": sp.seconds is not None and sp.seconds_estimated,
         "gain_if_fixed": sp.gain,
         "reuse_pct_without": round(100.0 * (s.reused_tokens + sp.gain) / s.total_tokens, 2) if s.total_tokens else None,
-        "seconds_saved_if_fixed": round(sp.gain * s.ms_per_token / 1000, 3) if s.ms_per_token else None,
+        "seconds_saved_if_fixed": _seconds(sp.gain_seconds),
     }
 
 
@@ -257,9 +260,9 @@ def _summary(path: str, s: Session, spans: list[SpanDoc], redact: bool) -> Repor
         "reused_tokens": s.reused_tokens,
         "reuse_pct": round(s.reuse_pct, 2),
         "wasted_tokens": s.wasted_tokens,
-        "wasted_seconds": round(s.wasted_seconds, 3) if s.wasted_seconds is not None else None,
+        "wasted_seconds": _seconds(s.wasted_seconds),
         "ms_per_token": round(s.ms_per_token, 4) if s.ms_per_token else None,
-        "seconds_estimated": s.rate_estimated,  # ms_per_token was given (--prefill-rate), not measured
+        "seconds_estimated": s.seconds_estimated,  # some turn's seconds at a given or earlier speed, not its own
         "top_cause": top,
         "checkpoint_reused_tokens": s.checkpoint_reused,
         "layout": layout_json(s),
@@ -353,7 +356,7 @@ def headline(s: Session) -> str:
     if not s.spans or s.spans[0].tokens == 0:
         return quiet_headline(s.reuse_pct, s.wasted_tokens, s.total_tokens - s.reused_tokens)
     sp = s.spans[0]
-    est = ", estimated" if s.rate_estimated else ""
+    est = ", estimated" if sp.seconds_estimated else ""
     gain = f" ({sp.seconds:.1f} s of prefill{est})" if sp.seconds else ""
     turns = f"{len(sp.turns)} turn" + ("s" if len(sp.turns) != 1 else "")
     where = f" in {sp.section}" if sp.path and sp.section not in sp.title else ""

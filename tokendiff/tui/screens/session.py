@@ -166,7 +166,7 @@ def _spans_text(session: Session) -> Text:
     for k, sp in enumerate(session.spans[:8], 1):
         lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
         turns = _turn_list(sp.turns)
-        secs = f" · {seconds_label(sp.seconds, session.rate_estimated)}" if sp.seconds is not None else ""
+        secs = f" · {seconds_label(sp.seconds, sp.seconds_estimated)}" if sp.seconds is not None else ""
         label = "turns" if len(sp.turns) > 1 else "turn"
         where = f"   {sp.section} · {label} {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %){secs}\n"
         lines.append(where, style="dim")

@@ -127,17 +127,26 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 
-def wasted_seconds_column(ms_per_token: float, estimated: bool) -> Column:
-    """Each turn's wasted tokens at the session's prefill speed; `~` marks a given (estimated) speed."""
+def wasted_seconds_column(estimated: bool) -> Column:
+    """Each turn's wasted tokens at its own measured prefill speed (never more than its prefill); `~` marks
+    an estimated speed (given, or measured on earlier turns): in the title when every turn's is."""
 
     def secs(t: Turn) -> float:
-        return t.wasted * ms_per_token / 1000
+        return t.wasted_seconds or 0.0
+
+    def cell(t: Turn) -> str:
+        if not t.wasted or t.wasted_seconds is None:
+            return ""
+        return ("~" if t.seconds_estimated and not estimated else "") + _secs(secs(t))
 
     return Column(
         "~wasted s" if estimated else "wasted s",
-        lambda t: _secs(secs(t)) if t.wasted else "",
+        cell,
         3.5,  # after the cause: at 80 columns the cause stays
-        widest=_widest_secs(lambda t: secs(t) if t.wasted else None),
+        widest=lambda ts: (
+            ("~" if not estimated and any(t.seconds_estimated for t in ts) else "")
+            + _widest_secs(lambda t: secs(t) if t.wasted else None)(ts)
+        ),
         key=lambda t: t.wasted,
         optional=True,
     )
@@ -291,7 +300,7 @@ class SessionTable(ScrollView, can_focus=True):
         index) is given. With a prefill speed, each turn's waste is also shown in seconds."""
         keep = self.cursor_row if cursor is None else cursor
         self.turns, self.message = turns, ""
-        extra = (wasted_seconds_column(ms_per_token, estimated),) if ms_per_token else ()
+        extra = (wasted_seconds_column(estimated),) if ms_per_token else ()
         self.all_columns = COLUMNS + extra
         self._natural = natural_widths(self.all_columns, turns)
         self._layout_width = -1
