@@ -7,6 +7,7 @@ from html import escape
 from typing import TYPE_CHECKING, TypedDict
 
 from tokendiff.report.fleet import seconds_text
+from tokendiff.report.markdown import NOT_SEPARATED
 from tokendiff.report.session import span_place, split_spans
 
 if TYPE_CHECKING:
@@ -231,9 +232,10 @@ def _replays(doc: AnyReport) -> list[str]:
             for k in ("cold", "actual", "ideal", "fixed")
         )
         pair = f"{e(str(rp['pair'].get('a')))} → {e(str(rp['pair'].get('b')))}"
+        speedup = f"{rp['speedup']}x" if rp["speedup"] is not None else NOT_SEPARATED
         out.append(
             f"<tr><td><code>{pair}</code></td><td>{e(rp['backend']['kind'])}</td>"
-            f"{cells}<td class=n>{rp['cost_ms']}</td><td class=n>{rp['speedup']}x</td></tr>"
+            f"{cells}<td class=n>{'' if rp['cost_ms'] is None else rp['cost_ms']}</td><td class=n>{speedup}</td></tr>"
         )
     out.append("</table>")
     return out

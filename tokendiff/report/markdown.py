@@ -33,7 +33,11 @@ def _replay_row(rp: ReplayDocument) -> str:
     sc, key = rp["scenarios"], rp["measure"]
     ms = " | ".join(_cell(sc[k][key]) if k in sc else "" for k in ("cold", "actual", "ideal", "fixed"))
     pair = f"`{_code(str(rp['pair'].get('a')))}` → `{_code(str(rp['pair'].get('b')))}`"
-    return f"| {pair} | {rp['backend']['kind']} | {ms} | {_cell(rp['cost_ms'])} | {_cell(rp['speedup'])}x |"
+    speedup = f"{rp['speedup']}x" if rp["speedup"] is not None else NOT_SEPARATED
+    return f"| {pair} | {rp['backend']['kind']} | {ms} | {_cell(rp['cost_ms'])} | {speedup} |"
+
+
+NOT_SEPARATED = "not separated (noisy runs)"  # a replay whose runs do not separate actual from ideal claims no gain
 
 
 def _replays(doc: AnyReport) -> list[str]:

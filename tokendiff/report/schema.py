@@ -210,12 +210,14 @@ class ReplayDocument(TypedDict):
     pair: ReplayPairDoc
     measure: Measure
     scenarios: dict[str, ScenarioDoc]  # cold, actual, ideal and (where a fix is known) fixed
-    cost_ms: float | None
+    cost_ms: float | None  # None where the runs do not separate actual from ideal: no gain is claimed
     speedup: float | None
     fix: ReplayFixDoc | None
     notes: list[str]
     discarded: list[str]
     fixed_ms: NotRequired[float | None]
+    rounds: NotRequired[int]  # runs per scenario: --repeat, more where the runs were noisy
+    doubts: NotRequired[list[str]]  # why the runs are noisy (spread, a lighter scenario slower), after every round
 
 
 # ---------------------------------------------------------------- the session report (report/session.py)
