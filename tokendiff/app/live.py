@@ -203,6 +203,7 @@ class SessionFeed:
         self.analyser = Analyser()  # pairs diffed here: a live session brings one at a time
         self.prompts = TurnPrompts(loader, [])
         self.records = after  # records in the capture before ours, then ours: each turn's selector is its record's
+        self.skipped: list[tuple[str, str]] = []  # records that could not be read: not turns, named in the session
         self.loader.adopt_capture_template(Path(capture))
 
     def add_recorded(self, rec: CaptureRecord) -> LoadedSession:
@@ -222,6 +223,7 @@ class SessionFeed:
         try:
             turn = record_input(self.loader, rec, spec, k)
         except InputError as e:
+            self.skipped.append((e.source or spec, e.reason))
             raise InputError(e.reason, source=e.source or spec) from None
         self.prompts.specs.append(spec)
         self.analyser.add(turn)
@@ -229,6 +231,7 @@ class SessionFeed:
             self.prompts.keep(k - 1, turn.decoded)
         session = self.analyser.session()
         session = copy_with(session, turns=list(session.turns))  # the views keep this one; the next add appends
+        session.skipped = list(self.skipped)
         apply_prefill_rate(session, self.prefill_rate)
         return LoadedSession(self.loader, self.prompts, session)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -118,9 +118,42 @@ def session_specs(
 
 
 def load_session(loader: Loader, specs: Sequence[str], progress: Progress | None = None) -> LoadedSession:
-    """Every turn loaded and the session analysed (reuse, waste, spans ranked by cost)."""
-    inputs = ((spec, _spec_input(loader, spec)) for spec in specs)
-    return _analyse(loader, inputs, len(specs), progress, PairWorkers(loader))
+    """Every turn loaded and the session analysed (reuse, waste, spans ranked by cost); a turn that
+    cannot be read is left out and named (`Session.skipped`)."""
+    skipped: list[tuple[str, str]] = []
+    inputs = _readable((spec, partial(_spec_input, loader, spec)) for spec in specs)
+    return _analyse(loader, inputs(skipped), len(specs), progress, PairWorkers(loader), skipped=skipped)
+
+
+Skipped = list[tuple[str, str]]  # (a turn's source, why it could not be read)
+
+
+def _readable(
+    turns: Iterable[tuple[str, Callable[[], TurnInput]]],
+) -> Callable[[Skipped], Iterator[tuple[str, TurnInput]]]:
+    """(selector, turn) for each (selector, how to read it) that reads: one that raises InputError is
+    warned of, named in `skipped` and left out, so one bad turn costs that turn only."""
+
+    def read(skipped: Skipped) -> Iterator[tuple[str, TurnInput]]:
+        for spec, make in turns:
+            try:
+                turn = make()
+            except InputError as e:
+                left_out(spec, e, skipped)
+                continue
+            yield spec, turn
+
+    return read
+
+
+def left_out(spec: str, e: InputError, skipped: Skipped) -> None:
+    """A turn that cannot be read: said on stderr (or the TUI's notifications) and kept for the document."""
+    from tokendiff.notices import warn
+
+    source = e.source or spec
+    reason = f"byte {e.offset}: {e.reason}" if e.offset is not None else e.reason
+    skipped.append((source, reason))
+    warn(f"{e}: the turn is left out of the analysis", kind=f"turn left out: {source}")
 
 
 def _analyse(
@@ -133,6 +166,7 @@ def _analyse(
     capacity: CapacityLadder | None = None,
     props: dict[str, Any] | None = None,
     first_pair: FirstPair | None = None,
+    skipped: Skipped | None = None,
 ) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
     `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end.
@@ -158,7 +192,10 @@ def _analyse(
                     pair = _turn_pair(an.turns[w - 1], prompts[w - 2], prompts[w - 1], loader.vocab)
                     first_pair(w, pair, loader)
                     first_pair = None
+            if skipped and not an.turns:
+                raise InputError(skipped[0][1], source=skipped[0][0])  # no turn could be read: nothing to analyse
             session = an.session()
+            session.skipped = list(skipped or [])
         finally:
             pool.close()
     if progress:
@@ -249,25 +286,34 @@ def record_input(
     return ti
 
 
-def _path_inputs(loader: Loader, pool: PairWorkers, paths: Sequence[str], order: str, single_turns: bool, live: bool):
+def _path_inputs(
+    loader: Loader,
+    pool: PairWorkers,
+    paths: Sequence[str],
+    order: str,
+    single_turns: bool,
+    live: bool,
+    skipped: Skipped,
+):
     """(selector, turn) for every turn of `paths`: captures and HAR files read record by record,
-    directories listed once, each turn's IDs first and its prompt only if a diff needs it."""
+    directories listed once, each turn's IDs first and its prompt only if a diff needs it. A turn
+    that cannot be read is left out and named in `skipped`."""
     from tokendiff.sources.loader import file_kind, session_source, session_turns
 
     for p in map(session_source, paths):
         path = Path(p)
         kind = file_kind(path) if path.is_file() else None
         if kind in ("capture", "har", "otlp"):
-            yield from _records_inputs(loader, pool, p, kind)
+            yield from _records_inputs(loader, pool, p, kind, skipped)
         elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
-            for sel in session_turns(p, order):
-                yield str(sel.path), _selected_input(loader, sel)
+            sels = session_turns(p, order)
+            yield from _readable((str(sel.path), partial(_selected_input, loader, sel)) for sel in sels)(skipped)
         elif not path.is_dir():
-            for spec in session_specs([p], order, single_turns=single_turns, live=live):
-                yield spec, _spec_input(loader, spec)
+            specs = session_specs([p], order, single_turns=single_turns, live=live)
+            yield from _readable((spec, partial(_spec_input, loader, spec)) for spec in specs)(skipped)
 
 
-def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
+def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str, skipped: Skipped):
     """A capture or a HAR file, one record at a time (each file parsed once); a HAR's requests, which
     carry no token IDs, rendered and tokenised in the workers a few chunks ahead."""
     from tokendiff.errors import one_line
@@ -292,7 +338,12 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
     k = 0
     for k, (rec, ids, diff) in enumerate(records, 1):  # labelled as loading `p@k` labels them
         label = f"{p}@{k}" if kind == "capture" else f"{base}@{k}"
-        yield f"{p}@{k}", record_input(loader, rec, label, k, ids, diff_future(diff))
+        try:
+            turn = record_input(loader, rec, label, k, ids, diff_future(diff))
+        except InputError as e:
+            left_out(f"{p}@{k}", e, skipped)
+            continue
+        yield f"{p}@{k}", turn
     if k == 0:
         raise InputError("the session holds no chat requests", source=p)
 
@@ -341,9 +392,10 @@ def open_session(
     read (the analysis goes on when it returns)."""
     loader = open_loader(opts)
     pool = PairWorkers(loader, workers)
-    inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
+    skipped: Skipped = []
+    inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live, skipped)
     props = props if props is not None else saved_props(paths)
-    loaded = _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair)
+    loaded = _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair, skipped)
     from tokendiff.app.evictions import with_kv_events
 
     loaded.session = with_kv_events(paths, loaded.session)

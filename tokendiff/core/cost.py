@@ -165,6 +165,7 @@ class Session:
     layout: AttentionLayout | None = None
     capacity: CapacityReport | None = None  # reuse as a function of cache capacity, when asked for
     facts: list[BackendFact] = field(default_factory=list)  # what the backend did (reloads, truncation ...)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (turn's source, why): unreadable, left out
 
     @property
     def checkpoint_reused(self) -> int | None:

@@ -74,6 +74,7 @@ class SessionFacts:
     worst: tuple[TurnFacts, ...] = ()
     key: str = ""  # the dataset's `session` partition, when exported
     labels: tuple[tuple[str, str], ...] = ()  # its section labels that name a tool or call, and hashed (--redact)
+    skipped: tuple[tuple[str, str], ...] = ()  # (source, why) of its turns that could not be read
 
     @property
     def reuse_pct(self) -> float:
@@ -129,6 +130,7 @@ def session_facts(
         worst=worst,
         key=key,
         labels=tuple(session_labels(s).items()) if redact else (),
+        skipped=tuple(s.skipped),
     )
 
 
@@ -199,6 +201,7 @@ def _session_row(s: SessionFacts) -> FleetSessionRow:
         if top is None
         else {"kind": top.kind, "title": top.title, "section": top.section, "tokens": top.tokens},
         "headline": s.headline,
+        "skipped_turns": [{"source": src, "reason": why} for src, why in s.skipped],
     }
 
 

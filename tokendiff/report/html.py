@@ -276,6 +276,8 @@ def render_html(doc: AnyReport) -> str:
         f'<p class="muted">tokenizer: {e(tk["name"])}{" (assumed)" if tk.get("assumed") else ""}'
         f"{' · redacted: words replaced by hashes' if s['redacted'] else ''}</p>"
     )
+    for left in s.get("skipped_turns") or []:
+        out.append(f"<p>left out, could not be read: <code>{e(left['source'])}</code>: {e(left['reason'])}</p>")
     out.append("<h2>Reuse across turns</h2>")
     out.append(_chart(doc["turns"]))
     out.append("<h2>Spans, ranked by what they cost</h2>")
@@ -362,6 +364,11 @@ def render_fleet_html(doc: FleetDocument) -> str:
             f"{' · redacted: words replaced by hashes' if s['redacted'] else ''}</p>"
         )
     out += [f'<p class="muted">left out, could not be read: {e(why)}</p>' for why in doc.get("skipped") or []]
+    out += [
+        f'<p class="muted">turn left out, could not be read: <code>{e(x["source"])}</code>: {e(x["reason"])}</p>'
+        for row in doc["sessions"]
+        for x in row.get("skipped_turns") or []
+    ]
     bars: list[Bar] = [
         {
             "turn": i,

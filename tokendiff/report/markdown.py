@@ -141,6 +141,8 @@ def render_markdown(doc: AnyReport) -> str:
         out.append(f"- {how} prefill speed: {s['ms_per_token']:.3f} ms per token")
     tk = doc["tokenizer"]
     out.append(f"- tokenizer: {tk['name']}" + (" (assumed)" if tk.get("assumed") else ""))
+    for left in s.get("skipped_turns") or []:
+        out.append(f"- left out, could not be read: `{_code(left['source'])}`: {left['reason']}")
     if s["redacted"]:
         out.append("- redacted: words are replaced by hashes; structure, offsets and findings are kept")
     out += ["", "## Spans, ranked by what they cost", "", *_spans(doc)]
@@ -250,6 +252,9 @@ def render_fleet_markdown(doc: FleetDocument) -> str:
         out.append("- redacted: words are replaced by hashes; structure, offsets and findings are kept")
     for why in doc.get("skipped") or []:
         out.append(f"- left out, could not be read: {why}")
+    for row in doc["sessions"]:
+        for left in row.get("skipped_turns") or []:
+            out.append(f"- turn left out, could not be read: `{_code(left['source'])}`: {left['reason']}")
     out += ["", "## Causes, ranked across sessions", "", *_fleet_causes(doc)]
     out += ["", "## Sessions", "", *_fleet_sessions(doc)]
     out += ["", "## Worst turns", "", *_fleet_worst(doc)]

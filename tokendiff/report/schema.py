@@ -385,6 +385,14 @@ class ReportSummary(TypedDict):
     layout: LayoutDoc
     headline: str
     redacted: bool
+    skipped_turns: NotRequired[list[SkippedTurnDoc]]  # turns that could not be read, left out of the analysis
+
+
+class SkippedTurnDoc(TypedDict):
+    """A turn left out of the analysis: its file or record, and why it could not be read."""
+
+    source: str
+    reason: str
 
 
 class ReportDocument(TypedDict):
@@ -494,6 +502,7 @@ class FleetSessionRow(TypedDict):
     ms_per_token: float | None
     top_cause: FleetTopCause | None
     headline: str
+    skipped_turns: NotRequired[list[SkippedTurnDoc]]  # its turns that could not be read, left out
 
 
 class FleetWorstTurn(TypedDict):

@@ -268,6 +268,7 @@ def _summary(path: str, s: Session, spans: list[SpanDoc], redact: bool) -> Repor
         "layout": layout_json(s),
         "headline": headline(s),
         "redacted": redact,
+        "skipped_turns": [{"source": src, "reason": why} for src, why in s.skipped],
     }
 
 
