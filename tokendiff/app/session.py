@@ -296,8 +296,8 @@ def _path_inputs(
     skipped: Skipped,
 ):
     """(selector, turn) for every turn of `paths`: captures and HAR files read record by record,
-    directories listed once, each turn's IDs first and its prompt only if a diff needs it. A turn
-    that cannot be read is left out and named in `skipped`."""
+    directories listed once, each turn's IDs first and its prompt only if a diff needs it. A turn of a
+    session (a directory's file, a capture's record) that cannot be read is left out and named in `skipped`."""
     from tokendiff.sources.loader import file_kind, session_source, session_turns
 
     for p in map(session_source, paths):
@@ -308,9 +308,9 @@ def _path_inputs(
         elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
             sels = session_turns(p, order)
             yield from _readable((str(sel.path), partial(_selected_input, loader, sel)) for sel in sels)(skipped)
-        elif not path.is_dir():
-            specs = session_specs([p], order, single_turns=single_turns, live=live)
-            yield from _readable((spec, partial(_spec_input, loader, spec)) for spec in specs)(skipped)
+        elif not path.is_dir():  # a file named on its own: one that cannot be read is the command's error
+            for spec in session_specs([p], order, single_turns=single_turns, live=live):
+                yield spec, _spec_input(loader, spec)
 
 
 def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str, skipped: Skipped):
