@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
-from tokendiff.core.kinds import CauseKind
+from tokendiff.core.kinds import Backend, CauseKind
+from tokendiff.core.rounding import percent, percent_text
 
 if TYPE_CHECKING:
     from tokendiff.core.cost import Session
@@ -51,7 +52,7 @@ class TurnFacts:
     origin: str
     tokens: int
     wasted: int
-    reuse_pct: float
+    reusable: int
     cause: CauseKind | Literal[""]
     section: str
     seconds: float | None
@@ -109,7 +110,7 @@ def session_facts(
             origin=t.origin,
             tokens=t.n_tokens,
             wasted=t.wasted,
-            reuse_pct=t.reuse_pct,
+            reusable=t.reuse.get(Backend.LLAMA_CPP, 0),
             cause=t.cause,
             section=t.section,
             seconds=t.wasted_seconds,
@@ -193,7 +194,7 @@ def _session_row(s: SessionFacts) -> FleetSessionRow:
         "turns": s.turns,
         "total_tokens": s.total_tokens,
         "reused_tokens": s.reused_tokens,
-        "reuse_pct": round(s.reuse_pct, 2),
+        "reuse_pct": percent(s.reused_tokens, s.total_tokens, 2),
         "wasted_tokens": s.wasted_tokens,
         "wasted_seconds": _rounded(s.wasted_seconds),
         "ms_per_token": _rounded(s.ms_per_token, 4),
@@ -215,7 +216,8 @@ def _worst_turns(sessions: Sequence[SessionFacts], n: int) -> list[FleetWorstTur
             "origin": t.origin,
             "tokens": t.tokens,
             "wasted": t.wasted,
-            "reuse_pct": round(t.reuse_pct, 2),
+            "reusable": t.reusable,
+            "reuse_pct": percent(t.reusable, t.tokens, 2),
             "cause": t.cause or None,
             "section": t.section or None,
             "seconds": _rounded(t.seconds),
@@ -229,18 +231,18 @@ def seconds_text(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}" if x < 1 else f"{x:,.1f}"
 
 
-def fleet_headline(causes: list[FleetCause], n_sessions: int, reuse_pct: float, wasted: int, new: int) -> str:
+def fleet_headline(causes: list[FleetCause], n_sessions: int, reused: int, total: int, wasted: int) -> str:
     """One sentence: the cause to fix first across the fleet."""
     from tokendiff.report.session import in_sentence, quiet_headline
 
     if not causes or causes[0]["tokens"] == 0:
-        return quiet_headline(reuse_pct, wasted, new, where=f" in {n_sessions} sessions")
+        return quiet_headline(reused, total, wasted, where=f" in {n_sessions} sessions")
     c = causes[0]
     secs = f" ({seconds_text(c['seconds'])} s of prefill)" if c["seconds"] else ""
     title = in_sentence(c["title"])
     return (
         f"Fix this first: {title}, in {c['sessions']} of {n_sessions} sessions. "
-        f"It is {100 * c['share']:.0f} % of the waste: {c['tokens']:,} tokens recomputed over "
+        f"It is {percent_text(c['tokens'], wasted, 0)} % of the waste: {c['tokens']:,} tokens recomputed over "
         f"{c['turns']} turn{'s' if c['turns'] != 1 else ''}{secs}."
     )
 
@@ -250,7 +252,6 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
     total = sum(s.total_tokens for s in sessions)
     reused = sum(s.reused_tokens for s in sessions)
     timed = [s.wasted_seconds for s in sessions if s.wasted_seconds is not None]
-    reuse_pct = 100.0 * reused / total if total else 100.0
     causes = ranked_causes(sessions)
     wasted = sum(s.wasted_tokens for s in sessions)
     summary: FleetSummary = {
@@ -258,12 +259,12 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
         "turns": sum(s.turns for s in sessions),
         "total_tokens": total,
         "reused_tokens": reused,
-        "reuse_pct": round(reuse_pct, 2),
+        "reuse_pct": percent(reused, total, 2),
         "wasted_tokens": wasted,
         "wasted_seconds": round(sum(timed), 3) if timed else None,
         "sessions_timed": len(timed),
         "top_cause": causes[0] if causes and causes[0]["tokens"] > 0 else None,
-        "headline": fleet_headline(causes, len(sessions), reuse_pct, wasted, total - reused),
+        "headline": fleet_headline(causes, len(sessions), reused, total, wasted),
         "redacted": redact,
     }
     no_tokenizer: NoTokenizer = {}

@@ -511,6 +511,7 @@ class FleetWorstTurn(TypedDict):
     origin: str
     tokens: int
     wasted: int
+    reusable: int
     reuse_pct: float
     cause: str | None
     section: str | None

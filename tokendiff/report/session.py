@@ -14,6 +14,7 @@ from tokendiff.core.cache.kv_events import EVICTED, EVICTED_TITLE
 from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Session, Span, Turn
 from tokendiff.core.kinds import Backend
 from tokendiff.core.model import Prompt, SectionPath
+from tokendiff.core.rounding import percent, percent_text
 from tokendiff.report.diff import path_json
 from tokendiff.report.excerpt import excerpt
 from tokendiff.report.redact import redact_labels, redact_text, session_labels
@@ -104,7 +105,7 @@ def _turn_row(t: Turn, known: bool) -> TurnRow:
         "origin": t.origin,
         "tokens": t.n_tokens,
         "reusable": reuse.get(Backend.LLAMA_CPP, 0),
-        "reuse_pct": round(t.reuse_pct, 2),
+        "reuse_pct": percent(reuse.get(Backend.LLAMA_CPP, 0), t.n_tokens, 2),
         "recomputed": t.recompute,
         "new_tokens": t.new_tokens,
         "wasted": t.wasted,
@@ -193,7 +194,7 @@ def _span_doc(rank: int, sp: Span, s: Session) -> SpanDoc:
         "seconds": _seconds(sp.seconds),
         "seconds_estimated": sp.seconds is not None and sp.seconds_estimated,
         "gain_if_fixed": sp.gain,
-        "reuse_pct_without": round(100.0 * (s.reused_tokens + sp.gain) / s.total_tokens, 2) if s.total_tokens else None,
+        "reuse_pct_without": percent(s.reused_tokens + sp.gain, s.total_tokens, 2) if s.total_tokens else None,
         "seconds_saved_if_fixed": _seconds(sp.gain_seconds),
     }
 
@@ -258,7 +259,7 @@ def _summary(path: str, s: Session, spans: list[SpanDoc], redact: bool) -> Repor
         "turns": len(s.turns),
         "total_tokens": s.total_tokens,
         "reused_tokens": s.reused_tokens,
-        "reuse_pct": round(s.reuse_pct, 2),
+        "reuse_pct": percent(s.reused_tokens, s.total_tokens, 2),
         "wasted_tokens": s.wasted_tokens,
         "wasted_seconds": _seconds(s.wasted_seconds),
         "ms_per_token": round(s.ms_per_token, 4) if s.ms_per_token else None,
@@ -338,24 +339,25 @@ def in_sentence(title: str) -> str:
     return title[:1].lower() + title[1:]
 
 
-def quiet_headline(reuse_pct: float, wasted: int, new: int, where: str = "") -> str:
+def quiet_headline(reused: int, total: int, wasted: int, where: str = "") -> str:
     """The headline when no cause cost anything: no waste, or waste only where the changes were the
     expected ones (never "no waste" beside a wasted count)."""
+    pct = percent_text(reused, total)
     if wasted:
         return (
             f"No cause to fix{where}: {wasted:,} tokens were recomputed where only expected changes were found "
-            f"({reuse_pct:.1f} % of all tokens reused)."
+            f"({pct} % of all tokens reused)."
         )
     return (
-        f"No waste{where}: no turn recomputed what the previous prompt already had. {reuse_pct:.1f} % of all "
-        f"tokens were reused; the other {new:,} were new."
+        f"No waste{where}: no turn recomputed what the previous prompt already had. {pct} % of all "
+        f"tokens were reused; the other {total - reused:,} were new."
     )
 
 
 def headline(s: Session) -> str:
     """One sentence for the top of the report and the TUI's session screen: the span to fix first."""
     if not s.spans or s.spans[0].tokens == 0:
-        return quiet_headline(s.reuse_pct, s.wasted_tokens, s.total_tokens - s.reused_tokens)
+        return quiet_headline(s.reused_tokens, s.total_tokens, s.wasted_tokens)
     sp = s.spans[0]
     est = ", estimated" if sp.seconds_estimated else ""
     gain = f" ({sp.seconds:.1f} s of prefill{est})" if sp.seconds else ""
@@ -363,6 +365,6 @@ def headline(s: Session) -> str:
     where = f" in {sp.section}" if sp.path and sp.section not in sp.title else ""
     return (
         f"Fix this first: {in_sentence(sp.title)}{where}. "
-        f"It is {100 * sp.share:.0f} % of the waste: "
+        f"It is {percent_text(sp.tokens, s.wasted_tokens, 0)} % of the waste: "
         f"{sp.tokens:,} tokens recomputed over {turns}{gain}."
     )

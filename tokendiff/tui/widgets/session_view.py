@@ -29,6 +29,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from tokendiff.core.kinds import Backend
+from tokendiff.core.rounding import percent_text
 from tokendiff.report.session import cause_title
 
 if TYPE_CHECKING:
@@ -89,7 +90,13 @@ COLUMNS: tuple[Column, ...] = (
         widest=_widest_num(lambda t: t.n_tokens),
         key=lambda t: t.reuse.get(Backend.LLAMA_CPP, 0),
     ),
-    Column("reuse %", lambda t: f"{t.reuse_pct:.1f}", 1, widest=lambda ts: "100.0", key=lambda t: t.reuse_pct),
+    Column(
+        "reuse %",
+        lambda t: percent_text(t.reuse.get(Backend.LLAMA_CPP, 0), t.n_tokens),
+        1,
+        widest=lambda ts: "100.0",
+        key=lambda t: t.reuse_pct,
+    ),
     Column(
         "recomputed",
         lambda t: _num(t.recompute),
