@@ -229,3 +229,30 @@ def test_redact_hashes_a_tool_name_that_is_also_a_word_only_where_it_names_the_t
     assert cause["a"]["section"] == f"tools › {redact_text(name)} (description)"
     assert [p["name"] for p in cause["a"]["path"]][:3] == ["system", None, redact_text(name)]
     assert f"› {name} " not in json.dumps(doc, ensure_ascii=False)
+
+
+def torn_demo(tmp_path, turn: str = "turn-05.bin"):
+    """The bundled slot-file session with one turn's file cut short inside its token list."""
+    d = tmp_path / "torn"
+    shutil.copytree(DEMO, d, symlinks=False)
+    (d / turn).write_bytes((d / turn).read_bytes()[:200])
+    return d
+
+
+def test_one_truncated_slot_file_costs_that_turn_only(tmp_path):
+    """A session with one torn slot file is still reported: the turn is left out, named on stderr and in
+    the document, and the other turns are analysed as before."""
+    d = torn_demo(tmp_path)
+    r = run_cli("report", str(d), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert "turn-05.bin" in r.stderr and "truncated" in r.stderr and "left out" in r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["turns"] == 6
+    (left,) = doc["summary"]["skipped_turns"]
+    assert left["source"].endswith("turn-05.bin") and "truncated" in left["reason"]
+    md = run_cli("report", str(d))
+    assert md.returncode == 0 and "turn-05.bin" in md.stdout and "left out" in md.stdout
+    fleet = run_cli("report", str(d), str(AGENT), "--format", "json")
+    rows = json.loads(fleet.stdout)["sessions"]
+    assert fleet.returncode == 0 and [s["path"] for s in rows] == [str(d), str(AGENT)] and "turn-05.bin" in fleet.stderr
+    assert rows[0]["skipped_turns"][0]["source"].endswith("turn-05.bin") and rows[1]["skipped_turns"] == []

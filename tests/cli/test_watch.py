@@ -24,6 +24,8 @@ def test_report_has_seconds_per_turn_and_marks_an_estimated_rate(tmp_path):
     timed = [t for t in doc["turns"] if t["ttft_ms"] is not None]
     assert timed and all(t["prefill_ms"] is not None for t in timed)
     assert sum(t["wasted_seconds"] or 0 for t in doc["turns"]) == pytest.approx(doc["summary"]["wasted_seconds"], 0.01)
+    # no turn wasted more time than the server measured for its whole prefill
+    assert all(t["wasted_seconds"] <= t["prefill_ms"] / 1000 for t in timed if t["wasted_seconds"] is not None)
     slots = report_json(str(demo_slots()), "--prefill-rate", "1000")
     assert slots["summary"]["seconds_estimated"] and slots["summary"]["ms_per_token"] == 1.0
     assert slots["spans"][0]["seconds"] == pytest.approx(slots["spans"][0]["tokens"] / 1000, abs=1e-3)

@@ -29,7 +29,7 @@ def test_replay_measures_cold_actual_ideal_and_the_fix(server, pair):
     doc = json.loads(r.stdout)
     sc = doc["scenarios"]
     assert doc["backend"]["kind"] == "llama-server" and doc["measure"] == "prompt_ms"
-    assert doc["discarded"] == [] and all(s["valid_runs"] == 2 for s in sc.values())
+    assert doc["discarded"] == [] and all(s["valid_runs"] == doc["rounds"] >= 2 for s in sc.values())
     p = doc["pair"]
     # the server's cached counts are exactly what tokendiff predicted for each scenario
     assert sc["cold"]["cached"] == 0

@@ -883,3 +883,18 @@ async def test_the_token_panes_are_styled_the_same_with_and_without_focus():
         await pilot.pause()
         assert not panes.has_focus and styles() == focused
         assert [view.render_line(y).text for y in range(5)] == lines
+
+
+async def test_one_truncated_slot_file_costs_that_turn_only(tmp_path):
+    """The TUI on a session with one torn slot file: the other turns load, and a warning names the file."""
+    import shutil
+
+    d = tmp_path / "torn"
+    shutil.copytree(ROOT / "captures" / "demo", d, symlinks=False)
+    (d / "turn-05.bin").write_bytes((d / "turn-05.bin").read_bytes()[:200])
+    a = app(paths=[str(d)], open_first_divergence=False)
+    async with a.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: a.session is not None or getattr(a.screen, "failure", None))
+        assert a.session is not None and len(a.session.turns) == 6
+        assert [s for s, _ in a.session.skipped] == [str(d / "turn-05.bin")]
+        assert any("turn-05.bin" in str(n.message) for n in a._notifications)

@@ -168,3 +168,39 @@ def test_server_count_disagreements(vocab, cache_n, identical, words):
     s = analyse([a, b])
     assert words in s.turns[1].note
     assert s.ms_per_token == 0.5
+
+
+def _timed_session(vocab, timings):
+    """Four turns: an append, a system prompt changed at its start (all of A wasted), an append; each turn's
+    response carries `timings[k]` = (prompt_n, prompt_ms), or None for a turn the server did not time."""
+    sys_a = "<|im_start|>system\nYou are terse and you answer in one line.<|im_end|>\n"
+    sys_b = "<|im_start|>system\nToday is Monday. You are terse and you answer in one line.<|im_end|>\n"
+    chat = "<|im_start|>user\nHello there, how are you?<|im_end|>\n"
+    texts = [sys_a + chat, sys_a + chat + chat, sys_b + chat + chat, sys_b + chat + chat + chat]
+    prompts = [prompt_from_ids(qwen_encode(x), vocab) for x in texts]
+    for p, tm in zip(prompts, timings, strict=True):
+        if tm is not None:
+            p.meta.response = {"timings": {"prompt_n": tm[0], "prompt_ms": tm[1]}}
+    return prompts
+
+
+def test_a_turns_seconds_are_its_own_measured_prefill_and_never_more(vocab):
+    """The seconds a turn wasted are its own measured prefill's share (never above it), not the session's
+    median rate: tiny appends measured slow per token (the server's overhead) do not inflate a big break."""
+    prompts = _timed_session(vocab, [(40, 400.0), (3, 30.0), (60, 6.0), (3, 30.0)])
+    s = analyse(prompts)
+    t3 = s.turns[2]
+    assert t3.wasted > 0 and s.spans[0].turns == [3]
+    assert s.spans[0].seconds <= 0.006  # the whole turn's measured prefill
+    assert s.wasted_seconds == pytest.approx(s.spans[0].seconds)
+    assert t3.wasted_seconds == pytest.approx(0.006 * min(t3.wasted, 60) / 60) and not t3.seconds_estimated
+
+
+def test_an_untimed_turns_seconds_are_marked_estimates_that_later_turns_do_not_change(vocab):
+    """A turn the server did not time is priced at the speed measured up to it, marked estimated, and
+    stays as it was when later turns arrive (watch shows the session growing)."""
+    prompts = _timed_session(vocab, [(40, 40.0), (3, 300.0), None, (3, 300.0)])
+    three, four = analyse(prompts[:3]), analyse(prompts)
+    assert four.spans[0].seconds == three.spans[0].seconds
+    assert three.turns[2].seconds_estimated and three.turns[2].wasted_seconds
+    assert four.turns[2].wasted_seconds == three.turns[2].wasted_seconds

@@ -138,6 +138,30 @@ def test_client_date_in_system_prompt_from_request_fields(vocab):
 
 
 @pytest.mark.parametrize(
+    "line",
+    ["Current time: 2026-11-28 14:03.", "Today is Saturday, 28 Nov 2026.", "Now: 2026-11-28T14:03:00Z"],
+)
+def test_a_newly_inserted_date_is_a_date_inserted_not_a_content_change(vocab, line):
+    """The first turn that carries a timestamp inserts it: that is "Date or time inserted", with the date's
+    advice, not "Content changed ... 0 tokens became 25" (only later turns change it)."""
+
+    def msgs(extra):
+        return [{"role": "system", "content": f"You are an agent.{extra} Be brief."}, {"role": "user", "content": "hi"}]
+
+    f, _, _ = first(qwen_prompt(vocab, msgs(""), fields=True), qwen_prompt(vocab, msgs(" " + line), fields=True))
+    assert f.kind == "date" and f.title == "Date or time inserted into the prompt", (f.kind, f.title)
+    assert "inserted in system prompt" in f.evidence and "newest user message" in f.fix
+
+
+def test_inserted_text_that_is_not_a_date_stays_a_content_change(vocab):
+    def msgs(extra):
+        return [{"role": "system", "content": f"You are an agent.{extra} Be brief."}, {"role": "user", "content": "hi"}]
+
+    a, b = qwen_prompt(vocab, msgs(""), fields=True), qwen_prompt(vocab, msgs(" Answer in French."), fields=True)
+    assert first(a, b)[0].kind != "date"
+
+
+@pytest.mark.parametrize(
     "tools_b, kind, words",
     [
         ([TOOLS[1], TOOLS[0], TOOLS[2]], "tool_order", "3 tools, same names"),

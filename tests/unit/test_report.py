@@ -35,10 +35,10 @@ def test_a_span_only_seen_behind_another_break_is_no_row_of_zeros(vocab):
 def test_headlines_without_a_costly_cause_agree_with_the_wasted_count():
     from tokendiff.report.session import quiet_headline
 
-    assert quiet_headline(80.0, 0, 20).startswith("No waste: ")
-    some = quiet_headline(80.0, 5, 20)
+    assert quiet_headline(80, 100, 0).startswith("No waste: ")
+    some = quiet_headline(80, 100, 5)
     assert "No waste" not in some and "5 tokens were recomputed" in some
-    assert quiet_headline(80.0, 0, 20, where=" in 3 sessions").startswith("No waste in 3 sessions: ")
+    assert quiet_headline(80, 100, 0, where=" in 3 sessions").startswith("No waste in 3 sessions: ")
 
 
 def test_titles_read_inside_a_sentence():
@@ -59,3 +59,26 @@ def test_a_headline_names_the_section_once():
     assert text.startswith("Fix this first: text inserted at the end of the system prompt. ")
     span = Span("date", system, "Date or time in the prompt changed", "", [2], 10, share=1.0)
     assert "changed in system prompt. " in headline(Session([], [span], None, 100, 50, 10))
+
+
+def test_one_rounding_rule_for_every_view(agent_session):
+    """Turn 4 of the agent session reuses 1,617 of 1,772 tokens: 91.2528... %. Every view says 91.3 (the
+    markdown said 91.2 from a stored, pre-rounded 91.25 rounded again half to even), the JSON keeps
+    91.25 (two places, half up from the counts), and a tie rounds up everywhere."""
+    from tokendiff.core.rounding import percent, percent_text
+    from tokendiff.report.html import render_html
+    from tokendiff.report.markdown import render_markdown
+    from tokendiff.report.session import report_document
+    from tokendiff.tui.widgets.session_view import COLUMNS
+
+    s = agent_session.session
+    t4 = s.turns[3]
+    assert (t4.reuse["llama.cpp"], t4.n_tokens) == (1_617, 1_772)
+    doc = report_document("agent", agent_session.prompts, s, {"name": "qwen3"})
+    assert doc["turns"][3]["reuse_pct"] == 91.25
+    assert "| 4 | 1,772 | 1,617 | 91.3 |" in render_markdown(doc)
+    assert "<td class=n>91.3</td>" in render_html(doc) and "91.3 % reused" in render_html(doc)
+    reuse_col = next(c for c in COLUMNS if c.title == "reuse %")
+    assert reuse_col.cell(t4) == "91.3"
+    assert percent(1, 8, 0) == 13.0 and percent_text(1, 8, 0) == "13" and percent_text(3, 8, 1) == "37.5"
+    assert percent(1, 40, 1) == 2.5 and percent_text(1, 80, 1) == "1.3" and percent(0, 0) == 100.0

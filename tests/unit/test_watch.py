@@ -42,3 +42,36 @@ def test_session_feed_record_by_record_is_the_batch_analysis():
         part = later.add(rec)
     assert part.specs == [f"{cap}@3", f"{cap}@4"] and part.session.turns[1].turn == 2
     assert part.prompts[1].ids.tolist() == open_loader(PromptOptions()).load(f"{cap}@4").ids.tolist()
+
+
+def test_a_record_that_cannot_be_read_costs_that_turn_only_while_watching(tmp_path):
+    """Watching, a record the template fails on is not a turn (the screen says so) and the session goes on
+    with the next one, naming the record it left out; `report` on the capture leaves out the same one."""
+    import json
+
+    import pytest
+
+    from tokendiff.app.live import SessionFeed
+    from tokendiff.app.pair import open_loader
+    from tokendiff.app.session import open_session
+    from tokendiff.errors import InputError
+    from tokendiff.paths import demo_capture
+    from tokendiff.sources.capture import iter_capture
+
+    lines = demo_capture().read_text().splitlines()[:5]
+    doc = json.loads(lines[2])
+    doc.pop("prompt_ids")
+    doc["request"]["messages"] = [{"role": "user", "content": {"x": 1}}]  # the template fails on it
+    cap = tmp_path / "capture.jsonl"
+    cap.write_text("\n".join([*lines[:2], json.dumps(doc), *lines[3:]]) + "\n")
+    feed = SessionFeed(open_loader(PromptOptions()), cap)
+    for k, rec in enumerate(iter_capture(cap), 1):
+        if k == 3:
+            with pytest.raises(InputError, match="chat template failed"):
+                feed.add(rec)
+            continue
+        live = feed.add(rec)
+    assert len(live.session.turns) == 4 and [s for s, _ in live.session.skipped] == [f"{cap}@3"]
+    batch = open_session(PromptOptions(), [str(cap)], workers=1).session
+    assert [t.wasted for t in batch.turns] == [t.wasted for t in live.session.turns]
+    assert [s for s, _ in batch.skipped] == [f"{cap}@3"]

@@ -188,8 +188,8 @@ def break_message(t: Turn, s: Session) -> str | None:
     secs = prefill_seconds(t)
     if secs is not None:
         return msg + ", " + seconds_label(secs)
-    if s.ms_per_token:
-        return msg + ", " + seconds_label(t.recompute * s.ms_per_token / 1000, estimated=True)
+    if t.wasted_seconds is not None:
+        return msg + ", " + seconds_label(t.wasted_seconds, estimated=True)
     return msg
 
 
@@ -214,6 +214,7 @@ class SessionFeed:
         self.analyser = Analyser(engine=engine, log=log)  # pairs diffed here: a live session brings one at a time
         self.prompts = TurnPrompts(loader, [])
         self.records = after  # records in the capture before ours, then ours: each turn's selector is its record's
+        self.skipped: list[tuple[str, str]] = []  # records that could not be read: not turns, named in the session
         self.loader.adopt_capture_template(Path(capture))
 
     def add_recorded(self, rec: CaptureRecord) -> LoadedSession:
@@ -233,6 +234,7 @@ class SessionFeed:
         try:
             turn = record_input(self.loader, rec, spec, k)
         except InputError as e:
+            self.skipped.append((e.source or spec, e.reason))
             raise InputError(e.reason, source=e.source or spec) from None
         self.prompts.specs.append(spec)
         self.analyser.add(turn)
@@ -240,6 +242,7 @@ class SessionFeed:
             self.prompts.keep(k - 1, turn.decoded)
         session = self.analyser.session()
         session = copy_with(session, turns=list(session.turns))  # the views keep this one; the next add appends
+        session.skipped = list(self.skipped)
         apply_prefill_rate(session, self.prefill_rate)
         return LoadedSession(self.loader, self.prompts, session)
 

@@ -382,7 +382,7 @@ class _LiveSession:
 
     def add(self, loader: Loader, rec: CaptureRecord, label: str, ctx: TurnContext) -> TurnView:
         """The record as the session's next turn, analysed: an InputError when it cannot be read."""
-        from tokendiff.core.cost import Session
+        from tokendiff.core.cost import Session, price_turns
         from tokendiff.report.telemetry import turn_view
 
         k = len(self.analyser.turns) + 1
@@ -390,6 +390,7 @@ class _LiveSession:
         if t.reported_prompt_ms and t.reported_prompt_n:
             bisect.insort(self._rates, t.reported_prompt_ms / t.reported_prompt_n)
         rate, estimated = self._rate()
+        price_turns([t], rate)  # its own measured speed, else the running one
         shell = Session([t], [], rate, t.n_tokens, 0, t.wasted, rate_estimated=estimated)
         v = turn_view(shell, t, ctx, self.clock_ns)
         self.clock_ns = max(self.clock_ns, v.end_ns)

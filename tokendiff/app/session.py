@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -121,9 +121,42 @@ def session_specs(
 
 
 def load_session(loader: Loader, specs: Sequence[str], progress: Progress | None = None) -> LoadedSession:
-    """Every turn loaded and the session analysed (reuse, waste, spans ranked by cost)."""
-    inputs = ((spec, _spec_input(loader, spec)) for spec in specs)
-    return _analyse(loader, inputs, len(specs), progress, PairWorkers(loader))
+    """Every turn loaded and the session analysed (reuse, waste, spans ranked by cost); a turn that
+    cannot be read is left out and named (`Session.skipped`)."""
+    skipped: list[tuple[str, str]] = []
+    inputs = _readable((spec, partial(_spec_input, loader, spec)) for spec in specs)
+    return _analyse(loader, inputs(skipped), len(specs), progress, PairWorkers(loader), skipped=skipped)
+
+
+Skipped = list[tuple[str, str]]  # (a turn's source, why it could not be read)
+
+
+def _readable(
+    turns: Iterable[tuple[str, Callable[[], TurnInput]]],
+) -> Callable[[Skipped], Iterator[tuple[str, TurnInput]]]:
+    """(selector, turn) for each (selector, how to read it) that reads: one that raises InputError is
+    warned of, named in `skipped` and left out, so one bad turn costs that turn only."""
+
+    def read(skipped: Skipped) -> Iterator[tuple[str, TurnInput]]:
+        for spec, make in turns:
+            try:
+                turn = make()
+            except InputError as e:
+                left_out(spec, e, skipped)
+                continue
+            yield spec, turn
+
+    return read
+
+
+def left_out(spec: str, e: InputError, skipped: Skipped) -> None:
+    """A turn that cannot be read: said on stderr (or the TUI's notifications) and kept for the document."""
+    from tokendiff.notices import warn
+
+    source = e.source or spec
+    reason = f"byte {e.offset}: {e.reason}" if e.offset is not None else e.reason
+    skipped.append((source, reason))
+    warn(f"{e}: the turn is left out of the analysis", kind=f"turn left out: {source}")
 
 
 def _analyse(
@@ -138,6 +171,7 @@ def _analyse(
     first_pair: FirstPair | None = None,
     engine: EngineConfig | None = None,
     server_log: str | None = None,
+    skipped: Skipped | None = None,
 ) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
     `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end.
@@ -164,7 +198,10 @@ def _analyse(
                     pair = _turn_pair(an.turns[w - 1], prompts[w - 2], prompts[w - 1], loader.vocab)
                     first_pair(w, pair, loader)
                     first_pair = None
+            if skipped and not an.turns:
+                raise InputError(skipped[0][1], source=skipped[0][0])  # no turn could be read: nothing to analyse
             session = an.session()
+            session.skipped = list(skipped or [])
         finally:
             pool.close()
     if progress:
@@ -267,25 +304,34 @@ def server_key(server: Any) -> str:
     return "|".join(p for p in parts if isinstance(p, str))
 
 
-def _path_inputs(loader: Loader, pool: PairWorkers, paths: Sequence[str], order: str, single_turns: bool, live: bool):
+def _path_inputs(
+    loader: Loader,
+    pool: PairWorkers,
+    paths: Sequence[str],
+    order: str,
+    single_turns: bool,
+    live: bool,
+    skipped: Skipped,
+):
     """(selector, turn) for every turn of `paths`: captures and HAR files read record by record,
-    directories listed once, each turn's IDs first and its prompt only if a diff needs it."""
+    directories listed once, each turn's IDs first and its prompt only if a diff needs it. A turn of a
+    session (a directory's file, a capture's record) that cannot be read is left out and named in `skipped`."""
     from tokendiff.sources.loader import file_kind, session_source, session_turns
 
     for p in map(session_source, paths):
         path = Path(p)
         kind = file_kind(path) if path.is_file() else None
         if kind in ("capture", "har", "otlp"):
-            yield from _records_inputs(loader, pool, p, kind)
+            yield from _records_inputs(loader, pool, p, kind, skipped)
         elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
-            for sel in session_turns(p, order):
-                yield str(sel.path), _selected_input(loader, sel)
-        elif not path.is_dir():
+            sels = session_turns(p, order)
+            yield from _readable((str(sel.path), partial(_selected_input, loader, sel)) for sel in sels)(skipped)
+        elif not path.is_dir():  # a file named on its own: one that cannot be read is the command's error
             for spec in session_specs([p], order, single_turns=single_turns, live=live):
                 yield spec, _spec_input(loader, spec)
 
 
-def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
+def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str, skipped: Skipped):
     """A capture or a HAR file, one record at a time (each file parsed once); a HAR's requests, which
     carry no token IDs, rendered and tokenised in the workers a few chunks ahead."""
     from tokendiff.errors import one_line
@@ -310,7 +356,12 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
     k = 0
     for k, (rec, ids, diff) in enumerate(records, 1):  # labelled as loading `p@k` labels them
         label = f"{p}@{k}" if kind == "capture" else f"{base}@{k}"
-        yield f"{p}@{k}", record_input(loader, rec, label, k, ids, diff_future(diff))
+        try:
+            turn = record_input(loader, rec, label, k, ids, diff_future(diff))
+        except InputError as e:
+            left_out(f"{p}@{k}", e, skipped)
+            continue
+        yield f"{p}@{k}", turn
     if k == 0:
         raise InputError("the session holds no chat requests", source=p)
 
@@ -365,9 +416,12 @@ def open_session(
         engine = engine_config(paths, opts, server_log=server_log, layout=layout)
     loader = open_loader(opts)
     pool = PairWorkers(loader, workers)
-    inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
+    skipped: Skipped = []
+    inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live, skipped)
     props = props if props is not None else saved_props(paths)
-    loaded = _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair, engine, server_log)
+    loaded = _analyse(
+        loader, inputs, None, progress, pool, layout, capacity, props, first_pair, engine, server_log, skipped
+    )
     from tokendiff.app.evictions import with_kv_events
 
     loaded.session = with_kv_events(paths, loaded.session)
@@ -581,15 +635,18 @@ def _props_model_path(paths: Sequence[str]) -> str | None:
 
 
 def apply_prefill_rate(session: Session, tokens_per_s: float | None) -> Session:
-    """Seconds for a session without timings (slot files): `tokens_per_s` (`--prefill-rate`) as its
-    prefill speed, marked estimated. A measured speed is kept: the server's own timings win."""
-    if tokens_per_s is None or session.ms_per_token is not None:
+    """Seconds for the turns the server did not time (slot files): `tokens_per_s` (`--prefill-rate`) as
+    their prefill speed, marked estimated. A turn's measured speed is kept: the server's own timings win."""
+    from tokendiff.core.cost import price_spans, price_turns
+
+    if tokens_per_s is None:
         return session
     if tokens_per_s <= 0:
         raise InputError("--prefill-rate must be a positive number of tokens per second")
-    session.ms_per_token, session.rate_estimated = 1000.0 / tokens_per_s, True
-    for sp in session.spans:
-        sp.seconds = sp.tokens * session.ms_per_token / 1000
+    measured = price_turns(session.turns, 1000.0 / tokens_per_s)
+    if measured is None:
+        session.ms_per_token, session.rate_estimated = 1000.0 / tokens_per_s, True
+    price_spans(session)
     return session
 
 

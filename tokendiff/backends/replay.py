@@ -1,6 +1,7 @@
 """Replay a pair of prompts against a real backend and measure what the divergence costs.
 
-Scenarios (each repeated, medians and spread reported):
+Scenarios (each repeated, medians and spread reported; repeated further while the runs are noisy or
+contradict each other, and no gain stated that the runs do not separate):
   cold    B with an empty cache
   actual  B right after A: what the agent gets today
   ideal   B after B's own prefix up to where A's prompt would have reached,
@@ -54,6 +55,9 @@ if TYPE_CHECKING:
 __all__ = ["connect", "run_scenarios", "replay_document", "render_replay_text", "Plan"]
 
 SCHEMA: Final = "tokendiff.replay/1"
+NOISY: Final = 0.25  # runs of a scenario spread wider than this share of their median are noisy
+MORE_ROUNDS: Final = 3  # while the runs stay noisy, up to this many times --repeat rounds in all
+COMPARABLE: Final = 0.05  # two scenarios are ordered by their work when one evaluates this much fewer tokens
 
 
 @dataclass
@@ -96,6 +100,16 @@ class Scenario:
     def spread(self, attr: str) -> tuple[float, float] | None:
         vals = [getattr(r, attr) for r in self.valid if getattr(r, attr) is not None]
         return (min(vals), max(vals)) if vals else None
+
+    @property
+    def evaluated(self) -> int:
+        """Tokens the scenario's timed request prefills: its work."""
+        return self.n_tokens - self.expected_cached
+
+    def noisy(self, attr: str) -> bool:
+        """Its runs spread wider than NOISY of their median."""
+        m, sp = self.median(attr), self.spread(attr)
+        return bool(m and sp and (sp[1] - sp[0]) > NOISY * m)
 
     def to_dict(self) -> ScenarioDoc:
         return {
@@ -490,35 +504,74 @@ def _measure(be: Backend, sc: Scenario, prefix: list[int] | None, ids: list[int]
 def run_scenarios(
     be: Backend, plan: Plan, repeat: int = 3, progress: Callable[[str], None] | None = None
 ) -> dict[str, Scenario]:
+    """`repeat` rounds of every scenario, then more rounds (up to MORE_ROUNDS times `repeat` in all) while
+    the runs are noisy or contradict each other (`doubts`): a busy machine's outliers are outvoted."""
     steps = _scenarios(be, plan)
+    scen = {name: sc for name, (sc, _, _, _) in steps.items()}
     be.prepare(max(len(ids) for _, _, ids, _ in steps.values()))
-    total = repeat * len(steps)
-    done = 0
-    for k in range(repeat):
+    k = 0
+    while k < repeat or (k < repeat * MORE_ROUNDS and doubts(scen)):
+        k += 1
         for name, (sc, prefix, ids, use_cache) in steps.items():
             run = _measure(be, sc, prefix, ids, use_cache)
             sc.runs.append(run)
-            done += 1
             if progress:
                 ms = run.prompt_ms if run.prompt_ms is not None else "?"
-                progress(f"{name} run {k + 1}/{repeat} ({done}/{total}): prefill {ms} ms, cached {run.cached}")
-    return {name: sc for name, (sc, _, _, _) in steps.items()}
+                more = "" if k <= repeat else " (again: the runs are noisy)"
+                progress(f"{name} run {k}/{repeat}{more}: prefill {ms} ms, cached {run.cached}")
+    return scen
+
+
+def measure_of(scen: dict[str, Scenario]) -> Measure:
+    """The server's prefill time where it reports one, else the client's TTFT."""
+    return "prompt_ms" if scen["actual"].median("prompt_ms") is not None else "ttft_ms"
+
+
+def doubts(scen: dict[str, Scenario]) -> list[str]:
+    """Why the runs cannot be trusted as they stand: a scenario whose runs spread wider than NOISY of their
+    median, or one that prefills clearly fewer tokens than another yet took longer (a busy machine)."""
+    key = measure_of(scen)
+    out = [f"{name}'s runs ranged {_range(sc, key)}" for name, sc in scen.items() if sc.noisy(key)]
+    for x, y in ((x, y) for x in scen.values() for y in scen.values()):
+        mx, my = x.median(key), y.median(key)
+        if mx is None or my is None or x.evaluated >= y.evaluated * (1 - COMPARABLE):
+            continue
+        if mx > my:
+            out.append(
+                f"{x.name} ({x.evaluated:,} tokens to prefill) took longer than {y.name} ({y.evaluated:,}): "
+                f"{mx:,.1f} against {my:,.1f} ms"
+            )
+    return out
+
+
+def _range(sc: Scenario, key: Measure) -> str:
+    sp = sc.spread(key)
+    return f"{sp[0]:,.1f}-{sp[1]:,.1f} ms" if sp else "?"
+
+
+def separated(faster: Scenario, slower: Scenario, key: Measure) -> bool:
+    """Every run of `faster` beat every run of `slower`: a difference the noise cannot explain."""
+    f, s = faster.spread(key), slower.spread(key)
+    return f is not None and s is not None and f[1] < s[0]
 
 
 def replay_document(
     be: Backend, plan: Plan, scen: dict[str, Scenario], pair: PairNames, fix: ReplayFixDoc | None
 ) -> ReplayDocument:
     actual, ideal = scen["actual"], scen["ideal"]
-    key: Measure = "prompt_ms" if actual.median("prompt_ms") is not None else "ttft_ms"
+    key = measure_of(scen)
     am, im = actual.median(key), ideal.median(key)
+    gain = am is not None and im is not None and separated(ideal, actual, key)  # else no gain is claimed
     doc: ReplayDocument = {
         "schema": SCHEMA,
         "backend": {"url": be.url, "kind": be.kind, "semantics": be.semantics, **be.identity()},
         "pair": {**pair, "lcp_tokens": plan.lcp, "ideal_prefix_tokens": plan.ideal_prefix, "b_tokens": len(plan.b)},
         "measure": key,
         "scenarios": {k: v.to_dict() for k, v in scen.items()},
-        "cost_ms": _r(am - im) if am is not None and im is not None else None,
-        "speedup": _r(am / im) if am and im else None,
+        "cost_ms": _r(am - im) if gain and am is not None and im is not None else None,
+        "speedup": _r(am / im) if gain and am and im else None,
+        "rounds": max(len(v.runs) for v in scen.values()),
+        "doubts": doubts(scen),
         "fix": fix,
         "notes": list(be.notes),
         "discarded": [f"{k}: {r.note}" for k, v in scen.items() for r in v.runs if not r.valid],
@@ -558,20 +611,57 @@ def render_replay_text(doc: ReplayDocument) -> str:
             f"{s['valid_runs']}{bad}"
         )
     out.append("")
-    if doc["cost_ms"] is not None:
+    out += _conclusions(doc, unit)
+    for n in doc["notes"] + doc["discarded"]:
+        out.append(f"note: {n}")
+    return "\n".join(out) + "\n"
+
+
+def _conclusions(doc: ReplayDocument, unit: str) -> list[str]:
+    """What the runs show, and nothing they contradict: a gain only where every run of the faster
+    scenario beat every run of the slower one; the noise said where there was some."""
+    sc, key = doc["scenarios"], doc["measure"]
+    out = []
+    doubt = doc.get("doubts") or []
+    if doubt:
+        rounds = doc.get("rounds")
+        out.append(f"the runs were noisy ({rounds} rounds): " + "; ".join(doubt))
+    if doc["cost_ms"] is not None and doc["speedup"] is not None:
         out.append(
             f"the divergence costs {doc['cost_ms']:.1f} ms per turn ({unit}); "
             f"fixing it would make this turn {doc['speedup']:.1f}x faster"
         )
+    elif sc["actual"][key] is not None and sc["ideal"][key] is not None:
+        out.append(
+            f"the runs do not separate today's {_doc_range(sc['actual'], key)} from the "
+            f"{_doc_range(sc['ideal'], key)} without the divergence: no gain is claimed "
+            "(rerun with a larger --repeat on a quieter machine)"
+        )
     f = doc.get("fix")
     if f:
-        if "fixed" in sc and sc["fixed"][key] is not None:
-            out.append(
-                f"with the fix ({'; '.join(f['applied'])}): {sc['fixed'][key]:.1f} ms "
-                f"instead of {sc['actual'][key]:.1f} ms"
-            )
+        fixed, actual = sc.get("fixed"), sc["actual"]
+        if fixed is not None and fixed[key] is not None and actual[key] is not None:
+            out.append(_fix_line(f, fixed, actual, key))
         for na in f.get("not_applied", []):
             out.append(f"not fixed automatically: {na}")
-    for n in doc["notes"] + doc["discarded"]:
-        out.append(f"note: {n}")
-    return "\n".join(out) + "\n"
+    return out
+
+
+def _fix_line(f: ReplayFixDoc, fixed: ScenarioDoc, actual: ScenarioDoc, key: Measure) -> str:
+    """The fix's measurement: a gain only where its runs all beat today's."""
+    what = f"with the fix ({'; '.join(f['applied'])})"
+    fs, as_ = _spread_of(fixed, key) or [None, None], _spread_of(actual, key) or [None, None]
+    if fs[1] is not None and as_[0] is not None and fs[1] < as_[0]:
+        return f"{what}: {fixed[key]:.1f} ms instead of {actual[key]:.1f} ms"
+    return f"{what}: {_doc_range(fixed, key)}, not measurably faster than today's {_doc_range(actual, key)}"
+
+
+def _spread_of(s: ScenarioDoc, key: Measure) -> list[float | None] | None:
+    return s["prompt_ms_spread"] if key == "prompt_ms" else s["ttft_ms_spread"]
+
+
+def _doc_range(s: ScenarioDoc, key: Measure) -> str:
+    """ "1,300.0 ms (700.0-2,400.0)": the median and the runs' range."""
+    sp = _spread_of(s, key)
+    within = f" ({sp[0]:,.1f}-{sp[1]:,.1f})" if sp and sp[0] is not None and sp[1] is not None else ""
+    return f"{s[key]:,.1f} ms{within}"

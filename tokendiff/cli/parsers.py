@@ -279,7 +279,13 @@ def _replay_parser(sub: Any) -> None:  # argparse subparsers
     replayable = (ServerKind.LLAMA_SERVER, ServerKind.VLLM, ServerKind.SGLANG, ServerKind.OLLAMA)
     kinds = [str(k) for k in replayable]
     rp.add_argument("--backend-kind", choices=kinds, help="skip detection")
-    rp.add_argument("--repeat", type=positive_int, default=3, metavar="N", help="runs per scenario (default 3)")
+    rp.add_argument(
+        "--repeat",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="runs per scenario (default 3; up to 3 times more while the runs are noisy)",
+    )
     rp.add_argument(
         "--slot", type=non_negative_int, default=0, metavar="N", help="llama-server slot to pin (default 0)"
     )

@@ -19,10 +19,11 @@ C, Or = CauseKind, Origin
 
 class Cause:
     """One row of the table. `title` and `fix` are `str.format` templates when a detector names the
-    parts that vary; `fixes` gives another fix where the finding's origin calls for other advice.
+    parts that vary; `fixes` gives another fix where the finding's origin calls for other advice, and
+    `titles` another title for a variant of the cause a detector tells apart (a date inserted, not changed).
     (A plain class: a dataclass costs ~0.6 ms to create at import, in every `tokendiff diff`.)"""
 
-    __slots__ = ("kind", "title", "fix", "origin", "confidence", "expected", "fixes")
+    __slots__ = ("kind", "title", "fix", "origin", "confidence", "expected", "fixes", "titles")
 
     def __init__(
         self,
@@ -34,9 +35,11 @@ class Cause:
         origin: Origin = Origin.UNKNOWN,
         expected: bool = False,
         fixes: Mapping[Origin, str] | None = None,
+        titles: Mapping[str, str] | None = None,
     ):
         self.kind, self.title, self.fix, self.origin = kind, title, fix, origin
         self.confidence, self.expected, self.fixes = confidence, expected, fixes or {}
+        self.titles = titles or {}
 
 
 _TABLE = (
@@ -105,6 +108,7 @@ _TABLE = (
     Cause(
         kind=C.DATE,
         title="Date or time in the prompt changed",
+        titles={"inserted": "Date or time inserted into the prompt"},  # the first turn that carries one
         fix="Keep dates out of the prefix. {precision} them into the newest user message "
         "(pin date_string if the template injects it)",
         fixes={
@@ -250,19 +254,21 @@ def finding(
     confidence: float | None = None,
     origin: Origin | None = None,
     fix: str | None = None,
+    variant: str = "",
     **parts: str,
 ) -> Finding:
     """The finding of `kind` for one hunk: the table's title, fix, origin and confidence, with the
     detector's evidence, the `parts` its templates name, and what it knows better (a confidence, an
     origin the tokens show, another fix)."""
     c = CAUSES[kind]
+    title = c.titles.get(variant, c.title)
     origin = c.origin if origin is None else origin
     advice = fix if fix is not None else c.fixes.get(origin, c.fix)
     return Finding(
         kind=kind,
         hunk=hunk,
         confidence=c.confidence if confidence is None else confidence,
-        title=c.title.format_map(parts) if parts else c.title,
+        title=title.format_map(parts) if parts else title,
         evidence=evidence,
         fix=advice.format_map(parts) if parts else advice,
         expected=c.expected,

@@ -13,7 +13,6 @@ report.dataset a polars frame of it for exports). No I/O.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
@@ -103,10 +102,26 @@ class Turn:
     ceiling: int = 0  # what B could have reused with every unexpected span fixed
     reloaded: bool = False  # the backend reloaded the model (Ollama): it reused nothing, whatever the prompts
     engine: EngineTurn | None = None  # llama-server's policy on this turn: content, engine, server, verdict
+    ms_per_token: float | None = None  # this turn's prefill speed: its own measurement, else an estimate (price_turns)
+    seconds_estimated: bool = False  # ms_per_token is a given or earlier turns' speed, not this turn's measurement
 
     @property
     def reuse_pct(self) -> float:
         return 100.0 * self.reuse.get(Backend.LLAMA_CPP, 0) / self.n_tokens if self.n_tokens else 100.0
+
+    def seconds_of(self, tokens: int) -> float | None:
+        """Prefill seconds of `tokens` of this turn's prompt, at its speed, never more than the server
+        measured for the whole turn: the measurement bounds every share of it."""
+        if self.ms_per_token is None:
+            return None
+        ms = tokens * self.ms_per_token
+        if self.reported_prompt_ms is not None:
+            ms = min(ms, self.reported_prompt_ms)
+        return ms / 1000
+
+    @property
+    def wasted_seconds(self) -> float | None:
+        return self.seconds_of(self.wasted)
 
 
 @dataclass
@@ -120,13 +135,23 @@ class Span:
     turns: list[int] = field(default_factory=list)
     tokens: int = 0  # wasted tokens it caused as the first (ceiling) divergence of a turn
     gain: int = 0  # reusable tokens the session gains if only this span is fixed
-    seconds: float | None = None  # tokens at the session's measured prefill speed
+    seconds: float | None = None  # its turns' shares of their wasted seconds (price_spans)
+    gain_seconds: float | None = None  # the prefill seconds fixing it alone saves, at each turn's speed
+    seconds_estimated: bool = False  # some of its seconds are from a turn priced at an estimated speed
     example: tuple[int, int] | None = None  # (turn, hunk index) of the first occurrence
     share: float = 0.0  # of all wasted tokens
+    by_turn: dict[int, tuple[int, int]] = field(default_factory=dict)  # turn -> (tokens, gain) it added there
 
     @property
     def section(self) -> str:
         return self.path.label or ("(the server)" if self.kind in SERVER_CAUSES else "(prompt)")
+
+    def add(self, turn: int, tokens: int, gain: int) -> None:
+        """Count `tokens` of waste and `gain` of reuse-if-fixed on `turn` (negative to take them back)."""
+        self.tokens += tokens
+        self.gain += gain
+        had = self.by_turn.get(turn, (0, 0))
+        self.by_turn[turn] = (had[0] + tokens, had[1] + gain)
 
 
 @dataclass
@@ -147,6 +172,7 @@ class Session:
     facts: list[BackendFact] = field(default_factory=list)  # what the backend did (reloads, truncation ...)
     engine: EngineConfig | None = None  # the llama-server flags the verdicts were played with
     advice: list[Advice] = field(default_factory=list)  # flags that would have kept more, best first
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (turn's source, why): unreadable, left out
 
     @property
     def checkpoint_reused(self) -> int | None:
@@ -162,7 +188,14 @@ class Session:
 
     @property
     def wasted_seconds(self) -> float | None:
-        return self.wasted_tokens * self.ms_per_token / 1000 if self.ms_per_token else None
+        """The turns' wasted seconds, each from its own prefill; None when no turn has a speed."""
+        secs = [x for x in (t.wasted_seconds for t in self.turns) if x is not None]
+        return sum(secs) if secs else None
+
+    @property
+    def seconds_estimated(self) -> bool:
+        """Some of the wasted seconds are estimates (a turn priced at a given or earlier speed)."""
+        return self.rate_estimated or any(t.seconds_estimated and t.wasted for t in self.turns)
 
 
 def _generated(resp: dict[str, Any] | None) -> int | None:
@@ -582,9 +615,9 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
             first_example = True
     if not unexpected:
         return False
-    spans[_span_key(unexpected[0], d)].tokens += t.wasted
+    spans[_span_key(unexpected[0], d)].add(t.turn, t.wasted, 0)
     for key, gain in _span_gains(t, ceiling).items():
-        spans[key].gain += gain
+        spans[key].add(t.turn, 0, gain)
     return first_example
 
 
@@ -618,17 +651,16 @@ def _reloaded(t: Turn, spans: dict[SpanKey, Span], fact: BackendFact) -> None:
     d = t.divergence
     first = next((f for f in t.findings if not f.expected), None)
     if d is not None and first is not None:
-        spans[_span_key(first, d)].tokens -= t.wasted
+        spans[_span_key(first, d)].add(t.turn, -t.wasted, 0)
     for key, gain in _span_gains(t, t.ceiling).items():
-        spans[key].gain -= gain
+        spans[key].add(t.turn, 0, -gain)
     before = t.reuse.get(Backend.LLAMA_CPP, 0)
     t.wasted = max(t.wasted, t.ceiling)
     sp = spans.setdefault(
         (RELOAD, SectionPath()), Span(kind=RELOAD, path=SectionPath(), title=RELOAD_TITLE, fix=fact.fix)
     )
     sp.turns.append(t.turn)
-    sp.tokens += t.wasted
-    sp.gain += before
+    sp.add(t.turn, t.wasted, before)
     t.reuse = {be: 0 for be in BACKENDS}
     t.recompute, t.cause = t.n_tokens, RELOAD
     note = f"Ollama reloaded the model ({fact.evidence}): the prompts shared {t.lcp:,} tokens, it reused none"
@@ -637,15 +669,63 @@ def _reloaded(t: Turn, spans: dict[SpanKey, Span], fact: BackendFact) -> None:
 
 def _session(turns: list[Turn], spans: dict[SpanKey, Span]) -> Session:
     """Totals, and the spans ranked by the waste they caused."""
-    ms = _ms_per_token(turns)
+    ms = price_turns(turns)
     total = sum(t.n_tokens for t in turns)
     reused = sum(t.reuse.get(Backend.LLAMA_CPP, 0) for t in turns)
     wasted = sum(t.wasted for t in turns)
     ranked = sorted(spans.values(), key=lambda s: (-s.tokens, -s.gain, s.example or (0, 0)))
     for s in ranked:
         s.share = s.tokens / wasted if wasted else 0.0
-        s.seconds = s.tokens * ms / 1000 if ms else None
-    return Session(turns, ranked, ms, total, reused, wasted)
+    session = Session(turns, ranked, ms, total, reused, wasted)
+    price_spans(session)
+    return session
+
+
+def _own_rate(t: Turn) -> float | None:
+    """The turn's prefill speed as the server measured it (ms per token), or None."""
+    ms, n = t.reported_prompt_ms, t.reported_prompt_n
+    if ms is None or n is None or n < 0 or ms < 0:
+        return None
+    return ms / n if n else 0.0
+
+
+def price_turns(turns: list[Turn], given_ms: float | None = None) -> float | None:
+    """Give each turn its prefill speed: its own measurement where the server timed it; else `given_ms`
+    (--prefill-rate), else the speed measured over the turns up to it, marked estimated. A turn's
+    speed never depends on later turns, so the seconds shown while watching do not change as turns
+    arrive. Returns the session's measured speed (all timed turns' ms over their tokens), or None."""
+    ms = n = 0.0
+    for t in turns:
+        own = _own_rate(t)
+        if own is not None:
+            ms, n = ms + (t.reported_prompt_ms or 0.0), n + (t.reported_prompt_n or 0)
+            t.ms_per_token, t.seconds_estimated = own, False
+            continue
+        fallback = given_ms if given_ms is not None else (ms / n if n else None)
+        t.ms_per_token, t.seconds_estimated = fallback, fallback is not None
+    return ms / n if n else None
+
+
+def price_spans(s: Session) -> None:
+    """Each span's seconds: on every turn, its share of the turn's wasted tokens of the turn's wasted
+    seconds (so a turn's spans add up to the turn, and the session's to the session), and what fixing
+    it alone saves at the turn's speed. None when no turn of the session has a speed."""
+    priced = any(t.ms_per_token is not None for t in s.turns)
+    for sp in s.spans:
+        sp.seconds_estimated = False
+        if not priced:
+            sp.seconds = sp.gain_seconds = None
+            continue
+        sp.seconds = sp.gain_seconds = 0.0
+        for k, (tokens, gain) in sp.by_turn.items():
+            t = s.turns[k - 1] if 0 < k <= len(s.turns) else None
+            if t is None:
+                continue
+            secs = t.wasted_seconds
+            if secs is not None and t.wasted:
+                sp.seconds += secs * tokens / t.wasted
+            sp.gain_seconds += t.seconds_of(gain) or 0.0
+            sp.seconds_estimated |= t.seconds_estimated and bool(tokens or gain)
 
 
 def reusable_ceiling(a: Prompt, d: Divergence, findings: list[Finding], n: int) -> int:
@@ -724,11 +804,6 @@ def _vllm_notes(t: Turn, rc: int, identical: bool) -> list[str]:
     return []
 
 
-def _ms_per_token(turns: list[Turn]) -> float | None:
-    rates = [t.reported_prompt_ms / t.reported_prompt_n for t in turns if t.reported_prompt_ms and t.reported_prompt_n]
-    return statistics.median(rates) if rates else None
-
-
 __all__ = [
     "analyse",
     "analyse_stream",
@@ -744,6 +819,8 @@ __all__ = [
     "user_message_starts",
     "done_future",
     "backend_reuse",
+    "price_turns",
+    "price_spans",
     "Session",
     "Turn",
     "Span",

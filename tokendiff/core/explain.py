@@ -511,22 +511,43 @@ def _has_time(change: tuple[str, str]) -> bool:
 
 
 def detect_date(ctx: Ctx) -> Finding | None:
-    """date: a date or time changed."""
+    """date: a date or time changed, or one was inserted (the first turn that carries it)."""
     ch = _changed(ctx, DATE_RE)
-    if not ch:
+    inserted = None if ch else _inserted(ctx, DATE_RE)
+    if not ch and not inserted:
         return None
     client = _field_origin(ctx.a_path) == Origin.CLIENT
     origin = Origin.TEMPLATE if ctx.a_path.has(K.DATE, K.BOILERPLATE) else Origin.CLIENT if client else Origin.UNKNOWN
     # a time of day changes every turn; a bare date only once a day, so "day precision" is no advice for it
-    precision = "Give the date at day precision (drop the time), or move" if _has_time(ch) else "Move"
+    precision = (
+        "Give the date at day precision (drop the time), or move" if _has_time(ch or ("", inserted or "")) else "Move"
+    )
+    what = f"{ch[0]!r} -> {ch[1]!r}" if ch else f"{inserted!r} inserted"
     return finding(
         C.DATE,
         ctx.i,
-        f"{ch[0]!r} -> {ch[1]!r} in {_where(ctx.a_path)}"
+        f"{what} in {_where(ctx.a_path)}"
         + (" (injected by the template or server)" if origin == Origin.TEMPLATE else ""),
         origin=origin,
         precision=precision,
+        variant="" if ch else "inserted",
     )
+
+
+MAX_INSERTED = 200  # characters: an insertion longer than this is new content that happens to hold a date
+
+
+def _inserted(ctx: Ctx, rx: re.Pattern[str]) -> str | None:
+    """The match of rx in what B inserted, where A's side of the hunk has none and is shorter than B's:
+    a short insertion around a date is the date arriving, not the text changing."""
+    la, lb = ctx.text_lengths()
+    if not 0 <= la < lb <= MAX_INSERTED:
+        return None
+    wa, ia = ctx.a_win()
+    if la and _covers(rx, wa, ia, la):
+        return None
+    wb, ib = ctx.b_win()
+    return _covers(rx, wb, ib, lb)
 
 
 def detect_nonce(ctx: Ctx) -> Finding | None:

@@ -75,7 +75,7 @@ TURN_COLUMNS: tuple[Column, ...] = (
     Column("new_tokens", "Int64", "tokens beyond what the previous prompt had: unavoidable work"),
     Column("wasted", "Int64", "recomputed tokens the previous prompt already had: the waste"),
     Column(
-        "wasted_seconds", "Float64", "wasted at the session's prefill speed (measured, or given), seconds; null untimed"
+        "wasted_seconds", "Float64", "at the turn's own measured prefill speed (else estimated), seconds; null untimed"
     ),
     Column("lcp_prev", "Int64", "tokens shared with the previous prompt (longest common prefix)"),
     Column("best_earlier_turn", "Int64", "the earlier turn sharing the longest prefix; null on turn 1"),
@@ -105,7 +105,7 @@ SPAN_COLUMNS: tuple[Column, ...] = (
     Column("first_divergence", "Boolean", "the span is this turn's first wasteful divergence"),
     Column("wasted", "Int64", "the turn's wasted tokens when first_divergence, else 0"),
     Column(
-        "wasted_seconds", "Float64", "wasted at the session's prefill speed (measured, or given), seconds; null untimed"
+        "wasted_seconds", "Float64", "at the turn's own measured prefill speed (else estimated), seconds; null untimed"
     ),
 )
 
@@ -142,14 +142,11 @@ def turn_table(s: Session, path: str, times: Sequence[TurnTime]):
     """The per-turn facts of one session as a polars DataFrame (with a `day` column to partition on)."""
     import polars as pl
 
-    rows = [
-        _dataset_turn(path, t, row, times[t.turn - 1], s.ms_per_token)
-        for t, row in zip(s.turns, turn_rows(s), strict=True)
-    ]
+    rows = [_dataset_turn(path, t, row, times[t.turn - 1]) for t, row in zip(s.turns, turn_rows(s), strict=True)]
     return pl.DataFrame(rows, schema=_polars_schema(TURN_COLUMNS))
 
 
-def _dataset_turn(path: str, t: Turn, row: TurnRow, when: TurnTime, ms: float | None) -> DatasetTurn:
+def _dataset_turn(path: str, t: Turn, row: TurnRow, when: TurnTime) -> DatasetTurn:
     """A turn's row of the report, as the dataset has it: empty strings as nulls, the when and the
     server's timings added."""
     return {
@@ -164,7 +161,7 @@ def _dataset_turn(path: str, t: Turn, row: TurnRow, when: TurnTime, ms: float | 
         "recomputed": row["recomputed"],
         "new_tokens": row["new_tokens"],
         "wasted": row["wasted"],
-        "wasted_seconds": t.wasted * ms / 1000 if ms else None,
+        "wasted_seconds": t.wasted_seconds,
         "lcp_prev": row["lcp_prev"],
         "best_earlier_turn": row["best_earlier_turn"],
         "best_earlier_lcp": row["best_earlier_lcp"],
@@ -189,7 +186,6 @@ def span_table(s: Session, path: str, times: Sequence[TurnTime]):
     so summing `wasted` by kind gives the report's per-span tokens."""
     import polars as pl
 
-    ms = s.ms_per_token
     rows: list[DatasetSpan] = []
     for rank, sp in enumerate(s.spans, 1):
         for k in sp.turns:
@@ -197,6 +193,7 @@ def span_table(s: Session, path: str, times: Sequence[TurnTime]):
             # a reloaded model's turn: its whole waste is the reload's (cost.RELOAD), wherever the prompts differ
             first = t.cause == sp.kind and (sp.kind == RELOAD or t.path.generalised() == sp.path)
             wasted = t.wasted if first else 0
+            secs = t.wasted_seconds if first or t.wasted_seconds is None else 0.0
             rows.append(
                 {
                     "session_path": path,
@@ -210,7 +207,7 @@ def span_table(s: Session, path: str, times: Sequence[TurnTime]):
                     "fix": sp.fix,
                     "first_divergence": first,
                     "wasted": wasted,
-                    "wasted_seconds": wasted * ms / 1000 if ms else None,
+                    "wasted_seconds": secs,
                     "day": when.day,
                 }
             )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from tokendiff.core.model import END_OF_PROMPT, Divergence, Finding, Prompt, SectionPath
 from tokendiff.core.secrets import mask
+from tokendiff.core.rounding import percent_text
 from tokendiff.core.vocab import Vocab
 from tokendiff.report.excerpt import excerpt
 
@@ -173,9 +174,9 @@ def render_text(doc: DiffDocument, color: bool = False, max_hunks: int = 20) -> 
     if doc["identical"] or f is None:
         out.append(f"identical: {doc['a']['n_tokens']:,} tokens, all reusable")
         return "\n".join(out) + "\n"
-    pct = 100.0 * doc["reusable_fraction"]
+    pct = percent_text(doc["lcp_tokens"], doc["b"]["n_tokens"])
     out.append(
-        st.wrap(_BOLD, f"reusable prefix: {doc['lcp_tokens']:,} of {doc['b']['n_tokens']:,} tokens ({pct:.1f} %)")
+        st.wrap(_BOLD, f"reusable prefix: {doc['lcp_tokens']:,} of {doc['b']['n_tokens']:,} tokens ({pct} %)")
         + f" · {doc['recompute_tokens']:,} to recompute"
     )
     out += _first_lines(st, f, doc["hunks"][0]["finding"] if doc["hunks"] else None)

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
-from tokendiff.core.kinds import CauseKind
+from tokendiff.core.kinds import Backend, CauseKind
+from tokendiff.core.rounding import percent, percent_text
 
 if TYPE_CHECKING:
     from tokendiff.core.cost import Session
@@ -40,7 +41,7 @@ class SpanFacts:
     fix: str
     turns: int  # turns it broke
     tokens: int  # wasted tokens it caused as a turn's first divergence
-    seconds: float | None  # those tokens at the session's measured prefill speed
+    seconds: float | None  # those tokens' share of their turns' measured prefill (cost.price_spans)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class TurnFacts:
     origin: str
     tokens: int
     wasted: int
-    reuse_pct: float
+    reusable: int
     cause: CauseKind | Literal[""]
     section: str
     seconds: float | None
@@ -67,20 +68,18 @@ class SessionFacts:
     reused_tokens: int
     wasted_tokens: int
     ms_per_token: float | None
+    wasted_seconds: float | None  # the turns' wasted seconds, each from its own prefill
     headline: str
     tokenizer: TokenizerDoc
     spans: tuple[SpanFacts, ...] = ()
     worst: tuple[TurnFacts, ...] = ()
     key: str = ""  # the dataset's `session` partition, when exported
     labels: tuple[tuple[str, str], ...] = ()  # its section labels that name a tool or call, and hashed (--redact)
+    skipped: tuple[tuple[str, str], ...] = ()  # (source, why) of its turns that could not be read
 
     @property
     def reuse_pct(self) -> float:
         return 100.0 * self.reused_tokens / self.total_tokens if self.total_tokens else 100.0
-
-    @property
-    def wasted_seconds(self) -> float | None:
-        return self.wasted_tokens * self.ms_per_token / 1000 if self.ms_per_token else None
 
 
 def session_facts(
@@ -111,10 +110,10 @@ def session_facts(
             origin=t.origin,
             tokens=t.n_tokens,
             wasted=t.wasted,
-            reuse_pct=t.reuse_pct,
+            reusable=t.reuse.get(Backend.LLAMA_CPP, 0),
             cause=t.cause,
             section=t.section,
-            seconds=t.wasted * ms / 1000 if ms else None,
+            seconds=t.wasted_seconds,
         )
         for t in wasteful
     )
@@ -125,12 +124,14 @@ def session_facts(
         reused_tokens=s.reused_tokens,
         wasted_tokens=s.wasted_tokens,
         ms_per_token=ms,
+        wasted_seconds=s.wasted_seconds,
         headline=headline(s),
         tokenizer=tokenizer,
         spans=spans,
         worst=worst,
         key=key,
         labels=tuple(session_labels(s).items()) if redact else (),
+        skipped=tuple(s.skipped),
     )
 
 
@@ -193,7 +194,7 @@ def _session_row(s: SessionFacts) -> FleetSessionRow:
         "turns": s.turns,
         "total_tokens": s.total_tokens,
         "reused_tokens": s.reused_tokens,
-        "reuse_pct": round(s.reuse_pct, 2),
+        "reuse_pct": percent(s.reused_tokens, s.total_tokens, 2),
         "wasted_tokens": s.wasted_tokens,
         "wasted_seconds": _rounded(s.wasted_seconds),
         "ms_per_token": _rounded(s.ms_per_token, 4),
@@ -201,6 +202,7 @@ def _session_row(s: SessionFacts) -> FleetSessionRow:
         if top is None
         else {"kind": top.kind, "title": top.title, "section": top.section, "tokens": top.tokens},
         "headline": s.headline,
+        "skipped_turns": [{"source": src, "reason": why} for src, why in s.skipped],
     }
 
 
@@ -214,7 +216,8 @@ def _worst_turns(sessions: Sequence[SessionFacts], n: int) -> list[FleetWorstTur
             "origin": t.origin,
             "tokens": t.tokens,
             "wasted": t.wasted,
-            "reuse_pct": round(t.reuse_pct, 2),
+            "reusable": t.reusable,
+            "reuse_pct": percent(t.reusable, t.tokens, 2),
             "cause": t.cause or None,
             "section": t.section or None,
             "seconds": _rounded(t.seconds),
@@ -228,18 +231,18 @@ def seconds_text(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}" if x < 1 else f"{x:,.1f}"
 
 
-def fleet_headline(causes: list[FleetCause], n_sessions: int, reuse_pct: float, wasted: int, new: int) -> str:
+def fleet_headline(causes: list[FleetCause], n_sessions: int, reused: int, total: int, wasted: int) -> str:
     """One sentence: the cause to fix first across the fleet."""
     from tokendiff.report.session import in_sentence, quiet_headline
 
     if not causes or causes[0]["tokens"] == 0:
-        return quiet_headline(reuse_pct, wasted, new, where=f" in {n_sessions} sessions")
+        return quiet_headline(reused, total, wasted, where=f" in {n_sessions} sessions")
     c = causes[0]
     secs = f" ({seconds_text(c['seconds'])} s of prefill)" if c["seconds"] else ""
     title = in_sentence(c["title"])
     return (
         f"Fix this first: {title}, in {c['sessions']} of {n_sessions} sessions. "
-        f"It is {100 * c['share']:.0f} % of the waste: {c['tokens']:,} tokens recomputed over "
+        f"It is {percent_text(c['tokens'], wasted, 0)} % of the waste: {c['tokens']:,} tokens recomputed over "
         f"{c['turns']} turn{'s' if c['turns'] != 1 else ''}{secs}."
     )
 
@@ -249,7 +252,6 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
     total = sum(s.total_tokens for s in sessions)
     reused = sum(s.reused_tokens for s in sessions)
     timed = [s.wasted_seconds for s in sessions if s.wasted_seconds is not None]
-    reuse_pct = 100.0 * reused / total if total else 100.0
     causes = ranked_causes(sessions)
     wasted = sum(s.wasted_tokens for s in sessions)
     summary: FleetSummary = {
@@ -257,12 +259,12 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
         "turns": sum(s.turns for s in sessions),
         "total_tokens": total,
         "reused_tokens": reused,
-        "reuse_pct": round(reuse_pct, 2),
+        "reuse_pct": percent(reused, total, 2),
         "wasted_tokens": wasted,
         "wasted_seconds": round(sum(timed), 3) if timed else None,
         "sessions_timed": len(timed),
         "top_cause": causes[0] if causes and causes[0]["tokens"] > 0 else None,
-        "headline": fleet_headline(causes, len(sessions), reuse_pct, wasted, total - reused),
+        "headline": fleet_headline(causes, len(sessions), reused, total, wasted),
         "redacted": redact,
     }
     no_tokenizer: NoTokenizer = {}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
+from tokendiff.core.rounding import percent_text
 from tokendiff.report.fleet import seconds_text
+from tokendiff.report.markdown import NOT_SEPARATED
 from tokendiff.report.session import span_place, split_spans
 
 if TYPE_CHECKING:
@@ -20,7 +22,6 @@ class Bar(TypedDict):
     tokens: int
     reusable: int
     wasted: int
-    reuse_pct: float
 
 
 CSS = """
@@ -37,6 +38,15 @@ margin:.2rem 0 .6rem}
 .ctx{color:#8a90a0} mark.a{background:#ffd5d5;color:#7a0010} mark.b{background:#cdf3d6;color:#00501a}
 .muted{color:#6b7280} .chart{background:#fff;border:1px solid #e4e6ee}
 """
+
+
+def _reuse(counts: Mapping[str, Any]) -> str:
+    """A session's (or fleet's) reuse %, from its counts (core.rounding's one rule)."""
+    return percent_text(counts["reused_tokens"], counts["total_tokens"])
+
+
+def _reuse_turn(t: Mapping[str, Any]) -> str:
+    return percent_text(t["reusable"], t["tokens"])
 
 
 def _chart(turns: Sequence[Bar], unit: str = "turn") -> str:
@@ -61,7 +71,7 @@ def _chart(turns: Sequence[Bar], unit: str = "turn") -> str:
         y0 = h - pad
         parts.append(
             f'<rect x="{x:.1f}" y="{y0 - reuse_h:.1f}" width="{bw * 0.8:.1f}" height="{reuse_h:.1f}" fill="#3c8d5a">'
-            f"<title>{unit} {t['turn']}: {t['reuse_pct']:.1f} % reused</title></rect>"
+            f"<title>{unit} {t['turn']}: {percent_text(t['reusable'], t['tokens'])} % reused</title></rect>"
         )
         if waste_h > 0:
             parts.append(
@@ -126,7 +136,7 @@ def _spans(doc: ReportDocument) -> list[str]:
         out.append(
             f"<tr><td class=n>{sp['rank']}</td><td>{e(sp['title'])}</td><td><code>{e(sp['section'])}</code></td>"
             f"<td>{e(', '.join(map(str, sp['turns'])))}</td><td class=n>{sp['tokens']:,}</td>"
-            f"<td class=n>{100 * sp['share']:.0f} %</td>"
+            f"<td class=n>{percent_text(sp['tokens'], doc['summary']['wasted_tokens'], 0)} %</td>"
             f"<td class=n>{_est(sp['seconds'], sp.get('seconds_estimated'))}</td>"
             f"<td class=n>{sp['reuse_pct_without']} %</td><td>{e(sp['fix'])}</td></tr>"
         )
@@ -170,7 +180,7 @@ def _turns(doc: ReportDocument) -> list[str]:
         out.append(
             f"<tr><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td><td class=n>{t['reusable']:,}</td>"
             + (f"<td class=n>{t.get('checkpoint_reusable', t['reusable']):,}</td>" if known else "")
-            + f"<td class=n>{t['reuse_pct']:.1f}</td><td class=n>{t['recomputed']:,}</td>"
+            + f"<td class=n>{percent_text(t['reusable'], t['tokens'])}</td><td class=n>{t['recomputed']:,}</td>"
             f"<td class=n>{t['new_tokens']:,}</td><td class=n>{t['wasted']:,}</td>"
             f"<td class=n>{_est(t.get('wasted_seconds'), t.get('seconds_estimated'))}</td>"
             f"<td>{_code_cell(t['first_divergence_section'])}</td><td>{e(t['cause'] or '')}</td>"
@@ -281,9 +291,10 @@ def _replays(doc: AnyReport) -> list[str]:
             for k in ("cold", "actual", "ideal", "fixed")
         )
         pair = f"{e(str(rp['pair'].get('a')))} → {e(str(rp['pair'].get('b')))}"
+        speedup = f"{rp['speedup']}x" if rp["speedup"] is not None else NOT_SEPARATED
         out.append(
             f"<tr><td><code>{pair}</code></td><td>{e(rp['backend']['kind'])}</td>"
-            f"{cells}<td class=n>{rp['cost_ms']}</td><td class=n>{rp['speedup']}x</td></tr>"
+            f"{cells}<td class=n>{'' if rp['cost_ms'] is None else rp['cost_ms']}</td><td class=n>{speedup}</td></tr>"
         )
     out.append("</table>")
     return out
@@ -317,13 +328,15 @@ def render_html(doc: AnyReport) -> str:
         f"<h1>tokendiff report: <code>{e(s['path'])}</code></h1>",
         f'<p class="headline">{e(s["headline"])}</p>',
         f"<p>{s['turns']} turns, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
-        f"(<b>{s['reuse_pct']:.1f} %</b>); wasted {s['wasted_tokens']:,} tokens{secs}.</p>",
+        f"(<b>{_reuse(s)} %</b>); wasted {s['wasted_tokens']:,} tokens{secs}.</p>",
     ]
     tk = doc["tokenizer"]
     out.append(
         f'<p class="muted">tokenizer: {e(tk["name"])}{" (assumed)" if tk.get("assumed") else ""}'
         f"{' · redacted: words replaced by hashes' if s['redacted'] else ''}</p>"
     )
+    for left in s.get("skipped_turns") or []:
+        out.append(f"<p>left out, could not be read: <code>{e(left['source'])}</code>: {e(left['reason'])}</p>")
     out.append("<h2>Reuse across turns</h2>")
     out.append(_chart(doc["turns"]))
     out.append("<h2>Spans, ranked by what they cost</h2>")
@@ -340,12 +353,13 @@ def _fleet_causes(doc: FleetDocument) -> list[str]:
         "<table><tr><th>#</th><th>cause</th><th>kind</th><th>sessions</th><th>turns</th><th>tokens</th>"
         "<th>share</th><th>seconds</th><th>sections</th><th>fix</th></tr>"
     ]
+    wasted = doc["summary"]["wasted_tokens"]
     for c in doc["causes"]:
         sections = ", ".join(f"<code>{e(x)}</code>" for x in c["sections"])
         out.append(
             f"<tr><td class=n>{c['rank']}</td><td>{e(c['title'])}</td><td>{e(c['kind'])}</td>"
             f"<td class=n>{c['sessions']}</td><td class=n>{c['turns']:,}</td><td class=n>{c['tokens']:,}</td>"
-            f"<td class=n>{100 * c['share']:.0f} %</td><td class=n>{seconds_text(c['seconds'])}</td>"
+            f"<td class=n>{percent_text(c['tokens'], wasted, 0)} %</td><td class=n>{seconds_text(c['seconds'])}</td>"
             f"<td>{sections}</td><td>{e(c['fix'])}</td></tr>"
         )
     out.append("</table>")
@@ -363,7 +377,7 @@ def _fleet_sessions(doc: FleetDocument) -> list[str]:
         cause = f"{e(top['title'])} in <code>{e(top['section'])}</code> ({top['tokens']:,})" if top else ""
         out.append(
             f"<tr><td class=n>{i}</td><td><code>{e(r['path'])}</code></td><td class=n>{r['turns']:,}</td>"
-            f"<td class=n>{r['total_tokens']:,}</td><td class=n>{r['reuse_pct']:.1f}</td>"
+            f"<td class=n>{r['total_tokens']:,}</td><td class=n>{_reuse(r)}</td>"
             f"<td class=n>{r['wasted_tokens']:,}</td><td class=n>{seconds_text(r['wasted_seconds'])}</td>"
             f"<td>{cause}</td></tr>"
         )
@@ -380,7 +394,7 @@ def _fleet_worst(doc: FleetDocument) -> list[str]:
     for t in doc["worst_turns"]:
         out.append(
             f"<tr><td><code>{e(t['path'])}</code></td><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td>"
-            f"<td class=n>{t['wasted']:,}</td><td class=n>{t['reuse_pct']:.1f}</td><td>{e(t['cause'] or '')}</td>"
+            f"<td class=n>{t['wasted']:,}</td><td class=n>{_reuse_turn(t)}</td><td>{e(t['cause'] or '')}</td>"
             f"<td><code>{e(t['section'] or '')}</code></td></tr>"
         )
     out.append("</table>")
@@ -401,7 +415,7 @@ def render_fleet_html(doc: FleetDocument) -> str:
         f"<h1>{e(title)}</h1>",
         f'<p class="headline">{e(s["headline"])}</p>',
         f"<p>{s['sessions']} sessions, {s['turns']:,} turns, {s['total_tokens']:,} prompt tokens; reused "
-        f"{s['reused_tokens']:,} (<b>{s['reuse_pct']:.1f} %</b>); wasted {s['wasted_tokens']:,} tokens{secs}.</p>",
+        f"{s['reused_tokens']:,} (<b>{_reuse(s)} %</b>); wasted {s['wasted_tokens']:,} tokens{secs}.</p>",
     ]
     tk = doc["tokenizer"]
     if "name" in tk:  # none without sessions
@@ -410,13 +424,17 @@ def render_fleet_html(doc: FleetDocument) -> str:
             f"{' · redacted: words replaced by hashes' if s['redacted'] else ''}</p>"
         )
     out += [f'<p class="muted">left out, could not be read: {e(why)}</p>' for why in doc.get("skipped") or []]
+    out += [
+        f'<p class="muted">turn left out, could not be read: <code>{e(x["source"])}</code>: {e(x["reason"])}</p>'
+        for row in doc["sessions"]
+        for x in row.get("skipped_turns") or []
+    ]
     bars: list[Bar] = [
         {
             "turn": i,
             "tokens": r["total_tokens"],
             "reusable": r["reused_tokens"],
             "wasted": r["wasted_tokens"],
-            "reuse_pct": r["reuse_pct"],
         }
         for i, r in enumerate(doc["sessions"], 1)
     ]

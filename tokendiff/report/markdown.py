@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from tokendiff.core.rounding import percent_text
 from tokendiff.report.fleet import seconds_text
 from tokendiff.report.session import span_place, split_spans
 
@@ -33,7 +35,11 @@ def _replay_row(rp: ReplayDocument) -> str:
     sc, key = rp["scenarios"], rp["measure"]
     ms = " | ".join(_cell(sc[k][key]) if k in sc else "" for k in ("cold", "actual", "ideal", "fixed"))
     pair = f"`{_code(str(rp['pair'].get('a')))}` → `{_code(str(rp['pair'].get('b')))}`"
-    return f"| {pair} | {rp['backend']['kind']} | {ms} | {_cell(rp['cost_ms'])} | {_cell(rp['speedup'])}x |"
+    speedup = f"{rp['speedup']}x" if rp["speedup"] is not None else NOT_SEPARATED
+    return f"| {pair} | {rp['backend']['kind']} | {ms} | {_cell(rp['cost_ms'])} | {speedup} |"
+
+
+NOT_SEPARATED = "not separated (noisy runs)"  # a replay whose runs do not separate actual from ideal claims no gain
 
 
 def _replays(doc: AnyReport) -> list[str]:
@@ -136,15 +142,17 @@ def _est(x: float | None, estimated: bool | None) -> str:
 def _spans(doc: ReportDocument) -> list[str]:
     """The spans that cost tokens, as a table; those only seen behind another break, in one line."""
     costly, behind = split_spans(doc["spans"])
+    wasted = doc["summary"]["wasted_tokens"]
     out = []
     if costly:
         out.append("| # | cause | section | turns | tokens | share | seconds | reuse without it | fix |")
         out.append("|---|---|---|---|---|---|---|---|---|")
         for sp in costly:
             turns = _cell(", ".join(map(str, sp["turns"])))
+            secs = _est(sp["seconds"], sp.get("seconds_estimated"))
             out.append(
                 f"| {sp['rank']} | {_cell(sp['title'])} | `{_code(sp['section'])}` | {turns} | "
-                f"{sp['tokens']:,} | {100 * sp['share']:.0f} % | {_est(sp['seconds'], sp.get('seconds_estimated'))} | "
+                f"{sp['tokens']:,} | {percent_text(sp['tokens'], wasted, 0)} % | {secs} | "
                 f"{_cell(sp['reuse_pct_without'])} % | {_cell(sp['fix'])} |"
             )
     elif not behind:
@@ -157,6 +165,11 @@ def _spans(doc: ReportDocument) -> list[str]:
         )
         out += ["", f"Also changed, but only after an earlier break in the same turn (no tokens of their own): {seen}"]
     return out
+
+
+def _reuse(counts: Mapping[str, Any]) -> str:
+    """A session's (or fleet's) reuse %, from its counts (core.rounding's one rule)."""
+    return percent_text(counts["reused_tokens"], counts["total_tokens"])
 
 
 def _section_cell(section: str | None) -> str:
@@ -175,13 +188,15 @@ def render_markdown(doc: AnyReport) -> str:
     secs = f", {s['wasted_seconds']:.1f} s of prefill{est}" if s["wasted_seconds"] is not None else ""
     out.append(
         f"- {s['turns']} turns, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
-        f"(**{s['reuse_pct']:.1f} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
+        f"(**{_reuse(s)} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
     )
     if s["ms_per_token"]:
         how = "estimated (--prefill-rate or a replay's cold run)" if s.get("seconds_estimated") else "measured"
         out.append(f"- {how} prefill speed: {s['ms_per_token']:.3f} ms per token")
     tk = doc["tokenizer"]
     out.append(f"- tokenizer: {tk['name']}" + (" (assumed)" if tk.get("assumed") else ""))
+    for left in s.get("skipped_turns") or []:
+        out.append(f"- left out, could not be read: `{_code(left['source'])}`: {left['reason']}")
     if s["redacted"]:
         out.append("- redacted: words are replaced by hashes; structure, offsets and findings are kept")
     out += ["", "## Spans, ranked by what they cost", "", *_spans(doc)]
@@ -202,7 +217,7 @@ def render_markdown(doc: AnyReport) -> str:
     for t in doc["turns"]:
         ck = f" {t.get('checkpoint_reusable', t['reusable']):,} |" if known else ""
         out.append(
-            f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} |{ck} {t['reuse_pct']:.1f} | "
+            f"| {t['turn']} | {t['tokens']:,} | {t['reusable']:,} |{ck} {percent_text(t['reusable'], t['tokens'])} | "
             f"{t['recomputed']:,} | {t['new_tokens']:,} | {t['wasted']:,} | "
             f"{_est(t.get('wasted_seconds'), t.get('seconds_estimated'))} | "
             f"{_section_cell(t['first_divergence_section'])} | {_cell(t['cause'])} | {_count(t['reported_cached'])} | "
@@ -236,7 +251,7 @@ def _fleet_sessions(doc: FleetDocument) -> list[str]:
         top = r["top_cause"]
         cause = f"{_cell(top['title'])} in `{_code(top['section'])}` ({top['tokens']:,})" if top else ""
         out.append(
-            f"| `{_code(r['path'])}` | {r['turns']:,} | {r['total_tokens']:,} | {r['reuse_pct']:.1f} | "
+            f"| `{_code(r['path'])}` | {r['turns']:,} | {r['total_tokens']:,} | {_reuse(r)} | "
             f"{r['wasted_tokens']:,} | {seconds_text(r['wasted_seconds'])} | {cause} |"
         )
     return out
@@ -249,11 +264,13 @@ def _fleet_causes(doc: FleetDocument) -> list[str]:
         "| # | cause | kind | sessions | turns | tokens | share | seconds | sections | fix |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    wasted = doc["summary"]["wasted_tokens"]
     for c in doc["causes"]:
         sections = ", ".join(f"`{_code(x)}`" for x in c["sections"][:3]) + (" …" if len(c["sections"]) > 3 else "")
+        share = percent_text(c["tokens"], wasted, 0)
         out.append(
             f"| {c['rank']} | {_cell(c['title'])} | {c['kind']} | {c['sessions']} | {c['turns']:,} | "
-            f"{c['tokens']:,} | {100 * c['share']:.0f} % | {seconds_text(c['seconds'])} | {_cell(sections)} | "
+            f"{c['tokens']:,} | {share} % | {seconds_text(c['seconds'])} | {_cell(sections)} | "
             f"{_cell(c['fix'])} |"
         )
     return out
@@ -267,8 +284,9 @@ def _fleet_worst(doc: FleetDocument) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for t in doc["worst_turns"]:
+        pct = percent_text(t["reusable"], t["tokens"])
         out.append(
-            f"| `{_code(t['path'])}` | {t['turn']} | {t['tokens']:,} | {t['wasted']:,} | {t['reuse_pct']:.1f} | "
+            f"| `{_code(t['path'])}` | {t['turn']} | {t['tokens']:,} | {t['wasted']:,} | {pct} | "
             f"{_cell(t['cause'])} | `{_code(t['section'] or '')}` |"
         )
     return out
@@ -283,7 +301,7 @@ def render_fleet_markdown(doc: FleetDocument) -> str:
         secs = f", {seconds_text(s['wasted_seconds'])} s of prefill (timed in {s['sessions_timed']} of {s['sessions']})"
     out.append(
         f"- {s['sessions']} sessions, {s['turns']:,} turns, {s['total_tokens']:,} prompt tokens; reused "
-        f"{s['reused_tokens']:,} (**{s['reuse_pct']:.1f} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
+        f"{s['reused_tokens']:,} (**{_reuse(s)} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
     )
     tk = doc["tokenizer"]
     if "name" in tk:  # none without sessions
@@ -292,6 +310,9 @@ def render_fleet_markdown(doc: FleetDocument) -> str:
         out.append("- redacted: words are replaced by hashes; structure, offsets and findings are kept")
     for why in doc.get("skipped") or []:
         out.append(f"- left out, could not be read: {why}")
+    for row in doc["sessions"]:
+        for left in row.get("skipped_turns") or []:
+            out.append(f"- turn left out, could not be read: `{_code(left['source'])}`: {left['reason']}")
     out += ["", "## Causes, ranked across sessions", "", *_fleet_causes(doc)]
     out += ["", "## Sessions", "", *_fleet_sessions(doc)]
     out += ["", "## Worst turns", "", *_fleet_worst(doc)]

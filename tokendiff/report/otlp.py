@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tokendiff import __version__
+from tokendiff.core.rounding import percent
 from tokendiff.report.redact import redact_labels, session_labels
 from tokendiff.report.telemetry import SessionTrace, TurnView, operation, span_hex
 
@@ -93,7 +94,7 @@ def turn_attributes(v: TurnView, session: str) -> dict[str, Attr]:
         "tokendiff.turn": v.turn,
         "tokendiff.prompt_tokens": v.tokens,
         "tokendiff.reused_tokens": v.reused,
-        "tokendiff.reuse_pct": round(100.0 * v.reused / v.tokens, 2) if v.tokens else 100.0,
+        "tokendiff.reuse_pct": percent(v.reused, v.tokens, 2),
         "tokendiff.recomputed_tokens": v.recomputed,
         "tokendiff.new_tokens": v.new_tokens,
         "tokendiff.wasted_tokens": v.wasted,

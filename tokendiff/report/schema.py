@@ -210,12 +210,14 @@ class ReplayDocument(TypedDict):
     pair: ReplayPairDoc
     measure: Measure
     scenarios: dict[str, ScenarioDoc]  # cold, actual, ideal and (where a fix is known) fixed
-    cost_ms: float | None
+    cost_ms: float | None  # None where the runs do not separate actual from ideal: no gain is claimed
     speedup: float | None
     fix: ReplayFixDoc | None
     notes: list[str]
     discarded: list[str]
     fixed_ms: NotRequired[float | None]
+    rounds: NotRequired[int]  # runs per scenario: --repeat, more where the runs were noisy
+    doubts: NotRequired[list[str]]  # why the runs are noisy (spread, a lighter scenario slower), after every round
 
 
 # ---------------------------------------------------------------- the session report (report/session.py)
@@ -384,6 +386,14 @@ class ReportSummary(TypedDict):
     layout: LayoutDoc
     headline: str
     redacted: bool
+    skipped_turns: NotRequired[list[SkippedTurnDoc]]  # turns that could not be read, left out of the analysis
+
+
+class SkippedTurnDoc(TypedDict):
+    """A turn left out of the analysis: its file or record, and why it could not be read."""
+
+    source: str
+    reason: str
 
 
 # ---------------------------------------------------------------- the engine (report/engine.py, docs/guide/engine.md)
@@ -554,6 +564,7 @@ class FleetSessionRow(TypedDict):
     ms_per_token: float | None
     top_cause: FleetTopCause | None
     headline: str
+    skipped_turns: NotRequired[list[SkippedTurnDoc]]  # its turns that could not be read, left out
 
 
 class FleetWorstTurn(TypedDict):
@@ -562,6 +573,7 @@ class FleetWorstTurn(TypedDict):
     origin: str
     tokens: int
     wasted: int
+    reusable: int
     reuse_pct: float
     cause: str | None
     section: str | None

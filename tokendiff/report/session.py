@@ -15,6 +15,7 @@ from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Sessio
 from tokendiff.core.kinds import Backend
 from tokendiff.core.model import Prompt, SectionPath
 from tokendiff.core.secrets import mask
+from tokendiff.core.rounding import percent, percent_text
 from tokendiff.report.diff import path_json
 from tokendiff.report.engine import engine_json, turn_engine_json
 from tokendiff.report.excerpt import excerpt
@@ -75,19 +76,21 @@ def prefill_seconds(t: Turn) -> float | None:
     return t.reported_prompt_ms / 1000 if t.reported_prompt_ms is not None else None
 
 
-def turn_wasted_seconds(t: Turn, s: Session) -> float | None:
-    """The turn's wasted tokens at the session's prefill speed (measured, or given and estimated):
-    summed over the turns, the session's wasted seconds."""
-    return t.wasted * s.ms_per_token / 1000 if s.ms_per_token else None
-
-
 def seconds_label(x: float, estimated: bool = False) -> str:
     """Seconds as a person reads them: "0.05 s" (a tiny model's waste), "41.2 s"; "~" when estimated."""
     return ("~" if estimated else "") + (f"{x:.2f} s" if x < 1 else f"{x:,.1f} s")
 
 
 def _secs(x: float | None) -> float | None:
+    """Milliseconds to the microsecond."""
     return round(x, 3) if x is not None else None
+
+
+SECONDS_DIGITS = 6  # seconds in documents to the microsecond: the turns' seconds add up to the session's
+
+
+def _seconds(x: float | None) -> float | None:
+    return round(x, SECONDS_DIGITS) if x is not None else None
 
 
 def turn_rows(s: Session) -> list[TurnRow]:
@@ -104,7 +107,7 @@ def _turn_row(t: Turn, known: bool) -> TurnRow:
         "origin": t.origin,
         "tokens": t.n_tokens,
         "reusable": reuse.get(Backend.LLAMA_CPP, 0),
-        "reuse_pct": round(t.reuse_pct, 2),
+        "reuse_pct": percent(reuse.get(Backend.LLAMA_CPP, 0), t.n_tokens, 2),
         "recomputed": t.recompute,
         "new_tokens": t.new_tokens,
         "wasted": t.wasted,
@@ -128,13 +131,14 @@ def _turn_row(t: Turn, known: bool) -> TurnRow:
 
 def _report_turn(row: TurnRow, t: Turn, s: Session) -> ReportTurn:
     """A turn row with its seconds: TTFT from the proxy, prefill from the server's timings, waste at the
-    session's speed (estimated when that speed was given, --prefill-rate or a replay, rather than measured)."""
+    turn's own measured speed (never more than its prefill), else estimated (--prefill-rate, a replay, or the
+    speed measured over the turns before it)."""
     return {
         **row,
         "ttft_ms": _secs(t.ttft_ms),
         "prefill_ms": _secs(t.reported_prompt_ms),
-        "wasted_seconds": _secs(turn_wasted_seconds(t, s)),
-        "seconds_estimated": s.rate_estimated and s.ms_per_token is not None,
+        "wasted_seconds": _seconds(t.wasted_seconds),
+        "seconds_estimated": t.seconds_estimated,
         "engine": turn_engine_json(t.engine),
     }
 
@@ -197,11 +201,11 @@ def _span_doc(rank: int, sp: Span, s: Session) -> SpanDoc:
         "turns": sp.turns,
         "tokens": sp.tokens,
         "share": round(sp.share, 4),
-        "seconds": round(sp.seconds, 3) if sp.seconds is not None else None,
-        "seconds_estimated": s.rate_estimated and sp.seconds is not None,
+        "seconds": _seconds(sp.seconds),
+        "seconds_estimated": sp.seconds is not None and sp.seconds_estimated,
         "gain_if_fixed": sp.gain,
-        "reuse_pct_without": round(100.0 * (s.reused_tokens + sp.gain) / s.total_tokens, 2) if s.total_tokens else None,
-        "seconds_saved_if_fixed": round(sp.gain * s.ms_per_token / 1000, 3) if s.ms_per_token else None,
+        "reuse_pct_without": percent(s.reused_tokens + sp.gain, s.total_tokens, 2) if s.total_tokens else None,
+        "seconds_saved_if_fixed": _seconds(sp.gain_seconds),
     }
 
 
@@ -265,16 +269,17 @@ def _summary(path: str, s: Session, spans: list[SpanDoc], redact: bool) -> Repor
         "turns": len(s.turns),
         "total_tokens": s.total_tokens,
         "reused_tokens": s.reused_tokens,
-        "reuse_pct": round(s.reuse_pct, 2),
+        "reuse_pct": percent(s.reused_tokens, s.total_tokens, 2),
         "wasted_tokens": s.wasted_tokens,
-        "wasted_seconds": round(s.wasted_seconds, 3) if s.wasted_seconds is not None else None,
+        "wasted_seconds": _seconds(s.wasted_seconds),
         "ms_per_token": round(s.ms_per_token, 4) if s.ms_per_token else None,
-        "seconds_estimated": s.rate_estimated,  # ms_per_token was given (--prefill-rate), not measured
+        "seconds_estimated": s.seconds_estimated,  # some turn's seconds at a given or earlier speed, not its own
         "top_cause": top,
         "checkpoint_reused_tokens": s.checkpoint_reused,
         "layout": layout_json(s),
         "headline": headline(s),
         "redacted": redact,
+        "skipped_turns": [{"source": src, "reason": why} for src, why in s.skipped],
     }
 
 
@@ -344,31 +349,32 @@ def in_sentence(title: str) -> str:
     return title[:1].lower() + title[1:]
 
 
-def quiet_headline(reuse_pct: float, wasted: int, new: int, where: str = "") -> str:
+def quiet_headline(reused: int, total: int, wasted: int, where: str = "") -> str:
     """The headline when no cause cost anything: no waste, or waste only where the changes were the
     expected ones (never "no waste" beside a wasted count)."""
+    pct = percent_text(reused, total)
     if wasted:
         return (
             f"No cause to fix{where}: {wasted:,} tokens were recomputed where only expected changes were found "
-            f"({reuse_pct:.1f} % of all tokens reused)."
+            f"({pct} % of all tokens reused)."
         )
     return (
-        f"No waste{where}: no turn recomputed what the previous prompt already had. {reuse_pct:.1f} % of all "
-        f"tokens were reused; the other {new:,} were new."
+        f"No waste{where}: no turn recomputed what the previous prompt already had. {pct} % of all "
+        f"tokens were reused; the other {total - reused:,} were new."
     )
 
 
 def headline(s: Session) -> str:
     """One sentence for the top of the report and the TUI's session screen: the span to fix first."""
     if not s.spans or s.spans[0].tokens == 0:
-        return quiet_headline(s.reuse_pct, s.wasted_tokens, s.total_tokens - s.reused_tokens)
+        return quiet_headline(s.reused_tokens, s.total_tokens, s.wasted_tokens)
     sp = s.spans[0]
-    est = ", estimated" if s.rate_estimated else ""
+    est = ", estimated" if sp.seconds_estimated else ""
     gain = f" ({sp.seconds:.1f} s of prefill{est})" if sp.seconds else ""
     turns = f"{len(sp.turns)} turn" + ("s" if len(sp.turns) != 1 else "")
     where = f" in {sp.section}" if sp.path and sp.section not in sp.title else ""
     return (
         f"Fix this first: {in_sentence(sp.title)}{where}. "
-        f"It is {100 * sp.share:.0f} % of the waste: "
+        f"It is {percent_text(sp.tokens, s.wasted_tokens, 0)} % of the waste: "
         f"{sp.tokens:,} tokens recomputed over {turns}{gain}."
     )

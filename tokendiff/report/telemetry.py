@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tokendiff.core.cost import Session, Turn
 from tokendiff.core.kinds import Backend
 from tokendiff.report.redact import redacted_path
-from tokendiff.report.session import cause_title, turn_wasted_seconds
+from tokendiff.report.session import cause_title
 
 if TYPE_CHECKING:
     from tokendiff.sources.record import CaptureRecord
@@ -224,8 +224,8 @@ def turn_view(s: Session, t: Turn, ctx: TurnContext, after_ns: int = 0, redact: 
         recomputed=t.recompute,
         new_tokens=t.new_tokens,
         wasted=t.wasted,
-        wasted_seconds=turn_wasted_seconds(t, s),
-        seconds_estimated=s.rate_estimated,
+        wasted_seconds=t.wasted_seconds,
+        seconds_estimated=t.seconds_estimated,
         reported_cached=t.reported_cached,
         lcp=t.lcp,
         cause=t.cause,

@@ -7,6 +7,7 @@
     added = "#1f5f3a"             # optional: derived from success / error / accent otherwise
     removed = "#6e2430"
     cursor = "#e0a000"
+    shared = "#7b8190"            # the reusable prefix's text: dimmed, between the text and the surface
 
 A theme is asked for by its `name` or by its file's stem, so what `ls` shows
 works as well as what the file says. Textual's built-in themes are available
@@ -155,4 +156,17 @@ def diff_defaults(theme: Theme) -> dict[str, str]:
         "td-added": mix(theme.success, "#2e7d32", 0.45),
         "td-removed": mix(theme.error, "#c62828", 0.45),
         "td-cursor": mix(theme.warning or theme.accent, "#e0a000", 1.0),
+        "td-shared": dimmed_text(theme),
     }
+
+
+DIM = 0.5  # the reusable prefix's text: half way from the text colour to the surface it sits on
+
+
+def dimmed_text(theme: Theme) -> str:
+    """The theme's text colour blended half way into its surface, as one opaque colour: a colour with
+    alpha (`$foreground 45%`) is not blended where a style is laid over another (the token view's
+    overlays), and came out as the text colour itself in truecolor and 256 colours alike."""
+    colours = theme.to_color_system().generate()
+    surface, text = Color.parse(colours["surface"]), Color.parse(colours["foreground"])
+    return surface.blend(text, DIM).hex

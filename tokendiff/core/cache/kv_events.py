@@ -173,8 +173,7 @@ def apply_evictions(s: Session, found: Sequence[Eviction], turns: Sequence[TurnB
         if e.turn in span.turns:
             continue  # applied already
         span.turns.append(e.turn)
-        span.tokens += e.tokens
-        span.gain += e.tokens
+        span.add(e.turn, e.tokens, e.tokens)
         t.wasted += e.tokens
         t.cause, t.path, t.section = EVICTED, SectionPath(), ""
         note = f"vLLM evicted {e.blocks} of the blocks this turn could reuse ({e.tokens:,} tokens), per its KV events"
@@ -190,9 +189,11 @@ def _without_guess(note: str) -> str:
 
 
 def _retotal(s: Session) -> None:
+    from tokendiff.core.cost import price_spans
+
     s.wasted_tokens = sum(t.wasted for t in s.turns)
     s.facts.sort(key=lambda f: f.turn)
     s.spans.sort(key=lambda sp: (-sp.tokens, -sp.gain, sp.example or (0, 0)))
     for sp in s.spans:
         sp.share = sp.tokens / s.wasted_tokens if s.wasted_tokens else 0.0
-        sp.seconds = sp.tokens * s.ms_per_token / 1000 if s.ms_per_token else None
+    price_spans(s)

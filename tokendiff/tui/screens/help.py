@@ -69,7 +69,7 @@ def legend(view: TokenView) -> Text:
     text.append(" " * 7 + "token boundaries: every other token is shaded; ↵ newline, ⇥ tab\n")
     text.append("the cursor shows the token under it reversed, in its colours; search matches are underlined\n")
     if view.app.no_color:
-        text.append("without colour (NO_COLOR): removed is struck through, added underlined\n")
+        text.append("without colour (NO_COLOR): the prefix is dim, removed is struck through, added underlined\n")
     return text
 
 

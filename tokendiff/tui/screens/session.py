@@ -174,6 +174,7 @@ def _turn_list(turns: list[int], show: int = 6) -> str:
 
 def _spans_text(session: Session) -> Text:
     """The "fix first" list: the spans that cost the most, with where, when and the fix."""
+    from tokendiff.core.rounding import percent_text
     from tokendiff.report.session import seconds_label
 
     lines = Text()
@@ -181,9 +182,10 @@ def _spans_text(session: Session) -> Text:
     for k, sp in enumerate(session.spans[:8], 1):
         lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
         turns = _turn_list(sp.turns)
-        secs = f" · {seconds_label(sp.seconds, session.rate_estimated)}" if sp.seconds is not None else ""
+        secs = f" · {seconds_label(sp.seconds, sp.seconds_estimated)}" if sp.seconds is not None else ""
         label = "turns" if len(sp.turns) > 1 else "turn"
-        where = f"   {sp.section} · {label} {turns} · {sp.tokens:,} tokens ({100 * sp.share:.0f} %){secs}\n"
+        share = percent_text(sp.tokens, session.wasted_tokens, 0)
+        where = f"   {sp.section} · {label} {turns} · {sp.tokens:,} tokens ({share} %){secs}\n"
         lines.append(where, style="dim")
         lines.append(f"   {sp.fix}\n")
     if not session.spans:

@@ -30,6 +30,7 @@ from textual.widget import Widget
 
 from tokendiff.core.kinds import Backend
 from tokendiff.report.engine import verdict_cell
+from tokendiff.core.rounding import percent_text
 from tokendiff.report.session import cause_title
 
 if TYPE_CHECKING:
@@ -90,7 +91,13 @@ COLUMNS: tuple[Column, ...] = (
         widest=_widest_num(lambda t: t.n_tokens),
         key=lambda t: t.reuse.get(Backend.LLAMA_CPP, 0),
     ),
-    Column("reuse %", lambda t: f"{t.reuse_pct:.1f}", 1, widest=lambda ts: "100.0", key=lambda t: t.reuse_pct),
+    Column(
+        "reuse %",
+        lambda t: percent_text(t.reuse.get(Backend.LLAMA_CPP, 0), t.n_tokens),
+        1,
+        widest=lambda ts: "100.0",
+        key=lambda t: t.reuse_pct,
+    ),
     Column(
         "recomputed",
         lambda t: _num(t.recompute),
@@ -130,17 +137,26 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 
-def wasted_seconds_column(ms_per_token: float, estimated: bool) -> Column:
-    """Each turn's wasted tokens at the session's prefill speed; `~` marks a given (estimated) speed."""
+def wasted_seconds_column(estimated: bool) -> Column:
+    """Each turn's wasted tokens at its own measured prefill speed (never more than its prefill); `~` marks
+    an estimated speed (given, or measured on earlier turns): in the title when every turn's is."""
 
     def secs(t: Turn) -> float:
-        return t.wasted * ms_per_token / 1000
+        return t.wasted_seconds or 0.0
+
+    def cell(t: Turn) -> str:
+        if not t.wasted or t.wasted_seconds is None:
+            return ""
+        return ("~" if t.seconds_estimated and not estimated else "") + _secs(secs(t))
 
     return Column(
         "~wasted s" if estimated else "wasted s",
-        lambda t: _secs(secs(t)) if t.wasted else "",
+        cell,
         3.5,  # after the cause: at 80 columns the cause stays
-        widest=_widest_secs(lambda t: secs(t) if t.wasted else None),
+        widest=lambda ts: (
+            ("~" if not estimated and any(t.seconds_estimated for t in ts) else "")
+            + _widest_secs(lambda t: secs(t) if t.wasted else None)(ts)
+        ),
         key=lambda t: t.wasted,
         optional=True,
     )
@@ -294,7 +310,7 @@ class SessionTable(ScrollView, can_focus=True):
         index) is given. With a prefill speed, each turn's waste is also shown in seconds."""
         keep = self.cursor_row if cursor is None else cursor
         self.turns, self.message = turns, ""
-        extra = (wasted_seconds_column(ms_per_token, estimated),) if ms_per_token else ()
+        extra = (wasted_seconds_column(estimated),) if ms_per_token else ()
         self.all_columns = COLUMNS + extra
         self._natural = natural_widths(self.all_columns, turns)
         self._layout_width = -1

@@ -45,7 +45,8 @@ class ViewTokens:
 
 
 _OVERLAYS = {SHARED: "tokenview--shared", ADDED: "tokenview--added", REMOVED: "tokenview--removed"}
-_MARKS = {ADDED: Style(underline=True), REMOVED: Style(strike=True)}  # NO_COLOR: what colour would say
+# NO_COLOR: what colour would say (the prefix dim, the changes underlined and struck through)
+_MARKS = {SHARED: Style(dim=True), ADDED: Style(underline=True), REMOVED: Style(strike=True)}
 
 
 def _widths(texts: list[str]) -> list[int]:
@@ -77,7 +78,7 @@ class TokenView(ScrollView, can_focus=False):
     TokenView { background: $surface; overflow-x: hidden; scrollbar-gutter: stable; }
     TokenView > .tokenview--even { color: $foreground; }
     TokenView > .tokenview--odd { color: $foreground; background: $foreground 7%; }
-    TokenView > .tokenview--shared { color: $foreground 45%; }
+    TokenView > .tokenview--shared { color: $td-shared; }
     TokenView > .tokenview--added { color: $foreground; background: $td-added; }
     TokenView > .tokenview--removed { color: $foreground; background: $td-removed; }
     TokenView > .tokenview--special { color: $accent; text-style: bold; }

@@ -1,0 +1,19 @@
+"""One rounding rule for every view: a percentage is computed from its counts where it is shown, and
+rounded half up from the exact fraction (91.25 % is 91.3, never 91.2 as a float rounded half to even
+says). The JSON documents keep two places by the same rule; md, html and the TUI show one from the
+counts, so no view rounds a rounded number again."""
+
+from __future__ import annotations
+
+
+def percent(part: int, whole: int, digits: int = 1, empty: float = 100.0) -> float:
+    """`part` of `whole` in percent, rounded half up at `digits` places; `empty` when `whole` is 0."""
+    if not whole:
+        return empty
+    scale = 10**digits
+    return (100 * part * scale * 2 + whole) // (whole * 2) / scale
+
+
+def percent_text(part: int, whole: int, digits: int = 1, empty: float = 100.0) -> str:
+    """`percent`, written with exactly `digits` places ("91.3", "13")."""
+    return f"{percent(part, whole, digits, empty):.{digits}f}"
