@@ -15,80 +15,27 @@ Each verdict is checked, the waste counted from the provider's own usage, and pr
 from __future__ import annotations
 
 import pytest
+from cloud_shapes import (
+    SONNET,
+    anthropic_body,
+    anthropic_usage,
+    assistant,
+    text,
+    tool_edit_session,
+    user,
+    with_diagnostics,
+    write_har,
+)
 from helpers import report_json
 
 from tokendiff.core.cache.cloud import CloudModel, Provider, cloud_request, provider_of
 from tokendiff.core.kinds import CloudCause
 from tokendiff.core.prices import break_cost, parse_overrides, price_of
 
-WORDS = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
-
-
-def text(n_tokens: int, tag: str) -> str:
-    """About n_tokens tokens of text (4 bytes a token), distinct per tag."""
-    return (tag + " " + WORDS * (n_tokens * 4 // len(WORDS) + 1))[: n_tokens * 4]
-
-
-# ---------------------------------------------------------------- Anthropic Messages (create.md, prompt-caching.md)
-
-
-def anthropic_body(model: str, messages: list, tool_doc: str = "Read a file.", system_bp: bool = True) -> dict:
-    """A Claude Code-like request: two tools, a long system prompt with a breakpoint, the conversation."""
-    return {
-        "model": model,
-        "max_tokens": 1024,
-        "tools": [
-            {"name": "Read", "description": tool_doc + text(600, "read"), "input_schema": {"type": "object"}},
-            {"name": "Bash", "description": text(600, "bash"), "input_schema": {"type": "object"}},
-        ],
-        "system": [
-            {
-                "type": "text",
-                "text": text(1500, "system"),
-                **({"cache_control": {"type": "ephemeral"}} if system_bp else {}),
-            }
-        ],
-        "messages": messages,
-    }
-
-
-def user(n: int, tag: str, breakpoint: bool = True) -> dict:
-    block = {"type": "text", "text": text(n, tag)}
-    if breakpoint:
-        block["cache_control"] = {"type": "ephemeral"}
-    return {"role": "user", "content": [block]}
-
-
-def assistant(n: int, tag: str) -> dict:
-    return {"role": "assistant", "content": [{"type": "text", "text": text(n, tag)}]}
-
-
-def anthropic_usage(read: int, written: int, tail: int, diagnostics: dict | None = None) -> dict:
-    out: dict = {
-        "id": "msg_x",
-        "type": "message",
-        "usage": {
-            "input_tokens": tail,
-            "cache_creation_input_tokens": written,
-            "cache_read_input_tokens": read,
-            "cache_creation": {"ephemeral_5m_input_tokens": written, "ephemeral_1h_input_tokens": 0},
-            "output_tokens": 20,
-        },
-    }
-    return with_diagnostics(out, "diagnostics", diagnostics)
-
-
-def with_diagnostics(resp: dict, key: str, diagnostics: dict | None) -> dict:
-    """The response with the provider's diagnosis where the session asked for one."""
-    return resp if diagnostics is None else {**resp, key: diagnostics}
-
 
 def run(provider: Provider, turns: list[tuple[dict, dict, float]]):
     model = CloudModel()
     return [model.add(cloud_request(provider, body, resp, t)) for body, resp, t in turns]
-
-
-SONNET = "claude-sonnet-4-6"
 
 
 def test_anthropic_session_hit_expiry_and_a_tool_edit():
@@ -259,46 +206,13 @@ def test_prices_overridden_by_the_config():
 # ---------------------------------------------------------------- end to end: a HAR recorded against Anthropic
 
 
-def har_of(turns: list[tuple[dict, dict, float]], url: str) -> dict:
-    """A HAR 1.2 file of the session as browser devtools or mitmproxy save it."""
-    import json
-    from datetime import UTC, datetime
-
-    entries = []
-    for body, resp, t in turns:
-        started = datetime.fromtimestamp(1_790_000_000 + t, UTC).isoformat()
-        entries.append(
-            {
-                "startedDateTime": started,
-                "time": 900,
-                "request": {
-                    "method": "POST",
-                    "url": url,
-                    "postData": {"mimeType": "application/json", "text": json.dumps(body)},
-                },
-                "response": {"status": 200, "content": {"mimeType": "application/json", "text": json.dumps(resp)}},
-                "timings": {"wait": 800},
-            }
-        )
-    return {"log": {"version": "1.2", "entries": entries}}
-
-
 def test_report_of_a_har_recorded_against_anthropic(tmp_path):
     """`tokendiff report session.har`: the provider's verdict per turn, the waste in tokens and dollars,
     and what fixing it would save per day at the session's rate."""
-    import json
     import subprocess
     import sys
 
-    m1 = [user(200, "u1")]
-    m2 = [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
-    session = [
-        (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
-        (anthropic_body(SONNET, m2), anthropic_usage(2900, 300, 3), 60.0),
-        (anthropic_body(SONNET, m2, tool_doc="Read any file."), anthropic_usage(0, 3200, 3), 120.0),
-    ]
-    har = tmp_path / "claude.har"
-    har.write_text(json.dumps(har_of(session, "https://api.anthropic.com/v1/messages")))
+    har = write_har(tmp_path / "claude.har", tool_edit_session(), "https://api.anthropic.com/v1/messages")
     cloud = report_json(har)["cloud"]
     assert cloud["provider"] == "anthropic" and cloud["model"] == SONNET
     assert [t["cause"] for t in cloud["turns"]] == ["cloud_cold", "cloud_hit", "cloud_content"]
@@ -310,3 +224,41 @@ def test_report_of_a_har_recorded_against_anthropic(tmp_path):
     ).stdout
     assert "## The provider's cache (anthropic, claude-sonnet-4-6)" in md
     assert "content changed before the cached prefix's end" in md
+
+
+# ---------------------------------------------------------------- the fleet view: money per session and per cause
+
+
+def test_fleet_prices_each_cloud_session_and_each_verdict(tmp_path):
+    """Two sessions sent to Anthropic beside a local one: each cloud session's breaks in dollars and a day
+    at its rate, the verdicts across them ranked by cost (with the fields whose changes cost it), and the
+    markdown and HTML say so; the local session has no money."""
+    from helpers import AGENT
+
+    from tokendiff.app.fleet import FleetOptions, fleet_report
+    from tokendiff.app.pair import PromptOptions
+    from tokendiff.app.reports import render_report
+
+    url = "https://api.anthropic.com/v1/messages"
+    one = write_har(tmp_path / "one.har", tool_edit_session(), url)
+    two = write_har(tmp_path / "two.har", tool_edit_session(), url)
+    doc = fleet_report(PromptOptions(), [str(one), str(two), str(AGENT)], FleetOptions(workers=1)).document
+    cost = 3200 * (3.75 - 0.30) / 1e6  # the tool edit: 3,200 tokens written again instead of read
+    rows = {r["path"]: r["cloud"] for r in doc["sessions"]}
+    assert rows[str(AGENT)] is None
+    for path in (one, two):
+        c = rows[str(path)]
+        assert c is not None and c["provider"] == "anthropic" and c["model"] == SONNET
+        assert c["wasted_tokens"] == 3200 and c["usd"] == pytest.approx(cost)
+        assert c["usd_per_day"] == pytest.approx(cost * 86400 / 120, rel=1e-3)
+    s = doc["summary"]
+    assert s["cloud_sessions"] == 2 and s["wasted_usd"] == pytest.approx(2 * cost)
+    assert s["wasted_usd_per_day"] == pytest.approx(2 * cost * 86400 / 120, rel=1e-3)
+    [content] = doc["cloud_causes"]
+    assert content["cause"] == "cloud_content" and content["sessions"] == 2 and content["turns"] == 2
+    assert content["tokens"] == 6400 and content["usd"] == pytest.approx(2 * cost) and content["fields"] == ["tools"]
+    md = render_report(doc, "md")
+    assert "## At the cloud providers" in md and "| 1 | content changed before the cached prefix's end | 2 |" in md
+    assert f"${2 * cost:,.4f}" in md
+    html = render_report(doc, "html")
+    assert "<h2>At the cloud providers</h2>" in html and f"${2 * cost * 86400 / 120:,.2f}" in html

@@ -10,7 +10,7 @@ the session's rate (its breaks over its duration).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Any
 from tokendiff.config import load_config
 from tokendiff.core.cache.cloud import CloudModel, Provider, cloud_request, provider_of
 from tokendiff.core.prices import CloudReport, Price, PricedTurn, break_cost, parse_overrides, price_of
+from tokendiff.errors import InputError
 from tokendiff.notices import warn
 from tokendiff.sources.record import CaptureRecord
 
@@ -60,7 +61,7 @@ def cloud_report(
     turns: list[PricedTurn] = []
     last_model = ""
     first = last = None
-    for rec in records:
+    for k, rec in enumerate(records, 1):
         ts = _time(rec)
         if ts is not None:
             first, last = (ts if first is None else min(first, ts)), (ts if last is None else max(last, ts))
@@ -70,6 +71,7 @@ def cloud_report(
         req = cloud_request(provider, body, rec.response, ts)
         last_model = req.model or last_model
         t = model.add(req)
+        t.turn = k  # the session's numbering: a record without a body is a turn there too
         price = price_of(req.model, overrides)
         one_hour = bool(req.usage.written_1h)
         turns.append(PricedTurn(t, break_cost(price, t.waste, t.rewritten, one_hour) if price else None))
@@ -117,6 +119,17 @@ def cloud_section(path: str) -> CloudReport | None:
     return cloud_report(_records(src, kind), user_prices(), provider)
 
 
+def session_cloud(paths: Sequence[str]) -> CloudReport | None:
+    """Cloud mode for what a view opened: one capture or HAR sent to a provider; else None. A file that
+    cannot be read is the session's own error to report, not this one's."""
+    if len(paths) != 1:
+        return None
+    try:
+        return cloud_section(paths[0])
+    except (InputError, OSError):
+        return None
+
+
 def _first_records(src: Path, kind: str) -> Iterator[CaptureRecord]:
     """The first record alone: a capture's without reading past it; a HAR's first chat entry."""
     if kind == "capture":
@@ -137,4 +150,4 @@ def _records(src: Path, kind: str) -> Iterator[CaptureRecord]:
     return iter_har(src)
 
 
-__all__ = ["cloud_report", "cloud_section", "session_provider"]
+__all__ = ["cloud_report", "cloud_section", "session_cloud", "session_provider"]

@@ -18,6 +18,7 @@ from textual.binding import Binding
 from textual.command import Hit, Hits, Provider
 from textual.screen import Screen
 
+from tokendiff.app.cloud import session_cloud
 from tokendiff.app.pair import PairResult, PromptOptions
 from tokendiff.app.reports import export_report, session_report
 from tokendiff.app.session import LoadedSession, append_turns, apply_prefill_rate, open_session, session_pair
@@ -33,6 +34,7 @@ from tokendiff.tui.widgets.token_view import TokenPanes, TokenView
 if TYPE_CHECKING:
     from tokendiff.core.cost import Session
     from tokendiff.core.model import Prompt
+    from tokendiff.core.prices import CloudReport
     from tokendiff.core.vocab import Vocab
     from tokendiff.sources.loader import Loader
 
@@ -106,6 +108,7 @@ class TokendiffApp(App):
         self.loaded: LoadedSession | None = None
         self.prompts: Sequence[Prompt] = []
         self.session: Session | None = None
+        self.cloud: CloudReport | None = None  # a session sent to a cloud provider: its breaks priced
         self.vocab: Vocab | None = None
         self.loader: Loader | None = None
         self._opened_first = False
@@ -160,6 +163,8 @@ class TokendiffApp(App):
     def load_session(self) -> None:
         o = self.options
         early = self._first_pair if o.open_first_divergence and not o.live else None
+        # before the turns: the first pair's header may open with its cost (a local session's first record only)
+        self.cloud = None if o.live else session_cloud(o.paths)
         try:
             loaded = open_session(o.prompts, o.paths, live=bool(o.live), first_pair=early)
         except (InputError, OSError) as e:
@@ -222,7 +227,7 @@ class TokendiffApp(App):
         self.vocab, self.loader = loaded.vocab, loaded.loader
         screen = self.screen_stack[1] if len(self.screen_stack) > 1 else self.screen
         if isinstance(screen, SessionScreen):
-            screen.show(loaded.session)
+            screen.show(loaded.session, self.cloud)
         if self._pair_asked is not None:
             (turn, replace), self._pair_asked = self._pair_asked, None
             self.open_pair(turn, replace)
@@ -254,8 +259,11 @@ class TokendiffApp(App):
         from tokendiff.tui.widgets.pairdata import build_pair_view
 
         view = build_pair_view(pair.a, pair.b, pair.divergence)
+        from tokendiff.report.cloud import turn_text
+
         label = pair_label(self.options.paths, pair.a.origin, pair.b.origin, turn)
-        return PairScreen(turn, pair.a, pair.b, pair.divergence, pair.findings, view, label=label)
+        cost = turn_text(self.cloud, turn) if self.cloud is not None else ""
+        return PairScreen(turn, pair.a, pair.b, pair.divergence, pair.findings, view, label=label, cloud=cost)
 
     def _show_pair(self, screen: PairScreen, replace: bool) -> None:
         if replace and isinstance(self.screen, PairScreen):
