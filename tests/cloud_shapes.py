@@ -91,6 +91,26 @@ def tool_edit_session(model: str = SONNET) -> list[tuple[dict, dict, float]]:
     ]
 
 
+# ---------------------------------------------------------------- OpenAI Responses (prompt-caching guide)
+
+
+def openai_body(key: str, items: list, model: str = "gpt-5.6-terra", instructions: str | None = None) -> dict:
+    """A Codex-like Responses request: long instructions, one function tool, the input items."""
+    return {
+        "model": model,
+        "instructions": instructions if instructions is not None else text(1500, "codex"),
+        "prompt_cache_key": key,
+        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}],
+        "input": items,
+    }
+
+
+def openai_usage(prompt: int, cached: int, diagnostics: dict | None = None) -> dict:
+    details = {"cached_tokens": cached, "cache_write_tokens": 0}
+    usage = {"input_tokens": prompt, "input_tokens_details": details, "output_tokens": 10}
+    return with_diagnostics({"object": "response", "usage": usage}, "prompt_cache_diagnostics", diagnostics)
+
+
 # ---------------------------------------------------------------- HAR
 
 

@@ -20,10 +20,11 @@ from cloud_shapes import (
     anthropic_body,
     anthropic_usage,
     assistant,
+    openai_body,
+    openai_usage,
     text,
     tool_edit_session,
     user,
-    with_diagnostics,
     write_har,
 )
 from helpers import report_json
@@ -114,22 +115,6 @@ def test_anthropic_model_change():
 
 
 # ---------------------------------------------------------------- OpenAI Responses (prompt-caching guide)
-
-
-def openai_body(key: str, items: list) -> dict:
-    return {
-        "model": "gpt-5.6-terra",
-        "instructions": text(1500, "codex"),
-        "prompt_cache_key": key,
-        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}],
-        "input": items,
-    }
-
-
-def openai_usage(prompt: int, cached: int, diagnostics: dict | None = None) -> dict:
-    details = {"cached_tokens": cached, "cache_write_tokens": 0}
-    usage = {"input_tokens": prompt, "input_tokens_details": details, "output_tokens": 10}
-    return with_diagnostics({"object": "response", "usage": usage}, "prompt_cache_diagnostics", diagnostics)
 
 
 def test_openai_key_change_and_idle_retention():
@@ -262,3 +247,41 @@ def test_fleet_prices_each_cloud_session_and_each_verdict(tmp_path):
     assert f"${2 * cost:,.4f}" in md
     html = render_report(doc, "html")
     assert "<h2>At the cloud providers</h2>" in html and f"${2 * cost * 86400 / 120:,.2f}" in html
+
+
+# ---------------------------------------------------------------- the providers' own tokenizers, shipped
+
+
+def test_an_openai_session_is_counted_with_o200k_and_names_the_divergent_token(tmp_path):
+    """GPT-5.1 on the Responses API (a HAR): each block counted with the bundled o200k_base tokenizer (the
+    report says so), the provider's usage the total (what the blocks leave, the template's markers, shared
+    among them); an append reads the whole previous prompt in 128-token steps, and an edit at the end of
+    the instructions is named down to its first token."""
+    from tokendiff.core.cache.cloud import openai_blocks
+    from tokendiff.sources.tokenizers import load_bundled_text
+
+    o200k = load_bundled_text("o200k_base")
+
+    def prompt(body: dict) -> int:  # what the provider would count: the blocks and 4 tokens of markers each
+        blocks = openai_blocks(body)
+        return sum(o200k.count(b.read) for b in blocks) + 4 * len(blocks)
+
+    terse = text(3000, "codex") + " You are terse."
+    i1 = [{"role": "user", "content": text(300, "task")}]
+    i2 = [*i1, {"role": "assistant", "content": [{"type": "output_text", "text": "Listing the files first."}]}]
+    b1, b2 = openai_body("k", i1, "gpt-5.1", terse), openai_body("k", i2, "gpt-5.1", terse)
+    b3 = openai_body("k", i2, "gpt-5.1", terse.replace("terse.", "terse and careful."))
+    p1, p2, p3 = prompt(b1), prompt(b2), prompt(b3)
+    before_edit = prompt({**b3, "instructions": terse[: -len("terse.")], "input": []}) - 4  # no input block
+    session = [
+        (b1, openai_usage(p1, 0), 0.0),
+        (b2, openai_usage(p2, p1 // 128 * 128), 30.0),
+        (b3, openai_usage(p3, before_edit // 128 * 128), 60.0),
+    ]
+    har = write_har(tmp_path / "codex.har", session, "https://api.openai.com/v1/responses")
+    cloud = report_json(har)["cloud"]
+    assert "per-block counts from the o200k_base tokenizer (gpt-5.1's own)" in cloud["counts"]
+    t1, t2, t3 = cloud["turns"]
+    assert t2["cause"] == "cloud_hit" and t2["predicted"] == t2["read"] == p1 // 128 * 128
+    assert t3["cause"] == "cloud_content" and t3["field"] == "instructions" and t3["token"] == " and"
+    assert t3["predicted"] == t3["read"] and t3["waste"] == p2 // 128 * 128 - t3["read"] > 0

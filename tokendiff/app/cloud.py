@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from tokendiff.config import load_config
-from tokendiff.core.cache.cloud import CloudModel, Provider, cloud_request, provider_of
+from tokendiff.core.cache.cloud import CloudModel, Provider, cloud_request, provider_of, tokenizer_for
 from tokendiff.core.prices import CloudReport, Price, PricedTurn, break_cost, parse_overrides, price_of
 from tokendiff.errors import InputError
 from tokendiff.notices import warn
 from tokendiff.sources.record import CaptureRecord
+from tokendiff.sources.tokenizers import load_bundled_text
 
 
 def _time(rec: CaptureRecord) -> float | None:
@@ -57,7 +58,8 @@ def cloud_report(
         provider = session_provider(records)
     if provider is None:
         return None
-    model = CloudModel()
+    model: CloudModel | None = None
+    counts = ESTIMATED
     turns: list[PricedTurn] = []
     last_model = ""
     first = last = None
@@ -70,6 +72,8 @@ def cloud_report(
             continue
         req = cloud_request(provider, body, rec.response, ts)
         last_model = req.model or last_model
+        if model is None:  # the session's first model picks the tokenizer
+            model, counts = cloud_model(provider, req.model)
         t = model.add(req)
         t.turn = k  # the session's numbering: a record without a body is a turn there too
         price = price_of(req.model, overrides)
@@ -81,7 +85,7 @@ def cloud_report(
         turns,
         price_of(last_model, overrides),
         (last - first) if first is not None and last is not None and last > first else None,
-        "the provider's counts; per-block positions estimated (about 4 bytes a token)",
+        counts,
     )
     for p in turns:
         if p.turn.waste:
@@ -91,6 +95,27 @@ def cloud_report(
                 None if cost is None or p.cost is None else cost + p.cost,
             )
     return report
+
+
+ESTIMATED = "the provider's counts; per-block positions estimated (about 4 bytes a token: its tokenizer is not public)"
+
+
+def cloud_model(provider: Provider, model: str) -> tuple[CloudModel, str]:
+    """The rules model for a session of `model`, counting each block with the provider's own tokenizer
+    where tokendiff ships it (the first divergent token shown too), else estimating; and how the report
+    says its per-block counts were made. The provider's usage stays the truth for every total."""
+    choice = tokenizer_for(provider, model)
+    if choice is None:
+        return CloudModel(), ESTIMATED
+    name, own = choice
+    try:
+        tk = load_bundled_text(name)
+    except InputError as e:  # a damaged install: the estimate still judges the session
+        warn(f"the bundled {name} tokenizer could not be loaded ({e}): per-block counts estimated")
+        return CloudModel(), ESTIMATED
+    whose = f"{model}'s own" if own else f"the nearest published ({model}'s own is not)"
+    counts = f"the provider's counts for totals; per-block counts from the {name} tokenizer ({whose}), bundled"
+    return CloudModel(count=tk.count, exact_counts=True, pieces=tk.pieces), counts
 
 
 def user_prices() -> dict[str, Price]:

@@ -83,6 +83,38 @@ class Block:
     field: str  # the request field, e.g. tools[2], system[0], messages[4].content[1]
     text: str  # its content as the provider hashes it (canonical JSON of the block)
     breakpoint: str | None = None  # "5m" or "1h" where the block carries cache_control
+    visible: str = ""  # what the model reads of it (its strings, not the JSON around them); "": the text
+
+    @property
+    def read(self) -> str:
+        """The text a tokenizer counts: what the model reads where known, else the block's JSON."""
+        return self.visible or self.text
+
+
+class CloudTokenizer(StrEnum):
+    """The providers' tokenizers tokendiff ships (tokendiff/data/README.md: origin, licence)."""
+
+    O200K = "o200k_base"  # OpenAI's, for GPT-4o, GPT-4.1, GPT-5 and the o-series (tiktoken)
+    DEEPSEEK_V3 = "deepseek-v3"  # DeepSeek-V3's (also V3-0324, R1, and behind deepseek-chat / -reasoner)
+
+
+# which shipped tokenizer counts a model's prompt: (provider, model name prefixes, tokenizer, the model's own)
+TOKENIZERS = (
+    (Provider.OPENAI, ("gpt-4o", "chatgpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "codex"), True),
+    (Provider.DEEPSEEK, ("deepseek-chat", "deepseek-reasoner", "deepseek-v3", "deepseek-r1"), True),
+    (Provider.DEEPSEEK, ("deepseek",), False),  # a newer model: DeepSeek-V3's is the nearest published
+)
+TOKENIZER_OF = {Provider.OPENAI: CloudTokenizer.O200K, Provider.DEEPSEEK: CloudTokenizer.DEEPSEEK_V3}
+
+
+def tokenizer_for(provider: Provider, model: str) -> tuple[CloudTokenizer, bool] | None:
+    """The shipped tokenizer for a model's prompts, and whether it is the model's own (else the nearest);
+    None where none is public (Claude, Gemini) or shipped (OpenAI's older cl100k models)."""
+    m = model.lower()
+    for p, prefixes, own in TOKENIZERS:
+        if p == provider and m.startswith(prefixes):
+            return TOKENIZER_OF[p], own
+    return None
 
 
 @dataclass(frozen=True)
@@ -170,14 +202,16 @@ class CloudModel:
     # ------------------------------------------------------------ the rules
 
     def _cumulative(self, req: CloudRequest) -> list[int]:
-        """Tokens up to the end of each block, scaled so the last is the provider's prompt count."""
-        raw = [self.count(b.text) for b in req.blocks]
-        total = sum(raw)
-        prompt = req.usage.prompt
-        scale = prompt / total if prompt and total and not self.exact_counts else 1.0
+        """Tokens up to the end of each block, the last being the provider's prompt count. An estimate is
+        scaled to it; the provider's own tokenizer's counts are kept, and what the provider counted beyond
+        them (the template's markers, its hidden tokens) shared equally among the blocks."""
+        raw = [self.count(b.read) for b in req.blocks]
+        total, prompt = sum(raw), req.usage.prompt
+        extra = (prompt - total) / len(raw) if raw and prompt and self.exact_counts and prompt >= total else None
+        scale = prompt / total if prompt and total and extra is None else 1.0
         out, acc = [], 0.0
         for n in raw:
-            acc += n * scale
+            acc += n * scale + (extra or 0.0)
             out.append(int(round(acc)))
         return out
 
@@ -358,7 +392,7 @@ def _common_tokens(a: CloudRequest, a_cum: list[int], b: CloudRequest, b_cum: li
     before = b_cum[d - 1] if d > 0 else 0
     if d >= len(a.blocks) or d >= len(b.blocks):
         return before
-    x, y = a.blocks[d].text, b.blocks[d].text
+    x, y = a.blocks[d].read, b.blocks[d].read
     n = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
     own = b_cum[d] - before
     share = count(y[:n]) / max(1, count(y)) if n else 0.0
@@ -374,7 +408,8 @@ def _excerpt(a: CloudRequest, b: CloudRequest, d: int, pieces: Callable[[str], l
     excerpt = f"{y[max(0, n - 30) : n]}[{x[n : n + 20]!r} -> {y[n : n + 20]!r}]"
     token = ""
     if pieces is not None:
-        pa, pb = pieces(x), pieces(y)
+        pa = pieces(a.blocks[d].read if d < len(a.blocks) else "")
+        pb = pieces(b.blocks[d].read if d < len(b.blocks) else "")
         k = next((i for i, (p, q) in enumerate(zip(pa, pb)) if p != q), min(len(pa), len(pb)))
         token = pb[k] if k < len(pb) else ""
     return excerpt, token
@@ -473,6 +508,21 @@ def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
     return out
 
 
+HIDDEN_KEYS = frozenset(("role", "type", "id", "call_id", "tool_call_id", "status", "cache_control"))
+
+
+def _visible(v: Any) -> str:
+    """What a model reads of an item: its strings, in order, without the JSON around them or the ids and
+    kinds a template turns into a few fixed tokens (those are counted with the template's markers)."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict):
+        return "\n".join(t for k, w in v.items() if k not in HIDDEN_KEYS and (t := _visible(w)))
+    if isinstance(v, list):
+        return "\n".join(t for w in v if (t := _visible(w)))
+    return "" if v is None or isinstance(v, bool) else str(v)
+
+
 def openai_blocks(body: Mapping[str, Any]) -> list[Block]:
     """Tools first (they sit before the conversation), then instructions and each message or input item."""
     out: list[Block] = []
@@ -485,7 +535,7 @@ def openai_blocks(body: Mapping[str, Any]) -> list[Block]:
     if isinstance(items, str):
         out.append(Block("input", items))
     for i, m in enumerate(items if isinstance(items, list) else []):
-        out.append(Block(f"{name}[{i}]", _canon(m)))
+        out.append(Block(f"{name}[{i}]", _canon(m), visible=_visible(m)))
     return out
 
 
