@@ -15,80 +15,28 @@ Each verdict is checked, the waste counted from the provider's own usage, and pr
 from __future__ import annotations
 
 import pytest
+from cloud_shapes import (
+    SONNET,
+    anthropic_body,
+    anthropic_usage,
+    assistant,
+    openai_body,
+    openai_usage,
+    text,
+    tool_edit_session,
+    user,
+    write_har,
+)
 from helpers import report_json
 
 from tokendiff.core.cache.cloud import CloudModel, Provider, cloud_request, provider_of
 from tokendiff.core.kinds import CloudCause
 from tokendiff.core.prices import break_cost, parse_overrides, price_of
 
-WORDS = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
-
-
-def text(n_tokens: int, tag: str) -> str:
-    """About n_tokens tokens of text (4 bytes a token), distinct per tag."""
-    return (tag + " " + WORDS * (n_tokens * 4 // len(WORDS) + 1))[: n_tokens * 4]
-
-
-# ---------------------------------------------------------------- Anthropic Messages (create.md, prompt-caching.md)
-
-
-def anthropic_body(model: str, messages: list, tool_doc: str = "Read a file.", system_bp: bool = True) -> dict:
-    """A Claude Code-like request: two tools, a long system prompt with a breakpoint, the conversation."""
-    return {
-        "model": model,
-        "max_tokens": 1024,
-        "tools": [
-            {"name": "Read", "description": tool_doc + text(600, "read"), "input_schema": {"type": "object"}},
-            {"name": "Bash", "description": text(600, "bash"), "input_schema": {"type": "object"}},
-        ],
-        "system": [
-            {
-                "type": "text",
-                "text": text(1500, "system"),
-                **({"cache_control": {"type": "ephemeral"}} if system_bp else {}),
-            }
-        ],
-        "messages": messages,
-    }
-
-
-def user(n: int, tag: str, breakpoint: bool = True) -> dict:
-    block = {"type": "text", "text": text(n, tag)}
-    if breakpoint:
-        block["cache_control"] = {"type": "ephemeral"}
-    return {"role": "user", "content": [block]}
-
-
-def assistant(n: int, tag: str) -> dict:
-    return {"role": "assistant", "content": [{"type": "text", "text": text(n, tag)}]}
-
-
-def anthropic_usage(read: int, written: int, tail: int, diagnostics: dict | None = None) -> dict:
-    out: dict = {
-        "id": "msg_x",
-        "type": "message",
-        "usage": {
-            "input_tokens": tail,
-            "cache_creation_input_tokens": written,
-            "cache_read_input_tokens": read,
-            "cache_creation": {"ephemeral_5m_input_tokens": written, "ephemeral_1h_input_tokens": 0},
-            "output_tokens": 20,
-        },
-    }
-    return with_diagnostics(out, "diagnostics", diagnostics)
-
-
-def with_diagnostics(resp: dict, key: str, diagnostics: dict | None) -> dict:
-    """The response with the provider's diagnosis where the session asked for one."""
-    return resp if diagnostics is None else {**resp, key: diagnostics}
-
 
 def run(provider: Provider, turns: list[tuple[dict, dict, float]]):
     model = CloudModel()
     return [model.add(cloud_request(provider, body, resp, t)) for body, resp, t in turns]
-
-
-SONNET = "claude-sonnet-4-6"
 
 
 def test_anthropic_session_hit_expiry_and_a_tool_edit():
@@ -169,44 +117,28 @@ def test_anthropic_model_change():
 # ---------------------------------------------------------------- OpenAI Responses (prompt-caching guide)
 
 
-def openai_body(key: str, items: list) -> dict:
-    return {
-        "model": "gpt-5.6-terra",
-        "instructions": text(1500, "codex"),
-        "prompt_cache_key": key,
-        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}],
-        "input": items,
-    }
-
-
-def openai_usage(prompt: int, cached: int, diagnostics: dict | None = None) -> dict:
-    details = {"cached_tokens": cached, "cache_write_tokens": 0}
-    usage = {"input_tokens": prompt, "input_tokens_details": details, "output_tokens": 10}
-    return with_diagnostics({"object": "response", "usage": usage}, "prompt_cache_diagnostics", diagnostics)
-
-
 def test_openai_key_change_and_idle_retention():
-    """Same key: the prefix read in 128-token steps; a new prompt_cache_key routes elsewhere (the provider
-    says so too); 20 idle minutes exceed in-memory retention."""
+    """Before GPT-5.6: the prefix read in 128-token steps; a new prompt_cache_key routes elsewhere; 20 idle
+    minutes exceed in-memory retention."""
     i1 = [{"role": "user", "content": text(300, "task")}]
     i2 = [*i1, {"type": "function_call", "call_id": "c", "name": "shell", "arguments": "{}"}]
-    diag = {"type": "cache_miss", "reason": "prompt_cache_key_changed", "cache_missed_tokens": 1792}
+    memory = {"prompt_cache_retention": "in_memory"}
     turns = run(
         Provider.OPENAI,
         [
-            (openai_body("agent-a", i1), openai_usage(1850, 0), 0.0),
-            (openai_body("agent-a", i2), openai_usage(1870, 1792), 30.0),
-            (openai_body("agent-b", i2), openai_usage(1870, 0, diag), 40.0),
-            (openai_body("agent-b", i2), openai_usage(1870, 0), 40.0 + 20 * 60),
+            ({**openai_body("agent-a", i1, "gpt-5.1"), **memory}, openai_usage(1850, 0), 0.0),
+            ({**openai_body("agent-a", i2, "gpt-5.1"), **memory}, openai_usage(1870, 1792), 30.0),
+            ({**openai_body("agent-b", i2, "gpt-5.1"), **memory}, openai_usage(1870, 0), 40.0),
+            ({**openai_body("agent-b", i2, "gpt-5.1"), **memory}, openai_usage(1870, 0), 40.0 + 20 * 60),
         ],
     )
     assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.KEY_CHANGED, CloudCause.EXPIRED]
     assert turns[1].predicted == 1792  # 128-token steps
-    assert turns[2].waste == 1792 and turns[2].provider_reason == "prompt_cache_key_changed" and turns[2].agrees
-    assert turns[3].idle_s == 1200
-    price = price_of("gpt-5.6-terra")
+    assert turns[2].waste == 1792
+    assert turns[3].idle_s == 1200 and "in_memory" in turns[3].detail
+    price = price_of("gpt-5.1")
     assert price is not None
-    assert break_cost(price, turns[2].waste, 0) == pytest.approx(1792 * (2 - 0.20) / 1e6)
+    assert break_cost(price, turns[2].waste, 0) == pytest.approx(1792 * (1.25 - 0.125) / 1e6)
 
 
 def test_openai_below_the_minimum():
@@ -259,46 +191,13 @@ def test_prices_overridden_by_the_config():
 # ---------------------------------------------------------------- end to end: a HAR recorded against Anthropic
 
 
-def har_of(turns: list[tuple[dict, dict, float]], url: str) -> dict:
-    """A HAR 1.2 file of the session as browser devtools or mitmproxy save it."""
-    import json
-    from datetime import UTC, datetime
-
-    entries = []
-    for body, resp, t in turns:
-        started = datetime.fromtimestamp(1_790_000_000 + t, UTC).isoformat()
-        entries.append(
-            {
-                "startedDateTime": started,
-                "time": 900,
-                "request": {
-                    "method": "POST",
-                    "url": url,
-                    "postData": {"mimeType": "application/json", "text": json.dumps(body)},
-                },
-                "response": {"status": 200, "content": {"mimeType": "application/json", "text": json.dumps(resp)}},
-                "timings": {"wait": 800},
-            }
-        )
-    return {"log": {"version": "1.2", "entries": entries}}
-
-
 def test_report_of_a_har_recorded_against_anthropic(tmp_path):
     """`tokendiff report session.har`: the provider's verdict per turn, the waste in tokens and dollars,
     and what fixing it would save per day at the session's rate."""
-    import json
     import subprocess
     import sys
 
-    m1 = [user(200, "u1")]
-    m2 = [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
-    session = [
-        (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
-        (anthropic_body(SONNET, m2), anthropic_usage(2900, 300, 3), 60.0),
-        (anthropic_body(SONNET, m2, tool_doc="Read any file."), anthropic_usage(0, 3200, 3), 120.0),
-    ]
-    har = tmp_path / "claude.har"
-    har.write_text(json.dumps(har_of(session, "https://api.anthropic.com/v1/messages")))
+    har = write_har(tmp_path / "claude.har", tool_edit_session(), "https://api.anthropic.com/v1/messages")
     cloud = report_json(har)["cloud"]
     assert cloud["provider"] == "anthropic" and cloud["model"] == SONNET
     assert [t["cause"] for t in cloud["turns"]] == ["cloud_cold", "cloud_hit", "cloud_content"]
@@ -310,3 +209,223 @@ def test_report_of_a_har_recorded_against_anthropic(tmp_path):
     ).stdout
     assert "## The provider's cache (anthropic, claude-sonnet-4-6)" in md
     assert "content changed before the cached prefix's end" in md
+
+
+# ---------------------------------------------------------------- the fleet view: money per session and per cause
+
+
+def test_fleet_prices_each_cloud_session_and_each_verdict(tmp_path):
+    """Two sessions sent to Anthropic beside a local one: each cloud session's breaks in dollars and a day
+    at its rate, the verdicts across them ranked by cost (with the fields whose changes cost it), and the
+    markdown and HTML say so; the local session has no money."""
+    from helpers import AGENT
+
+    from tokendiff.app.fleet import FleetOptions, fleet_report
+    from tokendiff.app.pair import PromptOptions
+    from tokendiff.app.reports import render_report
+
+    url = "https://api.anthropic.com/v1/messages"
+    one = write_har(tmp_path / "one.har", tool_edit_session(), url)
+    two = write_har(tmp_path / "two.har", tool_edit_session(), url)
+    doc = fleet_report(PromptOptions(), [str(one), str(two), str(AGENT)], FleetOptions(workers=1)).document
+    cost = 3200 * (3.75 - 0.30) / 1e6  # the tool edit: 3,200 tokens written again instead of read
+    rows = {r["path"]: r["cloud"] for r in doc["sessions"]}
+    assert rows[str(AGENT)] is None
+    for path in (one, two):
+        c = rows[str(path)]
+        assert c is not None and c["provider"] == "anthropic" and c["model"] == SONNET
+        assert c["wasted_tokens"] == 3200 and c["usd"] == pytest.approx(cost)
+        assert c["usd_per_day"] == pytest.approx(cost * 86400 / 120, rel=1e-3)
+    s = doc["summary"]
+    assert s["cloud_sessions"] == 2 and s["wasted_usd"] == pytest.approx(2 * cost)
+    assert s["wasted_usd_per_day"] == pytest.approx(2 * cost * 86400 / 120, rel=1e-3)
+    [content] = doc["cloud_causes"]
+    assert content["cause"] == "cloud_content" and content["sessions"] == 2 and content["turns"] == 2
+    assert content["tokens"] == 6400 and content["usd"] == pytest.approx(2 * cost) and content["fields"] == ["tools"]
+    md = render_report(doc, "md")
+    assert "## At the cloud providers" in md and "| 1 | content changed before the cached prefix's end | 2 |" in md
+    assert f"${2 * cost:,.4f}" in md
+    html = render_report(doc, "html")
+    assert "<h2>At the cloud providers</h2>" in html and f"${2 * cost * 86400 / 120:,.2f}" in html
+
+
+# ---------------------------------------------------------------- the providers' own tokenizers, shipped
+
+
+def test_an_openai_session_is_counted_with_o200k_and_names_the_divergent_token(tmp_path):
+    """GPT-5.1 on the Responses API (a HAR): each block counted with the bundled o200k_base tokenizer (the
+    report says so), the provider's usage the total (what the blocks leave, the template's markers, shared
+    among them); an append reads the whole previous prompt in 128-token steps, and an edit at the end of
+    the instructions is named down to its first token."""
+    from tokendiff.core.cache.cloud import openai_blocks
+    from tokendiff.sources.tokenizers import load_bundled_text
+
+    o200k = load_bundled_text("o200k_base")
+
+    def prompt(body: dict) -> int:  # what the provider would count: the blocks and 4 tokens of markers each
+        blocks = openai_blocks(body)
+        return sum(o200k.count(b.read) for b in blocks) + 4 * len(blocks)
+
+    terse = text(3000, "codex") + " You are terse."
+    i1 = [{"role": "user", "content": text(300, "task")}]
+    i2 = [*i1, {"role": "assistant", "content": [{"type": "output_text", "text": "Listing the files first."}]}]
+    b1, b2 = openai_body("k", i1, "gpt-5.1", terse), openai_body("k", i2, "gpt-5.1", terse)
+    b3 = openai_body("k", i2, "gpt-5.1", terse.replace("terse.", "terse and careful."))
+    p1, p2, p3 = prompt(b1), prompt(b2), prompt(b3)
+    before_edit = prompt({**b3, "instructions": terse[: -len("terse.")], "input": []}) - 4  # no input block
+    session = [
+        (b1, openai_usage(p1, 0), 0.0),
+        (b2, openai_usage(p2, p1 // 128 * 128), 30.0),
+        (b3, openai_usage(p3, before_edit // 128 * 128), 60.0),
+    ]
+    har = write_har(tmp_path / "codex.har", session, "https://api.openai.com/v1/responses")
+    cloud = report_json(har)["cloud"]
+    assert "per-block counts from the o200k_base tokenizer (gpt-5.1's own)" in cloud["counts"]
+    t1, t2, t3 = cloud["turns"]
+    assert t2["cause"] == "cloud_hit" and t2["predicted"] == t2["read"] == p1 // 128 * 128
+    assert t3["cause"] == "cloud_content" and t3["field"] == "instructions" and t3["token"] == " and"
+    assert t3["predicted"] == t3["read"] and t3["waste"] == p2 // 128 * 128 - t3["read"] > 0
+
+
+# ---------------------------------------------------------------- GPT-5.6 and later: breakpoints (prompt-caching guide)
+
+
+def exactly(provider: Provider, turns: list[tuple[dict, dict, float]]):
+    """The turns judged with per-block counts taken as exact (4 bytes a token, the usage built to match):
+    every prediction is then an integer a test can state."""
+    model = CloudModel(exact_counts=True)
+    return [model.add(cloud_request(provider, body, resp, t)) for body, resp, t in turns]
+
+
+def prompt_of(provider: Provider, body: dict) -> list[int]:
+    """Each block's end, in tokens, as `exactly` counts them."""
+    from itertools import accumulate
+
+    from tokendiff.core.cache.cloud import approx_tokens
+
+    return list(accumulate(approx_tokens(b.read) for b in cloud_request(provider, body, None).blocks))
+
+
+def responses_usage(cum: list[int], read: int, diagnostics: dict | None = None) -> dict:
+    """A GPT-5.6 Responses usage: what was read, and the rest of the prompt written (cache_write_tokens)."""
+    resp = openai_usage(cum[-1], read, diagnostics)
+    resp["usage"]["input_tokens_details"]["cache_write_tokens"] = cum[-1] - read
+    return resp
+
+
+def developer(n: int, tag: str, breakpoint: bool = False) -> dict:
+    part = {"type": "input_text", "text": text(n, tag)}
+    if breakpoint:
+        part["prompt_cache_breakpoint"] = {"mode": "explicit"}
+    return {"role": "developer", "content": [part]}
+
+
+def test_gpt_5_6_reads_at_message_ends_and_writes_at_a_premium():
+    """Implicit mode (the default): entries at the end of the initial developer block and of each user
+    message and tool-output run, read exactly (no 128-token steps); 40 idle minutes pass the 30-minute
+    TTL; an edit of the developer message re-writes everything at the 1.25x write price, as the provider's
+    own diagnosis says."""
+    call = {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"cmd": "ls"}'}
+    out = {"type": "function_call_output", "call_id": "c1", "output": text(200, "files")}
+    i1 = [developer(1500, "rules"), {"role": "user", "content": text(300, "task")}]
+    i2 = [*i1, call, out]
+    edited = [developer(1500, "RULES"), *i2[1:]]
+    b1, b2, b4 = (openai_body("k", items, instructions="") for items in (i1, i2, edited))
+    c1, c2, c4 = (prompt_of(Provider.OPENAI, b) for b in (b1, b2, b4))
+    diag = {"type": "cache_miss", "reason": "input_changed", "cache_missed_tokens": c2[-1]}
+    turns = exactly(
+        Provider.OPENAI,
+        [
+            (b1, responses_usage(c1, 0), 0.0),
+            (b2, responses_usage(c2, c1[-1]), 30.0),
+            (b2, responses_usage(c2, 0), 30.0 + 40 * 60),
+            (b4, responses_usage(c4, 0, diag), 30.0 + 41 * 60),
+        ],
+    )
+    assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.EXPIRED, CloudCause.CONTENT]
+    assert turns[1].predicted == turns[1].read == c1[-1]  # the user message's end: exact, not in 128s
+    assert turns[2].idle_s == 40 * 60 and "30m" in turns[2].detail and turns[2].waste == c2[-1]
+    assert turns[3].field == "input[0]" and turns[3].waste == turns[3].rewritten == c2[-1]
+    assert turns[3].provider_reason == "input_changed" and turns[3].agrees is True
+    price = price_of("gpt-5.6-terra")
+    assert price is not None and price.write_5m == pytest.approx(2.50)
+    assert break_cost(price, turns[3].waste, turns[3].rewritten) == pytest.approx(c2[-1] * (2.50 - 0.20) / 1e6)
+
+
+def test_gpt_5_6_explicit_mode_reads_only_at_the_marked_block():
+    """`prompt_cache_options.mode: "explicit"`: the one breakpoint is the developer message's marked content
+    block; user messages are no breakpoints, so a later turn reads the developer prefix alone, and a
+    changed user message after it costs nothing."""
+    options = {"prompt_cache_options": {"mode": "explicit", "ttl": "30m"}}
+    i1 = [developer(1500, "rules", breakpoint=True), {"role": "user", "content": text(300, "task one")}]
+    i2 = [i1[0], {"role": "user", "content": text(300, "task two")}]
+    b1, b2 = ({**openai_body("k", items, instructions=""), **options} for items in (i1, i2))
+    c1, c2 = prompt_of(Provider.OPENAI, b1), prompt_of(Provider.OPENAI, b2)
+    dev = c1[-2]  # the developer message's end: the marked block
+    u1 = responses_usage(c1, 0)
+    u1["usage"]["input_tokens_details"]["cache_write_tokens"] = dev  # written at the breakpoint only
+    u2 = responses_usage(c2, dev)
+    u2["usage"]["input_tokens_details"]["cache_write_tokens"] = 0
+    turns = exactly(Provider.OPENAI, [(b1, u1, 0.0), (b2, u2, 60.0)])
+    assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT]
+    assert turns[1].predicted == turns[1].read == dev and turns[1].waste == 0
+    assert turns[1].field == "input[1]" and "nothing lost" in turns[1].detail
+
+
+# ---------------------------------------------------------------- Gemini explicit caches (caching guide)
+
+
+def gemini_generate(cache: str | None, question: str, prompt: int, cached: int | None) -> tuple[dict, dict]:
+    """generateContent naming a cached content (the request carries only the new turn), and its answer."""
+    body: dict = {"contents": [{"role": "user", "parts": [{"text": text(20, question)}]}]}
+    if cache:
+        body["cachedContent"] = cache
+    else:  # the whole document sent again
+        body["contents"].insert(0, {"role": "user", "parts": [{"text": text(5000, "manual")}]})
+    meta = {"promptTokenCount": prompt, "candidatesTokenCount": 12, "totalTokenCount": prompt + 12}
+    if cached is not None:
+        meta["cachedContentTokenCount"] = cached
+    return body, {"candidates": [], "usageMetadata": meta, "modelVersion": "gemini-2.5-pro"}
+
+
+def gemini_cache(name: str, t: float, ttl: int = 300) -> tuple[dict, dict]:
+    """POST cachedContents: the document and its instructions stored for `ttl` seconds."""
+    from datetime import UTC, datetime
+
+    body = {
+        "model": "models/gemini-2.5-pro",
+        "contents": [{"role": "user", "parts": [{"text": text(5000, "manual")}]}],
+        "systemInstruction": {"parts": [{"text": "Answer from the manual."}]},
+        "ttl": f"{ttl}s",
+    }
+    expire = datetime.fromtimestamp(t + ttl, UTC).isoformat().replace("+00:00", "Z")
+    return body, {"name": name, "model": "models/gemini-2.5-pro", "usageMetadata": {"totalTokenCount": 5008},
+                  "expireTime": expire}  # fmt: skip
+
+
+def test_gemini_explicit_cache_read_whole_until_its_ttl_ends():
+    """A cached content is read whole by each request naming it, until its TTL (counted from its creation,
+    not extended by reads) ends; a new one is read the same way; a request that names none pays it all."""
+    error = {"error": {"code": 403, "message": "CachedContent not found (or permission denied)"}}
+    turns = run(
+        Provider.GEMINI,
+        [
+            (*gemini_cache("cachedContents/abc", 0.0), 0.0),
+            (*gemini_generate("cachedContents/abc", "q1", 5030, 5008), 10.0),
+            (*gemini_generate("cachedContents/abc", "q2", 5030, 5008), 200.0),
+            (gemini_generate("cachedContents/abc", "q3", 0, None)[0], error, 320.0),  # past 300 s
+            (*gemini_cache("cachedContents/def", 330.0, 3600), 330.0),
+            (*gemini_generate("cachedContents/def", "q3", 5030, 5008), 340.0),
+            (*gemini_generate(None, "q4", 5030, 0), 350.0),
+        ],
+    )
+    assert [t.cause for t in turns[:4]] == [CloudCause.COLD, CloudCause.HIT, CloudCause.HIT, CloudCause.EXPIRED]
+    assert [t.cause for t in turns[4:]] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
+    assert "cachedContents/abc created: 5,008 tokens stored for 5 min 0 s" == turns[0].detail
+    assert turns[1].predicted == turns[2].predicted == 5008 and turns[2].waste == 0  # 190 s idle: still there
+    assert "cachedContents/abc expired 20 s ago: its TTL runs from its creation" == turns[3].detail
+    assert turns[3].waste == 5008
+    assert turns[6].field == "cachedContent" and turns[6].waste == 5008
+    assert "names no cached content, not cachedContents/def" in turns[6].detail
+    price = price_of("gemini-2.5-pro")
+    assert price is not None and break_cost(price, turns[6].waste, 0) == pytest.approx(5008 * (1.25 - 0.31) / 1e6)

@@ -10,17 +10,19 @@ the session's rate (its breaks over its duration).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from tokendiff.config import load_config
-from tokendiff.core.cache.cloud import CloudModel, Provider, cloud_request, provider_of
+from tokendiff.core.cache.cloud import CloudModel, Provider, cloud_request, provider_of, tokenizer_for
 from tokendiff.core.prices import CloudReport, Price, PricedTurn, break_cost, parse_overrides, price_of
+from tokendiff.errors import InputError
 from tokendiff.notices import warn
 from tokendiff.sources.record import CaptureRecord
+from tokendiff.sources.tokenizers import load_bundled_text
 
 
 def _time(rec: CaptureRecord) -> float | None:
@@ -56,11 +58,12 @@ def cloud_report(
         provider = session_provider(records)
     if provider is None:
         return None
-    model = CloudModel()
+    model: CloudModel | None = None
+    counts = ESTIMATED
     turns: list[PricedTurn] = []
     last_model = ""
     first = last = None
-    for rec in records:
+    for k, rec in enumerate(records, 1):
         ts = _time(rec)
         if ts is not None:
             first, last = (ts if first is None else min(first, ts)), (ts if last is None else max(last, ts))
@@ -69,7 +72,10 @@ def cloud_report(
             continue
         req = cloud_request(provider, body, rec.response, ts)
         last_model = req.model or last_model
+        if model is None:  # the session's first model picks the tokenizer
+            model, counts = cloud_model(provider, req.model)
         t = model.add(req)
+        t.turn = k  # the session's numbering: a record without a body is a turn there too
         price = price_of(req.model, overrides)
         one_hour = bool(req.usage.written_1h)
         turns.append(PricedTurn(t, break_cost(price, t.waste, t.rewritten, one_hour) if price else None))
@@ -79,7 +85,7 @@ def cloud_report(
         turns,
         price_of(last_model, overrides),
         (last - first) if first is not None and last is not None and last > first else None,
-        "the provider's counts; per-block positions estimated (about 4 bytes a token)",
+        counts,
     )
     for p in turns:
         if p.turn.waste:
@@ -89,6 +95,27 @@ def cloud_report(
                 None if cost is None or p.cost is None else cost + p.cost,
             )
     return report
+
+
+ESTIMATED = "the provider's counts; per-block positions estimated (about 4 bytes a token: its tokenizer is not public)"
+
+
+def cloud_model(provider: Provider, model: str) -> tuple[CloudModel, str]:
+    """The rules model for a session of `model`, counting each block with the provider's own tokenizer
+    where tokendiff ships it (the first divergent token shown too), else estimating; and how the report
+    says its per-block counts were made. The provider's usage stays the truth for every total."""
+    choice = tokenizer_for(provider, model)
+    if choice is None:
+        return CloudModel(), ESTIMATED
+    name, own = choice
+    try:
+        tk = load_bundled_text(name)
+    except InputError as e:  # a damaged install: the estimate still judges the session
+        warn(f"the bundled {name} tokenizer could not be loaded ({e}): per-block counts estimated")
+        return CloudModel(), ESTIMATED
+    whose = f"{model}'s own" if own else f"the nearest published ({model}'s own is not)"
+    counts = f"the provider's counts for totals; per-block counts from the {name} tokenizer ({whose}), bundled"
+    return CloudModel(count=tk.count, exact_counts=True, pieces=tk.pieces), counts
 
 
 def user_prices() -> dict[str, Price]:
@@ -117,6 +144,17 @@ def cloud_section(path: str) -> CloudReport | None:
     return cloud_report(_records(src, kind), user_prices(), provider)
 
 
+def session_cloud(paths: Sequence[str]) -> CloudReport | None:
+    """Cloud mode for what a view opened: one capture or HAR sent to a provider; else None. A file that
+    cannot be read is the session's own error to report, not this one's."""
+    if len(paths) != 1:
+        return None
+    try:
+        return cloud_section(paths[0])
+    except (InputError, OSError):
+        return None
+
+
 def _first_records(src: Path, kind: str) -> Iterator[CaptureRecord]:
     """The first record alone: a capture's without reading past it; a HAR's first chat entry."""
     if kind == "capture":
@@ -137,4 +175,4 @@ def _records(src: Path, kind: str) -> Iterator[CaptureRecord]:
     return iter_har(src)
 
 
-__all__ = ["cloud_report", "cloud_section", "session_provider"]
+__all__ = ["cloud_report", "cloud_section", "session_cloud", "session_provider"]

@@ -195,13 +195,18 @@ def fleet_member(
 ) -> SessionFacts:
     """One session of a fleet, analysed (in a worker process): its facts (with its labels to hash when
     `redact`), its partitions written."""
+    from tokendiff.app.cloud import session_cloud
+    from tokendiff.report.cloud import cloud_facts
     from tokendiff.report.dataset import session_key
     from tokendiff.report.fleet import session_facts
 
     loaded = open_session(opts, [path], single_turns=False, engine=None)  # the fleet view shows no verdicts
     if export_dir:
         export_session_dataset(loaded, path, Path(export_dir), opts.order)
-    return session_facts(path, loaded.session, tokenizer_info(loaded.vocab), session_key(path), redact=redact)
+    cloud = session_cloud([path])  # sent to a cloud provider: its breaks in money, as its own report says
+    info = tokenizer_info(loaded.vocab)
+    facts = cloud_facts(cloud) if cloud is not None else None
+    return session_facts(path, loaded.session, info, session_key(path), redact=redact, cloud=facts)
 
 
 def analyse_fleet(

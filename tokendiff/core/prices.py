@@ -11,7 +11,7 @@ longest table key its name starts with. Pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -158,6 +158,20 @@ class CloudReport:
     @property
     def wasted_cost(self) -> float | None:
         costs = [p.cost for p in self.turns if p.turn.waste]
+        return None if any(c is None for c in costs) else sum(c for c in costs if c is not None)
+
+    def by_turn(self) -> dict[int, PricedTurn]:
+        """The turns the provider judged, by the session's turn number (from 1)."""
+        return {p.turn.turn: p for p in self.turns}
+
+    def turn_costs(self) -> dict[int, float]:
+        """$ each break cost, by the session's turn number (the turns that broke, where the model has a price)."""
+        return {p.turn.turn: p.cost for p in self.turns if p.turn.waste and p.cost is not None}
+
+    def cost_of(self, turns: Iterable[int]) -> float | None:
+        """$ the breaks of these turns cost at the provider (None: the model has no price)."""
+        wanted = set(turns)
+        costs = [p.cost for p in self.turns if p.turn.turn in wanted and p.turn.waste]
         return None if any(c is None for c in costs) else sum(c for c in costs if c is not None)
 
     def per_day(self, cost: float | None) -> float | None:

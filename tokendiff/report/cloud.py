@@ -1,16 +1,20 @@
 """The cloud section of a session report: the provider's cache, turn by turn, in tokens and money.
 
-`cloud_document` is the JSON (`doc["cloud"]`); `cloud_markdown` its lines in the markdown report.
+`cloud_document` is the JSON (`doc["cloud"]`); `cloud_markdown` its lines in the markdown report; the
+`*_text` functions the short forms the TUI shows (the session's fix-first list, a pair's header), and
+`cloud_facts` what the fleet view keeps of a session. All from one CloudReport (app.cloud builds it).
 """
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from typing import TYPE_CHECKING
 
 from tokendiff.core.kinds import CloudCause
 
 if TYPE_CHECKING:
     from tokendiff.core.prices import CloudReport
+    from tokendiff.report.fleet import CloudFacts
     from tokendiff.report.schema import CloudDocument
 
 CAUSE_TITLES = {
@@ -26,7 +30,21 @@ CAUSE_TITLES = {
 }
 
 
-def _money(v: float | None) -> str:
+SHORT_TITLES = {  # a verdict in a few words, where a line holds more than the verdict
+    CloudCause.COLD: "first request",
+    CloudCause.HIT: "hit",
+    CloudCause.CONTENT: "content changed",
+    CloudCause.EXPIRED: "lifetime expired",
+    CloudCause.BELOW_MINIMUM: "below the minimum",
+    CloudCause.KEY_CHANGED: "cache key changed",
+    CloudCause.MODEL_CHANGED: "model changed",
+    CloudCause.LOOKBACK: "beyond the lookback",
+    CloudCause.UNEXPLAINED: "read less than the rules allow",
+}
+
+
+def money(v: float | None) -> str:
+    """Dollars as a report shows them: four decimals under a dollar (a turn's break is often cents)."""
     if v is None:
         return "—"
     return f"${v:,.4f}" if v < 1 else f"${v:,.2f}"
@@ -89,8 +107,8 @@ def cloud_markdown(doc: CloudDocument) -> list[str]:
     """The section's lines."""
     out = ["", f"## The provider's cache ({doc['provider']}, {doc['model']})", ""]
     per_day = doc.get("wasted_usd_per_day")
-    rate = f"; {_money(per_day)} a day at this session's rate" if per_day is not None else ""
-    out.append(f"- wasted {doc['wasted_tokens']:,} cached tokens, {_money(doc['wasted_usd'])}{rate}")
+    rate = f"; {money(per_day)} a day at this session's rate" if per_day is not None else ""
+    out.append(f"- wasted {doc['wasted_tokens']:,} cached tokens, {money(doc['wasted_usd'])}{rate}")
     out.append(f"- token counts: {doc['counts']}")
     if doc["price"]:
         p = doc["price"]
@@ -99,7 +117,7 @@ def cloud_markdown(doc: CloudDocument) -> list[str]:
     if doc["causes"]:
         out += ["", "| cause | tokens | cost | a day at this rate |", "|---|---:|---:|---:|"]
         for c in doc["causes"]:
-            out.append(f"| {c['title']} | {c['tokens']:,} | {_money(c['usd'])} | {_money(c['usd_per_day'])} |")
+            out.append(f"| {c['title']} | {c['tokens']:,} | {money(c['usd'])} | {money(c['usd_per_day'])} |")
     out += [
         "",
         "| turn | verdict | prompt | read | written | wasted | cost | where / why | provider says |",
@@ -114,6 +132,75 @@ def cloud_markdown(doc: CloudDocument) -> list[str]:
         verdict = CAUSE_TITLES[CloudCause(t["cause"])]
         out.append(
             f"| {t['turn']} | {verdict} | {t['prompt']:,} | {read} | {written} | {t['waste']:,} "
-            f"| {_money(t['usd'])} | {where} | {said} |"
+            f"| {money(t['usd'])} | {where} | {said} |"
         )
     return out
+
+
+# ---------------------------------------------------------------- the short forms: the TUI and the fleet view
+
+
+def rate_text(report: CloudReport, cost: float | None) -> str:
+    """`cost` and what it amounts to a day at the session's rate, e.g. `$0.0110 ($7.92 a day)`."""
+    day = report.per_day(cost)
+    return money(cost) + (f" ({money(day)} a day)" if day is not None else "")
+
+
+def turn_text(report: CloudReport, number: int) -> str:
+    """Turn `number` at the provider in one line (a pair's header); "" where the provider did not judge it."""
+    p = report.by_turn().get(number)
+    if p is None:
+        return ""
+    head = f"{report.provider}: {SHORT_TITLES[p.turn.cause]}"
+    if not p.turn.waste:
+        return head
+    return f"{head}, {p.turn.waste:,} cached tokens paid again, {rate_text(report, p.cost)}"
+
+
+def session_text(report: CloudReport) -> list[str]:
+    """The session at the provider (the fix-first list's head): what its breaks cost, then each cause."""
+    out = [
+        f"at {report.provider} ({report.model or 'model unknown'}): {report.wasted_tokens:,} cached tokens "
+        f"paid again, {rate_text(report, report.wasted_cost)}"
+    ]
+    for cause, (tokens, usd) in sorted(report.by_cause.items(), key=lambda kv: -kv[1][0]):
+        out.append(f"{SHORT_TITLES[CloudCause(cause)]}: {tokens:,} tokens, {rate_text(report, usd)}")
+    return out
+
+
+def cloud_facts(report: CloudReport) -> CloudFacts:
+    """What the fleet view keeps of a session sent to a provider: its money, in total and by cause, with
+    the request fields (`tools`, `system`, `input`) whose changes cost it."""
+    from tokendiff.report.fleet import CloudCauseFacts, CloudFacts
+
+    turns: Counter[str] = Counter()
+    fields: dict[str, Counter[str]] = defaultdict(Counter)
+    for p in report.turns:
+        if p.turn.waste:
+            turns[p.turn.cause] += 1
+            if p.turn.field:
+                fields[p.turn.cause][_top_field(p.turn.field)] += p.turn.waste
+    causes = tuple(
+        CloudCauseFacts(
+            cause=CloudCause(c),
+            turns=turns[c],
+            tokens=tokens,
+            usd=usd,
+            usd_per_day=report.per_day(usd),
+            fields=tuple(fields[c].most_common()),
+        )
+        for c, (tokens, usd) in report.by_cause.items()
+    )
+    return CloudFacts(
+        provider=str(report.provider),
+        model=report.model,
+        wasted_tokens=report.wasted_tokens,
+        usd=report.wasted_cost,
+        usd_per_day=report.per_day(report.wasted_cost),
+        causes=causes,
+    )
+
+
+def _top_field(field: str) -> str:
+    """The request's top-level field of a block: `tools` of `tools[2]`, `messages` of `messages[4].content[1]`."""
+    return field.split("[", 1)[0].split(".", 1)[0]

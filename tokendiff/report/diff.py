@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from tokendiff.core.model import END_OF_PROMPT, Divergence, Finding, Prompt, SectionPath
-from tokendiff.core.secrets import mask
 from tokendiff.core.rounding import percent_text
+from tokendiff.core.secrets import mask
 from tokendiff.core.vocab import Vocab
 from tokendiff.report.excerpt import excerpt
 

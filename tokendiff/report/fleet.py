@@ -12,13 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
-from tokendiff.core.kinds import Backend, CauseKind
+from tokendiff.core.kinds import Backend, CauseKind, CloudCause
 from tokendiff.core.rounding import percent, percent_text
 
 if TYPE_CHECKING:
     from tokendiff.core.cost import Session
     from tokendiff.report.schema import (
         FleetCause,
+        FleetCloudCause,
+        FleetCloudRow,
         FleetDocument,
         FleetSessionRow,
         FleetSummary,
@@ -59,6 +61,30 @@ class TurnFacts:
 
 
 @dataclass(frozen=True)
+class CloudCauseFacts:
+    """A provider's verdict in one session, summed over its turns, priced."""
+
+    cause: CloudCause
+    turns: int
+    tokens: int  # cached tokens paid again
+    usd: float | None  # None: the model has no price
+    usd_per_day: float | None  # at the session's rate
+    fields: tuple[tuple[str, int], ...] = ()  # (request field, tokens): the fields whose changes cost it
+
+
+@dataclass(frozen=True)
+class CloudFacts:
+    """A session sent to a cloud provider: what its cache breaks cost (report.cloud.cloud_facts)."""
+
+    provider: str
+    model: str
+    wasted_tokens: int
+    usd: float | None
+    usd_per_day: float | None
+    causes: tuple[CloudCauseFacts, ...] = ()
+
+
+@dataclass(frozen=True)
 class SessionFacts:
     """What the fleet view keeps of one analysed session."""
 
@@ -76,6 +102,7 @@ class SessionFacts:
     key: str = ""  # the dataset's `session` partition, when exported
     labels: tuple[tuple[str, str], ...] = ()  # its section labels that name a tool or call, and hashed (--redact)
     skipped: tuple[tuple[str, str], ...] = ()  # (source, why) of its turns that could not be read
+    cloud: CloudFacts | None = None  # a session sent to a cloud provider: its breaks in money
 
     @property
     def reuse_pct(self) -> float:
@@ -83,10 +110,16 @@ class SessionFacts:
 
 
 def session_facts(
-    path: str, s: Session, tokenizer: TokenizerDoc, key: str = "", *, redact: bool = False
+    path: str,
+    s: Session,
+    tokenizer: TokenizerDoc,
+    key: str = "",
+    *,
+    redact: bool = False,
+    cloud: CloudFacts | None = None,
 ) -> SessionFacts:
     """A session reduced to its fleet facts: totals, ranked spans, its worst turns, and with `redact`
-    the labels `fleet_document` hashes."""
+    the labels `fleet_document` hashes; `cloud`: its money at the provider it was sent to."""
     from tokendiff.report.redact import session_labels
     from tokendiff.report.session import headline
 
@@ -132,6 +165,7 @@ def session_facts(
         key=key,
         labels=tuple(session_labels(s).items()) if redact else (),
         skipped=tuple(s.skipped),
+        cloud=cloud,
     )
 
 
@@ -186,6 +220,54 @@ def ranked_causes(sessions: Sequence[SessionFacts]) -> list[FleetCause]:
     ]
 
 
+def _sum_usd(values: Sequence[float | None]) -> float | None:
+    """A sum of dollars; None when any is unknown (a model without a price) or there are none."""
+    return None if not values or any(v is None for v in values) else round(sum(v for v in values if v is not None), 6)
+
+
+def ranked_cloud_causes(sessions: Sequence[SessionFacts]) -> list[FleetCloudCause]:
+    """The providers' verdicts across sessions, ranked by what they cost (then the tokens paid again). A
+    day's cost is the sum of each session's at its own rate."""
+    by: dict[CloudCause, list[tuple[str, CloudCauseFacts]]] = {}
+    for s in sessions:
+        for c in s.cloud.causes if s.cloud else ():
+            by.setdefault(c.cause, []).append((s.path, c))
+    rows: list[FleetCloudCause] = []
+    for cause, seen in by.items():
+        fields: dict[str, int] = {}
+        for _, c in seen:
+            for f, tokens in c.fields:
+                fields[f] = fields.get(f, 0) + tokens
+        rows.append(
+            {
+                "rank": 0,
+                "cause": str(cause),
+                "sessions": len({p for p, _ in seen}),
+                "turns": sum(c.turns for _, c in seen),
+                "tokens": sum(c.tokens for _, c in seen),
+                "usd": _sum_usd([c.usd for _, c in seen]),
+                "usd_per_day": _sum_usd([c.usd_per_day for _, c in seen]),
+                "fields": sorted(fields, key=lambda f: (-fields[f], f)),
+            }
+        )
+    rows.sort(key=lambda r: (-(r["usd"] or 0.0), -r["tokens"], r["cause"]))
+    for rank, r in enumerate(rows, 1):
+        r["rank"] = rank
+    return rows
+
+
+def _cloud_row(c: CloudFacts | None) -> FleetCloudRow | None:
+    if c is None:
+        return None
+    return {
+        "provider": c.provider,
+        "model": c.model,
+        "wasted_tokens": c.wasted_tokens,
+        "usd": _rounded(c.usd, 6),
+        "usd_per_day": _rounded(c.usd_per_day, 4),
+    }
+
+
 def _session_row(s: SessionFacts) -> FleetSessionRow:
     top = s.spans[0] if s.spans and s.spans[0].tokens > 0 else None
     return {
@@ -203,6 +285,7 @@ def _session_row(s: SessionFacts) -> FleetSessionRow:
         else {"kind": top.kind, "title": top.title, "section": top.section, "tokens": top.tokens},
         "headline": s.headline,
         "skipped_turns": [{"source": src, "reason": why} for src, why in s.skipped],
+        "cloud": _cloud_row(s.cloud),
     }
 
 
@@ -254,6 +337,7 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
     timed = [s.wasted_seconds for s in sessions if s.wasted_seconds is not None]
     causes = ranked_causes(sessions)
     wasted = sum(s.wasted_tokens for s in sessions)
+    priced = [s.cloud for s in sessions if s.cloud is not None]
     summary: FleetSummary = {
         "sessions": len(sessions),
         "turns": sum(s.turns for s in sessions),
@@ -266,6 +350,9 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
         "top_cause": causes[0] if causes and causes[0]["tokens"] > 0 else None,
         "headline": fleet_headline(causes, len(sessions), reused, total, wasted),
         "redacted": redact,
+        "cloud_sessions": len(priced),
+        "wasted_usd": _sum_usd([c.usd for c in priced]),
+        "wasted_usd_per_day": _sum_usd([c.usd_per_day for c in priced]),
     }
     no_tokenizer: NoTokenizer = {}
     doc: FleetDocument = {
@@ -274,6 +361,7 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
         "tokenizer": sessions[0].tokenizer if sessions else no_tokenizer,
         "sessions": [_session_row(s) for s in sessions],
         "causes": causes,
+        "cloud_causes": ranked_cloud_causes(sessions),
         "worst_turns": _worst_turns(sessions, worst),
         "replays": [],
     }

@@ -385,6 +385,46 @@ def _fleet_sessions(doc: FleetDocument) -> list[str]:
     return out
 
 
+def _fleet_cloud(doc: FleetDocument) -> list[str]:
+    """The sessions sent to cloud providers: the verdicts across them in money, then each session's."""
+    from tokendiff.core.kinds import CloudCause
+    from tokendiff.report.cloud import CAUSE_TITLES, money
+
+    rows = [r for r in doc["sessions"] if r["cloud"]]
+    if not rows:
+        return []
+    e, s = escape, doc["summary"]
+    out = [
+        "<h2>At the cloud providers</h2>",
+        f"<p>{s['cloud_sessions']} sessions sent to a provider: {money(s['wasted_usd'])} paid for cached tokens "
+        f"again; {money(s['wasted_usd_per_day'])} a day at their rates.</p>",
+        "<table><tr><th>#</th><th>verdict</th><th>sessions</th><th>turns</th><th>tokens</th><th>cost</th>"
+        "<th>a day at this rate</th><th>fields</th></tr>",
+    ]
+    for c in doc["cloud_causes"]:
+        fields = ", ".join(f"<code>{e(f)}</code>" for f in c["fields"])
+        out.append(
+            f"<tr><td class=n>{c['rank']}</td><td>{e(CAUSE_TITLES[CloudCause(c['cause'])])}</td>"
+            f"<td class=n>{c['sessions']}</td><td class=n>{c['turns']:,}</td><td class=n>{c['tokens']:,}</td>"
+            f"<td class=n>{money(c['usd'])}</td><td class=n>{money(c['usd_per_day'])}</td><td>{fields}</td></tr>"
+        )
+    out.append("</table>")
+    out.append(
+        "<table><tr><th>session</th><th>provider</th><th>model</th><th>tokens paid again</th><th>cost</th>"
+        "<th>a day at this rate</th></tr>"
+    )
+    for r in rows:
+        row = r["cloud"]
+        assert row is not None
+        out.append(
+            f"<tr><td><code>{e(r['path'])}</code></td><td>{e(row['provider'])}</td><td>{e(row['model'])}</td>"
+            f"<td class=n>{row['wasted_tokens']:,}</td><td class=n>{money(row['usd'])}</td>"
+            f"<td class=n>{money(row['usd_per_day'])}</td></tr>"
+        )
+    out.append("</table>")
+    return out
+
+
 def _fleet_worst(doc: FleetDocument) -> list[str]:
     e = escape
     out = [
@@ -439,6 +479,6 @@ def render_fleet_html(doc: FleetDocument) -> str:
         for i, r in enumerate(doc["sessions"], 1)
     ]
     out += ["<h2>Reuse by session</h2>", _chart(bars, "session"), "<h2>Causes, ranked across sessions</h2>"]
-    out += _fleet_causes(doc) + _fleet_sessions(doc) + _fleet_worst(doc) + _replays(doc)
+    out += _fleet_causes(doc) + _fleet_sessions(doc) + _fleet_cloud(doc) + _fleet_worst(doc) + _replays(doc)
     out.append("</body></html>")
     return "\n".join(out)

@@ -276,6 +276,46 @@ def _fleet_causes(doc: FleetDocument) -> list[str]:
     return out
 
 
+def _fleet_cloud(doc: FleetDocument) -> list[str]:
+    """The sessions sent to cloud providers: each one's breaks in money, then the verdicts across them."""
+    from tokendiff.core.kinds import CloudCause
+    from tokendiff.report.cloud import CAUSE_TITLES, money
+
+    rows = [r for r in doc["sessions"] if r["cloud"]]
+    if not rows:
+        return []
+    s = doc["summary"]
+    out = ["", "## At the cloud providers", ""]
+    out.append(
+        f"- {s['cloud_sessions']} sessions sent to a provider: {money(s['wasted_usd'])} paid for cached tokens "
+        f"again; {money(s['wasted_usd_per_day'])} a day at their rates"
+    )
+    out += [
+        "",
+        "| # | verdict | sessions | turns | tokens | cost | a day at this rate | fields |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in doc["cloud_causes"]:
+        fields = ", ".join(f"`{_code(f)}`" for f in c["fields"][:3])
+        out.append(
+            f"| {c['rank']} | {_cell(CAUSE_TITLES[CloudCause(c['cause'])])} | {c['sessions']} | {c['turns']:,} | "
+            f"{c['tokens']:,} | {money(c['usd'])} | {money(c['usd_per_day'])} | {_cell(fields)} |"
+        )
+    out += [
+        "",
+        "| session | provider | model | tokens paid again | cost | a day at this rate |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        row = r["cloud"]
+        assert row is not None
+        out.append(
+            f"| `{_code(r['path'])}` | {row['provider']} | {_cell(row['model'])} | {row['wasted_tokens']:,} | "
+            f"{money(row['usd'])} | {money(row['usd_per_day'])} |"
+        )
+    return out
+
+
 def _fleet_worst(doc: FleetDocument) -> list[str]:
     if not doc["worst_turns"]:
         return ["None: no turn wasted a token."]
@@ -315,6 +355,7 @@ def render_fleet_markdown(doc: FleetDocument) -> str:
             out.append(f"- turn left out, could not be read: `{_code(left['source'])}`: {left['reason']}")
     out += ["", "## Causes, ranked across sessions", "", *_fleet_causes(doc)]
     out += ["", "## Sessions", "", *_fleet_sessions(doc)]
+    out += _fleet_cloud(doc)
     out += ["", "## Worst turns", "", *_fleet_worst(doc)]
     out += _replays(doc)
     return "\n".join(out) + "\n"

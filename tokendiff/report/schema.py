@@ -545,6 +545,29 @@ class FleetCause(TypedDict):
     sections: list[str]
 
 
+class FleetCloudCause(TypedDict):
+    """A provider's verdict summed across the sessions sent to providers, priced."""
+
+    rank: int
+    cause: str  # a core.kinds.CloudCause
+    sessions: int
+    turns: int
+    tokens: int  # cached tokens paid again
+    usd: float | None  # None: a model without a price
+    usd_per_day: float | None  # each session's at its own rate, summed
+    fields: list[str]  # the request fields whose changes cost it, the costliest first
+
+
+class FleetCloudRow(TypedDict):
+    """A session sent to a cloud provider: what its cache breaks cost."""
+
+    provider: str
+    model: str
+    wasted_tokens: int
+    usd: float | None
+    usd_per_day: float | None
+
+
 class FleetTopCause(TypedDict):
     kind: str
     title: str
@@ -565,6 +588,7 @@ class FleetSessionRow(TypedDict):
     top_cause: FleetTopCause | None
     headline: str
     skipped_turns: NotRequired[list[SkippedTurnDoc]]  # its turns that could not be read, left out
+    cloud: FleetCloudRow | None  # a session sent to a cloud provider (else null)
 
 
 class FleetWorstTurn(TypedDict):
@@ -592,6 +616,9 @@ class FleetSummary(TypedDict):
     top_cause: FleetCause | None
     headline: str
     redacted: bool
+    cloud_sessions: int  # sessions sent to a cloud provider
+    wasted_usd: float | None  # their breaks' cost (null: none, or a model without a price)
+    wasted_usd_per_day: float | None
 
 
 class FleetDocument(TypedDict):
@@ -602,6 +629,7 @@ class FleetDocument(TypedDict):
     tokenizer: TokenizerDoc | NoTokenizer
     sessions: list[FleetSessionRow]
     causes: list[FleetCause]
+    cloud_causes: list[FleetCloudCause]  # the providers' verdicts across the cloud sessions, by cost
     worst_turns: list[FleetWorstTurn]
     replays: list[ReplayDocument]
     skipped: NotRequired[list[str]]  # the sessions that could not be read (app.fleet)

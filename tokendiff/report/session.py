@@ -14,8 +14,8 @@ from tokendiff.core.cache.kv_events import EVICTED, EVICTED_TITLE
 from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Session, Span, Turn
 from tokendiff.core.kinds import Backend
 from tokendiff.core.model import Prompt, SectionPath
-from tokendiff.core.secrets import mask
 from tokendiff.core.rounding import percent, percent_text
+from tokendiff.core.secrets import mask
 from tokendiff.report.diff import path_json
 from tokendiff.report.engine import engine_json, turn_engine_json
 from tokendiff.report.excerpt import excerpt

@@ -572,6 +572,35 @@ def load_bundled() -> Vocab:
     return v
 
 
+class BundledText:
+    """A provider's tokenizer that ships with tokendiff, for text: how many tokens a text is and which.
+    A session repeats its blocks turn after turn: the counts of the last texts are kept."""
+
+    def __init__(self, vocab: Vocab, text: TextTokenizer) -> None:
+        from functools import lru_cache
+
+        self.vocab, self.name = vocab, vocab.name
+        self._encode = lru_cache(maxsize=2048)(lambda t: text.encode(t))
+
+    def encode(self, text: str) -> list[int]:
+        """The text's token IDs (special tokens in the text parsed as such)."""
+        return list(self._encode(text))
+
+    def count(self, text: str) -> int:
+        return len(self._encode(text))
+
+    def pieces(self, text: str) -> list[str]:
+        """The text's tokens as text (a token that ends inside a character shows its bytes replaced)."""
+        return [self.vocab.piece(i).decode("utf-8", "replace") for i in self._encode(text)]
+
+
+def load_bundled_text(name: str) -> BundledText:
+    """A provider's tokenizer shipped in tokendiff/data/NAME/ (o200k_base as `o200k`, `deepseek-v3`)."""
+    folder = {"o200k_base": "o200k"}.get(name, name)
+    v = load_tokenizer_json(bundled_data_dir() / folder / "tokenizer.json.gz", name=f"bundled {name} tokenizer")
+    return BundledText(v, text_tokenizer(v))
+
+
 # ---------------------------------------------------------------- GGUF
 
 

@@ -18,6 +18,7 @@ from textual.binding import Binding
 from textual.command import Hit, Hits, Provider
 from textual.screen import Screen
 
+from tokendiff.app.cloud import session_cloud
 from tokendiff.app.pair import PairResult, PromptOptions
 from tokendiff.app.reports import export_report, session_report
 from tokendiff.app.session import (
@@ -40,6 +41,7 @@ from tokendiff.tui.widgets.token_view import TokenPanes, TokenView
 if TYPE_CHECKING:
     from tokendiff.core.cost import Session
     from tokendiff.core.model import Prompt
+    from tokendiff.core.prices import CloudReport
     from tokendiff.core.vocab import Vocab
     from tokendiff.sources.loader import Loader
 
@@ -115,6 +117,7 @@ class TokendiffApp(App):
         self.loaded: LoadedSession | None = None
         self.prompts: Sequence[Prompt] = []
         self.session: Session | None = None
+        self.cloud: CloudReport | None = None  # a session sent to a cloud provider: its breaks priced
         self.vocab: Vocab | None = None
         self.loader: Loader | None = None
         self._opened_first = False
@@ -169,6 +172,8 @@ class TokendiffApp(App):
     def load_session(self) -> None:
         o = self.options
         early = self._first_pair if o.open_first_divergence and not o.live else None
+        # before the turns: the first pair's header may open with its cost (a local session's first record only)
+        self.cloud = None if o.live else session_cloud(o.paths)
         try:
             engine = engine_config(o.paths, o.prompts, server_args=o.server_args, server_log=o.server_log)
             loaded = open_session(
@@ -234,7 +239,7 @@ class TokendiffApp(App):
         self.vocab, self.loader = loaded.vocab, loaded.loader
         screen = self.screen_stack[1] if len(self.screen_stack) > 1 else self.screen
         if isinstance(screen, SessionScreen):
-            screen.show(loaded.session)
+            screen.show(loaded.session, self.cloud)
         if self._pair_asked is not None:
             (turn, replace), self._pair_asked = self._pair_asked, None
             self.open_pair(turn, replace)
@@ -267,10 +272,15 @@ class TokendiffApp(App):
         from tokendiff.tui.widgets.pairdata import build_pair_view
 
         view = build_pair_view(pair.a, pair.b, pair.divergence)
+        from tokendiff.report.cloud import turn_text
+
         label = pair_label(self.options.paths, pair.a.origin, pair.b.origin, turn)
         turns = self.loaded.session.turns if self.loaded is not None else []
         engine = pair_engine(turns[turn - 1] if 0 < turn <= len(turns) else None)
-        return PairScreen(turn, pair.a, pair.b, pair.divergence, pair.findings, view, label=label, engine=engine)
+        cost = turn_text(self.cloud, turn) if self.cloud is not None else ""
+        return PairScreen(
+            turn, pair.a, pair.b, pair.divergence, pair.findings, view, label=label, engine=engine, cloud=cost
+        )
 
     def _show_pair(self, screen: PairScreen, replace: bool) -> None:
         if replace and isinstance(self.screen, PairScreen):

@@ -7,12 +7,17 @@ A cloud cache is not a slot: each provider keeps prefixes by its own rules, and 
   4; a top-level `cache_control` puts one on the last block), and only when the prefix up to it reaches
   the model's minimum; a request reads the longest entry found at a breakpoint or up to 20 blocks before
   it (the lookback window); an entry lives 5 minutes (or 1 hour), refreshed by each read.
-- **OpenAI** (developers.openai.com/api/docs/guides/prompt-caching): automatic from 1,024 tokens, reported
-  in 128-token steps; requests are routed by a hash of the prompt's start and `prompt_cache_key`, so a
-  new key lands on a machine without the prefix; `in_memory` retention keeps a prefix 5-10 idle minutes
-  (at most an hour), `24h` a day.
+- **OpenAI** (developers.openai.com/api/docs/guides/prompt-caching): before GPT-5.6, automatic from
+  1,024 tokens, reported in 128-token steps; requests are routed by a hash of the prompt's start and
+  `prompt_cache_key`, so a new key lands on a machine without the prefix; `in_memory` retention keeps a
+  prefix 5-10 idle minutes (at most an hour), `24h` a day. From GPT-5.6, entries at breakpoints: in the
+  default implicit mode the end of each user message, of each run of tool outputs and of the initial
+  developer block, plus the content blocks marked `prompt_cache_breakpoint: {"mode": "explicit"}` (the
+  only ones with `prompt_cache_options.mode: "explicit"`); at most 4 written a request, looked up at the
+  first 2 and latest 50 explicit ones and the latest 20 message ends; `prompt_cache_options.ttl` (30m).
 - **Gemini** (ai.google.dev/gemini-api/docs/caching): implicit caching above a per-model minimum, no
-  guaranteed lifetime; explicit cached contents (`cachedContent`) live their TTL.
+  guaranteed lifetime; an explicit cached content (`POST cachedContents` with a `ttl` or `expireTime`)
+  is read whole by each request naming it (`cachedContent`) until it expires (no read refreshes it).
 - **DeepSeek** (api-docs.deepseek.com/guides/kv_cache): a hit needs a whole stored prefix unit: the end
   of each earlier request's prompt, or a common prefix found when two requests parted.
 
@@ -25,8 +30,9 @@ which is the truth for accounting. Pure: no I/O.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -43,7 +49,10 @@ class Provider(StrEnum):
 
 LOOKBACK_BLOCKS = 20
 MAX_BREAKPOINTS = 4
-TTL = {"5m": 300.0, "1h": 3600.0}
+TTL = {"5m": 300.0, "1h": 3600.0, "30m": 1800.0, "12h": 43200.0}  # Anthropic's; OpenAI's from GPT-5.6
+OPENAI_LOOKUP = (2, 50, 21)  # GPT-5.6+ looks up the first 2 and latest 50 explicit breakpoints, the latest message
+# end and 20 before it
+GEMINI_EXPLICIT_TTL = 3600.0  # a cached content made before the session: its documented default TTL
 OPENAI_STEP = 128
 OPENAI_MINIMUM = 1024
 OPENAI_RETENTION = {"in_memory": 600.0, "24h": 86400.0}  # in memory: 5-10 idle minutes; the upper bound
@@ -83,6 +92,48 @@ class Block:
     field: str  # the request field, e.g. tools[2], system[0], messages[4].content[1]
     text: str  # its content as the provider hashes it (canonical JSON of the block)
     breakpoint: str | None = None  # "5m" or "1h" where the block carries cache_control
+    visible: str = ""  # what the model reads of it (its strings, not the JSON around them); "": the text
+    explicit: bool = False  # OpenAI: the breakpoint is marked in the request (else a message end, implicit)
+
+    @property
+    def read(self) -> str:
+        """The text a tokenizer counts: what the model reads where known, else the block's JSON."""
+        return self.visible or self.text
+
+
+class CloudTokenizer(StrEnum):
+    """The providers' tokenizers tokendiff ships (tokendiff/data/README.md: origin, licence)."""
+
+    O200K = "o200k_base"  # OpenAI's, for GPT-4o, GPT-4.1, GPT-5 and the o-series (tiktoken)
+    DEEPSEEK_V3 = "deepseek-v3"  # DeepSeek-V3's (also V3-0324, R1, and behind deepseek-chat / -reasoner)
+
+
+# which shipped tokenizer counts a model's prompt: (provider, model name prefixes, tokenizer, the model's own)
+TOKENIZERS = (
+    (Provider.OPENAI, ("gpt-4o", "chatgpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "codex"), True),
+    (Provider.DEEPSEEK, ("deepseek-chat", "deepseek-reasoner", "deepseek-v3", "deepseek-r1"), True),
+    (Provider.DEEPSEEK, ("deepseek",), False),  # a newer model: DeepSeek-V3's is the nearest published
+)
+TOKENIZER_OF = {Provider.OPENAI: CloudTokenizer.O200K, Provider.DEEPSEEK: CloudTokenizer.DEEPSEEK_V3}
+
+
+def tokenizer_for(provider: Provider, model: str) -> tuple[CloudTokenizer, bool] | None:
+    """The shipped tokenizer for a model's prompts, and whether it is the model's own (else the nearest);
+    None where none is public (Claude, Gemini) or shipped (OpenAI's older cl100k models)."""
+    m = model.lower()
+    for p, prefixes, own in TOKENIZERS:
+        if p == provider and m.startswith(prefixes):
+            return TOKENIZER_OF[p], own
+    return None
+
+
+@dataclass(frozen=True)
+class ExplicitCache:
+    """A Gemini cached content: its name, its tokens, when it expires (seconds)."""
+
+    name: str
+    tokens: int
+    expires: float
 
 
 @dataclass(frozen=True)
@@ -97,6 +148,9 @@ class CloudRequest:
     key: str | None = None  # OpenAI prompt_cache_key
     retention: str | None = None  # OpenAI prompt_cache_retention
     diagnostics: Any = None  # the provider's own: Anthropic `diagnostics`, OpenAI `prompt_cache_diagnostics`
+    breakpoints: bool = False  # OpenAI from GPT-5.6: entries at the blocks' breakpoints, as Anthropic's
+    cached_content: str | None = None  # Gemini: the explicit cache the request names (`cachedContent`)
+    creates: ExplicitCache | None = None  # Gemini: the request made this cached content (`POST cachedContents`)
 
 
 @dataclass
@@ -147,16 +201,19 @@ class CloudModel:
     _prev_cum: list[int] = field(default_factory=list)
     _prev_extent: int = 0  # tokens the previous request left cached (read or written)
     _entries: dict[str, _Entry] = field(default_factory=dict)  # prefix hash -> entry (Anthropic, DeepSeek)
+    _explicit: dict[str, _Entry] = field(default_factory=dict)  # Gemini's cached contents, by name
     _last_t: float | None = None
 
     def add(self, req: CloudRequest) -> CloudTurn:
         cum = self._cumulative(req)
         hashes = _prefix_hashes(req)
         t = req.t if req.t is not None else (self._last_t or 0.0)
+        if req.creates is not None:  # not a turn of the conversation: it makes the cache the next ones name
+            return self._created(req, cum)
         rules = {
             Provider.ANTHROPIC: self._anthropic,
-            Provider.OPENAI: self._implicit,
-            Provider.GEMINI: self._implicit,
+            Provider.OPENAI: self._at_openai_breakpoints if req.breakpoints else self._implicit,
+            Provider.GEMINI: self._gemini,
             Provider.DEEPSEEK: self._deepseek,
         }[req.provider]
         predicted, free, extent = rules(req, cum, hashes, t)
@@ -170,31 +227,54 @@ class CloudModel:
     # ------------------------------------------------------------ the rules
 
     def _cumulative(self, req: CloudRequest) -> list[int]:
-        """Tokens up to the end of each block, scaled so the last is the provider's prompt count."""
-        raw = [self.count(b.text) for b in req.blocks]
-        total = sum(raw)
-        prompt = req.usage.prompt
-        scale = prompt / total if prompt and total and not self.exact_counts else 1.0
+        """Tokens up to the end of each block, the last being the provider's prompt count. An estimate is
+        scaled to it; the provider's own tokenizer's counts are kept, and what the provider counted beyond
+        them (the template's markers, its hidden tokens) shared equally among the blocks."""
+        raw = [self.count(b.read) for b in req.blocks]
+        total, prompt = sum(raw), req.usage.prompt
+        extra = (prompt - total) / len(raw) if raw and prompt and self.exact_counts and prompt >= total else None
+        scale = prompt / total if prompt and total and extra is None else 1.0
         out, acc = [], 0.0
         for n in raw:
-            acc += n * scale
+            acc += n * scale + (extra or 0.0)
             out.append(int(round(acc)))
         return out
 
     def _anthropic(self, req: CloudRequest, cum: list[int], hashes: list[str], t: float) -> tuple[int, int, int]:
-        """(read, read had nothing expired, tokens left cached). Entries are read at a breakpoint or up to
-        20 blocks before it; written at each breakpoint whose prefix reaches the minimum."""
+        """Entries are read at a breakpoint or up to 20 blocks before it (the first found); written at each
+        of the last 4 breakpoints whose prefix reaches the minimum."""
         bps = [i for i, b in enumerate(req.blocks) if b.breakpoint][-MAX_BREAKPOINTS:]
-        live = free = -1
+        found = []
         for bp in bps:
-            for j in range(bp, max(-1, bp - LOOKBACK_BLOCKS), -1):
-                e = self._entries.get(hashes[j])
-                if e is None:
-                    continue
-                free = max(free, j)
-                if e.expires >= t:
-                    live = max(live, j)
-                break
+            j = next((j for j in range(bp, max(-1, bp - LOOKBACK_BLOCKS), -1) if hashes[j] in self._entries), None)
+            found += [j] if j is not None else []
+        return self._at_breakpoints(req, cum, hashes, t, found, bps)
+
+    def _at_openai_breakpoints(
+        self, req: CloudRequest, cum: list[int], hashes: list[str], t: float
+    ) -> tuple[int, int, int]:
+        """GPT-5.6 and later: entries looked up at the first 2 and latest 50 explicit breakpoints and the
+        latest 20 message ends; written at the last 4 breakpoints whose prefix reaches the minimum."""
+        first, latest, ends = OPENAI_LOOKUP
+        explicit = [i for i, b in enumerate(req.blocks) if b.breakpoint and b.explicit]
+        implicit = [i for i, b in enumerate(req.blocks) if b.breakpoint and not b.explicit]
+        lookup = sorted({*explicit[:first], *explicit[-latest:], *implicit[-ends:]})
+        bps = [i for i, b in enumerate(req.blocks) if b.breakpoint][-MAX_BREAKPOINTS:]
+        return self._at_breakpoints(req, cum, hashes, t, lookup, bps)
+
+    def _at_breakpoints(
+        self, req: CloudRequest, cum: list[int], hashes: list[str], t: float, lookup: list[int], bps: list[int]
+    ) -> tuple[int, int, int]:
+        """(read, read had nothing expired, tokens left cached): the longest entry at a `lookup` position;
+        a read refreshes the entries on its prefix; entries written at `bps` whose prefix reaches the minimum."""
+        live = free = -1
+        for j in lookup:
+            e = self._entries.get(hashes[j])
+            if e is None:
+                continue
+            free = max(free, j)
+            if e.expires >= t:
+                live = max(live, j)
         minimum = minimum_tokens(req.provider, req.model)
         for j in range(live + 1):  # a read refreshes every entry on the prefix it read
             if hashes[j] in self._entries and self._entries[hashes[j]].expires >= t:
@@ -211,7 +291,7 @@ class CloudModel:
         """OpenAI and Gemini: the common prefix with the previous request, from the minimum, in OpenAI's
         128-token steps; nothing across a routing key or model change, or past the retention."""
         prev = self._prev
-        if prev is None or prev.model != req.model or (req.provider == Provider.OPENAI and prev.key != req.key):
+        if prev is None or _model_changed(prev, req) or (req.provider == Provider.OPENAI and prev.key != req.key):
             return 0, 0, cum[-1] if cum else 0
         common = _common_tokens(prev, self._prev_cum, req, cum, self.count)
         minimum = minimum_tokens(req.provider, req.model)
@@ -222,6 +302,30 @@ class CloudModel:
         gap = t - (self._last_t or t)
         live = free if limit is None or gap <= limit else 0
         return live, free, cum[-1] if cum else 0
+
+    def _gemini(self, req: CloudRequest, cum: list[int], hashes: list[str], t: float) -> tuple[int, int, int]:
+        """A request naming a cached content reads all of it while it lives (reads do not extend it); one
+        made before the session is known by what its first request read. Else implicit caching."""
+        name = req.cached_content
+        if name is None:
+            return self._implicit(req, cum, hashes, t)
+        c = self._explicit.get(name)
+        if c is None:
+            c = self._explicit[name] = _Entry(t + GEMINI_EXPLICIT_TTL, req.usage.cached or 0)
+        live = c.tokens if t <= c.expires else 0
+        return live, c.tokens, live
+
+    def _created(self, req: CloudRequest, cum: list[int]) -> CloudTurn:
+        """`POST cachedContents`: the cache its later requests read, written whole at the input price."""
+        c = req.creates
+        assert c is not None
+        tokens = c.tokens or (cum[-1] if cum else 0)
+        self._explicit[c.name] = _Entry(c.expires, tokens)
+        made = f"{c.name} created: {tokens:,} tokens stored for {_duration(c.expires - (req.t or 0.0))}"
+        turn = CloudTurn(len(self.turns) + 1, CloudCause.COLD, tokens, None, tokens, 0, detail=made)
+        turn.estimated = not self.exact_counts
+        self.turns.append(turn)
+        return turn
 
     def _deepseek(self, req: CloudRequest, cum: list[int], hashes: list[str], t: float) -> tuple[int, int, int]:
         """A whole stored unit: the longest earlier prompt end (or common prefix) this prompt starts with."""
@@ -245,11 +349,14 @@ class CloudModel:
 
     def _verdict(self, req: CloudRequest, cum: list[int], predicted: int, free: int, t: float) -> CloudTurn:
         u = req.usage
-        prompt = u.prompt if u.prompt is not None else (cum[-1] if cum else 0)
+        prompt = u.prompt if u.prompt is not None else (cum[-1] if cum else 0) + self._named_tokens(req)
         turn = CloudTurn(len(self.turns) + 1, CloudCause.HIT, prompt, u.cached, u.written, predicted)
         turn.estimated = not self.exact_counts
         read = u.cached if u.cached is not None else predicted
         prev = self._prev
+        if prev is None and req.cached_content is not None and predicted:
+            turn.detail = f"read {req.cached_content} whole ({predicted:,} tokens)"
+            return turn
         if prev is None:
             turn.cause = CloudCause.COLD if self._cacheable(req, cum) else CloudCause.BELOW_MINIMUM
             turn.detail = _below(req, cum) if turn.cause == CloudCause.BELOW_MINIMUM else "first request: written"
@@ -261,7 +368,7 @@ class CloudModel:
         if d is not None:
             turn.field = req.blocks[d].field if d < len(req.blocks) else prev.blocks[d].field
             turn.excerpt, turn.token = _excerpt(prev, req, d, self.pieces)
-        if prev.model != req.model:
+        if _model_changed(prev, req):
             turn.cause, turn.detail = CloudCause.MODEL_CHANGED, f"the model changed ({prev.model} -> {req.model})"
         elif req.provider == Provider.OPENAI and prev.key != req.key:
             turn.cause = CloudCause.KEY_CHANGED
@@ -269,9 +376,13 @@ class CloudModel:
         elif turn.waste == 0:
             turn.cause = CloudCause.HIT
             turn.detail = _hit_detail(turn, d, prev, cum)
+        elif prev.cached_content and req.cached_content != prev.cached_content:
+            turn.cause, turn.field = CloudCause.CONTENT, "cachedContent"
+            now = req.cached_content or "no cached content"
+            turn.detail = f"the request names {now}, not {prev.cached_content}: what that one held is paid again"
         elif free > predicted:
             turn.cause, turn.idle_s = CloudCause.EXPIRED, gap
-            turn.detail = f"idle {_duration(gap)}: longer than the cache's lifetime ({_lifetime(req)})"
+            turn.detail = self._expired(req, gap, t)
         elif not self._cacheable(req, cum):
             turn.cause, turn.detail = CloudCause.BELOW_MINIMUM, _below(req, cum)
         elif d is not None and (self._prev_cum[d - 1] if 0 < d <= len(self._prev_cum) else 0) < self._prev_extent:
@@ -285,20 +396,42 @@ class CloudModel:
             turn.detail = "the provider read less than its rules allow (eviction, or overflow routing)"
         return turn
 
+    def _named_tokens(self, req: CloudRequest) -> int:
+        """The tokens of the cached content a request names (part of its prompt, though not in its body)."""
+        c = self._explicit.get(req.cached_content) if req.cached_content else None
+        return c.tokens if c is not None else 0
+
+    def _expired(self, req: CloudRequest, gap: float, t: float) -> str:
+        """Why the entry was gone: the idle gap past its lifetime; a cached content's fixed TTL."""
+        c = self._explicit.get(req.cached_content) if req.cached_content else None
+        if c is not None:
+            return f"{req.cached_content} expired {_duration(t - c.expires)} ago: its TTL runs from its creation"
+        return f"idle {_duration(gap)}: longer than the cache's lifetime ({_lifetime(req)})"
+
     def _cacheable(self, req: CloudRequest, cum: list[int]) -> bool:
         minimum = minimum_tokens(req.provider, req.model)
-        if req.provider == Provider.ANTHROPIC:
+        if req.cached_content is not None:  # the cached content was made: it passed the minimum then
+            return True
+        if req.provider == Provider.ANTHROPIC or req.breakpoints:
             bps = [i for i, b in enumerate(req.blocks) if b.breakpoint]
             return any(cum[bp] >= minimum for bp in bps)
         return bool(cum) and cum[-1] >= minimum
+
+
+def _model_changed(prev: CloudRequest, req: CloudRequest) -> bool:
+    """Another model (a request that does not say, such as an error's, is no change: Gemini names the
+    model in the URL, and only a success's `modelVersion` in the answer)."""
+    return bool(prev.model and req.model) and prev.model != req.model
 
 
 def _reported_extent(req: CloudRequest, modelled: int) -> int:
     """What this request leaves cached, as the provider counts it: Anthropic's read + written; OpenAI's
     prompt in 128-token steps from the minimum; Gemini's from its minimum; DeepSeek's whole prompt."""
     u = req.usage
-    if req.provider == Provider.ANTHROPIC and (u.cached is not None or u.written is not None):
+    if (req.provider == Provider.ANTHROPIC or req.breakpoints) and (u.cached is not None or u.written is not None):
         return (u.cached or 0) + (u.written or 0)
+    if req.cached_content is not None:  # Gemini: the cached content, while it lives
+        return u.cached if u.cached is not None else modelled
     if u.prompt is None:
         return modelled
     if u.prompt < minimum_tokens(req.provider, req.model):
@@ -318,9 +451,9 @@ def _hit_detail(turn: CloudTurn, d: int | None, prev: CloudRequest, cum: list[in
 
 
 def _lifetime(req: CloudRequest) -> str:
-    if req.provider == Provider.ANTHROPIC:
+    if req.provider == Provider.ANTHROPIC or req.breakpoints:
         ttls = {b.breakpoint for b in req.blocks if b.breakpoint}
-        return " / ".join(sorted(ttls)) or "5m"
+        return " / ".join(sorted(ttls)) or ("30m" if req.breakpoints else "5m")
     if req.provider == Provider.OPENAI:
         return req.retention or "in_memory, 5-10 idle minutes"
     return "hours"
@@ -358,7 +491,7 @@ def _common_tokens(a: CloudRequest, a_cum: list[int], b: CloudRequest, b_cum: li
     before = b_cum[d - 1] if d > 0 else 0
     if d >= len(a.blocks) or d >= len(b.blocks):
         return before
-    x, y = a.blocks[d].text, b.blocks[d].text
+    x, y = a.blocks[d].read, b.blocks[d].read
     n = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
     own = b_cum[d] - before
     share = count(y[:n]) / max(1, count(y)) if n else 0.0
@@ -374,7 +507,8 @@ def _excerpt(a: CloudRequest, b: CloudRequest, d: int, pieces: Callable[[str], l
     excerpt = f"{y[max(0, n - 30) : n]}[{x[n : n + 20]!r} -> {y[n : n + 20]!r}]"
     token = ""
     if pieces is not None:
-        pa, pb = pieces(x), pieces(y)
+        pa = pieces(a.blocks[d].read if d < len(a.blocks) else "")
+        pb = pieces(b.blocks[d].read if d < len(b.blocks) else "")
         k = next((i for i, (p, q) in enumerate(zip(pa, pb)) if p != q), min(len(pa), len(pb)))
         token = pb[k] if k < len(pb) else ""
     return excerpt, token
@@ -473,6 +607,21 @@ def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
     return out
 
 
+HIDDEN_KEYS = frozenset(("role", "type", "id", "call_id", "tool_call_id", "status", "cache_control"))
+
+
+def _visible(v: Any) -> str:
+    """What a model reads of an item: its strings, in order, without the JSON around them or the ids and
+    kinds a template turns into a few fixed tokens (those are counted with the template's markers)."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict):
+        return "\n".join(t for k, w in v.items() if k not in HIDDEN_KEYS and (t := _visible(w)))
+    if isinstance(v, list):
+        return "\n".join(t for w in v if (t := _visible(w)))
+    return "" if v is None or isinstance(v, bool) else str(v)
+
+
 def openai_blocks(body: Mapping[str, Any]) -> list[Block]:
     """Tools first (they sit before the conversation), then instructions and each message or input item."""
     out: list[Block] = []
@@ -485,7 +634,7 @@ def openai_blocks(body: Mapping[str, Any]) -> list[Block]:
     if isinstance(items, str):
         out.append(Block("input", items))
     for i, m in enumerate(items if isinstance(items, list) else []):
-        out.append(Block(f"{name}[{i}]", _canon(m)))
+        out.append(Block(f"{name}[{i}]", _canon(m), visible=_visible(m)))
     return out
 
 
@@ -510,20 +659,116 @@ def cloud_request(
         Provider.GEMINI: gemini_blocks,
     }[provider](body)
     resp: Mapping[str, Any] = response if isinstance(response, Mapping) else {}
-    model = body.get("model") or resp.get("model") or resp.get("modelVersion") or ""
+    model = str(body.get("model") or resp.get("model") or resp.get("modelVersion") or "").removeprefix("models/")
     diag = resp.get("diagnostics") if provider == Provider.ANTHROPIC else resp.get("prompt_cache_diagnostics")
     key = body.get("prompt_cache_key")
     retention = body.get("prompt_cache_retention")
+    breakpoints = provider == Provider.OPENAI and openai_breakpoint_regime(model)
+    cached = body.get("cachedContent", body.get("cached_content")) if provider == Provider.GEMINI else None
     return CloudRequest(
         provider,
-        str(model),
-        tuple(blocks),
+        model,
+        tuple(openai_breakpoints(body, blocks) if breakpoints else blocks),
         usage_of(resp),
         t,
         key if isinstance(key, str) else None,
         retention if isinstance(retention, str) else None,
         diag,
+        breakpoints=breakpoints,
+        cached_content=cached if isinstance(cached, str) and cached else None,
+        creates=gemini_cache_made(body, resp, t) if provider == Provider.GEMINI else None,
     )
+
+
+def openai_breakpoint_regime(model: str) -> bool:
+    """GPT-5.6 and later cache at breakpoints (the guide's newer regime); earlier models by 128-token steps."""
+    m = re.match(r"gpt-(\d+)(?:\.(\d+))?", model.lower())
+    return m is not None and (int(m[1]), int(m[2] or 0)) >= (5, 6)
+
+
+def openai_breakpoints(body: Mapping[str, Any], blocks: list[Block]) -> list[Block]:
+    """The blocks with GPT-5.6's breakpoints, living `prompt_cache_options.ttl` (30m): each item holding a
+    content block marked `prompt_cache_breakpoint`; in implicit mode (the default) also the end of each
+    user message, of each run of tool outputs, and of the initial developer block (or the instructions)."""
+    opts = body.get("prompt_cache_options")
+    opts = opts if isinstance(opts, Mapping) else {}
+    ttl = opts["ttl"] if opts.get("ttl") in TTL else "30m"
+    items = body.get("input", body.get("messages"))
+    items = items if isinstance(items, list) else []
+    at = len(blocks) - len(items)  # the first item's block (tools and instructions come before)
+    marks = {at + i: True for i, item in enumerate(items) if _marked(item)}
+    if opts.get("mode") != "explicit":
+        for i in _message_ends(items):
+            marks.setdefault(at + i, False)
+        if not _initial_developer(items) and body.get("instructions"):
+            marks.setdefault(at - 1, False)
+    return [replace(b, breakpoint=ttl, explicit=marks[k]) if k in marks else b for k, b in enumerate(blocks)]
+
+
+def _marked(item: Any) -> bool:
+    content = item.get("content") if isinstance(item, Mapping) else None
+    return isinstance(content, list) and any(
+        isinstance(c, Mapping) and c.get("prompt_cache_breakpoint") for c in content
+    )
+
+
+def _role(item: Any) -> str:
+    """A Responses item's or chat message's kind: its role, or `tool` for a function call's output."""
+    if not isinstance(item, Mapping):
+        return ""
+    return "tool" if item.get("type") == "function_call_output" else str(item.get("role") or item.get("type") or "")
+
+
+def _initial_developer(items: list[Any]) -> int:
+    """How many developer (or system) messages open the input."""
+    return next((i for i, item in enumerate(items) if _role(item) not in ("developer", "system")), len(items))
+
+
+def _message_ends(items: list[Any]) -> list[int]:
+    """The implicit breakpoints: each user message, the last of each run of tool outputs, the last of the
+    initial developer block."""
+    roles = [_role(item) for item in items]
+    ends = [i for i, r in enumerate(roles) if r == "user"]
+    ends += [i for i, r in enumerate(roles) if r == "tool" and (i + 1 == len(roles) or roles[i + 1] != "tool")]
+    initial = _initial_developer(items)
+    return sorted(ends + ([initial - 1] if initial else []))
+
+
+def gemini_cache_made(body: Mapping[str, Any], response: Mapping[str, Any], t: float | None) -> ExplicitCache | None:
+    """The cached content a `POST cachedContents` exchange made (its name, its tokens, its expiry from the
+    response's `expireTime`, else the request's `ttl`); None for any other request."""
+    name = response.get("name")
+    if not (isinstance(name, str) and name.startswith("cachedContents/")):
+        return None
+    meta = response.get("usageMetadata")
+    tokens = meta.get("totalTokenCount") if isinstance(meta, Mapping) else None
+    start = t or 0.0
+    expires = _timestamp(response.get("expireTime")) or _timestamp(body.get("expireTime"))
+    ttl = _ttl_seconds(body.get("ttl"))
+    return ExplicitCache(
+        name,
+        tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0 else 0,
+        expires if expires is not None else start + (ttl if ttl is not None else GEMINI_EXPLICIT_TTL),
+    )
+
+
+def _ttl_seconds(v: Any) -> float | None:
+    """A protobuf Duration as JSON gives it (`"300s"`, `"1.5s"`)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)s", v) if isinstance(v, str) else None
+    return float(m[1]) if m else None
+
+
+def _timestamp(v: Any) -> float | None:
+    """An RFC 3339 time (`2026-12-06T12:00:00.123456789Z`) in seconds; None if it is not one."""
+    from datetime import datetime
+
+    if not isinstance(v, str):
+        return None
+    v = re.sub(r"(\.\d{6})\d+", r"\1", v.replace("Z", "+00:00"))  # nanoseconds: Python reads six digits
+    try:
+        return datetime.fromisoformat(v).timestamp()
+    except ValueError:
+        return None
 
 
 PROVIDER_HOSTS = (

@@ -248,7 +248,8 @@ def _entry(e: Any, where: str) -> CaptureRecord | None:
     req = e["request"]
     url = req.get("url") if isinstance(req.get("url"), str) else ""
     try:
-        path = urlsplit(url).path
+        parts = urlsplit(url)
+        path, host, port = parts.path, parts.hostname, parts.port
     except ValueError:
         raise InputError(f"invalid URL {url[:80]!r}", source=where) from None
     post = req.get("postData")
@@ -281,6 +282,8 @@ def _entry(e: Any, where: str) -> CaptureRecord | None:
         ttft_ms=float(wait) if isinstance(wait, (int, float)) and wait >= 0 else None,
         total_ms=float(total) if isinstance(total, (int, float)) else None,
         started=started if isinstance(started, str) else None,
+        # where it was sent (no credentials): a provider's host makes the session a cloud one
+        server={"upstream": f"{parts.scheme}://{host}{f':{port}' if port else ''}"} if host else None,
     )
 
 

@@ -103,13 +103,16 @@ class PairScreen(Screen):
         view: PairView,
         label: str = "",
         engine: str = "",
+        cloud: str = "",
     ) -> None:
+        """`cloud`: the turn at the cloud provider it was sent to, its verdict and cost (report.cloud.turn_text)."""
         super().__init__()
         self.turn, self.a, self.b, self.d, self.findings, self.pv = turn, a, b, d, findings, view
         self.label = label or f"turn {turn - 1} → {turn}"
         self.summary = f"{_reusable(a, b, d)} · {_spans_count(d, findings)}"  # the sub-title
         if engine:  # llama-server's policy on this turn: content, engine, server, verdict
             self.summary += f" · {engine}"
+        self.summary += f" · {cloud}" if cloud else ""
         self.mode = "unified"
         self.hunk = 0
         self.query_text = ""  # the last search

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from textual.widget import AwaitMount
 
     from tokendiff.core.cost import Session
+    from tokendiff.core.prices import CloudReport
 
 from tokendiff.tui.screens.keys import HELP
 
@@ -44,6 +45,7 @@ class SessionScreen(Screen):
         wasteful pair on top of this screen: they cost ~60 ms of CPU that delayed that pair's screen."""
         super().__init__()
         self.session: Session | None = None
+        self.cloud: CloudReport | None = None  # a session sent to a cloud provider: its breaks priced
         self.failure: str | None = None  # why the session could not be loaded
         self._body_later = body_later
         self._body: AwaitMount | None = None  # the body's mount, once started (body_later)
@@ -87,28 +89,30 @@ class SessionScreen(Screen):
             return bool(self.session and self.session.turns)
         return True
 
-    def show(self, session: Session) -> None:
+    def show(self, session: Session, cloud: CloudReport | None = None) -> None:
+        """The session; `cloud`: what its breaks cost at the provider it was sent to (a $ column, and the
+        money in the fix-first list)."""
         if not self.is_mounted:  # a small session can load before the screen has mounted: shown once it has
-            self.call_later(self.show, session)
+            self.call_later(self.show, session, cloud)
             return
         if not self._has_body:
-            self.call_later(self._with_body, partial(self.show, session))
+            self.call_later(self._with_body, partial(self.show, session, cloud))
             return
         if not self.query("#turns"):  # the app is closing: the screen's widgets are gone
             return
         first_load = self.session is None
-        self.session = session
+        self.session, self.cloud = session, cloud
         self.query_one("#headline", Static).update(Text(session_headline(session), style="bold"))
         table = self.query_one("#turns", SessionTable)
         table.loading = False
         first_bad = next((t.turn for t in session.turns if t.wasted), None)
-        table.show(
-            session.turns, (first_bad or 1) - 1 if first_load else None, session.ms_per_token, session.rate_estimated
-        )
+        cursor = (first_bad or 1) - 1 if first_load else None
+        costs = cloud.turn_costs() if cloud is not None else None
+        table.show(session.turns, cursor, session.ms_per_token, session.rate_estimated, costs)
         if not session.turns:
             table.show_message("no turns yet")
         self.query_one("#chart", ReuseChart).show(session.turns)
-        self.query_one("#spans", Static).update(_spans_text(session))
+        self.query_one("#spans", Static).update(_spans_text(session, cloud))
         self._turn_engine(table.cursor_row)
         table.focus()
         self.refresh_bindings()
@@ -172,20 +176,28 @@ def _turn_list(turns: list[int], show: int = 6) -> str:
     return ", ".join(f"{t:,}" for t in turns[: show - 1]) + f", … {turns[-1]:,} ({len(turns):,} turns)"
 
 
-def _spans_text(session: Session) -> Text:
-    """The "fix first" list: the spans that cost the most, with where, when and the fix."""
+def _spans_text(session: Session, cloud: CloudReport | None = None) -> Text:
+    """The "fix first" list: the spans that cost the most, with where, when and the fix; for a session sent
+    to a cloud provider, what its breaks cost there first, and each span's turns in dollars and a day."""
     from tokendiff.core.rounding import percent_text
+    from tokendiff.report.cloud import rate_text, session_text
     from tokendiff.report.session import seconds_label
 
     lines = Text()
     lines.append("fix first\n", style="bold")
+    if cloud is not None:
+        head, *causes = session_text(cloud)
+        lines.append(head + "\n")
+        for c in causes:
+            lines.append(f"   {c}\n", style="dim")
     for k, sp in enumerate(session.spans[:8], 1):
         lines.append(f"{k}. {sp.title}\n", style="bold" if k == 1 else "")
         turns = _turn_list(sp.turns)
         secs = f" · {seconds_label(sp.seconds, sp.seconds_estimated)}" if sp.seconds is not None else ""
+        usd = f" · {rate_text(cloud, cloud.cost_of(sp.turns))}" if cloud is not None else ""
         label = "turns" if len(sp.turns) > 1 else "turn"
         share = percent_text(sp.tokens, session.wasted_tokens, 0)
-        where = f"   {sp.section} · {label} {turns} · {sp.tokens:,} tokens ({share} %){secs}\n"
+        where = f"   {sp.section} · {label} {turns} · {sp.tokens:,} tokens ({share} %){secs}{usd}\n"
         lines.append(where, style="dim")
         lines.append(f"   {sp.fix}\n")
     if not session.spans:

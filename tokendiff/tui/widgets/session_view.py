@@ -10,7 +10,7 @@ reuse of its bucket's tokens on a fixed 0–100 % scale, with axis and turn labe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
@@ -29,8 +29,8 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from tokendiff.core.kinds import Backend
-from tokendiff.report.engine import verdict_cell
 from tokendiff.core.rounding import percent_text
+from tokendiff.report.engine import verdict_cell
 from tokendiff.report.session import cause_title
 
 if TYPE_CHECKING:
@@ -160,6 +160,27 @@ def wasted_seconds_column(estimated: bool) -> Column:
         key=lambda t: t.wasted,
         optional=True,
     )
+
+
+def cost_column(costs: Mapping[int, float]) -> Column:
+    """Each turn's break at the cloud provider, in dollars (a session sent to one: report.cloud prices it)."""
+    from tokendiff.report.cloud import money
+
+    return Column(
+        "$ wasted",
+        lambda t: money(costs[t.turn]) if t.turn in costs else "",
+        2.5,  # right after the tokens it paid for
+        widest=lambda ts: money(max(costs.values(), default=None)) if costs else "",
+        key=lambda t: costs.get(t.turn, 0.0),
+    )
+
+
+def _with_cost(columns: tuple[Column, ...], costs: Mapping[int, float] | None) -> tuple[Column, ...]:
+    """The columns with the dollars right after the wasted tokens, where there are dollars."""
+    if not costs:
+        return columns
+    at = next(i for i, c in enumerate(columns) if c.title == "wasted") + 1
+    return (*columns[:at], cost_column(costs), *columns[at:])
 
 
 WIDE_TEXT = 40  # text columns get up to this before the optional columns get any room
@@ -305,13 +326,15 @@ class SessionTable(ScrollView, can_focus=True):
         cursor: int | None = None,
         ms_per_token: float | None = None,
         estimated: bool = False,
+        costs: Mapping[int, float] | None = None,
     ) -> None:
         """New turns (a load or a live append); the cursor stays on its turn unless `cursor` (a turn
-        index) is given. With a prefill speed, each turn's waste is also shown in seconds."""
+        index) is given. With a prefill speed, each turn's waste is also shown in seconds; with `costs`
+        (turn -> $ at a cloud provider), in dollars."""
         keep = self.cursor_row if cursor is None else cursor
         self.turns, self.message = turns, ""
         extra = (wasted_seconds_column(estimated),) if ms_per_token else ()
-        self.all_columns = COLUMNS + extra
+        self.all_columns = _with_cost(COLUMNS, costs) + extra
         self._natural = natural_widths(self.all_columns, turns)
         self._layout_width = -1
         self.rendered_rows = 0
@@ -414,7 +437,7 @@ class SessionTable(ScrollView, can_focus=True):
             waste = base if on_cursor or not t.wasted else base + self.get_component_rich_style("sessiontable--waste")
             cells = []
             for p in self._placed:
-                st = waste if p.column.title in ("wasted", "cause") else base
+                st = waste if p.column.title in ("wasted", "cause", "$ wasted") else base
                 cells.append((_cell(p.column.cell(t), p.width, p.column.numeric), st))
             strip = self._line(cells, width, base)
             self._cache[(row, on_cursor)] = strip
