@@ -97,9 +97,11 @@ def cloud_section(path: str) -> CloudReport | None:
     if not src.is_file():
         return None
     kind = file_kind(src)
-    if kind == "capture":
-        from tokendiff.sources.capture import read_capture
+    if kind == "capture":  # streamed first: a local server's capture is not held (nor bound to read_capture's size)
+        from tokendiff.sources.capture import iter_capture, read_capture
 
+        if session_provider(iter_capture(src)) is None:
+            return None
         records: list[CaptureRecord] = list(read_capture(src)[0])
     elif kind == "har":
         from tokendiff.sources.importers.har import read_har

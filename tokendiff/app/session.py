@@ -81,6 +81,9 @@ class LoadedSession:
     loader: Loader
     prompts: TurnPrompts
     session: Session
+    # whether a record was sent to a cloud provider (app.cloud), seen as the records streamed by; None: not
+    # known (the report then reads the session once more to tell)
+    cloud: bool | None = None
 
     @property
     def vocab(self) -> Vocab:
@@ -137,9 +140,12 @@ def _analyse(
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
     `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end.
     `first_pair` is given the first pair that wasted the cache as soon as it is analysed."""
+    import os
+
     from tokendiff.core.cost import Analyser
 
-    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props)
+    check = os.environ.get("TOKENDIFF_CHECK_TAILS") == "1"  # the tests: every tail turn diffed in full too
+    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props, vocab=loader.vocab, check_tails=check)
     prompts = TurnPrompts(loader, [])
     specs = prompts.specs  # filled as the turns come, so the prompts so far can be loaded meanwhile
     prev: TurnInput | None = None
@@ -234,14 +240,16 @@ def record_input(
     else:
         resp = resp if isinstance(resp, dict) else None
         req = rec.request if isinstance(rec.request, dict) else None
+        ids32 = arr.astype(np.int32)
         ti = TurnInput(
-            ids=arr.astype(np.int32),
+            ids=ids32,
             origin=label,
             load=lambda: job.load(loader),
             response=resp,
             job=job,
             request=req,
             diff=diff,
+            sectioning=partial(loader.sectioning, rec, ids32, label) if rec.prompt_ids is not None else None,
         )
     ttft = rec.ttft_ms
     ti.ttft_ms = float(ttft) if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) else None
@@ -249,16 +257,40 @@ def record_input(
     return ti
 
 
-def _path_inputs(loader: Loader, pool: PairWorkers, paths: Sequence[str], order: str, single_turns: bool, live: bool):
+class _CloudSeen:
+    """Whether any record read so far was sent to a cloud provider (`provider_of`, a few dict lookups a
+    record), so the report reads a local server's session once, not once more to find no provider."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def check(self, rec: CaptureRecord) -> None:
+        if not self.seen:
+            from tokendiff.core.cache.cloud import provider_of
+
+            server = rec.server if isinstance(rec.server, dict) else {}
+            self.seen = provider_of(server.get("upstream"), rec.request, rec.response) is not None
+
+
+def _path_inputs(
+    loader: Loader,
+    pool: PairWorkers,
+    paths: Sequence[str],
+    order: str,
+    single_turns: bool,
+    live: bool,
+    cloud: _CloudSeen | None = None,
+):
     """(selector, turn) for every turn of `paths`: captures and HAR files read record by record,
-    directories listed once, each turn's IDs first and its prompt only if a diff needs it."""
+    directories listed once, each turn's IDs first and its prompt only if a diff needs it. `cloud`
+    notes whether a record went to a cloud provider."""
     from tokendiff.sources.loader import file_kind, session_source, session_turns
 
     for p in map(session_source, paths):
         path = Path(p)
         kind = file_kind(path) if path.is_file() else None
         if kind in ("capture", "har"):
-            yield from _records_inputs(loader, pool, p, kind)
+            yield from _records_inputs(loader, pool, p, kind, cloud)
         elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
             for sel in session_turns(p, order):
                 yield str(sel.path), _selected_input(loader, sel)
@@ -267,7 +299,7 @@ def _path_inputs(loader: Loader, pool: PairWorkers, paths: Sequence[str], order:
                 yield spec, _spec_input(loader, spec)
 
 
-def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
+def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str, cloud: _CloudSeen | None = None):
     """A capture or a HAR file, one record at a time (each file parsed once); a HAR's requests, which
     carry no token IDs, rendered and tokenised in the workers a few chunks ahead."""
     from tokendiff.errors import one_line
@@ -289,6 +321,8 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str):
         records = pool.with_ids(iter_har(Path(p), warn), lambda k: f"{base}@{k}")
     k = 0
     for k, (rec, ids, diff) in enumerate(records, 1):  # labelled as loading `p@k` labels them
+        if cloud is not None:
+            cloud.check(rec)
         label = f"{p}@{k}" if kind == "capture" else f"{base}@{k}"
         yield f"{p}@{k}", record_input(loader, rec, label, k, ids, diff_future(diff))
     if k == 0:
@@ -328,20 +362,25 @@ def open_session(
     capacity: CapacityLadder | None = None,
     props: dict[str, Any] | None = None,
     first_pair: FirstPair | None = None,
+    loader: Loader | None = None,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
     in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
+    `loader`: one opened already for these options (a fleet's, `Loader.fresh`), else one is opened.
     `layout`: the model's attention layout for the SWA/hybrid column (`attention_layout`);
     `capacity`: the cache sizes to replay the session through (`capacity_ladder`); `props`: the
     server's /props for the backend facts (default: the props.json saved beside the session).
     `first_pair(turn, pair, loader)` is called once, as soon as the first turn that wasted the cache
     is analysed, with what `session_pair` will give for it: a view can show it before the rest is
     read (the analysis goes on when it returns)."""
-    loader = open_loader(opts)
+    loader = loader or open_loader(opts)
     pool = PairWorkers(loader, workers)
-    inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live)
+    cloud = _CloudSeen()
+    inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live, cloud)
     props = props if props is not None else saved_props(paths)
-    return _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair)
+    loaded = _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair)
+    loaded.cloud = cloud.seen
+    return loaded
 
 
 def capacity_ladder(
