@@ -21,6 +21,9 @@ from tokendiff.sources.tokenizers import BUNDLED_DIR, load_bundled, load_hf_dir,
 
 TEMPLATES = HERE / "fixtures" / "templates"
 REQUIRE_SERVER = os.environ.get("TOKENDIFF_REQUIRE_SERVER") == "1"
+# every tail turn (core/tails.py) of every session the tests analyse is diffed in full as well, and a
+# difference fails: the tests are the fast path's proof; the subprocesses they start inherit it
+os.environ.setdefault("TOKENDIFF_CHECK_TAILS", "1")
 
 TOOLS = [
     {
