@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from tokendiff.app.fleet import FleetOptions, fleet_report
-from tokendiff.app.pair import PromptOptions
+from tokendiff.app.pair import PromptOptions, open_loader
 from tokendiff.app.reports import session_report
 from tokendiff.app.session import open_session
 from tokendiff.core import model, tails
@@ -192,3 +192,19 @@ def test_a_fleet_of_many_tiny_sessions_shares_one_loader(tmp_path):
     doc = fleet_report(PromptOptions(), paths, FleetOptions(workers=2)).document
     serial = fleet_report(PromptOptions(), paths, FleetOptions(workers=1)).document
     assert len(doc["sessions"]) == 40 and json.dumps(doc) == json.dumps(serial)
+
+
+def test_a_report_whose_first_example_is_a_tail_turn(tmp_path):
+    """With forms learned from another session (a fleet's), a span's first example can be a tail turn: its
+    divergence is the full diff's, made when the report reads the example, and the report is the same."""
+    cap = _capture(tmp_path / "c.jsonl", 20)
+    loader = open_loader(PromptOptions())
+    learned = tails.Tails(loader.vocab)
+    open_session(
+        PromptOptions(), [str(_capture(tmp_path / "o.jsonl", 20, seed=5))], loader=loader.fresh(), tails=learned
+    )
+    assert any(f is not None for f in learned.forms.values())
+    shared = open_session(PromptOptions(), [str(cap)], single_turns=False, loader=loader.fresh(), tails=learned)
+    alone = open_session(PromptOptions(), [str(cap)], single_turns=False)
+    assert shared.session.turns[1].tail_owner is not None  # the first tail turn, a first example
+    assert orjson.dumps(session_report(shared, str(cap))) == orjson.dumps(session_report(alone, str(cap)))

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from tokendiff.core.cost import Session
+    from tokendiff.core.tails import Tails
     from tokendiff.report.dataset import TurnTime
     from tokendiff.report.fleet import SessionFacts
     from tokendiff.report.schema import FleetDocument
@@ -171,10 +172,25 @@ def fleet_member(
     from tokendiff.report.fleet import session_facts
 
     fresh = loader.fresh() if loader is not None else None
-    loaded = open_session(opts, [path], single_turns=False, workers=1, loader=fresh)
+    tails = _tails(loader) if loader is not None else None
+    loaded = open_session(opts, [path], single_turns=False, workers=1, loader=fresh, tails=tails)
     if export_dir:
         export_session_dataset(loaded, path, Path(export_dir), opts.order)
     return session_facts(path, loaded.session, tokenizer_info(loaded.vocab), session_key(path), redact=redact)
+
+
+_TAILS: dict[int, Tails] = {}  # this process's tail forms, by the loader they were learned with
+
+
+def _tails(loader: Loader) -> Tails:
+    """The tail forms (core.tails) the fleet's sessions share: a form depends only on its shape, so the
+    first session of a kind teaches the others, and a two-request session needs no full diff."""
+    from tokendiff.core.tails import Tails
+
+    got = _TAILS.get(id(loader))
+    if got is None or got.vocab is not loader.vocab:
+        got = _TAILS[id(loader)] = Tails(loader.vocab)
+    return got
 
 
 IN_FLIGHT = 4  # sessions queued per worker: enough to keep it busy, few enough that memory stays bounded

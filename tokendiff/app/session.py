@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from tokendiff.core.cache.swa import AttentionLayout
     from tokendiff.core.cost import PairDiff, Session, Turn, TurnInput
     from tokendiff.core.model import Prompt
+    from tokendiff.core.tails import Tails
     from tokendiff.core.vocab import Vocab
     from tokendiff.report.schema import TokenizerDoc
     from tokendiff.sources.loader import Loader
@@ -136,6 +137,7 @@ def _analyse(
     capacity: CapacityLadder | None = None,
     props: dict[str, Any] | None = None,
     first_pair: FirstPair | None = None,
+    tails: Tails | None = None,
 ) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
     `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end.
@@ -145,7 +147,8 @@ def _analyse(
     from tokendiff.core.cost import Analyser
 
     check = os.environ.get("TOKENDIFF_CHECK_TAILS") == "1"  # the tests: every tail turn diffed in full too
-    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props, vocab=loader.vocab, check_tails=check)
+    vocab = loader.vocab
+    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props, vocab=vocab, check_tails=check, tails=tails)
     prompts = TurnPrompts(loader, [])
     specs = prompts.specs  # filled as the turns come, so the prompts so far can be loaded meanwhile
     prev: TurnInput | None = None
@@ -363,10 +366,12 @@ def open_session(
     props: dict[str, Any] | None = None,
     first_pair: FirstPair | None = None,
     loader: Loader | None = None,
+    tails: Tails | None = None,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
     in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
-    `loader`: one opened already for these options (a fleet's, `Loader.fresh`), else one is opened.
+    `loader`: one opened already for these options (a fleet's, `Loader.fresh`), else one is opened;
+    `tails`: the tail forms other sessions with its vocabulary learned (core.tails: a fleet's).
     `layout`: the model's attention layout for the SWA/hybrid column (`attention_layout`);
     `capacity`: the cache sizes to replay the session through (`capacity_ladder`); `props`: the
     server's /props for the backend facts (default: the props.json saved beside the session).
@@ -378,7 +383,7 @@ def open_session(
     cloud = _CloudSeen()
     inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live, cloud)
     props = props if props is not None else saved_props(paths)
-    loaded = _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair)
+    loaded = _analyse(loader, inputs, None, progress, pool, layout, capacity, props, first_pair, tails)
     loaded.cloud = cloud.seen
     return loaded
 

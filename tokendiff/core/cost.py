@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -134,8 +134,8 @@ class Session:
     total_tokens: int
     reused_tokens: int
     wasted_tokens: int
-    # (A, B) of every turn that is a span's first example: all a report needs of the prompts
-    examples: dict[int, tuple[Prompt, Prompt]] = field(default_factory=dict)
+    # (A, B) of every turn that is a span's first example: all a report needs of the prompts (loaded when read)
+    examples: Mapping[int, tuple[Prompt, Prompt]] = field(default_factory=dict)
     work: int = 0  # tokens processed (hashed, compared, diffed): linear in the session's tokens
     # the model's layout, for the SWA/hybrid column; None when the session does not say which model served
     # it: no checkpoint prediction then (a dense model's would be the LCP, a hybrid's far less)
@@ -319,9 +319,11 @@ class Analyser:
         props: dict[str, Any] | None = None,
         vocab: Vocab | None = None,
         check_tails: bool = False,
+        tails: Tails | None = None,
     ):
         self.max_hunks = max_hunks
-        self.tails = Tails(vocab) if vocab is not None else None  # tail pairs filled from IDs (core.tails)
+        # tail pairs filled from IDs (core.tails); `tails`: forms learned already (a fleet's other sessions)
+        self.tails = tails if tails is not None else Tails(vocab) if vocab is not None else None
         self.check_tails = check_tails  # diff every tail pair in full too, and fail where the answers differ
         self.capacity = capacity
         self.props = props  # the server's /props, for the backend facts
@@ -333,7 +335,7 @@ class Analyser:
         self.index = PrefixIndex()
         self.turns: list[Turn] = []
         self.spans: dict[SpanKey, Span] = {}
-        self.examples: dict[int, tuple[Prompt, Prompt]] = {}
+        self.examples: dict[int, tuple[TurnInput, TurnInput]] = {}
         self.prev: TurnInput | None = None
         self.pending: deque[tuple[Future[PairDiff] | Future[TailDiff], TurnInput, TurnInput, int, Shape | None]] = (
             deque()
@@ -421,7 +423,7 @@ class Analyser:
                 self.tails.learn(shape, n_a - (len(shape.head) // 4 - shape.at), n_a, len(b.ids), pd)
             ceiling = fill_turn(t, pd)
             if _count_spans(t, self.spans, ceiling):
-                self.examples[t.turn] = (a.prompt(), b.prompt())
+                self.examples[t.turn] = (a, b)
 
     def first_wasted(self) -> int | None:
         """The first turn that wasted the cache, as `session()` will count it, as soon as that is certain
@@ -457,9 +459,34 @@ class Analyser:
             for t in s.turns:
                 _checkpoint_note(t, self.layout)
         first = {sp.example[0] for sp in s.spans if sp.example}
-        s.examples = {k: v for k, v in self.examples.items() if k in first}
+        s.examples = Examples({k: v for k, v in self.examples.items() if k in first}, s.turns, self.max_hunks)
         s.work = self.work + self.index.tokens_hashed + self.index.tokens_compared
         return s
+
+
+class Examples(Mapping[int, tuple[Prompt, Prompt]]):
+    """The prompts of each span's first example turn, loaded when a report reads them (a fleet reads none).
+    A tail turn's divergence (core.tails keeps none) is the full diff of its prompts, made then."""
+
+    def __init__(self, pairs: dict[int, tuple[TurnInput, TurnInput]], turns: list[Turn], max_hunks: int):
+        self.pairs, self.turns, self.max_hunks = pairs, turns, max_hunks
+        self.loaded: dict[int, tuple[Prompt, Prompt]] = {}
+
+    def __getitem__(self, k: int) -> tuple[Prompt, Prompt]:
+        got = self.loaded.get(k)
+        if got is None:
+            a, b = self.pairs[k]
+            got = self.loaded[k] = (a.prompt(), b.prompt())
+            t = self.turns[k - 1]
+            if t.divergence is None and t.tail_owner is not None:
+                t.divergence = diff_turn(*got, self.max_hunks).divergence
+        return got
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
 
 
 def user_message_starts(p: Prompt) -> list[int]:
