@@ -208,3 +208,28 @@ def test_a_report_whose_first_example_is_a_tail_turn(tmp_path):
     alone = open_session(PromptOptions(), [str(cap)], single_turns=False)
     assert shared.session.turns[1].tail_owner is not None  # the first tail turn, a first example
     assert orjson.dumps(session_report(shared, str(cap))) == orjson.dumps(session_report(alone, str(cap)))
+
+
+def test_prompt_ids_read_by_numpy_are_orjsons():
+    """A record's prompt_ids read digit place by digit place are the integers orjson reads, or, for
+    anything but plain non-negative int32s, left to orjson (which says what is wrong)."""
+    from tokendiff.sources.capture import _ids_from_text
+
+    rng = random.Random(0)
+    for _ in range(5000):
+        vals = [rng.choice([0, 1, 9, 10, 99, 151643, 2**31 - 1, 2**31, 12345678901, -1, 5]) for _ in range(6)]
+        body = ",".join(map(str, vals[: rng.randint(0, 6)])).encode()
+        if rng.random() < 0.3:
+            body = body.replace(b",", rng.choice([b", ", b" ,", b"\n,\t"]))
+        if rng.random() < 0.1 and body:
+            body = b"0" + body  # a leading zero: not JSON
+        if rng.random() < 0.1 and len(body) > 3:
+            body = body[:2] + b" " + body[2:]  # white space inside a number, or not
+        got = _ids_from_text(body)
+        try:
+            want = np.array(orjson.loads(b"[" + body + b"]"), dtype=np.int64)
+            plain = want.size > 0 and want.min() >= 0 and want.max() < 2**31
+        except (orjson.JSONDecodeError, OverflowError):
+            want, plain = None, False
+        assert (got is not None) == plain, body
+        assert got is None or (got.dtype == np.int32 and (got == want).all()), body
