@@ -164,6 +164,18 @@ class Vocab:
         special = array("B", ((flags[ids] & SPECIAL) != 0).astype(np.uint8).tobytes())
         return b"".join(parts), offsets, special
 
+    def byte_length(self, ids: Any) -> int:
+        """Bytes the IDs decode to (numpy IDs, none negative), without decoding them."""
+        offs = self._np_table()[0]
+        return int((offs[ids + 1] - offs[ids]).sum())
+
+    def special_ids(self, ids: Any) -> list[int]:
+        """The distinct special tokens among numpy IDs (none negative)."""
+        import numpy as np
+
+        flags = self._np_table()[2]
+        return np.unique(ids[(flags[ids] & SPECIAL) != 0]).tolist()
+
     def _np_table(self) -> tuple[Any, Any, Any]:
         """The token table as numpy views (offsets, bytes, flags), made once."""
         got = self.__dict__.get("_np")

@@ -235,6 +235,7 @@ class Loader:
         self._tokenizer = None
         self._renderer = None
         self._sessions: dict[Path, list[CaptureRecord]] = {}
+        self._last_decoded: tuple[np.ndarray, bytes] | None = None  # `sectioning`'s last prompt
 
     def with_template(self, chat_template: str | None) -> Loader:
         """This loader with another chat template, sharing its text tokenizer (built once: parsing
@@ -434,8 +435,8 @@ class Loader:
             return None
         if rec.prompt_ids is None or fields or self.family is not None or not len(ids):
             return None  # fields renamed for another API, a family forced: the full load decides
-        data, _, special = self.vocab.decode(ids)
-        fam = self._family_of(ids, special)
+        data = self._decode_next(ids)
+        fam = self._family_of(ids)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
@@ -453,12 +454,23 @@ class Loader:
         _render_differs(label, local.encode("utf-8"), data)
         return Sectioning.MARKERS, fam
 
-    def _family_of(self, ids: np.ndarray, special: Any) -> str | None:
-        """The template family the prompt's special tokens tell (what `grammar.annotate` finds)."""
-        import numpy as np
+    def _decode_next(self, ids: np.ndarray) -> bytes:
+        """The bytes of `ids`, the part they share with the IDs `sectioning` decoded before taken from
+        those: a session's prompt repeats most of the one before it."""
+        from tokendiff.core.align import common_prefix
 
-        marks = np.unique(np.asarray(ids)[np.frombuffer(special, dtype=np.uint8).astype(bool)])
-        return grammar.family_of_specials({self.vocab.piece(int(i)) for i in marks})
+        last = self._last_decoded
+        n = common_prefix(last[0], ids) if last is not None else 0
+        if last is None or n == 0:
+            data = self.vocab.decode(ids)[0]
+        else:
+            data = last[1][: self.vocab.byte_length(ids[:n])] + self.vocab.decode(ids[n:])[0]
+        self._last_decoded = (ids, data)
+        return data
+
+    def _family_of(self, ids: np.ndarray) -> str | None:
+        """The template family the prompt's special tokens tell (what `grammar.annotate` finds)."""
+        return grammar.family_of_specials({self.vocab.piece(i) for i in self.vocab.special_ids(ids)})
 
     def _from_record(
         self,
