@@ -26,7 +26,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
-import orjson
+import scale_capture
 from scale_capture import _Chat, _Encoder, _pool
 
 NO_THINK = "<think>\n\n</think>\n\n"  # what Qwen3's template adds to the generation prompt with enable_thinking false
@@ -74,22 +74,9 @@ class _Session:
 
 
 def _record(k: int, messages: list[dict[str, str]], ids: list[int], cached: int) -> bytes:
-    rec = {
-        "schema": "tokendiff.capture/1",
-        "seq": k,
-        "ts": 1_800_000_000 + 60 * k,
-        "source": "proxy",
-        "endpoint": "/v1/chat/completions",
-        "request": {"model": "qwen3", "messages": messages, "chat_template_kwargs": {"enable_thinking": False}},
-        "response": {
-            "status": 200,
-            "timings": {"cache_n": cached, "prompt_n": len(ids) - cached, "prompt_ms": 0.05 * (len(ids) - cached)},
-        },
-        "prompt_ids": ids,
-        "prompt_source": "llama-server /apply-template + /tokenize",
-        "server": {"kind": "llama-server", "model": "qwen3.gguf"},
-    }
-    return orjson.dumps(rec) + b"\n"
+    """A proxy record of a request without thinking, with the server's cache count."""
+    timings = {"cache_n": cached, "prompt_n": len(ids) - cached, "prompt_ms": 0.05 * (len(ids) - cached)}
+    return scale_capture._record(k, messages, ids, {"enable_thinking": False}, timings)
 
 
 def _lcp(a: list[int], b: list[int]) -> int:
