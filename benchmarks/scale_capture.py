@@ -65,15 +65,21 @@ class _Chat:
             self.add("assistant", self.answers[j % len(self.answers)])
 
 
-def _record(k: int, messages: list[dict[str, str]], ids: list[int]) -> bytes:
+def _record(
+    k: int, messages: list[dict[str, str]], ids: list[int], kwargs: dict | None = None, timings: dict | None = None
+) -> bytes:
+    """A proxy record; `kwargs`: the request's chat_template_kwargs, `timings`: the server's."""
+    request: dict = {"model": "qwen3", "messages": messages}
+    if kwargs is not None:
+        request["chat_template_kwargs"] = kwargs
     rec = {
         "schema": "tokendiff.capture/1",
         "seq": k,
         "ts": 1_800_000_000 + 60 * k,
         "source": "proxy",
         "endpoint": "/v1/chat/completions",
-        "request": {"model": "qwen3", "messages": messages},
-        "response": {"status": 200, "timings": {"prompt_n": 100, "prompt_ms": 50.0}},
+        "request": request,
+        "response": {"status": 200, "timings": timings or {"prompt_n": 100, "prompt_ms": 50.0}},
         "prompt_ids": ids,
         "prompt_source": "llama-server /apply-template + /tokenize",
         "server": {"kind": "llama-server", "model": "qwen3.gguf"},

@@ -4,6 +4,7 @@ live), so `pytest -m "not live"` leaves out what starts a server. Helpers live i
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,10 @@ from tokendiff.app.pair import PromptOptions  # noqa: E402
 from tokendiff.app.session import LoadedSession, open_session  # noqa: E402
 from tokendiff.core.vocab import Vocab  # noqa: E402
 from tokendiff.sources.tokenizers import load_bundled  # noqa: E402
+
+# every tail turn (core/tails.py) of every session the tests analyse is diffed in full as well, and a
+# difference fails: the tests are the fast path's proof; the subprocesses they start inherit it
+os.environ.setdefault("TOKENDIFF_CHECK_TAILS", "1")
 
 GROUPS = {
     "unit": "in-process tests of the code: no CLI run, no terminal, no server",

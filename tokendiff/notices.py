@@ -52,16 +52,21 @@ def sink(s: S) -> Iterator[S]:
 
 class Aggregated:
     """The CLI's sink: each kind's first warning written at once, its repeats counted and summed up by
-    `close()` in one line per kind (with the first example)."""
+    `close()` in one line per kind (with the first example). A message said again word for word (one
+    file read twice, as A of one pair and B of the next) counts once."""
 
     def __init__(self, stream: TextIO | None = None, prefix: str = "tokendiff: warning: "):
         self.stream, self.prefix = stream, prefix
         self.counts: dict[str, int] = {}
         self.first: dict[str, str] = {}
+        self._seen: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
     def __call__(self, kind: str, message: str) -> None:
         with self._lock:
+            if (kind, message) in self._seen:
+                return
+            self._seen.add((kind, message))
             n = self.counts.get(kind, 0)
             self.counts[kind] = n + 1
             if n:
@@ -76,6 +81,24 @@ class Aggregated:
                 more = "warning" if n == 2 else "warnings"
                 self._write(f"{n - 1:,} more {more} like this one: {self.first[kind]}")
         self.counts.clear()
+        self._seen.clear()
 
     def _write(self, text: str) -> None:
         print(self.prefix + text, file=self.stream or sys.stderr, flush=True)
+
+
+class Collected:
+    """A sink that keeps every warning: a worker process's, carried back with its result and given to the
+    parent's sink there (`replay`), so each is counted once, where the user sees them."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+
+    def __call__(self, kind: str, message: str) -> None:
+        self.items.append((kind, message))
+
+
+def replay(items: list[tuple[str, str]]) -> None:
+    """Warnings another process collected, through this process's sink."""
+    for kind, message in items:
+        _sink(kind, message)

@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokendiff.app.pair import PromptOptions
+from tokendiff.app.pair import PromptOptions, open_loader
 from tokendiff.app.reports import ReportOptions, read_replay
 from tokendiff.app.session import LoadedSession, Progress, open_session, session_specs, tokenizer_info
 from tokendiff.errors import InputError
@@ -18,9 +18,11 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from tokendiff.core.cost import Session
+    from tokendiff.core.tails import Tails
     from tokendiff.report.dataset import TurnTime
     from tokendiff.report.fleet import SessionFacts
     from tokendiff.report.schema import FleetDocument
+    from tokendiff.sources.loader import Loader
 
 
 # ---------------------------------------------------------------- fleets and datasets
@@ -191,16 +193,26 @@ def export_session_dataset(loaded: LoadedSession, path: str, root: Path, order: 
 
 
 def fleet_member(
-    opts: PromptOptions, path: str, export_dir: str | None = None, *, redact: bool = False
+    opts: PromptOptions,
+    path: str,
+    export_dir: str | None = None,
+    *,
+    redact: bool = False,
+    loader: Loader | None = None,
 ) -> SessionFacts:
-    """One session of a fleet, analysed (in a worker process): its facts (with its labels to hash when
-    `redact`), its partitions written."""
+    """One session of a fleet, analysed (in a worker process, its divergent pairs in the same process: the
+    fleet runs sessions side by side): its facts (with its labels to hash when `redact`), its partitions
+    written. `loader`: the fleet's, opened once (`Loader.fresh` gives each session its own view of it)."""
     from tokendiff.app.cloud import session_cloud
     from tokendiff.report.cloud import cloud_facts
     from tokendiff.report.dataset import session_key
     from tokendiff.report.fleet import session_facts
 
-    loaded = open_session(opts, [path], single_turns=False, engine=None)  # the fleet view shows no verdicts
+    fresh = loader.fresh() if loader is not None else None
+    tails = _tails(loader) if loader is not None else None
+    loaded = open_session(  # the fleet view shows no engine verdicts
+        opts, [path], single_turns=False, workers=1, loader=fresh, tails=tails, engine=None
+    )
     if export_dir:
         export_session_dataset(loaded, path, Path(export_dir), opts.order)
     cloud = session_cloud([path])  # sent to a cloud provider: its breaks in money, as its own report says
@@ -209,43 +221,111 @@ def fleet_member(
     return session_facts(path, loaded.session, info, session_key(path), redact=redact, cloud=facts)
 
 
+_TAILS: dict[int, Tails] = {}  # this process's tail forms, by the loader they were learned with
+
+
+def _tails(loader: Loader) -> Tails:
+    """The tail forms (core.tails) the fleet's sessions share: a form depends only on its shape, so the
+    first session of a kind teaches the others, and a two-request session needs no full diff."""
+    from tokendiff.core.tails import Tails
+
+    got = _TAILS.get(id(loader))
+    if got is None or got.vocab is not loader.vocab:
+        got = _TAILS[id(loader)] = Tails(loader.vocab)
+    return got
+
+
+IN_FLIGHT = 4  # sessions queued per worker: enough to keep it busy, few enough that memory stays bounded
+
+
 def analyse_fleet(
     opts: PromptOptions, paths: Sequence[str], fopts: FleetOptions = FleetOptions(), progress: Progress | None = None
 ) -> tuple[list[SessionFacts], list[InputError]]:
     """Every readable session's facts, in the order of `paths`, and the error of each session that could
     not be read (one bad session does not cost the others' report): in parallel processes when there
-    are several sessions and cores (each session is independent; the vocabulary is a cached mmap)."""
+    are several sessions and cores (each session is independent). What a session would pay once, the
+    start-up, the vocabulary and the worker processes, the fleet pays once: the loader is opened here and
+    the workers, forked from this process, inherit it; a few sessions at a time are queued to them."""
     import os
 
     n = len(paths)
     workers = min(n, fopts.workers or os.cpu_count() or 1)
+    loader = _fleet_loader(opts)
     done: dict[int, SessionFacts | InputError] = {}
-    if workers <= 1:
+    member = partial(_fleet_member_or_error, opts, export_dir=fopts.export_dir, redact=fopts.report.redact)
+    if workers <= 1 or not _can_fork():
         for k, p in enumerate(paths):
-            done[k] = _fleet_member_or_error(opts, p, fopts.export_dir, fopts.report.redact)
+            done[k] = member(p, loader=loader)
             if progress:
                 progress(f"analysed {k + 1}/{n} sessions")
     else:
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        with ProcessPoolExecutor(workers) as pool:
-            member = partial(_fleet_member_or_error, opts, export_dir=fopts.export_dir, redact=fopts.report.redact)
-            futures = {pool.submit(member, p): i for i, p in enumerate(paths)}
-            for fut in as_completed(futures):
-                done[futures[fut]] = _result_or_error(fut, paths[futures[fut]])
-                if progress:
-                    progress(f"analysed {len(done)}/{n} sessions")
+        for i, result in _in_pool(member, paths, workers, loader):
+            done[i] = result
+            if progress:
+                progress(f"analysed {len(done)}/{n} sessions")
     results = [done[i] for i in range(n)]
     return [r for r in results if not isinstance(r, InputError)], [r for r in results if isinstance(r, InputError)]
 
 
+def _fleet_loader(opts: PromptOptions) -> Loader | None:
+    """The loader every session of the fleet shares; None when it cannot be opened (each session then
+    opens its own and fails with its own error, naming it)."""
+    try:
+        return open_loader(opts)
+    except InputError:
+        return None
+
+
+def _can_fork() -> bool:
+    import multiprocessing
+
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+_SHARED: Loader | None = None  # the fleet's loader, as its forked workers inherit it
+
+
+def _in_pool(member, paths: Sequence[str], workers: int, loader: Loader | None):
+    """(index, facts or error) of every session, as the forked workers finish them; at most IN_FLIGHT
+    sessions a worker queued at once, so ten thousand sessions hold no more than a few dozen results."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    from tokendiff.app.workers import unwarned
+
+    global _SHARED
+    _SHARED = loader
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        todo = iter(enumerate(paths))
+        running: dict[Future, int] = {}
+        while True:
+            for i, p in todo:
+                running[pool.submit(_shared_member, member, p)] = i
+                if len(running) >= IN_FLIGHT * workers:
+                    break
+            if not running:
+                return
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                i = running.pop(fut)
+                yield i, unwarned(_result_or_error(fut, paths[i]))
+
+
+def _shared_member(member, path: str):
+    """In a worker: one session with the fleet's loader, its warnings carried back to the parent."""
+    from tokendiff.app.workers import collecting
+
+    return collecting(partial(member, loader=_SHARED), path)
+
+
 def _fleet_member_or_error(
-    opts: PromptOptions, path: str, export_dir: str | None, redact: bool
+    opts: PromptOptions, path: str, export_dir: str | None, redact: bool, loader: Loader | None = None
 ) -> SessionFacts | InputError:
     """`fleet_member`, or the session's error (returned, so it crosses from a worker as a value), naming
     it; anything else that stops one session's analysis stops only that session."""
     try:
-        return fleet_member(opts, path, export_dir, redact=redact)
+        return fleet_member(opts, path, export_dir, redact=redact, loader=loader)
     except InputError as e:
         return e if e.source is not None else InputError(e.reason, source=path)
     except Exception as e:  # a failure of one session's analysis, reported under its name

@@ -68,7 +68,8 @@ def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = Repo
     apply_prefill_rate(loaded.session, opts.prefill_rate or replay_prefill_rate(replays))
     doc = report_document(label, loaded.prompts, loaded.session, tokenizer_info(loaded.vocab), redact=opts.redact)
     doc["replays"] = replays
-    cloud = cloud_section(label)  # a session sent to a cloud provider: its cache rules and prices
+    # a session sent to a cloud provider: its cache rules and prices (read again only where a record went to one)
+    cloud = cloud_section(label) if loaded.cloud is not False else None
     if cloud is not None:
         from tokendiff.report.cloud import cloud_document
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from tokendiff.core.cache.swa import AttentionLayout
     from tokendiff.core.cost import PairDiff, Session, Turn, TurnInput
     from tokendiff.core.model import Prompt
+    from tokendiff.core.tails import Tails
     from tokendiff.core.vocab import Vocab
     from tokendiff.report.schema import TokenizerDoc
     from tokendiff.sources.loader import Loader
@@ -84,6 +85,9 @@ class LoadedSession:
     loader: Loader
     prompts: TurnPrompts
     session: Session
+    # whether a record was sent to a cloud provider (app.cloud), seen as the records streamed by; None: not
+    # known (the report then reads the session once more to tell)
+    cloud: bool | None = None
 
     @property
     def vocab(self) -> Vocab:
@@ -172,14 +176,28 @@ def _analyse(
     engine: EngineConfig | None = None,
     server_log: str | None = None,
     skipped: Skipped | None = None,
+    tails: Tails | None = None,
 ) -> LoadedSession:
     """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
     `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end.
     `first_pair` is given the first pair that wasted the cache as soon as it is analysed."""
+    import os
+
     from tokendiff.core.cost import Analyser
 
     log = log_aligner(server_log, progress) if server_log and engine is not None else None
-    an = Analyser(pool=pool, layout=layout, capacity=capacity, props=props, engine=engine, log=log)
+    check = os.environ.get("TOKENDIFF_CHECK_TAILS") == "1"  # the tests: every tail turn diffed in full too
+    an = Analyser(
+        pool=pool,
+        layout=layout,
+        capacity=capacity,
+        props=props,
+        engine=engine,
+        log=log,
+        vocab=loader.vocab,
+        check_tails=check,
+        tails=tails,
+    )
     prompts = TurnPrompts(loader, [])
     specs = prompts.specs  # filled as the turns come, so the prompts so far can be loaded meanwhile
     prev: TurnInput | None = None
@@ -277,14 +295,16 @@ def record_input(
     else:
         resp = resp if isinstance(resp, dict) else None
         req = rec.request if isinstance(rec.request, dict) else None
+        ids32 = arr.astype(np.int32)
         ti = TurnInput(
-            ids=arr.astype(np.int32),
+            ids=ids32,
             origin=label,
             load=lambda: job.load(loader),
             response=resp,
             job=job,
             request=req,
             diff=diff,
+            sectioning=partial(loader.sectioning, rec, ids32, label) if rec.prompt_ids is not None else None,
         )
     ttft = rec.ttft_ms
     ti.ttft_ms = float(ttft) if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) else None
@@ -304,6 +324,21 @@ def server_key(server: Any) -> str:
     return "|".join(p for p in parts if isinstance(p, str))
 
 
+class _CloudSeen:
+    """Whether any record read so far was sent to a cloud provider (`provider_of`, a few dict lookups a
+    record), so the report reads a local server's session once, not once more to find no provider."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def check(self, rec: CaptureRecord) -> None:
+        if not self.seen:
+            from tokendiff.core.cache.cloud import provider_of
+
+            server = rec.server if isinstance(rec.server, dict) else {}
+            self.seen = provider_of(server.get("upstream"), rec.request, rec.response) is not None
+
+
 def _path_inputs(
     loader: Loader,
     pool: PairWorkers,
@@ -312,17 +347,19 @@ def _path_inputs(
     single_turns: bool,
     live: bool,
     skipped: Skipped,
+    cloud: _CloudSeen | None = None,
 ):
     """(selector, turn) for every turn of `paths`: captures and HAR files read record by record,
     directories listed once, each turn's IDs first and its prompt only if a diff needs it. A turn of a
-    session (a directory's file, a capture's record) that cannot be read is left out and named in `skipped`."""
+    session (a directory's file, a capture's record) that cannot be read is left out and named in `skipped`;
+    `cloud` notes whether a record went to a cloud provider."""
     from tokendiff.sources.loader import file_kind, session_source, session_turns
 
     for p in map(session_source, paths):
         path = Path(p)
         kind = file_kind(path) if path.is_file() else None
         if kind in ("capture", "har", "otlp"):
-            yield from _records_inputs(loader, pool, p, kind, skipped)
+            yield from _records_inputs(loader, pool, p, kind, skipped, cloud)
         elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
             sels = session_turns(p, order)
             yield from _readable((str(sel.path), partial(_selected_input, loader, sel)) for sel in sels)(skipped)
@@ -331,7 +368,9 @@ def _path_inputs(
                 yield spec, _spec_input(loader, spec)
 
 
-def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str, skipped: Skipped):
+def _records_inputs(
+    loader: Loader, pool: PairWorkers, p: str, kind: str, skipped: Skipped, cloud: _CloudSeen | None = None
+):
     """A capture or a HAR file, one record at a time (each file parsed once); a HAR's requests, which
     carry no token IDs, rendered and tokenised in the workers a few chunks ahead."""
     from tokendiff.errors import one_line
@@ -355,6 +394,8 @@ def _records_inputs(loader: Loader, pool: PairWorkers, p: str, kind: str, skippe
         records = pool.with_ids(read(Path(p), warn), lambda k: f"{base}@{k}")
     k = 0
     for k, (rec, ids, diff) in enumerate(records, 1):  # labelled as loading `p@k` labels them
+        if cloud is not None:
+            cloud.check(rec)
         label = f"{p}@{k}" if kind == "capture" else f"{base}@{k}"
         try:
             turn = record_input(loader, rec, label, k, ids, diff_future(diff))
@@ -401,9 +442,13 @@ def open_session(
     first_pair: FirstPair | None = None,
     engine: EngineConfig | None | Literal["auto"] = "auto",
     server_log: str | None = None,
+    loader: Loader | None = None,
+    tails: Tails | None = None,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
     in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
+    `loader`: one opened already for these options (a fleet's, `Loader.fresh`), else one is opened;
+    `tails`: the tail forms other sessions with its vocabulary learned (core.tails: a fleet's).
     `layout`: the model's attention layout for the SWA/hybrid column (`attention_layout`);
     `capacity`: the cache sizes to replay the session through (`capacity_ladder`); `props`: the
     server's /props for the backend facts (default: the props.json saved beside the session).
@@ -411,17 +456,20 @@ def open_session(
     is analysed, with what `session_pair` will give for it: a view can show it before the rest is
     read (the analysis goes on when it returns). `engine`: llama-server's flags for the per-turn verdicts
     (`engine_config`; "auto": what the session and its /props say; None: no verdicts); `server_log`: the
-    server's log, its tasks lined up with the turns as both are read."""
+    server's log, its tasks lined up with the turns as both are read. `loader`: one opened already (a
+    fleet's); `tails`: tail forms learned already (a fleet's other sessions)."""
     if engine == "auto":
         engine = engine_config(paths, opts, server_log=server_log, layout=layout)
-    loader = open_loader(opts)
+    loader = loader or open_loader(opts)
     pool = PairWorkers(loader, workers)
     skipped: Skipped = []
-    inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live, skipped)
+    cloud = _CloudSeen()
+    inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live, skipped, cloud)
     props = props if props is not None else saved_props(paths)
     loaded = _analyse(
-        loader, inputs, None, progress, pool, layout, capacity, props, first_pair, engine, server_log, skipped
+        loader, inputs, None, progress, pool, layout, capacity, props, first_pair, engine, server_log, skipped, tails
     )
+    loaded.cloud = cloud.seen
     from tokendiff.app.evictions import with_kv_events
 
     loaded.session = with_kv_events(paths, loaded.session)

@@ -82,6 +82,34 @@ class SelectedJob:
 
 
 @dataclass(frozen=True)
+class _Warned:
+    """A worker's result with the warnings its job raised, to be counted on this side (`unwarned`)."""
+
+    value: Any
+    warnings: list[tuple[str, str]]
+
+
+def collecting(fn: Callable[..., Any], *args: Any) -> Any:
+    """In a worker: `fn(*args)` with its warnings collected, not written: the parent's sink counts them
+    with its own (a forked worker's copy of the CLI's sink would print each kind once per process)."""
+    from tokendiff.notices import Collected, sink
+
+    with sink(Collected()) as got:
+        value = fn(*args)
+    return _Warned(value, got.items) if got.items else value
+
+
+def unwarned(r: Any) -> Any:
+    """A worker's result, its collected warnings given to this process's sink."""
+    if isinstance(r, _Warned):
+        from tokendiff.notices import replay
+
+        replay(r.warnings)
+        return r.value
+    return r
+
+
+@dataclass(frozen=True)
 class _WorkerError:
     """An InputError raised in a worker, carried back field by field."""
 
@@ -113,7 +141,7 @@ class PairWorkers:
             return b.diff
         if self.workers < 2 or self.seen <= self.after or a.job is None or b.job is None:
             return InlinePairs().submit(a, b, max_hunks)
-        fut = self._executor().submit(_worker_compare, a.job, b.job, self.loader.chat_template, max_hunks)
+        fut = self._executor().submit(collecting, _worker_compare, a.job, b.job, self.loader.chat_template, max_hunks)
         return _relay(fut)
 
     def start(self) -> None:
@@ -165,7 +193,7 @@ class PairWorkers:
                     at = first - len(with_last) + len(batch)
                     names = [labels(at + i) for i in range(len(with_last))]
                     job = (with_last, names, at, self.loader.chat_template, self.max_hunks)
-                    fut = self._executor().submit(_worker_chunk, *job, len(with_last) - len(batch))
+                    fut = self._executor().submit(collecting, _worker_chunk, *job, len(with_last) - len(batch))
                 first += len(batch)
                 last = batch[-1]
                 pending.append((batch, fut))
@@ -174,7 +202,7 @@ class PairWorkers:
                     raise failed
                 return
             batch, fut = pending.popleft()
-            yield from zip(batch, *zip(*fut.result(), strict=True), strict=True)
+            yield from zip(batch, *zip(*unwarned(fut.result()), strict=True), strict=True)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -302,7 +330,7 @@ def _relay(src):
 
     def done(f) -> None:
         try:
-            out.set_result(_worker_result(f.result()))
+            out.set_result(_worker_result(unwarned(f.result())))
         except BaseException as e:  # noqa: BLE001 - a crashed worker, or its InputError: the reader of the result sees it
             out.set_exception(e)
 

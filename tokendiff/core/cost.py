@@ -14,7 +14,7 @@ report.dataset a polars frame of it for exports). No I/O.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -40,7 +40,9 @@ from tokendiff.core.explain import appended_finding, explain
 from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, ServerKind
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
 from tokendiff.core.prefix_index import PrefixIndex
+from tokendiff.core.tails import Shape, TailDiff, Tails
 from tokendiff.core.usage import usage_of
+from tokendiff.core.vocab import Vocab
 
 BACKENDS = tuple(Backend)  # llama.cpp, llama.cpp-hybrid, vllm, sglang, ollama: the columns, in order
 CHECKPOINT_BACKEND = Backend.LLAMA_CPP_HYBRID  # stateful: the session replayed through one slot's checkpoints
@@ -104,6 +106,7 @@ class Turn:
     engine: EngineTurn | None = None  # llama-server's policy on this turn: content, engine, server, verdict
     ms_per_token: float | None = None  # this turn's prefill speed: its own measurement, else an estimate (price_turns)
     seconds_estimated: bool = False  # ms_per_token is a given or earlier turns' speed, not this turn's measurement
+    tail_owner: SectionPath | None = None  # a tail turn's (core.tails) one hunk's section: no divergence kept
 
     @property
     def reuse_pct(self) -> float:
@@ -162,8 +165,8 @@ class Session:
     total_tokens: int
     reused_tokens: int
     wasted_tokens: int
-    # (A, B) of every turn that is a span's first example: all a report needs of the prompts
-    examples: dict[int, tuple[Prompt, Prompt]] = field(default_factory=dict)
+    # (A, B) of every turn that is a span's first example: all a report needs of the prompts (loaded when read)
+    examples: Mapping[int, tuple[Prompt, Prompt]] = field(default_factory=dict)
     work: int = 0  # tokens processed (hashed, compared, diffed): linear in the session's tokens
     # the model's layout, for the SWA/hybrid column; None when the session does not say which model served
     # it: no checkpoint prediction then (a dense model's would be the LCP, a hybrid's far less)
@@ -247,10 +250,21 @@ def _owner(h: Hunk) -> SectionPath:
     return h.a_owner or h.b_owner
 
 
-def _span_key(f: Finding, d: Divergence) -> SpanKey:
+def _hunk_owner(t: Turn, i: int) -> SectionPath:
+    """The section hunk i of the turn's diff falls in (a tail turn keeps only its one hunk's)."""
+    d = t.divergence
+    return _owner(d.hunks[i]) if d is not None else t.tail_owner or SectionPath()
+
+
+def _hunk_b_start(t: Turn, i: int) -> int:
+    d = t.divergence
+    return d.hunks[i].b_start if d is not None else t.lcp
+
+
+def _span_key(f: Finding, t: Turn) -> SpanKey:
     """Where a cause sits, named the same in every turn and for every instance:
     reasoning in any assistant message, the tools block, the system prompt."""
-    return f.kind, _owner(d.hunks[f.hunk]).generalised()
+    return f.kind, _hunk_owner(t, f.hunk).generalised()
 
 
 @dataclass
@@ -273,9 +287,19 @@ class TurnInput:
     reply: np.ndarray | None = None  # the generated IDs the slot holds after the prompt, where known
     server_key: str = ""  # the model and template that served it (a change empties llama-server's slots)
     slot: int | None = None  # the llama-server slot that served it, where the record says
+    # how its full load sections it (app: Loader.sectioning), found when a tail pair asks (core.tails)
+    sectioning: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
+
+    def sections_by(self) -> Any:
+        """The turn's sectioning (None: unknown), found once."""
+        if self.sectioning is None:
+            return None
+        got = self.sectioning()
+        self.sectioning = lambda: got
+        return got
 
     @classmethod
     def of(cls, p: Prompt, job: Any = None) -> TurnInput:
@@ -342,9 +366,15 @@ class Analyser:
         props: dict[str, Any] | None = None,
         engine: EngineConfig | None = None,
         log: LogAligner | None = None,
+        vocab: Vocab | None = None,
+        check_tails: bool = False,
+        tails: Tails | None = None,
     ):
         self.max_hunks = max_hunks
         self.engine = EngineTrack(engine, log) if engine is not None else None  # llama-server's policy, per turn
+        # tail pairs filled from IDs (core.tails); `tails`: forms learned already (a fleet's other sessions)
+        self.tails = tails if tails is not None else Tails(vocab) if vocab is not None else None
+        self.check_tails = check_tails  # diff every tail pair in full too, and fail where the answers differ
         self.capacity = capacity
         self.props = props  # the server's /props, for the backend facts
         self.records: list[TurnRecord] = []
@@ -355,9 +385,11 @@ class Analyser:
         self.index = PrefixIndex()
         self.turns: list[Turn] = []
         self.spans: dict[SpanKey, Span] = {}
-        self.examples: dict[int, tuple[Prompt, Prompt]] = {}
+        self.examples: dict[int, tuple[TurnInput, TurnInput]] = {}
         self.prev: TurnInput | None = None
-        self.pending: deque[tuple[Future[PairDiff], TurnInput, TurnInput, int]] = deque()
+        self.pending: deque[tuple[Future[PairDiff] | Future[TailDiff], TurnInput, TurnInput, int, Shape | None]] = (
+            deque()
+        )
         self.work = 0  # tokens compared or diffed outside the index
         self._scanned = 0  # turns `first_wasted` has looked at
         self._first_wasted: int | None = None
@@ -391,7 +423,7 @@ class Analyser:
                 _append_turn(t, len(self.prev.ids))
             else:
                 self.work += len(self.prev.ids) + len(cur.ids)
-                self.pending.append((self.pool.submit(self.prev, cur, self.max_hunks), self.prev, cur, k))
+                self.pending.append(self._diff(self.prev, cur, k))
         self.prev = cur
         self._collect(self.in_flight)
         return t
@@ -434,14 +466,31 @@ class Analyser:
             p = cur.prompt()
         return user_message_starts(p) if p is not None else []
 
+    def _diff(self, a: TurnInput, b: TurnInput, k: int):
+        """A divergent pair's pending diff: from its shape's form where it is a tail pair of a shape
+        seen before (core.tails), else from the pool (and its shape learned when it comes back)."""
+        shape = None
+        if self.tails is not None and a.sectioning is not None and b.sectioning is not None:
+            shape = self.tails.shape(a.ids, b.ids, (a.sections_by, b.sections_by))
+            tail = self.tails.diff(shape, a.ids, b.ids)
+            if tail is not None:
+                if self.check_tails:
+                    _check_tail(tail, diff_turn(a.prompt(), b.prompt(), self.max_hunks), k)
+                return done_future(lambda: tail), a, b, k, None
+        return self.pool.submit(a, b, self.max_hunks), a, b, k, shape
+
     def _collect(self, keep: int) -> None:
         """Count the finished pairs in turn order, waiting while more than `keep` are in flight."""
         while self.pending and (len(self.pending) > keep or self.pending[0][0].done()):
-            fut, a, b, k = self.pending.popleft()
+            fut, a, b, k, shape = self.pending.popleft()
             t = self.turns[k - 1]
-            ceiling = fill_turn(t, fut.result())
+            pd = fut.result()
+            if shape is not None and self.tails is not None:
+                n_a = len(a.ids)
+                self.tails.learn(shape, n_a - (len(shape.head) // 4 - shape.at), n_a, len(b.ids), pd)
+            ceiling = fill_turn(t, pd)
             if _count_spans(t, self.spans, ceiling):
-                self.examples[t.turn] = (a.prompt(), b.prompt())
+                self.examples[t.turn] = (a, b)
 
     def first_wasted(self) -> int | None:
         """The first turn that wasted the cache, as `session()` will count it, as soon as that is certain
@@ -485,13 +534,38 @@ class Analyser:
                     wasted, cause = client_waste(t.engine, t.turn, t.n_tokens, t.wasted, _cause_title(t))
                     classify(t.engine, s.engine, wasted, cause)
         first = {sp.example[0] for sp in s.spans if sp.example}
-        s.examples = {k: v for k, v in self.examples.items() if k in first}
+        s.examples = Examples({k: v for k, v in self.examples.items() if k in first}, s.turns, self.max_hunks)
         s.work = self.work + self.index.tokens_hashed + self.index.tokens_compared
         return s
 
 
 def _cause_title(t: Turn) -> str:
     return next((f.title for f in t.findings if f.kind == t.cause), t.cause)
+
+
+class Examples(Mapping[int, tuple[Prompt, Prompt]]):
+    """The prompts of each span's first example turn, loaded when a report reads them (a fleet reads none).
+    A tail turn's divergence (core.tails keeps none) is the full diff of its prompts, made then."""
+
+    def __init__(self, pairs: dict[int, tuple[TurnInput, TurnInput]], turns: list[Turn], max_hunks: int):
+        self.pairs, self.turns, self.max_hunks = pairs, turns, max_hunks
+        self.loaded: dict[int, tuple[Prompt, Prompt]] = {}
+
+    def __getitem__(self, k: int) -> tuple[Prompt, Prompt]:
+        got = self.loaded.get(k)
+        if got is None:
+            a, b = self.pairs[k]
+            got = self.loaded[k] = (a.prompt(), b.prompt())
+            t = self.turns[k - 1]
+            if t.divergence is None and t.tail_owner is not None:
+                t.divergence = diff_turn(*got, self.max_hunks).divergence
+        return got
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
 
 
 def user_message_starts(p: Prompt) -> list[int]:
@@ -552,6 +626,25 @@ class PairDiff:
     def __init__(self, divergence: Divergence, findings: list[Finding], ceiling: int):
         self.divergence, self.findings, self.ceiling = divergence, findings, ceiling
 
+    @property
+    def lcp(self) -> int:
+        return self.divergence.lcp
+
+    @property
+    def n_a(self) -> int:
+        return self.divergence.n_a
+
+    @property
+    def n_b(self) -> int:
+        return self.divergence.n_b
+
+    @property
+    def identical(self) -> bool:
+        return self.divergence.identical
+
+    def hunk_owner(self, i: int) -> SectionPath:
+        return _owner(self.divergence.hunks[i])
+
 
 def diff_turn(a: Prompt, b: Prompt, max_hunks: int = 64) -> PairDiff:
     """Align the pair, explain its spans, and find the reuse B could have had without the unexpected ones."""
@@ -560,12 +653,14 @@ def diff_turn(a: Prompt, b: Prompt, max_hunks: int = 64) -> PairDiff:
     return PairDiff(d, findings, reusable_ceiling(a, d, findings, len(b)))
 
 
-def fill_turn(t: Turn, pd: PairDiff) -> int:
-    """Fill a turn from its pair's diff; returns its reusable ceiling."""
-    d = pd.divergence
-    n = d.n_b
-    t.divergence, t.lcp = d, d.lcp
-    t.reuse = _reuse(t, d.lcp, n, d.n_a)
+def fill_turn(t: Turn, pd: PairDiff | TailDiff) -> int:
+    """Fill a turn from its pair's diff (a tail pair's from its shape: core.tails); returns its reusable
+    ceiling."""
+    n = pd.n_b
+    t.divergence, t.lcp = pd.divergence, pd.lcp
+    if isinstance(pd, TailDiff):
+        t.tail_owner = pd.owner
+    t.reuse = _reuse(t, pd.lcp, n, pd.n_a)
     t.recompute = n - t.reuse[Backend.LLAMA_CPP]
     t.findings = pd.findings
     t.ceiling = pd.ceiling
@@ -576,10 +671,21 @@ def fill_turn(t: Turn, pd: PairDiff) -> int:
         first = t.findings[0]  # no waste, but the turn is named: the cache of A had nothing for B
     if first is not None and (t.wasted > 0 or first.expected):
         t.cause = first.kind
-        t.path = _owner(d.hunks[first.hunk])
+        t.path = pd.hunk_owner(first.hunk)
         t.section = t.path.label
-    _notes(t, d.identical, n)
+    _notes(t, pd.identical, n)
     return pd.ceiling
+
+
+def _check_tail(tail: TailDiff, full: PairDiff, k: int) -> None:
+    """A tail pair's turn as its shape's form fills it, and as its full diff does: the same, or an error."""
+    got, want = Turn(turn=k, origin="", n_tokens=tail.n_b), Turn(turn=k, origin="", n_tokens=tail.n_b)
+    fill_turn(got, tail)
+    fill_turn(want, full)
+    facts = ("lcp", "reuse", "recompute", "findings", "ceiling", "new_tokens", "wasted", "cause", "path", "note")
+    diff = [f for f in facts if getattr(got, f) != getattr(want, f)]
+    if diff or _span_gains(got, got.ceiling) != _span_gains(want, want.ceiling):
+        raise AssertionError(f"turn {k}: the tail form differs from the full diff in {diff or 'span gains'}")
 
 
 def compare_turn(t: Turn, a: Prompt, b: Prompt, max_hunks: int = 64) -> int:
@@ -601,12 +707,10 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
     """Add a turn's unexpected findings to the session's spans: the turn's waste goes to the span
     of its first one (the ceiling), and each span gains what fixing it alone would reuse here.
     True when the turn is the first example of a span."""
-    d = t.divergence
-    assert d is not None
     unexpected = [f for f in t.findings if not f.expected]
     first_example = False
     for f in unexpected:
-        key = _span_key(f, d)
+        key = _span_key(f, t)
         sp = spans.setdefault(key, Span(kind=f.kind, path=key[1], title=f.title, fix=f.fix))
         if not sp.turns or sp.turns[-1] != t.turn:
             sp.turns.append(t.turn)
@@ -615,7 +719,7 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
             first_example = True
     if not unexpected:
         return False
-    spans[_span_key(unexpected[0], d)].add(t.turn, t.wasted, 0)
+    spans[_span_key(unexpected[0], t)].add(t.turn, t.wasted, 0)
     for key, gain in _span_gains(t, ceiling).items():
         spans[key].add(t.turn, 0, gain)
     return first_example
@@ -624,16 +728,15 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
 def _span_gains(t: Turn, ceiling: int) -> dict[SpanKey, int]:
     """What fixing each of the turn's spans alone would reuse here: the prefix extends to the next
     hunk that span does not cause."""
-    d = t.divergence
-    if d is None:
+    if t.divergence is None and t.tail_owner is None:
         return {}
     out = {}
-    for key in {_span_key(f, d) for f in t.findings if not f.expected}:
+    for key in {_span_key(f, t) for f in t.findings if not f.expected}:
         other = next(
             (
-                ceiling if f.expected else d.hunks[f.hunk].b_start
+                ceiling if f.expected else _hunk_b_start(t, f.hunk)
                 for f in t.findings
-                if f.expected or _span_key(f, d) != key
+                if f.expected or _span_key(f, t) != key
             ),
             ceiling,
         )
@@ -648,10 +751,9 @@ def _reloaded(t: Turn, spans: dict[SpanKey, Span], fact: BackendFact) -> None:
     if t.reloaded:
         return
     t.reloaded = True
-    d = t.divergence
     first = next((f for f in t.findings if not f.expected), None)
-    if d is not None and first is not None:
-        spans[_span_key(first, d)].add(t.turn, -t.wasted, 0)
+    if (t.divergence is not None or t.tail_owner is not None) and first is not None:
+        spans[_span_key(first, t)].add(t.turn, -t.wasted, 0)
     for key, gain in _span_gains(t, t.ceiling).items():
         spans[key].add(t.turn, 0, -gain)
     before = t.reuse.get(Backend.LLAMA_CPP, 0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -75,8 +76,12 @@ def detect_family(prompt: Prompt) -> str:
 
 
 def _family(marks: _Marks) -> str:
-    present = marks.specials.keys()
-    data = marks.data
+    return family_of_specials(marks.specials.keys()) or _family_of_text(marks.data)
+
+
+def family_of_specials(present: AbstractSet[bytes]) -> str | None:
+    """The template family the special tokens present tell (their texts), None when none of them is a
+    family's marker (the text is looked at then)."""
     if b"<|start_header_id|>" in present:
         return "llama3"
     if b"<|start|>" in present and b"<|message|>" in present:
@@ -89,8 +94,12 @@ def _family(marks: _Marks) -> str:
         return "gemma"
     if "<｜User｜>".encode() in present or "<｜Assistant｜>".encode() in present:
         return "deepseek"
-    # No special tokens among the markers: a tokenizer that splits them, or one whose markers
-    # are added but not special (DeepSeek V3's <｜User｜>, <｜Assistant｜>): look at the text.
+    return None
+
+
+def _family_of_text(data: bytes) -> str:
+    """No special tokens among the markers: a tokenizer that splits them, or one whose markers are added
+    but not special (DeepSeek V3's <｜User｜>, <｜Assistant｜>): the text tells."""
     if b"<|im_start|>" in data:
         return "chatml"
     if b"<|start_header_id|>" in data:

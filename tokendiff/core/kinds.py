@@ -29,6 +29,14 @@ class SectionKind(StrEnum):
     END = "end"
 
 
+class Sectioning(StrEnum):
+    """Where a prompt's sections come from: its request's fields (the local render is the prompt byte for
+    byte) or the template's markers in its tokens."""
+
+    FIELDS = "request fields"
+    MARKERS = "template markers"
+
+
 class HunkKind(StrEnum):
     """What a divergent span does: B replaces, inserts or deletes tokens of A."""
 
@@ -118,7 +126,17 @@ class ServerKind(StrEnum):
 VLLM_BLOCK = 16  # vLLM's block size on GPUs, where a capture does not record the server's own
 
 
-__all__ = ["SectionKind", "HunkKind", "CauseKind", "CloudCause", "Origin", "Backend", "ServerKind", "VLLM_BLOCK"]
+__all__ = [
+    "SectionKind",
+    "Sectioning",
+    "HunkKind",
+    "CauseKind",
+    "CloudCause",
+    "Origin",
+    "Backend",
+    "ServerKind",
+    "VLLM_BLOCK",
+]
 
 
 class CloudCause(StrEnum):

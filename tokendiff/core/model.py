@@ -324,18 +324,48 @@ class Prompt:
         return bisect_right(self.offsets, offset) - 1
 
     def owner(self, token: int) -> SectionPath:
-        """Path of the innermost section holding `token` (empty when none)."""
+        """Path of the innermost section holding `token` (empty when none): the first of the deepest, in
+        the sections' order. A prompt asked many times (a long diff's hunks) looks it up in a map of every
+        token's owner, made once for its sections."""
+        secs = self.sections
+        state = self.__dict__.get("_owners")  # [sections, their number, lookups, map or None]
+        if state is None or state[0] is not secs or state[1] != len(secs):
+            state = self.__dict__["_owners"] = [secs, len(secs), 0, None]
+        if state[3] is None:
+            state[2] += 1
+            if state[2] > OWNER_SCANS:
+                state[3] = _owner_map(secs, len(self))
+        at = state[3]
+        if at is not None and 0 <= token < len(at):
+            k = at[token]
+            return secs[k].path if k >= 0 else NO_SECTION
         best: Section | None = None
-        for s in self.sections:
+        for s in secs:
             if s.start <= token < s.end and (best is None or len(s.path) > len(best.path)):
                 best = s
-        if best is None and token >= len(self) and self.sections:
+        if best is None and token >= len(self) and secs:
             return END_OF_PROMPT
         return best.path if best else NO_SECTION
 
     def owner_label(self, token: int) -> str:
         path = self.owner(token)
         return path.label if path else "(no section)"
+
+
+OWNER_SCANS = 8  # owner lookups by scanning a prompt's sections before its map of owners is made
+
+
+def _owner_map(sections: list[Section], n: int) -> array[int]:
+    """Each token's owning section (an index into `sections`, -1: none), as `Prompt.owner` finds it: the
+    deepest section holding the token, the first of them in the sections' order. Painted shallow to
+    deep and, within a depth, last to first, so the one the scan would pick is painted last."""
+    out = array("i", [-1]) * n
+    order = sorted(range(len(sections)), key=lambda k: (len(sections[k].path), -k))
+    for k in order:
+        lo, hi = max(sections[k].start, 0), min(sections[k].end, n)
+        if hi > lo:
+            out[lo:hi] = array("i", [k]) * (hi - lo)
+    return out
 
 
 def prompt_end(p: Prompt) -> int:

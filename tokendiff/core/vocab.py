@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import struct
+import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 MEDIA_PIECE = b"<__media__>"
 # Bounds on tokenizer files: the largest real vocabularies hold ~260k tokens in ~35 MB of JSON.
 MEMO_IDS = 1 << 16  # distinct IDs a vocabulary keeps the pieces of between prompts (~5 MB at most)
+NUMPY_DECODE_FROM = 256  # tokens from which a process that has numpy decodes with it
+NUMPY_DECODE_BLOCK = 1 << 16  # tokens decoded at once (their byte indices: a few MB)
 
 # Token flags
 SPECIAL = 1  # control token (<|im_start|>, <s>, [INST] ...): structure, not text
@@ -124,6 +127,10 @@ class Vocab:
         media marker. Offsets are an int64 array of len(ids)+1, special a 0/1 byte array. The IDs are
         held as int32 (4 bytes a token, not a list's ~36): a 1M-token prompt decodes in ~25 MB."""
         seq = _int32(ids)
+        if len(seq) >= NUMPY_DECODE_FROM and "numpy" in sys.modules:  # a report's process: numpy is there
+            got = self._decode_np(seq)
+            if got is not None:
+                return got
         memo = self._memo
         if memo is None or len(memo) > MEMO_IDS:
             memo = self._memo = _PieceMemo(self)
@@ -133,10 +140,61 @@ class Vocab:
         del pieces
         return data, offsets, self._special(seq, memo.special)
 
+    def _decode_np(self, seq: array[int]) -> tuple[bytes, array[int], array[int]] | None:
+        """`decode` with numpy's gathers: every byte of the prompt taken from the table in one indexed copy,
+        ~8x faster than joining pieces for a long prompt. None for media cells (negative IDs), which
+        the table does not hold."""
+        import numpy as np
+
+        ids = np.frombuffer(seq, dtype=np.int32)
+        if ids.size == 0 or int(ids.min()) < 0:
+            return None
+        offs, blob, flags = self._np_table()
+        offsets = array("q", b"\0" * 8)
+        parts = []
+        at = 0
+        for k in range(0, ids.size, NUMPY_DECODE_BLOCK):  # a block at a time: the byte indices stay small
+            block = ids[k : k + NUMPY_DECODE_BLOCK]
+            starts = offs[block]
+            lens = offs[block + 1] - starts
+            ends = np.cumsum(lens)
+            offsets.frombytes((ends + at).tobytes())
+            parts.append(blob[np.repeat(starts - (ends - lens), lens) + np.arange(int(ends[-1]))].tobytes())
+            at += int(ends[-1])
+        special = array("B", ((flags[ids] & SPECIAL) != 0).astype(np.uint8).tobytes())
+        return b"".join(parts), offsets, special
+
+    def byte_length(self, ids: Any) -> int:
+        """Bytes the IDs decode to (numpy IDs, none negative), without decoding them."""
+        offs = self._np_table()[0]
+        return int((offs[ids + 1] - offs[ids]).sum())
+
+    def special_ids(self, ids: Any) -> list[int]:
+        """The distinct special tokens among numpy IDs (none negative)."""
+        import numpy as np
+
+        flags = self._np_table()[2]
+        return np.unique(ids[(flags[ids] & SPECIAL) != 0]).tolist()
+
+    def _np_table(self) -> tuple[Any, Any, Any]:
+        """The token table as numpy views (offsets, bytes, flags), made once."""
+        got = self.__dict__.get("_np")
+        if got is None:
+            import numpy as np
+
+            got = (
+                np.frombuffer(self.offsets, dtype=np.int64),  # type: ignore[call-overload]  # a buffer of "q"
+                np.frombuffer(self.blob, dtype=np.uint8),
+                np.frombuffer(bytes(self.flags), dtype=np.uint8),
+            )
+            self.__dict__["_np"] = got
+        return got
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (for a worker process) as plain bytes and arrays: a memory map does not pickle."""
         state = dict(self.__dict__)
         state.update(blob=self.blob.tobytes(), offsets=array("q", self.offsets), flags=bytes(self.flags), _memo=None)
+        state.pop("_np", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

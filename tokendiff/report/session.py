@@ -220,10 +220,10 @@ def _causes(prompts: Sequence[Prompt], s: Session, redact: bool, context: int) -
         seen.add(sp.kind)
         turn_no, hi = sp.example
         t = s.turns[turn_no - 1]
-        d = t.divergence
+        a, b = s.examples[turn_no] if turn_no in s.examples else (prompts[turn_no - 2], prompts[turn_no - 1])
+        d = t.divergence  # read after the example: a tail turn's (core.tails) is made with its prompts
         assert d is not None
         h = d.hunks[hi]
-        a, b = s.examples[turn_no] if turn_no in s.examples else (prompts[turn_no - 2], prompts[turn_no - 1])
         f = next(x for x in t.findings if x.hunk == hi)
         causes.append(
             {

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tokendiff import safeio
 from tokendiff.core import grammar
-from tokendiff.core.kinds import ServerKind
+from tokendiff.core.kinds import Sectioning, ServerKind
 from tokendiff.core.model import Prompt, PromptMeta, RenderMismatch
 from tokendiff.core.vocab import TextTokenizer, Vocab
 from tokendiff.errors import InputError, one_line
@@ -247,10 +247,12 @@ class Loader:
         self.order = order
         self.chat_template = chat_template
         self.template_name = template_name  # where chat_template came from, for its errors
+        self._given_template = chat_template  # the one the user named: a session may adopt its server's
         self.server = server  # a live server renders and tokenises requests (the vocabulary is its own)
         self._tokenizer = None
         self._renderer = None
         self._sessions: dict[Path, list[CaptureRecord]] = {}
+        self._last_decoded: tuple[np.ndarray, bytes] | None = None  # `sectioning`'s last prompt
 
     def with_template(self, chat_template: str | None) -> Loader:
         """This loader with another chat template, sharing its text tokenizer (built once: parsing
@@ -258,6 +260,13 @@ class Loader:
         if chat_template == self.chat_template:
             return self
         other = Loader(self.vocab, self.family, self.order, chat_template, self.server, "a capture's props.json")
+        other._tokenizer = self._tokenizer
+        return other
+
+    def fresh(self) -> Loader:
+        """This loader as a new session finds it: its vocabulary and text tokenizer shared, no chat template
+        adopted from a session it read (a fleet reads many with one loader's tables)."""
+        other = Loader(self.vocab, self.family, self.order, self._given_template, self.server)
         other._tokenizer = self._tokenizer
         return other
 
@@ -436,6 +445,55 @@ class Loader:
         except InputError:
             return None
 
+    def sectioning(self, rec: CaptureRecord, ids: np.ndarray, label: str) -> tuple[Sectioning, str] | None:
+        """How the full load of this record (`from_record`) sections its prompt, found without sectioning
+        it: by the request's fields when its IDs decoded are its local render byte for byte, else by the
+        template's markers (the same "local render differs" warning given); with the family. None where
+        only the full load can tell, or it would raise (it then says why) or warn of another tokenizer."""
+        try:
+            check_depth(rec.request, label)
+            request, fields = _converted_of(rec)
+        except InputError:
+            return None
+        if rec.prompt_ids is None or fields or self.family is not None or not len(ids):
+            return None  # fields renamed for another API, a family forced: the full load decides
+        data = self._decode_next(ids)
+        fam = self._family_of(ids)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if fam is None or text.count("\ufffd") > max(8, len(ids) // 50):
+            return None  # no family's markers, or mojibake: the load warns or refuses
+        if not (isinstance(request.get("messages"), list) and request["messages"] and self._can_render()):
+            return Sectioning.MARKERS, fam
+        try:
+            local = self.renderer.render(request)
+            if local == text or self.renderer.confirms(request, text):
+                return Sectioning.FIELDS, fam
+        except InputError:
+            return None
+        _render_differs(label, local.encode("utf-8"), data)
+        return Sectioning.MARKERS, fam
+
+    def _decode_next(self, ids: np.ndarray) -> bytes:
+        """The bytes of `ids`, the part they share with the IDs `sectioning` decoded before taken from
+        those: a session's prompt repeats most of the one before it."""
+        from tokendiff.core.align import common_prefix
+
+        last = self._last_decoded
+        n = common_prefix(last[0], ids) if last is not None else 0
+        if last is None or n == 0:
+            data = self.vocab.decode(ids)[0]
+        else:
+            data = last[1][: self.vocab.byte_length(ids[:n])] + self.vocab.decode(ids[n:])[0]
+        self._last_decoded = (ids, data)
+        return data
+
+    def _family_of(self, ids: np.ndarray) -> str | None:
+        """The template family the prompt's special tokens tell (what `grammar.annotate` finds)."""
+        return grammar.family_of_specials({self.vocab.piece(i) for i in self.vocab.special_ids(ids)})
+
     def _from_record(
         self,
         rec: CaptureRecord,
@@ -591,22 +649,26 @@ def _attach_render(p: Prompt, rendered, label: str) -> bool:
         p.sections = field_sections(p, rendered)
         p.meta.sections_from = "request fields"
     else:
-        from tokendiff.core.align import first_byte_diff
-
-        at = first_byte_diff(local, p.data)
-        lo, hi = max(0, (at or 0) - 40), (at or 0) + 40
-        p.meta.render_mismatch = RenderMismatch(
-            byte=at,
-            local=local[lo:hi].decode("utf-8", "replace"),
-            server=p.data[lo:hi].decode("utf-8", "replace"),
-        )
-        warn(
-            f"{label}: the local render differs from the server's tokens at byte {at}; "
-            "sections come from the template markers (the server renders differently)"
-        )
+        p.meta.render_mismatch = _render_differs(label, local, p.data)
     if rendered.unlocated:
         p.meta.unlocated_fields = rendered.unlocated
     return matched
+
+
+def _render_differs(label: str, local: bytes, data: bytes) -> RenderMismatch:
+    """Where the local render parts from the server's tokens, said to the user."""
+    from tokendiff.core.align import first_byte_diff
+
+    at = first_byte_diff(local, data)
+    lo, hi = max(0, (at or 0) - 40), (at or 0) + 40
+    warn(
+        f"{label}: the local render differs from the server's tokens at byte {at}; "
+        "sections come from the template markers (the server renders differently)",
+        kind="local render differs",
+    )
+    return RenderMismatch(
+        byte=at, local=local[lo:hi].decode("utf-8", "replace"), server=data[lo:hi].decode("utf-8", "replace")
+    )
 
 
 def _parsed_arguments(request: dict[str, Any]) -> dict[str, Any]:
@@ -669,7 +731,8 @@ def _check_tokenizer_fits(prompt: Prompt, fam: str, forced: str | None, loader: 
         if ratio is None or ratio >= MIN_ROUND_TRIP:
             warn(
                 f"{prompt.origin}: no chat-template markers found with {vocab}; sections are unavailable "
-                "(a raw completion prompt, or not the model's tokenizer: pass --tokenizer)"
+                "(a raw completion prompt, or not the model's tokenizer: pass --tokenizer)",
+                kind="no chat-template markers",
             )
             return
         why = (
@@ -679,7 +742,7 @@ def _check_tokenizer_fits(prompt: Prompt, fam: str, forced: str | None, loader: 
     else:
         return
     if forced is not None:
-        warn(f"{prompt.origin}: {why}; the tokenizer is probably not the model's")
+        warn(f"{prompt.origin}: {why}; the tokenizer is probably not the model's", kind="tokenizer not the model's")
         return
     raise InputError(f"{why}: the tokenizer is not the model's; {MISMATCH_HINT}", source=prompt.origin)
 

@@ -207,6 +207,13 @@ class Renderer:
         r.spans.sort(key=lambda s: (s.start, -s.end, len(s.path)))
         return r
 
+    def confirms(self, body: dict[str, Any], text: str) -> bool:
+        """Whether `attribute(body, text)` takes `text` as the render: its sentinel render, sentinels
+        removed, is `text` (a template that reads its fields' text may render them wrapped the way the
+        server rendered them bare)."""
+        body = normalize_tools(body)
+        return self._confirmed_spans(body, _leaves(body), text)[0] is not None
+
     def _confirmed_spans(
         self, body: dict[str, Any], leaves: list[_Leaf], text: str
     ) -> tuple[list[FieldSpan] | None, int | None]:

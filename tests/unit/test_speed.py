@@ -1,0 +1,235 @@
+"""The general case fast (issue 29) with the same answers: tail turns filled from IDs against the full diff,
+the exact rewrites of the aligner's chain and of section lookups against their plain forms, numpy's decode
+against the stdlib one, warnings from worker processes counted once, fleets sharing one loader."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from tokendiff.app.fleet import FleetOptions, fleet_report
+from tokendiff.app.pair import PromptOptions, open_loader
+from tokendiff.app.reports import session_report
+from tokendiff.app.session import open_session
+from tokendiff.core import model, tails
+from tokendiff.core import vocab as vocab_mod
+from tokendiff.core.align import _heaviest_links
+from tokendiff.core.kinds import CauseKind
+from tokendiff.notices import Aggregated, sink
+from tokendiff.sources.templates.render import Renderer
+from tokendiff.sources.tokenizers import load_vocab, text_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = "the a parser test file function returns value error line json tool call result".split()
+
+
+def _text(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def _answer(rng: random.Random, k: int) -> dict:
+    """An assistant message, now and then one of those the detectors read closely."""
+    odd = [
+        {"content": "<think>\nmulling it over\n</think>\n\n" + _text(rng, 12)},  # reasoning in the content
+        {"content": "/no_think " + _text(rng, 8)},  # a think switch on the answer's first line
+        {"content": "reasoning effort: high\n" + _text(rng, 8)},  # a setting line
+        {"content": "Today is 2026-01-0" + str(1 + k % 9) + ". " + _text(rng, 8)},
+        {"content": '{"a": 1, "b": [2, 3]} ' + _text(rng, 6)},
+        {"content": "", "tool_calls": [{"type": "function", "function": {"name": "get_time", "arguments": {"q": 1}}}]},
+        {"content": "\n\n  " + _text(rng, 10)},  # white space first
+    ]
+    msg = rng.choice(odd) if k % 3 == 0 else {"content": _text(rng, 15)}
+    return {"role": "assistant", **msg}
+
+
+def _capture(path: Path, turns: int, *, kwargs: bool = True, seed: int = 0) -> Path:
+    """A capture of a Qwen3 agent without thinking, its prompt IDs the bundled template's render
+    tokenised: answers of every odd kind, a tool result now and then, the date changed, history dropped.
+    Without `kwargs` the request omits enable_thinking, so the local render differs from the IDs."""
+    rng = random.Random(seed)
+    vocab = load_vocab(None)
+    renderer, tok = Renderer(vocab.meta.chat_template or ""), text_tokenizer(vocab)
+    msgs: list[dict] = []
+    lines = []
+    for k in range(1, turns + 1):
+        system = {"role": "system", "content": f"You are an agent. Today is 2026-02-{1 + k // 7:02d}."}
+        if k % 11 == 0:
+            msgs = msgs[len(msgs) // 2 :]  # older turns dropped
+        user = {"role": "user", "content": ("<tool_response>\nok\n</tool_response>" if k % 5 == 0 else _text(rng, 20))}
+        body = {"model": "qwen3", "messages": [system, *msgs, user]}
+        full = {**body, "chat_template_kwargs": {"enable_thinking": False}}
+        ids = tok.encode(renderer.render(full))
+        request = full if kwargs else body
+        rec = {"schema": "tokendiff.capture/1", "seq": k, "ts": 1.8e9 + k, "source": "proxy",
+               "endpoint": "/v1/chat/completions", "request": request,
+               "response": {"status": 200, "timings": {"prompt_n": 10, "prompt_ms": 5.0}},
+               "prompt_ids": ids, "server": {"kind": "llama-server"}}  # fmt: skip
+        lines.append(orjson.dumps(rec))
+        msgs += [user, _answer(rng, k)]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def _report(path: Path) -> tuple[bytes, int]:
+    loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
+    tail_turns = sum(t.tail_owner is not None for t in loaded.session.turns)
+    return orjson.dumps(session_report(loaded, str(path))), tail_turns
+
+
+@pytest.mark.parametrize("kwargs", [True, False], ids=["render-matches", "render-differs"])
+def test_tail_turns_are_the_full_diff(tmp_path, monkeypatch, kwargs):
+    """Every tail turn diffed in full as well (TOKENDIFF_CHECK_TAILS) agrees, and the whole report is the
+    report with no tail turn at all; most turns were tail turns."""
+    cap = _capture(tmp_path / "c.jsonl", 60, kwargs=kwargs)
+    monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
+    with sink(lambda kind, message: None):
+        fast, used = _report(cap)
+        monkeypatch.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
+        full, none = _report(cap)
+    assert none == 0 and used >= 20, used
+    assert fast == full
+
+
+def test_a_form_is_learned_only_from_its_own_shape():
+    """A full diff that is not one insertion with one generation-prompt finding gives no form, and one
+    that disagrees with a shape's form retires it."""
+    f = model.Finding(kind=CauseKind.DATE, hunk=0, confidence=0.9, title="", evidence="", fix="", expected=False)
+    assert tails._form_of(type("PD", (), {"divergence": None, "findings": [f], "ceiling": 0})(), 1, 2, 3) is None
+    t = tails.Tails(load_vocab(None))
+    shape = tails.Shape((1, 1), b"\0\0\0\0", 1, False, ((), False), True)
+    t.forms[shape] = tails.Form(f, model.SectionPath(), 0)
+    t.learn(shape, 1, 2, 3, type("PD", (), {"divergence": None, "findings": [], "ceiling": 0})())
+    assert t.forms[shape] is None
+
+
+def test_heaviest_chain_is_the_quadratic_one():
+    """The Fenwick tree's chain weights and links are those of trying every earlier run, ties included."""
+
+    def quadratic(runs):
+        best, prev = [n for _, _, n in runs], [-1] * len(runs)
+        for i, (ra, rb, n) in enumerate(runs):
+            for j in range(i):
+                pa, pb, _ = runs[j]
+                if pb < rb and pa < ra and best[j] + n > best[i]:
+                    best[i], prev[i] = best[j] + n, j
+        return best, prev
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        k = rng.randint(1, 40)
+        ras, rbs = sorted(rng.sample(range(300), k)), rng.sample(range(300), k)
+        runs = [(a, b, rng.choice([1, 2, 8, 8, 9])) for a, b in zip(ras, rbs, strict=True)]
+        assert _heaviest_links(runs) == quadratic(runs)
+
+
+def test_owner_map_is_the_scan(tmp_path):
+    """Once a prompt is asked for owners often, the map answers what scanning its sections does."""
+    cap = _capture(tmp_path / "c.jsonl", 12)
+    loaded = open_session(PromptOptions(), [str(cap)], single_turns=False, workers=1)
+    p = loaded.prompts[-1]
+
+    def scan(token):
+        best = None
+        for s in p.sections:
+            if s.start <= token < s.end and (best is None or len(s.path) > len(best.path)):
+                best = s
+        if best is None and token >= len(p) and p.sections:
+            return model.END_OF_PROMPT
+        return best.path if best else model.NO_SECTION
+
+    assert all(p.owner(t) == scan(t) for t in range(-2, len(p) + 3))
+    assert p.__dict__["_owners"][3] is not None  # the map was made
+
+
+def test_numpy_decode_is_the_stdlib_decode(monkeypatch):
+    vocab = load_vocab(None)
+    rng = np.random.default_rng(0)
+    for n in (300, 70_000):  # one block, and more than one
+        ids = rng.integers(0, vocab.n_vocab, n).astype(np.int32)
+        ids[::7] = 151644  # <|im_start|>: special
+        fast = vocab.decode(ids)
+        monkeypatch.setattr(vocab_mod, "NUMPY_DECODE_FROM", 10**12)
+        slow = vocab.decode(ids)
+        monkeypatch.undo()
+        assert fast == slow and fast[1].typecode == "q" and fast[2].typecode == "B"
+
+
+def test_worker_warnings_are_counted_once_by_the_parent(tmp_path):
+    """A capture whose local render differs on every record, diffed in worker processes: one warning line
+    for the first, one line counting the rest (each record once, however often it was loaded)."""
+    cap = _capture(tmp_path / "c.jsonl", 40, kwargs=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "report", str(cap), "--format", "json", "-o", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and "local render differs" in lines[0], r.stderr
+    assert lines[1].startswith("tokendiff: warning: 39 more warnings like this one:"), r.stderr
+
+
+def test_aggregated_counts_a_message_once():
+    got: list[str] = []
+    agg = Aggregated(stream=type("S", (), {"write": lambda self, s: got.append(s), "flush": lambda self: None})())
+    for m in ("a: x", "a: x", "b: x"):
+        agg("kind", m)
+    agg.close()
+    assert "".join(got).count("1 more warning like this one") == 1
+
+
+def test_a_fleet_of_many_tiny_sessions_shares_one_loader(tmp_path):
+    """Forty two-request sessions in two workers: every one analysed, as the serial run analyses it."""
+    paths = [str(_capture(tmp_path / f"s{i:02d}.jsonl", 2, seed=i)) for i in range(40)]
+    doc = fleet_report(PromptOptions(), paths, FleetOptions(workers=2)).document
+    serial = fleet_report(PromptOptions(), paths, FleetOptions(workers=1)).document
+    assert len(doc["sessions"]) == 40 and json.dumps(doc) == json.dumps(serial)
+
+
+def test_a_report_whose_first_example_is_a_tail_turn(tmp_path):
+    """With forms learned from another session (a fleet's), a span's first example can be a tail turn: its
+    divergence is the full diff's, made when the report reads the example, and the report is the same."""
+    cap = _capture(tmp_path / "c.jsonl", 20)
+    loader = open_loader(PromptOptions())
+    learned = tails.Tails(loader.vocab)
+    open_session(
+        PromptOptions(), [str(_capture(tmp_path / "o.jsonl", 20, seed=5))], loader=loader.fresh(), tails=learned
+    )
+    assert any(f is not None for f in learned.forms.values())
+    shared = open_session(PromptOptions(), [str(cap)], single_turns=False, loader=loader.fresh(), tails=learned)
+    alone = open_session(PromptOptions(), [str(cap)], single_turns=False)
+    assert shared.session.turns[1].tail_owner is not None  # the first tail turn, a first example
+    assert orjson.dumps(session_report(shared, str(cap))) == orjson.dumps(session_report(alone, str(cap)))
+
+
+def test_prompt_ids_read_by_numpy_are_orjsons():
+    """A record's prompt_ids read digit place by digit place are the integers orjson reads, or, for
+    anything but plain non-negative int32s, left to orjson (which says what is wrong)."""
+    from tokendiff.sources.capture import _ids_from_text
+
+    rng = random.Random(0)
+    for _ in range(5000):
+        vals = [rng.choice([0, 1, 9, 10, 99, 151643, 2**31 - 1, 2**31, 12345678901, -1, 5]) for _ in range(6)]
+        body = ",".join(map(str, vals[: rng.randint(0, 6)])).encode()
+        if rng.random() < 0.3:
+            body = body.replace(b",", rng.choice([b", ", b" ,", b"\n,\t"]))
+        if rng.random() < 0.1 and body:
+            body = b"0" + body  # a leading zero: not JSON
+        if rng.random() < 0.1 and len(body) > 3:
+            body = body[:2] + b" " + body[2:]  # white space inside a number, or not
+        got = _ids_from_text(body)
+        try:
+            want = np.array(orjson.loads(b"[" + body + b"]"), dtype=np.int64)
+            plain = want.size > 0 and want.min() >= 0 and want.max() < 2**31
+        except (orjson.JSONDecodeError, OverflowError):
+            want, plain = None, False
+        assert (got is not None) == plain, body
+        assert got is None or (got.dtype == np.int32 and (got == want).all()), body
