@@ -128,9 +128,9 @@ def check(capture: Path, run: Run) -> tuple[dict[str, int], list[str]]:
     seen: dict[str, int] = {}
     responded: dict[str, str | None] = {}
     for r in records:
-        tag = r["request"]["messages"][0]["content"]
+        tag = r.request["messages"][0]["content"]
         seen[tag] = seen.get(tag, 0) + 1
-        responded[tag] = (r.get("response") or {}).get("sha256")
+        responded[tag] = (r.response or {}).get("sha256")
     answered = run.answered
     figures = {
         "records": len(records),

@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from tokendiff.sources.capture import read_capture
+from tokendiff.sources.record import CaptureRecord
 from tokendiff.testing import proxy_process
 from tokendiff.testing.llama_server import LlamaServer, free_port
 from tokendiff.testing.proxy_process import stop_proxy
@@ -65,8 +66,8 @@ def body(tag: str, stream: bool = True, n: int = 8) -> dict:
     return {"messages": [{"role": "user", "content": tag}], "max_tokens": n, "stream": stream, "ignore_eos": n > 8}
 
 
-def tag_of(record: dict) -> str:
-    return record["request"]["messages"][0]["content"]
+def tag_of(record: CaptureRecord) -> str:
+    return record.request["messages"][0]["content"]
 
 
 async def one(
@@ -140,7 +141,7 @@ def check_records(path: Path, expect: dict[str, str]) -> tuple[int, int, int, li
     for r in records:
         tag = tag_of(r)
         seen[tag] = seen.get(tag, 0) + 1
-        if tag in expect and r["response"].get("sha256") != expect[tag]:
+        if tag in expect and (r.response or {}).get("sha256") != expect[tag]:
             mismatched += 1
     missing = sum(1 for t in expect if t not in seen)
     dup = sum(1 for t, n in seen.items() if n > 1)
@@ -163,7 +164,7 @@ def check_load(srv: LlamaServer, tmp: Path, clients: int, seconds: float) -> lis
     # the proxy's own share of each request's time to first byte: what the client saw minus
     # what the proxy measured from its upstream request to the upstream's first byte
     recs, _ = read_capture(tmp / "load" / "capture.jsonl")
-    added = [res.ttfbs[t] - r["ttft_ms"] for r in recs if (t := tag_of(r)) in res.ttfbs and r.get("ttft_ms")]
+    added = [res.ttfbs[t] - r.ttft_ms for r in recs if (t := tag_of(r)) in res.ttfbs and r.ttft_ms]
     latency = Check(
         "added latency per request under that load (client TTFB - upstream TTFB seen by the proxy): "
         f"p50 {median(added):.2f} ms, p99 {pct(added, 0.99):.2f} ms over {len(added):,} requests; "
@@ -189,11 +190,11 @@ def check_client_faults(srv: LlamaServer, tmp: Path) -> Check:
     stop_proxy(proxy)
     recs, _ = read_capture(tmp / "clients" / "capture.jsonl")
     by = {tag_of(r): r for r in recs}
-    n_cut = sum(1 for i in range(20) if by.get(f"cut {i}", {}).get("client_disconnected"))
+    n_cut = sum(1 for i in range(20) if (r := by.get(f"cut {i}")) is not None and r.client_disconnected)
     n_slow = sum(
         1
         for i, (code, digest, _) in enumerate(slow)
-        if code == 200 and by.get(f"slow {i}", {}).get("response", {}).get("sha256") == digest
+        if code == 200 and (r := by.get(f"slow {i}")) is not None and (r.response or {}).get("sha256") == digest
     )
     return Check(
         f"clients disconnecting mid-stream: {n_cut}/20 recorded as disconnected, {len(recs)} records for 25 "
@@ -211,7 +212,7 @@ def check_refused(tmp: Path) -> Check:
     ]
     stop_proxy(proxy)
     recs, _ = read_capture(tmp / "refused" / "capture.jsonl")
-    marked = sum(1 for r in recs if r.get("upstream_error"))
+    marked = sum(1 for r in recs if r.upstream_error)
     return Check(
         f"upstream refusing connections: {codes.count(502)}/20 clients got 502, {len(recs)} records with "
         f"upstream_error {marked}",
@@ -236,7 +237,7 @@ def check_upstream_killed(model: Path, tmp: Path) -> Check:
     time.sleep(0.5)
     stop_proxy(proxy)
     recs, _ = read_capture(tmp / "killed" / "capture.jsonl")
-    failed = sum(1 for r in recs if "error" in r["response"] or r["response"].get("status") == 502)
+    failed = sum(1 for r in recs if "error" in (r.response or {}) or (r.response or {}).get("status") == 502)
     answered = sum(1 for x in results if not isinstance(x, BaseException))
     return Check(
         f"upstream killed mid-stream: {len(recs)}/10 requests recorded, {failed} marked failed; "

@@ -96,6 +96,7 @@ def structured_target(name: str, path: Path):
         import tokendiff.sources.importers.har
         import tokendiff.sources.loader
         import tokendiff.sources.templates.render
+        import tokendiff.sources.tokenizers
         from tokendiff.errors import InputError
         from tokendiff.sources.capture import read_capture
         from tokendiff.sources.slotfile import read_slot_file

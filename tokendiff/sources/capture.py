@@ -632,8 +632,9 @@ def _parse_line(line: bytes, n: int, torn: bool, p: str, warn: Callable[[str], N
             return None
     if not isinstance(rec, dict):
         raise InputError(f"line {n}: malformed capture record: not a JSON object", source=p)
-    if rec.get("schema") not in RECORD_READERS:
-        raise InputError(f"line {n}: unknown capture schema {rec.get('schema')!r} (expected {SCHEMA})", source=p)
+    schema = rec.get("schema")
+    if not isinstance(schema, str) or schema not in RECORD_READERS:
+        raise InputError(f"line {n}: unknown capture schema {schema!r} (expected {SCHEMA})", source=p)
     check_record(rec, f"line {n}", p)
     if ids is not None:
         rec["prompt_ids"] = _token_ids(ids, f"line {n}", p)
