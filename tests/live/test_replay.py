@@ -39,7 +39,11 @@ def test_replay_measures_cold_actual_ideal_and_the_fix(server, pair):
     # the fix (the date pinned to A's) restores the reuse, measured
     assert doc["fix"]["applied"] == ["messages[0].content as in A (date)"]
     assert sc["fixed"]["cached"] == doc["fix"]["fixed_lcp_tokens"] == p["ideal_prefix_tokens"]
-    # orderings, not absolute times: re-prefilling everything costs more than the tail alone
+    # orderings, not absolute times: re-prefilling everything costs more than the tail alone; on a machine
+    # too busy for the runs to separate, replay says why and states no gain (never one its runs contradict)
+    if doc.get("doubts"):
+        assert doc["speedup"] is None or doc["speedup"] > 1
+        return
     assert sc["actual"]["prompt_ms"] > 2 * sc["ideal"]["prompt_ms"]
     assert sc["cold"]["prompt_ms"] > 2 * sc["fixed"]["prompt_ms"]
     assert doc["cost_ms"] > 0 and doc["speedup"] > 2

@@ -49,7 +49,9 @@ async def test_replay_from_the_pair_screen(llama_server_bin, tiny_model, tmp_pat
             assert doc["scenarios"]["actual"]["cached"] == s.d.lcp
             assert doc["discarded"] == []
             text = str(s.query_one("#findings").render())
-            assert "cold" in text and "actual" in text and "ideal" in text and "the divergence costs" in text
+            assert "cold" in text and "actual" in text and "ideal" in text
+            # a gain is stated only where the runs separate (a busy machine's are noisy, and replay says so)
+            assert "the divergence costs" in text or doc.get("doubts")
             # what `tokendiff replay` measures: the what-if fix too
             assert doc["fix"]["applied"] and doc["scenarios"]["fixed"]["cached"] == doc["fix"]["fixed_lcp_tokens"]
             assert "with the fix" in text

@@ -46,4 +46,4 @@ def test_replay_refuses_a_capture_of_another_model(server, tmp_path):
     with pytest.raises(InputError, match="--force"):
         replay_pair(pair, loader, ReplayOptions(backend=server.url, repeat=1))
     forced = replay_pair(pair, loader, ReplayOptions(backend=server.url, repeat=1, force=True))
-    assert forced.document["scenarios"]["cold"]["valid_runs"] == 1
+    assert forced.document["scenarios"]["cold"]["valid_runs"] >= 1  # more rounds where the runs are noisy
