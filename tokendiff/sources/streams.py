@@ -31,7 +31,7 @@ FINAL_KEYS = (
 )
 # a Responses answer (`object: "response"`) also keeps its id and output items: a later request continuing it
 # (`previous_response_id`) is rendered from them (sources/importers/responses.py: Continuations)
-RESPONSE_OBJECT_KEYS = ("id", "output")
+RESPONSE_OBJECT_KEYS = ("object", "id", "output")
 # Ollama's /api/chat and /api/generate answers (a stream's last, `done: true` object): reloads, truncation, timings
 OLLAMA_FINAL_KEYS = ("load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "done_reason")
 
@@ -115,7 +115,7 @@ def final_fields(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def response_object(doc: dict[str, Any]) -> dict[str, Any]:
-    """A Responses answer's id and output items (what a continuation of it needs); {} for other answers."""
+    """A Responses answer's object, id and output items (what a continuation of it needs); {} for other answers."""
     if doc.get("object") != "response" or not isinstance(doc.get("id"), str):
         return {}
     return {k: doc[k] for k in RESPONSE_OBJECT_KEYS if doc.get(k) is not None}
