@@ -7,7 +7,9 @@ documented request and response shapes (this machine cannot reach the providers)
   rules) and .../cache-diagnostics (the `diagnostics.cache_miss_reason` field);
 - OpenAI: developers.openai.com/api/docs/guides/prompt-caching and its diagnostics page (Responses
   request with prompt_cache_key; usage.input_tokens_details.cached_tokens; prompt_cache_diagnostics);
-- DeepSeek: api-docs.deepseek.com/guides/kv_cache (prompt_cache_hit_tokens / prompt_cache_miss_tokens).
+- DeepSeek: api-docs.deepseek.com/guides/kv_cache (prompt_cache_hit_tokens / prompt_cache_miss_tokens);
+- Gemini: ai.google.dev/gemini-api/docs/caching (implicit caching and its minimum per model, `cachedContents`;
+  usageMetadata.promptTokenCount and cachedContentTokenCount).
 
 Each verdict is checked, the waste counted from the provider's own usage, and priced.
 """
@@ -429,3 +431,116 @@ def test_gemini_explicit_cache_read_whole_until_its_ttl_ends():
     assert "names no cached content, not cachedContents/def" in turns[6].detail
     price = price_of("gemini-2.5-pro")
     assert price is not None and break_cost(price, turns[6].waste, 0) == pytest.approx(5008 * (1.25 - 0.31) / 1e6)
+
+
+# ---------------------------------------------------------------- the "Done when" matrix: the cases each provider has
+
+
+def test_anthropic_expiry_is_priced_as_written_again():
+    """The idle expiry of the 5-minute entry: what the previous turn had cached is written again (the
+    provider's cache_creation_input_tokens), at the write premium instead of the read price."""
+    m1, m2 = [user(200, "u1")], [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
+            (anthropic_body(SONNET, m2), anthropic_usage(0, 3200, 3), 6 * 60.0),
+        ],
+    )
+    assert turns[1].cause == CloudCause.EXPIRED and turns[1].waste == turns[1].rewritten == 2900
+    price = price_of(SONNET)
+    assert price is not None
+    assert break_cost(price, turns[1].waste, turns[1].rewritten) == pytest.approx(2900 * (3.75 - 0.30) / 1e6)
+
+
+def test_openai_change_before_a_breakpoint_and_after_the_last():
+    """Before GPT-5.6 every 128 tokens of a shared prefix are read: an edit at the start of the
+    instructions loses all the previous turn read (paid at the input price, not the cached price); an
+    edit in the last message, after the last 128-token step both prompts share, loses nothing."""
+    i1 = [{"role": "user", "content": text(300, "task")}]
+    i2 = [{"role": "user", "content": text(300, "task") + " Quickly."}]
+    b1 = openai_body("k", i1, "gpt-5.1")
+    edited = openai_body("k", i1, "gpt-5.1", instructions="Be terse. " + text(1500, "codex"))
+    tail = openai_body("k", i2, "gpt-5.1")
+    c1, c3 = prompt_of(Provider.OPENAI, b1), prompt_of(Provider.OPENAI, tail)
+    read = c1[-1] // 128 * 128
+    turns = exactly(
+        Provider.OPENAI,
+        [
+            (b1, openai_usage(c1[-1], 0), 0.0),
+            (b1, openai_usage(c1[-1], read), 10.0),
+            (edited, openai_usage(c1[-1] + 3, 0), 20.0),
+            (b1, openai_usage(c1[-1], 0), 30.0),
+            (tail, openai_usage(c3[-1], read), 40.0),
+        ],
+    )
+    assert [t.cause for t in turns[:3]] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
+    assert turns[2].field == "instructions" and turns[2].waste == read and turns[2].rewritten == 0
+    price = price_of("gpt-5.1")
+    assert price is not None
+    assert break_cost(price, turns[2].waste, 0) == pytest.approx(read * (1.25 - 0.125) / 1e6)
+    assert turns[4].cause == CloudCause.HIT and turns[4].waste == 0 and turns[4].predicted == read
+
+
+def gemini_implicit(parts: list[str], prompt: int, cached: int, model: str = "gemini-2.5-flash") -> tuple[dict, dict]:
+    """generateContent without a cached content (implicit caching), and its answer's usageMetadata."""
+    body = {"contents": [{"role": "user", "parts": [{"text": p}]} for p in parts]}
+    meta = {"promptTokenCount": prompt, "cachedContentTokenCount": cached, "candidatesTokenCount": 12}
+    return body, {"candidates": [], "usageMetadata": meta, "modelVersion": model}
+
+
+def test_gemini_implicit_minimum_and_a_change_before_the_end():
+    """Implicit caching (Gemini 2.5 Flash, from 2,048 tokens): a 1,500-token request is cached nowhere; a
+    document edited at its start loses the previous request's whole prompt, which a hit would have read
+    (paid at the input price)."""
+    small = run(Provider.GEMINI, [(*gemini_implicit([text(1500, "short")], 1500, 0), 0.0)])
+    assert small[0].cause == CloudCause.BELOW_MINIMUM and "2,048" in small[0].detail
+    doc, q1, q2 = text(5000, "manual"), text(40, "q1"), text(40, "q2")
+    turns = run(
+        Provider.GEMINI,
+        [
+            (*gemini_implicit([doc, q1], 5040, 0), 0.0),
+            (*gemini_implicit([doc, q1, q2], 5080, 5040), 30.0),
+            (*gemini_implicit(["Revised. " + doc, q1, q2], 5083, 0), 60.0),
+        ],
+    )
+    assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
+    assert turns[2].field == "contents[0]" and turns[2].waste == 5080
+    price = price_of("gemini-2.5-flash")
+    assert price is not None and break_cost(price, turns[2].waste, 0) == pytest.approx(5080 * (0.30 - 0.075) / 1e6)
+
+
+def test_deepseek_break_is_priced_at_the_miss_price():
+    """DeepSeek's guide: A+B, then A+C misses the stored unit; the 1,000 tokens A+B held are paid at the
+    cache-miss price instead of the hit price. (DeepSeek documents no minimum, lifetime or routing key.)"""
+    a = {"role": "system", "content": text(800, "A")}
+    b = {"role": "user", "content": text(200, "B")}
+    c = {"role": "user", "content": text(200, "C")}
+    turns = run(Provider.DEEPSEEK, [(*deepseek([a, b], 0, 1000), 0.0), (*deepseek([a, c], 0, 1000), 9.0)])
+    assert turns[1].cause == CloudCause.CONTENT and turns[1].waste == 1000
+    price = price_of("deepseek-flash")
+    assert price is not None and break_cost(price, turns[1].waste, 0) == pytest.approx(1000 * (0.15 - 0.003) / 1e6)
+
+
+def test_the_providers_diagnosis_is_shown_beside_the_verdict_and_disagreement_said(tmp_path):
+    """Anthropic's cache-diagnostics (`diagnostics.cache_miss_reason`) naming another section than the one
+    tokendiff found is shown with "(differs)"; OpenAI's answers without a diagnosis are shown as sent."""
+    session = tool_edit_session()
+    body, resp, t = session[2]
+    session[2] = (body, {**resp, "diagnostics": {"cache_miss_reason": {"type": "messages_changed"}}}, t)
+    har = write_har(tmp_path / "claude.har", session, "https://api.anthropic.com/v1/messages")
+    turn = report_json(har)["cloud"]["turns"][2]
+    assert turn["cause"] == "cloud_content" and turn["field"] == "tools[0]"
+    assert turn["provider_reason"] == "messages_changed" and turn["agrees"] is False
+    from helpers import run_cli
+
+    md = run_cli("report", har).stdout
+    assert "messages_changed (differs)" in md and "tools[0]" in md
+    i1 = [{"role": "user", "content": text(300, "task")}]
+    gone = {"type": "comparison_response_not_found"}
+    turns = run(
+        Provider.OPENAI,
+        [(openai_body("k", i1, "gpt-5.6-terra"), openai_usage(2000, 0), 0.0)]
+        + [(openai_body("k", i1, "gpt-5.6-terra"), openai_usage(2000, 1800, gone), 5.0)],
+    )
+    assert turns[1].provider_reason == "comparison_response_not_found" and turns[1].agrees is None

@@ -55,14 +55,17 @@ def post_stream(url: str, body: dict) -> list[dict]:
         return [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
 
 
+REPLY = 8  # tokens a turn generates: the slot then holds the prompt and the reply but its last token
+
+
 def responses_turn(url: str, items: list, instructions: str, stream: bool) -> dict:
-    """One Responses request as Codex sends it; the answer's usage (from response.completed when streamed)."""
+    """One Responses request as Codex sends it; the answer (from response.completed when streamed)."""
     body = {
         "model": "tiny",
         "instructions": instructions,
         "input": items,
         "tools": RESPONSES_TOOLS,
-        "max_output_tokens": 1,  # the slot then holds the prompt alone (see docs/guide/apis.md)
+        "max_output_tokens": REPLY,
         "temperature": 0,
         "stream": stream,
         "store": False,
@@ -71,16 +74,18 @@ def responses_turn(url: str, items: list, instructions: str, stream: bool) -> di
         events = post_stream(url + "/v1/responses", body)
         done = [e for e in events if e.get("type") == "response.completed"]
         assert len(done) == 1
-        return done[0]["response"]["usage"]
+        return done[0]["response"]
     r = httpx.post(url + "/v1/responses", json=body, timeout=120)
     assert r.status_code == 200, r.text
-    return r.json()["usage"]
+    return r.json()
 
 
-def responses_items(turn: int) -> list:
-    """What an agent appends after turn `turn`: the reply, a tool call and its output."""
+def responses_items(turn: int, answer: dict | None = None) -> list:
+    """What an agent appends after turn `turn`: the model's own output items as it got them, then a tool
+    call and its output."""
+    said = [o for o in (answer or {}).get("output", []) if o.get("type") in ("message", "function_call")]
     return [
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"Reading f{turn}.py."}]},
+        *(said or [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Reading."}]}]),
         {
             "type": "function_call",
             "call_id": f"call_{turn}",
@@ -91,36 +96,42 @@ def responses_items(turn: int) -> list:
     ]
 
 
-def messages_turn(url: str, msgs: list, system: str, stream: bool) -> dict:
+def messages_turn(url: str, msgs: list, system: str, stream: bool, model: str = "claude") -> dict:
+    """One Messages request as Claude Code sends it; the answer's usage and content blocks (a stream's
+    text deltas joined, as the client joins them)."""
     body = {
-        "model": "claude",
-        "max_tokens": 1,
+        "model": model,
+        "max_tokens": REPLY,
         "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
         "messages": msgs,
         "tools": MESSAGES_TOOLS,
         "temperature": 0,
         "stream": stream,
     }
-    if stream:
-        events = post_stream(url + "/v1/messages", body)
-        usage: dict = {}
-        for e in events:
-            if e.get("type") == "message_start":
-                usage.update(e["message"]["usage"])
-            elif e.get("type") == "message_delta":
-                usage.update(e["usage"])
-        return usage
-    r = httpx.post(url + "/v1/messages", json=body, timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()["usage"]
+    if not stream:
+        r = httpx.post(url + "/v1/messages", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        return r.json()
+    usage: dict = {}
+    text = ""
+    for e in post_stream(url + "/v1/messages", body):
+        if e.get("type") == "message_start":
+            usage.update(e["message"]["usage"])
+        elif e.get("type") == "message_delta":
+            usage.update(e["usage"])
+        elif e.get("type") == "content_block_delta" and e["delta"].get("type") == "text_delta":
+            text += e["delta"]["text"]
+    return {"usage": usage, "content": [{"type": "text", "text": text}] if text else []}
 
 
-def messages_blocks(turn: int) -> list:
+def messages_blocks(turn: int, answer: dict | None = None) -> list:
+    """The model's reply as the client got it (text blocks), a tool call, and its result."""
+    said = [b for b in (answer or {}).get("content", []) if b.get("type") == "text" and b.get("text")]
     return [
         {
             "role": "assistant",
             "content": [
-                {"type": "text", "text": f"Reading f{turn}.py."},
+                *(said or [{"type": "text", "text": "Reading."}]),
                 {"type": "tool_use", "id": f"toolu_{turn}", "name": "Read", "input": {"path": f"f{turn}.py"}},
             ],
         },
@@ -153,34 +164,44 @@ def check_recorded(out, usages: list[dict], endpoint: str) -> list:
     return records
 
 
-def check_predicted_equals_reported(doc: dict, n: int) -> None:
+def check_predicted_equals_reported(doc: dict, records: list) -> None:
+    """Every turn after the first (the shared server may hold an earlier test's prefix): the engine model's
+    reuse, which counts the reply the slot holds, is what the server reported, on the slot the server used
+    (the proxy read it from /slots: the answers of these APIs do not say)."""
     turns = doc["turns"]
-    assert len(turns) == n
-    for t in turns[1:]:
-        assert t["reported_cached"] is not None
-        assert t["reusable"] == t["reported_cached"], t
+    assert len(turns) == len(records)
+    for t, rec in zip(turns[1:], records[1:]):
+        e = t["engine"]
+        assert t["reported_cached"] is not None and e is not None
+        assert e["engine"] == e["reported"] == t["reported_cached"], t
+        assert rec.slot is not None and e["recorded_slot"] == e["slot"] == rec.slot, t
+        assert t["reusable"] <= t["reported_cached"], t  # the prompts' LCP, without the reply
 
 
 # ---------------------------------------------------------------- the Responses API
 
 
 def test_responses_agent_through_proxy_is_recorded_and_predicted(server, tmp_path):
-    """Codex's API: 5 turns, streamed and not, with function calls and outputs; turn 5 edits the
-    instructions, and the report names `instructions` as the field that broke the cache."""
+    """Codex's API: 5 turns of 8-token replies sent back as the client got them, streamed and not, with
+    function calls and outputs; turn 5 edits the instructions, and the report names `instructions` as the
+    field that broke the cache."""
     out = tmp_path / "codex"
     proc, url = start_proxy(server.url, out)
-    usages, items = [], [{"role": "user", "content": "Read main.py"}]
+    usages, items = [], [{"role": "user", "content": "Read codex.py"}]
     try:
         for turn in range(5):
             instructions = "You are terse." if turn < 4 else "You are careful."
-            usages.append(responses_turn(url, items, instructions, stream=turn % 2 == 1))
-            items = items + responses_items(turn)
+            answer = responses_turn(url, items, instructions, stream=turn % 2 == 1)
+            assert answer["usage"]["output_tokens"] == REPLY
+            usages.append(answer["usage"])
+            items = items + responses_items(turn, answer)
     finally:
         stop_proxy(proc)
     records = check_recorded(out, usages, "/v1/responses")
     assert records[1].response["streamed"] is True and records[1].response["timings"]["cache_n"] >= 0
+    assert records[0].response["output"] and records[1].response["id"].startswith("resp_")  # what a continuation needs
     doc = report_json(out)
-    check_predicted_equals_reported(doc, 5)
+    check_predicted_equals_reported(doc, records)
     assert doc["turns"][4]["first_divergence_field"] == "instructions"
     d = diff_json(f"{out}/capture.jsonl@3", f"{out}/capture.jsonl@4")
     assert d["a"]["sections_from"] == "request fields" and d["b"]["sections_from"] == "request fields"
@@ -207,19 +228,22 @@ def test_responses_sections_name_the_input_items(server, tmp_path):
 
 
 def test_messages_agent_through_proxy_is_recorded_and_predicted(server, tmp_path):
-    """Claude Code's API: 4 turns, streamed and not, tool_use and tool_result blocks, a cache_control
-    breakpoint on the system block; the server's cache_read_input_tokens is the prediction every turn."""
+    """Claude Code's API: 4 turns of 8-token replies sent back as the client got them, streamed and not,
+    tool_use and tool_result blocks, a cache_control breakpoint on the system block; the server's
+    cache_read_input_tokens is the prediction every turn."""
     out = tmp_path / "claude"
     proc, url = start_proxy(server.url, out)
-    usages, msgs = [], [{"role": "user", "content": [{"type": "text", "text": "Read main.py"}]}]
+    usages, msgs = [], [{"role": "user", "content": [{"type": "text", "text": "Read claude.py"}]}]
     try:
         for turn in range(4):
-            usages.append(messages_turn(url, msgs, "You are Claude Code.", stream=turn % 2 == 1))
-            msgs = msgs + messages_blocks(turn)
+            answer = messages_turn(url, msgs, "You are Claude Code.", stream=turn % 2 == 1)
+            assert answer["usage"]["output_tokens"] == REPLY
+            usages.append(answer["usage"])
+            msgs = msgs + messages_blocks(turn, answer)
     finally:
         stop_proxy(proc)
-    check_recorded(out, usages, "/v1/messages")
-    check_predicted_equals_reported(report_json(out), 4)
+    records = check_recorded(out, usages, "/v1/messages")
+    check_predicted_equals_reported(report_json(out), records)
 
 
 # ---------------------------------------------------------------- conversions, streams and usage on their own
@@ -367,8 +391,10 @@ def test_usage_of_every_provider():
 
 
 def test_vllm_serves_both_apis_through_proxy(vllm_server, tmp_path):
-    """vLLM renders Responses and Messages requests itself: the proxy records the IDs of its own render
-    endpoints, and the vLLM prediction (whole blocks of its block size) is what it reported."""
+    """vLLM 0.32 serves both APIs and renders them itself: the proxy records the IDs of its own render
+    endpoints (or /tokenize of vLLM's conversion), and over 3 Responses turns and 3 Messages turns, streamed
+    and not, with 8-token replies sent back as the client got them, the vLLM prediction (whole blocks of
+    its block size, with the blocks of a reply the next prompt repeats) is what it reported on every turn."""
     out = tmp_path / "vllm"
     proc, url = start_proxy(vllm_server.url, out)
     model = "tiny-qwen3"
@@ -377,25 +403,25 @@ def test_vllm_serves_both_apis_through_proxy(vllm_server, tmp_path):
     try:
         items = [{"role": "user", "content": fresh + "Read main.py " * 40}]
         for turn in range(3):
-            body = {"model": model, "instructions": "You are terse.", "input": items, "max_output_tokens": 1}
+            body = {"model": model, "instructions": "You are terse.", "input": items, "max_output_tokens": REPLY}
             r = httpx.post(url + "/v1/responses", json={**body, "temperature": 0}, timeout=300)
             assert r.status_code == 200, r.text
             usages.append(r.json()["usage"])
-            items = items + responses_items(turn)
-        msgs = [{"role": "user", "content": [{"type": "text", "text": fresh + "Read main.py " * 40}]}]
-        body = {"model": model, "max_tokens": 1, "system": "You are Claude Code.", "messages": msgs, "stream": True}
-        events = post_stream(url + "/v1/messages", body)
-        assert any(e.get("type") == "message_stop" for e in events)
+            items = items + responses_items(turn, r.json())
+        msgs = [{"role": "user", "content": [{"type": "text", "text": fresh + "Read claude.py " * 40}]}]
+        for turn in range(3):
+            answer = messages_turn(url, msgs, "You are Claude Code.", stream=turn % 2 == 0, model=model)
+            usages.append(answer["usage"])
+            msgs = msgs + messages_blocks(turn, answer)
     finally:
         stop_proxy(proc)
     records, _ = read_capture(out / "capture.jsonl")
-    assert [r.endpoint for r in records] == ["/v1/responses"] * 3 + ["/v1/messages"]
+    assert [r.endpoint for r in records] == ["/v1/responses"] * 3 + ["/v1/messages"] * 3
     for rec, usage in zip(records, usages):
-        assert rec.prompt_source in ("vllm /v1/responses/render", "vllm /tokenize")  # without --enable-scale-out
-        assert len(rec.prompt_ids) == usage["input_tokens"]
-        assert rec.response["usage"]["input_tokens_details"]["cached_tokens"] == usage_of({"usage": usage}).cached
-    assert records[3].prompt_source in ("vllm /v1/messages/render", "vllm /tokenize")
-    assert len(records[3].prompt_ids) > 40
+        assert rec.prompt_source in (f"vllm {rec.endpoint}/render", "vllm /tokenize")  # without --enable-scale-out
+        assert len(rec.prompt_ids) == usage_of({"usage": usage}).prompt
+        assert reported_cached(rec.response) == usage_of({"usage": usage}).cached is not None
     doc = report_json(out / "capture.jsonl")
-    for t in doc["turns"][1:3]:
+    for t in doc["turns"][1:]:
         assert t["reuse_vllm"] == t["reported_cached"], t
+    assert any(t["reported_cached"] for t in doc["turns"][4:]), doc["turns"]  # the Messages turns reused blocks

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokendiff.core.usage import usage_of
+
 SLOTS_TIMEOUT = 0.5  # the client waits for it: a server too busy to answer at once leaves no slot
 
 
@@ -18,10 +20,12 @@ def _int(v: Any) -> int | None:
 
 
 def slot_after(slots: Any, usage: Any) -> int | None:
-    """The slot of `/slots` (its JSON) that holds `usage`'s prompt and reply; None when none, or unknown."""
+    """The slot of `/slots` (its JSON) that holds `usage`'s prompt and reply (in any API's counts: chat,
+    Responses, Messages); None when none, or unknown."""
     if not isinstance(slots, list) or not isinstance(usage, dict):
         return None
-    prompt, reply = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+    counts = usage_of({"usage": usage})
+    prompt, reply = counts.prompt, counts.output
     if prompt is None or not reply:
         return None
     size = prompt + reply - 1

@@ -41,6 +41,7 @@ import orjson
 from tokendiff.core import jsontext, secrets
 from tokendiff.errors import InputError
 from tokendiff.safeio import open_private, open_regular, read_limited, write_private
+from tokendiff.sources.importers.responses import continued
 from tokendiff.sources.record import CAPTURE_V1, RECORD_READERS, CaptureRecord, RequestBody
 
 SCHEMA = CAPTURE_V1  # the version the writer writes (the reader reads those of RECORD_READERS)
@@ -533,7 +534,8 @@ def iter_capture(
         if size > limit:
             why = f"capture of {size} bytes is over the reader's {limit >> 30} GiB bound: split it"
             raise InputError(why, source=p)
-        yield from _records(f, p, Path(p).parent, warn or (lambda msg: None), window, limit)
+        records = _records(f, p, Path(p).parent, warn or (lambda msg: None), window, limit)
+        yield from continued(records)  # a Responses request naming an earlier answer made whole
 
 
 FIRST_PATCH_LINES = 16  # lines after the first record looked at for its patches (its response, its token IDs)

@@ -29,6 +29,9 @@ FINAL_KEYS = (
     "tokens",
     "prompt_progress",
 )
+# a Responses answer (`object: "response"`) also keeps its id and output items: a later request continuing it
+# (`previous_response_id`) is rendered from them (sources/importers/responses.py: Continuations)
+RESPONSE_OBJECT_KEYS = ("object", "id", "output")
 # Ollama's /api/chat and /api/generate answers (a stream's last, `done: true` object): reloads, truncation, timings
 OLLAMA_FINAL_KEYS = ("load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "done_reason")
 
@@ -63,6 +66,7 @@ def api_event(ev: dict[str, Any]) -> dict[str, Any]:
         return ev
     if kind in RESPONSE_DONE and isinstance(ev.get("response"), dict):
         out = {k: v for k, v in ev["response"].items() if k in FINAL_KEYS}
+        out.update(response_object(ev["response"]))
         if isinstance(ev["response"].get("status"), str):
             out["choices"] = [{"finish_reason": ev["response"]["status"]}]
         return {**out, **{k: ev[k] for k in ("timings",) if k in ev}}
@@ -103,10 +107,18 @@ def final_fields(doc: dict[str, Any]) -> dict[str, Any]:
     """What a capture keeps of a completion answer or a stream's final chunk, as sent (a field of the
     wrong type is left out by the capture writer, with a note)."""
     out = {k: doc[k] for k in (*FINAL_KEYS, *OLLAMA_FINAL_KEYS) if doc.get(k) is not None}
+    out.update(response_object(doc))
     choices = doc.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
         out["finish_reason"] = choices[0]["finish_reason"]
     return out
+
+
+def response_object(doc: dict[str, Any]) -> dict[str, Any]:
+    """A Responses answer's object, id and output items (what a continuation of it needs); {} for other answers."""
+    if doc.get("object") != "response" or not isinstance(doc.get("id"), str):
+        return {}
+    return {k: doc[k] for k in RESPONSE_OBJECT_KEYS if doc.get(k) is not None}
 
 
 MAX_EVENT = 16 << 20  # an event line longer than this is not held (counted as not understood)

@@ -556,6 +556,8 @@ def _compare_diagnostics(turn: CloudTurn, req: CloudRequest) -> None:
             turn.provider_reason = diag["reason"]
             expected = OPENAI_REASONS.get(diag["reason"])
             turn.agrees = None if expected is None else expected == turn.cause
+        elif kind in ("comparison_response_not_found", "unavailable"):
+            turn.provider_reason = kind  # shown; no diagnosis to compare
 
 
 # ---------------------------------------------------------------- requests in the providers' documented shapes

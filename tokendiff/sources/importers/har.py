@@ -18,6 +18,7 @@ import orjson
 from tokendiff.errors import InputError, one_line
 from tokendiff.safeio import open_regular, size_text
 from tokendiff.sources.importers import CHAT_ENDPOINTS, MAX_DEPTH, check_depth, is_chat_body
+from tokendiff.sources.importers.responses import continued
 from tokendiff.sources.record import CaptureRecord
 from tokendiff.sources.streams import final_fields, summarize_stream
 
@@ -47,7 +48,7 @@ def read_har(path: Path, warn: Callable[[str], None] | None = None) -> list[Capt
 def iter_har(path: Path, warn: Callable[[str], None] | None = None) -> Iterator[CaptureRecord]:
     """The chat requests of a HAR file as capture records, one at a time, in the order they started
     (`warn` hears of entries too far out of that order to be put back)."""
-    return _in_start_order(_file_order(path), str(path), warn)
+    return continued(_in_start_order(_file_order(path), str(path), warn))
 
 
 def _in_start_order(

@@ -11,14 +11,25 @@ is the server's prompt byte for byte:
   text part as a string and reasoning goes to `reasoning`.
 
 Each chat field is mapped back to the item it came from (`FieldMap`), so a report names
-`input[4]` (function_call_output), not the chat message the server made of it. No I/O.
+`input[4]` (function_call_output), not the chat message the server made of it.
+
+A request that continues a stored response (`previous_response_id`) carries only its new items: the
+server prepends the earlier request's input and that response's output items (the earlier
+`instructions` are not carried over). `Continuations` rebuilds that conversation where the session holds
+the earlier response; a request whose earlier response it does not hold says so, naming the id. No I/O.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from tokendiff.errors import InputError
+
+if TYPE_CHECKING:
+    from tokendiff.sources.record import CaptureRecord
 
 FieldMap = list[tuple[str, str]]  # (chat field prefix, the request's own field), in chat order
 
@@ -64,10 +75,11 @@ def to_chat(body: dict[str, Any], vllm: bool = False) -> tuple[dict[str, Any], F
     A request the server refuses (no input, previous_response_id) is an InputError saying why."""
     if "input" not in body:
         raise InputError("a Responses request needs 'input'")
-    if isinstance(body.get("previous_response_id"), str) and body["previous_response_id"]:
+    prev = body.get("previous_response_id")
+    if isinstance(prev, str) and prev:
         raise InputError(
-            "the request continues a stored response (previous_response_id): its earlier turns are on the "
-            "server, not in the request, so its prompt cannot be rendered here"
+            f"the request continues stored response {prev!r} (previous_response_id), which this session does "
+            "not hold: its earlier turns are on the server, so its prompt cannot be rendered here"
         )
     b = _Builder(vllm)
     if "instructions" in body:
@@ -206,3 +218,67 @@ def _tools(tools: Any, vllm: bool) -> tuple[list[dict[str, Any]], FieldMap]:
         fields.append((f"tools[{len(out)}]", f"tools[{j}]"))
         out.append({"type": "function", "function": fn})
     return out, fields
+
+
+# ---------------------------------------------------------------- previous_response_id
+
+KEEP_RESPONSES = 256  # the latest answers a continuation can name (a chain is resolved as it is read)
+
+
+class Continuations:
+    """A session's Responses answers by id, each with the whole input the server held for it, so a request
+    naming one in `previous_response_id` is rendered as the server renders it: the earlier input, that
+    response's output items, then its own input. Conversations share their items (lists of references),
+    and only the latest KEEP_RESPONSES answers are kept: memory stays bounded as a capture streams."""
+
+    def __init__(self) -> None:
+        self._held: OrderedDict[str, list[Any]] = OrderedDict()
+
+    def resolve(self, rec: CaptureRecord) -> CaptureRecord:
+        """`rec` with its conversation made whole where it continues a response held here, and its own
+        answer remembered. A record without a Responses request is returned as it is."""
+        to_responses = isinstance(rec.endpoint, str) and rec.endpoint.rstrip("/").endswith("/responses")
+        body = rec.inline_request if rec.inline_request is not None or not to_responses else _loaded(rec)
+        if not isinstance(body, dict) or not is_responses(body, rec.endpoint):
+            return rec
+        prev = body.get("previous_response_id")
+        full = self._held.get(prev) if isinstance(prev, str) and prev else None
+        if full is not None:
+            body = {k: v for k, v in body.items() if k != "previous_response_id"}
+            body["input"] = full + _items(body.get("input"))
+            note = f"previous_response_id {prev!r}: the earlier input and output items prepended, as the server does"
+            rec = replace(rec, inline_request=body, request_body=None, notes=[*(rec.notes or ()), note])
+        self._remember(body, rec.response)
+        return rec
+
+    def _remember(self, body: dict[str, Any], response: Any) -> None:
+        if not isinstance(response, dict) or not isinstance(response.get("id"), str) or body.get("store") is False:
+            return  # an answer not stored cannot be continued
+        if isinstance(body.get("previous_response_id"), str) and body["previous_response_id"]:
+            return  # continues one this session does not hold: its whole input is unknown
+        output = response.get("output")
+        self._held[response["id"]] = _items(body.get("input")) + (output if isinstance(output, list) else [])
+        while len(self._held) > KEEP_RESPONSES:
+            self._held.popitem(last=False)
+
+
+def _items(inp: Any) -> list[Any]:
+    """A Responses input as items (a string input is one user message)."""
+    if isinstance(inp, str):
+        return [{"role": "user", "content": inp}]
+    return list(inp) if isinstance(inp, list) else []
+
+
+def _loaded(rec: CaptureRecord) -> Any:
+    """The record's request read from its stored bytes; None when it cannot be (its turn says why later)."""
+    try:
+        return rec.request
+    except InputError:
+        return None
+
+
+def continued(records: Iterable[CaptureRecord]) -> Iterator[CaptureRecord]:
+    """The records of one session, each Responses continuation made whole from the answers before it."""
+    chain = Continuations()
+    for rec in records:
+        yield chain.resolve(rec)
