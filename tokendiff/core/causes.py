@@ -180,7 +180,7 @@ _TABLE = (
     ),
     Cause(
         kind=C.TOOL_SCHEMA_KEY_ORDER,
-        title="Key order changed inside the schema of tool {tool}",
+        title="Key order changed inside a tool's schema: {tool}",
         fix="Serialise tool definitions once with a fixed key order (as first sent, or sorted) and send those bytes "
         "on every turn; do not rebuild schemas from dicts whose order varies",
         confidence=0.95,

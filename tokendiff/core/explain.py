@@ -760,7 +760,9 @@ def detect_moved(ctx: Ctx) -> Finding | None:
         dest = ctx.b.owner(ctx.b.token_at_byte(at_b)) if at_b >= 0 else None
         if dest is None or not _is_system(dest) or ctx.b.data.find(probe, ctx.h.b_byte_start) >= 0:
             return None
-        placed, end, src = _placement(ctx.a, ctx.b, at_b), "gone from here, now", ctx.a_path.top
+        at_a = ctx.a.data.find(probe, ctx.h.a_byte_start)
+        src = ctx.a.owner(ctx.a.token_at_byte(at_a)).top
+        placed, end = _placement(ctx.a, ctx.b, at_b), "gone from here, now"
     story, origin = _merge_story(ctx, probe.decode("utf-8", "replace"))
     return finding(
         C.SYSTEM_MOVED,
@@ -825,7 +827,7 @@ def detect_system_appended(ctx: Ctx) -> Finding | None:
     added = ctx.b_text.decode("utf-8", "replace")
     head = ctx.a_text.decode("utf-8", "replace").rstrip()
     added = added[len(head) :] if added.startswith(head) else added
-    probe = re.sub(r"^\W+", "", added)[:200].encode()
+    probe = re.sub(r"^\W+", "", added).strip()[:200].encode()
     if len(probe) >= 8 and ctx.a.data.find(probe, ctx.h.a_byte_end) >= 0:
         return None  # the text was later in A: moved (detect_moved)
     story, origin = _merge_story(ctx, added)
@@ -1089,8 +1091,8 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
     a break of A's cache, so no waste: a new conversation (or another agent on the slot) begins."""
     if not d.hunks or d.lcp >= prompt_end(a):
         return None
-    if cleared_result(a, b, d.hunks[0]) is not None:
-        return None  # an old tool result cleared: the conversation goes on around its placeholder
+    if cleared_result(a, b, d.hunks[0]) is not None or _same_text(a, b, d.hunks[0]):
+        return None  # an old tool result cleared, or the text re-encoded: the conversation goes on
     runs = _shared_runs(d)
     if any(e - s >= SHARED_RUN for s, e in runs):
         return None
@@ -1116,16 +1118,22 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
 EDGE = 8  # shared bytes either side of a hunk read with it: a character or a CRLF cut by the hunk's edge
 
 
-def _extended(ctx: Ctx, pad: int = EDGE) -> tuple[bytes, bytes]:
-    """Both sides of the hunk with the bytes they share around it (the same on both sides: the diff
-    matched them), so a character or a line ending the hunk's edge cuts is read whole."""
-    h = ctx.h
+def _extended(a: Prompt, b: Prompt, h: Hunk, pad: int = EDGE) -> tuple[bytes, bytes]:
+    """Both sides of hunk h with the bytes they share around it (the same on both sides: the diff matched
+    them), so a character or a line ending the hunk's edge cuts is read whole."""
     lo = min(pad, h.a_byte_start, h.b_byte_start)
-    hi = min(pad, len(ctx.a.data) - h.a_byte_end, len(ctx.b.data) - h.b_byte_end)
-    return (
-        ctx.a.data[h.a_byte_start - lo : h.a_byte_end + hi],
-        ctx.b.data[h.b_byte_start - lo : h.b_byte_end + hi],
-    )
+    hi = min(pad, len(a.data) - h.a_byte_end, len(b.data) - h.b_byte_end)
+    return a.data[h.a_byte_start - lo : h.a_byte_end + hi], b.data[h.b_byte_start - lo : h.b_byte_end + hi]
+
+
+def _same_text(a: Prompt, b: Prompt, h: Hunk) -> bool:
+    """The hunk's two sides (with the bytes they share around them) are the same text once line endings
+    and the Unicode form are made one: re-encoded, not rewritten."""
+    ea, eb = _extended(a, b, h)
+    if ea == eb or len(ea) > 4096 or len(eb) > 4096:
+        return False
+    ua, ub = _lf(ea).decode("utf-8", "replace"), _lf(eb).decode("utf-8", "replace")
+    return unicodedata.normalize("NFC", ua) == unicodedata.normalize("NFC", ub)
 
 
 def _lf(text: bytes) -> bytes:
@@ -1135,7 +1143,7 @@ def _lf(text: bytes) -> bytes:
 def detect_line_endings(ctx: Ctx) -> Finding | None:
     """line_endings: the same text with CRLF line endings on one side and LF on the other (a tool's
     output read on Windows, or normalised by the client on one turn only)."""
-    a, b = _extended(ctx)
+    a, b = _extended(ctx.a, ctx.b, ctx.h)
     if a == b or _lf(a) != _lf(b):
         return None
     crlf_a, crlf_b = (
@@ -1206,23 +1214,30 @@ def detect_whitespace(ctx: Ctx) -> Finding | None:
 def detect_unicode_form(ctx: Ctx) -> Finding | None:
     """unicode_normalized: the same characters in another Unicode normalisation form (NFC "é" as one code
     point, NFD as "e" and a combining accent): canonically equal, different bytes, different tokens."""
-    ea, eb = _extended(ctx)
+    ea, eb = _extended(ctx.a, ctx.b, ctx.h)
     if ea == eb or len(ea) > 4096 or len(eb) > 4096:
         return None
     ua, ub = ea.decode("utf-8", "replace"), eb.decode("utf-8", "replace")
     if ua == ub or unicodedata.normalize("NFC", ua) != unicodedata.normalize("NFC", ub):
         return None
     i = len(os.path.commonprefix([ua, ub]))
-    j = len(os.path.commonprefix([ua[i:][::-1], ub[i:][::-1]]))
     while 0 < i < len(ua) and unicodedata.combining(ua[i]):
         i -= 1  # start at the base character of a combining sequence
-    ca, cb = ua[i : len(ua) - j] or ua[i : i + 1], ub[i : len(ub) - j] or ub[i : i + 1]
+    ca, cb = _grapheme(ua, i), _grapheme(ub, i)
     return finding(
         C.UNICODE_NORMALIZED,
         ctx.i,
-        f"{ca!r} ({_form(ca)}, {_code_points(ca)}) in A is {cb!r} ({_form(cb)}, {_code_points(cb)}) in B, "
-        f"in {_where(ctx.a_path)}",
+        f"the first of them: {ca!r} ({_form(ca)}, {_code_points(ca)}) in A is {cb!r} ({_form(cb)}, "
+        f"{_code_points(cb)}) in B, in {_where(ctx.a_path)}",
     )
+
+
+def _grapheme(text: str, i: int) -> str:
+    """The character at i with the combining marks that follow it."""
+    j = i + 1
+    while j < len(text) and unicodedata.combining(text[j]):
+        j += 1
+    return text[i:j]
 
 
 def _form(text: str) -> str:
