@@ -1187,8 +1187,8 @@ def detect_whitespace(ctx: Ctx) -> Finding | None:
     """whitespace_trimmed: whitespace at the end of a line or of a message's text trimmed (or added) on
     one side, the text otherwise the same (a client that strips what it sends back, or an editor that trims)."""
     a, b = ctx.a_text, ctx.b_text
-    if a == b:
-        return None
+    if a == b or abs(len(a) - len(b)) > 4096 or max(len(a), len(b)) > 65536:
+        return None  # trimming changes a few bytes; a long hunk is other text
     i = len(os.path.commonprefix([a, b]))
     j = len(os.path.commonprefix([a[i:][::-1], b[i:][::-1]]))
     ra, rb = a[i : len(a) - j], b[i : len(b) - j]
