@@ -334,7 +334,7 @@ def test_history_pruned_in_place(vocab):
     msgs[3]["content"] = "[pruned: 1 tool result]"
     b = qwen_prompt(vocab, msgs)
     f, _, _ = first(a, b)
-    assert f.kind == "history_rewritten" and "[pruned" in f.evidence
+    assert f.kind == "tool_result_cleared" and "[pruned" in f.evidence  # a tool result's placeholder: named as such
 
 
 def test_system_message_moved_to_the_front(vocab):

@@ -21,7 +21,7 @@ from itertools import compress, count, repeat
 from operator import itemgetter, ne, not_
 from typing import TYPE_CHECKING, TypeVar
 
-from tokendiff.core.model import Divergence, Hunk, Prompt, id_bytes, prompt_end
+from tokendiff.core.model import Divergence, Hunk, Prompt, SectionPath, id_bytes, prompt_end
 
 if TYPE_CHECKING:
     from tokendiff.core.model import Ids
@@ -524,6 +524,20 @@ def is_boundary(a: Prompt, b: Prompt, h: Hunk) -> bool:
     return k > 0 and k >= len(a.token_bytes(h.a_start)) and k >= len(b.token_bytes(h.b_start))
 
 
+def _insertion_owner(a: Prompt, b: Prompt, a0: int, b0: int) -> SectionPath:
+    """The section of A a pure insertion before A's token a0 belongs to: the one whose text it extends.
+    Between two sections that is the earlier one when B's inserted tokens are in it (text added at the
+    end of the system prompt is the system prompt's, not the tools' that follow it); past A's last token,
+    the last token's section."""
+    if a0 >= len(a):
+        return a.owner(max(a0 - 1, 0))
+    after = a.owner(a0)
+    if a0 == 0:
+        return after
+    before = a.owner(a0 - 1)
+    return before if before != after and b.owner(b0) == before else after
+
+
 def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
     """The full token diff of a pair of prompts."""
     lcp = common_prefix(a.ids, b.ids)
@@ -544,8 +558,7 @@ def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
                 a_byte_end=a.byte_offset(a1),
                 b_byte_start=b.byte_offset(b0),
                 b_byte_end=b.byte_offset(b1),
-                # a span past the end (an insertion after A's last token) belongs to the last token's section
-                a_owner=a.owner(a0) if a0 < len(a) else a.owner(max(a0 - 1, 0)),
+                a_owner=_insertion_owner(a, b, a0, b0) if a0 == a1 else a.owner(a0),
                 b_owner=b.owner(b0) if b0 < len(b) else b.owner(max(b0 - 1, 0)),
             )
         )

@@ -130,6 +130,31 @@ _TABLE = (
         confidence=0.85,
         origin=Or.CLIENT,
     ),
+    # text re-encoded (the same words, other bytes)
+    Cause(
+        kind=C.WHITESPACE_TRIMMED,
+        title="Trailing whitespace trimmed",
+        titles={"added": "Trailing whitespace added"},
+        fix="Send each message's text exactly as it was first sent: strip or pad it once, when it enters the "
+        "history, never again on later turns",
+        confidence=0.9,
+        origin=Or.CLIENT,
+    ),
+    Cause(
+        kind=C.LINE_ENDINGS,
+        title="Line endings changed (CRLF and LF)",
+        fix="Normalise line endings once, when a tool's output enters the history (to LF), and send that text "
+        "unchanged on every later turn",
+        confidence=0.95,
+        origin=Or.CLIENT,
+    ),
+    Cause(
+        kind=C.UNICODE_NORMALIZED,
+        title="Unicode normalisation changed (NFC and NFD)",
+        fix="Normalise text once (NFC) when it enters the history, and send those bytes unchanged afterwards",
+        confidence=0.95,
+        origin=Or.CLIENT,
+    ),
     # tools
     Cause(
         kind=C.TOOL_ORDER,
@@ -151,6 +176,14 @@ _TABLE = (
         title="Tool definition changed",
         fix="Keep tool schemas byte-stable; move per-request data (lists, counts) out of descriptions",
         confidence=0.6,
+        origin=Or.CLIENT,
+    ),
+    Cause(
+        kind=C.TOOL_SCHEMA_KEY_ORDER,
+        title="Key order changed inside a tool's schema: {tool}",
+        fix="Serialise tool definitions once with a fixed key order (as first sent, or sorted) and send those bytes "
+        "on every turn; do not rebuild schemas from dicts whose order varies",
+        confidence=0.95,
         origin=Or.CLIENT,
     ),
     Cause(
@@ -184,6 +217,14 @@ _TABLE = (
         origin=Or.CLIENT,
     ),
     Cause(
+        kind=C.TOOL_RESULT_CLEARED,
+        title="Old tool result replaced by a placeholder: {result}",
+        fix="Clear old tool results rarely and in batches (once past a threshold, several at a time), and keep "
+        "each placeholder from then on: every clearing recomputes everything after the oldest cleared result",
+        confidence=0.9,
+        origin=Or.CLIENT,
+    ),
+    Cause(
         kind=C.REMINDER_MOVED,
         title="Reminder moved from an older message to a newer one",
         fix="Leave a reminder where it was first sent (history append-only); add the new one to the newest message",
@@ -199,6 +240,10 @@ _TABLE = (
     Cause(
         kind=C.SYSTEM_MOVED,
         title="Text moved into the system prompt",
+        titles={
+            "merged": "Mid-conversation system message merged into the first",
+            "hoisted": "Mid-conversation system message hoisted to the front",
+        },
         fix="Send reminders as user messages, or keep system messages where they were added",
         confidence=0.75,
         origin=Or.SERVER,

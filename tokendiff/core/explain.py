@@ -18,6 +18,7 @@ import bisect
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
@@ -118,7 +119,8 @@ def _field_named(path: SectionPath, *names: str) -> bool:
 # ---------------------------------------------------------------- patterns
 
 _MONTHS = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*"
-_DAYS = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*"
+# a day's name or its abbreviation, never a word that starts like one ("Sunny", "Monitor", "Friend")
+_DAYS = r"(?:Mon|Tue|Tues|Wed|Wednes|Thu|Thur|Thurs|Fri|Sat|Satur|Sun)(?:day)?"
 DATE_RE = re.compile(
     r"\d{4}-\d{1,2}-\d{1,2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"
     rf"|\d{{1,2}} {_MONTHS},? \d{{4}}|{_MONTHS} \d{{1,2}},? \d{{4}}|\d{{1,2}}/\d{{1,2}}/\d{{2,4}}"
@@ -547,7 +549,12 @@ def _inserted(ctx: Ctx, rx: re.Pattern[str]) -> str | None:
     if la and _covers(rx, wa, ia, la):
         return None
     wb, ib = ctx.b_win()
-    return _covers(rx, wb, ib, lb)
+    for m in matches(rx, wb):  # the first match in the insertion that holds a digit: a timestamp, not a day's name
+        if m.start() >= ib + lb:
+            break
+        if m.end() > ib and any(c.isdigit() for c in m.group()):
+            return m.group()
+    return None
 
 
 def detect_nonce(ctx: Ctx) -> Finding | None:
@@ -690,22 +697,80 @@ def detect_counter(ctx: Ctx) -> Finding | None:
     )
 
 
+MARKER_RE = re.compile(rb"<\||<\xef\xbd\x9c")  # where a template marker begins in text ("<|", DeepSeek's "<｜")
+
+
+ROLE_LINE_RE = re.compile(rb"^\s*(?:system|developer|user|assistant|tool)\s*\n")
+PROBE_TOKENS = 4096  # a probe is read from the first tokens of a span
+
+
+def _text_probe(p: Prompt, start: int, end: int) -> bytes:
+    """The first stretch of text of tokens [start, end) between template markers that is long enough to be
+    looked for elsewhere (24 bytes): without a role line, up to 200 bytes, punctuation and spaces at its
+    ends taken off."""
+    end = min(end, start + PROBE_TOKENS)
+    while start < end:
+        while start < end and p.special[start]:
+            start += 1
+        stop = start
+        while stop < end and not p.special[stop]:
+            stop += 1
+        text = MARKER_RE.split(p.data[p.byte_offset(start) : p.byte_offset(stop)])[0]
+        text = re.sub(rb"^\W+", b"", ROLE_LINE_RE.sub(b"", text)).strip()[:200]
+        if len(text) >= 24:
+            return text
+        start = stop
+    return b""
+
+
+def _placement(a: Prompt, b: Prompt, at_b: int) -> str:
+    """'hoisted' when the moved text comes before A's own system prompt in B (moved to the front),
+    'merged' when after it (appended to the first system message)."""
+    sec = next((s for s in a.sections if len(s.path) == 1 and _is_system(s.path)), None)
+    if sec is None:
+        return "merged"
+    text = a.data[sec.byte_start : sec.byte_end]
+    own = next(
+        (
+            line.strip()[:48]
+            for line in MARKER_RE.sub(b"\n", ROLE_LINE_RE.sub(b"", text)).split(b"\n")
+            if len(line.strip()) >= 8 and not re.fullmatch(rb"[\w|>]*", line.strip())
+        ),
+        b"",
+    )
+    at = b.data.find(own) if own else -1
+    return "hoisted" if 0 <= at_b < at else "merged"
+
+
 def detect_moved(ctx: Ctx) -> Finding | None:
-    """system_moved: text the client appended shows up earlier (system messages moved or merged)."""
-    bt = ctx.b_text
-    if len(bt) < 24 or not _is_system(ctx.b_path):
-        return None
-    probe = re.sub(rb"^\W+", b"", bt)[:200]
-    if len(probe) < 24:
-        return None
-    where = ctx.a.data.find(probe, ctx.h.a_byte_end)
-    if where < 0:
-        return None
+    """system_moved: a system message A has later in the conversation is in B's system prompt: merged into
+    the first (appended to it) or hoisted to the front. Named on both ends: where B's system prompt gained
+    the text, and where A's later message lost it."""
+    if _is_system(ctx.b_path):
+        probe = _text_probe(ctx.b, ctx.h.b_start, ctx.h.b_end)
+        where = ctx.a.data.find(probe, ctx.h.a_byte_end) if len(probe) >= 24 else -1
+        if where < 0:
+            return None
+        at_b = ctx.b.data.find(probe, ctx.h.b_byte_start)
+        placed, end = _placement(ctx.a, ctx.b, at_b), "now"
+        src = ctx.a.owner(ctx.a.token_at_byte(where)).top
+    else:
+        probe = _text_probe(ctx.a, ctx.h.a_start, ctx.h.a_end)
+        at_b = ctx.b.data.find(probe, 0, ctx.h.b_byte_start) if len(probe) >= 24 else -1
+        dest = ctx.b.owner(ctx.b.token_at_byte(at_b)) if at_b >= 0 else None
+        if dest is None or not _is_system(dest) or ctx.b.data.find(probe, ctx.h.b_byte_start) >= 0:
+            return None
+        at_a = ctx.a.data.find(probe, ctx.h.a_byte_start)
+        src = ctx.a.owner(ctx.a.token_at_byte(at_a)).top
+        placed, end = _placement(ctx.a, ctx.b, at_b), "gone from here, now"
+    story, origin = _merge_story(ctx, probe.decode("utf-8", "replace"))
     return finding(
         C.SYSTEM_MOVED,
         ctx.i,
-        f"{len(bt)} bytes now in B's system section appear later in A (byte {where:,}): "
-        "a mid-conversation system message moved or merged",
+        f"{probe[:48].decode('utf-8', 'replace')!r} ({len(probe):,} bytes), {end} in B's system prompt, "
+        f"is in {src.label if src is not None else 'a later message'} in A{story}",
+        origin=origin or None,
+        variant=placed,
     )
 
 
@@ -762,7 +827,7 @@ def detect_system_appended(ctx: Ctx) -> Finding | None:
     added = ctx.b_text.decode("utf-8", "replace")
     head = ctx.a_text.decode("utf-8", "replace").rstrip()
     added = added[len(head) :] if added.startswith(head) else added
-    probe = re.sub(r"^\W+", "", added)[:200].encode()
+    probe = re.sub(r"^\W+", "", added).strip()[:200].encode()
     if len(probe) >= 8 and ctx.a.data.find(probe, ctx.h.a_byte_end) >= 0:
         return None  # the text was later in A: moved (detect_moved)
     story, origin = _merge_story(ctx, added)
@@ -799,6 +864,8 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     removed = _removed(ctx).strip()
     at = ctx.b.data.find(removed[:200].encode(), ctx.h.b_byte_end) if len(removed) >= 24 else -1
     if at < 0:  # the diff kept the block and inserted the turns in between: what follows is the block
+        if ctx.h.a_end >= len(ctx.a) or ctx.a.owner(ctx.h.a_end).top != src:
+            return None  # A's text after the insertion is another message's: nothing of src's was kept
         removed, at = _kept_tail(ctx), ctx.h.b_byte_end
     dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
     if dest is None or dest.kind != K.MESSAGE or (dest.index or 0) <= (src.index or 0):
@@ -883,7 +950,7 @@ SETTING_LINE_RE = re.compile(
     r"|verbosity|reasoning_effort)\s*[:=])\s*(\S[^\n]{0,60})$",
     re.I | re.M,
 )
-THINK_SWITCH_RE = re.compile(r"/(?:no_)?think\b")
+THINK_SWITCH_RE = re.compile(r"(?<![<\w])/(?:no_?)?think\b")  # Qwen3's /think and /no_think, not </think>
 SETTING_KEYS = ("reasoning_effort", "enable_thinking", "thinking", "reasoning", "thinking_budget")
 
 
@@ -909,6 +976,24 @@ def _request_settings(p: Prompt) -> dict[str, object]:
     return out
 
 
+_THINK_TAGS = re.compile(r"</?think>")
+
+
+def _thinking_toggled(ctx: Ctx) -> str | None:
+    """The generation prompt of the same conversation opens thinking on one side and closes it on the
+    other (DeepSeek V3.1's `thinking`: `<think>` against `<think></think>`): what each side renders."""
+    ga, gb = _top(ctx.a, K.GENERATION_PROMPT), _top(ctx.b, K.GENERATION_PROMPT)
+    if ga is None or gb is None or ctx.h.a_start >= len(ctx.a):
+        return None  # past A's end: B only adds to it (Qwen3's empty think block), nothing is lost
+    if not (ga.start <= ctx.h.a_start < ga.end and gb.start <= ctx.h.b_start < gb.end):
+        return None
+    ta = "".join(_THINK_TAGS.findall(ctx.a.data[ga.byte_start : ga.byte_end].decode("utf-8", "replace")))
+    tb = "".join(_THINK_TAGS.findall(ctx.b.data[gb.byte_start : gb.byte_end].decode("utf-8", "replace")))
+    if ta == tb:
+        return None
+    return f"the generation prompt renders {ta or 'no think tag'} in A and {tb or 'no think tag'} in B"
+
+
 def detect_setting(ctx: Ctx) -> Finding | None:
     """setting_changed: a setting rendered into the prompt changed (gpt-oss `Reasoning: high`, a
     Qwen3 /think or /no_think switch, a mode line in the system prompt)."""
@@ -919,6 +1004,8 @@ def detect_setting(ctx: Ctx) -> Finding | None:
         what = f"{ma.group(1)} {ma.group(2).strip()} -> {mb.group(2).strip()}"
     elif sa != sb and (sa or sb):
         what = f"thinking switch {' '.join(sa) or 'none'} -> {' '.join(sb) or 'none'}"
+    elif toggled := _thinking_toggled(ctx):
+        what = toggled
     else:
         return None
     ka, kb = _request_settings(ctx.a), _request_settings(ctx.b)
@@ -1004,6 +1091,8 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
     a break of A's cache, so no waste: a new conversation (or another agent on the slot) begins."""
     if not d.hunks or d.lcp >= prompt_end(a):
         return None
+    if cleared_result(a, b, d.hunks[0]) is not None or _same_text(a, b, d.hunks[0]):
+        return None  # an old tool result cleared, or the text re-encoded: the conversation goes on
     runs = _shared_runs(d)
     if any(e - s >= SHARED_RUN for s, e in runs):
         return None
@@ -1022,6 +1111,255 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
     else:
         kept, later = f"only its first {d.lcp:,} token(s) with A", ""
     return finding(C.NEW_CONVERSATION, 0, f"B shares {kept}; none of A's {len(turns)}{later} turn(s) is in B")
+
+
+# ---------------------------------------------------------------- the same text in other bytes
+
+EDGE = 8  # shared bytes either side of a hunk read with it: a character or a CRLF cut by the hunk's edge
+
+
+def _extended(a: Prompt, b: Prompt, h: Hunk, pad: int = EDGE) -> tuple[bytes, bytes]:
+    """Both sides of hunk h with the bytes they share around it (the same on both sides: the diff matched
+    them), so a character or a line ending the hunk's edge cuts is read whole."""
+    lo = min(pad, h.a_byte_start, h.b_byte_start)
+    hi = min(pad, len(a.data) - h.a_byte_end, len(b.data) - h.b_byte_end)
+    return a.data[h.a_byte_start - lo : h.a_byte_end + hi], b.data[h.b_byte_start - lo : h.b_byte_end + hi]
+
+
+def _same_text(a: Prompt, b: Prompt, h: Hunk) -> bool:
+    """The hunk's two sides (with the bytes they share around them) are the same text once line endings
+    and the Unicode form are made one: re-encoded, not rewritten."""
+    ea, eb = _extended(a, b, h)
+    if ea == eb or len(ea) > 4096 or len(eb) > 4096:
+        return False
+    ua, ub = _lf(ea).decode("utf-8", "replace"), _lf(eb).decode("utf-8", "replace")
+    return unicodedata.normalize("NFC", ua) == unicodedata.normalize("NFC", ub)
+
+
+def _lf(text: bytes) -> bytes:
+    return text.replace(b"\r\n", b"\n")
+
+
+def detect_line_endings(ctx: Ctx) -> Finding | None:
+    """line_endings: the same text with CRLF line endings on one side and LF on the other (a tool's
+    output read on Windows, or normalised by the client on one turn only)."""
+    a, b = _extended(ctx.a, ctx.b, ctx.h)
+    if a == b or _lf(a) != _lf(b):
+        return None
+    crlf_a, crlf_b = (
+        _section_crlfs(ctx.a, ctx.a_path, ctx.h.a_byte_start),
+        _section_crlfs(ctx.b, ctx.b_path, ctx.h.b_byte_start),
+    )
+    return finding(
+        C.LINE_ENDINGS,
+        ctx.i,
+        f"{_where(ctx.a_path)} has {crlf_a:,} CRLF line ending(s) in A and {crlf_b:,} in B; "
+        "the text is otherwise the same",
+    )
+
+
+def _section_crlfs(p: Prompt, path: SectionPath, byte: int) -> int:
+    """The CRLFs in the section with `path` around `byte` (its text as the template rendered it)."""
+    s = next((x for x in p.sections if x.path == path and x.byte_start <= byte <= x.byte_end), None)
+    return p.data.count(b"\r\n", s.byte_start, s.byte_end) if s else p.data.count(b"\r\n", byte, byte + 2)
+
+
+def _ws_run(text: bytes, at: int) -> tuple[int, int]:
+    """The run of spaces, tabs and newlines around offset `at` of `text`."""
+    s = at
+    while s > 0 and text[s - 1] in b" \t\r\n":
+        s -= 1
+    e = at
+    while e < len(text) and text[e] in b" \t\r\n":
+        e += 1
+    return s, e
+
+
+def _content_ends(p: Prompt, byte: int, owner: SectionPath) -> bool:
+    """The text of `owner` ends at `byte`: the prompt ends, a template marker follows, or another section."""
+    if byte >= len(p.data):
+        return True
+    t = p.token_at_byte(byte)
+    return bool(p.special[t]) or p.owner(t) != owner
+
+
+def detect_whitespace(ctx: Ctx) -> Finding | None:
+    """whitespace_trimmed: whitespace at the end of a line or of a message's text trimmed (or added) on
+    one side, the text otherwise the same (a client that strips what it sends back, or an editor that trims)."""
+    a, b = ctx.a_text, ctx.b_text
+    if a == b or abs(len(a) - len(b)) > 4096 or max(len(a), len(b)) > 65536:
+        return None  # trimming changes a few bytes; a long hunk is other text
+    i = len(os.path.commonprefix([a, b]))
+    j = len(os.path.commonprefix([a[i:][::-1], b[i:][::-1]]))
+    ra, rb = a[i : len(a) - j], b[i : len(b) - j]
+    if (ra and rb) or ra.strip() or rb.strip() or _lf(ra) == _lf(rb):
+        return None  # not whitespace alone on one side, or only a line ending (line_endings)
+    longer, start, at = (ctx.a, ctx.h.a_byte_start, ra) if ra else (ctx.b, ctx.h.b_byte_start, rb)
+    s, e = _ws_run(longer.data, start + i)
+    owner = longer.owner(longer.token_at_byte(start + i))
+    on_line = b"\n" in longer.data[start + i + len(at) : e] and s > 0 and longer.data[s - 1] not in b"\n"
+    if not (on_line or (s > 0 and _content_ends(longer, e, owner))):
+        return None
+    trimmed = bool(ra)
+    where = "a line" if on_line and not _content_ends(longer, e, owner) else "the text"
+    return finding(
+        C.WHITESPACE_TRIMMED,
+        ctx.i,
+        f"{at.decode()!r} at the end of {where} in {_where(ctx.a_path)} "
+        f"{'is in A and gone from B' if trimmed else 'is new in B'}; the text is otherwise the same",
+        variant="" if trimmed else "added",
+    )
+
+
+def detect_unicode_form(ctx: Ctx) -> Finding | None:
+    """unicode_normalized: the same characters in another Unicode normalisation form (NFC "é" as one code
+    point, NFD as "e" and a combining accent): canonically equal, different bytes, different tokens."""
+    ea, eb = _extended(ctx.a, ctx.b, ctx.h)
+    if ea == eb or len(ea) > 4096 or len(eb) > 4096:
+        return None
+    ua, ub = ea.decode("utf-8", "replace"), eb.decode("utf-8", "replace")
+    if ua == ub or unicodedata.normalize("NFC", ua) != unicodedata.normalize("NFC", ub):
+        return None
+    i = len(os.path.commonprefix([ua, ub]))
+    while 0 < i < len(ua) and unicodedata.combining(ua[i]):
+        i -= 1  # start at the base character of a combining sequence
+    ca, cb = _grapheme(ua, i), _grapheme(ub, i)
+    return finding(
+        C.UNICODE_NORMALIZED,
+        ctx.i,
+        f"the first of them: {ca!r} ({_form(ca)}, {_code_points(ca)}) in A is {cb!r} ({_form(cb)}, "
+        f"{_code_points(cb)}) in B, in {_where(ctx.a_path)}",
+    )
+
+
+def _grapheme(text: str, i: int) -> str:
+    """The character at i with the combining marks that follow it."""
+    j = i + 1
+    while j < len(text) and unicodedata.combining(text[j]):
+        j += 1
+    return text[i:j]
+
+
+def _form(text: str) -> str:
+    if unicodedata.is_normalized("NFC", text):
+        return "NFC"
+    return "NFD" if unicodedata.is_normalized("NFD", text) else "mixed"
+
+
+def _code_points(text: str) -> str:
+    return " ".join(f"U+{ord(c):04X}" for c in text[:6])
+
+
+# ---------------------------------------------------------------- a tool's schema, keys in another order
+
+
+def _key_order_change(va: object, vb: object, at: str = "") -> tuple[str, list[str], list[str]] | None:
+    """Where two equal JSON values first list an object's keys in another order: (path, A's keys, B's)."""
+    if isinstance(va, dict) and isinstance(vb, dict):
+        if list(va) != list(vb):
+            return at or "the top level", list(va), list(vb)
+        for k in va:
+            got = _key_order_change(va[k], vb[k], f"{at}.{k}" if at else k)
+            if got:
+                return got
+    elif isinstance(va, list) and isinstance(vb, list):
+        for n, (x, y) in enumerate(zip(va, vb, strict=False)):
+            got = _key_order_change(x, y, f"{at}[{n}]")
+            if got:
+                return got
+    return None
+
+
+def _tool_from_request(p: Prompt, index: int | None) -> object:
+    tools = (p.meta.request or {}).get("tools")
+    return tools[index] if isinstance(tools, list) and index is not None and 0 <= index < len(tools) else None
+
+
+def _rendered_tool(p: Prompt, path: SectionPath, byte: int) -> object:
+    """The JSON object a template rendered for the tool with `path` (its section's first object)."""
+    text = _section_text(p, path, byte)
+    at = text.find("{")
+    if at < 0:
+        return None
+    try:
+        return json.JSONDecoder().raw_decode(text, at)[0]
+    except ValueError:
+        return None
+
+
+def detect_tool_key_order(ctx: Ctx) -> Finding | None:
+    """tool_schema_key_order: one tool's definition is the same value with its keys in another order
+    (a schema rebuilt from a dict each turn): from the requests where they are known, else from the
+    JSON the template rendered."""
+    pa, pb = ctx.a_path, ctx.b_path
+    name = pa.tool_name
+    if not name or name != pb.tool_name:
+        return None
+    ia = next((p.index for p in pa if p.kind == K.TOOL), None)
+    ib = next((p.index for p in pb if p.kind == K.TOOL), None)
+    va, vb = _tool_from_request(ctx.a, ia), _tool_from_request(ctx.b, ib)
+    if va is None or vb is None:
+        pa_tool, pb_tool = _tool_path(pa), _tool_path(pb)
+        va = _rendered_tool(ctx.a, pa_tool, ctx.h.a_byte_start)
+        vb = _rendered_tool(ctx.b, pb_tool, ctx.h.b_byte_start)
+    if va is None or va != vb:
+        return None
+    moved = _key_order_change(va, vb)
+    if moved is None:
+        return None
+    at, ka, kb = moved
+    return finding(
+        C.TOOL_SCHEMA_KEY_ORDER,
+        ctx.i,
+        f"the definition of {name} is the same value in both; the keys of {at} are {', '.join(ka[:6])} in A "
+        f"and {', '.join(kb[:6])} in B",
+        tool=name,
+    )
+
+
+def _tool_path(path: SectionPath) -> SectionPath:
+    """The path down to (and including) its tool part."""
+    k = next((n for n, p in enumerate(path) if p.kind == K.TOOL), len(path) - 1)
+    return path[: k + 1]
+
+
+# ---------------------------------------------------------------- an old tool result cleared
+
+CLEARED_RE = re.compile(
+    r"\b(?:cleared|pruned|removed|omitted|elided|truncated|hidden|dropped|compacted|redacted|summari[sz]ed)\b", re.I
+)
+MAX_PLACEHOLDER = 240  # bytes: a placeholder is a short note
+
+
+def cleared_result(a: Prompt, b: Prompt, h: Hunk) -> tuple[Section, bytes] | None:
+    """(A's tool result, B's text for it) when the hunk replaces a tool result of A by a short note that
+    says it was cleared ("[Old tool result content cleared]"), the rest of the turn kept."""
+    ra, rb = _result_at(a, h.a_start), _result_at(b, h.b_start)
+    if ra is None or rb is None:
+        return None
+    ta, tb = a.data[ra.byte_start : ra.byte_end], b.data[rb.byte_start : rb.byte_end]
+    note = tb.decode("utf-8", "replace").strip()
+    if len(tb) > MAX_PLACEHOLDER or len(ta) < 4 * max(len(tb), 16) or tb.strip() in ta:
+        return None
+    if not (CLEARED_RE.search(note) or PLACEHOLDER_RE.search(note)):
+        return None
+    return ra, tb
+
+
+def detect_result_cleared(ctx: Ctx) -> Finding | None:
+    """tool_result_cleared: an old tool result replaced by a placeholder (context editing, history
+    pruned): the conversation goes on, so neither a new conversation nor old turns dropped."""
+    got = cleared_result(ctx.a, ctx.b, ctx.h)
+    if got is None:
+        return None
+    ra, tb = got
+    note = tb.decode("utf-8", "replace").strip()
+    return finding(
+        C.TOOL_RESULT_CLEARED,
+        ctx.i,
+        f"{ra.byte_end - ra.byte_start:,} bytes of A's result became {note[:80]!r} in B",
+        result=ra.path.label,
+    )
 
 
 def detect_fallback(ctx: Ctx) -> Finding:
@@ -1045,6 +1383,11 @@ DETECTORS: list[Callable[[Ctx], Finding | None]] = [
     detect_json_reserialized,
     detect_call_id,
     detect_setting,
+    detect_line_endings,
+    detect_whitespace,
+    detect_unicode_form,
+    detect_tool_key_order,
+    detect_result_cleared,
     detect_date,
     detect_nonce,
     detect_system_appended,

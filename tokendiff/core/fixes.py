@@ -31,6 +31,10 @@ REVERTIBLE = {
     C.JSON_RESERIALIZED,
     C.CONTENT_CHANGED,
     C.TOOL_CHANGED,
+    C.TOOL_SCHEMA_KEY_ORDER,
+    C.WHITESPACE_TRIMMED,
+    C.LINE_ENDINGS,
+    C.UNICODE_NORMALIZED,
     C.REMINDER_MOVED,  # the older message as in A: the reminder left where it was first sent
     C.TOOL_RESULT_TRUNCATED,  # the result as A cut it
 }

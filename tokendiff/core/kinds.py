@@ -63,15 +63,21 @@ class CauseKind(StrEnum):
     DATE = "date"
     COUNTER = "counter"
     NONCE = "nonce"
+    # text re-encoded (the same words, other bytes)
+    WHITESPACE_TRIMMED = "whitespace_trimmed"
+    LINE_ENDINGS = "line_endings"
+    UNICODE_NORMALIZED = "unicode_normalized"
     # tools
     TOOL_ORDER = "tool_order"
     TOOL_SET = "tool_set"
     TOOL_CHANGED = "tool_changed"
+    TOOL_SCHEMA_KEY_ORDER = "tool_schema_key_order"
     TOOL_CALL_ID = "tool_call_id"
     JSON_RESERIALIZED = "json_reserialized"
     # history edited
     HISTORY_REWRITTEN = "history_rewritten"
     TOOL_RESULT_TRUNCATED = "tool_result_truncated"
+    TOOL_RESULT_CLEARED = "tool_result_cleared"
     REMINDER_MOVED = "reminder_moved"
     SYSTEM_APPENDED = "system_appended"
     SYSTEM_MOVED = "system_moved"

@@ -80,7 +80,9 @@ def _first_divergence(a: Prompt, b: Prompt, d: Divergence, context: int) -> Firs
     h = d.hunks[0] if d.hunks else None
     a_end = h.a_end if h else d.lcp
     b_end = h.b_end if h else d.lcp
-    pa, pb = _owner_at(a, d.lcp), _owner_at(b, d.lcp)
+    # a pure insertion's section is the one it extends (align._insertion_owner), not the next token's
+    insert = h is not None and h.a_start == h.a_end == d.lcp < len(a)
+    pa, pb = h.a_owner if h is not None and insert else _owner_at(a, d.lcp), _owner_at(b, d.lcp)
     return {
         "token": d.lcp,
         "byte": a.byte_offset(d.lcp),
