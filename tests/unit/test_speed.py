@@ -233,3 +233,78 @@ def test_prompt_ids_read_by_numpy_are_orjsons():
             want, plain = None, False
         assert (got is not None) == plain, body
         assert got is None or (got.dtype == np.int32 and (got == want).all()), body
+
+
+def test_the_credential_precheck_never_hides_a_match():
+    """`secrets._may_match` skips the regexes only where they find nothing: each pattern's examples (any case
+    the pattern allows) are found with it, and random text masks the same with and without it."""
+    from tokendiff.core import secrets
+
+    examples = [
+        "Authorization: Bearer abc.def1234567", "basic dXNlcjpwYXNz1234", "sk-proj-abcdefghijklmnop1234",
+        "rk_live_abcdefghijkl", "ghp_" + "a" * 30, "github_pat_" + "b" * 30, "glpat-" + "c" * 24,
+        "xoxb-1234567890ab", "xapp-1234567890ab", "AIza" + "d" * 35, "ya29." + "e" * 24, "AKIA" + "F" * 16,
+        "hf_" + "g" * 32, "eyJhbGciOi.eyJzdWIiOi.sig4567", "-----BEGIN RSA PRIVATE KEY-----\nx\n",
+        "AWS_SECRET_ACCESS_KEY=" + "h" * 40, "Aws_Secret_Key: " + "i" * 40, "https://user:pw@host/x",
+        "AccountKey=" + "j" * 24, "SharedAccessKey=" + "k" * 24, "?SIG=abcdefgh12", "&Api_Key=abcdefgh12",
+        "?access_TOKEN=abcdefgh12", "&password=abcdefgh12", "?secret=abcdefgh12", "?KEY=abcdefgh12",
+    ]  # fmt: skip
+    for ex in examples:
+        assert secrets._may_match(ex) and secrets._may_match(ex.encode()), ex
+        assert secrets.mask(ex) != ex, ex
+    rng = random.Random(3)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-.:/?&=@+\nſK"
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        _, credential, keyed = secrets._patterns(str)
+        slow = credential.sub(secrets.REDACTED, text)
+        for p in keyed:
+            slow = p.sub(secrets._keep_around, slow)
+        assert secrets.mask(text) == slow, text
+        data = text.encode()
+        _, bcred, bkeyed = secrets._patterns(bytes)
+        found = [m.span() for m in bcred.finditer(data)] + [m.span("secret") for p in bkeyed for m in p.finditer(data)]
+        assert bool(secrets.credential_spans(data)) == bool(found), text
+
+
+def test_the_ram_cache_shortcuts_are_its_lcp_rules():
+    """`RamCache.holding` and `save` test a prefix with one memcmp, and `load` skips an entry the prompt cannot
+    keep a quarter of by one: the entries they pick are those the token-by-token LCP picks."""
+    from tokendiff.core.cache import llama
+    from tokendiff.core.cache.swa import AttentionLayout, SlotState
+
+    dense = AttentionLayout()
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 1000, 400, dtype=np.int32)
+    states = [base[: rng.integers(1, 400)].copy() for _ in range(30)]
+    for s in states[::3]:
+        s[rng.integers(0, len(s))] = -7
+    ram = llama.RamCache(-1, None, None)
+    ram.entries = [llama.Held(SlotState(dense, s), origin=i + 1) for i, s in enumerate(states)]
+    for probe in states + [base, base[:5]]:
+        h = llama.Held(SlotState(dense, probe))
+        want = next((e for e in ram.entries if llama.lcp(e.raw(), h.raw()) == len(h)), None)
+        assert ram.holding(h) is want
+        prompt = probe.tobytes()
+        size, best, f_keep, f_sim = len(probe), None, -1.0, 0.0
+        for i, e in enumerate(ram.entries):
+            n = llama.lcp(e.raw(), prompt)
+            keep, sim = n / len(e), n / size
+            if keep >= llama.F_KEEP_LOAD and f_keep < keep and f_sim < sim:
+                f_keep, f_sim, best = keep, sim, i
+        slot = llama.Held(SlotState(dense, np.zeros(0, dtype=np.int32)))
+        kept = list(ram.entries)
+        got = ram.load(slot, prompt)
+        assert got is (kept[best] if best is not None else None)
+        ram.entries = kept
+
+
+def test_chunked_worker_pairs_are_the_inline_answer(tmp_path):
+    """Divergent pairs sent to two workers in chunks (each prompt loaded once a chunk) give the report a
+    single process gives."""
+    cap = _capture(tmp_path / "c.jsonl", 60)
+    docs = []
+    for workers in (1, 2):
+        loaded = open_session(PromptOptions(), [str(cap)], single_turns=False, workers=workers, engine=None)
+        docs.append(orjson.dumps(session_report(loaded, str(cap))))
+    assert docs[0] == docs[1]

@@ -189,6 +189,7 @@ def _analyse(
     check = os.environ.get("TOKENDIFF_CHECK_TAILS") == "1"  # the tests: every tail turn diffed in full too
     an = Analyser(
         pool=pool,
+        in_flight=pool.in_flight,
         layout=layout,
         capacity=capacity,
         props=props,

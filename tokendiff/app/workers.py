@@ -8,6 +8,7 @@ InputError travels back field by field and is raised again on this side with its
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -15,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
     from tokendiff.core.cost import PairDiff, TurnInput
     from tokendiff.core.model import Prompt
     from tokendiff.sources.loader import Loader
@@ -128,10 +127,19 @@ class PairWorkers:
     Forked, the workers share the vocabulary table and the compiled chat template instead of rebuilding
     them. The first `after` pairs are diffed here, so a short session never starts a process."""
 
+    CHUNK = 8  # consecutive pairs sent to one worker together: it loads their shared prompts once
+
     def __init__(self, loader: Loader, workers: int | None = None, after: int = 4, max_hunks: int = 64):
         self.loader, self.after, self.seen, self.max_hunks = loader, after, 0, max_hunks
         self.workers = workers if workers is not None else _default_workers()
         self._pool: Any = None
+        self._batch: list[tuple[Any, Any, _Queued]] = []  # pairs not sent yet: (A's job, B's job, its future)
+        self._batch_hunks = max_hunks
+
+    @property
+    def in_flight(self) -> int:
+        """Pairs the analysis may keep pending: enough for every worker to hold two chunks."""
+        return max(8, 2 * self.CHUNK * self.workers)
 
     def submit(self, a: TurnInput, b: TurnInput, max_hunks: int):
         from tokendiff.core.cost import InlinePairs
@@ -141,8 +149,47 @@ class PairWorkers:
             return b.diff
         if self.workers < 2 or self.seen <= self.after or a.job is None or b.job is None:
             return InlinePairs().submit(a, b, max_hunks)
-        fut = self._executor().submit(collecting, _worker_compare, a.job, b.job, self.loader.chat_template, max_hunks)
-        return _relay(fut)
+        return self._queue(a.job, b.job, max_hunks)
+
+    def _queue(self, job_a: Any, job_b: Any, max_hunks: int) -> Future:
+        """The pair's future; pairs go to the workers in chunks of consecutive ones (turn k is B of one pair
+        and A of the next: a worker given both loads it once), a chunk sent when full, when it would not
+        continue, or when someone waits on one of its pairs."""
+        last = self._batch[-1] if self._batch else None
+        if last is not None and (last[1] is not job_a or max_hunks != self._batch_hunks):
+            self._flush()
+        fut = _Queued(self._flush)
+        self._batch.append((job_a, job_b, fut))
+        self._batch_hunks = max_hunks
+        if len(self._batch) >= self.CHUNK:
+            self._flush()
+        return fut
+
+    def _flush(self) -> None:
+        """Send the pairs queued so far to a worker, as one job."""
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        jobs = [batch[0][0], *(b for _, b, _ in batch)]
+        src = self._executor().submit(collecting, _worker_chain, jobs, self.loader.chat_template, self._batch_hunks)
+        outs = [f for _, _, f in batch]
+        for f in outs:
+            f.sent = True
+
+        def done(got: Any) -> None:
+            try:
+                results = unwarned(got.result())
+            except BaseException as e:  # noqa: BLE001 - a crashed worker: every pair of the chunk sees it
+                for f in outs:
+                    f.set_exception(e)
+                return
+            for f, r in zip(outs, results, strict=True):
+                try:
+                    f.set_result(_worker_result(r))
+                except InputError as e:
+                    f.set_exception(e)
+
+        src.add_done_callback(done)
 
     def start(self) -> None:
         """Fork the workers now, while this process is small."""
@@ -205,6 +252,7 @@ class PairWorkers:
             yield from zip(batch, *zip(*unwarned(fut.result()), strict=True), strict=True)
 
     def close(self) -> None:
+        self._batch = []
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
@@ -244,6 +292,12 @@ def _worker_compare(job_a, job_b, template: str | None, max_hunks: int):
         return diff_turn(_worker_prompt(job_a, loader), _worker_prompt(job_b, loader), max_hunks)
     except InputError as e:
         return _WorkerError(e.reason, e.source, e.offset)
+
+
+def _worker_chain(jobs: list, template: str | None, max_hunks: int) -> list:
+    """In a worker: the diffs of consecutive pairs (jobs[0], jobs[1]), (jobs[1], jobs[2]) ...: each prompt
+    loaded once (`_worker_prompt`), an InputError carried back in its pair's place."""
+    return [_worker_compare(a, b, template, max_hunks) for a, b in zip(jobs, jobs[1:])]
 
 
 def _worker_chunk(
@@ -322,17 +376,14 @@ def _worker_loader(template: str | None) -> Loader:
     return _WORKER_LOADERS[template]
 
 
-def _relay(src):
-    """A future with the worker's result, its carried InputError raised as one."""
-    from concurrent.futures import Future
+class _Queued(Future):
+    """A pair's future while its chunk waits to be sent: asking for its result sends the chunk first."""
 
-    out: Future = Future()
+    def __init__(self, flush: Callable[[], None]):
+        super().__init__()
+        self.flush, self.sent = flush, False
 
-    def done(f) -> None:
-        try:
-            out.set_result(_worker_result(unwarned(f.result())))
-        except BaseException as e:  # noqa: BLE001 - a crashed worker, or its InputError: the reader of the result sees it
-            out.set_exception(e)
-
-    src.add_done_callback(done)
-    return out
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.sent:
+            self.flush()
+        return super().result(timeout)

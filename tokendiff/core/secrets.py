@@ -127,8 +127,29 @@ def _judged(name: str) -> bool:
     return norm not in NOT_SECRET and _patterns(str)[0].match(norm) is not None
 
 
+# what every match of _CREDENTIAL or _KEYED holds, lowercased: text without any of them matches neither, and
+# needs no regex (nor their compiling: `tokendiff diff` masks a few excerpts)
+_MATCH_NEEDS = (
+    *("bearer", "basic", "sk-", "_live_", "_test_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+    *("glpat-", "xox", "xapp-", "aiza", "ya29.", "akia", "asia", "hf_", "eyj", "-----begin"),
+    *("secret", "://", "key=", "sig=", "token=", "password="),
+)
+_MATCH_NEEDS_BYTES = tuple(h.encode() for h in _MATCH_NEEDS)
+
+
+def _may_match(text: str | bytes) -> bool:
+    """False only when no credential pattern can match `text`: its ASCII letters lowered, it holds none of
+    _MATCH_NEEDS. Text with other characters is always searched (Unicode case folding: `ſ` matches `s`)."""
+    if isinstance(text, bytes):  # bytes patterns match ASCII case-insensitively only
+        low = text.lower()
+        return any(h in low for h in _MATCH_NEEDS_BYTES)
+    return not text.isascii() or any(h in text.lower() for h in _MATCH_NEEDS)
+
+
 def mask(text: str) -> str:
     """`text` with every credential-looking substring replaced by `[REDACTED]`."""
+    if not _may_match(text):
+        return text
     _, credential, keyed = _patterns(str)
     text = credential.sub(REDACTED, text)
     for pattern in keyed:
@@ -144,6 +165,8 @@ def _keep_around(m: re.Match[str]) -> str:
 def credential_spans(data: bytes) -> list[tuple[int, int]]:
     """The byte ranges of `data` that `mask` would replace, in order, merged (for a report that shows
     pieces of a prompt: a credential cut across two pieces is still found whole)."""
+    if not _may_match(data):
+        return []
     _, credential, keyed = _patterns(bytes)
     spans = [m.span() for m in credential.finditer(data)]
     spans += [m.span("secret") for p in keyed for m in p.finditer(data)]

@@ -453,8 +453,8 @@ class RamCache:
         memo = h.__dict__.get("_held_by")
         if memo is not None and memo[0] is h.state.tokens and any(e is memo[1] for e in self.entries):
             return memo[1]
-        raw, n = h.raw(), len(h)
-        found = next((e for e in self.entries if lcp(e.raw(), raw) == n), None)
+        raw = h.raw()
+        found = next((e for e in self.entries if e.raw().startswith(raw)), None)  # lcp(e, h) == len(h), in C
         if found is not None:
             h.__dict__["_held_by"] = (h.state.tokens, found)
         return found
@@ -468,7 +468,7 @@ class RamCache:
         if self.limit and self.bpt and new > self.limit:
             self.refused.append(_copy(h))
             return False
-        self.entries = [e for e in self.entries if lcp(e.raw(), raw) != len(e)]
+        self.entries = [e for e in self.entries if not raw.startswith(e.raw())]  # lcp(e, h) != len(e), in C
         while self.limit and self.bpt and self.entries and self.size() + new > self.limit:
             self.evicted.append(self.entries.pop(0))
         entry = _copy(h)
@@ -484,8 +484,12 @@ class RamCache:
         f_sim = base / size if size else 0.0
         best = None
         for i, e in enumerate(self.entries):
-            n = lcp(e.raw(), prompt)
-            keep, sim = n / len(e), n / size
+            raw, n_e = e.raw(), len(e)
+            at_least = int(F_KEEP_LOAD * n_e)  # sharing fewer tokens keeps under F_KEEP_LOAD: skipped by a memcmp
+            if at_least and not prompt.startswith(memoryview(raw)[: 4 * at_least]):
+                continue
+            n = lcp(raw, prompt)
+            keep, sim = n / n_e, n / size
             if keep < F_KEEP_LOAD:
                 continue
             if f_keep < keep and f_sim < sim:
@@ -747,6 +751,8 @@ class EngineSim:
             false_hit=_false_hit(h, ck.reused),
         )
         old = Held(SlotState(cfg.layout, cache), h.origin)
+        if cache is h.state.tokens:  # the same tokens: their bytes, and the RAM entry known to hold them
+            old.__dict__.update({k: v for k, v in h.__dict__.items() if k in ("_raw", "_held_by")})
         if h.origin and h.origin != req.turn and (shared >= before or self._in_ram(old) is None):
             self._lost(old, Fate.EXTENDED if shared >= before else Fate.OVERWRITTEN, req.turn, how.value)
         return replace(out, shifts=self._process(h, req, ck.reused))
