@@ -270,40 +270,38 @@ def check_reply_reused(doc: dict) -> None:
         assert not [g for g in t["engine"]["gaps"] if g["kind"] == "reply_in_slot"], t
 
 
-def test_reply_in_slot_predicted_on_the_responses_api(parrot_server, tmp_path):
-    """Codex's API against a model whose replies the server reuses from the slot: 4 turns, streamed and not,
-    replies ended by the model and cut at the limit; the prediction, with the reply's tokens, is exact."""
-    out = tmp_path / "codex"
-    proc, url = start_proxy(parrot_server.url, out)
-    usages, items = [], [{"role": "user", "content": f"Read {uuid.uuid4()}.py"}]
-    try:
-        for turn, limit in enumerate(PARROT_LIMITS):
-            answer = responses_turn(url, items, "You are terse.", stream=turn % 2 == 1, limit=limit)
-            assert answer["output"][0]["content"][0]["text"] == ("Hello, world" if limit == 3 else "Hello, world.")
-            usages.append(answer["usage"])
-            items = items + responses_items(turn, answer)
-    finally:
-        stop_proxy(proc)
-    records = check_recorded(out, usages, "/v1/responses")
-    doc = report_json(out)
-    check_predicted_equals_reported(doc, records)
-    check_reply_reused(doc)
+def parrot_codex(url: str, turn: int, limit: int, items: list) -> tuple[dict, list]:
+    """One Codex turn against the parrot: (its usage, the input items after it)."""
+    items = items or [{"role": "user", "content": f"Read {uuid.uuid4()}.py"}]
+    answer = responses_turn(url, items, "You are terse.", stream=turn % 2 == 1, limit=limit)
+    assert answer["output"][0]["content"][0]["text"] == ("Hello, world" if limit == 3 else "Hello, world.")
+    return answer["usage"], items + responses_items(turn, answer)
 
 
-def test_reply_in_slot_predicted_on_the_messages_api(parrot_server, tmp_path):
-    """Claude Code's API, the same: the server's cache_read_input_tokens, reply included, is the prediction."""
-    out = tmp_path / "claude"
+def parrot_claude(url: str, turn: int, limit: int, msgs: list) -> tuple[dict, list]:
+    """One Claude Code turn against the parrot: (its usage, the messages after it)."""
+    msgs = msgs or [{"role": "user", "content": [{"type": "text", "text": f"Read {uuid.uuid4()}.py"}]}]
+    answer = messages_turn(url, msgs, "You are Claude Code.", stream=turn % 2 == 1, limit=limit)
+    assert answer["usage"]["output_tokens"] == (3 if limit == 3 else 5)
+    return answer["usage"], msgs + messages_blocks(turn, answer)
+
+
+@pytest.mark.parametrize(("endpoint", "agent"), [("/v1/responses", parrot_codex), ("/v1/messages", parrot_claude)])
+def test_reply_in_slot_is_predicted(parrot_server, tmp_path, endpoint, agent):
+    """An agent on each API against a model whose replies the server reuses from the slot: 4 turns, streamed
+    and not, replies ended by the model and cut at the limit; the prediction, with the reply's tokens
+    (its text tokenised), is what the server reported on every turn."""
+    out = tmp_path / "agent"
     proc, url = start_proxy(parrot_server.url, out)
-    usages, msgs = [], [{"role": "user", "content": [{"type": "text", "text": f"Read {uuid.uuid4()}.py"}]}]
+    usages: list[dict] = []
+    history: list = []
     try:
         for turn, limit in enumerate(PARROT_LIMITS):
-            answer = messages_turn(url, msgs, "You are Claude Code.", stream=turn % 2 == 1, limit=limit)
-            assert answer["usage"]["output_tokens"] == (3 if limit == 3 else 5)
-            usages.append(answer["usage"])
-            msgs = msgs + messages_blocks(turn, answer)
+            usage, history = agent(url, turn, limit, history)
+            usages.append(usage)
     finally:
         stop_proxy(proc)
-    records = check_recorded(out, usages, "/v1/messages")
+    records = check_recorded(out, usages, endpoint)
     doc = report_json(out)
     check_predicted_equals_reported(doc, records)
     check_reply_reused(doc)
