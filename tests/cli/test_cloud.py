@@ -31,7 +31,7 @@ from cloud_shapes import (
 )
 from helpers import report_json
 
-from tokendiff.core.cache.cloud import CloudModel, Provider, cloud_request, provider_of
+from tokendiff.core.cache.cloud import CloudModel, Provider, Retention, cloud_request, openai_retention, provider_of
 from tokendiff.core.kinds import CloudCause
 from tokendiff.core.prices import break_cost, parse_overrides, price_of
 
@@ -141,6 +141,48 @@ def test_openai_key_change_and_idle_retention():
     price = price_of("gpt-5.1")
     assert price is not None
     assert break_cost(price, turns[2].waste, 0) == pytest.approx(1792 * (1.25 - 0.125) / 1e6)
+
+
+def test_openai_default_retention_per_model():
+    """The guide's "Cache lifetime" and model table: a model with both retentions defaults to 24h (in_memory
+    for an organisation with Zero Data Retention), GPT-5.5 has 24h only, every other model in_memory only."""
+    assert openai_retention("gpt-5.1", None) == ("24h", Retention.DEFAULT)
+    assert openai_retention("gpt-4.1-2025-04-14", None) == ("24h", Retention.DEFAULT)  # a dated snapshot
+    assert openai_retention("gpt-5.1", "in_memory") == ("in_memory", Retention.ASKED)
+    assert openai_retention("gpt-5.5", "in_memory") == ("24h", Retention.ONLY)
+    assert openai_retention("gpt-4.1-mini", None) == ("in_memory", Retention.ONLY)
+    assert openai_retention("gpt-4o", None) == ("in_memory", Retention.ONLY)
+    i1 = [{"role": "user", "content": text(300, "task")}]
+    i2 = [*i1, {"type": "function_call", "call_id": "c", "name": "shell", "arguments": "{}"}]
+
+    def idle(model: str, extra: dict, gaps: tuple[float, float], reads: tuple[int, int]):
+        t1, t2 = gaps[0], gaps[0] + gaps[1]
+        return run(
+            Provider.OPENAI,
+            [
+                ({**openai_body("k", i1, model), **extra}, openai_usage(1850, 0), 0.0),
+                ({**openai_body("k", i2, model), **extra}, openai_usage(1870, reads[0]), t1),
+                ({**openai_body("k", i2, model), **extra}, openai_usage(1870, reads[1]), t2),
+            ],
+        )
+
+    # gpt-5.1, no retention asked: 24h keeps the prefix over 20 idle minutes; 25 more and it was gone, which
+    # 24h does not bound (about 30 minutes typically) but in_memory, a Zero Data Retention default, does
+    turns = idle("gpt-5.1", {}, (20 * 60, 25 * 60), (1792, 0))
+    assert turns[1].cause == CloudCause.HIT and turns[1].predicted == 1792
+    assert turns[2].cause == CloudCause.EXPIRED and turns[2].idle_s == 25 * 60 and turns[2].waste == 1792
+    assert "24h by default" in turns[2].detail and "Zero Data Retention" in turns[2].detail
+    # asked for in_memory: the same 20 idle minutes lose it, as the rules say
+    turns = idle("gpt-5.1", {"prompt_cache_retention": "in_memory"}, (20 * 60, 60), (0, 1792))
+    assert turns[1].cause == CloudCause.EXPIRED and turns[1].predicted == 0
+    # gpt-5.5 keeps 24h whatever is asked: a read after 20 minutes, a miss after 40 more (past its typical 30)
+    turns = idle("gpt-5.5", {"prompt_cache_retention": "in_memory"}, (20 * 60, 40 * 60), (1792, 0))
+    assert turns[1].cause == CloudCause.HIT and turns[1].predicted == 1792
+    assert turns[2].cause == CloudCause.EXPIRED and "typically about 30 minutes" in turns[2].detail
+    assert "the only retention gpt-5.5 has" in turns[2].detail
+    # gpt-4o has in_memory only: 20 idle minutes are past it
+    turns = idle("gpt-4o", {}, (20 * 60, 60), (0, 1792))
+    assert turns[1].cause == CloudCause.EXPIRED and "the only retention gpt-4o has" in turns[1].detail
 
 
 def test_openai_below_the_minimum():

@@ -22,6 +22,7 @@ from tokendiff.sources.importers.responses import to_chat
 from tokendiff.sources.streams import summarize_sse
 from tokendiff.testing.llama_server import LlamaServer
 from tokendiff.testing.proxy_process import start_proxy, stop_proxy
+from tokendiff.testing.tiny_gguf import TinySpec, tiny_gguf
 
 RESPONSES_TOOLS = [
     {
@@ -58,14 +59,14 @@ def post_stream(url: str, body: dict) -> list[dict]:
 REPLY = 8  # tokens a turn generates: the slot then holds the prompt and the reply but its last token
 
 
-def responses_turn(url: str, items: list, instructions: str, stream: bool) -> dict:
+def responses_turn(url: str, items: list, instructions: str, stream: bool, limit: int = REPLY) -> dict:
     """One Responses request as Codex sends it; the answer (from response.completed when streamed)."""
     body = {
         "model": "tiny",
         "instructions": instructions,
         "input": items,
         "tools": RESPONSES_TOOLS,
-        "max_output_tokens": REPLY,
+        "max_output_tokens": limit,
         "temperature": 0,
         "stream": stream,
         "store": False,
@@ -96,12 +97,12 @@ def responses_items(turn: int, answer: dict | None = None) -> list:
     ]
 
 
-def messages_turn(url: str, msgs: list, system: str, stream: bool, model: str = "claude") -> dict:
+def messages_turn(url: str, msgs: list, system: str, stream: bool, model: str = "claude", limit: int = REPLY) -> dict:
     """One Messages request as Claude Code sends it; the answer's usage and content blocks (a stream's
     text deltas joined, as the client joins them)."""
     body = {
         "model": model,
-        "max_tokens": REPLY,
+        "max_tokens": limit,
         "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
         "messages": msgs,
         "tools": MESSAGES_TOOLS,
@@ -244,6 +245,66 @@ def test_messages_agent_through_proxy_is_recorded_and_predicted(server, tmp_path
         stop_proxy(proc)
     records = check_recorded(out, usages, "/v1/messages")
     check_predicted_equals_reported(report_json(out), records)
+
+
+# ---------------------------------------------------------------- the previous reply in the slot
+
+# the tiny model made to answer anything with "Hello, world." and its end-of-turn token (tokendiff.testing.tiny_gguf):
+# its replies re-tokenise as generated, so the server's slot holds the reply the next prompt repeats
+PARROT = (("Ċ", "Hello"), ("Hello", ","), (",", "Ġworld"), ("Ġworld", "."), (".", "<|im_end|>"))
+PARROT_LIMITS = (8, 3, 3, 8)  # 8: the reply ends at its end-of-turn token (5 generated); 3: cut at the limit
+
+
+@pytest.fixture(scope="module")
+def parrot_server(llama_server_bin, tmp_path_factory):
+    model = tiny_gguf(TinySpec(bigrams=PARROT))
+    with LlamaServer(model, ctx=8192, log_path=tmp_path_factory.mktemp("parrot") / "log") as s:
+        yield s
+
+
+def check_reply_reused(doc: dict) -> None:
+    """The server reused more than the prompts share (the reply the slot held) after every turn, and the
+    engine model, which tokenised the reply's text, predicted it: no turn left as an explained gain."""
+    for t in doc["turns"][1:]:
+        assert t["reported_cached"] > t["reusable"], t
+        assert not [g for g in t["engine"]["gaps"] if g["kind"] == "reply_in_slot"], t
+
+
+def parrot_codex(url: str, turn: int, limit: int, items: list) -> tuple[dict, list]:
+    """One Codex turn against the parrot: (its usage, the input items after it)."""
+    items = items or [{"role": "user", "content": f"Read {uuid.uuid4()}.py"}]
+    answer = responses_turn(url, items, "You are terse.", stream=turn % 2 == 1, limit=limit)
+    assert answer["output"][0]["content"][0]["text"] == ("Hello, world" if limit == 3 else "Hello, world.")
+    return answer["usage"], items + responses_items(turn, answer)
+
+
+def parrot_claude(url: str, turn: int, limit: int, msgs: list) -> tuple[dict, list]:
+    """One Claude Code turn against the parrot: (its usage, the messages after it)."""
+    msgs = msgs or [{"role": "user", "content": [{"type": "text", "text": f"Read {uuid.uuid4()}.py"}]}]
+    answer = messages_turn(url, msgs, "You are Claude Code.", stream=turn % 2 == 1, limit=limit)
+    assert answer["usage"]["output_tokens"] == (3 if limit == 3 else 5)
+    return answer["usage"], msgs + messages_blocks(turn, answer)
+
+
+@pytest.mark.parametrize(("endpoint", "agent"), [("/v1/responses", parrot_codex), ("/v1/messages", parrot_claude)])
+def test_reply_in_slot_is_predicted(parrot_server, tmp_path, endpoint, agent):
+    """An agent on each API against a model whose replies the server reuses from the slot: 4 turns, streamed
+    and not, replies ended by the model and cut at the limit; the prediction, with the reply's tokens
+    (its text tokenised), is what the server reported on every turn."""
+    out = tmp_path / "agent"
+    proc, url = start_proxy(parrot_server.url, out)
+    usages: list[dict] = []
+    history: list = []
+    try:
+        for turn, limit in enumerate(PARROT_LIMITS):
+            usage, history = agent(url, turn, limit, history)
+            usages.append(usage)
+    finally:
+        stop_proxy(proc)
+    records = check_recorded(out, usages, endpoint)
+    doc = report_json(out)
+    check_predicted_equals_reported(doc, records)
+    check_reply_reused(doc)
 
 
 # ---------------------------------------------------------------- conversions, streams and usage on their own

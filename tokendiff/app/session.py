@@ -313,7 +313,16 @@ def record_input(
     ti.server_key = server_key(rec.server)
     slot = rec.slot  # the proxy's reading of /slots (backends/slots.py)
     ti.slot = slot if isinstance(slot, int) and not isinstance(slot, bool) else None
+    ti.tokenize = partial(_reply_tokens, loader)  # called only where the engine model needs the reply's IDs
     return ti
+
+
+def _reply_tokens(loader: Loader, text: str) -> list[int]:
+    """A reply's text in the session's tokenizer (the server's, with --server), built on first use."""
+    try:
+        return loader.tokenizer.encode(text)
+    except InputError:
+        return []  # no text tokenizer for this vocabulary: the reply's IDs stay unknown
 
 
 def server_key(server: Any) -> str:

@@ -285,6 +285,7 @@ class TurnInput:
     vllm_block: int | None = None  # and its block size, when it is vLLM
     diff: Future[PairDiff] | None = None  # its diff with the turn read before it, where a worker made that already
     reply: np.ndarray | None = None  # the generated IDs the slot holds after the prompt, where known
+    tokenize: Callable[[str], list[int]] | None = None  # the session's tokenizer, for a reply known by its text
     server_key: str = ""  # the model and template that served it (a change empties llama-server's slots)
     slot: int | None = None  # the llama-server slot that served it, where the record says
     # how its full load sections it (app: Loader.sectioning), found when a tail pair asks (core.tails)
@@ -434,7 +435,15 @@ class Analyser:
         lay = self.engine.config.layout
         starts = user_message_starts(cur.prompt()) if lay.needs_checkpoints and cur.request is not None else []
         req = engine_request(
-            cur.ids, t.turn, cur.request, cur.response, t.reported_generated, cur.reply, cur.server_key, starts
+            cur.ids,
+            t.turn,
+            cur.request,
+            cur.response,
+            t.reported_generated,
+            cur.reply,
+            cur.server_key,
+            starts,
+            tokenize=cur.tokenize,
         )
         prev = self.prev.ids if self.prev is not None else None
         numbers = TurnNumbers(t.n_tokens, t.reported_prompt_n, t.reported_cached, t.reported_generated)

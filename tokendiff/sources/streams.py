@@ -108,6 +108,8 @@ def final_fields(doc: dict[str, Any]) -> dict[str, Any]:
     wrong type is left out by the capture writer, with a note)."""
     out = {k: doc[k] for k in (*FINAL_KEYS, *OLLAMA_FINAL_KEYS) if doc.get(k) is not None}
     out.update(response_object(doc))
+    if doc.get("type") == "message" and isinstance(doc.get("content"), list):  # a Messages answer: its blocks
+        out["message"] = {"role": doc.get("role"), "content": doc["content"]}
     choices = doc.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
         out["finish_reason"] = choices[0]["finish_reason"]

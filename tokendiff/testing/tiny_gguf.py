@@ -36,9 +36,15 @@ class TinySpec:
     tokenizer: str = str(BUNDLED_DIR / "tokenizer.json.gz")
     config: str = str(BUNDLED_DIR / "tokenizer_config.json")
     pre: str = "qwen2"
+    # (piece, next piece) in the tokenizer's spelling ("Ġworld"): after `piece` the model always says `next`,
+    # so its greedy replies are known text (a parrot for the reply-in-slot tests); () keeps it random
+    bigrams: tuple[tuple[str, str], ...] = ()
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        d = asdict(self)
+        if not self.bigrams:
+            del d["bigrams"]  # the random model keeps the name it always had
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _load_json(path: str) -> dict:
@@ -118,7 +124,11 @@ def write_tiny_gguf(out: Path, spec: TinySpec = TinySpec()) -> Path:
     def mat(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
 
-    w.add_tensor("token_embd.weight", mat(n_vocab, spec.dim))
+    embd = mat(n_vocab, spec.dim)
+    w.add_tensor("token_embd.weight", embd)
+    if spec.bigrams:
+        pieces = {**vocab, **{a["content"]: i for i, a in added.items()}}
+        w.add_tensor("output.weight", _bigram_head(embd, spec.bigrams, pieces, mat))
     w.add_tensor("output_norm.weight", np.ones(spec.dim, dtype=np.float32))
     for i in range(spec.layers):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(spec.dim, dtype=np.float32))
@@ -209,6 +219,24 @@ def write_tiny_gemma2(
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def _bigram_head(embd, bigrams: tuple[tuple[str, str], ...], vocab: dict[str, int], mat):
+    """An output matrix that answers each bigram's first piece with its second whatever came before: the
+    piece's embedding is one dimension of its own (which dominates the residual stream, the random layers
+    adding little), and the next piece's output row reads that dimension; `embd` is changed in place."""
+    sources = list(dict.fromkeys(a for a, _ in bigrams))
+    if len(sources) > embd.shape[1]:
+        raise ValueError(f"{len(sources)} bigram pieces need a model at least that wide")
+    head = mat(*embd.shape)
+    for a, b in bigrams:
+        if a not in vocab or b not in vocab:
+            raise ValueError(f"bigram {a!r} -> {b!r}: not in the vocabulary")
+        d = sources.index(a)
+        embd[vocab[a]] = 0
+        embd[vocab[a], d] = 1
+        head[vocab[b], d] = 10
+    return head
 
 
 def tiny_gguf(spec: TinySpec = TinySpec()) -> Path:

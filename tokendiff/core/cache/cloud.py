@@ -10,7 +10,9 @@ A cloud cache is not a slot: each provider keeps prefixes by its own rules, and 
 - **OpenAI** (developers.openai.com/api/docs/guides/prompt-caching): before GPT-5.6, automatic from
   1,024 tokens, reported in 128-token steps; requests are routed by a hash of the prompt's start and
   `prompt_cache_key`, so a new key lands on a machine without the prefix; `in_memory` retention keeps a
-  prefix 5-10 idle minutes (at most an hour), `24h` a day. From GPT-5.6, entries at breakpoints: in the
+  prefix 5-10 idle minutes (at most an hour), `24h` typically about 30 minutes (at most a day), which is the
+  default where a model has both (in_memory for an organisation with Zero Data Retention) and the only one
+  of GPT-5.5. From GPT-5.6, entries at breakpoints: in the
   default implicit mode the end of each user message, of each run of tool outputs and of the initial
   developer block, plus the content blocks marked `prompt_cache_breakpoint: {"mode": "explicit"}` (the
   only ones with `prompt_cache_options.mode: "explicit"`); at most 4 written a request, looked up at the
@@ -56,6 +58,16 @@ GEMINI_EXPLICIT_TTL = 3600.0  # a cached content made before the session: its do
 OPENAI_STEP = 128
 OPENAI_MINIMUM = 1024
 OPENAI_RETENTION = {"in_memory": 600.0, "24h": 86400.0}  # in memory: 5-10 idle minutes; the upper bound
+OPENAI_24H_TYPICAL = 1800.0  # `24h` "typically keeps entries available for around 30 minutes"
+# prompt_cache_retention per model before GPT-5.6 (the prompt-caching guide's "Cache lifetime" and model table):
+# GPT-5.5 keeps 24h only; these have both, and default to 24h (in_memory for an organisation with Zero Data
+# Retention); every other model has in_memory only
+OPENAI_24H_ONLY = ("gpt-5.5", "gpt-5.5-pro")
+OPENAI_EXTENDED = (
+    *OPENAI_24H_ONLY,
+    *("gpt-5.4", "gpt-5.2", "gpt-5.1-codex-max", "gpt-5.1", "gpt-5.1-codex", "gpt-5.1-codex-mini"),
+    *("gpt-5.1-chat-latest", "gpt-5", "gpt-5-codex", "gpt-4.1"),
+)
 DEEPSEEK_LIFETIME = 6 * 3600.0  # "a few hours to a few days": a gap past this may have lost the unit
 
 # minimum cacheable prefix, by model name prefix (Anthropic prompt-caching page, 2026-08-21; Gemini caching page
@@ -74,6 +86,27 @@ ANTHROPIC_MINIMUM = (
     ("claude", 1024),
 )
 GEMINI_MINIMUM = (("gemini-3", 4096), ("gemini-2.5", 2048), ("gemini", 4096))
+
+
+class Retention(StrEnum):
+    """How an OpenAI request's prompt_cache_retention came to be (the guide's defaults)."""
+
+    ASKED = "asked"  # the request's own prompt_cache_retention
+    ONLY = "only"  # the only one the model supports
+    DEFAULT = "default"  # the model's default: 24h, or in_memory for an organisation with Zero Data Retention
+
+
+def openai_retention(model: str, asked: str | None) -> tuple[str, Retention]:
+    """The retention an OpenAI request before GPT-5.6 gets, and why: GPT-5.5's 24h whatever it asks; what
+    it asks; else 24h on a model that has it (the default without Zero Data Retention), in_memory on others."""
+    base = re.sub(r"-\d{4}-\d{2}-\d{2}$", "", model.lower())  # a dated snapshot is its model's
+    if base in OPENAI_24H_ONLY:
+        return "24h", Retention.ONLY
+    if asked in OPENAI_RETENTION:
+        return asked, Retention.ASKED
+    if base in OPENAI_EXTENDED:
+        return "24h", Retention.DEFAULT
+    return "in_memory", Retention.ONLY
 
 
 def minimum_tokens(provider: Provider, model: str) -> int:
@@ -298,8 +331,9 @@ class CloudModel:
         free = 0 if common < minimum else common
         if req.provider == Provider.OPENAI:
             free = free // OPENAI_STEP * OPENAI_STEP
-        limit = OPENAI_RETENTION.get(req.retention or "in_memory", 600.0) if req.provider == Provider.OPENAI else None
-        gap = t - (self._last_t or t)
+        retention = openai_retention(req.model, req.retention)[0]
+        limit = OPENAI_RETENTION[retention] if req.provider == Provider.OPENAI else None
+        gap = t - (self._last_t if self._last_t is not None else t)
         live = free if limit is None or gap <= limit else 0
         return live, free, cum[-1] if cum else 0
 
@@ -335,7 +369,7 @@ class CloudModel:
                 found = j
                 break
         free = cum[found] if found >= 0 else 0
-        gap = t - (self._last_t or t)
+        gap = t - (self._last_t if self._last_t is not None else t)
         live = free if gap <= DEEPSEEK_LIFETIME else 0
         if self._prev is not None:  # where the two parted is persisted too
             d = _first_divergent(self._prev, req)
@@ -363,7 +397,7 @@ class CloudModel:
             return turn
         turn.waste = max(0, min(self._prev_extent, prompt) - read)
         turn.rewritten = min(turn.waste, u.written or 0)
-        gap = t - (self._last_t or t)
+        gap = t - (self._last_t if self._last_t is not None else t)
         d = _first_divergent(prev, req)
         if d is not None:
             turn.field = req.blocks[d].field if d < len(req.blocks) else prev.blocks[d].field
@@ -388,6 +422,9 @@ class CloudModel:
         elif d is not None and (self._prev_cum[d - 1] if 0 < d <= len(self._prev_cum) else 0) < self._prev_extent:
             turn.cause = CloudCause.CONTENT
             turn.detail = f"{turn.field} changed before the cached prefix's end: everything after it written again"
+        elif gap > _typical_lifetime(req):
+            turn.cause, turn.idle_s = CloudCause.EXPIRED, gap
+            turn.detail = f"idle {_duration(gap)}: longer than the cache typically keeps an entry ({_lifetime(req)})"
         elif req.provider == Provider.ANTHROPIC and predicted < self._prev_extent:
             turn.cause = CloudCause.LOOKBACK
             turn.detail = f"more than {LOOKBACK_BLOCKS} blocks after the last cached entry: add a breakpoint"
@@ -455,8 +492,25 @@ def _lifetime(req: CloudRequest) -> str:
         ttls = {b.breakpoint for b in req.blocks if b.breakpoint}
         return " / ".join(sorted(ttls)) or ("30m" if req.breakpoints else "5m")
     if req.provider == Provider.OPENAI:
-        return req.retention or "in_memory, 5-10 idle minutes"
+        retention, why = openai_retention(req.model, req.retention)
+        kept = "typically about 30 minutes, at most 24 hours" if retention == "24h" else "5-10 idle minutes"
+        if why == Retention.DEFAULT:
+            return f"24h by default ({kept}); in_memory (5-10 idle minutes) with Zero Data Retention"
+        only = f", the only retention {req.model} has" if why == Retention.ONLY else ""
+        return f"{retention}, {kept}{only}"
     return "hours"
+
+
+def _typical_lifetime(req: CloudRequest) -> float:
+    """How long OpenAI's implicit cache typically keeps an entry (a miss after it is likely an expiry, though
+    the rules' bound still held): 24h retention about 30 minutes; where 24h is only the default, 10 minutes
+    (in_memory's, an organisation with Zero Data Retention's default). Unbounded elsewhere."""
+    if req.provider != Provider.OPENAI or req.breakpoints:
+        return float("inf")
+    retention, why = openai_retention(req.model, req.retention)
+    if retention != "24h":
+        return float("inf")
+    return OPENAI_RETENTION["in_memory"] if why == Retention.DEFAULT else OPENAI_24H_TYPICAL
 
 
 def _duration(s: float) -> str:

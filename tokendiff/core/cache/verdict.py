@@ -14,7 +14,7 @@ not have happened (KV computed under other adapters) is a false hit, reported ap
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -315,6 +315,67 @@ def reply_ids(response: Mapping[str, Any] | None) -> np.ndarray | None:
     return None
 
 
+def _text_of(content: object, kind: str) -> str | None:
+    """A message's content as text: a string, or blocks that are all text (`kind`); None for anything else."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    texts = []
+    for b in content:
+        if not (isinstance(b, Mapping) and b.get("type") == kind and isinstance(b.get("text"), str)):
+            return None
+        texts.append(b["text"])
+    return "".join(texts)
+
+
+def reply_text(response: Mapping[str, Any] | None) -> str | None:
+    """The reply's text where it is all the reply said (a chat message, a Responses answer's output_text parts,
+    a Messages answer's text blocks, a stream's text); None where it also called a tool or reasoned, or was cut
+    in the record: then its text does not spell what was generated."""
+    if not isinstance(response, Mapping) or response.get("content_truncated"):
+        return None
+    msg = response.get("message")
+    if isinstance(msg, Mapping):  # chat, or a Messages answer's blocks
+        if msg.get("tool_calls") or msg.get("reasoning_content"):
+            return None
+        return _text_of(msg.get("content"), "text")
+    out = response.get("output")
+    if isinstance(out, list):  # a Responses answer, streamed or not
+        texts = [_text_of(o.get("content"), "output_text") if isinstance(o, Mapping) else None for o in out]
+        if not all(isinstance(o, Mapping) and o.get("type") == "message" for o in out) or None in texts:
+            return None
+        return "".join(t for t in texts if t is not None)
+    content = response.get("content")
+    return content if isinstance(content, str) else None
+
+
+_LIMITS = ("max_output_tokens", "max_tokens", "max_completion_tokens", "n_predict")  # Responses, Messages/chat
+
+
+def text_reply(
+    tokenize: Callable[[str], Sequence[int]],
+    request: Mapping[str, Any],
+    response: Mapping[str, Any],
+    n_generated: int | None,
+) -> np.ndarray | None:
+    """What the slot holds after the prompt, from the reply's text tokenised (the answers of chat, Responses
+    and Messages carry no IDs). Trusted only where the count is the server's: a reply cut at the request's
+    limit is its text's tokens (the slot holds all but the last), one that ended below it is its text's tokens
+    and the end-of-generation token (the slot holds the text). Else None: text that re-tokenises otherwise
+    than it was generated, a tool call, a stop string."""
+    text = reply_text(response)
+    if not text or not n_generated:
+        return None
+    limit = next((v for v in map(_int, (request.get(k) for k in _LIMITS)) if v is not None and v > 0), None)
+    ids = np.asarray(tokenize(text), dtype=np.int32)
+    if len(ids) == n_generated and n_generated == limit:
+        return ids[:-1]
+    if len(ids) == n_generated - 1 and (limit is None or n_generated < limit):
+        return ids
+    return None
+
+
 def engine_request(
     ids: np.ndarray,
     turn: int,
@@ -324,17 +385,24 @@ def engine_request(
     reply: np.ndarray | None = None,
     key: str = "",
     user_starts: Sequence[int] = (),
+    tokenize: Callable[[str], Sequence[int]] | None = None,
 ) -> Request:
-    """A recorded request as the policy model reads it (the user's JSON: anything may be missing)."""
+    """A recorded request as the policy model reads it (the user's JSON: anything may be missing). The reply
+    the slot holds: `reply`, else the IDs the answer gave, else its text tokenised with `tokenize` (the
+    session's tokenizer) where the counts agree."""
     req: Mapping[str, Any] = request if isinstance(request, Mapping) else {}
     resp: Mapping[str, Any] = response if isinstance(response, Mapping) else {}
     status = _int(resp.get("status"))
     failed = (status is not None and status != 200) or (bool(resp.get("error")) and "timings" not in resp)
     slot = _int(req.get("id_slot"))
+    if reply is None:
+        reply = reply_ids(resp)
+    if reply is None and tokenize is not None and not failed:
+        reply = text_reply(tokenize, req, resp, n_generated)
     return Request(
         ids=np.asarray(ids, dtype=np.int32),
         turn=turn,
-        reply=reply if reply is not None else reply_ids(resp),
+        reply=reply,
         n_generated=n_generated or 0,
         id_slot=slot if slot is not None else -1,
         lora=_lora(req.get("lora")),
@@ -446,5 +514,7 @@ __all__ = [
     "client_waste",
     "engine_request",
     "reply_ids",
+    "reply_text",
+    "text_reply",
     "verdict_text",
 ]
