@@ -282,6 +282,7 @@ class _Work:
     def follow(self, notes: Connection) -> None:
         """Each note's record, in capture order, as a turn; until the stop note (or the parent is gone)."""
         from tokendiff.backends.proxy import RecordEvent
+        from tokendiff.report.telemetry import TurnContext
 
         while True:
             try:
@@ -302,6 +303,7 @@ class _Work:
                     self.turn(rec)
                 except Exception as e:  # noqa: BLE001 - a turn the analysis trips on must not stop the rest
                     warn(f"turn not analysed for the metrics and traces: {type(e).__name__}: {e}", kind="observe")
+                    self.metrics.observe_unanalysed(self.name, TurnContext())  # still a request recorded
 
     def close(self) -> None:
         if self.sender is not None:
