@@ -344,3 +344,36 @@ def test_the_sender_survives_a_batch_it_cannot_render():
         finally:
             sender.close()
     assert "could not be written" in sender.stats.last_error or sender.stats.batches == 1
+
+
+def test_sessions_past_the_label_bound_are_still_analysed_apart(server, tmp_path):
+    """34 agents, each a clean two-turn session, interleaved: the last two share the `other` label,
+    but each is its own session (before: one merged session, every turn a false break)."""
+    from tokendiff.report.metrics import MAX_SESSIONS
+
+    n = MAX_SESSIONS + 2
+    maddr = f"127.0.0.1:{free_port()}"
+    with OtlpReceiver() as collector:
+        proc, url = start_proxy(server.url, tmp_path / "s", "--metrics", maddr, "--otlp", collector.url)
+        try:
+            history = {
+                k: [{"role": "user", "content": f"Agent {k}: read file_{k}.py and summarise it."}] for k in range(n)
+            }
+            for turn in range(2):
+                for k in range(n):
+                    body = {"model": "tiny", "user": f"agent-{k}", "max_tokens": 2, "temperature": 0}
+                    r = httpx.post(url + "/v1/chat/completions", json={**body, "messages": history[k]}, timeout=60)
+                    reply = r.json()["choices"][0]["message"]["content"] or "ok"
+                    history[k] += [
+                        {"role": "assistant", "content": reply},
+                        {"role": "user", "content": f"go on {turn}"},
+                    ]
+            until(lambda: len(collector.spans()) == 2 * n, timeout=180)
+            samples = scrape(maddr)
+        finally:
+            stop_proxy(proc)
+        spans = collector.spans()
+    assert total(samples, "tokendiff_requests_total", session=OTHER) == 4
+    assert total(samples, "tokendiff_cache_breaks_total") == 0 and total(samples, "tokendiff_wasted_tokens_total") == 0
+    assert len({sp.trace_id for sp in spans}) == n  # a trace per conversation, labelled or not
+    assert {attrs(sp)["tokendiff.session"] for sp in spans} == {f"agent-{k}" for k in range(n)}
