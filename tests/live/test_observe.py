@@ -256,3 +256,124 @@ def test_record_context_reads_every_recorded_shape():
     har = record_context(record_from_v1({"started": "2026-11-28T10:00:00Z", "request": {"prompt_cache_key": "k"}}))
     assert har.start == 1795860000.0 and har.conversation == "k"
     assert record_context(record_from_v1({"ts": "x", "response": [], "request": None})) == TurnContext()
+
+
+def test_names_that_are_not_utf8_neither_break_the_metrics_nor_lose_the_turn(server, tmp_path):
+    """A request naming its session and model with lone surrogates (JSON's `\\ud800`: valid JSON, not
+    UTF-8): /metrics must keep parsing and the turn be counted and sent, its names with U+FFFD."""
+    out = tmp_path / "s"
+    maddr = f"127.0.0.1:{free_port()}"
+    with OtlpReceiver() as collector:
+        proc, url = start_proxy(server.url, out, "--metrics", maddr, "--otlp", collector.url)
+        try:
+            for user, model in (("agent-a", "tiny"), ("agent-\\ud800", "tiny-\\udfff"), ("agent-b", "tiny")):
+                body = '{"model": "%s", "user": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}'
+                httpx.post(url + "/v1/chat/completions", content=(body % (model, user)).encode(), timeout=60)
+            until(lambda: len(collector.spans()) == 3 and total(scrape(maddr), "tokendiff_requests_total") == 3)
+            samples = scrape(maddr)
+        finally:
+            stop_proxy(proc)
+        spans = collector.spans()
+    assert total(samples, "tokendiff_requests_total", session="agent-\ufffd") == 1
+    odd = [attrs(sp) for sp in spans if attrs(sp)["gen_ai.conversation.id"] == "agent-\ufffd"]
+    assert len(odd) == 1 and odd[0]["gen_ai.request.model"] == "tiny-\ufffd"
+
+
+def test_the_sender_gives_up_on_a_collector_that_never_finishes_answering():
+    """A collector that accepts, sends its headers and then a byte now and then, forever (or a body
+    without end): the batch is dropped after the sender's timeout, and later batches still go."""
+    import socket
+    import threading
+
+    stop = threading.Event()
+    posts: list[bytes] = []
+
+    def serve(sock: socket.socket) -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=drip, args=(conn,), daemon=True).start()
+
+    def drip(conn: socket.socket) -> None:
+        with conn:
+            posts.append(conn.recv(65536))
+            if len(posts) > 1:  # the second post is answered at once
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+                return
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100000000\r\n\r\n")
+            while not stop.wait(0.2):  # never silent for long enough to trip a read timeout
+                conn.sendall(b" " * 4096)
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        threading.Thread(target=serve, args=(sock,), daemon=True).start()
+        sender = OtlpSender(
+            f"http://127.0.0.1:{sock.getsockname()[1]}", lambda spans: b"{}", interval=0.01, timeout=1, retries=0
+        ).start()
+        try:
+            sender.submit([{}])
+            until(lambda: sender.stats.dropped == 1)
+            sender.submit([{}, {}])
+            until(lambda: sender.stats.sent == 2)
+        finally:
+            stop.set()
+            sender.close()
+    assert "did not answer" in sender.stats.last_error or sender.stats.dropped == 1
+
+
+def test_the_sender_survives_a_batch_it_cannot_render():
+    """A span the renderer trips on costs its batch, never the sender's thread."""
+    with OtlpReceiver() as collector:
+        calls: list[int] = []
+
+        def render(spans: list) -> bytes:
+            calls.append(len(spans))
+            if len(calls) == 1:
+                raise ValueError("not UTF-8")
+            return b'{"resourceSpans": []}'
+
+        sender = OtlpSender(collector.url, render, interval=0.01).start()
+        try:
+            sender.submit([{}])
+            until(lambda: sender.stats.dropped == 1)
+            sender.submit([{}])
+            until(lambda: sender.stats.batches == 1)
+        finally:
+            sender.close()
+    assert "could not be written" in sender.stats.last_error or sender.stats.batches == 1
+
+
+def test_sessions_past_the_label_bound_are_still_analysed_apart(server, tmp_path):
+    """34 agents, each a clean two-turn session, interleaved: the last two share the `other` label,
+    but each is its own session (before: one merged session, every turn a false break)."""
+    from tokendiff.report.metrics import MAX_SESSIONS
+
+    n = MAX_SESSIONS + 2
+    maddr = f"127.0.0.1:{free_port()}"
+    with OtlpReceiver() as collector:
+        proc, url = start_proxy(server.url, tmp_path / "s", "--metrics", maddr, "--otlp", collector.url)
+        try:
+            history = {
+                k: [{"role": "user", "content": f"Agent {k}: read file_{k}.py and summarise it."}] for k in range(n)
+            }
+            for turn in range(2):
+                for k in range(n):
+                    body = {"model": "tiny", "user": f"agent-{k}", "max_tokens": 2, "temperature": 0}
+                    r = httpx.post(url + "/v1/chat/completions", json={**body, "messages": history[k]}, timeout=60)
+                    reply = r.json()["choices"][0]["message"]["content"] or "ok"
+                    history[k] += [
+                        {"role": "assistant", "content": reply},
+                        {"role": "user", "content": f"go on {turn}"},
+                    ]
+            until(lambda: len(collector.spans()) == 2 * n, timeout=180)
+            samples = scrape(maddr)
+        finally:
+            stop_proxy(proc)
+        spans = collector.spans()
+    assert total(samples, "tokendiff_requests_total", session=OTHER) == 4
+    assert total(samples, "tokendiff_cache_breaks_total") == 0 and total(samples, "tokendiff_wasted_tokens_total") == 0
+    assert len({sp.trace_id for sp in spans}) == n  # a trace per conversation, labelled or not
+    assert {attrs(sp)["tokendiff.session"] for sp in spans} == {f"agent-{k}" for k in range(n)}

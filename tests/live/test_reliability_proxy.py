@@ -187,3 +187,54 @@ def test_a_stream_of_any_shape_reaches_the_client_whole_and_is_recorded_with_not
     assert rec.response["content"] == "\ufffd\ufffdstill here" and rec.response["finish_reason"] == "stop"
     notes = " | ".join(rec.notes)
     assert "stream event(s) not understood" in notes and "response.usage.prompt_tokens left out" in notes
+
+
+# ---------------------------------------------------------------- hostile clients
+
+
+def _send_head(port: int, lines: list[bytes] | None, line: bytes | None) -> bytes:
+    """Send a request head without end (many 1 MiB header lines, or one header line growing): what the
+    proxy answered before it closed the connection, b"" when it never did."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port)) as c:
+        c.settimeout(60)
+        try:
+            c.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + (b"x-big: " if line else b""))
+            for _ in range(300):  # 300 MiB offered
+                c.sendall(line or lines[0])  # type: ignore[index]
+            return b""
+        except OSError:
+            try:
+                return c.recv(200)
+            except OSError:
+                return b"(reset)"
+
+
+def vm_peak_mb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(ln.split()[1]) // 1024 for ln in f if ln.startswith("VmHWM:"))
+
+
+@pytest.mark.parametrize("shape", ["many headers", "one header"])
+def test_a_request_head_without_end_is_refused_within_bounded_memory(server, tmp_path, shape):
+    """A client that sends headers and never ends them: the proxy answers 431 past 1 MiB and closes
+    (before: it held all 300 MiB, and more, as long as the client sent), and serves the next client."""
+    proc, url = start(server.url, tmp_path / "s")
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        assert httpx.post(url + CHAT, json=chat("before"), timeout=60).status_code == 200
+        before = vm_peak_mb(proc.pid)
+        mib = b"a" * (1 << 20)
+        answer = (
+            _send_head(port, [b"x-h: " + mib + b"\r\n"], None)
+            if shape == "many headers"
+            else _send_head(port, None, mib)
+        )
+        grew = vm_peak_mb(proc.pid) - before
+        assert httpx.post(url + CHAT, json=chat("after"), timeout=60).status_code == 200
+    finally:
+        stop_proxy(proc)
+    assert answer.startswith(b"HTTP/1.1 431") or answer == b"(reset)", answer
+    assert grew < 64, f"the proxy grew by {grew} MB"
+    assert [tag_of(r) for r in read_capture(tmp_path / "s" / "capture.jsonl")[0]] == ["before", "after"]

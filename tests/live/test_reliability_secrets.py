@@ -187,3 +187,28 @@ def test_the_policy_is_linear_in_what_it_reads():
     test fails at the timeout instead of the suite."""
     r = subprocess.run([sys.executable, "-c", ADVERSARIAL], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr
+
+
+def _escape_ascii(text: str, chars: str) -> str:
+    """`text` as a JSON string's inside, with `chars` written as JSON escapes (as Go writes `<>&`, PHP and
+    Java `/`, or a client hiding a key from a byte scan): the same string once parsed."""
+    return "".join(("\\/" if c == "/" else f"\\u{ord(c):04x}") if c in chars else c for c in text)
+
+
+@pytest.mark.parametrize(
+    ("name", "chars"),
+    [("openai project", "s"), ("stripe secret", "-_"), ("jwt", "e"), ("url userinfo", "/")]
+    + [("pem", "-/"), ("aws secret", "_")],
+)
+def test_a_credential_written_with_json_escapes_is_never_written(proxy, name, chars):
+    """The body's bytes do not show the credential, its parsed text does: the policy reads the text."""
+    url, out = proxy
+    value = CREDENTIALS.get(name) or KEYED[name][0]
+    secret = CREDENTIALS.get(name) or KEYED[name][1]
+    escaped = _escape_ascii(orjson.dumps(value).decode()[1:-1], chars)
+    body = '{"max_tokens": 1, "messages": [{"role": "user", "content": "here: ' + escaped + ' ok"}]}'
+    assert orjson.loads(body)["messages"][0]["content"] == f"here: {value} ok"
+    r = httpx.post(url + CHAT, content=body.encode(), headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 200, r.text
+    data = recorded_bytes(out)
+    assert secret.encode() not in data and orjson.dumps(secret)[1:-1] not in data

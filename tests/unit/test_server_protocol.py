@@ -220,3 +220,36 @@ def test_nothing_listening_is_no_llama_server():
     assert sv.probe(url).kind == sv.GENERIC
     with pytest.raises(InputError, match="POST /apply-template"):
         sv.prompt_ids(url, {"messages": CONVERSATION})
+
+
+ODD_LINES = [
+    b'{"message": 5}',
+    b'{"message": {"content": 7}}',
+    b"[1, 2]",
+    b'"text"',
+    b"null",
+    b'{"response": ["x"]}',
+    b'{"message": {"content": "\xff"}}',
+    b'{"x": 1e999}',
+    b'{"done": "yes", "done_reason": 5}',
+    b'{"message": {"tool_calls": 5}}',
+    b'{"response": null, "message": null}',
+    b"\xff\xfe",
+    b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"message": {"content": "kept"}, "done": true, "eval_count": 2}',
+]
+
+
+@pytest.mark.parametrize("ctype", ["application/x-ndjson", "text/event-stream"])
+def test_every_stream_line_shape_is_data_never_an_exception(ctype):
+    """Issue 28, "every stream shape is data": NDJSON (Ollama) as well as SSE, fed a byte at a time."""
+    s = streams.stream_summary(ctype)
+    assert s is not None
+    prefix = b"data: " if ctype == "text/event-stream" else b""
+    text = b"".join(prefix + line + b"\n" for line in ODD_LINES)
+    for i in range(0, len(text), 997):
+        s.feed(text[i : i + 997])
+    result = s.result()
+    if ctype == "application/x-ndjson":  # Ollama's shape: its text is still read past the odd lines
+        assert str(result["content"]).endswith("kept") and result["eval_count"] == 2
+    assert any("not understood" in n for n in s.notes)

@@ -225,15 +225,17 @@ class _Work:
     every turn's analysis."""
 
     MAX_WAITING = 256  # records held for their token IDs before the oldest is taken without them
+    MAX_LIVE = 256  # conversations analysed at once (each holds its prefix index)
 
     def __init__(self, setup: _Setup):
         from tokendiff.backends.telemetry import OtlpSender, serve_metrics
         from tokendiff.report.metrics import SessionMetrics
+        from tokendiff.report.telemetry import valid_text
         from tokendiff.sources.capture_tail import CaptureTail
 
         self.setup, self.opts, self.capture = setup, setup.opts, setup.capture
         self.prompts = setup.prompts
-        self.name = self.capture.parent.name or "session"
+        self.name = valid_text(self.capture.parent.name) or "session"  # a directory's name may not be UTF-8
         self.metrics = SessionMetrics()
         self.sessions: dict[str, _LiveSession] = {}
         self.turns = 0
@@ -282,6 +284,7 @@ class _Work:
     def follow(self, notes: Connection) -> None:
         """Each note's record, in capture order, as a turn; until the stop note (or the parent is gone)."""
         from tokendiff.backends.proxy import RecordEvent
+        from tokendiff.report.telemetry import TurnContext
 
         while True:
             try:
@@ -302,6 +305,7 @@ class _Work:
                     self.turn(rec)
                 except Exception as e:  # noqa: BLE001 - a turn the analysis trips on must not stop the rest
                     warn(f"turn not analysed for the metrics and traces: {type(e).__name__}: {e}", kind="observe")
+                    self.metrics.observe_unanalysed(self.name, TurnContext())  # still a request recorded
 
     def close(self) -> None:
         if self.sender is not None:
@@ -330,12 +334,17 @@ class _Work:
         return self._loader
 
     def _session(self, name: str) -> _LiveSession:
-        label = self.metrics.label(name)
-        live = self.sessions.get(label)
+        """The conversation's own analysis, whatever its metrics label (sessions past the label bound
+        share `other` there, never an analysis: merged, their turns would read as breaks). The
+        MAX_LIVE most recent are held; one dropped starts afresh when it comes back."""
+        live = self.sessions.pop(name, None)
         if live is None:
-            seed = f"tokendiff\0{self.capture}\0{label}\0{self.started_ns}"
+            seed = f"tokendiff\0{self.capture}\0{name}\0{self.started_ns}"
             trace_id = hashlib.sha256(seed.encode()).hexdigest()[:32]
-            live = self.sessions[label] = _LiveSession(label, trace_id, self.setup.prefill_rate)
+            live = _LiveSession(name, trace_id, self.setup.prefill_rate)
+        self.sessions[name] = live  # the most recent last
+        while len(self.sessions) > self.MAX_LIVE:
+            self.sessions.pop(next(iter(self.sessions)))
         return live
 
     def turn(self, rec: CaptureRecord) -> None:
@@ -364,7 +373,7 @@ class _Work:
         self.turns += 1
         self.metrics.observe(name, v)
         if self.sender is not None:
-            self.sender.submit([turn_span(v, live.trace_id, live.label)])
+            self.sender.submit([turn_span(v, live.trace_id, live.name)])
 
 
 class _LiveSession:
@@ -372,10 +381,10 @@ class _LiveSession:
     final when added (no pairs in flight) and the session's totals are never recomputed; the prefill
     speed is the running median of the turns' measured ones."""
 
-    def __init__(self, label: str, trace_id: str, prefill_rate: float | None):
+    def __init__(self, name: str, trace_id: str, prefill_rate: float | None):
         from tokendiff.core.cost import Analyser
 
-        self.label, self.trace_id, self.prefill_rate = label, trace_id, prefill_rate
+        self.name, self.trace_id, self.prefill_rate = name, trace_id, prefill_rate
         self.analyser = Analyser(in_flight=0)
         self.clock_ns = 0  # where a turn without a timestamp goes: after the last one
         self._rates: list[float] = []  # ms per token, sorted

@@ -716,6 +716,8 @@ def build_server(
     goes wrong later, one line each."""
     import uvicorn
 
+    from tokendiff.backends.http_head import BoundedHeadProtocol
+
     _check_upstream(upstream)
     host, port = _parse_listen(listen)
     app = make_app(upstream, out, fetch_tokens, on_record)
@@ -725,7 +727,14 @@ def build_server(
             f"tokendiff: warning: listening on {host}, not loopback: anyone who can reach it can use the upstream",
             file=sys.stderr,
         )
-    config = uvicorn.Config(app, log_config=LOG_CONFIG, lifespan="on", access_log=False, timeout_graceful_shutdown=30)
+    config = uvicorn.Config(
+        app,
+        http=BoundedHeadProtocol,
+        log_config=LOG_CONFIG,
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
     return Served(uvicorn.Server(config), sock, app)
 
 

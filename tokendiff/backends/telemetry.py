@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import orjson
 
 from tokendiff.backends.urls import check_url, is_loopback_host
 from tokendiff.errors import InputError, one_line
@@ -24,6 +25,8 @@ from tokendiff.notices import warn
 
 TRACES_PATH = "/v1/traces"
 RETRY_STATUS = (429, 502, 503, 504)  # OTLP/HTTP: retryable; any other failure is final
+ANSWER_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}  # an answer read as sent
+MAX_ANSWER = 64 << 10  # of a collector's answer, only a partialSuccess is read: more is not waited for
 
 
 # ---------------------------------------------------------------- /metrics
@@ -157,38 +160,58 @@ class OtlpSender:
         return out
 
     def _post(self, client: httpx.Client, batch: list[Any]) -> None:
-        body = self.render(batch)
-        headers = {"content-type": "application/json"}
+        try:
+            body = self.render(batch)
+        except Exception as e:  # noqa: BLE001 - a span the renderer trips on costs its batch, not the thread
+            self._drop(len(batch), f"the batch could not be written: {type(e).__name__}: {one_line(str(e))[:200]}")
+            return
         why = ""
         for attempt in range(self.retries + 1):
             if attempt:  # a back-off, cut short when stopping (the retries then go at once)
                 self._closing.wait(0.5 * 2 ** (attempt - 1))
             try:
-                r = client.post(self.url, content=body, headers=headers)
+                status, answer = self._send(client, body)
             except httpx.HTTPError as e:
                 why = f"collector unreachable: {type(e).__name__}: {one_line(str(e))[:200]}"
                 continue
-            if 200 <= r.status_code < 300:
+            except TimeoutError:
+                why = f"collector did not answer within {self.timeout:g} s"
+                continue
+            if 200 <= status < 300:
                 self.stats.batches += 1
-                self.stats.sent += len(batch) - self._rejected(r, len(batch))
+                self.stats.sent += len(batch) - self._rejected(answer, len(batch))
                 return
-            why = f"collector answered HTTP {r.status_code}"
-            if r.status_code not in RETRY_STATUS:
+            why = f"collector answered HTTP {status}"
+            if status not in RETRY_STATUS:
                 break
         self._drop(len(batch), why)
 
-    def _rejected(self, r: httpx.Response, n: int) -> int:
+    def _send(self, client: httpx.Client, body: bytes) -> tuple[int, bytes]:
+        """(status, the answer's first MAX_ANSWER bytes) within `timeout` in all: a collector that
+        trickles its answer, or sends one without end, is a TimeoutError, not a thread held forever."""
+        deadline = time.monotonic() + self.timeout
+        answer = b""
+        with client.stream("POST", self.url, content=body, headers=ANSWER_HEADERS) as r:
+            for chunk in r.iter_raw():
+                answer += chunk[: MAX_ANSWER - len(answer)]
+                if len(answer) >= MAX_ANSWER:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+        return r.status_code, answer
+
+    def _rejected(self, answer: bytes, n: int) -> int:
         """Spans a 200 answer's partialSuccess says the collector refused (dropped, with its message)."""
         try:
-            doc = r.json() if r.content else {}
-        except ValueError:
+            doc = orjson.loads(answer) if answer else {}
+        except orjson.JSONDecodeError:
             return 0
         part = doc.get("partialSuccess") if isinstance(doc, dict) else None
         if not isinstance(part, dict):
             return 0
         try:
             rejected = max(0, min(int(part.get("rejectedSpans", 0)), n))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             return 0
         if rejected:
             self._drop(rejected, f"collector rejected them: {one_line(str(part.get('errorMessage', '')))[:200]}")

@@ -96,6 +96,8 @@ _CREDENTIAL_HINTS = (
     *(b"_live_", b"_test_", b"ya29.", b"xapp-", b"ecret", b"ECRET", b"://", b"ccountKey", b"ccessKey"),
 )
 
+_ASCII_ESCAPE = re.compile(rb"\\u00[2-7][0-9a-fA-F]")  # escapes that could spell a hint (printable ASCII)
+
 # request fields the server renders into the prompt (OpenAI chat/completions/responses, Anthropic)
 PROMPT_FIELDS = frozenset(
     {"messages", "tools", "functions", "system", "prompt", "input", "instructions", "chat_template_kwargs"}
@@ -180,8 +182,12 @@ def credential_spans(data: bytes) -> list[tuple[int, int]]:
 
 
 def may_hold_credentials(raw: bytes) -> bool:
-    """False when no value in `raw` can match CREDENTIAL (a fast pre-check on the body bytes)."""
-    return any(h in raw for h in _CREDENTIAL_HINTS)
+    """False when no value in `raw` can match CREDENTIAL (a fast pre-check on the body bytes). A JSON
+    escape of a printable ASCII character (`\\u0073k-`, `https:\\/\\/`) can hide a hint from the bytes
+    while the parsed text holds it whole: such a body is always read."""
+    if any(h in raw for h in _CREDENTIAL_HINTS):
+        return True
+    return b"\\" in raw and (b"\\/" in raw or _ASCII_ESCAPE.search(raw) is not None)
 
 
 def plan(value: Any, *, prompt_fields: bool = True, values: bool = True) -> list[Edit]:

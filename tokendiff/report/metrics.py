@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from tokendiff.report.telemetry import SessionTrace, TurnContext, TurnView
+from tokendiff.report.telemetry import SessionTrace, TurnContext, TurnView, valid_text
 
 MAX_SESSIONS = 32
 OTHER = "other"
@@ -26,7 +26,7 @@ PREFILL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 
 class BoundedLabels:
     """Session names as label values: the first `limit` distinct ones as they are (cut to MAX_LABEL
-    characters), every later one as "other"."""
+    characters, valid UTF-8), every later one as "other"."""
 
     def __init__(self, limit: int = MAX_SESSIONS):
         self.limit = limit
@@ -37,7 +37,7 @@ class BoundedLabels:
         with self._lock:
             label = self._known.get(name)
             if label is None:
-                label = name[:MAX_LABEL] if len(self._known) < self.limit else OTHER
+                label = valid_text(name[:MAX_LABEL]) if len(self._known) < self.limit else OTHER
                 if label != OTHER:
                     self._known[name] = label
             return label

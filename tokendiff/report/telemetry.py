@@ -9,6 +9,7 @@ numbers. Pure: no I/O, no HTTP.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -53,7 +54,17 @@ def _num(v: Any) -> float | None:
 
 
 def _str(v: Any, limit: int = 256) -> str | None:
-    return v[:limit] if isinstance(v, str) and v else None
+    """A name from a request or answer, cut, as valid UTF-8: JSON's `\\ud800` is a lone surrogate,
+    which no exporter can encode (a label or a span holding one would fail every scrape or batch)."""
+    return valid_text(v[:limit]) if isinstance(v, str) and v else None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads pairs a valid pair: any left is lone
+
+
+def valid_text(text: str) -> str:
+    """`text` with each lone surrogate as U+FFFD."""
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 def conversation_id(request: Any) -> str | None:
