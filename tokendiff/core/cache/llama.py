@@ -450,7 +450,7 @@ class RamCache:
         `h` while its tokens and that entry stay: an idle slot is offered to the cache on every request."""
         if not len(h):
             return None
-        memo = h.__dict__.get("_held_by")
+        memo: tuple[object, Held] | None = h.__dict__.get("_held_by")
         if memo is not None and memo[0] is h.state.tokens and any(e is memo[1] for e in self.entries):
             return memo[1]
         raw, n = h.raw(), len(h)
