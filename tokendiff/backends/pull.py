@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 
@@ -110,7 +110,7 @@ def _same_tokens(a: Path, b: Path) -> bool:
         return False
 
 
-def pull(server: str, out: str, slot_dir: str, every: float | None = None, log=sys.stderr) -> int:
+def pull(server: str, out: str, slot_dir: str, every: float | None = None, log: TextIO = sys.stderr) -> int:
     sd = Path(slot_dir)
     if not sd.is_dir():
         raise InputError("--slot-dir is not a directory (it must be the server's --slot-save-path)", source=slot_dir)
