@@ -17,6 +17,7 @@ from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
     from tokendiff.app.pair import PromptOptions
+    from tokendiff.report.schema import OtlpDocument, TraceDocument
     from tokendiff.report.telemetry import SessionTrace, TurnContext
     from tokendiff.sources.record import CaptureRecord
 
@@ -100,6 +101,7 @@ def telemetry_report(
     if fmt not in TELEMETRY_FORMATS:
         raise InputError(f"telemetry formats are {', '.join(TELEMETRY_FORMATS)}", source=fmt)
     traces = [session_trace(opts, p, redact, prefill_rate, progress) for p in paths]
+    doc: OtlpDocument | TraceDocument
     if fmt == "otlp":
         from tokendiff.report.otlp import otlp_document
 
