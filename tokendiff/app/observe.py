@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from tokendiff.app.evictions import KV_EVENTS_NAME
 from tokendiff.app.live import RecordFeed, upstream_prompt_options
@@ -43,6 +43,15 @@ if TYPE_CHECKING:
 START_TIMEOUT = 120.0  # the child imports numpy, the tokenizer and the HTTP stacks on a busy machine
 NOTE = struct.Struct("<q??")  # (seq, patch, pending); seq -1: stop
 NICE = 10  # the child's CPU priority below the proxy's
+
+
+class ObserveStats(TypedDict):
+    """The telemetry process's counts when it stops: turns followed, spans sent and dropped, KV event batches."""
+
+    turns: int
+    sent: NotRequired[int]
+    dropped: NotRequired[int]
+    kv_batches: NotRequired[int]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +101,7 @@ class Observer:
         self.opts = opts
         self.setup = _Setup(opts, prompts, Path(capture), prefill_rate, upstream, CaptureTail.end_of(Path(capture)))
         self.lines: list[str] = []  # what the child does, a line each (describe)
-        self.stats: dict[str, Any] = {}  # the child's counts, when it has stopped
+        self.stats: ObserveStats | None = None  # the child's counts, when it has stopped
         self.lost = 0  # notes the pipe had no room for
         self._proc: Any = None
         self._notes: Connection | None = None
@@ -271,12 +280,12 @@ class _Work:
             lines.append(f"vLLM KV-cache events from {self.kv.endpoint} into {self.kv.out}")
         return lines
 
-    def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"turns": self.turns}
+    def stats(self) -> ObserveStats:
+        out: ObserveStats = {"turns": self.turns}
         if self.sender is not None:
-            out.update(sent=self.sender.stats.sent, dropped=self.sender.stats.dropped)
+            out["sent"], out["dropped"] = self.sender.stats.sent, self.sender.stats.dropped
         if self.kv is not None:
-            out.update(kv_batches=self.kv.batches)
+            out["kv_batches"] = self.kv.batches
         return out
 
     def follow(self, notes: Connection) -> None:
