@@ -3,7 +3,7 @@ fleet document, and the Parquet dataset of turns and spans."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -285,7 +285,12 @@ def _can_fork() -> bool:
 _SHARED: Loader | None = None  # the fleet's loader, as its forked workers inherit it
 
 
-def _in_pool(member, paths: Sequence[str], workers: int, loader: Loader | None):
+Member = Callable[..., "SessionFacts | InputError"]  # one session's analysis: (path, loader=...)
+
+
+def _in_pool(
+    member: Member, paths: Sequence[str], workers: int, loader: Loader | None
+) -> Iterator[tuple[int, SessionFacts | InputError]]:
     """(index, facts or error) of every session, as the forked workers finish them; at most IN_FLIGHT
     sessions a worker queued at once, so ten thousand sessions hold no more than a few dozen results."""
     import multiprocessing
@@ -298,7 +303,7 @@ def _in_pool(member, paths: Sequence[str], workers: int, loader: Loader | None):
     ctx = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         todo = iter(enumerate(paths))
-        running: dict[Future, int] = {}
+        running: dict[Future[SessionFacts | InputError], int] = {}
         while True:
             for i, p in todo:
                 running[pool.submit(_shared_member, member, p)] = i
@@ -312,7 +317,7 @@ def _in_pool(member, paths: Sequence[str], workers: int, loader: Loader | None):
                 yield i, unwarned(_result_or_error(fut, paths[i]))
 
 
-def _shared_member(member, path: str):
+def _shared_member(member: Member, path: str) -> Any:
     """In a worker: one session with the fleet's loader, its warnings carried back to the parent."""
     from tokendiff.app.workers import collecting
 

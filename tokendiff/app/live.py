@@ -255,7 +255,9 @@ def live_log(path: str) -> LogAligner:
     return LogAligner(lambda: follow_tasks(path), rescans=0)
 
 
-def watch_engine(capture: Path, prompts: PromptOptions, server_args: str | None, server_log: str | None):
+def watch_engine(
+    capture: Path, prompts: PromptOptions, server_args: str | None, server_log: str | None
+) -> EngineConfig | None:
     """The engine settings for `watch`: its flags, its log's launch lines, the /props the proxy saved."""
     from tokendiff.app.session import engine_config
 

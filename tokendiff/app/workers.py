@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
+    from concurrent.futures import Future, ProcessPoolExecutor
 
     from tokendiff.core.cost import PairDiff, TurnInput
     from tokendiff.core.model import Prompt
@@ -81,6 +81,10 @@ class SelectedJob:
         return loader.load_selected(self.sel, slot)
 
 
+Job = RecordJob | SpecJob | SelectedJob  # a turn's prompt as a recipe a worker loads
+ChunkRow = tuple[Any, Any]  # a record's render as token IDs (or None), and its diff (`_worker_chunk`)
+
+
 @dataclass(frozen=True)
 class _Warned:
     """A worker's result with the warnings its job raised, to be counted on this side (`unwarned`)."""
@@ -131,9 +135,9 @@ class PairWorkers:
     def __init__(self, loader: Loader, workers: int | None = None, after: int = 4, max_hunks: int = 64):
         self.loader, self.after, self.seen, self.max_hunks = loader, after, 0, max_hunks
         self.workers = workers if workers is not None else _default_workers()
-        self._pool: Any = None
+        self._pool: ProcessPoolExecutor | None = None
 
-    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int):
+    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[PairDiff]:
         from tokendiff.core.cost import InlinePairs
 
         self.seen += 1
@@ -149,7 +153,7 @@ class PairWorkers:
         if self.workers >= 2:
             self._executor().submit(int).result()
 
-    def _executor(self):
+    def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             import multiprocessing
             import os
@@ -235,7 +239,7 @@ def _default_workers() -> int:
     return min(2, cores)
 
 
-def _worker_compare(job_a, job_b, template: str | None, max_hunks: int):
+def _worker_compare(job_a: Job, job_b: Job, template: str | None, max_hunks: int) -> PairDiff | _WorkerError:
     """In a worker: load both prompts and diff them (`cost.diff_turn`)."""
     from tokendiff.core.cost import diff_turn
 
@@ -247,8 +251,8 @@ def _worker_compare(job_a, job_b, template: str | None, max_hunks: int):
 
 
 def _worker_chunk(
-    records: list, labels: list[str], first: int, template: str | None, max_hunks: int, skip: int = 0
-) -> list:
+    records: list[CaptureRecord], labels: list[str], first: int, template: str | None, max_hunks: int, skip: int = 0
+) -> list[ChunkRow]:
     """In a worker: each record's render tokenised, and its diff with the record before it where it does
     not just extend it (what the analysis will ask for: `Analyser.add`), as a list of (IDs or None,
     a PairDiff, the _WorkerError its loading met, or None). The first `skip` records are the ones
@@ -257,13 +261,15 @@ def _worker_chunk(
     return _chunk_diffs(records, labels, first, template, max_hunks)[skip:]
 
 
-def _chunk_diffs(records: list, labels: list[str], first: int, template: str | None, max_hunks: int) -> list:
+def _chunk_diffs(
+    records: list[CaptureRecord], labels: list[str], first: int, template: str | None, max_hunks: int
+) -> list[ChunkRow]:
     from tokendiff.core.cost import appends, diff_turn
 
     loader = _worker_loader(template)
     ids = [loader.rendered_ids(r, depth_checked=True) for r in records]  # a HAR's: checked as it was read
     ok = [x if x is not None and usable_ids(x, loader.vocab.n_vocab) else None for x in ids]
-    out: list[tuple[Any, Any]] = [(ids[0], None)]
+    out: list[ChunkRow] = [(ids[0], None)]
     for k in range(1, len(records)):
         diff: Any = None
         xa, xb = ok[k - 1], ok[k]
@@ -295,7 +301,7 @@ def _worker_result(r: Any) -> Any:
 _WORKER_PROMPTS: dict[tuple[Any, int], Prompt] = {}  # the last prompts this worker loaded
 
 
-def _worker_prompt(job, loader: Loader) -> Prompt:
+def _worker_prompt(job: Job, loader: Loader) -> Prompt:
     """A job's prompt, loaded once where consecutive divergent pairs share it (turn k is B of one pair
     and A of the next): a session whose every turn diverges would otherwise decode each prompt twice."""
     key = (job.key, id(loader))
@@ -308,7 +314,7 @@ def _worker_prompt(job, loader: Loader) -> Prompt:
     return p
 
 
-def _local_ids(loader: Loader, records: list) -> list:
+def _local_ids(loader: Loader, records: list[CaptureRecord]) -> list[ChunkRow]:
     """Here, without a worker: each record's render tokenised (its pairs are diffed as the analysis asks)."""
     return [(loader.rendered_ids(r, depth_checked=True), None) for r in records]
 
@@ -322,13 +328,13 @@ def _worker_loader(template: str | None) -> Loader:
     return _WORKER_LOADERS[template]
 
 
-def _relay(src):
+def _relay(src: Future[Any]) -> Future[PairDiff]:
     """A future with the worker's result, its carried InputError raised as one."""
     from concurrent.futures import Future
 
-    out: Future = Future()
+    out: Future[PairDiff] = Future()
 
-    def done(f) -> None:
+    def done(f: Future[Any]) -> None:
         try:
             out.set_result(_worker_result(unwarned(f.result())))
         except BaseException as e:  # noqa: BLE001 - a crashed worker, or its InputError: the reader of the result sees it
