@@ -17,6 +17,7 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from tokendiff.paths import models_cache_dir
 from tokendiff.sources.tokenizers import BUNDLED_DIR
@@ -41,11 +42,12 @@ class TinySpec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _load_json(path: str) -> dict:
+def _load_json(path: str) -> dict[str, Any]:
     raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
-    return json.loads(raw)
+    doc: dict[str, Any] = json.loads(raw)
+    return doc
 
 
 def write_tiny_gguf(out: Path, spec: TinySpec = TinySpec()) -> Path:
