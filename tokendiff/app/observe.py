@@ -203,16 +203,13 @@ def start_observer(
 def _child(setup: _Setup, notes: Connection, msgs: Connection) -> None:
     """The telemetry process: open the network side, say so, then follow the proxy's notes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it stops us when it is done
-    try:
+    with contextlib.suppress(OSError):
         os.nice(NICE)
-    except OSError:
-        pass
     lock = threading.Lock()  # the sender's thread warns too
 
     def to_parent(kind: str, message: str) -> None:
-        with lock:
-            with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
-                msgs.send(("warn", kind, message))
+        with lock, contextlib.suppress(OSError):  # the parent is gone: nobody to tell
+            msgs.send(("warn", kind, message))
 
     set_sink(to_parent)
     try:

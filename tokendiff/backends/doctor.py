@@ -965,7 +965,7 @@ def check_ollama(ev: Evidence, w: Workload) -> list[Check]:
     models = ev.obj("/api/ps").get("models")
     loaded = [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
     ctx = next((m["context_length"] for m in loaded if isinstance(m.get("context_length"), int)), None)
-    out = [
+    return [
         _context_check(ctx, w, "/api/ps context_length", "num_ctx in the request, or OLLAMA_CONTEXT_LENGTH")
         if loaded
         else _unchecked("context", "no model loaded (/api/ps): its num_ctx is set when it loads"),
@@ -973,7 +973,6 @@ def check_ollama(ev: Evidence, w: Workload) -> list[Check]:
         _unchecked("caching", "Ollama caches prompts per slot and does not report it"),
         _unchecked("template", "template probes need llama-server's /apply-template"),
     ]
-    return out
 
 
 ABSENT = (404, 405, 501)  # an endpoint this kind of server does not have (or has switched off)

@@ -24,6 +24,7 @@ written (a full disk) is one warning, and requests are still forwarded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import re
 import socket
@@ -580,10 +581,8 @@ async def _relay(state: ProxyState, resp: httpx.Response, receive: Receive, send
 
 
 async def _end_body(send: Send) -> None:
-    try:
+    with contextlib.suppress(Exception):  # the client may be gone too
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except Exception:  # noqa: BLE001 - the client may be gone too
-        pass
 
 
 async def _finish_response(state: ProxyState, ex: Exchange, resp: httpx.Response) -> None:

@@ -642,8 +642,7 @@ def _conclusions(doc: ReplayDocument, unit: str) -> list[str]:
         fixed, actual = sc.get("fixed"), sc["actual"]
         if fixed is not None and fixed[key] is not None and actual[key] is not None:
             out.append(_fix_line(f, fixed, actual, key))
-        for na in f.get("not_applied", []):
-            out.append(f"not fixed automatically: {na}")
+        out += [f"not fixed automatically: {na}" for na in f.get("not_applied", [])]
     return out
 
 

@@ -615,7 +615,7 @@ class EngineSim:
         """get_available_slot: (slot, how, f_sim, f_keep, tokens loaded from RAM, saved to RAM)."""
         n = len(req.ids)
         ret, how, update, best = None, SelectedBy.LRU, False, 0.0
-        pinned = req.id_slot if 0 <= req.id_slot else None
+        pinned = req.id_slot if req.id_slot >= 0 else None
         if pinned is not None:
             ret, how = pinned % len(self.slots), SelectedBy.ID
         f_keep = None

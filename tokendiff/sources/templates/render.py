@@ -634,9 +634,7 @@ def _message_leaves(i: int, m: dict[str, Any]) -> list[_Leaf]:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 path = f"messages[{i}].content[{j}].text"
                 out.append(_leaf(base, path, f"content[{j}]", "messages", i, "content", j, "text"))
-    for fld in (*_REASONING_FIELDS, "tool_call_id", "name"):
-        if isinstance(m.get(fld), str):
-            out.append(field(i, role, fld))
+    out += [field(i, role, fld) for fld in (*_REASONING_FIELDS, "tool_call_id", "name") if isinstance(m.get(fld), str)]
     calls = m.get("tool_calls")
     if isinstance(calls, list) and calls:
         base = SectionPath.of(_msg_part(i, m))
