@@ -25,11 +25,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
+import orjson
+
 from tokendiff.app.evictions import KV_EVENTS_NAME
 from tokendiff.app.live import RecordFeed, upstream_prompt_options
 from tokendiff.app.session import record_input
+from tokendiff.backends.proxy import RecordEvent
+from tokendiff.backends.telemetry import OtlpSender, serve_metrics
+from tokendiff.core.cost import Analyser, Session, price_turns
 from tokendiff.errors import InputError
 from tokendiff.notices import set_sink, warn
+from tokendiff.report.metrics import SessionMetrics
+from tokendiff.report.otlp import export_request, turn_span
+from tokendiff.report.telemetry import record_context, turn_view
+from tokendiff.sources.capture import session_dir
+from tokendiff.sources.capture_tail import CaptureTail
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -96,8 +106,6 @@ class Observer:
         prefill_rate: float | None = None,
         upstream: str | None = None,
     ):
-        from tokendiff.sources.capture_tail import CaptureTail
-
         self.opts = opts
         self.setup = _Setup(opts, prompts, Path(capture), prefill_rate, upstream, CaptureTail.end_of(Path(capture)))
         self.lines: list[str] = []  # what the child does, a line each (describe)
@@ -191,8 +199,6 @@ def start_observer(
     decode with it, as `watch` does, when it is a llama-server."""
     if not opts.any:
         return None
-    from tokendiff.sources.capture import session_dir
-
     session_dir(out)  # a bad --out is the proxy's one-line error, not the child's
     return Observer(opts, prompts, Path(out) / "capture.jsonl", prefill_rate, upstream).start()
 
@@ -233,10 +239,6 @@ class _Work:
     MAX_WAITING = 256  # records held for their token IDs before the oldest is taken without them
 
     def __init__(self, setup: _Setup):
-        from tokendiff.backends.telemetry import OtlpSender, serve_metrics
-        from tokendiff.report.metrics import SessionMetrics
-        from tokendiff.sources.capture_tail import CaptureTail
-
         self.setup, self.opts, self.capture = setup, setup.opts, setup.capture
         self.prompts = setup.prompts
         self.name = self.capture.parent.name or "session"
@@ -287,8 +289,6 @@ class _Work:
 
     def follow(self, notes: Connection) -> None:
         """Each note's record, in capture order, as a turn; until the stop note (or the parent is gone)."""
-        from tokendiff.backends.proxy import RecordEvent
-
         while True:
             try:
                 seq, patch, pending = NOTE.unpack(notes.recv_bytes())
@@ -346,9 +346,6 @@ class _Work:
 
     def turn(self, rec: CaptureRecord) -> None:
         """One record (RecordFeed.take: its token IDs merged): its metrics, and its span to the collector."""
-        from tokendiff.report.otlp import turn_span
-        from tokendiff.report.telemetry import record_context
-
         rec.where, rec.base = f"{self.capture}: record {rec.seq}", self.capture.parent
         try:
             ctx = record_context(rec)  # resolves a request stored as a blob
@@ -379,8 +376,6 @@ class _LiveSession:
     speed is the running median of the turns' measured ones."""
 
     def __init__(self, label: str, trace_id: str, prefill_rate: float | None):
-        from tokendiff.core.cost import Analyser
-
         self.label, self.trace_id, self.prefill_rate = label, trace_id, prefill_rate
         self.analyser = Analyser(in_flight=0)
         self.clock_ns = 0  # where a turn without a timestamp goes: after the last one
@@ -388,9 +383,6 @@ class _LiveSession:
 
     def add(self, loader: Loader, rec: CaptureRecord, label: str, ctx: TurnContext) -> TurnView:
         """The record as the session's next turn, analysed: an InputError when it cannot be read."""
-        from tokendiff.core.cost import Session, price_turns
-        from tokendiff.report.telemetry import turn_view
-
         k = len(self.analyser.turns) + 1
         t = self.analyser.add(record_input(loader, rec, label, k))
         if t.reported_prompt_ms and t.reported_prompt_n:
@@ -413,8 +405,4 @@ class _LiveSession:
 
 def _render_spans(spans: list[Any]) -> bytes:
     """A batch of spans as one OTLP/JSON export request."""
-    import orjson
-
-    from tokendiff.report.otlp import export_request
-
     return orjson.dumps(export_request(spans))

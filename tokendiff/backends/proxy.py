@@ -34,9 +34,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
+import uvicorn
 
 from tokendiff.backends.server import (
     CONNECT_TIMEOUT,
@@ -45,6 +47,7 @@ from tokendiff.backends.server import (
     aprobe,
     can_tokenize_chat,
 )
+from tokendiff.backends.slots import afetch_slot
 from tokendiff.backends.urls import is_loopback_host
 from tokendiff.core.kinds import ServerKind
 from tokendiff.core.usage import usage_of
@@ -651,8 +654,6 @@ def _body_summary(raw: bytes, status: int) -> dict[str, Any]:
 async def _slot_fields(state: ProxyState, fields: dict[str, Any]) -> dict[str, Any]:
     """The llama-server slot a chat answer came from (its answer does not say): read from /slots now, before the
     client has the answer's end, so its next request cannot have taken the slot yet (backends/slots.py)."""
-    from tokendiff.backends.slots import afetch_slot
-
     resp = fields.get("response")
     if (
         state.info is None
@@ -729,8 +730,6 @@ def build_server(
     """Everything that can fail at start (the upstream URL, `--out`, the listening address) checked
     here first and raised as one InputError; uvicorn gets a socket already bound and logs only what
     goes wrong later, one line each."""
-    import uvicorn
-
     _check_upstream(upstream)
     host, port = _parse_listen(listen)
     app = make_app(upstream, out, fetch_tokens, on_record)
@@ -781,8 +780,6 @@ LOG_CONFIG: dict[str, Any] = {
 
 
 def _check_upstream(upstream: str) -> None:
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(upstream)
         parts.port  # noqa: B018 - raises for a port that is not a number

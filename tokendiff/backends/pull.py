@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
 import orjson
 
 from tokendiff.backends.server import LLAMA, SLOT_TIMEOUT, LlamaClient, probe
 from tokendiff.errors import InputError, ServerError
+from tokendiff.sources.slotfile import read_slot_file
 
 
 @dataclass
@@ -100,10 +102,6 @@ class Puller:
 
 
 def _same_tokens(a: Path, b: Path) -> bool:
-    import numpy as np
-
-    from tokendiff.sources.slotfile import read_slot_file
-
     try:
         return np.array_equal(read_slot_file(a).tokens, read_slot_file(b).tokens)
     except InputError:

@@ -17,6 +17,7 @@ restoring another prefix, a slot switch) is discarded and said so.
 
 from __future__ import annotations
 
+import secrets
 import statistics
 import time
 from collections.abc import Callable
@@ -361,8 +362,6 @@ UNCOUNTED = "the server reports no cached_tokens"
 
 def new_salt() -> str:
     """A salt no earlier request used (vLLM asks for an unpredictable, long one)."""
-    import secrets
-
     return "tokendiff-" + secrets.token_urlsafe(32)
 
 
