@@ -159,7 +159,8 @@ def main() -> None:
     ap.add_argument("--make", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.make:
-        return make_files(args.make)
+        make_files(args.make)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         bench_cli(Path(tmp), args.runs)
         bench_align_stdlib(Path(tmp), args.runs)

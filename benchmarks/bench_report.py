@@ -61,7 +61,8 @@ def main() -> None:
     ap.add_argument("--make", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.make:
-        return make_session(args.make, args.turns, args.tokens)
+        make_session(args.make, args.turns, args.tokens)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         subprocess.run(

@@ -73,10 +73,8 @@ def make_target(name: str, path: Path):
 
     def target(data: bytes) -> None:
         path.write_bytes(data)
-        try:
+        with contextlib.suppress(InputError):
             reader(path)
-        except InputError:
-            pass
 
     return target
 

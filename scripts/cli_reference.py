@@ -134,8 +134,10 @@ def _value(action: argparse.Action) -> str:
 
 def _options_table(parser: argparse.ArgumentParser) -> list[str]:
     rows = ["| argument | default | what it does |", "|---|---|---|"]
-    for action in _documented(parser):
-        rows.append(f"| {_cell(_names(action))} | {_cell(_default(action))} | {_cell(_help(parser, action))} |")
+    rows += [
+        f"| {_cell(_names(action))} | {_cell(_default(action))} | {_cell(_help(parser, action))} |"
+        for action in _documented(parser)
+    ]
     return rows
 
 

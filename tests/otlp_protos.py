@@ -85,11 +85,13 @@ class OtlpReceiver:
             def do_POST(self) -> None:  # noqa: N802 - the http.server API
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.path != "/v1/traces":
-                    return self._answer(404, b"{}")
+                    self._answer(404, b"{}")
+                    return
                 with outer.lock:
                     if outer.fail > 0:
                         outer.fail -= 1
-                        return self._answer(503, b"{}")
+                        self._answer(503, b"{}")
+                        return
                 ctype = self.headers.get("content-type", "")
                 try:
                     if ctype.startswith("application/x-protobuf"):
@@ -97,7 +99,8 @@ class OtlpReceiver:
                     else:
                         msg = parse_otlp_json(body)
                 except Exception:  # noqa: BLE001 - a malformed export is the test's failure: 400, as the spec says
-                    return self._answer(400, b'{"error": "undecodable"}')
+                    self._answer(400, b'{"error": "undecodable"}')
+                    return
                 with outer.lock:
                     outer.requests.append(msg)
                     outer.content_types.append(ctype)

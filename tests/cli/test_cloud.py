@@ -465,9 +465,9 @@ def test_gemini_explicit_cache_read_whole_until_its_ttl_ends():
     )
     assert [t.cause for t in turns[:4]] == [CloudCause.COLD, CloudCause.HIT, CloudCause.HIT, CloudCause.EXPIRED]
     assert [t.cause for t in turns[4:]] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
-    assert "cachedContents/abc created: 5,008 tokens stored for 5 min 0 s" == turns[0].detail
+    assert turns[0].detail == "cachedContents/abc created: 5,008 tokens stored for 5 min 0 s"
     assert turns[1].predicted == turns[2].predicted == 5008 and turns[2].waste == 0  # 190 s idle: still there
-    assert "cachedContents/abc expired 20 s ago: its TTL runs from its creation" == turns[3].detail
+    assert turns[3].detail == "cachedContents/abc expired 20 s ago: its TTL runs from its creation"
     assert turns[3].waste == 5008
     assert turns[6].field == "cachedContent" and turns[6].waste == 5008
     assert "names no cached content, not cachedContents/def" in turns[6].detail

@@ -125,9 +125,9 @@ def test_a_full_disk_leaves_no_half_line_and_no_temporary_blob(tmp_path):
 
 
 def test_a_second_writer_on_one_directory_is_refused_naming_the_first(tmp_path):
-    with CaptureWriter(tmp_path / "capture.jsonl"):
-        with pytest.raises(InputError, match=rf"another tokendiff proxy or watch \(pid {os.getpid()}\)"):
-            CaptureWriter(tmp_path / "capture.jsonl")
+    first = CaptureWriter(tmp_path / "capture.jsonl")
+    with first, pytest.raises(InputError, match=rf"another tokendiff proxy or watch \(pid {os.getpid()}\)"):
+        CaptureWriter(tmp_path / "capture.jsonl")
     CaptureWriter(tmp_path / "capture.jsonl").close()  # released with the first
 
 

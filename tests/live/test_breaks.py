@@ -280,12 +280,12 @@ def test_gpt_oss_reasoning_effort(llama_server_bin, tiny_model):
     """gpt-oss renders `Reasoning: <effort>` into its system turn: the request's reasoning_effort."""
     tok = real_tokenizer("harmony")
     msgs = [{"role": "user", "content": "Hi"}]
-    with LlamaServer(tiny_model, ctx=4096, extra=["--chat-template-file", str(TEMPLATES / GPT_OSS)]) as srv:
-        with sv.LlamaClient(srv.url) as c:
-            texts = [
-                c.apply_template({"messages": msgs, "chat_template_kwargs": {"reasoning_effort": e}})
-                for e in ("medium", "high")
-            ]
+    template = ["--chat-template-file", str(TEMPLATES / GPT_OSS)]
+    with LlamaServer(tiny_model, ctx=4096, extra=template) as srv, sv.LlamaClient(srv.url) as c:
+        texts = [
+            c.apply_template({"messages": msgs, "chat_template_kwargs": {"reasoning_effort": e}})
+            for e in ("medium", "high")
+        ]
     a, b = (tok.prompt(t) for t in texts)
     f = first(a, b)
     assert f.kind == "setting_changed" and "Reasoning: medium -> high" in f.evidence

@@ -73,7 +73,7 @@ def test_ollama_reload_and_truncation(tmp_path):
     facts = [(f["turn"], f["kind"]) for f in doc["backend_facts"]]
     assert facts == [(5, "ollama_reload"), (7, "ollama_truncated")]
     reload = doc["backend_facts"][0]
-    assert "load_duration 2.31 s; num_ctx went from 4,096 to 8,192" == reload["evidence"]
+    assert reload["evidence"] == "load_duration 2.31 s; num_ctx went from 4,096 to 8,192"
     # one truth: the reloaded turn reused nothing in the table, the totals and the spans
     t5 = doc["turns"][4]
     assert t5["reusable"] == t5["reuse_pct"] == 0 and t5["recomputed"] == t5["tokens"]

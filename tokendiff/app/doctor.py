@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tokendiff.backends.doctor import Workload, render_text
+from tokendiff.backends.doctor import doctor as check_server
+
 if TYPE_CHECKING:
     from tokendiff.backends.doctor import DoctorReport
 
@@ -24,16 +27,12 @@ class DoctorOptions:
 
 def doctor(opts: DoctorOptions) -> DoctorReport:
     """Pre-flight check of a live server for an agent workload (exit_code: 0 all clear, 1 problems)."""
-    from tokendiff.backends.doctor import Workload, doctor
-
     workload = Workload(
         agents=opts.agents, prompt_tokens=opts.prompt_tokens, turn_tokens=opts.turn_tokens, probe_cache=not opts.passive
     )
-    return doctor(opts.server, workload)
+    return check_server(opts.server, workload)
 
 
 def doctor_text(report: DoctorReport) -> str:
     """The report as `tokendiff doctor` prints it: one line per check, problems first."""
-    from tokendiff.backends.doctor import render_text
-
     return render_text(report)

@@ -3,16 +3,31 @@ fleet document, and the Parquet dataset of turns and spans."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import glob
+import io
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tokendiff.app.cloud import session_cloud
 from tokendiff.app.pair import PromptOptions, open_loader
 from tokendiff.app.reports import ReportOptions, read_replay
 from tokendiff.app.session import LoadedSession, Progress, open_session, session_specs, tokenizer_info
+from tokendiff.app.workers import collecting, unwarned
+from tokendiff.core.tails import Tails
 from tokendiff.errors import InputError
+from tokendiff.report.cloud import cloud_facts
+from tokendiff.report.dataset import TurnTime, session_key, span_table, turn_table
+from tokendiff.report.fleet import fleet_document, session_facts
+from tokendiff.safeio import list_dir, real_dir, write_output
+from tokendiff.sources.loader import file_kind, session_source
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -49,10 +64,6 @@ class FleetResult:
 def expand_session_paths(patterns: Sequence[str]) -> list[str]:
     """The paths as given, with globs the shell left unexpanded (quoted `'captures/*.jsonl'`)
     expanded in sorted order; a pattern that matches nothing is an error naming it."""
-    import glob
-
-    from tokendiff.sources.loader import session_source
-
     out: list[str] = []
     for pat in patterns:
         try:
@@ -82,17 +93,12 @@ def _same_file(path: str) -> str:
 
 def is_dataset_target(path: str) -> bool:
     """`--export DIR/` (a trailing slash or an existing directory) writes the dataset."""
-    import os
-
     return path.endswith(("/", os.sep)) or Path(path).is_dir()
 
 
 def turn_times(path: str, order: str, n: int) -> list[TurnTime]:
     """When each of a session's `n` turns happened: the record's timestamp (a capture's `ts`, a
     HAR's `startedDateTime`), else the turn's file's modification time (slot files)."""
-    from tokendiff.report.dataset import TurnTime
-    from tokendiff.sources.loader import file_kind, session_source
-
     path = session_source(path)
     p = Path(path)
     stamps: list[TurnTime | None] = []
@@ -118,10 +124,6 @@ def turn_times(path: str, order: str, n: int) -> list[TurnTime]:
 
 def _record_time(value: Any) -> TurnTime | None:
     """A record's timestamp: seconds since the epoch, or an ISO 8601 string (HAR)."""
-    from datetime import UTC, datetime
-
-    from tokendiff.report.dataset import TurnTime
-
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e11:
         return TurnTime(float(value), "record")
     if isinstance(value, str):
@@ -139,11 +141,6 @@ def export_dataset(session: Session, path: str, times: Sequence[TurnTime], root:
     (`turns/session=KEY/day=DAY/part-0.parquet`, `spans/…`); the session's earlier partitions
     there are replaced. Nothing is written or removed through a symbolic link: a link anywhere in the
     tree (`root` itself, `turns/`, a partition, a file) is refused with one line. Returns the files written."""
-    import io
-
-    from tokendiff.report.dataset import session_key, span_table, turn_table
-    from tokendiff.safeio import real_dir, write_output
-
     key = session_key(path)
     written: list[Path] = []
     top = _real_root(Path(root))
@@ -161,8 +158,6 @@ def export_dataset(session: Session, path: str, times: Sequence[TurnTime], root:
 
 def _real_root(root: Path) -> Path:
     """The dataset's directory, created when missing; a symbolic link there is refused like any in the tree."""
-    import os
-
     if os.path.islink(root):
         raise InputError("is a symbolic link: refusing to write the dataset through it", source=str(root))
     try:
@@ -174,8 +169,6 @@ def _real_root(root: Path) -> Path:
 
 def _remove_partitions(base: Path) -> None:
     """The session's earlier part files, removed (a link among them is refused, never followed)."""
-    from tokendiff.safeio import list_dir, real_dir
-
     for day in list_dir(base):
         if day.startswith("day="):
             d = real_dir(base, day)
@@ -203,11 +196,6 @@ def fleet_member(
     """One session of a fleet, analysed (in a worker process, its divergent pairs in the same process: the
     fleet runs sessions side by side): its facts (with its labels to hash when `redact`), its partitions
     written. `loader`: the fleet's, opened once (`Loader.fresh` gives each session its own view of it)."""
-    from tokendiff.app.cloud import session_cloud
-    from tokendiff.report.cloud import cloud_facts
-    from tokendiff.report.dataset import session_key
-    from tokendiff.report.fleet import session_facts
-
     fresh = loader.fresh() if loader is not None else None
     tails = _tails(loader) if loader is not None else None
     loaded = open_session(  # the fleet view shows no engine verdicts
@@ -227,8 +215,6 @@ _TAILS: dict[int, Tails] = {}  # this process's tail forms, by the loader they w
 def _tails(loader: Loader) -> Tails:
     """The tail forms (core.tails) the fleet's sessions share: a form depends only on its shape, so the
     first session of a kind teaches the others, and a two-request session needs no full diff."""
-    from tokendiff.core.tails import Tails
-
     got = _TAILS.get(id(loader))
     if got is None or got.vocab is not loader.vocab:
         got = _TAILS[id(loader)] = Tails(loader.vocab)
@@ -246,8 +232,6 @@ def analyse_fleet(
     are several sessions and cores (each session is independent). What a session would pay once, the
     start-up, the vocabulary and the worker processes, the fleet pays once: the loader is opened here and
     the workers, forked from this process, inherit it; a few sessions at a time are queued to them."""
-    import os
-
     n = len(paths)
     workers = min(n, fopts.workers or os.cpu_count() or 1)
     loader = _fleet_loader(opts)
@@ -277,28 +261,26 @@ def _fleet_loader(opts: PromptOptions) -> Loader | None:
 
 
 def _can_fork() -> bool:
-    import multiprocessing
-
     return "fork" in multiprocessing.get_all_start_methods()
 
 
 _SHARED: Loader | None = None  # the fleet's loader, as its forked workers inherit it
 
 
-def _in_pool(member, paths: Sequence[str], workers: int, loader: Loader | None):
+Member = Callable[..., "SessionFacts | InputError"]  # one session's analysis: (path, loader=...)
+
+
+def _in_pool(
+    member: Member, paths: Sequence[str], workers: int, loader: Loader | None
+) -> Iterator[tuple[int, SessionFacts | InputError]]:
     """(index, facts or error) of every session, as the forked workers finish them; at most IN_FLIGHT
     sessions a worker queued at once, so ten thousand sessions hold no more than a few dozen results."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    from tokendiff.app.workers import unwarned
-
     global _SHARED
     _SHARED = loader
     ctx = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         todo = iter(enumerate(paths))
-        running: dict[Future, int] = {}
+        running: dict[Future[SessionFacts | InputError], int] = {}
         while True:
             for i, p in todo:
                 running[pool.submit(_shared_member, member, p)] = i
@@ -312,10 +294,8 @@ def _in_pool(member, paths: Sequence[str], workers: int, loader: Loader | None):
                 yield i, unwarned(_result_or_error(fut, paths[i]))
 
 
-def _shared_member(member, path: str):
+def _shared_member(member: Member, path: str) -> Any:
     """In a worker: one session with the fleet's loader, its warnings carried back to the parent."""
-    from tokendiff.app.workers import collecting
-
     return collecting(partial(member, loader=_SHARED), path)
 
 
@@ -334,8 +314,6 @@ def _fleet_member_or_error(
 
 def _result_or_error(fut: Future[SessionFacts | InputError], path: str) -> SessionFacts | InputError:
     """A worker's answer; its process dying (killed, out of memory) is that session's error."""
-    from concurrent.futures.process import BrokenProcessPool
-
     try:
         return fut.result()
     except BrokenProcessPool:
@@ -347,8 +325,6 @@ def fleet_report(
 ) -> FleetResult:
     """The fleet document (`tokendiff.fleet/1`) over the sessions that could be read, the dataset written if
     asked; the others are listed in it (`skipped`) and in `FleetResult.skipped`. None readable: the first error."""
-    from tokendiff.report.fleet import fleet_document
-
     replays = [read_replay(f) for f in fopts.report.replays]  # bad replay files fail before the work
     facts, errors = analyse_fleet(opts, paths, fopts, progress)
     if not facts:

@@ -17,12 +17,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from dataclasses import replace as copy_with
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tokendiff.app.session import LoadedSession, TurnPrompts, apply_prefill_rate, record_input
+from tokendiff.app.session import LoadedSession, TurnPrompts, apply_prefill_rate, engine_config, record_input
+from tokendiff.backends.proxy import build_server, serve
+from tokendiff.backends.pull import Puller, pull
+from tokendiff.backends.server import llama_server_url
+from tokendiff.core.cache.engine_log import LogAligner
+from tokendiff.core.cost import Analyser
 from tokendiff.errors import InputError
+from tokendiff.report.session import cause_title, in_sentence, prefill_seconds, seconds_label
+from tokendiff.sources.capture import iter_capture
+from tokendiff.sources.record import record_from_v1
+from tokendiff.sources.server_log import follow_tasks
 
 if TYPE_CHECKING:
     from tokendiff.app.observe import Observer
@@ -65,8 +75,6 @@ class RecordFeed:
 
     def take(self, ev: RecordEvent) -> list[CaptureRecord]:
         """The records `ev` completes, in order (often none, or just its own)."""
-        from tokendiff.sources.record import record_from_v1
-
         if ev.patch:
             w = self._by_seq.get(ev.seq)
             if w is None:  # a patch for a record released already (cannot happen) or never seen
@@ -118,9 +126,6 @@ class ProxyThread:
 
     def start(self) -> ProxyThread:
         """Bind and start serving; every start-up problem (URL, --out, --listen) is an InputError here."""
-        from tokendiff.backends.proxy import build_server
-        from tokendiff.sources.capture import iter_capture
-
         if self.capture.is_file():
             self.existing = sum(1 for _ in iter_capture(self.capture))
         self.served = build_server(self.upstream, self.out, self.listen, self.fetch_tokens, self.on_event)
@@ -179,8 +184,6 @@ def _drain(q: queue.Queue[str]) -> str:
 def break_message(t: Turn, s: Session) -> str | None:
     """The footer's flash for a turn that broke the cache, e.g. "turn 14: tools reordered — 31,200
     tokens recomputed, 41 s": the server's measured prefill time when it has one, else an estimate."""
-    from tokendiff.report.session import cause_title, in_sentence, prefill_seconds, seconds_label
-
     if not t.wasted:
         return None
     title = cause_title(t) or "the prompt changed before its end"
@@ -207,8 +210,6 @@ class SessionFeed:
         engine: EngineConfig | None = None,
         server_log: str | None = None,
     ):
-        from tokendiff.core.cost import Analyser
-
         self.loader, self.capture, self.prefill_rate = loader, str(capture), prefill_rate
         log = live_log(server_log) if server_log and engine is not None else None
         self.analyser = Analyser(engine=engine, log=log)  # pairs diffed here: a live session brings one at a time
@@ -226,8 +227,6 @@ class SessionFeed:
     def add(self, rec: CaptureRecord) -> LoadedSession:
         """The next record (a capture record, patches merged) as a turn; the session as it now stands.
         A record that cannot be read is an InputError naming it, and is not a turn."""
-        from dataclasses import replace as copy_with
-
         self.records += 1
         k = len(self.prompts.specs) + 1
         spec = f"{self.capture}@{self.records}"
@@ -249,16 +248,13 @@ class SessionFeed:
 
 def live_log(path: str) -> LogAligner:
     """A log the server is still writing, its tasks lined up with the turns as both arrive."""
-    from tokendiff.core.cache.engine_log import LogAligner
-    from tokendiff.sources.server_log import follow_tasks
-
     return LogAligner(lambda: follow_tasks(path), rescans=0)
 
 
-def watch_engine(capture: Path, prompts: PromptOptions, server_args: str | None, server_log: str | None):
+def watch_engine(
+    capture: Path, prompts: PromptOptions, server_args: str | None, server_log: str | None
+) -> EngineConfig | None:
     """The engine settings for `watch`: its flags, its log's launch lines, the /props the proxy saved."""
-    from tokendiff.app.session import engine_config
-
     return engine_config([str(capture)], prompts, server_args=server_args, server_log=server_log)
 
 
@@ -270,8 +266,6 @@ def serve_proxy(
 ) -> int:
     """`tokendiff proxy`: record every request to `out` until Ctrl-C (the upstream, `out` and `listen`
     are checked before serving); the `observer`, if any, hears of each record and is stopped after."""
-    from tokendiff.backends.proxy import serve
-
     try:
         return serve(
             upstream, out, listen, fetch_tokens=fetch_tokens, on_record=observer.on_record if observer else None
@@ -283,15 +277,11 @@ def serve_proxy(
 
 def pull_slots(server: str, out: str, slot_dir: str, every: float | None = None) -> int:
     """`tokendiff pull`: the server's slots saved into a session directory, once or every `every` seconds."""
-    from tokendiff.backends.pull import pull
-
     return pull(server, out, slot_dir, every)
 
 
 def slot_puller(server: str, out: Path, slot_dir: Path) -> Puller:
     """A started puller for the TUI's `--live`: each `poll()` saves the slots whose prompt changed."""
-    from tokendiff.backends.pull import Puller
-
     puller = Puller(server, out, slot_dir)
     puller.start()
     return puller
@@ -300,10 +290,6 @@ def slot_puller(server: str, out: Path, slot_dir: Path) -> Puller:
 def upstream_prompt_options(prompts: PromptOptions, upstream: str) -> PromptOptions:
     """`watch`'s prompt options: with no tokenizer named, a llama-server upstream decodes with its own
     vocabulary."""
-    from dataclasses import replace
-
-    from tokendiff.backends.server import llama_server_url
-
     if prompts.tokenizer or prompts.server:
         return prompts
     return replace(prompts, server=llama_server_url(upstream))

@@ -23,26 +23,45 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+
+import orjson
 
 from tokendiff.app.evictions import KV_EVENTS_NAME
 from tokendiff.app.live import RecordFeed, upstream_prompt_options
 from tokendiff.app.session import record_input
+from tokendiff.backends.proxy import RecordEvent
+from tokendiff.backends.telemetry import OtlpSender, serve_metrics
+from tokendiff.core.cost import Analyser, Session, price_turns
 from tokendiff.errors import InputError
 from tokendiff.notices import set_sink, warn
+from tokendiff.report.metrics import SessionMetrics
+from tokendiff.report.otlp import export_request, turn_span
+from tokendiff.report.telemetry import TurnContext, record_context, turn_view, valid_text
+from tokendiff.sources.capture import session_dir
+from tokendiff.sources.capture_tail import CaptureTail
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
     from tokendiff.app.pair import PromptOptions
     from tokendiff.backends.proxy import RecordEvent
-    from tokendiff.report.telemetry import TurnContext, TurnView
+    from tokendiff.report.telemetry import TurnView
     from tokendiff.sources.loader import Loader
     from tokendiff.sources.record import CaptureRecord
 
 START_TIMEOUT = 120.0  # the child imports numpy, the tokenizer and the HTTP stacks on a busy machine
 NOTE = struct.Struct("<q??")  # (seq, patch, pending); seq -1: stop
 NICE = 10  # the child's CPU priority below the proxy's
+
+
+class ObserveStats(TypedDict):
+    """The telemetry process's counts when it stops: turns followed, spans sent and dropped, KV event batches."""
+
+    turns: int
+    sent: NotRequired[int]
+    dropped: NotRequired[int]
+    kv_batches: NotRequired[int]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,12 +106,10 @@ class Observer:
         prefill_rate: float | None = None,
         upstream: str | None = None,
     ):
-        from tokendiff.sources.capture_tail import CaptureTail
-
         self.opts = opts
         self.setup = _Setup(opts, prompts, Path(capture), prefill_rate, upstream, CaptureTail.end_of(Path(capture)))
         self.lines: list[str] = []  # what the child does, a line each (describe)
-        self.stats: dict[str, Any] = {}  # the child's counts, when it has stopped
+        self.stats: ObserveStats | None = None  # the child's counts, when it has stopped
         self.lost = 0  # notes the pipe had no room for
         self._proc: Any = None
         self._notes: Connection | None = None
@@ -182,8 +199,6 @@ def start_observer(
     decode with it, as `watch` does, when it is a llama-server."""
     if not opts.any:
         return None
-    from tokendiff.sources.capture import session_dir
-
     session_dir(out)  # a bad --out is the proxy's one-line error, not the child's
     return Observer(opts, prompts, Path(out) / "capture.jsonl", prefill_rate, upstream).start()
 
@@ -194,16 +209,13 @@ def start_observer(
 def _child(setup: _Setup, notes: Connection, msgs: Connection) -> None:
     """The telemetry process: open the network side, say so, then follow the proxy's notes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it stops us when it is done
-    try:
+    with contextlib.suppress(OSError):
         os.nice(NICE)
-    except OSError:
-        pass
     lock = threading.Lock()  # the sender's thread warns too
 
     def to_parent(kind: str, message: str) -> None:
-        with lock:
-            with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
-                msgs.send(("warn", kind, message))
+        with lock, contextlib.suppress(OSError):  # the parent is gone: nobody to tell
+            msgs.send(("warn", kind, message))
 
     set_sink(to_parent)
     try:
@@ -228,11 +240,6 @@ class _Work:
     MAX_LIVE = 256  # conversations analysed at once (each holds its prefix index)
 
     def __init__(self, setup: _Setup):
-        from tokendiff.backends.telemetry import OtlpSender, serve_metrics
-        from tokendiff.report.metrics import SessionMetrics
-        from tokendiff.report.telemetry import valid_text
-        from tokendiff.sources.capture_tail import CaptureTail
-
         self.setup, self.opts, self.capture = setup, setup.opts, setup.capture
         self.prompts = setup.prompts
         self.name = valid_text(self.capture.parent.name) or "session"  # a directory's name may not be UTF-8
@@ -273,19 +280,16 @@ class _Work:
             lines.append(f"vLLM KV-cache events from {self.kv.endpoint} into {self.kv.out}")
         return lines
 
-    def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"turns": self.turns}
+    def stats(self) -> ObserveStats:
+        out: ObserveStats = {"turns": self.turns}
         if self.sender is not None:
-            out.update(sent=self.sender.stats.sent, dropped=self.sender.stats.dropped)
+            out["sent"], out["dropped"] = self.sender.stats.sent, self.sender.stats.dropped
         if self.kv is not None:
-            out.update(kv_batches=self.kv.batches)
+            out["kv_batches"] = self.kv.batches
         return out
 
     def follow(self, notes: Connection) -> None:
         """Each note's record, in capture order, as a turn; until the stop note (or the parent is gone)."""
-        from tokendiff.backends.proxy import RecordEvent
-        from tokendiff.report.telemetry import TurnContext
-
         while True:
             try:
                 seq, patch, pending = NOTE.unpack(notes.recv_bytes())
@@ -349,9 +353,6 @@ class _Work:
 
     def turn(self, rec: CaptureRecord) -> None:
         """One record (RecordFeed.take: its token IDs merged): its metrics, and its span to the collector."""
-        from tokendiff.report.otlp import turn_span
-        from tokendiff.report.telemetry import record_context
-
         rec.where, rec.base = f"{self.capture}: record {rec.seq}", self.capture.parent
         try:
             ctx = record_context(rec)  # resolves a request stored as a blob
@@ -382,8 +383,6 @@ class _LiveSession:
     speed is the running median of the turns' measured ones."""
 
     def __init__(self, name: str, trace_id: str, prefill_rate: float | None):
-        from tokendiff.core.cost import Analyser
-
         self.name, self.trace_id, self.prefill_rate = name, trace_id, prefill_rate
         self.analyser = Analyser(in_flight=0)
         self.clock_ns = 0  # where a turn without a timestamp goes: after the last one
@@ -391,9 +390,6 @@ class _LiveSession:
 
     def add(self, loader: Loader, rec: CaptureRecord, label: str, ctx: TurnContext) -> TurnView:
         """The record as the session's next turn, analysed: an InputError when it cannot be read."""
-        from tokendiff.core.cost import Session, price_turns
-        from tokendiff.report.telemetry import turn_view
-
         k = len(self.analyser.turns) + 1
         t = self.analyser.add(record_input(loader, rec, label, k))
         if t.reported_prompt_ms and t.reported_prompt_n:
@@ -416,8 +412,4 @@ class _LiveSession:
 
 def _render_spans(spans: list[Any]) -> bytes:
     """A batch of spans as one OTLP/JSON export request."""
-    import orjson
-
-    from tokendiff.report.otlp import export_request
-
     return orjson.dumps(export_request(spans))

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from tokendiff.backends.urls import check_url as check
+
 
 def check_url(url: str, option: str) -> str:
     """A server URL option (`--server`, `--backend`, `--upstream`, `--live`), checked: a bad one is an
     InputError naming the option and the URL, its password hidden."""
-    from tokendiff.backends.urls import check_url as check
-
     return check(url, option)

@@ -7,8 +7,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tokendiff.app.pair import PairResult, PromptOptions
 from tokendiff.app.session import Progress
+from tokendiff.backends import replay as rp
+from tokendiff.backends.replay import render_replay_text
+from tokendiff.backends.server import llama_server_url, replay_client, unreachable
+from tokendiff.backends.urls import is_loopback_url
+from tokendiff.core.align import common_prefix
+from tokendiff.core.cost import reusable_ceiling
+from tokendiff.core.fixes import fix_request
 from tokendiff.errors import InputError, ServerError, UsageError
 
 if TYPE_CHECKING:
@@ -39,8 +48,6 @@ class ReplayResult:
 
     @property
     def text(self) -> str:
-        from tokendiff.backends.replay import render_replay_text
-
         return render_replay_text(self.document)
 
     @property
@@ -56,8 +63,6 @@ class ReplayResult:
 
 def check_replay(opts: ReplayOptions) -> None:
     """The options' own errors, before anything is loaded: run count and the loopback policy."""
-    from tokendiff.backends.urls import is_loopback_url
-
     if opts.repeat < 1:
         raise UsageError("--repeat must be at least 1")
     if not is_loopback_url(opts.backend) and not opts.allow_remote:
@@ -71,8 +76,6 @@ def replay_prompt_options(prompts: PromptOptions, opts: ReplayOptions) -> Prompt
     """With no tokenizer named, a llama-server backend decodes with its own vocabulary."""
     if prompts.tokenizer or prompts.server:
         return prompts
-    from tokendiff.backends.server import llama_server_url
-
     return replace(prompts, server=llama_server_url(opts.backend))
 
 
@@ -80,12 +83,6 @@ def replay_pair(
     pair: PairResult, loader: Loader, opts: ReplayOptions, progress: Progress | None = None
 ) -> ReplayResult:
     """cold / actual / ideal (and fixed, where a fix is known) measured on the backend."""
-    import numpy as np
-
-    from tokendiff.backends import replay as rp
-    from tokendiff.backends.server import replay_client, unreachable
-    from tokendiff.core.cost import reusable_ceiling
-
     check_replay(opts)
     down = unreachable(opts.backend)
     if down:
@@ -121,11 +118,6 @@ def check_model(be: Backend, a: Prompt, b: Prompt, force: bool) -> None:
 def what_if_fix(pair: PairResult, loader: Loader, be: Backend, plan: Plan) -> ReplayFixDoc:
     """The fixed B, rendered (by the server itself when it is llama-server or vLLM), set on `plan` for the
     `fixed` scenario; the document's `fix` entry."""
-    import numpy as np
-
-    from tokendiff.core.align import common_prefix
-    from tokendiff.core.fixes import fix_request
-
     a_req, b_req = pair.a.meta.request, pair.b.meta.request
     if not (isinstance(a_req, dict) and isinstance(b_req, dict) and a_req.get("messages") and b_req.get("messages")):
         why = "the pair has no requests to fix (slot files): record with tokendiff proxy"

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from tokendiff.app.pair import PairResult, PromptOptions, diff_pair, open_loader
 from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SpecJob, diff_future, usable_ids
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from tokendiff.core.tails import Tails
     from tokendiff.core.vocab import Vocab
     from tokendiff.report.schema import TokenizerDoc
-    from tokendiff.sources.loader import Loader
+    from tokendiff.sources.loader import Loader, Selected
     from tokendiff.sources.record import CaptureRecord
 
 Progress = Callable[[str], None]
@@ -59,7 +59,13 @@ class TurnPrompts(Sequence["Prompt"]):
     def __len__(self) -> int:
         return len(self.specs)
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> Prompt: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Prompt]: ...
+
+    def __getitem__(self, i: int | slice) -> Prompt | list[Prompt]:
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
         k = i + len(self) if i < 0 else i
@@ -165,7 +171,7 @@ def left_out(spec: str, e: InputError, skipped: Skipped) -> None:
 
 def _analyse(
     loader: Loader,
-    inputs,
+    inputs: Iterable[tuple[str, TurnInput]],
     n: int | None,
     progress: Progress | None,
     pool: PairWorkers,
@@ -358,7 +364,7 @@ def _path_inputs(
     live: bool,
     skipped: Skipped,
     cloud: _CloudSeen | None = None,
-):
+) -> Iterator[tuple[str, TurnInput]]:
     """(selector, turn) for every turn of `paths`: captures and HAR files read record by record,
     directories listed once, each turn's IDs first and its prompt only if a diff needs it. A turn of a
     session (a directory's file, a capture's record) that cannot be read is left out and named in `skipped`;
@@ -380,7 +386,7 @@ def _path_inputs(
 
 def _records_inputs(
     loader: Loader, pool: PairWorkers, p: str, kind: str, skipped: Skipped, cloud: _CloudSeen | None = None
-):
+) -> Iterator[tuple[str, TurnInput]]:
     """A capture or a HAR file, one record at a time (each file parsed once); a HAR's requests, which
     carry no token IDs, rendered and tokenised in the workers a few chunks ahead."""
     from tokendiff.errors import one_line
@@ -417,7 +423,7 @@ def _records_inputs(
         raise InputError("the session holds no chat requests", source=p)
 
 
-def _selected_input(loader: Loader, sel) -> TurnInput:
+def _selected_input(loader: Loader, sel: Selected) -> TurnInput:
     """A turn of a directory: a slot file's IDs from its header and payload, decoded only if needed."""
     import numpy as np
 

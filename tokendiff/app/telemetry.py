@@ -12,11 +12,17 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import orjson
+
+from tokendiff.app.fleet import turn_times
 from tokendiff.app.session import Progress, apply_prefill_rate, open_session
 from tokendiff.errors import InputError
+from tokendiff.report.telemetry import SessionTrace, TurnContext, record_context
+from tokendiff.sources.loader import file_kind, session_source
 
 if TYPE_CHECKING:
     from tokendiff.app.pair import PromptOptions
+    from tokendiff.report.schema import OtlpDocument, TraceDocument
     from tokendiff.report.telemetry import SessionTrace, TurnContext
     from tokendiff.sources.record import CaptureRecord
 
@@ -37,9 +43,6 @@ class TelemetryResult:
 def turn_contexts(path: str, order: str, n: int) -> list[TurnContext]:
     """Each of a session's `n` turns' context from its records (a capture, a HAR, an OTLP file), or
     only its file's modification time (slot files, request bodies)."""
-    from tokendiff.app.fleet import turn_times
-    from tokendiff.report.telemetry import TurnContext, record_context
-
     records = _records(path)
     if records is None:
         return [TurnContext(start=t.ts) for t in turn_times(path, order, n)]
@@ -49,8 +52,6 @@ def turn_contexts(path: str, order: str, n: int) -> list[TurnContext]:
 
 def _records(path: str) -> Iterator[CaptureRecord] | None:
     """A session file's records (captures, HAR and OTLP files), None for a directory of turns."""
-    from tokendiff.sources.loader import file_kind, session_source
-
     p = Path(session_source(path))
     if p.is_dir():
         return None
@@ -78,8 +79,6 @@ def session_trace(
     progress: Progress | None = None,
 ) -> SessionTrace:
     """One session analysed, with its turns' contexts."""
-    from tokendiff.report.telemetry import SessionTrace
-
     loaded = open_session(opts, [path], progress, single_turns=False)
     apply_prefill_rate(loaded.session, prefill_rate)
     contexts = turn_contexts(path, opts.order, len(loaded.session.turns))
@@ -95,11 +94,10 @@ def telemetry_report(
     progress: Progress | None = None,
 ) -> TelemetryResult:
     """The sessions at `paths` as one OTLP/JSON request (`otlp`) or one Chrome trace (`trace`)."""
-    import orjson
-
     if fmt not in TELEMETRY_FORMATS:
         raise InputError(f"telemetry formats are {', '.join(TELEMETRY_FORMATS)}", source=fmt)
     traces = [session_trace(opts, p, redact, prefill_rate, progress) for p in paths]
+    doc: OtlpDocument | TraceDocument
     if fmt == "otlp":
         from tokendiff.report.otlp import otlp_document
 

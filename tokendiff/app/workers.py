@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor
+
     from tokendiff.core.cost import PairDiff, TurnInput
     from tokendiff.core.model import Prompt
     from tokendiff.sources.loader import Loader
@@ -80,6 +82,10 @@ class SelectedJob:
         return loader.load_selected(self.sel, slot)
 
 
+Job = RecordJob | SpecJob | SelectedJob  # a turn's prompt as a recipe a worker loads
+ChunkRow = tuple[Any, Any]  # a record's render as token IDs (or None), and its diff (`_worker_chunk`)
+
+
 @dataclass(frozen=True)
 class _Warned:
     """A worker's result with the warnings its job raised, to be counted on this side (`unwarned`)."""
@@ -132,7 +138,7 @@ class PairWorkers:
     def __init__(self, loader: Loader, workers: int | None = None, after: int = 4, max_hunks: int = 64):
         self.loader, self.after, self.seen, self.max_hunks = loader, after, 0, max_hunks
         self.workers = workers if workers is not None else _default_workers()
-        self._pool: Any = None
+        self._pool: ProcessPoolExecutor | None = None
         self._batch: list[tuple[Any, Any, _Queued]] = []  # pairs not sent yet: (A's job, B's job, its future)
         self._batch_hunks = max_hunks
 
@@ -141,7 +147,7 @@ class PairWorkers:
         """Pairs the analysis may keep pending: enough for every worker to hold two chunks."""
         return max(8, 2 * self.CHUNK * self.workers)
 
-    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int):
+    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[PairDiff]:
         from tokendiff.core.cost import InlinePairs
 
         self.seen += 1
@@ -151,7 +157,7 @@ class PairWorkers:
             return InlinePairs().submit(a, b, max_hunks)
         return self._queue(a.job, b.job, max_hunks)
 
-    def _queue(self, job_a: Any, job_b: Any, max_hunks: int) -> Future:
+    def _queue(self, job_a: Any, job_b: Any, max_hunks: int) -> Future[PairDiff]:
         """The pair's future; pairs go to the workers in chunks of consecutive ones (turn k is B of one pair
         and A of the next: a worker given both loads it once), a chunk sent when full, when it would not
         continue, or when someone waits on one of its pairs."""
@@ -196,7 +202,7 @@ class PairWorkers:
         if self.workers >= 2:
             self._executor().submit(int).result()
 
-    def _executor(self):
+    def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             import multiprocessing
             import os
@@ -283,7 +289,7 @@ def _default_workers() -> int:
     return min(2, cores)
 
 
-def _worker_compare(job_a, job_b, template: str | None, max_hunks: int):
+def _worker_compare(job_a: Job, job_b: Job, template: str | None, max_hunks: int) -> PairDiff | _WorkerError:
     """In a worker: load both prompts and diff them (`cost.diff_turn`)."""
     from tokendiff.core.cost import diff_turn
 
@@ -294,15 +300,15 @@ def _worker_compare(job_a, job_b, template: str | None, max_hunks: int):
         return _WorkerError(e.reason, e.source, e.offset)
 
 
-def _worker_chain(jobs: list, template: str | None, max_hunks: int) -> list:
+def _worker_chain(jobs: list[Any], template: str | None, max_hunks: int) -> list[Any]:
     """In a worker: the diffs of consecutive pairs (jobs[0], jobs[1]), (jobs[1], jobs[2]) ...: each prompt
     loaded once (`_worker_prompt`), an InputError carried back in its pair's place."""
     return [_worker_compare(a, b, template, max_hunks) for a, b in zip(jobs, jobs[1:])]
 
 
 def _worker_chunk(
-    records: list, labels: list[str], first: int, template: str | None, max_hunks: int, skip: int = 0
-) -> list:
+    records: list[CaptureRecord], labels: list[str], first: int, template: str | None, max_hunks: int, skip: int = 0
+) -> list[ChunkRow]:
     """In a worker: each record's render tokenised, and its diff with the record before it where it does
     not just extend it (what the analysis will ask for: `Analyser.add`), as a list of (IDs or None,
     a PairDiff, the _WorkerError its loading met, or None). The first `skip` records are the ones
@@ -311,13 +317,15 @@ def _worker_chunk(
     return _chunk_diffs(records, labels, first, template, max_hunks)[skip:]
 
 
-def _chunk_diffs(records: list, labels: list[str], first: int, template: str | None, max_hunks: int) -> list:
+def _chunk_diffs(
+    records: list[CaptureRecord], labels: list[str], first: int, template: str | None, max_hunks: int
+) -> list[ChunkRow]:
     from tokendiff.core.cost import appends, diff_turn
 
     loader = _worker_loader(template)
     ids = [loader.rendered_ids(r, depth_checked=True) for r in records]  # a HAR's: checked as it was read
     ok = [x if x is not None and usable_ids(x, loader.vocab.n_vocab) else None for x in ids]
-    out: list[tuple[Any, Any]] = [(ids[0], None)]
+    out: list[ChunkRow] = [(ids[0], None)]
     for k in range(1, len(records)):
         diff: Any = None
         xa, xb = ok[k - 1], ok[k]
@@ -349,7 +357,7 @@ def _worker_result(r: Any) -> Any:
 _WORKER_PROMPTS: dict[tuple[Any, int], Prompt] = {}  # the last prompts this worker loaded
 
 
-def _worker_prompt(job, loader: Loader) -> Prompt:
+def _worker_prompt(job: Job, loader: Loader) -> Prompt:
     """A job's prompt, loaded once where consecutive divergent pairs share it (turn k is B of one pair
     and A of the next): a session whose every turn diverges would otherwise decode each prompt twice."""
     key = (job.key, id(loader))
@@ -362,7 +370,7 @@ def _worker_prompt(job, loader: Loader) -> Prompt:
     return p
 
 
-def _local_ids(loader: Loader, records: list) -> list:
+def _local_ids(loader: Loader, records: list[CaptureRecord]) -> list[ChunkRow]:
     """Here, without a worker: each record's render tokenised (its pairs are diffed as the analysis asks)."""
     return [(loader.rendered_ids(r, depth_checked=True), None) for r in records]
 
@@ -376,7 +384,7 @@ def _worker_loader(template: str | None) -> Loader:
     return _WORKER_LOADERS[template]
 
 
-class _Queued(Future):
+class _Queued(Future[Any]):
     """A pair's future while its chunk waits to be sent: asking for its result sends the chunk first."""
 
     def __init__(self, flush: Callable[[], None]):

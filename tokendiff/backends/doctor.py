@@ -26,10 +26,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
+import httpx
+
 from tokendiff.backends import server as srv
 from tokendiff.backends.urls import is_loopback_url
+from tokendiff.core.cache.capacity import kv_bytes_per_token
+from tokendiff.core.cache.swa import AttentionLayout
 from tokendiff.core.kinds import ServerKind
 from tokendiff.errors import InputError, ServerError
+from tokendiff.sources.gguf_meta import read_gguf_metadata
 
 if TYPE_CHECKING:
     from tokendiff.report.schema import CheckDoc, DoctorDocument
@@ -229,9 +234,6 @@ class ModelLayout:
 def model_layout(meta: dict[str, Any], cache_type_k: str | None = None, cache_type_v: str | None = None) -> ModelLayout:
     """The layout from GGUF metadata, read by the same rules as the report's SWA/hybrid column
     (`swa.AttentionLayout`) and its cache capacity (`capacity.kv_bytes_per_token`)."""
-    from tokendiff.core.cache.capacity import kv_bytes_per_token
-    from tokendiff.core.cache.swa import AttentionLayout
-
     att = AttentionLayout.from_gguf(meta)
     n_layer = meta.get(f"{att.arch}.block_count")
     bpt = kv_bytes_per_token(meta, cache_type_k or "f16", cache_type_v)
@@ -246,8 +248,6 @@ def model_layout(meta: dict[str, Any], cache_type_k: str | None = None, cache_ty
 
 def read_model_layout(path: str, flags: LaunchFlags | None) -> ModelLayout | None:
     """The layout of the model file the server loaded, when that file is readable here."""
-    from tokendiff.sources.gguf_meta import read_gguf_metadata
-
     if not path or not Path(path).is_file():
         return None
     try:
@@ -445,8 +445,6 @@ def _served_model(ev: Evidence) -> str | None:
 
 def _vllm_cached_probe(url: str, model: str | None, block: int | None) -> srv.CachedProbe | None:
     """Two 1-token completions of one prompt; None when the server refused them."""
-    import httpx
-
     try:
         return srv.vllm_cached_probe(url, model, block)
     except (InputError, httpx.HTTPError, ValueError):
@@ -965,7 +963,7 @@ def check_ollama(ev: Evidence, w: Workload) -> list[Check]:
     models = ev.obj("/api/ps").get("models")
     loaded = [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
     ctx = next((m["context_length"] for m in loaded if isinstance(m.get("context_length"), int)), None)
-    out = [
+    return [
         _context_check(ctx, w, "/api/ps context_length", "num_ctx in the request, or OLLAMA_CONTEXT_LENGTH")
         if loaded
         else _unchecked("context", "no model loaded (/api/ps): its num_ctx is set when it loads"),
@@ -973,7 +971,6 @@ def check_ollama(ev: Evidence, w: Workload) -> list[Check]:
         _unchecked("caching", "Ollama caches prompts per slot and does not report it"),
         _unchecked("template", "template probes need llama-server's /apply-template"),
     ]
-    return out
 
 
 ABSENT = (404, 405, 501)  # an endpoint this kind of server does not have (or has switched off)

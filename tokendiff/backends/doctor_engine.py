@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tokendiff.backends.doctor import INFO, OK, PROBLEM, Check, _tokens
 from tokendiff.core.cache.advice import agent_workload, replay_workload
 from tokendiff.core.cache.llama import EngineConfig
 
@@ -44,8 +45,6 @@ def check_engine(ev: Evidence, w: Workload, flagged: bool = False) -> Check:
     """The workload's agents taking turns on this server: what its slots and caches keep of their prompts. A
     loss is a problem of its own only where no other check named one (`flagged`): it is then the policy's
     (similarity sending one agent to another's slot); else it puts a number on theirs (info)."""
-    from tokendiff.backends.doctor import INFO, OK, PROBLEM, Check, _tokens
-
     cfg = engine_config(ev)
     caching = ev.flags is None or ev.flags.cache_prompt is not False
     work = agent_workload(w.agents, w.prompt_tokens, w.turn_tokens, slot_ctx=cfg.slot_ctx, cache_prompt=caching)

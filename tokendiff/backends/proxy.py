@@ -24,19 +24,23 @@ written (a full disk) is one warning, and requests are still forwarded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import re
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
+import uvicorn
 
+from tokendiff.backends.http_head import BoundedHeadProtocol
 from tokendiff.backends.server import (
     CONNECT_TIMEOUT,
     ServerInfo,
@@ -44,6 +48,7 @@ from tokendiff.backends.server import (
     aprobe,
     can_tokenize_chat,
 )
+from tokendiff.backends.slots import afetch_slot
 from tokendiff.backends.urls import is_loopback_host
 from tokendiff.core.kinds import ServerKind
 from tokendiff.core.usage import usage_of
@@ -105,9 +110,9 @@ class ProxyState:
     # clients), auth or redirects to run per request, which the added-latency budget cannot afford
     transport: httpx.AsyncHTTPTransport | None = None
     info: ServerInfo | None = None  # what the upstream said about itself, probed once, in the background
-    probe: asyncio.Task | None = None  # that probe, while it runs (requests are served meanwhile)
+    probe: asyncio.Task[ServerInfo | None] | None = None  # that probe, while it runs (requests are served meanwhile)
     server: dict[str, Any] | None = None  # the `server` field of every record, from `info`
-    pending: set[asyncio.Task] = field(default_factory=set)
+    pending: set[asyncio.Task[Any]] = field(default_factory=set)
     recorded: int = 0
     unrecorded: int = 0  # records or patches the capture could not take (a full disk)
     fetch_tokens: bool = True  # fetch each recorded prompt's token IDs from the upstream afterwards
@@ -126,7 +131,9 @@ class Exchange:
 
     rec: dict[str, Any] | None  # the record's own fields (source, endpoint...); None: not recorded (not chat)
     t0: float
-    line: asyncio.Task | None = None  # -> the request line as written, or None (not a JSON object, not written)
+    line: asyncio.Task[dict[str, Any] | None] | None = (
+        None  # -> the request line as written, or None (not a JSON object, not written)
+    )
     on_wire: asyncio.Event = field(default_factory=asyncio.Event)  # the request body is sent upstream
     headers_out: bool = False  # request bytes may have reached the upstream: it is never sent again
     request: dict[str, Any] | None = None  # the body as parsed, unredacted: what the server rendered
@@ -164,29 +171,41 @@ class Exchange:
             self.stream = None
 
 
+# ASGI's connection scope and messages are free-form by its spec: dicts whose keys depend on their "type"
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class ProxyApp:
+    """The ASGI application uvicorn serves; `state` is the proxy's (its counts read by whoever serves it)."""
+
+    def __init__(self, state: ProxyState):
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(self.state, receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        await _handle(self.state, scope, receive, send)
+
+
 def make_app(
     upstream: str, out: str | Path, fetch_tokens: bool = True, on_record: Callable[[RecordEvent], None] | None = None
-):
+) -> ProxyApp:
     """The ASGI application (uvicorn serves it). The session directory and capture file are
     opened here, before serving, so a bad `--out` is an InputError rather than a failed start."""
     out = session_dir(out)
     state = ProxyState(upstream.rstrip("/"), out, writer=CaptureWriter(out / "capture.jsonl"))
     state.fetch_tokens, state.on_record = fetch_tokens, on_record
     state.server = {"upstream": state.upstream}
-
-    async def app(scope, receive, send):
-        if scope["type"] == "lifespan":
-            await _lifespan(state, receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        await _handle(state, scope, receive, send)
-
-    app.state = state  # type: ignore[attr-defined]
-    return app
+    return ProxyApp(state)
 
 
-async def _lifespan(state: ProxyState, receive, send) -> None:
+async def _lifespan(state: ProxyState, receive: Receive, send: Send) -> None:
     while True:
         msg = await receive()
         if msg["type"] == "lifespan.startup":
@@ -266,7 +285,7 @@ class Incoming:
     disconnected: bool = False
 
 
-async def _read_body(receive) -> Incoming:
+async def _read_body(receive: Receive) -> Incoming:
     chunks: list[bytes] = []
     n = 0
     while True:
@@ -282,7 +301,7 @@ async def _read_body(receive) -> Incoming:
             return Incoming(None, chunks, more=True)
 
 
-async def _relay_body(inc: Incoming, receive, facts: dict[str, Any]):
+async def _relay_body(inc: Incoming, receive: Receive, facts: dict[str, Any]) -> AsyncIterator[bytes]:
     """The body of an over-cap request for httpx: the chunks read so far, then the rest from the
     client; `facts` (the record's request_body) gets its size and sha256 as they pass."""
     digest = hashlib.sha256()
@@ -304,12 +323,12 @@ async def _relay_body(inc: Incoming, receive, facts: dict[str, Any]):
     facts["sha256"] = digest.hexdigest()
 
 
-async def _wait_disconnect(receive) -> None:
+async def _wait_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
 
-def _forward_headers(scope) -> list[tuple[bytes, bytes]]:
+def _forward_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
 
 
@@ -329,7 +348,7 @@ def _length(resp: httpx.Response) -> int | None:
     return int(value)
 
 
-def _new_record(scope, inc: Incoming) -> dict[str, Any] | None:
+def _new_record(scope: Scope, inc: Incoming) -> dict[str, Any] | None:
     """The start of the record for a chat request (its body's fields come from `_write_request`);
     None for everything else."""
     path = scope["path"]
@@ -416,7 +435,7 @@ def _announce(state: ProxyState, ev: RecordEvent) -> None:
         state.on_record(ev)
 
 
-async def _handle(state: ProxyState, scope, receive, send) -> None:
+async def _handle(state: ProxyState, scope: Scope, receive: Receive, send: Send) -> None:
     url = _upstream_url(state, scope)
     inc = await _read_body(receive)
     ex = Exchange(_new_record(scope, inc), time.perf_counter())
@@ -441,7 +460,9 @@ def _early_disconnect() -> dict[str, Any]:
     }
 
 
-async def _open_upstream(state: ProxyState, scope, url: httpx.URL, body: Any, send, ex: Exchange):
+async def _open_upstream(
+    state: ProxyState, scope: Scope, url: httpx.URL, body: Any, send: Send, ex: Exchange
+) -> httpx.Response | None:
     """The upstream's streamed response, or None after answering the client a 502 (or, for a
     client gone while its over-cap body was being relayed, after recording that). A request is
     sent again only when none of it was sent: one that may have reached the upstream (an agent's
@@ -475,7 +496,7 @@ async def _open_upstream(state: ProxyState, scope, url: httpx.URL, body: Any, se
 
 
 async def _send_upstream(
-    transport: httpx.AsyncHTTPTransport, scope, url: httpx.URL, body: Any, ex: Exchange
+    transport: httpx.AsyncHTTPTransport, scope: Scope, url: httpx.URL, body: Any, ex: Exchange
 ) -> httpx.Response:
     """Send the request straight to the transport: a client's per-request work (default headers,
     cookies, URL joining, ~0.05 ms) is not the proxy's to add. httpcore's trace tells when the
@@ -497,7 +518,7 @@ async def _send_upstream(
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
 
 
-def _trace(ex: Exchange):
+def _trace(ex: Exchange) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
     async def trace(event: str, info: dict[str, Any]) -> None:
         if event.endswith("send_request_headers.started"):
             ex.headers_out = True
@@ -507,7 +528,7 @@ def _trace(ex: Exchange):
     return trace
 
 
-def _upstream_url(state: ProxyState, scope) -> httpx.URL:
+def _upstream_url(state: ProxyState, scope: Scope) -> httpx.URL:
     """The upstream URL for a request's path and query, parsed once per distinct one (an agent uses a few)."""
     key = (scope["path"], scope.get("query_string", b""))
     url = state.urls.get(key)
@@ -519,7 +540,7 @@ def _upstream_url(state: ProxyState, scope) -> httpx.URL:
     return url
 
 
-async def _relay(state: ProxyState, resp: httpx.Response, receive, send, ex: Exchange) -> None:
+async def _relay(state: ProxyState, resp: httpx.Response, receive: Receive, send: Send, ex: Exchange) -> None:
     """Forward the upstream's response chunk by chunk. A chat exchange's request line is on disk
     before the client's first byte, its response patch before the client's last (a body of known
     length: before its last chunk; a stream: before the end of the chunked body)."""
@@ -563,11 +584,9 @@ async def _relay(state: ProxyState, resp: httpx.Response, receive, send, ex: Exc
         await resp.aclose()
 
 
-async def _end_body(send) -> None:
-    try:
+async def _end_body(send: Send) -> None:
+    with contextlib.suppress(Exception):  # the client may be gone too
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except Exception:  # noqa: BLE001 - the client may be gone too
-        pass
 
 
 async def _finish_response(state: ProxyState, ex: Exchange, resp: httpx.Response) -> None:
@@ -636,8 +655,6 @@ def _body_summary(raw: bytes, status: int) -> dict[str, Any]:
 async def _slot_fields(state: ProxyState, fields: dict[str, Any]) -> dict[str, Any]:
     """The llama-server slot a chat answer came from (its answer does not say): read from /slots now, before the
     client has the answer's end, so its next request cannot have taken the slot yet (backends/slots.py)."""
-    from tokendiff.backends.slots import afetch_slot
-
     resp = fields.get("response")
     if (
         state.info is None
@@ -701,7 +718,7 @@ class Served:
 
     server: Any  # uvicorn.Server
     sock: socket.socket
-    app: Any
+    app: ProxyApp
 
 
 def build_server(
@@ -714,10 +731,6 @@ def build_server(
     """Everything that can fail at start (the upstream URL, `--out`, the listening address) checked
     here first and raised as one InputError; uvicorn gets a socket already bound and logs only what
     goes wrong later, one line each."""
-    import uvicorn
-
-    from tokendiff.backends.http_head import BoundedHeadProtocol
-
     _check_upstream(upstream)
     host, port = _parse_listen(listen)
     app = make_app(upstream, out, fetch_tokens, on_record)
@@ -775,8 +788,6 @@ LOG_CONFIG: dict[str, Any] = {
 
 
 def _check_upstream(upstream: str) -> None:
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(upstream)
         parts.port  # noqa: B018 - raises for a port that is not a number

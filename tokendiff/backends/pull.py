@@ -16,12 +16,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+import numpy as np
 import orjson
 
 from tokendiff.backends.server import LLAMA, SLOT_TIMEOUT, LlamaClient, probe
 from tokendiff.errors import InputError, ServerError
+from tokendiff.sources.slotfile import read_slot_file
 
 
 @dataclass
@@ -100,17 +102,13 @@ class Puller:
 
 
 def _same_tokens(a: Path, b: Path) -> bool:
-    import numpy as np
-
-    from tokendiff.sources.slotfile import read_slot_file
-
     try:
         return np.array_equal(read_slot_file(a).tokens, read_slot_file(b).tokens)
     except InputError:
         return False
 
 
-def pull(server: str, out: str, slot_dir: str, every: float | None = None, log=sys.stderr) -> int:
+def pull(server: str, out: str, slot_dir: str, every: float | None = None, log: TextIO = sys.stderr) -> int:
     sd = Path(slot_dir)
     if not sd.is_dir():
         raise InputError("--slot-dir is not a directory (it must be the server's --slot-save-path)", source=slot_dir)

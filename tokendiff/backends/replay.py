@@ -17,6 +17,7 @@ restoring another prefix, a slot switch) is discarded and said so.
 
 from __future__ import annotations
 
+import secrets
 import statistics
 import time
 from collections.abc import Callable
@@ -361,8 +362,6 @@ UNCOUNTED = "the server reports no cached_tokens"
 
 def new_salt() -> str:
     """A salt no earlier request used (vLLM asks for an unpredictable, long one)."""
-    import secrets
-
     return "tokendiff-" + secrets.token_urlsafe(32)
 
 
@@ -642,8 +641,7 @@ def _conclusions(doc: ReplayDocument, unit: str) -> list[str]:
         fixed, actual = sc.get("fixed"), sc["actual"]
         if fixed is not None and fixed[key] is not None and actual[key] is not None:
             out.append(_fix_line(f, fixed, actual, key))
-        for na in f.get("not_applied", []):
-            out.append(f"not fixed automatically: {na}")
+        out += [f"not fixed automatically: {na}" for na in f.get("not_applied", [])]
     return out
 
 

@@ -356,7 +356,8 @@ def probe(url: str, kind: str | None = None, client: httpx.Client | None = None)
                 answer = None
             path = steps.send(answer)
     except StopIteration as done:
-        return done.value
+        info: ServerInfo = done.value  # probe_steps' return
+        return info
     finally:
         if client is None:
             http.close()
@@ -378,7 +379,8 @@ async def aprobe(url: str, client: httpx.AsyncClient) -> ServerInfo:
                 answer = None
             path = steps.send(answer)
     except StopIteration as done:
-        return done.value
+        info: ServerInfo = done.value  # probe_steps' return
+        return info
 
 
 def llama_server_url(url: str) -> str | None:
@@ -528,7 +530,8 @@ class LlamaClient:
         if not isinstance(doc, dict) or not isinstance(doc.get("prompt"), str):
             why = "the server could not render this request (no prompt in /apply-template)"
             raise ServerError(why, source=self.url)
-        return doc["prompt"]
+        prompt: str = doc["prompt"]
+        return prompt
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         try:
@@ -544,7 +547,8 @@ class LlamaClient:
         doc = self.call("POST", "/detokenize", json={"tokens": ids})
         if not isinstance(doc, dict) or not isinstance(doc.get("content"), str):
             raise ServerError(f"/detokenize gave no content for {ids[:8]}", source=self.url)
-        return doc["content"]
+        content: str = doc["content"]
+        return content
 
     # -- slots
 

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import orjson
+from prometheus_client import start_http_server
 
 from tokendiff.backends.urls import check_url, is_loopback_host
 from tokendiff.errors import InputError, one_line
@@ -60,8 +61,6 @@ class MetricsServer:
 
 def serve_metrics(addr: str, registry: Any) -> MetricsServer:
     """Serve `registry` at http://ADDR/metrics; a busy port or an unknown host is an InputError."""
-    from prometheus_client import start_http_server
-
     host, port = parse_listen(addr, "--metrics")
     try:
         server, thread = start_http_server(port, addr=host, registry=registry)

@@ -17,8 +17,10 @@ from tokendiff.errors import UsageError
 from tokendiff.paths import demo_capture
 
 if TYPE_CHECKING:
+    from tokendiff.app.observe import ObserveOptions
     from tokendiff.app.pair import PromptOptions
     from tokendiff.app.session import Progress
+    from tokendiff.backends.proxy import RecordEvent
     from tokendiff.report.schema import AnyReport
 
 
@@ -75,7 +77,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return ExitCode.OK if pair.divergence.identical else ExitCode.DIFFERENT
 
 
-def _observe_options(args: argparse.Namespace):  # -> ObserveOptions
+def _observe_options(args: argparse.Namespace) -> ObserveOptions:
     from tokendiff.app.observe import ObserveOptions
 
     return ObserveOptions(metrics=args.metrics, otlp=args.otlp, kv_events=args.kv_events, kv_topic=args.kv_topic)
@@ -347,7 +349,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from tokendiff.tui.app import Options
     from tokendiff.tui.watch import WatchApp
 
-    events: queue.Queue = queue.Queue()
+    events: queue.Queue[RecordEvent] = queue.Queue()
     observer = start_observer(_observe_options(args), prompts, args.out, args.prefill_rate)
     try:
         hook = tee(events.put, observer.on_record if observer else None)

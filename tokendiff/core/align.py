@@ -19,13 +19,14 @@ from collections import Counter
 from functools import cache
 from itertools import compress, count, repeat
 from operator import itemgetter, ne, not_
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tokendiff.core.model import Divergence, Hunk, Prompt, SectionPath, id_bytes, prompt_end
 
 if TYPE_CHECKING:
     from tokendiff.core.model import Ids
 
+_Out = list[tuple[int, int, int, int]]  # the non-equal spans found so far (a_start, a_end, b_start, b_end)
 Text = TypeVar("Text", bytes, str)  # what the prefix and suffix bisections compare: both sides one kind
 
 SMALL = 1500  # gaps up to this many tokens a side go to difflib directly...
@@ -150,7 +151,7 @@ def _slide_insertions(
     return out
 
 
-def _diff(s: _Seqs, alo, ahi, blo, bhi, out, depth) -> None:
+def _diff(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int, out: _Out, depth: int) -> None:
     p = s.prefix(alo, ahi, blo, bhi)
     alo += p
     blo += p
@@ -179,7 +180,7 @@ def _diff(s: _Seqs, alo, ahi, blo, bhi, out, depth) -> None:
     _diff(s, ca, ahi, cb, bhi, out, depth + 1)
 
 
-def _difflib(s: _Seqs, alo, ahi, blo, bhi, out) -> None:
+def _difflib(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int, out: _Out) -> None:
     if ahi - alo == 1 or bhi - blo == 1:
         _one_token_side(s, alo, ahi, blo, bhi, out)
         return
@@ -190,7 +191,7 @@ def _difflib(s: _Seqs, alo, ahi, blo, bhi, out) -> None:
 
 
 @cache
-def sequence_matcher() -> type:
+def sequence_matcher() -> Any:  # cydifflib's class or difflib's, called as SequenceMatcher(None, a, b)
     """difflib's SequenceMatcher, as cydifflib implements it in C where installed: the same algorithm
     and answers (tests/unit/test_align.py holds them equal), ~3x faster on the gaps of a long session's pairs.
     Without it (no wheel for this Python), difflib's own."""
@@ -204,7 +205,7 @@ def sequence_matcher() -> type:
         return difflib.SequenceMatcher
 
 
-def _one_token_side(s: _Seqs, alo, ahi, blo, bhi, out) -> None:
+def _one_token_side(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int, out: _Out) -> None:
     """difflib's spans where one side is a single token, as most small edits leave, without importing
     it (~1.5 ms of a diff): its first occurrence on the other side is the one equal block (what
     find_longest_match picks); without one, the span is replaced."""
@@ -374,7 +375,7 @@ def _runs_numpy(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[
     return [(int(xa[s]), int(xb[s]), int(xa[e - 1] - xa[s]) + k) for s, e in zip(starts.tolist(), ends.tolist())]
 
 
-def _np_kgram_hashes(np, x, k: int):
+def _np_kgram_hashes(np: Any, x: Any, k: int) -> Any:
     n = x.shape[0] - k + 1
     h = np.zeros(n, dtype=np.uint64)
     mult = np.uint64(0x9E3779B97F4A7C15)
@@ -384,7 +385,7 @@ def _np_kgram_hashes(np, x, k: int):
     return h
 
 
-def _np_unique_positions(h):
+def _np_unique_positions(h: Any) -> tuple[Any, Any]:
     """Hashes that occur exactly once, and where."""
     import numpy as np
 

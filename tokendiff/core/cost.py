@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from tokendiff.core.tails import Shape, TailDiff, Tails
 from tokendiff.core.usage import usage_of
 from tokendiff.core.vocab import Vocab
 
+T = TypeVar("T")
 BACKENDS = tuple(Backend)  # llama.cpp, llama.cpp-hybrid, vllm, sglang, ollama: the columns, in order
 CHECKPOINT_BACKEND = Backend.LLAMA_CPP_HYBRID  # stateful: the session replayed through one slot's checkpoints
 RELOAD = CauseKind.OLLAMA_RELOAD  # the backend fact that overrides a turn's reuse: a reloaded model has no cache
@@ -210,7 +211,8 @@ def _generated(resp: dict[str, Any] | None) -> int | None:
         (resp, "eval_count"),
     ):
         if isinstance(box, dict) and isinstance(box.get(key), int):
-            return box[key]
+            n: int = box[key]
+            return n
     return usage_of(resp).output  # Responses and Messages: output_tokens
 
 
@@ -340,9 +342,9 @@ class InlinePairs:
         return done_future(lambda: diff_turn(a.prompt(), b.prompt(), max_hunks))
 
 
-def done_future(fn: Callable[[], Any]) -> Future:
+def done_future(fn: Callable[[], T]) -> Future[T]:
     """A future already holding fn's result (or its exception)."""
-    fut: Future = Future()
+    fut: Future[T] = Future()
     try:
         fut.set_result(fn())
     except Exception as e:  # noqa: BLE001 - handed to whoever reads the result, as a worker's would be
@@ -475,7 +477,9 @@ class Analyser:
             p = cur.prompt()
         return user_message_starts(p) if p is not None else []
 
-    def _diff(self, a: TurnInput, b: TurnInput, k: int):
+    def _diff(
+        self, a: TurnInput, b: TurnInput, k: int
+    ) -> tuple[Future[PairDiff] | Future[TailDiff], TurnInput, TurnInput, int, Shape | None]:
         """A divergent pair's pending diff: from its shape's form where it is a tail pair of a shape
         seen before (core.tails), else from the pool (and its shape learned when it comes back)."""
         shape = None

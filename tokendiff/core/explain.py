@@ -21,6 +21,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 from tokendiff.core.causes import BILLING_FIX, finding
 from tokendiff.core.grammar import json_braces
@@ -441,26 +442,26 @@ def _client_dropped(ctx: Ctx) -> str | None:
     return None
 
 
-def _same_message_but_reasoning(ma: dict, mb: dict) -> bool:
+def _same_message_but_reasoning(ma: dict[str, Any], mb: dict[str, Any]) -> bool:
     """The same assistant message in both requests (history pruned before it would put another at its
     index), told apart only by its reasoning."""
     keys = ("role", "tool_calls", "name")
     return ma.get("role") == "assistant" and all(ma.get(k) == mb.get(k) for k in keys) and _answer(ma) == _answer(mb)
 
 
-def _answer(m: dict) -> str:
+def _answer(m: dict[str, Any]) -> str:
     """A message's content without a think block in it."""
     return re.sub(r"<think>.*?</think>\s*", "", _content_text(m.get("content")), flags=re.S).strip()
 
 
-def _request_message(p: Prompt, i: int | None) -> dict | None:
+def _request_message(p: Prompt, i: int | None) -> dict[str, Any] | None:
     msgs = (p.meta.request or {}).get("messages")
     if i is None or not isinstance(msgs, list) or not 0 <= i < len(msgs):
         return None
     return msgs[i] if isinstance(msgs[i], dict) else None
 
 
-def _has_reasoning(m: dict) -> bool:
+def _has_reasoning(m: dict[str, Any]) -> bool:
     fields = (m.get(f) for f in ("reasoning_content", "reasoning", "thinking"))
     return any(isinstance(v, str) and v.strip() for v in fields) or "<think>" in _content_text(m.get("content"))
 
@@ -788,7 +789,7 @@ def _content_text(content: object) -> str:
     return ""
 
 
-def _messages(p: Prompt) -> list[dict]:
+def _messages(p: Prompt) -> list[dict[str, Any]]:
     msgs = (p.meta.request or {}).get("messages")
     return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []
 

@@ -56,7 +56,7 @@ def _tool_name(t: Any) -> str | None:
     return None
 
 
-def _get(body: dict, path: str) -> tuple[Any, Any, Any] | None:
+def _get(body: dict[str, Any], path: str) -> tuple[Any, Any, Any] | None:
     """(container, key, value) for a field path like messages[3].tool_calls[0].function.arguments."""
     m = FIELD.match(path)
     if not m:

@@ -472,12 +472,11 @@ def _call_id_spans(data: bytes, a: int, b: int, base: SectionPath, name: str) ->
     """ID spans inside a call or a tool result: an ID key of the call's own JSON object (Mistral
     Nemo's `"id"`, `"call_id"`; never a key of the arguments or of a result's data)."""
     keys = (b"id",) if name == "id" else (b"call_id", b"tool_call_id")
-    out = [
+    return [
         _Span(base + (_id_part(name),), m.start(2), m.end(2))
         for m in _JSON_ID.finditer(data, a, b)
         if m.group(1) in keys and _depth(data, a, m.start()) == 1
     ]
-    return out
 
 
 def _depth(data: bytes, start: int, at: int) -> int:

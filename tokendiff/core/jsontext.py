@@ -21,6 +21,7 @@ _scanstring: Callable[..., tuple[str, int]] = json.decoder.scanstring  # type: i
 
 Step = str | int
 Note = Callable[[str], None]
+Spans = dict[tuple[Step, ...], tuple[int, int]]  # where each wanted value starts and ends
 Link = tuple[Any, Step] | None  # a path as (parent's link, step): None is no path; ROOT the root's
 
 
@@ -49,7 +50,7 @@ def loads(text: str, note: Note | None = None) -> Any:
     return value
 
 
-def value_spans(text: str, paths: Iterable[tuple[Step, ...]]) -> dict[tuple[Step, ...], tuple[int, int]]:
+def value_spans(text: str, paths: Iterable[tuple[Step, ...]]) -> Spans:
     """Where the value at each of `paths` starts and ends in `text` (paths that are not there are left out)."""
     _, spans = _walk(text, lambda _: None, Trie.of(paths), build=False)
     return spans
@@ -70,8 +71,8 @@ class _Frame:
         self.path = path  # only under a wanted path (the trie node known): linked, so depth costs no copies
 
 
-def _walk(text: str, note: Note, trie: Trie | None, build: bool) -> tuple[Any, dict]:
-    spans: dict[tuple[Step, ...], tuple[int, int]] = {}
+def _walk(text: str, note: Note, trie: Trie | None, build: bool) -> tuple[Any, Spans]:
+    spans: Spans = {}
     stack: list[_Frame] = []
     pos = _skip(text, 0)
     try:

@@ -10,7 +10,7 @@ def percent(part: int, whole: int, digits: int = 1, empty: float = 100.0) -> flo
     """`part` of `whole` in percent, rounded half up at `digits` places; `empty` when `whole` is 0."""
     if not whole:
         return empty
-    scale = 10**digits
+    scale: int = 10**digits
     return (100 * part * scale * 2 + whole) // (whole * 2) / scale
 
 

@@ -116,6 +116,10 @@ class Edit:
     new: str | None  # None: removed
 
 
+Targets = dict[Path, Edit]  # the edits by the path they change
+Cuts = list[tuple[int, int, str]]  # (start, end, replacement) in the text
+
+
 def is_secret_name(name: str) -> bool:
     """Whether a key (or a header name) names a credential."""
     if len(name) > 2 * NAME_ENDS + 1:  # a name this long is judged by its ends (`authorization_…`, `…_token`)
@@ -302,7 +306,7 @@ def apply_text(text: str, edits: list[Edit]) -> str:
     if not edits:
         return text
     targets = {e.path: e for e in edits}
-    cuts: list[tuple[int, int, str]] = []
+    cuts: Cuts = []
     try:
         prefixes = {e.path[:i] for e in edits for i in range(len(e.path))} if _shallow(edits) else None
         if prefixes is None:
@@ -323,7 +327,7 @@ def _skip(text: str, i: int) -> int:
     return m.end() if m else i
 
 
-def _walk_text(text: str, i: int, path: Path, targets, prefixes, cuts) -> int:
+def _walk_text(text: str, i: int, path: Path, targets: Targets, prefixes: set[Path], cuts: Cuts) -> int:
     """The end of the JSON value at `i`, recording the cuts for `targets` inside it."""
     if path not in prefixes or text[i] not in "{[":
         end = _DECODER.raw_decode(text, i)[1]
@@ -344,7 +348,7 @@ def _shallow(edits: list[Edit]) -> bool:
     return all(len(e.path) < 200 for e in edits)
 
 
-def _walk_container(text: str, i: int, path: Path, targets, prefixes, cuts) -> int:
+def _walk_container(text: str, i: int, path: Path, targets: Targets, prefixes: set[Path], cuts: Cuts) -> int:
     is_obj = text[i] == "{"
     j = _skip(text, i + 1)
     if text[j] in "}]":

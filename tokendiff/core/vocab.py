@@ -12,7 +12,7 @@ import re
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, islice
 from typing import TYPE_CHECKING, Any
@@ -174,7 +174,8 @@ class Vocab:
         import numpy as np
 
         flags = self._np_table()[2]
-        return np.unique(ids[(flags[ids] & SPECIAL) != 0]).tolist()
+        found: list[int] = np.unique(ids[(flags[ids] & SPECIAL) != 0]).tolist()
+        return found
 
     def _np_table(self) -> tuple[Any, Any, Any]:
         """The token table as numpy views (offsets, bytes, flags), made once."""
@@ -215,7 +216,7 @@ class Vocab:
         return array("B", out)
 
 
-class _PieceMemo(dict):
+class _PieceMemo(dict[int, bytes]):
     """Token ID -> bytes for the IDs a vocabulary has decoded so far. `map` looks every token up in C
     and only an ID not seen yet runs Python (`__missing__`): a prompt needs no pass to collect its
     distinct IDs first, and the second prompt of a pair finds most of its pieces cut already."""
@@ -273,7 +274,7 @@ class TextTokenizer:
     """Text -> IDs with the full tokenizer, special tokens in the text parsed
     (llama-server's parse_special). Loaded only where text must be tokenised."""
 
-    def __init__(self, encode, name: str):
+    def __init__(self, encode: Callable[[str, bool], list[int]], name: str):
         self._encode = encode
         self.name = name
 

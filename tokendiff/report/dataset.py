@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from tokendiff.core.cost import BACKENDS, RELOAD, Session, Turn
 from tokendiff.report.session import turn_rows
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # polars is imported only by an export
+    import polars as pl
     from polars.datatypes import DataType
 
     from tokendiff.report.schema import DatasetSpan, DatasetTurn, TurnRow
@@ -32,7 +33,7 @@ SCHEMA_VERSION = "tokendiff.dataset/1"
 TABLES = ("turns", "spans")
 
 
-def turn_frame(s: Session):  # -> polars.DataFrame (polars is imported only by an export)
+def turn_frame(s: Session) -> pl.DataFrame:
     """The per-turn table as a polars DataFrame (`report --export turns.parquet|.csv`)."""
     import polars as pl
 
@@ -138,7 +139,7 @@ def _polars_schema(columns: Sequence[Column]) -> dict[str, PolarsType]:
     return {c.name: types[c.dtype] for c in columns} | {"day": pl.String}
 
 
-def turn_table(s: Session, path: str, times: Sequence[TurnTime]):
+def turn_table(s: Session, path: str, times: Sequence[TurnTime]) -> pl.DataFrame:
     """The per-turn facts of one session as a polars DataFrame (with a `day` column to partition on)."""
     import polars as pl
 
@@ -181,7 +182,7 @@ def _dataset_turn(path: str, t: Turn, row: TurnRow, when: TurnTime) -> DatasetTu
     }
 
 
-def span_table(s: Session, path: str, times: Sequence[TurnTime]):
+def span_table(s: Session, path: str, times: Sequence[TurnTime]) -> pl.DataFrame:
     """One row per span per turn it broke; the turn's waste goes to the span of its first divergence,
     so summing `wasted` by kind gives the report's per-span tokens."""
     import polars as pl

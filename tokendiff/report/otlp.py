@@ -10,12 +10,15 @@ divergence, its section and cause, the tokens and seconds wasted. No prompt text
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tokendiff import __version__
 from tokendiff.core.rounding import percent
 from tokendiff.report.redact import redact_labels, session_labels
 from tokendiff.report.telemetry import SessionTrace, TurnView, operation, span_hex
+
+if TYPE_CHECKING:
+    from tokendiff.report.schema import OtlpAnyValue, OtlpDocument, OtlpKeyValue, OtlpResource, OtlpScope, OtlpSpan
 
 SPAN_KIND_CLIENT = 3  # opentelemetry.proto.trace.v1.Span.SpanKind
 STATUS_UNSET = 0
@@ -23,20 +26,20 @@ SCOPE = "tokendiff"
 Attr = str | int | float | bool
 
 
-def otlp_document(traces: Iterable[SessionTrace], service: str = "tokendiff") -> dict[str, Any]:
+def otlp_document(traces: Iterable[SessionTrace], service: str = "tokendiff") -> OtlpDocument:
     """An ExportTraceServiceRequest (OTLP/JSON) holding every session's spans."""
     spans = [span for tr in traces for span in session_spans(tr)]
     return export_request(spans, service)
 
 
-def export_request(spans: Sequence[dict[str, Any]], service: str = "tokendiff") -> dict[str, Any]:
+def export_request(spans: Sequence[OtlpSpan], service: str = "tokendiff") -> OtlpDocument:
     """Spans made by `session_spans` wrapped as one OTLP/JSON request (what a collector's /v1/traces takes)."""
-    resource = {"attributes": attributes({"service.name": service, "telemetry.sdk.name": SCOPE})}
-    scope = {"name": SCOPE, "version": __version__}
+    resource: OtlpResource = {"attributes": attributes({"service.name": service, "telemetry.sdk.name": SCOPE})}
+    scope: OtlpScope = {"name": SCOPE, "version": __version__}
     return {"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": scope, "spans": list(spans)}]}]}
 
 
-def session_spans(tr: SessionTrace, turns: Iterable[int] | None = None) -> list[dict[str, Any]]:
+def session_spans(tr: SessionTrace, turns: Iterable[int] | None = None) -> list[OtlpSpan]:
     """The session's turns as spans (only `turns`, 1-based, when given: a live session sends each once)."""
     views = tr.views()
     trace_id = tr.trace_hex(views)
@@ -45,14 +48,14 @@ def session_spans(tr: SessionTrace, turns: Iterable[int] | None = None) -> list[
     return [turn_span(v, trace_id, tr.label, labels) for v in views if wanted is None or v.turn in wanted]
 
 
-def turn_span(v: TurnView, trace_id: str, session: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+def turn_span(v: TurnView, trace_id: str, session: str, labels: Mapping[str, str] | None = None) -> OtlpSpan:
     """One turn's span: `{operation} {model}`, a CLIENT span from the request to the answer's end."""
     ctx = v.context
     op = operation(ctx.endpoint)
     attrs = turn_attributes(v, session)
     if labels:
         attrs = redact_labels(attrs, dict(labels))
-    span: dict[str, Any] = {
+    span: OtlpSpan = {
         "traceId": trace_id,
         "spanId": span_hex(trace_id, v.turn),
         "name": f"{op} {ctx.model}" if ctx.model else op,
@@ -113,12 +116,12 @@ def turn_attributes(v: TurnView, session: str) -> dict[str, Attr]:
     return {k: x for k, x in out.items() if x is not None}
 
 
-def attributes(values: Mapping[str, Attr]) -> list[dict[str, Any]]:
+def attributes(values: Mapping[str, Attr]) -> list[OtlpKeyValue]:
     """OTLP KeyValues: ints as decimal strings (64-bit in JSON), bools before ints (bool is an int)."""
     return [{"key": k, "value": any_value(v)} for k, v in values.items()]
 
 
-def any_value(v: Attr) -> dict[str, Any]:
+def any_value(v: Attr) -> OtlpAnyValue:
     if isinstance(v, bool):
         return {"boolValue": v}
     if isinstance(v, int):

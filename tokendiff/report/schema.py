@@ -16,7 +16,7 @@ run time (import-linter's `exclude_type_checking_imports`).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal, NotRequired, TypedDict, final
+from typing import Any, Literal, NotRequired, TypedDict, final
 
 # ---------------------------------------------------------------- shared parts
 
@@ -723,3 +723,97 @@ class DoctorDocument(TypedDict):
     workload: DoctorWorkload
     checks: list[CheckDoc]
     problems: int
+
+
+# ---------------------------------------------------------------- telemetry exports (report/trace.py, report/otlp.py)
+# The formats are others' (Chrome's Trace Event Format; OTLP/JSON, the protobuf JSON mapping): these types
+# name the parts tokendiff writes.
+
+
+class TraceEvent(TypedDict, total=False):
+    """One event: metadata (ph M), complete (X), counter (C) or instant (i)."""
+
+    name: str
+    ph: Literal["M", "X", "C", "i"]
+    cat: str
+    pid: int
+    tid: int
+    ts: float  # microseconds from the earliest turn
+    dur: float
+    s: Literal["p"]  # an instant's scope: the process
+    cname: str  # one of the viewers' reserved colour names
+    args: dict[str, Any]  # free-form by the format: what the viewer lists for the event
+
+
+class TraceOtherData(TypedDict):
+    generator: str
+    origin_unix_ns: str
+
+
+class TraceDocument(TypedDict):
+    """`tokendiff report --format trace`: a Chrome/Perfetto trace (the format's JSON object form)."""
+
+    traceEvents: list[TraceEvent]
+    displayTimeUnit: Literal["ms"]
+    otherData: TraceOtherData
+
+
+class OtlpAnyValue(TypedDict, total=False):
+    """One of its fields: 64-bit integers as decimal strings."""
+
+    boolValue: bool
+    intValue: str
+    doubleValue: float
+    stringValue: str
+
+
+class OtlpKeyValue(TypedDict):
+    key: str
+    value: OtlpAnyValue
+
+
+class OtlpEvent(TypedDict):
+    timeUnixNano: str
+    name: str
+    attributes: list[OtlpKeyValue]
+
+
+class OtlpStatus(TypedDict):
+    code: int
+
+
+class OtlpSpan(TypedDict):
+    traceId: str  # hex
+    spanId: str
+    name: str
+    kind: int  # Span.SpanKind
+    startTimeUnixNano: str
+    endTimeUnixNano: str
+    attributes: list[OtlpKeyValue]
+    status: OtlpStatus
+    events: NotRequired[list[OtlpEvent]]
+
+
+class OtlpResource(TypedDict):
+    attributes: list[OtlpKeyValue]
+
+
+class OtlpScope(TypedDict):
+    name: str
+    version: str
+
+
+class OtlpScopeSpans(TypedDict):
+    scope: OtlpScope
+    spans: list[OtlpSpan]
+
+
+class OtlpResourceSpans(TypedDict):
+    resource: OtlpResource
+    scopeSpans: list[OtlpScopeSpans]
+
+
+class OtlpDocument(TypedDict):
+    """An ExportTraceServiceRequest: what a collector's /v1/traces takes."""
+
+    resourceSpans: list[OtlpResourceSpans]

@@ -11,11 +11,14 @@ Opens in ui.perfetto.dev and chrome://tracing.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokendiff import __version__
 from tokendiff.report.redact import redact_labels, session_labels
 from tokendiff.report.telemetry import SessionTrace, TurnView
+
+if TYPE_CHECKING:
+    from tokendiff.report.schema import TraceDocument, TraceEvent
 
 TURNS_TID = 1
 CAT = "tokendiff"
@@ -24,11 +27,11 @@ RECOMPUTED_COLOR = "bad"
 WASTED_COLOR = "terrible"
 
 
-def trace_document(traces: Iterable[SessionTrace]) -> dict[str, Any]:
+def trace_document(traces: Iterable[SessionTrace]) -> TraceDocument:
     """Every session's events in one trace; times in microseconds from the earliest turn."""
     sessions = [(tr, tr.views()) for tr in traces]
     origin_ns = min((v.start_ns for _, views in sessions for v in views), default=0)
-    events: list[dict[str, Any]] = []
+    events: list[TraceEvent] = []
     for pid, (tr, views) in enumerate(sessions, 1):
         labels = session_labels(tr.session) if tr.redact else {}
         events += _session_events(pid, tr.label, views, origin_ns, labels)
@@ -45,8 +48,8 @@ def _us(ns: int, origin_ns: int) -> float:
 
 def _session_events(
     pid: int, label: str, views: list[TurnView], origin_ns: int, labels: Mapping[str, str]
-) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [
+) -> list[TraceEvent]:
+    out: list[TraceEvent] = [
         {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}},
         {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}},
     ]
@@ -62,9 +65,9 @@ def _session_events(
     return out
 
 
-def _turn_events(pid: int, tid: int, v: TurnView, origin_ns: int, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+def _turn_events(pid: int, tid: int, v: TurnView, origin_ns: int, labels: Mapping[str, str]) -> list[TraceEvent]:
     ts = _us(v.start_ns, origin_ns)
-    base = {"cat": CAT, "pid": pid, "tid": tid}
+    base: TraceEvent = {"cat": CAT, "pid": pid, "tid": tid}
     args: dict[str, Any] = {
         "tokens": v.tokens,
         "reused": v.reused,
@@ -75,10 +78,17 @@ def _turn_events(pid: int, tid: int, v: TurnView, origin_ns: int, labels: Mappin
         "ttft_ms": v.ttft_ms,
         "prefill_ms": v.prefill_ms,
     }
-    turn = {**base, "name": f"turn {v.turn}", "ph": "X", "ts": ts, "dur": _us(v.end_ns, v.start_ns), "args": args}
+    turn: TraceEvent = {
+        **base,
+        "name": f"turn {v.turn}",
+        "ph": "X",
+        "ts": ts,
+        "dur": _us(v.end_ns, v.start_ns),
+        "args": args,
+    }
     if v.broke:
         turn["cname"] = WASTED_COLOR
-    events = [turn, *_prefill_events(base, v, origin_ns)]
+    events: list[TraceEvent] = [turn, *_prefill_events(base, v, origin_ns)]
     cached = v.reported_cached if v.reported_cached is not None else v.reused
     events.append({"name": "cache", "ph": "C", "ts": ts, "pid": pid, "args": {"cached": cached, "prompt": v.tokens}})
     if v.broke:
@@ -98,12 +108,14 @@ def _turn_events(pid: int, tid: int, v: TurnView, origin_ns: int, labels: Mappin
     return events
 
 
-def _prefill_events(base: dict[str, Any], v: TurnView, origin_ns: int) -> list[dict[str, Any]]:
+def _prefill_events(base: TraceEvent, v: TurnView, origin_ns: int) -> list[TraceEvent]:
     """The prefill, and inside it the reused and recomputed parts (widths by token share, in whole
     nanoseconds so that they nest exactly)."""
     ts = _us(v.start_ns, origin_ns)
     how = "measured" if v.prefill_measured else "estimated"
-    out = [{**base, "name": "prefill", "ph": "X", "ts": ts, "dur": _us(v.prefill_ns, 0), "args": {"width": how}}]
+    out: list[TraceEvent] = [
+        {**base, "name": "prefill", "ph": "X", "ts": ts, "dur": _us(v.prefill_ns, 0), "args": {"width": how}}
+    ]
     n = v.reused + v.recomputed
     if not n or v.prefill_ns <= 0:
         return out

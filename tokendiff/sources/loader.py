@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tokendiff import safeio
 from tokendiff.core import grammar
@@ -39,10 +39,11 @@ from tokendiff.sources.slotfile import (
 if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slot files never needs it
     import numpy as np
 
-    from tokendiff.core.model import IntArray
+    from tokendiff.core.model import IntArray, Rendered
     from tokendiff.sources.record import CaptureRecord
-    from tokendiff.sources.templates.render import Rendered
+    from tokendiff.sources.templates.render import Renderer
 
+T = TypeVar("T")
 MAX_PROPS_BYTES = 64 << 20  # the server's /props beside a capture: its chat template and settings
 _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
 
@@ -55,7 +56,7 @@ class Selected:
     turn: int | None  # 1-based position within a session, when chosen from one
 
 
-def _pick(items: list, n: int, what: str, source: str) -> tuple[int, Any]:
+def _pick(items: list[T], n: int, what: str, source: str) -> tuple[int, T]:
     idx = n - 1 if n > 0 else len(items) + n
     if n == 0 or not 0 <= idx < len(items):
         rng = f"1..{len(items)}" if items else "none"
@@ -249,8 +250,8 @@ class Loader:
         self.template_name = template_name  # where chat_template came from, for its errors
         self._given_template = chat_template  # the one the user named: a session may adopt its server's
         self.server = server  # a live server renders and tokenises requests (the vocabulary is its own)
-        self._tokenizer = None
-        self._renderer = None
+        self._tokenizer: TextTokenizer | None = None
+        self._renderer: Renderer | None = None
         self._sessions: dict[Path, list[CaptureRecord]] = {}
         self._last_decoded: tuple[np.ndarray, bytes] | None = None  # `sectioning`'s last prompt
 
@@ -371,7 +372,7 @@ class Loader:
             self.chat_template, self.template_name = tmpl, str(props_path)
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> TextTokenizer:
         if self._tokenizer is None:
             from tokendiff.sources.tokenizers import text_tokenizer
 
@@ -382,7 +383,7 @@ class Loader:
         return self._tokenizer
 
     @property
-    def renderer(self):
+    def renderer(self) -> Renderer:
         if self._renderer is None:
             from tokendiff.sources.templates.render import Renderer
 
@@ -547,7 +548,7 @@ class Loader:
         return p, self.renderer.attribute(request, text)
 
     def _record_ids(
-        self, rec: CaptureRecord, request: dict[str, Any], rendered, label: str, meta: PromptMeta
+        self, rec: CaptureRecord, request: dict[str, Any], rendered: Rendered | None, label: str, meta: PromptMeta
     ) -> np.ndarray:
         """The token IDs, from the best source the record allows; `meta.ids_from` says which."""
         if rec.prompt_ids is not None:
@@ -638,7 +639,7 @@ def _recorded_ids(ids_in: Any, label: str) -> np.ndarray:
     return ids.astype(np.int32)
 
 
-def _attach_render(p: Prompt, rendered, label: str) -> bool:
+def _attach_render(p: Prompt, rendered: Rendered, label: str) -> bool:
     """Sections from the request fields when the local render is the prompt byte for byte (True);
     otherwise say where they part (itself a finding) and leave the template markers' sections."""
     local = rendered.text.encode("utf-8")

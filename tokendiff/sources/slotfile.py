@@ -13,7 +13,7 @@ import struct
 import sys
 from array import array
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from tokendiff import safeio
 from tokendiff.errors import InputError
@@ -34,7 +34,8 @@ MAX_TOKENS = 1 << 24  # no llama.cpp context holds 16M tokens: a larger count is
 
 
 def _swap32(v: int) -> int:
-    return struct.unpack("<I", struct.pack(">I", v))[0]
+    swapped: int = struct.unpack("<I", struct.pack(">I", v))[0]
+    return swapped
 
 
 class SlotFile:
@@ -112,7 +113,7 @@ def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
     return slot
 
 
-def _read_header(f, p: str) -> tuple[str, int, int]:
+def _read_header(f: BinaryIO, p: str) -> tuple[str, int, int]:
     """(kind, version, n) from the 12-byte header; a short or foreign header is an error."""
     head = f.read(HEADER)
     if len(head) < HEADER:
@@ -155,7 +156,7 @@ def _check_version(p: str, kind: str, version: int) -> list[str]:
     return []
 
 
-def _read_payload(f, p: str, n: int, size: int) -> array[int]:
+def _read_payload(f: BinaryIO, p: str, n: int, size: int) -> array[int]:
     """The n token words after the header, checked against the file's size before reading."""
     need = HEADER + 4 * n
     if n > MAX_TOKENS:
@@ -198,7 +199,7 @@ def _refuse_negative(tokens: array[int], p: str) -> None:
         raise InputError(f"negative token id {tokens[i]} at token {i}", source=p, offset=HEADER + 4 * i)
 
 
-def _read_arch(f, state_bytes: int) -> str | None:
+def _read_arch(f: BinaryIO, state_bytes: int) -> str | None:
     """The ggsn blob starts with the architecture name; read it if it looks sane."""
     raw = f.read(4)
     if len(raw) < 4:
@@ -320,6 +321,6 @@ def list_session_dir(path: str | os.PathLike[str], order: str = "auto") -> list[
     return files
 
 
-def natural_key(name: str) -> list:
+def natural_key(name: str) -> list[int | str]:
     """Sort key that puts turn-2 before turn-10."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]

@@ -16,7 +16,7 @@ import struct
 import sys
 import zlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from itertools import chain
 from pathlib import Path
@@ -36,7 +36,7 @@ from tokendiff.errors import InputError
 from tokendiff.paths import bundled_data_dir, vocab_cache_dir
 
 if TYPE_CHECKING:
-    pass
+    from tokenizers import Tokenizer
 
 BUNDLED_DIR = bundled_data_dir() / "qwen3"
 BUNDLED_NAME = "bundled Qwen3 tokenizer"
@@ -121,7 +121,7 @@ def _load_cache(path: Path, key: str) -> Vocab | None:
     return Vocab(head["name"], mv[pos + 9 * n + 8 :], offsets, flags, head["identity"], meta)
 
 
-def _cached(src: Path, kind: str, build) -> Vocab:
+def _cached(src: Path, kind: str, build: Callable[[], Vocab]) -> Vocab:
     key = _cache_key(src, kind)
     cp = _cache_path(key)
     v = _load_cache(cp, key)
@@ -312,9 +312,9 @@ def _text_tokenizer(vocab: Vocab) -> TextTokenizer:
             raise InputError(f"cannot load the tokenizer for text: {e}", source=path) from None
         return TextTokenizer(_windowed_encoder(tk), vocab.name)
     if meta.source == "gguf" and meta.ggml_model == "gpt2" and path:
-        tk = _tokenizer_from_gguf(path)
-        if tk is not None:
-            return TextTokenizer(_windowed_encoder(tk), vocab.name)
+        rebuilt = _tokenizer_from_gguf(path)
+        if rebuilt is not None:
+            return TextTokenizer(_windowed_encoder(rebuilt), vocab.name)
     raise InputError(
         f"{vocab.name} can decode IDs but not tokenise text; pass --tokenizer with a tokenizer.json "
         "(or an HF directory), or --server URL"
@@ -325,7 +325,7 @@ ENCODE_WINDOW = 1 << 18  # characters tokenised at once: `tokenizers` holds ~500
 WINDOW_MARGIN = 1 << 10  # a cut this far before a window's end is where the whole text would be cut too
 
 
-def _windowed_encoder(tk):
+def _windowed_encoder(tk: Tokenizer) -> Callable[[str, bool], list[int]]:
     """`encode(text, add_special)` in memory bounded by the window, not the text: a 4 MB prompt
     encoded at once costs ~500 MB. Only for byte-level BPE with a regex pre-tokenizer (and at most
     NFC), where tokens never span a pre-token boundary and the split of a text into pre-tokens,
@@ -338,7 +338,8 @@ def _windowed_encoder(tk):
 
     def whole(text: str) -> list[int]:
         if not chunkable or len(text) <= ENCODE_WINDOW + WINDOW_MARGIN:
-            return tk.encode(text, add_special_tokens=False).ids
+            ids: list[int] = tk.encode(text, add_special_tokens=False).ids
+            return ids
         return encode_in_windows(tk, text)
 
     prepends = b"Metaspace" in pre or b"Prepend" in norm  # a piece's start would gain a prefix the text's lacks
@@ -346,12 +347,14 @@ def _windowed_encoder(tk):
 
     def encode(text: str, add: bool) -> list[int]:
         if add:
-            return tk.encode(text, add_special_tokens=True).ids
+            ids: list[int] = tk.encode(text, add_special_tokens=True).ids
+            return ids
         return segments.encode(text) if segments is not None else whole(text)
 
     return encode
 
 
+Encoder = Callable[[str], list[int]]  # text -> IDs, no special tokens added
 SEGMENT_CACHE_CHARS = 1 << 23  # text a SegmentEncoder keeps with its IDs (~100 MB at most, IDs included)
 SEGMENT_CHECKS = 3  # encodings compared with the one-shot encoding before the segments are trusted
 SEGMENT_CHECK_CHARS = 1 << 19  # of each, the characters compared (a 10 MB message would cost twice over)
@@ -366,7 +369,7 @@ class SegmentEncoder:
     truncates or pads. The first encodings (their first SEGMENT_CHECK_CHARS) are checked against the
     one-shot encoding; a mismatch turns the cache off for good (the answer never depends on it)."""
 
-    def __init__(self, split: re.Pattern[str], ids: dict[str, int], whole):
+    def __init__(self, split: re.Pattern[str], ids: dict[str, int], whole: Encoder):
         self.split, self.whole = split, whole
         self.specials = {text: (i,) for text, i in ids.items()}  # an added token's ID, as a piece of one
         self.cache = _Pieces(self)
@@ -374,7 +377,7 @@ class SegmentEncoder:
         self.trusted = True
 
     @classmethod
-    def for_tokenizer(cls, tk, whole) -> SegmentEncoder | None:
+    def for_tokenizer(cls, tk: Tokenizer, whole: Encoder) -> SegmentEncoder | None:
         if tk.truncation is not None or tk.padding is not None:
             return None
         added = list(tk.get_added_tokens_decoder().items())
@@ -407,7 +410,7 @@ class SegmentEncoder:
         return list(chain.from_iterable(parts))
 
 
-class _Pieces(dict):
+class _Pieces(dict[str, Sequence[int]]):
     """A piece of text -> its IDs, for the pieces seen so far; a piece not seen yet is encoded on its own
     (`__missing__`), and kept if short, until the cache holds SEGMENT_CACHE_CHARS (then it starts again
     rather than track recency)."""
@@ -427,7 +430,7 @@ class _Pieces(dict):
         return got
 
 
-def encode_in_windows(tk, text: str, window: int = ENCODE_WINDOW, margin: int = WINDOW_MARGIN) -> list[int]:
+def encode_in_windows(tk: Tokenizer, text: str, window: int = ENCODE_WINDOW, margin: int = WINDOW_MARGIN) -> list[int]:
     """`tk.encode(text).ids`, a window of text at a time: each window is cut at its last pre-token
     boundary at least `margin` characters before its end, and the next starts there."""
     out: list[int] = []
@@ -444,7 +447,7 @@ def encode_in_windows(tk, text: str, window: int = ENCODE_WINDOW, margin: int = 
     return out
 
 
-def _last_boundary(words: list, offsets: list, limit: int) -> tuple[int, int] | None:
+def _last_boundary(words: list[int | None], offsets: list[tuple[int, int]], limit: int) -> tuple[int, int] | None:
     """(tokens before it, its character offset) for the last token that starts a new pre-token at
     or before `limit`; None when there is none."""
     i = len(offsets) - 1
@@ -469,7 +472,7 @@ _PRE["llama3"] = _PRE["llama-bpe"]
 _PRE["default"] = _PRE["gpt2"]
 
 
-def _tokenizer_from_gguf(path: str):
+def _tokenizer_from_gguf(path: str) -> Tokenizer | None:
     """A `tokenizers` BPE rebuilt from a GGUF file's tokens and merges (byte-level vocabularies
     whose pre-tokenizer llama.cpp names), with its control and user-defined tokens added."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers

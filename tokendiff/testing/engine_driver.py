@@ -39,7 +39,7 @@ class Driver:
         body = {"prompt": ids, "n_predict": n_predict, "temperature": 0, "return_tokens": True, **extra}
         body.setdefault("ignore_eos", True)
         r = self.client.post(f"{self.url}/completion", json=body)
-        ans = r.json()
+        ans: dict[str, Any] = r.json()
         ans["status"] = r.status_code
         self.answers.append(ans)
         self.bodies.append(body)
@@ -66,7 +66,8 @@ class Driver:
         """A chat request's prompt as the server renders and tokenises it."""
         prompt = self.client.post(f"{self.url}/apply-template", json=body).json()["prompt"]
         tok = {"content": prompt, "add_special": False, "parse_special": True}
-        return self.client.post(f"{self.url}/tokenize", json=tok).json()["tokens"]
+        tokens: list[int] = self.client.post(f"{self.url}/tokenize", json=tok).json()["tokens"]
+        return tokens
 
     def cache_n(self) -> list[int | None]:
         """What the server reported reusing, turn by turn (None for a refused request)."""

@@ -9,6 +9,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -37,7 +38,8 @@ def find_llama_server() -> Path | None:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 @dataclass
@@ -49,7 +51,7 @@ class LlamaServer:
     log_path: Path | None = None
     threads: int = 2
     port: int = 0
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -115,12 +117,14 @@ class LlamaServer:
 
     # -- the calls tests and the demo make
 
-    def chat(self, client: httpx.Client, body: dict) -> dict:
+    def chat(self, client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
         r = client.post(f"{self.url}/v1/chat/completions", json=body, timeout=600)
         r.raise_for_status()
-        return r.json()
+        answer: dict[str, Any] = r.json()
+        return answer
 
-    def save_slot(self, client: httpx.Client, filename: str, slot: int = 0) -> dict:
+    def save_slot(self, client: httpx.Client, filename: str, slot: int = 0) -> dict[str, Any]:
         r = client.post(f"{self.url}/slots/{slot}?action=save", json={"filename": filename}, timeout=120)
         r.raise_for_status()
-        return r.json()
+        answer: dict[str, Any] = r.json()
+        return answer

@@ -7,14 +7,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
 from tokendiff.testing.llama_server import free_port
 
 
-def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[str] | None = None, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -28,8 +28,8 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float 
 
 
 def start_proxy(
-    upstream: str, out: Path | str, *extra: str, stderr=subprocess.DEVNULL, **popen: Any
-) -> tuple[subprocess.Popen, str]:
+    upstream: str, out: Path | str, *extra: str, stderr: int | IO[str] | None = subprocess.DEVNULL, **popen: Any
+) -> tuple[subprocess.Popen[str], str]:
     """Start the proxy on a free loopback port; returns (process, base URL). `popen`: more for Popen
     (a test's preexec_fn that limits the files the proxy may write)."""
     port = free_port()
@@ -61,14 +61,14 @@ def start_proxy(
     return proc, url
 
 
-def stop_proxy(proc: subprocess.Popen, timeout: float = 60) -> str:
+def stop_proxy(proc: subprocess.Popen[str], timeout: float = 60) -> str:
     """Ctrl-C, as a user would; returns what it printed on stderr (when piped)."""
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=timeout)
     return err or ""
 
 
-def run_proxy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_proxy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`tokendiff proxy ARGS` run to its end: for the options it refuses before serving."""
     cmd = [sys.executable, "-m", "tokendiff", "proxy", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

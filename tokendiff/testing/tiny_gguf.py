@@ -15,11 +15,16 @@ import gzip
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tokendiff.paths import models_cache_dir
 from tokendiff.sources.tokenizers import BUNDLED_DIR
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 _SPECIAL_SHAPE = re.compile(r"^<\|.*\|>$")
 
@@ -47,11 +52,12 @@ class TinySpec:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _load_json(path: str) -> dict:
+def _load_json(path: str) -> dict[str, Any]:
     raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
-    return json.loads(raw)
+    doc: dict[str, Any] = json.loads(raw)
+    return doc
 
 
 def write_tiny_gguf(out: Path, spec: TinySpec = TinySpec()) -> Path:
@@ -221,7 +227,12 @@ def write_tiny_gemma2(
     return out
 
 
-def _bigram_head(embd, bigrams: tuple[tuple[str, str], ...], vocab: dict[str, int], mat):
+def _bigram_head(
+    embd: NDArray[Any],
+    bigrams: tuple[tuple[str, str], ...],
+    vocab: dict[str, int],
+    mat: Callable[[int, int], NDArray[Any]],
+) -> NDArray[Any]:
     """An output matrix that answers each bigram's first piece with its second whatever came before: the
     piece's embedding is one dimension of its own (which dominates the residual stream, the random layers
     adding little), and the next piece's output row reads that dimension; `embd` is changed in place."""

@@ -46,7 +46,7 @@ def bundled_vocab_size() -> int:
     """Every ID of the bundled tokenizer (BPE and added tokens), so any ID the server samples decodes."""
     tok = json.loads(gzip.decompress((BUNDLED_DIR / "tokenizer.json.gz").read_bytes()))
     ids = list(tok["model"]["vocab"].values()) + [int(a["id"]) for a in tok.get("added_tokens", [])]
-    return max(ids) + 1
+    return int(max(ids)) + 1
 
 
 def hf_config(spec: TinyQwen3, vocab_size: int) -> dict[str, Any]:

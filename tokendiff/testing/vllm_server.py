@@ -53,7 +53,7 @@ class VllmServer:
     extra: list[str] = field(default_factory=list)
     log_path: Path | None = None
     port: int = 0
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     started_s: float | None = None  # seconds from launch to healthy
 
     @property

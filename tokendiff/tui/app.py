@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -103,7 +103,7 @@ def _binding_ids(*classes: type) -> set[str]:
     return {b.id for cls in classes for b in getattr(cls, "BINDINGS", []) if isinstance(b, Binding) and b.id}
 
 
-class TokendiffApp(App):
+class TokendiffApp(App[None]):
     CSS_PATH = Path(__file__).resolve().parent / "app.tcss"
     TITLE = "tokendiff"
     COMMANDS = App.COMMANDS | {TokendiffCommands}
@@ -319,7 +319,7 @@ class TokendiffApp(App):
         where = f"the pair screen ({screen.title})" if isinstance(screen, PairScreen) else "the session screen"
         self.push_screen(HelpScreen(f"keys on {where}", screen_keys(screen), colours))
 
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         """Textual's commands, with a screenshot that lands in the working directory and says where."""
         for command in super().get_system_commands(screen):
             if command.title == "Screenshot":

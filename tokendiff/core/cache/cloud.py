@@ -388,13 +388,8 @@ class CloudModel:
         turn.estimated = not self.exact_counts
         read = u.cached if u.cached is not None else predicted
         prev = self._prev
-        if prev is None and req.cached_content is not None and predicted:
-            turn.detail = f"read {req.cached_content} whole ({predicted:,} tokens)"
-            return turn
         if prev is None:
-            turn.cause = CloudCause.COLD if self._cacheable(req, cum) else CloudCause.BELOW_MINIMUM
-            turn.detail = _below(req, cum) if turn.cause == CloudCause.BELOW_MINIMUM else "first request: written"
-            return turn
+            return self._first_verdict(turn, req, cum, predicted)
         turn.waste = max(0, min(self._prev_extent, prompt) - read)
         turn.rewritten = min(turn.waste, u.written or 0)
         gap = t - (self._last_t if self._last_t is not None else t)
@@ -431,6 +426,16 @@ class CloudModel:
         else:
             turn.cause = CloudCause.UNEXPLAINED
             turn.detail = "the provider read less than its rules allow (eviction, or overflow routing)"
+        return turn
+
+    def _first_verdict(self, turn: CloudTurn, req: CloudRequest, cum: list[int], predicted: int) -> CloudTurn:
+        """The session's first request: read whole from an explicit cache it names, else written (or below
+        the minimum, and then not cached at all)."""
+        if req.cached_content is not None and predicted:
+            turn.detail = f"read {req.cached_content} whole ({predicted:,} tokens)"
+            return turn
+        turn.cause = CloudCause.COLD if self._cacheable(req, cum) else CloudCause.BELOW_MINIMUM
+        turn.detail = _below(req, cum) if turn.cause == CloudCause.BELOW_MINIMUM else "first request: written"
         return turn
 
     def _named_tokens(self, req: CloudRequest) -> int:

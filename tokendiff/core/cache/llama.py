@@ -450,7 +450,7 @@ class RamCache:
         `h` while its tokens and that entry stay: an idle slot is offered to the cache on every request."""
         if not len(h):
             return None
-        memo = h.__dict__.get("_held_by")
+        memo: tuple[object, Held] | None = h.__dict__.get("_held_by")
         if memo is not None and memo[0] is h.state.tokens and any(e is memo[1] for e in self.entries):
             return memo[1]
         raw = h.raw()
@@ -619,7 +619,7 @@ class EngineSim:
         """get_available_slot: (slot, how, f_sim, f_keep, tokens loaded from RAM, saved to RAM)."""
         n = len(req.ids)
         ret, how, update, best = None, SelectedBy.LRU, False, 0.0
-        pinned = req.id_slot if 0 <= req.id_slot else None
+        pinned = req.id_slot if req.id_slot >= 0 else None
         if pinned is not None:
             ret, how = pinned % len(self.slots), SelectedBy.ID
         f_keep = None

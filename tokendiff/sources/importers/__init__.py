@@ -6,6 +6,8 @@ Each returns `CaptureRecord`s (`tokendiff.sources.record`: the capture format's 
 
 from __future__ import annotations
 
+import os
+
 CHAT_ENDPOINTS = (
     "/v1/chat/completions",
     "/chat/completions",
@@ -34,7 +36,7 @@ def is_chat_body(body: object, endpoint: str | None = None) -> bool:
 MAX_DEPTH = 128  # JSON nesting a request may have: tool schemas nest ~10 deep; rendering recurses per level
 
 
-def read_bounded(path, limit: int, what: str) -> bytes:
+def read_bounded(path: str | os.PathLike[str], limit: int, what: str) -> bytes:
     """The file's bytes: a regular file only, refused when over `limit` (counted while reading)."""
     from tokendiff.safeio import read_limited
 

@@ -209,7 +209,7 @@ class _BoundedReader:
 
     def read(self, n: int = -1) -> bytes:
         try:
-            data = self.f.read(n if n >= 0 else 1 << 16)
+            data: bytes = self.f.read(n if n >= 0 else 1 << 16)
         except OSError as e:
             raise InputError(e.strerror or str(e), source=self.src) from None
         self.pos += len(data)

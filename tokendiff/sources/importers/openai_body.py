@@ -22,10 +22,12 @@ def read_body(path: Path) -> dict[str, Any]:
         raise InputError(f"malformed JSON: {e}", source=str(path)) from None
     check_depth(body, str(path))
     if isinstance(body, dict) and isinstance(body.get("request"), dict) and is_chat_body(body["request"]):
-        return body["request"]  # a request wrapped with its response, as some tools save them
+        wrapped: dict[str, Any] = body["request"]
+        return wrapped  # a request wrapped with its response, as some tools save them
     if not is_chat_body(body):
         raise InputError("not a chat request body (no messages list or prompt)", source=str(path))
-    return body
+    chat: dict[str, Any] = body
+    return chat
 
 
 def record_from_body(path: Path) -> CaptureRecord:

@@ -17,7 +17,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -405,10 +405,10 @@ def strftime_now(format: str) -> str:
 class TemplateDict:
     """`dict(...)` for templates without handing them the dict type itself."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict.fromkeys(*args, **kwargs)
 
 
@@ -728,7 +728,7 @@ def _generation_extension() -> type:
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
-        def _body(self, caller: Any) -> str:
+        def _body(self, caller: Callable[[], str]) -> str:
             return caller()
 
     return GenerationBlock

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from itertools import accumulate
 from typing import Any
@@ -83,7 +84,7 @@ class _Leaf:
     def __init__(self, path: SectionPath, keys: tuple[Any, ...]):
         self.path, self.keys = path, keys
 
-    def get(self, b: dict) -> Any:
+    def get(self, b: dict[str, Any]) -> Any:
         cur: Any = b
         for k in self.keys:
             try:
@@ -92,7 +93,7 @@ class _Leaf:
                 return None
         return cur
 
-    def set(self, b: dict, v: Any) -> None:
+    def set(self, b: dict[str, Any], v: Any) -> None:
         cur: Any = b
         for k in self.keys[:-1]:
             cur = cur[k]
@@ -108,7 +109,8 @@ def _copy(body: dict[str, Any]) -> dict[str, Any]:
     is parsed JSON; anything else in it renders as its type's name either way (template_env.plain_data)."""
     from tokendiff.sources.templates.env import plain_data
 
-    return plain_data(body)
+    copied: dict[str, Any] = plain_data(body)
+    return copied
 
 
 class Renderer:
@@ -137,7 +139,7 @@ class Renderer:
         agp = body.get("add_generation_prompt", True) if add_generation_prompt is None else add_generation_prompt
         return self._render(messages, body.get("tools") or None, agp, kwargs, mark_generation)
 
-    def _render(self, messages: list, tools: Any, agp: Any, kwargs: dict[str, Any], mark: bool = False) -> str:
+    def _render(self, messages: list[Any], tools: Any, agp: Any, kwargs: dict[str, Any], mark: bool = False) -> str:
         from jinja2 import TemplateError
 
         from tokendiff.sources.templates.env import TemplateLimit, render_request
@@ -240,7 +242,7 @@ class Renderer:
         return (spans, gen_at) if rendered else (None, None)
 
     def _sentinel_render(
-        self, body: dict, leaves: list[_Leaf], sent: _Sentinels
+        self, body: dict[str, Any], leaves: list[_Leaf], sent: _Sentinels
     ) -> tuple[list[tuple[int, int]], str] | None:
         """The render with `leaves` wrapped in sentinels (and the generation prompt marked where the
         template allows), as (each sentinel's code and position in the text without them, that text);
@@ -264,7 +266,9 @@ class Renderer:
         marks = list(zip(map(ord, parts[1::2]), accumulate(map(len, texts[:-1]))))
         return marks, "".join(texts)
 
-    def _leaf_spans(self, body: dict, leaves: list[_Leaf], text: str, unlocated: list[str]) -> list[FieldSpan]:
+    def _leaf_spans(
+        self, body: dict[str, Any], leaves: list[_Leaf], text: str, unlocated: list[str]
+    ) -> list[FieldSpan]:
         spans: list[FieldSpan] = []
         sent = _sentinels_for(text)
         for chunk in _chunks(leaves, sent.per_render if sent else 1):
@@ -284,7 +288,9 @@ class Renderer:
                         unlocated.append(leaf.path[-1].field or "")
         return spans
 
-    def _wrapped(self, body: dict, leaves: list[_Leaf], text: str, sent: _Sentinels) -> list[FieldSpan] | None:
+    def _wrapped(
+        self, body: dict[str, Any], leaves: list[_Leaf], text: str, sent: _Sentinels
+    ) -> list[FieldSpan] | None:
         """The spans of `leaves` from one sentinel render, if it is `text` once the sentinels are
         removed ([] when no leaf has text); None when the wrapping changes the output."""
         if not any(isinstance(v := leaf.get(body), str) and v for leaf in leaves):
@@ -294,7 +300,7 @@ class Renderer:
             return None
         return _sentinel_spans(got[0], leaves, sent)[0]
 
-    def _substituted(self, body: dict, leaf: _Leaf, text: str) -> FieldSpan | None:
+    def _substituted(self, body: dict[str, Any], leaf: _Leaf, text: str) -> FieldSpan | None:
         v = leaf.get(body)
         if not isinstance(v, str) or not v:
             return None
@@ -316,7 +322,7 @@ class Renderer:
                     return FieldSpan(leaf.path, i, i + len(form))
         return FieldSpan(leaf.path, a, b)
 
-    def _tool_spans(self, body: dict, text: str) -> list[FieldSpan]:
+    def _tool_spans(self, body: dict[str, Any], text: str) -> list[FieldSpan]:
         tools = body.get("tools")
         if not isinstance(tools, list) or not tools:
             return []
@@ -340,7 +346,9 @@ class Renderer:
             spans.insert(0, FieldSpan(SectionPath.of(TOOLS), *block))
         return spans
 
-    def _tools_context(self, body: dict, text: str, block: tuple[int, int] | None) -> tuple[dict, str, int]:
+    def _tools_context(
+        self, body: dict[str, Any], text: str, block: tuple[int, int] | None
+    ) -> tuple[dict[str, Any], str, int]:
         """The request cut to its first messages, as few as render the text of the whole request through
         the tools block and a little past it, that render, and how far it is the whole request's text.
         Each tool is then left out of a prompt of a few turns, not of the whole conversation (40 tools
@@ -366,7 +374,7 @@ class Renderer:
             m *= 2
         return body, text, len(text)
 
-    def _render_quiet(self, body: dict) -> str | None:
+    def _render_quiet(self, body: dict[str, Any]) -> str | None:
         try:
             return self.render(body)
         except InputError:
@@ -402,7 +410,7 @@ def checked_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def part_texts(parts: list, where: str) -> list[str]:
+def part_texts(parts: list[Any], where: str) -> list[str]:
     """The text of each content part, as llama-server reads them: text parts as they are, image and
     audio parts as the media marker; any other part is an error naming it."""
     out = []
@@ -479,7 +487,7 @@ def _with_think_tags(text: str, sp: FieldSpan) -> FieldSpan:
     return sp
 
 
-def _chunks(items: list, n: int) -> list[list]:
+def _chunks(items: list[Any], n: int) -> list[list[Any]]:
     return [items[i : i + n] for i in range(0, len(items), n)] or [[]]
 
 
@@ -529,11 +537,12 @@ def _removed_run(full: str, shorter: str | None, snap: bool) -> tuple[tuple[int,
     depth = _min_depths(full, left, right, n)
     best = max(depth)
     balanced = [left + r for r, low in enumerate(depth) if low == best]
-    for ok in (
+    checks: tuple[Callable[[int], bool], ...] = (
         lambda q: (q == 0 or full[q - 1] == "\n") and not full[q].isspace(),
         lambda q: (m := _FIRST_AFTER_SEPARATORS.match(full, q, q + n)) is not None and m.group(1) in "{[<",
         lambda q: True,
-    ):
+    )
+    for ok in checks:
         for q in balanced:
             if ok(q):
                 return (q, q + n), reach
@@ -554,7 +563,8 @@ def _min_depths(text: str, left: int, right: int, n: int) -> list[int]:
     depth = np.concatenate(([0], np.cumsum(steps)))  # depth[i]: after the first i characters
     # window r (q = left + r) reaches depth[r + 1 .. r + n]; depth only falls at a closing bracket
     lows = _sliding_min(depth[1:], n) - depth[: right - left + 1]
-    return np.minimum(lows, 0).tolist()
+    found: list[int] = np.minimum(lows, 0).tolist()
+    return found
 
 
 def _sliding_min(x: np.ndarray, w: int) -> np.ndarray:
@@ -588,7 +598,7 @@ def _call_part(i: int, k: int, call: Any) -> Part:
     return Part(K.TOOL_CALL, k, _function_name(call), f"messages[{i}].tool_calls[{k}]")
 
 
-def _msg_part(i: int, m: dict) -> Part:
+def _msg_part(i: int, m: dict[str, Any]) -> Part:
     role = m.get("role")
     return Part(K.MESSAGE, i, role if isinstance(role, str) else None, f"messages[{i}]")
 
@@ -610,7 +620,7 @@ def _message_field(i: int, role: str | None, fld: str) -> _Leaf:
     return _leaf(base, f"messages[{i}].{fld}", fld, "messages", i, fld)
 
 
-def _message_leaves(i: int, m: dict) -> list[_Leaf]:
+def _message_leaves(i: int, m: dict[str, Any]) -> list[_Leaf]:
     role = m.get("role")
     role = role if isinstance(role, str) else None
     field = _message_field if role is None or len(role) <= 32 else _message_field.__wrapped__  # a long role: not kept
@@ -624,9 +634,7 @@ def _message_leaves(i: int, m: dict) -> list[_Leaf]:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 path = f"messages[{i}].content[{j}].text"
                 out.append(_leaf(base, path, f"content[{j}]", "messages", i, "content", j, "text"))
-    for fld in (*_REASONING_FIELDS, "tool_call_id", "name"):
-        if isinstance(m.get(fld), str):
-            out.append(field(i, role, fld))
+    out += [field(i, role, fld) for fld in (*_REASONING_FIELDS, "tool_call_id", "name") if isinstance(m.get(fld), str)]
     calls = m.get("tool_calls")
     if isinstance(calls, list) and calls:
         base = SectionPath.of(_msg_part(i, m))
@@ -636,7 +644,7 @@ def _message_leaves(i: int, m: dict) -> list[_Leaf]:
     return out
 
 
-def _call_leaves(cbase: SectionPath, i: int, k: int, call: dict) -> list[_Leaf]:
+def _call_leaves(cbase: SectionPath, i: int, k: int, call: dict[str, Any]) -> list[_Leaf]:
     out: list[_Leaf] = []
     at = ("messages", i, "tool_calls", k)
     pre = f"messages[{i}].tool_calls[{k}]"
@@ -657,7 +665,7 @@ def _call_leaves(cbase: SectionPath, i: int, k: int, call: dict) -> list[_Leaf]:
     return out
 
 
-def _leaves(body: dict) -> list[_Leaf]:
+def _leaves(body: dict[str, Any]) -> list[_Leaf]:
     """Every string field whose text a template may show, with a getter and setter."""
     leaves: list[_Leaf] = []
     messages, tools = body.get("messages"), body.get("tools")  # what the template refuses: no leaves

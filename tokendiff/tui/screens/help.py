@@ -8,6 +8,7 @@ matches the theme and NO_COLOR.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -28,7 +29,7 @@ class KeyHelp:
     description: str
 
 
-def screen_keys(screen: Screen) -> list[KeyHelp]:
+def screen_keys(screen: Screen[Any]) -> list[KeyHelp]:
     """The keys `screen` answers to now (its focused widget's, its own, the app's), hidden ones too."""
     app = screen.app
     by_action: dict[tuple[str, str], list[str]] = {}

@@ -37,7 +37,7 @@ def _owner_text(path: SectionPath) -> str:
     return path.label + (f" · {path.field_path}" if path.field_path else "")
 
 
-class PairScreen(Screen):
+class PairScreen(Screen[None]):
     """Two prompts as tokens: unified or side by side, spans, sections, findings, search."""
 
     # Short descriptions for the footer (what matters fits 80 columns); the tooltip is what `?` says.
@@ -166,7 +166,7 @@ class PairScreen(Screen):
         tree.root.set_label(f"B: {Path(self.b.origin).name}")
 
     @on(Tree.NodeSelected, "#outline")
-    def _jump(self, event: Tree.NodeSelected) -> None:
+    def _jump(self, event: Tree.NodeSelected[tuple[str, int] | None]) -> None:
         data = event.node.data
         if not data:
             return

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 from tokendiff.tui.screens.keys import HELP
 
 
-class SessionScreen(Screen):
+class SessionScreen(Screen[None]):
     """Every turn: size, reuse, waste, the first divergence and its cause; the spans to fix first.
 
     The table and the chart cost what the screen shows, not the session's length (session_view.py).

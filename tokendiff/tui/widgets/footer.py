@@ -9,7 +9,7 @@ first complete screen.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 from textual.widgets import Footer
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from textual.screen import Screen
 
 
-def shown_keys(screen: Screen) -> tuple[Hashable, ...]:
+def shown_keys(screen: Screen[Any]) -> tuple[Hashable, ...]:
     """Everything the footer draws from the screen's bindings: each shown key and the palette's."""
     app = screen.app
     palette = app.COMMAND_PALETTE_BINDING
@@ -34,7 +34,7 @@ class KeyFooter(Footer):
     """A Footer that skips the rebuild when the keys it would show are the ones it shows, or the ones
     a rebuild already scheduled will show (a rebuild reads the keys when it runs)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._wanted: tuple[Hashable, ...] | None = None  # the keys drawn, or those a scheduled rebuild draws
         self._drawn = False
@@ -62,7 +62,7 @@ class KeyFooter(Footer):
             self._drawn = True
             self.post_message(self.Drawn())
 
-    def bindings_changed(self, screen: Screen) -> None:
+    def bindings_changed(self, screen: Screen[Any]) -> None:
         keys = shown_keys(screen)
         if keys == self._wanted and screen is self.screen:
             return

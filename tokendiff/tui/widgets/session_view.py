@@ -303,7 +303,7 @@ class SessionTable(ScrollView, can_focus=True):
     class Selected(_RowMessage):
         """Turn `row` + 1 was clicked while under the cursor: open it."""
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.turns: Sequence[Turn] = []
         self.message = ""  # shown instead of rows when there are none
@@ -622,7 +622,7 @@ class ReuseChart(Widget):
 
     marked: var[int] = var(-1)  # the turn (0-based) under the table's cursor
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.data = ChartData([])
         self.shown = False  # nothing to say before the session has loaded

@@ -10,6 +10,7 @@ their keys, one focus for both modes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rich.cells import cell_len
 from rich.segment import Segment
@@ -103,14 +104,14 @@ class TokenView(ScrollView, can_focus=False):
             super().__init__()
             self.view = view
 
-    def __init__(self, tokens: ViewTokens | None = None, start_at: int | None = None, **kw) -> None:
+    def __init__(self, tokens: ViewTokens | None = None, start_at: int | None = None, **kw: Any) -> None:
         super().__init__(**kw)
         self.tokens = tokens or ViewTokens([], [], [], [], [], [])
         self._widths: list[int] | None = None  # computed at the first layout (hidden views never pay)
         self._start_at = start_at  # where the cursor goes once the widget knows its size
         self._line_starts: list[int] = [0]
         self._layout_width = -1
-        self._cache: LRUCache[tuple, Strip] = LRUCache(1024)
+        self._cache: LRUCache[tuple[int, int, int, int], Strip] = LRUCache(1024)
         self.peer: TokenView | None = None  # side by side: both panes wrap at the narrower one's width
         self.matches: set[int] = set()  # view positions a search found
         self._generation = 0  # bumped when the matches change: part of the strip cache's key
