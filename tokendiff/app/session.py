@@ -19,13 +19,14 @@ from tokendiff.app.pair import PairResult, PromptOptions, diff_pair, open_loader
 from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SpecJob, diff_future, usable_ids
 from tokendiff.core.kinds import ServerKind
 from tokendiff.errors import InputError
+from tokendiff.sources.loader import saved_props
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from tokendiff.core.cache.capacity import CapacityLadder
     from tokendiff.core.cache.engine_log import LogAligner
-    from tokendiff.core.cache.llama import EngineConfig
+    from tokendiff.core.cache.llama import EngineConfig, EngineFacts
     from tokendiff.core.cache.swa import AttentionLayout
     from tokendiff.core.cost import PairDiff, Session, Turn, TurnInput
     from tokendiff.core.model import Prompt
@@ -512,7 +513,7 @@ def check_server_log(path: str) -> str:
     return check_log(path)
 
 
-def server_log_facts(path: str) -> dict[str, Any]:
+def server_log_facts(path: str) -> EngineFacts:
     """The launch settings the server's log states (for `engine_config`); the file refused now if unreadable."""
     from tokendiff.sources.server_log import check_log, log_facts
 
@@ -612,7 +613,7 @@ def engine_config(
 STATE_CELL_BYTES = 12  # a saved state keeps each cell's position and sequence besides its K and V
 
 
-def _model_facts(paths: Sequence[str], opts: PromptOptions, model: str | None) -> dict[str, Any]:
+def _model_facts(paths: Sequence[str], opts: PromptOptions, model: str | None) -> EngineFacts:
     """What the model's GGUF tells the policy: the bytes a saved state costs per token, whether it adds BOS."""
     from tokendiff.core.cache.capacity import kv_bytes_per_token
     from tokendiff.sources.gguf_meta import read_gguf_metadata, read_model_metadata
@@ -670,26 +671,6 @@ def _model_names(paths: Sequence[str]) -> list[str]:
         names += [req.get("model") if isinstance(req, dict) else None]
         names += [server.get("model") if isinstance(server, dict) else None]
     return [n for n in names if isinstance(n, str) and n]
-
-
-def saved_props(paths: Sequence[str]) -> dict[str, Any] | None:
-    """The server's `/props` the proxy or `pull` saved (props.json beside a capture or in a slot
-    directory); None when there is none or it is not a JSON object."""
-    import orjson
-
-    from tokendiff import safeio
-    from tokendiff.sources.loader import MAX_PROPS_BYTES
-
-    for p in paths:
-        base = Path(p.split("@", 1)[0])
-        props = (base if base.is_dir() else base.parent) / "props.json"
-        try:
-            doc = orjson.loads(safeio.read_limited(props, MAX_PROPS_BYTES, "props.json")) if props.is_file() else None
-        except (InputError, orjson.JSONDecodeError):
-            continue
-        if isinstance(doc, dict):
-            return doc
-    return None
 
 
 def _props_model_path(paths: Sequence[str]) -> str | None:

@@ -8,11 +8,11 @@ The flags come from the server's command line where it is readable here (doctor'
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tokendiff.backends.doctor import INFO, OK, PROBLEM, Check, _tokens
 from tokendiff.core.cache.advice import agent_workload, replay_workload
-from tokendiff.core.cache.llama import EngineConfig
+from tokendiff.core.cache.llama import EngineConfig, EngineFacts
 
 if TYPE_CHECKING:
     from tokendiff.backends.doctor import Check, Evidence, Workload
@@ -38,7 +38,8 @@ def engine_config(ev: Evidence) -> EngineConfig:
     if ev.layout is not None and ev.layout.kv_bytes_per_token:
         facts["bytes_per_token"] = ev.layout.kv_bytes_per_token + STATE_CELL_BYTES
     source = ev.flags.source if ev.flags is not None else "/props"
-    return EngineConfig().merged({k: v for k, v in facts.items() if v is not None}, source)
+    stated = cast(EngineFacts, {k: v for k, v in facts.items() if v is not None})  # keys: EngineFacts fields
+    return EngineConfig().merged(stated, source)
 
 
 def check_engine(ev: Evidence, w: Workload, flagged: bool = False) -> Check:

@@ -14,6 +14,7 @@ template and attributes sections.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -359,15 +360,10 @@ class Loader:
     def _adopt_server_template(self, props_path: Path) -> None:
         """The proxy saves the server's /props beside a capture: its chat template is the one
         the server rendered with, unless the user named one."""
-        if self.chat_template or self._renderer is not None or not props_path.is_file():
+        if self.chat_template or self._renderer is not None:
             return
-        import orjson
-
-        try:
-            props = orjson.loads(safeio.read_limited(props_path, MAX_PROPS_BYTES, "props.json"))
-        except (InputError, orjson.JSONDecodeError):
-            return
-        tmpl = props.get("chat_template") if isinstance(props, dict) else None
+        props = read_props(props_path)
+        tmpl = props.get("chat_template") if props is not None else None
         if isinstance(tmpl, str) and tmpl.strip():
             self.chat_template, self.template_name = tmpl, str(props_path)
 
@@ -771,3 +767,28 @@ def _round_trip(prompt: Prompt, loader: Loader) -> float | None:
         return None
     common = Counter(np.asarray(prompt.ids).tolist()) & Counter(again)
     return sum(common.values()) / len(prompt)
+
+
+def read_props(path: Path) -> dict[str, Any] | None:
+    """A server's `/props` saved as JSON (by the proxy or `pull`): the server's own document, read within
+    MAX_PROPS_BYTES; None when the file is absent, unreadable or not a JSON object."""
+    import orjson  # deferred: `tokendiff diff` reads no props
+
+    if not path.is_file():
+        return None
+    try:
+        doc = orjson.loads(safeio.read_limited(path, MAX_PROPS_BYTES, "props.json"))
+    except (InputError, orjson.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def saved_props(paths: Sequence[str]) -> dict[str, Any] | None:
+    """The server's `/props` saved beside a session (props.json beside a capture or in a slot directory):
+    the first of `paths` that has one; None when none does."""
+    for p in paths:
+        base = Path(p.split("@", 1)[0])
+        doc = read_props((base if base.is_dir() else base.parent) / "props.json")
+        if doc is not None:
+            return doc
+    return None

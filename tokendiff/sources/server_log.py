@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from tokendiff.core.cache.engine_log import LogTask
+from tokendiff.core.cache.llama import EngineFacts
 from tokendiff.errors import one_line
 from tokendiff.notices import warn
 from tokendiff.safeio import open_regular
@@ -139,7 +140,7 @@ class _Reader:
         self.seen_server = False
         self.launched = 0
         self.line = 0
-        self.facts: dict[str, Any] = {}
+        self.facts: EngineFacts = {}
 
     def warn(self, what: str, kind: str, text: str = "") -> None:
         quote = f": {one_line(text[:120])}" if text else ""
@@ -297,7 +298,8 @@ class _Reader:
 
     def _fact(self, key: str, m: re.Match[str]) -> None:
         if key == "initializing,":
-            self.facts.update(n_slots=int(m.group(1)), n_ctx_slot=int(m.group(2)), kv_unified=m.group(3) == "true")
+            self.facts["n_slots"], self.facts["n_ctx_slot"] = int(m.group(1)), int(m.group(2))
+            self.facts["kv_unified"] = m.group(3) == "true"
         elif key == "prompt cache is":
             self.facts["cache_ram_mib"] = 0 if m.group(1) == "disabled" else int(m.group(2) or -1)
         elif key == "context checkpoints":
@@ -442,7 +444,7 @@ def _keep(line: bytes) -> str | None:
     return _text(line) if _WORDS.search(line) is not None else None
 
 
-def log_facts(path: str | Path) -> dict[str, Any]:
+def log_facts(path: str | Path) -> EngineFacts:
     """The launch settings the log states (EngineConfig fields): slots, a slot's context, the unified KV cache,
     the host-memory cache's limit, checkpoints, what the model cannot do; and a saved state's bytes per token
     (from the first save). Read from the log's first FACTS_BYTES."""

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
@@ -132,10 +132,10 @@ class EngineConfig:
         """The policy fields nobody said, taken as llama-server's defaults."""
         return [f for f in ("n_slots", "sps", "cache_ram_mib", "cache_reuse", "context_shift") if f not in self.known]
 
-    def merged(self, facts: Mapping[str, Any], source: str) -> EngineConfig:
+    def merged(self, facts: EngineFacts, source: str) -> EngineConfig:
         """These settings with `facts` (field -> value) from `source`, for fields not known already: the user's
         flags win over the log, the log over /props."""
-        new = {k: v for k, v in facts.items() if k not in self.known and v is not None}
+        new: dict[str, Any] = {k: v for k, v in facts.items() if k not in self.known and v is not None}
         if not new:
             return self
         fields = {k: v for k, v in new.items() if k != "layout_flags"}
@@ -143,6 +143,27 @@ class EngineConfig:
         if "layout_flags" in new:
             out = replace(out, layout=out.layout.with_flags(**new["layout_flags"]))
         return out
+
+
+class EngineFacts(TypedDict, total=False):
+    """EngineConfig fields as one source states them (the flags, the server's log, /props, the model's GGUF),
+    merged by `EngineConfig.merged`, the first source to state a field winning."""
+
+    n_slots: int
+    sps: float
+    cache_ram_mib: int
+    cache_reuse: int
+    n_keep: int
+    n_ctx: int
+    n_ctx_slot: int
+    kv_unified: bool
+    cache_idle_slots: bool
+    context_shift: bool
+    mmproj: bool
+    lora: tuple[float, ...]
+    bytes_per_token: float | None
+    add_bos: bool
+    layout_flags: dict[str, Any]  # -ub, -b, --swa-full, checkpoints: the SWA/hybrid rule's flags
 
 
 _VALUE_FLAGS = {
@@ -179,7 +200,7 @@ def _number(name: str, value: str) -> float:
     return x
 
 
-def engine_flags(argv: Sequence[str]) -> dict[str, Any]:
+def engine_flags(argv: Sequence[str]) -> EngineFacts:
     """The cache-policy settings of a llama-server command line, as EngineConfig fields (flags it does not
     know are skipped). Raises ValueError on a flag without its value."""
     out: dict[str, Any] = {}
@@ -218,15 +239,15 @@ def engine_flags(argv: Sequence[str]) -> dict[str, Any]:
     layout = {k: v for k, v in server_flags(list(argv)).items() if k not in ("n_seq", "n_ctx")}
     if layout:
         out["layout_flags"] = layout  # -ub, -b, --swa-full, checkpoints: the SWA/hybrid rule's flags
-    return out
+    return cast(EngineFacts, out)  # keys from the flag tables, each an EngineFacts field
 
 
-def props_facts(props: Mapping[str, Any] | None) -> dict[str, Any]:
+def props_facts(props: Mapping[str, Any] | None) -> EngineFacts:
     """What llama-server's /props says of the policy: the slot count and a slot's context, nothing else
     (no cache flag reaches /props)."""
     if not isinstance(props, Mapping):
         return {}
-    out: dict[str, Any] = {}
+    out: EngineFacts = {}
     n = props.get("total_slots")
     if isinstance(n, int) and not isinstance(n, bool) and n > 0:
         out["n_slots"] = n
@@ -840,6 +861,7 @@ def simulate(config: EngineConfig, requests: Sequence[Request]) -> list[Outcome]
 
 __all__ = [
     "EngineConfig",
+    "EngineFacts",
     "engine_flags",
     "props_facts",
     "Request",
