@@ -791,16 +791,19 @@ async def test_the_palette_names_actions_with_descriptions_and_runs_them():
 
 
 async def test_the_footer_is_rebuilt_only_when_its_keys_change():
-    """`m` shows the same keys (it keeps the focus where it is): the same key widgets stay;
-    the session screen's keys change once it has turns (open and export offered): they are redrawn."""
+    """`m` shows the same keys (it keeps the focus where it is), only its own label changes to the other mode:
+    the same key widgets stay, relabelled; the session screen's keys change once it has turns (open and export
+    offered): they are redrawn."""
     a = app()
     async with a.run_test(size=(140, 40)) as pilot:
         s = await open_pair_screen(pilot, a)
         before = list(s.query("FooterKey"))
+        labels = footer_keys(s)
         for _ in range(3):
             await pilot.press("m")
             await pilot.pause(0.1)
-        assert list(s.query("FooterKey")) == before and footer_keys(s) == [k.description for k in before]
+        assert list(s.query("FooterKey")) == before
+        assert footer_keys(s) == [{"side by side": "unified"}.get(k, k) for k in labels]
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(a.screen, SessionScreen) and a.session is not None)
         keys = {k.description: k for k in a.screen.query("FooterKey")}

@@ -33,6 +33,7 @@ class SessionScreen(Screen):
     The table and the chart cost what the screen shows, not the session's length (session_view.py).
     """
 
+    FOCUS_HELP = "nothing to move between: the table of turns holds the focus"  # what `?` says of tab
     BINDINGS = [
         HELP,
         Binding("enter", "open_pair", "open pair", key_display="⏎", id="session.open"),
