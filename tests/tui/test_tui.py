@@ -6,7 +6,7 @@ import json
 
 import pytest
 from helpers import AGENT, ROOT, run_cli
-from pilot import app, long_session, wait_for
+from pilot import app, footer_keys, keys_on, long_session, on_screen, open_pair_screen, wait_for
 
 from tokendiff.app.pair import PromptOptions
 from tokendiff.tui.app import Options, TokendiffApp
@@ -227,10 +227,6 @@ class Preloaded(TokendiffApp):
         self.call_after_refresh(self._loaded, loaded)
 
 
-def footer_keys(screen) -> list[str]:
-    return [k.description for k in screen.query("FooterKey")]
-
-
 def chart_lines(screen) -> list[str]:
     return screen.query_one("#chart").render().plain.splitlines()
 
@@ -293,7 +289,7 @@ async def test_session_table_columns_by_width_titles_and_home_end():
     async with a.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: a.session is not None)
         table = a.screen.query_one("#turns")
-        assert table.columns[:4] == ["turn", "reuse %", "wasted", "cause"]
+        assert {"turn", "reuse %", "wasted", "cause"} <= set(table.columns)
         assert "A counter or percentage changed" in table.row_text(2)  # turn 3
         assert "Tools added or removed" in table.row_text(4) and "tool_set" not in table.row_text(4)
         await pilot.press("end")
@@ -380,22 +376,6 @@ async def test_session_table_mouse_and_enter_open_the_pair():
 
 
 # ---------------------------------------------------------------- navigation, help, search, copy (issue #14)
-
-
-async def open_pair_screen(pilot, a) -> PairScreen:
-    await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
-    return a.screen
-
-
-def keys_on(screen: PairScreen, view: TokenView) -> bool:
-    """Whether the keys act on `view`: the token panes have the focus and `view` is the active one."""
-    panes = screen.query_one(TokenPanes)
-    return panes.has_focus and panes.active is view
-
-
-def on_screen(view: TokenView) -> bool:
-    line = view.line_of(view.cursor)
-    return view.scroll_offset.y <= line < view.scroll_offset.y + view.size.height
 
 
 async def test_help_lists_the_screens_keys_and_the_colours():
