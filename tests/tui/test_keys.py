@@ -233,9 +233,9 @@ async def test_shift_n_goes_back_by_match_and_by_span_without_one():
         at = hits.index(view.cursor)
         await pilot.press("N")
         assert view.cursor == hits[(at - 1) % len(hits)]
-        await _search(pilot, s, "no such text here")
-        await pilot.press("f", "n", "N")
-        assert s.hunk == 0 and view.cursor == s.pv.hunk_unified[0]
+        await _search(pilot, s, "no such text here")  # matched nothing: from the first span back to the last
+        await pilot.press("f", "N")
+        assert s.hunk == len(s.d.hunks) - 1 and view.cursor == s.pv.hunk_unified[-1]
 
 
 async def test_right_bracket_goes_by_span_even_during_a_search():

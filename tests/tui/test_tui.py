@@ -198,6 +198,43 @@ def test_snapshot_session_at_80x24(snap_compare):
     assert snap_compare(a, terminal_size=(80, 24), run_before=run_before)
 
 
+def test_snapshot_session_at_160x45(snap_compare):
+    """At 160x45 the table spans the width, with its seconds and whole causes, as tall as its turns; the chart
+    and the spans to fix first take the rows under it (issue 31, point 8)."""
+    a = app(open_first_divergence=False)
+
+    async def run_before(pilot):
+        await wait_for(pilot, lambda: a.session is not None)
+        await pilot.pause(0.3)
+
+    assert snap_compare(a, terminal_size=(160, 45), run_before=run_before)
+
+
+def test_snapshot_pair_at_160x45(snap_compare):
+    a = app()
+    assert snap_compare(a, terminal_size=(160, 45), run_before=_pair_then(a, "m"))
+
+
+async def test_the_session_screen_uses_its_width_and_height():
+    """Issue 31, point 8: at 160 columns the seconds columns are on screen and no cause is cut; at 45 rows the
+    table is as tall as its turns and the chart and the fix-first list start right under it."""
+    from tokendiff.report.session import cause_title
+
+    a = app(open_first_divergence=False)
+    async with a.run_test(size=(160, 45)) as pilot:
+        await wait_for(pilot, lambda: a.session is not None)
+        await pilot.pause(0.2)
+        table = a.screen.query_one("#turns")
+        assert {"wasted s", "prefill s", "ttft s", "cause"} <= set(table.columns)
+        for k, t in enumerate(a.session.turns):
+            assert not t.wasted or cause_title(t) in table.row_text(k)  # whole, not cut with …
+        assert table.region.height == table.row_count + 1  # no empty rows under the last turn
+        side = a.screen.query_one("#session-side")
+        assert side.region.y == table.region.bottom and side.region.width == table.region.width
+        spans = str(a.screen.query_one("#spans").render())
+        assert spans.count("\n") < a.screen.query_one("#spans").region.height  # the list fits in what is left
+
+
 def test_snapshot_a_session_that_cannot_be_loaded(snap_compare):
     """The error state: the session screen says it could not load the session and why, naming the path as
     given (relative: the snapshot does not depend on where the checkout is), and offers no pair or export."""
@@ -721,6 +758,10 @@ async def test_the_findings_say_what_their_figures_are():
         assert s.sub_title == "42 of 1,617 tokens reusable · 1 divergent span and 1 expected"
         text = str(s.query_one("#findings").render())
         assert "A's token 42 became B's token 42" in text and "(confidence 70%)" in text and "→" not in text
+        await pilot.press("n")  # the expected span: "expected" said once (issue 31, point 9)
+        text = str(s.query_one("#findings").render())
+        assert "New turns appended (expected; confidence 80%): 181 new tokens" in text
+        assert text.count("expected") == 1
 
 
 # issue 14, defect 21

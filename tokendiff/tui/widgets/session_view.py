@@ -71,7 +71,8 @@ class Column:
     numeric: bool = True
     widest: Callable[[Sequence[Turn]], str] | None = None  # its widest cell, without formatting every row
     key: Callable[[Turn], Any] | None = None  # what the column sorts by (default: the turn)
-    optional: bool = False  # shown only with room to spare once the text columns have their full width
+    optional: bool = False  # seconds: while watching, ranked right after the cause (time is the symptom)
+    whole: bool = False  # a text column given its whole width when it fits (the cause), not MAX_TEXT
     descending: bool = True  # its first sort: the most (wasted, reuse, seconds) first
     watch_rank: float | None = None  # its rank while the turns come live (watch), where that differs
 
@@ -106,7 +107,7 @@ COLUMNS: tuple[Column, ...] = (
         key=lambda t: t.recompute,
     ),
     Column("wasted", lambda t: _num(t.wasted), 2, widest=_widest_num(lambda t: t.wasted), key=lambda t: t.wasted),
-    Column("cause", cause_title, 3, numeric=False, key=cause_title, descending=False),
+    Column("cause", cause_title, 3, numeric=False, key=cause_title, descending=False, whole=True),
     Column(
         "server cached",
         lambda t: _num(t.reported_cached),
@@ -129,7 +130,7 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "prefill s",
         lambda t: _ms_as_s(t.reported_prompt_ms),
-        7.5,
+        6.4,  # the seconds before the counts a reader can work out (recomputed, reusable)
         optional=True,
         widest=_widest_secs(lambda t: t.reported_prompt_ms and t.reported_prompt_ms / 1000),
         key=lambda t: _missing_last(t.reported_prompt_ms),
@@ -184,6 +185,7 @@ def _with_cost(columns: tuple[Column, ...], costs: Mapping[int, float] | None) -
 
 
 MIN_TEXT, MAX_TEXT = 12, 28  # a text column narrower than MIN says nothing; wider than MAX only with room to spare
+MAX_WHOLE = 60  # the cause's longest title, and room for a detector's parts in it
 
 
 @dataclass(frozen=True)
@@ -207,26 +209,29 @@ def natural_widths(columns: Sequence[Column], turns: Sequence[Turn]) -> list[int
 
 
 def fit_columns(columns: Sequence[Column], natural: Sequence[int], width: int) -> list[Placed]:
-    """The columns that fit `width`, in table order: by rank, text columns first at up to MAX_TEXT
-    (then, if they did not fit, at MIN_TEXT); what is left takes the optional columns (seconds), by rank,
-    and what is left after that widens the text columns to their natural width, the cause first."""
+    """The columns that fit `width`, in table order, taken by rank: numbers at their width, the cause whole
+    (up to MAX_WHOLE) and other text at up to MAX_TEXT, each where it fits; then text that did not fit at
+    MIN_TEXT; what is left widens the text columns by rank. So the width goes to what matters most: at
+    80 columns the cause whole, at 160 the seconds too and no cause cut."""
     widths: dict[int, int] = {}
     used = -1  # no separator before the first column
     order = sorted(range(len(columns)), key=lambda i: columns[i].rank)
-    for cap in (MAX_TEXT, MIN_TEXT):
+
+    def cap(c: Column) -> int:
+        return MAX_WHOLE if c.whole else MAX_TEXT
+
+    for first in (True, False):
         for i in order:
-            if not natural[i] or columns[i].optional:  # no turn has a value for it, or only with room to spare
+            c = columns[i]
+            if not natural[i] or i in widths or (c.numeric and not first):  # no turn has a value for it
                 continue
-            w = natural[i] if columns[i].numeric else min(natural[i], cap)
-            if i not in widths and used + 1 + w <= width:
+            w = natural[i] if c.numeric else min(natural[i], cap(c) if first else MIN_TEXT)
+            if first and c.whole and used + 1 + w > width:  # the cause: what is left rather than nothing
+                w = max(MIN_TEXT, width - used - 1)
+            if used + 1 + w <= width:
                 widths[i] = w
                 used += 1 + w
-    spare = width - max(used, 0)
-    for i in order:
-        if columns[i].optional and natural[i] and 1 + natural[i] <= spare:
-            widths[i] = natural[i]
-            spare -= 1 + natural[i]
-    _widen([i for i in order if i in widths and not columns[i].numeric], widths, natural, spare)
+    _widen([i for i in order if i in widths and not columns[i].numeric], widths, natural, width - max(used, 0))
     return [Placed(columns[i], widths[i]) for i in sorted(widths)]
 
 
