@@ -90,7 +90,7 @@ def check_setup() -> None:
 
     for words, folder, low, high in (
         ("~/.cache/tokendiff/vllm-venv`): ~2 min, ~2.5 GB", "vllm-venv", 2_000, 3_000),
-        ("from npm: 15 s, 93 MB", "tokenizers", 75, 115),
+        ("2 cores busy), 93 MB", "tokenizers", 75, 115),
     ):
         said(words)
         where = cache_dir() / folder
