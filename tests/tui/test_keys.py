@@ -435,13 +435,18 @@ async def test_page_up_and_down_move_a_page_of_tokens():
 # ---------------------------------------------------------------- export, replay, back
 
 
+async def _writes(a, opened, key: str, written: Path) -> None:
+    """`key` pressed once the app has `opened` writes `written` (in the working directory)."""
+    async with a.run_test(size=(140, 40)) as pilot:
+        await opened(pilot, a)
+        await pilot.press(key)
+        await wait_for(pilot, written.is_file)
+
+
 async def test_x_exports_the_pair(tmp_path, monkeypatch):
     a = app(paths=[str(Path("captures/agent/capture.jsonl").resolve())])
     monkeypatch.chdir(tmp_path)
-    async with a.run_test(size=(140, 40)) as pilot:
-        await _pair(pilot, a)
-        await pilot.press("x")
-        await wait_for(pilot, lambda: (tmp_path / "tokendiff-pair-2-3.json").is_file())
+    await _writes(a, _pair, "x", tmp_path / "tokendiff-pair-2-3.json")
 
 
 async def test_r_is_offered_with_a_backend_and_says_why_not_without():
@@ -498,11 +503,7 @@ async def test_enter_opens_the_pair_once_there_are_turns(tmp_path):
 async def test_e_exports_the_report_once_there_are_turns(tmp_path, monkeypatch):
     a = _session_app(paths=[str(Path("captures/agent/capture.jsonl").resolve())])
     monkeypatch.chdir(tmp_path)
-    async with a.run_test(size=(140, 40)) as pilot:
-        await _table(pilot, a)
-        assert "export report" in footer_keys(a.screen)
-        await pilot.press("e")
-        await wait_for(pilot, lambda: (tmp_path / "tokendiff-report.md").is_file())
+    await _writes(a, _table, "e", tmp_path / "tokendiff-report.md")
 
 
 async def test_session_arrows_home_end_and_pages_move_between_turns():
