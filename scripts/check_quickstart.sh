@@ -4,6 +4,8 @@
 # The first (a venv, tokendiff installed, the bundled demo opened) runs as written; without a terminal
 # tokendiff prints the demo's report, which is checked. The second (the test command) runs with one test
 # file as its argument, so the set-up it installs is exercised without running the suite twice in CI.
+# Then the README's statements about the TUI's keys, the reports and what the set-up installs
+# (scripts/readme_claims.py, in the clone's .venv), and that a second set-up takes seconds.
 #   usage: scripts/check_quickstart.sh [PYTHON]    (default python3; .ci/run calls it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +29,18 @@ if ! grep -q "^# tokendiff report" "$dir/demo.out"; then
   cat "$dir/demo.err" >&2
   exit 1
 fi
+.venv/bin/python scripts/readme_claims.py
 echo "== 2: ${cmds[1]} tests/unit/test_demo.py tests/cli/test_demo.py"
 start=$(date +%s)
 bash -c "${cmds[1]} tests/unit/test_demo.py tests/cli/test_demo.py"
 echo "   $(( $(date +%s) - start )) s (set-up included; the wheel of llama-server, the tokenizers and vLLM come from the cache once built)"
+.venv/bin/python scripts/readme_claims.py --setup
+start=$(date +%s)
+bash scripts/setup.sh >/dev/null
+again=$(( $(date +%s) - start ))
+echo "== the set-up again: $again s"
+if [ "$again" -gt 60 ]; then
+  echo "check_quickstart: the README says a second set-up takes seconds; it took $again s" >&2
+  exit 1
+fi
 echo "quickstart: both commands work on a fresh clone"

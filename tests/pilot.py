@@ -8,6 +8,8 @@ import time
 from tokendiff.core.cost import Session, Span, Turn
 from tokendiff.core.model import Finding, SectionPath
 from tokendiff.tui.app import Options, TokendiffApp
+from tokendiff.tui.screens.pair import PairScreen
+from tokendiff.tui.widgets.token_view import TokenPanes, TokenView
 
 AGENT = "captures/agent/capture.jsonl"  # relative (the TUI tests run in the checkout): snapshots must not
 # depend on where the checkout is
@@ -27,6 +29,39 @@ async def wait_for(pilot, cond, timeout: float = 60.0) -> None:
             raise AssertionError("timed out waiting for the TUI")
         await pilot.pause(0.05)
     await pilot.pause(0.1)
+
+
+async def open_pair_screen(pilot, a) -> PairScreen:
+    """The pair screen the app opens on (the first wasteful turn's), once it is there."""
+    await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
+    return a.screen
+
+
+def footer_keys(screen) -> list[str]:
+    """The footer's words, left to right."""
+    return [k.description for k in screen.query("FooterKey")]
+
+
+def keys_on(screen: PairScreen, view: TokenView) -> bool:
+    """Whether the keys act on `view`: the token panes have the focus and `view` is the active one."""
+    panes = screen.query_one(TokenPanes)
+    return panes.has_focus and panes.active is view
+
+
+def on_screen(view: TokenView) -> bool:
+    """Whether the view's cursor is on a line it shows."""
+    line = view.line_of(view.cursor)
+    return view.scroll_offset.y <= line < view.scroll_offset.y + view.size.height
+
+
+def status(screen: PairScreen) -> str:
+    """The pair screen's status line: the token under the cursor of the view the keys act on."""
+    return str(screen.query_one("#status").render())
+
+
+def notified(a) -> list[str]:
+    """The app's notifications so far (the toasts' messages)."""
+    return [n.message for n in a._notifications]
 
 
 def long_session(n: int):

@@ -149,3 +149,11 @@ def test_the_readme_picture_is_what_diff_prints():
     for line in m.group(2).splitlines():
         if line.strip() != "…":
             assert line in output, f"not in `tokendiff diff` output (in this order): {line!r}"
+
+
+def test_the_readmes_claims_about_the_tui_and_the_reports_hold():
+    """scripts/readme_claims.py, as check_quickstart.sh runs it on a fresh clone (issue 31): the keys the
+    README names, its report commands and the agent session's four causes."""
+    done = subprocess.run([sys.executable, "scripts/readme_claims.py"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("TUI: the 8 keys") and "four causes" in done.stdout

@@ -13,6 +13,8 @@ from prompts import TEMPLATES
 
 from tokendiff.backends import doctor as dr
 from tokendiff.cli.main import main
+from tokendiff.core.causes import CAUSES
+from tokendiff.core.kinds import CauseKind
 from tokendiff.testing.llama_server import LlamaServer
 from tokendiff.testing.tiny_gguf import write_tiny_gemma2
 
@@ -103,6 +105,8 @@ def test_qwen3_template_strips_reasoning(llama_server_bin, tiny_model, capsys):
     reasoning = by_kind(doc)["template_reasoning"]
     assert code == 1 and reasoning["status"] == "problem"
     assert "strips earlier turns' reasoning" in reasoning["summary"]
+    # the report's advice for the same cause, word for word (issue 31, point 9)
+    assert reasoning["fix"].startswith(CAUSES[CauseKind.REASONING_STRIPPED].fix)
     assert not any(s.get("n_prompt_tokens") for s in slots)  # --passive sent no completion
     assert "--passive" in by_kind(doc)["caching"]["evidence"]
 
@@ -133,7 +137,9 @@ def test_cache_ram_against_two_agents_working_set(tiny_model, llama_server_bin, 
     assert "command line of pid" in check["evidence"]
     if status == "problem":
         assert check["summary"].startswith("--cache-ram 1 MiB is smaller than the agents' prompts")
-        assert check["fix"] == "--cache-ram 5 (or -np 2 so every agent keeps a slot)"
+        fix = "--cache-ram 5 (MiB: the prompts and 10 % for the cache's bookkeeping), or -np 2 so every agent keeps a "
+        fix += "slot"
+        assert check["fix"] == fix  # the unit said (issue 31, point 9)
     assert by_kind(doc)["slots"]["status"] == "problem"  # and the slot itself is shared
 
 

@@ -37,6 +37,9 @@ async def test_tui_shows_config_problems_and_applies_the_rest(home):
         assert "unknown key 'colour'" in text and "unknown theme 'nope'" in text
         assert "unknown binding id 'pair.nxt'" in text
         assert all(str(paths.config_file()) in m for m in app.notified)
+        # the theme's is one line, as the README says: its name and what applies, not every theme there is
+        theme = next(m for m in app.notified if "unknown theme" in m)
+        assert theme == f"{paths.config_file()}: unknown theme 'nope', {DEFAULT_THEME} instead"
 
 
 async def test_tui_theme_by_file_stem(home, monkeypatch):

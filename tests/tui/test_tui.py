@@ -6,7 +6,7 @@ import json
 
 import pytest
 from helpers import AGENT, ROOT, run_cli
-from pilot import app, long_session, wait_for
+from pilot import app, footer_keys, keys_on, long_session, on_screen, open_pair_screen, wait_for
 
 from tokendiff.app.pair import PromptOptions
 from tokendiff.tui.app import Options, TokendiffApp
@@ -187,15 +187,50 @@ def test_snapshot_pair_at_80x24(snap_compare):
     assert snap_compare(a, terminal_size=(80, 24), run_before=_settled(a))
 
 
-def test_snapshot_session_at_80x24(snap_compare):
-    """The session screen at 80x24: the cause stays on screen, by title (the columns wider screens add do not)."""
-    a = app(open_first_divergence=False)
-
+def _session_loaded(a):
     async def run_before(pilot):
         await wait_for(pilot, lambda: a.session is not None)
         await pilot.pause(0.3)
 
-    assert snap_compare(a, terminal_size=(80, 24), run_before=run_before)
+    return run_before
+
+
+def test_snapshot_session_at_80x24(snap_compare):
+    """The session screen at 80x24: the cause stays on screen, by title (the columns wider screens add do not)."""
+    a = app(open_first_divergence=False)
+    assert snap_compare(a, terminal_size=(80, 24), run_before=_session_loaded(a))
+
+
+def test_snapshot_session_at_160x45(snap_compare):
+    """At 160x45 the table spans the width, with its seconds and whole causes, as tall as its turns; the chart
+    and the spans to fix first take the rows under it (issue 31, point 8)."""
+    a = app(open_first_divergence=False)
+    assert snap_compare(a, terminal_size=(160, 45), run_before=_session_loaded(a))
+
+
+def test_snapshot_pair_at_160x45(snap_compare):
+    a = app()
+    assert snap_compare(a, terminal_size=(160, 45), run_before=_pair_then(a, "m"))
+
+
+async def test_the_session_screen_uses_its_width_and_height():
+    """Issue 31, point 8: at 160 columns the seconds columns are on screen and no cause is cut; at 45 rows the
+    table is as tall as its turns and the chart and the fix-first list start right under it."""
+    from tokendiff.report.session import cause_title
+
+    a = app(open_first_divergence=False)
+    async with a.run_test(size=(160, 45)) as pilot:
+        await wait_for(pilot, lambda: a.session is not None)
+        await pilot.pause(0.2)
+        table = a.screen.query_one("#turns")
+        assert {"wasted s", "prefill s", "ttft s", "cause"} <= set(table.columns)
+        for k, t in enumerate(a.session.turns):
+            assert not t.wasted or cause_title(t) in table.row_text(k)  # whole, not cut with …
+        assert table.region.height == table.row_count + 1  # no empty rows under the last turn
+        side = a.screen.query_one("#session-side")
+        assert side.region.y == table.region.bottom and side.region.width == table.region.width
+        spans = str(a.screen.query_one("#spans").render())
+        assert spans.count("\n") < a.screen.query_one("#spans").region.height  # the list fits in what is left
 
 
 def test_snapshot_a_session_that_cannot_be_loaded(snap_compare):
@@ -225,10 +260,6 @@ class Preloaded(TokendiffApp):
 
         loaded = SimpleNamespace(session=self.preloaded, prompts=[], vocab=None, loader=None)
         self.call_after_refresh(self._loaded, loaded)
-
-
-def footer_keys(screen) -> list[str]:
-    return [k.description for k in screen.query("FooterKey")]
 
 
 def chart_lines(screen) -> list[str]:
@@ -293,7 +324,7 @@ async def test_session_table_columns_by_width_titles_and_home_end():
     async with a.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: a.session is not None)
         table = a.screen.query_one("#turns")
-        assert table.columns[:4] == ["turn", "reuse %", "wasted", "cause"]
+        assert {"turn", "reuse %", "wasted", "cause"} <= set(table.columns)
         assert "A counter or percentage changed" in table.row_text(2)  # turn 3
         assert "Tools added or removed" in table.row_text(4) and "tool_set" not in table.row_text(4)
         await pilot.press("end")
@@ -380,22 +411,6 @@ async def test_session_table_mouse_and_enter_open_the_pair():
 
 
 # ---------------------------------------------------------------- navigation, help, search, copy (issue #14)
-
-
-async def open_pair_screen(pilot, a) -> PairScreen:
-    await wait_for(pilot, lambda: isinstance(a.screen, PairScreen))
-    return a.screen
-
-
-def keys_on(screen: PairScreen, view: TokenView) -> bool:
-    """Whether the keys act on `view`: the token panes have the focus and `view` is the active one."""
-    panes = screen.query_one(TokenPanes)
-    return panes.has_focus and panes.active is view
-
-
-def on_screen(view: TokenView) -> bool:
-    line = view.line_of(view.cursor)
-    return view.scroll_offset.y <= line < view.scroll_offset.y + view.size.height
 
 
 async def test_help_lists_the_screens_keys_and_the_colours():
@@ -502,11 +517,7 @@ async def test_outline_hides_and_enter_jumps_without_folding():
         assert node.is_expanded == expanded and keys_on(s, s.query_one("#unified", TokenView))
         labels = [n.label.plain for n in s._outline_nodes.values()]
         assert tree.size.width >= max(len(x) for x in labels) + 8  # the deepest labels fit, not cut
-        assert tree.styles.background != s.query_one("#unified").styles.background
-        await pilot.press("O")
-        assert not tree.display and keys_on(s, s.query_one("#unified", TokenView))
-        await pilot.press("O")
-        assert tree.display
+        assert tree.styles.background != s.query_one("#unified").styles.background  # `O`: tests/tui/test_keys.py
 
 
 async def test_footer_at_80x24_shows_what_matters_and_no_hunk_anywhere():
@@ -741,6 +752,10 @@ async def test_the_findings_say_what_their_figures_are():
         assert s.sub_title == "42 of 1,617 tokens reusable · 1 divergent span and 1 expected"
         text = str(s.query_one("#findings").render())
         assert "A's token 42 became B's token 42" in text and "(confidence 70%)" in text and "→" not in text
+        await pilot.press("n")  # the expected span: "expected" said once (issue 31, point 9)
+        text = str(s.query_one("#findings").render())
+        assert "New turns appended (expected; confidence 80%): 181 new tokens" in text
+        assert text.count("expected") == 1
 
 
 # issue 14, defect 21
@@ -791,16 +806,19 @@ async def test_the_palette_names_actions_with_descriptions_and_runs_them():
 
 
 async def test_the_footer_is_rebuilt_only_when_its_keys_change():
-    """`m` shows the same keys (it keeps the focus where it is): the same key widgets stay;
-    the session screen's keys change once it has turns (open and export offered): they are redrawn."""
+    """`m` shows the same keys (it keeps the focus where it is), only its own label changes to the other mode:
+    the same key widgets stay, relabelled; the session screen's keys change once it has turns (open and export
+    offered): they are redrawn."""
     a = app()
     async with a.run_test(size=(140, 40)) as pilot:
         s = await open_pair_screen(pilot, a)
         before = list(s.query("FooterKey"))
+        labels = footer_keys(s)
         for _ in range(3):
             await pilot.press("m")
             await pilot.pause(0.1)
-        assert list(s.query("FooterKey")) == before and footer_keys(s) == [k.description for k in before]
+        assert list(s.query("FooterKey")) == before
+        assert footer_keys(s) == [{"side by side": "unified"}.get(k, k) for k in labels]
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(a.screen, SessionScreen) and a.session is not None)
         keys = {k.description: k for k in a.screen.query("FooterKey")}

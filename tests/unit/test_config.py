@@ -106,7 +106,8 @@ def test_unknown_theme_in_the_config_warns_and_falls_back(home):
     name, warnings = choose_theme(None, cfg, cat)
     assert name == DEFAULT_THEME
     assert len(warnings) == 1 and warnings[0].startswith(f"{home / 'c.toml'}: unknown theme 'solarized-darkk'")
-    assert "tokendiff-light" in warnings[0]
+    assert warnings[0].endswith(f", {DEFAULT_THEME} instead") and "\n" not in warnings[0]  # one line (issue 31)
+    assert "tokendiff-light" not in warnings[0]  # not every theme there is: that was an eight-line toast
     assert choose_theme("tokendiff-light", cfg, cat) == ("tokendiff-light", [])  # --theme wins over the file
 
 

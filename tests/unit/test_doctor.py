@@ -124,7 +124,8 @@ def test_cache_ram_against_the_working_set():
     w = dr.Workload(agents=2)
     small = _evidence(srv.LLAMA, lay, dr.LaunchFlags(source="t", cache_ram_mib=4096), **{"/props": props})
     check = dr.check_cache_ram(small, w)
-    assert check.status == dr.PROBLEM and "6,656 MiB" in check.evidence and check.fix.startswith("--cache-ram 7322 ")
+    assert check.status == dr.PROBLEM and "6,656 MiB" in check.evidence
+    assert check.fix.startswith("--cache-ram 7322 (MiB")  # the unit said (issue 31, point 9)
     assert dr.check_cache_ram(_evidence(srv.LLAMA, lay, dr.LaunchFlags(source="t"), **{"/props": props}), w).status == (
         dr.OK
     )  # llama-server's default of 8,192 MiB

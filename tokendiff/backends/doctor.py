@@ -32,7 +32,8 @@ from tokendiff.backends import server as srv
 from tokendiff.backends.urls import is_loopback_url
 from tokendiff.core.cache.capacity import kv_bytes_per_token
 from tokendiff.core.cache.swa import AttentionLayout
-from tokendiff.core.kinds import ServerKind
+from tokendiff.core.causes import CAUSES
+from tokendiff.core.kinds import CauseKind, ServerKind
 from tokendiff.errors import InputError, ServerError
 from tokendiff.sources.gguf_meta import read_gguf_metadata
 
@@ -626,8 +627,8 @@ def check_cache_ram(ev: Evidence, w: Workload) -> Check:
     ram = None
     if ev.flags is not None:
         ram = LLAMA_DEFAULT_CACHE_RAM_MIB if ev.flags.cache_ram_mib is None else ev.flags.cache_ram_mib
-    fix = (f"--cache-ram {_mib_flag(need)}" if need else "a --cache-ram that holds every agent's prompt") + (
-        f" (or -np {w.agents} so every agent keeps a slot)"
+    fix = (cache_ram_flag(need) if need else "a --cache-ram that holds every agent's prompt") + (
+        f", or -np {w.agents} so every agent keeps a slot"
     )
     if ram is None or ev.flags is None:
         why = "the server does not report --cache-ram and its command line is not readable here"
@@ -666,8 +667,10 @@ def _mib(n: float) -> str:
     return f"{n / MIB:,.0f} MiB"
 
 
-def _mib_flag(n: float) -> int:
-    return math.ceil(n * 1.1 / MIB)  # 10 % for the cache's own bookkeeping
+def cache_ram_flag(need: float) -> str:
+    """The flag that holds `need` bytes, with its unit: the number alone read as GB or tokens."""
+    mib = math.ceil(need * 1.1 / MIB)  # 10 % for the cache's own bookkeeping
+    return f"--cache-ram {mib} (MiB: the prompts and 10 % for the cache's bookkeeping)"
 
 
 def check_template_date(ev: Evidence, w: Workload) -> Check:
@@ -721,7 +724,7 @@ def check_template_reasoning(ev: Evidence, w: Workload) -> Check:
             "message arrives: each user turn re-prefills from the first assistant turn after the previous one",
             "two probes differing only in an earlier turn's reasoning render identically; the same turn "
             "keeps it while it is the last",
-            f"keep reasoning in history: a --chat-template-file that renders reasoning_content in every turn{preserve}",
+            CAUSES[CauseKind.REASONING_STRIPPED].fix + preserve,  # the report's words for the same cause
         )
     tmpl = str(ev.props.get("chat_template") or "")
     if re.search(r"think|reasoning", tmpl):

@@ -6,6 +6,12 @@ counts, so no view rounds a rounded number again."""
 from __future__ import annotations
 
 
+def seconds_text(x: float) -> str:
+    """Seconds as every view writes them: two decimals under a second (a tiny model's waste), one above; the
+    headline, the lists, the tables and doctor show the same figure for the same seconds."""
+    return f"{x:.2f}" if x < 1 else f"{x:,.1f}"
+
+
 def percent(part: int, whole: int, digits: int = 1, empty: float = 100.0) -> float:
     """`part` of `whole` in percent, rounded half up at `digits` places; `empty` when `whole` is 0."""
     if not whole:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from tokendiff.core.cache.verdict import EngineTurn, GapClass, verdict_text
 from tokendiff.core.cost import Session, Turn
+from tokendiff.core.rounding import seconds_text
 
 if TYPE_CHECKING:
     from tokendiff.report.schema import EngineDocument, EngineFalseHit, EngineGapDoc, EngineHelp, TurnEngineDoc
@@ -108,7 +109,7 @@ def engine_headline(s: Session, lost: Counter[str], hits: list[EngineFalseHit]) 
         parts.append("The engine kept everything the content allowed")
     if s.advice:
         a = s.advice[0]
-        secs = f", {a.seconds:.1f} s" if a.seconds else ""
+        secs = f", {seconds_text(a.seconds)} s" if a.seconds else ""
         parts.append(f"{a.label} would have reused {a.gain:,} more tokens{secs}")
     if hits:
         parts.append(f"{len(hits)} false hit{'s' if len(hits) > 1 else ''} (reuse that should not have happened)")
@@ -171,7 +172,7 @@ def engine_panel(s: Session, show: int = 3) -> list[str]:
         return []  # the engine kept what the content allowed: the spans above say it all
     out = [e["headline"]]
     for h in e["helped"][:show]:
-        secs = f", {h['gain_seconds']:.1f} s" if h["gain_seconds"] else ""
+        secs = f", {seconds_text(h['gain_seconds'])} s" if h["gain_seconds"] else ""
         out.append(f"{h['change']}: +{h['gain_tokens']:,} tokens{secs}")
     return out
 

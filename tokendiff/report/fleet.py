@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
+from tokendiff.core import rounding
 from tokendiff.core.kinds import Backend, CauseKind, CloudCause
 from tokendiff.core.rounding import percent, percent_text
 
@@ -310,8 +311,8 @@ def _worst_turns(sessions: Sequence[SessionFacts], n: int) -> list[FleetWorstTur
 
 
 def seconds_text(x: float | None) -> str:
-    """Seconds as people read them: two decimals under a second (a tiny model's waste), else one."""
-    return "" if x is None else f"{x:.2f}" if x < 1 else f"{x:,.1f}"
+    """Seconds as people read them (core.rounding.seconds_text); "" for none."""
+    return "" if x is None else rounding.seconds_text(x)
 
 
 def fleet_headline(causes: list[FleetCause], n_sessions: int, reused: int, total: int, wasted: int) -> str:

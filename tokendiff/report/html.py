@@ -321,7 +321,7 @@ def render_html(doc: AnyReport) -> str:
     s = doc["summary"]
     e = escape
     est = " (estimated)" if s.get("seconds_estimated") else ""
-    secs = f", {s['wasted_seconds']:.1f} s of prefill{est}" if s["wasted_seconds"] is not None else ""
+    secs = f", {seconds_text(s['wasted_seconds'])} s of prefill{est}" if s["wasted_seconds"] is not None else ""
     out = [
         "<!doctype html><html lang=en><head><meta charset=utf-8>",
         f"<title>tokendiff report: {e(s['path'])}</title><style>{CSS}</style></head><body>",

@@ -185,7 +185,7 @@ def render_markdown(doc: AnyReport) -> str:
     out.append(f"**{s['headline']}**")
     out.append("")
     est = " (estimated)" if s.get("seconds_estimated") else ""
-    secs = f", {s['wasted_seconds']:.1f} s of prefill{est}" if s["wasted_seconds"] is not None else ""
+    secs = f", {seconds_text(s['wasted_seconds'])} s of prefill{est}" if s["wasted_seconds"] is not None else ""
     out.append(
         f"- {s['turns']} turns, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
         f"(**{_reuse(s)} %**); wasted {s['wasted_tokens']:,} tokens{secs}"

@@ -14,7 +14,7 @@ from tokendiff.core.cache.kv_events import EVICTED, EVICTED_TITLE
 from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Session, Span, Turn
 from tokendiff.core.kinds import Backend
 from tokendiff.core.model import Prompt, SectionPath
-from tokendiff.core.rounding import percent, percent_text
+from tokendiff.core.rounding import percent, percent_text, seconds_text
 from tokendiff.core.secrets import mask
 from tokendiff.report.diff import path_json
 from tokendiff.report.engine import engine_json, turn_engine_json
@@ -78,7 +78,7 @@ def prefill_seconds(t: Turn) -> float | None:
 
 def seconds_label(x: float, estimated: bool = False) -> str:
     """Seconds as a person reads them: "0.05 s" (a tiny model's waste), "41.2 s"; "~" when estimated."""
-    return ("~" if estimated else "") + (f"{x:.2f} s" if x < 1 else f"{x:,.1f} s")
+    return ("~" if estimated else "") + f"{seconds_text(x)} s"
 
 
 def _secs(x: float | None) -> float | None:
@@ -370,7 +370,7 @@ def headline(s: Session) -> str:
         return quiet_headline(s.reused_tokens, s.total_tokens, s.wasted_tokens)
     sp = s.spans[0]
     est = ", estimated" if sp.seconds_estimated else ""
-    gain = f" ({sp.seconds:.1f} s of prefill{est})" if sp.seconds else ""
+    gain = f" ({seconds_label(sp.seconds)} of prefill{est})" if sp.seconds else ""  # as the spans list says it
     turns = f"{len(sp.turns)} turn" + ("s" if len(sp.turns) != 1 else "")
     where = f" in {sp.section}" if sp.path and sp.section not in sp.title else ""
     return (

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.command import Hit, Hits, Provider
+from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
 
 from tokendiff.app.cloud import session_cloud
@@ -83,9 +83,9 @@ class TokendiffCommands(Provider):
         ("Back to the session", "screen.back", "Every turn's reuse and the spans to fix first (Esc)"),
     ]
 
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        app, screen = self.app, self.screen  # the screen the palette was opened on
+    def _entries(self) -> Iterable[tuple[str, Callable[[], object], str]]:
+        """The entries the screen the palette was opened on can do: name, what runs it, its description."""
+        app, screen = self.app, self.screen
         if not isinstance(app, TokendiffApp):
             return
         for name, action, description in self.ENTRIES:
@@ -93,9 +93,19 @@ class TokendiffCommands(Provider):
             method = call.split("(")[0]
             if target == "screen" and not hasattr(screen, f"action_{method}"):
                 continue  # offer only what this screen can do
+            yield name, partial(app.run_action, action, screen), description
+
+    async def discover(self) -> Hits:
+        """Ctrl+P before anything is typed: tokendiff's own commands, in the order of the list above."""
+        for name, run, description in self._entries():
+            yield DiscoveryHit(name, run, help=description)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, run, description in self._entries():
             score = matcher.match(name)
             if score > 0:
-                yield Hit(score, matcher.highlight(name), partial(app.run_action, action, screen), help=description)
+                yield Hit(score, matcher.highlight(name), run, help=description)
 
 
 def _binding_ids(*classes: type) -> set[str]:

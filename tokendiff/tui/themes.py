@@ -127,18 +127,20 @@ def require_theme(wanted: str, cat: ThemeCatalogue | None = None) -> str:
 def choose_theme(asked: str | None, config: Config, cat: ThemeCatalogue) -> tuple[str, list[str]]:
     """(the theme to use, warnings): `asked` (--theme), else the config's, else the default.
 
-    An unknown name is a warning and the next choice applies: the TUI still opens.
+    An unknown name is a one-line warning naming it and what applies instead (not the list of every theme,
+    Textual's included, which made an eight-line toast; `--theme` with an unknown name lists them): the TUI
+    still opens.
     """
     warnings: list[str] = []
-    available = ", ".join(cat.names())
+    fallback = cat.resolve(DEFAULT_THEME) or "textual-dark"
     for wanted, where in ((asked, "--theme"), (config.theme, str(config.source))):
         if wanted is None:
             continue
         name = cat.resolve(wanted)
         if name is not None:
             return name, warnings
-        warnings.append(f"{where}: unknown theme {wanted!r}; available: {available}")
-    return cat.resolve(DEFAULT_THEME) or "textual-dark", warnings
+        warnings.append(f"{where}: unknown theme {wanted!r}, {fallback} instead")
+    return fallback, warnings
 
 
 def diff_defaults(theme: Theme) -> dict[str, str]:

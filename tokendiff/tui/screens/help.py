@@ -42,7 +42,7 @@ def screen_keys(screen: Screen[Any]) -> list[KeyHelp]:
         if shown not in keys:
             keys.append(shown)
     rows = [KeyHelp(" ".join(keys), desc) for (desc, _), keys in by_action.items()]
-    rows.append(KeyHelp("tab", "move the focus: outline, tokens (A and B side by side)"))
+    rows.append(KeyHelp("tab shift+tab", getattr(screen, "FOCUS_HELP", "move the focus")))
     rows.append(KeyHelp(app.get_key_display(Binding("ctrl+p", "")), "command palette: every action, by name"))
     rows.append(KeyHelp("?", "this help (Esc closes it)"))
     return rows

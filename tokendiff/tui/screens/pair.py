@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import on, work
@@ -40,6 +41,8 @@ def _owner_text(path: SectionPath) -> str:
 class PairScreen(Screen[None]):
     """Two prompts as tokens: unified or side by side, spans, sections, findings, search."""
 
+    FOCUS_HELP = "move the focus: the outline, the tokens (side by side: A's pane, B's pane)"  # what `?` says of tab
+
     # Short descriptions for the footer (what matters fits 80 columns); the tooltip is what `?` says.
     BINDINGS = [
         HELP,
@@ -64,6 +67,7 @@ class PairScreen(Screen[None]):
         Binding("right_square_bracket", "hunk(1)", "next span", show=False, key_display="]", id="pair.next"),
         Binding("left_square_bracket,p", "hunk(-1)", "previous span", show=False, id="pair.prev"),
         Binding("f", "first", "first divergence", show=False, id="pair.first"),
+        # its footer label is the mode `m` goes to, never the one on screen (see _label_keys)
         Binding("m", "toggle_mode", "side by side", tooltip="unified, or A and B side by side", id="pair.mode"),
         Binding("y", "copy_span", "copy", tooltip="copy the current span's text, A's and B's", id="pair.copy"),
         Binding(
@@ -89,8 +93,9 @@ class PairScreen(Screen[None]):
         Binding(
             "x", "export_pair", "export", show=False, tooltip="export the pair as JSON (diff --json)", id="pair.export"
         ),
-        Binding("r", "replay", "replay", show=False, tooltip="replay the pair against --backend", id="pair.replay"),
         Binding("escape", "back", "back", tooltip="back to the session (closes the search bar first)", id="pair.back"),
+        # in the footer when there is a --backend to replay against (see _label_keys)
+        Binding("r", "replay", "replay", show=False, tooltip="replay the pair against --backend", id="pair.replay"),
     ]
 
     def __init__(
@@ -115,7 +120,8 @@ class PairScreen(Screen[None]):
         self.summary += f" · {cloud}" if cloud else ""
         self.mode = "unified"
         self.hunk = 0
-        self.query_text = ""  # the last search
+        self.query_text = ""  # the search n/N go by ("" when none, or when it matched nothing)
+        self._typed = ""  # what the search bar opens with: the last query typed
         self._hits: dict[str, SearchHits] = {}  # per view id, for query_text
         self.ready: Callable[[], None] | None = None  # called once the screen is complete (see _check_ready)
         self._placed = False  # the cursor is on the first divergence and the status line says so
@@ -141,10 +147,30 @@ class PairScreen(Screen[None]):
         self.sub_title = self.summary
         va, vb = self.query_one("#view-a", TokenView), self.query_one("#view-b", TokenView)
         va.peer, vb.peer = vb, va  # the two panes wrap at one width, so the same text lines up
+        va.border_title, vb.border_title = self.pane_title("a"), self.pane_title("b")
+        self._label_keys()
         self.query_one(TokenPanes).active = self.query_one("#unified", TokenView)
         self._build_outline()
         self.action_focus_tokens()
         self._show_findings()  # the unified view opens on the first divergence by itself
+
+    def pane_title(self, side: str) -> str:
+        """A side-by-side pane's label: which prompt it is, its turn and where it came from."""
+        p, turn = (self.a, self.turn - 1) if side == "a" else (self.b, self.turn)
+        return f"{side.upper()} · turn {turn} · {Path(p.origin).name}"
+
+    def _label_keys(self) -> None:
+        """The footer's words for the state the screen is in: `m` names the mode it switches to, never the one
+        on screen, and `r` is offered when there is a --backend to replay against (it says why not otherwise)."""
+        backend = bool(getattr(self.app, "options", None) and self.app.options.backend)  # type: ignore[attr-defined]
+        changes: dict[str | None, dict[str, Any]] = {
+            "pair.mode": {"description": "unified" if self.mode == "sbs" else "side by side"},
+            "pair.replay": {"show": backend},
+        }
+        keys = self._bindings.key_to_bindings
+        for key, bindings in keys.items():
+            keys[key] = [replace(b, **changes[b.id]) if b.id in changes else b for b in bindings]
+        self.refresh_bindings()
 
     @on(KeyFooter.Drawn)
     def _check_ready(self) -> None:
@@ -239,8 +265,9 @@ class PairScreen(Screen[None]):
         t.append(f"span {self.hunk + 1} of {len(self.d.hunks)}: ", style="bold")
         t.append(f"{span_words(h)} · {(h.b_owner or h.a_owner).label}\n", style="dim")
         for f in fs[:2]:
-            t.append(f"{f.title}", style="bold")
-            t.append(f" ({'expected; ' if f.expected else ''}confidence {f.confidence:.0%}): {f.evidence}\n")
+            title, note = finding_heading(f)
+            t.append(title, style="bold")
+            t.append(f" ({note}): {f.evidence}\n")
             t.append(f"fix: {f.fix}\n", style="italic")
         if not fs:
             t.append("not explained (beyond the first spans)")
@@ -251,13 +278,26 @@ class PairScreen(Screen[None]):
         v = event.view.tokens
         if not v.texts or not self.is_attached:
             return
-        side, idx = v.side[event.position], v.index[event.position]
+        if event.view.placed and event.view is self._view():
+            self._placed = True
+        self._at_cursor(event.view, event.position)
+        self._check_ready()
+
+    @on(TokenPanes.Switched)
+    def _switched(self, event: TokenPanes.Switched) -> None:
+        """Another pane has the keys: the status line (and what `Y` copies) is its token now."""
+        if event.view.tokens.texts and self.is_attached:
+            self._at_cursor(event.view, event.view.cursor)
+
+    def _at_cursor(self, view: TokenView, position: int) -> None:
+        """The status line, the outline and the span follow the cursor of the view the keys act on only: in side
+        by side both panes move, and the status line is the token `Y` copies."""
+        if view is not self._view():
+            return
+        side, idx = view.tokens.side[position], view.tokens.index[position]
         # the status line is one row of the screen's width whatever it says: no layout, which on every
         # cursor move re-flowed the screen and repainted the views' scrollbars (~10 ms on a large pair)
         self.query_one("#status", Static).update(self._status(side, idx), layout=False)
-        if event.view.placed:
-            self._placed = True
-            self._check_ready()
         self._follow_outline(side, idx)
         # the span at or before the cursor
         if self.d.hunks:
@@ -298,6 +338,7 @@ class PairScreen(Screen[None]):
         if not panes.has_focus:  # from the outline or the search bar: the keys go to the tokens
             panes.focus(scroll_visible=False)
         self._mark_matches()
+        self._label_keys()
 
     def action_focus_outline(self) -> None:
         tree = self.query_one("#outline", Tree)
@@ -324,17 +365,23 @@ class PairScreen(Screen[None]):
     def action_search(self) -> None:
         search = self.query_one("#search", Input)
         search.display = True
-        search.value = self.query_text
+        search.value = self._typed
         search.focus()
 
     @on(Input.Submitted, "#search")
     def _searched(self, event: Input.Submitted) -> None:
+        """A new search: its own count in the header, or, with no match anywhere, none, and n/N by span."""
         event.input.display = False
-        self.query_text = event.value.strip()
+        self._typed = self.query_text = event.value.strip()
         self._hits = {}
+        self.sub_title = self.summary  # the last search's "match i of n" goes with it
+        if self.query_text and not self._search_hits(self.query_one("#unified", TokenView)).starts:
+            self.notify(f"no match for {self.query_text!r}: n and N go by span", severity="warning")
+            self.query_text = ""  # (the unified view holds every token of A and B)
         self._mark_matches()
         self.action_focus_tokens()
-        self.action_match(1, inclusive=True)
+        if self.query_text:
+            self.action_match(1, inclusive=True)
 
     def _mark_matches(self) -> None:
         """Underline the search's matches in the views on screen (the other mode's when it is shown)."""
@@ -355,8 +402,9 @@ class PairScreen(Screen[None]):
             return
         view = self._view()
         starts = self._search_hits(view).starts
-        if not starts:
-            self.notify(f"no match for {self.query_text!r}", severity="warning")
+        if not starts:  # side by side, the other pane's text: by span, as with no search
+            self.notify(f"no match for {self.query_text!r} in this pane: n and N go by span", severity="warning")
+            self.action_hunk(delta)
             return
         k = bisect_left(starts, view.cursor + (0 if inclusive or delta < 0 else 1))
         k = k % len(starts) if delta > 0 else (k - 1) % len(starts)
@@ -436,6 +484,13 @@ class PairScreen(Screen[None]):
             self.notify(str(e), severity="error")
             return
         self.notify(f"pair written to {out.resolve()}")
+
+
+def finding_heading(f: Finding) -> tuple[str, str]:
+    """A finding's title and the note after it, "expected" said once: an expected cause's title says so
+    ("New turns appended (expected)"), and the note joins it to the confidence ("expected; confidence 80%")."""
+    title = f.title.removesuffix(" (expected)") if f.expected else f.title
+    return title, f"{'expected; ' if f.expected else ''}confidence {f.confidence:.0%}"
 
 
 def span_words(h: Hunk) -> str:

@@ -33,6 +33,7 @@ class SessionScreen(Screen[None]):
     The table and the chart cost what the screen shows, not the session's length (session_view.py).
     """
 
+    FOCUS_HELP = "nothing to move between: the table of turns holds the focus"  # what `?` says of tab
     BINDINGS = [
         HELP,
         Binding("enter", "open_pair", "open pair", key_display="⏎", id="session.open"),
@@ -61,11 +62,15 @@ class SessionScreen(Screen[None]):
             yield from self._body_widgets()
 
     def _body_widgets(self) -> ComposeResult:
-        with Horizontal(id="session-body"):
+        """The table across the whole width (its seconds columns and causes fit) and as tall as its turns, up
+        to most of the screen; under it the chart and the spans to fix first take the height left, so no band
+        of empty rows stays under a short session's table."""
+        with Vertical(id="session-body"):
             yield SessionTable(id="turns")
-            with Vertical(id="session-side"):
-                yield Static("reuse per turn", classes="caption")
-                yield ReuseChart(id="chart")
+            with Horizontal(id="session-side"):
+                with Vertical(id="chart-box"):
+                    yield Static("reuse per turn", classes="caption")
+                    yield ReuseChart(id="chart")
                 yield Static("", id="spans")
         yield KeyFooter()
 
@@ -83,6 +88,10 @@ class SessionScreen(Screen[None]):
         self._has_body = True
         then()  # `show` or `failed`: each does nothing once the app is closing
 
+    def _body_here(self) -> bool:
+        """Whether the table, chart and list are mounted: not once the app is closing (they go one by one)."""
+        return bool(self.query("#turns") and self.query("#chart") and self.query("#spans"))
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Open and export only once there are turns: the footer offers nothing that would do nothing."""
         if action in ("open_pair", "export_report"):
@@ -98,7 +107,7 @@ class SessionScreen(Screen[None]):
         if not self._has_body:
             self.call_later(self._with_body, partial(self.show, session, cloud))
             return
-        if not self.query("#turns"):  # the app is closing: the screen's widgets are gone
+        if not self._body_here():
             return
         first_load = self.session is None
         self.session, self.cloud = session, cloud
@@ -126,7 +135,7 @@ class SessionScreen(Screen[None]):
         if not self._has_body:
             self.call_later(self._with_body, partial(self.failed, msg))
             return
-        if not self.query("#turns"):
+        if not self._body_here():
             return
         self.query_one("#headline", Static).update(Text(f"could not load the session: {msg}", style="bold"))
         table = self.query_one("#turns", SessionTable)

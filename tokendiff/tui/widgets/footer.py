@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 from textual.widgets import Footer
+from textual.widgets._footer import FooterKey
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult
@@ -28,6 +29,12 @@ def shown_keys(screen: Screen[Any]) -> tuple[Hashable, ...]:
         for key, (_, b, enabled, tooltip) in screen.active_bindings.items()
         if b.show or key == palette
     )
+
+
+def _without_description(entry: Hashable) -> tuple[Hashable, ...]:
+    """A shown key's entry (see shown_keys) but its description."""
+    t: tuple[Hashable, ...] = tuple(entry)  # type: ignore[arg-type]
+    return t[:3] + t[4:]
 
 
 class KeyFooter(Footer):
@@ -47,6 +54,25 @@ class KeyFooter(Footer):
         """Whether the keys are composed (not only scheduled)."""
         return self._drawn
 
+    def _relabel(self, keys: tuple[Hashable, ...]) -> bool:
+        """Only a description changed (`m`'s label names the other mode): the drawn keys relabelled in place,
+        no rebuild. False when anything else changed, or the keys are not drawn yet."""
+        old = self._wanted
+        if not self._drawn or old is None or len(old) != len(keys):
+            return False
+        changed = [(o, k) for o, k in zip(old, keys, strict=True) if o != k]
+        if any(_without_description(o) != _without_description(k) for o, k in changed):
+            return False
+        widgets = {(w.key, w.action): w for w in self.query(FooterKey)}
+        for _, new in changed:
+            widget = widgets.get((new[1], new[4]))  # type: ignore[index]
+            if widget is None:
+                return False
+            widget.description = str(new[3])  # type: ignore[index]
+            widget.refresh(layout=True)
+        self._wanted = keys
+        return True
+
     def compose(self) -> ComposeResult:
         drew = False
         for widget in super().compose():  # passed on as they come: a `with` group in there must stay open
@@ -65,6 +91,8 @@ class KeyFooter(Footer):
     def bindings_changed(self, screen: Screen[Any]) -> None:
         keys = shown_keys(screen)
         if keys == self._wanted and screen is self.screen:
+            return
+        if screen is self.screen and self._relabel(keys):
             return
         super().bindings_changed(screen)
         if screen.app.app_focus and self.is_attached and screen is self.screen:  # Footer scheduled a rebuild

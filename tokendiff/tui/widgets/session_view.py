@@ -29,7 +29,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from tokendiff.core.kinds import Backend
-from tokendiff.core.rounding import percent_text
+from tokendiff.core.rounding import percent_text, seconds_text
 from tokendiff.report.engine import verdict_cell
 from tokendiff.report.session import cause_title
 
@@ -44,8 +44,8 @@ def _num(v: int | None) -> str:
 
 
 def _secs(v: float | None) -> str:
-    """Seconds as the table shows them: two decimals under 10 s, one above."""
-    return "" if v is None else f"{v:.2f}" if v < 10 else f"{v:,.1f}"
+    """Seconds as every view shows them (core.rounding.seconds_text)."""
+    return "" if v is None else seconds_text(v)
 
 
 def _ms_as_s(v: float | None) -> str:
@@ -71,7 +71,8 @@ class Column:
     numeric: bool = True
     widest: Callable[[Sequence[Turn]], str] | None = None  # its widest cell, without formatting every row
     key: Callable[[Turn], Any] | None = None  # what the column sorts by (default: the turn)
-    optional: bool = False  # shown only with room to spare once the text columns have their full width
+    optional: bool = False  # seconds: while watching, ranked right after the cause (time is the symptom)
+    whole: bool = False  # a text column given its whole width when it fits (the cause), not MAX_TEXT
     descending: bool = True  # its first sort: the most (wasted, reuse, seconds) first
     watch_rank: float | None = None  # its rank while the turns come live (watch), where that differs
 
@@ -106,7 +107,7 @@ COLUMNS: tuple[Column, ...] = (
         key=lambda t: t.recompute,
     ),
     Column("wasted", lambda t: _num(t.wasted), 2, widest=_widest_num(lambda t: t.wasted), key=lambda t: t.wasted),
-    Column("cause", cause_title, 3, numeric=False, key=cause_title, descending=False),
+    Column("cause", cause_title, 3, numeric=False, key=cause_title, descending=False, whole=True),
     Column(
         "server cached",
         lambda t: _num(t.reported_cached),
@@ -129,7 +130,7 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "prefill s",
         lambda t: _ms_as_s(t.reported_prompt_ms),
-        7.5,
+        6.4,  # the seconds before the counts a reader can work out (recomputed, reusable)
         optional=True,
         widest=_widest_secs(lambda t: t.reported_prompt_ms and t.reported_prompt_ms / 1000),
         key=lambda t: _missing_last(t.reported_prompt_ms),
@@ -183,8 +184,8 @@ def _with_cost(columns: tuple[Column, ...], costs: Mapping[int, float] | None) -
     return (*columns[:at], cost_column(costs), *columns[at:])
 
 
-WIDE_TEXT = 40  # text columns get up to this before the optional columns get any room
 MIN_TEXT, MAX_TEXT = 12, 28  # a text column narrower than MIN says nothing; wider than MAX only with room to spare
+MAX_WHOLE = 60  # the cause's longest title, and room for a detector's parts in it
 
 
 @dataclass(frozen=True)
@@ -196,46 +197,50 @@ class Placed:
 
 
 def natural_widths(columns: Sequence[Column], turns: Sequence[Turn]) -> list[int]:
-    """Each column's width for its title and its widest cell; 0 for a column no turn has a value for."""
+    """Each column's width for its title and the sort marker after it, and its widest cell; 0 for a column
+    no turn has a value for."""
     out = []
     for c in columns:
         widest = c.widest(turns) if c.widest else max((c.cell(t) for t in turns), key=len, default="")
-        out.append(max(len(c.title), len(widest)) if widest or c.rank == 0 else 0)
+        # a number ends under its title's last letter (the marker's cell after it stays blank)
+        cell = len(widest) + 1 if c.numeric else len(widest)
+        out.append(max(len(c.title) + 1, cell) if widest or c.rank == 0 else 0)
     return out
 
 
 def fit_columns(columns: Sequence[Column], natural: Sequence[int], width: int) -> list[Placed]:
-    """The columns that fit `width`, in table order: by rank, text columns first at up to MAX_TEXT
-    (then, if they did not fit, at MIN_TEXT); what is left widens the text columns to their natural width,
-    and what is left after that takes the optional columns (seconds), by rank."""
+    """The columns that fit `width`, in table order, taken by rank: numbers at their width, the cause whole
+    (up to MAX_WHOLE) and other text at up to MAX_TEXT, each where it fits; then text that did not fit at
+    MIN_TEXT; what is left widens the text columns by rank. So the width goes to what matters most: at
+    80 columns the cause whole, at 160 the seconds too and no cause cut."""
     widths: dict[int, int] = {}
     used = -1  # no separator before the first column
     order = sorted(range(len(columns)), key=lambda i: columns[i].rank)
-    for cap in (MAX_TEXT, MIN_TEXT):
+
+    def cap(c: Column) -> int:
+        return MAX_WHOLE if c.whole else MAX_TEXT
+
+    for first in (True, False):
         for i in order:
-            if not natural[i] or columns[i].optional:  # no turn has a value for it, or only with room to spare
+            c = columns[i]
+            if not natural[i] or i in widths or (c.numeric and not first):  # no turn has a value for it
                 continue
-            w = natural[i] if columns[i].numeric else min(natural[i], cap)
-            if i not in widths and used + 1 + w <= width:
+            w = natural[i] if c.numeric else min(natural[i], cap(c) if first else MIN_TEXT)
+            if first and c.whole and used + 1 + w > width:  # the cause: what is left rather than nothing
+                w = max(MIN_TEXT, width - used - 1)
+            if used + 1 + w <= width:
                 widths[i] = w
                 used += 1 + w
-    texts = [i for i in sorted(widths) if not columns[i].numeric]
-    spare = _widen(texts, widths, natural, width - max(used, 0), WIDE_TEXT)
-    for i in order:
-        if columns[i].optional and natural[i] and 1 + natural[i] <= spare:
-            widths[i] = natural[i]
-            spare -= 1 + natural[i]
-    _widen(texts, widths, natural, spare, None)
+    _widen([i for i in order if i in widths and not columns[i].numeric], widths, natural, width - max(used, 0))
     return [Placed(columns[i], widths[i]) for i in sorted(widths)]
 
 
-def _widen(texts: list[int], widths: dict[int, int], natural: Sequence[int], spare: int, cap: int | None) -> int:
-    """The room left shared among the text columns, each up to its natural width (or `cap`); returns what is left."""
-    for k, i in enumerate(texts):
-        extra = max(0, min(min(natural[i], cap or natural[i]) - widths[i], spare // (len(texts) - k)))
+def _widen(texts: list[int], widths: dict[int, int], natural: Sequence[int], spare: int) -> None:
+    """The room left to the text columns by rank, each up to its natural width: the cause is cut last."""
+    for i in texts:
+        extra = max(0, min(natural[i] - widths[i], spare))
         widths[i] += extra
         spare -= extra
-    return spare
 
 
 def _watch_column(c: Column) -> Column:
@@ -249,6 +254,25 @@ def _cell(text: str, width: int, right: bool) -> str:
     if len(text) > width:
         return text[: max(0, width - 1)] + "…"
     return text.rjust(width) if right else text.ljust(width)
+
+
+def _value_cell(text: str, p: Placed) -> str:
+    """A row's cell: a number right-aligned under its title (the marker's cell after it blank), text from
+    the left across the whole width."""
+    if p.column.numeric:
+        return _cell(text, p.width - 1, True) + " "
+    return _cell(text, p.width, False)
+
+
+def _title_cell(p: Placed, mark: str) -> str:
+    """A column's title with the sort marker (or a blank) right after it: `tokens▼`, never against the
+    title before it."""
+    title = p.column.title
+    if p.column.numeric:
+        return _cell(title, p.width - 1, True) + mark
+    if len(title) < p.width:
+        return (title + mark).ljust(p.width)
+    return _cell(title, p.width - 1, False) + mark
 
 
 class _RowMessage(Message):
@@ -332,6 +356,7 @@ class SessionTable(ScrollView, can_focus=True):
         index) is given. With a prefill speed, each turn's waste is also shown in seconds; with `costs`
         (turn -> $ at a cloud provider), in dollars."""
         keep = self.cursor_row if cursor is None else cursor
+        before = self.turns
         self.turns, self.message = turns, ""
         extra = (wasted_seconds_column(estimated),) if ms_per_token else ()
         self.all_columns = _with_cost(COLUMNS, costs) + extra
@@ -340,6 +365,7 @@ class SessionTable(ScrollView, can_focus=True):
         self.rendered_rows = 0
         self._sort()
         self._relayout()
+        self.refresh(layout=len(turns) != len(before))  # a new row: the table grows (height: auto)
         self.set_reactive(SessionTable.cursor, self.row_of(min(keep, max(0, len(turns) - 1))))
         self.go_to(self.cursor)
         self.post_message(self.Highlighted(self, self.cursor_row))
@@ -348,7 +374,12 @@ class SessionTable(ScrollView, can_focus=True):
         self.turns, self.message = [], text
         self._layout_width = -1
         self._relayout()
-        self.refresh()
+        self.refresh(layout=True)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        """As tall as the header and a row per turn (or the header's line and the message): the screen's
+        `height: auto` gives the table what it shows and the rest of the screen to the chart and spans."""
+        return 1 + max(len(self.turns), 1)
 
     @property
     def row_count(self) -> int:
@@ -414,16 +445,14 @@ class SessionTable(ScrollView, can_focus=True):
         return Strip(segs).crop_extend(0, width, style)
 
     def _header(self, width: int) -> Strip:
-        """The titles; the sort column's marked ▼ (most first) or ▲ in the gap before it (after it,
-        for the first column), so the title itself is never cut. Turn order is not marked."""
+        """The titles; the sort column's marked ▼ (most first) or ▲ right after its title, in a cell each
+        column keeps for it. Turn order is not marked."""
         st = self.get_component_rich_style("sessiontable--header")
-        text = " ".join(_cell(p.column.title, p.width, p.column.numeric) for p in self._placed)
-        marked = [k for k, p in enumerate(self._placed) if p.column.title == self.sort_by]
-        if marked and (self.sort_by != "turn" or self.descending):
-            k = marked[0]
-            gap = sum(p.width + 1 for p in self._placed[:k]) - 1 if k else self._placed[0].width
-            if 0 <= gap < len(text):
-                text = text[:gap] + ("▼" if self.descending else "▲") + text[gap + 1 :]
+        marked = self.sort_by != "turn" or self.descending
+        arrow = "▼" if self.descending else "▲"
+        text = " ".join(
+            _title_cell(p, arrow if marked and p.column.title == self.sort_by else " ") for p in self._placed
+        )
         return Strip([Segment(text, st)]).crop_extend(0, width, st)
 
     def _row(self, row: int, width: int) -> Strip:
@@ -438,7 +467,7 @@ class SessionTable(ScrollView, can_focus=True):
             cells = []
             for p in self._placed:
                 st = waste if p.column.title in ("wasted", "cause", "$ wasted") else base
-                cells.append((_cell(p.column.cell(t), p.width, p.column.numeric), st))
+                cells.append((_value_cell(p.column.cell(t), p), st))
             strip = self._line(cells, width, base)
             self._cache[(row, on_cursor)] = strip
         return strip

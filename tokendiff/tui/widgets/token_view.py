@@ -367,9 +367,28 @@ class TokenPanes(ContentSwitcher, can_focus=True):
         Binding("shift+tab", "pane(-1)", "previous pane", show=False),
     ]
 
+    class Switched(Message):
+        """The keys act on another view now (Tab, a click, a mode switch): `view`."""
+
+        def __init__(self, view: TokenView) -> None:
+            super().__init__()
+            self.view = view
+
     def __init__(self, *children: Widget, initial: str | None = None, id: str | None = None) -> None:
         super().__init__(*children, initial=initial, id=id)
-        self.active: TokenView | None = None  # the view the keys act on
+        self._active: TokenView | None = None
+
+    @property
+    def active(self) -> TokenView | None:
+        """The view the keys act on (and the status line speaks of)."""
+        return self._active
+
+    @active.setter
+    def active(self, view: TokenView | None) -> None:
+        if view is not self._active:
+            self._active = view
+            if view is not None:
+                self.post_message(self.Switched(view))
 
     def showing(self) -> list[TokenView]:
         """The views on show, left to right."""
