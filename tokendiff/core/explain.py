@@ -27,7 +27,7 @@ from tokendiff.core.grammar import json_braces
 from tokendiff.core.kinds import CauseKind as C
 from tokendiff.core.kinds import HunkKind, Origin
 from tokendiff.core.kinds import SectionKind as K
-from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath, prompt_end
+from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
 
 PAD = 48  # bytes of context either side when matching patterns around a hunk
 
@@ -219,9 +219,38 @@ def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
     )
 
 
+class _Index:
+    """A prompt's sections the detectors look up again and again, each list in the sections' order: the
+    turns (top-level sections), the tool results, where tool responses start, the first generated section.
+    Every detector scanned all sections for these, for every hunk: most of a small pair's explain."""
+
+    __slots__ = ("tops", "results", "response_starts", "generated")
+
+    def __init__(self, sections: list[Section]):
+        self.tops = [s for s in sections if len(s.path.parts) == 1]
+        self.results = [s for s in sections if _is_result(s.path)]
+        self.response_starts = [s.start for s in sections if s.path.has(K.TOOL_RESPONSE)]
+        self.generated = next((x for x in sections if x.path[-1].kind == K.GENERATED), None)
+
+
+def _index(p: Prompt) -> _Index:
+    """The prompt's `_Index`, made once for its sections (remade if they are replaced or grow)."""
+    secs = p.sections
+    got = p.__dict__.get("_explain_index")
+    if got is None or got[0] is not secs or got[1] != len(secs):
+        got = p.__dict__["_explain_index"] = (secs, len(secs), _Index(secs))
+    return got[2]
+
+
+def _prompt_end(p: Prompt) -> int:
+    """`model.prompt_end`, from the prompt's index."""
+    gen = _index(p).generated
+    return gen.start if gen else len(p)
+
+
 def _generated_start(p: Prompt) -> int:
     """Byte where the model's answer begins (after a prefilled empty think block)."""
-    gen = next((x for x in p.sections if x.path[-1].kind == K.GENERATED), None)
+    gen = _index(p).generated
     if gen is None:
         return len(p.data)
     m = re.match(rb"\s*(?:<think>\s*</think>\s*)?", p.data[gen.byte_start : gen.byte_end])
@@ -304,7 +333,7 @@ def detect_double_bos(ctx: Ctx) -> Finding | None:
 
 def _top(p: Prompt, kind: K) -> Section | None:
     """The top-level section of `kind` (a turn-level section such as the generation prompt)."""
-    return next((s for s in p.sections if len(s.path.parts) == 1 and s.path.parts[0].kind == kind), None)
+    return next((s for s in _index(p).tops if s.path.parts[0].kind == kind), None)
 
 
 def _last_turn_start(p: Prompt, end: int) -> int:
@@ -322,7 +351,7 @@ def appended_finding(hunk: int, n_new: int) -> Finding:
 def detect_appended(ctx: Ctx) -> Finding | None:
     """appended (expected) and generated_rerendered: new turns after A's prompt, or A's generated tail
     rendered differently as history."""
-    end = prompt_end(ctx.a)
+    end = _prompt_end(ctx.a)
     pure_insert = ctx.h.a_start == ctx.h.a_end
     # an insertion just before A's open generation prompt is the new turns too: the diff may
     # have matched a stray newline of the generated tail. New turns carry the template's markers;
@@ -384,7 +413,7 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
             "A's generation prompt ends with an empty <think></think> that the same turn loses in history "
             "(enable_thinking=false)",
         )
-    if ctx.h.a_start == ctx.h.a_end and ctx.h.a_start >= prompt_end(ctx.a) and not _TAGS.search(a_txt):
+    if ctx.h.a_start == ctx.h.a_end and ctx.h.a_start >= _prompt_end(ctx.a) and not _TAGS.search(a_txt):
         return None  # inserted after the whole of A's prompt, before what the model generated: new turns
     n = ctx.h.a_end - ctx.h.a_start
     return finding(
@@ -467,8 +496,9 @@ def _has_reasoning(m: dict) -> bool:
 
 def _user_turn_after(p: Prompt, token: int) -> bool:
     """A user message (not a tool result sent as one) starts at or after `token`."""
-    users = [s for s in p.sections if len(s.path) == 1 and s.start >= token and s.path.role == "user"]
-    results = [s.start for s in p.sections if s.path.has(K.TOOL_RESPONSE)]
+    ix = _index(p)
+    users = [s for s in ix.tops if s.start >= token and s.path.role == "user"]
+    results = ix.response_starts
     return any(not any(u.start <= r < u.end for r in results) for u in users)
 
 
@@ -726,7 +756,7 @@ def _text_probe(p: Prompt, start: int, end: int) -> bytes:
 def _placement(a: Prompt, b: Prompt, at_b: int) -> str:
     """'hoisted' when the moved text comes before A's own system prompt in B (moved to the front),
     'merged' when after it (appended to the first system message)."""
-    sec = next((s for s in a.sections if len(s.path) == 1 and _is_system(s.path)), None)
+    sec = next((s for s in _index(a).tops if _is_system(s.path)), None)
     if sec is None:
         return "merged"
     text = a.data[sec.byte_start : sec.byte_end]
@@ -776,7 +806,7 @@ def detect_moved(ctx: Ctx) -> Finding | None:
 
 def _turn_at(p: Prompt, token: int) -> Section | None:
     """The top-level section (a turn) holding `token`."""
-    return next((s for s in p.sections if len(s.path) == 1 and s.start <= token < s.end), None)
+    return next((s for s in _index(p).tops if s.start <= token < s.end), None)
 
 
 def _content_text(content: object) -> str:
@@ -882,7 +912,7 @@ def _message_holds(p: Prompt, index: int | None, text: str) -> bool:
     """Message `index` of `p` (its turn-level section) holds `text`."""
     if index is None:
         return False
-    top = (s for s in p.sections if len(s.path) == 1 and s.path.parts[0].kind == K.MESSAGE)
+    top = (s for s in _index(p).tops if s.path.parts[0].kind == K.MESSAGE)
     turn = next((s for s in top if s.path.parts[0].index == index), None)
     if turn is None:
         return False
@@ -903,7 +933,7 @@ def _is_result(path: SectionPath) -> bool:
 
 def _result_at(p: Prompt, token: int) -> Section | None:
     """The innermost tool-result section holding `token`."""
-    found = [s for s in p.sections if s.start <= token < s.end and _is_result(s.path)]
+    found = [s for s in _index(p).results if s.start <= token < s.end]
     return max(found, key=lambda s: len(s.path), default=None)
 
 
@@ -1028,10 +1058,8 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
     # whole turns inside the deleted run (the diff may keep a few of a turn's tokens as "equal")
     turns_a = [
         s
-        for s in ctx.a.sections
-        if len(s.path) == 1
-        and s.end > s.start
-        and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
+        for s in _index(ctx.a).tops
+        if s.end > s.start and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
     ]
     if not turns_a:
         return None
@@ -1089,7 +1117,7 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
     """new_conversation (expected): B shares nothing with A past the system prompt, or nothing at all:
     none of A's turns from the divergence on is in B (at most a few markers and words line up). Not
     a break of A's cache, so no waste: a new conversation (or another agent on the slot) begins."""
-    if not d.hunks or d.lcp >= prompt_end(a):
+    if not d.hunks or d.lcp >= _prompt_end(a):
         return None
     if cleared_result(a, b, d.hunks[0]) is not None or _same_text(a, b, d.hunks[0]):
         return None  # an old tool result cleared, or the text re-encoded: the conversation goes on
@@ -1098,12 +1126,12 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
         return None
     turns = [
         s
-        for s in a.sections
-        if len(s.path) == 1 and s.end > d.lcp and s.start < prompt_end(a) and s.path[0].kind != K.GENERATION_PROMPT
+        for s in _index(a).tops
+        if s.end > d.lcp and s.start < _prompt_end(a) and s.path[0].kind != K.GENERATION_PROMPT
     ]
     if not turns or any(2 * _shared_in(a, s, d.lcp, runs) >= s.end - s.start for s in turns):
         return None
-    system = next((s for s in a.sections if len(s.path) == 1 and _is_system(s.path) and s.start <= 1), None)
+    system = next((s for s in _index(a).tops if _is_system(s.path) and s.start <= 1), None)
     if system is not None and d.lcp >= system.end:
         kept, later = f"only the system prompt with A ({d.lcp:,} tokens)", " later"
     elif all(a.special[i] for i in range(d.lcp)):
