@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 import re
 import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+from tokendiff.core.align import shared_prefix, shared_suffix
 from tokendiff.core.causes import BILLING_FIX, finding
 from tokendiff.core.grammar import json_braces
 from tokendiff.core.kinds import CauseKind as C
@@ -220,17 +220,35 @@ def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
 
 
 class _Index:
-    """A prompt's sections the detectors look up again and again, each list in the sections' order: the
-    turns (top-level sections), the tool results, where tool responses start, the first generated section.
-    Every detector scanned all sections for these, for every hunk: most of a small pair's explain."""
+    """A prompt's sections the detectors look up again and again, each list in the sections' order and made
+    when first asked for: the turns (top-level sections), where tool responses start, the first generated
+    section. Every detector scanned all sections for these, for every hunk: much of a small pair's explain."""
 
-    __slots__ = ("tops", "results", "response_starts", "generated")
+    __slots__ = ("sections", "_tops", "_response_starts", "_generated")
 
     def __init__(self, sections: list[Section]):
-        self.tops = [s for s in sections if len(s.path.parts) == 1]
-        self.results = [s for s in sections if _is_result(s.path)]
-        self.response_starts = [s.start for s in sections if s.path.has(K.TOOL_RESPONSE)]
-        self.generated = next((x for x in sections if x.path[-1].kind == K.GENERATED), None)
+        self.sections = sections
+        self._tops: list[Section] | None = None
+        self._response_starts: list[int] | None = None
+        self._generated: tuple[Section | None] | None = None
+
+    @property
+    def tops(self) -> list[Section]:
+        if self._tops is None:
+            self._tops = [s for s in self.sections if len(s.path.parts) == 1]
+        return self._tops
+
+    @property
+    def response_starts(self) -> list[int]:
+        if self._response_starts is None:
+            self._response_starts = [s.start for s in self.sections if s.path.has(K.TOOL_RESPONSE)]
+        return self._response_starts
+
+    @property
+    def generated(self) -> Section | None:
+        if self._generated is None:
+            self._generated = (next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None),)
+        return self._generated[0]
 
 
 def _index(p: Prompt) -> _Index:
@@ -873,8 +891,8 @@ def detect_system_appended(ctx: Ctx) -> Finding | None:
 def _removed(ctx: Ctx) -> str:
     """A's text of the hunk less what B's side shares with it at either end."""
     a, b = ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace")
-    i = len(os.path.commonprefix([a, b]))
-    j = len(os.path.commonprefix([a[i:][::-1], b[i:][::-1]]))
+    i = shared_prefix(a, b)
+    j = shared_suffix(a[i:], b[i:])
     return a[i : len(a) - j]
 
 
@@ -933,7 +951,7 @@ def _is_result(path: SectionPath) -> bool:
 
 def _result_at(p: Prompt, token: int) -> Section | None:
     """The innermost tool-result section holding `token`."""
-    found = [s for s in _index(p).results if s.start <= token < s.end]
+    found = [s for s in p.sections if s.start <= token < s.end and _is_result(s.path)]
     return max(found, key=lambda s: len(s.path), default=None)
 
 
@@ -957,7 +975,7 @@ def detect_result_truncated(ctx: Ctx) -> Finding | None:
         return None
     ta, tb = ctx.a.data[ra.byte_start : ra.byte_end], ctx.b.data[rb.byte_start : rb.byte_end]
     at_a, at_b = ctx.h.a_byte_start - ra.byte_start, ctx.h.b_byte_start - rb.byte_start
-    cut = len(os.path.commonprefix([ta, tb]))
+    cut = shared_prefix(ta, tb)
     if at_a == at_b and at_a <= cut and _retruncated(ta, tb, at_a):
         evidence = f"the same up to byte {at_a:,}"
     elif at_a > cut and at_b > cut and _retruncated(ta, tb, cut):
@@ -1217,8 +1235,8 @@ def detect_whitespace(ctx: Ctx) -> Finding | None:
     a, b = ctx.a_text, ctx.b_text
     if a == b or abs(len(a) - len(b)) > 4096 or max(len(a), len(b)) > 65536:
         return None  # trimming changes a few bytes; a long hunk is other text
-    i = len(os.path.commonprefix([a, b]))
-    j = len(os.path.commonprefix([a[i:][::-1], b[i:][::-1]]))
+    i = shared_prefix(a, b)
+    j = shared_suffix(a[i:], b[i:])
     ra, rb = a[i : len(a) - j], b[i : len(b) - j]
     if (ra and rb) or ra.strip() or rb.strip() or _lf(ra) == _lf(rb):
         return None  # not whitespace alone on one side, or only a line ending (line_endings)
@@ -1248,7 +1266,7 @@ def detect_unicode_form(ctx: Ctx) -> Finding | None:
     ua, ub = ea.decode("utf-8", "replace"), eb.decode("utf-8", "replace")
     if ua == ub or unicodedata.normalize("NFC", ua) != unicodedata.normalize("NFC", ub):
         return None
-    i = len(os.path.commonprefix([ua, ub]))
+    i = shared_prefix(ua, ub)
     while 0 < i < len(ua) and unicodedata.combining(ua[i]):
         i -= 1  # start at the base character of a combining sequence
     ca, cb = _grapheme(ua, i), _grapheme(ub, i)
