@@ -21,7 +21,7 @@ from tokendiff.app.session import open_session
 from tokendiff.core import model, tails
 from tokendiff.core import vocab as vocab_mod
 from tokendiff.core.align import _heaviest_links
-from tokendiff.core.kinds import CauseKind
+from tokendiff.core.kinds import CauseKind, SectionKind
 from tokendiff.notices import Aggregated, sink
 from tokendiff.sources.templates.render import Renderer
 from tokendiff.sources.tokenizers import load_vocab, text_tokenizer
@@ -127,6 +127,57 @@ def test_heaviest_chain_is_the_quadratic_one():
         ras, rbs = sorted(rng.sample(range(300), k)), rng.sample(range(300), k)
         runs = [(a, b, rng.choice([1, 2, 8, 8, 9])) for a, b in zip(ras, rbs, strict=True)]
         assert _heaviest_links(runs) == quadratic(runs)
+
+
+def test_anchor_runs_found_from_the_last_run_are_found_from_the_start(monkeypatch):
+    """Each anchor run's place in B, looked for from where the run before it ended (`_find_unique`), is the
+    one a search from the gap's start finds: the spans of random edits are the same either way."""
+    from tokendiff.core import align
+
+    hinted = align._find_unique
+    hints = []
+
+    def counted(raw, gram, lo, hi, hint):
+        hints.append(hint > lo)
+        return hinted(raw, gram, lo, hi, hint)
+
+    def from_start(raw, gram, lo, hi, hint):
+        return align._find_aligned(raw, gram, lo, hi)
+
+    monkeypatch.setattr(align, "_use_numpy", lambda n: False)  # numpy's path finds its runs without searching
+    rng = random.Random(5)
+    for _ in range(300):
+        a = [rng.randrange(40) for _ in range(rng.randint(50, 2500))]
+        b = list(a)
+        for _ in range(rng.randint(1, 6)):  # moves, deletions, insertions, replacements
+            i, j = sorted(rng.sample(range(len(b) + 1), 2))
+            b[i:j] = rng.choice([[], b[i:j][::-1], [rng.randrange(40) for _ in range(rng.randint(0, 40))]])
+        if rng.random() < 0.3:
+            i = rng.randrange(len(b) + 1)
+            b[i:i] = a[: rng.randint(0, 200)]  # a stretch of A repeated
+        monkeypatch.setattr(align, "_find_unique", counted)
+        got = align.diff_spans(a, b)
+        monkeypatch.setattr(align, "_find_unique", from_start)
+        assert align.diff_spans(a, b) == got
+    assert sum(hints) > 100  # runs after the first were looked for from a hint
+
+
+def test_the_explain_index_is_the_scan(tmp_path):
+    """The turns and generated section `explain` lists once per prompt are its sections' own, and are listed
+    again when the sections are replaced or grow."""
+    from tokendiff.core import explain
+
+    cap = _capture(tmp_path / "c.jsonl", 12)
+    loaded = open_session(PromptOptions(), [str(cap)], single_turns=False, workers=1)
+    for p in loaded.prompts[-3:]:
+        for _ in range(2):
+            ix = explain._index(p)
+            assert ix.tops == [s for s in p.sections if len(s.path.parts) == 1]
+            assert ix.response_starts == [s.start for s in p.sections if s.path.has(SectionKind.TOOL_RESPONSE)]
+            assert explain._prompt_end(p) == model.prompt_end(p)
+            p.sections = p.sections[1:]  # replaced
+        p.sections.append(p.sections[0])  # grown in place
+        assert explain._index(p).tops == [s for s in p.sections if len(s.path.parts) == 1]
 
 
 def test_owner_map_is_the_scan(tmp_path):

@@ -313,14 +313,23 @@ def _runs_stdlib(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple
     ga = _kgrams(s.ra, alo, ahi)
     xas = _unique_common(s, (alo, ahi, blo, bhi), ga)
     runs: list[tuple[int, int, int]] = []
-    i = 0
+    i, hint = 0, blo
     while i < len(xas):
         xa = xas[i]
-        xb = _find_aligned(s.rb, ga[xa], blo, bhi) - blo  # a match across token boundaries is skipped
+        xb = _find_unique(s.rb, ga[xa], blo, bhi, hint) - blo
         j = _run_end(s, xas, i, (alo, blo, bhi), xb)
         runs.append((xa, xb, xas[j] - xa + KGRAM))
+        hint = blo + xb + xas[j] - xa + 1
         i = j + 1
     return runs
+
+
+def _find_unique(raw: bytes, gram: bytes, lo: int, hi: int, hint: int) -> int:
+    """The token position of `gram`, which occurs at exactly one token boundary of raw's tokens [lo, hi): looked
+    for from `hint` first (the next run mostly starts in B after the last one ended), then from `lo`. Searching
+    from `lo` for every run costs a pass over B per run; a match across token boundaries is skipped."""
+    at = _find_aligned(raw, gram, hint, hi) if lo < hint < hi else -1
+    return at if at >= 0 else _find_aligned(raw, gram, lo, hi)
 
 
 def _run_end(s: _Seqs, xas: list[int], i: int, box: tuple[int, int, int], xb: int) -> int:

@@ -16,19 +16,19 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 import re
 import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+from tokendiff.core.align import shared_prefix, shared_suffix
 from tokendiff.core.causes import BILLING_FIX, finding
 from tokendiff.core.grammar import json_braces
 from tokendiff.core.kinds import CauseKind as C
 from tokendiff.core.kinds import HunkKind, Origin
 from tokendiff.core.kinds import SectionKind as K
-from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath, prompt_end
+from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
 
 PAD = 48  # bytes of context either side when matching patterns around a hunk
 
@@ -220,9 +220,56 @@ def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
     )
 
 
+class _Index:
+    """A prompt's sections the detectors look up again and again, each list in the sections' order and made
+    when first asked for: the turns (top-level sections), where tool responses start, the first generated
+    section. Every detector scanned all sections for these, for every hunk: much of a small pair's explain."""
+
+    __slots__ = ("sections", "_tops", "_response_starts", "_generated")
+
+    def __init__(self, sections: list[Section]):
+        self.sections = sections
+        self._tops: list[Section] | None = None
+        self._response_starts: list[int] | None = None
+        self._generated: tuple[Section | None] | None = None
+
+    @property
+    def tops(self) -> list[Section]:
+        if self._tops is None:
+            self._tops = [s for s in self.sections if len(s.path.parts) == 1]
+        return self._tops
+
+    @property
+    def response_starts(self) -> list[int]:
+        if self._response_starts is None:
+            self._response_starts = [s.start for s in self.sections if s.path.has(K.TOOL_RESPONSE)]
+        return self._response_starts
+
+    @property
+    def generated(self) -> Section | None:
+        if self._generated is None:
+            self._generated = (next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None),)
+        return self._generated[0]
+
+
+def _index(p: Prompt) -> _Index:
+    """The prompt's `_Index`, made once for its sections (remade if they are replaced or grow)."""
+    secs = p.sections
+    got = p.__dict__.get("_explain_index")
+    if got is None or got[0] is not secs or got[1] != len(secs):
+        got = p.__dict__["_explain_index"] = (secs, len(secs), _Index(secs))
+    return got[2]
+
+
+def _prompt_end(p: Prompt) -> int:
+    """`model.prompt_end`, from the prompt's index."""
+    gen = _index(p).generated
+    return gen.start if gen else len(p)
+
+
 def _generated_start(p: Prompt) -> int:
     """Byte where the model's answer begins (after a prefilled empty think block)."""
-    gen = next((x for x in p.sections if x.path[-1].kind == K.GENERATED), None)
+    gen = _index(p).generated
     if gen is None:
         return len(p.data)
     m = re.match(rb"\s*(?:<think>\s*</think>\s*)?", p.data[gen.byte_start : gen.byte_end])
@@ -305,7 +352,7 @@ def detect_double_bos(ctx: Ctx) -> Finding | None:
 
 def _top(p: Prompt, kind: K) -> Section | None:
     """The top-level section of `kind` (a turn-level section such as the generation prompt)."""
-    return next((s for s in p.sections if len(s.path.parts) == 1 and s.path.parts[0].kind == kind), None)
+    return next((s for s in _index(p).tops if s.path.parts[0].kind == kind), None)
 
 
 def _last_turn_start(p: Prompt, end: int) -> int:
@@ -323,7 +370,7 @@ def appended_finding(hunk: int, n_new: int) -> Finding:
 def detect_appended(ctx: Ctx) -> Finding | None:
     """appended (expected) and generated_rerendered: new turns after A's prompt, or A's generated tail
     rendered differently as history."""
-    end = prompt_end(ctx.a)
+    end = _prompt_end(ctx.a)
     pure_insert = ctx.h.a_start == ctx.h.a_end
     # an insertion just before A's open generation prompt is the new turns too: the diff may
     # have matched a stray newline of the generated tail. New turns carry the template's markers;
@@ -385,7 +432,7 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
             "A's generation prompt ends with an empty <think></think> that the same turn loses in history "
             "(enable_thinking=false)",
         )
-    if ctx.h.a_start == ctx.h.a_end and ctx.h.a_start >= prompt_end(ctx.a) and not _TAGS.search(a_txt):
+    if ctx.h.a_start == ctx.h.a_end and ctx.h.a_start >= _prompt_end(ctx.a) and not _TAGS.search(a_txt):
         return None  # inserted after the whole of A's prompt, before what the model generated: new turns
     n = ctx.h.a_end - ctx.h.a_start
     return finding(
@@ -468,8 +515,9 @@ def _has_reasoning(m: dict[str, Any]) -> bool:
 
 def _user_turn_after(p: Prompt, token: int) -> bool:
     """A user message (not a tool result sent as one) starts at or after `token`."""
-    users = [s for s in p.sections if len(s.path) == 1 and s.start >= token and s.path.role == "user"]
-    results = [s.start for s in p.sections if s.path.has(K.TOOL_RESPONSE)]
+    ix = _index(p)
+    users = [s for s in ix.tops if s.start >= token and s.path.role == "user"]
+    results = ix.response_starts
     return any(not any(u.start <= r < u.end for r in results) for u in users)
 
 
@@ -727,7 +775,7 @@ def _text_probe(p: Prompt, start: int, end: int) -> bytes:
 def _placement(a: Prompt, b: Prompt, at_b: int) -> str:
     """'hoisted' when the moved text comes before A's own system prompt in B (moved to the front),
     'merged' when after it (appended to the first system message)."""
-    sec = next((s for s in a.sections if len(s.path) == 1 and _is_system(s.path)), None)
+    sec = next((s for s in _index(a).tops if _is_system(s.path)), None)
     if sec is None:
         return "merged"
     text = a.data[sec.byte_start : sec.byte_end]
@@ -777,7 +825,7 @@ def detect_moved(ctx: Ctx) -> Finding | None:
 
 def _turn_at(p: Prompt, token: int) -> Section | None:
     """The top-level section (a turn) holding `token`."""
-    return next((s for s in p.sections if len(s.path) == 1 and s.start <= token < s.end), None)
+    return next((s for s in _index(p).tops if s.start <= token < s.end), None)
 
 
 def _content_text(content: object) -> str:
@@ -844,8 +892,8 @@ def detect_system_appended(ctx: Ctx) -> Finding | None:
 def _removed(ctx: Ctx) -> str:
     """A's text of the hunk less what B's side shares with it at either end."""
     a, b = ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace")
-    i = len(os.path.commonprefix([a, b]))
-    j = len(os.path.commonprefix([a[i:][::-1], b[i:][::-1]]))
+    i = shared_prefix(a, b)
+    j = shared_suffix(a[i:], b[i:])
     return a[i : len(a) - j]
 
 
@@ -883,7 +931,7 @@ def _message_holds(p: Prompt, index: int | None, text: str) -> bool:
     """Message `index` of `p` (its turn-level section) holds `text`."""
     if index is None:
         return False
-    top = (s for s in p.sections if len(s.path) == 1 and s.path.parts[0].kind == K.MESSAGE)
+    top = (s for s in _index(p).tops if s.path.parts[0].kind == K.MESSAGE)
     turn = next((s for s in top if s.path.parts[0].index == index), None)
     if turn is None:
         return False
@@ -928,7 +976,7 @@ def detect_result_truncated(ctx: Ctx) -> Finding | None:
         return None
     ta, tb = ctx.a.data[ra.byte_start : ra.byte_end], ctx.b.data[rb.byte_start : rb.byte_end]
     at_a, at_b = ctx.h.a_byte_start - ra.byte_start, ctx.h.b_byte_start - rb.byte_start
-    cut = len(os.path.commonprefix([ta, tb]))
+    cut = shared_prefix(ta, tb)
     if at_a == at_b and at_a <= cut and _retruncated(ta, tb, at_a):
         evidence = f"the same up to byte {at_a:,}"
     elif at_a > cut and at_b > cut and _retruncated(ta, tb, cut):
@@ -1029,10 +1077,8 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
     # whole turns inside the deleted run (the diff may keep a few of a turn's tokens as "equal")
     turns_a = [
         s
-        for s in ctx.a.sections
-        if len(s.path) == 1
-        and s.end > s.start
-        and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
+        for s in _index(ctx.a).tops
+        if s.end > s.start and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
     ]
     if not turns_a:
         return None
@@ -1090,7 +1136,7 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
     """new_conversation (expected): B shares nothing with A past the system prompt, or nothing at all:
     none of A's turns from the divergence on is in B (at most a few markers and words line up). Not
     a break of A's cache, so no waste: a new conversation (or another agent on the slot) begins."""
-    if not d.hunks or d.lcp >= prompt_end(a):
+    if not d.hunks or d.lcp >= _prompt_end(a):
         return None
     if cleared_result(a, b, d.hunks[0]) is not None or _same_text(a, b, d.hunks[0]):
         return None  # an old tool result cleared, or the text re-encoded: the conversation goes on
@@ -1099,12 +1145,12 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
         return None
     turns = [
         s
-        for s in a.sections
-        if len(s.path) == 1 and s.end > d.lcp and s.start < prompt_end(a) and s.path[0].kind != K.GENERATION_PROMPT
+        for s in _index(a).tops
+        if s.end > d.lcp and s.start < _prompt_end(a) and s.path[0].kind != K.GENERATION_PROMPT
     ]
     if not turns or any(2 * _shared_in(a, s, d.lcp, runs) >= s.end - s.start for s in turns):
         return None
-    system = next((s for s in a.sections if len(s.path) == 1 and _is_system(s.path) and s.start <= 1), None)
+    system = next((s for s in _index(a).tops if _is_system(s.path) and s.start <= 1), None)
     if system is not None and d.lcp >= system.end:
         kept, later = f"only the system prompt with A ({d.lcp:,} tokens)", " later"
     elif all(a.special[i] for i in range(d.lcp)):
@@ -1190,8 +1236,8 @@ def detect_whitespace(ctx: Ctx) -> Finding | None:
     a, b = ctx.a_text, ctx.b_text
     if a == b or abs(len(a) - len(b)) > 4096 or max(len(a), len(b)) > 65536:
         return None  # trimming changes a few bytes; a long hunk is other text
-    i = len(os.path.commonprefix([a, b]))
-    j = len(os.path.commonprefix([a[i:][::-1], b[i:][::-1]]))
+    i = shared_prefix(a, b)
+    j = shared_suffix(a[i:], b[i:])
     ra, rb = a[i : len(a) - j], b[i : len(b) - j]
     if (ra and rb) or ra.strip() or rb.strip() or _lf(ra) == _lf(rb):
         return None  # not whitespace alone on one side, or only a line ending (line_endings)
@@ -1221,7 +1267,7 @@ def detect_unicode_form(ctx: Ctx) -> Finding | None:
     ua, ub = ea.decode("utf-8", "replace"), eb.decode("utf-8", "replace")
     if ua == ub or unicodedata.normalize("NFC", ua) != unicodedata.normalize("NFC", ub):
         return None
-    i = len(os.path.commonprefix([ua, ub]))
+    i = shared_prefix(ua, ub)
     while 0 < i < len(ua) and unicodedata.combining(ua[i]):
         i -= 1  # start at the base character of a combining sequence
     ca, cb = _grapheme(ua, i), _grapheme(ub, i)
