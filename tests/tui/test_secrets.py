@@ -1,5 +1,6 @@
-"""The TUI never shows a credential the request used as a name (issue 28): its screens and its exports
-say [REDACTED] where a tool, a call or a schema key is named by one."""
+"""The TUI never shows a credential the request used as a name (issue 28): its labels, titles, findings,
+tables and exports say [REDACTED] where a tool, a call or a schema key is named by one. (The token panes
+show the prompt's own tokens, the key among them: not labels, and not checked here.)"""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from pilot import app, wait_for
 
 from tokendiff.tui.screens.pair import PairScreen
 from tokendiff.tui.screens.session import SessionScreen
+from tokendiff.tui.widgets.token_view import TokenView
 
 
 def shown(a) -> str:
-    """What the screen shows (every line of it), its title and, on a pair, every outline label (folded or not)."""
+    """What the screen shows but the prompt's own tokens (every line of every other widget), its title and,
+    on a pair, every outline label (folded or not)."""
     s = a.screen
-    text = [strip.text for strip in s._compositor.render_strips()] + [str(s.title), str(s.sub_title)]
+    widgets = [w for w in s.query("*") if not isinstance(w, TokenView)]  # a Line API view: no children
+    text = [w.render_line(y).text for w in widgets for y in range(w.size.height)] + [str(s.title), str(s.sub_title)]
     if isinstance(s, PairScreen):
         text += [node.label.plain for node in s._outline_nodes.values()]
     return "\n".join(text)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 from tokendiff.core.kinds import CauseKind, HunkKind, Origin, SectionKind
+from tokendiff.core.secrets import mask
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,11 +75,18 @@ class Part:
             raise ValueError(f"unknown section kind {self.kind!r}")
 
     @property
+    def shown_name(self) -> str | None:
+        """The name as a document or a view may show it: a credential the request used as a name (a tool
+        named by a key) masked by the secrets policy. `name` stays whole: the detectors compare names."""
+        return mask(self.name) if self.name else self.name
+
+    @property
     def label(self) -> str:
-        """How a person names this part on its own."""
-        k, i, n = self.kind, self.index, self.name
+        """How a person names this part on its own (every label is made here: none shows a credential)."""
+        k, i = self.kind, self.index
         if k in _FIXED_LABELS:
             return _FIXED_LABELS[k]
+        n = self.shown_name
         if k == _K.MESSAGE:
             if n == "system" and i == 0:
                 return "system prompt"
