@@ -12,6 +12,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 from tokendiff.core.kinds import CauseKind, HunkKind, Origin, SectionKind
@@ -56,6 +57,11 @@ _FIXED_LABELS = {
 _SILENT_FIELDS = {"content"}  # a message's content is the message: no label of its own
 
 
+@lru_cache(maxsize=4096)  # a session's names are a few dozen tools, calls and roles, labelled again and again
+def _shown(name: str) -> str:
+    return mask(name)
+
+
 @dataclass(frozen=True)
 class Part:
     """One level of a section path.
@@ -78,7 +84,7 @@ class Part:
     def shown_name(self) -> str | None:
         """The name as a document or a view may show it: a credential the request used as a name (a tool
         named by a key) masked by the secrets policy. `name` stays whole: the detectors compare names."""
-        return mask(self.name) if self.name else self.name
+        return _shown(self.name) if self.name else self.name
 
     @property
     def label(self) -> str:
