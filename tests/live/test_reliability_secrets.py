@@ -167,12 +167,16 @@ def test_reports_exports_and_diffs_never_print_a_credential_a_label_names(tmp_pa
 
 
 def assert_never_printed(cap: Path, pairs: list[tuple[str, str]], keys: list[str]) -> None:
-    """Every report format with and without --redact, the dataset and table exports, `diff` as text and
-    JSON: no piece of any key in what they print or write (an excerpt may split a key between its parts)."""
+    """Every report format with and without --redact, the dataset and table exports, the fleet view, `diff`
+    as text and JSON: no piece of any key in what they print or write (an excerpt may split a key between its parts)."""
     d = cap.parent
     formats = ("md", "json", "html", "otlp", "trace")
     runs = [("report", str(cap), "--format", fmt, *red) for fmt in formats for red in ((), ("--redact",))]
     runs += [("report", str(cap), "--export", f"{d}/{name}") for name in ("dataset/", "turns.csv")]
+    (d / "fleet").mkdir()
+    other = d / "fleet" / "capture.jsonl"
+    other.write_bytes(cap.read_bytes())
+    runs += [("report", str(cap), str(other), "--format", fmt) for fmt in ("md", "json")]  # the fleet view
     runs += [("diff", str(d / a), str(d / b), *extra) for a, b in pairs for extra in ((), ("--json",))]
     for args in runs:
         r = run(*args)
