@@ -224,3 +224,30 @@ def capture_record(seq: int, **extra) -> dict:
 def write_records(path: Path, recs: list[dict]) -> None:
     """`recs` as a capture file, one JSON line each."""
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+
+
+# a Stripe key and a GitHub token as the request's own names (issue 28: labels are never printed)
+LABEL_KEYS = ("sk_live_51HAbCdEfGhIjKlMnOpQrStUv", "ghp_abcdefghijklmnopqrstuvwxyz0123456789")
+
+
+def credential_named_capture(d: Path) -> Path:
+    """A 3-turn capture whose section names are credentials: turn 2 puts a tool named by a Stripe key in
+    front of the tools, turn 3 renames it to a GitHub token, every assistant turn calls a tool named by
+    the token and the tools' schema has a parameter named by the key. The request bodies are beside it
+    as a.json, b.json and c.json (for `diff`)."""
+    key, token = LABEL_KEYS
+
+    def tool(name: str) -> dict:
+        params = {"type": "object", "properties": {key: {"type": "string"}}}
+        return {"type": "function", "function": {"name": name, "description": "deploy", "parameters": params}}
+
+    lines, history = [], [{"role": "user", "content": "hi"}]
+    for seq, tools in enumerate(([tool("search")], [tool(key), tool("search")], [tool(token), tool("search")]), 1):
+        request = {"messages": [{"role": "system", "content": "You deploy things."}, *history], "tools": tools}
+        lines.append(orjson.dumps({"schema": SCHEMA, "seq": seq, "source": "har", "request": request}))
+        (d / f"{'abc'[seq - 1]}.json").write_bytes(orjson.dumps(request))
+        call = {"id": f"c{seq}", "type": "function", "function": {"name": token, "arguments": "{}"}}
+        history += [{"role": "assistant", "content": f"ok {seq}", "tool_calls": [call]}]
+        history += [{"role": "tool", "content": f"done {seq}"}, {"role": "user", "content": f"go {seq}"}]
+    (d / "capture.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    return d / "capture.jsonl"

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import orjson
+import polars as pl
 import pytest
+from helpers import LABEL_KEYS, credential_named_capture
 
 from tokendiff.core import secrets
 from tokendiff.sources.capture import SCHEMA
@@ -149,16 +152,42 @@ def test_reports_and_exports_never_print_a_credential_a_prompt_held(tmp_path):
         history += [{"role": "assistant", "content": f"ok {i}"}, {"role": "user", "content": f"go {i}"}]
     cap = tmp_path / "capture.jsonl"
     cap.write_bytes(b"\n".join(lines) + b"\n")
-    (tmp_path / "a.json").write_bytes(orjson.dumps(orjson.loads(lines[0])["request"]))
-    (tmp_path / "b.json").write_bytes(orjson.dumps(orjson.loads(lines[1])["request"]))
-    formats = ("md", "json", "html")
+    for name, line in zip(("a.json", "b.json"), lines, strict=False):
+        (tmp_path / name).write_bytes(orjson.dumps(orjson.loads(line)["request"]))
+    assert_never_printed(cap, [("a.json", "b.json")], keys)
+
+
+def test_reports_exports_and_diffs_never_print_a_credential_a_label_names(tmp_path):
+    """Tools named by a key (added, then renamed), a call of one, a schema parameter named by one: the
+    sections, titles and evidence that name them say [REDACTED] in every format and export."""
+    cap = credential_named_capture(tmp_path)
+    assert_never_printed(cap, [("a.json", "b.json"), ("b.json", "c.json")], list(LABEL_KEYS))
+    diff = run("diff", str(tmp_path / "b.json"), str(tmp_path / "c.json")).stdout
+    assert "tools › [REDACTED] (name)" in diff and "tool set changed (+[REDACTED], -[REDACTED])" in diff
+
+
+def assert_never_printed(cap: Path, pairs: list[tuple[str, str]], keys: list[str]) -> None:
+    """Every report format with and without --redact, the dataset and table exports, the fleet view, `diff`
+    as text and JSON: no piece of any key in what they print or write (an excerpt may split a key between its parts)."""
+    d = cap.parent
+    formats = ("md", "json", "html", "otlp", "trace")
     runs = [("report", str(cap), "--format", fmt, *red) for fmt in formats for red in ((), ("--redact",))]
-    runs += [("diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), *extra) for extra in ((), ("--json",))]
+    runs += [("report", str(cap), "--export", f"{d}/{name}") for name in ("dataset/", "turns.csv")]
+    (d / "fleet").mkdir()
+    other = d / "fleet" / "capture.jsonl"
+    other.write_bytes(cap.read_bytes())
+    runs += [("report", str(cap), str(other), "--format", fmt) for fmt in ("md", "json")]  # the fleet view
+    runs += [("diff", str(d / a), str(d / b), *extra) for a, b in pairs for extra in ((), ("--json",))]
     for args in runs:
         r = run(*args)
         assert r.returncode in (0, 1), (args, r.stderr)
-        for key in keys:  # any piece of it: an excerpt may split a key between its parts
+        for key in keys:
             assert key[4:14] not in r.stdout + r.stderr, (args, key)
+    csv = pl.read_csv(d / "turns.csv").rename({"first_divergence_section": "section"})
+    tables = [csv, *(pl.read_parquet(f) for f in (d / "dataset").rglob("*.parquet"))]
+    assert len(tables) == 3 and all(t["section"].drop_nulls().len() for t in tables)  # sections were written
+    written = "".join(t.write_csv() for t in tables)
+    assert not any(key[4:14] in written for key in keys)
     assert "[REDACTED]" in run("report", str(cap)).stdout
 
 

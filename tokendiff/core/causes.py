@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from tokendiff.core.kinds import CauseKind, Origin
 from tokendiff.core.model import Finding
+from tokendiff.core.secrets import mask
 
 C, Or = CauseKind, Origin
 
@@ -304,7 +305,8 @@ def finding(
 ) -> Finding:
     """The finding of `kind` for one hunk: the table's title, fix, origin and confidence, with the
     detector's evidence, the `parts` its templates name, and what it knows better (a confidence, an
-    origin the tokens show, another fix)."""
+    origin the tokens show, another fix). Every finding is made here, so its words pass the secrets
+    policy once: a name the evidence quotes may be a credential (a tool named by a key)."""
     c = CAUSES[kind]
     title = c.titles.get(variant, c.title)
     origin = c.origin if origin is None else origin
@@ -313,9 +315,9 @@ def finding(
         kind=kind,
         hunk=hunk,
         confidence=c.confidence if confidence is None else confidence,
-        title=title.format_map(parts) if parts else title,
-        evidence=evidence,
-        fix=advice.format_map(parts) if parts else advice,
+        title=mask(title.format_map(parts)) if parts else title,
+        evidence=mask(evidence),
+        fix=mask(advice.format_map(parts)) if parts else advice,
         expected=c.expected,
         origin=origin,
     )

@@ -12,9 +12,11 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 from tokendiff.core.kinds import CauseKind, HunkKind, Origin, SectionKind
+from tokendiff.core.secrets import mask
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,6 +57,11 @@ _FIXED_LABELS = {
 _SILENT_FIELDS = {"content"}  # a message's content is the message: no label of its own
 
 
+@lru_cache(maxsize=4096)  # a session's names are a few dozen tools, calls and roles, labelled again and again
+def _shown(name: str) -> str:
+    return mask(name)
+
+
 @dataclass(frozen=True)
 class Part:
     """One level of a section path.
@@ -74,11 +81,18 @@ class Part:
             raise ValueError(f"unknown section kind {self.kind!r}")
 
     @property
+    def shown_name(self) -> str | None:
+        """The name as a document or a view may show it: a credential the request used as a name (a tool
+        named by a key) masked by the secrets policy. `name` stays whole: the detectors compare names."""
+        return _shown(self.name) if self.name else self.name
+
+    @property
     def label(self) -> str:
-        """How a person names this part on its own."""
-        k, i, n = self.kind, self.index, self.name
+        """How a person names this part on its own (every label is made here: none shows a credential)."""
+        k, i = self.kind, self.index
         if k in _FIXED_LABELS:
             return _FIXED_LABELS[k]
+        n = self.shown_name
         if k == _K.MESSAGE:
             if n == "system" and i == 0:
                 return "system prompt"

@@ -48,7 +48,9 @@ NAME_ENDS = 128  # characters of each end of a very long key name that decide wh
 # tokenizer settings, not credentials (they may appear in chat_template_kwargs or metadata)
 NOT_SECRET = frozenset({"bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token"})
 
-_CREDENTIAL = r"""(?<![A-Za-z0-9_-])(?:
+# a credential starts a word: not inside an identifier (`my-sk-…`), but after a lone hyphen it does
+# (`${KEY:-sk-…}`, a tool-set change `-sk_live_…`)
+_CREDENTIAL = r"""(?<![A-Za-z0-9_])(?<![A-Za-z0-9_]-)(?:
         (?:Bearer|bearer|BEARER|Basic|basic)\s{1,8}(?=[A-Za-z._~+/=-]{0,256}[0-9+/=])[A-Za-z0-9._~+/=-]{8,}
       | sk-(?=[A-Za-z0-9_-]{0,256}[0-9])[A-Za-z0-9_-]{16,}  # OpenAI sk-, sk-proj-; Anthropic sk-ant-
       | (?:sk|rk)_(?:live|test)_[A-Za-z0-9]{10,}          # Stripe secret and restricted keys

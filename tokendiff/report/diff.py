@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 from tokendiff.core.model import END_OF_PROMPT, Divergence, Finding, Prompt, SectionPath
 from tokendiff.core.rounding import percent_text
-from tokendiff.core.secrets import mask
 from tokendiff.core.vocab import Vocab
 from tokendiff.report.excerpt import excerpt
 
@@ -53,7 +52,7 @@ def _finding(f: Finding | None) -> FindingDoc | None:
     return {
         "kind": f.kind,
         "title": f.title,
-        "evidence": mask(f.evidence) if isinstance(f.evidence, str) else f.evidence,
+        "evidence": f.evidence,  # masked where every finding is made (causes.finding)
         "fix": f.fix,
         "confidence": f.confidence,
         "expected": f.expected,
@@ -63,7 +62,7 @@ def _finding(f: Finding | None) -> FindingDoc | None:
 
 def path_json(path: SectionPath) -> list[PathPart]:
     """A section path as JSON: its parts, outermost first (docs/diff-json.md)."""
-    return [{"kind": p.kind, "index": p.index, "name": p.name, "field": p.field} for p in path]
+    return [{"kind": p.kind, "index": p.index, "name": p.shown_name, "field": p.field} for p in path]
 
 
 def _owner_at(p: Prompt, token: int) -> SectionPath:

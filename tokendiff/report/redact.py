@@ -54,7 +54,8 @@ def _redacted_part(p: Part) -> Part:
     chosen = p.kind in (SectionKind.TOOL, SectionKind.TOOL_CALL) or (
         p.kind in (SectionKind.MESSAGE, SectionKind.BOILERPLATE) and p.name not in _ROLES
     )
-    return Part(p.kind, p.index, redact_text(p.name), p.field) if chosen and p.name else p
+    name = p.shown_name  # a credential stays [REDACTED], a hash of it would differ per key
+    return Part(p.kind, p.index, redact_text(name), p.field) if chosen and name else p
 
 
 def label_map(paths: Iterable[SectionPath]) -> dict[str, str]:

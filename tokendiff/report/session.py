@@ -211,7 +211,7 @@ def _span_doc(rank: int, sp: Span, s: Session) -> SpanDoc:
 
 def _causes(prompts: Sequence[Prompt], s: Session, redact: bool, context: int) -> list[CauseDoc]:
     """Each cause's first example: its finding and both sides of its span."""
-    scrub = (lambda x: redact_text(mask(x))) if redact else mask
+    scrub = redact_text if redact else str  # evidence is masked where findings are made
     causes: list[CauseDoc] = []
     seen: set[str] = set()
     for sp in s.spans:
@@ -244,7 +244,7 @@ def _causes(prompts: Sequence[Prompt], s: Session, redact: bool, context: int) -
 
 def _findings(s: Session, redact: bool) -> list[TurnFinding]:
     """Every finding of every turn."""
-    scrub = (lambda x: redact_text(mask(x))) if redact else mask
+    scrub = redact_text if redact else str  # evidence is masked where findings are made
     return [
         {
             "turn": t.turn,
