@@ -230,3 +230,28 @@ def test_deeply_nested_messages_are_refused(tmp_path):
     path.write_text(json.dumps(export(shape, turns=1, noise=False)))
     r = run("report", path)
     assert r.returncode == 2 and "nested" in r.stderr
+
+
+def test_implausible_token_counts_are_ignored(tmp_path):
+    """A span's negative count or one beyond 64 bits (as intValue or in Langfuse's usage_details) is no count:
+    the report runs in every format, with no server count for those turns."""
+    doc = export(genai, turns=2, noise=False)
+    for span in doc["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        for a in span["attributes"]:
+            if a["key"] == "gen_ai.usage.cache_read.input_tokens":
+                a["value"] = {"intValue": str(10**20)}
+            elif a["key"] == "gen_ai.usage.input_tokens":
+                a["value"] = {"intValue": "-5"}
+    lf = export(langfuse, turns=2, noise=False)
+    for span in lf["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        for a in span["attributes"]:
+            if a["key"] == "langfuse.observation.usage_details":
+                a["value"] = {"stringValue": json.dumps({"input": -1, "output": 10**20, "cache_read_input_tokens": -3})}
+    for name, d in (("genai.json", doc), ("langfuse.json", lf)):
+        path = tmp_path / name
+        path.write_text(json.dumps(d))
+        usages = [r.response["usage"] for r in read_otlp(path)]
+        assert all(not {"prompt_tokens", "prompt_tokens_details"} & u.keys() for u in usages)
+        for fmt in ("json", "trace", "otlp"):
+            r = run("report", path, "--format", fmt)
+            assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr

@@ -12,6 +12,7 @@ import pytest
 
 from tokendiff.backends import doctor as dr
 from tokendiff.backends import server as srv
+from tokendiff.backends.doctor_engine import check_engine
 from tokendiff.errors import InputError
 
 
@@ -216,3 +217,13 @@ def test_sglang_and_ollama_say_what_they_could_not_check():
 def test_no_answers_is_not_a_server():
     with pytest.raises(InputError, match="not an inference server"):
         dr.server_kind({"/props": srv.Answer(404, b"nope")}, "http://x")
+
+
+def test_engine_check_claims_nothing_when_no_prompt_fits():
+    """Prompts larger than a slot (or caching off) leave nothing to keep: not 'ok, 100 % kept'."""
+    props = {"total_slots": 1, "default_generation_settings": {"n_ctx": 4096}}
+    flags = dr.LaunchFlags(source="t", parallel=1, ctx_size=4096, cache_ram_mib=0)
+    check = check_engine(_evidence(srv.LLAMA, None, flags, **{"/props": props}), dr.Workload(agents=3))
+    assert check.status == dr.UNCHECKED and "100 %" not in check.summary
+    fits = check_engine(_evidence(srv.LLAMA, None, flags, **{"/props": props}), dr.Workload(prompt_tokens=2048))
+    assert fits.status == dr.OK and "100 %" in fits.summary

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tokendiff.core.cache.verdict import engine_request, reply_text, text_reply
+from tokendiff.core.cache.engine_log import LogTask
+from tokendiff.core.cache.llama import EngineConfig, Fate, Outcome, SelectedBy
+from tokendiff.core.cache.verdict import EngineTurn, Gap, classify, engine_request, reply_text, text_reply
 from tokendiff.sources.streams import final_fields
 from tokendiff.sources.tokenizers import load_vocab, text_tokenizer
 
@@ -77,3 +79,21 @@ def test_engine_request_prefers_the_answers_ids(tokenize):
     assert engine_request(ids, 1, {}, {"content": "Hello, world."}, 5).reply is None  # no tokenizer given
     failed = {"status": 500, "content": "Hello, world."}
     assert engine_request(ids, 1, {}, failed, 5, tokenize=tokenize).reply is None
+
+
+def _reply_turn(log: LogTask | None) -> EngineTurn:
+    """A turn whose server reused 5 tokens more than the content: the previous reply, its IDs unknown."""
+    out = Outcome(turn=2, slot=0, selected_by=SelectedBy.SIMILARITY, cache_n=39, lcp=39, held_origin=1)
+    return EngineTurn(
+        outcome=out, content=39, source=1, before=(Fate.HELD, 0, ""), reply_unknown=8, reported=44, log_task=log
+    )
+
+
+def test_reply_in_slot_stays_explained_with_the_servers_log():
+    """The server's log on the same slot says nothing more than the reply does: the gain is still
+    `reply_in_slot`, as without the log, not `unknown`."""
+    task = LogTask(task=1, slot=0, line=218, selected_by="similarity", cache_n=44)
+    for log in (None, task):
+        et = _reply_turn(log)
+        classify(et, EngineConfig(n_slots=1, cache_ram_mib=0), 0, "")
+        assert [g.kind for g in et.gaps] == [Gap.REPLY_IN_SLOT] and et.verdict is None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from tokendiff.backends.doctor import INFO, OK, PROBLEM, Check, _tokens
+from tokendiff.backends.doctor import INFO, OK, PROBLEM, UNCHECKED, Check, _tokens
 from tokendiff.core.cache.advice import agent_workload, replay_workload
 from tokendiff.core.cache.llama import EngineConfig, EngineFacts
 
@@ -57,6 +57,8 @@ def check_engine(ev: Evidence, w: Workload, flagged: bool = False) -> Check:
         + (f" (defaults assumed for {', '.join(assumed)})" if assumed else "")
         + f": {res.reused:,} of {res.allowed:,} reusable tokens kept ({res.pct:.0f} %)"
     )
+    if not res.allowed:  # every prompt overflows a slot, or caching is off: the checks before say which
+        return Check("engine", UNCHECKED, "nothing to keep: no prompt of this workload can be cached", evidence)
     if res.pct >= KEPT_ENOUGH or not res.advice:
         return Check("engine", OK, f"the slots and caches keep {res.pct:.0f} % of the agents' prompts", evidence)
     best = res.advice[0]

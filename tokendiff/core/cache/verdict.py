@@ -237,7 +237,8 @@ def _gone(fate: Fate, how: str, d: int, cfg: EngineConfig, by: int) -> GapItem:
 
 def _from_log(et: EngineTurn) -> GapItem | None:
     """The server against the model, where its log says why: a restart, a slot cleared for adapters, a
-    context shift or checkpoint the model did not play, another slot than the model's."""
+    context shift or checkpoint the model did not play, another slot than the model's; None where it says
+    nothing more than `_unexplained` would (the previous reply in the slot)."""
     task, d = et.log_task, (et.reported or 0) - et.engine
     if task is None:
         return None
@@ -253,6 +254,8 @@ def _from_log(et: EngineTurn) -> GapItem | None:
         how = task.selected_by or "an unlogged rule"
         why = f"the server chose slot {task.slot} ({how}), the model slot {et.outcome.slot}{where}"
         return GapItem(Gap.UNKNOWN, d, why + ": the flags differ from the ones given or assumed")
+    if 0 < d <= et.reply_unknown:  # the log's account agrees; the previous reply (IDs unknown) is the gain
+        return None
     return GapItem(Gap.UNKNOWN, d, "the server's log: " + "; ".join(describe(task)) + where)
 
 

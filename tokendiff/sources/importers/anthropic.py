@@ -124,16 +124,26 @@ def to_openai_mapped(body: dict[str, Any], llama_server: bool = True) -> tuple[d
     out["messages"] = msgs
     tools = body.get("tools")
     if isinstance(tools, list):
-        out["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.get("name", ""),
-                    "description": t.get("description", ""),
-                    "parameters": t.get("input_schema", {}),
-                },
-            }
-            for t in tools
-            if isinstance(t, dict)
-        ]
+        out["tools"], tool_fields = _tools(tools)
+        fields += tool_fields
+    return out, fields
+
+
+def _tools(tools: list[Any]) -> tuple[list[dict[str, Any]], FieldMap]:
+    """Messages tools in the chat shape, each chat field mapped back to the tool's own (`tools[1].description`,
+    `tools[1].input_schema`), so a changed tool is named as the client wrote it."""
+    out: list[dict[str, Any]] = []
+    fields: FieldMap = []
+    for j, t in enumerate(tools):
+        if not isinstance(t, dict):
+            continue
+        fn = {
+            "name": t.get("name", ""),
+            "description": t.get("description", ""),
+            "parameters": t.get("input_schema", {}),
+        }
+        at = f"tools[{len(out)}]"
+        fields += [(at, f"tools[{j}]"), (f"{at}.function", f"tools[{j}]")]
+        fields.append((f"{at}.function.parameters", f"tools[{j}].input_schema"))
+        out.append({"type": "function", "function": fn})
     return out, fields

@@ -380,9 +380,16 @@ def _first(attrs: Mapping[str, Any], *keys: str) -> Any:
     return next((attrs[k] for k in keys if attrs.get(k) is not None), None)
 
 
+MAX_COUNT = 1 << 53  # a token count beyond this is no count (and would not survive a JSON document)
+
+
+def _plausible(v: Any) -> int | None:
+    """A token count as a span may state it: a non-negative integer below MAX_COUNT; None otherwise."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_COUNT else None
+
+
 def _count(attrs: Mapping[str, Any], *keys: str) -> int | None:
-    v = _first(attrs, *keys)
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+    return _plausible(_first(attrs, *keys))
 
 
 def _nanos(v: Any) -> int | None:
@@ -443,11 +450,11 @@ def _usage(attrs: Mapping[str, Any], where: str) -> dict[str, Any]:
         except InputError:
             d = None
         if isinstance(d, dict):
-            prompt = prompt if prompt is not None else d.get("input") if isinstance(d.get("input"), int) else None
-            output = output if output is not None else d.get("output") if isinstance(d.get("output"), int) else None
+            prompt = prompt if prompt is not None else _plausible(d.get("input"))
+            output = output if output is not None else _plausible(d.get("output"))
             for k in ("cache_read_input_tokens", "input_cached_tokens", "input_cache_read"):
-                if cached is None and isinstance(d.get(k), int):
-                    cached = d[k]
+                if cached is None:
+                    cached = _plausible(d.get(k))
     usage: dict[str, Any] = {}
     if prompt is not None:
         usage["prompt_tokens"] = prompt

@@ -215,7 +215,7 @@ def _tools(tools: Any, vllm: bool) -> tuple[list[dict[str, Any]], FieldMap]:
             continue
         keep = (lambda k: k != "type") if vllm else (lambda k: k in TEMPLATE_TOOL_KEYS)
         fn = {k: v for k, v in t.items() if keep(k)}
-        fields.append((f"tools[{len(out)}]", f"tools[{j}]"))
+        fields += [(f"tools[{len(out)}]", f"tools[{j}]"), (f"tools[{len(out)}].function", f"tools[{j}]")]
         out.append({"type": "function", "function": fn})
     return out, fields
 
