@@ -31,7 +31,7 @@ def test_report_has_seconds_per_turn_and_marks_an_estimated_rate(tmp_path):
     assert slots["spans"][0]["seconds"] == pytest.approx(slots["spans"][0]["tokens"] / 1000, abs=1e-3)
     assert "estimated" in slots["summary"]["headline"]
     md = run_cli("report", str(demo_slots()), "--prefill-rate", "1000").stdout
-    assert "estimated (--prefill-rate or a replay's cold run) prefill speed: 1.000 ms per token" in md
+    assert "prefill speed: 1.000 ms per token, estimated (from --prefill-rate or a replay's cold run)" in md
     assert_one_line_error(run_cli("report", str(demo_slots()), "--prefill-rate", "0"), "--prefill-rate")
 
 

@@ -37,7 +37,8 @@ class Price:
 
 
 def _anthropic(base: float, out: float) -> Price:
-    return Price(base, base * 0.1, base * 1.25, base * 2.0, out)
+    # rounded as the provider's page states them (0.3, not 0.30000000000000004)
+    return Price(base, round(base * 0.1, 6), round(base * 1.25, 6), round(base * 2.0, 6), out)
 
 
 TABLE: dict[str, Price] = {

@@ -127,14 +127,21 @@ def cloud_markdown(doc: CloudDocument) -> list[str]:
         said = t["provider_reason"] or ""
         if said and t["agrees"] is not None:
             said += " (agrees)" if t["agrees"] else " (differs)"
-        where = " ".join(x for x in (t["field"], t["detail"]) if x).replace("|", "\\|")
-        read, written = (t[k] if t[k] is not None else "—" for k in ("read", "written"))
+        where = _where(t["field"], t["detail"]).replace("|", "\\|")
+        read, written = (f"{t[k]:,}" if t[k] is not None else "—" for k in ("read", "written"))
         verdict = CAUSE_TITLES[CloudCause(t["cause"])]
         out.append(
             f"| {t['turn']} | {verdict} | {t['prompt']:,} | {read} | {written} | {t['waste']:,} "
             f"| {money(t['usd'])} | {where} | {said} |"
         )
     return out
+
+
+def _where(field: str | None, detail: str | None) -> str:
+    """The turn's field and why, the field said once (a detail often opens with it)."""
+    if field and detail and detail.startswith(field):
+        return detail
+    return " ".join(x for x in (field, detail) if x)
 
 
 # ---------------------------------------------------------------- the short forms: the TUI and the fleet view

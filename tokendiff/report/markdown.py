@@ -191,8 +191,8 @@ def render_markdown(doc: AnyReport) -> str:
         f"(**{_reuse(s)} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
     )
     if s["ms_per_token"]:
-        how = "estimated (--prefill-rate or a replay's cold run)" if s.get("seconds_estimated") else "measured"
-        out.append(f"- {how} prefill speed: {s['ms_per_token']:.3f} ms per token")
+        how = "estimated (from --prefill-rate or a replay's cold run)" if s.get("seconds_estimated") else "measured"
+        out.append(f"- prefill speed: {s['ms_per_token']:.3f} ms per token, {how}")
     tk = doc["tokenizer"]
     out.append(f"- tokenizer: {tk['name']}" + (" (assumed)" if tk.get("assumed") else ""))
     for left in s.get("skipped_turns") or []:
