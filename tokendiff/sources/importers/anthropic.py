@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tokendiff.errors import InputError
 from tokendiff.sources.importers.responses import FieldMap
 
 
@@ -84,6 +85,7 @@ def to_openai_mapped(body: dict[str, Any], llama_server: bool = True) -> tuple[d
             fields.append((f"messages[{len(msgs)}]", f"messages[{i}]"))
             msgs.append(m)
             continue
+        _check_blocks(content, i)
         texts = [b for b in content if isinstance(b, dict) and b.get("type") == "text"]
         uses = [(j, b) for j, b in enumerate(content) if isinstance(b, dict) and b.get("type") == "tool_use"]
         calls = [
@@ -127,6 +129,18 @@ def to_openai_mapped(body: dict[str, Any], llama_server: bool = True) -> tuple[d
         out["tools"], tool_fields = _tools(tools)
         fields += tool_fields
     return out, fields
+
+
+def _check_blocks(content: list[Any], i: int) -> None:
+    """A message's content is a list of blocks (objects): anything else (a nested list, a bare string) is a
+    request the server refuses, never a message read as empty."""
+    for j, b in enumerate(content):
+        if not isinstance(b, dict):
+            raise InputError(f"messages[{i}].content[{j}] is not a content block (a JSON {_json_kind(b)})")
+
+
+def _json_kind(x: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(x), "number")
 
 
 def _tools(tools: list[Any]) -> tuple[list[dict[str, Any]], FieldMap]:
