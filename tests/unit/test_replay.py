@@ -71,3 +71,11 @@ def test_noisy_runs_are_repeated_their_spread_said_and_no_contradicted_gain_stat
     assert doc["speedup"] is None and doc["cost_ms"] is None
     assert "noisy" in text and "ranged" in text
     assert "not measurably faster" in text
+
+
+def test_a_lighter_scenario_slower_by_a_hair_says_times_that_differ():
+    """A doubt names two times that differ: "2.93 against 2.91 ms", never "2.9 against 2.9 ms"."""
+    close = {"cold": [3.5], "actual": [2.91], "ideal": [2.93], "fixed": [1.0]}
+    _, _, doc = replay(close, repeat=1)
+    said = [d for d in doc["doubts"] if "took longer" in d]
+    assert said and all("2.93 against 2.91 ms" in d for d in said), doc["doubts"]
