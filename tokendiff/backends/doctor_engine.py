@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from tokendiff.backends.doctor import INFO, OK, PROBLEM, UNCHECKED, Check, _tokens
+from tokendiff.backends.doctor import INFO, OK, PROBLEM, UNCHECKED, Check
 from tokendiff.core.cache.advice import agent_workload, replay_workload
 from tokendiff.core.cache.llama import EngineConfig, EngineFacts
 
@@ -52,7 +52,7 @@ def check_engine(ev: Evidence, w: Workload, flagged: bool = False) -> Check:
     res = replay_workload(cfg, work)
     assumed = cfg.assumed()
     evidence = (
-        f"{w.agents} agent(s) sharing a system prompt, 4 turns each of up to {_tokens(w.prompt_tokens)} tokens, "
+        f"{w.agents} agent(s) sharing a system prompt, 4 turns each of up to {w.prompt_tokens:,} tokens, "
         f"played through llama-server's policy with {cfg.flags()}"
         + (f" (defaults assumed for {', '.join(assumed)})" if assumed else "")
         + f": {res.reused:,} of {res.allowed:,} reusable tokens kept ({res.pct:.0f} %)"
