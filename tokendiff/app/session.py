@@ -442,7 +442,8 @@ def _selected_input(loader: Loader, sel: Selected) -> TurnInput:
     if len(ids) and (min(ids) < 0 or max(ids) >= loader.vocab.n_vocab):  # media cells, or a foreign vocabulary
         return TurnInput.of(loader.load_selected(sel, slot), job=job)
     load = partial(loader.load_selected, sel, slot)
-    return TurnInput(ids=np.asarray(ids), origin=sel.label, load=load, job=job)
+    arr = np.asarray(ids)
+    return TurnInput(ids=arr, origin=sel.label, load=load, job=job, sectioning=partial(loader.slot_sectioning, arr))
 
 
 def open_session(

@@ -40,7 +40,7 @@ from tokendiff.core.explain import appended_finding, explain
 from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, ServerKind
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
 from tokendiff.core.prefix_index import PrefixIndex
-from tokendiff.core.tails import Shape, TailDiff, Tails
+from tokendiff.core.tails import Shape, StripPair, TailDiff, Tails
 from tokendiff.core.usage import usage_of
 from tokendiff.core.vocab import Vocab
 
@@ -390,9 +390,9 @@ class Analyser:
         self.spans: dict[SpanKey, Span] = {}
         self.examples: dict[int, tuple[TurnInput, TurnInput]] = {}
         self.prev: TurnInput | None = None
-        self.pending: deque[tuple[Future[PairDiff] | Future[TailDiff], TurnInput, TurnInput, int, Shape | None]] = (
-            deque()
-        )
+        self.pending: deque[
+            tuple[Future[PairDiff] | Future[TailDiff], TurnInput, TurnInput, int, Shape | StripPair | None]
+        ] = deque()
         self.work = 0  # tokens compared or diffed outside the index
         self._scanned = 0  # turns `first_wasted` has looked at
         self._first_wasted: int | None = None
@@ -479,7 +479,7 @@ class Analyser:
 
     def _diff(
         self, a: TurnInput, b: TurnInput, k: int
-    ) -> tuple[Future[PairDiff] | Future[TailDiff], TurnInput, TurnInput, int, Shape | None]:
+    ) -> tuple[Future[PairDiff] | Future[TailDiff], TurnInput, TurnInput, int, Shape | StripPair | None]:
         """A divergent pair's pending diff: from its shape's form where it is a tail pair of a shape
         seen before (core.tails), else from the pool (and its shape learned when it comes back)."""
         shape = None
@@ -499,8 +499,7 @@ class Analyser:
             t = self.turns[k - 1]
             pd = fut.result()
             if shape is not None and self.tails is not None:
-                n_a = len(a.ids)
-                self.tails.learn(shape, n_a - (len(shape.head) // 4 - shape.at), n_a, len(b.ids), pd)
+                self.tails.learn(shape, a.ids, b.ids, pd)
             ceiling = fill_turn(t, pd)
             if _count_spans(t, self.spans, ceiling):
                 self.examples[t.turn] = (a, b)

@@ -21,16 +21,37 @@ setting lines of its first line, whether it holds a special token (the markers o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from tokendiff.core.align import common_prefix
-from tokendiff.core.explain import LINE_REACH, SETTING_LINE_RE, THINK_SWITCH_RE
+from tokendiff.core.align import common_prefix, diff_spans
+from tokendiff.core.explain import (
+    LINE_REACH,
+    PLACEHOLDER_RE,
+    SETTING_LINE_RE,
+    SHARED_RUN,
+    THINK_SWITCH_RE,
+    Ctx,
+    _text_probe,
+    appended_finding,
+    detect_bpe_boundary,
+    detect_counter,
+    detect_date,
+    detect_double_bos,
+    detect_json_reserialized,
+    detect_line_endings,
+    detect_nonce,
+    detect_setting,
+    detect_unicode_form,
+    detect_whitespace,
+)
 from tokendiff.core.kinds import CauseKind, SectionKind
-from tokendiff.core.model import Finding, SectionPath
+from tokendiff.core.model import Divergence, Finding, Hunk, Part, Prompt, PromptMeta, SectionPath
+from tokendiff.core.secrets import mask
 from tokendiff.core.vocab import SPECIAL, Vocab
 
 MAX_TAIL = 32  # tokens of A's open generation prompt a tail may hold
@@ -88,13 +109,18 @@ class Tails:
     def __init__(self, vocab: Vocab):
         self.vocab = vocab
         self.flags = np.frombuffer(bytes(vocab.flags), dtype=np.uint8)
-        self.forms: dict[Shape, Form | None] = {}  # None: retired, or never a form
+        self.forms: dict[Shape | StripShape, Form | StripForm | None] = {}  # None: retired, or never a form
+        self.strips = Strips(vocab, self.flags)
 
-    def shape(self, a: np.ndarray, b: np.ndarray, sections: tuple[Sectioning, Sectioning]) -> Shape | None:
-        """The pair's shape when it is a tail pair: B is A less its last few tokens, then new text, then
-        those tokens again; None otherwise (or when the prompts' sectioning is unknown)."""
-        n_a, n_b = len(a), len(b)
+    def shape(self, a: np.ndarray, b: np.ndarray, sections: tuple[Sectioning, Sectioning]) -> Shape | StripPair | None:
+        """The pair's shape when it is a tail pair (B is A less its last few tokens, then new text, then
+        those tokens again) or a reasoning-strip pair (`Strips`); None otherwise (or when the prompts'
+        sectioning is unknown)."""
         lcp = common_prefix(a, b)
+        return self._tail(a, b, lcp, sections) or self.strips.pair(a, b, lcp, sections)
+
+    def _tail(self, a: np.ndarray, b: np.ndarray, lcp: int, sections: tuple[Sectioning, Sectioning]) -> Shape | None:
+        n_a, n_b = len(a), len(b)
         t = n_a - lcp
         if not (1 <= t <= MAX_TAIL and n_b - lcp > t and lcp > 0) or a[lcp:].tobytes() != b[n_b - t :].tobytes():
             return None
@@ -143,20 +169,29 @@ class Tails:
                 return None
             n *= 4
 
-    def diff(self, shape: Shape | None, a: np.ndarray, b: np.ndarray) -> TailDiff | None:
+    def diff(self, shape: Shape | StripPair | None, a: np.ndarray, b: np.ndarray) -> TailDiff | None:
         """The pair's diff from its shape's form, when one is known."""
+        if isinstance(shape, StripPair):
+            strip = self.forms.get(shape.shape)
+            return StripDiff(shape, len(a), len(b), strip) if isinstance(strip, StripForm) else None
         form = self.forms.get(shape) if shape is not None else None
-        if form is None or shape is None:
+        if not isinstance(form, Form) or shape is None:
             return None
         n_a = len(a)
         return TailDiff(n_a - (len(shape.head) // 4 - shape.at), n_a, len(b), form)
 
-    def learn(self, shape: Shape, lcp: int, n_a: int, n_b: int, pd: Any) -> None:
-        """Keep a full diff of a tail pair as its shape's form, if it is one; retire the shape's form
-        when this diff says otherwise."""
-        form = _form_of(pd, lcp, n_a, n_b)
-        known = self.forms.get(shape, form)
-        self.forms[shape] = form if form is not None and form == known else None
+    def learn(self, shape: Shape | StripPair, a: np.ndarray, b: np.ndarray, pd: Any) -> None:
+        """Keep a full diff of a tail or strip pair as its shape's form, if it is one; retire the shape's
+        form when this diff says otherwise."""
+        n_a, n_b = len(a), len(b)
+        key: Shape | StripShape
+        form: Form | StripForm | None
+        if isinstance(shape, StripPair):
+            key, form = shape.shape, _strip_form(shape, n_a, n_b, pd)
+        else:
+            key, form = shape, _form_of(pd, n_a - (len(shape.head) // 4 - shape.at), n_a, n_b)
+        known = self.forms.get(key, form)
+        self.forms[key] = form if form is not None and form == known else None
 
 
 def _form_of(pd: Any, lcp: int, n_a: int, n_b: int) -> Form | None:
@@ -181,4 +216,312 @@ def _line(before: bytes, after: bytes) -> str:
     return (before + after[: end if end >= 0 else LINE_REACH]).decode("utf-8", "replace")
 
 
-__all__ = ["Tails", "TailDiff", "Shape", "Form", "MAX_TAIL"]
+# ---------------------------------------------------------------- the reasoning strip
+#
+# A slot file holds its prompt and what the model generated: a think block, the answer, the end marker.
+# The next prompt renders that answer as history without the think block (templates drop reasoning before
+# the latest user message): A = P + <think>…</think> + answer, B = P + answer + new turns. The full diff
+# says two things of such a pair: reasoning stripped (or dropped by the client) in A's last message, and
+# the new turns appended; only the message's number and the token counts change from turn to turn.
+#
+# What the detectors read of it (core/explain.py), pinned down:
+# - align: the spans are `diff_spans` of the IDs (A's prompt ends at its last token: a slot file has no
+#   generated section), computed here exactly as `align` does: the think block deleted, the new turns
+#   inserted after A's last token;
+# - the owners (the form's, renumbered): the think block is `message m (assistant) › reasoning`, the
+#   answer and B's next token `message m (assistant)`: no tools, fields, generation prompt or generated
+#   section, so detect_appended, generation_prompt, tools, call_id, tool_key_order, system_appended,
+#   result_cleared, result_truncated and output_retokenized say nothing of the think block, and
+#   appended (0.8) is the new turns' one finding;
+# - what reads text only (bpe_boundary, double_bos, json_reserialized, setting, line_endings, whitespace,
+#   unicode_form, date, nonce, counter; history_rewritten's placeholder on the new turns) is run on the
+#   pair's own bytes here (`_quiet`): the pair is no strip pair unless every one finds nothing;
+# - detect_moved's probe (the think block's text) is looked for in B before the divergence,
+#   reminder_moved's (the block's text) after it; found, the pair is diffed in full;
+# - truncation needs 32 tokens and 80 % of the message deleted, new_conversation a message of A mostly
+#   not in B: both computed from the lengths (`_whole_turn`), and the pair diffed in full where they could
+#   fire;
+# - detect_reasoning: its evidence (the token count, the message's label) is filled per pair; its kind
+#   depends on an empty think block near the divergence in B and on a user message after it
+#   (`_user_after`): both in the shape. history_rewritten (0.5) is found too, and always loses to it.
+
+THINK_REACH = 4096  # tokens of A's think block searched for its end
+SLOT_SECTIONING = "slot file"  # the last part of a slot file's sectioning (app: Loader.slot_sectioning)
+_TEXT_DETECTORS = (
+    detect_bpe_boundary,
+    detect_double_bos,
+    detect_json_reserialized,
+    detect_setting,
+    detect_line_endings,
+    detect_whitespace,
+    detect_unicode_form,
+    detect_date,
+    detect_nonce,
+    detect_counter,
+)
+_REASONING = (CauseKind.REASONING_STRIPPED, CauseKind.REASONING_DROPPED_BY_CLIENT)
+
+
+@dataclass(frozen=True)
+class StripShape:
+    """What a reasoning-strip pair's full diff reads but for its lengths and its message's number."""
+
+    sections: tuple[Any, Any]
+    head: bytes  # A's tokens (int32) from its last special token before the think block to it: the turn's header
+    close: int  # A's last token, the answer's end marker
+    joint: int  # B's first token after the answer: the new turns' first
+    empty_b: bool  # an empty think block in B near the divergence (detect_reasoning's near_b)
+    user_after: bool  # a user message, not tool results alone, in B after the answer (`_user_turn_after`)
+
+
+@dataclass(frozen=True)
+class StripPair:
+    """A reasoning-strip pair: its shape and what varies from pair to pair of the shape."""
+
+    shape: StripShape
+    lcp: int
+    strip: int  # tokens of A's think block (and the white space after it) gone from B
+    marks: int  # A's turn markers before its last turn: the message's number, less the form's offset
+
+
+@dataclass(frozen=True)
+class StripForm:
+    """A strip shape's answer, from its first full diff: the reasoning finding (its evidence left out) and
+    its section (numbered 0), the offset from a pair's marker count to its message's number, and the
+    evidence after the message's label: the same for every pair of the shape."""
+
+    finding: Finding
+    owner: SectionPath
+    offset: int
+    rest: str
+
+
+class StripDiff(TailDiff):
+    """A strip pair's diff from its shape's form: the reasoning hunk, then the new turns after A."""
+
+    __slots__ = ("strip",)
+
+    def __init__(self, pair: StripPair, n_a: int, n_b: int, form: StripForm):
+        owner = _renumbered(form.owner, pair.marks + form.offset)
+        self.lcp, self.n_a, self.n_b, self.strip = pair.lcp, n_a, n_b, pair.strip
+        self.findings = [
+            replace(form.finding, evidence=mask(_reasoning_evidence(pair.strip, owner) + form.rest)),
+            appended_finding(1, n_b - (n_a - pair.strip)),
+        ]
+        self.ceiling, self.owner = n_a - pair.strip, owner
+
+    def hunk_b_start(self, i: int) -> int:
+        return self.lcp if i == 0 else self.n_a - self.strip
+
+
+def _reasoning_evidence(n: int, owner: SectionPath) -> str:
+    """detect_reasoning's evidence up to the message's label."""
+    top = owner.top
+    return f"{n} tokens of reasoning in {top.label if top else 'an assistant turn'}"
+
+
+def _renumbered(path: SectionPath, index: int) -> SectionPath:
+    """The path with its message part numbered `index`."""
+    return SectionPath(tuple(replace(p, index=index) if p.kind == SectionKind.MESSAGE else p for p in path))
+
+
+class _Decoded:
+    """The last prompt decoded for a strip pair (B of one pair is A of the next): its IDs and bytes."""
+
+    def __init__(self, vocab: Vocab):
+        self.vocab = vocab
+        self.ids: np.ndarray | None = None
+        self.got: tuple[bytes, Any, Any] = (b"", None, None)
+
+    def of(self, ids: np.ndarray) -> tuple[bytes, Any, Any]:
+        if self.ids is None or self.ids is not ids:
+            self.ids, self.got = ids, self.vocab.decode(ids)
+        return self.got
+
+    def keep(self, ids: np.ndarray, got: tuple[bytes, Any, Any]) -> None:
+        self.ids, self.got = ids, got
+
+
+class Strips:
+    """Reasoning-strip pairs found from their IDs and a few decoded bytes (see the notes above)."""
+
+    def __init__(self, vocab: Vocab, flags: np.ndarray):
+        self.vocab, self.flags = vocab, flags
+        self.open, self.close = _token(vocab, b"<think>"), _token(vocab, b"</think>")
+        self.decoded = _Decoded(vocab)
+
+    def pair(self, a: np.ndarray, b: np.ndarray, lcp: int, sections: tuple[Sectioning, Sectioning]) -> StripPair | None:
+        """The pair as a strip pair (None: not one, or the full diff must tell)."""
+        n_a, n_b = len(a), len(b)
+        if self.open is None or not (1 < lcp < n_a < n_b) or int(a[lcp]) != self.open:
+            return None
+        ends = np.flatnonzero(a[lcp + 1 : lcp + 1 + THINK_REACH] == self.close)
+        if not ends.size:
+            return None
+        s = self._strip(a, b, lcp, lcp + 2 + int(ends[0]))
+        if s is None:
+            return None
+        lo = max(0, lcp - HEAD_REACH)
+        marks = np.flatnonzero(self.flags[a[lo:lcp]] & SPECIAL)
+        if not marks.size or _whole_turn(self.flags, a, lcp, s, lo + int(marks[-1])):
+            return None
+        g = lo + int(marks[-1])
+        sa, sb = sections[0](), sections[1]()
+        if not (_slot_markers(sa) and _slot_markers(sb)):
+            return None
+        texts = self._texts(a, b, lcp, s)
+        if texts is None:
+            return None
+        pa, pb, user_after = texts
+        b0 = pa.byte_offset(lcp)
+        shape = StripShape(
+            sections=(sa, sb),
+            head=a[g:lcp].astype(np.int32).tobytes(),
+            close=int(a[n_a - 1]),
+            joint=int(b[n_a - s]),
+            empty_b=re.search(rb"<think>\s*</think>", pb.data[max(0, b0 - 16) : b0 + 40]) is not None,
+            user_after=user_after,
+        )
+        return StripPair(shape, lcp, s, int(np.count_nonzero(a[:g] == a[g])))
+
+    def _strip(self, a: np.ndarray, b: np.ndarray, lcp: int, past: int) -> int | None:
+        """The tokens from the divergence that B lacks, when the diff is that deletion and the new turns
+        after A's last token (A's prompt ends there: no generated section), A's text from the divergence
+        holding no special token but its last, which ends its turn."""
+        n_a, n_b = len(a), len(b)
+        spans = diff_spans(a, b, n_a)
+        if len(spans) != 2:
+            return None
+        (a0, a1, b0, b1), ins = spans
+        s = a1 - lcp
+        if (a0, b0, b1) != (lcp, lcp, lcp) or a1 < past or ins != (n_a, n_a, n_a - s, n_b):
+            return None
+        if np.any(self.flags[a[lcp : n_a - 1]] & SPECIAL) or not self.flags[a[n_a - 1]] & SPECIAL:
+            return None
+        return s
+
+    def _texts(self, a: np.ndarray, b: np.ndarray, lcp: int, s: int) -> tuple[Prompt, Prompt, bool] | None:
+        """Both prompts' bytes (B's from A's: P, the answer, then the new turns decoded), and whether a user
+        message follows in B; None when a detector reading text would find something, or the text is not
+        the one the loader would accept."""
+        n_a = len(a)
+        data_a, off_a, sp_a = self.decoded.of(a)
+        tail, off_t, sp_t = self.vocab.decode(b[n_a - s :])
+        x0, x1 = int(off_a[lcp]), int(off_a[lcp + s])
+        data_b = data_a[:x0] + data_a[x1:] + tail
+        base = len(data_a) - (x1 - x0)
+        off_b = np.concatenate([np.asarray(off_a[: lcp + 1]), np.asarray(off_a[lcp + s + 1 :]) - (x1 - x0)])
+        off_b = np.concatenate([off_b, np.asarray(off_t[1:]) + base])
+        sp_b = np.concatenate([np.asarray(sp_a[:lcp]), np.asarray(sp_a[lcp + s :]), np.asarray(sp_t)])
+        pa = Prompt(ids=a, data=data_a, offsets=off_a, special=sp_a, origin="", meta=PromptMeta())
+        pb = Prompt(ids=b, data=data_b, offsets=off_b, special=sp_b, origin="", meta=PromptMeta())
+        self.decoded.keep(b, (data_b, off_b, sp_b))
+        if _mojibake(pa) or _mojibake(pb):
+            return None
+        user = _user_after(data_b[x0:])
+        if user is None or not _quiet(pa, pb, lcp, s):
+            return None
+        return pa, pb, user
+
+
+def _token(vocab: Vocab, piece: bytes) -> int | None:
+    """The vocabulary's token for `piece` among its added tokens (the think tags), if it has one."""
+    flags = vocab.flags
+    for i in range(vocab.n_vocab - 1, -1, -1):
+        if not flags[i]:
+            return None  # added tokens come last: past them, none
+        if vocab.piece(i) == piece:
+            return i
+    return None
+
+
+def _slot_markers(s: Any) -> bool:
+    """A slot file's sectioning by chatml's markers (what `_user_after` reads), no request."""
+    return isinstance(s, tuple) and len(s) == 3 and s[1] == "chatml" and s[2] == SLOT_SECTIONING
+
+
+def _whole_turn(flags: np.ndarray, a: np.ndarray, lcp: int, s: int, g: int) -> bool:
+    """Where detect_truncation or new_conversation could speak: A's last turn (from its marker at g to
+    A's end) mostly the think block, or mostly not in B."""
+    n_a = len(a)
+    r = n_a - lcp - s  # the answer, its end marker last
+    if s >= 32 and s >= 0.8 * (n_a - g):
+        return True
+    return r < SHARED_RUN and 2 * ((lcp - g) + (r - 1)) < n_a - g
+
+
+def _mojibake(p: Prompt) -> bool:
+    """Text the loader refuses (Loader._check_tokenizer_fits): invalid UTF-8 beyond a few sequences."""
+    return p.data.decode("utf-8", "replace").count("\ufffd") > max(8, len(p) // 50)
+
+
+def _user_after(text: bytes) -> bool | None:
+    """Whether B's text from the divergence holds a user message without a tool result in it (the
+    chatml marker sectioning's user turns); None when that is not certain from the text."""
+    if b"<|im_start|>user" not in text:
+        return False
+    turns = text.split(b"<|im_start|>")[1:]
+    results = (b"<tool_response>", "<｜tool▁output▁begin｜>".encode())
+    if any(t.startswith(b"user\n") and not any(r in t for r in results) for t in turns):
+        return True
+    return None
+
+
+def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
+    """No detector that reads text only finds anything in either hunk, nor history_rewritten a placeholder
+    in the new turns; the think block's text is not in B (detect_moved, detect_reminder_moved)."""
+    n_a, n_b = len(pa), len(pb)
+    hunks = (
+        _hunk(pa, pb, (lcp, lcp + s, lcp, lcp)),
+        _hunk(pa, pb, (n_a, n_a, n_a - s, n_b)),
+    )
+    d = Divergence(n_a, n_b, lcp, None, hunks)
+    for i, h in enumerate(hunks):
+        ctx = Ctx(pa, pb, d, h, i)
+        if any(det(ctx) is not None for det in _TEXT_DETECTORS):
+            return False
+    if PLACEHOLDER_RE.search(pb.data[hunks[1].b_byte_start :].decode("utf-8", "replace")):
+        return False
+    x0, x1 = hunks[0].a_byte_start, hunks[0].a_byte_end
+    probe = _text_probe(pa, lcp, lcp + s)
+    if len(probe) >= 24 and pb.data.find(probe, 0, x0) >= 0:
+        return False
+    removed = pa.data[x0:x1].decode("utf-8", "replace").strip()
+    return not (len(removed) >= 24 and pb.data.find(removed[:200].encode(), x0) >= 0)
+
+
+def _hunk(pa: Prompt, pb: Prompt, span: tuple[int, int, int, int]) -> Hunk:
+    a0, a1, b0, b1 = span
+    bo_a, bo_b = pa.byte_offset, pb.byte_offset
+    return Hunk(a0, a1, b0, b1, bo_a(a0), bo_a(a1), bo_b(b0), bo_b(b1), SectionPath(), SectionPath())
+
+
+def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | None:
+    """The form a full diff of a strip pair gives: the deletion and the insertion, the reasoning finding
+    in A's last message and the appended one, every owner that message."""
+    d, lcp, s = pd.divergence, pair.lcp, pair.strip
+    if d is None or d.lcp != lcp or len(d.hunks) != 2 or len(pd.findings) != 2 or pd.ceiling != n_a - s:
+        return None
+    h0, h1 = d.hunks
+    if (h0.a_start, h0.a_end, h0.b_start, h0.b_end) != (lcp, lcp + s, lcp, lcp):
+        return None
+    if (h1.a_start, h1.a_end, h1.b_start, h1.b_end) != (n_a, n_a, n_a - s, n_b):
+        return None
+    f0, f1 = pd.findings
+    if f0.kind not in _REASONING or f0.hunk != 0 or f1 != appended_finding(1, n_b - (n_a - s)):
+        return None
+    owner, turn = h0.a_owner, h0.b_owner
+    top = turn.top
+    if top is None or top.kind != SectionKind.MESSAGE or top.name != "assistant" or top.field or top.index is None:
+        return None
+    if owner != turn + (Part(SectionKind.REASONING),) or not h1.a_owner == h1.b_owner == turn:
+        return None
+    lead = _reasoning_evidence(s, owner)
+    if not f0.evidence.startswith(lead):
+        return None
+    form = StripForm(replace(f0, evidence=""), _renumbered(owner, 0), top.index - pair.marks, f0.evidence[len(lead) :])
+    filled = StripDiff(pair, n_a, n_b, form)
+    return form if filled.findings == list(pd.findings) and filled.owner == owner else None
+
+
+__all__ = ["Tails", "TailDiff", "StripDiff", "Shape", "StripPair", "Form", "MAX_TAIL", "SLOT_SECTIONING"]

@@ -473,6 +473,14 @@ class Loader:
         _render_differs(label, local.encode("utf-8"), data)
         return Sectioning.MARKERS, fam
 
+    def slot_sectioning(self, ids: np.ndarray) -> tuple[Sectioning, str, str] | None:
+        """How the full load of a slot file (`_slot`) sections its prompt: by the template's markers of the
+        family its special tokens tell, no request. None where a family is forced or none is found."""
+        from tokendiff.core.tails import SLOT_SECTIONING
+
+        fam = self._family_of(ids) if self.family is None and len(ids) else None
+        return (Sectioning.MARKERS, fam, SLOT_SECTIONING) if fam not in (None, "none") else None
+
     def _decode_next(self, ids: np.ndarray) -> bytes:
         """The bytes of `ids`, the part they share with the IDs `sectioning` decoded before taken from
         those: a session's prompt repeats most of the one before it."""
