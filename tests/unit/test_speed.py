@@ -5,7 +5,9 @@ against the stdlib one, warnings from worker processes counted once, fleets shar
 from __future__ import annotations
 
 import json
+import os
 import random
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -105,8 +107,70 @@ def test_a_form_is_learned_only_from_its_own_shape():
     t = tails.Tails(load_vocab(None))
     shape = tails.Shape((1, 1), b"\0\0\0\0", 1, False, ((), False), True)
     t.forms[shape] = tails.Form(f, model.SectionPath(), 0)
-    t.learn(shape, 1, 2, 3, type("PD", (), {"divergence": None, "findings": [], "ceiling": 0})())
+    t.learn(shape, np.zeros(2, np.int32), np.zeros(3, np.int32), type("PD", (), {"divergence": None})())
     assert t.forms[shape] is None
+
+
+REASONS = [
+    "mulling it over",
+    "Today is 2026-01-05, so the tests ran yesterday",  # a date in the stripped text
+    "/think again about the parser",  # a think switch
+    "reasoning effort: high",  # a setting line
+    'the call was {"a": 1, "b": [2, 3]}',  # JSON
+    "You are an agent working in the repository",  # text the system prompt holds (detect_moved's probe)
+    " ".join(["long"] * 60),  # most of the message: truncation, a new conversation
+    "",
+]
+ANSWERS = [
+    "<think></think> then the answer",  # an empty think block near the divergence in B
+    "/no_think " + "a tool call",
+    "reasoning effort: low\nthe answer",
+    "Today is 2026-01-06. The answer",
+    '{"a": 1, "b": [2, 3]} done',
+    "\n\n  white space first",
+    "[truncated 12 lines] the rest",  # a placeholder
+    "ok",
+]
+
+
+def _slots(path: Path, turns: int, seed: int = 0) -> Path:
+    """Slot files of a Qwen3 agent thinking (`tokendiff pull`'s: the prompt, then the model's think block,
+    answer and <|im_end|>); the next prompt holds the answer without the think block. Reasoning and answers
+    of every odd kind the detectors read, tool results as user turns now and then, the date changed,
+    history dropped."""
+    rng = random.Random(seed)
+    tok = text_tokenizer(load_vocab(None))
+    path.mkdir()
+    history: list[str] = []
+    for k in range(1, turns + 1):
+        system = f"<|im_start|>system\nYou are an agent working in the repository. Today is 2026-02-{1 + k // 7:02d}."
+        if k % 11 == 0:
+            history = history[len(history) // 2 :]  # older turns dropped
+        user = "<tool_response>\nok\n</tool_response>" if k % 5 == 0 else _text(rng, 20)
+        turn = f"<|im_start|>user\n{user}<|im_end|>\n"
+        reason, answer = rng.choice(REASONS), rng.choice(ANSWERS) if k % 2 else _text(rng, 12)
+        prompt = system + "<|im_end|>\n" + "".join(history) + turn + "<|im_start|>assistant\n"
+        ids = tok.encode(prompt + f"<think>\n{reason}\n</think>\n\n{answer}<|im_end|>")
+        payload = struct.pack(f"<iII{len(ids)}iI", -1, 1, len(ids), *ids, 0)
+        f = path / f"turn-{k:03d}.bin"
+        f.write_bytes(struct.pack("<III", 0x67677371, 4, len(payload) // 4) + payload)
+        os.utime(f, ns=(1_800_000_000_000_000_000 + k * 10**9,) * 2)
+        history += [turn, f"<|im_start|>assistant\n{answer}<|im_end|>\n"]
+    return path
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_strip_turns_are_the_full_diff(tmp_path, monkeypatch, seed):
+    """Every reasoning-strip turn of slot files diffed in full as well (TOKENDIFF_CHECK_TAILS) agrees, and
+    the whole report is the report with no such turn; most turns were strip turns."""
+    d = _slots(tmp_path / "slots", 80, seed=seed)
+    monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
+    with sink(lambda kind, message: None):
+        fast, used = _report(d)
+        monkeypatch.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
+        full, none = _report(d)
+    assert none == 0 and used >= 20, used
+    assert fast == full
 
 
 def test_heaviest_chain_is_the_quadratic_one():

@@ -204,7 +204,8 @@ class Session:
 
 def _generated(resp: dict[str, Any] | None) -> int | None:
     """Tokens generated after the prompt: they sit in the slot behind it and age the SWA cache."""
-    resp = resp or {}
+    if not resp:
+        return None  # a slot file's turn: no answer recorded
     for box, key in (
         (resp.get("timings"), "predicted_n"),
         (resp.get("usage"), "completion_tokens"),
@@ -217,7 +218,8 @@ def _generated(resp: dict[str, Any] | None) -> int | None:
 
 
 def _reported(resp: dict[str, Any] | None) -> tuple[int | None, float | None, int | None]:
-    resp = resp or {}
+    if not resp:
+        return None, None, None  # a slot file's turn: no answer recorded
     t, usage = resp.get("timings"), resp.get("usage")
     t = t if isinstance(t, dict) else {}
     usage = usage if isinstance(usage, dict) else {}
@@ -266,7 +268,16 @@ def _hunk_b_start(t: Turn, i: int) -> int:
 def _span_key(f: Finding, t: Turn) -> SpanKey:
     """Where a cause sits, named the same in every turn and for every instance:
     reasoning in any assistant message, the tools block, the system prompt."""
-    return f.kind, _hunk_owner(t, f.hunk).generalised()
+    path = _hunk_owner(t, f.hunk)
+    general = _GENERALISED.get(path)
+    if general is None:
+        if len(_GENERALISED) > 4096:
+            _GENERALISED.clear()
+        general = _GENERALISED[path] = path.generalised()
+    return f.kind, general
+
+
+_GENERALISED: dict[SectionPath, SectionPath] = {}  # a session's paths, generalised once (a few per turn)
 
 
 @dataclass

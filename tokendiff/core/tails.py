@@ -460,10 +460,12 @@ def _user_after(text: bytes) -> bool | None:
     chatml marker sectioning's user turns); None when that is not certain from the text."""
     if b"<|im_start|>user" not in text:
         return False
-    turns = text.split(b"<|im_start|>")[1:]
-    results = (b"<tool_response>", "<｜tool▁output▁begin｜>".encode())
-    if any(t.startswith(b"user\n") and not any(r in t for r in results) for t in turns):
-        return True
+    users = [t for t in text.split(b"<|im_start|>")[1:] if t.startswith(b"user\n")]
+    opens = (b"<tool_response>", "<｜tool▁output▁begin｜>".encode())
+    if any(not any(o in t for o in opens) for t in users):
+        return True  # a user message without a result in it
+    if users and all(0 <= t.find(b"<tool_response>") < t.find(b"</tool_response>") for t in users):
+        return False  # every one holds a whole result: a result starts inside it
     return None
 
 
