@@ -171,11 +171,9 @@ class Vocab:
 
     def special_ids(self, ids: Any) -> list[int]:
         """The distinct special tokens among numpy IDs (none negative)."""
-        import numpy as np
 
         flags = self._np_table()[2]
-        found: list[int] = np.unique(ids[(flags[ids] & SPECIAL) != 0]).tolist()
-        return found
+        return sorted(set(ids[(flags[ids] & SPECIAL) != 0].tolist()))  # a few distinct among many: no np.unique sort
 
     def _np_table(self) -> tuple[Any, Any, Any]:
         """The token table as numpy views (offsets, bytes, flags), made once."""
