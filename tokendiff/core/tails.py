@@ -260,6 +260,7 @@ _TEXT_DETECTORS = (
     detect_counter,
 )
 _REASONING = (CauseKind.REASONING_STRIPPED, CauseKind.REASONING_DROPPED_BY_CLIENT)
+_TOOLS_TURN = re.compile(rb"<\|im_start\|>\s*tools")  # a turn the marker sectioning does not number
 
 
 @dataclass(frozen=True)
@@ -281,7 +282,8 @@ class StripPair:
     shape: StripShape
     lcp: int
     strip: int  # tokens of A's think block (and the white space after it) gone from B
-    marks: int  # A's turn markers before its last turn: the message's number, less the form's offset
+    marks: int  # A's turn markers before its last turn: its message's number (grammar numbers every turn but
+    # a `tools` one, none here), less the form's offset
 
 
 @dataclass(frozen=True)
@@ -348,6 +350,7 @@ class Strips:
     def __init__(self, vocab: Vocab, flags: np.ndarray):
         self.vocab, self.flags = vocab, flags
         self.open, self.close = _token(vocab, b"<think>"), _token(vocab, b"</think>")
+        self.turn = _token(vocab, b"<|im_start|>")
         self.decoded = _Decoded(vocab)
 
     def pair(self, a: np.ndarray, b: np.ndarray, lcp: int, sections: tuple[Sectioning, Sectioning]) -> StripPair | None:
@@ -363,9 +366,9 @@ class Strips:
             return None
         lo = max(0, lcp - HEAD_REACH)
         marks = np.flatnonzero(self.flags[a[lo:lcp]] & SPECIAL)
-        if not marks.size or _whole_turn(self.flags, a, lcp, s, lo + int(marks[-1])):
+        g = lo + int(marks[-1]) if marks.size else -1
+        if g < 0 or int(a[g]) != self.turn or _whole_turn(self.flags, a, lcp, s, g):
             return None
-        g = lo + int(marks[-1])
         sa, sb = sections[0](), sections[1]()
         if not (_slot_markers(sa) and _slot_markers(sb)):
             return None
@@ -373,6 +376,8 @@ class Strips:
         if texts is None:
             return None
         pa, pb, user_after = texts
+        if _TOOLS_TURN.search(pa.data, 0, pa.byte_offset(g)):
+            return None  # a `tools` turn is no message: the messages before A's last turn are not its markers
         b0 = pa.byte_offset(lcp)
         shape = StripShape(
             sections=(sa, sb),
@@ -398,6 +403,8 @@ class Strips:
             return None
         if np.any(self.flags[a[lcp : n_a - 1]] & SPECIAL) or not self.flags[a[n_a - 1]] & SPECIAL:
             return None
+        if not np.any(self.flags[b[n_a - s :]] & SPECIAL):
+            return None  # new turns carry their markers (detect_whitespace reads no sections then)
         return s
 
     def _texts(self, a: np.ndarray, b: np.ndarray, lcp: int, s: int) -> tuple[Prompt, Prompt, bool] | None:
