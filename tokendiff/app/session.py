@@ -438,11 +438,10 @@ def _selected_input(loader: Loader, sel: Selected) -> TurnInput:
     slot = read_slot_file(sel.path)
     for w in slot.warnings:
         warn(w)
-    ids = slot.tokens
-    if len(ids) and (min(ids) < 0 or max(ids) >= loader.vocab.n_vocab):  # media cells, or a foreign vocabulary
+    arr = np.frombuffer(slot.tokens, dtype=np.int32)  # the int32 array's own bytes: no copy, min and max in C
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= loader.vocab.n_vocab):  # media, a foreign vocabulary
         return TurnInput.of(loader.load_selected(sel, slot), job=job)
     load = partial(loader.load_selected, sel, slot)
-    arr = np.asarray(ids)
     return TurnInput(ids=arr, origin=sel.label, load=load, job=job, sectioning=partial(loader.slot_sectioning, arr))
 
 

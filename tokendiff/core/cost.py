@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -353,6 +353,22 @@ class InlinePairs:
         return done_future(lambda: diff_turn(a.prompt(), b.prompt(), max_hunks))
 
 
+class Done(Generic[T]):
+    """A result known at once, read as a future is (`done`, `result`): a tail turn's, made without a
+    future's lock and condition (one a turn)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: T):
+        self.value = value
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> T:
+        return self.value
+
+
 def done_future(fn: Callable[[], T]) -> Future[T]:
     """A future already holding fn's result (or its exception)."""
     fut: Future[T] = Future()
@@ -402,7 +418,7 @@ class Analyser:
         self.examples: dict[int, tuple[TurnInput, TurnInput]] = {}
         self.prev: TurnInput | None = None
         self.pending: deque[
-            tuple[Future[PairDiff] | Future[TailDiff], TurnInput, TurnInput, int, Shape | StripPair | None]
+            tuple[Future[PairDiff] | Done[TailDiff], TurnInput, TurnInput, int, Shape | StripPair | None]
         ] = deque()
         self.work = 0  # tokens compared or diffed outside the index
         self._scanned = 0  # turns `first_wasted` has looked at
@@ -490,7 +506,7 @@ class Analyser:
 
     def _diff(
         self, a: TurnInput, b: TurnInput, k: int
-    ) -> tuple[Future[PairDiff] | Future[TailDiff], TurnInput, TurnInput, int, Shape | StripPair | None]:
+    ) -> tuple[Future[PairDiff] | Done[TailDiff], TurnInput, TurnInput, int, Shape | StripPair | None]:
         """A divergent pair's pending diff: from its shape's form where it is a tail pair of a shape
         seen before (core.tails), else from the pool (and its shape learned when it comes back)."""
         shape = None
@@ -500,7 +516,7 @@ class Analyser:
             if tail is not None:
                 if self.check_tails:
                     _check_tail(tail, diff_turn(a.prompt(), b.prompt(), self.max_hunks), k)
-                return done_future(lambda: tail), a, b, k, None
+                return Done(tail), a, b, k, None
         return self.pool.submit(a, b, self.max_hunks), a, b, k, shape
 
     def _collect(self, keep: int) -> None:

@@ -50,7 +50,7 @@ from tokendiff.core.explain import (
     detect_whitespace,
 )
 from tokendiff.core.kinds import CauseKind, SectionKind
-from tokendiff.core.model import Divergence, Finding, Hunk, Part, Prompt, PromptMeta, SectionPath
+from tokendiff.core.model import NO_SECTION, Divergence, Finding, Hunk, Part, Prompt, PromptMeta, SectionPath
 from tokendiff.core.secrets import mask
 from tokendiff.core.vocab import SPECIAL, Vocab
 
@@ -323,8 +323,17 @@ def _reasoning_evidence(n: int, owner: SectionPath) -> str:
 
 
 def _renumbered(path: SectionPath, index: int) -> SectionPath:
-    """The path with its message part numbered `index`."""
-    return SectionPath(tuple(replace(p, index=index) if p.kind == SectionKind.MESSAGE else p for p in path))
+    """The path with its message part numbered `index` (made once: a session's turns number a few dozen)."""
+    got = _RENUMBERED.get((path, index))
+    if got is None:
+        if len(_RENUMBERED) > 4096:
+            _RENUMBERED.clear()
+        parts = tuple(replace(p, index=index) if p.kind == SectionKind.MESSAGE else p for p in path)
+        got = _RENUMBERED[(path, index)] = SectionPath(parts)
+    return got
+
+
+_RENUMBERED: dict[tuple[SectionPath, int], SectionPath] = {}
 
 
 class _Decoded:
@@ -502,7 +511,7 @@ def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
 def _hunk(pa: Prompt, pb: Prompt, span: tuple[int, int, int, int]) -> Hunk:
     a0, a1, b0, b1 = span
     bo_a, bo_b = pa.byte_offset, pb.byte_offset
-    return Hunk(a0, a1, b0, b1, bo_a(a0), bo_a(a1), bo_b(b0), bo_b(b1), SectionPath(), SectionPath())
+    return Hunk(a0, a1, b0, b1, bo_a(a0), bo_a(a1), bo_b(b0), bo_b(b1), NO_SECTION, NO_SECTION)
 
 
 def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | None:
