@@ -89,12 +89,17 @@ def _report(path: Path) -> tuple[bytes, int]:
 def test_tail_turns_are_the_full_diff(tmp_path, monkeypatch, kwargs):
     """Every tail turn diffed in full as well (TOKENDIFF_CHECK_TAILS) agrees, and the whole report is the
     report with no tail turn at all; most turns were tail turns."""
-    cap = _capture(tmp_path / "c.jsonl", 60, kwargs=kwargs)
+    _same_without_forms(_capture(tmp_path / "c.jsonl", 60, kwargs=kwargs), monkeypatch)
+
+
+def _same_without_forms(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session's report with its turns checked against their full diffs (TOKENDIFF_CHECK_TAILS) is the
+    report with no turn filled from a form; at least 20 turns were."""
     monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
     with sink(lambda kind, message: None):
-        fast, used = _report(cap)
+        fast, used = _report(path)
         monkeypatch.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
-        full, none = _report(cap)
+        full, none = _report(path)
     assert none == 0 and used >= 20, used
     assert fast == full
 
@@ -162,15 +167,12 @@ def _slots(path: Path, turns: int, seed: int = 0) -> Path:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_strip_turns_are_the_full_diff(tmp_path, monkeypatch, seed):
     """Every reasoning-strip turn of slot files diffed in full as well (TOKENDIFF_CHECK_TAILS) agrees, and
-    the whole report is the report with no such turn; most turns were strip turns."""
+    the whole report is the report with no such turn; both kinds of the reasoning finding are filled."""
     d = _slots(tmp_path / "slots", 80, seed=seed)
-    monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
-    with sink(lambda kind, message: None):
-        fast, used = _report(d)
-        monkeypatch.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
-        full, none = _report(d)
-    assert none == 0 and used >= 20, used
-    assert fast == full
+    loaded = open_session(PromptOptions(), [str(d)], single_turns=False, workers=1)
+    kinds = {t.findings[0].kind for t in loaded.session.turns if t.tail_owner is not None}
+    assert kinds == {CauseKind.REASONING_STRIPPED, CauseKind.REASONING_DROPPED_BY_CLIENT}, kinds
+    _same_without_forms(d, monkeypatch)
 
 
 def test_heaviest_chain_is_the_quadratic_one():
