@@ -16,7 +16,11 @@ A shape is all the full diff's answer reads: how each prompt is sectioned (its r
 template's markers, and the family), A's tokens from its last special token before the divergence (its open
 generation prompt, and so the tail), where the divergence falls in them, and what the detectors read of B's
 new text: whether it opens with a think block (the empty think block skipped), the think switches and
-setting lines of its first line, whether it holds a special token (the markers of new turns). No I/O.
+setting lines of its first line, whether it holds a special token (the markers of new turns).
+
+The reasoning strip of slot files (A's think block gone from B, the answer kept, new turns after) is the
+other shape filled this way (`Strips`, below): its form is filled with the message's number and the token
+counts of each pair. No I/O.
 """
 
 from __future__ import annotations
