@@ -341,20 +341,22 @@ _RENUMBERED: dict[tuple[SectionPath, int], SectionPath] = {}
 
 
 class _Decoded:
-    """The last prompt decoded for a strip pair (B of one pair is A of the next): its IDs and bytes."""
+    """The last prompt decoded for a strip pair (B of one pair is A of the next): its IDs, its bytes, and
+    whether the loader would refuse its text (None: not known yet)."""
 
     def __init__(self, vocab: Vocab):
         self.vocab = vocab
         self.ids: np.ndarray | None = None
         self.got: tuple[bytes, Any, Any] = (b"", None, None)
+        self.bad: bool | None = None
 
     def of(self, ids: np.ndarray) -> tuple[bytes, Any, Any]:
         if self.ids is None or self.ids is not ids:
-            self.ids, self.got = ids, self.vocab.decode(ids)
+            self.ids, self.got, self.bad = ids, self.vocab.decode(ids), None
         return self.got
 
-    def keep(self, ids: np.ndarray, got: tuple[bytes, Any, Any]) -> None:
-        self.ids, self.got = ids, got
+    def keep(self, ids: np.ndarray, got: tuple[bytes, Any, Any], bad: bool) -> None:
+        self.ids, self.got, self.bad = ids, got, bad
 
 
 class Strips:
@@ -435,8 +437,10 @@ class Strips:
         sp_b = np.concatenate([np.asarray(sp_a[:lcp]), np.asarray(sp_a[lcp + s :]), np.asarray(sp_t)])
         pa = Prompt(ids=a, data=data_a, offsets=off_a, special=sp_a, origin="", meta=PromptMeta())
         pb = Prompt(ids=b, data=data_b, offsets=off_b, special=sp_b, origin="", meta=PromptMeta())
-        self.decoded.keep(b, (data_b, off_b, sp_b))
-        if _mojibake(pa) or _mojibake(pb):
+        bad_a = self.decoded.bad if self.decoded.bad is not None else _mojibake(pa)
+        bad_b = _mojibake(pb)
+        self.decoded.keep(b, (data_b, off_b, sp_b), bad_b)
+        if bad_a or bad_b:
             return None
         user = _user_after(data_b[x0:])
         if user is None or not _quiet(pa, pb, lcp, s):
