@@ -247,7 +247,7 @@ def _line(before: bytes, after: bytes) -> str:
 #   fire;
 # - detect_reasoning: its evidence (the token count, the message's label) is filled per pair; its kind
 #   depends on an empty think block near the divergence in B and on a user message after it
-#   (`_user_after`): both in the shape. history_rewritten (0.5) is found too, and always loses to it.
+#   (`Strips._user_after`): both in the shape. history_rewritten (0.5) is found too, and always loses to it.
 
 THINK_REACH = 4096  # tokens of A's think block searched for its end
 SLOT_SECTIONING = "slot file"  # the last part of a slot file's sectioning (app: Loader.slot_sectioning)
@@ -264,6 +264,7 @@ _TEXT_DETECTORS = (
     detect_counter,
 )
 _REASONING = (CauseKind.REASONING_STRIPPED, CauseKind.REASONING_DROPPED_BY_CLIENT)
+_RESULT_OPENS = (b"<tool_response>", "<｜tool▁output▁begin｜>".encode())  # grammar._inner_spans' tool results
 _TOOLS_TURN = re.compile(rb"<\|im_start\|>\s*tools")  # a turn the marker sectioning does not number
 
 
@@ -365,13 +366,13 @@ class Strips:
     def __init__(self, vocab: Vocab, flags: np.ndarray):
         self.vocab, self.flags = vocab, flags
         self.open, self.close = _token(vocab, b"<think>"), _token(vocab, b"</think>")
-        self.turn = _token(vocab, b"<|im_start|>")
+        self.turn, self.turn_end = _token(vocab, b"<|im_start|>"), _token(vocab, b"<|im_end|>")
         self.decoded = _Decoded(vocab)
 
     def pair(self, a: np.ndarray, b: np.ndarray, lcp: int, sections: tuple[Sectioning, Sectioning]) -> StripPair | None:
         """The pair as a strip pair (None: not one, or the full diff must tell)."""
         n_a, n_b = len(a), len(b)
-        if self.open is None or not (1 < lcp < n_a < n_b) or int(a[lcp]) != self.open:
+        if self.open is None or self.turn_end is None or not (1 < lcp < n_a < n_b) or int(a[lcp]) != self.open:
             return None
         ends = np.flatnonzero(a[lcp + 1 : lcp + 1 + THINK_REACH] == self.close)
         if not ends.size:
@@ -442,10 +443,31 @@ class Strips:
         self.decoded.keep(b, (data_b, off_b, sp_b), bad_b)
         if bad_a or bad_b:
             return None
-        user = _user_after(data_b[x0:])
-        if user is None or not _quiet(pa, pb, lcp, s):
+        if not _quiet(pa, pb, lcp, s):
             return None
-        return pa, pb, user
+        return pa, pb, self._user_after(b, pb, lcp)
+
+    def _user_after(self, b: np.ndarray, pb: Prompt, lcp: int) -> bool:
+        """`explain._user_turn_after(B, lcp)` as chatml's marker sectioning makes its turns (`grammar.
+        _split_generic`): a turn at each <|im_start|> token after the divergence, its role up to its first
+        newline, its content up to its <|im_end|>; a user turn counts unless a tool result opens in it."""
+        data = pb.data
+        starts = [pb.byte_offset(int(i)) for i in lcp + np.flatnonzero(b[lcp:] == self.turn)]
+        closes = [pb.byte_offset(int(i) + 1) for i in lcp + np.flatnonzero(b[lcp:] == self.turn_end)]
+        skip = len(b"<|im_start|>")
+        for k, at in enumerate(starts):
+            limit = starts[k + 1] if k + 1 < len(starts) else len(data)
+            pos = at + skip
+            j = data.find(b"\n", pos, pos + 200)
+            role = data[pos : j if j >= 0 else pos + 40].decode("utf-8", "replace").strip() or ("?" if j < 0 else "")
+            if role != "user":
+                continue
+            cstart = min(j + 1 if j >= 0 else pos, limit)
+            close = next((c for c in closes if cstart <= c <= limit), None)
+            cend = close - len(b"<|im_end|>") if close is not None else limit
+            if not any(data.find(o, cstart, cend) >= 0 for o in _RESULT_OPENS):
+                return True
+        return False
 
 
 def _token(vocab: Vocab, piece: bytes) -> int | None:
@@ -460,7 +482,7 @@ def _token(vocab: Vocab, piece: bytes) -> int | None:
 
 
 def _slot_markers(s: Any) -> bool:
-    """A slot file's sectioning by chatml's markers (what `_user_after` reads), no request."""
+    """A slot file's sectioning by chatml's markers (what `Strips._user_after` reads), no request."""
     return isinstance(s, tuple) and len(s) == 3 and s[1] == "chatml" and s[2] == SLOT_SECTIONING
 
 
@@ -477,20 +499,6 @@ def _whole_turn(flags: np.ndarray, a: np.ndarray, lcp: int, s: int, g: int) -> b
 def _mojibake(p: Prompt) -> bool:
     """Text the loader refuses (Loader._check_tokenizer_fits): invalid UTF-8 beyond a few sequences."""
     return p.data.decode("utf-8", "replace").count("\ufffd") > max(8, len(p) // 50)
-
-
-def _user_after(text: bytes) -> bool | None:
-    """Whether B's text from the divergence holds a user message without a tool result in it (the
-    chatml marker sectioning's user turns); None when that is not certain from the text."""
-    if b"<|im_start|>user" not in text:
-        return False
-    users = [t for t in text.split(b"<|im_start|>")[1:] if t.startswith(b"user\n")]
-    opens = (b"<tool_response>", "<｜tool▁output▁begin｜>".encode())
-    if any(not any(o in t for o in opens) for t in users):
-        return True  # a user message without a result in it
-    if users and all(0 <= t.find(b"<tool_response>") < t.find(b"</tool_response>") for t in users):
-        return False  # every one holds a whole result: a result starts inside it
-    return None
 
 
 def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
