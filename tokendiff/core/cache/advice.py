@@ -100,7 +100,7 @@ class Advisor:
             ctx = sim.config.slot_ctx
             if ctx and len(req.ids) >= ctx and not req.failed:
                 self.refused.add(change.label)
-            r = replace(req, id_slot=conversation % sim.config.n_slots) if change.pin else req
+            r = req.pinned(conversation % sim.config.n_slots) if change.pin else req
             total[0] += sim.request(r).cache_n
 
     def advice(self, ms_per_token: float | None) -> list[Advice]:
