@@ -558,7 +558,7 @@ class RamCache:
         f_keep = base / len(slot) if len(slot) else -1.0
         f_sim = base / size if size else 0.0
         best = None
-        for i, (e, raw) in enumerate(zip(self._entries, self._raws)):
+        for i, raw in enumerate(self._raws):
             n_e = len(raw) // 4
             at_least = int(F_KEEP_LOAD * n_e)  # sharing fewer tokens keeps under F_KEEP_LOAD: skipped by a memcmp
             if at_least and not prompt.startswith(memoryview(raw)[: 4 * at_least]):
