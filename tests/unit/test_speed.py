@@ -350,6 +350,36 @@ def test_the_ram_cache_shortcuts_are_its_lcp_rules():
         ram.entries = kept
 
 
+def test_ids_taken_from_the_line_before_are_the_ids_parsed_whole():
+    """A capture line's `prompt_ids` whose text it shares with the line before come from that line's array;
+    the array, and whether the text is read at all (None: orjson reads the line and says what is wrong), are
+    what parsing the whole text gives, for edits anywhere (signs, letters, white space, commas, cuts)."""
+    from tokendiff.sources import capture
+
+    rng = np.random.default_rng(1)
+    first = ",".join(map(str, rng.integers(0, 200_000, 3000))).encode()
+    base, prev = first, capture.PrevIds()
+    for _ in range(2000):
+        text = bytearray(base)
+        for _ in range(rng.integers(0, 3)):
+            at, ch, edit = int(rng.integers(0, len(text))), b"0123456789, -x\n"[rng.integers(0, 15)], rng.integers(0, 3)
+            if edit == 0:
+                text[at] = ch
+            elif edit == 1:
+                text.insert(at, ch)
+            else:
+                del text[at]
+        if rng.random() < 0.2:
+            text = text[: int(rng.integers(0, len(text) + 1))]
+        if rng.random() < 0.2:
+            text += b",17,4"
+        want, got = capture._ids_from_text(bytes(text)), prev.parse(bytes(text))
+        assert (want is None) == (got is None)
+        if want is not None:
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+            base = bytes(text) if rng.random() < 0.5 and len(text) > 100 else base
+
+
 def test_chunked_worker_pairs_are_the_inline_answer(tmp_path):
     """Divergent pairs sent to two workers in chunks (each prompt loaded once a chunk) give the report a
     single process gives."""
