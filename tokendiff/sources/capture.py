@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 from tokendiff.core import jsontext, secrets
-from tokendiff.core.align import shared_prefix
+from tokendiff.core.align import common_bytes
 from tokendiff.errors import InputError
 from tokendiff.safeio import open_private, open_regular, read_limited, write_private
 from tokendiff.sources.importers.responses import continued
@@ -460,7 +460,7 @@ def _lines(f: Any, limit: int | None = None) -> Iterator[tuple[int, bytes | None
         buf += chunk
         while (nl := buf.find(b"\n", start)) >= 0:
             n += 1
-            yield n, (None if over or nl > limit else bytes(buf[:nl])), False
+            yield n, (None if over or nl > limit else bytes(memoryview(buf)[:nl])), False  # one copy
             del buf[: nl + 1]  # cheap: bytearray drops a prefix without copying the rest
             over, start = False, 0
         if len(buf) > limit:
@@ -697,9 +697,9 @@ class PrevIds:
         taken from its array (they were read and checked there); the rest read as `_ids_from_text` reads it."""
         import numpy as np
 
-        cut = text.rfind(b",", 0, shared_prefix(self.text, text)) if self.ids is not None else -1
-        if cut > 0:
-            k = text.count(b",", 0, cut + 1)  # IDs wholly before the cut, each followed by its comma
+        cut = text.rfind(b",", 0, common_bytes(self.text, text)) if self.ids is not None else -1
+        if cut > 0:  # IDs wholly before the cut, each followed by its comma: a text read holds one comma fewer
+            k = len(self.ids) - 1 - self.text.count(b",", cut + 1)  # than IDs; its commas after the cut counted
             rest = _ids_from_text(text[cut + 1 :])
             ids = np.concatenate([self.ids[:k], rest]) if rest is not None else None
         else:
@@ -713,9 +713,10 @@ def _loads(line: bytes, prev: PrevIds | None = None) -> tuple[Any, Any]:
     separate int32 array, its digits read by numpy a chunk at a time (the record holds [] in their
     place): as a list they cost a Python int each, ~40 bytes a token and most of the line's parse.
     `prev`: the IDs of the line before, for the digits this line shares with it."""
-    if len(line) <= LIFT_IDS_OVER or line.count(_IDS_KEY) != 1:
+    at = line.find(_IDS_KEY) if len(line) > LIFT_IDS_OVER else -1
+    if at < 0 or line.find(_IDS_KEY, at + len(_IDS_KEY)) >= 0:  # none, or more than one
         return orjson.loads(line), None
-    m = _IDS_OPEN.match(line, line.index(_IDS_KEY) + len(_IDS_KEY))
+    m = _IDS_OPEN.match(line, at + len(_IDS_KEY))
     close = line.find(b"]", m.end()) if m is not None else -1
     ids = None
     if m is not None and close >= 0:

@@ -33,7 +33,7 @@ from typing import Any, TypedDict, cast
 
 import numpy as np
 
-from tokendiff.core.align import shared_prefix
+from tokendiff.core.align import common_bytes
 from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, process, restore, server_flags
 from tokendiff.core.model import id_bytes
 
@@ -370,26 +370,8 @@ class Held:
 
 
 def lcp(a: bytes, b: bytes) -> int:
-    """Tokens two ID byte strings share at their start: the whole at once, else compared in blocks doubling
-    from 1 KiB, so the cost is that of the shared part (most states a cache holds differ from a prompt early),
-    then bisected in the block that differs. Each compare is a `startswith` at an offset: a memcmp, no copy."""
-    n = min(len(a), len(b))
-    mb = memoryview(b)
-    if a.startswith(mb[:n]):
-        return n // 4
-    pos, step = 0, 1024
-    while True:  # a block of b compared with a where it stands: a memcmp, no copies
-        end = min(n, pos + step)
-        if not a.startswith(mb[pos:end], pos):
-            break
-        pos, step = end, step * 2
-    while end - pos > 64:
-        mid = (pos + end) // 2
-        if a.startswith(mb[pos:mid], pos):
-            pos = mid
-        else:
-            end = mid
-    return (pos + shared_prefix(a[pos:end], b[pos:end])) // 4
+    """Tokens two ID byte strings share at their start: whole 4-byte words of their common bytes (a memcmp)."""
+    return common_bytes(a, b) // 4
 
 
 @dataclass(frozen=True)
