@@ -611,6 +611,7 @@ class EngineSim:
         self.clock = 0
         self.fates: dict[int, tuple[Fate, int, str]] = {}  # turn -> (fate, the turn that caused it, how)
         self.key = ""
+        self._cleared: dict[int, Held] = {}  # slot -> the empty state `_cache_idle` left there, untouched since
 
     # -- where a turn's state is now
 
@@ -629,6 +630,7 @@ class EngineSim:
         """Play one request; the slots and cache as the server leaves them."""
         self.switch(req)
         i, how, f_sim, f_keep, loaded, saved = self._select(req)
+        self._cleared.pop(i, None)  # the request writes its state
         slot = self.slots[i]
         cleared = self._launch(slot, req)
         self._cache_idle(i, req.turn)
@@ -752,15 +754,15 @@ class EngineSim:
             return
         assert self.ram is not None
         for k, s in enumerate(self.slots):
-            if k == chosen:
-                continue
+            if k == chosen or self._cleared.get(k) is s.held:
+                continue  # an idle slot left empty here before: saving and clearing it change nothing
             if self.ram.save(s.held):
                 self.ram.update()
             self._take_evictions(turn)
             if self.config.kv_unified:
                 if len(s.held) and self._in_ram(s.held) is None:
                     self._lost(s.held, Fate.IDLE_CLEARED, turn)
-                s.held = Held(SlotState(self.config.layout), lora=s.held.lora, key=s.held.key)
+                s.held = self._cleared[k] = Held(SlotState(self.config.layout), lora=s.held.lora, key=s.held.key)
 
     def _reuse(
         self,
