@@ -69,6 +69,25 @@ def test_index_matches_the_pairwise_reference():
             prompts.append(ids)
 
 
+def test_blocks_shared_with_the_last_prompt_are_the_walk_s_answer():
+    """The blocks a prompt shares with the one added last take that one's keys and nodes unwalked: every match,
+    and every node's latest turn, are those of an index walking every prompt from its first block."""
+    rng = np.random.default_rng(4)
+    for block in (1, 2, 4, 16):
+        idx, walked, prompts = PrefixIndex(block), PrefixIndex(block), []
+        for turn in range(1, 200):
+            r = rng.random()
+            pick = -1 if r < 0.6 or not prompts else int(rng.integers(0, len(prompts)))
+            base = prompts[pick] if prompts else []
+            base = np.asarray(base, dtype=np.int32)[: int(rng.integers(0, len(base) + 1)) if r > 0.3 else len(base)]
+            ids = np.concatenate([base, rng.integers(0, 3, int(rng.integers(0, 3 * block + 2)))]).astype(np.int32)
+            walked._last = (b"", [], [])  # nothing known: every block hashed and walked
+            assert idx.match_and_add(ids, turn) == walked.match_and_add(ids, turn)
+            prompts.append(ids)
+        assert {k: n.turn for k, n in idx.nodes.items()} == {k: n.turn for k, n in walked.nodes.items()}
+        assert idx.tokens_hashed == walked.tokens_hashed and idx.tokens_compared == walked.tokens_compared
+
+
 def test_fast_path_is_the_full_diff(tmp_path):
     """Pure appends are analysed from the IDs alone; opening the pair diffs it and finds the same."""
     loaded = _session(tmp_path / "c.jsonl", 20)

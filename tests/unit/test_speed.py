@@ -416,6 +416,66 @@ def test_the_ram_cache_shortcuts_are_its_lcp_rules():
         ram.entries = kept
 
 
+def test_the_advisors_shared_replays_are_its_replays_one_by_one():
+    """The advisor plays changes the policy plays alike once (and the server's flags' own replay where it
+    mirrors them), and requests share their bytes and LCPs across replays: each change's reuse, and every
+    outcome, are those of its own replay on fresh requests."""
+    from dataclasses import replace
+
+    from tokendiff.core.cache import advice, llama
+
+    bases = [
+        llama.EngineConfig(),
+        llama.EngineConfig(n_slots=2, kv_unified=False, n_ctx=12_000),
+        llama.EngineConfig(n_slots=2, kv_unified=False, n_ctx=12_000, cache_ram_mib=-1),
+        llama.EngineConfig(bytes_per_token=300_000.0, n_ctx=20_000, cache_ram_mib=1),
+        llama.EngineConfig(n_slots=1, cache_ram_mib=0, cache_reuse=64),
+    ]
+    work = advice.agent_workload(3, 3000, 400, rounds=4)
+    for base in bases:
+        own = [(c, llama.EngineSim(c.config(base))) for c in advice.changes(base)]
+        want = {c.label: 0 for c, _ in own}
+        sim, adv = llama.EngineSim(base), advice.Advisor(base, mirrored=True)
+        for req, agent in work:
+            for c, s in own:
+                fresh = replace(req, id_slot=agent % s.config.n_slots) if c.pin else replace(req)
+                want[c.label] += s.request(fresh).cache_n
+            adv.add(req, agent, sim.request(req).cache_n)
+        assert {c.label: total[0] for c, _, total in adv.runs} == want, base
+        shared = len({id(s) for _, s, _ in adv.runs if s is not None}) < len(adv.runs)
+        assert shared == (base.bytes_per_token is None and base.cache_ram_mib >= 0), base  # a --cache-ram size alike
+
+
+def test_ids_taken_from_the_line_before_are_the_ids_parsed_whole():
+    """A capture line's `prompt_ids` whose text it shares with the line before come from that line's array;
+    the array, and whether the text is read at all (None: orjson reads the line and says what is wrong), are
+    what parsing the whole text gives, for edits anywhere (signs, letters, white space, commas, cuts)."""
+    from tokendiff.sources import capture
+
+    rng = np.random.default_rng(1)
+    first = ",".join(map(str, rng.integers(0, 200_000, 3000))).encode()
+    base, prev = first, capture.PrevIds()
+    for _ in range(2000):
+        text = bytearray(base)
+        for _ in range(rng.integers(0, 3)):
+            at, ch, edit = int(rng.integers(0, len(text))), b"0123456789, -x\n"[rng.integers(0, 15)], rng.integers(0, 3)
+            if edit == 0:
+                text[at] = ch
+            elif edit == 1:
+                text.insert(at, ch)
+            else:
+                del text[at]
+        if rng.random() < 0.2:
+            text = text[: int(rng.integers(0, len(text) + 1))]
+        if rng.random() < 0.2:
+            text += b",17,4"
+        want, got = capture._ids_from_text(bytes(text)), prev.parse(bytes(text))
+        assert (want is None) == (got is None)
+        if want is not None:
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+            base = bytes(text) if rng.random() < 0.5 and len(text) > 100 else base
+
+
 def test_chunked_worker_pairs_are_the_inline_answer(tmp_path):
     """Divergent pairs sent to two workers in chunks (each prompt loaded once a chunk) give the report a
     single process gives."""

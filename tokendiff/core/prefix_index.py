@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokendiff.core.align import shared_prefix
+from tokendiff.core.align import common_bytes, shared_prefix
 
 BLOCK = 64
 _ROOT = 0
@@ -85,29 +85,36 @@ class PrefixIndex:
         self.tokens_hashed = 0  # work done, for the scaling tests
         self.tokens_compared = 0
         self.last_turn: int | None = None
+        self._last: tuple[bytes, list[int], list[_Node]] = (b"", [], [])  # the prompt added last: its keys, nodes
 
-    def _keys(self, raw: bytes) -> list[int]:
-        """The chain key of every block of a prompt (the last one may be partial)."""
+    def _keys(self, raw: bytes, known: list[int]) -> list[int]:
+        """The chain key of every block of a prompt (the last one may be partial); `known`: the keys of its
+        first blocks, where another prompt had them already."""
         step = self.block * 4
-        keys, h = [], _ROOT
-        for pos in range(0, len(raw), step):
+        keys, h = list(known), known[-1] if known else _ROOT
+        for pos in range(len(known) * step, len(raw), step):
             h = hash((h, raw[pos : pos + step]))
             keys.append(h)
         self.tokens_hashed += len(raw) // 4
         return keys
 
     def match_and_add(self, ids: np.ndarray, turn: int) -> Match:
-        """The best earlier match of `ids`, then `ids` added as `turn` (turns added in order)."""
+        """The best earlier match of `ids`, then `ids` added as `turn` (turns added in order). The full blocks
+        it shares with the prompt added last have that prompt's keys, and their nodes are those it left: they
+        are neither hashed nor walked again (a key stands for its whole prefix)."""
         raw = np.asarray(ids, dtype=np.int32).astype(">u4").tobytes()  # bytes compare as tokens do
-        keys = self._keys(raw)
-        m = self._match(raw, keys)
-        self._add(raw, keys, turn)
+        last_raw, last_keys, last_nodes = self._last
+        shared = common_bytes(last_raw, raw) // (self.block * 4)  # whole blocks shared with the last prompt
+        keys = self._keys(raw, last_keys[:shared])
+        m = self._match(raw, keys, last_nodes[:shared])
+        self._last = (raw, keys, self._add(raw, keys, turn, last_nodes[:shared]))
         return m
 
-    def _match(self, raw: bytes, keys: list[int]) -> Match:
+    def _match(self, raw: bytes, keys: list[int], known: list[_Node]) -> Match:
+        """`known`: the nodes of the first blocks, found already (the last prompt's)."""
         step = self.block * 4
-        depth, parent = 0, None  # full blocks matched; the node of the last one
-        for k in keys:
+        depth, parent = len(known), known[-1] if known else None  # full blocks matched; the node of the last one
+        for k in keys[depth:]:
             node = self.nodes.get(k)
             if node is None or node.tokens != raw[depth * step : (depth + 1) * step] or len(node.tokens) != step:
                 break
@@ -121,22 +128,31 @@ class PrefixIndex:
             return Match(None, 0)
         return Match(best_turn, depth * self.block + n)
 
-    def _add(self, raw: bytes, keys: list[int], turn: int) -> None:
+    def _add(self, raw: bytes, keys: list[int], turn: int, known: list[_Node]) -> list[_Node]:
+        """The prompt's blocks added (or their nodes marked with `turn`); its nodes. `known`: the nodes of its
+        first blocks, whose children the last prompt's next block made already (but perhaps the last one's)."""
         step = self.block * 4
         self.last_turn = turn
-        below = self.roots
-        for i, k in enumerate(keys):
-            node = self.nodes.get(k)
+        for seen in known[:-1]:
+            seen.turn = turn
+        start = max(0, len(known) - 1)
+        below = known[start - 1].children if start else self.roots
+        nodes = known[:start]
+        for i in range(start, len(keys)):
+            node = self.nodes.get(keys[i])
             if node is None:
-                node = self.nodes[k] = _Node(turn, raw[i * step : (i + 1) * step])
+                node = self.nodes[keys[i]] = _Node(turn, raw[i * step : (i + 1) * step])
+                assert below is not None
                 below.add(node)
             else:
                 node.turn = turn
+            nodes.append(node)
             if node.children is None and i + 1 < len(keys):
                 node.children = _Kids()
             if node.children is None:  # the last block: nothing follows it
                 break
             below = node.children
+        return nodes
 
     def __len__(self) -> int:
         return len(self.nodes)

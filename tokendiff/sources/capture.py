@@ -39,6 +39,7 @@ from typing import Any
 import orjson
 
 from tokendiff.core import jsontext, secrets
+from tokendiff.core.align import common_bytes
 from tokendiff.errors import InputError
 from tokendiff.safeio import open_private, open_regular, read_limited, write_private
 from tokendiff.sources.importers.responses import continued
@@ -459,7 +460,7 @@ def _lines(f: Any, limit: int | None = None) -> Iterator[tuple[int, bytes | None
         buf += chunk
         while (nl := buf.find(b"\n", start)) >= 0:
             n += 1
-            yield n, (None if over or nl > limit else bytes(buf[:nl])), False
+            yield n, (None if over or nl > limit else bytes(memoryview(buf)[:nl])), False  # one copy
             del buf[: nl + 1]  # cheap: bytearray drops a prefix without copying the rest
             over, start = False, 0
         if len(buf) > limit:
@@ -576,6 +577,7 @@ def _records(
     pending: deque[tuple[int, CaptureRecord]] = deque()  # (seq, record)
     by_seq: dict[int, CaptureRecord] = {}
     total = 0
+    prev = PrevIds()
     for n, line, torn in _lines(f):
         if line is None:
             warn(f"{p}: line {n}: record over the reader's {MAX_LINE >> 20} MiB line bound; skipped")
@@ -583,7 +585,7 @@ def _records(
         total += len(line)
         if total > limit:  # a file growing while read (st_size is not trusted)
             raise InputError(f"capture over the reader's {limit >> 30} GiB bound: split it", source=p)
-        rec = _parse_line(line, n, torn, p, warn)
+        rec = _parse_line(line, n, torn, p, warn, prev)
         if rec is None:
             continue
         if "patch" in rec:
@@ -623,11 +625,15 @@ def _merge_patch(
     target.update({k: v for k, v in patch.items() if k not in ("schema", "seq", "ts", "patch")})
 
 
-def _parse_line(line: bytes, n: int, torn: bool, p: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
+def _parse_line(
+    line: bytes, n: int, torn: bool, p: str, warn: Callable[[str], None], prev: PrevIds | None = None
+) -> dict[str, Any] | None:
+    """A line's record (None for a blank or torn one); `prev`: the IDs of the line read before, whose
+    shared start is not parsed again."""
     if not line.strip():
         return None
     try:
-        rec, ids = _loads(line)
+        rec, ids = _loads(line, prev)
     except orjson.JSONDecodeError as e:
         rec, ids = _torn(line, n, torn, e, p, warn)
         if rec is None:
@@ -676,15 +682,46 @@ LIFT_IDS_OVER = 1 << 14  # lines longer than this have their prompt_ids read str
 _IDS_CHUNK = 1 << 20  # bytes of ID text parsed at once
 
 
-def _loads(line: bytes) -> tuple[Any, Any]:
+class PrevIds:
+    """The `prompt_ids` text and array of the line read before: a session's prompt repeats most of the one
+    before it, so the IDs of their common text are taken from its array instead of being parsed again."""
+
+    __slots__ = ("text", "ids")
+
+    def __init__(self) -> None:
+        self.text: bytes = b""
+        self.ids: Any = None
+
+    def parse(self, text: bytes) -> Any:
+        """`_ids_from_text(text)`, the IDs whose digits and comma lie in the text shared with the line before
+        taken from its array (they were read and checked there); the rest read as `_ids_from_text` reads it."""
+        import numpy as np
+
+        cut = text.rfind(b",", 0, common_bytes(self.text, text)) if self.ids is not None else -1
+        if cut > 0:  # IDs wholly before the cut, each followed by its comma: a text read holds one comma fewer
+            k = len(self.ids) - 1 - self.text.count(b",", cut + 1)  # than IDs; its commas after the cut counted
+            rest = _ids_from_text(text[cut + 1 :])
+            ids = np.concatenate([self.ids[:k], rest]) if rest is not None else None
+        else:
+            ids = _ids_from_text(text)
+        self.text, self.ids = (text, ids) if ids is not None else (b"", None)
+        return ids
+
+
+def _loads(line: bytes, prev: PrevIds | None = None) -> tuple[Any, Any]:
     """(orjson.loads(line), None), except that a long line's top-level `prompt_ids` come as a
     separate int32 array, its digits read by numpy a chunk at a time (the record holds [] in their
-    place): as a list they cost a Python int each, ~40 bytes a token and most of the line's parse."""
-    if len(line) <= LIFT_IDS_OVER or line.count(_IDS_KEY) != 1:
+    place): as a list they cost a Python int each, ~40 bytes a token and most of the line's parse.
+    `prev`: the IDs of the line before, for the digits this line shares with it."""
+    at = line.find(_IDS_KEY) if len(line) > LIFT_IDS_OVER else -1
+    if at < 0 or line.find(_IDS_KEY, at + len(_IDS_KEY)) >= 0:  # none, or more than one
         return orjson.loads(line), None
-    m = _IDS_OPEN.match(line, line.index(_IDS_KEY) + len(_IDS_KEY))
+    m = _IDS_OPEN.match(line, at + len(_IDS_KEY))
     close = line.find(b"]", m.end()) if m is not None else -1
-    ids = _ids_from_text(line[m.end() : close]) if m is not None and close >= 0 else None
+    ids = None
+    if m is not None and close >= 0:
+        text = line[m.end() : close]
+        ids = prev.parse(text) if prev is not None else _ids_from_text(text)
     if m is None or ids is None:  # not plain integers: orjson reads it (or names what is wrong)
         return orjson.loads(line), None
     rec = orjson.loads(line[: m.end()] + line[close:])

@@ -491,7 +491,8 @@ class Loader:
         if last is None or n == 0:
             data = self.vocab.decode(ids)[0]
         else:
-            data = last[1][: self.vocab.byte_length(ids[:n])] + self.vocab.decode(ids[n:])[0]
+            kept = len(last[1]) - self.vocab.byte_length(last[0][n:])  # what the shared IDs decode to
+            data = last[1][:kept] + self.vocab.decode(ids[n:])[0]
         self._last_decoded = (ids, data)
         return data
 

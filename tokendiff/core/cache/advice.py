@@ -56,6 +56,17 @@ def changes(base: EngineConfig) -> list[Change]:
     return out
 
 
+def _played_as(config: EngineConfig) -> EngineConfig:
+    """The settings as the policy model plays them: where the size of a saved state is unknown, no byte limit
+    of the RAM cache binds (`RamCache.update`), so every --cache-ram size plays alike (and -1 with them
+    where the whole context is unknown too: nothing caps its tokens either); where they came from is no
+    part of the play."""
+    config = replace(config, known=frozenset(), sources=())
+    if config.ram_on and not config.bytes_per_token and (config.cache_ram_mib > 0 or whole_ctx(config) is None):
+        config = replace(config, cache_ram_mib=DEFAULT_CACHE_RAM)
+    return config
+
+
 def _slots_why(n: int, base: EngineConfig) -> str:
     if n == 1:
         return "one slot: every request continues the last state (with the host-memory cache for the others)"
@@ -85,23 +96,35 @@ class Advice:
 
 
 class Advisor:
-    """The session's requests played under every change at once, as they come (`add`)."""
+    """The session's requests played under every change at once, as they come (`add`). `mirrored`: the
+    caller's reuse (`add`'s `reused`) is a replay of the same requests under `base` with nothing else played
+    on it, so a change the policy plays as `base` takes it instead of a replay of its own."""
 
-    def __init__(self, base: EngineConfig):
+    def __init__(self, base: EngineConfig, mirrored: bool = False):
         self.base = base
-        self.runs = [(c, EngineSim(c.config(base)), [0]) for c in changes(base)]
+        # changes the policy plays alike share one replay (None: the caller's)
+        sims: dict[tuple[EngineConfig, bool], EngineSim | None] = {(_played_as(base), False): None} if mirrored else {}
+        self.runs: list[tuple[Change, EngineSim | None, list[int]]] = []
+        for c in changes(base):
+            config = c.config(base)
+            key = (_played_as(config), c.pin)
+            sim = sims[key] if key in sims else sims.setdefault(key, EngineSim(config))
+            self.runs.append((c, sim, [0]))
         self.base_reused = 0
         self.refused: set[str] = set()  # changes a prompt did not fit (fewer tokens per slot)
 
     def add(self, req: Request, conversation: int, reused: int) -> None:
         """One request of conversation `conversation` (numbered from 0); `reused` what the flags' model kept."""
         self.base_reused += reused
+        played: dict[int, int] = {id(None): reused}  # a shared replay's reuse, by the replay
         for change, sim, total in self.runs:
-            ctx = sim.config.slot_ctx
+            ctx = (sim.config if sim is not None else self.base).slot_ctx  # alike in the replays that share it
             if ctx and len(req.ids) >= ctx and not req.failed:
                 self.refused.add(change.label)
-            r = replace(req, id_slot=conversation % sim.config.n_slots) if change.pin else req
-            total[0] += sim.request(r).cache_n
+            if sim is not None and id(sim) not in played:
+                r = req.pinned(conversation % sim.config.n_slots) if change.pin else req
+                played[id(sim)] = sim.request(r).cache_n
+            total[0] += played[id(sim)]
 
     def advice(self, ms_per_token: float | None) -> list[Advice]:
         """The changes that would have reused more, best first."""
@@ -168,7 +191,7 @@ def replay_workload(config: EngineConfig, requests: list[tuple[Request, int]]) -
     """The workload through the policy model with `config`, and through every change (`Advisor`)."""
     from tokendiff.core.align import common_prefix
 
-    sim, adv = EngineSim(config), Advisor(config)
+    sim, adv = EngineSim(config), Advisor(config, mirrored=True)
     last: dict[int, int] = {}
     prev = None
     reused = allowed = 0

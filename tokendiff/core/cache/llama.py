@@ -33,7 +33,7 @@ from typing import Any, TypedDict, cast
 
 import numpy as np
 
-from tokendiff.core.align import shared_prefix
+from tokendiff.core.align import common_bytes
 from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, process, restore, server_flags
 from tokendiff.core.model import id_bytes
 
@@ -295,6 +295,29 @@ class Request:
         reply = self.reply if self.reply is not None else np.full(max(0, g - 1), -1, dtype=np.int32)
         return np.concatenate([self.ids.astype(np.int32, copy=False), reply.astype(np.int32, copy=False)])
 
+    @cached_property
+    def held_raw(self) -> bytes:
+        """`held` as bytes: every simulation whose slot the request leaves holding `held` shares them."""
+        return id_bytes(self.held)
+
+    def lcp_with(self, raw: bytes) -> int:
+        """`lcp(raw, self.raw)`, remembered for this request by the identity of `raw` (kept, so that it is
+        not reused): the advisor's simulations hold the same states, the bytes of one request's `held`."""
+        memo: dict[int, tuple[bytes, int]] = self.__dict__.setdefault("_lcps", {})
+        got = memo.get(id(raw))
+        if got is None or got[0] is not raw:
+            got = memo[id(raw)] = (raw, lcp(raw, self.raw))
+        return got[1]
+
+    def pinned(self, id_slot: int) -> Request:
+        """The request sent with `id_slot`, sharing what this one has worked out of its IDs already."""
+        out = replace(self, id_slot=id_slot)
+        out.__dict__.update({k: v for k, v in self.__dict__.items() if k in _SHARED})
+        return out
+
+
+_SHARED = ("raw", "held", "held_raw", "_lcps")  # what a request's IDs give, the same under another id_slot
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -347,17 +370,8 @@ class Held:
 
 
 def lcp(a: bytes, b: bytes) -> int:
-    """Tokens two ID byte strings share at their start: compared in blocks doubling from 1 KiB, so the cost is
-    that of the shared part (most states a cache holds differ from a prompt early), then bisected in the block
-    that differs."""
-    n = min(len(a), len(b))
-    pos, step = 0, 1024
-    while pos < n:
-        end = min(n, pos + step)
-        if a[pos:end] != b[pos:end]:
-            return (pos + shared_prefix(a[pos:end], b[pos:end])) // 4
-        pos, step = end, step * 2
-    return n // 4
+    """Tokens two ID byte strings share at their start: whole 4-byte words of their common bytes (a memcmp)."""
+    return common_bytes(a, b) // 4
 
 
 @dataclass(frozen=True)
@@ -385,14 +399,14 @@ class Outcome:
 # ---------------------------------------------------------------- the rules
 
 
-def chunk_reuse(cache: Any, prompt: Any, n_min: int) -> tuple[int, tuple[Chunk, ...]]:
+def chunk_reuse(cache: Any, prompt: Any, n_min: int, shared: int | None = None) -> tuple[int, tuple[Chunk, ...]]:
     """`--cache-reuse n_min`: the LCP, then every later run of at least n_min cached tokens matching the
     prompt where it stands is shifted into place (a cached token that starts no such run is skipped, the
     prompt never is: a deletion from the history is recovered, an insertion is not). Token IDs as arrays, or
-    as their bytes (`id_bytes`)."""
+    as their bytes (`id_bytes`); `shared`: their LCP, where the caller knows it."""
     c = cache if isinstance(cache, bytes) else id_bytes(cache)
     p = prompt if isinstance(prompt, bytes) else id_bytes(prompt)
-    n_past = lcp(c, p)
+    n_past = lcp(c, p) if shared is None else shared
     if n_min <= 0:
         return n_past, ()
     chunks: list[Chunk] = []
@@ -456,9 +470,27 @@ class RamCache:
         self.limit = MIB * limit_mib if limit_mib > 0 else 0  # -1: no byte limit
         self.limit_tokens = limit_tokens or 0
         self.bpt = bytes_per_token
-        self.entries: list[Held] = []  # oldest first
+        self._entries: list[Held] = []  # oldest first
+        self._raws: list[bytes] = []  # their tokens' bytes (an entry's tokens never change while it is here)
         self.evicted: list[Held] = []  # since the caller last took them
         self.refused: list[Held] = []
+
+    @property
+    def entries(self) -> list[Held]:
+        """The states held, oldest first (changed only through the cache's methods, or by setting it)."""
+        return self._entries
+
+    @entries.setter
+    def entries(self, entries: list[Held]) -> None:
+        self._entries, self._raws = list(entries), [e.raw() for e in entries]
+
+    def _tokens(self) -> int:
+        """Tokens held (4 bytes each)."""
+        return sum(map(len, self._raws)) // 4
+
+    def _pop(self, i: int) -> Held:
+        del self._raws[i]
+        return self._entries.pop(i)
 
     def size_of(self, h: Held) -> float:
         return (self.bpt or 0.0) * len(h)
@@ -475,7 +507,8 @@ class RamCache:
         if memo is not None and memo[0] is h.state.tokens and any(e is memo[1] for e in self.entries):
             return memo[1]
         raw = h.raw()
-        found = next((e for e in self.entries if e.raw().startswith(raw)), None)  # lcp(e, h) == len(h), in C
+        at = next((i for i, r in enumerate(self._raws) if r.startswith(raw)), None)  # lcp(e, h) == len(h), in C
+        found = self._entries[at] if at is not None else None
         if found is not None:
             h.__dict__["_held_by"] = (h.state.tokens, found)
         return found
@@ -489,11 +522,14 @@ class RamCache:
         if self.limit and self.bpt and new > self.limit:
             self.refused.append(_copy(h))
             return False
-        self.entries = [e for e in self.entries if not raw.startswith(e.raw())]  # lcp(e, h) != len(e), in C
-        while self.limit and self.bpt and self.entries and self.size() + new > self.limit:
-            self.evicted.append(self.entries.pop(0))
+        kept = [i for i, r in enumerate(self._raws) if not raw.startswith(r)]  # lcp(e, h) != len(e), in C
+        if len(kept) < len(self._raws):
+            self._entries, self._raws = [self._entries[i] for i in kept], [self._raws[i] for i in kept]
+        while self.limit and self.bpt and self._entries and self.size() + new > self.limit:
+            self.evicted.append(self._pop(0))
         entry = _copy(h)
-        self.entries.append(entry)
+        self._entries.append(entry)
+        self._raws.append(raw)
         h.__dict__["_held_by"] = (h.state.tokens, entry)
         return True
 
@@ -504,8 +540,8 @@ class RamCache:
         f_keep = base / len(slot) if len(slot) else -1.0
         f_sim = base / size if size else 0.0
         best = None
-        for i, e in enumerate(self.entries):
-            raw, n_e = e.raw(), len(e)
+        for i, raw in enumerate(self._raws):
+            n_e = len(raw) // 4
             at_least = int(F_KEEP_LOAD * n_e)  # sharing fewer tokens keeps under F_KEEP_LOAD: skipped by a memcmp
             if at_least and not prompt.startswith(memoryview(raw)[: 4 * at_least]):
                 continue
@@ -515,14 +551,14 @@ class RamCache:
                 continue
             if f_keep < keep and f_sim < sim:
                 f_keep, f_sim, best = keep, sim, i
-        return None if best is None else self.entries.pop(best)
+        return None if best is None else self._pop(best)
 
     def _bound(self) -> None:
         """The simulation's own bound, where the server's is unknown: SIM_MAX_TOKENS held at most."""
-        n_tok = sum(len(e) for e in self.entries)
-        while self.entries and n_tok > SIM_MAX_TOKENS:
-            n_tok -= len(self.entries[0])
-            self.evicted.append(self.entries.pop(0))
+        n_tok = self._tokens()
+        while self._entries and n_tok > SIM_MAX_TOKENS:
+            n_tok -= len(self._entries[0])
+            self.evicted.append(self._pop(0))
 
     def update(self) -> None:
         """Evict the oldest while over the byte limit, then over the token limit: the whole context, raised
@@ -531,17 +567,17 @@ class RamCache:
         self._bound()
         if self.limit and not self.bpt:
             return
-        while self.limit and self.entries and self.size() > self.limit:
-            self.evicted.append(self.entries.pop(0))
+        while self.limit and self._entries and self.size() > self.limit:
+            self.evicted.append(self._pop(0))
         if not self.limit_tokens:
             return
-        n_tok = sum(len(e) for e in self.entries)
+        n_tok = self._tokens()
         cap = self.limit_tokens
         if self.limit:
             cap = max(cap, int(self.limit / max(1.0, self.size() / max(1, n_tok))))
-        while self.entries and n_tok > cap:
-            n_tok -= len(self.entries[0])
-            self.evicted.append(self.entries.pop(0))
+        while self._entries and n_tok > cap:
+            n_tok -= len(self._entries[0])
+            self.evicted.append(self._pop(0))
 
 
 def _copy(h: Held) -> Held:
@@ -575,6 +611,7 @@ class EngineSim:
         self.clock = 0
         self.fates: dict[int, tuple[Fate, int, str]] = {}  # turn -> (fate, the turn that caused it, how)
         self.key = ""
+        self._cleared: dict[int, Held] = {}  # slot -> the empty state `_cache_idle` left there, untouched since
 
     # -- where a turn's state is now
 
@@ -593,6 +630,7 @@ class EngineSim:
         """Play one request; the slots and cache as the server leaves them."""
         self.switch(req)
         i, how, f_sim, f_keep, loaded, saved = self._select(req)
+        self._cleared.pop(i, None)  # the request writes its state
         slot = self.slots[i]
         cleared = self._launch(slot, req)
         self._cache_idle(i, req.turn)
@@ -634,7 +672,7 @@ class EngineSim:
         if self.ram is not None:
             for e in self.ram.entries:
                 self._lost(e, Fate.RESTART, turn, why)
-            self.ram.entries.clear()
+            self.ram.entries = []
 
     def _select(self, req: Request) -> tuple[int, SelectedBy, float | None, float | None, int | None, bool]:
         """get_available_slot: (slot, how, f_sim, f_keep, tokens loaded from RAM, saved to RAM)."""
@@ -649,7 +687,7 @@ class EngineSim:
             for k, s in enumerate(self.slots):
                 if (pinned is not None and k != ret) or not len(s.held):
                     continue
-                sim = lcp(s.held.raw(), req.raw) / n if n else 0.0
+                sim = req.lcp_with(s.held.raw()) / n if n else 0.0
                 if sim > best and sim > self.config.sps:
                     best, found = sim, k
             if found is not None:
@@ -716,15 +754,15 @@ class EngineSim:
             return
         assert self.ram is not None
         for k, s in enumerate(self.slots):
-            if k == chosen:
-                continue
+            if k == chosen or self._cleared.get(k) is s.held:
+                continue  # an idle slot left empty here before: saving and clearing it change nothing
             if self.ram.save(s.held):
                 self.ram.update()
             self._take_evictions(turn)
             if self.config.kv_unified:
                 if len(s.held) and self._in_ram(s.held) is None:
                     self._lost(s.held, Fate.IDLE_CLEARED, turn)
-                s.held = Held(SlotState(self.config.layout), lora=s.held.lora, key=s.held.key)
+                s.held = self._cleared[k] = Held(SlotState(self.config.layout), lora=s.held.lora, key=s.held.key)
 
     def _reuse(
         self,
@@ -741,7 +779,8 @@ class EngineSim:
         """The prefix the request keeps (timings.cache_n), then the slot as the request leaves it."""
         h, cfg = slot.held, self.config
         cache, before, raw = h.tokens, len(h), h.raw()
-        shared = lcp(raw, req.raw)
+        shared = req.lcp_with(raw)
+        memos = {k: v for k, v in h.__dict__.items() if k in ("_raw", "_held_by") and v[0] is cache}
         out = Outcome(
             turn=req.turn,
             slot=k,
@@ -762,21 +801,16 @@ class EngineSim:
         n_past = 0
         if req.cache_prompt:
             n_min = cfg.cache_reuse if req.n_cache_reuse is None else req.n_cache_reuse
-            n_past, chunks = chunk_reuse(raw, req.raw, n_min if cfg.can_shift else 0)
+            n_past, chunks = chunk_reuse(raw, req.raw, n_min if cfg.can_shift else 0, shared)
         ck = restore(h.state, req.ids, n_past)
-        out = replace(
-            out,
-            cache_n=ck.reused,
-            chunks=chunks,
-            checkpoint=ck if cfg.layout.needs_checkpoints else None,
-            false_hit=_false_hit(h, ck.reused),
-        )
+        hit = _false_hit(h, ck.reused)
         old = Held(SlotState(cfg.layout, cache), h.origin)
-        if cache is h.state.tokens:  # the same tokens: their bytes, and the RAM entry known to hold them
-            old.__dict__.update({k: v for k, v in h.__dict__.items() if k in ("_raw", "_held_by")})
+        old.__dict__.update(memos)  # the same tokens: their bytes, and the RAM entry known to hold them
         if h.origin and h.origin != req.turn and (shared >= before or self._in_ram(old) is None):
             self._lost(old, Fate.EXTENDED if shared >= before else Fate.OVERWRITTEN, req.turn, how.value)
-        return replace(out, shifts=self._process(h, req, ck.reused))
+        shifts = self._process(h, req, ck.reused)
+        checkpoint = ck if cfg.layout.needs_checkpoints else None
+        return replace(out, cache_n=ck.reused, chunks=chunks, checkpoint=checkpoint, false_hit=hit, shifts=shifts)
 
     def _lost(self, h: Held, fate: Fate, by: int, how: str = "") -> None:
         """Record what became of a state that left the server (a refusal by the RAM cache is kept: it says why)."""
@@ -801,6 +835,8 @@ class EngineSim:
             if shifts:
                 h.state.checkpoints = []
         h.state.tokens = tokens
+        if tokens is req.held:  # its bytes made once for every simulation of the request
+            h.__dict__["_raw"] = (tokens, req.held_raw)
         h.kv_lora = _segments_after(h.kv_lora, cache_n, len(tokens), h.lora)
         h.origin, h.key = req.turn, req.key
         return shifts

@@ -431,7 +431,8 @@ class EngineTrack:
         self.config = config
         self.sim = EngineSim(config)
         self.log = log  # the server's log, lined up with the turns as they come
-        self.advisor = Advisor(config) if what_if else None  # the same requests under other flags
+        # the same requests under other flags; `sim` plays nothing but them unless a log adds other clients'
+        self.advisor = Advisor(config, mirrored=log is None) if what_if else None
         self._conv: dict[int, int] = {}  # turn -> its conversation (the chain of states it continues)
         self._held: dict[int, tuple[int, np.ndarray | None, int]] = {}  # turn -> (prompt length, reply, generated)
         self._shifted: set[int] = set()
