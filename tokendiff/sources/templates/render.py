@@ -43,13 +43,18 @@ class _Sentinels:
     """Private Use characters that wrap fields for one render, half opening and half closing: sentinel k
     opens with chr(start + k) and closes with chr(start + per_render + k). A prompt that holds a
     character of the range (Nerd Font glyphs in a tool's output, Apple's logo) gets the other range:
-    with sentinels it cannot tell apart, every field would be located by a render of its own."""
+    with sentinels it cannot tell apart, every field would be located by a render of its own.
 
-    __slots__ = ("start", "per_render", "pattern", "split", "marked")
+    Past `per_render` fields, two characters each side (`paired`): the range in quarters of `base`,
+    field k opening with its quotient and remainder by `base` in the first two quarters and closing
+    with them in the last two, so one render wraps up to base² fields (2.5 million), not 3,199."""
+
+    __slots__ = ("start", "per_render", "base", "pattern", "split", "marked")
 
     def __init__(self, first: str, last: str, marked: bool):
         self.start = ord(first)
         self.per_render = (ord(last) - ord(first) - int(marked)) // 2  # fields wrapped in one render
+        self.base = (ord(last) - ord(first) + 1 - int(marked)) // 4  # a quarter of the range, for pairs
         self.pattern = re.compile(f"[{first}-{last}]")
         self.split = re.compile(f"([{first}-{last}])")  # keeps what it splits at
         self.marked = marked  # its last character, template_env.GEN_MARK, is where the generation prompt begins
@@ -58,6 +63,24 @@ class _Sentinels:
         """(the field a sentinel belongs to, whether it closes it)."""
         k = code - self.start
         return (k - self.per_render, True) if k >= self.per_render else (k, False)
+
+    def wraps(self, k: int, paired: bool) -> tuple[str, str]:
+        """The opening and closing sentinels of field k."""
+        if not paired:
+            return chr(self.start + k), chr(self.start + self.per_render + k)
+        hi, lo = divmod(k, self.base)
+        b, s = self.base, self.start
+        return chr(s + hi) + chr(s + b + lo), chr(s + 2 * b + hi) + chr(s + 3 * b + lo)
+
+    def paired_field(self, first: int, second: int) -> tuple[int, bool] | None:
+        """(field, whether it closes) of two sentinels written side by side; None unless they are
+        one paired sentinel (a template that cut or reordered a field's text)."""
+        hi, lo, b = first - self.start, second - self.start, self.base
+        if hi < b and b <= lo < 2 * b:
+            return hi * b + lo - b, False
+        if 2 * b <= hi < 3 * b and 3 * b <= lo < 4 * b:
+            return (hi - 2 * b) * b + lo - 3 * b, True
+        return None
 
 
 # the Basic Multilingual Plane's Private Use Area, 6,400 characters (U+F8FF marks the generation prompt): chunks
@@ -196,7 +219,7 @@ class Renderer:
         unlocated: list[str] = []
         if text is None or spans is None:
             text = self.render(body)
-            spans = self._leaf_spans(body, leaves, text, unlocated)
+            spans, gen_at = self._leaf_spans(body, leaves, text, unlocated)
         r = Rendered(text, template_sha256=self.template_sha256, unlocated=unlocated)
         r.spans += [_with_think_tags(text, sp) for sp in spans]
         r.spans += self._tool_spans(body, text)
@@ -228,6 +251,10 @@ class Renderer:
         sent = _sentinels_for(text)
         if sent is None:
             return None, None
+        if len(leaves) > sent.per_render:
+            whole = self._at_once(body, leaves, text, sent)
+            if whole is not None:
+                return whole
         for chunk in _chunks(leaves, sent.per_render):
             got = self._sentinel_render(body, chunk, sent)
             if got is None:
@@ -241,19 +268,40 @@ class Renderer:
             spans += found
         return (spans, gen_at) if rendered else (None, None)
 
+    def _at_once(
+        self, body: dict[str, Any], leaves: list[_Leaf], text: str, sent: _Sentinels
+    ) -> tuple[list[FieldSpan], int | None] | None:
+        """The spans of more fields than one render wraps a character each side, from one render with
+        two characters each side (`_Sentinels.paired_field`): a conversation of 100,000 parts in one
+        render, not 32 (each of a copy of the whole request). Second, where the generation prompt
+        begins, if marked. None when the render is not `text` without its sentinels, when some
+        sentinel came out cut or reordered, or when no field has text: the callers then wrap a chunk
+        of fields at a time, as they would have (a template that reads its fields' text may take
+        two characters where it takes one)."""
+        spans: list[FieldSpan] = []
+        gen_at: int | None = None
+        for chunk in _chunks(leaves, sent.base * sent.base):
+            got = self._sentinel_render(body, chunk, sent, paired=True)
+            found = _paired_spans(got[0], chunk, sent) if got is not None and got[1] == text else None
+            if found is None:
+                return None
+            spans += found[0]
+            gen_at = found[1]
+        return spans, gen_at
+
     def _sentinel_render(
-        self, body: dict[str, Any], leaves: list[_Leaf], sent: _Sentinels
+        self, body: dict[str, Any], leaves: list[_Leaf], sent: _Sentinels, paired: bool = False
     ) -> tuple[list[tuple[int, int]], str] | None:
         """The render with `leaves` wrapped in sentinels (and the generation prompt marked where the
         template allows), as (each sentinel's code and position in the text without them, that text);
         None when no leaf has text to wrap or the template fails on the wrapped request."""
         wrapped = _copy(body)
         used = 0
-        opens, closes = sent.start, sent.start + sent.per_render
         for k, leaf in enumerate(leaves):
             v = leaf.get(wrapped)
             if isinstance(v, str) and v:
-                leaf.set(wrapped, chr(opens + k) + v + chr(closes + k))
+                opening, closing = sent.wraps(k, paired)
+                leaf.set(wrapped, opening + v + closing)
                 used += 1
         if not used:
             return None
@@ -268,37 +316,47 @@ class Renderer:
 
     def _leaf_spans(
         self, body: dict[str, Any], leaves: list[_Leaf], text: str, unlocated: list[str]
-    ) -> list[FieldSpan]:
-        spans: list[FieldSpan] = []
+    ) -> tuple[list[FieldSpan], int | None]:
+        """Every field's span in `text`, and where the generation prompt begins when one render wrapped
+        every field and marked it (else None)."""
         sent = _sentinels_for(text)
-        for chunk in _chunks(leaves, sent.per_render if sent else 1):
+        if sent is not None and len(leaves) > sent.per_render:
+            whole = self._at_once(body, leaves, text, sent)
+            if whole is not None:
+                return whole
+        spans: list[FieldSpan] = []
+        chunks = _chunks(leaves, sent.per_render if sent else 1)
+        gen_at: int | None = None
+        for chunk in chunks:
             found = self._wrapped(body, chunk, text, sent) if sent else None
             if found is not None:
-                spans += found
+                spans += found[0]
+                gen_at = found[1] if len(chunks) == 1 else None
                 continue
             for leaf in chunk:  # find the fields whose wrapping changes the output
                 one = self._wrapped(body, [leaf], text, sent) if sent else None
                 if one is not None:
-                    spans += one
+                    spans += one[0]
                 else:
                     s = self._substituted(body, leaf, text)
                     if s is not None:
                         spans.append(s)
                     elif _nonempty(leaf.get(body)):
                         unlocated.append(leaf.path[-1].field or "")
-        return spans
+        return spans, gen_at
 
     def _wrapped(
         self, body: dict[str, Any], leaves: list[_Leaf], text: str, sent: _Sentinels
-    ) -> list[FieldSpan] | None:
+    ) -> tuple[list[FieldSpan], int | None] | None:
         """The spans of `leaves` from one sentinel render, if it is `text` once the sentinels are
-        removed ([] when no leaf has text); None when the wrapping changes the output."""
+        removed ([] when no leaf has text), and where it marked the generation prompt; None when the
+        wrapping changes the output."""
         if not any(isinstance(v := leaf.get(body), str) and v for leaf in leaves):
-            return []
+            return [], None
         got = self._sentinel_render(body, leaves, sent)
         if got is None or got[1] != text:
             return None
-        return _sentinel_spans(got[0], leaves, sent)[0]
+        return _sentinel_spans(got[0], leaves, sent)
 
     def _substituted(self, body: dict[str, Any], leaf: _Leaf, text: str) -> FieldSpan | None:
         v = leaf.get(body)
@@ -460,20 +518,51 @@ def _sentinel_spans(
 ) -> tuple[list[FieldSpan], int | None]:
     """Where each wrapped leaf landed, from the sentinels' codes and positions in the text without them;
     a field rendered twice is two spans. Second, where the generation prompt begins, if marked once."""
-    opens: dict[int, list[int]] = {}
-    closes: dict[int, list[int]] = {}
+    events: list[tuple[int, bool, int]] = []
     gen: list[int] = []
     for c, pos in marks:
         if sent.marked and c == GEN_AT:
             gen.append(pos)
             continue
-        k, closing = sent.field(c)
+        events.append((*sent.field(c), pos))
+    return _spans_at(events, leaves), (gen[0] if len(gen) == 1 else None)
+
+
+def _paired_spans(
+    marks: list[tuple[int, int]], leaves: list[_Leaf], sent: _Sentinels
+) -> tuple[list[FieldSpan], int | None] | None:
+    """`_sentinel_spans` of a render wrapped two characters each side: None unless every sentinel is
+    whole (its two characters side by side, in order), as a template that shows its fields as given
+    writes them."""
+    events: list[tuple[int, bool, int]] = []
+    gen: list[int] = []
+    i, n = 0, len(marks)
+    while i < n:
+        c, pos = marks[i]
+        if sent.marked and c == GEN_AT:
+            gen.append(pos)
+            i += 1
+            continue
+        field = sent.paired_field(c, marks[i + 1][0]) if i + 1 < n and marks[i + 1][1] == pos else None
+        if field is None:
+            return None
+        events.append((*field, pos))
+        i += 2
+    return _spans_at(events, leaves), (gen[0] if len(gen) == 1 else None)
+
+
+def _spans_at(events: list[tuple[int, bool, int]], leaves: list[_Leaf]) -> list[FieldSpan]:
+    """The spans of the leaves from (leaf, closing, position) events: the n-th opening of a leaf with
+    its n-th closing, in the leaves' order."""
+    opens: dict[int, list[int]] = {}
+    closes: dict[int, list[int]] = {}
+    for k, closing, pos in events:
         (closes if closing else opens).setdefault(k, []).append(pos)
     spans = []
     for k in sorted(opens.keys() & closes.keys()):
         if k < len(leaves):
             spans += [FieldSpan(leaves[k].path, s, e) for s, e in zip(opens[k], closes[k]) if e >= s]
-    return spans, (gen[0] if len(gen) == 1 else None)
+    return spans
 
 
 def _with_think_tags(text: str, sp: FieldSpan) -> FieldSpan:
