@@ -184,7 +184,7 @@ def _wide_items(n: int, parts: int) -> list[dict]:
 
 def make_wide_responses(path: Path, items: int, parts: int = 50) -> int:
     """A capture of two Responses requests without prompt IDs: `items` input items of `parts` text parts (2,000
-    items: ~8 MB a record; rounded up to end in a user's), then the same with an answer and a new question,
+    items: ~6 MB a record; rounded up to end in a user's), then the same with an answer and a new question,
     dated a day later in its instructions. Returns the text parts of both."""
     import orjson
 
@@ -196,16 +196,9 @@ def make_wide_responses(path: Path, items: int, parts: int = 50) -> int:
                 "instructions": f"You are an agent. Today is 2026-06-{k:02d}.",
                 "input": _wide_items(n, parts),
             }
-            rec = {
-                "schema": "tokendiff.capture/1",
-                "seq": k,
-                "ts": 1_800_000_000 + 60 * k,
-                "source": "proxy",
-                "endpoint": "/v1/responses",
-                "request": request,
-                "response": {"status": 200},
-                "server": {"kind": "llama-server", "model": "qwen3.gguf"},
-            }
+            rec = orjson.loads(scale_capture._record(k, [], []))  # a proxy record, less its IDs: a Responses one
+            del rec["prompt_ids"], rec["prompt_source"]
+            rec.update(endpoint="/v1/responses", request=request, response={"status": 200})
             f.write(orjson.dumps(rec) + b"\n")
     return (2 * first + 2) * parts
 
