@@ -53,7 +53,8 @@ def _responses_request(items: int, parts: int) -> dict:
         {
             "role": ("user", "assistant")[i % 2],
             "content": [
-                {"type": ("input_text", "output_text")[i % 2], "text": f"item {i} part {j}: words"} for j in range(parts)
+                {"type": ("input_text", "output_text")[i % 2], "text": f"item {i} part {j}: words"}
+                for j in range(parts)
             ],
         }
         for i in range(items)
@@ -77,7 +78,9 @@ def test_a_request_of_many_items_is_attributed_in_one_sentinel_render(monkeypatc
     assert len(calls) == 1
     parts = [s for s in got.spans if s.path[-1].kind == SectionKind.FIELD and s.path[0].index > 0]  # 0: system
     assert len(parts) == 8000 and not got.unlocated
-    assert all(text[s.start : s.end] == f"item {s.path[0].index - 1} part {s.path[-1].name[8:-1]}: words" for s in parts)
+    assert all(
+        text[s.start : s.end] == f"item {s.path[0].index - 1} part {s.path[-1].name[8:-1]}: words" for s in parts
+    )
     calls.clear()
     monkeypatch.setattr(Renderer, "_at_once", lambda self, *a: None)  # a chunk of fields a render, as before
     assert _attribution(renderer.attribute(b)) == _attribution(got)
@@ -137,3 +140,38 @@ def test_the_generation_prompt_marked_in_the_sentinel_render_is_where_the_render
         at = len(no_gen) if text.startswith(no_gen) else len(text)
         gen = [(s.start, s.end) for s in renderer.attribute(b).spans if s.path[0].kind == SectionKind.GENERATION_PROMPT]
         assert gen == ([(at, len(text))] if at < len(text) else [])
+
+
+HALVED = Renderer._halved
+
+
+def _field_by_field(self, body, leaves, text, sent, unlocated):
+    """How a chunk whose wrapping changed the output was located before: each field wrapped alone."""
+    spans = []
+    for leaf in leaves:
+        one = self._wrapped(body, [leaf], text, sent) if sent else None
+        spans += one[0] if one is not None else HALVED(self, body, [leaf], text, sent, unlocated)
+    return spans
+
+
+def test_a_field_the_template_reads_costs_a_few_renders_not_one_per_field(monkeypatch):
+    # Qwen3 tests whether a user's message starts with <tool_response>: wrapped, that message changes
+    # the render, so its chunk's fields are halved down to it (a render a field took 900 renders here)
+    renderer = Renderer(template("Qwen-Qwen3-0.6B.jinja"))
+    msgs: list[dict] = [{"role": "system", "content": "sys"}]
+    for i in range(300):
+        msgs += [
+            {"role": "user", "content": f"q {i}"},
+            {"role": "assistant", "content": f"a {i}", "reasoning_content": "r"},
+        ]
+    msgs.append({"role": "user", "content": "<tool_response>\nok\n</tool_response>"})
+    b = {"messages": msgs}
+    text = renderer.render(b)
+    calls = _counting(monkeypatch)
+    got = renderer.attribute(b, text)
+    # the sentinel render of the text given, the plain render, its sentinel render, two halves a level down
+    # to the field (901 fields: 10 levels), its substitution, the render without the generation prompt
+    assert len(calls) <= 5 + 2 * 10
+    assert got.unlocated == ["messages[601].content"]
+    monkeypatch.setattr(Renderer, "_halved", _field_by_field)
+    assert _attribution(renderer.attribute(b, text)) == _attribution(got)

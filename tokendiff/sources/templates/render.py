@@ -327,18 +327,27 @@ class Renderer:
             if found is not None:
                 spans += found[0]
                 gen_at = found[1] if len(chunks) == 1 else None
-                continue
-            for leaf in chunk:  # find the fields whose wrapping changes the output
-                one = self._wrapped(body, [leaf], text, sent) if sent else None
-                if one is not None:
-                    spans += one[0]
-                else:
-                    s = self._substituted(body, leaf, text)
-                    if s is not None:
-                        spans.append(s)
-                    elif _nonempty(leaf.get(body)):
-                        unlocated.append(leaf.path[-1].field or "")
+            else:
+                spans += self._halved(body, chunk, text, sent, unlocated)
         return spans, gen_at
+
+    def _halved(
+        self, body: dict[str, Any], leaves: list[_Leaf], text: str, sent: _Sentinels | None, unlocated: list[str]
+    ) -> list[FieldSpan]:
+        """The spans of `leaves`, whose wrapping together changed the output: each half wrapped on its own,
+        down to the fields whose wrapping alone changes it, which are located by substitution (or listed
+        in `unlocated`). A template that reads one field's text (Qwen3 tests whether a user's message
+        starts with `<tool_response>`) costs a few renders a field so read, not one render a field."""
+        if len(leaves) == 1:
+            s = self._substituted(body, leaves[0], text)
+            if s is None and _nonempty(leaves[0].get(body)):
+                unlocated.append(leaves[0].path[-1].field or "")
+            return [s] if s is not None else []
+        spans: list[FieldSpan] = []
+        for half in (leaves[: len(leaves) // 2], leaves[len(leaves) // 2 :]):
+            found = self._wrapped(body, half, text, sent) if sent else None
+            spans += found[0] if found is not None else self._halved(body, half, text, sent, unlocated)
+        return spans
 
     def _wrapped(
         self, body: dict[str, Any], leaves: list[_Leaf], text: str, sent: _Sentinels
