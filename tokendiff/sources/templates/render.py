@@ -23,6 +23,7 @@ of any particular template:
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import re
 from collections.abc import Callable
@@ -534,10 +535,11 @@ def _marks(out: str, sent: _Sentinels) -> tuple[_Marks, str]:
     found = np.flatnonzero((codes >= sent.start) & (codes <= sent.last))
     if not found.size:
         return (found, found), out
+    marks = codes[found].astype(np.int64), found - np.arange(len(found))
     kept = np.ones(len(codes), dtype=bool)
     kept[found] = False
-    text = codes[kept].tobytes().decode("utf-32-le", "surrogatepass")
-    return (codes[found].astype(np.int64), found - np.arange(len(found))), text
+    text = codecs.decode(memoryview(codes[kept]), "utf-32-le", "surrogatepass")  # no copy of the kept codes
+    return marks, text
 
 
 def _sentinel_spans(marks: _Marks, leaves: list[_Leaf], sent: _Sentinels) -> tuple[list[FieldSpan], int | None]:
