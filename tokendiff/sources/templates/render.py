@@ -538,7 +538,7 @@ def _marks(out: str, sent: _Sentinels) -> tuple[_Marks, str]:
     marks = codes[found].astype(np.int64), found - np.arange(len(found))
     kept = np.ones(len(codes), dtype=bool)
     kept[found] = False
-    text = codecs.decode(memoryview(codes[kept]), "utf-32-le", "surrogatepass")  # no copy of the kept codes
+    text = codecs.decode(codes[kept].data, "utf-32-le", "surrogatepass")  # no copy of the kept codes to bytes
     return marks, text
 
 
