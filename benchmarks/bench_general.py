@@ -8,15 +8,19 @@ as an array; its CPU counted from its first file, not its start-up). The floor o
 peak RSS (the process and its largest worker), the ratio of CPU to the floor's, and the load average.
 Workloads (general_case.py): a capture of Qwen3 requests that end in the generation prompt (a date change
 every 10th turn, compaction), slot files that each diverge from the one before (the reasoning stripped), a
-fleet of captures of 10 requests, many tiny sessions, and a ~48k-token pair of slot files.
+fleet of captures of 10 requests, many tiny sessions, a ~48k-token pair of slot files, and a wide Responses
+capture: two requests without prompt IDs whose `input` holds N items of 50 text parts, whose floor is parsing
+both records with orjson and encoding each one's render once with the Qwen3 tokenizer (the render itself,
+made before the floor's clock starts, is not counted: producing it is part of what tokendiff measures).
 
 Targets (2-core machine, ratios from one run): captures <= 4x the floor at 2,000 and 10,000 requests,
 linear within 20 %, <= 1 GB; 5,000 slot files <= 6x the floor plus one Python start; a fleet of 200
 ten-request sessions <= 4x; 10,000 tiny sessions finish in bounded memory; `diff --json` of the pair
-<= 2.5x a bare Python start.
+<= 2.5x a bare Python start. The wide capture has no target in issue 29: it is the general case of one
+request's size, where section attribution once rendered the conversation 32 times over.
 
     python benchmarks/bench_general.py [--capture 2000 10000] [--slots 5000] [--fleet 200] [--tiny 10000]
-                                       [--diff] [--runs 5] [--keep DIR]
+                                       [--diff] [--wide 2000] [--runs 5] [--keep DIR]
 
 Each option left out skips its case; with no option, every case at its full size.
 """
@@ -71,9 +75,34 @@ def slots(d):
             lcp(prev, ids)
         prev = ids
 
+def renders(path):  # each record's render and the tokenizer, made before the clock starts (tokendiff's work)
+    import gzip
+    from tokenizers import Tokenizer
+    from tokendiff.sources.importers.apis import chat_form
+    from tokendiff.sources.templates.render import Renderer
+    from tokendiff.sources.tokenizers import BUNDLED_DIR
+    import json
+    tk = Tokenizer.from_str(gzip.decompress((BUNDLED_DIR / 'tokenizer.json.gz').read_bytes()).decode())
+    config = json.loads((BUNDLED_DIR / 'tokenizer_config.json').read_text())
+    renderer = Renderer(config['chat_template'], eos_token=config.get('eos_token') or '')
+    with open(path, 'rb') as f:
+        texts = [renderer.render(chat_form(r['request'], r['endpoint'])[0]) for r in map(orjson.loads, f)]
+    return tk, texts
+
+def wide(path, tk, texts):
+    with open(path, 'rb') as f:
+        for line in f:
+            orjson.loads(line)
+    for text in texts:
+        tk.encode(text, add_special_tokens=False)
+
 kind, paths = sys.argv[1], sys.argv[2:]
+made = renders(paths[0]) if kind == 'wide' else None
 t0 = time.process_time()
-slots(paths[0]) if kind == 'slots' else captures(paths)
+if kind == 'wide':
+    wide(paths[0], *made)
+else:
+    slots(paths[0]) if kind == 'slots' else captures(paths)
 print(time.process_time() - t0)
 """
 
@@ -193,6 +222,15 @@ def bench_captures(where: Path, sizes: list[int], limit: float | None) -> None:
         verdict(f"captures linear within {100 * SPREAD:.0f} % (ratio spread {100 * spread:.0f} %)", spread <= SPREAD)
 
 
+def bench_wide(where: Path, items: int, limit: float | None) -> None:
+    path = make(where, f"wide-{items}.jsonl", f"make_wide_responses(Path(sys.argv[1]), {items})")
+    floor = floor_cpu("wide", [path])
+    m = report([path], limit)
+    mb = path.stat().st_size / 2**20 / 2
+    what = f"report, 2 Responses records without prompt IDs, {items:,} items x 50 parts (~{mb:,.1f} MB each)"
+    line(what, m, floor, limit=limit)
+
+
 def python_start(runs: int) -> float:
     """Median CPU of a bare `python -c pass`."""
     cpus = []
@@ -282,12 +320,14 @@ def main() -> None:
     ap.add_argument("--fleet", type=int, help="sessions of 10 requests")
     ap.add_argument("--tiny", type=int, help="sessions of 2 short requests")
     ap.add_argument("--diff", action="store_true", help="diff --json of a ~48k-token pair")
+    ap.add_argument("--wide", type=int, help="items of 50 parts in each of two Responses records")
     ap.add_argument("--runs", type=int, default=5, help="runs of diff (and of a bare start)")
     ap.add_argument("--limit", type=float, help="stop a report that runs longer than this (seconds)")
     ap.add_argument("--keep", type=Path, help="write the workloads here and keep them (reused when there)")
     args = ap.parse_args()
-    if args.capture is None and not (args.slots or args.fleet or args.tiny or args.diff):
+    if args.capture is None and not (args.slots or args.fleet or args.tiny or args.diff or args.wide):
         args.capture, args.slots, args.fleet, args.tiny, args.diff = [2000, 10000], 5000, 200, 10000, True
+        args.wide = 2000
     print(f"({os.cpu_count()} CPUs, {load()} at the start)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         where = args.keep or Path(tmp)
@@ -302,6 +342,8 @@ def main() -> None:
             bench_fleet(where, args.fleet, args.limit)
         if args.tiny:
             bench_tiny(where, args.tiny, args.limit)
+        if args.wide:
+            bench_wide(where, args.wide, args.limit)
 
 
 if __name__ == "__main__":

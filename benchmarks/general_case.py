@@ -12,7 +12,10 @@ once it is history, so almost no turn is a pure append of the one before:
   what the model generated (`<think>` reasoning, the answer, `<|im_end|>`); the next prompt's history keeps
   the answer and the template strips the reasoning;
 - fleets: many such captures, of 10 requests or of 2 tiny ones;
-- a pair of ~48k-token slot files for `diff --json` (a date change early, the generated reasoning stripped).
+- a pair of ~48k-token slot files for `diff --json` (a date change early, the generated reasoning stripped);
+- a wide Responses capture: two requests without prompt IDs (a client that sends Responses through a proxy
+  that records no tokens) whose `input` holds thousands of items of 50 text parts each, the date in the
+  instructions changed between them, so the report renders, tokenises and attributes both in full.
 
 Token IDs are built turn by turn from the bundled Qwen3 tokenizer, as scale_capture.py does: each chat turn
 is bounded by special tokens, so the pieces are exactly the whole render's IDs (and the request renders to
@@ -162,6 +165,42 @@ def make_fleet(path: Path, sessions: int, requests: int, **kw) -> int:
 def make_tiny_fleet(path: Path, sessions: int) -> int:
     """`sessions` captures of 2 short requests each: the per-session fixed cost, and memory, at scale."""
     return make_fleet(path, sessions, 2, history=200, compact_at=400, words=12)
+
+
+def _wide_items(n: int, parts: int) -> list[dict]:
+    """`n` Responses input items, users and assistants in turn, each of `parts` text parts."""
+    words = scale_capture.WORDS
+    out = []
+    for i in range(n):
+        role, kind = ("user", "input_text") if i % 2 == 0 else ("assistant", "output_text")
+        texts = (
+            f"item {i} part {j}: {words[(i * 7 + j) % len(words)]} {words[(i + j * 3) % len(words)]}"
+            for j in range(parts)
+        )
+        content = [{"type": kind, "text": t} for t in texts]
+        out.append({"type": "message", "role": role, "content": content})
+    return out
+
+
+def make_wide_responses(path: Path, items: int, parts: int = 50) -> int:
+    """A capture of two Responses requests without prompt IDs: `items` input items of `parts` text parts (2,000
+    items: ~6 MB a record; rounded up to end in a user's), then the same with an answer and a new question,
+    dated a day later in its instructions. Returns the text parts of both."""
+    import orjson
+
+    first = items | 1  # users and assistants in turn from a user: an odd count ends in a user's item
+    with open(path, "wb") as f:
+        for k, n in ((1, first), (2, first + 2)):
+            request = {
+                "model": "qwen3",
+                "instructions": f"You are an agent. Today is 2026-06-{k:02d}.",
+                "input": _wide_items(n, parts),
+            }
+            rec = orjson.loads(scale_capture._record(k, [], []))  # a proxy record, less its IDs: a Responses one
+            del rec["prompt_ids"], rec["prompt_source"]
+            rec.update(endpoint="/v1/responses", request=request, response={"status": 200})
+            f.write(orjson.dumps(rec) + b"\n")
+    return (2 * first + 2) * parts
 
 
 def make_diff_pair(path: Path, tokens: int = 48_000) -> tuple[Path, Path]:

@@ -29,6 +29,7 @@ WORKLOADS = {  # name: the call that makes it (general_case.py and scale_capture
     "capture-40.jsonl": "make_capture(Path(sys.argv[1]), 40, history=4000, compact_at=6000)",
     "slots-60": "make_slot_dir(Path(sys.argv[1]), 60)",
     "session-60.har": "make_har(Path(sys.argv[1]), 60)",
+    "wide-80.jsonl": "make_wide_responses(Path(sys.argv[1]), 80)",  # 4,051 fields: more than one render's 3,199
 }
 
 

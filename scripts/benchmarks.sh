@@ -15,5 +15,5 @@ run benchmarks/bench_scale.py --requests 100 200 --har 200 --slots 200
 run benchmarks/bench_tui.py --session-turns 500
 run benchmarks/bench_tui_start.py --runs 1
 run benchmarks/bench_tui_start.py --keys --tokens 20000 --runs 1
-run benchmarks/bench_general.py --diff --runs 3 --slots 300 --capture 60 240 --fleet 10 --tiny 60
+run benchmarks/bench_general.py --diff --runs 3 --slots 300 --capture 60 240 --fleet 10 --tiny 60 --wide 200
 run benchmarks/bench_server_log.py --mib 32

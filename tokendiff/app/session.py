@@ -304,6 +304,8 @@ def record_input(
         resp = resp if isinstance(resp, dict) else None
         req = rec.request if isinstance(rec.request, dict) else None
         ids32 = arr.astype(np.int32)
+        if ids is None and rendered is None:  # its render tokenised here: a full load decodes these IDs
+            job = RecordJob(rec, label, turn, ids32)  # instead of rendering and tokenising it again
         ti = TurnInput(
             ids=ids32,
             origin=label,

@@ -23,11 +23,11 @@ of any particular template:
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import re
 from collections.abc import Callable
 from functools import lru_cache
-from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -43,21 +43,42 @@ class _Sentinels:
     """Private Use characters that wrap fields for one render, half opening and half closing: sentinel k
     opens with chr(start + k) and closes with chr(start + per_render + k). A prompt that holds a
     character of the range (Nerd Font glyphs in a tool's output, Apple's logo) gets the other range:
-    with sentinels it cannot tell apart, every field would be located by a render of its own."""
+    with sentinels it cannot tell apart, every field would be located by a render of its own.
 
-    __slots__ = ("start", "per_render", "pattern", "split", "marked")
+    Past `per_render` fields, two characters each side (`paired`): the range in quarters of `base`,
+    field k opening with its quotient and remainder by `base` in the first two quarters and closing
+    with them in the last two, so one render wraps up to base² fields (2.5 million), not 3,199."""
+
+    __slots__ = ("start", "last", "per_render", "base", "marked")
 
     def __init__(self, first: str, last: str, marked: bool):
-        self.start = ord(first)
+        self.start, self.last = ord(first), ord(last)
         self.per_render = (ord(last) - ord(first) - int(marked)) // 2  # fields wrapped in one render
-        self.pattern = re.compile(f"[{first}-{last}]")
-        self.split = re.compile(f"([{first}-{last}])")  # keeps what it splits at
+        self.base = (ord(last) - ord(first) + 1 - int(marked)) // 4  # a quarter of the range, for pairs
         self.marked = marked  # its last character, template_env.GEN_MARK, is where the generation prompt begins
 
     def field(self, code: int) -> tuple[int, bool]:
         """(the field a sentinel belongs to, whether it closes it)."""
         k = code - self.start
         return (k - self.per_render, True) if k >= self.per_render else (k, False)
+
+    def wraps(self, k: int, paired: bool) -> tuple[str, str]:
+        """The opening and closing sentinels of field k."""
+        if not paired:
+            return chr(self.start + k), chr(self.start + self.per_render + k)
+        hi, lo = divmod(k, self.base)
+        b, s = self.base, self.start
+        return chr(s + hi) + chr(s + b + lo), chr(s + 2 * b + hi) + chr(s + 3 * b + lo)
+
+    def paired_field(self, first: int, second: int) -> tuple[int, bool] | None:
+        """(field, whether it closes) of two sentinels written side by side; None unless they are
+        one paired sentinel (a template that cut or reordered a field's text)."""
+        hi, lo, b = first - self.start, second - self.start, self.base
+        if hi < b and b <= lo < 2 * b:
+            return hi * b + lo - b, False
+        if 2 * b <= hi < 3 * b and 3 * b <= lo < 4 * b:
+            return (hi - 2 * b) * b + lo - 3 * b, True
+        return None
 
 
 # the Basic Multilingual Plane's Private Use Area, 6,400 characters (U+F8FF marks the generation prompt): chunks
@@ -71,8 +92,16 @@ GEN_AT = ord(GEN_MARK)
 
 
 def _sentinels_for(text: str) -> _Sentinels | None:
-    """Sentinels that `text` does not hold (None: it holds characters of both ranges)."""
-    return next((s for s in (BMP_SENTINELS, PLANE_15_SENTINELS) if not s.pattern.search(text)), None)
+    """Sentinels that `text` does not hold (None: it holds characters of both ranges). Looked for in
+    numpy: a regex search of a 160,000-character prompt cost more than half a render."""
+    if text.isascii():  # known without a scan
+        return BMP_SENTINELS
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    return next((s for s in (BMP_SENTINELS, PLANE_15_SENTINELS) if not _holds(codes, s)), None)
+
+
+def _holds(codes: np.ndarray, sent: _Sentinels) -> bool:
+    return bool(((codes >= sent.start) & (codes <= sent.last)).any())
 
 
 class _Leaf:
@@ -196,7 +225,7 @@ class Renderer:
         unlocated: list[str] = []
         if text is None or spans is None:
             text = self.render(body)
-            spans = self._leaf_spans(body, leaves, text, unlocated)
+            spans, gen_at = self._leaf_spans(body, leaves, text, unlocated)
         r = Rendered(text, template_sha256=self.template_sha256, unlocated=unlocated)
         r.spans += [_with_think_tags(text, sp) for sp in spans]
         r.spans += self._tool_spans(body, text)
@@ -228,6 +257,10 @@ class Renderer:
         sent = _sentinels_for(text)
         if sent is None:
             return None, None
+        if len(leaves) > sent.per_render:
+            whole = self._at_once(body, leaves, text, sent)
+            if whole is not None:
+                return whole
         for chunk in _chunks(leaves, sent.per_render):
             got = self._sentinel_render(body, chunk, sent)
             if got is None:
@@ -241,19 +274,40 @@ class Renderer:
             spans += found
         return (spans, gen_at) if rendered else (None, None)
 
+    def _at_once(
+        self, body: dict[str, Any], leaves: list[_Leaf], text: str, sent: _Sentinels
+    ) -> tuple[list[FieldSpan], int | None] | None:
+        """The spans of more fields than one render wraps a character each side, from one render with
+        two characters each side (`_Sentinels.paired_field`): a conversation of 100,000 parts in one
+        render, not 32 (each of a copy of the whole request). Second, where the generation prompt
+        begins, if marked. None when the render is not `text` without its sentinels, when some
+        sentinel came out cut or reordered, or when no field has text: the callers then wrap a chunk
+        of fields at a time, as they would have (a template that reads its fields' text may take
+        two characters where it takes one)."""
+        spans: list[FieldSpan] = []
+        gen_at: int | None = None
+        for chunk in _chunks(leaves, sent.base * sent.base):
+            got = self._sentinel_render(body, chunk, sent, paired=True)
+            found = _paired_spans(got[0], chunk, sent) if got is not None and got[1] == text else None
+            if found is None:
+                return None
+            spans += found[0]
+            gen_at = found[1]
+        return spans, gen_at
+
     def _sentinel_render(
-        self, body: dict[str, Any], leaves: list[_Leaf], sent: _Sentinels
-    ) -> tuple[list[tuple[int, int]], str] | None:
+        self, body: dict[str, Any], leaves: list[_Leaf], sent: _Sentinels, paired: bool = False
+    ) -> tuple[_Marks, str] | None:
         """The render with `leaves` wrapped in sentinels (and the generation prompt marked where the
         template allows), as (each sentinel's code and position in the text without them, that text);
         None when no leaf has text to wrap or the template fails on the wrapped request."""
         wrapped = _copy(body)
         used = 0
-        opens, closes = sent.start, sent.start + sent.per_render
         for k, leaf in enumerate(leaves):
             v = leaf.get(wrapped)
             if isinstance(v, str) and v:
-                leaf.set(wrapped, chr(opens + k) + v + chr(closes + k))
+                opening, closing = sent.wraps(k, paired)
+                leaf.set(wrapped, opening + v + closing)
                 used += 1
         if not used:
             return None
@@ -261,44 +315,60 @@ class Renderer:
             out = self.render(wrapped, mark_generation=sent.marked)
         except InputError:
             return None
-        parts = sent.split.split(out)  # the text between sentinels (even places), and the sentinels (odd)
-        texts = parts[0::2]  # a sentinel's position is the running length of the texts before it
-        marks = list(zip(map(ord, parts[1::2]), accumulate(map(len, texts[:-1]))))
-        return marks, "".join(texts)
+        return _marks(out, sent)
 
     def _leaf_spans(
         self, body: dict[str, Any], leaves: list[_Leaf], text: str, unlocated: list[str]
-    ) -> list[FieldSpan]:
-        spans: list[FieldSpan] = []
+    ) -> tuple[list[FieldSpan], int | None]:
+        """Every field's span in `text`, and where the generation prompt begins when one render wrapped
+        every field and marked it (else None)."""
         sent = _sentinels_for(text)
-        for chunk in _chunks(leaves, sent.per_render if sent else 1):
+        if sent is not None and len(leaves) > sent.per_render:
+            whole = self._at_once(body, leaves, text, sent)
+            if whole is not None:
+                return whole
+        spans: list[FieldSpan] = []
+        chunks = _chunks(leaves, sent.per_render if sent else 1)
+        gen_at: int | None = None
+        for chunk in chunks:
             found = self._wrapped(body, chunk, text, sent) if sent else None
             if found is not None:
-                spans += found
-                continue
-            for leaf in chunk:  # find the fields whose wrapping changes the output
-                one = self._wrapped(body, [leaf], text, sent) if sent else None
-                if one is not None:
-                    spans += one
-                else:
-                    s = self._substituted(body, leaf, text)
-                    if s is not None:
-                        spans.append(s)
-                    elif _nonempty(leaf.get(body)):
-                        unlocated.append(leaf.path[-1].field or "")
+                spans += found[0]
+                gen_at = found[1] if len(chunks) == 1 else None
+            else:
+                spans += self._halved(body, chunk, text, sent, unlocated)
+        return spans, gen_at
+
+    def _halved(
+        self, body: dict[str, Any], leaves: list[_Leaf], text: str, sent: _Sentinels | None, unlocated: list[str]
+    ) -> list[FieldSpan]:
+        """The spans of `leaves`, whose wrapping together changed the output: each half wrapped on its own,
+        down to the fields whose wrapping alone changes it, which are located by substitution (or listed
+        in `unlocated`). A template that reads one field's text (Qwen3 tests whether a user's message
+        starts with `<tool_response>`) costs a few renders a field so read, not one render a field."""
+        if len(leaves) == 1:
+            s = self._substituted(body, leaves[0], text)
+            if s is None and _nonempty(leaves[0].get(body)):
+                unlocated.append(leaves[0].path[-1].field or "")
+            return [s] if s is not None else []
+        spans: list[FieldSpan] = []
+        for half in (leaves[: len(leaves) // 2], leaves[len(leaves) // 2 :]):
+            found = self._wrapped(body, half, text, sent) if sent else None
+            spans += found[0] if found is not None else self._halved(body, half, text, sent, unlocated)
         return spans
 
     def _wrapped(
         self, body: dict[str, Any], leaves: list[_Leaf], text: str, sent: _Sentinels
-    ) -> list[FieldSpan] | None:
+    ) -> tuple[list[FieldSpan], int | None] | None:
         """The spans of `leaves` from one sentinel render, if it is `text` once the sentinels are
-        removed ([] when no leaf has text); None when the wrapping changes the output."""
+        removed ([] when no leaf has text), and where it marked the generation prompt; None when the
+        wrapping changes the output."""
         if not any(isinstance(v := leaf.get(body), str) and v for leaf in leaves):
-            return []
+            return [], None
         got = self._sentinel_render(body, leaves, sent)
         if got is None or got[1] != text:
             return None
-        return _sentinel_spans(got[0], leaves, sent)[0]
+        return _sentinel_spans(got[0], leaves, sent)
 
     def _substituted(self, body: dict[str, Any], leaf: _Leaf, text: str) -> FieldSpan | None:
         v = leaf.get(body)
@@ -455,25 +525,78 @@ _THINK_OPEN = re.compile(r"<think>\s*$")
 _THINK_CLOSE = re.compile(r"^\s*</think>\n*")
 
 
-def _sentinel_spans(
-    marks: list[tuple[int, int]], leaves: list[_Leaf], sent: _Sentinels
-) -> tuple[list[FieldSpan], int | None]:
+_Marks = tuple[np.ndarray, np.ndarray]  # the sentinels' codes, and their positions in the text without them
+
+
+def _marks(out: str, sent: _Sentinels) -> tuple[_Marks, str]:
+    """The sentinels of a render (codes, positions in the text without them: a sentinel's index less the
+    sentinels before it), and that text. In numpy: 100,000 fields are 400,000 sentinels."""
+    codes = np.frombuffer(out.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    found = np.flatnonzero((codes >= sent.start) & (codes <= sent.last))
+    if not found.size:
+        return (found, found), out
+    marks = codes[found].astype(np.int64), found - np.arange(len(found))
+    kept = np.ones(len(codes), dtype=bool)
+    kept[found] = False
+    text = codecs.decode(codes[kept].data, "utf-32-le", "surrogatepass")  # no copy of the kept codes to bytes
+    return marks, text
+
+
+def _sentinel_spans(marks: _Marks, leaves: list[_Leaf], sent: _Sentinels) -> tuple[list[FieldSpan], int | None]:
     """Where each wrapped leaf landed, from the sentinels' codes and positions in the text without them;
     a field rendered twice is two spans. Second, where the generation prompt begins, if marked once."""
-    opens: dict[int, list[int]] = {}
-    closes: dict[int, list[int]] = {}
-    gen: list[int] = []
-    for c, pos in marks:
-        if sent.marked and c == GEN_AT:
-            gen.append(pos)
-            continue
-        k, closing = sent.field(c)
-        (closes if closing else opens).setdefault(k, []).append(pos)
-    spans = []
-    for k in sorted(opens.keys() & closes.keys()):
-        if k < len(leaves):
-            spans += [FieldSpan(leaves[k].path, s, e) for s, e in zip(opens[k], closes[k]) if e >= s]
-    return spans, (gen[0] if len(gen) == 1 else None)
+    codes, pos = marks
+    gen = codes == GEN_AT if sent.marked else np.zeros(len(codes), dtype=bool)
+    k = codes[~gen] - sent.start
+    closing = k >= sent.per_render
+    return _spans_at(np.where(closing, k - sent.per_render, k), closing, pos[~gen], leaves), _gen_at(pos[gen])
+
+
+def _paired_spans(marks: _Marks, leaves: list[_Leaf], sent: _Sentinels) -> tuple[list[FieldSpan], int | None] | None:
+    """`_sentinel_spans` of a render wrapped two characters each side: None unless every sentinel is
+    whole (its two characters side by side, in order, nothing between them), as a template that shows
+    its fields as given writes them."""
+    codes, pos = marks
+    gen = codes == GEN_AT if sent.marked else np.zeros(len(codes), dtype=bool)
+    at = np.flatnonzero(~gen)  # where the sentinels' characters are among all the marks
+    if len(at) % 2 or not (np.array_equal(at[1::2] - at[0::2], np.ones(len(at) // 2, dtype=at.dtype))):
+        return None
+    hi, lo, b = codes[at[0::2]] - sent.start, codes[at[1::2]] - sent.start, sent.base
+    opening = (hi < b) & (lo >= b) & (lo < 2 * b)
+    closing = (hi >= 2 * b) & (hi < 3 * b) & (lo >= 3 * b) & (lo < 4 * b)
+    if not np.array_equal(pos[at[0::2]], pos[at[1::2]]) or not (opening | closing).all():
+        return None
+    k = np.where(closing, (hi - 2 * b) * b + lo - 3 * b, hi * b + lo - b)
+    return _spans_at(k, closing, pos[at[0::2]], leaves), _gen_at(pos[gen])
+
+
+def _gen_at(marked: np.ndarray) -> int | None:
+    return int(marked[0]) if len(marked) == 1 else None
+
+
+def _spans_at(k: np.ndarray, closing: np.ndarray, pos: np.ndarray, leaves: list[_Leaf]) -> list[FieldSpan]:
+    """The spans of the leaves from their sentinels (leaf, whether closing, position, in the order written):
+    a leaf's n-th opening with its n-th closing, where both are and the closing is not before, in the
+    leaves' order and then the order written."""
+    keep = k < len(leaves)
+    k, closing, pos = k[keep], closing[keep], pos[keep]
+    m = len(k) + 1  # more than any leaf's sentinels: (leaf, rank) as one key
+    opens, closes = _ranked(k[~closing], pos[~closing], m), _ranked(k[closing], pos[closing], m)
+    _, i, j = np.intersect1d(opens[0], closes[0], assume_unique=True, return_indices=True)
+    field, start, end = opens[1][i], opens[2][i], closes[2][j]
+    ok = end >= start
+    paths = [leaves[x].path for x in field[ok].tolist()]
+    return [FieldSpan(p, s, e) for p, s, e in zip(paths, start[ok].tolist(), end[ok].tolist())]
+
+
+def _ranked(k: np.ndarray, pos: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(a key for each sentinel, its leaf times `m` plus how many of the leaf's came before it; the leaf;
+    its position), sorted by that key."""
+    order = np.argsort(k, kind="stable")
+    k, pos = k[order], pos[order]
+    first = np.flatnonzero(np.r_[True, k[1:] != k[:-1]]) if len(k) else np.zeros(0, dtype=np.int64)
+    rank = np.arange(len(k)) - np.repeat(first, np.diff(np.r_[first, len(k)]))
+    return k * m + rank, k, pos
 
 
 def _with_think_tags(text: str, sp: FieldSpan) -> FieldSpan:
