@@ -12,6 +12,7 @@ and `~` too). Past either, the render stops with TemplateLimit. See `_Budget` an
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from types import CodeType
 from typing import Any
@@ -343,7 +345,9 @@ def _guarded(ast: Any) -> Any:
 
 MEMO_LIMIT = 4096  # (type, attribute) answers the sandbox keeps; real templates read a few dozen
 _SCALARS = frozenset((str, int, float, bool, type(None)))
+_STR, _DICT = frozenset((str,)), frozenset((dict,))
 _FORMATS = frozenset(("format", "format_map"))  # str methods the sandbox wraps on every access
+_REASONING = frozenset(REASONING_FIELDS)
 
 
 def plain_data(value: Any) -> Any:
@@ -352,11 +356,18 @@ def plain_data(value: Any) -> Any:
     if kind in _SCALARS:
         return value
     if kind is dict:  # parsed JSON: its scalars taken as they are, without a call each
+        if _flat((value,)):
+            return value.copy()
         return {
             k if type(k) is str else plain_data(k): v if type(v) in _SCALARS else plain_data(v)
             for k, v in value.items()
         }
     if kind is list:
+        kinds = set(map(type, value))
+        if kinds <= _SCALARS:
+            return value.copy()
+        if kinds == _DICT and _flat(value):  # a list of messages: each copied in C
+            return list(map(dict.copy, value))
         return [v if type(v) in _SCALARS else plain_data(v) for v in value]
     if isinstance(value, str):
         return str.__str__(value)
@@ -373,11 +384,18 @@ def plain_data(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
+def _flat(dicts: Any) -> bool:
+    """Whether these dicts' keys are all str and their values all scalars (every type looked at in C),
+    so that a copy of each is their plain data."""
+    keys, values = chain.from_iterable(dicts), chain.from_iterable(map(dict.values, dicts))
+    return set(map(type, values)) <= _SCALARS and set(map(type, keys)) <= _STR
+
+
 def alias_reasoning(chat: list[Any]) -> list[Any]:
     """Reasoning under every name templates read: `reasoning_content`, and `thinking` for gpt-oss."""
     out = []
     for message in chat:
-        if isinstance(message, dict):
+        if isinstance(message, dict) and not _REASONING.isdisjoint(message):  # most messages have none
             reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
             if reasoning is not None:
                 message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
@@ -412,7 +430,7 @@ class TemplateDict:
         return dict.fromkeys(*args, **kwargs)
 
 
-CODE_FORMAT = 3  # raise when _environment() changes what a template compiles to
+CODE_FORMAT = 4  # raise when _environment() changes what a template compiles to
 _CODE_MAGIC = b"TDJINJA1"
 
 
@@ -425,7 +443,7 @@ def compile_template(template: str) -> Any:
     key = _code_key(template)
     code = _cached_code(key)
     if not isinstance(code, CodeType):
-        code = env.compile(_guarded(env.parse(template)))  # a syntax error is raised here, as from_string raises it
+        code = _code(env, lambda: _guarded(env.parse(template)))  # a syntax error is raised here, as from_string does
         _save_code(key, code)
     return env.template_class.from_code(env, code, env.make_globals(None), None)
 
@@ -454,19 +472,27 @@ def compile_marked(template: str) -> Any:
 
 def _marked_code(env: Any, template: str) -> Any:
     """The code of the marked template, or False where the template does not qualify."""
+    if _marked_ast(env, template) is None:
+        return False
+    return _code(env, lambda: _guarded(_marked_ast(env, template)))
+
+
+def _marked_ast(env: Any, template: str) -> Any:
+    """The template's parse with GEN_MARK written before its last statement, or None where it does not
+    qualify (a syntax error among the reasons: the plain compile raises it, where a render needs it)."""
     from jinja2 import nodes
 
     ast = _parsed(env, template)
     if ast is None:
-        return False  # the plain compile raises the syntax error, where a render needs it
+        return None
     reads = [n for n in ast.find_all(nodes.Name) if n.name == "add_generation_prompt"]
     last = ast.body[-1] if ast.body else None
     if not (isinstance(last, nodes.If) and len(reads) == 1 and last.test is reads[0]) or last.elif_ or last.else_:
-        return False
+        return None
     if any(ast.find_all((nodes.Extends, nodes.Block, nodes.Include, nodes.Import, nodes.FromImport))):
-        return False
+        return None
     ast.body.insert(len(ast.body) - 1, nodes.Output([nodes.TemplateData(GEN_MARK)]))
-    return env.compile(_guarded(ast))
+    return ast
 
 
 def _parsed(env: Any, template: str) -> Any:
@@ -638,6 +664,8 @@ def _sandbox_class(namespace: type) -> type:
 
     class Sandbox(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset({"*", "+", "**", "%"})
+        code_generator_class = _code_generator_class(dict_attrs)
+        namespace_type = namespace  # the type the template's code reads a namespace's names off directly
 
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
@@ -686,6 +714,70 @@ def _sandbox_class(namespace: type) -> type:
             return ok
 
     return Sandbox
+
+
+# LoopContext's attributes that are a stored int or a sum or comparison of them: reading one cannot fail or
+# run the loop's iterator (`last`, `length`, `nextitem` can), and the sandbox deems every one safe
+LOOP_FIELDS = frozenset({"index0", "index", "first", "depth0", "depth"})
+
+
+def _code_generator_class(dict_attrs: frozenset[str]) -> type:
+    """jinja's code generator with the sandbox's commonest answers written into the template's code, so
+    that they cost no call (each is what Sandbox.getattr or call_binop answers for that object and name):
+    `message.role` on a plain dict, `role` no dict attribute, is its key (or undefined); `loop.index0` on
+    a LoopContext is the attribute (LOOP_FIELDS); `ns.name` on the template's namespace, the name held,
+    is its value; `a + b` of two strings whose sum is under the size floor is the sum. Any other object,
+    name (an underscore one among them) or operand goes to the sandbox as before. Each operand is
+    evaluated once, into a name of its own (`t_N`, unique in the template's code)."""
+    from jinja2.compiler import CodeGenerator, optimizeconst
+
+    class Generator(CodeGenerator):
+        @optimizeconst
+        def visit_Getattr(self, node: Any, frame: Any) -> None:
+            a = node.attr
+            if a.startswith("_") or a in dict_attrs:
+                super().visit_Getattr(node, frame)
+                return
+            o, v = self.temporary_identifier(), self.temporary_identifier()
+            self.write(f"(({o}[{a!r}] if {a!r} in {o} else environment.undefined(obj={o}, name={a!r})) if type({o} := ")
+            self.visit(node.node, frame)
+            self.write(") is dict")
+            if a in LOOP_FIELDS:
+                self.write(f" else {o}.{a} if type({o}) is LoopContext")
+            self.write(
+                f" else {v} if type({o}) is environment.namespace_type and ({v} := "
+                f"object.__getattribute__({o}, '_Namespace__attrs').get({a!r}, missing)) is not missing"
+                f" else environment.getattr({o}, {a!r}))"
+            )
+
+        @optimizeconst
+        def visit_Add(self, node: Any, frame: Any) -> None:
+            left, right = self.temporary_identifier(), self.temporary_identifier()
+            self.write(f"({left} + {right} if type({left} := ")
+            self.visit(node.left, frame)
+            self.write(f") is type({right} := ")
+            self.visit(node.right, frame)
+            self.write(
+                f") is str and len({left}) + len({right}) < {OUTPUT_FLOOR} "
+                f"else environment.call_binop(context, '+', {left}, {right}))"
+            )
+
+    return Generator
+
+
+def _code(env: Any, parse: Callable[[], Any]) -> CodeType:
+    """The code of the template `parse()` gives, its sandbox answers inlined (_code_generator_class); jinja's
+    own code where the inlined one nests too deep for Python's parser (its every operand sits one
+    parenthesis deeper), so that a template compiles wherever it compiled before."""
+    try:
+        code: CodeType = env.compile(parse())
+    except (SyntaxError, RecursionError):
+        from jinja2.compiler import CodeGenerator
+
+        source = io.StringIO()
+        CodeGenerator(env, None, None, source, optimized=env.optimized).visit(parse())
+        code = compile(source.getvalue(), "<template>", "exec")  # as jinja's Environment._compile does
+    return code
 
 
 def _namespace_class() -> type:
