@@ -72,9 +72,10 @@ def _render(compiled: Any, messages: list[Any], tools: Any, documents: Any, agp:
             if not isinstance(document, dict):
                 raise TypeError("Documents should be a list of dicts with 'title' and 'text' keys!")
     chat = plain_data(messages)
-    for message in chat:
-        if not isinstance(message, dict):
-            raise TypeError(f"Chat messages should be dicts, dataclasses or pydantic models, but got {message!r}.")
+    if not (type(chat) is list and set(map(type, chat)) <= _DICT):  # a list of dicts: no look at each
+        for message in chat:
+            if not isinstance(message, dict):
+                raise TypeError(f"Chat messages should be dicts, dataclasses or pydantic models, but got {message!r}.")
     variables = {
         "messages": alias_reasoning(chat),
         "tools": plain_data(tools),
@@ -393,6 +394,8 @@ def _flat(dicts: Any) -> bool:
 
 def alias_reasoning(chat: list[Any]) -> list[Any]:
     """Reasoning under every name templates read: `reasoning_content`, and `thinking` for gpt-oss."""
+    if set(map(type, chat)) <= _DICT and _REASONING.isdisjoint(chain.from_iterable(chat)):
+        return list(chat)  # no message holds reasoning under any name (every key looked at in C)
     out = []
     for message in chat:
         if isinstance(message, dict) and not _REASONING.isdisjoint(message):  # most messages have none
@@ -729,6 +732,7 @@ def _code_generator_class(dict_attrs: frozenset[str]) -> type:
     is its value; `a + b` of two strings whose sum is under the size floor is the sum. Any other object,
     name (an underscore one among them) or operand goes to the sandbox as before. Each operand is
     evaluated once, into a name of its own (`t_N`, unique in the template's code)."""
+    from jinja2 import nodes
     from jinja2.compiler import CodeGenerator, optimizeconst
 
     class Generator(CodeGenerator):
@@ -739,11 +743,15 @@ def _code_generator_class(dict_attrs: frozenset[str]) -> type:
                 super().visit_Getattr(node, frame)
                 return
             o, v = self.temporary_identifier(), self.temporary_identifier()
-            self.write(f"(({o}[{a!r}] if {a!r} in {o} else environment.undefined(obj={o}, name={a!r})) if type({o} := ")
-            self.visit(node.node, frame)
-            self.write(") is dict")
-            if a in LOOP_FIELDS:
-                self.write(f" else {o}.{a} if type({o}) is LoopContext")
+            key = f"({o}[{a!r}] if {a!r} in {o} else environment.undefined(obj={o}, name={a!r}))"
+            if a in LOOP_FIELDS:  # `loop.index0`: a LoopContext, most likely
+                self.write(f"({o}.{a} if type({o} := ")
+                self.visit(node.node, frame)
+                self.write(f") is LoopContext else {key} if type({o}) is dict")
+            else:  # `message.role`: a dict, most likely
+                self.write(f"({key} if type({o} := ")
+                self.visit(node.node, frame)
+                self.write(") is dict")
             self.write(
                 f" else {v} if type({o}) is environment.namespace_type and ({v} := "
                 f"object.__getattribute__({o}, '_Namespace__attrs').get({a!r}, missing)) is not missing"
@@ -752,6 +760,10 @@ def _code_generator_class(dict_attrs: frozenset[str]) -> type:
 
         @optimizeconst
         def visit_Add(self, node: Any, frame: Any) -> None:
+            const = [type(n) is nodes.Const and type(n.value) is str for n in (node.left, node.right)]
+            if const[0] != const[1]:  # one operand a string literal: its type and length known here
+                self._add_literal(node, frame, literal_left=const[0])
+                return
             left, right = self.temporary_identifier(), self.temporary_identifier()
             self.write(f"({left} + {right} if type({left} := ")
             self.visit(node.left, frame)
@@ -761,6 +773,25 @@ def _code_generator_class(dict_attrs: frozenset[str]) -> type:
                 f") is str and len({left}) + len({right}) < {OUTPUT_FLOOR} "
                 f"else environment.call_binop(context, '+', {left}, {right}))"
             )
+
+        def _add_literal(self, node: Any, frame: Any, literal_left: bool) -> None:
+            """`'<|im_start|>' + role`, `content + '\\n'`: only the other operand's type and length looked at."""
+            literal, other = (node.left, node.right) if literal_left else (node.right, node.left)
+            t = self.temporary_identifier()
+
+            def pair(sep: str) -> None:
+                for k, part in enumerate((literal, t) if literal_left else (t, literal)):
+                    self.write(sep) if k else None
+                    self.visit(part, frame) if part is literal else self.write(t)
+
+            self.write("(")
+            pair(" + ")
+            self.write(f" if type({t} := ")
+            self.visit(other, frame)
+            room = OUTPUT_FLOOR - len(literal.value)
+            self.write(f") is str and len({t}) < {room} else environment.call_binop(context, '+', ")
+            pair(", ")
+            self.write("))")
 
     return Generator
 
