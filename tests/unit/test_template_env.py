@@ -149,6 +149,8 @@ INLINED = [  # each answer the compiled code gives without asking the sandbox, b
     "{{ messages[0].role }}|{{ messages[0].nothere }}|{{ messages[0].nothere is defined }}|{{ messages[1].items() }}",
     "{{ messages[1].items is callable }}|{{ messages[1]._x }}|{{ messages[0].__class__ }}",
     "{{ (messages[0]).content.upper() }}",
+    "{{ messages[0]['role'] }}{{ messages[0]['items'] is callable }}{{ messages[0]['nothere'] }}{{ 'ab'['x'] }}",
+    "{{ messages[0]['_x'] }}{{ messages[0]['__class__'] }}{{ messages[1]['items'] }}{{ messages[0].role['x'] }}",
     "{% set d = {'a': nothing, 'index0': 7, 'get': 1} %}{{ d.a is defined }}{{ d.index0 }}{{ d.get is callable }}",
     "{% for m in messages %}{{ loop.index0 }}{{ loop.index }}{{ loop.first }}{{ loop.depth }}{% endfor %}",
     "{% for m in messages %}{{ loop.last }}{{ loop.previtem }}{% endfor %}",

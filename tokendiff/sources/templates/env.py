@@ -725,13 +725,14 @@ LOOP_FIELDS = frozenset({"index0", "index", "first", "depth0", "depth"})
 
 
 def _code_generator_class(dict_attrs: frozenset[str]) -> type:
-    """jinja's code generator with the sandbox's commonest answers written into the template's code, so
-    that they cost no call (each is what Sandbox.getattr or call_binop answers for that object and name):
-    `message.role` on a plain dict, `role` no dict attribute, is its key (or undefined); `loop.index0` on
-    a LoopContext is the attribute (LOOP_FIELDS); `ns.name` on the template's namespace, the name held,
-    is its value; `a + b` of two strings whose sum is under the size floor is the sum. Any other object,
-    name (an underscore one among them) or operand goes to the sandbox as before. Each operand is
-    evaluated once, into a name of its own (`t_N`, unique in the template's code)."""
+    """jinja's code generator with the sandbox's commonest answers written into the template's code, so that
+    they cost no call. Each is what Sandbox.getattr, getitem or call_binop answers for that object and name:
+    `message.role` on a plain dict, `role` no dict attribute, is its key (or undefined); `message['role']` on
+    a plain dict that holds it, its value; `loop.index0` on a LoopContext, the attribute (LOOP_FIELDS);
+    `ns.name` on the template's namespace, the name held, its value; `a + b` of two strings whose sum is
+    under the size floor, the sum. Any other object, name (an underscore one among them) or operand goes
+    to the sandbox as before. Each operand is evaluated once, into a name of its own (`t_N`, unique in the
+    template's code)."""
     from jinja2 import nodes
     from jinja2.compiler import CodeGenerator, optimizeconst
 
@@ -757,6 +758,17 @@ def _code_generator_class(dict_attrs: frozenset[str]) -> type:
                 f"object.__getattribute__({o}, '_Namespace__attrs').get({a!r}, missing)) is not missing"
                 f" else environment.getattr({o}, {a!r}))"
             )
+
+        @optimizeconst
+        def visit_Getitem(self, node: Any, frame: Any) -> None:
+            key = node.arg
+            if not (type(key) is nodes.Const and type(key.value) is str):
+                super().visit_Getitem(node, frame)
+                return
+            o = self.temporary_identifier()
+            self.write(f"({o}[{key.value!r}] if type({o} := ")
+            self.visit(node.node, frame)
+            self.write(f") is dict and {key.value!r} in {o} else environment.getitem({o}, {key.value!r}))")
 
         @optimizeconst
         def visit_Add(self, node: Any, frame: Any) -> None:
