@@ -160,6 +160,8 @@ INLINED = [  # each answer the compiled code gives without asking the sandbox, b
     "{% set ns = namespace() %}{% set ns.keys = 2 %}{{ ns.keys }}{{ ns._Namespace__attrs }}",
     "{{ 'a' + 'b' }}{{ 1 + 2 }}{{ [1] + [2] }}{{ 1.5 + True }}{{ ('<' | safe) + '>' }}{{ ('x', ) + ('y', ) }}",
     "{{ 'a' + 1 }}",
+    "{% for m in messages %}{{ loop.index0 % 2 }}{{ loop.index0 % 2.5 }}{{ True % 2 }}{{ '%s!' % m.role }}{% endfor %}",
+    "{{ 1 % 0 }}",
     "{{ 'a' + nothing }}",
     "{{ nothing + 'a' }}",
     "{{ messages[0].content + messages[1].content * 2 + messages[0].nothere | string }}",

@@ -357,8 +357,6 @@ def plain_data(value: Any) -> Any:
     if kind in _SCALARS:
         return value
     if kind is dict:  # parsed JSON: its scalars taken as they are, without a call each
-        if _flat((value,)):
-            return value.copy()
         return {
             k if type(k) is str else plain_data(k): v if type(v) in _SCALARS else plain_data(v)
             for k, v in value.items()
@@ -730,9 +728,9 @@ def _code_generator_class(dict_attrs: frozenset[str]) -> type:
     `message.role` on a plain dict, `role` no dict attribute, is its key (or undefined); `message['role']` on
     a plain dict that holds it, its value; `loop.index0` on a LoopContext, the attribute (LOOP_FIELDS);
     `ns.name` on the template's namespace, the name held, its value; `a + b` of two strings whose sum is
-    under the size floor, the sum. Any other object, name (an underscore one among them) or operand goes
-    to the sandbox as before. Each operand is evaluated once, into a name of its own (`t_N`, unique in the
-    template's code)."""
+    under the size floor, the sum; `a % b` of two ints, the remainder. Any other object, name (an underscore
+    one among them) or operand goes to the sandbox as before. Each operand is evaluated once, into a name
+    of its own (`t_N`, unique in the template's code)."""
     from jinja2 import nodes
     from jinja2.compiler import CodeGenerator, optimizeconst
 
@@ -785,6 +783,16 @@ def _code_generator_class(dict_attrs: frozenset[str]) -> type:
                 f") is str and len({left}) + len({right}) < {OUTPUT_FLOOR} "
                 f"else environment.call_binop(context, '+', {left}, {right}))"
             )
+
+        @optimizeconst
+        def visit_Mod(self, node: Any, frame: Any) -> None:
+            """`loop.index0 % 2` (templates that check roles alternate): two ints, the remainder."""
+            left, right = self.temporary_identifier(), self.temporary_identifier()
+            self.write(f"({left} % {right} if type({left} := ")
+            self.visit(node.left, frame)
+            self.write(f") is type({right} := ")
+            self.visit(node.right, frame)
+            self.write(f") is int else environment.call_binop(context, '%', {left}, {right}))")
 
         def _add_literal(self, node: Any, frame: Any, literal_left: bool) -> None:
             """`'<|im_start|>' + role`, `content + '\\n'`: only the other operand's type and length looked at."""
@@ -843,9 +851,10 @@ def _namespace_class() -> type:
                 check(name)
             jinja2.utils.Namespace.__init__(self, attrs)
 
-        def __setitem__(self, name: str, value: Any) -> None:
-            check(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
+        def __setitem__(self, name: str, value: Any) -> None:  # `{% set ns.name = ... %}`: kept short
+            if type(name) is not str or name.startswith("_"):
+                check(name)
+            object.__getattribute__(self, "_Namespace__attrs")[name] = value  # as Namespace.__setitem__ does
 
     return TemplateNamespace
 
