@@ -143,3 +143,42 @@ def test_compiled_code_is_kept_between_processes_and_a_damaged_file_is_compiled_
     (tmp_path / "not-a-dir").write_text("")
     monkeypatch.setenv("TOKENDIFF_CACHE_DIR", str(tmp_path / "not-a-dir"))  # unwritable even for root
     assert render() == "<user>hi!\n"  # a cache that cannot be written only costs the compile
+
+
+INLINED = [  # each answer the compiled code gives without asking the sandbox, beside its neighbours that ask it
+    "{{ messages[0].role }}|{{ messages[0].nothere }}|{{ messages[0].nothere is defined }}|{{ messages[1].items() }}",
+    "{{ messages[1].items is callable }}|{{ messages[1]._x }}|{{ messages[0].__class__ }}",
+    "{{ (messages[0]).content.upper() }}",
+    "{{ messages[0]['role'] }}{{ messages[0]['items'] is callable }}{{ messages[0]['nothere'] }}{{ 'ab'['x'] }}",
+    "{{ messages[0]['_x'] }}{{ messages[0]['__class__'] }}{{ messages[1]['items'] }}{{ messages[0].role['x'] }}",
+    "{% set d = {'a': nothing, 'index0': 7, 'get': 1} %}{{ d.a is defined }}{{ d.index0 }}{{ d.get is callable }}",
+    "{% for m in messages %}{{ loop.index0 }}{{ loop.index }}{{ loop.first }}{{ loop.depth }}{% endfor %}",
+    "{% for m in messages %}{{ loop.last }}{{ loop.previtem }}{% endfor %}",
+    "{% for m in messages recursive %}{{ loop.depth0 }}{{ loop.revindex }}{{ loop.length }}{% endfor %}",
+    "{% set loop = {'index0': 'a dict'} %}{{ loop.index0 }}{{ loop.first }}",
+    "{% set ns = namespace(a=1, b=nothing) %}{{ ns.a }}{{ ns.b is defined }}{{ ns.c }}{{ ns.items }}{{ ns.__class__ }}",
+    "{% set ns = namespace() %}{% set ns.keys = 2 %}{{ ns.keys }}{{ ns._Namespace__attrs }}",
+    "{{ 'a' + 'b' }}{{ 1 + 2 }}{{ [1] + [2] }}{{ 1.5 + True }}{{ ('<' | safe) + '>' }}{{ ('x', ) + ('y', ) }}",
+    "{{ 'a' + 1 }}",
+    "{% for m in messages %}{{ loop.index0 % 2 }}{{ loop.index0 % 2.5 }}{{ True % 2 }}{{ '%s!' % m.role }}{% endfor %}",
+    "{{ 1 % 0 }}",
+    "{{ 'a' + nothing }}",
+    "{{ nothing + 'a' }}",
+    "{{ messages[0].content + messages[1].content * 2 + messages[0].nothere | string }}",
+]
+
+
+@pytest.mark.parametrize("template", INLINED)
+def test_inlined_sandbox_answers_are_the_sandboxes(template: str):
+    msgs = [{"role": "user", "content": "hi", "_x": 1}, {"role": "assistant", "content": "yo", "items": 3}]
+    assert ours(template, msgs, None, False) == oracle(template, msgs, None, False)
+
+
+def test_a_template_too_deep_for_the_inlined_code_compiles_as_jinja_compiles_it():
+    # every `+` nests its operand a parenthesis deeper in the inlined code: past Python's 200, jinja's own
+    msgs = [{"role": "user", "content": "ab"}]
+    for n in (150, 250):  # jinja's code compiles, then does not either
+        template = "{{ " + " + ".join(["messages[0].content"] * n) + " }}"
+        got = ours(template, msgs, None, False)
+        assert got == oracle(template, msgs, None, False)
+        assert got == ("ok", "ab" * n) if n == 150 else got[0] == "SyntaxError"

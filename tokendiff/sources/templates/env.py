@@ -12,6 +12,7 @@ and `~` too). Past either, the render stops with TemplateLimit. See `_Budget` an
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from types import CodeType
 from typing import Any
@@ -70,9 +72,10 @@ def _render(compiled: Any, messages: list[Any], tools: Any, documents: Any, agp:
             if not isinstance(document, dict):
                 raise TypeError("Documents should be a list of dicts with 'title' and 'text' keys!")
     chat = plain_data(messages)
-    for message in chat:
-        if not isinstance(message, dict):
-            raise TypeError(f"Chat messages should be dicts, dataclasses or pydantic models, but got {message!r}.")
+    if not (type(chat) is list and set(map(type, chat)) <= _DICT):  # a list of dicts: no look at each
+        for message in chat:
+            if not isinstance(message, dict):
+                raise TypeError(f"Chat messages should be dicts, dataclasses or pydantic models, but got {message!r}.")
     variables = {
         "messages": alias_reasoning(chat),
         "tools": plain_data(tools),
@@ -343,7 +346,9 @@ def _guarded(ast: Any) -> Any:
 
 MEMO_LIMIT = 4096  # (type, attribute) answers the sandbox keeps; real templates read a few dozen
 _SCALARS = frozenset((str, int, float, bool, type(None)))
+_STR, _DICT = frozenset((str,)), frozenset((dict,))
 _FORMATS = frozenset(("format", "format_map"))  # str methods the sandbox wraps on every access
+_REASONING = frozenset(REASONING_FIELDS)
 
 
 def plain_data(value: Any) -> Any:
@@ -357,6 +362,11 @@ def plain_data(value: Any) -> Any:
             for k, v in value.items()
         }
     if kind is list:
+        kinds = set(map(type, value))
+        if kinds <= _SCALARS:
+            return value.copy()
+        if kinds == _DICT and _flat(value):  # a list of messages: each copied in C
+            return list(map(dict.copy, value))
         return [v if type(v) in _SCALARS else plain_data(v) for v in value]
     if isinstance(value, str):
         return str.__str__(value)
@@ -373,11 +383,20 @@ def plain_data(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
+def _flat(dicts: Any) -> bool:
+    """Whether these dicts' keys are all str and their values all scalars (every type looked at in C),
+    so that a copy of each is their plain data."""
+    keys, values = chain.from_iterable(dicts), chain.from_iterable(map(dict.values, dicts))
+    return set(map(type, values)) <= _SCALARS and set(map(type, keys)) <= _STR
+
+
 def alias_reasoning(chat: list[Any]) -> list[Any]:
     """Reasoning under every name templates read: `reasoning_content`, and `thinking` for gpt-oss."""
+    if set(map(type, chat)) <= _DICT and _REASONING.isdisjoint(chain.from_iterable(chat)):
+        return list(chat)  # no message holds reasoning under any name (every key looked at in C)
     out = []
     for message in chat:
-        if isinstance(message, dict):
+        if isinstance(message, dict) and not _REASONING.isdisjoint(message):  # most messages have none
             reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
             if reasoning is not None:
                 message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
@@ -412,7 +431,7 @@ class TemplateDict:
         return dict.fromkeys(*args, **kwargs)
 
 
-CODE_FORMAT = 3  # raise when _environment() changes what a template compiles to
+CODE_FORMAT = 4  # raise when _environment() changes what a template compiles to
 _CODE_MAGIC = b"TDJINJA1"
 
 
@@ -425,7 +444,7 @@ def compile_template(template: str) -> Any:
     key = _code_key(template)
     code = _cached_code(key)
     if not isinstance(code, CodeType):
-        code = env.compile(_guarded(env.parse(template)))  # a syntax error is raised here, as from_string raises it
+        code = _code(env, lambda: _guarded(env.parse(template)))  # a syntax error is raised here, as from_string does
         _save_code(key, code)
     return env.template_class.from_code(env, code, env.make_globals(None), None)
 
@@ -454,19 +473,27 @@ def compile_marked(template: str) -> Any:
 
 def _marked_code(env: Any, template: str) -> Any:
     """The code of the marked template, or False where the template does not qualify."""
+    if _marked_ast(env, template) is None:
+        return False
+    return _code(env, lambda: _guarded(_marked_ast(env, template)))
+
+
+def _marked_ast(env: Any, template: str) -> Any:
+    """The template's parse with GEN_MARK written before its last statement, or None where it does not
+    qualify (a syntax error among the reasons: the plain compile raises it, where a render needs it)."""
     from jinja2 import nodes
 
     ast = _parsed(env, template)
     if ast is None:
-        return False  # the plain compile raises the syntax error, where a render needs it
+        return None
     reads = [n for n in ast.find_all(nodes.Name) if n.name == "add_generation_prompt"]
     last = ast.body[-1] if ast.body else None
     if not (isinstance(last, nodes.If) and len(reads) == 1 and last.test is reads[0]) or last.elif_ or last.else_:
-        return False
+        return None
     if any(ast.find_all((nodes.Extends, nodes.Block, nodes.Include, nodes.Import, nodes.FromImport))):
-        return False
+        return None
     ast.body.insert(len(ast.body) - 1, nodes.Output([nodes.TemplateData(GEN_MARK)]))
-    return env.compile(_guarded(ast))
+    return ast
 
 
 def _parsed(env: Any, template: str) -> Any:
@@ -638,6 +665,8 @@ def _sandbox_class(namespace: type) -> type:
 
     class Sandbox(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset({"*", "+", "**", "%"})
+        code_generator_class = _code_generator_class(dict_attrs)
+        namespace_type = namespace  # the type the template's code reads a namespace's names off directly
 
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
@@ -688,6 +717,120 @@ def _sandbox_class(namespace: type) -> type:
     return Sandbox
 
 
+# LoopContext's attributes that are a stored int or a sum or comparison of them: reading one cannot fail or
+# run the loop's iterator (`last`, `length`, `nextitem` can), and the sandbox deems every one safe
+LOOP_FIELDS = frozenset({"index0", "index", "first", "depth0", "depth"})
+
+
+def _code_generator_class(dict_attrs: frozenset[str]) -> type:
+    """jinja's code generator with the sandbox's commonest answers written into the template's code, so that
+    they cost no call. Each is what Sandbox.getattr, getitem or call_binop answers for that object and name:
+    `message.role` on a plain dict, `role` no dict attribute, is its key (or undefined); `message['role']` on
+    a plain dict that holds it, its value; `loop.index0` on a LoopContext, the attribute (LOOP_FIELDS);
+    `ns.name` on the template's namespace, the name held, its value; `a + b` of two strings whose sum is
+    under the size floor, the sum; `a % b` of two ints, the remainder. Any other object, name (an underscore
+    one among them) or operand goes to the sandbox as before. Each operand is evaluated once, into a name
+    of its own (`t_N`, unique in the template's code)."""
+    from jinja2 import nodes
+    from jinja2.compiler import CodeGenerator, optimizeconst
+
+    class Generator(CodeGenerator):
+        @optimizeconst
+        def visit_Getattr(self, node: Any, frame: Any) -> None:
+            a = node.attr
+            if a.startswith("_") or a in dict_attrs:
+                super().visit_Getattr(node, frame)
+                return
+            o, v = self.temporary_identifier(), self.temporary_identifier()
+            key = f"({o}[{a!r}] if {a!r} in {o} else environment.undefined(obj={o}, name={a!r}))"
+            if a in LOOP_FIELDS:  # `loop.index0`: a LoopContext, most likely
+                self.write(f"({o}.{a} if type({o} := ")
+                self.visit(node.node, frame)
+                self.write(f") is LoopContext else {key} if type({o}) is dict")
+            else:  # `message.role`: a dict, most likely
+                self.write(f"({key} if type({o} := ")
+                self.visit(node.node, frame)
+                self.write(") is dict")
+            self.write(
+                f" else {v} if type({o}) is environment.namespace_type and ({v} := "
+                f"object.__getattribute__({o}, '_Namespace__attrs').get({a!r}, missing)) is not missing"
+                f" else environment.getattr({o}, {a!r}))"
+            )
+
+        @optimizeconst
+        def visit_Getitem(self, node: Any, frame: Any) -> None:
+            key = node.arg
+            if not (type(key) is nodes.Const and type(key.value) is str):
+                super().visit_Getitem(node, frame)
+                return
+            o = self.temporary_identifier()
+            self.write(f"({o}[{key.value!r}] if type({o} := ")
+            self.visit(node.node, frame)
+            self.write(f") is dict and {key.value!r} in {o} else environment.getitem({o}, {key.value!r}))")
+
+        @optimizeconst
+        def visit_Add(self, node: Any, frame: Any) -> None:
+            const = [type(n) is nodes.Const and type(n.value) is str for n in (node.left, node.right)]
+            if const[0] != const[1]:  # one operand a string literal: its type and length known here
+                self._add_literal(node, frame, literal_left=const[0])
+                return
+            left, right = self.temporary_identifier(), self.temporary_identifier()
+            self.write(f"({left} + {right} if type({left} := ")
+            self.visit(node.left, frame)
+            self.write(f") is type({right} := ")
+            self.visit(node.right, frame)
+            self.write(
+                f") is str and len({left}) + len({right}) < {OUTPUT_FLOOR} "
+                f"else environment.call_binop(context, '+', {left}, {right}))"
+            )
+
+        @optimizeconst
+        def visit_Mod(self, node: Any, frame: Any) -> None:
+            """`loop.index0 % 2` (templates that check roles alternate): two ints, the remainder."""
+            left, right = self.temporary_identifier(), self.temporary_identifier()
+            self.write(f"({left} % {right} if type({left} := ")
+            self.visit(node.left, frame)
+            self.write(f") is type({right} := ")
+            self.visit(node.right, frame)
+            self.write(f") is int else environment.call_binop(context, '%', {left}, {right}))")
+
+        def _add_literal(self, node: Any, frame: Any, literal_left: bool) -> None:
+            """`'<|im_start|>' + role`, `content + '\\n'`: only the other operand's type and length looked at."""
+            literal, other = (node.left, node.right) if literal_left else (node.right, node.left)
+            t = self.temporary_identifier()
+
+            def pair(sep: str) -> None:
+                for k, part in enumerate((literal, t) if literal_left else (t, literal)):
+                    self.write(sep) if k else None
+                    self.visit(part, frame) if part is literal else self.write(t)
+
+            self.write("(")
+            pair(" + ")
+            self.write(f" if type({t} := ")
+            self.visit(other, frame)
+            room = OUTPUT_FLOOR - len(literal.value)
+            self.write(f") is str and len({t}) < {room} else environment.call_binop(context, '+', ")
+            pair(", ")
+            self.write("))")
+
+    return Generator
+
+
+def _code(env: Any, parse: Callable[[], Any]) -> CodeType:
+    """The code of the template `parse()` gives, its sandbox answers inlined (_code_generator_class); jinja's
+    own code where the inlined one nests too deep for Python's parser (its every operand sits one
+    parenthesis deeper), so that a template compiles wherever it compiled before."""
+    try:
+        code: CodeType = env.compile(parse())
+    except (SyntaxError, RecursionError):
+        from jinja2.compiler import CodeGenerator
+
+        source = io.StringIO()
+        CodeGenerator(env, None, None, source, optimized=env.optimized).visit(parse())
+        code = compile(source.getvalue(), "<template>", "exec")  # as jinja's Environment._compile does
+    return code
+
+
 def _namespace_class() -> type:
     """jinja's Namespace refusing underscore names (no reaching CPython internals), as transformers does."""
     import jinja2.utils
@@ -708,9 +851,10 @@ def _namespace_class() -> type:
                 check(name)
             jinja2.utils.Namespace.__init__(self, attrs)
 
-        def __setitem__(self, name: str, value: Any) -> None:
-            check(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
+        def __setitem__(self, name: str, value: Any) -> None:  # `{% set ns.name = ... %}`: kept short
+            if type(name) is not str or name.startswith("_"):
+                check(name)
+            object.__getattribute__(self, "_Namespace__attrs")[name] = value  # as Namespace.__setitem__ does
 
     return TemplateNamespace
 

@@ -28,6 +28,7 @@ import hashlib
 import re
 from collections.abc import Callable
 from functools import lru_cache
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -160,7 +161,9 @@ class Renderer:
         """The request's prompt; `mark_generation`: with template_env.GEN_MARK where the generation
         prompt begins, if the template tells (see compile_marked)."""
         body = normalize_tools(body)
-        messages = [self._for_template(i, m) for i, m in enumerate(checked_messages(body))]
+        messages = checked_messages(body)
+        if _may_hold_parts(messages):
+            messages = [self._for_template(i, m) for i, m in enumerate(messages)]
         kwargs = dict(self.defaults)
         ctk = body.get("chat_template_kwargs")
         if isinstance(ctk, dict):
@@ -467,6 +470,14 @@ _TEXT_PARTS = ("text", "input_text")
 _MEDIA_PARTS = ("image_url", "input_audio", "image", "input_image")
 
 
+def _may_hold_parts(messages: list[dict[str, Any]]) -> bool:
+    """Whether some message may have list content (`Renderer._for_template` joins or types it): False
+    only when every message is a plain dict and no content is a list (looked at in C)."""
+    if set(map(type, messages)) != {dict}:
+        return True
+    return any(issubclass(kind, list) for kind in set(map(type, map(dict.get, messages, repeat("content")))))
+
+
 def checked_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The request's messages, refused unless a non-empty list of objects."""
     messages = body.get("messages")
@@ -474,6 +485,8 @@ def checked_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         raise InputError("request has no messages list")
     if not messages:
         raise InputError("request has an empty messages list: nothing to render")
+    if set(map(type, messages)) == {dict}:
+        return messages  # every one a plain dict, looked at in C
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise InputError(f"messages[{i}] is a {type(m).__name__}, not a message object")
