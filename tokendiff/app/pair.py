@@ -7,10 +7,10 @@ runs: the session, report, replay and fleet machinery costs ~10 ms of imports it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from tokendiff.core.plain import plain
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from tokendiff.sources.loader import Loader
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class PromptOptions:
     """How prompts are read; the same for every command and the TUI."""
 

@@ -19,7 +19,6 @@ import json
 import re
 import unicodedata
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 from tokendiff.core.align import shared_prefix, shared_suffix
@@ -29,6 +28,7 @@ from tokendiff.core.kinds import CauseKind as C
 from tokendiff.core.kinds import HunkKind, Origin
 from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
+from tokendiff.core.plain import replace
 
 PAD = 48  # bytes of context either side when matching patterns around a hunk
 

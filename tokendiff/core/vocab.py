@@ -13,9 +13,10 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from itertools import accumulate, islice
 from typing import TYPE_CHECKING, Any
+
+from tokendiff.core.plain import plain
 
 if TYPE_CHECKING:
     from tokendiff.core.model import Ids
@@ -66,7 +67,7 @@ def spm_bytes(token: str) -> bytes:
     return token.replace("▁", " ").encode("utf-8", errors="surrogateescape")
 
 
-@dataclass(kw_only=True)
+@plain(kw_only=True)
 class VocabMeta:
     """What a tokenizer source says besides its token table: the chat template and special tokens
     a request is rendered with, whether tokenising text adds BOS (llama-server's add_special), and

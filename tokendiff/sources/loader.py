@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -23,11 +22,11 @@ from tokendiff import safeio
 from tokendiff.core import grammar
 from tokendiff.core.kinds import Sectioning, ServerKind
 from tokendiff.core.model import Prompt, PromptMeta, RenderMismatch
+from tokendiff.core.plain import plain
 from tokendiff.core.vocab import TextTokenizer, Vocab
 from tokendiff.errors import InputError, one_line
 from tokendiff.notices import warn
 from tokendiff.sources.importers import check_depth
-from tokendiff.sources.importers.responses import FieldMap
 from tokendiff.sources.slotfile import (
     SlotFile,
     check_vocab,
@@ -41,6 +40,7 @@ if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slo
     import numpy as np
 
     from tokendiff.core.model import IntArray, Rendered
+    from tokendiff.sources.importers.responses import FieldMap
     from tokendiff.sources.record import CaptureRecord
     from tokendiff.sources.templates.render import Renderer
 
@@ -49,7 +49,7 @@ MAX_PROPS_BYTES = 64 << 20  # the server's /props beside a capture: its chat tem
 _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class Selected:
     kind: str  # slot | capture | har | otlp | body | promptlog
     path: Path

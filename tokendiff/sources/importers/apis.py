@@ -9,11 +9,11 @@ puts those names on a render's sections. No I/O.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 
 from tokendiff.core.model import FieldSpan, Part, Rendered, SectionPath
+from tokendiff.core.plain import replace
 from tokendiff.sources.importers.anthropic import is_anthropic, to_openai_mapped
 from tokendiff.sources.importers.responses import FieldMap, is_responses, to_chat
 

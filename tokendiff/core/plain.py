@@ -1,0 +1,112 @@
+"""Value classes for the modules `tokendiff diff` imports, without the stdlib's dataclasses.
+
+`dataclasses` imports `inspect` (with `ast`, `dis` and `tokenize`): ~8 ms of CPU, and each class it makes
+costs ~0.3 ms more, in a command whose whole budget past Python's start is ~35 ms (issue 29). `@plain`
+makes the same methods from one small generated source a class: `__init__` (defaults, `field(default_factory=...)`,
+`kw_only`, `__post_init__`), `__repr__`, `__eq__` over the fields in order, `__hash__` and blocked assignment
+when frozen. Type checkers read it as a dataclass (`dataclass_transform`). Use `replace` and `as_dict` where
+`dataclasses.replace` and `asdict` would go (fields of plain values: `as_dict` copies nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, dataclass_transform
+
+T = TypeVar("T")
+_FIELDS = "__plain_fields__"
+
+
+class FrozenError(AttributeError):
+    """Assignment to a field of a frozen value."""
+
+
+class _Factory:
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]):
+        self.make = make
+
+
+def field(*, default_factory: Callable[[], T]) -> T:
+    """A default made fresh for every instance (`dataclasses.field(default_factory=...)`)."""
+    return _Factory(default_factory)  # type: ignore[return-value]  # the class body sees the instance's type
+
+
+def _frozen_set(self: object, name: str, value: object) -> None:
+    raise FrozenError(f"cannot assign to field {name!r}")
+
+
+def _frozen_del(self: object, name: str) -> None:
+    raise FrozenError(f"cannot delete field {name!r}")
+
+
+def _make(cls: type[T], frozen: bool, eq: bool, kw_only: bool) -> type[T]:
+    names = [n for n, ann in cls.__dict__.get("__annotations__", {}).items() if not str(ann).startswith("ClassVar")]
+    env: dict[str, Any] = {"_MISSING": _Factory, "_set": object.__setattr__}
+    params, body = [], []
+    for n in names:
+        default = cls.__dict__.get(n, _FIELDS)
+        value = n
+        if isinstance(default, _Factory):
+            env[f"_f_{n}"] = default.make
+            delattr(cls, n)  # as a dataclass: no class attribute for a field with a factory
+            params.append(f"{n}=_MISSING")
+            value = f"_f_{n}() if {n} is _MISSING else {n}"
+        elif default is not _FIELDS:
+            env[f"_d_{n}"] = default
+            params.append(f"{n}=_d_{n}")
+        else:
+            params.append(n)
+        body.append(f"_set(self, {n!r}, {value})" if frozen else f"self.{n} = {value}")
+    if hasattr(cls, "__post_init__"):
+        body.append("self.__post_init__()")
+    star = "*, " if kw_only and params else ""
+    values = "".join(f"self.{n}, " for n in names)
+    shown = ", ".join(f"{n}={{self.{n}!r}}" for n in names)
+    src = [f"def __init__(self, {star}{', '.join(params)}):", *(f"    {b}" for b in body or ["pass"])]
+    src += ["def __repr__(self):", f"    return f'{{type(self).__qualname__}}({shown})'"]
+    if eq:
+        src += ["def __eq__(self, other):", "    if other.__class__ is not self.__class__:"]
+        src += ["        return NotImplemented", f"    return ({values}) == ({values.replace('self.', 'other.')})"]
+    if eq and frozen:
+        src += ["def __hash__(self):", f"    return hash(({values}))"]
+    exec("\n".join(src), env)  # noqa: S102 - a source made above from the class's own field names
+    for name in ("__init__", "__repr__", "__eq__", "__hash__"):
+        if name in env:
+            env[name].__qualname__ = f"{cls.__qualname__}.{name}"
+            setattr(cls, name, env[name])
+    if eq and not frozen:
+        cls.__hash__ = None  # type: ignore[assignment]  # compared by value and mutable: unhashable, as a dataclass
+    if frozen:
+        cls.__setattr__ = _frozen_set  # type: ignore[method-assign]
+        cls.__delattr__ = _frozen_del  # type: ignore[method-assign]
+    cls.__match_args__ = tuple(names)  # type: ignore[attr-defined,misc]
+    setattr(cls, _FIELDS, tuple(names))
+    return cls
+
+
+@dataclass_transform(field_specifiers=(field,))
+def plain(*, frozen: bool = False, eq: bool = True, kw_only: bool = False) -> Callable[[type[T]], type[T]]:
+    """The class decorator: see the module's docstring."""
+
+    def wrap(cls: type[T]) -> type[T]:
+        return _make(cls, frozen, eq, kw_only)
+
+    return wrap
+
+
+def fields(obj: object) -> tuple[str, ...]:
+    """The field names of a `@plain` class or instance, in order."""
+    names: tuple[str, ...] = getattr(obj, _FIELDS)
+    return names
+
+
+def replace(obj: T, **changes: Any) -> T:
+    """A copy of a `@plain` value with some fields changed (`dataclasses.replace`)."""
+    return type(obj)(**{n: getattr(obj, n) for n in fields(obj)} | changes)
+
+
+def as_dict(obj: object) -> dict[str, Any]:
+    """The fields of a `@plain` value by name (`dataclasses.asdict` of plain values: nothing is copied)."""
+    return {n: getattr(obj, n) for n in fields(obj)}
