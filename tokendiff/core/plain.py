@@ -11,6 +11,7 @@ when frozen. Type checkers read it as a dataclass (`dataclass_transform`). Use `
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, TypeVar, dataclass_transform
 
 T = TypeVar("T")
@@ -41,7 +42,38 @@ def _frozen_del(self: object, name: str) -> None:
     raise FrozenError(f"cannot delete field {name!r}")
 
 
-def _make(cls: type[T], frozen: bool, eq: bool, kw_only: bool) -> type[T]:
+def _one(names: tuple[str, ...]) -> Callable[[object], tuple[Any, ...]]:
+    """The fields' tuple of a class of one field (or none), where attrgetter would give the value itself."""
+    if not names:
+        return lambda v: ()
+    name = names[0]
+    return lambda v: (getattr(v, name),)
+
+
+def _methods(cls: Any, names: tuple[str, ...], eq: bool, frozen: bool) -> None:
+    """`__repr__`, and `__eq__` and `__hash__` over the fields' tuple (as a dataclass's: equal hashes), without
+    compiling a source for each: only `__init__` needs one."""
+    values: Callable[[object], Any] = attrgetter(*names) if len(names) > 1 else _one(names)
+
+    def __repr__(self: object) -> str:
+        return f"{type(self).__qualname__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
+
+    def __eq__(self: object, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return bool(values(self) == values(other))
+
+    def __hash__(self: object) -> int:
+        return hash(values(self))
+
+    cls.__repr__ = __repr__
+    if eq:
+        cls.__eq__ = __eq__
+        cls.__hash__ = __hash__ if frozen else None  # mutable and compared by value: unhashable, as a dataclass
+
+
+def _make(made: type[T], frozen: bool, eq: bool, kw_only: bool) -> type[T]:
+    cls: Any = made  # its methods are set here
     names = [n for n, ann in cls.__dict__.get("__annotations__", {}).items() if not str(ann).startswith("ClassVar")]
     env: dict[str, Any] = {"_MISSING": _Factory, "_set": object.__setattr__}
     params, body = [], []
@@ -62,28 +94,17 @@ def _make(cls: type[T], frozen: bool, eq: bool, kw_only: bool) -> type[T]:
     if hasattr(cls, "__post_init__"):
         body.append("self.__post_init__()")
     star = "*, " if kw_only and params else ""
-    values = "".join(f"self.{n}, " for n in names)
-    shown = ", ".join(f"{n}={{self.{n}!r}}" for n in names)
     src = [f"def __init__(self, {star}{', '.join(params)}):", *(f"    {b}" for b in body or ["pass"])]
-    src += ["def __repr__(self):", f"    return f'{{type(self).__qualname__}}({shown})'"]
-    if eq:
-        src += ["def __eq__(self, other):", "    if other.__class__ is not self.__class__:"]
-        src += ["        return NotImplemented", f"    return ({values}) == ({values.replace('self.', 'other.')})"]
-    if eq and frozen:
-        src += ["def __hash__(self):", f"    return hash(({values}))"]
     exec("\n".join(src), env)  # noqa: S102 - a source made above from the class's own field names
-    for name in ("__init__", "__repr__", "__eq__", "__hash__"):
-        if name in env:
-            env[name].__qualname__ = f"{cls.__qualname__}.{name}"
-            setattr(cls, name, env[name])
-    if eq and not frozen:
-        cls.__hash__ = None  # type: ignore[assignment]  # compared by value and mutable: unhashable, as a dataclass
+    env["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = env["__init__"]
+    _methods(cls, tuple(names), eq, frozen)
     if frozen:
-        cls.__setattr__ = _frozen_set  # type: ignore[method-assign]
-        cls.__delattr__ = _frozen_del  # type: ignore[method-assign]
-    cls.__match_args__ = tuple(names)  # type: ignore[attr-defined,misc]
+        cls.__setattr__ = _frozen_set
+        cls.__delattr__ = _frozen_del
+    cls.__match_args__ = tuple(names)  # type: ignore[misc]  # mypy: a dataclass sets it itself
     setattr(cls, _FIELDS, tuple(names))
-    return cls
+    return made
 
 
 @dataclass_transform(field_specifiers=(field,))
