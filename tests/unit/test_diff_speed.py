@@ -241,3 +241,22 @@ def test_one_token_side_is_difflibs():
                 (lo_a + i1, lo_a + i2, lo_b + j1, lo_b + j2) for t, i1, i2, j1, j2 in sm.get_opcodes() if t != "equal"
             ]
             assert got == want, (a, b)
+
+
+def test_all_below_from_bytes_is_max():
+    """check_vocab's test of an int32 array read from its bytes, against max(): IDs near the vocabulary's
+    size, past it, negative, and of 2**24 or more."""
+    from tokendiff.sources.slotfile import _all_below
+
+    rng = random.Random(7)
+    for n in (1, 2, 5, 300, 5000):
+        for n_vocab in (1, 255, 256, 1 << 16, 151_669, 1 << 24):
+            for hi in (n_vocab, n_vocab + 1, n_vocab + 70_000, 1 << 31):
+                ids = array("i", [rng.randrange(min(hi, n_vocab)) for _ in range(n)])
+                ids[rng.randrange(n)] = rng.randrange(hi - 1, hi) if hi < 1 << 31 else hi - 1
+                if _all_below(ids, n_vocab):
+                    assert max(ids) < n_vocab, (n, n_vocab, hi)
+                else:
+                    assert max(ids) >= n_vocab or n_vocab >= 1 << 24, (n, n_vocab, hi)
+                ids[rng.randrange(n)] = -rng.randrange(1, 5)
+                assert not _all_below(ids, n_vocab)
