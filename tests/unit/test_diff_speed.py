@@ -14,6 +14,7 @@ import pytest
 from tokendiff.core import align
 from tokendiff.core.grammar import json_braces
 from tokendiff.core.model import flag_indices, id_bytes
+from tokendiff.core.vocab import Vocab
 
 
 def _edited(ids: list[int], n: int, rng: random.Random) -> list[int]:
@@ -260,3 +261,34 @@ def test_all_below_from_bytes_is_max():
                     assert max(ids) >= n_vocab or n_vocab >= 1 << 24, (n, n_vocab, hi)
                 ids[rng.randrange(n)] = -rng.randrange(1, 5)
                 assert not _all_below(ids, n_vocab)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_decoding_after_a_prompt_copies_what_it_shares(seed):
+    """B decoded after A (`Vocab.decode(ids, like=A's)`: A's equal stretches copied, their offsets moved)
+    gives the bytes, offsets and special flags of B decoded on its own: edits that grow, shrink or keep the
+    bytes, media cells, special tokens, an unrelated prompt."""
+    from tokendiff.sources.tokenizers import load_vocab
+
+    vocab = load_vocab(None)
+    rng = random.Random(seed)
+    specials = [151644, 151645, 151643]  # <|im_start|>, <|im_end|>, <|endoftext|>
+    pool = [rng.randrange(vocab.n_vocab) for _ in range(2000)] + specials * 20
+    a = [rng.choice(pool) for _ in range(rng.randrange(1500, 6000))]
+    b = _edited(a, rng.randrange(0, 6), rng) if seed != 7 else [rng.choice(pool) for _ in range(3000)]
+    if seed % 3 == 0:
+        a[rng.randrange(len(a))] = b[rng.randrange(len(b))] = -1  # media cells
+    vocab._memo = None
+    before = vocab.decode(array("i", a))
+    alone = Vocab.decode(load_vocab(None), array("i", b))
+    after = vocab.decode(array("i", b), like=(array("i", a), *before))
+    assert after[0] == alone[0] and after[1] == alone[1] and after[2] == alone[2]
+
+
+def test_offsets_shifted_as_one_integer():
+    from tokendiff.core.vocab import _shifted
+
+    offs = array("q", [0, 5, 9, 2**40, 2**62])
+    for delta in (0, 1, 7, -0, 2**20):
+        assert _shifted(offs, delta) == array("q", [o + delta for o in offs])
+    assert _shifted(array("q", [10, 20, 30]), -10) == array("q", [0, 10, 20])

@@ -121,7 +121,7 @@ def diff_pair(a: Prompt, b: Prompt, vocab: Vocab, context: int = 8) -> PairResul
 
 def load_pair(loader: Loader, spec_a: str, spec_b: str, context: int = 8) -> PairResult:
     a = loader.load(spec_a)
-    b = loader.load(spec_b)
+    b = loader.load(spec_b, like=a)  # B mostly repeats A: what it shares is copied, not decoded again
     return diff_pair(a, b, loader.vocab, context)
 
 

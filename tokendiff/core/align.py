@@ -257,6 +257,13 @@ def _cover(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, 
     return segs
 
 
+def equal_segments(a: Ids, b: Ids) -> list[tuple[int, int, int]]:
+    """Stretches (i, j, n) where A[i:i+n] == B[j:j+n], increasing and disjoint on both sides, as `_cover` finds
+    them (B's k-grams looked up in A by byte search): what a prompt decoded after another copies from it."""
+    s = _Seqs(a, b)
+    return _cover(s, 0, len(s.ra) // 4, 0, len(s.rb) // 4)
+
+
 def _uncovered(segs: list[tuple[int, int, int]], lo: int, hi: int, side: int) -> list[tuple[int, int]]:
     """The k-gram starts in [lo, hi - KGRAM] of one side (0: A, 1: B) that no segment holds whole."""
     out, at = [], lo
