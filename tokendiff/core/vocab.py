@@ -13,6 +13,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Sequence
+from functools import cache
 from itertools import accumulate, islice
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -51,13 +52,17 @@ def _byte_level_table() -> dict[int, int]:
     return {c: b for b, c in zip(bs, cs)}
 
 
-_BYTE_DECODE = {c: chr(b) for c, b in _byte_level_table().items()}
+@cache
+def _byte_decode() -> dict[int, str]:
+    """The table of `byte_level_bytes`, made where a tokenizer is read (`diff` of slot files reads a cached
+    vocabulary: ~5 M instructions it need not run)."""
+    return {c: chr(b) for c, b in _byte_level_table().items()}
 
 
 def byte_level_bytes(token: str) -> bytes:
     """Exact bytes of a byte-level BPE token string (Qwen, Llama 3, GPT-OSS, DeepSeek)."""
     try:
-        return token.translate(_BYTE_DECODE).encode("latin-1")
+        return token.translate(_byte_decode()).encode("latin-1")
     except UnicodeEncodeError:  # a char outside the alphabet: not byte-level, keep it as text
         return token.encode("utf-8", errors="surrogateescape")
 
