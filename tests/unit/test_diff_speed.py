@@ -292,3 +292,15 @@ def test_offsets_shifted_as_one_integer():
     for delta in (0, 1, 7, -0, 2**20):
         assert _shifted(offs, delta) == array("q", [o + delta for o in offs])
     assert _shifted(array("q", [10, 20, 30]), -10) == array("q", [0, 10, 20])
+
+
+def test_kgrams_cut_in_blocks_are_every_kgram():
+    """align's k-grams (struct formats of up to KGRAM_BLOCK k-grams, KGRAM interleaved passes) against slices."""
+    rng = random.Random(3)
+    k = align.KGRAM
+    for n in (0, 1, k - 1, k, k + 1, 2 * k, 100, align.KGRAM_BLOCK * k + 5, 2 * align.KGRAM_BLOCK * k + 13):
+        raw = array("i", [rng.randrange(1000) for _ in range(n)]).tobytes()
+        for lo in (0, 1, 3):
+            if lo <= n:
+                want = [raw[4 * i : 4 * (i + k)] for i in range(lo, n - k + 1)]
+                assert align._kgrams(raw, lo, n) == want, (n, lo)
