@@ -504,7 +504,19 @@ def _result_id_spans(data: bytes, cs: int, ce: int, base: SectionPath) -> list[_
     return out + _call_id_spans(data, cs, ce, base, "tool_call_id")
 
 
+# Families whose in-turn markers (<tools>, <think>, <tool_call>, <tool_response>, DeepSeek's <｜tool▁…｜>) all
+# begin with "<": a turn of theirs with no "<" in its content has no inner spans (a tool result's ID keys are
+# looked for without one, so tool turns are searched whatever they hold).
+_ANGLE_MARKED = frozenset({"chatml", "gemma", "deepseek"})
+
+
 def _inner_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> list[_Span]:
+    if (
+        family in _ANGLE_MARKED
+        and turn.role not in ("tool", "ipython", "tools")
+        and data.find(b"<", turn.content_start, turn.content_end) < 0
+    ):
+        return []  # one memchr instead of a dozen searches: most turns of a long history are prose
     spans = _tools_spans(data, turn, base, family)
     cs, ce = turn.content_start, turn.content_end
     if family == "llama3":
