@@ -115,6 +115,10 @@ class _Seqs:
             memoryview(self.rb)[4 * blo : 4 * bhi].cast("i").tolist(),
         )
 
+    def same(self, alo: int, ahi: int, blo: int, bhi: int) -> bool:
+        """A[alo:ahi] == B[blo:bhi] (then `_diff` of them finds nothing)."""
+        return ahi - alo == bhi - blo and self.ra[4 * alo : 4 * ahi] == self.rb[4 * blo : 4 * bhi]
+
     def prefix(self, alo: int, ahi: int, blo: int, bhi: int) -> int:
         return _first_diff(self.ra, 4 * alo, self.rb, 4 * blo, 4 * min(ahi - alo, bhi - blo)) // 4
 
@@ -176,7 +180,8 @@ def _diff(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int, out: _Out, depth: in
         return
     ca, cb = alo, blo
     for ia, ib, n in blocks:
-        _diff(s, ca, alo + ia, cb, blo + ib, out, depth + 1)
+        if not s.same(ca, alo + ia, cb, blo + ib):  # between two runs of one diagonal: mostly equal already
+            _diff(s, ca, alo + ia, cb, blo + ib, out, depth + 1)
         ca, cb = alo + ia + n, blo + ib + n
     _diff(s, ca, ahi, cb, bhi, out, depth + 1)
 
@@ -301,12 +306,13 @@ def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) ->
         extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
     # where A's k-gram is covered, B's uncovered k-grams must not hold it; where it is not, once: all
     # positions are taken as covered (one set lookup each), then A's few uncovered ones redone
-    bad = dups.union(extra)
+    bad = dups
+    bad.update(extra)  # in place: A's duplicates are asked of `counts` below (no copy of a big set)
     out = list(compress(count(), map(not_, map(bad.__contains__, ga))))
     for g0, g1 in _uncovered(segs, alo, ahi, 0):
         r0, r1 = g0 - alo, g1 - alo
         out[bisect_left(out, r0) : bisect_left(out, r1)] = [
-            i for i in range(r0, r1) if ga[i] not in dups and extra[ga[i]] == 1
+            i for i in range(r0, r1) if counts[ga[i]] == 1 and extra[ga[i]] == 1
         ]
     return out
 
