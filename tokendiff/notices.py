@@ -10,7 +10,7 @@ and a count); by default the message itself is the kind.
 from __future__ import annotations
 
 import sys
-import threading
+from _thread import allocate_lock  # threading's Lock, without importing threading (`tokendiff diff`)
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO, TypeVar
@@ -60,7 +60,7 @@ class Aggregated:
         self.counts: dict[str, int] = {}
         self.first: dict[str, str] = {}
         self._seen: set[tuple[str, str]] = set()
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
 
     def __call__(self, kind: str, message: str) -> None:
         with self._lock:

@@ -12,6 +12,9 @@ from helpers import ROOT
 HEAVY = (
     *("numpy", "httpx", "jinja2", "transformers", "tokenizers", "polars", "textual", "torch", "hashlib"),
     *("orjson", "shutil"),  # orjson brings datetime, uuid and platform; shutil zlib, bz2 and lzma
+    *("dataclasses", "inspect"),  # inspect brings ast, dis and tokenize: ~8 ms (core/plain.py makes the values)
+    "threading",  # notices' lock comes from _thread
+    "tokendiff.sources.importers.responses",  # request conversions: a slot file has no request
     "tokendiff.app.session",  # the session, report and replay machinery: diff needs only tokendiff.app.pair
     "tokendiff.app.reports",
     "tokendiff.app.workers",

@@ -14,6 +14,7 @@ import pytest
 from tokendiff.core import align
 from tokendiff.core.grammar import json_braces
 from tokendiff.core.model import flag_indices, id_bytes
+from tokendiff.core.vocab import Vocab
 
 
 def _edited(ids: list[int], n: int, rng: random.Random) -> list[int]:
@@ -241,3 +242,65 @@ def test_one_token_side_is_difflibs():
                 (lo_a + i1, lo_a + i2, lo_b + j1, lo_b + j2) for t, i1, i2, j1, j2 in sm.get_opcodes() if t != "equal"
             ]
             assert got == want, (a, b)
+
+
+def test_all_below_from_bytes_is_max():
+    """check_vocab's test of an int32 array read from its bytes, against max(): IDs near the vocabulary's
+    size, past it, negative, and of 2**24 or more."""
+    from tokendiff.sources.slotfile import _all_below
+
+    rng = random.Random(7)
+    for n in (1, 2, 5, 300, 5000):
+        for n_vocab in (1, 255, 256, 1 << 16, 151_669, 1 << 24):
+            for hi in (n_vocab, n_vocab + 1, n_vocab + 70_000, 1 << 31):
+                ids = array("i", [rng.randrange(min(hi, n_vocab)) for _ in range(n)])
+                ids[rng.randrange(n)] = rng.randrange(hi - 1, hi) if hi < 1 << 31 else hi - 1
+                if _all_below(ids, n_vocab):
+                    assert max(ids) < n_vocab, (n, n_vocab, hi)
+                else:
+                    assert max(ids) >= n_vocab or n_vocab >= 1 << 24, (n, n_vocab, hi)
+                ids[rng.randrange(n)] = -rng.randrange(1, 5)
+                assert not _all_below(ids, n_vocab)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_decoding_after_a_prompt_copies_what_it_shares(seed):
+    """B decoded after A (`Vocab.decode(ids, like=A's)`: A's equal stretches copied, their offsets moved)
+    gives the bytes, offsets and special flags of B decoded on its own: edits that grow, shrink or keep the
+    bytes, media cells, special tokens, an unrelated prompt."""
+    from tokendiff.sources.tokenizers import load_vocab
+
+    vocab = load_vocab(None)
+    rng = random.Random(seed)
+    specials = [151644, 151645, 151643]  # <|im_start|>, <|im_end|>, <|endoftext|>
+    pool = [rng.randrange(vocab.n_vocab) for _ in range(2000)] + specials * 20
+    a = [rng.choice(pool) for _ in range(rng.randrange(1500, 6000))]
+    b = _edited(a, rng.randrange(0, 6), rng) if seed != 7 else [rng.choice(pool) for _ in range(3000)]
+    if seed % 3 == 0:
+        a[rng.randrange(len(a))] = b[rng.randrange(len(b))] = -1  # media cells
+    vocab._memo = None
+    before = vocab.decode(array("i", a))
+    alone = Vocab.decode(load_vocab(None), array("i", b))
+    after = vocab.decode(array("i", b), like=(array("i", a), *before))
+    assert after[0] == alone[0] and after[1] == alone[1] and after[2] == alone[2]
+
+
+def test_offsets_shifted_as_one_integer():
+    from tokendiff.core.vocab import _shifted
+
+    offs = array("q", [0, 5, 9, 2**40, 2**62])
+    for delta in (0, 1, 7, -0, 2**20):
+        assert _shifted(offs, delta) == array("q", [o + delta for o in offs])
+    assert _shifted(array("q", [10, 20, 30]), -10) == array("q", [0, 10, 20])
+
+
+def test_kgrams_cut_in_blocks_are_every_kgram():
+    """align's k-grams (struct formats of up to KGRAM_BLOCK k-grams, KGRAM interleaved passes) against slices."""
+    rng = random.Random(3)
+    k = align.KGRAM
+    for n in (0, 1, k - 1, k, k + 1, 2 * k, 100, align.KGRAM_BLOCK * k + 5, 2 * align.KGRAM_BLOCK * k + 13):
+        raw = array("i", [rng.randrange(1000) for _ in range(n)]).tobytes()
+        for lo in (0, 1, 3):
+            if lo <= n:
+                want = [raw[4 * i : 4 * (i + k)] for i in range(lo, n - k + 1)]
+                assert align._kgrams(raw, lo, n) == want, (n, lo)

@@ -189,3 +189,32 @@ def test_family_override(vocab, family):
     p = prompt_from_ids(qwen_encode("<|im_start|>user\nhi<|im_end|>\n"), vocab, family=family)
     assert p.meta.template_family == family
     assert (labels(p) == []) == (family == "none")
+
+
+def test_turns_without_an_angle_bracket_are_skipped_only_where_nothing_is_found(
+    vocab, deepseek_tok, gemma_tok, monkeypatch
+):
+    """`_inner_spans` skips a turn of an angle-marked family with no "<" in its content: the sections with
+    the skip are those without it (tool calls, results, reasoning, tools blocks, DeepSeek's markers)."""
+    from tokendiff.core import grammar
+
+    prompts = [
+        prompt_from_ids(qwen_encode(render("Qwen-Qwen3-0.6B.jinja", CONVERSATION, TOOLS)), vocab),
+        deepseek_tok.prompt(
+            render("deepseek-ai-DeepSeek-V3.1.jinja", CONVERSATION, TOOLS, bos_token="<｜begin▁of▁sentence｜>")
+        ),
+        gemma_tok.prompt(
+            render(
+                "google-gemma-2-2b-it.jinja",
+                [
+                    {"role": "user", "content": "Hi <tool_response>x</tool_response>"},
+                    {"role": "assistant", "content": "Hi"},
+                ],
+                bos_token="<bos>",
+            )
+        ),
+    ]
+    skipped = [grammar.sections_for(p) for p in prompts]
+    monkeypatch.setattr(grammar, "_ANGLE_MARKED", frozenset())
+    assert skipped == [grammar.sections_for(p) for p in prompts]
+    assert any(len(secs) > 8 for _, secs in skipped)

@@ -420,9 +420,8 @@ def test_the_advisors_shared_replays_are_its_replays_one_by_one():
     """The advisor plays changes the policy plays alike once (and the server's flags' own replay where it
     mirrors them), and requests share their bytes and LCPs across replays: each change's reuse, and every
     outcome, are those of its own replay on fresh requests."""
-    from dataclasses import replace
-
     from tokendiff.core.cache import advice, llama
+    from tokendiff.core.plain import replace
 
     bases = [
         llama.EngineConfig(),

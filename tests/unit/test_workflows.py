@@ -137,9 +137,8 @@ def test_replay_options_are_checked_before_anything_is_loaded():
 
 def test_a_cause_without_an_automatic_fix_is_named_by_its_span_counted_from_1(agent_session):
     """What `replay` and the pair screen's `r` say: "span N" as the pair screen numbers spans, never "hunk"."""
-    from dataclasses import replace as copy_with
-
     from tokendiff.core.fixes import fix_request
+    from tokendiff.core.plain import replace as copy_with
 
     pair = session_pair(agent_session, 3)
     first = next(f for f in pair.findings if not f.expected)

@@ -17,8 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from dataclasses import replace as copy_with
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +27,7 @@ from tokendiff.backends.pull import Puller, pull
 from tokendiff.backends.server import llama_server_url
 from tokendiff.core.cache.engine_log import LogAligner
 from tokendiff.core.cost import Analyser
+from tokendiff.core.plain import replace
 from tokendiff.errors import InputError
 from tokendiff.report.session import cause_title, in_sentence, prefill_seconds, seconds_label
 from tokendiff.sources.capture import iter_capture
@@ -240,7 +240,7 @@ class SessionFeed:
         if turn.decoded is not None:
             self.prompts.keep(k - 1, turn.decoded)
         session = self.analyser.session()
-        session = copy_with(session, turns=list(session.turns))  # the views keep this one; the next add appends
+        session = replace(session, turns=list(session.turns))  # the views keep this one; the next add appends
         session.skipped = list(self.skipped)
         apply_prefill_rate(session, self.prefill_rate)
         return LoadedSession(self.loader, self.prompts, session)

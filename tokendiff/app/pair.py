@@ -7,10 +7,10 @@ runs: the session, report, replay and fleet machinery costs ~10 ms of imports it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from tokendiff.core.plain import plain
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from tokendiff.sources.loader import Loader
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class PromptOptions:
     """How prompts are read; the same for every command and the TUI."""
 
@@ -121,7 +121,7 @@ def diff_pair(a: Prompt, b: Prompt, vocab: Vocab, context: int = 8) -> PairResul
 
 def load_pair(loader: Loader, spec_a: str, spec_b: str, context: int = 8) -> PairResult:
     a = loader.load(spec_a)
-    b = loader.load(spec_b)
+    b = loader.load(spec_b, like=a)  # B mostly repeats A: what it shares is copied, not decoded again
     return diff_pair(a, b, loader.vocab, context)
 
 

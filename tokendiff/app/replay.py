@@ -3,7 +3,7 @@ that keep a measurement honest (a loopback backend, the capture's model)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,7 @@ from tokendiff.backends.urls import is_loopback_url
 from tokendiff.core.align import common_prefix
 from tokendiff.core.cost import reusable_ceiling
 from tokendiff.core.fixes import fix_request
+from tokendiff.core.plain import replace
 from tokendiff.errors import InputError, ServerError, UsageError
 
 if TYPE_CHECKING:

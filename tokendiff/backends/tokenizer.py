@@ -16,6 +16,7 @@ from tokendiff.sources.tokenizers import load_gguf, token_text
 
 if TYPE_CHECKING:
     from tokendiff.core.model import Ids
+    from tokendiff.core.vocab import Decoded
 
 
 class ServerPrompts:
@@ -108,9 +109,9 @@ class ServerVocab(Vocab):
             self._fetch(want)
             self._rebuild()
 
-    def decode(self, ids: Ids) -> tuple[bytes, array[int], array[int]]:
+    def decode(self, ids: Ids, like: Decoded | None = None) -> tuple[bytes, array[int], array[int]]:
         self.ensure(ids)
-        return super().decode(ids)
+        return super().decode(ids, like)
 
 
 def _probe_bos(api: Any) -> tuple[bool | None, int | None]:

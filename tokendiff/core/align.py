@@ -18,7 +18,7 @@ from bisect import bisect_left
 from collections import Counter
 from functools import cache
 from itertools import compress, count, repeat
-from operator import itemgetter, ne, not_
+from operator import ne, not_
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tokendiff.core.model import Divergence, Hunk, Prompt, SectionPath, id_bytes, prompt_end
@@ -33,6 +33,7 @@ SMALL = 1500  # gaps up to this many tokens a side go to difflib directly...
 DIRECT = 256 * 256  # ...once small in area too: difflib costs up to the product of the sides (with a long
 # equal run inside, as a changed date leaves, 11 ms for 1,200 tokens a side, the anchors ~1 ms)
 KGRAM = 8
+KGRAM_BLOCK = 2048  # k-grams one struct format cuts (its format string: 6 KB)
 WEIGHTED_MAX = 400
 GLUE = 3  # equal runs this short between two larger edits are merged into them
 STRIDE = 64  # B's tokens between the k-grams `_cover` looks up in A
@@ -136,6 +137,10 @@ class _Seqs:
             memoryview(self.rb)[4 * blo : 4 * bhi].cast("i").tolist(),
         )
 
+    def same(self, alo: int, ahi: int, blo: int, bhi: int) -> bool:
+        """A[alo:ahi] == B[blo:bhi] (then `_diff` of them finds nothing)."""
+        return ahi - alo == bhi - blo and self.ra[4 * alo : 4 * ahi] == self.rb[4 * blo : 4 * bhi]
+
     def prefix(self, alo: int, ahi: int, blo: int, bhi: int) -> int:
         return _first_diff(self.ra, 4 * alo, self.rb, 4 * blo, 4 * min(ahi - alo, bhi - blo)) // 4
 
@@ -197,7 +202,8 @@ def _diff(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int, out: _Out, depth: in
         return
     ca, cb = alo, blo
     for ia, ib, n in blocks:
-        _diff(s, ca, alo + ia, cb, blo + ib, out, depth + 1)
+        if not s.same(ca, alo + ia, cb, blo + ib):  # between two runs of one diagonal: mostly equal already
+            _diff(s, ca, alo + ia, cb, blo + ib, out, depth + 1)
         ca, cb = alo + ia + n, blo + ib + n
     _diff(s, ca, ahi, cb, bhi, out, depth + 1)
 
@@ -242,13 +248,18 @@ def _one_token_side(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int, out: _Out)
 
 def _kgrams(raw: bytes, lo: int, hi: int) -> list[bytes]:
     """The k-grams of tokens [lo, hi) as int32 bytes, in order: cut by struct in KGRAM interleaved
-    passes and put in place by slice assignment, so no Python code runs per token."""
+    passes and put in place by slice assignment, so no Python code runs per token. Each pass unpacks
+    up to KGRAM_BLOCK k-grams with one format ("32s32s..."): a tuple of them, not a tuple per k-gram
+    (`iter_unpack`'s), which halves the cost."""
     n, w = hi - lo - KGRAM + 1, 4 * KGRAM
     out: list[bytes] = [b""] * n
     for j in range(min(KGRAM, n)):
         m = (n - j + KGRAM - 1) // KGRAM  # the k-grams at j, j+KGRAM, ... < n
-        at = 4 * (lo + j)
-        out[j::KGRAM] = list(map(itemgetter(0), struct.iter_unpack(f"{w}s", raw[at : at + m * w])))
+        for k in range(0, m, KGRAM_BLOCK):
+            c = min(KGRAM_BLOCK, m - k)
+            at = 4 * (lo + j) + k * w
+            start = j + k * KGRAM
+            out[start : start + c * KGRAM : KGRAM] = struct.unpack(f"{w}s" * c, raw[at : at + c * w])
     return out
 
 
@@ -277,6 +288,13 @@ def _cover(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, 
         jb = j = j + fwd
         misses = 0
     return segs
+
+
+def equal_segments(a: Ids, b: Ids) -> list[tuple[int, int, int]]:
+    """Stretches (i, j, n) where A[i:i+n] == B[j:j+n], increasing and disjoint on both sides, as `_cover` finds
+    them (B's k-grams looked up in A by byte search): what a prompt decoded after another copies from it."""
+    s = _Seqs(a, b)
+    return _cover(s, 0, len(s.ra) // 4, 0, len(s.rb) // 4)
 
 
 def _uncovered(segs: list[tuple[int, int, int]], lo: int, hi: int, side: int) -> list[tuple[int, int]]:
@@ -310,12 +328,13 @@ def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) ->
         extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
     # where A's k-gram is covered, B's uncovered k-grams must not hold it; where it is not, once: all
     # positions are taken as covered (one set lookup each), then A's few uncovered ones redone
-    bad = dups.union(extra)
+    bad = dups
+    bad.update(extra)  # in place: A's duplicates are asked of `counts` below (no copy of a big set)
     out = list(compress(count(), map(not_, map(bad.__contains__, ga))))
     for g0, g1 in _uncovered(segs, alo, ahi, 0):
         r0, r1 = g0 - alo, g1 - alo
         out[bisect_left(out, r0) : bisect_left(out, r1)] = [
-            i for i in range(r0, r1) if ga[i] not in dups and extra[ga[i]] == 1
+            i for i in range(r0, r1) if counts[ga[i]] == 1 and extra[ga[i]] == 1
         ]
     return out
 

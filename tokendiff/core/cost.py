@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
@@ -39,6 +39,7 @@ from tokendiff.core.cache.verdict import EngineTrack, EngineTurn, classify, clie
 from tokendiff.core.explain import appended_finding, explain
 from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, ServerKind
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
+from tokendiff.core.plain import replace
 from tokendiff.core.prefix_index import PrefixIndex
 from tokendiff.core.tails import Shape, StripPair, TailDiff, Tails
 from tokendiff.core.usage import usage_of

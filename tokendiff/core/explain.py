@@ -19,7 +19,6 @@ import json
 import re
 import unicodedata
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 from tokendiff.core.align import shared_prefix, shared_suffix
@@ -28,7 +27,9 @@ from tokendiff.core.grammar import json_braces
 from tokendiff.core.kinds import CauseKind as C
 from tokendiff.core.kinds import HunkKind, Origin
 from tokendiff.core.kinds import SectionKind as K
+from tokendiff.core.lazyre import Lazy
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
+from tokendiff.core.plain import replace
 
 PAD = 48  # bytes of context either side when matching patterns around a hunk
 
@@ -395,7 +396,7 @@ def _has_special(p: Prompt, h: Hunk) -> bool:
     return any(p.special[h.b_start : h.b_end])
 
 
-_TAGS = re.compile(r"</?think>|<\|channel\|>|analysis|<\|message\|>")
+_TAGS = Lazy(r"</?think>|<\|channel\|>|analysis|<\|message\|>")
 
 
 def _prefill_only(text: str) -> bool:
@@ -938,7 +939,7 @@ def _message_holds(p: Prompt, index: int | None, text: str) -> bool:
     return text.encode() in p.data[turn.byte_start : turn.byte_end]
 
 
-TRUNC_NOTE_RE = re.compile(r"truncat|omitted|elided|\.\.\.|…|\bmore (?:lines|chars|characters|bytes)\b", re.I)
+TRUNC_NOTE_RE = Lazy(r"truncat|omitted|elided|\.\.\.|…|\bmore (?:lines|chars|characters|bytes)\b", re.I)
 
 
 def _is_result(path: SectionPath) -> bool:
@@ -1025,7 +1026,7 @@ def _request_settings(p: Prompt) -> dict[str, object]:
     return out
 
 
-_THINK_TAGS = re.compile(r"</?think>")
+_THINK_TAGS = Lazy(r"</?think>")
 
 
 def _thinking_toggled(ctx: Ctx) -> str | None:
@@ -1372,7 +1373,7 @@ def _tool_path(path: SectionPath) -> SectionPath:
 
 # ---------------------------------------------------------------- an old tool result cleared
 
-CLEARED_RE = re.compile(
+CLEARED_RE = Lazy(
     r"\b(?:cleared|pruned|removed|omitted|elided|truncated|hidden|dropped|compacted|redacted|summari[sz]ed)\b", re.I
 )
 MAX_PLACEHOLDER = 240  # bytes: a placeholder is a short note

@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from tokendiff.core.kinds import SectionKind as K
+from tokendiff.core.lazyre import Lazy
 from tokendiff.core.model import Part, Prompt, Section, SectionPath, flag_indices
 
 
@@ -312,11 +313,11 @@ _SPLITTERS = {
 # ---------------------------------------------------------------- inside turns
 
 _NAME_PATTERNS = (
-    re.compile(rb"""["']name["']\s*:\s*["']([^"'\\]{1,200})["']"""),
-    re.compile(rb"<function=([^>\s]{1,200})>"),
-    re.compile(rb"<name>([^<]{1,200})</name>"),
-    re.compile(rb"\btype (\w{1,200}) = "),
-    re.compile("<｜tool▁call▁begin｜>(?:function<｜tool▁sep｜>)?([^<\n]{1,200})".encode()),
+    Lazy(rb"""["']name["']\s*:\s*["']([^"'\\]{1,200})["']"""),
+    Lazy(rb"<function=([^>\s]{1,200})>"),
+    Lazy(rb"<name>([^<]{1,200})</name>"),
+    Lazy(rb"\btype (\w{1,200}) = "),
+    Lazy("<｜tool▁call▁begin｜>(?:function<｜tool▁sep｜>)?([^<\n]{1,200})".encode()),
 )
 
 
@@ -331,7 +332,7 @@ def _name_in(data: bytes, start: int, end: int) -> str | None:
 
 # A JSON string (an unterminated one runs to the end) or a brace: strings are skipped in one match,
 # so scanning a tools block visits its braces, not its bytes.
-_STRING_OR_BRACE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[{}]', re.S)
+_STRING_OR_BRACE = Lazy(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[{}]', re.S)
 
 
 def json_braces(data: bytes, start: int, end: int) -> Iterator[tuple[int, bool]]:
@@ -376,7 +377,7 @@ def _pairs(data: bytes, start: int, end: int, open_: bytes, close: bytes) -> lis
         pos = e + len(close)
 
 
-_TOOL_START = re.compile(rb'\{\s*"type"\s*:\s*"function"')
+_TOOL_START = Lazy(rb'\{\s*"type"\s*:\s*"function"')
 
 
 def _tools_block(data: bytes, start: int, end: int) -> tuple[int, int, list[tuple[int, int]]] | None:
@@ -458,9 +459,9 @@ def _assistant_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -
 
 # Where templates print tool-call IDs: the positions a regenerated ID shows up in (explain's
 # tool_call_id detector decides from these, not from an ID's shape).
-_JSON_ID = re.compile(rb'"(id|call_id|tool_call_id)"\s*:\s*"([^"\\]{1,128})"')
-_MISTRAL_CALL = re.compile(rb"([^\[\]\s]{1,200})\[CALL_ID\]([^\[\]]{1,128})\[ARGS\]")
-_MISTRAL_RESULT_ID = re.compile(rb"\[TOOL_RESULTS\]([^\[\]]{1,128})\[TOOL_CONTENT\]")
+_JSON_ID = Lazy(rb'"(id|call_id|tool_call_id)"\s*:\s*"([^"\\]{1,128})"')
+_MISTRAL_CALL = Lazy(rb"([^\[\]\s]{1,200})\[CALL_ID\]([^\[\]]{1,128})\[ARGS\]")
+_MISTRAL_RESULT_ID = Lazy(rb"\[TOOL_RESULTS\]([^\[\]]{1,128})\[TOOL_CONTENT\]")
 
 
 def _id_part(name: str) -> Part:
@@ -504,7 +505,19 @@ def _result_id_spans(data: bytes, cs: int, ce: int, base: SectionPath) -> list[_
     return out + _call_id_spans(data, cs, ce, base, "tool_call_id")
 
 
+# Families whose in-turn markers (<tools>, <think>, <tool_call>, <tool_response>, DeepSeek's <｜tool▁…｜>) all
+# begin with "<": a turn of theirs with no "<" in its content has no inner spans (a tool result's ID keys are
+# looked for without one, so tool turns are searched whatever they hold).
+_ANGLE_MARKED = frozenset({"chatml", "gemma", "deepseek"})
+
+
 def _inner_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> list[_Span]:
+    if (
+        family in _ANGLE_MARKED
+        and turn.role not in ("tool", "ipython", "tools")
+        and data.find(b"<", turn.content_start, turn.content_end) < 0
+    ):
+        return []  # one memchr instead of a dozen searches: most turns of a long history are prose
     spans = _tools_spans(data, turn, base, family)
     cs, ce = turn.content_start, turn.content_end
     if family == "llama3":

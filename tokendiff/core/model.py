@@ -11,11 +11,11 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 from tokendiff.core.kinds import CauseKind, HunkKind, Origin, SectionKind
+from tokendiff.core.plain import field, plain
 from tokendiff.core.secrets import mask
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def _shown(name: str) -> str:
     return mask(name)
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class Part:
     """One level of a section path.
 
@@ -116,7 +116,7 @@ class Part:
         return Part(self.kind, None, self.name)
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class SectionPath:
     """Where a token sits, outermost part first: a small hashable value.
 
@@ -246,7 +246,7 @@ class Section(NamedTuple):
         return self.path.label
 
 
-@dataclass(frozen=True, kw_only=True)
+@plain(frozen=True, kw_only=True)
 class RenderMismatch:
     """Where the local render of a request first differs from the server's tokens: the
     request's field sections cannot be trusted past it, and the difference is itself a finding."""
@@ -256,7 +256,7 @@ class RenderMismatch:
     server: str  # the same bytes of what the server tokenised
 
 
-@dataclass(kw_only=True)
+@plain(kw_only=True)
 class PromptMeta:
     """Where a prompt came from and how it was built; reports and the cost model read it.
 
@@ -306,7 +306,7 @@ def flag_indices(flags: Ids) -> list[int]:
     return out
 
 
-@dataclass(eq=False)
+@plain(eq=False)
 class Prompt:
     """One prompt: IDs, the bytes of each token, and who owns each token.
 
@@ -388,7 +388,7 @@ def prompt_end(p: Prompt) -> int:
     return gen.start if gen else len(p)
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class Hunk:
     """One divergent span: A's tokens [a_start, a_end) became B's [b_start, b_end)."""
 
@@ -412,7 +412,7 @@ class Hunk:
         return HunkKind.REPLACE
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class Divergence:
     """The token diff of a pair of prompts.
 
@@ -438,7 +438,7 @@ class Divergence:
         return self.lcp / self.n_b if self.n_b else 1.0
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class Finding:
     """An explained cause for one divergent span (hunk) of a pair."""
 
@@ -452,7 +452,7 @@ class Finding:
     origin: Origin = Origin.UNKNOWN  # who changed the prompt, where the tokens show it
 
 
-@dataclass
+@plain()
 class FieldSpan:
     """Where one request field landed in a rendered prompt."""
 
@@ -461,7 +461,7 @@ class FieldSpan:
     end: int
 
 
-@dataclass
+@plain()
 class Rendered:
     """A request rendered through its chat template, every located field with its character span."""
 

@@ -12,10 +12,11 @@ longest table key its name starts with. Pure.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from tokendiff.core.cache.cloud import CloudTurn, Provider
+from tokendiff.core.plain import replace
 
 PRICES_VERSION = "2026-10-01"  # the date of the newest source the table was read from
 

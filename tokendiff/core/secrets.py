@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
 from tokendiff.core import jsontext
+from tokendiff.core.plain import plain
 
 REDACTED = "[REDACTED]"
 
@@ -110,7 +110,7 @@ _PAIR_VALUES = ("value", "val", "values")
 Path = tuple[str | int, ...]
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class Edit:
     """One change the policy makes: remove the member/element at `path`, or replace its string."""
 

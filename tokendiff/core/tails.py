@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,7 @@ from tokendiff.core.explain import (
 )
 from tokendiff.core.kinds import CauseKind, SectionKind
 from tokendiff.core.model import NO_SECTION, Divergence, Finding, Hunk, Part, Prompt, PromptMeta, SectionPath
+from tokendiff.core.plain import replace
 from tokendiff.core.secrets import mask
 from tokendiff.core.vocab import SPECIAL, Vocab
 

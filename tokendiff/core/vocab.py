@@ -13,18 +13,23 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from functools import cache
 from itertools import accumulate, islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from tokendiff.core.plain import plain
 
 if TYPE_CHECKING:
-    from tokendiff.core.model import Ids
+    from tokendiff.core.model import Ids, IntArray
+
+    Decoded = tuple[Ids, bytes, IntArray, IntArray]  # a prompt decoded before: its IDs, bytes, offsets, special
 
 MEDIA_PIECE = b"<__media__>"
 # Bounds on tokenizer files: the largest real vocabularies hold ~260k tokens in ~35 MB of JSON.
 MEMO_IDS = 1 << 16  # distinct IDs a vocabulary keeps the pieces of between prompts (~5 MB at most)
 NUMPY_DECODE_FROM = 256  # tokens from which a process that has numpy decodes with it
 NUMPY_DECODE_BLOCK = 1 << 16  # tokens decoded at once (their byte indices: a few MB)
+COPY_FROM = 1024  # tokens from which a prompt decoded after another copies the stretches they share
 
 # Token flags
 SPECIAL = 1  # control token (<|im_start|>, <s>, [INST] ...): structure, not text
@@ -47,13 +52,17 @@ def _byte_level_table() -> dict[int, int]:
     return {c: b for b, c in zip(bs, cs)}
 
 
-_BYTE_DECODE = {c: chr(b) for c, b in _byte_level_table().items()}
+@cache
+def _byte_decode() -> dict[int, str]:
+    """The table of `byte_level_bytes`, made where a tokenizer is read (`diff` of slot files reads a cached
+    vocabulary: ~5 M instructions it need not run)."""
+    return {c: chr(b) for c, b in _byte_level_table().items()}
 
 
 def byte_level_bytes(token: str) -> bytes:
     """Exact bytes of a byte-level BPE token string (Qwen, Llama 3, GPT-OSS, DeepSeek)."""
     try:
-        return token.translate(_BYTE_DECODE).encode("latin-1")
+        return token.translate(_byte_decode()).encode("latin-1")
     except UnicodeEncodeError:  # a char outside the alphabet: not byte-level, keep it as text
         return token.encode("utf-8", errors="surrogateescape")
 
@@ -66,7 +75,7 @@ def spm_bytes(token: str) -> bytes:
     return token.replace("▁", " ").encode("utf-8", errors="surrogateescape")
 
 
-@dataclass(kw_only=True)
+@plain(kw_only=True)
 class VocabMeta:
     """What a tokenizer source says besides its token table: the chat template and special tokens
     a request is rendered with, whether tokenising text adds BOS (llama-server's add_special), and
@@ -122,10 +131,11 @@ class Vocab:
             return MEDIA_PIECE
         return self.blob[self.offsets[i] : self.offsets[i + 1]].tobytes()
 
-    def decode(self, ids: Ids) -> tuple[bytes, array[int], array[int]]:
+    def decode(self, ids: Ids, like: Decoded | None = None) -> tuple[bytes, array[int], array[int]]:
         """(bytes, offsets, special) for token IDs (a stdlib, numpy or list sequence); -1 decodes as a
         media marker. Offsets are an int64 array of len(ids)+1, special a 0/1 byte array. The IDs are
-        held as int32 (4 bytes a token, not a list's ~36): a 1M-token prompt decodes in ~25 MB."""
+        held as int32 (4 bytes a token, not a list's ~36): a 1M-token prompt decodes in ~25 MB. `like`:
+        a prompt decoded before (its IDs, bytes, offsets, special) whose equal stretches are copied."""
         seq = _int32(ids)
         if len(seq) >= NUMPY_DECODE_FROM and "numpy" in sys.modules:  # a report's process: numpy is there
             got = self._decode_np(seq)
@@ -134,11 +144,44 @@ class Vocab:
         memo = self._memo
         if memo is None or len(memo) > MEMO_IDS:
             memo = self._memo = _PieceMemo(self)
+        if like is not None and len(seq) >= COPY_FROM:
+            ids0, data0, offs0, special0 = like
+            if isinstance(offs0, array) and isinstance(special0, array):  # a stdlib decode's (not numpy's)
+                return self._decode_like(seq, memo, (ids0, data0, offs0, special0))
         pieces = list(map(memo.__getitem__, seq))
         offsets = _offsets(pieces)
         data = _join(pieces)
         del pieces
         return data, offsets, self._special(seq, memo.special)
+
+    def _decode_like(
+        self, seq: array[int], memo: _PieceMemo, like: tuple[Ids, bytes, array[int], array[int]]
+    ) -> tuple[bytes, array[int], array[int]]:
+        """`decode` of IDs that repeat most of a prompt decoded before (the B of a pair: A less an edit or two):
+        the stretches equal to it (`align.equal_segments`) copied, its bytes sliced and its offsets moved by
+        the difference of the two byte positions (`_shifted`); only the rest is looked up token by token."""
+        from tokendiff.core.align import equal_segments
+
+        ids0, data0, offs0, special0 = like
+        data: list[bytes] = []
+        offsets, special = array("q", [0]), array("B")
+        pos = at = 0
+        for i, j, n in [*equal_segments(ids0, seq), (0, len(seq), 0)]:
+            if j > pos:  # decoded here
+                gap = seq[pos:j]
+                pieces = list(map(memo.__getitem__, gap))
+                offsets += _offsets(pieces, at)[1:]
+                data.append(_join(pieces))
+                special += self._special(gap, memo.special)
+                at = offsets[-1]
+            if n:  # copied
+                a0, a1 = int(offs0[i]), int(offs0[i + n])
+                data.append(data0[a0:a1])
+                offsets += _shifted(offs0[i + 1 : i + n + 1], at - a0)
+                special += special0[i : i + n]
+                at += a1 - a0
+            pos = j + n
+        return b"".join(data), offsets, special
 
     def _decode_np(self, seq: array[int]) -> tuple[bytes, array[int], array[int]] | None:
         """`decode` with numpy's gathers: every byte of the prompt taken from the table in one indexed copy,
@@ -231,14 +274,29 @@ class _PieceMemo(dict[int, bytes]):
         return piece
 
 
-def _offsets(pieces: list[bytes], block: int = 4096) -> array[int]:
-    """0 and the running total of the pieces' lengths, as int64, packed by struct a block at a time:
-    array's own extend parses every item as if it were a call's arguments (~40% of decode's work)."""
-    total = accumulate(map(len, pieces), initial=0)
+def _offsets(pieces: list[bytes], start: int = 0, block: int = 4096) -> array[int]:
+    """`start` and the running total of the pieces' lengths from it, as int64, packed by struct a block at a
+    time: array's own extend parses every item as if it were a call's arguments (~40% of decode's work)."""
+    total = accumulate(map(len, pieces), initial=start)
     out = array("q")
     while chunk := tuple(islice(total, block)):
         out.frombytes(struct.pack(f"{len(chunk)}q", *chunk))
     return out
+
+
+def _shifted(offsets: array[int], delta: int) -> array[int]:
+    """int64 offsets plus `delta`, each of them, as arithmetic on one integer holding them all (in C, no int
+    per offset): its 64-bit lanes never carry or borrow, for every offset plus delta is a byte offset of the
+    new prompt (at least 0, far below 2**63)."""
+    if delta == 0 or not offsets:
+        return offsets
+    order: Literal["little", "big"] = "little" if sys.byteorder == "little" else "big"
+    lanes = int.from_bytes(offsets.tobytes(), order)
+    ones = int.from_bytes(_ONE_LANE[order] * len(offsets), order)
+    return array("q", (lanes + delta * ones).to_bytes(8 * len(offsets), order))
+
+
+_ONE_LANE = {"little": (1).to_bytes(8, "little"), "big": (1).to_bytes(8, "big")}
 
 
 def _join(pieces: list[bytes], block: int = 1024) -> bytes:

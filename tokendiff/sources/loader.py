@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -23,11 +22,11 @@ from tokendiff import safeio
 from tokendiff.core import grammar
 from tokendiff.core.kinds import Sectioning, ServerKind
 from tokendiff.core.model import Prompt, PromptMeta, RenderMismatch
+from tokendiff.core.plain import plain
 from tokendiff.core.vocab import TextTokenizer, Vocab
 from tokendiff.errors import InputError, one_line
 from tokendiff.notices import warn
 from tokendiff.sources.importers import check_depth
-from tokendiff.sources.importers.responses import FieldMap
 from tokendiff.sources.slotfile import (
     SlotFile,
     check_vocab,
@@ -41,6 +40,7 @@ if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slo
     import numpy as np
 
     from tokendiff.core.model import IntArray, Rendered
+    from tokendiff.sources.importers.responses import FieldMap
     from tokendiff.sources.record import CaptureRecord
     from tokendiff.sources.templates.render import Renderer
 
@@ -49,7 +49,7 @@ MAX_PROPS_BYTES = 64 << 20  # the server's /props beside a capture: its chat tem
 _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class Selected:
     kind: str  # slot | capture | har | otlp | body | promptlog
     path: Path
@@ -284,17 +284,19 @@ class Loader:
 
     # ---------------------------------------------------------------- slots
 
-    def load(self, spec: str) -> Prompt:
-        return self.load_selected(select(spec, self.order))
+    def load(self, spec: str, like: Prompt | None = None) -> Prompt:
+        """The prompt `spec` selects; a slot file's decoded after `like` (copying what it shares with it), where
+        it is the other prompt of a pair."""
+        return self.load_selected(select(spec, self.order), like=like)
 
-    def load_selected(self, sel: Selected, slot: SlotFile | None = None) -> Prompt:
+    def load_selected(self, sel: Selected, slot: SlotFile | None = None, like: Prompt | None = None) -> Prompt:
         """`load` for a turn selected already; from `slot` when its file was read (and warned about) already."""
         if sel.kind == "slot":
-            return self._slot(sel, slot)
+            return self._slot(sel, slot, like)
         rec = self._record(sel)
         return self.from_record(rec, sel.label, sel.turn)
 
-    def _slot(self, sel: Selected, slot: SlotFile | None = None) -> Prompt:
+    def _slot(self, sel: Selected, slot: SlotFile | None = None, like: Prompt | None = None) -> Prompt:
         if slot is None:
             slot = read_slot_file(sel.path)
             for w in slot.warnings:
@@ -307,14 +309,15 @@ class Loader:
             turn=sel.turn,
             arch=slot.arch or None,
         )
-        p = self._decode(slot.tokens, str(sel.path), sel.label, meta)
+        p = self._decode(slot.tokens, str(sel.path), sel.label, meta, like)
         fam = grammar.annotate(p, self.family)
         _check_tokenizer_fits(p, fam, self.family, self)
         return p
 
-    def _decode(self, ids: IntArray, source: str, label: str, meta: PromptMeta) -> Prompt:
+    def _decode(self, ids: IntArray, source: str, label: str, meta: PromptMeta, like: Prompt | None = None) -> Prompt:
         check_vocab(ids, self.vocab.n_vocab, source, self.vocab.name)
-        data, offsets, special = self.vocab.decode(ids)
+        before = (like.ids, like.data, like.offsets, like.special) if like is not None else None
+        data, offsets, special = self.vocab.decode(ids, before)
         return Prompt(ids=ids, data=data, offsets=offsets, special=special, origin=label, meta=meta)
 
     # ---------------------------------------------------------------- requests

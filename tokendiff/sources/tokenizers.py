@@ -17,11 +17,11 @@ import sys
 import zlib
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tokendiff.core.plain import as_dict
 from tokendiff.core.vocab import (
     ADDED,
     SPECIAL,
@@ -70,7 +70,7 @@ def _cache_path(key: str) -> Path:
 def _save_cache(path: Path, key: str, v: Vocab) -> None:
     import orjson
 
-    head = orjson.dumps({"key": key, "name": v.name, "identity": v.identity, "n": v.n_vocab, "meta": asdict(v.meta)})
+    head = orjson.dumps({"key": key, "name": v.name, "identity": v.identity, "n": v.n_vocab, "meta": as_dict(v.meta)})
     pad = -(len(CACHE_MAGIC) + _CACHE_FIXED.size + len(head)) % 8
     offsets = array("q", v.offsets)
     if sys.byteorder == "big":

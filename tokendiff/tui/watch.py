@@ -8,7 +8,6 @@ the screen. A turn that broke the cache flashes above the footer; `l` opens the 
 from __future__ import annotations
 
 import queue
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from textual import on, work
@@ -20,6 +19,7 @@ from textual.widgets import Footer, Static
 from tokendiff.app.live import ProxyThread, RecordFeed, SessionFeed, break_message, watch_engine
 from tokendiff.app.pair import open_loader
 from tokendiff.app.session import LoadedSession
+from tokendiff.core.plain import replace
 from tokendiff.errors import InputError
 from tokendiff.notices import set_sink
 from tokendiff.tui.app import Options, TokendiffApp

@@ -10,10 +10,11 @@ Only the session's own requests are replayed (other clients' are unknown). Pure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from tokendiff.core.cache.llama import DEFAULT_CACHE_RAM, EngineConfig, EngineSim, Request, whole_ctx
+from tokendiff.core.plain import replace
 
 CHUNK_REUSE = 256  # the --cache-reuse threshold tried (llama.cpp's documentation suggests 256)
 

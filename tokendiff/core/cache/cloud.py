@@ -34,11 +34,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from tokendiff.core.kinds import CloudCause
+from tokendiff.core.plain import replace
 from tokendiff.core.usage import Usage, usage_of
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 from typing import Any, TypedDict, cast
@@ -36,6 +36,7 @@ import numpy as np
 from tokendiff.core.align import common_bytes
 from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, process, restore, server_flags
 from tokendiff.core.model import id_bytes
+from tokendiff.core.plain import replace
 
 MIB = 1 << 20
 AUTO_SLOTS = 4  # -np unset: 4 slots sharing one unified KV cache

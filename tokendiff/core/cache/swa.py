@@ -25,8 +25,10 @@ Pure functions and plain data: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
+
+from tokendiff.core.plain import replace
 
 KV_PAD = 256  # llama.cpp pads the SWA cache's size to this many cells
 # metadata key prefixes (after "<arch>") that only recurrent/linear-attention layers have

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from tokendiff.core.plain import replace
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ from textual.widgets import Header, Input, Static, Tree
 from tokendiff.app.pair import llama_reusable
 from tokendiff.core.kinds import HunkKind
 from tokendiff.core.model import Prompt, SectionPath
+from tokendiff.core.plain import replace
 from tokendiff.tui.widgets.footer import KeyFooter
 from tokendiff.tui.widgets.pairdata import PairView, SearchHits, search
 from tokendiff.tui.widgets.token_view import TokenPanes, TokenView

@@ -11,7 +11,7 @@ reuse of its bucket's tokens on a fixed 0–100 % scale, with axis and turn labe
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from tokendiff.core.kinds import Backend
+from tokendiff.core.plain import replace
 from tokendiff.core.rounding import percent_text, seconds_text
 from tokendiff.report.engine import verdict_cell
 from tokendiff.report.session import cause_title

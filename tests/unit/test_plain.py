@@ -1,0 +1,95 @@
+"""core/plain.py's values behave as the dataclasses they replace on `tokendiff diff`'s path."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import pytest
+
+from tokendiff.core.kinds import CauseKind, SectionKind
+from tokendiff.core.model import Finding, Hunk, Part, PromptMeta, SectionPath
+from tokendiff.core.plain import FrozenError, as_dict, field, fields, plain, replace
+
+
+@plain(frozen=True)
+class _Frozen:
+    kind: str
+    index: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _FrozenDC:
+    kind: str
+    index: int | None = None
+
+
+@plain(kw_only=True)
+class _Meta:
+    name: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclasses.dataclass(kw_only=True)
+class _MetaDC:
+    name: str | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def test_the_methods_are_a_dataclass_s():
+    a, d = _Frozen("m", 3), _FrozenDC("m", 3)
+    assert repr(a).replace("_Frozen(", "") == repr(d).replace("_FrozenDC(", "")
+    assert a == _Frozen("m", 3) and a != _Frozen("m") and a != d and _Frozen("m").index is None
+    assert hash(a) == hash(_Frozen(kind="m", index=3))
+    assert _Frozen.__match_args__ == _FrozenDC.__match_args__ == ("kind", "index")
+    with pytest.raises(FrozenError, match="cannot assign to field 'kind'"):
+        a.kind = "x"  # type: ignore[misc]
+    m = _Meta(name="x")
+    m.notes.append("one")
+    assert _Meta().notes == [] and m == _Meta(name="x", notes=["one"]) and repr(m) == "_Meta(name='x', notes=['one'])"
+    assert repr(_MetaDC(name="x", notes=["one"])) == "_MetaDC(name='x', notes=['one'])"
+    with pytest.raises(TypeError):
+        hash(m)
+    with pytest.raises(TypeError):
+        _Meta("x")  # type: ignore[misc]  # keyword-only, as kw_only=True
+
+
+def test_replace_as_dict_and_pickle():
+    assert replace(_Frozen("m", 3), index=4) == _Frozen("m", 4)
+    assert as_dict(_Meta(name="x")) == {"name": "x", "notes": []}
+    for v in (Part(SectionKind.MESSAGE, 0, "system"), PromptMeta(path="p", turn=2)):
+        assert pickle.loads(pickle.dumps(v)) == v
+
+
+def test_the_model_s_values():
+    """Part still checks its kind (__post_init__); values with equal fields are equal and hash alike."""
+    with pytest.raises(ValueError, match="unknown section kind"):
+        Part("nonsense")  # type: ignore[arg-type]
+    path = SectionPath.of(Part(SectionKind.MESSAGE, 1, "user"))
+    h = Hunk(
+        a_start=1,
+        a_end=2,
+        b_start=1,
+        b_end=3,
+        a_byte_start=5,
+        a_byte_end=9,
+        b_byte_start=5,
+        b_byte_end=12,
+        a_owner=path,
+        b_owner=path,
+    )
+    assert h == replace(h) and hash(h) == hash(replace(h)) and {path: 1}[SectionPath.of(*path.parts)] == 1
+    f = Finding(kind=CauseKind.DATE, hunk=0, confidence=0.9, title="t", evidence="e", fix="f")
+    assert replace(f, hunk=2).hunk == 2 and replace(f, hunk=2) != f
+
+
+def test_plain_replace_and_fields_take_stdlib_dataclasses_too() -> None:
+    """The project's one `replace` (ruff bans the stdlib's): it copies a dataclass as `dataclasses.replace` does,
+    and the stdlib's refuses a @plain value, which is why it is banned."""
+    dc = _FrozenDC("a", 1)
+    assert replace(dc, index=2) == dataclasses.replace(dc, index=2)  # noqa: TID251 - the comparison
+    assert fields(dc) == fields(_Frozen("a")) == ("kind", "index")
+    with pytest.raises(TypeError):
+        dataclasses.replace(_Frozen("a"), index=2)  # type: ignore[type-var]  # noqa: TID251 - the refusal shown
+    with pytest.raises(TypeError):
+        replace(object())

@@ -1,0 +1,143 @@
+"""Value classes for the modules `tokendiff diff` imports, without the stdlib's dataclasses.
+
+`dataclasses` imports `inspect` (with `ast`, `dis` and `tokenize`): ~8 ms of CPU, and each class it makes
+costs ~0.3 ms more, in a command whose whole budget past Python's start is ~35 ms (issue 29). `@plain`
+makes the same methods from one small generated source a class: `__init__` (defaults, `field(default_factory=...)`,
+`kw_only`, `__post_init__`), `__repr__`, `__eq__` over the fields in order, `__hash__` and blocked assignment
+when frozen. Type checkers read it as a dataclass (`dataclass_transform`). Use `replace` and `as_dict` where
+`dataclasses.replace` and `asdict` would go (fields of plain values: `as_dict` copies nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from operator import attrgetter
+from typing import Any, TypeVar, dataclass_transform
+
+T = TypeVar("T")
+_FIELDS = "__plain_fields__"
+
+
+class FrozenError(AttributeError):
+    """Assignment to a field of a frozen value."""
+
+
+class _Factory:
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]):
+        self.make = make
+
+
+def field(*, default_factory: Callable[[], T]) -> T:
+    """A default made fresh for every instance (`dataclasses.field(default_factory=...)`)."""
+    return _Factory(default_factory)  # type: ignore[return-value]  # the class body sees the instance's type
+
+
+def _frozen_set(self: object, name: str, value: object) -> None:
+    raise FrozenError(f"cannot assign to field {name!r}")
+
+
+def _frozen_del(self: object, name: str) -> None:
+    raise FrozenError(f"cannot delete field {name!r}")
+
+
+def _one(names: tuple[str, ...]) -> Callable[[object], tuple[Any, ...]]:
+    """The fields' tuple of a class of one field (or none), where attrgetter would give the value itself."""
+    if not names:
+        return lambda v: ()
+    name = names[0]
+    return lambda v: (getattr(v, name),)
+
+
+def _methods(cls: Any, names: tuple[str, ...], eq: bool, frozen: bool) -> None:
+    """`__repr__`, and `__eq__` and `__hash__` over the fields' tuple (as a dataclass's: equal hashes), without
+    compiling a source for each: only `__init__` needs one."""
+    values: Callable[[object], Any] = attrgetter(*names) if len(names) > 1 else _one(names)
+
+    def __repr__(self: object) -> str:
+        return f"{type(self).__qualname__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
+
+    def __eq__(self: object, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return bool(values(self) == values(other))
+
+    def __hash__(self: object) -> int:
+        return hash(values(self))
+
+    cls.__repr__ = __repr__
+    if eq:
+        cls.__eq__ = __eq__
+        cls.__hash__ = __hash__ if frozen else None  # mutable and compared by value: unhashable, as a dataclass
+
+
+def _make(made: type[T], frozen: bool, eq: bool, kw_only: bool) -> type[T]:
+    cls: Any = made  # its methods are set here
+    names = [n for n, ann in cls.__dict__.get("__annotations__", {}).items() if not str(ann).startswith("ClassVar")]
+    env: dict[str, Any] = {"_MISSING": _Factory, "_set": object.__setattr__}
+    params, body = [], []
+    for n in names:
+        default = cls.__dict__.get(n, _FIELDS)
+        value = n
+        if isinstance(default, _Factory):
+            env[f"_f_{n}"] = default.make
+            delattr(cls, n)  # as a dataclass: no class attribute for a field with a factory
+            params.append(f"{n}=_MISSING")
+            value = f"_f_{n}() if {n} is _MISSING else {n}"
+        elif default is not _FIELDS:
+            env[f"_d_{n}"] = default
+            params.append(f"{n}=_d_{n}")
+        else:
+            params.append(n)
+        body.append(f"_set(self, {n!r}, {value})" if frozen else f"self.{n} = {value}")
+    if hasattr(cls, "__post_init__"):
+        body.append("self.__post_init__()")
+    star = "*, " if kw_only and params else ""
+    src = [f"def __init__(self, {star}{', '.join(params)}):", *(f"    {b}" for b in body or ["pass"])]
+    exec("\n".join(src), env)  # noqa: S102 - a source made above from the class's own field names
+    env["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = env["__init__"]
+    _methods(cls, tuple(names), eq, frozen)
+    if frozen:
+        cls.__setattr__ = _frozen_set
+        cls.__delattr__ = _frozen_del
+    cls.__match_args__ = tuple(names)  # type: ignore[misc]  # mypy: a dataclass sets it itself
+    setattr(cls, _FIELDS, tuple(names))
+    return made
+
+
+@dataclass_transform(field_specifiers=(field,))
+def plain(*, frozen: bool = False, eq: bool = True, kw_only: bool = False) -> Callable[[type[T]], type[T]]:
+    """The class decorator: see the module's docstring."""
+
+    def wrap(cls: type[T]) -> type[T]:
+        return _make(cls, frozen, eq, kw_only)
+
+    return wrap
+
+
+def fields(obj: object) -> tuple[str, ...]:
+    """The field names of a `@plain` class or instance, or of a stdlib dataclass's, in order."""
+    names: tuple[str, ...] | None = getattr(obj, _FIELDS, None)
+    if names is None:
+        import dataclasses  # a stdlib dataclass: never one on `diff`'s path, which must not import it
+
+        return tuple(f.name for f in dataclasses.fields(obj))  # type: ignore[arg-type]  # noqa: TID251 - the fallback
+    return names
+
+
+def replace(obj: T, **changes: Any) -> T:
+    """A copy of a `@plain` value or a dataclass with some fields changed. The project's one `replace`
+    (ruff bans `dataclasses.replace`): the stdlib's raises on a `@plain` value, which mypy reads as a
+    dataclass and cannot warn of."""
+    if getattr(obj, _FIELDS, None) is None:
+        import dataclasses  # as in `fields`
+
+        return dataclasses.replace(obj, **changes)  # type: ignore[type-var]  # noqa: TID251 - the fallback
+    return type(obj)(**{n: getattr(obj, n) for n in fields(obj)} | changes)
+
+
+def as_dict(obj: object) -> dict[str, Any]:
+    """The fields of a `@plain` value by name (`dataclasses.asdict` of plain values: nothing is copied)."""
+    return {n: getattr(obj, n) for n in fields(obj)}
