@@ -90,6 +90,6 @@ def test_plain_replace_and_fields_take_stdlib_dataclasses_too() -> None:
     assert replace(dc, index=2) == dataclasses.replace(dc, index=2)  # noqa: TID251 - the comparison
     assert fields(dc) == fields(_Frozen("a")) == ("kind", "index")
     with pytest.raises(TypeError):
-        dataclasses.replace(_Frozen("a"), index=2)  # type: ignore[type-var]  # noqa: TID251 - the refusal shown
+        dataclasses.replace(_Frozen("a"), index=2)  # noqa: TID251 - the refusal shown
     with pytest.raises(TypeError):
         replace(object())
