@@ -115,3 +115,30 @@ def test_a_captures_template_past_its_bound_is_one_line_naming_it(tmp_path):
     )
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
     assert str(tmp_path / "props.json") in r.stderr and "over its" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        ("{{ 1 % 0 }}", "ZeroDivisionError"),
+        ("{{ '%c' % 1114112 }}", "OverflowError"),
+        ("{{ messages" + ".a" * 200 + " }}", "cannot be compiled"),
+    ],
+    ids=["division by zero", "a character past Unicode", "nested past Python's parser"],
+)
+def test_a_template_that_fails_in_python_is_one_line_naming_it(tmp_path, template, said):
+    """Arithmetic a template does and nesting Python cannot compile fail the render, not tokendiff (exit 2)."""
+    evil = tmp_path / "evil.jinja"
+    evil.write_text(template)
+    for name, text in (("a", "hi"), ("b", "ho")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"messages": [{"role": "user", "content": text}]}))
+    r = subprocess.run(
+        [sys.executable, "-m", "tokendiff", "diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+        + ["--chat-template", str(evil)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=bounded_child(),
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert said in r.stderr, r.stderr

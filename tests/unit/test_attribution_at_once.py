@@ -175,3 +175,18 @@ def test_a_field_the_template_reads_costs_a_few_renders_not_one_per_field(monkey
     assert got.unlocated == ["messages[601].content"]
     monkeypatch.setattr(Renderer, "_halved", _field_by_field)
     assert _attribution(renderer.attribute(b, text)) == _attribution(got)
+
+
+def test_fields_a_template_compares_with_each_other_are_located_together():
+    """Where wrapping two fields alone changes the render (the template compares their lengths) but wrapping both
+    keeps it, halving finds them together: both are located where their text is. Fields taken one at a time
+    (before halving) left them unlocated; the spans found are the fields' own text, so the section is truer."""
+    t = (
+        "{% for m in messages %}{% if m.content.startswith('X') %}[X]{% endif %}{{ m.role }}:{{ m.content }}"
+        "{% if messages[1].content|length == messages[2].content|length %}={% endif %}|{% endfor %}"
+    )
+    contents = [("user", "Xhello"), ("assistant", "!!!"), ("user", "???")]
+    r = Renderer(t).attribute({"messages": [{"role": role, "content": c} for role, c in contents]})
+    located = {s.path.field_path: r.text[s.start : s.end] for s in r.spans}
+    assert located["messages[1].content"] == "!!!" and located["messages[2].content"] == "???"
+    assert r.unlocated == ["messages[0].content"]

@@ -93,3 +93,21 @@ def test_plain_replace_and_fields_take_stdlib_dataclasses_too() -> None:
         dataclasses.replace(_Frozen("a"), index=2)  # noqa: TID251 - the refusal shown
     with pytest.raises(TypeError):
         replace(object())
+
+
+def test_plain_refuses_what_a_dataclass_would_do_and_it_would_not() -> None:
+    """Inherited fields and hand-written methods: a dataclass handles them, @plain refuses the class."""
+    with pytest.raises(TypeError, match="inherits fields"):
+
+        @plain()
+        class _Child(_Frozen):  # pyright: ignore
+            extra: int = 0
+
+    with pytest.raises(TypeError, match="writes __repr__"):
+
+        @plain()
+        class _Shown:
+            name: str
+
+            def __repr__(self) -> str:
+                return self.name

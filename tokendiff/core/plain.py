@@ -72,7 +72,19 @@ def _methods(cls: Any, names: tuple[str, ...], eq: bool, frozen: bool) -> None:
         cls.__hash__ = __hash__ if frozen else None  # mutable and compared by value: unhashable, as a dataclass
 
 
+def _refuse_what_it_would_get_wrong(cls: type) -> None:
+    """A dataclass merges a base's fields and keeps a method the class writes; `@plain` does neither, so it
+    refuses such a class rather than make it wrong in silence."""
+    if any(hasattr(base, _FIELDS) for base in cls.__mro__[1:]):
+        raise TypeError(
+            f"@plain class {cls.__qualname__} inherits fields: write them in the class (or use a dataclass)"
+        )
+    if written := {"__init__", "__eq__", "__hash__", "__repr__"} & cls.__dict__.keys():
+        raise TypeError(f"@plain class {cls.__qualname__} writes {', '.join(sorted(written))}, which @plain makes")
+
+
 def _make(made: type[T], frozen: bool, eq: bool, kw_only: bool) -> type[T]:
+    _refuse_what_it_would_get_wrong(made)
     cls: Any = made  # its methods are set here
     names = [n for n, ann in cls.__dict__.get("__annotations__", {}).items() if not str(ann).startswith("ClassVar")]
     env: dict[str, Any] = {"_MISSING": _Factory, "_set": object.__setattr__}

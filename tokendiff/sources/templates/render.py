@@ -180,8 +180,18 @@ class Renderer:
             return render_request(self.template, messages, tools, agp, kwargs, marked=mark)
         except TemplateLimit as e:  # a template that loops or builds gigabytes: stopped at its bound
             raise InputError(str(e), source=self._shown_name()) from None
-        except (TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:
+        except (
+            TemplateError,
+            TypeError,
+            ValueError,
+            LookupError,
+            AttributeError,
+            ArithmeticError,
+            RecursionError,
+        ) as e:
             raise InputError(f"the chat template failed on this request: {type(e).__name__}: {e}") from None
+        except SyntaxError as e:  # nested past what Python compiles: the template, never the request
+            raise InputError(f"the chat template cannot be compiled: {e.msg}", source=self._shown_name()) from None
 
     def _shown_name(self) -> str:
         return (
