@@ -9,6 +9,7 @@ import os
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -80,22 +81,27 @@ def test_ordinary_templates_render_as_before():
     assert render_chat(macro, msgs) == "123123"  # a loop over a constant list runs each time
 
 
-def test_a_file_template_past_its_bound_is_one_line_naming_it(tmp_path):
+def _diff_with_template(tmp_path, template: str, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`tokendiff diff a.json b.json --chat-template evil.jinja`: two one-message requests, the template given."""
     evil = tmp_path / "evil.jinja"
-    evil.write_text(HOSTILE["nested loops"])
-    body = {"messages": [{"role": "user", "content": "hi"}]}
-    (tmp_path / "a.json").write_text(json.dumps(body))
-    (tmp_path / "b.json").write_text(json.dumps({"messages": [{"role": "user", "content": "ho"}]}))
+    evil.write_text(template)
+    for name, text in (("a", "hi"), ("b", "ho")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"messages": [{"role": "user", "content": text}]}))
     r = subprocess.run(
         [sys.executable, "-m", "tokendiff", "diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")]
         + ["--chat-template", str(evil)],
         capture_output=True,
         text=True,
         timeout=120,
-        env=dict(os.environ, TOKENDIFF_TEMPLATE_SECONDS="1"),
+        env=dict(os.environ, **env),
         preexec_fn=bounded_child(),
     )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    return r, evil
+
+
+def test_a_file_template_past_its_bound_is_one_line_naming_it(tmp_path):
+    r, evil = _diff_with_template(tmp_path, HOSTILE["nested loops"], TOKENDIFF_TEMPLATE_SECONDS="1")
     assert str(evil) in r.stderr and "ran past its 1 s limit" in r.stderr
 
 
@@ -128,17 +134,5 @@ def test_a_captures_template_past_its_bound_is_one_line_naming_it(tmp_path):
 )
 def test_a_template_that_fails_in_python_is_one_line_naming_it(tmp_path, template, said):
     """Arithmetic a template does and nesting Python cannot compile fail the render, not tokendiff (exit 2)."""
-    evil = tmp_path / "evil.jinja"
-    evil.write_text(template)
-    for name, text in (("a", "hi"), ("b", "ho")):
-        (tmp_path / f"{name}.json").write_text(json.dumps({"messages": [{"role": "user", "content": text}]}))
-    r = subprocess.run(
-        [sys.executable, "-m", "tokendiff", "diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")]
-        + ["--chat-template", str(evil)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=bounded_child(),
-    )
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r, _ = _diff_with_template(tmp_path, template)
     assert said in r.stderr, r.stderr
