@@ -22,7 +22,7 @@ from helpers import assert_one_line_error
 
 from tokendiff.sources.capture import read_capture
 from tokendiff.testing import proxy_process
-from tokendiff.testing.llama_server import LlamaServer
+from tokendiff.testing.llama_server import LlamaServer, free_port
 from tokendiff.testing.proxy_process import stop_proxy
 from tokendiff.testing.stub_upstream import StubUpstream, close_without_answer, sse_route
 
@@ -319,9 +319,11 @@ def test_the_head_clock_runs_from_each_heads_first_byte_to_its_end_only(server, 
 
 
 def test_a_head_bound_that_is_not_a_number_of_seconds_is_one_line(tmp_path):
+    """A bad TOKENDIFF_HEAD_SECONDS is one line and exit 2 before the proxy listens."""
+    args = ["--upstream", "http://127.0.0.1:9", "--out", str(tmp_path), "--listen", f"127.0.0.1:{free_port()}"]
     for bad in ("soon", "0", "-1", "nan", "inf"):
         r = subprocess.run(
-            [sys.executable, "-m", "tokendiff", "proxy", "--upstream", "http://127.0.0.1:9", "--out", str(tmp_path)],
+            [sys.executable, "-m", "tokendiff", "proxy", *args],
             env=dict(os.environ, TOKENDIFF_HEAD_SECONDS=bad),
             capture_output=True,
             text=True,
