@@ -5,19 +5,24 @@ a real llama-server; a scripted stub upstream only for what a real server will n
 from __future__ import annotations
 
 import base64
+import http.client
 import os
 import resource
+import select
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import orjson
 import pytest
+from helpers import assert_one_line_error
 
 from tokendiff.sources.capture import read_capture
 from tokendiff.testing import proxy_process
-from tokendiff.testing.llama_server import LlamaServer
+from tokendiff.testing.llama_server import LlamaServer, free_port
 from tokendiff.testing.proxy_process import stop_proxy
 from tokendiff.testing.stub_upstream import StubUpstream, close_without_answer, sse_route
 
@@ -195,8 +200,6 @@ def test_a_stream_of_any_shape_reaches_the_client_whole_and_is_recorded_with_not
 def _send_head(port: int, lines: list[bytes] | None, line: bytes | None) -> bytes:
     """Send a request head without end (many 1 MiB header lines, or one header line growing): what the
     proxy answered before it closed the connection, b"" when it never did."""
-    import socket
-
     with socket.create_connection(("127.0.0.1", port)) as c:
         c.settimeout(60)
         try:
@@ -238,3 +241,92 @@ def test_a_request_head_without_end_is_refused_within_bounded_memory(server, tmp
     assert answer.startswith(b"HTTP/1.1 431") or answer == b"(reset)", answer
     assert grew < 64, f"the proxy grew by {grew} MB"
     assert [tag_of(r) for r in read_capture(tmp_path / "s" / "capture.jsonl")[0]] == ["before", "after"]
+
+
+SLOW = {"TOKENDIFF_HEAD_SECONDS": "1"}  # the head's time bound lowered from 30 s
+
+
+def _trickle_head(c: socket.socket, start: bytes) -> bytes:
+    """Send `start`, then a header one byte every 0.2 s (60 s at most): everything the proxy sent back
+    until it closed the connection (b"" if it never answered)."""
+    c.settimeout(60)
+    c.sendall(start)
+    for byte in b"x-slow: " + b"a" * 300:
+        if select.select([c], [], [], 0.2)[0]:
+            break
+        try:
+            c.sendall(bytes([byte]))
+        except OSError:
+            break
+    return _read_to_close(c)
+
+
+def _read_to_close(c: socket.socket) -> bytes:
+    got = b""
+    try:
+        while chunk := c.recv(65536):
+            got += chunk
+    except OSError:  # a reset after the answer: closed all the same
+        pass
+    return got
+
+
+def test_a_request_head_that_trickles_in_is_answered_408_and_closed_while_others_are_served(server, tmp_path):
+    """A slowloris client (a header byte every 0.2 s) held its connection forever: past the bound it is
+    answered 408 and closed, while a request on another connection at the same time is answered and recorded."""
+    proc, url = start(server.url, tmp_path / "s", env=dict(os.environ, **SLOW))
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(f"POST {CHAT} HTTP/1.1\r\nhost: x\r\n".encode())
+            beside = httpx.post(url + CHAT, json=chat("beside"), timeout=60)
+            answer = _trickle_head(slow, b"content-type: application/json\r\n")
+    finally:
+        err = stop_proxy(proc)
+    assert beside.status_code == 200, err
+    assert answer.startswith(b"HTTP/1.1 408 ") and answer.endswith(b"did not arrive in time"), answer
+    assert [tag_of(r) for r in read_capture(tmp_path / "s" / "capture.jsonl")[0]] == ["beside"]
+
+
+def test_the_head_clock_runs_from_each_heads_first_byte_to_its_end_only(server, tmp_path):
+    """A body that trickles in after a complete head is not head time; a kept-alive connection idle past
+    the bound between requests is uvicorn's keep-alive (5 s), and a head that then starts gets its own clock."""
+    proc, url = start(server.url, tmp_path / "s", env=dict(os.environ, **SLOW))
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=60)
+        body = orjson.dumps(chat("slow body"))
+        conn.putrequest("POST", CHAT)
+        conn.putheader("content-type", "application/json")
+        conn.putheader("content-length", str(len(body)))
+        conn.endheaders()
+        for i in range(0, len(body), len(body) // 10 + 1):  # ~2.5 s: past the bound
+            time.sleep(0.25)
+            conn.send(body[i : i + len(body) // 10 + 1])
+        first = conn.getresponse()
+        first.read()
+        time.sleep(1.5)  # idle past the head bound, within the keep-alive
+        conn.request("GET", "/v1/models")
+        second = conn.getresponse()
+        second.read()
+        assert conn.sock is not None
+        answer = _trickle_head(conn.sock, b"GET /v1/models HTTP/1.1\r\nhost: x\r\n")
+        conn.close()
+    finally:
+        err = stop_proxy(proc)
+    assert (first.status, second.status) == (200, 200), err
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert [tag_of(r) for r in read_capture(tmp_path / "s" / "capture.jsonl")[0]] == ["slow body"]
+
+
+def test_a_head_bound_that_is_not_a_number_of_seconds_is_one_line(tmp_path):
+    """A bad TOKENDIFF_HEAD_SECONDS is one line and exit 2 before the proxy listens."""
+    args = ["--upstream", "http://127.0.0.1:9", "--out", str(tmp_path), "--listen", f"127.0.0.1:{free_port()}"]
+    for bad in ("soon", "0", "-1", "nan", "inf"):
+        r = subprocess.run(
+            [sys.executable, "-m", "tokendiff", "proxy", *args],
+            env=dict(os.environ, TOKENDIFF_HEAD_SECONDS=bad),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert_one_line_error(r, f"TOKENDIFF_HEAD_SECONDS={bad}", "not a positive number of seconds")

@@ -40,7 +40,7 @@ import httpx
 import orjson
 import uvicorn
 
-from tokendiff.backends.http_head import BoundedHeadProtocol
+from tokendiff.backends.http_head import bounded_head, head_seconds
 from tokendiff.backends.server import (
     CONNECT_TIMEOUT,
     ServerInfo,
@@ -733,6 +733,7 @@ def build_server(
     goes wrong later, one line each."""
     _check_upstream(upstream)
     host, port = _parse_listen(listen)
+    protocol = bounded_head(head_seconds())
     app = make_app(upstream, out, fetch_tokens, on_record)
     sock = _bind(host, port, listen)
     if not is_loopback_host(host):
@@ -742,7 +743,7 @@ def build_server(
         )
     config = uvicorn.Config(
         app,
-        http=BoundedHeadProtocol,
+        http=protocol,
         log_config=LOG_CONFIG,
         lifespan="on",
         access_log=False,
