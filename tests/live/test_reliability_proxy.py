@@ -288,6 +288,17 @@ def test_a_request_head_that_trickles_in_is_answered_408_and_closed_while_others
     assert [tag_of(r) for r in read_capture(tmp_path / "s" / "capture.jsonl")[0]] == ["beside"]
 
 
+def test_a_connection_that_never_sends_a_byte_is_answered_408_and_closed(server, tmp_path):
+    """A connection opened and left silent is held by no keep-alive yet: the head clock runs from its opening."""
+    proc, url = start(server.url, tmp_path / "s", env=dict(os.environ, **SLOW))
+    try:
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=60) as silent:
+            answer = b"".join(iter(lambda: silent.recv(4096), b""))
+    finally:
+        stop_proxy(proc)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+
+
 def test_the_head_clock_runs_from_each_heads_first_byte_to_its_end_only(server, tmp_path):
     """A body that trickles in after a complete head is not head time; a kept-alive connection idle past
     the bound between requests is uvicorn's keep-alive (5 s), and a head that then starts gets its own clock."""

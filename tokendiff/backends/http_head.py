@@ -5,7 +5,8 @@ them: one client sending headers without end grew the proxy by every byte it sen
 until the kernel killed it and every agent behind it. This protocol counts the bytes a request's head
 takes and, past MAX_HEAD, answers 431 and closes that connection. A head that trickles in (a slowloris
 client, one byte every few seconds) held its connection forever: a head not complete within
-HEAD_SECONDS of its first byte is answered 408 and its connection closed. Other clients are not
+HEAD_SECONDS of its first byte (or of the connection's opening, for its first request) is answered
+408 and its connection closed. Other clients are not
 affected, and a request whose head is complete is never cut (its body and answer may take any time).
 """
 
@@ -64,6 +65,10 @@ class BoundedHeadProtocol(HttpToolsProtocol):
             self._head += len(data)
             if self._head > MAX_HEAD:
                 self._refuse(b"431 Request Header Fields Too Large", REFUSAL)
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._start_clock()  # a connection that never sends a byte is held by nothing else (no keep-alive yet)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_clock()
