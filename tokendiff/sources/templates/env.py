@@ -431,7 +431,7 @@ class TemplateDict:
         return dict.fromkeys(*args, **kwargs)
 
 
-CODE_FORMAT = 4  # raise when _environment() changes what a template compiles to
+CODE_FORMAT = 5  # raise when _environment() changes what a template compiles to
 _CODE_MAGIC = b"TDJINJA1"
 
 
