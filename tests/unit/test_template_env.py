@@ -182,3 +182,13 @@ def test_a_template_too_deep_for_the_inlined_code_compiles_as_jinja_compiles_it(
         got = ours(template, msgs, None, False)
         assert got == oracle(template, msgs, None, False)
         assert got == ("ok", "ab" * n) if n == 150 else got[0] == "SyntaxError"
+
+
+def test_code_cached_by_another_build_of_the_generator_is_not_taken(monkeypatch):
+    """The compiled code's key holds the code generator's own hash: code a branch or an older release cached
+    under the same CODE_FORMAT (it answered fewer lookups inline) is compiled again, not taken."""
+    from tokendiff.sources.templates import env
+
+    key = env._code_key("{{ messages[0].content }}")
+    monkeypatch.setattr(env, "_generator_digest", lambda: "another build")
+    assert env._code_key("{{ messages[0].content }}") != key

@@ -431,7 +431,7 @@ class TemplateDict:
         return dict.fromkeys(*args, **kwargs)
 
 
-CODE_FORMAT = 5  # raise when _environment() changes what a template compiles to
+CODE_FORMAT = 5  # raise when _environment() changes what a template compiles to (the key holds this file's hash too)
 _CODE_MAGIC = b"TDJINJA1"
 
 
@@ -583,8 +583,20 @@ def _code_key(template: str, variant: str = "") -> str:
 
     import jinja2
 
-    head = f"{CODE_FORMAT}|{variant}|{jinja2.__version__}|{MAGIC_NUMBER.hex()}|".encode()
+    head = f"{CODE_FORMAT}|{_generator_digest()}|{variant}|{jinja2.__version__}|{MAGIC_NUMBER.hex()}|".encode()
     return hashlib.sha256(head + template.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _generator_digest() -> str:
+    """This module's own bytes, hashed: the code generator lives here, and code cached by another build of it
+    (an upgrade, a branch) that kept CODE_FORMAT would otherwise be taken as this one's."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    except OSError:  # a module not read from a file (a zip): CODE_FORMAT alone keys the code
+        return ""
 
 
 def _code_path(key: str) -> Path:
