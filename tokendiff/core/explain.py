@@ -754,7 +754,7 @@ ROLE_LINE_RE = re.compile(rb"^\s*(?:system|developer|user|assistant|tool)\s*\n")
 PROBE_TOKENS = 4096  # a probe is read from the first tokens of a span
 
 
-def _text_probe(p: Prompt, start: int, end: int) -> bytes:
+def text_probe(p: Prompt, start: int, end: int) -> bytes:
     """The first stretch of text of tokens [start, end) between template markers that is long enough to be
     looked for elsewhere (24 bytes): without a role line, up to 200 bytes, punctuation and spaces at its
     ends taken off."""
@@ -797,7 +797,7 @@ def detect_moved(ctx: Ctx) -> Finding | None:
     the first (appended to it) or hoisted to the front. Named on both ends: where B's system prompt gained
     the text, and where A's later message lost it."""
     if _is_system(ctx.b_path):
-        probe = _text_probe(ctx.b, ctx.h.b_start, ctx.h.b_end)
+        probe = text_probe(ctx.b, ctx.h.b_start, ctx.h.b_end)
         where = ctx.a.data.find(probe, ctx.h.a_byte_end) if len(probe) >= 24 else -1
         if where < 0:
             return None
@@ -805,7 +805,7 @@ def detect_moved(ctx: Ctx) -> Finding | None:
         placed, end = _placement(ctx.a, ctx.b, at_b), "now"
         src = ctx.a.owner(ctx.a.token_at_byte(where)).top
     else:
-        probe = _text_probe(ctx.a, ctx.h.a_start, ctx.h.a_end)
+        probe = text_probe(ctx.a, ctx.h.a_start, ctx.h.a_end)
         at_b = ctx.b.data.find(probe, 0, ctx.h.b_byte_start) if len(probe) >= 24 else -1
         dest = ctx.b.owner(ctx.b.token_at_byte(at_b)) if at_b >= 0 else None
         if dest is None or not _is_system(dest) or ctx.b.data.find(probe, ctx.h.b_byte_start) >= 0:

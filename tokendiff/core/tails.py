@@ -40,7 +40,6 @@ from tokendiff.core.explain import (
     SHARED_RUN,
     THINK_SWITCH_RE,
     Ctx,
-    _text_probe,
     appended_finding,
     detect_bpe_boundary,
     detect_counter,
@@ -52,6 +51,7 @@ from tokendiff.core.explain import (
     detect_setting,
     detect_unicode_form,
     detect_whitespace,
+    text_probe,
 )
 from tokendiff.core.kinds import CauseKind, SectionKind
 from tokendiff.core.model import NO_SECTION, Divergence, Finding, Hunk, Part, Prompt, PromptMeta, SectionPath
@@ -518,7 +518,7 @@ def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
     if PLACEHOLDER_RE.search(pb.data[hunks[1].b_byte_start :].decode("utf-8", "replace")):
         return False
     x0, x1 = hunks[0].a_byte_start, hunks[0].a_byte_end
-    probe = _text_probe(pa, lcp, lcp + s)
+    probe = text_probe(pa, lcp, lcp + s)
     if len(probe) >= 24 and pb.data.find(probe, 0, x0) >= 0:
         return False
     removed = pa.data[x0:x1].decode("utf-8", "replace").strip()
