@@ -3,7 +3,6 @@ prints what it returns (stdout for the answer, stderr for progress and problems)
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
@@ -17,6 +16,8 @@ from tokendiff.errors import UsageError
 from tokendiff.paths import demo_capture
 
 if TYPE_CHECKING:
+    import argparse
+
     from tokendiff.app.observe import ObserveOptions
     from tokendiff.app.pair import PromptOptions
     from tokendiff.app.session import Progress
