@@ -304,3 +304,20 @@ def test_kgrams_cut_in_blocks_are_every_kgram():
             if lo <= n:
                 want = [raw[4 * i : 4 * (i + k)] for i in range(lo, n - k + 1)]
                 assert align._kgrams(raw, lo, n) == want, (n, lo)
+
+
+@pytest.mark.parametrize("kind", [str, bytes])
+def test_literal_by_literal_is_the_needs_pattern(kind):
+    """secrets' prefilter asks `in` of each literal for a command's first texts, then its one-pass pattern:
+    both say the same of every text (built from the literals, their halves and noise)."""
+    from tokendiff.core import secrets
+
+    rng = random.Random(7)
+    pieces = [*secrets._MATCH_NEEDS, *(h[: len(h) // 2] for h in secrets._MATCH_NEEDS), "x", " ", "-", "=", "_"]
+    for _ in range(2000):
+        text = "".join(rng.choices(pieces, k=rng.randrange(6)))
+        low = text.encode() if kind is bytes else text
+        secrets._searched[kind] = 0
+        by_in = secrets._holds_a_need(low, kind)
+        secrets._searched[kind] = secrets._BY_IN
+        assert by_in == secrets._holds_a_need(low, kind) == (secrets._needs(kind).search(low) is not None), text

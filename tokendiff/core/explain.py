@@ -130,7 +130,7 @@ DATE_RE = re.compile(
 )
 UUID_RE = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
 HEX_RE = re.compile(r"(?<![0-9A-Za-z])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{5,}(?![0-9A-Za-z])")
-NONCE_KEY_RE = re.compile(r"(?:cch|nonce|request[_-]?id|session[_-]?id|trace[_-]?id|billing)\s*[=:]", re.I)
+NONCE_KEY_RE = Lazy(r"(?:cch|nonce|request[_-]?id|session[_-]?id|trace[_-]?id|billing)\s*[=:]", re.I)
 NUMBER_RE = re.compile(r"\d+(?:[.,]\d+)?\s?%?")
 PLACEHOLDER_RE = re.compile(
     r"\[(?:pruned|truncated|omitted|removed|elided|summari[sz]ed)[^\]]*\]"

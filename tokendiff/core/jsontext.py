@@ -13,8 +13,10 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-_WS = re.compile(r"[ \t\n\r]*")
-_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+from tokendiff.core.lazyre import Lazy
+
+_WS = Lazy(r"[ \t\n\r]*")  # compiled where a JSON text is first parsed (core/lazyre.py)
+_NUMBER = Lazy(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 _CONSTANTS = {"true": True, "false": False, "null": None, "NaN": float("nan")}
 _CONSTANTS.update({"Infinity": float("inf"), "-Infinity": float("-inf")})
 _scanstring: Callable[..., tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ from functools import cache
 from itertools import accumulate, islice
 from typing import TYPE_CHECKING, Any, Literal
 
+from tokendiff.core.lazyre import Lazy
 from tokendiff.core.plain import plain
 
 if TYPE_CHECKING:
@@ -35,8 +36,9 @@ COPY_FROM = 1024  # tokens from which a prompt decoded after another copies the 
 SPECIAL = 1  # control token (<|im_start|>, <s>, [INST] ...): structure, not text
 ADDED = 2  # added/user-defined token (<think>, <tool_call> in Qwen): text, one id
 
-_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
-LOOKS_SPECIAL = re.compile(r"^(<\|.*\|>|<｜.*｜>|<[a-z_]+>|</?s>|\[/?[A-Z_]+\])$", re.S)
+# compiled where a tokenizer file is read: `diff` of slot files reads a cached vocabulary (core/lazyre.py)
+_BYTE_TOKEN = Lazy(r"^<0x([0-9A-Fa-f]{2})>$")
+LOOKS_SPECIAL = Lazy(r"^(<\|.*\|>|<｜.*｜>|<[a-z_]+>|</?s>|\[/?[A-Z_]+\])$", re.S)
 
 
 def _byte_level_table() -> dict[int, int]:
