@@ -9,12 +9,12 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tokendiff.cli.exits import ExitCode
 from tokendiff.errors import UsageError
 from tokendiff.paths import demo_capture
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
     import argparse
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from tokendiff.cli.commands import (
     DEMO_SESSION,
@@ -26,6 +25,7 @@ from tokendiff.cli.quick import diff_args
 from tokendiff.errors import InputError, TokendiffError
 from tokendiff.notices import Aggregated, sink
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
     import argparse
 

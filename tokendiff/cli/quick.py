@@ -12,7 +12,8 @@ tests/cli/test_quick_args.py holds the table below to the diff parser's actions 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 
 FAMILIES = ("chatml", "llama3", "mistral", "gemma", "harmony", "deepseek", "none")  # --template-family
 COLORS = ("auto", "always", "never")

@@ -18,15 +18,18 @@ from bisect import bisect_left
 from collections import Counter
 from functools import cache
 from itertools import compress, count
-from typing import TYPE_CHECKING, Any, TypeVar
 
 from tokendiff.core.model import Divergence, Hunk, Prompt, SectionPath, id_bytes, prompt_end
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
     from tokendiff.core.model import Ids
 
+    Text = TypeVar("Text", bytes, str)  # what the prefix and suffix bisections compare: both sides one kind
+
 _Out = list[tuple[int, int, int, int]]  # the non-equal spans found so far (a_start, a_end, b_start, b_end)
-Text = TypeVar("Text", bytes, str)  # what the prefix and suffix bisections compare: both sides one kind
 
 SMALL = 1500  # gaps up to this many tokens a side go to difflib directly...
 DIRECT = 256 * 256  # ...once small in area too: difflib costs up to the product of the sides (with a long

@@ -19,7 +19,6 @@ import json
 import re
 import unicodedata
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from tokendiff.core.align import shared_prefix, shared_suffix
 from tokendiff.core.causes import BILLING_FIX, finding
@@ -30,6 +29,10 @@ from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.lazyre import Lazy
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
 from tokendiff.core.plain import replace
+
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 PAD = 48  # bytes of context either side when matching patterns around a hunk
 

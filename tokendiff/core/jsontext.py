@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from tokendiff.core.lazyre import Lazy
+
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 _WS = Lazy(r"[ \t\n\r]*")  # compiled where a JSON text is first parsed (core/lazyre.py)
 _NUMBER = Lazy(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
@@ -24,7 +27,8 @@ _scanstring: Callable[..., tuple[str, int]] = json.decoder.scanstring  # type: i
 Step = str | int
 Note = Callable[[str], None]
 Spans = dict[tuple[Step, ...], tuple[int, int]]  # where each wanted value starts and ends
-Link = tuple[Any, Step] | None  # a path as (parent's link, step): None is no path; ROOT the root's
+if TYPE_CHECKING:
+    Link = tuple[Any, Step] | None  # a path as (parent's link, step): None is no path; ROOT the root's
 
 
 class Trie:

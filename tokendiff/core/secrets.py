@@ -29,11 +29,14 @@ from __future__ import annotations
 import json
 import re
 from functools import cache, lru_cache
-from typing import Any
 
 from tokendiff.core import jsontext
 from tokendiff.core.lazyre import Lazy
 from tokendiff.core.plain import plain
+
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 REDACTED = "[REDACTED]"
 
@@ -250,7 +253,8 @@ def plan(value: Any, *, prompt_fields: bool = True, values: bool = True) -> list
     return edits
 
 
-_Link = tuple[Any, str | int] | None  # (parent's link, step); None: the root
+if TYPE_CHECKING:
+    _Link = tuple[Any, str | int] | None  # (parent's link, step); None: the root
 
 
 def _path(link: _Link) -> Path:

@@ -15,12 +15,14 @@ from array import array
 from collections.abc import Callable, Sequence
 from functools import cache
 from itertools import accumulate, islice
-from typing import TYPE_CHECKING, Any, Literal
 
 from tokendiff.core.lazyre import Lazy
 from tokendiff.core.plain import plain
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    from typing import Any, Literal
+
     from tokendiff.core.model import Ids, IntArray
 
     Decoded = tuple[Ids, bytes, IntArray, IntArray]  # a prompt decoded before: its IDs, bytes, offsets, special

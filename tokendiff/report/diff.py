@@ -7,14 +7,15 @@ that removes or renames a field.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
-
 from tokendiff.core.model import END_OF_PROMPT, Divergence, Finding, Prompt, SectionPath
 from tokendiff.core.rounding import percent_text
 from tokendiff.core.vocab import Vocab
 from tokendiff.report.excerpt import excerpt
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:  # the types cost nothing at run time: `tokendiff diff` imports this module
+    from typing import Any, Final
+
     from tokendiff.report.schema import (
         DiffDocument,
         Excerpt,

@@ -19,7 +19,6 @@ from array import array
 from collections.abc import Callable, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from tokendiff.core.plain import as_dict
 from tokendiff.core.vocab import (
@@ -35,7 +34,10 @@ from tokendiff.core.vocab import (
 from tokendiff.errors import InputError
 from tokendiff.paths import bundled_data_dir, vocab_cache_dir
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from tokenizers import Tokenizer
 
 BUNDLED_DIR = bundled_data_dir() / "qwen3"
