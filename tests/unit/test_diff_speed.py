@@ -321,3 +321,56 @@ def test_literal_by_literal_is_the_needs_pattern(kind):
         by_in = secrets._holds_a_need(low, kind)
         secrets._searched[kind] = secrets._BY_IN
         assert by_in == secrets._holds_a_need(low, kind) == (secrets._needs(kind).search(low) is not None), text
+
+
+def _json_trees(rng: random.Random, depth: int = 0):
+    """Random JSON values of the types a diff document holds (str subclasses, a bool among ints, tuples)."""
+    from tokendiff.core.kinds import HunkKind
+
+    leaves = [
+        *("", 'é\x1f\n"\\/\u2028', "\U0001f600", HunkKind.REPLACE, "<|im_start|>", "a" * 50),
+        *(0, -1, 1 << 62, -(1 << 63), True, False, None, 0.0, -0.0, 0.036685, 1e16, 12345.678, 1e-4),
+    ]
+    if depth > 3 or rng.random() < 0.4:
+        return rng.choice(leaves)
+    if rng.random() < 0.5:
+        return {
+            rng.choice(["a", "b", "é", "", "key"]) + str(i): _json_trees(rng, depth + 1)
+            for i in range(rng.randrange(4))
+        }
+    seq = [_json_trees(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return tuple(seq) if rng.random() < 0.3 else seq
+
+
+def test_the_indented_writer_is_json_s():
+    """`diff --json` is written without importing json: the bytes json.dumps(indent=2, ensure_ascii=False) gives."""
+    import json
+
+    from tokendiff.report.diff import _indented
+
+    rng = random.Random(5)
+    for _ in range(500):
+        doc = _json_trees(rng)
+        out: list[str] = []
+        _indented(doc, out, "\n")
+        assert "".join(out) == json.dumps(doc, indent=2, ensure_ascii=False), doc
+
+
+def test_the_vocabulary_cache_header_is_read_as_json_loads_reads_it():
+    """The cache header is read by json's C scanner directly: json.loads's value for what orjson writes, and a
+    ValueError (a cache miss) for what is not one JSON value."""
+    import json
+
+    import orjson
+
+    from tokendiff.sources.tokenizers import _header
+
+    rng = random.Random(6)
+    for _ in range(300):
+        doc = {"key": "k", "meta": _json_trees(rng)}
+        raw = orjson.dumps(doc)
+        assert _header(raw) == json.loads(raw)
+        assert repr(_header(raw)) == repr(json.loads(raw))  # the same types: ints stay ints, -0.0 stays
+    for bad in (b"", b"{", b'{"a": 1} x', b"nul", b'{"a": 1}{}', b'"\xff"'):
+        with pytest.raises(ValueError):
+            _header(bad)

@@ -8,7 +8,6 @@ value to edit lies in the text (`value_spans`), in time proportional to the text
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable
 
@@ -22,7 +21,13 @@ _WS = Lazy(r"[ \t\n\r]*")  # compiled where a JSON text is first parsed (core/la
 _NUMBER = Lazy(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 _CONSTANTS = {"true": True, "false": False, "null": None, "NaN": float("nan")}
 _CONSTANTS.update({"Infinity": float("inf"), "-Infinity": float("-inf")})
-_scanstring: Callable[..., tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+if TYPE_CHECKING:
+    scanstring: Callable[..., tuple[str, int]]  # json.decoder.scanstring: a string's value and its end
+else:
+    try:  # json.decoder.scanstring (its C one, else its Python one), without importing json: `diff` parses none
+        from _json import scanstring
+    except ImportError:
+        from json.decoder import py_scanstring as scanstring
 
 Step = str | int
 Note = Callable[[str], None]
@@ -170,7 +175,7 @@ def _close(text: str, pos: int, frame: _Frame) -> int:
 def _key(text: str, pos: int) -> tuple[str, int]:
     if text[pos] != '"':
         raise ValueError(f"expected a key at {pos}")
-    key, pos = _scanstring(text, pos + 1)
+    key, pos = scanstring(text, pos + 1)
     pos = _skip(text, pos)
     if text[pos] != ":":
         raise ValueError(f"expected ':' at {pos}")
@@ -179,7 +184,7 @@ def _key(text: str, pos: int) -> tuple[str, int]:
 
 def _scalar(text: str, pos: int, note: Note, build: bool) -> tuple[Any, int]:
     if text[pos] == '"':
-        return _scanstring(text, pos + 1)
+        return scanstring(text, pos + 1)
     for word, value in _CONSTANTS.items():
         if text.startswith(word, pos):
             if word not in ("true", "false", "null"):

@@ -26,7 +26,6 @@ is handled like any other.
 
 from __future__ import annotations
 
-import json
 import re
 from functools import cache, lru_cache
 
@@ -36,6 +35,7 @@ from tokendiff.core.plain import plain
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    import json
     from typing import Any
 
 REDACTED = "[REDACTED]"
@@ -324,7 +324,15 @@ def path_text(path: Path) -> str:
 
 # ---------------------------------------------------------------- verbatim bodies
 
-_DECODER = json.JSONDecoder()
+
+@cache
+def _decoder() -> json.JSONDecoder:
+    """json's decoder, made where a verbatim body is first edited (`tokendiff diff` never imports json)."""
+    import json
+
+    return json.JSONDecoder()
+
+
 _WS = Lazy(r"[ \t\n\r]*")  # compiled where a verbatim body is first edited
 
 
@@ -359,7 +367,7 @@ def _skip(text: str, i: int) -> int:
 def _walk_text(text: str, i: int, path: Path, targets: Targets, prefixes: set[Path], cuts: Cuts) -> int:
     """The end of the JSON value at `i`, recording the cuts for `targets` inside it."""
     if path not in prefixes or text[i] not in "{[":
-        end = _DECODER.raw_decode(text, i)[1]
+        end = _decoder().raw_decode(text, i)[1]
     else:
         end = _walk_container(text, i, path, targets, prefixes, cuts)
     edit = targets.get(path)
@@ -369,6 +377,8 @@ def _walk_text(text: str, i: int, path: Path, targets: Targets, prefixes: set[Pa
 
 
 def _replacement(edit: Edit) -> str:
+    import json
+
     return json.dumps(REDACTED if edit.new is None else edit.new)
 
 
@@ -386,7 +396,7 @@ def _walk_container(text: str, i: int, path: Path, targets: Targets, prefixes: s
     while True:
         step: str | int = n
         if is_obj:
-            step, j = json.decoder.scanstring(text, j + 1)  # type: ignore[attr-defined]  # public, not in typeshed
+            step, j = jsontext.scanstring(text, j + 1)
             j = _skip(text, _skip(text, j) + 1)  # past the colon
         j = _skip(text, _walk_text(text, j, (*path, step), targets, prefixes, cuts))
         n += 1
