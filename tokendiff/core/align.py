@@ -328,15 +328,11 @@ def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) ->
     for b0, b1 in _uncovered(segs, blo, bhi, 1):
         extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
     # where A's k-gram is covered, B's uncovered k-grams must not hold it; where it is not, once: all
-    # positions are taken as covered, then A's few uncovered ones redone. A k-gram in `extra` is made to
-    # count more than once for the pass and given its count back after it: the pass keeps the positions whose
-    # k-gram occurs once in A and not among B's uncovered ones, asking only `counts` (a set of A's duplicates
-    # beside it cost ~1 MB of fresh pages, a tenth of the diff's system time)
-    bumped = {g: n for g in extra if (n := counts.get(g)) is not None}
-    for g in bumped:
-        counts[g] += 2
-    out = list(compress(count(), map((1).__eq__, map(counts.__getitem__, ga))))
-    dict.update(counts, bumped)  # the counts as they were (Counter.update would add them)
+    # positions are taken as covered (one lookup each in the set of A's k-grams that occur once and are not
+    # among B's uncovered ones: smaller than A's duplicates), then A's few uncovered ones redone
+    once = set(compress(counts, map((1).__eq__, counts.values())))
+    once.difference_update(extra)
+    out = list(compress(count(), map(once.__contains__, ga)))
     for g0, g1 in _uncovered(segs, alo, ahi, 0):
         r0, r1 = g0 - alo, g1 - alo
         out[bisect_left(out, r0) : bisect_left(out, r1)] = [
