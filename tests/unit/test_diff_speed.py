@@ -261,6 +261,10 @@ def test_all_below_from_bytes_is_max():
                     assert max(ids) >= n_vocab or n_vocab >= 1 << 24, (n, n_vocab, hi)
                 ids[rng.randrange(n)] = -rng.randrange(1, 5)
                 assert not _all_below(ids, n_vocab)
+    for n_vocab in (151_669, 151_552, 151_808, 65_536, 65_537, 256, 1):  # every ID near the bytes' boundaries
+        near = {n_vocab + d for d in range(-300, 300)} | {(n_vocab & ~0xFF) + d for d in range(-260, 260)}
+        for v in sorted(x for x in near if 0 <= x < 1 << 24):
+            assert _all_below(array("i", [0, v, 5 % n_vocab]), n_vocab) == (v < n_vocab), (n_vocab, v)
 
 
 @pytest.mark.parametrize("seed", range(8))
