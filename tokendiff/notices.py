@@ -13,7 +13,10 @@ import sys
 from _thread import allocate_lock  # threading's Lock, without importing threading (`tokendiff diff`)
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TextIO, TypeVar
+
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
+if TYPE_CHECKING:
+    from typing import TextIO, TypeVar
 
 Sink = Callable[[str, str], None]  # (kind, message)
 
@@ -37,7 +40,8 @@ def set_sink(sink: Sink) -> Sink:
     return previous
 
 
-S = TypeVar("S", bound=Sink)
+if TYPE_CHECKING:
+    S = TypeVar("S", bound=Sink)
 
 
 @contextmanager

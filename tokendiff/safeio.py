@@ -17,12 +17,13 @@ import contextlib
 import os
 import stat
 import zlib
-from typing import TYPE_CHECKING, BinaryIO
 
 from tokendiff.errors import InputError
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import BinaryIO
 
 CHUNK = 1 << 20
 

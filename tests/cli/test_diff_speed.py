@@ -14,6 +14,8 @@ HEAVY = (
     *("orjson", "shutil"),  # orjson brings datetime, uuid and platform; shutil zlib, bz2 and lzma
     *("dataclasses", "inspect"),  # inspect brings ast, dis and tokenize: ~8 ms (core/plain.py makes the values)
     "threading",  # notices' lock comes from _thread
+    *("argparse", "gettext", "locale", "tokendiff.cli.parsers"),  # a plain diff command line: cli/quick.py reads it
+    "typing",  # ~15 M instructions: TYPE_CHECKING = False, and core/plain.py's NamedTuple
     "tokendiff.sources.importers.responses",  # request conversions: a slot file has no request
     "tokendiff.app.session",  # the session, report and replay machinery: diff needs only tokendiff.app.pair
     "tokendiff.app.reports",

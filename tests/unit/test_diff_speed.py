@@ -261,6 +261,10 @@ def test_all_below_from_bytes_is_max():
                     assert max(ids) >= n_vocab or n_vocab >= 1 << 24, (n, n_vocab, hi)
                 ids[rng.randrange(n)] = -rng.randrange(1, 5)
                 assert not _all_below(ids, n_vocab)
+    for n_vocab in (151_669, 151_552, 151_808, 65_536, 65_537, 256, 1):  # every ID near the bytes' boundaries
+        near = {n_vocab + d for d in range(-300, 300)} | {(n_vocab & ~0xFF) + d for d in range(-260, 260)}
+        for v in sorted(x for x in near if 0 <= x < 1 << 24):
+            assert _all_below(array("i", [0, v, 5 % n_vocab]), n_vocab) == (v < n_vocab), (n_vocab, v)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -304,3 +308,73 @@ def test_kgrams_cut_in_blocks_are_every_kgram():
             if lo <= n:
                 want = [raw[4 * i : 4 * (i + k)] for i in range(lo, n - k + 1)]
                 assert align._kgrams(raw, lo, n) == want, (n, lo)
+
+
+@pytest.mark.parametrize("kind", [str, bytes])
+def test_literal_by_literal_is_the_needs_pattern(kind):
+    """secrets' prefilter asks `in` of each literal for a command's first texts, then its one-pass pattern:
+    both say the same of every text (built from the literals, their halves and noise)."""
+    from tokendiff.core import secrets
+
+    rng = random.Random(7)
+    pieces = [*secrets._MATCH_NEEDS, *(h[: len(h) // 2] for h in secrets._MATCH_NEEDS), "x", " ", "-", "=", "_"]
+    for _ in range(2000):
+        text = "".join(rng.choices(pieces, k=rng.randrange(6)))
+        low = text.encode() if kind is bytes else text
+        secrets._searched[kind] = 0
+        by_in = secrets._holds_a_need(low, kind)
+        secrets._searched[kind] = secrets._BY_IN
+        assert by_in == secrets._holds_a_need(low, kind) == (secrets._needs(kind).search(low) is not None), text
+
+
+def _json_trees(rng: random.Random, depth: int = 0):
+    """Random JSON values of the types a diff document holds (str subclasses, a bool among ints, tuples)."""
+    from tokendiff.core.kinds import HunkKind
+
+    leaves = [
+        *("", 'é\x1f\n"\\/\u2028', "\U0001f600", HunkKind.REPLACE, "<|im_start|>", "a" * 50),
+        *(0, -1, 1 << 62, -(1 << 63), True, False, None, 0.0, -0.0, 0.036685, 1e16, 12345.678, 1e-4),
+    ]
+    if depth > 3 or rng.random() < 0.4:
+        return rng.choice(leaves)
+    if rng.random() < 0.5:
+        return {
+            rng.choice(["a", "b", "é", "", "key"]) + str(i): _json_trees(rng, depth + 1)
+            for i in range(rng.randrange(4))
+        }
+    seq = [_json_trees(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return tuple(seq) if rng.random() < 0.3 else seq
+
+
+def test_the_indented_writer_is_json_s():
+    """`diff --json` is written without importing json: the bytes json.dumps(indent=2, ensure_ascii=False) gives."""
+    import json
+
+    from tokendiff.report.diff import _indented
+
+    rng = random.Random(5)
+    for _ in range(500):
+        doc = _json_trees(rng)
+        out: list[str] = []
+        _indented(doc, out, "\n")
+        assert "".join(out) == json.dumps(doc, indent=2, ensure_ascii=False), doc
+
+
+def test_the_vocabulary_cache_header_is_read_as_json_loads_reads_it():
+    """The cache header is read by json's C scanner directly: json.loads's value for what orjson writes, and a
+    ValueError (a cache miss) for what is not one JSON value."""
+    import json
+
+    import orjson
+
+    from tokendiff.sources.tokenizers import _header
+
+    rng = random.Random(6)
+    for _ in range(300):
+        doc = {"key": "k", "meta": _json_trees(rng)}
+        raw = orjson.dumps(doc)
+        assert _header(raw) == json.loads(raw)
+        assert repr(_header(raw)) == repr(json.loads(raw))  # the same types: ints stay ints, -0.0 stays
+    for bad in (b"", b"{", b'{"a": 1} x', b"nul", b'{"a": 1}{}', b'"\xff"'):
+        with pytest.raises(ValueError):
+            _header(bad)

@@ -111,3 +111,74 @@ def test_plain_refuses_what_a_dataclass_would_do_and_it_would_not() -> None:
 
             def __repr__(self) -> str:
                 return self.name
+
+
+def _pair_of_named_tuples():
+    """The same class body as typing's NamedTuple and as core/plain.py's stand-in."""
+    import typing
+
+    from tokendiff.core import plain as plain_module
+
+    made = []
+    for base in (typing.NamedTuple, plain_module.NamedTuple):
+
+        class Span(base):  # type: ignore[misc,valid-type]
+            """A span."""
+
+            path: str
+            start: int
+            end: int = 0
+            note: str | None = None
+
+            @property
+            def size(self) -> int:
+                return self.end - self.start
+
+            def moved(self, k: int) -> Span:
+                return self._replace(start=self.start + k, end=self.end + k)
+
+        made.append(Span)
+    return made
+
+
+def test_the_named_tuple_stand_in_is_typing_s():
+    """The modules `diff` imports make their NamedTuples without typing (core/plain.NamedTuple): the classes
+    behave as typing's, field by field."""
+    ours_and_typings = _pair_of_named_tuples()
+    for cls in ours_and_typings:
+        assert issubclass(cls, tuple)
+        assert cls._fields == ("path", "start", "end", "note")
+        assert cls._field_defaults == {"end": 0, "note": None}
+        assert cls.__doc__ == "A span."
+        assert cls.__qualname__.endswith("Span") and cls.__name__ == "Span"
+        v = cls("p", 2, 5)
+        assert v == ("p", 2, 5, None) and hash(v) == hash(("p", 2, 5, None))
+        assert repr(v) == "Span(path='p', start=2, end=5, note=None)"
+        assert v.size == 3 and v.moved(1) == ("p", 3, 6, None) and type(v.moved(1)) is cls
+        assert v._asdict() == {"path": "p", "start": 2, "end": 5, "note": None}
+        assert cls._make(["q", 1, 1, "n"]).note == "n" and cls(path="r", start=0).end == 0
+        with pytest.raises(TypeError):
+            cls("p")
+    typings, ours = ours_and_typings[0], ours_and_typings[1]
+    assert set(dir(ours)) == set(dir(typings)) - {"__orig_bases__"}
+
+
+def test_the_named_tuple_stand_in_refuses_a_default_before_a_field_without():
+    from tokendiff.core import plain as plain_module
+
+    with pytest.raises(TypeError):
+
+        class Bad(plain_module.NamedTuple):  # type: ignore[misc,valid-type]
+            a: int = 0
+            b: int
+
+
+def test_the_model_s_named_tuples_pickle_and_are_not_typing_s():
+    from tokendiff.core.model import Section
+    from tokendiff.report.excerpt import Excerpt
+
+    s = Section(SectionPath.of(Part(SectionKind.MESSAGE, 0, "system")), 0, 4, 0, 20)
+    assert pickle.loads(pickle.dumps(s)) == s and s.name == s.path[-1].label and s.label == s.path.label
+    e = Excerpt("a", "b", "c")
+    assert pickle.loads(pickle.dumps(e)) == e
+    assert not hasattr(Section, "__orig_bases__")  # made by the stand-in: no typing at run time

@@ -8,11 +8,11 @@ runs: the session, report, replay and fleet machinery costs ~10 ms of imports it
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 from tokendiff.core.plain import plain
 from tokendiff.errors import InputError
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
     from tokendiff.core.model import Divergence, Finding, Prompt
     from tokendiff.core.vocab import Vocab

@@ -3,20 +3,21 @@ prints what it returns (stdout for the answer, stderr for progress and problems)
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tokendiff.cli.exits import ExitCode
 from tokendiff.errors import UsageError
 from tokendiff.paths import demo_capture
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    import argparse
+
     from tokendiff.app.observe import ObserveOptions
     from tokendiff.app.pair import PromptOptions
     from tokendiff.app.session import Progress

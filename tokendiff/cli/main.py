@@ -6,7 +6,6 @@ inside the commands that need them, so `tokendiff diff` starts fast.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -22,9 +21,13 @@ from tokendiff.cli.commands import (
     cmd_watch,
 )
 from tokendiff.cli.exits import ExitCode, exit_code
-from tokendiff.cli.parsers import build_parser
+from tokendiff.cli.quick import diff_args
 from tokendiff.errors import InputError, TokendiffError
 from tokendiff.notices import Aggregated, sink
+
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
+if TYPE_CHECKING:
+    import argparse
 
 
 def _joined_server_args(argv: list[str]) -> list[str]:
@@ -50,6 +53,11 @@ def _check_urls(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = _joined_server_args(sys.argv[1:] if argv is None else argv)
+    quick = diff_args(argv)  # a plain `diff` command line, read without argparse (its import and parser: ~3 ms)
+    if quick is not None:
+        return _run_with_warnings(quick)
+    from tokendiff.cli.parsers import build_parser
+
     parser = build_parser(only_diff=argv[:1] == ["diff"])
     args = parser.parse_args(argv)
     if args.top_theme:  # `tokendiff --theme X [tui ...]` is `tokendiff tui --theme X ...`
@@ -68,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             args = parser.parse_args(["report", str(DEMO_SESSION)])
+    return _run_with_warnings(args)
+
+
+def _run_with_warnings(args: argparse.Namespace) -> int:
     with sink(Aggregated()) as warnings:
         try:
             return _run(args)

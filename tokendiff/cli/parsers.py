@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from tokendiff import __version__
 from tokendiff.cli.exits import ExitCode
+from tokendiff.cli.quick import COLORS, FAMILIES, ORDERS
 from tokendiff.core.kinds import ServerKind
 from tokendiff.errors import InputError
 
@@ -155,8 +156,8 @@ def _diff_parser(sub: Any) -> None:  # argparse subparsers
     d.add_argument(  # the flag's old name, kept working for scripts
         "--max-hunks", type=non_negative_int, dest="max_spans", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
-    d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
-    d.add_argument("--order", choices=("auto", "mtime", "name"), default="auto", help=ORDER_HELP)
+    d.add_argument("--color", choices=COLORS, default="auto")
+    d.add_argument("--order", choices=ORDERS, default="auto", help=ORDER_HELP)
 
 
 def _proxy_parser(sub: Any) -> None:  # argparse subparsers
@@ -434,6 +435,6 @@ def _tokenizer_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--template-family",
-        choices=("chatml", "llama3", "mistral", "gemma", "harmony", "deepseek", "none"),
+        choices=FAMILIES,
         help="override the detected chat-template family",
     )

@@ -17,17 +17,19 @@ import sys
 from bisect import bisect_left
 from collections import Counter
 from functools import cache
-from itertools import compress, count, repeat
-from operator import ne, not_
-from typing import TYPE_CHECKING, Any, TypeVar
+from itertools import compress, count
 
 from tokendiff.core.model import Divergence, Hunk, Prompt, SectionPath, id_bytes, prompt_end
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
     from tokendiff.core.model import Ids
 
+    Text = TypeVar("Text", bytes, str)  # what the prefix and suffix bisections compare: both sides one kind
+
 _Out = list[tuple[int, int, int, int]]  # the non-equal spans found so far (a_start, a_end, b_start, b_end)
-Text = TypeVar("Text", bytes, str)  # what the prefix and suffix bisections compare: both sides one kind
 
 SMALL = 1500  # gaps up to this many tokens a side go to difflib directly...
 DIRECT = 256 * 256  # ...once small in area too: difflib costs up to the product of the sides (with a long
@@ -322,15 +324,15 @@ def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) ->
     alo, ahi, blo, bhi = box
     segs = _cover(s, alo, ahi, blo, bhi)
     counts = Counter(ga)
-    dups = set(compress(counts, map(ne, counts.values(), repeat(1))))  # small: looked up fast
     extra: Counter[bytes] = Counter()
     for b0, b1 in _uncovered(segs, blo, bhi, 1):
         extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
     # where A's k-gram is covered, B's uncovered k-grams must not hold it; where it is not, once: all
-    # positions are taken as covered (one set lookup each), then A's few uncovered ones redone
-    bad = dups
-    bad.update(extra)  # in place: A's duplicates are asked of `counts` below (no copy of a big set)
-    out = list(compress(count(), map(not_, map(bad.__contains__, ga))))
+    # positions are taken as covered (one lookup each in the set of A's k-grams that occur once and are not
+    # among B's uncovered ones: smaller than A's duplicates), then A's few uncovered ones redone
+    once = set(compress(counts, map((1).__eq__, counts.values())))
+    once.difference_update(extra)
+    out = list(compress(count(), map(once.__contains__, ga)))
     for g0, g1 in _uncovered(segs, alo, ahi, 0):
         r0, r1 = g0 - alo, g1 - alo
         out[bisect_left(out, r0) : bisect_left(out, r1)] = [

@@ -15,11 +15,8 @@ never on display labels. Pure functions over core types; no I/O.
 from __future__ import annotations
 
 import bisect
-import json
 import re
-import unicodedata
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from tokendiff.core.align import shared_prefix, shared_suffix
 from tokendiff.core.causes import BILLING_FIX, finding
@@ -30,6 +27,10 @@ from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.lazyre import Lazy
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
 from tokendiff.core.plain import replace
+
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 PAD = 48  # bytes of context either side when matching patterns around a hunk
 
@@ -130,7 +131,7 @@ DATE_RE = re.compile(
 )
 UUID_RE = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
 HEX_RE = re.compile(r"(?<![0-9A-Za-z])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{5,}(?![0-9A-Za-z])")
-NONCE_KEY_RE = re.compile(r"(?:cch|nonce|request[_-]?id|session[_-]?id|trace[_-]?id|billing)\s*[=:]", re.I)
+NONCE_KEY_RE = Lazy(r"(?:cch|nonce|request[_-]?id|session[_-]?id|trace[_-]?id|billing)\s*[=:]", re.I)
 NUMBER_RE = re.compile(r"\d+(?:[.,]\d+)?\s?%?")
 PLACEHOLDER_RE = re.compile(
     r"\[(?:pruned|truncated|omitted|removed|elided|summari[sz]ed)[^\]]*\]"
@@ -713,6 +714,8 @@ def detect_json_reserialized(ctx: Ctx) -> Finding | None:
     ta, tb = ctx.a.data[ja[0] : ja[1]], ctx.b.data[jb[0] : jb[1]]
     if ta == tb:
         return None
+    import json  # a JSON hunk: `diff` imports json only here
+
     try:
         va, vb = json.loads(ta), json.loads(tb)
     except ValueError:
@@ -1181,6 +1184,10 @@ def _same_text(a: Prompt, b: Prompt, h: Hunk) -> bool:
     if ea == eb or len(ea) > 4096 or len(eb) > 4096:
         return False
     ua, ub = _lf(ea).decode("utf-8", "replace"), _lf(eb).decode("utf-8", "replace")
+    if ua.isascii() and ub.isascii():  # every Unicode form of ASCII text is itself (`diff` imports no unicodedata)
+        return ua == ub
+    import unicodedata
+
     return unicodedata.normalize("NFC", ua) == unicodedata.normalize("NFC", ub)
 
 
@@ -1266,7 +1273,11 @@ def detect_unicode_form(ctx: Ctx) -> Finding | None:
     if ea == eb or len(ea) > 4096 or len(eb) > 4096:
         return None
     ua, ub = ea.decode("utf-8", "replace"), eb.decode("utf-8", "replace")
-    if ua == ub or unicodedata.normalize("NFC", ua) != unicodedata.normalize("NFC", ub):
+    if ua == ub or (ua.isascii() and ub.isascii()):  # ASCII is its own form: different text, not another form
+        return None
+    import unicodedata
+
+    if unicodedata.normalize("NFC", ua) != unicodedata.normalize("NFC", ub):
         return None
     i = shared_prefix(ua, ub)
     while 0 < i < len(ua) and unicodedata.combining(ua[i]):
@@ -1282,6 +1293,8 @@ def detect_unicode_form(ctx: Ctx) -> Finding | None:
 
 def _grapheme(text: str, i: int) -> str:
     """The character at i with the combining marks that follow it."""
+    import unicodedata
+
     j = i + 1
     while j < len(text) and unicodedata.combining(text[j]):
         j += 1
@@ -1289,6 +1302,8 @@ def _grapheme(text: str, i: int) -> str:
 
 
 def _form(text: str) -> str:
+    import unicodedata
+
     if unicodedata.is_normalized("NFC", text):
         return "NFC"
     return "NFD" if unicodedata.is_normalized("NFD", text) else "mixed"
@@ -1329,6 +1344,8 @@ def _rendered_tool(p: Prompt, path: SectionPath, byte: int) -> object:
     at = text.find("{")
     if at < 0:
         return None
+    import json
+
     try:
         return json.JSONDecoder().raw_decode(text, at)[0]
     except ValueError:

@@ -21,11 +21,16 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from functools import lru_cache
-from typing import NamedTuple
 
 from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.lazyre import Lazy
 from tokendiff.core.model import Part, Prompt, Section, SectionPath, flag_indices
+
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
+if TYPE_CHECKING:
+    from typing import NamedTuple
+else:
+    from tokendiff.core.plain import NamedTuple
 
 
 class _Turn:

@@ -8,21 +8,32 @@ value to edit lies in the text (`value_spans`), in time proportional to the text
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable
-from typing import Any
 
-_WS = re.compile(r"[ \t\n\r]*")
-_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+from tokendiff.core.lazyre import Lazy
+
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
+if TYPE_CHECKING:
+    from typing import Any
+
+_WS = Lazy(r"[ \t\n\r]*")  # compiled where a JSON text is first parsed (core/lazyre.py)
+_NUMBER = Lazy(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 _CONSTANTS = {"true": True, "false": False, "null": None, "NaN": float("nan")}
 _CONSTANTS.update({"Infinity": float("inf"), "-Infinity": float("-inf")})
-_scanstring: Callable[..., tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+if TYPE_CHECKING:
+    scanstring: Callable[..., tuple[str, int]]  # json.decoder.scanstring: a string's value and its end
+else:
+    try:  # json.decoder.scanstring (its C one, else its Python one), without importing json: `diff` parses none
+        from _json import scanstring
+    except ImportError:
+        from json.decoder import py_scanstring as scanstring
 
 Step = str | int
 Note = Callable[[str], None]
 Spans = dict[tuple[Step, ...], tuple[int, int]]  # where each wanted value starts and ends
-Link = tuple[Any, Step] | None  # a path as (parent's link, step): None is no path; ROOT the root's
+if TYPE_CHECKING:
+    Link = tuple[Any, Step] | None  # a path as (parent's link, step): None is no path; ROOT the root's
 
 
 class Trie:
@@ -164,7 +175,7 @@ def _close(text: str, pos: int, frame: _Frame) -> int:
 def _key(text: str, pos: int) -> tuple[str, int]:
     if text[pos] != '"':
         raise ValueError(f"expected a key at {pos}")
-    key, pos = _scanstring(text, pos + 1)
+    key, pos = scanstring(text, pos + 1)
     pos = _skip(text, pos)
     if text[pos] != ":":
         raise ValueError(f"expected ':' at {pos}")
@@ -173,7 +184,7 @@ def _key(text: str, pos: int) -> tuple[str, int]:
 
 def _scalar(text: str, pos: int, note: Note, build: bool) -> tuple[Any, int]:
     if text[pos] == '"':
-        return _scanstring(text, pos + 1)
+        return scanstring(text, pos + 1)
     for word, value in _CONSTANTS.items():
         if text.startswith(word, pos):
             if word not in ("true", "false", "null"):

@@ -11,7 +11,14 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any, AnyStr, Generic
+
+from tokendiff.core import plain
+
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
+if TYPE_CHECKING:
+    from typing import Any, AnyStr, Generic
+else:
+    Generic, AnyStr = plain.Generic, str
 
 
 class Lazy(Generic[AnyStr]):

@@ -12,17 +12,21 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 from tokendiff.core.kinds import CauseKind, HunkKind, Origin, SectionKind
 from tokendiff.core.plain import field, plain
 from tokendiff.core.secrets import mask
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    from typing import Any, NamedTuple, overload
+
     import numpy as np
 
     IntArray = array[int] | np.ndarray  # numpy where the caller had numpy; the diff path stays stdlib
     Ids = IntArray | Sequence[int]  # token IDs in any of the forms the readers give
+else:
+    from tokendiff.core.plain import NamedTuple
 
 SEP = " › "
 
@@ -140,10 +144,13 @@ class SectionPath:
     def __bool__(self) -> bool:
         return bool(self.parts)
 
-    @overload
-    def __getitem__(self, i: int) -> Part: ...
-    @overload
-    def __getitem__(self, i: slice) -> SectionPath: ...
+    if TYPE_CHECKING:
+
+        @overload
+        def __getitem__(self, i: int) -> Part: ...
+        @overload
+        def __getitem__(self, i: slice) -> SectionPath: ...
+
     def __getitem__(self, i: int | slice) -> Part | SectionPath:
         return SectionPath(self.parts[i]) if isinstance(i, slice) else self.parts[i]
 

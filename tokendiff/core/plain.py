@@ -10,11 +10,30 @@ when frozen. Type checkers read it as a dataclass (`dataclass_transform`). Use `
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Callable
 from operator import attrgetter
-from typing import Any, TypeVar, dataclass_transform
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # `typing` itself is ~15 M instructions to import: the modules `diff` runs import it only here
+if TYPE_CHECKING:
+    from typing import Any, TypeVar, dataclass_transform
+
+    T = TypeVar("T")
+else:
+
+    def dataclass_transform(**_: object) -> Callable[[T], T]:
+        """typing's marker for type checkers, which nothing reads at run time."""
+        return lambda f: f
+
+    class Generic:
+        """typing's `Generic` as a base, for the classes `diff` imports: `Generic[X]` is this class."""
+
+        __slots__ = ()
+
+        def __class_getitem__(cls, _: object) -> type:
+            return cls
+
+
 _FIELDS = "__plain_fields__"
 
 
@@ -153,3 +172,32 @@ def replace(obj: T, **changes: Any) -> T:
 def as_dict(obj: object) -> dict[str, Any]:
     """The fields of a `@plain` value by name (`dataclasses.asdict` of plain values: nothing is copied)."""
     return {n: getattr(obj, n) for n in fields(obj)}
+
+
+_NT_OWN = frozenset({"__module__", "__name__", "__annotations__"})  # what typing.NamedTuple does not copy
+
+
+class _NamedTupleType(type):
+    """`class X(NamedTuple)` without importing typing: what typing.NamedTuple makes at run time, a
+    `collections.namedtuple` of the annotated fields (their defaults, the class's docstring, methods and
+    properties copied onto it). tests/unit/test_plain.py holds it to typing's."""
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], ns: dict[str, Any]) -> Any:
+        if not bases:  # NamedTuple itself
+            return super().__new__(mcls, name, bases, ns)
+        fields = list(ns.get("__annotations__", {}))
+        defaults = [ns[f] for f in fields if f in ns]
+        if defaults and any(f not in ns for f in fields[fields.index(next(f for f in fields if f in ns)) :]):
+            raise TypeError(f"{name}: a field without a default follows one with a default")  # as typing refuses
+        made = namedtuple(name, fields, defaults=defaults, module=ns["__module__"])  # type: ignore[misc]
+        made.__annotations__ = dict(ns.get("__annotations__", {}))  # typing's holds them as ForwardRefs
+        for key, value in ns.items():  # __qualname__, __doc__, methods and properties: as typing copies them
+            if key not in _NT_OWN and key not in fields:
+                setattr(made, key, value)
+        return made
+
+
+if not TYPE_CHECKING:  # type checkers read `typing.NamedTuple` where the modules import this one
+
+    class NamedTuple(metaclass=_NamedTupleType):
+        """The base `class X(NamedTuple)` names (see _NamedTupleType)."""

@@ -26,13 +26,17 @@ is handled like any other.
 
 from __future__ import annotations
 
-import json
 import re
 from functools import cache, lru_cache
-from typing import Any
 
 from tokendiff.core import jsontext
+from tokendiff.core.lazyre import Lazy
 from tokendiff.core.plain import plain
+
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
+if TYPE_CHECKING:
+    import json
+    from typing import Any
 
 REDACTED = "[REDACTED]"
 
@@ -98,7 +102,7 @@ _CREDENTIAL_HINTS = (
     *(b"_live_", b"_test_", b"ya29.", b"xapp-", b"ecret", b"ECRET", b"://", b"ccountKey", b"ccessKey"),
 )
 
-_ASCII_ESCAPE = re.compile(rb"\\u00[2-7][0-9a-fA-F]")  # escapes that could spell a hint (printable ASCII)
+_ASCII_ESCAPE = Lazy(rb"\\u00[2-7][0-9a-fA-F]")  # escapes that could spell a hint (printable ASCII)
 
 # request fields the server renders into the prompt (OpenAI chat/completions/responses, Anthropic)
 PROMPT_FIELDS = frozenset(
@@ -149,8 +153,22 @@ def _may_match(text: str | bytes) -> bool:
     """False only when no credential pattern can match `text`: its ASCII letters lowered, it holds none of
     _MATCH_NEEDS. Text with other characters is always searched (Unicode case folding: `ſ` matches `s`)."""
     if isinstance(text, bytes):  # bytes patterns match ASCII case-insensitively only
-        return _needs(bytes).search(text.lower()) is not None
-    return not text.isascii() or _needs(str).search(text.lower()) is not None
+        return _holds_a_need(text.lower(), bytes)
+    return not text.isascii() or _holds_a_need(text.lower(), str)
+
+
+_BY_IN = 64  # texts of a kind searched literal by literal before `_needs` compiles its pattern (~0.2 ms a kind)
+_searched: dict[type, int] = {str: 0, bytes: 0}
+
+
+def _holds_a_need(low: str | bytes, kind: type) -> bool:
+    """Whether `low` holds any of _MATCH_NEEDS: by `in`, one literal at a time, for a command's first few texts
+    (a diff masks a handful), then by the one-pass pattern; either finds a literal where the other does."""
+    if _searched[kind] < _BY_IN:
+        _searched[kind] += 1
+        needs: tuple[Any, ...] = _MATCH_NEEDS_BYTES if kind is bytes else _MATCH_NEEDS
+        return any(h in low for h in needs)
+    return _needs(kind).search(low) is not None
 
 
 @cache
@@ -235,7 +253,8 @@ def plan(value: Any, *, prompt_fields: bool = True, values: bool = True) -> list
     return edits
 
 
-_Link = tuple[Any, str | int] | None  # (parent's link, step); None: the root
+if TYPE_CHECKING:
+    _Link = tuple[Any, str | int] | None  # (parent's link, step); None: the root
 
 
 def _path(link: _Link) -> Path:
@@ -305,8 +324,16 @@ def path_text(path: Path) -> str:
 
 # ---------------------------------------------------------------- verbatim bodies
 
-_DECODER = json.JSONDecoder()
-_WS = re.compile(r"[ \t\n\r]*")
+
+@cache
+def _decoder() -> json.JSONDecoder:
+    """json's decoder, made where a verbatim body is first edited (`tokendiff diff` never imports json)."""
+    import json
+
+    return json.JSONDecoder()
+
+
+_WS = Lazy(r"[ \t\n\r]*")  # compiled where a verbatim body is first edited
 
 
 def apply_text(text: str, edits: list[Edit]) -> str:
@@ -340,7 +367,7 @@ def _skip(text: str, i: int) -> int:
 def _walk_text(text: str, i: int, path: Path, targets: Targets, prefixes: set[Path], cuts: Cuts) -> int:
     """The end of the JSON value at `i`, recording the cuts for `targets` inside it."""
     if path not in prefixes or text[i] not in "{[":
-        end = _DECODER.raw_decode(text, i)[1]
+        end = _decoder().raw_decode(text, i)[1]
     else:
         end = _walk_container(text, i, path, targets, prefixes, cuts)
     edit = targets.get(path)
@@ -350,6 +377,8 @@ def _walk_text(text: str, i: int, path: Path, targets: Targets, prefixes: set[Pa
 
 
 def _replacement(edit: Edit) -> str:
+    import json
+
     return json.dumps(REDACTED if edit.new is None else edit.new)
 
 
@@ -367,7 +396,7 @@ def _walk_container(text: str, i: int, path: Path, targets: Targets, prefixes: s
     while True:
         step: str | int = n
         if is_obj:
-            step, j = json.decoder.scanstring(text, j + 1)  # type: ignore[attr-defined]  # public, not in typeshed
+            step, j = jsontext.scanstring(text, j + 1)
             j = _skip(text, _skip(text, j) + 1)  # past the colon
         j = _skip(text, _walk_text(text, j, (*path, step), targets, prefixes, cuts))
         n += 1

@@ -15,11 +15,14 @@ from array import array
 from collections.abc import Callable, Sequence
 from functools import cache
 from itertools import accumulate, islice
-from typing import TYPE_CHECKING, Any, Literal
 
+from tokendiff.core.lazyre import Lazy
 from tokendiff.core.plain import plain
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    from typing import Any, Literal
+
     from tokendiff.core.model import Ids, IntArray
 
     Decoded = tuple[Ids, bytes, IntArray, IntArray]  # a prompt decoded before: its IDs, bytes, offsets, special
@@ -35,8 +38,9 @@ COPY_FROM = 1024  # tokens from which a prompt decoded after another copies the 
 SPECIAL = 1  # control token (<|im_start|>, <s>, [INST] ...): structure, not text
 ADDED = 2  # added/user-defined token (<think>, <tool_call> in Qwen): text, one id
 
-_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
-LOOKS_SPECIAL = re.compile(r"^(<\|.*\|>|<｜.*｜>|<[a-z_]+>|</?s>|\[/?[A-Z_]+\])$", re.S)
+# compiled where a tokenizer file is read: `diff` of slot files reads a cached vocabulary (core/lazyre.py)
+_BYTE_TOKEN = Lazy(r"^<0x([0-9A-Fa-f]{2})>$")
+LOOKS_SPECIAL = Lazy(r"^(<\|.*\|>|<｜.*｜>|<[a-z_]+>|</?s>|\[/?[A-Z_]+\])$", re.S)
 
 
 def _byte_level_table() -> dict[int, int]:

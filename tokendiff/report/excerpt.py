@@ -3,10 +3,14 @@ a report or an export never prints a key that was in a prompt)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from tokendiff.core.model import Prompt
 from tokendiff.core.secrets import REDACTED, credential_spans
+
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
+if TYPE_CHECKING:
+    from typing import NamedTuple
+else:
+    from tokendiff.core.plain import NamedTuple
 
 _VISIBLE = str.maketrans({"\n": "↵", "\r": "␍", "\t": "⇥"})
 MAX_SPAN_CHARS = 400

@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tokendiff import safeio
 from tokendiff.core import grammar
@@ -36,7 +35,10 @@ from tokendiff.sources.slotfile import (
     read_slot_file,
 )
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slot files never needs it
+    from typing import Any, Protocol, TypeVar
+
     import numpy as np
 
     from tokendiff.core.model import IntArray, Rendered
@@ -44,7 +46,19 @@ if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slo
     from tokendiff.sources.record import CaptureRecord
     from tokendiff.sources.templates.render import Renderer
 
-T = TypeVar("T")
+    T = TypeVar("T")
+
+    class PromptServer(Protocol):
+        """A live server that renders requests and tokenises text for the loader, in its own vocabulary
+        (tokendiff.backends.tokenizer.ServerPrompts is the llama-server one; the application layer passes it)."""
+
+        url: str
+
+        def tokenize(self, text: str, add_special: bool = False) -> list[int]: ...
+
+        def prompt_ids(self, request: dict[str, Any]) -> list[int]: ...
+
+
 MAX_PROPS_BYTES = 64 << 20  # the server's /props beside a capture: its chat template and settings
 _SELECTOR = re.compile(r"^(?P<base>.+)@(?P<n>-?\d+)$")
 
@@ -214,17 +228,6 @@ def session_turns(path: str, order: str = "auto") -> list[Selected]:
     base = Path(path)
     kind, files = _dir_entries(base, order)
     return [Selected(kind if kind == "slot" else file_kind(f), f, one_line(str(f)), None) for f in files]
-
-
-class PromptServer(Protocol):
-    """A live server that renders requests and tokenises text for the loader, in its own vocabulary
-    (tokendiff.backends.tokenizer.ServerPrompts is the llama-server one; the application layer passes it)."""
-
-    url: str
-
-    def tokenize(self, text: str, add_special: bool = False) -> list[int]: ...
-
-    def prompt_ids(self, request: dict[str, Any]) -> list[int]: ...
 
 
 class Loader:

@@ -13,13 +13,15 @@ import struct
 import sys
 from array import array
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from tokendiff import safeio
 from tokendiff.errors import InputError
 from tokendiff.safeio import open_regular
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    from typing import Any, BinaryIO
+
     from tokendiff.core.model import Ids
 
 MAGIC_GGSQ = 0x67677371  # on disk b"qsgg"
@@ -288,7 +290,7 @@ def check_vocab(slot_tokens: Ids, n_vocab: int, source: str, vocab_name: str) ->
     array, a list or a numpy array; max() runs at C speed on each without a Python int per token."""
     if len(slot_tokens) == 0:
         return
-    ids = cast(Any, slot_tokens)
+    ids: Any = slot_tokens
     if isinstance(ids, array) and ids.itemsize == 4 and _all_below(ids, n_vocab):
         return
     top = int(ids.max()) if hasattr(ids, "dtype") else max(ids)  # numpy's own max: no Python int per token

@@ -19,7 +19,6 @@ from array import array
 from collections.abc import Callable, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from tokendiff.core.plain import as_dict
 from tokendiff.core.vocab import (
@@ -35,7 +34,10 @@ from tokendiff.core.vocab import (
 from tokendiff.errors import InputError
 from tokendiff.paths import bundled_data_dir, vocab_cache_dir
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from tokenizers import Tokenizer
 
 BUNDLED_DIR = bundled_data_dir() / "qwen3"
@@ -98,16 +100,46 @@ def _map(path: Path) -> memoryview | None:
         return None
 
 
-def _load_cache(path: Path, key: str) -> Vocab | None:
-    import json  # not orjson: its import costs `tokendiff diff` more than this one header saves
+class _JsonContext:
+    """What json's decoder hands its C scanner (json.loads's defaults), so the cache's header is read by that
+    scanner without importing json (its package, decoder and encoder: ~8 M instructions of a `tokendiff diff`)."""
 
+    strict = True
+    object_hook = object_pairs_hook = None
+    parse_float, parse_int = float, int
+
+    @staticmethod
+    def parse_constant(name: str) -> float:
+        return {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}[name]
+
+
+def _header(raw: bytes) -> Any:
+    """The cache's JSON header, as json.loads reads the orjson text `_save_cache` writes (UTF-8, no white space
+    around it); ValueError where it is not one (then the cache is a miss and is written again)."""
+    try:
+        from _json import make_scanner
+    except ImportError:  # no C scanner: json's own reading
+        import json
+
+        return json.loads(raw)
+    text = raw.decode("utf-8", "surrogatepass")
+    try:
+        value, end = make_scanner(_JsonContext)(text, 0)  # type: ignore[arg-type]  # its stub wants a scanner
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if end != len(text):
+        raise ValueError("extra data")
+    return value
+
+
+def _load_cache(path: Path, key: str) -> Vocab | None:
     mv = _map(path) if sys.byteorder == "little" else None  # the offsets are little-endian
     if mv is None or mv[: len(CACHE_MAGIC)] != CACHE_MAGIC:
         return None
     try:
         hlen, n, blen = _CACHE_FIXED.unpack_from(mv, len(CACHE_MAGIC))
         pos = len(CACHE_MAGIC) + _CACHE_FIXED.size
-        head = json.loads(bytes(mv[pos : pos + hlen]))
+        head = _header(bytes(mv[pos : pos + hlen]))
         pos += hlen + (-(pos + hlen) % 8)
         if head.get("key") != key or head["n"] != n or pos + 9 * n + 8 + blen != len(mv):
             return None
