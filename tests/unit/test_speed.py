@@ -484,3 +484,33 @@ def test_chunked_worker_pairs_are_the_inline_answer(tmp_path):
         loaded = open_session(PromptOptions(), [str(cap)], single_turns=False, workers=workers, engine=None)
         docs.append(orjson.dumps(session_report(loaded, str(cap))))
     assert docs[0] == docs[1]
+
+
+def test_ids_taken_again_after_same_length_edits_are_the_ids_parsed_whole():
+    """After an edit that keeps the text's length (a date in the system prompt: a digit for a digit), the IDs
+    of the bytes equal again are the line before's; the array, and whether the text is read at all, are what
+    parsing the whole text gives, for such edits anywhere (an ID's digits, a comma moved, a letter, white
+    space), several in a line, with the tail changed too."""
+    from tokendiff.sources import capture
+
+    rng = np.random.default_rng(2)
+    base = ", ".join(map(str, rng.integers(0, 200_000, 2000))).encode()
+    prev, resynced = capture.PrevIds(), 0
+    for _ in range(600):
+        edited = bytearray(base)
+        for _ in range(rng.integers(1, 4)):
+            at = int(rng.integers(1, len(edited) - 9))
+            if rng.random() < 0.9:  # mostly a digit for a digit, not an ID's first: still valid
+                at = next(k for k in range(at, len(edited)) if edited[k - 1 : k + 1].isdigit())
+            edited[at] = b"0123456789"[rng.integers(0, 10)] if rng.random() < 0.9 else b", x"[rng.integers(0, 3)]
+        text = bytes(edited)
+        if rng.random() < 0.5:  # a new tail
+            text = text[: text.rfind(b",", 0, int(rng.integers(len(text) // 2, len(text))))] + b",17,4"
+        before = prev.ids is not None
+        want, got = capture._ids_from_text(text), prev.parse(text)
+        assert (want is None) == (got is None)
+        if want is not None:
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+            resynced += before
+            base = bytes(edited) if rng.random() < 0.3 else base
+    assert resynced > 200

@@ -693,19 +693,50 @@ class PrevIds:
         self.ids: Any = None
 
     def parse(self, text: bytes) -> Any:
-        """`_ids_from_text(text)`, the IDs whose digits and comma lie in the text shared with the line before
-        taken from its array (they were read and checked there); the rest read as `_ids_from_text` reads it."""
+        """`_ids_from_text(text)`, the IDs whose digits and comma lie in text shared with the line before taken
+        from its array (they were read and checked there): its common start, and after each edit that kept
+        the text's length (a date in the system prompt) the stretch that is the line before's again at the
+        same bytes (`_resynced`). The rest is read as `_ids_from_text` reads it."""
         import numpy as np
 
-        cut = text.rfind(b",", 0, common_bytes(self.text, text)) if self.ids is not None else -1
+        c = common_bytes(self.text, text)
+        cut = text.rfind(b",", 0, c) if self.ids is not None else -1
         if cut > 0:  # IDs wholly before the cut, each followed by its comma: a text read holds one comma fewer
             k = len(self.ids) - 1 - self.text.count(b",", cut + 1)  # than IDs; its commas after the cut counted
-            rest = _ids_from_text(text[cut + 1 :])
-            ids = np.concatenate([self.ids[:k], rest]) if rest is not None else None
+            parts = self._resynced(text, cut + 1, k, c)
+            ids = np.concatenate(parts) if all(p is not None for p in parts) else None
         else:
             ids = _ids_from_text(text)
         self.text, self.ids = (text, ids) if ids is not None else (b"", None)
         return ids
+
+    def _resynced(self, text: bytes, pos: int, k: int, c: int) -> list[Any]:
+        """The arrays of `text` from byte `pos` on (just after a comma the line before has at the same byte, ending
+        its k-th ID; `c`: the first byte they differ at): the line before's first k IDs; then, edit by edit, the
+        IDs read up to the comma that ends the edited ID, where the line before has a comma at the same byte
+        and RESYNC_RUN equal bytes follow it, and the line before's IDs whose digits and comma lie in the equal
+        bytes; the rest read. An ID is the digits between two commas (`_digits` checks each one alone), so the
+        equal bytes between two commas at the same place hold equal IDs, the line before's found by counting
+        its commas; each of its IDs was read and checked from these same bytes."""
+        old, parts = self.text, [self.ids[:k]]
+        while True:
+            q = text.find(b",", c)  # the comma that ends the edited ID
+            if q < 0 or old[q : q + RESYNC_RUN] != text[q : q + RESYNC_RUN]:  # (a comma in both, and a run)
+                break
+            c = q + common_bytes(old[q:], text[q:])  # where they differ next
+            end = text.rfind(b",", q + 1, c)  # the comma of the run's last whole ID
+            if end < 0:
+                break
+            parts.append(_ids_from_text(text[pos:q]))
+            k += old.count(b",", pos, q + 1)  # the line before's ID after the comma at q, and after `end`
+            n = old.count(b",", q + 1, end + 1)
+            parts.append(self.ids[k : k + n])
+            pos, k = end + 1, k + n
+        parts.append(_ids_from_text(text[pos:]))
+        return parts
+
+
+RESYNC_RUN = 1 << 10  # equal bytes after an edit from which the line before's IDs are taken again
 
 
 def _loads(line: bytes, prev: PrevIds | None = None) -> tuple[Any, Any]:
