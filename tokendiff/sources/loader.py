@@ -485,17 +485,10 @@ class Loader:
         return (Sectioning.MARKERS, fam, SLOT_SECTIONING) if fam not in (None, "none") else None
 
     def _decode_next(self, ids: np.ndarray) -> bytes:
-        """The bytes of `ids`, the part they share with the IDs `sectioning` decoded before taken from
-        those: a session's prompt repeats most of the one before it."""
-        from tokendiff.core.align import common_prefix
-
+        """The bytes of `ids`, what they share with the IDs `sectioning` decoded before taken from those
+        (`_decoded_after`): a session's prompt repeats most of the one before it."""
         last = self._last_decoded
-        n = common_prefix(last[0], ids) if last is not None else 0
-        if last is None or n == 0:
-            data = self.vocab.decode(ids)[0]
-        else:
-            kept = len(last[1]) - self.vocab.byte_length(last[0][n:])  # what the shared IDs decode to
-            data = last[1][:kept] + self.vocab.decode(ids[n:])[0]
+        data = self.vocab.decode(ids)[0] if last is None else _decoded_after(self.vocab, last, ids)
         self._last_decoded = (ids, data)
         return data
 
@@ -591,6 +584,41 @@ class Loader:
 
     def _can_render(self) -> bool:
         return bool(self.chat_template or self.vocab.meta.chat_template)
+
+
+COPY_RUN = 64  # IDs equal at the same places after an edit from which the bytes decoded before are taken again
+
+
+def _decoded_after(vocab: Vocab, last: tuple[np.ndarray, bytes], ids: np.ndarray) -> bytes:
+    """`vocab.decode(ids)[0]`, the IDs equal to the previous prompt's (`last`: its IDs and bytes) at the same
+    places taken from its bytes: their common start, and each run of COPY_RUN or more after it (what follows
+    an edit that kept the token count: a date's digits). The bytes of IDs are their pieces joined, so equal
+    IDs at any places are equal bytes; the previous prompt's bytes at a place are found from the byte length
+    of its IDs after it. Only the rest is decoded."""
+    import numpy as np
+
+    from tokendiff.core.align import common_prefix
+
+    prev, data = last
+    n = common_prefix(prev, ids)
+    if n == 0:
+        return vocab.decode(ids)[0]
+    k = min(len(prev), len(ids))
+    differ = n + np.flatnonzero(prev[n:k] != ids[n:k])  # where they differ at the same places (n first)
+    starts, ends = differ + 1, np.append(differ[1:], k)
+    long = ends - starts >= COPY_RUN
+    runs = zip(starts[long].tolist(), ends[long].tolist())
+
+    def at(i: int) -> int:  # where the previous prompt's i-th token begins in its bytes
+        return len(data) - vocab.byte_length(prev[i:])
+
+    parts, pos = [data[: at(n)]], n
+    for s, e in runs:
+        parts += [vocab.decode(ids[pos:s])[0], data[at(s) : at(e)]]
+        pos = e
+    if pos < len(ids):
+        parts.append(vocab.decode(ids[pos:])[0])
+    return b"".join(parts)
 
 
 def _request_of(rec: CaptureRecord) -> dict[str, Any]:
