@@ -644,8 +644,8 @@ def _parse_line(
     if not isinstance(schema, str) or schema not in RECORD_READERS:
         raise InputError(f"line {n}: unknown capture schema {schema!r} (expected {SCHEMA})", source=p)
     check_record(rec, f"line {n}", p)
-    if ids is not None:
-        rec["prompt_ids"] = _token_ids(ids, f"line {n}", p)
+    if ids is not None:  # int32, each ID checked by `_digits` (non-negative, under 2**31): `_token_ids`' answer
+        rec["prompt_ids"] = ids
     return rec
 
 
@@ -745,10 +745,12 @@ def _loads(line: bytes, prev: PrevIds | None = None) -> tuple[Any, Any]:
     place): as a list they cost a Python int each, ~40 bytes a token and most of the line's parse.
     `prev`: the IDs of the line before, for the digits this line shares with it."""
     at = line.find(_IDS_KEY) if len(line) > LIFT_IDS_OVER else -1
-    if at < 0 or line.find(_IDS_KEY, at + len(_IDS_KEY)) >= 0:  # none, or more than one
+    if at < 0:
         return orjson.loads(line), None
     m = _IDS_OPEN.match(line, at + len(_IDS_KEY))
     close = line.find(b"]", m.end()) if m is not None else -1
+    if close >= 0 and line.find(_IDS_KEY, close) >= 0:  # more than one (digits and commas hold none)
+        return orjson.loads(line), None
     ids = None
     if m is not None and close >= 0:
         text = line[m.end() : close]
