@@ -782,22 +782,27 @@ class EngineSim:
         cache, before, raw = h.tokens, len(h), h.raw()
         shared = req.lcp_with(raw)
         memos = {k: v for k, v in h.__dict__.items() if k in ("_raw", "_held_by") and v[0] is cache}
-        out = Outcome(
-            turn=req.turn,
-            slot=k,
-            selected_by=how,
-            cache_n=0,
-            lcp=shared,
-            held_origin=h.origin if before else 0,
-            f_sim=f_sim,
-            f_keep=f_keep,
-            ram_loaded=loaded,
-            ram_saved=saved,
-            lora_cleared=cleared,
-            cache_off=not req.cache_prompt,
-        )
+        held_origin = h.origin if before else 0  # before `_process` makes the request the slot's origin
+
+        def outcome(cache_n: int, **after: Any) -> Outcome:  # made once: no `replace` of a first one
+            return Outcome(
+                turn=req.turn,
+                slot=k,
+                selected_by=how,
+                cache_n=cache_n,
+                lcp=shared,
+                held_origin=held_origin,
+                f_sim=f_sim,
+                f_keep=f_keep,
+                ram_loaded=loaded,
+                ram_saved=saved,
+                lora_cleared=cleared,
+                cache_off=not req.cache_prompt,
+                **after,
+            )
+
         if req.failed:  # refused before prefix reuse (context exceeded): the slot keeps its cache
-            return out
+            return outcome(0)
         chunks: tuple[Chunk, ...] = ()
         n_past = 0
         if req.cache_prompt:
@@ -811,7 +816,7 @@ class EngineSim:
             self._lost(old, Fate.EXTENDED if shared >= before else Fate.OVERWRITTEN, req.turn, how.value)
         shifts = self._process(h, req, ck.reused)
         checkpoint = ck if cfg.layout.needs_checkpoints else None
-        return replace(out, cache_n=ck.reused, chunks=chunks, checkpoint=checkpoint, false_hit=hit, shifts=shifts)
+        return outcome(ck.reused, chunks=chunks, checkpoint=checkpoint, false_hit=hit, shifts=shifts)
 
     def _lost(self, h: Held, fate: Fate, by: int, how: str = "") -> None:
         """Record what became of a state that left the server (a refusal by the RAM cache is kept: it says why)."""
