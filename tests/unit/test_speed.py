@@ -517,30 +517,35 @@ def test_ids_taken_again_after_same_length_edits_are_the_ids_parsed_whole():
 
 
 def test_bytes_taken_from_the_prompt_before_are_the_prompt_decoded_whole():
-    """Sectioning's decode takes from the prompt decoded before its common start and the runs equal at the same
-    places after an edit; the bytes are the whole decode's, for edits of any kind (a token for a token,
-    tokens inserted or deleted, a cut, a new tail, none), prompts with multi-byte pieces among them."""
+    """Sectioning's read of a prompt takes from the prompt read before its common start and the runs equal at
+    the same places after an edit, and the special tokens before the common start: the bytes are the whole
+    decode's and the family the one its special tokens tell, for edits of any kind (a token for a token,
+    tokens inserted or deleted, a cut, a new tail, none, a special token anywhere), prompts with multi-byte
+    pieces among them."""
     from tokendiff.sources.loader import COPY_RUN, Loader
 
     vocab = load_vocab(None)
     loader = Loader(vocab)
+    specials = [i for i in range(vocab.n_vocab) if vocab.flags[i] & 1]
     rng = np.random.default_rng(3)
     base = rng.integers(0, vocab.n_vocab, 3000).astype(np.int32)
     copied = 0
     for _ in range(300):
         ids = base.copy()
         for _ in range(rng.integers(0, 4)):
-            at, kind = int(rng.integers(0, len(ids))), rng.integers(0, 4)
+            at, kind = int(rng.integers(0, len(ids))), rng.integers(0, 5)
             if kind == 0:
                 ids[at] = rng.integers(0, vocab.n_vocab)
             elif kind == 1:
                 ids = np.insert(ids, at, rng.integers(0, vocab.n_vocab, rng.integers(1, 5))).astype(np.int32)
             elif kind == 2:
                 ids = np.delete(ids, slice(at, at + int(rng.integers(1, 5))))
+            elif kind == 3:
+                ids[at] = specials[int(rng.integers(0, len(specials)))]
             else:
                 ids = np.concatenate([ids[:at], rng.integers(0, vocab.n_vocab, rng.integers(0, 300))]).astype(np.int32)
-        before = loader._last_decoded
-        assert loader._decode_next(ids) == vocab.decode(ids)[0]
+        before = loader._last_read
+        assert loader._read_next(ids) == (vocab.decode(ids)[0], loader._family_of(ids))
         if before is not None:
             n = min(len(before[0]), len(ids))
             copied += int((before[0][:n] == ids[:n]).sum()) > COPY_RUN
