@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 from tokendiff.core import jsontext, secrets
-from tokendiff.core.align import common_bytes
+from tokendiff.core.align import common_bytes, shared_suffix
 from tokendiff.errors import InputError
 from tokendiff.safeio import open_private, open_regular, read_limited, write_private
 from tokendiff.sources.importers.responses import continued
@@ -694,9 +694,9 @@ class PrevIds:
 
     def parse(self, text: bytes) -> Any:
         """`_ids_from_text(text)`, the IDs whose digits and comma lie in text shared with the line before taken
-        from its array (they were read and checked there): its common start, and after each edit that kept
-        the text's length (a date in the system prompt) the stretch that is the line before's again at the
-        same bytes (`_resynced`). The rest is read as `_ids_from_text` reads it."""
+        from its array (they were read and checked there): its common start, and after each edit (a date in
+        the system prompt, a compaction) the stretches that are the line before's again (`_resynced`). The
+        rest is read as `_ids_from_text` reads it."""
         import numpy as np
 
         c = common_bytes(self.text, text)
@@ -711,32 +711,51 @@ class PrevIds:
         return ids
 
     def _resynced(self, text: bytes, pos: int, k: int, c: int) -> list[Any]:
-        """The arrays of `text` from byte `pos` on (just after a comma the line before has at the same byte, ending
-        its k-th ID; `c`: the first byte they differ at): the line before's first k IDs; then, edit by edit, the
-        IDs read up to the comma that ends the edited ID, where the line before has a comma at the same byte
-        and RESYNC_RUN equal bytes follow it, and the line before's IDs whose digits and comma lie in the equal
-        bytes; the rest read. An ID is the digits between two commas (`_digits` checks each one alone), so the
-        equal bytes between two commas at the same place hold equal IDs, the line before's found by counting
-        its commas; each of its IDs was read and checked from these same bytes."""
+        """The arrays of `text` from byte `pos` on (just after a comma the line before has at the same byte,
+        ending its k-th ID; `c`: the first byte they differ at): the line before's first k IDs; then, edit by
+        edit (a date's digits), the IDs read up to a stretch of text the line before holds too (`_stretch`),
+        and the line before's IDs whose digits and comma lie in the stretch; the rest read (text left short
+        of RESYNC_FROM bytes, or a compaction's: read as a whole). An ID is the digits between two commas
+        (`_digits` checks each one alone), so equal bytes between two commas hold equal IDs, and the line
+        before's are found by counting its commas; each of its IDs was read and checked from these same
+        bytes."""
         old, parts = self.text, [self.ids[:k]]
-        while True:
-            q = text.find(b",", c)  # the comma that ends the edited ID
-            if q < 0 or old[q : q + RESYNC_RUN] != text[q : q + RESYNC_RUN]:  # (a comma in both, and a run)
+        while len(text) - c >= RESYNC_FROM:
+            found = self._stretch(text, pos, c)
+            if found is None:
                 break
-            c = q + common_bytes(old[q:], text[q:])  # where they differ next
-            end = text.rfind(b",", q + 1, c)  # the comma of the run's last whole ID
-            if end < 0:
-                break
+            q, end, c = found
             parts.append(_ids_from_text(text[pos:q]))
-            k += old.count(b",", pos, q + 1)  # the line before's ID after the comma at q, and after `end`
-            n = old.count(b",", q + 1, end + 1)
+            k += old.count(b",", pos, q + 1)  # the line before's ID after its comma at q
+            n = text.count(b",", q + 1, end + 1)  # the stretch's whole IDs
             parts.append(self.ids[k : k + n])
             pos, k = end + 1, k + n
         parts.append(_ids_from_text(text[pos:]))
         return parts
 
+    def _stretch(self, text: bytes, pos: int, c: int) -> tuple[int, int, int] | None:
+        """(q, end, stop): text[q : end + 1] is the line before's at the same bytes, q and end commas, q at or
+        after `pos`, and the equal bytes end at `stop`. The first such stretch found by a probe of PROBE bytes
+        from a comma after the edit at `c`, nearest first (an edit that kept the text's length: a date's
+        digits), grown back towards `pos` and on to where they differ; None when no probe is found."""
+        old = self.text
+        for step in PROBE_STEPS:
+            q = text.find(b",", c + step)
+            if q < 0 or q + PROBE > len(text):
+                return None
+            if not old.startswith(text[q : q + PROBE], q):  # (a search anywhere finds chance matches)
+                continue
+            back = shared_suffix(old[pos:q], text[pos:q])  # equal bytes before the probe, back to `pos` at most
+            q = text.find(b",", q - back)  # the first comma of the equal bytes (the probe's at the latest)
+            stop = q + common_bytes(old[q:], text[q:])
+            end = text.rfind(b",", q + 1, stop)
+            return (q, end, stop) if end > q else None
+        return None
 
-RESYNC_RUN = 1 << 10  # equal bytes after an edit from which the line before's IDs are taken again
+
+RESYNC_FROM = 1 << 13  # text left after an edit from which a stretch of the line before's is looked for
+PROBE = 256  # bytes of a probe: whole IDs and commas, compared with the line before's by a memcmp
+PROBE_STEPS = (0, 256, 1024, 4096, 16384, 65536)  # where probes start, in bytes after the edit
 
 
 def _loads(line: bytes, prev: PrevIds | None = None) -> tuple[Any, Any]:
