@@ -484,3 +484,70 @@ def test_chunked_worker_pairs_are_the_inline_answer(tmp_path):
         loaded = open_session(PromptOptions(), [str(cap)], single_turns=False, workers=workers, engine=None)
         docs.append(orjson.dumps(session_report(loaded, str(cap))))
     assert docs[0] == docs[1]
+
+
+def test_ids_taken_again_after_same_length_edits_are_the_ids_parsed_whole():
+    """After an edit that keeps the text's length (a date in the system prompt: a digit for a digit), the IDs
+    of the bytes equal again are the line before's; the array, and whether the text is read at all, are what
+    parsing the whole text gives, for such edits anywhere (an ID's digits, a comma moved, a letter, white
+    space), several in a line, with the tail changed too."""
+    from tokendiff.sources import capture
+
+    rng = np.random.default_rng(2)
+    base = ", ".join(map(str, rng.integers(0, 200_000, 2000))).encode()
+    prev, resynced = capture.PrevIds(), 0
+    for _ in range(600):
+        edited = bytearray(base)
+        for _ in range(rng.integers(1, 4)):
+            at = int(rng.integers(1, len(edited) - 9))
+            if rng.random() < 0.9:  # mostly a digit for a digit, not an ID's first: still valid
+                at = next(k for k in range(at, len(edited)) if edited[k - 1 : k + 1].isdigit())
+            edited[at] = b"0123456789"[rng.integers(0, 10)] if rng.random() < 0.9 else b", x"[rng.integers(0, 3)]
+        text = bytes(edited)
+        if rng.random() < 0.5:  # a new tail
+            text = text[: text.rfind(b",", 0, int(rng.integers(len(text) // 2, len(text))))] + b",17,4"
+        before = prev.ids is not None
+        want, got = capture._ids_from_text(text), prev.parse(text)
+        assert (want is None) == (got is None)
+        if want is not None:
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+            resynced += before
+            base = bytes(edited) if rng.random() < 0.3 else base
+    assert resynced > 200
+
+
+def test_bytes_taken_from_the_prompt_before_are_the_prompt_decoded_whole():
+    """Sectioning's read of a prompt takes from the prompt read before its common start and the runs equal at
+    the same places after an edit, and the special tokens before the common start: the bytes are the whole
+    decode's and the family the one its special tokens tell, for edits of any kind (a token for a token,
+    tokens inserted or deleted, a cut, a new tail, none, a special token anywhere), prompts with multi-byte
+    pieces among them."""
+    from tokendiff.sources.loader import COPY_RUN, Loader
+
+    vocab = load_vocab(None)
+    loader = Loader(vocab)
+    specials = [i for i in range(vocab.n_vocab) if vocab.flags[i] & 1]
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, vocab.n_vocab, 3000).astype(np.int32)
+    copied = 0
+    for _ in range(300):
+        ids = base.copy()
+        for _ in range(rng.integers(0, 4)):
+            at, kind = int(rng.integers(0, len(ids))), rng.integers(0, 5)
+            if kind == 0:
+                ids[at] = rng.integers(0, vocab.n_vocab)
+            elif kind == 1:
+                ids = np.insert(ids, at, rng.integers(0, vocab.n_vocab, rng.integers(1, 5))).astype(np.int32)
+            elif kind == 2:
+                ids = np.delete(ids, slice(at, at + int(rng.integers(1, 5))))
+            elif kind == 3:
+                ids[at] = specials[int(rng.integers(0, len(specials)))]
+            else:
+                ids = np.concatenate([ids[:at], rng.integers(0, vocab.n_vocab, rng.integers(0, 300))]).astype(np.int32)
+        before = loader._last_read
+        assert loader._read_next(ids) == (vocab.decode(ids)[0], loader._family_of(ids))
+        if before is not None:
+            n = min(len(before[0]), len(ids))
+            copied += int((before[0][:n] == ids[:n]).sum()) > COPY_RUN
+        base = ids if rng.random() < 0.3 and len(ids) > 500 else base
+    assert copied > 200

@@ -292,10 +292,14 @@ def record_input(
     ids = rec.prompt_ids
     job = RecordJob(rec, label, turn, rendered)
     resp = rec.response
-    try:  # the capture reader gives an int32 array; other record sources may give a list
-        arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, (list, np.ndarray)) else None
-    except (TypeError, ValueError, OverflowError):
-        arr = None
+    arr: np.ndarray | None
+    if type(ids) is np.ndarray and ids.dtype == np.int32:  # the capture reader's: taken as it is (never written)
+        arr = ids
+    else:  # other record sources may give a list
+        try:
+            arr = np.asarray(ids, dtype=np.int64) if isinstance(ids, (list, np.ndarray)) else None
+        except (TypeError, ValueError, OverflowError):
+            arr = None
     if arr is None and ids is None:  # a HAR entry, a request body: its render tokenised
         arr = rendered if rendered is not None else loader.rendered_ids(rec)
     if arr is None or not usable_ids(arr, loader.vocab.n_vocab):
@@ -303,7 +307,7 @@ def record_input(
     else:
         resp = resp if isinstance(resp, dict) else None
         req = rec.request if isinstance(rec.request, dict) else None
-        ids32 = arr.astype(np.int32)
+        ids32 = arr if arr.dtype == np.int32 else arr.astype(np.int32)
         if ids is None and rendered is None:  # its render tokenised here: a full load decodes these IDs
             job = RecordJob(rec, label, turn, ids32)  # instead of rendering and tokenising it again
         ti = TurnInput(

@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 from tokendiff.core import jsontext, secrets
-from tokendiff.core.align import common_bytes
+from tokendiff.core.align import common_bytes, shared_suffix
 from tokendiff.errors import InputError
 from tokendiff.safeio import open_private, open_regular, read_limited, write_private
 from tokendiff.sources.importers.responses import continued
@@ -644,8 +644,8 @@ def _parse_line(
     if not isinstance(schema, str) or schema not in RECORD_READERS:
         raise InputError(f"line {n}: unknown capture schema {schema!r} (expected {SCHEMA})", source=p)
     check_record(rec, f"line {n}", p)
-    if ids is not None:
-        rec["prompt_ids"] = _token_ids(ids, f"line {n}", p)
+    if ids is not None:  # int32, each ID checked by `_digits` (non-negative, under 2**31): `_token_ids`' answer
+        rec["prompt_ids"] = ids
     return rec
 
 
@@ -693,19 +693,69 @@ class PrevIds:
         self.ids: Any = None
 
     def parse(self, text: bytes) -> Any:
-        """`_ids_from_text(text)`, the IDs whose digits and comma lie in the text shared with the line before
-        taken from its array (they were read and checked there); the rest read as `_ids_from_text` reads it."""
+        """`_ids_from_text(text)`, the IDs whose digits and comma lie in text shared with the line before taken
+        from its array (they were read and checked there): its common start, and after each edit (a date in
+        the system prompt, a compaction) the stretches that are the line before's again (`_resynced`). The
+        rest is read as `_ids_from_text` reads it."""
         import numpy as np
 
-        cut = text.rfind(b",", 0, common_bytes(self.text, text)) if self.ids is not None else -1
+        c = common_bytes(self.text, text)
+        cut = text.rfind(b",", 0, c) if self.ids is not None else -1
         if cut > 0:  # IDs wholly before the cut, each followed by its comma: a text read holds one comma fewer
             k = len(self.ids) - 1 - self.text.count(b",", cut + 1)  # than IDs; its commas after the cut counted
-            rest = _ids_from_text(text[cut + 1 :])
-            ids = np.concatenate([self.ids[:k], rest]) if rest is not None else None
+            parts = self._resynced(text, cut + 1, k, c)
+            ids = np.concatenate(parts) if all(p is not None for p in parts) else None
         else:
             ids = _ids_from_text(text)
         self.text, self.ids = (text, ids) if ids is not None else (b"", None)
         return ids
+
+    def _resynced(self, text: bytes, pos: int, k: int, c: int) -> list[Any]:
+        """The arrays of `text` from byte `pos` on (just after a comma the line before has at the same byte,
+        ending its k-th ID; `c`: the first byte they differ at): the line before's first k IDs; then, edit by
+        edit (a date's digits), the IDs read up to a stretch of text the line before holds too (`_stretch`),
+        and the line before's IDs whose digits and comma lie in the stretch; the rest read (text left short
+        of RESYNC_FROM bytes, or a compaction's: read as a whole). An ID is the digits between two commas
+        (`_digits` checks each one alone), so equal bytes between two commas hold equal IDs, and the line
+        before's are found by counting its commas; each of its IDs was read and checked from these same
+        bytes."""
+        old, parts = self.text, [self.ids[:k]]
+        while len(text) - c >= RESYNC_FROM:
+            found = self._stretch(text, pos, c)
+            if found is None:
+                break
+            q, end, c = found
+            parts.append(_ids_from_text(text[pos:q]))
+            k += old.count(b",", pos, q + 1)  # the line before's ID after its comma at q
+            n = text.count(b",", q + 1, end + 1)  # the stretch's whole IDs
+            parts.append(self.ids[k : k + n])
+            pos, k = end + 1, k + n
+        parts.append(_ids_from_text(text[pos:]))
+        return parts
+
+    def _stretch(self, text: bytes, pos: int, c: int) -> tuple[int, int, int] | None:
+        """(q, end, stop): text[q : end + 1] is the line before's at the same bytes, q and end commas, q at or
+        after `pos`, and the equal bytes end at `stop`. The first such stretch found by a probe of PROBE bytes
+        from a comma after the edit at `c`, nearest first (an edit that kept the text's length: a date's
+        digits), grown back towards `pos` and on to where they differ; None when no probe is found."""
+        old = self.text
+        for step in PROBE_STEPS:
+            q = text.find(b",", c + step)
+            if q < 0 or q + PROBE > len(text):
+                return None
+            if not old.startswith(text[q : q + PROBE], q):  # (a search anywhere finds chance matches)
+                continue
+            back = shared_suffix(old[pos:q], text[pos:q])  # equal bytes before the probe, back to `pos` at most
+            q = text.find(b",", q - back)  # the first comma of the equal bytes (the probe's at the latest)
+            stop = q + common_bytes(old[q:], text[q:])
+            end = text.rfind(b",", q + 1, stop)
+            return (q, end, stop) if end > q else None
+        return None
+
+
+RESYNC_FROM = 1 << 13  # text left after an edit from which a stretch of the line before's is looked for
+PROBE = 256  # bytes of a probe: whole IDs and commas, compared with the line before's by a memcmp
+PROBE_STEPS = (0, 256, 1024, 4096, 16384, 65536)  # where probes start, in bytes after the edit
 
 
 def _loads(line: bytes, prev: PrevIds | None = None) -> tuple[Any, Any]:
@@ -714,10 +764,12 @@ def _loads(line: bytes, prev: PrevIds | None = None) -> tuple[Any, Any]:
     place): as a list they cost a Python int each, ~40 bytes a token and most of the line's parse.
     `prev`: the IDs of the line before, for the digits this line shares with it."""
     at = line.find(_IDS_KEY) if len(line) > LIFT_IDS_OVER else -1
-    if at < 0 or line.find(_IDS_KEY, at + len(_IDS_KEY)) >= 0:  # none, or more than one
+    if at < 0:
         return orjson.loads(line), None
     m = _IDS_OPEN.match(line, at + len(_IDS_KEY))
     close = line.find(b"]", m.end()) if m is not None else -1
+    if close >= 0 and line.find(_IDS_KEY, close) >= 0:  # more than one (digits and commas hold none)
+        return orjson.loads(line), None
     ids = None
     if m is not None and close >= 0:
         text = line[m.end() : close]

@@ -22,7 +22,7 @@ from tokendiff.core import grammar
 from tokendiff.core.kinds import Sectioning, ServerKind
 from tokendiff.core.model import Prompt, PromptMeta, RenderMismatch
 from tokendiff.core.plain import plain
-from tokendiff.core.vocab import TextTokenizer, Vocab
+from tokendiff.core.vocab import SPECIAL, TextTokenizer, Vocab
 from tokendiff.errors import InputError, one_line
 from tokendiff.notices import warn
 from tokendiff.sources.importers import check_depth
@@ -257,7 +257,8 @@ class Loader:
         self._tokenizer: TextTokenizer | None = None
         self._renderer: Renderer | None = None
         self._sessions: dict[Path, list[CaptureRecord]] = {}
-        self._last_decoded: tuple[np.ndarray, bytes] | None = None  # `sectioning`'s last prompt
+        self._last_read: tuple[np.ndarray, bytes, np.ndarray] | None = None  # `sectioning`'s last prompt
+        self._flags: np.ndarray | None = None  # SPECIAL of every token, for `_read_next`
 
     def with_template(self, chat_template: str | None) -> Loader:
         """This loader with another chat template, sharing its text tokenizer (built once: parsing
@@ -460,8 +461,7 @@ class Loader:
             return None
         if rec.prompt_ids is None or fields or self.family is not None or not len(ids):
             return None  # fields renamed for another API, a family forced: the full load decides
-        data = self._decode_next(ids)
-        fam = self._family_of(ids)
+        data, fam = self._read_next(ids)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
@@ -487,20 +487,28 @@ class Loader:
         fam = self._family_of(ids) if self.family is None and len(ids) else None
         return (Sectioning.MARKERS, fam, SLOT_SECTIONING) if fam not in (None, "none") else None
 
-    def _decode_next(self, ids: np.ndarray) -> bytes:
-        """The bytes of `ids`, the part they share with the IDs `sectioning` decoded before taken from
-        those: a session's prompt repeats most of the one before it."""
+    def _read_next(self, ids: np.ndarray) -> tuple[bytes, str | None]:
+        """The bytes of `ids` and the family their special tokens tell (`_family_of`), what they share with the
+        IDs `sectioning` read before taken from those: a session's prompt repeats most of the one before it.
+        The bytes: `_decoded_after`. The special tokens: the ones before their common prefix's end are the
+        previous prompt's there (kept as positions), only those after it are looked for."""
+        import numpy as np
+
         from tokendiff.core.align import common_prefix
 
-        last = self._last_decoded
+        last = self._last_read
         n = common_prefix(last[0], ids) if last is not None else 0
+        if self._flags is None:
+            self._flags = np.frombuffer(bytes(self.vocab.flags), dtype=np.uint8) & SPECIAL
+        marks = n + np.flatnonzero(self._flags[ids[n:]])
         if last is None or n == 0:
             data = self.vocab.decode(ids)[0]
         else:
-            kept = len(last[1]) - self.vocab.byte_length(last[0][n:])  # what the shared IDs decode to
-            data = last[1][:kept] + self.vocab.decode(ids[n:])[0]
-        self._last_decoded = (ids, data)
-        return data
+            data = _decoded_after(self.vocab, (last[0], last[1]), ids, n)
+            marks = np.concatenate([last[2][: np.searchsorted(last[2], n)], marks])
+        self._last_read = (ids, data, marks)
+        specials = set(ids[marks].tolist())
+        return data, grammar.family_of_specials({self.vocab.piece(i) for i in specials})
 
     def _family_of(self, ids: np.ndarray) -> str | None:
         """The template family the prompt's special tokens tell (what `grammar.annotate` finds)."""
@@ -594,6 +602,38 @@ class Loader:
 
     def _can_render(self) -> bool:
         return bool(self.chat_template or self.vocab.meta.chat_template)
+
+
+COPY_RUN = 64  # IDs equal at the same places after an edit from which the bytes decoded before are taken again
+
+
+def _decoded_after(vocab: Vocab, last: tuple[np.ndarray, bytes], ids: np.ndarray, n: int) -> bytes:
+    """`vocab.decode(ids)[0]`, the IDs equal to the previous prompt's (`last`: its IDs and bytes) at the same
+    places taken from its bytes: their common start (n > 0 tokens), and each run of COPY_RUN or more after
+    it (what follows an edit that kept the token count: a date's digits). The bytes of IDs are their pieces
+    joined, so equal IDs at any places are equal bytes; the previous prompt's bytes at a place are found from
+    the byte length of its IDs after it. Only the rest is decoded."""
+    import numpy as np
+
+    prev, data = last
+    k = min(len(prev), len(ids))
+    differ = n + np.flatnonzero(prev[n:k] != ids[n:k])  # where they differ at the same places (n first)
+    runs: list[tuple[int, int]] = []
+    if differ.size:  # the runs between one place they differ and the next (or the shorter one's end)
+        starts, ends = differ + 1, np.append(differ[1:], k)
+        long = ends - starts >= COPY_RUN
+        runs = list(zip(starts[long].tolist(), ends[long].tolist()))
+
+    def at(i: int) -> int:  # where the previous prompt's i-th token begins in its bytes
+        return len(data) - vocab.byte_length(prev[i:])
+
+    parts, pos = [data[: at(n)]], n
+    for s, e in runs:
+        parts += [vocab.decode(ids[pos:s])[0], data[at(s) : at(e)]]
+        pos = e
+    if pos < len(ids):
+        parts.append(vocab.decode(ids[pos:])[0])
+    return b"".join(parts)
 
 
 def _request_of(rec: CaptureRecord) -> dict[str, Any]:

@@ -777,27 +777,39 @@ class EngineSim:
         saved: bool,
         cleared: bool,
     ) -> Outcome:
-        """The prefix the request keeps (timings.cache_n), then the slot as the request leaves it."""
-        h, cfg = slot.held, self.config
-        cache, before, raw = h.tokens, len(h), h.raw()
+        """The prefix the request keeps (timings.cache_n), then the slot as the request leaves it (one Outcome
+        made: no `replace` of a first one, a tenth of the advisor's replays)."""
+        h = slot.held
+        raw, origin = h.raw(), h.origin if len(h) else 0  # the slot's, before the request takes it
         shared = req.lcp_with(raw)
-        memos = {k: v for k, v in h.__dict__.items() if k in ("_raw", "_held_by") and v[0] is cache}
-        out = Outcome(
+        kept = (0, (), None, "", ()) if req.failed else self._kept(h, req, raw, shared, how)  # failed: refused
+        reused, chunks, checkpoint, hit, shifts = kept  # before prefix reuse (context exceeded), the cache kept
+        return Outcome(
             turn=req.turn,
             slot=k,
             selected_by=how,
-            cache_n=0,
+            cache_n=reused,
             lcp=shared,
-            held_origin=h.origin if before else 0,
+            held_origin=origin,
             f_sim=f_sim,
             f_keep=f_keep,
             ram_loaded=loaded,
             ram_saved=saved,
             lora_cleared=cleared,
             cache_off=not req.cache_prompt,
+            chunks=chunks,
+            checkpoint=checkpoint,
+            false_hit=hit,
+            shifts=shifts,
         )
-        if req.failed:  # refused before prefix reuse (context exceeded): the slot keeps its cache
-            return out
+
+    def _kept(
+        self, h: Held, req: Request, raw: bytes, shared: int, how: SelectedBy
+    ) -> tuple[int, tuple[Chunk, ...], Reuse | None, str, tuple[Shift, ...]]:
+        """A request's prefix reuse of the slot's state `h` (its tokens' bytes `raw`, `shared` of them the
+        prompt's): (cache_n, chunks, checkpoint, false hit, shifts), the slot as the request leaves it."""
+        cfg, cache, before = self.config, h.tokens, len(h)
+        memos = {k: v for k, v in h.__dict__.items() if k in ("_raw", "_held_by") and v[0] is cache}
         chunks: tuple[Chunk, ...] = ()
         n_past = 0
         if req.cache_prompt:
@@ -810,8 +822,7 @@ class EngineSim:
         if h.origin and h.origin != req.turn and (shared >= before or self._in_ram(old) is None):
             self._lost(old, Fate.EXTENDED if shared >= before else Fate.OVERWRITTEN, req.turn, how.value)
         shifts = self._process(h, req, ck.reused)
-        checkpoint = ck if cfg.layout.needs_checkpoints else None
-        return replace(out, cache_n=ck.reused, chunks=chunks, checkpoint=checkpoint, false_hit=hit, shifts=shifts)
+        return ck.reused, chunks, ck if cfg.layout.needs_checkpoints else None, hit, shifts
 
     def _lost(self, h: Held, fate: Fate, by: int, how: str = "") -> None:
         """Record what became of a state that left the server (a refusal by the RAM cache is kept: it says why)."""
