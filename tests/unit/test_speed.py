@@ -175,7 +175,6 @@ def test_strip_turns_are_the_full_diff(tmp_path, monkeypatch, seed):
     _same_without_forms(d, monkeypatch)
 
 
-
 EDITS = [  # what changes in a prompt from turn to turn: each kind for a stretch of turns, its value every other
     lambda i: f"Today is 2026-02-{1 + i % 9:02d}.",  # a date
     lambda i: f"Memory: {2 + i % 7} items stored.",  # a counter
@@ -274,6 +273,7 @@ def test_edit_turns_are_the_full_diff(tmp_path, monkeypatch, kind):
     assert {t.findings[0].kind for t in edited} >= {CauseKind.DATE, CauseKind.COUNTER, CauseKind.CONTENT_CHANGED}
     assert len(edited) >= 12, len(edited)
     _same_without_forms(path, monkeypatch)
+
 
 def test_heaviest_chain_is_the_quadratic_one():
     """The Fenwick tree's chain weights and links are those of trying every earlier run, ties included."""
