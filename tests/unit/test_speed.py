@@ -51,6 +51,15 @@ def _answer(rng: random.Random, k: int) -> dict:
     return {"role": "assistant", **msg}
 
 
+def _record(k: int, request: dict, ids: list[int]) -> bytes:
+    """The proxy's record of request k, answered by llama-server."""
+    rec = {"schema": "tokendiff.capture/1", "seq": k, "ts": 1.8e9 + k, "source": "proxy",
+           "endpoint": "/v1/chat/completions", "request": request,
+           "response": {"status": 200, "timings": {"prompt_n": 10, "prompt_ms": 5.0}},
+           "prompt_ids": ids, "server": {"kind": "llama-server"}}  # fmt: skip
+    return orjson.dumps(rec)
+
+
 def _capture(path: Path, turns: int, *, kwargs: bool = True, seed: int = 0) -> Path:
     """A capture of a Qwen3 agent without thinking, its prompt IDs the bundled template's render
     tokenised: answers of every odd kind, a tool result now and then, the date changed, history dropped.
@@ -69,11 +78,7 @@ def _capture(path: Path, turns: int, *, kwargs: bool = True, seed: int = 0) -> P
         full = {**body, "chat_template_kwargs": {"enable_thinking": False}}
         ids = tok.encode(renderer.render(full))
         request = full if kwargs else body
-        rec = {"schema": "tokendiff.capture/1", "seq": k, "ts": 1.8e9 + k, "source": "proxy",
-               "endpoint": "/v1/chat/completions", "request": request,
-               "response": {"status": 200, "timings": {"prompt_n": 10, "prompt_ms": 5.0}},
-               "prompt_ids": ids, "server": {"kind": "llama-server"}}  # fmt: skip
-        lines.append(orjson.dumps(rec))
+        lines.append(_record(k, request, ids))
         msgs += [user, _answer(rng, k)]
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
@@ -138,6 +143,13 @@ ANSWERS = [
 ]
 
 
+def _write_slot(f: Path, ids: list[int], k: int) -> None:
+    """A ggsq v4 slot file of `ids`, its mtime the k-th of a session's."""
+    payload = struct.pack(f"<iII{len(ids)}iI", -1, 1, len(ids), *ids, 0)
+    f.write_bytes(struct.pack("<III", 0x67677371, 4, len(payload) // 4) + payload)
+    os.utime(f, ns=(1_800_000_000_000_000_000 + k * 10**9,) * 2)
+
+
 def _slots(path: Path, turns: int, seed: int = 0) -> Path:
     """Slot files of a Qwen3 agent thinking (`tokendiff pull`'s: the prompt, then the model's think block,
     answer and <|im_end|>); the next prompt holds the answer without the think block. Reasoning and answers
@@ -156,10 +168,7 @@ def _slots(path: Path, turns: int, seed: int = 0) -> Path:
         reason, answer = rng.choice(REASONS), rng.choice(ANSWERS) if k % 2 else _text(rng, 12)
         prompt = system + "<|im_end|>\n" + "".join(history) + turn + "<|im_start|>assistant\n"
         ids = tok.encode(prompt + f"<think>\n{reason}\n</think>\n\n{answer}<|im_end|>")
-        payload = struct.pack(f"<iII{len(ids)}iI", -1, 1, len(ids), *ids, 0)
-        f = path / f"turn-{k:03d}.bin"
-        f.write_bytes(struct.pack("<III", 0x67677371, 4, len(payload) // 4) + payload)
-        os.utime(f, ns=(1_800_000_000_000_000_000 + k * 10**9,) * 2)
+        _write_slot(path / f"turn-{k:03d}.bin", ids, k)
         history += [turn, f"<|im_start|>assistant\n{answer}<|im_end|>\n"]
     return path
 
@@ -223,10 +232,7 @@ def _edit_slots(path: Path, turns: int, seed: int = 0) -> Path:
         first = f"<|im_start|>user\n{hello}<|im_end|>\n<|im_start|>assistant\nHi.<|im_end|>\n"
         prompt = f"<|im_start|>system\n{system}<|im_end|>\n" + first + "".join(history) + turn
         ids = tok.encode(prompt + f"<|im_start|>assistant\n<think>\n{reason}\n</think>\n\n{answer}<|im_end|>")
-        payload = struct.pack(f"<iII{len(ids)}iI", -1, 1, len(ids), *ids, 0)
-        f = path / f"turn-{k:03d}.bin"
-        f.write_bytes(struct.pack("<III", 0x67677371, 4, len(payload) // 4) + payload)
-        os.utime(f, ns=(1_800_000_000_000_000_000 + k * 10**9,) * 2)
+        _write_slot(path / f"turn-{k:03d}.bin", ids, k)
         history += [turn, f"<|im_start|>assistant\n{answer}<|im_end|>\n"]
     return path
 
@@ -234,11 +240,9 @@ def _edit_slots(path: Path, turns: int, seed: int = 0) -> Path:
 def _edit_capture(path: Path, turns: int, seed: int = 0) -> Path:
     """A capture as `_capture` writes it (Qwen3 without thinking, the render's IDs), the system prompt or the
     first user message edited (`EDITS`), history dropped now and then."""
-    rng = random.Random(seed)
     vocab = load_vocab(None)
     renderer, tok = Renderer(vocab.meta.chat_template or ""), text_tokenizer(vocab)
-    msgs: list[dict] = []
-    lines = []
+    rng, msgs, lines = random.Random(seed), [], []
     for k in range(1, turns + 1):
         system, hello = _edit(k)
         if k % 23 == 0:
@@ -247,11 +251,7 @@ def _edit_capture(path: Path, turns: int, seed: int = 0) -> Path:
         user = {"role": "user", "content": _words(rng, 20)}
         body = {"model": "qwen3", "messages": [{"role": "system", "content": system}, *first, *msgs, user]}
         full = {**body, "chat_template_kwargs": {"enable_thinking": False}}
-        rec = {"schema": "tokendiff.capture/1", "seq": k, "ts": 1.8e9 + k, "source": "proxy",
-               "endpoint": "/v1/chat/completions", "request": full,
-               "response": {"status": 200, "timings": {"prompt_n": 10, "prompt_ms": 5.0}},
-               "prompt_ids": tok.encode(renderer.render(full)), "server": {"kind": "llama-server"}}  # fmt: skip
-        lines.append(orjson.dumps(rec))
+        lines.append(_record(k, full, tok.encode(renderer.render(full))))
         msgs += [user, {"role": "assistant", "content": _words(rng, 15)}]
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
