@@ -201,6 +201,7 @@ EDITS = [  # what changes in a prompt from turn to turn: each kind for a stretch
     lambda i: f"It is {10 + i % 5}:{7 * i % 60:02d} now.",  # a time of day
     lambda i: " ".join(["word"] * (1 + i % 2 * 11)),  # a longer edit
     lambda i: f"Slot {'1x2y'[i % 4]}:30 ready.",  # one shape, a time of day or not
+    lambda i: f"<tool_{'response' if i % 2 else 'result'}> ok",  # inside a tag
 ]
 
 

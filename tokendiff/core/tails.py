@@ -619,7 +619,8 @@ def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | Non
 #   < > { } [ ] " or a line break: text_probe finds no probe in it (detect_moved, reminder_moved), B's side
 #   grows by less than 16 bytes (system_appended), fewer than 32 tokens go (truncation), and it opens no
 #   tag, JSON object or string and ends no line (the grammar's inner sections, json_reserialized and
-#   setting of the rest's hunks read the same around them as in A');
+#   setting of the rest's hunks read the same around them as in A'); it lies past a line break after the
+#   special token before it (not in a role line, which names the turn) and in no open '<' (no tag);
 # - the detectors that read text only are run on the pair's own bytes (A and B decoded from their start to
 #   EDIT_PAD tokens past the edit): bpe_boundary, double_bos (the edit starts past token 1), json_reserialized
 #   (no '{' before the edit: no object encloses it), setting (its thinking toggle reads generation prompts,
@@ -767,6 +768,9 @@ def edit_pair(
     prompts = _edit_prompts(vocab, a, b, d, edit)
     if prompts is None:
         return None
+    head = prompts[0].data[prompts[0].byte_offset(g) : prompts[0].byte_offset(d)]
+    if b"\n" not in head or head.rfind(b"<") > head.rfind(b">"):
+        return None  # the edit in a turn's role line, or inside a tag: it could change the sections around it
     shape = EditShape(
         rest=rest.shape if isinstance(rest, StripPair) else rest,
         head=a[g:d].astype(np.int32).tobytes(),
