@@ -731,7 +731,12 @@ AnyPair = Shape | StripPair | EditPair  # what `Tails.shape` finds
 
 def _edit_sizes(a: np.ndarray, b: np.ndarray, d: int) -> tuple[int, int] | None:
     """The fewest tokens (ra, rb), 1 to MAX_EDIT a side, past which A and B agree for EDIT_WINDOW tokens."""
-    if not 1 < d <= EDIT_REACH or d + MAX_EDIT + EDIT_WINDOW > min(len(a), len(b)):
+    if not 1 < d <= EDIT_REACH or d + 2 * MAX_EDIT + EDIT_WINDOW > min(len(a), len(b)):
+        return None
+    # any sizes that fit put A's tokens from d + MAX_EDIT (EDIT_WINDOW less MAX_EDIT of them) in B's first
+    # tokens from d: one search rules out most pairs (a compaction, a rewrite)
+    probe = a[d + MAX_EDIT : d + EDIT_WINDOW].astype(np.int32).tobytes()
+    if b[d : d + 2 * MAX_EDIT + EDIT_WINDOW].astype(np.int32).tobytes().find(probe) < 0:
         return None
     for total in range(2, 2 * MAX_EDIT + 1):
         for ra in range(max(1, total - MAX_EDIT), min(MAX_EDIT, total - 1) + 1):
