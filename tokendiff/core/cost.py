@@ -705,7 +705,7 @@ def fill_turn(t: Turn, pd: PairDiff | TailDiff) -> int:
     t.divergence, t.lcp = pd.divergence, pd.lcp
     if isinstance(pd, TailDiff):
         t.tail_owner = pd.owner
-        t.tail_hunks = getattr(pd, "hunks", ())
+        t.tail_hunks = pd.hunks
     t.reuse = _reuse(t, pd.lcp, n, pd.n_a)
     t.recompute = n - t.reuse[Backend.LLAMA_CPP]
     t.findings = pd.findings

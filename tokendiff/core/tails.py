@@ -95,6 +95,7 @@ class TailDiff:
 
     divergence = None
     identical = False
+    hunks: tuple[tuple[SectionPath, int], ...] = ()  # each hunk's section and B's start, where they differ (EditDiff)
 
     def __init__(self, lcp: int, n_a: int, n_b: int, form: Form):
         self.lcp, self.n_a, self.n_b = lcp, n_a, n_b
