@@ -51,6 +51,15 @@ def _answer(rng: random.Random, k: int) -> dict:
     return {"role": "assistant", **msg}
 
 
+def _record(k: int, request: dict, ids: list[int]) -> bytes:
+    """The proxy's record of request k, answered by llama-server."""
+    rec = {"schema": "tokendiff.capture/1", "seq": k, "ts": 1.8e9 + k, "source": "proxy",
+           "endpoint": "/v1/chat/completions", "request": request,
+           "response": {"status": 200, "timings": {"prompt_n": 10, "prompt_ms": 5.0}},
+           "prompt_ids": ids, "server": {"kind": "llama-server"}}  # fmt: skip
+    return orjson.dumps(rec)
+
+
 def _capture(path: Path, turns: int, *, kwargs: bool = True, seed: int = 0) -> Path:
     """A capture of a Qwen3 agent without thinking, its prompt IDs the bundled template's render
     tokenised: answers of every odd kind, a tool result now and then, the date changed, history dropped.
@@ -69,11 +78,7 @@ def _capture(path: Path, turns: int, *, kwargs: bool = True, seed: int = 0) -> P
         full = {**body, "chat_template_kwargs": {"enable_thinking": False}}
         ids = tok.encode(renderer.render(full))
         request = full if kwargs else body
-        rec = {"schema": "tokendiff.capture/1", "seq": k, "ts": 1.8e9 + k, "source": "proxy",
-               "endpoint": "/v1/chat/completions", "request": request,
-               "response": {"status": 200, "timings": {"prompt_n": 10, "prompt_ms": 5.0}},
-               "prompt_ids": ids, "server": {"kind": "llama-server"}}  # fmt: skip
-        lines.append(orjson.dumps(rec))
+        lines.append(_record(k, request, ids))
         msgs += [user, _answer(rng, k)]
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
@@ -138,6 +143,13 @@ ANSWERS = [
 ]
 
 
+def _write_slot(f: Path, ids: list[int], k: int) -> None:
+    """A ggsq v4 slot file of `ids`, its mtime the k-th of a session's."""
+    payload = struct.pack(f"<iII{len(ids)}iI", -1, 1, len(ids), *ids, 0)
+    f.write_bytes(struct.pack("<III", 0x67677371, 4, len(payload) // 4) + payload)
+    os.utime(f, ns=(1_800_000_000_000_000_000 + k * 10**9,) * 2)
+
+
 def _slots(path: Path, turns: int, seed: int = 0) -> Path:
     """Slot files of a Qwen3 agent thinking (`tokendiff pull`'s: the prompt, then the model's think block,
     answer and <|im_end|>); the next prompt holds the answer without the think block. Reasoning and answers
@@ -156,10 +168,7 @@ def _slots(path: Path, turns: int, seed: int = 0) -> Path:
         reason, answer = rng.choice(REASONS), rng.choice(ANSWERS) if k % 2 else _text(rng, 12)
         prompt = system + "<|im_end|>\n" + "".join(history) + turn + "<|im_start|>assistant\n"
         ids = tok.encode(prompt + f"<think>\n{reason}\n</think>\n\n{answer}<|im_end|>")
-        payload = struct.pack(f"<iII{len(ids)}iI", -1, 1, len(ids), *ids, 0)
-        f = path / f"turn-{k:03d}.bin"
-        f.write_bytes(struct.pack("<III", 0x67677371, 4, len(payload) // 4) + payload)
-        os.utime(f, ns=(1_800_000_000_000_000_000 + k * 10**9,) * 2)
+        _write_slot(path / f"turn-{k:03d}.bin", ids, k)
         history += [turn, f"<|im_start|>assistant\n{answer}<|im_end|>\n"]
     return path
 
@@ -170,9 +179,101 @@ def test_strip_turns_are_the_full_diff(tmp_path, monkeypatch, seed):
     the whole report is the report with no such turn; both kinds of the reasoning finding are filled."""
     d = _slots(tmp_path / "slots", 80, seed=seed)
     loaded = open_session(PromptOptions(), [str(d)], single_turns=False, workers=1)
-    kinds = {t.findings[0].kind for t in loaded.session.turns if t.tail_owner is not None}
+    kinds = {t.findings[0].kind for t in loaded.session.turns if t.tail_owner is not None and not t.tail_hunks}
     assert kinds == {CauseKind.REASONING_STRIPPED, CauseKind.REASONING_DROPPED_BY_CLIENT}, kinds
     _same_without_forms(d, monkeypatch)
+
+
+EDITS = [  # what changes in a prompt from turn to turn: each kind for a stretch of turns, its value every other
+    lambda i: f"Today is 2026-02-{1 + i % 9:02d}.",  # a date
+    lambda i: f"Memory: {2 + i % 7} items stored.",  # a counter
+    lambda i: f"session_id={(i * 2654435761) % 16**8:08x} ok",  # a nonce
+    lambda i: "The cafe\u0301 opens." if i % 2 else "The caf\u00e9 opens.",  # another Unicode form
+    lambda i: "Plan ready." + (" " if i % 2 else ""),  # white space alone
+    lambda i: f"Tokens left: {90 + 7 * i}",  # a number that tokenises longer
+    lambda i: f'Config {{"n": {i % 5}}} set.',  # inside a JSON object
+    lambda i: f"mode: {'plan' if i % 2 else 'act'}",  # a setting line
+    lambda i: f"Queue [{i % 5}] tasks, [{i % 3}] done.",  # numbers in brackets
+    lambda i: ["alpha", "omega"][i % 2] + " is the codename.",  # a word: content_changed
+    lambda i: "/think" if i % 2 else "/no_think",  # a think switch
+    lambda i: f"<b>{i % 4}</b> open",  # markup around it
+    lambda i: "... (5 lines omitted)" if i % 2 else "all 5 lines are kept",  # a placeholder
+    lambda i: f"It is {10 + i % 5}:{7 * i % 60:02d} now.",  # a time of day
+    lambda i: " ".join(["word"] * (1 + i % 2 * 11)),  # a longer edit
+    lambda i: f"Slot {'1x2y'[i % 4]}:30 ready.",  # one shape, a time of day or not
+    lambda i: f"<tool_{'response' if i % 2 else 'result'}> ok",  # inside a tag
+]
+
+
+def _edit(k: int) -> tuple[str, str]:
+    """Turn k's system text and the text its first user message opens with: one of them varies."""
+    kind = EDITS[(k // 8) % len(EDITS)](k // 2)
+    fixed = "You are an agent working in the repository."
+    return (f"{fixed} {kind}", "Hello.") if (k // 8) % 3 else (fixed, f"Hello. {kind}")
+
+
+def _words(rng: random.Random, n: int) -> str:
+    """Text the aligner cannot line up two ways (numbered words)."""
+    return " ".join(f"{rng.choice(WORDS)}{rng.randrange(1000)}" for _ in range(n))
+
+
+def _edit_slots(path: Path, turns: int, seed: int = 0) -> Path:
+    """Slot files as `_slots` writes them, the system prompt or the first user message edited (`EDITS`)."""
+    rng = random.Random(seed)
+    tok = text_tokenizer(load_vocab(None))
+    path.mkdir()
+    history: list[str] = []
+    for k in range(1, turns + 1):
+        system, hello = _edit(k)
+        if k % 23 == 0:
+            history = history[len(history) // 2 :]
+        user = _words(rng, 20)
+        turn = f"<|im_start|>user\n{user}<|im_end|>\n"
+        reason, answer = f"thinking about step {k} of {_words(rng, 3)}", _words(rng, 12)
+        first = f"<|im_start|>user\n{hello}<|im_end|>\n<|im_start|>assistant\nHi.<|im_end|>\n"
+        prompt = f"<|im_start|>system\n{system}<|im_end|>\n" + first + "".join(history) + turn
+        ids = tok.encode(prompt + f"<|im_start|>assistant\n<think>\n{reason}\n</think>\n\n{answer}<|im_end|>")
+        _write_slot(path / f"turn-{k:03d}.bin", ids, k)
+        history += [turn, f"<|im_start|>assistant\n{answer}<|im_end|>\n"]
+    return path
+
+
+def _edit_capture(path: Path, turns: int, seed: int = 0) -> Path:
+    """A capture as `_capture` writes it (Qwen3 without thinking, the render's IDs), the system prompt or the
+    first user message edited (`EDITS`), history dropped now and then."""
+    vocab = load_vocab(None)
+    renderer, tok = Renderer(vocab.meta.chat_template or ""), text_tokenizer(vocab)
+    rng, msgs, lines = random.Random(seed), [], []
+    for k in range(1, turns + 1):
+        system, hello = _edit(k)
+        if k % 23 == 0:
+            msgs = msgs[len(msgs) // 2 :]
+        first = [{"role": "user", "content": hello}, {"role": "assistant", "content": "Hi."}]
+        user = {"role": "user", "content": _words(rng, 20)}
+        body = {"model": "qwen3", "messages": [{"role": "system", "content": system}, *first, *msgs, user]}
+        full = {**body, "chat_template_kwargs": {"enable_thinking": False}}
+        lines.append(_record(k, full, tok.encode(renderer.render(full))))
+        msgs += [user, {"role": "assistant", "content": _words(rng, 15)}]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["slots-0", "slots-1", "capture"])
+def test_edit_turns_are_the_full_diff(tmp_path, monkeypatch, kind):
+    """A small edit early in the prompt (a date, a counter, a nonce, other Unicode, white space, JSON, a
+    setting, markup, a word, a placeholder ...) before a strip or tail pair: every such turn filled from a
+    form is its full diff (TOKENDIFF_CHECK_TAILS), the report is the one with no form, and forms filled
+    turns of several findings."""
+    if kind == "capture":
+        path = _edit_capture(tmp_path / "c.jsonl", 170)
+    else:
+        path = _edit_slots(tmp_path / "slots", 170, seed=int(kind[-1]))
+    monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
+    loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
+    edited = [t for t in loaded.session.turns if t.tail_hunks]
+    assert {t.findings[0].kind for t in edited} >= {CauseKind.DATE, CauseKind.COUNTER, CauseKind.CONTENT_CHANGED}
+    assert len(edited) >= 12, len(edited)
+    _same_without_forms(path, monkeypatch)
 
 
 def test_heaviest_chain_is_the_quadratic_one():

@@ -41,7 +41,7 @@ from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, Se
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
 from tokendiff.core.plain import replace
 from tokendiff.core.prefix_index import PrefixIndex
-from tokendiff.core.tails import Shape, StripPair, TailDiff, Tails
+from tokendiff.core.tails import AnyPair, TailDiff, Tails
 from tokendiff.core.usage import usage_of
 from tokendiff.core.vocab import Vocab
 
@@ -109,6 +109,7 @@ class Turn:
     ms_per_token: float | None = None  # this turn's prefill speed: its own measurement, else an estimate (price_turns)
     seconds_estimated: bool = False  # ms_per_token is a given or earlier turns' speed, not this turn's measurement
     tail_owner: SectionPath | None = None  # a tail turn's (core.tails) one hunk's section: no divergence kept
+    tail_hunks: tuple[tuple[SectionPath, int], ...] = ()  # an edit turn's (core.tails) hunks: section, B's start
 
     @property
     def reuse_pct(self) -> float:
@@ -258,11 +259,15 @@ def _owner(h: Hunk) -> SectionPath:
 def _hunk_owner(t: Turn, i: int) -> SectionPath:
     """The section hunk i of the turn's diff falls in (a tail turn keeps only its one hunk's)."""
     d = t.divergence
+    if d is None and t.tail_hunks:
+        return t.tail_hunks[i][0]
     return _owner(d.hunks[i]) if d is not None else t.tail_owner or SectionPath()
 
 
 def _hunk_b_start(t: Turn, i: int) -> int:
     d = t.divergence
+    if d is None and t.tail_hunks:
+        return t.tail_hunks[i][1]
     return d.hunks[i].b_start if d is not None else t.lcp
 
 
@@ -418,9 +423,9 @@ class Analyser:
         self.spans: dict[SpanKey, Span] = {}
         self.examples: dict[int, tuple[TurnInput, TurnInput]] = {}
         self.prev: TurnInput | None = None
-        self.pending: deque[
-            tuple[Future[PairDiff] | Done[TailDiff], TurnInput, TurnInput, int, Shape | StripPair | None]
-        ] = deque()
+        self.pending: deque[tuple[Future[PairDiff] | Done[TailDiff], TurnInput, TurnInput, int, AnyPair | None]] = (
+            deque()
+        )
         self.work = 0  # tokens compared or diffed outside the index
         self._scanned = 0  # turns `first_wasted` has looked at
         self._first_wasted: int | None = None
@@ -507,7 +512,7 @@ class Analyser:
 
     def _diff(
         self, a: TurnInput, b: TurnInput, k: int
-    ) -> tuple[Future[PairDiff] | Done[TailDiff], TurnInput, TurnInput, int, Shape | StripPair | None]:
+    ) -> tuple[Future[PairDiff] | Done[TailDiff], TurnInput, TurnInput, int, AnyPair | None]:
         """A divergent pair's pending diff: from its shape's form where it is a tail pair of a shape
         seen before (core.tails), else from the pool (and its shape learned when it comes back)."""
         shape = None
@@ -700,6 +705,7 @@ def fill_turn(t: Turn, pd: PairDiff | TailDiff) -> int:
     t.divergence, t.lcp = pd.divergence, pd.lcp
     if isinstance(pd, TailDiff):
         t.tail_owner = pd.owner
+        t.tail_hunks = pd.hunks
     t.reuse = _reuse(t, pd.lcp, n, pd.n_a)
     t.recompute = n - t.reuse[Backend.LLAMA_CPP]
     t.findings = pd.findings

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from tokendiff.core.align import common_prefix, diff_spans
+from tokendiff.core.align import common_prefix, diff_spans, shared_prefix, shared_suffix
 from tokendiff.core.explain import (
     LINE_REACH,
     PLACEHOLDER_RE,
@@ -45,9 +45,11 @@ from tokendiff.core.explain import (
     detect_counter,
     detect_date,
     detect_double_bos,
+    detect_fallback,
     detect_json_reserialized,
     detect_line_endings,
     detect_nonce,
+    detect_rewritten,
     detect_setting,
     detect_unicode_form,
     detect_whitespace,
@@ -93,6 +95,7 @@ class TailDiff:
 
     divergence = None
     identical = False
+    hunks: tuple[tuple[SectionPath, int], ...] = ()  # each hunk's section and B's start, where they differ (EditDiff)
 
     def __init__(self, lcp: int, n_a: int, n_b: int, form: Form):
         self.lcp, self.n_a, self.n_b = lcp, n_a, n_b
@@ -114,15 +117,19 @@ class Tails:
     def __init__(self, vocab: Vocab):
         self.vocab = vocab
         self.flags = np.frombuffer(bytes(vocab.flags), dtype=np.uint8)
-        self.forms: dict[Shape | StripShape, Form | StripForm | None] = {}  # None: retired, or never a form
+        self.forms: dict[Shape | StripShape | EditShape, Form | StripForm | EditForm | None] = {}  # None: retired
         self.strips = Strips(vocab, self.flags)
 
-    def shape(self, a: np.ndarray, b: np.ndarray, sections: tuple[Sectioning, Sectioning]) -> Shape | StripPair | None:
+    def shape(self, a: np.ndarray, b: np.ndarray, sections: tuple[Sectioning, Sectioning]) -> AnyPair | None:
         """The pair's shape when it is a tail pair (B is A less its last few tokens, then new text, then
-        those tokens again) or a reasoning-strip pair (`Strips`); None otherwise (or when the prompts'
-        sectioning is unknown)."""
+        those tokens again), a reasoning-strip pair (`Strips`), or either after a small edit earlier in the
+        shared part (`_edited`); None otherwise (or when the prompts' sectioning is unknown)."""
         lcp = common_prefix(a, b)
-        return self._tail(a, b, lcp, sections) or self.strips.pair(a, b, lcp, sections)
+        return (
+            self._tail(a, b, lcp, sections)
+            or self.strips.pair(a, b, lcp, sections)
+            or self._edited(a, b, lcp, sections)
+        )
 
     def _tail(self, a: np.ndarray, b: np.ndarray, lcp: int, sections: tuple[Sectioning, Sectioning]) -> Shape | None:
         n_a, n_b = len(a), len(b)
@@ -160,6 +167,26 @@ class Tails:
             special=bool(np.any(self.flags[new] & SPECIAL)),
         )
 
+    def _edited(self, a: np.ndarray, b: np.ndarray, d: int, sections: tuple[Sectioning, Sectioning]) -> EditPair | None:
+        """The pair as a small edit at the divergence, then a tail or strip pair (`EditPair`); None when it
+        is not one (or the full diff must tell)."""
+        sizes = _edit_sizes(a, b, d)
+        if sizes is None:
+            return None
+        ra, rb = sizes
+        a2 = np.concatenate([b[: d + rb], a[d + ra :]])  # A with the edit made: B's prefix to its end
+        lcp2 = common_prefix(a2, b)
+        if lcp2 - (d + rb) < SHARED_RUN:
+            return None  # new_conversation reads no shared run between the edit and what follows
+        rest: Shape | StripPair | None = self._tail(a2, b, lcp2, sections)
+        if rest is None and lcp2 < len(a2) and int(a2[lcp2]) == self.strips.open:
+            if not self.strips.readable(a):  # A's text as the loader reads it (the strip pair reads A')
+                return None
+            rest = self.strips.pair(a2, b, lcp2, sections)
+        if rest is None:
+            return None
+        return edit_pair(self.vocab, self.flags, a, b, (d, ra, rb), rest)
+
     def _opening(self, rest: np.ndarray) -> bytes | None:
         """B's text from the divergence on, as far as the detectors read it: its first line (at most
         LINE_REACH bytes) and its first non-blank bytes. None when that is not found in reach."""
@@ -174,8 +201,11 @@ class Tails:
                 return None
             n *= 4
 
-    def diff(self, shape: Shape | StripPair | None, a: np.ndarray, b: np.ndarray) -> TailDiff | None:
+    def diff(self, shape: AnyPair | None, a: np.ndarray, b: np.ndarray) -> TailDiff | None:
         """The pair's diff from its shape's form, when one is known."""
+        if isinstance(shape, EditPair):
+            edit = self.forms.get(shape.shape)
+            return EditDiff(shape, len(a), len(b), edit) if isinstance(edit, EditForm) else None
         if isinstance(shape, StripPair):
             strip = self.forms.get(shape.shape)
             return StripDiff(shape, len(a), len(b), strip) if isinstance(strip, StripForm) else None
@@ -185,13 +215,15 @@ class Tails:
         n_a = len(a)
         return TailDiff(n_a - (len(shape.head) // 4 - shape.at), n_a, len(b), form)
 
-    def learn(self, shape: Shape | StripPair, a: np.ndarray, b: np.ndarray, pd: Any) -> None:
+    def learn(self, shape: AnyPair, a: np.ndarray, b: np.ndarray, pd: Any) -> None:
         """Keep a full diff of a tail or strip pair as its shape's form, if it is one; retire the shape's
         form when this diff says otherwise."""
         n_a, n_b = len(a), len(b)
-        key: Shape | StripShape
-        form: Form | StripForm | None
-        if isinstance(shape, StripPair):
+        key: Shape | StripShape | EditShape
+        form: Form | StripForm | EditForm | None
+        if isinstance(shape, EditPair):
+            key, form = shape.shape, _edit_form(shape, n_a, n_b, pd)
+        elif isinstance(shape, StripPair):
             key, form = shape.shape, _strip_form(shape, n_a, n_b, pd)
         else:
             key, form = shape, _form_of(pd, n_a - (len(shape.head) // 4 - shape.at), n_a, n_b)
@@ -406,6 +438,14 @@ class Strips:
         )
         return StripPair(shape, lcp, s, int(np.count_nonzero(a[:g] == a[g])))
 
+    def readable(self, ids: np.ndarray) -> bool:
+        """The loader accepts the prompt's text (`_mojibake`); its decode kept, as a strip pair's A's is."""
+        got = self.decoded.of(ids)
+        if self.decoded.bad is None:
+            p = Prompt(ids=ids, data=got[0], offsets=got[1], special=got[2], origin="", meta=PromptMeta())
+            self.decoded.bad = _mojibake(p)
+        return not self.decoded.bad
+
     def _strip(self, a: np.ndarray, b: np.ndarray, lcp: int, past: int) -> int | None:
         """The tokens from the divergence that B lacks, when the diff is that deletion and the new turns
         after A's last token (A's prompt ends there: no generated section), A's text from the divergence
@@ -559,4 +599,305 @@ def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | Non
     return form if filled.findings == list(pd.findings) and filled.owner == owner else None
 
 
-__all__ = ["Tails", "TailDiff", "StripDiff", "Shape", "StripPair", "Form", "MAX_TAIL", "SLOT_SECTIONING"]
+# ---------------------------------------------------------------- a small edit before a tail or strip
+#
+# The commonest reason a cache breaks: a date, a counter or a nonce in the system prompt changed. B is then
+# A with a few tokens replaced early (the edit) and, past a long shared stretch, a tail or strip pair as
+# above: A' (A with the edit made: B's tokens to the edit's end, then A's) and B are one. The full diff
+# says: the edit (hunk 0), then the rest's hunks, each as it says of A' and B.
+#
+# What the full diff's answer reads, pinned down:
+# - align: the spans are `diff_spans` of the IDs, run here; the pair is an edit pair only where they are
+#   the edit, then the rest's spans (A's side moved by the edit's length difference). align stops an
+#   insertion's slide at A's prompt end, which lies at or past the rest's insertion: a slot file has no
+#   generated section, and the tail's insertion owner has none (checked when the form is learned: with a
+#   generated section at or before it, the insertion's owner would be that section);
+# - the edit's owners come from the form: the shape holds A's tokens from the last special token before the
+#   edit to it and from its end to the next special token, the turn markers before it, the edit's sizes,
+#   the rest's shape (with both prompts' sectioning); owners are held to plain text (`_plain_owner`: no
+#   tools, tool calls or results, reasoning, generation prompt or generated section, no ID field);
+# - the edit's own text: at most MAX_EDIT tokens and EDIT_BYTES bytes a side, no special token, none of
+#   < > { } [ ] " or a line break: text_probe finds no probe in it (detect_moved, reminder_moved), B's side
+#   grows by less than 16 bytes (system_appended), fewer than 32 tokens go (truncation), and it opens no
+#   tag, JSON object or string and ends no line (the grammar's inner sections, json_reserialized and
+#   setting of the rest's hunks read the same around them as in A'); it lies past a line break after the
+#   special token before it (not in a role line, which names the turn) and in no open '<' (no tag);
+# - the detectors that read text only are run on the pair's own bytes (A and B decoded from their start to
+#   EDIT_PAD tokens past the edit): bpe_boundary, double_bos (the edit starts past token 1), json_reserialized
+#   (no '{' before the edit: no object encloses it), setting (its thinking toggle reads generation prompts,
+#   which the edit is not in), line_endings and whitespace (the edit's two sides, shared ends taken off,
+#   both non-empty) must find nothing; unicode_form, date, nonce, counter and history_rewritten read the
+#   text and the owner's label and kinds: the most confident of them, the first on a tie, is the edit's
+#   finding, content_changed (the fallback) where none speaks;
+# - the section detectors say nothing of the edit with such owners: appended (no insertion, before A's
+#   prompt end), generation_prompt, reasoning, tools, call_id, tool_key_order, result_cleared,
+#   result_truncated, output_retokenized (by its owners); reminder_moved (what A keeps after the edit is
+#   in the same turn of B);
+# - new_conversation: a shared stretch of SHARED_RUN tokens lies between the edit and the rest;
+# - the rest's hunks: the detectors read of them what they read in A' and B but for positions, which no
+#   finding of a tail or strip form reports; the forms are learned from the edit pairs' own full diffs.
+
+MAX_EDIT = 8  # tokens a side of the edit
+EDIT_BYTES = 24  # bytes a side, fewer than text_probe's least probe
+EDIT_REACH = 8192  # the edit starts within A's first tokens (decoded from the start for the detectors)
+EDIT_PAD = 1024  # tokens decoded past the edit: detect_setting reads its line LINE_REACH bytes on
+EDIT_WINDOW = 32  # tokens after the edit that must agree for its sizes to be tried
+AFTER_REACH = 4096  # tokens from the edit's end to the next special token
+_EDIT_TEXT = re.compile(rb'[^<>{}\[\]"\r\n]*')
+_EDIT_QUIET = (detect_bpe_boundary, detect_double_bos, detect_json_reserialized, detect_setting, detect_line_endings)
+_EDIT_SEEN = (detect_unicode_form, detect_date, detect_nonce, detect_counter, detect_rewritten)  # DETECTORS' order
+_NOT_PLAIN = (
+    SectionKind.TOOLS,
+    SectionKind.TOOL,
+    SectionKind.TOOL_CALL,
+    SectionKind.TOOL_RESPONSE,
+    SectionKind.REASONING,
+    SectionKind.GENERATED,
+    SectionKind.GENERATION_PROMPT,
+)
+
+
+@dataclass(frozen=True)
+class EditShape:
+    """What an edit pair's full diff reads but for the edit's text, the lengths and what the rest fills."""
+
+    rest: Shape | StripShape
+    head: bytes  # A's tokens (int32) from its last special token before the edit to it
+    after: bytes  # A's tokens from the edit's end to the next special token
+    marks: int  # A's tokens equal to that special token before it: the turns before the edit's
+    sizes: tuple[int, int]  # the edit's tokens in A and in B
+
+
+@dataclass(frozen=True, eq=False)
+class EditPair:
+    """An edit pair: its shape, the rest's pair (of A' and B), where the edit is and the texts around it."""
+
+    shape: EditShape
+    rest: Shape | StripPair
+    lcp: int
+    spans: tuple[tuple[int, int, int, int], ...]
+    prompts: tuple[Prompt, Prompt]  # A and B from their start to EDIT_PAD tokens past the edit
+
+    @property
+    def delta(self) -> int:
+        ra, rb = self.shape.sizes
+        return rb - ra
+
+
+@dataclass(frozen=True)
+class EditForm:
+    """An edit shape's answer: the edit's owners on both sides and the rest's form."""
+
+    a_owner: SectionPath
+    b_owner: SectionPath
+    rest: Form | StripForm
+
+
+class EditDiff(TailDiff):
+    """An edit pair's diff from its shape's form: the edit's finding found now, the rest's filled."""
+
+    __slots__ = ("hunks",)
+
+    def __init__(self, pair: EditPair, n_a: int, n_b: int, form: EditForm):
+        delta, n_a2 = pair.delta, n_a + pair.delta
+        rest: TailDiff
+        if isinstance(pair.rest, StripPair) and isinstance(form.rest, StripForm):
+            rest = StripDiff(pair.rest, n_a2, n_b, form.rest)
+        elif isinstance(pair.rest, Shape) and isinstance(form.rest, Form):
+            rest = TailDiff(n_a2 - (len(pair.rest.head) // 4 - pair.rest.at), n_a2, n_b, form.rest)
+        else:
+            raise TypeError("an edit form of another kind of rest")
+        first = _edit_finding(pair, form.a_owner, form.b_owner)
+        self.lcp, self.n_a, self.n_b = pair.lcp, n_a, n_b
+        self.findings = [first, *(replace(f, hunk=f.hunk + 1) for f in rest.findings)]
+        if first.expected:
+            self.ceiling = pair.lcp
+        elif any(f.expected for f in rest.findings):
+            self.ceiling = rest.ceiling  # a place in B (reusable_ceiling)
+        else:
+            self.ceiling = min(rest.ceiling - delta, n_b)  # A's prompt end
+        self.owner = form.a_owner or form.b_owner
+        rest_hunks = ((rest.hunk_owner(i), rest.hunk_b_start(i)) for i in range(len(rest.findings)))
+        self.hunks = ((self.owner, pair.lcp), *rest_hunks)
+
+    def hunk_owner(self, i: int) -> SectionPath:
+        return self.hunks[i][0]
+
+    def hunk_b_start(self, i: int) -> int:
+        return self.hunks[i][1]
+
+
+AnyPair = Shape | StripPair | EditPair  # what `Tails.shape` finds
+
+
+def _edit_sizes(a: np.ndarray, b: np.ndarray, d: int) -> tuple[int, int] | None:
+    """The fewest tokens (ra, rb), 1 to MAX_EDIT a side, past which A and B agree for EDIT_WINDOW tokens."""
+    if not 1 < d <= EDIT_REACH or d + 2 * MAX_EDIT + EDIT_WINDOW > min(len(a), len(b)):
+        return None
+    # any sizes that fit put A's tokens from d + MAX_EDIT (EDIT_WINDOW less MAX_EDIT of them) in B's first
+    # tokens from d: one search rules out most pairs (a compaction, a rewrite)
+    probe = a[d + MAX_EDIT : d + EDIT_WINDOW].astype(np.int32).tobytes()
+    if b[d : d + 2 * MAX_EDIT + EDIT_WINDOW].astype(np.int32).tobytes().find(probe) < 0:
+        return None
+    for total in range(2, 2 * MAX_EDIT + 1):
+        for ra in range(max(1, total - MAX_EDIT), min(MAX_EDIT, total - 1) + 1):
+            rb = total - ra
+            if np.array_equal(a[d + ra : d + ra + EDIT_WINDOW], b[d + rb : d + rb + EDIT_WINDOW]):
+                return ra, rb
+    return None
+
+
+def edit_pair(
+    vocab: Vocab, flags: np.ndarray, a: np.ndarray, b: np.ndarray, edit: tuple[int, int, int], rest: Shape | StripPair
+) -> EditPair | None:
+    """The pair as an edit pair (see the notes above), `rest` the pair of A' and B; None where it is not one."""
+    d, ra, rb = edit
+    n_a, n_b, delta = len(a), len(b), rb - ra
+    if np.any(flags[a[d : d + ra]] & SPECIAL) or np.any(flags[b[d : d + rb]] & SPECIAL):
+        return None
+    lo = max(0, d - HEAD_REACH)
+    marks = np.flatnonzero(flags[a[lo:d]] & SPECIAL)
+    ends = np.flatnonzero(flags[a[d + ra : d + ra + AFTER_REACH]] & SPECIAL)
+    if not marks.size or not ends.size:
+        return None
+    g, h = lo + int(marks[-1]), d + ra + int(ends[0])
+    n_a2 = n_a + delta
+    if isinstance(rest, StripPair):
+        lcp2, s = rest.lcp, rest.strip
+        later = [(lcp2, lcp2 + s, lcp2, lcp2), (n_a2, n_a2, n_a2 - s, n_b)]
+    else:
+        t = len(rest.head) // 4 - rest.at
+        later = [(n_a2 - t, n_a2 - t, n_a2 - t, n_b - t)]
+    want = ((d, d + ra, d, d + rb), *((x0 - delta, x1 - delta, y0, y1) for x0, x1, y0, y1 in later))
+    if tuple(diff_spans(a, b, n_a)) != want:
+        return None
+    prompts = _edit_prompts(vocab, a, b, d, edit)
+    if prompts is None:
+        return None
+    head = prompts[0].data[prompts[0].byte_offset(g) : prompts[0].byte_offset(d)]
+    if b"\n" not in head or head.rfind(b"<") > head.rfind(b">"):
+        return None  # the edit in a turn's role line, or inside a tag: it could change the sections around it
+    shape = EditShape(
+        rest=rest.shape if isinstance(rest, StripPair) else rest,
+        head=a[g:d].astype(np.int32).tobytes(),
+        after=a[d + ra : h].astype(np.int32).tobytes(),
+        marks=int(np.count_nonzero(a[:g] == a[g])),
+        sizes=(ra, rb),
+    )
+    return EditPair(shape, rest, d, want, prompts)
+
+
+def _edit_prompts(
+    vocab: Vocab, a: np.ndarray, b: np.ndarray, d: int, edit: tuple[int, int, int]
+) -> tuple[Prompt, Prompt] | None:
+    """A's and B's text from their start to past the edit, when the edit's text is one the notes above allow
+    and the detectors that must find nothing in it find nothing."""
+    _, ra, rb = edit
+    pa = _stub(vocab, a, d + ra)
+    pb = _stub(vocab, b, d + rb)
+    if pa is None or pb is None:
+        return None
+    xa0, xa1, xb0, xb1 = pa.byte_offset(d), pa.byte_offset(d + ra), pb.byte_offset(d), pb.byte_offset(d + rb)
+    ta, tb = pa.data[xa0:xa1], pb.data[xb0:xb1]
+    if max(len(ta), len(tb)) >= EDIT_BYTES or len(tb) - len(ta) >= 16:
+        return None
+    if not (_EDIT_TEXT.fullmatch(ta) and _EDIT_TEXT.fullmatch(tb)) or b"{" in pa.data[max(0, xa0 - 65536) : xa0]:
+        return None
+    i = shared_prefix(ta, tb)
+    j = shared_suffix(ta[i:], tb[i:])
+    if not (ta[i : len(ta) - j] and tb[i : len(tb) - j]):
+        return None  # white space alone on one side: detect_whitespace reads the sections
+    h = Hunk(d, d + ra, d, d + rb, xa0, xa1, xb0, xb1, NO_SECTION, NO_SECTION)
+    ctx = Ctx(pa, pb, Divergence(len(a), len(b), d, None, (h,)), h, 0)
+    if any(det(ctx) is not None for det in _EDIT_QUIET):
+        return None
+    return pa, pb
+
+
+def _stub(vocab: Vocab, ids: np.ndarray, end: int) -> Prompt | None:
+    """The prompt's first tokens to EDIT_PAD past `end`, decoded, no sections; None where that holds less
+    than the detectors read past the edit (LINE_REACH and a window) and is not the whole prompt."""
+    stop = min(len(ids), end + EDIT_PAD)
+    data, off, sp = vocab.decode(ids[:stop])
+    if stop < len(ids) and len(data) - int(off[end]) < LINE_REACH + 64:
+        return None
+    return Prompt(ids=ids[:stop], data=data, offsets=off, special=sp, origin="", meta=PromptMeta())
+
+
+def _edit_finding(pair: EditPair, a_owner: SectionPath, b_owner: SectionPath) -> Finding:
+    """explain's finding for the edit, its owners given: the text detectors that read them, else the fallback."""
+    pa, pb = pair.prompts
+    d, (ra, rb) = pair.lcp, pair.shape.sizes
+    bo_a, bo_b = pa.byte_offset, pb.byte_offset
+    h = Hunk(d, d + ra, d, d + rb, bo_a(d), bo_a(d + ra), bo_b(d), bo_b(d + rb), a_owner, b_owner)
+    ctx = Ctx(pa, pb, Divergence(len(pa), len(pb), d, None, (h,)), h, 0)
+    found = [f for f in (det(ctx) for det in _EDIT_SEEN) if f is not None]
+    return sorted(found, key=lambda f: -f.confidence)[0] if found else detect_fallback(ctx)
+
+
+def _plain_owner(path: SectionPath) -> bool:
+    """A section of plain text: none the section detectors read (see the notes above)."""
+    role = path.role or ""
+    if not path or path.has(*_NOT_PLAIN) or role in ("tool", "ipython") or "analysis" in role:
+        return False
+    return not any(p.kind == SectionKind.FIELD and p.name in ("id", "tool_call_id", "call_id") for p in path)
+
+
+class _RestDiff:
+    """A full diff of an edit pair seen as the rest's (A' and B): what `_form_of` and `_strip_form` read."""
+
+    def __init__(self, divergence: Divergence, findings: list[Finding], ceiling: int):
+        self.divergence, self.findings, self.ceiling = divergence, findings, ceiling
+
+
+def _edit_form(pair: EditPair, n_a: int, n_b: int, pd: Any) -> EditForm | None:
+    """The form a full diff of an edit pair gives: its spans the pair's, its edit's owners plain text, the
+    rest's hunks a tail or strip form, and the answer filled from that form the full diff's."""
+    d = pd.divergence
+    if d is None or d.identical or d.lcp != pair.lcp or len(pd.findings) != len(d.hunks):
+        return None
+    if tuple((h.a_start, h.a_end, h.b_start, h.b_end) for h in d.hunks) != pair.spans:
+        return None
+    h0, delta = d.hunks[0], pair.delta
+    if not (_plain_owner(h0.a_owner) and _plain_owner(h0.b_owner)):
+        return None
+    n_a2 = n_a + delta
+    later = tuple(replace(h, a_start=h.a_start + delta, a_end=h.a_end + delta) for h in d.hunks[1:])
+    findings = [replace(f, hunk=f.hunk - 1) for f in pd.findings[1:]]
+    ceiling = pd.ceiling if any(f.expected for f in findings) else pd.ceiling + delta
+    rest_form: Form | StripForm | None
+    if isinstance(pair.rest, StripPair):
+        view = _RestDiff(Divergence(n_a2, n_b, pair.rest.lcp, None, later), findings, ceiling)
+        rest_form = _strip_form(pair.rest, n_a2, n_b, view)
+    else:
+        lcp2 = later[0].a_start
+        view = _RestDiff(Divergence(n_a2, n_b, lcp2, None, later), findings, ceiling)
+        rest_form = _form_of(view, lcp2, n_a2, n_b)
+        if rest_form is not None and rest_form.owner.has(SectionKind.GENERATED):
+            return None  # A's prompt end may lie before the insertion: align stops its slide there
+    if rest_form is None:
+        return None
+    form = EditForm(h0.a_owner, h0.b_owner, rest_form)
+    filled = EditDiff(pair, n_a, n_b, form)
+    if filled.findings != list(pd.findings) or filled.ceiling != pd.ceiling:
+        return None
+    for f in pd.findings:  # the owner and place of each hunk the cost model reads (`cost._span_key`, gains)
+        h = d.hunks[f.hunk]
+        if not f.expected and filled.hunks[f.hunk] != (h.a_owner or h.b_owner, h.b_start):
+            return None
+    return form
+
+
+__all__ = [
+    "Tails",
+    "TailDiff",
+    "StripDiff",
+    "EditDiff",
+    "Shape",
+    "StripPair",
+    "EditPair",
+    "AnyPair",
+    "Form",
+    "MAX_TAIL",
+    "SLOT_SECTIONING",
+]
