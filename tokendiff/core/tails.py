@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from tokendiff.core.align import common_prefix, diff_spans
+from tokendiff.core.align import DIRECT, GLUE, SMALL, common_prefix, common_suffix, diff_spans
 from tokendiff.core.explain import (
     LINE_REACH,
     PLACEHOLDER_RE,
@@ -54,7 +54,17 @@ from tokendiff.core.explain import (
     text_probe,
 )
 from tokendiff.core.kinds import CauseKind, SectionKind
-from tokendiff.core.model import NO_SECTION, Divergence, Finding, Hunk, Part, Prompt, PromptMeta, SectionPath
+from tokendiff.core.model import (
+    NO_SECTION,
+    Divergence,
+    Finding,
+    Hunk,
+    Part,
+    Prompt,
+    PromptMeta,
+    SectionPath,
+    id_bytes,
+)
 from tokendiff.core.plain import replace
 from tokendiff.core.secrets import mask
 from tokendiff.core.vocab import SPECIAL, Vocab
@@ -411,17 +421,50 @@ class Strips:
         after A's last token (A's prompt ends there: no generated section), A's text from the divergence
         holding no special token but its last, which ends its turn."""
         n_a, n_b = len(a), len(b)
-        spans = diff_spans(a, b, n_a)
-        if len(spans) != 2:
-            return None
-        (a0, a1, b0, b1), ins = spans
-        s = a1 - lcp
-        if (a0, b0, b1) != (lcp, lcp, lcp) or a1 < past or ins != (n_a, n_a, n_a - s, n_b):
-            return None
+        s = self._proven_strip(a, b, lcp, past)
+        if s is None:
+            spans = diff_spans(a, b, n_a)
+            if len(spans) != 2:
+                return None
+            (a0, a1, b0, b1), ins = spans
+            s = a1 - lcp
+            if (a0, b0, b1) != (lcp, lcp, lcp) or a1 < past or ins != (n_a, n_a, n_a - s, n_b):
+                return None
         if np.any(self.flags[a[lcp : n_a - 1]] & SPECIAL) or not self.flags[a[n_a - 1]] & SPECIAL:
             return None
         if not np.any(self.flags[b[n_a - s :]] & SPECIAL):
             return None  # new turns carry their markers (detect_whitespace reads no sections then)
+        return s
+
+    @staticmethod
+    def _proven_strip(a: np.ndarray, b: np.ndarray, lcp: int, past: int) -> int | None:
+        """The s for which `diff_spans(a, b, len(a))` is [(lcp, lcp+s, lcp, lcp), (n_a, n_a, n_a-s, n_b)],
+        where that is shown without diffing (None: not shown; then the diff tells). A = P T R, B = P R N
+        with R = A[lcp+s:] (s >= past - lcp), q the common suffix of A[lcp:] and B[lcp:], L = |R| - q.
+        `_diff` trims P and the q tokens and hands the box A' = T R[:L], B' = R N[:-q] to difflib (the
+        box is under SMALL and DIRECT, neither side one token). difflib's first block is the longest
+        common run, earliest in A' then in B' (autojunk off: no junk, none popular): R[:L] at (s, 0) is
+        one of length L, a run starting at i > s is shorter, and one starting at i < s as long or longer
+        holds A'[i:i+L], looked for in B' here (any byte hit, aligned or not, and no proof). So its
+        blocks are that one alone (nothing left before it in B', nothing after it in A'): the opcodes
+        delete T and insert B'[L:] after A'. L > GLUE keeps `_merge` from joining them, and
+        `_slide_insertions` moves the insertion right by q (B's copy of R[L:] is B's last q tokens)."""
+        n_a, n_b = len(a), len(b)
+        ra, rb = id_bytes(a), id_bytes(b)
+        first = rb[4 * lcp : 4 * lcp + 4]
+        j = ra.find(first, 4 * past)
+        while j >= 0 and (j % 4 or ra[j:] != rb[4 * lcp : 4 * lcp + len(ra) - j]):
+            j = ra.find(first, j + 1)
+        if j < 0:
+            return None
+        s, r = j // 4 - lcp, n_a - j // 4
+        q = common_suffix(a, b, n_a - lcp)
+        la, lb, n = s + r - q, n_b - q - lcp, r - q
+        if n <= GLUE or la > SMALL or lb > SMALL or la * lb > DIRECT:
+            return None
+        box = rb[4 * lcp : 4 * (n_b - q)]
+        if any(box.find(ra[4 * i : 4 * (i + n)]) >= 0 for i in range(lcp, lcp + s)):
+            return None
         return s
 
     def _texts(self, a: np.ndarray, b: np.ndarray, lcp: int, s: int) -> tuple[Prompt, Prompt, bool] | None:
