@@ -1,6 +1,7 @@
 """The shortcuts a reasoning-strip pair takes in the reading process (core/tails.py, `Strips`) against what
 they stand for: the spans proven without a diff against `diff_spans`, on small alphabets that make
-T's text recur in B (the cases where difflib could align otherwise)."""
+T's text recur in B (the cases where difflib could align otherwise); the text detectors skipped on a strip
+pair's hunks against running them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import random
 
 import numpy as np
 
+from tokendiff.core import tails
 from tokendiff.core.align import common_prefix, diff_spans
+from tokendiff.core.explain import Ctx
+from tokendiff.core.model import Divergence, Prompt
 from tokendiff.core.tails import Strips
 
 
@@ -53,3 +57,43 @@ def test_proven_strip_spans_are_diff_spans():
         n_a, n_b = len(a), len(b)
         assert diff_spans(a, b, n_a) == [(lcp, lcp + s, lcp, lcp), (n_a, n_a, n_a - s, n_b)], (a, b, lcp, s)
     assert proved > tried // 4
+
+
+PIECES = [
+    "<think>", "</think>", "\n", "\n\n", " ", "\t", "\r\n", "/think", "/no_think", "/nothink", "reasoning",
+    "Mode", ":", "=", " high", " low", "2024-01-0", "2", "12", ":30", "%", "Monday", "Jan", "{", "}", '"k"',
+    "\u00e9", "e\u0301", "deadbeef1", "-", "a1b2c3d4", "word", " the", "nonce", "[pruned]", "\x00",
+    "<|im_start|>", "<|im_end|>", "user", "assistant",
+]  # fmt: skip
+
+
+def _prompt(toks: list[int], special: set[int]) -> Prompt:
+    pieces = [PIECES[t].encode() for t in toks]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in pieces])]).astype(np.int64)
+    ids = np.array(toks, dtype=np.int32)
+    return Prompt(ids=ids, data=b"".join(pieces), offsets=offsets, special=np.isin(ids, list(special)).astype(np.uint8))
+
+
+def test_detectors_shown_silent_on_strip_hunks_find_nothing():
+    """Wherever `_silent` skips a text detector on one of a strip pair's two hunks (as `_quiet` makes them),
+    the detector run finds nothing: random P T R / P R N over pieces the detectors read closely."""
+    rng = random.Random(11)
+    special = {PIECES.index("<|im_start|>"), PIECES.index("<|im_end|>")}
+    skipped = 0
+    for _ in range(4000):
+
+        def tok(lo: int, hi: int) -> list[int]:
+            return [rng.randrange(len(PIECES)) for _ in range(rng.randrange(lo, hi))]
+
+        p, t, r, n = tok(2, 12), tok(1, 10), tok(1, 10), tok(1, 12)
+        pa, pb = _prompt(p + t + r, special), _prompt(p + r + n, special)
+        lcp, s, n_a, n_b = len(p), len(t), len(pa), len(pb)
+        hunks = (tails._hunk(pa, pb, (lcp, lcp + s, lcp, lcp)), tails._hunk(pa, pb, (n_a, n_a, n_a - s, n_b)))
+        d = Divergence(n_a, n_b, lcp, None, hunks)
+        for i, h in enumerate(hunks):
+            ctx = Ctx(pa, pb, d, h, i)
+            for det in tails._TEXT_DETECTORS:
+                if tails._silent(det, ctx):
+                    skipped += 1
+                    assert det(Ctx(pa, pb, d, h, i)) is None, (det.__name__, i, pa.data, pb.data)
+    assert skipped > 4000 * 2 * 3

@@ -556,7 +556,7 @@ def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
     d = Divergence(n_a, n_b, lcp, None, hunks)
     for i, h in enumerate(hunks):
         ctx = Ctx(pa, pb, d, h, i)
-        if any(det(ctx) is not None for det in _TEXT_DETECTORS):
+        if any(det(ctx) is not None for det in _TEXT_DETECTORS if not _silent(det, ctx)):
             return False
     if PLACEHOLDER_RE.search(pb.data[hunks[1].b_byte_start :].decode("utf-8", "replace")):
         return False
@@ -566,6 +566,51 @@ def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
         return False
     removed = pa.data[x0:x1].decode("utf-8", "replace").strip()
     return not (len(removed) >= 24 and pb.data.find(removed[:200].encode(), x0) >= 0)
+
+
+def _silent(det: Callable[[Ctx], Any], ctx: Ctx) -> bool:
+    """A text detector shown to find nothing in a strip hunk without running it. Hunk 0 is the think
+    block (B's side empty), hunk 1 the new turns (A's side empty, at A's end); the prompts have no sections.
+    - bpe_boundary: `is_boundary` is False where a side is empty; double_bos: hunk 0 starts at lcp > 1
+      (`Strips.pair`), hunk 1 is not the first;
+    - nonce and counter on hunk 1: `_changed` needs a match in A's window ending past the hunk's start,
+      which is A's end (the window ends there); nonce's other test needs A's text, empty;
+    - counter on hunk 0: it speaks only of sides of at most 16 bytes, stripped;
+    - whitespace: one side empty, the other must be white space alone;
+    - setting: `_setting_silent`."""
+    if det is detect_bpe_boundary or det is detect_double_bos:
+        return True
+    h = ctx.h
+    if det is detect_counter:
+        return ctx.i == 1 or len(ctx.a_text.strip()) > 16
+    if det is detect_nonce:
+        return ctx.i == 1
+    if det is detect_whitespace:
+        return bool((ctx.a_text or ctx.b_text).strip())
+    if det is detect_setting:
+        return _setting_silent(ctx.a.data, h.a_byte_start, ctx.b.data, h.b_byte_start)
+    return False
+
+
+_SWITCHES = (b"/think", b"/nothink", b"/no_think")  # what THINK_SWITCH_RE needs literally
+
+
+def _setting_silent(a: bytes, a_at: int, b: bytes, b_at: int) -> bool:
+    """detect_setting finds nothing: the lines it reads (`explain._line_at`, as bytes: the ASCII it looks for
+    is the same byte decoded or not) hold no think switch, and not both a ':' or '=' (SETTING_LINE_RE needs
+    one on each side); the prompts have no sections, so `_thinking_toggled` finds no generation prompt."""
+    la, lb = _line_bytes(a, a_at), _line_bytes(b, b_at)
+    if any(sw in line for line in (la, lb) for sw in _SWITCHES):
+        return False
+    return not all(b":" in line or b"=" in line for line in (la, lb))
+
+
+def _line_bytes(data: bytes, byte: int) -> bytes:
+    """`explain._line_at(p, byte)` undecoded."""
+    lo, hi = max(0, byte - LINE_REACH), min(len(data), byte + LINE_REACH)
+    s = data.rfind(b"\n", lo, byte) + 1 or lo
+    e = data.find(b"\n", byte, hi)
+    return data[s : e if e >= 0 else hi]
 
 
 def _hunk(pa: Prompt, pb: Prompt, span: tuple[int, int, int, int]) -> Hunk:
