@@ -556,8 +556,9 @@ def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
     d = Divergence(n_a, n_b, lcp, None, hunks)
     for i, h in enumerate(hunks):
         ctx = Ctx(pa, pb, d, h, i)
-        if any(det(ctx) is not None for det in _TEXT_DETECTORS if not _silent(det, ctx)):
-            return False
+        for det in _MAY_FIND[i]:
+            if not (det in _SILENT_IF and _silent(det, ctx)) and det(ctx) is not None:
+                return False
     if PLACEHOLDER_RE.search(pb.data[hunks[1].b_byte_start :].decode("utf-8", "replace")):
         return False
     x0, x1 = hunks[0].a_byte_start, hunks[0].a_byte_end
@@ -592,6 +593,12 @@ def _silent(det: Callable[[Ctx], Any], ctx: Ctx) -> bool:
     return False
 
 
+_NEVER = (
+    {detect_bpe_boundary, detect_double_bos},
+    {detect_bpe_boundary, detect_double_bos, detect_nonce, detect_counter},
+)
+_MAY_FIND = tuple(tuple(d for d in _TEXT_DETECTORS if d not in never) for never in _NEVER)  # `_silent` on hunk i
+_SILENT_IF = {detect_counter, detect_whitespace, detect_setting}  # where `_silent` reads the hunk
 _SWITCHES = (b"/think", b"/nothink", b"/no_think")  # what THINK_SWITCH_RE needs literally
 
 
