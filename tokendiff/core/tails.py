@@ -495,9 +495,9 @@ class Strips:
         """`explain._user_turn_after(B, lcp)` as chatml's marker sectioning makes its turns (`grammar.
         _split_generic`): a turn at each <|im_start|> token after the divergence, its role up to its first
         newline, its content up to its <|im_end|>; a user turn counts unless a tool result opens in it."""
-        data = pb.data
-        starts = [pb.byte_offset(int(i)) for i in lcp + np.flatnonzero(b[lcp:] == self.turn)]
-        closes = [pb.byte_offset(int(i) + 1) for i in lcp + np.flatnonzero(b[lcp:] == self.turn_end)]
+        data, off = pb.data, np.asarray(pb.offsets)  # byte_offset's of tokens in [0, len(b)]: no clamping
+        starts = off[lcp + np.flatnonzero(b[lcp:] == self.turn)].tolist()
+        closes = off[lcp + 1 + np.flatnonzero(b[lcp:] == self.turn_end)].tolist()
         skip = len(b"<|im_start|>")
         for k, at in enumerate(starts):
             limit = starts[k + 1] if k + 1 < len(starts) else len(data)
@@ -621,9 +621,9 @@ def _line_bytes(data: bytes, byte: int) -> bytes:
 
 
 def _hunk(pa: Prompt, pb: Prompt, span: tuple[int, int, int, int]) -> Hunk:
-    a0, a1, b0, b1 = span
-    bo_a, bo_b = pa.byte_offset, pb.byte_offset
-    return Hunk(a0, a1, b0, b1, bo_a(a0), bo_a(a1), bo_b(b0), bo_b(b1), NO_SECTION, NO_SECTION)
+    a0, a1, b0, b1 = span  # tokens in [0, len]: byte_offset's without its clamping
+    oa, ob = pa.offsets, pb.offsets
+    return Hunk(a0, a1, b0, b1, int(oa[a0]), int(oa[a1]), int(ob[b0]), int(ob[b1]), NO_SECTION, NO_SECTION)
 
 
 def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | None:
