@@ -752,7 +752,9 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
     for f, key in keyed:
         if key is None:
             continue
-        sp = spans.setdefault(key, Span(kind=f.kind, path=key[1], title=f.title, fix=f.fix))
+        sp = spans.get(key)
+        if sp is None:  # made only when new (setdefault made a Span a finding)
+            sp = spans[key] = Span(kind=f.kind, path=key[1], title=f.title, fix=f.fix)
         if not sp.turns or sp.turns[-1] != t.turn:
             sp.turns.append(t.turn)
         if sp.example is None:

@@ -599,7 +599,6 @@ _NEVER = (
 )
 _MAY_FIND = tuple(tuple(d for d in _TEXT_DETECTORS if d not in never) for never in _NEVER)  # `_silent` on hunk i
 _SILENT_IF = {detect_counter, detect_whitespace, detect_setting}  # where `_silent` reads the hunk
-_SWITCHES = (b"/think", b"/nothink", b"/no_think")  # what THINK_SWITCH_RE needs literally
 
 
 def _setting_silent(a: bytes, a_at: int, b: bytes, b_at: int) -> bool:
@@ -607,9 +606,10 @@ def _setting_silent(a: bytes, a_at: int, b: bytes, b_at: int) -> bool:
     is the same byte decoded or not) hold no think switch, and not both a ':' or '=' (SETTING_LINE_RE needs
     one on each side); the prompts have no sections, so `_thinking_toggled` finds no generation prompt."""
     la, lb = _line_bytes(a, a_at), _line_bytes(b, b_at)
-    if any(sw in line for line in (la, lb) for sw in _SWITCHES):
-        return False
-    return not all(b":" in line or b"=" in line for line in (la, lb))
+    for line in (la, lb):
+        if b"think" in line and (b"/think" in line or b"/nothink" in line or b"/no_think" in line):
+            return False  # a switch THINK_SWITCH_RE may read
+    return not ((b":" in la or b"=" in la) and (b":" in lb or b"=" in lb))
 
 
 def _line_bytes(data: bytes, byte: int) -> bytes:
