@@ -255,6 +255,7 @@ class Loader:
         self._renderer: Renderer | None = None
         self._sessions: dict[Path, list[CaptureRecord]] = {}
         self._last_decoded: tuple[np.ndarray, bytes] | None = None  # `sectioning`'s last prompt
+        self._families: dict[tuple[int, ...], str | None] = {}  # `_family_of` by the special IDs present
 
     def with_template(self, chat_template: str | None) -> Loader:
         """This loader with another chat template, sharing its text tokenizer (built once: parsing
@@ -501,7 +502,12 @@ class Loader:
 
     def _family_of(self, ids: np.ndarray) -> str | None:
         """The template family the prompt's special tokens tell (what `grammar.annotate` finds)."""
-        return grammar.family_of_specials({self.vocab.piece(i) for i in self.vocab.special_ids(ids)})
+        key = tuple(self.vocab.special_ids(ids))
+        if key not in self._families:  # a session's prompts hold one or two sets of special tokens
+            if len(self._families) >= 256:
+                self._families.clear()
+            self._families[key] = grammar.family_of_specials({self.vocab.piece(i) for i in key})
+        return self._families[key]
 
     def _from_record(
         self,
