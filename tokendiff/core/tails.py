@@ -34,13 +34,17 @@ import numpy as np
 
 from tokendiff.core.align import DIRECT, GLUE, SMALL, common_prefix, common_suffix, diff_spans
 from tokendiff.core.explain import (
+    DATE_RE,
+    HEX_RE,
     LINE_REACH,
     PLACEHOLDER_RE,
     SETTING_LINE_RE,
     SHARED_RUN,
     THINK_SWITCH_RE,
+    UUID_RE,
     Ctx,
     appended_finding,
+    covers,
     detect_bpe_boundary,
     detect_counter,
     detect_date,
@@ -577,6 +581,9 @@ def _silent(det: Callable[[Ctx], Any], ctx: Ctx) -> bool:
     - nonce and counter on hunk 1: `_changed` needs a match in A's window ending past the hunk's start,
       which is A's end (the window ends there); nonce's other test needs A's text, empty;
     - counter on hunk 0: it speaks only of sides of at most 16 bytes, stripped;
+    - date and nonce on hunk 0: `_changed` needs a match in B's window holding B's first byte after the
+      divergence (`_b_covers`), looked for first: B's window is ~100 bytes, A's holds the think block; date's
+      `_inserted` needs B's side longer than A's, and nonce's other test B's text, both empty;
     - whitespace: one side empty, the other must be white space alone;
     - setting: `_setting_silent`."""
     if det is detect_bpe_boundary or det is detect_double_bos:
@@ -585,7 +592,9 @@ def _silent(det: Callable[[Ctx], Any], ctx: Ctx) -> bool:
     if det is detect_counter:
         return ctx.i == 1 or len(ctx.a_text.strip()) > 16
     if det is detect_nonce:
-        return ctx.i == 1
+        return ctx.i == 1 or not (_b_covers(ctx, UUID_RE) or _b_covers(ctx, HEX_RE))
+    if det is detect_date:
+        return ctx.i == 0 and not _b_covers(ctx, DATE_RE)
     if det is detect_whitespace:
         return bool((ctx.a_text or ctx.b_text).strip())
     if det is detect_setting:
@@ -598,7 +607,19 @@ _NEVER = (
     {detect_bpe_boundary, detect_double_bos, detect_nonce, detect_counter},
 )
 _MAY_FIND = tuple(tuple(d for d in _TEXT_DETECTORS if d not in never) for never in _NEVER)  # `_silent` on hunk i
-_SILENT_IF = {detect_counter, detect_whitespace, detect_setting}  # where `_silent` reads the hunk
+_SILENT_IF = {
+    detect_counter,
+    detect_whitespace,
+    detect_setting,
+    detect_date,
+    detect_nonce,
+}  # where `_silent` reads the hunk
+
+
+def _b_covers(ctx: Ctx, rx: re.Pattern[str]) -> bool:
+    """`_changed(ctx, rx)`'s match on B's side (`covers` of B's window at the hunk): without one it is None."""
+    wb, ib = ctx.b_win()
+    return bool(covers(rx, wb, ib, ctx.text_lengths()[1]))
 
 
 def _setting_silent(a: bytes, a_at: int, b: bytes, b_at: int) -> bool:
