@@ -1,7 +1,7 @@
-"""The shortcuts a reasoning-strip pair takes in the reading process (core/tails.py, `Strips`) against what
-they stand for: the spans proven without a diff against `diff_spans`, on small alphabets that make
-T's text recur in B (the cases where difflib could align otherwise); the text detectors skipped on a strip
-pair's hunks against running them."""
+"""The shortcuts a slot-file session takes in the reading process against what they stand for: the prefix
+index's block compare against bisection; a reasoning-strip pair's (core/tails.py, `Strips`) spans proven
+without a diff against `diff_spans`, on small alphabets that make T's text recur in B (the cases where
+difflib could align otherwise), and the text detectors skipped on its hunks against running them."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import random
 
 import numpy as np
 
-from tokendiff.core import tails
-from tokendiff.core.align import common_prefix, diff_spans
+from tokendiff.core import prefix_index, tails
+from tokendiff.core.align import common_prefix, diff_spans, shared_prefix
 from tokendiff.core.explain import Ctx
 from tokendiff.core.model import Divergence, Prompt
 from tokendiff.core.tails import Strips
@@ -98,3 +98,14 @@ def test_detectors_shown_silent_on_strip_hunks_find_nothing():
                     skipped += 1
                     assert det(Ctx(pa, pb, d, h, i)) is None, (det.__name__, i, pa.data, pb.data)
     assert skipped > 4000 * 2 * 3
+
+
+def test_index_block_prefix_is_the_bisected_one():
+    """The prefix index's common prefix of two blocks by the XOR of their integers is `shared_prefix`'s, cut to
+    whole tokens: random blocks sharing a random prefix, of unequal lengths too."""
+    rng = random.Random(5)
+    for _ in range(20_000):
+        a = bytes(rng.randrange(3) for _ in range(rng.randrange(0, 300)))
+        b = a[: rng.randrange(len(a) + 1)] + bytes(rng.randrange(3) for _ in range(rng.randrange(0, 40)))
+        want = shared_prefix(a, b)
+        assert prefix_index._common_bytes(a, b) == want - want % 4, (a, b)
