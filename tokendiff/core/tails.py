@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from tokendiff.core.align import DIRECT, GLUE, SMALL, common_prefix, common_suffix, diff_spans
+from tokendiff.core.align import DIRECT, GLUE, SMALL, common_prefix, diff_spans
 from tokendiff.core.explain import (
     DATE_RE,
     HEX_RE,
@@ -462,7 +462,9 @@ class Strips:
         if j < 0:
             return None
         s, r = j // 4 - lcp, n_a - j // 4
-        q = common_suffix(a, b, n_a - lcp)
+        m = 4 * (n_a - lcp)  # `common_suffix(a, b, n_a - lcp)`: read little-endian, the last differing byte
+        x = int.from_bytes(ra[-m:], "little") ^ int.from_bytes(rb[-m:], "little")  # holds the XOR's top bit
+        q = (m - (x.bit_length() + 7) // 8) // 4
         la, lb, n = s + r - q, n_b - q - lcp, r - q
         if n <= GLUE or la > SMALL or lb > SMALL or la * lb > DIRECT:
             return None
