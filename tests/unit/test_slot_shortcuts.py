@@ -63,7 +63,7 @@ PIECES = [
     "<think>", "</think>", "\n", "\n\n", " ", "\t", "\r\n", "/think", "/no_think", "/nothink", "reasoning",
     "Mode", ":", "=", " high", " low", "2024-01-0", "2", "12", ":30", "%", "Monday", "Jan", "{", "}", '"k"',
     "\u00e9", "e\u0301", "deadbeef1", "-", "a1b2c3d4", "word", " the", "nonce", "[pruned]", "\x00",
-    "<|im_start|>", "<|im_end|>", "user", "assistant",
+    "<|im_start|>", "<|im_end|>", "user", "assistant", "\r", "e", ",", "1", ' "k": 1',
 ]  # fmt: skip
 
 

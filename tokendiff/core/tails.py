@@ -35,8 +35,10 @@ import numpy as np
 from tokendiff.core.align import DIRECT, GLUE, SMALL, common_prefix, diff_spans
 from tokendiff.core.explain import (
     DATE_RE,
+    EDGE,
     HEX_RE,
     LINE_REACH,
+    MAX_INSERTED,
     PLACEHOLDER_RE,
     SETTING_LINE_RE,
     SHARED_RUN,
@@ -586,7 +588,14 @@ def _silent(det: Callable[[Ctx], Any], ctx: Ctx) -> bool:
     - date and nonce on hunk 0: `_changed` needs a match in B's window holding B's first byte after the
       divergence (`_b_covers`), looked for first: B's window is ~100 bytes, A's holds the think block; date's
       `_inserted` needs B's side longer than A's, and nonce's other test B's text, both empty;
+    - date on hunk 1: `_changed` as nonce's; `_inserted` reads no insertion over MAX_INSERTED characters;
     - whitespace: one side empty, the other must be white space alone;
+    - line_endings: both sides, with the EDGE bytes around them, are X T Y and X Y (T the hunk's text);
+      with no CR in T, at most one CRLF (X's last CR and T's first LF) is T's doing, so T of two bytes or
+      more leaves the two different after CRLFs become LFs;
+    - unicode_form: ASCII around the hunk (its EDGE bytes) and in it: NFC leaves ASCII as it is, and the
+      two sides differ;
+    - json_reserialized: it needs a '{' before the hunk on both sides, within its 64 KiB reach;
     - setting: `_setting_silent`."""
     if det is detect_bpe_boundary or det is detect_double_bos:
         return True
@@ -596,7 +605,19 @@ def _silent(det: Callable[[Ctx], Any], ctx: Ctx) -> bool:
     if det is detect_nonce:
         return ctx.i == 1 or not (_b_covers(ctx, UUID_RE) or _b_covers(ctx, HEX_RE))
     if det is detect_date:
-        return ctx.i == 0 and not _b_covers(ctx, DATE_RE)
+        return not _b_covers(ctx, DATE_RE) if ctx.i == 0 else ctx.text_lengths()[1] > MAX_INSERTED
+    if det is detect_line_endings:
+        text = ctx.a_text or ctx.b_text
+        return len(text) >= 2 and b"\r" not in text
+    if det is detect_unicode_form:
+        a, b = ctx.a.data, ctx.b.data
+        ea = a[max(0, h.a_byte_start - EDGE) : h.a_byte_end + EDGE]
+        return ea.isascii() and b[max(0, h.b_byte_start - EDGE) : h.b_byte_end + EDGE].isascii()
+    if det is detect_json_reserialized:
+        a, b = ctx.a.data, ctx.b.data
+        return a.rfind(b"{", max(0, h.a_byte_start - JSON_REACH), h.a_byte_start) < 0 or (
+            b.rfind(b"{", max(0, h.b_byte_start - JSON_REACH), h.b_byte_start) < 0
+        )
     if det is detect_whitespace:
         return bool((ctx.a_text or ctx.b_text).strip())
     if det is detect_setting:
@@ -615,7 +636,11 @@ _SILENT_IF = {
     detect_setting,
     detect_date,
     detect_nonce,
+    detect_line_endings,
+    detect_unicode_form,
+    detect_json_reserialized,
 }  # where `_silent` reads the hunk
+JSON_REACH = 65536  # how far back explain._enclosing_json looks for a '{' (its `limit`)
 
 
 def _b_covers(ctx: Ctx, rx: re.Pattern[str]) -> bool:
