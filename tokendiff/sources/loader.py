@@ -246,6 +246,7 @@ class Loader:
     ):
         self.vocab = vocab
         self.family = family
+        self._families: dict[tuple[int, ...], str | None] = {}  # `_family_of` by the special IDs present
         self.order = order
         self.chat_template = chat_template
         self.template_name = template_name  # where chat_template came from, for its errors
@@ -255,7 +256,6 @@ class Loader:
         self._renderer: Renderer | None = None
         self._sessions: dict[Path, list[CaptureRecord]] = {}
         self._last_decoded: tuple[np.ndarray, bytes] | None = None  # `sectioning`'s last prompt
-        self._families: dict[tuple[int, ...], str | None] = {}  # `_family_of` by the special IDs present
 
     def with_template(self, chat_template: str | None) -> Loader:
         """This loader with another chat template, sharing its text tokenizer (built once: parsing

@@ -12,16 +12,15 @@ import re
 import struct
 import sys
 from array import array
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
 
 from tokendiff import safeio
 from tokendiff.errors import InputError
-from tokendiff.safeio import read_fd, regular_fd
 
+TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from tokendiff.core.model import Ids
 
 MAGIC_GGSQ = 0x67677371  # on disk b"qsgg"
@@ -33,9 +32,6 @@ MEDIA = -1  # LLAMA_TOKEN_NULL: a media cell inside a packed payload
 HEADER = 12
 MAX_PLAUSIBLE_VERSION = 255
 MAX_TOKENS = 1 << 24  # no llama.cpp context holds 16M tokens: a larger count is corruption
-
-
-Read = Callable[[int], bytes]  # up to n bytes of the file from where the last read ended
 
 
 def _swap32(v: int) -> int:
@@ -93,18 +89,17 @@ def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
     """Read the header and token payload of a `ggsq` or `ggsn` file."""
     p = str(path)
     try:
-        fd, st = regular_fd(p, "slot file")  # a descriptor and os.read: no file object for a 2 KB file
+        fd, st = safeio.regular_fd(p, "slot file")  # a descriptor and os.read: no file object for a 2 KB file
     except InputError:
         if os.path.isdir(p):
             raise InputError("is a directory; use DIR@N to pick a turn", source=p) from None
         raise
     try:
-        f = partial(read_fd, fd)
-        kind, version, n = _read_header(f, p)
+        kind, version, n = _read_header(fd, p)
         warnings = _check_version(p, kind, version)
-        words = _read_payload(f, p, n, st.st_size)
+        words = _read_payload(fd, p, n, st.st_size)
         state_bytes = st.st_size - (HEADER + 4 * n)
-        arch = _read_arch(f, state_bytes) if kind == "ggsn" and state_bytes >= 4 else None
+        arch = _read_arch(fd, state_bytes) if kind == "ggsn" and state_bytes >= 4 else None
     finally:
         os.close(fd)
     slot = SlotFile(
@@ -124,9 +119,9 @@ def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
     return slot
 
 
-def _read_header(f: Read, p: str) -> tuple[str, int, int]:
+def _read_header(fd: int, p: str) -> tuple[str, int, int]:
     """(kind, version, n) from the 12-byte header; a short or foreign header is an error."""
-    head = f(HEADER)
+    head = safeio.read_fd(fd, HEADER)
     if len(head) < HEADER:
         if not head:
             raise InputError("empty file, not a slot file", source=p, offset=0)
@@ -167,7 +162,7 @@ def _check_version(p: str, kind: str, version: int) -> list[str]:
     return []
 
 
-def _read_payload(f: Read, p: str, n: int, size: int) -> array[int]:
+def _read_payload(fd: int, p: str, n: int, size: int) -> array[int]:
     """The n token words after the header, checked against the file's size before reading."""
     need = HEADER + 4 * n
     if n > MAX_TOKENS:
@@ -176,7 +171,7 @@ def _read_payload(f: Read, p: str, n: int, size: int) -> array[int]:
         raise InputError(
             f"token count {n} needs {need} bytes but the file has {size} (truncated or corrupt)", source=p, offset=8
         )
-    raw = f(4 * n)
+    raw = safeio.read_fd(fd, 4 * n)
     if len(raw) != 4 * n:  # file shrank while reading
         raise InputError(f"truncated token payload: {len(raw) // 4} of {n} words", source=p, offset=HEADER)
     words = array("i")
@@ -210,15 +205,15 @@ def _refuse_negative(tokens: array[int], p: str) -> None:
         raise InputError(f"negative token id {tokens[i]} at token {i}", source=p, offset=HEADER + 4 * i)
 
 
-def _read_arch(f: Read, state_bytes: int) -> str | None:
+def _read_arch(fd: int, state_bytes: int) -> str | None:
     """The ggsn blob starts with the architecture name; read it if it looks sane."""
-    raw = f(4)
+    raw = safeio.read_fd(fd, 4)
     if len(raw) < 4:
         return None
     (length,) = struct.unpack("<I", raw)
     if not 0 < length <= 64 or length + 4 > state_bytes:
         return None
-    name = f(length)
+    name = safeio.read_fd(fd, length)
     try:
         text = name.decode("ascii")
     except UnicodeDecodeError:
@@ -299,7 +294,7 @@ def check_vocab(slot_tokens: Ids, n_vocab: int, source: str, vocab_name: str) ->
     array, a list or a numpy array; max() runs at C speed on each without a Python int per token."""
     if len(slot_tokens) == 0:
         return
-    ids = cast(Any, slot_tokens)
+    ids: Any = slot_tokens
     if isinstance(ids, array) and ids.itemsize == 4 and _all_below(ids, n_vocab):
         return
     top = int(ids.max()) if hasattr(ids, "dtype") else max(ids)  # numpy's own max: no Python int per token
