@@ -89,22 +89,45 @@ def require_regular(path: str | os.PathLike[str], what: str = "input") -> os.sta
 
 def open_regular(path: str | os.PathLike[str], what: str = "input") -> BinaryIO:
     """A binary file object for a regular file; O_NONBLOCK so that a FIFO cannot block the open."""
-    src = os.fspath(path)
+    fd, _ = regular_fd(path, what)
     try:
-        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except IsADirectoryError:
-        raise InputError(f"{what} is a directory", source=src) from None
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=src) from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise InputError(f"{what} is {_kind(mode)}; only regular files are read", source=src)
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+
+
+def regular_fd(path: str | os.PathLike[str], what: str = "input") -> tuple[int, os.stat_result]:
+    """An open descriptor of a regular file and its stat, refused as `open_regular` refuses (the caller
+    closes it). No file object: a reader of many small files (a directory of slot files) reads with
+    `os.read`, which on a regular file blocks no more than with O_NONBLOCK cleared."""
+    src = os.fspath(path)
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
+    except IsADirectoryError:
+        raise InputError(f"{what} is a directory", source=src) from None
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=src) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{what} is {_kind(st.st_mode)}; only regular files are read", source=src)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_fd(fd: int, n: int) -> bytes:
+    """Up to n bytes from fd, fewer only at the end of the file (a file object's `read(n)`)."""
+    got = os.read(fd, n)
+    if len(got) == n or not got:
+        return got
+    parts = [got]
+    while n > (have := sum(map(len, parts))) and (more := os.read(fd, n - have)):
+        parts.append(more)
+    return b"".join(parts)
 
 
 def read_limited(path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
@@ -156,10 +179,15 @@ def gunzip_limited(raw: bytes, limit: int, source: str, what: str = "file") -> b
 def head(path: str | os.PathLike[str], n: int) -> bytes:
     """The first `n` bytes of a regular file; b"" for anything else (a probe never blocks)."""
     try:
-        with open_regular(path) as f:
-            return f.read(n)
+        fd, _ = regular_fd(path)
     except (InputError, OSError):
         return b""
+    try:
+        return read_fd(fd, n)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def size_text(n: int) -> str:

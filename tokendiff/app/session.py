@@ -444,8 +444,9 @@ def _selected_input(loader: Loader, sel: Selected) -> TurnInput:
     slot = read_slot_file(sel.path)
     for w in slot.warnings:
         warn(w)
-    arr = np.frombuffer(slot.tokens, dtype=np.int32)  # the int32 array's own bytes: no copy, min and max in C
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= loader.vocab.n_vocab):  # media, a foreign vocabulary
+    arr = np.frombuffer(slot.tokens, dtype=np.int32)  # the int32 array's own bytes: no copy
+    # media (negative: past 2**31 as unsigned) or a foreign vocabulary, in one compare in C
+    if arr.size and bool((arr.view(np.uint32) >= min(loader.vocab.n_vocab, 1 << 31)).any()):
         return TurnInput.of(loader.load_selected(sel, slot), job=job)
     load = partial(loader.load_selected, sel, slot)
     return TurnInput(ids=arr, origin=sel.label, load=load, job=job, sectioning=partial(loader.slot_sectioning, arr))

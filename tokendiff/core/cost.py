@@ -753,37 +753,43 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
     """Add a turn's unexpected findings to the session's spans: the turn's waste goes to the span
     of its first one (the ceiling), and each span gains what fixing it alone would reuse here.
     True when the turn is the first example of a span."""
-    unexpected = [f for f in t.findings if not f.expected]
+    keyed = _keyed(t)
     first_example = False
-    for f in unexpected:
-        key = _span_key(f, t)
-        sp = spans.setdefault(key, Span(kind=f.kind, path=key[1], title=f.title, fix=f.fix))
+    for f, key in keyed:
+        if key is None:
+            continue
+        sp = spans.get(key)
+        if sp is None:  # made only when new (setdefault made a Span a finding)
+            sp = spans[key] = Span(kind=f.kind, path=key[1], title=f.title, fix=f.fix)
         if not sp.turns or sp.turns[-1] != t.turn:
             sp.turns.append(t.turn)
         if sp.example is None:
             sp.example = (t.turn, f.hunk)
             first_example = True
-    if not unexpected:
+    first = next((key for _, key in keyed if key is not None), None)
+    if first is None:
         return False
-    spans[_span_key(unexpected[0], t)].add(t.turn, t.wasted, 0)
-    for key, gain in _span_gains(t, ceiling).items():
+    spans[first].add(t.turn, t.wasted, 0)
+    for key, gain in _span_gains(t, ceiling, keyed).items():
         spans[key].add(t.turn, 0, gain)
     return first_example
 
 
-def _span_gains(t: Turn, ceiling: int) -> dict[SpanKey, int]:
+def _keyed(t: Turn) -> list[tuple[Finding, SpanKey | None]]:
+    """The turn's findings with their span keys (None for an expected one), each key made once."""
+    return [(f, None if f.expected else _span_key(f, t)) for f in t.findings]
+
+
+def _span_gains(t: Turn, ceiling: int, keyed: list[tuple[Finding, SpanKey | None]] | None = None) -> dict[SpanKey, int]:
     """What fixing each of the turn's spans alone would reuse here: the prefix extends to the next
-    hunk that span does not cause."""
+    hunk that span does not cause. `keyed`: `_keyed(t)`, where the caller has it."""
     if t.divergence is None and t.tail_owner is None:
         return {}
+    keyed = _keyed(t) if keyed is None else keyed
     out = {}
-    for key in {_span_key(f, t) for f in t.findings if not f.expected}:
+    for key in {k for _, k in keyed if k is not None}:
         other = next(
-            (
-                ceiling if f.expected else _hunk_b_start(t, f.hunk)
-                for f in t.findings
-                if f.expected or _span_key(f, t) != key
-            ),
+            (ceiling if k is None else _hunk_b_start(t, f.hunk) for f, k in keyed if k is None or k != key),
             ceiling,
         )
         out[key] = max(0, min(other, ceiling) - t.reuse[Backend.LLAMA_CPP])

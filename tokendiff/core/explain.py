@@ -172,7 +172,7 @@ def matches(rx: re.Pattern[str], text: str) -> Iterator[re.Match[str]]:
             look = max(look, pos - offset)
 
 
-def _covers(rx: re.Pattern[str], win: str, at: int, length: int) -> str | None:
+def covers(rx: re.Pattern[str], win: str, at: int, length: int) -> str | None:
     """The match of rx that overlaps the changed characters [at, at+length], if any. Matches come in
     order and do not overlap, so the first one ending past `at` decides: the scan stops there rather
     than running on through a long hunk."""
@@ -187,11 +187,11 @@ def _covers(rx: re.Pattern[str], win: str, at: int, length: int) -> str | None:
 def _changed(ctx: Ctx, rx: re.Pattern[str]) -> tuple[str, str] | None:
     la, lb = ctx.text_lengths()
     wa, ia = ctx.a_win()
-    ma = _covers(rx, wa, ia, la)
+    ma = covers(rx, wa, ia, la)
     if not ma:
         return None
     wb, ib = ctx.b_win()
-    mb = _covers(rx, wb, ib, lb)
+    mb = covers(rx, wb, ib, lb)
     if mb and ma != mb:
         return ma, mb
     return None
@@ -597,7 +597,7 @@ def _inserted(ctx: Ctx, rx: re.Pattern[str]) -> str | None:
     if not 0 <= la < lb <= MAX_INSERTED:
         return None
     wa, ia = ctx.a_win()
-    if la and _covers(rx, wa, ia, la):
+    if la and covers(rx, wa, ia, la):
         return None
     wb, ib = ctx.b_win()
     for m in matches(rx, wb):  # the first match in the insertion that holds a digit: a timestamp, not a day's name

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokendiff.core.align import common_bytes, shared_prefix
+from tokendiff.core.align import common_bytes
 
 BLOCK = 64
 _ROOT = 0
@@ -159,9 +159,13 @@ class PrefixIndex:
 
 
 def _common_bytes(a: bytes, b: bytes) -> int:
-    """Length of the common prefix of two token byte strings, in whole 4-byte tokens' bytes."""
-    n = shared_prefix(a, b)
-    return n - n % 4
+    """Length of the common prefix of two token byte strings (a block: at most BLOCK tokens), in whole 4-byte
+    tokens' bytes. Read as big-endian integers, the first differing byte holds the highest bit of their XOR:
+    two conversions and an XOR in C, where a bisection compared the last 64 bytes one at a time in Python."""
+    n = min(len(a), len(b))
+    x = int.from_bytes(a[:n], "big") ^ int.from_bytes(b[:n], "big")
+    same = n - (x.bit_length() + 7) // 8
+    return same - same % 4
 
 
 __all__ = ["PrefixIndex", "Match", "BLOCK"]

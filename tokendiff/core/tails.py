@@ -32,15 +32,21 @@ from typing import Any
 
 import numpy as np
 
-from tokendiff.core.align import common_prefix, diff_spans, shared_prefix, shared_suffix
+from tokendiff.core.align import DIRECT, GLUE, SMALL, common_prefix, diff_spans, shared_prefix, shared_suffix
 from tokendiff.core.explain import (
+    DATE_RE,
+    EDGE,
+    HEX_RE,
     LINE_REACH,
+    MAX_INSERTED,
     PLACEHOLDER_RE,
     SETTING_LINE_RE,
     SHARED_RUN,
     THINK_SWITCH_RE,
+    UUID_RE,
     Ctx,
     appended_finding,
+    covers,
     detect_bpe_boundary,
     detect_counter,
     detect_date,
@@ -56,7 +62,17 @@ from tokendiff.core.explain import (
     text_probe,
 )
 from tokendiff.core.kinds import CauseKind, SectionKind
-from tokendiff.core.model import NO_SECTION, Divergence, Finding, Hunk, Part, Prompt, PromptMeta, SectionPath
+from tokendiff.core.model import (
+    NO_SECTION,
+    Divergence,
+    Finding,
+    Hunk,
+    Part,
+    Prompt,
+    PromptMeta,
+    SectionPath,
+    id_bytes,
+)
 from tokendiff.core.plain import replace
 from tokendiff.core.secrets import mask
 from tokendiff.core.vocab import SPECIAL, Vocab
@@ -451,17 +467,52 @@ class Strips:
         after A's last token (A's prompt ends there: no generated section), A's text from the divergence
         holding no special token but its last, which ends its turn."""
         n_a, n_b = len(a), len(b)
-        spans = diff_spans(a, b, n_a)
-        if len(spans) != 2:
-            return None
-        (a0, a1, b0, b1), ins = spans
-        s = a1 - lcp
-        if (a0, b0, b1) != (lcp, lcp, lcp) or a1 < past or ins != (n_a, n_a, n_a - s, n_b):
-            return None
+        s = self._proven_strip(a, b, lcp, past)
+        if s is None:
+            spans = diff_spans(a, b, n_a)
+            if len(spans) != 2:
+                return None
+            (a0, a1, b0, b1), ins = spans
+            s = a1 - lcp
+            if (a0, b0, b1) != (lcp, lcp, lcp) or a1 < past or ins != (n_a, n_a, n_a - s, n_b):
+                return None
         if np.any(self.flags[a[lcp : n_a - 1]] & SPECIAL) or not self.flags[a[n_a - 1]] & SPECIAL:
             return None
         if not np.any(self.flags[b[n_a - s :]] & SPECIAL):
             return None  # new turns carry their markers (detect_whitespace reads no sections then)
+        return s
+
+    @staticmethod
+    def _proven_strip(a: np.ndarray, b: np.ndarray, lcp: int, past: int) -> int | None:
+        """The s for which `diff_spans(a, b, len(a))` is [(lcp, lcp+s, lcp, lcp), (n_a, n_a, n_a-s, n_b)],
+        where that is shown without diffing (None: not shown; then the diff tells). A = P T R, B = P R N
+        with R = A[lcp+s:] (s >= past - lcp), q the common suffix of A[lcp:] and B[lcp:], L = |R| - q.
+        `_diff` trims P and the q tokens and hands the box A' = T R[:L], B' = R N[:-q] to difflib (the
+        box is under SMALL and DIRECT, neither side one token). difflib's first block is the longest
+        common run, earliest in A' then in B' (autojunk off: no junk, none popular): R[:L] at (s, 0) is
+        one of length L, a run starting at i > s is shorter, and one starting at i < s as long or longer
+        holds A'[i:i+L], looked for in B' here (any byte hit, aligned or not, and no proof). So its
+        blocks are that one alone (nothing left before it in B', nothing after it in A'): the opcodes
+        delete T and insert B'[L:] after A'. L > GLUE keeps `_merge` from joining them, and
+        `_slide_insertions` moves the insertion right by q (B's copy of R[L:] is B's last q tokens)."""
+        n_a, n_b = len(a), len(b)
+        ra, rb = id_bytes(a), id_bytes(b)
+        first = rb[4 * lcp : 4 * lcp + 4]
+        j = ra.find(first, 4 * past)
+        while j >= 0 and (j % 4 or ra[j:] != rb[4 * lcp : 4 * lcp + len(ra) - j]):
+            j = ra.find(first, j + 1)
+        if j < 0:
+            return None
+        s, r = j // 4 - lcp, n_a - j // 4
+        m = 4 * (n_a - lcp)  # `common_suffix(a, b, n_a - lcp)`: read little-endian, the last differing byte
+        x = int.from_bytes(ra[-m:], "little") ^ int.from_bytes(rb[-m:], "little")  # holds the XOR's top bit
+        q = (m - (x.bit_length() + 7) // 8) // 4
+        la, lb, n = s + r - q, n_b - q - lcp, r - q
+        if n <= GLUE or la > SMALL or lb > SMALL or la * lb > DIRECT:
+            return None
+        box = rb[4 * lcp : 4 * (n_b - q)]
+        if any(box.find(ra[4 * i : 4 * (i + n)]) >= 0 for i in range(lcp, lcp + s)):
+            return None
         return s
 
     def _texts(self, a: np.ndarray, b: np.ndarray, lcp: int, s: int) -> tuple[Prompt, Prompt, bool] | None:
@@ -492,9 +543,9 @@ class Strips:
         """`explain._user_turn_after(B, lcp)` as chatml's marker sectioning makes its turns (`grammar.
         _split_generic`): a turn at each <|im_start|> token after the divergence, its role up to its first
         newline, its content up to its <|im_end|>; a user turn counts unless a tool result opens in it."""
-        data = pb.data
-        starts = [pb.byte_offset(int(i)) for i in lcp + np.flatnonzero(b[lcp:] == self.turn)]
-        closes = [pb.byte_offset(int(i) + 1) for i in lcp + np.flatnonzero(b[lcp:] == self.turn_end)]
+        data, off = pb.data, np.asarray(pb.offsets)  # byte_offset's of tokens in [0, len(b)]: no clamping
+        starts = off[lcp + np.flatnonzero(b[lcp:] == self.turn)].tolist()
+        closes = off[lcp + 1 + np.flatnonzero(b[lcp:] == self.turn_end)].tolist()
         skip = len(b"<|im_start|>")
         for k, at in enumerate(starts):
             limit = starts[k + 1] if k + 1 < len(starts) else len(data)
@@ -553,8 +604,9 @@ def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
     d = Divergence(n_a, n_b, lcp, None, hunks)
     for i, h in enumerate(hunks):
         ctx = Ctx(pa, pb, d, h, i)
-        if any(det(ctx) is not None for det in _TEXT_DETECTORS):
-            return False
+        for det in _MAY_FIND[i]:
+            if not (det in _SILENT_IF and _silent(det, ctx)) and det(ctx) is not None:
+                return False
     if PLACEHOLDER_RE.search(pb.data[hunks[1].b_byte_start :].decode("utf-8", "replace")):
         return False
     x0, x1 = hunks[0].a_byte_start, hunks[0].a_byte_end
@@ -565,10 +617,101 @@ def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
     return not (len(removed) >= 24 and pb.data.find(removed[:200].encode(), x0) >= 0)
 
 
+def _silent(det: Callable[[Ctx], Any], ctx: Ctx) -> bool:
+    """A text detector shown to find nothing in a strip hunk without running it. Hunk 0 is the think
+    block (B's side empty), hunk 1 the new turns (A's side empty, at A's end); the prompts have no sections.
+    - bpe_boundary: `is_boundary` is False where a side is empty; double_bos: hunk 0 starts at lcp > 1
+      (`Strips.pair`), hunk 1 is not the first;
+    - nonce and counter on hunk 1: `_changed` needs a match in A's window ending past the hunk's start,
+      which is A's end (the window ends there); nonce's other test needs A's text, empty;
+    - counter on hunk 0: it speaks only of sides of at most 16 bytes, stripped;
+    - date and nonce on hunk 0: `_changed` needs a match in B's window holding B's first byte after the
+      divergence (`_b_covers`), looked for first: B's window is ~100 bytes, A's holds the think block; date's
+      `_inserted` needs B's side longer than A's, and nonce's other test B's text, both empty;
+    - date on hunk 1: `_changed` as nonce's; `_inserted` reads no insertion over MAX_INSERTED characters;
+    - whitespace: one side empty, the other must be white space alone;
+    - line_endings: both sides, with the EDGE bytes around them, are X T Y and X Y (T the hunk's text);
+      with no CR in T, at most one CRLF (X's last CR and T's first LF) is T's doing, so T of two bytes or
+      more leaves the two different after CRLFs become LFs;
+    - unicode_form: ASCII around the hunk (its EDGE bytes) and in it: NFC leaves ASCII as it is, and the
+      two sides differ;
+    - json_reserialized: it needs a '{' before the hunk on both sides, within its 64 KiB reach;
+    - setting: `_setting_silent`."""
+    if det is detect_bpe_boundary or det is detect_double_bos:
+        return True
+    h = ctx.h
+    if det is detect_counter:
+        return ctx.i == 1 or len(ctx.a_text.strip()) > 16
+    if det is detect_nonce:
+        return ctx.i == 1 or not (_b_covers(ctx, UUID_RE) or _b_covers(ctx, HEX_RE))
+    if det is detect_date:
+        return not _b_covers(ctx, DATE_RE) if ctx.i == 0 else ctx.text_lengths()[1] > MAX_INSERTED
+    if det is detect_line_endings:
+        text = ctx.a_text or ctx.b_text
+        return len(text) >= 2 and b"\r" not in text
+    if det is detect_unicode_form:
+        a, b = ctx.a.data, ctx.b.data
+        ea = a[max(0, h.a_byte_start - EDGE) : h.a_byte_end + EDGE]
+        return ea.isascii() and b[max(0, h.b_byte_start - EDGE) : h.b_byte_end + EDGE].isascii()
+    if det is detect_json_reserialized:
+        a, b = ctx.a.data, ctx.b.data
+        return a.rfind(b"{", max(0, h.a_byte_start - JSON_REACH), h.a_byte_start) < 0 or (
+            b.rfind(b"{", max(0, h.b_byte_start - JSON_REACH), h.b_byte_start) < 0
+        )
+    if det is detect_whitespace:
+        return bool((ctx.a_text or ctx.b_text).strip())
+    if det is detect_setting:
+        return _setting_silent(ctx.a.data, h.a_byte_start, ctx.b.data, h.b_byte_start)
+    return False
+
+
+_NEVER = (
+    {detect_bpe_boundary, detect_double_bos},
+    {detect_bpe_boundary, detect_double_bos, detect_nonce, detect_counter},
+)
+_MAY_FIND = tuple(tuple(d for d in _TEXT_DETECTORS if d not in never) for never in _NEVER)  # `_silent` on hunk i
+_SILENT_IF = {
+    detect_counter,
+    detect_whitespace,
+    detect_setting,
+    detect_date,
+    detect_nonce,
+    detect_line_endings,
+    detect_unicode_form,
+    detect_json_reserialized,
+}  # where `_silent` reads the hunk
+JSON_REACH = 65536  # how far back explain._enclosing_json looks for a '{' (its `limit`)
+
+
+def _b_covers(ctx: Ctx, rx: re.Pattern[str]) -> bool:
+    """`_changed(ctx, rx)`'s match on B's side (`covers` of B's window at the hunk): without one it is None."""
+    wb, ib = ctx.b_win()
+    return bool(covers(rx, wb, ib, ctx.text_lengths()[1]))
+
+
+def _setting_silent(a: bytes, a_at: int, b: bytes, b_at: int) -> bool:
+    """detect_setting finds nothing: the lines it reads (`explain._line_at`, as bytes: the ASCII it looks for
+    is the same byte decoded or not) hold no think switch, and not both a ':' or '=' (SETTING_LINE_RE needs
+    one on each side); the prompts have no sections, so `_thinking_toggled` finds no generation prompt."""
+    la, lb = _line_bytes(a, a_at), _line_bytes(b, b_at)
+    for line in (la, lb):
+        if b"think" in line and (b"/think" in line or b"/nothink" in line or b"/no_think" in line):
+            return False  # a switch THINK_SWITCH_RE may read
+    return not ((b":" in la or b"=" in la) and (b":" in lb or b"=" in lb))
+
+
+def _line_bytes(data: bytes, byte: int) -> bytes:
+    """`explain._line_at(p, byte)` undecoded."""
+    lo, hi = max(0, byte - LINE_REACH), min(len(data), byte + LINE_REACH)
+    s = data.rfind(b"\n", lo, byte) + 1 or lo
+    e = data.find(b"\n", byte, hi)
+    return data[s : e if e >= 0 else hi]
+
+
 def _hunk(pa: Prompt, pb: Prompt, span: tuple[int, int, int, int]) -> Hunk:
-    a0, a1, b0, b1 = span
-    bo_a, bo_b = pa.byte_offset, pb.byte_offset
-    return Hunk(a0, a1, b0, b1, bo_a(a0), bo_a(a1), bo_b(b0), bo_b(b1), NO_SECTION, NO_SECTION)
+    a0, a1, b0, b1 = span  # tokens in [0, len]: byte_offset's without its clamping
+    oa, ob = pa.offsets, pb.offsets
+    return Hunk(a0, a1, b0, b1, int(oa[a0]), int(oa[a1]), int(ob[b0]), int(ob[b1]), NO_SECTION, NO_SECTION)
 
 
 def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | None:

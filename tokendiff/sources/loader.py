@@ -249,6 +249,7 @@ class Loader:
     ):
         self.vocab = vocab
         self.family = family
+        self._families: dict[tuple[int, ...], str | None] = {}  # `_family_of` by the special IDs present
         self.order = order
         self.chat_template = chat_template
         self.template_name = template_name  # where chat_template came from, for its errors
@@ -512,7 +513,12 @@ class Loader:
 
     def _family_of(self, ids: np.ndarray) -> str | None:
         """The template family the prompt's special tokens tell (what `grammar.annotate` finds)."""
-        return grammar.family_of_specials({self.vocab.piece(i) for i in self.vocab.special_ids(ids)})
+        key = tuple(self.vocab.special_ids(ids))
+        if key not in self._families:  # a session's prompts hold one or two sets of special tokens
+            if len(self._families) >= 256:
+                self._families.clear()
+            self._families[key] = grammar.family_of_specials({self.vocab.piece(i) for i in key})
+        return self._families[key]
 
     def _from_record(
         self,

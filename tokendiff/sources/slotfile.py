@@ -16,11 +16,10 @@ from pathlib import Path
 
 from tokendiff import safeio
 from tokendiff.errors import InputError
-from tokendiff.safeio import open_regular
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
-    from typing import Any, BinaryIO
+    from typing import Any
 
     from tokendiff.core.model import Ids
 
@@ -89,15 +88,20 @@ def _magic_error(path: str, magic: int, head: bytes) -> InputError:
 def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
     """Read the header and token payload of a `ggsq` or `ggsn` file."""
     p = str(path)
-    if os.path.isdir(p):
-        raise InputError("is a directory; use DIR@N to pick a turn", source=p)
-    with open_regular(p, "slot file") as f:
-        st = os.fstat(f.fileno())
-        kind, version, n = _read_header(f, p)
+    try:
+        fd, st = safeio.regular_fd(p, "slot file")  # a descriptor and os.read: no file object for a 2 KB file
+    except InputError:
+        if os.path.isdir(p):
+            raise InputError("is a directory; use DIR@N to pick a turn", source=p) from None
+        raise
+    try:
+        kind, version, n = _read_header(fd, p)
         warnings = _check_version(p, kind, version)
-        words = _read_payload(f, p, n, st.st_size)
+        words = _read_payload(fd, p, n, st.st_size)
         state_bytes = st.st_size - (HEADER + 4 * n)
-        arch = _read_arch(f, state_bytes) if kind == "ggsn" and state_bytes >= 4 else None
+        arch = _read_arch(fd, state_bytes) if kind == "ggsn" and state_bytes >= 4 else None
+    finally:
+        os.close(fd)
     slot = SlotFile(
         path=p,
         kind=kind,
@@ -115,9 +119,9 @@ def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
     return slot
 
 
-def _read_header(f: BinaryIO, p: str) -> tuple[str, int, int]:
+def _read_header(fd: int, p: str) -> tuple[str, int, int]:
     """(kind, version, n) from the 12-byte header; a short or foreign header is an error."""
-    head = f.read(HEADER)
+    head = safeio.read_fd(fd, HEADER)
     if len(head) < HEADER:
         if not head:
             raise InputError("empty file, not a slot file", source=p, offset=0)
@@ -158,7 +162,7 @@ def _check_version(p: str, kind: str, version: int) -> list[str]:
     return []
 
 
-def _read_payload(f: BinaryIO, p: str, n: int, size: int) -> array[int]:
+def _read_payload(fd: int, p: str, n: int, size: int) -> array[int]:
     """The n token words after the header, checked against the file's size before reading."""
     need = HEADER + 4 * n
     if n > MAX_TOKENS:
@@ -167,7 +171,7 @@ def _read_payload(f: BinaryIO, p: str, n: int, size: int) -> array[int]:
         raise InputError(
             f"token count {n} needs {need} bytes but the file has {size} (truncated or corrupt)", source=p, offset=8
         )
-    raw = f.read(4 * n)
+    raw = safeio.read_fd(fd, 4 * n)
     if len(raw) != 4 * n:  # file shrank while reading
         raise InputError(f"truncated token payload: {len(raw) // 4} of {n} words", source=p, offset=HEADER)
     words = array("i")
@@ -201,15 +205,15 @@ def _refuse_negative(tokens: array[int], p: str) -> None:
         raise InputError(f"negative token id {tokens[i]} at token {i}", source=p, offset=HEADER + 4 * i)
 
 
-def _read_arch(f: BinaryIO, state_bytes: int) -> str | None:
+def _read_arch(fd: int, state_bytes: int) -> str | None:
     """The ggsn blob starts with the architecture name; read it if it looks sane."""
-    raw = f.read(4)
+    raw = safeio.read_fd(fd, 4)
     if len(raw) < 4:
         return None
     (length,) = struct.unpack("<I", raw)
     if not 0 < length <= 64 or length + 4 > state_bytes:
         return None
-    name = f.read(length)
+    name = safeio.read_fd(fd, length)
     try:
         text = name.decode("ascii")
     except UnicodeDecodeError:
@@ -328,7 +332,10 @@ def _all_below(ids: array[int], n_vocab: int) -> bool:
 
 def is_slot_file(path: Path) -> bool:
     """Cheap probe: does the file start with a ggsq/ggsn magic?"""
-    head = safeio.head(path, 4)
+    return _slot_magic(safeio.head(path, 4))
+
+
+def _slot_magic(head: bytes) -> bool:
     return len(head) == 4 and struct.unpack("<I", head)[0] in (MAGIC_GGSQ, MAGIC_GGSN)
 
 
@@ -336,14 +343,24 @@ def list_session_dir(path: str | os.PathLike[str], order: str = "auto") -> list[
     """The slot files of a directory, ordered as turns (by save time, or by name)."""
     d = Path(path)
     try:
-        files = [e for e in d.iterdir() if e.is_file() and is_slot_file(e)]
+        with os.scandir(d) as listing:  # each entry's type from the listing, its stat made once
+            entries = [e for e in listing if _is_file(e) and _slot_magic(safeio.head(e.path, 4))]
     except OSError as e:
         raise InputError(e.strerror or str(e), source=str(d)) from None
     if order == "name":
-        files.sort(key=lambda e: natural_key(e.name))
+        entries.sort(key=lambda e: natural_key(e.name))
     else:
-        files.sort(key=lambda e: (e.stat().st_mtime_ns, natural_key(e.name)))
-    return files
+        entries.sort(key=lambda e: (e.stat().st_mtime_ns, natural_key(e.name)))
+    return [d / e.name for e in entries]
+
+
+def _is_file(e: os.DirEntry[str]) -> bool:
+    """`Path.is_file()` of the entry (links followed), from the listing's type where it has one; an entry
+    whose stat fails otherwise than by its absence (a link loop) asks the path, as before."""
+    try:
+        return e.is_file()
+    except OSError:
+        return Path(e.path).is_file()
 
 
 def natural_key(name: str) -> list[int | str]:

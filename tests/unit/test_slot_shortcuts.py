@@ -1,0 +1,111 @@
+"""The shortcuts a slot-file session takes in the reading process against what they stand for: the prefix
+index's block compare against bisection; a reasoning-strip pair's (core/tails.py, `Strips`) spans proven
+without a diff against `diff_spans`, on small alphabets that make T's text recur in B (the cases where
+difflib could align otherwise), and the text detectors skipped on its hunks against running them."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from tokendiff.core import prefix_index, tails
+from tokendiff.core.align import common_prefix, diff_spans, shared_prefix
+from tokendiff.core.explain import Ctx
+from tokendiff.core.model import Divergence, Prompt
+from tokendiff.core.tails import Strips
+
+
+def _strip_pair(rng: random.Random) -> tuple[np.ndarray, np.ndarray]:
+    """A = P T R, B = P R N over a few token values; N now and then repeating part of T or R, or ending
+    like A (a common suffix)."""
+    v = rng.choice([3, 5, 10, 50])
+
+    def tok(n: int) -> list[int]:
+        return [rng.randrange(v) for _ in range(n)]
+
+    p, t, r, n = (
+        tok(rng.randrange(2, 6)),
+        tok(rng.randrange(2, 12)),
+        tok(rng.randrange(1, 14)),
+        tok(rng.randrange(1, 20)),
+    )
+    if rng.random() < 0.3:
+        src = t + r
+        k = rng.randrange(len(src))
+        n = n[: rng.randrange(len(n) + 1)] + src[k : k + rng.randrange(1, 10)] + tok(rng.randrange(3))
+    if rng.random() < 0.3:
+        n = n + r[-rng.randrange(1, len(r) + 1) :]
+    return np.array(p + t + r, dtype=np.int32), np.array(p + r + n, dtype=np.int32)
+
+
+def test_proven_strip_spans_are_diff_spans():
+    """Wherever `_proven_strip` gives s, `diff_spans` gives the deletion of s tokens at the divergence and the
+    insertion after A's end; it proves most such pairs (else the diff runs, so a miss costs only time)."""
+    rng = random.Random(7)
+    proved = tried = 0
+    while tried < 20_000:
+        a, b = _strip_pair(rng)
+        lcp = common_prefix(a, b)
+        if not (1 < lcp < len(a) < len(b)):
+            continue
+        tried += 1
+        s = Strips._proven_strip(a, b, lcp, lcp + rng.randrange(0, 3))
+        if s is None:
+            continue
+        proved += 1
+        n_a, n_b = len(a), len(b)
+        assert diff_spans(a, b, n_a) == [(lcp, lcp + s, lcp, lcp), (n_a, n_a, n_a - s, n_b)], (a, b, lcp, s)
+    assert proved > tried // 4
+
+
+PIECES = [
+    "<think>", "</think>", "\n", "\n\n", " ", "\t", "\r\n", "/think", "/no_think", "/nothink", "reasoning",
+    "Mode", ":", "=", " high", " low", "2024-01-0", "2", "12", ":30", "%", "Monday", "Jan", "{", "}", '"k"',
+    "\u00e9", "e\u0301", "deadbeef1", "-", "a1b2c3d4", "word", " the", "nonce", "[pruned]", "\x00",
+    "<|im_start|>", "<|im_end|>", "user", "assistant", "\r", "e", ",", "1", ' "k": 1',
+]  # fmt: skip
+
+
+def _prompt(toks: list[int], special: set[int]) -> Prompt:
+    pieces = [PIECES[t].encode() for t in toks]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in pieces])]).astype(np.int64)
+    ids = np.array(toks, dtype=np.int32)
+    return Prompt(ids=ids, data=b"".join(pieces), offsets=offsets, special=np.isin(ids, list(special)).astype(np.uint8))
+
+
+def test_detectors_shown_silent_on_strip_hunks_find_nothing():
+    """Wherever `_silent` skips a text detector on one of a strip pair's two hunks (as `_quiet` makes them),
+    the detector run finds nothing: random P T R / P R N over pieces the detectors read closely."""
+    rng = random.Random(11)
+    special = {PIECES.index("<|im_start|>"), PIECES.index("<|im_end|>")}
+    skipped = 0
+    for _ in range(4000):
+
+        def tok(lo: int, hi: int) -> list[int]:
+            return [rng.randrange(len(PIECES)) for _ in range(rng.randrange(lo, hi))]
+
+        p, t, r, n = tok(2, 12), tok(1, 10), tok(1, 10), tok(1, 12)
+        pa, pb = _prompt(p + t + r, special), _prompt(p + r + n, special)
+        lcp, s, n_a, n_b = len(p), len(t), len(pa), len(pb)
+        hunks = (tails._hunk(pa, pb, (lcp, lcp + s, lcp, lcp)), tails._hunk(pa, pb, (n_a, n_a, n_a - s, n_b)))
+        d = Divergence(n_a, n_b, lcp, None, hunks)
+        for i, h in enumerate(hunks):
+            ctx = Ctx(pa, pb, d, h, i)
+            assert all(tails._silent(det, ctx) for det in tails._NEVER[i])  # what `_quiet` never runs
+            for det in tails._TEXT_DETECTORS:
+                if tails._silent(det, ctx):
+                    skipped += 1
+                    assert det(Ctx(pa, pb, d, h, i)) is None, (det.__name__, i, pa.data, pb.data)
+    assert skipped > 4000 * 2 * 3
+
+
+def test_index_block_prefix_is_the_bisected_one():
+    """The prefix index's common prefix of two blocks by the XOR of their integers is `shared_prefix`'s, cut to
+    whole tokens: random blocks sharing a random prefix, of unequal lengths too."""
+    rng = random.Random(5)
+    for _ in range(20_000):
+        a = bytes(rng.randrange(3) for _ in range(rng.randrange(0, 300)))
+        b = a[: rng.randrange(len(a) + 1)] + bytes(rng.randrange(3) for _ in range(rng.randrange(0, 40)))
+        want = shared_prefix(a, b)
+        assert prefix_index._common_bytes(a, b) == want - want % 4, (a, b)
