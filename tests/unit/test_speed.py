@@ -10,6 +10,7 @@ import random
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -238,14 +239,19 @@ def _edit_slots(path: Path, turns: int, seed: int = 0) -> Path:
     return path
 
 
-def _edit_capture(path: Path, turns: int, seed: int = 0) -> Path:
+def _edit_capture(
+    path: Path, turns: int, seed: int = 0, parts: str = "never", edit: Callable[[int], tuple[str, str]] | None = None
+) -> Path:
     """A capture as `_capture` writes it (Qwen3 without thinking, the render's IDs), the system prompt or the
-    first user message edited (`EDITS`), history dropped now and then."""
+    first user message edited (`EDITS`, or `edit`), history dropped now and then; with `parts` "odd", the odd
+    requests send those two as one text part rather than a string."""
     vocab = load_vocab(None)
     renderer, tok = Renderer(vocab.meta.chat_template or ""), text_tokenizer(vocab)
     rng, msgs, lines = random.Random(seed), [], []
     for k in range(1, turns + 1):
-        system, hello = _edit(k)
+        system, hello = (edit or _edit)(k)
+        if parts == "odd" and k % 2:
+            system, hello = ([{"type": "text", "text": t}] for t in (system, hello))  # type: ignore[assignment]
         if k % 23 == 0:
             msgs = msgs[len(msgs) // 2 :]
         first = [{"role": "user", "content": hello}, {"role": "assistant", "content": "Hi."}]
@@ -274,6 +280,26 @@ def test_edit_turns_are_the_full_diff(tmp_path, monkeypatch, kind):
     assert {t.findings[0].kind for t in edited} >= {CauseKind.DATE, CauseKind.COUNTER, CauseKind.CONTENT_CHANGED}
     assert len(edited) >= 12, len(edited)
     _same_without_forms(path, monkeypatch)
+
+
+def test_edit_turns_of_requests_sending_text_as_parts(tmp_path, monkeypatch):
+    """An edit's owner is a field path (`messages[0].content` or `messages[0].content[0].text`): a form learned
+    from one layout is never filled for another (a client sending the system prompt as a part in one request
+    and as a string in the next): every turn is its full diff, the report the one with no form."""
+
+    def dated(k: int) -> tuple[str, str]:
+        return f"You are an agent working in the repository. Today is 2026-02-{1 + k % 9:02d}.", "Hello."
+
+    monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
+    plain = _edit_capture(tmp_path / "s.jsonl", 40, edit=dated)  # the same, every request's text a string
+    loaded = open_session(PromptOptions(), [str(plain)], single_turns=False, workers=1)
+    assert sum(bool(t.tail_hunks) for t in loaded.session.turns) >= 8
+    path = _edit_capture(tmp_path / "c.jsonl", 40, parts="odd", edit=dated)
+    with sink(lambda kind, message: None):
+        fast, _ = _report(path)
+        monkeypatch.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
+        full, _ = _report(path)
+    assert fast == full
 
 
 def test_heaviest_chain_is_the_quadratic_one():

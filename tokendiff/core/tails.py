@@ -187,7 +187,7 @@ class Tails:
         """The pair as a small edit at the divergence, then a tail or strip pair (`EditPair`); None when it
         is not one (or the full diff must tell)."""
         sizes = _edit_sizes(a, b, d)
-        if sizes is None:
+        if sizes is None or any(_mixed_content(s()) for s in sections):
             return None
         ra, rb = sizes
         a2 = np.concatenate([b[: d + rb], a[d + ra :]])  # A with the edit made: B's prefix to its end
@@ -300,6 +300,9 @@ def _line(before: bytes, after: bytes) -> str:
 
 THINK_REACH = 4096  # tokens of A's think block searched for its end
 SLOT_SECTIONING = "slot file"  # the last part of a slot file's sectioning (app: Loader.slot_sectioning)
+MIXED_CONTENT = "text as strings and as parts"  # the last part of a request's sectioning by its fields where
+# its messages do not all hold their text alike (app: Loader.sectioning): an edit's field path could then differ
+# between two requests of one shape (`messages[0].content` in one, `messages[0].content[0].text` in the next)
 _TEXT_DETECTORS = (
     detect_bpe_boundary,
     detect_double_bos,
@@ -571,6 +574,12 @@ def _token(vocab: Vocab, piece: bytes) -> int | None:
         if vocab.piece(i) == piece:
             return i
     return None
+
+
+def _mixed_content(s: Any) -> bool:
+    """A request sectioned by fields whose messages hold their text both as strings and as parts: the field
+    path an edit falls in is not fixed by its shape (the tail's owner, the generation prompt, is)."""
+    return isinstance(s, tuple) and s[-1] == MIXED_CONTENT
 
 
 def _slot_markers(s: Any) -> bool:
@@ -1042,5 +1051,6 @@ __all__ = [
     "AnyPair",
     "Form",
     "MAX_TAIL",
+    "MIXED_CONTENT",
     "SLOT_SECTIONING",
 ]

@@ -450,10 +450,11 @@ class Loader:
         except InputError:
             return None
 
-    def sectioning(self, rec: CaptureRecord, ids: np.ndarray, label: str) -> tuple[Sectioning, str] | None:
+    def sectioning(self, rec: CaptureRecord, ids: np.ndarray, label: str) -> tuple[Sectioning | str, ...] | None:
         """How the full load of this record (`from_record`) sections its prompt, found without sectioning
-        it: by the request's fields when its IDs decoded are its local render byte for byte, else by the
-        template's markers (the same "local render differs" warning given); with the family. None where
+        it: by the request's fields when its IDs decoded are its local render byte for byte (with how its
+        messages hold their text: `_text_layout`), else by the template's markers (the same "local render
+        differs" warning given); with the family. None where
         only the full load can tell, or it would raise (it then says why) or warn of another tokenizer."""
         try:
             check_depth(rec.request, label)
@@ -474,7 +475,7 @@ class Loader:
         try:
             local = self.renderer.render(request)
             if local == text or self.renderer.confirms(request, text):
-                return Sectioning.FIELDS, fam
+                return Sectioning.FIELDS, fam, _text_layout(request["messages"])
         except InputError:
             return None
         _render_differs(label, local.encode("utf-8"), data)
@@ -711,6 +712,25 @@ def _attach_render(p: Prompt, rendered: Rendered, label: str) -> bool:
     if rendered.unlocated:
         p.meta.unlocated_fields = rendered.unlocated
     return matched
+
+
+def _text_layout(messages: list[Any]) -> str:
+    """How a request's messages hold their text, as far as a field path reads it: all as strings, all as one
+    text part, or else MIXED_CONTENT (a tail form keys on it; an edit form is refused for the last)."""
+    from tokendiff.core.tails import MIXED_CONTENT
+
+    kinds = set()
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if content is None:
+            continue
+        if isinstance(content, str):
+            kinds.add("strings")
+        elif isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict):
+            kinds.add(f"one {content[0].get('type')!r} part")
+        else:
+            return MIXED_CONTENT
+    return kinds.pop() if len(kinds) == 1 else "strings" if not kinds else MIXED_CONTENT
 
 
 def _render_differs(label: str, local: bytes, data: bytes) -> RenderMismatch:
