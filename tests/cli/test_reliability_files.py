@@ -140,3 +140,26 @@ def test_a_fleet_builds_its_text_tokenizer_once_not_once_per_session(tmp_path, m
     facts, errors = analyse_fleet(PromptOptions(), paths, FleetOptions(workers=1))
     assert not errors and len(facts) == 4
     assert len(built) == 1, built
+
+
+SLOTS = Path(demo_capture()).parent.parent / "slots"
+
+
+@pytest.mark.parametrize("how", ["full disk", "closed"])
+@pytest.mark.parametrize(
+    "argv",
+    [["diff", "turn-01.bin", "turn-02.bin", "--json"], ["diff", "turn-01.bin", "turn-02.bin"], ["report", "."]],
+    ids=["diff-json", "diff-text", "report"],
+)
+def test_an_answer_that_cannot_be_written_is_one_line(how, argv):
+    """A full disk, or a standard output closed before the command ran, is one line naming standard output and
+    exit 2, not an internal error (and no second complaint when the interpreter flushes at exit)."""
+    cmd = [sys.executable, "-m", "tokendiff", *argv]
+    if how == "full disk":
+        with open("/dev/full", "w") as full:
+            r = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120, cwd=SLOTS)
+    else:
+        r = subprocess.run(
+            cmd, stderr=subprocess.PIPE, text=True, timeout=120, cwd=SLOTS, preexec_fn=lambda: os.close(1)
+        )
+    one_line_exit_2(r, "standard output", "cannot write the answer")

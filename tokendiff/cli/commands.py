@@ -3,6 +3,7 @@ prints what it returns (stdout for the answer, stderr for progress and problems)
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import sys
@@ -11,12 +12,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tokendiff.cli.exits import ExitCode
-from tokendiff.errors import UsageError
+from tokendiff.errors import InputError, UsageError
 from tokendiff.paths import demo_capture
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
     import argparse
+    from typing import TextIO
 
     from tokendiff.app.observe import ObserveOptions
     from tokendiff.app.pair import PromptOptions
@@ -42,7 +44,7 @@ def _use_color(choice: str) -> bool:
         return True
     if choice == "never" or os.environ.get("NO_COLOR"):
         return False
-    return sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
+    return is_terminal(sys.stdout) and os.environ.get("TERM") != "dumb"
 
 
 @contextmanager
@@ -62,6 +64,42 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+def is_terminal(stream: TextIO | None) -> bool:
+    """Whether a standard stream is a terminal: False where it was closed before the command ran (Python
+    then holds None for it)."""
+    return stream is not None and stream.isatty()
+
+
+def emit(out: str | bytes) -> None:
+    """The command's answer on standard output, flushed here: a full disk or a closed standard output is one
+    line naming it and exit 2, not an internal error (a closed pipe stays BrokenPipeError: main's quiet exit)."""
+    stream = sys.stdout
+    try:
+        if stream is None:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        if isinstance(out, bytes):
+            stream.buffer.write(out)
+        else:
+            stream.write(out)
+        stream.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        _drop_stdout()
+        raise InputError(f"cannot write the answer: {e.strerror or e}", source="standard output") from None
+
+
+def _drop_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's last flush of what could not be written
+    does not fail again at exit."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno() if sys.stdout is not None else 1)
+        os.close(null)
+    except (OSError, ValueError):
+        pass
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     if args.context < 0:
         raise UsageError("--context must be 0 or more")
@@ -72,9 +110,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
         loader = pairs.open_loader(_prompt_options(args))
         pair = pairs.load_pair(loader, args.a, args.b, context=args.context)
         if args.json:
-            sys.stdout.buffer.write(pairs.pair_json(pair))
+            emit(pairs.pair_json(pair))
         else:
-            sys.stdout.write(render_text(pair.document, color=_use_color(args.color), max_hunks=args.max_spans))
+            emit(render_text(pair.document, color=_use_color(args.color), max_hunks=args.max_spans))
     return ExitCode.OK if pair.divergence.identical else ExitCode.DIFFERENT
 
 
@@ -143,7 +181,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
     if len(paths) > 1 and args.server_log:
         raise UsageError("--server-log goes with one session (the server's log lined up with its turns)")
-    tty = sys.stderr.isatty()
+    tty = is_terminal(sys.stderr)
     if args.format in ("otlp", "trace"):
         return _telemetry_report(args, paths, tty)
     opts = ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
@@ -181,7 +219,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.output:
         export_report(doc, Path(args.output), args.format)
     else:
-        sys.stdout.write(render_report(doc, args.format))
+        emit(render_report(doc, args.format))
     if loaded is not None and dataset:
         export_session_dataset(loaded, paths[0], Path(args.export), args.order)
     elif loaded is not None and args.export:
@@ -211,7 +249,7 @@ def _telemetry_report(args: argparse.Namespace, paths: list[str], tty: bool) -> 
     if args.output:
         write_text(Path(args.output), result.text)
     else:
-        sys.stdout.write(result.text)
+        emit(result.text)
     if args.fail_under is not None and result.reuse_pct < args.fail_under:
         print(f"tokendiff: reuse {result.reuse_pct:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
         return ExitCode.DIFFERENT
@@ -234,15 +272,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     check_replay(opts)
     loader = open_loader(replay_prompt_options(_prompt_options(args), opts))
     pair = load_pair(loader, args.a, args.b)
-    tty = sys.stderr.isatty()
+    tty = is_terminal(sys.stderr)
     result = replay_pair(pair, loader, opts, _progress_line(tty, "tokendiff replay"))
     _clear_line(tty)
     if args.json:
         import orjson
 
-        sys.stdout.buffer.write(orjson.dumps(result.document, option=orjson.OPT_INDENT_2) + b"\n")
+        emit(orjson.dumps(result.document, option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        sys.stdout.write(result.text)
+        emit(result.text)
     if result.problem:
         print(f"tokendiff: {result.problem}", file=sys.stderr)
         return ExitCode.TROUBLE
@@ -283,7 +321,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
         if len(paths) != 1 or args.paths == []:
             raise UsageError("--live takes one session directory to collect the turns in")
         Path(paths[0]).mkdir(parents=True, exist_ok=True)
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+    if not (is_terminal(sys.stdin) and is_terminal(sys.stdout)):
         raise UsageError(
             "the TUI needs a terminal; for a headless answer use `tokendiff report PATH` or `tokendiff diff A B`"
         )
@@ -321,11 +359,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         import orjson
 
-        sys.stdout.buffer.write(orjson.dumps(report.document(), option=orjson.OPT_INDENT_2) + b"\n")
+        emit(orjson.dumps(report.document(), option=orjson.OPT_INDENT_2) + b"\n")
     else:
         from tokendiff.app.doctor import doctor_text
 
-        sys.stdout.write(doctor_text(report))
+        emit(doctor_text(report))
     return report.exit_code
 
 
@@ -340,7 +378,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         from tokendiff.tui.themes import require_theme
 
         args.theme = require_theme(args.theme)
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+    if not (is_terminal(sys.stdin) and is_terminal(sys.stdout)):
         raise UsageError(
             "watch needs a terminal for its TUI; without one, run `tokendiff proxy` and `tokendiff report`"
         )

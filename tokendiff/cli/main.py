@@ -19,6 +19,7 @@ from tokendiff.cli.commands import (
     cmd_report,
     cmd_tui,
     cmd_watch,
+    is_terminal,
 )
 from tokendiff.cli.exits import ExitCode, exit_code
 from tokendiff.cli.quick import diff_args
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(["tui", "--theme", args.top_theme]) if args.command is None else args
         args.theme = args.theme or args.top_theme
     if args.command is None:
-        if sys.stdin.isatty() and sys.stdout.isatty():
+        if is_terminal(sys.stdin) and is_terminal(sys.stdout):
             args = parser.parse_args(["tui"])
         else:  # no terminal: the demo's report, and how to get the TUI
             print(
