@@ -121,13 +121,12 @@ def regular_fd(path: str | os.PathLike[str], what: str = "input") -> tuple[int, 
 
 def read_fd(fd: int, n: int) -> bytes:
     """Up to n bytes from fd, fewer only at the end of the file (a file object's `read(n)`)."""
-    got = os.read(fd, n)
-    if len(got) == n or not got:
-        return got
-    parts = [got]
-    while n > (have := sum(map(len, parts))) and (more := os.read(fd, n - have)):
+    parts: list[bytes] = []
+    have = 0
+    while have < n and (more := os.read(fd, n - have)):
         parts.append(more)
-    return b"".join(parts)
+        have += len(more)
+    return b"".join(parts)  # one part (the usual case) is returned as it is, not copied
 
 
 def read_limited(path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:

@@ -14,7 +14,7 @@ template and attributes sections.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tokendiff import safeio
@@ -509,12 +509,15 @@ class Loader:
             data = _decoded_after(self.vocab, (last[0], last[1]), ids, n)
             marks = np.concatenate([last[2][: np.searchsorted(last[2], n)], marks])
         self._last_read = (ids, data, marks)
-        specials = set(ids[marks].tolist())
-        return data, grammar.family_of_specials({self.vocab.piece(i) for i in specials})
+        return data, self._family_of_specials(set(ids[marks].tolist()))
 
     def _family_of(self, ids: np.ndarray) -> str | None:
         """The template family the prompt's special tokens tell (what `grammar.annotate` finds)."""
-        key = tuple(self.vocab.special_ids(ids))
+        return self._family_of_specials(self.vocab.special_ids(ids))
+
+    def _family_of_specials(self, specials: Iterable[int]) -> str | None:
+        """The family these special token IDs tell, found once per set of them."""
+        key = tuple(sorted(specials))
         if key not in self._families:  # a session's prompts hold one or two sets of special tokens
             if len(self._families) >= 256:
                 self._families.clear()
