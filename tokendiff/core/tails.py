@@ -435,7 +435,7 @@ class Strips:
         lo = max(0, lcp - HEAD_REACH)
         marks = np.flatnonzero(self.flags[a[lo:lcp]] & SPECIAL)
         g = lo + int(marks[-1]) if marks.size else -1
-        if g < 0 or int(a[g]) != self.turn or _whole_turn(self.flags, a, lcp, s, g):
+        if g < 0 or int(a[g]) != self.turn or _whole_turn(a, lcp, s, g):
             return None
         sa, sb = sections[0](), sections[1]()
         if not (_slot_markers(sa) and _slot_markers(sb)):
@@ -587,7 +587,7 @@ def _slot_markers(s: Any) -> bool:
     return isinstance(s, tuple) and len(s) == 3 and s[1] == "chatml" and s[2] == SLOT_SECTIONING
 
 
-def _whole_turn(flags: np.ndarray, a: np.ndarray, lcp: int, s: int, g: int) -> bool:
+def _whole_turn(a: np.ndarray, lcp: int, s: int, g: int) -> bool:
     """Where detect_truncation or new_conversation could speak: A's last turn (from its marker at g to
     A's end) mostly the think block, or mostly not in B."""
     n_a = len(a)
