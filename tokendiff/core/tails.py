@@ -231,6 +231,11 @@ class Tails:
                 return None
             n *= 4
 
+    @staticmethod
+    def key(shape: AnyPair) -> Shape | StripShape | EditShape:
+        """What the pair's form is kept under."""
+        return shape.shape if isinstance(shape, (EditPair, StripPair)) else shape
+
     def diff(self, shape: AnyPair | None, a: np.ndarray, b: np.ndarray) -> TailDiff | None:
         """The pair's diff from its shape's form, when one is known."""
         if isinstance(shape, EditPair):
