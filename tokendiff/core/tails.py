@@ -171,8 +171,8 @@ class Tails:
         if not marks.size:
             return None
         g = lo + int(marks[-1])
-        head_text = self.vocab.decode(a[g:])[0]
-        at_byte = len(self.vocab.decode(a[g:lcp])[0])
+        head_text, offsets, _ = self.vocab.decode(a[g:])
+        at_byte = int(offsets[lcp - g])  # the bytes of a[g:lcp]: its pieces, as a[g:]'s first ones
         # the lines the detectors read begin after the header's last newline: found in the head, or no shape
         line_at = head_text.rfind(b"\n", 0, at_byte) + 1
         if not 0 < line_at <= at_byte < line_at + LINE_REACH or head_text[at_byte : at_byte + 1] != b"<":
@@ -181,7 +181,10 @@ class Tails:
         if b"}" in head_text[at_byte:] or SETTING_LINE_RE.search(line_a):
             return None  # a JSON object's end, or a setting line, in the tail: the full diff reads them
         new = b[lcp : n_b - t]
-        opening, rest = self._opening(new), self._opening(b[lcp:])
+        opening, settled = self._opening(new)
+        # B's text from the divergence begins with `new`'s tokens: where their opening was found before their end,
+        # it is found at the same place, from the same text, in B's (the loop below reads only its first n tokens)
+        rest = opening if settled else self._opening(b[lcp:])[0]
         if opening is None or rest is None:
             return None
         sa, sb = sections[0](), sections[1]()
@@ -217,18 +220,19 @@ class Tails:
             return None
         return edit_pair(self.vocab, self.flags, a, b, (d, ra, rb), rest)
 
-    def _opening(self, rest: np.ndarray) -> bytes | None:
+    def _opening(self, rest: np.ndarray) -> tuple[bytes | None, bool]:
         """B's text from the divergence on, as far as the detectors read it: its first line (at most
-        LINE_REACH bytes) and its first non-blank bytes. None when that is not found in reach."""
+        LINE_REACH bytes) and its first non-blank bytes. None when that is not found in reach. With it,
+        whether that was settled before `rest`'s end (then any IDs that begin with `rest` give the same)."""
         n = 64
         while True:
             text = self.vocab.decode(rest[:n])[0]
             done = n >= len(rest)
             line_ends = b"\n" in text or len(text) >= LINE_REACH
             if line_ends and len(text.lstrip()) >= 8 or done:
-                return text if text.strip() or done else None
+                return (text if text.strip() or done else None), not done
             if n >= 4096:
-                return None
+                return None, True
             n *= 4
 
     @staticmethod
