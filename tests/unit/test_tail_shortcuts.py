@@ -47,6 +47,7 @@ def test_edit_tail_spans_are_diff_spans():
         sizes = [(int(rng.integers(1, 9)), int(rng.integers(1, 9))), _edit_sizes(a, b, d)]
         full = None
         for size in filter(None, sizes):
+            assert d == 0 or _edit_tail_spans(a, b, d - 1, *size) is None  # only where they first differ
             spans = _edit_tail_spans(a, b, d, *size)
             if spans is not None:
                 answered += 1

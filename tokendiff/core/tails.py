@@ -982,6 +982,8 @@ def _edit_tail_spans(a: np.ndarray, b: np.ndarray, d: int, ra: int, rb: int) -> 
     `diff_spans` runs them. (align's numpy path is the one taken: this module imports numpy.)"""
     n_a, n_b = len(a), len(b)
     seqs = _Seqs(a, b)
+    if seqs.prefix(0, n_a, 0, n_b) != d:
+        return None  # d is where they first differ, or the trim below is not `_diff`'s
     s = seqs.suffix(d, n_a, d, n_b)
     m = n_a - s - (d + ra)  # M's length
     if m < KGRAM or n_b - s < n_a - s - ra + rb or not seqs.same(d + ra, n_a - s, d + rb, d + rb + m):
