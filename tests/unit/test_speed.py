@@ -678,3 +678,31 @@ def test_bytes_taken_from_the_prompt_before_are_the_prompt_decoded_whole():
             copied += int((before[0][:n] == ids[:n]).sum()) > COPY_RUN
         base = ids if rng.random() < 0.3 and len(ids) > 500 else base
     assert copied > 200
+
+
+def test_pairs_of_a_shape_in_the_pool_wait_for_its_form(tmp_path, monkeypatch):
+    """With worker processes, a pair whose shape's first pair is still being diffed waits for it (`Deferred`)
+    and is filled from the form it leaves: every such turn is its full diff (TOKENDIFF_CHECK_TAILS), and the
+    report is the one made with no form at all."""
+    from tokendiff.core import cost
+
+    taken: list[bool] = []
+    taken_up = cost.Analyser._taken_up
+
+    def counted(self, fut, a, b, k, shape):  # type: ignore[no-untyped-def]
+        got = taken_up(self, fut, a, b, k, shape)
+        if isinstance(fut, cost.Deferred):
+            taken.append(isinstance(got[0], cost.Done))
+        return got
+
+    monkeypatch.setattr(cost.Analyser, "_taken_up", counted)
+    monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
+    path = _edit_capture(tmp_path / "c.jsonl", 170)
+    with sink(lambda kind, message: None):
+        loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=2)
+        fast = orjson.dumps(session_report(loaded, str(path)))
+        assert sum(taken) >= 5, taken
+        monkeypatch.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
+        full, none = _report(path)
+    assert none == 0
+    assert fast == full

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -359,6 +359,20 @@ class InlinePairs:
         return done_future(lambda: diff_turn(a.prompt(), b.prompt(), max_hunks))
 
 
+class Deferred:
+    """A pair of a shape whose first pair is still being diffed (`Analyser._diff`): read as a finished
+    future, so it is taken up in turn order, after that pair, and then filled from the form it left (or
+    diffed in full, where it left none)."""
+
+    __slots__ = ()
+
+    def done(self) -> bool:
+        return True
+
+
+DEFERRED = Deferred()
+
+
 class Done(Generic[T]):
     """A result known at once, read as a future is (`done`, `result`): a tail turn's, made without a
     future's lock and condition (one a turn)."""
@@ -383,6 +397,9 @@ def done_future(fn: Callable[[], T]) -> Future[T]:
     except Exception as e:  # noqa: BLE001 - handed to whoever reads the result, as a worker's would be
         fut.set_exception(e)
     return fut
+
+
+Pending: TypeAlias = "Future[PairDiff] | Done[TailDiff] | Deferred"  # a pair's diff while it waits to be counted
 
 
 class Analyser:
@@ -423,9 +440,8 @@ class Analyser:
         self.spans: dict[SpanKey, Span] = {}
         self.examples: dict[int, tuple[TurnInput, TurnInput]] = {}
         self.prev: TurnInput | None = None
-        self.pending: deque[tuple[Future[PairDiff] | Done[TailDiff], TurnInput, TurnInput, int, AnyPair | None]] = (
-            deque()
-        )
+        self.pending: deque[tuple[Pending, TurnInput, TurnInput, int, AnyPair | None]] = deque()
+        self.learning: dict[Any, int] = {}  # shapes whose pairs are being diffed in full, before their form is known
         self.work = 0  # tokens compared or diffed outside the index
         self._scanned = 0  # turns `first_wasted` has looked at
         self._first_wasted: int | None = None
@@ -510,25 +526,56 @@ class Analyser:
             p = cur.prompt()
         return user_message_starts(p) if p is not None else []
 
-    def _diff(
-        self, a: TurnInput, b: TurnInput, k: int
-    ) -> tuple[Future[PairDiff] | Done[TailDiff], TurnInput, TurnInput, int, AnyPair | None]:
+    def _diff(self, a: TurnInput, b: TurnInput, k: int) -> tuple[Pending, TurnInput, TurnInput, int, AnyPair | None]:
         """A divergent pair's pending diff: from its shape's form where it is a tail pair of a shape
-        seen before (core.tails), else from the pool (and its shape learned when it comes back)."""
+        seen before (core.tails), else from the pool (and its shape learned when it comes back). A pair of
+        a shape whose first pair is in the pool still waits for it (`Deferred`): pairs go to the workers in
+        chunks, and a session's date changes, ten turns apart, would each be diffed in full before the first
+        came back."""
         shape = None
         if self.tails is not None and a.sectioning is not None and b.sectioning is not None:
             shape = self.tails.shape(a.ids, b.ids, (a.sections_by, b.sections_by))
-            tail = self.tails.diff(shape, a.ids, b.ids)
-            if tail is not None:
-                if self.check_tails:
-                    _check_tail(tail, diff_turn(a.prompt(), b.prompt(), self.max_hunks), k)
-                return Done(tail), a, b, k, None
+            got = self._filled(shape, a, b, k)
+            if got is not None:
+                return got, a, b, k, None
+            if shape is not None:
+                key = Tails.key(shape)
+                if self.learning.get(key) and key not in self.tails.forms:
+                    return DEFERRED, a, b, k, shape
+                self.learning[key] = self.learning.get(key, 0) + 1
         return self.pool.submit(a, b, self.max_hunks), a, b, k, shape
+
+    def _filled(self, shape: AnyPair | None, a: TurnInput, b: TurnInput, k: int) -> Done[TailDiff] | None:
+        """The pair's diff from its shape's form, where one is known."""
+        assert self.tails is not None
+        tail = self.tails.diff(shape, a.ids, b.ids)
+        if tail is None:
+            return None
+        if self.check_tails:
+            _check_tail(tail, diff_turn(a.prompt(), b.prompt(), self.max_hunks), k)
+        return Done(tail)
+
+    def _taken_up(
+        self, fut: Pending, a: TurnInput, b: TurnInput, k: int, shape: AnyPair | None
+    ) -> tuple[Future[PairDiff] | Done[TailDiff], AnyPair | None]:
+        """A pending pair's diff as it is counted: a deferred pair's from the form its shape's first pair left
+        (counted before it), else diffed in full now and learned from."""
+        if not isinstance(fut, Deferred):
+            if shape is not None:
+                key = Tails.key(shape)
+                self.learning[key] -= 1
+                if not self.learning[key]:
+                    del self.learning[key]
+            return fut, shape
+        assert shape is not None
+        got = self._filled(shape, a, b, k)
+        return (got, None) if got is not None else (self.pool.submit(a, b, self.max_hunks), shape)
 
     def _collect(self, keep: int) -> None:
         """Count the finished pairs in turn order, waiting while more than `keep` are in flight."""
         while self.pending and (len(self.pending) > keep or self.pending[0][0].done()):
-            fut, a, b, k, shape = self.pending.popleft()
+            pending, a, b, k, shape = self.pending.popleft()
+            fut, shape = self._taken_up(pending, a, b, k, shape)
             t = self.turns[k - 1]
             pd = fut.result()
             if shape is not None and self.tails is not None:

@@ -32,7 +32,21 @@ from typing import Any
 
 import numpy as np
 
-from tokendiff.core.align import DIRECT, GLUE, SMALL, common_prefix, diff_spans, shared_prefix, shared_suffix
+from tokendiff.core.align import (
+    DIRECT,
+    GLUE,
+    KGRAM,
+    SMALL,
+    _diff,
+    _merge,
+    _np_kgram_hashes,
+    _Seqs,
+    _slide_insertions,
+    common_prefix,
+    diff_spans,
+    shared_prefix,
+    shared_suffix,
+)
 from tokendiff.core.explain import (
     DATE_RE,
     EDGE,
@@ -157,8 +171,8 @@ class Tails:
         if not marks.size:
             return None
         g = lo + int(marks[-1])
-        head_text = self.vocab.decode(a[g:])[0]
-        at_byte = len(self.vocab.decode(a[g:lcp])[0])
+        head_text, offsets, _ = self.vocab.decode(a[g:])
+        at_byte = int(offsets[lcp - g])  # the bytes of a[g:lcp]: its pieces, as a[g:]'s first ones
         # the lines the detectors read begin after the header's last newline: found in the head, or no shape
         line_at = head_text.rfind(b"\n", 0, at_byte) + 1
         if not 0 < line_at <= at_byte < line_at + LINE_REACH or head_text[at_byte : at_byte + 1] != b"<":
@@ -167,7 +181,10 @@ class Tails:
         if b"}" in head_text[at_byte:] or SETTING_LINE_RE.search(line_a):
             return None  # a JSON object's end, or a setting line, in the tail: the full diff reads them
         new = b[lcp : n_b - t]
-        opening, rest = self._opening(new), self._opening(b[lcp:])
+        opening, settled = self._opening(new)
+        # B's text from the divergence begins with `new`'s tokens: where their opening was found before their end,
+        # it is found at the same place, from the same text, in B's (the loop below reads only its first n tokens)
+        rest = opening if settled else self._opening(b[lcp:])[0]
         if opening is None or rest is None:
             return None
         sa, sb = sections[0](), sections[1]()
@@ -203,19 +220,25 @@ class Tails:
             return None
         return edit_pair(self.vocab, self.flags, a, b, (d, ra, rb), rest)
 
-    def _opening(self, rest: np.ndarray) -> bytes | None:
+    def _opening(self, rest: np.ndarray) -> tuple[bytes | None, bool]:
         """B's text from the divergence on, as far as the detectors read it: its first line (at most
-        LINE_REACH bytes) and its first non-blank bytes. None when that is not found in reach."""
+        LINE_REACH bytes) and its first non-blank bytes. None when that is not found in reach. With it,
+        whether that was settled before `rest`'s end (then any IDs that begin with `rest` give the same)."""
         n = 64
         while True:
             text = self.vocab.decode(rest[:n])[0]
             done = n >= len(rest)
             line_ends = b"\n" in text or len(text) >= LINE_REACH
             if line_ends and len(text.lstrip()) >= 8 or done:
-                return text if text.strip() or done else None
+                return (text if text.strip() or done else None), not done
             if n >= 4096:
-                return None
+                return None, True
             n *= 4
+
+    @staticmethod
+    def key(shape: AnyPair) -> Shape | StripShape | EditShape:
+        """What the pair's form is kept under."""
+        return shape.shape if isinstance(shape, (EditPair, StripPair)) else shape
 
     def diff(self, shape: AnyPair | None, a: np.ndarray, b: np.ndarray) -> TailDiff | None:
         """The pair's diff from its shape's form, when one is known."""
@@ -921,7 +944,8 @@ def edit_pair(
         t = len(rest.head) // 4 - rest.at
         later = [(n_a2 - t, n_a2 - t, n_a2 - t, n_b - t)]
     want = ((d, d + ra, d, d + rb), *((x0 - delta, x1 - delta, y0, y1) for x0, x1, y0, y1 in later))
-    if tuple(diff_spans(a, b, n_a)) != want:
+    spans = _edit_tail_spans(a, b, d, ra, rb) if isinstance(rest, Shape) else None
+    if tuple(diff_spans(a, b, n_a) if spans is None else spans) != want:
         return None
     prompts = _edit_prompts(vocab, a, b, d, edit)
     if prompts is None:
@@ -937,6 +961,52 @@ def edit_pair(
         sizes=(ra, rb),
     )
     return EditPair(shape, rest, d, want, prompts)
+
+
+def _edit_tail_spans(a: np.ndarray, b: np.ndarray, d: int, ra: int, rb: int) -> list[tuple[int, int, int, int]] | None:
+    """`diff_spans(a, b, len(a))` where B is A with A[d:d+ra] replaced by rb tokens and new text put in after
+    the shared stretch that follows (an edit, then a tail pair), found without anchoring the whole middle;
+    None where that is not shown (the caller runs `diff_spans`).
+
+    Why it is align's answer. `_diff` trims the common ends: A[:d] (A[d] != B[d]) and s tokens at the end;
+    the box left is A1 = Ea + M, B1 = Eb + M + N (checked: M is A's stretch after the edit, N what B has
+    after it). It is not small, so its blocks are the heaviest chain of the anchor runs: k-grams whose hash
+    (`_np_kgram_hashes`, what `_runs_numpy` hashes) occurs once among A1's and once among B1's. A k-gram of A1
+    within M has B1's copy of M at the same place less ra, plus rb (the diagonal): the same value, so the same
+    hash, so where it occurs once in B1 it is there. Checked by hash: no anchor starts in Ea (the only others),
+    and one anchor exists. So every run is on the diagonal, increasing in both sides: the chain holds them all
+    (`_heaviest_increasing`: each adds weight), each verifies (equal text), and the gaps between them are equal
+    (skipped). The first gap is Ea + M[:x] against Eb + M[:x]: its common end (M[:x] and Ea's and Eb's common
+    end) trimmed, what is left is `_diff` of Ea and Eb alone, whatever x is. The last gap is M's rest against
+    itself and N: one insertion of N, or nothing. `_merge` and `_slide_insertions` then run on those spans as
+    `diff_spans` runs them. (align's numpy path is the one taken: this module imports numpy.)"""
+    n_a, n_b = len(a), len(b)
+    seqs = _Seqs(a, b)
+    if seqs.prefix(0, n_a, 0, n_b) != d:
+        return None  # d is where they first differ, or the trim below is not `_diff`'s
+    s = seqs.suffix(d, n_a, d, n_b)
+    m = n_a - s - (d + ra)  # M's length
+    if m < KGRAM or n_b - s < n_a - s - ra + rb or not seqs.same(d + ra, n_a - s, d + rb, d + rb + m):
+        return None
+    n1, m1 = n_a - s - d, n_b - s - d  # A1's and B1's lengths
+    if n1 <= SMALL and m1 <= SMALL and n1 * m1 <= DIRECT:
+        return None  # difflib's whole box, not the anchors
+    ha = _np_kgram_hashes(np, a[d : n_a - s].astype(np.int64), KGRAM)
+    hb = _np_kgram_hashes(np, b[d : n_b - s].astype(np.int64), KGRAM)
+
+    def anchor(i: int) -> bool:
+        h = ha[i]
+        return int(np.count_nonzero(ha == h)) == 1 and int(np.count_nonzero(hb == h)) == 1
+
+    if any(anchor(i) for i in range(ra)):
+        return None
+    if not any(anchor(i) for i in range(ra, min(ra + 32, len(ha)))):
+        return None
+    out: list[tuple[int, int, int, int]] = []
+    _diff(seqs, d, d + ra, d, d + rb, out, 1)  # the first gap, its common end trimmed
+    if n_b - s > n_a - s - ra + rb:
+        out.append((n_a - s, n_a - s, n_a - s - ra + rb, n_b - s))  # N inserted after M
+    return _merge(_slide_insertions(seqs, _merge(out), n_a))
 
 
 def _edit_prompts(

@@ -1,0 +1,91 @@
+"""Shortcuts of the tail and edit shapes against what they stand for: an edit pair's spans found without
+anchoring the whole middle (`tails._edit_tail_spans`) are align's own; B's opening taken from its new text's
+is the one read from B."""
+
+import numpy as np
+
+from tokendiff.core import align
+from tokendiff.core.tails import LINE_REACH, Tails, _edit_sizes, _edit_tail_spans
+from tokendiff.sources.tokenizers import load_vocab
+
+
+def _ids(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
+    return rng.integers(0, vocab, n).astype(np.int32)
+
+
+def _pair(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A = P + Ea + M + T, B = P + Eb + M + N + T, over small and large vocabularies: middles that repeat,
+    new text that copies the edit, M's start or end, the edit's tokens again inside M."""
+    v = int(rng.choice([2, 3, 5, 20, 1000, 150_000]))
+    p, m = _ids(rng, int(rng.integers(2, 40)), v), _ids(rng, int(rng.choice([10, 100, 300, 1000, 2000])), v)
+    if rng.random() < 0.3:
+        unit = _ids(rng, int(rng.integers(1, 40)), v)
+        m = np.tile(unit, len(m) // len(unit) + 1)[: len(m)]
+    ea, eb = _ids(rng, int(rng.integers(1, 9)), v), _ids(rng, int(rng.integers(1, 9)), v)
+    n = _ids(rng, int(rng.integers(0, 200)), v)
+    if rng.random() < 0.3 and len(n):
+        pieces = [np.concatenate([ea, m[:20]]), np.concatenate([eb, m[:20]]), m[-30:], m[:30], p[-10:]]
+        at = int(rng.integers(0, len(n) + 1))
+        n = np.concatenate([n[:at], pieces[int(rng.integers(0, len(pieces)))], n[at:]])
+    if rng.random() < 0.2 and len(m) > 60:
+        k = int(rng.integers(0, len(m) - 20))
+        m = m.copy()
+        m[k : k + 12] = np.concatenate([ea, m[:12]])[:12]
+    t = _ids(rng, int(rng.integers(1, 10)), v)
+    return np.concatenate([p, ea, m, t]), np.concatenate([p, eb, m, n, t])
+
+
+def test_edit_tail_spans_are_diff_spans():
+    """Wherever the shortcut answers, its spans are `diff_spans`' (edit sizes found or guessed at random)."""
+    rng = np.random.default_rng(29)
+    answered = 0
+    for _ in range(4000):
+        a, b = _pair(rng)
+        d = align.common_prefix(a, b)
+        if d >= min(len(a), len(b)):
+            continue
+        sizes = [(int(rng.integers(1, 9)), int(rng.integers(1, 9))), _edit_sizes(a, b, d)]
+        full = None
+        for size in filter(None, sizes):
+            assert d == 0 or _edit_tail_spans(a, b, d - 1, *size) is None  # only where they first differ
+            spans = _edit_tail_spans(a, b, d, *size)
+            if spans is not None:
+                answered += 1
+                full = align.diff_spans(a, b, len(a)) if full is None else full
+                assert spans == full, (size, spans, full)
+    assert answered > 1000, answered
+
+
+def _opening_read(vocab, ids: np.ndarray) -> bytes | None:  # type: ignore[no-untyped-def]
+    """`Tails._opening` as it read B's text on its own: 64 tokens, then 4 times more, to 4,096."""
+    n = 64
+    while True:
+        text = vocab.decode(ids[:n])[0]
+        done = n >= len(ids)
+        if (b"\n" in text or len(text) >= LINE_REACH) and len(text.lstrip()) >= 8 or done:
+            return text if text.strip() or done else None
+        if n >= 4096:
+            return None
+        n *= 4
+
+
+def test_opening_settled_in_new_text_is_the_opening_of_what_follows():
+    """Where the opening of B's new text is settled before its end, B's text from there (the new text, then the
+    tail) opens alike: white space, line breaks and words at random, of every length around the reads' steps."""
+    vocab = load_vocab(None)
+    tails = Tails(vocab)
+    blank = [i for i in range(vocab.n_vocab) if vocab.piece(i).strip() == b""][:50]
+    breaks = [i for i in range(vocab.n_vocab) if b"\n" in vocab.piece(i)][:20]
+    rng = np.random.default_rng(29)
+    settled_seen = 0
+    for _ in range(600):
+        pool = np.array(blank + breaks + list(rng.integers(0, 150_000, 30)), dtype=np.int32)
+        p = rng.dirichlet(np.ones(len(pool)) * 0.3)
+        new = rng.choice(pool, size=int(rng.choice([0, 1, 10, 63, 64, 65, 200, 300, 1100, 5000])), p=p)
+        after = np.concatenate([new, rng.choice(pool, size=int(rng.integers(1, 40)), p=p)]).astype(np.int32)
+        opening, settled = tails._opening(new.astype(np.int32))
+        assert opening == _opening_read(vocab, new)
+        if settled:
+            settled_seen += 1
+            assert opening == _opening_read(vocab, after)
+    assert settled_seen > 100
