@@ -61,7 +61,6 @@ def read_replay(path: str) -> ReplayDocument:
 
 def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = ReportOptions()) -> ReportDocument:
     """The session report document (`tokendiff.report/1`) with the replays it includes."""
-    from tokendiff.app.cloud import cloud_section
     from tokendiff.report.session import report_document
 
     replays = [read_replay(f) for f in opts.replays]
@@ -69,7 +68,11 @@ def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = Repo
     doc = report_document(label, loaded.prompts, loaded.session, tokenizer_info(loaded.vocab), redact=opts.redact)
     doc["replays"] = replays
     # a session sent to a cloud provider: its cache rules and prices (read again only where a record went to one)
-    cloud = cloud_section(label) if loaded.cloud is not False else None
+    if loaded.cloud is False:  # no record went to a provider (or none was read: slot files): no cloud mode to import
+        return doc
+    from tokendiff.app.cloud import cloud_section
+
+    cloud = cloud_section(label)
     if cloud is not None:
         from tokendiff.report.cloud import cloud_document
 
