@@ -11,8 +11,8 @@ from scale_capture import make_capture, make_har, make_slot_dir
 
 from tokendiff.app.pair import PromptOptions
 from tokendiff.app.reports import render_report, session_report
-from tokendiff.app.workers import PairWorkers
 from tokendiff.app.session import LoadedSession, open_session, session_pair
+from tokendiff.app.workers import PairWorkers
 from tokendiff.core.align import common_prefix
 from tokendiff.core.prefix_index import PrefixIndex
 from tokendiff.sources.capture import iter_capture, read_capture
