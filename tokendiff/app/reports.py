@@ -83,8 +83,6 @@ def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = Repo
 def replay_prefill_rate(replays: Sequence[ReplayDocument]) -> float | None:
     """Tokens per second of prefill measured by `tokendiff replay` (its cold runs: the whole prompt
     computed), the median over the replays; None without a usable cold run."""
-    import statistics
-
     rates = []
     for doc in replays:
         scenarios = doc.get("scenarios")  # a file given on the command line: checked, not trusted
@@ -92,7 +90,11 @@ def replay_prefill_rate(replays: Sequence[ReplayDocument]) -> float | None:
         n, ms = (cold.get("tokens"), cold.get("prompt_ms")) if isinstance(cold, dict) else (None, None)
         if isinstance(n, int) and isinstance(ms, (int, float)) and n > 0 and ms > 0:
             rates.append(n / (ms / 1000))
-    return statistics.median(rates) if rates else None
+    if not rates:
+        return None
+    import statistics  # imported where there is a median to take: a report without replays has none
+
+    return statistics.median(rates)
 
 
 def render_report(doc: AnyReport, fmt: str = "md") -> str:

@@ -285,11 +285,12 @@ def _take(it: Iterator[Any], n: int) -> tuple[list[Any], InputError | None]:
 
 def _default_workers() -> int:
     """Two workers where two cores are ours and processes can fork (not on Windows; macOS forks fine
-    for this: the workers run no Objective-C)."""
-    import multiprocessing
+    for this: the workers run no Objective-C). multiprocessing offers fork everywhere but on Windows: asked
+    without importing it (~15 M instructions), which a session whose pairs are all diffed here never needs."""
     import os
+    import sys
 
-    if "fork" not in multiprocessing.get_all_start_methods():
+    if sys.platform == "win32":
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return min(2, cores)
