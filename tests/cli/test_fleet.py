@@ -10,14 +10,10 @@ from pathlib import Path
 import pytest
 from helpers import AGENT, DEMO, SPLIT, assert_one_line_error, run_cli, two_day_capture
 
-from tokendiff.app.fleet import (
-    FleetOptions,
-    expand_session_paths,
-    fleet_report,
-)
+from tokendiff.app.fleet import FleetOptions, fleet_report
 from tokendiff.app.pair import PromptOptions
 from tokendiff.app.reports import render_report, session_report
-from tokendiff.app.session import open_session
+from tokendiff.app.session import expand_session_paths, open_session
 from tokendiff.report.dataset import TURN_COLUMNS, session_key
 
 

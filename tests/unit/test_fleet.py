@@ -12,12 +12,11 @@ from tokendiff.app import fleet as app_fleet
 from tokendiff.app.fleet import (
     FleetOptions,
     analyse_fleet,
-    expand_session_paths,
     export_session_dataset,
     fleet_member,
 )
 from tokendiff.app.pair import PromptOptions
-from tokendiff.app.session import open_session
+from tokendiff.app.session import expand_session_paths, open_session
 from tokendiff.errors import InputError
 from tokendiff.report.dataset import PARTITIONS, SPAN_COLUMNS, TURN_COLUMNS
 

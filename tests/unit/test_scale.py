@@ -12,6 +12,7 @@ from scale_capture import make_capture, make_har, make_slot_dir
 from tokendiff.app.pair import PromptOptions
 from tokendiff.app.reports import render_report, session_report
 from tokendiff.app.session import LoadedSession, open_session, session_pair
+from tokendiff.app.workers import PairWorkers
 from tokendiff.core.align import common_prefix
 from tokendiff.core.prefix_index import PrefixIndex
 from tokendiff.sources.capture import iter_capture, read_capture
@@ -135,8 +136,9 @@ def test_report_of_a_streamed_capture(tmp_path, fmt):
 
 
 @pytest.mark.parametrize("make", [make_capture, make_har, make_slot_dir], ids=["capture", "har", "slot-dir"])
-def test_workers_give_the_answer_of_one_process(tmp_path, make):
+def test_workers_give_the_answer_of_one_process(tmp_path, make, monkeypatch):
     """Pairs diffed (and HAR requests tokenised) in worker processes: the same report as all in one."""
+    monkeypatch.setattr(PairWorkers, "INLINE_TOKENS", 0)  # these short prompts' pairs go to the workers too
     path = tmp_path / ("s.har" if make is make_har else "s.jsonl" if make is make_capture else "s")
     make(path, 120, history=150, compact_at=500, date_every=6)
     docs = []

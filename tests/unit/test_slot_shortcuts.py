@@ -109,3 +109,19 @@ def test_index_block_prefix_is_the_bisected_one():
         b = a[: rng.randrange(len(a) + 1)] + bytes(rng.randrange(3) for _ in range(rng.randrange(0, 40)))
         want = shared_prefix(a, b)
         assert prefix_index._common_bytes(a, b) == want - want % 4, (a, b)
+
+
+def test_ascii_text_is_no_mojibake_as_counting_says():
+    """`tails._mojibake` answers an ASCII prompt without decoding it: what counting U+FFFD in its decode says,
+    on random bytes, ASCII or not, and prompts of any length."""
+
+    def counted(p: Prompt) -> bool:
+        return p.data.decode("utf-8", "replace").count("\ufffd") > max(8, len(p) // 50)
+
+    rng = random.Random(5)
+    for _ in range(3000):
+        n = rng.randrange(0, 300)
+        data = bytes(rng.randrange(0, 256 if rng.random() < 0.5 else 128) for _ in range(n))
+        ids = np.zeros(rng.randrange(0, 1000), dtype=np.int32)
+        p = Prompt(ids=ids, data=data, offsets=np.zeros(len(ids) + 1, dtype=np.int64), special=np.zeros(len(ids)))
+        assert tails._mojibake(p) == counted(p)

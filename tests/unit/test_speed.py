@@ -21,6 +21,7 @@ from tokendiff.app.fleet import FleetOptions, fleet_report
 from tokendiff.app.pair import PromptOptions, open_loader
 from tokendiff.app.reports import session_report
 from tokendiff.app.session import open_session
+from tokendiff.app.workers import PairWorkers
 from tokendiff.core import model, tails
 from tokendiff.core import vocab as vocab_mod
 from tokendiff.core.align import _heaviest_links
@@ -602,9 +603,10 @@ def test_ids_taken_from_the_line_before_are_the_ids_parsed_whole():
             base = bytes(text) if rng.random() < 0.5 and len(text) > 100 else base
 
 
-def test_chunked_worker_pairs_are_the_inline_answer(tmp_path):
+def test_chunked_worker_pairs_are_the_inline_answer(tmp_path, monkeypatch):
     """Divergent pairs sent to two workers in chunks (each prompt loaded once a chunk) give the report a
     single process gives."""
+    monkeypatch.setattr(PairWorkers, "INLINE_TOKENS", 0)  # these short prompts' pairs go to the workers too
     cap = _capture(tmp_path / "c.jsonl", 60)
     docs = []
     for workers in (1, 2):

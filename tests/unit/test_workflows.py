@@ -13,6 +13,7 @@ from tokendiff.app.pair import PromptOptions, load_pair, open_loader, pair_json,
 from tokendiff.app.replay import ReplayOptions, check_replay, replay_prompt_options
 from tokendiff.app.reports import ReportOptions, export_pair, export_report, session_report
 from tokendiff.app.session import LoadedSession, append_turns, open_session, session_pair, session_specs, tokenizer_info
+from tokendiff.app.workers import PairWorkers
 from tokendiff.errors import InputError
 from tokendiff.sources.tokenizers import BUNDLED_DIR
 
@@ -86,8 +87,9 @@ def _first_pairs(path: str, workers: int | None = None) -> tuple[LoadedSession, 
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_the_first_wasteful_pair_is_handed_over_before_the_rest(workers):
+def test_the_first_wasteful_pair_is_handed_over_before_the_rest(workers, monkeypatch):
     """What the TUI opens early is what it would open once the whole session is analysed."""
+    monkeypatch.setattr(PairWorkers, "INLINE_TOKENS", 0)  # the short prompts' pairs go to the workers too
     loaded, seen = _first_pairs(AGENT, workers)
     first = next(t.turn for t in loaded.session.turns if t.wasted)
     assert [t for t, _ in seen] == [first]

@@ -3,7 +3,6 @@ fleet document, and the Parquet dataset of turns and spans."""
 
 from __future__ import annotations
 
-import glob
 import io
 import multiprocessing
 import os
@@ -59,41 +58,6 @@ class FleetResult:
     @property
     def reuse_pct(self) -> float:
         return float(self.document["summary"]["reuse_pct"])
-
-
-def expand_session_paths(patterns: Sequence[str]) -> list[str]:
-    """The paths as given, with globs the shell left unexpanded (quoted `'captures/*.jsonl'`)
-    expanded in sorted order; a pattern that matches nothing is an error naming it."""
-    out: list[str] = []
-    for pat in patterns:
-        try:
-            exists = Path(pat).exists()
-        except OSError as e:  # a name too long for the system
-            raise InputError(e.strerror or str(e), source=pat) from None
-        if exists or not any(c in pat for c in "*?["):
-            out.append(pat)
-            continue
-        hits = sorted(glob.glob(pat, recursive=True))
-        if not hits:
-            raise InputError("no session matches this pattern", source=pat)
-        out += hits
-    seen: dict[str, str] = {}  # one session however it is named (`rec/`, `rec/capture.jsonl`): first name kept
-    for p in out:
-        seen.setdefault(_same_file(session_source(p)), p)
-    return list(seen.values())
-
-
-def _same_file(path: str) -> str:
-    """A key equal for every name of one file or directory."""
-    try:
-        return str(Path(path).resolve())
-    except (OSError, RuntimeError):  # a symlink loop: the name as given
-        return path
-
-
-def is_dataset_target(path: str) -> bool:
-    """`--export DIR/` (a trailing slash or an existing directory) writes the dataset."""
-    return path.endswith(("/", os.sep)) or Path(path).is_dir()
 
 
 def turn_times(path: str, order: str, n: int) -> list[TurnTime]:

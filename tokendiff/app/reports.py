@@ -61,7 +61,6 @@ def read_replay(path: str) -> ReplayDocument:
 
 def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = ReportOptions()) -> ReportDocument:
     """The session report document (`tokendiff.report/1`) with the replays it includes."""
-    from tokendiff.app.cloud import cloud_section
     from tokendiff.report.session import report_document
 
     replays = [read_replay(f) for f in opts.replays]
@@ -69,7 +68,11 @@ def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = Repo
     doc = report_document(label, loaded.prompts, loaded.session, tokenizer_info(loaded.vocab), redact=opts.redact)
     doc["replays"] = replays
     # a session sent to a cloud provider: its cache rules and prices (read again only where a record went to one)
-    cloud = cloud_section(label) if loaded.cloud is not False else None
+    if loaded.cloud is False:  # no record went to a provider (or none was read: slot files): no cloud mode to import
+        return doc
+    from tokendiff.app.cloud import cloud_section
+
+    cloud = cloud_section(label)
     if cloud is not None:
         from tokendiff.report.cloud import cloud_document
 
@@ -80,8 +83,6 @@ def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = Repo
 def replay_prefill_rate(replays: Sequence[ReplayDocument]) -> float | None:
     """Tokens per second of prefill measured by `tokendiff replay` (its cold runs: the whole prompt
     computed), the median over the replays; None without a usable cold run."""
-    import statistics
-
     rates = []
     for doc in replays:
         scenarios = doc.get("scenarios")  # a file given on the command line: checked, not trusted
@@ -89,7 +90,11 @@ def replay_prefill_rate(replays: Sequence[ReplayDocument]) -> float | None:
         n, ms = (cold.get("tokens"), cold.get("prompt_ms")) if isinstance(cold, dict) else (None, None)
         if isinstance(n, int) and isinstance(ms, (int, float)) and n > 0 and ms > 0:
             rates.append(n / (ms / 1000))
-    return statistics.median(rates) if rates else None
+    if not rates:
+        return None
+    import statistics  # imported where there is a median to take: a report without replays has none
+
+    return statistics.median(rates)
 
 
 def render_report(doc: AnyReport, fmt: str = "md") -> str:

@@ -8,6 +8,8 @@ Heavy libraries are imported inside the functions that need them, so `tokendiff 
 from __future__ import annotations
 
 import gc
+import glob
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ from tokendiff.app.pair import PairResult, PromptOptions, diff_pair, open_loader
 from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SpecJob, diff_future, usable_ids
 from tokendiff.core.kinds import ServerKind
 from tokendiff.errors import InputError
-from tokendiff.sources.loader import saved_props
+from tokendiff.sources.loader import saved_props, session_source
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -113,6 +115,41 @@ def is_session_path(path: str) -> bool:
     if not p.exists():
         return False
     return p.is_dir() or file_kind(p) in SESSION_FILES
+
+
+def expand_session_paths(patterns: Sequence[str]) -> list[str]:
+    """The paths as given, with globs the shell left unexpanded (quoted `'captures/*.jsonl'`)
+    expanded in sorted order; a pattern that matches nothing is an error naming it."""
+    out: list[str] = []
+    for pat in patterns:
+        try:
+            exists = Path(pat).exists()
+        except OSError as e:  # a name too long for the system
+            raise InputError(e.strerror or str(e), source=pat) from None
+        if exists or not any(c in pat for c in "*?["):
+            out.append(pat)
+            continue
+        hits = sorted(glob.glob(pat, recursive=True))
+        if not hits:
+            raise InputError("no session matches this pattern", source=pat)
+        out += hits
+    seen: dict[str, str] = {}  # one session however it is named (`rec/`, `rec/capture.jsonl`): first name kept
+    for p in out:
+        seen.setdefault(_same_file(session_source(p)), p)
+    return list(seen.values())
+
+
+def _same_file(path: str) -> str:
+    """A key equal for every name of one file or directory."""
+    try:
+        return str(Path(path).resolve())
+    except (OSError, RuntimeError):  # a symlink loop: the name as given
+        return path
+
+
+def is_dataset_target(path: str) -> bool:
+    """`--export DIR/` (a trailing slash or an existing directory) writes the dataset."""
+    return path.endswith(("/", os.sep)) or Path(path).is_dir()
 
 
 def session_specs(
@@ -652,13 +689,13 @@ def _llama_server_session(paths: Sequence[str]) -> bool:
 
 def _first_record(paths: Sequence[str]) -> CaptureRecord | None:
     """The first record of the first capture among `paths` (None when none), its response patch merged."""
-    from tokendiff.sources.capture import first_record
-
     for p in paths:
         base = Path(p.split("@", 1)[0])
         capture = base / "capture.jsonl" if base.is_dir() else base
         if capture.suffix != ".jsonl" or not capture.is_file():
             continue
+        from tokendiff.sources.capture import first_record  # imported where a capture is read: slot files need none
+
         try:
             rec = first_record(capture)
         except InputError:

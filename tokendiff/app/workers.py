@@ -134,6 +134,11 @@ class PairWorkers:
     them. The first `after` pairs are diffed here, so a short session never starts a process."""
 
     CHUNK = 8  # consecutive pairs sent to one worker together: it loads their shared prompts once
+    # A pair of prompts this small (tokens of both) is diffed here: a worker loads both prompts again and
+    # sends its answer back, which costs more CPU than the diff (~1 ms for two ~700-token slot files: a
+    # session of 5,000 of them took 23-30 % more CPU in all with its pairs in workers) and saves ~1 ms of wall
+    # time a pair. Long prompts (a capture's 25k tokens) are what the workers are for.
+    INLINE_TOKENS = 4096
 
     def __init__(self, loader: Loader, workers: int | None = None, after: int = 4, max_hunks: int = 64):
         self.loader, self.after, self.seen, self.max_hunks = loader, after, 0, max_hunks
@@ -153,7 +158,8 @@ class PairWorkers:
         self.seen += 1
         if b.diff is not None and max_hunks == self.max_hunks:  # diffed already, where b was tokenised
             return b.diff
-        if self.workers < 2 or self.seen <= self.after or a.job is None or b.job is None:
+        small = len(a.ids) + len(b.ids) <= self.INLINE_TOKENS
+        if self.workers < 2 or self.seen <= self.after or a.job is None or b.job is None or small:
             return InlinePairs().submit(a, b, max_hunks)
         return self._queue(a.job, b.job, max_hunks)
 
@@ -279,11 +285,12 @@ def _take(it: Iterator[Any], n: int) -> tuple[list[Any], InputError | None]:
 
 def _default_workers() -> int:
     """Two workers where two cores are ours and processes can fork (not on Windows; macOS forks fine
-    for this: the workers run no Objective-C)."""
-    import multiprocessing
+    for this: the workers run no Objective-C). multiprocessing offers fork everywhere but on Windows: asked
+    without importing it (~15 M instructions), which a session whose pairs are all diffed here never needs."""
     import os
+    import sys
 
-    if "fork" not in multiprocessing.get_all_start_methods():
+    if sys.platform == "win32":
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return min(2, cores)

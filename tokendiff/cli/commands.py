@@ -158,15 +158,15 @@ def _clear_line(enabled: bool) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from tokendiff.app.fleet import (
-        FleetOptions,
-        expand_session_paths,
-        export_session_dataset,
-        fleet_report,
-        is_dataset_target,
-    )
     from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
-    from tokendiff.app.session import attention_layout, capacity_ladder, engine_config, open_session
+    from tokendiff.app.session import (
+        attention_layout,
+        capacity_ladder,
+        engine_config,
+        expand_session_paths,
+        is_dataset_target,
+        open_session,
+    )
 
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise UsageError("--fail-under takes a percentage from 0 to 100")
@@ -211,6 +211,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.prefill_rate and not loaded.session.rate_estimated and loaded.session.ms_per_token is not None:
             print("tokendiff: --prefill-rate not used: the session has the server's measured timings", file=sys.stderr)
     else:  # the fleet view; its workers write the dataset as they go
+        from tokendiff.app.fleet import FleetOptions, fleet_report  # imported where used: a session needs none
+
         fleet_opts = FleetOptions(report=opts, export_dir=args.export if dataset else None)
         fleet = fleet_report(_prompt_options(args), paths, fleet_opts, _progress_line(tty))
         _clear_line(tty)
@@ -221,6 +223,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         emit(render_report(doc, args.format))
     if loaded is not None and dataset:
+        from tokendiff.app.fleet import export_session_dataset
+
         export_session_dataset(loaded, paths[0], Path(args.export), args.order)
     elif loaded is not None and args.export:
         export_turns(loaded.session, Path(args.export))

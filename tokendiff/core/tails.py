@@ -621,7 +621,11 @@ def _whole_turn(a: np.ndarray, lcp: int, s: int, g: int) -> bool:
 
 
 def _mojibake(p: Prompt) -> bool:
-    """Text the loader refuses (Loader._check_tokenizer_fits): invalid UTF-8 beyond a few sequences."""
+    """Text the loader refuses (Loader._check_tokenizer_fits): invalid UTF-8 beyond a few sequences. ASCII
+    bytes decode to no U+FFFD (an invalid sequence needs a byte over 0x7F): none to count, found in C without
+    decoding a long prompt."""
+    if p.data.isascii():
+        return False
     return p.data.decode("utf-8", "replace").count("\ufffd") > max(8, len(p) // 50)
 
 
