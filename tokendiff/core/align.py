@@ -42,6 +42,9 @@ STRIDE = 64  # B's tokens between the k-grams `_cover` looks up in A
 MIN_SEGMENT = 2 * KGRAM  # shorter equal segments found that way are not taken
 MAX_MISSES = 16  # B's k-grams in a row not found in A before `_cover` stops looking (unrelated prompts)
 _SCAN = 64  # bytes left to compare one by one after bisecting
+WITNESSES = True  # anchors' segments settled by witnesses where that is shown to give the answer (`_runs_witnessed`)
+WITNESS_UNCOVERED = 1 << 14  # uncovered k-grams past which every anchor is counted instead
+WITNESS_SCAN, WITNESS_SCAN_MIN = 16, 1 << 16  # tokens the witnesses may search: 16 a token of A's box, and more
 NUMPY_FROM = 150_000  # tokens a side from which importing numpy for the anchors pays for itself
 
 
@@ -463,8 +466,10 @@ def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int
     """Matching blocks (ia, ib, n) relative to (alo, blo), from k-grams unique on both sides, in order."""
     if ahi - alo < KGRAM or bhi - blo < KGRAM:
         return []
-    find = _runs_numpy if _use_numpy(max(ahi - alo, bhi - blo)) else _runs_stdlib
-    runs = find(s, alo, ahi, blo, bhi)
+    runs = _runs_witnessed(s, alo, ahi, blo, bhi) if WITNESSES else None
+    if runs is None:
+        find = _runs_numpy if _use_numpy(max(ahi - alo, bhi - blo)) else _runs_stdlib
+        runs = find(s, alo, ahi, blo, bhi)
     if not runs:
         return []
     chain = _heaviest_increasing(runs)
@@ -480,6 +485,92 @@ def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int
         blocks.append((ra, rb, n))
         end_a, end_b = ra + n, rb + n
     return blocks
+
+
+def _runs_witnessed(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]] | None:
+    """Runs that give `_diff` the answer of all the anchor runs, found without counting A's k-grams: one
+    anchor (a witness) in each segment of the cover that holds any, none elsewhere. None where that cannot
+    be shown cheaply (then every anchor is counted).
+
+    Why the answer is the same. Take the cover (`_cover`): segments increasing and disjoint on both
+    sides, each ending where its diagonal stops being equal (or at the box's end). (1) Where no k-gram of
+    A's uncovered positions is among B's uncovered ones, every anchor lies in a segment, on its diagonal: a
+    k-gram once in A and once in B whose A copy is uncovered has its B copy uncovered too (a covered B
+    copy sits on a covered A copy), and a covered A copy's B copy is the covered one. So are the runs
+    (consecutive anchors on one diagonal stay in one segment), and runs of increasing segments increase in
+    both A and B: the heaviest chain (and past WEIGHTED_MAX runs, the longest) is all of them, and the
+    blocks lie in the segments holding an anchor. (2) `_diff` skips the equal stretch between two blocks
+    of one segment, and diffs the gap between the last block in a segment K and the first in the next
+    one L (or the box's ends). It trims the gap's common prefix first: from any block end in K that is
+    K's end (K's diagonal is equal to there and no further, and L starts past K's end on both sides); then
+    its common suffix: from any block start in L back along L's diagonal through L's start to the same
+    place, bounded by the same trimmed start. So the gaps `_diff` recurses into, and its answer, depend
+    only on which segments hold an anchor, which the witnesses settle: a k-gram at a covered position is
+    an anchor iff it occurs at no other token of A's box and at no uncovered position of B (B's count is
+    A's less A's uncovered copies plus B's uncovered ones). Each test is a byte search of A both ways from
+    the k-gram, or a compare where the last other copy's diagonal repeats; the searches stop at a budget.
+    tests/unit/test_diff_speed.py holds `diff_spans` with and without this to one answer on random pairs."""
+    segs = _cover(s, alo, ahi, blo, bhi)
+    if not segs:
+        return None
+    unc_a, unc_b = _uncovered(segs, alo, ahi, 0), _uncovered(segs, blo, bhi, 1)
+    if sum(g1 - g0 for g0, g1 in unc_a) + sum(g1 - g0 for g0, g1 in unc_b) > WITNESS_UNCOVERED:
+        return None
+    extra: set[bytes] = set()
+    for b0, b1 in unc_b:
+        extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
+    for a0, a1 in unc_a:
+        if not extra.isdisjoint(_kgrams(s.ra, a0, a1 + KGRAM - 1)):
+            return None  # an anchor may lie between the segments: counted
+    search = _Witness(s.ra, alo, ahi, extra, WITNESS_SCAN * (ahi - alo) + WITNESS_SCAN_MIN)
+    runs = []
+    for i, j, n in segs:
+        w = search.first_anchor(i, i + n - KGRAM + 1)
+        if search.budget < 0:
+            return None
+        if w >= 0:
+            runs.append((w - alo, w + j - i - blo, KGRAM))
+    return runs
+
+
+class _Witness:
+    """The first anchor among A's covered k-grams [p0, p1) (-1: none), for `_runs_witnessed`: the first
+    position whose k-gram occurs at no other token of A's box [alo, ahi) and is not among B's uncovered
+    ones. `budget`: tokens left to search (below 0: the search gave up, the answer is not known)."""
+
+    def __init__(self, ra: bytes, alo: int, ahi: int, extra: set[bytes], budget: int):
+        self.ra, self.alo, self.ahi, self.extra, self.budget = ra, alo, ahi, extra, budget
+        self.shift = 0  # where the last k-gram shown repeated had its other copy (relative): tried first
+
+    def first_anchor(self, p0: int, p1: int) -> int:
+        ra, alo, ahi, w = self.ra, self.alo, self.ahi, 4 * KGRAM
+        for p in range(p0, p1):
+            g = ra[4 * p : 4 * p + w]
+            if g in self.extra:
+                continue
+            q = p + self.shift
+            if self.shift and alo <= q <= ahi - KGRAM and ra[4 * q : 4 * q + w] == g:
+                continue  # another copy on the last copy's diagonal
+            later = _find_aligned(ra, g, p + 1, ahi)
+            self.budget -= (later if later >= 0 else ahi) - p
+            if later < 0:
+                earlier = _rfind_aligned(ra, g, alo, p + KGRAM - 1)
+                self.budget -= p - (earlier if earlier >= 0 else alo)
+                if earlier < 0:
+                    return p
+                later = earlier
+            if self.budget < 0:
+                return -1
+            self.shift = later - p
+        return -1
+
+
+def _rfind_aligned(raw: bytes, gram: bytes, lo: int, hi: int) -> int:
+    """The last token position of `gram` wholly in raw's tokens [lo, hi), at a token boundary (-1: none)."""
+    at = raw.rfind(gram, 4 * lo, 4 * hi)
+    while at >= 0 and at % 4:
+        at = raw.rfind(gram, 4 * lo, at + len(gram) - 1)
+    return at // 4 if at >= 0 else -1
 
 
 def _heaviest_increasing(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
