@@ -378,3 +378,101 @@ def test_the_vocabulary_cache_header_is_read_as_json_loads_reads_it():
     for bad in (b"", b"{", b'{"a": 1} x', b"nul", b'{"a": 1}{}', b'"\xff"'):
         with pytest.raises(ValueError):
             _header(bad)
+
+
+def _edits(ids: list[int], n: int, rng: random.Random, alphabet: int) -> list[int]:
+    """`n` random replacements, insertions, deletions, moved and copied blocks."""
+    out = list(ids)
+    for _ in range(n):
+        pos = rng.randrange(len(out) + 1)
+        kind = rng.choice("ridmc")
+        if kind == "r" and out:
+            out[min(pos, len(out) - 1)] = rng.randrange(alphabet)
+        elif kind == "i":
+            out[pos:pos] = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 40))]
+        elif kind == "d":
+            del out[pos : pos + rng.randrange(1, 60)]
+        elif len(out) > 200:
+            a0 = rng.randrange(len(out) - 100)
+            block = out[a0 : a0 + rng.randrange(10, 100 if kind == "m" else 300)]
+            if kind == "m":
+                del out[a0 : a0 + len(block)]
+            at = rng.randrange(len(out) + 1)
+            out[at:at] = block
+    return out
+
+
+def _base(rng: random.Random) -> list[int]:
+    """IDs of five shapes: uniform over small and large alphabets, a repeated unit with a few unique tokens
+    (a session's turns), words from a small lexicon, one token repeated."""
+    kind, n = rng.randrange(5), rng.randrange(500, 9000)
+    if kind == 0:
+        alphabet = rng.choice([2, 3, 5, 50, 3000])
+        return [rng.randrange(alphabet) for _ in range(n)]
+    if kind == 1:
+        unit = [rng.randrange(30) for _ in range(rng.randrange(20, 200))]
+        out: list[int] = []
+        for t in range(n // len(unit) + 1):
+            turn = list(unit)
+            if rng.random() < 0.5:
+                turn[rng.randrange(len(turn))] = 1000 + t
+            out += turn
+        return out[:n]
+    if kind == 2:
+        words = [[rng.randrange(100) for _ in range(rng.randrange(1, 4))] for _ in range(20)]
+        out = []
+        while len(out) < n:
+            out += rng.choice(words)
+        return out
+    return [0] * n if kind == 3 else [rng.randrange(8) for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_witnessed_anchors_give_the_counted_answer(monkeypatch, seed):
+    """`_runs_witnessed` (one anchor per segment that holds any, no count of A's k-grams) gives the spans of
+    every anchor counted, on pairs of every shape; the witnesses answer for some of them (5-25 % of these
+    boxes; the rest fall back: k-grams of small alphabets between the segments, or the search budget spent)."""
+    monkeypatch.setattr(align, "NUMPY_FROM", 1 << 40)
+    monkeypatch.delitem(sys.modules, "numpy")
+    answered = []
+    witnessed = align._runs_witnessed
+    monkeypatch.setattr(align, "_runs_witnessed", lambda *box: _noted(answered, witnessed(*box)))
+    rng = random.Random(seed)
+    for _ in range(60):
+        base, alphabet, edits = _base(rng), rng.choice([3, 30, 100, 5000]), rng.choice([3, 12])
+        a, b = _edits(base, rng.randrange(edits), rng, alphabet), _edits(base, rng.randrange(edits), rng, alphabet)
+        if rng.random() < 0.2:  # B: a turn of A's text appended to A's edited copy
+            a, b = b, a + _edits(base[: rng.randrange(1, 3000)], 2, rng, alphabet)
+        x, y = array("i", a), array("i", b)
+        monkeypatch.setattr(align, "WITNESSES", True)
+        fast = align.diff_spans(x, y)
+        monkeypatch.setattr(align, "WITNESSES", False)
+        assert fast == align.diff_spans(x, y)
+    assert sum(answered) >= 3
+
+
+def _noted(answered: list[bool], runs: list[tuple[int, int, int]] | None) -> list[tuple[int, int, int]] | None:
+    answered.append(runs is not None)
+    return runs
+
+
+def test_witnessed_anchors_on_a_long_session_pair(monkeypatch):
+    """A session's pair (a date edited at the start, reasoning dropped, a turn appended, turns that repeat but
+    for a few tokens): the witnesses answer, with the counted answer, and a tight search budget falls back."""
+    rng = random.Random(7)
+    unit = [rng.randrange(60) for _ in range(150)]
+    turns = [[*unit[:70], 1000 + t, *unit[70:]] for t in range(200)]
+    history = [x for turn in turns for x in turn]
+    think, new_turn = [2000 + rng.randrange(100) for _ in range(30)], [3000 + rng.randrange(100) for _ in range(90)]
+    a = [1, 2, 3, 16, 4, *history, 7, *think, *unit[:50], 8]
+    b = [1, 2, 3, 17, 4, *history, 7, *unit[:50], 8, *new_turn]
+    monkeypatch.setattr(align, "NUMPY_FROM", 1 << 40)
+    monkeypatch.delitem(sys.modules, "numpy")
+    s = align._Seqs(a, b)
+    assert align._runs_witnessed(s, 3, len(a), 3, len(b)) is not None
+    counted = align.diff_spans(a, b)
+    monkeypatch.setattr(align, "WITNESSES", False)
+    assert counted == align.diff_spans(a, b)
+    monkeypatch.setattr(align, "WITNESS_SCAN", 0)
+    monkeypatch.setattr(align, "WITNESS_SCAN_MIN", 10)
+    assert align._runs_witnessed(s, 3, len(a), 3, len(b)) is None

@@ -44,7 +44,8 @@ MAX_MISSES = 16  # B's k-grams in a row not found in A before `_cover` stops loo
 _SCAN = 64  # bytes left to compare one by one after bisecting
 WITNESSES = True  # anchors' segments settled by witnesses where that is shown to give the answer (`_runs_witnessed`)
 WITNESS_UNCOVERED = 1 << 14  # uncovered k-grams past which every anchor is counted instead
-WITNESS_SCAN, WITNESS_SCAN_MIN = 16, 1 << 16  # tokens the witnesses may search: 16 a token of A's box, and more
+WITNESS_SCAN, WITNESS_SCAN_MIN = 8, 1 << 16  # tokens the witnesses may search: 8 a token of A's box, and more
+WITNESS_STEP = 32  # what looking at one k-gram costs, in tokens searched (a byte search runs ~100 Python steps' work)
 NUMPY_FROM = 150_000  # tokens a side from which importing numpy for the anchors pays for itself
 
 
@@ -508,7 +509,8 @@ def _runs_witnessed(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tu
     only on which segments hold an anchor, which the witnesses settle: a k-gram at a covered position is
     an anchor iff it occurs at no other token of A's box and at no uncovered position of B (B's count is
     A's less A's uncovered copies plus B's uncovered ones). Each test is a byte search of A both ways from
-    the k-gram, or a compare where the last other copy's diagonal repeats; the searches stop at a budget.
+    the k-gram, or one compare for all the k-grams of a stretch repeated where the last one found had its other
+    copy; the search stops at a budget.
     tests/unit/test_diff_speed.py holds `diff_spans` with and without this to one answer on random pairs."""
     segs = _cover(s, alo, ahi, blo, bhi)
     if not segs:
@@ -526,7 +528,7 @@ def _runs_witnessed(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tu
     runs = []
     for i, j, n in segs:
         w = search.first_anchor(i, i + n - KGRAM + 1)
-        if search.budget < 0:
+        if w < 0 and search.budget < 0:
             return None
         if w >= 0:
             runs.append((w - alo, w + j - i - blo, KGRAM))
@@ -536,21 +538,30 @@ def _runs_witnessed(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tu
 class _Witness:
     """The first anchor among A's covered k-grams [p0, p1) (-1: none), for `_runs_witnessed`: the first
     position whose k-gram occurs at no other token of A's box [alo, ahi) and is not among B's uncovered
-    ones. `budget`: tokens left to search (below 0: the search gave up, the answer is not known)."""
+    ones. `budget`: tokens left to search; -1 with the budget below 0: the search gave up (not known)."""
 
     def __init__(self, ra: bytes, alo: int, ahi: int, extra: set[bytes], budget: int):
         self.ra, self.alo, self.ahi, self.extra, self.budget = ra, alo, ahi, extra, budget
-        self.shift = 0  # where the last k-gram shown repeated had its other copy (relative): tried first
+        self.shift = 0  # where the last k-gram shown repeated had its other copy (relative): tried first, and
+        # the stretch that repeats there skipped at once (a session's repeated turns, a pasted file)
 
     def first_anchor(self, p0: int, p1: int) -> int:
         ra, alo, ahi, w = self.ra, self.alo, self.ahi, 4 * KGRAM
-        for p in range(p0, p1):
+        p = p0
+        while p < p1:
+            self.budget -= WITNESS_STEP
+            if self.budget < 0:
+                return -1
             g = ra[4 * p : 4 * p + w]
             if g in self.extra:
+                p += 1
                 continue
             q = p + self.shift
-            if self.shift and alo <= q <= ahi - KGRAM and ra[4 * q : 4 * q + w] == g:
-                continue  # another copy on the last copy's diagonal
+            if self.shift and alo <= q <= ahi - KGRAM:
+                m = _first_diff(ra, 4 * p, ra, 4 * q, 4 * (ahi - max(p, q))) // 4
+                if m >= KGRAM:  # the k-grams at p .. p+m-KGRAM have a copy at the same shift, in the box
+                    p += m - KGRAM + 1
+                    continue
             later = _find_aligned(ra, g, p + 1, ahi)
             self.budget -= (later if later >= 0 else ahi) - p
             if later < 0:
@@ -559,9 +570,7 @@ class _Witness:
                 if earlier < 0:
                     return p
                 later = earlier
-            if self.budget < 0:
-                return -1
-            self.shift = later - p
+            self.shift = later - p  # the next step skips the stretch this copy repeats
         return -1
 
 
