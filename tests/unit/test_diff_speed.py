@@ -32,11 +32,13 @@ def _edited(ids: list[int], n: int, rng: random.Random) -> list[int]:
 
 
 def _both(monkeypatch, a, b):
-    """diff_spans without numpy's anchors and with them."""
+    """diff_spans without numpy's anchors and with them (every anchor counted: no witnesses)."""
+    monkeypatch.setattr(align, "WITNESSES", False)
     monkeypatch.setattr(align, "NUMPY_FROM", 1 << 40)
     monkeypatch.delitem(sys.modules, "numpy")
     plain = align.diff_spans(a, b)
     monkeypatch.undo()
+    monkeypatch.setattr(align, "WITNESSES", False)
     monkeypatch.setattr(align, "NUMPY_FROM", 0)
     return plain, align.diff_spans(a, b)
 
