@@ -478,3 +478,20 @@ def test_witnessed_anchors_on_a_long_session_pair(monkeypatch):
     monkeypatch.setattr(align, "WITNESS_SCAN", 0)
     monkeypatch.setattr(align, "WITNESS_SCAN_MIN", 10)
     assert align._runs_witnessed(s, 3, len(a), 3, len(b)) is None
+
+
+def test_excerpt_text_of_printable_text_is_itself():
+    """An excerpt's text where every character is printable is returned as it is: what escaping each
+    character that is not would give, on random bytes (controls, invalid UTF-8, format characters)."""
+    from tokendiff.report import excerpt
+
+    def escaped(b: bytes) -> str:
+        s = b.decode("utf-8", errors="replace").translate(excerpt._VISIBLE)
+        return "".join(c if c.isprintable() or c in "↵␍⇥" else f"\\x{ord(c):02x}" for c in s)
+
+    rng = random.Random(11)
+    alphabet = [b"a", b" ", b"\n", b"\r", b"\t", b"\x00", b"\x1b", b"\xff", "é".encode(), "\u200b".encode()]
+    alphabet += ["\u2028".encode(), "↵".encode(), "\U0001f600".encode(), "\xa0".encode(), b"\x7f", b"\xc3"]
+    for _ in range(3000):
+        b = b"".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+        assert excerpt._text(b) == escaped(b), b
