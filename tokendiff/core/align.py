@@ -273,7 +273,8 @@ def _cover(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, 
     """Equal segments (i, j, n), A[i:i+n] == B[j:j+n], increasing and disjoint on both sides: B's
     k-grams at every STRIDE-th token found in A past the last segment, each grown both ways by
     byte compares. Any such cover gives B's k-gram counts exactly from A's (`_unique_common`); a
-    good one (one segment per unedited stretch) leaves few k-grams to count by hand."""
+    good one (one segment per unedited stretch) leaves few k-grams to count by hand. Each segment is grown
+    forward as far as its diagonal is equal, up to the box's end: `_runs_witnessed` relies on that."""
     ra, rb, k = s.ra, s.rb, KGRAM
     segs: list[tuple[int, int, int]] = []
     ia, jb, j = alo, blo, blo  # everything before A's ia and B's jb is settled
@@ -509,9 +510,9 @@ def _runs_witnessed(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tu
     only on which segments hold an anchor, which the witnesses settle: a k-gram at a covered position is
     an anchor iff it occurs at no other token of A's box and at no uncovered position of B (B's count is
     A's less A's uncovered copies plus B's uncovered ones). Each test is a byte search of A both ways from
-    the k-gram, or one compare for all the k-grams of a stretch repeated where the last one found had its other
-    copy; the search stops at a budget.
-    tests/unit/test_diff_speed.py holds `diff_spans` with and without this to one answer on random pairs."""
+    the k-gram, or one compare for all the k-grams of a stretch repeated where the last one found had its
+    other copy; the search stops at a budget. tests/unit/test_diff_speed.py holds `diff_spans` with and
+    without this to one answer on random pairs."""
     segs = _cover(s, alo, ahi, blo, bhi)
     if not segs:
         return None
