@@ -334,15 +334,19 @@ def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) ->
         extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
     # where A's k-gram is covered, B's uncovered k-grams must not hold it; where it is not, once: all
     # positions are taken as covered (one lookup each in the set of A's k-grams that occur once and are not
-    # among B's uncovered ones: smaller than A's duplicates), then A's few uncovered ones redone
-    once = set(compress(counts, map((1).__eq__, counts.values())))
-    once.difference_update(extra)
+    # among B's uncovered ones: smaller than A's duplicates), then A's uncovered ones redone, one lookup each
+    # in the set of those once in A and once among B's uncovered ones (a compaction leaves tens of thousands)
+    once_a = set(compress(counts, map((1).__eq__, counts.values())))
+    once = once_a.difference(extra)
     out = list(compress(count(), map(once.__contains__, ga)))
-    for g0, g1 in _uncovered(segs, alo, ahi, 0):
-        r0, r1 = g0 - alo, g1 - alo
-        out[bisect_left(out, r0) : bisect_left(out, r1)] = [
-            i for i in range(r0, r1) if counts[ga[i]] == 1 and extra[ga[i]] == 1
-        ]
+    gaps = _uncovered(segs, alo, ahi, 0)
+    if gaps:
+        once_both = once_a.intersection(compress(extra, map((1).__eq__, extra.values())))
+        for g0, g1 in gaps:
+            r0, r1 = g0 - alo, g1 - alo
+            out[bisect_left(out, r0) : bisect_left(out, r1)] = compress(
+                range(r0, r1), map(once_both.__contains__, ga[r0:r1])
+            )
     return out
 
 
