@@ -495,3 +495,24 @@ def test_excerpt_text_of_printable_text_is_itself():
     for _ in range(3000):
         b = b"".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
         assert excerpt._text(b) == escaped(b), b
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_unique_common_is_the_brute_count(seed):
+    """`_unique_common`'s positions are those of A's k-grams that occur once in A's box and once in B's, counted
+    by brute force, on pairs whose cover leaves much of A uncovered (compactions: B keeps a little of A)."""
+    from collections import Counter
+
+    rng = random.Random(seed)
+    for _ in range(40):
+        base = _base(rng)
+        a = _edits(base, rng.randrange(6), rng, 50)
+        keep = rng.randrange(1, max(2, len(a)))
+        b = a[: rng.randrange(40)] + [rng.randrange(60) for _ in range(rng.randrange(10, 2000))] + a[keep:]
+        s = align._Seqs(a, b)
+        alo, blo = rng.randrange(3), rng.randrange(3)
+        ga = align._kgrams(s.ra, alo, len(a))
+        gb = Counter(align._kgrams(s.rb, blo, len(b)))
+        ca = Counter(ga)
+        want = [i for i, g in enumerate(ga) if ca[g] == 1 and gb[g] == 1]
+        assert align._unique_common(s, (alo, len(a), blo, len(b)), ga) == want
