@@ -336,17 +336,15 @@ def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) ->
     # positions are taken as covered (one lookup each in the set of A's k-grams that occur once and are not
     # among B's uncovered ones: smaller than A's duplicates), then A's uncovered ones redone, one lookup each
     # in the set of those once in A and once among B's uncovered ones (a compaction leaves tens of thousands)
-    once_a = set(compress(counts, map((1).__eq__, counts.values())))
-    once = once_a.difference(extra)
-    out = list(compress(count(), map(once.__contains__, ga)))
+    once = set(compress(counts, map((1).__eq__, counts.values())))
     gaps = _uncovered(segs, alo, ahi, 0)
-    if gaps:
-        once_both = once_a.intersection(compress(extra, map((1).__eq__, extra.values())))
-        for g0, g1 in gaps:
-            r0, r1 = g0 - alo, g1 - alo
-            out[bisect_left(out, r0) : bisect_left(out, r1)] = compress(
-                range(r0, r1), map(once_both.__contains__, ga[r0:r1])
-            )
+    once_both = once.intersection(compress(extra, map((1).__eq__, extra.values()))) if gaps else set()
+    once.difference_update(extra)
+    out = list(compress(count(), map(once.__contains__, ga)))
+    for g0, g1 in gaps:
+        r0, r1 = g0 - alo, g1 - alo
+        kept = compress(range(r0, r1), map(once_both.__contains__, ga[r0:r1]))
+        out[bisect_left(out, r0) : bisect_left(out, r1)] = kept
     return out
 
 
