@@ -500,7 +500,8 @@ def test_excerpt_text_of_printable_text_is_itself():
 @pytest.mark.parametrize("seed", range(3))
 def test_unique_common_is_the_brute_count(seed):
     """`_unique_common`'s positions are those of A's k-grams that occur once in A's box and once in B's, counted
-    by brute force, on pairs whose cover leaves much of A uncovered (compactions: B keeps a little of A)."""
+    by brute force, on pairs whose cover leaves much of A uncovered (compactions: B keeps a little of A); B's
+    k-grams counted through the cover and counted whole."""
     from collections import Counter
 
     rng = random.Random(seed)
@@ -516,3 +517,4 @@ def test_unique_common_is_the_brute_count(seed):
         ca = Counter(ga)
         want = [i for i, g in enumerate(ga) if ca[g] == 1 and gb[g] == 1]
         assert align._unique_common(s, (alo, len(a), blo, len(b)), ga) == want
+        assert align._unique_common_small_b(s, blo, len(b), ga) == want  # whichever side is the smaller

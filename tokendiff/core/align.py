@@ -327,6 +327,8 @@ def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) ->
     once where it is not. Only A's k-grams are counted in full; B's are cut only where the cover
     leaves gaps, and looked up in that small table."""
     alo, ahi, blo, bhi = box
+    if 4 * (bhi - blo) <= 3 * (ahi - alo):
+        return _unique_common_small_b(s, blo, bhi, ga)
     segs = _cover(s, alo, ahi, blo, bhi)
     counts = Counter(ga)
     extra: Counter[bytes] = Counter()
@@ -346,6 +348,17 @@ def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) ->
         kept = compress(range(r0, r1), map(once_both.__contains__, ga[r0:r1]))
         out[bisect_left(out, r0) : bisect_left(out, r1)] = kept
     return out
+
+
+def _unique_common_small_b(s: _Seqs, blo: int, bhi: int, ga: list[bytes]) -> list[int]:
+    """`_unique_common` where B's side is the smaller (a compaction's summary against the history it
+    replaced, the gap after it): B's k-grams counted whole, A's only where B holds one of them once. Every
+    copy of such a k-gram in A is among those positions, so their count is its count in A."""
+    counts_b = Counter(_kgrams(s.rb, blo, bhi))
+    once_b = set(compress(counts_b, map((1).__eq__, counts_b.values())))
+    hits = list(compress(count(), map(once_b.__contains__, ga)))
+    counts_a = Counter(map(ga.__getitem__, hits))
+    return list(compress(hits, map((1).__eq__, map(counts_a.__getitem__, map(ga.__getitem__, hits)))))
 
 
 def _find_aligned(raw: bytes, gram: bytes, lo: int, hi: int) -> int:
