@@ -32,11 +32,13 @@ def _edited(ids: list[int], n: int, rng: random.Random) -> list[int]:
 
 
 def _both(monkeypatch, a, b):
-    """diff_spans without numpy's anchors and with them."""
+    """diff_spans without numpy's anchors and with them (every anchor counted: no witnesses)."""
+    monkeypatch.setattr(align, "WITNESSES", False)
     monkeypatch.setattr(align, "NUMPY_FROM", 1 << 40)
     monkeypatch.delitem(sys.modules, "numpy")
     plain = align.diff_spans(a, b)
     monkeypatch.undo()
+    monkeypatch.setattr(align, "WITNESSES", False)
     monkeypatch.setattr(align, "NUMPY_FROM", 0)
     return plain, align.diff_spans(a, b)
 
@@ -378,3 +380,141 @@ def test_the_vocabulary_cache_header_is_read_as_json_loads_reads_it():
     for bad in (b"", b"{", b'{"a": 1} x', b"nul", b'{"a": 1}{}', b'"\xff"'):
         with pytest.raises(ValueError):
             _header(bad)
+
+
+def _edits(ids: list[int], n: int, rng: random.Random, alphabet: int) -> list[int]:
+    """`n` random replacements, insertions, deletions, moved and copied blocks."""
+    out = list(ids)
+    for _ in range(n):
+        pos = rng.randrange(len(out) + 1)
+        kind = rng.choice("ridmc")
+        if kind == "r" and out:
+            out[min(pos, len(out) - 1)] = rng.randrange(alphabet)
+        elif kind == "i":
+            out[pos:pos] = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 40))]
+        elif kind == "d":
+            del out[pos : pos + rng.randrange(1, 60)]
+        elif len(out) > 200:
+            a0 = rng.randrange(len(out) - 100)
+            block = out[a0 : a0 + rng.randrange(10, 100 if kind == "m" else 300)]
+            if kind == "m":
+                del out[a0 : a0 + len(block)]
+            at = rng.randrange(len(out) + 1)
+            out[at:at] = block
+    return out
+
+
+def _base(rng: random.Random) -> list[int]:
+    """IDs of five shapes: uniform over small and large alphabets, a repeated unit with a few unique tokens
+    (a session's turns), words from a small lexicon, one token repeated."""
+    kind, n = rng.randrange(5), rng.randrange(500, 9000)
+    if kind == 0:
+        alphabet = rng.choice([2, 3, 5, 50, 3000])
+        return [rng.randrange(alphabet) for _ in range(n)]
+    if kind == 1:
+        unit = [rng.randrange(30) for _ in range(rng.randrange(20, 200))]
+        out: list[int] = []
+        for t in range(n // len(unit) + 1):
+            turn = list(unit)
+            if rng.random() < 0.5:
+                turn[rng.randrange(len(turn))] = 1000 + t
+            out += turn
+        return out[:n]
+    if kind == 2:
+        words = [[rng.randrange(100) for _ in range(rng.randrange(1, 4))] for _ in range(20)]
+        out = []
+        while len(out) < n:
+            out += rng.choice(words)
+        return out
+    return [0] * n if kind == 3 else [rng.randrange(8) for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_witnessed_anchors_give_the_counted_answer(monkeypatch, seed):
+    """`_runs_witnessed` (one anchor per segment that holds any, no count of A's k-grams) gives the spans of
+    every anchor counted, on pairs of every shape; the witnesses answer for some of them (5-25 % of these
+    boxes; the rest fall back: k-grams of small alphabets between the segments, or the search budget spent)."""
+    monkeypatch.setattr(align, "NUMPY_FROM", 1 << 40)
+    monkeypatch.delitem(sys.modules, "numpy")
+    answered = []
+    witnessed = align._runs_witnessed
+    monkeypatch.setattr(align, "_runs_witnessed", lambda *box: _noted(answered, witnessed(*box)))
+    rng = random.Random(seed)
+    for _ in range(60):
+        base, alphabet, edits = _base(rng), rng.choice([3, 30, 100, 5000]), rng.choice([3, 12])
+        a, b = _edits(base, rng.randrange(edits), rng, alphabet), _edits(base, rng.randrange(edits), rng, alphabet)
+        if rng.random() < 0.2:  # B: a turn of A's text appended to A's edited copy
+            a, b = b, a + _edits(base[: rng.randrange(1, 3000)], 2, rng, alphabet)
+        x, y = array("i", a), array("i", b)
+        monkeypatch.setattr(align, "WITNESSES", True)
+        fast = align.diff_spans(x, y)
+        monkeypatch.setattr(align, "WITNESSES", False)
+        assert fast == align.diff_spans(x, y)
+    assert sum(answered) >= 3
+
+
+def _noted(answered: list[bool], runs: list[tuple[int, int, int]] | None) -> list[tuple[int, int, int]] | None:
+    answered.append(runs is not None)
+    return runs
+
+
+def test_witnessed_anchors_on_a_long_session_pair(monkeypatch):
+    """A session's pair (a date edited at the start, reasoning dropped, a turn appended, turns that repeat but
+    for a few tokens): the witnesses answer, with the counted answer, and a tight search budget falls back."""
+    rng = random.Random(7)
+    unit = [rng.randrange(60) for _ in range(150)]
+    turns = [[*unit[:70], 1000 + t, *unit[70:]] for t in range(200)]
+    history = [x for turn in turns for x in turn]
+    think, new_turn = [2000 + rng.randrange(100) for _ in range(30)], [3000 + rng.randrange(100) for _ in range(90)]
+    a = [1, 2, 3, 16, 4, *history, 7, *think, *unit[:50], 8]
+    b = [1, 2, 3, 17, 4, *history, 7, *unit[:50], 8, *new_turn]
+    monkeypatch.setattr(align, "NUMPY_FROM", 1 << 40)
+    monkeypatch.delitem(sys.modules, "numpy")
+    s = align._Seqs(a, b)
+    assert align._runs_witnessed(s, 3, len(a), 3, len(b)) is not None
+    counted = align.diff_spans(a, b)
+    monkeypatch.setattr(align, "WITNESSES", False)
+    assert counted == align.diff_spans(a, b)
+    monkeypatch.setattr(align, "WITNESS_SCAN", 0)
+    monkeypatch.setattr(align, "WITNESS_SCAN_MIN", 10)
+    assert align._runs_witnessed(s, 3, len(a), 3, len(b)) is None
+
+
+def test_excerpt_text_of_printable_text_is_itself():
+    """An excerpt's text where every character is printable is returned as it is: what escaping each
+    character that is not would give, on random bytes (controls, invalid UTF-8, format characters)."""
+    from tokendiff.report import excerpt
+
+    def escaped(b: bytes) -> str:
+        s = b.decode("utf-8", errors="replace").translate(excerpt._VISIBLE)
+        return "".join(c if c.isprintable() or c in "↵␍⇥" else f"\\x{ord(c):02x}" for c in s)
+
+    rng = random.Random(11)
+    alphabet = [b"a", b" ", b"\n", b"\r", b"\t", b"\x00", b"\x1b", b"\xff", "é".encode(), "\u200b".encode()]
+    alphabet += ["\u2028".encode(), "↵".encode(), "\U0001f600".encode(), "\xa0".encode(), b"\x7f", b"\xc3"]
+    for _ in range(3000):
+        b = b"".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+        assert excerpt._text(b) == escaped(b), b
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_unique_common_is_the_brute_count(seed):
+    """`_unique_common`'s positions are those of A's k-grams that occur once in A's box and once in B's, counted
+    by brute force, on pairs whose cover leaves much of A uncovered (compactions: B keeps a little of A); B's
+    k-grams counted through the cover and counted whole."""
+    from collections import Counter
+
+    rng = random.Random(seed)
+    for _ in range(40):
+        base = _base(rng)
+        a = _edits(base, rng.randrange(6), rng, 50)
+        keep = rng.randrange(1, max(2, len(a)))
+        b = a[: rng.randrange(40)] + [rng.randrange(60) for _ in range(rng.randrange(10, 2000))] + a[keep:]
+        s = align._Seqs(a, b)
+        alo, blo = rng.randrange(3), rng.randrange(3)
+        ga = align._kgrams(s.ra, alo, len(a))
+        gb = Counter(align._kgrams(s.rb, blo, len(b)))
+        ca = Counter(ga)
+        want = [i for i, g in enumerate(ga) if ca[g] == 1 and gb[g] == 1]
+        assert align._unique_common(s, (alo, len(a), blo, len(b)), ga) == want
+        assert align._unique_common_small_b(s, blo, len(b), ga) == want  # whichever side is the smaller

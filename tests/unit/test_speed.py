@@ -339,6 +339,7 @@ def test_anchor_runs_found_from_the_last_run_are_found_from_the_start(monkeypatc
         return align._find_aligned(raw, gram, lo, hi)
 
     monkeypatch.setattr(align, "_use_numpy", lambda n: False)  # numpy's path finds its runs without searching
+    monkeypatch.setattr(align, "WITNESSES", False)  # nor do the witnesses: every run counted and looked for
     rng = random.Random(5)
     for _ in range(300):
         a = [rng.randrange(40) for _ in range(rng.randint(50, 2500))]

@@ -42,6 +42,10 @@ STRIDE = 64  # B's tokens between the k-grams `_cover` looks up in A
 MIN_SEGMENT = 2 * KGRAM  # shorter equal segments found that way are not taken
 MAX_MISSES = 16  # B's k-grams in a row not found in A before `_cover` stops looking (unrelated prompts)
 _SCAN = 64  # bytes left to compare one by one after bisecting
+WITNESSES = True  # anchors' segments settled by witnesses where that is shown to give the answer (`_runs_witnessed`)
+WITNESS_UNCOVERED = 1 << 14  # uncovered k-grams past which every anchor is counted instead
+WITNESS_SCAN, WITNESS_SCAN_MIN = 8, 1 << 16  # tokens the witnesses may search: 8 a token of A's box, and more
+WITNESS_STEP = 32  # what looking at one k-gram costs, in tokens searched (a byte search runs ~100 Python steps' work)
 NUMPY_FROM = 150_000  # tokens a side from which importing numpy for the anchors pays for itself
 
 
@@ -269,7 +273,8 @@ def _cover(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, 
     """Equal segments (i, j, n), A[i:i+n] == B[j:j+n], increasing and disjoint on both sides: B's
     k-grams at every STRIDE-th token found in A past the last segment, each grown both ways by
     byte compares. Any such cover gives B's k-gram counts exactly from A's (`_unique_common`); a
-    good one (one segment per unedited stretch) leaves few k-grams to count by hand."""
+    good one (one segment per unedited stretch) leaves few k-grams to count by hand. Each segment is grown
+    forward as far as its diagonal is equal, up to the box's end: `_runs_witnessed` relies on that."""
     ra, rb, k = s.ra, s.rb, KGRAM
     segs: list[tuple[int, int, int]] = []
     ia, jb, j = alo, blo, blo  # everything before A's ia and B's jb is settled
@@ -322,6 +327,8 @@ def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) ->
     once where it is not. Only A's k-grams are counted in full; B's are cut only where the cover
     leaves gaps, and looked up in that small table."""
     alo, ahi, blo, bhi = box
+    if 4 * (bhi - blo) <= 3 * (ahi - alo):
+        return _unique_common_small_b(s, blo, bhi, ga)
     segs = _cover(s, alo, ahi, blo, bhi)
     counts = Counter(ga)
     extra: Counter[bytes] = Counter()
@@ -329,16 +336,29 @@ def _unique_common(s: _Seqs, box: tuple[int, int, int, int], ga: list[bytes]) ->
         extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
     # where A's k-gram is covered, B's uncovered k-grams must not hold it; where it is not, once: all
     # positions are taken as covered (one lookup each in the set of A's k-grams that occur once and are not
-    # among B's uncovered ones: smaller than A's duplicates), then A's few uncovered ones redone
+    # among B's uncovered ones: smaller than A's duplicates), then A's uncovered ones redone, one lookup each
+    # in the set of those once in A and once among B's uncovered ones (a compaction leaves tens of thousands)
     once = set(compress(counts, map((1).__eq__, counts.values())))
+    gaps = _uncovered(segs, alo, ahi, 0)
+    once_both = once.intersection(compress(extra, map((1).__eq__, extra.values()))) if gaps else set()
     once.difference_update(extra)
     out = list(compress(count(), map(once.__contains__, ga)))
-    for g0, g1 in _uncovered(segs, alo, ahi, 0):
+    for g0, g1 in gaps:
         r0, r1 = g0 - alo, g1 - alo
-        out[bisect_left(out, r0) : bisect_left(out, r1)] = [
-            i for i in range(r0, r1) if counts[ga[i]] == 1 and extra[ga[i]] == 1
-        ]
+        kept = compress(range(r0, r1), map(once_both.__contains__, ga[r0:r1]))
+        out[bisect_left(out, r0) : bisect_left(out, r1)] = kept
     return out
+
+
+def _unique_common_small_b(s: _Seqs, blo: int, bhi: int, ga: list[bytes]) -> list[int]:
+    """`_unique_common` where B's side is the smaller (a compaction's summary against the history it
+    replaced, the gap after it): B's k-grams counted whole, A's only where B holds one of them once. Every
+    copy of such a k-gram in A is among those positions, so their count is its count in A."""
+    counts_b = Counter(_kgrams(s.rb, blo, bhi))
+    once_b = set(compress(counts_b, map((1).__eq__, counts_b.values())))
+    hits = list(compress(count(), map(once_b.__contains__, ga)))
+    counts_a = Counter(map(ga.__getitem__, hits))
+    return list(compress(hits, map((1).__eq__, map(counts_a.__getitem__, map(ga.__getitem__, hits)))))
 
 
 def _find_aligned(raw: bytes, gram: bytes, lo: int, hi: int) -> int:
@@ -463,8 +483,10 @@ def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int
     """Matching blocks (ia, ib, n) relative to (alo, blo), from k-grams unique on both sides, in order."""
     if ahi - alo < KGRAM or bhi - blo < KGRAM:
         return []
-    find = _runs_numpy if _use_numpy(max(ahi - alo, bhi - blo)) else _runs_stdlib
-    runs = find(s, alo, ahi, blo, bhi)
+    runs = _runs_witnessed(s, alo, ahi, blo, bhi) if WITNESSES else None
+    if runs is None:
+        find = _runs_numpy if _use_numpy(max(ahi - alo, bhi - blo)) else _runs_stdlib
+        runs = find(s, alo, ahi, blo, bhi)
     if not runs:
         return []
     chain = _heaviest_increasing(runs)
@@ -480,6 +502,100 @@ def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int
         blocks.append((ra, rb, n))
         end_a, end_b = ra + n, rb + n
     return blocks
+
+
+def _runs_witnessed(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]] | None:
+    """Runs that give `_diff` the answer of all the anchor runs, found without counting A's k-grams: one
+    anchor (a witness) in each segment of the cover that holds any, none elsewhere. None where that cannot
+    be shown cheaply (then every anchor is counted).
+
+    Why the answer is the same. Take the cover (`_cover`): segments increasing and disjoint on both
+    sides, each ending where its diagonal stops being equal (or at the box's end). (1) Where no k-gram of
+    A's uncovered positions is among B's uncovered ones, every anchor lies in a segment, on its diagonal: a
+    k-gram once in A and once in B whose A copy is uncovered has its B copy uncovered too (a covered B
+    copy sits on a covered A copy), and a covered A copy's B copy is the covered one. So are the runs
+    (consecutive anchors on one diagonal stay in one segment), and runs of increasing segments increase in
+    both A and B: the heaviest chain (and past WEIGHTED_MAX runs, the longest) is all of them, and the
+    blocks lie in the segments holding an anchor. (2) `_diff` skips the equal stretch between two blocks
+    of one segment, and diffs the gap between the last block in a segment K and the first in the next
+    one L (or the box's ends). It trims the gap's common prefix first: from any block end in K that is
+    K's end (K's diagonal is equal to there and no further, and L starts past K's end on both sides); then
+    its common suffix: from any block start in L back along L's diagonal through L's start to the same
+    place, bounded by the same trimmed start. So the gaps `_diff` recurses into, and its answer, depend
+    only on which segments hold an anchor, which the witnesses settle: a k-gram at a covered position is
+    an anchor iff it occurs at no other token of A's box and at no uncovered position of B (B's count is
+    A's less A's uncovered copies plus B's uncovered ones). Each test is a byte search of A both ways from
+    the k-gram, or one compare for all the k-grams of a stretch repeated where the last one found had its
+    other copy; the search stops at a budget. tests/unit/test_diff_speed.py holds `diff_spans` with and
+    without this to one answer on random pairs."""
+    segs = _cover(s, alo, ahi, blo, bhi)
+    if not segs:
+        return None
+    unc_a, unc_b = _uncovered(segs, alo, ahi, 0), _uncovered(segs, blo, bhi, 1)
+    if sum(g1 - g0 for g0, g1 in unc_a) + sum(g1 - g0 for g0, g1 in unc_b) > WITNESS_UNCOVERED:
+        return None
+    extra: set[bytes] = set()
+    for b0, b1 in unc_b:
+        extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
+    for a0, a1 in unc_a:
+        if not extra.isdisjoint(_kgrams(s.ra, a0, a1 + KGRAM - 1)):
+            return None  # an anchor may lie between the segments: counted
+    search = _Witness(s.ra, alo, ahi, extra, WITNESS_SCAN * (ahi - alo) + WITNESS_SCAN_MIN)
+    runs = []
+    for i, j, n in segs:
+        w = search.first_anchor(i, i + n - KGRAM + 1)
+        if w < 0 and search.budget < 0:
+            return None
+        if w >= 0:
+            runs.append((w - alo, w + j - i - blo, KGRAM))
+    return runs
+
+
+class _Witness:
+    """The first anchor among A's covered k-grams [p0, p1) (-1: none), for `_runs_witnessed`: the first
+    position whose k-gram occurs at no other token of A's box [alo, ahi) and is not among B's uncovered
+    ones. `budget`: tokens left to search; -1 with the budget below 0: the search gave up (not known)."""
+
+    def __init__(self, ra: bytes, alo: int, ahi: int, extra: set[bytes], budget: int):
+        self.ra, self.alo, self.ahi, self.extra, self.budget = ra, alo, ahi, extra, budget
+        self.shift = 0  # where the last k-gram shown repeated had its other copy (relative): tried first, and
+        # the stretch that repeats there skipped at once (a session's repeated turns, a pasted file)
+
+    def first_anchor(self, p0: int, p1: int) -> int:
+        ra, alo, ahi, w = self.ra, self.alo, self.ahi, 4 * KGRAM
+        p = p0
+        while p < p1:
+            self.budget -= WITNESS_STEP
+            if self.budget < 0:
+                return -1
+            g = ra[4 * p : 4 * p + w]
+            if g in self.extra:
+                p += 1
+                continue
+            q = p + self.shift
+            if self.shift and alo <= q <= ahi - KGRAM:
+                m = _first_diff(ra, 4 * p, ra, 4 * q, 4 * (ahi - max(p, q))) // 4
+                if m >= KGRAM:  # the k-grams at p .. p+m-KGRAM have a copy at the same shift, in the box
+                    p += m - KGRAM + 1
+                    continue
+            later = _find_aligned(ra, g, p + 1, ahi)
+            self.budget -= (later if later >= 0 else ahi) - p
+            if later < 0:
+                earlier = _rfind_aligned(ra, g, alo, p + KGRAM - 1)
+                self.budget -= p - (earlier if earlier >= 0 else alo)
+                if earlier < 0:
+                    return p
+                later = earlier
+            self.shift = later - p  # the next step skips the stretch this copy repeats
+        return -1
+
+
+def _rfind_aligned(raw: bytes, gram: bytes, lo: int, hi: int) -> int:
+    """The last token position of `gram` wholly in raw's tokens [lo, hi), at a token boundary (-1: none)."""
+    at = raw.rfind(gram, 4 * lo, 4 * hi)
+    while at >= 0 and at % 4:
+        at = raw.rfind(gram, 4 * lo, at + len(gram) - 1)
+    return at // 4 if at >= 0 else -1
 
 
 def _heaviest_increasing(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:

@@ -26,6 +26,8 @@ class Excerpt(NamedTuple):  # a NamedTuple: a frozen dataclass costs ~0.6 ms to 
 def _text(b: bytes) -> str:
     s = b.decode("utf-8", errors="replace")
     s = s.translate(_VISIBLE)
+    if s.isprintable():  # every character printable (most excerpts): each would be kept as it is
+        return s
     return "".join(c if c.isprintable() or c in "↵␍⇥" else f"\\x{ord(c):02x}" for c in s)
 
 
