@@ -40,20 +40,27 @@ class Ctx:
     what most detectors read). A plain class: a dataclass costs ~0.6 ms to create at import, in every
     `tokendiff diff`."""
 
-    __slots__ = ("a", "b", "d", "h", "i", "_wins", "_lens")
+    __slots__ = ("a", "b", "d", "h", "i", "_wins", "_lens", "_a_text", "_b_text")
 
     def __init__(self, a: Prompt, b: Prompt, d: Divergence, h: Hunk, i: int):
         self.a, self.b, self.d, self.h, self.i = a, b, d, h, i
         self._wins: dict[tuple[str, int], tuple[str, int]] = {}
         self._lens: tuple[int, int] | None = None
+        self._a_text: bytes | None = None
+        self._b_text: bytes | None = None
 
     @property
     def a_text(self) -> bytes:
-        return self.a.data[self.h.a_byte_start : self.h.a_byte_end]
+        """A's side of the hunk, cut once (a dozen detectors read it; a long hunk's copy is not free)."""
+        if self._a_text is None:
+            self._a_text = self.a.data[self.h.a_byte_start : self.h.a_byte_end]
+        return self._a_text
 
     @property
     def b_text(self) -> bytes:
-        return self.b.data[self.h.b_byte_start : self.h.b_byte_end]
+        if self._b_text is None:
+            self._b_text = self.b.data[self.h.b_byte_start : self.h.b_byte_end]
+        return self._b_text
 
     def text_lengths(self) -> tuple[int, int]:
         """Characters of A's and B's side of the hunk, decoded."""
@@ -185,16 +192,18 @@ def covers(rx: re.Pattern[str], win: str, at: int, length: int) -> str | None:
 
 
 def _changed(ctx: Ctx, rx: re.Pattern[str]) -> tuple[str, str] | None:
+    """The matches of rx over the change on both sides, where they differ. Both must be found, so the shorter
+    side is looked at first: one without a match settles it, and a long side (a compacted history) is
+    scanned only where the short one holds a match."""
     la, lb = ctx.text_lengths()
-    wa, ia = ctx.a_win()
-    ma = covers(rx, wa, ia, la)
-    if not ma:
+    first, second = (("a", la), ("b", lb)) if la <= lb else (("b", lb), ("a", la))
+    m1 = covers(rx, *ctx._win(first[0], PAD), first[1])
+    if not m1:
         return None
-    wb, ib = ctx.b_win()
-    mb = covers(rx, wb, ib, lb)
-    if mb and ma != mb:
-        return ma, mb
-    return None
+    m2 = covers(rx, *ctx._win(second[0], PAD), second[1])
+    if not m2 or m1 == m2:
+        return None
+    return (m1, m2) if first[0] == "a" else (m2, m1)
 
 
 # ---------------------------------------------------------------- detectors
@@ -227,13 +236,26 @@ class _Index:
     when first asked for: the turns (top-level sections), where tool responses start, the first generated
     section. Every detector scanned all sections for these, for every hunk: much of a small pair's explain."""
 
-    __slots__ = ("sections", "_tops", "_response_starts", "_generated")
+    __slots__ = (
+        "sections",
+        "_tops",
+        "_response_starts",
+        "_generated",
+        "_results",
+        "_id_positions",
+        "_systems",
+        "_first",
+    )
 
     def __init__(self, sections: list[Section]):
         self.sections = sections
         self._tops: list[Section] | None = None
         self._response_starts: list[int] | None = None
         self._generated: tuple[Section | None] | None = None
+        self._results: list[Section] | None = None
+        self._id_positions: bool | None = None
+        self._systems: bool | None = None
+        self._first: dict[K, Section | None] = {}
 
     @property
     def tops(self) -> list[Section]:
@@ -252,6 +274,34 @@ class _Index:
         if self._generated is None:
             self._generated = (next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None),)
         return self._generated[0]
+
+    def first_top(self, kind: K) -> Section | None:
+        """The first top-level section of `kind`."""
+        if kind not in self._first:
+            self._first[kind] = next((s for s in self.tops if s.path.parts[0].kind == kind), None)
+        return self._first[kind]
+
+    @property
+    def results(self) -> list[Section]:
+        """The tool-result sections (`_is_result`), in the sections' order."""
+        if self._results is None:
+            self._results = [s for s in self.sections if _is_result(s.path)]
+        return self._results
+
+    @property
+    def id_positions(self) -> bool:
+        """Some section is a tool-call ID position (`_id_position`): `Prompt.owner` finds no other path but
+        the empty one and END_OF_PROMPT, neither of them an ID position."""
+        if self._id_positions is None:
+            self._id_positions = any(_id_position(s.path) for s in self.sections)
+        return self._id_positions
+
+    @property
+    def systems(self) -> bool:
+        """Some turn (top-level section) is a system turn."""
+        if self._systems is None:
+            self._systems = any(_is_system(s.path) for s in self.tops)
+        return self._systems
 
 
 def _index(p: Prompt) -> _Index:
@@ -354,7 +404,7 @@ def detect_double_bos(ctx: Ctx) -> Finding | None:
 
 def _top(p: Prompt, kind: K) -> Section | None:
     """The top-level section of `kind` (a turn-level section such as the generation prompt)."""
-    return next((s for s in _index(p).tops if s.path.parts[0].kind == kind), None)
+    return _index(p).first_top(kind)
 
 
 def _last_turn_start(p: Prompt, end: int) -> int:
@@ -655,9 +705,18 @@ def _section_text(p: Prompt, path: SectionPath, byte: int) -> str:
     return p.data[s.byte_start : s.byte_end].decode("utf-8", "replace") if s else ""
 
 
+def _may_hold_id(ctx: Ctx) -> bool:
+    """An ID position may be among the paths `detect_call_id` reads: the hunk's owners, and the owners at the
+    first differing byte (a section's path, NO_SECTION or END_OF_PROMPT, the last two none)."""
+    ids = _index(ctx.a).id_positions or _index(ctx.b).id_positions
+    return ids or _id_position(ctx.a_path) or _id_position(ctx.b_path)
+
+
 def detect_call_id(ctx: Ctx) -> Finding | None:
     """tool_call_id: tool-call IDs regenerated. Decided from where the span sits (an ID position of
     the section path), never from the string's shape: a 9-letter word is not an ID."""
+    if not _may_hold_id(ctx):
+        return None
     pa, pb = _paths_at_first_byte(ctx)
     path_a = next((x for x in (pa, ctx.a_path) if _id_position(x)), None)
     path_b = next((x for x in (pb, ctx.b_path) if _id_position(x)), None)
@@ -869,6 +928,8 @@ def _merge_story(ctx: Ctx, added: str) -> tuple[str, Origin]:
 def detect_system_appended(ctx: Ctx) -> Finding | None:
     """system_appended: text inserted at the end of the system prompt (a reminder or a plan-mode note
     folded into the first system block); system_moved when A had the text later."""
+    if not (_index(ctx.a).systems and _index(ctx.b).systems):
+        return None  # the turns at the hunk are among the tops, and neither can be a system turn
     ta, tb = _turn_at(ctx.a, ctx.h.a_start), _turn_at(ctx.b, ctx.h.b_start)
     if ta is None or tb is None or not (_is_system(ta.path) and _is_system(tb.path)):
         return None
@@ -956,7 +1017,7 @@ def _is_result(path: SectionPath) -> bool:
 
 def _result_at(p: Prompt, token: int) -> Section | None:
     """The innermost tool-result section holding `token`."""
-    found = [s for s in p.sections if s.start <= token < s.end and _is_result(s.path)]
+    found = [s for s in _index(p).results if s.start <= token < s.end]
     return max(found, key=lambda s: len(s.path), default=None)
 
 
@@ -1051,8 +1112,13 @@ def detect_setting(ctx: Ctx) -> Finding | None:
     """setting_changed: a setting rendered into the prompt changed (gpt-oss `Reasoning: high`, a
     Qwen3 /think or /no_think switch, a mode line in the system prompt)."""
     la, lb = _line_at(ctx.a, ctx.h.a_byte_start), _line_at(ctx.b, ctx.h.b_byte_start)
-    ma, mb = SETTING_LINE_RE.search(la), SETTING_LINE_RE.search(lb)
-    sa, sb = THINK_SWITCH_RE.findall(la), THINK_SWITCH_RE.findall(lb)
+    # each pattern searched only where its match can be: SETTING_LINE_RE's key ends in ':' or '=', and
+    # both lines must hold one; a THINK_SWITCH_RE match holds "think"
+    ma = mb = None
+    if ("=" in la or ":" in la) and ("=" in lb or ":" in lb):
+        ma, mb = SETTING_LINE_RE.search(la), SETTING_LINE_RE.search(lb)
+    sa = THINK_SWITCH_RE.findall(la) if "think" in la else []
+    sb = THINK_SWITCH_RE.findall(lb) if "think" in lb else []
     if ma and mb and ma.group(1).lower() == mb.group(1).lower() and ma.group(2) != mb.group(2):
         what = f"{ma.group(1)} {ma.group(2).strip()} -> {mb.group(2).strip()}"
     elif sa != sb and (sa or sb):

@@ -1,0 +1,171 @@
+"""The detectors' cheap gates (core/explain.py) against the detectors without them: a prompt's index says a
+detector has nothing to look at (no tool-call ID position, no system turn, no tool result), `_changed` looks
+at the shorter side first, `detect_setting` searches a line only where its patterns can match. On random
+prompts of odd pieces (dates, IDs, settings, think tags, CRLFs, combining marks) with random sections and
+random hunks, each gated detector must give exactly the finding it gives with the gates turned off."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from tokendiff.core import explain as ex
+from tokendiff.core.align import align
+from tokendiff.core.kinds import SectionKind as K
+from tokendiff.core.model import END_OF_PROMPT, NO_SECTION, Divergence, Part, Prompt, Section, SectionPath
+
+PIECES = [
+    "<think>", "</think>", "\n", "\n\n", " ", "\r\n", "/think", "/no_think", "Reasoning", " effort", "Mode",
+    ":", "=", " high", " low", "2024-01-0", "2", "12", ":30", "%", "Monday", "Jan", " 5, 2026", "{", "}",
+    '"k"', "\u00e9", "e\u0301", "deadbeef1", "550e8400-e29b-41d4-a716-446655440000", "-", "a1b2c3d4", "word",
+    " the", "nonce=", "call_", "[pruned]", "<|im_start|>", "<|im_end|>", "user", "system", "tool", "Thu",
+    "x" * 40, " result truncated", "...", "[cleared]", "y" * 80,
+]  # fmt: skip
+SPECIAL = {PIECES.index("<|im_start|>"), PIECES.index("<|im_end|>")}
+
+ROLES = ("system", "user", "assistant", "tool")
+INNER = (
+    Part(K.REASONING),
+    Part(K.TOOL_RESPONSE),
+    Part(K.FIELD, name="id", field="messages[1].tool_calls[0].id"),
+    Part(K.FIELD, name="tool_call_id", field="messages[2].tool_call_id"),
+    Part(K.FIELD, name="content", field="messages[2].content"),
+    Part(K.TOOL_CALL),
+)
+
+
+def _prompt(rng: random.Random, toks: list[int]) -> Prompt:
+    pieces = [PIECES[t].encode() for t in toks]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in pieces])]).astype(np.int64)
+    ids = np.array(toks, dtype=np.int32)
+    special = np.isin(ids, list(SPECIAL)).astype(np.uint8)
+    p = Prompt(ids=ids, data=b"".join(pieces), offsets=offsets, special=special)
+    p.sections.extend(_sections(rng, p))
+    return p
+
+
+def _sections(rng: random.Random, p: Prompt) -> list[Section]:
+    """Turns cutting the prompt at random, some holding an inner section; now and then a generation prompt
+    last, or no sections at all."""
+    n = len(p)
+    if n == 0 or rng.random() < 0.1:
+        return []
+    cuts = sorted({0, n, *(rng.randrange(n) for _ in range(rng.randrange(4)))})
+    out = []
+    for k, (s, e) in enumerate(zip(cuts, cuts[1:], strict=False)):
+        last = e == n and rng.random() < 0.3
+        top = Part(K.GENERATION_PROMPT) if last else Part(K.MESSAGE, index=k, name=rng.choice(ROLES))
+        out.append(Section(SectionPath.of(top), s, e, p.byte_offset(s), p.byte_offset(e)))
+        if e - s >= 2 and rng.random() < 0.6:
+            i, j = sorted(rng.sample(range(s, e + 1), 2))
+            path = SectionPath.of(top, rng.choice(INNER))
+            out.append(Section(path, i, j, p.byte_offset(i), p.byte_offset(j)))
+    return out
+
+
+def _pair(rng: random.Random) -> tuple[Prompt, Prompt, Divergence]:
+    """A and B sharing a random prefix and suffix, with random middles, diffed as the report does."""
+    v = rng.choice([6, 12, len(PIECES)])
+
+    def tok(k: int) -> list[int]:
+        return [rng.randrange(v) for _ in range(k)]
+
+    pre, suf = tok(rng.randrange(12)), tok(rng.randrange(8))
+    a = _prompt(rng, pre + tok(rng.randrange(1, 16)) + suf)
+    b = _prompt(rng, pre + tok(rng.randrange(16)) + suf)
+    return a, b, align(a, b)
+
+
+class _Ungated:
+    """The index's gates answering 'look': every detector runs its full path."""
+
+    id_positions = True
+    systems = True
+
+
+@pytest.fixture
+def ungate(monkeypatch):
+    def turn_off():
+        monkeypatch.setattr(ex._Index, "id_positions", _Ungated.id_positions)
+        monkeypatch.setattr(ex._Index, "systems", _Ungated.systems)
+
+    return turn_off
+
+
+def _changed_both(ctx: ex.Ctx, rx) -> tuple[str, str] | None:
+    """`_changed` as it was: A's side first, then B's."""
+    la, lb = ctx.text_lengths()
+    wa, ia = ctx.a_win()
+    ma = ex.covers(rx, wa, ia, la)
+    if not ma:
+        return None
+    wb, ib = ctx.b_win()
+    mb = ex.covers(rx, wb, ib, lb)
+    return (ma, mb) if mb and ma != mb else None
+
+
+GATED = (
+    ex.detect_call_id,
+    ex.detect_system_appended,
+    ex.detect_setting,
+    ex.detect_date,
+    ex.detect_nonce,
+    ex.detect_counter,
+    ex.detect_result_truncated,
+    ex.detect_result_cleared,
+)
+
+
+def _cases(seed: int, n: int):
+    rng = random.Random(seed)
+    for _ in range(n):
+        a, b, d = _pair(rng)
+        for i, h in enumerate(d.hunks):
+            yield a, b, d, h, i
+
+
+def test_gated_detectors_find_what_they_find_ungated(ungate):
+    cases = list(_cases(29, 1500))
+    gated = [[det(ex.Ctx(a, b, d, h, i)) for det in GATED] for a, b, d, h, i in cases]
+    found = sum(f is not None for row in gated for f in row)
+    ungate()
+    for (a, b, d, h, i), row in zip(cases, gated, strict=True):
+        for prompt in (a, b):
+            prompt.__dict__.pop("_explain_index", None)
+        assert row == [det(ex.Ctx(a, b, d, h, i)) for det in GATED], (a.data, b.data, h)
+    assert found >= 100  # the pieces make the detectors speak, not only stay silent
+
+
+def test_changed_looks_at_the_shorter_side_first_with_the_same_answer():
+    for a, b, d, h, i in _cases(7, 1500):
+        for rx in (ex.DATE_RE, ex.UUID_RE, ex.HEX_RE, ex.NUMBER_RE):
+            assert ex._changed(ex.Ctx(a, b, d, h, i), rx) == _changed_both(ex.Ctx(a, b, d, h, i), rx)
+
+
+def test_the_index_answers_what_a_scan_of_the_sections_answers():
+    for a, b, _d, _h, _i in _cases(3, 400):
+        for p in (a, b):
+            for token in range(len(p) + 1):
+                found = [s for s in p.sections if s.start <= token < s.end and ex._is_result(s.path)]
+                assert ex._result_at(p, token) == max(found, key=lambda s: len(s.path), default=None)
+            for kind in (K.GENERATION_PROMPT, K.MESSAGE, K.GENERATED):
+                tops = [s for s in p.sections if len(s.path.parts) == 1]
+                assert ex._top(p, kind) == next((s for s in tops if s.path.parts[0].kind == kind), None)
+
+
+def test_paths_owner_gives_besides_sections_are_no_id_positions():
+    """`detect_call_id`'s gate: `Prompt.owner` returns a section's path, NO_SECTION or END_OF_PROMPT."""
+    assert not ex._id_position(NO_SECTION) and not ex._id_position(END_OF_PROMPT)
+
+
+def test_setting_patterns_match_only_where_the_gate_looks():
+    """A SETTING_LINE_RE match holds ':' or '='; a THINK_SWITCH_RE match holds 'think'."""
+    rng = random.Random(5)
+    for _ in range(20000):
+        line = "".join(rng.choice(PIECES) for _ in range(rng.randrange(8)))
+        if ":" not in line and "=" not in line:
+            assert ex.SETTING_LINE_RE.search(line) is None
+        if "think" not in line:
+            assert ex.THINK_SWITCH_RE.findall(line) == []
