@@ -21,7 +21,7 @@ PIECES = [
     ":", "=", " high", " low", "2024-01-0", "2", "12", ":30", "%", "Monday", "Jan", " 5, 2026", "{", "}",
     '"k"', "\u00e9", "e\u0301", "deadbeef1", "550e8400-e29b-41d4-a716-446655440000", "-", "a1b2c3d4", "word",
     " the", "nonce=", "call_", "[pruned]", "<|im_start|>", "<|im_end|>", "user", "system", "tool", "Thu",
-    "x" * 40, " result truncated", "...", "[cleared]", "y" * 80,
+    "x" * 40, " result truncated", "...", "[cleared]", "y" * 80, "<|tool", "system\n", "-- ",
 ]  # fmt: skip
 SPECIAL = {PIECES.index("<|im_start|>"), PIECES.index("<|im_end|>")}
 
@@ -169,3 +169,42 @@ def test_setting_patterns_match_only_where_the_gate_looks():
             assert ex.SETTING_LINE_RE.search(line) is None
         if "think" not in line:
             assert ex.THINK_SWITCH_RE.findall(line) == []
+
+
+def _text_probe_as_was(p: Prompt, start: int, end: int) -> bytes:
+    """`text_probe` reading the flags a token at a time and splitting at every marker."""
+    import re
+
+    end = min(end, start + ex.PROBE_TOKENS)
+    while start < end:
+        while start < end and p.special[start]:
+            start += 1
+        stop = start
+        while stop < end and not p.special[stop]:
+            stop += 1
+        text = ex.MARKER_RE.split(p.data[p.byte_offset(start) : p.byte_offset(stop)])[0]
+        text = re.sub(rb"^\W+", b"", ex.ROLE_LINE_RE.sub(b"", text)).strip()[:200]
+        if len(text) >= 24:
+            return text
+        start = stop
+    return b""
+
+
+def test_text_probe_finds_the_probe_a_token_at_a_time_finds():
+    """Special flags held every way a prompt holds them (a decoder's bytes, numpy's uint8 and bool, a list,
+    floats), with markers in the text itself."""
+    from array import array
+
+    rng = random.Random(11)
+    found = 0
+    for _ in range(1500):
+        p = _prompt(rng, [rng.randrange(len(PIECES)) for _ in range(rng.randrange(30))])
+        flags = [int(x) for x in p.special] if rng.random() < 0.8 else [rng.choice((0, 1, 2)) for _ in range(len(p))]
+        for held in (array("B", flags), np.array(flags, dtype=np.uint8), np.array(flags, dtype=bool), flags):
+            q = Prompt(ids=p.ids, data=p.data, offsets=p.offsets, special=held)
+            for _ in range(3):
+                i, j = sorted((rng.randrange(len(p) + 1), rng.randrange(len(p) + 1)))
+                got = ex.text_probe(q, i, j)
+                assert got == _text_probe_as_was(q, i, j), (p.data, flags, i, j)
+                found += bool(got)
+    assert found >= 1000

@@ -821,18 +821,45 @@ def text_probe(p: Prompt, start: int, end: int) -> bytes:
     looked for elsewhere (24 bytes): without a role line, up to 200 bytes, punctuation and spaces at its
     ends taken off."""
     end = min(end, start + PROBE_TOKENS)
+    base, flags = start, _flag_bytes(p.special, start, end)
     while start < end:
-        while start < end and p.special[start]:
-            start += 1
-        stop = start
-        while stop < end and not p.special[stop]:
-            stop += 1
-        text = MARKER_RE.split(p.data[p.byte_offset(start) : p.byte_offset(stop)])[0]
-        text = re.sub(rb"^\W+", b"", ROLE_LINE_RE.sub(b"", text)).strip()[:200]
+        start = _run_end(p.special, flags, base, start, end, True)
+        stop = _run_end(p.special, flags, base, start, end, False)
+        chunk = p.data[p.byte_offset(start) : p.byte_offset(stop)]
+        marker = MARKER_RE.search(chunk)  # the text before the first marker: `MARKER_RE.split(chunk)[0]`
+        text = chunk[: marker.start()] if marker else chunk
+        text = _LEADING_NON_WORD.sub(b"", ROLE_LINE_RE.sub(b"", text)).strip()[:200]
         if len(text) >= 24:
             return text
         start = stop
     return b""
+
+
+_LEADING_NON_WORD = re.compile(rb"^\W+")
+_TO_01 = bytes([0] + [1] * 255)  # bytes.translate table: any flag set -> 1
+
+
+def _flag_bytes(special: Any, start: int, end: int) -> bytes | None:
+    """The special flags of tokens [start, end) as one byte each, 0 or 1, where the array holds one byte a token
+    (the decoders' arrays; None for another, read a token at a time)."""
+    try:
+        view = memoryview(special)
+    except TypeError:
+        return None
+    if view.ndim != 1 or view.itemsize != 1:
+        return None
+    return view[start:end].tobytes().translate(_TO_01)
+
+
+def _run_end(special: Any, flags: bytes | None, base: int, start: int, end: int, flag: bool) -> int:
+    """The first token from `start` (before `end`) whose special flag is not `flag`, else `end`; `flags` the
+    flags of tokens [base, end) (`_flag_bytes`), searched by bytes.find."""
+    if flags is None:
+        while start < end and bool(special[start]) == flag:
+            start += 1
+        return start
+    at = flags.find(b"\0" if flag else b"\1", start - base)
+    return end if at < 0 else base + at
 
 
 def _placement(a: Prompt, b: Prompt, at_b: int) -> str:
