@@ -293,7 +293,7 @@ class _Index:
         """Some section is a tool-call ID position (`_id_position`): `Prompt.owner` finds no other path but
         the empty one and END_OF_PROMPT, neither of them an ID position."""
         if self._id_positions is None:
-            self._id_positions = any(_id_position(s.path) for s in self.sections)
+            self._id_positions = any(p.kind == K.FIELD and p.name in ID_FIELDS for s in self.sections for p in s.path)
         return self._id_positions
 
     @property
@@ -1034,12 +1034,13 @@ TRUNC_NOTE_RE = Lazy(r"truncat|omitted|elided|\.\.\.|…|\bmore (?:lines|chars|c
 
 
 def _is_result(path: SectionPath) -> bool:
-    last = path[-1] if path else None
-    if last is None:
+    """A tool response, or a tool-role turn's text (its role looked up last: the index asks of every section)."""
+    if not path.parts:
         return False
+    last = path.parts[-1]
     if last.kind == K.TOOL_RESPONSE:
         return True
-    return path.role in ("tool", "ipython") and (last.kind == K.MESSAGE or last.name == "content")
+    return (last.kind == K.MESSAGE or last.name == "content") and path.role in ("tool", "ipython")
 
 
 def _result_at(p: Prompt, token: int) -> Section | None:
