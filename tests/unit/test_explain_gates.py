@@ -208,3 +208,35 @@ def test_text_probe_finds_the_probe_a_token_at_a_time_finds():
                 assert got == _text_probe_as_was(q, i, j), (p.data, flags, i, j)
                 found += bool(got)
     assert found >= 1000
+
+
+def test_the_turn_at_a_token_is_the_first_top_holding_it():
+    """By bisection where the tops are in order and apart, by a scan otherwise (tops out of order, overlapping,
+    empty or reversed ones)."""
+    rng = random.Random(13)
+    for _ in range(3000):
+        n = rng.randrange(1, 40)
+        tops = []
+        for k in range(rng.randrange(6)):
+            s, e = rng.randrange(n), rng.randrange(n + 1)
+            if rng.random() < 0.7:
+                s, e = min(s, e), max(s, e)
+            tops.append(Section(SectionPath.of(Part(K.MESSAGE, index=k, name="user")), s, e, s, e))
+        if rng.random() < 0.5:
+            tops.sort(key=lambda t: t.start)
+        p = Prompt(ids=np.zeros(n, dtype=np.int32), data=b"x" * n, offsets=np.arange(n + 1), special=bytes(n))
+        p.sections.extend(tops)
+        for token in range(-1, n + 2):
+            assert ex._turn_at(p, token) == next((s for s in tops if s.start <= token < s.end), None)
+
+
+def test_the_kept_tail_ends_at_the_first_special_token():
+    rng = random.Random(17)
+    for a, b, d, h, i in _cases(19, 800):
+        ctx = ex.Ctx(a, b, d, h, i)
+        stop = min(len(a), h.a_end + 512)
+        end = next((k for k in range(h.a_end, stop) if a.special[k]), stop)
+        want = a.data[h.a_byte_end : a.byte_offset(end)].decode("utf-8", "replace").strip()
+        assert ex._kept_tail(ctx) == want
+        a.special = [int(x) for x in a.special] if rng.random() < 0.5 else a.special
+        assert ex._kept_tail(ex.Ctx(a, b, d, h, i)) == want

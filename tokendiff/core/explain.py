@@ -40,7 +40,7 @@ class Ctx:
     what most detectors read). A plain class: a dataclass costs ~0.6 ms to create at import, in every
     `tokendiff diff`."""
 
-    __slots__ = ("a", "b", "d", "h", "i", "_wins", "_lens", "_a_text", "_b_text")
+    __slots__ = ("a", "b", "d", "h", "i", "_wins", "_lens", "_a_text", "_b_text", "_a_str", "_b_str")
 
     def __init__(self, a: Prompt, b: Prompt, d: Divergence, h: Hunk, i: int):
         self.a, self.b, self.d, self.h, self.i = a, b, d, h, i
@@ -48,6 +48,8 @@ class Ctx:
         self._lens: tuple[int, int] | None = None
         self._a_text: bytes | None = None
         self._b_text: bytes | None = None
+        self._a_str: str | None = None
+        self._b_str: str | None = None
 
     @property
     def a_text(self) -> bytes:
@@ -62,10 +64,23 @@ class Ctx:
             self._b_text = self.b.data[self.h.b_byte_start : self.h.b_byte_end]
         return self._b_text
 
+    @property
+    def a_str(self) -> str:
+        """A's side of the hunk decoded (invalid bytes as U+FFFD), once: half the detectors read it."""
+        if self._a_str is None:
+            self._a_str = self.a_text.decode("utf-8", "replace")
+        return self._a_str
+
+    @property
+    def b_str(self) -> str:
+        if self._b_str is None:
+            self._b_str = self.b_text.decode("utf-8", "replace")
+        return self._b_str
+
     def text_lengths(self) -> tuple[int, int]:
         """Characters of A's and B's side of the hunk, decoded."""
         if self._lens is None:
-            self._lens = (len(self.a_text.decode("utf-8", "replace")), len(self.b_text.decode("utf-8", "replace")))
+            self._lens = (len(self.a_str), len(self.b_str))
         return self._lens
 
     def a_win(self, pad: int = PAD) -> tuple[str, int]:
@@ -245,6 +260,7 @@ class _Index:
         "_id_positions",
         "_systems",
         "_first",
+        "_starts",
     )
 
     def __init__(self, sections: list[Section]):
@@ -256,6 +272,7 @@ class _Index:
         self._id_positions: bool | None = None
         self._systems: bool | None = None
         self._first: dict[K, Section | None] = {}
+        self._starts: tuple[list[int] | None] | None = None
 
     @property
     def tops(self) -> list[Section]:
@@ -274,6 +291,20 @@ class _Index:
         if self._generated is None:
             self._generated = (next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None),)
         return self._generated[0]
+
+    def turn_at(self, token: int) -> Section | None:
+        """The first top-level section holding `token`. Where the tops are in order and none overlaps the next
+        (a template's turns), only the last one starting at or before `token` can hold it: found by bisection;
+        else by a scan."""
+        if self._starts is None:
+            tops = self.tops
+            ordered = all(x.start <= y.start and x.end <= y.start for x, y in zip(tops, tops[1:], strict=False))
+            self._starts = ([s.start for s in tops] if ordered else None,)
+        starts = self._starts[0]
+        if starts is None:
+            return next((s for s in self.tops if s.start <= token < s.end), None)
+        k = bisect.bisect_right(starts, token) - 1
+        return self.tops[k] if k >= 0 and token < self.tops[k].end else None
 
     def first_top(self, kind: K) -> Section | None:
         """The first top-level section of `kind`."""
@@ -497,11 +528,11 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
 def detect_reasoning(ctx: Ctx) -> Finding | None:
     """reasoning_stripped and reasoning_dropped_by_client: reasoning kept in A, gone from B."""
     a_reason = _is_reasoning(ctx.a_path) or b"<think>" in ctx.a_text or b"analysis<|message|>" in ctx.a_text
-    b_reason = _is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_text.decode("utf-8", "replace"))
+    b_reason = _is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_str)
     if not a_reason or b_reason:
         return None
     top = ctx.a_path.top
-    if top and top.kind == K.GENERATION_PROMPT and _prefill_only(ctx.a_text.decode("utf-8", "replace")):
+    if top and top.kind == K.GENERATION_PROMPT and _prefill_only(ctx.a_str):
         return None  # an empty think block prefilled on the generation prompt: not reasoning
     near_b = ctx.b.data[max(0, ctx.h.b_byte_start - 16) : ctx.h.b_byte_end + 40]
     empty_b = re.search(rb"<think>\s*</think>", near_b) is not None
@@ -663,8 +694,8 @@ def detect_nonce(ctx: Ctx) -> Finding | None:
     ch = _changed(ctx, UUID_RE) or _changed(ctx, HEX_RE)
     wa, _ = ctx.a_win()
     if not ch:  # an identifier-like change next to a nonce key
-        a = ctx.a_text.decode("utf-8", "replace")
-        b = ctx.b_text.decode("utf-8", "replace")
+        a = ctx.a_str
+        b = ctx.b_str
         if not (a and b and re.fullmatch(r"[0-9A-Za-z_\-]{3,}", a) and re.fullmatch(r"[0-9A-Za-z_\-]{3,}", b)):
             return None
         if not NONCE_KEY_RE.search(wa):
@@ -723,8 +754,8 @@ def detect_call_id(ctx: Ctx) -> Finding | None:
     path = path_a or path_b
     if path is None:
         return None
-    a = (_section_text(ctx.a, path_a, ctx.h.a_byte_start) if path_a else "") or ctx.a_text.decode("utf-8", "replace")
-    b = (_section_text(ctx.b, path_b, ctx.h.b_byte_start) if path_b else "") or ctx.b_text.decode("utf-8", "replace")
+    a = (_section_text(ctx.a, path_a, ctx.h.a_byte_start) if path_a else "") or ctx.a_str
+    b = (_section_text(ctx.b, path_b, ctx.h.b_byte_start) if path_b else "") or ctx.b_str
     return finding(C.TOOL_CALL_ID, ctx.i, f"{a!r} -> {b!r} in {_where(path)}")
 
 
@@ -857,7 +888,7 @@ def _run_end(special: Any, flags: bytes | None, base: int, start: int, end: int,
     if flags is None:
         while start < end and bool(special[start]) == flag:
             start += 1
-        return start
+        return min(start, end)
     at = flags.find(b"\0" if flag else b"\1", start - base)
     return end if at < 0 else base + at
 
@@ -915,7 +946,7 @@ def detect_moved(ctx: Ctx) -> Finding | None:
 
 def _turn_at(p: Prompt, token: int) -> Section | None:
     """The top-level section (a turn) holding `token`."""
-    return next((s for s in _index(p).tops if s.start <= token < s.end), None)
+    return _index(p).turn_at(token)
 
 
 def _content_text(content: object) -> str:
@@ -965,8 +996,8 @@ def detect_system_appended(ctx: Ctx) -> Finding | None:
     grown = len(ctx.b_text) - len(ctx.a_text)
     if ctx.h.b_byte_end > tb.byte_end or tail_a != tail_b or len(tail_a) > 32 or grown < 16:
         return None
-    added = ctx.b_text.decode("utf-8", "replace")
-    head = ctx.a_text.decode("utf-8", "replace").rstrip()
+    added = ctx.b_str
+    head = ctx.a_str.rstrip()
     added = added[len(head) :] if added.startswith(head) else added
     probe = re.sub(r"^\W+", "", added).strip()[:200].encode()
     if len(probe) >= 8 and ctx.a.data.find(probe, ctx.h.a_byte_end) >= 0:
@@ -983,7 +1014,7 @@ def detect_system_appended(ctx: Ctx) -> Finding | None:
 
 def _removed(ctx: Ctx) -> str:
     """A's text of the hunk less what B's side shares with it at either end."""
-    a, b = ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace")
+    a, b = ctx.a_str, ctx.b_str
     i = shared_prefix(a, b)
     j = shared_suffix(a[i:], b[i:])
     return a[i : len(a) - j]
@@ -991,8 +1022,8 @@ def _removed(ctx: Ctx) -> str:
 
 def _kept_tail(ctx: Ctx) -> str:
     """A's text after an insertion up to the end of its turn (the next special token)."""
-    stop = min(len(ctx.a), ctx.h.a_end + 512)
-    end = next((i for i in range(ctx.h.a_end, stop) if ctx.a.special[i]), stop)
+    start, stop = ctx.h.a_end, min(len(ctx.a), ctx.h.a_end + 512)
+    end = _run_end(ctx.a.special, _flag_bytes(ctx.a.special, start, stop), start, start, stop, False)
     return ctx.a.data[ctx.h.a_byte_end : ctx.a.byte_offset(end)].decode("utf-8", "replace").strip()
 
 
@@ -1190,8 +1221,8 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
 
 def detect_rewritten(ctx: Ctx) -> Finding | None:
     """history_rewritten: an old message rewritten in place (pruned, compacted)."""
-    a_txt = ctx.a_text.decode("utf-8", "replace")
-    b_txt = ctx.b_text.decode("utf-8", "replace")
+    a_txt = ctx.a_str
+    b_txt = ctx.b_str
     placeholder = PLACEHOLDER_RE.search(b_txt)
     top = ctx.a_path.top
     in_message = top is not None and top.kind == K.MESSAGE
