@@ -240,3 +240,31 @@ def test_the_kept_tail_ends_at_the_first_special_token():
         assert ex._kept_tail(ctx) == want
         a.special = [int(x) for x in a.special] if rng.random() < 0.5 else a.special
         assert ex._kept_tail(ex.Ctx(a, b, d, h, i)) == want
+
+
+def _is_result_as_was(path: SectionPath) -> bool:
+    last = path[-1] if path else None
+    if last is None:
+        return False
+    if last.kind == K.TOOL_RESPONSE:
+        return True
+    return path.role in ("tool", "ipython") and (last.kind == K.MESSAGE or last.name == "content")
+
+
+def test_a_tool_result_is_told_as_before():
+    """`_is_result` looks the role up last, and reads a turn's own part as its role: every path of up to three
+    parts from turns, boilerplate, fields and tool parts of every role."""
+    from itertools import product
+
+    parts = [
+        *(Part(K.MESSAGE, index=0, name=r) for r in (*ROLES, "ipython", None)),
+        *(Part(K.BOILERPLATE, name=r) for r in ("tool", "ipython", "system")),
+        Part(K.FIELD, name="content", field="messages[0].content"),
+        Part(K.FIELD, name="id", field="messages[0].id"),
+        Part(K.TOOL_RESPONSE),
+        Part(K.REASONING),
+        Part(K.TOOL, name="content"),
+    ]
+    for n in range(4):
+        for path in product(parts, repeat=n):
+            assert ex._is_result(SectionPath(path)) == _is_result_as_was(SectionPath(path)), path

@@ -1071,7 +1071,10 @@ def _is_result(path: SectionPath) -> bool:
     last = path.parts[-1]
     if last.kind == K.TOOL_RESPONSE:
         return True
-    return (last.kind == K.MESSAGE or last.name == "content") and path.role in ("tool", "ipython")
+    if last.kind != K.MESSAGE and last.name != "content":
+        return False
+    role = last.name if len(path.parts) == 1 else path.role  # a turn's own part: `role` finds it
+    return role in ("tool", "ipython")
 
 
 def _result_at(p: Prompt, token: int) -> Section | None:
