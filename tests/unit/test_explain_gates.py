@@ -268,3 +268,25 @@ def test_a_tool_result_is_told_as_before():
     for n in range(4):
         for path in product(parts, repeat=n):
             assert ex._is_result(SectionPath(path)) == _is_result_as_was(SectionPath(path)), path
+
+
+def test_a_paths_parts_are_found_as_the_generators_found_them():
+    """`SectionPath.has`, `find` and `role` as plain loops (core/model.py) against the expressions they were."""
+    from itertools import product
+
+    parts = [
+        Part(K.MESSAGE, index=0, name="user"),
+        Part(K.MESSAGE, index=1, name=None),
+        Part(K.BOILERPLATE, name="tool"),
+        Part(K.FIELD, name="content", field="messages[0].content"),
+        Part(K.TOOL_RESPONSE),
+        Part(K.REASONING),
+    ]
+    asks = [(K.MESSAGE,), (K.MESSAGE, K.BOILERPLATE), (K.TOOL_RESPONSE, K.FIELD), ()]
+    for n in range(4):
+        for path in map(SectionPath, product(parts, repeat=n)):
+            turn = next((p for p in reversed(path.parts) if p.kind in (K.MESSAGE, K.BOILERPLATE)), None)
+            assert path.role == (turn.name if turn else None)
+            for kinds in asks:
+                assert path.has(*kinds) == any(p.kind in kinds for p in path.parts)
+                assert path.find(*kinds) is next((p for p in reversed(path.parts) if p.kind in kinds), None)
