@@ -409,6 +409,8 @@ _PATTERN_PIECES = (
     " f00d4",
     " Thursday,",
     "Jan 5, 2026",
+    *"Mar May Apr Jun Jul Aug Oct Nov Dec Fri Sat Sun Sunny Friend Monitor Tues Thurs Wednesday Saturday".split(),
+    *"Ja Ma Tu Th DEADBEEF 0123ABCD- 0123abc- ---- S J".split(),
 )
 _PATTERN_TEXT = st.lists(st.sampled_from(_PATTERN_PIECES), max_size=60).map("".join)
 

@@ -40,25 +40,47 @@ class Ctx:
     what most detectors read). A plain class: a dataclass costs ~0.6 ms to create at import, in every
     `tokendiff diff`."""
 
-    __slots__ = ("a", "b", "d", "h", "i", "_wins", "_lens")
+    __slots__ = ("a", "b", "d", "h", "i", "_wins", "_lens", "_a_text", "_b_text", "_a_str", "_b_str")
 
     def __init__(self, a: Prompt, b: Prompt, d: Divergence, h: Hunk, i: int):
         self.a, self.b, self.d, self.h, self.i = a, b, d, h, i
         self._wins: dict[tuple[str, int], tuple[str, int]] = {}
         self._lens: tuple[int, int] | None = None
+        self._a_text: bytes | None = None
+        self._b_text: bytes | None = None
+        self._a_str: str | None = None
+        self._b_str: str | None = None
 
     @property
     def a_text(self) -> bytes:
-        return self.a.data[self.h.a_byte_start : self.h.a_byte_end]
+        """A's side of the hunk, cut once (a dozen detectors read it; a long hunk's copy is not free)."""
+        if self._a_text is None:
+            self._a_text = self.a.data[self.h.a_byte_start : self.h.a_byte_end]
+        return self._a_text
 
     @property
     def b_text(self) -> bytes:
-        return self.b.data[self.h.b_byte_start : self.h.b_byte_end]
+        if self._b_text is None:
+            self._b_text = self.b.data[self.h.b_byte_start : self.h.b_byte_end]
+        return self._b_text
+
+    @property
+    def a_str(self) -> str:
+        """A's side of the hunk decoded (invalid bytes as U+FFFD), once: half the detectors read it."""
+        if self._a_str is None:
+            self._a_str = self.a_text.decode("utf-8", "replace")
+        return self._a_str
+
+    @property
+    def b_str(self) -> str:
+        if self._b_str is None:
+            self._b_str = self.b_text.decode("utf-8", "replace")
+        return self._b_str
 
     def text_lengths(self) -> tuple[int, int]:
         """Characters of A's and B's side of the hunk, decoded."""
         if self._lens is None:
-            self._lens = (len(self.a_text.decode("utf-8", "replace")), len(self.b_text.decode("utf-8", "replace")))
+            self._lens = (len(self.a_str), len(self.b_str))
         return self._lens
 
     def a_win(self, pad: int = PAD) -> tuple[str, int]:
@@ -185,16 +207,18 @@ def covers(rx: re.Pattern[str], win: str, at: int, length: int) -> str | None:
 
 
 def _changed(ctx: Ctx, rx: re.Pattern[str]) -> tuple[str, str] | None:
+    """The matches of rx over the change on both sides, where they differ. Both must be found, so the shorter
+    side is looked at first: one without a match settles it, and a long side (a compacted history) is
+    scanned only where the short one holds a match."""
     la, lb = ctx.text_lengths()
-    wa, ia = ctx.a_win()
-    ma = covers(rx, wa, ia, la)
-    if not ma:
+    first, second = (("a", la), ("b", lb)) if la <= lb else (("b", lb), ("a", la))
+    m1 = covers(rx, *ctx._win(first[0], PAD), first[1])
+    if not m1:
         return None
-    wb, ib = ctx.b_win()
-    mb = covers(rx, wb, ib, lb)
-    if mb and ma != mb:
-        return ma, mb
-    return None
+    m2 = covers(rx, *ctx._win(second[0], PAD), second[1])
+    if not m2 or m1 == m2:
+        return None
+    return (m1, m2) if first[0] == "a" else (m2, m1)
 
 
 # ---------------------------------------------------------------- detectors
@@ -227,13 +251,28 @@ class _Index:
     when first asked for: the turns (top-level sections), where tool responses start, the first generated
     section. Every detector scanned all sections for these, for every hunk: much of a small pair's explain."""
 
-    __slots__ = ("sections", "_tops", "_response_starts", "_generated")
+    __slots__ = (
+        "sections",
+        "_tops",
+        "_response_starts",
+        "_generated",
+        "_results",
+        "_id_positions",
+        "_systems",
+        "_first",
+        "_starts",
+    )
 
     def __init__(self, sections: list[Section]):
         self.sections = sections
         self._tops: list[Section] | None = None
         self._response_starts: list[int] | None = None
         self._generated: tuple[Section | None] | None = None
+        self._results: list[Section] | None = None
+        self._id_positions: bool | None = None
+        self._systems: bool | None = None
+        self._first: dict[K, Section | None] = {}
+        self._starts: tuple[list[int] | None] | None = None
 
     @property
     def tops(self) -> list[Section]:
@@ -252,6 +291,48 @@ class _Index:
         if self._generated is None:
             self._generated = (next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None),)
         return self._generated[0]
+
+    def turn_at(self, token: int) -> Section | None:
+        """The first top-level section holding `token`. Where the tops are in order and none overlaps the next
+        (a template's turns), only the last one starting at or before `token` can hold it: found by bisection;
+        else by a scan."""
+        if self._starts is None:
+            tops = self.tops
+            ordered = all(x.start <= y.start and x.end <= y.start for x, y in zip(tops, tops[1:], strict=False))
+            self._starts = ([s.start for s in tops] if ordered else None,)
+        starts = self._starts[0]
+        if starts is None:
+            return next((s for s in self.tops if s.start <= token < s.end), None)
+        k = bisect.bisect_right(starts, token) - 1
+        return self.tops[k] if k >= 0 and token < self.tops[k].end else None
+
+    def first_top(self, kind: K) -> Section | None:
+        """The first top-level section of `kind`."""
+        if kind not in self._first:
+            self._first[kind] = next((s for s in self.tops if s.path.parts[0].kind == kind), None)
+        return self._first[kind]
+
+    @property
+    def results(self) -> list[Section]:
+        """The tool-result sections (`_is_result`), in the sections' order."""
+        if self._results is None:
+            self._results = [s for s in self.sections if _is_result(s.path)]
+        return self._results
+
+    @property
+    def id_positions(self) -> bool:
+        """Some section is a tool-call ID position (`_id_position`): `Prompt.owner` finds no other path but
+        the empty one and END_OF_PROMPT, neither of them an ID position."""
+        if self._id_positions is None:
+            self._id_positions = any(p.kind == K.FIELD and p.name in ID_FIELDS for s in self.sections for p in s.path)
+        return self._id_positions
+
+    @property
+    def systems(self) -> bool:
+        """Some turn (top-level section) is a system turn."""
+        if self._systems is None:
+            self._systems = any(_is_system(s.path) for s in self.tops)
+        return self._systems
 
 
 def _index(p: Prompt) -> _Index:
@@ -354,7 +435,7 @@ def detect_double_bos(ctx: Ctx) -> Finding | None:
 
 def _top(p: Prompt, kind: K) -> Section | None:
     """The top-level section of `kind` (a turn-level section such as the generation prompt)."""
-    return next((s for s in _index(p).tops if s.path.parts[0].kind == kind), None)
+    return _index(p).first_top(kind)
 
 
 def _last_turn_start(p: Prompt, end: int) -> int:
@@ -447,11 +528,11 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
 def detect_reasoning(ctx: Ctx) -> Finding | None:
     """reasoning_stripped and reasoning_dropped_by_client: reasoning kept in A, gone from B."""
     a_reason = _is_reasoning(ctx.a_path) or b"<think>" in ctx.a_text or b"analysis<|message|>" in ctx.a_text
-    b_reason = _is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_text.decode("utf-8", "replace"))
+    b_reason = _is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_str)
     if not a_reason or b_reason:
         return None
     top = ctx.a_path.top
-    if top and top.kind == K.GENERATION_PROMPT and _prefill_only(ctx.a_text.decode("utf-8", "replace")):
+    if top and top.kind == K.GENERATION_PROMPT and _prefill_only(ctx.a_str):
         return None  # an empty think block prefilled on the generation prompt: not reasoning
     near_b = ctx.b.data[max(0, ctx.h.b_byte_start - 16) : ctx.h.b_byte_end + 40]
     empty_b = re.search(rb"<think>\s*</think>", near_b) is not None
@@ -613,8 +694,8 @@ def detect_nonce(ctx: Ctx) -> Finding | None:
     ch = _changed(ctx, UUID_RE) or _changed(ctx, HEX_RE)
     wa, _ = ctx.a_win()
     if not ch:  # an identifier-like change next to a nonce key
-        a = ctx.a_text.decode("utf-8", "replace")
-        b = ctx.b_text.decode("utf-8", "replace")
+        a = ctx.a_str
+        b = ctx.b_str
         if not (a and b and re.fullmatch(r"[0-9A-Za-z_\-]{3,}", a) and re.fullmatch(r"[0-9A-Za-z_\-]{3,}", b)):
             return None
         if not NONCE_KEY_RE.search(wa):
@@ -655,17 +736,26 @@ def _section_text(p: Prompt, path: SectionPath, byte: int) -> str:
     return p.data[s.byte_start : s.byte_end].decode("utf-8", "replace") if s else ""
 
 
+def _may_hold_id(ctx: Ctx) -> bool:
+    """An ID position may be among the paths `detect_call_id` reads: the hunk's owners, and the owners at the
+    first differing byte (a section's path, NO_SECTION or END_OF_PROMPT, the last two none)."""
+    ids = _index(ctx.a).id_positions or _index(ctx.b).id_positions
+    return ids or _id_position(ctx.a_path) or _id_position(ctx.b_path)
+
+
 def detect_call_id(ctx: Ctx) -> Finding | None:
     """tool_call_id: tool-call IDs regenerated. Decided from where the span sits (an ID position of
     the section path), never from the string's shape: a 9-letter word is not an ID."""
+    if not _may_hold_id(ctx):
+        return None
     pa, pb = _paths_at_first_byte(ctx)
     path_a = next((x for x in (pa, ctx.a_path) if _id_position(x)), None)
     path_b = next((x for x in (pb, ctx.b_path) if _id_position(x)), None)
     path = path_a or path_b
     if path is None:
         return None
-    a = (_section_text(ctx.a, path_a, ctx.h.a_byte_start) if path_a else "") or ctx.a_text.decode("utf-8", "replace")
-    b = (_section_text(ctx.b, path_b, ctx.h.b_byte_start) if path_b else "") or ctx.b_text.decode("utf-8", "replace")
+    a = (_section_text(ctx.a, path_a, ctx.h.a_byte_start) if path_a else "") or ctx.a_str
+    b = (_section_text(ctx.b, path_b, ctx.h.b_byte_start) if path_b else "") or ctx.b_str
     return finding(C.TOOL_CALL_ID, ctx.i, f"{a!r} -> {b!r} in {_where(path)}")
 
 
@@ -762,18 +852,45 @@ def text_probe(p: Prompt, start: int, end: int) -> bytes:
     looked for elsewhere (24 bytes): without a role line, up to 200 bytes, punctuation and spaces at its
     ends taken off."""
     end = min(end, start + PROBE_TOKENS)
+    base, flags = start, _flag_bytes(p.special, start, end)
     while start < end:
-        while start < end and p.special[start]:
-            start += 1
-        stop = start
-        while stop < end and not p.special[stop]:
-            stop += 1
-        text = MARKER_RE.split(p.data[p.byte_offset(start) : p.byte_offset(stop)])[0]
-        text = re.sub(rb"^\W+", b"", ROLE_LINE_RE.sub(b"", text)).strip()[:200]
+        start = _run_end(p.special, flags, base, start, end, True)
+        stop = _run_end(p.special, flags, base, start, end, False)
+        chunk = p.data[p.byte_offset(start) : p.byte_offset(stop)]
+        marker = MARKER_RE.search(chunk)  # the text before the first marker: `MARKER_RE.split(chunk)[0]`
+        text = chunk[: marker.start()] if marker else chunk
+        text = _LEADING_NON_WORD.sub(b"", ROLE_LINE_RE.sub(b"", text)).strip()[:200]
         if len(text) >= 24:
             return text
         start = stop
     return b""
+
+
+_LEADING_NON_WORD = re.compile(rb"^\W+")
+_TO_01 = bytes([0] + [1] * 255)  # bytes.translate table: any flag set -> 1
+
+
+def _flag_bytes(special: Any, start: int, end: int) -> bytes | None:
+    """The special flags of tokens [start, end) as one byte each, 0 or 1, where the array holds one byte a token
+    (the decoders' arrays; None for another, read a token at a time)."""
+    try:
+        view = memoryview(special)
+    except TypeError:
+        return None
+    if view.ndim != 1 or view.itemsize != 1:
+        return None
+    return view[start:end].tobytes().translate(_TO_01)
+
+
+def _run_end(special: Any, flags: bytes | None, base: int, start: int, end: int, flag: bool) -> int:
+    """The first token from `start` (before `end`) whose special flag is not `flag`, else `end`; `flags` the
+    flags of tokens [base, end) (`_flag_bytes`), searched by bytes.find."""
+    if flags is None:
+        while start < end and bool(special[start]) == flag:
+            start += 1
+        return min(start, end)
+    at = flags.find(b"\0" if flag else b"\1", start - base)
+    return end if at < 0 else base + at
 
 
 def _placement(a: Prompt, b: Prompt, at_b: int) -> str:
@@ -829,7 +946,7 @@ def detect_moved(ctx: Ctx) -> Finding | None:
 
 def _turn_at(p: Prompt, token: int) -> Section | None:
     """The top-level section (a turn) holding `token`."""
-    return next((s for s in _index(p).tops if s.start <= token < s.end), None)
+    return _index(p).turn_at(token)
 
 
 def _content_text(content: object) -> str:
@@ -869,6 +986,8 @@ def _merge_story(ctx: Ctx, added: str) -> tuple[str, Origin]:
 def detect_system_appended(ctx: Ctx) -> Finding | None:
     """system_appended: text inserted at the end of the system prompt (a reminder or a plan-mode note
     folded into the first system block); system_moved when A had the text later."""
+    if not (_index(ctx.a).systems and _index(ctx.b).systems):
+        return None  # the turns at the hunk are among the tops, and neither can be a system turn
     ta, tb = _turn_at(ctx.a, ctx.h.a_start), _turn_at(ctx.b, ctx.h.b_start)
     if ta is None or tb is None or not (_is_system(ta.path) and _is_system(tb.path)):
         return None
@@ -877,8 +996,8 @@ def detect_system_appended(ctx: Ctx) -> Finding | None:
     grown = len(ctx.b_text) - len(ctx.a_text)
     if ctx.h.b_byte_end > tb.byte_end or tail_a != tail_b or len(tail_a) > 32 or grown < 16:
         return None
-    added = ctx.b_text.decode("utf-8", "replace")
-    head = ctx.a_text.decode("utf-8", "replace").rstrip()
+    added = ctx.b_str
+    head = ctx.a_str.rstrip()
     added = added[len(head) :] if added.startswith(head) else added
     probe = re.sub(r"^\W+", "", added).strip()[:200].encode()
     if len(probe) >= 8 and ctx.a.data.find(probe, ctx.h.a_byte_end) >= 0:
@@ -895,7 +1014,7 @@ def detect_system_appended(ctx: Ctx) -> Finding | None:
 
 def _removed(ctx: Ctx) -> str:
     """A's text of the hunk less what B's side shares with it at either end."""
-    a, b = ctx.a_text.decode("utf-8", "replace"), ctx.b_text.decode("utf-8", "replace")
+    a, b = ctx.a_str, ctx.b_str
     i = shared_prefix(a, b)
     j = shared_suffix(a[i:], b[i:])
     return a[i : len(a) - j]
@@ -903,8 +1022,8 @@ def _removed(ctx: Ctx) -> str:
 
 def _kept_tail(ctx: Ctx) -> str:
     """A's text after an insertion up to the end of its turn (the next special token)."""
-    stop = min(len(ctx.a), ctx.h.a_end + 512)
-    end = next((i for i in range(ctx.h.a_end, stop) if ctx.a.special[i]), stop)
+    start, stop = ctx.h.a_end, min(len(ctx.a), ctx.h.a_end + 512)
+    end = _run_end(ctx.a.special, _flag_bytes(ctx.a.special, start, stop), start, start, stop, False)
     return ctx.a.data[ctx.h.a_byte_end : ctx.a.byte_offset(end)].decode("utf-8", "replace").strip()
 
 
@@ -946,17 +1065,21 @@ TRUNC_NOTE_RE = Lazy(r"truncat|omitted|elided|\.\.\.|…|\bmore (?:lines|chars|c
 
 
 def _is_result(path: SectionPath) -> bool:
-    last = path[-1] if path else None
-    if last is None:
+    """A tool response, or a tool-role turn's text (its role looked up last: the index asks of every section)."""
+    if not path.parts:
         return False
+    last = path.parts[-1]
     if last.kind == K.TOOL_RESPONSE:
         return True
-    return path.role in ("tool", "ipython") and (last.kind == K.MESSAGE or last.name == "content")
+    if last.kind != K.MESSAGE and last.name != "content":
+        return False
+    role = last.name if len(path.parts) == 1 else path.role  # a turn's own part: `role` finds it
+    return role in ("tool", "ipython")
 
 
 def _result_at(p: Prompt, token: int) -> Section | None:
     """The innermost tool-result section holding `token`."""
-    found = [s for s in p.sections if s.start <= token < s.end and _is_result(s.path)]
+    found = [s for s in _index(p).results if s.start <= token < s.end]
     return max(found, key=lambda s: len(s.path), default=None)
 
 
@@ -1051,8 +1174,13 @@ def detect_setting(ctx: Ctx) -> Finding | None:
     """setting_changed: a setting rendered into the prompt changed (gpt-oss `Reasoning: high`, a
     Qwen3 /think or /no_think switch, a mode line in the system prompt)."""
     la, lb = _line_at(ctx.a, ctx.h.a_byte_start), _line_at(ctx.b, ctx.h.b_byte_start)
-    ma, mb = SETTING_LINE_RE.search(la), SETTING_LINE_RE.search(lb)
-    sa, sb = THINK_SWITCH_RE.findall(la), THINK_SWITCH_RE.findall(lb)
+    # each pattern searched only where its match can be: SETTING_LINE_RE's key ends in ':' or '=', and
+    # both lines must hold one; a THINK_SWITCH_RE match holds "think"
+    ma = mb = None
+    if ("=" in la or ":" in la) and ("=" in lb or ":" in lb):
+        ma, mb = SETTING_LINE_RE.search(la), SETTING_LINE_RE.search(lb)
+    sa = THINK_SWITCH_RE.findall(la) if "think" in la else []
+    sb = THINK_SWITCH_RE.findall(lb) if "think" in lb else []
     if ma and mb and ma.group(1).lower() == mb.group(1).lower() and ma.group(2) != mb.group(2):
         what = f"{ma.group(1)} {ma.group(2).strip()} -> {mb.group(2).strip()}"
     elif sa != sb and (sa or sb):
@@ -1096,8 +1224,8 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
 
 def detect_rewritten(ctx: Ctx) -> Finding | None:
     """history_rewritten: an old message rewritten in place (pruned, compacted)."""
-    a_txt = ctx.a_text.decode("utf-8", "replace")
-    b_txt = ctx.b_text.decode("utf-8", "replace")
+    a_txt = ctx.a_str
+    b_txt = ctx.b_str
     placeholder = PLACEHOLDER_RE.search(b_txt)
     top = ctx.a_path.top
     in_message = top is not None and top.kind == K.MESSAGE

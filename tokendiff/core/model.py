@@ -166,11 +166,17 @@ class SectionPath:
         return tuple(p.kind for p in self.parts)
 
     def has(self, *kinds: SectionKind) -> bool:
-        return any(p.kind in kinds for p in self.parts)
+        for p in self.parts:  # noqa: SIM110 - a loop, not any() of a generator: asked for every hunk by every detector
+            if p.kind in kinds:
+                return True
+        return False
 
     def find(self, *kinds: SectionKind) -> Part | None:
         """The innermost part of one of `kinds`."""
-        return next((p for p in reversed(self.parts) if p.kind in kinds), None)
+        for p in reversed(self.parts):
+            if p.kind in kinds:
+                return p
+        return None
 
     @property
     def top(self) -> Part | None:
@@ -184,8 +190,10 @@ class SectionPath:
     @property
     def role(self) -> str | None:
         """The role of the turn holding this place (None outside turns)."""
-        turn = self.find(_K.MESSAGE, _K.BOILERPLATE)
-        return turn.name if turn else None
+        for p in reversed(self.parts):  # `find(MESSAGE, BOILERPLATE)`'s name, without building its arguments
+            if p.kind == _K.MESSAGE or p.kind == _K.BOILERPLATE:
+                return p.name
+        return None
 
     @property
     def message_index(self) -> int | None:

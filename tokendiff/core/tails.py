@@ -640,8 +640,8 @@ def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
     d = Divergence(n_a, n_b, lcp, None, hunks)
     for i, h in enumerate(hunks):
         ctx = Ctx(pa, pb, d, h, i)
-        for det in _MAY_FIND[i]:
-            if not (det in _SILENT_IF and _silent(det, ctx)) and det(ctx) is not None:
+        for det, silent in _CHECKS[i]:
+            if not silent(ctx) and det(ctx) is not None:
                 return False
     if PLACEHOLDER_RE.search(pb.data[hunks[1].b_byte_start :].decode("utf-8", "replace")):
         return False
@@ -675,30 +675,58 @@ def _silent(det: Callable[[Ctx], Any], ctx: Ctx) -> bool:
     - setting: `_setting_silent`."""
     if det is detect_bpe_boundary or det is detect_double_bos:
         return True
-    h = ctx.h
-    if det is detect_counter:
-        return ctx.i == 1 or len(ctx.a_text.strip()) > 16
-    if det is detect_nonce:
-        return ctx.i == 1 or not (_b_covers(ctx, UUID_RE) or _b_covers(ctx, HEX_RE))
-    if det is detect_date:
-        return not _b_covers(ctx, DATE_RE) if ctx.i == 0 else ctx.text_lengths()[1] > MAX_INSERTED
-    if det is detect_line_endings:
-        text = ctx.a_text or ctx.b_text
-        return len(text) >= 2 and b"\r" not in text
-    if det is detect_unicode_form:
-        a, b = ctx.a.data, ctx.b.data
-        ea = a[max(0, h.a_byte_start - EDGE) : h.a_byte_end + EDGE]
-        return ea.isascii() and b[max(0, h.b_byte_start - EDGE) : h.b_byte_end + EDGE].isascii()
-    if det is detect_json_reserialized:
-        a, b = ctx.a.data, ctx.b.data
-        return a.rfind(b"{", max(0, h.a_byte_start - JSON_REACH), h.a_byte_start) < 0 or (
-            b.rfind(b"{", max(0, h.b_byte_start - JSON_REACH), h.b_byte_start) < 0
-        )
-    if det is detect_whitespace:
-        return bool((ctx.a_text or ctx.b_text).strip())
-    if det is detect_setting:
-        return _setting_silent(ctx.a.data, h.a_byte_start, ctx.b.data, h.b_byte_start)
-    return False
+    check = _SILENCE.get(det)
+    return check is not None and check(ctx)
+
+
+def _counter_silent(ctx: Ctx) -> bool:
+    return ctx.i == 1 or len(ctx.a_text.strip()) > 16
+
+
+def _nonce_silent(ctx: Ctx) -> bool:
+    return ctx.i == 1 or not (_b_covers(ctx, UUID_RE) or _b_covers(ctx, HEX_RE))
+
+
+def _date_silent(ctx: Ctx) -> bool:
+    return not _b_covers(ctx, DATE_RE) if ctx.i == 0 else ctx.text_lengths()[1] > MAX_INSERTED
+
+
+def _line_endings_silent(ctx: Ctx) -> bool:
+    text = ctx.a_text or ctx.b_text
+    return len(text) >= 2 and b"\r" not in text
+
+
+def _unicode_form_silent(ctx: Ctx) -> bool:
+    h, a, b = ctx.h, ctx.a.data, ctx.b.data
+    ea = a[max(0, h.a_byte_start - EDGE) : h.a_byte_end + EDGE]
+    return ea.isascii() and b[max(0, h.b_byte_start - EDGE) : h.b_byte_end + EDGE].isascii()
+
+
+def _json_silent(ctx: Ctx) -> bool:
+    h, a, b = ctx.h, ctx.a.data, ctx.b.data
+    return a.rfind(b"{", max(0, h.a_byte_start - JSON_REACH), h.a_byte_start) < 0 or (
+        b.rfind(b"{", max(0, h.b_byte_start - JSON_REACH), h.b_byte_start) < 0
+    )
+
+
+def _whitespace_silent(ctx: Ctx) -> bool:
+    return bool((ctx.a_text or ctx.b_text).strip())
+
+
+def _setting_silent_at(ctx: Ctx) -> bool:
+    return _setting_silent(ctx.a.data, ctx.h.a_byte_start, ctx.b.data, ctx.h.b_byte_start)
+
+
+_SILENCE: dict[Callable[[Ctx], Any], Callable[[Ctx], bool]] = {
+    detect_counter: _counter_silent,
+    detect_nonce: _nonce_silent,
+    detect_date: _date_silent,
+    detect_line_endings: _line_endings_silent,
+    detect_unicode_form: _unicode_form_silent,
+    detect_json_reserialized: _json_silent,
+    detect_whitespace: _whitespace_silent,
+    detect_setting: _setting_silent_at,
+}  # `_silent`'s argument for each detector it reads the hunk for, called directly by `_quiet`
 
 
 _NEVER = (
@@ -706,16 +734,7 @@ _NEVER = (
     {detect_bpe_boundary, detect_double_bos, detect_nonce, detect_counter},
 )
 _MAY_FIND = tuple(tuple(d for d in _TEXT_DETECTORS if d not in never) for never in _NEVER)  # `_silent` on hunk i
-_SILENT_IF = {
-    detect_counter,
-    detect_whitespace,
-    detect_setting,
-    detect_date,
-    detect_nonce,
-    detect_line_endings,
-    detect_unicode_form,
-    detect_json_reserialized,
-}  # where `_silent` reads the hunk
+_CHECKS = tuple(tuple((d, _SILENCE[d]) for d in may) for may in _MAY_FIND)  # each hunk's, all in `_SILENCE`
 JSON_REACH = 65536  # how far back explain._enclosing_json looks for a '{' (its `limit`)
 
 
