@@ -5,7 +5,7 @@ is the one read from B."""
 import numpy as np
 
 from tokendiff.core import align
-from tokendiff.core.tails import LINE_REACH, Tails, _edit_sizes, _edit_tail_spans
+from tokendiff.core.tails import LINE_REACH, Tails, _edit_hashes, _edit_sizes, _edit_tail_spans
 from tokendiff.sources.tokenizers import load_vocab
 
 
@@ -54,6 +54,24 @@ def test_edit_tail_spans_are_diff_spans():
                 full = align.diff_spans(a, b, len(a)) if full is None else full
                 assert spans == full, (size, spans, full)
     assert answered > 1000, answered
+
+
+def test_edit_hashes_are_both_sides_hashed_whole():
+    """`_edit_hashes` (M hashed once) gives the arrays hashing A1 and B1 whole gives: edits of 0 to 9 tokens a
+    side, M from KGRAM tokens up, N empty or not, values from a few IDs (repeats) to 2**31."""
+    rng = np.random.default_rng(7)
+    for _ in range(3000):
+        hi = int(rng.choice([2, 5, 150_000, 2**31 - 1]))
+        ra, rb, nn = (int(x) for x in rng.integers(0, 10, 3))
+        m = int(rng.choice([align.KGRAM, align.KGRAM + 1, int(rng.integers(align.KGRAM, 400))]))
+        mid = rng.integers(0, hi, m)
+        a1 = np.concatenate([rng.integers(0, hi, ra), mid]).astype(np.int64)
+        b1 = np.concatenate([rng.integers(0, hi, rb), mid, rng.integers(0, hi, nn if rng.random() < 0.7 else 0)])
+        b1 = b1.astype(np.int64)
+        ha, hb = _edit_hashes(a1, b1, ra, rb, m)
+        assert np.array_equal(ha, align._np_kgram_hashes(np, a1, align.KGRAM))
+        assert np.array_equal(hb, align._np_kgram_hashes(np, b1, align.KGRAM))
+        assert hb.dtype == np.uint64
 
 
 def _opening_read(vocab, ids: np.ndarray) -> bytes | None:  # type: ignore[no-untyped-def]

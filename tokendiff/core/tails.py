@@ -1014,8 +1014,7 @@ def _edit_tail_spans(a: np.ndarray, b: np.ndarray, d: int, ra: int, rb: int) -> 
     n1, m1 = n_a - s - d, n_b - s - d  # A1's and B1's lengths
     if n1 <= SMALL and m1 <= SMALL and n1 * m1 <= DIRECT:
         return None  # difflib's whole box, not the anchors
-    ha = _np_kgram_hashes(np, a[d : n_a - s].astype(np.int64), KGRAM)
-    hb = _np_kgram_hashes(np, b[d : n_b - s].astype(np.int64), KGRAM)
+    ha, hb = _edit_hashes(a[d : n_a - s].astype(np.int64), b[d : n_b - s].astype(np.int64), ra, rb, m)
 
     def anchor(i: int) -> bool:
         h = ha[i]
@@ -1030,6 +1029,18 @@ def _edit_tail_spans(a: np.ndarray, b: np.ndarray, d: int, ra: int, rb: int) -> 
     if n_b - s > n_a - s - ra + rb:
         out.append((n_a - s, n_a - s, n_a - s - ra + rb, n_b - s))  # N inserted after M
     return _merge(_slide_insertions(seqs, _merge(out), n_a))
+
+
+def _edit_hashes(a1: np.ndarray, b1: np.ndarray, ra: int, rb: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_np_kgram_hashes` of A1 = Ea + M and of B1 = Eb + M + N (len(Ea) = ra, len(Eb) = rb, len(M) = m >= KGRAM,
+    M checked equal on both sides), M hashed once: a k-gram's hash is a function of its k values alone, so
+    B1's k-grams within M (starting at rb to rb + m - KGRAM) have A1's hashes of the same k-grams (starting at
+    ra); only those that overlap Eb or N are hashed apart. The same arrays as hashing both whole sides
+    (tests/unit/test_tail_shortcuts.py holds them equal)."""
+    ha = _np_kgram_hashes(np, a1, KGRAM)
+    head = _np_kgram_hashes(np, b1[: rb + KGRAM - 1], KGRAM)  # the rb k-grams that start in Eb
+    tail = _np_kgram_hashes(np, b1[rb + m - KGRAM + 1 :], KGRAM)  # the len(N) k-grams that end in N
+    return ha, np.concatenate((head, ha[ra:], tail))
 
 
 def _edit_prompts(
