@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prompts import prompt_from_ids, qwen_encode, spell
 
+from tokendiff.core import align as align_module
 from tokendiff.core.align import align, common_prefix, diff_spans
 
 
@@ -121,3 +122,18 @@ def test_an_insertion_that_repeats_what_follows_it_is_placed_last():
     a, b = [5, *head, *tail], [6, *head, *tail, 7, *tail]  # a change, then B's new turn repeating A's tail
     assert diff_spans(a, b) == [(0, 1, 0, 1), (61, 61, 61, 92)]
     assert diff_spans(a, b, a_stop=41) == [(0, 1, 0, 1), (41, 41, 41, 72)]
+
+
+def test_kgram_hashes_are_the_polynomial_of_the_ids_plus_one() -> None:
+    """The numpy k-gram hash (the anchors' and the edit form's) is sum((id + 1) * M**(k-1-j)) mod 2**64,
+    computed here with Python ints; its one conversion of the IDs must give the same values."""
+    rng = np.random.default_rng(7)
+    k, mult = align_module.KGRAM, 0x9E3779B97F4A7C15
+    for n in (k, k + 1, 50, 300):
+        for high in (3, 150_000, 2**31 - 1):
+            ids = rng.integers(0, high, n).astype(np.int64)
+            want = [
+                sum((int(ids[i + j]) + 1) * pow(mult, k - 1 - j, 2**64) for j in range(k)) % 2**64
+                for i in range(n - k + 1)
+            ]
+            assert align_module._np_kgram_hashes(np, ids, k).tolist() == want

@@ -452,8 +452,9 @@ def _np_kgram_hashes(np: Any, x: Any, k: int) -> Any:
     h = np.zeros(n, dtype=np.uint64)
     mult = np.uint64(0x9E3779B97F4A7C15)
     with np.errstate(over="ignore"):
+        v = x.astype(np.uint64) + np.uint64(1)  # once, not once a pass: the same values
         for j in range(k):
-            h = h * mult + (x[j : j + n].astype(np.uint64) + np.uint64(1))
+            h = h * mult + v[j : j + n]
     return h
 
 
