@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import re
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 
 import numpy as np
 import pytest
@@ -35,8 +35,49 @@ class _OldMarks:
             return list(hits)
         return [(m.start(), m.end()) for m in re.finditer(re.escape(raw), self.data)]
 
+    def starts(self, text: str) -> list[int]:  # what the splitters read now, as the old splitters made it
+        return [s for s, _ in self.find(text)]
+
+    def ends(self, text: str) -> list[int]:
+        return [e for _, e in self.find(text)]
+
+
+def _old_split_generic(marks, start_marker, end_markers, role_end):  # type: ignore[no-untyped-def]
+    data = marks.data
+    starts = [s for s, _ in marks.find(start_marker)]
+    ends = sorted(e for m in end_markers for _, e in marks.find(m))
+    skip = len(start_marker.encode())
+    enders = [m.encode() for m in end_markers]
+    turns = []
+    for k, s in enumerate(starts):
+        limit = starts[k + 1] if k + 1 < len(starts) else len(data)
+        role, cstart = role_end(data, s + skip)
+        cstart = min(cstart, limit)
+        j = bisect_left(ends, cstart)
+        close = ends[j] if j < len(ends) and ends[j] <= limit else None
+        if close is not None:
+            marker_len = (
+                len(enders[0])
+                if len(enders) == 1
+                else next(len(m) for m in enders if data[close - len(m) : close] == m)
+            )
+            content_end = close - marker_len
+        else:
+            content_end = limit
+        turns.append(grammar._Turn(role, s, limit, cstart, content_end, close is not None))
+    return turns
+
 
 def _old_sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) -> tuple[str, list[Section]]:
+    new_split = grammar._split_generic
+    grammar._split_generic = _old_split_generic  # what the family splitters call
+    try:
+        return _old_sections(prompt, family, inner)
+    finally:
+        grammar._split_generic = new_split
+
+
+def _old_sections(prompt: Prompt, family: str | None, inner: bool) -> tuple[str, list[Section]]:
     marks = _OldMarks(prompt)
     fam = family or (grammar.family_of_specials(marks.specials.keys()) or grammar._family_of_text(marks.data))
     if fam not in grammar._SPLITTERS:
@@ -158,13 +199,15 @@ def _tokenise(text: str, markers: set[str], rng: random.Random) -> list[tuple[by
     pattern = "(" + "|".join(map(re.escape, sorted(markers, key=len, reverse=True))) + ")" if markers else None
     for k, part in enumerate(re.split(pattern, text) if pattern else [text]):
         if k % 2:
+            if rng.random() < 0.05:  # an empty special token before a marker
+                out.append((b"", True))
             out.append((part.encode(), True))
             continue
         raw = part.encode()
         i = 0
         while i < len(raw):
             j = i + rng.choice([0, 1, 2, 3, 5, 8, 40])
-            out.append((raw[i:j], False))
+            out.append((raw[i:j], rng.random() < 0.02 and i == j))  # an empty special token in text
             i = max(i, j)
     return out
 

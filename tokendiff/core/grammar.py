@@ -21,8 +21,8 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
-from itertools import compress, count, repeat
-from operator import attrgetter, gt, itemgetter, le, neg, sub
+from itertools import chain, compress, count, islice, repeat
+from operator import attrgetter, gt, is_, itemgetter, le, lt, neg, sub
 
 from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.lazyre import Lazy
@@ -61,7 +61,7 @@ class _Marks:
     C-level passes (`map` over the flags' indices); a marker's hits are picked from them with `compress`,
     in token order, as a dict of lists built a token at a time would hold them."""
 
-    __slots__ = ("data", "specials", "_starts", "_ends", "_pieces")
+    __slots__ = ("data", "specials", "_starts", "_ends", "_pieces", "first_token", "token_from")
 
     def __init__(self, prompt: Prompt):
         self.data = data = prompt.data
@@ -75,6 +75,14 @@ class _Marks:
         self._starts, self._ends = starts, ends
         self._pieces = pieces = list(map(data.__getitem__, map(slice, starts, ends)))
         self.specials: AbstractSet[bytes] = set(pieces)
+        # Token indices of byte offsets where turns start and end (special tokens' starts), to spare
+        # `_to_sections` a bisect: token t starts at x = offs[t]; with offsets non-decreasing,
+        # - the last token starting at or before x (`bisect_right(offs, x) - 1`) is t where offs[t + 1] > x;
+        # - the first index whose offset is x or more (`bisect_left(offs, x)`) is t where offs[t - 1] < x
+        #   (t = 0 reads offs[-1], the end, never below x: left to the bisect).
+        self.first_token = dict(compress(zip(starts, idx), map(gt, ends, starts)))
+        before = map(get, map(sub, idx, repeat(1)))
+        self.token_from = dict(compress(zip(starts, idx), map(lt, before, starts)))
 
     def find(self, text: str) -> list[tuple[int, int]]:
         """Byte ranges where `text` occurs as a special token (or as text, if it never does)."""
@@ -153,29 +161,26 @@ def _split_generic(
     role_end: Callable[[bytes, int], tuple[str, int]],
 ) -> list[_Turn]:
     data = marks.data
-    starts = [s for s, _ in marks.find(start_marker)]
-    ends = sorted(e for m in end_markers for _, e in marks.find(m))
+    starts = marks.starts(start_marker)
+    ends = sorted(chain.from_iterable(map(marks.ends, end_markers)))
     skip = len(start_marker.encode())
     enders = [m.encode() for m in end_markers]
+    one_len = len(enders[0]) if len(enders) == 1 else 0
+    n_ends = len(ends)
     turns = []
-    for k, s in enumerate(starts):
-        limit = starts[k + 1] if k + 1 < len(starts) else len(data)
+    for s, limit in zip(starts, chain(islice(starts, 1, None), (len(data),))):
         role, cstart = role_end(data, s + skip)
-        cstart = min(cstart, limit)
+        if cstart > limit:
+            cstart = limit
         j = bisect_left(ends, cstart)  # the first end marker in [cstart, limit]
-        close = ends[j] if j < len(ends) and ends[j] <= limit else None
-        if close is not None:
+        if j < n_ends and ends[j] <= limit:
+            close = ends[j]
             # the end marker's bytes are the end of content; what follows up to the
             # next turn (a newline) is boilerplate of this turn
-            marker_len = (
-                len(enders[0])
-                if len(enders) == 1
-                else next(len(m) for m in enders if data[close - len(m) : close] == m)
-            )
-            content_end = close - marker_len
+            marker_len = one_len or next(len(m) for m in enders if data[close - len(m) : close] == m)
+            turns.append(_Turn(role, s, limit, cstart, close - marker_len, True))
         else:
-            content_end = limit
-        turns.append(_Turn(role, s, limit, cstart, content_end, close is not None))
+            turns.append(_Turn(role, s, limit, cstart, limit, False))
     return turns
 
 
@@ -631,20 +636,33 @@ def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) 
                 add_path(sp.path)
                 add_start(sp.start)
                 add_end(sp.end)
-    return fam, _to_sections(prompt, paths, starts, ends)
+    return fam, _to_sections(prompt, marks, paths, starts, ends)
 
 
-def _to_sections(prompt: Prompt, paths: list[SectionPath], starts: list[int], ends: list[int]) -> list[Section]:
-    """The spans as sections: token ranges by bisecting the offsets, empty spans dropped, sorted by (start,
-    -end, depth) and otherwise in the order found. Every step is a C-level `map` over the spans (a Python
-    step per span cost ~2 us of a 48k-token prompt's 314 turns)."""
+def _to_sections(
+    prompt: Prompt, marks: _Marks, paths: list[SectionPath], starts: list[int], ends: list[int]
+) -> list[Section]:
+    """The spans as sections: token ranges by bisecting the offsets (or read from the special tokens a
+    turn starts and ends at), empty spans dropped, sorted by (start, -end, depth) and otherwise in the
+    order found. Every step is a C-level `map` over the spans (a Python step per span cost ~2 us of a
+    48k-token prompt's 314 turns)."""
     if not paths:
         return []
     offs = prompt.offsets
     n = len(prompt)
-    firsts = map(sub, map(bisect_right, repeat(offs), starts), repeat(1))
+    # a span's first token: the last token starting at or before its start (`bisect_right - 1`)
+    firsts = list(map(marks.first_token.get, starts))
+    # its end: the first index whose offset reaches its end (`bisect_right(offs, end - 1)`, for end > start:
+    # offsets are ints); an empty span's is any, it is dropped
+    token_from = marks.token_from
+    token_from.setdefault(len(prompt.data), bisect_left(offs, len(prompt.data)))
+    lasts = list(map(token_from.get, ends))
+    if None in firsts or None in lasts:  # spans inside turns, markers found as text
+        for k in compress(count(), map(is_, firsts, repeat(None))):
+            firsts[k] = bisect_right(offs, starts[k]) - 1
+        for k in compress(count(), map(is_, lasts, repeat(None))):
+            lasts[k] = bisect_right(offs, max(ends[k] - 1, starts[k]))
     a = list(map(max, repeat(0), map(min, firsts, repeat(n))))
-    lasts = map(bisect_right, repeat(offs), map(max, map(sub, ends, repeat(1)), starts))
     b = list(map(max, a, map(min, lasts, repeat(n))))
     # Section(...) is tuple.__new__(Section, fields): made in C
     secs = list(map(tuple.__new__, repeat(Section), zip(paths, a, b, starts, ends)))
