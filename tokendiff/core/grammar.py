@@ -22,7 +22,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from itertools import chain, compress, count, islice, repeat
-from operator import attrgetter, gt, is_, itemgetter, le, lt, neg, sub
+from operator import attrgetter, eq, gt, itemgetter, le, sub
 
 from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.lazyre import Lazy
@@ -81,8 +81,8 @@ class _Marks:
         # - the first index whose offset is x or more (`bisect_left(offs, x)`) is t where offs[t - 1] < x
         #   (t = 0 reads offs[-1], the end, never below x: left to the bisect).
         self.first_token = dict(compress(zip(starts, idx), map(gt, ends, starts)))
-        before = map(get, map(sub, idx, repeat(1)))
-        self.token_from = dict(compress(zip(starts, idx), map(lt, before, starts)))
+        before: Iterator[int] = map(get, map(sub, idx, repeat(1)))
+        self.token_from = dict(compress(zip(starts, idx), map(gt, starts, before)))
 
     def find(self, text: str) -> list[tuple[int, int]]:
         """Byte ranges where `text` occurs as a special token (or as text, if it never does)."""
@@ -651,16 +651,16 @@ def _to_sections(
     offs = prompt.offsets
     n = len(prompt)
     # a span's first token: the last token starting at or before its start (`bisect_right - 1`)
-    firsts = list(map(marks.first_token.get, starts))
+    firsts = list(map(marks.first_token.get, starts, repeat(-1)))  # -1: not a special token's start
     # its end: the first index whose offset reaches its end (`bisect_right(offs, end - 1)`, for end > start:
     # offsets are ints); an empty span's is any, it is dropped
     token_from = marks.token_from
     token_from.setdefault(len(prompt.data), bisect_left(offs, len(prompt.data)))
-    lasts = list(map(token_from.get, ends))
-    if None in firsts or None in lasts:  # spans inside turns, markers found as text
-        for k in compress(count(), map(is_, firsts, repeat(None))):
+    lasts = list(map(token_from.get, ends, repeat(-1)))
+    if -1 in firsts or -1 in lasts:  # spans inside turns, markers found as text
+        for k in compress(count(), map(eq, firsts, repeat(-1))):
             firsts[k] = bisect_right(offs, starts[k]) - 1
-        for k in compress(count(), map(is_, lasts, repeat(None))):
+        for k in compress(count(), map(eq, lasts, repeat(-1))):
             lasts[k] = bisect_right(offs, max(ends[k] - 1, starts[k]))
     a = list(map(max, repeat(0), map(min, firsts, repeat(n))))
     b = list(map(max, a, map(min, lasts, repeat(n))))
@@ -668,9 +668,10 @@ def _to_sections(
     secs = list(map(tuple.__new__, repeat(Section), zip(paths, a, b, starts, ends)))
     if any(map(le, ends, starts)):  # empty spans: none in most prompts
         keep = list(map(gt, ends, starts))
-        secs, a, b, paths = (list(compress(x, keep)) for x in (secs, a, b, paths))
+        secs, paths = list(compress(secs, keep)), list(compress(paths, keep))
+        a, b = list(compress(a, keep)), list(compress(b, keep))
     depth = map(len, map(_PARTS, paths))
-    keyed = sorted(zip(a, map(neg, b), depth, count(), secs))  # count(): equal keys keep their order
+    keyed = sorted(zip(a, map(sub, repeat(0), b), depth, count(), secs))  # count(): equal keys keep their order
     return list(map(_LAST, keyed))
 
 
