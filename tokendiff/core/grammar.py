@@ -541,6 +541,7 @@ def _result_id_spans(data: bytes, cs: int, ce: int, base: SectionPath) -> list[_
 # begin with "<": a turn of theirs with no "<" in its content has no inner spans (a tool result's ID keys are
 # looked for without one, so tool turns are searched whatever they hold).
 _ANGLE_MARKED = frozenset({"chatml", "gemma", "deepseek"})
+_RESULTS = ("tool", "ipython", "tools")
 
 
 def _no_inner(data: bytes, turn: _Turn, family: str) -> bool:
@@ -548,7 +549,7 @@ def _no_inner(data: bytes, turn: _Turn, family: str) -> bool:
     long history are prose."""
     return (
         family in _ANGLE_MARKED
-        and turn.role not in ("tool", "ipython", "tools")
+        and turn.role not in _RESULTS
         and data.find(b"<", turn.content_start, turn.content_end) < 0
     )
 
@@ -617,9 +618,12 @@ def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) 
         add_end(turns[0].start)
     index = 0
     last = len(turns) - 1
+    angle = fam in _ANGLE_MARKED
+    find = data.find
     for i, t in enumerate(turns):
+        role = t.role
         path = _turn_path(t, index, i == last)
-        if t.role != "tools":  # Mistral's tools block is no message
+        if role != "tools":  # Mistral's tools block is no message
             index += 1
         add_path(path)
         add_start(t.start)
@@ -631,11 +635,12 @@ def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) 
             add_path(path)
             add_start(t.content_start)
             add_end(t.end)
-        if inner and not _no_inner(data, t, fam):
-            for sp in _inner_spans(data, t, path, fam):
-                add_path(sp.path)
-                add_start(sp.start)
-                add_end(sp.end)
+        if not inner or (angle and role not in _RESULTS and find(b"<", t.content_start, t.content_end) < 0):
+            continue  # _no_inner, inlined: most turns of a long history
+        for sp in _inner_spans(data, t, path, fam):
+            add_path(sp.path)
+            add_start(sp.start)
+            add_end(sp.end)
     return fam, _to_sections(prompt, marks, paths, starts, ends)
 
 
