@@ -667,8 +667,10 @@ def _to_sections(
             firsts[k] = bisect_right(offs, starts[k]) - 1
         for k in compress(count(), map(eq, lasts, repeat(-1))):
             lasts[k] = bisect_right(offs, max(ends[k] - 1, starts[k]))
-    a = list(map(max, repeat(0), map(min, firsts, repeat(n))))
-    b = list(map(max, a, map(min, lasts, repeat(n))))
+    # the clamps a = max(0, min(first, n)), b = max(a, min(last, n)): no-ops where every value is in range,
+    # as it is where offsets start at 0 and spans lie in the data (min/max build an argument tuple a call)
+    a = firsts if min(firsts) >= 0 and max(firsts) <= n else list(map(max, repeat(0), map(min, firsts, repeat(n))))
+    b = lasts if max(lasts) <= n and all(map(le, a, lasts)) else list(map(max, a, map(min, lasts, repeat(n))))
     # Section(...) is tuple.__new__(Section, fields): made in C
     secs = list(map(tuple.__new__, repeat(Section), zip(paths, a, b, starts, ends)))
     if any(map(le, ends, starts)):  # empty spans: none in most prompts
