@@ -578,17 +578,11 @@ def _inner_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> li
 # ---------------------------------------------------------------- assembling
 
 
-def _turn_path(turn: _Turn, index: int, last: bool) -> SectionPath:
-    if turn.role == "tools":
-        return _TOOLS_PATH
-    if last and not turn.closed and turn.role.startswith("assistant"):
-        return _GENERATION_PATH
-    key = (index, turn.role)
-    path = _MESSAGE_PATHS.get(key)
-    if path is None:  # made once: the same turns recur in every prompt of a session
-        if len(_MESSAGE_PATHS) >= 4096:
-            _MESSAGE_PATHS.clear()
-        path = _MESSAGE_PATHS[key] = SectionPath.of(Part(K.MESSAGE, index, turn.role))
+def _message_path(index: int, role: str) -> SectionPath:
+    """A message turn's path, made once: the same turns recur in every prompt of a session."""
+    if len(_MESSAGE_PATHS) >= 4096:
+        _MESSAGE_PATHS.clear()
+    path = _MESSAGE_PATHS[(index, role)] = SectionPath.of(Part(K.MESSAGE, index, role))
     return path
 
 
@@ -622,8 +616,14 @@ def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) 
     find = data.find
     for i, t in enumerate(turns):
         role = t.role
-        path = _turn_path(t, index, i == last)
-        if role != "tools":  # Mistral's tools block is no message
+        if role == "tools":  # Mistral's tools block is no message
+            path = _TOOLS_PATH
+        else:
+            if i == last and not t.closed and role.startswith("assistant"):
+                path = _GENERATION_PATH
+            else:
+                known = _MESSAGE_PATHS.get((index, role))
+                path = _message_path(index, role) if known is None else known
             index += 1
         add_path(path)
         add_start(t.start)
