@@ -17,10 +17,12 @@ them) are `generated` inside it. No field paths: a slot file has no request.
 from __future__ import annotations
 
 import re
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
-from functools import lru_cache
+from itertools import chain, compress, count, islice, repeat
+from operator import attrgetter, eq, gt, itemgetter, le, sub
 
 from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.lazyre import Lazy
@@ -54,26 +56,54 @@ class _Span(NamedTuple):
 
 
 class _Marks:
-    """Where each special token's text stands in one prompt, found in one pass over its special tokens
-    (a prompt's turn markers are looked up several times: the family, each splitter's markers)."""
+    """Where each special token's text stands in one prompt (a prompt's turn markers are looked up several
+    times: the family, each splitter's markers). The special tokens' starts, ends and texts are listed in
+    C-level passes (`map` over the flags' indices); a marker's hits are picked from them with `compress`,
+    in token order, as a dict of lists built a token at a time would hold them."""
 
-    __slots__ = ("data", "specials")
+    __slots__ = ("data", "specials", "_starts", "_ends", "_pieces", "first_token", "token_from")
 
     def __init__(self, prompt: Prompt):
         self.data = data = prompt.data
         offs = prompt.offsets
-        self.specials: dict[bytes, list[tuple[int, int]]] = {}
-        for i in flag_indices(prompt.special):
-            a, b = int(offs[i]), int(offs[i + 1])
-            self.specials.setdefault(data[a:b], []).append((a, b))
+        idx = flag_indices(prompt.special)
+        get = offs.__getitem__
+        starts = list(map(get, idx))
+        ends = list(map(get, map((1).__add__, idx)))
+        if not isinstance(offs, array):  # numpy offsets: plain ints, as int() made them
+            starts, ends = list(map(int, starts)), list(map(int, ends))
+        self._starts, self._ends = starts, ends
+        self._pieces = pieces = list(map(data.__getitem__, map(slice, starts, ends)))
+        self.specials: AbstractSet[bytes] = set(pieces)
+        # Token indices of byte offsets where turns start and end (special tokens' starts), to spare
+        # `_to_sections` a bisect: token t starts at x = offs[t]; with offsets non-decreasing,
+        # - the last token starting at or before x (`bisect_right(offs, x) - 1`) is t where offs[t + 1] > x;
+        # - the first index whose offset is x or more (`bisect_left(offs, x)`) is t where offs[t - 1] < x
+        #   (t = 0 reads offs[-1], the end, never below x: left to the bisect).
+        self.first_token = dict(compress(zip(starts, idx), map(gt, ends, starts)))
+        before: Iterator[int] = map(get, map(sub, idx, repeat(1)))
+        self.token_from = dict(compress(zip(starts, idx), map(gt, starts, before)))
 
     def find(self, text: str) -> list[tuple[int, int]]:
         """Byte ranges where `text` occurs as a special token (or as text, if it never does)."""
         raw = text.encode()
-        hits = self.specials.get(raw)
-        if hits:
-            return list(hits)
+        if raw in self.specials:
+            return list(compress(zip(self._starts, self._ends), map(raw.__eq__, self._pieces)))
         return [(m.start(), m.end()) for m in re.finditer(re.escape(raw), self.data)]
+
+    def starts(self, text: str) -> list[int]:
+        """`[s for s, _ in find(text)]`, without the pairs."""
+        raw = text.encode()
+        if raw in self.specials:
+            return list(compress(self._starts, map(raw.__eq__, self._pieces)))
+        return [m.start() for m in re.finditer(re.escape(raw), self.data)]
+
+    def ends(self, text: str) -> list[int]:
+        """`[e for _, e in find(text)]`, without the pairs."""
+        raw = text.encode()
+        if raw in self.specials:
+            return list(compress(self._ends, map(raw.__eq__, self._pieces)))
+        return [m.end() for m in re.finditer(re.escape(raw), self.data)]
 
 
 def detect_family(prompt: Prompt) -> str:
@@ -82,7 +112,7 @@ def detect_family(prompt: Prompt) -> str:
 
 
 def _family(marks: _Marks) -> str:
-    return family_of_specials(marks.specials.keys()) or _family_of_text(marks.data)
+    return family_of_specials(marks.specials) or _family_of_text(marks.data)
 
 
 def family_of_specials(present: AbstractSet[bytes]) -> str | None:
@@ -131,29 +161,26 @@ def _split_generic(
     role_end: Callable[[bytes, int], tuple[str, int]],
 ) -> list[_Turn]:
     data = marks.data
-    starts = [s for s, _ in marks.find(start_marker)]
-    ends = sorted(e for m in end_markers for _, e in marks.find(m))
+    starts = marks.starts(start_marker)
+    ends = sorted(chain.from_iterable(map(marks.ends, end_markers)))
     skip = len(start_marker.encode())
     enders = [m.encode() for m in end_markers]
+    one_len = len(enders[0]) if len(enders) == 1 else 0
+    n_ends = len(ends)
     turns = []
-    for k, s in enumerate(starts):
-        limit = starts[k + 1] if k + 1 < len(starts) else len(data)
+    for s, limit in zip(starts, chain(islice(starts, 1, None), (len(data),))):
         role, cstart = role_end(data, s + skip)
-        cstart = min(cstart, limit)
+        if cstart > limit:
+            cstart = limit
         j = bisect_left(ends, cstart)  # the first end marker in [cstart, limit]
-        close = ends[j] if j < len(ends) and ends[j] <= limit else None
-        if close is not None:
+        if j < n_ends and ends[j] <= limit:
+            close = ends[j]
             # the end marker's bytes are the end of content; what follows up to the
             # next turn (a newline) is boilerplate of this turn
-            marker_len = (
-                len(enders[0])
-                if len(enders) == 1
-                else next(len(m) for m in enders if data[close - len(m) : close] == m)
-            )
-            content_end = close - marker_len
+            marker_len = one_len or next(len(m) for m in enders if data[close - len(m) : close] == m)
+            turns.append(_Turn(role, s, limit, cstart, close - marker_len, True))
         else:
-            content_end = limit
-        turns.append(_Turn(role, s, limit, cstart, content_end, close is not None))
+            turns.append(_Turn(role, s, limit, cstart, limit, False))
     return turns
 
 
@@ -514,15 +541,22 @@ def _result_id_spans(data: bytes, cs: int, ce: int, base: SectionPath) -> list[_
 # begin with "<": a turn of theirs with no "<" in its content has no inner spans (a tool result's ID keys are
 # looked for without one, so tool turns are searched whatever they hold).
 _ANGLE_MARKED = frozenset({"chatml", "gemma", "deepseek"})
+_RESULTS = ("tool", "ipython", "tools")
+
+
+def _no_inner(data: bytes, turn: _Turn, family: str) -> bool:
+    """A turn that holds no inner spans, told by one memchr instead of a dozen searches: most turns of a
+    long history are prose."""
+    return (
+        family in _ANGLE_MARKED
+        and turn.role not in _RESULTS
+        and data.find(b"<", turn.content_start, turn.content_end) < 0
+    )
 
 
 def _inner_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> list[_Span]:
-    if (
-        family in _ANGLE_MARKED
-        and turn.role not in ("tool", "ipython", "tools")
-        and data.find(b"<", turn.content_start, turn.content_end) < 0
-    ):
-        return []  # one memchr instead of a dozen searches: most turns of a long history are prose
+    if _no_inner(data, turn, family):
+        return []
     spans = _tools_spans(data, turn, base, family)
     cs, ce = turn.content_start, turn.content_end
     if family == "llama3":
@@ -544,18 +578,18 @@ def _inner_spans(data: bytes, turn: _Turn, base: SectionPath, family: str) -> li
 # ---------------------------------------------------------------- assembling
 
 
-def _turn_path(turn: _Turn, index: int, last: bool) -> SectionPath:
-    if turn.role == "tools":
-        return _path(K.TOOLS, None, None)
-    if last and not turn.closed and turn.role.startswith("assistant"):
-        return _path(K.GENERATION_PROMPT, None, None)
-    return _path(K.MESSAGE, index, turn.role)
+def _message_path(index: int, role: str) -> SectionPath:
+    """A message turn's path, made once: the same turns recur in every prompt of a session."""
+    if len(_MESSAGE_PATHS) >= 4096:
+        _MESSAGE_PATHS.clear()
+    path = _MESSAGE_PATHS[(index, role)] = SectionPath.of(Part(K.MESSAGE, index, role))
+    return path
 
 
-@lru_cache(maxsize=4096)
-def _path(kind: K, index: int | None, role: str | None) -> SectionPath:
-    """A turn's path, made once: the same turns recur in every prompt of a session."""
-    return SectionPath.of(Part(kind, index, role))
+_MESSAGE_PATHS: dict[tuple[int, str], SectionPath] = {}  # by (index, role): no enum hashed per turn
+_TOOLS_PATH = SectionPath.of(Part(K.TOOLS))
+_GENERATION_PATH = SectionPath.of(Part(K.GENERATION_PROMPT))
+_BOS_PATH = SectionPath.of(Part(K.BOS))
 
 
 def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) -> tuple[str, list[Section]]:
@@ -567,42 +601,89 @@ def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) 
         return "none", []
     data = prompt.data
     turns = _SPLITTERS[fam](marks)
-    spans: list[_Span] = []
+    # the spans as three lists, in the order they are found (the sort below keeps it among equal keys)
+    paths: list[SectionPath] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    add_path, add_start, add_end = paths.append, starts.append, ends.append
     if turns and turns[0].start > 0:
-        spans.append(_Span(SectionPath.of(Part(K.BOS)), 0, turns[0].start))
+        add_path(_BOS_PATH)
+        add_start(0)
+        add_end(turns[0].start)
     index = 0
+    last = len(turns) - 1
+    angle = fam in _ANGLE_MARKED
+    find = data.find
     for i, t in enumerate(turns):
-        last = i == len(turns) - 1
-        path = _turn_path(t, index, last)
-        if t.role != "tools":  # Mistral's tools block is no message
+        role = t.role
+        if role == "tools":  # Mistral's tools block is no message
+            path = _TOOLS_PATH
+        else:
+            if i == last and not t.closed and role.startswith("assistant"):
+                path = _GENERATION_PATH
+            else:
+                known = _MESSAGE_PATHS.get((index, role))
+                path = _message_path(index, role) if known is None else known
             index += 1
-        spans.append(_Span(path, t.start, t.end))
-        if path[0].kind == K.GENERATION_PROMPT:
-            if t.content_start < t.end:
-                generated = path + (Part(K.GENERATED),)
-                spans.append(_Span(generated, t.content_start, t.end))
-                spans.extend(_inner_spans(data, t, generated, fam) if inner else ())
-            continue
-        spans.extend(_inner_spans(data, t, path, fam) if inner else ())
-    return fam, _to_sections(prompt, spans)
+        add_path(path)
+        add_start(t.start)
+        add_end(t.end)
+        if path is _GENERATION_PATH:
+            if t.content_start >= t.end:
+                continue
+            path = path + (Part(K.GENERATED),)
+            add_path(path)
+            add_start(t.content_start)
+            add_end(t.end)
+        if not inner or (angle and role not in _RESULTS and find(b"<", t.content_start, t.content_end) < 0):
+            continue  # _no_inner, inlined: most turns of a long history
+        for sp in _inner_spans(data, t, path, fam):
+            add_path(sp.path)
+            add_start(sp.start)
+            add_end(sp.end)
+    return fam, _to_sections(prompt, marks, paths, starts, ends)
 
 
-def _to_sections(prompt: Prompt, spans: list[_Span]) -> list[Section]:
-    if not spans:
+def _to_sections(
+    prompt: Prompt, marks: _Marks, paths: list[SectionPath], starts: list[int], ends: list[int]
+) -> list[Section]:
+    """The spans as sections: token ranges by bisecting the offsets (or read from the special tokens a
+    turn starts and ends at), empty spans dropped, sorted by (start, -end, depth) and otherwise in the
+    order found. Every step is a C-level `map` over the spans (a Python step per span cost ~2 us of a
+    48k-token prompt's 314 turns)."""
+    if not paths:
         return []
     offs = prompt.offsets
     n = len(prompt)
-    out = []
-    for s in spans:
-        a = bisect_right(offs, s.start) - 1
-        b = bisect_right(offs, max(s.end - 1, s.start))
-        a = max(0, min(a, n))
-        b = max(a, min(b, n))
-        if s.end <= s.start:
-            continue
-        out.append(Section(s.path, a, b, s.start, s.end))
-    out.sort(key=lambda x: (x.start, -x.end, len(x.path.parts)))
-    return out
+    # a span's first token: the last token starting at or before its start (`bisect_right - 1`)
+    firsts = list(map(marks.first_token.get, starts, repeat(-1)))  # -1: not a special token's start
+    # its end: the first index whose offset reaches its end (`bisect_right(offs, end - 1)`, for end > start:
+    # offsets are ints); an empty span's is any, it is dropped
+    token_from = marks.token_from
+    token_from.setdefault(len(prompt.data), bisect_left(offs, len(prompt.data)))
+    lasts = list(map(token_from.get, ends, repeat(-1)))
+    if -1 in firsts or -1 in lasts:  # spans inside turns, markers found as text
+        for k in compress(count(), map(eq, firsts, repeat(-1))):
+            firsts[k] = bisect_right(offs, starts[k]) - 1
+        for k in compress(count(), map(eq, lasts, repeat(-1))):
+            lasts[k] = bisect_right(offs, max(ends[k] - 1, starts[k]))
+    # the clamps a = max(0, min(first, n)), b = max(a, min(last, n)): no-ops where every value is in range,
+    # as it is where offsets start at 0 and spans lie in the data (min/max build an argument tuple a call)
+    a = firsts if min(firsts) >= 0 and max(firsts) <= n else list(map(max, repeat(0), map(min, firsts, repeat(n))))
+    b = lasts if max(lasts) <= n and all(map(le, a, lasts)) else list(map(max, a, map(min, lasts, repeat(n))))
+    # Section(...) is tuple.__new__(Section, fields): made in C
+    secs = list(map(tuple.__new__, repeat(Section), zip(paths, a, b, starts, ends)))
+    if any(map(le, ends, starts)):  # empty spans: none in most prompts
+        keep = list(map(gt, ends, starts))
+        secs, paths = list(compress(secs, keep)), list(compress(paths, keep))
+        a, b = list(compress(a, keep)), list(compress(b, keep))
+    depth = map(len, map(_PARTS, paths))
+    keyed = sorted(zip(a, map(sub, repeat(0), b), depth, count(), secs))  # count(): equal keys keep their order
+    return list(map(_LAST, keyed))
+
+
+_PARTS = attrgetter("parts")
+_LAST = itemgetter(4)
 
 
 def annotate(prompt: Prompt, family: str | None = None, inner: bool = True) -> str:
