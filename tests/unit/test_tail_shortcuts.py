@@ -1,11 +1,13 @@
 """Shortcuts of the tail and edit shapes against what they stand for: an edit pair's spans found without
-anchoring the whole middle (`tails._edit_tail_spans`) are align's own; B's opening taken from its new text's
+anchoring the whole middle (`align.edit_then_insert_spans`) are align's own; B's opening taken from its new text's
 is the one read from B."""
 
 import numpy as np
 
 from tokendiff.core import align
-from tokendiff.core.tails import LINE_REACH, Tails, _edit_hashes, _edit_sizes, _edit_tail_spans
+from tokendiff.core.align import _edit_hashes
+from tokendiff.core.align import edit_then_insert_spans as _edit_tail_spans
+from tokendiff.core.tails import LINE_REACH, Tails, _edit_sizes
 from tokendiff.sources.tokenizers import load_vocab
 
 

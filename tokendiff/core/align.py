@@ -736,3 +736,65 @@ def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
     # sides (a BPE merge across the old/new boundary), not a content change.
     boundary = bool(hunks) and lcp < min(len(a), len(b)) and (fbd is None or is_boundary(a, b, hunks[0]))
     return Divergence(len(a), len(b), lcp, fbd, tuple(hunks), boundary)
+
+
+def edit_then_insert_spans(a: Any, b: Any, d: int, ra: int, rb: int) -> list[tuple[int, int, int, int]] | None:
+    """`diff_spans(a, b, len(a))` where B is A with A[d:d+ra] replaced by rb tokens and new text put in after
+    the shared stretch that follows (an edit, then a tail pair), found without anchoring the whole middle;
+    None where that is not shown (the caller runs `diff_spans`).
+
+    Why it is align's answer. `_diff` trims the common ends: A[:d] (A[d] != B[d]) and s tokens at the end;
+    the box left is A1 = Ea + M, B1 = Eb + M + N (checked: M is A's stretch after the edit, N what B has
+    after it). It is not small, so its blocks are the heaviest chain of the anchor runs: k-grams whose hash
+    (`_np_kgram_hashes`, what `_runs_numpy` hashes) occurs once among A1's and once among B1's. A k-gram of A1
+    within M has B1's copy of M at the same place less ra, plus rb (the diagonal): the same value, so the same
+    hash, so where it occurs once in B1 it is there. Checked by hash: no anchor starts in Ea (the only others),
+    and one anchor exists. So every run is on the diagonal, increasing in both sides: the chain holds them all
+    (`_heaviest_increasing`: each adds weight), each verifies (equal text), and the gaps between them are equal
+    (skipped). The first gap is Ea + M[:x] against Eb + M[:x]: its common end (M[:x] and Ea's and Eb's common
+    end) trimmed, what is left is `_diff` of Ea and Eb alone, whatever x is. The last gap is M's rest against
+    itself and N: one insertion of N, or nothing. `_merge` and `_slide_insertions` then run on those spans as
+    `diff_spans` runs them. (The numpy path is the one taken: its callers, the edit forms, have numpy loaded.)
+    It lives here, beside the algorithm its argument is about."""
+    import numpy as np
+
+    n_a, n_b = len(a), len(b)
+    seqs = _Seqs(a, b)
+    if seqs.prefix(0, n_a, 0, n_b) != d:
+        return None  # d is where they first differ, or the trim below is not `_diff`'s
+    s = seqs.suffix(d, n_a, d, n_b)
+    m = n_a - s - (d + ra)  # M's length
+    if m < KGRAM or n_b - s < n_a - s - ra + rb or not seqs.same(d + ra, n_a - s, d + rb, d + rb + m):
+        return None
+    n1, m1 = n_a - s - d, n_b - s - d  # A1's and B1's lengths
+    if n1 <= SMALL and m1 <= SMALL and n1 * m1 <= DIRECT:
+        return None  # difflib's whole box, not the anchors
+    ha, hb = _edit_hashes(a[d : n_a - s].astype(np.int64), b[d : n_b - s].astype(np.int64), ra, rb, m)
+
+    def anchor(i: int) -> bool:
+        h = ha[i]
+        return int(np.count_nonzero(ha == h)) == 1 and int(np.count_nonzero(hb == h)) == 1
+
+    if any(anchor(i) for i in range(ra)):
+        return None
+    if not any(anchor(i) for i in range(ra, min(ra + 32, len(ha)))):
+        return None
+    out: list[tuple[int, int, int, int]] = []
+    _diff(seqs, d, d + ra, d, d + rb, out, 1)  # the first gap, its common end trimmed
+    if n_b - s > n_a - s - ra + rb:
+        out.append((n_a - s, n_a - s, n_a - s - ra + rb, n_b - s))  # N inserted after M
+    return _merge(_slide_insertions(seqs, _merge(out), n_a))
+
+
+def _edit_hashes(a1: Any, b1: Any, ra: int, rb: int, m: int) -> tuple[Any, Any]:
+    """`_np_kgram_hashes` of A1 = Ea + M and of B1 = Eb + M + N (len(Ea) = ra, len(Eb) = rb, len(M) = m >= KGRAM,
+    M checked equal on both sides), M hashed once: a k-gram's hash is a function of its k values alone, so
+    B1's k-grams within M (starting at rb to rb + m - KGRAM) have A1's hashes of the same k-grams (starting at
+    ra); only those that overlap Eb or N are hashed apart. The same arrays as hashing both whole sides
+    (tests/unit/test_tail_shortcuts.py holds them equal)."""
+    import numpy as np
+
+    ha = _np_kgram_hashes(np, a1, KGRAM)
+    head = _np_kgram_hashes(np, b1[: rb + KGRAM - 1], KGRAM)  # the rb k-grams that start in Eb
+    tail = _np_kgram_hashes(np, b1[rb + m - KGRAM + 1 :], KGRAM)  # the len(N) k-grams that end in N
+    return ha, np.concatenate((head, ha[ra:], tail))
