@@ -25,7 +25,7 @@ from tokendiff.core.kinds import CauseKind as C
 from tokendiff.core.kinds import HunkKind, Origin
 from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.lazyre import Lazy
-from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath
+from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath, flag_bytes
 from tokendiff.core.plain import replace
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
@@ -852,7 +852,7 @@ def text_probe(p: Prompt, start: int, end: int) -> bytes:
     looked for elsewhere (24 bytes): without a role line, up to 200 bytes, punctuation and spaces at its
     ends taken off."""
     end = min(end, start + PROBE_TOKENS)
-    base, flags = start, _flag_bytes(p.special, start, end)
+    base, flags = start, flag_bytes(p.special, start, end)
     while start < end:
         start = _run_end(p.special, flags, base, start, end, True)
         stop = _run_end(p.special, flags, base, start, end, False)
@@ -867,24 +867,11 @@ def text_probe(p: Prompt, start: int, end: int) -> bytes:
 
 
 _LEADING_NON_WORD = re.compile(rb"^\W+")
-_TO_01 = bytes([0] + [1] * 255)  # bytes.translate table: any flag set -> 1
-
-
-def _flag_bytes(special: Any, start: int, end: int) -> bytes | None:
-    """The special flags of tokens [start, end) as one byte each, 0 or 1, where the array holds one byte a token
-    (the decoders' arrays; None for another, read a token at a time)."""
-    try:
-        view = memoryview(special)
-    except TypeError:
-        return None
-    if view.ndim != 1 or view.itemsize != 1:
-        return None
-    return view[start:end].tobytes().translate(_TO_01)
 
 
 def _run_end(special: Any, flags: bytes | None, base: int, start: int, end: int, flag: bool) -> int:
     """The first token from `start` (before `end`) whose special flag is not `flag`, else `end`; `flags` the
-    flags of tokens [base, end) (`_flag_bytes`), searched by bytes.find."""
+    flags of tokens [base, end) (`model.flag_bytes`), searched by bytes.find."""
     if flags is None:
         while start < end and bool(special[start]) == flag:
             start += 1
@@ -1023,7 +1010,7 @@ def _removed(ctx: Ctx) -> str:
 def _kept_tail(ctx: Ctx) -> str:
     """A's text after an insertion up to the end of its turn (the next special token)."""
     start, stop = ctx.h.a_end, min(len(ctx.a), ctx.h.a_end + 512)
-    end = _run_end(ctx.a.special, _flag_bytes(ctx.a.special, start, stop), start, start, stop, False)
+    end = _run_end(ctx.a.special, flag_bytes(ctx.a.special, start, stop), start, start, stop, False)
     return ctx.a.data[ctx.h.a_byte_end : ctx.a.byte_offset(end)].decode("utf-8", "replace").strip()
 
 

@@ -308,11 +308,22 @@ def id_bytes(ids: Ids) -> bytes:
 _ONE = bytes([0] + [1] * 255)  # bytes.translate table: any non-zero byte -> 1
 
 
+def flag_bytes(flags: Any, start: int, end: int) -> bytes | None:
+    """The flags of entries [start, end) as one byte each, 0 or 1, where the array holds one byte an entry (the
+    decoders' arrays, stdlib or numpy); None for another (read an entry at a time)."""
+    try:
+        view = memoryview(flags)
+    except TypeError:
+        return None
+    if view.ndim != 1 or view.itemsize != 1:
+        return None
+    return view[start:end].tobytes().translate(_ONE)
+
+
 def flag_indices(flags: Ids) -> list[int]:
     """Indices of the true entries of a flag array (stdlib or numpy): usually few, found by find()."""
-    if hasattr(flags, "tobytes") and getattr(flags, "itemsize", 0) == 1:
-        raw = flags.tobytes().translate(_ONE)
-    else:
+    raw = flag_bytes(flags, 0, len(flags))
+    if raw is None:
         raw = bytes(1 if f else 0 for f in flags)
     out, i = [], raw.find(1)
     while i >= 0:
