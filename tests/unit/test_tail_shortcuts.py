@@ -109,3 +109,34 @@ def test_opening_settled_in_new_text_is_the_opening_of_what_follows():
             settled_seen += 1
             assert opening == _opening_read(vocab, after)
     assert settled_seen > 100
+
+
+def _weak_hashes(np_: object, x: np.ndarray, k: int) -> np.ndarray:
+    """k-gram hashes that collide often (the sum of the values, mod 17): what a crafted prompt could make of
+    the 64-bit ones."""
+    n = x.shape[0] - k + 1
+    return np.array([int(x[i : i + k].sum()) % 17 for i in range(n)], dtype=np.uint64)
+
+
+def test_hash_collisions_change_no_answer(monkeypatch):
+    """Two unequal k-grams of one side with one hash would hide an anchor from numpy's count: the count then
+    falls back to `_runs_stdlib` (by value), and the edit shortcut answers only where the values agree. With
+    a hash that collides everywhere, both give the answers of the exact hash."""
+    rng = np.random.default_rng(5)
+    pairs = [_pair(rng) for _ in range(300)]
+    exact = []
+    for a, b in pairs:
+        d = align.common_prefix(a, b)
+        size = _edit_sizes(a, b, d) if d < min(len(a), len(b)) else None
+        exact.append((align.diff_spans(a, b, len(a)), size and _edit_tail_spans(a, b, d, *size)))
+    monkeypatch.setattr(align, "_np_kgram_hashes", _weak_hashes)
+    monkeypatch.setattr(align, "WITNESSES", False)
+    for (a, b), (spans, shortcut) in zip(pairs, exact, strict=True):
+        assert align.diff_spans(a, b, len(a)) == spans
+        s = align._Seqs(a, b)
+        assert align._runs_numpy(s, 0, len(a), 0, len(b)) == align._runs_stdlib(s, 0, len(a), 0, len(b))
+        d = align.common_prefix(a, b)
+        size = _edit_sizes(a, b, d) if d < min(len(a), len(b)) else None
+        weak = size and _edit_tail_spans(a, b, d, *size)
+        assert weak is None or weak == spans
+        assert shortcut is None or shortcut == spans

@@ -425,14 +425,20 @@ def _run_end(s: _Seqs, xas: list[int], i: int, box: tuple[int, int, int], xb: in
 
 
 def _runs_numpy(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
-    """`_runs_stdlib` vectorised (k-grams hashed to 64 bits; a collision is caught by the verification)."""
+    """`_runs_stdlib` vectorised: k-grams hashed to 64 bits. Two k-grams of A and B with one hash are caught by
+    the verification in `_anchors`; two of one side with one hash would hide both from the count, so a side with
+    such a collision (equal hashes, unequal tokens: only a crafted prompt) is counted by `_runs_stdlib` instead,
+    and the answer never depends on the hash."""
     import numpy as np
 
     k = KGRAM
     a = np.frombuffer(s.ra, dtype=np.int32)[alo:ahi].astype(np.int64)
     b = np.frombuffer(s.rb, dtype=np.int32)[blo:bhi].astype(np.int64)
-    ha, pa = _np_unique_positions(_np_kgram_hashes(np, a, k))
-    hb, pb = _np_unique_positions(_np_kgram_hashes(np, b, k))
+    got_a = _np_unique_positions(np, _np_kgram_hashes(np, a, k), a, k)
+    got_b = _np_unique_positions(np, _np_kgram_hashes(np, b, k), b, k)
+    if got_a is None or got_b is None:
+        return _runs_stdlib(s, alo, ahi, blo, bhi)
+    (ha, pa), (hb, pb) = got_a, got_b
     common, ia, ib = np.intersect1d(ha, hb, assume_unique=True, return_indices=True)
     if common.shape[0] == 0:
         return []
@@ -458,18 +464,23 @@ def _np_kgram_hashes(np: Any, x: Any, k: int) -> Any:
     return h
 
 
-def _np_unique_positions(h: Any) -> tuple[Any, Any]:
-    """Hashes that occur exactly once, and where."""
-    import numpy as np
-
+def _np_unique_positions(np: Any, h: Any, x: Any, k: int) -> tuple[Any, Any] | None:
+    """The k-gram hashes `h` of `x` that occur exactly once, and where; None where two unequal k-grams share a
+    hash (each pair of equal neighbours in the sort compared token by token: a group all of one k-gram has
+    equal neighbours only)."""
     order = np.argsort(h)  # only hashes that occur once are kept, and their place is the same in any sort
     hs = h[order]
     if hs.shape[0] == 0:
         return hs, order
+    same = hs[1:] == hs[:-1]
+    if same.any():
+        grams = np.lib.stride_tricks.sliding_window_view(x, k)
+        if np.any(grams[order[:-1][same]] != grams[order[1:][same]]):
+            return None
     first = np.ones(hs.shape[0], dtype=bool)
-    first[1:] = hs[1:] != hs[:-1]
+    first[1:] = ~same
     last = np.ones(hs.shape[0], dtype=bool)
-    last[:-1] = hs[1:] != hs[:-1]
+    last[:-1] = ~same
     once = first & last
     return hs[once], order[once]
 
@@ -769,15 +780,25 @@ def edit_then_insert_spans(a: Any, b: Any, d: int, ra: int, rb: int) -> list[tup
     n1, m1 = n_a - s - d, n_b - s - d  # A1's and B1's lengths
     if n1 <= SMALL and m1 <= SMALL and n1 * m1 <= DIRECT:
         return None  # difflib's whole box, not the anchors
-    ha, hb = _edit_hashes(a[d : n_a - s].astype(np.int64), b[d : n_b - s].astype(np.int64), ra, rb, m)
+    a1, b1 = a[d : n_a - s].astype(np.int64), b[d : n_b - s].astype(np.int64)
+    ha, hb = _edit_hashes(a1, b1, ra, rb, m)
 
-    def anchor(i: int) -> bool:
-        h = ha[i]
-        return int(np.count_nonzero(ha == h)) == 1 and int(np.count_nonzero(hb == h)) == 1
+    def anchor(i: int) -> bool | None:
+        """Whether A1's k-gram at i is an anchor; None where a hash it shares is another k-gram's (then
+        `_runs_numpy` counts by value, and so must this)."""
+        h, gram = ha[i], a1[i : i + KGRAM]
+        at_a, at_b = np.flatnonzero(ha == h), np.flatnonzero(hb == h)
+        if len(at_a) == 1 and len(at_b) == 1:
+            return True
+        for x, at in ((a1, at_a), (b1, at_b)):
+            if np.any(np.lib.stride_tricks.sliding_window_view(x, KGRAM)[at] != gram):
+                return None
+        return False
 
-    if any(anchor(i) for i in range(ra)):
+    if any(anchor(i) is not False for i in range(ra)):
         return None
-    if not any(anchor(i) for i in range(ra, min(ra + 32, len(ha)))):
+    near = (anchor(i) for i in range(ra, min(ra + 32, len(ha))))
+    if next((x for x in near if x is not False), False) is not True:
         return None
     out: list[tuple[int, int, int, int]] = []
     _diff(seqs, d, d + ra, d, d + rb, out, 1)  # the first gap, its common end trimmed
