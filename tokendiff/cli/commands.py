@@ -184,6 +184,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     tty = is_terminal(sys.stderr)
     if args.format in ("otlp", "trace"):
         return _telemetry_report(args, paths, tty)
+    _numpy_with_one_blas_thread()
     opts = ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
     loaded, skipped = None, []
     doc: AnyReport
@@ -299,6 +300,21 @@ def _one_blas_thread() -> None:
     start pays for on a 2-core machine; tokendiff does no linear algebra. Before numpy is imported;
     the user's own setting wins."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def _numpy_with_one_blas_thread() -> None:
+    """numpy imported with one OpenBLAS thread (`_one_blas_thread`): the threads it starts otherwise spin
+    ~60 ms of CPU in a `report` of any size. The variable is read when OpenBLAS loads, so it is put back
+    after the import: a process the command's caller starts later (a test's server) does not inherit it."""
+    if "numpy" in sys.modules:
+        return
+    had = os.environ.get("OPENBLAS_NUM_THREADS")
+    _one_blas_thread()
+    try:
+        import numpy  # noqa: F401 - imported for its side effect: OpenBLAS loads with the setting above
+    finally:
+        if had is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
 def _log_path(path: str | None) -> str | None:
