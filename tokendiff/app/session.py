@@ -421,8 +421,7 @@ def _path_inputs(
         if kind in ("capture", "har", "otlp"):
             yield from _records_inputs(loader, pool, p, kind, skipped, cloud)
         elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
-            sels = session_turns(p, order)
-            yield from _readable((str(sel.path), partial(_selected_input, loader, sel)) for sel in sels)(skipped)
+            yield from _selected_inputs(loader, session_turns(p, order), skipped)
         elif not path.is_dir():  # a file named on its own: one that cannot be read is the command's error
             for spec in session_specs([p], order, single_turns=single_turns, live=live):
                 yield spec, _spec_input(loader, spec)
@@ -467,26 +466,45 @@ def _records_inputs(
         raise InputError("the session holds no chat requests", source=p)
 
 
-def _selected_input(loader: Loader, sel: Selected) -> TurnInput:
-    """A turn of a directory: a slot file's IDs from its header and payload, decoded only if needed."""
+def _selected_inputs(loader: Loader, sels: Iterable[Selected], skipped: Skipped) -> Iterator[tuple[str, TurnInput]]:
+    """(selector, turn) for a directory's turns, as `_readable` of `_selected_input` gives them (a turn that
+    raises InputError warned of, named in `skipped` and left out), with a slot file's reading written out
+    here: its imports made once a directory, not once a file."""
     import numpy as np
 
     from tokendiff.core.cost import TurnInput
     from tokendiff.notices import warn
     from tokendiff.sources.slotfile import read_slot_file
 
-    job = SelectedJob(sel)
-    if sel.kind != "slot":
-        return TurnInput.of(loader.load_selected(sel), job=job)
-    slot = read_slot_file(sel.path)
-    for w in slot.warnings:
-        warn(w)
-    arr = np.frombuffer(slot.tokens, dtype=np.int32)  # the int32 array's own bytes: no copy
-    # media (negative: past 2**31 as unsigned) or a foreign vocabulary, in one compare in C
-    if arr.size and bool((arr.view(np.uint32) >= min(loader.vocab.n_vocab, 1 << 31)).any()):
-        return TurnInput.of(loader.load_selected(sel, slot), job=job)
-    load = partial(loader.load_selected, sel, slot)
-    return TurnInput(ids=arr, origin=sel.label, load=load, job=job, sectioning=partial(loader.slot_sectioning, arr))
+    for sel in sels:
+        spec = str(sel.path)
+        try:
+            if sel.kind != "slot":
+                turn = _selected_input(loader, sel)
+            else:
+                slot = read_slot_file(sel.path)
+                for w in slot.warnings:
+                    warn(w)
+                arr = np.frombuffer(slot.tokens, dtype=np.int32)
+                # media (negative: past 2**31 as unsigned) or a foreign vocabulary: the largest in C (any ID
+                # at or past the limit is one where the largest is)
+                if arr.size and int(arr.view(np.uint32).max()) >= min(loader.vocab.n_vocab, 1 << 31):
+                    turn = TurnInput.of(loader.load_selected(sel, slot), job=SelectedJob(sel))
+                else:
+                    load = partial(loader.load_selected, sel, slot)
+                    sectioning = partial(loader.slot_sectioning, arr)
+                    turn = TurnInput(ids=arr, origin=sel.label, load=load, job=SelectedJob(sel), sectioning=sectioning)
+        except InputError as e:
+            left_out(spec, e, skipped)
+            continue
+        yield spec, turn
+
+
+def _selected_input(loader: Loader, sel: Selected) -> TurnInput:
+    """A turn of a directory that is not a slot file (a request body, a prompt log): its prompt loaded."""
+    from tokendiff.core.cost import TurnInput
+
+    return TurnInput.of(loader.load_selected(sel), job=SelectedJob(sel))
 
 
 def open_session(
