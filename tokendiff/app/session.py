@@ -652,12 +652,12 @@ def engine_config(
     server's log states, then the saved /props, llama-server's defaults for the rest; the attention layout
     (`attention_layout`, unless given) for checkpoints, and a saved state's size per token from the model's
     GGUF. None for a session no llama-server answer, flag or log speaks of (vLLM, SGLang, Ollama, slot files)."""
+    if not server_args and not server_log and not _llama_server_session(paths):
+        return None  # imported below only where there is a policy to play: a slot report has none
     import shlex
 
     from tokendiff.core.cache.llama import EngineConfig, engine_flags, props_facts
 
-    if not server_args and not server_log and not _llama_server_session(paths):
-        return None
     try:
         flags = engine_flags(shlex.split(server_args or ""))
     except ValueError as e:

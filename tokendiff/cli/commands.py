@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from tokendiff.app.observe import ObserveOptions
     from tokendiff.app.pair import PromptOptions
-    from tokendiff.app.session import Progress
+    from tokendiff.app.session import LoadedSession, Progress
     from tokendiff.backends.proxy import RecordEvent
     from tokendiff.report.schema import AnyReport
 
@@ -159,14 +159,7 @@ def _clear_line(enabled: bool) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
-    from tokendiff.app.session import (
-        attention_layout,
-        capacity_ladder,
-        engine_config,
-        expand_session_paths,
-        is_dataset_target,
-        open_session,
-    )
+    from tokendiff.app.session import expand_session_paths, is_dataset_target
 
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise UsageError("--fail-under takes a percentage from 0 to 100")
@@ -189,25 +182,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     loaded, skipped = None, []
     doc: AnyReport
     if len(paths) == 1:
-        popts = _prompt_options(args)
-        layout = attention_layout(paths, popts, args.model, args.server_args)
-        ladder = None
-        if args.cache_size:
-            ladder = capacity_ladder(
-                paths, popts, args.cache_size, args.model, args.kv_bytes_per_token, args.server_args
-            )
-        engine = engine_config(paths, popts, args.model, args.server_args, args.server_log, layout)
-        loaded = open_session(
-            popts,
-            paths,
-            _progress_line(tty),
-            single_turns=False,
-            layout=layout,
-            capacity=ladder,
-            engine=engine,
-            server_log=args.server_log,
-        )
-        _clear_line(tty)
+        loaded = _open_one_session(args, paths, tty)
         with _no_cyclic_gc():  # the document: a tree of dicts and lists, no cycle in it (gen1 passes ~45 ms)
             doc, reuse, what = session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
         if args.prefill_rate and not loaded.session.rate_estimated and loaded.session.ms_per_token is not None:
@@ -238,6 +213,30 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"tokendiff: {what} reuse {reuse:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
         return ExitCode.DIFFERENT
     return ExitCode.OK
+
+
+def _open_one_session(args: argparse.Namespace, paths: list[str], tty: bool) -> LoadedSession:
+    """`report`'s one session, read and analysed with the model facts its options give."""
+    from tokendiff.app.session import attention_layout, capacity_ladder, engine_config, open_session
+
+    popts = _prompt_options(args)
+    layout = attention_layout(paths, popts, args.model, args.server_args)
+    ladder = None
+    if args.cache_size:
+        ladder = capacity_ladder(paths, popts, args.cache_size, args.model, args.kv_bytes_per_token, args.server_args)
+    engine = engine_config(paths, popts, args.model, args.server_args, args.server_log, layout)
+    loaded = open_session(
+        popts,
+        paths,
+        _progress_line(tty),
+        single_turns=False,
+        layout=layout,
+        capacity=ladder,
+        engine=engine,
+        server_log=args.server_log,
+    )
+    _clear_line(tty)
+    return loaded
 
 
 def _telemetry_report(args: argparse.Namespace, paths: list[str], tty: bool) -> int:

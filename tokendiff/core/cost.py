@@ -17,12 +17,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 
 from tokendiff.core.align import align
-from tokendiff.core.cache.advice import Advice
 from tokendiff.core.cache.backend_facts import (
     BackendFact,
     TurnRecord,
@@ -31,11 +30,7 @@ from tokendiff.core.cache.backend_facts import (
     ollama_facts,
     turn_record,
 )
-from tokendiff.core.cache.capacity import CapacityLadder, CapacityReport
-from tokendiff.core.cache.engine_log import LogAligner, TurnNumbers
-from tokendiff.core.cache.llama import EngineConfig
 from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, checkpoint_reuse
-from tokendiff.core.cache.verdict import EngineTrack, EngineTurn, classify, client_waste, engine_request
 from tokendiff.core.explain import appended_finding, explain
 from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, ServerKind
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
@@ -44,6 +39,15 @@ from tokendiff.core.prefix_index import PrefixIndex
 from tokendiff.core.tails import AnyPair, TailDiff, Tails
 from tokendiff.core.usage import usage_of
 from tokendiff.core.vocab import Vocab
+
+# llama-server's policy model (core.cache.verdict, llama, advice, engine_log) and the capacity ladder are
+# imported where a session is played through them: a report of slot files is neither (~9 ms of imports)
+if TYPE_CHECKING:
+    from tokendiff.core.cache.advice import Advice
+    from tokendiff.core.cache.capacity import CapacityLadder, CapacityReport
+    from tokendiff.core.cache.engine_log import LogAligner
+    from tokendiff.core.cache.llama import EngineConfig
+    from tokendiff.core.cache.verdict import EngineTrack, EngineTurn
 
 T = TypeVar("T")
 BACKENDS = tuple(Backend)  # llama.cpp, llama.cpp-hybrid, vllm, sglang, ollama: the columns, in order
@@ -450,7 +454,11 @@ class Analyser:
         tails: Tails | None = None,
     ):
         self.max_hunks = max_hunks
-        self.engine = EngineTrack(engine, log) if engine is not None else None  # llama-server's policy, per turn
+        self.engine: EngineTrack | None = None  # llama-server's policy, per turn
+        if engine is not None:
+            from tokendiff.core.cache.verdict import EngineTrack
+
+            self.engine = EngineTrack(engine, log)
         # tail pairs filled from IDs (core.tails); `tails`: forms learned already (a fleet's other sessions)
         self.tails = tails if tails is not None else Tails(vocab) if vocab is not None else None
         self.check_tails = check_tails  # diff every tail pair in full too, and fail where the answers differ
@@ -508,6 +516,9 @@ class Analyser:
 
     def _engine_turn(self, t: Turn, cur: TurnInput, best: tuple[int | None, int]) -> None:
         """The turn through llama-server's policy model: its outcome and what its content allowed."""
+        from tokendiff.core.cache.engine_log import TurnNumbers
+        from tokendiff.core.cache.verdict import engine_request
+
         assert self.engine is not None
         lay = self.engine.config.layout
         starts = user_message_starts(cur.prompt()) if lay.needs_checkpoints and cur.request is not None else []
@@ -644,6 +655,8 @@ class Analyser:
             for t in s.turns:
                 _checkpoint_note(t, self.layout)
         if self.engine is not None:
+            from tokendiff.core.cache.verdict import classify, client_waste
+
             s.engine = self.engine.config
             if self.engine.advisor is not None:
                 s.advice = self.engine.advisor.advice(s.ms_per_token)

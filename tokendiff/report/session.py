@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, cast
 
-from tokendiff.core.cache.capacity import CapacityReport, conclusions
 from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Session, Span, Turn
 from tokendiff.core.kinds import Backend, CauseKind
 from tokendiff.core.model import Prompt, SectionPath
@@ -21,6 +20,7 @@ from tokendiff.report.excerpt import excerpt
 from tokendiff.report.redact import redact_labels, redact_text, session_labels
 
 if TYPE_CHECKING:
+    from tokendiff.core.cache.capacity import CapacityReport
     from tokendiff.report.schema import (
         CapacityDoc,
         CapacityPointDoc,
@@ -297,6 +297,8 @@ def _wasted_pct(s: Session) -> float:
 def capacity_json(c: CapacityReport, wasted_pct: float = 0.0) -> CapacityDoc:
     """Reuse at each cache capacity, unlimited last, the one-line verdict, and what it concludes:
     the prompts break the cache, the cache is too small, or the agents share a slot."""
+    from tokendiff.core.cache.capacity import conclusions  # a report with capacities (--cache-size) only
+
     points: list[CapacityPointDoc] = [
         {
             "cache": p.label,
