@@ -12,6 +12,7 @@ import glob
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -54,7 +55,9 @@ class TurnPrompts(Sequence["Prompt"]):
     """A session's prompts by turn, loaded when asked for: a long session is never all in memory.
     The most recently used ones are kept, up to `budget` tokens."""
 
-    def __init__(self, loader: Loader, specs: Sequence[str], budget: int = 2_000_000):
+    BUDGET = 2_000_000  # tokens: the views' (a TUI moves between turns)
+
+    def __init__(self, loader: Loader, specs: Sequence[str], budget: int = BUDGET):
         self.loader, self.specs, self.budget = loader, list(specs), budget
         self._kept: dict[int, Prompt] = {}
         self._tokens = 0  # in the kept prompts (a running total: summing per keep is quadratic)
@@ -221,10 +224,11 @@ def _analyse(
     server_log: str | None = None,
     skipped: Skipped | None = None,
     tails: Tails | None = None,
+    keep_tokens: int = TurnPrompts.BUDGET,
 ) -> LoadedSession:
-    """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
-    `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end.
-    `first_pair` is given the first pair that wasted the cache as soon as it is analysed."""
+    """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views, up to
+    `keep_tokens`. `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the
+    end. `first_pair` is given the first pair that wasted the cache as soon as it is analysed."""
     import os
 
     from tokendiff.core.cost import Analyser
@@ -243,7 +247,7 @@ def _analyse(
         check_tails=check,
         tails=tails,
     )
-    prompts = TurnPrompts(loader, [])
+    prompts = TurnPrompts(loader, [], keep_tokens)
     specs = prompts.specs  # filled as the turns come, so the prompts so far can be loaded meanwhile
     prev: TurnInput | None = None
     with RARE_YOUNG_COLLECTIONS:  # the workers fork inside, and keep it
@@ -285,6 +289,10 @@ class _RareYoungCollections:
         self.lock = threading.Lock()
         self.running = 0
         self.was: tuple[int, int, int] = gc.get_threshold()
+        # a one-shot command (`report`) whose objects live to its end: the last analysis to end turns the collector
+        # off (`collector_off_after_analysis`), else its next allocation would start the collection of everything
+        # the analysis made young (~40 ms after 5,000 turns), which the command has no garbage for
+        self.off_after = False
 
     def __enter__(self) -> None:
         with self.lock:
@@ -299,6 +307,25 @@ class _RareYoungCollections:
             self.running -= 1
             if self.running == 0 and gc.get_threshold()[0] == self.YOUNG_EVERY and self.was[0] < self.YOUNG_EVERY:
                 gc.set_threshold(*self.was)
+            if self.running == 0 and self.off_after:
+                gc.disable()
+
+
+@contextmanager
+def collector_off_after_analysis() -> Iterator[None]:
+    """For a one-shot command whose objects all live to its end: the analyses inside collect as they always do
+    (`RARE_YOUNG_COLLECTIONS`); from the end of the last one the cyclic collector is off, and what is left at
+    the end is frozen (the process is about to exit: the collection at exit would pass over it all). The
+    collector is on again afterwards if it was before; a caller that goes on can gc.unfreeze()."""
+    was = gc.isenabled()
+    RARE_YOUNG_COLLECTIONS.off_after = True
+    try:
+        yield
+    finally:
+        RARE_YOUNG_COLLECTIONS.off_after = False
+        gc.freeze()
+        if was:
+            gc.enable()
 
 
 RARE_YOUNG_COLLECTIONS = _RareYoungCollections()
@@ -523,6 +550,7 @@ def open_session(
     server_log: str | None = None,
     loader: Loader | None = None,
     tails: Tails | None = None,
+    keep_tokens: int = TurnPrompts.BUDGET,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
     in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
@@ -536,7 +564,8 @@ def open_session(
     read (the analysis goes on when it returns). `engine`: llama-server's flags for the per-turn verdicts
     (`engine_config`; "auto": what the session and its /props say; None: no verdicts); `server_log`: the
     server's log, its tasks lined up with the turns as both are read. `loader`: one opened already (a
-    fleet's); `tails`: tail forms learned already (a fleet's other sessions)."""
+    fleet's); `tails`: tail forms learned already (a fleet's other sessions). `keep_tokens`: the decoded
+    prompts kept for the views (`TurnPrompts`; any other is decoded again when asked for)."""
     if engine == "auto":
         engine = engine_config(paths, opts, server_log=server_log, layout=layout)
     loader = loader or open_loader(opts)
@@ -546,7 +575,20 @@ def open_session(
     inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live, skipped, cloud)
     props = props if props is not None else saved_props(paths)
     loaded = _analyse(
-        loader, inputs, None, progress, pool, layout, capacity, props, first_pair, engine, server_log, skipped, tails
+        loader,
+        inputs,
+        None,
+        progress,
+        pool,
+        layout,
+        capacity,
+        props,
+        first_pair,
+        engine,
+        server_log,
+        skipped,
+        tails,
+        keep_tokens,
     )
     loaded.cloud = cloud.seen
     from tokendiff.app.evictions import with_kv_events

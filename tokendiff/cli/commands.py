@@ -159,7 +159,7 @@ def _clear_line(enabled: bool) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
-    from tokendiff.app.session import expand_session_paths, is_dataset_target
+    from tokendiff.app.session import collector_off_after_analysis, expand_session_paths, is_dataset_target
 
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise UsageError("--fail-under takes a percentage from 0 to 100")
@@ -177,13 +177,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     tty = is_terminal(sys.stderr)
     if args.format in ("otlp", "trace"):
         return _telemetry_report(args, paths, tty)
-    _numpy_with_one_blas_thread()
+    _analysis_imports()
     opts = ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
     loaded, skipped = None, []
     doc: AnyReport
     if len(paths) == 1:
-        loaded = _open_one_session(args, paths, tty)
-        with _no_cyclic_gc():  # the document: a tree of dicts and lists, no cycle in it (gen1 passes ~45 ms)
+        with collector_off_after_analysis():  # the document: a tree of dicts and lists, no cycle in it
+            loaded = _open_one_session(args, paths, tty)
             doc, reuse, what = session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
         if args.prefill_rate and not loaded.session.rate_estimated and loaded.session.ms_per_token is not None:
             print("tokendiff: --prefill-rate not used: the session has the server's measured timings", file=sys.stderr)
@@ -234,6 +234,8 @@ def _open_one_session(args: argparse.Namespace, paths: list[str], tty: bool) -> 
         capacity=ladder,
         engine=engine,
         server_log=args.server_log,
+        keep_tokens=0,  # the report reads only its spans' examples, held with them; kept prompts are objects every
+        # pass of the collector walks (~50 ms over 5,000 slot files); an export that reads more decodes them again
     )
     _clear_line(tty)
     return loaded
@@ -300,6 +302,16 @@ def _one_blas_thread() -> None:
     start pays for on a 2-core machine; tokendiff does no linear algebra. Before numpy is imported;
     the user's own setting wins."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def _analysis_imports() -> None:
+    """What every report's analysis imports (numpy with one BLAS thread, the cost model, the document), imported
+    with the cyclic collector off and frozen after (`_no_cyclic_gc`): a dozen collections over the modules'
+    objects otherwise (~7 ms), and the analysis's full collections would walk them all again."""
+    with _no_cyclic_gc():
+        _numpy_with_one_blas_thread()
+        import tokendiff.core.cost
+        import tokendiff.report.session  # noqa: F401 - imported for the frozen start; used by the command
 
 
 def _numpy_with_one_blas_thread() -> None:
