@@ -81,7 +81,13 @@ def _paths(rng: random.Random) -> list[SectionPath]:
 
 def _turn(rng: random.Random, k: int, paths: list[SectionPath]) -> Turn:
     t = Turn(turn=k, origin="", n_tokens=rng.randrange(10, 3000))
-    kinds = [CauseKind.APPENDED, CauseKind.REASONING_STRIPPED, CauseKind.DATE, CauseKind.HISTORY_REWRITTEN, CauseKind.SYSTEM_MOVED]
+    kinds = [
+        CauseKind.APPENDED,
+        CauseKind.REASONING_STRIPPED,
+        CauseKind.DATE,
+        CauseKind.HISTORY_REWRITTEN,
+        CauseKind.SYSTEM_MOVED,
+    ]
     n_hunks = rng.randrange(1, 5)
     findings = []
     for h in range(n_hunks):
