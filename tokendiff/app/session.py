@@ -12,6 +12,7 @@ import glob
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -54,7 +55,9 @@ class TurnPrompts(Sequence["Prompt"]):
     """A session's prompts by turn, loaded when asked for: a long session is never all in memory.
     The most recently used ones are kept, up to `budget` tokens."""
 
-    def __init__(self, loader: Loader, specs: Sequence[str], budget: int = 2_000_000):
+    BUDGET = 2_000_000  # tokens: the views' (a TUI moves between turns)
+
+    def __init__(self, loader: Loader, specs: Sequence[str], budget: int = BUDGET):
         self.loader, self.specs, self.budget = loader, list(specs), budget
         self._kept: dict[int, Prompt] = {}
         self._tokens = 0  # in the kept prompts (a running total: summing per keep is quadratic)
@@ -221,10 +224,11 @@ def _analyse(
     server_log: str | None = None,
     skipped: Skipped | None = None,
     tails: Tails | None = None,
+    keep_tokens: int = TurnPrompts.BUDGET,
 ) -> LoadedSession:
-    """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views.
-    `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the end.
-    `first_pair` is given the first pair that wasted the cache as soon as it is analysed."""
+    """The streaming analysis over (selector, turn) pairs; prompts it decoded are kept for the views, up to
+    `keep_tokens`. `pool` compares the divergent pairs (and may be tokenising the inputs ahead); closed at the
+    end. `first_pair` is given the first pair that wasted the cache as soon as it is analysed."""
     import os
 
     from tokendiff.core.cost import Analyser
@@ -243,7 +247,7 @@ def _analyse(
         check_tails=check,
         tails=tails,
     )
-    prompts = TurnPrompts(loader, [])
+    prompts = TurnPrompts(loader, [], keep_tokens)
     specs = prompts.specs  # filled as the turns come, so the prompts so far can be loaded meanwhile
     prev: TurnInput | None = None
     with RARE_YOUNG_COLLECTIONS:  # the workers fork inside, and keep it
@@ -275,16 +279,23 @@ def _analyse(
 class _RareYoungCollections:
     """While sessions are analysed, the young generation is collected every YOUNG_EVERY allocations,
     not 700: parsing, rendering and diffing allocate millions of short-lived containers and hardly a
-    cycle among them, and collecting every 700 scanned them all for ~15 % of the CPU. The first
-    analysis to start sets it, the last to end puts back what was (a TUI may run several in
-    threads); a collector that is off, or set never to run, is left alone."""
+    cycle among them, and collecting every 700 scanned them all for ~15 % of the CPU. A pass walks the
+    young objects still alive (the pairs being diffed: ~50k), not the allocations since the last, so
+    fewer passes cost less: at 200,000 the report of 5,000 slot files makes none (two of ~15 ms at 50,000)
+    and that of a 10,000-request capture 10 (43), with the same peak RSS (513 MB) and the same 42 objects
+    found in cycles. The first analysis to start sets it, the last to end puts back what was (a TUI
+    may run several in threads); a collector that is off, or set never to run, is left alone."""
 
-    YOUNG_EVERY = 50_000
+    YOUNG_EVERY = 200_000
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.running = 0
         self.was: tuple[int, int, int] = gc.get_threshold()
+        # a one-shot command (`report`) whose objects live to its end: the last analysis to end turns the collector
+        # off (`collector_off_after_analysis`), else its next allocation would start the collection of everything
+        # the analysis made young (~40 ms after 5,000 turns), which the command has no garbage for
+        self.off_after = False
 
     def __enter__(self) -> None:
         with self.lock:
@@ -299,6 +310,25 @@ class _RareYoungCollections:
             self.running -= 1
             if self.running == 0 and gc.get_threshold()[0] == self.YOUNG_EVERY and self.was[0] < self.YOUNG_EVERY:
                 gc.set_threshold(*self.was)
+            if self.running == 0 and self.off_after:
+                gc.disable()
+
+
+@contextmanager
+def collector_off_after_analysis() -> Iterator[None]:
+    """For a one-shot command whose objects all live to its end: the analyses inside collect as they always do
+    (`RARE_YOUNG_COLLECTIONS`); from the end of the last one the cyclic collector is off, and what is left at
+    the end is frozen (the process is about to exit: the collection at exit would pass over it all). The
+    collector is on again afterwards if it was before; a caller that goes on can gc.unfreeze()."""
+    was = gc.isenabled()
+    RARE_YOUNG_COLLECTIONS.off_after = True
+    try:
+        yield
+    finally:
+        RARE_YOUNG_COLLECTIONS.off_after = False
+        gc.freeze()
+        if was:
+            gc.enable()
 
 
 RARE_YOUNG_COLLECTIONS = _RareYoungCollections()
@@ -421,8 +451,7 @@ def _path_inputs(
         if kind in ("capture", "har", "otlp"):
             yield from _records_inputs(loader, pool, p, kind, skipped, cloud)
         elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
-            sels = session_turns(p, order)
-            yield from _readable((str(sel.path), partial(_selected_input, loader, sel)) for sel in sels)(skipped)
+            yield from _selected_inputs(loader, session_turns(p, order), skipped)
         elif not path.is_dir():  # a file named on its own: one that cannot be read is the command's error
             for spec in session_specs([p], order, single_turns=single_turns, live=live):
                 yield spec, _spec_input(loader, spec)
@@ -467,26 +496,45 @@ def _records_inputs(
         raise InputError("the session holds no chat requests", source=p)
 
 
-def _selected_input(loader: Loader, sel: Selected) -> TurnInput:
-    """A turn of a directory: a slot file's IDs from its header and payload, decoded only if needed."""
+def _selected_inputs(loader: Loader, sels: Iterable[Selected], skipped: Skipped) -> Iterator[tuple[str, TurnInput]]:
+    """(selector, turn) for a directory's turns, as `_readable` of `_selected_input` gives them (a turn that
+    raises InputError warned of, named in `skipped` and left out), with a slot file's reading written out
+    here: its imports made once a directory, not once a file."""
     import numpy as np
 
     from tokendiff.core.cost import TurnInput
     from tokendiff.notices import warn
     from tokendiff.sources.slotfile import read_slot_file
 
-    job = SelectedJob(sel)
-    if sel.kind != "slot":
-        return TurnInput.of(loader.load_selected(sel), job=job)
-    slot = read_slot_file(sel.path)
-    for w in slot.warnings:
-        warn(w)
-    arr = np.frombuffer(slot.tokens, dtype=np.int32)  # the int32 array's own bytes: no copy
-    # media (negative: past 2**31 as unsigned) or a foreign vocabulary, in one compare in C
-    if arr.size and bool((arr.view(np.uint32) >= min(loader.vocab.n_vocab, 1 << 31)).any()):
-        return TurnInput.of(loader.load_selected(sel, slot), job=job)
-    load = partial(loader.load_selected, sel, slot)
-    return TurnInput(ids=arr, origin=sel.label, load=load, job=job, sectioning=partial(loader.slot_sectioning, arr))
+    for sel in sels:
+        spec = str(sel.path)
+        try:
+            if sel.kind != "slot":
+                turn = _selected_input(loader, sel)
+            else:
+                slot = read_slot_file(sel.path)
+                for w in slot.warnings:
+                    warn(w)
+                arr = np.frombuffer(slot.tokens, dtype=np.int32)
+                # media (negative: past 2**31 as unsigned) or a foreign vocabulary: the largest in C (any ID
+                # at or past the limit is one where the largest is)
+                if arr.size and int(arr.view(np.uint32).max()) >= min(loader.vocab.n_vocab, 1 << 31):
+                    turn = TurnInput.of(loader.load_selected(sel, slot), job=SelectedJob(sel))
+                else:
+                    load = partial(loader.load_selected, sel, slot)
+                    sectioning = partial(loader.slot_sectioning, arr)
+                    turn = TurnInput(ids=arr, origin=sel.label, load=load, job=SelectedJob(sel), sectioning=sectioning)
+        except InputError as e:
+            left_out(spec, e, skipped)
+            continue
+        yield spec, turn
+
+
+def _selected_input(loader: Loader, sel: Selected) -> TurnInput:
+    """A turn of a directory that is not a slot file (a request body, a prompt log): its prompt loaded."""
+    from tokendiff.core.cost import TurnInput
+
+    return TurnInput.of(loader.load_selected(sel), job=SelectedJob(sel))
 
 
 def open_session(
@@ -505,6 +553,7 @@ def open_session(
     server_log: str | None = None,
     loader: Loader | None = None,
     tails: Tails | None = None,
+    keep_tokens: int = TurnPrompts.BUDGET,
 ) -> LoadedSession:
     """Loader, turns and analysis for `paths` in one call (captures streamed); divergent pairs diffed
     in `workers` processes (default: up to 2 on a machine with the cores; 1: all in this one).
@@ -518,7 +567,8 @@ def open_session(
     read (the analysis goes on when it returns). `engine`: llama-server's flags for the per-turn verdicts
     (`engine_config`; "auto": what the session and its /props say; None: no verdicts); `server_log`: the
     server's log, its tasks lined up with the turns as both are read. `loader`: one opened already (a
-    fleet's); `tails`: tail forms learned already (a fleet's other sessions)."""
+    fleet's); `tails`: tail forms learned already (a fleet's other sessions). `keep_tokens`: the decoded
+    prompts kept for the views (`TurnPrompts`; any other is decoded again when asked for)."""
     if engine == "auto":
         engine = engine_config(paths, opts, server_log=server_log, layout=layout)
     loader = loader or open_loader(opts)
@@ -528,7 +578,20 @@ def open_session(
     inputs = _path_inputs(loader, pool, paths, opts.order, single_turns, live, skipped, cloud)
     props = props if props is not None else saved_props(paths)
     loaded = _analyse(
-        loader, inputs, None, progress, pool, layout, capacity, props, first_pair, engine, server_log, skipped, tails
+        loader,
+        inputs,
+        None,
+        progress,
+        pool,
+        layout,
+        capacity,
+        props,
+        first_pair,
+        engine,
+        server_log,
+        skipped,
+        tails,
+        keep_tokens,
     )
     loaded.cloud = cloud.seen
     from tokendiff.app.evictions import with_kv_events
@@ -634,12 +697,12 @@ def engine_config(
     server's log states, then the saved /props, llama-server's defaults for the rest; the attention layout
     (`attention_layout`, unless given) for checkpoints, and a saved state's size per token from the model's
     GGUF. None for a session no llama-server answer, flag or log speaks of (vLLM, SGLang, Ollama, slot files)."""
+    if not server_args and not server_log and not _llama_server_session(paths):
+        return None  # imported below only where there is a policy to play: a slot report has none
     import shlex
 
     from tokendiff.core.cache.llama import EngineConfig, engine_flags, props_facts
 
-    if not server_args and not server_log and not _llama_server_session(paths):
-        return None
     try:
         flags = engine_flags(shlex.split(server_args or ""))
     except ValueError as e:

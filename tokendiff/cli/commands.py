@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from tokendiff.app.observe import ObserveOptions
     from tokendiff.app.pair import PromptOptions
-    from tokendiff.app.session import Progress
+    from tokendiff.app.session import LoadedSession, Progress
     from tokendiff.backends.proxy import RecordEvent
     from tokendiff.report.schema import AnyReport
 
@@ -159,14 +159,7 @@ def _clear_line(enabled: bool) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
-    from tokendiff.app.session import (
-        attention_layout,
-        capacity_ladder,
-        engine_config,
-        expand_session_paths,
-        is_dataset_target,
-        open_session,
-    )
+    from tokendiff.app.session import collector_off_after_analysis, expand_session_paths, is_dataset_target
 
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise UsageError("--fail-under takes a percentage from 0 to 100")
@@ -184,30 +177,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     tty = is_terminal(sys.stderr)
     if args.format in ("otlp", "trace"):
         return _telemetry_report(args, paths, tty)
+    _analysis_imports()
     opts = ReportOptions(redact=args.redact, replays=tuple(args.replay), prefill_rate=args.prefill_rate)
     loaded, skipped = None, []
     doc: AnyReport
     if len(paths) == 1:
-        popts = _prompt_options(args)
-        layout = attention_layout(paths, popts, args.model, args.server_args)
-        ladder = None
-        if args.cache_size:
-            ladder = capacity_ladder(
-                paths, popts, args.cache_size, args.model, args.kv_bytes_per_token, args.server_args
-            )
-        engine = engine_config(paths, popts, args.model, args.server_args, args.server_log, layout)
-        loaded = open_session(
-            popts,
-            paths,
-            _progress_line(tty),
-            single_turns=False,
-            layout=layout,
-            capacity=ladder,
-            engine=engine,
-            server_log=args.server_log,
-        )
-        _clear_line(tty)
-        doc, reuse, what = session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
+        with collector_off_after_analysis():  # the document: a tree of dicts and lists, no cycle in it
+            loaded = _open_one_session(args, paths, tty)
+            doc, reuse, what = session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
         if args.prefill_rate and not loaded.session.rate_estimated and loaded.session.ms_per_token is not None:
             print("tokendiff: --prefill-rate not used: the session has the server's measured timings", file=sys.stderr)
     else:  # the fleet view; its workers write the dataset as they go
@@ -236,6 +213,32 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"tokendiff: {what} reuse {reuse:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
         return ExitCode.DIFFERENT
     return ExitCode.OK
+
+
+def _open_one_session(args: argparse.Namespace, paths: list[str], tty: bool) -> LoadedSession:
+    """`report`'s one session, read and analysed with the model facts its options give."""
+    from tokendiff.app.session import attention_layout, capacity_ladder, engine_config, open_session
+
+    popts = _prompt_options(args)
+    layout = attention_layout(paths, popts, args.model, args.server_args)
+    ladder = None
+    if args.cache_size:
+        ladder = capacity_ladder(paths, popts, args.cache_size, args.model, args.kv_bytes_per_token, args.server_args)
+    engine = engine_config(paths, popts, args.model, args.server_args, args.server_log, layout)
+    loaded = open_session(
+        popts,
+        paths,
+        _progress_line(tty),
+        single_turns=False,
+        layout=layout,
+        capacity=ladder,
+        engine=engine,
+        server_log=args.server_log,
+        keep_tokens=0,  # the report reads only its spans' examples, held with them; kept prompts are objects every
+        # pass of the collector walks (~50 ms over 5,000 slot files); an export that reads more decodes them again
+    )
+    _clear_line(tty)
+    return loaded
 
 
 def _telemetry_report(args: argparse.Namespace, paths: list[str], tty: bool) -> int:
@@ -299,6 +302,31 @@ def _one_blas_thread() -> None:
     start pays for on a 2-core machine; tokendiff does no linear algebra. Before numpy is imported;
     the user's own setting wins."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def _analysis_imports() -> None:
+    """What every report's analysis imports (numpy with one BLAS thread, the cost model, the document), imported
+    with the cyclic collector off and frozen after (`_no_cyclic_gc`): a dozen collections over the modules'
+    objects otherwise (~7 ms), and the analysis's full collections would walk them all again."""
+    with _no_cyclic_gc():
+        _numpy_with_one_blas_thread()
+        import tokendiff.core.cost
+        import tokendiff.report.session  # noqa: F401 - imported for the frozen start; used by the command
+
+
+def _numpy_with_one_blas_thread() -> None:
+    """numpy imported with one OpenBLAS thread (`_one_blas_thread`): the threads it starts otherwise spin
+    ~60 ms of CPU in a `report` of any size. The variable is read when OpenBLAS loads, so it is put back
+    after the import: a process the command's caller starts later (a test's server) does not inherit it."""
+    if "numpy" in sys.modules:
+        return
+    had = os.environ.get("OPENBLAS_NUM_THREADS")
+    _one_blas_thread()
+    try:
+        import numpy  # noqa: F401 - imported for its side effect: OpenBLAS loads with the setting above
+    finally:
+        if had is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
 def _log_path(path: str | None) -> str | None:

@@ -17,12 +17,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 
 from tokendiff.core.align import align
-from tokendiff.core.cache.advice import Advice
 from tokendiff.core.cache.backend_facts import (
     BackendFact,
     TurnRecord,
@@ -31,11 +30,7 @@ from tokendiff.core.cache.backend_facts import (
     ollama_facts,
     turn_record,
 )
-from tokendiff.core.cache.capacity import CapacityLadder, CapacityReport
-from tokendiff.core.cache.engine_log import LogAligner, TurnNumbers
-from tokendiff.core.cache.llama import EngineConfig
 from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, checkpoint_reuse
-from tokendiff.core.cache.verdict import EngineTrack, EngineTurn, classify, client_waste, engine_request
 from tokendiff.core.explain import appended_finding, explain
 from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, ServerKind
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
@@ -44,6 +39,15 @@ from tokendiff.core.prefix_index import PrefixIndex
 from tokendiff.core.tails import AnyPair, TailDiff, Tails
 from tokendiff.core.usage import usage_of
 from tokendiff.core.vocab import Vocab
+
+# llama-server's policy model (core.cache.verdict, llama, advice, engine_log) and the capacity ladder are
+# imported where a session is played through them: a report of slot files is neither (~9 ms of imports)
+if TYPE_CHECKING:
+    from tokendiff.core.cache.advice import Advice
+    from tokendiff.core.cache.capacity import CapacityLadder, CapacityReport
+    from tokendiff.core.cache.engine_log import LogAligner
+    from tokendiff.core.cache.llama import EngineConfig
+    from tokendiff.core.cache.verdict import EngineTrack, EngineTurn
 
 T = TypeVar("T")
 BACKENDS = tuple(Backend)  # llama.cpp, llama.cpp-hybrid, vllm, sglang, ollama: the columns, in order
@@ -274,16 +278,42 @@ def _hunk_b_start(t: Turn, i: int) -> int:
 def _span_key(f: Finding, t: Turn) -> SpanKey:
     """Where a cause sits, named the same in every turn and for every instance:
     reasoning in any assistant message, the tools block, the system prompt."""
-    path = _hunk_owner(t, f.hunk)
+    return f.kind, _generalised(_hunk_owner(t, f.hunk))
+
+
+def _generalised(path: SectionPath) -> SectionPath:
+    """`path.generalised()`, made once a path. Looked up by the path object first: a form-filled turn
+    (core.tails) carries its form's owner, one object for every turn of the form, and a SectionPath's
+    hash walks its parts in Python. The entry holds the object, so its id names it while it is there."""
+    hit = _GENERALISED_BY_ID.get(id(path))
+    if hit is not None and hit[0] is path:
+        return hit[1]
     general = _GENERALISED.get(path)
     if general is None:
         if len(_GENERALISED) > 4096:
             _GENERALISED.clear()
         general = _GENERALISED[path] = path.generalised()
-    return f.kind, general
+    if len(_GENERALISED_BY_ID) > 4096:
+        _GENERALISED_BY_ID.clear()
+    _GENERALISED_BY_ID[id(path)] = (path, general)
+    return general
+
+
+def _label(path: SectionPath) -> str:
+    """`path.label`, made once a path object (as `_generalised`)."""
+    hit = _LABELS_BY_ID.get(id(path))
+    if hit is not None and hit[0] is path:
+        return hit[1]
+    if len(_LABELS_BY_ID) > 4096:
+        _LABELS_BY_ID.clear()
+    label = path.label
+    _LABELS_BY_ID[id(path)] = (path, label)
+    return label
 
 
 _GENERALISED: dict[SectionPath, SectionPath] = {}  # a session's paths, generalised once (a few per turn)
+_GENERALISED_BY_ID: dict[int, tuple[SectionPath, SectionPath]] = {}  # id -> (the path, generalised)
+_LABELS_BY_ID: dict[int, tuple[SectionPath, str]] = {}  # id -> (the path, its label)
 
 
 @dataclass
@@ -424,7 +454,11 @@ class Analyser:
         tails: Tails | None = None,
     ):
         self.max_hunks = max_hunks
-        self.engine = EngineTrack(engine, log) if engine is not None else None  # llama-server's policy, per turn
+        self.engine: EngineTrack | None = None  # llama-server's policy, per turn
+        if engine is not None:
+            from tokendiff.core.cache.verdict import EngineTrack
+
+            self.engine = EngineTrack(engine, log)
         # tail pairs filled from IDs (core.tails); `tails`: forms learned already (a fleet's other sessions)
         self.tails = tails if tails is not None else Tails(vocab) if vocab is not None else None
         self.check_tails = check_tails  # diff every tail pair in full too, and fail where the answers differ
@@ -482,6 +516,9 @@ class Analyser:
 
     def _engine_turn(self, t: Turn, cur: TurnInput, best: tuple[int | None, int]) -> None:
         """The turn through llama-server's policy model: its outcome and what its content allowed."""
+        from tokendiff.core.cache.engine_log import TurnNumbers
+        from tokendiff.core.cache.verdict import engine_request
+
         assert self.engine is not None
         lay = self.engine.config.layout
         starts = user_message_starts(cur.prompt()) if lay.needs_checkpoints and cur.request is not None else []
@@ -618,6 +655,8 @@ class Analyser:
             for t in s.turns:
                 _checkpoint_note(t, self.layout)
         if self.engine is not None:
+            from tokendiff.core.cache.verdict import classify, client_waste
+
             s.engine = self.engine.config
             if self.engine.advisor is not None:
                 s.advice = self.engine.advisor.advice(s.ms_per_token)
@@ -765,7 +804,7 @@ def fill_turn(t: Turn, pd: PairDiff | TailDiff) -> int:
     if first is not None and (t.wasted > 0 or first.expected):
         t.cause = first.kind
         t.path = pd.hunk_owner(first.hunk)
-        t.section = t.path.label
+        t.section = _label(t.path)
     _notes(t, pd.identical, n)
     return pd.ceiling
 
@@ -790,35 +829,68 @@ def _reuse(t: Turn, lcp: int, n: int, cached_len: int) -> dict[Backend, int]:
     """Every backend's reuse: the stateless rules of the previous prompt, the checkpoint rule's replay
     of the session, and vLLM's best earlier match: its cache keeps the blocks of every earlier prompt
     (until evicted), so its hit is counted in the server's blocks."""
-    out = {be: backend_reuse(be, lcp, n, cached_len) for be in BACKENDS if be != CHECKPOINT_BACKEND}
-    out[CHECKPOINT_BACKEND] = t.checkpoint.reused if t.checkpoint is not None else out[Backend.LLAMA_CPP]
-    out[Backend.VLLM] = backend_reuse(Backend.VLLM, max(lcp, t.best_lcp), n, cached_len, block=t.vllm_block)
-    return {be: out[be] for be in BACKENDS}
+    # `backend_reuse` of each, written out (a turn's every backend, ~5 us as calls): llama.cpp, Ollama and
+    # SGLang (page 1) reuse the usable LCP, vLLM whole blocks of its best earlier match; in BACKENDS' order
+    # (`_REUSE_ORDER`). tests/unit/test_cost_fast.py holds it to the calls.
+    usable = min(lcp, max(n - 1, 0))
+    block = t.vllm_block
+    vllm = (min(max(lcp, t.best_lcp), max(n - 1, 0)) // block) * block
+    hybrid = t.checkpoint.reused if t.checkpoint is not None else usable
+    return {
+        Backend.LLAMA_CPP: usable,
+        CHECKPOINT_BACKEND: hybrid,
+        Backend.VLLM: vllm,
+        Backend.SGLANG: usable,
+        Backend.OLLAMA: usable,
+    }
+
+
+_REUSE_ORDER = (Backend.LLAMA_CPP, CHECKPOINT_BACKEND, Backend.VLLM, Backend.SGLANG, Backend.OLLAMA)
+if _REUSE_ORDER != BACKENDS:  # the dict above is written in BACKENDS' order
+    raise ImportError("cost._reuse: the backends' order changed")
 
 
 def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
     """Add a turn's unexpected findings to the session's spans: the turn's waste goes to the span
     of its first one (the ceiling), and each span gains what fixing it alone would reuse here.
     True when the turn is the first example of a span."""
-    keyed = _keyed(t)
+    # Each finding's span looked up once (a SpanKey's hash walks its path in Python): the spans stand for
+    # their keys, one Span a key, so `k != key` of `_span_gains` is `sp is not span` here, and its gains
+    # are added span by span (the order of the adds is immaterial: each goes to its own span).
+    turn = t.turn
+    found: list[tuple[Finding, Span | None]] = []
     first_example = False
-    for f, key in keyed:
-        if key is None:
+    for f in t.findings:
+        if f.expected:
+            found.append((f, None))
             continue
+        key = _span_key(f, t)
         sp = spans.get(key)
         if sp is None:  # made only when new (setdefault made a Span a finding)
             sp = spans[key] = Span(kind=f.kind, path=key[1], title=f.title, fix=f.fix)
-        if not sp.turns or sp.turns[-1] != t.turn:
-            sp.turns.append(t.turn)
+        found.append((f, sp))
+        if not sp.turns or sp.turns[-1] != turn:
+            sp.turns.append(turn)
         if sp.example is None:
-            sp.example = (t.turn, f.hunk)
+            sp.example = (turn, f.hunk)
             first_example = True
-    first = next((key for _, key in keyed if key is not None), None)
+    first = next((sp for _, sp in found if sp is not None), None)
     if first is None:
         return False
-    spans[first].add(t.turn, t.wasted, 0)
-    for key, gain in _span_gains(t, ceiling, keyed).items():
-        spans[key].add(t.turn, 0, gain)
+    first.add(turn, t.wasted, 0)
+    if t.divergence is None and t.tail_owner is None:
+        return first_example  # `_span_gains`: no gains without a diff
+    reused = t.reuse[Backend.LLAMA_CPP]
+    done: list[Span] = []
+    for _, span in found:
+        if span is None or any(span is d for d in done):
+            continue
+        done.append(span)
+        other = next(
+            (ceiling if sp is None else _hunk_b_start(t, f.hunk) for f, sp in found if sp is not span),
+            ceiling,
+        )
+        span.add(turn, 0, max(0, min(other, ceiling) - reused))
     return first_example
 
 

@@ -55,17 +55,25 @@ class _Kids:
     def best(self, rest: bytes) -> tuple[int | None, int, int]:
         """(latest turn, tokens) of the block sharing the most leading tokens with `rest` (None, 0: none
         shares any), and the tokens compared to find it."""
-        q = rest
-        i = bisect.bisect_left(self.sorted, q)
-        near = [j for j in (i - 1, i) if 0 <= j < len(self.sorted)]
-        n = max((_common_bytes(self.sorted[j], q) // 4 for j in near), default=0)
+        q, blocks = rest, self.sorted
+        i, end = bisect.bisect_left(blocks, q), len(blocks)
+        # the two neighbours' shares, each compared once: the walks below start with them
+        before = _common_bytes(blocks[i - 1], q) // 4 if i > 0 else 0
+        after = _common_bytes(blocks[i], q) // 4 if i < end else 0
+        n = max(before, after)
         if n == 0:
-            return None, 0, len(near)
-        lo, hi, compared = i, i, 0
-        while lo > 0 and _common_bytes(self.sorted[lo - 1], q) // 4 >= n:
-            lo, compared = lo - 1, compared + n
-        while hi < len(self.sorted) and _common_bytes(self.sorted[hi], q) // 4 >= n:
-            hi, compared = hi + 1, compared + n
+            return None, 0, (i > 0) + (i < end)
+        # a block shares at least n tokens with q where it starts with q's first n (q holds them: n is a share
+        # of q's): one memcmp, not the share computed
+        lo, hi, compared, head = i, i, 0, q[: 4 * n]
+        if before >= n:
+            lo, compared = i - 1, n
+            while lo > 0 and blocks[lo - 1].startswith(head):
+                lo, compared = lo - 1, compared + n
+        if after >= n:
+            hi, compared = i + 1, compared + n
+            while hi < end and blocks[hi].startswith(head):
+                hi, compared = hi + 1, compared + n
         return max(node.turn for node in self.nodes[lo:hi]), n, compared + 2 * n
 
 

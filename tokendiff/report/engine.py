@@ -10,19 +10,21 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from tokendiff.core.cache.verdict import EngineTurn, GapClass, verdict_text
 from tokendiff.core.cost import Session, Turn
 from tokendiff.core.rounding import seconds_text
 
+# core.cache.verdict (with llama-server's policy model, ~9 ms of imports) is imported where a session has engine
+# verdicts: a report of slot files has none
 if TYPE_CHECKING:
+    from tokendiff.core.cache.verdict import EngineTurn
     from tokendiff.report.schema import EngineDocument, EngineFalseHit, EngineGapDoc, EngineHelp, TurnEngineDoc
 
-CLASS_WORDS = {
-    GapClass.CONTENT: "the client changed the prompt",
-    GapClass.ENGINE: "the engine's policy",
-    GapClass.CACHE_KEY: "the cache key (adapters, model, template)",
-    GapClass.IDLE: "evicted while idle",
-    GapClass.UNEXPLAINED: "unexplained",
+CLASS_WORDS = {  # by GapClass (a StrEnum: each member is looked up as its value)
+    "content": "the client changed the prompt",
+    "engine": "the engine's policy",
+    "cache_key": "the cache key (adapters, model, template)",
+    "idle": "evicted while idle",
+    "unexplained": "unexplained",
 }
 
 
@@ -101,6 +103,8 @@ def engine_json(s: Session) -> EngineDocument | None:
 
 def engine_headline(s: Session, lost: Counter[str], hits: list[EngineFalseHit]) -> str:
     """One sentence: who lost the most tokens, and the change that would have kept the most."""
+    from tokendiff.core.cache.verdict import GapClass
+
     parts = []
     if lost:
         cls, n = lost.most_common(1)[0]
@@ -125,6 +129,8 @@ def engine_says(t: Turn) -> bool:
     et = t.engine
     if et is None:
         return False
+    from tokendiff.core.cache.verdict import GapClass
+
     beyond = et.verdict not in (None, GapClass.CONTENT) or any(g.tokens > 0 for g in et.gaps)
     return beyond or bool(et.false_hit) or et.matched is False
 
@@ -147,7 +153,11 @@ def verdict_cell(t: Turn) -> str:
 def pair_engine(t: Turn | None) -> str:
     """The pair screen header's engine part: the three numbers and the verdict, where the engine says more
     than the diff."""
-    return verdict_text(t.engine) if t is not None and t.engine is not None and engine_says(t) else ""
+    if t is None or t.engine is None or not engine_says(t):
+        return ""
+    from tokendiff.core.cache.verdict import verdict_text
+
+    return verdict_text(t.engine)
 
 
 def verdict_line(t: Turn) -> str:
@@ -155,6 +165,8 @@ def verdict_line(t: Turn) -> str:
     et = t.engine
     if et is None or not engine_says(t):
         return ""
+    from tokendiff.core.cache.verdict import verdict_text
+
     line = f"turn {t.turn}: {verdict_text(et)}"
     lost = [g for g in et.gaps if g.tokens < 0]
     if lost:
@@ -167,7 +179,7 @@ def verdict_line(t: Turn) -> str:
 def engine_panel(s: Session, show: int = 3) -> list[str]:
     """The session screen's engine lines: the headline, then the changes that would have helped most."""
     e = engine_json(s)
-    beyond = any(k != GapClass.CONTENT.value for k in e["lost_tokens"]) if e is not None else False
+    beyond = any(k != "content" for k in e["lost_tokens"]) if e is not None else False  # GapClass.CONTENT
     if e is None or not (beyond or e["helped"] or e["false_hits"]):
         return []  # the engine kept what the content allowed: the spans above say it all
     out = [e["headline"]]

@@ -7,12 +7,10 @@ report/html.py), so every format says the same thing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
-from tokendiff.core.cache.capacity import CapacityReport, conclusions
-from tokendiff.core.cache.kv_events import EVICTED, EVICTED_TITLE
 from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Session, Span, Turn
-from tokendiff.core.kinds import Backend
+from tokendiff.core.kinds import Backend, CauseKind
 from tokendiff.core.model import Prompt, SectionPath
 from tokendiff.core.rounding import percent, percent_text, seconds_text
 from tokendiff.core.secrets import mask
@@ -22,6 +20,7 @@ from tokendiff.report.excerpt import excerpt
 from tokendiff.report.redact import redact_labels, redact_text, session_labels
 
 if TYPE_CHECKING:
+    from tokendiff.core.cache.capacity import CapacityReport
     from tokendiff.report.schema import (
         CapacityDoc,
         CapacityPointDoc,
@@ -66,7 +65,9 @@ def cause_title(t: Turn) -> str:
     reloaded): what a person reads, not its kind id."""
     if t.cause == RELOAD:
         return RELOAD_TITLE
-    if t.cause == EVICTED:
+    if t.cause == CauseKind.VLLM_EVICTED:  # kv_events.EVICTED, imported only where a turn has it (~2.7 ms)
+        from tokendiff.core.cache.kv_events import EVICTED_TITLE
+
         return EVICTED_TITLE
     return next((f.title for f in t.findings if f.kind == t.cause), t.cause)
 
@@ -102,12 +103,13 @@ def turn_rows(s: Session) -> list[TurnRow]:
 
 def _turn_row(t: Turn, known: bool) -> TurnRow:
     reuse = t.reuse
+    reusable = reuse.get(Backend.LLAMA_CPP, 0)
     return {
         "turn": t.turn,
         "origin": t.origin,
         "tokens": t.n_tokens,
-        "reusable": reuse.get(Backend.LLAMA_CPP, 0),
-        "reuse_pct": percent(reuse.get(Backend.LLAMA_CPP, 0), t.n_tokens, 2),
+        "reusable": reusable,
+        "reuse_pct": percent(reusable, t.n_tokens, 2),
         "recomputed": t.recompute,
         "new_tokens": t.new_tokens,
         "wasted": t.wasted,
@@ -115,12 +117,12 @@ def _turn_row(t: Turn, known: bool) -> TurnRow:
         "best_earlier_turn": t.best_earlier,
         "best_earlier_lcp": t.best_lcp,
         "first_divergence_section": t.section,
-        "first_divergence_field": t.path.field_path,
+        "first_divergence_field": _field_path(t.path),
         "cause": t.cause,
         "reported_cached": t.reported_cached,
         "checkpoint_reusable": reuse.get(CHECKPOINT_BACKEND, 0) if known else None,
         "checkpoint_note": t.checkpoint.reason if t.checkpoint is not None else "",
-        "reuse_llamacpp": reuse.get(Backend.LLAMA_CPP, 0),
+        "reuse_llamacpp": reusable,
         "reuse_llamacpp_hybrid": reuse.get(Backend.LLAMA_CPP_HYBRID, 0) if known else None,  # no layout, no prediction
         "reuse_vllm": reuse.get(Backend.VLLM, 0),
         "reuse_sglang": reuse.get(Backend.SGLANG, 0),
@@ -129,18 +131,23 @@ def _turn_row(t: Turn, known: bool) -> TurnRow:
     }
 
 
+def _field_path(path: SectionPath) -> str | None:
+    """`path.field_path`, the empty path's (most turns') without a generator."""
+    return path.field_path if path.parts else None
+
+
 def _report_turn(row: TurnRow, t: Turn, s: Session) -> ReportTurn:
     """A turn row with its seconds: TTFT from the proxy, prefill from the server's timings, waste at the
     turn's own measured speed (never more than its prefill), else estimated (--prefill-rate, a replay, or the
-    speed measured over the turns before it)."""
-    return {
-        **row,
-        "ttft_ms": _secs(t.ttft_ms),
-        "prefill_ms": _secs(t.reported_prompt_ms),
-        "wasted_seconds": _seconds(t.wasted_seconds),
-        "seconds_estimated": t.seconds_estimated,
-        "engine": turn_engine_json(t.engine),
-    }
+    speed measured over the turns before it). The row is its own (`turn_rows` makes it): extended in place,
+    the keys in the order a copy with them after the row's has."""
+    doc = cast("ReportTurn", row)
+    doc["ttft_ms"] = _secs(t.ttft_ms)
+    doc["prefill_ms"] = _secs(t.reported_prompt_ms)
+    doc["wasted_seconds"] = _seconds(t.wasted_seconds)
+    doc["seconds_estimated"] = t.seconds_estimated
+    doc["engine"] = turn_engine_json(t.engine)
+    return doc
 
 
 def span_place(doc_side: str, side: CauseSide) -> str:
@@ -290,6 +297,8 @@ def _wasted_pct(s: Session) -> float:
 def capacity_json(c: CapacityReport, wasted_pct: float = 0.0) -> CapacityDoc:
     """Reuse at each cache capacity, unlimited last, the one-line verdict, and what it concludes:
     the prompts break the cache, the cache is too small, or the agents share a slot."""
+    from tokendiff.core.cache.capacity import conclusions  # a report with capacities (--cache-size) only
+
     points: list[CapacityPointDoc] = [
         {
             "cache": p.label,

@@ -1,7 +1,8 @@
 """Readers for llama.cpp sequence-state (`ggsq`) and session (`ggsn`) files.
 
-Only the 12-byte header and the token payload are read, never the state blob
-that follows: a file with a multi-GB KV cache costs what a tiny one costs.
+Only the 12-byte header and the token payload are read (and at most FIRST_READ bytes
+in all where they are shorter), never the rest of the state blob that follows: a file
+with a multi-GB KV cache costs what a tiny one costs.
 The layouts, and what each check guards against, are in docs/slot-files.md.
 """
 
@@ -32,6 +33,7 @@ MEDIA = -1  # LLAMA_TOKEN_NULL: a media cell inside a packed payload
 HEADER = 12
 MAX_PLAUSIBLE_VERSION = 255
 MAX_TOKENS = 1 << 24  # no llama.cpp context holds 16M tokens: a larger count is corruption
+FIRST_READ = HEADER + 4 * 2048  # the first read: the header and a prompt of up to ~2k tokens in one syscall
 
 
 def _swap32(v: int) -> int:
@@ -95,11 +97,12 @@ def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
             raise InputError("is a directory; use DIR@N to pick a turn", source=p) from None
         raise
     try:
-        kind, version, n = _read_header(fd, p)
+        src = _Source(fd, st.st_size)
+        kind, version, n = _read_header(src, p)
         warnings = _check_version(p, kind, version)
-        words = _read_payload(fd, p, n, st.st_size)
+        words = _read_payload(src, p, n, st.st_size)
         state_bytes = st.st_size - (HEADER + 4 * n)
-        arch = _read_arch(fd, state_bytes) if kind == "ggsn" and state_bytes >= 4 else None
+        arch = _read_arch(src, state_bytes) if kind == "ggsn" and state_bytes >= 4 else None
     finally:
         os.close(fd)
     slot = SlotFile(
@@ -119,9 +122,28 @@ def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
     return slot
 
 
-def _read_header(fd: int, p: str) -> tuple[str, int, int]:
+class _Source:
+    """A slot file's bytes in order, as `safeio.read_fd` gives them, its first FIRST_READ bytes (or the
+    file's size, where smaller) taken in one read: a small file's header and payload cost one syscall."""
+
+    def __init__(self, fd: int, size: int):
+        self.fd = fd
+        self.buf = safeio.read_fd(fd, min(max(size, HEADER), FIRST_READ))
+        self.pos = 0
+
+    def read(self, n: int) -> bytes:
+        """Up to n bytes, fewer only at the end of the file."""
+        pos, buf = self.pos, self.buf
+        out = buf if pos == 0 and n == len(buf) else buf[pos : pos + n]  # the whole first read: not copied
+        self.pos = pos + len(out)
+        if len(out) < n:
+            out += safeio.read_fd(self.fd, n - len(out))
+        return out
+
+
+def _read_header(src: _Source, p: str) -> tuple[str, int, int]:
     """(kind, version, n) from the 12-byte header; a short or foreign header is an error."""
-    head = safeio.read_fd(fd, HEADER)
+    head = src.read(HEADER)
     if len(head) < HEADER:
         if not head:
             raise InputError("empty file, not a slot file", source=p, offset=0)
@@ -162,7 +184,7 @@ def _check_version(p: str, kind: str, version: int) -> list[str]:
     return []
 
 
-def _read_payload(fd: int, p: str, n: int, size: int) -> array[int]:
+def _read_payload(src: _Source, p: str, n: int, size: int) -> array[int]:
     """The n token words after the header, checked against the file's size before reading."""
     need = HEADER + 4 * n
     if n > MAX_TOKENS:
@@ -171,7 +193,7 @@ def _read_payload(fd: int, p: str, n: int, size: int) -> array[int]:
         raise InputError(
             f"token count {n} needs {need} bytes but the file has {size} (truncated or corrupt)", source=p, offset=8
         )
-    raw = safeio.read_fd(fd, 4 * n)
+    raw = src.read(4 * n)
     if len(raw) != 4 * n:  # file shrank while reading
         raise InputError(f"truncated token payload: {len(raw) // 4} of {n} words", source=p, offset=HEADER)
     words = array("i")
@@ -190,9 +212,10 @@ def _negatives(tokens: array[int]) -> bytes:
     return tokens.tobytes()[sign::4].translate(_SIGN)
 
 
-def _first_negative(tokens: array[int], skip: int | None = None) -> int | None:
-    """Index of the first ID below 0 other than `skip`; the loop runs only from the first negative on."""
-    first = _negatives(tokens).find(1)
+def _first_negative(tokens: array[int], skip: int | None = None, first: int | None = None) -> int | None:
+    """Index of the first ID below 0 other than `skip`; the loop runs only from the first negative on
+    (`first`: that index, where the caller found it)."""
+    first = _negatives(tokens).find(1) if first is None else first
     if first < 0:
         return None
     return next((i for i in range(first, len(tokens)) if tokens[i] < 0 and tokens[i] != skip), None)
@@ -205,15 +228,15 @@ def _refuse_negative(tokens: array[int], p: str) -> None:
         raise InputError(f"negative token id {tokens[i]} at token {i}", source=p, offset=HEADER + 4 * i)
 
 
-def _read_arch(fd: int, state_bytes: int) -> str | None:
+def _read_arch(src: _Source, state_bytes: int) -> str | None:
     """The ggsn blob starts with the architecture name; read it if it looks sane."""
-    raw = safeio.read_fd(fd, 4)
+    raw = src.read(4)
     if len(raw) < 4:
         return None
     (length,) = struct.unpack("<I", raw)
     if not 0 < length <= 64 or length + 4 > state_bytes:
         return None
-    name = safeio.read_fd(fd, length)
+    name = src.read(length)
     try:
         text = name.decode("ascii")
     except UnicodeDecodeError:
@@ -253,20 +276,21 @@ def _unpack_server_tokens(slot: SlotFile, words: array[int]) -> None:
             offset=off(3 + c),
         )
     starts = [w & 0xFFFFFFFF for w in words[4 + c : 4 + c + k]]
-    raw = _little_endian(words)
+    raw = _little_endian(words) if k else b""  # the media chunks' bytes: none to read without a chunk
+    size = 4 * n
     pos = 4 * (4 + c + k)
     for j in range(k):
-        if pos + 4 > len(raw):
+        if pos + 4 > size:
             raise InputError(f"media chunk {j} header is truncated", source=p, offset=HEADER + pos)
         (length,) = struct.unpack_from("<I", raw, pos)
-        if pos + 4 + length > len(raw):
+        if pos + 4 + length > size:
             raise InputError(
-                f"media chunk {j} claims {length} bytes but the payload holds {len(raw) - pos - 4}",
+                f"media chunk {j} claims {length} bytes but the payload holds {size - pos - 4}",
                 source=p,
                 offset=HEADER + pos,
             )
         pos += 4 + length
-    trailing = len(raw) - pos
+    trailing = size - pos
     if trailing > 3:
         raise InputError(
             f"Trailing data in server tokens state: {trailing} bytes after the media chunks",
@@ -278,10 +302,11 @@ def _unpack_server_tokens(slot: SlotFile, words: array[int]) -> None:
             raise InputError(
                 f"media chunk {j} starts at token {s}, which is not a media cell", source=p, offset=off(4 + c + j)
             )
-    i = _first_negative(tokens, skip=MEDIA)
+    negative = _negatives(tokens).find(1)  # none: neither check below can find anything (most prompts)
+    i = _first_negative(tokens, skip=MEDIA, first=negative) if negative >= 0 else None
     if i is not None:
         raise InputError(f"negative token id {tokens[i]} at token {i}", source=p, offset=off(3 + i))
-    if k == 0 and _negatives(tokens).find(1) >= 0:  # only -1 (media) is left among the negatives
+    if k == 0 and negative >= 0:  # only -1 (media) is left among the negatives
         i = tokens.index(MEDIA)
         raise InputError(f"media cell at token {i} but no media chunks", source=p, offset=off(3 + i))
     slot.tokens = tokens
@@ -343,15 +368,46 @@ def list_session_dir(path: str | os.PathLike[str], order: str = "auto") -> list[
     """The slot files of a directory, ordered as turns (by save time, or by name)."""
     d = Path(path)
     try:
-        with os.scandir(d) as listing:  # each entry's type from the listing, its stat made once
-            entries = [e for e in listing if _is_file(e) and _slot_magic(safeio.head(e.path, 4))]
+        with os.scandir(d) as listing:  # each entry's type from the listing
+            entries = [(e.name, m) for e in listing if _is_file(e) and (m := _slot_mtime(e.path)) is not None]
     except OSError as e:
         raise InputError(e.strerror or str(e), source=str(d)) from None
     if order == "name":
-        entries.sort(key=lambda e: natural_key(e.name))
+        entries.sort(key=lambda e: natural_key(e[0]))
     else:
-        entries.sort(key=lambda e: (e.stat().st_mtime_ns, natural_key(e.name)))
-    return [d / e.name for e in entries]
+        _by_mtime_then_name(entries)
+    return [d / name for name, _ in entries]
+
+
+def _slot_mtime(path: str) -> int | None:
+    """The file's mtime (ns) where it is a regular file that starts with a ggsq/ggsn magic, else None: the
+    magic probe (`is_slot_file`) and the stat the order needs in one open (its fstat is the file's stat)."""
+    try:
+        fd, st = safeio.regular_fd(path)
+    except (InputError, OSError):
+        return None
+    try:
+        head = safeio.read_fd(fd, 4)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return st.st_mtime_ns if _slot_magic(head) else None
+
+
+def _by_mtime_then_name(entries: list[tuple[str, int]]) -> None:
+    """Sort (name, mtime) by (mtime, natural_key(name)): by mtime, then each run of equal mtimes by name (both
+    sorts stable, so entries equal in both keep their order, as one sort on the pair keeps it); a name's key
+    is made only where its mtime is another's."""
+    entries.sort(key=lambda e: e[1])
+    i, n = 0, len(entries)
+    while i < n:
+        j = i + 1
+        while j < n and entries[j][1] == entries[i][1]:
+            j += 1
+        if j - i > 1:
+            entries[i:j] = sorted(entries[i:j], key=lambda e: natural_key(e[0]))
+        i = j
 
 
 def _is_file(e: os.DirEntry[str]) -> bool:

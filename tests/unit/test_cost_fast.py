@@ -1,0 +1,141 @@
+"""The cost model's per-turn bookkeeping written for speed gives the answers of the code it replaced:
+`_reuse` of `backend_reuse`'s calls, `_count_spans` of one lookup a finding against the `_keyed` and
+`_span_gains` it used, the path caches of `path.label` and `path.generalised()`."""
+
+from __future__ import annotations
+
+import random
+
+from tokendiff.core import cost
+from tokendiff.core.cache.swa import Reuse
+from tokendiff.core.cost import BACKENDS, CHECKPOINT_BACKEND, Span, Turn, backend_reuse
+from tokendiff.core.kinds import Backend, CauseKind, SectionKind
+from tokendiff.core.model import Divergence, Finding, Hunk, Part, SectionPath
+
+
+def _reuse_by_calls(t: Turn, lcp: int, n: int, cached_len: int) -> dict[Backend, int]:
+    """`cost._reuse` as it was: `backend_reuse` of each backend."""
+    out = {be: backend_reuse(be, lcp, n, cached_len) for be in BACKENDS if be != CHECKPOINT_BACKEND}
+    out[CHECKPOINT_BACKEND] = t.checkpoint.reused if t.checkpoint is not None else out[Backend.LLAMA_CPP]
+    out[Backend.VLLM] = backend_reuse(Backend.VLLM, max(lcp, t.best_lcp), n, cached_len, block=t.vllm_block)
+    return {be: out[be] for be in BACKENDS}
+
+
+def test_reuse_is_backend_reuse_of_each():
+    rng = random.Random(7)
+    for _ in range(20_000):
+        n = rng.choice([0, 1, 2, 3, rng.randrange(0, 5000)])
+        t = Turn(turn=2, origin="", n_tokens=n)
+        t.best_lcp = rng.choice([0, rng.randrange(0, 6000)])
+        t.vllm_block = rng.choice([1, 16, 32, rng.randrange(1, 300)])
+        if rng.random() < 0.3:
+            t.checkpoint = Reuse(rng.randrange(0, 5000), 0)
+        lcp, cached = rng.randrange(0, 6000), rng.randrange(0, 6000)
+        got = cost._reuse(t, lcp, n, cached)
+        want = _reuse_by_calls(t, lcp, n, cached)
+        assert got == want and list(got) == list(want)
+
+
+def _count_spans_by_keys(t: Turn, spans: dict, ceiling: int) -> bool:
+    """`cost._count_spans` as it was: keys, then every span looked up again by key."""
+    keyed = cost._keyed(t)
+    first_example = False
+    for f, key in keyed:
+        if key is None:
+            continue
+        sp = spans.get(key)
+        if sp is None:
+            sp = spans[key] = Span(kind=f.kind, path=key[1], title=f.title, fix=f.fix)
+        if not sp.turns or sp.turns[-1] != t.turn:
+            sp.turns.append(t.turn)
+        if sp.example is None:
+            sp.example = (t.turn, f.hunk)
+            first_example = True
+    first = next((key for _, key in keyed if key is not None), None)
+    if first is None:
+        return False
+    spans[first].add(t.turn, t.wasted, 0)
+    for key, gain in cost._span_gains(t, ceiling, keyed).items():
+        spans[key].add(t.turn, 0, gain)
+    return first_example
+
+
+def _paths(rng: random.Random) -> list[SectionPath]:
+    """Paths of a few shapes, several equal ones as distinct objects (the caches go by object first)."""
+    parts = [
+        Part(SectionKind.MESSAGE, 0, "system", "messages[0]"),
+        Part(SectionKind.MESSAGE, 3, "assistant", "messages[3]"),
+        Part(SectionKind.MESSAGE, 5, "user", "messages[5]"),
+        Part(SectionKind.REASONING),
+        Part(SectionKind.TOOLS),
+        Part(SectionKind.TOOL, 2, "git_diff", "tools[2]"),
+        Part(SectionKind.FIELD, None, "name", "tools[2].function.name"),
+        Part(SectionKind.GENERATED),
+    ]
+    out = [SectionPath()]
+    for _ in range(12):
+        picked = tuple(rng.choice(parts) for _ in range(rng.randrange(1, 4)))
+        out += [SectionPath(picked), SectionPath(tuple(picked))]  # equal, and perhaps not one object
+    return out
+
+
+def _turn(rng: random.Random, k: int, paths: list[SectionPath]) -> Turn:
+    t = Turn(turn=k, origin="", n_tokens=rng.randrange(10, 3000))
+    kinds = [
+        CauseKind.APPENDED,
+        CauseKind.REASONING_STRIPPED,
+        CauseKind.DATE,
+        CauseKind.HISTORY_REWRITTEN,
+        CauseKind.SYSTEM_MOVED,
+    ]
+    n_hunks = rng.randrange(1, 5)
+    findings = []
+    for h in range(n_hunks):
+        for _ in range(rng.choice([1, 1, 1, 2])):
+            kind = rng.choice(kinds)
+            findings.append(Finding(kind, h, 0.9, f"title {kind}", "evidence", f"fix {kind}", rng.random() < 0.3))
+    rng.shuffle(findings)
+    t.findings = findings
+    t.reuse = {Backend.LLAMA_CPP: rng.randrange(0, t.n_tokens)}
+    t.wasted = rng.randrange(0, 500)
+    shape = rng.randrange(3)
+    if shape == 0:  # a full diff
+        hunks = []
+        for _ in range(n_hunks):
+            b = rng.randrange(0, t.n_tokens)
+            a_owner, b_owner = rng.choice(paths), rng.choice(paths)
+            hunks.append(Hunk(b, b + 1, b, b + 2, 0, 0, 0, 0, a_owner, b_owner))
+        t.divergence = Divergence(t.n_tokens, t.n_tokens, 0, None, tuple(hunks))
+    elif shape == 1:  # a tail turn: one owner
+        t.tail_owner = rng.choice(paths)
+        t.lcp = rng.randrange(0, t.n_tokens)
+    else:  # an edit turn: each hunk's owner and place
+        t.tail_owner = rng.choice(paths)
+        t.tail_hunks = tuple((rng.choice(paths), rng.randrange(0, t.n_tokens)) for _ in range(n_hunks))
+    if rng.random() < 0.1:  # a turn with neither (no gains)
+        t.divergence, t.tail_owner, t.tail_hunks = None, None, ()
+    return t
+
+
+def test_count_spans_is_the_keyed_count():
+    rng = random.Random(11)
+    for _ in range(400):
+        paths = _paths(rng)
+        got: dict = {}
+        want: dict = {}
+        for k in range(2, rng.randrange(3, 40)):
+            t = _turn(rng, k, paths)
+            ceiling = rng.randrange(0, t.n_tokens + 50)
+            assert cost._count_spans(t, got, ceiling) == _count_spans_by_keys(t, want, ceiling)
+        assert list(got) == list(want)
+        assert list(got.values()) == list(want.values())
+
+
+def test_path_caches_are_the_paths_own():
+    rng = random.Random(3)
+    for _ in range(50):
+        for p in _paths(rng):
+            assert cost._label(p) == p.label
+            assert cost._generalised(p) == p.generalised()
+            assert cost._label(p) == p.label  # again: from the cache
+            assert cost._generalised(p) == p.generalised()
