@@ -48,6 +48,8 @@ from tokendiff.core.explain import (
     HEX_RE,
     LINE_REACH,
     MAX_INSERTED,
+    PAD,
+    PROBE_TOKENS,
     PLACEHOLDER_RE,
     SETTING_LINE_RE,
     SHARED_RUN,
@@ -68,6 +70,7 @@ from tokendiff.core.explain import (
     detect_setting,
     detect_unicode_form,
     detect_whitespace,
+    probe_text,
     text_probe,
 )
 from tokendiff.core.kinds import CauseKind, SectionKind
@@ -80,6 +83,7 @@ from tokendiff.core.model import (
     Prompt,
     PromptMeta,
     SectionPath,
+    flag_bytes,
     id_bytes,
 )
 from tokendiff.core.plain import replace
@@ -461,16 +465,16 @@ class Strips:
         texts = self._texts(a, b, lcp, s)
         if texts is None:
             return None
-        pa, pb, user_after = texts
-        if _TOOLS_TURN.search(pa.data, 0, pa.byte_offset(g)):
+        data_a, off_a, data_b, user_after = texts
+        if _TOOLS_TURN.search(data_a, 0, int(off_a[g])):
             return None  # a `tools` turn is no message: the messages before A's last turn are not its markers
-        b0 = pa.byte_offset(lcp)
+        b0 = int(off_a[lcp])  # B's bytes to the divergence are A's
         shape = StripShape(
             sections=(sa, sb),
             head=a[g:lcp].astype(np.int32).tobytes(),
             close=int(a[n_a - 1]),
             joint=int(b[n_a - s]),
-            empty_b=re.search(rb"<think>\s*</think>", pb.data[max(0, b0 - 16) : b0 + 40]) is not None,
+            empty_b=re.search(rb"<think>\s*</think>", data_b[max(0, b0 - 16) : b0 + 40]) is not None,
             user_after=user_after,
         )
         return StripPair(shape, lcp, s, int(np.count_nonzero(a[:g] == a[g])))
@@ -536,35 +540,42 @@ class Strips:
             return None
         return s
 
-    def _texts(self, a: np.ndarray, b: np.ndarray, lcp: int, s: int) -> tuple[Prompt, Prompt, bool] | None:
-        """Both prompts' bytes (B's from A's: P, the answer, then the new turns decoded), and whether a user
-        message follows in B; None when a detector reading text would find something, or the text is not
-        the one the loader would accept."""
+    def _texts(self, a: np.ndarray, b: np.ndarray, lcp: int, s: int) -> tuple[bytes, Any, bytes, bool] | None:
+        """A's bytes and offsets, B's bytes (made from A's: P, the answer, then the new turns decoded; kept with
+        B's offsets and flags, for the next pair's A), and whether a user message follows in B; None when a
+        detector reading text would find something, or the text is not the one the loader would accept."""
         n_a = len(a)
         data_a, off_a, sp_a = self.decoded.of(a)
         tail, off_t, sp_t = self.vocab.decode(b[n_a - s :])
         x0, x1 = int(off_a[lcp]), int(off_a[lcp + s])
         data_b = data_a[:x0] + data_a[x1:] + tail
         base = len(data_a) - (x1 - x0)
-        off_b = np.concatenate([np.asarray(off_a[: lcp + 1]), np.asarray(off_a[lcp + s + 1 :]) - (x1 - x0)])
-        off_b = np.concatenate([off_b, np.asarray(off_t[1:]) + base])
-        sp_b = np.concatenate([np.asarray(sp_a[:lcp]), np.asarray(sp_a[lcp + s :]), np.asarray(sp_t)])
-        pa = Prompt(ids=a, data=data_a, offsets=off_a, special=sp_a, origin="", meta=PromptMeta())
-        pb = Prompt(ids=b, data=data_b, offsets=off_b, special=sp_b, origin="", meta=PromptMeta())
-        bad_a = self.decoded.bad if self.decoded.bad is not None else _mojibake(pa)
-        bad_b = _mojibake(pb)
-        self.decoded.keep(b, (data_b, off_b, sp_b), bad_b)
-        if bad_a or bad_b:
-            return None
-        if not _quiet(pa, pb, lcp, s):
-            return None
-        return pa, pb, self._user_after(b, pb, lcp)
+        oa = np.asarray(off_a)
+        off_b = np.concatenate((oa[: lcp + 1], oa[lcp + s + 1 :] - (x1 - x0), np.asarray(off_t[1:]) + base))
+        sp_b = np.concatenate((np.asarray(sp_a[:lcp]), np.asarray(sp_a[lcp + s :]), np.asarray(sp_t)))
+        if data_a.isascii() and tail.isascii():  # B's bytes are A's and the tail's: ASCII, no mojibake either
+            self.decoded.keep(b, (data_b, off_b, sp_b), False)
+            quiet = _quiet_ascii(data_a, data_b, (x0, x1, base), flag_bytes(sp_a, lcp, lcp + s))
+        else:
+            quiet = None
+        if not quiet:
+            pa = Prompt(ids=a, data=data_a, offsets=off_a, special=sp_a, origin="", meta=PromptMeta())
+            pb = Prompt(ids=b, data=data_b, offsets=off_b, special=sp_b, origin="", meta=PromptMeta())
+            if quiet is None:
+                bad_a = self.decoded.bad if self.decoded.bad is not None else _mojibake(pa)
+                bad_b = _mojibake(pb)
+                self.decoded.keep(b, (data_b, off_b, sp_b), bad_b)
+                if bad_a or bad_b:
+                    return None
+            if not _quiet(pa, pb, lcp, s):
+                return None
+        return data_a, off_a, data_b, self._user_after(b, data_b, off_b, lcp)
 
-    def _user_after(self, b: np.ndarray, pb: Prompt, lcp: int) -> bool:
+    def _user_after(self, b: np.ndarray, data: bytes, off: np.ndarray, lcp: int) -> bool:
         """`explain._user_turn_after(B, lcp)` as chatml's marker sectioning makes its turns (`grammar.
         _split_generic`): a turn at each <|im_start|> token after the divergence, its role up to its first
         newline, its content up to its <|im_end|>; a user turn counts unless a tool result opens in it."""
-        data, off = pb.data, np.asarray(pb.offsets)  # byte_offset's of tokens in [0, len(b)]: no clamping
+        # B's offsets of tokens in [0, len(b)]: `byte_offset`'s, which clamps nothing there
         starts = off[lcp + np.flatnonzero(b[lcp:] == self.turn)].tolist()
         closes = off[lcp + 1 + np.flatnonzero(b[lcp:] == self.turn_end)].tolist()
         skip = len(b"<|im_start|>")
@@ -646,6 +657,49 @@ def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
         return False
     removed = pa.data[x0:x1].decode("utf-8", "replace").strip()
     return not (len(removed) >= 24 and pb.data.find(removed[:200].encode(), x0) >= 0)
+
+
+_DATE_OR_NONCE = re.compile(rb"[0-9-]|Mon|Tue|Wed|Thu|Fri|Sat|Sun")  # what any match of DATE_RE, UUID_RE or HEX_RE holds
+
+
+def _quiet_ascii(a: bytes, b: bytes, at: tuple[int, int, int], flags: bytes | None) -> bool:
+    """`_quiet`'s True shown from a few byte tests where both prompts are ASCII (False: not shown, `_quiet`
+    then runs). `at`: the think block's bytes in A (x0, x1; B's bytes to x0 are A's) and where B's new turns
+    begin (y0, to B's end); `flags`: the think block's special flags (`flag_bytes`). `_silent`'s arguments,
+    each from a test here on the bytes that detector reads (hunk 0 is T = A[x0:x1], B's side empty at x0;
+    hunk 1 is N = B[y0:], A's side empty at A's end):
+    - counter (hunk 0): T stripped is over 16 bytes; whitespace: T and N hold more than white space;
+      line_endings: T and N are 2 bytes or more and hold no CR;
+    - unicode_form: the windows it reads lie in ASCII bytes;
+    - json_reserialized: no '{' in A's JSON_REACH bytes before x0 (hunk 0: B's are the same bytes), nor before
+      A's end or B's in theirs before y0 (hunk 1);
+    - date and nonce (hunk 0): B's PAD window around x0 holds no digit, no '-' and no day's name. On ASCII
+      text `\d` is [0-9]; every alternative of DATE_RE holds a digit but the day names (each starts with one
+      of the seven looked for), a UUID four hyphens, HEX_RE's lookahead a digit: no match in the window,
+      none that covers the divergence (`_b_covers`);
+    - date (hunk 1): N is over MAX_INSERTED characters (ASCII: bytes);
+    - setting: `_setting_silent` as `_silent` runs it;
+    - history_rewritten's placeholder: every match holds '[' or '...', not in N;
+    - detect_moved's probe: T holds no special token (and at most PROBE_TOKENS tokens), so `text_probe` reads
+      it as one stretch, `probe_text(T)`, kept where 24 bytes or more; reminder_moved's text as `_quiet`
+      looks for it."""
+    x0, x1, y0 = at
+    t, n = a[x0:x1], b[y0:]
+    if flags is None or b"\1" in flags or len(flags) > PROBE_TOKENS or len(n) <= MAX_INSERTED:
+        return False
+    if len(t.strip()) <= 16 or not n.strip() or b"\r" in t or b"\r" in n or b"[" in n or b"..." in n:
+        return False
+    if a.rfind(b"{", max(0, x0 - JSON_REACH), x0) >= 0 or _DATE_OR_NONCE.search(b, max(0, x0 - PAD), x0 + PAD):
+        return False
+    if a.rfind(b"{", max(0, len(a) - JSON_REACH)) >= 0 and b.rfind(b"{", max(0, y0 - JSON_REACH), y0) >= 0:
+        return False
+    if not (_setting_silent(a, x0, b, x0) and _setting_silent(a, len(a), b, y0)):
+        return False
+    probe = probe_text(t)
+    if len(probe) >= 24 and b.find(probe, 0, x0) >= 0:
+        return False
+    removed = t.decode("ascii").strip()
+    return not (len(removed) >= 24 and b.find(removed[:200].encode(), x0) >= 0)
 
 
 def _silent(det: Callable[[Ctx], Any], ctx: Ctx) -> bool:
