@@ -211,13 +211,17 @@ class Tails:
         if lcp2 - (d + rb) < SHARED_RUN:
             return None  # new_conversation reads no shared run between the edit and what follows
         rest: Shape | StripPair | None = self._tail(a2, b, lcp2, sections)
+        got_a = None
         if rest is None and lcp2 < len(a2) and int(a2[lcp2]) == self.strips.open:
             if not self.strips.readable(a):  # A's text as the loader reads it (the strip pair reads A')
                 return None
+            got_a = self.strips.decoded.got  # A's decode, kept by `readable`; A' decoded from it
+            self.strips.decoded.keep(a2, _spliced(self.vocab, got_a, b, (d, ra, rb)), None)
             rest = self.strips.pair(a2, b, lcp2, sections)
         if rest is None:
             return None
-        return edit_pair(self.vocab, self.flags, a, b, (d, ra, rb), rest)
+        got_b = self.strips.decoded.got if self.strips.decoded.ids is b else None  # kept by the strip pair
+        return edit_pair(self.vocab, self.flags, a, b, (d, ra, rb), rest, (got_a, got_b))
 
     def _opening(self, rest: np.ndarray) -> tuple[bytes | None, bool]:
         """B's text from the divergence on, as far as the detectors read it: its first line (at most
@@ -413,6 +417,9 @@ def _renumbered(path: SectionPath, index: int) -> SectionPath:
 
 
 _RENUMBERED: dict[tuple[SectionPath, int], SectionPath] = {}
+
+
+Decoded = tuple[bytes, Any, Any]  # a prompt's bytes, offsets and special flags (`Vocab.decode`)
 
 
 class _Decoded:
@@ -995,9 +1002,16 @@ def _edit_sizes(a: np.ndarray, b: np.ndarray, d: int) -> tuple[int, int] | None:
 
 
 def edit_pair(
-    vocab: Vocab, flags: np.ndarray, a: np.ndarray, b: np.ndarray, edit: tuple[int, int, int], rest: Shape | StripPair
+    vocab: Vocab,
+    flags: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    edit: tuple[int, int, int],
+    rest: Shape | StripPair,
+    got: tuple[Decoded | None, Decoded | None] = (None, None),
 ) -> EditPair | None:
-    """The pair as an edit pair (see the notes above), `rest` the pair of A' and B; None where it is not one."""
+    """The pair as an edit pair (see the notes above), `rest` the pair of A' and B; None where it is not one.
+    `got`: A's and B's whole decodes, where made already."""
     d, ra, rb = edit
     n_a, n_b, delta = len(a), len(b), rb - ra
     if np.any(flags[a[d : d + ra]] & SPECIAL) or np.any(flags[b[d : d + rb]] & SPECIAL):
@@ -1019,7 +1033,7 @@ def edit_pair(
     spans = edit_then_insert_spans(a, b, d, ra, rb) if isinstance(rest, Shape) else None
     if tuple(diff_spans(a, b, n_a) if spans is None else spans) != want:
         return None
-    prompts = _edit_prompts(vocab, a, b, d, edit)
+    prompts = _edit_prompts(vocab, a, b, edit, got)
     if prompts is None:
         return None
     head = prompts[0].data[prompts[0].byte_offset(g) : prompts[0].byte_offset(d)]
@@ -1036,13 +1050,13 @@ def edit_pair(
 
 
 def _edit_prompts(
-    vocab: Vocab, a: np.ndarray, b: np.ndarray, d: int, edit: tuple[int, int, int]
+    vocab: Vocab, a: np.ndarray, b: np.ndarray, edit: tuple[int, int, int], got: tuple[Decoded | None, Decoded | None]
 ) -> tuple[Prompt, Prompt] | None:
     """A's and B's text from their start to past the edit, when the edit's text is one the notes above allow
     and the detectors that must find nothing in it find nothing."""
-    _, ra, rb = edit
-    pa = _stub(vocab, a, d + ra)
-    pb = _stub(vocab, b, d + rb)
+    d, ra, rb = edit
+    pa = _stub(vocab, a, d + ra, got[0])
+    pb = _stub(vocab, b, d + rb, got[1])
     if pa is None or pb is None:
         return None
     xa0, xa1, xb0, xb1 = pa.byte_offset(d), pa.byte_offset(d + ra), pb.byte_offset(d), pb.byte_offset(d + rb)
@@ -1062,14 +1076,32 @@ def _edit_prompts(
     return pa, pb
 
 
-def _stub(vocab: Vocab, ids: np.ndarray, end: int) -> Prompt | None:
-    """The prompt's first tokens to EDIT_PAD past `end`, decoded, no sections; None where that holds less
-    than the detectors read past the edit (LINE_REACH and a window) and is not the whole prompt."""
+def _stub(vocab: Vocab, ids: np.ndarray, end: int, got: Decoded | None) -> Prompt | None:
+    """The prompt's first tokens to EDIT_PAD past `end`, decoded (cut from `got`, its whole decode, where
+    given: a token's bytes and flag are its own), no sections; None where that holds less than the detectors
+    read past the edit (LINE_REACH and a window) and is not the whole prompt."""
     stop = min(len(ids), end + EDIT_PAD)
-    data, off, sp = vocab.decode(ids[:stop])
+    if got is None:
+        data, off, sp = vocab.decode(ids[:stop])
+    else:
+        data, off, sp = got[0][: int(got[1][stop])], got[1][: stop + 1], got[2][:stop]
     if stop < len(ids) and len(data) - int(off[end]) < LINE_REACH + 64:
         return None
     return Prompt(ids=ids[:stop], data=data, offsets=off, special=sp, origin="", meta=PromptMeta())
+
+
+def _spliced(vocab: Vocab, got: Decoded, b: np.ndarray, edit: tuple[int, int, int]) -> Decoded:
+    """A' (A with the edit made: A's tokens to the edit, B's edit, A's after it) decoded from A's decode `got`:
+    the edit's tokens decoded, the rest A's bytes, offsets and flags (a token's bytes are its own, whatever
+    its neighbours), the offsets after the edit moved by its difference in bytes."""
+    data, off, sp = got
+    d, ra, rb = edit
+    text, off_e, sp_e = vocab.decode(b[d : d + rb])
+    x0, x1 = int(off[d]), int(off[d + ra])
+    oa = np.asarray(off)
+    offsets = np.concatenate((oa[: d + 1], np.asarray(off_e[1:]) + x0, oa[d + ra + 1 :] + (len(text) - (x1 - x0))))
+    special = np.concatenate((np.asarray(sp[:d]), np.asarray(sp_e), np.asarray(sp[d + ra :])))
+    return data[:x0] + text + data[x1:], offsets, special
 
 
 def _edit_finding(pair: EditPair, a_owner: SectionPath, b_owner: SectionPath) -> Finding:
