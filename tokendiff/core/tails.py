@@ -49,8 +49,8 @@ from tokendiff.core.explain import (
     LINE_REACH,
     MAX_INSERTED,
     PAD,
-    PROBE_TOKENS,
     PLACEHOLDER_RE,
+    PROBE_TOKENS,
     SETTING_LINE_RE,
     SHARED_RUN,
     THINK_SWITCH_RE,
@@ -221,7 +221,7 @@ class Tails:
         if rest is None:
             return None
         got_b = self.strips.decoded.got if self.strips.decoded.ids is b else None  # kept by the strip pair
-        return edit_pair(self.vocab, self.flags, a, b, (d, ra, rb), rest, (got_a, got_b))
+        return edit_pair(self.strips, a, b, (d, ra, rb), rest, (got_a, got_b))
 
     def _opening(self, rest: np.ndarray) -> tuple[bytes | None, bool]:
         """B's text from the divergence on, as far as the detectors read it: its first line (at most
@@ -666,7 +666,7 @@ def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
     return not (len(removed) >= 24 and pb.data.find(removed[:200].encode(), x0) >= 0)
 
 
-_DATE_OR_NONCE = re.compile(rb"[0-9-]|Mon|Tue|Wed|Thu|Fri|Sat|Sun")  # what any match of DATE_RE, UUID_RE or HEX_RE holds
+_DATE_OR_NONCE = re.compile(rb"[0-9-]|Mon|Tue|Wed|Thu|Fri|Sat|Sun")  # in any match of DATE_RE, UUID_RE or HEX_RE
 
 
 def _quiet_ascii(a: bytes, b: bytes, at: tuple[int, int, int], flags: bytes | None) -> bool:
@@ -681,7 +681,7 @@ def _quiet_ascii(a: bytes, b: bytes, at: tuple[int, int, int], flags: bytes | No
     - json_reserialized: no '{' in A's JSON_REACH bytes before x0 (hunk 0: B's are the same bytes), nor before
       A's end or B's in theirs before y0 (hunk 1);
     - date and nonce (hunk 0): B's PAD window around x0 holds no digit, no '-' and no day's name. On ASCII
-      text `\d` is [0-9]; every alternative of DATE_RE holds a digit but the day names (each starts with one
+      text the digit class is [0-9]; every alternative of DATE_RE holds a digit but the day names (each starts with one
       of the seven looked for), a UUID four hyphens, HEX_RE's lookahead a digit: no match in the window,
       none that covers the divergence (`_b_covers`);
     - date (hunk 1): N is over MAX_INSERTED characters (ASCII: bytes);
@@ -1002,8 +1002,7 @@ def _edit_sizes(a: np.ndarray, b: np.ndarray, d: int) -> tuple[int, int] | None:
 
 
 def edit_pair(
-    vocab: Vocab,
-    flags: np.ndarray,
+    strips: Strips,
     a: np.ndarray,
     b: np.ndarray,
     edit: tuple[int, int, int],
@@ -1011,7 +1010,8 @@ def edit_pair(
     got: tuple[Decoded | None, Decoded | None] = (None, None),
 ) -> EditPair | None:
     """The pair as an edit pair (see the notes above), `rest` the pair of A' and B; None where it is not one.
-    `got`: A's and B's whole decodes, where made already."""
+    `strips`: the session's (its vocabulary and flags); `got`: A's and B's whole decodes, where made already."""
+    vocab, flags = strips.vocab, strips.flags
     d, ra, rb = edit
     n_a, n_b, delta = len(a), len(b), rb - ra
     if np.any(flags[a[d : d + ra]] & SPECIAL) or np.any(flags[b[d : d + rb]] & SPECIAL):
