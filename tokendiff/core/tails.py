@@ -26,6 +26,7 @@ counts of each pair. No I/O.
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -437,7 +438,7 @@ class _Decoded:
             self.ids, self.got, self.bad = ids, self.vocab.decode(ids), None
         return self.got
 
-    def keep(self, ids: np.ndarray, got: tuple[bytes, Any, Any], bad: bool) -> None:
+    def keep(self, ids: np.ndarray, got: tuple[bytes, Any, Any], bad: bool | None) -> None:
         self.ids, self.got, self.bad = ids, got, bad
 
 
@@ -449,20 +450,23 @@ class Strips:
         self.open, self.close = _token(vocab, b"<think>"), _token(vocab, b"</think>")
         self.turn, self.turn_end = _token(vocab, b"<|im_start|>"), _token(vocab, b"<|im_end|>")
         self.decoded = _Decoded(vocab)
+        self.marked = (flags & SPECIAL) != 0  # `flags[ids] & SPECIAL` as one gather, the same for any IDs
+        # the think block's end, a turn's marker and its end as int32 bytes (`_tokens`)
+        self.words = tuple(None if t is None else struct.pack("=i", t) for t in (self.close, self.turn, self.turn_end))
 
     def pair(self, a: np.ndarray, b: np.ndarray, lcp: int, sections: tuple[Sectioning, Sectioning]) -> StripPair | None:
         """The pair as a strip pair (None: not one, or the full diff must tell)."""
         n_a, n_b = len(a), len(b)
         if self.open is None or self.turn_end is None or not (1 < lcp < n_a < n_b) or int(a[lcp]) != self.open:
             return None
-        ends = np.flatnonzero(a[lcp + 1 : lcp + 1 + THINK_REACH] == self.close)
-        if not ends.size:
+        end = _tokens(id_bytes(a), self.words[0], lcp + 1, lcp + 1 + THINK_REACH, first=True)
+        if not end:
             return None
-        s = self._strip(a, b, lcp, lcp + 2 + int(ends[0]))
+        s = self._strip(a, b, lcp, end[0] + 1)
         if s is None:
             return None
         lo = max(0, lcp - HEAD_REACH)
-        marks = np.flatnonzero(self.flags[a[lo:lcp]] & SPECIAL)
+        marks = np.flatnonzero(self.marked[a[lo:lcp]])
         g = lo + int(marks[-1]) if marks.size else -1
         if g < 0 or int(a[g]) != self.turn or _whole_turn(a, lcp, s, g):
             return None
@@ -508,9 +512,9 @@ class Strips:
             s = a1 - lcp
             if (a0, b0, b1) != (lcp, lcp, lcp) or a1 < past or ins != (n_a, n_a, n_a - s, n_b):
                 return None
-        if np.any(self.flags[a[lcp : n_a - 1]] & SPECIAL) or not self.flags[a[n_a - 1]] & SPECIAL:
+        if self.marked[a[lcp : n_a - 1]].any() or not self.marked[a[n_a - 1]]:
             return None
-        if not np.any(self.flags[b[n_a - s :]] & SPECIAL):
+        if not self.marked[b[n_a - s :]].any():
             return None  # new turns carry their markers (detect_whitespace reads no sections then)
         return s
 
@@ -583,8 +587,9 @@ class Strips:
         _split_generic`): a turn at each <|im_start|> token after the divergence, its role up to its first
         newline, its content up to its <|im_end|>; a user turn counts unless a tool result opens in it."""
         # B's offsets of tokens in [0, len(b)]: `byte_offset`'s, which clamps nothing there
-        starts = off[lcp + np.flatnonzero(b[lcp:] == self.turn)].tolist()
-        closes = off[lcp + 1 + np.flatnonzero(b[lcp:] == self.turn_end)].tolist()
+        raw = id_bytes(b)
+        starts = [int(off[i]) for i in _tokens(raw, self.words[1], lcp, len(b))]
+        closes = [int(off[i + 1]) for i in _tokens(raw, self.words[2], lcp, len(b))]
         skip = len(b"<|im_start|>")
         for k, at in enumerate(starts):
             limit = starts[k + 1] if k + 1 < len(starts) else len(data)
@@ -599,6 +604,23 @@ class Strips:
             if not any(data.find(o, cstart, cend) >= 0 for o in _RESULT_OPENS):
                 return True
         return False
+
+
+def _tokens(raw: bytes, word: bytes | None, start: int, stop: int, first: bool = False) -> list[int]:
+    """The tokens in [start, stop) whose int32 bytes (`id_bytes`) are `word` (none where it is None), by
+    bytes.find: a hit off the 4-byte grid is no token. `first`: the first one only."""
+    out: list[int] = []
+    if word is None:
+        return out
+    end = 4 * stop
+    at = raw.find(word, 4 * start, end)
+    while at >= 0:
+        if not at % 4:
+            out.append(at // 4)
+            if first:
+                break
+        at = raw.find(word, at + 1, end)
+    return out
 
 
 def _token(vocab: Vocab, piece: bytes) -> int | None:
