@@ -388,11 +388,12 @@ class StripDiff(TailDiff):
     __slots__ = ("strip",)
 
     def __init__(self, pair: StripPair, n_a: int, n_b: int, form: StripForm):
-        owner = _renumbered(form.owner, pair.marks + form.offset)
+        owner, label = _renumbering(form.owner, pair.marks + form.offset)
         self.lcp, self.n_a, self.n_b, self.strip = pair.lcp, n_a, n_b, pair.strip
+        lead = f"{pair.strip} tokens of reasoning in {label}"  # `_reasoning_evidence(pair.strip, owner)`
         self.findings = [
-            replace(form.finding, evidence=mask(_reasoning_evidence(pair.strip, owner) + form.rest)),
-            appended_finding(1, n_b - (n_a - pair.strip)),
+            replace(form.finding, evidence=mask(lead + form.rest)),
+            _appended(n_b - (n_a - pair.strip)),
         ]
         self.ceiling, self.owner = n_a - pair.strip, owner
 
@@ -402,22 +403,49 @@ class StripDiff(TailDiff):
 
 def _reasoning_evidence(n: int, owner: SectionPath) -> str:
     """detect_reasoning's evidence up to the message's label."""
+    return f"{n} tokens of reasoning in {_top_label(owner)}"
+
+
+def _top_label(owner: SectionPath) -> str:
     top = owner.top
-    return f"{n} tokens of reasoning in {top.label if top else 'an assistant turn'}"
+    return top.label if top else "an assistant turn"
 
 
 def _renumbered(path: SectionPath, index: int) -> SectionPath:
-    """The path with its message part numbered `index` (made once: a session's turns number a few dozen)."""
-    got = _RENUMBERED.get((path, index))
-    if got is None:
+    """The path with its message part numbered `index`."""
+    return _renumbering(path, index)[0]
+
+
+def _renumbering(path: SectionPath, index: int) -> tuple[SectionPath, str]:
+    """The path with its message part numbered `index`, and its top's label (`_reasoning_evidence`'s), made once
+    a path and number (a session's turns number a few dozen). Looked up by the path's identity, not its hash
+    (a hash of its parts each time): the entry holds the path, so its id is another's only once it is gone,
+    and then the entry is not taken."""
+    got = _RENUMBERED.get((id(path), index))
+    if got is None or got[0] is not path:
         if len(_RENUMBERED) > 4096:
             _RENUMBERED.clear()
         parts = tuple(replace(p, index=index) if p.kind == SectionKind.MESSAGE else p for p in path)
-        got = _RENUMBERED[(path, index)] = SectionPath(parts)
+        new = SectionPath(parts)
+        got = _RENUMBERED[(id(path), index)] = (path, new, _top_label(new))
+    return got[1], got[2]
+
+
+_RENUMBERED: dict[tuple[int, int], tuple[SectionPath, SectionPath, str]] = {}
+
+
+def _appended(n_new: int) -> Finding:
+    """`appended_finding(1, n_new)`, made once a count: a pure function's frozen value (its words masked, ~10 us
+    each time), the same value whichever turn asks."""
+    got = _APPENDED.get(n_new)
+    if got is None:
+        if len(_APPENDED) > 4096:
+            _APPENDED.clear()
+        got = _APPENDED[n_new] = appended_finding(1, n_new)
     return got
 
 
-_RENUMBERED: dict[tuple[SectionPath, int], SectionPath] = {}
+_APPENDED: dict[int, Finding] = {}
 
 
 Decoded = tuple[bytes, Any, Any]  # a prompt's bytes, offsets and special flags (`Vocab.decode`)
