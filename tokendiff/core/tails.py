@@ -345,6 +345,7 @@ _TEXT_DETECTORS = (
 _REASONING = (CauseKind.REASONING_STRIPPED, CauseKind.REASONING_DROPPED_BY_CLIENT)
 _RESULT_OPENS = (b"<tool_response>", "<｜tool▁output▁begin｜>".encode())  # grammar._inner_spans' tool results
 _TOOLS_TURN = re.compile(rb"<\|im_start\|>\s*tools")  # a turn the marker sectioning does not number
+_RESULTS = ("tool", "ipython", "tools")  # roles whose turns the marker sectioning searches for inner spans always
 
 
 @dataclass(frozen=True)
@@ -966,10 +967,11 @@ class EditShape:
     """What an edit pair's full diff reads but for the edit's text, the lengths and what the rest fills."""
 
     rest: Shape | StripShape
-    head: bytes  # A's tokens (int32) from its last special token before the edit to it
-    after: bytes  # A's tokens from the edit's end to the next special token
+    head: bytes  # A's tokens (int32) from its last special token before the edit to it (`turn`: its role line)
+    after: bytes  # A's tokens from the edit's end to the next special token (`turn`: none)
     marks: int  # A's tokens equal to that special token before it: the turns before the edit's
     sizes: tuple[int, int]  # the edit's tokens in A and in B
+    turn: bool = False  # the edit is in a plain chatml turn of a slot file (`_plain_turn`): its text is not read
 
 
 @dataclass(frozen=True, eq=False)
@@ -1089,14 +1091,46 @@ def edit_pair(
     head = prompts[0].data[prompts[0].byte_offset(g) : prompts[0].byte_offset(d)]
     if b"\n" not in head or head.rfind(b"<") > head.rfind(b">"):
         return None  # the edit in a turn's role line, or inside a tag: it could change the sections around it
+    role = _plain_turn(strips, a, prompts[0], rest, (g, d, h))
     shape = EditShape(
         rest=rest.shape if isinstance(rest, StripPair) else rest,
-        head=a[g:d].astype(np.int32).tobytes(),
-        after=a[d + ra : h].astype(np.int32).tobytes(),
+        head=a[g : d if role is None else role].astype(np.int32).tobytes(),
+        after=b"" if role is not None else a[d + ra : h].astype(np.int32).tobytes(),
         marks=int(np.count_nonzero(a[:g] == a[g])),
         sizes=(ra, rb),
+        turn=role is not None,
     )
     return EditPair(shape, rest, d, want, prompts)
+
+
+def _plain_turn(
+    strips: Strips, a: np.ndarray, pa: Prompt, rest: Shape | StripPair, at: tuple[int, int, int]
+) -> int | None:
+    """Where the edit (at token d, between A's special tokens g and h) is in a turn whose sections its text
+    cannot change, the end of its role line (the tokens through its first newline); None otherwise. Then the
+    edit's owner, in A and in B, is that turn's message (`grammar.sections_for` of a slot file, chatml's
+    markers): the turn opens at g's <|im_start|> (a special token: the markers are the special ones), its role
+    is its bytes to the first newline (in the tokens kept, so the same for every pair of the shape), not a
+    tool result or tools block (`_RESULTS`: searched for inner spans whatever they hold); it closes at h's
+    <|im_end|> (no special token between: closed, so not the generation prompt); its content holds no '<'
+    (`_no_inner`: no inner spans; B's is A's with the edit's text, which holds none), so the turn is the only
+    section around the edit; and no `tools` turn before it (which takes no message number): its number is
+    the <|im_start|> tokens before g, in the shape (`marks`). The edit's text and the text around it in the
+    turn are read only by the text detectors, run on each pair's own bytes (`_edit_prompts`, `_edit_finding`)."""
+    g, d, h = at
+    sections = rest.shape.sections if isinstance(rest, StripPair) else rest.sections
+    if not (_slot_markers(sections[0]) and _slot_markers(sections[1])):
+        return None
+    if int(a[g]) != strips.turn or int(a[h]) != strips.turn_end or h >= len(pa):
+        return None
+    data, off = pa.data, pa.offsets
+    pos = int(off[g + 1])  # the marker's bytes end (a special token's piece is its text)
+    nl = data.find(b"\n", pos, pos + 200)
+    if nl < 0 or nl >= int(off[d]) or data[pos:nl].decode("utf-8", "replace").strip() in _RESULTS:
+        return None
+    if data.find(b"<", nl + 1, int(off[h])) >= 0 or _TOOLS_TURN.search(data, 0, int(off[g])):
+        return None
+    return pa.token_at_byte(nl) + 1
 
 
 def _edit_prompts(
