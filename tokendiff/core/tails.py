@@ -43,6 +43,7 @@ from tokendiff.core.align import (
     shared_prefix,
     shared_suffix,
 )
+from tokendiff.core.causes import CAUSES
 from tokendiff.core.explain import (
     DATE_RE,
     EDGE,
@@ -951,6 +952,18 @@ AFTER_REACH = 4096  # tokens from the edit's end to the next special token
 _EDIT_TEXT = re.compile(rb'[^<>{}\[\]"\r\n]*')
 _EDIT_QUIET = (detect_bpe_boundary, detect_double_bos, detect_json_reserialized, detect_setting, detect_line_endings)
 _EDIT_SEEN = (detect_unicode_form, detect_date, detect_nonce, detect_counter, detect_rewritten)  # DETECTORS' order
+# the most confident finding each can give: its kind's in the cause table (none of them passes a higher one;
+# history_rewritten passes 0.5 or none): a later one no more confident than a finding made is not run
+_EDIT_CEILINGS = tuple(
+    CAUSES[k].confidence
+    for k in (
+        CauseKind.UNICODE_NORMALIZED,
+        CauseKind.DATE,
+        CauseKind.NONCE,
+        CauseKind.COUNTER,
+        CauseKind.HISTORY_REWRITTEN,
+    )
+)
 _NOT_PLAIN = (
     SectionKind.TOOLS,
     SectionKind.TOOL,
@@ -1194,9 +1207,20 @@ def _edit_finding(pair: EditPair, a_owner: SectionPath, b_owner: SectionPath) ->
     d, (ra, rb) = pair.lcp, pair.shape.sizes
     bo_a, bo_b = pa.byte_offset, pb.byte_offset
     h = Hunk(d, d + ra, d, d + rb, bo_a(d), bo_a(d + ra), bo_b(d), bo_b(d + rb), a_owner, b_owner)
-    ctx = Ctx(pa, pb, Divergence(len(pa), len(pb), d, None, (h,)), h, 0)
-    found = [f for f in (det(ctx) for det in _EDIT_SEEN) if f is not None]
-    return sorted(found, key=lambda f: -f.confidence)[0] if found else detect_fallback(ctx)
+    return _edit_seen(Ctx(pa, pb, Divergence(len(pa), len(pb), d, None, (h,)), h, 0))
+
+
+def _edit_seen(ctx: Ctx) -> Finding:
+    """The most confident finding of _EDIT_SEEN's detectors, the first on a tie (explain's sort), else the
+    fallback's; a detector that could not beat the finding made is not run (`_EDIT_CEILINGS`)."""
+    best: Finding | None = None
+    for det, ceiling in zip(_EDIT_SEEN, _EDIT_CEILINGS, strict=True):
+        if best is not None and ceiling <= best.confidence:
+            continue  # later, and at most as confident: it could not come first
+        found = det(ctx)
+        if found is not None and (best is None or found.confidence > best.confidence):
+            best = found
+    return best if best is not None else detect_fallback(ctx)
 
 
 def _plain_owner(path: SectionPath) -> bool:
