@@ -99,6 +99,15 @@ def test_tail_turns_are_the_full_diff(tmp_path, monkeypatch, kwargs):
     _same_without_forms(_capture(tmp_path / "c.jsonl", 60, kwargs=kwargs), monkeypatch)
 
 
+def _report_without_forms_is_the_same(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session's report is the report with no turn filled from a form (however many were)."""
+    with sink(lambda kind, message: None):
+        fast, _ = _report(path)
+        monkeypatch.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
+        full, _ = _report(path)
+    assert fast == full
+
+
 def _same_without_forms(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The session's report with its turns checked against their full diffs (TOKENDIFF_CHECK_TAILS) is the
     report with no turn filled from a form; at least 20 turns were."""
@@ -305,11 +314,7 @@ def test_edit_shapes_of_plain_turns_are_the_full_diff(tmp_path, monkeypatch, lay
         assert not keys
     else:
         assert turn == {False} and len(keys) >= 4, keys
-    with sink(lambda kind, message: None):
-        fast, _ = _report(path)
-        monkeypatch.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
-        full, _ = _report(path)
-    assert fast == full
+    _report_without_forms_is_the_same(path, monkeypatch)
 
 
 def test_plain_turn_roles_are_the_grammars():
@@ -375,11 +380,7 @@ def test_edit_turns_of_requests_sending_text_as_parts(tmp_path, monkeypatch):
     loaded = open_session(PromptOptions(), [str(plain)], single_turns=False, workers=1)
     assert sum(bool(t.tail_hunks) for t in loaded.session.turns) >= 8
     path = _edit_capture(tmp_path / "c.jsonl", 40, parts="odd", edit=dated)
-    with sink(lambda kind, message: None):
-        fast, _ = _report(path)
-        monkeypatch.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
-        full, _ = _report(path)
-    assert fast == full
+    _report_without_forms_is_the_same(path, monkeypatch)
 
 
 def test_heaviest_chain_is_the_quadratic_one():
