@@ -213,17 +213,20 @@ class Tails:
         if lcp2 - (d + rb) < SHARED_RUN:
             return None  # new_conversation reads no shared run between the edit and what follows
         rest: Shape | StripPair | None = self._tail(a2, b, lcp2, sections)
-        got_a = None
+        got_a, spans = None, None
         if rest is None and lcp2 < len(a2) and int(a2[lcp2]) == self.strips.open:
             if not self.strips.readable(a):  # A's text as the loader reads it (the strip pair reads A')
                 return None
+            spans = diff_spans(a, b, len(a))  # `edit_pair` holds them to the edit's, then the strip's: the
+            if spans[:1] != [(d, d + ra, d, d + rb)]:  # edit's first, before the strip pair's work (a date
+                return None  # whose digits align apart, 09 -> 10, is two hunks)
             got_a = self.strips.decoded.got  # A's decode, kept by `readable`; A' decoded from it
             self.strips.decoded.keep(a2, _spliced(self.vocab, got_a, b, (d, ra, rb)), None)
             rest = self.strips.pair(a2, b, lcp2, sections)
         if rest is None:
             return None
         got_b = self.strips.decoded.got if self.strips.decoded.ids is b else None  # kept by the strip pair
-        return edit_pair(self.strips, a, b, (d, ra, rb), rest, (got_a, got_b))
+        return edit_pair(self.strips, a, b, (d, ra, rb), rest, (got_a, got_b, spans))
 
     def _opening(self, rest: np.ndarray) -> tuple[bytes | None, bool]:
         """B's text from the divergence on, as far as the detectors read it: its first line (at most
@@ -1072,10 +1075,11 @@ def edit_pair(
     b: np.ndarray,
     edit: tuple[int, int, int],
     rest: Shape | StripPair,
-    got: tuple[Decoded | None, Decoded | None] = (None, None),
+    made: tuple[Decoded | None, Decoded | None, list[tuple[int, int, int, int]] | None] = (None, None, None),
 ) -> EditPair | None:
     """The pair as an edit pair (see the notes above), `rest` the pair of A' and B; None where it is not one.
-    `strips`: the session's (its vocabulary and flags); `got`: A's and B's whole decodes, where made already."""
+    `strips`: the session's (its vocabulary and flags); `made`: A's and B's whole decodes and the pair's
+    `diff_spans`, where made already."""
     vocab, flags = strips.vocab, strips.flags
     d, ra, rb = edit
     n_a, n_b, delta = len(a), len(b), rb - ra
@@ -1095,10 +1099,10 @@ def edit_pair(
         t = len(rest.head) // 4 - rest.at
         later = [(n_a2 - t, n_a2 - t, n_a2 - t, n_b - t)]
     want = ((d, d + ra, d, d + rb), *((x0 - delta, x1 - delta, y0, y1) for x0, x1, y0, y1 in later))
-    spans = edit_then_insert_spans(a, b, d, ra, rb) if isinstance(rest, Shape) else None
+    spans = edit_then_insert_spans(a, b, d, ra, rb) if isinstance(rest, Shape) else made[2]
     if tuple(diff_spans(a, b, n_a) if spans is None else spans) != want:
         return None
-    prompts = _edit_prompts(vocab, a, b, edit, got)
+    prompts = _edit_prompts(vocab, a, b, edit, made[:2])
     if prompts is None:
         return None
     head = prompts[0].data[prompts[0].byte_offset(g) : prompts[0].byte_offset(d)]
