@@ -230,3 +230,39 @@ def test_edit_finding_skips_only_detectors_that_could_not_come_first():
         want = sorted(found, key=lambda f: -f.confidence)[0] if found else explain.detect_fallback(ctx)
         assert tails._edit_seen(ctx) == want, (pa.data, pb.data)
     assert all(spoke.values()), spoke
+
+
+QUIET_EDIT_PIECES = [
+    *EDIT_PIECES, ":", "=", " mode: plan", " mode: act", "/think", "/no_think", " think", "{", "}", '"k": 1',
+    "Reasoning: high", "Reasoning: low", "\r\n",
+]  # fmt: skip
+
+
+def test_detectors_an_edit_pair_leaves_out_find_nothing():
+    """An edit pair's stubs (no sections) leave out detect_setting where `_setting_silent` says so, and
+    json_reserialized where A holds no '{' before the edit: neither finds anything there, on random edits of
+    setting lines, think switches, braces and line breaks."""
+    rng = random.Random(23)
+    skipped = [0, 0]
+    for _ in range(4000):
+
+        def tok(lo: int, hi: int) -> list[int]:
+            return [rng.randrange(len(QUIET_EDIT_PIECES)) for _ in range(rng.randrange(lo, hi))]
+
+        p, ea, eb, m = tok(1, 8), tok(1, 4), tok(1, 4), tok(1, 8)
+        pa = _prompt(p + ea + m, set(), QUIET_EDIT_PIECES)
+        pb = _prompt(p + eb + m, set(), QUIET_EDIT_PIECES)
+        d, ra, rb = len(p), len(ea), len(eb)
+        oa, ob = pa.offsets, pb.offsets
+        xa0, xb0 = int(oa[d]), int(ob[d])
+        h = model.Hunk(
+            d, d + ra, d, d + rb, xa0, int(oa[d + ra]), xb0, int(ob[d + rb]), model.NO_SECTION, model.NO_SECTION
+        )
+        d_ = Divergence(len(pa), len(pb), d, None, (h,))
+        if tails._setting_silent(pa.data, xa0, pb.data, xb0):
+            skipped[0] += 1
+            assert explain.detect_setting(Ctx(pa, pb, d_, h, 0)) is None, (pa.data, pb.data)
+        if b"{" not in pa.data[:xa0]:
+            skipped[1] += 1
+            assert explain.detect_json_reserialized(Ctx(pa, pb, d_, h, 0)) is None, (pa.data, pb.data)
+    assert skipped[0] > 200 and skipped[1] > 1000, skipped

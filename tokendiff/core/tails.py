@@ -933,11 +933,12 @@ def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | Non
 #   special token before it (not in a role line, which names the turn) and in no open '<' (no tag);
 # - the detectors that read text only are run on the pair's own bytes (A and B decoded from their start to
 #   EDIT_PAD tokens past the edit): bpe_boundary, double_bos (the edit starts past token 1), json_reserialized
-#   (no '{' before the edit: no object encloses it), setting (its thinking toggle reads generation prompts,
-#   which the edit is not in), line_endings and whitespace (the edit's two sides, shared ends taken off,
-#   both non-empty) must find nothing; unicode_form, date, nonce, counter and history_rewritten read the
-#   text and the owner's label and kinds: the most confident of them, the first on a tie, is the edit's
-#   finding, content_changed (the fallback) where none speaks;
+#   (no '{' before the edit: no object encloses it, shown without running it), setting (its thinking toggle
+#   reads generation prompts, which the edit is not in; not run where `_setting_silent` shows its lines
+#   silent), line_endings and whitespace (the edit's two sides, shared ends taken off, both non-empty) must
+#   find nothing; unicode_form, date, nonce, counter and history_rewritten read the text and the owner's
+#   label and kinds: the most confident of them, the first on a tie, is the edit's finding (those that
+#   could not beat one found are not run: `_edit_seen`), content_changed (the fallback) where none speaks;
 # - the section detectors say nothing of the edit with such owners: appended (no insertion, before A's
 #   prompt end), generation_prompt, reasoning, tools, call_id, tool_key_order, result_cleared,
 #   result_truncated, output_retokenized (by its owners); reminder_moved (what A keeps after the edit is
@@ -953,7 +954,10 @@ EDIT_PAD = 1024  # tokens decoded past the edit: detect_setting reads its line L
 EDIT_WINDOW = 32  # tokens after the edit that must agree for its sizes to be tried
 AFTER_REACH = 4096  # tokens from the edit's end to the next special token
 _EDIT_TEXT = re.compile(rb'[^<>{}\[\]"\r\n]*')
-_EDIT_QUIET = (detect_bpe_boundary, detect_double_bos, detect_json_reserialized, detect_setting, detect_line_endings)
+_EDIT_QUIET = (detect_bpe_boundary, detect_double_bos, detect_setting, detect_line_endings)  # json_reserialized: no
+# '{' before the edit (`_edit_prompts`), so it finds nothing (`_json_silent`)
+_EDIT_QUIET_SETTING_SILENT = (detect_bpe_boundary, detect_double_bos, detect_line_endings)  # `_setting_silent`: the
+# stubs have no sections, so the thinking toggle finds no generation prompt (as on a strip pair's hunks)
 _EDIT_SEEN = (detect_unicode_form, detect_date, detect_nonce, detect_counter, detect_rewritten)  # DETECTORS' order
 # the most confident finding each can give: its kind's in the cause table (none of them passes a higher one;
 # history_rewritten passes 0.5 or none): a later one no more confident than a finding made is not run
@@ -1164,15 +1168,16 @@ def _edit_prompts(
     ta, tb = pa.data[xa0:xa1], pb.data[xb0:xb1]
     if max(len(ta), len(tb)) >= EDIT_BYTES or len(tb) - len(ta) >= 16:
         return None
-    if not (_EDIT_TEXT.fullmatch(ta) and _EDIT_TEXT.fullmatch(tb)) or b"{" in pa.data[max(0, xa0 - 65536) : xa0]:
-        return None
+    if not (_EDIT_TEXT.fullmatch(ta) and _EDIT_TEXT.fullmatch(tb)) or b"{" in pa.data[max(0, xa0 - JSON_REACH) : xa0]:
+        return None  # (and so json_reserialized finds nothing: `_json_silent`, A's side)
     i = shared_prefix(ta, tb)
     j = shared_suffix(ta[i:], tb[i:])
     if not (ta[i : len(ta) - j] and tb[i : len(tb) - j]):
         return None  # white space alone on one side: detect_whitespace reads the sections
     h = Hunk(d, d + ra, d, d + rb, xa0, xa1, xb0, xb1, NO_SECTION, NO_SECTION)
     ctx = Ctx(pa, pb, Divergence(len(a), len(b), d, None, (h,)), h, 0)
-    if any(det(ctx) is not None for det in _EDIT_QUIET):
+    quiet = _EDIT_QUIET if not _setting_silent(pa.data, xa0, pb.data, xb0) else _EDIT_QUIET_SETTING_SILENT
+    if any(det(ctx) is not None for det in quiet):
         return None
     return pa, pb
 
