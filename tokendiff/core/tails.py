@@ -736,9 +736,9 @@ def _quiet_ascii(a: bytes, b: bytes, at: tuple[int, int, int], flags: bytes | No
     - json_reserialized: no '{' in A's JSON_REACH bytes before x0 (hunk 0: B's are the same bytes), nor before
       A's end or B's in theirs before y0 (hunk 1);
     - date and nonce (hunk 0): B's PAD window around x0 holds no digit, no '-' and no day's name. On ASCII
-      text the digit class is [0-9]; every alternative of DATE_RE holds a digit but the day names (each starts with one
-      of the seven looked for), a UUID four hyphens, HEX_RE's lookahead a digit: no match in the window,
-      none that covers the divergence (`_b_covers`);
+      text the digit class is [0-9]; every alternative of DATE_RE holds a digit but the day names (each
+      starts with one of the seven looked for, case and all), a UUID four hyphens, HEX_RE's lookahead a
+      digit: no match in the window, none that covers the divergence (`_b_covers`);
     - date (hunk 1): N is over MAX_INSERTED characters (ASCII: bytes);
     - setting: `_setting_silent` as `_silent` runs it;
     - history_rewritten's placeholder: every match holds '[' or '...', not in N;
