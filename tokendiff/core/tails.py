@@ -396,10 +396,7 @@ class StripDiff(TailDiff):
         owner, label = _renumbering(form.owner, pair.marks + form.offset)
         self.lcp, self.n_a, self.n_b, self.strip = pair.lcp, n_a, n_b, pair.strip
         lead = f"{pair.strip} tokens of reasoning in {label}"  # `_reasoning_evidence(pair.strip, owner)`
-        self.findings = [
-            replace(form.finding, evidence=mask(lead + form.rest)),
-            _appended(n_b - (n_a - pair.strip)),
-        ]
+        self.findings = [_evidenced(form.finding, lead + form.rest), _appended(n_b - (n_a - pair.strip))]
         self.ceiling, self.owner = n_a - pair.strip, owner
 
     def hunk_b_start(self, i: int) -> int:
@@ -451,6 +448,22 @@ def _appended(n_new: int) -> Finding:
 
 
 _APPENDED: dict[int, Finding] = {}
+
+
+def _evidenced(finding: Finding, evidence: str) -> Finding:
+    """`finding` with `evidence`, masked (`mask`, ~60 k instructions for a reasoning finding's): made once
+    for a form's finding and an evidence text (frozen values of pure functions; a strip form's evidence
+    repeats whenever the think block's length and the message's number do). Looked up by the finding's
+    identity, held by the entry as `_renumbering`'s paths are."""
+    got = _EVIDENCED.get((id(finding), evidence))
+    if got is None or got[0] is not finding:
+        if len(_EVIDENCED) > 4096:
+            _EVIDENCED.clear()
+        got = _EVIDENCED[(id(finding), evidence)] = (finding, replace(finding, evidence=mask(evidence)))
+    return got[1]
+
+
+_EVIDENCED: dict[tuple[int, str], tuple[Finding, Finding]] = {}
 
 
 Decoded = tuple[bytes, Any, Any]  # a prompt's bytes, offsets and special flags (`Vocab.decode`)
