@@ -266,3 +266,13 @@ def test_detectors_an_edit_pair_leaves_out_find_nothing():
             skipped[1] += 1
             assert explain.detect_json_reserialized(Ctx(pa, pb, d_, h, 0)) is None, (pa.data, pb.data)
     assert skipped[0] > 200 and skipped[1] > 1000, skipped
+
+
+def test_tools_turn_search_is_the_pattern():
+    """`tails._tools_turn` (the pattern searched only where "tools" is) answers as the pattern does, to any end."""
+    rng = random.Random(29)
+    pieces = [b"<|im_start|>", b" ", b"\n", b"\t", b"tools", b"tool", b"s", b"<|im_end|>", b"x", b"<|im_start"]
+    for _ in range(5000):
+        data = b"".join(rng.choice(pieces) for _ in range(rng.randrange(0, 12)))
+        end = rng.randrange(0, len(data) + 2)
+        assert tails._tools_turn(data, end) == (tails._TOOLS_TURN.search(data, 0, end) is not None), (data, end)

@@ -523,7 +523,7 @@ class Strips:
         if texts is None:
             return None
         data_a, off_a, data_b, user_after = texts
-        if _TOOLS_TURN.search(data_a, 0, int(off_a[g])):
+        if _tools_turn(data_a, int(off_a[g])):
             return None  # a `tools` turn is no message: the messages before A's last turn are not its markers
         b0 = int(off_a[lcp])  # B's bytes to the divergence are A's
         shape = StripShape(
@@ -650,6 +650,11 @@ class Strips:
             if not any(data.find(o, cstart, cend) >= 0 for o in _RESULT_OPENS):
                 return True
         return False
+
+
+def _tools_turn(data: bytes, end: int) -> bool:
+    """A `tools` turn in data[:end] (`_TOOLS_TURN`), searched only where "tools", which its match holds, is."""
+    return data.find(b"tools", 0, end) >= 0 and _TOOLS_TURN.search(data, 0, end) is not None
 
 
 def _tokens(raw: bytes, word: bytes | None, start: int, stop: int, first: bool = False) -> list[int]:
@@ -1162,7 +1167,7 @@ def _plain_turn(
     nl = data.find(b"\n", pos, pos + 200)
     if nl < 0 or nl >= int(off[d]) or data[pos:nl].decode("utf-8", "replace").strip() in _RESULTS:
         return None
-    if data.find(b"<", nl + 1, int(off[h])) >= 0 or _TOOLS_TURN.search(data, 0, int(off[g])):
+    if data.find(b"<", nl + 1, int(off[h])) >= 0 or _tools_turn(data, int(off[g])):
         return None
     return pa.token_at_byte(nl) + 1
 
