@@ -9,11 +9,13 @@ import random
 
 import numpy as np
 
-from tokendiff.core import prefix_index, tails
+from tokendiff.core import explain, model, prefix_index, tails
 from tokendiff.core.align import common_prefix, diff_spans, shared_prefix
 from tokendiff.core.explain import Ctx
-from tokendiff.core.model import Divergence, Prompt
+from tokendiff.core.kinds import SectionKind
+from tokendiff.core.model import Divergence, Prompt, flag_bytes
 from tokendiff.core.tails import Strips
+from tokendiff.sources.tokenizers import load_vocab
 
 
 def _strip_pair(rng: random.Random) -> tuple[np.ndarray, np.ndarray]:
@@ -67,8 +69,8 @@ PIECES = [
 ]  # fmt: skip
 
 
-def _prompt(toks: list[int], special: set[int]) -> Prompt:
-    pieces = [PIECES[t].encode() for t in toks]
+def _prompt(toks: list[int], special: set[int], table: list[str] = PIECES) -> Prompt:
+    pieces = [table[t].encode() for t in toks]
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in pieces])]).astype(np.int64)
     ids = np.array(toks, dtype=np.int32)
     return Prompt(ids=ids, data=b"".join(pieces), offsets=offsets, special=np.isin(ids, list(special)).astype(np.uint8))
@@ -125,3 +127,152 @@ def test_ascii_text_is_no_mojibake_as_counting_says():
         ids = np.zeros(rng.randrange(0, 1000), dtype=np.int32)
         p = Prompt(ids=ids, data=data, offsets=np.zeros(len(ids) + 1, dtype=np.int64), special=np.zeros(len(ids)))
         assert tails._mojibake(p) == counted(p)
+
+
+QUIET_PIECES = [
+    *PIECES, " the result of the call returns the value", " and then", "...", "(3 lines omitted)", " Fri", " Sun",
+    "<tool_response>", "</tool_response>", "tools", "\x1c", " a-b", "2026", ": x", "\n\n<think>\n", "\n</think>\n\n",
+]  # fmt: skip
+
+
+def test_strip_text_shown_quiet_from_bytes_is_quiet():
+    """Wherever `_quiet_ascii` shows a strip pair's text detectors silent (A and B ASCII), `_quiet` (each
+    detector run or shown silent by `_silent`) says the same: random P T R / P R N of pieces the detectors
+    read closely (digits, days, hyphens, CRs, braces, placeholders, think tags, markers typed as text, tool
+    results, text of T repeated before it or after it in B), special tokens in T too."""
+    rng = random.Random(13)
+    special = {QUIET_PIECES.index("<|im_start|>"), QUIET_PIECES.index("<|im_end|>")}
+    long_text = [QUIET_PIECES.index(" the result of the call returns the value"), QUIET_PIECES.index(" and then")]
+    shown = 0
+    for _ in range(12_000):
+
+        def tok(lo: int, hi: int) -> list[int]:
+            pick = [rng.randrange(len(QUIET_PIECES)) for _ in range(rng.randrange(lo, hi))]
+            return pick if rng.random() < 0.3 else [rng.choice(long_text) if rng.random() < 0.8 else t for t in pick]
+
+        p, t, r, n = tok(2, 12), tok(1, 10), tok(1, 10), tok(4, 14)
+        if rng.random() < 0.3:  # a date across the divergence in B, one in A around T
+            digit = [QUIET_PIECES.index(x) for x in ("1", "2", "12", " Fri", "2024-01-0")]
+            p, t, r = p + [digit[4]], [rng.choice(digit)] + t, [rng.choice(digit)] + r
+        if rng.random() < 0.2:
+            p = p + t  # T's text in B before the divergence (detect_moved's probe)
+        if rng.random() < 0.2:
+            n = n + t  # and after it (reminder_moved)
+        pa, pb = _prompt(p + t + r, special, QUIET_PIECES), _prompt(p + r + n, special, QUIET_PIECES)
+        if not (pa.data.isascii() and pb.data.isascii()):
+            continue
+        lcp, s, n_a = len(p), len(t), len(pa)
+        x0, x1 = int(pa.offsets[lcp]), int(pa.offsets[lcp + s])
+        flags = flag_bytes(pa.special, lcp, lcp + s)
+        if tails._quiet_ascii(pa.data, pb.data, (x0, x1, int(pb.offsets[n_a - s])), flags):
+            shown += 1
+            assert tails._quiet(pa, pb, lcp, s), (pa.data, pb.data, lcp, s)
+    assert shown > 100
+
+
+def test_spliced_decode_is_the_decode():
+    """A' decoded from A's decode with B's edit spliced in (`tails._spliced`) is A' decoded whole: bytes,
+    offsets and special flags, on random IDs of the real vocabulary (special tokens, multibyte pieces)."""
+    vocab = load_vocab(None)
+    rng = np.random.default_rng(17)
+    specials = [i for i in range(vocab.n_vocab - 300, vocab.n_vocab) if vocab.flags[i]]
+    for _ in range(300):
+        n = int(rng.integers(2, 400))
+        a = rng.integers(0, vocab.n_vocab, n).astype(np.int32)
+        a[rng.integers(0, n, 3)] = rng.choice(specials, 3)
+        d, ra, rb = int(rng.integers(0, n - 1)), int(rng.integers(1, 9)), int(rng.integers(1, 9))
+        ra = min(ra, n - d)
+        b = np.concatenate([a[:d], rng.integers(0, vocab.n_vocab, rb).astype(np.int32), a[d + ra :]])
+        a2 = np.concatenate([b[: d + rb], a[d + ra :]])
+        data, off, sp = tails._spliced(vocab, vocab.decode(a), b, (d, ra, rb))
+        want = vocab.decode(a2)
+        assert data == want[0]
+        assert list(off) == list(want[1]) and list(sp) == list(want[2])
+
+
+EDIT_PIECES = [
+    "2024-01-0", "5", "6", "12", ":30", " Mon", "%", " 7", "deadbeef1", "a1b2c3d4", "-", "e", "\u00e9", "e\u0301",
+    " items", " left", "[pruned]", "... (3 lines omitted)", " word", " the", "\n", " ", "session_id=", "cch=",
+]  # fmt: skip
+
+
+def test_edit_finding_skips_only_detectors_that_could_not_come_first():
+    """An edit's finding with the detectors that could not beat the one found left out (`tails._edit_seen`)
+    is the finding of them all sorted as explain sorts them; no detector gives more than its ceiling. Random
+    single-hunk edits of pieces every one of them reads (dates, numbers, nonces, Unicode forms, placeholders),
+    in a message, a field or no section."""
+    rng = random.Random(19)
+    owners = [model.NO_SECTION, model.SectionPath((model.Part(SectionKind.MESSAGE, 0, "system"),))]
+    spoke = {det: 0 for det in tails._EDIT_SEEN}
+    for _ in range(3000):
+
+        def tok(lo: int, hi: int) -> list[int]:
+            return [rng.randrange(len(EDIT_PIECES)) for _ in range(rng.randrange(lo, hi))]
+
+        p, ea, eb, m = tok(1, 6), tok(1, 4), tok(0, 4), tok(1, 6)
+        if rng.random() < 0.15:  # another Unicode form of one character
+            ea, eb = [EDIT_PIECES.index("\u00e9")], [EDIT_PIECES.index("e\u0301")]
+        elif rng.random() < 0.2:  # a number changed and a placeholder: a counter that history_rewritten beats
+            ea, eb = [EDIT_PIECES.index("5")], [EDIT_PIECES.index("6"), EDIT_PIECES.index("[pruned]")]
+        pa, pb = _prompt(p + ea + m, set(), EDIT_PIECES), _prompt(p + eb + m, set(), EDIT_PIECES)
+        d, ra, rb = len(p), len(ea), len(eb)
+        owner = rng.choice(owners)
+        oa, ob = pa.offsets, pb.offsets
+        h = model.Hunk(d, d + ra, d, d + rb, int(oa[d]), int(oa[d + ra]), int(ob[d]), int(ob[d + rb]), owner, owner)
+        ctx = Ctx(pa, pb, Divergence(len(pa), len(pb), d, None, (h,)), h, 0)
+        found = []
+        for det, ceiling in zip(tails._EDIT_SEEN, tails._EDIT_CEILINGS, strict=True):
+            f = det(Ctx(pa, pb, ctx.d, h, 0))
+            if f is not None:
+                assert f.confidence <= ceiling, (det.__name__, f)
+                spoke[det] += 1
+                found.append(f)
+        want = sorted(found, key=lambda f: -f.confidence)[0] if found else explain.detect_fallback(ctx)
+        assert tails._edit_seen(ctx) == want, (pa.data, pb.data)
+    assert all(spoke.values()), spoke
+
+
+QUIET_EDIT_PIECES = [
+    *EDIT_PIECES, ":", "=", " mode: plan", " mode: act", "/think", "/no_think", " think", "{", "}", '"k": 1',
+    "Reasoning: high", "Reasoning: low", "\r\n",
+]  # fmt: skip
+
+
+def test_detectors_an_edit_pair_leaves_out_find_nothing():
+    """An edit pair's stubs (no sections) leave out detect_setting where `_setting_silent` says so, and
+    json_reserialized where A holds no '{' before the edit: neither finds anything there, on random edits of
+    setting lines, think switches, braces and line breaks."""
+    rng = random.Random(23)
+    skipped = [0, 0]
+    for _ in range(4000):
+
+        def tok(lo: int, hi: int) -> list[int]:
+            return [rng.randrange(len(QUIET_EDIT_PIECES)) for _ in range(rng.randrange(lo, hi))]
+
+        p, ea, eb, m = tok(1, 8), tok(1, 4), tok(1, 4), tok(1, 8)
+        pa = _prompt(p + ea + m, set(), QUIET_EDIT_PIECES)
+        pb = _prompt(p + eb + m, set(), QUIET_EDIT_PIECES)
+        d, ra, rb = len(p), len(ea), len(eb)
+        oa, ob = pa.offsets, pb.offsets
+        xa0, xb0 = int(oa[d]), int(ob[d])
+        h = model.Hunk(
+            d, d + ra, d, d + rb, xa0, int(oa[d + ra]), xb0, int(ob[d + rb]), model.NO_SECTION, model.NO_SECTION
+        )
+        d_ = Divergence(len(pa), len(pb), d, None, (h,))
+        if tails._setting_silent(pa.data, xa0, pb.data, xb0):
+            skipped[0] += 1
+            assert explain.detect_setting(Ctx(pa, pb, d_, h, 0)) is None, (pa.data, pb.data)
+        if b"{" not in pa.data[:xa0]:
+            skipped[1] += 1
+            assert explain.detect_json_reserialized(Ctx(pa, pb, d_, h, 0)) is None, (pa.data, pb.data)
+    assert skipped[0] > 200 and skipped[1] > 1000, skipped
+
+
+def test_tools_turn_search_is_the_pattern():
+    """`tails._tools_turn` (the pattern searched only where "tools" is) answers as the pattern does, to any end."""
+    rng = random.Random(29)
+    pieces = [b"<|im_start|>", b" ", b"\n", b"\t", b"tools", b"tool", b"s", b"<|im_end|>", b"x", b"<|im_start"]
+    for _ in range(5000):
+        data = b"".join(rng.choice(pieces) for _ in range(rng.randrange(0, 12)))
+        end = rng.randrange(0, len(data) + 2)
+        assert tails._tools_turn(data, end) == (tails._TOOLS_TURN.search(data, 0, end) is not None), (data, end)

@@ -99,6 +99,15 @@ def test_tail_turns_are_the_full_diff(tmp_path, monkeypatch, kwargs):
     _same_without_forms(_capture(tmp_path / "c.jsonl", 60, kwargs=kwargs), monkeypatch)
 
 
+def _report_without_forms_is_the_same(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session's report is the report with no turn filled from a form (however many were)."""
+    with sink(lambda kind, message: None):
+        fast, _ = _report(path)
+        monkeypatch.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
+        full, _ = _report(path)
+    assert fast == full
+
+
 def _same_without_forms(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The session's report with its turns checked against their full diffs (TOKENDIFF_CHECK_TAILS) is the
     report with no turn filled from a form; at least 20 turns were."""
@@ -240,6 +249,81 @@ def _edit_slots(path: Path, turns: int, seed: int = 0) -> Path:
     return path
 
 
+TURN_LAYOUTS = {  # the turns before the history, turn k's (its edit: a date or a count every 2nd turn)
+    "plain": lambda k, e: f"<|im_start|>system\nAgent {k // 12} on duty. Today is 2026-02-{e:02d}.<|im_end|>\n",
+    "user": lambda k, e: (
+        f"<|im_start|>system\nHelp.<|im_end|>\n<|im_start|>user\nRun {k // 12} at 09:{e:02d} ok.<|im_end|>\n"
+    ),
+    "angle": lambda k, e: f"<|im_start|>system\nRun {k // 12}. Count {e} left; use <tools> well.<|im_end|>\n",
+    "tool": lambda k, e: f"<|im_start|>tool\nstep {k // 12} of {e} done<|im_end|>\n",
+    "tools-first": lambda k, e: (
+        f"<|im_start|>tools\n[]<|im_end|>\n<|im_start|>system\nA{k // 12}: {e} items.<|im_end|>\n"
+    ),
+    "tag-toggles": lambda k, e: (
+        "<|im_start|>system\nHelp.<|im_end|>\n<|im_start|>user\n"
+        + (f"<tool_response>\nRun {e} ok.\n</tool_response>" if k // 12 % 2 else f"Run {e} ok.")
+        + "<|im_end|>\n"
+    ),
+    "odd-role": lambda k, e: f"<|im_start|> system \r\nCaf\u00e9 {k // 12} \u00fcber 2026-03-{e:02d} ok.<|im_end|>\n",
+}
+
+
+def _turn_edit_slots(path: Path, turns: int, layout: str) -> Path:
+    """Slot files as `_slots` writes them, opening with TURN_LAYOUTS[layout]: the text around the edit
+    changes every 12 turns (one edit shape each, where the shape holds that text)."""
+    rng = random.Random(3)
+    tok = text_tokenizer(load_vocab(None))
+    path.mkdir()
+    history: list[str] = []
+    for k in range(1, turns + 1):
+        opening = TURN_LAYOUTS[layout](k, 1 + (k // 2) % 9)
+        turn = f"<|im_start|>user\n{_words(rng, 20)}<|im_end|>\n"
+        reason, answer = f"thinking about step {k} of {_words(rng, 3)}", _words(rng, 12)
+        prompt = opening + "".join(history) + turn
+        ids = tok.encode(prompt + f"<|im_start|>assistant\n<think>\n{reason}\n</think>\n\n{answer}<|im_end|>")
+        _write_slot(path / f"turn-{k:03d}.bin", ids, k)
+        history += [turn, f"<|im_start|>assistant\n{answer}<|im_end|>\n"]
+    return path
+
+
+@pytest.mark.parametrize("layout", sorted(TURN_LAYOUTS))
+def test_edit_shapes_of_plain_turns_are_the_full_diff(tmp_path, monkeypatch, layout):
+    """An edit in a plain chatml turn (no '<' in it, not a tool turn, no tools block before it) keys its shape
+    on the turn's role line, not the text around the edit (`tails._plain_turn`): such a shape's form fills
+    pairs whose text before the edit differs, and each is its full diff (TOKENDIFF_CHECK_TAILS), the report
+    the one with no form; in the other layouts the shape holds that text, as before."""
+    path = _turn_edit_slots(tmp_path / "slots", 100, layout)
+    keys: list[tails.EditShape] = []
+    learn = tails.Tails.learn
+
+    def spy(self, shape, a, b, pd):  # type: ignore[no-untyped-def]
+        if isinstance(shape, tails.EditPair):
+            keys.append(shape.shape)
+        learn(self, shape, a, b, pd)
+
+    monkeypatch.setattr(tails.Tails, "learn", spy)
+    monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
+    loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
+    edited = [t for t in loaded.session.turns if t.tail_hunks]
+    turn = {k.turn for k in keys}
+    if layout in ("plain", "user", "odd-role"):  # one shape (or a few: the edit's sizes), whatever the text
+        assert turn == {True} and len(keys) <= 4 and len(edited) >= 25, (keys, len(edited))
+    elif layout == "tag-toggles":  # the groups without the tag are plain turns, the others not
+        assert turn == {True, False}, keys
+    elif layout == "tools-first":  # no strip pair after a tools block: no edit pair either
+        assert not keys
+    else:
+        assert turn == {False} and len(keys) >= 4, keys
+    _report_without_forms_is_the_same(path, monkeypatch)
+
+
+def test_plain_turn_roles_are_the_grammars():
+    """The roles `tails._plain_turn` refuses are the ones the marker sectioning searches for inner spans."""
+    from tokendiff.core import grammar
+
+    assert tails._RESULTS == grammar._RESULTS
+
+
 def _edit_capture(
     path: Path, turns: int, seed: int = 0, parts: str = "never", edit: Callable[[int], tuple[str, str]] | None = None
 ) -> Path:
@@ -296,11 +380,7 @@ def test_edit_turns_of_requests_sending_text_as_parts(tmp_path, monkeypatch):
     loaded = open_session(PromptOptions(), [str(plain)], single_turns=False, workers=1)
     assert sum(bool(t.tail_hunks) for t in loaded.session.turns) >= 8
     path = _edit_capture(tmp_path / "c.jsonl", 40, parts="odd", edit=dated)
-    with sink(lambda kind, message: None):
-        fast, _ = _report(path)
-        monkeypatch.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
-        full, _ = _report(path)
-    assert fast == full
+    _report_without_forms_is_the_same(path, monkeypatch)
 
 
 def test_heaviest_chain_is_the_quadratic_one():

@@ -856,14 +856,19 @@ def text_probe(p: Prompt, start: int, end: int) -> bytes:
     while start < end:
         start = _run_end(p.special, flags, base, start, end, True)
         stop = _run_end(p.special, flags, base, start, end, False)
-        chunk = p.data[p.byte_offset(start) : p.byte_offset(stop)]
-        marker = MARKER_RE.search(chunk)  # the text before the first marker: `MARKER_RE.split(chunk)[0]`
-        text = chunk[: marker.start()] if marker else chunk
-        text = _LEADING_NON_WORD.sub(b"", ROLE_LINE_RE.sub(b"", text)).strip()[:200]
+        text = probe_text(p.data[p.byte_offset(start) : p.byte_offset(stop)])
         if len(text) >= 24:
             return text
         start = stop
     return b""
+
+
+def probe_text(chunk: bytes) -> bytes:
+    """`text_probe`'s text of one stretch between special tokens (a probe where 24 bytes or more): before its
+    first marker, without a role line, up to 200 bytes, punctuation and spaces at its ends taken off."""
+    marker = MARKER_RE.search(chunk)  # the text before the first marker: `MARKER_RE.split(chunk)[0]`
+    text = chunk[: marker.start()] if marker else chunk
+    return _LEADING_NON_WORD.sub(b"", ROLE_LINE_RE.sub(b"", text)).strip()[:200]
 
 
 _LEADING_NON_WORD = re.compile(rb"^\W+")

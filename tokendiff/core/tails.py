@@ -26,6 +26,7 @@ counts of each pair. No I/O.
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,13 +43,16 @@ from tokendiff.core.align import (
     shared_prefix,
     shared_suffix,
 )
+from tokendiff.core.causes import CAUSES
 from tokendiff.core.explain import (
     DATE_RE,
     EDGE,
     HEX_RE,
     LINE_REACH,
     MAX_INSERTED,
+    PAD,
     PLACEHOLDER_RE,
+    PROBE_TOKENS,
     SETTING_LINE_RE,
     SHARED_RUN,
     THINK_SWITCH_RE,
@@ -68,6 +72,7 @@ from tokendiff.core.explain import (
     detect_setting,
     detect_unicode_form,
     detect_whitespace,
+    probe_text,
     text_probe,
 )
 from tokendiff.core.kinds import CauseKind, SectionKind
@@ -80,6 +85,7 @@ from tokendiff.core.model import (
     Prompt,
     PromptMeta,
     SectionPath,
+    flag_bytes,
     id_bytes,
 )
 from tokendiff.core.plain import replace
@@ -207,13 +213,20 @@ class Tails:
         if lcp2 - (d + rb) < SHARED_RUN:
             return None  # new_conversation reads no shared run between the edit and what follows
         rest: Shape | StripPair | None = self._tail(a2, b, lcp2, sections)
+        got_a, spans = None, None
         if rest is None and lcp2 < len(a2) and int(a2[lcp2]) == self.strips.open:
             if not self.strips.readable(a):  # A's text as the loader reads it (the strip pair reads A')
                 return None
+            spans = diff_spans(a, b, len(a))  # `edit_pair` holds them to the edit's, then the strip's: the
+            if spans[:1] != [(d, d + ra, d, d + rb)]:  # edit's first, before the strip pair's work (a date
+                return None  # whose digits align apart, 09 -> 10, is two hunks)
+            got_a = self.strips.decoded.got  # A's decode, kept by `readable`; A' decoded from it
+            self.strips.decoded.keep(a2, _spliced(self.vocab, got_a, b, (d, ra, rb)), None)
             rest = self.strips.pair(a2, b, lcp2, sections)
         if rest is None:
             return None
-        return edit_pair(self.vocab, self.flags, a, b, (d, ra, rb), rest)
+        got_b = self.strips.decoded.got if self.strips.decoded.ids is b else None  # kept by the strip pair
+        return edit_pair(self.strips, a, b, (d, ra, rb), rest, (got_a, got_b, spans))
 
     def _opening(self, rest: np.ndarray) -> tuple[bytes | None, bool]:
         """B's text from the divergence on, as far as the detectors read it: its first line (at most
@@ -336,6 +349,7 @@ _TEXT_DETECTORS = (
 _REASONING = (CauseKind.REASONING_STRIPPED, CauseKind.REASONING_DROPPED_BY_CLIENT)
 _RESULT_OPENS = (b"<tool_response>", "<｜tool▁output▁begin｜>".encode())  # grammar._inner_spans' tool results
 _TOOLS_TURN = re.compile(rb"<\|im_start\|>\s*tools")  # a turn the marker sectioning does not number
+_RESULTS = ("tool", "ipython", "tools")  # roles whose turns the marker sectioning searches for inner spans always
 
 
 @dataclass(frozen=True)
@@ -379,12 +393,10 @@ class StripDiff(TailDiff):
     __slots__ = ("strip",)
 
     def __init__(self, pair: StripPair, n_a: int, n_b: int, form: StripForm):
-        owner = _renumbered(form.owner, pair.marks + form.offset)
+        owner, label = _renumbering(form.owner, pair.marks + form.offset)
         self.lcp, self.n_a, self.n_b, self.strip = pair.lcp, n_a, n_b, pair.strip
-        self.findings = [
-            replace(form.finding, evidence=mask(_reasoning_evidence(pair.strip, owner) + form.rest)),
-            appended_finding(1, n_b - (n_a - pair.strip)),
-        ]
+        lead = f"{pair.strip} tokens of reasoning in {label}"  # `_reasoning_evidence(pair.strip, owner)`
+        self.findings = [_evidenced(form.finding, lead + form.rest), _appended(n_b - (n_a - pair.strip))]
         self.ceiling, self.owner = n_a - pair.strip, owner
 
     def hunk_b_start(self, i: int) -> int:
@@ -393,22 +405,68 @@ class StripDiff(TailDiff):
 
 def _reasoning_evidence(n: int, owner: SectionPath) -> str:
     """detect_reasoning's evidence up to the message's label."""
+    return f"{n} tokens of reasoning in {_top_label(owner)}"
+
+
+def _top_label(owner: SectionPath) -> str:
     top = owner.top
-    return f"{n} tokens of reasoning in {top.label if top else 'an assistant turn'}"
+    return top.label if top else "an assistant turn"
 
 
 def _renumbered(path: SectionPath, index: int) -> SectionPath:
-    """The path with its message part numbered `index` (made once: a session's turns number a few dozen)."""
-    got = _RENUMBERED.get((path, index))
-    if got is None:
+    """The path with its message part numbered `index`."""
+    return _renumbering(path, index)[0]
+
+
+def _renumbering(path: SectionPath, index: int) -> tuple[SectionPath, str]:
+    """The path with its message part numbered `index`, and its top's label (`_reasoning_evidence`'s), made once
+    a path and number (a session's turns number a few dozen). Looked up by the path's identity, not its hash
+    (a hash of its parts each time): the entry holds the path, so its id is another's only once it is gone,
+    and then the entry is not taken."""
+    got = _RENUMBERED.get((id(path), index))
+    if got is None or got[0] is not path:
         if len(_RENUMBERED) > 4096:
             _RENUMBERED.clear()
         parts = tuple(replace(p, index=index) if p.kind == SectionKind.MESSAGE else p for p in path)
-        got = _RENUMBERED[(path, index)] = SectionPath(parts)
+        new = SectionPath(parts)
+        got = _RENUMBERED[(id(path), index)] = (path, new, _top_label(new))
+    return got[1], got[2]
+
+
+_RENUMBERED: dict[tuple[int, int], tuple[SectionPath, SectionPath, str]] = {}
+
+
+def _appended(n_new: int) -> Finding:
+    """`appended_finding(1, n_new)`, made once a count: a pure function's frozen value (its words masked, ~10 us
+    each time), the same value whichever turn asks."""
+    got = _APPENDED.get(n_new)
+    if got is None:
+        if len(_APPENDED) > 4096:
+            _APPENDED.clear()
+        got = _APPENDED[n_new] = appended_finding(1, n_new)
     return got
 
 
-_RENUMBERED: dict[tuple[SectionPath, int], SectionPath] = {}
+_APPENDED: dict[int, Finding] = {}
+
+
+def _evidenced(finding: Finding, evidence: str) -> Finding:
+    """`finding` with `evidence`, masked (`mask`, ~60 k instructions for a reasoning finding's): made once
+    for a form's finding and an evidence text (frozen values of pure functions; a strip form's evidence
+    repeats whenever the think block's length and the message's number do). Looked up by the finding's
+    identity, held by the entry as `_renumbering`'s paths are."""
+    got = _EVIDENCED.get((id(finding), evidence))
+    if got is None or got[0] is not finding:
+        if len(_EVIDENCED) > 4096:
+            _EVIDENCED.clear()
+        got = _EVIDENCED[(id(finding), evidence)] = (finding, replace(finding, evidence=mask(evidence)))
+    return got[1]
+
+
+_EVIDENCED: dict[tuple[int, str], tuple[Finding, Finding]] = {}
+
+
+Decoded = tuple[bytes, Any, Any]  # a prompt's bytes, offsets and special flags (`Vocab.decode`)
 
 
 class _Decoded:
@@ -426,7 +484,7 @@ class _Decoded:
             self.ids, self.got, self.bad = ids, self.vocab.decode(ids), None
         return self.got
 
-    def keep(self, ids: np.ndarray, got: tuple[bytes, Any, Any], bad: bool) -> None:
+    def keep(self, ids: np.ndarray, got: tuple[bytes, Any, Any], bad: bool | None) -> None:
         self.ids, self.got, self.bad = ids, got, bad
 
 
@@ -438,20 +496,23 @@ class Strips:
         self.open, self.close = _token(vocab, b"<think>"), _token(vocab, b"</think>")
         self.turn, self.turn_end = _token(vocab, b"<|im_start|>"), _token(vocab, b"<|im_end|>")
         self.decoded = _Decoded(vocab)
+        self.marked = (flags & SPECIAL) != 0  # `flags[ids] & SPECIAL` as one gather, the same for any IDs
+        # the think block's end, a turn's marker and its end as int32 bytes (`_tokens`)
+        self.words = tuple(None if t is None else struct.pack("=i", t) for t in (self.close, self.turn, self.turn_end))
 
     def pair(self, a: np.ndarray, b: np.ndarray, lcp: int, sections: tuple[Sectioning, Sectioning]) -> StripPair | None:
         """The pair as a strip pair (None: not one, or the full diff must tell)."""
         n_a, n_b = len(a), len(b)
         if self.open is None or self.turn_end is None or not (1 < lcp < n_a < n_b) or int(a[lcp]) != self.open:
             return None
-        ends = np.flatnonzero(a[lcp + 1 : lcp + 1 + THINK_REACH] == self.close)
-        if not ends.size:
+        end = _tokens(id_bytes(a), self.words[0], lcp + 1, lcp + 1 + THINK_REACH, first=True)
+        if not end:
             return None
-        s = self._strip(a, b, lcp, lcp + 2 + int(ends[0]))
+        s = self._strip(a, b, lcp, end[0] + 1)
         if s is None:
             return None
         lo = max(0, lcp - HEAD_REACH)
-        marks = np.flatnonzero(self.flags[a[lo:lcp]] & SPECIAL)
+        marks = np.flatnonzero(self.marked[a[lo:lcp]])
         g = lo + int(marks[-1]) if marks.size else -1
         if g < 0 or int(a[g]) != self.turn or _whole_turn(a, lcp, s, g):
             return None
@@ -461,16 +522,16 @@ class Strips:
         texts = self._texts(a, b, lcp, s)
         if texts is None:
             return None
-        pa, pb, user_after = texts
-        if _TOOLS_TURN.search(pa.data, 0, pa.byte_offset(g)):
+        data_a, off_a, data_b, user_after = texts
+        if _tools_turn(data_a, int(off_a[g])):
             return None  # a `tools` turn is no message: the messages before A's last turn are not its markers
-        b0 = pa.byte_offset(lcp)
+        b0 = int(off_a[lcp])  # B's bytes to the divergence are A's
         shape = StripShape(
             sections=(sa, sb),
             head=a[g:lcp].astype(np.int32).tobytes(),
             close=int(a[n_a - 1]),
             joint=int(b[n_a - s]),
-            empty_b=re.search(rb"<think>\s*</think>", pb.data[max(0, b0 - 16) : b0 + 40]) is not None,
+            empty_b=re.search(rb"<think>\s*</think>", data_b[max(0, b0 - 16) : b0 + 40]) is not None,
             user_after=user_after,
         )
         return StripPair(shape, lcp, s, int(np.count_nonzero(a[:g] == a[g])))
@@ -497,9 +558,9 @@ class Strips:
             s = a1 - lcp
             if (a0, b0, b1) != (lcp, lcp, lcp) or a1 < past or ins != (n_a, n_a, n_a - s, n_b):
                 return None
-        if np.any(self.flags[a[lcp : n_a - 1]] & SPECIAL) or not self.flags[a[n_a - 1]] & SPECIAL:
+        if self.marked[a[lcp : n_a - 1]].any() or not self.marked[a[n_a - 1]]:
             return None
-        if not np.any(self.flags[b[n_a - s :]] & SPECIAL):
+        if not self.marked[b[n_a - s :]].any():
             return None  # new turns carry their markers (detect_whitespace reads no sections then)
         return s
 
@@ -536,37 +597,45 @@ class Strips:
             return None
         return s
 
-    def _texts(self, a: np.ndarray, b: np.ndarray, lcp: int, s: int) -> tuple[Prompt, Prompt, bool] | None:
-        """Both prompts' bytes (B's from A's: P, the answer, then the new turns decoded), and whether a user
-        message follows in B; None when a detector reading text would find something, or the text is not
-        the one the loader would accept."""
+    def _texts(self, a: np.ndarray, b: np.ndarray, lcp: int, s: int) -> tuple[bytes, Any, bytes, bool] | None:
+        """A's bytes and offsets, B's bytes (made from A's: P, the answer, then the new turns decoded; kept with
+        B's offsets and flags, for the next pair's A), and whether a user message follows in B; None when a
+        detector reading text would find something, or the text is not the one the loader would accept."""
         n_a = len(a)
         data_a, off_a, sp_a = self.decoded.of(a)
         tail, off_t, sp_t = self.vocab.decode(b[n_a - s :])
         x0, x1 = int(off_a[lcp]), int(off_a[lcp + s])
         data_b = data_a[:x0] + data_a[x1:] + tail
         base = len(data_a) - (x1 - x0)
-        off_b = np.concatenate([np.asarray(off_a[: lcp + 1]), np.asarray(off_a[lcp + s + 1 :]) - (x1 - x0)])
-        off_b = np.concatenate([off_b, np.asarray(off_t[1:]) + base])
-        sp_b = np.concatenate([np.asarray(sp_a[:lcp]), np.asarray(sp_a[lcp + s :]), np.asarray(sp_t)])
-        pa = Prompt(ids=a, data=data_a, offsets=off_a, special=sp_a, origin="", meta=PromptMeta())
-        pb = Prompt(ids=b, data=data_b, offsets=off_b, special=sp_b, origin="", meta=PromptMeta())
-        bad_a = self.decoded.bad if self.decoded.bad is not None else _mojibake(pa)
-        bad_b = _mojibake(pb)
-        self.decoded.keep(b, (data_b, off_b, sp_b), bad_b)
-        if bad_a or bad_b:
-            return None
-        if not _quiet(pa, pb, lcp, s):
-            return None
-        return pa, pb, self._user_after(b, pb, lcp)
+        oa = np.asarray(off_a)
+        off_b = np.concatenate((oa[: lcp + 1], oa[lcp + s + 1 :] - (x1 - x0), np.asarray(off_t[1:]) + base))
+        sp_b = np.concatenate((np.asarray(sp_a[:lcp]), np.asarray(sp_a[lcp + s :]), np.asarray(sp_t)))
+        if data_a.isascii() and tail.isascii():  # B's bytes are A's and the tail's: ASCII, no mojibake either
+            self.decoded.keep(b, (data_b, off_b, sp_b), False)
+            quiet = _quiet_ascii(data_a, data_b, (x0, x1, base), flag_bytes(sp_a, lcp, lcp + s))
+        else:
+            quiet = None
+        if not quiet:
+            pa = Prompt(ids=a, data=data_a, offsets=off_a, special=sp_a, origin="", meta=PromptMeta())
+            pb = Prompt(ids=b, data=data_b, offsets=off_b, special=sp_b, origin="", meta=PromptMeta())
+            if quiet is None:
+                bad_a = self.decoded.bad if self.decoded.bad is not None else _mojibake(pa)
+                bad_b = _mojibake(pb)
+                self.decoded.keep(b, (data_b, off_b, sp_b), bad_b)
+                if bad_a or bad_b:
+                    return None
+            if not _quiet(pa, pb, lcp, s):
+                return None
+        return data_a, off_a, data_b, self._user_after(b, data_b, off_b, lcp)
 
-    def _user_after(self, b: np.ndarray, pb: Prompt, lcp: int) -> bool:
+    def _user_after(self, b: np.ndarray, data: bytes, off: np.ndarray, lcp: int) -> bool:
         """`explain._user_turn_after(B, lcp)` as chatml's marker sectioning makes its turns (`grammar.
         _split_generic`): a turn at each <|im_start|> token after the divergence, its role up to its first
         newline, its content up to its <|im_end|>; a user turn counts unless a tool result opens in it."""
-        data, off = pb.data, np.asarray(pb.offsets)  # byte_offset's of tokens in [0, len(b)]: no clamping
-        starts = off[lcp + np.flatnonzero(b[lcp:] == self.turn)].tolist()
-        closes = off[lcp + 1 + np.flatnonzero(b[lcp:] == self.turn_end)].tolist()
+        # B's offsets of tokens in [0, len(b)]: `byte_offset`'s, which clamps nothing there
+        raw = id_bytes(b)
+        starts = [int(off[i]) for i in _tokens(raw, self.words[1], lcp, len(b))]
+        closes = [int(off[i + 1]) for i in _tokens(raw, self.words[2], lcp, len(b))]
         skip = len(b"<|im_start|>")
         for k, at in enumerate(starts):
             limit = starts[k + 1] if k + 1 < len(starts) else len(data)
@@ -581,6 +650,28 @@ class Strips:
             if not any(data.find(o, cstart, cend) >= 0 for o in _RESULT_OPENS):
                 return True
         return False
+
+
+def _tools_turn(data: bytes, end: int) -> bool:
+    """A `tools` turn in data[:end] (`_TOOLS_TURN`), searched only where "tools", which its match holds, is."""
+    return data.find(b"tools", 0, end) >= 0 and _TOOLS_TURN.search(data, 0, end) is not None
+
+
+def _tokens(raw: bytes, word: bytes | None, start: int, stop: int, first: bool = False) -> list[int]:
+    """The tokens in [start, stop) whose int32 bytes (`id_bytes`) are `word` (none where it is None), by
+    bytes.find: a hit off the 4-byte grid is no token. `first`: the first one only."""
+    out: list[int] = []
+    if word is None:
+        return out
+    end = 4 * stop
+    at = raw.find(word, 4 * start, end)
+    while at >= 0:
+        if not at % 4:
+            out.append(at // 4)
+            if first:
+                break
+        at = raw.find(word, at + 1, end)
+    return out
 
 
 def _token(vocab: Vocab, piece: bytes) -> int | None:
@@ -646,6 +737,49 @@ def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
         return False
     removed = pa.data[x0:x1].decode("utf-8", "replace").strip()
     return not (len(removed) >= 24 and pb.data.find(removed[:200].encode(), x0) >= 0)
+
+
+_DATE_OR_NONCE = re.compile(rb"[0-9-]|Mon|Tue|Wed|Thu|Fri|Sat|Sun")  # in any match of DATE_RE, UUID_RE or HEX_RE
+
+
+def _quiet_ascii(a: bytes, b: bytes, at: tuple[int, int, int], flags: bytes | None) -> bool:
+    """`_quiet`'s True shown from a few byte tests where both prompts are ASCII (False: not shown, `_quiet`
+    then runs). `at`: the think block's bytes in A (x0, x1; B's bytes to x0 are A's) and where B's new turns
+    begin (y0, to B's end); `flags`: the think block's special flags (`flag_bytes`). `_silent`'s arguments,
+    each from a test here on the bytes that detector reads (hunk 0 is T = A[x0:x1], B's side empty at x0;
+    hunk 1 is N = B[y0:], A's side empty at A's end):
+    - counter (hunk 0): T stripped is over 16 bytes; whitespace: T and N hold more than white space;
+      line_endings: T and N are 2 bytes or more and hold no CR;
+    - unicode_form: the windows it reads lie in ASCII bytes;
+    - json_reserialized: no '{' in A's JSON_REACH bytes before x0 (hunk 0: B's are the same bytes), nor before
+      A's end or B's in theirs before y0 (hunk 1);
+    - date and nonce (hunk 0): B's PAD window around x0 holds no digit, no '-' and no day's name. On ASCII
+      text the digit class is [0-9]; every alternative of DATE_RE holds a digit but the day names (each
+      starts with one of the seven looked for, case and all), a UUID four hyphens, HEX_RE's lookahead a
+      digit: no match in the window, none that covers the divergence (`_b_covers`);
+    - date (hunk 1): N is over MAX_INSERTED characters (ASCII: bytes);
+    - setting: `_setting_silent` as `_silent` runs it;
+    - history_rewritten's placeholder: every match holds '[' or '...', not in N;
+    - detect_moved's probe: T holds no special token (and at most PROBE_TOKENS tokens), so `text_probe` reads
+      it as one stretch, `probe_text(T)`, kept where 24 bytes or more; reminder_moved's text as `_quiet`
+      looks for it."""
+    x0, x1, y0 = at
+    t, n = a[x0:x1], b[y0:]
+    if flags is None or b"\1" in flags or len(flags) > PROBE_TOKENS or len(n) <= MAX_INSERTED:
+        return False
+    if len(t.strip()) <= 16 or not n.strip() or b"\r" in t or b"\r" in n or b"[" in n or b"..." in n:
+        return False
+    if a.rfind(b"{", max(0, x0 - JSON_REACH), x0) >= 0 or _DATE_OR_NONCE.search(b, max(0, x0 - PAD), x0 + PAD):
+        return False
+    if a.rfind(b"{", max(0, len(a) - JSON_REACH)) >= 0 and b.rfind(b"{", max(0, y0 - JSON_REACH), y0) >= 0:
+        return False
+    if not (_setting_silent(a, x0, b, x0) and _setting_silent(a, len(a), b, y0)):
+        return False
+    probe = probe_text(t)
+    if len(probe) >= 24 and b.find(probe, 0, x0) >= 0:
+        return False
+    removed = t.decode("ascii").strip()
+    return not (len(removed) >= 24 and b.find(removed[:200].encode(), x0) >= 0)
 
 
 def _silent(det: Callable[[Ctx], Any], ctx: Ctx) -> bool:
@@ -817,11 +951,12 @@ def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | Non
 #   special token before it (not in a role line, which names the turn) and in no open '<' (no tag);
 # - the detectors that read text only are run on the pair's own bytes (A and B decoded from their start to
 #   EDIT_PAD tokens past the edit): bpe_boundary, double_bos (the edit starts past token 1), json_reserialized
-#   (no '{' before the edit: no object encloses it), setting (its thinking toggle reads generation prompts,
-#   which the edit is not in), line_endings and whitespace (the edit's two sides, shared ends taken off,
-#   both non-empty) must find nothing; unicode_form, date, nonce, counter and history_rewritten read the
-#   text and the owner's label and kinds: the most confident of them, the first on a tie, is the edit's
-#   finding, content_changed (the fallback) where none speaks;
+#   (no '{' before the edit: no object encloses it, shown without running it), setting (its thinking toggle
+#   reads generation prompts, which the edit is not in; not run where `_setting_silent` shows its lines
+#   silent), line_endings and whitespace (the edit's two sides, shared ends taken off, both non-empty) must
+#   find nothing; unicode_form, date, nonce, counter and history_rewritten read the text and the owner's
+#   label and kinds: the most confident of them, the first on a tie, is the edit's finding (those that
+#   could not beat one found are not run: `_edit_seen`), content_changed (the fallback) where none speaks;
 # - the section detectors say nothing of the edit with such owners: appended (no insertion, before A's
 #   prompt end), generation_prompt, reasoning, tools, call_id, tool_key_order, result_cleared,
 #   result_truncated, output_retokenized (by its owners); reminder_moved (what A keeps after the edit is
@@ -837,8 +972,23 @@ EDIT_PAD = 1024  # tokens decoded past the edit: detect_setting reads its line L
 EDIT_WINDOW = 32  # tokens after the edit that must agree for its sizes to be tried
 AFTER_REACH = 4096  # tokens from the edit's end to the next special token
 _EDIT_TEXT = re.compile(rb'[^<>{}\[\]"\r\n]*')
-_EDIT_QUIET = (detect_bpe_boundary, detect_double_bos, detect_json_reserialized, detect_setting, detect_line_endings)
+_EDIT_QUIET = (detect_bpe_boundary, detect_double_bos, detect_setting, detect_line_endings)  # json_reserialized: no
+# '{' before the edit (`_edit_prompts`), so it finds nothing (`_json_silent`)
+_EDIT_QUIET_SETTING_SILENT = (detect_bpe_boundary, detect_double_bos, detect_line_endings)  # `_setting_silent`: the
+# stubs have no sections, so the thinking toggle finds no generation prompt (as on a strip pair's hunks)
 _EDIT_SEEN = (detect_unicode_form, detect_date, detect_nonce, detect_counter, detect_rewritten)  # DETECTORS' order
+# the most confident finding each can give: its kind's in the cause table (none of them passes a higher one;
+# history_rewritten passes 0.5 or none): a later one no more confident than a finding made is not run
+_EDIT_CEILINGS = tuple(
+    CAUSES[k].confidence
+    for k in (
+        CauseKind.UNICODE_NORMALIZED,
+        CauseKind.DATE,
+        CauseKind.NONCE,
+        CauseKind.COUNTER,
+        CauseKind.HISTORY_REWRITTEN,
+    )
+)
 _NOT_PLAIN = (
     SectionKind.TOOLS,
     SectionKind.TOOL,
@@ -855,10 +1005,11 @@ class EditShape:
     """What an edit pair's full diff reads but for the edit's text, the lengths and what the rest fills."""
 
     rest: Shape | StripShape
-    head: bytes  # A's tokens (int32) from its last special token before the edit to it
-    after: bytes  # A's tokens from the edit's end to the next special token
+    head: bytes  # A's tokens (int32) from its last special token before the edit to it (`turn`: its role line)
+    after: bytes  # A's tokens from the edit's end to the next special token (`turn`: none)
     marks: int  # A's tokens equal to that special token before it: the turns before the edit's
     sizes: tuple[int, int]  # the edit's tokens in A and in B
+    turn: bool = False  # the edit is in a plain chatml turn of a slot file (`_plain_turn`): its text is not read
 
 
 @dataclass(frozen=True, eq=False)
@@ -941,9 +1092,17 @@ def _edit_sizes(a: np.ndarray, b: np.ndarray, d: int) -> tuple[int, int] | None:
 
 
 def edit_pair(
-    vocab: Vocab, flags: np.ndarray, a: np.ndarray, b: np.ndarray, edit: tuple[int, int, int], rest: Shape | StripPair
+    strips: Strips,
+    a: np.ndarray,
+    b: np.ndarray,
+    edit: tuple[int, int, int],
+    rest: Shape | StripPair,
+    made: tuple[Decoded | None, Decoded | None, list[tuple[int, int, int, int]] | None] = (None, None, None),
 ) -> EditPair | None:
-    """The pair as an edit pair (see the notes above), `rest` the pair of A' and B; None where it is not one."""
+    """The pair as an edit pair (see the notes above), `rest` the pair of A' and B; None where it is not one.
+    `strips`: the session's (its vocabulary and flags); `made`: A's and B's whole decodes and the pair's
+    `diff_spans`, where made already."""
+    vocab, flags = strips.vocab, strips.flags
     d, ra, rb = edit
     n_a, n_b, delta = len(a), len(b), rb - ra
     if np.any(flags[a[d : d + ra]] & SPECIAL) or np.any(flags[b[d : d + rb]] & SPECIAL):
@@ -962,60 +1121,111 @@ def edit_pair(
         t = len(rest.head) // 4 - rest.at
         later = [(n_a2 - t, n_a2 - t, n_a2 - t, n_b - t)]
     want = ((d, d + ra, d, d + rb), *((x0 - delta, x1 - delta, y0, y1) for x0, x1, y0, y1 in later))
-    spans = edit_then_insert_spans(a, b, d, ra, rb) if isinstance(rest, Shape) else None
+    spans = edit_then_insert_spans(a, b, d, ra, rb) if isinstance(rest, Shape) else made[2]
     if tuple(diff_spans(a, b, n_a) if spans is None else spans) != want:
         return None
-    prompts = _edit_prompts(vocab, a, b, d, edit)
+    prompts = _edit_prompts(vocab, a, b, edit, made[:2])
     if prompts is None:
         return None
     head = prompts[0].data[prompts[0].byte_offset(g) : prompts[0].byte_offset(d)]
     if b"\n" not in head or head.rfind(b"<") > head.rfind(b">"):
         return None  # the edit in a turn's role line, or inside a tag: it could change the sections around it
+    role = _plain_turn(strips, a, prompts[0], rest, (g, d, h))
     shape = EditShape(
         rest=rest.shape if isinstance(rest, StripPair) else rest,
-        head=a[g:d].astype(np.int32).tobytes(),
-        after=a[d + ra : h].astype(np.int32).tobytes(),
+        head=a[g : d if role is None else role].astype(np.int32).tobytes(),
+        after=b"" if role is not None else a[d + ra : h].astype(np.int32).tobytes(),
         marks=int(np.count_nonzero(a[:g] == a[g])),
         sizes=(ra, rb),
+        turn=role is not None,
     )
     return EditPair(shape, rest, d, want, prompts)
 
 
+def _plain_turn(
+    strips: Strips, a: np.ndarray, pa: Prompt, rest: Shape | StripPair, at: tuple[int, int, int]
+) -> int | None:
+    """Where the edit (at token d, between A's special tokens g and h) is in a turn whose sections its text
+    cannot change, the end of its role line (the tokens through its first newline); None otherwise. Then the
+    edit's owner, in A and in B, is that turn's message (`grammar.sections_for` of a slot file, chatml's
+    markers): the turn opens at g's <|im_start|> (a special token: the markers are the special ones), its role
+    is its bytes to the first newline (in the tokens kept, so the same for every pair of the shape), not a
+    tool result or tools block (`_RESULTS`: searched for inner spans whatever they hold); it closes at h's
+    <|im_end|> (no special token between: closed, so not the generation prompt); its content holds no '<'
+    (`_no_inner`: no inner spans; B's is A's with the edit's text, which holds none), so the turn is the only
+    section around the edit; and no `tools` turn before it (which takes no message number): its number is
+    the <|im_start|> tokens before g, in the shape (`marks`). The edit's text and the text around it in the
+    turn are read only by the text detectors, run on each pair's own bytes (`_edit_prompts`, `_edit_finding`)."""
+    g, d, h = at
+    sections = rest.shape.sections if isinstance(rest, StripPair) else rest.sections
+    if not (_slot_markers(sections[0]) and _slot_markers(sections[1])):
+        return None
+    if int(a[g]) != strips.turn or int(a[h]) != strips.turn_end or h >= len(pa):
+        return None
+    data, off = pa.data, pa.offsets
+    pos = int(off[g + 1])  # the marker's bytes end (a special token's piece is its text)
+    nl = data.find(b"\n", pos, pos + 200)
+    if nl < 0 or nl >= int(off[d]) or data[pos:nl].decode("utf-8", "replace").strip() in _RESULTS:
+        return None
+    if data.find(b"<", nl + 1, int(off[h])) >= 0 or _tools_turn(data, int(off[g])):
+        return None
+    return pa.token_at_byte(nl) + 1
+
+
 def _edit_prompts(
-    vocab: Vocab, a: np.ndarray, b: np.ndarray, d: int, edit: tuple[int, int, int]
+    vocab: Vocab, a: np.ndarray, b: np.ndarray, edit: tuple[int, int, int], got: tuple[Decoded | None, Decoded | None]
 ) -> tuple[Prompt, Prompt] | None:
     """A's and B's text from their start to past the edit, when the edit's text is one the notes above allow
     and the detectors that must find nothing in it find nothing."""
-    _, ra, rb = edit
-    pa = _stub(vocab, a, d + ra)
-    pb = _stub(vocab, b, d + rb)
+    d, ra, rb = edit
+    pa = _stub(vocab, a, d + ra, got[0])
+    pb = _stub(vocab, b, d + rb, got[1])
     if pa is None or pb is None:
         return None
     xa0, xa1, xb0, xb1 = pa.byte_offset(d), pa.byte_offset(d + ra), pb.byte_offset(d), pb.byte_offset(d + rb)
     ta, tb = pa.data[xa0:xa1], pb.data[xb0:xb1]
     if max(len(ta), len(tb)) >= EDIT_BYTES or len(tb) - len(ta) >= 16:
         return None
-    if not (_EDIT_TEXT.fullmatch(ta) and _EDIT_TEXT.fullmatch(tb)) or b"{" in pa.data[max(0, xa0 - 65536) : xa0]:
-        return None
+    if not (_EDIT_TEXT.fullmatch(ta) and _EDIT_TEXT.fullmatch(tb)) or b"{" in pa.data[max(0, xa0 - JSON_REACH) : xa0]:
+        return None  # (and so json_reserialized finds nothing: `_json_silent`, A's side)
     i = shared_prefix(ta, tb)
     j = shared_suffix(ta[i:], tb[i:])
     if not (ta[i : len(ta) - j] and tb[i : len(tb) - j]):
         return None  # white space alone on one side: detect_whitespace reads the sections
     h = Hunk(d, d + ra, d, d + rb, xa0, xa1, xb0, xb1, NO_SECTION, NO_SECTION)
     ctx = Ctx(pa, pb, Divergence(len(a), len(b), d, None, (h,)), h, 0)
-    if any(det(ctx) is not None for det in _EDIT_QUIET):
+    quiet = _EDIT_QUIET if not _setting_silent(pa.data, xa0, pb.data, xb0) else _EDIT_QUIET_SETTING_SILENT
+    if any(det(ctx) is not None for det in quiet):
         return None
     return pa, pb
 
 
-def _stub(vocab: Vocab, ids: np.ndarray, end: int) -> Prompt | None:
-    """The prompt's first tokens to EDIT_PAD past `end`, decoded, no sections; None where that holds less
-    than the detectors read past the edit (LINE_REACH and a window) and is not the whole prompt."""
+def _stub(vocab: Vocab, ids: np.ndarray, end: int, got: Decoded | None) -> Prompt | None:
+    """The prompt's first tokens to EDIT_PAD past `end`, decoded (cut from `got`, its whole decode, where
+    given: a token's bytes and flag are its own), no sections; None where that holds less than the detectors
+    read past the edit (LINE_REACH and a window) and is not the whole prompt."""
     stop = min(len(ids), end + EDIT_PAD)
-    data, off, sp = vocab.decode(ids[:stop])
+    if got is None:
+        data, off, sp = vocab.decode(ids[:stop])
+    else:
+        data, off, sp = got[0][: int(got[1][stop])], got[1][: stop + 1], got[2][:stop]
     if stop < len(ids) and len(data) - int(off[end]) < LINE_REACH + 64:
         return None
     return Prompt(ids=ids[:stop], data=data, offsets=off, special=sp, origin="", meta=PromptMeta())
+
+
+def _spliced(vocab: Vocab, got: Decoded, b: np.ndarray, edit: tuple[int, int, int]) -> Decoded:
+    """A' (A with the edit made: A's tokens to the edit, B's edit, A's after it) decoded from A's decode `got`:
+    the edit's tokens decoded, the rest A's bytes, offsets and flags (a token's bytes are its own, whatever
+    its neighbours), the offsets after the edit moved by its difference in bytes."""
+    data, off, sp = got
+    d, ra, rb = edit
+    text, off_e, sp_e = vocab.decode(b[d : d + rb])
+    x0, x1 = int(off[d]), int(off[d + ra])
+    oa = np.asarray(off)
+    offsets = np.concatenate((oa[: d + 1], np.asarray(off_e[1:]) + x0, oa[d + ra + 1 :] + (len(text) - (x1 - x0))))
+    special = np.concatenate((np.asarray(sp[:d]), np.asarray(sp_e), np.asarray(sp[d + ra :])))
+    return data[:x0] + text + data[x1:], offsets, special
 
 
 def _edit_finding(pair: EditPair, a_owner: SectionPath, b_owner: SectionPath) -> Finding:
@@ -1024,9 +1234,20 @@ def _edit_finding(pair: EditPair, a_owner: SectionPath, b_owner: SectionPath) ->
     d, (ra, rb) = pair.lcp, pair.shape.sizes
     bo_a, bo_b = pa.byte_offset, pb.byte_offset
     h = Hunk(d, d + ra, d, d + rb, bo_a(d), bo_a(d + ra), bo_b(d), bo_b(d + rb), a_owner, b_owner)
-    ctx = Ctx(pa, pb, Divergence(len(pa), len(pb), d, None, (h,)), h, 0)
-    found = [f for f in (det(ctx) for det in _EDIT_SEEN) if f is not None]
-    return sorted(found, key=lambda f: -f.confidence)[0] if found else detect_fallback(ctx)
+    return _edit_seen(Ctx(pa, pb, Divergence(len(pa), len(pb), d, None, (h,)), h, 0))
+
+
+def _edit_seen(ctx: Ctx) -> Finding:
+    """The most confident finding of _EDIT_SEEN's detectors, the first on a tie (explain's sort), else the
+    fallback's; a detector that could not beat the finding made is not run (`_EDIT_CEILINGS`)."""
+    best: Finding | None = None
+    for det, ceiling in zip(_EDIT_SEEN, _EDIT_CEILINGS, strict=True):
+        if best is not None and ceiling <= best.confidence:
+            continue  # later, and at most as confident: it could not come first
+        found = det(ctx)
+        if found is not None and (best is None or found.confidence > best.confidence):
+            best = found
+    return best if best is not None else detect_fallback(ctx)
 
 
 def _plain_owner(path: SectionPath) -> bool:
