@@ -716,8 +716,12 @@ ID_FIELDS = ("id", "tool_call_id", "call_id")
 def _id_position(path: SectionPath) -> bool:
     """A tool-call ID position: a call's `id` or a result's `tool_call_id`, from the request's
     fields (any template that prints them: Kimi's functions.NAME:IDX too) or from the template's
-    markers (Mistral's [CALL_ID] and [TOOL_RESULTS] IDs, Mistral Nemo's "id" and "call_id" keys)."""
-    return any(p.kind == K.FIELD and p.name in ID_FIELDS for p in path)
+    markers (Mistral's [CALL_ID] and [TOOL_RESULTS] IDs, Mistral Nemo's "id" and "call_id" keys). A plain loop,
+    not any() of a generator: asked of both owners of every hunk."""
+    for p in path.parts:
+        if p.kind == K.FIELD and p.name in ID_FIELDS:
+            return True
+    return False
 
 
 def _paths_at_first_byte(ctx: Ctx) -> tuple[SectionPath, SectionPath]:
@@ -1066,7 +1070,10 @@ def _is_result(path: SectionPath) -> bool:
 
 def _result_at(p: Prompt, token: int) -> Section | None:
     """The innermost tool-result section holding `token`."""
-    found = [s for s in _index(p).results if s.start <= token < s.end]
+    results = _index(p).results
+    if not results:
+        return None
+    found = [s for s in results if s.start <= token < s.end]
     return max(found, key=lambda s: len(s.path), default=None)
 
 
@@ -1602,4 +1609,14 @@ def explain(a: Prompt, b: Prompt, d: Divergence, max_hunks: int = 64) -> list[Fi
     fresh = new_conversation(a, b, d)
     if fresh is not None:
         return [replace(fresh, hunk=i) for i in range(n)]
-    return [_detected(Ctx(a, b, d, d.hunks[i], i))[0] for i in range(n)]
+    return [_best(Ctx(a, b, d, d.hunks[i], i)) for i in range(n)]
+
+
+def _best(ctx: Ctx) -> Finding:
+    """`_detected(ctx)[0]` without the list: the first of the most confident findings (the sort is stable)."""
+    best = None
+    for det in DETECTORS:
+        f = det(ctx)
+        if f is not None and (best is None or f.confidence > best.confidence):
+            best = f
+    return best if best is not None else detect_fallback(ctx)
