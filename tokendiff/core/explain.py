@@ -18,14 +18,14 @@ import bisect
 import re
 from collections.abc import Callable, Iterator
 
-from tokendiff.core.align import shared_prefix, shared_suffix
+from tokendiff.core.align import first_byte_diff, is_boundary, shared_prefix, shared_suffix
 from tokendiff.core.causes import BILLING_FIX, finding
 from tokendiff.core.grammar import json_braces
 from tokendiff.core.kinds import CauseKind as C
 from tokendiff.core.kinds import HunkKind, Origin
 from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.lazyre import Lazy
-from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, Section, SectionPath, flag_bytes
+from tokendiff.core.model import Divergence, Finding, Hunk, Part, Prompt, Section, SectionPath, flag_bytes
 from tokendiff.core.plain import replace
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
@@ -227,8 +227,6 @@ def _changed(ctx: Ctx, rx: re.Pattern[str]) -> tuple[str, str] | None:
 def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
     """bpe_boundary: the IDs differ, the bytes do not (output_retokenized when that is inside the
     model's answer rather than where the generation began)."""
-    from tokendiff.core.align import is_boundary
-
     if not is_boundary(ctx.a, ctx.b, ctx.h):
         return None
     gen = ctx.a_path.has(K.GENERATED)
@@ -726,8 +724,6 @@ def _id_position(path: SectionPath) -> bool:
 
 def _paths_at_first_byte(ctx: Ctx) -> tuple[SectionPath, SectionPath]:
     """The owners of the first differing byte on each side (a hunk may start a token early)."""
-    from tokendiff.core.align import first_byte_diff
-
     k = first_byte_diff(ctx.a_text, ctx.b_text) or 0
     ia = ctx.a.token_at_byte(ctx.h.a_byte_start + k)
     ib = ctx.b.token_at_byte(ctx.h.b_byte_start + k)
@@ -1024,14 +1020,19 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     src = ctx.a_path.top
     if src is None or src.kind != K.MESSAGE:
         return None
-    removed = _removed(ctx).strip()
+    # `_removed` is a part of A's side: shorter than 24 characters where that side is
+    removed = _removed(ctx).strip() if ctx.text_lengths()[0] >= 24 else ""
     at = ctx.b.data.find(removed[:200].encode(), ctx.h.b_byte_end) if len(removed) >= 24 else -1
     if at < 0:  # the diff kept the block and inserted the turns in between: what follows is the block
         if ctx.h.a_end >= len(ctx.a) or ctx.a.owner(ctx.h.a_end).top != src:
             return None  # A's text after the insertion is another message's: nothing of src's was kept
-        removed, at = _kept_tail(ctx), ctx.h.b_byte_end
+        at = ctx.h.b_byte_end
+        # the message it would be in is known before A's text is read: that text matters only for a later one
+        if not _later_message(ctx.b.owner(ctx.b.token_at_byte(at)).top, src):
+            return None
+        removed = _kept_tail(ctx)
     dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
-    if dest is None or dest.kind != K.MESSAGE or (dest.index or 0) <= (src.index or 0):
+    if not _later_message(dest, src):
         return None
     if _message_holds(ctx.b, src.index, removed):  # still where it was: B sent it again, nothing moved
         return None
@@ -1039,6 +1040,11 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     return finding(
         C.REMINDER_MOVED, ctx.i, f"{what} removed from {src.label} is now in {dest.label} ({removed[:48]!r})"
     )
+
+
+def _later_message(dest: Part | None, src: Part) -> bool:
+    """`dest` is a message after message `src`."""
+    return dest is not None and dest.kind == K.MESSAGE and (dest.index or 0) > (src.index or 0)
 
 
 def _message_holds(p: Prompt, index: int | None, text: str) -> bool:
@@ -1196,9 +1202,9 @@ def detect_setting(ctx: Ctx) -> Finding | None:
 
 def detect_truncation(ctx: Ctx) -> Finding | None:
     """truncation: old turns dropped after the system prompt (context shift or num_ctx overflow)."""
-    if ctx.h.kind != HunkKind.DELETE and (ctx.h.a_end - ctx.h.a_start) < 4 * max(1, ctx.h.b_end - ctx.h.b_start):
+    if ctx.h.a_end - ctx.h.a_start < 32:  # first: most hunks are short, and this compare reads no property
         return None
-    if ctx.h.a_end - ctx.h.a_start < 32:
+    if ctx.h.kind != HunkKind.DELETE and (ctx.h.a_end - ctx.h.a_start) < 4 * max(1, ctx.h.b_end - ctx.h.b_start):
         return None
     # whole turns inside the deleted run (the diff may keep a few of a turn's tokens as "equal")
     turns_a = [
