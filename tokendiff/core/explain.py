@@ -1270,11 +1270,11 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
     a break of A's cache, so no waste: a new conversation (or another agent on the slot) begins."""
     if not d.hunks or d.lcp >= _prompt_end(a):
         return None
-    if cleared_result(a, b, d.hunks[0]) is not None or _same_text(a, b, d.hunks[0]):
-        return None  # an old tool result cleared, or the text re-encoded: the conversation goes on
-    runs = _shared_runs(d)
+    runs = _shared_runs(d)  # each test below can only say None: the one that reads no text first
     if any(e - s >= SHARED_RUN for s, e in runs):
         return None
+    if cleared_result(a, b, d.hunks[0]) is not None or _same_text(a, b, d.hunks[0]):
+        return None  # an old tool result cleared, or the text re-encoded: the conversation goes on
     turns = [
         s
         for s in _index(a).tops
