@@ -88,6 +88,31 @@ def test_stdlib_runs_are_numpys(seed):
     assert align._runs_stdlib(s, 0, len(a), 0, len(b)) == align._runs_numpy(s, 0, len(a), 0, len(b))
 
 
+def test_numpy_runs_of_compaction_boxes():
+    """`_runs_numpy` (one sort of both sides' hashes) against `_runs_stdlib` on the boxes a compaction leaves:
+    B short, its summary quoting stretches of A (k-grams twice in A, twice in B, once in each), the box at an
+    offset of both sides, media cells (-1) among the IDs, and sides of just KGRAM tokens."""
+    rng = random.Random(29)
+    for _ in range(600):
+        alphabet = rng.choice((2, 5, 40, 150_000))
+        a = [
+            rng.randrange(alphabet) - (rng.random() < 0.02) * (rng.randrange(alphabet) + 1)
+            for _ in range(rng.randrange(8, 1200))
+        ]
+        b = []
+        while len(b) < rng.randrange(8, 400):
+            if rng.random() < 0.5:
+                at = rng.randrange(len(a))
+                b += a[at : at + rng.randrange(1, 40)]  # a quote of A (some twice)
+            else:
+                b += [rng.randrange(alphabet) for _ in range(rng.randrange(1, 20))]
+        alo, blo = rng.randrange(len(a) - align.KGRAM + 1), rng.randrange(len(b) - align.KGRAM + 1)
+        ahi = rng.randrange(alo + align.KGRAM, len(a) + 1)
+        bhi = rng.randrange(blo + align.KGRAM, len(b) + 1)
+        s = align._Seqs(array("i", a), array("i", b))
+        assert align._runs_stdlib(s, alo, ahi, blo, bhi) == align._runs_numpy(s, alo, ahi, blo, bhi), (a, b)
+
+
 def test_stdlib_runs_where_the_cover_fails():
     """Unrelated prompts, and a tail rewritten: `_cover` gives up and B's k-grams are counted by hand."""
     rng = random.Random(7)
