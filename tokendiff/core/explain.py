@@ -852,6 +852,8 @@ def text_probe(p: Prompt, start: int, end: int) -> bytes:
     looked for elsewhere (24 bytes): without a role line, up to 200 bytes, punctuation and spaces at its
     ends taken off."""
     end = min(end, start + PROBE_TOKENS)
+    if p.byte_offset(end) - p.byte_offset(start) < 24:
+        return b""  # every stretch is a part of these bytes (offsets never decrease): none is long enough
     base, flags = start, flag_bytes(p.special, start, end)
     while start < end:
         start = _run_end(p.special, flags, base, start, end, True)
