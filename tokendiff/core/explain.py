@@ -164,42 +164,37 @@ PLACEHOLDER_RE = re.compile(
 
 # Where a match of each pattern above can start, found at C speed (a character class or a literal re can skip
 # to), and the match's start relative to it: re itself tries every alternative at every position
-# (DATE_RE reads ~7 MB/s of prose that holds no date; a long hunk is searched by several patterns)
-_CANDIDATES: dict[re.Pattern[str], tuple[re.Pattern[str], int]] = {
-    DATE_RE: (re.compile(r"[\dJFMASONDTW]"), 0),  # every alternative starts with a digit, a month or a day:
-    # a new alternative needs its first characters here (tests/unit/test_explain.py's fast-scan test)
-    HEX_RE: (re.compile(r"[0-9a-f]{5}"), 0),
-    UUID_RE: (re.compile(r"-"), -8),  # its first hyphen follows 8 hex digits
-    NUMBER_RE: (re.compile(r"\d"), 0),
-}
-
-
-# In ASCII text `\d` is [0-9], which re scans for about twice as fast as the Unicode class; and a text without
-# a digit holds no match of a pattern every match of which holds one, nor of DATE_RE but a day's name (its one
-# alternative without a digit, whose every spelling starts with one of these words): a text that also
-# holds none of them is settled by C-speed searches, without scanning it (a hunk's window is read by DATE_RE,
-# HEX_RE and NUMBER_RE, ~8-12 us each for 300 characters). A new pattern here, or a new alternative of
-# DATE_RE without a digit, needs its entry changed (tests/unit/test_explain.py's fast-scan tests).
-_ASCII_CANDIDATES: dict[re.Pattern[str], re.Pattern[str]] = {
-    DATE_RE: re.compile(r"[0-9JFMASONDTW]"),
-    NUMBER_RE: re.compile(r"[0-9]"),
-}
-_DIGITLESS: dict[re.Pattern[str], tuple[str, ...]] = {
-    DATE_RE: ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"),
-    HEX_RE: (),  # its lookahead `(?=[0-9a-f]*\d)` puts a digit in every match
-    NUMBER_RE: (),
+# (DATE_RE reads ~7 MB/s of prose that holds no date; a long hunk is searched by several patterns).
+# In ASCII text `\d` is [0-9], which re scans for about twice as fast as the Unicode class (the third entry).
+# And a text without a digit holds no match of a pattern every match of which holds one, nor of DATE_RE but a
+# day's name (its one alternative without a digit, whose every spelling starts with one of these words, each
+# capitalised): such ASCII text is settled by C-speed tests, without a scan (the fourth entry: the words; None
+# where a match needs no digit). A hunk's windows are read by DATE_RE, HEX_RE and NUMBER_RE, ~8-12 us each for
+# 300 characters of prose. A new alternative needs its first characters here, and one of DATE_RE without a
+# digit its words (tests/unit/test_explain.py's fast-scan tests). Keyed by the pattern's id: a compiled
+# pattern hashes its whole compiled code (~2 us for DATE_RE's), and these live as long as the module.
+_DAY_WORDS = (b"Mon", b"Tue", b"Wed", b"Thu", b"Fri", b"Sat", b"Sun")
+_FAST_SCAN: dict[int, tuple[re.Pattern[str], int, re.Pattern[str], tuple[bytes, ...] | None]] = {
+    # every alternative starts with a digit, a month or a day
+    id(DATE_RE): (re.compile(r"[\dJFMASONDTW]"), 0, re.compile(r"[0-9JFMASONDTW]"), _DAY_WORDS),
+    # its lookahead `(?=[0-9a-f]*\d)` puts a digit in every match
+    id(HEX_RE): (re.compile(r"[0-9a-f]{5}"), 0, re.compile(r"[0-9a-f]{5}"), ()),
+    id(UUID_RE): (re.compile(r"-"), -8, re.compile(r"-"), None),  # its first hyphen follows 8 hex digits
+    id(NUMBER_RE): (re.compile(r"\d"), 0, re.compile(r"[0-9]"), ()),
 }
 _DIGITS = b"0123456789"
 
 
-def _settled_empty(rx: re.Pattern[str], text: str) -> bool:
-    """`text` (ASCII) holds no match of rx, shown without scanning it: no digit, none of the words a digitless
-    match starts with."""
-    words = _DIGITLESS.get(rx)
-    if words is None or len(text.encode().translate(None, _DIGITS)) != len(text):
+def _settled_empty(text: str, words: tuple[bytes, ...]) -> bool:
+    """ASCII `text` holds no match of a pattern whose matches hold a digit or start with one of `words` (each
+    capitalised): it holds no digit, and none of the words (no capital letter at all, or none of them)."""
+    raw = text.encode()  # ASCII: the same characters, and bytes' tests run without Unicode tables
+    if len(raw.translate(None, _DIGITS)) != len(raw):
         return False
+    if not words or raw.islower():
+        return True
     for w in words:  # noqa: SIM110 - a loop, not any() of a generator: three windows a hunk
-        if w in text:
+        if w in raw:
             return False
     return True
 
@@ -207,15 +202,15 @@ def _settled_empty(rx: re.Pattern[str], text: str) -> bool:
 def matches(rx: re.Pattern[str], text: str) -> Iterator[re.Match[str]]:
     """`rx.finditer(text)` (for patterns that never match empty), faster for the patterns above:
     tried only where a match can start, leftmost first, each after the one before."""
-    found = _CANDIDATES.get(rx)
+    found = _FAST_SCAN.get(id(rx))
     if found is None:
         yield from rx.finditer(text)
         return
-    cand, offset = found
+    cand, offset, ascii_cand, words = found
     if text.isascii():
-        if _settled_empty(rx, text):
+        if words is not None and _settled_empty(text, words):
             return
-        cand = _ASCII_CANDIDATES.get(rx, cand)
+        cand = ascii_cand
     pos = look = 0  # where the next match may start; where to look for the next candidate
     while (c := cand.search(text, look)) is not None:
         start, look = c.start() + offset, c.start() + 1
