@@ -294,6 +294,28 @@ def test_all_below_from_bytes_is_max():
             assert _all_below(array("i", [0, v, 5 % n_vocab]), n_vocab) == (v < n_vocab), (n_vocab, v)
 
 
+def test_ids_below_by_numpy_is_max():
+    """The loader's numpy test of a prompt's IDs (`_ids_below`) says True only where every ID is in [0, n_vocab):
+    int32 arrays (stdlib and numpy) at the vocabulary's edge, negative (a media cell), of 2**31 - 1; False (not
+    shown: check_vocab decides) for lists, other item sizes, strided views and empty IDs."""
+    from tokendiff.sources.loader import _ids_below
+
+    rng = random.Random(9)
+    for n_vocab in (1, 2, 256, 151_669, 1 << 24, (1 << 31) - 1):
+        for v in {0, n_vocab - 1, n_vocab, n_vocab + 1, -1, -(1 << 31), (1 << 31) - 1}:
+            if not -(1 << 31) <= v < 1 << 31:
+                continue
+            ids = [rng.randrange(n_vocab) for _ in range(rng.randrange(0, 40))]
+            ids.insert(rng.randrange(len(ids) + 1), v)
+            want = all(0 <= x < n_vocab for x in ids)
+            for held in (array("i", ids), np.array(ids, dtype=np.int32)):
+                assert _ids_below(held, n_vocab) == want, (n_vocab, v)
+            assert not _ids_below(ids, n_vocab)  # a list: not shown
+            assert not _ids_below(np.array(ids, dtype=np.int64), n_vocab)
+    assert not _ids_below(array("i"), 5)
+    assert not _ids_below(np.arange(10, dtype=np.int32)[::2], 100)  # strided
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_decoding_after_a_prompt_copies_what_it_shares(seed):
     """B decoded after A (`Vocab.decode(ids, like=A's)`: A's equal stretches copied, their offsets moved)
