@@ -30,7 +30,7 @@ from tokendiff.core.plain import replace
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeGuard
 
 PAD = 48  # bytes of context either side when matching patterns around a hunk
 
@@ -1073,7 +1073,7 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     )
 
 
-def _later_message(dest: Part | None, src: Part) -> bool:
+def _later_message(dest: Part | None, src: Part) -> TypeGuard[Part]:
     """`dest` is a message after message `src`."""
     return dest is not None and dest.kind == K.MESSAGE and (dest.index or 0) > (src.index or 0)
 
