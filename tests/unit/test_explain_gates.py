@@ -162,7 +162,7 @@ def test_paths_owner_gives_besides_sections_are_no_id_positions():
 
 
 def test_setting_patterns_match_only_where_the_gate_looks():
-    """A SETTING_LINE_RE match holds ':' or '='; a THINK_SWITCH_RE match holds 'think'."""
+    """A SETTING_LINE_RE or NONCE_KEY_RE match holds ':' or '='; a THINK_SWITCH_RE match holds 'think'."""
     rng = random.Random(5)
     for _ in range(20000):
         line = "".join(rng.choice(PIECES) for _ in range(rng.randrange(8)))
@@ -170,6 +170,8 @@ def test_setting_patterns_match_only_where_the_gate_looks():
             assert ex.SETTING_LINE_RE.search(line) is None
         if "think" not in line:
             assert ex.THINK_SWITCH_RE.findall(line) == []
+        if ":" not in line and "=" not in line:  # detect_nonce's gate on NONCE_KEY_RE
+            assert ex.NONCE_KEY_RE.search(line) is None
 
 
 def _text_probe_as_was(p: Prompt, start: int, end: int) -> bytes:
@@ -380,3 +382,13 @@ def test_a_block_of_24_characters_moved_to_a_later_message():
         ctx = ex.Ctx(a, b, d, d.hunks[0], 0)
         assert (ex.detect_reminder_moved(ctx) is not None) == want
         assert ex.detect_reminder_moved(ctx) == _reminder_moved_as_was(ctx)
+
+
+def test_an_identifier_changed_after_a_nonce_key():
+    """detect_nonce's key path (a word changed next to `session_id=`): found with its '=' or ':', not without."""
+    for key, want in (("session_id=", True), ("Request-ID: ", True), ("session_id ", False)):
+        a = _turns(["<|im_start|>", "user\n", key, "alphabeta", "<|im_end|>"])
+        b = _turns(["<|im_start|>", "user\n", key, "gammadelta", "<|im_end|>"])
+        d = align(a, b)
+        found = ex.detect_nonce(ex.Ctx(a, b, d, d.hunks[0], 0))
+        assert (found is not None) == want, key

@@ -725,7 +725,7 @@ def detect_nonce(ctx: Ctx) -> Finding | None:
         b = ctx.b_str
         if not (a and b and re.fullmatch(r"[0-9A-Za-z_\-]{3,}", a) and re.fullmatch(r"[0-9A-Za-z_\-]{3,}", b)):
             return None
-        if not NONCE_KEY_RE.search(wa):
+        if not ("=" in wa or ":" in wa) or not NONCE_KEY_RE.search(wa):  # a key's match ends in '=' or ':'
             return None
         ch = (a, b)
     billing = "cch=" in wa or "billing" in wa.lower()
