@@ -88,6 +88,31 @@ def test_stdlib_runs_are_numpys(seed):
     assert align._runs_stdlib(s, 0, len(a), 0, len(b)) == align._runs_numpy(s, 0, len(a), 0, len(b))
 
 
+def test_numpy_runs_of_compaction_boxes():
+    """`_runs_numpy` (one sort of both sides' hashes) against `_runs_stdlib` on the boxes a compaction leaves:
+    B short, its summary quoting stretches of A (k-grams twice in A, twice in B, once in each), the box at an
+    offset of both sides, media cells (-1) among the IDs, and sides of just KGRAM tokens."""
+    rng = random.Random(29)
+    for _ in range(600):
+        alphabet = rng.choice((2, 5, 40, 150_000))
+        a = [
+            rng.randrange(alphabet) - (rng.random() < 0.02) * (rng.randrange(alphabet) + 1)
+            for _ in range(rng.randrange(8, 1200))
+        ]
+        b = []
+        while len(b) < rng.randrange(8, 400):
+            if rng.random() < 0.5:
+                at = rng.randrange(len(a))
+                b += a[at : at + rng.randrange(1, 40)]  # a quote of A (some twice)
+            else:
+                b += [rng.randrange(alphabet) for _ in range(rng.randrange(1, 20))]
+        alo, blo = rng.randrange(len(a) - align.KGRAM + 1), rng.randrange(len(b) - align.KGRAM + 1)
+        ahi = rng.randrange(alo + align.KGRAM, len(a) + 1)
+        bhi = rng.randrange(blo + align.KGRAM, len(b) + 1)
+        s = align._Seqs(array("i", a), array("i", b))
+        assert align._runs_stdlib(s, alo, ahi, blo, bhi) == align._runs_numpy(s, alo, ahi, blo, bhi), (a, b)
+
+
 def test_stdlib_runs_where_the_cover_fails():
     """Unrelated prompts, and a tail rewritten: `_cover` gives up and B's k-grams are counted by hand."""
     rng = random.Random(7)
@@ -267,6 +292,28 @@ def test_all_below_from_bytes_is_max():
         near = {n_vocab + d for d in range(-300, 300)} | {(n_vocab & ~0xFF) + d for d in range(-260, 260)}
         for v in sorted(x for x in near if 0 <= x < 1 << 24):
             assert _all_below(array("i", [0, v, 5 % n_vocab]), n_vocab) == (v < n_vocab), (n_vocab, v)
+
+
+def test_ids_below_by_numpy_is_max():
+    """The loader's numpy test of a prompt's IDs (`_ids_below`) says True only where every ID is in [0, n_vocab):
+    int32 arrays (stdlib and numpy) at the vocabulary's edge, negative (a media cell), of 2**31 - 1; False (not
+    shown: check_vocab decides) for lists, other item sizes, strided views and empty IDs."""
+    from tokendiff.sources.loader import _ids_below
+
+    rng = random.Random(9)
+    for n_vocab in (1, 2, 256, 151_669, 1 << 24, (1 << 31) - 1):
+        for v in {0, n_vocab - 1, n_vocab, n_vocab + 1, -1, -(1 << 31), (1 << 31) - 1}:
+            if not -(1 << 31) <= v < 1 << 31:
+                continue
+            ids = [rng.randrange(n_vocab) for _ in range(rng.randrange(0, 40))]
+            ids.insert(rng.randrange(len(ids) + 1), v)
+            want = all(0 <= x < n_vocab for x in ids)
+            for held in (array("i", ids), np.array(ids, dtype=np.int32)):
+                assert _ids_below(held, n_vocab) == want, (n_vocab, v)
+            assert not _ids_below(ids, n_vocab)  # a list: not shown
+            assert not _ids_below(np.array(ids, dtype=np.int64), n_vocab)
+    assert not _ids_below(array("i"), 5)
+    assert not _ids_below(np.arange(10, dtype=np.int32)[::2], 100)  # strided
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -427,6 +427,31 @@ def test_the_fast_scan_finds_what_finditer_finds(text, name):
     assert [m.span() for m in ex.matches(rx, text)] == [m.span() for m in rx.finditer(text)]
 
 
+_DIGITLESS_PIECES = (
+    *"a f A F x z - : / , . % T J M S W \u00e9 \u0663".split(),
+    " ",
+    "\n",
+    *"Jan January Mon Monday Tue Tues Thu Thur Thurs Wed Wednes Fri Sat Satur Sun Sunday Sunny Friend".split(),
+    *"Monitor deadbeef abcdef DEADBEEF cafe- Ja Ma Tu Th Mo Su Fr Sa We on ue ed hu ri at un day".split(),
+)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    st.lists(st.sampled_from(_DIGITLESS_PIECES), max_size=40).map("".join),
+    st.sampled_from(["DATE_RE", "HEX_RE", "NUMBER_RE"]),
+)
+def test_the_fast_scan_of_text_without_digits(text, name):
+    """The same, on text with few or no digits (an ASCII digit only where a non-ASCII one is not): what
+    `matches` settles without scanning (no digit, no day's name) and what it scans with the ASCII classes."""
+    from tokendiff.core import explain as ex
+
+    rx = getattr(ex, name)
+    assert [m.span() for m in ex.matches(rx, text)] == [m.span() for m in rx.finditer(text)]
+    ascii_text = text.replace("\u0663", "9").replace("\u00e9", "e")
+    assert [m.span() for m in ex.matches(rx, ascii_text)] == [m.span() for m in rx.finditer(ascii_text)]
+
+
 def test_a_reminder_sent_again_in_the_new_turn_is_no_move(vocab):
     """B repeats A's last reminder at the end of its new user message (and a date changed before it):
     the appended turns are placed after A's prompt, not before A's own copy of the reminder, and

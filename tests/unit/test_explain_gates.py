@@ -7,6 +7,7 @@ random hunks, each gated detector must give exactly the finding it gives with th
 from __future__ import annotations
 
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -161,7 +162,7 @@ def test_paths_owner_gives_besides_sections_are_no_id_positions():
 
 
 def test_setting_patterns_match_only_where_the_gate_looks():
-    """A SETTING_LINE_RE match holds ':' or '='; a THINK_SWITCH_RE match holds 'think'."""
+    """A SETTING_LINE_RE or NONCE_KEY_RE match holds ':' or '='; a THINK_SWITCH_RE match holds 'think'."""
     rng = random.Random(5)
     for _ in range(20000):
         line = "".join(rng.choice(PIECES) for _ in range(rng.randrange(8)))
@@ -169,6 +170,8 @@ def test_setting_patterns_match_only_where_the_gate_looks():
             assert ex.SETTING_LINE_RE.search(line) is None
         if "think" not in line:
             assert ex.THINK_SWITCH_RE.findall(line) == []
+        if ":" not in line and "=" not in line:  # detect_nonce's gate on NONCE_KEY_RE
+            assert ex.NONCE_KEY_RE.search(line) is None
 
 
 def _text_probe_as_was(p: Prompt, start: int, end: int) -> bytes:
@@ -290,3 +293,102 @@ def test_a_paths_parts_are_found_as_the_generators_found_them():
             for kinds in asks:
                 assert path.has(*kinds) == any(p.kind in kinds for p in path.parts)
                 assert path.find(*kinds) is next((p for p in reversed(path.parts) if p.kind in kinds), None)
+
+
+def test_the_best_finding_is_the_first_of_the_sorted_ones():
+    """`explain` keeps each hunk's best finding as the detectors run: the first of the most confident, as the
+    stable sort of `_detected` puts it first (several detectors speak at once on these pieces)."""
+    both = 0
+    for a, b, d, h, i in _cases(23, 1500):
+        ctx = ex.Ctx(a, b, d, h, i)
+        found = ex._detected(ctx)
+        assert ex._best(ex.Ctx(a, b, d, h, i)) == found[0]
+        both += len(found) > 1
+    assert both >= 100
+
+
+def _reminder_moved_as_was(ctx: ex.Ctx):
+    """`detect_reminder_moved` reading A's text before asking where it would go."""
+    src = ctx.a_path.top
+    if src is None or src.kind != K.MESSAGE:
+        return None
+    removed = ex._removed(ctx).strip()
+    at = ctx.b.data.find(removed[:200].encode(), ctx.h.b_byte_end) if len(removed) >= 24 else -1
+    if at < 0:
+        if ctx.h.a_end >= len(ctx.a) or ctx.a.owner(ctx.h.a_end).top != src:
+            return None
+        removed, at = ex._kept_tail(ctx), ctx.h.b_byte_end
+    dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
+    if dest is None or dest.kind != K.MESSAGE or (dest.index or 0) <= (src.index or 0):
+        return None
+    if ex._message_holds(ctx.b, src.index, removed):
+        return None
+    what = "a <system-reminder> block" if "<system-reminder>" in removed else f"{len(removed.encode()):,} bytes"
+    return ex.finding(
+        ex.C.REMINDER_MOVED, ctx.i, f"{what} removed from {src.label} is now in {dest.label} ({removed[:48]!r})"
+    )
+
+
+def _new_conversation_as_was(a: Prompt, b: Prompt, d: Divergence):
+    """`new_conversation` testing the cleared result and the re-encoded text before the shared runs."""
+    if not d.hunks or d.lcp >= ex._prompt_end(a):
+        return None
+    if ex.cleared_result(a, b, d.hunks[0]) is not None or ex._same_text(a, b, d.hunks[0]):
+        return None
+    runs = ex._shared_runs(d)
+    if any(e - s >= ex.SHARED_RUN for s, e in runs):
+        return None
+    return "go on"  # past here the two are one code
+
+
+def test_reordered_tests_answer_as_before(monkeypatch):
+    """reminder_moved asks where the text would go before reading A's text, new_conversation tests the shared
+    runs first (each of its tests can only answer None): the same answers on random pairs (with pieces of 23 to
+    25 letters besides: `_removed` is skipped below 24 characters)."""
+    monkeypatch.setattr(sys.modules[__name__], "PIECES", [*PIECES, "q" * 23, "z" * 24, "w" * 25])
+    moved = 0
+    for a, b, d, h, i in _cases(37, 2500):
+        got = ex.detect_reminder_moved(ex.Ctx(a, b, d, h, i))
+        assert got == _reminder_moved_as_was(ex.Ctx(a, b, d, h, i)), (a.data, b.data, h)
+        moved += got is not None
+        if i == 0 and _new_conversation_as_was(a, b, d) is None:
+            assert ex.new_conversation(a, b, d) is None
+    assert moved >= 100  # the pieces (40 and 80 letters) move text often
+
+
+_TURN_IDS: dict[str, int] = {}  # a piece's ID, the same in every prompt
+
+
+def _turns(pieces: list[str]) -> Prompt:
+    """A prompt of these pieces, a message a <|im_start|> ... <|im_end|> turn."""
+    data = [x.encode() for x in pieces]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in data])]).astype(np.int64)
+    special = np.array([x in ("<|im_start|>", "<|im_end|>") for x in pieces], dtype=np.uint8)
+    ids = np.array([_TURN_IDS.setdefault(x, len(_TURN_IDS)) for x in pieces], dtype=np.int32)
+    p = Prompt(ids=ids, data=b"".join(data), offsets=offsets, special=special)
+    starts = [k for k, x in enumerate(pieces) if x == "<|im_start|>"] + [len(pieces)]
+    for k, (s, e) in enumerate(zip(starts, starts[1:], strict=False)):
+        p.sections.append(Section(SectionPath.of(Part(K.MESSAGE, k, "user")), s, e, p.byte_offset(s), p.byte_offset(e)))
+    return p
+
+
+def test_a_block_of_24_characters_moved_to_a_later_message():
+    """The shortest block reminder_moved reads is 24 characters: its gate on A's side keeps it."""
+    for n, want in ((23, False), (24, True), (25, True)):
+        block = "z" * n
+        a = _turns(["<|im_start|>", "user\n", block, "<|im_end|>", "<|im_start|>", "user\n", "word", "<|im_end|>"])
+        b = _turns(["<|im_start|>", "user\n", "<|im_end|>", "<|im_start|>", "user\n", "word", block, "<|im_end|>"])
+        d = align(a, b)
+        ctx = ex.Ctx(a, b, d, d.hunks[0], 0)
+        assert (ex.detect_reminder_moved(ctx) is not None) == want
+        assert ex.detect_reminder_moved(ctx) == _reminder_moved_as_was(ctx)
+
+
+def test_an_identifier_changed_after_a_nonce_key():
+    """detect_nonce's key path (a word changed next to `session_id=`): found with its '=' or ':', not without."""
+    for key, want in (("session_id=", True), ("Request-ID: ", True), ("session_id ", False)):
+        a = _turns(["<|im_start|>", "user\n", key, "alphabeta", "<|im_end|>"])
+        b = _turns(["<|im_start|>", "user\n", key, "gammadelta", "<|im_end|>"])
+        d = align(a, b)
+        found = ex.detect_nonce(ex.Ctx(a, b, d, d.hunks[0], 0))
+        assert (found is not None) == want, key
