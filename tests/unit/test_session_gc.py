@@ -33,3 +33,14 @@ def test_other_callers_keep_the_collector():
     threshold = gc.get_threshold()
     _open()
     assert gc.isenabled() and gc.get_threshold() == threshold
+
+
+def test_main_called_in_process_leaves_nothing_frozen():
+    """`report` and `diff` freeze what they leave for the process's exit; a caller of `main(argv)` goes on, so it
+    gets those objects back to the collector (and the collector on)."""
+    from helpers import call_main
+
+    assert gc.get_freeze_count() == 0
+    for args in (("report", DEMO, "--format", "json"), ("diff", DEMO / "turn-01.bin", DEMO / "turn-02.bin")):
+        call_main(*args)
+        assert gc.get_freeze_count() == 0 and gc.isenabled(), args

@@ -6,6 +6,7 @@ inside the commands that need them, so `tokendiff diff` starts fast.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -53,6 +54,18 @@ def _check_urls(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command of `argv` (None: the process's arguments, and the process ends when this returns). One-shot
+    commands freeze what they leave (gc.freeze: the collection at exit would walk it all); a caller that goes
+    on (`argv` given, nothing frozen before) gets it back to the collector."""
+    frozen = gc.get_freeze_count()
+    try:
+        return _main(argv)
+    finally:
+        if argv is not None and not frozen:
+            gc.unfreeze()
+
+
+def _main(argv: list[str] | None) -> int:
     argv = _joined_server_args(sys.argv[1:] if argv is None else argv)
     quick = diff_args(argv)  # a plain `diff` command line, read without argparse (its import and parser: ~3 ms)
     if quick is not None:

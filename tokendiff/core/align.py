@@ -467,16 +467,20 @@ def _np_kgram_hashes(np: Any, x: Any, k: int) -> Any:
 def _np_unique_positions(np: Any, h: Any, x: Any, k: int) -> tuple[Any, Any] | None:
     """The k-gram hashes `h` of `x` that occur exactly once, and where; None where two unequal k-grams share a
     hash (each pair of equal neighbours in the sort compared token by token: a group all of one k-gram has
-    equal neighbours only)."""
+    equal neighbours only). The compare goes a token column at a time: a repetitive side has nearly every
+    k-gram in such a pair, and gathering whole k-grams would take k times the memory of one column."""
     order = np.argsort(h)  # only hashes that occur once are kept, and their place is the same in any sort
     hs = h[order]
     if hs.shape[0] == 0:
         return hs, order
     same = hs[1:] == hs[:-1]
     if same.any():
-        grams = np.lib.stride_tricks.sliding_window_view(x, k)
-        if np.any(grams[order[:-1][same]] != grams[order[1:][same]]):
-            return None
+        i, j = order[:-1][same], order[1:][same]
+        for _ in range(k):
+            if not np.array_equal(x[i], x[j]):
+                return None
+            i += 1
+            j += 1
     first = np.ones(hs.shape[0], dtype=bool)
     first[1:] = ~same
     last = np.ones(hs.shape[0], dtype=bool)
@@ -785,7 +789,9 @@ def edit_then_insert_spans(a: Any, b: Any, d: int, ra: int, rb: int) -> list[tup
 
     def anchor(i: int) -> bool | None:
         """Whether A1's k-gram at i is an anchor; None where a hash it shares is another k-gram's (then
-        `_runs_numpy` counts by value, and so must this)."""
+        `_runs_numpy` counts by value, and so must this). A hash once on each side needs no compare: equal
+        k-grams hash alike, so the k-gram is once on each side too (within M, B's copy is the diagonal one:
+        the same values); any answer but False at i < ra refuses the shortcut."""
         h, gram = ha[i], a1[i : i + KGRAM]
         at_a, at_b = np.flatnonzero(ha == h), np.flatnonzero(hb == h)
         if len(at_a) == 1 and len(at_b) == 1:
