@@ -302,7 +302,7 @@ def test_the_best_finding_is_the_first_of_the_sorted_ones():
     for a, b, d, h, i in _cases(23, 1500):
         ctx = ex.Ctx(a, b, d, h, i)
         found = ex._detected(ctx)
-        assert ex._best(ex.Ctx(a, b, d, h, i)) == found[0]
+        assert ex.best_finding(ex.Ctx(a, b, d, h, i)) == found[0]
         both += len(found) > 1
     assert both >= 100
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from tokendiff.core import explain, model, prefix_index, tails
 from tokendiff.core.align import common_prefix, diff_spans, shared_prefix
-from tokendiff.core.explain import Ctx
+from tokendiff.core.explain import Ctx, best_finding
 from tokendiff.core.kinds import SectionKind
 from tokendiff.core.model import Divergence, Prompt, flag_bytes
 from tokendiff.core.tails import Strips
@@ -197,10 +197,10 @@ EDIT_PIECES = [
 
 
 def test_edit_finding_skips_only_detectors_that_could_not_come_first():
-    """An edit's finding with the detectors that could not beat the one found left out (`tails._edit_seen`)
-    is the finding of them all sorted as explain sorts them; no detector gives more than its ceiling. Random
-    single-hunk edits of pieces every one of them reads (dates, numbers, nonces, Unicode forms, placeholders),
-    in a message, a field or no section."""
+    """An edit's finding with the detectors that could not beat the one found left out (`explain.best_finding`
+    with `tails._EDIT_CEILINGS`) is the finding of them all sorted as explain sorts them; no detector gives more
+    than its ceiling. Random single-hunk edits of pieces every one of them reads (dates, numbers, nonces,
+    Unicode forms, placeholders), in a message, a field or no section."""
     rng = random.Random(19)
     owners = [model.NO_SECTION, model.SectionPath((model.Part(SectionKind.MESSAGE, 0, "system"),))]
     spoke = {det: 0 for det in tails._EDIT_SEEN}
@@ -228,7 +228,7 @@ def test_edit_finding_skips_only_detectors_that_could_not_come_first():
                 spoke[det] += 1
                 found.append(f)
         want = sorted(found, key=lambda f: -f.confidence)[0] if found else explain.detect_fallback(ctx)
-        assert tails._edit_seen(ctx) == want, (pa.data, pb.data)
+        assert best_finding(ctx, tails._EDIT_SEEN, tails._EDIT_CEILINGS) == want, (pa.data, pb.data)
     assert all(spoke.values()), spoke
 
 

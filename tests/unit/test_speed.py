@@ -789,3 +789,22 @@ def test_pairs_of_a_shape_in_the_pool_wait_for_its_form(tmp_path, monkeypatch):
         full, none = _report(path)
     assert none == 0
     assert fast == full
+
+
+def test_mask_keeps_a_short_texts_answer_and_gives_it_again():
+    """`secrets.mask` remembers short texts' answers (a report's titles and evidence repeat): asked again, and
+    after texts enough to clear its memo, it gives what masking anew gives; a long text is masked anew."""
+    from tokendiff.core import secrets
+
+    texts = [
+        "key sk-abcdefghijklmnopqrstuvwx1234 in message 3",
+        "nothing secret here",
+        "Authorization: Bearer abcdefghijklmnop.qrstuvwx",
+        "x" * 600 + " password=hunter2hunter2",
+    ]
+    for _ in range(2):
+        for t in texts:
+            assert secrets.mask(t) == secrets._masked(t)
+        for i in range(4100):
+            secrets.mask(f"filler {i}")
+    assert secrets.mask(texts[0]) != texts[0] and secrets.mask(texts[1]) == texts[1]

@@ -315,27 +315,12 @@ def finding(
         kind=kind,
         hunk=hunk,
         confidence=c.confidence if confidence is None else confidence,
-        title=_filled(title, parts) if parts else title,
+        title=mask(title.format_map(parts)) if parts else title,
         evidence=mask(evidence),
-        fix=_filled(advice, parts) if parts else advice,
+        fix=mask(advice.format_map(parts)) if parts else advice,
         expected=c.expected,
         origin=origin,
     )
-
-
-def _filled(template: str, parts: Mapping[str, str]) -> str:
-    """`mask(template.format_map(parts))`, remembered for each text it gives: a report's findings repeat a few
-    titles and fixes (the same section named hunk after hunk), and masking is a function of the text alone."""
-    text = template.format_map(parts)
-    got = _MASKED.get(text)
-    if got is None:
-        if len(_MASKED) >= 4096:
-            _MASKED.clear()
-        got = _MASKED[text] = mask(text)
-    return got
-
-
-_MASKED: dict[str, str] = {}
 
 
 __all__ = ["Cause", "CAUSES", "BILLING_FIX", "finding"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from tokendiff.core.align import first_byte_diff, is_boundary, shared_prefix, shared_suffix
 from tokendiff.core.causes import BILLING_FIX, finding
@@ -1651,14 +1651,24 @@ def explain(a: Prompt, b: Prompt, d: Divergence, max_hunks: int = 64) -> list[Fi
     fresh = new_conversation(a, b, d)
     if fresh is not None:
         return [replace(fresh, hunk=i) for i in range(n)]
-    return [_best(Ctx(a, b, d, d.hunks[i], i)) for i in range(n)]
+    return [best_finding(Ctx(a, b, d, d.hunks[i], i)) for i in range(n)]
 
 
-def _best(ctx: Ctx) -> Finding:
-    """`_detected(ctx)[0]` without the list: the first of the most confident findings (the sort is stable)."""
-    best = None
-    for det in DETECTORS:
+def best_finding(
+    ctx: Ctx, detectors: Sequence[Callable[[Ctx], Finding | None]] = (), ceilings: Sequence[float] = ()
+) -> Finding:
+    """`_detected(ctx)[0]` without the list: the first of the most confident findings of `detectors` (all of
+    DETECTORS by default; the sort is stable), else the fallback's. `ceilings`: the most confident finding each
+    can give, where known: one that could not beat the finding made is not run (it could not come first)."""
+    detectors = detectors or DETECTORS
+    best: Finding | None = None
+    for det, ceiling in zip(detectors, ceilings or (_NO_CEILING,) * len(detectors), strict=True):
+        if best is not None and ceiling <= best.confidence:
+            continue
         f = det(ctx)
         if f is not None and (best is None or f.confidence > best.confidence):
             best = f
     return best if best is not None else detect_fallback(ctx)
+
+
+_NO_CEILING = float("inf")

@@ -181,7 +181,24 @@ def _needs(kind: type) -> re.Pattern[Any]:
 
 
 def mask(text: str) -> str:
-    """`text` with every credential-looking substring replaced by `[REDACTED]`."""
+    """`text` with every credential-looking substring replaced by `[REDACTED]`. A short text's answer is kept
+    (a function of the text alone): a report's findings repeat a few titles, fixes and evidence sentences turn
+    after turn, and masking one that holds a pattern's literals runs every pattern (~60 k instructions)."""
+    if len(text) > _MEMO_CHARS:
+        return _masked(text)
+    got = _MEMO.get(text)
+    if got is None:
+        if len(_MEMO) >= 4096:
+            _MEMO.clear()
+        got = _MEMO[text] = _masked(text)
+    return got
+
+
+_MEMO_CHARS = 512
+_MEMO: dict[str, str] = {}
+
+
+def _masked(text: str) -> str:
     if not _may_match(text):
         return text
     _, credential, keyed = _patterns(str)

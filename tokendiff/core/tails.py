@@ -59,12 +59,12 @@ from tokendiff.core.explain import (
     UUID_RE,
     Ctx,
     appended_finding,
+    best_finding,
     covers,
     detect_bpe_boundary,
     detect_counter,
     detect_date,
     detect_double_bos,
-    detect_fallback,
     detect_json_reserialized,
     detect_line_endings,
     detect_nonce,
@@ -395,17 +395,17 @@ class StripDiff(TailDiff):
     def __init__(self, pair: StripPair, n_a: int, n_b: int, form: StripForm):
         owner, label = _renumbering(form.owner, pair.marks + form.offset)
         self.lcp, self.n_a, self.n_b, self.strip = pair.lcp, n_a, n_b, pair.strip
-        lead = f"{pair.strip} tokens of reasoning in {label}"  # `_reasoning_evidence(pair.strip, owner)`
-        self.findings = [_evidenced(form.finding, lead + form.rest), _appended(n_b - (n_a - pair.strip))]
+        evidence = mask(_reasoning_evidence(pair.strip, label) + form.rest)
+        self.findings = [replace(form.finding, evidence=evidence), _appended(n_b - (n_a - pair.strip))]
         self.ceiling, self.owner = n_a - pair.strip, owner
 
     def hunk_b_start(self, i: int) -> int:
         return self.lcp if i == 0 else self.n_a - self.strip
 
 
-def _reasoning_evidence(n: int, owner: SectionPath) -> str:
-    """detect_reasoning's evidence up to the message's label."""
-    return f"{n} tokens of reasoning in {_top_label(owner)}"
+def _reasoning_evidence(n: int, label: str) -> str:
+    """detect_reasoning's evidence up to the message's label (`_top_label`)."""
+    return f"{n} tokens of reasoning in {label}"
 
 
 def _top_label(owner: SectionPath) -> str:
@@ -448,22 +448,6 @@ def _appended(n_new: int) -> Finding:
 
 
 _APPENDED: dict[int, Finding] = {}
-
-
-def _evidenced(finding: Finding, evidence: str) -> Finding:
-    """`finding` with `evidence`, masked (`mask`, ~60 k instructions for a reasoning finding's): made once
-    for a form's finding and an evidence text (frozen values of pure functions; a strip form's evidence
-    repeats whenever the think block's length and the message's number do). Looked up by the finding's
-    identity, held by the entry as `_renumbering`'s paths are."""
-    got = _EVIDENCED.get((id(finding), evidence))
-    if got is None or got[0] is not finding:
-        if len(_EVIDENCED) > 4096:
-            _EVIDENCED.clear()
-        got = _EVIDENCED[(id(finding), evidence)] = (finding, replace(finding, evidence=mask(evidence)))
-    return got[1]
-
-
-_EVIDENCED: dict[tuple[int, str], tuple[Finding, Finding]] = {}
 
 
 Decoded = tuple[bytes, Any, Any]  # a prompt's bytes, offsets and special flags (`Vocab.decode`)
@@ -918,7 +902,7 @@ def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | Non
         return None
     if owner != turn + (Part(SectionKind.REASONING),) or not h1.a_owner == h1.b_owner == turn:
         return None
-    lead = _reasoning_evidence(s, owner)
+    lead = _reasoning_evidence(s, _top_label(owner))
     if not f0.evidence.startswith(lead):
         return None
     form = StripForm(replace(f0, evidence=""), _renumbered(owner, 0), top.index - pair.marks, f0.evidence[len(lead) :])
@@ -956,7 +940,7 @@ def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | Non
 #   silent), line_endings and whitespace (the edit's two sides, shared ends taken off, both non-empty) must
 #   find nothing; unicode_form, date, nonce, counter and history_rewritten read the text and the owner's
 #   label and kinds: the most confident of them, the first on a tie, is the edit's finding (those that
-#   could not beat one found are not run: `_edit_seen`), content_changed (the fallback) where none speaks;
+#   could not beat one found are not run: `best_finding`'s ceilings), content_changed (the fallback) where none speaks;
 # - the section detectors say nothing of the edit with such owners: appended (no insertion, before A's
 #   prompt end), generation_prompt, reasoning, tools, call_id, tool_key_order, result_cleared,
 #   result_truncated, output_retokenized (by its owners); reminder_moved (what A keeps after the edit is
@@ -1234,20 +1218,8 @@ def _edit_finding(pair: EditPair, a_owner: SectionPath, b_owner: SectionPath) ->
     d, (ra, rb) = pair.lcp, pair.shape.sizes
     bo_a, bo_b = pa.byte_offset, pb.byte_offset
     h = Hunk(d, d + ra, d, d + rb, bo_a(d), bo_a(d + ra), bo_b(d), bo_b(d + rb), a_owner, b_owner)
-    return _edit_seen(Ctx(pa, pb, Divergence(len(pa), len(pb), d, None, (h,)), h, 0))
-
-
-def _edit_seen(ctx: Ctx) -> Finding:
-    """The most confident finding of _EDIT_SEEN's detectors, the first on a tie (explain's sort), else the
-    fallback's; a detector that could not beat the finding made is not run (`_EDIT_CEILINGS`)."""
-    best: Finding | None = None
-    for det, ceiling in zip(_EDIT_SEEN, _EDIT_CEILINGS, strict=True):
-        if best is not None and ceiling <= best.confidence:
-            continue  # later, and at most as confident: it could not come first
-        found = det(ctx)
-        if found is not None and (best is None or found.confidence > best.confidence):
-            best = found
-    return best if best is not None else detect_fallback(ctx)
+    ctx = Ctx(pa, pb, Divergence(len(pa), len(pb), d, None, (h,)), h, 0)
+    return best_finding(ctx, _EDIT_SEEN, _EDIT_CEILINGS)  # explain's choice among them
 
 
 def _plain_owner(path: SectionPath) -> bool:
