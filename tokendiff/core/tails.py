@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ from tokendiff.core.align import (
     DIRECT,
     GLUE,
     SMALL,
+    common_bytes,
     common_prefix,
     diff_spans,
     edit_then_insert_spans,
@@ -90,7 +92,7 @@ from tokendiff.core.model import (
 )
 from tokendiff.core.plain import replace
 from tokendiff.core.secrets import mask
-from tokendiff.core.vocab import SPECIAL, Vocab
+from tokendiff.core.vocab import SPECIAL, Vocab, shifted
 
 MAX_TAIL = 32  # tokens of A's open generation prompt a tail may hold
 HEAD_REACH = 64  # tokens before the divergence searched for A's last special token
@@ -155,7 +157,8 @@ class Tails:
         """The pair's shape when it is a tail pair (B is A less its last few tokens, then new text, then
         those tokens again), a reasoning-strip pair (`Strips`), or either after a small edit earlier in the
         shared part (`_edited`); None otherwise (or when the prompts' sectioning is unknown)."""
-        lcp = common_prefix(a, b)
+        raw = self.strips.raw
+        lcp = common_bytes(raw(a), raw(b)) // 4  # `common_prefix`, from the bytes kept (B's are the next A's)
         return (
             self._tail(a, b, lcp, sections)
             or self.strips.pair(a, b, lcp, sections)
@@ -348,6 +351,7 @@ _TEXT_DETECTORS = (
 )
 _REASONING = (CauseKind.REASONING_STRIPPED, CauseKind.REASONING_DROPPED_BY_CLIENT)
 _RESULT_OPENS = (b"<tool_response>", "<｜tool▁output▁begin｜>".encode())  # grammar._inner_spans' tool results
+_EMPTY_THINK = re.compile(rb"<think>\s*</think>")  # no anchors or lookaround: searching data[i:j] is search(data, i, j)
 _TOOLS_TURN = re.compile(rb"<\|im_start\|>\s*tools")  # a turn the marker sectioning does not number
 _RESULTS = ("tool", "ipython", "tools")  # roles whose turns the marker sectioning searches for inner spans always
 
@@ -393,14 +397,32 @@ class StripDiff(TailDiff):
     __slots__ = ("strip",)
 
     def __init__(self, pair: StripPair, n_a: int, n_b: int, form: StripForm):
-        owner, label = _renumbering(form.owner, pair.marks + form.offset)
+        owner, first = _reasoning(form, pair.strip, pair.marks + form.offset)
         self.lcp, self.n_a, self.n_b, self.strip = pair.lcp, n_a, n_b, pair.strip
-        evidence = mask(_reasoning_evidence(pair.strip, label) + form.rest)
-        self.findings = [replace(form.finding, evidence=evidence), _appended(n_b - (n_a - pair.strip))]
+        self.findings = [first, _appended(n_b - (n_a - pair.strip))]
         self.ceiling, self.owner = n_a - pair.strip, owner
 
     def hunk_b_start(self, i: int) -> int:
         return self.lcp if i == 0 else self.n_a - self.strip
+
+
+def _reasoning(form: StripForm, strip: int, index: int) -> tuple[SectionPath, Finding]:
+    """The reasoning hunk's owner (the form's, numbered `index`) and finding (the form's, its evidence for
+    `strip` tokens in that message, masked), made once a form, count and number: a pure function of them
+    (`mask` is one of its text) and frozen values. Kept by the form's identity, the entry holding the form
+    (`_renumbering`'s argument); a session's pairs repeat their think blocks' lengths and turn numbers."""
+    key = (id(form), strip, index)
+    got = _REASONED.get(key)
+    if got is None or got[0] is not form:
+        if len(_REASONED) > 4096:
+            _REASONED.clear()
+        owner, label = _renumbering(form.owner, index)
+        evidence = mask(_reasoning_evidence(strip, label) + form.rest)
+        got = _REASONED[key] = (form, owner, replace(form.finding, evidence=evidence))
+    return got[1], got[2]
+
+
+_REASONED: dict[tuple[int, int, int], tuple[StripForm, SectionPath, Finding]] = {}
 
 
 def _reasoning_evidence(n: int, label: str) -> str:
@@ -480,6 +502,12 @@ class Strips:
         self.open, self.close = _token(vocab, b"<think>"), _token(vocab, b"</think>")
         self.turn, self.turn_end = _token(vocab, b"<|im_start|>"), _token(vocab, b"<|im_end|>")
         self.decoded = _Decoded(vocab)
+        self.raws: tuple[tuple[Any, bytes], tuple[Any, bytes]] = ((None, b""), (None, b""))  # `raw`'s
+        self.counted: tuple[Any, int, int] = (None, 0, 0)  # the last strip pair's B, its g and marker count
+        self.no_tools: tuple[bytes | None, int] = (
+            None,
+            0,
+        )  # the last strip pair's B's bytes, free of a `tools` turn to
         self.marked = (flags & SPECIAL) != 0  # `flags[ids] & SPECIAL` as one gather, the same for any IDs
         # the think block's end, a turn's marker and its end as int32 bytes (`_tokens`)
         self.words = tuple(None if t is None else struct.pack("=i", t) for t in (self.close, self.turn, self.turn_end))
@@ -489,36 +517,74 @@ class Strips:
         n_a, n_b = len(a), len(b)
         if self.open is None or self.turn_end is None or not (1 < lcp < n_a < n_b) or int(a[lcp]) != self.open:
             return None
-        end = _tokens(id_bytes(a), self.words[0], lcp + 1, lcp + 1 + THINK_REACH, first=True)
+        end = _tokens(self.raw(a), self.words[0], lcp + 1, lcp + 1 + THINK_REACH, first=True)
         if not end:
             return None
-        s = self._strip(a, b, lcp, end[0] + 1)
+        lo = max(0, lcp - HEAD_REACH)
+        marked = self.marked[a[lo:]].tobytes()  # `self.marked[a[i:j]]` is this one gather's [i - lo : j - lo]
+        s = self._strip(a, b, lcp, end[0] + 1, marked[lcp - lo :])
         if s is None:
             return None
-        lo = max(0, lcp - HEAD_REACH)
-        marks = np.flatnonzero(self.marked[a[lo:lcp]])
-        g = lo + int(marks[-1]) if marks.size else -1
+        new_marks = self.marked[b[n_a - s :]].tobytes()
+        if b"\1" not in new_marks:
+            return None  # new turns carry their markers (detect_whitespace reads no sections then)
+        g = marked.rfind(b"\1", 0, lcp - lo)  # A's last special token before the divergence (`np.flatnonzero`'s last)
+        g = lo + g if g >= 0 else -1
         if g < 0 or int(a[g]) != self.turn or _whole_turn(a, lcp, s, g):
             return None
         sa, sb = sections[0](), sections[1]()
         if not (_slot_markers(sa) and _slot_markers(sb)):
             return None
-        texts = self._texts(a, b, lcp, s)
+        texts = self._texts(a, b, lcp, s, new_marks)
         if texts is None:
             return None
         data_a, off_a, data_b, user_after = texts
-        if _tools_turn(data_a, int(off_a[g])):
+        if self._tools_turn(data_a, int(off_a[g])):
             return None  # a `tools` turn is no message: the messages before A's last turn are not its markers
         b0 = int(off_a[lcp])  # B's bytes to the divergence are A's
         shape = StripShape(
             sections=(sa, sb),
-            head=a[g:lcp].astype(np.int32).tobytes(),
+            head=self.raw(a)[4 * g : 4 * lcp],  # `a[g:lcp].astype(np.int32).tobytes()`: the same conversion
             close=int(a[n_a - 1]),
             joint=int(b[n_a - s]),
-            empty_b=re.search(rb"<think>\s*</think>", data_b[max(0, b0 - 16) : b0 + 40]) is not None,
+            empty_b=_EMPTY_THINK.search(data_b, max(0, b0 - 16), b0 + 40) is not None,
             user_after=user_after,
         )
-        return StripPair(shape, lcp, s, int(np.count_nonzero(a[:g] == a[g])))
+        marks = self._marks(a, g)
+        self.counted = (b, g, marks)  # B's tokens to g are A's (g < lcp): the same count, for the next pair's A
+        self.no_tools = (data_b, int(off_a[g]))  # and B's bytes to A's g: no `tools` turn in them either
+        return StripPair(shape, lcp, s, marks)
+
+    def _tools_turn(self, data: bytes, end: int) -> bool:
+        """`_tools_turn(data, end)`, where the last strip pair showed `data[:upto]` free of one (its B's bytes, which
+        are its A's to its divergence, past its g): a match within data[:end] then ends past upto, and ends in
+        "tools": the word starts at upto - 4 or later. Not found there, none (a prompt's history is searched
+        once, not every turn)."""
+        kept, upto = self.no_tools
+        if data is kept and upto <= end and data.find(b"tools", max(0, upto - 4), end) < 0:
+            return False
+        return _tools_turn(data, end)
+
+    def raw(self, ids: np.ndarray) -> bytes:
+        """`id_bytes(ids)`, kept for the last two arrays asked for (by identity: a pair's B is the next pair's
+        A, and the IDs of a turn are not changed once read)."""
+        (i0, r0), (i1, r1) = self.raws
+        if ids is i0:
+            return r0
+        if ids is i1:
+            return r1
+        got = id_bytes(ids)
+        self.raws = ((ids, got), (i0, r0))
+        return got
+
+    def _marks(self, a: np.ndarray, g: int) -> int:
+        """`np.count_nonzero(a[:g] == a[g])`, a[g] the turn marker: counted on from the last strip pair's count
+        where A is that pair's B (its tokens to that pair's g0 <= g are the count's), the markers in [g0, g)
+        found in A's int32 bytes (equal int32 values are equal bytes; a hit off the 4-byte grid is no token)."""
+        ids, g0, n0 = self.counted
+        if ids is a and g0 <= g and a.dtype == np.int32:
+            return n0 + len(_tokens(self.raw(a), self.words[1], g0, g))
+        return int(np.count_nonzero(a[:g] == a[g]))
 
     def readable(self, ids: np.ndarray) -> bool:
         """The loader accepts the prompt's text (`_mojibake`); its decode kept, as a strip pair's A's is."""
@@ -528,12 +594,13 @@ class Strips:
             self.decoded.bad = _mojibake(p)
         return not self.decoded.bad
 
-    def _strip(self, a: np.ndarray, b: np.ndarray, lcp: int, past: int) -> int | None:
+    def _strip(self, a: np.ndarray, b: np.ndarray, lcp: int, past: int, marked: bytes) -> int | None:
         """The tokens from the divergence that B lacks, when the diff is that deletion and the new turns
         after A's last token (A's prompt ends there: no generated section), A's text from the divergence
-        holding no special token but its last, which ends its turn."""
+        holding no special token but its last, which ends its turn. `marked`: A's special flags from lcp to
+        its end, one byte (0 or 1) a token."""
         n_a, n_b = len(a), len(b)
-        s = self._proven_strip(a, b, lcp, past)
+        s = self._proven_strip(a, b, lcp, past, (self.raw(a), self.raw(b)))
         if s is None:
             spans = diff_spans(a, b, n_a)
             if len(spans) != 2:
@@ -542,14 +609,14 @@ class Strips:
             s = a1 - lcp
             if (a0, b0, b1) != (lcp, lcp, lcp) or a1 < past or ins != (n_a, n_a, n_a - s, n_b):
                 return None
-        if self.marked[a[lcp : n_a - 1]].any() or not self.marked[a[n_a - 1]]:
+        if b"\1" in marked[:-1] or marked[-1:] != b"\1":
             return None
-        if not self.marked[b[n_a - s :]].any():
-            return None  # new turns carry their markers (detect_whitespace reads no sections then)
         return s
 
     @staticmethod
-    def _proven_strip(a: np.ndarray, b: np.ndarray, lcp: int, past: int) -> int | None:
+    def _proven_strip(
+        a: np.ndarray, b: np.ndarray, lcp: int, past: int, raws: tuple[bytes, bytes] | None = None
+    ) -> int | None:
         """The s for which `diff_spans(a, b, len(a))` is [(lcp, lcp+s, lcp, lcp), (n_a, n_a, n_a-s, n_b)],
         where that is shown without diffing (None: not shown; then the diff tells). A = P T R, B = P R N
         with R = A[lcp+s:] (s >= past - lcp), q the common suffix of A[lcp:] and B[lcp:], L = |R| - q.
@@ -562,7 +629,7 @@ class Strips:
         delete T and insert B'[L:] after A'. L > GLUE keeps `_merge` from joining them, and
         `_slide_insertions` moves the insertion right by q (B's copy of R[L:] is B's last q tokens)."""
         n_a, n_b = len(a), len(b)
-        ra, rb = id_bytes(a), id_bytes(b)
+        ra, rb = raws or (id_bytes(a), id_bytes(b))  # `raws`: the same, made already
         first = rb[4 * lcp : 4 * lcp + 4]
         j = ra.find(first, 4 * past)
         while j >= 0 and (j % 4 or ra[j:] != rb[4 * lcp : 4 * lcp + len(ra) - j]):
@@ -581,19 +648,30 @@ class Strips:
             return None
         return s
 
-    def _texts(self, a: np.ndarray, b: np.ndarray, lcp: int, s: int) -> tuple[bytes, Any, bytes, bool] | None:
+    def _texts(
+        self, a: np.ndarray, b: np.ndarray, lcp: int, s: int, new_marks: bytes
+    ) -> tuple[bytes, Any, bytes, bool] | None:
         """A's bytes and offsets, B's bytes (made from A's: P, the answer, then the new turns decoded; kept with
         B's offsets and flags, for the next pair's A), and whether a user message follows in B; None when a
-        detector reading text would find something, or the text is not the one the loader would accept."""
+        detector reading text would find something, or the text is not the one the loader would accept.
+        `new_marks`: `self.marked` of B's new turns' IDs, one byte a token."""
         n_a = len(a)
         data_a, off_a, sp_a = self.decoded.of(a)
-        tail, off_t, sp_t = self.vocab.decode(b[n_a - s :])
         x0, x1 = int(off_a[lcp]), int(off_a[lcp + s])
-        data_b = data_a[:x0] + data_a[x1:] + tail
         base = len(data_a) - (x1 - x0)
-        oa = np.asarray(off_a)
-        off_b = np.concatenate((oa[: lcp + 1], oa[lcp + s + 1 :] - (x1 - x0), np.asarray(off_t[1:]) + base))
-        sp_b = np.concatenate((np.asarray(sp_a[:lcp]), np.asarray(sp_a[lcp + s :]), np.asarray(sp_t)))
+        tail, off_t, sp_t = self._decode_new(b[n_a - s :], base, new_marks)
+        data_b = data_a[:x0] + data_a[x1:] + tail
+        # B's offsets and flags: A's to the divergence, A's past the think block (offsets moved back by its
+        # bytes: each still at least x0), the new turns'; kept as the stdlib decode's arrays (int64, one byte)
+        oa, fa = memoryview(off_a), memoryview(sp_a)
+        if oa.itemsize == 8 and fa.itemsize == 1:
+            head, rest = array("q", oa[: lcp + 1].tobytes()), array("q", oa[lcp + s + 1 :].tobytes())
+            off_b: Any = head + shifted(rest, x0 - x1) + off_t
+            sp_b: Any = array("B", fa[:lcp].tobytes() + fa[lcp + s :].tobytes() + sp_t)
+        else:
+            na = np.asarray(off_a)
+            off_b = np.concatenate((na[: lcp + 1], na[lcp + s + 1 :] - (x1 - x0), np.asarray(off_t)))
+            sp_b = np.concatenate((np.asarray(sp_a[:lcp]), np.asarray(sp_a[lcp + s :]), np.frombuffer(sp_t, np.uint8)))
         if data_a.isascii() and tail.isascii():  # B's bytes are A's and the tail's: ASCII, no mojibake either
             self.decoded.keep(b, (data_b, off_b, sp_b), False)
             quiet = _quiet_ascii(data_a, data_b, (x0, x1, base), flag_bytes(sp_a, lcp, lcp + s))
@@ -612,28 +690,52 @@ class Strips:
                 return None
         return data_a, off_a, data_b, self._user_after(b, data_b, off_b, lcp)
 
+    def _decode_new(self, ids: np.ndarray, base: int, marks: bytes) -> tuple[bytes, array[int], bytes]:
+        """`vocab.decode(ids)` as B's text from byte `base` on: its bytes, its offsets past the first, each plus
+        `base` (int64), its special flags (a byte each, 0 or 1). `marks`: `self.marked[ids]`'s bytes, which are
+        the flags `decode` gives where no ID is negative (a special token is one whose vocabulary flag holds
+        SPECIAL; a negative ID, a media cell, `decode` flags special whatever the table holds: decoded by it)."""
+        got = ids.tolist()
+        if not got or min(got) < 0:
+            data, off, sp = self.vocab.decode(ids)
+            return data, shifted(array("q", off[1:]), base), bytes(sp)
+        data, ends = self.vocab.decode_at(got, base)
+        return data, ends, marks
+
     def _user_after(self, b: np.ndarray, data: bytes, off: np.ndarray, lcp: int) -> bool:
         """`explain._user_turn_after(B, lcp)` as chatml's marker sectioning makes its turns (`grammar.
         _split_generic`): a turn at each <|im_start|> token after the divergence, its role up to its first
         newline, its content up to its <|im_end|>; a user turn counts unless a tool result opens in it."""
         # B's offsets of tokens in [0, len(b)]: `byte_offset`'s, which clamps nothing there
-        raw = id_bytes(b)
-        starts = [int(off[i]) for i in _tokens(raw, self.words[1], lcp, len(b))]
-        closes = [int(off[i + 1]) for i in _tokens(raw, self.words[2], lcp, len(b))]
+        raw = self.raw(b)
+        starts = _tokens(raw, self.words[1], lcp, len(b))
         skip = len(b"<|im_start|>")
-        for k, at in enumerate(starts):
-            limit = starts[k + 1] if k + 1 < len(starts) else len(data)
+        for k, i in enumerate(starts):
+            at = int(off[i])
+            limit = int(off[starts[k + 1]]) if k + 1 < len(starts) else len(data)
             pos = at + skip
             j = data.find(b"\n", pos, pos + 200)
             role = data[pos : j if j >= 0 else pos + 40].decode("utf-8", "replace").strip() or ("?" if j < 0 else "")
             if role != "user":
                 continue
             cstart = min(j + 1 if j >= 0 else pos, limit)
-            close = next((c for c in closes if cstart <= c <= limit), None)
-            cend = close - len(b"<|im_end|>") if close is not None else limit
+            # the first <|im_end|> whose end is at or past cstart (an earlier token's end is at most `at`)
+            close = next((c for c in (int(off[e + 1]) for e in self._ends(raw, i, len(b))) if c >= cstart), None)
+            cend = close - len(b"<|im_end|>") if close is not None and close <= limit else limit
             if not any(data.find(o, cstart, cend) >= 0 for o in _RESULT_OPENS):
                 return True
         return False
+
+    def _ends(self, raw: bytes, start: int, stop: int) -> Iterator[int]:
+        """The <|im_end|> tokens in [start, stop), in order, found as they are asked for (`_tokens`'s search)."""
+        word, end = self.words[2], 4 * stop
+        if word is None:
+            return
+        at = raw.find(word, 4 * start, end)
+        while at >= 0:
+            if not at % 4:
+                yield at // 4
+            at = raw.find(word, at + 1, end)
 
 
 def _tools_turn(data: bytes, end: int) -> bool:

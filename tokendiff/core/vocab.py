@@ -145,9 +145,7 @@ class Vocab:
             got = self._decode_np(seq)
             if got is not None:
                 return got
-        memo = self._memo
-        if memo is None or len(memo) > MEMO_IDS:
-            memo = self._memo = _PieceMemo(self)
+        memo = self._pieces()
         if like is not None and len(seq) >= COPY_FROM:
             ids0, data0, offs0, special0 = like
             if isinstance(offs0, array) and isinstance(special0, array):  # a stdlib decode's (not numpy's)
@@ -158,12 +156,26 @@ class Vocab:
         del pieces
         return data, offsets, self._special(seq, memo.special)
 
+    def _pieces(self) -> _PieceMemo:
+        """The piece memo, begun again past MEMO_IDS distinct IDs."""
+        memo = self._memo
+        if memo is None or len(memo) > MEMO_IDS:
+            memo = self._memo = _PieceMemo(self)
+        return memo
+
+    def decode_at(self, ids: list[int], start: int) -> tuple[bytes, array[int]]:
+        """`decode`'s bytes of the IDs and its offsets past the first, each plus `start` (the same pieces, from the
+        same memo): for a few tokens put after a prompt decoded before, whose flags the caller has (core.tails:
+        a strip pair's new turns)."""
+        pieces = list(map(self._pieces().__getitem__, ids))
+        return _join(pieces), _offsets(pieces, start)[1:]
+
     def _decode_like(
         self, seq: array[int], memo: _PieceMemo, like: tuple[Ids, bytes, array[int], array[int]]
     ) -> tuple[bytes, array[int], array[int]]:
         """`decode` of IDs that repeat most of a prompt decoded before (the B of a pair: A less an edit or two):
         the stretches equal to it (`align.equal_segments`) copied, its bytes sliced and its offsets moved by
-        the difference of the two byte positions (`_shifted`); only the rest is looked up token by token."""
+        the difference of the two byte positions (`shifted`); only the rest is looked up token by token."""
         from tokendiff.core.align import equal_segments
 
         ids0, data0, offs0, special0 = like
@@ -181,7 +193,7 @@ class Vocab:
             if n:  # copied
                 a0, a1 = int(offs0[i]), int(offs0[i + n])
                 data.append(data0[a0:a1])
-                offsets += _shifted(offs0[i + 1 : i + n + 1], at - a0)
+                offsets += shifted(offs0[i + 1 : i + n + 1], at - a0)
                 special += special0[i : i + n]
                 at += a1 - a0
             pos = j + n
@@ -288,7 +300,7 @@ def _offsets(pieces: list[bytes], start: int = 0, block: int = 4096) -> array[in
     return out
 
 
-def _shifted(offsets: array[int], delta: int) -> array[int]:
+def shifted(offsets: array[int], delta: int) -> array[int]:
     """int64 offsets plus `delta`, each of them, as arithmetic on one integer holding them all (in C, no int
     per offset): its 64-bit lanes never carry or borrow, for every offset plus delta is a byte offset of the
     new prompt (at least 0, far below 2**63)."""
