@@ -339,12 +339,12 @@ def test_decoding_after_a_prompt_copies_what_it_shares(seed):
 
 
 def test_offsets_shifted_as_one_integer():
-    from tokendiff.core.vocab import shifted
+    from tokendiff.core.vocab import _shifted
 
     offs = array("q", [0, 5, 9, 2**40, 2**62])
     for delta in (0, 1, 7, -0, 2**20):
-        assert shifted(offs, delta) == array("q", [o + delta for o in offs])
-    assert shifted(array("q", [10, 20, 30]), -10) == array("q", [0, 10, 20])
+        assert _shifted(offs, delta) == array("q", [o + delta for o in offs])
+    assert _shifted(array("q", [10, 20, 30]), -10) == array("q", [0, 10, 20])
 
 
 def test_kgrams_cut_in_blocks_are_every_kgram():

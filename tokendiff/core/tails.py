@@ -39,7 +39,6 @@ from tokendiff.core.align import (
     GLUE,
     SMALL,
     common_bytes,
-    common_prefix,
     diff_spans,
     edit_then_insert_spans,
     shared_prefix,
@@ -92,7 +91,7 @@ from tokendiff.core.model import (
 )
 from tokendiff.core.plain import replace
 from tokendiff.core.secrets import mask
-from tokendiff.core.vocab import SPECIAL, Vocab, shifted
+from tokendiff.core.vocab import SPECIAL, Vocab
 
 MAX_TAIL = 32  # tokens of A's open generation prompt a tail may hold
 HEAD_REACH = 64  # tokens before the divergence searched for A's last special token
@@ -157,8 +156,7 @@ class Tails:
         """The pair's shape when it is a tail pair (B is A less its last few tokens, then new text, then
         those tokens again), a reasoning-strip pair (`Strips`), or either after a small edit earlier in the
         shared part (`_edited`); None otherwise (or when the prompts' sectioning is unknown)."""
-        raw = self.strips.raw
-        lcp = common_bytes(raw(a), raw(b)) // 4  # `common_prefix`, from the bytes kept (B's are the next A's)
+        lcp = self.strips.prefix(a, b)
         return (
             self._tail(a, b, lcp, sections)
             or self.strips.pair(a, b, lcp, sections)
@@ -212,7 +210,7 @@ class Tails:
             return None
         ra, rb = sizes
         a2 = np.concatenate([b[: d + rb], a[d + ra :]])  # A with the edit made: B's prefix to its end
-        lcp2 = common_prefix(a2, b)
+        lcp2 = self.strips.prefix(a2, b)
         if lcp2 - (d + rb) < SHARED_RUN:
             return None  # new_conversation reads no shared run between the edit and what follows
         rest: Shape | StripPair | None = self._tail(a2, b, lcp2, sections)
@@ -502,15 +500,16 @@ class Strips:
         self.open, self.close = _token(vocab, b"<think>"), _token(vocab, b"</think>")
         self.turn, self.turn_end = _token(vocab, b"<|im_start|>"), _token(vocab, b"<|im_end|>")
         self.decoded = _Decoded(vocab)
-        self.raws: tuple[tuple[Any, bytes], tuple[Any, bytes]] = ((None, b""), (None, b""))  # `raw`'s
-        self.counted: tuple[Any, int, int] = (None, 0, 0)  # the last strip pair's B, its g and marker count
-        self.no_tools: tuple[bytes | None, int] = (
-            None,
-            0,
-        )  # the last strip pair's B's bytes, free of a `tools` turn to
+        # what one strip pair leaves the next (whose A is its B): the last two IDs' int32 bytes (`raw`), B with
+        # its g and the turn markers before it (`_marks`), B's bytes with where they are free of a `tools` turn to
+        self.raws: tuple[tuple[Any, bytes], tuple[Any, bytes]] = ((None, b""), (None, b""))
+        self.counted: tuple[Any, int, int] = (None, 0, 0)
+        self.no_tools: tuple[bytes | None, int] = (None, 0)
         self.marked = (flags & SPECIAL) != 0  # `flags[ids] & SPECIAL` as one gather, the same for any IDs
-        # the think block's end, a turn's marker and its end as int32 bytes (`_tokens`)
-        self.words = tuple(None if t is None else struct.pack("=i", t) for t in (self.close, self.turn, self.turn_end))
+        self.lengths = vocab.piece_lengths()  # each token's piece's length in bytes
+        # the think block's end, a turn's marker and its end, the think block's start as int32 bytes (`_tokens`)
+        ends = (self.close, self.turn, self.turn_end, self.open)
+        self.words = tuple(None if t is None else struct.pack("=i", t) for t in ends)
 
     def pair(self, a: np.ndarray, b: np.ndarray, lcp: int, sections: tuple[Sectioning, Sectioning]) -> StripPair | None:
         """The pair as a strip pair (None: not one, or the full diff must tell)."""
@@ -564,6 +563,17 @@ class Strips:
         if data is kept and upto <= end and data.find(b"tools", max(0, upto - 4), end) < 0:
             return False
         return _tools_turn(data, end)
+
+    def prefix(self, a: np.ndarray, b: np.ndarray) -> int:
+        """`common_prefix(a, b)` (`common_bytes` of their int32 bytes, over 4), tried first at A's last <think>:
+        a slot file's prompt goes on from the previous one's up to its generated think block. Where A's bytes
+        to there are B's and its token there is not B's, the common bytes end within that token: the answer."""
+        ra, rb = self.raw(a), self.raw(b)
+        word = self.words[3]
+        at = ra.rfind(word) if word is not None else -1
+        if at > 0 and not at % 4 and ra[at : at + 4] != rb[at : at + 4] and rb.startswith(memoryview(ra)[:at]):
+            return at // 4
+        return common_bytes(ra, rb) // 4
 
     def raw(self, ids: np.ndarray) -> bytes:
         """`id_bytes(ids)`, kept for the last two arrays asked for (by identity: a pair's B is the next pair's
@@ -662,15 +672,13 @@ class Strips:
         tail, off_t, sp_t = self._decode_new(b[n_a - s :], base, new_marks)
         data_b = data_a[:x0] + data_a[x1:] + tail
         # B's offsets and flags: A's to the divergence, A's past the think block (offsets moved back by its
-        # bytes: each still at least x0), the new turns'; kept as the stdlib decode's arrays (int64, one byte)
-        oa, fa = memoryview(off_a), memoryview(sp_a)
-        if oa.itemsize == 8 and fa.itemsize == 1:
-            head, rest = array("q", oa[: lcp + 1].tobytes()), array("q", oa[lcp + s + 1 :].tobytes())
-            off_b: Any = head + shifted(rest, x0 - x1) + off_t
-            sp_b: Any = array("B", fa[:lcp].tobytes() + fa[lcp + s :].tobytes() + sp_t)
+        # bytes), the new turns'; the flags as the stdlib decode's array (a byte each)
+        oa, fa = np.asarray(off_a), memoryview(sp_a)
+        off_b = np.concatenate((oa[: lcp + 1], oa[lcp + s + 1 :] - (x1 - x0), off_t))
+        sp_b: Any
+        if fa.itemsize == 1:
+            sp_b = array("B", fa[:lcp].tobytes() + fa[lcp + s :].tobytes() + sp_t)
         else:
-            na = np.asarray(off_a)
-            off_b = np.concatenate((na[: lcp + 1], na[lcp + s + 1 :] - (x1 - x0), np.asarray(off_t)))
             sp_b = np.concatenate((np.asarray(sp_a[:lcp]), np.asarray(sp_a[lcp + s :]), np.frombuffer(sp_t, np.uint8)))
         if data_a.isascii() and tail.isascii():  # B's bytes are A's and the tail's: ASCII, no mojibake either
             self.decoded.keep(b, (data_b, off_b, sp_b), False)
@@ -690,17 +698,19 @@ class Strips:
                 return None
         return data_a, off_a, data_b, self._user_after(b, data_b, off_b, lcp)
 
-    def _decode_new(self, ids: np.ndarray, base: int, marks: bytes) -> tuple[bytes, array[int], bytes]:
+    def _decode_new(self, ids: np.ndarray, base: int, marks: bytes) -> tuple[bytes, np.ndarray, bytes]:
         """`vocab.decode(ids)` as B's text from byte `base` on: its bytes, its offsets past the first, each plus
-        `base` (int64), its special flags (a byte each, 0 or 1). `marks`: `self.marked[ids]`'s bytes, which are
-        the flags `decode` gives where no ID is negative (a special token is one whose vocabulary flag holds
-        SPECIAL; a negative ID, a media cell, `decode` flags special whatever the table holds: decoded by it)."""
+        `base` (int64: the running sum of the pieces' lengths), its special flags (a byte each, 0 or 1). `marks`:
+        `self.marked[ids]`'s bytes, which are the flags `decode` gives where no ID is negative (a special token
+        is one whose vocabulary flag holds SPECIAL; a negative ID, a media cell, `decode` flags special whatever
+        the table holds, and its piece is no entry of the table: decoded by `decode` then)."""
         got = ids.tolist()
         if not got or min(got) < 0:
             data, off, sp = self.vocab.decode(ids)
-            return data, shifted(array("q", off[1:]), base), bytes(sp)
-        data, ends = self.vocab.decode_at(got, base)
-        return data, ends, marks
+            return data, np.asarray(off[1:]) + base, bytes(sp)
+        ends = np.cumsum(self.lengths[ids])
+        ends += base
+        return self.vocab.join(got), ends, marks
 
     def _user_after(self, b: np.ndarray, data: bytes, off: np.ndarray, lcp: int) -> bool:
         """`explain._user_turn_after(B, lcp)` as chatml's marker sectioning makes its turns (`grammar.

@@ -163,19 +163,17 @@ class Vocab:
             memo = self._memo = _PieceMemo(self)
         return memo
 
-    def decode_at(self, ids: list[int], start: int) -> tuple[bytes, array[int]]:
-        """`decode`'s bytes of the IDs and its offsets past the first, each plus `start` (the same pieces, from the
-        same memo): for a few tokens put after a prompt decoded before, whose flags the caller has (core.tails:
-        a strip pair's new turns)."""
-        pieces = list(map(self._pieces().__getitem__, ids))
-        return _join(pieces), _offsets(pieces, start)[1:]
+    def join(self, ids: list[int]) -> bytes:
+        """`decode`'s bytes of a few IDs (the same pieces, from the same memo), for a caller that makes their
+        offsets and flags itself (core.tails: a strip pair's new turns)."""
+        return b"".join(map(self._pieces().__getitem__, ids))
 
     def _decode_like(
         self, seq: array[int], memo: _PieceMemo, like: tuple[Ids, bytes, array[int], array[int]]
     ) -> tuple[bytes, array[int], array[int]]:
         """`decode` of IDs that repeat most of a prompt decoded before (the B of a pair: A less an edit or two):
         the stretches equal to it (`align.equal_segments`) copied, its bytes sliced and its offsets moved by
-        the difference of the two byte positions (`shifted`); only the rest is looked up token by token."""
+        the difference of the two byte positions (`_shifted`); only the rest is looked up token by token."""
         from tokendiff.core.align import equal_segments
 
         ids0, data0, offs0, special0 = like
@@ -193,7 +191,7 @@ class Vocab:
             if n:  # copied
                 a0, a1 = int(offs0[i]), int(offs0[i + n])
                 data.append(data0[a0:a1])
-                offsets += shifted(offs0[i + 1 : i + n + 1], at - a0)
+                offsets += _shifted(offs0[i + 1 : i + n + 1], at - a0)
                 special += special0[i : i + n]
                 at += a1 - a0
             pos = j + n
@@ -234,6 +232,15 @@ class Vocab:
         flags = self._np_table()[2]
         return sorted(set(ids[(flags[ids] & SPECIAL) != 0].tolist()))  # a few distinct among many: no np.unique sort
 
+    def piece_lengths(self) -> Any:
+        """Each token's piece's length in bytes, as a numpy int64 array (made once)."""
+        got = self.__dict__.get("_lengths")
+        if got is None:
+            import numpy as np
+
+            got = self.__dict__["_lengths"] = np.diff(self._np_table()[0])
+        return got
+
     def _np_table(self) -> tuple[Any, Any, Any]:
         """The token table as numpy views (offsets, bytes, flags), made once."""
         got = self.__dict__.get("_np")
@@ -253,6 +260,7 @@ class Vocab:
         state = dict(self.__dict__)
         state.update(blob=self.blob.tobytes(), offsets=array("q", self.offsets), flags=bytes(self.flags), _memo=None)
         state.pop("_np", None)
+        state.pop("_lengths", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -300,7 +308,7 @@ def _offsets(pieces: list[bytes], start: int = 0, block: int = 4096) -> array[in
     return out
 
 
-def shifted(offsets: array[int], delta: int) -> array[int]:
+def _shifted(offsets: array[int], delta: int) -> array[int]:
     """int64 offsets plus `delta`, each of them, as arithmetic on one integer holding them all (in C, no int
     per offset): its 64-bit lanes never carry or borrow, for every offset plus delta is a byte offset of the
     new prompt (at least 0, far below 2**63)."""
