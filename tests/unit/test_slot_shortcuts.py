@@ -15,7 +15,7 @@ from tokendiff.core.explain import Ctx, best_finding
 from tokendiff.core.kinds import SectionKind
 from tokendiff.core.model import Divergence, Prompt, flag_bytes
 from tokendiff.core.tails import Strips
-from tokendiff.sources.tokenizers import load_vocab
+from tokendiff.sources.tokenizers import load_vocab, text_tokenizer
 
 
 def _strip_pair(rng: random.Random) -> tuple[np.ndarray, np.ndarray]:
@@ -276,3 +276,149 @@ def test_tools_turn_search_is_the_pattern():
         data = b"".join(rng.choice(pieces) for _ in range(rng.randrange(0, 12)))
         end = rng.randrange(0, len(data) + 2)
         assert tails._tools_turn(data, end) == (tails._TOOLS_TURN.search(data, 0, end) is not None), (data, end)
+
+
+ODD_TEXT = [
+    "the parser", "returns 42", "on 2026-03-01", "Fri", "caf\u00e9 \u00fcber", "\u65e5\u672c", "line\r\nbreak", "tools",
+    "<tools>", "[3 lines omitted]", "...", '{"a": 1}', "mode: fast", "/no_think", "/think", "<think>", "</think>",
+    "effort=high", "a-b-c", "deadbeef01", "  ", "\n", "\n\n", "tool", "s", "<tool_response>", "user",
+]  # fmt: skip
+
+
+def _odd_text(rng: random.Random, n: int, odd: float = 0.4) -> str:
+    return " ".join(rng.choice(ODD_TEXT) if rng.random() < odd else rng.choice(WORDS) for _ in range(n))
+
+
+WORDS = "the a parser test file function returns value error line json tool call result".split()
+
+
+def _odd_session(rng: random.Random, turns: int, odd: float) -> list[np.ndarray]:
+    """A Qwen3 agent's slot files (the prompt, the think block, the answer, <|im_end|>), their text odd for the
+    strip pair's tests: digits, dates and days, CRs, non-ASCII, think tags and switches as text, braces, tool
+    results as user turns, a `tools` turn coming in late, a think block left in history or several in an
+    answer, an empty or long think block, history dropped; the IDs as the loader holds them (int32)."""
+    tok = text_tokenizer(load_vocab(None))
+    history: list[str] = []
+    system = f"<|im_start|>system\nYou are an agent. {_odd_text(rng, 4)}<|im_end|>\n"
+    out = []
+    late = rng.randrange(turns // 2, 2 * turns)  # a `tools` turn comes in here (if it is a turn)
+    for k in range(turns):
+        if rng.random() < 0.05:
+            history = history[len(history) // 2 :]
+        if k == late:
+            history.append("<|im_start|>tools\n[]<|im_end|>\n")  # a `tools` turn, past the earlier pairs' g
+        if rng.random() < 0.15:
+            user = f"<tool_response>\n{_odd_text(rng, 5, odd)}\n</tool_response>"
+        else:
+            user = _odd_text(rng, rng.randrange(1, 20), odd)
+        turn = f"<|im_start|>{rng.choice(['user', 'user', 'user', 'tool', ' user '])}\n{user}<|im_end|>\n"
+        odd_reason = rng.choice(["", " ", "x\r\ny", _odd_text(rng, 40, odd)])
+        reason = odd_reason if rng.random() < 0.15 else _odd_text(rng, rng.randrange(3, 12), odd)
+        answer = _odd_text(rng, rng.randrange(1, 8) if rng.random() < 0.1 else rng.randrange(12, 30), odd)
+        if rng.random() < 0.1:
+            answer = f"<think>{_odd_text(rng, 2)}</think>" + answer  # a second think block, in the answer
+        prompt = system + "".join(history) + turn + "<|im_start|>assistant\n"
+        out.append(np.array(tok.encode(prompt + f"<think>\n{reason}\n</think>\n\n{answer}<|im_end|>"), dtype=np.int32))
+        kept = f"<think>\n{reason}\n</think>\n\n{answer}" if rng.random() < 0.05 else answer
+        history += [turn, f"<|im_start|>assistant\n{kept}<|im_end|>\n"]
+    return out
+
+
+SLOT = ("template markers", "chatml", tails.SLOT_SECTIONING)
+
+
+def _answer_of(shape: object) -> object:
+    """What `Tails.shape` found, comparable (an EditPair compares by identity)."""
+    if isinstance(shape, tails.EditPair):
+        return ("edit", shape.shape, shape.rest, shape.lcp, shape.spans)
+    return shape
+
+
+def test_carried_strip_pairs_are_fresh_ones():
+    """What a strip pair leaves the next one (B's decode and int32 bytes, its turn-marker count, where its bytes
+    are free of a `tools` turn) changes no answer: every pair of odd sessions (`_odd_session`) through one
+    session's Tails, each B the next pair's A, is what a Tails that never saw the session finds from copies."""
+    vocab = load_vocab(None)
+    rng = random.Random(5)
+    found = 0
+    for odd in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5):
+        ids = _odd_session(rng, 60, odd)
+        t = tails.Tails(vocab)
+        for a, b in zip(ids, ids[1:], strict=False):
+            sections = (lambda: SLOT, lambda: SLOT)
+            got = t.shape(a, b, sections)
+            want = tails.Tails(vocab).shape(a.copy(), b.copy(), sections)
+            assert _answer_of(got) == _answer_of(want)
+            found += isinstance(got, tails.StripPair)
+    assert found > 120, found
+
+
+def test_prefix_tried_at_the_last_think_is_the_common_prefix():
+    """`Strips.prefix` (tried at A's last <think>) is `common_prefix`, wherever A's last <think> falls."""
+    vocab = load_vocab(None)
+    st = tails.Tails(vocab).strips
+    rng = np.random.default_rng(3)
+    for _ in range(3000):
+        n = int(rng.integers(1, 60))
+        a = rng.choice([1, 2, st.open, 7], n).astype(np.int32)
+        cut = int(rng.integers(0, n + 1))
+        b = np.concatenate([a[:cut], rng.choice([1, 2, st.open, 9], int(rng.integers(0, 20)))]).astype(np.int32)
+        assert st.prefix(a, b) == common_prefix(a, b), (a, b)
+
+
+def test_new_turns_decoded_as_decode_does():
+    """`Strips._decode_new` of random IDs (special tokens, multibyte pieces, a media cell) is `Vocab.decode`'s
+    bytes, offsets past the first plus the base, and special flags."""
+    vocab = load_vocab(None)
+    st = tails.Tails(vocab).strips
+    rng = np.random.default_rng(7)
+    specials = [i for i in range(vocab.n_vocab - 300, vocab.n_vocab) if vocab.flags[i]]
+    for _ in range(500):
+        n = int(rng.integers(1, 80))
+        ids = rng.integers(0, vocab.n_vocab, n).astype(np.int32)
+        ids[rng.integers(0, n, 2)] = rng.choice(specials, 2)
+        if rng.random() < 0.1:
+            ids[int(rng.integers(0, n))] = -1
+        base = int(rng.integers(0, 10_000))
+        data, off, sp = st._decode_new(ids, base, st.marked[ids].tobytes())
+        want = vocab.decode(ids)
+        assert data == want[0]
+        assert [int(x) for x in off] == [int(x) + base for x in want[1][1:]]
+        assert sp == bytes(want[2])
+
+
+def _user_after_walk(st: Strips, b: np.ndarray, data: bytes, off: object, lcp: int) -> bool:
+    """`Strips._user_after` as it was: every turn start and end after the divergence listed first."""
+    raw = model.id_bytes(b)
+    starts = [int(off[i]) for i in tails._tokens(raw, st.words[1], lcp, len(b))]  # type: ignore[index]
+    closes = [int(off[i + 1]) for i in tails._tokens(raw, st.words[2], lcp, len(b))]  # type: ignore[index]
+    for k, at in enumerate(starts):
+        limit = starts[k + 1] if k + 1 < len(starts) else len(data)
+        pos = at + len(b"<|im_start|>")
+        j = data.find(b"\n", pos, pos + 200)
+        role = data[pos : j if j >= 0 else pos + 40].decode("utf-8", "replace").strip() or ("?" if j < 0 else "")
+        if role != "user":
+            continue
+        cstart = min(j + 1 if j >= 0 else pos, limit)
+        close = next((c for c in closes if cstart <= c <= limit), None)
+        cend = close - len(b"<|im_end|>") if close is not None else limit
+        if not any(data.find(o, cstart, cend) >= 0 for o in tails._RESULT_OPENS):
+            return True
+    return False
+
+
+def test_user_turn_after_found_as_the_turns_are_walked():
+    """`Strips._user_after` (each turn's end looked for as it is needed) is the walk over every turn start and
+    end listed first, on random turns: roles odd or cut off, tool results, ends missing or doubled, markers
+    typed as text, from any divergence."""
+    vocab = load_vocab(None)
+    tok = text_tokenizer(vocab)
+    st = tails.Tails(vocab).strips
+    rng = random.Random(11)
+    pieces = ["<|im_start|>", "<|im_end|>", "user", "assistant", "tool", " user", "\n", "x", "<tool_response>",
+              "<|im_start|>user\n", "<|im_end|>\n", " ", "\u00e9", "<think>"]  # fmt: skip
+    for _ in range(3000):
+        b = np.array(tok.encode("".join(rng.choice(pieces) for _ in range(rng.randrange(1, 30)))), dtype=np.int32)
+        data, off, _ = vocab.decode(b)
+        lcp = rng.randrange(0, len(b) + 1)
+        assert st._user_after(b, data, off, lcp) == _user_after_walk(st, b, data, off, lcp), (data, lcp)
