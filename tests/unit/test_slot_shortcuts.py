@@ -5,16 +5,24 @@ difflib could align otherwise), and the text detectors skipped on its hunks agai
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 import numpy as np
+import orjson
+from helpers import write_slot
 
+from tokendiff.app.pair import PromptOptions
+from tokendiff.app.reports import session_report
+from tokendiff.app.session import open_session
 from tokendiff.core import explain, model, prefix_index, tails
 from tokendiff.core.align import common_prefix, diff_spans, shared_prefix
 from tokendiff.core.explain import Ctx, best_finding
 from tokendiff.core.kinds import SectionKind
 from tokendiff.core.model import Divergence, Prompt, flag_bytes
 from tokendiff.core.tails import Strips
+from tokendiff.notices import sink
 from tokendiff.sources.tokenizers import load_vocab, text_tokenizer
 
 
@@ -422,3 +430,26 @@ def test_user_turn_after_found_as_the_turns_are_walked():
         data, off, _ = vocab.decode(b)
         lcp = rng.randrange(0, len(b) + 1)
         assert st._user_after(b, data, off, lcp) == _user_after_walk(st, b, data, off, lcp), (data, lcp)
+
+
+def _odd_report(path: Path) -> tuple[bytes, int]:
+    loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
+    return orjson.dumps(session_report(loaded, str(path))), sum(t.tail_owner is not None for t in loaded.session.turns)
+
+
+def test_odd_strip_sessions_filled_are_their_full_diffs(tmp_path, monkeypatch):
+    """Slot directories of odd sessions (`_odd_session`): every strip turn filled from a form is its full diff as
+    well (TOKENDIFF_CHECK_TAILS: a difference raises), and the report is the one with no turn filled."""
+    rng = random.Random(9)
+    monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
+    for i, odd in enumerate((0.0, 0.1, 0.3)):
+        d = tmp_path / f"s{i}"
+        d.mkdir()
+        for k, ids in enumerate(_odd_session(rng, 50, odd)):
+            f = write_slot(d / f"turn-{k:03d}.bin", ids.tolist())
+            os.utime(f, ns=(1_800_000_000_000_000_000 + k * 10**9,) * 2)
+        with sink(lambda kind, message: None), monkeypatch.context() as m:
+            fast, filled = _odd_report(d)
+            m.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
+            full, none = _odd_report(d)
+        assert fast == full and none == 0 and filled >= 12, (filled, none)
