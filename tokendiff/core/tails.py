@@ -634,7 +634,8 @@ class Strips:
         box is under SMALL and DIRECT, neither side one token). difflib's first block is the longest
         common run, earliest in A' then in B' (autojunk off: no junk, none popular): R[:L] at (s, 0) is
         one of length L, a run starting at i > s is shorter, and one starting at i < s as long or longer
-        holds A'[i:i+L], looked for in B' here (any byte hit, aligned or not, and no proof). So its
+        holds A'[i:i+L], looked for in B' here (any byte hit, aligned or not, and no proof; where L >= s, each
+        of them holds A'[s-1:L], looked for first: not in B', none of them is). So its
         blocks are that one alone (nothing left before it in B', nothing after it in A'): the opcodes
         delete T and insert B'[L:] after A'. L > GLUE keeps `_merge` from joining them, and
         `_slide_insertions` moves the insertion right by q (B's copy of R[L:] is B's last q tokens)."""
@@ -654,6 +655,8 @@ class Strips:
         if n <= GLUE or la > SMALL or lb > SMALL or la * lb > DIRECT:
             return None
         box = rb[4 * lcp : 4 * (n_b - q)]
+        if n >= s and box.find(ra[4 * (lcp + s - 1) : 4 * (lcp + n)]) < 0:
+            return s  # every A'[i:i+L] (i < s) holds A'[s-1:L]: not in B', none of them is
         if any(box.find(ra[4 * i : 4 * (i + n)]) >= 0 for i in range(lcp, lcp + s)):
             return None
         return s
