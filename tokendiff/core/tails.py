@@ -506,7 +506,7 @@ class Strips:
         self.counted: tuple[Any, int, int] = (None, 0, 0)
         self.no_tools: tuple[bytes | None, int] = (None, 0)
         self.marked = (flags & SPECIAL) != 0  # `flags[ids] & SPECIAL` as one gather, the same for any IDs
-        self.lengths = vocab.piece_lengths()  # each token's piece's length in bytes
+        self.plain = type(vocab).decode is Vocab.decode  # no subclass's decode to run (a server's fetches pieces)
         # the think block's end, a turn's marker and its end, the think block's start as int32 bytes (`_tokens`)
         ends = (self.close, self.turn, self.turn_end, self.open)
         self.words = tuple(None if t is None else struct.pack("=i", t) for t in ends)
@@ -706,12 +706,13 @@ class Strips:
         `base` (int64: the running sum of the pieces' lengths), its special flags (a byte each, 0 or 1). `marks`:
         `self.marked[ids]`'s bytes, which are the flags `decode` gives where no ID is negative (a special token
         is one whose vocabulary flag holds SPECIAL; a negative ID, a media cell, `decode` flags special whatever
-        the table holds, and its piece is no entry of the table: decoded by `decode` then)."""
+        the table holds, and its piece is no entry of the table: decoded by `decode` then, as with a vocabulary
+        whose class has its own `decode`)."""
         got = ids.tolist()
-        if not got or min(got) < 0:
+        if not got or min(got) < 0 or not self.plain:
             data, off, sp = self.vocab.decode(ids)
             return data, np.asarray(off[1:]) + base, bytes(sp)
-        ends = np.cumsum(self.lengths[ids])
+        ends = np.cumsum(self.vocab.piece_lengths()[ids])
         ends += base
         return self.vocab.join(got), ends, marks
 

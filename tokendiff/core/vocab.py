@@ -145,7 +145,7 @@ class Vocab:
             got = self._decode_np(seq)
             if got is not None:
                 return got
-        memo = self._pieces()
+        memo = self._piece_memo()
         if like is not None and len(seq) >= COPY_FROM:
             ids0, data0, offs0, special0 = like
             if isinstance(offs0, array) and isinstance(special0, array):  # a stdlib decode's (not numpy's)
@@ -156,7 +156,7 @@ class Vocab:
         del pieces
         return data, offsets, self._special(seq, memo.special)
 
-    def _pieces(self) -> _PieceMemo:
+    def _piece_memo(self) -> _PieceMemo:
         """The piece memo, begun again past MEMO_IDS distinct IDs."""
         memo = self._memo
         if memo is None or len(memo) > MEMO_IDS:
@@ -166,7 +166,7 @@ class Vocab:
     def join(self, ids: list[int]) -> bytes:
         """`decode`'s bytes of a few IDs (the same pieces, from the same memo), for a caller that makes their
         offsets and flags itself (core.tails: a strip pair's new turns)."""
-        return b"".join(map(self._pieces().__getitem__, ids))
+        return b"".join(map(self._piece_memo().__getitem__, ids))
 
     def _decode_like(
         self, seq: array[int], memo: _PieceMemo, like: tuple[Ids, bytes, array[int], array[int]]
