@@ -22,6 +22,7 @@ from tokendiff.core.explain import Ctx, best_finding
 from tokendiff.core.kinds import SectionKind
 from tokendiff.core.model import Divergence, Prompt, flag_bytes
 from tokendiff.core.tails import Strips
+from tokendiff.core.vocab import Vocab
 from tokendiff.notices import sink
 from tokendiff.sources.tokenizers import load_vocab, text_tokenizer
 
@@ -178,16 +179,24 @@ def test_strip_text_shown_quiet_from_bytes_is_quiet():
     assert shown > 100
 
 
+def _real_ids(vocab: Vocab, rng: np.random.Generator, sizes: tuple[int, int], n_special: int) -> np.ndarray:
+    """Random IDs of the real vocabulary (multibyte pieces among them), `n_special` of them special tokens."""
+    top = vocab.n_vocab
+    specials = [i for i in range(top - 300, top) if vocab.flags[i]]
+    n = int(rng.integers(*sizes))
+    ids = rng.integers(0, top, n).astype(np.int32)
+    ids[rng.integers(0, n, n_special)] = rng.choice(specials, n_special)
+    return ids
+
+
 def test_spliced_decode_is_the_decode():
     """A' decoded from A's decode with B's edit spliced in (`tails._spliced`) is A' decoded whole: bytes,
     offsets and special flags, on random IDs of the real vocabulary (special tokens, multibyte pieces)."""
     vocab = load_vocab(None)
     rng = np.random.default_rng(17)
-    specials = [i for i in range(vocab.n_vocab - 300, vocab.n_vocab) if vocab.flags[i]]
     for _ in range(300):
-        n = int(rng.integers(2, 400))
-        a = rng.integers(0, vocab.n_vocab, n).astype(np.int32)
-        a[rng.integers(0, n, 3)] = rng.choice(specials, 3)
+        a = _real_ids(vocab, rng, (2, 400), 3)
+        n = len(a)
         d, ra, rb = int(rng.integers(0, n - 1)), int(rng.integers(1, 9)), int(rng.integers(1, 9))
         ra = min(ra, n - d)
         b = np.concatenate([a[:d], rng.integers(0, vocab.n_vocab, rb).astype(np.int32), a[d + ra :]])
@@ -380,13 +389,10 @@ def test_new_turns_decoded_as_decode_does():
     vocab = load_vocab(None)
     st = tails.Tails(vocab).strips
     rng = np.random.default_rng(7)
-    specials = [i for i in range(vocab.n_vocab - 300, vocab.n_vocab) if vocab.flags[i]]
     for _ in range(500):
-        n = int(rng.integers(1, 80))
-        ids = rng.integers(0, vocab.n_vocab, n).astype(np.int32)
-        ids[rng.integers(0, n, 2)] = rng.choice(specials, 2)
+        ids = _real_ids(vocab, rng, (1, 80), 2)
         if rng.random() < 0.1:
-            ids[int(rng.integers(0, n))] = -1
+            ids[int(rng.integers(0, len(ids)))] = -1
         base = int(rng.integers(0, 10_000))
         data, off, sp = st._decode_new(ids, base, st.marked[ids].tobytes())
         want = vocab.decode(ids)
