@@ -1202,17 +1202,17 @@ def edit_pair(
     """The pair as an edit pair (see the notes above), `rest` the pair of A' and B; None where it is not one.
     `strips`: the session's (its vocabulary and flags); `made`: A's and B's whole decodes and the pair's
     `diff_spans`, where made already."""
-    vocab, flags = strips.vocab, strips.flags
+    vocab = strips.vocab
     d, ra, rb = edit
     n_a, n_b, delta = len(a), len(b), rb - ra
-    if np.any(flags[a[d : d + ra]] & SPECIAL) or np.any(flags[b[d : d + rb]] & SPECIAL):
-        return None
     lo = max(0, d - HEAD_REACH)
-    marks = np.flatnonzero(flags[a[lo:d]] & SPECIAL)
-    ends = np.flatnonzero(flags[a[d + ra : d + ra + AFTER_REACH]] & SPECIAL)
-    if not marks.size or not ends.size:
+    marked = strips.marked[a[lo : d + ra + AFTER_REACH]].tobytes()  # `flags[ids] & SPECIAL`, a byte (0/1) a token
+    if b"\1" in marked[d - lo : d + ra - lo] or b"\1" in strips.marked[b[d : d + rb]].tobytes():
         return None
-    g, h = lo + int(marks[-1]), d + ra + int(ends[0])
+    g, h = marked.rfind(b"\1", 0, d - lo), marked.find(b"\1", d + ra - lo)  # the last before, the first after
+    if g < 0 or h < 0:
+        return None
+    g, h = lo + g, lo + h
     n_a2 = n_a + delta
     if isinstance(rest, StripPair):
         lcp2, s = rest.lcp, rest.strip
