@@ -370,17 +370,28 @@ def test_carried_strip_pairs_are_fresh_ones():
     assert found > 120, found
 
 
-def test_prefix_tried_at_the_last_think_is_the_common_prefix():
-    """`Strips.prefix` (tried at A's last <think>) is `common_prefix`, wherever A's last <think> falls."""
+def test_prefix_tried_at_a_hint_is_the_common_prefix():
+    """`Strips.prefix` (tried first at the place the last strip pair left, `hint`) is `common_prefix`, wherever
+    that place falls: at the divergence, before or past it, past either end, at a <think> or not; and `_last`
+    finds the last <think> of a stretch as a scan would."""
     vocab = load_vocab(None)
     st = tails.Tails(vocab).strips
     rng = np.random.default_rng(3)
     for _ in range(3000):
         n = int(rng.integers(1, 60))
-        a = rng.choice([1, 2, st.open, 7], n).astype(np.int32)
+        a = rng.choice([1, 2, st.open, 7, st.open << 8], n).astype(np.int32)
         cut = int(rng.integers(0, n + 1))
         b = np.concatenate([a[:cut], rng.choice([1, 2, st.open, 9], int(rng.integers(0, 20)))]).astype(np.int32)
-        assert st.prefix(a, b) == common_prefix(a, b), (a, b)
+        lo, hi = sorted(int(x) for x in rng.integers(0, n + 1, 2))
+        last = _last_think(a, st.open, lo, hi)
+        assert tails._last(model.id_bytes(a), st.words[3], lo, hi) == last
+        st.hint = (a, rng.choice([last, cut, cut + 1, int(rng.integers(-1, n + 3))]))
+        assert st.prefix(a, b) == common_prefix(a, b), (a, b, st.hint)
+
+
+def _last_think(ids: np.ndarray, think: int, lo: int, hi: int) -> int:
+    at = [i for i in range(lo, hi) if ids[i] == think]
+    return at[-1] if at else -1
 
 
 def test_new_turns_decoded_as_decode_does():

@@ -505,6 +505,7 @@ class Strips:
         self.raws: tuple[tuple[Any, bytes], tuple[Any, bytes]] = ((None, b""), (None, b""))
         self.counted: tuple[Any, int, int] = (None, 0, 0)
         self.no_tools: tuple[bytes | None, int] = (None, 0)
+        self.hint: tuple[Any, int] = (None, -1)  # the last strip pair's B and its new turns' last <think> (`prefix`)
         self.marked = (flags & SPECIAL) != 0  # `flags[ids] & SPECIAL` as one gather, the same for any IDs
         self.plain = type(vocab).decode is Vocab.decode  # no subclass's decode to run (a server's fetches pieces)
         # the think block's end, a turn's marker and its end, the think block's start as int32 bytes (`_tokens`)
@@ -552,6 +553,7 @@ class Strips:
         marks = self._marks(a, g)
         self.counted = (b, g, marks)  # B's tokens to g are A's (g < lcp): the same count, for the next pair's A
         self.no_tools = (data_b, int(off_a[g]))  # and B's bytes to A's g: no `tools` turn in them either
+        self.hint = (b, _last(self.raw(b), self.words[3], n_a - s, n_b))  # where the next pair may diverge
         return StripPair(shape, lcp, s, marks)
 
     def _tools_turn(self, data: bytes, end: int) -> bool:
@@ -565,14 +567,15 @@ class Strips:
         return _tools_turn(data, end)
 
     def prefix(self, a: np.ndarray, b: np.ndarray) -> int:
-        """`common_prefix(a, b)` (`common_bytes` of their int32 bytes, over 4), tried first at A's last <think>:
-        a slot file's prompt goes on from the previous one's up to its generated think block. Where A's bytes
-        to there are B's and its token there is not B's, the common bytes end within that token: the answer."""
+        """`common_prefix(a, b)` (`common_bytes` of their int32 bytes, over 4), tried first where A is the last
+        strip pair's B at the last <think> of B's new turns (`hint`): a slot file's prompt goes on from the
+        previous one's up to its generated think block. Where A's bytes to there are B's and its token there is
+        not B's, the common bytes end within that token: the answer (any place tried gives it or none)."""
         ra, rb = self.raw(a), self.raw(b)
-        word = self.words[3]
-        at = ra.rfind(word) if word is not None else -1
-        if at > 0 and not at % 4 and ra[at : at + 4] != rb[at : at + 4] and rb.startswith(memoryview(ra)[:at]):
-            return at // 4
+        ids, t = self.hint
+        at = 4 * t
+        if ids is a and 0 < at <= len(ra) and ra[at : at + 4] != rb[at : at + 4] and rb.startswith(memoryview(ra)[:at]):
+            return t
         return common_bytes(ra, rb) // 4
 
     def raw(self, ids: np.ndarray) -> bytes:
@@ -772,6 +775,16 @@ def _tokens(raw: bytes, word: bytes | None, start: int, stop: int, first: bool =
                 break
         at = raw.find(word, at + 1, end)
     return out
+
+
+def _last(raw: bytes, word: bytes | None, start: int, stop: int) -> int:
+    """The last token in [start, stop) whose int32 bytes are `word` (-1: none), by bytes.rfind."""
+    if word is None:
+        return -1
+    at = raw.rfind(word, 4 * start, 4 * stop)
+    while at >= 0 and at % 4:
+        at = raw.rfind(word, 4 * start, at + 3)
+    return at // 4 if at >= 0 else -1
 
 
 def _token(vocab: Vocab, piece: bytes) -> int | None:
