@@ -210,6 +210,9 @@ class Tails:
             return None
         ra, rb = sizes
         a2 = np.concatenate([b[: d + rb], a[d + ra :]])  # A with the edit made: B's prefix to its end
+        ids, t = self.strips.hint
+        if ids is a and t >= d + ra:  # A's place for `prefix`, in A' (a place only: `prefix` shows it or not)
+            self.strips.hint = (a2, t + rb - ra)
         lcp2 = self.strips.prefix(a2, b)
         if lcp2 - (d + rb) < SHARED_RUN:
             return None  # new_conversation reads no shared run between the edit and what follows
