@@ -1683,5 +1683,3 @@ def best_finding(
         if f is not None and (best is None or f.confidence > best.confidence):
             best = f
     return best if best is not None else detect_fallback(ctx)
-
-
