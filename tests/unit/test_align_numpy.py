@@ -5,6 +5,7 @@ value, every anchor counted."""
 from __future__ import annotations
 
 import random
+import sys
 from array import array
 
 import numpy as np
@@ -163,3 +164,19 @@ def test_shared_hash_finds_the_shared_kgram():
     assert not align._np_shared_hash(box, [(5, 15)], [(21, 25)])  # B's at 20 left out
     assert not align._np_shared_hash(box, [], [(0, 30)])
     assert not align._np_shared_hash(box, [(0, 30)], [])
+
+
+def test_witnesses_on_a_huge_box_import_no_numpy(monkeypatch):
+    """Without numpy loaded, the witnesses test their condition on bytes as before: a box big enough for numpy's
+    count (NUMPY_FROM 0 here) that they settle imports nothing (`tokendiff diff` of a huge pair), and the answer
+    is the counted one."""
+    rng = random.Random(7)
+    unit = [rng.randrange(60) for _ in range(150)]
+    history = [x for t in range(200) for x in [*unit[:70], 1000 + t, *unit[70:]]]
+    a = [1, 2, 3, 16, 4, *history, 7, *[2000 + rng.randrange(100) for _ in range(30)], 8]
+    b = [1, 2, 3, 17, 4, *history, 7, 8, *[3000 + rng.randrange(100) for _ in range(90)]]
+    counted = align.diff_spans(a, b)
+    monkeypatch.setattr(align, "NUMPY_FROM", 0)
+    monkeypatch.delitem(sys.modules, "numpy")
+    assert align.diff_spans(a, b) == counted
+    assert "numpy" not in sys.modules
