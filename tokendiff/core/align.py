@@ -562,13 +562,12 @@ def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int
     """Matching blocks (ia, ib, n) relative to (alo, blo), from k-grams unique on both sides, in order."""
     if ahi - alo < KGRAM or bhi - blo < KGRAM:
         return []
+    numpy = _use_numpy(max(ahi - alo, bhi - blo))  # the count's choice
     # the witnesses test on hashes only where numpy is loaded already: a huge box they settle imports nothing
-    box = _NpBox(s, alo, ahi, blo, bhi) if "numpy" in sys.modules else None
+    box = _NpBox(s, alo, ahi, blo, bhi) if numpy and "numpy" in sys.modules else None
     runs = _runs_witnessed(s, alo, ahi, blo, bhi, box) if WITNESSES else None
     if runs is None:
-        if box is None and _use_numpy(max(ahi - alo, bhi - blo)):
-            box = _NpBox(s, alo, ahi, blo, bhi)
-        runs = _runs_numpy(s, alo, ahi, blo, bhi, box) if box is not None else _runs_stdlib(s, alo, ahi, blo, bhi)
+        runs = _runs_numpy(s, alo, ahi, blo, bhi, box) if numpy else _runs_stdlib(s, alo, ahi, blo, bhi)
     if not runs:
         return []
     chain = _heaviest_increasing(runs)
