@@ -47,6 +47,7 @@ WITNESS_UNCOVERED = 1 << 14  # uncovered k-grams past which every anchor is coun
 WITNESS_SCAN, WITNESS_SCAN_MIN = 8, 1 << 16  # tokens the witnesses may search: 8 a token of A's box, and more
 WITNESS_STEP = 32  # what looking at one k-gram costs, in tokens searched (a byte search runs ~100 Python steps' work)
 NUMPY_FROM = 150_000  # tokens a side from which importing numpy for the anchors pays for itself
+_COMPARE_ROWS = 1 << 14  # k-grams `_np_unique_positions` gathers at once to compare (1 MiB of int64 a side)
 
 
 def _first_diff(x: Text, xo: int, y: Text, yo: int, n: int) -> int:
@@ -424,23 +425,59 @@ def _run_end(s: _Seqs, xas: list[int], i: int, box: tuple[int, int, int], xb: in
     return good
 
 
-def _runs_numpy(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]]:
+class _NpBox:
+    """A box's IDs (int64) and k-gram hashes (`_np_kgram_hashes`) as numpy arrays, made when first asked for:
+    the witnesses' test (`_np_shared_hash`) and the count (`_runs_numpy`) read the same ones."""
+
+    __slots__ = ("s", "box", "_got")
+
+    def __init__(self, s: _Seqs, alo: int, ahi: int, blo: int, bhi: int):
+        self.s, self.box = s, (alo, ahi, blo, bhi)
+        self._got: tuple[Any, Any, Any, Any, Any] | None = None
+
+    def arrays(self) -> tuple[Any, Any, Any, Any, Any]:
+        """(numpy, A's IDs, B's IDs, A's k-gram hashes, B's)."""
+        if self._got is None:
+            import numpy as np
+
+            alo, ahi, blo, bhi = self.box
+            a = np.frombuffer(self.s.ra, dtype=np.int32)[alo:ahi].astype(np.int64)
+            b = np.frombuffer(self.s.rb, dtype=np.int32)[blo:bhi].astype(np.int64)
+            self._got = (np, a, b, _np_kgram_hashes(np, a, KGRAM), _np_kgram_hashes(np, b, KGRAM))
+        return self._got
+
+
+def _np_shared_hash(box: _NpBox, unc_a: list[tuple[int, int]], unc_b: list[tuple[int, int]]) -> bool:
+    """Some k-gram at A's positions `unc_a` has the hash of one at B's `unc_b` (ranges of k-gram starts, as
+    `_uncovered` gives them). False shows the k-grams disjoint: equal k-grams hash alike."""
+    np, _, _, ha, hb = box.arrays()
+    alo, _, blo, _ = box.box
+    if not unc_a or not unc_b:
+        return False
+    xa = np.concatenate([ha[a0 - alo : a1 - alo] for a0, a1 in unc_a])
+    xb = np.sort(np.concatenate([hb[b0 - blo : b1 - blo] for b0, b1 in unc_b]))
+    if xa.shape[0] == 0 or xb.shape[0] == 0:
+        return False
+    at = np.minimum(np.searchsorted(xb, xa), xb.shape[0] - 1)
+    return bool((xb[at] == xa).any())
+
+
+def _runs_numpy(
+    s: _Seqs, alo: int, ahi: int, blo: int, bhi: int, box: _NpBox | None = None
+) -> list[tuple[int, int, int]]:
     """`_runs_stdlib` vectorised: k-grams hashed to 64 bits. Two k-grams of A and B with one hash are caught by
     the verification in `_anchors`; two of one side with one hash would hide both from the count, so a side with
     such a collision (equal hashes, unequal tokens: only a crafted prompt) is counted by `_runs_stdlib` instead,
-    and the answer never depends on the hash."""
-    import numpy as np
-
+    and the answer never depends on the hash. `box`: the box's arrays where the witnesses made them."""
+    np, a, b, ha_all, hb_all = (box or _NpBox(s, alo, ahi, blo, bhi)).arrays()
     k = KGRAM
-    a = np.frombuffer(s.ra, dtype=np.int32)[alo:ahi].astype(np.int64)
-    b = np.frombuffer(s.rb, dtype=np.int32)[blo:bhi].astype(np.int64)
-    got_a = _np_unique_positions(np, _np_kgram_hashes(np, a, k), a, k)
-    got_b = _np_unique_positions(np, _np_kgram_hashes(np, b, k), b, k)
+    got_a = _np_unique_positions(np, ha_all, a, k)
+    got_b = _np_unique_positions(np, hb_all, b, k)
     if got_a is None or got_b is None:
         return _runs_stdlib(s, alo, ahi, blo, bhi)
     (ha, pa), (hb, pb) = got_a, got_b
-    common, ia, ib = np.intersect1d(ha, hb, assume_unique=True, return_indices=True)
-    if common.shape[0] == 0:
+    ia, ib = _np_sorted_common(np, ha, hb)
+    if ia.shape[0] == 0:
         return []
     xa, xb = pa[ia], pb[ib]
     order = np.argsort(xa)  # positions are distinct: any sort gives this order
@@ -454,21 +491,47 @@ def _runs_numpy(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[
 
 
 def _np_kgram_hashes(np: Any, x: Any, k: int) -> Any:
-    n = x.shape[0] - k + 1
-    h = np.zeros(n, dtype=np.uint64)
-    mult = np.uint64(0x9E3779B97F4A7C15)
+    """The hash of each k-gram of `x`: sum((x[i + j] + 1) * M**(k - 1 - j)) mod 2**64. Widths doubled (the hash
+    of a 2w-gram at i is the w-gram's at i times M**w plus the w-gram's at i + w: the same sum split in two
+    halves), then grown a token at a time to k: 3 passes for k = 8 where a token at a time took 8. uint64
+    arithmetic wraps, so every value is the sum mod 2**64 whatever the order of the passes
+    (tests/unit/test_align.py holds it to the sum made with Python ints)."""
+    mult = 0x9E3779B97F4A7C15
     with np.errstate(over="ignore"):
-        v = x.astype(np.uint64) + np.uint64(1)  # once, not once a pass: the same values
-        for j in range(k):
-            h = h * mult + v[j : j + n]
+        h = x.astype(np.uint64) + np.uint64(1)  # the 1-grams
+        w = 1
+        while 2 * w <= k:
+            n = max(0, h.shape[0] - w)
+            h = h[:n] * np.uint64(pow(mult, w, 1 << 64)) + h[w : w + n]
+            w *= 2
+        if w < k:
+            v = x.astype(np.uint64) + np.uint64(1)
+            m = np.uint64(mult)
+            for j in range(w, k):  # the (j+1)-gram at i: the j-gram's times M plus x[i + j] + 1
+                n = max(0, h.shape[0] - 1)
+                h = h[:n] * m + v[j : j + n]
     return h
+
+
+def _np_sorted_common(np: Any, ha: Any, hb: Any) -> tuple[Any, Any]:
+    """Where the values both hold are in `ha` and in `hb`, each sorted ascending without repeats (as
+    `_np_unique_positions` leaves them): `intersect1d(..., assume_unique=True, return_indices=True)`'s indices
+    (the common values in ascending order), by one binary search of each of ha's values in hb where intersect1d
+    sorts both together."""
+    at = np.searchsorted(hb, ha)
+    inside = at < hb.shape[0]
+    hit = np.zeros(ha.shape[0], dtype=bool)
+    hit[inside] = hb[at[inside]] == ha[inside]
+    ia = np.flatnonzero(hit)
+    return ia, at[ia]
 
 
 def _np_unique_positions(np: Any, h: Any, x: Any, k: int) -> tuple[Any, Any] | None:
     """The k-gram hashes `h` of `x` that occur exactly once, and where; None where two unequal k-grams share a
     hash (each pair of equal neighbours in the sort compared token by token: a group all of one k-gram has
     equal neighbours only). The compare goes a token column at a time: a repetitive side has nearly every
-    k-gram in such a pair, and gathering whole k-grams would take k times the memory of one column."""
+    k-gram in such a pair: whole k-grams are gathered and compared _COMPARE_ROWS pairs at a time (one pass each,
+    where a column at a time took k, in at most k times the memory of one column)."""
     order = np.argsort(h)  # only hashes that occur once are kept, and their place is the same in any sort
     hs = h[order]
     if hs.shape[0] == 0:
@@ -476,11 +539,11 @@ def _np_unique_positions(np: Any, h: Any, x: Any, k: int) -> tuple[Any, Any] | N
     same = hs[1:] == hs[:-1]
     if same.any():
         i, j = order[:-1][same], order[1:][same]
-        for _ in range(k):
-            if not np.array_equal(x[i], x[j]):
+        cols = np.arange(k)
+        for c in range(0, i.shape[0], _COMPARE_ROWS):  # whole k-grams gathered, a bounded number at a time
+            ic, jc = i[c : c + _COMPARE_ROWS, None] + cols, j[c : c + _COMPARE_ROWS, None] + cols
+            if not np.array_equal(x[ic], x[jc]):  # row r: the k tokens from i[r], from j[r]
                 return None
-            i += 1
-            j += 1
     first = np.ones(hs.shape[0], dtype=bool)
     first[1:] = ~same
     last = np.ones(hs.shape[0], dtype=bool)
@@ -499,10 +562,12 @@ def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int
     """Matching blocks (ia, ib, n) relative to (alo, blo), from k-grams unique on both sides, in order."""
     if ahi - alo < KGRAM or bhi - blo < KGRAM:
         return []
-    runs = _runs_witnessed(s, alo, ahi, blo, bhi) if WITNESSES else None
+    numpy = _use_numpy(max(ahi - alo, bhi - blo))  # the count's choice
+    # the witnesses test on hashes only where numpy is loaded already: a huge box they settle imports nothing
+    box = _NpBox(s, alo, ahi, blo, bhi) if numpy and "numpy" in sys.modules else None
+    runs = _runs_witnessed(s, alo, ahi, blo, bhi, box) if WITNESSES else None
     if runs is None:
-        find = _runs_numpy if _use_numpy(max(ahi - alo, bhi - blo)) else _runs_stdlib
-        runs = find(s, alo, ahi, blo, bhi)
+        runs = _runs_numpy(s, alo, ahi, blo, bhi, box) if numpy else _runs_stdlib(s, alo, ahi, blo, bhi)
     if not runs:
         return []
     chain = _heaviest_increasing(runs)
@@ -520,7 +585,9 @@ def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int
     return blocks
 
 
-def _runs_witnessed(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int, int, int]] | None:
+def _runs_witnessed(
+    s: _Seqs, alo: int, ahi: int, blo: int, bhi: int, box: _NpBox | None = None
+) -> list[tuple[int, int, int]] | None:
     """Runs that give `_diff` the answer of all the anchor runs, found without counting A's k-grams: one
     anchor (a witness) in each segment of the cover that holds any, none elsewhere. None where that cannot
     be shown cheaply (then every anchor is counted).
@@ -543,19 +610,28 @@ def _runs_witnessed(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tu
     A's less A's uncovered copies plus B's uncovered ones). Each test is a byte search of A both ways from
     the k-gram, or one compare for all the k-grams of a stretch repeated where the last one found had its
     other copy; the search stops at a budget. tests/unit/test_diff_speed.py holds `diff_spans` with and
-    without this to one answer on random pairs."""
+    without this to one answer on random pairs.
+
+    With numpy's arrays of the box (`box`, where the count would run on numpy), condition (1) is tested on the
+    k-grams' hashes, which the count then reuses: hashes disjoint show the k-grams disjoint (equal k-grams hash
+    alike); a hash shared sends the box to the count, which is the answer whatever the hashes (most boxes of a
+    compaction go there: its summary quotes the history it replaced, so the test fails). B's uncovered k-grams
+    are then cut as bytes only for boxes that pass."""
     segs = _cover(s, alo, ahi, blo, bhi)
     if not segs:
         return None
     unc_a, unc_b = _uncovered(segs, alo, ahi, 0), _uncovered(segs, blo, bhi, 1)
     if sum(g1 - g0 for g0, g1 in unc_a) + sum(g1 - g0 for g0, g1 in unc_b) > WITNESS_UNCOVERED:
         return None
+    if box is not None and _np_shared_hash(box, unc_a, unc_b):
+        return None  # an anchor may lie between the segments: counted
     extra: set[bytes] = set()
     for b0, b1 in unc_b:
         extra.update(_kgrams(s.rb, b0, b1 + KGRAM - 1))
-    for a0, a1 in unc_a:
-        if not extra.isdisjoint(_kgrams(s.ra, a0, a1 + KGRAM - 1)):
-            return None  # an anchor may lie between the segments: counted
+    if box is None:
+        for a0, a1 in unc_a:
+            if not extra.isdisjoint(_kgrams(s.ra, a0, a1 + KGRAM - 1)):
+                return None  # an anchor may lie between the segments: counted
     search = _Witness(s.ra, alo, ahi, extra, WITNESS_SCAN * (ahi - alo) + WITNESS_SCAN_MIN)
     runs = []
     for i, j, n in segs:

@@ -1402,15 +1402,24 @@ def _content_ends(p: Prompt, byte: int, owner: SectionPath) -> bool:
     return bool(p.special[t]) or p.owner(t) != owner
 
 
+_ASCII_SPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
+
+
 def detect_whitespace(ctx: Ctx) -> Finding | None:
     """whitespace_trimmed: whitespace at the end of a line or of a message's text trimmed (or added) on
     one side, the text otherwise the same (a client that strips what it sends back, or an editor that trims)."""
     a, b = ctx.a_text, ctx.b_text
-    if a == b or abs(len(a) - len(b)) > 4096 or max(len(a), len(b)) > 65536:
-        return None  # trimming changes a few bytes; a long hunk is other text
+    if len(a) == len(b) or abs(len(a) - len(b)) > 4096 or max(len(a), len(b)) > 65536:
+        return None  # trimming changes a few bytes (so the lengths differ); a long hunk is other text
+    if a.translate(None, _ASCII_SPACE) != b.translate(None, _ASCII_SPACE):
+        return None  # see below: the texts differ in more than whitespace
     i = shared_prefix(a, b)
     j = shared_suffix(a[i:], b[i:])
     ra, rb = a[i : len(a) - j], b[i : len(b) - j]
+    # Past here one of ra, rb is empty and the other is ASCII whitespace alone (what bytes.strip() strips), so
+    # a and b are one text P + S with that whitespace put between P and S: of different lengths, and equal once
+    # every ASCII whitespace byte is taken out of both. The two tests above are those facts: either failing
+    # gives None here, and they cost two C passes where this costs two bisections.
     if (ra and rb) or ra.strip() or rb.strip() or _lf(ra) == _lf(rb):
         return None  # not whitespace alone on one side, or only a line ending (line_endings)
     longer, start, at = (ctx.a, ctx.h.a_byte_start, ra) if ra else (ctx.b, ctx.h.b_byte_start, rb)
@@ -1660,15 +1669,17 @@ def best_finding(
     """`_detected(ctx)[0]` without the list: the first of the most confident findings of `detectors` (all of
     DETECTORS by default; the sort is stable), else the fallback's. `ceilings`: the most confident finding each
     can give, where known: one that could not beat the finding made is not run (it could not come first)."""
-    detectors = detectors or DETECTORS
     best: Finding | None = None
-    for det, ceiling in zip(detectors, ceilings or (_NO_CEILING,) * len(detectors), strict=True):
+    if not ceilings:  # every detector runs (explain's case, on every hunk): the loop below without the zip
+        for det in detectors or DETECTORS:
+            f = det(ctx)
+            if f is not None and (best is None or f.confidence > best.confidence):
+                best = f
+        return best if best is not None else detect_fallback(ctx)
+    for det, ceiling in zip(detectors or DETECTORS, ceilings, strict=True):
         if best is not None and ceiling <= best.confidence:
             continue
         f = det(ctx)
         if f is not None and (best is None or f.confidence > best.confidence):
             best = f
     return best if best is not None else detect_fallback(ctx)
-
-
-_NO_CEILING = float("inf")
