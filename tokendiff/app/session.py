@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from tokendiff.app.pair import PairResult, PromptOptions, diff_pair, open_loader
 from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SpecJob, diff_future, usable_ids
 from tokendiff.core.kinds import ServerKind
-from tokendiff.errors import InputError
+from tokendiff.errors import InputError, one_line
 from tokendiff.sources.loader import saved_props, session_source
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from tokendiff.report.schema import TokenizerDoc
     from tokendiff.sources.loader import Loader, Selected
     from tokendiff.sources.record import CaptureRecord
+    from tokendiff.sources.slotfile import SlotFile
 
 Progress = Callable[[str], None]
 FirstPair = Callable[[int, "PairResult", "Loader"], None]  # the first wasteful turn, its pair, the loader
@@ -443,7 +444,7 @@ def _path_inputs(
     directories listed once, each turn's IDs first and its prompt only if a diff needs it. A turn of a
     session (a directory's file, a capture's record) that cannot be read is left out and named in `skipped`;
     `cloud` notes whether a record went to a cloud provider."""
-    from tokendiff.sources.loader import file_kind, session_source, session_turns
+    from tokendiff.sources.loader import file_kind, session_source
 
     for p in map(session_source, paths):
         path = Path(p)
@@ -451,7 +452,7 @@ def _path_inputs(
         if kind in ("capture", "har", "otlp"):
             yield from _records_inputs(loader, pool, p, kind, skipped, cloud)
         elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
-            yield from _selected_inputs(loader, session_turns(p, order), skipped)
+            yield from _dir_inputs(loader, p, order, skipped)
         elif not path.is_dir():  # a file named on its own: one that cannot be read is the command's error
             for spec in session_specs([p], order, single_turns=single_turns, live=live):
                 yield spec, _spec_input(loader, spec)
@@ -496,38 +497,74 @@ def _records_inputs(
         raise InputError("the session holds no chat requests", source=p)
 
 
+def _dir_inputs(loader: Loader, p: str, order: str, skipped: Skipped) -> Iterator[tuple[str, TurnInput]]:
+    """(selector, turn) for a directory's turns, as `_selected_inputs` of `session_turns` gives them, its slot files
+    each opened once (`slot_dir_candidates`, `read_listed`: the listing's magic probe is the reader's first read).
+    A directory without a slot file yields nothing here and is then listed as `session_turns` lists it (bodies,
+    prompt logs, or its error); one with any gives the same turns, as the same selectors and labels, in the same
+    order, warned of and left out as the same files are."""
+    from tokendiff.sources.loader import Selected, session_turns
+    from tokendiff.sources.slotfile import read_listed, slot_dir_candidates
+
+    slot_input = _slot_inputs(loader)
+    found = False
+    for f in slot_dir_candidates(p, order):
+        spec = str(f)
+        try:
+            slot = read_listed(f)
+            if slot is None:  # not a slot file: the listing leaves it out
+                continue
+            found = True
+            turn = slot_input(Selected("slot", f, one_line(spec), None), slot)
+        except InputError as e:  # read_listed raises only past the magic: a slot file, left out
+            found = True
+            left_out(spec, e, skipped)
+            continue
+        yield spec, turn
+    if not found:
+        yield from _selected_inputs(loader, session_turns(p, order), skipped)
+
+
 def _selected_inputs(loader: Loader, sels: Iterable[Selected], skipped: Skipped) -> Iterator[tuple[str, TurnInput]]:
     """(selector, turn) for a directory's turns, as `_readable` of `_selected_input` gives them (a turn that
-    raises InputError warned of, named in `skipped` and left out), with a slot file's reading written out
-    here: its imports made once a directory, not once a file."""
-    import numpy as np
-
-    from tokendiff.core.cost import TurnInput
-    from tokendiff.notices import warn
+    raises InputError warned of, named in `skipped` and left out)."""
     from tokendiff.sources.slotfile import read_slot_file
 
+    slot_input = _slot_inputs(loader)
     for sel in sels:
         spec = str(sel.path)
         try:
-            if sel.kind != "slot":
-                turn = _selected_input(loader, sel)
-            else:
-                slot = read_slot_file(sel.path)
-                for w in slot.warnings:
-                    warn(w)
-                arr = np.frombuffer(slot.tokens, dtype=np.int32)
-                # media (negative: past 2**31 as unsigned) or a foreign vocabulary: the largest in C (any ID
-                # at or past the limit is one where the largest is)
-                if arr.size and int(arr.view(np.uint32).max()) >= min(loader.vocab.n_vocab, 1 << 31):
-                    turn = TurnInput.of(loader.load_selected(sel, slot), job=SelectedJob(sel))
-                else:
-                    load = partial(loader.load_selected, sel, slot)
-                    sectioning = partial(loader.slot_sectioning, arr)
-                    turn = TurnInput(ids=arr, origin=sel.label, load=load, job=SelectedJob(sel), sectioning=sectioning)
+            turn = _selected_input(loader, sel) if sel.kind != "slot" else slot_input(sel, read_slot_file(sel.path))
         except InputError as e:
             left_out(spec, e, skipped)
             continue
         yield spec, turn
+
+
+def _slot_inputs(loader: Loader) -> Callable[[Selected, SlotFile], TurnInput]:
+    """How a slot file read already becomes a turn (its imports made once a directory, not once a file): its
+    warnings said, its IDs at once, its prompt decoded only if a diff needs it (a foreign vocabulary or media:
+    loaded now, for the load's own message)."""
+    import numpy as np
+
+    from tokendiff.core.cost import TurnInput
+    from tokendiff.notices import warn
+
+    bound = min(loader.vocab.n_vocab, 1 << 31)
+
+    def slot_input(sel: Selected, slot: SlotFile) -> TurnInput:
+        for w in slot.warnings:
+            warn(w)
+        arr = np.frombuffer(slot.tokens, dtype=np.int32)
+        # media (negative: past 2**31 as unsigned) or a foreign vocabulary: the largest in C (any ID
+        # at or past the limit is one where the largest is)
+        if arr.size and int(arr.view(np.uint32).max()) >= bound:
+            return TurnInput.of(loader.load_selected(sel, slot), job=SelectedJob(sel))
+        load = partial(loader.load_selected, sel, slot)
+        sectioning = partial(loader.slot_sectioning, arr)
+        return TurnInput(ids=arr, origin=sel.label, load=load, job=SelectedJob(sel), sectioning=sectioning)
+
+    return slot_input
 
 
 def _selected_input(loader: Loader, sel: Selected) -> TurnInput:
