@@ -13,7 +13,6 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from tokendiff.app.pair import PairResult, PromptOptions, diff_pair, open_loader
 from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SpecJob, diff_future, usable_ids
 from tokendiff.core.kinds import ServerKind
+from tokendiff.core.plain import plain
 from tokendiff.errors import InputError, one_line
 from tokendiff.sources.loader import saved_props, session_source
 
@@ -93,7 +93,7 @@ class TurnPrompts(Sequence["Prompt"]):
             self._tokens -= len(self._kept.pop(next(iter(self._kept))))
 
 
-@dataclass
+@plain()
 class LoadedSession:
     loader: Loader
     prompts: TurnPrompts
