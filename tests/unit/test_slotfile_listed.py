@@ -92,16 +92,27 @@ def test_one_open_a_file_gives_the_listing_and_reads_it_replaced(tmp_path):
             assert _new(d, order) == _old(d, order), (i, order)
 
 
-def _turns(gen) -> list:
-    return [(spec, t.origin, t.ids.tolist(), t.job.sel) for spec, t in gen]
+def _turns(gen, said: list[str] | None = None) -> list:
+    """The turns, each marked in `said` as it is taken (what was warned of before it, and what after)."""
+    out = []
+    for spec, t in gen:
+        out.append((spec, t.origin, t.ids.tolist(), t.job.sel))
+        if said is not None:
+            said.append(f"turn {spec}")
+    return out
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_dir_inputs_give_the_turns_session_turns_gave(tmp_path, seed, monkeypatch):
+    """The same turns, files left out and warnings, each said between the same turns (read ahead in chunks of
+    1, 2, 3 and 32 files, or of a few tokens)."""
     from tokendiff import notices
+    from tokendiff.app import session
 
     said: list[str] = []
     monkeypatch.setattr(notices, "warn", lambda msg, **kw: said.append(msg))
+    monkeypatch.setattr(session, "READ_AHEAD", [1, 2, 3, 32][seed])  # chunks' ends anywhere
+    monkeypatch.setattr(session, "READ_AHEAD_TOKENS", [1 << 20, 1, 300, 1 << 20][seed])
     rng = random.Random(seed)
     loader = open_loader(PromptOptions())
     for i in range(15):
@@ -112,13 +123,13 @@ def test_dir_inputs_give_the_turns_session_turns_gave(tmp_path, seed, monkeypatc
             old_skipped: list = []
             said.clear()
             try:
-                new = _turns(_dir_inputs(loader, str(d), order, new_skipped))
+                new = _turns(_dir_inputs(loader, str(d), order, new_skipped), said)
             except InputError as e:
                 new = ["error", str(e)]
             new_said = list(said)
             said.clear()
             try:
-                old = _turns(_selected_inputs(loader, session_turns(str(d), order), old_skipped))
+                old = _turns(_selected_inputs(loader, session_turns(str(d), order), old_skipped), said)
             except InputError as e:
                 old = ["error", str(e)]
             assert (new, new_skipped, new_said) == (old, old_skipped, said), (seed, i, order)
