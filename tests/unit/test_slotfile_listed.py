@@ -161,3 +161,61 @@ def test_a_slot_file_that_cannot_be_read_is_left_out_and_named(tmp_path):
     assert [g[0] for g in got] == [str(d / "turn-1.bin")]
     why = "byte 8: token count 7 needs 40 bytes but the file has 14 (truncated or corrupt)"
     assert skipped == [(str(d / "turn-2.bin"), why)]
+
+
+def _facts_of(s) -> list:
+    return [(t.turn, t.lcp, t.best_earlier, t.best_lcp, t.reuse, t.wasted, t.cause, t.note) for t in s.turns]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_prefix_index_takes_turns_read_ahead_in_runs(tmp_path, seed, monkeypatch):
+    """A directory's turns read ahead in chunks (of 2 to 32 files, runs broken by files left out, by files that
+    are not slot files and by media cells, which need the full load) give every turn the best earlier match, and
+    the index the work, that one turn at a time gives (chunks of one file: no run)."""
+    from tokendiff.app import session
+    from tokendiff.app.session import open_session
+
+    rng = random.Random(seed)
+    d = tmp_path / "s"
+    d.mkdir()
+    prompts: list[list[int]] = []
+    for i in range(40):
+        base = rng.choice(prompts[-3:]) if prompts and rng.random() < 0.85 else []
+        p = base[: rng.choice([len(base), rng.randrange(len(base) + 1)])]
+        p = p + [rng.choice([rng.randrange(1000, 1030), rng.randrange(0, 3)]) for _ in range(rng.randrange(1, 150))]
+        prompts.append(p)
+        name = d / f"turn-{i:02d}.bin"
+        r = rng.random()
+        if r < 0.06:
+            name.write_bytes(b"not a slot file")
+        elif r < 0.1:
+            name.write_bytes(slot_bytes(packed_payload(p))[:20])  # truncated: left out
+        elif r < 0.13:
+            name.write_bytes(slot_bytes(packed_payload([*p, -1], [(len(p), b"img")])))  # media: the full load
+        else:
+            name.write_bytes(slot_bytes(packed_payload(p)))
+        os.utime(name, ns=(10**18 + i, 10**18 + i))
+
+    def run(chunk: int) -> tuple:
+        monkeypatch.setattr(session, "READ_AHEAD", chunk)
+        opts = PromptOptions(family="chatml")  # random IDs: read with this tokenizer anyway
+        loaded = open_session(opts, [str(d)], single_turns=False, workers=1, engine=None)
+        s = loaded.session
+        return _facts_of(s), s.work, s.skipped
+
+    one = run(1)
+    for chunk in (2, 3, 7, 32):
+        assert run(chunk) == one, chunk
+
+
+def test_turns_indexed_ahead_must_be_added_in_order():
+    import numpy as np
+
+    from tokendiff.core.cost import Analyser, TurnInput
+
+    a, b, c = (TurnInput(ids=np.array(x, dtype=np.int32), origin=str(x), load=lambda: None) for x in ([1], [2], [3]))
+    a.ahead = [b, c]
+    an = Analyser()
+    an.add(a)
+    with pytest.raises(AssertionError, match="turn 2 was indexed ahead as turn 3"):
+        an.add(c)

@@ -517,20 +517,22 @@ def _dir_inputs(loader: Loader, p: str, order: str, skipped: Skipped) -> Iterato
         return spec, sel, slot, ids_turn(sel, slot)
 
     found = False
-    for f, got in _read_ahead(slot_dir_candidates(p, order), read):
-        if got is None:
-            continue
-        found = True
-        if isinstance(got, InputError):  # read_listed raises only past the magic: a slot file, left out
-            left_out(str(f), got, skipped)
-            continue
-        spec, sel, slot, turn = got
-        try:
-            turn = slot_turn(sel, slot, turn)
-        except InputError as e:
-            left_out(spec, e, skipped)
-            continue
-        yield spec, turn
+    for chunk in _read_ahead(slot_dir_candidates(p, order), read):
+        _index_together(chunk)
+        for f, got in chunk:
+            if got is None:
+                continue
+            found = True
+            if isinstance(got, InputError):  # read_listed raises only past the magic: a slot file, left out
+                left_out(str(f), got, skipped)
+                continue
+            spec, sel, slot, turn = got
+            try:
+                turn = slot_turn(sel, slot, turn)
+            except InputError as e:
+                left_out(spec, e, skipped)
+                continue
+            yield spec, turn
     if not found:
         yield from _selected_inputs(loader, session_turns(p, order), skipped)
 
@@ -539,12 +541,12 @@ READ_AHEAD = 32  # files
 READ_AHEAD_TOKENS = 1 << 20  # and tokens: a directory of long prompts reads fewer ahead
 
 
-def _read_ahead(files: list[Path], read: Callable[[Path], Any]) -> Iterator[tuple[Path, Any]]:
-    """(file, what `read` gave, or the InputError it raised) for each file in order, read a few dozen files ahead
-    of the analysis: the reads run back to back while their code and data are in the CPU's caches (one at a time,
-    between two pairs' diffs, each found them evicted: ~40 us a file in the run against ~25). `read` says and
-    raises nothing else: what is warned of and left out is taken up in order as each file's turn comes, so what
-    is said and counted, and when, is the same."""
+def _read_ahead(files: list[Path], read: Callable[[Path], Any]) -> Iterator[list[tuple[Path, Any]]]:
+    """(file, what `read` gave, or the InputError it raised) for each file in order, in chunks read a few dozen
+    files ahead of the analysis: the reads run back to back while their code and data are in the CPU's caches
+    (one at a time, between two pairs' diffs, each found them evicted: ~40 us a file in the run against ~25).
+    `read` says and raises nothing else: what is warned of and left out is taken up in order as each file's turn
+    comes, so what is said and counted, and when, is the same."""
     at = 0
     while at < len(files):
         chunk: list[tuple[Path, Any]] = []
@@ -558,7 +560,30 @@ def _read_ahead(files: list[Path], read: Callable[[Path], Any]) -> Iterator[tupl
                 got = e
             chunk.append((f, got))
             tokens += len(got[2].tokens) if isinstance(got, tuple) else 0
-        yield from chunk
+        yield chunk
+
+
+def _index_together(chunk: list[tuple[Path, Any]]) -> None:
+    """Each run of a chunk's turns that are certain to be added one after another (made from their IDs: nothing
+    between them can leave one out) given to its first (`TurnInput.ahead`), for the prefix index to take in one
+    run. A file that is not a slot file adds no turn and ends no run; one left out, or one that needs its full load
+    (which may leave it out), ends it."""
+    run: list[TurnInput] = []
+    for _, got in chunk:
+        if got is None:
+            continue
+        turn = got[3] if isinstance(got, tuple) else None
+        if turn is None:
+            _mark(run)
+            run = []
+        else:
+            run.append(turn)
+    _mark(run)
+
+
+def _mark(run: list[TurnInput]) -> None:
+    if len(run) > 1:
+        run[0].ahead = run[1:]  # the others: no cycle through the first
 
 
 def _selected_inputs(loader: Loader, sels: Iterable[Selected], skipped: Skipped) -> Iterator[tuple[str, TurnInput]]:

@@ -34,7 +34,7 @@ from tokendiff.core.explain import appended_finding, explain
 from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, ServerKind
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
 from tokendiff.core.plain import field, plain, replace
-from tokendiff.core.prefix_index import PrefixIndex
+from tokendiff.core.prefix_index import Match, PrefixIndex
 from tokendiff.core.tails import AnyPair, TailDiff, Tails
 from tokendiff.core.usage import usage_of
 from tokendiff.core.vocab import Vocab
@@ -338,6 +338,10 @@ class TurnInput:
     slot: int | None = None  # the llama-server slot that served it, where the record says
     # how its full load sections it (app: Loader.sectioning), found when a tail pair asks (core.tails)
     sectioning: Callable[[], Any] | None = None
+    # the turns read with it that follow it, in the order the analysis will add every one of them (app's read-ahead):
+    # the prefix index takes them with it in one run when it is added (`Analyser._match`)
+    ahead: list[TurnInput] | None = None
+    indexed: tuple[int, Match] | None = None  # (its turn, its match), where the index took it ahead
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
@@ -494,7 +498,7 @@ class Analyser:
         if cur.response is not None or cur.request is not None:
             self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response, cur.vllm_block, cur.server))
         t.ttft_ms = cur.ttft_ms
-        m = self.index.match_and_add(cur.ids, k)
+        m = self._match(cur, k)
         if self.engine is not None:
             self._engine_turn(t, cur, (m.turn, m.lcp))
         self.turns.append(t)
@@ -512,6 +516,24 @@ class Analyser:
         self.prev = cur
         self._collect(self.in_flight)
         return t
+
+    def _match(self, cur: TurnInput, k: int) -> Match:
+        """Turn k's best earlier match, the turn added to the prefix index. Turns read ahead together (`ahead`) are
+        all added to it now, in order (their run of the index is warm, where one turn's between two diffs is
+        not): the index's answers depend on the IDs it was given and their order alone, and the turns read ahead
+        are added next, in that order, as their numbers (checked here) say."""
+        if cur.indexed is None and cur.ahead is not None:
+            ahead, cur.ahead = cur.ahead, None
+            for i, t in enumerate((cur, *ahead)):
+                t.indexed = (k + i, self.index.match_and_add(t.ids, k + i))
+        if cur.indexed is None:
+            return self.index.match_and_add(cur.ids, k)
+        (turn, m), cur.indexed = cur.indexed, None
+        if turn != k:
+            raise AssertionError(
+                f"turn {k} was indexed ahead as turn {turn}: the turns read ahead were not added in order"
+            )
+        return m
 
     def _engine_turn(self, t: Turn, cur: TurnInput, best: tuple[int | None, int]) -> None:
         """The turn through llama-server's policy model: its outcome and what its content allowed."""
