@@ -442,6 +442,9 @@ class Analyser:
     Divergent pairs go to `pool` (a few in flight at once); their results are counted in turn
     order, so the answer is the same whichever process diffed them."""
 
+    SPANS_AT = 32  # filled turns whose spans are counted together (`_count`)
+    SPANS_AT_TOKENS = 1 << 18  # or fewer, when their pairs' prompts hold this many tokens
+
     def __init__(
         self,
         max_hunks: int = 64,
@@ -481,6 +484,8 @@ class Analyser:
         self.learning: dict[Any, int] = {}  # shapes whose pairs are being diffed in full, before their form is known
         self.work = 0  # tokens compared or diffed outside the index
         self._scanned = 0  # turns `first_wasted` has looked at
+        self._uncounted: list[tuple[Turn, TurnInput, TurnInput, int]] = []  # filled, their spans not counted yet
+        self._uncounted_tokens = 0
         self._first_wasted: int | None = None
 
     def add(self, cur: TurnInput) -> Turn:
@@ -638,9 +643,22 @@ class Analyser:
             pd = fut.result()
             if shape is not None and self.tails is not None:
                 self.tails.learn(shape, a.ids, b.ids, pd)
-            ceiling = fill_turn(t, pd)
+            self._uncounted.append((t, a, b, fill_turn(t, pd)))
+            self._uncounted_tokens += len(a.ids) + len(b.ids)
+        if len(self._uncounted) >= self.SPANS_AT or self._uncounted_tokens >= self.SPANS_AT_TOKENS:
+            self._count()
+
+    def _count(self) -> None:
+        """The filled turns' spans counted (`_count_spans`), in turn order, a few dozen at a time: their run is
+        warm, where one turn's between two diffs is not. The spans are read only by `session()`, which counts
+        what is left first, and a turn is counted from its own facts and the spans of the turns before it, so
+        the order, not the time, decides the answer. The pairs wait with them (bounded: SPANS_AT turns, and
+        SPANS_AT_TOKENS of their prompts), as the first example of a span keeps its pair."""
+        for t, a, b, ceiling in self._uncounted:
             if _count_spans(t, self.spans, ceiling):
                 self.examples[t.turn] = (a, b)
+        self._uncounted.clear()
+        self._uncounted_tokens = 0
 
     def first_wasted(self) -> int | None:
         """The first turn that wasted the cache, as `session()` will count it, as soon as that is certain
@@ -660,6 +678,7 @@ class Analyser:
 
     def session(self) -> Session:
         self._collect(0)
+        self._count()
         self._reblock()
         lcps = {t.turn: t.lcp for t in self.turns}
         facts = backend_facts([replace(r, lcp=lcps.get(r.turn, 0)) for r in self.records], self.props)
