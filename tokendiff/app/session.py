@@ -8,7 +8,6 @@ Heavy libraries are imported inside the functions that need them, so `tokendiff 
 from __future__ import annotations
 
 import gc
-import glob
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -133,6 +132,8 @@ def expand_session_paths(patterns: Sequence[str]) -> list[str]:
         if exists or not any(c in pat for c in "*?["):
             out.append(pat)
             continue
+        import glob  # imported where a pattern is left to expand
+
         hits = sorted(glob.glob(pat, recursive=True))
         if not hits:
             raise InputError("no session matches this pattern", source=pat)
@@ -748,12 +749,10 @@ def capacity_ladder(
     """The capacities `report --cache-size` asked for (`ladder`: the default ladder), in bytes when
     the KV bytes per token are known (given, or from the model's GGUF and the cache type in
     `server_args`), else in tokens."""
-    import shlex
-
     from tokendiff.core.cache.capacity import CapacityLadder, kv_bytes_per_token, parse_size
     from tokendiff.sources.gguf_meta import read_model_metadata
 
-    argv = shlex.split(server_args or "")
+    argv = _split_args(server_args)
     ctype = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-ctk", "--cache-type-k")), "f16")
     gguf = _model_file(paths, opts, model)
     if bytes_per_token is None and gguf:
@@ -780,19 +779,27 @@ def attention_layout(
     path, the capture's first record), the defaults of a sliding-window or hybrid family; with the
     server's flags (`server_args`, its command line). None when the layout is unknown: the report then
     shows no SWA/hybrid column rather than guess."""
-    import shlex
-
     from tokendiff.core.cache.swa import layout_from_name, server_flags
-    from tokendiff.sources.gguf_meta import read_attention_layout
 
     try:
-        flags = server_flags(shlex.split(server_args or ""))
+        flags = server_flags(_split_args(server_args))
     except ValueError as e:
         raise InputError(f"--server-args: {e}") from None
     gguf = _model_file(paths, opts, model)
     if gguf:
+        from tokendiff.sources.gguf_meta import read_attention_layout  # imported where a GGUF is read (mmap)
+
         return read_attention_layout(gguf, **flags)
     return next((lay for name in _model_names(paths) if (lay := layout_from_name(name, **flags))), None)
+
+
+def _split_args(server_args: str | None) -> list[str]:
+    """`--server-args` as its words (shlex imported where there are any: most reports give none)."""
+    if not server_args:
+        return []
+    import shlex
+
+    return shlex.split(server_args)
 
 
 def engine_config(
@@ -809,12 +816,10 @@ def engine_config(
     GGUF. None for a session no llama-server answer, flag or log speaks of (vLLM, SGLang, Ollama, slot files)."""
     if not server_args and not server_log and not _llama_server_session(paths):
         return None  # imported below only where there is a policy to play: a slot report has none
-    import shlex
-
     from tokendiff.core.cache.llama import EngineConfig, engine_flags, props_facts
 
     try:
-        flags = engine_flags(shlex.split(server_args or ""))
+        flags = engine_flags(_split_args(server_args))
     except ValueError as e:
         raise InputError(f"--server-args: {e}") from None
     layout = layout if layout is not None else attention_layout(paths, opts, model, server_args)
