@@ -20,6 +20,7 @@ from tokendiff.errors import InputError
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from tokendiff.core.model import Ids
@@ -393,10 +394,15 @@ def _slot_magic(head: bytes) -> bool:
 
 def list_session_dir(path: str | os.PathLike[str], order: str = "auto") -> list[Path]:
     """The slot files of a directory, ordered as turns (by save time, or by name)."""
+    return _ordered(path, order, lambda e: _slot_mtime(e.path))
+
+
+def _ordered(path: str | os.PathLike[str], order: str, mtime: Callable[[os.DirEntry[str]], int | None]) -> list[Path]:
+    """The regular files of a directory that `mtime` gives an mtime for (None: left out), ordered as turns."""
     d = Path(path)
     try:
         with os.scandir(d) as listing:  # each entry's type from the listing
-            entries = [(e.name, m) for e in listing if _is_file(e) and (m := _slot_mtime(e.path)) is not None]
+            entries = [(e.name, m) for e in listing if _is_file(e) and (m := mtime(e)) is not None]
     except OSError as e:
         raise InputError(e.strerror or str(e), source=str(d)) from None
     if order == "name":
@@ -413,20 +419,7 @@ def slot_dir_candidates(path: str | os.PathLike[str], order: str = "auto") -> li
     with the files that are not slot files left out, as the sort key is each file's own ((mtime, natural name),
     ties in both in the listing's order: both sorts are stable), and leaving elements out of a sorted list leaves
     it sorted. The stat follows links as the probe's open does, and gives the mtime its fstat gives."""
-    d = Path(path)
-    try:
-        with os.scandir(d) as listing:
-            if order == "name":
-                entries = [(e.name, 0) for e in listing if _is_file(e)]
-            else:
-                entries = [(e.name, m) for e in listing if _is_file(e) and (m := _stat_mtime(e)) is not None]
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=str(d)) from None
-    if order == "name":
-        entries.sort(key=lambda e: natural_key(e[0]))
-    else:
-        _by_mtime_then_name(entries)
-    return [d / name for name, _ in entries]
+    return _ordered(path, order, _stat_mtime if order != "name" else lambda e: 0)
 
 
 def _stat_mtime(e: os.DirEntry[str]) -> int | None:
