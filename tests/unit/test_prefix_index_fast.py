@@ -1,4 +1,4 @@
-"""The prefix index's block search (`_Kids.best`) compares each neighbour's share once and walks the blocks
+"""The prefix index: its block search (`_Kids.best`) compares each neighbour's share once and walks the blocks
 sharing as much by a prefix test: the same answer and the same count of tokens compared as the search it
 replaced, which computed every share."""
 
@@ -48,3 +48,59 @@ def test_best_is_the_search_by_shares():
         for _ in range(10):
             rest = _block(rng, base, vocab, block) or base[:4]
             assert kids.best(rest) == _best_by_shares(kids, rest)
+
+
+def _brute(prompts: list[list[int]], k: int) -> tuple[int | None, int]:
+    """Turn k's (1-based) best earlier match by comparing it with every earlier prompt: the longest common prefix,
+    ties to the latest turn; where no earlier prompt shares a token, the turn before it."""
+    if k == 1:
+        return None, 0
+    cur = prompts[k - 1]
+    best, best_lcp = k - 1, 0
+    for j in range(1, k):
+        p = prompts[j - 1]
+        n = 0
+        while n < min(len(p), len(cur)) and p[n] == cur[n]:
+            n += 1
+        if n > 0 and n >= best_lcp:
+            best, best_lcp = j, n
+    return best, best_lcp
+
+
+def _session(rng: random.Random, block: int) -> list[list[int]]:
+    vocab = rng.choice([2, 3, 50, 1 << 31])
+    prompts: list[list[int]] = []
+    for _ in range(rng.randrange(1, 40)):
+        if prompts and rng.random() < 0.85:  # an earlier prompt, cut somewhere and extended (or not)
+            base = rng.choice(prompts[-3:] if rng.random() < 0.7 else prompts)
+            cut = rng.choice([len(base), rng.randrange(len(base) + 1), len(base) // block * block])
+            p = base[:cut]
+        else:
+            p = []
+        p = p + [rng.randrange(vocab) for _ in range(rng.choice([0, 1, block, rng.randrange(3 * block + 2)]))]
+        prompts.append(p)
+    return prompts
+
+
+def test_the_index_gives_every_pairs_best_prefix():
+    """match_and_add over random sessions (blocks of 1 to 64 tokens, tiny vocabularies so that blocks repeat after
+    different prefixes, prompts cut at and off block edges, empty prompts): each turn's match is the pairwise
+    comparison's, and `_shared_blocks` is the byte search's quotient."""
+    import numpy as np
+
+    from tokendiff.core.align import common_bytes
+    from tokendiff.core.prefix_index import PrefixIndex, _shared_blocks
+
+    rng = random.Random(23)
+    for _ in range(400):
+        block = rng.choice([1, 2, 3, 4, 8, 64])
+        prompts = _session(rng, block)
+        index = PrefixIndex(block)
+        raws: list[bytes] = []
+        for k, p in enumerate(prompts, 1):
+            m = index.match_and_add(np.array(p, dtype=np.int32), k)
+            assert (m.turn, m.lcp) == _brute(prompts, k), (block, k)
+            raw = np.array(p, dtype=">u4").tobytes()
+            for other in raws[-3:]:
+                assert _shared_blocks(other, raw, 4 * block) == common_bytes(other, raw) // (4 * block)
+            raws.append(raw)

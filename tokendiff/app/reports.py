@@ -4,12 +4,12 @@ with the replays it includes."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from tokendiff.app.pair import PairResult, pair_json
 from tokendiff.app.session import LoadedSession, apply_prefill_rate, tokenizer_info
+from tokendiff.core.plain import plain
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
@@ -21,11 +21,14 @@ REPORT_FORMATS = ("md", "html", "json")
 # ---------------------------------------------------------------- options
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class ReportOptions:
     redact: bool = False
     replays: tuple[str, ...] = ()  # `tokendiff replay --json` files to include
     prefill_rate: float | None = None  # tokens/s for a session without timings (else a replay's cold rate)
+
+
+DEFAULT_OPTIONS = ReportOptions()  # frozen: one value serves every call
 
 
 # ---------------------------------------------------------------- prompts
@@ -59,7 +62,7 @@ def read_replay(path: str) -> ReplayDocument:
     return cast("ReplayDocument", doc)
 
 
-def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = ReportOptions()) -> ReportDocument:
+def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = DEFAULT_OPTIONS) -> ReportDocument:
     """The session report document (`tokendiff.report/1`) with the replays it includes."""
     from tokendiff.report.session import report_document
 

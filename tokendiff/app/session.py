@@ -8,12 +8,10 @@ Heavy libraries are imported inside the functions that need them, so `tokendiff 
 from __future__ import annotations
 
 import gc
-import glob
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -21,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from tokendiff.app.pair import PairResult, PromptOptions, diff_pair, open_loader
 from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SpecJob, diff_future, usable_ids
 from tokendiff.core.kinds import ServerKind
-from tokendiff.errors import InputError
+from tokendiff.core.plain import plain
+from tokendiff.errors import InputError, one_line
 from tokendiff.sources.loader import saved_props, session_source
 
 if TYPE_CHECKING:
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
     from tokendiff.report.schema import TokenizerDoc
     from tokendiff.sources.loader import Loader, Selected
     from tokendiff.sources.record import CaptureRecord
+    from tokendiff.sources.slotfile import SlotFile
 
 Progress = Callable[[str], None]
 FirstPair = Callable[[int, "PairResult", "Loader"], None]  # the first wasteful turn, its pair, the loader
@@ -92,7 +92,7 @@ class TurnPrompts(Sequence["Prompt"]):
             self._tokens -= len(self._kept.pop(next(iter(self._kept))))
 
 
-@dataclass
+@plain()
 class LoadedSession:
     loader: Loader
     prompts: TurnPrompts
@@ -132,6 +132,8 @@ def expand_session_paths(patterns: Sequence[str]) -> list[str]:
         if exists or not any(c in pat for c in "*?["):
             out.append(pat)
             continue
+        import glob  # imported where a pattern is left to expand
+
         hits = sorted(glob.glob(pat, recursive=True))
         if not hits:
             raise InputError("no session matches this pattern", source=pat)
@@ -443,7 +445,7 @@ def _path_inputs(
     directories listed once, each turn's IDs first and its prompt only if a diff needs it. A turn of a
     session (a directory's file, a capture's record) that cannot be read is left out and named in `skipped`;
     `cloud` notes whether a record went to a cloud provider."""
-    from tokendiff.sources.loader import file_kind, session_source, session_turns
+    from tokendiff.sources.loader import file_kind, session_source
 
     for p in map(session_source, paths):
         path = Path(p)
@@ -451,7 +453,7 @@ def _path_inputs(
         if kind in ("capture", "har", "otlp"):
             yield from _records_inputs(loader, pool, p, kind, skipped, cloud)
         elif path.is_dir() and not (live and not any(path.glob("*.bin"))):
-            yield from _selected_inputs(loader, session_turns(p, order), skipped)
+            yield from _dir_inputs(loader, p, order, skipped)
         elif not path.is_dir():  # a file named on its own: one that cannot be read is the command's error
             for spec in session_specs([p], order, single_turns=single_turns, live=live):
                 yield spec, _spec_input(loader, spec)
@@ -496,16 +498,101 @@ def _records_inputs(
         raise InputError("the session holds no chat requests", source=p)
 
 
+def _dir_inputs(loader: Loader, p: str, order: str, skipped: Skipped) -> Iterator[tuple[str, TurnInput]]:
+    """(selector, turn) for a directory's turns, as `_selected_inputs` of `session_turns` gives them, its slot files
+    each opened once (`slot_dir_candidates`, `read_listed`: the listing's magic probe is the reader's first read)
+    and read ahead (`_read_ahead`). A directory without a slot file yields nothing here and is then listed as
+    `session_turns` lists it (bodies, prompt logs, or its error); one with any gives the same turns, as the same
+    selectors and labels, in the same order, warned of and left out as the same files are, when they were."""
+    from tokendiff.sources.loader import Selected, session_turns
+    from tokendiff.sources.slotfile import read_listed, slot_dir_candidates
+
+    ids_turn, slot_turn = _slot_inputs(loader)
+
+    def read(f: Path) -> tuple[str, Selected, SlotFile, TurnInput | None] | None:
+        slot = read_listed(f)
+        if slot is None:  # not a slot file: the listing leaves it out
+            return None
+        spec = str(f)
+        sel = Selected("slot", f, one_line(spec), None)
+        return spec, sel, slot, ids_turn(sel, slot)
+
+    found = False
+    for chunk in _read_ahead(slot_dir_candidates(p, order), read):
+        _index_together(chunk)
+        for f, got in chunk:
+            if got is None:
+                continue
+            found = True
+            if isinstance(got, InputError):  # read_listed raises only past the magic: a slot file, left out
+                left_out(str(f), got, skipped)
+                continue
+            spec, sel, slot, turn = got
+            try:
+                turn = slot_turn(sel, slot, turn)
+            except InputError as e:
+                left_out(spec, e, skipped)
+                continue
+            yield spec, turn
+    if not found:
+        yield from _selected_inputs(loader, session_turns(p, order), skipped)
+
+
+READ_AHEAD = 32  # files
+READ_AHEAD_TOKENS = 1 << 20  # and tokens: a directory of long prompts reads fewer ahead
+
+
+def _read_ahead(files: list[Path], read: Callable[[Path], Any]) -> Iterator[list[tuple[Path, Any]]]:
+    """(file, what `read` gave, or the InputError it raised) for each file in order, in chunks read a few dozen
+    files ahead of the analysis: the reads run back to back while their code and data are in the CPU's caches
+    (one at a time, between two pairs' diffs, each found them evicted: ~40 us a file in the run against ~25).
+    `read` says and raises nothing else: what is warned of and left out is taken up in order as each file's turn
+    comes, so what is said and counted, and when, is the same."""
+    at = 0
+    while at < len(files):
+        chunk: list[tuple[Path, Any]] = []
+        tokens = 0
+        while at < len(files) and len(chunk) < READ_AHEAD and tokens < READ_AHEAD_TOKENS:
+            f = files[at]
+            at += 1
+            try:
+                got = read(f)
+            except InputError as e:
+                got = e
+            chunk.append((f, got))
+            tokens += len(got[2].tokens) if isinstance(got, tuple) else 0
+        yield chunk
+
+
+def _index_together(chunk: list[tuple[Path, Any]]) -> None:
+    """Each run of a chunk's turns that are certain to be added one after another (made from their IDs: nothing
+    between them can leave one out) given to its first (`TurnInput.ahead`), for the prefix index to take in one
+    run. A file that is not a slot file adds no turn and ends no run; one left out, or one that needs its full load
+    (which may leave it out), ends it."""
+    run: list[TurnInput] = []
+    for _, got in chunk:
+        if got is None:
+            continue
+        turn = got[3] if isinstance(got, tuple) else None
+        if turn is None:
+            _mark(run)
+            run = []
+        else:
+            run.append(turn)
+    _mark(run)
+
+
+def _mark(run: list[TurnInput]) -> None:
+    if len(run) > 1:
+        run[0].ahead = run[1:]  # the others: no cycle through the first
+
+
 def _selected_inputs(loader: Loader, sels: Iterable[Selected], skipped: Skipped) -> Iterator[tuple[str, TurnInput]]:
     """(selector, turn) for a directory's turns, as `_readable` of `_selected_input` gives them (a turn that
-    raises InputError warned of, named in `skipped` and left out), with a slot file's reading written out
-    here: its imports made once a directory, not once a file."""
-    import numpy as np
-
-    from tokendiff.core.cost import TurnInput
-    from tokendiff.notices import warn
+    raises InputError warned of, named in `skipped` and left out)."""
     from tokendiff.sources.slotfile import read_slot_file
 
+    ids_turn, slot_turn = _slot_inputs(loader)
     for sel in sels:
         spec = str(sel.path)
         try:
@@ -513,21 +600,45 @@ def _selected_inputs(loader: Loader, sels: Iterable[Selected], skipped: Skipped)
                 turn = _selected_input(loader, sel)
             else:
                 slot = read_slot_file(sel.path)
-                for w in slot.warnings:
-                    warn(w)
-                arr = np.frombuffer(slot.tokens, dtype=np.int32)
-                # media (negative: past 2**31 as unsigned) or a foreign vocabulary: the largest in C (any ID
-                # at or past the limit is one where the largest is)
-                if arr.size and int(arr.view(np.uint32).max()) >= min(loader.vocab.n_vocab, 1 << 31):
-                    turn = TurnInput.of(loader.load_selected(sel, slot), job=SelectedJob(sel))
-                else:
-                    load = partial(loader.load_selected, sel, slot)
-                    sectioning = partial(loader.slot_sectioning, arr)
-                    turn = TurnInput(ids=arr, origin=sel.label, load=load, job=SelectedJob(sel), sectioning=sectioning)
+                turn = slot_turn(sel, slot, ids_turn(sel, slot))
         except InputError as e:
             left_out(spec, e, skipped)
             continue
         yield spec, turn
+
+
+def _slot_inputs(
+    loader: Loader,
+) -> tuple[
+    Callable[[Selected, SlotFile], TurnInput | None], Callable[[Selected, SlotFile, TurnInput | None], TurnInput]
+]:
+    """How a slot file read already becomes a turn, in two steps (their imports made once a directory, not once
+    a file): `ids_turn`, which says and raises nothing, gives the turn from its IDs, its prompt decoded only if
+    a diff needs it, or None where the IDs need the full load (media, a foreign vocabulary: its own message);
+    `slot_turn` then says the file's warnings and makes the load where it is needed."""
+    import numpy as np
+
+    from tokendiff.core.cost import TurnInput
+    from tokendiff.notices import warn
+
+    bound = min(loader.vocab.n_vocab, 1 << 31)
+
+    def ids_turn(sel: Selected, slot: SlotFile) -> TurnInput | None:
+        arr = np.frombuffer(slot.tokens, dtype=np.int32)
+        # media (negative: past 2**31 as unsigned) or a foreign vocabulary: the largest in C (any ID
+        # at or past the limit is one where the largest is)
+        if arr.size and int(arr.view(np.uint32).max()) >= bound:
+            return None
+        load = partial(loader.load_selected, sel, slot)
+        sectioning = partial(loader.slot_sectioning, arr)
+        return TurnInput(ids=arr, origin=sel.label, load=load, job=SelectedJob(sel), sectioning=sectioning)
+
+    def slot_turn(sel: Selected, slot: SlotFile, turn: TurnInput | None) -> TurnInput:
+        for w in slot.warnings:
+            warn(w)
+        return turn if turn is not None else TurnInput.of(loader.load_selected(sel, slot), job=SelectedJob(sel))
+
+    return ids_turn, slot_turn
 
 
 def _selected_input(loader: Loader, sel: Selected) -> TurnInput:
@@ -638,12 +749,10 @@ def capacity_ladder(
     """The capacities `report --cache-size` asked for (`ladder`: the default ladder), in bytes when
     the KV bytes per token are known (given, or from the model's GGUF and the cache type in
     `server_args`), else in tokens."""
-    import shlex
-
     from tokendiff.core.cache.capacity import CapacityLadder, kv_bytes_per_token, parse_size
     from tokendiff.sources.gguf_meta import read_model_metadata
 
-    argv = shlex.split(server_args or "")
+    argv = _split_args(server_args)
     ctype = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-ctk", "--cache-type-k")), "f16")
     gguf = _model_file(paths, opts, model)
     if bytes_per_token is None and gguf:
@@ -670,19 +779,27 @@ def attention_layout(
     path, the capture's first record), the defaults of a sliding-window or hybrid family; with the
     server's flags (`server_args`, its command line). None when the layout is unknown: the report then
     shows no SWA/hybrid column rather than guess."""
-    import shlex
-
     from tokendiff.core.cache.swa import layout_from_name, server_flags
-    from tokendiff.sources.gguf_meta import read_attention_layout
 
     try:
-        flags = server_flags(shlex.split(server_args or ""))
+        flags = server_flags(_split_args(server_args))
     except ValueError as e:
         raise InputError(f"--server-args: {e}") from None
     gguf = _model_file(paths, opts, model)
     if gguf:
+        from tokendiff.sources.gguf_meta import read_attention_layout  # imported where a GGUF is read (mmap)
+
         return read_attention_layout(gguf, **flags)
     return next((lay for name in _model_names(paths) if (lay := layout_from_name(name, **flags))), None)
+
+
+def _split_args(server_args: str | None) -> list[str]:
+    """`--server-args` as its words (shlex imported where there are any: most reports give none)."""
+    if not server_args:
+        return []
+    import shlex
+
+    return shlex.split(server_args)
 
 
 def engine_config(
@@ -699,12 +816,10 @@ def engine_config(
     GGUF. None for a session no llama-server answer, flag or log speaks of (vLLM, SGLang, Ollama, slot files)."""
     if not server_args and not server_log and not _llama_server_session(paths):
         return None  # imported below only where there is a policy to play: a slot report has none
-    import shlex
-
     from tokendiff.core.cache.llama import EngineConfig, engine_flags, props_facts
 
     try:
-        flags = engine_flags(shlex.split(server_args or ""))
+        flags = engine_flags(_split_args(server_args))
     except ValueError as e:
         raise InputError(f"--server-args: {e}") from None
     layout = layout if layout is not None else attention_layout(paths, opts, model, server_args)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from tokendiff.core.plain import plain
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def usable_ids(arr: Any, n_vocab: int) -> bool:
 # ---------------------------------------------------------------- divergent pairs in worker processes
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class RecordJob:
     """A capture record's prompt as a picklable recipe: a worker renders and decodes it itself."""
 
@@ -50,7 +50,7 @@ class RecordJob:
         return loader.from_record(self.rec, self.label, self.turn, self.rendered, self.depth_checked)
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class SpecJob:
     """A selector's prompt (slot file, request body, DIR@N) as a picklable recipe."""
 
@@ -64,7 +64,7 @@ class SpecJob:
         return loader.load(self.spec)
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class SelectedJob:
     """A directory's turn (sources.Selected) as a picklable recipe; its slot file read quietly (the
     session's reader warned already)."""
@@ -86,7 +86,7 @@ Job = RecordJob | SpecJob | SelectedJob  # a turn's prompt as a recipe a worker 
 ChunkRow = tuple[Any, Any]  # a record's render as token IDs (or None), and its diff (`_worker_chunk`)
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class _Warned:
     """A worker's result with the warnings its job raised, to be counted on this side (`unwarned`)."""
 
@@ -114,7 +114,7 @@ def unwarned(r: Any) -> Any:
     return r
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class _WorkerError:
     """An InputError raised in a worker, carried back field by field."""
 

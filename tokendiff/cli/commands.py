@@ -158,8 +158,9 @@ def _clear_line(enabled: bool) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
-    from tokendiff.app.session import collector_off_after_analysis, expand_session_paths, is_dataset_target
+    with _no_cyclic_gc():  # as `_analysis_imports`: half a dozen collections over the modules' objects otherwise
+        from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
+        from tokendiff.app.session import collector_off_after_analysis, expand_session_paths, is_dataset_target
 
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise UsageError("--fail-under takes a percentage from 0 to 100")

@@ -12,6 +12,7 @@ import sys
 
 from tokendiff.cli.commands import (
     DEMO_SESSION,
+    _no_cyclic_gc,
     cmd_diff,
     cmd_doctor,
     cmd_proxy,
@@ -70,9 +71,11 @@ def _main(argv: list[str] | None) -> int:
     quick = diff_args(argv)  # a plain `diff` command line, read without argparse (its import and parser: ~3 ms)
     if quick is not None:
         return _run_with_warnings(quick)
-    from tokendiff.cli.parsers import build_parser
+    with _no_cyclic_gc():  # argparse's objects live to the end: a few collections over the modules otherwise
+        from tokendiff.cli.parsers import COMMAND_PARSERS, build_parser
 
-    parser = build_parser(only_diff=argv[:1] == ["diff"])
+        # a command named first is parsed by its own parser alone (argparse gives it the rest of the line)
+        parser = build_parser(only=argv[0] if argv and argv[0] in COMMAND_PARSERS else None)
     args = parser.parse_args(argv)
     if args.top_theme:  # `tokendiff --theme X [tui ...]` is `tokendiff tui --theme X ...`
         if args.command not in (None, "tui"):

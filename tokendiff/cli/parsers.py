@@ -104,26 +104,21 @@ def duration(text: str) -> str:
     return text
 
 
-def build_parser(only_diff: bool = False) -> argparse.ArgumentParser:
-    """The whole CLI; with only_diff, just `diff` (same usage and errors): the other subcommands' parsers
-    cost `tokendiff diff` ~1 ms of its 0.12 s budget (issue #12)."""
+def build_parser(only_diff: bool = False, only: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI; with `only` (one command's name), just that command's parser (same usage and errors: a
+    command line that starts with a command's name is parsed by that subparser alone, and neither the others nor
+    their help are read): the other subcommands' parsers cost `tokendiff diff` ~1 ms of its 0.12 s budget (issue
+    #12) and every command ~5 ms. `only_diff`: `only="diff"`."""
+    only = "diff" if only_diff else only
     p = _Parser(prog="tokendiff", description="Token-level prompt diff and prefix-cache forensics.")
     p.add_argument("--version", action="version", version=f"tokendiff {__version__}")
     p.add_argument(
         "--theme", dest="top_theme", metavar="NAME", help="open the TUI with this theme (= tui --theme NAME)"
     )
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
-
-    _diff_parser(sub)
-    if only_diff:
-        return p
-    _proxy_parser(sub)
-    _pull_parser(sub)
-    _report_parser(sub)
-    _replay_parser(sub)
-    _tui_parser(sub)
-    _doctor_parser(sub)
-    _watch_parser(sub)
+    for name, add in COMMAND_PARSERS.items():
+        if only is None or name == only:
+            add(sub)
     return p
 
 
@@ -438,3 +433,16 @@ def _tokenizer_args(p: argparse.ArgumentParser) -> None:
         choices=FAMILIES,
         help="override the detected chat-template family",
     )
+
+
+# every command's parser in the order `tokendiff --help` lists them
+COMMAND_PARSERS = {
+    "diff": _diff_parser,
+    "proxy": _proxy_parser,
+    "pull": _pull_parser,
+    "report": _report_parser,
+    "replay": _replay_parser,
+    "tui": _tui_parser,
+    "doctor": _doctor_parser,
+    "watch": _watch_parser,
+}

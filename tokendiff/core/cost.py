@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 import numpy as np
@@ -34,8 +33,8 @@ from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, checkpoi
 from tokendiff.core.explain import appended_finding, explain
 from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, ServerKind
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
-from tokendiff.core.plain import replace
-from tokendiff.core.prefix_index import PrefixIndex
+from tokendiff.core.plain import field, plain, replace
+from tokendiff.core.prefix_index import Match, PrefixIndex
 from tokendiff.core.tails import AnyPair, TailDiff, Tails
 from tokendiff.core.usage import usage_of
 from tokendiff.core.vocab import Vocab
@@ -79,7 +78,7 @@ def backend_reuse(backend: Backend, lcp: int, n_b: int, cached_len: int, block: 
     raise ValueError(f"unknown backend {backend}")
 
 
-@dataclass
+@plain()  # the session's value classes: @plain, not dataclasses (each made ~1 ms of every report's start)
 class Turn:
     """One turn of a session compared with the one before it."""
 
@@ -134,7 +133,7 @@ class Turn:
         return self.seconds_of(self.wasted)
 
 
-@dataclass
+@plain()
 class Span:
     """A volatile span: one cause in one section, across the turns it broke."""
 
@@ -164,7 +163,7 @@ class Span:
         self.by_turn[turn] = (had[0] + tokens, had[1] + gain)
 
 
-@dataclass
+@plain()
 class Session:
     turns: list[Turn]
     spans: list[Span]
@@ -316,7 +315,7 @@ _GENERALISED_BY_ID: dict[int, tuple[SectionPath, SectionPath]] = {}  # id -> (th
 _LABELS_BY_ID: dict[int, tuple[SectionPath, str]] = {}  # id -> (the path, its label)
 
 
-@dataclass
+@plain()
 class TurnInput:
     """One turn as the analysis reads it: the token IDs at once, the decoded and sectioned
     prompt only when a diff needs it (a pure append needs neither side's text). `job` is a
@@ -339,6 +338,10 @@ class TurnInput:
     slot: int | None = None  # the llama-server slot that served it, where the record says
     # how its full load sections it (app: Loader.sectioning), found when a tail pair asks (core.tails)
     sectioning: Callable[[], Any] | None = None
+    # the turns read with it that follow it, in the order the analysis will add every one of them (app's read-ahead):
+    # the prefix index takes them with it in one run when it is added (`Analyser._match`)
+    ahead: list[TurnInput] | None = None
+    indexed: tuple[int, Match] | None = None  # (its turn, its match), where the index took it ahead
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids)
@@ -439,6 +442,9 @@ class Analyser:
     Divergent pairs go to `pool` (a few in flight at once); their results are counted in turn
     order, so the answer is the same whichever process diffed them."""
 
+    SPANS_AT = 32  # filled turns whose spans are counted together (`_count`)
+    SPANS_AT_TOKENS = 1 << 18  # or fewer, when their pairs' prompts hold this many tokens
+
     def __init__(
         self,
         max_hunks: int = 64,
@@ -478,6 +484,8 @@ class Analyser:
         self.learning: dict[Any, int] = {}  # shapes whose pairs are being diffed in full, before their form is known
         self.work = 0  # tokens compared or diffed outside the index
         self._scanned = 0  # turns `first_wasted` has looked at
+        self._uncounted: list[tuple[Turn, TurnInput, TurnInput, int]] = []  # filled, their spans not counted yet
+        self._uncounted_tokens = 0
         self._first_wasted: int | None = None
 
     def add(self, cur: TurnInput) -> Turn:
@@ -495,7 +503,7 @@ class Analyser:
         if cur.response is not None or cur.request is not None:
             self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response, cur.vllm_block, cur.server))
         t.ttft_ms = cur.ttft_ms
-        m = self.index.match_and_add(cur.ids, k)
+        m = self._match(cur, k)
         if self.engine is not None:
             self._engine_turn(t, cur, (m.turn, m.lcp))
         self.turns.append(t)
@@ -513,6 +521,24 @@ class Analyser:
         self.prev = cur
         self._collect(self.in_flight)
         return t
+
+    def _match(self, cur: TurnInput, k: int) -> Match:
+        """Turn k's best earlier match, the turn added to the prefix index. Turns read ahead together (`ahead`) are
+        all added to it now, in order (their run of the index is warm, where one turn's between two diffs is
+        not): the index's answers depend on the IDs it was given and their order alone, and the turns read ahead
+        are added next, in that order, as their numbers (checked here) say."""
+        if cur.indexed is None and cur.ahead is not None:
+            ahead, cur.ahead = cur.ahead, None
+            for i, t in enumerate((cur, *ahead)):
+                t.indexed = (k + i, self.index.match_and_add(t.ids, k + i))
+        if cur.indexed is None:
+            return self.index.match_and_add(cur.ids, k)
+        (turn, m), cur.indexed = cur.indexed, None
+        if turn != k:
+            raise AssertionError(
+                f"turn {k} was indexed ahead as turn {turn}: the turns read ahead were not added in order"
+            )
+        return m
 
     def _engine_turn(self, t: Turn, cur: TurnInput, best: tuple[int | None, int]) -> None:
         """The turn through llama-server's policy model: its outcome and what its content allowed."""
@@ -617,9 +643,22 @@ class Analyser:
             pd = fut.result()
             if shape is not None and self.tails is not None:
                 self.tails.learn(shape, a.ids, b.ids, pd)
-            ceiling = fill_turn(t, pd)
+            self._uncounted.append((t, a, b, fill_turn(t, pd)))
+            self._uncounted_tokens += len(a.ids) + len(b.ids)
+        if len(self._uncounted) >= self.SPANS_AT or self._uncounted_tokens >= self.SPANS_AT_TOKENS:
+            self._count()
+
+    def _count(self) -> None:
+        """The filled turns' spans counted (`_count_spans`), in turn order, a few dozen at a time: their run is
+        warm, where one turn's between two diffs is not. The spans are read only by `session()`, which counts
+        what is left first, and a turn is counted from its own facts and the spans of the turns before it, so
+        the order, not the time, decides the answer. The pairs wait with them (bounded: SPANS_AT turns, and
+        SPANS_AT_TOKENS of their prompts), as the first example of a span keeps its pair."""
+        for t, a, b, ceiling in self._uncounted:
             if _count_spans(t, self.spans, ceiling):
                 self.examples[t.turn] = (a, b)
+        self._uncounted.clear()
+        self._uncounted_tokens = 0
 
     def first_wasted(self) -> int | None:
         """The first turn that wasted the cache, as `session()` will count it, as soon as that is certain
@@ -639,6 +678,7 @@ class Analyser:
 
     def session(self) -> Session:
         self._collect(0)
+        self._count()
         self._reblock()
         lcps = {t.turn: t.lcp for t in self.turns}
         facts = backend_facts([replace(r, lcp=lcps.get(r.turn, 0)) for r in self.records], self.props)

@@ -13,11 +13,12 @@ provider's counts are the truth for accounting. Pure.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from tokendiff.core.plain import plain
 
-@dataclass(frozen=True)
+
+@plain(frozen=True)
 class Usage:
     """One response's prompt accounting; None where the response does not say."""
 

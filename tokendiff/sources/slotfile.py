@@ -20,6 +20,7 @@ from tokendiff.errors import InputError
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from tokendiff.core.model import Ids
@@ -97,14 +98,41 @@ def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
             raise InputError("is a directory; use DIR@N to pick a turn", source=p) from None
         raise
     try:
-        src = _Source(fd, st.st_size)
-        kind, version, n = _read_header(src, p)
-        warnings = _check_version(p, kind, version)
-        words = _read_payload(src, p, n, st.st_size)
-        state_bytes = st.st_size - (HEADER + 4 * n)
-        arch = _read_arch(src, state_bytes) if kind == "ggsn" and state_bytes >= 4 else None
+        return _read_open(_Source(fd, st.st_size), st, p)
     finally:
         os.close(fd)
+
+
+def read_listed(path: str | os.PathLike[str]) -> SlotFile | None:
+    """A file of `slot_dir_candidates` read as `read_slot_file` reads it, in one open: None where the listing's
+    probe (`_slot_mtime`) leaves it out, that is where it is not a regular file, cannot be opened or read, or does
+    not start with a ggsq/ggsn magic. The probe's four bytes are the first four of the reader's first read (that
+    read takes at least 12 bytes, so it holds four wherever the file does), and a read that fails is the probe's
+    failure; past the magic, the answer and every error are `read_slot_file`'s, from the same reads."""
+    p = str(path)
+    try:
+        fd, st = safeio.regular_fd(p)
+    except (InputError, OSError):
+        return None
+    try:
+        try:
+            src = _Source(fd, st.st_size)
+        except OSError:
+            return None
+        if not _slot_magic(src.buf[:4]):
+            return None
+        return _read_open(src, st, p)
+    finally:
+        os.close(fd)
+
+
+def _read_open(src: _Source, st: os.stat_result, p: str) -> SlotFile:
+    """The slot file `src` reads (its descriptor's stat `st`), header checked, tokens unpacked."""
+    kind, version, n = _read_header(src, p)
+    warnings = _check_version(p, kind, version)
+    words = _read_payload(src, p, n, st.st_size)
+    state_bytes = st.st_size - (HEADER + 4 * n)
+    arch = _read_arch(src, state_bytes) if kind == "ggsn" and state_bytes >= 4 else None
     slot = SlotFile(
         path=p,
         kind=kind,
@@ -366,10 +394,15 @@ def _slot_magic(head: bytes) -> bool:
 
 def list_session_dir(path: str | os.PathLike[str], order: str = "auto") -> list[Path]:
     """The slot files of a directory, ordered as turns (by save time, or by name)."""
+    return _ordered(path, order, lambda e: _slot_mtime(e.path))
+
+
+def _ordered(path: str | os.PathLike[str], order: str, mtime: Callable[[os.DirEntry[str]], int | None]) -> list[Path]:
+    """The regular files of a directory that `mtime` gives an mtime for (None: left out), ordered as turns."""
     d = Path(path)
     try:
         with os.scandir(d) as listing:  # each entry's type from the listing
-            entries = [(e.name, m) for e in listing if _is_file(e) and (m := _slot_mtime(e.path)) is not None]
+            entries = [(e.name, m) for e in listing if _is_file(e) and (m := mtime(e)) is not None]
     except OSError as e:
         raise InputError(e.strerror or str(e), source=str(d)) from None
     if order == "name":
@@ -377,6 +410,24 @@ def list_session_dir(path: str | os.PathLike[str], order: str = "auto") -> list[
     else:
         _by_mtime_then_name(entries)
     return [d / name for name, _ in entries]
+
+
+def slot_dir_candidates(path: str | os.PathLike[str], order: str = "auto") -> list[Path]:
+    """The regular files of a directory in the order `list_session_dir` gives its slot files, none opened (a stat
+    a file where the order is by mtime, none by name); `read_listed` tells the slot files as it reads them, in
+    one open a file where the listing's probe and the reader took two. Sound: `list_session_dir` is this list
+    with the files that are not slot files left out, as the sort key is each file's own ((mtime, natural name),
+    ties in both in the listing's order: both sorts are stable), and leaving elements out of a sorted list leaves
+    it sorted. The stat follows links as the probe's open does, and gives the mtime its fstat gives."""
+    return _ordered(path, order, _stat_mtime if order != "name" else lambda e: 0)
+
+
+def _stat_mtime(e: os.DirEntry[str]) -> int | None:
+    """The entry's mtime (ns), links followed; None where it cannot be had (the probe's open fails there too)."""
+    try:
+        return e.stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def _slot_mtime(path: str) -> int | None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from tokendiff.core.kinds import VLLM_BLOCK, CauseKind, ServerKind
+from tokendiff.core.plain import plain
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class TurnRecord:
     """The few fields of one recorded turn the facts need."""
 
@@ -31,7 +31,7 @@ class TurnRecord:
     server: ServerKind | Literal[""] = ""  # the kind of server that answered, where the capture says
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class BackendFact:
     kind: CauseKind  # ollama_reload, ollama_truncated, vllm_block_rounding, vllm_large_blocks, ...
     turn: int

@@ -25,10 +25,9 @@ Pure functions and plain data: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from tokendiff.core.plain import replace
+from tokendiff.core.plain import field, plain, replace
 
 KV_PAD = 256  # llama.cpp pads the SWA cache's size to this many cells
 # metadata key prefixes (after "<arch>") that only recurrent/linear-attention layers have
@@ -36,7 +35,7 @@ RECURRENT_KEYS = (".ssm.", ".shortconv.", ".wkv.", ".time_mix", ".rwkv")
 RECURRENT_ARCHS = ("mamba", "mamba2", "rwkv", "lfm2", "jamba", "granitehybrid", "nemotron_h", "qwen3next", "plamo2")
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class AttentionLayout:
     """How a model's memory can be rewound, plus the server flags that decide checkpoints.
 
@@ -188,7 +187,7 @@ def server_flags(argv: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-@dataclass
+@plain()
 class Checkpoint:
     """A snapshot of the memory after `n_tokens` tokens (positions pos_min..pos_max held)."""
 
@@ -198,7 +197,7 @@ class Checkpoint:
     request: int = 0  # the request that took it
 
 
-@dataclass
+@plain()
 class SlotState:
     """What one llama-server slot holds between requests."""
 
@@ -234,7 +233,7 @@ class SlotState:
                 self.cells.add(p, min(self.layout.n_ubatch, end - p))
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class Reuse:
     """One request's predicted reuse, and why it is not the LCP."""
 

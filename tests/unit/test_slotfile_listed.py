@@ -1,0 +1,221 @@
+"""A directory's slot files read in one open each (`slot_dir_candidates`, `read_listed`, `session._dir_inputs`) give
+what the listing's probe and the reader's second open gave (`list_session_dir`, `read_slot_file`,
+`_selected_inputs` of `session_turns`): the same files in the same order, the same tokens, facts, warnings and
+errors, the same turns, selectors, labels and files left out; on random directories of slot files (plain, packed,
+ggsn, corrupted, truncated below and past the magic) mixed with files that are not slot files (short, empty, JSON,
+foreign magic), links (to a file, dangling, to a directory), subdirectories and ties in mtime."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+from helpers import packed_payload, slot_bytes
+
+from tokendiff.app.pair import PromptOptions, open_loader
+from tokendiff.app.session import _dir_inputs, _selected_inputs
+from tokendiff.errors import InputError
+from tokendiff.sources.loader import session_turns
+from tokendiff.sources.slotfile import list_session_dir, read_listed, read_slot_file, slot_dir_candidates
+
+from .test_slotfile_fast import _random_file
+
+
+def _facts(s) -> tuple:
+    return (s.path, s.kind, s.version, s.tokens.tolist(), s.packed, s.media_chunks, s.state_bytes, s.arch, s.warnings)
+
+
+def _old(d, order: str) -> list:
+    out = []
+    for f in list_session_dir(d, order):
+        try:
+            out.append((f, _facts(read_slot_file(f))))
+        except InputError as e:
+            out.append((f, ("error", str(e), e.offset)))
+    return out
+
+
+def _new(d, order: str) -> list:
+    out = []
+    for f in slot_dir_candidates(d, order):
+        try:
+            s = read_listed(f)
+        except InputError as e:
+            out.append((f, ("error", str(e), e.offset)))
+            continue
+        if s is not None:
+            out.append((f, _facts(s)))
+    return out
+
+
+def _other_file(rng: random.Random) -> bytes:
+    return rng.choice(
+        [
+            b"",
+            b"q",
+            b"qsg",  # a magic's first bytes, too short for one
+            b"GGUF\x03\x00\x00\x00",
+            json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(),
+            os.urandom(rng.randrange(4, 40)),
+        ]
+    )
+
+
+def _random_dir(d, rng: random.Random) -> None:
+    d.mkdir()
+    names = [f"turn-{rng.randrange(0, 30)}{rng.choice(['', 'a', '-2', '.json', '.txt'])}" for _ in range(25)]
+    for name in dict.fromkeys(names):
+        p = d / name
+        p.write_bytes(_random_file(rng) if rng.random() < 0.75 else _other_file(rng))
+        t = rng.choice([1_800_000_000, 1_800_000_001, rng.randrange(1_700_000_000, 1_900_000_000)])
+        os.utime(p, ns=(t * 10**9, t * 10**9 + rng.choice([0, 0, 7])))
+    files = [p for p in d.iterdir() if p.is_file()]
+    if rng.random() < 0.5:
+        (d / "link.bin").symlink_to(rng.choice(files))
+    if rng.random() < 0.3:
+        (d / "dangling.bin").symlink_to(d / "nowhere")
+    if rng.random() < 0.3:
+        (d / "sub").mkdir()
+        (d / "sub.bin").symlink_to(d / "sub")
+    if rng.random() < 0.2 and hasattr(os, "mkfifo"):
+        os.mkfifo(d / "fifo.bin")
+
+
+def test_one_open_a_file_gives_the_listing_and_reads_it_replaced(tmp_path):
+    rng = random.Random(11)
+    for i in range(120):
+        d = tmp_path / f"d{i}"
+        _random_dir(d, rng)
+        for order in ("auto", "mtime", "name"):
+            assert _new(d, order) == _old(d, order), (i, order)
+
+
+def _turns(gen, said: list[str] | None = None) -> list:
+    """The turns, each marked in `said` as it is taken (what was warned of before it, and what after)."""
+    out = []
+    for spec, t in gen:
+        out.append((spec, t.origin, t.ids.tolist(), t.job.sel))
+        if said is not None:
+            said.append(f"turn {spec}")
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dir_inputs_give_the_turns_session_turns_gave(tmp_path, seed, monkeypatch):
+    """The same turns, files left out and warnings, each said between the same turns (read ahead in chunks of
+    1, 2, 3 and 32 files, or of a few tokens)."""
+    from tokendiff import notices
+    from tokendiff.app import session
+
+    said: list[str] = []
+    monkeypatch.setattr(notices, "warn", lambda msg, **kw: said.append(msg))
+    monkeypatch.setattr(session, "READ_AHEAD", [1, 2, 3, 32][seed])  # chunks' ends anywhere
+    monkeypatch.setattr(session, "READ_AHEAD_TOKENS", [1 << 20, 1, 300, 1 << 20][seed])
+    rng = random.Random(seed)
+    loader = open_loader(PromptOptions())
+    for i in range(15):
+        d = tmp_path / f"d{i}"
+        _random_dir(d, rng)
+        for order in ("auto", "name"):
+            new_skipped: list = []
+            old_skipped: list = []
+            said.clear()
+            try:
+                new = _turns(_dir_inputs(loader, str(d), order, new_skipped), said)
+            except InputError as e:
+                new = ["error", str(e)]
+            new_said = list(said)
+            said.clear()
+            try:
+                old = _turns(_selected_inputs(loader, session_turns(str(d), order), old_skipped), said)
+            except InputError as e:
+                old = ["error", str(e)]
+            assert (new, new_skipped, new_said) == (old, old_skipped, said), (seed, i, order)
+
+
+def test_a_directory_without_slot_files_is_listed_as_before(tmp_path):
+    loader = open_loader(PromptOptions())
+    d = tmp_path / "bodies"
+    d.mkdir()
+    (d / "a.json").write_text(json.dumps({"prompt": "hello there"}))
+    (d / "short.bin").write_bytes(b"qs")
+    want = _turns(_selected_inputs(loader, session_turns(str(d)), []))
+    assert _turns(_dir_inputs(loader, str(d), "auto", [])) == want
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "x.bin").write_bytes(b"not one")
+    with pytest.raises(InputError, match="no slot files, request bodies"):
+        list(_dir_inputs(loader, str(empty), "auto", []))
+
+
+def test_a_slot_file_that_cannot_be_read_is_left_out_and_named(tmp_path):
+    loader = open_loader(PromptOptions())
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "turn-1.bin").write_bytes(slot_bytes(packed_payload([1, 2, 3])))
+    (d / "turn-2.bin").write_bytes(slot_bytes(packed_payload([1, 2, 3]))[:14])
+    skipped: list = []
+    got = _turns(_dir_inputs(loader, str(d), "name", skipped))
+    assert [g[0] for g in got] == [str(d / "turn-1.bin")]
+    why = "byte 8: token count 7 needs 40 bytes but the file has 14 (truncated or corrupt)"
+    assert skipped == [(str(d / "turn-2.bin"), why)]
+
+
+def _facts_of(s) -> list:
+    return [(t.turn, t.lcp, t.best_earlier, t.best_lcp, t.reuse, t.wasted, t.cause, t.note) for t in s.turns]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_prefix_index_takes_turns_read_ahead_in_runs(tmp_path, seed, monkeypatch):
+    """A directory's turns read ahead in chunks (of 2 to 32 files, runs broken by files left out, by files that
+    are not slot files and by media cells, which need the full load) give every turn the best earlier match, and
+    the index the work, that one turn at a time gives (chunks of one file: no run)."""
+    from tokendiff.app import session
+    from tokendiff.app.session import open_session
+
+    rng = random.Random(seed)
+    d = tmp_path / "s"
+    d.mkdir()
+    prompts: list[list[int]] = []
+    for i in range(40):
+        base = rng.choice(prompts[-3:]) if prompts and rng.random() < 0.85 else []
+        p = base[: rng.choice([len(base), rng.randrange(len(base) + 1)])]
+        p = p + [rng.choice([rng.randrange(1000, 1030), rng.randrange(0, 3)]) for _ in range(rng.randrange(1, 150))]
+        prompts.append(p)
+        name = d / f"turn-{i:02d}.bin"
+        r = rng.random()
+        if r < 0.06:
+            name.write_bytes(b"not a slot file")
+        elif r < 0.1:
+            name.write_bytes(slot_bytes(packed_payload(p))[:20])  # truncated: left out
+        elif r < 0.13:
+            name.write_bytes(slot_bytes(packed_payload([*p, -1], [(len(p), b"img")])))  # media: the full load
+        else:
+            name.write_bytes(slot_bytes(packed_payload(p)))
+        os.utime(name, ns=(10**18 + i, 10**18 + i))
+
+    def run(chunk: int) -> tuple:
+        monkeypatch.setattr(session, "READ_AHEAD", chunk)
+        opts = PromptOptions(family="chatml")  # random IDs: read with this tokenizer anyway
+        loaded = open_session(opts, [str(d)], single_turns=False, workers=1, engine=None)
+        s = loaded.session
+        return _facts_of(s), s.work, s.skipped
+
+    one = run(1)
+    for chunk in (2, 3, 7, 32):
+        assert run(chunk) == one, chunk
+
+
+def test_turns_indexed_ahead_must_be_added_in_order():
+    import numpy as np
+
+    from tokendiff.core.cost import Analyser, TurnInput
+
+    a, b, c = (TurnInput(ids=np.array(x, dtype=np.int32), origin=str(x), load=lambda: None) for x in ([1], [2], [3]))
+    a.ahead = [b, c]
+    an = Analyser()
+    an.add(a)
+    with pytest.raises(AssertionError, match="turn 2 was indexed ahead as turn 3"):
+        an.add(c)
