@@ -52,7 +52,11 @@ def test_replay_measures_cold_actual_ideal_and_the_fix(server, pair):
 def test_replay_text_output(server, pair):
     r = run_cli("replay", str(pair[0]), str(pair[1]), "--backend", server.url, "--repeat", "1")
     assert r.returncode == 0, r.stderr
-    assert "the divergence costs" in r.stdout and "with the fix (messages[0].content as in A (date))" in r.stdout
+    # the cost where the runs separate; on a machine too busy for one round to, the reason and no gain claimed
+    # (the runs' outcome, not the text, depends on the load: never a timed test)
+    separated = "the divergence costs" in r.stdout and "x faster" in r.stdout
+    assert separated or ("the runs do not separate today's" in r.stdout and "no gain is claimed" in r.stdout)
+    assert "with the fix (messages[0].content as in A (date)): " in r.stdout
 
 
 def test_slot_files_have_no_fix(server, tmp_path):
