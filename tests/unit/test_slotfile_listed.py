@@ -39,9 +39,9 @@ def _old(d, order: str) -> list:
 
 def _new(d, order: str) -> list:
     out = []
-    for f in slot_dir_candidates(d, order):
+    for f, stamp in slot_dir_candidates(d, order):
         try:
-            s = read_listed(f)
+            s = read_listed(f, stamp)
         except InputError as e:
             out.append((f, ("error", str(e), e.offset)))
             continue
@@ -161,6 +161,86 @@ def test_a_slot_file_that_cannot_be_read_is_left_out_and_named(tmp_path):
     assert [g[0] for g in got] == [str(d / "turn-1.bin")]
     why = "byte 8: token count 7 needs 40 bytes but the file has 14 (truncated or corrupt)"
     assert skipped == [(str(d / "turn-2.bin"), why)]
+
+
+def _change(f, how: str) -> None:
+    """A file changed as a directory's files change while a long report reads them."""
+    body = f.read_bytes()
+    if how == "removed":
+        f.unlink()
+    elif how == "emptied":  # caught as the server rewrites it (truncated first)
+        f.write_bytes(b"")
+    elif how == "half written":
+        f.write_bytes(body[:30])
+    elif how == "foreign":
+        f.write_bytes(b"XXXX" + body[4:])
+    elif how == "directory":
+        f.unlink()
+        f.mkdir()
+    elif how == "fifo":
+        f.unlink()
+        os.mkfifo(f)
+    elif how == "rewritten":  # a slot file still, other tokens
+        f.write_bytes(slot_bytes(packed_payload([7, 8, 9, 10])))
+
+
+CHANGES = ["removed", "emptied", "half written", "foreign", "directory", "fifo", "rewritten"]
+
+
+@pytest.mark.parametrize("how", CHANGES)
+def test_a_slot_file_changed_after_the_listing_is_read_as_read_slot_file_reads_it(tmp_path, how):
+    """A file the listing stamped and that changed before its read gives `read_slot_file`'s answer or error then
+    (the listing's probe, which saw a slot file, and the reader's second open gave that), never a silent None:
+    a slot file removed or caught half rewritten during a long report is warned of and named as left out."""
+    d = tmp_path / "s"
+    d.mkdir()
+    for i in range(3):
+        (d / f"turn-{i}.bin").write_bytes(slot_bytes(packed_payload([1, 2, 3, i])))
+        (d / f"note-{i}.txt").write_bytes(b"not a slot file")
+    listed = slot_dir_candidates(d, "name")
+    for f, _ in listed:
+        if f.name in ("turn-1.bin", "note-1.txt"):
+            _change(f, how)
+    for f, stamp in listed:
+        if f.name.startswith("note") and f.name != "note-1.txt":
+            assert read_listed(f, stamp) is None  # unchanged and not a slot file: left out, as the probe did
+            continue
+        try:
+            want = ("ok", _facts(read_slot_file(f)))
+        except InputError as e:
+            want = ("error", str(e), e.offset)
+        try:
+            got = read_listed(f, stamp)
+            assert got is not None, (how, f.name)
+            have = ("ok", _facts(got))
+        except InputError as e:
+            have = ("error", str(e), e.offset)
+        assert have == want, (how, f.name)
+
+
+@pytest.mark.parametrize("how", ["removed", "emptied", "foreign", "fifo"])
+def test_a_slot_file_gone_during_the_report_is_warned_of_and_left_out(tmp_path, how, monkeypatch):
+    from tokendiff import notices
+    from tokendiff.app import session
+
+    said: list[str] = []
+    monkeypatch.setattr(notices, "warn", lambda msg, **kw: said.append(msg))
+    monkeypatch.setattr(session, "READ_AHEAD", 1)
+    d = tmp_path / "s"
+    d.mkdir()
+    for i in range(4):
+        (d / f"turn-{i}.bin").write_bytes(slot_bytes(packed_payload([1, 2, 3, i])))
+    victim = d / "turn-2.bin"
+    loader = open_loader(PromptOptions())
+    skipped: list = []
+    turns = []
+    for spec, _ in _dir_inputs(loader, str(d), "name", skipped):
+        turns.append(spec)
+        if spec.endswith("turn-0.bin"):
+            _change(victim, how)  # listed, not read yet
+    assert turns == [str(d / f"turn-{i}.bin") for i in (0, 1, 3)]
+    assert [f for f, _ in skipped] == [str(victim)]
+    assert len(said) == 1 and str(victim) in said[0] and skipped[0][1] in said[0], said
 
 
 def _facts_of(s) -> list:

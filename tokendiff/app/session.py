@@ -509,8 +509,11 @@ def _dir_inputs(loader: Loader, p: str, order: str, skipped: Skipped) -> Iterato
 
     ids_turn, slot_turn = _slot_inputs(loader)
 
+    candidates = slot_dir_candidates(p, order)
+    stamps = dict(candidates)
+
     def read(f: Path) -> tuple[str, Selected, SlotFile, TurnInput | None] | None:
-        slot = read_listed(f)
+        slot = read_listed(f, stamps[f])
         if slot is None:  # not a slot file: the listing leaves it out
             return None
         spec = str(f)
@@ -518,13 +521,13 @@ def _dir_inputs(loader: Loader, p: str, order: str, skipped: Skipped) -> Iterato
         return spec, sel, slot, ids_turn(sel, slot)
 
     found = False
-    for chunk in _read_ahead(slot_dir_candidates(p, order), read):
+    for chunk in _read_ahead([f for f, _ in candidates], read):
         _index_together(chunk)
         for f, got in chunk:
             if got is None:
                 continue
             found = True
-            if isinstance(got, InputError):  # read_listed raises only past the magic: a slot file, left out
+            if isinstance(got, InputError):  # a slot file, or one changed since the listing (read_listed): left out
                 left_out(str(f), got, skipped)
                 continue
             spec, sel, slot, turn = got

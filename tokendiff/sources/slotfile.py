@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import struct
 import sys
 from array import array
@@ -103,27 +104,46 @@ def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
         os.close(fd)
 
 
-def read_listed(path: str | os.PathLike[str]) -> SlotFile | None:
+Stamp = tuple[int, int]  # a file's (st_mtime_ns, st_size) as a directory's listing saw it
+
+
+def read_listed(path: str | os.PathLike[str], listed: Stamp) -> SlotFile | None:
     """A file of `slot_dir_candidates` read as `read_slot_file` reads it, in one open: None where the listing's
-    probe (`_slot_mtime`) leaves it out, that is where it is not a regular file, cannot be opened or read, or does
-    not start with a ggsq/ggsn magic. The probe's four bytes are the first four of the reader's first read (that
-    read takes at least 12 bytes, so it holds four wherever the file does), and a read that fails is the probe's
-    failure; past the magic, the answer and every error are `read_slot_file`'s, from the same reads."""
+    probe (`_slot_mtime`) would have left it out, else the answer and every error `read_slot_file` gives, from the
+    same reads. The probe's four bytes are the first four of the reader's first read (that read takes at least 12
+    bytes, so it holds four wherever the file does), and a read that fails is the probe's failure. The probe ran
+    when the directory was listed, this read later: a file the probe would leave out now is left out silently only
+    where it is the file the listing saw (`listed`: the same mtime and size, a regular file still); one removed,
+    replaced or rewritten since (a slot file deleted, or caught half rewritten, during a long report) is read as
+    `read_slot_file` reads it, and its error is warned of where the listing's slot file would have been."""
     p = str(path)
     try:
         fd, st = safeio.regular_fd(p)
     except (InputError, OSError):
-        return None
+        if _unchanged(p, listed):
+            return None
+        return read_slot_file(p)  # changed since the listing: its answer now, or the error it gives
     try:
         try:
             src = _Source(fd, st.st_size)
         except OSError:
-            return None
-        if not _slot_magic(src.buf[:4]):
+            if (st.st_mtime_ns, st.st_size) == listed:
+                return None
+            raise
+        if not _slot_magic(src.buf[:4]) and (st.st_mtime_ns, st.st_size) == listed:
             return None
         return _read_open(src, st, p)
     finally:
         os.close(fd)
+
+
+def _unchanged(p: str, listed: Stamp) -> bool:
+    """The path is still the regular file the listing stamped (a file that cannot be opened, as then)."""
+    try:
+        st = os.stat(p)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (st.st_mtime_ns, st.st_size) == listed
 
 
 def _read_open(src: _Source, st: os.stat_result, p: str) -> SlotFile:
@@ -412,22 +432,24 @@ def _ordered(path: str | os.PathLike[str], order: str, mtime: Callable[[os.DirEn
     return [d / name for name, _ in entries]
 
 
-def slot_dir_candidates(path: str | os.PathLike[str], order: str = "auto") -> list[Path]:
+def slot_dir_candidates(path: str | os.PathLike[str], order: str = "auto") -> list[tuple[Path, Stamp]]:
     """The regular files of a directory in the order `list_session_dir` gives its slot files, none opened (a stat
-    a file where the order is by mtime, none by name); `read_listed` tells the slot files as it reads them, in
-    one open a file where the listing's probe and the reader took two. Sound: `list_session_dir` is this list
-    with the files that are not slot files left out, as the sort key is each file's own ((mtime, natural name),
-    ties in both in the listing's order: both sorts are stable), and leaving elements out of a sorted list leaves
-    it sorted. The stat follows links as the probe's open does, and gives the mtime its fstat gives."""
-    return _ordered(path, order, _stat_mtime if order != "name" else lambda e: 0)
+    a file), each with its stamp for `read_listed`, which tells the slot files as it reads them, in one open a
+    file where the listing's probe and the reader took two. Sound: `list_session_dir` is this list with the files
+    that are not slot files left out, as the sort key is each file's own ((mtime, natural name), ties in both in
+    the listing's order: both sorts are stable), and leaving elements out of a sorted list leaves it sorted. The
+    stat follows links as the probe's open does, and gives the mtime its fstat gives."""
+    stamps: dict[str, Stamp] = {}
 
+    def stamped(e: os.DirEntry[str]) -> int | None:
+        try:
+            st = e.stat()
+        except OSError:
+            return None  # the probe's open fails there too
+        stamps[e.name] = (st.st_mtime_ns, st.st_size)
+        return st.st_mtime_ns if order != "name" else 0
 
-def _stat_mtime(e: os.DirEntry[str]) -> int | None:
-    """The entry's mtime (ns), links followed; None where it cannot be had (the probe's open fails there too)."""
-    try:
-        return e.stat().st_mtime_ns
-    except OSError:
-        return None
+    return [(f, stamps[f.name]) for f in _ordered(path, order, stamped)]
 
 
 def _slot_mtime(path: str) -> int | None:
