@@ -23,7 +23,7 @@ def _argparse(argv: list[str]) -> dict[str, object] | None:
     """argparse's values for argv, or None where it refuses it (or prints help)."""
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         try:
-            return vars(build_parser(only_diff=argv[:1] == ["diff"]).parse_args(argv))
+            return vars(build_parser(only="diff" if argv[:1] == ["diff"] else None).parse_args(argv))
         except SystemExit:
             return None
 

@@ -1,6 +1,6 @@
 """The cost model's per-turn bookkeeping written for speed gives the answers of the code it replaced:
-`_reuse` of `backend_reuse`'s calls, `_count_spans` of one lookup a finding against the `_keyed` and
-`_span_gains` it used, the path caches of `path.label` and `path.generalised()`."""
+`_reuse` of `backend_reuse`'s calls, `_count_spans` of one lookup a finding against the count by keys it
+replaced, a path's label and generalised form kept on the path."""
 
 from __future__ import annotations
 
@@ -55,9 +55,23 @@ def _count_spans_by_keys(t: Turn, spans: dict, ceiling: int) -> bool:
     if first is None:
         return False
     spans[first].add(t.turn, t.wasted, 0)
-    for key, gain in cost._span_gains(t, ceiling, keyed).items():
+    for key, gain in _span_gains_by_keys(t, ceiling, keyed).items():
         spans[key].add(t.turn, 0, gain)
     return first_example
+
+
+def _span_gains_by_keys(t: Turn, ceiling: int, keyed: list) -> dict:
+    """The gains as `cost._span_gains` once made them: every key against the others by equality."""
+    if t.divergence is None and t.tail_owner is None:
+        return {}
+    out = {}
+    for key in {k for _, k in keyed if k is not None}:
+        other = next(
+            (ceiling if k is None else cost._hunk_b_start(t, f.hunk) for f, k in keyed if k is None or k != key),
+            ceiling,
+        )
+        out[key] = max(0, min(other, ceiling) - t.reuse[Backend.LLAMA_CPP])
+    return out
 
 
 def _paths(rng: random.Random) -> list[SectionPath]:
@@ -135,7 +149,18 @@ def test_path_caches_are_the_paths_own():
     rng = random.Random(3)
     for _ in range(50):
         for p in _paths(rng):
-            assert cost._label(p) == p.label
-            assert cost._generalised(p) == p.generalised()
-            assert cost._label(p) == p.label  # again: from the cache
-            assert cost._generalised(p) == p.generalised()
+            fresh = SectionPath(p.parts)  # equal, nothing made on it yet
+            assert p.label == fresh._make_label() and p.generalised() == fresh._generalise(3)
+            assert p.label == fresh._make_label()  # again: from the path
+            assert p.generalised() == fresh._generalise(3) == fresh.generalised()
+            assert p == fresh and hash(p) == hash(fresh) and repr(p) == repr(SectionPath(p.parts))
+
+
+def test_span_gains_are_the_gains_by_keys():
+    rng = random.Random(5)
+    for _ in range(400):
+        paths = _paths(rng)
+        t = _turn(rng, 2, paths)
+        ceiling = rng.randrange(0, t.n_tokens + 50)
+        keyed = cost._keyed(t)
+        assert cost._span_gains(t, ceiling) == _span_gains_by_keys(t, ceiling, keyed)

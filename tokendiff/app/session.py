@@ -591,23 +591,19 @@ def _mark(run: list[TurnInput]) -> None:
 
 
 def _selected_inputs(loader: Loader, sels: Iterable[Selected], skipped: Skipped) -> Iterator[tuple[str, TurnInput]]:
-    """(selector, turn) for a directory's turns, as `_readable` of `_selected_input` gives them (a turn that
-    raises InputError warned of, named in `skipped` and left out)."""
+    """(selector, turn) for a directory's turns, as `_readable` gives them (a turn that raises InputError warned
+    of, named in `skipped` and left out)."""
     from tokendiff.sources.slotfile import read_slot_file
 
     ids_turn, slot_turn = _slot_inputs(loader)
-    for sel in sels:
-        spec = str(sel.path)
-        try:
-            if sel.kind != "slot":
-                turn = _selected_input(loader, sel)
-            else:
-                slot = read_slot_file(sel.path)
-                turn = slot_turn(sel, slot, ids_turn(sel, slot))
-        except InputError as e:
-            left_out(spec, e, skipped)
-            continue
-        yield spec, turn
+
+    def make(sel: Selected) -> TurnInput:
+        if sel.kind != "slot":
+            return _selected_input(loader, sel)
+        slot = read_slot_file(sel.path)
+        return slot_turn(sel, slot, ids_turn(sel, slot))
+
+    return _readable((str(sel.path), partial(make, sel)) for sel in sels)(skipped)
 
 
 def _slot_inputs(

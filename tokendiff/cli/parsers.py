@@ -104,12 +104,11 @@ def duration(text: str) -> str:
     return text
 
 
-def build_parser(only_diff: bool = False, only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole CLI; with `only` (one command's name), just that command's parser (same usage and errors: a
     command line that starts with a command's name is parsed by that subparser alone, and neither the others nor
     their help are read): the other subcommands' parsers cost `tokendiff diff` ~1 ms of its 0.12 s budget (issue
-    #12) and every command ~5 ms. `only_diff`: `only="diff"`."""
-    only = "diff" if only_diff else only
+    #12) and every command ~5 ms."""
     p = _Parser(prog="tokendiff", description="Token-level prompt diff and prefix-cache forensics.")
     p.add_argument("--version", action="version", version=f"tokendiff {__version__}")
     p.add_argument(

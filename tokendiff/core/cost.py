@@ -277,42 +277,7 @@ def _hunk_b_start(t: Turn, i: int) -> int:
 def _span_key(f: Finding, t: Turn) -> SpanKey:
     """Where a cause sits, named the same in every turn and for every instance:
     reasoning in any assistant message, the tools block, the system prompt."""
-    return f.kind, _generalised(_hunk_owner(t, f.hunk))
-
-
-def _generalised(path: SectionPath) -> SectionPath:
-    """`path.generalised()`, made once a path. Looked up by the path object first: a form-filled turn
-    (core.tails) carries its form's owner, one object for every turn of the form, and a SectionPath's
-    hash walks its parts in Python. The entry holds the object, so its id names it while it is there."""
-    hit = _GENERALISED_BY_ID.get(id(path))
-    if hit is not None and hit[0] is path:
-        return hit[1]
-    general = _GENERALISED.get(path)
-    if general is None:
-        if len(_GENERALISED) > 4096:
-            _GENERALISED.clear()
-        general = _GENERALISED[path] = path.generalised()
-    if len(_GENERALISED_BY_ID) > 4096:
-        _GENERALISED_BY_ID.clear()
-    _GENERALISED_BY_ID[id(path)] = (path, general)
-    return general
-
-
-def _label(path: SectionPath) -> str:
-    """`path.label`, made once a path object (as `_generalised`)."""
-    hit = _LABELS_BY_ID.get(id(path))
-    if hit is not None and hit[0] is path:
-        return hit[1]
-    if len(_LABELS_BY_ID) > 4096:
-        _LABELS_BY_ID.clear()
-    label = path.label
-    _LABELS_BY_ID[id(path)] = (path, label)
-    return label
-
-
-_GENERALISED: dict[SectionPath, SectionPath] = {}  # a session's paths, generalised once (a few per turn)
-_GENERALISED_BY_ID: dict[int, tuple[SectionPath, SectionPath]] = {}  # id -> (the path, generalised)
-_LABELS_BY_ID: dict[int, tuple[SectionPath, str]] = {}  # id -> (the path, its label)
+    return f.kind, _hunk_owner(t, f.hunk).generalised()
 
 
 @plain()
@@ -844,7 +809,7 @@ def fill_turn(t: Turn, pd: PairDiff | TailDiff) -> int:
     if first is not None and (t.wasted > 0 or first.expected):
         t.cause = first.kind
         t.path = pd.hunk_owner(first.hunk)
-        t.section = _label(t.path)
+        t.section = t.path.label
     _notes(t, pd.identical, n)
     return pd.ceiling
 
@@ -895,8 +860,7 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
     of its first one (the ceiling), and each span gains what fixing it alone would reuse here.
     True when the turn is the first example of a span."""
     # Each finding's span looked up once (a SpanKey's hash walks its path in Python): the spans stand for
-    # their keys, one Span a key, so `k != key` of `_span_gains` is `sp is not span` here, and its gains
-    # are added span by span (the order of the adds is immaterial: each goes to its own span).
+    # their keys, one Span a key, so `_gains` tells them apart by identity.
     turn = t.turn
     found: list[tuple[Finding, Span | None]] = []
     first_example = False
@@ -918,19 +882,8 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
     if first is None:
         return False
     first.add(turn, t.wasted, 0)
-    if t.divergence is None and t.tail_owner is None:
-        return first_example  # `_span_gains`: no gains without a diff
-    reused = t.reuse[Backend.LLAMA_CPP]
-    done: list[Span] = []
-    for _, span in found:
-        if span is None or any(span is d for d in done):
-            continue
-        done.append(span)
-        other = next(
-            (ceiling if sp is None else _hunk_b_start(t, f.hunk) for f, sp in found if sp is not span),
-            ceiling,
-        )
-        span.add(turn, 0, max(0, min(other, ceiling) - reused))
+    for span, gain in _gains(t, ceiling, found):
+        span.add(turn, 0, gain)
     return first_example
 
 
@@ -940,18 +893,27 @@ def _keyed(t: Turn) -> list[tuple[Finding, SpanKey | None]]:
 
 
 def _span_gains(t: Turn, ceiling: int, keyed: list[tuple[Finding, SpanKey | None]] | None = None) -> dict[SpanKey, int]:
-    """What fixing each of the turn's spans alone would reuse here: the prefix extends to the next
-    hunk that span does not cause. `keyed`: `_keyed(t)`, where the caller has it."""
+    """What fixing each of the turn's spans alone would reuse here (`_gains`), by span key. `keyed`: `_keyed(t)`,
+    where the caller has it."""
+    one: dict[SpanKey, SpanKey] = {}  # equal keys as one object: `_gains` tells spans apart by identity
+    tagged = [(f, None if k is None else one.setdefault(k, k)) for f, k in (_keyed(t) if keyed is None else keyed)]
+    return dict(_gains(t, ceiling, tagged))
+
+
+def _gains(t: Turn, ceiling: int, tagged: list[tuple[Finding, T | None]]) -> list[tuple[T, int]]:
+    """What fixing each span alone would reuse here: the prefix extends to the next hunk that span does not
+    cause. `tagged`: the turn's findings, each with its span (one object a span; None: an expected finding)."""
     if t.divergence is None and t.tail_owner is None:
-        return {}
-    keyed = _keyed(t) if keyed is None else keyed
-    out = {}
-    for key in {k for _, k in keyed if k is not None}:
+        return []  # no gains without a diff
+    reused = t.reuse[Backend.LLAMA_CPP]
+    out: list[tuple[T, int]] = []
+    for _, span in tagged:
+        if span is None or any(span is done for done, _ in out):
+            continue
         other = next(
-            (ceiling if k is None else _hunk_b_start(t, f.hunk) for f, k in keyed if k is None or k != key),
-            ceiling,
+            (ceiling if sp is None else _hunk_b_start(t, f.hunk) for f, sp in tagged if sp is not span), ceiling
         )
-        out[key] = max(0, min(other, ceiling) - t.reuse[Backend.LLAMA_CPP])
+        out.append((span, max(0, min(other, ceiling) - reused)))
     return out
 
 

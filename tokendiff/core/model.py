@@ -208,7 +208,15 @@ class SectionPath:
     @property
     def label(self) -> str:
         """How a person says it: tools are named from the tools block down, a message's
-        content is the message, a tool's or call's field is said in brackets."""
+        content is the message, a tool's or call's field is said in brackets. Made once a path
+        (kept beside its fields: equality, hashing and `replace` read only those): a form-filled
+        turn carries its form's owner, one object for every turn of the form."""
+        got = self.__dict__.get("_label")
+        if got is None:
+            got = self.__dict__["_label"] = self._make_label()
+        return got
+
+    def _make_label(self) -> str:
         parts = self.parts
         tools_at = max((k for k, p in enumerate(parts) if p.kind == _K.TOOLS), default=0)
         out: list[str] = []
@@ -223,7 +231,16 @@ class SectionPath:
 
     def generalised(self, depth: int = 3) -> SectionPath:
         """The same place in every turn and for every tool or call (the block or message around
-        one tool or call), at most `depth` parts: how the cost model groups causes."""
+        one tool or call), at most `depth` parts: how the cost model groups causes (each finding's
+        span, made once a path at the default depth, as `label`)."""
+        if depth == 3:
+            got = self.__dict__.get("_generalised")
+            if got is None:
+                got = self.__dict__["_generalised"] = self._generalise(depth)
+            return got
+        return self._generalise(depth)
+
+    def _generalise(self, depth: int) -> SectionPath:
         out: list[Part] = []
         for p in self.parts:
             if p.kind in (_K.TOOL, _K.TOOL_CALL):

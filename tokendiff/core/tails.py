@@ -29,7 +29,7 @@ import re
 import struct
 from array import array
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -390,6 +390,21 @@ class StripForm:
     owner: SectionPath
     offset: int
     rest: str
+    # what `reasoning` made, by think-block length and message number (a session's pairs repeat them)
+    made: dict[tuple[int, int], tuple[SectionPath, Finding]] = field(default_factory=dict, compare=False, repr=False)
+
+    def reasoning(self, strip: int, index: int) -> tuple[SectionPath, Finding]:
+        """The reasoning hunk's owner (the form's, numbered `index`) and finding (the form's, its evidence for
+        `strip` tokens in that message, masked), made once a length and number: a pure function of them and
+        the form's frozen values (`mask` is one of its text)."""
+        got = self.made.get((strip, index))
+        if got is None:
+            if len(self.made) > 4096:
+                self.made.clear()
+            owner, label = _renumbering(self.owner, index)
+            evidence = mask(_reasoning_evidence(strip, label) + self.rest)
+            got = self.made[(strip, index)] = (owner, replace(self.finding, evidence=evidence))
+        return got
 
 
 class StripDiff(TailDiff):
@@ -398,32 +413,13 @@ class StripDiff(TailDiff):
     __slots__ = ("strip",)
 
     def __init__(self, pair: StripPair, n_a: int, n_b: int, form: StripForm):
-        owner, first = _reasoning(form, pair.strip, pair.marks + form.offset)
+        owner, first = form.reasoning(pair.strip, pair.marks + form.offset)
         self.lcp, self.n_a, self.n_b, self.strip = pair.lcp, n_a, n_b, pair.strip
         self.findings = [first, _appended(n_b - (n_a - pair.strip))]
         self.ceiling, self.owner = n_a - pair.strip, owner
 
     def hunk_b_start(self, i: int) -> int:
         return self.lcp if i == 0 else self.n_a - self.strip
-
-
-def _reasoning(form: StripForm, strip: int, index: int) -> tuple[SectionPath, Finding]:
-    """The reasoning hunk's owner (the form's, numbered `index`) and finding (the form's, its evidence for
-    `strip` tokens in that message, masked), made once a form, count and number: a pure function of them
-    (`mask` is one of its text) and frozen values. Kept by the form's identity, the entry holding the form
-    (`_renumbering`'s argument); a session's pairs repeat their think blocks' lengths and turn numbers."""
-    key = (id(form), strip, index)
-    got = _REASONED.get(key)
-    if got is None or got[0] is not form:
-        if len(_REASONED) > 4096:
-            _REASONED.clear()
-        owner, label = _renumbering(form.owner, index)
-        evidence = mask(_reasoning_evidence(strip, label) + form.rest)
-        got = _REASONED[key] = (form, owner, replace(form.finding, evidence=evidence))
-    return got[1], got[2]
-
-
-_REASONED: dict[tuple[int, int, int], tuple[StripForm, SectionPath, Finding]] = {}
 
 
 def _reasoning_evidence(n: int, label: str) -> str:
