@@ -450,10 +450,10 @@ class _NpBox:
 def _np_shared_hash(box: _NpBox, unc_a: list[tuple[int, int]], unc_b: list[tuple[int, int]]) -> bool:
     """Some k-gram at A's positions `unc_a` has the hash of one at B's `unc_b` (ranges of k-gram starts, as
     `_uncovered` gives them). False shows the k-grams disjoint: equal k-grams hash alike."""
+    if not unc_a or not unc_b:
+        return False  # nothing to test: the box's arrays not made for it
     np, _, _, ha, hb = box.arrays()
     alo, _, blo, _ = box.box
-    if not unc_a or not unc_b:
-        return False
     xa = np.concatenate([ha[a0 - alo : a1 - alo] for a0, a1 in unc_a])
     xb = np.sort(np.concatenate([hb[b0 - blo : b1 - blo] for b0, b1 in unc_b]))
     if xa.shape[0] == 0 or xb.shape[0] == 0:
@@ -495,17 +495,17 @@ def _np_kgram_hashes(np: Any, x: Any, k: int) -> Any:
     of a 2w-gram at i is the w-gram's at i times M**w plus the w-gram's at i + w: the same sum split in two
     halves), then grown a token at a time to k: 3 passes for k = 8 where a token at a time took 8. uint64
     arithmetic wraps, so every value is the sum mod 2**64 whatever the order of the passes
-    (tests/unit/test_align.py holds it to the sum made with Python ints)."""
+    (tests/unit/test_align_numpy.py holds it to the sum made with Python ints)."""
     mult = 0x9E3779B97F4A7C15
     with np.errstate(over="ignore"):
-        h = x.astype(np.uint64) + np.uint64(1)  # the 1-grams
+        v = x.astype(np.uint64) + np.uint64(1)  # the tokens' terms
+        h = v  # the 1-grams
         w = 1
         while 2 * w <= k:
             n = max(0, h.shape[0] - w)
             h = h[:n] * np.uint64(pow(mult, w, 1 << 64)) + h[w : w + n]
             w *= 2
         if w < k:
-            v = x.astype(np.uint64) + np.uint64(1)
             m = np.uint64(mult)
             for j in range(w, k):  # the (j+1)-gram at i: the j-gram's times M plus x[i + j] + 1
                 n = max(0, h.shape[0] - 1)
@@ -529,9 +529,8 @@ def _np_sorted_common(np: Any, ha: Any, hb: Any) -> tuple[Any, Any]:
 def _np_unique_positions(np: Any, h: Any, x: Any, k: int) -> tuple[Any, Any] | None:
     """The k-gram hashes `h` of `x` that occur exactly once, and where; None where two unequal k-grams share a
     hash (each pair of equal neighbours in the sort compared token by token: a group all of one k-gram has
-    equal neighbours only). The compare goes a token column at a time: a repetitive side has nearly every
-    k-gram in such a pair: whole k-grams are gathered and compared _COMPARE_ROWS pairs at a time (one pass each,
-    where a column at a time took k, in at most k times the memory of one column)."""
+    equal neighbours only). A repetitive side has nearly every k-gram in such a pair: their whole k-grams are
+    gathered and compared _COMPARE_ROWS pairs at a time (one pass a batch, in memory bounded by the batch)."""
     order = np.argsort(h)  # only hashes that occur once are kept, and their place is the same in any sort
     hs = h[order]
     if hs.shape[0] == 0:

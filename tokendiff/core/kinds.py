@@ -99,6 +99,16 @@ class CauseKind(StrEnum):
     VLLM_EVICTED = "vllm_evicted"  # vLLM's KV events: blocks the turn needed were removed
 
 
+class GapClass(StrEnum):
+    """Who is behind a gap between what a turn's content allowed and what the engine reused (core.cache.verdict)."""
+
+    CONTENT = "content"
+    ENGINE = "engine"
+    CACHE_KEY = "cache_key"
+    IDLE = "idle"
+    UNEXPLAINED = "unexplained"
+
+
 class Origin(StrEnum):
     """Who changed the prompt: a finding's `origin` (UNKNOWN, the empty string, when the tokens do not say)."""
 

@@ -30,6 +30,7 @@ import struct
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -736,22 +737,12 @@ class Strips:
                 continue
             cstart = min(j + 1 if j >= 0 else pos, limit)
             # the first <|im_end|> whose end is at or past cstart (an earlier token's end is at most `at`)
-            close = next((c for c in (int(off[e + 1]) for e in self._ends(raw, i, len(b))) if c >= cstart), None)
+            ends = (int(off[e + 1]) for e in _found(raw, self.words[2], i, len(b)))
+            close = next((c for c in ends if c >= cstart), None)
             cend = close - len(b"<|im_end|>") if close is not None and close <= limit else limit
             if not any(data.find(o, cstart, cend) >= 0 for o in _RESULT_OPENS):
                 return True
         return False
-
-    def _ends(self, raw: bytes, start: int, stop: int) -> Iterator[int]:
-        """The <|im_end|> tokens in [start, stop), in order, found as they are asked for (`_tokens`'s search)."""
-        word, end = self.words[2], 4 * stop
-        if word is None:
-            return
-        at = raw.find(word, 4 * start, end)
-        while at >= 0:
-            if not at % 4:
-                yield at // 4
-            at = raw.find(word, at + 1, end)
 
 
 def _tools_turn(data: bytes, end: int) -> bool:
@@ -760,20 +751,22 @@ def _tools_turn(data: bytes, end: int) -> bool:
 
 
 def _tokens(raw: bytes, word: bytes | None, start: int, stop: int, first: bool = False) -> list[int]:
-    """The tokens in [start, stop) whose int32 bytes (`id_bytes`) are `word` (none where it is None), by
-    bytes.find: a hit off the 4-byte grid is no token. `first`: the first one only."""
-    out: list[int] = []
+    """The tokens in [start, stop) whose int32 bytes (`id_bytes`) are `word` (`_found`). `first`: the first only."""
+    found = _found(raw, word, start, stop)
+    return list(islice(found, 1) if first else found)
+
+
+def _found(raw: bytes, word: bytes | None, start: int, stop: int) -> Iterator[int]:
+    """The tokens in [start, stop) whose int32 bytes are `word` (none where it is None), in order, found as they
+    are asked for, by bytes.find: a hit off the 4-byte grid is no token."""
     if word is None:
-        return out
+        return
     end = 4 * stop
     at = raw.find(word, 4 * start, end)
     while at >= 0:
         if not at % 4:
-            out.append(at // 4)
-            if first:
-                break
+            yield at // 4
         at = raw.find(word, at + 1, end)
-    return out
 
 
 def _last(raw: bytes, word: bytes | None, start: int, stop: int) -> int:

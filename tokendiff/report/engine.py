@@ -11,6 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from tokendiff.core.cost import Session, Turn
+from tokendiff.core.kinds import GapClass
 from tokendiff.core.rounding import seconds_text
 
 # core.cache.verdict (with llama-server's policy model, ~9 ms of imports) is imported where a session has engine
@@ -19,12 +20,12 @@ if TYPE_CHECKING:
     from tokendiff.core.cache.verdict import EngineTurn
     from tokendiff.report.schema import EngineDocument, EngineFalseHit, EngineGapDoc, EngineHelp, TurnEngineDoc
 
-CLASS_WORDS = {  # by GapClass (a StrEnum: each member is looked up as its value)
-    "content": "the client changed the prompt",
-    "engine": "the engine's policy",
-    "cache_key": "the cache key (adapters, model, template)",
-    "idle": "evicted while idle",
-    "unexplained": "unexplained",
+CLASS_WORDS = {
+    GapClass.CONTENT: "the client changed the prompt",
+    GapClass.ENGINE: "the engine's policy",
+    GapClass.CACHE_KEY: "the cache key (adapters, model, template)",
+    GapClass.IDLE: "evicted while idle",
+    GapClass.UNEXPLAINED: "unexplained",
 }
 
 
@@ -103,8 +104,6 @@ def engine_json(s: Session) -> EngineDocument | None:
 
 def engine_headline(s: Session, lost: Counter[str], hits: list[EngineFalseHit]) -> str:
     """One sentence: who lost the most tokens, and the change that would have kept the most."""
-    from tokendiff.core.cache.verdict import GapClass
-
     parts = []
     if lost:
         cls, n = lost.most_common(1)[0]
@@ -129,8 +128,6 @@ def engine_says(t: Turn) -> bool:
     et = t.engine
     if et is None:
         return False
-    from tokendiff.core.cache.verdict import GapClass
-
     beyond = et.verdict not in (None, GapClass.CONTENT) or any(g.tokens > 0 for g in et.gaps)
     return beyond or bool(et.false_hit) or et.matched is False
 
@@ -179,7 +176,7 @@ def verdict_line(t: Turn) -> str:
 def engine_panel(s: Session, show: int = 3) -> list[str]:
     """The session screen's engine lines: the headline, then the changes that would have helped most."""
     e = engine_json(s)
-    beyond = any(k != "content" for k in e["lost_tokens"]) if e is not None else False  # GapClass.CONTENT
+    beyond = any(k != GapClass.CONTENT for k in e["lost_tokens"]) if e is not None else False
     if e is None or not (beyond or e["helped"] or e["false_hits"]):
         return []  # the engine kept what the content allowed: the spans above say it all
     out = [e["headline"]]

@@ -25,16 +25,7 @@ from tokendiff.core.align import common_prefix
 from tokendiff.core.cache.advice import Advisor
 from tokendiff.core.cache.engine_log import Aligned, LogAligner, LogTask, TurnNumbers, describe
 from tokendiff.core.cache.llama import EngineConfig, EngineSim, Fate, Outcome, Request, SelectedBy
-
-
-class GapClass(StrEnum):
-    """Who is behind a gap."""
-
-    CONTENT = "content"
-    ENGINE = "engine"
-    CACHE_KEY = "cache_key"
-    IDLE = "idle"
-    UNEXPLAINED = "unexplained"
+from tokendiff.core.kinds import GapClass
 
 
 class Gap(StrEnum):
