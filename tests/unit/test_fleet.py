@@ -4,6 +4,7 @@ a re-export replacing a session's partitions, and every dataset column documente
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from helpers import AGENT, ROOT, two_day_capture
@@ -18,6 +19,7 @@ from tokendiff.app.fleet import (
 from tokendiff.app.pair import PromptOptions
 from tokendiff.app.session import expand_session_paths, open_session
 from tokendiff.errors import InputError
+from tokendiff.notices import Collected, sink, warn
 from tokendiff.report.dataset import PARTITIONS, SPAN_COLUMNS, TURN_COLUMNS
 
 
@@ -63,3 +65,20 @@ def test_any_failure_of_one_session_costs_only_that_session(tmp_path, monkeypatc
     facts, errors = analyse_fleet(PromptOptions(), [str(AGENT), "bad"], FleetOptions(workers=1))
     assert [f.path for f in facts] == [str(AGENT)]
     assert [str(e) for e in errors] == ["bad: could not be analysed (RuntimeError: boom)"]
+
+
+def _first_is_slowest(path, loader=None):
+    """A fleet member whose first session finishes last, each warning under one kind."""
+    time.sleep(0.5 if path == "0" else 0.0)
+    warn(f"session {path} warned", kind="one kind")
+    return path
+
+
+def test_a_fleets_warnings_reach_stderr_in_session_order_whichever_worker_finishes_first():
+    """The sink's first example of a kind is the first session's, as one process would say it, not the
+    first worker's to finish: stderr is the same run to run."""
+    paths = [str(i) for i in range(6)]
+    with sink(Collected()) as got:
+        done = list(app_fleet._in_pool(_first_is_slowest, paths, 2, None))
+    assert done == [(i, str(i)) for i in range(6)]
+    assert got.items == [("one kind", f"session {i} warned") for i in range(6)]

@@ -237,14 +237,18 @@ Member = Callable[..., "SessionFacts | InputError"]  # one session's analysis: (
 def _in_pool(
     member: Member, paths: Sequence[str], workers: int, loader: Loader | None
 ) -> Iterator[tuple[int, SessionFacts | InputError]]:
-    """(index, facts or error) of every session, as the forked workers finish them; at most IN_FLIGHT
-    sessions a worker queued at once, so ten thousand sessions hold no more than a few dozen results."""
+    """(index, facts or error) of every session in the order of `paths`, whichever worker finished first:
+    each session's warnings reach the sink in that order, so stderr (each kind's first example) is the
+    same run to run and the same as one process's. At most IN_FLIGHT sessions a worker are queued at once;
+    a finished session waits only for the ones before it."""
     global _SHARED
     _SHARED = loader
     ctx = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         todo = iter(enumerate(paths))
         running: dict[Future[SessionFacts | InputError], int] = {}
+        finished_early: dict[int, Any] = {}
+        next_i = 0
         while True:
             for i, p in todo:
                 running[pool.submit(_shared_member, member, p)] = i
@@ -255,7 +259,10 @@ def _in_pool(
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in finished:
                 i = running.pop(fut)
-                yield i, unwarned(_result_or_error(fut, paths[i]))
+                finished_early[i] = _result_or_error(fut, paths[i])
+            while next_i in finished_early:
+                yield next_i, unwarned(finished_early.pop(next_i))
+                next_i += 1
 
 
 def _shared_member(member: Member, path: str) -> Any:
