@@ -129,3 +129,22 @@ def test_a_directorys_turns_are_sectioned_as_each_alone(tmp_path, chunk, monkeyp
             assert t.sections_by() == _old_sectioning(loader, t.ids)
             seen += 1
     assert seen > 40 and skipped
+
+
+def test_files_read_together_are_sectioned_once_and_only_when_asked(tmp_path, monkeypatch):
+    """A chunk's sectionings are found together when its first turn asks (a session of appends asks for none)."""
+    from tokendiff.app import session
+
+    monkeypatch.setattr(session, "READ_AHEAD", 4)
+    calls: list[int] = []
+    real = Loader.slot_sectionings
+    monkeypatch.setattr(
+        Loader, "slot_sectionings", lambda self, arrays: calls.append(len(arrays)) or real(self, arrays)
+    )
+    loader = open_loader(PromptOptions())
+    for k in range(10):
+        (tmp_path / f"turn-{k:03d}.bin").write_bytes(slot_bytes(plain_payload([151644, 872, 198] * (k + 1))))
+    turns = [t for _, t in _dir_inputs(loader, str(tmp_path), "name", [])]
+    assert calls == []
+    assert [t.sections_by() for t in turns[3:7]] == [_old_sectioning(loader, t.ids) for t in turns[3:7]]
+    assert calls == [4, 4] and turns[3].sections_by() is not None  # files 0-3, 4-7

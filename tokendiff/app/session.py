@@ -621,8 +621,8 @@ def _slot_inputs(loader: Loader) -> tuple[IdsTurns, Callable[[Selected, SlotFile
     a file): `ids_turns`, which says and raises nothing, gives each file's turn from its IDs, its prompt decoded
     only if a diff needs it, or None where the IDs need the full load (media, a foreign vocabulary: its own
     message); `slot_turn` then says a file's warnings and makes the load where it is needed. The files read
-    together are checked and sectioned together (`_fitting`, `Loader.slot_sectionings`: numpy calls a chunk,
-    not a file); a turn's sectioning is its own IDs' whichever files are read with it."""
+    together are checked and sectioned together (`_fitting`, `_Sections`: numpy calls a chunk, not a file); a
+    turn's sectioning is its own IDs' whichever files are read with it."""
     import numpy as np
 
     from tokendiff.core.cost import TurnInput
@@ -633,14 +633,15 @@ def _slot_inputs(loader: Loader) -> tuple[IdsTurns, Callable[[Selected, SlotFile
     def ids_turns(read: list[tuple[Selected, SlotFile]]) -> list[TurnInput | None]:
         arrs = [np.frombuffer(slot.tokens, dtype=np.int32) for _, slot in read]
         fits = _fitting(arrs, bound)
-        sections = iter(loader.slot_sectionings([a for a, ok in zip(arrs, fits) if ok]))
+        fitting = [a for a, ok in zip(arrs, fits) if ok]
+        sections, at = _Sections(loader, fitting), iter(range(len(fitting)))  # each one's place among them
         return [
             TurnInput(
                 ids=arr,
                 origin=sel.label,
                 load=partial(loader.load_selected, sel, slot),
                 job=SelectedJob(sel),
-                sectioning=_known(next(sections)),
+                sectioning=partial(sections.of, next(at)),
             )
             if ok
             else None
@@ -669,9 +670,18 @@ def _fitting(arrs: list[np.ndarray], bound: int) -> list[bool]:
     return [not a.size or next(top) < bound for a in arrs]
 
 
-def _known(sectioning: Any) -> Callable[[], Any]:
-    """A turn's sectioning found already, as `TurnInput.sectioning` asks for it."""
-    return lambda: sectioning
+class _Sections:
+    """The sectionings of slot files read together (`Loader.slot_sectionings`), found for all of them when a turn
+    first asks for its own (a tail pair's shape: a session of appends asks for none), each file's its own IDs'."""
+
+    def __init__(self, loader: Loader, arrays: list[np.ndarray]):
+        self.loader, self.arrays = loader, arrays
+        self.found: list[Any] | None = None
+
+    def of(self, i: int) -> Any:
+        if self.found is None:
+            self.found, self.arrays = self.loader.slot_sectionings(self.arrays), []
+        return self.found[i]
 
 
 def _selected_input(loader: Loader, sel: Selected) -> TurnInput:
