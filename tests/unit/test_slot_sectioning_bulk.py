@@ -42,7 +42,10 @@ def _random_arrays(rng: random.Random, vocab, specials: list[int]) -> list[np.nd
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_special_ids_each_is_special_ids_of_each(seed):
+def test_special_ids_each_is_special_ids_of_each(seed, monkeypatch):
+    from tokendiff.core.vocab import Vocab
+
+    monkeypatch.setattr(Vocab, "FEW_ARRAYS", [0, 1, 8][seed % 3])  # the table made at once, or after a few
     rng = random.Random(seed)
     for _ in range(25):
         n = rng.choice([1, 7, 300, 5000])

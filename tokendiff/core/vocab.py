@@ -232,17 +232,21 @@ class Vocab:
         flags = self._np_table()[2]
         return sorted(set(ids[(flags[ids] & SPECIAL) != 0].tolist()))  # a few distinct among many: no np.unique sort
 
+    FEW_ARRAYS = 8  # `special_ids_each` of fewer (a directory of a few files) makes no table: ~0.3 ms a vocabulary
+
     def special_ids_each(self, arrays: Sequence[Any]) -> list[tuple[int, ...]]:
         """`special_ids` of each of several numpy ID arrays (none negative), as sorted tuples, from one pass over
         their concatenation: a directory's prompts read together cost a few numpy calls, not a few a prompt.
         Each special token has a bit (`_special_bits`: the first 63 by ID; the rest share the last), so an array's
         distinct specials are the OR of its tokens' bits (one `reduceat`); an array with a special past the 63
-        is looked at alone (`special_ids`)."""
+        is looked at alone (`special_ids`), as are a few arrays while the table is not made."""
         import numpy as np
 
         full = [a for a in arrays if len(a)]  # reduceat wants every run non-empty
         if not full:
             return [() for _ in arrays]
+        if len(full) < self.FEW_ARRAYS and "_bits" not in self.__dict__:  # each one's pass costs less than the table
+            return [tuple(self.special_ids(a)) if len(a) else () for a in arrays]
         bits, ids = self._special_bits()
         cat = np.concatenate(full) if len(full) > 1 else full[0]
         masks = iter(np.bitwise_or.reduceat(bits[cat], np.cumsum([0, *map(len, full[:-1])])).tolist())
