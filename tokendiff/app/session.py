@@ -26,6 +26,8 @@ from tokendiff.sources.loader import saved_props, session_source
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
+    import numpy as np
+
     from tokendiff.core.cache.capacity import CapacityLadder
     from tokendiff.core.cache.engine_log import LogAligner
     from tokendiff.core.cache.llama import EngineConfig, EngineFacts
@@ -40,7 +42,6 @@ if TYPE_CHECKING:
     from tokendiff.sources.slotfile import SlotFile
 
     IdsTurns = Callable[[list[tuple[Selected, SlotFile]]], list[TurnInput | None]]  # `_slot_inputs`' first step
-    import numpy as np
 
 Progress = Callable[[str], None]
 FirstPair = Callable[[int, "PairResult", "Loader"], None]  # the first wasteful turn, its pair, the loader
