@@ -135,7 +135,8 @@ def test_a_directorys_turns_are_sectioned_as_each_alone(tmp_path, chunk, monkeyp
 
 
 def test_files_read_together_are_sectioned_once_and_only_when_asked(tmp_path, monkeypatch):
-    """A chunk's sectionings are found together when its first turn asks (a session of appends asks for none)."""
+    """A chunk's sectionings are found together when its first turn asks (a session of appends asks for none), or
+    as it is read once the chunk before it was asked for its own."""
     from tokendiff.app import session
 
     monkeypatch.setattr(session, "READ_AHEAD", 4)
@@ -151,3 +152,7 @@ def test_files_read_together_are_sectioned_once_and_only_when_asked(tmp_path, mo
     assert calls == []
     assert [t.sections_by() for t in turns[3:7]] == [_old_sectioning(loader, t.ids) for t in turns[3:7]]
     assert calls == [4, 4] and turns[3].sections_by() is not None  # files 0-3, 4-7
+    calls.clear()
+    for _, t in _dir_inputs(loader, str(tmp_path), "name", []):  # asked as they come: found as read after the first
+        assert t.sections_by() == _old_sectioning(loader, t.ids)
+    assert calls == [4, 4, 2]

@@ -630,12 +630,17 @@ def _slot_inputs(loader: Loader) -> tuple[IdsTurns, Callable[[Selected, SlotFile
     from tokendiff.notices import warn
 
     bound = min(loader.vocab.n_vocab, 1 << 31)
+    last = _Sections(loader, [])
 
     def ids_turns(read: list[tuple[Selected, SlotFile]]) -> list[TurnInput | None]:
+        nonlocal last
         arrs = [np.frombuffer(slot.tokens, dtype=np.int32) for _, slot in read]
         fits = _fitting(arrs, bound)
         fitting = [a for a, ok in zip(arrs, fits) if ok]
         sections, at = _Sections(loader, fitting), iter(range(len(fitting)))  # each one's place among them
+        if last.found is not None and fitting:  # the files read before were asked for theirs: these will be
+            sections.of(0)  # found now, while their IDs are warm
+        last = sections
         return [
             TurnInput(
                 ids=arr,
@@ -673,7 +678,8 @@ def _fitting(arrs: list[np.ndarray], bound: int) -> list[bool]:
 
 class _Sections:
     """The sectionings of slot files read together (`Loader.slot_sectionings`), found for all of them when a turn
-    first asks for its own (a tail pair's shape: a session of appends asks for none), each file's its own IDs'."""
+    first asks for its own (a tail pair's shape: a session of appends asks for none), or as they are read where
+    the files read before them were asked for theirs; each file's its own IDs', whenever they are found."""
 
     def __init__(self, loader: Loader, arrays: list[np.ndarray]):
         self.loader, self.arrays = loader, arrays
