@@ -32,3 +32,40 @@ def test_batched_turn_work_gives_one_turn_at_a_times_answers(tmp_path, monkeypat
     assert one[1], "the session has spans to count"
     for spans_at, spans_tokens, read_ahead in ((2, 1 << 18, 2), (7, 1 << 18, 5), (32, 1 << 18, 32), (32, 900, 3)):
         assert _answers(d, monkeypatch, spans_at, spans_tokens, read_ahead) == one, (spans_at, spans_tokens)
+
+
+def _turn_facts(t) -> tuple:
+    return (t.turn, t.lcp, t.reuse, t.recompute, t.wasted, t.new_tokens, t.ceiling, t.cause, t.path, t.note, t.findings)
+
+
+def _analysed(d, **kw) -> tuple[Analyser, list]:
+    """The slot directory's turns added one by one: (each `add`'s turn's facts as it returned, first_wasted then)."""
+    from tokendiff.app.pair import open_loader
+
+    loader = open_loader(PromptOptions())
+    an = Analyser(vocab=loader.vocab, **kw)
+    seen = [
+        (_turn_facts(an.add(turn)), an.first_wasted()) for _, turn in session._dir_inputs(loader, str(d), "auto", [])
+    ]
+    return an, seen
+
+
+@pytest.mark.parametrize("spans_at", [1, 5, 32])
+def test_turns_are_filled_before_anything_reads_them(tmp_path, monkeypatch, spans_at):
+    """Turns are filled with their spans, a few dozen at a time; `first_wasted` still finds the first wasteful turn
+    as soon as it is certain, filled, and a session with no pairs in flight (app.observe's live one) still has each
+    turn final as `add` returns it."""
+    d = tmp_path / "s"
+    make_slot_dir(d, 60, history=40, compact_at=300, date_every=4, seed=3)
+    monkeypatch.setattr(Analyser, "SPANS_AT", spans_at)
+    an, seen = _analysed(d)
+    firsts = [w for _, w in seen]
+    w = next(x for x in firsts if x)
+    assert firsts.index(w) == w - 1 and an.turns[w - 1].wasted > 0  # known as its own turn is added: in_flight 0 pairs
+    assert [t.turn for t in an.session().turns if t.wasted][0] == w
+    monkeypatch.setattr(Analyser, "SPANS_AT", 1)
+    _, one = _analysed(d)
+    assert [w for _, w in one] == firsts
+    monkeypatch.setattr(Analyser, "SPANS_AT", spans_at)
+    final, live = _analysed(d, in_flight=0)
+    assert [facts for facts, _ in live] == [_turn_facts(t) for t in final.session().turns]

@@ -26,6 +26,8 @@ from tokendiff.sources.loader import saved_props, session_source
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
+    import numpy as np
+
     from tokendiff.core.cache.capacity import CapacityLadder
     from tokendiff.core.cache.engine_log import LogAligner
     from tokendiff.core.cache.llama import EngineConfig, EngineFacts
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     from tokendiff.sources.loader import Loader, Selected
     from tokendiff.sources.record import CaptureRecord
     from tokendiff.sources.slotfile import SlotFile
+
+    IdsTurns = Callable[[list[tuple[Selected, SlotFile]]], list[TurnInput | None]]  # `_slot_inputs`' first step
 
 Progress = Callable[[str], None]
 FirstPair = Callable[[int, "PairResult", "Loader"], None]  # the first wasteful turn, its pair, the loader
@@ -507,21 +511,21 @@ def _dir_inputs(loader: Loader, p: str, order: str, skipped: Skipped) -> Iterato
     from tokendiff.sources.loader import Selected, session_turns
     from tokendiff.sources.slotfile import read_listed, slot_dir_candidates
 
-    ids_turn, slot_turn = _slot_inputs(loader)
+    ids_turns, slot_turn = _slot_inputs(loader)
 
     candidates = slot_dir_candidates(p, order)
     stamps = dict(candidates)
 
-    def read(f: Path) -> tuple[str, Selected, SlotFile, TurnInput | None] | None:
+    def read(f: Path) -> tuple[str, Selected, SlotFile] | None:
         slot = read_listed(f, stamps[f])
         if slot is None:  # not a slot file: the listing leaves it out
             return None
         spec = str(f)
-        sel = Selected("slot", f, one_line(spec), None)
-        return spec, sel, slot, ids_turn(sel, slot)
+        return spec, Selected("slot", f, one_line(spec), None), slot
 
     found = False
     for chunk in _read_ahead([f for f, _ in candidates], read):
+        chunk = _with_turns(chunk, ids_turns)
         _index_together(chunk)
         for f, got in chunk:
             if got is None:
@@ -567,6 +571,13 @@ def _read_ahead(files: list[Path], read: Callable[[Path], Any]) -> Iterator[list
         yield chunk
 
 
+def _with_turns(chunk: list[tuple[Path, Any]], ids_turns: IdsTurns) -> list[tuple[Path, Any]]:
+    """The chunk with each slot file's turn from its IDs (`ids_turns`, all at once) after what `read` gave."""
+    read = [got for _, got in chunk if isinstance(got, tuple)]
+    turns = iter(ids_turns([(sel, slot) for _, sel, slot in read]))
+    return [(f, (*got, next(turns)) if isinstance(got, tuple) else got) for f, got in chunk]
+
+
 def _index_together(chunk: list[tuple[Path, Any]]) -> None:
     """Each run of a chunk's turns that are certain to be added one after another (made from their IDs: nothing
     between them can leave one out) given to its first (`TurnInput.ahead`), for the prefix index to take in one
@@ -595,49 +606,89 @@ def _selected_inputs(loader: Loader, sels: Iterable[Selected], skipped: Skipped)
     of, named in `skipped` and left out)."""
     from tokendiff.sources.slotfile import read_slot_file
 
-    ids_turn, slot_turn = _slot_inputs(loader)
+    ids_turns, slot_turn = _slot_inputs(loader)
 
     def make(sel: Selected) -> TurnInput:
         if sel.kind != "slot":
             return _selected_input(loader, sel)
         slot = read_slot_file(sel.path)
-        return slot_turn(sel, slot, ids_turn(sel, slot))
+        return slot_turn(sel, slot, ids_turns([(sel, slot)])[0])
 
     return _readable((str(sel.path), partial(make, sel)) for sel in sels)(skipped)
 
 
-def _slot_inputs(
-    loader: Loader,
-) -> tuple[
-    Callable[[Selected, SlotFile], TurnInput | None], Callable[[Selected, SlotFile, TurnInput | None], TurnInput]
-]:
-    """How a slot file read already becomes a turn, in two steps (their imports made once a directory, not once
-    a file): `ids_turn`, which says and raises nothing, gives the turn from its IDs, its prompt decoded only if
-    a diff needs it, or None where the IDs need the full load (media, a foreign vocabulary: its own message);
-    `slot_turn` then says the file's warnings and makes the load where it is needed."""
+def _slot_inputs(loader: Loader) -> tuple[IdsTurns, Callable[[Selected, SlotFile, TurnInput | None], TurnInput]]:
+    """How slot files read already become turns, in two steps (their imports made once a directory, not once
+    a file): `ids_turns`, which says and raises nothing, gives each file's turn from its IDs, its prompt decoded
+    only if a diff needs it, or None where the IDs need the full load (media, a foreign vocabulary: its own
+    message); `slot_turn` then says a file's warnings and makes the load where it is needed. The files read
+    together are checked and sectioned together (`_fitting`, `_Sections`: numpy calls a chunk, not a file); a
+    turn's sectioning is its own IDs' whichever files are read with it."""
     import numpy as np
 
     from tokendiff.core.cost import TurnInput
     from tokendiff.notices import warn
 
     bound = min(loader.vocab.n_vocab, 1 << 31)
+    last = _Sections(loader, [])
 
-    def ids_turn(sel: Selected, slot: SlotFile) -> TurnInput | None:
-        arr = np.frombuffer(slot.tokens, dtype=np.int32)
-        # media (negative: past 2**31 as unsigned) or a foreign vocabulary: the largest in C (any ID
-        # at or past the limit is one where the largest is)
-        if arr.size and int(arr.view(np.uint32).max()) >= bound:
-            return None
-        load = partial(loader.load_selected, sel, slot)
-        sectioning = partial(loader.slot_sectioning, arr)
-        return TurnInput(ids=arr, origin=sel.label, load=load, job=SelectedJob(sel), sectioning=sectioning)
+    def ids_turns(read: list[tuple[Selected, SlotFile]]) -> list[TurnInput | None]:
+        nonlocal last
+        arrs = [np.frombuffer(slot.tokens, dtype=np.int32) for _, slot in read]
+        fits = _fitting(arrs, bound)
+        fitting = [a for a, ok in zip(arrs, fits) if ok]
+        sections, at = _Sections(loader, fitting), iter(range(len(fitting)))  # each one's place among them
+        if last.found is not None and fitting:  # the files read before were asked for theirs: these will be
+            sections.of(0)  # found now, while their IDs are warm
+        last = sections
+        return [
+            TurnInput(
+                ids=arr,
+                origin=sel.label,
+                load=partial(loader.load_selected, sel, slot),
+                job=SelectedJob(sel),
+                sectioning=partial(sections.of, next(at)),
+            )
+            if ok
+            else None
+            for (sel, slot), arr, ok in zip(read, arrs, fits)
+        ]
 
     def slot_turn(sel: Selected, slot: SlotFile, turn: TurnInput | None) -> TurnInput:
         for w in slot.warnings:
             warn(w)
         return turn if turn is not None else TurnInput.of(loader.load_selected(sel, slot), job=SelectedJob(sel))
 
-    return ids_turn, slot_turn
+    return ids_turns, slot_turn
+
+
+def _fitting(arrs: list[np.ndarray], bound: int) -> list[bool]:
+    """Whether each int32 array's IDs are all in [0, bound): none is media (negative: past 2**31 as unsigned) nor
+    of a foreign vocabulary. Each array's largest as unsigned, all in one `reduceat` over their concatenation (any
+    ID at or past the bound is one where the largest is); an empty array fits."""
+    import numpy as np
+
+    full = [a for a in arrs if a.size]
+    if not full:
+        return [True] * len(arrs)
+    starts = np.cumsum([0] + [a.size for a in full[:-1]])
+    top = iter(np.maximum.reduceat(np.concatenate(full).view(np.uint32), starts).tolist())
+    return [not a.size or next(top) < bound for a in arrs]
+
+
+class _Sections:
+    """The sectionings of slot files read together (`Loader.slot_sectionings`), found for all of them when a turn
+    first asks for its own (a tail pair's shape: a session of appends asks for none), or as they are read where
+    the files read before them were asked for theirs; each file's its own IDs', whenever they are found."""
+
+    def __init__(self, loader: Loader, arrays: list[np.ndarray]):
+        self.loader, self.arrays = loader, arrays
+        self.found: list[Any] | None = None
+
+    def of(self, i: int) -> Any:
+        if self.found is None:
+            self.found, self.arrays = self.loader.slot_sectionings(self.arrays), []
+        return self.found[i]
 
 
 def _selected_input(loader: Loader, sel: Selected) -> TurnInput:

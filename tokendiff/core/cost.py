@@ -449,7 +449,7 @@ class Analyser:
         self.learning: dict[Any, int] = {}  # shapes whose pairs are being diffed in full, before their form is known
         self.work = 0  # tokens compared or diffed outside the index
         self._scanned = 0  # turns `first_wasted` has looked at
-        self._uncounted: list[tuple[Turn, TurnInput, TurnInput, int]] = []  # filled, their spans not counted yet
+        self._uncounted: list[tuple[Turn, TurnInput, TurnInput, PairDiff | TailDiff]] = []  # collected, not filled yet
         self._uncounted_tokens = 0
         self._first_wasted: int | None = None
 
@@ -608,19 +608,25 @@ class Analyser:
             pd = fut.result()
             if shape is not None and self.tails is not None:
                 self.tails.learn(shape, a.ids, b.ids, pd)
-            self._uncounted.append((t, a, b, fill_turn(t, pd)))
+            self._uncounted.append((t, a, b, pd))
             self._uncounted_tokens += len(a.ids) + len(b.ids)
-        if len(self._uncounted) >= self.SPANS_AT or self._uncounted_tokens >= self.SPANS_AT_TOKENS:
+        if (
+            not self.in_flight
+            or len(self._uncounted) >= self.SPANS_AT
+            or self._uncounted_tokens >= self.SPANS_AT_TOKENS
+        ):
             self._count()
 
     def _count(self) -> None:
-        """The filled turns' spans counted (`_count_spans`), in turn order, a few dozen at a time: their run is
-        warm, where one turn's between two diffs is not. The spans are read only by `session()`, which counts
-        what is left first, and a turn is counted from its own facts and the spans of the turns before it, so
-        the order, not the time, decides the answer. The pairs wait with them (bounded: SPANS_AT turns, and
-        SPANS_AT_TOKENS of their prompts), as the first example of a span keeps its pair."""
-        for t, a, b, ceiling in self._uncounted:
-            if _count_spans(t, self.spans, ceiling):
+        """The collected turns filled from their pairs' diffs (`fill_turn`) and their spans counted (`_count_spans`),
+        in turn order, a few dozen at a time: their run is warm, where one turn's between two diffs is not. A turn is
+        filled from its own pair's diff alone, and counted from its own facts and the spans of the turns before it,
+        so the order, not the time, decides the answer; and nothing reads a collected turn before this: `session()`
+        and `first_wasted` count what is left first, and an analysis with no pairs in flight (`in_flight=0`, whose
+        caller reads each turn as `add` returns it) counts at every `add`. The pairs wait with them (bounded:
+        SPANS_AT turns, and SPANS_AT_TOKENS of their prompts), as the first example of a span keeps its pair."""
+        for t, a, b, pd in self._uncounted:
+            if _count_spans(t, self.spans, fill_turn(t, pd)):
                 self.examples[t.turn] = (a, b)
         self._uncounted.clear()
         self._uncounted_tokens = 0
@@ -629,6 +635,7 @@ class Analyser:
         """The first turn that wasted the cache, as `session()` will count it, as soon as that is certain
         (every turn up to it counted), so a view can open it before the rest is read. None until then,
         and for good when a model reload comes first: `session()` counts a reload as its turn's waste."""
+        self._count()  # the turns collected filled
         settled = self.pending[0][3] - 1 if self.pending else len(self.turns)
         while self._first_wasted is None and self._scanned < settled:
             t = self.turns[self._scanned]

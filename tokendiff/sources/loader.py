@@ -486,10 +486,22 @@ class Loader:
     def slot_sectioning(self, ids: np.ndarray) -> tuple[Sectioning, str, str] | None:
         """How the full load of a slot file (`_slot`) sections its prompt: by the template's markers of the
         family its special tokens tell, no request. None where a family is forced or none is found."""
+        return self.slot_sectionings([ids])[0]
+
+    def slot_sectionings(self, arrays: Sequence[np.ndarray]) -> list[tuple[Sectioning, str, str] | None]:
+        """`slot_sectioning` of each of a directory's prompts read together, their special tokens found in one
+        pass (`Vocab.special_ids_each`: each array's own, as `special_ids` finds them)."""
         from tokendiff.core.tails import SLOT_SECTIONING
 
-        fam = self._family_of(ids) if self.family is None and len(ids) else None
-        return (Sectioning.MARKERS, fam, SLOT_SECTIONING) if fam not in (None, "none") else None
+        if self.family is not None:
+            return [None] * len(arrays)
+        full = [a for a in arrays if len(a)]
+        specials = iter(self.vocab.special_ids_each(full))
+        out: list[tuple[Sectioning, str, str] | None] = []
+        for a in arrays:
+            fam = self._family_of_specials(next(specials)) if len(a) else None
+            out.append((Sectioning.MARKERS, fam, SLOT_SECTIONING) if fam not in (None, "none") else None)
+        return out
 
     def _read_next(self, ids: np.ndarray) -> tuple[bytes, str | None]:
         """The bytes of `ids` and the family their special tokens tell (`_family_of`), what they share with the
