@@ -14,7 +14,7 @@ import pytest
 from tokendiff.core import explain as ex
 from tokendiff.core.align import align
 from tokendiff.core.kinds import SectionKind as K
-from tokendiff.core.model import END_OF_PROMPT, NO_SECTION, Prompt
+from tokendiff.core.model import END_OF_PROMPT, NO_SECTION, Part, Prompt, Section, SectionPath
 
 from .test_explain_gates import _cases, _sections
 
@@ -25,9 +25,24 @@ PIECES = [
     "550e8400-e29b-41d4-a716-446655440000", "cafe0babe", "Reasoning: high", "reasoning_effort=low", "MODE:", " Effort",
     "rea\u017fon", "thin\u212aing", "/think", "/no_think", "thinking", "session_id=", "nonce:", "<|im_start|>",
     "<|im_end|>", "user", "\u00e9", "<system-reminder>", "x" * 30, " 50%", "Thu", "\r\n",
+    "e\u0301", '{"k": 1}', '{"k":1}', " <system-reminder>a note</system-reminder>", "<think>", "</think>",
+    "K", "\u212a", '{"a": [', "]}",
 ]  # fmt: skip
+VARIANTS = {"\n": "\r\n", "\r\n": "\n", "\u00e9": "e\u0301", "e\u0301": "\u00e9", '{"k": 1}': '{"k":1}', "K": "\u212a"}
+# the Kelvin sign's canonical form is ASCII K: one side ASCII, the two the same text
 SPECIAL = {"<|im_start|>", "<|im_end|>"}
-GATED = (ex.detect_date, ex.detect_nonce, ex.detect_counter, ex.detect_setting, ex.detect_reminder_moved)
+GATED = (
+    ex.detect_date,
+    ex.detect_nonce,
+    ex.detect_counter,
+    ex.detect_setting,
+    ex.detect_reminder_moved,
+    ex.detect_system_appended,
+    ex.detect_unicode_form,
+    ex.detect_line_endings,
+    ex.detect_reasoning,
+    ex.detect_json_reserialized,
+)
 
 
 def _prompt(rng: random.Random, pieces: list[str]) -> Prompt:
@@ -58,6 +73,32 @@ def _pairs(seed: int, n: int):
             yield a, b, d, h, i
 
 
+def _variants(seed: int, n: int):
+    """A, and B: A with pieces swapped for another spelling of the same text (CRLF, NFD, JSON spacing) or a
+    note put in; A's first turn a system turn now and then."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        a = [rng.choice(PIECES) for _ in range(rng.randrange(2, 16))]
+        if rng.random() < 0.3:  # a JSON value around a piece spelt two ways
+            at = rng.randrange(len(a))
+            a[at:at] = ['{"a": [', '{"k": 1}', "]}"]
+        b = list(a)
+        for _ in range(rng.randrange(1, 3)):
+            at = rng.randrange(len(b))
+            if b[at] in VARIANTS and rng.random() < 0.8:
+                b[at] = VARIANTS[b[at]]
+            else:
+                b.insert(at, rng.choice(PIECES[-7:-4]))
+        pa, pb = _prompt(rng, a), _prompt(rng, b)
+        if rng.random() < 0.5:
+            for p, k in ((pa, len(a) - 2), (pb, len(b) - 2)):
+                top = Part(K.MESSAGE, index=0, name="system")
+                p.sections[:] = [Section(SectionPath.of(top), 0, k, 0, p.byte_offset(k))]
+        d = align(pa, pb)
+        for i, h in enumerate(d.hunks):
+            yield pa, pb, d, h, i
+
+
 def _setting_as_was(ctx: ex.Ctx):
     """`detect_setting` as it was: both lines decoded, then looked at."""
     la, lb = ex._line_at(ctx.a, ctx.h.a_byte_start), ex._line_at(ctx.b, ctx.h.b_byte_start)
@@ -82,12 +123,14 @@ def ungate(monkeypatch):
         monkeypatch.setattr(ex.Ctx, "hyphens", lambda self: True)
         monkeypatch.setattr(ex._Index, "last_message", 1 << 30)
         monkeypatch.setattr(ex, "_may_set", lambda line: b":" in line or b"=" in line)
+        monkeypatch.setattr(ex._Index, "in_system", lambda self, token: True)
+        monkeypatch.setattr(ex.Ctx, "extended", lambda self: ex._extended(self.a, self.b, self.h))
 
     return turn_off
 
 
 def test_gated_detectors_find_what_they_find_ungated(ungate):
-    cases = list(_pairs(10, 2500)) + list(_cases(31, 800))
+    cases = list(_pairs(10, 2500)) + list(_cases(31, 800)) + list(_variants(12, 2500))
     gated = [[det(ex.Ctx(*c)) for det in GATED] for c in cases]
     settings = [_setting_as_was(ex.Ctx(*c)) for c in cases]
     ungate()
@@ -132,3 +175,14 @@ def test_a_setting_line_the_gate_passes_by_is_no_match():
 def test_owners_besides_sections_are_no_message():
     """`_Index.last_message`'s premise: `Prompt.owner` gives a section's path, NO_SECTION or END_OF_PROMPT."""
     assert NO_SECTION.top is None and END_OF_PROMPT.top is not None and END_OF_PROMPT.top.kind != K.MESSAGE
+
+
+def test_a_kelvin_sign_is_ascii_k_in_another_form():
+    """unicode_form's byte gate asks both sides to be ASCII: one side ASCII may still be another form of the
+    other (the Kelvin sign's canonical form is K)."""
+    rng = random.Random(1)
+    a = _prompt(rng, ["word", " the", "K", " the", "word"])
+    b = _prompt(rng, ["word", " the", "\u212a", " the", "word"])
+    d = align(a, b)
+    found = ex.detect_unicode_form(ex.Ctx(a, b, d, d.hunks[0], 0))
+    assert found is not None and found.kind == ex.C.UNICODE_NORMALIZED

@@ -40,7 +40,21 @@ class Ctx:
     what most detectors read). A plain class: a dataclass costs ~0.6 ms to create at import, in every
     `tokendiff diff`."""
 
-    __slots__ = ("a", "b", "d", "h", "i", "_wins", "_lens", "_a_text", "_b_text", "_a_str", "_b_str", "_digitless")
+    __slots__ = (
+        "a",
+        "b",
+        "d",
+        "h",
+        "i",
+        "_wins",
+        "_lens",
+        "_a_text",
+        "_b_text",
+        "_a_str",
+        "_b_str",
+        "_digitless",
+        "_ext",
+    )
 
     def __init__(self, a: Prompt, b: Prompt, d: Divergence, h: Hunk, i: int):
         self.a, self.b, self.d, self.h, self.i = a, b, d, h, i
@@ -51,6 +65,7 @@ class Ctx:
         self._a_str: str | None = None
         self._b_str: str | None = None
         self._digitless: tuple[bool, bool] | None = None
+        self._ext: tuple[bytes, bytes] | None = None
 
     @property
     def a_text(self) -> bytes:
@@ -112,6 +127,12 @@ class Ctx:
         if self._digitless is None:
             self._digitless = (_digitless(self.a_window_bytes()), _digitless(self.b_window_bytes()))
         return self._digitless
+
+    def extended(self) -> tuple[bytes, bytes]:
+        """`_extended(a, b, h)`, cut once (line_endings and unicode_form read it)."""
+        if self._ext is None:
+            self._ext = _extended(self.a, self.b, self.h)
+        return self._ext
 
     def a_window_bytes(self) -> bytes:
         """The bytes `a_win()` decodes."""
@@ -331,7 +352,7 @@ class _Index:
         self._generated: tuple[Section | None] | None = None
         self._results: list[Section] | None = None
         self._id_positions: bool | None = None
-        self._systems: bool | None = None
+        self._systems: list[tuple[int, int]] | None = None
         self._first: dict[K, Section | None] = {}
         self._starts: tuple[list[int] | None] | None = None
         self._last_message: int | None = None
@@ -399,11 +420,19 @@ class _Index:
         return self._last_message
 
     @property
-    def systems(self) -> bool:
-        """Some turn (top-level section) is a system turn."""
+    def systems(self) -> list[tuple[int, int]]:
+        """The token ranges of the system turns (top-level sections)."""
         if self._systems is None:
-            self._systems = any(_is_system(s.path) for s in self.tops)
+            self._systems = [(s.start, s.end) for s in self.tops if _is_system(s.path)]
         return self._systems
+
+    def in_system(self, token: int) -> bool:
+        """A system turn holds `token` (`turn_at` gives a top holding it: where none of these does, no system
+        turn)."""
+        for s, e in self.systems:  # noqa: SIM110 - a loop, not any() of a generator: two a hunk; mostly one range
+            if s <= token < e:
+                return True
+        return False
 
 
 def _index(p: Prompt) -> _Index:
@@ -599,8 +628,7 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
 def detect_reasoning(ctx: Ctx) -> Finding | None:
     """reasoning_stripped and reasoning_dropped_by_client: reasoning kept in A, gone from B."""
     a_reason = _is_reasoning(ctx.a_path) or b"<think>" in ctx.a_text or b"analysis<|message|>" in ctx.a_text
-    b_reason = _is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_str)
-    if not a_reason or b_reason:
+    if not a_reason or (_is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_str)):  # B's read only where A's is
         return None
     top = ctx.a_path.top
     if top and top.kind == K.GENERATION_PROMPT and _prefill_only(ctx.a_str):
@@ -878,7 +906,7 @@ def _enclosing_json(data: bytes, start: int, end: int, limit: int = 65536) -> tu
 def detect_json_reserialized(ctx: Ctx) -> Finding | None:
     """json_reserialized: the same JSON value serialised differently."""
     ja = _enclosing_json(ctx.a.data, ctx.h.a_byte_start, ctx.h.a_byte_end)
-    jb = _enclosing_json(ctx.b.data, ctx.h.b_byte_start, ctx.h.b_byte_end)
+    jb = _enclosing_json(ctx.b.data, ctx.h.b_byte_start, ctx.h.b_byte_end) if ja else None  # both needed
     if not ja or not jb:
         return None
     ta, tb = ctx.a.data[ja[0] : ja[1]], ctx.b.data[jb[0] : jb[1]]
@@ -1062,8 +1090,8 @@ def _merge_story(ctx: Ctx, added: str) -> tuple[str, Origin]:
 def detect_system_appended(ctx: Ctx) -> Finding | None:
     """system_appended: text inserted at the end of the system prompt (a reminder or a plan-mode note
     folded into the first system block); system_moved when A had the text later."""
-    if not (_index(ctx.a).systems and _index(ctx.b).systems):
-        return None  # the turns at the hunk are among the tops, and neither can be a system turn
+    if not (_index(ctx.a).in_system(ctx.h.a_start) and _index(ctx.b).in_system(ctx.h.b_start)):
+        return None  # the turn at the hunk holds its token: where no system turn does, it is none
     ta, tb = _turn_at(ctx.a, ctx.h.a_start), _turn_at(ctx.b, ctx.h.b_start)
     if ta is None or tb is None or not (_is_system(ta.path) and _is_system(tb.path)):
         return None
@@ -1444,7 +1472,7 @@ def _lf(text: bytes) -> bytes:
 def detect_line_endings(ctx: Ctx) -> Finding | None:
     """line_endings: the same text with CRLF line endings on one side and LF on the other (a tool's
     output read on Windows, or normalised by the client on one turn only)."""
-    a, b = _extended(ctx.a, ctx.b, ctx.h)
+    a, b = ctx.extended()
     if a == b or _lf(a) != _lf(b):
         return None
     crlf_a, crlf_b = (
@@ -1524,11 +1552,11 @@ def detect_whitespace(ctx: Ctx) -> Finding | None:
 def detect_unicode_form(ctx: Ctx) -> Finding | None:
     """unicode_normalized: the same characters in another Unicode normalisation form (NFC "é" as one code
     point, NFD as "e" and a combining accent): canonically equal, different bytes, different tokens."""
-    ea, eb = _extended(ctx.a, ctx.b, ctx.h)
-    if ea == eb or len(ea) > 4096 or len(eb) > 4096:
-        return None
+    ea, eb = ctx.extended()
+    if ea == eb or len(ea) > 4096 or len(eb) > 4096 or (ea.isascii() and eb.isascii()):
+        return None  # ASCII is its own form: different text, not another form (ASCII bytes decode to ASCII)
     ua, ub = ea.decode("utf-8", "replace"), eb.decode("utf-8", "replace")
-    if ua == ub or (ua.isascii() and ub.isascii()):  # ASCII is its own form: different text, not another form
+    if ua == ub or (ua.isascii() and ub.isascii()):
         return None
     import unicodedata
 
