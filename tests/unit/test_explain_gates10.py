@@ -26,11 +26,12 @@ PIECES = [
     "rea\u017fon", "thin\u212aing", "/think", "/no_think", "thinking", "session_id=", "nonce:", "<|im_start|>",
     "<|im_end|>", "user", "\u00e9", "<system-reminder>", "x" * 30, " 50%", "Thu", "\r\n",
     "e\u0301", '{"k": 1}', '{"k":1}', " <system-reminder>a note</system-reminder>", "<think>", "</think>",
-    "K", "\u212a", '{"a": [', "]}",
+    "K", "\u212a", "ab", "a", "b", '{"a": [', "]}",
 ]  # fmt: skip
 VARIANTS = {"\n": "\r\n", "\r\n": "\n", "\u00e9": "e\u0301", "e\u0301": "\u00e9", '{"k": 1}': '{"k":1}', "K": "\u212a"}
 # the Kelvin sign's canonical form is ASCII K: one side ASCII, the two the same text
 SPECIAL = {"<|im_start|>", "<|im_end|>"}
+NOTES = [" <system-reminder>a note</system-reminder>", "<think>", "</think>"]  # put in by `_variants`
 GATED = (
     ex.detect_date,
     ex.detect_nonce,
@@ -42,6 +43,7 @@ GATED = (
     ex.detect_line_endings,
     ex.detect_reasoning,
     ex.detect_json_reserialized,
+    ex.detect_bpe_boundary,  # its gate on the first bytes is held to `is_boundary` below
 )
 
 
@@ -87,8 +89,10 @@ def _variants(seed: int, n: int):
             at = rng.randrange(len(b))
             if b[at] in VARIANTS and rng.random() < 0.8:
                 b[at] = VARIANTS[b[at]]
+            elif b[at] == "ab":  # the same bytes as two tokens: a BPE boundary
+                b[at : at + 1] = ["a", "b"]
             else:
-                b.insert(at, rng.choice(PIECES[-7:-4]))
+                b.insert(at, rng.choice(NOTES))
         pa, pb = _prompt(rng, a), _prompt(rng, b)
         if rng.random() < 0.5:
             for p, k in ((pa, len(a) - 2), (pb, len(b) - 2)):
@@ -122,7 +126,7 @@ def ungate(monkeypatch):
         monkeypatch.setattr(ex.Ctx, "digitless", lambda self: (False, False))
         monkeypatch.setattr(ex.Ctx, "hyphens", lambda self: True)
         monkeypatch.setattr(ex._Index, "last_message", 1 << 30)
-        monkeypatch.setattr(ex, "_may_set", lambda line: b":" in line or b"=" in line)
+        monkeypatch.setattr(ex, "_may_set", lambda line: True)
         monkeypatch.setattr(ex._Index, "in_system", lambda self, token: True)
         monkeypatch.setattr(ex.Ctx, "extended", lambda self: ex._extended(self.a, self.b, self.h))
 
@@ -139,6 +143,7 @@ def test_gated_detectors_find_what_they_find_ungated(ungate):
             prompt.__dict__.pop("_explain_index", None)
         assert row == [det(ex.Ctx(*c)) for det in GATED], (c[0].data, c[1].data, c[3])
         assert (row[3] is None) == (setting is None), (c[0].data, c[1].data, c[3])
+        assert (row[-1] is None) == (not ex.is_boundary(c[0], c[1], c[3])), (c[0].data, c[1].data, c[3])
     for k, det in enumerate(GATED):  # each detector speaks on some hunks, and stays silent on others
         assert 20 <= sum(row[k] is not None for row in gated) < len(cases), det.__name__
 
@@ -167,7 +172,7 @@ def test_a_setting_line_the_gate_passes_by_is_no_match():
     rng = random.Random(6)
     for _ in range(20000):
         line = "".join(rng.choice(PIECES) for _ in range(rng.randrange(8))).replace("\n", " ")
-        if not ex._may_set(line.encode()):
+        if not ((":" in line or "=" in line) and ex._may_set(line.encode())):
             assert ex.SETTING_LINE_RE.search(line) is None, line
     assert ex.SETTING_LINE_RE.search("rea\u017foning: high") and ex.SETTING_LINE_RE.search("thin\u212aing: on")
 

@@ -310,7 +310,8 @@ def _changed(ctx: Ctx, rx: re.Pattern[str]) -> tuple[str, str] | None:
 def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
     """bpe_boundary: the IDs differ, the bytes do not (output_retokenized when that is inside the
     model's answer rather than where the generation began)."""
-    if not is_boundary(ctx.a, ctx.b, ctx.h):
+    ta, tb = ctx.a_text, ctx.b_text  # the bytes `is_boundary` compares: no common first byte, no boundary
+    if not ta or not tb or ta[0] != tb[0] or not is_boundary(ctx.a, ctx.b, ctx.h):
         return None
     gen = ctx.a_path.has(K.GENERATED)
     inside = retokenized_finding(ctx, ctx.h.a_start, ctx.h.b_start) if gen else None
@@ -1268,11 +1269,9 @@ _SETTING_WORDS = (b"reasoning", b"effort", b"thinking", b"mode", b"verbosity")  
 
 
 def _may_set(line: bytes) -> bool:
-    """The line may hold a SETTING_LINE_RE match: its key ends in ':' or '=', and an ASCII line holds one of its
-    keys' words, any case (a line with other bytes is searched: re's IGNORECASE matches 'ſ' to 's' and 'K' (the
-    Kelvin sign) to 'k')."""
-    if b":" not in line and b"=" not in line:
-        return False
+    """A line holding ':' or '=' (where every key ends) may hold a SETTING_LINE_RE match: an ASCII one holds one of
+    its keys' words, any case (a line with other bytes is searched: re's IGNORECASE matches 'ſ' to 's' and 'K'
+    (the Kelvin sign) to 'k')."""
     if not line.isascii():
         return True
     low = line.lower()
@@ -1323,7 +1322,7 @@ def detect_setting(ctx: Ctx) -> Finding | None:
     # decode to themselves ("replace" included) and no other bytes decode to ASCII, so each is in the text
     # where it is in the bytes; a line is decoded only where a pattern is searched in it
     ma = mb = None
-    if _may_set(ra) and _may_set(rb):
+    if (b":" in ra or b"=" in ra) and (b":" in rb or b"=" in rb) and _may_set(ra) and _may_set(rb):
         ma, mb = SETTING_LINE_RE.search(_text(ra)), SETTING_LINE_RE.search(_text(rb))
     sa = THINK_SWITCH_RE.findall(_text(ra)) if b"think" in ra else []
     sb = THINK_SWITCH_RE.findall(_text(rb)) if b"think" in rb else []
