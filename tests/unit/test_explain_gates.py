@@ -83,16 +83,14 @@ class _Ungated:
     """The index's gates answering 'look': every detector runs its full path."""
 
     id_positions = True
-
-    def in_system(self, token: int) -> bool:
-        return True
+    systems = True
 
 
 @pytest.fixture
 def ungate(monkeypatch):
     def turn_off():
         monkeypatch.setattr(ex._Index, "id_positions", _Ungated.id_positions)
-        monkeypatch.setattr(ex._Index, "in_system", _Ungated.in_system)
+        monkeypatch.setattr(ex._Index, "systems", _Ungated.systems)
 
     return turn_off
 

@@ -127,7 +127,6 @@ def ungate(monkeypatch):
         monkeypatch.setattr(ex.Ctx, "hyphens", lambda self: True)
         monkeypatch.setattr(ex._Index, "last_message", 1 << 30)
         monkeypatch.setattr(ex, "_may_set", lambda line: True)
-        monkeypatch.setattr(ex._Index, "in_system", lambda self, token: True)
         monkeypatch.setattr(ex.Ctx, "extended", lambda self: ex._extended(self.a, self.b, self.h))
 
     return turn_off
@@ -175,6 +174,22 @@ def test_a_setting_line_the_gate_passes_by_is_no_match():
         if not ((":" in line or "=" in line) and ex._may_set(line.encode())):
             assert ex.SETTING_LINE_RE.search(line) is None, line
     assert ex.SETTING_LINE_RE.search("rea\u017foning: high") and ex.SETTING_LINE_RE.search("thin\u212aing: on")
+
+
+def test_the_last_message_is_the_largest_index_of_a_message_part_first():
+    """`_Index.last_message`'s C-level passes against the sections read one by one (`index or 0`, -1: none)."""
+    rng = random.Random(8)
+    kinds = (K.MESSAGE, K.TOOLS, K.BOS, K.GENERATION_PROMPT)
+    for _ in range(2000):
+        secs = []
+        for _ in range(rng.randrange(6)):
+            parts = tuple(
+                Part(rng.choice(kinds), index=rng.choice([None, 0, 1, 2, 7, -3])) for _ in range(rng.randrange(3))
+            )
+            secs.append(Section(SectionPath(parts), 0, 1, 0, 1))
+        firsts = [s.path.parts[0] for s in secs if s.path.parts]
+        want = max((p.index or 0 for p in firsts if p.kind == K.MESSAGE), default=-1)
+        assert ex._Index(secs).last_message == want, secs
 
 
 def test_owners_besides_sections_are_no_message():

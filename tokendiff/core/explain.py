@@ -17,6 +17,8 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable, Iterator, Sequence
+from itertools import compress, repeat
+from operator import attrgetter, eq, itemgetter
 
 from tokendiff.core.align import first_byte_diff, is_boundary, shared_prefix, shared_suffix
 from tokendiff.core.causes import BILLING_FIX, finding
@@ -353,7 +355,7 @@ class _Index:
         self._generated: tuple[Section | None] | None = None
         self._results: list[Section] | None = None
         self._id_positions: bool | None = None
-        self._systems: list[tuple[int, int]] | None = None
+        self._systems: bool | None = None
         self._first: dict[K, Section | None] = {}
         self._starts: tuple[list[int] | None] | None = None
         self._last_message: int | None = None
@@ -415,25 +417,26 @@ class _Index:
     def last_message(self) -> int:
         """The highest message index (`index or 0`) any section's top part is a message of; -1 where none
         is: every owner `Prompt.owner` gives is a section's path (or NO_SECTION, END_OF_PROMPT: no message)."""
-        if self._last_message is None:
-            tops = (s.path.parts[0] for s in self.sections if s.path.parts)
-            self._last_message = max((p.index or 0 for p in tops if p.kind == K.MESSAGE), default=-1)
+        if self._last_message is None:  # C-level passes over the sections (a long prompt has hundreds)
+            firsts = list(map(_FIRST, filter(None, map(_PARTS, self.sections))))
+            indices = list(map(_INDEX, compress(firsts, map(eq, map(_KIND, firsts), repeat(K.MESSAGE)))))
+            given = list(filter(None, indices))  # `index or 0` of each: those given, and 0 for any other
+            top = max(given) if given else 0
+            self._last_message = -1 if not indices else max(top, 0) if len(given) < len(indices) else top
         return self._last_message
 
     @property
-    def systems(self) -> list[tuple[int, int]]:
-        """The token ranges of the system turns (top-level sections)."""
+    def systems(self) -> bool:
+        """Some turn (top-level section) is a system turn."""
         if self._systems is None:
-            self._systems = [(s.start, s.end) for s in self.tops if _is_system(s.path)]
+            self._systems = any(_is_system(s.path) for s in self.tops)
         return self._systems
 
-    def in_system(self, token: int) -> bool:
-        """A system turn holds `token` (`turn_at` gives a top holding it: where none of these does, no system
-        turn)."""
-        for s, e in self.systems:  # noqa: SIM110 - a loop, not any() of a generator: two a hunk; mostly one range
-            if s <= token < e:
-                return True
-        return False
+
+_PARTS = attrgetter("path.parts")
+_FIRST = itemgetter(0)
+_KIND = attrgetter("kind")
+_INDEX = attrgetter("index")
 
 
 def _index(p: Prompt) -> _Index:
@@ -1091,10 +1094,13 @@ def _merge_story(ctx: Ctx, added: str) -> tuple[str, Origin]:
 def detect_system_appended(ctx: Ctx) -> Finding | None:
     """system_appended: text inserted at the end of the system prompt (a reminder or a plan-mode note
     folded into the first system block); system_moved when A had the text later."""
-    if not (_index(ctx.a).in_system(ctx.h.a_start) and _index(ctx.b).in_system(ctx.h.b_start)):
-        return None  # the turn at the hunk holds its token: where no system turn does, it is none
-    ta, tb = _turn_at(ctx.a, ctx.h.a_start), _turn_at(ctx.b, ctx.h.b_start)
-    if ta is None or tb is None or not (_is_system(ta.path) and _is_system(tb.path)):
+    if not (_index(ctx.a).systems and _index(ctx.b).systems):
+        return None  # the turns at the hunk are among the tops, and neither can be a system turn
+    ta = _turn_at(ctx.a, ctx.h.a_start)
+    if ta is None or not _is_system(ta.path):
+        return None  # B's turn is looked up only where A's is a system turn
+    tb = _turn_at(ctx.b, ctx.h.b_start)
+    if tb is None or not _is_system(tb.path):
         return None
     tail_a = ctx.a.data[ctx.h.a_byte_end : ta.byte_end]
     tail_b = ctx.b.data[ctx.h.b_byte_end : tb.byte_end]
