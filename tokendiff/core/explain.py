@@ -739,7 +739,7 @@ def detect_tools(ctx: Ctx) -> Finding | None:
     return None
 
 
-_TIME_OF_DAY = re.compile(r"\d{1,2}:\d{2}|T\d{2}|\b\d{9,13}\b")
+_TIME_OF_DAY = Lazy(r"\d{1,2}:\d{2}|T\d{2}|\b\d{9,13}\b")  # read for a date found only
 
 
 def _has_time(change: tuple[str, str]) -> bool:
@@ -1245,12 +1245,13 @@ def detect_result_truncated(ctx: Ctx) -> Finding | None:
     )
 
 
-SETTING_LINE_RE = re.compile(
+# both searched only where a line may hold a match (`detect_setting`): compiled then, not at import
+SETTING_LINE_RE = Lazy(
     r"^[ \t#*>-]*((?:reasoning(?:[ _]effort)?|effort|thinking(?: mode| budget)?|(?:permission |agent |plan )?mode"
     r"|verbosity|reasoning_effort)\s*[:=])\s*(\S[^\n]{0,60})$",
     re.I | re.M,
 )
-THINK_SWITCH_RE = re.compile(r"(?<![<\w])/(?:no_?)?think\b")  # Qwen3's /think and /no_think, not </think>
+THINK_SWITCH_RE = Lazy(r"(?<![<\w])/(?:no_?)?think\b")  # Qwen3's /think and /no_think, not </think>
 SETTING_KEYS = ("reasoning_effort", "enable_thinking", "thinking", "reasoning", "thinking_budget")
 
 
