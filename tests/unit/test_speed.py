@@ -30,6 +30,8 @@ from tokendiff.notices import Aggregated, sink
 from tokendiff.sources.templates.render import Renderer
 from tokendiff.sources.tokenizers import load_vocab, text_tokenizer
 
+from .test_owner_search import _scan as scan_owner
+
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = "the a parser test file function returns value error line json tool call result".split()
 
@@ -461,16 +463,7 @@ def test_owner_map_is_the_scan(tmp_path):
     loaded = open_session(PromptOptions(), [str(cap)], single_turns=False, workers=1)
     p = loaded.prompts[-1]
 
-    def scan(token):
-        best = None
-        for s in p.sections:
-            if s.start <= token < s.end and (best is None or len(s.path) > len(best.path)):
-                best = s
-        if best is None and token >= len(p) and p.sections:
-            return model.END_OF_PROMPT
-        return best.path if best else model.NO_SECTION
-
-    assert all(p.owner(t) == scan(t) for t in range(-2, len(p) + 3))
+    assert all(p.owner(t) == scan_owner(p, t) for t in range(-2, len(p) + 3))
     assert p.__dict__["_owners"][3] is not None  # the map was made
 
 

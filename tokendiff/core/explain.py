@@ -17,6 +17,8 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable, Iterator, Sequence
+from itertools import compress, repeat
+from operator import attrgetter, eq, itemgetter
 
 from tokendiff.core.align import first_byte_diff, is_boundary, shared_prefix, shared_suffix
 from tokendiff.core.causes import BILLING_FIX, finding
@@ -40,7 +42,21 @@ class Ctx:
     what most detectors read). A plain class: a dataclass costs ~0.6 ms to create at import, in every
     `tokendiff diff`."""
 
-    __slots__ = ("a", "b", "d", "h", "i", "_wins", "_lens", "_a_text", "_b_text", "_a_str", "_b_str")
+    __slots__ = (
+        "a",
+        "b",
+        "d",
+        "h",
+        "i",
+        "_wins",
+        "_lens",
+        "_a_text",
+        "_b_text",
+        "_a_str",
+        "_b_str",
+        "_digitless",
+        "_ext",
+    )
 
     def __init__(self, a: Prompt, b: Prompt, d: Divergence, h: Hunk, i: int):
         self.a, self.b, self.d, self.h, self.i = a, b, d, h, i
@@ -50,6 +66,8 @@ class Ctx:
         self._b_text: bytes | None = None
         self._a_str: str | None = None
         self._b_str: str | None = None
+        self._digitless: tuple[bool, bool] | None = None
+        self._ext: tuple[bytes, bytes] | None = None
 
     @property
     def a_text(self) -> bytes:
@@ -102,6 +120,34 @@ class Ctx:
             got = p.data[s : hi + pad].decode("utf-8", "replace"), len(p.data[s:lo].decode("utf-8", "replace"))
             self._wins[(side, pad)] = got
         return got
+
+    def digitless(self) -> tuple[bool, bool]:
+        """For A's and B's PAD window (`a_win()`, `b_win()`): its bytes are ASCII and hold no digit. Such a
+        window decodes to the same characters, so it holds no match of a pattern every match of which holds a
+        digit (`\\d` is [0-9] on ASCII text): NUMBER_RE, HEX_RE (its lookahead); DATE_RE but a day's name. Read
+        from the bytes, so a detector it settles decodes no window."""
+        if self._digitless is None:
+            self._digitless = (_digitless(self.a_window_bytes()), _digitless(self.b_window_bytes()))
+        return self._digitless
+
+    def extended(self) -> tuple[bytes, bytes]:
+        """`_extended(a, b, h)`, cut once (line_endings and unicode_form read it)."""
+        if self._ext is None:
+            self._ext = _extended(self.a, self.b, self.h)
+        return self._ext
+
+    def a_window_bytes(self) -> bytes:
+        """The bytes `a_win()` decodes."""
+        h = self.h
+        return self.a.data[max(0, h.a_byte_start - PAD) : h.a_byte_end + PAD]
+
+    def b_window_bytes(self) -> bytes:
+        h = self.h
+        return self.b.data[max(0, h.b_byte_start - PAD) : h.b_byte_end + PAD]
+
+    def hyphens(self) -> bool:
+        """Both PAD windows hold a '-' (every UUID_RE match does)."""
+        return b"-" in self.a_window_bytes() and b"-" in self.b_window_bytes()
 
     @property
     def a_path(self) -> SectionPath:
@@ -191,7 +237,17 @@ def _settled_empty(text: str, words: tuple[bytes, ...]) -> bool:
     raw = text.encode()  # ASCII: the same characters, and bytes' tests run without Unicode tables
     if len(raw.translate(None, _DIGITS)) != len(raw):
         return False
-    if not words or raw.islower():
+    return not words or _without(raw, words)
+
+
+def _digitless(raw: bytes) -> bool:
+    """ASCII bytes without a digit (`Ctx.digitless`)."""
+    return raw.isascii() and len(raw.translate(None, _DIGITS)) == len(raw)
+
+
+def _without(raw: bytes, words: tuple[bytes, ...]) -> bool:
+    """`raw` holds none of `words`, each capitalised (no capital letter at all, or none of them)."""
+    if raw.islower():
         return True
     for w in words:  # noqa: SIM110 - a loop, not any() of a generator: three windows a hunk
         if w in raw:
@@ -256,7 +312,8 @@ def _changed(ctx: Ctx, rx: re.Pattern[str]) -> tuple[str, str] | None:
 def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
     """bpe_boundary: the IDs differ, the bytes do not (output_retokenized when that is inside the
     model's answer rather than where the generation began)."""
-    if not is_boundary(ctx.a, ctx.b, ctx.h):
+    ta, tb = ctx.a_text, ctx.b_text  # the bytes `is_boundary` compares: no common first byte, no boundary
+    if not ta or not tb or ta[0] != tb[0] or not is_boundary(ctx.a, ctx.b, ctx.h):
         return None
     gen = ctx.a_path.has(K.GENERATED)
     inside = retokenized_finding(ctx, ctx.h.a_start, ctx.h.b_start) if gen else None
@@ -288,6 +345,7 @@ class _Index:
         "_systems",
         "_first",
         "_starts",
+        "_last_message",
     )
 
     def __init__(self, sections: list[Section]):
@@ -300,6 +358,7 @@ class _Index:
         self._systems: bool | None = None
         self._first: dict[K, Section | None] = {}
         self._starts: tuple[list[int] | None] | None = None
+        self._last_message: int | None = None
 
     @property
     def tops(self) -> list[Section]:
@@ -355,11 +414,29 @@ class _Index:
         return self._id_positions
 
     @property
+    def last_message(self) -> int:
+        """The highest message index (`index or 0`) any section's top part is a message of; -1 where none
+        is: every owner `Prompt.owner` gives is a section's path (or NO_SECTION, END_OF_PROMPT: no message)."""
+        if self._last_message is None:  # C-level passes over the sections (a long prompt has hundreds)
+            firsts = list(map(_FIRST, filter(None, map(_PARTS, self.sections))))
+            indices = list(map(_INDEX, compress(firsts, map(eq, map(_KIND, firsts), repeat(K.MESSAGE)))))
+            given = list(filter(None, indices))  # `index or 0` of each: those given, and 0 for any other
+            top = max(given) if given else 0
+            self._last_message = -1 if not indices else max(top, 0) if len(given) < len(indices) else top
+        return self._last_message
+
+    @property
     def systems(self) -> bool:
         """Some turn (top-level section) is a system turn."""
         if self._systems is None:
             self._systems = any(_is_system(s.path) for s in self.tops)
         return self._systems
+
+
+_PARTS = attrgetter("path.parts")
+_FIRST = itemgetter(0)
+_KIND = attrgetter("kind")
+_INDEX = attrgetter("index")
 
 
 def _index(p: Prompt) -> _Index:
@@ -555,8 +632,7 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
 def detect_reasoning(ctx: Ctx) -> Finding | None:
     """reasoning_stripped and reasoning_dropped_by_client: reasoning kept in A, gone from B."""
     a_reason = _is_reasoning(ctx.a_path) or b"<think>" in ctx.a_text or b"analysis<|message|>" in ctx.a_text
-    b_reason = _is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_str)
-    if not a_reason or b_reason:
+    if not a_reason or (_is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_str)):  # B's read only where A's is
         return None
     top = ctx.a_path.top
     if top and top.kind == K.GENERATION_PROMPT and _prefill_only(ctx.a_str):
@@ -663,7 +739,7 @@ def detect_tools(ctx: Ctx) -> Finding | None:
     return None
 
 
-_TIME_OF_DAY = re.compile(r"\d{1,2}:\d{2}|T\d{2}|\b\d{9,13}\b")
+_TIME_OF_DAY = Lazy(r"\d{1,2}:\d{2}|T\d{2}|\b\d{9,13}\b")  # read for a date found only
 
 
 def _has_time(change: tuple[str, str]) -> bool:
@@ -673,6 +749,8 @@ def _has_time(change: tuple[str, str]) -> bool:
 
 def detect_date(ctx: Ctx) -> Finding | None:
     """date: a date or time changed, or one was inserted (the first turn that carries it)."""
+    if ctx.digitless()[1] and _without(ctx.b_window_bytes(), _DAY_WORDS):
+        return None  # B's window holds no match: `_changed` needs one there, `_inserted` one in it with a digit
     ch = _changed(ctx, DATE_RE)
     inserted = None if ch else _inserted(ctx, DATE_RE)
     if not ch and not inserted:
@@ -718,16 +796,21 @@ def _inserted(ctx: Ctx, rx: re.Pattern[str]) -> str | None:
 
 def detect_nonce(ctx: Ctx) -> Finding | None:
     """nonce: a UUID, hex nonce or request id changed."""
-    ch = _changed(ctx, UUID_RE) or _changed(ctx, HEX_RE)
-    wa, _ = ctx.a_win()
+    # `_changed` needs a match in both windows: a UUID holds '-' (the same byte decoded or not); on a window
+    # `Ctx.digitless` there is no HEX_RE match
+    ch = _changed(ctx, UUID_RE) if ctx.hyphens() else None
+    if not ch and not any(ctx.digitless()):
+        ch = _changed(ctx, HEX_RE)
     if not ch:  # an identifier-like change next to a nonce key
         a = ctx.a_str
         b = ctx.b_str
         if not (a and b and re.fullmatch(r"[0-9A-Za-z_\-]{3,}", a) and re.fullmatch(r"[0-9A-Za-z_\-]{3,}", b)):
             return None
+        wa, _ = ctx.a_win()
         if not ("=" in wa or ":" in wa) or not NONCE_KEY_RE.search(wa):  # a key's match ends in '=' or ':'
             return None
         ch = (a, b)
+    wa, _ = ctx.a_win()
     billing = "cch=" in wa or "billing" in wa.lower()
     return finding(
         C.NONCE,
@@ -827,7 +910,7 @@ def _enclosing_json(data: bytes, start: int, end: int, limit: int = 65536) -> tu
 def detect_json_reserialized(ctx: Ctx) -> Finding | None:
     """json_reserialized: the same JSON value serialised differently."""
     ja = _enclosing_json(ctx.a.data, ctx.h.a_byte_start, ctx.h.a_byte_end)
-    jb = _enclosing_json(ctx.b.data, ctx.h.b_byte_start, ctx.h.b_byte_end)
+    jb = _enclosing_json(ctx.b.data, ctx.h.b_byte_start, ctx.h.b_byte_end) if ja else None  # both needed
     if not ja or not jb:
         return None
     ta, tb = ctx.a.data[ja[0] : ja[1]], ctx.b.data[jb[0] : jb[1]]
@@ -856,6 +939,8 @@ def detect_json_reserialized(ctx: Ctx) -> Finding | None:
 
 def detect_counter(ctx: Ctx) -> Finding | None:
     """counter: a counter or percentage changed (memory items, tokens left ...)."""
+    if any(ctx.digitless()):
+        return None  # `_changed` needs a match of NUMBER_RE, which holds a digit, in both windows
     ch = _changed(ctx, NUMBER_RE)
     if not ch or len(ctx.a_text.strip()) > 16 or len(ctx.b_text.strip()) > 16:
         return None
@@ -1011,8 +1096,11 @@ def detect_system_appended(ctx: Ctx) -> Finding | None:
     folded into the first system block); system_moved when A had the text later."""
     if not (_index(ctx.a).systems and _index(ctx.b).systems):
         return None  # the turns at the hunk are among the tops, and neither can be a system turn
-    ta, tb = _turn_at(ctx.a, ctx.h.a_start), _turn_at(ctx.b, ctx.h.b_start)
-    if ta is None or tb is None or not (_is_system(ta.path) and _is_system(tb.path)):
+    ta = _turn_at(ctx.a, ctx.h.a_start)
+    if ta is None or not _is_system(ta.path):
+        return None  # B's turn is looked up only where A's is a system turn
+    tb = _turn_at(ctx.b, ctx.h.b_start)
+    if tb is None or not _is_system(tb.path):
         return None
     tail_a = ctx.a.data[ctx.h.a_byte_end : ta.byte_end]
     tail_b = ctx.b.data[ctx.h.b_byte_end : tb.byte_end]
@@ -1054,8 +1142,8 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     """reminder_moved: a block removed from an older message shows up in a later message of B
     (opencode moves its <system-reminder> to the newest user message)."""
     src = ctx.a_path.top
-    if src is None or src.kind != K.MESSAGE:
-        return None
+    if src is None or src.kind != K.MESSAGE or (src.index or 0) >= _index(ctx.b).last_message:
+        return None  # not a message of A; or no message of B comes after it, where `_later_message` needs one
     # `_removed` is a part of A's side: shorter than 24 characters where that side is
     removed = _removed(ctx).strip() if ctx.text_lengths()[0] >= 24 else ""
     at = ctx.b.data.find(removed[:200].encode(), ctx.h.b_byte_end) if len(removed) >= 24 else -1
@@ -1157,12 +1245,13 @@ def detect_result_truncated(ctx: Ctx) -> Finding | None:
     )
 
 
-SETTING_LINE_RE = re.compile(
+# both searched only where a line may hold a match (`detect_setting`): compiled then, not at import
+SETTING_LINE_RE = Lazy(
     r"^[ \t#*>-]*((?:reasoning(?:[ _]effort)?|effort|thinking(?: mode| budget)?|(?:permission |agent |plan )?mode"
     r"|verbosity|reasoning_effort)\s*[:=])\s*(\S[^\n]{0,60})$",
     re.I | re.M,
 )
-THINK_SWITCH_RE = re.compile(r"(?<![<\w])/(?:no_?)?think\b")  # Qwen3's /think and /no_think, not </think>
+THINK_SWITCH_RE = Lazy(r"(?<![<\w])/(?:no_?)?think\b")  # Qwen3's /think and /no_think, not </think>
 SETTING_KEYS = ("reasoning_effort", "enable_thinking", "thinking", "reasoning", "thinking_budget")
 
 
@@ -1172,10 +1261,35 @@ LINE_REACH = 512  # a setting line is short; a megabyte-long line is read only t
 def _line_at(p: Prompt, byte: int) -> str:
     """The line holding `byte`, cut to LINE_REACH bytes each side so a prompt without newlines
     does not decode whole."""
-    lo, hi = max(0, byte - LINE_REACH), min(len(p.data), byte + LINE_REACH)
-    s = p.data.rfind(b"\n", lo, byte) + 1 or lo
-    e = p.data.find(b"\n", byte, hi)
-    return p.data[s : e if e >= 0 else hi].decode("utf-8", "replace")
+    return _text(_line_bytes(p.data, byte))
+
+
+def _line_bytes(data: bytes, byte: int) -> bytes:
+    """`_line_at`'s line, undecoded."""
+    lo, hi = max(0, byte - LINE_REACH), min(len(data), byte + LINE_REACH)
+    s = data.rfind(b"\n", lo, byte) + 1 or lo
+    e = data.find(b"\n", byte, hi)
+    return data[s : e if e >= 0 else hi]
+
+
+_SETTING_WORDS = (b"reasoning", b"effort", b"thinking", b"mode", b"verbosity")  # one in every key
+
+
+def _may_set(line: bytes) -> bool:
+    """A line holding ':' or '=' (where every key ends) may hold a SETTING_LINE_RE match: an ASCII one holds one of
+    its keys' words, any case (a line with other bytes is searched: re's IGNORECASE matches 'ſ' to 's' and 'K'
+    (the Kelvin sign) to 'k')."""
+    if not line.isascii():
+        return True
+    low = line.lower()
+    for w in _SETTING_WORDS:  # noqa: SIM110 - a loop, not any() of a generator: two lines a hunk
+        if w in low:
+            return True
+    return False
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
 
 
 def _request_settings(p: Prompt) -> dict[str, object]:
@@ -1209,14 +1323,16 @@ def _thinking_toggled(ctx: Ctx) -> str | None:
 def detect_setting(ctx: Ctx) -> Finding | None:
     """setting_changed: a setting rendered into the prompt changed (gpt-oss `Reasoning: high`, a
     Qwen3 /think or /no_think switch, a mode line in the system prompt)."""
-    la, lb = _line_at(ctx.a, ctx.h.a_byte_start), _line_at(ctx.b, ctx.h.b_byte_start)
+    ra, rb = _line_bytes(ctx.a.data, ctx.h.a_byte_start), _line_bytes(ctx.b.data, ctx.h.b_byte_start)
     # each pattern searched only where its match can be: SETTING_LINE_RE's key ends in ':' or '=', and
-    # both lines must hold one; a THINK_SWITCH_RE match holds "think"
+    # both lines must hold one; a THINK_SWITCH_RE match holds "think". Asked of the lines' bytes: ASCII bytes
+    # decode to themselves ("replace" included) and no other bytes decode to ASCII, so each is in the text
+    # where it is in the bytes; a line is decoded only where a pattern is searched in it
     ma = mb = None
-    if ("=" in la or ":" in la) and ("=" in lb or ":" in lb):
-        ma, mb = SETTING_LINE_RE.search(la), SETTING_LINE_RE.search(lb)
-    sa = THINK_SWITCH_RE.findall(la) if "think" in la else []
-    sb = THINK_SWITCH_RE.findall(lb) if "think" in lb else []
+    if (b":" in ra or b"=" in ra) and (b":" in rb or b"=" in rb) and _may_set(ra) and _may_set(rb):
+        ma, mb = SETTING_LINE_RE.search(_text(ra)), SETTING_LINE_RE.search(_text(rb))
+    sa = THINK_SWITCH_RE.findall(_text(ra)) if b"think" in ra else []
+    sb = THINK_SWITCH_RE.findall(_text(rb)) if b"think" in rb else []
     if ma and mb and ma.group(1).lower() == mb.group(1).lower() and ma.group(2) != mb.group(2):
         what = f"{ma.group(1)} {ma.group(2).strip()} -> {mb.group(2).strip()}"
     elif sa != sb and (sa or sb):
@@ -1362,7 +1478,7 @@ def _lf(text: bytes) -> bytes:
 def detect_line_endings(ctx: Ctx) -> Finding | None:
     """line_endings: the same text with CRLF line endings on one side and LF on the other (a tool's
     output read on Windows, or normalised by the client on one turn only)."""
-    a, b = _extended(ctx.a, ctx.b, ctx.h)
+    a, b = ctx.extended()
     if a == b or _lf(a) != _lf(b):
         return None
     crlf_a, crlf_b = (
@@ -1442,11 +1558,11 @@ def detect_whitespace(ctx: Ctx) -> Finding | None:
 def detect_unicode_form(ctx: Ctx) -> Finding | None:
     """unicode_normalized: the same characters in another Unicode normalisation form (NFC "é" as one code
     point, NFD as "e" and a combining accent): canonically equal, different bytes, different tokens."""
-    ea, eb = _extended(ctx.a, ctx.b, ctx.h)
-    if ea == eb or len(ea) > 4096 or len(eb) > 4096:
-        return None
+    ea, eb = ctx.extended()
+    if ea == eb or len(ea) > 4096 or len(eb) > 4096 or (ea.isascii() and eb.isascii()):
+        return None  # ASCII is its own form: different text, not another form (ASCII bytes decode to ASCII)
     ua, ub = ea.decode("utf-8", "replace"), eb.decode("utf-8", "replace")
-    if ua == ub or (ua.isascii() and ub.isascii()):  # ASCII is its own form: different text, not another form
+    if ua == ub or (ua.isascii() and ub.isascii()):
         return None
     import unicodedata
 

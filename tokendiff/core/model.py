@@ -12,6 +12,8 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
+from itertools import accumulate, islice
+from operator import itemgetter, le
 
 from tokendiff.core.kinds import CauseKind, HunkKind, Origin, SectionKind
 from tokendiff.core.plain import field, plain
@@ -382,12 +384,13 @@ class Prompt:
 
     def owner(self, token: int) -> SectionPath:
         """Path of the innermost section holding `token` (empty when none): the first of the deepest, in
-        the sections' order. A prompt asked many times (a long diff's hunks) looks it up in a map of every
-        token's owner, made once for its sections."""
+        the sections' order. Sections listed by their start (as the sectioning lists them) are searched from
+        the last one starting at or before `token` back to where none reaches it (`_Stabs`); a prompt asked
+        many times (a long diff's hunks) looks it up in a map of every token's owner, made once."""
         secs = self.sections
-        state = self.__dict__.get("_owners")  # [sections, their number, lookups, map or None]
+        state = self.__dict__.get("_owners")  # [sections, their number, lookups, map or None, _Stabs or None]
         if state is None or state[0] is not secs or state[1] != len(secs):
-            state = self.__dict__["_owners"] = [secs, len(secs), 0, None]
+            state = self.__dict__["_owners"] = [secs, len(secs), 0, None, None]
         if state[3] is None:
             state[2] += 1
             if state[2] > OWNER_SCANS:
@@ -396,10 +399,9 @@ class Prompt:
         if at is not None and 0 <= token < len(at):
             k = at[token]
             return secs[k].path if k >= 0 else NO_SECTION
-        best: Section | None = None
-        for s in secs:
-            if s.start <= token < s.end and (best is None or len(s.path) > len(best.path)):
-                best = s
+        if state[4] is None:
+            state[4] = _Stabs(secs)
+        best = state[4].deepest(secs, token)
         if best is None and token >= len(self) and secs:
             return END_OF_PROMPT
         return best.path if best else NO_SECTION
@@ -409,7 +411,44 @@ class Prompt:
         return path.label if path else "(no section)"
 
 
-OWNER_SCANS = 8  # owner lookups by scanning a prompt's sections before its map of owners is made
+OWNER_SCANS = 64  # owner lookups by searching a prompt's sections before its map of owners is made
+
+
+class _Stabs:
+    """The sections holding a token, found without reading them all where they are listed by their start: a
+    section holds token t where start <= t < end, so it is among those before `bisect_right(starts, t)`, and
+    none at or before index j does where the largest end among them (`reach[j]`) is t or less. Searched from
+    the last such section back, every section holding t is seen. Otherwise (`starts` None) every section is
+    read, in order."""
+
+    __slots__ = ("starts", "reach")
+
+    def __init__(self, sections: list[Section]):
+        starts = list(map(_START, sections))
+        ordered = all(map(le, starts, islice(starts, 1, None)))
+        self.starts = starts if ordered else None
+        self.reach = list(accumulate(map(_END, sections), max)) if ordered else []
+
+    def deepest(self, sections: list[Section], token: int) -> Section | None:
+        """The first of the deepest sections holding `token`, in the sections' order (None: none holds it)."""
+        best: Section | None = None
+        if self.starts is None:
+            for s in sections:
+                if s.start <= token < s.end and (best is None or len(s.path) > len(best.path)):
+                    best = s
+            return best
+        reach = self.reach
+        j = bisect_right(self.starts, token) - 1
+        while j >= 0 and reach[j] > token:
+            s = sections[j]
+            if s.end > token and (best is None or len(s.path) >= len(best.path)):  # >=: the earlier one wins
+                best = s
+            j -= 1
+        return best
+
+
+_START = itemgetter(1)  # Section.start
+_END = itemgetter(2)  # Section.end
 
 
 def _owner_map(sections: list[Section], n: int) -> array[int]:
