@@ -42,6 +42,7 @@ from tokendiff.core.align import (
     common_bytes,
     diff_spans,
     edit_then_insert_spans,
+    edit_then_strip_spans,
     shared_prefix,
     shared_suffix,
 )
@@ -222,12 +223,16 @@ class Tails:
         if rest is None and lcp2 < len(a2) and int(a2[lcp2]) == self.strips.open:
             if not self.strips.readable(a):  # A's text as the loader reads it (the strip pair reads A')
                 return None
-            spans = diff_spans(a, b, len(a))  # `edit_pair` holds them to the edit's, then the strip's: the
-            if spans[:1] != [(d, d + ra, d, d + rb)]:  # edit's first, before the strip pair's work (a date
-                return None  # whose digits align apart, 09 -> 10, is two hunks)
             got_a = self.strips.decoded.got  # A's decode, kept by `readable`; A' decoded from it
             self.strips.decoded.keep(a2, _spliced(self.vocab, got_a, b, (d, ra, rb)), None)
             rest = self.strips.pair(a2, b, lcp2, sections)
+            if rest is None:
+                return None
+            # the pair's spans (`edit_pair` holds them to the edit's, then the strip's), shown from the edit and
+            # the strip where align's argument holds, else diffed
+            spans = edit_then_strip_spans(a, b, (d, ra, rb), rest.lcp, rest.strip) or diff_spans(a, b, len(a))
+            if spans[:1] != [(d, d + ra, d, d + rb)]:
+                return None  # a date whose digits align apart (09 -> 10) is two hunks
         if rest is None:
             return None
         got_b = self.strips.decoded.got if self.strips.decoded.ids is b else None  # kept by the strip pair
