@@ -3,6 +3,7 @@ anchoring the whole middle (`align.edit_then_insert_spans`, `align.edit_then_str
 opening taken from its new text's is the one read from B."""
 
 import numpy as np
+import pytest
 
 from tokendiff.core import align
 from tokendiff.core.align import _edit_hashes, edit_then_strip_spans
@@ -115,6 +116,39 @@ def test_edit_strip_spans_are_diff_spans(monkeypatch):
                     full = align.diff_spans(a, b, len(a)) if full is None else full
                     assert spans == full, (edit, at, s, spans, full)
     assert answered > 600, answered
+
+
+@pytest.mark.parametrize(
+    ("many_runs", "r_len", "strays", "answers"),
+    [
+        (False, 8, 1, False),  # one stray anchor against R's one: a tie, which the stray wins
+        (False, 9, 1, True),  # against R's run of two: R's win
+        (True, 8, 1, False),  # past WEIGHTED_MAX runs (the patience chain): R's win the tie there, not shown
+        (True, 9, 1, True),
+        (False, 30, 2, False),  # two stray runs against R's one: R's win by weight, not by count
+        (True, 30, 2, False),  # and past WEIGHTED_MAX runs the strays win
+        (True, 30, 1, True),
+        (False, 30, 0, True),
+    ],
+)
+def test_edit_strip_spans_with_stray_anchors(many_runs, r_len, strays, answers):
+    """Anchors between M and R (M's end and T's start, or T's text, once more in B's new turns) compete with R's
+    runs for `_diff`'s chain: the shortcut answers only where R's win both ways (weight and count), and then its
+    spans are `diff_spans`'. M of unique tokens, or of 450 stretches each ending in one repeated k-gram (that
+    many runs: the count decides)."""
+    ids = np.random.default_rng(3).permutation(200_000)[:20_000].astype(np.int32)
+    p, ea, eb, t, r = ids[:20], ids[20:22], ids[22:24], ids[30:42], ids[50 : 50 + r_len]
+    z = ids[100:108]
+    m = np.concatenate([np.concatenate([ids[1000 + 10 * k : 1010 + 10 * k], z]) for k in range(450)])
+    m = m if many_runs else ids[1000:2000]
+    pieces = [np.concatenate([m[-7:], t[:1]]), t[1:9]][:strays]
+    n = np.concatenate(
+        [ids[900:930], *(np.concatenate([x, ids[950 + 20 * k : 960 + 20 * k]]) for k, x in enumerate(pieces))]
+    )
+    a, b = np.concatenate([p, ea, m, t, r]), np.concatenate([p, eb, m, r, n, ids[800:850]])
+    spans = edit_then_strip_spans(a, b, (len(p), 2, 2), len(p) + len(eb) + len(m), len(t))
+    assert (spans is not None) == answers
+    assert spans is None or spans == align.diff_spans(a, b, len(a))
 
 
 def test_edit_hashes_are_both_sides_hashed_whole():

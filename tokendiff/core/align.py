@@ -949,12 +949,14 @@ def edit_then_strip_spans(a: Any, b: Any, edit: tuple[int, int, int], at: int, s
     box = (d, n_a - q, d, end_b)
     shared = _kgram_set(seqs.ra, ((d, d + ra), (t - KGRAM + 1, t + s)))  # P
     shared &= _kgram_set(seqs.rb, ((d, d + rb), (at - KGRAM + 1, at), (at + el - KGRAM + 1, end_b - KGRAM + 1)))  # Q
-    if len(shared) > 32 or any(_once(seqs.ra, g, d, n_a - q) >= 0 and _once(seqs.rb, g, d, end_b) >= 0 for g in shared):
-        return None  # a k-gram of P may be an anchor
-    if not (
-        _an_anchor(seqs, box, (d + ra, t - KGRAM + 1), rb - ra)
-        and _an_anchor(seqs, box, (t + s, n_a - q - KGRAM + 1), at - t - s)
-    ):
+    if len(shared) > 32:
+        return None
+    strays = [(i, _once(seqs.rb, g, d, end_b)) for g in shared if (i := _once(seqs.ra, g, d, n_a - q)) >= 0]
+    strays = sorted(x for x in strays if x[1] >= 0)  # P's anchors
+    r_grams = (t + s, n_a - q - KGRAM + 1)  # R[:L]'s k-grams, at B's place less A's
+    if not _an_anchor(seqs, box, (d + ra, t - KGRAM + 1), rb - ra):
+        return None
+    if not (_strays_lose(seqs, box, strays, (t, s, at)) if strays else _an_anchor(seqs, box, r_grams, at - t - s)):
         return None
     out: _Out = []
     _diff(seqs, d, d + ra, d, d + rb, out, 1)  # the first gap, its common end trimmed
@@ -971,12 +973,7 @@ def _kgram_set(raw: bytes, starts: tuple[tuple[int, int], ...]) -> set[bytes]:
 def _an_anchor(s: _Seqs, box: tuple[int, int, int, int], starts: tuple[int, int], shift: int) -> bool:
     """Some k-gram of A starting in [lo, hi) (`starts`, 32 tried at most) is at one token of the box's A side, its
     place, and at one of its B side, its place plus `shift` (`edit_then_strip_spans`)."""
-    alo, ahi, blo, bhi = box
-    for i in range(starts[0], min(starts[1], starts[0] + 32)):
-        gram = s.ra[4 * i : 4 * (i + KGRAM)]
-        if _once(s.ra, gram, alo, ahi) == i and _once(s.rb, gram, blo, bhi) == i + shift:
-            return True
-    return False
+    return any(_is_anchor(s, box, i, shift) for i in range(starts[0], min(starts[1], starts[0] + 32)))
 
 
 def _once(raw: bytes, gram: bytes, lo: int, hi: int) -> int:
@@ -984,3 +981,50 @@ def _once(raw: bytes, gram: bytes, lo: int, hi: int) -> int:
     at several)."""
     at = _find_aligned(raw, gram, lo, hi)
     return at if at >= 0 and _find_aligned(raw, gram, at + 1, hi) < 0 else -1
+
+
+def _strays_lose(
+    s: _Seqs, box: tuple[int, int, int, int], strays: list[tuple[int, int]], at: tuple[int, int, int]
+) -> bool:
+    """Whether the anchors `strays` (A's and B's places, in order) among the k-grams that end in or start in T
+    (`edit_then_strip_spans`: A = P Ea M T R, B = P Eb M R N, `at`: T's place in A, its length, and R's place in
+    B; the box's A side ends at R[:L]'s end) stay out of `_diff`'s chain, which holds all the runs in M and in
+    R[:L] (those of R[:L] shown here).
+
+    Each lies in A at T's tokens or the KGRAM - 1 before (checked), in B at R[L-KGRAM+1:] or after (checked): after
+    every run of M on both sides, before every run of R[:L] in A and after them in B, and on no diagonal of either.
+    So a chain takes M's runs, then either runs of these or runs of R[:L]. Weighted (`_heaviest_links`: the first
+    heaviest chain; these come first in A's order, so they win a tie), R[:L]'s win where their weight is more
+    than all of these' (a run of anchors at p..p' weighs p' - p + KGRAM); by count past WEIGHTED_MAX runs (the
+    patience chain: R[:L]'s runs, later in A's order with smaller places in B, take over each length these
+    reach), where they are at least as many as these' runs. R[:L]'s runs are counted among its first 64 k-grams
+    (each an anchor or not: a group of consecutive anchors is part of one run, two groups apart are two):
+    fewer than there are, and lighter, so what is shown holds of them all."""
+    t, n, r_b = at
+    lo, ahi = t + n, box[1]  # R[:L] in A
+    if any(not (t - KGRAM + 1 <= i < lo and j >= r_b + (ahi - lo) - KGRAM + 1) for i, j in strays):
+        return False
+    mine = _groups([i for i, _ in strays], [j - i for i, j in strays])
+    found = [i for i in range(lo, min(ahi - KGRAM + 1, lo + 64)) if _is_anchor(s, box, i, r_b - lo)]
+    theirs = _groups(found, [0] * len(found))
+    weight = sum(last - first + KGRAM for first, last in theirs)
+    return weight > sum(last - first + KGRAM for first, last in mine) and len(theirs) >= len(mine)
+
+
+def _groups(places: list[int], diagonals: list[int]) -> list[tuple[int, int]]:
+    """The runs of anchors at `places` (in order) on `diagonals`: (first, last), consecutive places on one
+    diagonal in one."""
+    out: list[tuple[int, int]] = []
+    for k, p in enumerate(places):
+        if out and p == out[-1][1] + 1 and diagonals[k] == diagonals[k - 1]:
+            out[-1] = (out[-1][0], p)
+        else:
+            out.append((p, p))
+    return out
+
+
+def _is_anchor(s: _Seqs, box: tuple[int, int, int, int], i: int, shift: int) -> bool:
+    """A's k-gram at i is at one token of the box's A side, i, and at one of its B side, i + shift."""
+    alo, ahi, blo, bhi = box
+    gram = s.ra[4 * i : 4 * (i + KGRAM)]
+    return _once(s.ra, gram, alo, ahi) == i and _once(s.rb, gram, blo, bhi) == i + shift
