@@ -16,15 +16,21 @@ def _ids(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
     return rng.integers(0, vocab, n).astype(np.int32)
 
 
-def _pair(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """A = P + Ea + M + T, B = P + Eb + M + N + T, over small and large vocabularies: middles that repeat,
-    new text that copies the edit, M's start or end, the edit's tokens again inside M."""
+def _opening(rng: np.random.Generator) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A vocabulary size (small ones repeat), P, M (a repeated unit now and then), and the edit's two sides."""
     v = int(rng.choice([2, 3, 5, 20, 1000, 150_000]))
     p, m = _ids(rng, int(rng.integers(2, 40)), v), _ids(rng, int(rng.choice([10, 100, 300, 1000, 2000])), v)
     if rng.random() < 0.3:
         unit = _ids(rng, int(rng.integers(1, 40)), v)
         m = np.tile(unit, len(m) // len(unit) + 1)[: len(m)]
     ea, eb = _ids(rng, int(rng.integers(1, 9)), v), _ids(rng, int(rng.integers(1, 9)), v)
+    return v, p, m, ea, eb
+
+
+def _pair(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A = P + Ea + M + T, B = P + Eb + M + N + T, over small and large vocabularies: middles that repeat,
+    new text that copies the edit, M's start or end, the edit's tokens again inside M."""
+    v, p, m, ea, eb = _opening(rng)
     n = _ids(rng, int(rng.integers(0, 200)), v)
     if rng.random() < 0.3 and len(n):
         pieces = [np.concatenate([ea, m[:20]]), np.concatenate([eb, m[:20]]), m[-30:], m[:30], p[-10:]]
@@ -64,12 +70,7 @@ def _strip_pair(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, tuple
     where T was and T's length: small and large vocabularies, middles that repeat, N holding pieces of T, R, M,
     the edit or P (T's text again in B's new turns, R repeated, M's end and T's start as one stretch), R's end
     again at N's end, T opening with R's first token, the edit or T inside M."""
-    v = int(rng.choice([2, 3, 5, 20, 1000, 150_000]))
-    p, m = _ids(rng, int(rng.integers(2, 40)), v), _ids(rng, int(rng.choice([10, 100, 300, 1000, 2000])), v)
-    if rng.random() < 0.3:
-        unit = _ids(rng, int(rng.integers(1, 40)), v)
-        m = np.tile(unit, len(m) // len(unit) + 1)[: len(m)]
-    ea, eb = _ids(rng, int(rng.integers(1, 9)), v), _ids(rng, int(rng.integers(1, 9)), v)
+    v, p, m, ea, eb = _opening(rng)
     t, r = _ids(rng, int(rng.choice([1, 5, 30, 300])), v), _ids(rng, int(rng.choice([1, 5, 12, 40, 300])), v)
     n = _ids(rng, int(rng.integers(0, 300)), v)
     if rng.random() < 0.5 and len(n):
