@@ -401,6 +401,28 @@ def test_edit_turns_of_several_hunks_are_the_full_diff(tmp_path, monkeypatch, se
     _same_without_forms(path, monkeypatch)
 
 
+def test_loaded_slot_prompt_handed_to_tails_is_its_decode(tmp_path, monkeypatch):
+    """A slot file's prompt loaded for a pair diffed in full (history dropped, edits) is handed to the next pair's
+    `Tails.shape` as A's decode (`cost._slot_decode`): it is `vocab.decode` of A's IDs, byte for byte, and the
+    report is the one with no form."""
+    path = _edit_slots(tmp_path / "slots", 70, edit=_split_edit)
+    vocab, shape, given = load_vocab(None), tails.Tails.shape, []
+
+    def spy(self, a, b, sections, decoded=None):  # type: ignore[no-untyped-def]
+        if decoded is not None:
+            want = vocab.decode(a)
+            assert decoded[0] == want[0] and np.array_equal(np.asarray(decoded[1]), np.asarray(want[1]))
+            assert np.array_equal(np.asarray(decoded[2], dtype=np.uint8), np.asarray(want[2], dtype=np.uint8))
+            given.append(len(a))
+        return shape(self, a, b, sections, decoded)
+
+    monkeypatch.setattr(tails.Tails, "shape", spy)
+    open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
+    assert len(given) >= 3, given
+    monkeypatch.setattr(tails.Tails, "shape", shape)
+    _same_without_forms(path, monkeypatch)
+
+
 def test_edit_turns_of_requests_sending_text_as_parts(tmp_path, monkeypatch):
     """An edit's owner is a field path (`messages[0].content` or `messages[0].content[0].text`): a form learned
     from one layout is never filled for another (a client sending the system prompt as a part in one request

@@ -154,10 +154,16 @@ class Tails:
         self.forms: dict[Shape | StripShape | EditShape, Form | StripForm | EditForm | None] = {}  # None: retired
         self.strips = Strips(vocab, self.flags)
 
-    def shape(self, a: np.ndarray, b: np.ndarray, sections: tuple[Sectioning, Sectioning]) -> AnyPair | None:
+    def shape(
+        self, a: np.ndarray, b: np.ndarray, sections: tuple[Sectioning, Sectioning], decoded: Decoded | None = None
+    ) -> AnyPair | None:
         """The pair's shape when it is a tail pair (B is A less its last few tokens, then new text, then
         those tokens again), a reasoning-strip pair (`Strips`), or either after a small edit earlier in the
-        shared part (`_edited`); None otherwise (or when the prompts' sectioning is unknown)."""
+        shared part (`_edited`); None otherwise (or when the prompts' sectioning is unknown). `decoded`: A's
+        `vocab.decode`, where the caller has it (the prompt loaded for the pair before, diffed in full); kept as
+        a strip pair keeps its B, where no strip pair left A's."""
+        if decoded is not None and self.strips.decoded.ids is not a:
+            self.strips.decoded.keep(a, decoded, None)
         lcp = self.strips.prefix(a, b)
         return (
             self._tail(a, b, lcp, sections)
