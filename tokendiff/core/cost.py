@@ -562,7 +562,8 @@ class Analyser:
         came back."""
         shape = None
         if self.tails is not None and a.sectioning is not None and b.sectioning is not None:
-            shape = self.tails.shape(a.ids, b.ids, (a.sections_by, b.sections_by), _slot_decode(a))
+            known = (lambda: _slot_decode(a)) if a.decoded is not None else None
+            shape = self.tails.shape(a.ids, b.ids, (a.sections_by, b.sections_by), known)
             got = self._filled(shape, a, b, k)
             if got is not None:
                 return got, a, b, k, None
@@ -819,7 +820,7 @@ def _slot_decode(t: TurnInput) -> tuple[bytes, Any, Any] | None:
     diffed here): the loader makes a slot file's prompt by decoding its tokens, which are the turn's IDs
     (app: `Loader._slot`; a decode `like` an earlier prompt copies that one's equal stretches: the same bytes,
     offsets and flags), and sectioning it sets only its sections. None for any other turn."""
-    p, by = t.decoded, t.sections_by() if t.sectioning is not None else None
+    p, by = t.decoded, t.sections_by()
     if p is None or not (isinstance(by, tuple) and by[-1:] == (SLOT_SECTIONING,)):
         return None
     return p.data, p.offsets, p.special

@@ -155,15 +155,18 @@ class Tails:
         self.strips = Strips(vocab, self.flags)
 
     def shape(
-        self, a: np.ndarray, b: np.ndarray, sections: tuple[Sectioning, Sectioning], decoded: Decoded | None = None
+        self,
+        a: np.ndarray,
+        b: np.ndarray,
+        sections: tuple[Sectioning, Sectioning],
+        decoded: Callable[[], Decoded | None] | None = None,
     ) -> AnyPair | None:
         """The pair's shape when it is a tail pair (B is A less its last few tokens, then new text, then
         those tokens again), a reasoning-strip pair (`Strips`), or either after a small edit earlier in the
         shared part (`_edited`); None otherwise (or when the prompts' sectioning is unknown). `decoded`: A's
-        `vocab.decode`, where the caller has it (the prompt loaded for the pair before, diffed in full); kept as
-        a strip pair keeps its B, where no strip pair left A's."""
-        if decoded is not None and self.strips.decoded.ids is not a:
-            self.strips.decoded.keep(a, decoded, None)
+        `vocab.decode` where the caller has it (the prompt loaded for the pair before, diffed in full; None where
+        it has not), asked for only where A is decoded and no strip pair left A's."""
+        self.strips.decoded.offer(a, decoded)
         lcp = self.strips.prefix(a, b)
         return (
             self._tail(a, b, lcp, sections)
@@ -491,11 +494,18 @@ class _Decoded:
         self.ids: np.ndarray | None = None
         self.got: tuple[bytes, Any, Any] = (b"", None, None)
         self.bad: bool | None = None
+        self.offered: tuple[Any, Callable[[], Decoded | None] | None] = (None, None)  # `Tails.shape`'s `decoded`
 
     def of(self, ids: np.ndarray) -> tuple[bytes, Any, Any]:
         if self.ids is None or self.ids is not ids:
-            self.ids, self.got, self.bad = ids, self.vocab.decode(ids), None
+            known, fn = self.offered
+            got = fn() if known is ids and fn is not None else None
+            self.ids, self.got, self.bad = ids, got if got is not None else self.vocab.decode(ids), None
         return self.got
+
+    def offer(self, ids: np.ndarray, fn: Callable[[], Decoded | None] | None) -> None:
+        """`ids`' decode, where `of` asks for it (None from `fn`: decoded here)."""
+        self.offered = (ids, fn)
 
     def keep(self, ids: np.ndarray, got: tuple[bytes, Any, Any], bad: bool | None) -> None:
         self.ids, self.got, self.bad = ids, got, bad
