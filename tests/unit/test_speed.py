@@ -230,14 +230,15 @@ def _words(rng: random.Random, n: int) -> str:
     return " ".join(f"{rng.choice(WORDS)}{rng.randrange(1000)}" for _ in range(n))
 
 
-def _edit_slots(path: Path, turns: int, seed: int = 0) -> Path:
-    """Slot files as `_slots` writes them, the system prompt or the first user message edited (`EDITS`)."""
+def _edit_slots(path: Path, turns: int, seed: int = 0, edit: Callable[[int], tuple[str, str]] | None = None) -> Path:
+    """Slot files as `_slots` writes them, the system prompt or the first user message edited (`EDITS`, or
+    `edit`)."""
     rng = random.Random(seed)
     tok = text_tokenizer(load_vocab(None))
     path.mkdir()
     history: list[str] = []
     for k in range(1, turns + 1):
-        system, hello = _edit(k)
+        system, hello = (edit or _edit)(k)
         if k % 23 == 0:
             history = history[len(history) // 2 :]
         user = _words(rng, 20)
@@ -366,6 +367,62 @@ def test_edit_turns_are_the_full_diff(tmp_path, monkeypatch, kind):
     edited = [t for t in loaded.session.turns if t.tail_hunks]
     assert {t.findings[0].kind for t in edited} >= {CauseKind.DATE, CauseKind.COUNTER, CauseKind.CONTENT_CHANGED}
     assert len(edited) >= 12, len(edited)
+    _same_without_forms(path, monkeypatch)
+
+
+SPLIT_EDITS = [  # edits align splits into several hunks (digits that align apart), each for a stretch of turns
+    lambda i: f"Today is 2026-01-{['09', '10', '19', '20', '29', '30'][i % 6]}.",  # 09 -> 10, 10 -> 19 ...
+    lambda i: "Today is " + ("2026-02-28" if i % 2 else "2026-03-01") + ".",  # a month's end
+    lambda i: f"Build 1.{9 + i % 2} ready.",  # 9 -> 10 inside a version
+    lambda i: f"Items: {99 + i % 2} stored",  # 99 -> 100
+    lambda i: f"Zeit {9 + i % 2}:{19 + i % 2} Uhr \u00fcber M\u00fcnchen",  # non-ASCII around it
+    lambda i: f"Seq {'ab' * (1 + i % 2)}x{'ba' * (i % 2)} end",  # repeats
+    lambda i: f"Wait{'  ' if i % 2 else ' '}{59 + i % 2} s",  # white space with it
+    lambda i: f"id {(i * 37) % 1000:03d}-{(i * 91) % 1000:03d} set",  # a nonce-like pair of numbers
+]
+
+
+def _split_edit(k: int) -> tuple[str, str]:
+    """Turn k's system text and first user message: one of them holds a SPLIT_EDITS text, which changes every
+    turn."""
+    kind = SPLIT_EDITS[(k // 16) % len(SPLIT_EDITS)](k)
+    fixed = "You are an agent working in the repository."
+    return (f"{fixed} {kind}", "Hello.") if (k // 16) % 3 else (fixed, f"Hello. {kind}")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_edit_turns_of_several_hunks_are_the_full_diff(tmp_path, monkeypatch, seed):
+    """An edit align splits into hunks (a date whose digits align apart, 09 -> 10; a number that grows a digit;
+    repeats, white space and non-ASCII text around it) before a strip pair: every such turn filled from a form is
+    its full diff (TOKENDIFF_CHECK_TAILS), and the report is the one with no form."""
+    path = _edit_slots(tmp_path / "slots", 130, seed=seed, edit=_split_edit)
+    monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
+    loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
+    split = [t for t in loaded.session.turns if len(t.tail_hunks) > 3]  # two edit hunks, then the strip's two
+    assert len(split) >= 4, len(split)
+    _same_without_forms(path, monkeypatch)
+
+
+def test_loaded_slot_prompt_handed_to_tails_is_its_decode(tmp_path, monkeypatch):
+    """A slot file's prompt loaded for a pair diffed in full (history dropped, edits) is offered to the next pair's
+    `Tails.shape` as A's decode (`cost._slot_decode`): it is `vocab.decode` of A's IDs, byte for byte, and the
+    report is the one with no form."""
+    path = _edit_slots(tmp_path / "slots", 70, edit=_split_edit)
+    vocab, shape, given = load_vocab(None), tails.Tails.shape, []
+
+    def spy(self, a, b, sections, decoded=None):  # type: ignore[no-untyped-def]
+        got = decoded() if decoded is not None else None
+        if got is not None:
+            want = vocab.decode(a)
+            assert got[0] == want[0] and np.array_equal(np.asarray(got[1]), np.asarray(want[1]))
+            assert np.array_equal(np.asarray(got[2], dtype=np.uint8), np.asarray(want[2], dtype=np.uint8))
+            given.append(len(a))
+        return shape(self, a, b, sections, decoded)
+
+    monkeypatch.setattr(tails.Tails, "shape", spy)
+    open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
+    assert len(given) >= 3, given
+    monkeypatch.setattr(tails.Tails, "shape", shape)
     _same_without_forms(path, monkeypatch)
 
 

@@ -1,11 +1,12 @@
 """Shortcuts of the tail and edit shapes against what they stand for: an edit pair's spans found without
-anchoring the whole middle (`align.edit_then_insert_spans`) are align's own; B's opening taken from its new text's
-is the one read from B."""
+anchoring the whole middle (`align.edit_then_insert_spans`, `align.edit_then_strip_spans`) are align's own; B's
+opening taken from its new text's is the one read from B."""
 
 import numpy as np
+import pytest
 
 from tokendiff.core import align
-from tokendiff.core.align import _edit_hashes
+from tokendiff.core.align import _edit_hashes, edit_then_strip_spans
 from tokendiff.core.align import edit_then_insert_spans as _edit_tail_spans
 from tokendiff.core.tails import LINE_REACH, Tails, _edit_sizes
 from tokendiff.sources.tokenizers import load_vocab
@@ -15,15 +16,21 @@ def _ids(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
     return rng.integers(0, vocab, n).astype(np.int32)
 
 
-def _pair(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """A = P + Ea + M + T, B = P + Eb + M + N + T, over small and large vocabularies: middles that repeat,
-    new text that copies the edit, M's start or end, the edit's tokens again inside M."""
+def _opening(rng: np.random.Generator) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A vocabulary size (small ones repeat), P, M (a repeated unit now and then), and the edit's two sides."""
     v = int(rng.choice([2, 3, 5, 20, 1000, 150_000]))
     p, m = _ids(rng, int(rng.integers(2, 40)), v), _ids(rng, int(rng.choice([10, 100, 300, 1000, 2000])), v)
     if rng.random() < 0.3:
         unit = _ids(rng, int(rng.integers(1, 40)), v)
         m = np.tile(unit, len(m) // len(unit) + 1)[: len(m)]
     ea, eb = _ids(rng, int(rng.integers(1, 9)), v), _ids(rng, int(rng.integers(1, 9)), v)
+    return v, p, m, ea, eb
+
+
+def _pair(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A = P + Ea + M + T, B = P + Eb + M + N + T, over small and large vocabularies: middles that repeat,
+    new text that copies the edit, M's start or end, the edit's tokens again inside M."""
+    v, p, m, ea, eb = _opening(rng)
     n = _ids(rng, int(rng.integers(0, 200)), v)
     if rng.random() < 0.3 and len(n):
         pieces = [np.concatenate([ea, m[:20]]), np.concatenate([eb, m[:20]]), m[-30:], m[:30], p[-10:]]
@@ -56,6 +63,93 @@ def test_edit_tail_spans_are_diff_spans():
                 full = align.diff_spans(a, b, len(a)) if full is None else full
                 assert spans == full, (size, spans, full)
     assert answered > 1000, answered
+
+
+def _strip_pair(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int], int, int]:
+    """A = P + Ea + M + T + R, B = P + Eb + M + R + N (an edit, then a reasoning strip), with the edit, B's token
+    where T was and T's length: small and large vocabularies, middles that repeat, N holding pieces of T, R, M,
+    the edit or P (T's text again in B's new turns, R repeated, M's end and T's start as one stretch), R's end
+    again at N's end, T opening with R's first token, the edit or T inside M."""
+    v, p, m, ea, eb = _opening(rng)
+    t, r = _ids(rng, int(rng.choice([1, 5, 30, 300])), v), _ids(rng, int(rng.choice([1, 5, 12, 40, 300])), v)
+    n = _ids(rng, int(rng.integers(0, 300)), v)
+    if rng.random() < 0.5 and len(n):
+        pieces = [t, t[:10], r, r[-10:], m[-30:], m[:30], p[-10:], np.concatenate([m[-5:], t[:5]])]
+        pieces += [np.concatenate([t[-5:], r[:5]]), np.concatenate([ea, m[:20]]), np.concatenate([eb, m[:20]])]
+        for _ in range(int(rng.integers(1, 4))):
+            at = int(rng.integers(0, len(n) + 1))
+            n = np.concatenate([n[:at], pieces[int(rng.integers(0, len(pieces)))], n[at:]])
+    if rng.random() < 0.2:
+        n = np.concatenate([n, r[-int(rng.integers(1, len(r) + 1)) :]])
+    if rng.random() < 0.2 and len(m) > 60:
+        k = int(rng.integers(0, len(m) - 20))
+        m = m.copy()
+        m[k : k + 12] = np.concatenate([ea, t, m[:12]])[:12]
+    if rng.random() < 0.15:
+        t = t.copy()
+        t[0] = r[0]
+    a, b = np.concatenate([p, ea, m, t, r]), np.concatenate([p, eb, m, r, n])
+    return a, b, (len(p), len(ea), len(eb)), len(p) + len(eb) + len(m), len(t)
+
+
+def test_edit_strip_spans_are_diff_spans(monkeypatch):
+    """Wherever the shortcut answers, its spans are `diff_spans`' (the edit, B's place and T's length as made, or
+    off by a few): with the k-gram hashes, and with a hash that collides everywhere and no witnesses (the count
+    by value, `_runs_stdlib`)."""
+    rng = np.random.default_rng(31)
+    cases = []
+    for _ in range(4000):
+        a, b, edit, at, s = _strip_pair(rng)
+        d = align.common_prefix(a, b)
+        off = (d, int(rng.integers(1, 9)), int(rng.integers(1, 9))), at + int(rng.integers(-3, 4))
+        cases.append((a, b, [(edit, at, s), ((d, *edit[1:]), at, s), (*off, max(1, s + int(rng.integers(-3, 4))))]))
+    answered = 0
+    for weak in (False, True):
+        if weak:
+            monkeypatch.setattr(align, "_np_kgram_hashes", _weak_hashes)
+            monkeypatch.setattr(align, "WITNESSES", False)
+        for a, b, tries in cases[: 300 if weak else None]:
+            full = None
+            for edit, at, s in tries:
+                spans = edit_then_strip_spans(a, b, edit, at, s)
+                if spans is not None:
+                    answered += 1
+                    full = align.diff_spans(a, b, len(a)) if full is None else full
+                    assert spans == full, (edit, at, s, spans, full)
+    assert answered > 600, answered
+
+
+@pytest.mark.parametrize(
+    ("many_runs", "r_len", "strays", "answers"),
+    [
+        (False, 8, 1, False),  # one stray anchor against R's one: a tie, which the stray wins
+        (False, 9, 1, True),  # against R's run of two: R's win
+        (True, 8, 1, False),  # past WEIGHTED_MAX runs (the patience chain): R's win the tie there, not shown
+        (True, 9, 1, True),
+        (False, 30, 2, False),  # two stray runs against R's one: R's win by weight, not by count
+        (True, 30, 2, False),  # and past WEIGHTED_MAX runs the strays win
+        (True, 30, 1, True),
+        (False, 30, 0, True),
+    ],
+)
+def test_edit_strip_spans_with_stray_anchors(many_runs, r_len, strays, answers):
+    """Anchors between M and R (M's end and T's start, or T's text, once more in B's new turns) compete with R's
+    runs for `_diff`'s chain: the shortcut answers only where R's win both ways (weight and count), and then its
+    spans are `diff_spans`'. M of unique tokens, or of 450 stretches each ending in one repeated k-gram (that
+    many runs: the count decides)."""
+    ids = np.random.default_rng(3).permutation(200_000)[:20_000].astype(np.int32)
+    p, ea, eb, t, r = ids[:20], ids[20:22], ids[22:24], ids[30:42], ids[50 : 50 + r_len]
+    z = ids[100:108]
+    m = np.concatenate([np.concatenate([ids[1000 + 10 * k : 1010 + 10 * k], z]) for k in range(450)])
+    m = m if many_runs else ids[1000:2000]
+    pieces = [np.concatenate([m[-7:], t[:1]]), t[1:9]][:strays]
+    n = np.concatenate(
+        [ids[900:930], *(np.concatenate([x, ids[950 + 20 * k : 960 + 20 * k]]) for k, x in enumerate(pieces))]
+    )
+    a, b = np.concatenate([p, ea, m, t, r]), np.concatenate([p, eb, m, r, n, ids[800:850]])
+    spans = edit_then_strip_spans(a, b, (len(p), 2, 2), len(p) + len(eb) + len(m), len(t))
+    assert (spans is not None) == answers
+    assert spans is None or spans == align.diff_spans(a, b, len(a))
 
 
 def test_edit_hashes_are_both_sides_hashed_whole():

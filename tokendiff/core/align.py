@@ -900,3 +900,131 @@ def _edit_hashes(a1: Any, b1: Any, ra: int, rb: int, m: int) -> tuple[Any, Any]:
     head = _np_kgram_hashes(np, b1[: rb + KGRAM - 1], KGRAM)  # the rb k-grams that start in Eb
     tail = _np_kgram_hashes(np, b1[rb + m - KGRAM + 1 :], KGRAM)  # the len(N) k-grams that end in N
     return ha, np.concatenate((head, ha[ra:], tail))
+
+
+def edit_then_strip_spans(a: Any, b: Any, edit: tuple[int, int, int], at: int, s: int) -> _Out | None:
+    """`diff_spans(a, b, len(a))` where B is A with A[d:d+ra] replaced by rb tokens (`edit`: d, ra, rb) and, past
+    the shared stretch M that follows, A's s tokens T before B's token `at` gone and new text N put in after A's
+    last token (an edit, then a reasoning strip: A = P Ea M T R, B = P Eb M R N), found without anchoring the whole
+    middle; None where that is not shown (the caller runs `diff_spans`).
+
+    Why it is align's answer. `_diff` trims the common ends: P (checked: d is where they first differ) and the q
+    tokens A and B end in alike, fewer than R's (L = |R| - q, checked at least KGRAM); the box left is
+    A1 = Ea M T R[:L], B1 = Eb M R N' (N' = B's tokens to its box end). It is not small (checked), so its blocks are
+    the heaviest chain of the anchor runs: k-grams once in A1 and once in B1, by value (`_runs_numpy` hashes only to
+    find them and counts by value where hashes collide; the witnesses give `_diff` the answer all of them give). A
+    k-gram of A1 wholly within M has a copy in B1's M on one diagonal (rb - ra): where it is once in B1, that copy is
+    the one, so an anchor there is on that diagonal; one wholly within R[:L] likewise on another (rb - ra - s). The
+    k-grams of A1 that are neither (starting in Ea, or ending in T: the set P) are checked to be none of the
+    k-grams of B1 that lie wholly neither in B's M nor in its R[:L] (Q): so where one of them occurs in B1 it does
+    within M or R[:L], and A1 holds it again on the diagonal, elsewhere than in P: no anchor. So every run lies on one
+    of the two diagonals, those in M before those in R[:L] on both sides: the chain holds them all (each adds weight),
+    each verifies (equal text), the gaps between two runs of one diagonal are equal (skipped). One anchor is shown
+    in M and one in R[:L] (the k-gram at one place in A1 and one in B1, by aligned search). So `_diff`'s gaps are:
+    the first, Ea + M[:x] against Eb + M[:x]: its common end trimmed, `_diff` of Ea and Eb (as in
+    `edit_then_insert_spans`); the one between M's last block and R's first, M[x:] T R[:y] against M[x:] R[:y]:
+    M[x:] trimmed (T's first token is not R's: checked), then R[:y] (B's side's length), T deleted; the last,
+    R[z:L] against R[z:] N': A's side trimmed whole, the rest of B (checked not empty) inserted at A1's end.
+    `_merge` and `_slide_insertions` then run on those spans as `diff_spans` runs them. tests/unit/
+    test_tail_shortcuts.py holds the answer to `diff_spans` on random and repetitive pairs."""
+    d, ra, rb = edit
+    n_a, n_b = len(a), len(b)
+    seqs = _Seqs(a, b)
+    t = at - (rb - ra)  # T's first token in A
+    if not (min(ra, rb, s) > 0 and d + ra + KGRAM <= t <= n_a - s) or at + (n_a - t - s) > n_b:
+        return None
+    if seqs.prefix(0, n_a, 0, n_b) != d:
+        return None  # d is where they first differ, or the trim below is not `_diff`'s
+    q = seqs.suffix(d, n_a, d, n_b)
+    r = n_a - t - s  # R's length
+    end_b = n_b - q  # B1's end
+    if r - q < KGRAM or at + (r - q) >= end_b or seqs.ra[4 * t : 4 * t + 4] == seqs.rb[4 * at : 4 * at + 4]:
+        return None
+    if not (seqs.same(d + ra, t, d + rb, at) and seqs.same(t + s, n_a, at, at + r)):
+        return None  # M or R not where they are said to be
+    n1, m1 = n_a - q - d, end_b - d
+    if n1 <= SMALL and m1 <= SMALL and n1 * m1 <= DIRECT:
+        return None  # difflib's whole box, not the anchors
+    el = r - q  # L
+    box = (d, n_a - q, d, end_b)
+    shared = _kgram_set(seqs.ra, ((d, d + ra), (t - KGRAM + 1, t + s)))  # P
+    shared &= _kgram_set(seqs.rb, ((d, d + rb), (at - KGRAM + 1, at), (at + el - KGRAM + 1, end_b - KGRAM + 1)))  # Q
+    if len(shared) > 32:
+        return None
+    strays = [(i, _once(seqs.rb, g, d, end_b)) for g in shared if (i := _once(seqs.ra, g, d, n_a - q)) >= 0]
+    strays = sorted(x for x in strays if x[1] >= 0)  # P's anchors
+    r_grams = (t + s, n_a - q - KGRAM + 1)  # R[:L]'s k-grams, at B's place less A's
+    if not _an_anchor(seqs, box, (d + ra, t - KGRAM + 1), rb - ra):
+        return None
+    if not (_strays_lose(seqs, box, strays, (t, s, at)) if strays else _an_anchor(seqs, box, r_grams, at - t - s)):
+        return None
+    out: _Out = []
+    _diff(seqs, d, d + ra, d, d + rb, out, 1)  # the first gap, its common end trimmed
+    out += [(t, t + s, at, at), (n_a - q, n_a - q, at + el, end_b)]  # T deleted; B's rest inserted at A1's end
+    return _merge(_slide_insertions(seqs, _merge(out), n_a))
+
+
+def _kgram_set(raw: bytes, starts: tuple[tuple[int, int], ...]) -> set[bytes]:
+    """The k-grams (int32 bytes) starting at raw's tokens in each range [lo, hi) (`edit_then_strip_spans`)."""
+    w = 4 * KGRAM
+    return {raw[i : i + w] for lo, hi in starts for i in range(4 * lo, 4 * hi, 4)}
+
+
+def _an_anchor(s: _Seqs, box: tuple[int, int, int, int], starts: tuple[int, int], shift: int) -> bool:
+    """Some k-gram of A starting in [lo, hi) (`starts`, 32 tried at most) is at one token of the box's A side, its
+    place, and at one of its B side, its place plus `shift` (`edit_then_strip_spans`)."""
+    return any(_is_anchor(s, box, i, shift) for i in range(starts[0], min(starts[1], starts[0] + 32)))
+
+
+def _once(raw: bytes, gram: bytes, lo: int, hi: int) -> int:
+    """The token position of `gram` in raw's tokens [lo, hi) where it is at one token boundary only (-1: at none, or
+    at several)."""
+    at = _find_aligned(raw, gram, lo, hi)
+    return at if at >= 0 and _find_aligned(raw, gram, at + 1, hi) < 0 else -1
+
+
+def _strays_lose(
+    s: _Seqs, box: tuple[int, int, int, int], strays: list[tuple[int, int]], at: tuple[int, int, int]
+) -> bool:
+    """Whether the anchors `strays` (A's and B's places, in order) among the k-grams that end in or start in T
+    (`edit_then_strip_spans`: A = P Ea M T R, B = P Eb M R N, `at`: T's place in A, its length, and R's place in
+    B; the box's A side ends at R[:L]'s end) stay out of `_diff`'s chain, which holds all the runs in M and in
+    R[:L] (those of R[:L] shown here).
+
+    Each lies in A at T's tokens or the KGRAM - 1 before (checked), in B at R[L-KGRAM+1:] or after (checked): after
+    every run of M on both sides, before every run of R[:L] in A and after them in B, and on no diagonal of either.
+    So a chain takes M's runs, then either runs of these or runs of R[:L]. Weighted (`_heaviest_links`: the first
+    heaviest chain; these come first in A's order, so they win a tie), R[:L]'s win where their weight is more
+    than all of these' (a run of anchors at p..p' weighs p' - p + KGRAM); by count past WEIGHTED_MAX runs (the
+    patience chain: R[:L]'s runs, later in A's order with smaller places in B, take over each length these
+    reach), where they are at least as many as these' runs. R[:L]'s runs are counted among its first 64 k-grams
+    (each an anchor or not: a group of consecutive anchors is part of one run, two groups apart are two):
+    fewer than there are, and lighter, so what is shown holds of them all."""
+    t, n, r_b = at
+    lo, ahi = t + n, box[1]  # R[:L] in A
+    if any(not (t - KGRAM + 1 <= i < lo and j >= r_b + (ahi - lo) - KGRAM + 1) for i, j in strays):
+        return False
+    mine = _groups([i for i, _ in strays], [j - i for i, j in strays])
+    found = [i for i in range(lo, min(ahi - KGRAM + 1, lo + 64)) if _is_anchor(s, box, i, r_b - lo)]
+    theirs = _groups(found, [0] * len(found))
+    weight = sum(last - first + KGRAM for first, last in theirs)
+    return weight > sum(last - first + KGRAM for first, last in mine) and len(theirs) >= len(mine)
+
+
+def _groups(places: list[int], diagonals: list[int]) -> list[tuple[int, int]]:
+    """The runs of anchors at `places` (in order) on `diagonals`: (first, last), consecutive places on one
+    diagonal in one."""
+    out: list[tuple[int, int]] = []
+    for k, p in enumerate(places):
+        if out and p == out[-1][1] + 1 and diagonals[k] == diagonals[k - 1]:
+            out[-1] = (out[-1][0], p)
+        else:
+            out.append((p, p))
+    return out
+
+
+def _is_anchor(s: _Seqs, box: tuple[int, int, int, int], i: int, shift: int) -> bool:
+    """A's k-gram at i is at one token of the box's A side, i, and at one of its B side, i + shift."""
+    alo, ahi, blo, bhi = box
+    gram = s.ra[4 * i : 4 * (i + KGRAM)]
+    return _once(s.ra, gram, alo, ahi) == i and _once(s.rb, gram, blo, bhi) == i + shift

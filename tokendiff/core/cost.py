@@ -35,7 +35,7 @@ from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, Se
 from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
 from tokendiff.core.plain import field, plain, replace
 from tokendiff.core.prefix_index import Match, PrefixIndex
-from tokendiff.core.tails import AnyPair, TailDiff, Tails
+from tokendiff.core.tails import SLOT_SECTIONING, AnyPair, TailDiff, Tails
 from tokendiff.core.usage import usage_of
 from tokendiff.core.vocab import Vocab
 
@@ -562,7 +562,8 @@ class Analyser:
         came back."""
         shape = None
         if self.tails is not None and a.sectioning is not None and b.sectioning is not None:
-            shape = self.tails.shape(a.ids, b.ids, (a.sections_by, b.sections_by))
+            known = (lambda: _slot_decode(a)) if a.decoded is not None else None
+            shape = self.tails.shape(a.ids, b.ids, (a.sections_by, b.sections_by), known)
             got = self._filled(shape, a, b, k)
             if got is not None:
                 return got, a, b, k, None
@@ -819,6 +820,17 @@ def fill_turn(t: Turn, pd: PairDiff | TailDiff) -> int:
         t.section = t.path.label
     _notes(t, pd.identical, n)
     return pd.ceiling
+
+
+def _slot_decode(t: TurnInput) -> tuple[bytes, Any, Any] | None:
+    """A slot file's turn's `vocab.decode` of its IDs, where its prompt is loaded already (the pair before it was
+    diffed here): the loader makes a slot file's prompt by decoding its tokens, which are the turn's IDs
+    (app: `Loader._slot`; a decode `like` an earlier prompt copies that one's equal stretches: the same bytes,
+    offsets and flags), and sectioning it sets only its sections. None for any other turn."""
+    p, by = t.decoded, t.sections_by()
+    if p is None or not (isinstance(by, tuple) and by[-1:] == (SLOT_SECTIONING,)):
+        return None
+    return p.data, p.offsets, p.special
 
 
 def _check_tail(tail: TailDiff, full: PairDiff, k: int) -> None:

@@ -42,6 +42,7 @@ from tokendiff.core.align import (
     common_bytes,
     diff_spans,
     edit_then_insert_spans,
+    edit_then_strip_spans,
     shared_prefix,
     shared_suffix,
 )
@@ -153,10 +154,19 @@ class Tails:
         self.forms: dict[Shape | StripShape | EditShape, Form | StripForm | EditForm | None] = {}  # None: retired
         self.strips = Strips(vocab, self.flags)
 
-    def shape(self, a: np.ndarray, b: np.ndarray, sections: tuple[Sectioning, Sectioning]) -> AnyPair | None:
+    def shape(
+        self,
+        a: np.ndarray,
+        b: np.ndarray,
+        sections: tuple[Sectioning, Sectioning],
+        decoded: Callable[[], Decoded | None] | None = None,
+    ) -> AnyPair | None:
         """The pair's shape when it is a tail pair (B is A less its last few tokens, then new text, then
         those tokens again), a reasoning-strip pair (`Strips`), or either after a small edit earlier in the
-        shared part (`_edited`); None otherwise (or when the prompts' sectioning is unknown)."""
+        shared part (`_edited`); None otherwise (or when the prompts' sectioning is unknown). `decoded`: A's
+        `vocab.decode` where the caller has it (the prompt loaded for the pair before, diffed in full; None where
+        it has not), asked for only where A is decoded and no strip pair left A's."""
+        self.strips.decoded.offer(a, decoded)
         lcp = self.strips.prefix(a, b)
         return (
             self._tail(a, b, lcp, sections)
@@ -222,12 +232,14 @@ class Tails:
         if rest is None and lcp2 < len(a2) and int(a2[lcp2]) == self.strips.open:
             if not self.strips.readable(a):  # A's text as the loader reads it (the strip pair reads A')
                 return None
-            spans = diff_spans(a, b, len(a))  # `edit_pair` holds them to the edit's, then the strip's: the
-            if spans[:1] != [(d, d + ra, d, d + rb)]:  # edit's first, before the strip pair's work (a date
-                return None  # whose digits align apart, 09 -> 10, is two hunks)
             got_a = self.strips.decoded.got  # A's decode, kept by `readable`; A' decoded from it
             self.strips.decoded.keep(a2, _spliced(self.vocab, got_a, b, (d, ra, rb)), None)
             rest = self.strips.pair(a2, b, lcp2, sections)
+            if rest is None:
+                return None
+            # the pair's spans (`edit_pair` holds them to the edit's, then the strip's), shown from the edit and
+            # the strip where align's argument holds, else diffed
+            spans = edit_then_strip_spans(a, b, (d, ra, rb), rest.lcp, rest.strip) or diff_spans(a, b, len(a))
         if rest is None:
             return None
         got_b = self.strips.decoded.got if self.strips.decoded.ids is b else None  # kept by the strip pair
@@ -482,11 +494,18 @@ class _Decoded:
         self.ids: np.ndarray | None = None
         self.got: tuple[bytes, Any, Any] = (b"", None, None)
         self.bad: bool | None = None
+        self.offered: tuple[Any, Callable[[], Decoded | None] | None] = (None, None)  # `Tails.shape`'s `decoded`
 
     def of(self, ids: np.ndarray) -> tuple[bytes, Any, Any]:
         if self.ids is None or self.ids is not ids:
-            self.ids, self.got, self.bad = ids, self.vocab.decode(ids), None
+            known, fn = self.offered
+            got = fn() if known is ids and fn is not None else None
+            self.ids, self.got, self.bad = ids, got if got is not None else self.vocab.decode(ids), None
         return self.got
+
+    def offer(self, ids: np.ndarray, fn: Callable[[], Decoded | None] | None) -> None:
+        """`ids`' decode, where `of` asks for it (None from `fn`: decoded here)."""
+        self.offered = (ids, fn)
 
     def keep(self, ids: np.ndarray, got: tuple[bytes, Any, Any], bad: bool | None) -> None:
         self.ids, self.got, self.bad = ids, got, bad
@@ -1040,7 +1059,10 @@ def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | Non
 #
 # What the full diff's answer reads, pinned down:
 # - align: the spans are `diff_spans` of the IDs, run here; the pair is an edit pair only where they are
-#   the edit, then the rest's spans (A's side moved by the edit's length difference). align stops an
+#   the edit (one hunk, or the few align splits it into inside its tokens: a date whose digits align apart,
+#   09 -> 10, is an insertion and a deletion; each is a hunk of the answer, with its own owners in the form
+#   and its own finding, and each is held to what the notes below hold the edit to), then the rest's spans
+#   (A's side moved by the edit's length difference). align stops an
 #   insertion's slide at A's prompt end, which lies at or past the rest's insertion: a slot file has no
 #   generated section, and the tail's insertion owner has none (checked when the form is learned: with a
 #   generated section at or before it, the insertion's owner would be that section);
@@ -1050,7 +1072,8 @@ def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | Non
 #   tools, tool calls or results, reasoning, generation prompt or generated section, no ID field);
 # - the edit's own text: at most MAX_EDIT tokens and EDIT_BYTES bytes a side, no special token, none of
 #   < > { } [ ] " or a line break: text_probe finds no probe in it (detect_moved, reminder_moved), B's side
-#   grows by less than 16 bytes (system_appended), fewer than 32 tokens go (truncation), and it opens no
+#   grows by less than 16 bytes in each hunk (system_appended), fewer than 32 tokens go (truncation); no hunk of
+#   it holds a special token, so detect_appended says nothing of a pure insertion among them; and it opens no
 #   tag, JSON object or string and ends no line (the grammar's inner sections, json_reserialized and
 #   setting of the rest's hunks read the same around them as in A'); it lies past a line break after the
 #   special token before it (not in a role line, which names the turn) and in no open '<' (no tag);
@@ -1058,12 +1081,13 @@ def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | Non
 #   EDIT_PAD tokens past the edit): bpe_boundary, double_bos (the edit starts past token 1), json_reserialized
 #   (no '{' before the edit: no object encloses it, shown without running it), setting (its thinking toggle
 #   reads generation prompts, which the edit is not in; not run where `_setting_silent` shows its lines
-#   silent), line_endings and whitespace (the edit's two sides, shared ends taken off, both non-empty) must
-#   find nothing; unicode_form, date, nonce, counter and history_rewritten read the text and the owner's
-#   label and kinds: the most confident of them, the first on a tie, is the edit's finding (those that
-#   could not beat one found are not run: `best_finding`'s ceilings), content_changed (the fallback) where none speaks;
-# - the section detectors say nothing of the edit with such owners: appended (no insertion, before A's
-#   prompt end), generation_prompt, reasoning, tools, call_id, tool_key_order, result_cleared,
+#   silent), line_endings and whitespace (each hunk's two sides, shared ends taken off, both non-empty or one
+#   holding more than white space) must find nothing; unicode_form, date, nonce, counter and history_rewritten
+#   read the text and the owner's label and kinds: the most confident of them, the first on a tie, is each
+#   hunk's finding (those that could not beat one found are not run: `best_finding`'s ceilings),
+#   content_changed (the fallback) where none speaks;
+# - the section detectors say nothing of the edit with such owners: appended (no special token in it, before
+#   A's prompt end), generation_prompt, reasoning, tools, call_id, tool_key_order, result_cleared,
 #   result_truncated, output_retokenized (by its owners); reminder_moved (what A keeps after the edit is
 #   in the same turn of B);
 # - new_conversation: a shared stretch of SHARED_RUN tokens lies between the edit and the rest;
@@ -1071,6 +1095,7 @@ def _strip_form(pair: StripPair, n_a: int, n_b: int, pd: Any) -> StripForm | Non
 #   finding of a tail or strip form reports; the forms are learned from the edit pairs' own full diffs.
 
 MAX_EDIT = 8  # tokens a side of the edit
+MAX_EDIT_HUNKS = 3  # hunks align may split the edit into (a date whose digits align apart: two)
 EDIT_BYTES = 24  # bytes a side, fewer than text_probe's least probe
 EDIT_REACH = 8192  # the edit starts within A's first tokens (decoded from the start for the detectors)
 EDIT_PAD = 1024  # tokens decoded past the edit: detect_setting reads its line LINE_REACH bytes on
@@ -1115,6 +1140,8 @@ class EditShape:
     marks: int  # A's tokens equal to that special token before it: the turns before the edit's
     sizes: tuple[int, int]  # the edit's tokens in A and in B
     turn: bool = False  # the edit is in a plain chatml turn of a slot file (`_plain_turn`): its text is not read
+    hunks: tuple[tuple[int, int, int, int], ...] = ()  # the edit's spans, from its start, where align makes it more
+    # than one (a date whose digits align apart, 09 -> 10: an insertion and a deletion); none: the one (0, ra, 0, rb)
 
 
 @dataclass(frozen=True, eq=False)
@@ -1132,6 +1159,11 @@ class EditPair:
         ra, rb = self.shape.sizes
         return rb - ra
 
+    @property
+    def edits(self) -> tuple[tuple[int, int, int, int], ...]:
+        """The edit's hunks (their spans: one, or as align splits the edit)."""
+        return self.spans[: len(self.shape.hunks) or 1]
+
 
 @dataclass(frozen=True)
 class EditForm:
@@ -1140,6 +1172,7 @@ class EditForm:
     a_owner: SectionPath
     b_owner: SectionPath
     rest: Form | StripForm
+    more: tuple[tuple[SectionPath, SectionPath], ...] = ()  # the owners of the edit's later hunks, where it has some
 
 
 class EditDiff(TailDiff):
@@ -1156,18 +1189,22 @@ class EditDiff(TailDiff):
             rest = TailDiff(n_a2 - (len(pair.rest.head) // 4 - pair.rest.at), n_a2, n_b, form.rest)
         else:
             raise TypeError("an edit form of another kind of rest")
-        first = _edit_finding(pair, form.a_owner, form.b_owner)
+        owners = ((form.a_owner, form.b_owner), *form.more)
+        firsts = _edit_findings(pair, owners)
+        k = len(firsts)
         self.lcp, self.n_a, self.n_b = pair.lcp, n_a, n_b
-        self.findings = [first, *(replace(f, hunk=f.hunk + 1) for f in rest.findings)]
-        if first.expected:
-            self.ceiling = pair.lcp
+        self.findings = [*firsts, *(replace(f, hunk=f.hunk + k) for f in rest.findings)]
+        expected = next((i for i, f in enumerate(firsts) if f.expected), None)
+        if expected is not None:
+            self.ceiling = pair.edits[expected][2]  # its hunk's place in B (reusable_ceiling: no edit is appended)
         elif any(f.expected for f in rest.findings):
             self.ceiling = rest.ceiling  # a place in B (reusable_ceiling)
         else:
             self.ceiling = min(rest.ceiling - delta, n_b)  # A's prompt end
         self.owner = form.a_owner or form.b_owner
         rest_hunks = ((rest.hunk_owner(i), rest.hunk_b_start(i)) for i in range(len(rest.findings)))
-        self.hunks = ((self.owner, pair.lcp), *rest_hunks)
+        edit_hunks = ((x or y, span[2]) for (x, y), span in zip(owners, pair.edits, strict=True))
+        self.hunks = (*edit_hunks, *rest_hunks)
 
     def hunk_owner(self, i: int) -> SectionPath:
         return self.hunks[i][0]
@@ -1225,11 +1262,13 @@ def edit_pair(
     else:
         t = len(rest.head) // 4 - rest.at
         later = [(n_a2 - t, n_a2 - t, n_a2 - t, n_b - t)]
-    want = ((d, d + ra, d, d + rb), *((x0 - delta, x1 - delta, y0, y1) for x0, x1, y0, y1 in later))
     spans = edit_then_insert_spans(a, b, d, ra, rb) if isinstance(rest, Shape) else made[2]
-    if tuple(diff_spans(a, b, n_a) if spans is None else spans) != want:
+    got = tuple(diff_spans(a, b, n_a) if spans is None else spans)
+    edits = _edit_hunks(got[: len(got) - len(later)], edit)
+    want = (*edits, *((x0 - delta, x1 - delta, y0, y1) for x0, x1, y0, y1 in later))
+    if got != want:
         return None
-    prompts = _edit_prompts(vocab, a, b, edit, made[:2])
+    prompts = _edit_prompts(vocab, a, b, edit, made[:2], edits)
     if prompts is None:
         return None
     head = prompts[0].data[prompts[0].byte_offset(g) : prompts[0].byte_offset(d)]
@@ -1243,8 +1282,24 @@ def edit_pair(
         marks=int(np.count_nonzero(a[:g] == a[g])),
         sizes=(ra, rb),
         turn=role is not None,
+        hunks=() if len(edits) == 1 else tuple((a0 - d, a1 - d, b0 - d, b1 - d) for a0, a1, b0, b1 in edits),
     )
     return EditPair(shape, rest, d, want, prompts)
+
+
+def _edit_hunks(
+    spans: tuple[tuple[int, int, int, int], ...], edit: tuple[int, int, int]
+) -> tuple[tuple[int, int, int, int], ...]:
+    """The edit's hunks among the pair's first spans: the whole edit as one, or the spans align split it into (at
+    most MAX_EDIT_HUNKS, inside the edit, the first at its start, none past its ends); else the one, which the
+    pair's spans then do not begin with (not an edit pair)."""
+    d, ra, rb = edit
+    whole = ((d, d + ra, d, d + rb),)
+    if not 1 < len(spans) <= MAX_EDIT_HUNKS or spans[0][0] != d or spans[0][2] != d:
+        return whole
+    if any(not (d <= a0 <= a1 <= d + ra and d <= b0 <= b1 <= d + rb) for a0, a1, b0, b1 in spans):
+        return whole
+    return spans
 
 
 def _plain_turn(
@@ -1260,7 +1315,7 @@ def _plain_turn(
     (`_no_inner`: no inner spans; B's is A's with the edit's text, which holds none), so the turn is the only
     section around the edit; and no `tools` turn before it (which takes no message number): its number is
     the <|im_start|> tokens before g, in the shape (`marks`). The edit's text and the text around it in the
-    turn are read only by the text detectors, run on each pair's own bytes (`_edit_prompts`, `_edit_finding`)."""
+    turn are read only by the text detectors, run on each pair's own bytes (`_edit_prompts`, `_edit_findings`)."""
     g, d, h = at
     sections = rest.shape.sections if isinstance(rest, StripPair) else rest.sections
     if not (_slot_markers(sections[0]) and _slot_markers(sections[1])):
@@ -1278,10 +1333,15 @@ def _plain_turn(
 
 
 def _edit_prompts(
-    vocab: Vocab, a: np.ndarray, b: np.ndarray, edit: tuple[int, int, int], got: tuple[Decoded | None, Decoded | None]
+    vocab: Vocab,
+    a: np.ndarray,
+    b: np.ndarray,
+    edit: tuple[int, int, int],
+    got: tuple[Decoded | None, Decoded | None],
+    edits: tuple[tuple[int, int, int, int], ...],
 ) -> tuple[Prompt, Prompt] | None:
     """A's and B's text from their start to past the edit, when the edit's text is one the notes above allow
-    and the detectors that must find nothing in it find nothing."""
+    and the detectors that must find nothing in it find nothing (in each of its hunks, `edits`)."""
     d, ra, rb = edit
     pa = _stub(vocab, a, d + ra, got[0])
     pb = _stub(vocab, b, d + rb, got[1])
@@ -1293,16 +1353,36 @@ def _edit_prompts(
         return None
     if not (_EDIT_TEXT.fullmatch(ta) and _EDIT_TEXT.fullmatch(tb)) or b"{" in pa.data[max(0, xa0 - JSON_REACH) : xa0]:
         return None  # (and so json_reserialized finds nothing: `_json_silent`, A's side)
-    i = shared_prefix(ta, tb)
-    j = shared_suffix(ta[i:], tb[i:])
-    if not (ta[i : len(ta) - j] and tb[i : len(tb) - j]):
-        return None  # white space alone on one side: detect_whitespace reads the sections
-    h = Hunk(d, d + ra, d, d + rb, xa0, xa1, xb0, xb1, NO_SECTION, NO_SECTION)
-    ctx = Ctx(pa, pb, Divergence(len(a), len(b), d, None, (h,)), h, 0)
-    quiet = _EDIT_QUIET if not _setting_silent(pa.data, xa0, pb.data, xb0) else _EDIT_QUIET_SETTING_SILENT
-    if any(det(ctx) is not None for det in quiet):
-        return None
+    hunks = _edit_hunk_list(pa, pb, edits, (NO_SECTION, NO_SECTION) * len(edits))
+    for k, h in enumerate(hunks):
+        x, y = pa.data[h.a_byte_start : h.a_byte_end], pb.data[h.b_byte_start : h.b_byte_end]
+        if not _whitespace_silent_texts(x, y) or len(y) - len(x) >= 16:
+            return None  # detect_whitespace or system_appended could read the sections
+        ctx = Ctx(pa, pb, Divergence(len(a), len(b), d, None, hunks), h, k)
+        silent = _setting_silent(pa.data, h.a_byte_start, pb.data, h.b_byte_start)
+        if any(det(ctx) is not None for det in (_EDIT_QUIET_SETTING_SILENT if silent else _EDIT_QUIET)):
+            return None
     return pa, pb
+
+
+def _whitespace_silent_texts(x: bytes, y: bytes) -> bool:
+    """detect_whitespace finds nothing in a hunk of these two texts: their shared ends taken off, both sides are
+    left, or one holds more than white space (its test before it reads any section)."""
+    i = shared_prefix(x, y)
+    j = shared_suffix(x[i:], y[i:])
+    rx, ry = x[i : len(x) - j], y[i : len(y) - j]
+    return bool((rx and ry) or rx.strip() or ry.strip())
+
+
+def _edit_hunk_list(
+    pa: Prompt, pb: Prompt, edits: tuple[tuple[int, int, int, int], ...], owners: tuple[SectionPath, ...]
+) -> tuple[Hunk, ...]:
+    """The edit's hunks on the two stubs, hunk k owned by owners[2k] in A and owners[2k + 1] in B."""
+    bo_a, bo_b = pa.byte_offset, pb.byte_offset
+    return tuple(
+        Hunk(a0, a1, b0, b1, bo_a(a0), bo_a(a1), bo_b(b0), bo_b(b1), owners[2 * k], owners[2 * k + 1])
+        for k, (a0, a1, b0, b1) in enumerate(edits)
+    )
 
 
 def _stub(vocab: Vocab, ids: np.ndarray, end: int, got: Decoded | None) -> Prompt | None:
@@ -1333,14 +1413,13 @@ def _spliced(vocab: Vocab, got: Decoded, b: np.ndarray, edit: tuple[int, int, in
     return data[:x0] + text + data[x1:], offsets, special
 
 
-def _edit_finding(pair: EditPair, a_owner: SectionPath, b_owner: SectionPath) -> Finding:
-    """explain's finding for the edit, its owners given: the text detectors that read them, else the fallback."""
+def _edit_findings(pair: EditPair, owners: tuple[tuple[SectionPath, SectionPath], ...]) -> list[Finding]:
+    """explain's finding for each of the edit's hunks, their owners given (A's, B's): the text detectors that read
+    them, else the fallback."""
     pa, pb = pair.prompts
-    d, (ra, rb) = pair.lcp, pair.shape.sizes
-    bo_a, bo_b = pa.byte_offset, pb.byte_offset
-    h = Hunk(d, d + ra, d, d + rb, bo_a(d), bo_a(d + ra), bo_b(d), bo_b(d + rb), a_owner, b_owner)
-    ctx = Ctx(pa, pb, Divergence(len(pa), len(pb), d, None, (h,)), h, 0)
-    return best_finding(ctx, _EDIT_SEEN, _EDIT_CEILINGS)  # explain's choice among them
+    hunks = _edit_hunk_list(pa, pb, pair.edits, tuple(p for both in owners for p in both))
+    d = Divergence(len(pa), len(pb), pair.lcp, None, hunks)
+    return [best_finding(Ctx(pa, pb, d, h, k), _EDIT_SEEN, _EDIT_CEILINGS) for k, h in enumerate(hunks)]
 
 
 def _plain_owner(path: SectionPath) -> bool:
@@ -1366,12 +1445,13 @@ def _edit_form(pair: EditPair, n_a: int, n_b: int, pd: Any) -> EditForm | None:
         return None
     if tuple((h.a_start, h.a_end, h.b_start, h.b_end) for h in d.hunks) != pair.spans:
         return None
-    h0, delta = d.hunks[0], pair.delta
-    if not (_plain_owner(h0.a_owner) and _plain_owner(h0.b_owner)):
+    k, delta = len(pair.edits), pair.delta
+    edits = d.hunks[:k]
+    if not all(_plain_owner(h.a_owner) and _plain_owner(h.b_owner) for h in edits):
         return None
     n_a2 = n_a + delta
-    later = tuple(replace(h, a_start=h.a_start + delta, a_end=h.a_end + delta) for h in d.hunks[1:])
-    findings = [replace(f, hunk=f.hunk - 1) for f in pd.findings[1:]]
+    later = tuple(replace(h, a_start=h.a_start + delta, a_end=h.a_end + delta) for h in d.hunks[k:])
+    findings = [replace(f, hunk=f.hunk - k) for f in pd.findings[k:]]
     ceiling = pd.ceiling if any(f.expected for f in findings) else pd.ceiling + delta
     rest_form: Form | StripForm | None
     if isinstance(pair.rest, StripPair):
@@ -1385,7 +1465,8 @@ def _edit_form(pair: EditPair, n_a: int, n_b: int, pd: Any) -> EditForm | None:
             return None  # A's prompt end may lie before the insertion: align stops its slide there
     if rest_form is None:
         return None
-    form = EditForm(h0.a_owner, h0.b_owner, rest_form)
+    more = tuple((h.a_owner, h.b_owner) for h in edits[1:])
+    form = EditForm(edits[0].a_owner, edits[0].b_owner, rest_form, more)
     filled = EditDiff(pair, n_a, n_b, form)
     if filled.findings != list(pd.findings) or filled.ceiling != pd.ceiling:
         return None
