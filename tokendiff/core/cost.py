@@ -380,7 +380,16 @@ class Deferred:
 DEFERRED = Deferred()
 
 
-class Done(Generic[T]):
+class _Settled:
+    """A future that is finished when made."""
+
+    __slots__ = ()
+
+    def done(self) -> bool:
+        return True
+
+
+class Done(_Settled, Generic[T]):
     """A result known at once, read as a future is (`done`, `result`): a tail turn's, made without a
     future's lock and condition (one a turn)."""
 
@@ -389,23 +398,17 @@ class Done(Generic[T]):
     def __init__(self, value: T):
         self.value = value
 
-    def done(self) -> bool:
-        return True
-
     def result(self) -> T:
         return self.value
 
 
-class Raised:
+class Raised(_Settled):
     """An exception as a finished future holds one: `result` raises it."""
 
     __slots__ = ("error",)
 
     def __init__(self, error: BaseException):
         self.error = error
-
-    def done(self) -> bool:
-        return True
 
     def result(self) -> NoReturn:
         raise self.error
