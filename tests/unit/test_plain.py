@@ -83,6 +83,35 @@ def test_the_model_s_values():
     assert replace(f, hunk=2).hunk == 2 and replace(f, hunk=2) != f
 
 
+@plain(frozen=True, cache_hash=True)
+class _Cached:
+    kind: str
+    index: int | None = None
+
+
+def test_a_cached_hash_is_the_hash_and_is_never_pickled() -> None:
+    """`cache_hash` (SectionPath's): the same hash as without it, made once, and nothing else changes: equality,
+    repr, `replace`, pickling (a string's hash differs between processes, so it is left out of the state)."""
+    for kind, index in (("m", 3), ("", None), ("t\u00e9", -1)):
+        a, plain_a = _Cached(kind, index), _Frozen(kind, index)
+        before = pickle.dumps(a)
+        assert hash(a) == hash(plain_a) == hash((kind, index)) and hash(a) == hash(a)
+        assert "_plain_hash" in a.__dict__ and pickle.dumps(a) == before
+        assert pickle.loads(before) == a and "_plain_hash" not in pickle.loads(pickle.dumps(a)).__dict__
+        assert repr(a).replace("_Cached(", "") == repr(plain_a).replace("_Frozen(", "")
+        assert replace(a) == a and "_plain_hash" not in replace(a).__dict__ and a != plain_a
+    path = SectionPath.of(Part(SectionKind.MESSAGE, 1, "user"), Part(SectionKind.TOOL, 2, "git", "tools[2]"))
+    fresh = pickle.dumps(path)
+    assert hash(path) == hash((path.parts,)) and path.label and pickle.dumps(path) != fresh  # the label is kept
+    again = pickle.loads(pickle.dumps(path))
+    assert (
+        again == path and hash(again) == hash(path) and "_plain_hash" not in pickle.loads(pickle.dumps(path)).__dict__
+    )
+    for bad in ({"frozen": False}, {"frozen": True, "eq": False}):
+        with pytest.raises(TypeError, match="cache_hash needs"):
+            plain(cache_hash=True, **bad)(type("X", (), {"__annotations__": {"a": "int"}}))
+
+
 def test_plain_replace_and_fields_take_stdlib_dataclasses_too() -> None:
     """The project's one `replace` (ruff bans the stdlib's): it copies a dataclass as `dataclasses.replace` does,
     and the stdlib's refuses a @plain value, which is why it is banned."""

@@ -38,7 +38,7 @@ def test_best_is_the_search_by_shares():
     for _ in range(3000):
         block, vocab = rng.choice([1, 2, 4, 8, 64]), rng.choice([1, 2, 3, 50, 1 << 32])
         base = b"".join(rng.randrange(vocab).to_bytes(4, "big") for _ in range(block))
-        kids = _Kids()
+        kids = _Kids([], [])
         seen: set[bytes] = set()
         for turn in range(1, rng.randrange(1, 40)):
             tokens = _block(rng, base, vocab, block)

@@ -8,7 +8,6 @@ InputError travels back field by field and is raised again on this side with its
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -16,9 +15,9 @@ from tokendiff.core.plain import plain
 from tokendiff.errors import InputError
 
 if TYPE_CHECKING:
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import Future, ProcessPoolExecutor
 
-    from tokendiff.core.cost import PairDiff, TurnInput
+    from tokendiff.core.cost import PairDiff, PairFuture, TurnInput
     from tokendiff.core.model import Prompt
     from tokendiff.sources.loader import Loader
     from tokendiff.sources.record import CaptureRecord
@@ -152,7 +151,7 @@ class PairWorkers:
         """Pairs the analysis may keep pending: enough for every worker to hold two chunks."""
         return max(8, 2 * self.CHUNK * self.workers)
 
-    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[PairDiff]:
+    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> PairFuture[PairDiff]:
         from tokendiff.core.cost import InlinePairs
 
         self.seen += 1
@@ -163,7 +162,7 @@ class PairWorkers:
             return InlinePairs().submit(a, b, max_hunks)
         return self._queue(a.job, b.job, max_hunks)
 
-    def _queue(self, job_a: Any, job_b: Any, max_hunks: int) -> Future[PairDiff]:
+    def _queue(self, job_a: Any, job_b: Any, max_hunks: int) -> _Queued:
         """The pair's future; pairs go to the workers in chunks of consecutive ones (turn k is B of one pair
         and A of the next: a worker given both loads it once), a chunk sent when full, when it would not
         continue, or when someone waits on one of its pairs."""
@@ -245,6 +244,7 @@ class PairWorkers:
                 if not batch:
                     break
                 sent += 1
+                fut: PairFuture[list[ChunkRow]]
                 if self.workers < 2 or sent <= 2:
                     fut = done_future(partial(_local_ids, self.loader, batch))
                 else:
@@ -347,7 +347,7 @@ def _chunk_diffs(
     return out
 
 
-def diff_future(diff: Any) -> Future[PairDiff] | None:
+def diff_future(diff: Any) -> PairFuture[PairDiff] | None:
     """A worker's diff of a pair (or the InputError it met) as the future the analysis reads it from."""
     from tokendiff.core.cost import done_future
 
@@ -391,14 +391,29 @@ def _worker_loader(template: str | None) -> Loader:
     return _WORKER_LOADERS[template]
 
 
-class _Queued(Future[Any]):
-    """A pair's future while its chunk waits to be sent: asking for its result sends the chunk first."""
+class _Queued:
+    """A pair's future while its chunk waits to be sent: asking for its result sends the chunk first. It
+    holds a concurrent.futures.Future rather than being one, so that a report whose pairs are all diffed
+    here (a slot report's) never imports concurrent.futures."""
+
+    __slots__ = ("flush", "sent", "fut")
 
     def __init__(self, flush: Callable[[], None]):
-        super().__init__()
+        from concurrent.futures import Future
+
         self.flush, self.sent = flush, False
+        self.fut: Future[Any] = Future()
+
+    def done(self) -> bool:
+        return self.fut.done()
+
+    def set_result(self, result: Any) -> None:
+        self.fut.set_result(result)
+
+    def set_exception(self, error: BaseException) -> None:
+        self.fut.set_exception(error)
 
     def result(self, timeout: float | None = None) -> Any:
         if not self.sent:
             self.flush()
-        return super().result(timeout)
+        return self.fut.result(timeout)

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -49,6 +48,7 @@ if TYPE_CHECKING:
     from tokendiff.core.cache.verdict import EngineTrack, EngineTurn
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 BACKENDS = tuple(Backend)  # llama.cpp, llama.cpp-hybrid, vllm, sglang, ollama: the columns, in order
 CHECKPOINT_BACKEND = Backend.LLAMA_CPP_HYBRID  # stateful: the session replayed through one slot's checkpoints
 RELOAD = CauseKind.OLLAMA_RELOAD  # the backend fact that overrides a turn's reuse: a reloaded model has no cache
@@ -296,7 +296,7 @@ class TurnInput:
     ttft_ms: float | None = None
     server: ServerKind | Literal[""] = ""  # the recording server's kind, where the capture says
     vllm_block: int | None = None  # and its block size, when it is vLLM
-    diff: Future[PairDiff] | None = None  # its diff with the turn read before it, where a worker made that already
+    diff: PairFuture[PairDiff] | None = None  # its diff with the turn read before it, where a worker made that already
     reply: np.ndarray | None = None  # the generated IDs the slot holds after the prompt, where known
     tokenize: Callable[[str], list[int]] | None = None  # the session's tokenizer, for a reply known by its text
     server_key: str = ""  # the model and template that served it (a change empties llama-server's slots)
@@ -343,17 +343,26 @@ class TurnInput:
         return self._prompt
 
 
+class PairFuture(Protocol[T_co]):
+    """A pair's diff as the analysis reads it: a concurrent.futures.Future (a worker's), or one already
+    settled here (`done_future`)."""
+
+    def done(self) -> bool: ...
+
+    def result(self) -> T_co: ...
+
+
 class PairPool(Protocol):
     """Where divergent pairs are diffed: in this process, or in workers (app.workers.PairWorkers).
     `submit` returns the pair's diff (`diff_turn`); the turn is filled from it here (`fill_turn`)."""
 
-    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[PairDiff]: ...
+    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> PairFuture[PairDiff]: ...
 
 
 class InlinePairs:
     """Every pair diffed here, at once."""
 
-    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> Future[PairDiff]:
+    def submit(self, a: TurnInput, b: TurnInput, max_hunks: int) -> PairFuture[PairDiff]:
         return done_future(lambda: diff_turn(a.prompt(), b.prompt(), max_hunks))
 
 
@@ -371,7 +380,16 @@ class Deferred:
 DEFERRED = Deferred()
 
 
-class Done(Generic[T]):
+class _Settled:
+    """A future that is finished when made."""
+
+    __slots__ = ()
+
+    def done(self) -> bool:
+        return True
+
+
+class Done(_Settled, Generic[T]):
     """A result known at once, read as a future is (`done`, `result`): a tail turn's, made without a
     future's lock and condition (one a turn)."""
 
@@ -380,24 +398,33 @@ class Done(Generic[T]):
     def __init__(self, value: T):
         self.value = value
 
-    def done(self) -> bool:
-        return True
-
     def result(self) -> T:
         return self.value
 
 
-def done_future(fn: Callable[[], T]) -> Future[T]:
-    """A future already holding fn's result (or its exception)."""
-    fut: Future[T] = Future()
+class Raised(_Settled):
+    """An exception as a finished future holds one: `result` raises it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def result(self) -> NoReturn:
+        raise self.error
+
+
+def done_future(fn: Callable[[], T]) -> Done[T] | Raised:
+    """fn's result (or its exception), read as a finished future is. Not a concurrent.futures.Future: the
+    analysis only asks `done` and `result`, and a slot report, which diffs every pair here, then never
+    imports concurrent.futures (with logging, traceback and threading: ~4 ms of its start)."""
     try:
-        fut.set_result(fn())
+        return Done(fn())
     except Exception as e:  # noqa: BLE001 - handed to whoever reads the result, as a worker's would be
-        fut.set_exception(e)
-    return fut
+        return Raised(e)
 
 
-Pending: TypeAlias = "Future[PairDiff] | Done[TailDiff] | Deferred"  # a pair's diff while it waits to be counted
+Pending: TypeAlias = "PairFuture[PairDiff] | Done[TailDiff] | Deferred"  # a pair's diff while it waits to be counted
 
 
 class Analyser:
@@ -586,7 +613,7 @@ class Analyser:
 
     def _taken_up(
         self, fut: Pending, a: TurnInput, b: TurnInput, k: int, shape: AnyPair | None
-    ) -> tuple[Future[PairDiff] | Done[TailDiff], AnyPair | None]:
+    ) -> tuple[PairFuture[PairDiff] | Done[TailDiff], AnyPair | None]:
         """A pending pair's diff as it is counted: a deferred pair's from the form its shape's first pair left
         (counted before it), else diffed in full now and learned from."""
         if not isinstance(fut, Deferred):

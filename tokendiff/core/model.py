@@ -122,7 +122,7 @@ class Part:
         return Part(self.kind, None, self.name)
 
 
-@plain(frozen=True)
+@plain(frozen=True, cache_hash=True)  # hashed for every finding's span (`cost._count_spans`), ~1.5 us a walk
 class SectionPath:
     """Where a token sits, outermost part first: a small hashable value.
 

@@ -4,8 +4,9 @@
 costs ~0.3 ms more, in a command whose whole budget past Python's start is ~35 ms (issue 29). `@plain`
 makes the same methods from one small generated source a class: `__init__` (defaults, `field(default_factory=...)`,
 `kw_only`, `__post_init__`), `__repr__`, `__eq__` over the fields in order, `__hash__` and blocked assignment
-when frozen. Type checkers read it as a dataclass (`dataclass_transform`). Use `replace` and `as_dict` where
-`dataclasses.replace` and `asdict` would go (fields of plain values: `as_dict` copies nothing).
+when frozen (`cache_hash`: the hash kept on the instance once made, never pickled). Type checkers read it as a
+dataclass (`dataclass_transform`). Use `replace` and `as_dict` where `dataclasses.replace` and `asdict` would go
+(fields of plain values: `as_dict` copies nothing).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ else:
 
 
 _FIELDS = "__plain_fields__"
+_HASH = "_plain_hash"  # where `cache_hash` keeps an instance's hash, beside its fields
 
 
 class FrozenError(AttributeError):
@@ -69,7 +71,7 @@ def _one(names: tuple[str, ...]) -> Callable[[object], tuple[Any, ...]]:
     return lambda v: (getattr(v, name),)
 
 
-def _methods(cls: Any, names: tuple[str, ...], eq: bool, frozen: bool) -> None:
+def _methods(cls: Any, names: tuple[str, ...], eq: bool, frozen: bool, cache_hash: bool) -> None:
     """`__repr__`, and `__eq__` and `__hash__` over the fields' tuple (as a dataclass's: equal hashes), without
     compiling a source for each: only `__init__` needs one."""
     values: Callable[[object], Any] = attrgetter(*names) if len(names) > 1 else _one(names)
@@ -89,6 +91,28 @@ def _methods(cls: Any, names: tuple[str, ...], eq: bool, frozen: bool) -> None:
     if eq:
         cls.__eq__ = __eq__
         cls.__hash__ = __hash__ if frozen else None  # mutable and compared by value: unhashable, as a dataclass
+        if frozen and cache_hash:
+            _cache_hash(cls, __hash__)
+
+
+def _cache_hash(cls: Any, made: Callable[[object], int]) -> None:
+    """The hash made once an instance: for a value hashed again and again whose hash walks other values in
+    Python (a SectionPath's parts, each Part's fields). The same number as without it (a frozen value's
+    fields never change); kept in the instance's `__dict__`, which equality and `replace` do not read, and
+    left out of its pickled state (a string's hash differs between processes)."""
+
+    def __hash__(self: Any) -> int:
+        got: int | None = self.__dict__.get(_HASH)
+        if got is None:
+            got = self.__dict__[_HASH] = made(self)
+        return got
+
+    def __getstate__(self: Any) -> dict[str, Any]:
+        state: dict[str, Any] = self.__dict__
+        return {k: v for k, v in state.items() if k != _HASH} if _HASH in state else state
+
+    cls.__hash__ = __hash__
+    cls.__getstate__ = __getstate__
 
 
 def _refuse_what_it_would_get_wrong(cls: type) -> None:
@@ -102,8 +126,10 @@ def _refuse_what_it_would_get_wrong(cls: type) -> None:
         raise TypeError(f"@plain class {cls.__qualname__} writes {', '.join(sorted(written))}, which @plain makes")
 
 
-def _make(made: type[T], frozen: bool, eq: bool, kw_only: bool) -> type[T]:
+def _make(made: type[T], frozen: bool, eq: bool, kw_only: bool, cache_hash: bool = False) -> type[T]:
     _refuse_what_it_would_get_wrong(made)
+    if cache_hash and not (frozen and eq and "__getstate__" not in made.__dict__):
+        raise TypeError(f"@plain class {made.__qualname__}: cache_hash needs frozen=True, eq=True and no __getstate__")
     cls: Any = made  # its methods are set here
     names = [n for n, ann in cls.__dict__.get("__annotations__", {}).items() if not str(ann).startswith("ClassVar")]
     env: dict[str, Any] = {"_MISSING": _Factory, "_set": object.__setattr__}
@@ -129,7 +155,7 @@ def _make(made: type[T], frozen: bool, eq: bool, kw_only: bool) -> type[T]:
     exec("\n".join(src), env)  # noqa: S102 - a source made above from the class's own field names
     env["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
     cls.__init__ = env["__init__"]
-    _methods(cls, tuple(names), eq, frozen)
+    _methods(cls, tuple(names), eq, frozen, cache_hash)
     if frozen:
         cls.__setattr__ = _frozen_set
         cls.__delattr__ = _frozen_del
@@ -139,11 +165,13 @@ def _make(made: type[T], frozen: bool, eq: bool, kw_only: bool) -> type[T]:
 
 
 @dataclass_transform(field_specifiers=(field,))
-def plain(*, frozen: bool = False, eq: bool = True, kw_only: bool = False) -> Callable[[type[T]], type[T]]:
+def plain(
+    *, frozen: bool = False, eq: bool = True, kw_only: bool = False, cache_hash: bool = False
+) -> Callable[[type[T]], type[T]]:
     """The class decorator: see the module's docstring."""
 
     def wrap(cls: type[T]) -> type[T]:
-        return _make(cls, frozen, eq, kw_only)
+        return _make(cls, frozen, eq, kw_only, cache_hash)
 
     return wrap
 

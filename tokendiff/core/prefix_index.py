@@ -42,9 +42,11 @@ class _Kids:
     token-level extension looks at a few neighbours, not at every block that ever followed (a date in
     the first block makes a new first block every day)."""
 
-    def __init__(self) -> None:
-        self.sorted: list[bytes] = []  # the nodes' tokens
-        self.nodes: list[_Node] = []  # in the same order
+    __slots__ = ("sorted", "nodes")  # one a block that something followed: made in `_add`, read in `best`
+
+    def __init__(self, tokens: list[bytes], nodes: list[_Node]) -> None:
+        self.sorted = tokens  # the nodes' tokens
+        self.nodes = nodes  # in the same order
 
     def add(self, node: _Node) -> None:
         i = bisect.bisect_left(self.sorted, node.tokens)
@@ -88,7 +90,7 @@ class PrefixIndex:
     def __init__(self, block: int = BLOCK):
         self.block = block
         self.nodes: dict[int, _Node] = {}
-        self.roots = _Kids()  # first blocks (children of the empty prefix)
+        self.roots = _Kids([], [])  # first blocks (children of the empty prefix)
         self.tokens_hashed = 0  # work done, for the scaling tests
         self.tokens_compared = 0
         self.last_turn: int | None = None
@@ -138,28 +140,37 @@ class PrefixIndex:
 
     def _add(self, raw: bytes, keys: list[int], turn: int, known: list[_Node]) -> list[_Node]:
         """The prompt's blocks added (or their nodes marked with `turn`); its nodes. `known`: the nodes of its
-        first blocks, whose children the last prompt's next block made already (but perhaps the last one's)."""
+        first blocks, whose children the last prompt's next block made already (but perhaps the last one's).
+        A node's children are made with its first child (a run of new blocks: one call each, no search), and a
+        new node goes into its parent's sorted children here, not through `_Kids.add`. A node with no child
+        keeps None, where an empty `_Kids` was made before: `_match` reads both as nothing below (no turn,
+        nothing compared), so the answers and counts are the same."""
         step = self.block * 4
         self.last_turn = turn
-        for seen in known[:-1]:
-            seen.turn = turn
         start = max(0, len(known) - 1)
-        below = known[start - 1].children if start else self.roots
+        for seen in known[:start]:
+            seen.turn = turn
+        parent = known[start - 1] if start else None
         nodes = known[:start]  # a copy: `known` is the caller's
+        table = self.nodes
         for i in range(start, len(keys)):
-            node = self.nodes.get(keys[i])
+            key = keys[i]
+            node = table.get(key)
             if node is None:
-                node = self.nodes[keys[i]] = _Node(turn, raw[i * step : (i + 1) * step])
-                assert below is not None
-                below.add(node)
+                tokens = raw[i * step : (i + 1) * step]
+                node = table[key] = _Node(turn, tokens)
+                below = self.roots if parent is None else parent.children
+                if below is None:  # None only below a node
+                    assert parent is not None
+                    parent.children = _Kids([tokens], [node])
+                else:
+                    at = bisect.bisect_left(below.sorted, tokens)
+                    below.sorted.insert(at, tokens)
+                    below.nodes.insert(at, node)
             else:
                 node.turn = turn
             nodes.append(node)
-            if node.children is None and i + 1 < len(keys):
-                node.children = _Kids()
-            if node.children is None:  # the last block: nothing follows it
-                break
-            below = node.children
+            parent = node
         return nodes
 
     def __len__(self) -> int:
