@@ -80,7 +80,7 @@ def test_slot_sectionings_are_each_files_own(family):
             arrays.append(np.array(ids, dtype=np.int32))
         want = [_old_sectioning(loader, a) for a in arrays]
         assert loader.slot_sectionings(arrays) == want
-        assert [loader.slot_sectioning(a) for a in arrays] == want
+        assert [loader.slot_sectionings([a])[0] for a in arrays] == want
     assert loader.slot_sectionings([]) == []
 
 

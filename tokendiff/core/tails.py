@@ -347,7 +347,7 @@ def _line(before: bytes, after: bytes) -> str:
 #   (`Strips._user_after`): both in the shape. history_rewritten (0.5) is found too, and always loses to it.
 
 THINK_REACH = 4096  # tokens of A's think block searched for its end
-SLOT_SECTIONING = "slot file"  # the last part of a slot file's sectioning (app: Loader.slot_sectioning)
+SLOT_SECTIONING = "slot file"  # the last part of a slot file's sectioning (app: Loader.slot_sectionings)
 MIXED_CONTENT = "text as strings and as parts"  # the last part of a request's sectioning by its fields where
 # its messages do not all hold their text alike (app: Loader.sectioning): an edit's field path could then differ
 # between two requests of one shape (`messages[0].content` in one, `messages[0].content[0].text` in the next)

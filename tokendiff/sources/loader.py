@@ -483,14 +483,12 @@ class Loader:
         _render_differs(label, local.encode("utf-8"), data)
         return Sectioning.MARKERS, fam
 
-    def slot_sectioning(self, ids: np.ndarray) -> tuple[Sectioning, str, str] | None:
-        """How the full load of a slot file (`_slot`) sections its prompt: by the template's markers of the
-        family its special tokens tell, no request. None where a family is forced or none is found."""
-        return self.slot_sectionings([ids])[0]
-
     def slot_sectionings(self, arrays: Sequence[np.ndarray]) -> list[tuple[Sectioning, str, str] | None]:
-        """`slot_sectioning` of each of a directory's prompts read together, their special tokens found in one
-        pass (`Vocab.special_ids_each`: each array's own, as `special_ids` finds them)."""
+        """How the full load of each slot file (`_slot`) sections its prompt: by the template's markers of the
+        family its special tokens tell, no request; None where a family is forced or none is found. A directory's
+        prompts read together, their special tokens found in one pass (`Vocab.special_ids_each`: each array's
+        own, as `special_ids` finds them). Their IDs must be the vocabulary's (none negative, none past it): the
+        reader checks that first (app.session's `_fitting`) and sends any other file to the full load."""
         from tokendiff.core.tails import SLOT_SECTIONING
 
         if self.family is not None:
