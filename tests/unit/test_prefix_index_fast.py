@@ -38,13 +38,13 @@ def test_best_is_the_search_by_shares():
     for _ in range(3000):
         block, vocab = rng.choice([1, 2, 4, 8, 64]), rng.choice([1, 2, 3, 50, 1 << 32])
         base = b"".join(rng.randrange(vocab).to_bytes(4, "big") for _ in range(block))
-        kids = _Kids([], [])
-        seen: set[bytes] = set()
+        made: dict[bytes, _Node] = {}
         for turn in range(1, rng.randrange(1, 40)):
             tokens = _block(rng, base, vocab, block)
-            if tokens and tokens not in seen:  # one node a block after one prefix, as the index keeps them
-                seen.add(tokens)
-                kids.add(_Node(turn, tokens))
+            if tokens and tokens not in made:  # one node a block after one prefix, as the index keeps them
+                made[tokens] = _Node(turn, tokens)
+        order = sorted(made)  # the children sorted by their tokens, as `PrefixIndex._add` inserts them
+        kids = _Kids(order, [made[t] for t in order])
         for _ in range(10):
             rest = _block(rng, base, vocab, block) or base[:4]
             assert kids.best(rest) == _best_by_shares(kids, rest)

@@ -111,15 +111,23 @@ class Ctx:
     def _win(self, side: str, pad: int) -> tuple[str, int]:
         got = self._wins.get((side, pad))
         if got is None:
-            h = self.h
-            if side == "a":
-                p, lo, hi = self.a, h.a_byte_start, h.a_byte_end
-            else:
-                p, lo, hi = self.b, h.b_byte_start, h.b_byte_end
-            s = max(0, lo - pad)
-            got = p.data[s : hi + pad].decode("utf-8", "replace"), len(p.data[s:lo].decode("utf-8", "replace"))
+            data, lo, _ = self._side(side)
+            before = data[max(0, lo - pad) : lo]
+            got = self.window_bytes(side, pad).decode("utf-8", "replace"), len(before.decode("utf-8", "replace"))
             self._wins[(side, pad)] = got
         return got
+
+    def window_bytes(self, side: str, pad: int = PAD) -> bytes:
+        """The bytes `a_win(pad)` (side "a") or `b_win(pad)` (side "b") decodes."""
+        data, lo, hi = self._side(side)
+        return data[max(0, lo - pad) : hi + pad]
+
+    def _side(self, side: str) -> tuple[bytes, int, int]:
+        """A side's prompt bytes and the hunk's byte span in them."""
+        h = self.h
+        if side == "a":
+            return self.a.data, h.a_byte_start, h.a_byte_end
+        return self.b.data, h.b_byte_start, h.b_byte_end
 
     def digitless(self) -> tuple[bool, bool]:
         """For A's and B's PAD window (`a_win()`, `b_win()`): its bytes are ASCII and hold no digit. Such a
@@ -127,7 +135,7 @@ class Ctx:
         digit (`\\d` is [0-9] on ASCII text): NUMBER_RE, HEX_RE (its lookahead); DATE_RE but a day's name. Read
         from the bytes, so a detector it settles decodes no window."""
         if self._digitless is None:
-            self._digitless = (_digitless(self.a_window_bytes()), _digitless(self.b_window_bytes()))
+            self._digitless = (_digitless(self.window_bytes("a")), _digitless(self.window_bytes("b")))
         return self._digitless
 
     def extended(self) -> tuple[bytes, bytes]:
@@ -136,18 +144,9 @@ class Ctx:
             self._ext = _extended(self.a, self.b, self.h)
         return self._ext
 
-    def a_window_bytes(self) -> bytes:
-        """The bytes `a_win()` decodes."""
-        h = self.h
-        return self.a.data[max(0, h.a_byte_start - PAD) : h.a_byte_end + PAD]
-
-    def b_window_bytes(self) -> bytes:
-        h = self.h
-        return self.b.data[max(0, h.b_byte_start - PAD) : h.b_byte_end + PAD]
-
     def hyphens(self) -> bool:
         """Both PAD windows hold a '-' (every UUID_RE match does)."""
-        return b"-" in self.a_window_bytes() and b"-" in self.b_window_bytes()
+        return b"-" in self.window_bytes("a") and b"-" in self.window_bytes("b")
 
     @property
     def a_path(self) -> SectionPath:
@@ -419,10 +418,8 @@ class _Index:
         is: every owner `Prompt.owner` gives is a section's path (or NO_SECTION, END_OF_PROMPT: no message)."""
         if self._last_message is None:  # C-level passes over the sections (a long prompt has hundreds)
             firsts = list(map(_FIRST, filter(None, map(_PARTS, self.sections))))
-            indices = list(map(_INDEX, compress(firsts, map(eq, map(_KIND, firsts), repeat(K.MESSAGE)))))
-            given = list(filter(None, indices))  # `index or 0` of each: those given, and 0 for any other
-            top = max(given) if given else 0
-            self._last_message = -1 if not indices else max(top, 0) if len(given) < len(indices) else top
+            indices = map(_INDEX, compress(firsts, map(eq, map(_KIND, firsts), repeat(K.MESSAGE))))
+            self._last_message = max((i or 0 for i in indices), default=-1)
         return self._last_message
 
     @property
@@ -749,7 +746,7 @@ def _has_time(change: tuple[str, str]) -> bool:
 
 def detect_date(ctx: Ctx) -> Finding | None:
     """date: a date or time changed, or one was inserted (the first turn that carries it)."""
-    if ctx.digitless()[1] and _without(ctx.b_window_bytes(), _DAY_WORDS):
+    if ctx.digitless()[1] and _without(ctx.window_bytes("b"), _DAY_WORDS):
         return None  # B's window holds no match: `_changed` needs one there, `_inserted` one in it with a digit
     ch = _changed(ctx, DATE_RE)
     inserted = None if ch else _inserted(ctx, DATE_RE)
@@ -1561,8 +1558,8 @@ def detect_unicode_form(ctx: Ctx) -> Finding | None:
     ea, eb = ctx.extended()
     if ea == eb or len(ea) > 4096 or len(eb) > 4096 or (ea.isascii() and eb.isascii()):
         return None  # ASCII is its own form: different text, not another form (ASCII bytes decode to ASCII)
-    ua, ub = ea.decode("utf-8", "replace"), eb.decode("utf-8", "replace")
-    if ua == ub or (ua.isascii() and ub.isascii()):
+    ua, ub = ea.decode("utf-8", "replace"), eb.decode("utf-8", "replace")  # a side of other bytes: other characters
+    if ua == ub:
         return None
     import unicodedata
 

@@ -48,11 +48,6 @@ class _Kids:
         self.sorted = tokens  # the nodes' tokens
         self.nodes = nodes  # in the same order
 
-    def add(self, node: _Node) -> None:
-        i = bisect.bisect_left(self.sorted, node.tokens)
-        self.sorted.insert(i, node.tokens)
-        self.nodes.insert(i, node)
-
     def best(self, rest: bytes) -> tuple[int | None, int, int]:
         """(latest turn, tokens) of the block sharing the most leading tokens with `rest` (None, 0: none
         shares any), and the tokens compared to find it."""
@@ -142,7 +137,7 @@ class PrefixIndex:
         """The prompt's blocks added (or their nodes marked with `turn`); its nodes. `known`: the nodes of its
         first blocks, whose children the last prompt's next block made already (but perhaps the last one's).
         A node's children are made with its first child (a run of new blocks: one call each, no search), and a
-        new node goes into its parent's sorted children here, not through `_Kids.add`. A node with no child
+        new node goes into its parent's sorted children in place. A node with no child
         keeps None, where an empty `_Kids` was made before: `_match` reads both as nothing below (no turn,
         nothing compared), so the answers and counts are the same."""
         step = self.block * 4
