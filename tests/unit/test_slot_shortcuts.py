@@ -446,7 +446,7 @@ def test_user_turn_after_found_as_the_turns_are_walked():
         b = np.array(tok.encode("".join(rng.choice(pieces) for _ in range(rng.randrange(1, 30)))), dtype=np.int32)
         data, off, _ = vocab.decode(b)
         lcp = rng.randrange(0, len(b) + 1)
-        assert st._user_after(b, data, off, lcp) == _user_after_walk(st, b, data, off, lcp), (data, lcp)
+        assert st._user_after(b, data, off, lcp, st.raw(b)) == _user_after_walk(st, b, data, off, lcp), (data, lcp)
 
 
 def _odd_report(path: Path) -> tuple[bytes, int]:

@@ -8,7 +8,20 @@ import pytest
 from tokendiff.core import align
 from tokendiff.core.align import _edit_hashes, edit_then_strip_spans
 from tokendiff.core.align import edit_then_insert_spans as _edit_tail_spans
-from tokendiff.core.tails import LINE_REACH, Tails, _edit_sizes
+from tokendiff.core.explain import appended_finding
+from tokendiff.core.plain import replace
+from tokendiff.core.tails import (
+    AFTER_REACH,
+    EDIT_REACH,
+    EDIT_WINDOW,
+    HEAD_REACH,
+    LINE_REACH,
+    MAX_EDIT,
+    Tails,
+    _edit_marks,
+    _edit_sizes,
+    _shifted,
+)
 from tokendiff.sources.tokenizers import load_vocab
 
 
@@ -234,3 +247,85 @@ def test_hash_collisions_change_no_answer(monkeypatch):
         weak = size and _edit_tail_spans(a, b, d, *size)
         assert weak is None or weak == spans
         assert shortcut is None or shortcut == spans
+
+
+def _edit_sizes_numpy(a: np.ndarray, b: np.ndarray, d: int) -> tuple[int, int] | None:
+    """`_edit_sizes` as numpy compares it (the slow path its byte compares stand for)."""
+    if not 1 < d <= EDIT_REACH or d + 2 * MAX_EDIT + EDIT_WINDOW > min(len(a), len(b)):
+        return None
+    probe = a[d + MAX_EDIT : d + EDIT_WINDOW].astype(np.int32).tobytes()
+    if b[d : d + 2 * MAX_EDIT + EDIT_WINDOW].astype(np.int32).tobytes().find(probe) < 0:
+        return None
+    for total in range(2, 2 * MAX_EDIT + 1):
+        for ra in range(max(1, total - MAX_EDIT), min(MAX_EDIT, total - 1) + 1):
+            if np.array_equal(a[d + ra : d + ra + EDIT_WINDOW], b[d + total - ra : d + total - ra + EDIT_WINDOW]):
+                return ra, total - ra
+    return None
+
+
+def test_edit_sizes_as_bytes_are_numpys():
+    """The edit's sizes found by comparing int32 bytes are numpy's, on edit pairs, strip pairs after an edit, and
+    hostile ones (tiny vocabularies whose windows repeat, a divergence near either end, int64 IDs, and any place
+    tried as the divergence), with the bytes passed or made."""
+    rng = np.random.default_rng(110)
+    found = 0
+    for k in range(3000):
+        a, b = _pair(rng) if k % 2 else _strip_pair(rng)[:2]
+        if k % 5 == 0:
+            a, b = a.astype(np.int64), b.astype(np.int64)
+        d = align.common_prefix(a, b)
+        for at in (d, int(rng.integers(0, min(len(a), len(b)) + 1))):
+            want = _edit_sizes_numpy(a, b, at)
+            found += want is not None
+            assert _edit_sizes(a, b, at) == want
+            assert _edit_sizes(a, b, at, (align.id_bytes(a), align.id_bytes(b))) == want
+    assert found > 1000, found
+
+
+def test_edit_marks_are_one_gathers():
+    """The special tokens around an edit found from the shorter gather first are those one gather to AFTER_REACH
+    finds: special tokens none, sparse or dense, before, in and after the edit, near and past HEAD_REACH."""
+    vocab = load_vocab(None)
+    strips = Tails(vocab).strips
+    special = np.flatnonzero(strips.marked)
+    plain = np.flatnonzero(~strips.marked)
+    rng = np.random.default_rng(111)
+
+    def want(a: np.ndarray, b: np.ndarray, d: int, ra: int, rb: int) -> tuple[int, int] | None:
+        lo = max(0, d - HEAD_REACH)
+        marked = strips.marked[a[lo : d + ra + AFTER_REACH]].tobytes()
+        if b"\1" in marked[d - lo : d + ra - lo] or b"\1" in strips.marked[b[d : d + rb]].tobytes():
+            return None
+        g, h = marked.rfind(b"\1", 0, d - lo), marked.find(b"\1", d + ra - lo)
+        return None if g < 0 or h < 0 else (lo + g, lo + h)
+
+    for _ in range(3000):
+        n = int(rng.choice([20, 100, 300, 5000]))
+        a = rng.choice(plain, n).astype(np.int32)
+        rate = float(rng.choice([0.0, 0.002, 0.02, 0.3]))
+        hits = rng.random(n) < rate
+        a[hits] = rng.choice(special, int(hits.sum()))
+        for place in rng.integers(0, n, int(rng.integers(0, 3))):  # one placed where the reaches end
+            a[min(n - 1, int(place))] = int(rng.choice(special))
+        d = int(rng.integers(1, n - 1))
+        ra, rb = int(rng.integers(1, 9)), int(rng.integers(1, 9))
+        b = np.concatenate([a[:d], rng.choice(plain if rng.random() < 0.9 else special, rb), a[d + ra :]])
+        assert _edit_marks(strips, a, b, (d, ra, rb)) == want(a, b, d, ra, rb)
+        for h in (d + ra + HEAD_REACH - 1, d + ra + HEAD_REACH, d + ra + AFTER_REACH - 1, d + ra + AFTER_REACH):
+            c = a.copy()
+            c[d + ra : min(n, h + 1)] = plain[0]
+            if h < n:
+                c[h] = special[0]
+            assert _edit_marks(strips, c, b, (d, ra, rb)) == want(c, b, d, ra, rb)
+
+
+def test_shifted_findings_are_replaced_ones():
+    """A finding moved to a later hunk is `replace`'s, whichever finding and shift is asked for, and a finding made
+    after one is gone (whose id may be the gone one's) is never answered with the gone one's copy."""
+    for k in range(2000):
+        f = appended_finding(k % 7, k % 300)
+        for shift in (1, 2, 3):
+            got = _shifted(f, shift)
+            assert got == replace(f, hunk=f.hunk + shift)
+            assert _shifted(f, shift) is got
+        del f

@@ -134,8 +134,8 @@ def first_byte_diff(a: bytes, b: bytes) -> int | None:
 class _Seqs:
     """The two ID sequences of a diff as int32 bytes: prefixes, suffixes and k-grams are slices of them."""
 
-    def __init__(self, a: Ids, b: Ids):
-        self.ra, self.rb = id_bytes(a), id_bytes(b)
+    def __init__(self, a: Ids, b: Ids, raws: tuple[bytes, bytes] | None = None):
+        self.ra, self.rb = raws or (id_bytes(a), id_bytes(b))  # `raws`: the same, made already
 
     def lists(self, alo: int, ahi: int, blo: int, bhi: int) -> tuple[list[int], list[int]]:
         """The IDs of A[alo:ahi] and B[blo:bhi] as lists (for difflib)."""
@@ -902,11 +902,13 @@ def _edit_hashes(a1: Any, b1: Any, ra: int, rb: int, m: int) -> tuple[Any, Any]:
     return ha, np.concatenate((head, ha[ra:], tail))
 
 
-def edit_then_strip_spans(a: Any, b: Any, edit: tuple[int, int, int], at: int, s: int) -> _Out | None:
+def edit_then_strip_spans(
+    a: Any, b: Any, edit: tuple[int, int, int], at: int, s: int, raws: tuple[bytes, bytes] | None = None
+) -> _Out | None:
     """`diff_spans(a, b, len(a))` where B is A with A[d:d+ra] replaced by rb tokens (`edit`: d, ra, rb) and, past
     the shared stretch M that follows, A's s tokens T before B's token `at` gone and new text N put in after A's
     last token (an edit, then a reasoning strip: A = P Ea M T R, B = P Eb M R N), found without anchoring the whole
-    middle; None where that is not shown (the caller runs `diff_spans`).
+    middle; None where that is not shown (the caller runs `diff_spans`). `raws`: A's and B's `id_bytes`, where made.
 
     Why it is align's answer. `_diff` trims the common ends: P (checked: d is where they first differ) and the q
     tokens A and B end in alike, fewer than R's (L = |R| - q, checked at least KGRAM); the box left is
@@ -929,7 +931,7 @@ def edit_then_strip_spans(a: Any, b: Any, edit: tuple[int, int, int], at: int, s
     test_tail_shortcuts.py holds the answer to `diff_spans` on random and repetitive pairs."""
     d, ra, rb = edit
     n_a, n_b = len(a), len(b)
-    seqs = _Seqs(a, b)
+    seqs = _Seqs(a, b, raws)
     t = at - (rb - ra)  # T's first token in A
     if not (min(ra, rb, s) > 0 and d + ra + KGRAM <= t <= n_a - s) or at + (n_a - t - s) > n_b:
         return None

@@ -216,7 +216,7 @@ class Tails:
     def _edited(self, a: np.ndarray, b: np.ndarray, d: int, sections: tuple[Sectioning, Sectioning]) -> EditPair | None:
         """The pair as a small edit at the divergence, then a tail or strip pair (`EditPair`); None when it
         is not one (or the full diff must tell)."""
-        sizes = _edit_sizes(a, b, d)
+        sizes = _edit_sizes(a, b, d, (self.strips.raw(a), self.strips.raw(b)))
         if sizes is None or any(_mixed_content(s()) for s in sections):
             return None
         ra, rb = sizes
@@ -239,7 +239,8 @@ class Tails:
                 return None
             # the pair's spans (`edit_pair` holds them to the edit's, then the strip's), shown from the edit and
             # the strip where align's argument holds, else diffed
-            spans = edit_then_strip_spans(a, b, (d, ra, rb), rest.lcp, rest.strip) or diff_spans(a, b, len(a))
+            raws = (self.strips.raw(a), self.strips.raw(b))
+            spans = edit_then_strip_spans(a, b, (d, ra, rb), rest.lcp, rest.strip, raws) or diff_spans(a, b, len(a))
         if rest is None:
             return None
         got_b = self.strips.decoded.got if self.strips.decoded.ids is b else None  # kept by the strip pair
@@ -536,12 +537,13 @@ class Strips:
         n_a, n_b = len(a), len(b)
         if self.open is None or self.turn_end is None or not (1 < lcp < n_a < n_b) or int(a[lcp]) != self.open:
             return None
-        end = _tokens(self.raw(a), self.words[0], lcp + 1, lcp + 1 + THINK_REACH, first=True)
+        ra, rb = self.raw(a), self.raw(b)  # asked for once here, passed on
+        end = _tokens(ra, self.words[0], lcp + 1, lcp + 1 + THINK_REACH, first=True)
         if not end:
             return None
         lo = max(0, lcp - HEAD_REACH)
         marked = self.marked[a[lo:]].tobytes()  # `self.marked[a[i:j]]` is this one gather's [i - lo : j - lo]
-        s = self._strip(a, b, lcp, end[0] + 1, marked[lcp - lo :])
+        s = self._strip(a, b, lcp, end[0] + 1, marked[lcp - lo :], (ra, rb))
         if s is None:
             return None
         new_marks = self.marked[b[n_a - s :]].tobytes()
@@ -554,7 +556,7 @@ class Strips:
         sa, sb = sections[0](), sections[1]()
         if not (_slot_markers(sa) and _slot_markers(sb)):
             return None
-        texts = self._texts(a, b, lcp, s, new_marks)
+        texts = self._texts(a, b, lcp, s, new_marks, rb)
         if texts is None:
             return None
         data_a, off_a, data_b, user_after = texts
@@ -563,16 +565,16 @@ class Strips:
         b0 = int(off_a[lcp])  # B's bytes to the divergence are A's
         shape = StripShape(
             sections=(sa, sb),
-            head=self.raw(a)[4 * g : 4 * lcp],  # `a[g:lcp].astype(np.int32).tobytes()`: the same conversion
+            head=ra[4 * g : 4 * lcp],  # `a[g:lcp].astype(np.int32).tobytes()`: the same conversion
             close=int(a[n_a - 1]),
             joint=int(b[n_a - s]),
             empty_b=_EMPTY_THINK.search(data_b, max(0, b0 - 16), b0 + 40) is not None,
             user_after=user_after,
         )
-        marks = self._marks(a, g)
+        marks = self._marks(a, g, ra)
         self.counted = (b, g, marks)  # B's tokens to g are A's (g < lcp): the same count, for the next pair's A
         self.no_tools = (data_b, int(off_a[g]))  # and B's bytes to A's g: no `tools` turn in them either
-        self.hint = (b, _last(self.raw(b), self.words[3], n_a - s, n_b))  # where the next pair may diverge
+        self.hint = (b, _last(rb, self.words[3], n_a - s, n_b))  # where the next pair may diverge
         return StripPair(shape, lcp, s, marks)
 
     def _tools_turn(self, data: bytes, end: int) -> bool:
@@ -609,13 +611,13 @@ class Strips:
         self.raws = ((ids, got), (i0, r0))
         return got
 
-    def _marks(self, a: np.ndarray, g: int) -> int:
+    def _marks(self, a: np.ndarray, g: int, raw: bytes) -> int:
         """`np.count_nonzero(a[:g] == a[g])`, a[g] the turn marker: counted on from the last strip pair's count
         where A is that pair's B (its tokens to that pair's g0 <= g are the count's), the markers in [g0, g)
         found in A's int32 bytes (equal int32 values are equal bytes; a hit off the 4-byte grid is no token)."""
         ids, g0, n0 = self.counted
         if ids is a and g0 <= g and a.dtype == np.int32:
-            return n0 + len(_tokens(self.raw(a), self.words[1], g0, g))
+            return n0 + len(_tokens(raw, self.words[1], g0, g))
         return int(np.count_nonzero(a[:g] == a[g]))
 
     def readable(self, ids: np.ndarray) -> bool:
@@ -626,13 +628,15 @@ class Strips:
             self.decoded.bad = _mojibake(p)
         return not self.decoded.bad
 
-    def _strip(self, a: np.ndarray, b: np.ndarray, lcp: int, past: int, marked: bytes) -> int | None:
+    def _strip(
+        self, a: np.ndarray, b: np.ndarray, lcp: int, past: int, marked: bytes, raws: tuple[bytes, bytes]
+    ) -> int | None:
         """The tokens from the divergence that B lacks, when the diff is that deletion and the new turns
         after A's last token (A's prompt ends there: no generated section), A's text from the divergence
         holding no special token but its last, which ends its turn. `marked`: A's special flags from lcp to
         its end, one byte (0 or 1) a token."""
         n_a, n_b = len(a), len(b)
-        s = self._proven_strip(a, b, lcp, past, (self.raw(a), self.raw(b)))
+        s = self._proven_strip(a, b, lcp, past, raws)
         if s is None:
             spans = diff_spans(a, b, n_a)
             if len(spans) != 2:
@@ -684,7 +688,7 @@ class Strips:
         return s
 
     def _texts(
-        self, a: np.ndarray, b: np.ndarray, lcp: int, s: int, new_marks: bytes
+        self, a: np.ndarray, b: np.ndarray, lcp: int, s: int, new_marks: bytes, raw_b: bytes
     ) -> tuple[bytes, Any, bytes, bool] | None:
         """A's bytes and offsets, B's bytes (made from A's: P, the answer, then the new turns decoded; kept with
         B's offsets and flags, for the next pair's A), and whether a user message follows in B; None when a
@@ -721,7 +725,7 @@ class Strips:
                     return None
             if not _quiet(pa, pb, lcp, s):
                 return None
-        return data_a, off_a, data_b, self._user_after(b, data_b, off_b, lcp)
+        return data_a, off_a, data_b, self._user_after(b, data_b, off_b, lcp, raw_b)
 
     def _decode_new(self, ids: np.ndarray, base: int, marks: bytes) -> tuple[bytes, np.ndarray, bytes]:
         """`vocab.decode(ids)` as B's text from byte `base` on: its bytes, its offsets past the first, each plus
@@ -738,12 +742,11 @@ class Strips:
         ends += base
         return self.vocab.join(got), ends, marks
 
-    def _user_after(self, b: np.ndarray, data: bytes, off: np.ndarray, lcp: int) -> bool:
+    def _user_after(self, b: np.ndarray, data: bytes, off: np.ndarray, lcp: int, raw: bytes) -> bool:
         """`explain._user_turn_after(B, lcp)` as chatml's marker sectioning makes its turns (`grammar.
         _split_generic`): a turn at each <|im_start|> token after the divergence, its role up to its first
         newline, its content up to its <|im_end|>; a user turn counts unless a tool result opens in it."""
-        # B's offsets of tokens in [0, len(b)]: `byte_offset`'s, which clamps nothing there
-        raw = self.raw(b)
+        # B's offsets of tokens in [0, len(b)]: `byte_offset`'s, which clamps nothing there; `raw`: B's `id_bytes`
         starts = _tokens(raw, self.words[1], lcp, len(b))
         skip = len(b"<|im_start|>")
         for k, i in enumerate(starts):
@@ -1193,7 +1196,7 @@ class EditDiff(TailDiff):
         firsts = _edit_findings(pair, owners)
         k = len(firsts)
         self.lcp, self.n_a, self.n_b = pair.lcp, n_a, n_b
-        self.findings = [*firsts, *(replace(f, hunk=f.hunk + k) for f in rest.findings)]
+        self.findings = [*firsts, *(_shifted(f, k) for f in rest.findings)]
         expected = next((i for i, f in enumerate(firsts) if f.expected), None)
         if expected is not None:
             self.ceiling = pair.edits[expected][2]  # its hunk's place in B (reusable_ceiling: no edit is appended)
@@ -1216,20 +1219,41 @@ class EditDiff(TailDiff):
 AnyPair = Shape | StripPair | EditPair  # what `Tails.shape` finds
 
 
-def _edit_sizes(a: np.ndarray, b: np.ndarray, d: int) -> tuple[int, int] | None:
-    """The fewest tokens (ra, rb), 1 to MAX_EDIT a side, past which A and B agree for EDIT_WINDOW tokens."""
+def _shifted(f: Finding, k: int) -> Finding:
+    """`replace(f, hunk=f.hunk + k)`, made once a finding and shift: the rest's findings are the forms' kept ones
+    (`StripForm.reasoning`, `_appended`, a tail form's), so an edit pair's repeat them. Looked up by the finding's
+    identity, as `_renumbering` looks up a path: the entry holds it, so its id is another's only once it is gone."""
+    got = _SHIFTED.get((id(f), k))
+    if got is None or got[0] is not f:
+        if len(_SHIFTED) > 4096:
+            _SHIFTED.clear()
+        got = _SHIFTED[(id(f), k)] = (f, replace(f, hunk=f.hunk + k))
+    return got[1]
+
+
+_SHIFTED: dict[tuple[int, int], tuple[Finding, Finding]] = {}
+
+
+def _edit_sizes(
+    a: np.ndarray, b: np.ndarray, d: int, raws: tuple[bytes, bytes] | None = None
+) -> tuple[int, int] | None:
+    """The fewest tokens (ra, rb), 1 to MAX_EDIT a side, past which A and B agree for EDIT_WINDOW tokens. Compared
+    as int32 bytes (`id_bytes`; `raws`: A's and B's, made already): equal IDs are equal bytes, and the windows
+    compared are whole (the first test), so equal bytes are equal windows (`np.array_equal`'s answer)."""
     if not 1 < d <= EDIT_REACH or d + 2 * MAX_EDIT + EDIT_WINDOW > min(len(a), len(b)):
         return None
+    x, y = raws or (id_bytes(a), id_bytes(b))
     # any sizes that fit put A's tokens from d + MAX_EDIT (EDIT_WINDOW less MAX_EDIT of them) in B's first
     # tokens from d: one search rules out most pairs (a compaction, a rewrite)
-    probe = a[d + MAX_EDIT : d + EDIT_WINDOW].astype(np.int32).tobytes()
-    if b[d : d + 2 * MAX_EDIT + EDIT_WINDOW].astype(np.int32).tobytes().find(probe) < 0:
+    probe = x[4 * (d + MAX_EDIT) : 4 * (d + EDIT_WINDOW)]
+    if y.find(probe, 4 * d, 4 * (d + 2 * MAX_EDIT + EDIT_WINDOW)) < 0:
         return None
+    w = 4 * EDIT_WINDOW
     for total in range(2, 2 * MAX_EDIT + 1):
         for ra in range(max(1, total - MAX_EDIT), min(MAX_EDIT, total - 1) + 1):
-            rb = total - ra
-            if np.array_equal(a[d + ra : d + ra + EDIT_WINDOW], b[d + rb : d + rb + EDIT_WINDOW]):
-                return ra, rb
+            i, j = 4 * (d + ra), 4 * (d + total - ra)
+            if x[i : i + w] == y[j : j + w]:
+                return ra, total - ra
     return None
 
 
@@ -1247,14 +1271,10 @@ def edit_pair(
     vocab = strips.vocab
     d, ra, rb = edit
     n_a, n_b, delta = len(a), len(b), rb - ra
-    lo = max(0, d - HEAD_REACH)
-    marked = strips.marked[a[lo : d + ra + AFTER_REACH]].tobytes()  # `flags[ids] & SPECIAL`, a byte (0/1) a token
-    if b"\1" in marked[d - lo : d + ra - lo] or b"\1" in strips.marked[b[d : d + rb]].tobytes():
+    around = _edit_marks(strips, a, b, edit)
+    if around is None:
         return None
-    g, h = marked.rfind(b"\1", 0, d - lo), marked.find(b"\1", d + ra - lo)  # the last before, the first after
-    if g < 0 or h < 0:
-        return None
-    g, h = lo + g, lo + h
+    g, h = around
     n_a2 = n_a + delta
     if isinstance(rest, StripPair):
         lcp2, s = rest.lcp, rest.strip
@@ -1285,6 +1305,22 @@ def edit_pair(
         hunks=() if len(edits) == 1 else tuple((a0 - d, a1 - d, b0 - d, b1 - d) for a0, a1, b0, b1 in edits),
     )
     return EditPair(shape, rest, d, want, prompts)
+
+
+def _edit_marks(strips: Strips, a: np.ndarray, b: np.ndarray, edit: tuple[int, int, int]) -> tuple[int, int] | None:
+    """A's last special token in the HEAD_REACH before the edit and its first in the AFTER_REACH after it; None
+    where either is missing or the edit holds one on either side. The flags (`flags[ids] & SPECIAL`, a byte 0/1 a
+    token) are gathered to HEAD_REACH past the edit first, and on to AFTER_REACH only where no special token
+    follows it there: the longer gather begins with the shorter one, so the first found in this is its first."""
+    d, ra, rb = edit
+    lo = max(0, d - HEAD_REACH)
+    marked = strips.marked[a[lo : d + ra + HEAD_REACH]].tobytes()
+    if marked.find(b"\1", d + ra - lo) < 0:
+        marked = strips.marked[a[lo : d + ra + AFTER_REACH]].tobytes()
+    if b"\1" in marked[d - lo : d + ra - lo] or b"\1" in strips.marked[b[d : d + rb]].tobytes():
+        return None
+    g, h = marked.rfind(b"\1", 0, d - lo), marked.find(b"\1", d + ra - lo)  # the last before, the first after
+    return None if g < 0 or h < 0 else (lo + g, lo + h)
 
 
 def _edit_hunks(
