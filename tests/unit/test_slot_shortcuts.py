@@ -179,6 +179,27 @@ def test_strip_text_shown_quiet_from_bytes_is_quiet():
     assert shown > 100
 
 
+def test_date_or_nonce_bytes_tests_are_the_search():
+    """`_date_or_nonce`'s bytes' tests answer as the search they stand for, on random windows of ASCII, high
+    bytes, digits, hyphens, day names whole, cut, in other cases and glued to other words, capitals elsewhere."""
+    import re
+
+    search = re.compile(rb"[0-9-]|Mon|Tue|Wed|Thu|Fri|Sat|Sun").search
+    rng = random.Random(112)
+    parts = [b"Mon", b"Tue", b"Wed", b"Thu", b"Fri", b"Sat", b"Sun", b"mon", b"MON", b"Mo", b"n", b"Th", b"u",
+             b"Sunny", b"aMon", b"-", b"7", b"0", b" ", b"\n", b"x", b"Q", b"T", b"W", b"e", b"d", b"\xc3\xa9",
+             b"\xff", b"\x00", b"<think>", b"result", b"", b"S", b"at"]  # fmt: skip
+    hits = 0
+    for _ in range(50_000):
+        w = b"".join(rng.choice(parts) for _ in range(rng.randrange(0, 12)))
+        if rng.random() < 0.2:
+            w = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40)))
+        want = search(w) is not None
+        hits += want
+        assert tails._date_or_nonce(w) == want, w
+    assert 10_000 < hits < 45_000, hits
+
+
 def _real_ids(vocab: Vocab, rng: np.random.Generator, sizes: tuple[int, int], n_special: int) -> np.ndarray:
     """Random IDs of the real vocabulary (multibyte pieces among them), `n_special` of them special tokens."""
     top = vocab.n_vocab

@@ -866,7 +866,23 @@ def _quiet(pa: Prompt, pb: Prompt, lcp: int, s: int) -> bool:
     return not (len(removed) >= 24 and pb.data.find(removed[:200].encode(), x0) >= 0)
 
 
-_DATE_OR_NONCE = re.compile(rb"[0-9-]|Mon|Tue|Wed|Thu|Fri|Sat|Sun")  # in any match of DATE_RE, UUID_RE or HEX_RE
+_DAYS = (b"Mon", b"Tue", b"Wed", b"Thu", b"Fri", b"Sat", b"Sun")
+_DIGITS_HYPHEN = b"0123456789-"
+
+
+def _date_or_nonce(w: bytes) -> bool:
+    """The window holds a digit, a '-' or a day's name (one of which is in any match of DATE_RE, UUID_RE or HEX_RE),
+    found by bytes' tests in C (`re.search(rb"[0-9-]|Mon|Tue|Wed|Thu|Fri|Sat|Sun", w)` tries every alternative at
+    every byte): translate drops the digits and '-'; a day's name is capitalised, so bytes with no capital letter
+    (`islower`: some lower case, no upper) hold none."""
+    if len(w.translate(None, _DIGITS_HYPHEN)) != len(w):
+        return True
+    if w.islower():
+        return False
+    for day in _DAYS:  # noqa: SIM110 - a loop, not any() of a generator: seven words a pair
+        if day in w:
+            return True
+    return False
 
 
 def _quiet_ascii(a: bytes, b: bytes, at: tuple[int, int, int], flags: bytes | None) -> bool:
@@ -896,7 +912,7 @@ def _quiet_ascii(a: bytes, b: bytes, at: tuple[int, int, int], flags: bytes | No
         return False
     if len(t.strip()) <= 16 or not n.strip() or b"\r" in t or b"\r" in n or b"[" in n or b"..." in n:
         return False
-    if a.rfind(b"{", max(0, x0 - JSON_REACH), x0) >= 0 or _DATE_OR_NONCE.search(b, max(0, x0 - PAD), x0 + PAD):
+    if a.rfind(b"{", max(0, x0 - JSON_REACH), x0) >= 0 or _date_or_nonce(b[max(0, x0 - PAD) : x0 + PAD]):
         return False
     if a.rfind(b"{", max(0, len(a) - JSON_REACH)) >= 0 and b.rfind(b"{", max(0, y0 - JSON_REACH), y0) >= 0:
         return False
