@@ -1795,7 +1795,9 @@ def pair_detectors(a: Prompt, b: Prompt) -> list[Callable[[Ctx], Finding | None]
     first needs one in an owner, the second a TOOL part's name in both); detect_call_id where neither has an ID
     position (`_may_hold_id`); detect_result_truncated and detect_result_cleared where one has no tool result
     (`_result_at` finds none on that side); detect_json_reserialized where one's bytes hold no '{' (it needs an
-    enclosing object on both sides, and one opens at a '{'). The rest keep their order, so `best_finding`
+    enclosing object on both sides, and one opens at a '{'); detect_line_endings where neither holds a CRLF (its
+    texts, cut from the prompts, are then equal once CRLFs are made LFs only where they are equal); and
+    detect_unicode_form where both are ASCII (its texts are then). The rest keep their order, so `best_finding`
     keeps the first of the most confident (tests/unit/test_explain_pair11.py holds it to all of them)."""
     ia, ib = _index(a), _index(b)
     skip: set[Callable[[Ctx], Finding | None]] = set()
@@ -1807,6 +1809,10 @@ def pair_detectors(a: Prompt, b: Prompt) -> list[Callable[[Ctx], Finding | None]
         skip.update((detect_result_truncated, detect_result_cleared))
     if b"{" not in a.data or b"{" not in b.data:
         skip.add(detect_json_reserialized)
+    if b"\r\n" not in a.data and b"\r\n" not in b.data:
+        skip.add(detect_line_endings)
+    if a.data.isascii() and b.data.isascii():
+        skip.add(detect_unicode_form)
     return [det for det in DETECTORS if det not in skip] if skip else DETECTORS
 
 
