@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable, Iterator, Sequence
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, eq, itemgetter
 
 from tokendiff.core.align import first_byte_diff, is_boundary, shared_prefix, shared_suffix
@@ -345,6 +345,7 @@ class _Index:
         "_first",
         "_starts",
         "_last_message",
+        "_tools",
     )
 
     def __init__(self, sections: list[Section]):
@@ -358,6 +359,7 @@ class _Index:
         self._first: dict[K, Section | None] = {}
         self._starts: tuple[list[int] | None] | None = None
         self._last_message: int | None = None
+        self._tools: bool | None = None
 
     @property
     def tops(self) -> list[Section]:
@@ -421,6 +423,14 @@ class _Index:
             indices = map(_INDEX, compress(firsts, map(eq, map(_KIND, firsts), repeat(K.MESSAGE))))
             self._last_message = max((i or 0 for i in indices), default=-1)
         return self._last_message
+
+    @property
+    def tools(self) -> bool:
+        """Some section's path holds a TOOLS or TOOL part (a C-level pass over all their parts)."""
+        if self._tools is None:
+            kinds = set(map(_KIND, chain.from_iterable(map(_PARTS, self.sections))))
+            self._tools = K.TOOLS in kinds or K.TOOL in kinds
+        return self._tools
 
     @property
     def systems(self) -> bool:
@@ -1773,7 +1783,37 @@ def explain(a: Prompt, b: Prompt, d: Divergence, max_hunks: int = 64) -> list[Fi
     fresh = new_conversation(a, b, d)
     if fresh is not None:
         return [replace(fresh, hunk=i) for i in range(n)]
-    return [best_finding(Ctx(a, b, d, d.hunks[i], i)) for i in range(n)]
+    detectors = pair_detectors(a, b)
+    return [best_finding(Ctx(a, b, d, d.hunks[i], i), detectors) for i in range(n)]
+
+
+def pair_detectors(a: Prompt, b: Prompt) -> list[Callable[[Ctx], Finding | None]]:
+    """DETECTORS less those that find nothing on any hunk of the pair, told from facts of the two prompts
+    (each found once a prompt) where each asked them of every hunk. The hunks' owners must be the prompts'
+    owners (`Prompt.owner`: a section's path, NO_SECTION or END_OF_PROMPT, as `align` makes them). Left out:
+    detect_tools and detect_tool_key_order where no section of either prompt has a TOOLS or TOOL part (the
+    first needs one in an owner, the second a TOOL part's name in both); detect_call_id where neither has an ID
+    position (`_may_hold_id`); detect_result_truncated and detect_result_cleared where one has no tool result
+    (`_result_at` finds none on that side); detect_json_reserialized where one's bytes hold no '{' (it needs an
+    enclosing object on both sides, and one opens at a '{'); detect_line_endings where neither holds a CRLF (its
+    texts, cut from the prompts, are then equal once CRLFs are made LFs only where they are equal); and
+    detect_unicode_form where both are ASCII (its texts are then). The rest keep their order, so `best_finding`
+    keeps the first of the most confident (tests/unit/test_explain_pair11.py holds it to all of them)."""
+    ia, ib = _index(a), _index(b)
+    skip: set[Callable[[Ctx], Finding | None]] = set()
+    if not (ia.tools or ib.tools):
+        skip.update((detect_tools, detect_tool_key_order))
+    if not (ia.id_positions or ib.id_positions):
+        skip.add(detect_call_id)
+    if not (ia.results and ib.results):
+        skip.update((detect_result_truncated, detect_result_cleared))
+    if b"{" not in a.data or b"{" not in b.data:
+        skip.add(detect_json_reserialized)
+    if b"\r\n" not in a.data and b"\r\n" not in b.data:
+        skip.add(detect_line_endings)
+    if a.data.isascii() and b.data.isascii():
+        skip.add(detect_unicode_form)
+    return [det for det in DETECTORS if det not in skip] if skip else DETECTORS
 
 
 def best_finding(
