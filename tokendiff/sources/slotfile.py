@@ -157,7 +157,7 @@ def _whole_ggsq(buf: bytes, st: os.stat_result, p: str) -> SlotFile | None:
         if state != SERVER_TOKENS_STATE_VERSION or c != n - 4 or struct.unpack_from("<I", buf, end - 4)[0]:
             return None
         start, end = HEADER + 12, end - 4
-    if buf[start + 3 : end : 4].translate(_SIGN).find(1) >= 0:  # each token's sign byte: one is negative
+    if not buf[start + 3 : end : 4].isascii():  # each token's sign byte: one is negative where its high bit is set
         return None
     words = array("i")
     words.frombytes(memoryview(buf)[start:end])
