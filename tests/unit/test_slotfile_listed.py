@@ -323,3 +323,38 @@ def test_a_listed_file_is_the_text_of_its_path(tmp_path, monkeypatch):
         os.makedirs(d, exist_ok=True)
         (Path(d) / "turn-1.bin").write_bytes(slot_bytes(packed_payload([1, 2])))
         assert [f for f, _ in slot_dir_candidates(d)] == [str(f) for f in list_session_dir(d)], d
+
+
+def test_a_listed_slot_file_is_diffed_in_a_worker_as_here(tmp_path, monkeypatch):
+    """A directory's long turns go to worker processes as `SlotJob`s (the text of the path and the label, pickled):
+    the session a worker's diffs give is the one diffed here, and a turn's job loads the prompt its own load gives."""
+    import orjson
+
+    from tokendiff.app.reports import session_report
+    from tokendiff.app.session import open_session
+    from tokendiff.app.workers import PairWorkers, SlotJob
+
+    queued: list[object] = []
+    queue = PairWorkers._queue
+    monkeypatch.setattr(PairWorkers, "_queue", lambda self, a, b, h: queued.append(a) or queue(self, a, b, h))
+    rng = random.Random(7)
+    d = tmp_path / "long"
+    d.mkdir()
+    p = [rng.randrange(1000, 1030) for _ in range(2600)]
+    for i in range(14):
+        at = rng.randrange(len(p))
+        p = p[:at] + [rng.randrange(1000, 1030) for _ in range(rng.randrange(1, 40))] + p[at + 5 :]
+        f = d / f"turn-{i:02d}.bin"
+        f.write_bytes(slot_bytes(packed_payload(p)))
+        os.utime(f, ns=(10**18 + i, 10**18 + i))
+    opts = PromptOptions(family="chatml")
+    docs = []
+    for workers in (1, 2):
+        loaded = open_session(opts, [str(d)], single_turns=False, workers=workers, engine=None)
+        docs.append(orjson.dumps(session_report(loaded, str(d))))
+    assert docs[0] == docs[1]
+    assert queued and all(isinstance(j, SlotJob) for j in queued)  # the second run's pairs went to the workers
+    loader = open_loader(opts)
+    for _, t in _dir_inputs(loader, str(d), "auto", []):
+        assert isinstance(t.job, SlotJob)
+        assert t.job.load(loader).data == t.prompt().data
