@@ -91,7 +91,7 @@ from tokendiff.core.model import (
     flag_bytes,
     id_bytes,
 )
-from tokendiff.core.plain import replace
+from tokendiff.core.plain import plain, replace
 from tokendiff.core.secrets import mask
 from tokendiff.core.vocab import SPECIAL, Vocab
 
@@ -100,7 +100,7 @@ HEAD_REACH = 64  # tokens before the divergence searched for A's last special to
 FORMS = (CauseKind.EMPTY_THINK_PREFILL, CauseKind.GENERATION_PROMPT)  # what the one finding may say
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class Shape:
     """What a tail pair's full diff reads: pairs of one shape have one answer but for their lengths."""
 
@@ -112,7 +112,7 @@ class Shape:
     special: bool  # B's new text holds a special token
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class Form:
     """A shape's answer, from its first full diff."""
 
@@ -370,7 +370,7 @@ _TOOLS_TURN = re.compile(rb"<\|im_start\|>\s*tools")  # a turn the marker sectio
 _RESULTS = ("tool", "ipython", "tools")  # roles whose turns the marker sectioning searches for inner spans always
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class StripShape:
     """What a reasoning-strip pair's full diff reads but for its lengths and its message's number."""
 
@@ -382,7 +382,7 @@ class StripShape:
     user_after: bool  # a user message, not tool results alone, in B after the answer (`_user_turn_after`)
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class StripPair:
     """A reasoning-strip pair: its shape and what varies from pair to pair of the shape."""
 
@@ -393,7 +393,7 @@ class StripPair:
     # a `tools` one, none here), less the form's offset
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # a memo field out of its equality: the one class @plain cannot make
 class StripForm:
     """A strip shape's answer, from its first full diff: the reasoning finding (its evidence left out) and
     its section (numbered 0), the offset from a pair's marker count to its message's number, and the
@@ -1136,7 +1136,7 @@ _NOT_PLAIN = (
 )
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class EditShape:
     """What an edit pair's full diff reads but for the edit's text, the lengths and what the rest fills."""
 
@@ -1150,7 +1150,7 @@ class EditShape:
     # than one (a date whose digits align apart, 09 -> 10: an insertion and a deletion); none: the one (0, ra, 0, rb)
 
 
-@dataclass(frozen=True, eq=False)
+@plain(frozen=True, eq=False)
 class EditPair:
     """An edit pair: its shape, the rest's pair (of A' and B), where the edit is and the texts around it."""
 
@@ -1171,7 +1171,7 @@ class EditPair:
         return self.spans[: len(self.shape.hunks) or 1]
 
 
-@dataclass(frozen=True)
+@plain(frozen=True)
 class EditForm:
     """An edit shape's answer: the edit's owners on both sides and the rest's form."""
 
