@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 from helpers import packed_payload, slot_bytes
@@ -31,9 +32,9 @@ def _old(d, order: str) -> list:
     out = []
     for f in list_session_dir(d, order):
         try:
-            out.append((f, _facts(read_slot_file(f))))
+            out.append((str(f), _facts(read_slot_file(f))))
         except InputError as e:
-            out.append((f, ("error", str(e), e.offset)))
+            out.append((str(f), ("error", str(e), e.offset)))
     return out
 
 
@@ -96,7 +97,7 @@ def _turns(gen, said: list[str] | None = None) -> list:
     """The turns, each marked in `said` as it is taken (what was warned of before it, and what after)."""
     out = []
     for spec, t in gen:
-        out.append((spec, t.origin, t.ids.tolist(), t.job.sel))
+        out.append((spec, t.origin, t.ids.tolist(), t.job))
         if said is not None:
             said.append(f"turn {spec}")
     return out
@@ -199,10 +200,11 @@ def test_a_slot_file_changed_after_the_listing_is_read_as_read_slot_file_reads_i
         (d / f"note-{i}.txt").write_bytes(b"not a slot file")
     listed = slot_dir_candidates(d, "name")
     for f, _ in listed:
-        if f.name in ("turn-1.bin", "note-1.txt"):
-            _change(f, how)
+        if os.path.basename(f) in ("turn-1.bin", "note-1.txt"):
+            _change(Path(f), how)
     for f, stamp in listed:
-        if f.name.startswith("note") and f.name != "note-1.txt":
+        name = os.path.basename(f)
+        if name.startswith("note") and name != "note-1.txt":
             assert read_listed(f, stamp) is None  # unchanged and not a slot file: left out, as the probe did
             continue
         try:
@@ -211,11 +213,11 @@ def test_a_slot_file_changed_after_the_listing_is_read_as_read_slot_file_reads_i
             want = ("error", str(e), e.offset)
         try:
             got = read_listed(f, stamp)
-            assert got is not None, (how, f.name)
+            assert got is not None, (how, name)
             have = ("ok", _facts(got))
         except InputError as e:
             have = ("error", str(e), e.offset)
-        assert have == want, (how, f.name)
+        assert have == want, (how, name)
 
 
 @pytest.mark.parametrize("how", ["removed", "emptied", "foreign", "fifo"])
@@ -299,3 +301,60 @@ def test_turns_indexed_ahead_must_be_added_in_order():
     an.add(a)
     with pytest.raises(AssertionError, match="turn 2 was indexed ahead as turn 3"):
         an.add(c)
+
+
+def test_a_listed_file_is_the_text_of_its_path(tmp_path, monkeypatch):
+    """`child_prefix` and a name a listing gives are `str(d / name)`: directories named every way (relative, absolute,
+    the root, '.', '..', repeated and trailing separators, two leading ones, dots inside) and names of every kind
+    a listing holds (dots, spaces, backslashes, a leading '~' or '-', non-ASCII and undecodable bytes)."""
+    from tokendiff.sources.slotfile import child_prefix
+
+    rng = random.Random(3)
+    names = ["x", ".x", "..x", "...", "a b", "a\\b", "~x", "-x", "é.bin", "a\udcff", "x.", "x..", " ", "\\", "@1"]
+    parts = ["a", ".", "..", "", "b c", "é", "~"]
+    for _ in range(400):
+        d = rng.choice(["", "/", "//", "///"]) + "/".join(rng.choice(parts) for _ in range(rng.randrange(0, 4)))
+        d += rng.choice(["", "/", "//", "/."])
+        d = d or rng.choice([".", "./", ""])
+        for name in names:
+            assert child_prefix(Path(d)) + name == str(Path(d) / name), (d, name)
+    monkeypatch.chdir(tmp_path)
+    for d in ("s", "./s", "s/", str(tmp_path / "s"), str(tmp_path) + "//s/./"):
+        os.makedirs(d, exist_ok=True)
+        (Path(d) / "turn-1.bin").write_bytes(slot_bytes(packed_payload([1, 2])))
+        assert [f for f, _ in slot_dir_candidates(d)] == [str(f) for f in list_session_dir(d)], d
+
+
+def test_a_listed_slot_file_is_diffed_in_a_worker_as_here(tmp_path, monkeypatch):
+    """A directory's long turns go to worker processes as `SlotJob`s (the text of the path and the label, pickled):
+    the session a worker's diffs give is the one diffed here, and a turn's job loads the prompt its own load gives."""
+    import orjson
+
+    from tokendiff.app.reports import session_report
+    from tokendiff.app.session import open_session
+    from tokendiff.app.workers import PairWorkers, SlotJob
+
+    queued: list[object] = []
+    queue = PairWorkers._queue
+    monkeypatch.setattr(PairWorkers, "_queue", lambda self, a, b, h: queued.append(a) or queue(self, a, b, h))
+    rng = random.Random(7)
+    d = tmp_path / "long"
+    d.mkdir()
+    p = [rng.randrange(1000, 1030) for _ in range(2600)]
+    for i in range(14):
+        at = rng.randrange(len(p))
+        p = p[:at] + [rng.randrange(1000, 1030) for _ in range(rng.randrange(1, 40))] + p[at + 5 :]
+        f = d / f"turn-{i:02d}.bin"
+        f.write_bytes(slot_bytes(packed_payload(p)))
+        os.utime(f, ns=(10**18 + i, 10**18 + i))
+    opts = PromptOptions(family="chatml")
+    docs = []
+    for workers in (1, 2):
+        loaded = open_session(opts, [str(d)], single_turns=False, workers=workers, engine=None)
+        docs.append(orjson.dumps(session_report(loaded, str(d))))
+    assert docs[0] == docs[1]
+    assert queued and all(isinstance(j, SlotJob) for j in queued)  # the second run's pairs went to the workers
+    loader = open_loader(opts)
+    for _, t in _dir_inputs(loader, str(d), "auto", []):
+        assert isinstance(t.job, SlotJob)
+        assert t.job.load(loader).data == t.prompt().data

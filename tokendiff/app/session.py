@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from tokendiff.app.pair import PairResult, PromptOptions, diff_pair, open_loader
-from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SpecJob, diff_future, usable_ids
+from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SlotJob, SpecJob, diff_future, usable_ids
 from tokendiff.core.kinds import ServerKind
 from tokendiff.core.plain import plain
 from tokendiff.errors import InputError, one_line
@@ -37,9 +37,10 @@ if TYPE_CHECKING:
     from tokendiff.report.schema import TokenizerDoc
     from tokendiff.sources.loader import Loader, Selected
     from tokendiff.sources.record import CaptureRecord
-    from tokendiff.sources.slotfile import SlotFile
+    from tokendiff.sources.slotfile import SlotFile, Stamp
 
-    IdsTurns = Callable[[list[tuple[Selected, SlotFile]]], list[TurnInput | None]]  # `_slot_inputs`' first step
+    Read = tuple[str, str, SlotFile]  # a slot file read: the text of its path, its label, what it holds
+    IdsTurns = Callable[[list[Read]], list[TurnInput | None]]  # `_slot_inputs`' first step
 
 Progress = Callable[[str], None]
 FirstPair = Callable[[int, "PairResult", "Loader"], None]  # the first wasteful turn, its pair, the loader
@@ -506,23 +507,19 @@ def _dir_inputs(loader: Loader, p: str, order: str, skipped: Skipped) -> Iterato
     and read ahead (`_read_ahead`). A directory without a slot file yields nothing here and is then listed as
     `session_turns` lists it (bodies, prompt logs, or its error); one with any gives the same turns, as the same
     selectors and labels, in the same order, warned of and left out as the same files are, when they were."""
-    from tokendiff.sources.loader import Selected, session_turns
+    from tokendiff.sources.loader import session_turns
     from tokendiff.sources.slotfile import read_listed, slot_dir_candidates
 
     ids_turns, slot_turn = _slot_inputs(loader)
 
-    candidates = slot_dir_candidates(p, order)
-    stamps = dict(candidates)
-
-    def read(f: Path) -> tuple[str, Selected, SlotFile] | None:
-        slot = read_listed(f, stamps[f])
+    def read(f: str, stamp: Stamp) -> Read | None:
+        slot = read_listed(f, stamp)
         if slot is None:  # not a slot file: the listing leaves it out
             return None
-        spec = str(f)
-        return spec, Selected("slot", f, one_line(spec), None), slot
+        return f, one_line(f), slot
 
     found = False
-    for chunk in _read_ahead([f for f, _ in candidates], read):
+    for chunk in _read_ahead(slot_dir_candidates(p, order), read):
         chunk = _with_turns(chunk, ids_turns)
         _index_together(chunk)
         for f, got in chunk:
@@ -530,11 +527,11 @@ def _dir_inputs(loader: Loader, p: str, order: str, skipped: Skipped) -> Iterato
                 continue
             found = True
             if isinstance(got, InputError):  # a slot file, or one changed since the listing (read_listed): left out
-                left_out(str(f), got, skipped)
+                left_out(f, got, skipped)
                 continue
-            spec, sel, slot, turn = got
+            spec, label, slot, turn = got
             try:
-                turn = slot_turn(sel, slot, turn)
+                turn = slot_turn(spec, label, slot, turn)
             except InputError as e:
                 left_out(spec, e, skipped)
                 continue
@@ -547,21 +544,21 @@ READ_AHEAD = 32  # files
 READ_AHEAD_TOKENS = 1 << 20  # and tokens: a directory of long prompts reads fewer ahead
 
 
-def _read_ahead(files: list[Path], read: Callable[[Path], Any]) -> Iterator[list[tuple[Path, Any]]]:
-    """(file, what `read` gave, or the InputError it raised) for each file in order, in chunks read a few dozen
+def _read_ahead(files: list[tuple[str, Stamp]], read: Callable[[str, Stamp], Any]) -> Iterator[list[tuple[str, Any]]]:
+    """(file, what `read` gave, or the InputError it raised) for each (file, stamp) in order, in chunks read a few dozen
     files ahead of the analysis: the reads run back to back while their code and data are in the CPU's caches
     (one at a time, between two pairs' diffs, each found them evicted: ~40 us a file in the run against ~25).
     `read` says and raises nothing else: what is warned of and left out is taken up in order as each file's turn
     comes, so what is said and counted, and when, is the same."""
     at = 0
     while at < len(files):
-        chunk: list[tuple[Path, Any]] = []
+        chunk: list[tuple[str, Any]] = []
         tokens = 0
         while at < len(files) and len(chunk) < READ_AHEAD and tokens < READ_AHEAD_TOKENS:
-            f = files[at]
+            f, stamp = files[at]
             at += 1
             try:
-                got = read(f)
+                got = read(f, stamp)
             except InputError as e:
                 got = e
             chunk.append((f, got))
@@ -569,14 +566,13 @@ def _read_ahead(files: list[Path], read: Callable[[Path], Any]) -> Iterator[list
         yield chunk
 
 
-def _with_turns(chunk: list[tuple[Path, Any]], ids_turns: IdsTurns) -> list[tuple[Path, Any]]:
+def _with_turns(chunk: list[tuple[str, Any]], ids_turns: IdsTurns) -> list[tuple[str, Any]]:
     """The chunk with each slot file's turn from its IDs (`ids_turns`, all at once) after what `read` gave."""
-    read = [got for _, got in chunk if isinstance(got, tuple)]
-    turns = iter(ids_turns([(sel, slot) for _, sel, slot in read]))
+    turns = iter(ids_turns([got for _, got in chunk if isinstance(got, tuple)]))
     return [(f, (*got, next(turns)) if isinstance(got, tuple) else got) for f, got in chunk]
 
 
-def _index_together(chunk: list[tuple[Path, Any]]) -> None:
+def _index_together(chunk: list[tuple[str, Any]]) -> None:
     """Each run of a chunk's turns that are certain to be added one after another (made from their IDs: nothing
     between them can leave one out) given to its first (`TurnInput.ahead`), for the prefix index to take in one
     run. A file that is not a slot file adds no turn and ends no run; one left out, or one that needs its full load
@@ -609,19 +605,20 @@ def _selected_inputs(loader: Loader, sels: Iterable[Selected], skipped: Skipped)
     def make(sel: Selected) -> TurnInput:
         if sel.kind != "slot":
             return _selected_input(loader, sel)
-        slot = read_slot_file(sel.path)
-        return slot_turn(sel, slot, ids_turns([(sel, slot)])[0])
+        spec, slot = str(sel.path), read_slot_file(sel.path)  # a listing's: its Selected is SlotJob's (no turn)
+        return slot_turn(spec, sel.label, slot, ids_turns([(spec, sel.label, slot)])[0])
 
     return _readable((str(sel.path), partial(make, sel)) for sel in sels)(skipped)
 
 
-def _slot_inputs(loader: Loader) -> tuple[IdsTurns, Callable[[Selected, SlotFile, TurnInput | None], TurnInput]]:
+def _slot_inputs(loader: Loader) -> tuple[IdsTurns, Callable[[str, str, SlotFile, TurnInput | None], TurnInput]]:
     """How slot files read already become turns, in two steps (their imports made once a directory, not once
     a file): `ids_turns`, which says and raises nothing, gives each file's turn from its IDs, its prompt decoded
     only if a diff needs it, or None where the IDs need the full load (media, a foreign vocabulary: its own
     message); `slot_turn` then says a file's warnings and makes the load where it is needed. The files read
     together are checked and sectioned together (`_fitting`, `_Sections`: numpy calls a chunk, not a file); a
-    turn's sectioning is its own IDs' whichever files are read with it."""
+    turn's sectioning is its own IDs' whichever files are read with it. A file is the text of its path and its
+    label (`SlotJob`: its `Selected` made where it is loaded)."""
     import numpy as np
 
     from tokendiff.core.cost import TurnInput
@@ -630,32 +627,38 @@ def _slot_inputs(loader: Loader) -> tuple[IdsTurns, Callable[[Selected, SlotFile
     bound = min(loader.vocab.n_vocab, 1 << 31)
     last = _Sections(loader, [])
 
-    def ids_turns(read: list[tuple[Selected, SlotFile]]) -> list[TurnInput | None]:
+    def ids_turns(read: list[Read]) -> list[TurnInput | None]:
         nonlocal last
-        arrs = [np.frombuffer(slot.tokens, dtype=np.int32) for _, slot in read]
+        arrs = [np.frombuffer(slot.tokens, dtype=np.int32) for _, _, slot in read]
         fits = _fitting(arrs, bound)
         fitting = [a for a, ok in zip(arrs, fits) if ok]
         sections, at = _Sections(loader, fitting), iter(range(len(fitting)))  # each one's place among them
         if last.found is not None and fitting:  # the files read before were asked for theirs: these will be
             sections.of(0)  # found now, while their IDs are warm
         last = sections
-        return [
-            TurnInput(
-                ids=arr,
-                origin=sel.label,
-                load=partial(loader.load_selected, sel, slot),
-                job=SelectedJob(sel),
-                sectioning=partial(sections.of, next(at)),
+        turns: list[TurnInput | None] = []
+        for (f, label, slot), arr, ok in zip(read, arrs, fits):
+            job = SlotJob(f, label) if ok else None
+            turns.append(
+                TurnInput(
+                    ids=arr,
+                    origin=label,
+                    load=partial(job.load, loader, slot),
+                    job=job,
+                    sectioning=partial(sections.of, next(at)),
+                )
+                if job is not None
+                else None
             )
-            if ok
-            else None
-            for (sel, slot), arr, ok in zip(read, arrs, fits)
-        ]
+        return turns
 
-    def slot_turn(sel: Selected, slot: SlotFile, turn: TurnInput | None) -> TurnInput:
+    def slot_turn(f: str, label: str, slot: SlotFile, turn: TurnInput | None) -> TurnInput:
         for w in slot.warnings:
             warn(w)
-        return turn if turn is not None else TurnInput.of(loader.load_selected(sel, slot), job=SelectedJob(sel))
+        if turn is not None:
+            return turn
+        job = SlotJob(f, label)
+        return TurnInput.of(job.load(loader, slot), job=job)
 
     return ids_turns, slot_turn
 

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 
     from tokendiff.core.cost import PairDiff, PairFuture, TurnInput
     from tokendiff.core.model import Prompt
-    from tokendiff.sources.loader import Loader
+    from tokendiff.sources.loader import Loader, Selected
     from tokendiff.sources.record import CaptureRecord
+    from tokendiff.sources.slotfile import SlotFile
 
 
 def usable_ids(arr: Any, n_vocab: int) -> bool:
@@ -81,7 +82,34 @@ class SelectedJob:
         return loader.load_selected(self.sel, slot)
 
 
-Job = RecordJob | SpecJob | SelectedJob  # a turn's prompt as a recipe a worker loads
+@plain(frozen=True)
+class SlotJob:
+    """A directory's slot file as a picklable recipe, by the text of its path: the `Selected` a slot file of a
+    listing is (kind "slot", no turn), and its Path (~3 us to make, as much to hash), made only where its prompt is
+    loaded, not for every file listed. Its file read quietly (the session's reader warned already)."""
+
+    path: str
+    label: str
+
+    @property
+    def key(self) -> Any:
+        return self.path, self.label
+
+    def selected(self) -> Selected:
+        from pathlib import Path
+
+        from tokendiff.sources.loader import Selected
+
+        return Selected("slot", Path(self.path), self.label, None)
+
+    def load(self, loader: Loader, slot: SlotFile | None = None) -> Prompt:
+        """The prompt; from `slot` where the file was read already."""
+        from tokendiff.sources.slotfile import read_slot_file
+
+        return loader.load_selected(self.selected(), slot if slot is not None else read_slot_file(self.path))
+
+
+Job = RecordJob | SpecJob | SelectedJob | SlotJob  # a turn's prompt as a recipe a worker loads
 ChunkRow = tuple[Any, Any]  # a record's render as token IDs (or None), and its diff (`_worker_chunk`)
 
 
