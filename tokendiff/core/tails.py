@@ -1313,8 +1313,9 @@ def edit_pair(
     prompts = _edit_prompts(vocab, a, b, edit, made[:2], edits)
     if prompts is None:
         return None
-    head = prompts[0].data[prompts[0].byte_offset(g) : prompts[0].byte_offset(d)]
-    if b"\n" not in head or head.rfind(b"<") > head.rfind(b">"):
+    off = prompts[0].offsets  # 0 <= g < d < len: `byte_offset`'s clamp changes nothing there
+    head = prompts[0].data[int(off[g]) : int(off[d])]
+    if head.find(b"\n") < 0 or head.rfind(b"<") > head.rfind(b">"):  # `find`, not `in`: see `_setting_silent`
         return None  # the edit in a turn's role line, or inside a tag: it could change the sections around it
     role = _plain_turn(strips, a, prompts[0], rest, (g, d, h))
     shape = EditShape(
@@ -1339,7 +1340,7 @@ def _edit_marks(strips: Strips, a: np.ndarray, b: np.ndarray, edit: tuple[int, i
     marked = strips.marked[a[lo : d + ra + HEAD_REACH]].tobytes()
     if marked.find(b"\1", d + ra - lo) < 0:
         marked = strips.marked[a[lo : d + ra + AFTER_REACH]].tobytes()
-    if b"\1" in marked[d - lo : d + ra - lo] or b"\1" in strips.marked[b[d : d + rb]].tobytes():
+    if marked.find(b"\1", d - lo, d + ra - lo) >= 0 or strips.marked[b[d : d + rb]].tobytes().find(b"\1") >= 0:
         return None
     g, h = marked.rfind(b"\1", 0, d - lo), marked.find(b"\1", d + ra - lo)  # the last before, the first after
     return None if g < 0 or h < 0 else (lo + g, lo + h)
@@ -1405,13 +1406,16 @@ def _edit_prompts(
     pb = _stub(vocab, b, d + rb, got[1])
     if pa is None or pb is None:
         return None
-    xa0, xa1, xb0, xb1 = pa.byte_offset(d), pa.byte_offset(d + ra), pb.byte_offset(d), pb.byte_offset(d + rb)
-    ta, tb = pa.data[xa0:xa1], pb.data[xb0:xb1]
+    at = (d, _edit_offsets(pa, d, ra), _edit_offsets(pb, d, rb))
+    xa0 = at[1][0]
+    ta, tb = pa.data[xa0 : at[1][-1]], pb.data[at[2][0] : at[2][-1]]
     if max(len(ta), len(tb)) >= EDIT_BYTES or len(tb) - len(ta) >= 16:
         return None
-    if not (_EDIT_TEXT.fullmatch(ta) and _EDIT_TEXT.fullmatch(tb)) or b"{" in pa.data[max(0, xa0 - JSON_REACH) : xa0]:
+    if not (_EDIT_TEXT.fullmatch(ta) and _EDIT_TEXT.fullmatch(tb)):
+        return None
+    if pa.data.find(b"{", max(0, xa0 - JSON_REACH), xa0) >= 0:  # `find`: no slice copied, no TypeError (`in`)
         return None  # (and so json_reserialized finds nothing: `_json_silent`, A's side)
-    hunks = _edit_hunk_list(pa, pb, edits, (NO_SECTION, NO_SECTION) * len(edits))
+    hunks = _edit_hunk_list(at, edits, (NO_SECTION, NO_SECTION) * len(edits))
     for k, h in enumerate(hunks):
         x, y = pa.data[h.a_byte_start : h.a_byte_end], pb.data[h.b_byte_start : h.b_byte_end]
         if not _whitespace_silent_texts(x, y) or len(y) - len(x) >= 16:
@@ -1433,14 +1437,29 @@ def _whitespace_silent_texts(x: bytes, y: bytes) -> bool:
 
 
 def _edit_hunk_list(
-    pa: Prompt, pb: Prompt, edits: tuple[tuple[int, int, int, int], ...], owners: tuple[SectionPath, ...]
+    at: tuple[int, list[int], list[int]],
+    edits: tuple[tuple[int, int, int, int], ...],
+    owners: tuple[SectionPath, ...],
 ) -> tuple[Hunk, ...]:
-    """The edit's hunks on the two stubs, hunk k owned by owners[2k] in A and owners[2k + 1] in B."""
-    bo_a, bo_b = pa.byte_offset, pb.byte_offset
+    """The edit's hunks on the two stubs, hunk k owned by owners[2k] in A and owners[2k + 1] in B. `at`: the edit's
+    start d and the stubs' byte offsets of tokens d to the edit's end on each side (`_edit_offsets`), which hold
+    every hunk's ends (`_edit_hunks`: the hunks lie within the edit)."""
+    d, xa, xb = at
     return tuple(
-        Hunk(a0, a1, b0, b1, bo_a(a0), bo_a(a1), bo_b(b0), bo_b(b1), owners[2 * k], owners[2 * k + 1])
+        Hunk(a0, a1, b0, b1, xa[a0 - d], xa[a1 - d], xb[b0 - d], xb[b1 - d], owners[2 * k], owners[2 * k + 1])
         for k, (a0, a1, b0, b1) in enumerate(edits)
     )
+
+
+def _edit_offsets(p: Prompt, d: int, r: int) -> list[int]:
+    """`[p.byte_offset(t) for t in range(d, d + r + 1)]` (the edit's tokens on one side, and its end) from one slice
+    of the offsets: a token in [0, len(p)] is not clamped, so its byte offset is `int(p.offsets[t])`, and `tolist`
+    gives those ints (numpy's or the stdlib array's). One `byte_offset` costs ~6k instructions (its clamp, the
+    prompt's len and a numpy scalar), the slice and list about what one does."""
+    if d < 0 or d + r > len(p):
+        return [p.byte_offset(t) for t in range(d, d + r + 1)]
+    got: list[int] = p.offsets[d : d + r + 1].tolist()
+    return got
 
 
 def _stub(vocab: Vocab, ids: np.ndarray, end: int, got: Decoded | None) -> Prompt | None:
@@ -1475,7 +1494,9 @@ def _edit_findings(pair: EditPair, owners: tuple[tuple[SectionPath, SectionPath]
     """explain's finding for each of the edit's hunks, their owners given (A's, B's): the text detectors that read
     them, else the fallback."""
     pa, pb = pair.prompts
-    hunks = _edit_hunk_list(pa, pb, pair.edits, tuple(p for both in owners for p in both))
+    (ra, rb), lcp = pair.shape.sizes, pair.lcp
+    at = (lcp, _edit_offsets(pa, lcp, ra), _edit_offsets(pb, lcp, rb))
+    hunks = _edit_hunk_list(at, pair.edits, tuple(p for both in owners for p in both))
     d = Divergence(len(pa), len(pb), pair.lcp, None, hunks)
     return [best_finding(Ctx(pa, pb, d, h, k), _EDIT_SEEN, _EDIT_CEILINGS) for k, h in enumerate(hunks)]
 
