@@ -2,6 +2,8 @@
 anchoring the whole middle (`align.edit_then_insert_spans`, `align.edit_then_strip_spans`) are align's own; B's
 opening taken from its new text's is the one read from B."""
 
+from array import array
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,7 @@ from tokendiff.core import align
 from tokendiff.core.align import _edit_hashes, edit_then_strip_spans
 from tokendiff.core.align import edit_then_insert_spans as _edit_tail_spans
 from tokendiff.core.explain import appended_finding
+from tokendiff.core.model import NO_SECTION, Hunk, Prompt, PromptMeta
 from tokendiff.core.plain import replace
 from tokendiff.core.tails import (
     AFTER_REACH,
@@ -18,7 +21,9 @@ from tokendiff.core.tails import (
     LINE_REACH,
     MAX_EDIT,
     Tails,
+    _edit_hunk_list,
     _edit_marks,
+    _edit_offsets,
     _edit_sizes,
     _shifted,
 )
@@ -329,3 +334,51 @@ def test_shifted_findings_are_replaced_ones():
             assert got == replace(f, hunk=f.hunk + shift)
             assert _shifted(f, shift) is got
         del f
+
+
+def test_edit_offsets_are_byte_offsets():
+    """The edit's byte offsets read from one slice are `byte_offset`'s (numpy and stdlib offsets, any place, the
+    prompt's ends, and places past them, where `byte_offset` clamps), and the hunks made from them are the ones
+    made with `byte_offset`, for the whole edit or the spans align splits it into."""
+    rng = np.random.default_rng(1212)
+    for k in range(3000):
+        n = int(rng.choice([1, 2, 5, 40, 900]))
+        steps = rng.integers(0, 5, n + 1)
+        steps[0] = 0
+        ends = np.cumsum(steps)
+        off = ends.astype(np.int64) if k % 2 else array("q", ends.tolist())
+        p = Prompt(
+            ids=np.zeros(n, np.int32),
+            data=bytes(int(ends[-1])),
+            offsets=off,
+            special=array("B", bytes(n)),
+            origin="",
+            meta=PromptMeta(),
+        )
+        d, r = int(rng.integers(-3, n + 3)), int(rng.integers(0, 9))
+        got = _edit_offsets(p, d, r)
+        assert got == [p.byte_offset(t) for t in range(d, d + r + 1)]
+        assert all(type(x) is int for x in got)
+        if not (d >= 0 and d + r <= n and r):
+            continue
+        q = Prompt(ids=p.ids, data=p.data, offsets=off, special=p.special, origin="", meta=PromptMeta())
+        cut = sorted({d, d + r, *rng.integers(d, d + r + 1, 2).tolist()})
+        edits = (((d, d + r, d, d + r),), tuple((x, y, x, y) for x, y in zip(cut, cut[1:])))
+        for spans in edits:
+            owners = (NO_SECTION,) * (2 * len(spans))
+            want = tuple(
+                Hunk(
+                    a0,
+                    a1,
+                    b0,
+                    b1,
+                    p.byte_offset(a0),
+                    p.byte_offset(a1),
+                    q.byte_offset(b0),
+                    q.byte_offset(b1),
+                    NO_SECTION,
+                    NO_SECTION,
+                )
+                for a0, a1, b0, b1 in spans
+            )
+            assert _edit_hunk_list((d, _edit_offsets(p, d, r), _edit_offsets(q, d, r)), spans, owners) == want
