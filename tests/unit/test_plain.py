@@ -211,3 +211,29 @@ def test_the_model_s_named_tuples_pickle_and_are_not_typing_s():
     e = Excerpt("a", "b", "c")
     assert pickle.loads(pickle.dumps(e)) == e
     assert not hasattr(Section, "__orig_bases__")  # made by the stand-in: no typing at run time
+
+
+def test_init_is_compiled_by_the_first_instance_and_is_then_the_class_s() -> None:
+    """`__init__` is a stand-in until an instance is made (most classes a command imports are never made):
+    the first instance, a subclass's or the class's own, and every later one get the same values and errors as
+    the real `__init__`, which the class then holds."""
+
+    @plain(frozen=True)
+    class Value:
+        kind: str
+        parts: list[int] = field(default_factory=list)
+
+    class Sub(Value):
+        pass
+
+    stand_in = Value.__init__
+    assert stand_in.__qualname__.endswith("Value.__init__")
+    with pytest.raises(TypeError, match=r"Value.__init__\(\) missing 1 required positional argument: 'kind'"):
+        Sub()
+    first = Sub("a")
+    assert Value.__init__ is not stand_in and Sub.__init__ is Value.__init__
+    assert Value.__init__.__qualname__.endswith("Value.__init__")
+    assert (first.kind, first.parts) == ("a", []) and Value("a") != first  # other classes: not equal
+    assert Value("b", [1]) == Value("b", [1]) and Value("b").parts is not Value("b").parts
+    with pytest.raises(FrozenError):
+        first.kind = "c"  # type: ignore[misc]

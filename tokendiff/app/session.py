@@ -603,9 +603,9 @@ def _selected_inputs(loader: Loader, sels: Iterable[Selected], skipped: Skipped)
     ids_turns, slot_turn = _slot_inputs(loader)
 
     def make(sel: Selected) -> TurnInput:
-        if sel.kind != "slot":
+        if sel.kind != "slot" or sel.turn is not None:  # a listing's slot file has no turn: SlotJob's Selected
             return _selected_input(loader, sel)
-        spec, slot = str(sel.path), read_slot_file(sel.path)  # a listing's: its Selected is SlotJob's (no turn)
+        spec, slot = str(sel.path), read_slot_file(sel.path)
         return slot_turn(spec, sel.label, slot, ids_turns([(spec, sel.label, slot)])[0])
 
     return _readable((str(sel.path), partial(make, sel)) for sel in sels)(skipped)
@@ -693,7 +693,8 @@ class _Sections:
 
 
 def _selected_input(loader: Loader, sel: Selected) -> TurnInput:
-    """A turn of a directory that is not a slot file (a request body, a prompt log): its prompt loaded."""
+    """A turn of a directory that is not a listed slot file (a request body, a prompt log, a file chosen as a turn):
+    its prompt loaded."""
     from tokendiff.core.cost import TurnInput
 
     return TurnInput.of(loader.load_selected(sel), job=SelectedJob(sel))

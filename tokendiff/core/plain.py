@@ -152,9 +152,7 @@ def _make(made: type[T], frozen: bool, eq: bool, kw_only: bool, cache_hash: bool
         body.append("self.__post_init__()")
     star = "*, " if kw_only and params else ""
     src = [f"def __init__(self, {star}{', '.join(params)}):", *(f"    {b}" for b in body or ["pass"])]
-    exec("\n".join(src), env)  # noqa: S102 - a source made above from the class's own field names
-    env["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
-    cls.__init__ = env["__init__"]
+    cls.__init__ = _first_init(cls, "\n".join(src), env)
     _methods(cls, tuple(names), eq, frozen, cache_hash)
     if frozen:
         cls.__setattr__ = _frozen_set
@@ -162,6 +160,23 @@ def _make(made: type[T], frozen: bool, eq: bool, kw_only: bool, cache_hash: bool
     cls.__match_args__ = tuple(names)  # type: ignore[misc]  # mypy: a dataclass sets it itself
     setattr(cls, _FIELDS, tuple(names))
     return made
+
+
+def _first_init(cls: Any, src: str, env: dict[str, Any]) -> Callable[..., None]:
+    """The class's `__init__` as a stand-in that compiles `src` (the real one) when the first instance is made,
+    puts it on the class in its place, and runs it: a source compiled costs ~0.8 M instructions, and most of the
+    classes a command imports are never made in it (a report of slot files makes about half of its @plain
+    classes). The real one is the class's from then on, for its subclasses too (they find it on the class)."""
+
+    def __init__(self: object, *args: Any, **kwargs: Any) -> None:
+        if "__init__" not in env:  # two threads may both compile it: the same function either way
+            exec(src, env)  # noqa: S102 - a source made by `_make` from the class's own field names
+            env["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
+        cls.__init__ = env["__init__"]
+        env["__init__"](self, *args, **kwargs)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    return __init__
 
 
 @dataclass_transform(field_specifiers=(field,))

@@ -29,7 +29,6 @@ import re
 import struct
 from array import array
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
@@ -394,7 +393,7 @@ class StripPair:
     # a `tools` one, none here), less the form's offset
 
 
-@dataclass(frozen=True)  # a memo field out of its equality: the one class @plain cannot make
+@plain(frozen=True)
 class StripForm:
     """A strip shape's answer, from its first full diff: the reasoning finding (its evidence left out) and
     its section (numbered 0), the offset from a pair's marker count to its message's number, and the
@@ -404,20 +403,21 @@ class StripForm:
     owner: SectionPath
     offset: int
     rest: str
-    # what `reasoning` made, by think-block length and message number (a session's pairs repeat them)
-    made: dict[tuple[int, int], tuple[SectionPath, Finding]] = field(default_factory=dict, compare=False, repr=False)
 
     def reasoning(self, strip: int, index: int) -> tuple[SectionPath, Finding]:
         """The reasoning hunk's owner (the form's, numbered `index`) and finding (the form's, its evidence for
         `strip` tokens in that message, masked), made once a length and number: a pure function of them and
-        the form's frozen values (`mask` is one of its text)."""
-        got = self.made.get((strip, index))
+        the form's frozen values (`mask` is one of its text). The memo (a session's pairs repeat them) is kept
+        in the instance's `__dict__` beside the fields, which equality, hashing and `repr` do not read."""
+        made: dict[tuple[int, int], tuple[SectionPath, Finding]] | None = self.__dict__.get("_made")
+        if made is None or len(made) > 4096:
+            made = {}
+            object.__setattr__(self, "_made", made)
+        got = made.get((strip, index))
         if got is None:
-            if len(self.made) > 4096:
-                self.made.clear()
             owner, label = _renumbering(self.owner, index)
             evidence = mask(_reasoning_evidence(strip, label) + self.rest)
-            got = self.made[(strip, index)] = (owner, replace(self.finding, evidence=evidence))
+            got = made[(strip, index)] = (owner, replace(self.finding, evidence=evidence))
         return got
 
 
