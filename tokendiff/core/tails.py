@@ -880,7 +880,7 @@ def _date_or_nonce(w: bytes) -> bool:
     if w.islower():
         return False
     for day in _DAYS:  # noqa: SIM110 - a loop, not any() of a generator: seven words a pair
-        if day in w:
+        if w.find(day) >= 0:  # `find`, not `in`: see `_setting_silent`
             return True
     return False
 
@@ -1244,7 +1244,8 @@ AnyPair = Shape | StripPair | EditPair  # what `Tails.shape` finds
 def _shifted(f: Finding, k: int) -> Finding:
     """`replace(f, hunk=f.hunk + k)`, made once a finding and shift: the rest's findings are the forms' kept ones
     (`StripForm.reasoning`, `_appended`, a tail form's), so an edit pair's repeat them. Looked up by the finding's
-    identity, as `_renumbering` looks up a path: the entry holds it, so its id is another's only once it is gone."""
+    identity, as `_renumbering` looks up a path: the entry holds it, so its id is another's only once it is gone.
+    Bounded: cleared past 4,096 entries (a long-lived process, the TUI, keeps at most that many small findings)."""
     got = _SHIFTED.get((id(f), k))
     if got is None or got[0] is not f:
         if len(_SHIFTED) > 4096:
@@ -1261,7 +1262,8 @@ def _edit_sizes(
 ) -> tuple[int, int] | None:
     """The fewest tokens (ra, rb), 1 to MAX_EDIT a side, past which A and B agree for EDIT_WINDOW tokens. Compared
     as int32 bytes (`id_bytes`; `raws`: A's and B's, made already): equal IDs are equal bytes, and the windows
-    compared are whole (the first test), so equal bytes are equal windows (`np.array_equal`'s answer)."""
+    compared are whole (the first test), so equal bytes are equal windows (`np.array_equal`'s answer) for IDs
+    within int32, as a vocabulary's are (the readers refuse others before a pair is compared)."""
     if not 1 < d <= EDIT_REACH or d + 2 * MAX_EDIT + EDIT_WINDOW > min(len(a), len(b)):
         return None
     x, y = raws or (id_bytes(a), id_bytes(b))
