@@ -379,15 +379,29 @@ class _Index:
             self._generated = (next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None),)
         return self._generated[0]
 
-    def turn_at(self, token: int) -> Section | None:
-        """The first top-level section holding `token`. Where the tops are in order and none overlaps the next
-        (a template's turns), only the last one starting at or before `token` can hold it: found by bisection;
-        else by a scan."""
+    def _ordered_starts(self) -> list[int] | None:
+        """The tops' starts where the tops are in order and none overlaps the next (a template's turns), else None."""
         if self._starts is None:
             tops = self.tops
             ordered = all(x.start <= y.start and x.end <= y.start for x, y in zip(tops, tops[1:], strict=False))
             self._starts = ([s.start for s in tops] if ordered else None,)
-        starts = self._starts[0]
+        return self._starts[0]
+
+    def tops_near(self, lo: int, hi: int) -> list[Section]:
+        """The tops, less some that share no token with [lo, hi) (all of them where they are not in order): where
+        they are in order and none overlaps the next, a top before the last one starting at or before `lo` ends
+        at or before that one's start, and so at or before `lo`; one from the first starting at `hi` on starts
+        there or later. The rest are cut off by bisection."""
+        starts = self._ordered_starts()
+        if starts is None:
+            return self.tops
+        return self.tops[max(0, bisect.bisect_right(starts, lo) - 1) : bisect.bisect_left(starts, hi)]
+
+    def turn_at(self, token: int) -> Section | None:
+        """The first top-level section holding `token`. Where the tops are in order and none overlaps the next
+        (a template's turns), only the last one starting at or before `token` can hold it: found by bisection;
+        else by a scan."""
+        starts = self._ordered_starts()
         if starts is None:
             return next((s for s in self.tops if s.start <= token < s.end), None)
         k = bisect.bisect_right(starts, token) - 1
@@ -1365,10 +1379,11 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
         return None
     if ctx.h.kind != HunkKind.DELETE and (ctx.h.a_end - ctx.h.a_start) < 4 * max(1, ctx.h.b_end - ctx.h.b_start):
         return None
-    # whole turns inside the deleted run (the diff may keep a few of a turn's tokens as "equal")
+    # whole turns inside the deleted run (the diff may keep a few of a turn's tokens as "equal"): a top sharing
+    # no token with it is none (its overlap is 0 or less, 0.8 of its length more), so only those near it are read
     turns_a = [
         s
-        for s in _index(ctx.a).tops
+        for s in _index(ctx.a).tops_near(ctx.h.a_start, ctx.h.a_end)
         if s.end > s.start and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
     ]
     if not turns_a:
