@@ -146,7 +146,7 @@ class Ctx:
 
     def hyphens(self) -> bool:
         """Both PAD windows hold a '-' (every UUID_RE match does)."""
-        return b"-" in self.window_bytes("a") and b"-" in self.window_bytes("b")
+        return self.window_bytes("a").find(b"-") >= 0 and self.window_bytes("b").find(b"-") >= 0
 
     @property
     def a_path(self) -> SectionPath:
@@ -652,7 +652,9 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
 
 def detect_reasoning(ctx: Ctx) -> Finding | None:
     """reasoning_stripped and reasoning_dropped_by_client: reasoning kept in A, gone from B."""
-    a_reason = _is_reasoning(ctx.a_path) or b"<think>" in ctx.a_text or b"analysis<|message|>" in ctx.a_text
+    a_reason = (
+        _is_reasoning(ctx.a_path) or ctx.a_text.find(b"<think>") >= 0 or ctx.a_text.find(b"analysis<|message|>") >= 0
+    )
     if not a_reason or (_is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_str)):  # B's read only where A's is
         return None
     top = ctx.a_path.top
@@ -1350,10 +1352,15 @@ def detect_setting(ctx: Ctx) -> Finding | None:
     # decode to themselves ("replace" included) and no other bytes decode to ASCII, so each is in the text
     # where it is in the bytes; a line is decoded only where a pattern is searched in it
     ma = mb = None
-    if (b":" in ra or b"=" in ra) and (b":" in rb or b"=" in rb) and _may_set(ra) and _may_set(rb):
+    if (
+        (ra.find(b":") >= 0 or ra.find(b"=") >= 0)
+        and (rb.find(b":") >= 0 or rb.find(b"=") >= 0)
+        and _may_set(ra)
+        and _may_set(rb)
+    ):
         ma, mb = SETTING_LINE_RE.search(_text(ra)), SETTING_LINE_RE.search(_text(rb))
-    sa = THINK_SWITCH_RE.findall(_text(ra)) if b"think" in ra else []
-    sb = THINK_SWITCH_RE.findall(_text(rb)) if b"think" in rb else []
+    sa = THINK_SWITCH_RE.findall(_text(ra)) if ra.find(b"think") >= 0 else []
+    sb = THINK_SWITCH_RE.findall(_text(rb)) if rb.find(b"think") >= 0 else []
     if ma and mb and ma.group(1).lower() == mb.group(1).lower() and ma.group(2) != mb.group(2):
         what = f"{ma.group(1)} {ma.group(2).strip()} -> {mb.group(2).strip()}"
     elif sa != sb and (sa or sb):
@@ -1563,7 +1570,7 @@ def detect_whitespace(ctx: Ctx) -> Finding | None:
     longer, start, at = (ctx.a, ctx.h.a_byte_start, ra) if ra else (ctx.b, ctx.h.b_byte_start, rb)
     s, e = _ws_run(longer.data, start + i)
     owner = longer.owner(longer.token_at_byte(start + i))
-    on_line = b"\n" in longer.data[start + i + len(at) : e] and s > 0 and longer.data[s - 1] not in b"\n"
+    on_line = longer.data.find(b"\n", start + i + len(at), e) >= 0 and s > 0 and longer.data[s - 1] not in b"\n"
     if not (on_line or (s > 0 and _content_ends(longer, e, owner))):
         return None
     trimmed = bool(ra)
