@@ -1202,7 +1202,7 @@ def _message_holds(p: Prompt, index: int | None, text: str) -> bool:
     turn = next((s for s in top if s.path.parts[0].index == index), None)
     if turn is None:
         return False
-    return text.encode() in p.data[turn.byte_start : turn.byte_end]
+    return p.data.find(text.encode(), turn.byte_start, turn.byte_end) >= 0  # no slice copied, no int tried
 
 
 TRUNC_NOTE_RE = Lazy(r"truncat|omitted|elided|\.\.\.|…|\bmore (?:lines|chars|characters|bytes)\b", re.I)
