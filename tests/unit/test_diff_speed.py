@@ -565,3 +565,42 @@ def test_unique_common_is_the_brute_count(seed):
         want = [i for i, g in enumerate(ga) if ca[g] == 1 and gb[g] == 1]
         assert align._unique_common(s, (alo, len(a), blo, len(b)), ga) == want
         assert align._unique_common_small_b(s, blo, len(b), ga) == want  # whichever side is the smaller
+
+
+def test_sampled_shared_kgrams_fail_as_the_full_test_does(monkeypatch):
+    """`_shares_sampled` (a few of B's uncovered k-grams found at A's uncovered places) says True only where the
+    full test of condition (1) fails too (numpy's hashes shared; the k-grams cut as bytes not disjoint), so
+    `_runs_witnessed` answers as without it: on compaction boxes (B quoting A), edited pairs and small alphabets,
+    at offsets, with and without numpy's box."""
+    rng = random.Random(31)
+    said = 0
+    for n in range(500):
+        alphabet = rng.choice((3, 30, 5000))
+        a = _base(rng)[: rng.randrange(40, 1500)]
+        if n % 2:
+            b = []
+            while len(b) < rng.randrange(40, 600):
+                at = rng.randrange(len(a))
+                b += a[at : at + rng.randrange(1, 60)] if rng.random() < 0.6 else _base(rng)[: rng.randrange(1, 30)]
+        else:
+            b = _edits(a, rng.randrange(12), rng, alphabet)
+        if len(b) < 2 * align.KGRAM:
+            continue
+        alo, blo = rng.randrange(min(4, len(a) - align.KGRAM)), rng.randrange(min(4, len(b) - align.KGRAM))
+        ahi, bhi = len(a) - rng.randrange(3), len(b) - rng.randrange(3)
+        s = align._Seqs(array("i", a), array("i", b))
+        segs = align._cover(s, alo, ahi, blo, bhi)
+        unc_a, unc_b = align._uncovered(segs, alo, ahi, 0), align._uncovered(segs, blo, bhi, 1)
+        if align._shares_sampled(s, unc_a, unc_b):
+            said += 1
+            box = align._NpBox(s, alo, ahi, blo, bhi)
+            assert align._np_shared_hash(box, unc_a, unc_b)
+            grams_b = {g for b0, b1 in unc_b for g in align._kgrams(s.rb, b0, b1 + align.KGRAM - 1)}
+            assert any(not grams_b.isdisjoint(align._kgrams(s.ra, a0, a1 + align.KGRAM - 1)) for a0, a1 in unc_a)
+        for with_box in (False, True):
+            box = align._NpBox(s, alo, ahi, blo, bhi) if with_box else None
+            got = align._runs_witnessed(s, alo, ahi, blo, bhi, box)
+            with monkeypatch.context() as m:
+                m.setattr(align, "_shares_sampled", lambda *x: False)
+                assert got == align._runs_witnessed(s, alo, ahi, blo, bhi, box), (a, b)
+    assert said > 100

@@ -93,3 +93,52 @@ def test_each_left_out_detector_is_silent_where_it_is_left_out():
         ex.detect_line_endings,
         ex.detect_unicode_form,
     } <= spoke
+
+
+def _whole_turns(tops: list[Section], lo: int, hi: int) -> list[Section]:
+    """detect_truncation's turns, as it found them: a scan of every top."""
+    return [s for s in tops if s.end > s.start and min(s.end, hi) - max(s.start, lo) >= 0.8 * (s.end - s.start)]
+
+
+def test_the_tops_near_a_span_hold_every_whole_turn_in_it():
+    """`_Index.tops_near` (detect_truncation's tops) leaves out no top the scan of all of them takes: on random tops
+    in order and not, touching, empty and reversed (end before start), for every span of the prompt."""
+    rng = random.Random(3)
+    cut = 0
+    for _ in range(400):
+        n = rng.randrange(1, 40)
+        cuts = sorted(rng.sample(range(n + 1), min(n + 1, rng.randrange(1, 8))))
+        tops = [
+            Section(SectionPath.of(Part(K.MESSAGE, k, "user")), s, e, s, e)
+            for k, (s, e) in enumerate(zip(cuts, cuts[1:]))
+        ]
+        if rng.random() < 0.3 and tops:  # out of order, overlapping, or reversed
+            s, e = rng.randrange(n + 1), rng.randrange(n + 1)
+            tops.insert(rng.randrange(len(tops) + 1), Section(SectionPath.of(Part(K.MESSAGE, 9, "user")), s, e, s, e))
+        ix = ex._Index(tops)
+        for lo in range(n + 1):
+            for hi in range(lo, n + 2):
+                near = ix.tops_near(lo, hi)
+                cut += len(near) < len(tops)
+                assert _whole_turns(near, lo, hi) == _whole_turns(tops, lo, hi), (tops, lo, hi)
+    assert cut > 1000
+
+
+def _long_cuts(seed: int, n: int):
+    """A, and B: A less a long stretch (and now and then a few tokens put in its place)."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        toks = [rng.choice(PIECES) for _ in range(rng.randrange(40, 120))]
+        i = rng.randrange(len(toks) - 33)
+        j = rng.randrange(i + 32, len(toks) + 1)
+        put = [rng.choice(PIECES) for _ in range(rng.choice([0, 0, 1, 5, 12]))]
+        a, b = _prompt(rng, toks), _prompt(rng, toks[:i] + put + toks[j:])
+        yield a, b, align(a, b)
+
+
+def test_truncation_finds_what_the_scan_found(monkeypatch):
+    cases = [(a, b, d, h, i) for a, b, d in _long_cuts(13, 1500) for i, h in enumerate(d.hunks)]
+    got = [ex.detect_truncation(ex.Ctx(*c)) for c in cases]
+    monkeypatch.setattr(ex._Index, "tops_near", lambda self, lo, hi: self.tops)
+    assert got == [ex.detect_truncation(ex.Ctx(*c)) for c in cases]
+    assert sum(f is not None for f in got) > 20

@@ -45,6 +45,7 @@ _SCAN = 64  # bytes left to compare one by one after bisecting
 WITNESSES = True  # anchors' segments settled by witnesses where that is shown to give the answer (`_runs_witnessed`)
 WITNESS_UNCOVERED = 1 << 14  # uncovered k-grams past which every anchor is counted instead
 WITNESS_SCAN, WITNESS_SCAN_MIN = 8, 1 << 16  # tokens the witnesses may search: 8 a token of A's box, and more
+WITNESS_SAMPLE, WITNESS_SAMPLES = 16, 8  # B's uncovered k-grams sought in A before the full test (`_shares_sampled`)
 WITNESS_STEP = 32  # what looking at one k-gram costs, in tokens searched (a byte search runs ~100 Python steps' work)
 NUMPY_FROM = 150_000  # tokens a side from which importing numpy for the anchors pays for itself
 _COMPARE_ROWS = 1 << 14  # k-grams `_np_unique_positions` gathers at once to compare (1 MiB of int64 a side)
@@ -622,6 +623,8 @@ def _runs_witnessed(
     unc_a, unc_b = _uncovered(segs, alo, ahi, 0), _uncovered(segs, blo, bhi, 1)
     if sum(g1 - g0 for g0, g1 in unc_a) + sum(g1 - g0 for g0, g1 in unc_b) > WITNESS_UNCOVERED:
         return None
+    if _shares_sampled(s, unc_a, unc_b):
+        return None  # an anchor may lie between the segments: counted (the test below would say so too)
     if box is not None and _np_shared_hash(box, unc_a, unc_b):
         return None  # an anchor may lie between the segments: counted
     extra: set[bytes] = set()
@@ -640,6 +643,25 @@ def _runs_witnessed(
         if w >= 0:
             runs.append((w - alo, w + j - i - blo, KGRAM))
     return runs
+
+
+def _shares_sampled(s: _Seqs, unc_a: list[tuple[int, int]], unc_b: list[tuple[int, int]]) -> bool:
+    """Some of B's uncovered k-grams, every WITNESS_SAMPLE-th of them (WITNESS_SAMPLES at most), is at an
+    uncovered place of A (ranges of k-gram starts, as `_uncovered` gives them), by aligned byte search. True
+    shows condition (1) of `_runs_witnessed` false whatever its test: those k-grams are equal, so their hashes
+    are (`_np_shared_hash`), and A's is among B's uncovered ones (the test on bytes). False shows nothing: the
+    full test follows. A handful of searches where a box whose B quotes A's uncovered text (a compaction's
+    summary) paid the full test's numpy calls (~20) or B's and A's uncovered k-grams cut as bytes."""
+    ra, rb, w, left = s.ra, s.rb, 4 * KGRAM, WITNESS_SAMPLES
+    for b0, b1 in unc_b:
+        for j in range(b0, b1, WITNESS_SAMPLE):
+            gram = rb[4 * j : 4 * j + w]
+            if any(_find_aligned(ra, gram, a0, a1 + KGRAM - 1) >= 0 for a0, a1 in unc_a):
+                return True
+            left -= 1
+            if left == 0:
+                return False
+    return False
 
 
 class _Witness:

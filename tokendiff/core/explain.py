@@ -146,7 +146,7 @@ class Ctx:
 
     def hyphens(self) -> bool:
         """Both PAD windows hold a '-' (every UUID_RE match does)."""
-        return b"-" in self.window_bytes("a") and b"-" in self.window_bytes("b")
+        return self.window_bytes("a").find(b"-") >= 0 and self.window_bytes("b").find(b"-") >= 0
 
     @property
     def a_path(self) -> SectionPath:
@@ -379,15 +379,29 @@ class _Index:
             self._generated = (next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None),)
         return self._generated[0]
 
-    def turn_at(self, token: int) -> Section | None:
-        """The first top-level section holding `token`. Where the tops are in order and none overlaps the next
-        (a template's turns), only the last one starting at or before `token` can hold it: found by bisection;
-        else by a scan."""
+    def _ordered_starts(self) -> list[int] | None:
+        """The tops' starts where the tops are in order and none overlaps the next (a template's turns), else None."""
         if self._starts is None:
             tops = self.tops
             ordered = all(x.start <= y.start and x.end <= y.start for x, y in zip(tops, tops[1:], strict=False))
             self._starts = ([s.start for s in tops] if ordered else None,)
-        starts = self._starts[0]
+        return self._starts[0]
+
+    def tops_near(self, lo: int, hi: int) -> list[Section]:
+        """The tops, less some that share no token with [lo, hi) (all of them where they are not in order): where
+        they are in order and none overlaps the next, a top before the last one starting at or before `lo` ends
+        at or before that one's start, and so at or before `lo`; one from the first starting at `hi` on starts
+        there or later. The rest are cut off by bisection."""
+        starts = self._ordered_starts()
+        if starts is None:
+            return self.tops
+        return self.tops[max(0, bisect.bisect_right(starts, lo) - 1) : bisect.bisect_left(starts, hi)]
+
+    def turn_at(self, token: int) -> Section | None:
+        """The first top-level section holding `token`. Where the tops are in order and none overlaps the next
+        (a template's turns), only the last one starting at or before `token` can hold it: found by bisection;
+        else by a scan."""
+        starts = self._ordered_starts()
         if starts is None:
             return next((s for s in self.tops if s.start <= token < s.end), None)
         k = bisect.bisect_right(starts, token) - 1
@@ -638,7 +652,9 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
 
 def detect_reasoning(ctx: Ctx) -> Finding | None:
     """reasoning_stripped and reasoning_dropped_by_client: reasoning kept in A, gone from B."""
-    a_reason = _is_reasoning(ctx.a_path) or b"<think>" in ctx.a_text or b"analysis<|message|>" in ctx.a_text
+    a_reason = (
+        _is_reasoning(ctx.a_path) or ctx.a_text.find(b"<think>") >= 0 or ctx.a_text.find(b"analysis<|message|>") >= 0
+    )
     if not a_reason or (_is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_str)):  # B's read only where A's is
         return None
     top = ctx.a_path.top
@@ -1186,7 +1202,7 @@ def _message_holds(p: Prompt, index: int | None, text: str) -> bool:
     turn = next((s for s in top if s.path.parts[0].index == index), None)
     if turn is None:
         return False
-    return text.encode() in p.data[turn.byte_start : turn.byte_end]
+    return p.data.find(text.encode(), turn.byte_start, turn.byte_end) >= 0  # no slice copied, no int tried
 
 
 TRUNC_NOTE_RE = Lazy(r"truncat|omitted|elided|\.\.\.|…|\bmore (?:lines|chars|characters|bytes)\b", re.I)
@@ -1336,10 +1352,15 @@ def detect_setting(ctx: Ctx) -> Finding | None:
     # decode to themselves ("replace" included) and no other bytes decode to ASCII, so each is in the text
     # where it is in the bytes; a line is decoded only where a pattern is searched in it
     ma = mb = None
-    if (b":" in ra or b"=" in ra) and (b":" in rb or b"=" in rb) and _may_set(ra) and _may_set(rb):
+    if (
+        (ra.find(b":") >= 0 or ra.find(b"=") >= 0)
+        and (rb.find(b":") >= 0 or rb.find(b"=") >= 0)
+        and _may_set(ra)
+        and _may_set(rb)
+    ):
         ma, mb = SETTING_LINE_RE.search(_text(ra)), SETTING_LINE_RE.search(_text(rb))
-    sa = THINK_SWITCH_RE.findall(_text(ra)) if b"think" in ra else []
-    sb = THINK_SWITCH_RE.findall(_text(rb)) if b"think" in rb else []
+    sa = THINK_SWITCH_RE.findall(_text(ra)) if ra.find(b"think") >= 0 else []
+    sb = THINK_SWITCH_RE.findall(_text(rb)) if rb.find(b"think") >= 0 else []
     if ma and mb and ma.group(1).lower() == mb.group(1).lower() and ma.group(2) != mb.group(2):
         what = f"{ma.group(1)} {ma.group(2).strip()} -> {mb.group(2).strip()}"
     elif sa != sb and (sa or sb):
@@ -1365,10 +1386,11 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
         return None
     if ctx.h.kind != HunkKind.DELETE and (ctx.h.a_end - ctx.h.a_start) < 4 * max(1, ctx.h.b_end - ctx.h.b_start):
         return None
-    # whole turns inside the deleted run (the diff may keep a few of a turn's tokens as "equal")
+    # whole turns inside the deleted run (the diff may keep a few of a turn's tokens as "equal"): a top sharing
+    # no token with it is none (its overlap is 0 or less, 0.8 of its length more), so only those near it are read
     turns_a = [
         s
-        for s in _index(ctx.a).tops
+        for s in _index(ctx.a).tops_near(ctx.h.a_start, ctx.h.a_end)
         if s.end > s.start and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
     ]
     if not turns_a:
@@ -1548,7 +1570,7 @@ def detect_whitespace(ctx: Ctx) -> Finding | None:
     longer, start, at = (ctx.a, ctx.h.a_byte_start, ra) if ra else (ctx.b, ctx.h.b_byte_start, rb)
     s, e = _ws_run(longer.data, start + i)
     owner = longer.owner(longer.token_at_byte(start + i))
-    on_line = b"\n" in longer.data[start + i + len(at) : e] and s > 0 and longer.data[s - 1] not in b"\n"
+    on_line = longer.data.find(b"\n", start + i + len(at), e) >= 0 and s > 0 and longer.data[s - 1] not in b"\n"
     if not (on_line or (s > 0 and _content_ends(longer, e, owner))):
         return None
     trimmed = bool(ra)
