@@ -1800,7 +1800,8 @@ def _detected(ctx: Ctx) -> list[Finding]:
 
 def explain(a: Prompt, b: Prompt, d: Divergence, max_hunks: int = 64) -> list[Finding]:
     """The best finding for each of the first `max_hunks` hunks; every hunk of a new conversation is
-    that one finding (its spans are no separate causes)."""
+    that one finding (its spans are no separate causes). `d` is `align(a, b)`'s (its hunks' owners these
+    prompts' sections: `pair_detectors` leaves detectors out by what the prompts hold)."""
     n = min(len(d.hunks), max_hunks)
     fresh = new_conversation(a, b, d)
     if fresh is not None:
