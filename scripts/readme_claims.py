@@ -89,7 +89,7 @@ def check_setup() -> None:
     from tokendiff.paths import cache_dir
 
     for words, folder, low, high in (
-        ("~/.cache/tokendiff/vllm-venv`): ~2 min, ~2.5 GB", "vllm-venv", 2_000, 3_000),
+        ("~/.cache/tokendiff/vllm-venv`): 2–5 min, ~2.5 GB", "vllm-venv", 2_000, 3_000),
         ("2 cores busy), 93 MB", "tokenizers", 75, 115),
     ):
         said(words)
