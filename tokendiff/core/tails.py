@@ -1408,7 +1408,7 @@ def _edit_prompts(
     pb = _stub(vocab, b, d + rb, got[1])
     if pa is None or pb is None:
         return None
-    at = (d, _edit_offsets(pa, d, ra), _edit_offsets(pb, d, rb))
+    at = _edit_at(pa, pb, d, (ra, rb))
     xa0 = at[1][0]
     ta, tb = pa.data[xa0 : at[1][-1]], pb.data[at[2][0] : at[2][-1]]
     if max(len(ta), len(tb)) >= EDIT_BYTES or len(tb) - len(ta) >= 16:
@@ -1451,6 +1451,13 @@ def _edit_hunk_list(
         Hunk(a0, a1, b0, b1, xa[a0 - d], xa[a1 - d], xb[b0 - d], xb[b1 - d], owners[2 * k], owners[2 * k + 1])
         for k, (a0, a1, b0, b1) in enumerate(edits)
     )
+
+
+def _edit_at(pa: Prompt, pb: Prompt, d: int, sizes: tuple[int, int]) -> tuple[int, list[int], list[int]]:
+    """`_edit_hunk_list`'s `at`: the edit's start `d` and each stub's byte offsets over its side of the edit (`sizes`:
+    ra, rb tokens)."""
+    ra, rb = sizes
+    return d, _edit_offsets(pa, d, ra), _edit_offsets(pb, d, rb)
 
 
 def _edit_offsets(p: Prompt, d: int, r: int) -> list[int]:
@@ -1496,8 +1503,7 @@ def _edit_findings(pair: EditPair, owners: tuple[tuple[SectionPath, SectionPath]
     """explain's finding for each of the edit's hunks, their owners given (A's, B's): the text detectors that read
     them, else the fallback."""
     pa, pb = pair.prompts
-    (ra, rb), lcp = pair.shape.sizes, pair.lcp
-    at = (lcp, _edit_offsets(pa, lcp, ra), _edit_offsets(pb, lcp, rb))
+    at = _edit_at(pa, pb, pair.lcp, pair.shape.sizes)
     hunks = _edit_hunk_list(at, pair.edits, tuple(p for both in owners for p in both))
     d = Divergence(len(pa), len(pb), pair.lcp, None, hunks)
     return [best_finding(Ctx(pa, pb, d, h, k), _EDIT_SEEN, _EDIT_CEILINGS) for k, h in enumerate(hunks)]
