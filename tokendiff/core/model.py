@@ -16,7 +16,7 @@ from itertools import accumulate, islice
 from operator import itemgetter, le
 
 from tokendiff.core.kinds import CauseKind, HunkKind, Origin, SectionKind
-from tokendiff.core.plain import field, plain
+from tokendiff.core.plain import field, plain, replace
 from tokendiff.core.secrets import mask
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
@@ -241,6 +241,17 @@ class SectionPath:
                 got = self.__dict__["_generalised"] = self._generalise(depth)
             return got
         return self._generalise(depth)
+
+    def renumbered(self, index: int) -> SectionPath:
+        """The path with its message parts numbered `index`. It generalises as this one does (`Part.generalised`
+        drops a message's index, but keeps the system prompt's 0) where no message part is the system's: then it is
+        given this path's generalised one, so a session's renumbered paths (a strip form's, one a turn) share one
+        span key object, which `cost._count_spans` finds by identity (equal paths compare their parts in Python)."""
+        parts = self.parts
+        new = SectionPath(tuple(replace(p, index=index) if p.kind == _K.MESSAGE else p for p in parts))
+        if not any(p.kind == _K.MESSAGE and p.name == "system" for p in parts):
+            new.__dict__["_generalised"] = self.generalised()
+        return new
 
     def _generalise(self, depth: int) -> SectionPath:
         out: list[Part] = []

@@ -460,8 +460,7 @@ def _renumbering(path: SectionPath, index: int) -> tuple[SectionPath, str]:
     if got is None or got[0] is not path:
         if len(_RENUMBERED) > 4096:
             _RENUMBERED.clear()
-        parts = tuple(replace(p, index=index) if p.kind == SectionKind.MESSAGE else p for p in path)
-        new = SectionPath(parts)
+        new = path.renumbered(index)
         got = _RENUMBERED[(id(path), index)] = (path, new, _top_label(new))
     return got[1], got[2]
 
