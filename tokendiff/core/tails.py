@@ -28,8 +28,7 @@ from __future__ import annotations
 import re
 import struct
 from array import array
-from collections.abc import Callable, Iterator
-from itertools import islice
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -540,12 +539,12 @@ class Strips:
         if self.open is None or self.turn_end is None or not (1 < lcp < n_a < n_b) or int(a[lcp]) != self.open:
             return None
         ra, rb = self.raw(a), self.raw(b)  # asked for once here, passed on
-        end = _tokens(ra, self.words[0], lcp + 1, lcp + 1 + THINK_REACH, first=True)
-        if not end:
+        end = _first(ra, self.words[0], lcp + 1, lcp + 1 + THINK_REACH)
+        if end < 0:
             return None
         lo = max(0, lcp - HEAD_REACH)
         marked = self.marked.take(a[lo:]).tobytes()  # `self.marked[a[i:j]]` is this one gather's [i - lo : j - lo]
-        s = self._strip(a, b, lcp, end[0] + 1, marked[lcp - lo :], (ra, rb))
+        s = self._strip(a, b, lcp, end + 1, marked[lcp - lo :], (ra, rb))
         if s is None:
             return None
         new_marks = self.marked.take(b[n_a - s :]).tobytes()
@@ -761,12 +760,22 @@ class Strips:
                 continue
             cstart = min(j + 1 if j >= 0 else pos, limit)
             # the first <|im_end|> whose end is at or past cstart (an earlier token's end is at most `at`)
-            ends = (int(off[e + 1]) for e in _found(raw, self.words[2], i, len(b)))
-            close = next((c for c in ends if c >= cstart), None)
-            cend = close - len(b"<|im_end|>") if close is not None and close <= limit else limit
-            if not any(data.find(o, cstart, cend) >= 0 for o in _RESULT_OPENS):
+            e = _first(raw, self.words[2], i, len(b))
+            while e >= 0 and int(off[e + 1]) < cstart:
+                e = _first(raw, self.words[2], e + 1, len(b))
+            close = int(off[e + 1]) if e >= 0 else limit + 1
+            cend = close - len(b"<|im_end|>") if close <= limit else limit
+            if not _opens_result(data, cstart, cend):
                 return True
         return False
+
+
+def _opens_result(data: bytes, start: int, end: int) -> bool:
+    """A tool result opens in data[start:end] (`_RESULT_OPENS`)."""
+    for opens in _RESULT_OPENS:  # noqa: SIM110 - a loop, not any() of a generator: a strip pair asks for each user turn
+        if data.find(opens, start, end) >= 0:
+            return True
+    return False
 
 
 def _tools_turn(data: bytes, end: int) -> bool:
@@ -774,23 +783,30 @@ def _tools_turn(data: bytes, end: int) -> bool:
     return data.find(b"tools", 0, end) >= 0 and _TOOLS_TURN.search(data, 0, end) is not None
 
 
-def _tokens(raw: bytes, word: bytes | None, start: int, stop: int, first: bool = False) -> list[int]:
-    """The tokens in [start, stop) whose int32 bytes (`id_bytes`) are `word` (`_found`). `first`: the first only."""
-    found = _found(raw, word, start, stop)
-    return list(islice(found, 1) if first else found)
-
-
-def _found(raw: bytes, word: bytes | None, start: int, stop: int) -> Iterator[int]:
-    """The tokens in [start, stop) whose int32 bytes are `word` (none where it is None), in order, found as they
-    are asked for, by bytes.find: a hit off the 4-byte grid is no token."""
+def _tokens(raw: bytes, word: bytes | None, start: int, stop: int) -> list[int]:
+    """The tokens in [start, stop) whose int32 bytes (`id_bytes`) are `word` (none where it is None), in order, by
+    bytes.find: a hit off the 4-byte grid is no token. A loop, not a generator: a pair asks a few times."""
+    out: list[int] = []
     if word is None:
-        return
+        return out
     end = 4 * stop
     at = raw.find(word, 4 * start, end)
     while at >= 0:
         if not at % 4:
-            yield at // 4
+            out.append(at // 4)
         at = raw.find(word, at + 1, end)
+    return out
+
+
+def _first(raw: bytes, word: bytes | None, start: int, stop: int) -> int:
+    """`_tokens(raw, word, start, stop)`'s first (-1: none), found without looking past it."""
+    if word is None:
+        return -1
+    end = 4 * stop
+    at = raw.find(word, 4 * start, end)
+    while at >= 0 and at % 4:
+        at = raw.find(word, at + 1, end)
+    return at // 4 if at >= 0 else -1
 
 
 def _last(raw: bytes, word: bytes | None, start: int, stop: int) -> int:
