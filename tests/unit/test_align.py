@@ -137,3 +137,69 @@ def test_kgram_hashes_are_the_polynomial_of_the_ids_plus_one() -> None:
                 for i in range(n - k + 1)
             ]
             assert align_module._np_kgram_hashes(np, ids, k).tolist() == want
+
+
+def _hunks_by_calls(a, b):  # the hunks as `align` made them before: each end's byte offset and owner a call
+    from tokendiff.core.model import Hunk, prompt_end
+
+    spans = diff_spans(a.ids, b.ids, prompt_end(a)) if not (common_prefix(a.ids, b.ids) == len(a) == len(b)) else []
+    return [
+        Hunk(
+            a_start=a0,
+            a_end=a1,
+            b_start=b0,
+            b_end=b1,
+            a_byte_start=a.byte_offset(a0),
+            a_byte_end=a.byte_offset(a1),
+            b_byte_start=b.byte_offset(b0),
+            b_byte_end=b.byte_offset(b1),
+            a_owner=align_module._insertion_owner(a, b, a0, b0) if a0 == a1 else a.owner(a0),
+            b_owner=b.owner(b0) if b0 < len(b) else b.owner(max(b0 - 1, 0)),
+        )
+        for a0, a1, b0, b1 in spans
+    ]
+
+
+def test_hunks_read_as_byte_offset_and_owner_give_them(vocab):
+    """`align` reads a hunk's byte offsets from the offsets (every span lies within both prompts) and makes it
+    positionally: field by field the hunk each end's `byte_offset` and `owner` give, on random edits of a chat
+    (insertions at either end, deletions, a reply generated after the prompt), stdlib and numpy offsets."""
+    import random
+
+    from tokendiff.core.model import Prompt
+
+    rng = random.Random(5)
+    words = ["Paris", " the", " weather", "\n", " 2026-01-0", "7", " tool", "<think>", "</think>", " é", " 🙂"]
+    for _ in range(80):
+        turns = ["".join(rng.choice(words) for _ in range(rng.randrange(0, 12))) for _ in range(rng.randrange(1, 6))]
+        texts = []
+        for _ in range(2):
+            kept = [t if rng.random() < 0.7 else t + rng.choice(words) for t in turns if rng.random() < 0.9]
+            body = "".join(f"<|im_start|>{rng.choice(['user', 'assistant'])}\n{t}<|im_end|>\n" for t in kept)
+            texts.append(
+                "<|im_start|>system\nYou are terse.<|im_end|>\n"
+                + body
+                + "<|im_start|>assistant\n"
+                + rng.choice(["", "Sure"])
+            )
+        a, b = (prompt_from_ids(qwen_encode(t), vocab) for t in texts)
+        if rng.random() < 0.5:
+            a = Prompt(a.ids, a.data, np.asarray(a.offsets), a.special, sections=a.sections)
+        assert list(align(a, b).hunks) == _hunks_by_calls(a, b)
+
+
+def test_byte_offset_clamps_as_min_max():
+    """`Prompt.byte_offset` clamps to [0, len(ids)] by compares: `min(max(token, 0), len)`'s entry, any token."""
+    from array import array
+
+    from tokendiff.core.model import Prompt
+
+    for n in (0, 1, 5):
+        offs = list(range(0, 3 * n + 1, 3))
+        for p in (
+            Prompt(np.zeros(n, np.int32), b"x" * 3 * n, array("q", offs), array("B", [0] * n)),
+            Prompt(np.zeros(n, np.int32), b"x" * 3 * n, np.array(offs), np.zeros(n, bool)),
+        ):
+            for t in range(-3, n + 4):
+                got = p.byte_offset(t)
+                assert got == int(offs[min(max(t, 0), n)]) and type(got) is int

@@ -279,3 +279,21 @@ def test_random_prompts_section_as_before(seed):
         pieces = [rng.choice(_MARKERS) if rng.random() < 0.35 else rng.choice(_TEXT) for _ in range(rng.randint(0, 80))]
         special = {m for m in _MARKERS if rng.random() < 0.7}
         _same(_prompt(_tokenise("".join(pieces), special, rng), numpy_arrays=rng.random() < 0.3))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_special_bounds_numpy_as_stdlib(seed):
+    """`_Marks` reads the special tokens' bounds in numpy calls where the process has numpy (a report's): the same
+    lists as the stdlib `map`s (`tokendiff diff`'s path), on random prompts with empty special tokens, a special
+    first token, flags as stdlib, numpy and byte strings and offsets as stdlib, numpy and list."""
+    rng = random.Random(seed)
+    for _ in range(150):
+        pieces = [rng.choice(_MARKERS) if rng.random() < 0.35 else rng.choice(_TEXT) for _ in range(rng.randint(0, 60))]
+        special = {m for m in _MARKERS if rng.random() < 0.7}
+        p = _prompt(_tokenise("".join(pieces), special, rng), numpy_arrays=rng.random() < 0.5)
+        as_bytes = Prompt(ids=p.ids, data=p.data, offsets=list(map(int, p.offsets)), special=bytes(p.special))
+        for q in (p, as_bytes):
+            want = [list(x) for x in grammar._special_bounds(q)]
+            got = [list(x) for x in grammar._special_bounds_np(q)]
+            assert got == want
+            assert all(type(x) is int for x in got[0] + got[1] + got[2])

@@ -824,26 +824,28 @@ def align(a: Prompt, b: Prompt, max_hunks: int | None = None) -> Divergence:
     """The full token diff of a pair of prompts."""
     lcp = common_prefix(a.ids, b.ids)
     fbd = first_byte_diff(a.data, b.data)
-    hunks = []
     end = prompt_end(a)
     spans = diff_spans(a.ids, b.ids, end) if not (lcp == len(a) == len(b)) else []
     if max_hunks is not None:
         spans = spans[:max_hunks]
-    for a0, a1, b0, b1 in spans:
-        hunks.append(
-            Hunk(
-                a_start=a0,
-                a_end=a1,
-                b_start=b0,
-                b_end=b1,
-                a_byte_start=a.byte_offset(a0),
-                a_byte_end=a.byte_offset(a1),
-                b_byte_start=b.byte_offset(b0),
-                b_byte_end=b.byte_offset(b1),
-                a_owner=_insertion_owner(a, b, a0, b0) if a0 == a1 else a.owner(a0),
-                b_owner=b.owner(b0) if b0 < len(b) else b.owner(max(b0 - 1, 0)),
-            )
+    # every span lies within both prompts (0 <= a0 <= a1 <= len(a), the same of B): its ends' byte offsets are
+    # the offsets' entries, as `byte_offset` reads them, without a call for each of the four
+    offs_a, offs_b, n_b, a_owner, b_owner = a.offsets, b.offsets, len(b), a.owner, b.owner
+    hunks = [
+        Hunk(
+            a0,
+            a1,
+            b0,
+            b1,
+            int(offs_a[a0]),
+            int(offs_a[a1]),
+            int(offs_b[b0]),
+            int(offs_b[b1]),
+            _insertion_owner(a, b, a0, b0) if a0 == a1 else a_owner(a0),
+            b_owner(b0) if b0 < n_b else b_owner(max(b0 - 1, 0)),
         )
+        for a0, a1, b0, b1 in spans
+    ]
     # A tokenization boundary: the first divergent span spells the same bytes on both
     # sides (a BPE merge across the old/new boundary), not a content change.
     boundary = bool(hunks) and lcp < min(len(a), len(b)) and (fbd is None or is_boundary(a, b, hunks[0]))

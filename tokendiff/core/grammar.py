@@ -17,16 +17,17 @@ them) are `generated` inside it. No field paths: a slot file has no request.
 from __future__ import annotations
 
 import re
+import sys
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from itertools import chain, compress, count, islice, repeat
 from operator import attrgetter, eq, gt, itemgetter, le, sub
 
 from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.lazyre import Lazy
-from tokendiff.core.model import Part, Prompt, Section, SectionPath, flag_indices
+from tokendiff.core.model import Part, Prompt, Section, SectionPath, flag_bytes, flag_indices
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
@@ -58,20 +59,14 @@ class _Span(NamedTuple):
 class _Marks:
     """Where each special token's text stands in one prompt (a prompt's turn markers are looked up several
     times: the family, each splitter's markers). The special tokens' starts, ends and texts are listed in
-    C-level passes (`map` over the flags' indices); a marker's hits are picked from them with `compress`,
-    in token order, as a dict of lists built a token at a time would hold them."""
+    C-level passes (`_special_bounds`, or numpy calls where loaded); a marker's hits are picked from them with
+    `compress`, in token order, as a dict of lists built a token at a time would hold them."""
 
     __slots__ = ("data", "specials", "_starts", "_ends", "_pieces", "first_token", "token_from")
 
     def __init__(self, prompt: Prompt):
         self.data = data = prompt.data
-        offs = prompt.offsets
-        idx = flag_indices(prompt.special)
-        get = offs.__getitem__
-        starts = list(map(get, idx))
-        ends = list(map(get, map((1).__add__, idx)))
-        if not isinstance(offs, array):  # numpy offsets: plain ints, as int() made them
-            starts, ends = list(map(int, starts)), list(map(int, ends))
+        idx, starts, ends, nonempty, first = (_special_bounds_np if "numpy" in sys.modules else _special_bounds)(prompt)
         self._starts, self._ends = starts, ends
         self._pieces = pieces = list(map(data.__getitem__, map(slice, starts, ends)))
         self.specials: AbstractSet[bytes] = set(pieces)
@@ -80,9 +75,8 @@ class _Marks:
         # - the last token starting at or before x (`bisect_right(offs, x) - 1`) is t where offs[t + 1] > x;
         # - the first index whose offset is x or more (`bisect_left(offs, x)`) is t where offs[t - 1] < x
         #   (t = 0 reads offs[-1], the end, never below x: left to the bisect).
-        self.first_token = dict(compress(zip(starts, idx), map(gt, ends, starts)))
-        before: Iterator[int] = map(get, map(sub, idx, repeat(1)))
-        self.token_from = dict(compress(zip(starts, idx), map(gt, starts, before)))
+        self.first_token = dict(compress(zip(starts, idx), nonempty))
+        self.token_from = dict(compress(zip(starts, idx), first))
 
     def find(self, text: str) -> list[tuple[int, int]]:
         """Byte ranges where `text` occurs as a special token (or as text, if it never does)."""
@@ -104,6 +98,40 @@ class _Marks:
         if raw in self.specials:
             return list(compress(self._ends, map(raw.__eq__, self._pieces)))
         return [m.end() for m in re.finditer(re.escape(raw), self.data)]
+
+
+_Bounds = tuple[list[int], list[int], list[int], Iterable[bool], Iterable[bool]]
+
+
+def _special_bounds(prompt: Prompt) -> _Bounds:
+    """The special tokens' indices, byte starts and ends (plain ints), and for each whether it holds bytes
+    (offs[t + 1] > offs[t]) and whether it is the first token at its start (offs[t] > offs[t - 1]): C-level
+    `map`s over the flags' indices."""
+    offs = prompt.offsets
+    idx = flag_indices(prompt.special)
+    get = offs.__getitem__
+    starts = list(map(get, idx))
+    ends = list(map(get, map((1).__add__, idx)))
+    if not isinstance(offs, array):  # numpy offsets: plain ints, as int() made them
+        starts, ends = list(map(int, starts)), list(map(int, ends))
+    before: Iterator[int] = map(get, map(sub, idx, repeat(1)))
+    return idx, starts, ends, map(gt, ends, starts), map(gt, starts, before)
+
+
+def _special_bounds_np(prompt: Prompt) -> _Bounds:
+    """`_special_bounds` in a few numpy calls where the process has numpy loaded (a report's): `_Marks` of a
+    prompt of 84 special tokens ~460k -> ~250k instructions, where each step of a `map` makes an int or a tuple.
+    The same answer: the flags read as `flag_indices` reads them (`flag_bytes`), the same offsets read (t = 0
+    reads offs[-1], as a negative index does), `tolist` making plain ints."""
+    import numpy as np
+
+    raw = flag_bytes(prompt.special, 0, len(prompt.special))
+    if raw is None:
+        return _special_bounds(prompt)
+    idx = np.flatnonzero(np.frombuffer(raw, dtype=np.uint8))
+    offs = np.asarray(prompt.offsets)
+    starts, ends = offs[idx], offs[idx + 1]
+    return idx.tolist(), starts.tolist(), ends.tolist(), (ends > starts).tolist(), (starts > offs[idx - 1]).tolist()
 
 
 def detect_family(prompt: Prompt) -> str:
