@@ -39,8 +39,10 @@ PAD = 48  # bytes of context either side when matching patterns around a hunk
 
 class Ctx:
     """One hunk of one pair, with the texts detectors look at (each decoded once: a long hunk's text is
-    what most detectors read). A plain class: a dataclass costs ~0.6 ms to create at import, in every
-    `tokendiff diff`."""
+    what most detectors read) and the two prompts' `_Index`es (`explain` hands each hunk its pair's: every
+    detector asked `_index(p)` again, a few times a hunk). The owners and the two sides' bytes are read by
+    most detectors: set here rather than made by a property at each read. A plain class: a dataclass costs
+    ~0.6 ms to create at import, in every `tokendiff diff`."""
 
     __slots__ = (
         "a",
@@ -48,39 +50,37 @@ class Ctx:
         "d",
         "h",
         "i",
+        "a_path",
+        "b_path",
+        "a_text",
+        "b_text",
+        "ia",
+        "ib",
         "_wins",
         "_lens",
-        "_a_text",
-        "_b_text",
         "_a_str",
         "_b_str",
         "_digitless",
         "_ext",
+        "_pads",
     )
 
-    def __init__(self, a: Prompt, b: Prompt, d: Divergence, h: Hunk, i: int):
+    def __init__(
+        self, a: Prompt, b: Prompt, d: Divergence, h: Hunk, i: int, indexes: tuple[_Index, _Index] | None = None
+    ):
         self.a, self.b, self.d, self.h, self.i = a, b, d, h, i
+        self.a_path: SectionPath = h.a_owner
+        self.b_path: SectionPath = h.b_owner
+        self.a_text: bytes = a.data[h.a_byte_start : h.a_byte_end]  # A's side of the hunk (B's below)
+        self.b_text: bytes = b.data[h.b_byte_start : h.b_byte_end]
+        self.ia, self.ib = (_index(a), _index(b)) if indexes is None else indexes  # `_index(a)`, `_index(b)`
         self._wins: dict[tuple[str, int], tuple[str, int]] = {}
         self._lens: tuple[int, int] | None = None
-        self._a_text: bytes | None = None
-        self._b_text: bytes | None = None
         self._a_str: str | None = None
         self._b_str: str | None = None
         self._digitless: tuple[bool, bool] | None = None
         self._ext: tuple[bytes, bytes] | None = None
-
-    @property
-    def a_text(self) -> bytes:
-        """A's side of the hunk, cut once (a dozen detectors read it; a long hunk's copy is not free)."""
-        if self._a_text is None:
-            self._a_text = self.a.data[self.h.a_byte_start : self.h.a_byte_end]
-        return self._a_text
-
-    @property
-    def b_text(self) -> bytes:
-        if self._b_text is None:
-            self._b_text = self.b.data[self.h.b_byte_start : self.h.b_byte_end]
-        return self._b_text
+        self._pads: tuple[bytes, bytes] | None = None
 
     @property
     def a_str(self) -> str:
@@ -135,8 +135,16 @@ class Ctx:
         digit (`\\d` is [0-9] on ASCII text): NUMBER_RE, HEX_RE (its lookahead); DATE_RE but a day's name. Read
         from the bytes, so a detector it settles decodes no window."""
         if self._digitless is None:
-            self._digitless = (_digitless(self.window_bytes("a")), _digitless(self.window_bytes("b")))
+            wa, wb = self.pad_windows()
+            self._digitless = (_digitless(wa), _digitless(wb))
         return self._digitless
+
+    def pad_windows(self) -> tuple[bytes, bytes]:
+        """`window_bytes("a")` and `window_bytes("b")` (the PAD windows), cut once: `digitless`, `hyphens` and
+        detect_date read them."""
+        if self._pads is None:
+            self._pads = (self.window_bytes("a"), self.window_bytes("b"))
+        return self._pads
 
     def extended(self) -> tuple[bytes, bytes]:
         """`_extended(a, b, h)`, cut once (line_endings and unicode_form read it)."""
@@ -146,15 +154,8 @@ class Ctx:
 
     def hyphens(self) -> bool:
         """Both PAD windows hold a '-' (every UUID_RE match does)."""
-        return self.window_bytes("a").find(b"-") >= 0 and self.window_bytes("b").find(b"-") >= 0
-
-    @property
-    def a_path(self) -> SectionPath:
-        return self.h.a_owner
-
-    @property
-    def b_path(self) -> SectionPath:
-        return self.h.b_owner
+        wa, wb = self.pad_windows()
+        return wa.find(b"-") >= 0 and wb.find(b"-") >= 0
 
 
 def _where(path: SectionPath) -> str:
@@ -379,6 +380,11 @@ class _Index:
             self._generated = (next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None),)
         return self._generated[0]
 
+    def prompt_end(self, n: int) -> int:
+        """`model.prompt_end` of the prompt of `n` tokens whose sections these are."""
+        gen = self.generated
+        return gen.start if gen else n
+
     def _ordered_starts(self) -> list[int] | None:
         """The tops' starts where the tops are in order and none overlaps the next (a template's turns), else None."""
         if self._starts is None:
@@ -471,8 +477,7 @@ def _index(p: Prompt) -> _Index:
 
 def _prompt_end(p: Prompt) -> int:
     """`model.prompt_end`, from the prompt's index."""
-    gen = _index(p).generated
-    return gen.start if gen else len(p)
+    return _index(p).prompt_end(len(p))
 
 
 def _generated_start(p: Prompt) -> int:
@@ -578,7 +583,7 @@ def appended_finding(hunk: int, n_new: int) -> Finding:
 def detect_appended(ctx: Ctx) -> Finding | None:
     """appended (expected) and generated_rerendered: new turns after A's prompt, or A's generated tail
     rendered differently as history."""
-    end = _prompt_end(ctx.a)
+    end = ctx.ia.prompt_end(len(ctx.a))
     pure_insert = ctx.h.a_start == ctx.h.a_end
     # an insertion just before A's open generation prompt is the new turns too: the diff may
     # have matched a stray newline of the generated tail. New turns carry the template's markers;
@@ -628,7 +633,7 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
     top = ctx.a_path.top
     if top is None or top.kind != K.GENERATION_PROMPT or ctx.h.a_start >= len(ctx.a):
         return None
-    gp = _top(ctx.a, K.GENERATION_PROMPT)
+    gp = ctx.ia.first_top(K.GENERATION_PROMPT)
     # what A had from the divergence to the end of its generation prompt
     a_txt = ctx.a.data[ctx.h.a_byte_start : gp.byte_end if gp else ctx.h.a_byte_end].decode("utf-8", "replace")
     if ctx.a_path.has(K.GENERATED) and not _prefill_only(a_txt) and not _think_prefill_skipped(ctx):
@@ -640,7 +645,7 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
             "A's generation prompt ends with an empty <think></think> that the same turn loses in history "
             "(enable_thinking=false)",
         )
-    if ctx.h.a_start == ctx.h.a_end and ctx.h.a_start >= _prompt_end(ctx.a) and not _TAGS.search(a_txt):
+    if ctx.h.a_start == ctx.h.a_end and ctx.h.a_start >= ctx.ia.prompt_end(len(ctx.a)) and not _TAGS.search(a_txt):
         return None  # inserted after the whole of A's prompt, before what the model generated: new turns
     n = ctx.h.a_end - ctx.h.a_start
     return finding(
@@ -772,7 +777,7 @@ def _has_time(change: tuple[str, str]) -> bool:
 
 def detect_date(ctx: Ctx) -> Finding | None:
     """date: a date or time changed, or one was inserted (the first turn that carries it)."""
-    if ctx.digitless()[1] and _without(ctx.window_bytes("b"), _DAY_WORDS):
+    if ctx.digitless()[1] and _without(ctx.pad_windows()[1], _DAY_WORDS):
         return None  # B's window holds no match: `_changed` needs one there, `_inserted` one in it with a digit
     ch = _changed(ctx, DATE_RE)
     inserted = None if ch else _inserted(ctx, DATE_RE)
@@ -874,7 +879,7 @@ def _section_text(p: Prompt, path: SectionPath, byte: int) -> str:
 def _may_hold_id(ctx: Ctx) -> bool:
     """An ID position may be among the paths `detect_call_id` reads: the hunk's owners, and the owners at the
     first differing byte (a section's path, NO_SECTION or END_OF_PROMPT, the last two none)."""
-    ids = _index(ctx.a).id_positions or _index(ctx.b).id_positions
+    ids = ctx.ia.id_positions or ctx.ib.id_positions
     return ids or _id_position(ctx.a_path) or _id_position(ctx.b_path)
 
 
@@ -1117,12 +1122,12 @@ def _merge_story(ctx: Ctx, added: str) -> tuple[str, Origin]:
 def detect_system_appended(ctx: Ctx) -> Finding | None:
     """system_appended: text inserted at the end of the system prompt (a reminder or a plan-mode note
     folded into the first system block); system_moved when A had the text later."""
-    if not (_index(ctx.a).systems and _index(ctx.b).systems):
+    if not (ctx.ia.systems and ctx.ib.systems):
         return None  # the turns at the hunk are among the tops, and neither can be a system turn
-    ta = _turn_at(ctx.a, ctx.h.a_start)
+    ta = ctx.ia.turn_at(ctx.h.a_start)
     if ta is None or not _is_system(ta.path):
         return None  # B's turn is looked up only where A's is a system turn
-    tb = _turn_at(ctx.b, ctx.h.b_start)
+    tb = ctx.ib.turn_at(ctx.h.b_start)
     if tb is None or not _is_system(tb.path):
         return None
     tail_a = ctx.a.data[ctx.h.a_byte_end : ta.byte_end]
@@ -1165,7 +1170,7 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     """reminder_moved: a block removed from an older message shows up in a later message of B
     (opencode moves its <system-reminder> to the newest user message)."""
     src = ctx.a_path.top
-    if src is None or src.kind != K.MESSAGE or (src.index or 0) >= _index(ctx.b).last_message:
+    if src is None or src.kind != K.MESSAGE or (src.index or 0) >= ctx.ib.last_message:
         return None  # not a message of A; or no message of B comes after it, where `_later_message` needs one
     # `_removed` is a part of A's side: shorter than 24 characters where that side is
     removed = _removed(ctx).strip() if ctx.text_lengths()[0] >= 24 else ""
@@ -1331,7 +1336,7 @@ _THINK_TAGS = Lazy(r"</?think>")
 def _thinking_toggled(ctx: Ctx) -> str | None:
     """The generation prompt of the same conversation opens thinking on one side and closes it on the
     other (DeepSeek V3.1's `thinking`: `<think>` against `<think></think>`): what each side renders."""
-    ga, gb = _top(ctx.a, K.GENERATION_PROMPT), _top(ctx.b, K.GENERATION_PROMPT)
+    ga, gb = ctx.ia.first_top(K.GENERATION_PROMPT), ctx.ib.first_top(K.GENERATION_PROMPT)
     if ga is None or gb is None or ctx.h.a_start >= len(ctx.a):
         return None  # past A's end: B only adds to it (Qwen3's empty think block), nothing is lost
     if not (ga.start <= ctx.h.a_start < ga.end and gb.start <= ctx.h.b_start < gb.end):
@@ -1390,7 +1395,7 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
     # no token with it is none (its overlap is 0 or less, 0.8 of its length more), so only those near it are read
     turns_a = [
         s
-        for s in _index(ctx.a).tops_near(ctx.h.a_start, ctx.h.a_end)
+        for s in ctx.ia.tops_near(ctx.h.a_start, ctx.h.a_end)
         if s.end > s.start and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
     ]
     if not turns_a:
@@ -1807,7 +1812,8 @@ def explain(a: Prompt, b: Prompt, d: Divergence, max_hunks: int = 64) -> list[Fi
     if fresh is not None:
         return [replace(fresh, hunk=i) for i in range(n)]
     detectors = pair_detectors(a, b)
-    return [best_finding(Ctx(a, b, d, d.hunks[i], i), detectors) for i in range(n)]
+    indexes = _index(a), _index(b)
+    return [best_finding(Ctx(a, b, d, d.hunks[i], i, indexes), detectors) for i in range(n)]
 
 
 def pair_detectors(a: Prompt, b: Prompt) -> list[Callable[[Ctx], Finding | None]]:
