@@ -342,7 +342,7 @@ class _Index:
         "_generated",
         "_results",
         "_id_positions",
-        "_systems",
+        "_system_reach",
         "_first",
         "_starts",
         "_last_message",
@@ -356,7 +356,7 @@ class _Index:
         self._generated: tuple[Section | None] | None = None
         self._results: list[Section] | None = None
         self._id_positions: bool | None = None
-        self._systems: bool | None = None
+        self._system_reach: int | None = None
         self._first: dict[K, Section | None] = {}
         self._starts: tuple[list[int] | None] | None = None
         self._last_message: int | None = None
@@ -453,11 +453,15 @@ class _Index:
         return self._tools
 
     @property
-    def systems(self) -> bool:
-        """Some turn (top-level section) is a system turn."""
-        if self._systems is None:
-            self._systems = any(_is_system(s.path) for s in self.tops)
-        return self._systems
+    def system_reach(self) -> int:
+        """The last end of a system turn (a top-level section), 0 where none is: a system turn holding a token
+        ends past it, so no turn holding a token from here on is one."""
+        if self._system_reach is None:  # a top's role (`_is_system`) is its one part's name, if a turn's
+            tops = self.tops
+            turns = (p.kind == K.MESSAGE or p.kind == K.BOILERPLATE for p in map(_FIRST, map(_PARTS, tops)))
+            ends = [s.end for s, turn in zip(tops, turns) if turn and s.path.parts[0].name == "system"]
+            self._system_reach = max(ends, default=0)
+        return self._system_reach
 
 
 _PARTS = attrgetter("path.parts")
@@ -1052,8 +1056,10 @@ def detect_moved(ctx: Ctx) -> Finding | None:
     """system_moved: a system message A has later in the conversation is in B's system prompt: merged into
     the first (appended to it) or hoisted to the front. Named on both ends: where B's system prompt gained
     the text, and where A's later message lost it."""
+    # a probe is 24 bytes or more of a side's tokens (`text_probe`): a side of fewer bytes (the hunk's bytes are
+    # its tokens', as `align` cuts them) has none
     if _is_system(ctx.b_path):
-        probe = text_probe(ctx.b, ctx.h.b_start, ctx.h.b_end)
+        probe = text_probe(ctx.b, ctx.h.b_start, ctx.h.b_end) if len(ctx.b_text) >= 24 else b""
         where = ctx.a.data.find(probe, ctx.h.a_byte_end) if len(probe) >= 24 else -1
         if where < 0:
             return None
@@ -1061,7 +1067,7 @@ def detect_moved(ctx: Ctx) -> Finding | None:
         placed, end = _placement(ctx.a, ctx.b, at_b), "now"
         src = ctx.a.owner(ctx.a.token_at_byte(where)).top
     else:
-        probe = text_probe(ctx.a, ctx.h.a_start, ctx.h.a_end)
+        probe = text_probe(ctx.a, ctx.h.a_start, ctx.h.a_end) if len(ctx.a_text) >= 24 else b""
         at_b = ctx.b.data.find(probe, 0, ctx.h.b_byte_start) if len(probe) >= 24 else -1
         dest = ctx.b.owner(ctx.b.token_at_byte(at_b)) if at_b >= 0 else None
         if dest is None or not _is_system(dest) or ctx.b.data.find(probe, ctx.h.b_byte_start) >= 0:
@@ -1122,8 +1128,8 @@ def _merge_story(ctx: Ctx, added: str) -> tuple[str, Origin]:
 def detect_system_appended(ctx: Ctx) -> Finding | None:
     """system_appended: text inserted at the end of the system prompt (a reminder or a plan-mode note
     folded into the first system block); system_moved when A had the text later."""
-    if not (ctx.ia.systems and ctx.ib.systems):
-        return None  # the turns at the hunk are among the tops, and neither can be a system turn
+    if ctx.h.a_start >= ctx.ia.system_reach or ctx.h.b_start >= ctx.ib.system_reach:
+        return None  # no system turn holds the hunk's first token on that side (`turn_at` gives one holding it)
     ta = ctx.ia.turn_at(ctx.h.a_start)
     if ta is None or not _is_system(ta.path):
         return None  # B's turn is looked up only where A's is a system turn
@@ -1383,6 +1389,33 @@ def detect_setting(ctx: Ctx) -> Finding | None:
         f"{what} in {_where(ctx.a_path)}" + (f" (request: {', '.join(changed)})" if changed else ""),
         origin=origin,
     )
+
+
+def _pair_setting_silent(a: Prompt, b: Prompt, ia: _Index, ib: _Index, hunks: Sequence[Hunk]) -> bool:
+    """detect_setting finds nothing on any of `hunks`: no SETTING_LINE_RE match in the lines of one prompt
+    (`_may_set` of all of an ASCII prompt: its lines hold no key's word where it holds none); no think switch in
+    either's lines (`_no_switch`); not both a generation prompt (`_thinking_toggled` needs one on each side)."""
+    if _may_set(a.data) and _may_set(b.data):
+        return False
+    if ia.first_top(K.GENERATION_PROMPT) is not None and ib.first_top(K.GENERATION_PROMPT) is not None:
+        return False
+    if not (_no_switch(a.data) and _no_switch(b.data)):
+        return False
+    return not any(_cut_tag(a.data, h.a_byte_start) or _cut_tag(b.data, h.b_byte_start) for h in hunks)
+
+
+def _no_switch(data: bytes) -> bool:
+    """Every "think" of `data` is a <think> or </think> tag's. A THINK_SWITCH_RE match in a line cut from it holds
+    "think" after '/' (ASCII: the same bytes decoded), which in a tag follows '<' (no match): but where the line
+    starts at the tag's '/' (`_cut_tag`)."""
+    return data.count(b"think") == data.count(b"<think>") + data.count(b"</think>")
+
+
+def _cut_tag(data: bytes, byte: int) -> bool:
+    """`_line_bytes(data, byte)` may start at the '/' of a "</think>" (cut LINE_REACH bytes back, between the
+    tag's '<' and '/': a line that starts after a newline does not)."""
+    lo = byte - LINE_REACH
+    return lo > 0 and data.startswith(b"</think", lo - 1)
 
 
 def detect_truncation(ctx: Ctx) -> Finding | None:
@@ -1811,12 +1844,12 @@ def explain(a: Prompt, b: Prompt, d: Divergence, max_hunks: int = 64) -> list[Fi
     fresh = new_conversation(a, b, d)
     if fresh is not None:
         return [replace(fresh, hunk=i) for i in range(n)]
-    detectors = pair_detectors(a, b)
+    detectors = pair_detectors(a, b, d)
     indexes = _index(a), _index(b)
     return [best_finding(Ctx(a, b, d, d.hunks[i], i, indexes), detectors) for i in range(n)]
 
 
-def pair_detectors(a: Prompt, b: Prompt) -> list[Callable[[Ctx], Finding | None]]:
+def pair_detectors(a: Prompt, b: Prompt, d: Divergence) -> list[Callable[[Ctx], Finding | None]]:
     """DETECTORS less those that find nothing on any hunk of the pair, told from facts of the two prompts
     (each found once a prompt) where each asked them of every hunk. The hunks' owners must be the prompts'
     owners (`Prompt.owner`: a section's path, NO_SECTION or END_OF_PROMPT, as `align` makes them). Left out:
@@ -1826,8 +1859,9 @@ def pair_detectors(a: Prompt, b: Prompt) -> list[Callable[[Ctx], Finding | None]
     (`_result_at` finds none on that side); detect_json_reserialized where one's bytes hold no '{' (it needs an
     enclosing object on both sides, and one opens at a '{'); detect_line_endings where neither holds a CRLF (its
     texts, cut from the prompts, are then equal once CRLFs are made LFs only where they are equal); and
-    detect_unicode_form where both are ASCII (its texts are then). The rest keep their order, so `best_finding`
-    keeps the first of the most confident (tests/unit/test_explain_pair11.py holds it to all of them)."""
+    detect_unicode_form where both are ASCII (its texts are then); detect_setting where `_pair_setting_silent` shows it
+    silent on every hunk of `d`. The rest keep their order, so `best_finding` keeps the first of the most confident
+    (tests/unit/test_explain_pair11.py holds it to all of them)."""
     ia, ib = _index(a), _index(b)
     skip: set[Callable[[Ctx], Finding | None]] = set()
     if not (ia.tools or ib.tools):
@@ -1842,6 +1876,8 @@ def pair_detectors(a: Prompt, b: Prompt) -> list[Callable[[Ctx], Finding | None]
         skip.add(detect_line_endings)
     if a.data.isascii() and b.data.isascii():
         skip.add(detect_unicode_form)
+    if _pair_setting_silent(a, b, ia, ib, d.hunks):
+        skip.add(detect_setting)
     return [det for det in DETECTORS if det not in skip] if skip else DETECTORS
 
 
