@@ -333,7 +333,10 @@ def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
 class _Index:
     """A prompt's sections the detectors look up again and again, each list in the sections' order and made
     when first asked for: the turns (top-level sections), where tool responses start, the first generated
-    section. Every detector scanned all sections for these, for every hunk: much of a small pair's explain."""
+    section. Every detector scanned all sections for these, for every hunk: much of a small pair's explain.
+    A fact that needs a part of some kind (or name) no part has is settled by `kinds` (`names`), C-level
+    passes over all the parts, without a Python step a section (~1.4 M instructions a compaction pair's two
+    prompts took)."""
 
     __slots__ = (
         "sections",
@@ -346,7 +349,8 @@ class _Index:
         "_first",
         "_starts",
         "_last_message",
-        "_tools",
+        "_kinds",
+        "_names",
     )
 
     def __init__(self, sections: list[Section]):
@@ -360,12 +364,21 @@ class _Index:
         self._first: dict[K, Section | None] = {}
         self._starts: tuple[list[int] | None] | None = None
         self._last_message: int | None = None
-        self._tools: bool | None = None
+        self._kinds: set[K] | None = None
+        self._names: set[str | None] = set()
+
+    @property
+    def kinds(self) -> set[K]:
+        """The kinds of all the sections' parts (and `names`, their names)."""
+        if self._kinds is None:
+            parts = list(chain.from_iterable(map(_PARTS, self.sections)))
+            self._kinds, self._names = set(map(_KIND, parts)), set(map(_NAME, parts))
+        return self._kinds
 
     @property
     def tops(self) -> list[Section]:
-        if self._tops is None:
-            self._tops = [s for s in self.sections if len(s.path.parts) == 1]
+        if self._tops is None:  # `len(s.path.parts) == 1` of each section, in C
+            self._tops = list(compress(self.sections, map((1).__eq__, map(len, map(_PARTS, self.sections)))))
         return self._tops
 
     @property
@@ -377,7 +390,8 @@ class _Index:
     @property
     def generated(self) -> Section | None:
         if self._generated is None:
-            self._generated = (next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None),)
+            gen = K.GENERATED in self.kinds and next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None)
+            self._generated = (gen or None,)
         return self._generated[0]
 
     def prompt_end(self, n: int) -> int:
@@ -416,14 +430,17 @@ class _Index:
     def first_top(self, kind: K) -> Section | None:
         """The first top-level section of `kind`."""
         if kind not in self._first:
-            self._first[kind] = next((s for s in self.tops if s.path.parts[0].kind == kind), None)
+            top = kind in self.kinds and next((s for s in self.tops if s.path.parts[0].kind == kind), None)
+            self._first[kind] = top or None
         return self._first[kind]
 
     @property
     def results(self) -> list[Section]:
         """The tool-result sections (`_is_result`), in the sections' order."""
-        if self._results is None:
-            self._results = [s for s in self.sections if _is_result(s.path)]
+        if self._results is None:  # one needs a TOOL_RESPONSE part, or a role (a part's name) tool or ipython
+            kinds, names = self.kinds, self._names
+            some = K.TOOL_RESPONSE in kinds or "tool" in names or "ipython" in names
+            self._results = [s for s in self.sections if _is_result(s.path)] if some else []
         return self._results
 
     @property
@@ -431,7 +448,9 @@ class _Index:
         """Some section is a tool-call ID position (`_id_position`): `Prompt.owner` finds no other path but
         the empty one and END_OF_PROMPT, neither of them an ID position."""
         if self._id_positions is None:
-            self._id_positions = any(p.kind == K.FIELD and p.name in ID_FIELDS for s in self.sections for p in s.path)
+            self._id_positions = K.FIELD in self.kinds and any(
+                p.kind == K.FIELD and p.name in ID_FIELDS for s in self.sections for p in s.path
+            )
         return self._id_positions
 
     @property
@@ -440,17 +459,15 @@ class _Index:
         is: every owner `Prompt.owner` gives is a section's path (or NO_SECTION, END_OF_PROMPT: no message)."""
         if self._last_message is None:  # C-level passes over the sections (a long prompt has hundreds)
             firsts = list(map(_FIRST, filter(None, map(_PARTS, self.sections))))
-            indices = map(_INDEX, compress(firsts, map(eq, map(_KIND, firsts), repeat(K.MESSAGE))))
-            self._last_message = max((i or 0 for i in indices), default=-1)
+            messages = list(compress(firsts, map(eq, map(_KIND, firsts), repeat(K.MESSAGE))))
+            given = list(filter(None, map(_INDEX, messages)))  # `index or 0` is 0 for the others
+            self._last_message = -1 if not messages else max(given) if len(given) == len(messages) else max([*given, 0])
         return self._last_message
 
     @property
     def tools(self) -> bool:
-        """Some section's path holds a TOOLS or TOOL part (a C-level pass over all their parts)."""
-        if self._tools is None:
-            kinds = set(map(_KIND, chain.from_iterable(map(_PARTS, self.sections))))
-            self._tools = K.TOOLS in kinds or K.TOOL in kinds
-        return self._tools
+        """Some section's path holds a TOOLS or TOOL part."""
+        return K.TOOLS in self.kinds or K.TOOL in self.kinds
 
     @property
     def system_reach(self) -> int:
@@ -468,6 +485,7 @@ _PARTS = attrgetter("path.parts")
 _FIRST = itemgetter(0)
 _KIND = attrgetter("kind")
 _INDEX = attrgetter("index")
+_NAME = attrgetter("name")
 
 
 def _index(p: Prompt) -> _Index:
