@@ -18,7 +18,7 @@ import bisect
 import re
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, compress, repeat
-from operator import attrgetter, eq, itemgetter
+from operator import attrgetter, eq, itemgetter, le
 
 from tokendiff.core.align import first_byte_diff, is_boundary, shared_prefix, shared_suffix
 from tokendiff.core.causes import BILLING_FIX, finding
@@ -401,10 +401,11 @@ class _Index:
 
     def _ordered_starts(self) -> list[int] | None:
         """The tops' starts where the tops are in order and none overlaps the next (a template's turns), else None."""
-        if self._starts is None:
-            tops = self.tops
-            ordered = all(x.start <= y.start and x.end <= y.start for x, y in zip(tops, tops[1:], strict=False))
-            self._starts = ([s.start for s in tops] if ordered else None,)
+        if self._starts is None:  # each top's start and end at or before the next one's start, in C
+            starts = list(map(_START, self.tops))
+            later = starts[1:]
+            ordered = all(map(le, starts, later)) and all(map(le, map(_END, self.tops), later))
+            self._starts = (starts if ordered else None,)
         return self._starts[0]
 
     def tops_near(self, lo: int, hi: int) -> list[Section]:
@@ -475,9 +476,9 @@ class _Index:
         ends past it, so no turn holding a token from here on is one."""
         if self._system_reach is None:  # a top's role (`_is_system`) is its one part's name, if a turn's
             tops = self.tops
-            turns = (p.kind == K.MESSAGE or p.kind == K.BOILERPLATE for p in map(_FIRST, map(_PARTS, tops)))
-            ends = [s.end for s, turn in zip(tops, turns) if turn and s.path.parts[0].name == "system"]
-            self._system_reach = max(ends, default=0)
+            named = compress(tops, map(eq, map(_NAME, map(_FIRST, map(_PARTS, tops))), repeat("system")))
+            turns = (s.end for s in named if s.path.parts[0].kind in (K.MESSAGE, K.BOILERPLATE))
+            self._system_reach = max(turns, default=0)
         return self._system_reach
 
 
@@ -486,6 +487,8 @@ _FIRST = itemgetter(0)
 _KIND = attrgetter("kind")
 _INDEX = attrgetter("index")
 _NAME = attrgetter("name")
+_START = attrgetter("start")
+_END = attrgetter("end")
 
 
 def _index(p: Prompt) -> _Index:
@@ -1200,12 +1203,13 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     removed = _removed(ctx).strip() if ctx.text_lengths()[0] >= 24 else ""
     at = ctx.b.data.find(removed[:200].encode(), ctx.h.b_byte_end) if len(removed) >= 24 else -1
     if at < 0:  # the diff kept the block and inserted the turns in between: what follows is the block
-        if ctx.h.a_end >= len(ctx.a) or ctx.a.owner(ctx.h.a_end).top != src:
-            return None  # A's text after the insertion is another message's: nothing of src's was kept
         at = ctx.h.b_byte_end
-        # the message it would be in is known before A's text is read: that text matters only for a later one
+        # the message it would be in is known before A's text is read: that text matters only for a later one (in
+        # a compaction, the hunk's own: asked first, A's owner after the hunk is looked up where it is one)
         if not _later_message(ctx.b.owner(ctx.b.token_at_byte(at)).top, src):
             return None
+        if ctx.h.a_end >= len(ctx.a) or ctx.a.owner(ctx.h.a_end).top != src:
+            return None  # A's text after the insertion is another message's: nothing of src's was kept
         removed = _kept_tail(ctx)
     dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
     if not _later_message(dest, src):
