@@ -15,6 +15,8 @@ from tokendiff.core.align import align
 from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.model import Divergence, Part, Prompt, Section, SectionPath
 
+from . import test_explain_gates10 as g10
+
 PARTS = (
     Part(K.MESSAGE, 0, "system"),
     Part(K.MESSAGE, 1, "user"),
@@ -179,3 +181,23 @@ def test_no_probe_is_read_from_a_side_under_24_bytes():
                     short += 1
                     assert ex.text_probe(p, s, e) == b""
     assert short > 1000
+
+
+def test_a_sides_probe_is_text_probes():
+    """`_side_probe` (the hunk's own bytes as its one stretch where no token is special) against `text_probe`, on
+    random spans of prompts with turn markers, role lines and long runs of text; and past PROBE_TOKENS."""
+    rng = random.Random(16)
+    fast = 0
+    for _ in range(3000):
+        vocab = rng.sample(g10.PIECES, 12)  # markers, role names, line breaks, long text: a few of them a prompt
+        p = g10._prompt(rng, [rng.choice(vocab) for _ in range(rng.randrange(40))])
+        for _ in range(4):
+            s, e = sorted(rng.randrange(len(p) + 1) for _ in range(2))
+            raw = p.data[p.byte_offset(s) : p.byte_offset(e)]
+            assert ex._side_probe(p, s, e, raw) == ex.text_probe(p, s, e), (p.data, s, e)
+            fast += len(raw) >= 24 and not any(p.special[s:e])
+    assert fast > 2000
+    long = g10._prompt(rng, ["ab"] * (ex.PROBE_TOKENS + 10) + ["<|im_end|>", "x" * 30])
+    for s, e in ((0, len(long)), (3, ex.PROBE_TOKENS + 3), (5, ex.PROBE_TOKENS + 4)):
+        raw = long.data[long.byte_offset(s) : long.byte_offset(e)]
+        assert ex._side_probe(long, s, e, raw) == ex.text_probe(long, s, e)

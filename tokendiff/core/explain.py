@@ -1077,10 +1077,8 @@ def detect_moved(ctx: Ctx) -> Finding | None:
     """system_moved: a system message A has later in the conversation is in B's system prompt: merged into
     the first (appended to it) or hoisted to the front. Named on both ends: where B's system prompt gained
     the text, and where A's later message lost it."""
-    # a probe is 24 bytes or more of a side's tokens (`text_probe`): a side of fewer bytes (the hunk's bytes are
-    # its tokens', as `align` cuts them) has none
     if _is_system(ctx.b_path):
-        probe = text_probe(ctx.b, ctx.h.b_start, ctx.h.b_end) if len(ctx.b_text) >= 24 else b""
+        probe = _side_probe(ctx.b, ctx.h.b_start, ctx.h.b_end, ctx.b_text)
         where = ctx.a.data.find(probe, ctx.h.a_byte_end) if len(probe) >= 24 else -1
         if where < 0:
             return None
@@ -1088,7 +1086,7 @@ def detect_moved(ctx: Ctx) -> Finding | None:
         placed, end = _placement(ctx.a, ctx.b, at_b), "now"
         src = ctx.a.owner(ctx.a.token_at_byte(where)).top
     else:
-        probe = text_probe(ctx.a, ctx.h.a_start, ctx.h.a_end) if len(ctx.a_text) >= 24 else b""
+        probe = _side_probe(ctx.a, ctx.h.a_start, ctx.h.a_end, ctx.a_text)
         at_b = ctx.b.data.find(probe, 0, ctx.h.b_byte_start) if len(probe) >= 24 else -1
         dest = ctx.b.owner(ctx.b.token_at_byte(at_b)) if at_b >= 0 else None
         if dest is None or not _is_system(dest) or ctx.b.data.find(probe, ctx.h.b_byte_start) >= 0:
@@ -1105,6 +1103,19 @@ def detect_moved(ctx: Ctx) -> Finding | None:
         origin=origin or None,
         variant=placed,
     )
+
+
+def _side_probe(p: Prompt, start: int, end: int, raw: bytes) -> bytes:
+    """`text_probe(p, start, end)` of a hunk's side, `raw` its tokens' bytes (as `align` cuts them): none in fewer
+    than 24 bytes; where its tokens are no more than PROBE_TOKENS and none is special, the one stretch between
+    markers is `raw` itself."""
+    if len(raw) < 24:
+        return b""
+    flags = flag_bytes(p.special, start, end) if end - start <= PROBE_TOKENS else None
+    if flags is None or flags.find(b"\1") >= 0:
+        return text_probe(p, start, end)
+    text = probe_text(raw)
+    return text if len(text) >= 24 else b""
 
 
 def _turn_at(p: Prompt, token: int) -> Section | None:
