@@ -83,14 +83,14 @@ class _Ungated:
     """The index's gates answering 'look': every detector runs its full path."""
 
     id_positions = True
-    systems = True
+    system_reach = 1 << 62
 
 
 @pytest.fixture
 def ungate(monkeypatch):
     def turn_off():
         monkeypatch.setattr(ex._Index, "id_positions", _Ungated.id_positions)
-        monkeypatch.setattr(ex._Index, "systems", _Ungated.systems)
+        monkeypatch.setattr(ex._Index, "system_reach", _Ungated.system_reach)
 
     return turn_off
 

@@ -67,8 +67,8 @@ def _pairs(seed: int, n: int):
 def test_the_pairs_detectors_find_what_all_of_them_find(monkeypatch):
     cases = list(_pairs(11, 2500))
     got = [ex.explain(a, b, d) for a, b, d in cases]
-    chosen = [ex.pair_detectors(a, b) for a, b, _ in cases]
-    monkeypatch.setattr(ex, "pair_detectors", lambda a, b: ex.DETECTORS)
+    chosen = [ex.pair_detectors(a, b, d) for a, b, d in cases]
+    monkeypatch.setattr(ex, "pair_detectors", lambda a, b, d: ex.DETECTORS)
     for (a, b, d), findings, dets in zip(cases, got, chosen, strict=True):
         assert [det for det in ex.DETECTORS if det in dets] == list(dets)  # in their order
         assert findings == ex.explain(a, b, d), (a.data, b.data, a.sections, b.sections)
@@ -80,7 +80,7 @@ def test_each_left_out_detector_is_silent_where_it_is_left_out():
     """The stronger claim each hunk: a detector left out gives None on every hunk of the pair."""
     spoke = set()
     for a, b, d in _pairs(12, 2500):
-        left_out = [det for det in ex.DETECTORS if det not in ex.pair_detectors(a, b)]
+        left_out = [det for det in ex.DETECTORS if det not in ex.pair_detectors(a, b, d)]
         for i, h in enumerate(d.hunks):
             ctx = ex.Ctx(a, b, d, h, i)
             assert all(det(ctx) is None for det in left_out), (a.data, b.data, h)

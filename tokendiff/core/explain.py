@@ -18,7 +18,7 @@ import bisect
 import re
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, compress, repeat
-from operator import attrgetter, eq, itemgetter
+from operator import attrgetter, eq, itemgetter, le
 
 from tokendiff.core.align import first_byte_diff, is_boundary, shared_prefix, shared_suffix
 from tokendiff.core.causes import BILLING_FIX, finding
@@ -39,8 +39,10 @@ PAD = 48  # bytes of context either side when matching patterns around a hunk
 
 class Ctx:
     """One hunk of one pair, with the texts detectors look at (each decoded once: a long hunk's text is
-    what most detectors read). A plain class: a dataclass costs ~0.6 ms to create at import, in every
-    `tokendiff diff`."""
+    what most detectors read) and the two prompts' `_Index`es (`explain` hands each hunk its pair's: every
+    detector asked `_index(p)` again, a few times a hunk). The owners and the two sides' bytes are read by
+    most detectors: set here rather than made by a property at each read. A plain class: a dataclass costs
+    ~0.6 ms to create at import, in every `tokendiff diff`."""
 
     __slots__ = (
         "a",
@@ -48,39 +50,37 @@ class Ctx:
         "d",
         "h",
         "i",
+        "a_path",
+        "b_path",
+        "a_text",
+        "b_text",
+        "ia",
+        "ib",
         "_wins",
         "_lens",
-        "_a_text",
-        "_b_text",
         "_a_str",
         "_b_str",
         "_digitless",
         "_ext",
+        "_pads",
     )
 
-    def __init__(self, a: Prompt, b: Prompt, d: Divergence, h: Hunk, i: int):
+    def __init__(
+        self, a: Prompt, b: Prompt, d: Divergence, h: Hunk, i: int, indexes: tuple[_Index, _Index] | None = None
+    ):
         self.a, self.b, self.d, self.h, self.i = a, b, d, h, i
+        self.a_path: SectionPath = h.a_owner
+        self.b_path: SectionPath = h.b_owner
+        self.a_text: bytes = a.data[h.a_byte_start : h.a_byte_end]  # A's side of the hunk (B's below)
+        self.b_text: bytes = b.data[h.b_byte_start : h.b_byte_end]
+        self.ia, self.ib = (_index(a), _index(b)) if indexes is None else indexes  # `_index(a)`, `_index(b)`
         self._wins: dict[tuple[str, int], tuple[str, int]] = {}
         self._lens: tuple[int, int] | None = None
-        self._a_text: bytes | None = None
-        self._b_text: bytes | None = None
         self._a_str: str | None = None
         self._b_str: str | None = None
         self._digitless: tuple[bool, bool] | None = None
         self._ext: tuple[bytes, bytes] | None = None
-
-    @property
-    def a_text(self) -> bytes:
-        """A's side of the hunk, cut once (a dozen detectors read it; a long hunk's copy is not free)."""
-        if self._a_text is None:
-            self._a_text = self.a.data[self.h.a_byte_start : self.h.a_byte_end]
-        return self._a_text
-
-    @property
-    def b_text(self) -> bytes:
-        if self._b_text is None:
-            self._b_text = self.b.data[self.h.b_byte_start : self.h.b_byte_end]
-        return self._b_text
+        self._pads: tuple[bytes, bytes] | None = None
 
     @property
     def a_str(self) -> str:
@@ -135,8 +135,16 @@ class Ctx:
         digit (`\\d` is [0-9] on ASCII text): NUMBER_RE, HEX_RE (its lookahead); DATE_RE but a day's name. Read
         from the bytes, so a detector it settles decodes no window."""
         if self._digitless is None:
-            self._digitless = (_digitless(self.window_bytes("a")), _digitless(self.window_bytes("b")))
+            wa, wb = self.pad_windows()
+            self._digitless = (_digitless(wa), _digitless(wb))
         return self._digitless
+
+    def pad_windows(self) -> tuple[bytes, bytes]:
+        """`window_bytes("a")` and `window_bytes("b")` (the PAD windows), cut once: `digitless`, `hyphens` and
+        detect_date read them."""
+        if self._pads is None:
+            self._pads = (self.window_bytes("a"), self.window_bytes("b"))
+        return self._pads
 
     def extended(self) -> tuple[bytes, bytes]:
         """`_extended(a, b, h)`, cut once (line_endings and unicode_form read it)."""
@@ -146,15 +154,8 @@ class Ctx:
 
     def hyphens(self) -> bool:
         """Both PAD windows hold a '-' (every UUID_RE match does)."""
-        return self.window_bytes("a").find(b"-") >= 0 and self.window_bytes("b").find(b"-") >= 0
-
-    @property
-    def a_path(self) -> SectionPath:
-        return self.h.a_owner
-
-    @property
-    def b_path(self) -> SectionPath:
-        return self.h.b_owner
+        wa, wb = self.pad_windows()
+        return wa.find(b"-") >= 0 and wb.find(b"-") >= 0
 
 
 def _where(path: SectionPath) -> str:
@@ -332,7 +333,10 @@ def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
 class _Index:
     """A prompt's sections the detectors look up again and again, each list in the sections' order and made
     when first asked for: the turns (top-level sections), where tool responses start, the first generated
-    section. Every detector scanned all sections for these, for every hunk: much of a small pair's explain."""
+    section. Every detector scanned all sections for these, for every hunk: much of a small pair's explain.
+    A fact that needs a part of some kind (or name) no part has is settled by `kinds` (`names`), C-level
+    passes over all the parts, without a Python step a section (~1.4 M instructions a compaction pair's two
+    prompts took)."""
 
     __slots__ = (
         "sections",
@@ -341,11 +345,12 @@ class _Index:
         "_generated",
         "_results",
         "_id_positions",
-        "_systems",
+        "_system_reach",
         "_first",
         "_starts",
         "_last_message",
-        "_tools",
+        "_kinds",
+        "_names",
     )
 
     def __init__(self, sections: list[Section]):
@@ -355,16 +360,25 @@ class _Index:
         self._generated: tuple[Section | None] | None = None
         self._results: list[Section] | None = None
         self._id_positions: bool | None = None
-        self._systems: bool | None = None
+        self._system_reach: int | None = None
         self._first: dict[K, Section | None] = {}
         self._starts: tuple[list[int] | None] | None = None
         self._last_message: int | None = None
-        self._tools: bool | None = None
+        self._kinds: set[K] | None = None
+        self._names: set[str | None] = set()
+
+    @property
+    def kinds(self) -> set[K]:
+        """The kinds of all the sections' parts (and `names`, their names)."""
+        if self._kinds is None:
+            parts = list(chain.from_iterable(map(_PARTS, self.sections)))
+            self._kinds, self._names = set(map(_KIND, parts)), set(map(_NAME, parts))
+        return self._kinds
 
     @property
     def tops(self) -> list[Section]:
-        if self._tops is None:
-            self._tops = [s for s in self.sections if len(s.path.parts) == 1]
+        if self._tops is None:  # `len(s.path.parts) == 1` of each section, in C
+            self._tops = list(compress(self.sections, map((1).__eq__, map(len, map(_PARTS, self.sections)))))
         return self._tops
 
     @property
@@ -376,15 +390,22 @@ class _Index:
     @property
     def generated(self) -> Section | None:
         if self._generated is None:
-            self._generated = (next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None),)
+            gen = K.GENERATED in self.kinds and next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None)
+            self._generated = (gen or None,)
         return self._generated[0]
+
+    def prompt_end(self, n: int) -> int:
+        """`model.prompt_end` of the prompt of `n` tokens whose sections these are."""
+        gen = self.generated
+        return gen.start if gen else n
 
     def _ordered_starts(self) -> list[int] | None:
         """The tops' starts where the tops are in order and none overlaps the next (a template's turns), else None."""
-        if self._starts is None:
-            tops = self.tops
-            ordered = all(x.start <= y.start and x.end <= y.start for x, y in zip(tops, tops[1:], strict=False))
-            self._starts = ([s.start for s in tops] if ordered else None,)
+        if self._starts is None:  # each top's start and end at or before the next one's start, in C
+            starts = list(map(_START, self.tops))
+            later = starts[1:]
+            ordered = all(map(le, starts, later)) and all(map(le, map(_END, self.tops), later))
+            self._starts = (starts if ordered else None,)
         return self._starts[0]
 
     def tops_near(self, lo: int, hi: int) -> list[Section]:
@@ -410,14 +431,17 @@ class _Index:
     def first_top(self, kind: K) -> Section | None:
         """The first top-level section of `kind`."""
         if kind not in self._first:
-            self._first[kind] = next((s for s in self.tops if s.path.parts[0].kind == kind), None)
+            top = kind in self.kinds and next((s for s in self.tops if s.path.parts[0].kind == kind), None)
+            self._first[kind] = top or None
         return self._first[kind]
 
     @property
     def results(self) -> list[Section]:
         """The tool-result sections (`_is_result`), in the sections' order."""
-        if self._results is None:
-            self._results = [s for s in self.sections if _is_result(s.path)]
+        if self._results is None:  # one needs a TOOL_RESPONSE part, or a role (a part's name) tool or ipython
+            kinds, names = self.kinds, self._names
+            some = K.TOOL_RESPONSE in kinds or "tool" in names or "ipython" in names
+            self._results = [s for s in self.sections if _is_result(s.path)] if some else []
         return self._results
 
     @property
@@ -425,7 +449,9 @@ class _Index:
         """Some section is a tool-call ID position (`_id_position`): `Prompt.owner` finds no other path but
         the empty one and END_OF_PROMPT, neither of them an ID position."""
         if self._id_positions is None:
-            self._id_positions = any(p.kind == K.FIELD and p.name in ID_FIELDS for s in self.sections for p in s.path)
+            self._id_positions = K.FIELD in self.kinds and any(
+                p.kind == K.FIELD and p.name in ID_FIELDS for s in self.sections for p in s.path
+            )
         return self._id_positions
 
     @property
@@ -434,30 +460,35 @@ class _Index:
         is: every owner `Prompt.owner` gives is a section's path (or NO_SECTION, END_OF_PROMPT: no message)."""
         if self._last_message is None:  # C-level passes over the sections (a long prompt has hundreds)
             firsts = list(map(_FIRST, filter(None, map(_PARTS, self.sections))))
-            indices = map(_INDEX, compress(firsts, map(eq, map(_KIND, firsts), repeat(K.MESSAGE))))
-            self._last_message = max((i or 0 for i in indices), default=-1)
+            messages = list(compress(firsts, map(eq, map(_KIND, firsts), repeat(K.MESSAGE))))
+            given = list(filter(None, map(_INDEX, messages)))  # `index or 0` is 0 for the others
+            self._last_message = -1 if not messages else max(given) if len(given) == len(messages) else max([*given, 0])
         return self._last_message
 
     @property
     def tools(self) -> bool:
-        """Some section's path holds a TOOLS or TOOL part (a C-level pass over all their parts)."""
-        if self._tools is None:
-            kinds = set(map(_KIND, chain.from_iterable(map(_PARTS, self.sections))))
-            self._tools = K.TOOLS in kinds or K.TOOL in kinds
-        return self._tools
+        """Some section's path holds a TOOLS or TOOL part."""
+        return K.TOOLS in self.kinds or K.TOOL in self.kinds
 
     @property
-    def systems(self) -> bool:
-        """Some turn (top-level section) is a system turn."""
-        if self._systems is None:
-            self._systems = any(_is_system(s.path) for s in self.tops)
-        return self._systems
+    def system_reach(self) -> int:
+        """The last end of a system turn (a top-level section), 0 where none is: a system turn holding a token
+        ends past it, so no turn holding a token from here on is one."""
+        if self._system_reach is None:  # a top's role (`_is_system`) is its one part's name, if a turn's
+            tops = self.tops
+            named = compress(tops, map(eq, map(_NAME, map(_FIRST, map(_PARTS, tops))), repeat("system")))
+            turns = (s.end for s in named if s.path.parts[0].kind in (K.MESSAGE, K.BOILERPLATE))
+            self._system_reach = max(turns, default=0)
+        return self._system_reach
 
 
 _PARTS = attrgetter("path.parts")
 _FIRST = itemgetter(0)
 _KIND = attrgetter("kind")
 _INDEX = attrgetter("index")
+_NAME = attrgetter("name")
+_START = attrgetter("start")
+_END = attrgetter("end")
 
 
 def _index(p: Prompt) -> _Index:
@@ -471,8 +502,7 @@ def _index(p: Prompt) -> _Index:
 
 def _prompt_end(p: Prompt) -> int:
     """`model.prompt_end`, from the prompt's index."""
-    gen = _index(p).generated
-    return gen.start if gen else len(p)
+    return _index(p).prompt_end(len(p))
 
 
 def _generated_start(p: Prompt) -> int:
@@ -578,7 +608,7 @@ def appended_finding(hunk: int, n_new: int) -> Finding:
 def detect_appended(ctx: Ctx) -> Finding | None:
     """appended (expected) and generated_rerendered: new turns after A's prompt, or A's generated tail
     rendered differently as history."""
-    end = _prompt_end(ctx.a)
+    end = ctx.ia.prompt_end(len(ctx.a))
     pure_insert = ctx.h.a_start == ctx.h.a_end
     # an insertion just before A's open generation prompt is the new turns too: the diff may
     # have matched a stray newline of the generated tail. New turns carry the template's markers;
@@ -628,7 +658,7 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
     top = ctx.a_path.top
     if top is None or top.kind != K.GENERATION_PROMPT or ctx.h.a_start >= len(ctx.a):
         return None
-    gp = _top(ctx.a, K.GENERATION_PROMPT)
+    gp = ctx.ia.first_top(K.GENERATION_PROMPT)
     # what A had from the divergence to the end of its generation prompt
     a_txt = ctx.a.data[ctx.h.a_byte_start : gp.byte_end if gp else ctx.h.a_byte_end].decode("utf-8", "replace")
     if ctx.a_path.has(K.GENERATED) and not _prefill_only(a_txt) and not _think_prefill_skipped(ctx):
@@ -640,7 +670,7 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
             "A's generation prompt ends with an empty <think></think> that the same turn loses in history "
             "(enable_thinking=false)",
         )
-    if ctx.h.a_start == ctx.h.a_end and ctx.h.a_start >= _prompt_end(ctx.a) and not _TAGS.search(a_txt):
+    if ctx.h.a_start == ctx.h.a_end and ctx.h.a_start >= ctx.ia.prompt_end(len(ctx.a)) and not _TAGS.search(a_txt):
         return None  # inserted after the whole of A's prompt, before what the model generated: new turns
     n = ctx.h.a_end - ctx.h.a_start
     return finding(
@@ -772,7 +802,7 @@ def _has_time(change: tuple[str, str]) -> bool:
 
 def detect_date(ctx: Ctx) -> Finding | None:
     """date: a date or time changed, or one was inserted (the first turn that carries it)."""
-    if ctx.digitless()[1] and _without(ctx.window_bytes("b"), _DAY_WORDS):
+    if ctx.digitless()[1] and _without(ctx.pad_windows()[1], _DAY_WORDS):
         return None  # B's window holds no match: `_changed` needs one there, `_inserted` one in it with a digit
     ch = _changed(ctx, DATE_RE)
     inserted = None if ch else _inserted(ctx, DATE_RE)
@@ -874,7 +904,7 @@ def _section_text(p: Prompt, path: SectionPath, byte: int) -> str:
 def _may_hold_id(ctx: Ctx) -> bool:
     """An ID position may be among the paths `detect_call_id` reads: the hunk's owners, and the owners at the
     first differing byte (a section's path, NO_SECTION or END_OF_PROMPT, the last two none)."""
-    ids = _index(ctx.a).id_positions or _index(ctx.b).id_positions
+    ids = ctx.ia.id_positions or ctx.ib.id_positions
     return ids or _id_position(ctx.a_path) or _id_position(ctx.b_path)
 
 
@@ -1048,7 +1078,7 @@ def detect_moved(ctx: Ctx) -> Finding | None:
     the first (appended to it) or hoisted to the front. Named on both ends: where B's system prompt gained
     the text, and where A's later message lost it."""
     if _is_system(ctx.b_path):
-        probe = text_probe(ctx.b, ctx.h.b_start, ctx.h.b_end)
+        probe = _side_probe(ctx.b, ctx.h.b_start, ctx.h.b_end, ctx.b_text)
         where = ctx.a.data.find(probe, ctx.h.a_byte_end) if len(probe) >= 24 else -1
         if where < 0:
             return None
@@ -1056,7 +1086,7 @@ def detect_moved(ctx: Ctx) -> Finding | None:
         placed, end = _placement(ctx.a, ctx.b, at_b), "now"
         src = ctx.a.owner(ctx.a.token_at_byte(where)).top
     else:
-        probe = text_probe(ctx.a, ctx.h.a_start, ctx.h.a_end)
+        probe = _side_probe(ctx.a, ctx.h.a_start, ctx.h.a_end, ctx.a_text)
         at_b = ctx.b.data.find(probe, 0, ctx.h.b_byte_start) if len(probe) >= 24 else -1
         dest = ctx.b.owner(ctx.b.token_at_byte(at_b)) if at_b >= 0 else None
         if dest is None or not _is_system(dest) or ctx.b.data.find(probe, ctx.h.b_byte_start) >= 0:
@@ -1073,6 +1103,19 @@ def detect_moved(ctx: Ctx) -> Finding | None:
         origin=origin or None,
         variant=placed,
     )
+
+
+def _side_probe(p: Prompt, start: int, end: int, raw: bytes) -> bytes:
+    """`text_probe(p, start, end)` of a hunk's side, `raw` its tokens' bytes (as `align` cuts them): none in fewer
+    than 24 bytes; where its tokens are no more than PROBE_TOKENS and none is special, the one stretch between
+    markers is `raw` itself."""
+    if len(raw) < 24:
+        return b""
+    flags = flag_bytes(p.special, start, end) if end - start <= PROBE_TOKENS else None
+    if flags is None or flags.find(b"\1") >= 0:
+        return text_probe(p, start, end)
+    text = probe_text(raw)
+    return text if len(text) >= 24 else b""
 
 
 def _turn_at(p: Prompt, token: int) -> Section | None:
@@ -1117,12 +1160,12 @@ def _merge_story(ctx: Ctx, added: str) -> tuple[str, Origin]:
 def detect_system_appended(ctx: Ctx) -> Finding | None:
     """system_appended: text inserted at the end of the system prompt (a reminder or a plan-mode note
     folded into the first system block); system_moved when A had the text later."""
-    if not (_index(ctx.a).systems and _index(ctx.b).systems):
-        return None  # the turns at the hunk are among the tops, and neither can be a system turn
-    ta = _turn_at(ctx.a, ctx.h.a_start)
+    if ctx.h.a_start >= ctx.ia.system_reach or ctx.h.b_start >= ctx.ib.system_reach:
+        return None  # no system turn holds the hunk's first token on that side (`turn_at` gives one holding it)
+    ta = ctx.ia.turn_at(ctx.h.a_start)
     if ta is None or not _is_system(ta.path):
         return None  # B's turn is looked up only where A's is a system turn
-    tb = _turn_at(ctx.b, ctx.h.b_start)
+    tb = ctx.ib.turn_at(ctx.h.b_start)
     if tb is None or not _is_system(tb.path):
         return None
     tail_a = ctx.a.data[ctx.h.a_byte_end : ta.byte_end]
@@ -1165,18 +1208,19 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     """reminder_moved: a block removed from an older message shows up in a later message of B
     (opencode moves its <system-reminder> to the newest user message)."""
     src = ctx.a_path.top
-    if src is None or src.kind != K.MESSAGE or (src.index or 0) >= _index(ctx.b).last_message:
+    if src is None or src.kind != K.MESSAGE or (src.index or 0) >= ctx.ib.last_message:
         return None  # not a message of A; or no message of B comes after it, where `_later_message` needs one
     # `_removed` is a part of A's side: shorter than 24 characters where that side is
     removed = _removed(ctx).strip() if ctx.text_lengths()[0] >= 24 else ""
     at = ctx.b.data.find(removed[:200].encode(), ctx.h.b_byte_end) if len(removed) >= 24 else -1
     if at < 0:  # the diff kept the block and inserted the turns in between: what follows is the block
-        if ctx.h.a_end >= len(ctx.a) or ctx.a.owner(ctx.h.a_end).top != src:
-            return None  # A's text after the insertion is another message's: nothing of src's was kept
         at = ctx.h.b_byte_end
-        # the message it would be in is known before A's text is read: that text matters only for a later one
+        # the message it would be in is known before A's text is read: that text matters only for a later one (in
+        # a compaction, the hunk's own: asked first, A's owner after the hunk is looked up where it is one)
         if not _later_message(ctx.b.owner(ctx.b.token_at_byte(at)).top, src):
             return None
+        if ctx.h.a_end >= len(ctx.a) or ctx.a.owner(ctx.h.a_end).top != src:
+            return None  # A's text after the insertion is another message's: nothing of src's was kept
         removed = _kept_tail(ctx)
     dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
     if not _later_message(dest, src):
@@ -1331,7 +1375,7 @@ _THINK_TAGS = Lazy(r"</?think>")
 def _thinking_toggled(ctx: Ctx) -> str | None:
     """The generation prompt of the same conversation opens thinking on one side and closes it on the
     other (DeepSeek V3.1's `thinking`: `<think>` against `<think></think>`): what each side renders."""
-    ga, gb = _top(ctx.a, K.GENERATION_PROMPT), _top(ctx.b, K.GENERATION_PROMPT)
+    ga, gb = ctx.ia.first_top(K.GENERATION_PROMPT), ctx.ib.first_top(K.GENERATION_PROMPT)
     if ga is None or gb is None or ctx.h.a_start >= len(ctx.a):
         return None  # past A's end: B only adds to it (Qwen3's empty think block), nothing is lost
     if not (ga.start <= ctx.h.a_start < ga.end and gb.start <= ctx.h.b_start < gb.end):
@@ -1380,6 +1424,33 @@ def detect_setting(ctx: Ctx) -> Finding | None:
     )
 
 
+def _pair_setting_silent(a: Prompt, b: Prompt, ia: _Index, ib: _Index, hunks: Sequence[Hunk]) -> bool:
+    """detect_setting finds nothing on any of `hunks`: no SETTING_LINE_RE match in the lines of one prompt
+    (`_may_set` of all of an ASCII prompt: its lines hold no key's word where it holds none); no think switch in
+    either's lines (`_no_switch`); not both a generation prompt (`_thinking_toggled` needs one on each side)."""
+    if _may_set(a.data) and _may_set(b.data):
+        return False
+    if ia.first_top(K.GENERATION_PROMPT) is not None and ib.first_top(K.GENERATION_PROMPT) is not None:
+        return False
+    if not (_no_switch(a.data) and _no_switch(b.data)):
+        return False
+    return not any(_cut_tag(a.data, h.a_byte_start) or _cut_tag(b.data, h.b_byte_start) for h in hunks)
+
+
+def _no_switch(data: bytes) -> bool:
+    """Every "think" of `data` is a <think> or </think> tag's. A THINK_SWITCH_RE match in a line cut from it holds
+    "think" after '/' (ASCII: the same bytes decoded), which in a tag follows '<' (no match): but where the line
+    starts at the tag's '/' (`_cut_tag`)."""
+    return data.count(b"think") == data.count(b"<think>") + data.count(b"</think>")
+
+
+def _cut_tag(data: bytes, byte: int) -> bool:
+    """`_line_bytes(data, byte)` may start at the '/' of a "</think>" (cut LINE_REACH bytes back, between the
+    tag's '<' and '/': a line that starts after a newline does not)."""
+    lo = byte - LINE_REACH
+    return lo > 0 and data.startswith(b"</think", lo - 1)
+
+
 def detect_truncation(ctx: Ctx) -> Finding | None:
     """truncation: old turns dropped after the system prompt (context shift or num_ctx overflow)."""
     if ctx.h.a_end - ctx.h.a_start < 32:  # first: most hunks are short, and this compare reads no property
@@ -1390,7 +1461,7 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
     # no token with it is none (its overlap is 0 or less, 0.8 of its length more), so only those near it are read
     turns_a = [
         s
-        for s in _index(ctx.a).tops_near(ctx.h.a_start, ctx.h.a_end)
+        for s in ctx.ia.tops_near(ctx.h.a_start, ctx.h.a_end)
         if s.end > s.start and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
     ]
     if not turns_a:
@@ -1806,11 +1877,12 @@ def explain(a: Prompt, b: Prompt, d: Divergence, max_hunks: int = 64) -> list[Fi
     fresh = new_conversation(a, b, d)
     if fresh is not None:
         return [replace(fresh, hunk=i) for i in range(n)]
-    detectors = pair_detectors(a, b)
-    return [best_finding(Ctx(a, b, d, d.hunks[i], i), detectors) for i in range(n)]
+    detectors = pair_detectors(a, b, d)
+    indexes = _index(a), _index(b)
+    return [best_finding(Ctx(a, b, d, d.hunks[i], i, indexes), detectors) for i in range(n)]
 
 
-def pair_detectors(a: Prompt, b: Prompt) -> list[Callable[[Ctx], Finding | None]]:
+def pair_detectors(a: Prompt, b: Prompt, d: Divergence) -> list[Callable[[Ctx], Finding | None]]:
     """DETECTORS less those that find nothing on any hunk of the pair, told from facts of the two prompts
     (each found once a prompt) where each asked them of every hunk. The hunks' owners must be the prompts'
     owners (`Prompt.owner`: a section's path, NO_SECTION or END_OF_PROMPT, as `align` makes them). Left out:
@@ -1820,8 +1892,9 @@ def pair_detectors(a: Prompt, b: Prompt) -> list[Callable[[Ctx], Finding | None]
     (`_result_at` finds none on that side); detect_json_reserialized where one's bytes hold no '{' (it needs an
     enclosing object on both sides, and one opens at a '{'); detect_line_endings where neither holds a CRLF (its
     texts, cut from the prompts, are then equal once CRLFs are made LFs only where they are equal); and
-    detect_unicode_form where both are ASCII (its texts are then). The rest keep their order, so `best_finding`
-    keeps the first of the most confident (tests/unit/test_explain_pair11.py holds it to all of them)."""
+    detect_unicode_form where both are ASCII (its texts are then); detect_setting where `_pair_setting_silent` shows it
+    silent on every hunk of `d`. The rest keep their order, so `best_finding` keeps the first of the most confident
+    (tests/unit/test_explain_pair11.py holds it to all of them)."""
     ia, ib = _index(a), _index(b)
     skip: set[Callable[[Ctx], Finding | None]] = set()
     if not (ia.tools or ib.tools):
@@ -1836,6 +1909,8 @@ def pair_detectors(a: Prompt, b: Prompt) -> list[Callable[[Ctx], Finding | None]
         skip.add(detect_line_endings)
     if a.data.isascii() and b.data.isascii():
         skip.add(detect_unicode_form)
+    if _pair_setting_silent(a, b, ia, ib, d.hunks):
+        skip.add(detect_setting)
     return [det for det in DETECTORS if det not in skip] if skip else DETECTORS
 
 
