@@ -52,6 +52,10 @@ T_co = TypeVar("T_co", covariant=True)
 BACKENDS = tuple(Backend)  # llama.cpp, llama.cpp-hybrid, vllm, sglang, ollama: the columns, in order
 CHECKPOINT_BACKEND = Backend.LLAMA_CPP_HYBRID  # stateful: the session replayed through one slot's checkpoints
 RELOAD = CauseKind.OLLAMA_RELOAD  # the backend fact that overrides a turn's reuse: a reloaded model has no cache
+# the members read for every turn, as module names: in Python 3.11 `Backend.X` goes through EnumType's `__getattr__`
+# hook (a metaclass with one has no fast path for its class's attributes: a call, ~900 instructions), a module
+# name is a dict lookup
+_LLAMA_CPP, _VLLM, _SGLANG, _OLLAMA = Backend.LLAMA_CPP, Backend.VLLM, Backend.SGLANG, Backend.OLLAMA
 RELOAD_TITLE = "Model reloaded by Ollama: nothing reused"
 SERVER_CAUSES = (RELOAD, "vllm_evicted")  # causes the server is to blame for, not a place in the prompt
 
@@ -116,7 +120,7 @@ class Turn:
 
     @property
     def reuse_pct(self) -> float:
-        return 100.0 * self.reuse.get(Backend.LLAMA_CPP, 0) / self.n_tokens if self.n_tokens else 100.0
+        return 100.0 * self.reuse.get(_LLAMA_CPP, 0) / self.n_tokens if self.n_tokens else 100.0
 
     def seconds_of(self, tokens: int) -> float | None:
         """Prefill seconds of `tokens` of this turn's prompt, at its speed, never more than the server
@@ -785,11 +789,11 @@ def _append_turn(t: Turn, n_a: int) -> None:
     n = t.n_tokens
     t.lcp = n_a
     t.reuse = _reuse(t, n_a, n, n_a)
-    t.recompute = n - t.reuse[Backend.LLAMA_CPP]
+    t.recompute = n - t.reuse[_LLAMA_CPP]
     t.findings = [appended_finding(0, n - n_a)]
     t.new_tokens = n - n_a
     t.ceiling = n_a
-    t.wasted = max(0, n_a - t.reuse[Backend.LLAMA_CPP])
+    t.wasted = max(0, n_a - t.reuse[_LLAMA_CPP])
     _notes(t, False, n)
 
 
@@ -838,7 +842,7 @@ def fill_turn(t: Turn, pd: PairDiff | TailDiff) -> int:
         t.tail_owner = pd.owner
         t.tail_hunks = pd.hunks
     t.reuse = reuse = _reuse(t, lcp, n, pd.n_a)
-    usable = reuse[Backend.LLAMA_CPP]
+    usable = reuse[_LLAMA_CPP]
     t.recompute = n - usable
     t.findings = findings
     t.ceiling = ceiling
@@ -898,15 +902,15 @@ def _reuse(t: Turn, lcp: int, n: int, cached_len: int) -> dict[Backend, int]:
     vllm = (min(max(lcp, t.best_lcp), max(n - 1, 0)) // block) * block
     hybrid = t.checkpoint.reused if t.checkpoint is not None else usable
     return {
-        Backend.LLAMA_CPP: usable,
+        _LLAMA_CPP: usable,
         CHECKPOINT_BACKEND: hybrid,
-        Backend.VLLM: vllm,
-        Backend.SGLANG: usable,
-        Backend.OLLAMA: usable,
+        _VLLM: vllm,
+        _SGLANG: usable,
+        _OLLAMA: usable,
     }
 
 
-_REUSE_ORDER = (Backend.LLAMA_CPP, CHECKPOINT_BACKEND, Backend.VLLM, Backend.SGLANG, Backend.OLLAMA)
+_REUSE_ORDER = (_LLAMA_CPP, CHECKPOINT_BACKEND, _VLLM, _SGLANG, _OLLAMA)
 if _REUSE_ORDER != BACKENDS:  # the dict above is written in BACKENDS' order
     raise ImportError("cost._reuse: the backends' order changed")
 
@@ -970,7 +974,7 @@ def _gains(t: Turn, ceiling: int, tagged: list[tuple[Finding, T | None]], spans:
     the first finding after it of another: each found once."""
     if (t.divergence is None and t.tail_owner is None) or not tagged:
         return []  # no gains without a diff
-    reused = t.reuse[Backend.LLAMA_CPP]
+    reused = t.reuse[_LLAMA_CPP]
     f0, s0 = tagged[0]
     at0: int | None = None  # the first finding's place (the next hunk of every span but its own)
     at_other: int | None = None  # the place of the first finding of another span than the first's
@@ -1021,7 +1025,7 @@ def _session(turns: list[Turn], spans: dict[SpanKey, Span]) -> Session:
     """Totals, and the spans ranked by the waste they caused."""
     ms = price_turns(turns)
     total = sum(t.n_tokens for t in turns)
-    reused = sum(t.reuse.get(Backend.LLAMA_CPP, 0) for t in turns)
+    reused = sum(t.reuse.get(_LLAMA_CPP, 0) for t in turns)
     wasted = sum(t.wasted for t in turns)
     ranked = sorted(spans.values(), key=lambda s: (-s.tokens, -s.gain, s.example or (0, 0)))
     for s in ranked:
