@@ -1,6 +1,7 @@
 """The cost model's per-turn bookkeeping written for speed gives the answers of the code it replaced:
-`_reuse` of `backend_reuse`'s calls, `_count_spans` of one lookup a finding against the count by keys it
-replaced, a path's label and generalised form kept on the path."""
+`_reuse` of `backend_reuse`'s calls, `_count_spans` of one lookup a finding (and its gains found in one pass over
+the turn's spans) against the count by keys it replaced, a hunk's owner, a path's label and generalised form kept
+on the path."""
 
 from __future__ import annotations
 
@@ -154,6 +155,26 @@ def test_path_caches_are_the_paths_own():
             assert p.label == fresh._make_label()  # again: from the path
             assert p.generalised() == fresh._generalise(3) == fresh.generalised()
             assert p == fresh and hash(p) == hash(fresh) and repr(p) == repr(SectionPath(p.parts))
+
+
+def _hunk_owner_as_it_was(t: Turn, i: int) -> SectionPath:
+    """`cost._hunk_owner` before it read a path's truth from its parts."""
+    d = t.divergence
+    if d is None and t.tail_hunks:
+        return t.tail_hunks[i][0]
+    return (d.hunks[i].a_owner or d.hunks[i].b_owner) if d is not None else t.tail_owner or SectionPath()
+
+
+def test_hunk_owner_is_the_owner_as_it_was():
+    rng = random.Random(13)
+    for _ in range(400):
+        paths = _paths(rng)
+        t = _turn(rng, 2, paths)
+        if rng.random() < 0.2:
+            t.tail_owner = None
+        for f in t.findings:
+            got, want = cost._hunk_owner(t, f.hunk), _hunk_owner_as_it_was(t, f.hunk)
+            assert got == want and got.generalised() == want.generalised()
 
 
 def test_span_gains_are_the_gains_by_keys():

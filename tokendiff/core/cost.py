@@ -31,7 +31,7 @@ from tokendiff.core.cache.backend_facts import (
 from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, checkpoint_reuse
 from tokendiff.core.explain import appended_finding, explain
 from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, ServerKind
-from tokendiff.core.model import Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
+from tokendiff.core.model import NO_SECTION, Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
 from tokendiff.core.plain import field, plain, replace
 from tokendiff.core.prefix_index import Match, PrefixIndex
 from tokendiff.core.tails import SLOT_SECTIONING, AnyPair, TailDiff, Tails
@@ -52,6 +52,10 @@ T_co = TypeVar("T_co", covariant=True)
 BACKENDS = tuple(Backend)  # llama.cpp, llama.cpp-hybrid, vllm, sglang, ollama: the columns, in order
 CHECKPOINT_BACKEND = Backend.LLAMA_CPP_HYBRID  # stateful: the session replayed through one slot's checkpoints
 RELOAD = CauseKind.OLLAMA_RELOAD  # the backend fact that overrides a turn's reuse: a reloaded model has no cache
+# the members read for every turn, as module names: in Python 3.11 `Backend.X` goes through EnumType's `__getattr__`
+# hook (a metaclass with one has no fast path for its class's attributes: a call, ~900 instructions), a module
+# name is a dict lookup
+_LLAMA_CPP, _VLLM, _SGLANG, _OLLAMA = Backend.LLAMA_CPP, Backend.VLLM, Backend.SGLANG, Backend.OLLAMA
 RELOAD_TITLE = "Model reloaded by Ollama: nothing reused"
 SERVER_CAUSES = (RELOAD, "vllm_evicted")  # causes the server is to blame for, not a place in the prompt
 
@@ -116,7 +120,7 @@ class Turn:
 
     @property
     def reuse_pct(self) -> float:
-        return 100.0 * self.reuse.get(Backend.LLAMA_CPP, 0) / self.n_tokens if self.n_tokens else 100.0
+        return 100.0 * self.reuse.get(_LLAMA_CPP, 0) / self.n_tokens if self.n_tokens else 100.0
 
     def seconds_of(self, tokens: int) -> float | None:
         """Prefill seconds of `tokens` of this turn's prompt, at its speed, never more than the server
@@ -256,15 +260,20 @@ SpanKey = tuple[CauseKind, SectionPath]  # (finding kind, generalised section)
 
 
 def _owner(h: Hunk) -> SectionPath:
-    return h.a_owner or h.b_owner
+    """`h.a_owner or h.b_owner`, its truth read from its parts (`SectionPath.__bool__` is a call in Python)."""
+    return h.a_owner if h.a_owner.parts else h.b_owner
 
 
 def _hunk_owner(t: Turn, i: int) -> SectionPath:
-    """The section hunk i of the turn's diff falls in (a tail turn keeps only its one hunk's)."""
+    """The section hunk i of the turn's diff falls in (a tail turn keeps only its one hunk's; none: the empty
+    path, as `t.tail_owner or SectionPath()` gives it)."""
     d = t.divergence
     if d is None and t.tail_hunks:
         return t.tail_hunks[i][0]
-    return _owner(d.hunks[i]) if d is not None else t.tail_owner or SectionPath()
+    if d is not None:
+        return _owner(d.hunks[i])
+    owner = t.tail_owner
+    return owner if owner is not None else NO_SECTION
 
 
 def _hunk_b_start(t: Turn, i: int) -> int:
@@ -780,11 +789,11 @@ def _append_turn(t: Turn, n_a: int) -> None:
     n = t.n_tokens
     t.lcp = n_a
     t.reuse = _reuse(t, n_a, n, n_a)
-    t.recompute = n - t.reuse[Backend.LLAMA_CPP]
+    t.recompute = n - t.reuse[_LLAMA_CPP]
     t.findings = [appended_finding(0, n - n_a)]
     t.new_tokens = n - n_a
     t.ceiling = n_a
-    t.wasted = max(0, n_a - t.reuse[Backend.LLAMA_CPP])
+    t.wasted = max(0, n_a - t.reuse[_LLAMA_CPP])
     _notes(t, False, n)
 
 
@@ -827,26 +836,31 @@ def diff_turn(a: Prompt, b: Prompt, max_hunks: int = 64) -> PairDiff:
 def fill_turn(t: Turn, pd: PairDiff | TailDiff) -> int:
     """Fill a turn from its pair's diff (a tail pair's from its shape: core.tails); returns its reusable
     ceiling."""
-    n = pd.n_b
-    t.divergence, t.lcp = pd.divergence, pd.lcp
+    n, lcp, ceiling, findings = pd.n_b, pd.lcp, pd.ceiling, pd.findings
+    t.divergence, t.lcp = pd.divergence, lcp
     if isinstance(pd, TailDiff):
         t.tail_owner = pd.owner
         t.tail_hunks = pd.hunks
-    t.reuse = _reuse(t, pd.lcp, n, pd.n_a)
-    t.recompute = n - t.reuse[Backend.LLAMA_CPP]
-    t.findings = pd.findings
-    t.ceiling = pd.ceiling
-    t.new_tokens = max(0, n - pd.ceiling)
-    t.wasted = max(0, pd.ceiling - t.reuse[Backend.LLAMA_CPP])
-    first = next((f for f in t.findings if not f.expected), None)
-    if first is None and t.findings and t.findings[0].kind == CauseKind.NEW_CONVERSATION:
-        first = t.findings[0]  # no waste, but the turn is named: the cache of A had nothing for B
+    t.reuse = reuse = _reuse(t, lcp, n, pd.n_a)
+    usable = reuse[_LLAMA_CPP]
+    t.recompute = n - usable
+    t.findings = findings
+    t.ceiling = ceiling
+    t.new_tokens = max(0, n - ceiling)
+    t.wasted = max(0, ceiling - usable)
+    first = None
+    for f in findings:  # the first unexpected finding
+        if not f.expected:
+            first = f
+            break
+    if first is None and findings and findings[0].kind == CauseKind.NEW_CONVERSATION:
+        first = findings[0]  # no waste, but the turn is named: the cache of A had nothing for B
     if first is not None and (t.wasted > 0 or first.expected):
         t.cause = first.kind
         t.path = pd.hunk_owner(first.hunk)
         t.section = t.path.label
     _notes(t, pd.identical, n)
-    return pd.ceiling
+    return ceiling
 
 
 def _slot_decode(t: TurnInput) -> tuple[bytes, Any, Any] | None:
@@ -888,15 +902,15 @@ def _reuse(t: Turn, lcp: int, n: int, cached_len: int) -> dict[Backend, int]:
     vllm = (min(max(lcp, t.best_lcp), max(n - 1, 0)) // block) * block
     hybrid = t.checkpoint.reused if t.checkpoint is not None else usable
     return {
-        Backend.LLAMA_CPP: usable,
+        _LLAMA_CPP: usable,
         CHECKPOINT_BACKEND: hybrid,
-        Backend.VLLM: vllm,
-        Backend.SGLANG: usable,
-        Backend.OLLAMA: usable,
+        _VLLM: vllm,
+        _SGLANG: usable,
+        _OLLAMA: usable,
     }
 
 
-_REUSE_ORDER = (Backend.LLAMA_CPP, CHECKPOINT_BACKEND, Backend.VLLM, Backend.SGLANG, Backend.OLLAMA)
+_REUSE_ORDER = (_LLAMA_CPP, CHECKPOINT_BACKEND, _VLLM, _SGLANG, _OLLAMA)
 if _REUSE_ORDER != BACKENDS:  # the dict above is written in BACKENDS' order
     raise ImportError("cost._reuse: the backends' order changed")
 
@@ -906,9 +920,11 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
     of its first one (the ceiling), and each span gains what fixing it alone would reuse here.
     True when the turn is the first example of a span."""
     # Each finding's span looked up once (a SpanKey's hash walks its path in Python): the spans stand for
-    # their keys, one Span a key, so `_gains` tells them apart by identity.
+    # their keys, one Span a key, so `_gains` tells them apart by identity. A turn is counted once, after the
+    # turns before it: a span whose last turn is this one has had a finding here already.
     turn = t.turn
     found: list[tuple[Finding, Span | None]] = []
+    distinct: list[Span] = []  # the turn's spans, in the order they first come
     first_example = False
     for f in t.findings:
         if f.expected:
@@ -919,17 +935,21 @@ def _count_spans(t: Turn, spans: dict[SpanKey, Span], ceiling: int) -> bool:
         if sp is None:  # made only when new (setdefault made a Span a finding)
             sp = spans[key] = Span(kind=f.kind, path=key[1], title=f.title, fix=f.fix)
         found.append((f, sp))
-        if not sp.turns or sp.turns[-1] != turn:
-            sp.turns.append(turn)
+        turns = sp.turns
+        if not turns or turns[-1] != turn:  # the span's first finding on this turn
+            turns.append(turn)
+            distinct.append(sp)
         if sp.example is None:
             sp.example = (turn, f.hunk)
             first_example = True
-    first = next((sp for _, sp in found if sp is not None), None)
-    if first is None:
+    if not distinct:
         return False
-    first.add(turn, t.wasted, 0)
-    for span, gain in _gains(t, ceiling, found):
-        span.add(turn, 0, gain)
+    first = distinct[0]
+    gains = _gains(t, ceiling, found, distinct)
+    if not gains:  # no diff: the waste alone
+        first.add(turn, t.wasted, 0)
+    for span, gain in gains:  # the first span is the first of them: its waste added with its gain, one step
+        span.add(turn, t.wasted if span is first else 0, gain)
     return first_example
 
 
@@ -943,22 +963,35 @@ def _span_gains(t: Turn, ceiling: int, keyed: list[tuple[Finding, SpanKey | None
     where the caller has it."""
     one: dict[SpanKey, SpanKey] = {}  # equal keys as one object: `_gains` tells spans apart by identity
     tagged = [(f, None if k is None else one.setdefault(k, k)) for f, k in (_keyed(t) if keyed is None else keyed)]
-    return dict(_gains(t, ceiling, tagged))
+    return dict(_gains(t, ceiling, tagged, list(one.values())))
 
 
-def _gains(t: Turn, ceiling: int, tagged: list[tuple[Finding, T | None]]) -> list[tuple[T, int]]:
+def _gains(t: Turn, ceiling: int, tagged: list[tuple[Finding, T | None]], spans: list[T]) -> list[tuple[T, int]]:
     """What fixing each span alone would reuse here: the prefix extends to the next hunk that span does not
-    cause. `tagged`: the turn's findings, each with its span (one object a span; None: an expected finding)."""
-    if t.divergence is None and t.tail_owner is None:
+    cause. `tagged`: the turn's findings, each with its span (one object a span; None: an expected finding);
+    `spans`: those spans, each once, in the order they first come. A span's next hunk is where the first finding
+    of another (or an expected one: the ceiling) is: the first finding's, or, for the first finding's own span,
+    the first finding after it of another: each found once."""
+    if (t.divergence is None and t.tail_owner is None) or not tagged:
         return []  # no gains without a diff
-    reused = t.reuse[Backend.LLAMA_CPP]
+    reused = t.reuse[_LLAMA_CPP]
+    f0, s0 = tagged[0]
+    at0: int | None = None  # the first finding's place (the next hunk of every span but its own)
+    at_other: int | None = None  # the place of the first finding of another span than the first's
     out: list[tuple[T, int]] = []
-    for _, span in tagged:
-        if span is None or any(span is done for done, _ in out):
-            continue
-        other = next(
-            (ceiling if sp is None else _hunk_b_start(t, f.hunk) for f, sp in tagged if sp is not span), ceiling
-        )
+    for span in spans:
+        if span is not s0:
+            if at0 is None:
+                at0 = ceiling if s0 is None else _hunk_b_start(t, f0.hunk)
+            other = at0
+        else:
+            if at_other is None:
+                at_other = ceiling
+                for g, sp in tagged:  # a loop, not next() of a generator: made for nearly every turn
+                    if sp is not s0:
+                        at_other = ceiling if sp is None else _hunk_b_start(t, g.hunk)
+                        break
+            other = at_other
         out.append((span, max(0, min(other, ceiling) - reused)))
     return out
 
@@ -992,7 +1025,7 @@ def _session(turns: list[Turn], spans: dict[SpanKey, Span]) -> Session:
     """Totals, and the spans ranked by the waste they caused."""
     ms = price_turns(turns)
     total = sum(t.n_tokens for t in turns)
-    reused = sum(t.reuse.get(Backend.LLAMA_CPP, 0) for t in turns)
+    reused = sum(t.reuse.get(_LLAMA_CPP, 0) for t in turns)
     wasted = sum(t.wasted for t in turns)
     ranked = sorted(spans.values(), key=lambda s: (-s.tokens, -s.gain, s.example or (0, 0)))
     for s in ranked:

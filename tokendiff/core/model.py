@@ -35,6 +35,10 @@ SEP = " › "
 # The kinds of a section path's parts. Every stage (the template grammar, the request renderer,
 # the detectors, the cost model) speaks this vocabulary, so none of them parses display strings.
 _K = SectionKind
+# the kinds read for every part or section walked, as module names: in Python 3.11 `_K.X` goes through EnumType's
+# `__getattr__` hook (a metaclass with one has no fast path for its class's attributes: a call, ~900 instructions)
+_MESSAGE, _BOILERPLATE, _GENERATED, _FIELD = _K.MESSAGE, _K.BOILERPLATE, _K.GENERATED, _K.FIELD
+_TOOLS, _TOOL, _TOOL_CALL = _K.TOOLS, _K.TOOL, _K.TOOL_CALL
 KINDS = {
     _K.BOS: "tokens before the first turn (BOS)",
     _K.MESSAGE: "one turn: index into the request's messages (or the rendered turn), name = role",
@@ -117,8 +121,8 @@ class Part:
 
     def generalised(self) -> Part:
         """The same place in any turn: message indices and field paths dropped (the system prompt kept)."""
-        if self.kind == _K.MESSAGE and self.name == "system" and self.index == 0:
-            return Part(_K.MESSAGE, 0, "system")
+        if self.kind == _MESSAGE and self.name == "system" and self.index == 0:
+            return Part(_MESSAGE, 0, "system")
         return Part(self.kind, None, self.name)
 
 
@@ -193,7 +197,7 @@ class SectionPath:
     def role(self) -> str | None:
         """The role of the turn holding this place (None outside turns)."""
         for p in reversed(self.parts):  # `find(MESSAGE, BOILERPLATE)`'s name, without building its arguments
-            if p.kind == _K.MESSAGE or p.kind == _K.BOILERPLATE:
+            if p.kind == _MESSAGE or p.kind == _BOILERPLATE:
                 return p.name
         return None
 
@@ -220,12 +224,12 @@ class SectionPath:
 
     def _make_label(self) -> str:
         parts = self.parts
-        tools_at = max((k for k, p in enumerate(parts) if p.kind == _K.TOOLS), default=0)
+        tools_at = max((k for k, p in enumerate(parts) if p.kind == _TOOLS), default=0)
         out: list[str] = []
         for k, p in enumerate(parts[tools_at:], tools_at):
-            if p.kind == _K.FIELD and (p.name or "").split("[")[0] in _SILENT_FIELDS and out:
+            if p.kind == _FIELD and (p.name or "").split("[")[0] in _SILENT_FIELDS and out:
                 continue
-            if p.kind == _K.FIELD and k > 0 and parts[k - 1].kind in (_K.TOOL, _K.TOOL_CALL) and out:
+            if p.kind == _FIELD and k > 0 and parts[k - 1].kind in (_TOOL, _TOOL_CALL) and out:
                 out[-1] += f" ({p.label})"
             else:
                 out.append(p.label)
@@ -256,7 +260,7 @@ class SectionPath:
     def _generalise(self, depth: int) -> SectionPath:
         out: list[Part] = []
         for p in self.parts:
-            if p.kind in (_K.TOOL, _K.TOOL_CALL):
+            if p.kind in (_TOOL, _TOOL_CALL):
                 break
             out.append(p.generalised())
         return SectionPath(tuple(out[:depth]))
@@ -479,7 +483,7 @@ def _owner_map(sections: list[Section], n: int) -> array[int]:
 
 def prompt_end(p: Prompt) -> int:
     """Where the prompt ends and the model's generated tokens (kept by slot dumps) begin."""
-    gen = next((s for s in p.sections if s.path.parts[-1].kind == _K.GENERATED), None)
+    gen = next((s for s in p.sections if s.path.parts[-1].kind == _GENERATED), None)
     return gen.start if gen else len(p)
 
 

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     )
 
 SCHEMA: Final = "tokendiff.report/1"
+# the backends a turn's row reads, as module names: `Backend.X` is a call in Python 3.11 (EnumType's `__getattr__`
+# hook, ~900 instructions), four a turn
+_LLAMA_CPP, _VLLM, _SGLANG, _OLLAMA = Backend.LLAMA_CPP, Backend.VLLM, Backend.SGLANG, Backend.OLLAMA
 
 
 def _side(
@@ -103,7 +106,7 @@ def turn_rows(s: Session) -> list[TurnRow]:
 
 def _turn_row(t: Turn, known: bool) -> TurnRow:
     reuse = t.reuse
-    reusable = reuse.get(Backend.LLAMA_CPP, 0)
+    reusable = reuse.get(_LLAMA_CPP, 0)
     return {
         "turn": t.turn,
         "origin": t.origin,
@@ -123,10 +126,10 @@ def _turn_row(t: Turn, known: bool) -> TurnRow:
         "checkpoint_reusable": reuse.get(CHECKPOINT_BACKEND, 0) if known else None,
         "checkpoint_note": t.checkpoint.reason if t.checkpoint is not None else "",
         "reuse_llamacpp": reusable,
-        "reuse_llamacpp_hybrid": reuse.get(Backend.LLAMA_CPP_HYBRID, 0) if known else None,  # no layout, no prediction
-        "reuse_vllm": reuse.get(Backend.VLLM, 0),
-        "reuse_sglang": reuse.get(Backend.SGLANG, 0),
-        "reuse_ollama": reuse.get(Backend.OLLAMA, 0),
+        "reuse_llamacpp_hybrid": reuse.get(CHECKPOINT_BACKEND, 0) if known else None,  # no layout, no prediction
+        "reuse_vllm": reuse.get(_VLLM, 0),
+        "reuse_sglang": reuse.get(_SGLANG, 0),
+        "reuse_ollama": reuse.get(_OLLAMA, 0),
         "note": t.note,
     }
 
