@@ -34,6 +34,14 @@ TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this 
 if TYPE_CHECKING:
     from typing import Any, TypeGuard
 
+# The section kinds and origins the detectors read, as module names: in Python 3.11 a member read through its enum
+# (`K.TOOL`) goes through EnumType's `__getattr__` hook, ~875 instructions a read where a module name costs ~20, and
+# the detectors read ~30 of them a hunk (core/model.py names its own likewise).
+_MESSAGE, _BOILERPLATE, _FIELD, _DATE, _REASONING = K.MESSAGE, K.BOILERPLATE, K.FIELD, K.DATE, K.REASONING
+_TOOLS, _TOOL, _TOOL_CALL, _TOOL_RESPONSE = K.TOOLS, K.TOOL, K.TOOL_CALL, K.TOOL_RESPONSE
+_GENERATED, _GENERATION_PROMPT = K.GENERATED, K.GENERATION_PROMPT
+_CLIENT, _SERVER, _TEMPLATE, _UNKNOWN = Origin.CLIENT, Origin.SERVER, Origin.TEMPLATE, Origin.UNKNOWN
+
 PAD = 48  # bytes of context either side when matching patterns around a hunk
 
 
@@ -164,14 +172,14 @@ def _where(path: SectionPath) -> str:
 
 def _field_origin(path: SectionPath) -> Origin:
     """'client' when a request field or a tool owns the span, 'template' for markers and boilerplate."""
-    if path.has(K.TOOLS, K.TOOL) or any(p.field and p.kind != K.MESSAGE for p in path):
-        return Origin.CLIENT
-    return Origin.TEMPLATE if path else Origin.UNKNOWN
+    if path.has(_TOOLS, _TOOL) or any(p.field and p.kind != _MESSAGE for p in path):
+        return _CLIENT
+    return _TEMPLATE if path else _UNKNOWN
 
 
 def _is_reasoning(path: SectionPath) -> bool:
     """Reasoning: a think block or reasoning field, or a harmony analysis-channel turn."""
-    return path.has(K.REASONING) or "analysis" in (path.role or "")
+    return path.has(_REASONING) or "analysis" in (path.role or "")
 
 
 def _is_system(path: SectionPath) -> bool:
@@ -180,7 +188,7 @@ def _is_system(path: SectionPath) -> bool:
 
 def _in_tool_exchange(path: SectionPath) -> bool:
     """A tool call, a tool result, a tool definition, or a tool-role turn."""
-    return path.has(K.TOOL_CALL, K.TOOL_RESPONSE, K.TOOL, K.TOOLS) or path.role in ("tool", "ipython")
+    return path.has(_TOOL_CALL, _TOOL_RESPONSE, _TOOL, _TOOLS) or path.role in ("tool", "ipython")
 
 
 def _field_named(path: SectionPath, *names: str) -> bool:
@@ -315,7 +323,7 @@ def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
     ta, tb = ctx.a_text, ctx.b_text  # the bytes `is_boundary` compares: no common first byte, no boundary
     if not ta or not tb or ta[0] != tb[0] or not is_boundary(ctx.a, ctx.b, ctx.h):
         return None
-    gen = ctx.a_path.has(K.GENERATED)
+    gen = ctx.a_path.has(_GENERATED)
     inside = retokenized_finding(ctx, ctx.h.a_start, ctx.h.b_start) if gen else None
     if inside is not None and ctx.h.a_byte_start > _generated_start(ctx.a):
         return inside
@@ -326,7 +334,7 @@ def detect_bpe_boundary(ctx: Ctx) -> Finding | None:
         f"{n_a} token(s) in A and {n_b} in B spell the same bytes"
         + (" (the model's generated tokens, re-tokenised from text)" if gen else "")
         + f" at byte {ctx.h.a_byte_start:,}",
-        origin=Origin.CLIENT if gen else Origin.UNKNOWN,
+        origin=_CLIENT if gen else _UNKNOWN,
     )
 
 
@@ -384,13 +392,13 @@ class _Index:
     @property
     def response_starts(self) -> list[int]:
         if self._response_starts is None:
-            self._response_starts = [s.start for s in self.sections if s.path.has(K.TOOL_RESPONSE)]
+            self._response_starts = [s.start for s in self.sections if s.path.has(_TOOL_RESPONSE)]
         return self._response_starts
 
     @property
     def generated(self) -> Section | None:
         if self._generated is None:
-            gen = K.GENERATED in self.kinds and next((x for x in self.sections if x.path[-1].kind == K.GENERATED), None)
+            gen = _GENERATED in self.kinds and next((x for x in self.sections if x.path[-1].kind == _GENERATED), None)
             self._generated = (gen or None,)
         return self._generated[0]
 
@@ -440,7 +448,7 @@ class _Index:
         """The tool-result sections (`_is_result`), in the sections' order."""
         if self._results is None:  # one needs a TOOL_RESPONSE part, or a role (a part's name) tool or ipython
             kinds, names = self.kinds, self._names
-            some = K.TOOL_RESPONSE in kinds or "tool" in names or "ipython" in names
+            some = _TOOL_RESPONSE in kinds or "tool" in names or "ipython" in names
             self._results = [s for s in self.sections if _is_result(s.path)] if some else []
         return self._results
 
@@ -449,8 +457,8 @@ class _Index:
         """Some section is a tool-call ID position (`_id_position`): `Prompt.owner` finds no other path but
         the empty one and END_OF_PROMPT, neither of them an ID position."""
         if self._id_positions is None:
-            self._id_positions = K.FIELD in self.kinds and any(
-                p.kind == K.FIELD and p.name in ID_FIELDS for s in self.sections for p in s.path
+            self._id_positions = _FIELD in self.kinds and any(
+                p.kind == _FIELD and p.name in ID_FIELDS for s in self.sections for p in s.path
             )
         return self._id_positions
 
@@ -460,7 +468,7 @@ class _Index:
         is: every owner `Prompt.owner` gives is a section's path (or NO_SECTION, END_OF_PROMPT: no message)."""
         if self._last_message is None:  # C-level passes over the sections (a long prompt has hundreds)
             firsts = list(map(_FIRST, filter(None, map(_PARTS, self.sections))))
-            messages = list(compress(firsts, map(eq, map(_KIND, firsts), repeat(K.MESSAGE))))
+            messages = list(compress(firsts, map(eq, map(_KIND, firsts), repeat(_MESSAGE))))
             given = list(filter(None, map(_INDEX, messages)))  # `index or 0` is 0 for the others
             self._last_message = -1 if not messages else max(given) if len(given) == len(messages) else max([*given, 0])
         return self._last_message
@@ -468,7 +476,7 @@ class _Index:
     @property
     def tools(self) -> bool:
         """Some section's path holds a TOOLS or TOOL part."""
-        return K.TOOLS in self.kinds or K.TOOL in self.kinds
+        return _TOOLS in self.kinds or _TOOL in self.kinds
 
     @property
     def system_reach(self) -> int:
@@ -477,7 +485,7 @@ class _Index:
         if self._system_reach is None:  # a top's role (`_is_system`) is its one part's name, if a turn's
             tops = self.tops
             named = compress(tops, map(eq, map(_NAME, map(_FIRST, map(_PARTS, tops))), repeat("system")))
-            turns = (s.end for s in named if s.path.parts[0].kind in (K.MESSAGE, K.BOILERPLATE))
+            turns = (s.end for s in named if s.path.parts[0].kind in (_MESSAGE, _BOILERPLATE))
             self._system_reach = max(turns, default=0)
         return self._system_reach
 
@@ -550,7 +558,7 @@ def retokenized_finding(ctx: Ctx, ia: int, ib: int) -> Finding | None:
         return None
     into = max(0, ctx.a.byte_offset(ia) - _generated_start(ctx.a))
     where = ctx.b.owner(ib)
-    turn = where.top.label if where.top is not None and where.top.kind == K.MESSAGE else "history"
+    turn = where.top.label if where.top is not None and where.top.kind == _MESSAGE else "history"
     return finding(
         C.OUTPUT_RETOKENIZED,
         ctx.i,
@@ -562,7 +570,7 @@ def retokenized_finding(ctx: Ctx, ia: int, ib: int) -> Finding | None:
 def detect_output_retokenized(ctx: Ctx) -> Finding | None:
     """output_retokenized: A's generated text is dropped here but B holds the same text elsewhere
     (a diff that lined up the re-tokenised answer as a deletion plus an insertion)."""
-    if not ctx.a_path.has(K.GENERATED) or ctx.h.a_start == ctx.h.a_end:
+    if not ctx.a_path.has(_GENERATED) or ctx.h.a_start == ctx.h.a_end:
         return None
     start = max(ctx.h.a_byte_start, _generated_start(ctx.a))
     text = ctx.a.data[start : ctx.h.a_byte_end]
@@ -595,7 +603,7 @@ def _top(p: Prompt, kind: K) -> Section | None:
 
 def _last_turn_start(p: Prompt, end: int) -> int:
     """Where A's open generation prompt starts, else `end` (looked up only for an insertion)."""
-    gp = _top(p, K.GENERATION_PROMPT)
+    gp = _top(p, _GENERATION_PROMPT)
     return gp.start if gp else end
 
 
@@ -656,12 +664,12 @@ def detect_generation_prompt(ctx: Ctx) -> Finding | None:
     """generation_prompt (expected) and empty_think_prefill: A's open generation prompt becomes the
     answer in B."""
     top = ctx.a_path.top
-    if top is None or top.kind != K.GENERATION_PROMPT or ctx.h.a_start >= len(ctx.a):
+    if top is None or top.kind != _GENERATION_PROMPT or ctx.h.a_start >= len(ctx.a):
         return None
-    gp = ctx.ia.first_top(K.GENERATION_PROMPT)
+    gp = ctx.ia.first_top(_GENERATION_PROMPT)
     # what A had from the divergence to the end of its generation prompt
     a_txt = ctx.a.data[ctx.h.a_byte_start : gp.byte_end if gp else ctx.h.a_byte_end].decode("utf-8", "replace")
-    if ctx.a_path.has(K.GENERATED) and not _prefill_only(a_txt) and not _think_prefill_skipped(ctx):
+    if ctx.a_path.has(_GENERATED) and not _prefill_only(a_txt) and not _think_prefill_skipped(ctx):
         return None  # the model's output itself differs: other detectors (reasoning, JSON, boundary) say why
     if _think_prefill_skipped(ctx) or ("<think>" in a_txt and "</think>" in a_txt and _prefill_only(a_txt)):
         return finding(
@@ -688,7 +696,7 @@ def detect_reasoning(ctx: Ctx) -> Finding | None:
     if not a_reason or (_is_reasoning(ctx.b_path) and not _prefill_only(ctx.b_str)):  # B's read only where A's is
         return None
     top = ctx.a_path.top
-    if top and top.kind == K.GENERATION_PROMPT and _prefill_only(ctx.a_str):
+    if top and top.kind == _GENERATION_PROMPT and _prefill_only(ctx.a_str):
         return None  # an empty think block prefilled on the generation prompt: not reasoning
     near_b = ctx.b.data[max(0, ctx.h.b_byte_start - 16) : ctx.h.b_byte_end + 40]
     empty_b = re.search(rb"<think>\s*</think>", near_b) is not None
@@ -762,7 +770,7 @@ def _user_turn_after(p: Prompt, token: int) -> bool:
 
 def _tool_names(p: Prompt) -> list[str]:
     """The tools of a prompt, in order (`#j` where a tool has no name)."""
-    return [s.path.tool_name or "" for s in p.sections if s.path[-1].kind == K.TOOL]
+    return [s.path.tool_name or "" for s in p.sections if s.path[-1].kind == _TOOL]
 
 
 def _tool_moved_or_changed(ctx: Ctx, na: list[str], nb: list[str]) -> Finding | None:
@@ -781,7 +789,7 @@ def _tool_moved_or_changed(ctx: Ctx, na: list[str], nb: list[str]) -> Finding | 
 
 def detect_tools(ctx: Ctx) -> Finding | None:
     """tool_order, tool_set and tool_changed: the tools block differs."""
-    if not (ctx.a_path.has(K.TOOLS, K.TOOL) or ctx.b_path.has(K.TOOLS, K.TOOL)):
+    if not (ctx.a_path.has(_TOOLS, _TOOL) or ctx.b_path.has(_TOOLS, _TOOL)):
         return None
     found = _tool_moved_or_changed(ctx, _tool_names(ctx.a), _tool_names(ctx.b))
     if found:
@@ -808,8 +816,8 @@ def detect_date(ctx: Ctx) -> Finding | None:
     inserted = None if ch else _inserted(ctx, DATE_RE)
     if not ch and not inserted:
         return None
-    client = _field_origin(ctx.a_path) == Origin.CLIENT
-    origin = Origin.TEMPLATE if ctx.a_path.has(K.DATE, K.BOILERPLATE) else Origin.CLIENT if client else Origin.UNKNOWN
+    client = _field_origin(ctx.a_path) == _CLIENT
+    origin = _TEMPLATE if ctx.a_path.has(_DATE, _BOILERPLATE) else _CLIENT if client else _UNKNOWN
     # a time of day changes every turn; a bare date only once a day, so "day precision" is no advice for it
     precision = (
         "Give the date at day precision (drop the time), or move" if _has_time(ch or ("", inserted or "")) else "Move"
@@ -818,8 +826,7 @@ def detect_date(ctx: Ctx) -> Finding | None:
     return finding(
         C.DATE,
         ctx.i,
-        f"{what} in {_where(ctx.a_path)}"
-        + (" (injected by the template or server)" if origin == Origin.TEMPLATE else ""),
+        f"{what} in {_where(ctx.a_path)}" + (" (injected by the template or server)" if origin == _TEMPLATE else ""),
         origin=origin,
         precision=precision,
         variant="" if ch else "inserted",
@@ -882,7 +889,7 @@ def _id_position(path: SectionPath) -> bool:
     markers (Mistral's [CALL_ID] and [TOOL_RESULTS] IDs, Mistral Nemo's "id" and "call_id" keys). A plain loop,
     not any() of a generator: asked of both owners of every hunk."""
     for p in path.parts:  # noqa: SIM110 - see above
-        if p.kind == K.FIELD and p.name in ID_FIELDS:
+        if p.kind == _FIELD and p.name in ID_FIELDS:
             return True
     return False
 
@@ -980,13 +987,13 @@ def detect_json_reserialized(ctx: Ctx) -> Finding | None:
     keys_a = re.findall(rb'"([^"\\]+)"\s*:', ta)
     keys_b = re.findall(rb'"([^"\\]+)"\s*:', tb)
     how = "key order" if keys_a != keys_b else "whitespace or separators"
-    in_call = ctx.a_path.has(K.TOOL_CALL) or _field_named(ctx.a_path, "arguments")
+    in_call = ctx.a_path.has(_TOOL_CALL) or _field_named(ctx.a_path, "arguments")
     return finding(
         C.JSON_RESERIALIZED,
         ctx.i,
         f"the JSON object at byte {ja[0]:,} is equal as data but differs in {how}"
         + (" (tool-call arguments)" if in_call else ""),
-        origin=Origin.CLIENT if in_call else Origin.UNKNOWN,
+        origin=_CLIENT if in_call else _UNKNOWN,
     )
 
 
@@ -1147,14 +1154,14 @@ def _merge_story(ctx: Ctx, added: str) -> tuple[str, Origin]:
         if m.get("role") in ("system", "developer") and len(text) >= 8 and text[:120] in added:
             return (
                 f"; B's request sends it as a separate system message (messages[{k}]), merged into the first",
-                Origin.SERVER,
+                _SERVER,
             )
     first = _content_text(msgs_b[0].get("content")) if msgs_b else ""
     if probe and probe in first:
         moved = any(probe in _content_text(m.get("content")) for m in _messages(ctx.a)[1:])
         where = "moved there from a later message of A" if moved else "the client appended it to messages[0]"
-        return f"; B's request has it in its system prompt ({where})", Origin.CLIENT
-    return "", Origin.UNKNOWN
+        return f"; B's request has it in its system prompt ({where})", _CLIENT
+    return "", _UNKNOWN
 
 
 def detect_system_appended(ctx: Ctx) -> Finding | None:
@@ -1208,7 +1215,7 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
     """reminder_moved: a block removed from an older message shows up in a later message of B
     (opencode moves its <system-reminder> to the newest user message)."""
     src = ctx.a_path.top
-    if src is None or src.kind != K.MESSAGE or (src.index or 0) >= ctx.ib.last_message:
+    if src is None or src.kind != _MESSAGE or (src.index or 0) >= ctx.ib.last_message:
         return None  # not a message of A; or no message of B comes after it, where `_later_message` needs one
     # `_removed` is a part of A's side: shorter than 24 characters where that side is
     removed = _removed(ctx).strip() if ctx.text_lengths()[0] >= 24 else ""
@@ -1235,14 +1242,14 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
 
 def _later_message(dest: Part | None, src: Part) -> TypeGuard[Part]:
     """`dest` is a message after message `src`."""
-    return dest is not None and dest.kind == K.MESSAGE and (dest.index or 0) > (src.index or 0)
+    return dest is not None and dest.kind == _MESSAGE and (dest.index or 0) > (src.index or 0)
 
 
 def _message_holds(p: Prompt, index: int | None, text: str) -> bool:
     """Message `index` of `p` (its turn-level section) holds `text`."""
     if index is None:
         return False
-    top = (s for s in _index(p).tops if s.path.parts[0].kind == K.MESSAGE)
+    top = (s for s in _index(p).tops if s.path.parts[0].kind == _MESSAGE)
     turn = next((s for s in top if s.path.parts[0].index == index), None)
     if turn is None:
         return False
@@ -1257,9 +1264,9 @@ def _is_result(path: SectionPath) -> bool:
     if not path.parts:
         return False
     last = path.parts[-1]
-    if last.kind == K.TOOL_RESPONSE:
+    if last.kind == _TOOL_RESPONSE:
         return True
-    if last.kind != K.MESSAGE and last.name != "content":
+    if last.kind != _MESSAGE and last.name != "content":
         return False
     role = last.name if len(path.parts) == 1 else path.role  # a turn's own part: `role` finds it
     return role in ("tool", "ipython")
@@ -1375,7 +1382,7 @@ _THINK_TAGS = Lazy(r"</?think>")
 def _thinking_toggled(ctx: Ctx) -> str | None:
     """The generation prompt of the same conversation opens thinking on one side and closes it on the
     other (DeepSeek V3.1's `thinking`: `<think>` against `<think></think>`): what each side renders."""
-    ga, gb = ctx.ia.first_top(K.GENERATION_PROMPT), ctx.ib.first_top(K.GENERATION_PROMPT)
+    ga, gb = ctx.ia.first_top(_GENERATION_PROMPT), ctx.ib.first_top(_GENERATION_PROMPT)
     if ga is None or gb is None or ctx.h.a_start >= len(ctx.a):
         return None  # past A's end: B only adds to it (Qwen3's empty think block), nothing is lost
     if not (ga.start <= ctx.h.a_start < ga.end and gb.start <= ctx.h.b_start < gb.end):
@@ -1415,7 +1422,7 @@ def detect_setting(ctx: Ctx) -> Finding | None:
         return None
     ka, kb = _request_settings(ctx.a), _request_settings(ctx.b)
     changed = [f"{k} {ka.get(k)!r} -> {kb.get(k)!r}" for k in sorted(set(ka) | set(kb)) if ka.get(k) != kb.get(k)]
-    origin = Origin.TEMPLATE if changed or ctx.a_path.has(K.BOILERPLATE) else _field_origin(ctx.a_path)
+    origin = _TEMPLATE if changed or ctx.a_path.has(_BOILERPLATE) else _field_origin(ctx.a_path)
     return finding(
         C.SETTING_CHANGED,
         ctx.i,
@@ -1430,7 +1437,7 @@ def _pair_setting_silent(a: Prompt, b: Prompt, ia: _Index, ib: _Index, hunks: Se
     either's lines (`_no_switch`); not both a generation prompt (`_thinking_toggled` needs one on each side)."""
     if _may_set(a.data) and _may_set(b.data):
         return False
-    if ia.first_top(K.GENERATION_PROMPT) is not None and ib.first_top(K.GENERATION_PROMPT) is not None:
+    if ia.first_top(_GENERATION_PROMPT) is not None and ib.first_top(_GENERATION_PROMPT) is not None:
         return False
     if not (_no_switch(a.data) and _no_switch(b.data)):
         return False
@@ -1480,7 +1487,7 @@ def detect_rewritten(ctx: Ctx) -> Finding | None:
     b_txt = ctx.b_str
     placeholder = PLACEHOLDER_RE.search(b_txt)
     top = ctx.a_path.top
-    in_message = top is not None and top.kind == K.MESSAGE
+    in_message = top is not None and top.kind == _MESSAGE
     if not in_message and not placeholder:
         return None
     if placeholder or len(b_txt) < len(a_txt) // 2:
@@ -1528,9 +1535,7 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
     if cleared_result(a, b, d.hunks[0]) is not None or _same_text(a, b, d.hunks[0]):
         return None  # an old tool result cleared, or the text re-encoded: the conversation goes on
     turns = [
-        s
-        for s in _index(a).tops
-        if s.end > d.lcp and s.start < _prompt_end(a) and s.path[0].kind != K.GENERATION_PROMPT
+        s for s in _index(a).tops if s.end > d.lcp and s.start < _prompt_end(a) and s.path[0].kind != _GENERATION_PROMPT
     ]
     if not turns or any(2 * _shared_in(a, s, d.lcp, runs) >= s.end - s.start for s in turns):
         return None
@@ -1749,8 +1754,8 @@ def detect_tool_key_order(ctx: Ctx) -> Finding | None:
     name = pa.tool_name
     if not name or name != pb.tool_name:
         return None
-    ia = next((p.index for p in pa if p.kind == K.TOOL), None)
-    ib = next((p.index for p in pb if p.kind == K.TOOL), None)
+    ia = next((p.index for p in pa if p.kind == _TOOL), None)
+    ib = next((p.index for p in pb if p.kind == _TOOL), None)
     va, vb = _tool_from_request(ctx.a, ia), _tool_from_request(ctx.b, ib)
     if va is None or vb is None:
         pa_tool, pb_tool = _tool_path(pa), _tool_path(pb)
@@ -1773,7 +1778,7 @@ def detect_tool_key_order(ctx: Ctx) -> Finding | None:
 
 def _tool_path(path: SectionPath) -> SectionPath:
     """The path down to (and including) its tool part."""
-    k = next((n for n, p in enumerate(path) if p.kind == K.TOOL), len(path) - 1)
+    k = next((n for n, p in enumerate(path) if p.kind == _TOOL), len(path) - 1)
     return path[: k + 1]
 
 
