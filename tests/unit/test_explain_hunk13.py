@@ -137,7 +137,8 @@ def _setting_pairs(seed: int, n: int):
         yield a, b, align(a, b)
 
 
-def test_detect_setting_is_left_out_only_where_it_finds_nothing():
+def test_detect_setting_is_left_out_only_where_it_finds_nothing(monkeypatch):
+    monkeypatch.setattr(ex, "SETTING_GATE_BYTES", 1 << 30)  # asked of every pair, whatever its size
     left_out = spoke = cut_spoke = 0
     for a, b, d in _setting_pairs(14, 3000):
         dets = ex.pair_detectors(a, b, d)
@@ -152,9 +153,10 @@ def test_detect_setting_is_left_out_only_where_it_finds_nothing():
     assert left_out > 300 and spoke > 100 and cut_spoke > 20, (left_out, spoke, cut_spoke)
 
 
-def test_a_line_cut_at_a_closing_tag_reads_a_switch():
+def test_a_line_cut_at_a_closing_tag_reads_a_switch(monkeypatch):
     """The case `_cut_tag` keeps detect_setting for: A's line starts at the '/' of "</think>", B's a byte later
     (its tokens' IDs and bytes: "=" and "==" differ in both)."""
+    monkeypatch.setattr(ex, "SETTING_GATE_BYTES", 1 << 30)
     a = _prompt(["word", "</think>", "y" * 200, "=", "y" * 304, "word"], False)
     b = _prompt(["word", "</think>", "y" * 200, "==", "y" * 304, "\u00e9"], False)
     assert a.data.startswith(b"</think", int(a.offsets[5]) - ex.LINE_REACH - 1)
@@ -201,3 +203,24 @@ def test_a_sides_probe_is_text_probes():
     for s, e in ((0, len(long)), (3, ex.PROBE_TOKENS + 3), (5, ex.PROBE_TOKENS + 4)):
         raw = long.data[long.byte_offset(s) : long.byte_offset(e)]
         assert ex._side_probe(long, s, e, raw) == ex.text_probe(long, s, e)
+
+
+def test_the_setting_gate_is_asked_only_where_the_pair_is_short_for_its_hunks(monkeypatch):
+    """`_pair_setting_silent` scans both whole prompts: asked where they hold at most SETTING_GATE_BYTES a hunk."""
+    asked: list[int] = []
+    real = ex._pair_setting_silent
+
+    def counted(a, b, ia, ib, hunks):
+        asked.append(len(hunks))
+        return real(a, b, ia, ib, hunks)
+
+    monkeypatch.setattr(ex, "_pair_setting_silent", counted)
+    short = _prompt(["word", " the", "=", "word"], False), _prompt(["word", " the", ":", "word"], False)
+    long_a = _prompt(["word"] + ["y" * 600] * 8 + ["="], False)
+    long_b = _prompt(["word"] + ["y" * 600] * 8 + [":"], False)
+    ex.pair_detectors(*short, align(*short))
+    assert asked == [1]
+    d = align(long_a, long_b)
+    assert len(long_a.data) + len(long_b.data) > ex.SETTING_GATE_BYTES * len(d.hunks)
+    assert ex.detect_setting in ex.pair_detectors(long_a, long_b, d)  # kept: it runs on the hunk instead
+    assert asked == [1]

@@ -1115,7 +1115,8 @@ def detect_moved(ctx: Ctx) -> Finding | None:
 def _side_probe(p: Prompt, start: int, end: int, raw: bytes) -> bytes:
     """`text_probe(p, start, end)` of a hunk's side, `raw` its tokens' bytes (as `align` cuts them): none in fewer
     than 24 bytes; where its tokens are no more than PROBE_TOKENS and none is special, the one stretch between
-    markers is `raw` itself."""
+    markers is `raw` itself. Needs `raw` to be exactly p.data between tokens `start` and `end`'s byte offsets, as
+    every hunk made today holds it (`align`, `tails`): a hunk with other bytes would be probed on them."""
     if len(raw) < 24:
         return b""
     flags = flag_bytes(p.special, start, end) if end - start <= PROBE_TOKENS else None
@@ -1429,6 +1430,9 @@ def detect_setting(ctx: Ctx) -> Finding | None:
         f"{what} in {_where(ctx.a_path)}" + (f" (request: {', '.join(changed)})" if changed else ""),
         origin=origin,
     )
+
+
+SETTING_GATE_BYTES = 2048  # prompt bytes a hunk up to which `pair_detectors` asks `_pair_setting_silent`
 
 
 def _pair_setting_silent(a: Prompt, b: Prompt, ia: _Index, ib: _Index, hunks: Sequence[Hunk]) -> bool:
@@ -1898,7 +1902,9 @@ def pair_detectors(a: Prompt, b: Prompt, d: Divergence) -> list[Callable[[Ctx], 
     enclosing object on both sides, and one opens at a '{'); detect_line_endings where neither holds a CRLF (its
     texts, cut from the prompts, are then equal once CRLFs are made LFs only where they are equal); and
     detect_unicode_form where both are ASCII (its texts are then); detect_setting where `_pair_setting_silent` shows it
-    silent on every hunk of `d`. The rest keep their order, so `best_finding` keeps the first of the most confident
+    silent on every hunk of `d`, asked only where the prompts hold at most SETTING_GATE_BYTES a hunk (its scans of
+    both whole prompts cost more than detect_setting on the few hunks of a long pair: +8 M instructions on a 48k-token
+    pair's `diff`). The rest keep their order, so `best_finding` keeps the first of the most confident
     (tests/unit/test_explain_pair11.py holds it to all of them)."""
     ia, ib = _index(a), _index(b)
     skip: set[Callable[[Ctx], Finding | None]] = set()
@@ -1914,7 +1920,9 @@ def pair_detectors(a: Prompt, b: Prompt, d: Divergence) -> list[Callable[[Ctx], 
         skip.add(detect_line_endings)
     if a.data.isascii() and b.data.isascii():
         skip.add(detect_unicode_form)
-    if _pair_setting_silent(a, b, ia, ib, d.hunks):
+    if len(a.data) + len(b.data) <= SETTING_GATE_BYTES * max(1, len(d.hunks)) and _pair_setting_silent(
+        a, b, ia, ib, d.hunks
+    ):
         skip.add(detect_setting)
     return [det for det in DETECTORS if det not in skip] if skip else DETECTORS
 
