@@ -52,9 +52,7 @@ T_co = TypeVar("T_co", covariant=True)
 BACKENDS = tuple(Backend)  # llama.cpp, llama.cpp-hybrid, vllm, sglang, ollama: the columns, in order
 CHECKPOINT_BACKEND = Backend.LLAMA_CPP_HYBRID  # stateful: the session replayed through one slot's checkpoints
 RELOAD = CauseKind.OLLAMA_RELOAD  # the backend fact that overrides a turn's reuse: a reloaded model has no cache
-# the members read for every turn, as module names: in Python 3.11 `Backend.X` goes through EnumType's `__getattr__`
-# hook (a metaclass with one has no fast path for its class's attributes: a call, ~900 instructions), a module
-# name is a dict lookup
+# the members read for every turn, as module names (core/kinds.py says why)
 _LLAMA_CPP, _VLLM, _SGLANG, _OLLAMA = Backend.LLAMA_CPP, Backend.VLLM, Backend.SGLANG, Backend.OLLAMA
 RELOAD_TITLE = "Model reloaded by Ollama: nothing reused"
 SERVER_CAUSES = (RELOAD, "vllm_evicted")  # causes the server is to blame for, not a place in the prompt

@@ -34,9 +34,7 @@ TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this 
 if TYPE_CHECKING:
     from typing import Any, TypeGuard
 
-# The section kinds and origins the detectors read, as module names: in Python 3.11 a member read through its enum
-# (`K.TOOL`) goes through EnumType's `__getattr__` hook, ~875 instructions a read where a module name costs ~20, and
-# the detectors read ~30 of them a hunk (core/model.py names its own likewise).
+# the section kinds and origins the detectors read, ~30 a hunk, as module names (core/kinds.py says why)
 _MESSAGE, _BOILERPLATE, _FIELD, _DATE, _REASONING = K.MESSAGE, K.BOILERPLATE, K.FIELD, K.DATE, K.REASONING
 _TOOLS, _TOOL, _TOOL_CALL, _TOOL_RESPONSE = K.TOOLS, K.TOOL, K.TOOL_CALL, K.TOOL_RESPONSE
 _GENERATED, _GENERATION_PROMPT = K.GENERATED, K.GENERATION_PROMPT
@@ -470,7 +468,12 @@ class _Index:
             firsts = list(map(_FIRST, filter(None, map(_PARTS, self.sections))))
             messages = list(compress(firsts, map(eq, map(_KIND, firsts), repeat(_MESSAGE))))
             given = list(filter(None, map(_INDEX, messages)))  # `index or 0` is 0 for the others
-            self._last_message = -1 if not messages else max(given) if len(given) == len(messages) else max([*given, 0])
+            if not messages:
+                self._last_message = -1
+            elif len(given) < len(messages):  # some message's `index or 0` is 0
+                self._last_message = max([*given, 0])
+            else:
+                self._last_message = max(given)
         return self._last_message
 
     @property

@@ -35,8 +35,7 @@ SEP = " › "
 # The kinds of a section path's parts. Every stage (the template grammar, the request renderer,
 # the detectors, the cost model) speaks this vocabulary, so none of them parses display strings.
 _K = SectionKind
-# the kinds read for every part or section walked, as module names: in Python 3.11 `_K.X` goes through EnumType's
-# `__getattr__` hook (a metaclass with one has no fast path for its class's attributes: a call, ~900 instructions)
+# the kinds read for every part or section walked, as module names (core/kinds.py says why)
 _MESSAGE, _BOILERPLATE, _GENERATED, _FIELD = _K.MESSAGE, _K.BOILERPLATE, _K.GENERATED, _K.FIELD
 _TOOLS, _TOOL, _TOOL_CALL = _K.TOOLS, _K.TOOL, _K.TOOL_CALL
 KINDS = {
@@ -252,8 +251,8 @@ class SectionPath:
         given this path's generalised one, so a session's renumbered paths (a strip form's, one a turn) share one
         span key object, which `cost._count_spans` finds by identity (equal paths compare their parts in Python)."""
         parts = self.parts
-        new = SectionPath(tuple(replace(p, index=index) if p.kind == _K.MESSAGE else p for p in parts))
-        if not any(p.kind == _K.MESSAGE and p.name == "system" for p in parts):
+        new = SectionPath(tuple(replace(p, index=index) if p.kind == _MESSAGE else p for p in parts))
+        if not any(p.kind == _MESSAGE and p.name == "system" for p in parts):
             new.__dict__["_generalised"] = self.generalised()
         return new
 

@@ -38,8 +38,7 @@ if TYPE_CHECKING:
     )
 
 SCHEMA: Final = "tokendiff.report/1"
-# the backends a turn's row reads, as module names: `Backend.X` is a call in Python 3.11 (EnumType's `__getattr__`
-# hook, ~900 instructions), four a turn
+# the backends a turn's row reads, as module names (core/kinds.py says why)
 _LLAMA_CPP, _VLLM, _SGLANG, _OLLAMA = Backend.LLAMA_CPP, Backend.VLLM, Backend.SGLANG, Backend.OLLAMA
 
 
