@@ -69,3 +69,35 @@ def test_turns_are_filled_before_anything_reads_them(tmp_path, monkeypatch, span
     monkeypatch.setattr(Analyser, "SPANS_AT", spans_at)
     final, live = _analysed(d, in_flight=0)
     assert [facts for facts, _ in live] == [_turn_facts(t) for t in final.session().turns]
+
+
+class _Late:
+    """A pair's diff that reads as unfinished until it is waited on: the pairs after it wait in turn order."""
+
+    def __init__(self, fut):
+        self.fut = fut
+
+    def done(self) -> bool:
+        return False
+
+    def result(self):
+        return self.fut.result()
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_tail_pairs_taken_at_once_are_counted_as_queued(tmp_path, monkeypatch, seed):
+    """A pair filled from its form while no pair waits before it is taken up at once (`Analyser._diff`); behind
+    pairs that wait (here every pair diffed in full reads as unfinished until waited on) it queues, and the turns,
+    spans, examples and work are the same either way."""
+    from general_case import make_divergent_slots
+
+    from tokendiff.core import cost
+
+    d = tmp_path / "s"
+    make_divergent_slots(
+        d, 120, history=20 + 20 * seed, compact_at=400 + 300 * seed, date_every=3 + 4 * seed, seed=seed
+    )
+    at_once = _answers(d, monkeypatch, 32, 1 << 18, 32)
+    submit = cost.InlinePairs.submit
+    monkeypatch.setattr(cost.InlinePairs, "submit", lambda self, a, b, n: _Late(submit(self, a, b, n)))
+    assert _answers(d, monkeypatch, 32, 1 << 18, 32) == at_once

@@ -63,7 +63,7 @@ def _count_spans_by_keys(t: Turn, spans: dict, ceiling: int) -> bool:
 
 def _span_gains_by_keys(t: Turn, ceiling: int, keyed: list) -> dict:
     """The gains as `cost._span_gains` once made them: every key against the others by equality."""
-    if t.divergence is None and t.tail_owner is None:
+    if t.divergence is None and t.tail is None:
         return {}
     out = {}
     for key in {k for _, k in keyed if k is not None}:
@@ -94,6 +94,13 @@ def _paths(rng: random.Random) -> list[SectionPath]:
     return out
 
 
+class _Tail:
+    """What a turn reads of its tail diff (core.tails.TailDiff): its one hunk's owner, an edit turn's hunks."""
+
+    def __init__(self, owner: SectionPath, hunks: tuple = ()):
+        self.owner, self.hunks = owner, hunks
+
+
 def _turn(rng: random.Random, k: int, paths: list[SectionPath]) -> Turn:
     t = Turn(turn=k, origin="", n_tokens=rng.randrange(10, 3000))
     kinds = [
@@ -122,13 +129,13 @@ def _turn(rng: random.Random, k: int, paths: list[SectionPath]) -> Turn:
             hunks.append(Hunk(b, b + 1, b, b + 2, 0, 0, 0, 0, a_owner, b_owner))
         t.divergence = Divergence(t.n_tokens, t.n_tokens, 0, None, tuple(hunks))
     elif shape == 1:  # a tail turn: one owner
-        t.tail_owner = rng.choice(paths)
+        t.tail = _Tail(rng.choice(paths))
         t.lcp = rng.randrange(0, t.n_tokens)
     else:  # an edit turn: each hunk's owner and place
-        t.tail_owner = rng.choice(paths)
-        t.tail_hunks = tuple((rng.choice(paths), rng.randrange(0, t.n_tokens)) for _ in range(n_hunks))
+        hunks = tuple((rng.choice(paths), rng.randrange(0, t.n_tokens)) for _ in range(n_hunks))
+        t.tail = _Tail(rng.choice(paths), hunks)
     if rng.random() < 0.1:  # a turn with neither (no gains)
-        t.divergence, t.tail_owner, t.tail_hunks = None, None, ()
+        t.divergence, t.tail = None, None
     return t
 
 
@@ -159,10 +166,11 @@ def test_path_caches_are_the_paths_own():
 
 def _hunk_owner_as_it_was(t: Turn, i: int) -> SectionPath:
     """`cost._hunk_owner` before it read a path's truth from its parts."""
-    d = t.divergence
-    if d is None and t.tail_hunks:
-        return t.tail_hunks[i][0]
-    return (d.hunks[i].a_owner or d.hunks[i].b_owner) if d is not None else t.tail_owner or SectionPath()
+    d, tail = t.divergence, t.tail  # its tail's owner and hunks were two fields of the turn
+    if d is None and tail is not None and tail.hunks:
+        return tail.hunks[i][0]
+    owner = tail.owner if tail is not None else None
+    return (d.hunks[i].a_owner or d.hunks[i].b_owner) if d is not None else owner or SectionPath()
 
 
 def test_hunk_owner_is_the_owner_as_it_was():
@@ -171,7 +179,7 @@ def test_hunk_owner_is_the_owner_as_it_was():
         paths = _paths(rng)
         t = _turn(rng, 2, paths)
         if rng.random() < 0.2:
-            t.tail_owner = None
+            t.tail = None
         for f in t.findings:
             got, want = cost._hunk_owner(t, f.hunk), _hunk_owner_as_it_was(t, f.hunk)
             assert got == want and got.generalised() == want.generalised()

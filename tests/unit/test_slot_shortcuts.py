@@ -472,7 +472,7 @@ def test_user_turn_after_found_as_the_turns_are_walked():
 
 def _odd_report(path: Path) -> tuple[bytes, int]:
     loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
-    return orjson.dumps(session_report(loaded, str(path))), sum(t.tail_owner is not None for t in loaded.session.turns)
+    return orjson.dumps(session_report(loaded, str(path))), sum(t.tail is not None for t in loaded.session.turns)
 
 
 def test_odd_strip_sessions_filled_are_their_full_diffs(tmp_path, monkeypatch):

@@ -90,7 +90,7 @@ def _capture(path: Path, turns: int, *, kwargs: bool = True, seed: int = 0) -> P
 
 def _report(path: Path) -> tuple[bytes, int]:
     loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
-    tail_turns = sum(t.tail_owner is not None for t in loaded.session.turns)
+    tail_turns = sum(t.tail is not None for t in loaded.session.turns)
     return orjson.dumps(session_report(loaded, str(path))), tail_turns
 
 
@@ -192,7 +192,7 @@ def test_strip_turns_are_the_full_diff(tmp_path, monkeypatch, seed):
     the whole report is the report with no such turn; both kinds of the reasoning finding are filled."""
     d = _slots(tmp_path / "slots", 80, seed=seed)
     loaded = open_session(PromptOptions(), [str(d)], single_turns=False, workers=1)
-    kinds = {t.findings[0].kind for t in loaded.session.turns if t.tail_owner is not None and not t.tail_hunks}
+    kinds = {t.findings[0].kind for t in loaded.session.turns if t.tail is not None and not t.tail.hunks}
     assert kinds == {CauseKind.REASONING_STRIPPED, CauseKind.REASONING_DROPPED_BY_CLIENT}, kinds
     _same_without_forms(d, monkeypatch)
 
@@ -307,7 +307,7 @@ def test_edit_shapes_of_plain_turns_are_the_full_diff(tmp_path, monkeypatch, lay
     monkeypatch.setattr(tails.Tails, "learn", spy)
     monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
     loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
-    edited = [t for t in loaded.session.turns if t.tail_hunks]
+    edited = [t for t in loaded.session.turns if t.tail is not None and t.tail.hunks]
     turn = {k.turn for k in keys}
     if layout in ("plain", "user", "odd-role"):  # one shape (or a few: the edit's sizes), whatever the text
         assert turn == {True} and len(keys) <= 4 and len(edited) >= 25, (keys, len(edited))
@@ -364,7 +364,7 @@ def test_edit_turns_are_the_full_diff(tmp_path, monkeypatch, kind):
         path = _edit_slots(tmp_path / "slots", 170, seed=int(kind[-1]))
     monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
     loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
-    edited = [t for t in loaded.session.turns if t.tail_hunks]
+    edited = [t for t in loaded.session.turns if t.tail is not None and t.tail.hunks]
     assert {t.findings[0].kind for t in edited} >= {CauseKind.DATE, CauseKind.COUNTER, CauseKind.CONTENT_CHANGED}
     assert len(edited) >= 12, len(edited)
     _same_without_forms(path, monkeypatch)
@@ -398,7 +398,9 @@ def test_edit_turns_of_several_hunks_are_the_full_diff(tmp_path, monkeypatch, se
     path = _edit_slots(tmp_path / "slots", 130, seed=seed, edit=_split_edit)
     monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
     loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
-    split = [t for t in loaded.session.turns if len(t.tail_hunks) > 3]  # two edit hunks, then the strip's two
+    split = [
+        t for t in loaded.session.turns if t.tail is not None and len(t.tail.hunks) > 3
+    ]  # two edit hunks, then the strip's two
     assert len(split) >= 4, len(split)
     _same_without_forms(path, monkeypatch)
 
@@ -437,7 +439,7 @@ def test_edit_turns_of_requests_sending_text_as_parts(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
     plain = _edit_capture(tmp_path / "s.jsonl", 40, edit=dated)  # the same, every request's text a string
     loaded = open_session(PromptOptions(), [str(plain)], single_turns=False, workers=1)
-    assert sum(bool(t.tail_hunks) for t in loaded.session.turns) >= 8
+    assert sum(t.tail is not None and bool(t.tail.hunks) for t in loaded.session.turns) >= 8
     path = _edit_capture(tmp_path / "c.jsonl", 40, parts="odd", edit=dated)
     _report_without_forms_is_the_same(path, monkeypatch)
 
@@ -582,7 +584,7 @@ def test_a_report_whose_first_example_is_a_tail_turn(tmp_path):
     assert any(f is not None for f in learned.forms.values())
     shared = open_session(PromptOptions(), [str(cap)], single_turns=False, loader=loader.fresh(), tails=learned)
     alone = open_session(PromptOptions(), [str(cap)], single_turns=False)
-    assert shared.session.turns[1].tail_owner is not None  # the first tail turn, a first example
+    assert shared.session.turns[1].tail is not None  # the first tail turn, a first example
     assert orjson.dumps(session_report(shared, str(cap))) == orjson.dumps(session_report(alone, str(cap)))
 
 

@@ -94,8 +94,7 @@ class Turn:
     recompute: int = 0  # llama.cpp
     new_tokens: int = 0  # beyond what the previous prompt had: unavoidable
     wasted: int = 0  # recomputed tokens the previous prompt already had
-    section: str = ""  # label of the owner of the first wasteful divergence (A side, else B)
-    path: SectionPath = SectionPath()  # that owner
+    path: SectionPath = SectionPath()  # the owner of the first wasteful divergence (A side, else B)
     cause: CauseKind | Literal[""] = ""  # kind of the first finding that is not expected
     findings: list[Finding] = field(default_factory=list)
     divergence: Divergence | None = None
@@ -113,8 +112,16 @@ class Turn:
     engine: EngineTurn | None = None  # llama-server's policy on this turn: content, engine, server, verdict
     ms_per_token: float | None = None  # this turn's prefill speed: its own measurement, else an estimate (price_turns)
     seconds_estimated: bool = False  # ms_per_token is a given or earlier turns' speed, not this turn's measurement
-    tail_owner: SectionPath | None = None  # a tail turn's (core.tails) one hunk's section: no divergence kept
-    tail_hunks: tuple[tuple[SectionPath, int], ...] = ()  # an edit turn's (core.tails) hunks: section, B's start
+    # a tail turn's diff (core.tails): its `owner` the section of its one hunk, or its `hunks` an edit turn's
+    # (section, B's start each); no divergence kept
+    tail: TailDiff | None = None
+    # 29 fields at most: CPython 3.11 keeps an instance's fields in its class's shared table up to 29 (each set
+    # and read by a cached index); past that every instance's are a dict of their own (~1 us more to make a Turn)
+
+    @property
+    def section(self) -> str:
+        """The label of `path` (a view of it, where it was a field set beside it)."""
+        return self.path.label
 
     @property
     def reuse_pct(self) -> float:
@@ -263,21 +270,20 @@ def _owner(h: Hunk) -> SectionPath:
 
 
 def _hunk_owner(t: Turn, i: int) -> SectionPath:
-    """The section hunk i of the turn's diff falls in (a tail turn keeps only its one hunk's; none: the empty
-    path, as `t.tail_owner or SectionPath()` gives it)."""
-    d = t.divergence
-    if d is None and t.tail_hunks:
-        return t.tail_hunks[i][0]
+    """The section hunk i of the turn's diff falls in (a tail turn keeps only its one hunk's, an edit turn each of
+    its hunks'; none: the empty path)."""
+    d, tail = t.divergence, t.tail
+    if d is None and tail is not None and tail.hunks:
+        return tail.hunks[i][0]
     if d is not None:
         return _owner(d.hunks[i])
-    owner = t.tail_owner
-    return owner if owner is not None else NO_SECTION
+    return tail.owner if tail is not None else NO_SECTION
 
 
 def _hunk_b_start(t: Turn, i: int) -> int:
-    d = t.divergence
-    if d is None and t.tail_hunks:
-        return t.tail_hunks[i][1]
+    d, tail = t.divergence, t.tail
+    if d is None and tail is not None and tail.hunks:
+        return tail.hunks[i][1]
     return d.hunks[i].b_start if d is not None else t.lcp
 
 
@@ -516,7 +522,7 @@ class Analyser:
                 _append_turn(t, len(self.prev.ids))
             else:
                 self.work += len(self.prev.ids) + len(cur.ids)
-                self.pending.append(self._diff(self.prev, cur, k))
+                self._diff(self.prev, cur, k)
         self.prev = cur
         self._collect(self.in_flight)
         return t
@@ -588,27 +594,33 @@ class Analyser:
             p = cur.prompt()
         return user_message_starts(p) if p is not None else []
 
-    def _diff(self, a: TurnInput, b: TurnInput, k: int) -> tuple[Pending, TurnInput, TurnInput, int, AnyPair | None]:
-        """A divergent pair's pending diff: from its shape's form where it is a tail pair of a shape
-        seen before (core.tails), else from the pool (and its shape learned when it comes back). A pair of
-        a shape whose first pair is in the pool still waits for it (`Deferred`): pairs go to the workers in
-        chunks, and a session's date changes, ten turns apart, would each be diffed in full before the first
-        came back."""
+    def _diff(self, a: TurnInput, b: TurnInput, k: int) -> None:
+        """A divergent pair's diff: from its shape's form where it is a tail pair of a shape seen before
+        (core.tails), else from the pool (and its shape learned when it comes back). A pair of a shape whose
+        first pair is in the pool still waits for it (`Deferred`): pairs go to the workers in chunks, and a
+        session's date changes, ten turns apart, would each be diffed in full before the first came back. A
+        pair filled from its form while no pair waits before it is taken up at once (`_take`), as `_collect`
+        would take it next: it is the pair next in turn order either way."""
         shape = None
         if self.tails is not None and a.sectioning is not None and b.sectioning is not None:
             known = (lambda: _slot_decode(a)) if a.decoded is not None else None
             shape = self.tails.shape(a.ids, b.ids, (a.sections_by, b.sections_by), known)
             got = self._filled(shape, a, b, k)
             if got is not None:
-                return got, a, b, k, None
+                if self.pending:
+                    self.pending.append((Done(got), a, b, k, None))
+                else:
+                    self._take(self.turns[k - 1], a, b, got)
+                return
             if shape is not None:
                 key = Tails.key(shape)
                 if self.learning.get(key) and key not in self.tails.forms:
-                    return DEFERRED, a, b, k, shape
+                    self.pending.append((DEFERRED, a, b, k, shape))
+                    return
                 self.learning[key] = self.learning.get(key, 0) + 1
-        return self.pool.submit(a, b, self.max_hunks), a, b, k, shape
+        self.pending.append((self.pool.submit(a, b, self.max_hunks), a, b, k, shape))
 
-    def _filled(self, shape: AnyPair | None, a: TurnInput, b: TurnInput, k: int) -> Done[TailDiff] | None:
+    def _filled(self, shape: AnyPair | None, a: TurnInput, b: TurnInput, k: int) -> TailDiff | None:
         """The pair's diff from its shape's form, where one is known."""
         assert self.tails is not None
         tail = self.tails.diff(shape, a.ids, b.ids)
@@ -616,7 +628,7 @@ class Analyser:
             return None
         if self.check_tails:
             _check_tail(tail, diff_turn(a.prompt(), b.prompt(), self.max_hunks), k)
-        return Done(tail)
+        return tail
 
     def _taken_up(
         self, fut: Pending, a: TurnInput, b: TurnInput, k: int, shape: AnyPair | None
@@ -632,7 +644,7 @@ class Analyser:
             return fut, shape
         assert shape is not None
         got = self._filled(shape, a, b, k)
-        return (got, None) if got is not None else (self.pool.submit(a, b, self.max_hunks), shape)
+        return (Done(got), None) if got is not None else (self.pool.submit(a, b, self.max_hunks), shape)
 
     def _collect(self, keep: int) -> None:
         """Count the finished pairs in turn order, waiting while more than `keep` are in flight."""
@@ -643,14 +655,18 @@ class Analyser:
             pd = fut.result()
             if shape is not None and self.tails is not None:
                 self.tails.learn(shape, a.ids, b.ids, pd)
-            self._uncounted.append((t, a, b, pd))
-            self._uncounted_tokens += len(a.ids) + len(b.ids)
+            self._take(t, a, b, pd)
         if (
             not self.in_flight
             or len(self._uncounted) >= self.SPANS_AT
             or self._uncounted_tokens >= self.SPANS_AT_TOKENS
         ):
             self._count()
+
+    def _take(self, t: Turn, a: TurnInput, b: TurnInput, pd: PairDiff | TailDiff) -> None:
+        """A pair's diff taken up in turn order, to be counted with the others collected (`_count`)."""
+        self._uncounted.append((t, a, b, pd))
+        self._uncounted_tokens += len(a.ids) + len(b.ids)
 
     def _count(self) -> None:
         """The collected turns filled from their pairs' diffs (`fill_turn`) and their spans counted (`_count_spans`),
@@ -735,7 +751,7 @@ class Examples(Mapping[int, tuple[Prompt, Prompt]]):
             a, b = self.pairs[k]
             got = self.loaded[k] = (a.prompt(), b.prompt())
             t = self.turns[k - 1]
-            if t.divergence is None and t.tail_owner is not None:
+            if t.divergence is None and t.tail is not None:
                 t.divergence = diff_turn(*got, self.max_hunks).divergence
         return got
 
@@ -837,8 +853,7 @@ def fill_turn(t: Turn, pd: PairDiff | TailDiff) -> int:
     n, lcp, ceiling, findings = pd.n_b, pd.lcp, pd.ceiling, pd.findings
     t.divergence, t.lcp = pd.divergence, lcp
     if isinstance(pd, TailDiff):
-        t.tail_owner = pd.owner
-        t.tail_hunks = pd.hunks
+        t.tail = pd
     t.reuse = reuse = _reuse(t, lcp, n, pd.n_a)
     usable = reuse[_LLAMA_CPP]
     t.recompute = n - usable
@@ -856,7 +871,6 @@ def fill_turn(t: Turn, pd: PairDiff | TailDiff) -> int:
     if first is not None and (t.wasted > 0 or first.expected):
         t.cause = first.kind
         t.path = pd.hunk_owner(first.hunk)
-        t.section = t.path.label
     _notes(t, pd.identical, n)
     return ceiling
 
@@ -970,7 +984,7 @@ def _gains(t: Turn, ceiling: int, tagged: list[tuple[Finding, T | None]], spans:
     `spans`: those spans, each once, in the order they first come. A span's next hunk is where the first finding
     of another (or an expected one: the ceiling) is: the first finding's, or, for the first finding's own span,
     the first finding after it of another: each found once."""
-    if (t.divergence is None and t.tail_owner is None) or not tagged:
+    if (t.divergence is None and t.tail is None) or not tagged:
         return []  # no gains without a diff
     reused = t.reuse[_LLAMA_CPP]
     f0, s0 = tagged[0]
@@ -1002,7 +1016,7 @@ def _reloaded(t: Turn, spans: dict[SpanKey, Span], fact: BackendFact) -> None:
         return
     t.reloaded = True
     first = next((f for f in t.findings if not f.expected), None)
-    if (t.divergence is not None or t.tail_owner is not None) and first is not None:
+    if (t.divergence is not None or t.tail is not None) and first is not None:
         spans[_span_key(first, t)].add(t.turn, -t.wasted, 0)
     for key, gain in _span_gains(t, t.ceiling).items():
         spans[key].add(t.turn, 0, -gain)

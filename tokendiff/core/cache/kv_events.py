@@ -175,7 +175,7 @@ def apply_evictions(s: Session, found: Sequence[Eviction], turns: Sequence[TurnB
         span.turns.append(e.turn)
         span.add(e.turn, e.tokens, e.tokens)
         t.wasted += e.tokens
-        t.cause, t.path, t.section = EVICTED, SectionPath(), ""
+        t.cause, t.path = EVICTED, SectionPath()
         note = f"vLLM evicted {e.blocks} of the blocks this turn could reuse ({e.tokens:,} tokens), per its KV events"
         t.note = "; ".join(x for x in (note, _without_guess(t.note)) if x)
         s.facts.append(eviction_fact(e, tb.reported, tb.predicted))
