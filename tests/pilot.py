@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from tokendiff.core.cost import Session, Span, Turn
-from tokendiff.core.model import Finding, SectionPath
+from tokendiff.core.kinds import SectionKind
+from tokendiff.core.model import Finding, Part, SectionPath
 from tokendiff.tui.app import Options, TokendiffApp
 from tokendiff.tui.screens.pair import PairScreen
 from tokendiff.tui.widgets.token_view import TokenPanes, TokenView
@@ -64,6 +65,9 @@ def notified(a) -> list[str]:
     return [n.message for n in a._notifications]
 
 
+SYSTEM_PROMPT = SectionPath.of(Part(SectionKind.MESSAGE, 0, "system"))  # labelled "system prompt"
+
+
 def long_session(n: int):
     """A synthetic agent session of `n` turns: ~2k tokens each, the date breaking the cache every 10th."""
     date = "Date or time in the prompt changed"
@@ -73,7 +77,7 @@ def long_session(n: int):
         reused = 40 if broke else 1_800 + k % 7
         t = Turn(turn=k, origin=f"synthetic@{k}", n_tokens=2_000, reuse={"llama.cpp": reused}, recompute=2_000 - reused)
         if broke:
-            t.wasted, t.cause, t.section = 1_760, "date", "system prompt"
+            t.wasted, t.cause, t.path = 1_760, "date", SYSTEM_PROMPT
             t.findings = [Finding(kind="date", hunk=0, confidence=0.9, title=date, evidence="", fix="")]
         turns.append(t)
     wasted = sum(t.wasted for t in turns)
