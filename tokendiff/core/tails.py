@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 import struct
+import sys
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -699,7 +700,7 @@ class Strips:
         data_a, off_a, sp_a = self.decoded.of(a)
         x0, x1 = int(off_a[lcp]), int(off_a[lcp + s])
         base = len(data_a) - (x1 - x0)
-        tail, off_t, sp_t = self._decode_new(b[n_a - s :], base, new_marks)
+        tail, off_t, sp_t = self._decode_new(b[n_a - s :], base, new_marks, (raw_b, n_a - s))
         data_b = data_a[:x0] + data_a[x1:] + tail
         # B's offsets and flags: A's to the divergence, A's past the think block (offsets moved back by its
         # bytes), the new turns'; the flags as the stdlib decode's array (a byte each)
@@ -728,17 +729,22 @@ class Strips:
                 return None
         return data_a, off_a, data_b, self._user_after(b, data_b, off_b, lcp, raw_b)
 
-    def _decode_new(self, ids: np.ndarray, base: int, marks: bytes) -> tuple[bytes, np.ndarray, bytes]:
+    def _decode_new(
+        self, ids: np.ndarray, base: int, marks: bytes, raw: tuple[bytes, int]
+    ) -> tuple[bytes, np.ndarray, bytes]:
         """`vocab.decode(ids)` as B's text from byte `base` on: its bytes, its offsets past the first, each plus
         `base` (int64: the running sum of the pieces' lengths), its special flags (a byte each, 0 or 1). `marks`:
         `self.marked[ids]`'s bytes, which are the flags `decode` gives where no ID is negative (a special token
         is one whose vocabulary flag holds SPECIAL; a negative ID, a media cell, `decode` flags special whatever
         the table holds, and its piece is no entry of the table: decoded by `decode` then, as with a vocabulary
-        whose class has its own `decode`)."""
-        got = ids.tolist()
-        if not got or min(got) < 0 or not self.plain:
+        whose class has its own `decode`). `raw`: the int32 bytes (`id_bytes`) of IDs whose tokens from the given
+        one on are `ids`; an ID is negative where its sign byte (`_SIGN`: the last of its four on a little-endian
+        machine) is over 0x7F, which `isascii` finds in C (`min` of the IDs as ints reads each in Python)."""
+        data, at = raw
+        if not ids.size or not self.plain or not data[4 * at + _SIGN :: 4].isascii():
             data, off, sp = self.vocab.decode(ids)
             return data, np.asarray(off[1:]) + base, bytes(sp)
+        got = ids.tolist()
         ends = self.vocab.piece_lengths().take(ids).cumsum()  # `take`: see `marked`; the method `np.cumsum` calls
         ends += base
         return self.vocab.join(got), ends, marks
@@ -768,6 +774,9 @@ class Strips:
             if not _opens_result(data, cstart, cend):
                 return True
         return False
+
+
+_SIGN = 3 if sys.byteorder == "little" else 0  # the byte of a native int32 that holds its sign bit
 
 
 def _opens_result(data: bytes, start: int, end: int) -> bool:
