@@ -370,7 +370,7 @@ _TOOLS_TURN = re.compile(rb"<\|im_start\|>\s*tools")  # a turn the marker sectio
 _RESULTS = ("tool", "ipython", "tools")  # roles whose turns the marker sectioning searches for inner spans always
 
 
-@plain(frozen=True)
+@plain(frozen=True, cache_hash=True)  # kept from pair to pair (`Strips._shape`): hashed at each form's lookup
 class StripShape:
     """What a reasoning-strip pair's full diff reads but for its lengths and its message's number."""
 
@@ -525,6 +525,10 @@ class Strips:
         self.counted: tuple[Any, int, int] = (None, 0, 0)
         self.no_tools: tuple[bytes | None, int] = (None, 0)
         self.hint: tuple[Any, int] = (None, -1)  # the last strip pair's B and its new turns' last <think> (`prefix`)
+        self.shaped: tuple[tuple[Any, ...], StripShape | None] = (
+            (),
+            None,
+        )  # the last shape made, its fields (`_shape`)
         # `flags[ids] & SPECIAL` as one gather, the same for any IDs; gathered by `take`, which gives what indexing by
         # the IDs gives (1-D integer IDs: negative ones from the end, any out of bounds an IndexError) without fancy
         # indexing's setup: ~1-2 us less a gather of a pair's few dozen tokens
@@ -565,19 +569,31 @@ class Strips:
         if self._tools_turn(data_a, int(off_a[g])):
             return None  # a `tools` turn is no message: the messages before A's last turn are not its markers
         b0 = int(off_a[lcp])  # B's bytes to the divergence are A's
-        shape = StripShape(
-            sections=(sa, sb),
-            head=ra[4 * g : 4 * lcp],  # `a[g:lcp].astype(np.int32).tobytes()`: the same conversion
-            close=int(a[n_a - 1]),
-            joint=int(b[n_a - s]),
-            empty_b=_EMPTY_THINK.search(data_b, max(0, b0 - 16), b0 + 40) is not None,
-            user_after=user_after,
+        shape = self._shape(
+            (
+                (sa, sb),
+                ra[4 * g : 4 * lcp],  # `a[g:lcp].astype(np.int32).tobytes()`: the same conversion
+                int(a[n_a - 1]),
+                int(b[n_a - s]),
+                _EMPTY_THINK.search(data_b, max(0, b0 - 16), b0 + 40) is not None,
+                user_after,
+            )
         )
         marks = self._marks(a, g, ra)
         self.counted = (b, g, marks)  # B's tokens to g are A's (g < lcp): the same count, for the next pair's A
         self.no_tools = (data_b, int(off_a[g]))  # and B's bytes to A's g: no `tools` turn in them either
         self.hint = (b, _last(rb, self.words[3], n_a - s, n_b))  # where the next pair may diverge
         return StripPair(shape, lcp, s, marks)
+
+    def _shape(self, fields: tuple[tuple[Any, Any], bytes, int, int, bool, bool]) -> StripShape:
+        """`StripShape(*fields)`, or the last pair's shape where its fields are these (a session's strip pairs share
+        a few shapes): an equal frozen value, whose hash is made once (`cache_hash`) and which the forms' lookup
+        finds by identity, where a new one is made, hashed and compared field by field in Python each pair."""
+        last, shape = self.shaped
+        if shape is None or fields != last:
+            shape = StripShape(*fields)
+            self.shaped = (fields, shape)
+        return shape
 
     def _tools_turn(self, data: bytes, end: int) -> bool:
         """`_tools_turn(data, end)`, where the last strip pair showed `data[:upto]` free of one (its B's bytes, which
