@@ -416,17 +416,19 @@ def _last_think(ids: np.ndarray, think: int, lo: int, hi: int) -> int:
 
 
 def test_new_turns_decoded_as_decode_does():
-    """`Strips._decode_new` of random IDs (special tokens, multibyte pieces, a media cell) is `Vocab.decode`'s
-    bytes, offsets past the first plus the base, and special flags."""
+    """`Strips._decode_new` of random IDs (special tokens, multibyte pieces, a media cell, negative IDs whose low
+    int32 bytes are 0) after a few others in the same bytes, is `Vocab.decode`'s bytes, offsets
+    past the first plus the base, and special flags."""
     vocab = load_vocab(None)
     st = tails.Tails(vocab).strips
     rng = np.random.default_rng(7)
     for _ in range(500):
         ids = _real_ids(vocab, rng, (1, 80), 2)
         if rng.random() < 0.1:
-            ids[int(rng.integers(0, len(ids)))] = -1
+            ids[int(rng.integers(0, len(ids)))] = rng.choice([-1, -256, -65536])  # the last: low bytes 0
         base = int(rng.integers(0, 10_000))
-        data, off, sp = st._decode_new(ids, base, st.marked[ids].tobytes())
+        head = rng.integers(-5, 5, int(rng.integers(0, 4))).astype(np.int32)  # IDs before them, in the same bytes
+        data, off, sp = st._decode_new(ids, base, st.marked[ids].tobytes(), (model.id_bytes([*head, *ids]), len(head)))
         want = vocab.decode(ids)
         assert data == want[0]
         assert [int(x) for x in off] == [int(x) + base for x in want[1][1:]]

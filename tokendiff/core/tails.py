@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 import struct
+import sys
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -369,7 +370,7 @@ _TOOLS_TURN = re.compile(rb"<\|im_start\|>\s*tools")  # a turn the marker sectio
 _RESULTS = ("tool", "ipython", "tools")  # roles whose turns the marker sectioning searches for inner spans always
 
 
-@plain(frozen=True)
+@plain(frozen=True, cache_hash=True)  # kept from pair to pair (`Strips._shape`): hashed at each form's lookup
 class StripShape:
     """What a reasoning-strip pair's full diff reads but for its lengths and its message's number."""
 
@@ -524,6 +525,10 @@ class Strips:
         self.counted: tuple[Any, int, int] = (None, 0, 0)
         self.no_tools: tuple[bytes | None, int] = (None, 0)
         self.hint: tuple[Any, int] = (None, -1)  # the last strip pair's B and its new turns' last <think> (`prefix`)
+        self.shaped: tuple[tuple[Any, ...], StripShape | None] = (
+            (),
+            None,
+        )  # the last shape made, its fields (`_shape`)
         # `flags[ids] & SPECIAL` as one gather, the same for any IDs; gathered by `take`, which gives what indexing by
         # the IDs gives (1-D integer IDs: negative ones from the end, any out of bounds an IndexError) without fancy
         # indexing's setup: ~1-2 us less a gather of a pair's few dozen tokens
@@ -548,7 +553,7 @@ class Strips:
         if s is None:
             return None
         new_marks = self.marked.take(b[n_a - s :]).tobytes()
-        if new_marks.find(b"\1") < 0:  # `find`, not `in`: see `_setting_silent`
+        if new_marks.find(b"\1") < 0:  # `find`, not `in`: see `_line_span`
             return None  # new turns carry their markers (detect_whitespace reads no sections then)
         g = marked.rfind(b"\1", 0, lcp - lo)  # A's last special token before the divergence (`np.flatnonzero`'s last)
         g = lo + g if g >= 0 else -1
@@ -564,19 +569,31 @@ class Strips:
         if self._tools_turn(data_a, int(off_a[g])):
             return None  # a `tools` turn is no message: the messages before A's last turn are not its markers
         b0 = int(off_a[lcp])  # B's bytes to the divergence are A's
-        shape = StripShape(
-            sections=(sa, sb),
-            head=ra[4 * g : 4 * lcp],  # `a[g:lcp].astype(np.int32).tobytes()`: the same conversion
-            close=int(a[n_a - 1]),
-            joint=int(b[n_a - s]),
-            empty_b=_EMPTY_THINK.search(data_b, max(0, b0 - 16), b0 + 40) is not None,
-            user_after=user_after,
+        shape = self._shape(
+            (
+                (sa, sb),
+                ra[4 * g : 4 * lcp],  # `a[g:lcp].astype(np.int32).tobytes()`: the same conversion
+                int(a[n_a - 1]),
+                int(b[n_a - s]),
+                _EMPTY_THINK.search(data_b, max(0, b0 - 16), b0 + 40) is not None,
+                user_after,
+            )
         )
         marks = self._marks(a, g, ra)
         self.counted = (b, g, marks)  # B's tokens to g are A's (g < lcp): the same count, for the next pair's A
         self.no_tools = (data_b, int(off_a[g]))  # and B's bytes to A's g: no `tools` turn in them either
         self.hint = (b, _last(rb, self.words[3], n_a - s, n_b))  # where the next pair may diverge
         return StripPair(shape, lcp, s, marks)
+
+    def _shape(self, fields: tuple[tuple[Any, Any], bytes, int, int, bool, bool]) -> StripShape:
+        """`StripShape(*fields)`, or the last pair's shape where its fields are these (a session's strip pairs share
+        a few shapes): an equal frozen value, whose hash is made once (`cache_hash`) and which the forms' lookup
+        finds by identity, where a new one is made, hashed and compared field by field in Python each pair."""
+        last, shape = self.shaped
+        if shape is None or fields != last:
+            shape = StripShape(*fields)
+            self.shaped = (fields, shape)
+        return shape
 
     def _tools_turn(self, data: bytes, end: int) -> bool:
         """`_tools_turn(data, end)`, where the last strip pair showed `data[:upto]` free of one (its B's bytes, which
@@ -646,7 +663,7 @@ class Strips:
             s = a1 - lcp
             if (a0, b0, b1) != (lcp, lcp, lcp) or a1 < past or ins != (n_a, n_a, n_a - s, n_b):
                 return None
-        if marked.find(b"\1", 0, len(marked) - 1) >= 0 or marked[-1:] != b"\1":  # `find`: see `_setting_silent`
+        if marked.find(b"\1", 0, len(marked) - 1) >= 0 or marked[-1:] != b"\1":  # `find`: see `_line_span`
             return None
         return s
 
@@ -699,7 +716,7 @@ class Strips:
         data_a, off_a, sp_a = self.decoded.of(a)
         x0, x1 = int(off_a[lcp]), int(off_a[lcp + s])
         base = len(data_a) - (x1 - x0)
-        tail, off_t, sp_t = self._decode_new(b[n_a - s :], base, new_marks)
+        tail, off_t, sp_t = self._decode_new(b[n_a - s :], base, new_marks, (raw_b, n_a - s))
         data_b = data_a[:x0] + data_a[x1:] + tail
         # B's offsets and flags: A's to the divergence, A's past the think block (offsets moved back by its
         # bytes), the new turns'; the flags as the stdlib decode's array (a byte each)
@@ -728,17 +745,22 @@ class Strips:
                 return None
         return data_a, off_a, data_b, self._user_after(b, data_b, off_b, lcp, raw_b)
 
-    def _decode_new(self, ids: np.ndarray, base: int, marks: bytes) -> tuple[bytes, np.ndarray, bytes]:
+    def _decode_new(
+        self, ids: np.ndarray, base: int, marks: bytes, raw: tuple[bytes, int]
+    ) -> tuple[bytes, np.ndarray, bytes]:
         """`vocab.decode(ids)` as B's text from byte `base` on: its bytes, its offsets past the first, each plus
         `base` (int64: the running sum of the pieces' lengths), its special flags (a byte each, 0 or 1). `marks`:
         `self.marked[ids]`'s bytes, which are the flags `decode` gives where no ID is negative (a special token
         is one whose vocabulary flag holds SPECIAL; a negative ID, a media cell, `decode` flags special whatever
         the table holds, and its piece is no entry of the table: decoded by `decode` then, as with a vocabulary
-        whose class has its own `decode`)."""
-        got = ids.tolist()
-        if not got or min(got) < 0 or not self.plain:
+        whose class has its own `decode`). `raw`: the int32 bytes (`id_bytes`) of IDs whose tokens from the given
+        one on are `ids`; an ID is negative where its sign byte (`_SIGN`: the last of its four on a little-endian
+        machine) is over 0x7F, which `isascii` finds in C (`min` of the IDs as ints reads each in Python)."""
+        data, at = raw
+        if not ids.size or not self.plain or not data[4 * at + _SIGN :: 4].isascii():
             data, off, sp = self.vocab.decode(ids)
             return data, np.asarray(off[1:]) + base, bytes(sp)
+        got = ids.tolist()
         ends = self.vocab.piece_lengths().take(ids).cumsum()  # `take`: see `marked`; the method `np.cumsum` calls
         ends += base
         return self.vocab.join(got), ends, marks
@@ -768,6 +790,9 @@ class Strips:
             if not _opens_result(data, cstart, cend):
                 return True
         return False
+
+
+_SIGN = 3 if sys.byteorder == "little" else 0  # the byte of a native int32 that holds its sign bit
 
 
 def _opens_result(data: bytes, start: int, end: int) -> bool:
@@ -898,7 +923,7 @@ def _date_or_nonce(w: bytes) -> bool:
     if w.islower():
         return False
     for day in _DAYS:  # noqa: SIM110 - a loop, not any() of a generator: seven words a pair
-        if w.find(day) >= 0:  # `find`, not `in`: see `_setting_silent`
+        if w.find(day) >= 0:  # `find`, not `in`: see `_line_span`
             return True
     return False
 
@@ -927,7 +952,7 @@ def _quiet_ascii(a: bytes, b: bytes, at: tuple[int, int, int], flags: bytes | No
     x0, x1, y0 = at
     t, n = a[x0:x1], b[y0:]
     if flags is None or flags.find(b"\1") >= 0 or len(flags) > PROBE_TOKENS or len(n) <= MAX_INSERTED:
-        return False  # `find`, not `in`, here and below: see `_setting_silent`
+        return False  # `find`, not `in`, here and below: see `_line_span`
     if len(t.strip()) <= 16 or not n.strip() or t.find(b"\r") >= 0 or n.find(b"\r") >= 0 or n.find(b"[") >= 0:
         return False
     if n.find(b"...") >= 0:
@@ -1039,24 +1064,30 @@ def _b_covers(ctx: Ctx, rx: re.Pattern[str]) -> bool:
 def _setting_silent(a: bytes, a_at: int, b: bytes, b_at: int) -> bool:
     """detect_setting finds nothing: the lines it reads (`explain._line_at`, as bytes: the ASCII it looks for
     is the same byte decoded or not) hold no think switch, and not both a ':' or '=' (SETTING_LINE_RE needs
-    one on each side); the prompts have no sections, so `_thinking_toggled` finds no generation prompt."""
-    la, lb = _line_bytes(a, a_at), _line_bytes(b, b_at)
-    # `find`, not `in` (the same answer): CPython 3.11's `bytes in bytes` tries the needle as an int first, and
-    # raises and clears a TypeError (~2,300 instructions a test: 0.7 % of a report of slot files, here and below)
-    for line in (la, lb):
-        if line.find(b"think") >= 0 and (
-            line.find(b"/think") >= 0 or line.find(b"/nothink") >= 0 or line.find(b"/no_think") >= 0
-        ):
-            return False  # a switch THINK_SWITCH_RE may read
-    return not ((la.find(b":") >= 0 or la.find(b"=") >= 0) and (lb.find(b":") >= 0 or lb.find(b"=") >= 0))
+    one on each side); the prompts have no sections, so `_thinking_toggled` finds no generation prompt.
+    Each line is read in place (`_line_span`): a search of data[i:j] is `search(data, i, j)` (no anchors or
+    lookaround), a find's likewise."""
+    sa, ea = _line_span(a, a_at)
+    sb, eb = _line_span(b, b_at)
+    if _THINK_SWITCH.search(a, sa, ea) is not None or _THINK_SWITCH.search(b, sb, eb) is not None:
+        return False  # a switch THINK_SWITCH_RE may read
+    return (a.find(b":", sa, ea) < 0 and a.find(b"=", sa, ea) < 0) or (
+        b.find(b":", sb, eb) < 0 and b.find(b"=", sb, eb) < 0
+    )
 
 
-def _line_bytes(data: bytes, byte: int) -> bytes:
-    """`explain._line_at(p, byte)` undecoded."""
-    lo, hi = max(0, byte - LINE_REACH), min(len(data), byte + LINE_REACH)
-    s = data.rfind(b"\n", lo, byte) + 1 or lo
-    e = data.find(b"\n", byte, hi)
-    return data[s : e if e >= 0 else hi]
+_THINK_SWITCH = re.compile(rb"/(?:no_?)?think")  # "/think", "/nothink" or "/no_think" (a literal first: searched
+# in C at the speed of a find; an alternation whose first byte is one of a set is tried at every byte instead)
+
+
+def _line_span(data: bytes, byte: int) -> tuple[int, int]:
+    """Where `explain._line_at(p, byte)`'s line lies in `data`, its end up to LINE_REACH past the data's (a slice or
+    search of data there ends at the data's end, as the line does). `find`, not `in`, here and in the tests below
+    (the same answer): CPython 3.11's `bytes in bytes` tries the needle as an int first, and raises and clears a
+    TypeError (~2,300 instructions a test)."""
+    lo = byte - LINE_REACH if byte > LINE_REACH else 0
+    end = data.find(b"\n", byte, byte + LINE_REACH)
+    return data.rfind(b"\n", lo, byte) + 1 or lo, end if end >= 0 else byte + LINE_REACH
 
 
 def _hunk(pa: Prompt, pb: Prompt, span: tuple[int, int, int, int]) -> Hunk:
@@ -1335,7 +1366,7 @@ def edit_pair(
         return None
     off = prompts[0].offsets  # 0 <= g < d < len: `byte_offset`'s clamp changes nothing there
     head = prompts[0].data[int(off[g]) : int(off[d])]
-    if head.find(b"\n") < 0 or head.rfind(b"<") > head.rfind(b">"):  # `find`, not `in`: see `_setting_silent`
+    if head.find(b"\n") < 0 or head.rfind(b"<") > head.rfind(b">"):  # `find`, not `in`: see `_line_span`
         return None  # the edit in a turn's role line, or inside a tag: it could change the sections around it
     role = _plain_turn(strips, a, prompts[0], rest, (g, d, h))
     shape = EditShape(
