@@ -169,3 +169,38 @@ def test_witnesses_on_a_huge_box_import_no_numpy(monkeypatch):
     monkeypatch.delitem(sys.modules, "numpy")
     assert align.diff_spans(a, b) == counted
     assert "numpy" not in sys.modules
+
+
+def test_compaction_boxes_skip_the_witnesses(monkeypatch):
+    """Where the count runs on numpy and B is the smaller side by a quarter (a compaction's box), the witnesses
+    are not tried; elsewhere they are, and either way `diff_spans` answers as with every anchor counted."""
+    rng = random.Random(3)
+    witnessed, counted = _sizes_seen(monkeypatch, "_runs_witnessed"), _sizes_seen(monkeypatch, "_runs_numpy")
+    monkeypatch.setattr(align, "NUMPY_FROM", 0)
+    for t in range(40):
+        a = _base(rng)
+        if t % 2:  # B a quarter shorter and more: a summary quoting A, then A's last turn
+            quotes = [a[(at := rng.randrange(len(a))) : at + rng.randrange(1, 40)] for _ in range(rng.randrange(8))]
+            b = a[:40] + [x for q in quotes for x in q] + a[len(a) - len(a) // 3 :]
+        else:
+            b = _edits(a, rng.randrange(1, 12), rng, 5000)
+        x, y = array("i", a), array("i", b)
+        monkeypatch.setattr(align, "WITNESSES", True)
+        got = align.diff_spans(x, y)
+        monkeypatch.setattr(align, "WITNESSES", False)
+        assert got == align.diff_spans(x, y)
+    assert witnessed and all(4 * nb > 3 * na for na, nb in witnessed)
+    assert any(4 * nb <= 3 * na for na, nb in counted)
+
+
+def _sizes_seen(monkeypatch: pytest.MonkeyPatch, name: str) -> list[tuple[int, int]]:
+    """The sizes of the boxes align's `name` is called on from now, as they come."""
+    seen: list[tuple[int, int]] = []
+    kept = getattr(align, name)
+
+    def noted(s: align._Seqs, alo: int, ahi: int, blo: int, bhi: int, *rest: object) -> object:
+        seen.append((ahi - alo, bhi - blo))
+        return kept(s, alo, ahi, blo, bhi, *rest)
+
+    monkeypatch.setattr(align, name, noted)
+    return seen
