@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import sys
 from array import array
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -46,66 +47,54 @@ def test_edit_hashes_keep_their_identity():
         assert np.array_equal(hb, align._np_kgram_hashes(np, b1, align.KGRAM))
 
 
-def test_sorted_common_is_intersect1d():
-    """`_np_sorted_common` gives intersect1d's indices on sorted arrays without repeats: empty ones, disjoint,
-    equal, one inside the other, values at both ends of uint64."""
-    rng = np.random.default_rng(11)
-    top = np.iinfo(np.uint64).max
-    cases = [(np.array([], dtype=np.uint64), np.array([1, 2], dtype=np.uint64))]
-    cases.append((cases[0][1], cases[0][0]))
-    for _ in range(400):
-        pool = rng.integers(0, rng.choice([5, 50, 2**62]), 200, dtype=np.uint64)
-        if rng.random() < 0.2:
-            pool[:2] = (0, top)
-        x = np.unique(rng.choice(pool, int(rng.integers(0, 60))))
-        y = np.unique(rng.choice(pool, int(rng.integers(0, 60))))
-        cases.append((x, y))
-    for x, y in cases:
-        _, want_a, want_b = np.intersect1d(x, y, assume_unique=True, return_indices=True)
-        got_a, got_b = align._np_sorted_common(np, x, y)
-        assert got_a.tolist() == want_a.tolist()
-        assert got_b.tolist() == want_b.tolist()
+def _once_by_value(x: np.ndarray, lo: int, y: np.ndarray, k: int) -> tuple[list[int], list[int]]:
+    """The k-grams once in x[:lo] and once in y, found by value: (their places in x, in y), in y's order."""
+    xs = Counter(tuple(x[i : i + k].tolist()) for i in range(lo - k + 1))
+    ys = Counter(tuple(y[j : j + k].tolist()) for j in range(y.shape[0] - k + 1))
+    places = {tuple(x[i : i + k].tolist()): i for i in range(lo - k + 1)}
+    got = [(places[g], j) for j in range(y.shape[0] - k + 1) if xs[g := tuple(y[j : j + k].tolist())] == 1 == ys[g]]
+    return [i for i, _ in got], [j for _, j in got]
 
 
-def _by_value(x: np.ndarray, h: np.ndarray, k: int) -> tuple[list[int], list[int]] | None:
-    """What `_np_unique_positions` answers, found another way: None where two k-grams with one hash differ (each
-    compared with the first of its hash), else the hashes that occur once, ascending, and where they are."""
-    first: dict[int, int] = {}
-    for p, v in enumerate(h.tolist()):
-        q = first.setdefault(v, p)
-        if x[q : q + k].tolist() != x[p : p + k].tolist():
-            return None
-    values, index, counts = np.unique(h, return_index=True, return_counts=True)
-    return values[counts == 1].tolist(), index[counts == 1].tolist()
-
-
-@pytest.mark.parametrize("rows", [1, 3, 1 << 14])
-def test_unique_positions_compare_whole_kgrams(monkeypatch, rows):
-    """Equal hashes compared as whole k-grams, `rows` pairs at a time: the answer found by value,
-    with the exact hashes and with ones that collide often (the sum mod 17, the first token alone: equal
-    hashes whose k-grams may differ in any token; the first k-1 tokens' hash: ones that differ only in the last).
-    Both answers (a collision, the hashes once) occur."""
+@pytest.mark.parametrize("rows", [1, 3, 1 << 15])
+def test_once_common_is_the_count_by_value(monkeypatch, rows):
+    """`_np_once_common` (the smaller side sorted by hash, the larger's hashes looked up in it, every hash it
+    relies on checked by value, `rows` k-grams compared at a time) gives the k-grams once on each side, by
+    value, or None: never None with the exact hashes; with ones that collide often (the sum mod 17, the first
+    token alone: equal hashes whose k-grams differ in any token; the first k-1 tokens': ones that differ only
+    in the last) both outcomes occur."""
     monkeypatch.setattr(align, "_COMPARE_ROWS", rows)
     rng = np.random.default_rng(rows)
     k = align.KGRAM
     weak = [
         lambda x: np.array([int(x[i : i + k].sum()) % 17 for i in range(x.shape[0] - k + 1)], dtype=np.uint64),
         lambda x: x[: x.shape[0] - k + 1].astype(np.uint64),
-        lambda x: align._np_kgram_hashes(np, x, k - 1)[: x.shape[0] - k + 1],  # one hash: the first k-1 equal
+        lambda x: align._np_kgram_hashes(np, x, k - 1)[: x.shape[0] - k + 1],
     ]
-    nones = 0
+    nones = answers = 0
     for _ in range(300):
-        n = int(rng.integers(k, 300))
-        x = rng.integers(0, rng.choice([2, 4, 100, 150_000]), n).astype(np.int64)
+        n, m = (int(v) for v in rng.integers(k, 300, 2))
+        x = rng.integers(0, rng.choice([2, 4, 100, 150_000]), n + m).astype(np.int32)
         if rng.random() < 0.3:
-            x = np.tile(x[: int(rng.integers(1, 30))], n)[:n]  # a repeated unit: every k-gram in a pair
-        for h in (align._np_kgram_hashes(np, x, k), *(f(x) for f in weak)):
-            got, want = align._np_unique_positions(np, h, x, k), _by_value(x, h, k)
-            assert (got is None) == (want is None)
-            if got is not None:
-                assert (got[0].tolist(), got[1].tolist()) == want
-            nones += got is None
-    assert 100 <= nones <= 1100
+            x = np.tile(x[: int(rng.integers(1, 30))], n + m)[: n + m]  # a repeated unit: every k-gram in a pair
+        if rng.random() < 0.5:  # B quoting A
+            at, w = int(rng.integers(0, n)), int(rng.integers(1, 40))
+            x[n : n + min(w, m, n - at)] = x[at : at + min(w, m, n - at)]
+        raw = x.tobytes()
+        grams = np.ndarray((n + m - k + 1,), dtype=f"V{4 * k}", buffer=raw, strides=(4,))
+        ka, kb = grams[: n - k + 1], grams[n:]
+        for collides, h in enumerate((align._np_kgram_hashes(np, x, k), *(f(x) for f in weak))):
+            ha, hb = h[: n - k + 1], h[n:]
+            small_a = ha.shape[0] <= hb.shape[0]
+            got = align._np_once_common(np, ha, ka, hb, kb) if small_a else align._np_once_common(np, hb, kb, ha, ka)
+            want = _once_by_value(x, n, x[n:], k) if small_a else _once_by_value(x[n:], m, x[:n], k)
+            if got is None:
+                assert collides, "no None with the exact hashes (the first)"
+                nones += 1
+                continue
+            assert (got[0].tolist(), got[1].tolist()) == want
+            answers += 1
+    assert nones >= 100 and answers >= 500
 
 
 def _weak_hashes(np_: object, x: np.ndarray, k: int) -> np.ndarray:
@@ -180,3 +169,38 @@ def test_witnesses_on_a_huge_box_import_no_numpy(monkeypatch):
     monkeypatch.delitem(sys.modules, "numpy")
     assert align.diff_spans(a, b) == counted
     assert "numpy" not in sys.modules
+
+
+def test_compaction_boxes_skip_the_witnesses(monkeypatch):
+    """Where the count runs on numpy and B is the smaller side by a quarter (a compaction's box), the witnesses
+    are not tried; elsewhere they are, and either way `diff_spans` answers as with every anchor counted."""
+    rng = random.Random(3)
+    witnessed, counted = _sizes_seen(monkeypatch, "_runs_witnessed"), _sizes_seen(monkeypatch, "_runs_numpy")
+    monkeypatch.setattr(align, "NUMPY_FROM", 0)
+    for t in range(40):
+        a = _base(rng)
+        if t % 2:  # B a quarter shorter and more: a summary quoting A, then A's last turn
+            quotes = [a[(at := rng.randrange(len(a))) : at + rng.randrange(1, 40)] for _ in range(rng.randrange(8))]
+            b = a[:40] + [x for q in quotes for x in q] + a[len(a) - len(a) // 3 :]
+        else:
+            b = _edits(a, rng.randrange(1, 12), rng, 5000)
+        x, y = array("i", a), array("i", b)
+        monkeypatch.setattr(align, "WITNESSES", True)
+        got = align.diff_spans(x, y)
+        monkeypatch.setattr(align, "WITNESSES", False)
+        assert got == align.diff_spans(x, y)
+    assert witnessed and all(4 * nb > 3 * na for na, nb in witnessed)
+    assert any(4 * nb <= 3 * na for na, nb in counted)
+
+
+def _sizes_seen(monkeypatch: pytest.MonkeyPatch, name: str) -> list[tuple[int, int]]:
+    """The sizes of the boxes align's `name` is called on from now, as they come."""
+    seen: list[tuple[int, int]] = []
+    kept = getattr(align, name)
+
+    def noted(s: align._Seqs, alo: int, ahi: int, blo: int, bhi: int, *rest: object) -> object:
+        seen.append((ahi - alo, bhi - blo))
+        return kept(s, alo, ahi, blo, bhi, *rest)
+
+    monkeypatch.setattr(align, name, noted)
+    return seen

@@ -89,9 +89,10 @@ def test_stdlib_runs_are_numpys(seed):
 
 
 def test_numpy_runs_of_compaction_boxes():
-    """`_runs_numpy` (one sort of both sides' hashes) against `_runs_stdlib` on the boxes a compaction leaves:
-    B short, its summary quoting stretches of A (k-grams twice in A, twice in B, once in each), the box at an
-    offset of both sides, media cells (-1) among the IDs, and sides of just KGRAM tokens."""
+    """`_runs_numpy` (the smaller side's hashes sorted, the larger's looked up in them) against `_runs_stdlib` on
+    the boxes a compaction leaves: B short, its summary quoting stretches of A (k-grams twice in A, twice in B,
+    once in each), the box at an offset of both sides, media cells (-1) among the IDs, and sides of just KGRAM
+    tokens."""
     rng = random.Random(29)
     for _ in range(600):
         alphabet = rng.choice((2, 5, 40, 150_000))

@@ -48,7 +48,7 @@ WITNESS_SCAN, WITNESS_SCAN_MIN = 8, 1 << 16  # tokens the witnesses may search: 
 WITNESS_SAMPLE, WITNESS_SAMPLES = 16, 8  # B's uncovered k-grams sought in A before the full test (`_shares_sampled`)
 WITNESS_STEP = 32  # what looking at one k-gram costs, in tokens searched (a byte search runs ~100 Python steps' work)
 NUMPY_FROM = 150_000  # tokens a side from which importing numpy for the anchors pays for itself
-_COMPARE_ROWS = 1 << 14  # k-grams `_np_unique_positions` gathers at once to compare (1 MiB of int64 a side)
+_COMPARE_ROWS = 1 << 15  # k-grams `_np_same_grams` gathers at once to compare (1 MiB of records a side)
 
 
 def _first_diff(x: Text, xo: int, y: Text, yo: int, n: int) -> int:
@@ -427,8 +427,10 @@ def _run_end(s: _Seqs, xas: list[int], i: int, box: tuple[int, int, int], xb: in
 
 
 class _NpBox:
-    """A box's IDs (int64) and k-gram hashes (`_np_kgram_hashes`) as numpy arrays, made when first asked for:
-    the witnesses' test (`_np_shared_hash`) and the count (`_runs_numpy`) read the same ones."""
+    """A box's k-gram hashes (`_np_kgram_hashes`) and k-grams (32-byte records viewing its IDs' bytes) as numpy
+    arrays, made when first asked for: the witnesses' test (`_np_shared_hash`) and the count (`_runs_numpy`) read
+    the same ones. Both sides are hashed in one pass over their IDs joined (a k-gram's hash is a function of its
+    k values alone); the k-grams that straddle the join are left out."""
 
     __slots__ = ("s", "box", "_got")
 
@@ -437,14 +439,16 @@ class _NpBox:
         self._got: tuple[Any, Any, Any, Any, Any] | None = None
 
     def arrays(self) -> tuple[Any, Any, Any, Any, Any]:
-        """(numpy, A's IDs, B's IDs, A's k-gram hashes, B's)."""
+        """(numpy, A's k-grams, B's, A's k-gram hashes, B's), one entry a k-gram start."""
         if self._got is None:
             import numpy as np
 
             alo, ahi, blo, bhi = self.box
-            a = np.frombuffer(self.s.ra, dtype=np.int32)[alo:ahi].astype(np.int64)
-            b = np.frombuffer(self.s.rb, dtype=np.int32)[blo:bhi].astype(np.int64)
-            self._got = (np, a, b, _np_kgram_hashes(np, a, KGRAM), _np_kgram_hashes(np, b, KGRAM))
+            raw = self.s.ra[4 * alo : 4 * ahi] + self.s.rb[4 * blo : 4 * bhi]
+            h = _np_kgram_hashes(np, np.frombuffer(raw, dtype=np.int32), KGRAM)
+            grams = np.ndarray((len(raw) // 4 - KGRAM + 1,), dtype=f"V{4 * KGRAM}", buffer=raw, strides=(4,))
+            na, ma = ahi - alo, ahi - alo - KGRAM + 1  # A's tokens and k-grams: B's k-grams start at na
+            self._got = (np, grams[:ma], grams[na:], h[:ma], h[na:])
         return self._got
 
 
@@ -460,96 +464,96 @@ def _np_shared_hash(box: _NpBox, unc_a: list[tuple[int, int]], unc_b: list[tuple
     if xa.shape[0] == 0 or xb.shape[0] == 0:
         return False
     at = np.minimum(np.searchsorted(xb, xa), xb.shape[0] - 1)
-    return bool((xb[at] == xa).any())
+    return bool(np.count_nonzero(xb[at] == xa))
 
 
 def _runs_numpy(
     s: _Seqs, alo: int, ahi: int, blo: int, bhi: int, box: _NpBox | None = None
 ) -> list[tuple[int, int, int]]:
-    """`_runs_stdlib` vectorised: k-grams hashed to 64 bits. Two k-grams of A and B with one hash are caught by
-    the verification in `_anchors`; two of one side with one hash would hide both from the count, so a side with
-    such a collision (equal hashes, unequal tokens: only a crafted prompt) is counted by `_runs_stdlib` instead,
-    and the answer never depends on the hash. `box`: the box's arrays where the witnesses made them."""
-    np, a, b, ha_all, hb_all = (box or _NpBox(s, alo, ahi, blo, bhi)).arrays()
-    k = KGRAM
-    got_a = _np_unique_positions(np, ha_all, a, k)
-    got_b = _np_unique_positions(np, hb_all, b, k)
-    if got_a is None or got_b is None:
+    """`_runs_stdlib` vectorised: the anchors found by their k-grams' 64-bit hashes (`_np_once_common`) and
+    checked by value, so that where hashes collide (only a crafted prompt) `_runs_stdlib` counts instead and the
+    answer never depends on the hash. `box`: the box's arrays where the witnesses made them."""
+    np, ka, kb, ha, hb = (box or _NpBox(s, alo, ahi, blo, bhi)).arrays()
+    small_a = ha.shape[0] <= hb.shape[0]
+    got = _np_once_common(np, ha, ka, hb, kb) if small_a else _np_once_common(np, hb, kb, ha, ka)
+    if got is None:
         return _runs_stdlib(s, alo, ahi, blo, bhi)
-    (ha, pa), (hb, pb) = got_a, got_b
-    ia, ib = _np_sorted_common(np, ha, hb)
-    if ia.shape[0] == 0:
+    xa, xb = got if small_a else got[::-1]
+    if xa.shape[0] == 0:
         return []
-    xa, xb = pa[ia], pb[ib]
-    order = np.argsort(xa)  # positions are distinct: any sort gives this order
-    xa, xb = xa[order], xb[order]
-    diag = xb - xa
-    brk = np.ones(xa.shape[0], dtype=bool)
-    brk[1:] = (diag[1:] != diag[:-1]) | (xa[1:] != xa[:-1] + 1)
-    starts = np.flatnonzero(brk)
-    ends = np.append(starts[1:], xa.shape[0])
-    return [(int(xa[s]), int(xb[s]), int(xa[e - 1] - xa[s]) + k) for s, e in zip(starts.tolist(), ends.tolist())]
+    if small_a:  # in the order of B's positions: A's order wanted (distinct positions: any sort gives it)
+        order = xa.argsort()
+        xa, xb = xa[order], xb[order]
+    brk = np.ones(xa.shape[0] + 1, dtype=bool)  # a run starts at i (and the one before ends at i - 1)
+    brk[1:-1] = (xa[1:] != xa[:-1] + 1) | (xb[1:] != xb[:-1] + 1)
+    first, after = brk[:-1].nonzero()[0], brk[1:].nonzero()[0]
+    ends = (xa[after] + KGRAM).tolist()
+    return [(a, b, e - a) for a, b, e in zip(xa[first].tolist(), xb[first].tolist(), ends)]
+
+
+def _np_once_common(np: Any, hs: Any, ks: Any, hl: Any, kl: Any) -> tuple[Any, Any] | None:
+    """The k-grams once on each side: (positions on the smaller side, on the larger), ascending on the larger;
+    from the smaller side's hashes `hs` and k-grams `ks` and the larger's `hl`, `kl`. None where the hashes
+    cannot show it (two k-grams with one hash differ).
+
+    Why it is the answer by value. The smaller side is sorted by hash: its hashes once are its k-grams once
+    where each of its hashes that repeats is one k-gram repeated (checked). Each of the larger side's hashes is
+    looked up among those (a binary search), and where found its k-gram is checked to be the smaller side's with
+    that hash. Then a k-gram g once on both sides has its hash once on the smaller side (a repeat would be g
+    repeated), so every place of the larger side with that hash holds g: once. And a pair found (a hash once on
+    each side) has equal k-grams, each once on its side: a second copy of one would share its hash."""
+    order = hs.argsort()
+    sh = hs[order]
+    same = sh[1:] == sh[:-1]
+    if np.count_nonzero(same):
+        if not _np_same_grams(np, ks, order[:-1][same], ks, order[1:][same]):
+            return None
+        once, other = np.ones(sh.shape[0], dtype=bool), ~same  # once: unequal to both neighbours
+        once[1:] = other
+        once[:-1] &= other
+        sh, order = sh[once], order[once]
+        if sh.shape[0] == 0:
+            return order, order
+    at = sh.searchsorted(hl)
+    np.minimum(at, sh.shape[0] - 1, out=at)
+    ql = (sh[at] == hl).nonzero()[0]
+    g = at[ql]  # the hash each found place has, as its index in sh
+    ps = order[g]
+    if not _np_same_grams(np, kl, ql, ks, ps):
+        return None
+    one = np.bincount(g, minlength=sh.shape[0])[g] == 1
+    return ps[one], ql[one]
+
+
+def _np_same_grams(np: Any, kx: Any, ix: Any, ky: Any, iy: Any) -> bool:
+    """kx[ix] == ky[iy] in every row (k-grams as records), gathered _COMPARE_ROWS rows at a time: memory bounded
+    by the batch where a repetitive side has nearly every k-gram's hash repeated."""
+    for c in range(0, ix.shape[0], _COMPARE_ROWS):
+        if np.count_nonzero(kx[ix[c : c + _COMPARE_ROWS]] != ky[iy[c : c + _COMPARE_ROWS]]):
+            return False
+    return True
 
 
 def _np_kgram_hashes(np: Any, x: Any, k: int) -> Any:
     """The hash of each k-gram of `x`: sum((x[i + j] + 1) * M**(k - 1 - j)) mod 2**64. Widths doubled (the hash
     of a 2w-gram at i is the w-gram's at i times M**w plus the w-gram's at i + w: the same sum split in two
     halves), then grown a token at a time to k: 3 passes for k = 8 where a token at a time took 8. uint64
-    arithmetic wraps, so every value is the sum mod 2**64 whatever the order of the passes
-    (tests/unit/test_align_numpy.py holds it to the sum made with Python ints)."""
+    arithmetic wraps (numpy checks no overflow of integer arrays), so every value is the sum mod 2**64 whatever
+    the order of the passes (tests/unit/test_align_numpy.py holds it to the sum made with Python ints)."""
     mult = 0x9E3779B97F4A7C15
-    with np.errstate(over="ignore"):
-        v = x.astype(np.uint64) + np.uint64(1)  # the tokens' terms
-        h = v  # the 1-grams
-        w = 1
-        while 2 * w <= k:
-            n = max(0, h.shape[0] - w)
-            h = h[:n] * np.uint64(pow(mult, w, 1 << 64)) + h[w : w + n]
-            w *= 2
-        if w < k:
-            m = np.uint64(mult)
-            for j in range(w, k):  # the (j+1)-gram at i: the j-gram's times M plus x[i + j] + 1
-                n = max(0, h.shape[0] - 1)
-                h = h[:n] * m + v[j : j + n]
+    v = x.astype(np.uint64) + np.uint64(1)  # the tokens' terms
+    h = v  # the 1-grams
+    w = 1
+    while 2 * w <= k:
+        n = max(0, h.shape[0] - w)
+        h = h[:n] * np.uint64(pow(mult, w, 1 << 64)) + h[w : w + n]
+        w *= 2
+    if w < k:
+        m = np.uint64(mult)
+        for j in range(w, k):  # the (j+1)-gram at i: the j-gram's times M plus x[i + j] + 1
+            n = max(0, h.shape[0] - 1)
+            h = h[:n] * m + v[j : j + n]
     return h
-
-
-def _np_sorted_common(np: Any, ha: Any, hb: Any) -> tuple[Any, Any]:
-    """Where the values both hold are in `ha` and in `hb`, each sorted ascending without repeats (as
-    `_np_unique_positions` leaves them): `intersect1d(..., assume_unique=True, return_indices=True)`'s indices
-    (the common values in ascending order), by one binary search of each of ha's values in hb where intersect1d
-    sorts both together."""
-    at = np.searchsorted(hb, ha)
-    inside = at < hb.shape[0]
-    hit = np.zeros(ha.shape[0], dtype=bool)
-    hit[inside] = hb[at[inside]] == ha[inside]
-    ia = np.flatnonzero(hit)
-    return ia, at[ia]
-
-
-def _np_unique_positions(np: Any, h: Any, x: Any, k: int) -> tuple[Any, Any] | None:
-    """The k-gram hashes `h` of `x` that occur exactly once, and where; None where two unequal k-grams share a
-    hash (each pair of equal neighbours in the sort compared token by token: a group all of one k-gram has
-    equal neighbours only). A repetitive side has nearly every k-gram in such a pair: their whole k-grams are
-    gathered and compared _COMPARE_ROWS pairs at a time (one pass a batch, in memory bounded by the batch)."""
-    order = np.argsort(h)  # only hashes that occur once are kept, and their place is the same in any sort
-    hs = h[order]
-    if hs.shape[0] == 0:
-        return hs, order
-    same = hs[1:] == hs[:-1]
-    if same.any():
-        i, j = order[:-1][same], order[1:][same]
-        cols = np.arange(k)
-        for c in range(0, i.shape[0], _COMPARE_ROWS):  # whole k-grams gathered, a bounded number at a time
-            ic, jc = i[c : c + _COMPARE_ROWS, None] + cols, j[c : c + _COMPARE_ROWS, None] + cols
-            if not np.array_equal(x[ic], x[jc]):  # row r: the k tokens from i[r], from j[r]
-                return None
-    first = np.ones(hs.shape[0], dtype=bool)
-    first[1:] = ~same
-    last = np.ones(hs.shape[0], dtype=bool)
-    last[:-1] = ~same
-    once = first & last
-    return hs[once], order[once]
 
 
 def _use_numpy(n: int) -> bool:
@@ -565,13 +569,13 @@ def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int
     numpy = _use_numpy(max(ahi - alo, bhi - blo))  # the count's choice
     # the witnesses test on hashes only where numpy is loaded already: a huge box they settle imports nothing
     box = _NpBox(s, alo, ahi, blo, bhi) if numpy and "numpy" in sys.modules else None
-    runs = _runs_witnessed(s, alo, ahi, blo, bhi, box) if WITNESSES else None
+    runs = _runs_witnessed(s, alo, ahi, blo, bhi, box) if WITNESSES and _worth_witnessing(box) else None
     if runs is None:
         runs = _runs_numpy(s, alo, ahi, blo, bhi, box) if numpy else _runs_stdlib(s, alo, ahi, blo, bhi)
     if not runs:
         return []
     chain = _heaviest_increasing(runs)
-    # Verify (hash collisions) and drop overlaps left by k-gram widths.
+    # Drop overlaps left by k-gram widths (and verify: every path's runs are equal text already).
     blocks: list[tuple[int, int, int]] = []
     end_a = end_b = 0
     for ra, rb, n in chain:
@@ -583,6 +587,18 @@ def _anchors(s: _Seqs, alo: int, ahi: int, blo: int, bhi: int) -> list[tuple[int
         blocks.append((ra, rb, n))
         end_a, end_b = ra + n, rb + n
     return blocks
+
+
+def _worth_witnessing(box: _NpBox | None) -> bool:
+    """Whether to try the witnesses before the count: not where the count runs on numpy's arrays already made
+    and B is the smaller side by a quarter. Such a box is a compaction's (its summary against the history it
+    replaced, or the gap after it), whose B quotes A's uncovered text, so the witnesses fail (all 417 such boxes
+    of the benchmarks' slot files and capture) after a cover and sampled searches that cost about half the
+    count. Either way the answer is the count's (`_runs_witnessed`)."""
+    if box is None:
+        return True
+    alo, ahi, blo, bhi = box.box
+    return 4 * (bhi - blo) > 3 * (ahi - alo)
 
 
 def _runs_witnessed(
@@ -859,10 +875,11 @@ def edit_then_insert_spans(a: Any, b: Any, d: int, ra: int, rb: int) -> list[tup
 
     Why it is align's answer. `_diff` trims the common ends: A[:d] (A[d] != B[d]) and s tokens at the end;
     the box left is A1 = Ea + M, B1 = Eb + M + N (checked: M is A's stretch after the edit, N what B has
-    after it). It is not small, so its blocks are the heaviest chain of the anchor runs: k-grams whose hash
-    (`_np_kgram_hashes`, what `_runs_numpy` hashes) occurs once among A1's and once among B1's. A k-gram of A1
-    within M has B1's copy of M at the same place less ra, plus rb (the diagonal): the same value, so the same
-    hash, so where it occurs once in B1 it is there. Checked by hash: no anchor starts in Ea (the only others),
+    after it). It is not small, so its blocks are the heaviest chain of the anchor runs: k-grams once among A1's
+    and once among B1's, by value (`_runs_numpy` finds them by their hashes, `_np_kgram_hashes`, checked by value).
+    A k-gram of A1 within M has B1's copy of M at the same place less ra, plus rb (the diagonal): the same values,
+    so where it occurs once in B1 it is there. Checked by hash (a hash once on each side is a k-gram once on each;
+    one that repeats only among equal k-grams, that k-gram repeated): no anchor starts in Ea (the only others),
     and one anchor exists. So every run is on the diagonal, increasing in both sides: the chain holds them all
     (`_heaviest_increasing`: each adds weight), each verifies (equal text), and the gaps between them are equal
     (skipped). The first gap is Ea + M[:x] against Eb + M[:x]: its common end (M[:x] and Ea's and Eb's common
