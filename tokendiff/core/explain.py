@@ -1907,8 +1907,9 @@ def pair_detectors(a: Prompt, b: Prompt, d: Divergence) -> list[Callable[[Ctx], 
     detect_unicode_form where both are ASCII (its texts are then); detect_setting where `_pair_setting_silent` shows it
     silent on every hunk of `d`, asked only where the prompts hold at most SETTING_GATE_BYTES a hunk (its scans of
     both whole prompts cost more than detect_setting on the few hunks of a long pair: +8 M instructions on a 48k-token
-    pair's `diff`). The rest keep their order, so `best_finding` keeps the first of the most confident
-    (tests/unit/test_explain_pair11.py holds it to all of them)."""
+    pair's `diff`); detect_date, detect_counter and detect_nonce where `_windows_silent` shows them silent on every
+    hunk. The rest keep their order, so `best_finding` keeps the first of the most confident
+    (tests/unit/test_explain_pair11.py and test_explain_pair14.py hold it to all of them)."""
     ia, ib = _index(a), _index(b)
     skip: set[Callable[[Ctx], Finding | None]] = set()
     if not (ia.tools or ib.tools):
@@ -1927,7 +1928,58 @@ def pair_detectors(a: Prompt, b: Prompt, d: Divergence) -> list[Callable[[Ctx], 
         a, b, ia, ib, d.hunks
     ):
         skip.add(detect_setting)
+    skip.update(_windows_silent(a, b, d.hunks))
     return [det for det in DETECTORS if det not in skip] if skip else DETECTORS
+
+
+_DIGIT_BYTES = tuple(bytes([c]) for c in _DIGITS)  # each found by memchr, where `translate` steps a byte at a time
+
+
+def _windows_silent(a: Prompt, b: Prompt, hunks: Sequence[Hunk]) -> list[Callable[[Ctx], Finding | None]]:
+    """Of detect_date, detect_counter and detect_nonce, those whose first tests, each a fact of a hunk's PAD
+    windows (`Ctx.pad_windows`), say None on every hunk of the pair. Asked once a side of the bytes from the first
+    hunk's window start to the last one's end, which hold every window: without a digit, a day's name or a '-'
+    there, no window holds one; ASCII there, every window is (a compaction pair's ~12 hunks each read their
+    windows' digits three times, where most hold none). detect_date needs B's window not `digitless` or holding
+    a day's name; detect_counter both windows not `digitless`; detect_nonce a '-' in both (every UUID holds
+    one), both not `digitless` (a HEX_RE match holds a digit) or both sides identifier-like (`_identifiers`)."""
+    if not hunks:
+        return []
+    ra = a.data[max(0, min(map(_A_BYTE_START, hunks)) - PAD) : max(map(_A_BYTE_END, hunks)) + PAD]
+    rb = b.data[max(0, min(map(_B_BYTE_START, hunks)) - PAD) : max(map(_B_BYTE_END, hunks)) + PAD]
+    da, db = ra.isascii() and _none_of(ra, _DIGIT_BYTES), rb.isascii() and _none_of(rb, _DIGIT_BYTES)  # `_digitless`
+    silent: list[Callable[[Ctx], Finding | None]] = []
+    if db and _without(rb, _DAY_WORDS):
+        silent.append(detect_date)
+    if da or db:
+        silent.append(detect_counter)
+        if (ra.find(b"-") < 0 or rb.find(b"-") < 0) and not any(map(_identifiers, repeat(a), repeat(b), hunks)):
+            silent.append(detect_nonce)
+    return silent
+
+
+_A_BYTE_START, _A_BYTE_END = attrgetter("a_byte_start"), attrgetter("a_byte_end")
+_B_BYTE_START, _B_BYTE_END = attrgetter("b_byte_start"), attrgetter("b_byte_end")
+
+
+_IDENTIFIER = re.compile(rb"[0-9A-Za-z_\-]{3,}")  # detect_nonce's identifier-like change, in bytes
+
+
+def _identifiers(a: Prompt, b: Prompt, h: Hunk) -> bool:
+    """Both sides of `h` are identifier-like (detect_nonce's test of `ctx.a_str`, `ctx.b_str`: ASCII characters
+    each, so the bytes are those characters, and any other byte decodes to another character)."""
+    return (
+        _IDENTIFIER.fullmatch(a.data, h.a_byte_start, h.a_byte_end) is not None
+        and _IDENTIFIER.fullmatch(b.data, h.b_byte_start, h.b_byte_end) is not None
+    )
+
+
+def _none_of(raw: bytes, words: tuple[bytes, ...]) -> bool:
+    """`raw` holds none of `words` (found by `find`: `bytes in bytes` tries the needle as an integer first)."""
+    for w in words:  # noqa: SIM110 - a loop, not any() of a generator
+        if raw.find(w) >= 0:
+            return False
+    return True
 
 
 def best_finding(

@@ -1,0 +1,112 @@
+"""`pair_detectors`' window gate (`_windows_silent`, speed14) against the detectors it leaves out, run on every hunk:
+on random pairs of many hunks whose windows now and then hold ASCII and other digits, day names, '-', UUIDs, hex
+words, nonce keys and identifier-like changes, each hunk's finding must be what every detector finds, and each
+detector left out must say None on every hunk. A gate made weaker than its proof fails it."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from tokendiff.core import explain as ex
+from tokendiff.core.align import align
+from tokendiff.core.model import Prompt
+
+from .test_explain_gates import _sections
+
+WORDS = ["word", " the", " file", "\n", " ", "user", "agent", "x" * 30, ":", "="]  # no digit, day, '-' or key
+SPICE = [
+    "12", " 47", "9", "2026-12-07", "T05:30", "\u0663", "-", "Monday", "Sun", "Sunny", "abcde", "deadbeef1",
+    "cafe0babe", "550e8400-e29b-41d4-a716-446655440000", "session_id=", "nonce:", "\u00e9", " 50%", "a_b", "ab",
+]  # fmt: skip
+VOCAB = WORDS + SPICE
+GATED = (ex.detect_date, ex.detect_counter, ex.detect_nonce)
+
+
+def _prompt(rng: random.Random, pieces: list[str]) -> Prompt:
+    raw = [x.encode() for x in pieces]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in raw])]).astype(np.int64)
+    ids = np.array([VOCAB.index(x) for x in pieces], dtype=np.int32)
+    p = Prompt(ids=ids, data=b"".join(raw), offsets=offsets, special=np.zeros(len(pieces), dtype=np.uint8))
+    p.sections.extend(_sections(rng, p))
+    return p
+
+
+def _pairs(seed: int, n: int):
+    """A and B of a shared frame with many short edits (a compaction pair's shape), a few spices of the pair's
+    put now and then in either side's frame (outside every window, or in one) or in an edit."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        spices = rng.sample(SPICE, rng.randrange(1, 4))
+        frame = [rng.choice(WORDS) for _ in range(rng.randrange(4, 40))]
+        a, b = list(frame), list(frame)
+        for _ in range(rng.randrange(1, 6)):  # edits, each in both sides at the same place (the frame's)
+            at = rng.randrange(len(a) + 1)
+            pick = spices if rng.random() < 0.3 else WORDS  # now and then a date, number, nonce ... changed
+            a[at:at], b[at:at] = [rng.choice(pick)], [rng.choice(pick) for _ in range(rng.randrange(3))]
+        for side in (a, b):
+            for _ in range(rng.choice([0, 0, 1, 2])):
+                side.insert(rng.randrange(len(side) + 1), rng.choice(spices))
+        pa, pb = _prompt(rng, a), _prompt(rng, b)
+        yield pa, pb, align(pa, pb)
+
+
+def _check(cases) -> tuple[int, int]:
+    """Every gated detector left out of a pair says None on each of its hunks; (times left out, times kept)."""
+    out = kept = 0
+    for a, b, d in cases:
+        chosen = ex.pair_detectors(a, b, d)
+        for det in GATED:
+            if det in chosen:
+                kept += 1
+                continue
+            out += 1
+            for i, h in enumerate(d.hunks):
+                assert det(ex.Ctx(a, b, d, h, i)) is None, (det.__name__, a.data, b.data, h)
+    return out, kept
+
+
+def test_the_window_gate_leaves_out_only_silent_detectors():
+    cases = [c for c in _pairs(14, 3000) if c[2].hunks]
+    out, kept = _check(cases)
+    assert out > 1500 and kept > 1500  # left out and kept, each many times
+
+
+def test_the_pairs_findings_are_every_detectors(monkeypatch):
+    cases = [c for c in _pairs(15, 1500) if c[2].hunks]
+    got = [ex.explain(a, b, d) for a, b, d in cases]
+    monkeypatch.setattr(ex, "pair_detectors", lambda a, b, d: ex.DETECTORS)
+    assert got == [ex.explain(a, b, d) for a, b, d in cases]
+
+
+def _during_gate(name: str, value: object):
+    """`_windows_silent` run with the module's `name` set to `value` (the detectors see it as it is)."""
+    real = ex._windows_silent
+
+    def gate(a, b, hunks):
+        saved = getattr(ex, name)
+        setattr(ex, name, value)
+        try:
+            return real(a, b, hunks)
+        finally:
+            setattr(ex, name, saved)
+
+    return gate
+
+
+@pytest.mark.parametrize(
+    "weaker",
+    [
+        lambda: _during_gate("_without", lambda raw, words: True),  # day names not looked for
+        lambda: _during_gate("_identifiers", lambda a, b, h: False),  # identifier-like changes not looked for
+        lambda: _during_gate("_DIGIT_BYTES", (b"0", b"1")),  # some digits not looked for
+        lambda: lambda a, b, hunks: list(GATED),  # no test at all
+    ],
+)
+def test_a_weaker_gate_fails(monkeypatch, weaker):
+    cases = [c for c in _pairs(14, 3000) if c[2].hunks]
+    monkeypatch.setattr(ex, "_windows_silent", weaker())
+    with pytest.raises(AssertionError):
+        _check(cases)
