@@ -110,3 +110,52 @@ def test_a_weaker_gate_fails(monkeypatch, weaker):
     monkeypatch.setattr(ex, "_windows_silent", weaker())
     with pytest.raises(AssertionError):
         _check(cases)
+
+
+# ---------------------------------------------------------------- the setting gate's key test
+
+KEYED = [
+    "Reasoning", "reasoning_effort", "EFFORT", "thinking budget", "Plan mode", "verbosity", "mode", "think",
+    ":", "=", " ", "\n", "\t", "\x0b", "\x1c", "\x1f", " \n ", "high", "word", "-", "#", "\u017f", "\u212a", "mod",
+]  # fmt: skip
+
+
+def _keyed_texts(seed: int, n: int):
+    rng = random.Random(seed)
+    for _ in range(n):
+        yield "".join(rng.choice(KEYED) for _ in range(rng.randrange(1, 14))).encode()
+
+
+def _key_test_holds(texts: list[bytes]) -> tuple[int, int]:
+    """Where `_may_key` says no, SETTING_LINE_RE matches in no cut of the text (a line `_line_bytes` cuts may start
+    and end anywhere); (texts it said no of, texts with a match)."""
+    no = matched = 0
+    for raw in texts:
+        text = raw.decode()
+        matched += ex.SETTING_LINE_RE.search(text) is not None
+        if ex._may_key(raw):
+            continue
+        no += 1
+        for i in range(len(raw)):
+            for j in range(i + 1, len(raw) + 1):
+                assert ex.SETTING_LINE_RE.search(raw[i:j].decode("utf-8", "replace")) is None, (raw, i, j)
+    return no, matched
+
+
+def test_the_key_test_says_no_only_where_no_line_holds_a_setting():
+    no, matched = _key_test_holds(list(_keyed_texts(16, 4000)))
+    assert no > 1000 and matched > 100
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("_KEY_SEPS", b":"),  # '=' not looked back from
+        ("_RE_SPACE", b" \t\n\r"),  # some of `\s` not stepped over
+        ("_KEY_ENDS", ex._KEY_ENDS[:-2]),  # "budget" and "verbosity" ends not known
+    ],
+)
+def test_a_weaker_key_test_fails(monkeypatch, name, value):
+    monkeypatch.setattr(ex, name, value)
+    with pytest.raises(AssertionError):
+        _key_test_holds(list(_keyed_texts(16, 4000)))

@@ -1440,15 +1440,39 @@ SETTING_GATE_BYTES = 2048  # prompt bytes a hunk up to which `pair_detectors` as
 
 def _pair_setting_silent(a: Prompt, b: Prompt, ia: _Index, ib: _Index, hunks: Sequence[Hunk]) -> bool:
     """detect_setting finds nothing on any of `hunks`: no SETTING_LINE_RE match in the lines of one prompt
-    (`_may_set` of all of an ASCII prompt: its lines hold no key's word where it holds none); no think switch in
-    either's lines (`_no_switch`); not both a generation prompt (`_thinking_toggled` needs one on each side)."""
-    if _may_set(a.data) and _may_set(b.data):
+    (`_may_key`); no think switch in either's lines (`_no_switch`); not both a generation prompt
+    (`_thinking_toggled` needs one on each side)."""
+    if _may_key(a.data) and _may_key(b.data):
         return False
     if ia.first_top(_GENERATION_PROMPT) is not None and ib.first_top(_GENERATION_PROMPT) is not None:
         return False
     if not (_no_switch(a.data) and _no_switch(b.data)):
         return False
     return not any(_cut_tag(a.data, h.a_byte_start) or _cut_tag(b.data, h.b_byte_start) for h in hunks)
+
+
+_KEY_ENDS = (b"reasoning", b"effort", b"thinking", b"mode", b"budget", b"verbosity")  # how SETTING_LINE_RE's keys end
+_KEY_SEPS = b":="  # a key's match ends in one
+_RE_SPACE = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # the ASCII characters `\s` matches in a str pattern
+
+
+def _may_key(data: bytes) -> bool:
+    """SETTING_LINE_RE may match in a line cut from `data` (`_line_bytes`). In ASCII bytes every match holds a key,
+    which ends in one of _KEY_ENDS (any case: IGNORECASE folds ASCII text only to ASCII), then `\\s*` and ':' or
+    '=': looked for back from each ':' and '=' (a prompt holds a few), where `_may_set` of a whole prompt read it
+    once for each of its keys' words (~20 instructions a byte). Other bytes: True (IGNORECASE matches 'ſ' to 's')."""
+    if not data.isascii():
+        return True
+    for sep in _KEY_SEPS:
+        at = data.find(sep)
+        while at >= 0:
+            end = at
+            while end > 0 and data[end - 1] in _RE_SPACE:  # an int: no exception in `in`
+                end -= 1
+            if data[max(0, end - 9) : end].lower().endswith(_KEY_ENDS):
+                return True
+            at = data.find(sep, at + 1)
+    return False
 
 
 def _no_switch(data: bytes) -> bool:
