@@ -12,7 +12,7 @@ import pytest
 
 from tokendiff.core import explain as ex
 from tokendiff.core.align import align
-from tokendiff.core.model import Prompt
+from tokendiff.core.model import NO_SECTION, Hunk, Prompt
 
 from .test_explain_gates import _sections
 
@@ -68,7 +68,8 @@ def _check(cases) -> tuple[int, int]:
     return out, kept
 
 
-def test_the_window_gate_leaves_out_only_silent_detectors():
+def test_the_window_gate_leaves_out_only_silent_detectors(monkeypatch):
+    monkeypatch.setattr(ex, "WINDOWS_GATE_BYTES", 1 << 30)  # asked of every pair, whatever its span
     cases = [c for c in _pairs(14, 3000) if c[2].hunks]
     out, kept = _check(cases)
     assert out > 1500 and kept > 1500  # left out and kept, each many times
@@ -106,6 +107,7 @@ def _during_gate(name: str, value: object):
     ],
 )
 def test_a_weaker_gate_fails(monkeypatch, weaker):
+    monkeypatch.setattr(ex, "WINDOWS_GATE_BYTES", 1 << 30)
     cases = [c for c in _pairs(14, 3000) if c[2].hunks]
     monkeypatch.setattr(ex, "_windows_silent", weaker())
     with pytest.raises(AssertionError):
@@ -159,3 +161,27 @@ def test_a_weaker_key_test_fails(monkeypatch, name, value):
     monkeypatch.setattr(ex, name, value)
     with pytest.raises(AssertionError):
         _key_test_holds(list(_keyed_texts(16, 4000)))
+
+
+def test_the_window_gate_reads_a_span_only_within_its_budget():
+    """A pair of few hunks far apart (a long pair's `diff`) is not read whole: each hunk reads its windows."""
+    rng = random.Random(17)
+
+    def pair(n: int):  # A's first and last piece a line break, B's a colon: two hunks, n pieces apart
+        a, b = _prompt(rng, ["\n", *[" the"] * n, "\n"]), _prompt(rng, [":", *[" the"] * n, ":"])
+        m = 4 * n + 1
+        ends = [Hunk(0, 1, 0, 1, 0, 1, 0, 1, NO_SECTION, NO_SECTION)]
+        ends.append(Hunk(n + 1, n + 2, n + 1, n + 2, m, m + 1, m, m + 1, NO_SECTION, NO_SECTION))
+        return a, b, ends
+
+    a, b, hunks = pair(2000)
+    assert len(a.data) + len(b.data) > ex.WINDOWS_GATE_BYTES * len(hunks)
+    assert ex._windows_silent(a, b, hunks) == []
+    assert ex._windows_silent(*pair(20)) == list(GATED)
+
+
+def test_many_separators_fall_back_to_the_words(monkeypatch):
+    """Past KEY_LOOKS separators `_may_key` asks `_may_set` (as sound): held to the matches like the rest."""
+    monkeypatch.setattr(ex, "KEY_LOOKS", 1)
+    no, _ = _key_test_holds(list(_keyed_texts(18, 3000)))
+    assert no > 300

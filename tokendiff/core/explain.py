@@ -1453,6 +1453,7 @@ def _pair_setting_silent(a: Prompt, b: Prompt, ia: _Index, ib: _Index, hunks: Se
 
 _KEY_ENDS = (b"reasoning", b"effort", b"thinking", b"mode", b"budget", b"verbosity")  # how SETTING_LINE_RE's keys end
 _KEY_SEPS = b":="  # a key's match ends in one
+KEY_LOOKS = 32  # separators `_may_key` looks back from before it asks `_may_set` (~1,500 instructions a look)
 _RE_SPACE = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # the ASCII characters `\s` matches in a str pattern
 
 
@@ -1460,12 +1461,17 @@ def _may_key(data: bytes) -> bool:
     """SETTING_LINE_RE may match in a line cut from `data` (`_line_bytes`). In ASCII bytes every match holds a key,
     which ends in one of _KEY_ENDS (any case: IGNORECASE folds ASCII text only to ASCII), then `\\s*` and ':' or
     '=': looked for back from each ':' and '=' (a prompt holds a few), where `_may_set` of a whole prompt read it
-    once for each of its keys' words (~20 instructions a byte). Other bytes: True (IGNORECASE matches 'ſ' to 's')."""
+    once for each of its keys' words (~20 instructions a byte); past KEY_LOOKS of them, `_may_set` (as sound: a
+    line holds a key's word where the prompt holds none). Other bytes: True (IGNORECASE matches 'ſ' to 's')."""
     if not data.isascii():
         return True
+    looks = 0
     for sep in _KEY_SEPS:
         at = data.find(sep)
         while at >= 0:
+            looks += 1
+            if looks > KEY_LOOKS:
+                return _may_set(data)  # separators everywhere (JSON): the words' scans cost less
             end = at
             while end > 0 and data[end - 1] in _RE_SPACE:  # an int: no exception in `in`
                 end -= 1
@@ -1959,6 +1965,9 @@ def pair_detectors(a: Prompt, b: Prompt, d: Divergence) -> list[Callable[[Ctx], 
 _DIGIT_BYTES = tuple(bytes([c]) for c in _DIGITS)  # each found by memchr, where `translate` steps a byte at a time
 
 
+WINDOWS_GATE_BYTES = 2048  # span bytes a hunk up to which `_windows_silent` reads the pair's span of windows
+
+
 def _windows_silent(a: Prompt, b: Prompt, hunks: Sequence[Hunk]) -> list[Callable[[Ctx], Finding | None]]:
     """Of detect_date, detect_counter and detect_nonce, those whose first tests, each a fact of a hunk's PAD
     windows (`Ctx.pad_windows`), say None on every hunk of the pair. Asked once a side of the bytes from the first
@@ -1969,8 +1978,11 @@ def _windows_silent(a: Prompt, b: Prompt, hunks: Sequence[Hunk]) -> list[Callabl
     one), both not `digitless` (a HEX_RE match holds a digit) or both sides identifier-like (`_identifiers`)."""
     if not hunks:
         return []
-    ra = a.data[max(0, min(map(_A_BYTE_START, hunks)) - PAD) : max(map(_A_BYTE_END, hunks)) + PAD]
-    rb = b.data[max(0, min(map(_B_BYTE_START, hunks)) - PAD) : max(map(_B_BYTE_END, hunks)) + PAD]
+    a_lo, a_hi = max(0, min(map(_A_BYTE_START, hunks)) - PAD), max(map(_A_BYTE_END, hunks)) + PAD
+    b_lo, b_hi = max(0, min(map(_B_BYTE_START, hunks)) - PAD), max(map(_B_BYTE_END, hunks)) + PAD
+    if a_hi - a_lo + b_hi - b_lo > WINDOWS_GATE_BYTES * len(hunks):
+        return []  # a few hunks far apart (a long pair's `diff`): each hunk's windows are read instead
+    ra, rb = a.data[a_lo:a_hi], b.data[b_lo:b_hi]
     da, db = ra.isascii() and _none_of(ra, _DIGIT_BYTES), rb.isascii() and _none_of(rb, _DIGIT_BYTES)  # `_digitless`
     silent: list[Callable[[Ctx], Finding | None]] = []
     if db and _without(rb, _DAY_WORDS):
@@ -1986,15 +1998,16 @@ _A_BYTE_START, _A_BYTE_END = attrgetter("a_byte_start"), attrgetter("a_byte_end"
 _B_BYTE_START, _B_BYTE_END = attrgetter("b_byte_start"), attrgetter("b_byte_end")
 
 
-_IDENTIFIER = re.compile(rb"[0-9A-Za-z_\-]{3,}")  # detect_nonce's identifier-like change, in bytes
+_IDENTIFIER = Lazy(rb"[0-9A-Za-z_\-]{3,}")  # detect_nonce's identifier-like change, in bytes: compiled if asked
 
 
 def _identifiers(a: Prompt, b: Prompt, h: Hunk) -> bool:
     """Both sides of `h` are identifier-like (detect_nonce's test of `ctx.a_str`, `ctx.b_str`: ASCII characters
     each, so the bytes are those characters, and any other byte decodes to another character)."""
+    ident = _IDENTIFIER.compiled
     return (
-        _IDENTIFIER.fullmatch(a.data, h.a_byte_start, h.a_byte_end) is not None
-        and _IDENTIFIER.fullmatch(b.data, h.b_byte_start, h.b_byte_end) is not None
+        ident.fullmatch(a.data, h.a_byte_start, h.a_byte_end) is not None
+        and ident.fullmatch(b.data, h.b_byte_start, h.b_byte_end) is not None
     )
 
 
