@@ -1440,15 +1440,45 @@ SETTING_GATE_BYTES = 2048  # prompt bytes a hunk up to which `pair_detectors` as
 
 def _pair_setting_silent(a: Prompt, b: Prompt, ia: _Index, ib: _Index, hunks: Sequence[Hunk]) -> bool:
     """detect_setting finds nothing on any of `hunks`: no SETTING_LINE_RE match in the lines of one prompt
-    (`_may_set` of all of an ASCII prompt: its lines hold no key's word where it holds none); no think switch in
-    either's lines (`_no_switch`); not both a generation prompt (`_thinking_toggled` needs one on each side)."""
-    if _may_set(a.data) and _may_set(b.data):
+    (`_may_key`); no think switch in either's lines (`_no_switch`); not both a generation prompt
+    (`_thinking_toggled` needs one on each side)."""
+    if _may_key(a.data) and _may_key(b.data):
         return False
     if ia.first_top(_GENERATION_PROMPT) is not None and ib.first_top(_GENERATION_PROMPT) is not None:
         return False
     if not (_no_switch(a.data) and _no_switch(b.data)):
         return False
     return not any(_cut_tag(a.data, h.a_byte_start) or _cut_tag(b.data, h.b_byte_start) for h in hunks)
+
+
+_KEY_ENDS = (b"reasoning", b"effort", b"thinking", b"mode", b"budget", b"verbosity")  # how SETTING_LINE_RE's keys end
+_KEY_SEPS = b":="  # a key's match ends in one
+KEY_LOOKS = 32  # separators `_may_key` looks back from before it asks `_may_set` (~1,500 instructions a look)
+_RE_SPACE = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # the ASCII characters `\s` matches in a str pattern
+
+
+def _may_key(data: bytes) -> bool:
+    """SETTING_LINE_RE may match in a line cut from `data` (`_line_bytes`). In ASCII bytes every match holds a key,
+    which ends in one of _KEY_ENDS (any case: IGNORECASE folds ASCII text only to ASCII), then `\\s*` and ':' or
+    '=': looked for back from each ':' and '=' (a prompt holds a few), where `_may_set` of a whole prompt read it
+    once for each of its keys' words (~20 instructions a byte); past KEY_LOOKS of them, `_may_set` (as sound: a
+    line holds a key's word where the prompt holds none). Other bytes: True (IGNORECASE matches 'ſ' to 's')."""
+    if not data.isascii():
+        return True
+    looks = 0
+    for sep in _KEY_SEPS:
+        at = data.find(sep)
+        while at >= 0:
+            looks += 1
+            if looks > KEY_LOOKS:
+                return _may_set(data)  # separators everywhere (JSON): the words' scans cost less
+            end = at
+            while end > 0 and data[end - 1] in _RE_SPACE:  # an int: no exception in `in`
+                end -= 1
+            if data[max(0, end - 9) : end].lower().endswith(_KEY_ENDS):
+                return True
+            at = data.find(sep, at + 1)
+    return False
 
 
 def _no_switch(data: bytes) -> bool:
@@ -1907,8 +1937,9 @@ def pair_detectors(a: Prompt, b: Prompt, d: Divergence) -> list[Callable[[Ctx], 
     detect_unicode_form where both are ASCII (its texts are then); detect_setting where `_pair_setting_silent` shows it
     silent on every hunk of `d`, asked only where the prompts hold at most SETTING_GATE_BYTES a hunk (its scans of
     both whole prompts cost more than detect_setting on the few hunks of a long pair: +8 M instructions on a 48k-token
-    pair's `diff`). The rest keep their order, so `best_finding` keeps the first of the most confident
-    (tests/unit/test_explain_pair11.py holds it to all of them)."""
+    pair's `diff`); detect_date, detect_counter and detect_nonce where `_windows_silent` shows them silent on every
+    hunk. The rest keep their order, so `best_finding` keeps the first of the most confident
+    (tests/unit/test_explain_pair11.py and test_explain_pair14.py hold it to all of them)."""
     ia, ib = _index(a), _index(b)
     skip: set[Callable[[Ctx], Finding | None]] = set()
     if not (ia.tools or ib.tools):
@@ -1927,7 +1958,65 @@ def pair_detectors(a: Prompt, b: Prompt, d: Divergence) -> list[Callable[[Ctx], 
         a, b, ia, ib, d.hunks
     ):
         skip.add(detect_setting)
+    skip.update(_windows_silent(a, b, d.hunks))
     return [det for det in DETECTORS if det not in skip] if skip else DETECTORS
+
+
+_DIGIT_BYTES = tuple(bytes([c]) for c in _DIGITS)  # each found by memchr, where `translate` steps a byte at a time
+
+
+WINDOWS_GATE_BYTES = 2048  # span bytes a hunk up to which `_windows_silent` reads the pair's span of windows
+
+
+def _windows_silent(a: Prompt, b: Prompt, hunks: Sequence[Hunk]) -> list[Callable[[Ctx], Finding | None]]:
+    """Of detect_date, detect_counter and detect_nonce, those whose first tests, each a fact of a hunk's PAD
+    windows (`Ctx.pad_windows`), say None on every hunk of the pair. Asked once a side of the bytes from the first
+    hunk's window start to the last one's end, which hold every window: without a digit, a day's name or a '-'
+    there, no window holds one; ASCII there, every window is (a compaction pair's ~12 hunks each read their
+    windows' digits three times, where most hold none). detect_date needs B's window not `digitless` or holding
+    a day's name; detect_counter both windows not `digitless`; detect_nonce a '-' in both (every UUID holds
+    one), both not `digitless` (a HEX_RE match holds a digit) or both sides identifier-like (`_identifiers`)."""
+    if not hunks:
+        return []
+    a_lo, a_hi = max(0, min(map(_A_BYTE_START, hunks)) - PAD), max(map(_A_BYTE_END, hunks)) + PAD
+    b_lo, b_hi = max(0, min(map(_B_BYTE_START, hunks)) - PAD), max(map(_B_BYTE_END, hunks)) + PAD
+    if a_hi - a_lo + b_hi - b_lo > WINDOWS_GATE_BYTES * len(hunks):
+        return []  # a few hunks far apart (a long pair's `diff`): each hunk's windows are read instead
+    ra, rb = a.data[a_lo:a_hi], b.data[b_lo:b_hi]
+    da, db = ra.isascii() and _none_of(ra, _DIGIT_BYTES), rb.isascii() and _none_of(rb, _DIGIT_BYTES)  # `_digitless`
+    silent: list[Callable[[Ctx], Finding | None]] = []
+    if db and _without(rb, _DAY_WORDS):
+        silent.append(detect_date)
+    if da or db:
+        silent.append(detect_counter)
+        if (ra.find(b"-") < 0 or rb.find(b"-") < 0) and not any(map(_identifiers, repeat(a), repeat(b), hunks)):
+            silent.append(detect_nonce)
+    return silent
+
+
+_A_BYTE_START, _A_BYTE_END = attrgetter("a_byte_start"), attrgetter("a_byte_end")
+_B_BYTE_START, _B_BYTE_END = attrgetter("b_byte_start"), attrgetter("b_byte_end")
+
+
+_IDENTIFIER = Lazy(rb"[0-9A-Za-z_\-]{3,}")  # detect_nonce's identifier-like change, in bytes: compiled if asked
+
+
+def _identifiers(a: Prompt, b: Prompt, h: Hunk) -> bool:
+    """Both sides of `h` are identifier-like (detect_nonce's test of `ctx.a_str`, `ctx.b_str`: ASCII characters
+    each, so the bytes are those characters, and any other byte decodes to another character)."""
+    ident = _IDENTIFIER.compiled
+    return (
+        ident.fullmatch(a.data, h.a_byte_start, h.a_byte_end) is not None
+        and ident.fullmatch(b.data, h.b_byte_start, h.b_byte_end) is not None
+    )
+
+
+def _none_of(raw: bytes, words: tuple[bytes, ...]) -> bool:
+    """`raw` holds none of `words` (found by `find`: `bytes in bytes` tries the needle as an integer first)."""
+    for w in words:  # noqa: SIM110 - a loop, not any() of a generator
+        if raw.find(w) >= 0:
+            return False
+    return True
 
 
 def best_finding(
