@@ -282,10 +282,11 @@ def test_random_prompts_section_as_before(seed):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_special_bounds_numpy_as_stdlib(seed):
+def test_special_bounds_numpy_as_stdlib(seed, monkeypatch):
     """`_Marks` reads the special tokens' bounds in numpy calls where the process has numpy (a report's): the same
-    lists as the stdlib `map`s (`tokendiff diff`'s path), on random prompts with empty special tokens, a special
-    first token, flags as stdlib, numpy and byte strings and offsets as stdlib, numpy and list."""
+    lists as the stdlib `map`s (`tokendiff diff`'s path), and the same token maps (made when asked for), on random
+    prompts with empty special tokens, a special first token, flags as stdlib, numpy and byte strings and offsets as
+    stdlib, numpy and list."""
     rng = random.Random(seed)
     for _ in range(150):
         pieces = [rng.choice(_MARKERS) if rng.random() < 0.35 else rng.choice(_TEXT) for _ in range(rng.randint(0, 60))]
@@ -294,6 +295,19 @@ def test_special_bounds_numpy_as_stdlib(seed):
         as_bytes = Prompt(ids=p.ids, data=p.data, offsets=list(map(int, p.offsets)), special=bytes(p.special))
         for q in (p, as_bytes):
             want = [list(x) for x in grammar._special_bounds(q)]
-            got = [list(x) for x in grammar._special_bounds_np(q)]
+            arrays = grammar._special_arrays(q)
+            assert arrays is not None
+            got = [x.tolist() for x in arrays]
             assert got == want
             assert all(type(x) is int for x in got[0] + got[1] + got[2])
+            with_np = grammar._Marks(q)
+            with monkeypatch.context() as m:
+                m.setattr(grammar, "_special_arrays", lambda _: None)
+                stdlib = grammar._Marks(q)
+            assert with_np.arrays is not None and stdlib.arrays is None
+            assert (with_np.first_token, with_np.token_from) == (stdlib.first_token, stdlib.token_from)
+            offs = list(map(int, q.offsets))
+            for x, t in stdlib.first_token.items():
+                assert t == bisect_right(offs, x) - 1
+            for x, t in stdlib.token_from.items():
+                assert t == bisect_left(offs, x)
