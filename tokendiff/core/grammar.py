@@ -101,7 +101,7 @@ class _Marks:
                 i, a, b = self.arrays
                 nonempty, first = (b > a).tolist(), (a > np.asarray(self._offsets)[i - 1]).tolist()
             else:
-                nonempty, first = list(map(gt, ends, starts)), list(map(gt, starts, _before(self._offsets, idx)))
+                nonempty, first = map(gt, ends, starts), map(gt, starts, _before(self._offsets, idx))
             self._maps = dict(compress(zip(starts, idx), nonempty)), dict(compress(zip(starts, idx), first))
         return self._maps
 

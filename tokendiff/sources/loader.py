@@ -339,7 +339,8 @@ class Loader:
         if not _ids_below(ids, self.vocab.n_vocab):
             check_vocab(ids, self.vocab.n_vocab, source, self.vocab.name)
         if decoded is None:
-            decoded = self.vocab.decode(ids, (like.ids, like.data, like.offsets, like.special) if like else None)
+            before = (like.ids, like.data, like.offsets, like.special) if like is not None else None
+            decoded = self.vocab.decode(ids, before)
         data, offsets, special = decoded
         return Prompt(ids=ids, data=data, offsets=offsets, special=special, origin=label, meta=meta)
 
