@@ -17,6 +17,7 @@ from prompts import CONVERSATION, TEMPLATES, TOOLS, render
 from tokendiff.core import grammar
 from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.model import Part, Prompt, Section, SectionPath, flag_indices
+from tokendiff.sources.tokenizers import load_vocab, text_tokenizer
 
 
 class _OldMarks:
@@ -282,10 +283,11 @@ def test_random_prompts_section_as_before(seed):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_special_bounds_numpy_as_stdlib(seed):
+def test_special_bounds_numpy_as_stdlib(seed, monkeypatch):
     """`_Marks` reads the special tokens' bounds in numpy calls where the process has numpy (a report's): the same
-    lists as the stdlib `map`s (`tokendiff diff`'s path), on random prompts with empty special tokens, a special
-    first token, flags as stdlib, numpy and byte strings and offsets as stdlib, numpy and list."""
+    lists as the stdlib `map`s (`tokendiff diff`'s path), and the same token maps (made when asked for), on random
+    prompts with empty special tokens, a special first token, flags as stdlib, numpy and byte strings and offsets as
+    stdlib, numpy and list."""
     rng = random.Random(seed)
     for _ in range(150):
         pieces = [rng.choice(_MARKERS) if rng.random() < 0.35 else rng.choice(_TEXT) for _ in range(rng.randint(0, 60))]
@@ -294,6 +296,99 @@ def test_special_bounds_numpy_as_stdlib(seed):
         as_bytes = Prompt(ids=p.ids, data=p.data, offsets=list(map(int, p.offsets)), special=bytes(p.special))
         for q in (p, as_bytes):
             want = [list(x) for x in grammar._special_bounds(q)]
-            got = [list(x) for x in grammar._special_bounds_np(q)]
+            arrays = grammar._special_arrays(q)
+            assert arrays is not None
+            got = [x.tolist() for x in arrays]
             assert got == want
             assert all(type(x) is int for x in got[0] + got[1] + got[2])
+            with_np = grammar._Marks(q)
+            with monkeypatch.context() as m:
+                m.setattr(grammar, "_special_arrays", lambda _: None)
+                stdlib = grammar._Marks(q)
+            assert with_np.arrays is not None and stdlib.arrays is None
+            assert (with_np.first_token, with_np.token_from) == (stdlib.first_token, stdlib.token_from)
+            offs = list(map(int, q.offsets))
+            for x, t in stdlib.first_token.items():
+                assert t == bisect_right(offs, x) - 1
+            for x, t in stdlib.token_from.items():
+                assert t == bisect_left(offs, x)
+
+
+# ChatML sectioning in numpy calls (`grammar._chatml_sections`) against the turn-at-a-time loop it stands in for
+# (`grammar._loop_sections`) and the token-at-a-time version before both (`_old_sections_for`): random ChatML
+# conversations (system, user, assistant, tool and odd roles, reasoning, tool calls, results and ID keys, `<tools>`
+# blocks, '<' in prose, open and empty last turns, text before the first turn, headers without a newline in reach,
+# stray and missing end markers) split into random tokens (empty ones too), offsets and flags as stdlib and numpy
+# arrays; and the real Qwen3 tokenizer's decode.
+
+_CHATML_ROLES = ["system", "user", "assistant", "tool", "user ", " assistant", "ipython", "model", "日本", ""]
+_BODIES = [
+    "hello there",
+    "a < b and c > d",
+    "<think>\nmull it over\n</think>\n\nthe answer",
+    "<think>\n\n</think>\n\n",
+    '<tool_call>\n{"name": "get_x", "arguments": {"id": "no"}}\n</tool_call>',
+    '<tool_response>\n{"call_id": "c1", "out": 3}\n</tool_response>',
+    '<tools>\n{"type": "function", "function": {"name": "f"}}\n</tools>',
+    '{"id": "abc", "tool_call_id": "t9"}',
+    "[TOOL_RESULTS]r1[TOOL_CONTENT]done",
+    "line one\nline two\n",
+    "é" * 3,
+    "",
+]
+
+
+def _conversation(rng: random.Random) -> str:
+    out = ["<bos>junk " if rng.random() < 0.2 else ""]
+    for k in range(rng.randint(0, 12)):
+        role = rng.choice(_CHATML_ROLES) if rng.random() < 0.98 else "tools"  # a `tools` turn: the loop takes it
+        head = role + ("\n" if rng.random() < 0.98 else "x" * rng.choice([5, 300]))  # 300: no newline in reach
+        body = "".join(rng.choice(_BODIES) for _ in range(rng.randint(0, 3)))
+        close = "<|im_end|>\n" if rng.random() < 0.9 or k == 0 else ""
+        out.append(f"<|im_start|>{head}{body}{close}")
+    if rng.random() < 0.5:
+        out.append("<|im_start|>assistant\n" + rng.choice(["", "<think>\n", "<think>\nhm</think>\n\nok<|im_end|>"]))
+    if rng.random() < 0.05:
+        out.append("<|im_end|>")  # a stray end marker
+    return "".join(out)
+
+
+def _both(p: Prompt) -> int:
+    """The numpy path (where it takes the prompt) against the loop and the old version; 1 where it took it."""
+    took = 0
+    for inner in (True, False):
+        marks = grammar._Marks(p)
+        loop = grammar._loop_sections(p, marks, "chatml", inner)
+        assert marks.arrays is not None
+        fast = grammar._chatml_sections(p, marks, marks.arrays, inner)
+        if fast is not None:
+            took = 1
+            assert fast == loop, (inner, p.data[:300])
+            assert all(type(x) is int for s in fast for x in s[1:]), "token and byte offsets are plain ints"
+        assert grammar.sections_for(p, None, inner) == _old_sections_for(p, None, inner)
+    return took
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_chatml_numpy_sections_as_the_loop(seed):
+    rng = random.Random(seed)
+    took = 0
+    for _ in range(120):
+        special = {"<|im_start|>", "<|im_end|>"} if rng.random() < 0.9 else {"<|im_start|>"}
+        if rng.random() < 0.3:
+            special.add("<bos>")
+        took += _both(_prompt(_tokenise(_conversation(rng), special, rng), numpy_arrays=rng.random() < 0.3))
+    assert took >= 60  # the numpy path took most of them
+
+
+def test_chatml_numpy_sections_on_qwen3_decodes():
+    """Qwen3's own tokens: its decode's stdlib arrays, the markers one special token each."""
+    vocab = load_vocab(None)
+    tok = text_tokenizer(vocab)
+    rng = random.Random(5)
+    took = 0
+    for _ in range(60):
+        ids = np.asarray(tok.encode(_conversation(rng)), dtype=np.int32)
+        data, offsets, special = vocab.decode(ids)
+        took += _both(Prompt(ids=ids, data=data, offsets=offsets, special=special))
+    assert took >= 30

@@ -493,3 +493,32 @@ def test_odd_strip_sessions_filled_are_their_full_diffs(tmp_path, monkeypatch):
             m.setattr(tails.Tails, "diff", lambda self, shape, a, b: None)
             full, none = _odd_report(d)
         assert fast == full and none == 0 and filled >= 12, (filled, none)
+
+
+def test_decode_handed_to_a_load_is_the_decode():
+    """The decode a strip pair keeps of its B (`_Decoded`, made from its A's), handed to B's load where B is the A of
+    a pair diffed in full (`cost._hand_decode`), is `Vocab.decode` of B's IDs: the same bytes, and the offsets and
+    flags as the same stdlib arrays; odd sessions' pairs through one session's Tails, as the analysis asks them."""
+    from array import array
+
+    from tokendiff.core import cost
+
+    vocab = load_vocab(None)
+    rng = random.Random(11)
+    handed = 0
+    for odd in (0.0, 0.1, 0.3, 0.5):
+        ids = _odd_session(rng, 50, odd)
+        t = tails.Tails(vocab)
+        turns = [cost.TurnInput(ids=x, origin="", load=lambda: None, load_decoded=lambda got: got) for x in ids]
+        for a, b in zip(turns, turns[1:], strict=False):
+            t.shape(a.ids, b.ids, (lambda: SLOT, lambda: SLOT))
+            cost._hand_decode(b, t)
+            got = b.load()
+            if got is None:
+                continue
+            handed += 1
+            data, off, sp = vocab.decode(b.ids)
+            assert got[0] == data
+            assert isinstance(got[1], array) and got[1].typecode == "q" and got[1] == off
+            assert isinstance(got[2], array) and got[2].typecode == "B" and got[2] == sp
+    assert handed > 80, handed

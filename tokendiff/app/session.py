@@ -639,15 +639,17 @@ def _slot_inputs(loader: Loader) -> tuple[IdsTurns, Callable[[str, str, SlotFile
         turns: list[TurnInput | None] = []
         for (f, label, slot), arr, ok in zip(read, arrs, fits):
             job = SlotJob(f, label) if ok else None
+            load = partial(job.load, loader, slot) if job is not None else None
             turns.append(
                 TurnInput(
                     ids=arr,
                     origin=label,
-                    load=partial(job.load, loader, slot),
+                    load=load,
                     job=job,
                     sectioning=partial(sections.of, next(at)),
+                    load_decoded=load,  # the same load, given the decode a strip pair made (core.cost's `_hand_decode`)
                 )
-                if job is not None
+                if load is not None
                 else None
             )
         return turns

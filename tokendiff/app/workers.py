@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from tokendiff.core.cost import PairDiff, PairFuture, TurnInput
     from tokendiff.core.model import Prompt
-    from tokendiff.sources.loader import Loader, Selected
+    from tokendiff.sources.loader import Decoded, Loader, Selected
     from tokendiff.sources.record import CaptureRecord
     from tokendiff.sources.slotfile import SlotFile
 
@@ -102,11 +102,12 @@ class SlotJob:
 
         return Selected("slot", Path(self.path), self.label, None)
 
-    def load(self, loader: Loader, slot: SlotFile | None = None) -> Prompt:
-        """The prompt; from `slot` where the file was read already."""
+    def load(self, loader: Loader, slot: SlotFile | None = None, decoded: Decoded | None = None) -> Prompt:
+        """The prompt; from `slot` where the file was read already, and from `decoded` where its tokens were decoded."""
         from tokendiff.sources.slotfile import read_slot_file
 
-        return loader.load_selected(self.selected(), slot if slot is not None else read_slot_file(self.path))
+        file = slot if slot is not None else read_slot_file(self.path)
+        return loader.load_selected(self.selected(), file, decoded=decoded)
 
 
 Job = RecordJob | SpecJob | SelectedJob | SlotJob  # a turn's prompt as a recipe a worker loads

@@ -13,8 +13,10 @@ report.dataset a polars frame of it for exports). No I/O.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, Protocol, TypeAlias, TypeVar
 
 import numpy as np
@@ -34,7 +36,7 @@ from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, Se
 from tokendiff.core.model import NO_SECTION, Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
 from tokendiff.core.plain import field, plain, replace
 from tokendiff.core.prefix_index import Match, PrefixIndex
-from tokendiff.core.tails import SLOT_SECTIONING, AnyPair, TailDiff, Tails
+from tokendiff.core.tails import SLOT_SECTIONING, AnyPair, Decoded, TailDiff, Tails
 from tokendiff.core.usage import usage_of
 from tokendiff.core.vocab import Vocab
 
@@ -316,6 +318,8 @@ class TurnInput:
     slot: int | None = None  # the llama-server slot that served it, where the record says
     # how its full load sections it (app: Loader.sectioning), found when a tail pair asks (core.tails)
     sectioning: Callable[[], Any] | None = None
+    # its prompt from its IDs' `vocab.decode` made already (a slot file's: app's SlotJob.load), where a pair kept it
+    load_decoded: Callable[[Decoded], Prompt] | None = None
     # the turns read with it that follow it, in the order the analysis will add every one of them (app's read-ahead):
     # the prefix index takes them with it in one run when it is added (`Analyser._match`)
     ahead: list[TurnInput] | None = None
@@ -612,6 +616,7 @@ class Analyser:
                 else:
                     self._take(self.turns[k - 1], a, b, got)
                 return
+            _hand_decode(a, self.tails)
             if shape is not None:
                 key = Tails.key(shape)
                 if self.learning.get(key) and key not in self.tails.forms:
@@ -884,6 +889,21 @@ def _slot_decode(t: TurnInput) -> tuple[bytes, Any, Any] | None:
     if p is None or not (isinstance(by, tuple) and by[-1:] == (SLOT_SECTIONING,)):
         return None
     return p.data, p.offsets, p.special
+
+
+def _hand_decode(a: TurnInput, tails: Tails) -> None:
+    """A's load given A's decode where the strip pair before kept it (A is its B: core.tails' `_Decoded`, kept by the
+    identity of A's IDs), so a full diff's load does not decode A again: its bytes, offsets and flags are the
+    `vocab.decode` of A's IDs (made from that pair's A's decode), as `Vocab.decode` gives them (a stdlib int64 array
+    of offsets, a byte array of flags)."""
+    kept = tails.strips.decoded
+    if a.decoded is None and a.load_decoded is not None and kept.ids is a.ids:
+        data, offsets, special = kept.got
+        if not isinstance(offsets, array):
+            offsets = array("q", np.asarray(offsets, dtype=np.int64).tobytes())
+        if not isinstance(special, array):
+            special = array("B", np.asarray(special, dtype=np.uint8).tobytes())
+        a.load = partial(a.load_decoded, (data, offsets, special))
 
 
 def _check_tail(tail: TailDiff, full: PairDiff, k: int) -> None:

@@ -20,10 +20,10 @@ import re
 import sys
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from itertools import chain, compress, count, islice, repeat
-from operator import attrgetter, eq, gt, itemgetter, le, sub
+from operator import attrgetter, eq, gt, is_, itemgetter, le, sub
 
 from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.lazyre import Lazy
@@ -31,7 +31,7 @@ from tokendiff.core.model import Part, Prompt, Section, SectionPath, flag_bytes,
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
-    from typing import NamedTuple
+    from typing import Any, NamedTuple
 else:
     from tokendiff.core.plain import NamedTuple
 
@@ -59,24 +59,51 @@ class _Span(NamedTuple):
 class _Marks:
     """Where each special token's text stands in one prompt (a prompt's turn markers are looked up several
     times: the family, each splitter's markers). The special tokens' starts, ends and texts are listed in
-    C-level passes (`_special_bounds`, or numpy calls where loaded); a marker's hits are picked from them with
-    `compress`, in token order, as a dict of lists built a token at a time would hold them."""
+    C-level passes (`_special_bounds`, or numpy calls where loaded: `arrays` keeps them as numpy's); a marker's
+    hits are picked from them with `compress`, in token order, as a dict of lists built a token at a time would
+    hold them."""
 
-    __slots__ = ("data", "specials", "_starts", "_ends", "_pieces", "first_token", "token_from")
+    __slots__ = ("data", "specials", "arrays", "_offsets", "_idx", "_starts", "_ends", "_pieces", "_maps")
 
     def __init__(self, prompt: Prompt):
         self.data = data = prompt.data
-        idx, starts, ends, nonempty, first = (_special_bounds_np if "numpy" in sys.modules else _special_bounds)(prompt)
-        self._starts, self._ends = starts, ends
-        self._pieces = pieces = list(map(data.__getitem__, map(slice, starts, ends)))
+        self._offsets = prompt.offsets
+        self.arrays = _special_arrays(prompt) if "numpy" in sys.modules else None
+        if self.arrays is None:
+            self._idx, self._starts, self._ends = _special_bounds(prompt)
+        else:
+            self._idx, self._starts, self._ends = (a.tolist() for a in self.arrays)
+        self._pieces = pieces = list(map(data.__getitem__, map(slice, self._starts, self._ends)))
         self.specials: AbstractSet[bytes] = set(pieces)
-        # Token indices of byte offsets where turns start and end (special tokens' starts), to spare
-        # `_to_sections` a bisect: token t starts at x = offs[t]; with offsets non-decreasing,
-        # - the last token starting at or before x (`bisect_right(offs, x) - 1`) is t where offs[t + 1] > x;
-        # - the first index whose offset is x or more (`bisect_left(offs, x)`) is t where offs[t - 1] < x
-        #   (t = 0 reads offs[-1], the end, never below x: left to the bisect).
-        self.first_token = dict(compress(zip(starts, idx), nonempty))
-        self.token_from = dict(compress(zip(starts, idx), first))
+        self._maps: tuple[dict[int, int], dict[int, int]] | None = None
+
+    @property
+    def first_token(self) -> dict[int, int]:
+        """Token indices of byte offsets where turns start and end (special tokens' starts), to spare `_to_sections`
+        a bisect: token t starts at x = offs[t]; with offsets non-decreasing, the last token starting at or before
+        x (`bisect_right(offs, x) - 1`) is t where offs[t + 1] > x."""
+        return self._token_maps()[0]
+
+    @property
+    def token_from(self) -> dict[int, int]:
+        """Likewise, the first index whose offset is x or more (`bisect_left(offs, x)`) is t where offs[t - 1] < x
+        (t = 0 reads offs[-1], the end, never below x: left to the bisect)."""
+        return self._token_maps()[1]
+
+    def _token_maps(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Made when first asked for (ChatML's sectioning asks for neither): for each special token, whether it
+        holds bytes, and whether it is the first token at its start (offs[t] > offs[t - 1])."""
+        if self._maps is None:
+            idx, starts, ends = self._idx, self._starts, self._ends
+            if self.arrays is not None:
+                import numpy as np
+
+                i, a, b = self.arrays
+                nonempty, first = (b > a).tolist(), (a > np.asarray(self._offsets)[i - 1]).tolist()
+            else:
+                nonempty, first = map(gt, ends, starts), map(gt, starts, _before(self._offsets, idx))
+            self._maps = dict(compress(zip(starts, idx), nonempty)), dict(compress(zip(starts, idx), first))
+        return self._maps
 
     def find(self, text: str) -> list[tuple[int, int]]:
         """Byte ranges where `text` occurs as a special token (or as text, if it never does)."""
@@ -99,14 +126,27 @@ class _Marks:
             return list(compress(self._ends, map(raw.__eq__, self._pieces)))
         return [m.end() for m in re.finditer(re.escape(raw), self.data)]
 
+    def special_mask(self, text: str) -> Any:
+        """Which special tokens (of `arrays`, which is set) have `text` as theirs, as a numpy mask; None where none
+        has. Told by length where `text` is the only special text of its length (a prompt holds a few kinds)."""
+        import numpy as np
 
-_Bounds = tuple[list[int], list[int], list[int], Iterable[bool], Iterable[bool]]
+        raw = text.encode()
+        if raw not in self.specials or self.arrays is None:
+            return None
+        _, starts, ends = self.arrays
+        if list(map(len, self.specials)).count(len(raw)) == 1:
+            return (ends - starts) == len(raw)
+        return np.fromiter(map(raw.__eq__, self._pieces), dtype=bool, count=len(self._pieces))
 
 
-def _special_bounds(prompt: Prompt) -> _Bounds:
-    """The special tokens' indices, byte starts and ends (plain ints), and for each whether it holds bytes
-    (offs[t + 1] > offs[t]) and whether it is the first token at its start (offs[t] > offs[t - 1]): C-level
-    `map`s over the flags' indices."""
+def _before(offs: Any, idx: list[int]) -> Iterator[int]:
+    """Each special token's previous token's offset (offs[-1], the end, for the first token)."""
+    return map(offs.__getitem__, map(sub, idx, repeat(1)))
+
+
+def _special_bounds(prompt: Prompt) -> tuple[list[int], list[int], list[int]]:
+    """The special tokens' indices, byte starts and ends (plain ints): C-level `map`s over the flags' indices."""
     offs = prompt.offsets
     idx = flag_indices(prompt.special)
     get = offs.__getitem__
@@ -114,24 +154,22 @@ def _special_bounds(prompt: Prompt) -> _Bounds:
     ends = list(map(get, map((1).__add__, idx)))
     if not isinstance(offs, array):  # numpy offsets: plain ints, as int() made them
         starts, ends = list(map(int, starts)), list(map(int, ends))
-    before: Iterator[int] = map(get, map(sub, idx, repeat(1)))
-    return idx, starts, ends, map(gt, ends, starts), map(gt, starts, before)
+    return idx, starts, ends
 
 
-def _special_bounds_np(prompt: Prompt) -> _Bounds:
-    """`_special_bounds` in a few numpy calls where the process has numpy loaded (a report's): `_Marks` of a
-    prompt of 84 special tokens ~460k -> ~250k instructions, where each step of a `map` makes an int or a tuple.
-    The same answer: the flags read as `flag_indices` reads them (`flag_bytes`), the same offsets read (t = 0
-    reads offs[-1], as a negative index does), `tolist` making plain ints."""
+def _special_arrays(prompt: Prompt) -> tuple[Any, Any, Any] | None:
+    """`_special_bounds` as numpy arrays, in a few numpy calls where the process has numpy loaded (a report's):
+    `_Marks` of a prompt of 84 special tokens ~460k -> ~250k instructions, where each step of a `map` makes an
+    int or a tuple. The same answer: the flags read as `flag_indices` reads them (`flag_bytes`), the same offsets
+    read. None where the flags are not one byte each."""
     import numpy as np
 
     raw = flag_bytes(prompt.special, 0, len(prompt.special))
     if raw is None:
-        return _special_bounds(prompt)
+        return None
     idx = np.flatnonzero(np.frombuffer(raw, dtype=np.uint8))
     offs = np.asarray(prompt.offsets)
-    starts, ends = offs[idx], offs[idx + 1]
-    return idx.tolist(), starts.tolist(), ends.tolist(), (ends > starts).tolist(), (starts > offs[idx - 1]).tolist()
+    return idx, offs[idx], offs[idx + 1]
 
 
 def detect_family(prompt: Prompt) -> str:
@@ -627,6 +665,12 @@ def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) 
     fam = family or _family(marks)
     if fam not in _SPLITTERS:
         return "none", []
+    got = _chatml_sections(prompt, marks, marks.arrays, inner) if fam == "chatml" and marks.arrays is not None else None
+    return fam, got if got is not None else _loop_sections(prompt, marks, fam, inner)
+
+
+def _loop_sections(prompt: Prompt, marks: _Marks, fam: str, inner: bool) -> list[Section]:
+    """`sections_for`'s sections: the family's turns (`_SPLITTERS`) and their spans, a turn at a time."""
     data = prompt.data
     turns = _SPLITTERS[fam](marks)
     # the spans as three lists, in the order they are found (the sort below keeps it among equal keys)
@@ -669,7 +713,7 @@ def sections_for(prompt: Prompt, family: str | None = None, inner: bool = True) 
             add_path(sp.path)
             add_start(sp.start)
             add_end(sp.end)
-    return fam, _to_sections(prompt, marks, paths, starts, ends)
+    return _to_sections(prompt, marks, paths, starts, ends)
 
 
 def _to_sections(
@@ -712,6 +756,149 @@ def _to_sections(
 
 _PARTS = attrgetter("parts")
 _LAST = itemgetter(4)
+
+
+# ---------------------------------------------------------------- ChatML's turns in numpy calls
+
+_CHATML_START, _CHATML_END = "<|im_start|>", "<|im_end|>"
+_ROLE_REACH = 200  # `_role_until`'s reach for the newline that ends a turn's header
+_ROLES: dict[bytes, str] = {}  # a header's bytes -> its role, as `_role_until` reads it
+_RESULT_ROLES = frozenset(_RESULTS)
+_NO_PATH = SectionPath()  # `_MESSAGE_PATHS` holds none (a path not made yet), told by identity
+
+
+def _chatml_sections(prompt: Prompt, marks: _Marks, arrays: tuple[Any, Any, Any], inner: bool) -> list[Section] | None:
+    """`sections_for` of a ChatML prompt where numpy is loaded. `_turns_chatml` and the turn loop take a turn at a
+    time in Python (~25k instructions a turn, with its section); here every turn's header, content and close are found
+    in a few numpy calls over all of them, each turn's section made from them, and only the turns the loop would
+    look inside (`_inner_turns`) are taken one at a time. The same sections in the same order (`_turn_sections`).
+    None, for the loop, where a header holds no newline in reach (its role "?" or its text cut), a turn is a
+    `tools` one, its marker is no special token, or the offsets do not run from 0 to the data's end."""
+    import numpy as np
+
+    data = marks.data
+    turn_marks = marks.special_mask(_CHATML_START)
+    if turn_marks is None:
+        return None  # markers found in the text: a turn's may share its tokens with what is before it
+    idx, specials_start, specials_end = arrays
+    start = specials_start[turn_marks]
+    offs = np.asarray(prompt.offsets)
+    if offs[0] != 0 or offs[-1] != len(data):
+        return None
+    raw = np.frombuffer(data, dtype=np.uint8)
+    lines = (raw == 10).nonzero()[0]
+    pos = start + len(_CHATML_START)
+    at = lines.searchsorted(pos)  # `data.find(b"\n", pos, pos + 200)`: the first newline at or after pos, in reach
+    if at[-1] == lines.size:
+        return None
+    nl = lines[at]
+    roles = _roles(data, pos.tolist(), nl.tolist())
+    if roles is None:
+        return None
+    limit = start.copy()  # a turn runs to the next one's start
+    limit[:-1] = start[1:]
+    limit[-1] = len(data)
+    cstart = np.minimum(nl + 1, limit)
+    # the first end marker ending at or after the content's start closes the turn, where it ends within it
+    end_marks = marks.special_mask(_CHATML_END)
+    found = specials_end[end_marks] if end_marks is not None else np.array(marks.ends(_CHATML_END), dtype=np.int64)
+    ends = np.concatenate((found, (len(data) + 1,)))
+    close = ends[ends.searchsorted(cstart)]
+    closed = close <= limit
+    cend = limit.copy()
+    np.subtract(close, len(_CHATML_END), out=cend, where=closed)
+    look = _inner_turns(raw, cstart, cend, roles) if inner else []
+    tokens = (idx[turn_marks].tolist(), offs.searchsorted(limit).tolist())
+    return _turn_sections(prompt, roles, (start.tolist(), limit.tolist(), cstart, cend, closed), tokens, look)
+
+
+def _roles(data: bytes, pos: list[int], nl: list[int]) -> list[str] | None:
+    """Each turn's role: its header's bytes decoded and stripped (`_role_until`), found once a header (a session's
+    turns have a few); None where one is `tools` (Mistral's tools block: no message, no index)."""
+    heads = list(map(data.__getitem__, map(slice, pos, nl)))
+    if max(map(len, heads)) >= _ROLE_REACH:
+        return None
+    new = set(heads).difference(_ROLES)
+    if new:
+        if len(_ROLES) + len(new) > 256:
+            _ROLES.clear()
+            new = set(heads)
+        for head in new:
+            _ROLES[head] = head.decode("utf-8", "replace").strip()
+    roles = list(map(_ROLES.__getitem__, heads))
+    return None if "tools" in roles else roles
+
+
+def _inner_turns(raw: Any, cstart: Any, cend: Any, roles: list[str]) -> list[int]:
+    """The turns whose inner spans `sections_for` looks for, ascending: a tool result's, or one with a '<' in its
+    content (`_no_inner`: every ChatML inner marker begins with one)."""
+    angles = (raw == 60).nonzero()[0]
+    found: list[int] = (angles.searchsorted(cstart) < angles.searchsorted(cend)).nonzero()[0].tolist()
+    if _RESULT_ROLES.isdisjoint(roles):
+        return found
+    return sorted({*found, *compress(count(), map(_RESULT_ROLES.__contains__, roles))})
+
+
+def _turn_sections(
+    prompt: Prompt,
+    roles: list[str],
+    bounds: tuple[list[int], list[int], Any, Any, Any],
+    tokens: tuple[list[int], list[int]],
+    look: list[int],
+) -> list[Section]:
+    """The sections `sections_for` makes of ChatML turns (no `tools` turn: each turn's index is its place), from the
+    turns' starts and limits, their content starts and ends and closes (numpy arrays), their first and end tokens,
+    and the turns whose inner spans are looked for (`look`, ascending). A turn's section is its span's as
+    `_to_sections` makes it: its first token the last starting at or before its start (its marker), its end the
+    first token whose offset reaches its limit; the clamps hold already (offsets run from 0 to the data's end: a
+    span within the data starts at a token in [0, n) and ends at one past it, at most n). The turns with more than
+    their span (a generation prompt, the turns in `look`; the BOS before the first) have their spans made and
+    sorted as `_to_sections` makes and sorts them (`_sorted_sections`), in the turn's place: the whole sort keeps
+    that order, as every span of a turn starts at a token from its marker's (a special token of its own) to before
+    the next turn's (a tool result's ID is looked for from 16 bytes before the content, which begins 13 or more
+    past the marker's start), and the BOS before the first turn's."""
+    starts, limits, cstart, cend, closed = bounds
+    last = len(roles) - 1
+    gen = not closed[last] and roles[last].startswith("assistant")
+    paths = list(map(_MESSAGE_PATHS.get, zip(count(), roles[:last] if gen else roles), repeat(_NO_PATH)))
+    if any(map(is_, paths, repeat(_NO_PATH))):  # `is`, not `in`: a path's `__eq__` is Python's
+        paths = [_message_path(k, roles[k]) if p is _NO_PATH else p for k, p in enumerate(paths)]
+    if gen:
+        paths.append(_GENERATION_PATH)
+    offs, n = prompt.offsets, len(prompt)
+    secs = list(map(tuple.__new__, repeat(Section), zip(paths, *tokens, starts, limits)))
+    visit = dict.fromkeys(look, True)
+    if gen:
+        if cstart[last] < limits[last]:
+            visit[last] = last in visit
+        else:
+            visit.pop(last, None)  # an empty generation prompt: no span in it, none looked for
+    for k in sorted(visit, reverse=True):  # from the last: a group's place stays the turn's
+        spans = [(paths[k], starts[k], limits[k])]
+        path = paths[k]
+        if path is _GENERATION_PATH:
+            path = path + (Part(K.GENERATED),)
+            spans.append((path, int(cstart[k]), limits[k]))
+        if visit[k]:
+            t = _Turn(roles[k], starts[k], limits[k], int(cstart[k]), int(cend[k]), bool(closed[k]))
+            spans += _inner_spans(prompt.data, t, path, "chatml")
+        secs[k : k + 1] = _sorted_sections(offs, n, spans)
+    if starts[0] > 0:
+        secs[0:0] = _sorted_sections(offs, n, [(_BOS_PATH, 0, starts[0])])
+    return secs
+
+
+def _sorted_sections(offs: Any, n: int, spans: list[Any]) -> list[Section]:
+    """A few spans (path, byte start, byte end) as `_to_sections` makes them sections: empty ones dropped, the
+    token range bisected and clamped, sorted by start, end descending, depth and the order given."""
+    keyed = []
+    for order, (path, s, e) in enumerate(spans):
+        if e > s:
+            a = max(0, min(bisect_right(offs, s) - 1, n))
+            b = max(a, min(bisect_left(offs, e), n))
+            keyed.append((a, -b, len(path.parts), order, Section(path, a, b, s, e)))
+    keyed.sort()
+    return [k[4] for k in keyed]
 
 
 def annotate(prompt: Prompt, family: str | None = None, inner: bool = True) -> str:

@@ -43,6 +43,8 @@ if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slo
     import numpy as np
 
     from tokendiff.core.model import IntArray, Rendered
+
+    Decoded = tuple[bytes, IntArray, IntArray]  # a prompt's bytes, offsets and special flags (`Vocab.decode`'s)
     from tokendiff.sources.importers.responses import FieldMap
     from tokendiff.sources.record import CaptureRecord
     from tokendiff.sources.templates.render import Renderer
@@ -295,14 +297,19 @@ class Loader:
         it is the other prompt of a pair."""
         return self.load_selected(select(spec, self.order), like=like)
 
-    def load_selected(self, sel: Selected, slot: SlotFile | None = None, like: Prompt | None = None) -> Prompt:
-        """`load` for a turn selected already; from `slot` when its file was read (and warned about) already."""
+    def load_selected(
+        self, sel: Selected, slot: SlotFile | None = None, like: Prompt | None = None, decoded: Decoded | None = None
+    ) -> Prompt:
+        """`load` for a turn selected already; from `slot` when its file was read (and warned about) already, and a
+        slot file's from `decoded`, its tokens' `vocab.decode`, where that was made already."""
         if sel.kind == "slot":
-            return self._slot(sel, slot, like)
+            return self._slot(sel, slot, like, decoded)
         rec = self._record(sel)
         return self.from_record(rec, sel.label, sel.turn)
 
-    def _slot(self, sel: Selected, slot: SlotFile | None = None, like: Prompt | None = None) -> Prompt:
+    def _slot(
+        self, sel: Selected, slot: SlotFile | None = None, like: Prompt | None = None, decoded: Decoded | None = None
+    ) -> Prompt:
         if slot is None:
             slot = read_slot_file(sel.path)
             for w in slot.warnings:
@@ -315,16 +322,26 @@ class Loader:
             turn=sel.turn,
             arch=slot.arch or None,
         )
-        p = self._decode(slot.tokens, str(sel.path), sel.label, meta, like)
+        p = self._decode(slot.tokens, str(sel.path), sel.label, meta, like, decoded)
         fam = grammar.annotate(p, self.family)
         _check_tokenizer_fits(p, fam, self.family, self)
         return p
 
-    def _decode(self, ids: IntArray, source: str, label: str, meta: PromptMeta, like: Prompt | None = None) -> Prompt:
+    def _decode(
+        self,
+        ids: IntArray,
+        source: str,
+        label: str,
+        meta: PromptMeta,
+        like: Prompt | None = None,
+        decoded: Decoded | None = None,
+    ) -> Prompt:
         if not _ids_below(ids, self.vocab.n_vocab):
             check_vocab(ids, self.vocab.n_vocab, source, self.vocab.name)
-        before = (like.ids, like.data, like.offsets, like.special) if like is not None else None
-        data, offsets, special = self.vocab.decode(ids, before)
+        if decoded is None:
+            before = (like.ids, like.data, like.offsets, like.special) if like is not None else None
+            decoded = self.vocab.decode(ids, before)
+        data, offsets, special = decoded
         return Prompt(ids=ids, data=data, offsets=offsets, special=special, origin=label, meta=meta)
 
     # ---------------------------------------------------------------- requests
