@@ -6,8 +6,9 @@ the previous turn, in numpy, nothing else (a capture's lines parsed with orjson,
 as an array; its CPU counted from its first file, not its start-up). The floor of `diff` is a bare
 `python -c pass`. The slot files' report and its floor run `--runs` times in turn and their medians are
 compared (the floor is ~0.2 s there: one run on cold files or under a burst of load moved the ratio by 2x);
-`diff` runs `--runs` times between bare starts. Each line prints tokendiff's CPU (the process and its workers) beside its wall time, its
-peak RSS (the process and its largest worker), the ratio of CPU to the floor's, and the load average.
+`diff` runs `--runs` times between bare starts. Each line prints tokendiff's CPU (the process and its
+workers) beside its wall time, its peak RSS (the process and its largest worker), the ratio of CPU to the
+floor's, and the load average.
 Workloads (general_case.py): a capture of Qwen3 requests that end in the generation prompt (a date change
 every 10th turn, compaction), slot files that each diverge from the one before (the reasoning stripped), a
 fleet of captures of 10 requests, many tiny sessions, a ~48k-token pair of slot files, and a wide Responses
