@@ -616,7 +616,7 @@ class Analyser:
                 else:
                     self._take(self.turns[k - 1], a, b, got)
                 return
-            _hand_decode(a, self.tails)
+            _hand_decode(a, self.tails, self.check_tails)
             if shape is not None:
                 key = Tails.key(shape)
                 if self.learning.get(key) and key not in self.tails.forms:
@@ -891,11 +891,12 @@ def _slot_decode(t: TurnInput) -> tuple[bytes, Any, Any] | None:
     return p.data, p.offsets, p.special
 
 
-def _hand_decode(a: TurnInput, tails: Tails) -> None:
+def _hand_decode(a: TurnInput, tails: Tails, check: bool = False) -> None:
     """A's load given A's decode where the strip pair before kept it (A is its B: core.tails' `_Decoded`, kept by the
     identity of A's IDs), so a full diff's load does not decode A again: its bytes, offsets and flags are the
     `vocab.decode` of A's IDs (made from that pair's A's decode), as `Vocab.decode` gives them (a stdlib int64 array
-    of offsets, a byte array of flags)."""
+    of offsets, a byte array of flags). `check` (TOKENDIFF_CHECK_TAILS): held to A's own decode, or an error (the
+    tail check then compares with a load made from this one)."""
     kept = tails.strips.decoded
     if a.decoded is None and a.load_decoded is not None and kept.ids is a.ids:
         data, offsets, special = kept.got
@@ -903,6 +904,8 @@ def _hand_decode(a: TurnInput, tails: Tails) -> None:
             offsets = array("q", np.asarray(offsets, dtype=np.int64).tobytes())
         if not isinstance(special, array):
             special = array("B", np.asarray(special, dtype=np.uint8).tobytes())
+        if check and (data, offsets, special) != tails.strips.vocab.decode(a.ids):
+            raise AssertionError("a strip pair's kept decode differs from the decode of its B's IDs")
         a.load = partial(a.load_decoded, (data, offsets, special))
 
 
