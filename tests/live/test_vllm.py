@@ -175,7 +175,8 @@ def test_replay_against_vllm_cold_actual_ideal_fixed(vllm_server, capture):
     assert doc["measure"] == "ttft_ms" and doc["discarded"] == [] and doc["notes"] == []
     assert set(sc) == {"cold", "actual", "ideal", "fixed"}
     for name, s in sc.items():
-        assert s["valid_runs"] == 1 and s["cached"] == s["expected_cached"], (name, s)
+        # every round valid: one with --repeat 1, more where the machine made the runs noisy (MORE_ROUNDS)
+        assert s["valid_runs"] == doc["rounds"] >= 1 and s["cached"] == s["expected_cached"], (name, s)
     shared = doc["pair"]["lcp_tokens"]
     assert sc["cold"]["cached"] == 0
     assert sc["actual"]["cached"] == shared // BLOCK * BLOCK
@@ -293,10 +294,11 @@ def test_replay_discards_runs_whose_cached_tokens_disagree(vllm_server, capture)
         scen = run_scenarios(be, Plan(a, b, shared, ideal), repeat=1)
         doc = replay_document(be, Plan(a, b, shared, ideal), scen, {}, None)
     real = {"cold": 0, "actual": shared // BLOCK * BLOCK, "ideal": ideal // BLOCK * BLOCK}
-    for name, s in doc["scenarios"].items():
-        (got,) = s["runs"]
-        assert got["cached"] == real[name], (name, got)  # what the server did
-        assert got["valid"] == (got["expected"] == real[name]) and s["valid_runs"] == int(got["valid"]), (name, s)
+    for name, s in doc["scenarios"].items():  # one run each, more where the machine made the runs noisy
+        for got in s["runs"]:
+            assert got["cached"] == real[name], (name, got)  # what the server did
+            assert got["valid"] == (got["expected"] == real[name]), (name, s)
+        assert s["runs"] and s["valid_runs"] == sum(got["valid"] for got in s["runs"]), (name, s)
     hint = "another client of the server evicting blocks, or a block size other than the one probed"
     assert f"ideal: server reported {real['ideal']} cached tokens where {real['ideal'] + 16} were expected: " in (
         "\n".join(doc["discarded"])
