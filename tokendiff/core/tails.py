@@ -525,10 +525,7 @@ class Strips:
         self.counted: tuple[Any, int, int] = (None, 0, 0)
         self.no_tools: tuple[bytes | None, int] = (None, 0)
         self.hint: tuple[Any, int] = (None, -1)  # the last strip pair's B and its new turns' last <think> (`prefix`)
-        self.shaped: tuple[tuple[Any, ...], StripShape | None] = (
-            (),
-            None,
-        )  # the last shape made, its fields (`_shape`)
+        self.shaped: tuple[tuple[Any, ...], StripShape | None] = ((), None)  # the last shape's fields and it (`_shape`)
         # `flags[ids] & SPECIAL` as one gather, the same for any IDs; gathered by `take`, which gives what indexing by
         # the IDs gives (1-D integer IDs: negative ones from the end, any out of bounds an IndexError) without fancy
         # indexing's setup: ~1-2 us less a gather of a pair's few dozen tokens
