@@ -398,9 +398,8 @@ def test_edit_turns_of_several_hunks_are_the_full_diff(tmp_path, monkeypatch, se
     path = _edit_slots(tmp_path / "slots", 130, seed=seed, edit=_split_edit)
     monkeypatch.setenv("TOKENDIFF_CHECK_TAILS", "1")
     loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
-    split = [
-        t for t in loaded.session.turns if t.tail is not None and len(t.tail.hunks) > 3
-    ]  # two edit hunks, then the strip's two
+    # two edit hunks, then the strip's two
+    split = [t for t in loaded.session.turns if t.tail is not None and len(t.tail.hunks) > 3]
     assert len(split) >= 4, len(split)
     _same_without_forms(path, monkeypatch)
 

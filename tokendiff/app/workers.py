@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
     from tokendiff.core.cost import PairDiff, PairFuture, TurnInput
     from tokendiff.core.model import Prompt
-    from tokendiff.sources.loader import Decoded, Loader, Selected
+    from tokendiff.core.tails import Decoded
+    from tokendiff.sources.loader import Loader, Selected
     from tokendiff.sources.record import CaptureRecord
     from tokendiff.sources.slotfile import SlotFile
 

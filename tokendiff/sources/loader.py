@@ -43,8 +43,7 @@ if TYPE_CHECKING:  # numpy is imported where it is used: `tokendiff diff` of slo
     import numpy as np
 
     from tokendiff.core.model import IntArray, Rendered
-
-    Decoded = tuple[bytes, IntArray, IntArray]  # a prompt's bytes, offsets and special flags (`Vocab.decode`'s)
+    from tokendiff.core.tails import Decoded
     from tokendiff.sources.importers.responses import FieldMap
     from tokendiff.sources.record import CaptureRecord
     from tokendiff.sources.templates.render import Renderer
