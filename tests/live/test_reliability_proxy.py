@@ -194,6 +194,27 @@ def test_a_stream_of_any_shape_reaches_the_client_whole_and_is_recorded_with_not
     assert "stream event(s) not understood" in notes and "response.usage.prompt_tokens left out" in notes
 
 
+def _utf8_header(req, conn) -> None:
+    """An answer with a header value in UTF-8 (`€`, not latin-1): HTTP allows any byte above 0x7f there."""
+    body = b'{"choices": [{"message": {"role": "assistant", "content": "hi"}}]}'
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+    conn.sendall(head + "x-note: \u20ac caf\u00e9\r\nconnection: close\r\n\r\n".encode() + body)
+
+
+def test_a_header_value_in_utf8_reaches_the_client_as_sent_and_the_answer_is_recorded(tmp_path):
+    with StubUpstream({CHAT: _utf8_header}) as stub:
+        proc, url = start(stub.url, tmp_path / "s")
+        try:
+            r = httpx.post(url + CHAT, json=chat("euro"), timeout=30)
+        finally:
+            err = stop_proxy(proc)
+    assert "Traceback" not in err and r.status_code == 200, err  # was a 500 from uvicorn and a traceback
+    assert dict(r.headers.raw)[b"x-note"] == "\u20ac caf\u00e9".encode()
+    records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
+    assert warnings == [] and len(records) == 1
+    assert records[0].response["status"] == 200 and records[0].response["message"]["content"] == "hi"
+
+
 # ---------------------------------------------------------------- hostile clients
 
 

@@ -333,8 +333,8 @@ def _forward_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
 
 
 def _response_headers(resp: httpx.Response) -> list[tuple[bytes, bytes]]:
-    items = resp.headers.multi_items()
-    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in items if k.lower().encode() not in HOP_BY_HOP]
+    # the bytes as received: a value httpx decoded as UTF-8 (a `€`) is not latin-1 text to encode back
+    headers = [(k, v) for k, v in resp.headers.raw if k.lower() not in HOP_BY_HOP]
     if _length(resp) is not None:
         headers.append((b"content-length", resp.headers["content-length"].encode()))
     return headers
