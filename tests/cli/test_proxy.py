@@ -33,3 +33,12 @@ def test_start_up_errors_are_one_line_exit_2(tmp_path):
     assert_one_line_error(
         run_cli("proxy", "--upstream", up, "--out", str(tmp_path / "s"), "--listen", "bad host:8081"), "--listen"
     )
+
+
+def test_an_upstream_with_a_query_is_refused_and_a_password_never_shown(tmp_path):
+    out = str(tmp_path / "s")
+    r = run_cli("proxy", "--upstream", "http://alice:hunter2@127.0.0.1:9/v1?key=1", "--out", out)
+    assert_one_line_error(r, "must not have a query")  # each request's path would land after the `?`
+    r = run_cli("proxy", "--upstream", "http://alice:hunter2@127.0.0.1:x", "--out", out)
+    assert_one_line_error(r, "--upstream")
+    assert "hunter2" not in r.stderr

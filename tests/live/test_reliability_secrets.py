@@ -20,6 +20,7 @@ from tokendiff.sources.capture import SCHEMA
 from tokendiff.testing import proxy_process
 from tokendiff.testing.llama_server import LlamaServer
 from tokendiff.testing.proxy_process import stop_proxy
+from tokendiff.testing.stub_upstream import StubUpstream, close_without_answer
 
 CHAT = "/v1/chat/completions"
 
@@ -119,6 +120,19 @@ def test_header_like_lists_and_maps_are_never_written(proxy, shape):
     value = f"header-value-{shape.replace(' ', '-')}-777"
     send(url, {"messages": [{"role": "user", "content": "hi"}], "metadata": HEADER_LIKE[shape](value)})
     assert value.encode() not in recorded_bytes(out)
+
+
+def test_the_upstreams_password_reaches_neither_a_client_nor_the_terminal(tmp_path):
+    with StubUpstream({CHAT: close_without_answer}) as stub:
+        upstream = stub.url.replace("http://", "http://alice:hunter2-upstream@")
+        proc, url = proxy_process.start_proxy(upstream, tmp_path / "s", "--no-tokens", stderr=subprocess.PIPE)
+        try:
+            r = httpx.post(url + CHAT, json={"messages": [{"role": "user", "content": "x"}]}, timeout=30)
+        finally:
+            err = stop_proxy(proc)
+    assert r.status_code == 502 and "alice:***@" in r.text  # the 502 names the upstream, not its password
+    assert "hunter2" not in r.text and "hunter2" not in err and "alice:***@" in err
+    assert b"hunter2" not in recorded_bytes(tmp_path / "s")
 
 
 def test_ordinary_words_are_not_taken_for_secrets(proxy):

@@ -25,6 +25,7 @@ from tokendiff.app.session import LoadedSession, TurnPrompts, apply_prefill_rate
 from tokendiff.backends.proxy import build_server, serve
 from tokendiff.backends.pull import Puller, pull
 from tokendiff.backends.server import llama_server_url
+from tokendiff.backends.urls import shown_url
 from tokendiff.core.cache.engine_log import LogAligner
 from tokendiff.core.cost import Analyser
 from tokendiff.core.plain import replace
@@ -123,6 +124,11 @@ class ProxyThread:
     @property
     def recorded(self) -> int:
         return self.served.app.state.recorded if self.served else 0
+
+    @property
+    def shown_upstream(self) -> str:
+        """The upstream as the screen shows it: any password in it hidden."""
+        return shown_url(self.upstream)
 
     def start(self) -> ProxyThread:
         """Bind and start serving; every start-up problem (URL, --out, --listen) is an InputError here."""

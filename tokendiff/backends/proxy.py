@@ -49,7 +49,7 @@ from tokendiff.backends.server import (
     can_tokenize_chat,
 )
 from tokendiff.backends.slots import afetch_slot
-from tokendiff.backends.urls import is_loopback_host
+from tokendiff.backends.urls import is_loopback_host, shown_url
 from tokendiff.core.kinds import ServerKind
 from tokendiff.core.usage import usage_of
 from tokendiff.errors import InputError, ServerError
@@ -480,9 +480,10 @@ async def _open_upstream(
         return None
     except httpx.HTTPError as e:
         ex.on_wire.set()  # write the request line now: the body will not be sent
-        msg = f"tokendiff proxy: upstream {state.upstream} unreachable: {type(e).__name__}: {e}"
+        upstream = shown_url(state.upstream)  # the client is not told the upstream's password
+        msg = f"tokendiff proxy: upstream {upstream} unreachable: {type(e).__name__}: {e}"
         if ex.headers_out:
-            msg = f"tokendiff proxy: upstream {state.upstream} failed without answering: {type(e).__name__}: {e}"
+            msg = f"tokendiff proxy: upstream {upstream} failed without answering: {type(e).__name__}: {e}"
         payload = orjson.dumps({"error": {"message": msg, "type": "upstream_unreachable", "code": 502}})
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         if ex.line is not None:
@@ -761,9 +762,8 @@ def serve(
 ) -> int:
     """Run the proxy until Ctrl-C; `on_record` hears of each record as it is written (it must not block)."""
     served = build_server(upstream, out, listen, fetch_tokens, on_record)
-    print(
-        f"tokendiff proxy: http://{listen} -> {upstream}, recording to {Path(out) / 'capture.jsonl'}", file=sys.stderr
-    )
+    capture = Path(out) / "capture.jsonl"
+    print(f"tokendiff proxy: http://{listen} -> {shown_url(upstream)}, recording to {capture}", file=sys.stderr)
     try:
         served.server.run(sockets=[served.sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its clean shutdown
@@ -793,9 +793,11 @@ def _check_upstream(upstream: str) -> None:
         parts = urlsplit(upstream)
         parts.port  # noqa: B018 - raises for a port that is not a number
     except ValueError as e:
-        raise InputError(f"--upstream is not a valid URL: {e}", source=upstream) from None
+        raise InputError(f"--upstream is not a valid URL: {e}", source=shown_url(upstream)) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError("--upstream must be an http:// or https:// URL with a host", source=upstream)
+        raise InputError("--upstream must be an http:// or https:// URL with a host", source=shown_url(upstream))
+    if parts.query or parts.fragment:  # each request's path is appended: it would land after the `?`
+        raise InputError("--upstream must not have a query or a fragment", source=shown_url(upstream))
 
 
 def _parse_listen(listen: str) -> tuple[str, int]:

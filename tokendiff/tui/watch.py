@@ -80,7 +80,7 @@ class WatchApp(TokendiffApp):
     def _status(self, note: str = "") -> None:
         p = self.proxy
         n = len(self.session.turns) if self.session else 0
-        self.sub_title = note or f"watching http://{p.listen} → {p.upstream} · {n} turns · {p.capture}"
+        self.sub_title = note or f"watching http://{p.listen} → {p.shown_upstream} · {n} turns · {p.capture}"
 
     @work(thread=True, exclusive=True, group="watch")
     def follow(self) -> None:
