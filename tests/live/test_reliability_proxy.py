@@ -215,6 +215,35 @@ def test_a_header_value_in_utf8_reaches_the_client_as_sent_and_the_answer_is_rec
     assert records[0].response["status"] == 200 and records[0].response["message"]["content"] == "hi"
 
 
+def _cut_stream(req, conn) -> None:
+    """One event of a stream, then the connection closed without the chunked body's end: a server that died."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    piece = b'data: {"choices": [{"delta": {"content": "half"}}]}\n\n'
+    conn.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+    conn.shutdown(socket.SHUT_RDWR)
+
+
+def test_a_stream_the_upstream_cut_reaches_the_client_cut_never_as_a_whole_answer(tmp_path):
+    with StubUpstream({CHAT: _cut_stream}) as stub:
+        proc, url = start(stub.url, tmp_path / "s")
+        got, cut = b"", None
+        try:
+            with httpx.stream("POST", url + CHAT, json=chat("cut", stream=True), timeout=30) as r:
+                try:
+                    for chunk in r.iter_raw():
+                        got += chunk
+                except httpx.RemoteProtocolError as e:
+                    cut = e
+        finally:
+            err = stop_proxy(proc)
+    # the client must see what it would see without the proxy: a body that did not end (it was a whole answer)
+    assert r.status_code == 200 and got.startswith(b"data: ") and cut is not None, err
+    assert err.count("\n") == 2, err  # the banner and the stop line: the cut is in the record, not on stderr
+    records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
+    assert warnings == [] and len(records) == 1
+    assert "upstream failed mid-response" in records[0].response["error"] and records[0].response["content"] == "half"
+
+
 # ---------------------------------------------------------------- hostile clients
 
 

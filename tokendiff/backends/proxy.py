@@ -24,8 +24,8 @@ written (a full disk) is one warning, and requests are still forwarded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
+import logging
 import re
 import socket
 import sys
@@ -567,10 +567,11 @@ async def _relay(state: ProxyState, resp: httpx.Response, receive: Receive, send
             ex.observe(chunk)  # after the send: the client never waits for the parse
         await _finish_response(state, ex, resp)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except httpx.HTTPError as e:  # the upstream died mid-stream: the client sees the stream end
+    except httpx.HTTPError as e:
+        # The upstream died mid-response: recorded, and the client's connection closed without the body's
+        # end, as the upstream left it. Ending it cleanly would hand the client a cut answer as a whole one.
         ex.error = f"upstream failed mid-response: {type(e).__name__}: {e}"
         await _finish_response(state, ex, resp)
-        await _end_body(send)
     except (OSError, RuntimeError, asyncio.CancelledError) as e:  # the client went away
         if not ex.finished:  # after the patch, only the end-of-body marker was lost: the client had it all
             ex.client_gone = True
@@ -583,11 +584,6 @@ async def _relay(state: ProxyState, resp: httpx.Response, receive: Receive, send
     finally:
         gone.cancel()
         await resp.aclose()
-
-
-async def _end_body(send: Send) -> None:
-    with contextlib.suppress(Exception):  # the client may be gone too
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _finish_response(state: ProxyState, ex: Exchange, resp: httpx.Response) -> None:
@@ -774,15 +770,24 @@ def serve(
     return 0
 
 
+class CutAnswerFilter(logging.Filter):
+    """Drops uvicorn's line for a response left without its end: the proxy does that on purpose when
+    the upstream cut its answer (the client sees the cut; the record says why)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "ASGI callable returned without completing response."
+
+
 # uvicorn's own messages, when something goes wrong after the start: one line each, ours
 LOG_CONFIG: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"line": {"format": "tokendiff proxy: %(message)s"}},
+    "filters": {"cut": {"()": CutAnswerFilter}},
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line", "stream": "ext://sys.stderr"}},
     "loggers": {
         "uvicorn": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
-        "uvicorn.error": {"level": "WARNING"},
+        "uvicorn.error": {"level": "WARNING", "filters": ["cut"]},
         "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
     },
 }
