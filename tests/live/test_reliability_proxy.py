@@ -5,6 +5,7 @@ a real llama-server; a scripted stub upstream only for what a real server will n
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import os
 import resource
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -242,6 +244,88 @@ def test_a_stream_the_upstream_cut_reaches_the_client_cut_never_as_a_whole_answe
     records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
     assert warnings == [] and len(records) == 1
     assert "upstream failed mid-response" in records[0].response["error"] and records[0].response["content"] == "half"
+
+
+class _Thinking:
+    """An upstream that reads a request and thinks for two minutes (a long prompt's prefill, a long
+    non-streamed answer), noting when the proxy closes the connection: what makes llama-server stop (it
+    notices within 1 to 15 s, too unevenly to time here)."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def __call__(self, req, conn) -> None:
+        conn.settimeout(120)
+        with contextlib.suppress(OSError):
+            if conn.recv(1) == b"":
+                self.closed.set()
+
+
+def test_a_client_that_leaves_before_the_answer_closes_the_upstreams_connection_and_is_recorded(tmp_path):
+    """llama-server stops generating when its client closes the connection; through the proxy it must too:
+    the proxy kept the upstream's connection (and a non-streamed generation) open for a client long gone."""
+    thinking = _Thinking()
+    with StubUpstream({CHAT: thinking}) as stub:
+        proc, url = start(stub.url, tmp_path / "s")
+        try:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(url + CHAT, json=chat("leave early"), timeout=httpx.Timeout(30, read=1))
+            closed = thinking.closed.wait(10)
+        finally:
+            err = stop_proxy(proc)
+    assert closed, err  # within a moment of the client's leaving, not when the upstream is done
+    records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
+    assert warnings == [] and [tag_of(r) for r in records] == ["leave early"]
+    assert records[0].client_disconnected
+    assert records[0].response == {"status": None, "error": "client disconnected before the upstream answered"}
+
+
+def _never_answers(req, conn) -> None:
+    time.sleep(120)
+
+
+def _half_then_silence(req, conn) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    piece = b'data: {"choices": [{"delta": {"content": "half"}}]}\n\n'
+    conn.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+    time.sleep(120)
+
+
+def test_stopping_with_requests_in_flight_records_each_and_tells_its_client(tmp_path):
+    """Ctrl-C waits 30 s for requests in flight, then gives up on them: each is recorded as the proxy's stop
+    (not a client's disconnect), its client gets a 502 or a stream cut, and nothing prints a traceback."""
+    routes = {"/v1/chat/completions": _never_answers, "/chat/completions": _half_then_silence}
+    got: dict[str, object] = {}
+
+    def ask(path: str, stream: bool) -> None:
+        try:
+            with httpx.stream("POST", url + path, json=chat(path, stream=stream), timeout=120) as r:
+                got[path] = (r.status_code, r.read())
+        except httpx.HTTPError as e:
+            got[path] = e
+
+    with StubUpstream(routes) as stub:
+        proc, url = start(stub.url, tmp_path / "s")
+        clients = [threading.Thread(target=ask, args=(p, p == "/chat/completions")) for p in routes]
+        for c in clients:
+            c.start()
+        while stub.seen("/v1/chat/completions") + stub.seen("/chat/completions") < 2:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        err = stop_proxy(proc, timeout=90)
+        for c in clients:
+            c.join(30)
+    assert proc.returncode == 0 and "Traceback" not in err, err  # was a traceback for each request
+    status, body = got["/v1/chat/completions"]  # type: ignore[misc]
+    assert status == 502 and b"stopping" in body  # was uvicorn's 500
+    assert isinstance(got["/chat/completions"], httpx.RemoteProtocolError)  # the stream cut, not ended
+    records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
+    by = {tag_of(r): r for r in records}
+    assert warnings == [] and len(records) == 2
+    assert by["/v1/chat/completions"].response["status"] == 502  # had no response at all
+    cut = by["/chat/completions"]
+    assert cut.response["content"] == "half" and "the proxy stopped mid-response" in cut.response["error"]
+    assert not cut.client_disconnected  # was recorded as the client's disconnect
 
 
 # ---------------------------------------------------------------- hostile clients

@@ -148,6 +148,9 @@ class Exchange:
     error: str | None = None
     client_gone: bool = False
     finished: bool = False  # the response patch is written (or given up)
+    answered: bool = False  # the response's end is sent: a disconnect after it cuts nothing
+    stopping: bool = False  # cancelled because the proxy is stopping, not because the client left
+    gone: asyncio.Task[None] | None = None  # done when the client disconnects (see _client_gone)
 
     def take(self, chunk: bytes) -> None:
         if self.ttft is None:
@@ -190,7 +193,13 @@ class ProxyApp:
             return
         if scope["type"] != "http":
             return
-        await _handle(self.state, scope, receive, send)
+        task = asyncio.current_task()
+        assert task is not None
+        self.state.pending.add(task)  # a handler uvicorn cancelled at shutdown still records its end before the close
+        try:
+            await _handle(self.state, scope, receive, send)
+        finally:
+            self.state.pending.discard(task)
 
 
 def make_app(
@@ -323,7 +332,11 @@ async def _relay_body(inc: Incoming, receive: Receive, facts: dict[str, Any]) ->
     facts["sha256"] = digest.hexdigest()
 
 
-async def _wait_disconnect(receive: Receive) -> None:
+async def _client_gone(receive: Receive, relayed: asyncio.Event | None) -> None:
+    """Returns when the client disconnects (the server may not fail a send to a closed client). A body
+    relayed as it comes is read from `receive` until it is sent (`relayed`): watched after that."""
+    if relayed is not None:
+        await relayed.wait()
     while (await receive())["type"] != "http.disconnect":
         pass
 
@@ -448,9 +461,50 @@ async def _handle(state: ProxyState, scope: Scope, receive: Receive, send: Send)
         body: Any = inc.data
     else:
         body = _relay_body(inc, receive, ex.rec["request_body"] if ex.rec is not None else {})
-    resp = await _open_upstream(state, scope, url, body, send, ex)
+    loop = asyncio.get_running_loop()
+    gone = ex.gone = loop.create_task(_client_gone(receive, None if inc.data is not None else ex.on_wire))
+    work = loop.create_task(_exchange(state, scope, url, body, send, ex))
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not work.done() and not ex.answered:
+            # the client left before its answer ended: stop asking the upstream (a connection closed before
+            # or during the answer stops the generation, as the client's own close would have)
+            work.cancel()
+        await asyncio.wait((work,))
+    except asyncio.CancelledError:  # the proxy is stopping (its graceful shutdown ran out): say so, record it
+        ex.stopping = True
+        work.cancel()
+        await asyncio.wait((work,))
+    finally:
+        gone.cancel()
+    if not work.cancelled():
+        work.result()  # an error of the proxy's own is raised for uvicorn to report
+
+
+async def _exchange(state: ProxyState, scope: Scope, url: httpx.URL, body: Any, send: Send, ex: Exchange) -> None:
+    """Ask the upstream and relay its answer; cancelled when the client leaves or the proxy stops,
+    which is recorded, never raised (uvicorn would print a traceback and answer a 500 of its own)."""
+    try:
+        resp = await _open_upstream(state, scope, url, body, send, ex)
+    except asyncio.CancelledError:
+        await _unanswered(state, ex, send)
+        return
     if resp is not None:
-        await _relay(state, resp, receive, send, ex)
+        await _relay(state, resp, send, ex)
+
+
+async def _unanswered(state: ProxyState, ex: Exchange, send: Send) -> None:
+    """A request given up before the upstream answered: the client left, or the proxy is stopping (then
+    the client, still there, gets a 502 saying so). Either way the upstream's connection is closed."""
+    if not ex.stopping:
+        await _finish(state, ex, {**_early_disconnect(), "response": {"status": None, "error": GONE_BEFORE_ANSWER}})
+        return
+    msg = "tokendiff proxy: stopping: the upstream had not answered within the shutdown's grace period"
+    await _finish(state, ex, {"response": {"status": 502, "error": msg}, "upstream_error": msg})
+    await _send_error(send, 502, msg, "proxy_stopping")
+
+
+GONE_BEFORE_ANSWER = "client disconnected before the upstream answered"
 
 
 def _early_disconnect() -> dict[str, Any]:
@@ -484,16 +538,21 @@ async def _open_upstream(
         msg = f"tokendiff proxy: upstream {upstream} unreachable: {type(e).__name__}: {e}"
         if ex.headers_out:
             msg = f"tokendiff proxy: upstream {upstream} failed without answering: {type(e).__name__}: {e}"
-        payload = orjson.dumps({"error": {"message": msg, "type": "upstream_unreachable", "code": 502}})
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         if ex.line is not None:
             await asyncio.shield(ex.line)
-        await send({"type": "http.response.start", "status": 502, "headers": headers})
         await _finish(state, ex, {"response": {"status": 502, "error": msg}, "upstream_error": msg})
-        await send({"type": "http.response.body", "body": payload})
+        await _send_error(send, 502, msg, "upstream_unreachable")
         return None
     finally:
         ex.on_wire.set()
+
+
+async def _send_error(send: Send, status: int, msg: str, kind: str) -> None:
+    """The proxy's own answer (an OpenAI-shaped error), recorded before it is sent."""
+    payload = orjson.dumps({"error": {"message": msg, "type": kind, "code": status}})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
 
 
 async def _send_upstream(
@@ -541,21 +600,18 @@ def _upstream_url(state: ProxyState, scope: Scope) -> httpx.URL:
     return url
 
 
-async def _relay(state: ProxyState, resp: httpx.Response, receive: Receive, send: Send, ex: Exchange) -> None:
+async def _relay(state: ProxyState, resp: httpx.Response, send: Send, ex: Exchange) -> None:
     """Forward the upstream's response chunk by chunk. A chat exchange's request line is on disk
     before the client's first byte, its response patch before the client's last (a body of known
     length: before its last chunk; a stream: before the end of the chunked body)."""
     ex.stream = stream_summary(resp.headers.get("content-type", "")) if ex.rec is not None else None
     length = _length(resp)
-    # The server may not fail a send to a closed client: watch for the disconnect ourselves,
-    # and stop pulling from the upstream when it comes (closing it stops the generation).
-    gone = asyncio.get_running_loop().create_task(_wait_disconnect(receive))
     try:
         if ex.line is not None:
             await asyncio.shield(ex.line)
         await send({"type": "http.response.start", "status": resp.status_code, "headers": _response_headers(resp)})
         async for chunk in resp.aiter_raw():
-            if gone.done():
+            if ex.gone is not None and ex.gone.done():
                 raise ConnectionResetError("client closed the connection")
             ex.take(chunk)
             if length is not None and ex.sent >= length:  # the last chunk: recorded before it goes
@@ -567,22 +623,23 @@ async def _relay(state: ProxyState, resp: httpx.Response, receive: Receive, send
             ex.observe(chunk)  # after the send: the client never waits for the parse
         await _finish_response(state, ex, resp)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        ex.answered = True
     except httpx.HTTPError as e:
         # The upstream died mid-response: recorded, and the client's connection closed without the body's
         # end, as the upstream left it. Ending it cleanly would hand the client a cut answer as a whole one.
         ex.error = f"upstream failed mid-response: {type(e).__name__}: {e}"
         await _finish_response(state, ex, resp)
-    except (OSError, RuntimeError, asyncio.CancelledError) as e:  # the client went away
-        if not ex.finished:  # after the patch, only the end-of-body marker was lost: the client had it all
+    except (OSError, RuntimeError, asyncio.CancelledError) as e:  # the client went away, or the proxy stops
+        await resp.aclose()  # the upstream's connection closed first: the generation stops
+        if ex.finished:  # after the patch, only the end-of-body marker was lost: the client had it all
+            return
+        if ex.stopping:
+            ex.error = "the proxy stopped mid-response (its shutdown's grace period ran out)"
+        else:
             ex.client_gone = True
             ex.error = f"client disconnected mid-response: {type(e).__name__}"
-        if isinstance(e, asyncio.CancelledError):
-            await resp.aclose()
-            await _finish_response(state, ex, resp)
-            raise
         await _finish_response(state, ex, resp)
     finally:
-        gone.cancel()
         await resp.aclose()
 
 
