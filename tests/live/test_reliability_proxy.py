@@ -26,7 +26,7 @@ from tokendiff.sources.capture import read_capture
 from tokendiff.testing import proxy_process
 from tokendiff.testing.llama_server import LlamaServer, free_port
 from tokendiff.testing.proxy_process import stop_proxy
-from tokendiff.testing.stub_upstream import StubUpstream, close_without_answer, sse_route
+from tokendiff.testing.stub_upstream import Route, StubUpstream, answer, close_without_answer, sse_route
 
 CHAT = "/v1/chat/completions"
 
@@ -326,6 +326,32 @@ def test_stopping_with_requests_in_flight_records_each_and_tells_its_client(tmp_
     cut = by["/chat/completions"]
     assert cut.response["content"] == "half" and "the proxy stopped mid-response" in cut.response["error"]
     assert not cut.client_disconnected  # was recorded as the client's disconnect
+
+
+def _raw_exchange(port: int, request_line: bytes) -> bytes:
+    """The status line the proxy answers a request line sent as these exact bytes."""
+    with socket.create_connection(("127.0.0.1", port)) as c:
+        c.settimeout(30)
+        c.sendall(request_line + b"\r\nhost: x\r\nconnection: close\r\n\r\n")
+        return c.recv(1000).split(b"\r\n")[0]
+
+
+def test_the_upstream_gets_the_path_and_query_as_the_client_sent_them(tmp_path):
+    """`%2F` and `%3F` in a path name another resource than `/` and `?`: the proxy forwarded the decoded path
+    (`/v1/models/org%2Fmodel` became `/v1/models/org/model`, `/a%3Fb?x=1` became `/a?b`, its query lost)."""
+    ok: Route = lambda req, conn: answer(conn, 200, b"{}")  # noqa: E731
+    paths = ["/v1/models/meta-llama%2FLlama-3", "/files/a%3Fb%23c?x=1", "/a%20b?q=%26&r=%zz"]
+    with StubUpstream({p.split("?")[0]: ok for p in paths}) as stub:
+        proc, url = start(stub.url, tmp_path / "s")
+        port = int(url.rsplit(":", 1)[1])
+        try:
+            statuses = [_raw_exchange(port, b"GET " + p.encode() + b" HTTP/1.1") for p in paths]
+            star = _raw_exchange(port, b"OPTIONS * HTTP/1.1")
+        finally:
+            err = stop_proxy(proc)
+    assert [r.path for r in stub.requests if r.path.startswith(("/v1/models/", "/files", "/a%"))] == paths
+    assert statuses == [b"HTTP/1.1 200 OK"] * 3
+    assert star == b"HTTP/1.1 400 Bad Request" and "Traceback" not in err, err  # was a traceback and a 500
 
 
 # ---------------------------------------------------------------- hostile clients

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote_from_bytes, urlsplit
 
 import httpx
 import orjson
@@ -117,7 +117,7 @@ class ProxyState:
     unrecorded: int = 0  # records or patches the capture could not take (a full disk)
     fetch_tokens: bool = True  # fetch each recorded prompt's token IDs from the upstream afterwards
     on_record: Callable[[RecordEvent], None] | None = None  # called in the proxy's loop; must not block
-    urls: dict[tuple[str, bytes], httpx.URL] = field(default_factory=dict)  # see _upstream_url
+    urls: dict[tuple[bytes, bytes], httpx.URL] = field(default_factory=dict)  # see _upstream_url
 
 
 @dataclass
@@ -449,7 +449,11 @@ def _announce(state: ProxyState, ev: RecordEvent) -> None:
 
 
 async def _handle(state: ProxyState, scope: Scope, receive: Receive, send: Send) -> None:
-    url = _upstream_url(state, scope)
+    try:
+        url = _upstream_url(state, scope)
+    except httpx.InvalidURL as e:  # `OPTIONS *`: no path to give the upstream
+        await _send_error(send, 400, f"tokendiff proxy: the request target is not a path: {e}", "invalid_request")
+        return
     inc = await _read_body(receive)
     ex = Exchange(_new_record(scope, inc), time.perf_counter())
     if ex.rec is not None:
@@ -589,15 +593,19 @@ def _trace(ex: Exchange) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
 
 
 def _upstream_url(state: ProxyState, scope: Scope) -> httpx.URL:
-    """The upstream URL for a request's path and query, parsed once per distinct one (an agent uses a few)."""
-    key = (scope["path"], scope.get("query_string", b""))
+    """The upstream URL for a request's path and query as the client sent them (the raw path: decoded,
+    `%2F` and `%3F` would name another resource), parsed once per distinct one (an agent uses a few)."""
+    key = (scope.get("raw_path") or scope["path"].encode(), scope.get("query_string", b""))
     url = state.urls.get(key)
     if url is None:
         if len(state.urls) >= 1024:
             state.urls.clear()
-        query = key[1].decode("latin-1")
-        url = state.urls[key] = httpx.URL(state.upstream + key[0] + ("?" + query if query else ""))
+        path, query = quote_from_bytes(key[0], _AS_SENT), quote_from_bytes(key[1], _AS_SENT)
+        url = state.urls[key] = httpx.URL(state.upstream + path + ("?" + query if query else ""))
     return url
+
+
+_AS_SENT = "".join(map(chr, range(0x21, 0x7F)))  # kept as they are: only bytes HTTP does not allow are escaped
 
 
 async def _relay(state: ProxyState, resp: httpx.Response, send: Send, ex: Exchange) -> None:
