@@ -215,6 +215,7 @@ def test_a_header_value_in_utf8_reaches_the_client_as_sent_and_the_answer_is_rec
     records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
     assert warnings == [] and len(records) == 1
     assert records[0].response["status"] == 200 and records[0].response["message"]["content"] == "hi"
+    assert err.endswith("stopped; 1 request recorded\n"), err  # was "1 requests recorded"
 
 
 def _cut_stream(req, conn) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokendiff.app.session import LoadedSession, TurnPrompts, apply_prefill_rate, engine_config, record_input
-from tokendiff.backends.proxy import build_server, serve
+from tokendiff.backends.proxy import build_server, requests_recorded, serve
 from tokendiff.backends.pull import Puller, pull
 from tokendiff.backends.server import llama_server_url
 from tokendiff.backends.urls import shown_url
@@ -124,6 +124,11 @@ class ProxyThread:
     @property
     def recorded(self) -> int:
         return self.served.app.state.recorded if self.served else 0
+
+    @property
+    def recorded_line(self) -> str:
+        """What was recorded, as the stop line says it: `1 request recorded in OUT/capture.jsonl`."""
+        return f"{requests_recorded(self.recorded)} in {self.capture}"
 
     @property
     def shown_upstream(self) -> str:

@@ -831,7 +831,7 @@ def serve(
         pass
     finally:
         served.sock.close()
-    print(f"tokendiff proxy: stopped; {served.app.state.recorded} requests recorded", file=sys.stderr)
+    print(f"tokendiff proxy: stopped; {requests_recorded(served.app.state.recorded)}", file=sys.stderr)
     return 0
 
 
@@ -841,6 +841,11 @@ class CutAnswerFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.getMessage() != "ASGI callable returned without completing response."
+
+
+def requests_recorded(n: int) -> str:
+    """The stop line's count: `1 request recorded`, `2 requests recorded`."""
+    return f"{n:,} request{'' if n == 1 else 's'} recorded"
 
 
 # uvicorn's own messages, when something goes wrong after the start: one line each, ours

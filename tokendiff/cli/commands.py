@@ -443,5 +443,5 @@ def cmd_watch(args: argparse.Namespace) -> int:
             observer.stop()
     for line in observer.describe() if observer else []:
         print(f"tokendiff watch: {line}", file=sys.stderr)
-    print(f"tokendiff watch: stopped; {proxy.recorded} requests recorded in {proxy.capture}", file=sys.stderr)
+    print(f"tokendiff watch: stopped; {proxy.recorded_line}", file=sys.stderr)
     return ExitCode.OK
