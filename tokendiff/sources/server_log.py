@@ -39,38 +39,40 @@ BUFFER = 1 << 20
 Progress = Callable[[int, int], None]  # (bytes read, file size)
 
 _PREFIX = r"^(?:\d+\.\d\d\.\d{3}\.\d{3} )?(?:[IWED] )?"
-SLOT = re.compile(_PREFIX + r"slot (.{12}): id +(\d+) \| task (-?\d+) \| (.*)$")
+N, SN = r"(\d{1,18})", r"(-?\d{1,18})"  # a count (bounded: a hostile log's 5,000 digits are not a number)
+SLOT = re.compile(_PREFIX + rf"slot (.{{12}}): id +{N} \| task {SN} \| (.*)$")
 SRV = re.compile(_PREFIX + r"srv  (.{12}): (.*)$")
-RUN_IN = re.compile(r"\d+\.\d\d\.\d{3}\.\d{3} [IWED] (?:slot|srv) ")  # a second entry inside one line
+# a second entry inside one line; the minutes bounded, so a run of digits is searched in linear time
+RUN_IN = re.compile(r"\d{1,12}\.\d\d\.\d{3}\.\d{3} [IWED] (?:slot|srv) ")
+MINUTES = 12  # digits a timestamp's minutes may have (a run-in entry's may have taken the line before's)
 DEBUG_LINE = re.compile(r"^(?:\d+\.\d\d\.\d{3}\.\d{3} )?D ")
+_RUN_DIGITS = re.compile(r"\d*")
 F = r"(-?[\d.]+|-?nan|inf)"
 
 _SLOT_MSG = {
-    "selected slot by id": re.compile(r"^selected slot by id \((\d+)\)$"),
+    "selected slot by id": re.compile(rf"^selected slot by id \({N}\)$"),
     "selected slot by LCP": re.compile(
         rf"^selected slot by LCP similarity, f_sim_best = {F} \(> {F} thold\), f_keep = {F}$"
     ),
-    "selected slot by LRU": re.compile(r"^selected slot by LRU, t_last = (-?\d+)$"),
+    "selected slot by LRU": re.compile(rf"^selected slot by LRU, t_last = {SN}$"),
     "processing task": re.compile(r"^processing task, is_child = (\d)$"),
-    "new prompt": re.compile(r"^new prompt, n_ctx_slot = (\d+), n_keep = (-?\d+), task\.n_tokens = (\d+)$"),
-    "cached n_tokens": re.compile(r"^cached n_tokens = (\d+), memory_seq_rm \[(\d+), end\)$"),
+    "new prompt": re.compile(rf"^new prompt, n_ctx_slot = {N}, n_keep = {SN}, task\.n_tokens = {N}$"),
+    "cached n_tokens": re.compile(rf"^cached n_tokens = {N}, memory_seq_rm \[{N}, end\)$"),
     "need to evaluate": re.compile(r"^need to evaluate at least 1 token for each active slot"),
-    "reusing chunk": re.compile(
-        r"^reusing chunk with size (\d+), shifting KV cache \[(\d+), (\d+)\) -> \[(\d+), (\d+)\)$"
-    ),
+    "reusing chunk": re.compile(rf"^reusing chunk with size {N}, shifting KV cache \[{N}, {N}\) -> \[{N}, {N}\)$"),
     "restored context": re.compile(
-        r"^restored context checkpoint \(pos_min = -?\d+, pos_max = -?\d+, n_tokens = (\d+),"
+        rf"^restored context checkpoint \(pos_min = -?\d+, pos_max = -?\d+, n_tokens = {N},"
     ),
     "forcing full": re.compile(r"^forcing full prompt re-processing"),
-    "slot context shift": re.compile(r"^slot context shift, n_keep = (\d+), n_left = (\d+), n_discard = (\d+)$"),
-    "clearing cache for lora": re.compile(r"^clearing cache for lora change\. (\d+) loras -> (\d+) loras$"),
+    "slot context shift": re.compile(rf"^slot context shift, n_keep = {N}, n_left = {N}, n_discard = {N}$"),
+    "clearing cache for lora": re.compile(rf"^clearing cache for lora change\. {N} loras -> {N} loras$"),
     "saving idle slot": re.compile(r"^saving idle slot to prompt cache$"),
-    "clearing prompt": re.compile(r"^clearing prompt with (\d+) tokens$"),
-    "stop processing": re.compile(r"^stop processing: n_tokens = (\d+), truncated = (\d)$"),
-    "prompt eval time": re.compile(r"^prompt eval time = +[\d.]+ ms / +(\d+) tokens"),
+    "clearing prompt": re.compile(rf"^clearing prompt with {N} tokens$"),
+    "stop processing": re.compile(rf"^stop processing: n_tokens = {N}, truncated = (\d)$"),
+    "prompt eval time": re.compile(rf"^prompt eval time = +[\d.]+ ms / +{N} tokens"),
 }
 _RAM_MSG = {
-    "saving prompt": re.compile(rf"^ +- saving prompt with length (\d+), total state size = {F} MiB"),
+    "saving prompt": re.compile(rf"^ +- saving prompt with length {N}, total state size = {F} MiB"),
     "found better": re.compile(rf"^ +- found better prompt with f_keep = {F}, f_sim = {F}$"),
     "removing oldest": re.compile(
         r"^ +- (?:making room for prompt cache entry|cache size limit reached|cache token limit)"
@@ -78,23 +80,25 @@ _RAM_MSG = {
     "exceeds cache size": re.compile(rf"^ +- prompt state size {F} MiB exceeds cache size limit {F} MiB"),
 }
 _START = {
-    "initializing,": re.compile(r"^initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(true|false)'$"),
-    "prompt cache is": re.compile(r"^prompt cache is (enabled, size limit: (?:(\d+) MiB|no limit)|disabled)"),
-    "context checkpoints": re.compile(r"^context checkpoints enabled, max = (\d+), min spacing = (\d+)$"),
+    "initializing,": re.compile(rf"^initializing, n_slots = {N}, n_ctx_slot = {N}, kv_unified = '(true|false)'$"),
+    "prompt cache is": re.compile(rf"^prompt cache is (enabled, size limit: (?:{N} MiB|no limit)|disabled)"),
+    "context checkpoints": re.compile(rf"^context checkpoints enabled, max = {N}, min spacing = {N}$"),
     "cache_reuse is not": re.compile(r"^cache_reuse is not supported"),
     "ctx_shift is not": re.compile(r"^ctx_shift is not supported"),
 }
-_ERROR = re.compile(r"^task id = (\d+), error: (.*)$")
+_ERROR = re.compile(rf"^task id = {N}, error: (.*)$")
 # words only this build's cache lines hold: a line with one that no pattern reads is another build's format
 _KNOWN_WORDS = ("selected slot", "cached n_tokens", "stop processing", "context shift", "reusing chunk")
 
 
-def _split(text: str, start: int) -> int:
-    """Where the second of two run-in entries starts: its minutes may have taken the first one's last digits
-    (`is_child = 0` + `0.01.014.815 I slot ...`), so the first cut that leaves a whole known line wins."""
-    digits = len(text[start:]) - len(text[start:].lstrip("0123456789"))
-    for cut in range(start, start + max(1, digits)):
-        if _whole(text[:cut]):
+def _split(text: str, begin: int, start: int) -> int:
+    """Where the second of two run-in entries (the first at `begin`) starts: its minutes may have taken the
+    first one's last digits (`is_child = 0` + `0.01.014.815 I slot ...`), so the first cut that leaves a whole
+    known line wins."""
+    m = _RUN_DIGITS.match(text, start)
+    digits = m.end() - start if m is not None else 0
+    for cut in range(start, start + max(1, min(digits, MINUTES))):
+        if _whole(text[begin:cut]):
             return cut
     return start
 
@@ -149,16 +153,19 @@ class _Reader:
     # -- one line
 
     def feed(self, text: str) -> Iterator[LogTask]:
-        run = RUN_IN.search(text, 1)
-        if run is not None:  # two entries in one line: each read on its own
-            cut = _split(text, run.start())
-            head, run_at = text[:cut], cut
+        """The line's entries, each read on its own: output interleaved by the terminal may run many into one
+        (a loop over positions, so a line of thousands costs what they hold)."""
+        begin = 0
+        while (run := RUN_IN.search(text, begin + 1)) is not None:
+            cut = _split(text, begin, run.start())
+            head = text[begin:cut]
             if not DEBUG_LINE.match(head):  # this build ends some debug lines without a newline: not news
-                self.warn("two log entries run into one line (interleaved output)", "interleaved", text)
+                self.warn(
+                    "two log entries run into one line (interleaved output)", "interleaved", text[begin : begin + 120]
+                )
                 yield from self._one(head)
-            yield from self.feed(text[run_at:])
-            return
-        yield from self._one(text)
+            begin = cut
+        yield from self._one(text[begin:] if begin else text)
 
     def _one(self, text: str) -> Iterator[LogTask]:
         m = SLOT.match(text)
@@ -337,7 +344,10 @@ _WORDS = re.compile(
     rb"|is not supported|error: "
 )
 _DIGITS = frozenset(b"0123456789")
-_D = ord("D")
+# where a llama-server entry starts in a line (at 0 unless another program prefixed it)
+_ENTRY = re.compile(rb"(?:\d{1,12}\.\d\d\.\d{3}\.\d{3} )?(?:[IWED] )?(?:slot |srv  )|\{\"")
+_START_OF_ENTRY = re.compile(rb"\d{1,12}\.\d\d\.|[IWED] |slot |srv  |\{")  # a line as llama-server wrote it
+_ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")  # colours: --log-colors, or a terminal's stderr captured
 
 
 def _lines(path: str, progress: Progress | None, limit: int | None = None) -> Iterator[tuple[int, str]]:
@@ -366,7 +376,13 @@ def _lines(path: str, progress: Progress | None, limit: int | None = None) -> It
                 next_report = read + PROGRESS_EVERY
             if line[0] in _DIGITS:
                 sp = line.find(b" ", 0, 24)
-                if sp > 0 and line[sp + 1] == _D and b" I " not in line and b" W " not in line and b" E " not in line:
+                if (
+                    sp > 0
+                    and line[sp + 1 : sp + 2] == b"D"
+                    and b" I " not in line
+                    and b" W " not in line
+                    and b" E " not in line
+                ):
                     continue
             if search(line) is None:
                 continue
@@ -388,7 +404,18 @@ def _skip_rest(f: Any) -> int:
 
 
 def _text(line: bytes) -> str | None:
-    """The text of a line that has one of the reader's words: a --log-jsonl entry's message, or the line."""
+    """The text of a line that has one of the reader's words: a --log-jsonl entry's message, or the line; a
+    prefix another program put before the entry (journald's `Dec 07 17:50:30 host llama-server[42]: `, docker's
+    or kubectl's timestamp, compose's `llama-1  | `) is dropped."""
+    if b"\x1b" in line:  # colours (llama-server's --log-colors, or a terminal's stderr captured)
+        line = _ANSI.sub(b"", line)
+        if _debug(line):
+            return None
+    if _START_OF_ENTRY.match(line) is None:
+        entry = _ENTRY.search(line)
+        if entry is None:
+            return None
+        line = line[entry.start() :]
     if line.startswith(b"{") and b'"msg"' in line:  # --log-jsonl
         try:
             doc = orjson.loads(line)
@@ -435,12 +462,19 @@ def follow_tasks(path: str | Path) -> Iterator[LogTask | None]:
                 yield from r.feed(text)
 
 
+def _debug(line: bytes) -> bool:
+    """A timestamped debug line with no other entry run into it: none of this reader's lines (they are info
+    and warnings)."""
+    if not line[:1].isdigit():
+        return False
+    sp = line.find(b" ", 0, 24)
+    return sp > 0 and line[sp + 1 : sp + 2] == b"D" and all(x not in line for x in (b" I ", b" W ", b" E "))
+
+
 def _keep(line: bytes) -> str | None:
     """The text of a line this reader takes (the filter `_lines` applies inline)."""
-    if line[:1].isdigit():
-        sp = line.find(b" ", 0, 24)
-        if sp > 0 and line[sp + 1 : sp + 2] == b"D" and all(x not in line for x in (b" I ", b" W ", b" E ")):
-            return None
+    if _debug(line):
+        return None
     return _text(line) if _WORDS.search(line) is not None else None
 
 
