@@ -149,3 +149,16 @@ def test_a_run_of_digits_is_searched_in_linear_time(tmp_path):
     t0 = time.process_time()
     _warnings(lambda: list(iter_tasks(p)))
     assert time.process_time() - t0 < 10
+
+
+def test_a_slot_count_no_server_runs_is_not_taken(tmp_path):
+    """llama-server refuses more than 256 slots; a log stating 99,999,999 had the simulator build them all."""
+    from tokendiff.core.cache.llama import props_facts
+
+    p = tmp_path / "server.log"
+    p.write_text(LOG.replace("n_slots = 2,", "n_slots = 99999999,"))
+    warned = _warnings(lambda: log_facts(p))
+    assert "n_slots" not in log_facts(p) and any(
+        "line 2: 99999999 slots: llama-server runs 1 to 256" in w for w in warned
+    )
+    assert props_facts({"total_slots": 99999999}) == {} and props_facts({"total_slots": 256}) == {"n_slots": 256}

@@ -26,6 +26,7 @@ import orjson
 
 from tokendiff.core.cache.engine_log import LogTask
 from tokendiff.core.cache.llama import EngineFacts
+from tokendiff.core.cache.swa import MAX_SLOTS
 from tokendiff.errors import one_line
 from tokendiff.notices import warn
 from tokendiff.safeio import open_regular
@@ -305,6 +306,9 @@ class _Reader:
 
     def _fact(self, key: str, m: re.Match[str]) -> None:
         if key == "initializing,":
+            if not 0 < int(m.group(1)) <= MAX_SLOTS:
+                self.warn(f"{m.group(1)} slots: llama-server runs 1 to {MAX_SLOTS}", "format", m.group(0))
+                return
             self.facts["n_slots"], self.facts["n_ctx_slot"] = int(m.group(1)), int(m.group(2))
             self.facts["kv_unified"] = m.group(3) == "true"
         elif key == "prompt cache is":

@@ -34,7 +34,15 @@ from typing import Any, TypedDict, cast
 import numpy as np
 
 from tokendiff.core.align import common_bytes
-from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, process, restore, server_flags
+from tokendiff.core.cache.swa import (
+    MAX_SLOTS,
+    AttentionLayout,
+    Reuse,
+    SlotState,
+    process,
+    restore,
+    server_flags,
+)
 from tokendiff.core.model import id_bytes
 from tokendiff.core.plain import replace
 
@@ -250,7 +258,7 @@ def props_facts(props: Mapping[str, Any] | None) -> EngineFacts:
         return {}
     out: EngineFacts = {}
     n = props.get("total_slots")
-    if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+    if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_SLOTS:
         out["n_slots"] = n
     dgs = props.get("default_generation_settings")
     ctx = dgs.get("n_ctx") if isinstance(dgs, Mapping) else None
