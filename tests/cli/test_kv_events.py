@@ -126,9 +126,12 @@ def test_bad_kv_endpoints_are_one_line(tmp_path):
     assert r.returncode == 2 and "--kv-events must be a tcp://" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_the_report_names_an_eviction_instead_of_a_content_break(tmp_path):
+@pytest.mark.parametrize("unreadable_first", [False, True])
+def test_the_report_names_an_eviction_instead_of_a_content_break(tmp_path, unreadable_first):
     """A vLLM capture (prompt IDs as the bundled Qwen3 tokenizer renders the requests) and the events
-    vLLM would have published: turn 3 resends turn 1, whose tail blocks turn 2 pushed out."""
+    vLLM would have published: turn 3 resends turn 1, whose tail blocks turn 2 pushed out. A record the
+    analysis leaves out (an ID outside the vocabulary) before them costs that record only: each turn keeps
+    its own record's IDs and time (it took the record before it's, and the eviction went unnamed)."""
     from tokendiff.app.pair import PromptOptions, open_loader
     from tokendiff.sources.record import CaptureRecord
 
@@ -166,6 +169,8 @@ def test_the_report_names_an_eviction_instead_of_a_content_break(tmp_path):
                 "prompt_ids": pids,
             }
         )
+    if unreadable_first:
+        records.insert(0, {**records[0], "seq": 0, "ts": t0 + 5, "prompt_ids": [10**9]})
     (tmp_path / "capture.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     events = [
         {
