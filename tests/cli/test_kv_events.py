@@ -15,7 +15,7 @@ import zmq
 from tokendiff.backends.kv_events import KvEventRecorder, subscriber_endpoint
 from tokendiff.core.cache.kv_events import EVICTED, KvBatch, StoredBlocks, TurnBlocks, evictions
 from tokendiff.errors import InputError
-from tokendiff.sources.kv_events import batch_of, decode_message, iter_kv_events
+from tokendiff.sources.kv_events import batch_of, decode_message, iter_kv_events, plain_batch
 from tokendiff.testing.llama_server import free_port
 from tokendiff.testing.proxy_process import run_proxy
 
@@ -70,6 +70,26 @@ def test_both_wire_layouts_decode_to_the_same_lines():
     assert decode_message([b"kv", b"\x00" * 8, msgpack.packb({"no": "batch"})]) is None
     offload = batch_of({"ts": 1.0, "events": [{"type": "BlockRemoved", "block_hashes": ["5"], "medium": "CPU"}]})
     assert offload == KvBatch(1.0)  # an offload tier's removal: the main pool still has the block
+
+
+def test_odd_event_lines_are_data():
+    """Unknown event types, fields of other types, a hash of 5,000 digits, `true` as a block size: each event
+    kept or dropped as what it is, a line that is no batch counted, never an exception."""
+    odd = [
+        {"type": "BlockStored", "block_hashes": ["a"], "token_ids": [1, 2], "block_size": True, "medium": "GPU"},
+        {"type": "SomethingNewer", "block_hashes": [1]},
+        {"type": "BlockRemoved", "block_hashes": "abc", "medium": [1]},
+        5,
+        None,
+        stored([1, 2], {"x": 1}, [1, 2, 3, 4]),
+    ]
+    assert batch_of({"ts": 2.0, "events": odd}) == KvBatch(
+        2.0, stored=(StoredBlocks(("1", "2"), None, (1, 2, 3, 4), 4),)
+    )
+    line = plain_batch([2.0, odd, 0])
+    assert (
+        line is not None and line["events"][0]["block_size"] is None and line["events"][1] == {"type": "SomethingNewer"}
+    )
 
 
 def test_the_recorder_writes_what_a_publisher_sends(tmp_path):
