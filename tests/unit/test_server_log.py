@@ -162,3 +162,55 @@ def test_a_slot_count_no_server_runs_is_not_taken(tmp_path):
         "line 2: 99999999 slots: llama-server runs 1 to 256" in w for w in warned
     )
     assert props_facts({"total_slots": 99999999}) == {} and props_facts({"total_slots": 256}) == {"n_slots": 256}
+
+
+def _task(k: int) -> str:
+    return (
+        f"0.0{k}.014.794 I slot launch_slot_: id  1 | task {k} | processing task, is_child = 0\n"
+        f"0.0{k}.112.066 I slot      release: id  1 | task {k} | stop processing: n_tokens = 9, truncated = 0\n"
+    )
+
+
+def _drain(tasks) -> list[int]:
+    out = []
+    while (t := next(tasks)) is not None:
+        out.append(t.task)
+    return out
+
+
+@pytest.mark.parametrize(
+    "how", ["copytruncate", "copytruncate, offset kept", "copytruncate, seen empty, offset kept", "rename and create"]
+)
+def test_watch_follows_a_rotated_log(tmp_path, how):
+    """`watch --server-log` on a log logrotate rotates: the tasks after the rotation are read (none were: the
+    reader waited past the old file's end, or on the renamed file, for good)."""
+    from tokendiff.sources.server_log import follow_tasks
+
+    p = tmp_path / "server.log"
+    p.write_text(_task(1) + _task(2))
+    tasks = follow_tasks(p)
+    assert _drain(tasks) == [1, 2]
+    if how == "rename and create":
+        p.rename(tmp_path / "server.log.1")
+        p.write_text("")
+        assert _drain(tasks) == []  # the new file is empty: the server may still write into the old one
+        p.write_text(_task(3))
+    else:
+        size = p.stat().st_size
+        with open(p, "r+b") as f:
+            f.truncate(0)
+            if how.startswith("copytruncate, seen empty"):
+                f.flush()
+                assert _drain(tasks) == []
+            if how == "copytruncate":  # a writer in append mode: from the start, here no longer than before
+                f.write(_task(3).encode())
+            else:  # llama-server's --log-file (fopen "w") writes on at its offset: a hole before it
+                f.seek(size)
+                f.write(_task(3).encode())
+    warned = _warnings(lambda: _drain(tasks) == [3] or pytest.fail("task 3 not read once"))
+    if "offset kept" not in how:  # there the reader reads on at the writer's offset, or rewound already
+        assert any("server.log: rotated: reading it again from its start" in w for w in warned)
+    with open(p, "a") as f:  # and on from there, with no rotation seen where the log only grew
+        f.write(_task(4))
+    warned = _warnings(lambda: _drain(tasks) == [4] or pytest.fail("task 4 not read"))
+    assert warned == []

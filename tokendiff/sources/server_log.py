@@ -20,14 +20,14 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
 from tokendiff.core.cache.engine_log import LogTask
 from tokendiff.core.cache.llama import EngineFacts
 from tokendiff.core.cache.swa import MAX_SLOTS
-from tokendiff.errors import one_line
+from tokendiff.errors import InputError, one_line
 from tokendiff.notices import warn
 from tokendiff.safeio import open_regular
 
@@ -444,26 +444,70 @@ def iter_tasks(path: str | Path, progress: Progress | None = None) -> Iterator[L
 
 def follow_tasks(path: str | Path) -> Iterator[LogTask | None]:
     """The tasks of a log the server is still writing (`watch`): each as it ends; None when the file has
-    nothing more for now (ask again later: the reading goes on from there). A line still being written waits."""
+    nothing more for now (ask again later: the reading goes on from there). A line still being written waits.
+    A rotated log is followed: truncated in place (logrotate's copytruncate) it is read again from its start
+    (the hole a writer that keeps its offset leaves is skipped), replaced by a new file that has lines, that one."""
     src = str(path)
     r = _Reader(src)
     f = open_regular(src, "server log")
-    pending, n = b"", 0
-    with f:
+    pending, n, skipping = b"", 0, False
+    head = [b""]  # the file's start when last looked at
+    try:
         while True:
             chunk = f.readline(MAX_LINE)
+            if chunk[:1] == b"\0" and not pending:  # a hole: truncated under a writer that kept its offset
+                chunk = chunk.lstrip(b"\0")
+                if not chunk:
+                    continue
             if not chunk or not chunk.endswith(b"\n"):
                 pending += chunk
                 if len(pending) >= MAX_LINE:
-                    pending = b""  # an over-long line: dropped
+                    pending, skipping = b"", True  # an over-long line: dropped to its end
+                if not chunk and (moved := _rotated(f, src, head)) is not None:
+                    if moved is not f:
+                        f.close()
+                        f = moved
+                    pending, n, skipping, head[0] = b"", 0, False, b""
+                    warn(f"{src}: rotated: reading it again from its start", kind="server log: rotated")
+                    continue
                 yield None
                 continue
             line, pending = pending + chunk, b""
             n += 1
+            if skipping:
+                skipping = False
+                continue
             text = _keep(line)
             if text is not None:
                 r.line = n
                 yield from r.feed(text)
+    finally:
+        f.close()
+
+
+HEAD = 64  # the bytes of a log's start kept to tell it was truncated and written again to the same size
+
+
+def _rotated(f: BinaryIO, src: str, head: list[bytes]) -> BinaryIO | None:
+    """The log to read on, where the one being read was rotated: `f` itself, truncated (shorter than what was
+    read, or another start than `head[0]` holds) and rewound; a new file at the path once it has lines (the
+    server may write on into the old one); None if neither."""
+    own = os.fstat(f.fileno())
+    start = os.pread(f.fileno(), HEAD, 0)
+    was, head[0] = head[0], start
+    if own.st_size < f.tell() or (start[: len(was)] != was and start[:1] != b"\0"):  # a hole: offset kept
+        f.seek(0)
+        return f
+    try:
+        now = os.stat(src)
+    except OSError:
+        return None  # moved away, the new one not there yet
+    if (now.st_ino, now.st_dev) == (own.st_ino, own.st_dev) or not now.st_size:
+        return None
+    try:
+        return open_regular(src, "server log")
+    except InputError:
+        return None
 
 
 def _debug(line: bytes) -> bool:
