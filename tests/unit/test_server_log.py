@@ -172,9 +172,12 @@ def _task(k: int) -> str:
 
 
 def _drain(tasks) -> list[int]:
-    out = []
-    while (t := next(tasks)) is not None:
-        out.append(t.task)
+    """The tasks the follower has now (None is "nothing for now": a few in a row end the reading)."""
+    out, idle = [], 0
+    while idle < 3:
+        t = next(tasks)
+        idle = idle + 1 if t is None else 0
+        out += [t.task] if t is not None else []
     return out
 
 
@@ -214,3 +217,12 @@ def test_watch_follows_a_rotated_log(tmp_path, how):
         f.write(_task(4))
     warned = _warnings(lambda: _drain(tasks) == [4] or pytest.fail("task 4 not read"))
     assert warned == []
+
+
+def test_watch_drops_an_over_long_line_to_its_end(tmp_path):
+    """The tail of a line over MAX_LINE is no line of its own (a task in it was read as the server's)."""
+    from tokendiff.sources.server_log import MAX_LINE, follow_tasks
+
+    p = tmp_path / "server.log"
+    p.write_text("0.00.000.001 D " + "x" * MAX_LINE + _task(9).replace("\n", "", 1) + _task(1))
+    assert _drain(follow_tasks(p)) == [1]
