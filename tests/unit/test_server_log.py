@@ -226,3 +226,23 @@ def test_watch_drops_an_over_long_line_to_its_end(tmp_path):
     p = tmp_path / "server.log"
     p.write_text("0.00.000.001 D " + "x" * MAX_LINE + _task(9).replace("\n", "", 1) + _task(1))
     assert _drain(follow_tasks(p)) == [1]
+
+
+def test_a_tasks_events_are_bounded(tmp_path):
+    """A hostile log's 100,000 context shifts in one task, and selections for 100,000 slots no server has: a
+    few kept, the rest counted or warned of (each was held, and printed in the report, one by one)."""
+    from tokendiff.core.cache.engine_log import describe
+    from tokendiff.sources.server_log import MAX_EVENTS
+
+    shift = "0.01.769.134 W slot   operator(): id  1 | task 16 | slot context shift, n_keep = 4, n_left = 9, "
+    shift += "n_discard = 4\n"
+    select = "0.01.768.391 I slot get_availabl: id {k} | task -1 | selected slot by LRU, t_last = -1\n"
+    lines = LOG.splitlines(keepends=True)
+    lines[13:14] = [shift] * 100_000 + [select.format(k=k + 256) for k in range(100_000)]
+    p = tmp_path / "server.log"
+    p.write_text("".join(lines))
+    got: list = []
+    warned = _warnings(lambda: got.extend(iter_tasks(p)))
+    assert [t.task for t in got] == [0, 16] and len(got[1].shifts) == MAX_EVENTS
+    assert f"{100_000 - MAX_EVENTS:,} more chunks, context shifts or cleared slots (not kept)" in describe(got[1])
+    assert any("slot 256: llama-server runs at most 256" in w for w in warned)

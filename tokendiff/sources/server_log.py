@@ -33,6 +33,7 @@ from tokendiff.safeio import open_regular
 
 MAX_LINE = 1 << 20  # a log line longer than this (a debug dump of a prompt) is skipped
 MAX_OPEN = 4096  # tasks launched and not yet finished: more means the log lost their ends
+MAX_EVENTS = 256  # chunks, context shifts or cleared slots kept per task (a real task has a few)
 FACTS_BYTES = 64 << 20  # how far the launch settings are looked for
 PROGRESS_EVERY = 16 << 20
 BUFFER = 1 << 20
@@ -123,6 +124,15 @@ def _float(x: str) -> float | None:
         return None
 
 
+def _keep_event(t: LogTask, events: list[Any], event: Any) -> None:
+    """One more of a task's chunks, shifts or cleared slots, up to MAX_EVENTS; past that only counted (a
+    hostile log's millions would be held, and printed, one by one)."""
+    if len(events) < MAX_EVENTS:
+        events.append(event)
+    else:
+        t.events_dropped += 1
+
+
 @dataclass
 class _Ram:
     saved: int = 0
@@ -189,6 +199,9 @@ class _Reader:
         if m is None:
             self.warn("a slot line in a format this build does not write", "format", msg)
             return
+        if slot >= MAX_SLOTS:  # no server's: each would be kept waiting for its task
+            self.warn(f"slot {slot}: llama-server runs at most {MAX_SLOTS}", "format", msg)
+            return
         if key == "processing task":
             self._launch(slot, task)
         elif key.startswith("selected slot"):
@@ -233,7 +246,7 @@ class _Reader:
     def _idle(self, slot: int, key: str, m: re.Match[str]) -> None:
         """Idle slots saved (and cleared) as a task starts; a clear before a launch is a failed RAM load."""
         if key == "clearing prompt" and self.idle_of is not None and int(m.group(1)) > 0:
-            self.idle_of.idle_cleared.append((slot, int(m.group(1))))
+            _keep_event(self.idle_of, self.idle_of.idle_cleared, (slot, int(m.group(1))))
 
     def _event(self, t: LogTask, key: str, m: re.Match[str]) -> bool:
         """An event of a running task; True when it ends the task."""
@@ -245,13 +258,13 @@ class _Reader:
         elif key == "need to evaluate":
             t.full_hit = True
         elif key == "reusing chunk":
-            t.chunks.append((int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))))
+            _keep_event(t, t.chunks, (int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))))
         elif key == "restored context":
             t.checkpoint_restored = int(m.group(1))
         elif key == "forcing full":
             t.checkpoint_none = True
         elif key == "slot context shift":
-            t.shifts.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+            _keep_event(t, t.shifts, (int(m.group(1)), int(m.group(2)), int(m.group(3))))
         elif key == "prompt eval time":
             t.prompt_n = int(m.group(1))
         elif key == "stop processing":

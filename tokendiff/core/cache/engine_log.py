@@ -47,6 +47,7 @@ class LogTask:
     ram_refused: int = 0
     idle_cleared: list[tuple[int, int]] = field(default_factory=list)  # (slot, tokens) cleared when it started
     error: str = ""
+    events_dropped: int = 0  # chunks, shifts or cleared slots past the reader's bound: counted, not kept
 
     @property
     def reused(self) -> int | None:
@@ -184,6 +185,8 @@ def describe(task: LogTask) -> list[str]:
         out.append(f"context shift: n_keep {keep:,}, {discard:,} of {left:,} dropped")
     for slot, n in task.idle_cleared:
         out.append(f"idle slot {slot} cleared ({n:,} tokens)")
+    if task.events_dropped:
+        out.append(f"{task.events_dropped:,} more chunks, context shifts or cleared slots (not kept)")
     if task.error:
         out.append(f"error: {task.error}")
     return out
