@@ -246,3 +246,13 @@ def test_a_tasks_events_are_bounded(tmp_path):
     assert [t.task for t in got] == [0, 16] and len(got[1].shifts) == MAX_EVENTS
     assert f"{100_000 - MAX_EVENTS:,} more chunks, context shifts or cleared slots (not kept)" in describe(got[1])
     assert any("slot 256: llama-server runs at most 256" in w for w in warned)
+
+
+def test_a_mid_2026_builds_selection_line(tmp_path):
+    """Builds of mid-2026 wrote `sim_best` where this one writes `f_sim_best`: the same selection (it was a
+    format warning, and the similarity that chose the slot was lost)."""
+    p = tmp_path / "server.log"
+    p.write_text(LOG.replace("f_sim_best = 0.957", "sim_best = 0.957"))
+    got: list = []
+    assert _warnings(lambda: got.extend(iter_tasks(p))) == []
+    assert (got[1].selected_by, got[1].f_sim, got[1].f_keep) == ("similarity", 0.957, 0.383)

