@@ -4,6 +4,7 @@ warning naming the line: never a traceback, a hang or a task lost."""
 
 from __future__ import annotations
 
+import gzip
 import re
 import time
 from pathlib import Path
@@ -256,3 +257,19 @@ def test_a_mid_2026_builds_selection_line(tmp_path):
     got: list = []
     assert _warnings(lambda: got.extend(iter_tasks(p))) == []
     assert (got[1].selected_by, got[1].f_sim, got[1].f_keep) == ("similarity", 0.957, 0.383)
+
+
+@pytest.mark.parametrize(
+    ("encode", "why"),
+    [
+        (lambda t: gzip.compress(t.encode()), "it is gzip-compressed: gunzip it first"),
+        (lambda t: t.encode("utf-16"), "it is UTF-16, as PowerShell's 2> writes: convert it to UTF-8"),
+        (lambda t: bytes(range(256)), "is it its log?"),
+    ],
+)
+def test_a_log_no_line_of_which_is_read_says_why(tmp_path, encode, why):
+    """A rotated log kept compressed, or PowerShell's redirected stderr: the warning says what the file is."""
+    p = tmp_path / "server.log"
+    p.write_bytes(encode(LOG))
+    warned = _warnings(lambda: list(iter_tasks(p)))
+    assert warned == [f"{p}: no llama-server lines found ({why})"]

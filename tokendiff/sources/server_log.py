@@ -30,7 +30,7 @@ from tokendiff.core.cache.llama import EngineFacts
 from tokendiff.core.cache.swa import MAX_SLOTS
 from tokendiff.errors import InputError, one_line
 from tokendiff.notices import warn
-from tokendiff.safeio import open_regular
+from tokendiff.safeio import head, open_regular
 
 MAX_LINE = 1 << 20  # a log line longer than this (a debug dump of a prompt) is skipped
 MAX_OPEN = 4096  # tasks launched and not yet finished: more means the log lost their ends
@@ -351,8 +351,15 @@ class _Reader:
             yield from self.open.values()
             self.open.clear()
         if not self.seen_server:
-            warn(f"{self.source}: no llama-server lines found (is it its log?)", kind="server log: none")
+            why = _ENCODED.get(head(self.source, 2), "is it its log?")
+            warn(f"{self.source}: no llama-server lines found ({why})", kind="server log: none")
 
+
+_ENCODED = {  # a log no line of which can be read, by its first bytes
+    b"\x1f\x8b": "it is gzip-compressed: gunzip it first",
+    b"\xff\xfe": "it is UTF-16, as PowerShell's 2> writes: convert it to UTF-8",
+    b"\xfe\xff": "it is UTF-16: convert it to UTF-8",
+}
 
 # the words of every line this reader takes: a line with none (most of a debug log) is not even decoded
 _WORDS = re.compile(
