@@ -273,3 +273,16 @@ def test_a_log_no_line_of_which_is_read_says_why(tmp_path, encode, why):
     p.write_bytes(encode(LOG))
     warned = _warnings(lambda: list(iter_tasks(p)))
     assert warned == [f"{p}: no llama-server lines found ({why})"]
+
+
+def test_a_log_that_evaluates_more_than_the_prompt_says_no_reuse(tmp_path):
+    """`prompt eval time = ... / 2000 tokens` for a prompt of 690: no count of reuse (it was -1,310, the
+    server's number in the report where the capture has none)."""
+    from tokendiff.core.cache.engine_log import describe
+
+    lines = [x for x in LOG.splitlines() if "cached n_tokens = 660" not in x]
+    p = tmp_path / "server.log"
+    p.write_text("\n".join(lines).replace("/    30 tokens", "/  2000 tokens") + "\n")
+    got = list(iter_tasks(p))
+    assert got[1].prompt_n == 2000 and got[1].reused is None
+    assert not any(x.startswith("reused") for x in describe(got[1]))

@@ -51,10 +51,11 @@ class LogTask:
 
     @property
     def reused(self) -> int | None:
-        """What the server reused: the trace line, else the prompt less what it evaluated."""
+        """What the server reused: the trace line, else the prompt less what it evaluated (None where a log
+        says it evaluated more than the prompt: no count of reuse)."""
         if self.cache_n is not None:
             return self.cache_n
-        if self.n_prompt is not None and self.prompt_n is not None:
+        if self.n_prompt is not None and self.prompt_n is not None and self.prompt_n <= self.n_prompt:
             return self.n_prompt - self.prompt_n
         return None
 
