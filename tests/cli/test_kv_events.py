@@ -15,7 +15,7 @@ import zmq
 from tokendiff.backends.kv_events import KvEventRecorder, subscriber_endpoint
 from tokendiff.core.cache.kv_events import EVICTED, KvBatch, StoredBlocks, TurnBlocks, evictions
 from tokendiff.errors import InputError
-from tokendiff.sources.kv_events import batch_of, decode_message, iter_kv_events
+from tokendiff.sources.kv_events import batch_of, decode_message, iter_kv_events, plain_batch
 from tokendiff.testing.llama_server import free_port
 from tokendiff.testing.proxy_process import run_proxy
 
@@ -72,6 +72,26 @@ def test_both_wire_layouts_decode_to_the_same_lines():
     assert offload == KvBatch(1.0)  # an offload tier's removal: the main pool still has the block
 
 
+def test_odd_event_lines_are_data():
+    """Unknown event types, fields of other types, a hash of 5,000 digits, `true` as a block size: each event
+    kept or dropped as what it is, a line that is no batch counted, never an exception."""
+    odd = [
+        {"type": "BlockStored", "block_hashes": ["a"], "token_ids": [1, 2], "block_size": True, "medium": "GPU"},
+        {"type": "SomethingNewer", "block_hashes": [1]},
+        {"type": "BlockRemoved", "block_hashes": "abc", "medium": [1]},
+        5,
+        None,
+        stored([1, 2], {"x": 1}, [1, 2, 3, 4]),
+    ]
+    assert batch_of({"ts": 2.0, "events": odd}) == KvBatch(
+        2.0, stored=(StoredBlocks(("1", "2"), None, (1, 2, 3, 4), 4),)
+    )
+    line = plain_batch([2.0, odd, 0])
+    assert (
+        line is not None and line["events"][0]["block_size"] is None and line["events"][1] == {"type": "SomethingNewer"}
+    )
+
+
 def test_the_recorder_writes_what_a_publisher_sends(tmp_path):
     port = free_port()
     ctx = zmq.Context()
@@ -126,9 +146,12 @@ def test_bad_kv_endpoints_are_one_line(tmp_path):
     assert r.returncode == 2 and "--kv-events must be a tcp://" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_the_report_names_an_eviction_instead_of_a_content_break(tmp_path):
+@pytest.mark.parametrize("unreadable_first", [False, True])
+def test_the_report_names_an_eviction_instead_of_a_content_break(tmp_path, unreadable_first):
     """A vLLM capture (prompt IDs as the bundled Qwen3 tokenizer renders the requests) and the events
-    vLLM would have published: turn 3 resends turn 1, whose tail blocks turn 2 pushed out."""
+    vLLM would have published: turn 3 resends turn 1, whose tail blocks turn 2 pushed out. A record the
+    analysis leaves out (an ID outside the vocabulary) before them costs that record only: each turn keeps
+    its own record's IDs and time (it took the record before it's, and the eviction went unnamed)."""
     from tokendiff.app.pair import PromptOptions, open_loader
     from tokendiff.sources.record import CaptureRecord
 
@@ -166,6 +189,8 @@ def test_the_report_names_an_eviction_instead_of_a_content_break(tmp_path):
                 "prompt_ids": pids,
             }
         )
+    if unreadable_first:
+        records.insert(0, {**records[0], "seq": 0, "ts": t0 + 5, "prompt_ids": [10**9]})
     (tmp_path / "capture.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     events = [
         {

@@ -11,7 +11,12 @@ from helpers import AGENT, assert_one_line_error, call_main
 
 @pytest.mark.parametrize(
     ("value", "words"),
-    [("--ctx-checkpoints -3", "--ctx-checkpoints -3 is out of range"), ("-ub 0", "-ub 0 is out of range")],
+    [
+        ("--ctx-checkpoints -3", "--ctx-checkpoints -3 is out of range"),
+        ("-ub 0", "-ub 0 is out of range"),
+        # llama-server refuses more than 256 slots: 20 million were simulated (5 GB, minutes)
+        ("-np 20000000", "-np 20000000 is out of range (1 to 256)"),
+    ],
 )
 def test_report_server_args_out_of_range_is_one_line(value, words):
     assert_one_line_error(call_main("report", AGENT, "--server-args", value, "--format", "json"), words)

@@ -71,7 +71,11 @@ def test_flags_from_the_command_line_and_props():
     with pytest.raises(ValueError, match="-sps needs a number"):
         engine_flags(["-sps", "x"])
     props = {"total_slots": 2, "default_generation_settings": {"n_ctx": 4096}}
-    assert props_facts(props) == {"n_slots": 2, "n_ctx_slot": 4096}
+    # 2 slots are an explicit -np, which runs no unified KV cache (it was assumed, and printed "(unified KV)");
+    # 4 may be -np auto's, which does
+    assert props_facts(props) == {"n_slots": 2, "n_ctx_slot": 4096, "kv_unified": False}
+    assert props_facts({"total_slots": 4}) == {"n_slots": 4}
+    assert EngineConfig().merged(props_facts(props), "/props").flags().startswith("-np 2 -sps")
     # the user's flags win over /props
     both = EngineConfig().merged({"n_slots": 3}, "--server-args").merged(props_facts(props), "/props")
     assert both.n_slots == 3 and both.slot_ctx == 4096

@@ -227,3 +227,33 @@ def test_engine_check_claims_nothing_when_no_prompt_fits():
     assert check.status == dr.UNCHECKED and "100 %" not in check.summary
     fits = check_engine(_evidence(srv.LLAMA, None, flags, **{"/props": props}), dr.Workload(prompt_tokens=2048))
     assert fits.status == dr.OK and "100 %" in fits.summary
+
+
+LLAMA_METRICS = """\
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total {processed}
+# HELP llamacpp:prompt_tokens_cached_total Number of prompt tokens reused from the cache
+# TYPE llamacpp:prompt_tokens_cached_total counter
+llamacpp:prompt_tokens_cached_total 100
+"""  # llama-server 11434's own series, after 41+21+21 tokens evaluated and 0+40+60 reused
+
+
+@pytest.mark.parametrize(
+    ("processed", "summary"),
+    [
+        ("83", "so far 100 of 183 prompt tokens came from the cache (54.6 %)"),
+        ("83 1796553107000", "so far 100 of 183 prompt tokens came from the cache (54.6 %)"),  # with a timestamp
+        ("8.3e1\r", "so far 100 of 183 prompt tokens came from the cache (54.6 %)"),
+        # not counts: said so, never a traceback (NaN, +Inf, 1.2.3 raised) nor "100 of 95 (105.3 %)"
+        ("NaN", "/metrics answers, without cached-token totals"),
+        ("+Inf", "/metrics answers, without cached-token totals"),
+        ("1e999", "/metrics answers, without cached-token totals"),
+        ("1.2.3", "/metrics answers, without cached-token totals"),
+        ("-5", "/metrics answers, without cached-token totals"),
+    ],
+)
+def test_llama_metrics_odd_samples(processed, summary):
+    ev = _evidence(srv.LLAMA, **{"/metrics": LLAMA_METRICS.format(processed=processed).encode()})
+    check = dr.check_llama_metrics(ev, dr.Workload())
+    assert check.status == dr.INFO and check.summary == summary

@@ -109,7 +109,8 @@ def test_server_flags():
     assert flags == {"n_ubatch": 256, "swa_full": True, "n_ctx_checkpoints": 8, "n_seq": 4, "n_ctx": 16384}
     with pytest.raises(ValueError):
         server_flags(["-ub"])
-    for bad in (["--ctx-checkpoints", "-3"], ["-ub", "0"], ["-ctxcp", "99999999999999999999"]):
+    assert server_flags(["-np", "256"])["n_seq"] == 256
+    for bad in (["--ctx-checkpoints", "-3"], ["-ub", "0"], ["-ctxcp", "99999999999999999999"], ["-np", "257"]):
         with pytest.raises(ValueError, match="out of range"):
             server_flags(bad)
 

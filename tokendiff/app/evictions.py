@@ -29,6 +29,12 @@ def events_file(paths: Sequence[str]) -> tuple[Path, Path] | None:
     return (capture, events) if events.is_file() else None
 
 
+def record_number(origin: str) -> int | None:
+    """The capture record a turn was read from (its origin is `capture.jsonl@K`), or None."""
+    _, at, k = origin.rpartition("@")
+    return int(k) if at and k.isdigit() and len(k) < 19 else None
+
+
 def with_kv_events(paths: Sequence[str], session: Session) -> Session:
     """The session with the evictions its recorded KV events show named as causes (unchanged without them)."""
     found = events_file(paths)
@@ -40,8 +46,12 @@ def with_kv_events(paths: Sequence[str], session: Session) -> Session:
     from tokendiff.sources.kv_events import iter_kv_events
 
     capture, events = found
+    by_record = {k: t for t in session.turns if (k := record_number(t.origin)) is not None}
     turns = []
-    for t, rec in zip(session.turns, iter_capture(capture, lambda _w: None)):
+    for k, rec in enumerate(iter_capture(capture, lambda _w: None), 1):
+        t = by_record.get(k)  # a record left out of the analysis (unreadable) is no turn: the rest keep theirs
+        if t is None:
+            continue
         ids, start = rec.prompt_ids, record_context(rec).start
         if t.server == ServerKind.VLLM and ids is not None and start is not None:
             predicted = t.reuse.get(Backend.VLLM, 0)

@@ -745,9 +745,14 @@ def check_template_reasoning(ev: Evidence, w: Workload) -> Check:
 
 
 def prometheus_value(text: str, name: str) -> float | None:
-    """The first sample of a Prometheus metric (any labels) in /metrics text."""
-    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})?\s+([0-9.eE+-]+|NaN)\s*$", text, re.M)
-    return float(m.group(1)) if m else None
+    """The first sample of a Prometheus metric (any labels, an optional timestamp) in /metrics text; None
+    where it is absent or not a finite number (`NaN`, `+Inf`, `1.2.3` are no count to print)."""
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})?[ \t]+(\S+)(?:[ \t]+-?\d+)?[ \t]*\r?$", text, re.M)
+    try:
+        value = float(m.group(1)) if m else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def prometheus_labels(text: str, name: str) -> dict[str, str] | None:
@@ -769,7 +774,7 @@ def check_llama_metrics(ev: Evidence, w: Workload) -> Check:
         )
     cached = prometheus_value(text, "llamacpp:prompt_tokens_cached_total")
     processed = prometheus_value(text, "llamacpp:prompt_tokens_total")
-    if cached is None or processed is None:
+    if cached is None or processed is None or cached < 0 or processed < 0:  # counters: never negative
         return Check("metrics", INFO, "/metrics answers, without cached-token totals", "")
     total = cached + processed
     if not total:

@@ -50,6 +50,11 @@ def _hashes(v: Any) -> list[str]:
     return [h for h in map(_hash, v) if h is not None] if isinstance(v, (list, tuple)) else []
 
 
+def _size(v: Any) -> bool:
+    """A block size: a positive integer (JSON's `true` is none)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
 def plain_event(ev: Any) -> dict[str, Any] | None:
     """One event, map-tagged or array-like, as a JSON-able dict; None for what is not an event."""
     if isinstance(ev, (list, tuple)) and ev and isinstance(ev[0], str):
@@ -68,7 +73,7 @@ def plain_event(ev: Any) -> dict[str, Any] | None:
         ids = ev.get("token_ids")
         out["token_ids"] = [i for i in ids if isinstance(i, int)] if isinstance(ids, (list, tuple)) else []
         size = ev.get("block_size")
-        out["block_size"] = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+        out["block_size"] = size if _size(size) else None
     return out
 
 
@@ -129,14 +134,14 @@ def batch_of(line: Mapping[str, Any]) -> KvBatch | None:
             continue
         elif kind == REMOVED:
             removed += _hashes(ev.get("block_hashes"))
-        elif kind == STORED and isinstance(ev.get("block_size"), int) and ev["block_size"] > 0:
+        elif kind == STORED and _size(ev.get("block_size")):
             ids = ev.get("token_ids")
             stored.append(
                 StoredBlocks(
                     hashes=tuple(_hashes(ev.get("block_hashes"))),
                     parent=_hash(ev.get("parent_block_hash")),
                     token_ids=tuple(i for i in ids if isinstance(i, int)) if isinstance(ids, list) else (),
-                    block_size=ev["block_size"],
+                    block_size=int(ev["block_size"]),
                 )
             )
     return KvBatch(float(ts), tuple(stored), tuple(removed), cleared)

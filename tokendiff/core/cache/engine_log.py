@@ -47,13 +47,15 @@ class LogTask:
     ram_refused: int = 0
     idle_cleared: list[tuple[int, int]] = field(default_factory=list)  # (slot, tokens) cleared when it started
     error: str = ""
+    events_dropped: int = 0  # chunks, shifts or cleared slots past the reader's bound: counted, not kept
 
     @property
     def reused(self) -> int | None:
-        """What the server reused: the trace line, else the prompt less what it evaluated."""
+        """What the server reused: the trace line, else the prompt less what it evaluated (None where a log
+        says it evaluated more than the prompt: no count of reuse)."""
         if self.cache_n is not None:
             return self.cache_n
-        if self.n_prompt is not None and self.prompt_n is not None:
+        if self.n_prompt is not None and self.prompt_n is not None and self.prompt_n <= self.n_prompt:
             return self.n_prompt - self.prompt_n
         return None
 
@@ -184,6 +186,8 @@ def describe(task: LogTask) -> list[str]:
         out.append(f"context shift: n_keep {keep:,}, {discard:,} of {left:,} dropped")
     for slot, n in task.idle_cleared:
         out.append(f"idle slot {slot} cleared ({n:,} tokens)")
+    if task.events_dropped:
+        out.append(f"{task.events_dropped:,} more chunks, context shifts or cleared slots (not kept)")
     if task.error:
         out.append(f"error: {task.error}")
     return out

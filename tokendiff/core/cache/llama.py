@@ -34,7 +34,15 @@ from typing import Any, TypedDict, cast
 import numpy as np
 
 from tokendiff.core.align import common_bytes
-from tokendiff.core.cache.swa import AttentionLayout, Reuse, SlotState, process, restore, server_flags
+from tokendiff.core.cache.swa import (
+    MAX_SLOTS,
+    AttentionLayout,
+    Reuse,
+    SlotState,
+    process,
+    restore,
+    server_flags,
+)
 from tokendiff.core.model import id_bytes
 from tokendiff.core.plain import replace
 
@@ -244,14 +252,17 @@ def engine_flags(argv: Sequence[str]) -> EngineFacts:
 
 
 def props_facts(props: Mapping[str, Any] | None) -> EngineFacts:
-    """What llama-server's /props says of the policy: the slot count and a slot's context, nothing else
-    (no cache flag reaches /props)."""
+    """What llama-server's /props says of the policy: the slot count (and so whether the KV cache is
+    unified: another count than -np auto's is an explicit -np) and a slot's context, nothing else (no cache
+    flag reaches /props)."""
     if not isinstance(props, Mapping):
         return {}
     out: EngineFacts = {}
     n = props.get("total_slots")
-    if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+    if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_SLOTS:
         out["n_slots"] = n
+        if n != AUTO_SLOTS:  # only -np auto (4 slots) runs a unified KV cache unless -kvu is given
+            out["kv_unified"] = False
     dgs = props.get("default_generation_settings")
     ctx = dgs.get("n_ctx") if isinstance(dgs, Mapping) else None
     if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0:

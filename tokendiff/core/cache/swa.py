@@ -154,6 +154,7 @@ _INT_FLAGS = {
 
 
 _AT_LEAST_ONE = ("n_ubatch", "n_batch", "n_seq")  # a batch or a slot count of 0 is no server
+MAX_SLOTS = 256  # llama.cpp's LLAMA_MAX_SEQ: llama-server refuses more slots ("n_seq_max must be <= 256")
 
 
 def server_flags(argv: Sequence[str]) -> dict[str, Any]:
@@ -177,8 +178,9 @@ def server_flags(argv: Sequence[str]) -> dict[str, Any]:
             if _INT_FLAGS[name] == "n_seq" and number == -1:  # auto: 4 slots on one unified KV cache
                 out["n_seq"], auto = 4, True
                 continue
-            if not least <= number < 1 << 31:
-                raise ValueError(f"{name} {number} is out of range ({least} to {(1 << 31) - 1:,})")
+            most = MAX_SLOTS if _INT_FLAGS[name] == "n_seq" else (1 << 31) - 1
+            if not least <= number <= most:
+                raise ValueError(f"{name} {number} is out of range ({least} to {most:,})")
             out[_INT_FLAGS[name]] = number
     if "n_ctx" in out and out.get("n_seq", 1) > 1 and not auto:
         out["n_ctx"] //= out["n_seq"]
