@@ -255,3 +255,52 @@ def test_implausible_token_counts_are_ignored(tmp_path):
         for fmt in ("json", "trace", "otlp"):
             r = run("report", path, "--format", fmt)
             assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def _spans_of(doc: dict) -> list[dict]:
+    return doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+
+
+@pytest.mark.parametrize("spans", [5, True, "spans", {"a": 1}])
+def test_spans_that_are_not_a_list_are_no_spans(tmp_path, spans):
+    """`"spans": 5` was an internal error (TypeError: 'int' object is not iterable)."""
+    doc = export(genai, turns=2, noise=False)
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"] = spans
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    r = run("report", path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == f"tokendiff: {path}: not an OTLP/JSON trace export (no resourceSpans with spans)"
+
+
+def test_a_flattened_index_of_thousands_of_digits_is_no_index(tmp_path):
+    """`llm.input_messages.<5,000 digits>.message.role` was an internal error (Python refuses to convert
+    an integer of over 4,300 digits): such a key is not a list's item, the span's others are read."""
+    doc = export(openinference, turns=3, noise=False)
+    _spans_of(doc)[0]["attributes"].append(
+        {"key": "llm.input_messages." + "9" * 5000 + ".message.role", "value": {"stringValue": "user"}}
+    )
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    r = run("report", path, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["turns"] == 3
+
+
+def test_a_batch_exported_twice_is_read_once(tmp_path):
+    """An exporter that retries a batch the collector had already written leaves the same spans twice in
+    the file exporter's JSON Lines: each turn was read twice (8 turns of a 4-turn session)."""
+    doc = json.dumps(export(genai, turns=4))
+    path = tmp_path / "t.jsonl"
+    path.write_text(doc + "\n" + doc + "\n")
+    assert len(read_otlp(path)) == 4
+    r = run("report", path, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["turns"] == 4
+    assert "8 spans repeated (the same trace, span ID and times: a batch exported twice), read once" in r.stderr
+    # spans that only share IDs (another time) are other turns: nothing is dropped on a malformed ID alone
+    same_ids = export(genai, turns=4, noise=False)
+    for sp in _spans_of(same_ids):
+        sp["spanId"] = "aaaaaaaaaaaaaaaa"
+    path.write_text(json.dumps(same_ids))
+    assert len(read_otlp(path)) == 4

@@ -51,7 +51,15 @@ def iter_otlp(path: Path, warn: Callable[[str], None] | None = None) -> Iterator
     spans = list(_spans(_documents(read_bounded(path, MAX_BYTES, "OTLP file"), src), src))
     records = []
     skipped = 0
+    seen: set[tuple[Any, ...]] = set()
+    repeated = 0
     for i, (span, where) in enumerate(spans):
+        key = _identity(span)
+        if key is not None and key in seen:
+            repeated += 1
+            continue
+        if key is not None:
+            seen.add(key)
         rec = span_record(span, where)
         if rec is None:
             skipped += 1
@@ -67,10 +75,25 @@ def iter_otlp(path: Path, warn: Callable[[str], None] | None = None) -> Iterator
         )
     if not spans:
         raise InputError("not an OTLP/JSON trace export (no resourceSpans with spans)", source=src)
+    if repeated and warn:
+        warn(
+            f"{one_line(src)}: {repeated:,} spans repeated (the same trace, span ID and times: a batch exported "
+            "twice), read once"
+        )
     conversations = {r["conversation"] for r in records if r.get("conversation")}
     if len(conversations) > 1 and warn:
         warn(f"{one_line(src)}: spans of {len(conversations)} conversations, read as one session in start order")
     yield from map(_as_record, records)
+
+
+def _identity(span: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What makes a span the same one sent again (an exporter retrying a batch the collector had written):
+    its trace and span IDs with its times and name; None for a span without IDs."""
+    ids = (span.get("traceId", span.get("trace_id")), span.get("spanId", span.get("span_id")))
+    if not all(isinstance(v, str) and v for v in ids):
+        return None
+    rest = (span.get("startTimeUnixNano"), span.get("endTimeUnixNano"), span.get("name"))
+    return (*ids, *(v if isinstance(v, (str, int)) else None for v in rest))
 
 
 def _as_record(fields: dict[str, Any]) -> CaptureRecord:
@@ -125,7 +148,7 @@ def _spans(docs: Iterator[Any], src: str) -> Iterator[tuple[dict[str, Any], str]
             raise InputError(f"document {d + 1} is not a JSON object", source=src)
         for r, rs in enumerate(_field(doc, RESOURCE_KEYS)):
             for s, ss in enumerate(_field(rs, SCOPE_KEYS) if isinstance(rs, dict) else []):
-                for k, span in enumerate(ss.get("spans") or [] if isinstance(ss, dict) else []):
+                for k, span in enumerate(_field(ss, ("spans",)) if isinstance(ss, dict) else []):
                     n += 1
                     if n > MAX_SPANS:
                         raise InputError(f"over {MAX_SPANS:,} spans", source=src)
@@ -196,7 +219,7 @@ def _json(v: Any, where: str, what: str) -> Any:
 
 def _indexed(attrs: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
     """Flattened lists (`prefix.{i}.rest` = value) as a list of {rest: value}, by index."""
-    pattern = re.compile(re.escape(prefix) + r"\.(\d+)\.(.+)$")
+    pattern = re.compile(re.escape(prefix) + r"\.(\d{1,9})\.(.+)$")  # an index past 10^9 is no list's
     items: dict[int, dict[str, Any]] = {}
     for k, v in attrs.items():
         m = pattern.match(k)
