@@ -229,3 +229,22 @@ def test_a_session_whose_directory_name_is_not_utf8_exports(tmp_path):
         )
         assert r.returncode == 0, r.stderr
         assert "caf\ufffd" in r.stdout.decode()
+
+
+def test_a_negative_count_from_the_server_neither_stops_nor_doubles_the_metrics(tmp_path):
+    """The live metrics observe each turn as `metrics_text` does: a server's `cache_n: -5` raised in the
+    counter's increment (after the request was counted, so the proxy counted it again as unanalysed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tokendiff.app.pair import PromptOptions
+    from tokendiff.app.telemetry import session_trace
+    from tokendiff.report.metrics import metrics_text
+
+    session = _capture(tmp_path, "s", [_same, HOSTILE["a negative cached count"], HOSTILE["a negative prefill time"]])
+    text = metrics_text([session_trace(PromptOptions(), str(session))]).decode()
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    records = [json.loads(line) for line in (session / "capture.jsonl").read_text().splitlines()]
+    assert samples["tokendiff_requests_total"] == 3
+    cached = [r["response"]["timings"]["cache_n"] for r in records]
+    assert cached[1] == -5 and samples["tokendiff_server_cached_tokens_total"] == cached[0] + cached[2]
+    assert samples["tokendiff_prefill_seconds_count"] == 2  # the negative prefill is no timing
