@@ -248,3 +248,17 @@ def test_a_negative_count_from_the_server_neither_stops_nor_doubles_the_metrics(
     cached = [r["response"]["timings"]["cache_n"] for r in records]
     assert cached[1] == -5 and samples["tokendiff_server_cached_tokens_total"] == cached[0] + cached[2]
     assert samples["tokendiff_prefill_seconds_count"] == 2  # the negative prefill is no timing
+
+
+def test_the_report_states_no_negative_count_or_time_of_the_server(tmp_path):
+    """`cache_n: -5` was "the server reused -5 tokens, fewer than the 1,260 predicted", a negative
+    `prompt_ms` negative seconds wasted (in the turn and the session's total), a negative TTFT a TTFT."""
+    edits = [_same, HOSTILE["a negative cached count"], HOSTILE["a negative prefill time"]]
+    session = _capture(tmp_path, "s", [*edits, HOSTILE["a negative TTFT, no prefill time"]])
+    r = run("report", session, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    turns = doc["turns"]
+    assert turns[1]["reported_cached"] is None and "-5" not in turns[1]["note"]
+    assert turns[2]["prefill_ms"] is None and turns[3]["ttft_ms"] is None
+    assert doc["summary"]["wasted_seconds"] >= 0 and all((t["wasted_seconds"] or 0) >= 0 for t in turns)
