@@ -5,13 +5,14 @@ with the official protos, read by `report`, `diff` and the TUI's loader like a H
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
 from helpers import run_cli as run
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from otlp_protos import to_otlp_json
+from otlp_protos import parse_otlp_json, to_otlp_json
 
 from tokendiff.app.pair import PromptOptions
 from tokendiff.app.session import open_session
@@ -304,3 +305,17 @@ def test_a_batch_exported_twice_is_read_once(tmp_path):
         sp["spanId"] = "aaaaaaaaaaaaaaaa"
     path.write_text(json.dumps(same_ids))
     assert len(read_otlp(path)) == 4
+
+
+@pytest.mark.parametrize("framing", ["bare", "length-prefixed"])
+def test_an_otlp_protobuf_export_is_named_as_one(tmp_path, framing):
+    """An OTLP/protobuf file (an OTLP/HTTP body, or the Collector's file exporter with `format: proto`, which
+    writes a 4-byte length before each message) was "a slot file" to `report`, "not a llama.cpp slot" to `diff`."""
+    body = parse_otlp_json(json.dumps(export(genai, turns=2))).SerializeToString()
+    path = tmp_path / ("traces.pb" if framing == "bare" else "traces")
+    path.write_bytes(body if framing == "bare" else struct.pack(">I", len(body)) + body)
+    words = "an OTLP/protobuf trace export: tokendiff reads OTLP/JSON"
+    for args in (("report", path), ("diff", f"{path}@1", f"{path}@2"), ("diff", path, path)):
+        r = run(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"tokendiff: {path}: {words}"), r.stderr

@@ -41,6 +41,26 @@ def is_otlp_head(head: bytes) -> bool:
     return head.startswith(b"{") and any(f'"{k}"'.encode() in head[:4096] for k in RESOURCE_KEYS)
 
 
+def is_otlp_protobuf_head(head: bytes) -> bool:
+    """The first bytes of an OTLP/protobuf trace export (an ExportTraceServiceRequest or TracesData: its
+    first resource_spans, field 1), bare or behind the 4-byte big-endian length that the Collector's file
+    exporter writes before each message with `format: proto`: a file tokendiff cannot read, and says so."""
+    return _resource_spans_head(head) or (len(head) > 4 and head[:4] != b"\0\0\0\0" and _resource_spans_head(head[4:]))
+
+
+def _resource_spans_head(b: bytes) -> bool:
+    """Field 1 as a length-delimited message whose own first field is a ResourceSpans' (1, 2 or 3, length-delimited)."""
+    if len(b) < 3 or b[0] != 0x0A:
+        return False
+    i, n = 1, 0
+    while i < min(len(b), 6):  # the length: a varint of up to 5 bytes
+        n |= (b[i] & 0x7F) << (7 * (i - 1))
+        i += 1
+        if not b[i - 1] & 0x80:
+            return n > 0 and i < len(b) and b[i] in (0x0A, 0x12, 0x1A)
+    return False
+
+
 def read_otlp(path: Path, warn: Callable[[str], None] | None = None) -> list[CaptureRecord]:
     return list(iter_otlp(path, warn))
 
