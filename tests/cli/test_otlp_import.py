@@ -319,3 +319,30 @@ def test_an_otlp_protobuf_export_is_named_as_one(tmp_path, framing):
         r = run(*args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
         assert r.stderr.startswith(f"tokendiff: {path}: {words}"), r.stderr
+
+
+def _snake(v):
+    """An OTLP/JSON document with the protos' own field names (json_format's preserving_proto_field_name)."""
+    import re
+
+    if isinstance(v, dict):
+        return {re.sub(r"(?<=[a-z])(?=[A-Z])", "_", k).lower(): _snake(x) for k, x in v.items()}
+    return [_snake(x) for x in v] if isinstance(v, list) else v
+
+
+def test_proto_field_names_and_a_byte_order_mark_are_read(tmp_path):
+    """With the protos' field names (`start_time_unix_nano`) the spans' times were not read: the turns came in
+    file order (an export lists them newest first), so the session ran backwards. A byte order mark before
+    the JSON was 'malformed JSON'."""
+    expected = [r.request["messages"] for r in read_otlp(_written(tmp_path / "camel.json", export(genai)))]
+    snake = _written(tmp_path / "snake.json", _snake(export(genai)))
+    assert '"start_time_unix_nano"' in snake.read_text()
+    assert [r.request["messages"] for r in read_otlp(snake)] == expected
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(export(genai)).encode())
+    assert [r.request["messages"] for r in read_otlp(bom)] == expected
+
+
+def _written(path, doc: dict):
+    path.write_text(json.dumps(doc))
+    return path

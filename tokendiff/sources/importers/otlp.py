@@ -136,7 +136,9 @@ def _as_record(fields: dict[str, Any]) -> CaptureRecord:
 
 
 def _documents(raw: bytes, src: str) -> Iterator[Any]:
-    """The export requests of the file: one JSON document, or one per line."""
+    """The export requests of the file: one JSON document, or one per line (a byte order mark, as Windows
+    tools write one, before them)."""
+    raw = raw.removeprefix(b"\xef\xbb\xbf")
     try:
         yield orjson.loads(raw)
         return
@@ -465,7 +467,8 @@ def span_record(span: Mapping[str, Any], where: str) -> dict[str, Any] | None:
     check_depth(request, where)
     rec: dict[str, Any] = {"source": "otlp", "endpoint": "/v1/chat/completions", "request": request}
     rec["response"] = {"usage": _usage(attrs, where)}
-    start, end = _nanos(span.get("startTimeUnixNano")), _nanos(span.get("endTimeUnixNano"))
+    start = _nanos(span.get("startTimeUnixNano", span.get("start_time_unix_nano")))
+    end = _nanos(span.get("endTimeUnixNano", span.get("end_time_unix_nano")))
     if start is not None:
         rec["start"] = start / 1e9
         if end is not None and end >= start:
