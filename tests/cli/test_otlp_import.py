@@ -346,3 +346,33 @@ def test_proto_field_names_and_a_byte_order_mark_are_read(tmp_path):
 def _written(path, doc: dict):
     path.write_text(json.dumps(doc))
     return path
+
+
+def _as_event(doc: dict, name: str, keys: set[str]) -> dict:
+    """The spans' attributes named in `keys` moved into a span event `name`, as tracers that record content
+    as span events write them."""
+    for sp in _spans_of(doc):
+        moved = [a for a in sp["attributes"] if a["key"] in keys]
+        sp["attributes"] = [a for a in sp["attributes"] if a["key"] not in keys]
+        if moved:
+            sp["events"] = [{"timeUnixNano": sp["startTimeUnixNano"], "name": name, "attributes": moved}]
+    return doc
+
+
+def test_messages_recorded_as_span_events_are_read(tmp_path):
+    """The GenAI conventions' content event (`gen_ai.client.inference.operation.details`), and 1.26-1.27's
+    `gen_ai.content.prompt` event with `gen_ai.prompt` (the messages as JSON), were "none of its spans
+    carries input messages"."""
+    expected = [r.request["messages"] for r in read_otlp(_written(tmp_path / "attrs.json", export(genai)))]
+    keys = {"gen_ai.input.messages", "gen_ai.system_instructions", "gen_ai.tool.definitions"}
+    details = _as_event(export(genai), "gen_ai.client.inference.operation.details", keys)
+    assert [r.request["messages"] for r in read_otlp(_written(tmp_path / "details.json", details))] == expected
+
+    def old(msgs: list[dict]) -> dict:
+        return {"gen_ai.system": "openai", "gen_ai.request.model": "qwen3", "gen_ai.prompt": json.dumps(msgs)}
+
+    path = _written(tmp_path / "old.json", _as_event(export(old), "gen_ai.content.prompt", {"gen_ai.prompt"}))
+    assert [r.request["messages"] for r in read_otlp(path)] == conversation()
+    r = run("report", path, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["turns"] == 4

@@ -365,8 +365,9 @@ def _openllmetry_messages(attrs: Mapping[str, Any]) -> list[dict[str, Any]] | No
 
 
 def _document_messages(attrs: Mapping[str, Any], where: str) -> tuple[list[dict[str, Any]], list[Any]] | None:
-    """Langfuse's observation input, else OpenInference's input.value: the messages, or a request body."""
-    for key in ("langfuse.observation.input", "input.value"):
+    """Langfuse's observation input, else OpenInference's input.value, else the GenAI conventions' 1.26-1.27
+    `gen_ai.prompt`: the messages, or a request body (JSON)."""
+    for key in ("langfuse.observation.input", "input.value", "gen_ai.prompt"):
         raw = attrs.get(key)
         if raw is None:
             continue
@@ -445,9 +446,23 @@ def _nanos(v: Any) -> int | None:
     return n if 0 < n < 1 << 63 else None
 
 
+CONTENT_EVENTS = ("gen_ai.client.inference.operation.details", "gen_ai.content.prompt")
+
+
+def _with_content_events(span: Mapping[str, Any], attrs: dict[str, Any], where: str) -> dict[str, Any]:
+    """The span's attributes, and those of its content events where the span lacks them: the GenAI
+    conventions' details event (`gen_ai.input.messages` ...), and 1.26-1.27's `gen_ai.content.prompt`
+    (`gen_ai.prompt`: the messages as JSON), as tracers that record content as span events write them."""
+    events = span.get("events")
+    for ev in events if isinstance(events, list) else []:
+        if isinstance(ev, dict) and ev.get("name") in CONTENT_EVENTS:
+            attrs = attribute_values(ev, where) | attrs
+    return attrs
+
+
 def span_record(span: Mapping[str, Any], where: str) -> dict[str, Any] | None:
     """A span with input messages as a capture-style record; None for a span without them."""
-    attrs = attribute_values(span, where)
+    attrs = _with_content_events(span, attribute_values(span, where), where)
     tools: list[Any] = []
     msgs = _genai_messages(attrs, where) or _openinference_messages(attrs) or _openllmetry_messages(attrs)
     if msgs is None:
