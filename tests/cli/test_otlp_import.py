@@ -185,7 +185,10 @@ def test_report_finds_the_break_in_an_imported_trace(tmp_path):
 
 def test_the_session_opens_as_the_tui_opens_it(tmp_path):
     path = tmp_path / "genai.jsonl"  # the Collector's file exporter: a request per line
-    path.write_text("\n".join(json.dumps(export(genai, turns=n)) for n in (2,)) + "\n" + json.dumps(export(genai, 4)))
+    first = export(genai, turns=2)
+    for span in first["resourceSpans"][0]["scopeSpans"][0]["spans"]:  # another agent's trace at the same times
+        span["traceId"] = "f" * 32
+    path.write_text(json.dumps(first) + "\n" + json.dumps(export(genai, 4)))
     loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
     assert len(loaded.session.turns) == 6  # the two documents' spans, in start order (ties kept)
     p = loaded.prompts[0]
