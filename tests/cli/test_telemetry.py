@@ -262,3 +262,17 @@ def test_the_report_states_no_negative_count_or_time_of_the_server(tmp_path):
     assert turns[1]["reported_cached"] is None and "-5" not in turns[1]["note"]
     assert turns[2]["prefill_ms"] is None and turns[3]["ttft_ms"] is None
     assert doc["summary"]["wasted_seconds"] >= 0 and all((t["wasted_seconds"] or 0) >= 0 for t in turns)
+
+
+def test_a_turn_that_generated_nothing_says_zero_output_tokens(tmp_path):
+    """A prefill-only request (max_tokens 0: an agent warming the cache) generated 0 tokens: the span had
+    no `gen_ai.usage.output_tokens` at all (0 read as no count)."""
+
+    def nothing(rec: dict) -> None:
+        rec["response"]["usage"]["completion_tokens"] = 0
+
+    session = _capture(tmp_path, "s", [_same, nothing])
+    r = run("report", session, "--format", "otlp")
+    assert r.returncode == 0, r.stderr
+    spans = spans_of(parse_otlp_json(r.stdout))
+    assert attrs(spans[1])["gen_ai.usage.output_tokens"] == 0 and attrs(spans[0])["gen_ai.usage.output_tokens"] == 8

@@ -162,10 +162,15 @@ def record_context(rec: CaptureRecord) -> TurnContext:
         endpoint=_str(rec.endpoint) or "",
         server=_str(server.get("kind"), 64) or "",
         input_tokens=prompt,
-        output_tokens=_int(usage.get("completion_tokens")) or _int(usage.get("output_tokens")),
+        output_tokens=_first_count(usage.get("completion_tokens"), usage.get("output_tokens")),
         cache_creation=created,
         conversation=conversation_id(req) or _conversation(rec.extra.get("conversation")),
     )
+
+
+def _first_count(*values: Any) -> int | None:
+    """The first of `values` that is a count (a 0 is one: a prefill-only request generates nothing)."""
+    return next((n for n in map(_int, values) if n is not None), None)
 
 
 def _conversation(v: Any) -> str | None:
