@@ -379,3 +379,19 @@ def test_messages_recorded_as_span_events_are_read(tmp_path):
     r = run("report", path, "--format", "json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["summary"]["turns"] == 4
+
+
+def test_a_last_line_the_file_exporter_is_still_writing_is_skipped(tmp_path):
+    """`report traces.jsonl` while the Collector's file exporter runs: its last request may be half
+    written (no newline yet). That was "malformed JSON" for the whole file; a line cut short before
+    another one still is."""
+    whole = json.dumps(export(genai, turns=4))
+    path = tmp_path / "traces.jsonl"
+    path.write_text(whole + "\n" + json.dumps(export(genai, turns=2))[:700])
+    r = run("report", path, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["turns"] == 4
+    assert f"tokendiff: warning: {path}: line 2: torn last line (700 bytes, still being written?) skipped" in r.stderr
+    path.write_text(whole[:700] + "\n" + whole + "\n")
+    r = run("report", path)
+    assert r.returncode == 2 and f"{path}: line 1: malformed JSON" in r.stderr

@@ -68,7 +68,7 @@ def read_otlp(path: Path, warn: Callable[[str], None] | None = None) -> list[Cap
 def iter_otlp(path: Path, warn: Callable[[str], None] | None = None) -> Iterator[CaptureRecord]:
     """Capture records for the spans of an OTLP/JSON file that carry input messages, in start order."""
     src = str(path)
-    spans = list(_spans(_documents(read_bounded(path, MAX_BYTES, "OTLP file"), src), src))
+    spans = list(_spans(_documents(read_bounded(path, MAX_BYTES, "OTLP file"), src, warn), src))
     records = []
     skipped = 0
     seen: set[tuple[Any, ...]] = set()
@@ -135,9 +135,10 @@ def _as_record(fields: dict[str, Any]) -> CaptureRecord:
     return rec
 
 
-def _documents(raw: bytes, src: str) -> Iterator[Any]:
+def _documents(raw: bytes, src: str, warn: Callable[[str], None] | None = None) -> Iterator[Any]:
     """The export requests of the file: one JSON document, or one per line (a byte order mark, as Windows
-    tools write one, before them)."""
+    tools write one, before them). A last line that stops short with no newline after it is a request the
+    Collector's file exporter is still writing (the file is read while it runs): skipped, with a warning."""
     raw = raw.removeprefix(b"\xef\xbb\xbf")
     try:
         yield orjson.loads(raw)
@@ -146,12 +147,19 @@ def _documents(raw: bytes, src: str) -> Iterator[Any]:
         first_error = e
     if b"\n" not in raw.strip():
         raise InputError(f"malformed JSON: {first_error}", source=src)
-    for n, line in enumerate(raw.splitlines(), 1):
+    lines = raw.splitlines()
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             yield orjson.loads(line)
         except orjson.JSONDecodeError as e:
+            if n == len(lines) and not raw.endswith(b"\n") and e.pos >= len(line.rstrip()):
+                if warn:
+                    warn(
+                        f"{one_line(src)}: line {n}: torn last line ({len(line):,} bytes, still being written?) skipped"
+                    )
+                return
             raise InputError(f"line {n}: malformed JSON: {e}", source=src) from None
 
 
