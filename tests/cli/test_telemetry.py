@@ -276,3 +276,29 @@ def test_a_turn_that_generated_nothing_says_zero_output_tokens(tmp_path):
     assert r.returncode == 0, r.stderr
     spans = spans_of(parse_otlp_json(r.stdout))
     assert attrs(spans[1])["gen_ai.usage.output_tokens"] == 0 and attrs(spans[0])["gen_ai.usage.output_tokens"] == 8
+
+
+def test_a_request_holding_half_a_character_costs_its_turn_only(tmp_path):
+    """A JavaScript agent that cuts a string in the middle of an emoji sends JSON's `\\ud83d` alone (a lone
+    surrogate: valid JSON, not Unicode). The proxy records the body as sent; rendering it gave the
+    tokenizer a str it refuses, and every report format was an internal error ("TextInputSequence must be
+    str"). llama-server refuses such a request (400: "surrogate U+D800..U+DBFF must be followed by ..."), so
+    the turn is left out, said once, and the others are analysed."""
+    from tokendiff.sources.capture import SCHEMA, prepare_request
+
+    msgs = json.dumps([{"role": "system", "content": "You are an agent. " * 40}, {"role": "user", "content": "hi"}])
+    cut = msgs.replace('"hi"', '"see the \\ud83d"')
+    lines = []
+    for seq, body in enumerate((msgs, cut, msgs), 1):
+        fields = prepare_request(f'{{"model": "m", "messages": {body}}}'.encode()).fields
+        rec = {"schema": SCHEMA, "seq": seq, "ts": 1795990325.0 + seq, "source": "proxy", **fields}
+        lines.append(json.dumps({**rec, "endpoint": "/v1/chat/completions", "response": {"status": 200}}))
+    session = tmp_path / "s"
+    session.mkdir()
+    (session / "capture.jsonl").write_text("\n".join(lines) + "\n")
+    for fmt in ("md", "json", "otlp", "trace"):
+        r = run("report", session, "--format", fmt)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("lone surrogate") == 1 and "the turn is left out of the analysis" in r.stderr
+    spans = spans_of(parse_otlp_json(run("report", session, "--format", "otlp").stdout))
+    assert len(spans) == 2
