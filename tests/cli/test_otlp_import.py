@@ -5,13 +5,14 @@ with the official protos, read by `report`, `diff` and the TUI's loader like a H
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
 from helpers import run_cli as run
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from otlp_protos import to_otlp_json
+from otlp_protos import parse_otlp_json, to_otlp_json
 
 from tokendiff.app.pair import PromptOptions
 from tokendiff.app.session import open_session
@@ -184,7 +185,10 @@ def test_report_finds_the_break_in_an_imported_trace(tmp_path):
 
 def test_the_session_opens_as_the_tui_opens_it(tmp_path):
     path = tmp_path / "genai.jsonl"  # the Collector's file exporter: a request per line
-    path.write_text("\n".join(json.dumps(export(genai, turns=n)) for n in (2,)) + "\n" + json.dumps(export(genai, 4)))
+    first = export(genai, turns=2)
+    for span in first["resourceSpans"][0]["scopeSpans"][0]["spans"]:  # another agent's trace at the same times
+        span["traceId"] = "f" * 32
+    path.write_text(json.dumps(first) + "\n" + json.dumps(export(genai, 4)))
     loaded = open_session(PromptOptions(), [str(path)], single_turns=False, workers=1)
     assert len(loaded.session.turns) == 6  # the two documents' spans, in start order (ties kept)
     p = loaded.prompts[0]
@@ -255,3 +259,139 @@ def test_implausible_token_counts_are_ignored(tmp_path):
         for fmt in ("json", "trace", "otlp"):
             r = run("report", path, "--format", fmt)
             assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def _spans_of(doc: dict) -> list[dict]:
+    return doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+
+
+@pytest.mark.parametrize("spans", [5, True, "spans", {"a": 1}])
+def test_spans_that_are_not_a_list_are_no_spans(tmp_path, spans):
+    """`"spans": 5` was an internal error (TypeError: 'int' object is not iterable)."""
+    doc = export(genai, turns=2, noise=False)
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"] = spans
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    r = run("report", path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == f"tokendiff: {path}: not an OTLP/JSON trace export (no resourceSpans with spans)"
+
+
+def test_a_flattened_index_of_thousands_of_digits_is_no_index(tmp_path):
+    """`llm.input_messages.<5,000 digits>.message.role` was an internal error (Python refuses to convert
+    an integer of over 4,300 digits): such a key is not a list's item, the span's others are read."""
+    doc = export(openinference, turns=3, noise=False)
+    _spans_of(doc)[0]["attributes"].append(
+        {"key": "llm.input_messages." + "9" * 5000 + ".message.role", "value": {"stringValue": "user"}}
+    )
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    r = run("report", path, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["turns"] == 3
+
+
+def test_a_batch_exported_twice_is_read_once(tmp_path):
+    """An exporter that retries a batch the collector had already written leaves the same spans twice in
+    the file exporter's JSON Lines: each turn was read twice (8 turns of a 4-turn session)."""
+    doc = json.dumps(export(genai, turns=4))
+    path = tmp_path / "t.jsonl"
+    path.write_text(doc + "\n" + doc + "\n")
+    assert len(read_otlp(path)) == 4
+    r = run("report", path, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["turns"] == 4
+    assert "8 spans repeated (the same trace, span ID and times: a batch exported twice), read once" in r.stderr
+    # spans that only share IDs (another time) are other turns: nothing is dropped on a malformed ID alone
+    same_ids = export(genai, turns=4, noise=False)
+    for sp in _spans_of(same_ids):
+        sp["spanId"] = "aaaaaaaaaaaaaaaa"
+    path.write_text(json.dumps(same_ids))
+    assert len(read_otlp(path)) == 4
+
+
+@pytest.mark.parametrize("framing", ["bare", "length-prefixed"])
+def test_an_otlp_protobuf_export_is_named_as_one(tmp_path, framing):
+    """An OTLP/protobuf file (an OTLP/HTTP body, or the Collector's file exporter with `format: proto`, which
+    writes a 4-byte length before each message) was "a slot file" to `report`, "not a llama.cpp slot" to `diff`."""
+    body = parse_otlp_json(json.dumps(export(genai, turns=2))).SerializeToString()
+    path = tmp_path / ("traces.pb" if framing == "bare" else "traces")
+    path.write_bytes(body if framing == "bare" else struct.pack(">I", len(body)) + body)
+    words = "an OTLP/protobuf trace export: tokendiff reads OTLP/JSON"
+    for args in (("report", path), ("diff", f"{path}@1", f"{path}@2"), ("diff", path, path)):
+        r = run(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"tokendiff: {path}: {words}"), r.stderr
+
+
+def _snake(v):
+    """An OTLP/JSON document with the protos' own field names (json_format's preserving_proto_field_name)."""
+    import re
+
+    if isinstance(v, dict):
+        return {re.sub(r"(?<=[a-z])(?=[A-Z])", "_", k).lower(): _snake(x) for k, x in v.items()}
+    return [_snake(x) for x in v] if isinstance(v, list) else v
+
+
+def test_proto_field_names_and_a_byte_order_mark_are_read(tmp_path):
+    """With the protos' field names (`start_time_unix_nano`) the spans' times were not read: the turns came in
+    file order (an export lists them newest first), so the session ran backwards. A byte order mark before
+    the JSON was 'malformed JSON'."""
+    expected = [r.request["messages"] for r in read_otlp(_written(tmp_path / "camel.json", export(genai)))]
+    snake = _written(tmp_path / "snake.json", _snake(export(genai)))
+    assert '"start_time_unix_nano"' in snake.read_text()
+    assert [r.request["messages"] for r in read_otlp(snake)] == expected
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(export(genai)).encode())
+    assert [r.request["messages"] for r in read_otlp(bom)] == expected
+
+
+def _written(path, doc: dict):
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _as_event(doc: dict, name: str, keys: set[str]) -> dict:
+    """The spans' attributes named in `keys` moved into a span event `name`, as tracers that record content
+    as span events write them."""
+    for sp in _spans_of(doc):
+        moved = [a for a in sp["attributes"] if a["key"] in keys]
+        sp["attributes"] = [a for a in sp["attributes"] if a["key"] not in keys]
+        if moved:
+            sp["events"] = [{"timeUnixNano": sp["startTimeUnixNano"], "name": name, "attributes": moved}]
+    return doc
+
+
+def test_messages_recorded_as_span_events_are_read(tmp_path):
+    """The GenAI conventions' content event (`gen_ai.client.inference.operation.details`), and 1.26-1.27's
+    `gen_ai.content.prompt` event with `gen_ai.prompt` (the messages as JSON), were "none of its spans
+    carries input messages"."""
+    expected = [r.request["messages"] for r in read_otlp(_written(tmp_path / "attrs.json", export(genai)))]
+    keys = {"gen_ai.input.messages", "gen_ai.system_instructions", "gen_ai.tool.definitions"}
+    details = _as_event(export(genai), "gen_ai.client.inference.operation.details", keys)
+    assert [r.request["messages"] for r in read_otlp(_written(tmp_path / "details.json", details))] == expected
+
+    def old(msgs: list[dict]) -> dict:
+        return {"gen_ai.system": "openai", "gen_ai.request.model": "qwen3", "gen_ai.prompt": json.dumps(msgs)}
+
+    path = _written(tmp_path / "old.json", _as_event(export(old), "gen_ai.content.prompt", {"gen_ai.prompt"}))
+    assert [r.request["messages"] for r in read_otlp(path)] == conversation()
+    r = run("report", path, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["turns"] == 4
+
+
+def test_a_last_line_the_file_exporter_is_still_writing_is_skipped(tmp_path):
+    """`report traces.jsonl` while the Collector's file exporter runs: its last request may be half
+    written (no newline yet). That was "malformed JSON" for the whole file; a line cut short before
+    another one still is."""
+    whole = json.dumps(export(genai, turns=4))
+    path = tmp_path / "traces.jsonl"
+    path.write_text(whole + "\n" + json.dumps(export(genai, turns=2))[:700])
+    r = run("report", path, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["turns"] == 4
+    assert f"tokendiff: warning: {path}: line 2: torn last line (700 bytes, still being written?) skipped" in r.stderr
+    path.write_text(whole[:700] + "\n" + whole + "\n")
+    r = run("report", path)
+    assert r.returncode == 2 and f"{path}: line 1: malformed JSON" in r.stderr

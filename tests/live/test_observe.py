@@ -377,3 +377,22 @@ def test_sessions_past_the_label_bound_are_still_analysed_apart(server, tmp_path
     assert total(samples, "tokendiff_cache_breaks_total") == 0 and total(samples, "tokendiff_wasted_tokens_total") == 0
     assert len({sp.trace_id for sp in spans}) == n  # a trace per conversation, labelled or not
     assert {attrs(sp)["tokendiff.session"] for sp in spans} == {f"agent-{k}" for k in range(n)}
+
+
+def test_a_collector_url_with_credentials_is_never_shown_whole():
+    """`--otlp https://user:password@collector/v1/traces?api_key=...` printed the password and the key in
+    "traces to ..." and in every warning about dropped spans."""
+    from tokendiff.notices import set_sink
+
+    said: list[str] = []
+    previous = set_sink(lambda _kind, message: said.append(message))
+    try:
+        url = f"http://agent:hunter2hunter2@127.0.0.1:{free_port()}/v1/traces?api_key=abcdef0123456789"
+        sender = OtlpSender(url, lambda spans: b"{}", retries=0).start()
+        sender.submit([{}])
+        sender.close()
+    finally:
+        set_sink(previous)
+    assert sender.stats.dropped == 1 and said
+    for text in (sender.shown, *said):
+        assert "hunter2" not in text and "abcdef0123456789" not in text and "127.0.0.1" in text

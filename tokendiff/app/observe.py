@@ -275,7 +275,7 @@ class _Work:
         if self.server is not None:
             lines.append(f"metrics at http://{self.server.address}/metrics")
         if self.sender is not None:
-            lines.append(f"traces to {self.sender.url}")
+            lines.append(f"traces to {self.sender.shown}")
         if self.kv is not None:
             lines.append(f"vLLM KV-cache events from {self.kv.endpoint} into {self.kv.out}")
         return lines

@@ -17,7 +17,7 @@ import orjson
 from tokendiff.app.fleet import turn_times
 from tokendiff.app.session import Progress, apply_prefill_rate, open_session
 from tokendiff.errors import InputError
-from tokendiff.report.telemetry import SessionTrace, TurnContext, record_context
+from tokendiff.report.telemetry import SessionTrace, TurnContext, record_context, valid_text
 from tokendiff.sources.loader import file_kind, session_source
 
 if TYPE_CHECKING:
@@ -82,7 +82,8 @@ def session_trace(
     loaded = open_session(opts, [path], progress, single_turns=False)
     apply_prefill_rate(loaded.session, prefill_rate)
     contexts = turn_contexts(path, opts.order, len(loaded.session.turns))
-    return SessionTrace(label=path, session=loaded.session, contexts=contexts, redact=redact)
+    label = valid_text(path)  # a directory's name need not be UTF-8: the documents hold U+FFFD in its place
+    return SessionTrace(label=label, session=loaded.session, contexts=contexts, redact=redact)
 
 
 def telemetry_report(

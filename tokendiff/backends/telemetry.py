@@ -20,7 +20,8 @@ import httpx
 import orjson
 from prometheus_client import start_http_server
 
-from tokendiff.backends.urls import check_url, is_loopback_host
+from tokendiff.backends.urls import check_url, is_loopback_host, shown_url
+from tokendiff.core.secrets import mask
 from tokendiff.errors import InputError, one_line
 from tokendiff.notices import warn
 
@@ -110,6 +111,7 @@ class OtlpSender:
         on_drop: Callable[[int, str], None] | None = None,
     ):
         self.url = traces_url(url)
+        self.shown = mask(shown_url(self.url))  # as messages print it: a password or an api_key in it hidden
         self.render, self.batch, self.interval, self.timeout, self.retries = render, batch, interval, timeout, retries
         self.on_drop = on_drop
         self.stats = SenderStats()
@@ -219,6 +221,6 @@ class OtlpSender:
     def _drop(self, n: int, reason: str) -> None:
         self.stats.dropped += n
         self.stats.last_error = reason
-        warn(f"OTLP export to {self.url}: spans dropped: {reason}", kind="otlp export")
+        warn(mask(f"OTLP export to {self.shown}: spans dropped: {reason}"), kind="otlp export")
         if self.on_drop is not None:
             self.on_drop(n, reason.split(":")[0])

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokendiff.core.cost import Session, Turn
 from tokendiff.core.kinds import Backend
+from tokendiff.core.secrets import mask
 from tokendiff.report.redact import redacted_path
 from tokendiff.report.session import cause_title
 
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 CHAT_PATHS = ("/chat/completions", "/messages", "/api/chat", "/responses")
 COMPLETION_PATHS = ("/completions", "/completion", "/api/generate")
 NOMINAL_MS = 1.0  # a turn with no timing at all still gets a visible width
+MAX_NS = (1 << 63) - 1  # the latest time a document holds: OTLP's readers and Perfetto keep nanoseconds in 64 bits
+MAX_COUNT = 1 << 53  # a token count beyond this is no count (OTLP's int64, and JSON's exact integers)
+MAX_NAME_SCAN = 1 << 16  # characters of a name searched for credentials (a name is cut far shorter after)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +49,7 @@ class TurnContext:
 
 
 def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_COUNT else None
 
 
 def _num(v: Any) -> float | None:
@@ -53,10 +57,23 @@ def _num(v: Any) -> float | None:
     return float(v) if ok else None
 
 
+def _when(seconds: float | None) -> float | None:
+    """A time since the epoch that the documents can hold (from 1970 to 2262), else None: a record's
+    absurd clock would make the whole OTLP request one a collector refuses."""
+    return seconds if seconds is not None and 0 <= seconds <= MAX_NS / 1e9 else None
+
+
+def timing_ms(v: Any) -> float | None:
+    """A duration in ms as a record or the server states it: finite, not negative, within MAX_NS; else None."""
+    ms = _num(v)
+    return ms if ms is not None and ms * 1e6 <= MAX_NS else None
+
+
 def _str(v: Any, limit: int = 256) -> str | None:
-    """A name from a request or answer, cut, as valid UTF-8: JSON's `\\ud800` is a lone surrogate,
-    which no exporter can encode (a label or a span holding one would fail every scrape or batch)."""
-    return valid_text(v[:limit]) if isinstance(v, str) and v else None
+    """A name from a request or answer, cut, as valid UTF-8 and with any credential masked: JSON's
+    `\\ud800` is a lone surrogate, which no exporter can encode (a label or a span holding one would fail
+    every scrape or batch), and a key pasted as a model or user name must not leave in a span or label."""
+    return valid_text(mask(v[:MAX_NAME_SCAN])[:limit]) if isinstance(v, str) and v else None
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads pairs a valid pair: any left is lone
@@ -74,18 +91,29 @@ def conversation_id(request: Any) -> str | None:
         return None
     meta = request.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
+    conv = request.get("conversation")
+    if isinstance(conv, Mapping):
+        conv = conv.get("id")
     for v in (
         meta.get("session_id"),
         meta.get("conversation_id"),
         request.get("prompt_cache_key"),
         meta.get("user_id"),
+        conv,
+        request.get("user"),
     ):
-        if _str(v):
-            return _str(v, 128)
-    conv = request.get("conversation")
-    if isinstance(conv, Mapping):
-        conv = conv.get("id")
-    return _str(conv, 128) or _str(request.get("user"), 128)
+        if isinstance(v, str) and v:
+            return _session_name(v)
+    return None
+
+
+def _session_name(v: str) -> str:
+    """A session's name, masked: one that held a credential gets a short hash of what it was in its place
+    (two agents whose ids are both keys stay two sessions, and neither key is written)."""
+    name = _str(v, 128) or ""
+    if name != valid_text(v[:128]):
+        name = f"{name[:108]} #{hashlib.sha256(v.encode(errors='replace')).hexdigest()[:12]}"
+    return name
 
 
 def record_context(rec: CaptureRecord) -> TurnContext:
@@ -93,17 +121,19 @@ def record_context(rec: CaptureRecord) -> TurnContext:
     `ts` is written as the answer ends, so without `started` the start is `ts` less `total_ms`."""
     from datetime import UTC, datetime
 
-    total = _num(rec.total_ms)
-    ts = _num(rec.ts)
+    total = timing_ms(rec.total_ms)
+    ts = _when(_num(rec.ts))
     start = None
     if isinstance(rec.started, str):
         try:
             when = datetime.fromisoformat(rec.started)
-            start = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
-        except ValueError:
+            start = _when((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp())
+        except (ValueError, OverflowError):
             pass
     if start is None and ts is not None:
-        start = ts - (total or 0.0) / 1000
+        start = _when(ts - (total or 0.0) / 1000)
+        if start is None:  # a duration longer than the time since 1970: the end is known, not the length
+            start, total = ts, None
     req = rec.request if rec.has_request else None
     req = req if isinstance(req, Mapping) else {}
     resp: Mapping[str, Any] = rec.response if isinstance(rec.response, Mapping) else {}
@@ -132,10 +162,19 @@ def record_context(rec: CaptureRecord) -> TurnContext:
         endpoint=_str(rec.endpoint) or "",
         server=_str(server.get("kind"), 64) or "",
         input_tokens=prompt,
-        output_tokens=_int(usage.get("completion_tokens")) or _int(usage.get("output_tokens")),
+        output_tokens=_first_count(usage.get("completion_tokens"), usage.get("output_tokens")),
         cache_creation=created,
-        conversation=conversation_id(req) or _str(rec.extra.get("conversation"), 128),
+        conversation=conversation_id(req) or _conversation(rec.extra.get("conversation")),
     )
+
+
+def _first_count(*values: Any) -> int | None:
+    """The first of `values` that is a count (a 0 is one: a prefill-only request generates nothing)."""
+    return next((n for n in map(_int, values) if n is not None), None)
+
+
+def _conversation(v: Any) -> str | None:
+    return _session_name(v) if isinstance(v, str) and v else None
 
 
 def operation(endpoint: str) -> str:
@@ -217,13 +256,17 @@ def turn_views(s: Session, contexts: Sequence[TurnContext], redact: bool = False
 
 def turn_view(s: Session, t: Turn, ctx: TurnContext, after_ns: int = 0, redact: bool = False) -> TurnView:
     """One turn with its context: it starts when its record says, else at `after_ns`; it lasts its
-    record's duration, else its prefill, else its TTFT, else 1 ms."""
-    start_ns = int(ctx.start * 1e9) if ctx.start is not None else after_ns
-    prefill_ms, measured = _prefill_ms(t, s)
-    total_ms = ctx.duration_ms if ctx.duration_ms is not None else max(prefill_ms, t.ttft_ms or 0.0)
+    record's duration, else its prefill, else its TTFT, else 1 ms. The server's numbers are taken only
+    where they can be true (no negative count or time): a hostile answer must not make the span's
+    document one its reader refuses, nor a counter go down."""
+    start_ns = min(int(ctx.start * 1e9), MAX_NS) if ctx.start is not None else after_ns
+    ttft_ms, reported_ms = timing_ms(t.ttft_ms), timing_ms(t.reported_prompt_ms)
+    prefill_ms, measured = _prefill_ms(t, s, reported_ms, ttft_ms)
+    total_ms = ctx.duration_ms if ctx.duration_ms is not None else max(prefill_ms, ttft_ms or 0.0)
     total_ms = max(total_ms, prefill_ms, NOMINAL_MS)
-    end_ns = start_ns + int(total_ms * 1e6)
+    end_ns = min(start_ns + int(total_ms * 1e6), MAX_NS)
     path = redacted_path(t.path) if redact else t.path
+    wasted_s = t.wasted_seconds
     return TurnView(
         turn=t.turn,
         start_ns=start_ns,
@@ -235,28 +278,29 @@ def turn_view(s: Session, t: Turn, ctx: TurnContext, after_ns: int = 0, redact: 
         recomputed=t.recompute,
         new_tokens=t.new_tokens,
         wasted=t.wasted,
-        wasted_seconds=t.wasted_seconds,
+        wasted_seconds=wasted_s if wasted_s is not None and 0 <= wasted_s < 1e15 else None,
         seconds_estimated=t.seconds_estimated,
-        reported_cached=t.reported_cached,
+        reported_cached=_int(t.reported_cached),
         lcp=t.lcp,
         cause=t.cause,
         cause_title=cause_title(t) if t.cause else "",
         section=path.label if t.cause else "",
         field_path=(t.path.field_path or "") if t.cause else "",
-        ttft_ms=t.ttft_ms,
-        prefill_ms=t.reported_prompt_ms,
+        ttft_ms=ttft_ms,
+        prefill_ms=reported_ms,
         note=t.note,
         context=ctx,
     )
 
 
-def _prefill_ms(t: Turn, s: Session) -> tuple[float, bool]:
+def _prefill_ms(t: Turn, s: Session, reported_ms: float | None, ttft_ms: float | None) -> tuple[float, bool]:
     """(the turn's prefill in ms, measured): the server's timing, else the TTFT (prefill and one token),
     else the recomputed tokens at the session's speed, else a nominal width."""
-    if t.reported_prompt_ms is not None:
-        return t.reported_prompt_ms, True
-    if t.ttft_ms is not None:
-        return t.ttft_ms, True
-    if s.ms_per_token:
-        return t.recompute * s.ms_per_token, False
+    if reported_ms is not None:
+        return reported_ms, True
+    if ttft_ms is not None:
+        return ttft_ms, True
+    estimate = timing_ms(t.recompute * s.ms_per_token) if s.ms_per_token else None
+    if estimate is not None:
+        return estimate, False
     return NOMINAL_MS, False

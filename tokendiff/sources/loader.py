@@ -146,7 +146,20 @@ def file_kind(p: Path) -> str:
             raise InputError(f"not a tokendiff capture: {_first_line_is(head, raw)}", source=str(p))
         if suffix == ".json":
             raise InputError(f"not a request body or HAR file: {_first_line_is(head, raw)}", source=str(p))
+    _refuse_otlp_protobuf(p)
     return "slot"  # let the slot reader say what is wrong with it
+
+
+def _refuse_otlp_protobuf(p: Path) -> None:
+    """An OTLP/protobuf export is an error naming what it is (it was called a slot file)."""
+    from tokendiff.sources.importers.otlp import is_otlp_protobuf_head
+
+    if is_otlp_protobuf_head(safeio.head(p, 16)):
+        raise InputError(
+            "an OTLP/protobuf trace export: tokendiff reads OTLP/JSON (the Collector's file exporter with "
+            "format: json, or a /v1/traces body sent as JSON)",
+            source=str(p),
+        )
 
 
 def _first_line_is(head: bytes, raw: bytes) -> str:

@@ -378,12 +378,24 @@ def _windowed_encoder(tk: Tokenizer) -> Callable[[str, bool], list[int]]:
     segments = None if prepends else SegmentEncoder.for_tokenizer(tk, whole)
 
     def encode(text: str, add: bool) -> list[int]:
-        if add:
-            ids: list[int] = tk.encode(text, add_special_tokens=True).ids
-            return ids
-        return segments.encode(text) if segments is not None else whole(text)
+        try:
+            if add:
+                ids: list[int] = tk.encode(text, add_special_tokens=True).ids
+                return ids
+            return segments.encode(text) if segments is not None else whole(text)
+        except TypeError:  # the tokenizer takes only valid Unicode: "TextInputSequence must be str"
+            if _LONE_SURROGATE.search(text) is None:
+                raise
+            raise InputError(LONE_SURROGATE) from None
 
     return encode
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # what is left in a str after a valid pair was joined
+LONE_SURROGATE = (
+    "the prompt holds a lone surrogate (JSON's \\ud83d: half a character, as a JavaScript string cut in the "
+    "middle of an emoji), which no tokenizer encodes (llama-server refuses such a request)"
+)
 
 
 Encoder = Callable[[str], list[int]]  # text -> IDs, no special tokens added

@@ -41,6 +41,26 @@ def is_otlp_head(head: bytes) -> bool:
     return head.startswith(b"{") and any(f'"{k}"'.encode() in head[:4096] for k in RESOURCE_KEYS)
 
 
+def is_otlp_protobuf_head(head: bytes) -> bool:
+    """The first bytes of an OTLP/protobuf trace export (an ExportTraceServiceRequest or TracesData: its
+    first resource_spans, field 1), bare or behind the 4-byte big-endian length that the Collector's file
+    exporter writes before each message with `format: proto`: a file tokendiff cannot read, and says so."""
+    return _resource_spans_head(head) or (len(head) > 4 and head[:4] != b"\0\0\0\0" and _resource_spans_head(head[4:]))
+
+
+def _resource_spans_head(b: bytes) -> bool:
+    """Field 1 as a length-delimited message whose own first field is a ResourceSpans' (1, 2 or 3, length-delimited)."""
+    if len(b) < 3 or b[0] != 0x0A:
+        return False
+    i, n = 1, 0
+    while i < min(len(b), 6):  # the length: a varint of up to 5 bytes
+        n |= (b[i] & 0x7F) << (7 * (i - 1))
+        i += 1
+        if not b[i - 1] & 0x80:
+            return n > 0 and i < len(b) and b[i] in (0x0A, 0x12, 0x1A)
+    return False
+
+
 def read_otlp(path: Path, warn: Callable[[str], None] | None = None) -> list[CaptureRecord]:
     return list(iter_otlp(path, warn))
 
@@ -48,10 +68,18 @@ def read_otlp(path: Path, warn: Callable[[str], None] | None = None) -> list[Cap
 def iter_otlp(path: Path, warn: Callable[[str], None] | None = None) -> Iterator[CaptureRecord]:
     """Capture records for the spans of an OTLP/JSON file that carry input messages, in start order."""
     src = str(path)
-    spans = list(_spans(_documents(read_bounded(path, MAX_BYTES, "OTLP file"), src), src))
+    spans = list(_spans(_documents(read_bounded(path, MAX_BYTES, "OTLP file"), src, warn), src))
     records = []
     skipped = 0
+    seen: set[tuple[Any, ...]] = set()
+    repeated = 0
     for i, (span, where) in enumerate(spans):
+        key = _identity(span)
+        if key is not None and key in seen:
+            repeated += 1
+            continue
+        if key is not None:
+            seen.add(key)
         rec = span_record(span, where)
         if rec is None:
             skipped += 1
@@ -67,10 +95,25 @@ def iter_otlp(path: Path, warn: Callable[[str], None] | None = None) -> Iterator
         )
     if not spans:
         raise InputError("not an OTLP/JSON trace export (no resourceSpans with spans)", source=src)
+    if repeated and warn:
+        warn(
+            f"{one_line(src)}: {repeated:,} spans repeated (the same trace, span ID and times: a batch exported "
+            "twice), read once"
+        )
     conversations = {r["conversation"] for r in records if r.get("conversation")}
     if len(conversations) > 1 and warn:
         warn(f"{one_line(src)}: spans of {len(conversations)} conversations, read as one session in start order")
     yield from map(_as_record, records)
+
+
+def _identity(span: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What makes a span the same one sent again (an exporter retrying a batch the collector had written):
+    its trace and span IDs with its times and name; None for a span without IDs."""
+    ids = (span.get("traceId", span.get("trace_id")), span.get("spanId", span.get("span_id")))
+    if not all(isinstance(v, str) and v for v in ids):
+        return None
+    rest = (span.get("startTimeUnixNano"), span.get("endTimeUnixNano"), span.get("name"))
+    return (*ids, *(v if isinstance(v, (str, int)) else None for v in rest))
 
 
 def _as_record(fields: dict[str, Any]) -> CaptureRecord:
@@ -92,8 +135,11 @@ def _as_record(fields: dict[str, Any]) -> CaptureRecord:
     return rec
 
 
-def _documents(raw: bytes, src: str) -> Iterator[Any]:
-    """The export requests of the file: one JSON document, or one per line."""
+def _documents(raw: bytes, src: str, warn: Callable[[str], None] | None = None) -> Iterator[Any]:
+    """The export requests of the file: one JSON document, or one per line (a byte order mark, as Windows
+    tools write one, before them). A last line that stops short with no newline after it is a request the
+    Collector's file exporter is still writing (the file is read while it runs): skipped, with a warning."""
+    raw = raw.removeprefix(b"\xef\xbb\xbf")
     try:
         yield orjson.loads(raw)
         return
@@ -101,12 +147,19 @@ def _documents(raw: bytes, src: str) -> Iterator[Any]:
         first_error = e
     if b"\n" not in raw.strip():
         raise InputError(f"malformed JSON: {first_error}", source=src)
-    for n, line in enumerate(raw.splitlines(), 1):
+    lines = raw.splitlines()
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             yield orjson.loads(line)
         except orjson.JSONDecodeError as e:
+            if n == len(lines) and not raw.endswith(b"\n") and e.pos >= len(line.rstrip()):
+                if warn:
+                    warn(
+                        f"{one_line(src)}: line {n}: torn last line ({len(line):,} bytes, still being written?) skipped"
+                    )
+                return
             raise InputError(f"line {n}: malformed JSON: {e}", source=src) from None
 
 
@@ -125,7 +178,7 @@ def _spans(docs: Iterator[Any], src: str) -> Iterator[tuple[dict[str, Any], str]
             raise InputError(f"document {d + 1} is not a JSON object", source=src)
         for r, rs in enumerate(_field(doc, RESOURCE_KEYS)):
             for s, ss in enumerate(_field(rs, SCOPE_KEYS) if isinstance(rs, dict) else []):
-                for k, span in enumerate(ss.get("spans") or [] if isinstance(ss, dict) else []):
+                for k, span in enumerate(_field(ss, ("spans",)) if isinstance(ss, dict) else []):
                     n += 1
                     if n > MAX_SPANS:
                         raise InputError(f"over {MAX_SPANS:,} spans", source=src)
@@ -196,7 +249,7 @@ def _json(v: Any, where: str, what: str) -> Any:
 
 def _indexed(attrs: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
     """Flattened lists (`prefix.{i}.rest` = value) as a list of {rest: value}, by index."""
-    pattern = re.compile(re.escape(prefix) + r"\.(\d+)\.(.+)$")
+    pattern = re.compile(re.escape(prefix) + r"\.(\d{1,9})\.(.+)$")  # an index past 10^9 is no list's
     items: dict[int, dict[str, Any]] = {}
     for k, v in attrs.items():
         m = pattern.match(k)
@@ -320,8 +373,9 @@ def _openllmetry_messages(attrs: Mapping[str, Any]) -> list[dict[str, Any]] | No
 
 
 def _document_messages(attrs: Mapping[str, Any], where: str) -> tuple[list[dict[str, Any]], list[Any]] | None:
-    """Langfuse's observation input, else OpenInference's input.value: the messages, or a request body."""
-    for key in ("langfuse.observation.input", "input.value"):
+    """Langfuse's observation input, else OpenInference's input.value, else the GenAI conventions' 1.26-1.27
+    `gen_ai.prompt`: the messages, or a request body (JSON)."""
+    for key in ("langfuse.observation.input", "input.value", "gen_ai.prompt"):
         raw = attrs.get(key)
         if raw is None:
             continue
@@ -400,9 +454,23 @@ def _nanos(v: Any) -> int | None:
     return n if 0 < n < 1 << 63 else None
 
 
+CONTENT_EVENTS = ("gen_ai.client.inference.operation.details", "gen_ai.content.prompt")
+
+
+def _with_content_events(span: Mapping[str, Any], attrs: dict[str, Any], where: str) -> dict[str, Any]:
+    """The span's attributes, and those of its content events where the span lacks them: the GenAI
+    conventions' details event (`gen_ai.input.messages` ...), and 1.26-1.27's `gen_ai.content.prompt`
+    (`gen_ai.prompt`: the messages as JSON), as tracers that record content as span events write them."""
+    events = span.get("events")
+    for ev in events if isinstance(events, list) else []:
+        if isinstance(ev, dict) and ev.get("name") in CONTENT_EVENTS:
+            attrs = attribute_values(ev, where) | attrs
+    return attrs
+
+
 def span_record(span: Mapping[str, Any], where: str) -> dict[str, Any] | None:
     """A span with input messages as a capture-style record; None for a span without them."""
-    attrs = attribute_values(span, where)
+    attrs = _with_content_events(span, attribute_values(span, where), where)
     tools: list[Any] = []
     msgs = _genai_messages(attrs, where) or _openinference_messages(attrs) or _openllmetry_messages(attrs)
     if msgs is None:
@@ -422,7 +490,8 @@ def span_record(span: Mapping[str, Any], where: str) -> dict[str, Any] | None:
     check_depth(request, where)
     rec: dict[str, Any] = {"source": "otlp", "endpoint": "/v1/chat/completions", "request": request}
     rec["response"] = {"usage": _usage(attrs, where)}
-    start, end = _nanos(span.get("startTimeUnixNano")), _nanos(span.get("endTimeUnixNano"))
+    start = _nanos(span.get("startTimeUnixNano", span.get("start_time_unix_nano")))
+    end = _nanos(span.get("endTimeUnixNano", span.get("end_time_unix_nano")))
     if start is not None:
         rec["start"] = start / 1e9
         if end is not None and end >= start:
