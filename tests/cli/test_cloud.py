@@ -586,3 +586,84 @@ def test_the_providers_diagnosis_is_shown_beside_the_verdict_and_disagreement_sa
         + [(openai_body("k", i1, "gpt-5.6-terra"), openai_usage(2000, 1800, gone), 5.0)],
     )
     assert turns[1].provider_reason == "comparison_response_not_found" and turns[1].agrees is None
+
+
+# ---------------------------------------------------------------- odd answers: errors, bodies that cannot be read
+
+
+def test_an_error_answer_is_not_a_turn_the_cache_saw(tmp_path):
+    """Anthropic answers 529 `overloaded_error` twice (no usage: nothing read or written) and the client
+    retries: the errors are shown as such, not as hits of an estimated prompt, and the retry, which read all
+    turn 1 wrote, is a hit with nothing wasted (it was called beyond the lookback, 303 tokens wasted)."""
+    m1, m2 = [user(200, "u1")], [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    session = [
+        (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
+        (anthropic_body(SONNET, m2), {**overloaded, "status": 529}, 60.0),
+        (anthropic_body(SONNET, m2), {**overloaded, "status": 529}, 62.0),
+        (anthropic_body(SONNET, m2), anthropic_usage(2900, 300, 3), 65.0),
+    ]
+    turns = run(Provider.ANTHROPIC, session)
+    assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.FAILED, CloudCause.FAILED, CloudCause.HIT]
+    assert turns[1].detail == "the provider answered an error (overloaded_error, status 529): nothing read or written"
+    assert turns[1].prompt == 0 and turns[1].read is None and sum(t.waste for t in turns) == 0
+    # the idle gap runs from the last answer that used the cache: 5 min 1 s after turn 1, the entry is gone
+    late = run(
+        Provider.ANTHROPIC, [session[0], (*session[1][:2], 200.0), (session[3][0], anthropic_usage(0, 3200, 3), 301.0)]
+    )
+    assert late[2].cause == CloudCause.EXPIRED and late[2].idle_s == 301.0
+    from cloud_shapes import har_of
+
+    har = har_of(session, "https://api.anthropic.com/v1/messages")
+    for entry in har["log"]["entries"][1:3]:
+        entry["response"]["status"] = 529
+    (tmp_path / "s.har").write_text(__import__("json").dumps(har))
+    from tokendiff.app.cloud import cloud_section
+    from tokendiff.report.cloud import cloud_document, cloud_markdown
+
+    report = cloud_section(str(tmp_path / "s.har"))
+    assert report is not None and report.wasted_tokens == 0 and report.wasted_cost == 0
+    md = cloud_markdown(cloud_document(report))
+    assert "| 2 | the provider answered an error | — | — | — | 0 | $0.0000 |" in "\n".join(md)
+
+
+def write_cloud_capture(path, turns: list[tuple[dict, dict | None, float]], upstream: str):
+    """A capture as `tokendiff proxy --upstream URL` writes it: one record a request, with its answer."""
+    import json
+
+    lines = []
+    for seq, (body, resp, t) in enumerate(turns, 1):
+        rec = {"schema": "tokendiff.capture/1", "seq": seq, "ts": 1_790_000_000 + t, "source": "proxy"}
+        rec |= {"endpoint": "/v1/messages", "request": body, "server": {"upstream": upstream}}
+        rec |= {"response": {"status": 200, **resp}} if resp is not None else {"upstream_error": "connection reset"}
+        lines.append(json.dumps(rec))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_turn_whose_body_is_lost_is_left_out_of_the_cloud_section_only(tmp_path):
+    """A capture whose turn 2 body blob is missing (or was not stored, over the cap): the report warns and
+    leaves that turn out, and the cloud section still judges the others (it failed the whole report, exit
+    2), turn 3's waste counted from what turn 2's answer says it cached (3,200, not turn 1's 2,900); an
+    upstream that could not be reached is an error answer."""
+    import json
+
+    from helpers import run_cli
+
+    session = [*tool_edit_session(), (tool_edit_session()[2][0], None, 130.0)]
+    cap = write_cloud_capture(tmp_path / "capture.jsonl", session, "https://api.anthropic.com")
+    lines = cap.read_text().splitlines()
+    rec = json.loads(lines[1])
+    del rec["request"]
+    rec["request_body"] = {"bytes": 5000, "sha256": "ab" * 32, "blob": "blobs/" + "ab" * 32}
+    cap.write_text("\n".join([lines[0], json.dumps(rec), *lines[2:]]) + "\n")
+    r = run_cli("report", cap, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert "line 2: request body blobs/" in r.stderr and "left out of the analysis" in r.stderr
+    turns = json.loads(r.stdout)["cloud"]["turns"]
+    assert [(t["turn"], t["cause"], t["waste"]) for t in turns] == [
+        (1, "cloud_cold", 0),
+        (3, "cloud_content", 3200),
+        (4, "cloud_failed", 0),
+    ]
+    assert turns[2]["detail"] == "the provider answered an error: nothing read or written"

@@ -67,10 +67,16 @@ def cloud_report(
         ts = _time(rec)
         if ts is not None:
             first, last = (ts if first is None else min(first, ts)), (ts if last is None else max(last, ts))
-        body = rec.request
+        try:
+            body = rec.request
+        except InputError:  # a body not stored, or its blob lost: that turn only (the session's report says so)
+            if model is not None:
+                model.unread(cloud_request(provider, {}, rec.response, ts))
+            continue
         if not isinstance(body, Mapping):
             continue
-        req = cloud_request(provider, body, rec.response, ts)
+        unreached = {"error": rec.upstream_error} if rec.response is None and rec.upstream_error else None
+        req = cloud_request(provider, body, unreached or rec.response, ts)
         last_model = req.model or last_model
         if model is None:  # the session's first model picks the tokenizer
             model, counts = cloud_model(provider, req.model)

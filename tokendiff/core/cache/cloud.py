@@ -185,6 +185,7 @@ class CloudRequest:
     breakpoints: bool = False  # OpenAI from GPT-5.6: entries at the blocks' breakpoints, as Anthropic's
     cached_content: str | None = None  # Gemini: the explicit cache the request names (`cachedContent`)
     creates: ExplicitCache | None = None  # Gemini: the request made this cached content (`POST cachedContents`)
+    failed: str | None = None  # the error the provider answered instead of counting the prompt (`overloaded_error`)
 
 
 @dataclass
@@ -244,6 +245,8 @@ class CloudModel:
         t = req.t if req.t is not None else (self._last_t or 0.0)
         if req.creates is not None:  # not a turn of the conversation: it makes the cache the next ones name
             return self._created(req, cum)
+        if req.failed is not None:  # the cache did not see it: the next turn is judged against the one before
+            return self._refused(req)
         rules = {
             Provider.ANTHROPIC: self._anthropic,
             Provider.OPENAI: self._at_openai_breakpoints if req.breakpoints else self._implicit,
@@ -257,6 +260,13 @@ class CloudModel:
         self._prev, self._prev_cum, self._last_t = req, cum, t
         self._prev_extent = _reported_extent(req, extent)
         return turn
+
+    def unread(self, req: CloudRequest) -> None:
+        """A turn whose body cannot be read (not stored, its blob lost): not judged, but what its answer
+        says it left cached is what the next turn can waste, from its time on."""
+        if self._prev is not None and req.failed is None:
+            self._prev_extent = _reported_extent(req, self._prev_extent)
+            self._last_t = req.t if req.t is not None else self._last_t
 
     # ------------------------------------------------------------ the rules
 
@@ -358,6 +368,14 @@ class CloudModel:
         self._explicit[c.name] = _Entry(c.expires, tokens)
         made = f"{c.name} created: {tokens:,} tokens stored for {_duration(c.expires - (req.t or 0.0))}"
         turn = CloudTurn(len(self.turns) + 1, CloudCause.COLD, tokens, None, tokens, 0, detail=made)
+        turn.estimated = not self.exact_counts
+        self.turns.append(turn)
+        return turn
+
+    def _refused(self, req: CloudRequest) -> CloudTurn:
+        """An error answer without counts: nothing read, written or refreshed (the idle gap runs on)."""
+        detail = f"the provider answered {req.failed}: nothing read or written"
+        turn = CloudTurn(len(self.turns) + 1, CloudCause.FAILED, req.usage.prompt or 0, None, None, 0, detail=detail)
         turn.estimated = not self.exact_counts
         self.turns.append(turn)
         return turn
@@ -739,7 +757,27 @@ def cloud_request(
         breakpoints=breakpoints,
         cached_content=cached if isinstance(cached, str) and cached else None,
         creates=gemini_cache_made(body, resp, t) if provider == Provider.GEMINI else None,
+        failed=failure(resp),
     )
+
+
+ERROR_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+
+
+def failure(response: Mapping[str, Any]) -> str | None:
+    """What an answer that counted nothing failed with, e.g. `an error (overloaded_error, status 529)`;
+    None for an answer that counted its prompt (an error after a stream's first event still did)."""
+    u = usage_of(response)
+    if u.prompt is not None or u.cached is not None or u.written is not None:
+        return None
+    status, err = response.get("status"), response.get("error")
+    bad = status if isinstance(status, int) and not isinstance(status, bool) and status >= 400 else None
+    if bad is None and err is None:
+        return None
+    names = [err.get(k) for k in ("type", "code", "status")] if isinstance(err, Mapping) else []
+    name = next((n for n in names if isinstance(n, str) and ERROR_NAME.fullmatch(n)), None)
+    said = ", ".join(x for x in (name, None if bad is None else f"status {bad}") if x)
+    return f"an error ({said})" if said else "an error"
 
 
 def openai_breakpoint_regime(model: str) -> bool:
