@@ -667,3 +667,24 @@ def test_a_turn_whose_body_is_lost_is_left_out_of_the_cloud_section_only(tmp_pat
         (4, "cloud_failed", 0),
     ]
     assert turns[2]["detail"] == "the provider answered an error: nothing read or written"
+
+
+def test_the_html_report_has_the_providers_cache_and_hostile_text_stays_in_its_cell(tmp_path):
+    """`report --format html` of a session sent to Anthropic shows the provider's section as the markdown
+    does (it had none: the money was missing); a provider's reason holding `|` and a newline stays in its
+    markdown cell, escaped in HTML."""
+    from helpers import run_cli
+
+    session = tool_edit_session()
+    body, resp, t = session[2]
+    odd = {"cache_miss_reason": {"type": "tools|changed\n## <b>x</b>"}}
+    session[2] = (body, {**resp, "diagnostics": odd}, t)
+    har = write_har(tmp_path / "claude.har", session, "https://api.anthropic.com/v1/messages")
+    html = run_cli("report", har, "--format", "html").stdout
+    assert "<h2>The provider&#x27;s cache (anthropic, claude-sonnet-4-6)</h2>" in html
+    assert "<td>content changed before the cached prefix&#x27;s end</td><td class=n>3,200</td>" in html
+    assert f"<td class=n>${3200 * (3.75 - 0.30) / 1e6:,.4f}</td>" in html
+    assert "tools|changed\n## &lt;b&gt;x&lt;/b&gt;</td>" in html and "<b>x</b>" not in html
+    md = run_cli("report", har).stdout
+    [row] = [line for line in md.splitlines() if line.startswith("| 3 | content changed")]
+    assert row.endswith("| tools\\|changed ## <b>x</b> |")
