@@ -688,3 +688,26 @@ def test_the_html_report_has_the_providers_cache_and_hostile_text_stays_in_its_c
     md = run_cli("report", har).stdout
     [row] = [line for line in md.splitlines() if line.startswith("| 3 | content changed")]
     assert row.endswith("| tools\\|changed ## <b>x</b> |")
+
+
+def test_gemini_through_its_openai_compatible_endpoint():
+    """Gemini's OpenAI compatibility (ai.google.dev/gemini-api/docs/openai: `.../v1beta/openai/chat/completions`,
+    chat messages in, `usage.prompt_tokens_details.cached_tokens` out) is judged on its messages: each turn
+    had been read as no blocks at all, "the prefix (0 tokens) is below the minimum" on every turn."""
+    doc, q1, q2 = text(5000, "manual"), text(40, "q1"), text(40, "q2")
+
+    def chat(messages: list[str], prompt: int, cached: int) -> tuple[dict, dict]:
+        body = {"model": "gemini-2.5-flash", "messages": [{"role": "user", "content": m} for m in messages]}
+        usage = {"prompt_tokens": prompt, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": cached}}
+        return body, {"object": "chat.completion", "model": "gemini-2.5-flash", "usage": usage}
+
+    turns = run(
+        Provider.GEMINI,
+        [
+            (*chat([doc, q1], 5040, 0), 0.0),
+            (*chat([doc, q1, q2], 5080, 5040), 30.0),
+            (*chat(["Revised. " + doc, q1, q2], 5083, 0), 60.0),
+        ],
+    )
+    assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
+    assert turns[2].field == "messages[0]" and turns[2].waste == 5080

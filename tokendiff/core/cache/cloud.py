@@ -736,7 +736,8 @@ def cloud_request(
         Provider.ANTHROPIC: anthropic_blocks,
         Provider.OPENAI: openai_blocks,
         Provider.DEEPSEEK: openai_blocks,
-        Provider.GEMINI: gemini_blocks,
+        # Gemini's own generateContent; its OpenAI-compatible endpoint takes chat messages
+        Provider.GEMINI: gemini_blocks if "contents" in body or "messages" not in body else openai_blocks,
     }[provider](body)
     resp: Mapping[str, Any] = response if isinstance(response, Mapping) else {}
     model = str(body.get("model") or resp.get("model") or resp.get("modelVersion") or "").removeprefix("models/")
