@@ -711,3 +711,29 @@ def test_gemini_through_its_openai_compatible_endpoint():
     )
     assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
     assert turns[2].field == "messages[0]" and turns[2].waste == 5080
+
+
+@pytest.mark.parametrize(
+    ("key", "before", "after"),
+    [
+        ("thinking", {"type": "enabled", "budget_tokens": 4000}, {"type": "enabled", "budget_tokens": 16000}),
+        ("tool_choice", None, {"type": "any"}),
+    ],
+)
+def test_anthropic_thinking_or_tool_choice_change_loses_the_messages_entries(key, before, after):
+    """The prompt-caching page's "What invalidates the cache": a change of the thinking parameters or of
+    tool_choice keeps the tools and system entries and loses the messages' (2,700 read, the rest written
+    again). It was `cloud_lookback` ("add a breakpoint"), the setting not being part of the prefix."""
+    m1, m2 = [user(200, "u1")], [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+    b1 = anthropic_body(SONNET, m1) | ({key: before} if before else {})
+    diag = {"cache_miss_reason": {"type": "messages_changed"}}
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (b1, anthropic_usage(0, 2900, 3), 0.0),
+            (anthropic_body(SONNET, m2) | {key: after}, anthropic_usage(2700, 500, 3, diag), 30.0),
+        ],
+    )
+    assert turns[1].cause == CloudCause.CONTENT and turns[1].field == key and turns[1].waste == 200
+    assert turns[1].predicted == pytest.approx(2700, abs=40)  # the system entry (positions estimated)
+    assert turns[1].provider_reason == "messages_changed" and turns[1].agrees is True

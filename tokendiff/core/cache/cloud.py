@@ -245,8 +245,8 @@ class CloudModel:
         t = req.t if req.t is not None else (self._last_t or 0.0)
         if req.creates is not None:  # not a turn of the conversation: it makes the cache the next ones name
             return self._created(req, cum)
-        if req.failed is not None:  # the cache did not see it: the next turn is judged against the one before
-            return self._refused(req)
+        if req.failed is not None and not self._gone(req, t):  # the cache did not see it: the next turn is
+            return self._refused(req)  # judged against the one before
         rules = {
             Provider.ANTHROPIC: self._anthropic,
             Provider.OPENAI: self._at_openai_breakpoints if req.breakpoints else self._implicit,
@@ -371,6 +371,12 @@ class CloudModel:
         turn.estimated = not self.exact_counts
         self.turns.append(turn)
         return turn
+
+    def _gone(self, req: CloudRequest, t: float) -> bool:
+        """Whether the cached content a request names had expired: Gemini refuses it (403, not found), and
+        the verdict is that expiry."""
+        c = self._explicit.get(req.cached_content) if req.cached_content else None
+        return c is not None and t > c.expires
 
     def _refused(self, req: CloudRequest) -> CloudTurn:
         """An error answer without counts: nothing read, written or refreshed (the idle gap runs on)."""
@@ -625,7 +631,8 @@ def _compare_diagnostics(turn: CloudTurn, req: CloudRequest) -> None:
         turn.provider_reason = kind
         cause, section = ANTHROPIC_REASONS.get(kind, (None, ""))
         if cause is not None:
-            turn.agrees = cause == turn.cause and (not section or turn.field.startswith(section))
+            field = "messages" if turn.field in MESSAGES_SETTINGS else turn.field  # they invalidate the messages
+            turn.agrees = cause == turn.cause and (not section or field.startswith(section))
     elif req.provider == Provider.OPENAI:
         kind = diag.get("type")
         if kind == "cache_hit":
@@ -663,8 +670,14 @@ def _ttl(block: Any) -> str | None:
     return ttl if ttl in TTL else "5m"
 
 
+# settings whose change keeps the tools and system entries but not the messages' (the prompt-caching page's
+# "What invalidates the cache"): they sit between the system prompt and the messages
+MESSAGES_SETTINGS = ("tool_choice", "thinking")
+
+
 def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
-    """tools -> system -> messages, one block per tool, system block and content block."""
+    """tools -> system -> messages, one block per tool, system block and content block (and the settings
+    whose change invalidates the messages' entries, before them)."""
     out: list[Block] = []
     for j, tool in enumerate(body.get("tools") or []):
         out.append(Block(f"tools[{j}]", _canon(tool), _ttl(tool)))
@@ -673,6 +686,7 @@ def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
         out.append(Block("system", system))
     elif isinstance(system, list):
         out += [Block(f"system[{k}]", _canon(b), _ttl(b)) for k, b in enumerate(system)]
+    out += [Block(key, _canon(body[key])) for key in MESSAGES_SETTINGS if body.get(key) is not None]
     for i, m in enumerate(body.get("messages") or []):
         content = m.get("content") if isinstance(m, dict) else None
         role = m.get("role") if isinstance(m, dict) else None
