@@ -737,3 +737,27 @@ def test_anthropic_thinking_or_tool_choice_change_loses_the_messages_entries(key
     assert turns[1].cause == CloudCause.CONTENT and turns[1].field == key and turns[1].waste == 200
     assert turns[1].predicted == pytest.approx(2700, abs=40)  # the system entry (positions estimated)
     assert turns[1].provider_reason == "messages_changed" and turns[1].agrees is True
+
+
+def test_anthropic_one_hour_and_five_minute_entries_rewritten_are_priced_each_at_its_premium(tmp_path):
+    """The system prompt cached for 1 hour, the messages for 5 minutes (1-hour entries come first); a tool
+    edit writes both again: 2,700 tokens at the 1-hour premium (2x), 200 at the 5-minute one (1.25x). All
+    2,900 were priced at 2x when any 1-hour write was in the answer."""
+    m1, m2 = [user(200, "u1")], [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+
+    def body(messages: list, tool_doc: str = "Read a file.") -> dict:
+        out = anthropic_body(SONNET, messages, tool_doc=tool_doc)
+        out["system"][0]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+        return out
+
+    def usage(five: int, hour: int) -> dict:
+        out = anthropic_usage(0, five + hour, 3)
+        out["usage"]["cache_creation"] = {"ephemeral_5m_input_tokens": five, "ephemeral_1h_input_tokens": hour}
+        return out
+
+    session = [(body(m1), usage(200, 2700), 0.0), (body(m2, "Read any file."), usage(500, 2700), 30.0)]
+    from tokendiff.app.cloud import cloud_section
+
+    report = cloud_section(str(write_har(tmp_path / "s.har", session, "https://api.anthropic.com/v1/messages")))
+    assert report is not None and report.turns[1].turn.rewritten == 2900
+    assert report.wasted_cost == pytest.approx((2700 * (6.0 - 0.30) + 200 * (3.75 - 0.30)) / 1e6)

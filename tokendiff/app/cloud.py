@@ -83,8 +83,9 @@ def cloud_report(
         t = model.add(req)
         t.turn = k  # the session's numbering: a record without a body is a turn there too
         price = price_of(req.model, overrides)
-        one_hour = bool(req.usage.written_1h)
-        turns.append(PricedTurn(t, break_cost(price, t.waste, t.rewritten, one_hour) if price else None))
+        # 1-hour entries come before 5-minute ones: the rewritten tokens, from the read on, are those first
+        long = min(t.rewritten, req.usage.written_1h or 0)
+        turns.append(PricedTurn(t, break_cost(price, t.waste, t.rewritten, long) if price else None))
     report = CloudReport(
         provider,
         last_model,

@@ -119,12 +119,13 @@ def parse_overrides(doc: Any, source: str) -> tuple[dict[str, Price], list[str]]
     return out, warnings
 
 
-def break_cost(price: Price, waste: int, rewritten: int, one_hour: bool = False) -> float:
-    """$ a break cost: tokens written again pay the write price, the rest of the waste the input price,
-    where a hit would have paid the read price for all of them."""
+def break_cost(price: Price, waste: int, rewritten: int, rewritten_1h: int = 0) -> float:
+    """$ a break cost: tokens written again pay the write price (`rewritten_1h` of them the 1-hour one), the
+    rest of the waste the input price, where a hit would have paid the read price for all of them."""
     fresh = max(0, waste - rewritten)
-    extra = rewritten * (price.write(one_hour) - price.read) + fresh * (price.input - price.read)
-    return extra / 1e6
+    long = min(rewritten, rewritten_1h)
+    written = (rewritten - long) * (price.write() - price.read) + long * (price.write(True) - price.read)
+    return (written + fresh * (price.input - price.read)) / 1e6
 
 
 # ---------------------------------------------------------------- a session priced
