@@ -140,6 +140,8 @@ def cloud_facts_lines(doc: CloudDocument) -> list[str]:
         write = f"{p['write_5m'] or p['input']}"
         write += f" (5 min), {p['write_1h']} (1 h)" if p["write_1h"] and p["write_1h"] != p["write_5m"] else ""
         out.append(f"prices ($/MTok): input {p['input']}, cache read {p['read']}, write {write} ({p['source']})")
+    elif doc["model"]:
+        out.append(f'prices: none for {doc["model"]} (set [prices."{doc["model"]}"] in the config file)')
     return out
 
 
