@@ -56,3 +56,23 @@ def test_a_named_chat_template_still_wins(served):
     doc = json.loads(r.stdout)
     assert doc["a"]["render_mismatch"] is not None
     assert "/props" not in r.stderr
+
+
+@pytest.mark.parametrize("content", ["missing", None])
+def test_a_tool_call_message_without_content_renders_as_the_server_renders_it(served, content):
+    """OpenAI's API lets an assistant message of tool calls omit `content` (or send null), as SDKs and
+    the Responses-to-chat conversion (a `function_call` item) do; llama-server gives the template `""`.
+    The local render failed on Qwen3's template (`'dict object' has no attribute 'content'`), leaving the
+    turn out of every report of such a session."""
+    srv, tmp = served
+    call = dict(CONVERSATION[2])
+    del call["content"]
+    if content is None:
+        call["content"] = None
+    req = tmp / "req.json"
+    req.write_text(json.dumps({"model": "m", "messages": [*CONVERSATION[:2], call, *CONVERSATION[3:]], "tools": TOOLS}))
+    r = run_cli("diff", str(req), str(req), "--server", srv.url, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    side = json.loads(r.stdout)["a"]
+    assert side["ids_from"] == "llama-server /apply-template + /tokenize"
+    assert side["render_mismatch"] is None, side["render_mismatch"]
