@@ -778,3 +778,107 @@ def test_anthropic_one_hour_and_five_minute_entries_rewritten_are_priced_each_at
     report = cloud_section(str(write_har(tmp_path / "s.har", session, "https://api.anthropic.com/v1/messages")))
     assert report is not None and report.turns[1].turn.rewritten == 2900
     assert report.wasted_cost == pytest.approx((2700 * (6.0 - 0.30) + 200 * (3.75 - 0.30)) / 1e6)
+
+
+# ---------------------------------------------------------------- several conversations in one session
+
+
+def haiku_side_request(tag: str) -> dict:
+    """Claude Code's side request to Haiku (a title, a topic): no tools, a short system prompt of its own."""
+    system = [{"type": "text", "text": "Write a 5-word title for this conversation."}]
+    return {"model": "claude-haiku-4-5", "max_tokens": 512, "system": system, "messages": [user(80, tag, False)]}
+
+
+def test_side_requests_to_another_model_keep_the_main_conversations_cache():
+    """Claude Code interleaves small Haiku requests with its main Sonnet loop. Caches are per model: the
+    side request is Haiku's own (below its minimum: never cached), and the next Sonnet turn is judged
+    against the last Sonnet turn (a hit). Each was called "model changed", the side request wasting 110."""
+    m1, m2 = [user(200, "u1")], [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+    m3 = [*m2[:2], user(200, "u2", False), assistant(100, "a2"), user(200, "u3")]
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
+            (haiku_side_request("t1"), anthropic_usage(0, 0, 110), 1.0),
+            (anthropic_body(SONNET, m2), anthropic_usage(2900, 300, 3), 30.0),
+            (haiku_side_request("t2"), anthropic_usage(0, 0, 110), 31.0),
+            (anthropic_body(SONNET, m3), anthropic_usage(3200, 300, 3), 60.0),
+        ],
+    )
+    assert [t.cause for t in turns] == [
+        CloudCause.COLD,
+        CloudCause.BELOW_MINIMUM,
+        CloudCause.HIT,
+        CloudCause.HIT,
+        CloudCause.HIT,
+    ]
+    assert sum(t.waste for t in turns) == 0
+    # a model switch of the same conversation (the same tools and system) is still a model change
+    switched = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
+            (haiku_side_request("t1"), anthropic_usage(0, 0, 110), 1.0),
+            (anthropic_body("claude-opus-4-8", m2), anthropic_usage(0, 3200, 3), 20.0),
+        ],
+    )
+    assert switched[2].cause == CloudCause.MODEL_CHANGED and switched[2].waste == 2900
+
+
+def test_a_sub_agent_does_not_break_the_main_agents_cache():
+    """A sub-agent (the same model and tools, its own system prompt) runs between two main turns: the
+    main agent's next turn reads all it had cached and is judged against its own last turn (a hit). It was
+    judged against the sub-agent's, "system[0] changed", wasting 50."""
+    m1, m2 = [user(200, "u1")], [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+
+    def sub(messages: list) -> dict:
+        body = anthropic_body(SONNET, messages)
+        body["system"][0]["text"] = text(1500, "subagent")
+        return body
+
+    s2 = [user(100, "task", False), assistant(50, "r1"), user(100, "result")]
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
+            (sub([user(100, "task")]), anthropic_usage(1200, 1600, 3), 5.0),
+            (sub(s2), anthropic_usage(2800, 150, 3), 10.0),
+            (anthropic_body(SONNET, m2), anthropic_usage(2900, 300, 3), 30.0),
+        ],
+    )
+    assert turns[2].cause == turns[3].cause == CloudCause.HIT and turns[3].waste == 0
+
+
+def test_a_har_sent_to_two_providers_judges_each_by_its_own(tmp_path):
+    """A HAR (mitmproxy) of an agent that calls OpenAI and Anthropic: each request is judged by its own
+    provider's rules, against that provider's previous turn. The Anthropic request was judged by OpenAI's
+    rules as a model change wasting 1,792 tokens ($0.0062), and OpenAI's next turn, a hit, as another."""
+    import json
+
+    from cloud_shapes import har_of
+
+    from tokendiff.app.cloud import cloud_section
+
+    i1 = [{"role": "user", "content": text(300, "task")}]
+    i2 = [*i1, {"type": "function_call", "call_id": "c", "name": "shell", "arguments": "{}"}]
+    openai = har_of(
+        [
+            (openai_body("k", i1, "gpt-5.1"), openai_usage(1850, 0), 0.0),
+            (openai_body("k", i2, "gpt-5.1"), openai_usage(1880, 1792), 20.0),
+        ],
+        "https://api.openai.com/v1/responses",
+    )
+    claude = har_of(
+        [(anthropic_body(SONNET, [user(200, "u1")]), anthropic_usage(0, 2900, 3), 10.0)],
+        "https://api.anthropic.com/v1/messages",
+    )
+    openai["log"]["entries"].insert(1, claude["log"]["entries"][0])
+    (tmp_path / "both.har").write_text(json.dumps(openai))
+    report = cloud_section(str(tmp_path / "both.har"))
+    assert report is not None and report.providers == (Provider.OPENAI, Provider.ANTHROPIC)
+    assert [p.turn.cause for p in report.turns] == [CloudCause.COLD, CloudCause.COLD, CloudCause.HIT]
+    assert report.wasted_tokens == 0 and report.model == "gpt-5.1"
+    from tokendiff.report.cloud import cloud_document, cloud_markdown
+
+    md = cloud_markdown(cloud_document(report))
+    assert "## The providers' caches (openai + anthropic; most tokens to gpt-5.1)" in md

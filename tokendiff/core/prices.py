@@ -162,6 +162,7 @@ class CloudReport:
     duration_s: float | None  # first request to last
     counts: str  # how per-block tokens were counted
     by_cause: dict[str, tuple[int, float | None]] = field(default_factory=dict)  # cause -> (tokens, $)
+    providers: tuple[Provider, ...] = ()  # every provider the session was sent to, `provider` first
 
     @property
     def wasted_tokens(self) -> int:

@@ -57,6 +57,7 @@ def cloud_document(report: CloudReport) -> CloudDocument:
     price = report.price
     return {
         "provider": str(report.provider),
+        "providers": [str(p) for p in report.providers or (report.provider,)],
         "model": report.model,
         "counts": report.counts,
         "price": None
@@ -126,6 +127,9 @@ TURN_HEADER = ("turn", "verdict", "prompt", "read", "written", "wasted", "cost",
 
 
 def cloud_title(doc: CloudDocument) -> str:
+    providers = doc.get("providers") or [doc["provider"]]
+    if len(providers) > 1:
+        return f"The providers' caches ({' + '.join(providers)}; most tokens to {doc['model']})"
     return f"The provider's cache ({doc['provider']}, {doc['model']})"
 
 

@@ -224,6 +224,25 @@ class _Entry:
     tokens: int
 
 
+MAX_LANES = 8  # conversations followed at once (a main agent, its sub-agents, side requests)
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """A conversation's last request, as CloudModel judges the next one against it."""
+
+    prev: CloudRequest | None  # None: none yet
+    cum: list[int]
+    extent: int
+    last_t: float | None
+
+
+def _shared_blocks(a: CloudRequest, b: CloudRequest) -> int:
+    """How many leading blocks two requests share."""
+    d = _first_divergent(a, b)
+    return min(len(a.blocks), len(b.blocks)) if d is None else d
+
+
 @dataclass
 class CloudModel:
     """Feed requests in order with `add`; each gives its turn's verdict."""
@@ -238,6 +257,7 @@ class CloudModel:
     _entries: dict[str, _Entry] = field(default_factory=dict)  # prefix hash -> entry (Anthropic, DeepSeek)
     _explicit: dict[str, _Entry] = field(default_factory=dict)  # Gemini's cached contents, by name
     _last_t: float | None = None
+    _lanes: list[_Lane] = field(default_factory=list)  # the other conversations' last requests, latest first
 
     def add(self, req: CloudRequest) -> CloudTurn:
         cum = self._cumulative(req)
@@ -247,6 +267,7 @@ class CloudModel:
             return self._created(req, cum)
         if req.failed is not None and not self._gone(req, t):  # the cache did not see it: the next turn is
             return self._refused(req)  # judged against the one before
+        self._follow(req)
         rules = {
             Provider.ANTHROPIC: self._anthropic,
             Provider.OPENAI: self._at_openai_breakpoints if req.breakpoints else self._implicit,
@@ -260,6 +281,31 @@ class CloudModel:
         self._prev, self._prev_cum, self._last_t = req, cum, t
         self._prev_extent = _reported_extent(req, extent)
         return turn
+
+    def _follow(self, req: CloudRequest) -> None:
+        """Take up the conversation this request continues: caches are per prefix and per model, so a side
+        request (Claude Code's to Haiku, a title, a summary) or a sub-agent keeps its own, and the main
+        one's next turn is judged against the main one's last. It is the recent request sharing the most
+        leading blocks with it (whatever its model: sharing them at another model is a model change), else
+        the latest to its model; none: the request starts a conversation."""
+        lanes = [_Lane(self._prev, self._prev_cum, self._prev_extent, self._last_t)] if self._prev is not None else []
+        lanes += self._lanes
+        shared = [_shared_blocks(lane.prev, req) if lane.prev is not None else 0 for lane in lanes]
+        k: int | None = None
+        if any(shared):
+            k = max(range(len(lanes)), key=lambda i: (shared[i], -i))  # the latest of those sharing the most
+        else:
+            k = next((i for i, lane in enumerate(lanes) if lane.prev and not _model_changed(lane.prev, req)), None)
+        chosen = _Lane(None, [], 0, None) if k is None else lanes[k]
+        if k is not None and chosen.prev is not None and shared[k] >= len(chosen.prev.blocks):
+            lanes.pop(k)  # continued whole: this request is that conversation's last now (else a fork: both kept)
+        self._lanes = lanes[: MAX_LANES - 1]
+        self._prev, self._prev_cum, self._prev_extent, self._last_t = (
+            chosen.prev,
+            chosen.cum,
+            chosen.extent,
+            chosen.last_t,
+        )
 
     def unread(self, req: CloudRequest) -> None:
         """A turn whose body cannot be read (not stored, its blob lost): not judged, but what its answer
