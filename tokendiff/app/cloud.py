@@ -60,8 +60,8 @@ def cloud_report(
     records: Iterable[CaptureRecord], overrides: Mapping[str, Price] | None = None, provider: Provider | None = None
 ) -> CloudReport | None:
     """The session judged by its provider's rules, in one pass over its records (in memory: the last request
-    of each conversation followed, MAX_LANES a provider); None when it was not sent to one. `provider`: known already (else found from the records, which
-    must then be a sequence)."""
+    of each conversation followed, MAX_LANES a provider); None when it was not sent to one. `provider`: known
+    already (else found from the records, which must then be a sequence)."""
     if provider is None:
         records = list(records)
         provider = session_provider(records)
