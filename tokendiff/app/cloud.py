@@ -48,12 +48,11 @@ def session_provider(records: Iterable[CaptureRecord]) -> Provider | None:
     return None
 
 
-def record_provider(rec: CaptureRecord, session: Provider) -> Provider | None:
-    """The provider one record was sent to (a HAR may hold requests to several, and to a local server:
-    None); a record that does not say is the session's."""
+def record_provider(rec: CaptureRecord, session: Provider) -> Provider:
+    """The provider one record was sent to (a HAR may hold requests to several); a record that does not say
+    (a gateway's host, an answer without the provider's own fields) is the session's."""
     server: Mapping[str, Any] = rec.server if isinstance(rec.server, Mapping) else {}
-    p = provider_of(server.get("upstream"), None, rec.response)
-    return p if p is not None or server.get("upstream") else session
+    return provider_of(server.get("upstream"), None, rec.response) or session
 
 
 def cloud_report(
@@ -76,8 +75,6 @@ def cloud_report(
         if ts is not None:
             first, last = (ts if first is None else min(first, ts)), (ts if last is None else max(last, ts))
         at = record_provider(rec, provider)
-        if at is None:  # a request to a local server in the same HAR: not the provider's
-            continue
         try:
             body = rec.request
         except InputError:  # a body not stored, or its blob lost: that turn only (the session's report says so)
