@@ -882,3 +882,87 @@ def test_a_har_sent_to_two_providers_judges_each_by_its_own(tmp_path):
 
     md = cloud_markdown(cloud_document(report))
     assert "## The providers' caches (openai + anthropic; most tokens to gpt-5.1)" in md
+
+
+# ---------------------------------------------------------------- Gemini's own API, end to end (a HAR)
+
+
+def test_a_gemini_har_is_read_and_judged(tmp_path):
+    """A HAR of a Gemini session on its own API (ai.google.dev/api/generate-content and /caching):
+    `POST cachedContents`, then `models/...:streamGenerateContent?alt=sse` naming it (each chunk with the
+    usageMetadata so far), then a request naming none. It was refused whole ("the session holds no chat
+    requests"): Gemini's routes and `contents` were not read, nor `usageMetadata` kept from an answer."""
+    import json
+
+    from cloud_shapes import har_of
+    from helpers import run_cli
+
+    base = "https://generativelanguage.googleapis.com/v1beta"
+    cache_body, cache_resp = gemini_cache("cachedContents/abc", 1_790_000_000.0, 3600)  # har_of's clock
+    turns = [(cache_body, cache_resp, 0.0)]
+    for q, t in (("q1", 10.0), ("q2", 40.0)):
+        turns.append((*gemini_generate("cachedContents/abc", q, 5030, 5008), t))
+    turns.append((*gemini_generate(None, "q3", 5030, 0), 60.0))
+    har = har_of(turns, f"{base}/models/gemini-2.5-pro:streamGenerateContent")
+    entries = har["log"]["entries"]
+    entries[0]["request"]["url"] = f"{base}/cachedContents"
+    for entry, (_, resp, _) in zip(entries[1:], turns[1:]):
+        first = {"candidates": [{"content": {"role": "model", "parts": [{"text": "Per the manual"}]}}]}
+        chunks = [first | {"usageMetadata": {"promptTokenCount": 5030}}, resp]
+        text = "".join(f"data: {json.dumps(c)}\r\n\r\n" for c in chunks)
+        entry["response"]["content"] = {"mimeType": "text/event-stream", "text": text}
+    path = tmp_path / "gemini.har"
+    path.write_text(json.dumps(har))
+    r = run_cli("report", path, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    cloud = json.loads(r.stdout)["cloud"]
+    assert cloud["provider"] == "gemini" and cloud["model"] == "gemini-2.5-pro"
+    assert [(t["cause"], t["read"], t["waste"]) for t in cloud["turns"]] == [
+        ("cloud_cold", None, 0),
+        ("cloud_hit", 5008, 0),
+        ("cloud_hit", 5008, 0),
+        ("cloud_content", 0, 5008),
+    ]
+    assert cloud["turns"][3]["field"] == "cachedContent"
+    assert cloud["wasted_usd"] == pytest.approx(5008 * (1.25 - 0.31) / 1e6)
+
+
+def test_gemini_contents_as_chat_messages():
+    """The local analysis reads a generateContent body as chat: the system instruction, `model` turns as
+    the assistant's, function calls and responses as tool calls and tool messages, each mapped back to
+    the request's own field."""
+    from tokendiff.sources.importers.apis import Api, api_of, chat_form
+
+    body = {
+        "systemInstruction": {"parts": [{"text": "Be brief."}]},
+        "contents": [
+            {"role": "user", "parts": [{"text": "Weather?"}]},
+            {
+                "role": "model",
+                "parts": [{"text": "plan", "thought": True}, {"functionCall": {"name": "w", "args": {"q": "Rome"}}}],
+            },
+            {"role": "user", "parts": [{"functionResponse": {"name": "w", "response": {"sky": "rain"}}}]},
+        ],
+        "tools": [
+            {"functionDeclarations": [{"name": "w", "description": "weather", "parameters": {"type": "object"}}]}
+        ],
+    }
+    assert api_of(body) == Api.GEMINI
+    chat, fields = chat_form(body)
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "w", "arguments": '{"q": "Rome"}'}}],
+        },
+        {"role": "tool", "content": '{"sky": "rain"}'},
+    ]
+    assert chat["tools"] == [
+        {"type": "function", "function": {"name": "w", "description": "weather", "parameters": {"type": "object"}}}
+    ]
+    assert ("messages[3]", "contents[2].parts[0]") in fields and (
+        "tools[0]",
+        "tools[0].functionDeclarations[0]",
+    ) in fields

@@ -14,6 +14,8 @@ from typing import Any
 
 from tokendiff.core.model import Part, Rendered, SectionPath
 from tokendiff.sources.importers.anthropic import is_anthropic, to_openai_mapped
+from tokendiff.sources.importers.gemini import is_gemini
+from tokendiff.sources.importers.gemini import to_chat as gemini_chat
 from tokendiff.sources.importers.responses import FieldMap, is_responses, to_chat
 
 
@@ -23,6 +25,7 @@ class Api(StrEnum):
     CHAT = "chat"  # OpenAI chat completions (and every server's OpenAI-compatible route)
     RESPONSES = "responses"  # OpenAI Responses
     MESSAGES = "messages"  # Anthropic Messages
+    GEMINI = "gemini"  # Gemini generateContent (a cloud session's; no local server speaks it)
     COMPLETION = "completion"  # a raw prompt (/v1/completions, /completion, Ollama /api/generate)
 
 
@@ -32,6 +35,8 @@ def api_of(body: Any, endpoint: str | None = None) -> Api:
         return Api.CHAT
     if is_responses(body, endpoint):
         return Api.RESPONSES
+    if is_gemini(body):
+        return Api.GEMINI
     if isinstance(body.get("messages"), list) and is_anthropic(body, endpoint):
         return Api.MESSAGES
     if not isinstance(body.get("messages"), list) and isinstance(body.get("prompt"), (str, list)):
@@ -49,6 +54,8 @@ def chat_form(
         return to_chat(body, vllm=server_kind == "vllm")
     if api == Api.MESSAGES:
         return to_openai_mapped(body, llama_server=server_kind in ("llama-server", ""))
+    if api == Api.GEMINI:
+        return gemini_chat(body)
     return body, []
 
 
@@ -56,7 +63,7 @@ def has_prompt(body: Any, endpoint: str | None = None) -> bool:
     """Whether the request holds a conversation a server renders through its chat template."""
     if not isinstance(body, dict):
         return False
-    return isinstance(body.get("messages"), list) or api_of(body, endpoint) == Api.RESPONSES
+    return isinstance(body.get("messages"), list) or api_of(body, endpoint) in (Api.RESPONSES, Api.GEMINI)
 
 
 def relabel(rendered: Rendered, fields: FieldMap) -> Rendered:
