@@ -76,3 +76,36 @@ def test_a_tool_call_message_without_content_renders_as_the_server_renders_it(se
     side = json.loads(r.stdout)["a"]
     assert side["ids_from"] == "llama-server /apply-template + /tokenize"
     assert side["render_mismatch"] is None, side["render_mismatch"]
+
+
+FUNCTION = {"name": "shell", "description": "run", "parameters": {"type": "object"}}
+
+
+@pytest.mark.parametrize(
+    ("messages", "function"),
+    [
+        ([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}], FUNCTION),
+        ([{"role": "user", "content": "hi"}], {"name": "shell", "parameters": {"type": "object"}}),
+        ([{"role": "user", "content": "hi"}], {**FUNCTION, "strict": True}),
+        ([{"role": "user", "content": "hi"}], {"name": "shell", "description": "run"}),
+        (
+            [{"role": "user", "content": "hi"}],
+            {"parameters": {"type": "object"}, "description": "run", "name": "shell"},
+        ),
+    ],
+    ids=["developer", "no description", "strict", "no parameters", "key order"],
+)
+def test_developer_messages_and_tools_render_as_the_server_hands_them_over(served, messages, function):
+    """llama-server gives the template a `developer` message as `system` (OpenAI SDKs send it for GPT-5
+    and the o-series), and each function tool rebuilt as name, description ("" when absent) and parameters
+    ({} when absent), in that order, without `strict`. The local render kept them as sent: it dropped
+    the developer message (Qwen3's template shows no such role) and differed in each tool's JSON."""
+    srv, tmp = served
+    req = tmp / "req.json"
+    req.write_text(
+        json.dumps({"model": "m", "messages": messages, "tools": [{"type": "function", "function": function}]})
+    )
+    r = run_cli("diff", str(req), str(req), "--server", srv.url, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    side = json.loads(r.stdout)["a"]
+    assert side["render_mismatch"] is None, side["render_mismatch"]

@@ -16,7 +16,7 @@ from tokendiff.core.model import Part, Rendered, SectionPath
 from tokendiff.sources.importers.anthropic import is_anthropic, to_openai_mapped
 from tokendiff.sources.importers.gemini import is_gemini
 from tokendiff.sources.importers.gemini import to_chat as gemini_chat
-from tokendiff.sources.importers.responses import FieldMap, is_responses, to_chat
+from tokendiff.sources.importers.responses import FieldMap, is_responses, llama_chat, to_chat
 
 
 class Api(StrEnum):
@@ -50,12 +50,16 @@ def chat_form(
     """The request as the server templates it (converted as `server_kind` converts it), and the map
     from its chat fields back to the request's own (empty for a chat request)."""
     api = api_of(body, endpoint)
+    llama = server_kind in ("llama-server", "")
     if api == Api.RESPONSES:
-        return to_chat(body, vllm=server_kind == "vllm")
+        chat, fields = to_chat(body, vllm=server_kind == "vllm")
+        return (llama_chat(chat) if llama else chat), fields
     if api == Api.MESSAGES:
-        return to_openai_mapped(body, llama_server=server_kind in ("llama-server", ""))
+        return to_openai_mapped(body, llama_server=llama)
     if api == Api.GEMINI:
         return gemini_chat(body)
+    if api == Api.CHAT and llama:
+        return llama_chat(body), []
     return body, []
 
 
