@@ -966,3 +966,22 @@ def test_gemini_contents_as_chat_messages():
         "tools[0]",
         "tools[0].functionDeclarations[0]",
     ) in fields
+
+
+def test_claude_on_vertex_ai_is_judged_by_anthropics_rules(tmp_path):
+    """Claude on Vertex AI (cloud.google.com/vertex-ai/generative-ai/docs/partner-models/claude: POST
+    `…aiplatform.googleapis.com/…/publishers/anthropic/models/MODEL:rawPredict`, a Messages body with
+    `anthropic_version: vertex-2023-10-16` and no `model`, Anthropic's answer) is Anthropic's cache. The
+    googleapis.com host made it Gemini's: no breakpoints, implicit caching, Gemini's minimum."""
+    session = []
+    for body, resp, t in tool_edit_session():
+        vertex = {k: v for k, v in body.items() if k != "model"} | {"anthropic_version": "vertex-2023-10-16"}
+        session.append((vertex, resp | {"model": SONNET}, t))
+    url = "https://us-east5-aiplatform.googleapis.com/v1/projects/p/locations/us-east5/publishers/anthropic"
+    har = write_har(tmp_path / "vertex.har", session, f"{url}/models/{SONNET}:rawPredict")
+    from tokendiff.app.cloud import cloud_section
+
+    report = cloud_section(str(har))
+    assert report is not None and report.provider == Provider.ANTHROPIC and report.model == SONNET
+    assert [p.turn.cause for p in report.turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
+    assert report.turns[2].turn.field == "tools[0]" and report.wasted_tokens == 3200

@@ -949,7 +949,14 @@ def provider_of(
         if suffix in host:
             if p == Provider.DEEPSEEK and "/anthropic" in host:
                 return Provider.ANTHROPIC
+            if p == Provider.GEMINI and _by_usage(response) == Provider.ANTHROPIC:
+                return Provider.ANTHROPIC  # Claude on Vertex AI (aiplatform.googleapis.com): Anthropic's cache
             return p
+    return _by_usage(response)
+
+
+def _by_usage(response: Mapping[str, Any] | None) -> Provider | None:
+    """The provider whose own usage fields an answer carries."""
     resp: Mapping[str, Any] = response if isinstance(response, Mapping) else {}
     usage = resp.get("usage") if isinstance(resp.get("usage"), Mapping) else {}
     assert isinstance(usage, Mapping)
