@@ -985,3 +985,42 @@ def test_claude_on_vertex_ai_is_judged_by_anthropics_rules(tmp_path):
     assert report is not None and report.provider == Provider.ANTHROPIC and report.model == SONNET
     assert [p.turn.cause for p in report.turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
     assert report.turns[2].turn.field == "tools[0]" and report.wasted_tokens == 3200
+
+
+def test_thinking_blocks_stripped_at_a_new_user_turn():
+    """The extended-thinking page: before Claude Opus 4.5, earlier turns' thinking blocks are stripped from
+    the context when a user turn is not tool results, and the cache (which held them, through the tool
+    loop) is lost from the first. Sonnet 4.5 reads only up to it; the verdict names the thinking block. It
+    was `cloud_lookback` ("add a breakpoint"): the request's blocks had not changed."""
+    model = "claude-sonnet-4-5"
+    thought = {"type": "thinking", "thinking": text(100, "think"), "signature": "EqQBCkgIARABGAIiQL"}
+    call = {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"p": "a.py"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": text(150, "file")}
+    loop = [user(200, "u1", False), {"role": "assistant", "content": [thought, call]}]
+    turn2 = [*loop, {"role": "user", "content": [result | {"cache_control": {"type": "ephemeral"}}]}]
+    answer = {
+        "role": "assistant",
+        "content": [thought | {"thinking": text(80, "again")}, {"type": "text", "text": "Done."}],
+    }
+    turn3 = [*loop, {"role": "user", "content": [result]}, answer, user(100, "u2")]
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(model, [user(200, "u1")]), anthropic_usage(0, 2900, 3), 0.0),
+            (anthropic_body(model, turn2), anthropic_usage(2900, 270, 3), 20.0),
+            (anthropic_body(model, turn3), anthropic_usage(2900, 270, 3), 40.0),
+        ],
+    )
+    assert turns[1].cause == CloudCause.HIT
+    assert turns[2].cause == CloudCause.CONTENT and turns[2].field == "messages[1].content[0]"
+    assert turns[2].detail.startswith("claude-sonnet-4-5 strips earlier thinking blocks") and turns[2].waste == 270
+    # Opus 4.5 keeps them: the same turn reads all the tool loop cached
+    kept = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body("claude-opus-4-5", [user(200, "u1")]), anthropic_usage(0, 2900, 3), 0.0),
+            (anthropic_body("claude-opus-4-5", turn2), anthropic_usage(2900, 270, 3), 20.0),
+            (anthropic_body("claude-opus-4-5", turn3), anthropic_usage(3170, 150, 3), 40.0),
+        ],
+    )
+    assert kept[2].cause == CloudCause.HIT and kept[2].waste == 0

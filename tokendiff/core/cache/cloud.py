@@ -128,6 +128,7 @@ class Block:
     breakpoint: str | None = None  # "5m" or "1h" where the block carries cache_control
     visible: str = ""  # what the model reads of it (its strings, not the JSON around them); "": the text
     explicit: bool = False  # OpenAI: the breakpoint is marked in the request (else a message end, implicit)
+    thinking: bool = False  # Anthropic: an earlier turn's thinking block (stripped at a new user turn)
 
     @property
     def read(self) -> str:
@@ -487,7 +488,7 @@ class CloudModel:
             turn.cause, turn.detail = CloudCause.BELOW_MINIMUM, _below(req, cum)
         elif d is not None and (self._prev_cum[d - 1] if 0 < d <= len(self._prev_cum) else 0) < self._prev_extent:
             turn.cause = CloudCause.CONTENT
-            turn.detail = f"{turn.field} changed before the cached prefix's end: everything after it written again"
+            _content_detail(turn, prev, req, d)
         elif gap > _typical_lifetime(req):
             turn.cause, turn.idle_s = CloudCause.EXPIRED, gap
             turn.detail = f"idle {_duration(gap)}: longer than the cache typically keeps an entry ({_lifetime(req)})"
@@ -550,6 +551,18 @@ def _reported_extent(req: CloudRequest, modelled: int) -> int:
     if u.prompt < minimum_tokens(req.provider, req.model):
         return 0
     return u.prompt // OPENAI_STEP * OPENAI_STEP if req.provider == Provider.OPENAI else u.prompt
+
+
+def _content_detail(turn: CloudTurn, prev: CloudRequest, req: CloudRequest, d: int) -> None:
+    """A content break's field and sentence: the block that changed, or the thinking blocks the provider
+    stripped (the first of them)."""
+    turn.detail = f"{turn.field} changed before the cached prefix's end: everything after it written again"
+    if d < len(prev.blocks) and prev.blocks[d].thinking and not any(b.thinking for b in req.blocks):
+        turn.field = prev.blocks[d].field
+        turn.detail = (
+            f"{req.model} strips earlier thinking blocks at a user turn that is not tool results: "
+            f"the cache from {turn.field} on is written again"
+        )
 
 
 def _below(req: CloudRequest, cum: list[int]) -> str:
@@ -733,11 +746,17 @@ def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
     elif isinstance(system, list):
         out += [Block(f"system[{k}]", _canon(b), _ttl(b)) for k, b in enumerate(system)]
     out += [Block(key, _canon(body[key])) for key in MESSAGES_SETTINGS if body.get(key) is not None]
-    for i, m in enumerate(body.get("messages") or []):
+    messages = body.get("messages") or []
+    strip = _strips_thinking(str(body.get("model") or "")) and _new_user_turn(messages)
+    for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         role = m.get("role") if isinstance(m, dict) else None
         if isinstance(content, list):
-            out += [Block(f"messages[{i}].content[{k}]", f"{role}:{_canon(b)}", _ttl(b)) for k, b in enumerate(content)]
+            for k, b in enumerate(content):
+                thinking = role == "assistant" and isinstance(b, dict) and b.get("type") in THINKING_BLOCKS
+                if not (thinking and strip):
+                    field = f"messages[{i}].content[{k}]"
+                    out.append(Block(field, f"{role}:{_canon(b)}", _ttl(b), thinking=thinking))
         else:
             out.append(Block(f"messages[{i}]", f"{role}:{_canon(content)}"))
     auto = body.get("cache_control")
@@ -745,6 +764,33 @@ def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
         last = out[-1]
         out[-1] = Block(last.field, last.text, auto.get("ttl") if auto.get("ttl") in TTL else "5m")
     return out
+
+
+THINKING_BLOCKS = ("thinking", "redacted_thinking")
+# models that keep earlier turns' thinking blocks in context (the extended-thinking page: "Claude Opus 4.5 and
+# later"); earlier ones strip them when a user turn is not tool results, and the cache is lost from the first
+KEEPS_THINKING = ("claude-opus-4-5", "claude-opus-4-6", "claude-opus-4-7", "claude-opus-4-8", "claude-opus-5")
+STRIPS_THINKING = ("claude-3-7-sonnet", "claude-sonnet-4", "claude-opus-4", "claude-haiku-4-5")
+
+
+def _strips_thinking(model: str) -> bool:
+    """Whether the model drops earlier thinking blocks at a new user turn (a model tokendiff does not know
+    about is assumed to keep them: no verdict is made of a rule that may not apply)."""
+    m = model.lower()
+    return not m.startswith(KEEPS_THINKING) and m.startswith(STRIPS_THINKING)
+
+
+def _new_user_turn(messages: Any) -> bool:
+    """Whether the request ends with a user turn that is not only tool results."""
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(last, dict) or last.get("role") != "user":
+        return False
+    content = last.get("content")
+    return not (
+        isinstance(content, list)
+        and content
+        and all(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+    )
 
 
 HIDDEN_KEYS = frozenset(("role", "type", "id", "call_id", "tool_call_id", "status", "cache_control"))
