@@ -570,15 +570,16 @@ def test_gemini_implicit_minimum_and_a_change_before_the_end():
 
 
 def test_deepseek_break_is_priced_at_the_miss_price():
-    """DeepSeek's guide: A+B, then A+C misses the stored unit; the 1,000 tokens A+B held are paid at the
-    cache-miss price instead of the hit price. (DeepSeek documents no minimum, lifetime or routing key.)"""
+    """DeepSeek's guide: A+B, then A+C misses the stored unit; the 800 tokens of A, sent again, are paid at
+    the cache-miss price instead of the hit price (B is not sent again, so not paid again: this was 1,000,
+    all A+B held). (DeepSeek documents no minimum, lifetime or routing key.)"""
     a = {"role": "system", "content": text(800, "A")}
     b = {"role": "user", "content": text(200, "B")}
     c = {"role": "user", "content": text(200, "C")}
     turns = run(Provider.DEEPSEEK, [(*deepseek([a, b], 0, 1000), 0.0), (*deepseek([a, c], 0, 1000), 9.0)])
-    assert turns[1].cause == CloudCause.CONTENT and turns[1].waste == 1000
+    assert turns[1].cause == CloudCause.CONTENT and turns[1].waste == 800
     price = price_of("deepseek-flash")
-    assert price is not None and break_cost(price, turns[1].waste, 0) == pytest.approx(1000 * (0.15 - 0.003) / 1e6)
+    assert price is not None and break_cost(price, turns[1].waste, 0) == pytest.approx(800 * (0.15 - 0.003) / 1e6)
 
 
 def test_the_providers_diagnosis_is_shown_beside_the_verdict_and_disagreement_said(tmp_path):
@@ -1024,3 +1025,23 @@ def test_thinking_blocks_stripped_at_a_new_user_turn():
         ],
     )
     assert kept[2].cause == CloudCause.HIT and kept[2].waste == 0
+
+
+def test_a_compaction_wastes_nothing_cached():
+    """Claude Code's /compact: the history replaced by a summary after the system prompt. The tools and
+    system entries are read; nothing the previous turn cached after them is sent again, so nothing is paid
+    again. It was 'content changed' with the whole new tail (2,100 tokens) counted as waste."""
+    history = [user(200, "u1", False), assistant(100, "a1"), user(200, "u2", False), assistant(100, "a2")]
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(SONNET, [*history, user(200, "u3")]), anthropic_usage(2900, 900, 3), 0.0),
+            (
+                anthropic_body(SONNET, [user(500, "summary", False), user(10, "go")]),
+                anthropic_usage(2700, 510, 3),
+                30.0,
+            ),
+        ],
+    )
+    assert turns[1].cause == CloudCause.HIT and turns[1].waste == 0
+    assert turns[1].detail.startswith("new content from messages[0].content[0] on (history replaced")

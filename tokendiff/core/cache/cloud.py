@@ -187,6 +187,7 @@ class CloudRequest:
     cached_content: str | None = None  # Gemini: the explicit cache the request names (`cachedContent`)
     creates: ExplicitCache | None = None  # Gemini: the request made this cached content (`POST cachedContents`)
     failed: str | None = None  # the error the provider answered instead of counting the prompt (`overloaded_error`)
+    partial: bool = False  # the body holds only part of the prompt (Gemini's cachedContent, previous_response_id)
 
 
 @dataclass
@@ -462,10 +463,10 @@ class CloudModel:
         prev = self._prev
         if prev is None:
             return self._first_verdict(turn, req, cum, predicted)
-        turn.waste = max(0, min(self._prev_extent, prompt) - read)
+        d = _first_divergent(prev, req)
+        turn.waste, replaced = self._waste(prev, req, cum, d, prompt, read)
         turn.rewritten = min(turn.waste, u.written or 0)
         gap = t - (self._last_t if self._last_t is not None else t)
-        d = _first_divergent(prev, req)
         if d is not None:
             turn.field = req.blocks[d].field if d < len(req.blocks) else prev.blocks[d].field
             turn.excerpt, turn.token = _excerpt(prev, req, d, self.pieces)
@@ -476,7 +477,7 @@ class CloudModel:
             turn.detail = f"prompt_cache_key changed ({prev.key!r} -> {req.key!r}): routed where the prefix is not"
         elif turn.waste == 0:
             turn.cause = CloudCause.HIT
-            turn.detail = _hit_detail(turn, d, prev, cum)
+            turn.detail = _hit_detail(turn, d, prev, replaced)
         elif prev.cached_content and req.cached_content != prev.cached_content:
             turn.cause, turn.field = CloudCause.CONTENT, "cachedContent"
             now = req.cached_content or "no cached content"
@@ -499,6 +500,18 @@ class CloudModel:
             turn.cause = CloudCause.UNEXPLAINED
             turn.detail = "the provider read less than its rules allow (eviction, or overflow routing)"
         return turn
+
+    def _waste(
+        self, prev: CloudRequest, req: CloudRequest, cum: list[int], d: int | None, prompt: int, read: int
+    ) -> tuple[int, bool]:
+        """What the previous turn had cached and this one paid for again, and whether that is less than all it
+        cached because the content from the first divergent block on is new (a compaction: only the blocks
+        before it could have been needed again)."""
+        full = max(0, min(self._prev_extent, prompt) - read)
+        if d is None or not full or not _replaced(prev, req, d):
+            return full, False
+        before = cum[d - 1] if 0 < d <= len(cum) else 0  # the shared blocks, as this request's count places them
+        return max(0, min(self._prev_extent, before, prompt) - read), True
 
     def _first_verdict(self, turn: CloudTurn, req: CloudRequest, cum: list[int], predicted: int) -> CloudTurn:
         """The session's first request: read whole from an explicit cache it names, else written (or below
@@ -570,7 +583,22 @@ def _below(req: CloudRequest, cum: list[int]) -> str:
     return f"the prefix ({cum[-1] if cum else 0:,} tokens) is below {req.model}'s minimum of {minimum:,}: never cached"
 
 
-def _hit_detail(turn: CloudTurn, d: int | None, prev: CloudRequest, cum: list[int]) -> str:
+def _replaced(prev: CloudRequest, req: CloudRequest, d: int | None) -> bool:
+    """Whether everything from the first divergent block on is new (a compaction's summary, another
+    conversation): no block of it was in the previous request. Not known for a request whose body is not
+    its whole prompt (Gemini's cachedContent, a Responses continuation)."""
+    if d is None or d >= len(req.blocks) or d >= len(prev.blocks) or req.partial or prev.partial:
+        return False
+    before = {b.text for b in prev.blocks[d:]}
+    return not any(b.text in before for b in req.blocks[d:])
+
+
+def _hit_detail(turn: CloudTurn, d: int | None, prev: CloudRequest, replaced: bool) -> str:
+    if replaced:
+        return (
+            f"new content from {turn.field} on (history replaced: a compaction, another conversation): "
+            "nothing cached was needed again"
+        )
     if d is not None and d < len(prev.blocks):
         return f"{turn.field} changed after the cached prefix: nothing lost"
     return "read all the previous turn cached"
@@ -865,6 +893,7 @@ def cloud_request(
         cached_content=cached if isinstance(cached, str) and cached else None,
         creates=gemini_cache_made(body, resp, t) if provider == Provider.GEMINI else None,
         failed=failure(resp),
+        partial=isinstance(cached, str) or isinstance(body.get("previous_response_id"), str),
     )
 
 
