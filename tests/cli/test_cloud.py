@@ -232,6 +232,23 @@ def test_prices_overridden_by_the_config():
     assert price_of("claude-sonnet-4-5") is not None and price_of("llama-3") is None
 
 
+def test_a_smaller_or_larger_tier_is_not_priced_as_its_family():
+    """Codex CLI's gpt-5.1-codex-mini costs a fifth of gpt-5.1 ($0.25 input, OpenAI's pricing page): it was
+    priced as gpt-5.1 (the longest matching prefix), as gemini-2.5-flash-lite was as gemini-2.5-flash and
+    o3-pro as o3. A tier the table lacks has no price (the report says how to set one), not a wrong one;
+    snapshots and variants of a model keep its price."""
+    codex_mini = price_of("gpt-5.1-codex-mini")
+    assert codex_mini is not None and (codex_mini.input, codex_mini.read) == (0.25, 0.025)
+    assert price_of("gemini-2.5-flash-lite") is None and price_of("o3-pro") is None and price_of("gpt-5-pro") is None
+    assert price_of("gpt-4o-mini-2024-07-18") == price_of("gpt-4o-mini") != price_of("gpt-4o")
+    assert price_of("claude-sonnet-4-5-20250929") == price_of("claude-sonnet-4") is not None
+    assert price_of("gpt-5-codex") == price_of("gpt-5.1-codex-max") == price_of("gpt-5") is not None
+    from tokendiff.report.cloud import cloud_facts_lines
+
+    doc = {"model": "o3-pro", "price": None, "wasted_tokens": 0, "wasted_usd": None, "counts": "x"}
+    assert cloud_facts_lines(doc)[-1] == 'prices: none for o3-pro (set [prices."o3-pro"] in the config file)'  # type: ignore[arg-type]
+
+
 # ---------------------------------------------------------------- end to end: a HAR recorded against Anthropic
 
 
@@ -553,15 +570,16 @@ def test_gemini_implicit_minimum_and_a_change_before_the_end():
 
 
 def test_deepseek_break_is_priced_at_the_miss_price():
-    """DeepSeek's guide: A+B, then A+C misses the stored unit; the 1,000 tokens A+B held are paid at the
-    cache-miss price instead of the hit price. (DeepSeek documents no minimum, lifetime or routing key.)"""
+    """DeepSeek's guide: A+B, then A+C misses the stored unit; the 800 tokens of A, sent again, are paid at
+    the cache-miss price instead of the hit price (B is not sent again, so not paid again: this was 1,000,
+    all A+B held). (DeepSeek documents no minimum, lifetime or routing key.)"""
     a = {"role": "system", "content": text(800, "A")}
     b = {"role": "user", "content": text(200, "B")}
     c = {"role": "user", "content": text(200, "C")}
     turns = run(Provider.DEEPSEEK, [(*deepseek([a, b], 0, 1000), 0.0), (*deepseek([a, c], 0, 1000), 9.0)])
-    assert turns[1].cause == CloudCause.CONTENT and turns[1].waste == 1000
+    assert turns[1].cause == CloudCause.CONTENT and turns[1].waste == 800
     price = price_of("deepseek-flash")
-    assert price is not None and break_cost(price, turns[1].waste, 0) == pytest.approx(1000 * (0.15 - 0.003) / 1e6)
+    assert price is not None and break_cost(price, turns[1].waste, 0) == pytest.approx(800 * (0.15 - 0.003) / 1e6)
 
 
 def test_the_providers_diagnosis_is_shown_beside_the_verdict_and_disagreement_said(tmp_path):
@@ -586,3 +604,444 @@ def test_the_providers_diagnosis_is_shown_beside_the_verdict_and_disagreement_sa
         + [(openai_body("k", i1, "gpt-5.6-terra"), openai_usage(2000, 1800, gone), 5.0)],
     )
     assert turns[1].provider_reason == "comparison_response_not_found" and turns[1].agrees is None
+
+
+# ---------------------------------------------------------------- odd answers: errors, bodies that cannot be read
+
+
+def test_an_error_answer_is_not_a_turn_the_cache_saw(tmp_path):
+    """Anthropic answers 529 `overloaded_error` twice (no usage: nothing read or written) and the client
+    retries: the errors are shown as such, not as hits of an estimated prompt, and the retry, which read all
+    turn 1 wrote, is a hit with nothing wasted (it was called beyond the lookback, 303 tokens wasted)."""
+    m1, m2 = [user(200, "u1")], [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    session = [
+        (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
+        (anthropic_body(SONNET, m2), {**overloaded, "status": 529}, 60.0),
+        (anthropic_body(SONNET, m2), {**overloaded, "status": 529}, 62.0),
+        (anthropic_body(SONNET, m2), anthropic_usage(2900, 300, 3), 65.0),
+    ]
+    turns = run(Provider.ANTHROPIC, session)
+    assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.FAILED, CloudCause.FAILED, CloudCause.HIT]
+    assert turns[1].detail == "the provider answered an error (overloaded_error, status 529): nothing read or written"
+    assert turns[1].prompt == 0 and turns[1].read is None and sum(t.waste for t in turns) == 0
+    # the idle gap runs from the last answer that used the cache: 5 min 1 s after turn 1, the entry is gone
+    late = run(
+        Provider.ANTHROPIC, [session[0], (*session[1][:2], 200.0), (session[3][0], anthropic_usage(0, 3200, 3), 301.0)]
+    )
+    assert late[2].cause == CloudCause.EXPIRED and late[2].idle_s == 301.0
+    from cloud_shapes import har_of
+
+    har = har_of(session, "https://api.anthropic.com/v1/messages")
+    for entry in har["log"]["entries"][1:3]:
+        entry["response"]["status"] = 529
+    (tmp_path / "s.har").write_text(__import__("json").dumps(har))
+    from tokendiff.app.cloud import cloud_section
+    from tokendiff.report.cloud import cloud_document, cloud_markdown
+
+    report = cloud_section(str(tmp_path / "s.har"))
+    assert report is not None and report.wasted_tokens == 0 and report.wasted_cost == 0
+    md = cloud_markdown(cloud_document(report))
+    assert "| 2 | the provider answered an error | — | — | — | 0 | $0.0000 |" in "\n".join(md)
+
+
+def write_cloud_capture(path, turns: list[tuple[dict, dict | None, float]], upstream: str):
+    """A capture as `tokendiff proxy --upstream URL` writes it: one record a request, with its answer."""
+    import json
+
+    lines = []
+    for seq, (body, resp, t) in enumerate(turns, 1):
+        rec = {"schema": "tokendiff.capture/1", "seq": seq, "ts": 1_790_000_000 + t, "source": "proxy"}
+        rec |= {"endpoint": "/v1/messages", "request": body, "server": {"upstream": upstream}}
+        rec |= {"response": {"status": 200, **resp}} if resp is not None else {"upstream_error": "connection reset"}
+        lines.append(json.dumps(rec))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_turn_whose_body_is_lost_is_left_out_of_the_cloud_section_only(tmp_path):
+    """A capture whose turn 2 body blob is missing (or was not stored, over the cap): the report warns and
+    leaves that turn out, and the cloud section still judges the others (it failed the whole report, exit
+    2), turn 3's waste counted from what turn 2's answer says it cached (3,200, not turn 1's 2,900); an
+    upstream that could not be reached is an error answer."""
+    import json
+
+    from helpers import run_cli
+
+    session = [*tool_edit_session(), (tool_edit_session()[2][0], None, 130.0)]
+    cap = write_cloud_capture(tmp_path / "capture.jsonl", session, "https://api.anthropic.com")
+    lines = cap.read_text().splitlines()
+    rec = json.loads(lines[1])
+    del rec["request"]
+    rec["request_body"] = {"bytes": 5000, "sha256": "ab" * 32, "blob": "blobs/" + "ab" * 32}
+    cap.write_text("\n".join([lines[0], json.dumps(rec), *lines[2:]]) + "\n")
+    r = run_cli("report", cap, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert "line 2: request body blobs/" in r.stderr and "left out of the analysis" in r.stderr
+    turns = json.loads(r.stdout)["cloud"]["turns"]
+    assert [(t["turn"], t["cause"], t["waste"]) for t in turns] == [
+        (1, "cloud_cold", 0),
+        (3, "cloud_content", 3200),
+        (4, "cloud_failed", 0),
+    ]
+    assert turns[2]["detail"] == "the provider answered an error: nothing read or written"
+
+
+def test_the_html_report_has_the_providers_cache_and_hostile_text_stays_in_its_cell(tmp_path):
+    """`report --format html` of a session sent to Anthropic shows the provider's section as the markdown
+    does (it had none: the money was missing); a provider's reason holding `|` and a newline stays in its
+    markdown cell, escaped in HTML."""
+    from helpers import run_cli
+
+    session = tool_edit_session()
+    body, resp, t = session[2]
+    odd = {"cache_miss_reason": {"type": "tools|changed\n## <b>x</b>"}}
+    session[2] = (body, {**resp, "diagnostics": odd}, t)
+    har = write_har(tmp_path / "claude.har", session, "https://api.anthropic.com/v1/messages")
+    html = run_cli("report", har, "--format", "html").stdout
+    assert "<h2>The provider&#x27;s cache (anthropic, claude-sonnet-4-6)</h2>" in html
+    assert "<td>content changed before the cached prefix&#x27;s end</td><td class=n>3,200</td>" in html
+    assert f"<td class=n>${3200 * (3.75 - 0.30) / 1e6:,.4f}</td>" in html
+    assert "tools|changed\n## &lt;b&gt;x&lt;/b&gt;</td>" in html and "<b>x</b>" not in html
+    md = run_cli("report", har).stdout
+    [row] = [line for line in md.splitlines() if line.startswith("| 3 | content changed")]
+    assert row.endswith("| tools\\|changed ## <b>x</b> |")
+
+
+def test_gemini_through_its_openai_compatible_endpoint():
+    """Gemini's OpenAI compatibility (ai.google.dev/gemini-api/docs/openai: `.../v1beta/openai/chat/completions`,
+    chat messages in, `usage.prompt_tokens_details.cached_tokens` out) is judged on its messages: each turn
+    had been read as no blocks at all, "the prefix (0 tokens) is below the minimum" on every turn."""
+    doc, q1, q2 = text(5000, "manual"), text(40, "q1"), text(40, "q2")
+
+    def chat(messages: list[str], prompt: int, cached: int) -> tuple[dict, dict]:
+        body = {"model": "gemini-2.5-flash", "messages": [{"role": "user", "content": m} for m in messages]}
+        usage = {"prompt_tokens": prompt, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": cached}}
+        return body, {"object": "chat.completion", "model": "gemini-2.5-flash", "usage": usage}
+
+    turns = run(
+        Provider.GEMINI,
+        [
+            (*chat([doc, q1], 5040, 0), 0.0),
+            (*chat([doc, q1, q2], 5080, 5040), 30.0),
+            (*chat(["Revised. " + doc, q1, q2], 5083, 0), 60.0),
+        ],
+    )
+    assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
+    assert turns[2].field == "messages[0]" and turns[2].waste == 5080
+
+
+@pytest.mark.parametrize(
+    ("key", "before", "after"),
+    [
+        ("thinking", {"type": "enabled", "budget_tokens": 4000}, {"type": "enabled", "budget_tokens": 16000}),
+        ("tool_choice", None, {"type": "any"}),
+    ],
+)
+def test_anthropic_thinking_or_tool_choice_change_loses_the_messages_entries(key, before, after):
+    """The prompt-caching page's "What invalidates the cache": a change of the thinking parameters or of
+    tool_choice keeps the tools and system entries and loses the messages' (2,700 read, the rest written
+    again). It was `cloud_lookback` ("add a breakpoint"), the setting not being part of the prefix."""
+    m1, m2 = [user(200, "u1")], [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+    b1 = anthropic_body(SONNET, m1) | ({key: before} if before else {})
+    diag = {"cache_miss_reason": {"type": "messages_changed"}}
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (b1, anthropic_usage(0, 2900, 3), 0.0),
+            (anthropic_body(SONNET, m2) | {key: after}, anthropic_usage(2700, 500, 3, diag), 30.0),
+        ],
+    )
+    assert turns[1].cause == CloudCause.CONTENT and turns[1].field == key and turns[1].waste == 200
+    assert turns[1].predicted == pytest.approx(2700, abs=40)  # the system entry (positions estimated)
+    assert turns[1].provider_reason == "messages_changed" and turns[1].agrees is True
+
+
+def test_anthropic_one_hour_and_five_minute_entries_rewritten_are_priced_each_at_its_premium(tmp_path):
+    """The system prompt cached for 1 hour, the messages for 5 minutes (1-hour entries come first); a tool
+    edit writes both again: 2,700 tokens at the 1-hour premium (2x), 200 at the 5-minute one (1.25x). All
+    2,900 were priced at 2x when any 1-hour write was in the answer."""
+    m1, m2 = [user(200, "u1")], [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+
+    def body(messages: list, tool_doc: str = "Read a file.") -> dict:
+        out = anthropic_body(SONNET, messages, tool_doc=tool_doc)
+        out["system"][0]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+        return out
+
+    def usage(five: int, hour: int) -> dict:
+        out = anthropic_usage(0, five + hour, 3)
+        out["usage"]["cache_creation"] = {"ephemeral_5m_input_tokens": five, "ephemeral_1h_input_tokens": hour}
+        return out
+
+    session = [(body(m1), usage(200, 2700), 0.0), (body(m2, "Read any file."), usage(500, 2700), 30.0)]
+    from tokendiff.app.cloud import cloud_section
+
+    report = cloud_section(str(write_har(tmp_path / "s.har", session, "https://api.anthropic.com/v1/messages")))
+    assert report is not None and report.turns[1].turn.rewritten == 2900
+    assert report.wasted_cost == pytest.approx((2700 * (6.0 - 0.30) + 200 * (3.75 - 0.30)) / 1e6)
+
+
+# ---------------------------------------------------------------- several conversations in one session
+
+
+def haiku_side_request(tag: str) -> dict:
+    """Claude Code's side request to Haiku (a title, a topic): no tools, a short system prompt of its own."""
+    system = [{"type": "text", "text": "Write a 5-word title for this conversation."}]
+    return {"model": "claude-haiku-4-5", "max_tokens": 512, "system": system, "messages": [user(80, tag, False)]}
+
+
+def test_side_requests_to_another_model_keep_the_main_conversations_cache():
+    """Claude Code interleaves small Haiku requests with its main Sonnet loop. Caches are per model: the
+    side request is Haiku's own (below its minimum: never cached), and the next Sonnet turn is judged
+    against the last Sonnet turn (a hit). Each was called "model changed", the side request wasting 110."""
+    m1, m2 = [user(200, "u1")], [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+    m3 = [*m2[:2], user(200, "u2", False), assistant(100, "a2"), user(200, "u3")]
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
+            (haiku_side_request("t1"), anthropic_usage(0, 0, 110), 1.0),
+            (anthropic_body(SONNET, m2), anthropic_usage(2900, 300, 3), 30.0),
+            (haiku_side_request("t2"), anthropic_usage(0, 0, 110), 31.0),
+            (anthropic_body(SONNET, m3), anthropic_usage(3200, 300, 3), 60.0),
+        ],
+    )
+    assert [t.cause for t in turns] == [
+        CloudCause.COLD,
+        CloudCause.BELOW_MINIMUM,
+        CloudCause.HIT,
+        CloudCause.HIT,
+        CloudCause.HIT,
+    ]
+    assert sum(t.waste for t in turns) == 0
+    # a model switch of the same conversation (the same tools and system) is still a model change
+    switched = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
+            (haiku_side_request("t1"), anthropic_usage(0, 0, 110), 1.0),
+            (anthropic_body("claude-opus-4-8", m2), anthropic_usage(0, 3200, 3), 20.0),
+        ],
+    )
+    assert switched[2].cause == CloudCause.MODEL_CHANGED and switched[2].waste == 2900
+
+
+def test_a_sub_agent_does_not_break_the_main_agents_cache():
+    """A sub-agent (the same model and tools, its own system prompt) runs between two main turns: the
+    main agent's next turn reads all it had cached and is judged against its own last turn (a hit). It was
+    judged against the sub-agent's, "system[0] changed", wasting 50."""
+    m1, m2 = [user(200, "u1")], [user(200, "u1", False), assistant(100, "a1"), user(200, "u2")]
+
+    def sub(messages: list) -> dict:
+        body = anthropic_body(SONNET, messages)
+        body["system"][0]["text"] = text(1500, "subagent")
+        return body
+
+    s2 = [user(100, "task", False), assistant(50, "r1"), user(100, "result")]
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(SONNET, m1), anthropic_usage(0, 2900, 3), 0.0),
+            (sub([user(100, "task")]), anthropic_usage(1200, 1600, 3), 5.0),
+            (sub(s2), anthropic_usage(2800, 150, 3), 10.0),
+            (anthropic_body(SONNET, m2), anthropic_usage(2900, 300, 3), 30.0),
+        ],
+    )
+    assert turns[2].cause == turns[3].cause == CloudCause.HIT and turns[3].waste == 0
+
+
+def test_a_har_sent_to_two_providers_judges_each_by_its_own(tmp_path):
+    """A HAR (mitmproxy) of an agent that calls OpenAI and Anthropic: each request is judged by its own
+    provider's rules, against that provider's previous turn. The Anthropic request was judged by OpenAI's
+    rules as a model change wasting 1,792 tokens ($0.0062), and OpenAI's next turn, a hit, as another."""
+    import json
+
+    from cloud_shapes import har_of
+
+    from tokendiff.app.cloud import cloud_section
+
+    i1 = [{"role": "user", "content": text(300, "task")}]
+    i2 = [*i1, {"type": "function_call", "call_id": "c", "name": "shell", "arguments": "{}"}]
+    openai = har_of(
+        [
+            (openai_body("k", i1, "gpt-5.1"), openai_usage(1850, 0), 0.0),
+            (openai_body("k", i2, "gpt-5.1"), openai_usage(1880, 1792), 20.0),
+        ],
+        "https://api.openai.com/v1/responses",
+    )
+    claude = har_of(
+        [(anthropic_body(SONNET, [user(200, "u1")]), anthropic_usage(0, 2900, 3), 10.0)],
+        "https://api.anthropic.com/v1/messages",
+    )
+    openai["log"]["entries"].insert(1, claude["log"]["entries"][0])
+    (tmp_path / "both.har").write_text(json.dumps(openai))
+    report = cloud_section(str(tmp_path / "both.har"))
+    assert report is not None and report.providers == (Provider.OPENAI, Provider.ANTHROPIC)
+    assert [p.turn.cause for p in report.turns] == [CloudCause.COLD, CloudCause.COLD, CloudCause.HIT]
+    assert report.wasted_tokens == 0 and report.model == "gpt-5.1"
+    from tokendiff.report.cloud import cloud_document, cloud_markdown
+
+    md = cloud_markdown(cloud_document(report))
+    assert "## The providers' caches (openai + anthropic; most tokens to gpt-5.1)" in md
+
+
+# ---------------------------------------------------------------- Gemini's own API, end to end (a HAR)
+
+
+def test_a_gemini_har_is_read_and_judged(tmp_path):
+    """A HAR of a Gemini session on its own API (ai.google.dev/api/generate-content and /caching):
+    `POST cachedContents`, then `models/...:streamGenerateContent?alt=sse` naming it (each chunk with the
+    usageMetadata so far), then a request naming none. It was refused whole ("the session holds no chat
+    requests"): Gemini's routes and `contents` were not read, nor `usageMetadata` kept from an answer."""
+    import json
+
+    from cloud_shapes import har_of
+    from helpers import run_cli
+
+    base = "https://generativelanguage.googleapis.com/v1beta"
+    cache_body, cache_resp = gemini_cache("cachedContents/abc", 1_790_000_000.0, 3600)  # har_of's clock
+    turns = [(cache_body, cache_resp, 0.0)]
+    for q, t in (("q1", 10.0), ("q2", 40.0)):
+        turns.append((*gemini_generate("cachedContents/abc", q, 5030, 5008), t))
+    turns.append((*gemini_generate(None, "q3", 5030, 0), 60.0))
+    har = har_of(turns, f"{base}/models/gemini-2.5-pro:streamGenerateContent")
+    entries = har["log"]["entries"]
+    entries[0]["request"]["url"] = f"{base}/cachedContents"
+    for entry, (_, resp, _) in zip(entries[1:], turns[1:]):
+        first = {"candidates": [{"content": {"role": "model", "parts": [{"text": "Per the manual"}]}}]}
+        chunks = [first | {"usageMetadata": {"promptTokenCount": 5030}}, resp]
+        text = "".join(f"data: {json.dumps(c)}\r\n\r\n" for c in chunks)
+        entry["response"]["content"] = {"mimeType": "text/event-stream", "text": text}
+    path = tmp_path / "gemini.har"
+    path.write_text(json.dumps(har))
+    r = run_cli("report", path, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    cloud = json.loads(r.stdout)["cloud"]
+    assert cloud["provider"] == "gemini" and cloud["model"] == "gemini-2.5-pro"
+    assert [(t["cause"], t["read"], t["waste"]) for t in cloud["turns"]] == [
+        ("cloud_cold", None, 0),
+        ("cloud_hit", 5008, 0),
+        ("cloud_hit", 5008, 0),
+        ("cloud_content", 0, 5008),
+    ]
+    assert cloud["turns"][3]["field"] == "cachedContent"
+    assert cloud["wasted_usd"] == pytest.approx(5008 * (1.25 - 0.31) / 1e6)
+
+
+def test_gemini_contents_as_chat_messages():
+    """The local analysis reads a generateContent body as chat: the system instruction, `model` turns as
+    the assistant's, function calls and responses as tool calls and tool messages, each mapped back to
+    the request's own field."""
+    from tokendiff.sources.importers.apis import Api, api_of, chat_form
+
+    body = {
+        "systemInstruction": {"parts": [{"text": "Be brief."}]},
+        "contents": [
+            {"role": "user", "parts": [{"text": "Weather?"}]},
+            {
+                "role": "model",
+                "parts": [{"text": "plan", "thought": True}, {"functionCall": {"name": "w", "args": {"q": "Rome"}}}],
+            },
+            {"role": "user", "parts": [{"functionResponse": {"name": "w", "response": {"sky": "rain"}}}]},
+        ],
+        "tools": [
+            {"functionDeclarations": [{"name": "w", "description": "weather", "parameters": {"type": "object"}}]}
+        ],
+    }
+    assert api_of(body) == Api.GEMINI
+    chat, fields = chat_form(body)
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "w", "arguments": '{"q": "Rome"}'}}],
+        },
+        {"role": "tool", "content": '{"sky": "rain"}'},
+    ]
+    assert chat["tools"] == [
+        {"type": "function", "function": {"name": "w", "description": "weather", "parameters": {"type": "object"}}}
+    ]
+    assert ("messages[3]", "contents[2].parts[0]") in fields and (
+        "tools[0]",
+        "tools[0].functionDeclarations[0]",
+    ) in fields
+
+
+def test_claude_on_vertex_ai_is_judged_by_anthropics_rules(tmp_path):
+    """Claude on Vertex AI (cloud.google.com/vertex-ai/generative-ai/docs/partner-models/claude: POST
+    `…aiplatform.googleapis.com/…/publishers/anthropic/models/MODEL:rawPredict`, a Messages body with
+    `anthropic_version: vertex-2023-10-16` and no `model`, Anthropic's answer) is Anthropic's cache. The
+    googleapis.com host made it Gemini's: no breakpoints, implicit caching, Gemini's minimum."""
+    session = []
+    for body, resp, t in tool_edit_session():
+        vertex = {k: v for k, v in body.items() if k != "model"} | {"anthropic_version": "vertex-2023-10-16"}
+        session.append((vertex, resp | {"model": SONNET}, t))
+    url = "https://us-east5-aiplatform.googleapis.com/v1/projects/p/locations/us-east5/publishers/anthropic"
+    har = write_har(tmp_path / "vertex.har", session, f"{url}/models/{SONNET}:rawPredict")
+    from tokendiff.app.cloud import cloud_section
+
+    report = cloud_section(str(har))
+    assert report is not None and report.provider == Provider.ANTHROPIC and report.model == SONNET
+    assert [p.turn.cause for p in report.turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
+    assert report.turns[2].turn.field == "tools[0]" and report.wasted_tokens == 3200
+
+
+def test_thinking_blocks_stripped_at_a_new_user_turn():
+    """The extended-thinking page: before Claude Opus 4.5, earlier turns' thinking blocks are stripped from
+    the context when a user turn is not tool results, and the cache (which held them, through the tool
+    loop) is lost from the first. Sonnet 4.5 reads only up to it; the verdict names the thinking block. It
+    was `cloud_lookback` ("add a breakpoint"): the request's blocks had not changed."""
+    model = "claude-sonnet-4-5"
+    thought = {"type": "thinking", "thinking": text(100, "think"), "signature": "EqQBCkgIARABGAIiQL"}
+    call = {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"p": "a.py"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": text(150, "file")}
+    loop = [user(200, "u1", False), {"role": "assistant", "content": [thought, call]}]
+    turn2 = [*loop, {"role": "user", "content": [result | {"cache_control": {"type": "ephemeral"}}]}]
+    answer = {
+        "role": "assistant",
+        "content": [thought | {"thinking": text(80, "again")}, {"type": "text", "text": "Done."}],
+    }
+    turn3 = [*loop, {"role": "user", "content": [result]}, answer, user(100, "u2")]
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(model, [user(200, "u1")]), anthropic_usage(0, 2900, 3), 0.0),
+            (anthropic_body(model, turn2), anthropic_usage(2900, 270, 3), 20.0),
+            (anthropic_body(model, turn3), anthropic_usage(2900, 270, 3), 40.0),
+        ],
+    )
+    assert turns[1].cause == CloudCause.HIT
+    assert turns[2].cause == CloudCause.CONTENT and turns[2].field == "messages[1].content[0]"
+    assert turns[2].detail.startswith("claude-sonnet-4-5 strips earlier thinking blocks") and turns[2].waste == 270
+    # Opus 4.5 keeps them: the same turn reads all the tool loop cached
+    kept = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body("claude-opus-4-5", [user(200, "u1")]), anthropic_usage(0, 2900, 3), 0.0),
+            (anthropic_body("claude-opus-4-5", turn2), anthropic_usage(2900, 270, 3), 20.0),
+            (anthropic_body("claude-opus-4-5", turn3), anthropic_usage(3170, 150, 3), 40.0),
+        ],
+    )
+    assert kept[2].cause == CloudCause.HIT and kept[2].waste == 0
+
+
+def test_a_compaction_wastes_nothing_cached():
+    """Claude Code's /compact: the history replaced by a summary after the system prompt. The tools and
+    system entries are read; nothing the previous turn cached after them is sent again, so nothing is paid
+    again. It was 'content changed' with the whole new tail (2,100 tokens) counted as waste."""
+    history = [user(200, "u1", False), assistant(100, "a1"), user(200, "u2", False), assistant(100, "a2")]
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (anthropic_body(SONNET, [*history, user(200, "u3")]), anthropic_usage(2900, 900, 3), 0.0),
+            (
+                anthropic_body(SONNET, [user(500, "summary", False), user(10, "go")]),
+                anthropic_usage(2700, 510, 3),
+                30.0,
+            ),
+        ],
+    )
+    assert turns[1].cause == CloudCause.HIT and turns[1].waste == 0
+    assert turns[1].detail.startswith("new content from messages[0].content[0] on (history replaced")

@@ -56,3 +56,56 @@ def test_a_named_chat_template_still_wins(served):
     doc = json.loads(r.stdout)
     assert doc["a"]["render_mismatch"] is not None
     assert "/props" not in r.stderr
+
+
+@pytest.mark.parametrize("content", ["missing", None])
+def test_a_tool_call_message_without_content_renders_as_the_server_renders_it(served, content):
+    """OpenAI's API lets an assistant message of tool calls omit `content` (or send null), as SDKs and
+    the Responses-to-chat conversion (a `function_call` item) do; llama-server gives the template `""`.
+    The local render failed on Qwen3's template (`'dict object' has no attribute 'content'`), leaving the
+    turn out of every report of such a session."""
+    srv, tmp = served
+    call = dict(CONVERSATION[2])
+    del call["content"]
+    if content is None:
+        call["content"] = None
+    req = tmp / "req.json"
+    req.write_text(json.dumps({"model": "m", "messages": [*CONVERSATION[:2], call, *CONVERSATION[3:]], "tools": TOOLS}))
+    r = run_cli("diff", str(req), str(req), "--server", srv.url, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    side = json.loads(r.stdout)["a"]
+    assert side["ids_from"] == "llama-server /apply-template + /tokenize"
+    assert side["render_mismatch"] is None, side["render_mismatch"]
+
+
+FUNCTION = {"name": "shell", "description": "run", "parameters": {"type": "object"}}
+
+
+@pytest.mark.parametrize(
+    ("messages", "function"),
+    [
+        ([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}], FUNCTION),
+        ([{"role": "user", "content": "hi"}], {"name": "shell", "parameters": {"type": "object"}}),
+        ([{"role": "user", "content": "hi"}], {**FUNCTION, "strict": True}),
+        ([{"role": "user", "content": "hi"}], {"name": "shell", "description": "run"}),
+        (
+            [{"role": "user", "content": "hi"}],
+            {"parameters": {"type": "object"}, "description": "run", "name": "shell"},
+        ),
+    ],
+    ids=["developer", "no description", "strict", "no parameters", "key order"],
+)
+def test_developer_messages_and_tools_render_as_the_server_hands_them_over(served, messages, function):
+    """llama-server gives the template a `developer` message as `system` (OpenAI SDKs send it for GPT-5
+    and the o-series), and each function tool rebuilt as name, description ("" when absent) and parameters
+    ({} when absent), in that order, without `strict`. The local render kept them as sent: it dropped
+    the developer message (Qwen3's template shows no such role) and differed in each tool's JSON."""
+    srv, tmp = served
+    req = tmp / "req.json"
+    req.write_text(
+        json.dumps({"model": "m", "messages": messages, "tools": [{"type": "function", "function": function}]})
+    )
+    r = run_cli("diff", str(req), str(req), "--server", srv.url, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    side = json.loads(r.stdout)["a"]
+    assert side["render_mismatch"] is None, side["render_mismatch"]

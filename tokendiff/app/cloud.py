@@ -10,6 +10,7 @@ the session's rate (its breaks over its duration).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
@@ -47,45 +48,64 @@ def session_provider(records: Iterable[CaptureRecord]) -> Provider | None:
     return None
 
 
+def record_provider(rec: CaptureRecord, session: Provider) -> Provider:
+    """The provider one record was sent to (a HAR may hold requests to several); a record that does not say
+    (a gateway's host, an answer without the provider's own fields) is the session's."""
+    server: Mapping[str, Any] = rec.server if isinstance(rec.server, Mapping) else {}
+    return provider_of(server.get("upstream"), None, rec.response) or session
+
+
 def cloud_report(
     records: Iterable[CaptureRecord], overrides: Mapping[str, Price] | None = None, provider: Provider | None = None
 ) -> CloudReport | None:
-    """The session judged by its provider's rules, in one pass over its records (one request in memory at a
-    time); None when it was not sent to one. `provider`: known already (else found from the records, which
-    must then be a sequence)."""
+    """The session judged by its provider's rules, in one pass over its records (in memory: the last request
+    of each conversation followed, MAX_LANES a provider); None when it was not sent to one. `provider`: known
+    already (else found from the records, which must then be a sequence)."""
     if provider is None:
         records = list(records)
         provider = session_provider(records)
     if provider is None:
         return None
-    model: CloudModel | None = None
-    counts = ESTIMATED
+    judges: dict[Provider, tuple[CloudModel, str]] = {}  # each provider's rules, with its tokenizer
     turns: list[PricedTurn] = []
-    last_model = ""
+    sent: Counter[str] = Counter()  # prompt tokens per model: the session's model is the one it sent most to
     first = last = None
     for k, rec in enumerate(records, 1):
         ts = _time(rec)
         if ts is not None:
             first, last = (ts if first is None else min(first, ts)), (ts if last is None else max(last, ts))
-        body = rec.request
+        at = record_provider(rec, provider)
+        try:
+            body = rec.request
+        except InputError:  # a body not stored, or its blob lost: that turn only (the session's report says so)
+            if at in judges:
+                judges[at][0].unread(cloud_request(at, {}, rec.response, ts))
+            continue
         if not isinstance(body, Mapping):
             continue
-        req = cloud_request(provider, body, rec.response, ts)
-        last_model = req.model or last_model
-        if model is None:  # the session's first model picks the tokenizer
-            model, counts = cloud_model(provider, req.model)
-        t = model.add(req)
+        unreached = {"error": rec.upstream_error} if rec.response is None and rec.upstream_error else None
+        req = cloud_request(at, body, unreached or rec.response, ts)
+        sent[req.model] += req.usage.prompt or 0
+        if at not in judges:  # the provider's first model picks the tokenizer
+            judges[at] = cloud_model(at, req.model)
+        t = judges[at][0].add(req)
         t.turn = k  # the session's numbering: a record without a body is a turn there too
         price = price_of(req.model, overrides)
-        one_hour = bool(req.usage.written_1h)
-        turns.append(PricedTurn(t, break_cost(price, t.waste, t.rewritten, one_hour) if price else None))
+        # 1-hour entries come before 5-minute ones: the rewritten tokens, from the read on, are those first
+        long = min(t.rewritten, req.usage.written_1h or 0)
+        turns.append(PricedTurn(t, break_cost(price, t.waste, t.rewritten, long) if price else None))
+    main = max(sent, key=lambda m: (sent[m], bool(m)), default="")
+    counts = ESTIMATED if provider not in judges else judges[provider][1]
+    others = [f"{p}: {c}" for p, (_, c) in judges.items() if p != provider]
+    counts = "; ".join([f"{provider}: {counts}", *others]) if others else counts
     report = CloudReport(
         provider,
-        last_model,
+        main,
         turns,
-        price_of(last_model, overrides),
+        price_of(main, overrides),
         (last - first) if first is not None and last is not None and last > first else None,
         counts,
+        providers=(provider, *(p for p in judges if p != provider)),
     )
     for p in turns:
         if p.turn.waste:

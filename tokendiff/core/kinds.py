@@ -171,3 +171,4 @@ class CloudCause(StrEnum):
     MODEL_CHANGED = "cloud_model_changed"  # caches are per model
     LOOKBACK = "cloud_lookback"  # more than 20 blocks since the last written entry: not found
     UNEXPLAINED = "cloud_unexplained"  # the provider read less than the rules allow (eviction, overflow routing)
+    FAILED = "cloud_failed"  # the provider answered an error without counts: nothing read or written, not judged

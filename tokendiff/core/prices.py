@@ -6,11 +6,12 @@ model), output. Sources, read on the dates given: Anthropic's pricing and prompt
 (2026-08-21), OpenAI's pricing page, DeepSeek's pricing page (2026-10, off-peak), Gemini's pricing page
 as quoted (UNVERIFIED against the page itself). Prices change: the user's config file overrides any
 model (`[prices."MODEL"]` with input, write_5m, write_1h, read, output). A model is matched by the
-longest table key its name starts with. Pure.
+longest table key its name starts with, not across a tier (TIER). Pure.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,8 @@ TABLE: dict[str, Price] = {
     "gpt-4.1": Price(2.00, 0.50, output=8.00),
     "gpt-5-nano": Price(0.05, 0.005, output=0.40),
     "gpt-5-mini": Price(0.25, 0.025, output=2),
+    "gpt-5.1-codex-mini": Price(0.25, 0.025, output=2),
+    "gpt-5.1-codex-max": Price(1.25, 0.125, output=10),
     "gpt-5.1": Price(1.25, 0.125, output=10),
     "gpt-5.2": Price(1.75, 0.175, output=14),
     "gpt-5.4": Price(2.50, 0.25, output=15),
@@ -87,11 +90,17 @@ TABLE: dict[str, Price] = {
 }
 
 
+# a tier named after a key's model is another model at another price (gpt-5.1-codex-mini is not gpt-5.1's,
+# gemini-2.5-flash-lite not gemini-2.5-flash's): a key covers its snapshots and variants, not those
+TIER = re.compile(r"(?:^|[-._])(?:mini|nano|pro|lite|max|deep-research)(?:$|[-._])")
+
+
 def price_of(model: str, overrides: Mapping[str, Price] | None = None) -> Price | None:
-    """The price of a model: the user's override first, then the table (longest matching prefix)."""
+    """The price of a model: the user's override first, then the table (longest matching prefix, no
+    other tier: None rather than a wrong price)."""
     m = model.lower()
     for table in (overrides or {}, TABLE):
-        keys = [k for k in table if m.startswith(k.lower())]
+        keys = [k for k in table if m.startswith(k.lower()) and not TIER.search(m[len(k) :])]
         if keys:
             return table[max(keys, key=len)]
     return None
@@ -119,12 +128,13 @@ def parse_overrides(doc: Any, source: str) -> tuple[dict[str, Price], list[str]]
     return out, warnings
 
 
-def break_cost(price: Price, waste: int, rewritten: int, one_hour: bool = False) -> float:
-    """$ a break cost: tokens written again pay the write price, the rest of the waste the input price,
-    where a hit would have paid the read price for all of them."""
+def break_cost(price: Price, waste: int, rewritten: int, rewritten_1h: int = 0) -> float:
+    """$ a break cost: tokens written again pay the write price (`rewritten_1h` of them the 1-hour one), the
+    rest of the waste the input price, where a hit would have paid the read price for all of them."""
     fresh = max(0, waste - rewritten)
-    extra = rewritten * (price.write(one_hour) - price.read) + fresh * (price.input - price.read)
-    return extra / 1e6
+    long = min(rewritten, rewritten_1h)
+    written = (rewritten - long) * (price.write() - price.read) + long * (price.write(True) - price.read)
+    return (written + fresh * (price.input - price.read)) / 1e6
 
 
 # ---------------------------------------------------------------- a session priced
@@ -152,6 +162,7 @@ class CloudReport:
     duration_s: float | None  # first request to last
     counts: str  # how per-block tokens were counted
     by_cause: dict[str, tuple[int, float | None]] = field(default_factory=dict)  # cause -> (tokens, $)
+    providers: tuple[Provider, ...] = ()  # every provider the session was sent to, `provider` first
 
     @property
     def wasted_tokens(self) -> int:

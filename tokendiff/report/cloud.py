@@ -27,6 +27,7 @@ CAUSE_TITLES = {
     CloudCause.MODEL_CHANGED: "model changed",
     CloudCause.LOOKBACK: "beyond the 20-block lookback window",
     CloudCause.UNEXPLAINED: "read less than the rules allow",
+    CloudCause.FAILED: "the provider answered an error",
 }
 
 
@@ -40,6 +41,7 @@ SHORT_TITLES = {  # a verdict in a few words, where a line holds more than the v
     CloudCause.MODEL_CHANGED: "model changed",
     CloudCause.LOOKBACK: "beyond the lookback",
     CloudCause.UNEXPLAINED: "read less than the rules allow",
+    CloudCause.FAILED: "error answer",
 }
 
 
@@ -55,6 +57,7 @@ def cloud_document(report: CloudReport) -> CloudDocument:
     price = report.price
     return {
         "provider": str(report.provider),
+        "providers": [str(p) for p in report.providers or (report.provider,)],
         "model": report.model,
         "counts": report.counts,
         "price": None
@@ -105,36 +108,65 @@ def cloud_document(report: CloudReport) -> CloudDocument:
 
 def cloud_markdown(doc: CloudDocument) -> list[str]:
     """The section's lines."""
-    out = ["", f"## The provider's cache ({doc['provider']}, {doc['model']})", ""]
-    per_day = doc.get("wasted_usd_per_day")
-    rate = f"; {money(per_day)} a day at this session's rate" if per_day is not None else ""
-    out.append(f"- wasted {doc['wasted_tokens']:,} cached tokens, {money(doc['wasted_usd'])}{rate}")
-    out.append(f"- token counts: {doc['counts']}")
-    if doc["price"]:
-        p = doc["price"]
-        write = p["write_5m"] or p["input"]
-        out.append(f"- prices ($/MTok): input {p['input']}, cache read {p['read']}, write {write} ({p['source']})")
+    out = ["", "## " + _md(cloud_title(doc)), ""]
+    out += [f"- {_md(line)}" for line in cloud_facts_lines(doc)]
     if doc["causes"]:
         out += ["", "| cause | tokens | cost | a day at this rate |", "|---|---:|---:|---:|"]
-        for c in doc["causes"]:
-            out.append(f"| {c['title']} | {c['tokens']:,} | {money(c['usd'])} | {money(c['usd_per_day'])} |")
-    out += [
-        "",
-        "| turn | verdict | prompt | read | written | wasted | cost | where / why | provider says |",
-        "|---:|---|---:|---:|---:|---:|---:|---|---|",
-    ]
+        out += ["| " + " | ".join(map(_md, row)) + " |" for row in cause_rows(doc)]
+    out += ["", "| " + " | ".join(TURN_HEADER) + " |", "|---:|---|---:|---:|---:|---:|---:|---|---|"]
+    out += ["| " + " | ".join(map(_md, row)) + " |" for row in turn_rows(doc)]
+    return out
+
+
+def _md(text: str) -> str:
+    """Text from the session (a model's name, a provider's reason) as one markdown table cell or line."""
+    return " ".join(text.splitlines()).replace("|", "\\|")
+
+
+TURN_HEADER = ("turn", "verdict", "prompt", "read", "written", "wasted", "cost", "where / why", "provider says")
+
+
+def cloud_title(doc: CloudDocument) -> str:
+    providers = doc.get("providers") or [doc["provider"]]
+    if len(providers) > 1:
+        return f"The providers' caches ({' + '.join(providers)}; most tokens to {doc['model']})"
+    return f"The provider's cache ({doc['provider']}, {doc['model']})"
+
+
+def cloud_facts_lines(doc: CloudDocument) -> list[str]:
+    """What the session's breaks cost, how its tokens were counted, the prices."""
+    per_day = doc.get("wasted_usd_per_day")
+    rate = f"; {money(per_day)} a day at this session's rate" if per_day is not None else ""
+    out = [f"wasted {doc['wasted_tokens']:,} cached tokens, {money(doc['wasted_usd'])}{rate}"]
+    out.append(f"token counts: {doc['counts']}")
+    if doc["price"]:
+        p = doc["price"]
+        write = f"{p['write_5m'] or p['input']}"
+        write += f" (5 min), {p['write_1h']} (1 h)" if p["write_1h"] and p["write_1h"] != p["write_5m"] else ""
+        out.append(f"prices ($/MTok): input {p['input']}, cache read {p['read']}, write {write} ({p['source']})")
+    elif doc["model"]:
+        out.append(f'prices: none for {doc["model"]} (set [prices."{doc["model"]}"] in the config file)')
+    return out
+
+
+def cause_rows(doc: CloudDocument) -> list[list[str]]:
+    """Each cause: its title, tokens, cost and a day at this rate."""
+    return [[c["title"], f"{c['tokens']:,}", money(c["usd"]), money(c["usd_per_day"])] for c in doc["causes"]]
+
+
+def turn_rows(doc: CloudDocument) -> list[list[str]]:
+    """Each turn's cells, as TURN_HEADER names them."""
+    rows = []
     for t in doc["turns"]:
         said = t["provider_reason"] or ""
         if said and t["agrees"] is not None:
             said += " (agrees)" if t["agrees"] else " (differs)"
-        where = _where(t["field"], t["detail"]).replace("|", "\\|")
         read, written = (f"{t[k]:,}" if t[k] is not None else "—" for k in ("read", "written"))
         verdict = CAUSE_TITLES[CloudCause(t["cause"])]
-        out.append(
-            f"| {t['turn']} | {verdict} | {t['prompt']:,} | {read} | {written} | {t['waste']:,} "
-            f"| {money(t['usd'])} | {where} | {said} |"
-        )
-    return out
+        prompt = "—" if t["cause"] == CloudCause.FAILED else f"{t['prompt']:,}"  # an error answer counts nothing
+        where = _where(t["field"], t["detail"])
+        rows.append([str(t["turn"]), verdict, prompt, read, written, f"{t['waste']:,}", money(t["usd"]), where, said])
+    return rows
 
 
 def _where(field: str | None, detail: str | None) -> str:

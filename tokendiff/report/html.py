@@ -341,8 +341,35 @@ def render_html(doc: AnyReport) -> str:
     out.append(_chart(doc["turns"]))
     out.append("<h2>Spans, ranked by what they cost</h2>")
     out += _spans(doc) + _turns(doc) + _engine(doc) + _capacity(doc) + _facts(doc) + _replays(doc) + _causes(doc)
+    out += _cloud(doc)
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _cloud(doc: ReportDocument) -> list[str]:
+    """The provider's cache, as the markdown report gives it (report.cloud's rows)."""
+    from tokendiff.report.cloud import TURN_HEADER, cause_rows, cloud_facts_lines, cloud_title, turn_rows
+
+    cloud = doc.get("cloud")
+    if not cloud:
+        return []
+    e = escape
+    out = [f"<h2>{e(cloud_title(cloud))}</h2>", "<ul>", *(f"<li>{e(line)}</li>" for line in cloud_facts_lines(cloud))]
+    out.append("</ul>")
+    if cloud["causes"]:
+        out.append("<table><tr><th>cause</th><th>tokens</th><th>cost</th><th>a day at this rate</th></tr>")
+        out += [_row(row, (1, 2, 3)) for row in cause_rows(cloud)]
+        out.append("</table>")
+    out.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in TURN_HEADER) + "</tr>")
+    out += [_row(row, (0, 2, 3, 4, 5, 6)) for row in turn_rows(cloud)]
+    out.append("</table>")
+    return out
+
+
+def _row(cells: list[str], numbers: tuple[int, ...]) -> str:
+    """A table row, the `numbers` columns right-aligned."""
+    tds = (f"<td class=n>{escape(c)}</td>" if i in numbers else f"<td>{escape(c)}</td>" for i, c in enumerate(cells))
+    return "<tr>" + "".join(tds) + "</tr>"
 
 
 def _fleet_causes(doc: FleetDocument) -> list[str]:

@@ -516,7 +516,8 @@ class CloudDocument(TypedDict):
     """`doc["cloud"]` of a session report: the provider's cache rules applied and priced."""
 
     provider: str  # a core.cache.cloud.Provider
-    model: str
+    providers: NotRequired[list[str]]  # every provider the session was sent to (a HAR may hold several), provider first
+    model: str  # the model the session sent the most prompt tokens to
     counts: str
     price: CloudPrice | None
     duration_s: float | None

@@ -28,6 +28,8 @@ FINAL_KEYS = (
     "tokens_cached",
     "tokens",
     "prompt_progress",
+    "usageMetadata",  # Gemini's counts (each streamed chunk has them so far), and the model that answered
+    "modelVersion",
 )
 # a Responses answer (`object: "response"`) also keeps its id and output items: a later request continuing it
 # (`previous_response_id`) is rendered from them (sources/importers/responses.py: Continuations)
@@ -108,6 +110,9 @@ def final_fields(doc: dict[str, Any]) -> dict[str, Any]:
     wrong type is left out by the capture writer, with a note)."""
     out = {k: doc[k] for k in (*FINAL_KEYS, *OLLAMA_FINAL_KEYS) if doc.get(k) is not None}
     out.update(response_object(doc))
+    name = doc.get("name")
+    if isinstance(name, str) and name.startswith("cachedContents/"):  # Gemini made a cache: what and until when
+        out.update({k: doc[k] for k in ("name", "expireTime") if isinstance(doc.get(k), str)})
     if doc.get("type") == "message" and isinstance(doc.get("content"), list):  # a Messages answer: its blocks
         out["message"] = {"role": doc.get("role"), "content": doc["content"]}
     choices = doc.get("choices")

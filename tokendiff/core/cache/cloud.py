@@ -128,6 +128,7 @@ class Block:
     breakpoint: str | None = None  # "5m" or "1h" where the block carries cache_control
     visible: str = ""  # what the model reads of it (its strings, not the JSON around them); "": the text
     explicit: bool = False  # OpenAI: the breakpoint is marked in the request (else a message end, implicit)
+    thinking: bool = False  # Anthropic: an earlier turn's thinking block (stripped at a new user turn)
 
     @property
     def read(self) -> str:
@@ -185,6 +186,8 @@ class CloudRequest:
     breakpoints: bool = False  # OpenAI from GPT-5.6: entries at the blocks' breakpoints, as Anthropic's
     cached_content: str | None = None  # Gemini: the explicit cache the request names (`cachedContent`)
     creates: ExplicitCache | None = None  # Gemini: the request made this cached content (`POST cachedContents`)
+    failed: str | None = None  # the error the provider answered instead of counting the prompt (`overloaded_error`)
+    partial: bool = False  # the body holds only part of the prompt (Gemini's cachedContent, previous_response_id)
 
 
 @dataclass
@@ -223,6 +226,25 @@ class _Entry:
     tokens: int
 
 
+MAX_LANES = 8  # conversations followed at once (a main agent, its sub-agents, side requests)
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """A conversation's last request, as CloudModel judges the next one against it."""
+
+    prev: CloudRequest | None  # None: none yet
+    cum: list[int]
+    extent: int
+    last_t: float | None
+
+
+def _shared_blocks(a: CloudRequest, b: CloudRequest) -> int:
+    """How many leading blocks two requests share."""
+    d = _first_divergent(a, b)
+    return min(len(a.blocks), len(b.blocks)) if d is None else d
+
+
 @dataclass
 class CloudModel:
     """Feed requests in order with `add`; each gives its turn's verdict."""
@@ -237,6 +259,7 @@ class CloudModel:
     _entries: dict[str, _Entry] = field(default_factory=dict)  # prefix hash -> entry (Anthropic, DeepSeek)
     _explicit: dict[str, _Entry] = field(default_factory=dict)  # Gemini's cached contents, by name
     _last_t: float | None = None
+    _lanes: list[_Lane] = field(default_factory=list)  # the other conversations' last requests, latest first
 
     def add(self, req: CloudRequest) -> CloudTurn:
         cum = self._cumulative(req)
@@ -244,6 +267,9 @@ class CloudModel:
         t = req.t if req.t is not None else (self._last_t or 0.0)
         if req.creates is not None:  # not a turn of the conversation: it makes the cache the next ones name
             return self._created(req, cum)
+        if req.failed is not None and not self._gone(req, t):  # the cache did not see it: the next turn is
+            return self._refused(req)  # judged against the one before
+        self._follow(req)
         rules = {
             Provider.ANTHROPIC: self._anthropic,
             Provider.OPENAI: self._at_openai_breakpoints if req.breakpoints else self._implicit,
@@ -257,6 +283,38 @@ class CloudModel:
         self._prev, self._prev_cum, self._last_t = req, cum, t
         self._prev_extent = _reported_extent(req, extent)
         return turn
+
+    def _follow(self, req: CloudRequest) -> None:
+        """Take up the conversation this request continues: caches are per prefix and per model, so a side
+        request (Claude Code's to Haiku, a title, a summary) or a sub-agent keeps its own, and the main
+        one's next turn is judged against the main one's last. It is the recent request sharing the most
+        leading blocks with it (whatever its model: sharing them at another model is a model change), else
+        the latest to its model; none: the request starts a conversation."""
+        lanes = [_Lane(self._prev, self._prev_cum, self._prev_extent, self._last_t)] if self._prev is not None else []
+        lanes += self._lanes
+        shared = [_shared_blocks(lane.prev, req) if lane.prev is not None else 0 for lane in lanes]
+        k: int | None = None
+        if any(shared):
+            k = max(range(len(lanes)), key=lambda i: (shared[i], -i))  # the latest of those sharing the most
+        else:
+            k = next((i for i, lane in enumerate(lanes) if lane.prev and not _model_changed(lane.prev, req)), None)
+        chosen = _Lane(None, [], 0, None) if k is None else lanes[k]
+        if k is not None and chosen.prev is not None and shared[k] >= len(chosen.prev.blocks):
+            lanes.pop(k)  # continued whole: this request is that conversation's last now (else a fork: both kept)
+        self._lanes = lanes[: MAX_LANES - 1]
+        self._prev, self._prev_cum, self._prev_extent, self._last_t = (
+            chosen.prev,
+            chosen.cum,
+            chosen.extent,
+            chosen.last_t,
+        )
+
+    def unread(self, req: CloudRequest) -> None:
+        """A turn whose body cannot be read (not stored, its blob lost): not judged, but what its answer
+        says it left cached is what the next turn can waste, from its time on."""
+        if self._prev is not None and req.failed is None:
+            self._prev_extent = _reported_extent(req, self._prev_extent)
+            self._last_t = req.t if req.t is not None else self._last_t
 
     # ------------------------------------------------------------ the rules
 
@@ -362,6 +420,20 @@ class CloudModel:
         self.turns.append(turn)
         return turn
 
+    def _gone(self, req: CloudRequest, t: float) -> bool:
+        """Whether the cached content a request names had expired: Gemini refuses it (403, not found), and
+        the verdict is that expiry."""
+        c = self._explicit.get(req.cached_content) if req.cached_content else None
+        return c is not None and t > c.expires
+
+    def _refused(self, req: CloudRequest) -> CloudTurn:
+        """An error answer without counts: nothing read, written or refreshed (the idle gap runs on)."""
+        detail = f"the provider answered {req.failed}: nothing read or written"
+        turn = CloudTurn(len(self.turns) + 1, CloudCause.FAILED, req.usage.prompt or 0, None, None, 0, detail=detail)
+        turn.estimated = not self.exact_counts
+        self.turns.append(turn)
+        return turn
+
     def _deepseek(self, req: CloudRequest, cum: list[int], hashes: list[str], t: float) -> tuple[int, int, int]:
         """A whole stored unit: the longest earlier prompt end (or common prefix) this prompt starts with."""
         found = -1
@@ -391,10 +463,10 @@ class CloudModel:
         prev = self._prev
         if prev is None:
             return self._first_verdict(turn, req, cum, predicted)
-        turn.waste = max(0, min(self._prev_extent, prompt) - read)
+        d = _first_divergent(prev, req)
+        turn.waste, replaced = self._waste(prev, req, cum, d, prompt, read)
         turn.rewritten = min(turn.waste, u.written or 0)
         gap = t - (self._last_t if self._last_t is not None else t)
-        d = _first_divergent(prev, req)
         if d is not None:
             turn.field = req.blocks[d].field if d < len(req.blocks) else prev.blocks[d].field
             turn.excerpt, turn.token = _excerpt(prev, req, d, self.pieces)
@@ -405,7 +477,7 @@ class CloudModel:
             turn.detail = f"prompt_cache_key changed ({prev.key!r} -> {req.key!r}): routed where the prefix is not"
         elif turn.waste == 0:
             turn.cause = CloudCause.HIT
-            turn.detail = _hit_detail(turn, d, prev, cum)
+            turn.detail = _hit_detail(turn, d, prev, replaced)
         elif prev.cached_content and req.cached_content != prev.cached_content:
             turn.cause, turn.field = CloudCause.CONTENT, "cachedContent"
             now = req.cached_content or "no cached content"
@@ -417,7 +489,7 @@ class CloudModel:
             turn.cause, turn.detail = CloudCause.BELOW_MINIMUM, _below(req, cum)
         elif d is not None and (self._prev_cum[d - 1] if 0 < d <= len(self._prev_cum) else 0) < self._prev_extent:
             turn.cause = CloudCause.CONTENT
-            turn.detail = f"{turn.field} changed before the cached prefix's end: everything after it written again"
+            _content_detail(turn, prev, req, d)
         elif gap > _typical_lifetime(req):
             turn.cause, turn.idle_s = CloudCause.EXPIRED, gap
             turn.detail = f"idle {_duration(gap)}: longer than the cache typically keeps an entry ({_lifetime(req)})"
@@ -428,6 +500,18 @@ class CloudModel:
             turn.cause = CloudCause.UNEXPLAINED
             turn.detail = "the provider read less than its rules allow (eviction, or overflow routing)"
         return turn
+
+    def _waste(
+        self, prev: CloudRequest, req: CloudRequest, cum: list[int], d: int | None, prompt: int, read: int
+    ) -> tuple[int, bool]:
+        """What the previous turn had cached and this one paid for again, and whether that is less than all it
+        cached because the content from the first divergent block on is new (a compaction: only the blocks
+        before it could have been needed again)."""
+        full = max(0, min(self._prev_extent, prompt) - read)
+        if d is None or not full or not _replaced(prev, req, d):
+            return full, False
+        before = cum[d - 1] if 0 < d <= len(cum) else 0  # the shared blocks, as this request's count places them
+        return max(0, min(self._prev_extent, before, prompt) - read), True
 
     def _first_verdict(self, turn: CloudTurn, req: CloudRequest, cum: list[int], predicted: int) -> CloudTurn:
         """The session's first request: read whole from an explicit cache it names, else written (or below
@@ -482,12 +566,39 @@ def _reported_extent(req: CloudRequest, modelled: int) -> int:
     return u.prompt // OPENAI_STEP * OPENAI_STEP if req.provider == Provider.OPENAI else u.prompt
 
 
+def _content_detail(turn: CloudTurn, prev: CloudRequest, req: CloudRequest, d: int) -> None:
+    """A content break's field and sentence: the block that changed, or the thinking blocks the provider
+    stripped (the first of them)."""
+    turn.detail = f"{turn.field} changed before the cached prefix's end: everything after it written again"
+    if d < len(prev.blocks) and prev.blocks[d].thinking and not any(b.thinking for b in req.blocks):
+        turn.field = prev.blocks[d].field
+        turn.detail = (
+            f"{req.model} strips earlier thinking blocks at a user turn that is not tool results: "
+            f"the cache from {turn.field} on is written again"
+        )
+
+
 def _below(req: CloudRequest, cum: list[int]) -> str:
     minimum = minimum_tokens(req.provider, req.model)
     return f"the prefix ({cum[-1] if cum else 0:,} tokens) is below {req.model}'s minimum of {minimum:,}: never cached"
 
 
-def _hit_detail(turn: CloudTurn, d: int | None, prev: CloudRequest, cum: list[int]) -> str:
+def _replaced(prev: CloudRequest, req: CloudRequest, d: int | None) -> bool:
+    """Whether everything from the first divergent block on is new (a compaction's summary, another
+    conversation): no block of it was in the previous request. Not known for a request whose body is not
+    its whole prompt (Gemini's cachedContent, a Responses continuation)."""
+    if d is None or d >= len(req.blocks) or d >= len(prev.blocks) or req.partial or prev.partial:
+        return False
+    before = {b.text for b in prev.blocks[d:]}
+    return not any(b.text in before for b in req.blocks[d:])
+
+
+def _hit_detail(turn: CloudTurn, d: int | None, prev: CloudRequest, replaced: bool) -> str:
+    if replaced:
+        return (
+            f"new content from {turn.field} on (history replaced: a compaction, another conversation): "
+            "nothing cached was needed again"
+        )
     if d is not None and d < len(prev.blocks):
         return f"{turn.field} changed after the cached prefix: nothing lost"
     return "read all the previous turn cached"
@@ -607,7 +718,8 @@ def _compare_diagnostics(turn: CloudTurn, req: CloudRequest) -> None:
         turn.provider_reason = kind
         cause, section = ANTHROPIC_REASONS.get(kind, (None, ""))
         if cause is not None:
-            turn.agrees = cause == turn.cause and (not section or turn.field.startswith(section))
+            field = "messages" if turn.field in MESSAGES_SETTINGS else turn.field  # they invalidate the messages
+            turn.agrees = cause == turn.cause and (not section or field.startswith(section))
     elif req.provider == Provider.OPENAI:
         kind = diag.get("type")
         if kind == "cache_hit":
@@ -645,8 +757,14 @@ def _ttl(block: Any) -> str | None:
     return ttl if ttl in TTL else "5m"
 
 
+# settings whose change keeps the tools and system entries but not the messages' (the prompt-caching page's
+# "What invalidates the cache"): they sit between the system prompt and the messages
+MESSAGES_SETTINGS = ("tool_choice", "thinking")
+
+
 def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
-    """tools -> system -> messages, one block per tool, system block and content block."""
+    """tools -> system -> messages, one block per tool, system block and content block (and the settings
+    whose change invalidates the messages' entries, before them)."""
     out: list[Block] = []
     for j, tool in enumerate(body.get("tools") or []):
         out.append(Block(f"tools[{j}]", _canon(tool), _ttl(tool)))
@@ -655,11 +773,18 @@ def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
         out.append(Block("system", system))
     elif isinstance(system, list):
         out += [Block(f"system[{k}]", _canon(b), _ttl(b)) for k, b in enumerate(system)]
-    for i, m in enumerate(body.get("messages") or []):
+    out += [Block(key, _canon(body[key])) for key in MESSAGES_SETTINGS if body.get(key) is not None]
+    messages = body.get("messages") or []
+    strip = _strips_thinking(str(body.get("model") or "")) and _new_user_turn(messages)
+    for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         role = m.get("role") if isinstance(m, dict) else None
         if isinstance(content, list):
-            out += [Block(f"messages[{i}].content[{k}]", f"{role}:{_canon(b)}", _ttl(b)) for k, b in enumerate(content)]
+            for k, b in enumerate(content):
+                thinking = role == "assistant" and isinstance(b, dict) and b.get("type") in THINKING_BLOCKS
+                if not (thinking and strip):
+                    field = f"messages[{i}].content[{k}]"
+                    out.append(Block(field, f"{role}:{_canon(b)}", _ttl(b), thinking=thinking))
         else:
             out.append(Block(f"messages[{i}]", f"{role}:{_canon(content)}"))
     auto = body.get("cache_control")
@@ -667,6 +792,33 @@ def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
         last = out[-1]
         out[-1] = Block(last.field, last.text, auto.get("ttl") if auto.get("ttl") in TTL else "5m")
     return out
+
+
+THINKING_BLOCKS = ("thinking", "redacted_thinking")
+# models that keep earlier turns' thinking blocks in context (the extended-thinking page: "Claude Opus 4.5 and
+# later"); earlier ones strip them when a user turn is not tool results, and the cache is lost from the first
+KEEPS_THINKING = ("claude-opus-4-5", "claude-opus-4-6", "claude-opus-4-7", "claude-opus-4-8", "claude-opus-5")
+STRIPS_THINKING = ("claude-3-7-sonnet", "claude-sonnet-4", "claude-opus-4", "claude-haiku-4-5")
+
+
+def _strips_thinking(model: str) -> bool:
+    """Whether the model drops earlier thinking blocks at a new user turn (a model tokendiff does not know
+    about is assumed to keep them: no verdict is made of a rule that may not apply)."""
+    m = model.lower()
+    return not m.startswith(KEEPS_THINKING) and m.startswith(STRIPS_THINKING)
+
+
+def _new_user_turn(messages: Any) -> bool:
+    """Whether the request ends with a user turn that is not only tool results."""
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(last, dict) or last.get("role") != "user":
+        return False
+    content = last.get("content")
+    return not (
+        isinstance(content, list)
+        and content
+        and all(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+    )
 
 
 HIDDEN_KEYS = frozenset(("role", "type", "id", "call_id", "tool_call_id", "status", "cache_control"))
@@ -718,7 +870,8 @@ def cloud_request(
         Provider.ANTHROPIC: anthropic_blocks,
         Provider.OPENAI: openai_blocks,
         Provider.DEEPSEEK: openai_blocks,
-        Provider.GEMINI: gemini_blocks,
+        # Gemini's own generateContent; its OpenAI-compatible endpoint takes chat messages
+        Provider.GEMINI: gemini_blocks if "contents" in body or "messages" not in body else openai_blocks,
     }[provider](body)
     resp: Mapping[str, Any] = response if isinstance(response, Mapping) else {}
     model = str(body.get("model") or resp.get("model") or resp.get("modelVersion") or "").removeprefix("models/")
@@ -739,7 +892,28 @@ def cloud_request(
         breakpoints=breakpoints,
         cached_content=cached if isinstance(cached, str) and cached else None,
         creates=gemini_cache_made(body, resp, t) if provider == Provider.GEMINI else None,
+        failed=failure(resp),
+        partial=isinstance(cached, str) or isinstance(body.get("previous_response_id"), str),
     )
+
+
+ERROR_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+
+
+def failure(response: Mapping[str, Any]) -> str | None:
+    """What an answer that counted nothing failed with, e.g. `an error (overloaded_error, status 529)`;
+    None for an answer that counted its prompt (an error after a stream's first event still did)."""
+    u = usage_of(response)
+    if u.prompt is not None or u.cached is not None or u.written is not None:
+        return None
+    status, err = response.get("status"), response.get("error")
+    bad = status if isinstance(status, int) and not isinstance(status, bool) and status >= 400 else None
+    if bad is None and err is None:
+        return None
+    names = [err.get(k) for k in ("type", "code", "status")] if isinstance(err, Mapping) else []
+    name = next((n for n in names if isinstance(n, str) and ERROR_NAME.fullmatch(n)), None)
+    said = ", ".join(x for x in (name, None if bad is None else f"status {bad}") if x)
+    return f"an error ({said})" if said else "an error"
 
 
 def openai_breakpoint_regime(model: str) -> bool:
@@ -850,7 +1024,14 @@ def provider_of(
         if suffix in host:
             if p == Provider.DEEPSEEK and "/anthropic" in host:
                 return Provider.ANTHROPIC
+            if p == Provider.GEMINI and _by_usage(response) == Provider.ANTHROPIC:
+                return Provider.ANTHROPIC  # Claude on Vertex AI (aiplatform.googleapis.com): Anthropic's cache
             return p
+    return _by_usage(response)
+
+
+def _by_usage(response: Mapping[str, Any] | None) -> Provider | None:
+    """The provider whose own usage fields an answer carries."""
     resp: Mapping[str, Any] = response if isinstance(response, Mapping) else {}
     usage = resp.get("usage") if isinstance(resp.get("usage"), Mapping) else {}
     assert isinstance(usage, Mapping)

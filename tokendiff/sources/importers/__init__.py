@@ -23,13 +23,16 @@ CHAT_ENDPOINTS = (
 
 
 def is_chat_body(body: object, endpoint: str | None = None) -> bool:
-    """A request a server renders into a prompt: chat messages, a raw prompt, or a Responses input."""
+    """A request a server renders into a prompt: chat messages, a raw prompt, a Responses input, or Gemini's
+    `contents`."""
+    from tokendiff.sources.importers.gemini import is_gemini
     from tokendiff.sources.importers.responses import is_responses
 
     return isinstance(body, dict) and (
         isinstance(body.get("messages"), list)
         or isinstance(body.get("prompt"), (str, list))
         or is_responses(body, endpoint)
+        or is_gemini(body)
     )
 
 

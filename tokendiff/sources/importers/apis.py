@@ -14,7 +14,9 @@ from typing import Any
 
 from tokendiff.core.model import Part, Rendered, SectionPath
 from tokendiff.sources.importers.anthropic import is_anthropic, to_openai_mapped
-from tokendiff.sources.importers.responses import FieldMap, is_responses, to_chat
+from tokendiff.sources.importers.gemini import is_gemini
+from tokendiff.sources.importers.gemini import to_chat as gemini_chat
+from tokendiff.sources.importers.responses import FieldMap, is_responses, llama_chat, to_chat
 
 
 class Api(StrEnum):
@@ -23,6 +25,7 @@ class Api(StrEnum):
     CHAT = "chat"  # OpenAI chat completions (and every server's OpenAI-compatible route)
     RESPONSES = "responses"  # OpenAI Responses
     MESSAGES = "messages"  # Anthropic Messages
+    GEMINI = "gemini"  # Gemini generateContent (a cloud session's; no local server speaks it)
     COMPLETION = "completion"  # a raw prompt (/v1/completions, /completion, Ollama /api/generate)
 
 
@@ -32,6 +35,8 @@ def api_of(body: Any, endpoint: str | None = None) -> Api:
         return Api.CHAT
     if is_responses(body, endpoint):
         return Api.RESPONSES
+    if is_gemini(body):
+        return Api.GEMINI
     if isinstance(body.get("messages"), list) and is_anthropic(body, endpoint):
         return Api.MESSAGES
     if not isinstance(body.get("messages"), list) and isinstance(body.get("prompt"), (str, list)):
@@ -45,10 +50,16 @@ def chat_form(
     """The request as the server templates it (converted as `server_kind` converts it), and the map
     from its chat fields back to the request's own (empty for a chat request)."""
     api = api_of(body, endpoint)
+    llama = server_kind in ("llama-server", "")
     if api == Api.RESPONSES:
-        return to_chat(body, vllm=server_kind == "vllm")
+        chat, fields = to_chat(body, vllm=server_kind == "vllm")
+        return (llama_chat(chat) if llama else chat), fields
     if api == Api.MESSAGES:
-        return to_openai_mapped(body, llama_server=server_kind in ("llama-server", ""))
+        return to_openai_mapped(body, llama_server=llama)
+    if api == Api.GEMINI:
+        return gemini_chat(body)
+    if api == Api.CHAT and llama:
+        return llama_chat(body), []
     return body, []
 
 
@@ -56,7 +67,7 @@ def has_prompt(body: Any, endpoint: str | None = None) -> bool:
     """Whether the request holds a conversation a server renders through its chat template."""
     if not isinstance(body, dict):
         return False
-    return isinstance(body.get("messages"), list) or api_of(body, endpoint) == Api.RESPONSES
+    return isinstance(body.get("messages"), list) or api_of(body, endpoint) in (Api.RESPONSES, Api.GEMINI)
 
 
 def relabel(rendered: Rendered, fields: FieldMap) -> Rendered:

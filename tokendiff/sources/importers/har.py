@@ -18,6 +18,7 @@ import orjson
 from tokendiff.errors import InputError, one_line
 from tokendiff.safeio import open_regular, size_text
 from tokendiff.sources.importers import CHAT_ENDPOINTS, MAX_DEPTH, check_depth, is_chat_body
+from tokendiff.sources.importers.gemini import GEMINI_ENDPOINTS
 from tokendiff.sources.importers.responses import continued
 from tokendiff.sources.record import CaptureRecord
 from tokendiff.sources.streams import final_fields, summarize_stream
@@ -254,7 +255,7 @@ def _entry(e: Any, where: str) -> CaptureRecord | None:
     except ValueError:
         raise InputError(f"invalid URL {url[:80]!r}", source=where) from None
     post = req.get("postData")
-    chat_url = path.endswith(CHAT_ENDPOINTS)
+    chat_url = path.endswith(CHAT_ENDPOINTS) or (path.endswith(GEMINI_ENDPOINTS) and "googleapis" in (host or ""))
     if not isinstance(post, dict):
         if chat_url and str(req.get("method", "")).upper() == "POST":
             raise InputError(f"POST {path} has no postData", source=where)

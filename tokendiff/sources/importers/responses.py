@@ -202,7 +202,35 @@ def _reasoning(b: _Builder, item: dict[str, Any], where: str) -> None:
     b.fields.append((f"{b.at}.{key}", where))
 
 
-TEMPLATE_TOOL_KEYS = ("name", "description", "parameters")  # what llama-server hands the template of a tool
+def llama_function(fn: dict[str, Any]) -> dict[str, Any]:
+    """A function as llama-server hands it to the template (common_chat_tools_to_json_oaicompat): its
+    name, description ("" when absent) and parameters ({} when absent), in that order, nothing else."""
+    return {"name": fn.get("name"), "description": fn.get("description", ""), "parameters": fn.get("parameters", {})}
+
+
+def llama_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat request as llama-server hands it to the template: a `developer` message as `system`, function
+    tools as `llama_function` makes them; the same object when it is so already."""
+    out = body
+    messages, tools = body.get("messages"), body.get("tools")
+    if isinstance(messages, list) and any(isinstance(m, dict) and m.get("role") == "developer" for m in messages):
+        system = [
+            dict(m, role="system") if isinstance(m, dict) and m.get("role") == "developer" else m for m in messages
+        ]
+        out = {**out, "messages": system}
+    if isinstance(tools, list):
+        made = [_llama_tool(t) for t in tools]
+        out = out if all(a is b for a, b in zip(tools, made)) else {**out, "tools": made}
+    return out
+
+
+def _llama_tool(tool: Any) -> Any:
+    fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+    if not isinstance(fn, dict):
+        return tool  # not a function tool: llama-server refuses the request
+    made = llama_function(fn)
+    same = list(tool) == ["type", "function"] and list(fn.items()) == list(made.items())
+    return tool if same else {"type": "function", "function": made}
 
 
 def _tools(tools: Any, vllm: bool) -> tuple[list[dict[str, Any]], FieldMap]:
@@ -213,8 +241,7 @@ def _tools(tools: Any, vllm: bool) -> tuple[list[dict[str, Any]], FieldMap]:
     for j, t in enumerate(tools if isinstance(tools, list) else []):
         if not isinstance(t, dict) or t.get("type") != "function":
             continue
-        keep = (lambda k: k != "type") if vllm else (lambda k: k in TEMPLATE_TOOL_KEYS)
-        fn = {k: v for k, v in t.items() if keep(k)}
+        fn = {k: v for k, v in t.items() if k != "type"} if vllm else llama_function(t)
         fields += [(f"tools[{len(out)}]", f"tools[{j}]"), (f"tools[{len(out)}].function", f"tools[{j}]")]
         out.append({"type": "function", "function": fn})
     return out, fields
