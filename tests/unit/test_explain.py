@@ -376,6 +376,17 @@ def test_bpe_boundary(vocab):
     assert fs[0].kind == "bpe_boundary" and d.boundary
 
 
+@pytest.mark.parametrize("grown", ["x", "x" * 100], ids=["one", "hundred"])
+def test_text_grown_past_a_token_is_no_boundary(vocab, grown):
+    """' code' against ' co'+'dex': the bytes agree through A's token and differ right after it (B's text
+    grew), so this is an edit of the text, not the same text spelled with other tokens."""
+    a = qwen_prompt(vocab, [{"role": "user", "content": "Write code"}], tools=None)
+    b = qwen_prompt(vocab, [{"role": "user", "content": "Write code" + grown}], tools=None)
+    f, fs, d = first(a, b)
+    assert not d.boundary and all(x.kind != "bpe_boundary" for x in fs)
+    assert f.kind == "content_changed", f
+
+
 def test_double_bos(llama3_tok):
     text = render(
         "meta-llama-Llama-3.1-8B-Instruct.jinja", [{"role": "user", "content": "Hi"}], bos_token="<|begin_of_text|>"
