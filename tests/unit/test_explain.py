@@ -218,6 +218,42 @@ def test_client_date_in_system_prompt_in_other_families(family):
     assert f.kind == "date" and "'2026-11-28 23:59' -> '2026-11-29 23:59'" in f.evidence
 
 
+def deepseek_fields_prompt(messages):
+    """A DeepSeek V3.1 prompt sectioned by request fields (a request body's)."""
+    name, kw = FAMILIES["deepseek"]
+    tk = real_tokenizer("deepseek")
+    r = Renderer(template(name)).attribute({"messages": messages, "add_generation_prompt": True, **kw})
+    p = prompt_from_ids(tk.encode(r.text), tk.vocab)
+    p.sections = field_sections(p, r)
+    return p
+
+
+SYSTEM_INSERTED = (
+    [
+        {"role": "system", "content": "You are helpful. You answer in short sentences."},
+        {"role": "user", "content": "Hello there, can you help me with the parser module?"},
+        {"role": "assistant", "content": "Sure."},
+        {"role": "user", "content": "Write code"},
+    ],
+    {"role": "system", "content": "Second system."},
+)
+
+
+@pytest.mark.parametrize("how", ["chatml markers", "chatml fields", "deepseek"])
+def test_a_system_message_inserted_is_no_reminder_moved(vocab, how):
+    """B sends a second system message after the first: nothing was removed from A's user message (chatml
+    writes the new turn before it) nor from A's system prompt (DeepSeek joins system messages into it)."""
+    msgs, extra = SYSTEM_INSERTED
+    more = [msgs[0], extra, *msgs[1:]]
+    if how == "deepseek":
+        a, b = (deepseek_fields_prompt(m) for m in (msgs, more))
+    else:
+        fields = how == "chatml fields"
+        a, b = qwen_prompt(vocab, msgs, tools=None, fields=fields), qwen_prompt(vocab, more, tools=None, fields=fields)
+    _, fs, _ = first(a, b)
+    assert all(f.kind != "reminder_moved" for f in fs), fs
+
+
 def test_tool_description_mutated(vocab):
     tools_b = copy.deepcopy(TOOLS)
     tools_b[2]["function"]["description"] = "Extract the text of a web page. Sub-agents: alpha, beta."

@@ -1209,8 +1209,12 @@ def _removed(ctx: Ctx) -> str:
 
 
 def _kept_tail(ctx: Ctx) -> str:
-    """A's text after an insertion up to the end of its turn (the next special token)."""
+    """A's text after an insertion up to the end of its turn (the next special token, or where the turn's
+    section ends: a template that writes no special token between turns runs on into the next message)."""
     start, stop = ctx.h.a_end, min(len(ctx.a), ctx.h.a_end + 512)
+    turn = ctx.ia.turn_at(start)
+    if turn is not None:
+        stop = min(stop, max(turn.end, start))
     end = _run_end(ctx.a.special, flag_bytes(ctx.a.special, start, stop), start, start, stop, False)
     return ctx.a.data[ctx.h.a_byte_end : ctx.a.byte_offset(end)].decode("utf-8", "replace").strip()
 
@@ -1232,6 +1236,8 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
             return None
         if ctx.h.a_end >= len(ctx.a) or ctx.a.owner(ctx.h.a_end).top != src:
             return None  # A's text after the insertion is another message's: nothing of src's was kept
+        if _message_role(ctx.b, src.index) != src.name:
+            return None  # B's message at src's place is another one: messages were inserted before it, not moved
         removed = _kept_tail(ctx)
     dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
     if not _later_message(dest, src):
@@ -1247,6 +1253,13 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
 def _later_message(dest: Part | None, src: Part) -> TypeGuard[Part]:
     """`dest` is a message after message `src`."""
     return dest is not None and dest.kind == _MESSAGE and (dest.index or 0) > (src.index or 0)
+
+
+def _message_role(p: Prompt, index: int | None) -> str | None:
+    """The role of message `index` of `p` (its turn-level section's name); None where it has none."""
+    top = (s for s in _index(p).tops if s.path.parts[0].kind == _MESSAGE and s.path.parts[0].index == index)
+    turn = next(top, None)
+    return None if turn is None else turn.path.parts[0].name
 
 
 def _message_holds(p: Prompt, index: int | None, text: str) -> bool:
