@@ -21,7 +21,7 @@ from pathlib import Path
 from tokendiff import safeio
 from tokendiff.core import grammar
 from tokendiff.core.kinds import Sectioning, ServerKind
-from tokendiff.core.model import Prompt, PromptMeta, RenderMismatch
+from tokendiff.core.model import LOCAL_RENDER_IDS, Prompt, PromptMeta, RenderMismatch
 from tokendiff.core.plain import plain
 from tokendiff.core.vocab import SPECIAL, TextTokenizer, Vocab
 from tokendiff.errors import InputError, one_line
@@ -594,7 +594,7 @@ class Loader:
         if rec.prompt_ids is not None or rendered_ids is None:
             p = self._decode(self._record_ids(rec, request, None, label, meta), label, label, meta)
         else:
-            meta.ids_from = "local render, tokenised here"
+            meta.ids_from = LOCAL_RENDER_IDS
             p = self._decode(rendered_ids, label, label, meta)
         if not (isinstance(request.get("messages"), list) and request["messages"] and self._can_render()):
             return p, None
@@ -619,7 +619,7 @@ class Loader:
             meta.ids_from = "llama-server /apply-template + /tokenize"
             ids = self.server.prompt_ids(request)
         elif rendered is not None:
-            meta.ids_from = "local render, tokenised here"
+            meta.ids_from = LOCAL_RENDER_IDS
             ids = self.tokenizer.encode(rendered.text)
         else:
             raise InputError("record has neither messages, prompt_ids nor prompt_text", source=label)
@@ -757,7 +757,7 @@ def _attach_render(p: Prompt, rendered: Rendered, label: str) -> bool:
         p.sections = field_sections(p, rendered)
         p.meta.sections_from = "request fields"
     else:
-        p.meta.render_mismatch = _render_differs(label, local, p.data)
+        p.meta.render_mismatch = _render_differs(label, local, p.data, p.meta.ids_from != LOCAL_RENDER_IDS)
     if rendered.unlocated:
         p.meta.unlocated_fields = rendered.unlocated
     return matched
@@ -782,17 +782,22 @@ def _text_layout(messages: list[Any]) -> str:
     return kinds.pop() if len(kinds) == 1 else "strings" if not kinds else MIXED_CONTENT
 
 
-def _render_differs(label: str, local: bytes, data: bytes) -> RenderMismatch:
-    """Where the local render parts from the server's tokens, said to the user."""
+def _render_differs(label: str, local: bytes, data: bytes, server: bool = True) -> RenderMismatch:
+    """Where the local render parts from the server's tokens, said to the user; or, where the IDs are the
+    render's own tokens (`server` False), where those spell other bytes: the tokenizer normalises the text
+    (Qwen's NFC), and no server is involved."""
     from tokendiff.core.align import first_byte_diff
 
     at = first_byte_diff(local, data)
     lo, hi = max(0, (at or 0) - 40), (at or 0) + 40
-    warn(
-        f"{label}: the local render differs from the server's tokens at byte {at}; "
-        "sections come from the template markers (the server renders differently)",
-        kind="local render differs",
+    why = (
+        f"the local render differs from the server's tokens at byte {at}; "
+        "sections come from the template markers (the server renders differently)"
+        if server
+        else f"the tokens of the local render spell other bytes at byte {at} (the tokenizer normalises the text); "
+        "sections come from the template markers"
     )
+    warn(f"{label}: {why}", kind="local render differs")
     return RenderMismatch(
         byte=at, local=local[lo:hi].decode("utf-8", "replace"), server=data[lo:hi].decode("utf-8", "replace")
     )
