@@ -724,9 +724,13 @@ def detect_reasoning(ctx: Ctx) -> Finding | None:
 def _client_dropped(ctx: Ctx) -> str | None:
     """Why the client, not the template, dropped A's reasoning (None when the template may have): B's
     request no longer carries it; or, without requests, no user message follows it in B (templates
-    drop reasoning only before the latest user message)."""
+    drop reasoning only before the latest user message). A user message after it in A as well, where A kept
+    it, shows that the template keeps it there (gpt-oss keeps a tool call's analysis)."""
+    kept = False
     if _user_turn_after(ctx.b, ctx.h.b_end):
-        return None  # the template drops it there whatever the client sends
+        kept = _user_turn_after(ctx.a, ctx.h.a_end)
+        if not kept:
+            return None  # the template drops it there whatever the client sends
     i = ctx.a_path.message_index
     ma, mb = _request_message(ctx.a, i), _request_message(ctx.b, i)
     if ma and mb and _same_message_but_reasoning(ma, mb):
@@ -735,6 +739,8 @@ def _client_dropped(ctx: Ctx) -> str | None:
         if _has_reasoning(ma):
             return f"B's request no longer carries the reasoning of messages[{i}]"
     if ctx.b.meta.request is None:
+        if kept:
+            return "A kept it with a user message after it, so the template does not drop it there"
         return "no user message follows it in B, and templates drop reasoning only before the latest one"
     return None
 
