@@ -504,3 +504,20 @@ def test_the_first_encodings_are_checked_at_a_bounded_cost():
     assert sum(seen) <= len(text) + 2 * SEGMENT_CHECK_CHARS  # the sample encoded both ways
     wrong = SegmentEncoder.for_tokenizer(tk, lambda t: [0] if len(t) > 100 else whole(t))
     assert wrong is not None and wrong.encode(text) == [0] and not wrong.trusted
+
+
+@pytest.mark.parametrize("name", ["deepseek-ai-DeepSeek-V3.1.jinja", *CASES])
+def test_null_or_missing_content_renders_as_an_empty_string(name):
+    """`"content": null` beside tool calls (the OpenAI SDK's), or no content key: rendered as llama-server
+    renders it, with an empty string (tests/live/test_breaks.py holds it to the server), not refused
+    because Qwen3's or DeepSeek's template fails on None."""
+    kw = CASES.get(name, {"bos_token": "<｜begin▁of▁sentence｜>"} if "DeepSeek" in name else {})
+    r = Renderer(template(name), **kw)
+    empty = body()
+    empty["messages"][2]["content"] = ""
+    want = r.render(empty)
+    for change in (lambda m: m.update(content=None), lambda m: m.pop("content")):
+        b = body()
+        change(b["messages"][2])
+        assert r.render(b) == want
+        assert r.attribute(b).text == want
