@@ -10,7 +10,7 @@ import os
 
 import pytest
 from helpers import assert_one_line_error, har_document, har_entry, run_cli, started_at
-from prompts import CONVERSATION, TEMPLATES, TOOLS, chat_body
+from prompts import CONVERSATION, TEMPLATES, TOOLS, chat_body, qwen_encode
 
 from tokendiff.errors import InputError
 from tokendiff.sources.capture import CaptureWriter, read_capture
@@ -128,6 +128,27 @@ def test_bad_bodies(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps({"messages": [{"role": "user", "content": 5}]}))
     r = run_cli("diff", str(tmp_path / "c.json"), str(tmp_path / "c.json"))
     assert r.returncode in (0, 2) and "Traceback" not in r.stderr
+
+
+def test_completion_request_bodies_diff_their_prompts(tmp_path):
+    """/v1/completions bodies: the prompt is text (tokenised here, as the server tokenises it) or token IDs.
+    Each was refused with 'record has neither messages, prompt_ids nor prompt_text'."""
+    turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    for name, prompt in (("a", turn.format("hello")), ("b", turn.format("hellO"))):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"model": "x", "prompt": prompt}))
+    (tmp_path / "ids.json").write_text(json.dumps({"prompt": qwen_encode(turn.format("hello"))}))
+    r = run_cli("diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json")
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["a"]["ids_from"] == "the request's prompt, tokenised here"
+    assert doc["first_divergence"]["byte"] == len("<|im_start|>user\n")
+    r = run_cli("diff", str(tmp_path / "a.json"), str(tmp_path / "ids.json"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["b"]["ids_from"] == "the request's prompt token IDs"
+    (tmp_path / "batch.json").write_text(json.dumps({"prompt": ["one", "two"]}))
+    assert_one_line_error(
+        run_cli("diff", str(tmp_path / "batch.json"), str(tmp_path / "a.json")), "batch.json", "a batch of prompts"
+    )
 
 
 def test_custom_chat_template(tmp_path):

@@ -613,7 +613,7 @@ class Loader:
             meta.ids_from = source if isinstance(source, str) else "server"
             return _recorded_ids(rec.prompt_ids, label)
         if isinstance(rec.prompt_text, str):
-            meta.ids_from = "prompt log, tokenised here"
+            meta.ids_from = rec.prompt_source if isinstance(rec.prompt_source, str) else "prompt log, tokenised here"
             ids = self._tokenise_logged(rec.prompt_text)
         elif isinstance(request.get("messages"), list) and self.server is not None:
             meta.ids_from = "llama-server /apply-template + /tokenize"
