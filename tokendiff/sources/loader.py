@@ -125,6 +125,7 @@ def file_kind(p: Path) -> str:
     if is_capture_file(p):
         return "capture"
     suffix = p.suffix.lower()
+    _refuse_gzip(p, suffix)
     if suffix == ".har":
         return "har"
     if suffix == ".txt":
@@ -147,6 +148,12 @@ def file_kind(p: Path) -> str:
         if suffix == ".json":
             raise InputError(f"not a request body or HAR file: {_first_line_is(head, raw)}", source=str(p))
     return "slot"  # let the slot reader say what is wrong with it
+
+
+def _refuse_gzip(p: Path, suffix: str) -> None:
+    """A gzip-compressed prompt file said to be one (the slot reader would say 'magic 0x08088b1f')."""
+    if suffix == ".gz" and safeio.head(p, 2) == b"\x1f\x8b":
+        raise InputError("a gzip-compressed file: prompts are read uncompressed (gunzip it first)", source=str(p))
 
 
 def _first_line_is(head: bytes, raw: bytes) -> str:
