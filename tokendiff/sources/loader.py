@@ -447,8 +447,11 @@ class Loader:
         the logged text) tokenised. `rendered_ids`: what `rendered_ids` gave for this record, so its
         render is not tokenised again; `depth_checked`: its request's nesting was checked when it was
         read (a HAR's is), so it is not walked again."""
+        from tokendiff.sources.templates.env import rendered_at
+
         try:
-            return self._from_record(rec, label, turn, rendered_ids, depth_checked)
+            with rendered_at(rec.ts):
+                return self._from_record(rec, label, turn, rendered_ids, depth_checked)
         except InputError as e:
             if e.source:
                 raise
@@ -471,7 +474,11 @@ class Loader:
             request = _request_of(rec)
             if not isinstance(request.get("messages"), list):
                 return None
-            return np.asarray(self.tokenizer.encode(self.renderer.render(request)), dtype=np.int32)
+            from tokendiff.sources.templates.env import rendered_at
+
+            with rendered_at(rec.ts):
+                text = self.renderer.render(request)
+            return np.asarray(self.tokenizer.encode(text), dtype=np.int32)
         except InputError:
             return None
 
@@ -497,9 +504,13 @@ class Loader:
             return None  # no family's markers, or mojibake: the load warns or refuses
         if not (isinstance(request.get("messages"), list) and request["messages"] and self._can_render()):
             return Sectioning.MARKERS, fam
+        from tokendiff.sources.templates.env import rendered_at
+
         try:
-            local = self.renderer.render(request)
-            if local == text or self.renderer.confirms(request, text):
+            with rendered_at(rec.ts):
+                local = self.renderer.render(request)
+                same = local == text or self.renderer.confirms(request, text)
+            if same:
                 return Sectioning.FIELDS, fam, _text_layout(request["messages"])
         except InputError:
             return None
