@@ -169,3 +169,19 @@ def test_diff_help_says_spans_not_hunks():
     """`--max-spans` is the flag; `--max-hunks` still works (test_diff_golden) but is not offered."""
     r = run_cli("diff", "--help")
     assert r.returncode == 0 and "--max-spans N" in r.stdout and "hunk" not in r.stdout
+
+
+def test_a_normalised_render_names_the_tokenizer_not_a_server(tmp_path):
+    """A request body in NFD, rendered and tokenised here by Qwen's tokenizer (NFC): the tokens spell other
+    bytes than the render. No server answered anything: the output must not blame one."""
+    body = {
+        "messages": [{"role": "system", "content": "Cafe\u0301 re\u0301sume\u0301"}, {"role": "user", "content": "hi"}]
+    }
+    (tmp_path / "nfd.json").write_text(json.dumps(body))
+    r = run_cli("diff", str(tmp_path / "nfd.json"), str(tmp_path / "nfd.json"), "--color", "never")
+    assert r.returncode == 0, r.stderr
+    assert "server's tokens" not in r.stdout + r.stderr
+    assert "A: the tokens of the local render spell other bytes at byte 22 (the tokenizer normalises the text)" in (
+        r.stdout
+    )
+    assert "the tokens of the local render spell other bytes at byte 22" in r.stderr

@@ -4,6 +4,7 @@ a traceback, never a hang (unit/test_hostile.py holds the property-based tests o
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import struct
 import subprocess
@@ -86,6 +87,10 @@ def corpus(tmp):
         ("scalar.har", b'{"log": {"entries": [7]}}', "@1", "entry 0: entry has no request object"),
         ("surrogate.har", b'{"log": {"entries": [{"request": {"url": "\\udc00"}}]}}', "@1", "invalid text"),
         ("deepdoc.har", b'{"log": {"pages": ' + b"[" * 10**5, "@1", "the HAR file is nested deeper than 128"),
+        # compressed prompts are not read: said so, not a slot file's 'magic 0x08088b1f'
+        ("body.json.gz", gzip.compress(b'{"messages": []}', mtime=0), "", "a gzip-compressed file"),
+        ("cap.jsonl.gz", gzip.compress(b'{"schema": "tokendiff.capture/1"}\n', mtime=0), "@1", "gunzip it first"),
+        ("batch.json", b'{"prompt": ["one", "two"]}', "", "a batch of prompts"),
     ]
 
 

@@ -10,7 +10,7 @@ import os
 
 import pytest
 from helpers import assert_one_line_error, har_document, har_entry, run_cli, started_at
-from prompts import CONVERSATION, TEMPLATES, TOOLS, chat_body
+from prompts import CONVERSATION, TEMPLATES, TOOLS, chat_body, qwen_encode, real_tokenizer
 
 from tokendiff.errors import InputError
 from tokendiff.sources.capture import CaptureWriter, read_capture
@@ -128,6 +128,64 @@ def test_bad_bodies(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps({"messages": [{"role": "user", "content": 5}]}))
     r = run_cli("diff", str(tmp_path / "c.json"), str(tmp_path / "c.json"))
     assert r.returncode in (0, 2) and "Traceback" not in r.stderr
+
+
+def test_completion_request_bodies_diff_their_prompts(tmp_path):
+    """/v1/completions bodies: the prompt is text (tokenised here, as the server tokenises it) or token IDs.
+    Each was refused with 'record has neither messages, prompt_ids nor prompt_text'."""
+    turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    for name, prompt in (("a", turn.format("hello")), ("b", turn.format("hellO"))):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"model": "x", "prompt": prompt}))
+    (tmp_path / "ids.json").write_text(json.dumps({"prompt": qwen_encode(turn.format("hello"))}))
+    r = run_cli("diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json")
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["a"]["ids_from"] == "the request's prompt, tokenised here"
+    assert doc["first_divergence"]["byte"] == len("<|im_start|>user\n")
+    r = run_cli("diff", str(tmp_path / "a.json"), str(tmp_path / "ids.json"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["b"]["ids_from"] == "the request's prompt token IDs"
+    (tmp_path / "batch.json").write_text(json.dumps({"prompt": ["one", "two"]}))
+    assert_one_line_error(
+        run_cli("diff", str(tmp_path / "batch.json"), str(tmp_path / "a.json")), "batch.json", "a batch of prompts"
+    )
+
+
+def test_a_capture_renders_on_the_day_it_was_recorded(tmp_path):
+    """Llama 3.2's template writes 'Today Date' with strftime_now: a capture read on a later day rendered
+    with that day's date, so the server's recorded IDs 'differed from the local render' and the field
+    sections were lost; and two requests across midnight, recorded without IDs, rendered alike."""
+    import time
+
+    from prompts import render, tokenizers_dir
+
+    tok = real_tokenizer("llama3")
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}]
+    day = time.mktime((2026, 11, 28, 12, 0, 0, 0, 0, -1))  # noon, local time (as the server renders)
+    text = render(
+        "meta-llama-Llama-3.2-3B-Instruct.jinja", msgs, bos_token="<|begin_of_text|>", date_string="28 Nov 2026"
+    )
+    recs = [
+        {
+            "schema": "tokendiff.capture/1",
+            "seq": 1,
+            "ts": day,
+            "request": {"messages": msgs},
+            "prompt_ids": tok.encode(text),
+        },
+        {"schema": "tokendiff.capture/1", "seq": 2, "ts": day, "request": {"messages": msgs}},
+        {"schema": "tokendiff.capture/1", "seq": 3, "ts": day + 86400, "request": {"messages": msgs}},
+    ]
+    cap = tmp_path / "capture.jsonl"
+    cap.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    tk = str(tokenizers_dir() / tok.name)
+    r = run_cli("diff", f"{cap}@1", f"{cap}@2", "--tokenizer", tk, "--json")
+    assert r.returncode == 0, r.stderr
+    assert "differs from the server's tokens" not in r.stderr
+    assert json.loads(r.stdout)["a"]["sections_from"] == "request fields"
+    r = run_cli("diff", f"{cap}@2", f"{cap}@3", "--tokenizer", tk, "--color", "never")
+    assert r.returncode == 1, r.stderr
+    assert "'28 Nov 2026' -> '29 Nov 2026'" in r.stdout
 
 
 def test_custom_chat_template(tmp_path):

@@ -360,3 +360,22 @@ def test_dropped_old_turns_are_still_truncation(qwen, vocab):
     a = served(qwen, vocab, {"messages": turns + last})
     b = served(qwen, vocab, {"messages": turns[:1] + turns[3:] + last})
     assert first(a, b).kind == "truncation"
+
+
+@pytest.mark.parametrize("content", ["null", "missing"])
+def test_an_assistant_message_without_content_renders_as_llama_server_renders_it(qwen, content):
+    """The OpenAI SDK sends `"content": null` beside tool calls (and some clients leave the key out):
+    llama-server renders the message as with an empty string, where Qwen3's template alone fails on None.
+    tokendiff's local render of such a request is the server's prompt."""
+    msgs = copy.deepcopy(CONVERSATION[:4])
+    assert msgs[2].get("tool_calls")
+    if content == "null":
+        msgs[2]["content"] = None
+    else:
+        msgs[2].pop("content", None)
+    body = {"messages": msgs, "tools": TOOLS}
+    with sv.LlamaClient(qwen.url) as c:
+        served_text = c.apply_template(body)
+    from tokendiff.sources.templates.render import Renderer
+
+    assert Renderer(template("Qwen-Qwen3-0.6B.jinja")).render(body) == served_text

@@ -218,6 +218,65 @@ def test_client_date_in_system_prompt_in_other_families(family):
     assert f.kind == "date" and "'2026-11-28 23:59' -> '2026-11-29 23:59'" in f.evidence
 
 
+def fields_prompt(family, messages, tools=None):
+    """A prompt of another family sectioned by request fields (a request body's), its request kept."""
+    name, kw = FAMILIES[family]
+    tk = real_tokenizer(family)
+    body = {"messages": messages, "add_generation_prompt": True, **kw} | ({"tools": tools} if tools else {})
+    r = Renderer(template(name)).attribute(body)
+    p = prompt_from_ids(tk.encode(r.text), tk.vocab)
+    p.sections = field_sections(p, r)
+    p.meta.request = body
+    return p
+
+
+SYSTEM_INSERTED = (
+    [
+        {"role": "system", "content": "You are helpful. You answer in short sentences."},
+        {"role": "user", "content": "Hello there, can you help me with the parser module?"},
+        {"role": "assistant", "content": "Sure."},
+        {"role": "user", "content": "Write code"},
+    ],
+    {"role": "system", "content": "Second system."},
+)
+
+
+@pytest.mark.parametrize("how", ["chatml markers", "chatml fields", "deepseek"])
+def test_a_system_message_inserted_is_no_reminder_moved(vocab, how):
+    """B sends a second system message after the first: nothing was removed from A's user message (chatml
+    writes the new turn before it) nor from A's system prompt (DeepSeek joins system messages into it)."""
+    msgs, extra = SYSTEM_INSERTED
+    more = [msgs[0], extra, *msgs[1:]]
+    if how == "deepseek":
+        a, b = (fields_prompt("deepseek", m) for m in (msgs, more))
+    else:
+        fields = how == "chatml fields"
+        a, b = qwen_prompt(vocab, msgs, tools=None, fields=fields), qwen_prompt(vocab, more, tools=None, fields=fields)
+    _, fs, _ = first(a, b)
+    assert all(f.kind != "reminder_moved" for f in fs), fs
+
+
+def test_reasoning_the_template_kept_before_a_user_message_is_dropped_by_the_client():
+    """gpt-oss renders a tool call's analysis also before a later user message: A has it there, B's request
+    no longer sends it. The client dropped it; 'the template drops reasoning before the latest user message'
+    is not what happened (A shows the template keeps it)."""
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    thought = {"role": "assistant", "content": "", "tool_calls": [call], "reasoning_content": "I should look it up."}
+    msgs = [
+        {"role": "user", "content": "Weather in Paris?"},
+        thought,
+        {"role": "tool", "tool_call_id": "c1", "content": "18 C"},
+        {"role": "user", "content": "continue"},
+    ]
+    dropped = copy.deepcopy(msgs)
+    del dropped[1]["reasoning_content"]
+    a, b = fields_prompt("harmony", msgs, TOOLS), fields_prompt("harmony", dropped, TOOLS)
+    assert b"I should look it up." in a.data
+    f, _, _ = first(a, b)
+    assert f.kind == "reasoning_dropped_by_client", f
+    assert "B's request no longer carries the reasoning of messages[1]" in f.evidence
+
+
 def test_tool_description_mutated(vocab):
     tools_b = copy.deepcopy(TOOLS)
     tools_b[2]["function"]["description"] = "Extract the text of a web page. Sub-agents: alpha, beta."
@@ -374,6 +433,17 @@ def test_bpe_boundary(vocab):
     b = prompt_from_ids(qwen_encode(head + " worldwide") + qwen_encode("<|im_end|>"), vocab)
     f, fs, d = first(a, b)
     assert fs[0].kind == "bpe_boundary" and d.boundary
+
+
+@pytest.mark.parametrize("grown", ["x", "x" * 100], ids=["one", "hundred"])
+def test_text_grown_past_a_token_is_no_boundary(vocab, grown):
+    """' code' against ' co'+'dex': the bytes agree through A's token and differ right after it (B's text
+    grew), so this is an edit of the text, not the same text spelled with other tokens."""
+    a = qwen_prompt(vocab, [{"role": "user", "content": "Write code"}], tools=None)
+    b = qwen_prompt(vocab, [{"role": "user", "content": "Write code" + grown}], tools=None)
+    f, fs, d = first(a, b)
+    assert not d.boundary and all(x.kind != "bpe_boundary" for x in fs)
+    assert f.kind == "content_changed", f
 
 
 def test_double_bos(llama3_tok):

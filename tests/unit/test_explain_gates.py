@@ -238,6 +238,8 @@ def test_the_kept_tail_ends_at_the_first_special_token():
     for a, b, d, h, i in _cases(19, 800):
         ctx = ex.Ctx(a, b, d, h, i)
         stop = min(len(a), h.a_end + 512)
+        turn = next((s for s in a.sections if len(s.path.parts) == 1 and s.start <= h.a_end < s.end), None)
+        stop = stop if turn is None else min(stop, turn.end)  # nor past A's turn (a template without specials)
         end = next((k for k in range(h.a_end, stop) if a.special[k]), stop)
         want = a.data[h.a_byte_end : a.byte_offset(end)].decode("utf-8", "replace").strip()
         assert ex._kept_tail(ctx) == want
@@ -317,6 +319,8 @@ def _reminder_moved_as_was(ctx: ex.Ctx):
     if at < 0:
         if ctx.h.a_end >= len(ctx.a) or ctx.a.owner(ctx.h.a_end).top != src:
             return None
+        if ex._message_role(ctx.b, src.index) != src.name:
+            return None
         removed, at = ex._kept_tail(ctx), ctx.h.b_byte_end
     dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
     if dest is None or dest.kind != K.MESSAGE or (dest.index or 0) <= (src.index or 0):
@@ -353,7 +357,7 @@ def test_reordered_tests_answer_as_before(monkeypatch):
         moved += got is not None
         if i == 0 and _new_conversation_as_was(a, b, d) is None:
             assert ex.new_conversation(a, b, d) is None
-    assert moved >= 100  # the pieces (40 and 80 letters) move text often
+    assert moved >= 30  # the pieces (40 and 80 letters) move text often (within one role: other roles are inserted)
 
 
 _TURN_IDS: dict[str, int] = {}  # a piece's ID, the same in every prompt

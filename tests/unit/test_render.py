@@ -135,6 +135,31 @@ def test_field_sections_on_real_tokens_of_other_families(name):
     assert owner_spelled(p, len(p) - 1) == last
 
 
+@pytest.mark.parametrize(
+    "name, marker",
+    [
+        ("openai-gpt-oss-120b.jinja", "<|channel|>final<|message|><|end|>"),
+        ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "</s>"),
+    ],
+)
+def test_an_empty_message_is_numbered_as_the_request_numbers_it(name, marker):
+    """An assistant message with empty content renders no field, so its turn is named from the template's
+    markers: by the request's index (2), not the template's count of turns (gpt-oss writes a system turn of
+    its own before the developer one, Mistral folds the system message into the last [INST])."""
+    msgs = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "And Rome?"},
+    ]
+    r = Renderer(template(name), **CASES[name]).attribute({"messages": msgs})
+    p = real_tokenizer(REAL_FAMILY[name]).prompt(r.text)
+    p.sections = field_sections(p, r)
+    owner = p.owner(token_at(p, marker))
+    assert owner.message_index == 2 and owner.label.startswith("message 2 (assistant"), owner.label
+    assert p.owner(token_at(p, "Rome")).message_index == 3
+
+
 def test_qwen3_consecutive_tool_results_split_one_turn(vocab):
     b = body()
     b["messages"][2]["tool_calls"].append(
@@ -479,3 +504,20 @@ def test_the_first_encodings_are_checked_at_a_bounded_cost():
     assert sum(seen) <= len(text) + 2 * SEGMENT_CHECK_CHARS  # the sample encoded both ways
     wrong = SegmentEncoder.for_tokenizer(tk, lambda t: [0] if len(t) > 100 else whole(t))
     assert wrong is not None and wrong.encode(text) == [0] and not wrong.trusted
+
+
+@pytest.mark.parametrize("name", ["deepseek-ai-DeepSeek-V3.1.jinja", *CASES])
+def test_null_or_missing_content_renders_as_an_empty_string(name):
+    """`"content": null` beside tool calls (the OpenAI SDK's), or no content key: rendered as llama-server
+    renders it, with an empty string (tests/live/test_breaks.py holds it to the server), not refused
+    because Qwen3's or DeepSeek's template fails on None."""
+    kw = CASES.get(name, {"bos_token": "<｜begin▁of▁sentence｜>"} if "DeepSeek" in name else {})
+    r = Renderer(template(name), **kw)
+    empty = body()
+    empty["messages"][2]["content"] = ""
+    want = r.render(empty)
+    for change in (lambda m: m.update(content=None), lambda m: m.pop("content")):
+        b = body()
+        change(b["messages"][2])
+        assert r.render(b) == want
+        assert r.attribute(b).text == want

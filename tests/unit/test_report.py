@@ -82,3 +82,21 @@ def test_one_rounding_rule_for_every_view(agent_session):
     assert reuse_col.cell(t4) == "91.3"
     assert percent(1, 8, 0) == 13.0 and percent_text(1, 8, 0) == "13" and percent_text(3, 8, 1) == "37.5"
     assert percent(1, 40, 1) == 2.5 and percent_text(1, 80, 1) == "1.3" and percent(0, 0) == 100.0
+
+
+def test_an_excerpt_marks_whole_characters_where_a_token_ends_inside_one():
+    """Llama 3's byte-level BPE splits an emoji's skin tone modifier (4 bytes) between two tokens: the
+    divergent token holds its last bytes only. Marked as they are, both sides read '👋�⟦�⟧' and hide the
+    change; the marks go around the whole character instead."""
+    from prompts import real_tokenizer
+
+    from tokendiff.core.align import align
+    from tokendiff.report.excerpt import excerpt
+
+    tk = real_tokenizer("llama3")
+    a, b = (tk.prompt(f"<|start_header_id|>user<|end_header_id|>\n\nHello 👋{tone} there") for tone in "🏽🏿")
+    h = align(a, b).hunks[0]
+    assert a.data[h.a_byte_start : h.a_byte_start + 1] != "🏽".encode()[:1]  # the token starts inside it
+    ea, eb = excerpt(a, h.a_start, h.a_end, 3), excerpt(b, h.b_start, h.b_end, 3)
+    assert (ea.diverged, eb.diverged) == ("🏽", "🏿")
+    assert "\ufffd" not in ea.before + ea.after + eb.before + eb.after

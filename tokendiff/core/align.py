@@ -810,16 +810,20 @@ def _merge(spans: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, 
 
 
 def is_boundary(a: Prompt, b: Prompt, h: Hunk) -> bool:
-    """A BPE merge boundary: the two sides' bytes agree at least through the first
-    differing token of each side (" world"+"wide" against " worldwide")."""
+    """A BPE merge boundary: the span spells the same bytes on both sides, or the bytes agree past the
+    end of the first differing token of each side (" world"+"wide" against " worldwide"). Agreeing only
+    through it is an edit the merge follows: " code" against " co"+"dex", where B's text grew by "x"."""
     if h.a_start == h.a_end or h.b_start == h.b_end:
         return False
     ta = a.data[h.a_byte_start : h.a_byte_end]
     tb = b.data[h.b_byte_start : h.b_byte_end]
-    n = min(len(ta), len(tb))
-    k = first_byte_diff(ta[:n], tb[:n])
-    k = n if k is None else k
-    return k > 0 and k >= len(a.token_bytes(h.a_start)) and k >= len(b.token_bytes(h.b_start))
+    if ta == tb:
+        return True
+    past = max(len(a.token_bytes(h.a_start)), len(b.token_bytes(h.b_start))) + 1  # bytes that must agree
+    wa = a.data[h.a_byte_start : h.a_byte_start + past]
+    wb = b.data[h.b_byte_start : h.b_byte_start + past]
+    n = min(len(wa), len(wb))  # under `past` where a prompt ends first: no byte past it to disagree
+    return n >= past - 1 and wa[:n] == wb[:n]
 
 
 def _insertion_owner(a: Prompt, b: Prompt, a0: int, b0: int) -> SectionPath:

@@ -724,9 +724,13 @@ def detect_reasoning(ctx: Ctx) -> Finding | None:
 def _client_dropped(ctx: Ctx) -> str | None:
     """Why the client, not the template, dropped A's reasoning (None when the template may have): B's
     request no longer carries it; or, without requests, no user message follows it in B (templates
-    drop reasoning only before the latest user message)."""
+    drop reasoning only before the latest user message). A user message after it in A as well, where A kept
+    it, shows that the template keeps it there (gpt-oss keeps a tool call's analysis)."""
+    kept = False
     if _user_turn_after(ctx.b, ctx.h.b_end):
-        return None  # the template drops it there whatever the client sends
+        kept = _user_turn_after(ctx.a, ctx.h.a_end)
+        if not kept:
+            return None  # the template drops it there whatever the client sends
     i = ctx.a_path.message_index
     ma, mb = _request_message(ctx.a, i), _request_message(ctx.b, i)
     if ma and mb and _same_message_but_reasoning(ma, mb):
@@ -735,6 +739,8 @@ def _client_dropped(ctx: Ctx) -> str | None:
         if _has_reasoning(ma):
             return f"B's request no longer carries the reasoning of messages[{i}]"
     if ctx.b.meta.request is None:
+        if kept:
+            return "A kept it with a user message after it, so the template does not drop it there"
         return "no user message follows it in B, and templates drop reasoning only before the latest one"
     return None
 
@@ -1209,8 +1215,12 @@ def _removed(ctx: Ctx) -> str:
 
 
 def _kept_tail(ctx: Ctx) -> str:
-    """A's text after an insertion up to the end of its turn (the next special token)."""
+    """A's text after an insertion up to the end of its turn (the next special token, or where the turn's
+    section ends: a template that writes no special token between turns runs on into the next message)."""
     start, stop = ctx.h.a_end, min(len(ctx.a), ctx.h.a_end + 512)
+    turn = ctx.ia.turn_at(start)
+    if turn is not None:
+        stop = min(stop, max(turn.end, start))
     end = _run_end(ctx.a.special, flag_bytes(ctx.a.special, start, stop), start, start, stop, False)
     return ctx.a.data[ctx.h.a_byte_end : ctx.a.byte_offset(end)].decode("utf-8", "replace").strip()
 
@@ -1232,6 +1242,8 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
             return None
         if ctx.h.a_end >= len(ctx.a) or ctx.a.owner(ctx.h.a_end).top != src:
             return None  # A's text after the insertion is another message's: nothing of src's was kept
+        if _message_role(ctx.b, src.index) != src.name:
+            return None  # B's message at src's place is another one: messages were inserted before it, not moved
         removed = _kept_tail(ctx)
     dest = ctx.b.owner(ctx.b.token_at_byte(at)).top if len(removed) >= 24 else None
     if not _later_message(dest, src):
@@ -1247,6 +1259,13 @@ def detect_reminder_moved(ctx: Ctx) -> Finding | None:
 def _later_message(dest: Part | None, src: Part) -> TypeGuard[Part]:
     """`dest` is a message after message `src`."""
     return dest is not None and dest.kind == _MESSAGE and (dest.index or 0) > (src.index or 0)
+
+
+def _message_role(p: Prompt, index: int | None) -> str | None:
+    """The role of message `index` of `p` (its turn-level section's name); None where it has none."""
+    top = (s for s in _index(p).tops if s.path.parts[0].kind == _MESSAGE and s.path.parts[0].index == index)
+    turn = next(top, None)
+    return None if turn is None else turn.path.parts[0].name
 
 
 def _message_holds(p: Prompt, index: int | None, text: str) -> bool:

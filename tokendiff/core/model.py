@@ -304,6 +304,9 @@ class RenderMismatch:
     server: str  # the same bytes of what the server tokenised
 
 
+LOCAL_RENDER_IDS = "local render, tokenised here"  # `PromptMeta.ids_from` of a request rendered and tokenised here
+
+
 @plain(kw_only=True)
 class PromptMeta:
     """Where a prompt came from and how it was built; reports and the cost model read it.

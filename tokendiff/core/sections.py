@@ -48,12 +48,16 @@ def field_sections(prompt: Prompt, rendered: Rendered) -> list[Section]:
     plain = [not _is_gen(x[0]) for x in fields]  # the generation prompt's span is no field of a turn
     out: list[Piece] = []
     placed = [False] * len(fields)  # fields inside some turn
+    turns = []
     for t in prompt.sections:
         if len(t.path.parts) != 1:
             continue
         lo, hi = bisect_left(starts, t.byte_start), bisect_right(starts, t.byte_end)
         inside = [fields[k] for k in range(lo, hi) if fields[k][2] <= t.byte_end and plain[k]]
-        for turn, a, z in _turn_pieces(prompt.data, t, inside, gen):
+        turns.append((inside, _turn_pieces(prompt.data, t, inside, gen)))
+    _number_fieldless([pieces for _, pieces in turns])
+    for inside, pieces in turns:
+        for turn, a, z in pieces:
             here = SectionPath((turn,))
             out.append((here, a, z))
             if a < z:
@@ -71,6 +75,38 @@ def field_sections(prompt: Prompt, rendered: Rendered) -> list[Section]:
     # fields in no turn (a family without markers): keep them at top level
     out += [x for k, x in enumerate(fields) if not placed[k]]
     return _to_sections(prompt, out)
+
+
+def _number_fieldless(turns: list[list[tuple[Part, int, int]]]) -> None:
+    """Give the request's index to the message turns that hold no field (an empty `content` renders none),
+    in place: their index is the template's count of turns, which is not the request's where the template
+    folds a message into another turn (Gemma's system) or writes turns of its own (gpt-oss). The turns
+    between messages p and q of the request, as many as the indices between them that no turn holds, are
+    those messages in order; other runs keep the template's count."""
+    owned = {part.index for pieces in turns for part, _, _ in pieces if _fielded(part)}
+    run: list[tuple[int, int]] = []  # (turn, piece) of fieldless messages since the last fielded one
+    before: int | None = None  # the highest fielded message index so far
+    for i, pieces in enumerate(turns):
+        for k, (part, _, _) in enumerate(pieces):
+            if part.kind != K.MESSAGE:
+                continue
+            if not _fielded(part):
+                run.append((i, k))
+                continue
+            if part.index is None or (before is not None and part.index <= before):
+                continue  # an earlier message folded in here (Mistral's system): the run goes on
+            if run and before is not None:
+                free = [m for m in range(before + 1, part.index) if m not in owned]
+                if len(free) == len(run):
+                    for (ti, pk), m in zip(run, free, strict=True):
+                        old, a, z = turns[ti][pk]
+                        turns[ti][pk] = (Part(K.MESSAGE, m, old.name), a, z)
+            run, before = [], part.index
+
+
+def _fielded(part: Part) -> bool:
+    """A message part named after a request field (not the template's count of turns)."""
+    return part.kind == K.MESSAGE and part.field is not None
 
 
 def _field_bytes(rendered: Rendered) -> list[Piece]:

@@ -7,7 +7,7 @@ that removes or renames a field.
 
 from __future__ import annotations
 
-from tokendiff.core.model import END_OF_PROMPT, Divergence, Finding, Prompt, SectionPath
+from tokendiff.core.model import END_OF_PROMPT, LOCAL_RENDER_IDS, Divergence, Finding, Prompt, SectionPath
 from tokendiff.core.rounding import percent_text
 from tokendiff.core.vocab import Vocab
 from tokendiff.report.excerpt import excerpt
@@ -205,7 +205,15 @@ def _header(st: _Style, doc: DiffDocument) -> list[str]:
     out.append(st.wrap(_BOLD, f"B  {b['origin']}") + f"  {b['format']}, {b['n_tokens']:,} tokens")
     for side, d in (("A", a), ("B", b)):
         mm = d.get("render_mismatch")
-        if mm:
+        if mm and d.get("ids_from") == LOCAL_RENDER_IDS:  # no server: the tokenizer normalised the text
+            out.append(
+                st.wrap(
+                    _DIM,
+                    f"{side}: the tokens of the local render spell other bytes at byte {mm['byte']} (the tokenizer "
+                    f"normalises the text): render …{mm['local']!r}… tokens …{mm['server']!r}…",
+                )
+            )
+        elif mm:
             out.append(
                 st.wrap(
                     _DIM,

@@ -38,6 +38,8 @@ def excerpt(p: Prompt, start: int, end: int, context: int) -> Excerpt:
     c0 = max(0, start - context)
     c1 = min(n, end + context)
     b0, b1, b2, b3 = (p.byte_offset(i) for i in (c0, start, end, c1))
+    b1, b2 = _char_start(p.data, b1, b0), _char_end(p.data, b2, b3)  # marks around whole characters
+    b0, b3 = _char_end(p.data, b0, b1), _char_start(p.data, b3, b2)  # context without a torn one at its ends
     lo, hi = max(0, b0 - MASK_MARGIN), min(len(p.data), b3 + MASK_MARGIN)
     spans = [(lo + a, lo + b) for a, b in credential_spans(p.data[lo:hi])]
     mid_text = _text(_masked(p.data, b1, b2, b0, spans))
@@ -49,6 +51,24 @@ def excerpt(p: Prompt, start: int, end: int, context: int) -> Excerpt:
         diverged=mid_text,
         after=_text(_masked(p.data, b2, b3, b0, spans)),
     )
+
+
+def _char_start(data: bytes, i: int, floor: int) -> int:
+    """`i`, or the start of the UTF-8 character it falls inside (not before `floor`): a token may end
+    inside a character (byte-level BPE splits an emoji), and half a character shows as U+FFFD on both
+    sides alike, hiding what differs ('👋�⟦�⟧' for a changed skin tone)."""
+    j = i
+    while j > floor and i - j < 3 and j < len(data) and data[j] & 0xC0 == 0x80:
+        j -= 1
+    return j if j < len(data) and data[j] & 0xC0 != 0x80 else i
+
+
+def _char_end(data: bytes, i: int, ceiling: int) -> int:
+    """`i`, or the end of the UTF-8 character it falls inside (not past `ceiling`)."""
+    j = i
+    while j < ceiling and j - i < 3 and data[j] & 0xC0 == 0x80:
+        j += 1
+    return j if j == len(data) or data[j] & 0xC0 != 0x80 else i
 
 
 def _masked(data: bytes, a: int, b: int, shown: int, spans: list[tuple[int, int]]) -> bytes:

@@ -21,7 +21,7 @@ from pathlib import Path
 from tokendiff import safeio
 from tokendiff.core import grammar
 from tokendiff.core.kinds import Sectioning, ServerKind
-from tokendiff.core.model import Prompt, PromptMeta, RenderMismatch
+from tokendiff.core.model import LOCAL_RENDER_IDS, Prompt, PromptMeta, RenderMismatch
 from tokendiff.core.plain import plain
 from tokendiff.core.vocab import SPECIAL, TextTokenizer, Vocab
 from tokendiff.errors import InputError, one_line
@@ -125,6 +125,7 @@ def file_kind(p: Path) -> str:
     if is_capture_file(p):
         return "capture"
     suffix = p.suffix.lower()
+    _refuse_gzip(p, suffix)
     if suffix == ".har":
         return "har"
     if suffix == ".txt":
@@ -160,6 +161,12 @@ def _refuse_otlp_protobuf(p: Path) -> None:
             "format: json, or a /v1/traces body sent as JSON)",
             source=str(p),
         )
+
+
+def _refuse_gzip(p: Path, suffix: str) -> None:
+    """A gzip-compressed prompt file said to be one (the slot reader would say 'magic 0x08088b1f')."""
+    if suffix == ".gz" and safeio.head(p, 2) == b"\x1f\x8b":
+        raise InputError("a gzip-compressed file: prompts are read uncompressed (gunzip it first)", source=str(p))
 
 
 def _first_line_is(head: bytes, raw: bytes) -> str:
@@ -453,8 +460,11 @@ class Loader:
         the logged text) tokenised. `rendered_ids`: what `rendered_ids` gave for this record, so its
         render is not tokenised again; `depth_checked`: its request's nesting was checked when it was
         read (a HAR's is), so it is not walked again."""
+        from tokendiff.sources.templates.env import rendered_at
+
         try:
-            return self._from_record(rec, label, turn, rendered_ids, depth_checked)
+            with rendered_at(rec.ts):
+                return self._from_record(rec, label, turn, rendered_ids, depth_checked)
         except InputError as e:
             if e.source:
                 raise
@@ -477,7 +487,11 @@ class Loader:
             request = _request_of(rec)
             if not isinstance(request.get("messages"), list):
                 return None
-            return np.asarray(self.tokenizer.encode(self.renderer.render(request)), dtype=np.int32)
+            from tokendiff.sources.templates.env import rendered_at
+
+            with rendered_at(rec.ts):
+                text = self.renderer.render(request)
+            return np.asarray(self.tokenizer.encode(text), dtype=np.int32)
         except InputError:
             return None
 
@@ -503,9 +517,13 @@ class Loader:
             return None  # no family's markers, or mojibake: the load warns or refuses
         if not (isinstance(request.get("messages"), list) and request["messages"] and self._can_render()):
             return Sectioning.MARKERS, fam
+        from tokendiff.sources.templates.env import rendered_at
+
         try:
-            local = self.renderer.render(request)
-            if local == text or self.renderer.confirms(request, text):
+            with rendered_at(rec.ts):
+                local = self.renderer.render(request)
+                same = local == text or self.renderer.confirms(request, text)
+            if same:
                 return Sectioning.FIELDS, fam, _text_layout(request["messages"])
         except InputError:
             return None
@@ -607,7 +625,7 @@ class Loader:
         if rec.prompt_ids is not None or rendered_ids is None:
             p = self._decode(self._record_ids(rec, request, None, label, meta), label, label, meta)
         else:
-            meta.ids_from = "local render, tokenised here"
+            meta.ids_from = LOCAL_RENDER_IDS
             p = self._decode(rendered_ids, label, label, meta)
         if not (isinstance(request.get("messages"), list) and request["messages"] and self._can_render()):
             return p, None
@@ -626,13 +644,13 @@ class Loader:
             meta.ids_from = source if isinstance(source, str) else "server"
             return _recorded_ids(rec.prompt_ids, label)
         if isinstance(rec.prompt_text, str):
-            meta.ids_from = "prompt log, tokenised here"
+            meta.ids_from = rec.prompt_source if isinstance(rec.prompt_source, str) else "prompt log, tokenised here"
             ids = self._tokenise_logged(rec.prompt_text)
         elif isinstance(request.get("messages"), list) and self.server is not None:
             meta.ids_from = "llama-server /apply-template + /tokenize"
             ids = self.server.prompt_ids(request)
         elif rendered is not None:
-            meta.ids_from = "local render, tokenised here"
+            meta.ids_from = LOCAL_RENDER_IDS
             ids = self.tokenizer.encode(rendered.text)
         else:
             raise InputError("record has neither messages, prompt_ids nor prompt_text", source=label)
@@ -770,7 +788,7 @@ def _attach_render(p: Prompt, rendered: Rendered, label: str) -> bool:
         p.sections = field_sections(p, rendered)
         p.meta.sections_from = "request fields"
     else:
-        p.meta.render_mismatch = _render_differs(label, local, p.data)
+        p.meta.render_mismatch = _render_differs(label, local, p.data, p.meta.ids_from != LOCAL_RENDER_IDS)
     if rendered.unlocated:
         p.meta.unlocated_fields = rendered.unlocated
     return matched
@@ -795,17 +813,22 @@ def _text_layout(messages: list[Any]) -> str:
     return kinds.pop() if len(kinds) == 1 else "strings" if not kinds else MIXED_CONTENT
 
 
-def _render_differs(label: str, local: bytes, data: bytes) -> RenderMismatch:
-    """Where the local render parts from the server's tokens, said to the user."""
+def _render_differs(label: str, local: bytes, data: bytes, server: bool = True) -> RenderMismatch:
+    """Where the local render parts from the server's tokens, said to the user; or, where the IDs are the
+    render's own tokens (`server` False), where those spell other bytes: the tokenizer normalises the text
+    (Qwen's NFC), and no server is involved."""
     from tokendiff.core.align import first_byte_diff
 
     at = first_byte_diff(local, data)
     lo, hi = max(0, (at or 0) - 40), (at or 0) + 40
-    warn(
-        f"{label}: the local render differs from the server's tokens at byte {at}; "
-        "sections come from the template markers (the server renders differently)",
-        kind="local render differs",
+    why = (
+        f"the local render differs from the server's tokens at byte {at}; "
+        "sections come from the template markers (the server renders differently)"
+        if server
+        else f"the tokens of the local render spell other bytes at byte {at} (the tokenizer normalises the text); "
+        "sections come from the template markers"
     )
+    warn(f"{label}: {why}", kind="local render differs")
     return RenderMismatch(
         byte=at, local=local[lo:hi].decode("utf-8", "replace"), server=data[lo:hi].decode("utf-8", "replace")
     )

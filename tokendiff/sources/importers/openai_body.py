@@ -38,4 +38,22 @@ def record_from_body(path: Path) -> CaptureRecord:
     endpoint = {Api.RESPONSES: "/v1/responses", Api.MESSAGES: "/v1/messages", Api.COMPLETION: "/v1/completions"}.get(
         api, "/v1/chat/completions"
     )
-    return CaptureRecord(source="openai-body", origin=str(path), endpoint=endpoint, inline_request=body)
+    rec = CaptureRecord(source="openai-body", origin=str(path), endpoint=endpoint, inline_request=body)
+    if api == Api.COMPLETION:
+        _raw_prompt(rec, body["prompt"], str(path))
+    return rec
+
+
+def _raw_prompt(rec: CaptureRecord, prompt: Any, source: str) -> None:
+    """A completion request's `prompt` as the record's prompt: text (tokenised here as the server tokenises
+    it, BOS added where the model adds one) or token IDs. A batch of prompts is many prompts: refused."""
+    if isinstance(prompt, str):
+        rec.prompt_text, rec.prompt_source = prompt, "the request's prompt, tokenised here"
+    elif prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        rec.prompt_ids, rec.prompt_source = list(prompt), "the request's prompt token IDs"
+    else:
+        raise InputError(
+            "a completion request's prompt must be one text or one list of token IDs (a batch of prompts, "
+            "or an empty one, is not one prompt)",
+            source=source,
+        )

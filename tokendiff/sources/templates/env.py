@@ -18,7 +18,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache
 from itertools import chain
@@ -417,8 +419,26 @@ def tojson(
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+_RENDERED_AT: ContextVar[float | None] = ContextVar("tokendiff_rendered_at", default=None)
+LATEST_TIME = 32503680000.0  # 3000-01-01: a recorded time past it is no time a request was sent
+
+
+@contextmanager
+def rendered_at(ts: float | None) -> Iterator[None]:
+    """Render as at unix time `ts` (when a recorded request was sent): a template that calls strftime_now
+    (Llama 3.2's 'Today Date') then writes the day the server rendered it, not today's. Without a usable
+    time, today's."""
+    ok = isinstance(ts, (int, float)) and not isinstance(ts, bool) and 0 < ts < LATEST_TIME
+    token = _RENDERED_AT.set(float(ts) if ok and ts is not None else None)
+    try:
+        yield
+    finally:
+        _RENDERED_AT.reset(token)
+
+
 def strftime_now(format: str) -> str:
-    return datetime.now().strftime(format)
+    ts = _RENDERED_AT.get()
+    return (datetime.now() if ts is None else datetime.fromtimestamp(ts)).strftime(format)
 
 
 class TemplateDict:

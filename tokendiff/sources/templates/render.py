@@ -206,8 +206,12 @@ class Renderer:
 
     def _for_template(self, i: int, m: dict[str, Any]) -> dict[str, Any]:
         """The message with list content as llama-server hands it to the template: the parts joined
-        with newlines, or kept as text parts for a template that iterates them."""
+        with newlines, or kept as text parts for a template that iterates them. Null or missing content
+        (what the OpenAI SDK sends beside tool calls) is an empty string, as llama-server makes it:
+        Qwen3's and DeepSeek's templates fail on None."""
         content = m.get("content")
+        if content is None and isinstance(m, dict):
+            return dict(m, content="")
         if not isinstance(content, list):
             return m
         texts = part_texts(content, f"messages[{i}].content")
@@ -485,11 +489,13 @@ _MEDIA_PARTS = ("image_url", "input_audio", "image", "input_image")
 
 
 def _may_hold_parts(messages: list[dict[str, Any]]) -> bool:
-    """Whether some message may have list content (`Renderer._for_template` joins or types it): False
-    only when every message is a plain dict and no content is a list (looked at in C)."""
+    """Whether some message may have list content or none (`Renderer._for_template` joins or types it, or
+    makes it empty): False only when every message is a plain dict and no content is a list, null or
+    missing (looked at in C)."""
     if set(map(type, messages)) != {dict}:
         return True
-    return any(issubclass(kind, list) for kind in set(map(type, map(dict.get, messages, repeat("content")))))
+    kinds = set(map(type, map(dict.get, messages, repeat("content"))))
+    return any(issubclass(kind, list) or kind is type(None) for kind in kinds)
 
 
 def _lacks_content(messages: list[dict[str, Any]]) -> bool:
