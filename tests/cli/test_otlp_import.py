@@ -305,8 +305,10 @@ def test_a_batch_exported_twice_is_read_once(tmp_path):
     # spans that only share IDs (another time) are other turns: nothing is dropped on a malformed ID alone
     same_ids = export(genai, turns=4, noise=False)
     for sp in _spans_of(same_ids):
-        sp["spanId"] = "aaaaaaaaaaaaaaaa"
+        sp["spanId"], sp["name"] = "aaaaaaaaaaaaaaaa", "chat qwen3"
     path.write_text(json.dumps(same_ids))
+    assert len(read_otlp(path)) == 4
+    path.write_text(json.dumps(_snake(same_ids)))  # their times under the protos' names: still other turns
     assert len(read_otlp(path)) == 4
 
 

@@ -108,7 +108,7 @@ def conversation_id(request: Any) -> str | None:
 
 
 def _session_name(v: str) -> str:
-    """A session's name, masked: one that held a credential gets a short hash of what it was in its place
+    """A session's name, masked: one that held a credential gets a short hash of the whole name after it
     (two agents whose ids are both keys stay two sessions, and neither key is written)."""
     name = _str(v, 128) or ""
     if name != valid_text(v[:128]):

@@ -112,7 +112,7 @@ def _identity(span: Mapping[str, Any]) -> tuple[Any, ...] | None:
     ids = (span.get("traceId", span.get("trace_id")), span.get("spanId", span.get("span_id")))
     if not all(isinstance(v, str) and v for v in ids):
         return None
-    rest = (span.get("startTimeUnixNano"), span.get("endTimeUnixNano"), span.get("name"))
+    rest = (_start_nanos(span), _end_nanos(span), span.get("name"))
     return (*ids, *(v if isinstance(v, (str, int)) else None for v in rest))
 
 
@@ -446,6 +446,14 @@ def _count(attrs: Mapping[str, Any], *keys: str) -> int | None:
     return _plausible(_first(attrs, *keys))
 
 
+def _start_nanos(span: Mapping[str, Any]) -> Any:
+    return span.get("startTimeUnixNano", span.get("start_time_unix_nano"))  # the JSON mapping's name, or the proto's
+
+
+def _end_nanos(span: Mapping[str, Any]) -> Any:
+    return span.get("endTimeUnixNano", span.get("end_time_unix_nano"))
+
+
 def _nanos(v: Any) -> int | None:
     try:
         n = int(v)
@@ -490,8 +498,7 @@ def span_record(span: Mapping[str, Any], where: str) -> dict[str, Any] | None:
     check_depth(request, where)
     rec: dict[str, Any] = {"source": "otlp", "endpoint": "/v1/chat/completions", "request": request}
     rec["response"] = {"usage": _usage(attrs, where)}
-    start = _nanos(span.get("startTimeUnixNano", span.get("start_time_unix_nano")))
-    end = _nanos(span.get("endTimeUnixNano", span.get("end_time_unix_nano")))
+    start, end = _nanos(_start_nanos(span)), _nanos(_end_nanos(span))
     if start is not None:
         rec["start"] = start / 1e9
         if end is not None and end >= start:
