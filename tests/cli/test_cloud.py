@@ -1045,3 +1045,33 @@ def test_a_compaction_wastes_nothing_cached():
     )
     assert turns[1].cause == CloudCause.HIT and turns[1].waste == 0
     assert turns[1].detail.startswith("new content from messages[0].content[0] on (history replaced")
+
+
+def test_a_lone_surrogate_in_a_recorded_request_leaves_that_turn_out_not_the_report(tmp_path):
+    """A Node agent that cuts a string mid-emoji sends `"\\ud83d"` without its pair; the proxy keeps that body
+    as bytes (`request_body_reason`). The report crashed ("internal error: TypeError: TextInputSequence must
+    be str", then a UnicodeEncodeError in the cloud section): the turn is now left out of the local analysis,
+    one warning naming it (llama-server refuses such a request), and the provider's verdicts are all there."""
+    import json
+
+    from helpers import run_cli
+
+    from tokendiff.sources.capture import CaptureWriter, prepare_request
+
+    with CaptureWriter(tmp_path / "capture.jsonl") as w:
+        for k, (body, resp, t) in enumerate(tool_edit_session()):
+            raw = json.dumps(body).replace('"text": "u2', '"text": "\\ud83d u2', 1) if k == 1 else json.dumps(body)
+            prepared = prepare_request(raw.encode())
+            assert prepared is not None
+            w.store(prepared)
+            answer = {"response": {"status": 200, **resp}, "server": {"upstream": "https://api.anthropic.com"}}
+            w.append(
+                {"source": "proxy", "endpoint": "/v1/messages", "ts": 1_790_000_000 + t, **prepared.fields} | answer
+            )
+    r = run_cli("report", tmp_path / "capture.jsonl", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+    [warning] = [line for line in r.stderr.splitlines() if "surrogate" in line]
+    assert "capture.jsonl@2: the request holds a lone UTF-16 surrogate (U+D83D)" in warning
+    cloud = json.loads(r.stdout)["cloud"]
+    assert [t["cause"] for t in cloud["turns"]] == ["cloud_cold", "cloud_hit", "cloud_content"]

@@ -119,6 +119,9 @@ def minimum_tokens(provider: Provider, model: str) -> int:
     return next((n for prefix, n in table if m.startswith(prefix)), table[-1][1])
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 @dataclass(frozen=True)
 class Block:
     """One cacheable unit of a request, in prefix order."""
@@ -132,8 +135,10 @@ class Block:
 
     @property
     def read(self) -> str:
-        """The text a tokenizer counts: what the model reads where known, else the block's JSON."""
-        return self.visible or self.text
+        """The text a tokenizer counts: what the model reads where known, else the block's JSON (a lone
+        UTF-16 surrogate, which a string cut mid-emoji leaves and no tokenizer takes, as U+FFFD)."""
+        text = self.visible or self.text
+        return text if text.isascii() else LONE_SURROGATE.sub("\ufffd", text)
 
 
 class CloudTokenizer(StrEnum):
@@ -217,7 +222,7 @@ Counter = Callable[[str], int]
 
 def approx_tokens(text: str) -> int:
     """About 4 bytes a token: the estimate where the provider's tokenizer is not public (Claude)."""
-    return max(1, (len(text.encode("utf-8")) + 3) // 4)
+    return max(1, (len(text.encode("utf-8", "surrogatepass")) + 3) // 4)
 
 
 @dataclass
