@@ -1075,3 +1075,13 @@ def test_a_lone_surrogate_in_a_recorded_request_leaves_that_turn_out_not_the_rep
     assert "capture.jsonl@2: the request holds a lone UTF-16 surrogate (U+D83D)" in warning
     cloud = json.loads(r.stdout)["cloud"]
     assert [t["cause"] for t in cloud["turns"]] == ["cloud_cold", "cloud_hit", "cloud_content"]
+
+
+def test_claude_haiku_3_minimum():
+    """Anthropic's prompt-caching page: 2,048 tokens for Claude Haiku 3.5 and Haiku 3; Haiku 3
+    (`claude-3-haiku-20240307`) was given the 1,024 of the other models."""
+    from tokendiff.core.cache.cloud import minimum_tokens
+
+    assert minimum_tokens(Provider.ANTHROPIC, "claude-3-haiku-20240307") == 2048
+    assert minimum_tokens(Provider.ANTHROPIC, "claude-3-5-haiku-20241022") == 2048
+    assert minimum_tokens(Provider.ANTHROPIC, "claude-sonnet-4-5") == 1024

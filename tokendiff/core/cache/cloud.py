@@ -81,6 +81,7 @@ ANTHROPIC_MINIMUM = (
     ("claude-opus-4-7", 2048),
     ("claude-3-5-haiku", 2048),
     ("claude-haiku-3-5", 2048),
+    ("claude-3-haiku", 2048),  # Haiku 3, as Haiku 3.5
     ("claude-opus-4-6", 4096),
     ("claude-opus-4-5", 4096),
     ("claude-haiku-4-5", 4096),
