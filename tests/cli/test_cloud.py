@@ -216,7 +216,7 @@ def test_deepseek_prefix_units():
 
 def test_provider_from_upstream_or_usage():
     assert provider_of("https://api.anthropic.com", None, None) == Provider.ANTHROPIC
-    assert provider_of("https://api.deepseek.com/anthropic", None, None) == Provider.ANTHROPIC
+    assert provider_of("https://api.deepseek.com/anthropic", None, None) == Provider.DEEPSEEK  # its own cache
     assert provider_of(None, None, {"usage": {"prompt_cache_hit_tokens": 1}}) == Provider.DEEPSEEK
     assert provider_of(None, None, {"usageMetadata": {}}) == Provider.GEMINI
     assert provider_of("http://127.0.0.1:8080", None, {"usage": {"prompt_tokens": 3}}) is None
@@ -1085,3 +1085,36 @@ def test_claude_haiku_3_minimum():
     assert minimum_tokens(Provider.ANTHROPIC, "claude-3-haiku-20240307") == 2048
     assert minimum_tokens(Provider.ANTHROPIC, "claude-3-5-haiku-20241022") == 2048
     assert minimum_tokens(Provider.ANTHROPIC, "claude-sonnet-4-5") == 1024
+
+
+def test_claude_code_on_deepseeks_anthropic_api_is_deepseeks_cache_and_price(tmp_path):
+    """api-docs.deepseek.com/guides/anthropic_api: `ANTHROPIC_BASE_URL=https://api.deepseek.com/anthropic`
+    for Claude Code; `claude-sonnet*` is served by deepseek-flash (`claude-opus*` by deepseek-v4-pro) and
+    `cache_control` is ignored. Those sessions were judged by Anthropic's rules and priced as Claude Sonnet
+    ($3 input a million, 20x deepseek-flash's $0.15). The tool edit costs A's prefix at DeepSeek's prices."""
+    from tokendiff.app.cloud import cloud_report
+
+    def usage(hit: int, miss: int) -> dict:
+        return {"usage": {"input_tokens": miss, "cache_read_input_tokens": hit, "output_tokens": 9}}
+
+    session = [
+        (anthropic_body("claude-sonnet-4-5", [user(200, "u1")]), usage(0, 2900), 0.0),
+        (
+            anthropic_body("claude-sonnet-4-5", [user(200, "u1"), assistant(50, "a"), user(100, "u2")]),
+            usage(2900, 150),
+            9.0,
+        ),
+        (anthropic_body("claude-sonnet-4-5", [user(200, "u1")], tool_doc="Read any file."), usage(0, 2900), 20.0),
+    ]
+    har = write_har(tmp_path / "deepseek.har", session, "https://api.deepseek.com/anthropic/v1/messages")
+    from tokendiff.sources.importers.har import read_har
+
+    report = cloud_report(read_har(har), {})
+    assert report is not None and report.provider == Provider.DEEPSEEK and report.model == "deepseek-flash"
+    assert [p.turn.cause for p in report.turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
+    assert report.turns[2].turn.field == "tools[0]" and report.turns[2].turn.waste == 2900
+    flash = price_of("deepseek-flash")
+    assert flash is not None and report.wasted_cost == pytest.approx(2900 * (flash.input - flash.read) / 1e6)
+    assert (
+        cloud_request(Provider.DEEPSEEK, {"model": "claude-opus-4-8", "messages": []}, None).model == "deepseek-v4-pro"
+    )

@@ -872,10 +872,13 @@ def cloud_request(
     provider: Provider, body: Mapping[str, Any], response: Mapping[str, Any] | None, t: float | None = None
 ) -> CloudRequest:
     """A recorded request and response in the provider's documented shape, as the model reads them."""
+    if provider == Provider.DEEPSEEK:
+        body = deepseek_body(body)
     blocks = {
         Provider.ANTHROPIC: anthropic_blocks,
         Provider.OPENAI: openai_blocks,
-        Provider.DEEPSEEK: openai_blocks,
+        # DeepSeek's own API takes chat messages; its Anthropic-compatible one (/anthropic) Messages bodies
+        Provider.DEEPSEEK: anthropic_blocks if _messages_api(body) else openai_blocks,
         # Gemini's own generateContent; its OpenAI-compatible endpoint takes chat messages
         Provider.GEMINI: gemini_blocks if "contents" in body or "messages" not in body else openai_blocks,
     }[provider](body)
@@ -900,6 +903,24 @@ def cloud_request(
         creates=gemini_cache_made(body, resp, t) if provider == Provider.GEMINI else None,
         failed=failure(resp),
         partial=isinstance(cached, str) or isinstance(body.get("previous_response_id"), str),
+    )
+
+
+def deepseek_body(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A request to DeepSeek with the model that serves it: its Anthropic-compatible API serves a `claude-opus*`
+    name with deepseek-v4-pro and any other `claude*` with deepseek-flash (and ignores `cache_control`: its
+    own prefix caching applies), so that model's rules and price are the request's."""
+    model = body.get("model")
+    if not (isinstance(model, str) and model.lower().startswith("claude")):
+        return body
+    return {**body, "model": "deepseek-v4-pro" if model.lower().startswith("claude-opus") else "deepseek-flash"}
+
+
+def _messages_api(body: Mapping[str, Any]) -> bool:
+    """A Messages body (a top-level system prompt, or tools with an input_schema), not chat completions."""
+    tools = body.get("tools")
+    return isinstance(body.get("system"), (str, list)) or (
+        isinstance(tools, list) and any(isinstance(t, Mapping) and "input_schema" in t for t in tools)
     )
 
 
@@ -1028,8 +1049,6 @@ def provider_of(
     host = (upstream or "").lower()
     for suffix, p in PROVIDER_HOSTS:
         if suffix in host:
-            if p == Provider.DEEPSEEK and "/anthropic" in host:
-                return Provider.ANTHROPIC
             if p == Provider.GEMINI and _by_usage(response) == Provider.ANTHROPIC:
                 return Provider.ANTHROPIC  # Claude on Vertex AI (aiplatform.googleapis.com): Anthropic's cache
             return p
