@@ -31,7 +31,15 @@ from cloud_shapes import (
 )
 from helpers import report_json
 
-from tokendiff.core.cache.cloud import CloudModel, Provider, Retention, cloud_request, openai_retention, provider_of
+from tokendiff.core.cache.cloud import (
+    CloudModel,
+    Provider,
+    Retention,
+    cloud_request,
+    failure,
+    openai_retention,
+    provider_of,
+)
 from tokendiff.core.kinds import CloudCause
 from tokendiff.core.prices import break_cost, parse_overrides, price_of
 
@@ -625,6 +633,10 @@ def test_an_error_answer_is_not_a_turn_the_cache_saw(tmp_path):
     assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.FAILED, CloudCause.FAILED, CloudCause.HIT]
     assert turns[1].detail == "the provider answered an error (overloaded_error, status 529): nothing read or written"
     assert turns[1].prompt == 0 and turns[1].read is None and sum(t.waste for t in turns) == 0
+    too_long = {"error": {"message": "…", "type": "invalid_request_error", "code": "context_length_exceeded"}}
+    assert failure(too_long | {"status": 400}) == "an error (context_length_exceeded, status 400)"  # OpenAI's
+    assert failure({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED"}}) == "an error (RESOURCE_EXHAUSTED)"
+    assert failure({"error": "a|b\n<x>"}) == "an error" and failure({"status": 200, "usage": {}}) is None
     # the idle gap runs from the last answer that used the cache: 5 min 1 s after turn 1, the entry is gone
     late = run(
         Provider.ANTHROPIC, [session[0], (*session[1][:2], 200.0), (session[3][0], anthropic_usage(0, 3200, 3), 301.0)]

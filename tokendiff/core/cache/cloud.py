@@ -937,7 +937,7 @@ def failure(response: Mapping[str, Any]) -> str | None:
     bad = status if isinstance(status, int) and not isinstance(status, bool) and status >= 400 else None
     if bad is None and err is None:
         return None
-    names = [err.get(k) for k in ("type", "code", "status")] if isinstance(err, Mapping) else []
+    names = [err.get(k) for k in ("code", "type", "status")] if isinstance(err, Mapping) else []  # the most precise
     name = next((n for n in names if isinstance(n, str) and ERROR_NAME.fullmatch(n)), None)
     said = ", ".join(x for x in (name, None if bad is None else f"status {bad}") if x)
     return f"an error ({said})" if said else "an error"
