@@ -31,7 +31,15 @@ from cloud_shapes import (
 )
 from helpers import report_json
 
-from tokendiff.core.cache.cloud import CloudModel, Provider, Retention, cloud_request, openai_retention, provider_of
+from tokendiff.core.cache.cloud import (
+    CloudModel,
+    Provider,
+    Retention,
+    cloud_request,
+    failure,
+    openai_retention,
+    provider_of,
+)
 from tokendiff.core.kinds import CloudCause
 from tokendiff.core.prices import break_cost, parse_overrides, price_of
 
@@ -216,7 +224,7 @@ def test_deepseek_prefix_units():
 
 def test_provider_from_upstream_or_usage():
     assert provider_of("https://api.anthropic.com", None, None) == Provider.ANTHROPIC
-    assert provider_of("https://api.deepseek.com/anthropic", None, None) == Provider.ANTHROPIC
+    assert provider_of("https://api.deepseek.com/anthropic", None, None) == Provider.DEEPSEEK  # its own cache
     assert provider_of(None, None, {"usage": {"prompt_cache_hit_tokens": 1}}) == Provider.DEEPSEEK
     assert provider_of(None, None, {"usageMetadata": {}}) == Provider.GEMINI
     assert provider_of("http://127.0.0.1:8080", None, {"usage": {"prompt_tokens": 3}}) is None
@@ -625,6 +633,10 @@ def test_an_error_answer_is_not_a_turn_the_cache_saw(tmp_path):
     assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.FAILED, CloudCause.FAILED, CloudCause.HIT]
     assert turns[1].detail == "the provider answered an error (overloaded_error, status 529): nothing read or written"
     assert turns[1].prompt == 0 and turns[1].read is None and sum(t.waste for t in turns) == 0
+    too_long = {"error": {"message": "…", "type": "invalid_request_error", "code": "context_length_exceeded"}}
+    assert failure(too_long | {"status": 400}) == "an error (context_length_exceeded, status 400)"  # OpenAI's
+    assert failure({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED"}}) == "an error (RESOURCE_EXHAUSTED)"
+    assert failure({"error": "a|b\n<x>"}) == "an error" and failure({"status": 200, "usage": {}}) is None
     # the idle gap runs from the last answer that used the cache: 5 min 1 s after turn 1, the entry is gone
     late = run(
         Provider.ANTHROPIC, [session[0], (*session[1][:2], 200.0), (session[3][0], anthropic_usage(0, 3200, 3), 301.0)]
@@ -1045,3 +1057,76 @@ def test_a_compaction_wastes_nothing_cached():
     )
     assert turns[1].cause == CloudCause.HIT and turns[1].waste == 0
     assert turns[1].detail.startswith("new content from messages[0].content[0] on (history replaced")
+
+
+def test_a_lone_surrogate_in_a_recorded_request_leaves_that_turn_out_not_the_report(tmp_path):
+    """A Node agent that cuts a string mid-emoji sends `"\\ud83d"` without its pair; the proxy keeps that body
+    as bytes (`request_body_reason`). The report crashed ("internal error: TypeError: TextInputSequence must
+    be str", then a UnicodeEncodeError in the cloud section): the turn is now left out of the local analysis,
+    one warning naming it (llama-server refuses such a request), and the provider's verdicts are all there."""
+    import json
+
+    from helpers import run_cli
+
+    from tokendiff.sources.capture import CaptureWriter, prepare_request
+
+    with CaptureWriter(tmp_path / "capture.jsonl") as w:
+        for k, (body, resp, t) in enumerate(tool_edit_session()):
+            raw = json.dumps(body).replace('"text": "u2', '"text": "\\ud83d u2', 1) if k == 1 else json.dumps(body)
+            prepared = prepare_request(raw.encode())
+            assert prepared is not None
+            w.store(prepared)
+            answer = {"response": {"status": 200, **resp}, "server": {"upstream": "https://api.anthropic.com"}}
+            w.append(
+                {"source": "proxy", "endpoint": "/v1/messages", "ts": 1_790_000_000 + t, **prepared.fields} | answer
+            )
+    r = run_cli("report", tmp_path / "capture.jsonl", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+    [warning] = [line for line in r.stderr.splitlines() if "surrogate" in line]
+    assert "capture.jsonl@2: the request holds a lone UTF-16 surrogate (U+D83D)" in warning
+    cloud = json.loads(r.stdout)["cloud"]
+    assert [t["cause"] for t in cloud["turns"]] == ["cloud_cold", "cloud_hit", "cloud_content"]
+
+
+def test_claude_haiku_3_minimum():
+    """Anthropic's prompt-caching page: 2,048 tokens for Claude Haiku 3.5 and Haiku 3; Haiku 3
+    (`claude-3-haiku-20240307`) was given the 1,024 of the other models."""
+    from tokendiff.core.cache.cloud import minimum_tokens
+
+    assert minimum_tokens(Provider.ANTHROPIC, "claude-3-haiku-20240307") == 2048
+    assert minimum_tokens(Provider.ANTHROPIC, "claude-3-5-haiku-20241022") == 2048
+    assert minimum_tokens(Provider.ANTHROPIC, "claude-sonnet-4-5") == 1024
+
+
+def test_claude_code_on_deepseeks_anthropic_api_is_deepseeks_cache_and_price(tmp_path):
+    """api-docs.deepseek.com/guides/anthropic_api: `ANTHROPIC_BASE_URL=https://api.deepseek.com/anthropic`
+    for Claude Code; `claude-sonnet*` is served by deepseek-flash (`claude-opus*` by deepseek-v4-pro) and
+    `cache_control` is ignored. Those sessions were judged by Anthropic's rules and priced as Claude Sonnet
+    ($3 input a million, 20x deepseek-flash's $0.15). The tool edit costs A's prefix at DeepSeek's prices."""
+    from tokendiff.app.cloud import cloud_report
+
+    def usage(hit: int, miss: int) -> dict:
+        return {"usage": {"input_tokens": miss, "cache_read_input_tokens": hit, "output_tokens": 9}}
+
+    session = [
+        (anthropic_body("claude-sonnet-4-5", [user(200, "u1")]), usage(0, 2900), 0.0),
+        (
+            anthropic_body("claude-sonnet-4-5", [user(200, "u1"), assistant(50, "a"), user(100, "u2")]),
+            usage(2900, 150),
+            9.0,
+        ),
+        (anthropic_body("claude-sonnet-4-5", [user(200, "u1")], tool_doc="Read any file."), usage(0, 2900), 20.0),
+    ]
+    har = write_har(tmp_path / "deepseek.har", session, "https://api.deepseek.com/anthropic/v1/messages")
+    from tokendiff.sources.importers.har import read_har
+
+    report = cloud_report(read_har(har), {})
+    assert report is not None and report.provider == Provider.DEEPSEEK and report.model == "deepseek-flash"
+    assert [p.turn.cause for p in report.turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
+    assert report.turns[2].turn.field == "tools[0]" and report.turns[2].turn.waste == 2900
+    flash = price_of("deepseek-flash")
+    assert flash is not None and report.wasted_cost == pytest.approx(2900 * (flash.input - flash.read) / 1e6)
+    assert (
+        cloud_request(Provider.DEEPSEEK, {"model": "claude-opus-4-8", "messages": []}, None).model == "deepseek-v4-pro"
+    )

@@ -81,6 +81,7 @@ ANTHROPIC_MINIMUM = (
     ("claude-opus-4-7", 2048),
     ("claude-3-5-haiku", 2048),
     ("claude-haiku-3-5", 2048),
+    ("claude-3-haiku", 2048),  # Haiku 3, as Haiku 3.5
     ("claude-opus-4-6", 4096),
     ("claude-opus-4-5", 4096),
     ("claude-haiku-4-5", 4096),
@@ -119,6 +120,9 @@ def minimum_tokens(provider: Provider, model: str) -> int:
     return next((n for prefix, n in table if m.startswith(prefix)), table[-1][1])
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 @dataclass(frozen=True)
 class Block:
     """One cacheable unit of a request, in prefix order."""
@@ -132,8 +136,10 @@ class Block:
 
     @property
     def read(self) -> str:
-        """The text a tokenizer counts: what the model reads where known, else the block's JSON."""
-        return self.visible or self.text
+        """The text a tokenizer counts: what the model reads where known, else the block's JSON (a lone
+        UTF-16 surrogate, which a string cut mid-emoji leaves and no tokenizer takes, as U+FFFD)."""
+        text = self.visible or self.text
+        return text if text.isascii() else LONE_SURROGATE.sub("\ufffd", text)
 
 
 class CloudTokenizer(StrEnum):
@@ -217,7 +223,7 @@ Counter = Callable[[str], int]
 
 def approx_tokens(text: str) -> int:
     """About 4 bytes a token: the estimate where the provider's tokenizer is not public (Claude)."""
-    return max(1, (len(text.encode("utf-8")) + 3) // 4)
+    return max(1, (len(text.encode("utf-8", "surrogatepass")) + 3) // 4)
 
 
 @dataclass
@@ -866,10 +872,13 @@ def cloud_request(
     provider: Provider, body: Mapping[str, Any], response: Mapping[str, Any] | None, t: float | None = None
 ) -> CloudRequest:
     """A recorded request and response in the provider's documented shape, as the model reads them."""
+    if provider == Provider.DEEPSEEK:
+        body = deepseek_body(body)
     blocks = {
         Provider.ANTHROPIC: anthropic_blocks,
         Provider.OPENAI: openai_blocks,
-        Provider.DEEPSEEK: openai_blocks,
+        # DeepSeek's own API takes chat messages; its Anthropic-compatible one (/anthropic) Messages bodies
+        Provider.DEEPSEEK: anthropic_blocks if _messages_api(body) else openai_blocks,
         # Gemini's own generateContent; its OpenAI-compatible endpoint takes chat messages
         Provider.GEMINI: gemini_blocks if "contents" in body or "messages" not in body else openai_blocks,
     }[provider](body)
@@ -897,6 +906,24 @@ def cloud_request(
     )
 
 
+def deepseek_body(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A request to DeepSeek with the model that serves it: its Anthropic-compatible API serves a `claude-opus*`
+    name with deepseek-v4-pro and any other `claude*` with deepseek-flash (and ignores `cache_control`: its
+    own prefix caching applies), so that model's rules and price are the request's."""
+    model = body.get("model")
+    if not (isinstance(model, str) and model.lower().startswith("claude")):
+        return body
+    return {**body, "model": "deepseek-v4-pro" if model.lower().startswith("claude-opus") else "deepseek-flash"}
+
+
+def _messages_api(body: Mapping[str, Any]) -> bool:
+    """A Messages body (a top-level system prompt, or tools with an input_schema), not chat completions."""
+    tools = body.get("tools")
+    return isinstance(body.get("system"), (str, list)) or (
+        isinstance(tools, list) and any(isinstance(t, Mapping) and "input_schema" in t for t in tools)
+    )
+
+
 ERROR_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 
 
@@ -910,7 +937,7 @@ def failure(response: Mapping[str, Any]) -> str | None:
     bad = status if isinstance(status, int) and not isinstance(status, bool) and status >= 400 else None
     if bad is None and err is None:
         return None
-    names = [err.get(k) for k in ("type", "code", "status")] if isinstance(err, Mapping) else []
+    names = [err.get(k) for k in ("code", "type", "status")] if isinstance(err, Mapping) else []  # the most precise
     name = next((n for n in names if isinstance(n, str) and ERROR_NAME.fullmatch(n)), None)
     said = ", ".join(x for x in (name, None if bad is None else f"status {bad}") if x)
     return f"an error ({said})" if said else "an error"
@@ -1022,8 +1049,6 @@ def provider_of(
     host = (upstream or "").lower()
     for suffix, p in PROVIDER_HOSTS:
         if suffix in host:
-            if p == Provider.DEEPSEEK and "/anthropic" in host:
-                return Provider.ANTHROPIC
             if p == Provider.GEMINI and _by_usage(response) == Provider.ANTHROPIC:
                 return Provider.ANTHROPIC  # Claude on Vertex AI (aiplatform.googleapis.com): Anthropic's cache
             return p

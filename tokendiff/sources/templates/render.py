@@ -173,7 +173,14 @@ class Renderer:
         if isinstance(ctk, dict):
             kwargs.update(ctk)
         agp = body.get("add_generation_prompt", True) if add_generation_prompt is None else add_generation_prompt
-        return self._render(messages, body.get("tools") or None, agp, kwargs, mark_generation)
+        out = self._render(messages, body.get("tools") or None, agp, kwargs, mark_generation)
+        lone = None if out.isascii() else _LONE_SURROGATE.search(out)
+        if lone is not None:  # a JSON `\ud83d` without its pair (a string cut mid-emoji): nothing tokenizes it
+            raise InputError(
+                f"the request holds a lone UTF-16 surrogate (U+{ord(lone[0]):04X}) in a string: no tokenizer "
+                "takes it (llama-server refuses such a request)"
+            )
+        return out
 
     def _render(self, messages: list[Any], tools: Any, agp: Any, kwargs: dict[str, Any], mark: bool = False) -> str:
         from jinja2 import TemplateError
@@ -483,6 +490,7 @@ class Renderer:
         return out
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 MEDIA_MARKER = "<__media__>"  # llama-server's text for an image or audio part (mtmd_default_marker)
 _TEXT_PARTS = ("text", "input_text")
 _MEDIA_PARTS = ("image_url", "input_audio", "image", "input_image")
