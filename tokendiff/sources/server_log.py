@@ -441,6 +441,8 @@ def _text(line: bytes) -> str | None:
         if entry is None:
             return None
         line = line[entry.start() :]
+        if _debug(line):
+            return None
     if line.startswith(b"{") and b'"msg"' in line:  # --log-jsonl
         try:
             doc = orjson.loads(line)
