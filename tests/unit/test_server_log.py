@@ -99,11 +99,19 @@ def test_a_coloured_log_is_read(tmp_path, crlf):
     assert facts["n_slots"] == 2 and facts["cache_ram_mib"] == 8192
 
 
-@pytest.mark.parametrize("prefix", ["", "2026-12-07T17:50:30.123456789Z "])
-def test_a_coloured_or_prefixed_debug_line_is_not_read_as_the_servers_account(tmp_path, prefix):
+@pytest.mark.parametrize("how", ["coloured", "prefixed", "without timestamps", "jsonl"])
+def test_a_coloured_or_prefixed_debug_line_is_not_read_as_the_servers_account(tmp_path, how):
     debug = "0.01.769.130 D slot   operator(): id  1 | task 16 | cached n_tokens = 5, memory_seq_rm [5, end)"
     lines = LOG.splitlines()
-    lines.insert(12, f"\x1b[34m{debug[:12]}\x1b[0m \x1b[33mD {debug[15:]}\x1b[0m" if not prefix else prefix + debug)
+    lines.insert(
+        12,
+        {
+            "coloured": f"\x1b[34m{debug[:12]}\x1b[0m \x1b[33mD {debug[15:]}\x1b[0m",
+            "prefixed": "2026-12-07T17:50:30.123456789Z " + debug,
+            "without timestamps": debug[13:],
+            "jsonl": '{"type": "log", "time": 1, "level": "debug", "msg": "' + debug[15:] + '\\n"}',
+        }[how],
+    )
     p = tmp_path / "server.log"
     p.write_text("\n".join(lines) + "\n")
     assert _tasks(p) == EXPECTED

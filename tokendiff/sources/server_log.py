@@ -441,14 +441,14 @@ def _text(line: bytes) -> str | None:
         if entry is None:
             return None
         line = line[entry.start() :]
-        if _debug(line):
-            return None
+    if line[:1] != b"{" and _debug(line):
+        return None
     if line.startswith(b"{") and b'"msg"' in line:  # --log-jsonl
         try:
             doc = orjson.loads(line)
         except orjson.JSONDecodeError:
             return None
-        msg = doc.get("msg") if isinstance(doc, dict) else None
+        msg = doc.get("msg") if isinstance(doc, dict) and doc.get("level") != "debug" else None
         return msg.rstrip("\n") if isinstance(msg, str) else None
     if b"slot " not in line and b"srv " not in line:
         return None
@@ -536,10 +536,15 @@ def _rotated(f: BinaryIO, src: str, head: list[bytes]) -> BinaryIO | None:
 def _debug(line: bytes) -> bool:
     """A timestamped debug line with no other entry run into it: none of this reader's lines (they are info
     and warnings)."""
-    if not line[:1].isdigit():
+    if line[:2] == b"D ":  # without timestamps
+        sp = 0
+    elif line[:1].isdigit():
+        sp = line.find(b" ", 0, 24) + 1
+        if not sp or line[sp : sp + 2] != b"D ":
+            return False
+    else:
         return False
-    sp = line.find(b" ", 0, 24)
-    return sp > 0 and line[sp + 1 : sp + 2] == b"D" and all(x not in line for x in (b" I ", b" W ", b" E "))
+    return all(x not in line for x in (b" I ", b" W ", b" E "))
 
 
 def _keep(line: bytes) -> str | None:
