@@ -295,3 +295,15 @@ def test_a_log_that_evaluates_more_than_the_prompt_says_no_reuse(tmp_path):
     got = list(iter_tasks(p))
     assert got[1].prompt_n == 2000 and got[1].reused is None
     assert not any(x.startswith("reused") for x in describe(got[1]))
+
+
+def test_a_log_ending_inside_a_line_does_not_read_its_cut_number(tmp_path):
+    """A log read while the server writes it (or cut): its last line's number may be cut short, `task.n_tokens =
+    69` of 690, which read as the prompt's length. Not read, and said; the task is one the log ends inside."""
+    cut = LOG[: LOG.index("task.n_tokens = 690") + len("task.n_tokens = 69")]
+    p = tmp_path / "server.log"
+    p.write_text(cut)
+    got: list = []
+    warned = _warnings(lambda: got.extend(iter_tasks(p)))
+    assert [(t.task, t.n_prompt) for t in got] == [(0, 1560), (16, None)]
+    assert any("server.log: line 12: the log ends inside it (being written, or cut): not read" in w for w in warned)

@@ -377,9 +377,10 @@ _ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")  # colours: --log-colors, or a ter
 
 def _lines(path: str, progress: Progress | None, limit: int | None = None) -> Iterator[tuple[int, str]]:
     """(line number, text) of the file's lines a cache event may be on, bounded: an over-long line is skipped
-    (a warning), the last line may lack its newline. Most of a debug log is dropped here with a few byte
-    compares: a timestamped debug line with no other entry run into it holds none of this reader's (they are
-    info and warnings), and a line without one of their words is never decoded."""
+    (a warning), and so is a last line without its newline that holds a word of the reader's. Most of a debug
+    log is dropped here with a few byte compares: a timestamped debug line with no other entry run into it
+    holds none of this reader's (they are info and warnings), and a line without one of their words is never
+    decoded."""
     f = open_regular(path, "server log")
     search = _WORDS.search
     with f:
@@ -389,9 +390,8 @@ def _lines(path: str, progress: Progress | None, limit: int | None = None) -> It
         while line := readline(MAX_LINE):
             n += 1
             read += len(line)
-            if len(line) == MAX_LINE and not line.endswith(b"\n"):
-                read += _skip_rest(f)
-                warn(f"{path}: line {n}: longer than {MAX_LINE >> 20} MiB, skipped", kind="server log: long line")
+            if not line.endswith(b"\n") and _unended(f, line, path, n):
+                read += _skip_rest(f) if len(line) == MAX_LINE else 0
                 continue
             if read >= next_report:
                 if progress is not None:
@@ -416,6 +416,18 @@ def _lines(path: str, progress: Progress | None, limit: int | None = None) -> It
                 yield n, text
         if progress is not None:
             progress(read, size)
+
+
+def _unended(f: Any, line: bytes, path: str, n: int) -> bool:
+    """A line without its newline is skipped (a warning): over MAX_LINE (the rest is skipped too), or the last
+    one with a word of the reader's, whose last number may be cut short (`n_tokens = 69` of 690)."""
+    if len(line) == MAX_LINE:
+        warn(f"{path}: line {n}: longer than {MAX_LINE >> 20} MiB, skipped", kind="server log: long line")
+        return True
+    if _WORDS.search(line) is not None:
+        warn(f"{path}: line {n}: the log ends inside it (being written, or cut): not read", kind="server log: cut")
+        return True
+    return False
 
 
 def _skip_rest(f: Any) -> int:
