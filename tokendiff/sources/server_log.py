@@ -444,16 +444,15 @@ def _text(line: bytes) -> str | None:
     """The text of a line that has one of the reader's words: a --log-jsonl entry's message, or the line; a
     prefix another program put before the entry (journald's `Dec 07 17:50:30 host llama-server[42]: `, docker's
     or kubectl's timestamp, compose's `llama-1  | `) is dropped."""
+    as_written = True  # as llama-server wrote it: `_lines` has dropped it if it is a timestamped debug line
     if b"\x1b" in line:  # colours (llama-server's --log-colors, or a terminal's stderr captured)
-        line = _ANSI.sub(b"", line)
-        if _debug(line):
-            return None
+        line, as_written = _ANSI.sub(b"", line), False
     if _START_OF_ENTRY.match(line) is None:
         entry = _ENTRY.search(line)
         if entry is None:
             return None
-        line = line[entry.start() :]
-    if line[:1] != b"{" and _debug(line):
+        line, as_written = line[entry.start() :], False
+    if (not as_written or line[:2] == b"D ") and _debug(line):
         return None
     if line.startswith(b"{") and b'"msg"' in line:  # --log-jsonl
         try:
