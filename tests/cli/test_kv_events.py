@@ -234,3 +234,35 @@ def test_the_report_names_an_eviction_instead_of_a_content_break(tmp_path, unrea
     assert [t["cause"] for t in doc["turns"][:2]] != [EVICTED, EVICTED]
     r = subprocess.run([sys.executable, "-m", "tokendiff", "report", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0 and "vLLM evicted cached blocks this turn needed" in r.stdout
+
+
+def test_the_recorder_refuses_a_message_past_its_bound(tmp_path, monkeypatch):
+    """A publisher's message past MAX_MESSAGE is dropped by ZMQ (it was read whole, however large: a hostile
+    peer's one message could take all memory); the recorder records on once the publisher is back."""
+    from tokendiff.backends import kv_events
+
+    monkeypatch.setattr(kv_events, "MAX_MESSAGE", 1 << 16, raising=False)
+    port = free_port()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    out = tmp_path / "kv-events.jsonl"
+    rec = KvEventRecorder(f"tcp://127.0.0.1:{port}", out).start()
+    try:
+        assert rec._sock.getsockopt(zmq.MAXMSGSIZE) == 1 << 16
+        deadline = time.monotonic() + 30
+        seq = 0
+        for _ in range(20):  # past the bound: each drops the connection (ZMQ connects again)
+            pub.send_multipart(message(1.0, [stored([seq], None, list(range(1 << 15)), 1 << 15)], seq=seq))
+            seq += 1
+            time.sleep(0.05)
+        while rec.batches < 2 and time.monotonic() < deadline:
+            pub.send_multipart(message(2.0, [stored([seq], None, [1, 2, 3, 4])], seq=seq))
+            seq += 1
+            time.sleep(0.05)
+    finally:
+        rec.stop()
+        pub.close(linger=0)
+        ctx.term()
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) >= 2 and all(x["ts"] == 2.0 for x in lines) and rec.dropped >= 1

@@ -99,10 +99,19 @@ def test_a_coloured_log_is_read(tmp_path, crlf):
     assert facts["n_slots"] == 2 and facts["cache_ram_mib"] == 8192
 
 
-def test_a_coloured_debug_line_is_not_read_as_the_servers_account(tmp_path):
+@pytest.mark.parametrize("how", ["coloured", "prefixed", "without timestamps", "jsonl"])
+def test_a_coloured_or_prefixed_debug_line_is_not_read_as_the_servers_account(tmp_path, how):
     debug = "0.01.769.130 D slot   operator(): id  1 | task 16 | cached n_tokens = 5, memory_seq_rm [5, end)"
     lines = LOG.splitlines()
-    lines.insert(12, f"\x1b[34m{debug[:12]}\x1b[0m \x1b[33mD {debug[15:]}\x1b[0m")
+    lines.insert(
+        12,
+        {
+            "coloured": f"\x1b[34m{debug[:12]}\x1b[0m \x1b[33mD {debug[15:]}\x1b[0m",
+            "prefixed": "2026-12-07T17:50:30.123456789Z " + debug,
+            "without timestamps": debug[13:],
+            "jsonl": '{"type": "log", "time": 1, "level": "debug", "msg": "' + debug[15:] + '\\n"}',
+        }[how],
+    )
     p = tmp_path / "server.log"
     p.write_text("\n".join(lines) + "\n")
     assert _tasks(p) == EXPECTED
@@ -286,3 +295,15 @@ def test_a_log_that_evaluates_more_than_the_prompt_says_no_reuse(tmp_path):
     got = list(iter_tasks(p))
     assert got[1].prompt_n == 2000 and got[1].reused is None
     assert not any(x.startswith("reused") for x in describe(got[1]))
+
+
+def test_a_log_ending_inside_a_line_does_not_read_its_cut_number(tmp_path):
+    """A log read while the server writes it (or cut): its last line's number may be cut short, `task.n_tokens =
+    69` of 690, which read as the prompt's length. Not read, and said; the task is one the log ends inside."""
+    cut = LOG[: LOG.index("task.n_tokens = 690") + len("task.n_tokens = 69")]
+    p = tmp_path / "server.log"
+    p.write_text(cut)
+    got: list = []
+    warned = _warnings(lambda: got.extend(iter_tasks(p)))
+    assert [(t.task, t.n_prompt) for t in got] == [(0, 1560), (16, None)]
+    assert any("server.log: line 12: the log ends inside it (being written, or cut): not read" in w for w in warned)

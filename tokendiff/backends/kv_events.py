@@ -9,6 +9,7 @@ pyzmq and msgpack are an optional extra: without them, one line says how to get 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -22,6 +23,7 @@ from tokendiff.safeio import open_private, write_all
 from tokendiff.sources.kv_events import decode_message
 
 POLL_MS = 200  # how often the thread looks up from the socket to see whether it should stop
+MAX_MESSAGE = 64 << 20  # one batch (vLLM's are a step's new blocks: kB to a few MB); ZMQ drops a peer past it
 MISSING = "--kv-events needs pyzmq and msgpack: pip install 'tokendiff[kv-events]'"
 
 
@@ -56,6 +58,8 @@ class KvEventRecorder:
         self._thread = threading.Thread(target=self._run, name="tokendiff-kv-events", daemon=True)
         self._ctx: Any = None
         self._sock: Any = None
+        self._mon: Any = None  # the socket's disconnections
+        self.dropped = 0
         self._fd = -1
 
     def start(self) -> KvEventRecorder:
@@ -67,21 +71,30 @@ class KvEventRecorder:
         self._fd, _ = open_private(self.out, os.O_APPEND)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.SUB)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)  # else a publisher's one message may take all memory
         try:
             self._sock.connect(self.endpoint)
         except zmq.ZMQError as e:
             self.stop()
             raise InputError(f"--kv-events: cannot connect: {e}", source=self.endpoint) from None
         self._sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+        self._mon = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._thread.start()
         return self
 
     def _run(self) -> None:
         import zmq
 
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._mon, zmq.POLLIN)
         while not self._stop.is_set():
             try:
-                if not self._sock.poll(POLL_MS):
+                ready = dict(poller.poll(POLL_MS))
+                if self._mon in ready:
+                    self._mon.recv_multipart()
+                    self._reconnect()
+                if self._sock not in ready:
                     continue
                 parts = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.ZMQError:
@@ -95,10 +108,29 @@ class KvEventRecorder:
             write_all(self._fd, orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
             self.batches += 1
 
+    def _reconnect(self) -> None:
+        """The publisher dropped: ZMQ connects again by itself after a network error, never after a message
+        over MAX_MESSAGE (a protocol error), so connect again here; what was sent meanwhile is lost."""
+        self.dropped += 1
+        if self.dropped == 1:
+            warn(
+                f"--kv-events: {self.endpoint} dropped the connection (it stopped, or sent a message over "
+                f"{MAX_MESSAGE >> 20} MiB): connecting again; batches sent meanwhile are not recorded",
+                kind="kv events",
+            )
+        import zmq
+
+        with contextlib.suppress(zmq.ZMQError):  # no longer connected: connecting is all there is to do
+            self._sock.disconnect(self.endpoint)
+        self._sock.connect(self.endpoint)
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5)
+        if self._mon is not None:
+            self._sock.disable_monitor()
+            self._mon.close(linger=0)
         if self._sock is not None:
             self._sock.close(linger=0)
         if self._ctx is not None:

@@ -377,9 +377,10 @@ _ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")  # colours: --log-colors, or a ter
 
 def _lines(path: str, progress: Progress | None, limit: int | None = None) -> Iterator[tuple[int, str]]:
     """(line number, text) of the file's lines a cache event may be on, bounded: an over-long line is skipped
-    (a warning), the last line may lack its newline. Most of a debug log is dropped here with a few byte
-    compares: a timestamped debug line with no other entry run into it holds none of this reader's (they are
-    info and warnings), and a line without one of their words is never decoded."""
+    (a warning), and so is a last line without its newline that holds a word of the reader's. Most of a debug
+    log is dropped here with a few byte compares: a timestamped debug line with no other entry run into it
+    holds none of this reader's (they are info and warnings), and a line without one of their words is never
+    decoded."""
     f = open_regular(path, "server log")
     search = _WORDS.search
     with f:
@@ -389,9 +390,8 @@ def _lines(path: str, progress: Progress | None, limit: int | None = None) -> It
         while line := readline(MAX_LINE):
             n += 1
             read += len(line)
-            if len(line) == MAX_LINE and not line.endswith(b"\n"):
-                read += _skip_rest(f)
-                warn(f"{path}: line {n}: longer than {MAX_LINE >> 20} MiB, skipped", kind="server log: long line")
+            if not line.endswith(b"\n") and _unended(f, line, path, n):
+                read += _skip_rest(f) if len(line) == MAX_LINE else 0
                 continue
             if read >= next_report:
                 if progress is not None:
@@ -418,6 +418,18 @@ def _lines(path: str, progress: Progress | None, limit: int | None = None) -> It
             progress(read, size)
 
 
+def _unended(f: Any, line: bytes, path: str, n: int) -> bool:
+    """A line without its newline is skipped (a warning): over MAX_LINE (the rest is skipped too), or the last
+    one with a word of the reader's, whose last number may be cut short (`n_tokens = 69` of 690)."""
+    if len(line) == MAX_LINE:
+        warn(f"{path}: line {n}: longer than {MAX_LINE >> 20} MiB, skipped", kind="server log: long line")
+        return True
+    if _WORDS.search(line) is not None:
+        warn(f"{path}: line {n}: the log ends inside it (being written, or cut): not read", kind="server log: cut")
+        return True
+    return False
+
+
 def _skip_rest(f: Any) -> int:
     """Read past the rest of an over-long line; the bytes skipped."""
     skipped = 0
@@ -432,21 +444,22 @@ def _text(line: bytes) -> str | None:
     """The text of a line that has one of the reader's words: a --log-jsonl entry's message, or the line; a
     prefix another program put before the entry (journald's `Dec 07 17:50:30 host llama-server[42]: `, docker's
     or kubectl's timestamp, compose's `llama-1  | `) is dropped."""
+    as_written = True  # as llama-server wrote it: `_lines` has dropped it if it is a timestamped debug line
     if b"\x1b" in line:  # colours (llama-server's --log-colors, or a terminal's stderr captured)
-        line = _ANSI.sub(b"", line)
-        if _debug(line):
-            return None
+        line, as_written = _ANSI.sub(b"", line), False
     if _START_OF_ENTRY.match(line) is None:
         entry = _ENTRY.search(line)
         if entry is None:
             return None
-        line = line[entry.start() :]
+        line, as_written = line[entry.start() :], False
+    if (not as_written or line[:2] == b"D ") and _debug(line):
+        return None
     if line.startswith(b"{") and b'"msg"' in line:  # --log-jsonl
         try:
             doc = orjson.loads(line)
         except orjson.JSONDecodeError:
             return None
-        msg = doc.get("msg") if isinstance(doc, dict) else None
+        msg = doc.get("msg") if isinstance(doc, dict) and doc.get("level") != "debug" else None
         return msg.rstrip("\n") if isinstance(msg, str) else None
     if b"slot " not in line and b"srv " not in line:
         return None
@@ -534,10 +547,15 @@ def _rotated(f: BinaryIO, src: str, head: list[bytes]) -> BinaryIO | None:
 def _debug(line: bytes) -> bool:
     """A timestamped debug line with no other entry run into it: none of this reader's lines (they are info
     and warnings)."""
-    if not line[:1].isdigit():
+    if line[:2] == b"D ":  # without timestamps
+        sp = 0
+    elif line[:1].isdigit():
+        sp = line.find(b" ", 0, 24) + 1
+        if not sp or line[sp : sp + 2] != b"D ":
+            return False
+    else:
         return False
-    sp = line.find(b" ", 0, 24)
-    return sp > 0 and line[sp + 1 : sp + 2] == b"D" and all(x not in line for x in (b" I ", b" W ", b" E "))
+    return all(x not in line for x in (b" I ", b" W ", b" E "))
 
 
 def _keep(line: bytes) -> str | None:
