@@ -339,12 +339,18 @@ def test_stopping_with_requests_in_flight_records_each_and_tells_its_client(tmp_
         clients = [threading.Thread(target=ask, args=(p, p == "/chat/completions")) for p in routes]
         for c in clients:
             c.start()
+        trickle = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))  # a body that never ends
+        trickle.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
         while stub.seen("/v1/chat/completions") + stub.seen("/chat/completions") < 2:
             time.sleep(0.05)
         time.sleep(0.5)
         err = stop_proxy(proc, timeout=90)
         for c in clients:
             c.join(30)
+        trickle.settimeout(10)
+        half = trickle.recv(1000)
+        trickle.close()
+    assert half.startswith(b"HTTP/1.1 503") and b"stopping" in half  # was a traceback and uvicorn's 500
     assert proc.returncode == 0 and "Traceback" not in err, err  # was a traceback for each request
     status, body = got["/v1/chat/completions"]  # type: ignore[misc]
     assert status == 502 and b"stopping" in body  # was uvicorn's 500

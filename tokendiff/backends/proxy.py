@@ -454,7 +454,12 @@ async def _handle(state: ProxyState, scope: Scope, receive: Receive, send: Send)
     except httpx.InvalidURL as e:  # `OPTIONS *`: no path to give the upstream
         await _send_error(send, 400, f"tokendiff proxy: the request target is not a path: {e}", "invalid_request")
         return
-    inc = await _read_body(receive)
+    try:
+        inc = await _read_body(receive)
+    except asyncio.CancelledError:  # the proxy is stopping; the body never came whole: nothing was sent on
+        msg = "tokendiff proxy: stopping: the request's body had not arrived within the shutdown's grace period"
+        await _send_error(send, 503, msg, "proxy_stopping")
+        return
     ex = Exchange(_new_record(scope, inc), time.perf_counter())
     if ex.rec is not None:
         _start_line(state, ex, inc.data)
