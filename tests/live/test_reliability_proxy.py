@@ -281,6 +281,35 @@ def test_a_client_that_leaves_before_the_answer_closes_the_upstreams_connection_
     assert records[0].response == {"status": None, "error": "client disconnected before the upstream answered"}
 
 
+def _done_then_pause(req, conn) -> None:
+    """A stream whose last event ([DONE]) comes a second before the chunked body's end."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    for payload in (b'{"choices": [{"delta": {"content": "all"}, "finish_reason": "stop"}]}', b"[DONE]"):
+        piece = b"data: " + payload + b"\n\n"
+        conn.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+    time.sleep(1)
+    with contextlib.suppress(OSError):
+        conn.sendall(b"0\r\n\r\n")
+
+
+def test_a_client_that_closes_after_the_last_event_has_its_whole_answer_recorded(tmp_path):
+    """SDKs stop reading at [DONE] and close: that client had the whole answer, which is recorded as such."""
+    with StubUpstream({CHAT: _done_then_pause}) as stub:
+        proc, url = start(stub.url, tmp_path / "s")
+        try:
+            with httpx.stream("POST", url + CHAT, json=chat("sdk", stream=True), timeout=30) as r:
+                for line in r.iter_lines():
+                    if line == "data: [DONE]":
+                        break  # and the connection closes
+            time.sleep(2)
+        finally:
+            err = stop_proxy(proc)
+    records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
+    assert warnings == [] and len(records) == 1, err
+    assert records[0].response["status"] == 200 and records[0].response["content"] == "all"
+    assert "error" not in records[0].response and not records[0].client_disconnected
+
+
 def _never_answers(req, conn) -> None:
     time.sleep(120)
 
@@ -310,12 +339,18 @@ def test_stopping_with_requests_in_flight_records_each_and_tells_its_client(tmp_
         clients = [threading.Thread(target=ask, args=(p, p == "/chat/completions")) for p in routes]
         for c in clients:
             c.start()
+        trickle = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))  # a body that never ends
+        trickle.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
         while stub.seen("/v1/chat/completions") + stub.seen("/chat/completions") < 2:
             time.sleep(0.05)
         time.sleep(0.5)
         err = stop_proxy(proc, timeout=90)
         for c in clients:
             c.join(30)
+        trickle.settimeout(10)
+        half = trickle.recv(1000)
+        trickle.close()
+    assert half.startswith(b"HTTP/1.1 503") and b"stopping" in half  # was a traceback and uvicorn's 500
     assert proc.returncode == 0 and "Traceback" not in err, err  # was a traceback for each request
     status, body = got["/v1/chat/completions"]  # type: ignore[misc]
     assert status == 502 and b"stopping" in body  # was uvicorn's 500

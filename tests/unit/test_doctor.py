@@ -225,6 +225,7 @@ def test_engine_check_claims_nothing_when_no_prompt_fits():
     flags = dr.LaunchFlags(source="t", parallel=1, ctx_size=4096, cache_ram_mib=0)
     check = check_engine(_evidence(srv.LLAMA, None, flags, **{"/props": props}), dr.Workload(agents=3))
     assert check.status == dr.UNCHECKED and "100 %" not in check.summary
+    assert "%" not in check.evidence and "0 of 0" not in check.evidence  # was "0 of 0 reusable tokens kept (100 %)"
     fits = check_engine(_evidence(srv.LLAMA, None, flags, **{"/props": props}), dr.Workload(prompt_tokens=2048))
     assert fits.status == dr.OK and "100 %" in fits.summary
 

@@ -55,7 +55,7 @@ def check_engine(ev: Evidence, w: Workload, flagged: bool = False) -> Check:
         f"{w.agents} agent(s) sharing a system prompt, 4 turns each of up to {w.prompt_tokens:,} tokens, "
         f"played through llama-server's policy with {cfg.flags()}"
         + (f" (defaults assumed for {', '.join(assumed)})" if assumed else "")
-        + f": {res.reused:,} of {res.allowed:,} reusable tokens kept ({res.pct:.0f} %)"
+        + (f": {res.reused:,} of {res.allowed:,} reusable tokens kept ({res.pct:.0f} %)" if res.allowed else "")
     )
     if not res.allowed:  # every prompt overflows a slot, or caching is off: the checks before say which
         return Check("engine", UNCHECKED, "nothing to keep: no prompt of this workload can be cached", evidence)

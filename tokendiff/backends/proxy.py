@@ -148,7 +148,7 @@ class Exchange:
     error: str | None = None
     client_gone: bool = False
     finished: bool = False  # the response patch is written (or given up)
-    answered: bool = False  # the response's end is sent: a disconnect after it cuts nothing
+    relaying: bool = False  # the upstream answered: a client that leaves now is seen at the next chunk
     stopping: bool = False  # cancelled because the proxy is stopping, not because the client left
     gone: asyncio.Task[None] | None = None  # done when the client disconnects (see _client_gone)
 
@@ -454,7 +454,12 @@ async def _handle(state: ProxyState, scope: Scope, receive: Receive, send: Send)
     except httpx.InvalidURL as e:  # `OPTIONS *`: no path to give the upstream
         await _send_error(send, 400, f"tokendiff proxy: the request target is not a path: {e}", "invalid_request")
         return
-    inc = await _read_body(receive)
+    try:
+        inc = await _read_body(receive)
+    except asyncio.CancelledError:  # the proxy is stopping; the body never came whole: nothing was sent on
+        msg = "tokendiff proxy: stopping: the request's body had not arrived within the shutdown's grace period"
+        await _send_error(send, 503, msg, "proxy_stopping")
+        return
     ex = Exchange(_new_record(scope, inc), time.perf_counter())
     if ex.rec is not None:
         _start_line(state, ex, inc.data)
@@ -470,9 +475,10 @@ async def _handle(state: ProxyState, scope: Scope, receive: Receive, send: Send)
     work = loop.create_task(_exchange(state, scope, url, body, send, ex))
     try:
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-        if not work.done() and not ex.answered:
-            # the client left before its answer ended: stop asking the upstream (a connection closed before
-            # or during the answer stops the generation, as the client's own close would have)
+        if not work.done() and not ex.relaying:
+            # the client left before the upstream answered: stop asking it (a connection closed stops the
+            # generation, as the client's own close would have). Once relaying, the next chunk tells (a
+            # client may close as soon as it has read a stream's last event).
             work.cancel()
         await asyncio.wait((work,))
     except asyncio.CancelledError:  # the proxy is stopping (its graceful shutdown ran out): say so, record it
@@ -552,7 +558,7 @@ async def _open_upstream(
 
 
 async def _send_error(send: Send, status: int, msg: str, kind: str) -> None:
-    """The proxy's own answer (an OpenAI-shaped error), recorded before it is sent."""
+    """The proxy's own answer, an OpenAI-shaped error (a chat request's record takes it first)."""
     payload = orjson.dumps({"error": {"message": msg, "type": kind, "code": status}})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -614,6 +620,7 @@ async def _relay(state: ProxyState, resp: httpx.Response, send: Send, ex: Exchan
     length: before its last chunk; a stream: before the end of the chunked body)."""
     ex.stream = stream_summary(resp.headers.get("content-type", "")) if ex.rec is not None else None
     length = _length(resp)
+    ex.relaying = True
     try:
         if ex.line is not None:
             await asyncio.shield(ex.line)
@@ -631,7 +638,6 @@ async def _relay(state: ProxyState, resp: httpx.Response, send: Send, ex: Exchan
             ex.observe(chunk)  # after the send: the client never waits for the parse
         await _finish_response(state, ex, resp)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        ex.answered = True
     except httpx.HTTPError as e:
         # The upstream died mid-response: recorded, and the client's connection closed without the body's
         # end, as the upstream left it. Ending it cleanly would hand the client a cut answer as a whole one.
@@ -660,13 +666,23 @@ async def _finish_response(state: ProxyState, ex: Exchange, resp: httpx.Response
 
 
 async def _finish(state: ProxyState, ex: Exchange, fields: dict[str, Any], fetch: bool = False) -> None:
-    """Write the exchange's response patch, once, after its request line (waiting for it: a
-    cancelled handler still records); nothing when the request was not recorded."""
+    """Write the exchange's response patch, once, after its request line; nothing when the request was
+    not recorded. The write is a task of its own, so a handler cancelled meanwhile (the client left, the
+    proxy stops) never loses it half-way; the shutdown waits for it."""
     if ex.rec is None or ex.finished or ex.line is None:
         return
     ex.finished = True
     ex.on_wire.set()
-    line = await asyncio.shield(ex.line)
+    task = asyncio.get_running_loop().create_task(_write_patch(state, ex, ex.line, fields, fetch))
+    state.pending.add(task)
+    task.add_done_callback(state.pending.discard)
+    await asyncio.shield(task)
+
+
+async def _write_patch(
+    state: ProxyState, ex: Exchange, request: asyncio.Task[dict[str, Any] | None], fields: dict[str, Any], fetch: bool
+) -> None:
+    line = await request
     if line is None:
         return
     fields.setdefault("total_ms", (time.perf_counter() - ex.t0) * 1000)
