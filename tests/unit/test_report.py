@@ -100,3 +100,17 @@ def test_an_excerpt_marks_whole_characters_where_a_token_ends_inside_one():
     ea, eb = excerpt(a, h.a_start, h.a_end, 3), excerpt(b, h.b_start, h.b_end, 3)
     assert (ea.diverged, eb.diverged) == ("🏽", "🏿")
     assert "\ufffd" not in ea.before + ea.after + eb.before + eb.after
+
+
+def test_a_count_of_one_is_singular_in_the_report_lines():
+    """ "1 tokens were recomputed" and "wasted 1 tokens" read wrong: a count of one takes the singular."""
+    from tokendiff.core.rounding import counted
+    from tokendiff.report.session import quiet_headline
+
+    assert (
+        counted(1, "token") == "1 token"
+        and counted(1024, "token") == "1,024 tokens"
+        and counted(0, "turn") == "0 turns"
+    )
+    assert quiet_headline(9, 10, 1).startswith("No cause to fix: 1 token was recomputed where")
+    assert quiet_headline(8, 10, 2).startswith("No cause to fix: 2 tokens were recomputed where")

@@ -23,3 +23,8 @@ def percent(part: int, whole: int, digits: int = 1, empty: float = 100.0) -> flo
 def percent_text(part: int, whole: int, digits: int = 1, empty: float = 100.0) -> str:
     """`percent`, written with exactly `digits` places ("91.3", "13")."""
     return f"{percent(part, whole, digits, empty):.{digits}f}"
+
+
+def counted(n: int, noun: str) -> str:
+    """A count and its noun as every view writes them: "1 token", "1,024 tokens" (never "1 tokens")."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from tokendiff.core.rounding import percent_text
+from tokendiff.core.rounding import counted, percent_text
 from tokendiff.report.fleet import seconds_text
 from tokendiff.report.markdown import NOT_SEPARATED
 from tokendiff.report.session import span_place, split_spans
@@ -327,8 +327,8 @@ def render_html(doc: AnyReport) -> str:
         f"<title>tokendiff report: {e(s['path'])}</title><style>{CSS}</style></head><body>",
         f"<h1>tokendiff report: <code>{e(s['path'])}</code></h1>",
         f'<p class="headline">{e(s["headline"])}</p>',
-        f"<p>{s['turns']} turns, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
-        f"(<b>{_reuse(s)} %</b>); wasted {s['wasted_tokens']:,} tokens{secs}.</p>",
+        f"<p>{counted(s['turns'], 'turn')}, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
+        f"(<b>{_reuse(s)} %</b>); wasted {counted(s['wasted_tokens'], 'token')}{secs}.</p>",
     ]
     tk = doc["tokenizer"]
     out.append(
@@ -482,7 +482,7 @@ def render_fleet_html(doc: FleetDocument) -> str:
         f"<h1>{e(title)}</h1>",
         f'<p class="headline">{e(s["headline"])}</p>',
         f"<p>{s['sessions']} sessions, {s['turns']:,} turns, {s['total_tokens']:,} prompt tokens; reused "
-        f"{s['reused_tokens']:,} (<b>{_reuse(s)} %</b>); wasted {s['wasted_tokens']:,} tokens{secs}.</p>",
+        f"{s['reused_tokens']:,} (<b>{_reuse(s)} %</b>); wasted {counted(s['wasted_tokens'], 'token')}{secs}.</p>",
     ]
     tk = doc["tokenizer"]
     if "name" in tk:  # none without sessions

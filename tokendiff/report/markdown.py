@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tokendiff.core.rounding import percent_text
+from tokendiff.core.rounding import counted, percent_text
 from tokendiff.report.fleet import seconds_text
 from tokendiff.report.session import span_place, split_spans
 
@@ -187,8 +187,8 @@ def render_markdown(doc: AnyReport) -> str:
     est = " (estimated)" if s.get("seconds_estimated") else ""
     secs = f", {seconds_text(s['wasted_seconds'])} s of prefill{est}" if s["wasted_seconds"] is not None else ""
     out.append(
-        f"- {s['turns']} turns, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
-        f"(**{_reuse(s)} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
+        f"- {counted(s['turns'], 'turn')}, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
+        f"(**{_reuse(s)} %**); wasted {counted(s['wasted_tokens'], 'token')}{secs}"
     )
     if s["ms_per_token"]:
         how = "estimated (from --prefill-rate or a replay's cold run)" if s.get("seconds_estimated") else "measured"
@@ -341,7 +341,7 @@ def render_fleet_markdown(doc: FleetDocument) -> str:
         secs = f", {seconds_text(s['wasted_seconds'])} s of prefill (timed in {s['sessions_timed']} of {s['sessions']})"
     out.append(
         f"- {s['sessions']} sessions, {s['turns']:,} turns, {s['total_tokens']:,} prompt tokens; reused "
-        f"{s['reused_tokens']:,} (**{_reuse(s)} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
+        f"{s['reused_tokens']:,} (**{_reuse(s)} %**); wasted {counted(s['wasted_tokens'], 'token')}{secs}"
     )
     tk = doc["tokenizer"]
     if "name" in tk:  # none without sessions

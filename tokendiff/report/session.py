@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Final, cast
 from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Session, Span, Turn
 from tokendiff.core.kinds import Backend, CauseKind
 from tokendiff.core.model import Prompt, SectionPath
-from tokendiff.core.rounding import percent, percent_text, seconds_text
+from tokendiff.core.rounding import counted, percent, percent_text, seconds_text
 from tokendiff.core.secrets import mask
 from tokendiff.report.diff import path_json
 from tokendiff.report.engine import engine_json, turn_engine_json
@@ -366,8 +366,8 @@ def quiet_headline(reused: int, total: int, wasted: int, where: str = "") -> str
     pct = percent_text(reused, total)
     if wasted:
         return (
-            f"No cause to fix{where}: {wasted:,} tokens were recomputed where only expected changes were found "
-            f"({pct} % of all tokens reused)."
+            f"No cause to fix{where}: {counted(wasted, 'token')} {'was' if wasted == 1 else 'were'} recomputed "
+            f"where only expected changes were found ({pct} % of all tokens reused)."
         )
     return (
         f"No waste{where}: no turn recomputed what the previous prompt already had. {pct} % of all "
