@@ -302,3 +302,46 @@ def test_a_request_holding_half_a_character_costs_its_turn_only(tmp_path):
         assert r.stderr.count("lone surrogate") == 1 and "the turn is left out of the analysis" in r.stderr
     spans = spans_of(parse_otlp_json(run("report", session, "--format", "otlp").stdout))
     assert len(spans) == 2
+
+
+def _outside_the_vocabulary(rec: dict) -> None:
+    rec["prompt_ids"] = [1 << 30]
+
+
+def _half_a_character(rec: dict) -> None:
+    """A request holding a lone surrogate, as the proxy records it: its bytes."""
+    from tokendiff.sources.capture import prepare_request
+
+    request = rec.pop("request")
+    request["messages"][-1]["content"] = "see the \ud83d"
+    rec.update(prepare_request(json.dumps(request).encode()).fields, prompt_ids=None, prompt_text=None)
+
+
+@pytest.mark.parametrize("left_out", [_outside_the_vocabulary, _half_a_character])
+def test_each_turn_takes_its_own_records_time_and_counts_when_one_before_it_is_left_out(tmp_path, left_out):
+    """A record the analysis leaves out shifted every later turn onto the record before its own: turn 1
+    was drawn at the left-out record's time and its span carried that record's usage."""
+    clock = iter([1795990000.0, 1795990100.0, 1795991000.0, 1795991010.0])
+
+    def timed(edit):
+        def apply(rec: dict) -> None:
+            edit(rec)
+            rec["ts"] = next(clock)
+            rec["response"]["usage"]["completion_tokens"] = 100 + rec["seq"]
+
+        return apply
+
+    session = _capture(tmp_path, "s", [timed(left_out), timed(_same), timed(_same), timed(_same)])
+    records = read_capture(session / "capture.jsonl")[0]
+    r = run("report", session, "--format", "otlp")
+    assert r.returncode == 0, r.stderr
+    assert "the turn is left out of the analysis" in r.stderr
+    spans = spans_of(parse_otlp_json(r.stdout))
+    assert [attrs(sp)["gen_ai.usage.output_tokens"] for sp in spans] == [102, 103, 104]
+    ends = [sp.end_time_unix_nano / 1e9 for sp in spans]
+    assert ends == pytest.approx([rec.ts for rec in records[1:]], abs=1e-3)
+    r = run("report", session, "--format", "trace")
+    assert r.returncode == 0, r.stderr
+    turns = [e for e in json.loads(r.stdout)["traceEvents"] if e["ph"] == "X" and e["name"].startswith("turn ")]
+    gaps = [(b["ts"] - a["ts"]) / 1e6 for a, b in zip(turns, turns[1:])]
+    assert gaps == pytest.approx([900.0, 10.0], abs=0.1)  # records 2, 3, 4: not 1, 2, 3 (100, 900)
