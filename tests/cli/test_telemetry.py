@@ -345,3 +345,30 @@ def test_each_turn_takes_its_own_records_time_and_counts_when_one_before_it_is_l
     turns = [e for e in json.loads(r.stdout)["traceEvents"] if e["ph"] == "X" and e["name"].startswith("turn ")]
     gaps = [(b["ts"] - a["ts"]) / 1e6 for a, b in zip(turns, turns[1:])]
     assert gaps == pytest.approx([900.0, 10.0], abs=0.1)  # records 2, 3, 4: not 1, 2, 3 (100, 900)
+
+
+def test_a_request_whose_blob_is_missing_costs_its_turn_only(tmp_path):
+    """A capture copied without its blobs/ (the proxy stores a large request there): the report, in every
+    format, stopped at the missing blob (read for the cloud check and the model's name, outside the turn's
+    own reading) instead of leaving that turn out as the capture's reader promises."""
+    from tokendiff.sources.capture import CaptureWriter, prepare_request
+
+    session = tmp_path / "s"
+    session.mkdir()
+    with CaptureWriter(session / "capture.jsonl") as w:
+        for seq, user in enumerate(["x" * (2 << 20), "hi", "hi again"], 1):
+            msgs = [{"role": "system", "content": "You are an agent. " * 40}, {"role": "user", "content": user}]
+            prepared = prepare_request(json.dumps({"model": "m", "messages": msgs}).encode())
+            w.store(prepared)
+            usage = {"completion_tokens": 100 + seq}
+            rec = {**prepared.fields, "ts": 1795990000.0 + 1000 * seq, "response": {"status": 200, "usage": usage}}
+            w.append({**rec, "endpoint": "/v1/chat/completions"}, redact_request=False)
+    blobs = list((session / "blobs").iterdir())
+    assert len(blobs) == 1
+    blobs[0].unlink()
+    for fmt in ("md", "json", "otlp", "trace"):
+        r = run("report", session, "--format", fmt)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("\n") == 1 and "No such file" in r.stderr and "the turn is left out" in r.stderr
+    spans = spans_of(parse_otlp_json(run("report", session, "--format", "otlp").stdout))
+    assert [attrs(sp)["gen_ai.usage.output_tokens"] for sp in spans] == [102, 103]
