@@ -299,7 +299,7 @@ def test_a_request_holding_half_a_character_costs_its_turn_only(tmp_path):
     for fmt in ("md", "json", "otlp", "trace"):
         r = run("report", session, "--format", fmt)
         assert r.returncode == 0, r.stderr
-        assert r.stderr.count("lone surrogate") == 1 and "the turn is left out of the analysis" in r.stderr
+        assert r.stderr.count("lone UTF-16 surrogate") == 1 and "the turn is left out of the analysis" in r.stderr
     spans = spans_of(parse_otlp_json(run("report", session, "--format", "otlp").stdout))
     assert len(spans) == 2
 
