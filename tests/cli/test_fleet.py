@@ -4,11 +4,22 @@ polars (and DuckDB, where installed) aggregate without tokendiff."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
-from helpers import AGENT, DEMO, SPLIT, assert_one_line_error, run_cli, two_day_capture
+from helpers import (
+    AGENT,
+    DEMO,
+    SPLIT,
+    assert_one_line_error,
+    har_document,
+    har_entry,
+    run_cli,
+    started_at,
+    two_day_capture,
+)
 
 from tokendiff.app.fleet import FleetOptions, fleet_report
 from tokendiff.app.pair import PromptOptions
@@ -197,3 +208,84 @@ def test_one_session_named_three_ways_is_one_session_and_a_name_too_long_is_an_i
     assert expand_session_paths([str(rec), f"{rec}/", str(rec / "capture.jsonl")]) == [str(rec)]
     r = run_cli("report", str(AGENT), "a" * 300)
     assert_one_line_error(r, "a" * 300)
+
+
+def _dataset_times(session: Path, tmp_path: Path) -> list:
+    """The dataset's turns' times (`report SESSION --export DIR/`), in turn order, after the run's warning of
+    the turn left out."""
+    import polars as pl
+
+    r = run_cli("report", str(session), "--format", "json", "--export", f"{tmp_path / 'dataset'}/")
+    assert r.returncode == 0 and "the turn is left out of the analysis" in r.stderr, r.stderr
+    turns = pl.read_parquet(tmp_path / "dataset" / "turns" / "**" / "*.parquet").sort("turn")
+    return [(t.timestamp(), src) for t, src in zip(turns["ts"], turns["ts_source"], strict=True)]
+
+
+def _chat(i: int, content) -> dict:
+    return {
+        "model": "m",
+        "messages": [{"role": "system", "content": "You are an agent. " * 40}, {"role": "user", "content": content}],
+    }
+
+
+def test_a_turn_after_one_left_out_keeps_its_own_records_time(tmp_path):
+    """Turns were given times by position among the records: a left-out record (an ID outside the
+    vocabulary) put every later turn at the time of the record before its own."""
+    lines = (AGENT).read_text().splitlines()[:3]
+    recs = [json.loads(line) for line in lines]
+    recs[0]["prompt_ids"] = [1 << 30]
+    for k, rec in enumerate(recs):
+        rec["ts"] = 1795990000.0 + 86_400 * k
+    session = tmp_path / "capture.jsonl"
+    session.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert _dataset_times(session, tmp_path) == [(recs[1]["ts"], "record"), (recs[2]["ts"], "record")]
+
+
+def test_a_har_turn_after_one_left_out_keeps_its_own_entrys_time(tmp_path):
+    """A HAR entry the chat template refuses (a message's content a number) is left out: the entries after it
+    kept the times of the entries before them."""
+    entries = [
+        started_at(har_entry(_chat(i, content), json.dumps({"choices": []})), 10 * i)
+        for i, content in enumerate([5, "hi", "hi again"])
+    ]
+    session = tmp_path / "s.har"
+    session.write_text(json.dumps(har_document(entries)))
+    base = 1795946400.0  # 2026-11-29T10:00:00Z
+    assert _dataset_times(session, tmp_path) == [(base + 10, "record"), (base + 20, "record")]
+
+
+def test_an_otlp_turn_after_one_left_out_keeps_its_own_spans_time(tmp_path):
+    """An OTLP export's turns are numbered as its LLM spans start (`FILE@K`), and joined to their spans so."""
+
+    def span(k: int, content) -> dict:
+        doc = json.dumps({"messages": _chat(k, content)["messages"]})
+        start = 1_795_990_000_000_000_000 + k * 60_000_000_000
+        return {
+            "traceId": "00" * 16,
+            "spanId": f"{k + 1:016x}",
+            "name": f"chat {k}",
+            "startTimeUnixNano": str(start),
+            "endTimeUnixNano": str(start + 750_000_000),
+            "attributes": [
+                {"key": "langfuse.observation.type", "value": {"stringValue": "generation"}},
+                {"key": "langfuse.observation.input", "value": {"stringValue": doc}},
+            ],
+        }
+
+    spans = [span(k, content) for k, content in enumerate([5, "hi", "hi again"])][::-1]  # listed newest first
+    session = tmp_path / "traces.json"
+    session.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    assert _dataset_times(session, tmp_path) == [(1795990060.0, "record"), (1795990120.0, "record")]
+
+
+def test_a_slot_file_after_one_left_out_keeps_its_own_files_time(tmp_path):
+    """A slot file that cannot be read (cut short) is left out: the files after it kept the modification
+    times of the files before them."""
+    session = tmp_path / "slots"
+    shutil.copytree(DEMO, session)
+    files = sorted(session.glob("*.bin"))
+    files[0].write_bytes(files[0].read_bytes()[:40])
+    for k, f in enumerate(files):
+        os.utime(f, (1795990000 + 86_400 * k, 1795990000 + 86_400 * k))
+    times = _dataset_times(session, tmp_path)
+    assert times == [(1795990000.0 + 86_400 * k, "mtime") for k in range(1, len(files))]

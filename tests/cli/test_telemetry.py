@@ -299,6 +299,76 @@ def test_a_request_holding_half_a_character_costs_its_turn_only(tmp_path):
     for fmt in ("md", "json", "otlp", "trace"):
         r = run("report", session, "--format", fmt)
         assert r.returncode == 0, r.stderr
-        assert r.stderr.count("lone surrogate") == 1 and "the turn is left out of the analysis" in r.stderr
+        assert r.stderr.count("lone UTF-16 surrogate") == 1 and "the turn is left out of the analysis" in r.stderr
     spans = spans_of(parse_otlp_json(run("report", session, "--format", "otlp").stdout))
     assert len(spans) == 2
+
+
+def _outside_the_vocabulary(rec: dict) -> None:
+    rec["prompt_ids"] = [1 << 30]
+
+
+def _half_a_character(rec: dict) -> None:
+    """A request holding a lone surrogate, as the proxy records it: its bytes."""
+    from tokendiff.sources.capture import prepare_request
+
+    request = rec.pop("request")
+    request["messages"][-1]["content"] = "see the \ud83d"
+    rec.update(prepare_request(json.dumps(request).encode()).fields, prompt_ids=None, prompt_text=None)
+
+
+@pytest.mark.parametrize("left_out", [_outside_the_vocabulary, _half_a_character])
+def test_each_turn_takes_its_own_records_time_and_counts_when_one_before_it_is_left_out(tmp_path, left_out):
+    """A record the analysis leaves out shifted every later turn onto the record before its own: turn 1
+    was drawn at the left-out record's time and its span carried that record's usage."""
+    clock = iter([1795990000.0, 1795990100.0, 1795991000.0, 1795991010.0])
+
+    def timed(edit):
+        def apply(rec: dict) -> None:
+            edit(rec)
+            rec["ts"] = next(clock)
+            rec["response"]["usage"]["completion_tokens"] = 100 + rec["seq"]
+
+        return apply
+
+    session = _capture(tmp_path, "s", [timed(left_out), timed(_same), timed(_same), timed(_same)])
+    records = read_capture(session / "capture.jsonl")[0]
+    r = run("report", session, "--format", "otlp")
+    assert r.returncode == 0, r.stderr
+    assert "the turn is left out of the analysis" in r.stderr
+    spans = spans_of(parse_otlp_json(r.stdout))
+    assert [attrs(sp)["gen_ai.usage.output_tokens"] for sp in spans] == [102, 103, 104]
+    ends = [sp.end_time_unix_nano / 1e9 for sp in spans]
+    assert ends == pytest.approx([rec.ts for rec in records[1:]], abs=1e-3)
+    r = run("report", session, "--format", "trace")
+    assert r.returncode == 0, r.stderr
+    turns = [e for e in json.loads(r.stdout)["traceEvents"] if e["ph"] == "X" and e["name"].startswith("turn ")]
+    gaps = [(b["ts"] - a["ts"]) / 1e6 for a, b in zip(turns, turns[1:])]
+    assert gaps == pytest.approx([900.0, 10.0], abs=0.1)  # records 2, 3, 4: not 1, 2, 3 (100, 900)
+
+
+def test_a_request_whose_blob_is_missing_costs_its_turn_only(tmp_path):
+    """A capture copied without its blobs/ (the proxy stores a large request there): the report, in every
+    format, stopped at the missing blob (read for the cloud check and the model's name, outside the turn's
+    own reading) instead of leaving that turn out as the capture's reader promises."""
+    from tokendiff.sources.capture import CaptureWriter, prepare_request
+
+    session = tmp_path / "s"
+    session.mkdir()
+    with CaptureWriter(session / "capture.jsonl") as w:
+        for seq, user in enumerate(["x" * (2 << 20), "hi", "hi again"], 1):
+            msgs = [{"role": "system", "content": "You are an agent. " * 40}, {"role": "user", "content": user}]
+            prepared = prepare_request(json.dumps({"model": "m", "messages": msgs}).encode())
+            w.store(prepared)
+            usage = {"completion_tokens": 100 + seq}
+            rec = {**prepared.fields, "ts": 1795990000.0 + 1000 * seq, "response": {"status": 200, "usage": usage}}
+            w.append({**rec, "endpoint": "/v1/chat/completions"}, redact_request=False)
+    blobs = list((session / "blobs").iterdir())
+    assert len(blobs) == 1
+    blobs[0].unlink()
+    for fmt in ("md", "json", "otlp", "trace"):
+        r = run("report", session, "--format", fmt)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("\n") == 1 and "No such file" in r.stderr and "the turn is left out" in r.stderr
+    spans = spans_of(parse_otlp_json(run("report", session, "--format", "otlp").stdout))
+    assert [attrs(sp)["gen_ai.usage.output_tokens"] for sp in spans] == [102, 103]

@@ -584,3 +584,37 @@ def test_out_safety_symlinks_and_other_owners_refused_modes_left_alone(tmp_path)
     stop(proc)
     assert stat.S_IMODE(os.stat(mine).st_mode) == 0o755  # not ours to chmod
     assert stat.S_IMODE(os.stat(mine / "capture.jsonl").st_mode) == 0o600
+
+
+def test_exports_join_each_turn_to_its_own_record_after_one_the_server_refused(server, tmp_path):
+    """A JavaScript agent's request cut mid-emoji (a lone surrogate: llama-server answers 400) is recorded and
+    left out of the analysis; the OTLP spans and the dataset gave every later turn the record before its own
+    (its time, its usage)."""
+    import polars as pl
+    from otlp_protos import attrs, parse_otlp_json, spans_of
+
+    out = tmp_path / "s"
+    system = {"role": "system", "content": "You are a careful agent. Keep the diffs small."}
+    bodies = [
+        json.dumps({"messages": [system, {"role": "user", "content": said}], "max_tokens": n})
+        for n, said in enumerate(["see the CUT", "hi", "hi again"], 1)
+    ]
+    bodies[0] = bodies[0].replace("CUT", "\\ud83d")  # as JSON.stringify writes half an emoji
+    proc, url = start_proxy(server.url, out)
+    try:
+        codes = [post_raw(url, b.encode()).status_code for b in bodies]
+    finally:
+        stop(proc)
+    assert codes[0] == 400 and codes[1:] == [200, 200], codes
+    records, _ = read_capture(out / "capture.jsonl")
+    assert len(records) == 3
+    r = run_cli("report", out, "--format", "otlp")
+    assert r.returncode == 0 and r.stderr.count("the turn is left out of the analysis") == 1, r.stderr
+    spans = spans_of(parse_otlp_json(r.stdout))
+    assert [sp.end_time_unix_nano / 1e9 for sp in spans] == pytest.approx([rec.ts for rec in records[1:]], abs=1e-4)
+    usage = [rec.response["usage"]["completion_tokens"] for rec in records[1:]]
+    assert [attrs(sp)["gen_ai.usage.output_tokens"] for sp in spans] == usage
+    r = run_cli("report", out, "--format", "json", "--export", f"{tmp_path / 'dataset'}/")
+    assert r.returncode == 0, r.stderr
+    turns = pl.read_parquet(tmp_path / "dataset" / "turns" / "**" / "*.parquet").sort("turn")
+    assert [t.timestamp() for t in turns["ts"]] == pytest.approx([rec.ts for rec in records[1:]], abs=1e-5)

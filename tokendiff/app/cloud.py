@@ -15,8 +15,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tokendiff.app.origins import record_number
 from tokendiff.config import load_config
 from tokendiff.core.cache.cloud import CloudModel, Provider, cloud_request, provider_of, tokenizer_for
 from tokendiff.core.prices import CloudReport, Price, PricedTurn, break_cost, parse_overrides, price_of
@@ -24,6 +25,9 @@ from tokendiff.errors import InputError
 from tokendiff.notices import warn
 from tokendiff.sources.record import CaptureRecord
 from tokendiff.sources.tokenizers import load_bundled_text
+
+if TYPE_CHECKING:
+    from tokendiff.core.cost import Turn
 
 
 def _time(rec: CaptureRecord) -> float | None:
@@ -195,4 +199,15 @@ def _records(src: Path, kind: str) -> Iterator[CaptureRecord]:
     return iter_har(src)
 
 
-__all__ = ["cloud_report", "cloud_section", "session_cloud", "session_provider"]
+def numbered_as(cloud: CloudReport, turns: Sequence[Turn]) -> CloudReport:
+    """The report with its turns numbered as the analysis numbers `turns`: the provider judged every record
+    (`FILE@K`: its turn K), the analysis numbers only those it read, so after one it left out the two differ.
+    A record with no turn of its own (0) keeps its cost in the totals and on no turn."""
+    from tokendiff.core.plain import replace
+
+    turn_of = {k: t.turn for t in turns if (k := record_number(t.origin)) is not None}
+    renumbered = [PricedTurn(replace(p.turn, turn=turn_of.get(p.turn.turn, 0)), p.cost) for p in cloud.turns]
+    return replace(cloud, turns=renumbered)
+
+
+__all__ = ["cloud_report", "cloud_section", "numbered_as", "session_cloud", "session_provider"]

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tokendiff.app.origins import record_number
 from tokendiff.core.kinds import Backend, ServerKind
 from tokendiff.notices import warn
 
@@ -27,12 +28,6 @@ def events_file(paths: Sequence[str]) -> tuple[Path, Path] | None:
         return None
     events = capture.parent / KV_EVENTS_NAME
     return (capture, events) if events.is_file() else None
-
-
-def record_number(origin: str) -> int | None:
-    """The capture record a turn was read from (its origin is `capture.jsonl@K`), or None."""
-    _, at, k = origin.rpartition("@")
-    return int(k) if at and k.isdigit() and len(k) < 19 else None
 
 
 def with_kv_events(paths: Sequence[str], session: Session) -> Session:

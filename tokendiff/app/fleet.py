@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokendiff.app.cloud import session_cloud
+from tokendiff.app.origins import by_origin
 from tokendiff.app.pair import PromptOptions, open_loader
 from tokendiff.app.reports import ReportOptions, read_replay
 from tokendiff.app.session import LoadedSession, Progress, open_session, session_specs, tokenizer_info
 from tokendiff.app.workers import collecting, unwarned
 from tokendiff.core.tails import Tails
-from tokendiff.errors import InputError
+from tokendiff.errors import InputError, one_line
 from tokendiff.report.cloud import cloud_facts
 from tokendiff.report.dataset import TurnTime, session_key, span_table, turn_table
 from tokendiff.report.fleet import fleet_document, session_facts
@@ -60,29 +61,29 @@ class FleetResult:
         return float(self.document["summary"]["reuse_pct"])
 
 
-def turn_times(path: str, order: str, n: int) -> list[TurnTime]:
-    """When each of a session's `n` turns happened: the record's timestamp (a capture's `ts`, a
-    HAR's `startedDateTime`), else the turn's file's modification time (slot files)."""
+def turn_times(path: str, order: str, origins: Sequence[str]) -> list[TurnTime]:
+    """When each of a session's turns (`origins`: theirs) happened: its own record's timestamp (a capture's
+    `ts`, a HAR's `startedDateTime`), else its file's modification time (slot files), else the session's."""
     path = session_source(path)
     p = Path(path)
-    stamps: list[TurnTime | None] = []
+    fallback = TurnTime(p.stat().st_mtime, "mtime")
     if p.is_dir():
-        specs = session_specs([path], order, single_turns=False)
-        stamps = [TurnTime(Path(sp).stat().st_mtime, "mtime") for sp in specs]
-    elif file_kind(p) == "capture":
+        files = {one_line(sp): sp for sp in session_specs([path], order, single_turns=False)}
+        return [TurnTime(Path(files[o]).stat().st_mtime, "mtime") if o in files else fallback for o in origins]
+    stamps: list[TurnTime | None] = [None] * len(origins)
+    kind = file_kind(p)
+    if kind == "capture":
         from tokendiff.sources.capture import iter_capture
 
-        stamps = [_record_time(rec.ts) for rec in iter_capture(path)]
-    elif file_kind(p) == "har":
+        stamps = by_origin(iter_capture(path), origins, lambda rec: _record_time(rec.ts))
+    elif kind == "har":
         from tokendiff.sources.importers.har import iter_har
 
-        stamps = [_record_time(rec.started) for rec in iter_har(p)]
-    elif file_kind(p) == "otlp":
+        stamps = by_origin(iter_har(p), origins, lambda rec: _record_time(rec.started))
+    elif kind == "otlp":
         from tokendiff.sources.importers.otlp import iter_otlp
 
-        stamps = [_record_time(rec.started) for rec in iter_otlp(p)]
-    fallback = TurnTime(p.stat().st_mtime, "mtime")
-    stamps = (stamps + [None] * n)[:n]
+        stamps = by_origin(iter_otlp(p), origins, lambda rec: _record_time(rec.started))
     return [t or fallback for t in stamps]
 
 
@@ -146,7 +147,8 @@ def _remove_partitions(base: Path) -> None:
 
 def export_session_dataset(loaded: LoadedSession, path: str, root: Path, order: str = "auto") -> list[Path]:
     """`export_dataset` for a session already loaded from `path`."""
-    return export_dataset(loaded.session, path, turn_times(path, order, len(loaded.session.turns)), root)
+    origins = [t.origin for t in loaded.session.turns]
+    return export_dataset(loaded.session, path, turn_times(path, order, origins), root)
 
 
 def fleet_member(

@@ -430,7 +430,11 @@ class _CloudSeen:
             from tokendiff.core.cache.cloud import provider_of
 
             server = rec.server if isinstance(rec.server, dict) else {}
-            self.seen = provider_of(server.get("upstream"), rec.request, rec.response) is not None
+            try:
+                request = rec.request
+            except InputError:  # its blob is missing or damaged: its turn says so, where it is left out
+                request = None
+            self.seen = provider_of(server.get("upstream"), request, rec.response) is not None
 
 
 def _path_inputs(
@@ -942,7 +946,11 @@ def _model_names(paths: Sequence[str]) -> list[str]:
     names = [props.get("model_path")]
     rec = _first_record(paths)
     if rec is not None:
-        req, server = rec.request, rec.server
+        try:
+            req = rec.request
+        except InputError:  # its blob is missing or damaged: its turn says so, where it is left out
+            req = None
+        server = rec.server
         names += [req.get("model") if isinstance(req, dict) else None]
         names += [server.get("model") if isinstance(server, dict) else None]
     return [n for n in names if isinstance(n, str) and n]

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
 
 from tokendiff.app.fleet import turn_times
+from tokendiff.app.origins import by_origin
 from tokendiff.app.session import Progress, apply_prefill_rate, open_session
 from tokendiff.errors import InputError
 from tokendiff.report.telemetry import SessionTrace, TurnContext, record_context, valid_text
@@ -40,14 +40,14 @@ class TelemetryResult:
         return 100.0 * self.reused_tokens / self.total_tokens if self.total_tokens else 100.0
 
 
-def turn_contexts(path: str, order: str, n: int) -> list[TurnContext]:
-    """Each of a session's `n` turns' context from its records (a capture, a HAR, an OTLP file), or
-    only its file's modification time (slot files, request bodies)."""
+def turn_contexts(path: str, order: str, origins: Sequence[str]) -> list[TurnContext]:
+    """The context of each of a session's turns (`origins`: theirs) from its own record (a capture, a HAR,
+    an OTLP file), or only its file's modification time (slot files, request bodies)."""
     records = _records(path)
     if records is None:
-        return [TurnContext(start=t.ts) for t in turn_times(path, order, n)]
-    out = [record_context(rec) for rec in islice(records, n)]  # one record in memory at a time
-    return out + [TurnContext()] * (n - len(out))
+        return [TurnContext(start=t.ts) for t in turn_times(path, order, origins)]
+    found = by_origin(records, origins, record_context)  # one record in memory at a time
+    return [ctx or TurnContext() for ctx in found]
 
 
 def _records(path: str) -> Iterator[CaptureRecord] | None:
@@ -81,7 +81,7 @@ def session_trace(
     """One session analysed, with its turns' contexts."""
     loaded = open_session(opts, [path], progress, single_turns=False)
     apply_prefill_rate(loaded.session, prefill_rate)
-    contexts = turn_contexts(path, opts.order, len(loaded.session.turns))
+    contexts = turn_contexts(path, opts.order, [t.origin for t in loaded.session.turns])
     label = valid_text(path)  # a directory's name need not be UTF-8: the documents hold U+FFFD in its place
     return SessionTrace(label=label, session=loaded.session, contexts=contexts, redact=redact)
 

@@ -18,7 +18,8 @@ from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
 
-from tokendiff.app.cloud import session_cloud
+from tokendiff.app.cloud import numbered_as, session_cloud
+from tokendiff.app.origins import record_number
 from tokendiff.app.pair import PairResult, PromptOptions
 from tokendiff.app.reports import export_report, session_report
 from tokendiff.app.session import (
@@ -249,7 +250,8 @@ class TokendiffApp(App[None]):
         self.vocab, self.loader = loaded.vocab, loaded.loader
         screen = self.screen_stack[1] if len(self.screen_stack) > 1 else self.screen
         if isinstance(screen, SessionScreen):
-            screen.show(loaded.session, self.cloud)
+            cloud = numbered_as(self.cloud, loaded.session.turns) if self.cloud is not None else None
+            screen.show(loaded.session, cloud)
         if self._pair_asked is not None:
             (turn, replace), self._pair_asked = self._pair_asked, None
             self.open_pair(turn, replace)
@@ -287,7 +289,8 @@ class TokendiffApp(App[None]):
         label = pair_label(self.options.paths, pair.a.origin, pair.b.origin, turn)
         turns = self.loaded.session.turns if self.loaded is not None else []
         engine = pair_engine(turns[turn - 1] if 0 < turn <= len(turns) else None)
-        cost = turn_text(self.cloud, turn) if self.cloud is not None else ""
+        at = record_number(pair.b.origin) or turn  # the provider's numbering: the record's (FILE@K)
+        cost = turn_text(self.cloud, at) if self.cloud is not None else ""
         return PairScreen(
             turn, pair.a, pair.b, pair.divergence, pair.findings, view, label=label, engine=engine, cloud=cost
         )
