@@ -1129,3 +1129,31 @@ def test_claude_code_on_deepseeks_anthropic_api_is_deepseeks_cache_and_price(tmp
     assert (
         cloud_request(Provider.DEEPSEEK, {"model": "claude-opus-4-8", "messages": []}, None).model == "deepseek-v4-pro"
     )
+
+
+def test_a_changed_system_prompt_is_no_compaction():
+    """Today's date in the system prompt of a one-message workload (the most common cache break): the
+    system prompt, written again whole, is the break, though no later block was sent again. It was a hit,
+    "new content from system[0] on (history replaced ...)"; an OpenAI chat system message alike."""
+    system = text(1500, "system")
+
+    def dated(day: int, ask: str) -> dict:
+        body = anthropic_body(SONNET, [user(200, ask, False)])
+        return body | {"system": [{**body["system"][0], "text": f"Today is Dec {day}. {system}"}]}
+
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (dated(6, "apples"), anthropic_usage(0, 2700, 200), 0.0),
+            (dated(7, "pears"), anthropic_usage(0, 2700, 200), 30.0),
+        ],
+    )
+    assert turns[1].cause == CloudCause.CONTENT and turns[1].field == "system[0]" and turns[1].waste == 2700
+
+    def chat(day: int, ask: str) -> dict:
+        messages = [{"role": "system", "content": f"Today is Dec {day}. {system}"}, {"role": "user", "content": ask}]
+        return {"model": "gpt-4.1", "messages": messages}
+
+    usage = {"usage": {"prompt_tokens": 1600, "prompt_tokens_details": {"cached_tokens": 0}}}
+    turns = run(Provider.OPENAI, [(chat(6, "apples"), usage, 0.0), (chat(7, "pears"), usage, 30.0)])
+    assert turns[1].cause == CloudCause.CONTENT and turns[1].field == "messages[0]" and turns[1].waste == 1536

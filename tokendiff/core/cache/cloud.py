@@ -133,6 +133,7 @@ class Block:
     visible: str = ""  # what the model reads of it (its strings, not the JSON around them); "": the text
     explicit: bool = False  # OpenAI: the breakpoint is marked in the request (else a message end, implicit)
     thinking: bool = False  # Anthropic: an earlier turn's thinking block (stripped at a new user turn)
+    history: bool = False  # a conversation turn, not tools, system prompt or settings (what a compaction replaces)
 
     @property
     def read(self) -> str:
@@ -590,10 +591,14 @@ def _below(req: CloudRequest, cum: list[int]) -> str:
 
 
 def _replaced(prev: CloudRequest, req: CloudRequest, d: int | None) -> bool:
-    """Whether everything from the first divergent block on is new (a compaction's summary, another
-    conversation): no block of it was in the previous request. Not known for a request whose body is not
-    its whole prompt (Gemini's cachedContent, a Responses continuation)."""
+    """Whether the conversation's turns from the first divergent block on are new (a compaction's summary,
+    another conversation): no block of them was in the previous request. A changed tool, system prompt or
+    setting is not: the cache after it is paid again whatever follows (today's date in a system prompt).
+    Not known for a request whose body is not its whole prompt (Gemini's cachedContent, a Responses
+    continuation)."""
     if d is None or d >= len(req.blocks) or d >= len(prev.blocks) or req.partial or prev.partial:
+        return False
+    if not (req.blocks[d].history and prev.blocks[d].history):
         return False
     before = {b.text for b in prev.blocks[d:]}
     return not any(b.text in before for b in req.blocks[d:])
@@ -790,13 +795,13 @@ def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
                 thinking = role == "assistant" and isinstance(b, dict) and b.get("type") in THINKING_BLOCKS
                 if not (thinking and strip):
                     field = f"messages[{i}].content[{k}]"
-                    out.append(Block(field, f"{role}:{_canon(b)}", _ttl(b), thinking=thinking))
+                    out.append(Block(field, f"{role}:{_canon(b)}", _ttl(b), thinking=thinking, history=True))
         else:
-            out.append(Block(f"messages[{i}]", f"{role}:{_canon(content)}"))
+            out.append(Block(f"messages[{i}]", f"{role}:{_canon(content)}", history=True))
     auto = body.get("cache_control")
     if isinstance(auto, dict) and out and not out[-1].breakpoint:
         last = out[-1]
-        out[-1] = Block(last.field, last.text, auto.get("ttl") if auto.get("ttl") in TTL else "5m")
+        out[-1] = replace(last, breakpoint=auto.get("ttl") if auto.get("ttl") in TTL else "5m")
     return out
 
 
@@ -852,9 +857,10 @@ def openai_blocks(body: Mapping[str, Any]) -> list[Block]:
     items = body.get("input", body.get("messages"))
     name = "input" if "input" in body else "messages"
     if isinstance(items, str):
-        out.append(Block("input", items))
+        out.append(Block("input", items, history=True))
     for i, m in enumerate(items if isinstance(items, list) else []):
-        out.append(Block(f"{name}[{i}]", _canon(m), visible=_visible(m)))
+        turn = _role(m) not in ("system", "developer")  # a system message is the system prompt
+        out.append(Block(f"{name}[{i}]", _canon(m), visible=_visible(m), history=turn))
     return out
 
 
@@ -864,7 +870,7 @@ def gemini_blocks(body: Mapping[str, Any]) -> list[Block]:
         if body.get(key):
             out.append(Block(key, _canon(body[key])))
     for i, c in enumerate(body.get("contents") or []):
-        out.append(Block(f"contents[{i}]", _canon(c)))
+        out.append(Block(f"contents[{i}]", _canon(c), history=True))
     return out
 
 
