@@ -1157,3 +1157,27 @@ def test_a_changed_system_prompt_is_no_compaction():
     usage = {"usage": {"prompt_tokens": 1600, "prompt_tokens_details": {"cached_tokens": 0}}}
     turns = run(Provider.OPENAI, [(chat(6, "apples"), usage, 0.0), (chat(7, "pears"), usage, 30.0)])
     assert turns[1].cause == CloudCause.CONTENT and turns[1].field == "messages[0]" and turns[1].waste == 1536
+
+
+def test_a_web_apps_post_with_contents_in_a_har_is_no_gemini_turn(tmp_path):
+    """A browser's HAR holds the web app's own POSTs: one saving documents as `{"contents": [...]}` was read as a
+    Gemini request ("request has an empty messages list ... left out", a false Anthropic turn in the cloud
+    table). A `contents` list is Gemini's only on a Gemini route or made of Gemini contents (with `parts`)."""
+    import json
+
+    from cloud_shapes import har_of
+    from helpers import run_cli
+
+    har = har_of(tool_edit_session(), "https://api.anthropic.com/v1/messages")
+    save = json.loads(json.dumps(har["log"]["entries"][0]))
+    save["request"]["url"] = "https://docs.example.com/api/documents/save"
+    save["request"]["postData"]["text"] = json.dumps({"contents": [{"id": 1, "body": "draft"}, {"id": 2}]})
+    save["response"]["content"] = {"mimeType": "application/json", "text": '{"ok": true}'}
+    har["log"]["entries"].insert(1, save)
+    path = tmp_path / "mixed.har"
+    path.write_text(json.dumps(har))
+    r = run_cli("report", path, "--format", "json")
+    assert r.returncode == 0 and r.stderr == ""
+    doc = json.loads(r.stdout)
+    assert [t["cause"] for t in doc["cloud"]["turns"]] == ["cloud_cold", "cloud_hit", "cloud_content"]
+    assert doc["cloud"]["providers"] == ["anthropic"]
