@@ -997,6 +997,20 @@ def test_claude_on_vertex_ai_is_judged_by_anthropics_rules(tmp_path):
     assert report is not None and report.provider == Provider.ANTHROPIC and report.model == SONNET
     assert [p.turn.cause for p in report.turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
     assert report.turns[2].turn.field == "tools[0]" and report.wasted_tokens == 3200
+    # Vertex's error answer (Google's error shape: no usage) first and between two turns: the route still says
+    # Claude (it was Gemini's, judged by a second judge: "anthropic + gemini"; first, the whole session Gemini's)
+    err = {"error": {"code": 429, "message": "Quota exceeded", "status": "RESOURCE_EXHAUSTED"}}
+    session = [(session[0][0], err, -1.0), *session[:2], (session[2][0], err, 99.0), *session[2:]]
+    report = cloud_section(str(write_har(tmp_path / "vertex429.har", session, f"{url}/models/{SONNET}:rawPredict")))
+    assert report is not None and report.providers == (Provider.ANTHROPIC,)
+    assert [p.turn.cause for p in report.turns] == [
+        CloudCause.FAILED,
+        CloudCause.COLD,
+        CloudCause.HIT,
+        CloudCause.FAILED,
+        CloudCause.CONTENT,
+    ]
+    assert report.wasted_tokens == 3200 and "gemini" not in report.counts
 
 
 def test_thinking_blocks_stripped_at_a_new_user_turn():

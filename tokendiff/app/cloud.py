@@ -42,7 +42,7 @@ def session_provider(records: Iterable[CaptureRecord]) -> Provider | None:
     upstream and usage are read (a request stored in a blob stays unread)."""
     for rec in records:
         server: Mapping[str, Any] = rec.server if isinstance(rec.server, Mapping) else {}
-        p = provider_of(server.get("upstream"), None, rec.response)
+        p = provider_of(server.get("upstream"), None, rec.response, rec.endpoint)
         if p is not None or server.get("upstream"):  # a record that names its upstream decides
             return p
     return None
@@ -52,7 +52,7 @@ def record_provider(rec: CaptureRecord, session: Provider) -> Provider:
     """The provider one record was sent to (a HAR may hold requests to several); a record that does not say
     (a gateway's host, an answer without the provider's own fields) is the session's."""
     server: Mapping[str, Any] = rec.server if isinstance(rec.server, Mapping) else {}
-    return provider_of(server.get("upstream"), None, rec.response) or session
+    return provider_of(server.get("upstream"), None, rec.response, rec.endpoint) or session
 
 
 def cloud_report(

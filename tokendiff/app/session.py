@@ -430,7 +430,7 @@ class _CloudSeen:
             from tokendiff.core.cache.cloud import provider_of
 
             server = rec.server if isinstance(rec.server, dict) else {}
-            self.seen = provider_of(server.get("upstream"), rec.request, rec.response) is not None
+            self.seen = provider_of(server.get("upstream"), rec.request, rec.response, rec.endpoint) is not None
 
 
 def _path_inputs(

@@ -1049,16 +1049,24 @@ PROVIDER_HOSTS = (
 
 
 def provider_of(
-    upstream: str | None, body: Mapping[str, Any] | None, response: Mapping[str, Any] | None
+    upstream: str | None, body: Mapping[str, Any] | None, response: Mapping[str, Any] | None, path: str | None = None
 ) -> Provider | None:
     """The provider a record was sent to: the upstream's host, else the usage fields only one provider writes."""
     host = (upstream or "").lower()
     for suffix, p in PROVIDER_HOSTS:
         if suffix in host:
-            if p == Provider.GEMINI and _by_usage(response) == Provider.ANTHROPIC:
+            if p == Provider.GEMINI and _on_vertex_claude(host + (path or ""), body, response):
                 return Provider.ANTHROPIC  # Claude on Vertex AI (aiplatform.googleapis.com): Anthropic's cache
             return p
     return _by_usage(response)
+
+
+def _on_vertex_claude(url: str, body: Mapping[str, Any] | None, response: Mapping[str, Any] | None) -> bool:
+    """A request to Claude on Vertex AI, whose host is Google's: its route (`/publishers/anthropic/models/`),
+    its body's `anthropic_version`, or its answer's Anthropic usage (an error answer has none: the route
+    still tells)."""
+    said = isinstance(body, Mapping) and isinstance(body.get("anthropic_version"), str)
+    return "/publishers/anthropic/" in url.lower() or said or _by_usage(response) == Provider.ANTHROPIC
 
 
 def _by_usage(response: Mapping[str, Any] | None) -> Provider | None:
