@@ -1052,6 +1052,48 @@ def test_thinking_blocks_stripped_at_a_new_user_turn():
     assert kept[2].cause == CloudCause.HIT and kept[2].waste == 0
 
 
+@pytest.mark.parametrize(("model", "stripped"), [("claude-sonnet-4-5-20250929", True), ("claude-sonnet-4-6", False)])
+def test_earlier_thinking_stays_stripped_in_the_next_tool_loop(model, stripped):
+    """The context-windows page: previous turns' thinking blocks are stripped (context_window = (input_tokens -
+    previous_thinking_tokens) + current_turn_tokens), in the tool loop after a new user turn too. They were
+    kept there: the first loop's thinking "came back", `cloud_lookback` ("add a breakpoint"). Sonnet 4.6 and
+    later keep them all (the extended-thinking page); it had matched Sonnet 4's `claude-sonnet-4` and was
+    judged as stripping."""
+
+    def think(n: int) -> dict:
+        return {"type": "thinking", "thinking": text(100, f"think{n}"), "signature": "EqQBCkgIARABGAIiQL"}
+
+    def loop(n: int) -> tuple[dict, dict]:
+        call = {"type": "tool_use", "id": f"toolu_{n}", "name": "Read", "input": {"p": n}}
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": text(150, f"file{n}")}
+        return {"role": "assistant", "content": [think(n), call]}, {"role": "user", "content": [result]}
+
+    (a1, r1), (a3, r3) = loop(1), loop(3)
+    done = {"role": "assistant", "content": [{"type": "text", "text": "Done."}]}
+    u1, u3 = user(200, "u1", False), user(100, "u3", False)
+    requests = [[u1], [u1, a1, r1], [u1, a1, r1, done, u3], [u1, a1, r1, done, u3, a3, r3]]
+    blocks = [cloud_request(Provider.ANTHROPIC, anthropic_body(model, m), None, 0.0).blocks for m in requests]
+    thoughts = [[b.field for b in request if b.thinking] for request in blocks]
+    # the first loop's thinking (messages[1].content[0]) is gone from the new user turn on, for a stripping model
+    assert thoughts == (
+        [[], ["messages[1].content[0]"], [], ["messages[5].content[0]"]]
+        if stripped
+        else [
+            [],
+            ["messages[1].content[0]"],
+            ["messages[1].content[0]"],
+            ["messages[1].content[0]", "messages[5].content[0]"],
+        ]
+    )
+    # each request reads all the previous one left cached: its prefix is the previous one's, as sent
+    usage = [anthropic_usage(0, 2900, 3), anthropic_usage(2900, 500, 3), anthropic_usage(2900, 300, 3)]
+    usage.append(anthropic_usage(3200 if stripped else 3400, 400, 3))
+    auto = {"cache_control": {"type": "ephemeral"}}
+    turns = run(Provider.ANTHROPIC, [(anthropic_body(model, m) | auto, u, 10.0) for m, u in zip(requests, usage)])
+    assert turns[3].cause == CloudCause.HIT and turns[3].field == ""
+    assert turns[3].detail == "read all the previous turn cached"
+
+
 def test_a_compaction_wastes_nothing_cached():
     """Claude Code's /compact: the history replaced by a summary after the system prompt. The tools and
     system entries are read; nothing the previous turn cached after them is sent again, so nothing is paid

@@ -132,7 +132,7 @@ class Block:
     breakpoint: str | None = None  # "5m" or "1h" where the block carries cache_control
     visible: str = ""  # what the model reads of it (its strings, not the JSON around them); "": the text
     explicit: bool = False  # OpenAI: the breakpoint is marked in the request (else a message end, implicit)
-    thinking: bool = False  # Anthropic: an earlier turn's thinking block (stripped at a new user turn)
+    thinking: bool = False  # Anthropic: an assistant's thinking block (some models strip the earlier turns')
     history: bool = False  # a conversation turn, not tools, system prompt or settings (what a compaction replaces)
 
     @property
@@ -786,14 +786,16 @@ def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
         out += [Block(f"system[{k}]", _canon(b), _ttl(b)) for k, b in enumerate(system)]
     out += [Block(key, _canon(body[key])) for key in MESSAGES_SETTINGS if body.get(key) is not None]
     messages = body.get("messages") or []
-    strip = _strips_thinking(str(body.get("model") or "")) and _new_user_turn(messages)
+    # the thinking of the turns before the current one (which began at the last user message that is not
+    # tool results) is stripped, in a tool loop's requests too
+    current = _current_turn(messages) if _strips_thinking(str(body.get("model") or "")) else 0
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         role = m.get("role") if isinstance(m, dict) else None
         if isinstance(content, list):
             for k, b in enumerate(content):
                 thinking = role == "assistant" and isinstance(b, dict) and b.get("type") in THINKING_BLOCKS
-                if not (thinking and strip):
+                if not (thinking and i < current):
                     field = f"messages[{i}].content[{k}]"
                     out.append(Block(field, f"{role}:{_canon(b)}", _ttl(b), thinking=thinking, history=True))
         else:
@@ -806,28 +808,39 @@ def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
 
 
 THINKING_BLOCKS = ("thinking", "redacted_thinking")
-# models that keep earlier turns' thinking blocks in context (the extended-thinking page: "Claude Opus 4.5 and
-# later"); earlier ones strip them when a user turn is not tool results, and the cache is lost from the first
-KEEPS_THINKING = ("claude-opus-4-5", "claude-opus-4-6", "claude-opus-4-7", "claude-opus-4-8", "claude-opus-5")
-STRIPS_THINKING = ("claude-3-7-sonnet", "claude-sonnet-4", "claude-opus-4", "claude-haiku-4-5")
+# models that keep only the current turn's thinking blocks in context (the extended-thinking page: Claude Opus 4.1
+# and earlier Opus, Sonnet 4.5 and earlier, Haiku through 4.5; Opus 4.5 and Sonnet 4.6 on keep them all): the
+# earlier turns' are stripped, and the cache that held them is lost from the first, at each new user turn
+STRIPS_THINKING = frozenset(
+    (
+        *("claude-3-7-sonnet", "claude-sonnet-4", "claude-sonnet-4-0", "claude-sonnet-4-5"),
+        *("claude-opus-4", "claude-opus-4-0", "claude-opus-4-1", "claude-haiku-4-5"),
+    )
+)
+MODEL_SNAPSHOT = re.compile(r"(?:[-@]\d{8}|-latest)$")  # claude-sonnet-4-5-20250929, Vertex's claude-opus-4-1@20250805
 
 
 def _strips_thinking(model: str) -> bool:
-    """Whether the model drops earlier thinking blocks at a new user turn (a model tokendiff does not know
-    about is assumed to keep them: no verdict is made of a rule that may not apply)."""
-    m = model.lower()
-    return not m.startswith(KEEPS_THINKING) and m.startswith(STRIPS_THINKING)
+    """Whether the model drops earlier turns' thinking blocks (a model tokendiff does not know about is
+    assumed to keep them: no verdict is made of a rule that may not apply)."""
+    return MODEL_SNAPSHOT.sub("", model.lower()) in STRIPS_THINKING
 
 
-def _new_user_turn(messages: Any) -> bool:
-    """Whether the request ends with a user turn that is not only tool results."""
-    last = messages[-1] if isinstance(messages, list) and messages else None
-    if not isinstance(last, dict) or last.get("role") != "user":
-        return False
-    content = last.get("content")
-    return not (
+def _current_turn(messages: Any) -> int:
+    """Where the current turn begins: the last user message that is not only tool results (0: none)."""
+    if not isinstance(messages, list):
+        return 0
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if isinstance(m, dict) and m.get("role") == "user" and not _tool_results(m.get("content")):
+            return i
+    return 0
+
+
+def _tool_results(content: Any) -> bool:
+    return (
         isinstance(content, list)
-        and content
+        and bool(content)
         and all(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
     )
 
