@@ -555,23 +555,33 @@ def gemini_implicit(parts: list[str], prompt: int, cached: int, model: str = "ge
     return body, {"candidates": [], "usageMetadata": meta, "modelVersion": model}
 
 
-def test_gemini_implicit_minimum_and_a_change_before_the_end():
+def gemini_chat(messages: list[str], prompt: int, cached: int) -> tuple[dict, dict]:
+    """The same through Gemini's OpenAI compatibility (ai.google.dev/gemini-api/docs/openai:
+    `.../v1beta/openai/chat/completions`, chat messages in, `usage.prompt_tokens_details.cached_tokens` out)."""
+    body = {"model": "gemini-2.5-flash", "messages": [{"role": "user", "content": m} for m in messages]}
+    usage = {"prompt_tokens": prompt, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": cached}}
+    return body, {"object": "chat.completion", "model": "gemini-2.5-flash", "usage": usage}
+
+
+@pytest.mark.parametrize(("shape", "first"), [(gemini_implicit, "contents[0]"), (gemini_chat, "messages[0]")])
+def test_gemini_implicit_minimum_and_a_change_before_the_end(shape, first):
     """Implicit caching (Gemini 2.5 Flash, from 2,048 tokens): a 1,500-token request is cached nowhere; a
     document edited at its start loses the previous request's whole prompt, which a hit would have read
-    (paid at the input price)."""
-    small = run(Provider.GEMINI, [(*gemini_implicit([text(1500, "short")], 1500, 0), 0.0)])
+    (paid at the input price). The OpenAI-compatible endpoint is judged on its messages alike: each turn had
+    been read as no blocks at all, "the prefix (0 tokens) is below the minimum" on every turn."""
+    small = run(Provider.GEMINI, [(*shape([text(1500, "short")], 1500, 0), 0.0)])
     assert small[0].cause == CloudCause.BELOW_MINIMUM and "2,048" in small[0].detail
     doc, q1, q2 = text(5000, "manual"), text(40, "q1"), text(40, "q2")
     turns = run(
         Provider.GEMINI,
         [
-            (*gemini_implicit([doc, q1], 5040, 0), 0.0),
-            (*gemini_implicit([doc, q1, q2], 5080, 5040), 30.0),
-            (*gemini_implicit(["Revised. " + doc, q1, q2], 5083, 0), 60.0),
+            (*shape([doc, q1], 5040, 0), 0.0),
+            (*shape([doc, q1, q2], 5080, 5040), 30.0),
+            (*shape(["Revised. " + doc, q1, q2], 5083, 0), 60.0),
         ],
     )
     assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
-    assert turns[2].field == "contents[0]" and turns[2].waste == 5080
+    assert turns[2].field == first and turns[2].waste == 5080
     price = price_of("gemini-2.5-flash")
     assert price is not None and break_cost(price, turns[2].waste, 0) == pytest.approx(5080 * (0.30 - 0.075) / 1e6)
 
@@ -717,29 +727,6 @@ def test_the_html_report_has_the_providers_cache_and_hostile_text_stays_in_its_c
     md = run_cli("report", har).stdout
     [row] = [line for line in md.splitlines() if line.startswith("| 3 | content changed")]
     assert row.endswith("| tools\\|changed ## <b>x</b> |")
-
-
-def test_gemini_through_its_openai_compatible_endpoint():
-    """Gemini's OpenAI compatibility (ai.google.dev/gemini-api/docs/openai: `.../v1beta/openai/chat/completions`,
-    chat messages in, `usage.prompt_tokens_details.cached_tokens` out) is judged on its messages: each turn
-    had been read as no blocks at all, "the prefix (0 tokens) is below the minimum" on every turn."""
-    doc, q1, q2 = text(5000, "manual"), text(40, "q1"), text(40, "q2")
-
-    def chat(messages: list[str], prompt: int, cached: int) -> tuple[dict, dict]:
-        body = {"model": "gemini-2.5-flash", "messages": [{"role": "user", "content": m} for m in messages]}
-        usage = {"prompt_tokens": prompt, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": cached}}
-        return body, {"object": "chat.completion", "model": "gemini-2.5-flash", "usage": usage}
-
-    turns = run(
-        Provider.GEMINI,
-        [
-            (*chat([doc, q1], 5040, 0), 0.0),
-            (*chat([doc, q1, q2], 5080, 5040), 30.0),
-            (*chat(["Revised. " + doc, q1, q2], 5083, 0), 60.0),
-        ],
-    )
-    assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
-    assert turns[2].field == "messages[0]" and turns[2].waste == 5080
 
 
 @pytest.mark.parametrize(
