@@ -1224,3 +1224,36 @@ def test_a_web_apps_post_with_contents_in_a_har_is_no_gemini_turn(tmp_path):
     doc = json.loads(r.stdout)
     assert [t["cause"] for t in doc["cloud"]["turns"]] == ["cloud_cold", "cloud_hit", "cloud_content"]
     assert doc["cloud"]["providers"] == ["anthropic"]
+
+
+def test_a_local_servers_request_in_the_har_is_not_the_providers(tmp_path):
+    """An agent's HAR (mitmproxy) with its requests to Claude through a gateway and one to a local llama-server:
+    the local one was an Anthropic turn ("below qwen3-0.6b's minimum of 1,024") in the provider's table. A
+    record whose host and answer name no provider is its host's provider where an earlier answer from that
+    host named one (the gateway's error answer is Anthropic's), else not the provider's."""
+    import json
+
+    from cloud_shapes import har_of
+
+    from tokendiff.app.cloud import cloud_section
+
+    session = tool_edit_session()
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    session.insert(2, (session[2][0], overloaded, session[2][2] - 1))
+    har = har_of(session, "https://llm-gateway.corp.example/v1/messages")
+    local = json.loads(json.dumps(har["log"]["entries"][0]))
+    local["request"]["url"] = "http://127.0.0.1:8080/v1/chat/completions"
+    local["request"]["postData"]["text"] = json.dumps({"messages": [{"role": "user", "content": "hello"}]})
+    answer = {"object": "chat.completion", "model": "qwen3-0.6b", "usage": {"prompt_tokens": 9}, "timings": {}}
+    local["response"]["content"] = {"mimeType": "application/json", "text": json.dumps(answer)}
+    har["log"]["entries"].insert(1, local)
+    path = tmp_path / "agent.har"
+    path.write_text(json.dumps(har))
+    report = cloud_section(str(path))
+    assert report is not None and report.providers == (Provider.ANTHROPIC,)
+    assert [(p.turn.turn, p.turn.cause) for p in report.turns] == [
+        (1, CloudCause.COLD),
+        (3, CloudCause.HIT),
+        (4, CloudCause.FAILED),
+        (5, CloudCause.CONTENT),
+    ]
