@@ -555,23 +555,33 @@ def gemini_implicit(parts: list[str], prompt: int, cached: int, model: str = "ge
     return body, {"candidates": [], "usageMetadata": meta, "modelVersion": model}
 
 
-def test_gemini_implicit_minimum_and_a_change_before_the_end():
+def gemini_chat(messages: list[str], prompt: int, cached: int) -> tuple[dict, dict]:
+    """The same through Gemini's OpenAI compatibility (ai.google.dev/gemini-api/docs/openai:
+    `.../v1beta/openai/chat/completions`, chat messages in, `usage.prompt_tokens_details.cached_tokens` out)."""
+    body = {"model": "gemini-2.5-flash", "messages": [{"role": "user", "content": m} for m in messages]}
+    usage = {"prompt_tokens": prompt, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": cached}}
+    return body, {"object": "chat.completion", "model": "gemini-2.5-flash", "usage": usage}
+
+
+@pytest.mark.parametrize(("shape", "first"), [(gemini_implicit, "contents[0]"), (gemini_chat, "messages[0]")])
+def test_gemini_implicit_minimum_and_a_change_before_the_end(shape, first):
     """Implicit caching (Gemini 2.5 Flash, from 2,048 tokens): a 1,500-token request is cached nowhere; a
     document edited at its start loses the previous request's whole prompt, which a hit would have read
-    (paid at the input price)."""
-    small = run(Provider.GEMINI, [(*gemini_implicit([text(1500, "short")], 1500, 0), 0.0)])
+    (paid at the input price). The OpenAI-compatible endpoint is judged on its messages alike: each turn had
+    been read as no blocks at all, "the prefix (0 tokens) is below the minimum" on every turn."""
+    small = run(Provider.GEMINI, [(*shape([text(1500, "short")], 1500, 0), 0.0)])
     assert small[0].cause == CloudCause.BELOW_MINIMUM and "2,048" in small[0].detail
     doc, q1, q2 = text(5000, "manual"), text(40, "q1"), text(40, "q2")
     turns = run(
         Provider.GEMINI,
         [
-            (*gemini_implicit([doc, q1], 5040, 0), 0.0),
-            (*gemini_implicit([doc, q1, q2], 5080, 5040), 30.0),
-            (*gemini_implicit(["Revised. " + doc, q1, q2], 5083, 0), 60.0),
+            (*shape([doc, q1], 5040, 0), 0.0),
+            (*shape([doc, q1, q2], 5080, 5040), 30.0),
+            (*shape(["Revised. " + doc, q1, q2], 5083, 0), 60.0),
         ],
     )
     assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
-    assert turns[2].field == "contents[0]" and turns[2].waste == 5080
+    assert turns[2].field == first and turns[2].waste == 5080
     price = price_of("gemini-2.5-flash")
     assert price is not None and break_cost(price, turns[2].waste, 0) == pytest.approx(5080 * (0.30 - 0.075) / 1e6)
 
@@ -717,29 +727,6 @@ def test_the_html_report_has_the_providers_cache_and_hostile_text_stays_in_its_c
     md = run_cli("report", har).stdout
     [row] = [line for line in md.splitlines() if line.startswith("| 3 | content changed")]
     assert row.endswith("| tools\\|changed ## <b>x</b> |")
-
-
-def test_gemini_through_its_openai_compatible_endpoint():
-    """Gemini's OpenAI compatibility (ai.google.dev/gemini-api/docs/openai: `.../v1beta/openai/chat/completions`,
-    chat messages in, `usage.prompt_tokens_details.cached_tokens` out) is judged on its messages: each turn
-    had been read as no blocks at all, "the prefix (0 tokens) is below the minimum" on every turn."""
-    doc, q1, q2 = text(5000, "manual"), text(40, "q1"), text(40, "q2")
-
-    def chat(messages: list[str], prompt: int, cached: int) -> tuple[dict, dict]:
-        body = {"model": "gemini-2.5-flash", "messages": [{"role": "user", "content": m} for m in messages]}
-        usage = {"prompt_tokens": prompt, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": cached}}
-        return body, {"object": "chat.completion", "model": "gemini-2.5-flash", "usage": usage}
-
-    turns = run(
-        Provider.GEMINI,
-        [
-            (*chat([doc, q1], 5040, 0), 0.0),
-            (*chat([doc, q1, q2], 5080, 5040), 30.0),
-            (*chat(["Revised. " + doc, q1, q2], 5083, 0), 60.0),
-        ],
-    )
-    assert [t.cause for t in turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
-    assert turns[2].field == "messages[0]" and turns[2].waste == 5080
 
 
 @pytest.mark.parametrize(
@@ -997,6 +984,20 @@ def test_claude_on_vertex_ai_is_judged_by_anthropics_rules(tmp_path):
     assert report is not None and report.provider == Provider.ANTHROPIC and report.model == SONNET
     assert [p.turn.cause for p in report.turns] == [CloudCause.COLD, CloudCause.HIT, CloudCause.CONTENT]
     assert report.turns[2].turn.field == "tools[0]" and report.wasted_tokens == 3200
+    # Vertex's error answer (Google's error shape: no usage) first and between two turns: the route still says
+    # Claude (it was Gemini's, judged by a second judge: "anthropic + gemini"; first, the whole session Gemini's)
+    err = {"error": {"code": 429, "message": "Quota exceeded", "status": "RESOURCE_EXHAUSTED"}}
+    session = [(session[0][0], err, -1.0), *session[:2], (session[2][0], err, 99.0), *session[2:]]
+    report = cloud_section(str(write_har(tmp_path / "vertex429.har", session, f"{url}/models/{SONNET}:rawPredict")))
+    assert report is not None and report.providers == (Provider.ANTHROPIC,)
+    assert [p.turn.cause for p in report.turns] == [
+        CloudCause.FAILED,
+        CloudCause.COLD,
+        CloudCause.HIT,
+        CloudCause.FAILED,
+        CloudCause.CONTENT,
+    ]
+    assert report.wasted_tokens == 3200 and "gemini" not in report.counts
 
 
 def test_thinking_blocks_stripped_at_a_new_user_turn():
@@ -1036,6 +1037,48 @@ def test_thinking_blocks_stripped_at_a_new_user_turn():
         ],
     )
     assert kept[2].cause == CloudCause.HIT and kept[2].waste == 0
+
+
+@pytest.mark.parametrize(("model", "stripped"), [("claude-sonnet-4-5-20250929", True), ("claude-sonnet-4-6", False)])
+def test_earlier_thinking_stays_stripped_in_the_next_tool_loop(model, stripped):
+    """The context-windows page: previous turns' thinking blocks are stripped (context_window = (input_tokens -
+    previous_thinking_tokens) + current_turn_tokens), in the tool loop after a new user turn too. They were
+    kept there: the first loop's thinking "came back", `cloud_lookback` ("add a breakpoint"). Sonnet 4.6 and
+    later keep them all (the extended-thinking page); it had matched Sonnet 4's `claude-sonnet-4` and was
+    judged as stripping."""
+
+    def think(n: int) -> dict:
+        return {"type": "thinking", "thinking": text(100, f"think{n}"), "signature": "EqQBCkgIARABGAIiQL"}
+
+    def loop(n: int) -> tuple[dict, dict]:
+        call = {"type": "tool_use", "id": f"toolu_{n}", "name": "Read", "input": {"p": n}}
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": text(150, f"file{n}")}
+        return {"role": "assistant", "content": [think(n), call]}, {"role": "user", "content": [result]}
+
+    (a1, r1), (a3, r3) = loop(1), loop(3)
+    done = {"role": "assistant", "content": [{"type": "text", "text": "Done."}]}
+    u1, u3 = user(200, "u1", False), user(100, "u3", False)
+    requests = [[u1], [u1, a1, r1], [u1, a1, r1, done, u3], [u1, a1, r1, done, u3, a3, r3]]
+    blocks = [cloud_request(Provider.ANTHROPIC, anthropic_body(model, m), None, 0.0).blocks for m in requests]
+    thoughts = [[b.field for b in request if b.thinking] for request in blocks]
+    # the first loop's thinking (messages[1].content[0]) is gone from the new user turn on, for a stripping model
+    assert thoughts == (
+        [[], ["messages[1].content[0]"], [], ["messages[5].content[0]"]]
+        if stripped
+        else [
+            [],
+            ["messages[1].content[0]"],
+            ["messages[1].content[0]"],
+            ["messages[1].content[0]", "messages[5].content[0]"],
+        ]
+    )
+    # each request reads all the previous one left cached: its prefix is the previous one's, as sent
+    usage = [anthropic_usage(0, 2900, 3), anthropic_usage(2900, 500, 3), anthropic_usage(2900, 300, 3)]
+    usage.append(anthropic_usage(3200 if stripped else 3400, 400, 3))
+    auto = {"cache_control": {"type": "ephemeral"}}
+    turns = run(Provider.ANTHROPIC, [(anthropic_body(model, m) | auto, u, 10.0) for m, u in zip(requests, usage)])
+    assert turns[3].cause == CloudCause.HIT and turns[3].field == ""
+    assert turns[3].detail == "read all the previous turn cached"
 
 
 def test_a_compaction_wastes_nothing_cached():
@@ -1129,3 +1172,88 @@ def test_claude_code_on_deepseeks_anthropic_api_is_deepseeks_cache_and_price(tmp
     assert (
         cloud_request(Provider.DEEPSEEK, {"model": "claude-opus-4-8", "messages": []}, None).model == "deepseek-v4-pro"
     )
+
+
+def test_a_changed_system_prompt_is_no_compaction():
+    """Today's date in the system prompt of a one-message workload (the most common cache break): the
+    system prompt, written again whole, is the break, though no later block was sent again. It was a hit,
+    "new content from system[0] on (history replaced ...)"; an OpenAI chat system message alike."""
+    system = text(1500, "system")
+
+    def dated(day: int, ask: str) -> dict:
+        body = anthropic_body(SONNET, [user(200, ask, False)])
+        return body | {"system": [{**body["system"][0], "text": f"Today is Dec {day}. {system}"}]}
+
+    turns = run(
+        Provider.ANTHROPIC,
+        [
+            (dated(6, "apples"), anthropic_usage(0, 2700, 200), 0.0),
+            (dated(7, "pears"), anthropic_usage(0, 2700, 200), 30.0),
+        ],
+    )
+    assert turns[1].cause == CloudCause.CONTENT and turns[1].field == "system[0]" and turns[1].waste == 2700
+
+    def chat(day: int, ask: str) -> dict:
+        messages = [{"role": "system", "content": f"Today is Dec {day}. {system}"}, {"role": "user", "content": ask}]
+        return {"model": "gpt-4.1", "messages": messages}
+
+    usage = {"usage": {"prompt_tokens": 1600, "prompt_tokens_details": {"cached_tokens": 0}}}
+    turns = run(Provider.OPENAI, [(chat(6, "apples"), usage, 0.0), (chat(7, "pears"), usage, 30.0)])
+    assert turns[1].cause == CloudCause.CONTENT and turns[1].field == "messages[0]" and turns[1].waste == 1536
+
+
+def test_a_web_apps_post_with_contents_in_a_har_is_no_gemini_turn(tmp_path):
+    """A browser's HAR holds the web app's own POSTs: one saving documents as `{"contents": [...]}` was read as a
+    Gemini request ("request has an empty messages list ... left out", a false Anthropic turn in the cloud
+    table). A `contents` list is Gemini's only on a Gemini route or made of Gemini contents (with `parts`)."""
+    import json
+
+    from cloud_shapes import har_of
+    from helpers import run_cli
+
+    har = har_of(tool_edit_session(), "https://api.anthropic.com/v1/messages")
+    save = json.loads(json.dumps(har["log"]["entries"][0]))
+    save["request"]["url"] = "https://docs.example.com/api/documents/save"
+    save["request"]["postData"]["text"] = json.dumps({"contents": [{"id": 1, "body": "draft"}, {"id": 2}]})
+    save["response"]["content"] = {"mimeType": "application/json", "text": '{"ok": true}'}
+    har["log"]["entries"].insert(1, save)
+    path = tmp_path / "mixed.har"
+    path.write_text(json.dumps(har))
+    r = run_cli("report", path, "--format", "json")
+    assert r.returncode == 0 and r.stderr == ""
+    doc = json.loads(r.stdout)
+    assert [t["cause"] for t in doc["cloud"]["turns"]] == ["cloud_cold", "cloud_hit", "cloud_content"]
+    assert doc["cloud"]["providers"] == ["anthropic"]
+
+
+def test_a_local_servers_request_in_the_har_is_not_the_providers(tmp_path):
+    """An agent's HAR (mitmproxy) with its requests to Claude through a gateway and one to a local llama-server:
+    the local one was an Anthropic turn ("below qwen3-0.6b's minimum of 1,024") in the provider's table. A
+    record whose host and answer name no provider is its host's provider where an earlier answer from that
+    host named one (the gateway's error answer is Anthropic's), else not the provider's."""
+    import json
+
+    from cloud_shapes import har_of
+
+    from tokendiff.app.cloud import cloud_section
+
+    session = tool_edit_session()
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    session.insert(2, (session[2][0], overloaded, session[2][2] - 1))
+    har = har_of(session, "https://llm-gateway.corp.example/v1/messages")
+    local = json.loads(json.dumps(har["log"]["entries"][0]))
+    local["request"]["url"] = "http://127.0.0.1:8080/v1/chat/completions"
+    local["request"]["postData"]["text"] = json.dumps({"messages": [{"role": "user", "content": "hello"}]})
+    answer = {"object": "chat.completion", "model": "qwen3-0.6b", "usage": {"prompt_tokens": 9}, "timings": {}}
+    local["response"]["content"] = {"mimeType": "application/json", "text": json.dumps(answer)}
+    har["log"]["entries"].insert(1, local)
+    path = tmp_path / "agent.har"
+    path.write_text(json.dumps(har))
+    report = cloud_section(str(path))
+    assert report is not None and report.providers == (Provider.ANTHROPIC,)
+    assert [(p.turn.turn, p.turn.cause) for p in report.turns] == [
+        (1, CloudCause.COLD),
+        (3, CloudCause.HIT),
+        (4, CloudCause.FAILED),
+        (5, CloudCause.CONTENT),
+    ]

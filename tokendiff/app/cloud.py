@@ -46,17 +46,24 @@ def session_provider(records: Iterable[CaptureRecord]) -> Provider | None:
     upstream and usage are read (a request stored in a blob stays unread)."""
     for rec in records:
         server: Mapping[str, Any] = rec.server if isinstance(rec.server, Mapping) else {}
-        p = provider_of(server.get("upstream"), None, rec.response)
+        p = provider_of(server.get("upstream"), None, rec.response, rec.endpoint)
         if p is not None or server.get("upstream"):  # a record that names its upstream decides
             return p
     return None
 
 
-def record_provider(rec: CaptureRecord, session: Provider) -> Provider:
-    """The provider one record was sent to (a HAR may hold requests to several); a record that does not say
-    (a gateway's host, an answer without the provider's own fields) is the session's."""
+def record_provider(rec: CaptureRecord, session: Provider, hosts: dict[str, Provider]) -> Provider | None:
+    """The provider one record was sent to (a HAR may hold requests to several). One whose host and answer do
+    not say is its host's where an earlier answer from that host said (a gateway's error answer), the
+    session's where it names no host, else none: a local server's in the same HAR is not the provider's.
+    `hosts`: the hosts whose answers said so far, and their provider."""
     server: Mapping[str, Any] = rec.server if isinstance(rec.server, Mapping) else {}
-    return provider_of(server.get("upstream"), None, rec.response) or session
+    upstream = server.get("upstream")
+    host = upstream if isinstance(upstream, str) and upstream else None
+    p = provider_of(host, None, rec.response, rec.endpoint)
+    if p is not None and host is not None:
+        hosts[host] = p
+    return p or (session if host is None else hosts.get(host))
 
 
 def cloud_report(
@@ -74,11 +81,14 @@ def cloud_report(
     turns: list[PricedTurn] = []
     sent: Counter[str] = Counter()  # prompt tokens per model: the session's model is the one it sent most to
     first = last = None
+    hosts: dict[str, Provider] = {}
     for k, rec in enumerate(records, 1):
+        at = record_provider(rec, provider, hosts)
+        if at is None:  # a request to a local server in the same HAR: not the provider's
+            continue
         ts = _time(rec)
         if ts is not None:
             first, last = (ts if first is None else min(first, ts)), (ts if last is None else max(last, ts))
-        at = record_provider(rec, provider)
         try:
             body = rec.request
         except InputError:  # a body not stored, or its blob lost: that turn only (the session's report says so)

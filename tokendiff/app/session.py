@@ -434,7 +434,7 @@ class _CloudSeen:
                 request = rec.request
             except InputError:  # its blob is missing or damaged: its turn says so, where it is left out
                 request = None
-            self.seen = provider_of(server.get("upstream"), request, rec.response) is not None
+            self.seen = provider_of(server.get("upstream"), request, rec.response, rec.endpoint) is not None
 
 
 def _path_inputs(

@@ -132,7 +132,8 @@ class Block:
     breakpoint: str | None = None  # "5m" or "1h" where the block carries cache_control
     visible: str = ""  # what the model reads of it (its strings, not the JSON around them); "": the text
     explicit: bool = False  # OpenAI: the breakpoint is marked in the request (else a message end, implicit)
-    thinking: bool = False  # Anthropic: an earlier turn's thinking block (stripped at a new user turn)
+    thinking: bool = False  # Anthropic: an assistant's thinking block (some models strip the earlier turns')
+    history: bool = False  # a conversation turn, not tools, system prompt or settings (what a compaction replaces)
 
     @property
     def read(self) -> str:
@@ -590,10 +591,14 @@ def _below(req: CloudRequest, cum: list[int]) -> str:
 
 
 def _replaced(prev: CloudRequest, req: CloudRequest, d: int | None) -> bool:
-    """Whether everything from the first divergent block on is new (a compaction's summary, another
-    conversation): no block of it was in the previous request. Not known for a request whose body is not
-    its whole prompt (Gemini's cachedContent, a Responses continuation)."""
+    """Whether the conversation's turns from the first divergent block on are new (a compaction's summary,
+    another conversation): no block of them was in the previous request. A changed tool, system prompt or
+    setting is not: the cache after it is paid again whatever follows (today's date in a system prompt).
+    Not known for a request whose body is not its whole prompt (Gemini's cachedContent, a Responses
+    continuation)."""
     if d is None or d >= len(req.blocks) or d >= len(prev.blocks) or req.partial or prev.partial:
+        return False
+    if not (req.blocks[d].history and prev.blocks[d].history):
         return False
     before = {b.text for b in prev.blocks[d:]}
     return not any(b.text in before for b in req.blocks[d:])
@@ -781,48 +786,61 @@ def anthropic_blocks(body: Mapping[str, Any]) -> list[Block]:
         out += [Block(f"system[{k}]", _canon(b), _ttl(b)) for k, b in enumerate(system)]
     out += [Block(key, _canon(body[key])) for key in MESSAGES_SETTINGS if body.get(key) is not None]
     messages = body.get("messages") or []
-    strip = _strips_thinking(str(body.get("model") or "")) and _new_user_turn(messages)
+    # the thinking of the turns before the current one (which began at the last user message that is not
+    # tool results) is stripped, in a tool loop's requests too
+    current = _current_turn(messages) if _strips_thinking(str(body.get("model") or "")) else 0
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         role = m.get("role") if isinstance(m, dict) else None
         if isinstance(content, list):
             for k, b in enumerate(content):
                 thinking = role == "assistant" and isinstance(b, dict) and b.get("type") in THINKING_BLOCKS
-                if not (thinking and strip):
+                if not (thinking and i < current):
                     field = f"messages[{i}].content[{k}]"
-                    out.append(Block(field, f"{role}:{_canon(b)}", _ttl(b), thinking=thinking))
+                    out.append(Block(field, f"{role}:{_canon(b)}", _ttl(b), thinking=thinking, history=True))
         else:
-            out.append(Block(f"messages[{i}]", f"{role}:{_canon(content)}"))
+            out.append(Block(f"messages[{i}]", f"{role}:{_canon(content)}", history=True))
     auto = body.get("cache_control")
     if isinstance(auto, dict) and out and not out[-1].breakpoint:
         last = out[-1]
-        out[-1] = Block(last.field, last.text, auto.get("ttl") if auto.get("ttl") in TTL else "5m")
+        out[-1] = replace(last, breakpoint=auto.get("ttl") if auto.get("ttl") in TTL else "5m")
     return out
 
 
 THINKING_BLOCKS = ("thinking", "redacted_thinking")
-# models that keep earlier turns' thinking blocks in context (the extended-thinking page: "Claude Opus 4.5 and
-# later"); earlier ones strip them when a user turn is not tool results, and the cache is lost from the first
-KEEPS_THINKING = ("claude-opus-4-5", "claude-opus-4-6", "claude-opus-4-7", "claude-opus-4-8", "claude-opus-5")
-STRIPS_THINKING = ("claude-3-7-sonnet", "claude-sonnet-4", "claude-opus-4", "claude-haiku-4-5")
+# models that keep only the current turn's thinking blocks in context (the extended-thinking page: Claude Opus 4.1
+# and earlier Opus, Sonnet 4.5 and earlier, Haiku through 4.5; Opus 4.5 and Sonnet 4.6 on keep them all): the
+# earlier turns' are stripped, and the cache that held them is lost from the first, at each new user turn
+STRIPS_THINKING = frozenset(
+    (
+        *("claude-3-7-sonnet", "claude-sonnet-4", "claude-sonnet-4-0", "claude-sonnet-4-5"),
+        *("claude-opus-4", "claude-opus-4-0", "claude-opus-4-1", "claude-haiku-4-5"),
+    )
+)
+MODEL_SNAPSHOT = re.compile(r"(?:[-@]\d{8}|-latest)$")  # claude-sonnet-4-5-20250929, Vertex's claude-opus-4-1@20250805
 
 
 def _strips_thinking(model: str) -> bool:
-    """Whether the model drops earlier thinking blocks at a new user turn (a model tokendiff does not know
-    about is assumed to keep them: no verdict is made of a rule that may not apply)."""
-    m = model.lower()
-    return not m.startswith(KEEPS_THINKING) and m.startswith(STRIPS_THINKING)
+    """Whether the model drops earlier turns' thinking blocks (a model tokendiff does not know about is
+    assumed to keep them: no verdict is made of a rule that may not apply)."""
+    return MODEL_SNAPSHOT.sub("", model.lower()) in STRIPS_THINKING
 
 
-def _new_user_turn(messages: Any) -> bool:
-    """Whether the request ends with a user turn that is not only tool results."""
-    last = messages[-1] if isinstance(messages, list) and messages else None
-    if not isinstance(last, dict) or last.get("role") != "user":
-        return False
-    content = last.get("content")
-    return not (
+def _current_turn(messages: Any) -> int:
+    """Where the current turn begins: the last user message that is not only tool results (0: none)."""
+    if not isinstance(messages, list):
+        return 0
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if isinstance(m, dict) and m.get("role") == "user" and not _tool_results(m.get("content")):
+            return i
+    return 0
+
+
+def _tool_results(content: Any) -> bool:
+    return (
         isinstance(content, list)
-        and content
+        and bool(content)
         and all(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
     )
 
@@ -852,9 +870,10 @@ def openai_blocks(body: Mapping[str, Any]) -> list[Block]:
     items = body.get("input", body.get("messages"))
     name = "input" if "input" in body else "messages"
     if isinstance(items, str):
-        out.append(Block("input", items))
+        out.append(Block("input", items, history=True))
     for i, m in enumerate(items if isinstance(items, list) else []):
-        out.append(Block(f"{name}[{i}]", _canon(m), visible=_visible(m)))
+        turn = _role(m) not in ("system", "developer")  # a system message is the system prompt
+        out.append(Block(f"{name}[{i}]", _canon(m), visible=_visible(m), history=turn))
     return out
 
 
@@ -864,7 +883,7 @@ def gemini_blocks(body: Mapping[str, Any]) -> list[Block]:
         if body.get(key):
             out.append(Block(key, _canon(body[key])))
     for i, c in enumerate(body.get("contents") or []):
-        out.append(Block(f"contents[{i}]", _canon(c)))
+        out.append(Block(f"contents[{i}]", _canon(c), history=True))
     return out
 
 
@@ -1043,16 +1062,24 @@ PROVIDER_HOSTS = (
 
 
 def provider_of(
-    upstream: str | None, body: Mapping[str, Any] | None, response: Mapping[str, Any] | None
+    upstream: str | None, body: Mapping[str, Any] | None, response: Mapping[str, Any] | None, path: str | None = None
 ) -> Provider | None:
     """The provider a record was sent to: the upstream's host, else the usage fields only one provider writes."""
     host = (upstream or "").lower()
     for suffix, p in PROVIDER_HOSTS:
         if suffix in host:
-            if p == Provider.GEMINI and _by_usage(response) == Provider.ANTHROPIC:
+            if p == Provider.GEMINI and _on_vertex_claude(host + (path or ""), body, response):
                 return Provider.ANTHROPIC  # Claude on Vertex AI (aiplatform.googleapis.com): Anthropic's cache
             return p
     return _by_usage(response)
+
+
+def _on_vertex_claude(url: str, body: Mapping[str, Any] | None, response: Mapping[str, Any] | None) -> bool:
+    """A request to Claude on Vertex AI, whose host is Google's: its route (`/publishers/anthropic/models/`),
+    its body's `anthropic_version`, or its answer's Anthropic usage (an error answer has none: the route
+    still tells)."""
+    said = isinstance(body, Mapping) and isinstance(body.get("anthropic_version"), str)
+    return "/publishers/anthropic/" in url.lower() or said or _by_usage(response) == Provider.ANTHROPIC
 
 
 def _by_usage(response: Mapping[str, Any] | None) -> Provider | None:

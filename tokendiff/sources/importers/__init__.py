@@ -32,7 +32,7 @@ def is_chat_body(body: object, endpoint: str | None = None) -> bool:
         isinstance(body.get("messages"), list)
         or isinstance(body.get("prompt"), (str, list))
         or is_responses(body, endpoint)
-        or is_gemini(body)
+        or is_gemini(body, endpoint)
     )
 
 

@@ -35,7 +35,7 @@ def api_of(body: Any, endpoint: str | None = None) -> Api:
         return Api.CHAT
     if is_responses(body, endpoint):
         return Api.RESPONSES
-    if is_gemini(body):
+    if is_gemini(body, endpoint):
         return Api.GEMINI
     if isinstance(body.get("messages"), list) and is_anthropic(body, endpoint):
         return Api.MESSAGES

@@ -17,9 +17,16 @@ from tokendiff.sources.importers.responses import FieldMap
 GEMINI_ENDPOINTS = (":generateContent", ":streamGenerateContent", "/cachedContents")
 
 
-def is_gemini(body: Any) -> bool:
-    """A generateContent (or cachedContents) body: a `contents` list and no chat `messages`."""
-    return isinstance(body, dict) and isinstance(body.get("contents"), list) and "messages" not in body
+def is_gemini(body: Any, endpoint: str | None = None) -> bool:
+    """A generateContent (or cachedContents) body: a `contents` list and no chat `messages`, sent to a Gemini
+    route or made of Gemini contents (each with its `parts`): `contents` alone is a common key (a web app's
+    documents saved, in a browser's HAR)."""
+    if not (isinstance(body, dict) and isinstance(body.get("contents"), list) and "messages" not in body):
+        return False
+    if endpoint and endpoint.endswith(GEMINI_ENDPOINTS):
+        return True
+    contents = body["contents"]
+    return bool(contents) and all(isinstance(c, dict) and isinstance(c.get("parts"), list) for c in contents)
 
 
 def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], FieldMap]:
