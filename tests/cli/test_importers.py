@@ -186,6 +186,14 @@ def test_a_capture_renders_on_the_day_it_was_recorded(tmp_path):
     r = run_cli("diff", f"{cap}@2", f"{cap}@3", "--tokenizer", tk, "--color", "never")
     assert r.returncode == 1, r.stderr
     assert "'28 Nov 2026' -> '29 Nov 2026'" in r.stdout
+    # a HAR entry's startedDateTime is when it was sent (noon UTC: the same day in the zones people live in)
+    entries = [
+        har_entry({"messages": msgs}, "{}") | {"startedDateTime": f"2026-11-{d}T12:00:00.000Z"} for d in (28, 29)
+    ]
+    (tmp_path / "s.har").write_text(json.dumps(har_document(entries)))
+    r = run_cli("diff", f"{tmp_path / 's.har'}@1", f"{tmp_path / 's.har'}@2", "--tokenizer", tk, "--color", "never")
+    assert r.returncode == 1, r.stderr
+    assert "'28 Nov 2026' -> '29 Nov 2026'" in r.stdout
 
 
 def test_custom_chat_template(tmp_path):

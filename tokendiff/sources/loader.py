@@ -450,7 +450,7 @@ class Loader:
         from tokendiff.sources.templates.env import rendered_at
 
         try:
-            with rendered_at(rec.ts):
+            with rendered_at(_sent_at(rec)):
                 return self._from_record(rec, label, turn, rendered_ids, depth_checked)
         except InputError as e:
             if e.source:
@@ -476,7 +476,7 @@ class Loader:
                 return None
             from tokendiff.sources.templates.env import rendered_at
 
-            with rendered_at(rec.ts):
+            with rendered_at(_sent_at(rec)):
                 text = self.renderer.render(request)
             return np.asarray(self.tokenizer.encode(text), dtype=np.int32)
         except InputError:
@@ -507,7 +507,7 @@ class Loader:
         from tokendiff.sources.templates.env import rendered_at
 
         try:
-            with rendered_at(rec.ts):
+            with rendered_at(_sent_at(rec)):
                 local = self.renderer.render(request)
                 same = local == text or self.renderer.confirms(request, text)
             if same:
@@ -708,6 +708,16 @@ def _decoded_after(vocab: Vocab, last: tuple[np.ndarray, bytes], ids: np.ndarray
     if pos < len(ids):
         parts.append(vocab.decode(ids[pos:])[0])
     return b"".join(parts)
+
+
+def _sent_at(rec: CaptureRecord) -> float | None:
+    """When the record's request was sent, as the server's 'today' to render it with: the capture's time,
+    else a HAR entry's startedDateTime."""
+    if rec.ts is not None or rec.started is None:
+        return rec.ts
+    from tokendiff.sources.importers.har import started_seconds
+
+    return started_seconds(rec.started)
 
 
 def _request_of(rec: CaptureRecord) -> dict[str, Any]:
