@@ -100,3 +100,15 @@ def test_an_excerpt_marks_whole_characters_where_a_token_ends_inside_one():
     ea, eb = excerpt(a, h.a_start, h.a_end, 3), excerpt(b, h.b_start, h.b_end, 3)
     assert (ea.diverged, eb.diverged) == ("🏽", "🏿")
     assert "\ufffd" not in ea.before + ea.after + eb.before + eb.after
+
+
+def test_a_session_of_one_turn_says_one_turn(vocab):
+    """A directory whose other turns could not be read leaves one: '1 turns' was printed."""
+    from tokendiff.core.cost import analyse
+    from tokendiff.report.html import render_html
+    from tokendiff.report.markdown import render_markdown
+    from tokendiff.report.session import report_document
+
+    prompts = [prompt_from_ids(qwen_encode(render("Qwen-Qwen3-0.6B.jinja", CONVERSATION[:2], TOOLS)), vocab)]
+    doc = report_document("one", prompts, analyse(prompts), {"name": "qwen3"})
+    assert "- 1 turn, " in render_markdown(doc) and "<p>1 turn, " in render_html(doc)

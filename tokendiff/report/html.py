@@ -327,7 +327,8 @@ def render_html(doc: AnyReport) -> str:
         f"<title>tokendiff report: {e(s['path'])}</title><style>{CSS}</style></head><body>",
         f"<h1>tokendiff report: <code>{e(s['path'])}</code></h1>",
         f'<p class="headline">{e(s["headline"])}</p>',
-        f"<p>{s['turns']} turns, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
+        f"<p>{s['turns']:,} turn{'s' if s['turns'] != 1 else ''}, {s['total_tokens']:,} prompt tokens; "
+        f"reused {s['reused_tokens']:,} "
         f"(<b>{_reuse(s)} %</b>); wasted {s['wasted_tokens']:,} tokens{secs}.</p>",
     ]
     tk = doc["tokenizer"]

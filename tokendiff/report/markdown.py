@@ -187,7 +187,8 @@ def render_markdown(doc: AnyReport) -> str:
     est = " (estimated)" if s.get("seconds_estimated") else ""
     secs = f", {seconds_text(s['wasted_seconds'])} s of prefill{est}" if s["wasted_seconds"] is not None else ""
     out.append(
-        f"- {s['turns']} turns, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
+        f"- {s['turns']:,} turn{'s' if s['turns'] != 1 else ''}, {s['total_tokens']:,} prompt tokens; "
+        f"reused {s['reused_tokens']:,} "
         f"(**{_reuse(s)} %**); wasted {s['wasted_tokens']:,} tokens{secs}"
     )
     if s["ms_per_token"]:
