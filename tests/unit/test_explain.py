@@ -54,6 +54,20 @@ def test_reasoning_stripped_by_qwen3_on_a_new_user_message(vocab):
     assert owner.label == "message 2 (assistant) › reasoning" and "in message 2 (assistant)" in f.evidence
 
 
+def test_reasoning_in_a_slot_stripped_by_the_next_request_s_user_message(vocab):
+    """A slot file holds the answer the model generated, reasoning first; the next request sends the answer
+    back and a new user message, and Qwen3's template drops the reasoning. B's side of the span runs on to
+    that user message (it starts inside the span, not after it): it was read as 'no user message follows
+    it in B' and blamed on the client."""
+    msgs = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "What is 2+2?"}]
+    thought = "Simple arithmetic: two plus two is four."
+    a = prompt_from_ids(qwen_encode(render(QWEN3, msgs) + f"<think>\n{thought}\n</think>\n\n4"), vocab)
+    answer = {"role": "assistant", "content": "4", "reasoning_content": thought}
+    b = qwen_prompt(vocab, [*msgs, answer, {"role": "user", "content": "And 3+3?"}], tools=None)
+    f, _, _ = first(a, b)
+    assert f.kind == "reasoning_stripped" and f.origin == "template", f
+
+
 def test_client_dropping_reasoning(vocab):
     msgs = copy.deepcopy(CONVERSATION[:3])
     a = qwen_prompt(vocab, msgs, add_generation_prompt=False)
