@@ -724,8 +724,8 @@ def detect_reasoning(ctx: Ctx) -> Finding | None:
 def _client_dropped(ctx: Ctx) -> str | None:
     """Why the client, not the template, dropped A's reasoning (None when the template may have): B's
     request no longer carries it; or, without requests, no user message follows it in B, from the span's
-    start (templates drop reasoning only before the latest user message). A user message after it in A as well, where A kept
-    it, shows that the template keeps it there (gpt-oss keeps a tool call's analysis)."""
+    start (templates drop reasoning only before the latest user message). A user message after it in A
+    as well, where A kept it, shows that the template keeps it there (gpt-oss keeps a tool call's analysis)."""
     kept = False
     if _user_turn_after(ctx.b, ctx.h.b_start):
         kept = _user_turn_after(ctx.a, ctx.h.a_end)
