@@ -379,3 +379,21 @@ def test_an_assistant_message_without_content_renders_as_llama_server_renders_it
     from tokendiff.sources.templates.render import Renderer
 
     assert Renderer(template("Qwen-Qwen3-0.6B.jinja")).render(body) == served_text
+
+
+def test_a_developer_message_renders_as_llama_server_renders_it(qwen):
+    """Agents on OpenAI's newer convention (Codex) send the system prompt with the developer role, and
+    mid-conversation notes too: llama-server renders every developer message as a system one, whatever the
+    template. tokendiff's local render of such a request is the server's prompt."""
+    msgs = copy.deepcopy(CONVERSATION[:2]) + [
+        {"role": "assistant", "content": "Which city?"},
+        {"role": "developer", "content": "Answer in one word."},
+        {"role": "user", "content": "Paris"},
+    ]
+    msgs[0]["role"] = "developer"
+    body = {"messages": msgs, "tools": TOOLS}
+    with sv.LlamaClient(qwen.url) as c:
+        served_text = c.apply_template(body)
+    from tokendiff.sources.templates.render import Renderer
+
+    assert Renderer(template("Qwen-Qwen3-0.6B.jinja")).render(body) == served_text

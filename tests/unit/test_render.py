@@ -521,3 +521,15 @@ def test_null_or_missing_content_renders_as_an_empty_string(name):
         change(b["messages"][2])
         assert r.render(b) == want
         assert r.attribute(b).text == want
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_developer_message_is_a_system_one(name):
+    """llama-server renders the developer role as the system role, whatever the template (tests/live/
+    test_breaks.py holds it to the server); its sections are the system prompt's."""
+    r = Renderer(template(name), **CASES[name])
+    sent = body()
+    sent["messages"][0]["role"] = "developer"
+    assert r.render(sent) == r.render(body())
+    system = [sp.path[0] for sp in r.attribute(sent).spans if sp.path[-1].field == "messages[0].content"]
+    assert system and all(part.label == "system prompt" for part in system)

@@ -205,6 +205,8 @@ class Renderer:
         with newlines, or kept as text parts for a template that iterates them. Null or missing content
         (what the OpenAI SDK sends beside tool calls) is an empty string, as llama-server makes it:
         Qwen3's and DeepSeek's templates fail on None."""
+        if isinstance(m, dict) and m.get("role") == "developer":
+            m = dict(m, role="system")  # llama-server's: every template gets a developer message as a system one
         content = m.get("content")
         if content is None and isinstance(m, dict):
             return dict(m, content="")
@@ -485,10 +487,12 @@ _MEDIA_PARTS = ("image_url", "input_audio", "image", "input_image")
 
 
 def _may_hold_parts(messages: list[dict[str, Any]]) -> bool:
-    """Whether some message may have list content or none (`Renderer._for_template` joins or types it, or
-    makes it empty): False only when every message is a plain dict and no content is a list, null or
-    missing (looked at in C)."""
+    """Whether some message may have list content or none, or the developer role (`Renderer._for_template`
+    joins or types it, makes it empty, makes it a system message): False only when every message is a plain
+    dict, no content is a list, null or missing, and no role is developer (looked at in C)."""
     if set(map(type, messages)) != {dict}:
+        return True
+    if "developer" in set(map(dict.get, messages, repeat("role"))):  # hashable values only: roles are strings
         return True
     kinds = set(map(type, map(dict.get, messages, repeat("content"))))
     return any(issubclass(kind, list) or kind is type(None) for kind in kinds)
@@ -752,6 +756,7 @@ def _call_part(i: int, k: int, call: Any) -> Part:
 
 def _msg_part(i: int, m: dict[str, Any]) -> Part:
     role = m.get("role")
+    role = "system" if role == "developer" else role  # rendered as one (`Renderer._for_template`)
     return Part(K.MESSAGE, i, role if isinstance(role, str) else None, f"messages[{i}]")
 
 
@@ -774,7 +779,7 @@ def _message_field(i: int, role: str | None, fld: str) -> _Leaf:
 
 def _message_leaves(i: int, m: dict[str, Any]) -> list[_Leaf]:
     role = m.get("role")
-    role = role if isinstance(role, str) else None
+    role = ("system" if role == "developer" else role) if isinstance(role, str) else None  # as `_msg_part`
     field = _message_field if role is None or len(role) <= 32 else _message_field.__wrapped__  # a long role: not kept
     out: list[_Leaf] = []
     content = m.get("content")
