@@ -397,3 +397,15 @@ def test_a_developer_message_renders_as_llama_server_renders_it(qwen):
     from tokendiff.sources.templates.render import Renderer
 
     assert Renderer(template("Qwen-Qwen3-0.6B.jinja")).render(body) == served_text
+
+
+def test_tools_render_as_llama_server_hands_them_to_the_template(qwen, vocab):
+    """llama-server re-makes each function tool from its name, description ("" where absent) and parameters
+    ({} where absent), in that order, and drops the rest (`strict`, which the OpenAI Agents SDK sends): the
+    local render of such tools is the server's prompt, so the request's field sections hold."""
+    tools = copy.deepcopy(TOOLS)
+    tools[0]["function"] = {"parameters": tools[0]["function"]["parameters"], "name": tools[0]["function"]["name"]}
+    tools[1]["function"]["strict"] = True
+    del tools[2]["function"]["parameters"]
+    p = served(qwen, vocab, {"messages": CONVERSATION[:2], "tools": tools})  # asserts the request fields
+    assert p.meta.render_mismatch is None
