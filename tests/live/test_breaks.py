@@ -409,3 +409,32 @@ def test_tools_render_as_llama_server_hands_them_to_the_template(qwen, vocab):
     del tools[2]["function"]["parameters"]
     p = served(qwen, vocab, {"messages": CONVERSATION[:2], "tools": tools})  # asserts the request fields
     assert p.meta.render_mismatch is None
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",  # closes the think block unless enable_thinking
+        "Qwen-QwQ-32B.jinja",
+        "deepseek-ai-DeepSeek-V3.1.jinja",  # reads enable_thinking as `thinking`
+        "meta-llama-Llama-3.1-8B-Instruct.jinja",  # 'Today Date' from date_string, 2024's without it
+    ],
+)
+@pytest.mark.parametrize("kwargs", [None, {"enable_thinking": False}])
+def test_the_context_llama_server_gives_a_template(llama_server_bin, tiny_model, name, kwargs):
+    """llama-server renders with thinking on and today's date unless the request says otherwise: the local
+    render of the same request is its prompt (it rendered R1's and QwQ's generation prompt closed, V3.1's
+    without thinking and Llama 3.1's 'Today Date: 26 Jul 2024')."""
+    from tokendiff.sources.templates.render import Renderer
+
+    msgs = [
+        *copy.deepcopy(CONVERSATION[:2]),
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "Rome?"},
+    ]
+    body = {"messages": msgs} | ({"chat_template_kwargs": kwargs} if kwargs else {})
+    extra = ["--chat-template-file", str(TEMPLATES / name)]
+    with LlamaServer(tiny_model, ctx=4096, extra=extra) as srv, sv.LlamaClient(srv.url) as c:
+        served_text = c.apply_template(body)
+    # the tiny model is Qwen3's vocabulary: its BOS is <|endoftext|>, which templates that write one write
+    assert Renderer(template(name), bos_token="<|endoftext|>").render(body) == served_text

@@ -533,3 +533,19 @@ def test_a_developer_message_is_a_system_one(name):
     assert r.render(sent) == r.render(body())
     system = [sp.path[0] for sp in r.attribute(sent).spans if sp.path[-1].field == "messages[0].content"]
     assert system and all(part.label == "system prompt" for part in system)
+
+
+def test_thinking_on_and_today_s_date_unless_the_request_says_otherwise():
+    """llama-server's context for every template (tests/live/test_breaks.py holds it to the server): thinking
+    on, so R1's generation prompt stays open; and `date_string` the day the request was sent."""
+    import time
+
+    from tokendiff.sources.templates.env import rendered_at
+
+    msgs = {"messages": [{"role": "user", "content": "hi"}]}
+    r1 = Renderer(template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"))
+    assert r1.render(msgs).endswith("<think>\n")
+    assert r1.render(msgs | {"chat_template_kwargs": {"enable_thinking": False}}).endswith("<think>\n</think>")
+    llama = Renderer(template("meta-llama-Llama-3.1-8B-Instruct.jinja"), bos_token="<|begin_of_text|>")
+    with rendered_at(time.mktime((2026, 11, 28, 12, 0, 0, 0, 0, -1))):
+        assert "Today Date: 28 Nov 2026" in llama.render(msgs)

@@ -164,7 +164,7 @@ class Renderer:
         messages = checked_messages(body)
         if _may_hold_parts(messages):
             messages = [self._for_template(i, m) for i, m in enumerate(messages)]
-        kwargs = dict(self.defaults)
+        kwargs = {**_server_context(), **self.defaults}
         ctk = body.get("chat_template_kwargs")
         if isinstance(ctk, dict):
             kwargs.update(ctk)
@@ -484,6 +484,16 @@ class Renderer:
 MEDIA_MARKER = "<__media__>"  # llama-server's text for an image or audio part (mtmd_default_marker)
 _TEXT_PARTS = ("text", "input_text")
 _MEDIA_PARTS = ("image_url", "input_audio", "image", "input_image")
+
+
+def _server_context() -> dict[str, Any]:
+    """What llama-server gives every template besides the request (tests/live/test_breaks.py): thinking on
+    (R1's and QwQ's templates close the think block unless `enable_thinking`; DeepSeek V3.1's reads it as
+    `thinking`) and today's date as `date_string` (Llama 3.1's 'Today Date'; its own default is 2024's), the
+    day a recorded request was sent (`env.rendered_at`). The request's chat_template_kwargs override both."""
+    from tokendiff.sources.templates.env import strftime_now
+
+    return {"enable_thinking": True, "date_string": strftime_now("%d %b %Y")}
 
 
 def _may_hold_parts(messages: list[dict[str, Any]]) -> bool:
