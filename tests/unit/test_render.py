@@ -547,5 +547,8 @@ def test_thinking_on_and_today_s_date_unless_the_request_says_otherwise():
     assert r1.render(msgs).endswith("<think>\n")
     assert r1.render(msgs | {"chat_template_kwargs": {"enable_thinking": False}}).endswith("<think>\n</think>")
     llama = Renderer(template("meta-llama-Llama-3.1-8B-Instruct.jinja"), bos_token="<|begin_of_text|>")
-    with rendered_at(time.mktime((2026, 11, 28, 12, 0, 0, 0, 0, -1))):
+    day = time.mktime((2026, 11, 28, 12, 0, 0, 0, 0, -1))
+    with rendered_at(day):
         assert "Today Date: 28 Nov 2026" in llama.render(msgs)
+    with rendered_at(day, llama_server=False):  # vLLM renders with transformers: the request alone
+        assert "Today Date: 26 Jul 2024" in llama.render(msgs) and r1.render(msgs).endswith("</think>")

@@ -450,7 +450,7 @@ class Loader:
         from tokendiff.sources.templates.env import rendered_at
 
         try:
-            with rendered_at(_sent_at(rec)):
+            with rendered_at(_sent_at(rec), _to_llama_server(rec)):
                 return self._from_record(rec, label, turn, rendered_ids, depth_checked)
         except InputError as e:
             if e.source:
@@ -476,7 +476,7 @@ class Loader:
                 return None
             from tokendiff.sources.templates.env import rendered_at
 
-            with rendered_at(_sent_at(rec)):
+            with rendered_at(_sent_at(rec), _to_llama_server(rec)):
                 text = self.renderer.render(request)
             return np.asarray(self.tokenizer.encode(text), dtype=np.int32)
         except InputError:
@@ -507,7 +507,7 @@ class Loader:
         from tokendiff.sources.templates.env import rendered_at
 
         try:
-            with rendered_at(_sent_at(rec)):
+            with rendered_at(_sent_at(rec), _to_llama_server(rec)):
                 local = self.renderer.render(request)
                 same = local == text or self.renderer.confirms(request, text)
             if same:
@@ -708,6 +708,12 @@ def _decoded_after(vocab: Vocab, last: tuple[np.ndarray, bytes], ids: np.ndarray
     if pos < len(ids):
         parts.append(vocab.decode(ids[pos:])[0])
     return b"".join(parts)
+
+
+def _to_llama_server(rec: CaptureRecord) -> bool:
+    """Whether the record's request went to llama-server: the kind its server names, llama-server where none."""
+    server = rec.server if isinstance(rec.server, dict) else {}
+    return bool(server.get("kind", ServerKind.LLAMA_SERVER) == ServerKind.LLAMA_SERVER)
 
 
 def _sent_at(rec: CaptureRecord) -> float | None:

@@ -490,9 +490,12 @@ def _server_context() -> dict[str, Any]:
     """What llama-server gives every template besides the request (tests/live/test_breaks.py): thinking on
     (R1's and QwQ's templates close the think block unless `enable_thinking`; DeepSeek V3.1's reads it as
     `thinking`) and today's date as `date_string` (Llama 3.1's 'Today Date'; its own default is 2024's), the
-    day a recorded request was sent (`env.rendered_at`). The request's chat_template_kwargs override both."""
-    from tokendiff.sources.templates.env import strftime_now
+    day a recorded request was sent (`env.rendered_at`). The request's chat_template_kwargs override both;
+    a request to another server (vLLM) gets neither."""
+    from tokendiff.sources.templates.env import for_llama_server, strftime_now
 
+    if not for_llama_server():
+        return {}  # vLLM renders with transformers: the request alone
     return {"enable_thinking": True, "date_string": strftime_now("%d %b %Y")}
 
 
