@@ -438,3 +438,17 @@ def test_the_context_llama_server_gives_a_template(llama_server_bin, tiny_model,
         served_text = c.apply_template(body)
     # the tiny model is Qwen3's vocabulary: its BOS is <|endoftext|>, which templates that write one write
     assert Renderer(template(name), bos_token="<|endoftext|>").render(body) == served_text
+
+
+def test_a_top_level_reasoning_effort_reaches_the_template_as_on_llama_server(llama_server_bin, tiny_model):
+    """OpenAI's own `reasoning_effort` field (not chat_template_kwargs): llama-server hands it to the template
+    (gpt-oss's 'Reasoning: high'); the local render ignored it, so an effort changed between turns broke the
+    cache unseen."""
+    from tokendiff.sources.templates.render import Renderer
+
+    body = {"messages": copy.deepcopy(CONVERSATION[:2]), "reasoning_effort": "high"}
+    extra = ["--chat-template-file", str(TEMPLATES / GPT_OSS)]
+    with LlamaServer(tiny_model, ctx=4096, extra=extra) as srv, sv.LlamaClient(srv.url) as c:
+        served_text = c.apply_template(body)
+    assert "Reasoning: high" in served_text
+    assert Renderer(template(GPT_OSS)).render(body) == served_text

@@ -552,3 +552,13 @@ def test_thinking_on_and_today_s_date_unless_the_request_says_otherwise():
         assert "Today Date: 28 Nov 2026" in llama.render(msgs)
     with rendered_at(day, llama_server=False):  # vLLM renders with transformers: the request alone
         assert "Today Date: 26 Jul 2024" in llama.render(msgs) and r1.render(msgs).endswith("</think>")
+
+
+def test_a_top_level_reasoning_effort_reaches_the_template():
+    """The request's `reasoning_effort` (OpenAI's field) is the template's, as the servers hand it on
+    (tests/live/test_breaks.py); chat_template_kwargs, where both are given, decide."""
+    r = Renderer(template("openai-gpt-oss-120b.jinja"))
+    msgs = [{"role": "user", "content": "hi"}]
+    assert "Reasoning: high" in r.render({"messages": msgs, "reasoning_effort": "high"})
+    both = {"messages": msgs, "reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}}
+    assert "Reasoning: low" in r.render(both)

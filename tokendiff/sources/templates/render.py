@@ -165,6 +165,9 @@ class Renderer:
         if _may_hold_parts(messages):
             messages = [self._for_template(i, m) for i, m in enumerate(messages)]
         kwargs = {**_server_context(), **self.defaults}
+        effort = body.get("reasoning_effort")  # OpenAI's own field: the servers hand it to the template (gpt-oss)
+        if isinstance(effort, str):
+            kwargs["reasoning_effort"] = effort
         ctk = body.get("chat_template_kwargs")
         if isinstance(ctk, dict):
             kwargs.update(ctk)
