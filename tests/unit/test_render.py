@@ -562,3 +562,15 @@ def test_a_top_level_reasoning_effort_reaches_the_template():
     assert "Reasoning: high" in r.render({"messages": msgs, "reasoning_effort": "high"})
     both = {"messages": msgs, "reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}}
     assert "Reasoning: low" in r.render(both)
+
+
+def test_a_role_that_is_no_string_is_no_internal_error():
+    """A hostile role (a list: unhashable) beside null content: rendered or refused in words, never a
+    TypeError from looking for the developer role (found by tests/cli/test_properties.py)."""
+    from tokendiff.errors import InputError
+
+    r = Renderer(template("Qwen-Qwen3-0.6B.jinja"))
+    try:
+        r.render({"messages": [{"role": [], "content": None}]})
+    except InputError:
+        pass

@@ -508,7 +508,7 @@ def _may_hold_parts(messages: list[dict[str, Any]]) -> bool:
     dict, no content is a list, null or missing, and no role is developer (looked at in C)."""
     if set(map(type, messages)) != {dict}:
         return True
-    if "developer" in set(map(dict.get, messages, repeat("role"))):  # hashable values only: roles are strings
+    if "developer" in list(map(dict.get, messages, repeat("role"))):  # by ==: a hostile role may be a list
         return True
     kinds = set(map(type, map(dict.get, messages, repeat("content"))))
     return any(issubclass(kind, list) or kind is type(None) for kind in kinds)
