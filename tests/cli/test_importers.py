@@ -186,6 +186,29 @@ def test_a_capture_renders_on_the_day_it_was_recorded(tmp_path):
     r = run_cli("diff", f"{cap}@2", f"{cap}@3", "--tokenizer", tk, "--color", "never")
     assert r.returncode == 1, r.stderr
     assert "'28 Nov 2026' -> '29 Nov 2026'" in r.stdout
+    # a HAR entry's startedDateTime is when it was sent (noon UTC: the same day in the zones people live in)
+    entries = [
+        har_entry({"messages": msgs}, "{}") | {"startedDateTime": f"2026-11-{d}T12:00:00.000Z"} for d in (28, 29)
+    ]
+    (tmp_path / "s.har").write_text(json.dumps(har_document(entries)))
+    r = run_cli("diff", f"{tmp_path / 's.har'}@1", f"{tmp_path / 's.har'}@2", "--tokenizer", tk, "--color", "never")
+    assert r.returncode == 1, r.stderr
+    assert "'28 Nov 2026' -> '29 Nov 2026'" in r.stdout
+
+
+def test_tools_differing_only_where_llama_server_drops_it_are_identical(tmp_path):
+    """llama-server hands the template each function's name, description and parameters in that order and
+    nothing else (tests/live/test_breaks.py): a client that adds `strict` or orders the keys otherwise on one
+    turn breaks no cache there, and `diff` says so."""
+    a = chat_body(2)
+    b = copy.deepcopy(a)
+    fn = b["tools"][0]["function"]
+    b["tools"][0]["function"] = {"strict": True, **dict(reversed(list(fn.items())))}
+    for name, body in (("a", a), ("b", b)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(body))
+    r = run_cli("diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "identical" in r.stdout
 
 
 def test_custom_chat_template(tmp_path):

@@ -379,3 +379,76 @@ def test_an_assistant_message_without_content_renders_as_llama_server_renders_it
     from tokendiff.sources.templates.render import Renderer
 
     assert Renderer(template("Qwen-Qwen3-0.6B.jinja")).render(body) == served_text
+
+
+def test_a_developer_message_renders_as_llama_server_renders_it(qwen):
+    """Agents on OpenAI's newer convention (Codex) send the system prompt with the developer role, and
+    mid-conversation notes too: llama-server renders every developer message as a system one, whatever the
+    template. tokendiff's local render of such a request is the server's prompt."""
+    msgs = copy.deepcopy(CONVERSATION[:2]) + [
+        {"role": "assistant", "content": "Which city?"},
+        {"role": "developer", "content": "Answer in one word."},
+        {"role": "user", "content": "Paris"},
+    ]
+    msgs[0]["role"] = "developer"
+    body = {"messages": msgs, "tools": TOOLS}
+    with sv.LlamaClient(qwen.url) as c:
+        served_text = c.apply_template(body)
+    from tokendiff.sources.templates.render import Renderer
+
+    assert Renderer(template("Qwen-Qwen3-0.6B.jinja")).render(body) == served_text
+
+
+def test_tools_render_as_llama_server_hands_them_to_the_template(qwen, vocab):
+    """llama-server re-makes each function tool from its name, description ("" where absent) and parameters
+    ({} where absent), in that order, and drops the rest (`strict`, which the OpenAI Agents SDK sends): the
+    local render of such tools is the server's prompt, so the request's field sections hold."""
+    tools = copy.deepcopy(TOOLS)
+    tools[0]["function"] = {"parameters": tools[0]["function"]["parameters"], "name": tools[0]["function"]["name"]}
+    tools[1]["function"]["strict"] = True
+    del tools[2]["function"]["parameters"]
+    p = served(qwen, vocab, {"messages": CONVERSATION[:2], "tools": tools})  # asserts the request fields
+    assert p.meta.render_mismatch is None
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",  # closes the think block unless enable_thinking
+        "Qwen-QwQ-32B.jinja",
+        "deepseek-ai-DeepSeek-V3.1.jinja",  # reads enable_thinking as `thinking`
+        "meta-llama-Llama-3.1-8B-Instruct.jinja",  # 'Today Date' from date_string, 2024's without it
+    ],
+)
+@pytest.mark.parametrize("kwargs", [None, {"enable_thinking": False}])
+def test_the_context_llama_server_gives_a_template(llama_server_bin, tiny_model, name, kwargs):
+    """llama-server renders with thinking on and today's date unless the request says otherwise: the local
+    render of the same request is its prompt (it rendered R1's and QwQ's generation prompt closed, V3.1's
+    without thinking and Llama 3.1's 'Today Date: 26 Jul 2024')."""
+    from tokendiff.sources.templates.render import Renderer
+
+    msgs = [
+        *copy.deepcopy(CONVERSATION[:2]),
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "Rome?"},
+    ]
+    body = {"messages": msgs} | ({"chat_template_kwargs": kwargs} if kwargs else {})
+    extra = ["--chat-template-file", str(TEMPLATES / name)]
+    with LlamaServer(tiny_model, ctx=4096, extra=extra) as srv, sv.LlamaClient(srv.url) as c:
+        served_text = c.apply_template(body)
+    # the tiny model is Qwen3's vocabulary: its BOS is <|endoftext|>, which templates that write one write
+    assert Renderer(template(name), bos_token="<|endoftext|>").render(body) == served_text
+
+
+def test_a_top_level_reasoning_effort_reaches_the_template_as_on_llama_server(llama_server_bin, tiny_model):
+    """OpenAI's own `reasoning_effort` field (not chat_template_kwargs): llama-server hands it to the template
+    (gpt-oss's 'Reasoning: high'); the local render ignored it, so an effort changed between turns broke the
+    cache unseen."""
+    from tokendiff.sources.templates.render import Renderer
+
+    body = {"messages": copy.deepcopy(CONVERSATION[:2]), "reasoning_effort": "high"}
+    extra = ["--chat-template-file", str(TEMPLATES / GPT_OSS)]
+    with LlamaServer(tiny_model, ctx=4096, extra=extra) as srv, sv.LlamaClient(srv.url) as c:
+        served_text = c.apply_template(body)
+    assert "Reasoning: high" in served_text
+    assert Renderer(template(GPT_OSS)).render(body) == served_text

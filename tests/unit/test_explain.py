@@ -54,6 +54,33 @@ def test_reasoning_stripped_by_qwen3_on_a_new_user_message(vocab):
     assert owner.label == "message 2 (assistant) › reasoning" and "in message 2 (assistant)" in f.evidence
 
 
+def test_reasoning_in_a_slot_stripped_by_the_next_request_s_user_message(vocab):
+    """A slot file holds the answer the model generated, reasoning first; the next request sends the answer
+    back and a new user message, and Qwen3's template drops the reasoning. B's side of the span runs on to
+    that user message (it starts inside the span, not after it): it was read as 'no user message follows
+    it in B' and blamed on the client."""
+    msgs = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "What is 2+2?"}]
+    thought = "Simple arithmetic: two plus two is four."
+    a = prompt_from_ids(qwen_encode(render(QWEN3, msgs) + f"<think>\n{thought}\n</think>\n\n4"), vocab)
+    answer = {"role": "assistant", "content": "4", "reasoning_content": thought}
+    b = qwen_prompt(vocab, [*msgs, answer, {"role": "user", "content": "And 3+3?"}], tools=None)
+    f, _, _ = first(a, b)
+    assert f.kind == "reasoning_stripped" and f.origin == "template", f
+
+
+def test_a_conversation_that_keeps_a_user_turn_is_no_new_conversation(vocab):
+    """A request that ends in the answer (reasoning kept) and the next one, which adds a user message and so
+    loses the reasoning: B keeps A's user turn whole, yet the short turns made it 'a new conversation: B
+    shares only the system prompt with A' (it shares the user message too)."""
+    msgs = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "What is 2+2?"}]
+    answer = {"role": "assistant", "content": "4", "reasoning_content": "Simple arithmetic: two plus two is four."}
+    a = qwen_prompt(vocab, [*msgs, answer], tools=None, fields=True, add_generation_prompt=False)
+    b = qwen_prompt(vocab, [*msgs, answer, {"role": "user", "content": "And 3+3?"}], tools=None, fields=True)
+    f, fs, _ = first(a, b)
+    assert all(x.kind != "new_conversation" for x in fs)
+    assert f.kind == "reasoning_stripped", f
+
+
 def test_client_dropping_reasoning(vocab):
     msgs = copy.deepcopy(CONVERSATION[:3])
     a = qwen_prompt(vocab, msgs, add_generation_prompt=False)

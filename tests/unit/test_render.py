@@ -521,3 +521,56 @@ def test_null_or_missing_content_renders_as_an_empty_string(name):
         change(b["messages"][2])
         assert r.render(b) == want
         assert r.attribute(b).text == want
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_developer_message_is_a_system_one(name):
+    """llama-server renders the developer role as the system role, whatever the template (tests/live/
+    test_breaks.py holds it to the server); its sections are the system prompt's."""
+    r = Renderer(template(name), **CASES[name])
+    sent = body()
+    sent["messages"][0]["role"] = "developer"
+    assert r.render(sent) == r.render(body())
+    system = [sp.path[0] for sp in r.attribute(sent).spans if sp.path[-1].field == "messages[0].content"]
+    assert system and all(part.label == "system prompt" for part in system)
+
+
+def test_thinking_on_and_today_s_date_unless_the_request_says_otherwise():
+    """llama-server's context for every template (tests/live/test_breaks.py holds it to the server): thinking
+    on, so R1's generation prompt stays open; and `date_string` the day the request was sent."""
+    import time
+
+    from tokendiff.sources.templates.env import rendered_at
+
+    msgs = {"messages": [{"role": "user", "content": "hi"}]}
+    r1 = Renderer(template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"))
+    assert r1.render(msgs).endswith("<think>\n")
+    assert r1.render(msgs | {"chat_template_kwargs": {"enable_thinking": False}}).endswith("<think>\n</think>")
+    llama = Renderer(template("meta-llama-Llama-3.1-8B-Instruct.jinja"), bos_token="<|begin_of_text|>")
+    day = time.mktime((2026, 11, 28, 12, 0, 0, 0, 0, -1))
+    with rendered_at(day):
+        assert "Today Date: 28 Nov 2026" in llama.render(msgs)
+    with rendered_at(day, llama_server=False):  # vLLM renders with transformers: the request alone
+        assert "Today Date: 26 Jul 2024" in llama.render(msgs) and r1.render(msgs).endswith("</think>")
+
+
+def test_a_top_level_reasoning_effort_reaches_the_template():
+    """The request's `reasoning_effort` (OpenAI's field) is the template's, as the servers hand it on
+    (tests/live/test_breaks.py); chat_template_kwargs, where both are given, decide."""
+    r = Renderer(template("openai-gpt-oss-120b.jinja"))
+    msgs = [{"role": "user", "content": "hi"}]
+    assert "Reasoning: high" in r.render({"messages": msgs, "reasoning_effort": "high"})
+    both = {"messages": msgs, "reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}}
+    assert "Reasoning: low" in r.render(both)
+
+
+def test_a_role_that_is_no_string_is_no_internal_error():
+    """A hostile role (a list: unhashable) beside null content: rendered or refused in words, never a
+    TypeError from looking for the developer role (found by tests/cli/test_properties.py)."""
+    import contextlib
+
+    from tokendiff.errors import InputError
+
+    r = Renderer(template("Qwen-Qwen3-0.6B.jinja"))
+    with contextlib.suppress(InputError):
+        r.render({"messages": [{"role": [], "content": None}]})

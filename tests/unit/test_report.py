@@ -114,3 +114,15 @@ def test_a_count_of_one_is_singular_in_the_report_lines():
     )
     assert quiet_headline(9, 10, 1).startswith("No cause to fix: 1 token was recomputed where")
     assert quiet_headline(8, 10, 2).startswith("No cause to fix: 2 tokens were recomputed where")
+
+
+def test_a_session_of_one_turn_says_one_turn(vocab):
+    """A directory whose other turns could not be read leaves one: '1 turns' was printed."""
+    from tokendiff.core.cost import analyse
+    from tokendiff.report.html import render_html
+    from tokendiff.report.markdown import render_markdown
+    from tokendiff.report.session import report_document
+
+    prompts = [prompt_from_ids(qwen_encode(render("Qwen-Qwen3-0.6B.jinja", CONVERSATION[:2], TOOLS)), vocab)]
+    doc = report_document("one", prompts, analyse(prompts), {"name": "qwen3"})
+    assert "- 1 turn, " in render_markdown(doc) and "<p>1 turn, " in render_html(doc)

@@ -49,6 +49,7 @@ TEMPLATE_KEYS = (
     "add_generation_prompt",
     "reasoning_format",
     "parallel_tool_calls",
+    "reasoning_effort",  # OpenAI's field: llama-server hands it to the template (gpt-oss's 'Reasoning: high')
 )
 VLLM_TOKENIZE_KEYS = ("model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt")
 

@@ -723,11 +723,11 @@ def detect_reasoning(ctx: Ctx) -> Finding | None:
 
 def _client_dropped(ctx: Ctx) -> str | None:
     """Why the client, not the template, dropped A's reasoning (None when the template may have): B's
-    request no longer carries it; or, without requests, no user message follows it in B (templates
-    drop reasoning only before the latest user message). A user message after it in A as well, where A kept
-    it, shows that the template keeps it there (gpt-oss keeps a tool call's analysis)."""
+    request no longer carries it; or, without requests, no user message follows it in B, from the span's
+    start (templates drop reasoning only before the latest user message). A user message after it in A
+    as well, where A kept it, shows that the template keeps it there (gpt-oss keeps a tool call's analysis)."""
     kept = False
-    if _user_turn_after(ctx.b, ctx.h.b_end):
+    if _user_turn_after(ctx.b, ctx.h.b_start):
         kept = _user_turn_after(ctx.a, ctx.h.a_end)
         if not kept:
             return None  # the template drops it there whatever the client sends
@@ -1595,6 +1595,8 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
     ]
     if not turns or any(2 * _shared_in(a, s, d.lcp, runs) >= s.end - s.start for s in turns):
         return None
+    if any(s.end <= d.lcp and s.path[0].kind == _MESSAGE and not _is_system(s.path) for s in _index(a).tops):
+        return None  # B starts with a whole turn of A's past the system prompt: the conversation goes on
     system = next((s for s in _index(a).tops if _is_system(s.path) and s.start <= 1), None)
     if system is not None and d.lcp >= system.end:
         kept, later = f"only the system prompt with A ({d.lcp:,} tokens)", " later"

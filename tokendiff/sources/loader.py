@@ -463,7 +463,7 @@ class Loader:
         from tokendiff.sources.templates.env import rendered_at
 
         try:
-            with rendered_at(rec.ts):
+            with rendered_at(_sent_at(rec), _to_llama_server(rec)):
                 return self._from_record(rec, label, turn, rendered_ids, depth_checked)
         except InputError as e:
             if e.source:
@@ -489,7 +489,7 @@ class Loader:
                 return None
             from tokendiff.sources.templates.env import rendered_at
 
-            with rendered_at(rec.ts):
+            with rendered_at(_sent_at(rec), _to_llama_server(rec)):
                 text = self.renderer.render(request)
             return np.asarray(self.tokenizer.encode(text), dtype=np.int32)
         except InputError:
@@ -520,7 +520,7 @@ class Loader:
         from tokendiff.sources.templates.env import rendered_at
 
         try:
-            with rendered_at(rec.ts):
+            with rendered_at(_sent_at(rec), _to_llama_server(rec)):
                 local = self.renderer.render(request)
                 same = local == text or self.renderer.confirms(request, text)
             if same:
@@ -723,6 +723,22 @@ def _decoded_after(vocab: Vocab, last: tuple[np.ndarray, bytes], ids: np.ndarray
     return b"".join(parts)
 
 
+def _to_llama_server(rec: CaptureRecord) -> bool:
+    """Whether the record's request went to llama-server: the kind its server names, llama-server where none."""
+    server = rec.server if isinstance(rec.server, dict) else {}
+    return bool(server.get("kind", ServerKind.LLAMA_SERVER) == ServerKind.LLAMA_SERVER)
+
+
+def _sent_at(rec: CaptureRecord) -> float | None:
+    """When the record's request was sent, as the server's 'today' to render it with: the capture's time,
+    else a HAR entry's startedDateTime."""
+    if rec.ts is not None or rec.started is None:
+        return rec.ts
+    from tokendiff.sources.importers.har import started_seconds
+
+    return started_seconds(rec.started)
+
+
 def _request_of(rec: CaptureRecord) -> dict[str, Any]:
     """The request as the server templates it: see `_converted_of`."""
     return _converted_of(rec)[0]
@@ -745,6 +761,8 @@ def _converted_of(rec: CaptureRecord) -> tuple[dict[str, Any], FieldMap]:
     parses_arguments = llama or kind == ServerKind.VLLM  # as a real vLLM 0.32 does (tests/live/test_vllm.py)
     if parses_arguments and isinstance(request, dict):
         request = _parsed_arguments(request)
+    if llama and isinstance(request, dict):
+        request = _server_tools(request)
     return request, fields
 
 
@@ -832,6 +850,33 @@ def _render_differs(label: str, local: bytes, data: bytes, server: bool = True) 
     return RenderMismatch(
         byte=at, local=local[lo:hi].decode("utf-8", "replace"), server=data[lo:hi].decode("utf-8", "replace")
     )
+
+
+def _server_tools(request: dict[str, Any]) -> dict[str, Any]:
+    """The tools as llama-server hands them to the template: each function re-made from its name,
+    description ("" where absent) and parameters ({} where absent), in that order; `strict` and other keys
+    dropped (tests/live/test_breaks.py). A tool the server would refuse (no name, a null description) is
+    left as sent. The request itself where no tool changes."""
+    tools = request.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return request
+    made = [_server_tool(t) for t in tools]
+    if all(m is t for m, t in zip(made, tools, strict=True)):
+        return request
+    return {**request, "tools": made}
+
+
+def _server_tool(tool: Any) -> Any:
+    fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        return tool
+    desc, params = fn.get("description", ""), fn.get("parameters", {})
+    if not isinstance(desc, str) or not isinstance(params, dict):
+        return tool
+    remade = {"name": fn["name"], "description": desc, "parameters": params}
+    if list(tool) == ["type", "function"] and list(fn.items()) == list(remade.items()):
+        return tool  # already in the server's shape: shared, not copied
+    return {"type": "function", "function": remade}
 
 
 def _parsed_arguments(request: dict[str, Any]) -> dict[str, Any]:

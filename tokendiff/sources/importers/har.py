@@ -64,7 +64,7 @@ def _in_start_order(
     late = 0
     try:
         for seq, rec in enumerate(records):
-            key = _started(rec.started)
+            key = started_seconds(rec.started)
             key = last if key is None else key  # no time: it stays where it was read
             if key < given:
                 late += 1
@@ -88,7 +88,7 @@ def _in_start_order(
         )
 
 
-def _started(value: Any) -> float | None:
+def started_seconds(value: Any) -> float | None:
     """An entry's `startedDateTime` as seconds (a time without a zone read as UTC); None when absent or
     not an ISO 8601 time."""
     if not isinstance(value, str):

@@ -420,20 +420,29 @@ def tojson(
 
 
 _RENDERED_AT: ContextVar[float | None] = ContextVar("tokendiff_rendered_at", default=None)
+_FOR_LLAMA: ContextVar[bool] = ContextVar("tokendiff_for_llama_server", default=True)
 LATEST_TIME = 32503680000.0  # 3000-01-01: a recorded time past it is no time a request was sent
 
 
 @contextmanager
-def rendered_at(ts: float | None) -> Iterator[None]:
+def rendered_at(ts: float | None, llama_server: bool = True) -> Iterator[None]:
     """Render as at unix time `ts` (when a recorded request was sent): a template that calls strftime_now
     (Llama 3.2's 'Today Date') then writes the day the server rendered it, not today's. Without a usable
-    time, today's."""
+    time, today's. `llama_server`: whether the server was llama-server, whose context a template gets
+    (`for_llama_server`); another (vLLM) renders with the request alone."""
     ok = isinstance(ts, (int, float)) and not isinstance(ts, bool) and 0 < ts < LATEST_TIME
     token = _RENDERED_AT.set(float(ts) if ok and ts is not None else None)
+    kind = _FOR_LLAMA.set(llama_server)
     try:
         yield
     finally:
+        _FOR_LLAMA.reset(kind)
         _RENDERED_AT.reset(token)
+
+
+def for_llama_server() -> bool:
+    """Whether the request being rendered went to llama-server (the default where none is named)."""
+    return _FOR_LLAMA.get()
 
 
 def strftime_now(format: str) -> str:

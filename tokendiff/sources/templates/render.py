@@ -168,7 +168,10 @@ class Renderer:
             ]
         if _may_hold_parts(messages):
             messages = [self._for_template(i, m) for i, m in enumerate(messages)]
-        kwargs = dict(self.defaults)
+        kwargs = {**_server_context(), **self.defaults}
+        effort = body.get("reasoning_effort")  # OpenAI's own field: the servers hand it to the template (gpt-oss)
+        if isinstance(effort, str):
+            kwargs["reasoning_effort"] = effort
         ctk = body.get("chat_template_kwargs")
         if isinstance(ctk, dict):
             kwargs.update(ctk)
@@ -216,6 +219,8 @@ class Renderer:
         with newlines, or kept as text parts for a template that iterates them. Null or missing content
         (what the OpenAI SDK sends beside tool calls) is an empty string, as llama-server makes it:
         Qwen3's and DeepSeek's templates fail on None."""
+        if isinstance(m, dict) and m.get("role") == "developer":
+            m = dict(m, role="system")  # llama-server's: every template gets a developer message as a system one
         content = m.get("content")
         if content is None and isinstance(m, dict):
             return dict(m, content="")
@@ -496,11 +501,26 @@ _TEXT_PARTS = ("text", "input_text")
 _MEDIA_PARTS = ("image_url", "input_audio", "image", "input_image")
 
 
+def _server_context() -> dict[str, Any]:
+    """What llama-server gives every template besides the request (tests/live/test_breaks.py): thinking on
+    (R1's and QwQ's templates close the think block unless `enable_thinking`; DeepSeek V3.1's reads it as
+    `thinking`) and today's date as `date_string` (Llama 3.1's 'Today Date'; its own default is 2024's), the
+    day a recorded request was sent (`env.rendered_at`). The request's chat_template_kwargs override both;
+    a request to another server (vLLM) gets neither."""
+    from tokendiff.sources.templates.env import for_llama_server, strftime_now
+
+    if not for_llama_server():
+        return {}  # vLLM renders with transformers: the request alone
+    return {"enable_thinking": True, "date_string": strftime_now("%d %b %Y")}
+
+
 def _may_hold_parts(messages: list[dict[str, Any]]) -> bool:
-    """Whether some message may have list content or none (`Renderer._for_template` joins or types it, or
-    makes it empty): False only when every message is a plain dict and no content is a list, null or
-    missing (looked at in C)."""
+    """Whether some message may have list content or none, or the developer role (`Renderer._for_template`
+    joins or types it, makes it empty, makes it a system message): False only when every message is a plain
+    dict, no content is a list, null or missing, and no role is developer (looked at in C)."""
     if set(map(type, messages)) != {dict}:
+        return True
+    if "developer" in list(map(dict.get, messages, repeat("role"))):  # by ==: a hostile role may be a list
         return True
     kinds = set(map(type, map(dict.get, messages, repeat("content"))))
     return any(issubclass(kind, list) or kind is type(None) for kind in kinds)
@@ -773,6 +793,7 @@ def _call_part(i: int, k: int, call: Any) -> Part:
 
 def _msg_part(i: int, m: dict[str, Any]) -> Part:
     role = m.get("role")
+    role = "system" if role == "developer" else role  # rendered as one (`Renderer._for_template`)
     return Part(K.MESSAGE, i, role if isinstance(role, str) else None, f"messages[{i}]")
 
 
@@ -795,7 +816,7 @@ def _message_field(i: int, role: str | None, fld: str) -> _Leaf:
 
 def _message_leaves(i: int, m: dict[str, Any]) -> list[_Leaf]:
     role = m.get("role")
-    role = role if isinstance(role, str) else None
+    role = ("system" if role == "developer" else role) if isinstance(role, str) else None  # as `_msg_part`
     field = _message_field if role is None or len(role) <= 32 else _message_field.__wrapped__  # a long role: not kept
     out: list[_Leaf] = []
     content = m.get("content")
