@@ -761,8 +761,6 @@ def _converted_of(rec: CaptureRecord) -> tuple[dict[str, Any], FieldMap]:
     parses_arguments = llama or kind == ServerKind.VLLM  # as a real vLLM 0.32 does (tests/live/test_vllm.py)
     if parses_arguments and isinstance(request, dict):
         request = _parsed_arguments(request)
-    if llama and isinstance(request, dict):
-        request = _server_tools(request)
     return request, fields
 
 
@@ -850,33 +848,6 @@ def _render_differs(label: str, local: bytes, data: bytes, server: bool = True) 
     return RenderMismatch(
         byte=at, local=local[lo:hi].decode("utf-8", "replace"), server=data[lo:hi].decode("utf-8", "replace")
     )
-
-
-def _server_tools(request: dict[str, Any]) -> dict[str, Any]:
-    """The tools as llama-server hands them to the template: each function re-made from its name,
-    description ("" where absent) and parameters ({} where absent), in that order; `strict` and other keys
-    dropped (tests/live/test_breaks.py). A tool the server would refuse (no name, a null description) is
-    left as sent. The request itself where no tool changes."""
-    tools = request.get("tools")
-    if not isinstance(tools, list) or not tools:
-        return request
-    made = [_server_tool(t) for t in tools]
-    if all(m is t for m, t in zip(made, tools, strict=True)):
-        return request
-    return {**request, "tools": made}
-
-
-def _server_tool(tool: Any) -> Any:
-    fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        return tool
-    desc, params = fn.get("description", ""), fn.get("parameters", {})
-    if not isinstance(desc, str) or not isinstance(params, dict):
-        return tool
-    remade = {"name": fn["name"], "description": desc, "parameters": params}
-    if list(tool) == ["type", "function"] and list(fn.items()) == list(remade.items()):
-        return tool  # already in the server's shape: shared, not copied
-    return {"type": "function", "function": remade}
 
 
 def _parsed_arguments(request: dict[str, Any]) -> dict[str, Any]:

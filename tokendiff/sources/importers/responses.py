@@ -225,10 +225,14 @@ def llama_chat(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _llama_tool(tool: Any) -> Any:
+    """`llama_function`'s tool; one the server would refuse (not a function, no name, a description that is no
+    string, parameters that are no object) left as sent."""
     fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-    if not isinstance(fn, dict):
-        return tool  # not a function tool: llama-server refuses the request
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        return tool
     made = llama_function(fn)
+    if not isinstance(made["description"], str) or not isinstance(made["parameters"], dict):
+        return tool
     same = list(tool) == ["type", "function"] and list(fn.items()) == list(made.items())
     return tool if same else {"type": "function", "function": made}
 

@@ -162,10 +162,6 @@ class Renderer:
         prompt begins, if the template tells (see compile_marked)."""
         body = normalize_tools(body)
         messages = checked_messages(body)
-        if _lacks_content(messages):  # a tool-call message without content: the servers hand the template ""
-            messages = [
-                dict(m, content="") if isinstance(m, dict) and m.get("content") is None else m for m in messages
-            ]
         if _may_hold_parts(messages):
             messages = [self._for_template(i, m) for i, m in enumerate(messages)]
         kwargs = {**_server_context(), **self.defaults}
@@ -524,15 +520,6 @@ def _may_hold_parts(messages: list[dict[str, Any]]) -> bool:
         return True
     kinds = set(map(type, map(dict.get, messages, repeat("content"))))
     return any(issubclass(kind, list) or kind is type(None) for kind in kinds)
-
-
-def _lacks_content(messages: list[dict[str, Any]]) -> bool:
-    """Whether some message has no content, or null (an assistant message of tool calls, as OpenAI's API
-    allows): llama-server parses it as empty and gives the template `""` (`to_json_oaicompat`), as vLLM
-    does (its parts joined). Looked at in C where every message is a plain dict."""
-    if set(map(type, messages)) != {dict}:
-        return any(isinstance(m, dict) and m.get("content") is None for m in messages)
-    return None in map(dict.get, messages, repeat("content"))
 
 
 def checked_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
