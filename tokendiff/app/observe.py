@@ -33,11 +33,12 @@ from tokendiff.app.session import record_input
 from tokendiff.backends.proxy import RecordEvent
 from tokendiff.backends.telemetry import OtlpSender, serve_metrics
 from tokendiff.core.cost import Analyser, Session, price_turns
+from tokendiff.core.jsontext import valid_text
 from tokendiff.errors import InputError
 from tokendiff.notices import set_sink, warn
 from tokendiff.report.metrics import SessionMetrics
 from tokendiff.report.otlp import export_request, turn_span
-from tokendiff.report.telemetry import TurnContext, record_context, turn_view, valid_text
+from tokendiff.report.telemetry import TurnContext, record_context, turn_view
 from tokendiff.sources.capture import session_dir
 from tokendiff.sources.capture_tail import CaptureTail
 

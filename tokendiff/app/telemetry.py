@@ -16,8 +16,9 @@ import orjson
 from tokendiff.app.fleet import turn_times
 from tokendiff.app.origins import by_origin
 from tokendiff.app.session import Progress, apply_prefill_rate, open_session
+from tokendiff.core.jsontext import valid_text
 from tokendiff.errors import InputError
-from tokendiff.report.telemetry import SessionTrace, TurnContext, record_context, valid_text
+from tokendiff.report.telemetry import SessionTrace, TurnContext, record_context
 from tokendiff.sources.loader import file_kind, session_source
 
 if TYPE_CHECKING:

@@ -17,6 +17,16 @@ TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this 
 if TYPE_CHECKING:
     from typing import Any
 
+# a UTF-16 surrogate left alone in a str (json.loads joins a valid pair): JSON's `\ud83d` of a string cut
+# mid-emoji, which no tokenizer takes and no exporter encodes
+LONE_SURROGATE = Lazy("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """`text` with each lone surrogate as U+FFFD."""
+    return text if text.isascii() else LONE_SURROGATE.sub("\ufffd", text)
+
+
 _WS = Lazy(r"[ \t\n\r]*")  # compiled where a JSON text is first parsed (core/lazyre.py)
 _NUMBER = Lazy(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 _CONSTANTS = {"true": True, "false": False, "null": None, "NaN": float("nan")}

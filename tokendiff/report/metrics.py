@@ -15,7 +15,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from tokendiff.report.telemetry import SessionTrace, TurnContext, TurnView, valid_text
+from tokendiff.core.jsontext import valid_text
+from tokendiff.report.telemetry import SessionTrace, TurnContext, TurnView
 
 MAX_SESSIONS = 32
 OTHER = "other"

@@ -9,12 +9,12 @@ numbers. Pure: no I/O, no HTTP.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tokendiff.core.cost import Session, Turn
+from tokendiff.core.jsontext import valid_text
 from tokendiff.core.kinds import Backend
 from tokendiff.core.secrets import mask
 from tokendiff.report.redact import redacted_path
@@ -74,14 +74,6 @@ def _str(v: Any, limit: int = 256) -> str | None:
     `\\ud800` is a lone surrogate, which no exporter can encode (a label or a span holding one would fail
     every scrape or batch), and a key pasted as a model or user name must not leave in a span or label."""
     return valid_text(mask(v[:MAX_NAME_SCAN])[:limit]) if isinstance(v, str) and v else None
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads pairs a valid pair: any left is lone
-
-
-def valid_text(text: str) -> str:
-    """`text` with each lone surrogate as U+FFFD."""
-    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 def conversation_id(request: Any) -> str | None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from itertools import chain
 from pathlib import Path
 
+from tokendiff.core.jsontext import LONE_SURROGATE as LONE_SURROGATE_RE
 from tokendiff.core.plain import as_dict
 from tokendiff.core.vocab import (
     ADDED,
@@ -384,14 +385,13 @@ def _windowed_encoder(tk: Tokenizer) -> Callable[[str, bool], list[int]]:
                 return ids
             return segments.encode(text) if segments is not None else whole(text)
         except TypeError:  # the tokenizer takes only valid Unicode: "TextInputSequence must be str"
-            if _LONE_SURROGATE.search(text) is None:
+            if LONE_SURROGATE_RE.search(text) is None:
                 raise
             raise InputError(LONE_SURROGATE) from None
 
     return encode
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # what is left in a str after a valid pair was joined
 LONE_SURROGATE = (
     "the prompt holds a lone surrogate (JSON's \\ud83d: half a character, as a JavaScript string cut in the "
     "middle of an emoji), which no tokenizer encodes (llama-server refuses such a request)"

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tokendiff.core.jsontext import valid_text
 from tokendiff.core.kinds import CloudCause
 from tokendiff.core.plain import replace
 from tokendiff.core.usage import Usage, usage_of
@@ -120,9 +121,6 @@ def minimum_tokens(provider: Provider, model: str) -> int:
     return next((n for prefix, n in table if m.startswith(prefix)), table[-1][1])
 
 
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 @dataclass(frozen=True)
 class Block:
     """One cacheable unit of a request, in prefix order."""
@@ -140,7 +138,7 @@ class Block:
         """The text a tokenizer counts: what the model reads where known, else the block's JSON (a lone
         UTF-16 surrogate, which a string cut mid-emoji leaves and no tokenizer takes, as U+FFFD)."""
         text = self.visible or self.text
-        return text if text.isascii() else LONE_SURROGATE.sub("\ufffd", text)
+        return valid_text(text)
 
 
 class CloudTokenizer(StrEnum):

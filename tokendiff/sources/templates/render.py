@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from tokendiff.core.align import shared_prefix, shared_suffix
+from tokendiff.core.jsontext import LONE_SURROGATE
 from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.model import FieldSpan, Part, Rendered, SectionPath
 from tokendiff.errors import InputError
@@ -173,7 +174,7 @@ class Renderer:
             kwargs.update(ctk)
         agp = body.get("add_generation_prompt", True) if add_generation_prompt is None else add_generation_prompt
         out = self._render(messages, body.get("tools") or None, agp, kwargs, mark_generation)
-        lone = None if out.isascii() else _LONE_SURROGATE.search(out)
+        lone = None if out.isascii() else LONE_SURROGATE.search(out)
         if lone is not None:  # a JSON `\ud83d` without its pair (a string cut mid-emoji): nothing tokenizes it
             raise InputError(
                 f"the request holds a lone UTF-16 surrogate (U+{ord(lone[0]):04X}) in a string: no tokenizer "
@@ -491,7 +492,6 @@ class Renderer:
         return out
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 MEDIA_MARKER = "<__media__>"  # llama-server's text for an image or audio part (mtmd_default_marker)
 _TEXT_PARTS = ("text", "input_text")
 _MEDIA_PARTS = ("image_url", "input_audio", "image", "input_image")
