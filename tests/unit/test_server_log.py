@@ -152,6 +152,22 @@ def test_thousands_of_entries_run_into_one_line(tmp_path):
     assert time.process_time() - t0 < 10 and "line 1: two log entries run into one line" in warned[0]
 
 
+@pytest.mark.parametrize("minutes", ["12", "123"])
+def test_a_log_past_ten_minutes_of_uptime_is_not_run_in(tmp_path, minutes):
+    """From 10 minutes of uptime on, a timestamp's tail (`2.01.014.815 I slot` in `12.01.014.815 I slot`) is
+    an entry's start too: every line warned it held two entries (twice from 100 minutes on). A real run-in
+    is still split and said once."""
+    lines = [re.sub(r"^0\.", f"{minutes}.", x) for x in LOG.splitlines()]
+    p = tmp_path / "server.log"
+    p.write_text("\n".join(lines) + "\n")
+    assert _warnings(lambda: _tasks(p)) == [] and _tasks(p) == EXPECTED
+    lines[4:6] = [lines[4] + lines[5]]  # `is_child = 0` + `12.01...`: its minutes take the first one's digit
+    p.write_text("\n".join(lines) + "\n")
+    got: list = []
+    warned = _warnings(lambda: got.extend(_tasks(p)))
+    assert got == EXPECTED and len(warned) == 1 and "line 5: two log entries run into one line" in warned[0]
+
+
 def test_a_run_of_digits_is_searched_in_linear_time(tmp_path):
     """A million digits in a slot line: the run-in search backtracked over every start (hours)."""
     p = tmp_path / "server.log"

@@ -48,6 +48,7 @@ SRV = re.compile(_PREFIX + r"srv  (.{12}): (.*)$")
 # a second entry inside one line; the minutes bounded, so a run of digits is searched in linear time
 RUN_IN = re.compile(r"\d{1,12}\.\d\d\.\d{3}\.\d{3} [IWED] (?:slot|srv) ")
 MINUTES = 12  # digits a timestamp's minutes may have (a run-in entry's may have taken the line before's)
+_OWN_STAMP = re.compile(r"\d{1,12}\.\d\d\.\d{3}\.\d{3} [IWED] ")  # an entry's own timestamp and level
 DEBUG_LINE = re.compile(r"^(?:\d+\.\d\d\.\d{3}\.\d{3} )?D ")
 _RUN_DIGITS = re.compile(r"\d*")
 F = r"(-?[\d.]+|-?nan|inf)"
@@ -104,6 +105,13 @@ def _split(text: str, begin: int, start: int) -> int:
         if _whole(text[begin:cut]):
             return cut
     return start
+
+
+def _after_stamp(text: str, begin: int) -> int:
+    """Where a second entry may start in the one at `begin`: past its own timestamp, whose tail is an entry's
+    start too (`2.01.014.815 I slot` in `12.01.014.815 I slot`, from 10 minutes of uptime on)."""
+    m = _OWN_STAMP.match(text, begin)
+    return m.end() if m is not None else begin + 1
 
 
 def _whole(head: str) -> bool:
@@ -168,7 +176,7 @@ class _Reader:
         """The line's entries, each read on its own: output interleaved by the terminal may run many into one
         (a loop over positions, so a line of thousands costs what they hold)."""
         begin = 0
-        while (run := RUN_IN.search(text, begin + 1)) is not None:
+        while (run := RUN_IN.search(text, _after_stamp(text, begin))) is not None:
             cut = _split(text, begin, run.start())
             head = text[begin:cut]
             if not DEBUG_LINE.match(head):  # this build ends some debug lines without a newline: not news
