@@ -323,3 +323,23 @@ def test_a_log_ending_inside_a_line_does_not_read_its_cut_number(tmp_path):
     warned = _warnings(lambda: got.extend(iter_tasks(p)))
     assert [(t.task, t.n_prompt) for t in got] == [(0, 1560), (16, None)]
     assert any("server.log: line 12: the log ends inside it (being written, or cut): not read" in w for w in warned)
+
+
+def test_a_whole_last_line_without_its_newline_is_read(tmp_path):
+    """An excerpt pasted without its last newline: its last line is whole (it was dropped, the task's end
+    lost and 'the log ends inside it' said)."""
+    p = tmp_path / "server.log"
+    p.write_text(LOG.rstrip("\n"))
+    assert _warnings(lambda: _tasks(p)) == [] and _tasks(p) == EXPECTED
+
+
+def test_a_log_cut_anywhere_reads_no_number_cut_short(tmp_path):
+    """Cut at every byte of its last lines: each number read is the whole log's, or unread."""
+    p = tmp_path / "server.log"
+    start = LOG.index("0.01.769.128")
+    for k in range(start, len(LOG)):
+        p.write_text(LOG[:k])
+        with sink(lambda kind, msg: None):
+            got = _tasks(p)
+        for task, whole in zip(got, EXPECTED, strict=False):
+            assert all(x in (None, 0, y) for x, y in zip(task, whole, strict=True)), (LOG[k - 30 : k], task)
