@@ -195,6 +195,24 @@ def test_another_clients_request_in_the_log_explains_the_lost_slot(llama_server_
 
 
 @pytest.mark.server
+def test_a_real_jsonl_log_at_debug_verbosity(llama_server_bin, tiny_model, tmp_path):
+    """`--log-jsonl -lv 5` as llama-server writes it: its levels are `debug`, `info`, `warn` (the reader leaves
+    out `debug` entries, slot lines among them), and the tasks are read as from its text log."""
+    log = tmp_path / "server.log"
+    with LlamaServer(model=tiny_model, ctx=4096, extra=["--log-jsonl", "-lv", "5"], log_path=log) as srv:
+        drv = Driver(srv.url)
+        drv.send(SYS, 4)
+        drv.send(SYS + random_ids(22, 40), 4)
+    entries = [e for x in log.read_text().splitlines() if (e := json.loads(x))["type"] == "log"]
+    levels = {e["level"] for e in entries}
+    assert {"debug", "info"} <= levels <= {"debug", "info", "warn", "error"}
+    assert any(e["level"] == "debug" and e["msg"].startswith("slot ") for e in entries)
+    tasks: list[LogTask] = []
+    assert _warnings(lambda: tasks.extend(iter_tasks(log))) == []
+    assert [(t.n_prompt, t.cache_n) for t in tasks] == [(600, 0), (640, 600)]
+
+
+@pytest.mark.server
 def test_a_restart_in_the_log(llama_server_bin, tiny_model, tmp_path):
     """The server restarted between two turns (its stderr appended to one file): the model, told by the log,
     starts over, and the gap is a restart's."""

@@ -500,6 +500,7 @@ def _text(line: bytes) -> str | None:
             doc = orjson.loads(line)
         except orjson.JSONDecodeError:
             return None
+        # levels as llama-server writes them: debug, info, warn (tests/live/test_engine_log.py reads a real one)
         msg = doc.get("msg") if isinstance(doc, dict) and doc.get("level") != "debug" else None
         return msg.rstrip("\n") if isinstance(msg, str) else None
     if b"slot " not in line and b"srv " not in line:
