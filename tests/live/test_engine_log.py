@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import LLAMA_LOG_START, LLAMA_LOG_TASK
 
 from tokendiff.core.cache.engine_log import LogAligner, LogTask, TurnNumbers, describe
 from tokendiff.core.cache.verdict import Gap, GapClass
@@ -20,19 +21,12 @@ from tokendiff.testing.llama_server import LlamaServer
 
 # ---------------------------------------------------------------- lines, without a server
 
-LOG = """\
-0.00.002.074 I srv  llama_server: initializing ...
-0.00.866.563 I srv    load_model: initializing, n_slots = 2, n_ctx_slot = 4096, kv_unified = 'false'
-0.00.866.763 I srv    load_model: prompt cache is enabled, size limit: 8192 MiB
-0.00.866.806 I srv    load_model: context checkpoints enabled, max = 32, min spacing = 8192
-0.01.014.646 I slot get_availabl: id  1 | task -1 | selected slot by LRU, t_last = -1
-0.01.014.794 I slot launch_slot_: id  1 | task 0 | processing task, is_child = 0
-0.01.014.815 I slot   operator(): id  1 | task 0 | new prompt, n_ctx_slot = 4096, n_keep = 0, task.n_tokens = 1560
-0.01.014.823 I slot   operator(): id  1 | task 0 | cached n_tokens = 0, memory_seq_rm [0, end)
-0.01.110.173 I slot print_timing: id  1 | task 0 | prompt eval time =      79.81 ms /  1560 tokens (    0.05 ms)
-0.01.112.066 I slot      release: id  1 | task 0 | stop processing: n_tokens = 1565, truncated = 0
-0.01.768.391 I slot get_availabl: id  1 | task -1 | selected slot by LCP similarity, f_sim_best = 0.957 \
-(> 0.500 thold), f_keep = 0.383
+CHECKPOINTS = "0.00.866.806 I srv    load_model: context checkpoints enabled, max = 32, min spacing = 8192\n"
+LOG = (
+    LLAMA_LOG_START
+    + CHECKPOINTS
+    + LLAMA_LOG_TASK
+    + """\
 0.01.768.400 I srv  get_availabl: updating prompt cache
 0.01.768.401 I srv   prompt_save:  - saving prompt with length 1565, total state size = 0.400 MiB (draft: 0.000 MiB)
 0.01.769.115 I slot launch_slot_: id  1 | task 16 | processing task, is_child = 0
@@ -44,6 +38,7 @@ LOG = """\
 0.01.792.987 I slot print_timing: id  1 | task 16 | prompt eval time =      10.96 ms /    30 tokens (    0.37 ms)
 0.01.793.150 I slot      release: id  1 | task 16 | stop processing: n_tokens = 695, truncated = 0
 """
+)
 
 
 def _write(tmp_path: Path, text: str, name: str = "server.log") -> Path:

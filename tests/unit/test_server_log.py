@@ -10,23 +10,16 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import LLAMA_LOG_START, LLAMA_LOG_TASK
 
 from tokendiff.notices import sink
 from tokendiff.sources.server_log import iter_tasks, log_facts
 
-# two tasks of llama-server 11434 at -lv 4 (its exact lines, as tests/live/test_engine_log.py)
-LOG = """\
-0.00.002.074 I srv  llama_server: initializing ...
-0.00.866.563 I srv    load_model: initializing, n_slots = 2, n_ctx_slot = 4096, kv_unified = 'false'
-0.00.866.763 I srv    load_model: prompt cache is enabled, size limit: 8192 MiB
-0.01.014.646 I slot get_availabl: id  1 | task -1 | selected slot by LRU, t_last = -1
-0.01.014.794 I slot launch_slot_: id  1 | task 0 | processing task, is_child = 0
-0.01.014.815 I slot   operator(): id  1 | task 0 | new prompt, n_ctx_slot = 4096, n_keep = 0, task.n_tokens = 1560
-0.01.014.823 I slot   operator(): id  1 | task 0 | cached n_tokens = 0, memory_seq_rm [0, end)
-0.01.110.173 I slot print_timing: id  1 | task 0 | prompt eval time =      79.81 ms /  1560 tokens (    0.05 ms)
-0.01.112.066 I slot      release: id  1 | task 0 | stop processing: n_tokens = 1565, truncated = 0
-0.01.768.391 I slot get_availabl: id  1 | task -1 | selected slot by LCP similarity, f_sim_best = 0.957 \
-(> 0.500 thold), f_keep = 0.383
+# two tasks of llama-server 11434 at -lv 4 (its exact lines; the second's differ from tests/live/test_engine_log.py's)
+LOG = (
+    LLAMA_LOG_START
+    + LLAMA_LOG_TASK
+    + """\
 0.01.769.115 I slot launch_slot_: id  1 | task 16 | processing task, is_child = 0
 0.01.769.128 I slot   operator(): id  1 | task 16 | new prompt, n_ctx_slot = 4096, n_keep = 0, task.n_tokens = 690
 0.01.769.133 I slot   operator(): id  1 | task 16 | cached n_tokens = 660, memory_seq_rm [660, end)
@@ -34,6 +27,7 @@ LOG = """\
 0.01.792.987 I slot print_timing: id  1 | task 16 | prompt eval time =      10.96 ms /    30 tokens (    0.37 ms)
 0.01.793.150 I slot      release: id  1 | task 16 | stop processing: n_tokens = 695, truncated = 0
 """
+)
 EXPECTED = [(0, 1, "lru", 0, 1560, 1565, 0), (16, 1, "similarity", 660, 690, 695, 1)]
 
 
