@@ -23,6 +23,24 @@ from tokendiff.sources.capture import SCHEMA
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent  # the checkout
 FIXTURES = TESTS / "fixtures"
+
+# llama-server 11434 at -lv 4, its exact lines: its start (2 slots), a first task, the next one's slot chosen
+# (the server-log tests go on from here)
+LLAMA_LOG_START = """\
+0.00.002.074 I srv  llama_server: initializing ...
+0.00.866.563 I srv    load_model: initializing, n_slots = 2, n_ctx_slot = 4096, kv_unified = 'false'
+0.00.866.763 I srv    load_model: prompt cache is enabled, size limit: 8192 MiB
+"""
+LLAMA_LOG_TASK = """\
+0.01.014.646 I slot get_availabl: id  1 | task -1 | selected slot by LRU, t_last = -1
+0.01.014.794 I slot launch_slot_: id  1 | task 0 | processing task, is_child = 0
+0.01.014.815 I slot   operator(): id  1 | task 0 | new prompt, n_ctx_slot = 4096, n_keep = 0, task.n_tokens = 1560
+0.01.014.823 I slot   operator(): id  1 | task 0 | cached n_tokens = 0, memory_seq_rm [0, end)
+0.01.110.173 I slot print_timing: id  1 | task 0 | prompt eval time =      79.81 ms /  1560 tokens (    0.05 ms)
+0.01.112.066 I slot      release: id  1 | task 0 | stop processing: n_tokens = 1565, truncated = 0
+0.01.768.391 I slot get_availabl: id  1 | task -1 | selected slot by LCP similarity, f_sim_best = 0.957 \
+(> 0.500 thold), f_keep = 0.383
+"""
 AGENT = ROOT / "captures" / "agent" / "capture.jsonl"  # the bundled agent capture, as a checkout has it
 DEMO = ROOT / "captures" / "demo"  # the bundled slot-file session
 MY_THEME = 'name = "my-theme"\nprimary = "#336699"\ndark = false\n'  # a user's theme file (saved as mine.toml)

@@ -3,6 +3,7 @@ recorder on a real ZMQ socket, and the eviction verdict a report draws from them
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import zmq
 from tokendiff.backends.kv_events import KvEventRecorder, subscriber_endpoint
 from tokendiff.core.cache.kv_events import EVICTED, KvBatch, StoredBlocks, TurnBlocks, evictions
 from tokendiff.errors import InputError
+from tokendiff.notices import sink
 from tokendiff.sources.kv_events import batch_of, decode_message, iter_kv_events, plain_batch
 from tokendiff.testing.llama_server import free_port
 from tokendiff.testing.proxy_process import run_proxy
@@ -92,25 +94,42 @@ def test_odd_event_lines_are_data():
     )
 
 
-def test_the_recorder_writes_what_a_publisher_sends(tmp_path):
+@pytest.fixture
+def publisher():
+    """A PUB socket bound as vLLM's publisher binds: (the socket, its port)."""
     port = free_port()
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.bind(f"tcp://127.0.0.1:{port}")
+    yield pub, port
+    pub.close(linger=0)
+    ctx.term()
+
+
+def _send_until(rec: KvEventRecorder, pub, batches: int, messages, seq: int = 0) -> None:
+    """`messages(seq)` sent every 50 ms, seq counting up, until the recorder holds `batches` (a PUB drops what
+    it sends before the SUB has joined), 30 s at most."""
+    deadline = time.monotonic() + 30
+    while rec.batches < batches and time.monotonic() < deadline:
+        for m in messages(seq):
+            pub.send_multipart(m)
+        seq += 1
+        time.sleep(0.05)
+
+
+def test_the_recorder_writes_what_a_publisher_sends(tmp_path, publisher):
+    pub, port = publisher
     out = tmp_path / "kv-events.jsonl"
     rec = KvEventRecorder(f"tcp://*:{port}", out, topic="kv").start()  # vLLM's bind address, as it is configured
     try:
-        deadline = time.monotonic() + 30
-        seq = 0
-        while rec.batches < 3 and time.monotonic() < deadline:  # a PUB drops what it sends before the SUB has joined
-            pub.send_multipart(message(100.0 + seq, [stored([seq], None, [1, 2, 3, 4])], seq=seq))
-            pub.send_multipart(message(0.0, [], seq=999, topic=b"other"))  # another topic: not ours
-            seq += 1
-            time.sleep(0.05)
+        _send_until(  # another topic's message besides each: not ours
+            rec,
+            pub,
+            3,
+            lambda k: [message(100.0 + k, [stored([k], None, [1, 2, 3, 4])], seq=k), message(0.0, [], 999, b"x")],
+        )
     finally:
         rec.stop()
-        pub.close(linger=0)
-        ctx.term()
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(lines) >= 3 and all(x["topic"] == "kv" for x in lines)
     assert [x["seq"] for x in lines] == sorted(x["seq"] for x in lines)
@@ -236,33 +255,50 @@ def test_the_report_names_an_eviction_instead_of_a_content_break(tmp_path, unrea
     assert r.returncode == 0 and "vLLM evicted cached blocks this turn needed" in r.stdout
 
 
-def test_the_recorder_refuses_a_message_past_its_bound(tmp_path, monkeypatch):
+def test_the_recorder_refuses_a_message_past_its_bound(tmp_path, monkeypatch, publisher):
     """A publisher's message past MAX_MESSAGE is dropped by ZMQ (it was read whole, however large: a hostile
     peer's one message could take all memory); the recorder records on once the publisher is back."""
     from tokendiff.backends import kv_events
 
     monkeypatch.setattr(kv_events, "MAX_MESSAGE", 1 << 16, raising=False)
-    port = free_port()
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.bind(f"tcp://127.0.0.1:{port}")
+    pub, port = publisher
     out = tmp_path / "kv-events.jsonl"
     rec = KvEventRecorder(f"tcp://127.0.0.1:{port}", out).start()
     try:
         assert rec._sock.getsockopt(zmq.MAXMSGSIZE) == 1 << 16
-        deadline = time.monotonic() + 30
-        seq = 0
-        for _ in range(20):  # past the bound: each drops the connection (ZMQ connects again)
+        for seq in range(20):  # past the bound: each drops the connection (the recorder connects again)
             pub.send_multipart(message(1.0, [stored([seq], None, list(range(1 << 15)), 1 << 15)], seq=seq))
-            seq += 1
             time.sleep(0.05)
-        while rec.batches < 2 and time.monotonic() < deadline:
-            pub.send_multipart(message(2.0, [stored([seq], None, [1, 2, 3, 4])], seq=seq))
-            seq += 1
-            time.sleep(0.05)
+        _send_until(rec, pub, 2, lambda k: [message(2.0, [stored([k], None, [1, 2, 3, 4])], seq=k)], seq=20)
     finally:
         rec.stop()
-        pub.close(linger=0)
-        ctx.term()
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(lines) >= 2 and all(x["ts"] == 2.0 for x in lines) and rec.dropped >= 1
+
+
+def test_the_recorder_says_when_it_cannot_connect_again(tmp_path, monkeypatch, publisher):
+    """The publisher dropped and connecting again fails (ZMQ refuses the endpoint): the recording ends, said
+    with what was kept (the recorder's thread ended without a word)."""
+    pub, port = publisher
+    out = tmp_path / "kv-events.jsonl"
+    warned: list[str] = []
+    with sink(lambda kind, msg: warned.append(msg)):
+        rec = KvEventRecorder(f"tcp://127.0.0.1:{port}", out).start()
+        try:
+            _send_until(rec, pub, 1, lambda k: [message(1.0, [stored([k], None, [1, 2, 3, 4])], seq=k)])
+
+            def refused(self, endpoint):  # an error ZMQ gives no real peer a way to cause on a connect
+                raise zmq.ZMQError(errno.EINVAL)
+
+            monkeypatch.setattr(zmq.Socket, "connect", refused)
+            pub.close(linger=0)  # the publisher stops: the recorder connects again
+            deadline = time.monotonic() + 30
+            while rec._thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            rec.stop()
+    assert not rec._thread.is_alive()
+    assert any(
+        w.startswith(f"--kv-events: tcp://127.0.0.1:{port}: Invalid argument: no KV events are recorded after the ")
+        for w in warned
+    ), warned

@@ -26,6 +26,9 @@ def test_json_report_on_the_agent_session():
     assert date["a"]["path"][-1] == {"kind": "field", "index": None, "name": "content", "field": "messages[0].content"}
     assert doc["spans"][1]["section"] == "system prompt" and doc["spans"][1]["path"][0]["kind"] == "message"
     assert [t["reported_cached"] for t in doc["turns"]] == [t["reusable"] for t in doc["turns"]]
+    # /props' 1 slot is an explicit -np: no unified KV cache, inferred (-np 1 -kvu reads the same), so assumed
+    e = doc["engine"]
+    assert e["sources"] == ["/props"] and "kv_unified" in e["assumed"] and "(unified KV)" not in e["flags"]
 
 
 def test_markdown_report_on_slot_files():

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import LLAMA_LOG_START, LLAMA_LOG_TASK
 
 from tokendiff.core.cache.engine_log import LogAligner, LogTask, TurnNumbers, describe
 from tokendiff.core.cache.verdict import Gap, GapClass
@@ -20,19 +21,12 @@ from tokendiff.testing.llama_server import LlamaServer
 
 # ---------------------------------------------------------------- lines, without a server
 
-LOG = """\
-0.00.002.074 I srv  llama_server: initializing ...
-0.00.866.563 I srv    load_model: initializing, n_slots = 2, n_ctx_slot = 4096, kv_unified = 'false'
-0.00.866.763 I srv    load_model: prompt cache is enabled, size limit: 8192 MiB
-0.00.866.806 I srv    load_model: context checkpoints enabled, max = 32, min spacing = 8192
-0.01.014.646 I slot get_availabl: id  1 | task -1 | selected slot by LRU, t_last = -1
-0.01.014.794 I slot launch_slot_: id  1 | task 0 | processing task, is_child = 0
-0.01.014.815 I slot   operator(): id  1 | task 0 | new prompt, n_ctx_slot = 4096, n_keep = 0, task.n_tokens = 1560
-0.01.014.823 I slot   operator(): id  1 | task 0 | cached n_tokens = 0, memory_seq_rm [0, end)
-0.01.110.173 I slot print_timing: id  1 | task 0 | prompt eval time =      79.81 ms /  1560 tokens (    0.05 ms)
-0.01.112.066 I slot      release: id  1 | task 0 | stop processing: n_tokens = 1565, truncated = 0
-0.01.768.391 I slot get_availabl: id  1 | task -1 | selected slot by LCP similarity, f_sim_best = 0.957 \
-(> 0.500 thold), f_keep = 0.383
+CHECKPOINTS = "0.00.866.806 I srv    load_model: context checkpoints enabled, max = 32, min spacing = 8192\n"
+LOG = (
+    LLAMA_LOG_START
+    + CHECKPOINTS
+    + LLAMA_LOG_TASK
+    + """\
 0.01.768.400 I srv  get_availabl: updating prompt cache
 0.01.768.401 I srv   prompt_save:  - saving prompt with length 1565, total state size = 0.400 MiB (draft: 0.000 MiB)
 0.01.769.115 I slot launch_slot_: id  1 | task 16 | processing task, is_child = 0
@@ -44,6 +38,7 @@ LOG = """\
 0.01.792.987 I slot print_timing: id  1 | task 16 | prompt eval time =      10.96 ms /    30 tokens (    0.37 ms)
 0.01.793.150 I slot      release: id  1 | task 16 | stop processing: n_tokens = 695, truncated = 0
 """
+)
 
 
 def _write(tmp_path: Path, text: str, name: str = "server.log") -> Path:
@@ -192,6 +187,24 @@ def test_another_clients_request_in_the_log_explains_the_lost_slot(llama_server_
     assert t3.verdict == GapClass.ENGINE and t3.gaps[-1].kind == Gap.OTHER_CLIENT
     assert "another client's request (task" in t3.gaps[-1].evidence
     assert all(t.engine is not None and t.engine.log for t in s.turns)
+
+
+@pytest.mark.server
+def test_a_real_jsonl_log_at_debug_verbosity(llama_server_bin, tiny_model, tmp_path):
+    """`--log-jsonl -lv 5` as llama-server writes it: its levels are `debug`, `info`, `warn` (the reader leaves
+    out `debug` entries, slot lines among them), and the tasks are read as from its text log."""
+    log = tmp_path / "server.log"
+    with LlamaServer(model=tiny_model, ctx=4096, extra=["--log-jsonl", "-lv", "5"], log_path=log) as srv:
+        drv = Driver(srv.url)
+        drv.send(SYS, 4)
+        drv.send(SYS + random_ids(22, 40), 4)
+    entries = [e for x in log.read_text().splitlines() if (e := json.loads(x))["type"] == "log"]
+    levels = {e["level"] for e in entries}
+    assert {"debug", "info"} <= levels <= {"debug", "info", "warn", "error"}
+    assert any(e["level"] == "debug" and e["msg"].startswith("slot ") for e in entries)
+    tasks: list[LogTask] = []
+    assert _warnings(lambda: tasks.extend(iter_tasks(log))) == []
+    assert [(t.n_prompt, t.cache_n) for t in tasks] == [(600, 0), (640, 600)]
 
 
 @pytest.mark.server

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tokendiff.core.cache.llama import (
+    PROPS_INFERRED,
     EngineConfig,
     EngineSim,
     Fate,
@@ -76,6 +77,11 @@ def test_flags_from_the_command_line_and_props():
     assert props_facts(props) == {"n_slots": 2, "n_ctx_slot": 4096, "kv_unified": False}
     assert props_facts({"total_slots": 4}) == {"n_slots": 4}
     assert EngineConfig().merged(props_facts(props), "/props").flags().startswith("-np 2 -sps")
+    # ... inferred, not read: `-np 2 -kvu` shows the same /props, so it is listed among the defaults assumed
+    cfg = EngineConfig().merged(props_facts(props), "/props", PROPS_INFERRED)
+    assert not cfg.kv_unified and "kv_unified" in cfg.assumed() and "n_slots" not in cfg.assumed()
+    kvu = EngineConfig().merged(engine_flags(["-kvu"]), "--server-args").merged(props_facts(props), "/props")
+    assert kvu.kv_unified and kvu.n_slots == 2 and kvu.flags().startswith("-np 2 (unified KV)")
     # the user's flags win over /props
     both = EngineConfig().merged({"n_slots": 3}, "--server-args").merged(props_facts(props), "/props")
     assert both.n_slots == 3 and both.slot_ctx == 4096

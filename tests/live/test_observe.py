@@ -379,7 +379,8 @@ def test_sessions_past_the_label_bound_are_still_analysed_apart(server, tmp_path
     assert {attrs(sp)["tokendiff.session"] for sp in spans} == {f"agent-{k}" for k in range(n)}
 
 
-def test_a_collector_url_with_credentials_is_never_shown_whole():
+@pytest.mark.parametrize("query", ["api_key", "dd-api-key"])  # the second Datadog's: it was shown whole
+def test_a_collector_url_with_credentials_is_never_shown_whole(query):
     """`--otlp https://user:password@collector/v1/traces?api_key=...` printed the password and the key in
     "traces to ..." and in every warning about dropped spans."""
     from tokendiff.notices import set_sink
@@ -387,7 +388,7 @@ def test_a_collector_url_with_credentials_is_never_shown_whole():
     said: list[str] = []
     previous = set_sink(lambda _kind, message: said.append(message))
     try:
-        url = f"http://agent:hunter2hunter2@127.0.0.1:{free_port()}/v1/traces?api_key=abcdef0123456789"
+        url = f"http://agent:hunter2hunter2@127.0.0.1:{free_port()}/v1/traces?{query}=abcdef0123456789"
         sender = OtlpSender(url, lambda spans: b"{}", retries=0).start()
         sender.submit([{}])
         sender.close()

@@ -50,6 +50,8 @@ KEYED = {
     "azure": ("AccountName=x;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVE==;", "Eby8vdM02xNOcq"),
     "url userinfo": ("clone https://alice:s3cr3t-pw@git.example.com/repo.git", "s3cr3t-pw"),
     "url query key": ("GET https://api.example.com/v1/x?api_key=abcd1234efgh5678", "abcd1234efgh5678"),
+    "url query vendor key": ("POST https://http-intake.example/v1?dd-api-key=0123456789abcdef", "0123456789abcdef"),
+    "url query client secret": ("GET https://auth.example/token?client_secret=s3cr3t-v4lue", "s3cr3t-v4lue"),
 }
 SECRET_NAMES = ["auth", "X-Auth", "pwd", "pass", "passwd", "sessionid", "session_id", "sessionId", "jwt", "Cookie"]
 SECRET_NAMES += ["token", "secret", "api_key", "apiKey", "API-KEY", "private_key", "credentials", "x-csrf-token"]
@@ -215,7 +217,7 @@ def test_a_credential_cut_by_an_excerpts_edge_is_still_masked():
 ADVERSARIAL = """
 from tokendiff.core import secrets
 texts = ["z" * 300_000, "eyJ" * 100_000, "sk-" * 100_000, "a" * 300_000 + "://x", "Bearer " * 50_000,
-         "http://" + "a:" * 150_000, "?sig=" * 60_000, "aws_secret_access_key=" * 20_000]
+         "http://" + "a:" * 150_000, "?sig=" * 60_000, "aws_secret_access_key=" * 20_000, "?a-b-" * 60_000 + "key"]
 for t in texts:
     secrets.mask(t)
     secrets.credential_spans(t.encode())

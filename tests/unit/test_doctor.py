@@ -230,6 +230,14 @@ def test_engine_check_claims_nothing_when_no_prompt_fits():
     assert fits.status == dr.OK and "100 %" in fits.summary
 
 
+def test_engine_check_on_props_alone_plays_no_unified_kv_cache():
+    """/props' 2 slots are an explicit -np, whose default is no unified KV cache (it played '-np 2 (unified KV)',
+    -np auto's): inferred, so said among the defaults assumed."""
+    props = {"total_slots": 2, "default_generation_settings": {"n_ctx": 4096}}
+    check = check_engine(_evidence(srv.LLAMA, None, None, **{"/props": props}), dr.Workload(prompt_tokens=2048))
+    assert "with -np 2 -sps" in check.evidence and "(defaults assumed for kv_unified, sps" in check.evidence
+
+
 LLAMA_METRICS = """\
 # HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
 # TYPE llamacpp:prompt_tokens_total counter

@@ -10,23 +10,16 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import LLAMA_LOG_START, LLAMA_LOG_TASK
 
 from tokendiff.notices import sink
 from tokendiff.sources.server_log import iter_tasks, log_facts
 
-# two tasks of llama-server 11434 at -lv 4 (its exact lines, as tests/live/test_engine_log.py)
-LOG = """\
-0.00.002.074 I srv  llama_server: initializing ...
-0.00.866.563 I srv    load_model: initializing, n_slots = 2, n_ctx_slot = 4096, kv_unified = 'false'
-0.00.866.763 I srv    load_model: prompt cache is enabled, size limit: 8192 MiB
-0.01.014.646 I slot get_availabl: id  1 | task -1 | selected slot by LRU, t_last = -1
-0.01.014.794 I slot launch_slot_: id  1 | task 0 | processing task, is_child = 0
-0.01.014.815 I slot   operator(): id  1 | task 0 | new prompt, n_ctx_slot = 4096, n_keep = 0, task.n_tokens = 1560
-0.01.014.823 I slot   operator(): id  1 | task 0 | cached n_tokens = 0, memory_seq_rm [0, end)
-0.01.110.173 I slot print_timing: id  1 | task 0 | prompt eval time =      79.81 ms /  1560 tokens (    0.05 ms)
-0.01.112.066 I slot      release: id  1 | task 0 | stop processing: n_tokens = 1565, truncated = 0
-0.01.768.391 I slot get_availabl: id  1 | task -1 | selected slot by LCP similarity, f_sim_best = 0.957 \
-(> 0.500 thold), f_keep = 0.383
+# two tasks of llama-server 11434 at -lv 4 (its exact lines; the second's differ from tests/live/test_engine_log.py's)
+LOG = (
+    LLAMA_LOG_START
+    + LLAMA_LOG_TASK
+    + """\
 0.01.769.115 I slot launch_slot_: id  1 | task 16 | processing task, is_child = 0
 0.01.769.128 I slot   operator(): id  1 | task 16 | new prompt, n_ctx_slot = 4096, n_keep = 0, task.n_tokens = 690
 0.01.769.133 I slot   operator(): id  1 | task 16 | cached n_tokens = 660, memory_seq_rm [660, end)
@@ -34,6 +27,7 @@ LOG = """\
 0.01.792.987 I slot print_timing: id  1 | task 16 | prompt eval time =      10.96 ms /    30 tokens (    0.37 ms)
 0.01.793.150 I slot      release: id  1 | task 16 | stop processing: n_tokens = 695, truncated = 0
 """
+)
 EXPECTED = [(0, 1, "lru", 0, 1560, 1565, 0), (16, 1, "similarity", 660, 690, 695, 1)]
 
 
@@ -150,6 +144,22 @@ def test_thousands_of_entries_run_into_one_line(tmp_path):
     warned = _warnings(lambda: got.extend(iter_tasks(p)))
     assert [t.task for t in got] == list(range(5000)) and all(t.release_tokens == 9 for t in got)
     assert time.process_time() - t0 < 10 and "line 1: two log entries run into one line" in warned[0]
+
+
+@pytest.mark.parametrize("minutes", ["12", "123"])
+def test_a_log_past_ten_minutes_of_uptime_is_not_run_in(tmp_path, minutes):
+    """From 10 minutes of uptime on, a timestamp's tail (`2.01.014.815 I slot` in `12.01.014.815 I slot`) is
+    an entry's start too: every line warned it held two entries (twice from 100 minutes on). A real run-in
+    is still split and said once."""
+    lines = [re.sub(r"^0\.", f"{minutes}.", x) for x in LOG.splitlines()]
+    p = tmp_path / "server.log"
+    p.write_text("\n".join(lines) + "\n")
+    assert _warnings(lambda: _tasks(p)) == [] and _tasks(p) == EXPECTED
+    lines[4:6] = [lines[4] + lines[5]]  # `is_child = 0` + `12.01...`: its minutes take the first one's digit
+    p.write_text("\n".join(lines) + "\n")
+    got: list = []
+    warned = _warnings(lambda: got.extend(_tasks(p)))
+    assert got == EXPECTED and len(warned) == 1 and "line 5: two log entries run into one line" in warned[0]
 
 
 def test_a_run_of_digits_is_searched_in_linear_time(tmp_path):
@@ -307,3 +317,23 @@ def test_a_log_ending_inside_a_line_does_not_read_its_cut_number(tmp_path):
     warned = _warnings(lambda: got.extend(iter_tasks(p)))
     assert [(t.task, t.n_prompt) for t in got] == [(0, 1560), (16, None)]
     assert any("server.log: line 12: the log ends inside it (being written, or cut): not read" in w for w in warned)
+
+
+def test_a_whole_last_line_without_its_newline_is_read(tmp_path):
+    """An excerpt pasted without its last newline: its last line is whole (it was dropped, the task's end
+    lost and 'the log ends inside it' said)."""
+    p = tmp_path / "server.log"
+    p.write_text(LOG.rstrip("\n"))
+    assert _warnings(lambda: _tasks(p)) == [] and _tasks(p) == EXPECTED
+
+
+def test_a_log_cut_anywhere_reads_no_number_cut_short(tmp_path):
+    """Cut at every byte of its last lines: each number read is the whole log's, or unread."""
+    p = tmp_path / "server.log"
+    start = LOG.index("0.01.769.128")
+    for k in range(start, len(LOG)):
+        p.write_text(LOG[:k])
+        with sink(lambda kind, msg: None):
+            got = _tasks(p)
+        for task, whole in zip(got, EXPECTED, strict=False):
+            assert all(x in (None, 0, y) for x, y in zip(task, whole, strict=True)), (LOG[k - 30 : k], task)

@@ -873,7 +873,7 @@ def engine_config(
     GGUF. None for a session no llama-server answer, flag or log speaks of (vLLM, SGLang, Ollama, slot files)."""
     if not server_args and not server_log and not _llama_server_session(paths):
         return None  # imported below only where there is a policy to play: a slot report has none
-    from tokendiff.core.cache.llama import EngineConfig, engine_flags, props_facts
+    from tokendiff.core.cache.llama import PROPS_INFERRED, EngineConfig, engine_flags, props_facts
 
     try:
         flags = engine_flags(_split_args(server_args))
@@ -885,7 +885,7 @@ def engine_config(
         cfg = cfg.merged(flags, "--server-args")
     if server_log:
         cfg = cfg.merged(server_log_facts(server_log), "the server's log")
-    cfg = cfg.merged(props_facts(saved_props(paths)), "/props")
+    cfg = cfg.merged(props_facts(saved_props(paths)), "/props", PROPS_INFERRED)
     return cfg.merged(_model_facts(paths, opts, model), "the model's GGUF")
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tokendiff.backends.doctor import INFO, OK, PROBLEM, UNCHECKED, Check
 from tokendiff.core.cache.advice import agent_workload, replay_workload
-from tokendiff.core.cache.llama import EngineConfig, EngineFacts
+from tokendiff.core.cache.llama import PROPS_INFERRED, EngineConfig, EngineFacts, props_facts
 
 if TYPE_CHECKING:
     from tokendiff.backends.doctor import Check, Evidence, Workload
@@ -30,16 +30,11 @@ def engine_config(ev: Evidence) -> EngineConfig:
             facts.update(n_slots=f.parallel, kv_unified=False)
         facts.update(cache_ram_mib=f.cache_ram_mib, cache_reuse=f.cache_reuse, n_ctx=f.ctx_size or None, sps=f.sps)
         facts["mmproj"] = bool(f.mmproj) or None
-    slots, dgs = ev.props.get("total_slots"), ev.props.get("default_generation_settings") or {}
-    if isinstance(slots, int) and slots > 0:
-        facts.setdefault("n_slots", slots)
-    if isinstance(dgs, dict) and isinstance(dgs.get("n_ctx"), int):
-        facts["n_ctx_slot"] = dgs["n_ctx"]
     if ev.layout is not None and ev.layout.kv_bytes_per_token:
         facts["bytes_per_token"] = ev.layout.kv_bytes_per_token + STATE_CELL_BYTES
-    source = ev.flags.source if ev.flags is not None else "/props"
+    source = ev.flags.source if ev.flags is not None else "the model's GGUF"
     stated = cast(EngineFacts, {k: v for k, v in facts.items() if v is not None})  # keys: EngineFacts fields
-    return EngineConfig().merged(stated, source)
+    return EngineConfig().merged(stated, source).merged(props_facts(ev.props), "/props", PROPS_INFERRED)
 
 
 def check_engine(ev: Evidence, w: Workload, flagged: bool = False) -> Check:

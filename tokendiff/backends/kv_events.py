@@ -97,8 +97,9 @@ class KvEventRecorder:
                 if self._sock not in ready:
                     continue
                 parts = self._sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError:
-                return  # the socket was closed under us: stopping
+            except zmq.ZMQError as e:
+                self._ended(e)  # the socket closed under us (stopping), or it failed: recording ends here
+                return
             line = decode_message(parts)
             if line is None:
                 self.unreadable += 1
@@ -122,7 +123,16 @@ class KvEventRecorder:
 
         with contextlib.suppress(zmq.ZMQError):  # no longer connected: connecting is all there is to do
             self._sock.disconnect(self.endpoint)
-        self._sock.connect(self.endpoint)
+        self._sock.connect(self.endpoint)  # may raise: _run ends the recording, said
+
+    def _ended(self, e: Exception) -> None:
+        """The socket failed while recording (not as `stop` closed it): said, with the batches kept so far."""
+        if not self._stop.is_set():
+            warn(
+                f"--kv-events: {self.endpoint}: {e}: no KV events are recorded after the {self.batches:,} "
+                f"batch{'' if self.batches == 1 else 'es'} so far",
+                kind="kv events",
+            )
 
     def stop(self) -> None:
         self._stop.set()

