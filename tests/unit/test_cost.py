@@ -204,3 +204,14 @@ def test_an_untimed_turns_seconds_are_marked_estimates_that_later_turns_do_not_c
     assert four.spans[0].seconds == three.spans[0].seconds
     assert three.turns[2].seconds_estimated and three.turns[2].wasted_seconds
     assert four.turns[2].wasted_seconds == three.turns[2].wasted_seconds
+
+
+def test_the_report_and_the_exports_keep_the_same_stated_times():
+    """A 1e13 ms TTFT (~317 years) was shown in the report and left out of OTLP and the trace (two bounds):
+    one rule now reads a stated time for both."""
+    from tokendiff.core.cost import MAX_MS, stated_value
+    from tokendiff.report.telemetry import timing_ms
+
+    for v in (0, 12.5, 9e12, MAX_MS, 1e13, 1e15, -1, float("nan"), float("inf"), True, "5", None):
+        assert stated_value(v) == timing_ms(v) or stated_value(v) is timing_ms(v) is None
+    assert stated_value(1e13) is None and stated_value(9e12) == 9e12

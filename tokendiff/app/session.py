@@ -359,7 +359,7 @@ def record_input(
     import numpy as np
 
     from tokendiff.backends.server import recorded_backend
-    from tokendiff.core.cost import TurnInput, stated_ms
+    from tokendiff.core.cost import TurnInput, stated_value
 
     ids = rec.prompt_ids
     job = RecordJob(rec, label, turn, rendered)
@@ -392,7 +392,7 @@ def record_input(
             diff=diff,
             sectioning=partial(loader.sectioning, rec, ids32, label) if rec.prompt_ids is not None else None,
         )
-    ti.ttft_ms = stated_ms(rec.ttft_ms)
+    ti.ttft_ms = stated_value(rec.ttft_ms)
     ti.server, ti.vllm_block = recorded_backend(rec.server)  # which rules the server's counts follow
     ti.server_key = server_key(rec.server)
     slot = rec.slot  # the proxy's reading of /slots (backends/slots.py)

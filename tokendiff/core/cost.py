@@ -256,19 +256,22 @@ def _reported(resp: dict[str, Any] | None) -> tuple[int | None, float | None, in
     if ms is None and isinstance(resp.get("prompt_eval_duration"), (int, float)):
         ms = resp["prompt_eval_duration"] / 1e6  # Ollama, ns
         n = resp.get("prompt_eval_count")
-    return _stated_count(cached), stated_ms(ms), _stated_count(n)
+    return _stated_count(cached), stated_value(ms), _stated_count(n)
 
 
-def stated_ms(v: Any) -> float | None:
-    """A time (or a count) as a server or record states it, where it can be one: a number, not negative,
-    finite. A hostile `cache_n: -5` was read as "the server reused -5 tokens", a negative `prompt_ms` as
-    negative seconds wasted."""
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e15  # NaN fails both
+MAX_MS = ((1 << 63) - 1) / 1e6  # the longest duration the exports hold (int64 nanoseconds): ~292 years
+
+
+def stated_value(v: Any) -> float | None:
+    """A time in ms, or a count, as a server or record states it, where it can be one: a number, not negative,
+    at most MAX_MS (so that the report and the exports keep the same ones). A hostile `cache_n: -5` was read as
+    "the server reused -5 tokens", a negative `prompt_ms` as negative seconds wasted."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= MAX_MS  # NaN fails both
     return float(v) if ok else None
 
 
 def _stated_count(v: Any) -> int | None:
-    n = stated_ms(v)
+    n = stated_value(v)
     return int(n) if n is not None else None
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tokendiff.core.cost import Session, Turn
+from tokendiff.core.cost import Session, Turn, stated_value
 from tokendiff.core.jsontext import valid_text
 from tokendiff.core.kinds import Backend
 from tokendiff.core.secrets import mask
@@ -64,9 +64,8 @@ def _when(seconds: float | None) -> float | None:
 
 
 def timing_ms(v: Any) -> float | None:
-    """A duration in ms as a record or the server states it: finite, not negative, within MAX_NS; else None."""
-    ms = _num(v)
-    return ms if ms is not None and ms * 1e6 <= MAX_NS else None
+    """A duration in ms as a record or the server states it, as the report reads it (`stated_value`)."""
+    return stated_value(v)
 
 
 def _str(v: Any, limit: int = 256) -> str | None:
