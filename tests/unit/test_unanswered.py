@@ -118,3 +118,64 @@ def test_a_request_whose_client_left_before_the_answer_is_noted_and_played_as_ru
     assert second["engine"] == second["content"] and second["gaps"] == []
     assert turns[2]["reported_cached"] == third["engine"] == third["content"] == len(prompts[1])
     assert third["gaps"] == [] and turns[2]["note"] == ""
+
+
+def test_a_retry_after_a_502_is_counted_against_what_the_server_had(tmp_path, capsys):
+    """An agent sends turn 2 again after the proxy's 502: the server had only turn 1, so turn 3 reuses turn 1's
+    prompt on every backend; was: counted against turn 2 (vLLM's column 448 of blocks it never had)."""
+    first = random_ids(41, 400)
+    second = first + random_ids(42, 50)
+    lines = []
+    for k, ids in enumerate([first, second, second], 1):
+        head = {"schema": "tokendiff.capture/1", "seq": 2 * k - 1, "endpoint": "/completion"}
+        lines.append({**head, "request": {"prompt": ids, "n_predict": 1}})
+        patch = {"schema": "tokendiff.capture/1", "seq": 2 * k, "patch": 2 * k - 1, "prompt_ids": ids}
+        if k == 2:
+            patch |= {"response": {"status": 502, "error": UNREACHABLE}, "upstream_error": UNREACHABLE}
+        else:
+            cached = 0 if k == 1 else 400
+            patch |= {"response": {"status": 200, "timings": {"cache_n": cached, "prompt_n": len(ids) - cached}}}
+        lines.append(patch)
+    cap = tmp_path / "capture.jsonl"
+    cap.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    third = json.loads(_report(cap, capsys))["turns"][2]
+    assert (third["reusable"], third["reuse_vllm"], third["best_earlier_turn"]) == (400, 400, 1)
+    assert (third["recomputed"], third["reported_cached"], third["note"]) == (50, 400, "")
+
+
+def test_a_change_first_sent_in_a_request_without_an_answer_is_wasted_where_the_server_ran_it(tmp_path, capsys):
+    """The client edits its prompt's start in turn 2, which the proxy answered 502: the server first recomputed
+    the edit on turn 3. Was: the waste counted on turn 2 (a request the server never had), the first wasteful
+    turn (where the TUI opens) said to be turn 2, and turn 3 compared with it."""
+    from tokendiff.app.pair import PromptOptions, open_loader
+    from tokendiff.app.session import record_input
+    from tokendiff.core.cost import Analyser
+    from tokendiff.sources.capture import read_capture
+
+    body = random_ids(52, 300)
+    prompts = [random_ids(51, 100) + body, random_ids(53, 100) + body]
+    prompts.append(prompts[1] + random_ids(54, 40))
+    lines = []
+    for k, ids in enumerate(prompts, 1):
+        head = {"schema": "tokendiff.capture/1", "seq": 2 * k - 1, "endpoint": "/completion"}
+        lines.append({**head, "request": {"prompt": ids, "n_predict": 1}})
+        patch = {"schema": "tokendiff.capture/1", "seq": 2 * k, "patch": 2 * k - 1, "prompt_ids": ids}
+        if k == 2:
+            patch |= {"response": {"status": 502, "error": UNREACHABLE}, "upstream_error": UNREACHABLE}
+        else:
+            patch |= {"response": {"status": 200, "timings": {"cache_n": 0, "prompt_n": len(ids)}}}
+        lines.append(patch)
+    cap = tmp_path / "capture.jsonl"
+    cap.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    loader = open_loader(PromptOptions())
+    an = Analyser(vocab=loader.vocab)
+    records, _ = read_capture(cap)
+    firsts = []
+    for k, rec in enumerate(records, 1):
+        an.add(record_input(loader, rec, f"{cap}@{k}", k))
+        firsts.append(an.first_wasted())
+    assert firsts[-1] == 3
+    doc = json.loads(_report(cap, capsys))
+    assert [t["wasted"] for t in doc["turns"]] == [0, 0, doc["summary"]["wasted_tokens"]]
+    assert doc["summary"]["wasted_tokens"] > 0
+    assert [sp["turns"] for sp in doc["spans"] if sp["tokens"]] == [[3]]

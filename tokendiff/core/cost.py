@@ -566,15 +566,22 @@ class Analyser:
         if cur.indexed is None and cur.ahead is not None:
             ahead, cur.ahead = cur.ahead, None
             for i, t in enumerate((cur, *ahead)):
-                t.indexed = (k + i, self.index.match_and_add(t.ids, k + i))
+                t.indexed = (k + i, self._indexed(t, k + i))
         if cur.indexed is None:
-            return self.index.match_and_add(cur.ids, k)
+            return self._indexed(cur, k)
         (turn, m), cur.indexed = cur.indexed, None
         if turn != k:
             raise AssertionError(
                 f"turn {k} was indexed ahead as turn {turn}: the turns read ahead were not added in order"
             )
         return m
+
+    def _indexed(self, cur: TurnInput, k: int) -> Match:
+        """Turn k's best earlier match, the turn then added to the prefix index, but for a prompt the server
+        never had (core.unanswered): no later turn's reuse is counted from it."""
+        if cur.unanswered is not None and not cur.unanswered.ran:
+            return self.index.match(cur.ids)
+        return self.index.match_and_add(cur.ids, k)
 
     def _settle_unanswered(self) -> None:
         """Each unanswered turn's note, once its diff is counted; a turn the server never ran reused and
@@ -739,7 +746,8 @@ class Analyser:
         while self._first_wasted is None and self._scanned < settled:
             t = self.turns[self._scanned]
             self._scanned += 1
-            if t.wasted:
+            un = self.unanswered.get(t.turn)
+            if t.wasted and (un is None or un.ran):  # a turn the server never ran wasted nothing (`_not_run`)
                 self._first_wasted = t.turn
                 lcps = {u.turn: u.lcp for u in self.turns[: t.turn]}
                 upto = [replace(r, lcp=lcps.get(r.turn, 0)) for r in self.records if r.turn <= t.turn]
