@@ -86,6 +86,16 @@ class Relay:
             b.shutdown(socket.SHUT_WR)
 
 
+def _until_idle(c: httpx.Client, server: str) -> None:
+    """Until no slot of the server is processing (it stops a request whose client left within 1 to 15 s, or
+    ends it first on a busy machine: either way its prompt is in the slot)."""
+    for _ in range(900):
+        if not any(s.get("is_processing") for s in c.get(server + "/slots").json()):
+            return
+        time.sleep(0.1)
+    raise AssertionError("the server went on generating for a client long gone")
+
+
 def _report(capture, capsys) -> dict:
     from tokendiff.cli.main import main
 
@@ -148,16 +158,43 @@ def test_a_client_that_left_before_the_answer_is_noted_and_its_request_played_as
         try:
             with httpx.Client(timeout=600) as c:
                 c.post(url + CHAT, json={"messages": m1, "max_tokens": 3, "temperature": 0}).raise_for_status()
-                long = {"messages": m2, "max_tokens": 4000, "ignore_eos": True, "temperature": 0}
+                long = {"messages": m2, "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
                 with pytest.raises(httpx.ReadTimeout):
                     c.post(url + CHAT, json=long, timeout=httpx.Timeout(30, read=0.5))
-                time.sleep(2)  # the server notices, and stops
+                _until_idle(c, srv.url)  # the server notices, and stops
                 c.post(url + CHAT, json={"messages": m3, "max_tokens": 3, "temperature": 0}).raise_for_status()
         finally:
             err = proxy_process.stop_proxy(proc)
     turns = _report(out / "capture.jsonl", capsys)["turns"]
     assert turns[1]["note"].startswith("not answered: the client disconnected before the upstream answered"), err
     assert "may have started it" in turns[1]["note"]
+    second, third = turns[1]["engine"], turns[2]["engine"]
+    assert second["engine"] == second["content"] and second["gaps"] == [], second
+    assert turns[2]["reported_cached"] == third["engine"] == third["content"] == turns[1]["tokens"]
+    assert third["gaps"] == [] and third["verdict"] is None, third
+
+
+def test_a_client_that_left_mid_stream_is_noted_and_its_request_played_as_run(
+    llama_server_bin, tiny_model, tmp_path, capsys
+):
+    """Turn 2's client read the first event of a long stream and left: the server ran its prompt (turn 3 reused
+    it), but the model read the record's error (no timings) as the server's refusal and kept nothing of it."""
+    out = tmp_path / "s"
+    m1, m2, m3 = _turns()
+    with LlamaServer(model=tiny_model, ctx=8192, extra=FLAGS.split()) as srv:
+        proc, url = proxy_process.start_proxy(srv.url, out, stderr=subprocess.PIPE)
+        try:
+            with httpx.Client(timeout=600) as c:
+                c.post(url + CHAT, json={"messages": m1, "max_tokens": 3, "temperature": 0}).raise_for_status()
+                long = {"messages": m2, "max_tokens": 1500, "ignore_eos": True, "temperature": 0, "stream": True}
+                with httpx.stream("POST", url + CHAT, json=long, timeout=30) as r:
+                    next(r.iter_lines())  # the first event; then the connection closes
+                _until_idle(c, srv.url)  # the server notices, and stops
+                c.post(url + CHAT, json={"messages": m3, "max_tokens": 3, "temperature": 0}).raise_for_status()
+        finally:
+            err = proxy_process.stop_proxy(proc)
+    turns = _report(out / "capture.jsonl", capsys)["turns"]
+    assert turns[1]["note"] == "the client disconnected before the answer ended", err
     second, third = turns[1]["engine"], turns[2]["engine"]
     assert second["engine"] == second["content"] and second["gaps"] == [], second
     assert turns[2]["reported_cached"] == third["engine"] == third["content"] == turns[1]["tokens"]
