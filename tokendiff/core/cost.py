@@ -514,7 +514,6 @@ class Analyser:
         self._uncounted_tokens = 0
         self._first_wasted: int | None = None
         self.unanswered: dict[int, NotAnswered] = {}  # turn -> how the record says it went unanswered
-        self._played: TurnInput | None = None  # the turn the engine model played last
         self._settled: set[int] = set()  # unanswered turns whose note and counts `session()` has set
         self._prev_k = 0  # the turn `prev` is
 
@@ -617,8 +616,7 @@ class Analyser:
             tokenize=cur.tokenize,
             client_left=cur.unanswered is not None,
         )
-        prev = self._played.ids if self._played is not None else None
-        self._played = cur
+        prev = self.prev.ids if self.prev is not None else None  # the last turn played: one the server had
         numbers = TurnNumbers(t.n_tokens, t.reported_prompt_n, t.reported_cached, t.reported_generated)
         t.engine = self.engine.add(req, prev, best, t.reported_cached, numbers)
         resp = cur.response if isinstance(cur.response, dict) else {}

@@ -155,9 +155,9 @@ class SessionScreen(Screen[None]):
 
         turns = self.session.turns if self.session else []
         line = verdict_line(turns[row]) if 0 <= row < len(turns) else ""
-        un = self.session.unanswered.get(row + 1) if self.session else None
+        un = self.session.unanswered.get(turns[row].turn) if self.session and 0 <= row < len(turns) else None
         if un is not None:  # what the record says of a request without a whole answer, before the engine's line
-            line = f"turn {row + 1}: {un.note}" + (f" · {line}" if line else "")
+            line = f"turn {turns[row].turn}: {un.note}" + (f" · {line}" if line else "")
         box = self.query_one("#turn-engine", Static)
         box.display = bool(line)  # a session without engine verdicts keeps its layout
         box.update(Text(line, style="dim"))
