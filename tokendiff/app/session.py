@@ -360,6 +360,7 @@ def record_input(
 
     from tokendiff.backends.server import recorded_backend
     from tokendiff.core.cost import TurnInput, stated_value
+    from tokendiff.core.unanswered import unanswered
 
     ids = rec.prompt_ids
     job = RecordJob(rec, label, turn, rendered)
@@ -398,6 +399,7 @@ def record_input(
     slot = rec.slot  # the proxy's reading of /slots (backends/slots.py)
     ti.slot = slot if isinstance(slot, int) and not isinstance(slot, bool) else None
     ti.tokenize = partial(_reply_tokens, loader)  # called only where the engine model needs the reply's IDs
+    ti.unanswered = unanswered(rec.response, rec.client_disconnected, rec.upstream_error)
     return ti
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, Protocol, TypeAlias, TypeVar
 
@@ -37,6 +37,7 @@ from tokendiff.core.model import NO_SECTION, Divergence, Finding, Hunk, Prompt, 
 from tokendiff.core.plain import field, plain, replace
 from tokendiff.core.prefix_index import Match, PrefixIndex
 from tokendiff.core.tails import SLOT_SECTIONING, AnyPair, Decoded, TailDiff, Tails
+from tokendiff.core.unanswered import NotAnswered
 from tokendiff.core.usage import usage_of
 from tokendiff.core.vocab import Vocab
 
@@ -193,6 +194,12 @@ class Session:
     engine: EngineConfig | None = None  # the llama-server flags the verdicts were played with
     advice: list[Advice] = field(default_factory=list)  # flags that would have kept more, best first
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (turn's source, why): unreadable, left out
+    unanswered: dict[int, NotAnswered] = field(default_factory=dict)  # turn -> how it went without a whole answer
+
+    @property
+    def not_run(self) -> list[int]:
+        """The turns the server gave no answer (core.unanswered): left out of the totals."""
+        return [k for k, un in self.unanswered.items() if not un.ran]
 
     @property
     def checkpoint_reused(self) -> int | None:
@@ -328,6 +335,7 @@ class TurnInput:
     tokenize: Callable[[str], list[int]] | None = None  # the session's tokenizer, for a reply known by its text
     server_key: str = ""  # the model and template that served it (a change empties llama-server's slots)
     slot: int | None = None  # the llama-server slot that served it, where the record says
+    unanswered: NotAnswered | None = None  # a request the record shows was not answered in whole (core.unanswered)
     # how its full load sections it (app: Loader.sectioning), found when a tail pair asks (core.tails)
     sectioning: Callable[[], Any] | None = None
     # its prompt from its IDs' `vocab.decode` made already (a slot file's: app's SlotJob.load), where a pair kept it
@@ -508,6 +516,9 @@ class Analyser:
         self._uncounted: list[tuple[Turn, TurnInput, TurnInput, PairDiff | TailDiff]] = []  # collected, not filled yet
         self._uncounted_tokens = 0
         self._first_wasted: int | None = None
+        self.unanswered: dict[int, NotAnswered] = {}  # turn -> how the record says it went unanswered
+        self._settled: set[int] = set()  # unanswered turns whose note and counts `session()` has set
+        self._prev_k = 0  # the turn `prev` is
 
     def add(self, cur: TurnInput) -> Turn:
         k = len(self.turns) + 1
@@ -515,9 +526,10 @@ class Analyser:
         t.vllm_block = cur.vllm_block or VLLM_BLOCK
         t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
         t.reported_generated = _generated(cur.response)
-        if self.slot is not None:
+        ran = cur.unanswered is None or cur.unanswered.ran  # else the server's cache never had it
+        if self.slot is not None and ran:
             t.checkpoint = checkpoint_reuse(self.slot, cur.ids, t.reported_generated or 0, self._user_starts(cur))
-        if self.capacity is not None:
+        if self.capacity is not None and ran:
             if cur.vllm_block and not self.turns:
                 self.capacity.use_block(cur.vllm_block)  # the block pool in the server's own blocks
             self.capacity.add(cur.ids)
@@ -525,7 +537,9 @@ class Analyser:
             self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response, cur.vllm_block, cur.server))
         t.ttft_ms = cur.ttft_ms
         m = self._match(cur, k)
-        if self.engine is not None:
+        if cur.unanswered is not None:
+            self.unanswered[k] = cur.unanswered
+        if self.engine is not None and ran:
             self._engine_turn(t, cur, (m.turn, m.lcp))
         self.turns.append(t)
         if self.prev is None:
@@ -533,13 +547,16 @@ class Analyser:
             t.recompute = t.new_tokens = len(cur.ids)
         else:
             t.best_earlier, t.best_lcp = m.turn, m.lcp
+            if self._prev_k != k - 1:  # a turn the server never ran came between: a diff made ahead is not this
+                cur.diff = None
             if appends(self.prev.ids, cur.ids):
                 self.work += len(self.prev.ids)
                 _append_turn(t, len(self.prev.ids))
             else:
                 self.work += len(self.prev.ids) + len(cur.ids)
                 self._diff(self.prev, cur, k)
-        self.prev = cur
+        if ran:  # the next turn is compared with the last prompt the server ran
+            self.prev, self._prev_k = cur, k
         self._collect(self.in_flight)
         return t
 
@@ -551,15 +568,36 @@ class Analyser:
         if cur.indexed is None and cur.ahead is not None:
             ahead, cur.ahead = cur.ahead, None
             for i, t in enumerate((cur, *ahead)):
-                t.indexed = (k + i, self.index.match_and_add(t.ids, k + i))
+                t.indexed = (k + i, self._indexed(t, k + i))
         if cur.indexed is None:
-            return self.index.match_and_add(cur.ids, k)
+            return self._indexed(cur, k)
         (turn, m), cur.indexed = cur.indexed, None
         if turn != k:
             raise AssertionError(
                 f"turn {k} was indexed ahead as turn {turn}: the turns read ahead were not added in order"
             )
         return m
+
+    def _indexed(self, cur: TurnInput, k: int) -> Match:
+        """Turn k's best earlier match, the turn then added to the prefix index, but for a prompt the server
+        never had (core.unanswered): no later turn's reuse is counted from it."""
+        if cur.unanswered is not None and not cur.unanswered.ran:
+            return self.index.match(cur.ids)
+        return self.index.match_and_add(cur.ids, k)
+
+    def _settle_unanswered(self) -> None:
+        """Each unanswered turn's note, once its diff is counted; a turn the server never ran reused and
+        wasted nothing there: its counts zeroed and its waste taken back from the spans (the next turn, compared
+        with the last prompt the server ran, counts the change). Once a turn: `session()` is called as turns
+        come while watching."""
+        for k, un in self.unanswered.items():
+            if k in self._settled:
+                continue
+            self._settled.add(k)
+            t = self.turns[k - 1]
+            t.note = f"{un.note}; {t.note}" if t.note else un.note
+            if not un.ran:
+                _not_run(t, self.spans)
 
     def _engine_turn(self, t: Turn, cur: TurnInput, best: tuple[int | None, int]) -> None:
         """The turn through llama-server's policy model: its outcome and what its content allowed."""
@@ -579,8 +617,9 @@ class Analyser:
             cur.server_key,
             starts,
             tokenize=cur.tokenize,
+            client_left=cur.unanswered is not None,
         )
-        prev = self.prev.ids if self.prev is not None else None
+        prev = self.prev.ids if self.prev is not None else None  # the last turn played: one the server had
         numbers = TurnNumbers(t.n_tokens, t.reported_prompt_n, t.reported_cached, t.reported_generated)
         t.engine = self.engine.add(req, prev, best, t.reported_cached, numbers)
         resp = cur.response if isinstance(cur.response, dict) else {}
@@ -708,7 +747,8 @@ class Analyser:
         while self._first_wasted is None and self._scanned < settled:
             t = self.turns[self._scanned]
             self._scanned += 1
-            if t.wasted:
+            un = self.unanswered.get(t.turn)
+            if t.wasted and (un is None or un.ran):  # a turn the server never ran wasted nothing (`_not_run`)
                 self._first_wasted = t.turn
                 lcps = {u.turn: u.lcp for u in self.turns[: t.turn]}
                 upto = [replace(r, lcp=lcps.get(r.turn, 0)) for r in self.records if r.turn <= t.turn]
@@ -725,11 +765,14 @@ class Analyser:
         for f in facts:
             if f.kind == RELOAD and 0 < f.turn <= len(self.turns):
                 _reloaded(self.turns[f.turn - 1], self.spans, f)
-        s = _session(self.turns, self.spans)
+        self._settle_unanswered()
+        unrun = sorted(k for k, un in self.unanswered.items() if not un.ran)
+        s = _session(self.turns, self.spans, unrun)
+        s.unanswered = dict(self.unanswered)
         s.layout = self.layout
         s.facts = facts
         if self.capacity is not None:
-            counts = [t.reported_cached for t in s.turns]
+            counts = [t.reported_cached for t in s.turns if t.turn not in unrun]
             s.capacity = self.capacity.report(sum(c for c in counts if c is not None) if None not in counts else None)
         if self.layout is not None and self.layout.needs_checkpoints:
             for t in s.turns:
@@ -1068,10 +1111,27 @@ def _reloaded(t: Turn, spans: dict[SpanKey, Span], fact: BackendFact) -> None:
     t.note = f"{note}; {t.note}" if t.note else note
 
 
-def _session(turns: list[Turn], spans: dict[SpanKey, Span]) -> Session:
-    """Totals, and the spans ranked by the waste they caused."""
+def _not_run(t: Turn, spans: dict[SpanKey, Span]) -> None:
+    """A turn the server never ran (core.unanswered): its prompt compared with the last one the server ran
+    (what it would have cost), but nothing reused, recomputed or wasted on the server; its waste and gains
+    taken back from the spans, a span left without a turn dropped (a span's example stays: the change first
+    showed there)."""
+    for key, sp in list(spans.items()):
+        tokens, gain = sp.by_turn.pop(t.turn, (0, 0))
+        sp.tokens, sp.gain = sp.tokens - tokens, sp.gain - gain
+        if t.turn in sp.turns:
+            sp.turns.remove(t.turn)
+        if not sp.turns:
+            del spans[key]
+    t.reuse = {be: 0 for be in BACKENDS}
+    t.recompute = t.new_tokens = t.wasted = t.ceiling = 0
+
+
+def _session(turns: list[Turn], spans: dict[SpanKey, Span], unrun: Collection[int] = ()) -> Session:
+    """Totals, and the spans ranked by the waste they caused; `unrun` the turns the server never ran, whose
+    prompts it never had."""
     ms = price_turns(turns)
-    total = sum(t.n_tokens for t in turns)
+    total = sum(t.n_tokens for t in turns if t.turn not in unrun)
     reused = sum(t.reuse.get(_LLAMA_CPP, 0) for t in turns)
     wasted = sum(t.wasted for t in turns)
     ranked = sorted(spans.values(), key=lambda s: (-s.tokens, -s.gain, s.example or (0, 0)))

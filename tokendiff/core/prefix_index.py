@@ -102,6 +102,13 @@ class PrefixIndex:
         self.tokens_hashed += len(raw) // 4
         return keys
 
+    def match(self, ids: np.ndarray) -> Match:
+        """The best earlier match of `ids`, which are not added (a prompt the server never had)."""
+        raw = np.asarray(ids, dtype=np.int32).astype(">u4").tobytes()
+        last_raw, last_keys, last_nodes = self._last
+        shared = _shared_blocks(last_raw, raw, self.block * 4)
+        return self._match(raw, self._keys(raw, last_keys[:shared]), last_nodes[:shared])
+
     def match_and_add(self, ids: np.ndarray, turn: int) -> Match:
         """The best earlier match of `ids`, then `ids` added as `turn` (turns added in order). The full blocks
         it shares with the prompt added last have that prompt's keys, and their nodes are those it left: they

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from tokendiff.core.rounding import counted, percent_text
 from tokendiff.report.fleet import seconds_text
 from tokendiff.report.markdown import NOT_SEPARATED
-from tokendiff.report.session import span_place, split_spans
+from tokendiff.report.session import span_place, split_spans, turns_counted
 
 if TYPE_CHECKING:
     from tokendiff.report.schema import AnyReport, Excerpt, FleetDocument, ReportDocument, SpanDoc
@@ -327,7 +327,7 @@ def render_html(doc: AnyReport) -> str:
         f"<title>tokendiff report: {e(s['path'])}</title><style>{CSS}</style></head><body>",
         f"<h1>tokendiff report: <code>{e(s['path'])}</code></h1>",
         f'<p class="headline">{e(s["headline"])}</p>',
-        f"<p>{counted(s['turns'], 'turn')}, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
+        f"<p>{e(turns_counted(s))}, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
         f"(<b>{_reuse(s)} %</b>); wasted {counted(s['wasted_tokens'], 'token')}{secs}.</p>",
     ]
     tk = doc["tokenizer"]

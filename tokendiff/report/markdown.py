@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokendiff.core.rounding import counted, percent_text
 from tokendiff.report.fleet import seconds_text
-from tokendiff.report.session import span_place, split_spans
+from tokendiff.report.session import span_place, split_spans, turns_counted
 
 if TYPE_CHECKING:
     from tokendiff.report.schema import AnyReport, FleetDocument, ReplayDocument, ReportDocument
@@ -187,7 +187,7 @@ def render_markdown(doc: AnyReport) -> str:
     est = " (estimated)" if s.get("seconds_estimated") else ""
     secs = f", {seconds_text(s['wasted_seconds'])} s of prefill{est}" if s["wasted_seconds"] is not None else ""
     out.append(
-        f"- {counted(s['turns'], 'turn')}, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
+        f"- {turns_counted(s)}, {s['total_tokens']:,} prompt tokens; reused {s['reused_tokens']:,} "
         f"(**{_reuse(s)} %**); wasted {counted(s['wasted_tokens'], 'token')}{secs}"
     )
     if s["ms_per_token"]:

@@ -387,6 +387,7 @@ class ReportSummary(TypedDict):
     headline: str
     redacted: bool
     skipped_turns: NotRequired[list[SkippedTurnDoc]]  # turns that could not be read, left out of the analysis
+    not_run_turns: NotRequired[list[int]]  # turns the server never ran (no answer): not in the totals
 
 
 class SkippedTurnDoc(TypedDict):

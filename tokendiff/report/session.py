@@ -273,7 +273,7 @@ def _findings(s: Session, redact: bool) -> list[TurnFinding]:
 
 def _summary(path: str, s: Session, spans: list[SpanDoc], redact: bool) -> ReportSummary:
     top = spans[0] if s.spans and s.spans[0].tokens > 0 else None
-    return {
+    doc: ReportSummary = {
         "path": path,
         "turns": len(s.turns),
         "total_tokens": s.total_tokens,
@@ -290,6 +290,19 @@ def _summary(path: str, s: Session, spans: list[SpanDoc], redact: bool) -> Repor
         "redacted": redact,
         "skipped_turns": [{"source": src, "reason": why} for src, why in s.skipped],
     }
+    if s.not_run:  # only where some turn had no answer: the totals leave them out
+        doc["not_run_turns"] = s.not_run
+    return doc
+
+
+def turns_counted(s: ReportSummary) -> str:
+    """'3 turns', and those the server never ran where there are some: the totals after it leave them out."""
+    out = counted(s["turns"], "turn")
+    unrun = s.get("not_run_turns") or []
+    if unrun:
+        which = ", ".join(map(str, unrun))
+        out += f" ({'turn' if len(unrun) == 1 else 'turns'} {which} not answered by the server: left out of the counts)"
+    return out
 
 
 def _wasted_pct(s: Session) -> float:

@@ -380,14 +380,17 @@ def engine_request(
     key: str = "",
     user_starts: Sequence[int] = (),
     tokenize: Callable[[str], Sequence[int]] | None = None,
+    client_left: bool = False,
 ) -> Request:
     """A recorded request as the policy model reads it (the user's JSON: anything may be missing). The reply
     the slot holds: `reply`, else the IDs the answer gave, else its text tokenised with `tokenize` (the
-    session's tokenizer) where the counts agree."""
+    session's tokenizer) where the counts agree. `client_left`: the record's error is the client's leaving
+    (core.unanswered), not the server's refusal: the server ran it, or may have, and its slot holds it."""
     req: Mapping[str, Any] = request if isinstance(request, Mapping) else {}
     resp: Mapping[str, Any] = response if isinstance(response, Mapping) else {}
     status = _int(resp.get("status"))
     failed = (status is not None and status != 200) or (bool(resp.get("error")) and "timings" not in resp)
+    failed = failed and not (client_left and status in (None, 200))
     slot = _int(req.get("id_slot"))
     if reply is None:
         reply = reply_ids(resp)
@@ -427,6 +430,7 @@ class EngineTrack:
         self._conv: dict[int, int] = {}  # turn -> its conversation (the chain of states it continues)
         self._held: dict[int, tuple[int, np.ndarray | None, int]] = {}  # turn -> (prompt length, reply, generated)
         self._shifted: set[int] = set()
+        self._last = 0  # the turn played last (`prev_ids` is its prompt)
 
     def add(
         self,
@@ -436,8 +440,9 @@ class EngineTrack:
         reported: int | None,
         numbers: TurnNumbers | None = None,
     ) -> EngineTurn:
-        """The next request: `prev_ids` the previous turn's prompt, `best` (turn, LCP) the earlier prompt
-        sharing the longest prefix with this one; `numbers` what the turn says, to find it in the log."""
+        """The next request: `prev_ids` the prompt of the turn played before it (a request the server never had
+        is not played: core.unanswered), `best` (turn, LCP) the earlier prompt sharing the longest prefix with
+        this one; `numbers` what the turn says, to find it in the log."""
         content, source, unknown = self._content(req, prev_ids, best)
         al = self._logged(req, numbers)
         changed = bool(req.key and self.sim.key and req.key != self.sim.key)
@@ -460,6 +465,7 @@ class EngineTrack:
                 et.reported = al.task.reused
         g = req.n_generated if req.reply is None else len(req.reply) + 1
         self._held[req.turn] = (len(req.ids), req.reply, g)
+        self._last = req.turn
         return et
 
     def _logged(self, req: Request, numbers: TurnNumbers | None) -> Aligned | None:
@@ -478,11 +484,11 @@ class EngineTrack:
 
     def _content(self, req: Request, prev_ids: np.ndarray | None, best: tuple[int | None, int]) -> tuple[int, int, int]:
         """(tokens the content allows, the turn whose state gives them, reply tokens of unknown IDs after them)."""
-        k, n = req.turn, len(req.ids)
+        n, last = len(req.ids), self._last
         cands = []
-        if prev_ids is not None and k - 1 in self._held:
-            cands.append((k - 1, common_prefix(prev_ids, req.ids)))
-        if best[0] is not None and best[0] in self._held and best[0] != k - 1:
+        if prev_ids is not None and last in self._held:
+            cands.append((last, common_prefix(prev_ids, req.ids)))
+        if best[0] is not None and best[0] in self._held and best[0] != last:
             cands.append((best[0], best[1]))
         top, source, unknown = 0, 0, 0
         for j, base in cands:

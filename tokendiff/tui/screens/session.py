@@ -149,11 +149,15 @@ class SessionScreen(Screen[None]):
         self._turn_engine(event.row)
 
     def _turn_engine(self, row: int) -> None:
-        """The engine's three numbers and verdict for turn `row` + 1, under the headline (empty without them)."""
+        """The engine's three numbers and verdict for turn `row` + 1 under the headline, after what the record says
+        of a request without a whole answer (empty without either)."""
         from tokendiff.report.engine import verdict_line
 
         turns = self.session.turns if self.session else []
         line = verdict_line(turns[row]) if 0 <= row < len(turns) else ""
+        un = self.session.unanswered.get(turns[row].turn) if self.session and 0 <= row < len(turns) else None
+        if un is not None:  # what the record says of a request without a whole answer, before the engine's line
+            line = f"turn {turns[row].turn}: {un.note}" + (f" · {line}" if line else "")
         box = self.query_one("#turn-engine", Static)
         box.display = bool(line)  # a session without engine verdicts keeps its layout
         box.update(Text(line, style="dim"))

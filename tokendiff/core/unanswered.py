@@ -1,0 +1,74 @@
+"""Requests the server never answered, as their capture records say (docs/capture-format.md): the client
+left first (`client_disconnected`), or the proxy answered a 502 itself (`upstream_error`). What a record
+shows decides what the report says of the turn and whether llama-server's policy model plays it. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+WHOLE_REQUEST_UNSENT = "client disconnected before sending the whole request"  # the proxy's words (backends/proxy)
+
+
+class Unanswered(StrEnum):
+    """How a request went without a whole answer."""
+
+    # no answer from the upstream: the proxy answered 502 in its place (the upstream unreachable or failing, or the
+    # proxy stopping), or the upstream never had the whole request: nothing the server did is known of it
+    NOT_RUN = "not_run"
+    CLIENT_LEFT = "client_left"  # sent, and the client left before the upstream answered: it may have run it
+    CUT = "cut"  # the upstream answered; the client left before the answer ended
+
+
+@dataclass(frozen=True)
+class NotAnswered:
+    """A request not answered in whole: how, and the record's own words for it."""
+
+    kind: Unanswered
+    reason: str = ""
+
+    @property
+    def ran(self) -> bool:
+        """Whether llama-server's policy model plays it: the server had it, or may have."""
+        return self.kind != Unanswered.NOT_RUN
+
+    @property
+    def note(self) -> str:
+        """The turn's note: only what the record shows, and what the report made of it."""
+        return unanswered_note(self.kind, self.reason)
+
+
+def unanswered(
+    response: Mapping[str, Any] | None, client_disconnected: bool | None, upstream_error: str | None
+) -> NotAnswered | None:
+    """What the record shows of a request not answered in whole; None for one answered (an error the
+    server answered is an answer)."""
+    resp: Mapping[str, Any] = response if isinstance(response, Mapping) else {}
+    ran = "timings" in resp or "usage" in resp
+    if upstream_error and not ran:
+        return NotAnswered(Unanswered.NOT_RUN, upstream_error)
+    if not client_disconnected:
+        return None
+    if resp.get("status") is not None:
+        return NotAnswered(Unanswered.CUT)
+    if resp.get("error") == WHOLE_REQUEST_UNSENT:
+        return NotAnswered(Unanswered.NOT_RUN, WHOLE_REQUEST_UNSENT)
+    return NotAnswered(Unanswered.CLIENT_LEFT)
+
+
+def unanswered_note(kind: Unanswered, reason: str) -> str:
+    """The note for `kind`; `reason` the record's words for a request never run."""
+    if kind == Unanswered.NOT_RUN:
+        why = reason or "the upstream never answered"
+        return f"not answered: {why}; the server gave no answer (left out of the totals and the engine model)"
+    if kind == Unanswered.CLIENT_LEFT:
+        return (
+            "not answered: the client disconnected before the upstream answered; the server may have started it "
+            "(the engine model plays it as run, its reply unknown)"
+        )
+    return "the client disconnected before the answer ended"
+
+
+__all__ = ["NotAnswered", "Unanswered", "unanswered", "unanswered_note", "WHOLE_REQUEST_UNSENT"]
