@@ -128,6 +128,7 @@ class FakeProxy:
     def __init__(self, capture: Path, records: list[dict], events: queue.Queue[RecordEvent]) -> None:
         self.capture, self.existing = capture, 0
         self.listen, self.upstream = "127.0.0.1:8081", "http://127.0.0.1:8080"
+        self.shown_upstream = self.upstream  # the title's (ProxyThread masks a password in it)
         self.messages: queue.Queue[str] = queue.Queue()  # nothing for the TUI to show from uvicorn
         self._feed = threading.Thread(target=lambda: [events.put(RecordEvent(r["seq"], r)) for r in records])
 
