@@ -11,7 +11,7 @@ import os
 import struct
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,3 +269,23 @@ def credential_named_capture(d: Path) -> Path:
         history += [{"role": "tool", "content": f"done {seq}"}, {"role": "user", "content": f"go {seq}"}]
     (d / "capture.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     return d / "capture.jsonl"
+
+
+UNREACHABLE = "tokendiff proxy: upstream http://127.0.0.1:9 unreachable: ConnectError: All connection attempts failed"
+
+
+def capture_with_a_502(path: Path, prompts: Sequence[list[int]], timings: Callable[[int, list[int]], dict]) -> Path:
+    """A /completion capture of `prompts` as the proxy writes it: turn 2 answered 502 by the proxy itself (its
+    upstream unreachable), the others 200 with `timings(k, ids)`."""
+    lines: list[dict] = []
+    for k, ids in enumerate(prompts, 1):
+        head = {"schema": SCHEMA, "seq": 2 * k - 1, "endpoint": "/completion"}
+        lines.append({**head, "request": {"prompt": ids, "n_predict": 1}})
+        patch = {"schema": SCHEMA, "seq": 2 * k, "patch": 2 * k - 1, "prompt_ids": ids}
+        if k == 2:
+            patch |= {"response": {"status": 502, "error": UNREACHABLE}, "upstream_error": UNREACHABLE}
+        else:
+            patch |= {"response": {"status": 200, "timings": timings(k, ids)}}
+        lines.append(patch)
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return path

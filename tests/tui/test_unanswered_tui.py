@@ -3,35 +3,25 @@ what its record shows (core.unanswered), as the reports' note does."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from helpers import UNREACHABLE, capture_with_a_502
 
 from tokendiff.testing.engine_driver import random_ids
 from tokendiff.tui.app import Options, TokendiffApp
 from tokendiff.tui.screens.session import SessionScreen
 from tokendiff.tui.widgets.session_view import SessionTable
 
-UNREACHABLE = "tokendiff proxy: upstream http://127.0.0.1:9 unreachable: ConnectError: All connection attempts failed"
-
 
 def _capture(tmp_path: Path) -> Path:
     """Three turns; the proxy answered turn 2 with a 502 of its own (its upstream unreachable)."""
     first = random_ids(41, 400)
     prompts = [first, first + random_ids(42, 50), first + random_ids(42, 50) + random_ids(43, 20)]
-    lines = []
-    for k, ids in enumerate(prompts, 1):
-        head = {"schema": "tokendiff.capture/1", "seq": 2 * k - 1, "endpoint": "/completion"}
-        lines.append({**head, "request": {"prompt": ids, "n_predict": 1}})
-        patch = {"schema": "tokendiff.capture/1", "seq": 2 * k, "patch": 2 * k - 1, "prompt_ids": ids}
-        if k == 2:
-            patch |= {"response": {"status": 502, "error": UNREACHABLE}, "upstream_error": UNREACHABLE}
-        else:
-            timings = {"cache_n": 0 if k == 1 else 400, "prompt_n": 400 if k == 1 else 70, "predicted_n": 1}
-            patch |= {"response": {"status": 200, "timings": timings}}
-        lines.append(patch)
-    cap = tmp_path / "capture.jsonl"
-    cap.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    return cap
+
+    def timings(k: int, ids: list[int]) -> dict:
+        return {"cache_n": 0 if k == 1 else 400, "prompt_n": 400 if k == 1 else 70, "predicted_n": 1}
+
+    return capture_with_a_502(tmp_path / "capture.jsonl", prompts, timings)
 
 
 async def test_the_turn_under_the_cursor_says_it_had_no_answer(tmp_path):

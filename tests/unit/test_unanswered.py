@@ -10,13 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import UNREACHABLE, capture_with_a_502
 
 from tokendiff.core.cache.llama import EngineConfig, EngineSim, Request, engine_flags
 from tokendiff.core.unanswered import NotAnswered, Unanswered, unanswered
 from tokendiff.testing.engine_driver import random_ids
 
 FLAGS = "-np 2 --cache-ram 0 -c 8192"
-UNREACHABLE = "tokendiff proxy: upstream http://127.0.0.1:9 unreachable: ConnectError: All connection attempts failed"
+
 GONE = "client disconnected before the upstream answered"
 
 
@@ -125,19 +126,12 @@ def test_a_retry_after_a_502_is_counted_against_what_the_server_had(tmp_path, ca
     prompt on every backend; was: counted against turn 2 (vLLM's column 448 of blocks it never had)."""
     first = random_ids(41, 400)
     second = first + random_ids(42, 50)
-    lines = []
-    for k, ids in enumerate([first, second, second], 1):
-        head = {"schema": "tokendiff.capture/1", "seq": 2 * k - 1, "endpoint": "/completion"}
-        lines.append({**head, "request": {"prompt": ids, "n_predict": 1}})
-        patch = {"schema": "tokendiff.capture/1", "seq": 2 * k, "patch": 2 * k - 1, "prompt_ids": ids}
-        if k == 2:
-            patch |= {"response": {"status": 502, "error": UNREACHABLE}, "upstream_error": UNREACHABLE}
-        else:
-            cached = 0 if k == 1 else 400
-            patch |= {"response": {"status": 200, "timings": {"cache_n": cached, "prompt_n": len(ids) - cached}}}
-        lines.append(patch)
-    cap = tmp_path / "capture.jsonl"
-    cap.write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+    def timings(k: int, ids: list[int]) -> dict:
+        cached = 0 if k == 1 else 400
+        return {"cache_n": cached, "prompt_n": len(ids) - cached}
+
+    cap = capture_with_a_502(tmp_path / "capture.jsonl", [first, second, second], timings)
     third = json.loads(_report(cap, capsys))["turns"][2]
     assert (third["reusable"], third["reuse_vllm"], third["best_earlier_turn"]) == (400, 400, 1)
     assert (third["recomputed"], third["reported_cached"], third["note"]) == (50, 400, "")
@@ -155,18 +149,7 @@ def test_a_change_first_sent_in_a_request_without_an_answer_is_wasted_where_the_
     body = random_ids(52, 300)
     prompts = [random_ids(51, 100) + body, random_ids(53, 100) + body]
     prompts.append(prompts[1] + random_ids(54, 40))
-    lines = []
-    for k, ids in enumerate(prompts, 1):
-        head = {"schema": "tokendiff.capture/1", "seq": 2 * k - 1, "endpoint": "/completion"}
-        lines.append({**head, "request": {"prompt": ids, "n_predict": 1}})
-        patch = {"schema": "tokendiff.capture/1", "seq": 2 * k, "patch": 2 * k - 1, "prompt_ids": ids}
-        if k == 2:
-            patch |= {"response": {"status": 502, "error": UNREACHABLE}, "upstream_error": UNREACHABLE}
-        else:
-            patch |= {"response": {"status": 200, "timings": {"cache_n": 0, "prompt_n": len(ids)}}}
-        lines.append(patch)
-    cap = tmp_path / "capture.jsonl"
-    cap.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    cap = capture_with_a_502(tmp_path / "capture.jsonl", prompts, lambda k, ids: {"cache_n": 0, "prompt_n": len(ids)})
     loader = open_loader(PromptOptions())
     an = Analyser(vocab=loader.vocab)
     records, _ = read_capture(cap)
