@@ -321,3 +321,20 @@ def test_bad_har(tmp_path, har, words):
     path = tmp_path / "b.har"
     path.write_text(json.dumps(har))
     assert_one_line_error(run_cli("diff", f"{path}@1", f"{path}@1"), words)
+
+
+def test_a_har_request_holding_half_a_character_costs_its_turn_only(tmp_path):
+    """A JavaScript agent cut a string mid-emoji (JSON's lone `\\ud83d`): orjson refuses the body, and the whole
+    HAR was 'request body ... is not JSON' (exit 2), where a capture leaves that turn out. It is read as JSON
+    reads it, and the report leaves that one turn out with one line naming it."""
+    entries = [started_at(har_entry(chat_body(n), "{}"), n) for n in (2, 4, 6)]
+    cut = entries[1]["request"]["postData"]["text"].replace("Paris", "Paris \\ud83d", 1)
+    assert cut != entries[1]["request"]["postData"]["text"]
+    entries[1]["request"]["postData"]["text"] = cut
+    har = tmp_path / "cut.har"
+    har.write_text(json.dumps(har_document(entries)))
+    assert len(read_har(har)) == 3
+    r = run_cli("report", har, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert "surrogate" in r.stderr and "cut.har@2" in r.stderr, r.stderr
+    assert json.loads(r.stdout)["summary"]["turns"] == 2

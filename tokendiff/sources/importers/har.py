@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from tokendiff.core import jsontext
 from tokendiff.errors import InputError, one_line
 from tokendiff.safeio import open_regular, size_text
 from tokendiff.sources.importers import CHAT_ENDPOINTS, MAX_DEPTH, check_depth, is_chat_body
@@ -264,8 +265,8 @@ def _entry(e: Any, where: str) -> CaptureRecord | None:
     if body_text is None:
         return None
     try:
-        body = orjson.loads(body_text)
-    except orjson.JSONDecodeError as ex:
+        body = _body(body_text)
+    except ValueError as ex:
         if chat_url:
             raise InputError(f"request body of {path} is not JSON: {ex}", source=where) from None
         return None
@@ -319,3 +320,12 @@ def _response(resp: dict[str, Any], where: str) -> dict[str, Any]:
             if isinstance(msg, dict):
                 out["message"] = msg
     return out
+
+
+def _body(text: str) -> Any:
+    """A request body's JSON; what orjson refuses but JSON allows, as Python's json reads it: a lone UTF-16
+    surrogate (`\\ud83d`, a string a JavaScript agent cut mid-emoji) costs that turn only, as in a capture."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return jsontext.loads(text)
