@@ -327,5 +327,7 @@ def _body(text: str) -> Any:
     surrogate (`\\ud83d`, a string a JavaScript agent cut mid-emoji) costs that turn only, as in a capture."""
     try:
         return orjson.loads(text)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as ex:
+        if "surrogate" not in str(ex):
+            raise
         return jsontext.loads(text)
