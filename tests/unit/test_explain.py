@@ -81,6 +81,24 @@ def test_a_conversation_that_keeps_a_user_turn_is_no_new_conversation(vocab):
     assert f.kind == "reasoning_stripped", f
 
 
+def test_fixed_few_shot_turns_then_another_task_is_a_new_conversation(vocab):
+    """Agents that send the same example exchange after the system prompt in every conversation (Aider's
+    few-shot turns): B keeps those whole but not A's latest user message, so a new task is a new conversation,
+    not a content change and a truncation."""
+    shots = [
+        {"role": "system", "content": "You are a coding assistant."},
+        {"role": "user", "content": "Example: rename foo to bar in utils.py"},
+        {"role": "assistant", "content": "Example answer: utils.py, foo renamed to bar in three places."},
+    ]
+    task_a = {"role": "user", "content": "Add a --verbose flag to the command line tool and print each step."}
+    reply = {"role": "assistant", "content": "Added --verbose to cli.py; each step now logs what it does. " * 3}
+    task_b = {"role": "user", "content": "Why does the test suite fail on Windows but pass on Linux?"}
+    a = qwen_prompt(vocab, [*shots, task_a, reply], tools=None, fields=True, add_generation_prompt=False)
+    b = qwen_prompt(vocab, [*shots, task_b], tools=None, fields=True)
+    fs = explain(a, b, align(a, b))
+    assert {f.kind for f in fs} == {"new_conversation"} and all(f.expected for f in fs), fs
+
+
 def test_client_dropping_reasoning(vocab):
     msgs = copy.deepcopy(CONVERSATION[:3])
     a = qwen_prompt(vocab, msgs, add_generation_prompt=False)

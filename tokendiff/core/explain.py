@@ -1595,8 +1595,9 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
     ]
     if not turns or any(2 * _shared_in(a, s, d.lcp, runs) >= s.end - s.start for s in turns):
         return None
-    if any(s.end <= d.lcp and s.path[0].kind == _MESSAGE and not _is_system(s.path) for s in _index(a).tops):
-        return None  # B starts with a whole turn of A's past the system prompt: the conversation goes on
+    users = [s for s in _index(a).tops if s.path[0].kind == _MESSAGE and s.path.role == "user"]
+    if users and users[-1].end <= d.lcp:
+        return None  # B holds A's latest user message whole: the conversation goes on (not fixed few-shot turns)
     system = next((s for s in _index(a).tops if _is_system(s.path) and s.start <= 1), None)
     if system is not None and d.lcp >= system.end:
         kept, later = f"only the system prompt with A ({d.lcp:,} tokens)", " later"
