@@ -19,6 +19,8 @@ from tokendiff.testing.engine_driver import random_ids
 FLAGS = "-np 2 --cache-ram 0 -c 8192"
 
 GONE = "client disconnected before the upstream answered"
+UPSTREAM = "upstream failed mid-response: RemoteProtocolError: peer closed connection"  # as the proxy writes them
+STOPPED = "the proxy stopped mid-response (its shutdown's grace period ran out)"
 
 
 @pytest.mark.parametrize(
@@ -36,6 +38,9 @@ GONE = "client disconnected before the upstream answered"
         ),
         ({"status": 200, "content": "par", "error": "client disconnected"}, True, None, NotAnswered(Unanswered.CUT)),
         (None, None, UNREACHABLE, NotAnswered(Unanswered.NOT_RUN, UNREACHABLE)),
+        # an answer the upstream or the proxy's shutdown cut, the client still there (was: no note, played whole)
+        ({"status": 200, "content": "half", "error": UPSTREAM}, None, None, NotAnswered(Unanswered.CUT, UPSTREAM)),
+        ({"status": 200, "content": "half", "error": STOPPED}, None, None, NotAnswered(Unanswered.CUT, STOPPED)),
     ],
 )
 def test_what_the_record_shows(response, client_disconnected, upstream_error, want):
@@ -162,3 +167,8 @@ def test_a_change_first_sent_in_a_request_without_an_answer_is_wasted_where_the_
     assert [t["wasted"] for t in doc["turns"]] == [0, 0, doc["summary"]["wasted_tokens"]]
     assert doc["summary"]["wasted_tokens"] > 0
     assert [sp["turns"] for sp in doc["spans"] if sp["tokens"]] == [[3]]
+
+
+def test_a_cut_answer_says_why_it_did_not_end():
+    assert NotAnswered(Unanswered.CUT, UPSTREAM).note == f"the answer did not end: {UPSTREAM}"
+    assert NotAnswered(Unanswered.CUT).note == "the client disconnected before the answer ended"

@@ -51,6 +51,7 @@ from tokendiff.backends.server import (
 from tokendiff.backends.slots import afetch_slot
 from tokendiff.backends.urls import is_loopback_host, shown_url
 from tokendiff.core.kinds import ServerKind
+from tokendiff.core.unanswered import PROXY_STOPPED_CUT, UPSTREAM_CUT
 from tokendiff.core.usage import usage_of
 from tokendiff.errors import InputError, ServerError
 from tokendiff.notices import warn
@@ -641,14 +642,14 @@ async def _relay(state: ProxyState, resp: httpx.Response, send: Send, ex: Exchan
     except httpx.HTTPError as e:
         # The upstream died mid-response: recorded, and the client's connection closed without the body's
         # end, as the upstream left it. Ending it cleanly would hand the client a cut answer as a whole one.
-        ex.error = f"upstream failed mid-response: {type(e).__name__}: {e}"
+        ex.error = f"{UPSTREAM_CUT}: {type(e).__name__}: {e}"
         await _finish_response(state, ex, resp)
     except (OSError, RuntimeError, asyncio.CancelledError) as e:  # the client went away, or the proxy stops
         await resp.aclose()  # the upstream's connection closed first: the generation stops
         if ex.finished:  # after the patch, only the end-of-body marker was lost: the client had it all
             return
         if ex.stopping:
-            ex.error = "the proxy stopped mid-response (its shutdown's grace period ran out)"
+            ex.error = f"{PROXY_STOPPED_CUT} (its shutdown's grace period ran out)"
         else:
             ex.client_gone = True
             ex.error = f"client disconnected mid-response: {type(e).__name__}"

@@ -10,6 +10,8 @@ from enum import StrEnum
 from typing import Any
 
 WHOLE_REQUEST_UNSENT = "client disconnected before sending the whole request"  # the proxy's words (backends/proxy)
+UPSTREAM_CUT = "upstream failed mid-response"  # and the proxy's, before the exception, for an answer cut upstream
+PROXY_STOPPED_CUT = "the proxy stopped mid-response"  # for one its shutdown cut
 
 
 class Unanswered(StrEnum):
@@ -19,7 +21,7 @@ class Unanswered(StrEnum):
     # proxy stopping), or the upstream never had the whole request: nothing the server did is known of it
     NOT_RUN = "not_run"
     CLIENT_LEFT = "client_left"  # sent, and the client left before the upstream answered: it may have run it
-    CUT = "cut"  # the upstream answered; the client left before the answer ended
+    CUT = "cut"  # the upstream answered; the answer did not end (the client left, the upstream or the proxy cut it)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,13 @@ def unanswered(
     ran = "timings" in resp or "usage" in resp
     if upstream_error and not ran:
         return NotAnswered(Unanswered.NOT_RUN, upstream_error)
+    error = resp.get("error")
+    if (
+        resp.get("status") is not None
+        and isinstance(error, str)
+        and error.startswith((UPSTREAM_CUT, PROXY_STOPPED_CUT))
+    ):
+        return NotAnswered(Unanswered.CUT, error)  # the upstream's answer cut before its end, the client still there
     if not client_disconnected:
         return None
     if resp.get("status") is not None:
@@ -68,7 +77,15 @@ def unanswered_note(kind: Unanswered, reason: str) -> str:
             "not answered: the client disconnected before the upstream answered; the server may have started it "
             "(the engine model plays it as run, its reply unknown)"
         )
-    return "the client disconnected before the answer ended"
+    return f"the answer did not end: {reason}" if reason else "the client disconnected before the answer ended"
 
 
-__all__ = ["NotAnswered", "Unanswered", "unanswered", "unanswered_note", "WHOLE_REQUEST_UNSENT"]
+__all__ = [
+    "NotAnswered",
+    "PROXY_STOPPED_CUT",
+    "UPSTREAM_CUT",
+    "Unanswered",
+    "WHOLE_REQUEST_UNSENT",
+    "unanswered",
+    "unanswered_note",
+]
