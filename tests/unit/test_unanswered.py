@@ -172,3 +172,22 @@ def test_a_change_first_sent_in_a_request_without_an_answer_is_wasted_where_the_
 def test_a_cut_answer_says_why_it_did_not_end():
     assert NotAnswered(Unanswered.CUT, UPSTREAM).note == f"the answer did not end: {UPSTREAM}"
     assert NotAnswered(Unanswered.CUT).note == "the client disconnected before the answer ended"
+
+
+def test_the_live_exports_count_a_turn_the_server_never_ran_as_the_report_does(tmp_path, capsys):
+    """`proxy --observe` builds each turn's view from `Analyser.add` alone: the turn the proxy answered 502
+    carried the edit's waste and cause into the metrics and spans (800 tokens wasted where the report says 400)."""
+    from tokendiff.app.observe import _LiveSession
+    from tokendiff.app.pair import PromptOptions, open_loader
+    from tokendiff.report.telemetry import TurnContext
+    from tokendiff.sources.capture import read_capture
+
+    body = random_ids(52, 300)
+    prompts = [random_ids(51, 100) + body, random_ids(53, 100) + body]
+    prompts.append(prompts[1] + random_ids(54, 40))
+    cap = capture_with_a_502(tmp_path / "capture.jsonl", prompts, lambda k, ids: {"cache_n": 0, "prompt_n": len(ids)})
+    loader, live = open_loader(PromptOptions()), _LiveSession("s", "0" * 32, None)
+    records, _ = read_capture(cap)
+    views = [live.add(loader, rec, f"{cap}@{k}", TurnContext()) for k, rec in enumerate(records, 1)]
+    doc = json.loads(_report(cap, capsys))
+    assert [v.wasted for v in views] == [t["wasted"] for t in doc["turns"]] == [0, 0, doc["summary"]["wasted_tokens"]]

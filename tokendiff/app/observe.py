@@ -393,6 +393,7 @@ class _LiveSession:
         """The record as the session's next turn, analysed: an InputError when it cannot be read."""
         k = len(self.analyser.turns) + 1
         t = self.analyser.add(record_input(loader, rec, label, k))
+        self.analyser.settle_unanswered()  # a turn the server never ran wastes nothing, as the report says
         if t.reported_prompt_ms and t.reported_prompt_n:
             bisect.insort(self._rates, t.reported_prompt_ms / t.reported_prompt_n)
         rate, estimated = self._rate()

@@ -585,11 +585,11 @@ class Analyser:
             return self.index.match(cur.ids)
         return self.index.match_and_add(cur.ids, k)
 
-    def _settle_unanswered(self) -> None:
+    def settle_unanswered(self) -> None:
         """Each unanswered turn's note, once its diff is counted; a turn the server never ran reused and
         wasted nothing there: its counts zeroed and its waste taken back from the spans (the next turn, compared
         with the last prompt the server ran, counts the change). Once a turn: `session()` is called as turns
-        come while watching."""
+        come while watching; a live session that never asks for one (app.observe) calls this after each `add`."""
         for k, un in self.unanswered.items():
             if k in self._settled:
                 continue
@@ -765,7 +765,7 @@ class Analyser:
         for f in facts:
             if f.kind == RELOAD and 0 < f.turn <= len(self.turns):
                 _reloaded(self.turns[f.turn - 1], self.spans, f)
-        self._settle_unanswered()
+        self.settle_unanswered()
         unrun = sorted(k for k, un in self.unanswered.items() if not un.ran)
         s = _session(self.turns, self.spans, unrun)
         s.unanswered = dict(self.unanswered)
