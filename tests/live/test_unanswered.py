@@ -11,6 +11,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -146,25 +147,36 @@ def test_a_request_the_upstream_never_had_is_noted_and_left_out_of_the_engine_mo
     assert totals["reused_tokens"] == turns[0]["tokens"] and totals["wasted_tokens"] == 0
 
 
+def _three_turns(model, out, second: Callable[[httpx.Client, str, list], None]) -> str:
+    """Three turns of one conversation through the proxy to a real llama-server, turn 2 sent by `second`
+    (which leaves before the answer ends); the proxy's stderr."""
+    m1, m2, m3 = _turns()
+    with LlamaServer(model=model, ctx=8192, extra=FLAGS.split()) as srv:
+        proc, url = proxy_process.start_proxy(srv.url, out, stderr=subprocess.PIPE)
+        try:
+            with httpx.Client(timeout=600) as c:
+                c.post(url + CHAT, json={"messages": m1, "max_tokens": 3, "temperature": 0}).raise_for_status()
+                second(c, url, m2)
+                _until_idle(c, srv.url)  # the server notices, and stops
+                c.post(url + CHAT, json={"messages": m3, "max_tokens": 3, "temperature": 0}).raise_for_status()
+        finally:
+            err = proxy_process.stop_proxy(proc)
+    return err
+
+
 def test_a_client_that_left_before_the_answer_is_noted_and_its_request_played_as_run(
     llama_server_bin, tiny_model, tmp_path, capsys
 ):
     """Turn 2's client gave up before a long non-streamed answer: llama-server had its prompt (turn 3 reused
     it), but the model read the record's error as a refusal: 'unknown' on turn 2, a wrong slot story on 3."""
+
+    def second(c: httpx.Client, url: str, messages: list) -> None:
+        long = {"messages": messages, "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
+        with pytest.raises(httpx.ReadTimeout):
+            c.post(url + CHAT, json=long, timeout=httpx.Timeout(30, read=0.5))
+
     out = tmp_path / "s"
-    m1, m2, m3 = _turns()
-    with LlamaServer(model=tiny_model, ctx=8192, extra=FLAGS.split()) as srv:
-        proc, url = proxy_process.start_proxy(srv.url, out, stderr=subprocess.PIPE)
-        try:
-            with httpx.Client(timeout=600) as c:
-                c.post(url + CHAT, json={"messages": m1, "max_tokens": 3, "temperature": 0}).raise_for_status()
-                long = {"messages": m2, "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
-                with pytest.raises(httpx.ReadTimeout):
-                    c.post(url + CHAT, json=long, timeout=httpx.Timeout(30, read=0.5))
-                _until_idle(c, srv.url)  # the server notices, and stops
-                c.post(url + CHAT, json={"messages": m3, "max_tokens": 3, "temperature": 0}).raise_for_status()
-        finally:
-            err = proxy_process.stop_proxy(proc)
+    err = _three_turns(tiny_model, out, second)
     turns = _report(out / "capture.jsonl", capsys)["turns"]
     assert turns[1]["note"].startswith("not answered: the client disconnected before the upstream answered"), err
     assert "may have started it" in turns[1]["note"]
@@ -179,20 +191,14 @@ def test_a_client_that_left_mid_stream_is_noted_and_its_request_played_as_run(
 ):
     """Turn 2's client read the first event of a long stream and left: the server ran its prompt (turn 3 reused
     it), but the model read the record's error (no timings) as the server's refusal and kept nothing of it."""
+
+    def second(c: httpx.Client, url: str, messages: list) -> None:
+        long = {"messages": messages, "max_tokens": 1500, "ignore_eos": True, "temperature": 0, "stream": True}
+        with httpx.stream("POST", url + CHAT, json=long, timeout=30) as r:
+            next(r.iter_lines())  # the first event; then the connection closes
+
     out = tmp_path / "s"
-    m1, m2, m3 = _turns()
-    with LlamaServer(model=tiny_model, ctx=8192, extra=FLAGS.split()) as srv:
-        proc, url = proxy_process.start_proxy(srv.url, out, stderr=subprocess.PIPE)
-        try:
-            with httpx.Client(timeout=600) as c:
-                c.post(url + CHAT, json={"messages": m1, "max_tokens": 3, "temperature": 0}).raise_for_status()
-                long = {"messages": m2, "max_tokens": 1500, "ignore_eos": True, "temperature": 0, "stream": True}
-                with httpx.stream("POST", url + CHAT, json=long, timeout=30) as r:
-                    next(r.iter_lines())  # the first event; then the connection closes
-                _until_idle(c, srv.url)  # the server notices, and stops
-                c.post(url + CHAT, json={"messages": m3, "max_tokens": 3, "temperature": 0}).raise_for_status()
-        finally:
-            err = proxy_process.stop_proxy(proc)
+    err = _three_turns(tiny_model, out, second)
     turns = _report(out / "capture.jsonl", capsys)["turns"]
     assert turns[1]["note"] == "the client disconnected before the answer ended", err
     second, third = turns[1]["engine"], turns[2]["engine"]
