@@ -90,15 +90,25 @@ class Puller:
         """Move a saved slot file into the session as the next turn, unless nothing changed."""
         dest_dir = self.out if self.n_slots == 1 else self.out / f"slot-{slot}"
         dest_dir.mkdir(parents=True, exist_ok=True)
-        existing = sorted(dest_dir.glob("turn-*.bin"))
-        if existing and _same_tokens(existing[-1], src):  # nothing new since the last pull
+        turn, latest = last_turn(dest_dir)
+        if latest is not None and _same_tokens(latest, src):  # nothing new since the last pull
             src.unlink(missing_ok=True)
             return None
-        turn = max([int(e.stem.split("-")[1]) for e in existing if e.stem.split("-")[1].isdigit()] + [0]) + 1
-        dest = dest_dir / f"turn-{turn:04d}.bin"
+        dest = dest_dir / f"turn-{turn + 1:04d}.bin"
         shutil.copy2(src, dest)
         src.unlink(missing_ok=True)
         return dest
+
+
+def last_turn(session: Path) -> tuple[int, Path | None]:
+    """The highest N of the session's turn-N.bin files, and that file (0, None: none yet). By number, not by name:
+    past turn 9,999 the names outgrow the padding, and "turn-10000.bin" sorts before "turn-9999.bin" as text."""
+    best: tuple[int, Path | None] = (0, None)
+    for f in session.glob("turn-*.bin"):
+        n = f.stem.removeprefix("turn-")
+        if n.isascii() and n.isdigit() and int(n) > best[0]:
+            best = (int(n), f)
+    return best
 
 
 def _same_tokens(a: Path, b: Path) -> bool:
