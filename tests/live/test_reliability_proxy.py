@@ -218,6 +218,28 @@ def test_a_header_value_in_utf8_reaches_the_client_as_sent_and_the_answer_is_rec
     assert err.endswith("stopped; 1 request recorded\n"), err  # was "1 requests recorded"
 
 
+def _hop_headers(req, conn) -> None:
+    """An answer whose `Connection` names a header meant for this hop only (`x-hop`), beside an end-to-end one."""
+    body = b'{"choices": [{"message": {"role": "assistant", "content": "hi"}}]}'
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+    conn.sendall(head + b"connection: close, X-Hop\r\nx-hop: for the proxy\r\nx-keep: 1\r\n\r\n" + body)
+
+
+def test_headers_the_connection_header_names_stay_on_their_hop_both_ways(tmp_path):
+    """RFC 9110 7.6.1: a header named in `Connection` is for the next hop only; the proxy forwarded it."""
+    with StubUpstream({CHAT: _hop_headers}) as stub:
+        proc, url = start(stub.url, tmp_path / "s")
+        try:
+            hop = {"connection": "keep-alive, x-client-hop", "x-client-hop": "1", "x-end": "2"}
+            r = httpx.post(url + CHAT, json=chat("hops"), headers=hop, timeout=30)
+        finally:
+            err = stop_proxy(proc)
+    assert r.status_code == 200 and "Traceback" not in err, err
+    seen = stub.requests[-1].headers
+    assert seen["x-end"] == "2" and "x-client-hop" not in seen
+    assert r.headers["x-keep"] == "1" and "x-hop" not in r.headers
+
+
 def _cut_stream(req, conn) -> None:
     """One event of a stream, then the connection closed without the chunked body's end: a server that died."""
     conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")

@@ -342,13 +342,21 @@ async def _client_gone(receive: Receive, relayed: asyncio.Event | None) -> None:
         pass
 
 
+def _end_to_end(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The headers less the hop-by-hop ones: those always so, and those the message's `Connection` names (RFC 9110
+    7.6.1: they were meant for this hop, e.g. a `Keep-Alive`-like extension or a `Connection: x-trace`)."""
+    named = {t.strip().lower() for k, v in headers if k.lower() == b"connection" for t in v.split(b",")}
+    drop = HOP_BY_HOP | named
+    return [(k, v) for k, v in headers if k.lower() not in drop]
+
+
 def _forward_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
+    return _end_to_end(list(scope["headers"]))
 
 
 def _response_headers(resp: httpx.Response) -> list[tuple[bytes, bytes]]:
     # the bytes as received: a value httpx decoded as UTF-8 (a `€`) is not latin-1 text to encode back
-    headers = [(k, v) for k, v in resp.headers.raw if k.lower() not in HOP_BY_HOP]
+    headers = _end_to_end(resp.headers.raw)
     if _length(resp) is not None:
         headers.append((b"content-length", resp.headers["content-length"].encode()))
     return headers
