@@ -332,6 +332,35 @@ def test_a_client_that_closes_after_the_last_event_has_its_whole_answer_recorded
     assert "error" not in records[0].response and not records[0].client_disconnected
 
 
+class _StallsMidStream(_Thinking):
+    """A stream's first event, then silence for two minutes (a long pause in a generation, a hung server)."""
+
+    def __call__(self, req, conn) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        piece = b'data: {"choices": [{"delta": {"content": "half"}}]}\n\n'
+        conn.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        super().__call__(req, conn)
+
+
+def test_a_client_that_leaves_mid_stream_while_the_upstream_is_silent_closes_the_upstreams_connection(tmp_path):
+    """The proxy waited for the upstream's next chunk to notice a client gone mid-stream: an upstream silent
+    from then on kept the handler and the generation for as long as it stayed so."""
+    stalls = _StallsMidStream()
+    with StubUpstream({CHAT: stalls}) as stub:
+        proc, url = start(stub.url, tmp_path / "s")
+        try:
+            with httpx.stream("POST", url + CHAT, json=chat("leave mid-stream", stream=True), timeout=30) as r:
+                next(r.iter_lines())  # the first event, then the connection closes
+            closed = stalls.closed.wait(30)
+        finally:
+            err = stop_proxy(proc)
+    assert closed, err  # within the grace of the client's leaving, not in two minutes
+    records, warnings = read_capture(tmp_path / "s" / "capture.jsonl")
+    assert warnings == [] and [tag_of(r) for r in records] == ["leave mid-stream"]
+    assert records[0].client_disconnected and records[0].response["content"] == "half"
+    assert records[0].response["error"].startswith("client disconnected mid-response")
+
+
 def _never_answers(req, conn) -> None:
     time.sleep(120)
 

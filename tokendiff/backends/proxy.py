@@ -83,6 +83,7 @@ HOP_BY_HOP = {
 }
 MAX_RECORDED_RESPONSE = 8 << 20  # keep at most this much of a non-streamed response for the record
 TOKEN_FETCH_TIMEOUT = 60.0
+GONE_GRACE = 5.0  # s an upstream mid-answer may stay silent after its client left before it is stopped
 PREPARE_INLINE = 256 << 10  # a larger request body is prepared for its record in a thread
 PROBE_DEADLINE = 20.0  # the upstream's /props and /v1/models, all told (read in the background)
 # what httpx.AsyncClient(timeout=Timeout(None, connect=CONNECT_TIMEOUT)) would put on each forwarded request
@@ -484,10 +485,13 @@ async def _handle(state: ProxyState, scope: Scope, receive: Receive, send: Send)
     work = loop.create_task(_exchange(state, scope, url, body, send, ex))
     try:
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-        if not work.done() and not ex.relaying:
+        if not work.done() and ex.relaying:
+            # a client may close as soon as it has read a stream's last event: the upstream's next chunk (or
+            # its end) tells whether it had the whole answer; an upstream silent past the grace is stopped
+            await asyncio.wait((work,), timeout=GONE_GRACE)
+        if not work.done():
             # the client left before the upstream answered: stop asking it (a connection closed stops the
-            # generation, as the client's own close would have). Once relaying, the next chunk tells (a
-            # client may close as soon as it has read a stream's last event).
+            # generation, as the client's own close would have)
             work.cancel()
         await asyncio.wait((work,))
     except asyncio.CancelledError:  # the proxy is stopping (its graceful shutdown ran out): say so, record it
