@@ -191,3 +191,27 @@ def test_the_live_exports_count_a_turn_the_server_never_ran_as_the_report_does(t
     views = [live.add(loader, rec, f"{cap}@{k}", TurnContext()) for k, rec in enumerate(records, 1)]
     doc = json.loads(_report(cap, capsys))
     assert [v.wasted for v in views] == [t["wasted"] for t in doc["turns"]] == [0, 0, doc["summary"]["wasted_tokens"]]
+
+
+def test_a_fleet_counts_a_turn_the_server_never_ran_as_its_session_does(tmp_path, capsys):
+    """Was: the fleet's turns counted it with no word, beside token totals that leave it out."""
+    from tokendiff.cli.main import main
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _capture(tmp_path / "a", {"response": {"status": 502, "error": UNREACHABLE}, "upstream_error": UNREACHABLE})
+    _capture(tmp_path / "b", {"response": {"status": 200, "timings": {"cache_n": 0}}})
+    caps = [str(tmp_path / d / "capture.jsonl") for d in "ab"]
+
+    def fleet(fmt: str) -> str:
+        assert main(["report", *caps, "--server-args", FLAGS, "--format", fmt]) == 0
+        return capsys.readouterr().out
+
+    doc = json.loads(fleet("json"))
+    assert doc["summary"]["turns"] == 6 and doc["summary"]["turns_not_run"] == 1
+    rows = {Path(r["path"]).parent.name: r for r in doc["sessions"]}
+    assert rows["a"]["not_run_turns"] == [2] and "not_run_turns" not in rows["b"]
+    line = "6 turns (1 not answered by the server: left out of the counts), "
+    md, html = fleet("md"), fleet("html")
+    assert line in md and line in html
+    assert "| 3 (1 not answered) |" in md and "<td class=n>3 (1 not answered)</td>" in html

@@ -104,6 +104,7 @@ class SessionFacts:
     labels: tuple[tuple[str, str], ...] = ()  # its section labels that name a tool or call, and hashed (--redact)
     skipped: tuple[tuple[str, str], ...] = ()  # (source, why) of its turns that could not be read
     cloud: CloudFacts | None = None  # a session sent to a cloud provider: its breaks in money
+    not_run: tuple[int, ...] = ()  # its turns the server never ran (no answer): counted, but not in the totals
 
     @property
     def reuse_pct(self) -> float:
@@ -167,6 +168,7 @@ def session_facts(
         labels=tuple(session_labels(s).items()) if redact else (),
         skipped=tuple(s.skipped),
         cloud=cloud,
+        not_run=tuple(s.not_run),
     )
 
 
@@ -271,7 +273,7 @@ def _cloud_row(c: CloudFacts | None) -> FleetCloudRow | None:
 
 def _session_row(s: SessionFacts) -> FleetSessionRow:
     top = s.spans[0] if s.spans and s.spans[0].tokens > 0 else None
-    return {
+    row: FleetSessionRow = {
         "path": s.path,
         "session": s.key or None,
         "turns": s.turns,
@@ -288,6 +290,9 @@ def _session_row(s: SessionFacts) -> FleetSessionRow:
         "skipped_turns": [{"source": src, "reason": why} for src, why in s.skipped],
         "cloud": _cloud_row(s.cloud),
     }
+    if s.not_run:  # only where some turn had no answer, as in a session's summary
+        row["not_run_turns"] = list(s.not_run)
+    return row
 
 
 def _worst_turns(sessions: Sequence[SessionFacts], n: int) -> list[FleetWorstTurn]:
@@ -313,6 +318,19 @@ def _worst_turns(sessions: Sequence[SessionFacts], n: int) -> list[FleetWorstTur
 def seconds_text(x: float | None) -> str:
     """Seconds as people read them (core.rounding.seconds_text); "" for none."""
     return "" if x is None else rounding.seconds_text(x)
+
+
+def fleet_turns(turns: int, not_run: int) -> str:
+    """'1,200 turns', and how many of them the server never ran where some were: the counts after it leave them
+    out (as a session's summary line says, `turns_counted`)."""
+    out = f"{turns:,} turn{'s' if turns != 1 else ''}"
+    return out + (f" ({not_run:,} not answered by the server: left out of the counts)" if not_run else "")
+
+
+def session_turns_cell(row: FleetSessionRow) -> str:
+    """A session row's turns, with those the server never ran: '10 (1 not answered)'."""
+    unrun = len(row.get("not_run_turns") or [])
+    return f"{row['turns']:,}" + (f" ({unrun:,} not answered)" if unrun else "")
 
 
 def fleet_headline(causes: list[FleetCause], n_sessions: int, reused: int, total: int, wasted: int) -> str:
@@ -355,6 +373,8 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
         "wasted_usd": _sum_usd([c.usd for c in priced]),
         "wasted_usd_per_day": _sum_usd([c.usd_per_day for c in priced]),
     }
+    if not_run := sum(len(s.not_run) for s in sessions):
+        summary["turns_not_run"] = not_run
     no_tokenizer: NoTokenizer = {}
     doc: FleetDocument = {
         "schema": SCHEMA,

@@ -7,7 +7,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from tokendiff.core.rounding import counted, percent_text
-from tokendiff.report.fleet import seconds_text
+from tokendiff.report.fleet import fleet_turns, seconds_text, session_turns_cell
 from tokendiff.report.markdown import NOT_SEPARATED
 from tokendiff.report.session import span_place, split_spans, turns_counted
 
@@ -403,7 +403,7 @@ def _fleet_sessions(doc: FleetDocument) -> list[str]:
         top = r["top_cause"]
         cause = f"{e(top['title'])} in <code>{e(top['section'])}</code> ({top['tokens']:,})" if top else ""
         out.append(
-            f"<tr><td class=n>{i}</td><td><code>{e(r['path'])}</code></td><td class=n>{r['turns']:,}</td>"
+            f"<tr><td class=n>{i}</td><td><code>{e(r['path'])}</code></td><td class=n>{session_turns_cell(r)}</td>"
             f"<td class=n>{r['total_tokens']:,}</td><td class=n>{_reuse(r)}</td>"
             f"<td class=n>{r['wasted_tokens']:,}</td><td class=n>{seconds_text(r['wasted_seconds'])}</td>"
             f"<td>{cause}</td></tr>"
@@ -481,7 +481,8 @@ def render_fleet_html(doc: FleetDocument) -> str:
         f"<title>{e(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{e(title)}</h1>",
         f'<p class="headline">{e(s["headline"])}</p>',
-        f"<p>{s['sessions']} sessions, {s['turns']:,} turns, {s['total_tokens']:,} prompt tokens; reused "
+        f"<p>{s['sessions']} sessions, {fleet_turns(s['turns'], s.get('turns_not_run', 0))}, "
+        f"{s['total_tokens']:,} prompt tokens; reused "
         f"{s['reused_tokens']:,} (<b>{_reuse(s)} %</b>); wasted {counted(s['wasted_tokens'], 'token')}{secs}.</p>",
     ]
     tk = doc["tokenizer"]

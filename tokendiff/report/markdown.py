@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tokendiff.core.rounding import counted, percent_text
-from tokendiff.report.fleet import seconds_text
+from tokendiff.report.fleet import fleet_turns, seconds_text, session_turns_cell
 from tokendiff.report.session import span_place, split_spans, turns_counted
 
 if TYPE_CHECKING:
@@ -251,7 +251,7 @@ def _fleet_sessions(doc: FleetDocument) -> list[str]:
         top = r["top_cause"]
         cause = f"{_cell(top['title'])} in `{_code(top['section'])}` ({top['tokens']:,})" if top else ""
         out.append(
-            f"| `{_code(r['path'])}` | {r['turns']:,} | {r['total_tokens']:,} | {_reuse(r)} | "
+            f"| `{_code(r['path'])}` | {session_turns_cell(r)} | {r['total_tokens']:,} | {_reuse(r)} | "
             f"{r['wasted_tokens']:,} | {seconds_text(r['wasted_seconds'])} | {cause} |"
         )
     return out
@@ -340,7 +340,8 @@ def render_fleet_markdown(doc: FleetDocument) -> str:
     if s["wasted_seconds"] is not None:
         secs = f", {seconds_text(s['wasted_seconds'])} s of prefill (timed in {s['sessions_timed']} of {s['sessions']})"
     out.append(
-        f"- {s['sessions']} sessions, {s['turns']:,} turns, {s['total_tokens']:,} prompt tokens; reused "
+        f"- {s['sessions']} sessions, {fleet_turns(s['turns'], s.get('turns_not_run', 0))}, "
+        f"{s['total_tokens']:,} prompt tokens; reused "
         f"{s['reused_tokens']:,} (**{_reuse(s)} %**); wasted {counted(s['wasted_tokens'], 'token')}{secs}"
     )
     tk = doc["tokenizer"]

@@ -591,6 +591,7 @@ class FleetSessionRow(TypedDict):
     headline: str
     skipped_turns: NotRequired[list[SkippedTurnDoc]]  # its turns that could not be read, left out
     cloud: FleetCloudRow | None  # a session sent to a cloud provider (else null)
+    not_run_turns: NotRequired[list[int]]  # its turns the server never ran (no answer): in `turns`, not in the totals
 
 
 class FleetWorstTurn(TypedDict):
@@ -621,6 +622,7 @@ class FleetSummary(TypedDict):
     cloud_sessions: int  # sessions sent to a cloud provider
     wasted_usd: float | None  # their breaks' cost (null: none, or a model without a price)
     wasted_usd_per_day: float | None
+    turns_not_run: NotRequired[int]  # how many of `turns` the server never ran (no answer): not in the totals
 
 
 class FleetDocument(TypedDict):
