@@ -699,13 +699,18 @@ def test_a_turn_whose_body_is_lost_is_left_out_of_the_cloud_section_only(tmp_pat
     r = run_cli("report", cap, "--format", "json")
     assert r.returncode == 0, r.stderr
     assert "line 2: request body blobs/" in r.stderr and "left out of the analysis" in r.stderr
-    turns = json.loads(r.stdout)["cloud"]["turns"]
-    assert [(t["turn"], t["cause"], t["waste"]) for t in turns] == [
-        (1, "cloud_cold", 0),
-        (3, "cloud_content", 3200),
-        (4, "cloud_failed", 0),
+    doc = json.loads(r.stdout)
+    turns = doc["cloud"]["turns"]
+    # numbered as the report's turns (was each record's number: record 3 was turn 3 here, turn 2 in the Turns table)
+    assert [(t["turn"], t["record"], t["cause"], t["waste"]) for t in turns] == [
+        (1, 1, "cloud_cold", 0),
+        (2, 3, "cloud_content", 3200),
+        (3, 4, "cloud_failed", 0),
     ]
+    assert [t["origin"].rpartition("@")[2] for t in doc["turns"]] == ["1", "3", "4"]
     assert turns[2]["detail"] == "the provider answered an error: nothing read or written"
+    md = run_cli("report", cap, "--format", "md").stdout
+    assert "| 2 | content changed before the cached prefix's end | 3,203 |" in md
 
 
 def test_the_html_report_has_the_providers_cache_and_hostile_text_stays_in_its_cell(tmp_path):

@@ -103,7 +103,7 @@ def cloud_report(
         if at not in judges:  # the provider's first model picks the tokenizer
             judges[at] = cloud_model(at, req.model)
         t = judges[at][0].add(req)
-        t.turn = k  # the session's numbering: a record without a body is a turn there too
+        t.turn = t.record = k  # the record's number; `numbered_as` gives the analysis's
         price = price_of(req.model, overrides)
         # 1-hour entries come before 5-minute ones: the rewritten tokens, from the read on, are those first
         long = min(t.rewritten, req.usage.written_1h or 0)
@@ -216,7 +216,7 @@ def numbered_as(cloud: CloudReport, turns: Sequence[Turn]) -> CloudReport:
     from tokendiff.core.plain import replace
 
     turn_of = {k: t.turn for t in turns if (k := record_number(t.origin)) is not None}
-    renumbered = [PricedTurn(replace(p.turn, turn=turn_of.get(p.turn.turn, 0)), p.cost) for p in cloud.turns]
+    renumbered = [PricedTurn(replace(p.turn, turn=turn_of.get(p.turn.record, 0)), p.cost) for p in cloud.turns]
     return replace(cloud, turns=renumbered)
 
 

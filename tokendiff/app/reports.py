@@ -73,13 +73,13 @@ def session_report(loaded: LoadedSession, label: str, opts: ReportOptions = DEFA
     # a session sent to a cloud provider: its cache rules and prices (read again only where a record went to one)
     if loaded.cloud is False:  # no record went to a provider (or none was read: slot files): no cloud mode to import
         return doc
-    from tokendiff.app.cloud import cloud_section
+    from tokendiff.app.cloud import cloud_section, numbered_as
 
     cloud = cloud_section(label)
     if cloud is not None:
         from tokendiff.report.cloud import cloud_document
 
-        doc["cloud"] = cloud_document(cloud)
+        doc["cloud"] = cloud_document(numbered_as(cloud, loaded.session.turns))  # turns numbered as the report's
     return doc
 
 

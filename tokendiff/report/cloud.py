@@ -85,7 +85,8 @@ def cloud_document(report: CloudReport) -> CloudDocument:
         ],
         "turns": [
             {
-                "turn": p.turn.turn,
+                "turn": p.turn.turn or None,
+                "record": p.turn.record,
                 "cause": str(p.turn.cause),
                 "prompt": p.turn.prompt,
                 "read": p.turn.read,
@@ -165,7 +166,8 @@ def turn_rows(doc: CloudDocument) -> list[list[str]]:
         verdict = CAUSE_TITLES[CloudCause(t["cause"])]
         prompt = "—" if t["cause"] == CloudCause.FAILED else f"{t['prompt']:,}"  # an error answer counts nothing
         where = _where(t["field"], t["detail"])
-        rows.append([str(t["turn"]), verdict, prompt, read, written, f"{t['waste']:,}", money(t["usd"]), where, said])
+        turn = str(t["turn"]) if t["turn"] is not None else "—"  # a record the analysis left out: no turn of its own
+        rows.append([turn, verdict, prompt, read, written, f"{t['waste']:,}", money(t["usd"]), where, said])
     return rows
 
 

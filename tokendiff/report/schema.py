@@ -496,7 +496,8 @@ class CloudCauseDoc(TypedDict):
 
 
 class CloudTurnDoc(TypedDict):
-    turn: int
+    turn: int | None  # numbered as the report's turns (null: a record the analysis left out, e.g. unreadable)
+    record: int  # the record it was judged from, from 1 in its file
     cause: str  # a CloudCause
     prompt: int
     read: int | None

@@ -215,6 +215,7 @@ class CloudTurn:
     provider_reason: str = ""  # the provider's own diagnosis, when the session asked for it
     agrees: bool | None = None  # whether it names the same cause
     estimated: bool = True  # per-block counts are estimates (the totals are the provider's)
+    record: int = 0  # the record it was judged from, from 1 in its file (`turn` may be the analysis's numbering)
 
 
 Counter = Callable[[str], int]
