@@ -281,17 +281,50 @@ def test_a_mid_2026_builds_selection_line(tmp_path):
 @pytest.mark.parametrize(
     ("encode", "why"),
     [
-        (lambda t: gzip.compress(t.encode()), "it is gzip-compressed: gunzip it first"),
         (lambda t: t.encode("utf-16"), "it is UTF-16, as PowerShell's 2> writes: convert it to UTF-8"),
         (lambda t: bytes(range(256)), "is it its log?"),
+        (lambda t: gzip.compress(bytes(range(256))), "is it its log?"),  # read through gzip: not a log inside
     ],
 )
 def test_a_log_no_line_of_which_is_read_says_why(tmp_path, encode, why):
-    """A rotated log kept compressed, or PowerShell's redirected stderr: the warning says what the file is."""
+    """PowerShell's redirected stderr: the warning says what the file is."""
     p = tmp_path / "server.log"
     p.write_bytes(encode(LOG))
     warned = _warnings(lambda: list(iter_tasks(p)))
     assert warned == [f"{p}: no llama-server lines found ({why})"]
+
+
+def test_a_rotated_log_logrotate_compressed_is_read_as_the_log(tmp_path):
+    """`server.log.1.gz`: was one warning ("gunzip it first") and no task; its tasks and launch facts are the
+    plain log's, and its progress is counted in the file's own (compressed) bytes."""
+    from tokendiff.sources.server_log import log_facts
+
+    plain, gz = tmp_path / "server.log", tmp_path / "server.log.1.gz"
+    plain.write_text(LOG)
+    gz.write_bytes(gzip.compress(LOG.encode()))
+    seen: list[tuple[int, int]] = []
+    got: list = []
+    assert _warnings(lambda: got.extend(iter_tasks(gz, lambda done, size: seen.append((done, size))))) == []
+    assert got == list(iter_tasks(plain)) and got
+    assert log_facts(gz) == log_facts(plain)
+    assert seen and all(done <= size == gz.stat().st_size for done, size in seen)
+
+
+def test_a_compressed_log_cut_short_gives_the_lines_before_the_cut_and_one_warning(tmp_path):
+    """A rotation still being compressed, or a copy cut short: the tasks before the cut, then one line."""
+    whole = gzip.compress((LOG * 40).encode())
+    p = tmp_path / "server.log.1.gz"
+    p.write_bytes(whole[: len(whole) // 2])
+    got: list = []
+    warned = _warnings(lambda: got.extend(iter_tasks(p)))
+    assert got and len(got) < 40 * len(list(iter_tasks_of(tmp_path, LOG)))
+    assert len(warned) == 1 and warned[0].startswith(f"{p}: after line ") and "the gzip stream ends early" in warned[0]
+
+
+def iter_tasks_of(d, text: str) -> list:
+    p = d / "plain.log"
+    p.write_text(text)
+    return list(iter_tasks(p))
 
 
 def test_a_log_that_evaluates_more_than_the_prompt_says_no_reuse(tmp_path):

@@ -16,8 +16,10 @@ each, counted), and the tasks read so far stand.
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -398,12 +400,14 @@ class _Reader:
             yield from self.open.values()
             self.open.clear()
         if not self.seen_server:
-            why = _ENCODED.get(head(self.source, 2), "is it its log?")
+            magic = head(self.source, 2)
+            why = "is it its log?" if magic == GZIP_MAGIC else _ENCODED.get(magic, "is it its log?")
             warn(f"{self.source}: no llama-server lines found ({why})", kind="server log: none")
 
 
-_ENCODED = {  # a log no line of which can be read, by its first bytes
-    b"\x1f\x8b": "it is gzip-compressed: gunzip it first",
+GZIP_MAGIC = b"\x1f\x8b"  # a rotated log logrotate compressed (`server.log.1.gz`): read through gzip
+_ENCODED = {  # a log no line of which can be read, by its first bytes (`follow_tasks` reads no gzip)
+    GZIP_MAGIC: "it is gzip-compressed: gunzip it first",
     b"\xff\xfe": "it is UTF-16, as PowerShell's 2> writes: convert it to UTF-8",
     b"\xfe\xff": "it is UTF-16: convert it to UTF-8",
 }
@@ -428,22 +432,24 @@ def _lines(path: str, progress: Progress | None, limit: int | None = None) -> It
     log is dropped here with a few byte compares: a timestamped debug line with no other entry run into it
     holds none of this reader's (they are info and warnings), and a line without one of their words is never
     decoded."""
-    f = open_regular(path, "server log")
+    raw = open_regular(path, "server log")
+    gz, _ = raw.read(2) == GZIP_MAGIC, raw.seek(0)
+    f: Any = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
     search = _WORDS.search
-    with f:
-        size = os.fstat(f.fileno()).st_size
+    with raw, f:
+        size = os.fstat(raw.fileno()).st_size
         read, next_report, n = 0, PROGRESS_EVERY, 0
-        readline = f.readline
+        readline = _gunzipped(f.readline, path, lambda: n) if f is not raw else f.readline
         while line := readline(MAX_LINE):
             n += 1
             read += len(line)
             if len(line) == MAX_LINE and not line.endswith(b"\n"):
-                read += _skip_rest(f)
+                read += _skip_rest(readline)
                 warn(f"{path}: line {n}: longer than {MAX_LINE >> 20} MiB, skipped", kind="server log: long line")
                 continue
             if read >= next_report:
                 if progress is not None:
-                    progress(read, size)
+                    progress(read if f is raw else raw.tell(), size)  # a gzip's progress in its compressed bytes
                 if limit is not None and read >= limit:
                     break
                 next_report = read + PROGRESS_EVERY
@@ -468,13 +474,28 @@ def _lines(path: str, progress: Progress | None, limit: int | None = None) -> It
             elif text is not None:
                 yield n, text
         if progress is not None:
-            progress(read, size)
+            progress(read if f is raw else raw.tell(), size)
 
 
-def _skip_rest(f: Any) -> int:
+def _gunzipped(readline: Callable[[int], bytes], path: str, line: Callable[[], int]) -> Callable[[int], bytes]:
+    """`readline` of a gzip log, ending where its stream is damaged or cut (a rotation still being compressed):
+    one warning, and the lines before it read."""
+
+    def read(limit: int) -> bytes:
+        try:
+            return readline(limit)
+        except (OSError, EOFError, zlib.error) as e:
+            what = f"{path}: after line {line()}: the gzip stream ends early ({e}): the rest not read"
+            warn(what, kind="server log: cut")
+            return b""
+
+    return read
+
+
+def _skip_rest(readline: Callable[[int], bytes]) -> int:
     """Read past the rest of an over-long line; the bytes skipped."""
     skipped = 0
-    while rest := f.readline(MAX_LINE):
+    while rest := readline(MAX_LINE):
         skipped += len(rest)
         if rest.endswith(b"\n"):
             break
