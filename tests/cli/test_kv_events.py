@@ -156,6 +156,38 @@ def test_an_evicted_block_inside_the_reusable_prefix_is_the_verdict():
     assert evictions([TurnBlocks(turn=1, start=9.0, ids=list(range(12)), predicted=12)], batches) == []
 
 
+def test_the_events_are_a_stream_put_in_time_order_within_a_bounded_window():
+    """Was `sorted` of the whole file's batches (token IDs and all) in memory: a long recording grew without bound.
+    A stream in publish order give or take a few gives the sorted answer, and is read only as far as the turns
+    need, a window ahead."""
+    import random
+
+    from tokendiff.core.cache.kv_events import REORDER
+
+    a = list(range(100, 112))
+    events = [
+        KvBatch(1.0, stored=(StoredBlocks(("h1", "h2", "h3"), None, tuple(a), 4),)),
+        KvBatch(3.0, removed=("h3",)),
+        *(KvBatch(3.0 + k / 1000, removed=(f"x{k}",)) for k in range(3 * REORDER)),
+    ]
+    turns = [TurnBlocks(turn=3, start=5.0, ids=[*a, 7], predicted=12, reported=8)]
+    want = evictions(turns, sorted(events, key=lambda b: b.ts))
+    near = events[:]
+    for i in range(0, len(near) - 8, 8):  # each batch a few places from its place in time
+        near[i : i + 8] = random.Random(i).sample(near[i : i + 8], 8)
+    assert evictions(turns, iter(near)) == want and want
+    read = 0
+
+    def stream():
+        nonlocal read
+        for b in events:
+            read += 1
+            yield b
+
+    assert evictions([TurnBlocks(turn=1, start=2.0, ids=a, predicted=12)], stream()) == []
+    assert read <= REORDER + 3  # the turn needed the batches before t=2 only: a window past them, not the file
+
+
 def test_bad_kv_endpoints_are_one_line(tmp_path):
     assert subscriber_endpoint("127.0.0.1:5557") == "tcp://127.0.0.1:5557"
     assert subscriber_endpoint("tcp://*:5557") == "tcp://127.0.0.1:5557"

@@ -4,6 +4,7 @@ reuse drop the events explain is named as an eviction, not read as a change of t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,8 +56,9 @@ def with_kv_events(paths: Sequence[str], session: Session) -> Session:
             )
     if not turns:
         return session
-    batches = list(iter_kv_events(events, warn))
-    if not batches:
+    batches = iter_kv_events(events, warn)  # a stream: a long recording is never held whole
+    first = next(batches, None)
+    if first is None:
         warn(f"{events}: no KV-cache events recorded: evictions cannot be told from prompt changes", kind="kv events")
         return session
-    return apply_evictions(session, evictions(turns, batches), turns)
+    return apply_evictions(session, evictions(turns, chain([first], batches)), turns)

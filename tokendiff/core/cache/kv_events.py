@@ -11,7 +11,8 @@ Plain data in, verdicts out: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -102,21 +103,37 @@ class _Pool:
                 self.removed_at[h] = b.ts
 
 
-def evictions(turns: Sequence[TurnBlocks], batches: Sequence[KvBatch]) -> list[Eviction]:
-    """The turns whose reusable prefix had blocks evicted before they were sent (turns and batches in
-    any order; each turn sees the batches published before its start)."""
+REORDER = 4096  # batches held to put the stream in time order: a file is in publish order, give or take a few
+
+
+def evictions(turns: Sequence[TurnBlocks], batches: Iterable[KvBatch]) -> list[Eviction]:
+    """The turns whose reusable prefix had blocks evicted before they were sent (turns in any order; each
+    turn sees the batches published before its start). The batches are a stream, held REORDER at a time,
+    not the whole file: in time order where none is more than REORDER places from its place in it."""
     pool = _Pool()
-    pending = sorted(batches, key=lambda b: b.ts)
+    pending = _in_time_order(batches)
+    head = next(pending, None)
     out: list[Eviction] = []
-    i = 0
     for t in sorted(turns, key=lambda t: t.start):
-        while i < len(pending) and pending[i].ts < t.start:
-            pool.apply(pending[i])
-            i += 1
+        while head is not None and head.ts < t.start:
+            pool.apply(head)
+            head = next(pending, None)
         found = _lost(t, pool)
         if found is not None:
             out.append(found)
     return out
+
+
+def _in_time_order(batches: Iterable[KvBatch]) -> Iterator[KvBatch]:
+    """The batches by time (ties in their order), through a heap of REORDER: `sorted` of a stream whose
+    disorder is local, in memory bounded by the window instead of the file."""
+    heap: list[tuple[float, int, KvBatch]] = []
+    for n, b in enumerate(batches):
+        heapq.heappush(heap, (b.ts, n, b))
+        if len(heap) > REORDER:
+            yield heapq.heappop(heap)[2]
+    while heap:
+        yield heapq.heappop(heap)[2]
 
 
 def _lost(t: TurnBlocks, pool: _Pool) -> Eviction | None:
