@@ -327,6 +327,32 @@ def iter_tasks_of(d, text: str) -> list:
     return list(iter_tasks(p))
 
 
+@pytest.mark.parametrize(
+    ("again", "warned"),
+    [
+        (LLAMA_LOG_START, []),  # the same flags: nothing to say
+        (LLAMA_LOG_START.replace("n_slots = 2", "n_slots = 4"), ["slots, context, unified KV"]),
+        (
+            LLAMA_LOG_START.replace("enabled, size limit: 8192 MiB", "disabled")
+            + "0.00.866.900 I srv    load_model: cache_reuse is not supported by this context\n",
+            ["the host-memory cache, cache reuse"],
+        ),
+    ],
+)
+def test_a_restart_with_other_flags_in_one_log_is_said_once(tmp_path, again, warned):
+    """The engine model plays the settings the log's first run states (`log_facts`); a later run started with
+    other flags was modelled with them, silently."""
+    p = tmp_path / "server.log"
+    p.write_text(LOG + again + LLAMA_LOG_TASK + again.replace("n_slots = 2", "n_slots = 8") + LLAMA_LOG_TASK)
+    got = _warnings(lambda: list(iter_tasks(p)))
+    restarts = [k for k, line in enumerate(p.read_text().splitlines(), 1) if line.endswith("initializing ...")]
+    said = "the server restarted with other settings ({}): the engine model plays the first run's"
+    # the second run's start, or (its flags the first's) the third's, whose slots differ: once, at its start
+    want = [f"{p}: line {restarts[1]}: {said.format(w)}" for w in warned]
+    assert got == (want or [f"{p}: line {restarts[2]}: {said.format('slots, context, unified KV')}"])
+    assert (log_facts(p)["n_slots"], log_facts(p)["cache_ram_mib"]) == (2, 8192)  # the first run's, as said
+
+
 def test_a_log_that_evaluates_more_than_the_prompt_says_no_reuse(tmp_path):
     """`prompt eval time = ... / 2000 tokens` for a prompt of 690: no count of reuse (it was -1,310, the
     server's number in the report where the capture has none)."""

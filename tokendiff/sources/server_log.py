@@ -92,6 +92,13 @@ _START = {
     "cache_reuse is not": re.compile(r"^cache_reuse is not supported"),
     "ctx_shift is not": re.compile(r"^ctx_shift is not supported"),
 }
+_SETTINGS = {  # what each launch line states, as a restart's warning names it
+    "initializing,": "slots, context, unified KV",
+    "prompt cache is": "the host-memory cache",
+    "context checkpoints": "checkpoints",
+    "cache_reuse is not": "cache reuse",
+    "ctx_shift is not": "context shift",
+}
 _ERROR = re.compile(rf"^task id = {N}, error: (.*)$")
 # words only this build's cache lines hold: a line with one that no pattern reads is another build's format
 _KNOWN_WORDS = ("selected slot", "cached n_tokens", "stop processing", "context shift", "reusing chunk")
@@ -206,10 +213,14 @@ class _Reader:
         self.launched = 0
         self.line = 0
         self.facts: EngineFacts = {}
+        self.run: dict[str, Any] = {}  # the launch settings this run's start stated (`_fact`)
+        self.run_line = 0  # the line its restart was found at
+        self.first_run: dict[str, Any] | None = None  # the first run's: what `log_facts` gives the engine model
+        self.other_settings_said = False
 
-    def warn(self, what: str, kind: str, text: str = "") -> None:
+    def warn(self, what: str, kind: str, text: str = "", line: int | None = None) -> None:
         quote = f": {one_line(text[:120])}" if text else ""
-        warn(f"{self.source}: line {self.line}: {what}{quote}", kind=f"server log: {kind}")
+        warn(f"{self.source}: line {line or self.line}: {what}{quote}", kind=f"server log: {kind}")
 
     # -- one line
 
@@ -368,6 +379,10 @@ class _Reader:
                 self.pending_ram.refused += 1
 
     def _fact(self, key: str, m: re.Match[str]) -> None:
+        """A launch setting: the first run's are the log's facts (a restart's, held to them: `_run_ends`)."""
+        self.run[key] = m.groups()
+        if self.epoch:
+            return
         if key == "initializing,":
             if not 0 < int(m.group(1)) <= MAX_SLOTS:
                 self.warn(f"{m.group(1)} slots: llama-server runs 1 to {MAX_SLOTS}", "format", m.group(0))
@@ -386,6 +401,7 @@ class _Reader:
 
     def _restart(self) -> Iterator[LogTask]:
         """A server start after tasks: the running ones never finished; a new run begins."""
+        self._run_ends()
         yield from self.open.values()
         self.open.clear()
         self.pending_sel.clear()
@@ -393,7 +409,21 @@ class _Reader:
         self.idle_of = None
         self.epoch += 1
 
+    def _run_ends(self) -> None:
+        """A run's launch settings held to the first run's, which the engine model plays throughout: a restart
+        with other flags (slots, context, the host-memory cache, checkpoints, reuse, shift) is said, once."""
+        run, self.run, first, at = self.run, {}, self.first_run, self.run_line
+        self.run_line = self.line
+        if first is None:
+            self.first_run = run
+        elif run and run != first and not self.other_settings_said:
+            changed = ", ".join(name for key, name in _SETTINGS.items() if run.get(key) != first.get(key))
+            what = f"the server restarted with other settings ({changed}): the engine model plays the first run's"
+            self.warn(what, "restart", line=at)
+            self.other_settings_said = True
+
     def finish(self) -> Iterator[LogTask]:
+        self._run_ends()
         if self.open:
             first = next(iter(self.open.values()))
             self.warn(f"the log ends inside {len(self.open)} task(s), the first started at line {first.line}", "end")
