@@ -321,6 +321,27 @@ def test_a_compressed_log_cut_short_gives_the_lines_before_the_cut_and_one_warni
     assert len(warned) == 1 and warned[0].startswith(f"{p}: after line ") and "the gzip stream ends early" in warned[0]
 
 
+def test_a_compressed_log_that_inflates_without_bound_is_read_within_a_bound(tmp_path):
+    """A gzip bomb named as a log: its lines are read until it inflates past GZIP_RATIO times its size, then one
+    line (time bounded by the file, as a plain log's is), never the whole inflation."""
+    import zlib
+
+    from tokendiff.sources.server_log import GZIP_RATIO
+
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)  # the gzip format
+    p = tmp_path / "server.log.1.gz"
+    with p.open("wb") as f:
+        f.write(z.compress(LOG.encode()))
+        for _ in range(64):  # 64 MiB of lines that are no log's, ~64 kB on disk
+            f.write(z.compress((b"x" * 1023 + b"\n") * 1024))
+        f.write(z.flush())
+    got: list = []
+    warned = _warnings(lambda: got.extend(iter_tasks(p)))
+    assert len(got) == 2
+    (said,) = warned
+    assert said.endswith(f"inflates past {GZIP_RATIO}x its size, not a log: the rest not read")
+
+
 def iter_tasks_of(d, text: str) -> list:
     p = d / "plain.log"
     p.write_text(text)

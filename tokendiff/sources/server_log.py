@@ -463,13 +463,14 @@ def _lines(path: str, progress: Progress | None, limit: int | None = None) -> It
     holds none of this reader's (they are info and warnings), and a line without one of their words is never
     decoded."""
     raw = open_regular(path, "server log")
-    gz, _ = raw.read(2) == GZIP_MAGIC, raw.seek(0)
+    gz = raw.read(2) == GZIP_MAGIC
+    raw.seek(0)
     f: Any = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
     search = _WORDS.search
     with raw, f:
         size = os.fstat(raw.fileno()).st_size
         read, next_report, n = 0, PROGRESS_EVERY, 0
-        readline = _gunzipped(f.readline, path, lambda: n) if f is not raw else f.readline
+        readline = _gunzipped(f.readline, path, lambda: n, size) if gz else f.readline
         while line := readline(MAX_LINE):
             n += 1
             read += len(line)
@@ -507,17 +508,33 @@ def _lines(path: str, progress: Progress | None, limit: int | None = None) -> It
             progress(read if f is raw else raw.tell(), size)
 
 
-def _gunzipped(readline: Callable[[int], bytes], path: str, line: Callable[[], int]) -> Callable[[int], bytes]:
-    """`readline` of a gzip log, ending where its stream is damaged or cut (a rotation still being compressed):
-    one warning, and the lines before it read."""
+GZIP_RATIO = 200  # a log compresses 10-30x: past this many bytes a compressed byte, a bomb, not a log
+
+
+def _gunzipped(
+    readline: Callable[[int], bytes], path: str, line: Callable[[], int], size: int
+) -> Callable[[int], bytes]:
+    """`readline` of a gzip log, ending where its stream is damaged or cut (a rotation still being compressed),
+    or where it inflates past GZIP_RATIO times its size (time bounded by the file, as a plain log's is): one
+    warning, and the lines before it read."""
+    bound, inflated = max(MAX_LINE, GZIP_RATIO * size), 0
 
     def read(limit: int) -> bytes:
+        nonlocal inflated
         try:
-            return readline(limit)
+            got = readline(limit)
         except (OSError, EOFError, zlib.error) as e:
-            what = f"{path}: after line {line()}: the gzip stream ends early ({e}): the rest not read"
+            warn(
+                f"{path}: after line {line()}: the gzip stream ends early ({e}): the rest not read",
+                kind="server log: cut",
+            )
+            return b""
+        inflated += len(got)
+        if inflated > bound:
+            what = f"{path}: after line {line()}: inflates past {GZIP_RATIO}x its size, not a log: the rest not read"
             warn(what, kind="server log: cut")
             return b""
+        return got
 
     return read
 
