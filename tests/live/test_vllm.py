@@ -230,6 +230,42 @@ def test_anthropic_messages_to_vllm_are_recorded_and_counted(vllm_server, tmp_pa
     assert second["reuse_vllm"] == second["reported_cached"] and second["note"] == ""
 
 
+def test_what_vllm_renders_of_developer_and_null_content_is_the_local_render(vllm_server, tmp_path):
+    """A `developer` message alone, and an assistant's null content beside its tool calls, rendered as tokendiff
+    renders them locally (no "local render differs" warning). vLLM 0.32 also merges every system message into one
+    at the start when a developer message is sent to a template that does not name that role (renderers/hf.py
+    `_consolidate_system_messages`): there the local render differs, said once, and the sections come from the
+    template's markers (the last request here)."""
+    call = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "."}'}}
+    bodies = [
+        {"messages": [{"role": "developer", "content": "Be terse."}, {"role": "user", "content": "hi"}]},
+        {
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "main.py"},
+                {"role": "user", "content": "go on"},
+            ],
+            "tools": [READ],
+        },
+        {"messages": [{"role": "system", "content": "S."}, {"role": "developer", "content": "Be terse."}]},
+    ]
+    out = tmp_path / "session"
+    proc, url = proxy_process.start_proxy(vllm_server.url, out, stderr=subprocess.PIPE)
+    try:
+        with httpx.Client(timeout=300) as c:
+            for body in bodies:
+                r = c.post(f"{url}/v1/chat/completions", json={"model": "tiny-qwen3", "max_tokens": 1, **body})
+                assert r.status_code == 200, r.text
+    finally:
+        err = proxy_process.stop_proxy(proc)
+    assert "3 requests recorded" in err, err
+    r = run_cli("report", str(out / "capture.jsonl"), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert "the local render differs" in r.stderr and "capture.jsonl@3:" in r.stderr
+    assert "capture.jsonl@1:" not in r.stderr and "capture.jsonl@2:" not in r.stderr
+
+
 def test_doctor_on_a_real_vllm_server(vllm_server, capsys):
     """doctor reads vLLM's cache config from /metrics and asks one completion whether cached counts are
     reported: the test server (prefix caching, prompt-tokens details, 32-token blocks) is all clear."""
