@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -728,15 +729,17 @@ def _load_whole(loader: Loader, job: SlotJob, payload: Payload, decoded: Decoded
 def _fitting(arrs: list[np.ndarray], bound: int) -> list[bool]:
     """Whether each int32 array's IDs are all in [0, bound): none is media (negative: past 2**31 as unsigned) nor
     of a foreign vocabulary. Each array's largest as unsigned, all in one `reduceat` over their concatenation (any
-    ID at or past the bound is one where the largest is); an empty array fits."""
+    ID at or past the bound is one where the largest is); an empty array fits. The runs' starts summed as Python
+    ints (`len`: a numpy attribute or a `cumsum` of a list costs more than the rest)."""
     import numpy as np
 
-    full = [a for a in arrs if a.size]
+    sizes = [len(a) for a in arrs]
+    full = [a for a, n in zip(arrs, sizes) if n]
     if not full:
         return [True] * len(arrs)
-    starts = np.cumsum([0] + [a.size for a in full[:-1]])
+    starts = list(accumulate([n for n in sizes if n][:-1], initial=0))
     top = iter(np.maximum.reduceat(np.concatenate(full).view(np.uint32), starts).tolist())
-    return [not a.size or next(top) < bound for a in arrs]
+    return [not n or next(top) < bound for n in sizes]
 
 
 class _Sections:

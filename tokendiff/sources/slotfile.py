@@ -14,6 +14,7 @@ import stat
 import struct
 import sys
 from array import array
+from operator import itemgetter
 from pathlib import Path
 
 from tokendiff import safeio
@@ -499,20 +500,30 @@ def slot_dir_candidates(path: str | os.PathLike[str], order: str = "auto") -> li
     that are not slot files left out, as the sort key is each file's own ((mtime, natural name), ties in both in
     the listing's order: both sorts are stable), and leaving elements out of a sorted list leaves it sorted. The
     stat follows links as the probe's open does, and gives the mtime its fstat gives. Each file as the text of
-    its Path (`child_prefix`), which is all its reading needs: no Path a file."""
-    stamps: dict[str, Stamp] = {}
-
-    def stamped(e: os.DirEntry[str]) -> int | None:
-        try:
-            st = e.stat()
-        except OSError:
-            return None  # the probe's open fails there too
-        stamps[e.name] = (st.st_mtime_ns, st.st_size)
-        return st.st_mtime_ns if order != "name" else 0
-
-    d, names = _ordered(path, order, stamped)
+    its Path (`child_prefix`), which is all its reading needs: no Path a file. (`_ordered`'s listing, each entry
+    its stamp beside its name: no callback and no table of stamps a file.)"""
+    d = Path(path)
+    try:
+        with os.scandir(d) as listing:  # each entry's type from the listing
+            entries = [
+                (e.name, st.st_mtime_ns, st.st_size) for e in listing if _is_file(e) and (st := _stat(e)) is not None
+            ]
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(d)) from None
+    if order == "name":
+        entries.sort(key=lambda e: natural_key(e[0]))
+    else:
+        _by_mtime_then_name(entries)
     at = child_prefix(d)
-    return [(at + name, stamps[name]) for name in names]
+    return [(at + name, (mtime, size)) for name, mtime, size in entries]
+
+
+def _stat(e: os.DirEntry[str]) -> os.stat_result | None:
+    """The entry's stat (links followed), None where it fails (the probe's open fails there too)."""
+    try:
+        return e.stat()
+    except OSError:
+        return None
 
 
 def child_prefix(d: Path) -> str:
@@ -540,11 +551,13 @@ def _slot_mtime(path: str) -> int | None:
     return st.st_mtime_ns if _slot_magic(head) else None
 
 
-def _by_mtime_then_name(entries: list[tuple[str, int]]) -> None:
-    """Sort (name, mtime) by (mtime, natural_key(name)): by mtime, then each run of equal mtimes by name (both
+def _by_mtime_then_name(entries: list[Any]) -> None:
+    """Sort (name, mtime, ...) by (mtime, natural_key(name)): by mtime, then each run of equal mtimes by name (both
     sorts stable, so entries equal in both keep their order, as one sort on the pair keeps it); a name's key
-    is made only where its mtime is another's."""
-    entries.sort(key=lambda e: e[1])
+    is made only where its mtime is another's, and the runs are looked for only where two mtimes are equal."""
+    entries.sort(key=itemgetter(1))
+    if len({e[1] for e in entries}) == len(entries):
+        return
     i, n = 0, len(entries)
     while i < n:
         j = i + 1
