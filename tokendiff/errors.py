@@ -45,7 +45,10 @@ class UsageError(InputError):
 
 def one_line(text: str) -> str:
     """`text` as one printable line of valid UTF-8: a file name may hold a newline or bytes that
-    are not UTF-8 (decoded as surrogates), and an error naming it must stay one line."""
+    are not UTF-8 (decoded as surrogates), and an error naming it must stay one line. Printable ASCII (most
+    paths: a directory's every slot file is labelled) is its own line: its bytes are its characters."""
+    if text.isascii() and text.isprintable():
+        return text
     text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     if text.isprintable():
         return text

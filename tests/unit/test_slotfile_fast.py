@@ -92,12 +92,13 @@ def test_listing_order_is_the_sort_on_mtime_and_name(tmp_path):
 
 
 def test_a_whole_usual_file_is_read_in_one_step_as_the_reader_reads_it(tmp_path):
-    """`_whole_ggsq` on random files (plain and packed payloads, media, negative IDs, versions known or not, ggsn,
-    truncated, header and packed words changed, packed payloads of every count and chunk word): where it answers,
-    the slot file is `_read_open`'s (every fact); where it does not, `_read_open` reads it; it answers for most of
-    the files a reader meets (whole ggsq files without media)."""
+    """`_whole_payload` and `whole_slot` on random files (plain and packed payloads, media, negative IDs, versions
+    known or not, ggsn, truncated, header and packed words changed, packed payloads of every count and chunk word):
+    where `_whole_payload` answers, `whole_slot` gives `_read_open`'s slot file (every fact) or its error (a negative
+    ID); where it does not, `_read_open` reads it; it answers for most of the files a reader meets (whole ggsq files
+    without media), and for some with negative IDs."""
     rng = random.Random(17)
-    answered = 0
+    answered = refused = 0
     for i in range(3000):
         raw = _random_file(rng)
         if rng.random() < 0.2 and len(raw) >= 24:  # a packed payload's count, chunk word or state version off
@@ -108,15 +109,20 @@ def test_a_whole_usual_file_is_read_in_one_step_as_the_reader_reads_it(tmp_path)
         f.write_bytes(raw)
         fd, st = safeio.regular_fd(str(f))
         try:
-            src = slotfile._Source(fd, st.st_size)
-            whole = slotfile._whole_ggsq(src.buf, st, str(f))
+            src = slotfile._Source.first(fd, st.st_size)
+            payload = slotfile._whole_payload(src.buf, st)
             try:
                 want = vars(slotfile._read_open(src, st, str(f)))
             except InputError as e:
-                want = {"error": str(e)}
+                want = {"error": str(e), "offset": e.offset}
         finally:
             os.close(fd)
-        if whole is not None:
-            answered += 1
-            assert vars(whole) == want, i
-    assert answered > 600
+        if payload is not None:
+            try:
+                got = vars(slotfile.whole_slot(str(f), payload))
+                answered += 1
+            except InputError as e:
+                got = {"error": str(e), "offset": e.offset}
+                refused += 1
+            assert got == want, i
+    assert answered > 600 and refused > 20

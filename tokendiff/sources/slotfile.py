@@ -14,6 +14,7 @@ import stat
 import struct
 import sys
 from array import array
+from operator import itemgetter
 from pathlib import Path
 
 from tokendiff import safeio
@@ -99,7 +100,7 @@ def read_slot_file(path: str | os.PathLike[str]) -> SlotFile:
             raise InputError("is a directory; use DIR@N to pick a turn", source=p) from None
         raise
     try:
-        return _read_open(_Source(fd, st.st_size), st, p)
+        return _read_open(_Source.first(fd, st.st_size), st, p)
     finally:
         os.close(fd)
 
@@ -110,13 +111,26 @@ Stamp = tuple[int, int]  # a file's (st_mtime_ns, st_size) as a directory's list
 def read_listed(path: str | os.PathLike[str], listed: Stamp) -> SlotFile | None:
     """A file of `slot_dir_candidates` read as `read_slot_file` reads it, in one open: None where the listing's
     probe (`_slot_mtime`) would have left it out, else the answer and every error `read_slot_file` gives, from the
-    same reads. The probe's four bytes are the first four of the reader's first read (that read takes at least 12
+    same reads (`read_listed_payload`, then `whole_slot` for the usual file)."""
+    got = read_listed_payload(str(path), listed)
+    return whole_slot(str(path), got) if isinstance(got, tuple) else got
+
+
+Payload = tuple[
+    bytes, os.stat_result, int, int, int, bool
+]  # `_whole_payload`: bytes, stat, start, end, version, packed
+
+
+def read_listed_payload(p: str, listed: Stamp) -> Payload | SlotFile | None:
+    """`read_listed`'s answer, but for the usual file (`_whole_payload`) where its IDs lie in the bytes read, their
+    signs not looked at: `whole_slot` makes its SlotFile, or raises the error a negative ID is, and a caller that
+    finds each file's largest ID as unsigned anyway (app.session's `_fitting`) asks it only where that is 2**31 or
+    more. The probe's four bytes are the first four of the reader's first read (that read takes at least 12
     bytes, so it holds four wherever the file does), and a read that fails is the probe's failure. The probe ran
     when the directory was listed, this read later: a file the probe would leave out now is left out silently only
     where it is the file the listing saw (`listed`: the same mtime and size, a regular file still); one removed,
     replaced or rewritten since (a slot file deleted, or caught half rewritten, during a long report) is read as
     `read_slot_file` reads it, and its error is warned of where the listing's slot file would have been."""
-    p = str(path)
     try:
         fd, st = safeio.regular_fd(p)
     except (InputError, OSError):
@@ -124,52 +138,54 @@ def read_listed(path: str | os.PathLike[str], listed: Stamp) -> SlotFile | None:
             return None
         return read_slot_file(p)  # changed since the listing: its answer now, or the error it gives
     try:
+        want = min(max(st.st_size, HEADER), FIRST_READ)
         try:
-            src = _Source(fd, st.st_size)
+            buf = os.read(fd, want)
+            if len(buf) < want:  # `safeio.read_fd`'s answer: fewer bytes only at the end of the file
+                buf += safeio.read_fd(fd, want - len(buf))
         except OSError:
             if (st.st_mtime_ns, st.st_size) == listed:
                 return None
             raise
-        if not _slot_magic(src.buf[:4]) and (st.st_mtime_ns, st.st_size) == listed:
+        if not _slot_magic(buf[:4]) and (st.st_mtime_ns, st.st_size) == listed:
             return None
-        whole = _whole_ggsq(src.buf, st, p)
-        return whole if whole is not None else _read_open(src, st, p)
+        whole = _whole_payload(buf, st)
+        return whole if whole is not None else _read_open(_Source(fd, buf), st, p)
     finally:
         os.close(fd)
 
 
-def _whole_ggsq(buf: bytes, st: os.stat_result, p: str) -> SlotFile | None:
-    """`_read_open`'s answer for the usual file, from its first read (`buf`) alone, in one step where it takes a
-    dozen: a whole ggsq file of a known version (no warning), its payload within it, plain or llama-server's packed
-    form without media (-1, state version 1, c, c tokens, 0 chunks: `_unpack_server_tokens` finds no error in
-    it), on a little-endian host (the words as the file holds them), and no token negative. None for any other
-    file, which `_read_open` reads: every check it makes passes here, so its answer is this one."""
+def _whole_payload(buf: bytes, st: os.stat_result) -> Payload | None:
+    """Where `_read_open`'s answer for the usual file lies in its first read (`buf`), found in one step where it
+    takes a dozen: a whole ggsq file of a known version (no warning), its payload within it, plain or
+    llama-server's packed form without media (-1, state version 1, c, c tokens, 0 chunks: `_unpack_server_tokens`
+    finds no error in it), on a little-endian host (the words as the file holds them). None for any other file,
+    which `_read_open` reads: every check it makes but the sign of each ID passes here (`whole_slot` makes that)."""
     size = st.st_size
     if len(buf) != size or size < HEADER or sys.byteorder != "little":
         return None
     magic, version, n = struct.unpack_from("<III", buf)
-    start, end = HEADER, HEADER + 4 * n
+    end = HEADER + 4 * n
     if magic != MAGIC_GGSQ or version not in GGSQ_KNOWN or n > MAX_TOKENS or end > size:
         return None
-    packed = n >= 4 and struct.unpack_from("<i", buf, HEADER)[0] == MEDIA
-    if packed:  # -1, state version, c: the tokens, then the media chunks' count, the last word where c = n - 4
+    if n >= 4 and struct.unpack_from("<i", buf, HEADER)[0] == MEDIA:  # -1, state version, c, tokens, chunks' count
         state, c = struct.unpack_from("<II", buf, HEADER + 4)
         if state != SERVER_TOKENS_STATE_VERSION or c != n - 4 or struct.unpack_from("<I", buf, end - 4)[0]:
             return None
-        start, end = HEADER + 12, end - 4
-    if not buf[start + 3 : end : 4].isascii():  # each token's sign byte: one is negative where its high bit is set
-        return None
+        return buf, st, HEADER + 12, end - 4, version, True
+    return buf, st, HEADER, end, version, False
+
+
+def whole_slot(p: str, payload: Payload) -> SlotFile:
+    """The slot file `_read_open` reads from a `_whole_payload`: where no ID is negative, the one its checks pass
+    (each token's sign byte has its high bit clear); else `_read_open`'s error for it, from the same bytes (the
+    whole file: no read past them)."""
+    buf, st, start, end, version, packed = payload
+    if not buf[start + 3 : end : 4].isascii():
+        return _read_open(_Source(-1, buf), st, p)
     words = array("i")
     words.frombytes(memoryview(buf)[start:end])
-    return SlotFile(
-        path=p,
-        kind="ggsq",
-        version=version,
-        tokens=words,
-        packed=packed,
-        state_bytes=size - (HEADER + 4 * n),
-        mtime=st.st_mtime,
-    )
+    return SlotFile(p, "ggsq", version, words, packed, 0, st.st_size - (end + 4 * packed), None, st.st_mtime)
 
 
 def _unchanged(p: str, listed: Stamp) -> bool:
@@ -206,13 +222,19 @@ def _read_open(src: _Source, st: os.stat_result, p: str) -> SlotFile:
 
 
 class _Source:
-    """A slot file's bytes in order, as `safeio.read_fd` gives them, its first FIRST_READ bytes (or the
-    file's size, where smaller) taken in one read: a small file's header and payload cost one syscall."""
+    """A slot file's bytes in order, as `safeio.read_fd` gives them, from its first read (`buf`: its first
+    FIRST_READ bytes, or its size where smaller, taken in one read: a small file's header and payload cost one
+    syscall) and then from `fd`."""
 
-    def __init__(self, fd: int, size: int):
+    def __init__(self, fd: int, buf: bytes):
         self.fd = fd
-        self.buf = safeio.read_fd(fd, min(max(size, HEADER), FIRST_READ))
+        self.buf = buf
         self.pos = 0
+
+    @classmethod
+    def first(cls, fd: int, size: int) -> _Source:
+        """The source of an open file of `size` bytes (its fstat's), its first read made."""
+        return cls(fd, safeio.read_fd(fd, min(max(size, HEADER), FIRST_READ)))
 
     def read(self, n: int) -> bytes:
         """Up to n bytes, fewer only at the end of the file."""
@@ -478,20 +500,30 @@ def slot_dir_candidates(path: str | os.PathLike[str], order: str = "auto") -> li
     that are not slot files left out, as the sort key is each file's own ((mtime, natural name), ties in both in
     the listing's order: both sorts are stable), and leaving elements out of a sorted list leaves it sorted. The
     stat follows links as the probe's open does, and gives the mtime its fstat gives. Each file as the text of
-    its Path (`child_prefix`), which is all its reading needs: no Path a file."""
-    stamps: dict[str, Stamp] = {}
-
-    def stamped(e: os.DirEntry[str]) -> int | None:
-        try:
-            st = e.stat()
-        except OSError:
-            return None  # the probe's open fails there too
-        stamps[e.name] = (st.st_mtime_ns, st.st_size)
-        return st.st_mtime_ns if order != "name" else 0
-
-    d, names = _ordered(path, order, stamped)
+    its Path (`child_prefix`), which is all its reading needs: no Path a file. (`_ordered`'s listing, each entry
+    its stamp beside its name: no callback and no table of stamps a file.)"""
+    d = Path(path)
+    try:
+        with os.scandir(d) as listing:  # each entry's type from the listing
+            entries = [
+                (e.name, st.st_mtime_ns, st.st_size) for e in listing if _is_file(e) and (st := _stat(e)) is not None
+            ]
+    except OSError as e:
+        raise InputError(e.strerror or str(e), source=str(d)) from None
+    if order == "name":
+        entries.sort(key=lambda e: natural_key(e[0]))
+    else:
+        _by_mtime_then_name(entries)
     at = child_prefix(d)
-    return [(at + name, stamps[name]) for name in names]
+    return [(at + name, (mtime, size)) for name, mtime, size in entries]
+
+
+def _stat(e: os.DirEntry[str]) -> os.stat_result | None:
+    """The entry's stat (links followed), None where it fails (the probe's open fails there too)."""
+    try:
+        return e.stat()
+    except OSError:
+        return None
 
 
 def child_prefix(d: Path) -> str:
@@ -519,11 +551,13 @@ def _slot_mtime(path: str) -> int | None:
     return st.st_mtime_ns if _slot_magic(head) else None
 
 
-def _by_mtime_then_name(entries: list[tuple[str, int]]) -> None:
-    """Sort (name, mtime) by (mtime, natural_key(name)): by mtime, then each run of equal mtimes by name (both
+def _by_mtime_then_name(entries: list[Any]) -> None:
+    """Sort (name, mtime, ...) by (mtime, natural_key(name)): by mtime, then each run of equal mtimes by name (both
     sorts stable, so entries equal in both keep their order, as one sort on the pair keeps it); a name's key
-    is made only where its mtime is another's."""
-    entries.sort(key=lambda e: e[1])
+    is made only where its mtime is another's, and the runs are looked for only where two mtimes are equal."""
+    entries.sort(key=itemgetter(1))
+    if len({e[1] for e in entries}) == len(entries):
+        return
     i, n = 0, len(entries)
     while i < n:
         j = i + 1
