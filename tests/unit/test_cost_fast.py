@@ -193,3 +193,84 @@ def test_span_gains_are_the_gains_by_keys():
         ceiling = rng.randrange(0, t.n_tokens + 50)
         keyed = cost._keyed(t)
         assert cost._span_gains(t, ceiling) == _span_gains_by_keys(t, ceiling, keyed)
+
+
+def _notes_in_full(t: Turn, identical: bool, n: int) -> None:
+    """`cost._notes` as it was: every test made, whatever the turn."""
+    from tokendiff.core.kinds import ServerKind
+
+    notes = []
+    moved = t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64
+    if moved and t.server != ServerKind.VLLM:  # vLLM's cache holds every earlier prompt: no slot to get wrong
+        notes.append(
+            f"turn {t.best_earlier} shares {t.best_lcp:,} tokens, more than the previous turn's {t.lcp:,}: "
+            "alternating prefixes or the wrong slot"
+        )
+    rc = t.reported_cached
+    if rc is not None and t.server == ServerKind.VLLM:
+        notes += cost._vllm_notes(t, rc, identical)
+    elif rc is not None:
+        pred = t.reuse[Backend.LLAMA_CPP]
+        if rc == 0 and identical:
+            notes.append(
+                "the server reused nothing for an identical prompt: caching disabled (cache_prompt=false) or salted"
+            )
+        elif rc < pred and t.checkpoint is not None and t.checkpoint.reused == rc and t.checkpoint.reason:
+            notes.append(
+                f"the server reused {rc:,} tokens, fewer than the {pred:,} shared, as the SWA/hybrid checkpoint rule "
+                f"predicts: {t.checkpoint.reason}"
+            )
+        elif rc < pred:
+            notes.append(
+                f"the server reused {rc:,} tokens, fewer than the {pred:,} predicted: "
+                "checkpoint fallback (SWA/hybrid model), slot switch or LRU eviction, or a prompt-cache swap"
+            )
+        elif rc > pred:
+            notes.append(
+                f"the server reused {rc:,} tokens, more than the {pred:,} shared with the previous prompt: "
+                "the slot also held the previous reply, which the history repeats (or --cache-reuse shifted chunks)"
+            )
+    t.note = "; ".join(notes)
+
+
+def test_notes_of_a_turn_with_nothing_to_say_are_empty():
+    """`_notes` returns at once where the turn moved to no better earlier match and no count was reported: every
+    note needs one of them, so the note is the one the full tests make (empty there), and where either holds they
+    speak as before."""
+    from tokendiff.core.kinds import ServerKind
+
+    rng = random.Random(41)
+    spoke = 0
+    for _ in range(20_000):
+        t = Turn(turn=rng.randrange(2, 9), origin="", n_tokens=rng.randrange(0, 500))
+        t.lcp, t.best_lcp = rng.randrange(0, 300), rng.randrange(0, 500)
+        t.best_earlier = rng.choice([None, t.turn - 1, rng.randrange(1, t.turn)])
+        t.server = rng.choice(["", ServerKind.VLLM, ServerKind.LLAMA_SERVER])
+        t.reported_cached = rng.choice([None, None, 0, rng.randrange(0, 500)])
+        t.reuse = {be: rng.randrange(0, 500) for be in BACKENDS}
+        t.checkpoint = rng.choice([None, Reuse(rng.randrange(0, 500), 0)])
+        identical = rng.random() < 0.2
+        t.note = "stale"
+        _notes_in_full(t, identical, t.n_tokens)
+        want, t.note = t.note, "stale"
+        cost._notes(t, identical, t.n_tokens)
+        assert t.note == want
+        spoke += bool(want)
+    assert 2_000 < spoke < 18_000
+
+
+def test_field_path_is_the_innermost_field():
+    """`SectionPath.field_path` (a loop) is the generator's `next` it replaced."""
+    rng = random.Random(43)
+    for _ in range(5_000):
+        parts = tuple(
+            Part(
+                rng.choice([SectionKind.MESSAGE, SectionKind.FIELD, SectionKind.REASONING]),
+                None,
+                None,
+                rng.choice([None, "", "messages[1]", "messages[1].content", "tools[0]"]),
+            )
+            for _ in range(rng.randrange(0, 5))
+        )
+        path = SectionPath(parts)
+        assert path.field_path == next((p.field for p in reversed(parts) if p.field), None)

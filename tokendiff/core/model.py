@@ -190,7 +190,10 @@ class SectionPath:
     @property
     def field_path(self) -> str | None:
         """The innermost exact request field (None for template markers and boilerplate)."""
-        return next((p.field for p in reversed(self.parts) if p.field), None)
+        for p in reversed(self.parts):  # a loop, not next() of a generator: read for every turn's row
+            if p.field:
+                return p.field
+        return None
 
     @property
     def role(self) -> str | None:
