@@ -274,3 +274,44 @@ def test_field_path_is_the_innermost_field():
         )
         path = SectionPath(parts)
         assert path.field_path == next((p.field for p in reversed(parts) if p.field), None)
+
+
+def _generalise_as_it_was(path: SectionPath, depth: int) -> SectionPath:
+    """`SectionPath._generalise` as it was: each part's `generalised`, up to a tool or call, cut at `depth`."""
+    out: list[Part] = []
+    for p in path.parts:
+        if p.kind in (SectionKind.TOOL, SectionKind.TOOL_CALL):
+            break
+        out.append(p.generalised())
+    return SectionPath(tuple(out[:depth]))
+
+
+def test_generalised_paths_are_one_object_each():
+    """A path's generalised form is the one it was part by part, and equal forms are one object (so a span key
+    holding it hashes once and compares by identity) until the table is cleared at its bound."""
+    from tokendiff.core import model
+
+    rng = random.Random(47)
+    kinds = [SectionKind.MESSAGE, SectionKind.REASONING, SectionKind.TOOLS, SectionKind.TOOL, SectionKind.TOOL_CALL]
+    kinds += [SectionKind.FIELD, SectionKind.BOILERPLATE, SectionKind.TOOL_RESPONSE]
+    seen: dict[SectionPath, SectionPath] = {}
+    kept, cleared = 0, 0
+    for _ in range(20_000):
+        parts = tuple(
+            Part(
+                rng.choice(kinds),
+                rng.choice([None, 0, 1, rng.randrange(0, 40)]),
+                rng.choice([None, "", "system", "user", "assistant", "git_diff"]),
+                rng.choice([None, "messages[0]", "tools[2].function.name"]),
+            )
+            for _ in range(rng.randrange(0, 6))
+        )
+        path, depth = SectionPath(parts), rng.choice([1, 2, 3, 3, 4])
+        got = path.generalised(depth)
+        if len(model._GENERALISED) < kept:  # cleared at its bound: new objects from here
+            seen, cleared = {}, cleared + 1
+        kept = len(model._GENERALISED)
+        want = _generalise_as_it_was(path, depth)
+        assert got == want and got.parts == want.parts and [p.field for p in got] == [None] * len(got)
+        assert seen.setdefault(want, got) is got
+    assert cleared
