@@ -193,3 +193,125 @@ def test_span_gains_are_the_gains_by_keys():
         ceiling = rng.randrange(0, t.n_tokens + 50)
         keyed = cost._keyed(t)
         assert cost._span_gains(t, ceiling) == _span_gains_by_keys(t, ceiling, keyed)
+
+
+def _notes_in_full(t: Turn, identical: bool, n: int) -> None:
+    """`cost._notes` as it was: every test made, whatever the turn."""
+    from tokendiff.core.kinds import ServerKind
+
+    notes = []
+    moved = t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64
+    if moved and t.server != ServerKind.VLLM:  # vLLM's cache holds every earlier prompt: no slot to get wrong
+        notes.append(
+            f"turn {t.best_earlier} shares {t.best_lcp:,} tokens, more than the previous turn's {t.lcp:,}: "
+            "alternating prefixes or the wrong slot"
+        )
+    rc = t.reported_cached
+    if rc is not None and t.server == ServerKind.VLLM:
+        notes += cost._vllm_notes(t, rc, identical)
+    elif rc is not None:
+        pred = t.reuse[Backend.LLAMA_CPP]
+        if rc == 0 and identical:
+            notes.append(
+                "the server reused nothing for an identical prompt: caching disabled (cache_prompt=false) or salted"
+            )
+        elif rc < pred and t.checkpoint is not None and t.checkpoint.reused == rc and t.checkpoint.reason:
+            notes.append(
+                f"the server reused {rc:,} tokens, fewer than the {pred:,} shared, as the SWA/hybrid checkpoint rule "
+                f"predicts: {t.checkpoint.reason}"
+            )
+        elif rc < pred:
+            notes.append(
+                f"the server reused {rc:,} tokens, fewer than the {pred:,} predicted: "
+                "checkpoint fallback (SWA/hybrid model), slot switch or LRU eviction, or a prompt-cache swap"
+            )
+        elif rc > pred:
+            notes.append(
+                f"the server reused {rc:,} tokens, more than the {pred:,} shared with the previous prompt: "
+                "the slot also held the previous reply, which the history repeats (or --cache-reuse shifted chunks)"
+            )
+    t.note = "; ".join(notes)
+
+
+def test_notes_of_a_turn_with_nothing_to_say_are_empty():
+    """`_notes` returns at once where the turn moved to no better earlier match and no count was reported: every
+    note needs one of them, so the note is the one the full tests make (empty there), and where either holds they
+    speak as before."""
+    from tokendiff.core.kinds import ServerKind
+
+    rng = random.Random(41)
+    spoke = 0
+    for _ in range(20_000):
+        t = Turn(turn=rng.randrange(2, 9), origin="", n_tokens=rng.randrange(0, 500))
+        t.lcp, t.best_lcp = rng.randrange(0, 300), rng.randrange(0, 500)
+        t.best_earlier = rng.choice([None, t.turn - 1, rng.randrange(1, t.turn)])
+        t.server = rng.choice(["", ServerKind.VLLM, ServerKind.LLAMA_SERVER])
+        t.reported_cached = rng.choice([None, None, 0, rng.randrange(0, 500)])
+        t.reuse = {be: rng.randrange(0, 500) for be in BACKENDS}
+        t.checkpoint = rng.choice([None, Reuse(rng.randrange(0, 500), 0)])
+        identical = rng.random() < 0.2
+        t.note = "stale"
+        _notes_in_full(t, identical, t.n_tokens)
+        want, t.note = t.note, "stale"
+        cost._notes(t, identical, t.n_tokens)
+        assert t.note == want
+        spoke += bool(want)
+    assert 2_000 < spoke < 18_000
+
+
+def test_field_path_is_the_innermost_field():
+    """`SectionPath.field_path` (a loop) is the generator's `next` it replaced."""
+    rng = random.Random(43)
+    for _ in range(5_000):
+        parts = tuple(
+            Part(
+                rng.choice([SectionKind.MESSAGE, SectionKind.FIELD, SectionKind.REASONING]),
+                None,
+                None,
+                rng.choice([None, "", "messages[1]", "messages[1].content", "tools[0]"]),
+            )
+            for _ in range(rng.randrange(0, 5))
+        )
+        path = SectionPath(parts)
+        assert path.field_path == next((p.field for p in reversed(parts) if p.field), None)
+
+
+def _generalise_as_it_was(path: SectionPath, depth: int) -> SectionPath:
+    """`SectionPath._generalise` as it was: each part's `generalised`, up to a tool or call, cut at `depth`."""
+    out: list[Part] = []
+    for p in path.parts:
+        if p.kind in (SectionKind.TOOL, SectionKind.TOOL_CALL):
+            break
+        out.append(p.generalised())
+    return SectionPath(tuple(out[:depth]))
+
+
+def test_generalised_paths_are_one_object_each():
+    """A path's generalised form is the one it was part by part, and equal forms are one object (so a span key
+    holding it hashes once and compares by identity) until the table is cleared at its bound."""
+    from tokendiff.core import model
+
+    rng = random.Random(47)
+    kinds = [SectionKind.MESSAGE, SectionKind.REASONING, SectionKind.TOOLS, SectionKind.TOOL, SectionKind.TOOL_CALL]
+    kinds += [SectionKind.FIELD, SectionKind.BOILERPLATE, SectionKind.TOOL_RESPONSE]
+    seen: dict[SectionPath, SectionPath] = {}
+    kept, cleared = 0, 0
+    for _ in range(20_000):
+        parts = tuple(
+            Part(
+                rng.choice(kinds),
+                rng.choice([None, 0, 1, rng.randrange(0, 40)]),
+                rng.choice([None, "", "system", "user", "assistant", "git_diff"]),
+                rng.choice([None, "messages[0]", "tools[2].function.name"]),
+            )
+            for _ in range(rng.randrange(0, 6))
+        )
+        path, depth = SectionPath(parts), rng.choice([1, 2, 3, 3, 4])
+        got = path.generalised(depth)
+        if len(model._GENERALISED) < kept:  # cleared at its bound: new objects from here
+            seen, cleared = {}, cleared + 1
+        kept = len(model._GENERALISED)
+        want = _generalise_as_it_was(path, depth)
+        assert got == want and got.parts == want.parts and [p.field for p in got] == [None] * len(got)
+        assert seen.setdefault(want, got) is got
+    assert cleared

@@ -104,3 +104,48 @@ def test_the_index_gives_every_pairs_best_prefix():
             for other in raws[-3:]:
                 assert _shared_blocks(other, raw, 4 * block) == common_bytes(other, raw) // (4 * block)
             raws.append(raw)
+
+
+def test_shared_blocks_is_the_byte_search_s_quotient():
+    """`_shared_blocks` tries all the blocks both hold, then all but the last, then searches: the count of the
+    byte search's quotient wherever the prompts part (in the last block, the one before, further back, or nowhere)."""
+    from tokendiff.core.align import common_bytes
+    from tokendiff.core.prefix_index import _shared_blocks
+
+    rng = random.Random(29)
+    for _ in range(6000):
+        step = 4 * rng.choice([1, 2, 3, 8, 64])
+        a = bytes(rng.randrange(3) for _ in range(rng.randrange(0, 12 * step)))
+        cut = rng.choice([len(a), rng.randrange(len(a) + 1), max(0, len(a) - rng.randrange(2 * step + 1))])
+        b = a[:cut] + bytes(rng.randrange(3) for _ in range(rng.randrange(0, 4 * step)))
+        assert _shared_blocks(a, b, step) == common_bytes(a, b) // step
+        assert _shared_blocks(b, a, step) == common_bytes(a, b) // step
+
+
+def test_big_endian_is_the_unsigned_words():
+    """`_big_endian` of an int32 array (its `>i4` bytes) is `asarray` then `astype(">u4")`'s, negative IDs too; any
+    other array takes that way itself."""
+    import numpy as np
+
+    from tokendiff.core.prefix_index import _big_endian
+
+    rng = np.random.default_rng(31)
+    for dtype in (np.int32, np.int64, np.uint32):
+        for n in (0, 1, 5, 300):
+            low = 0 if dtype == np.uint32 else -(1 << 31)
+            ids = rng.integers(low, 1 << 31, n).astype(dtype)
+            assert _big_endian(ids) == np.asarray(ids, dtype=np.int32).astype(">u4").tobytes()
+    assert _big_endian(np.arange(10, dtype=np.int32)[::2]) == np.arange(0, 10, 2).astype(">u4").tobytes()
+
+
+def test_common_bytes_of_a_cut_block():
+    """`_common_bytes` of a block and a shorter one (a prompt's last): whole tokens of the first bytes both hold."""
+    from tokendiff.core.align import common_bytes
+    from tokendiff.core.prefix_index import _common_bytes
+
+    rng = random.Random(37)
+    for _ in range(3000):
+        a = bytes(rng.randrange(2) for _ in range(4 * rng.randrange(0, 17)))
+        b = a[: rng.randrange(len(a) + 1) // 4 * 4] + bytes(rng.randrange(2) for _ in range(4 * rng.randrange(0, 9)))
+        want = common_bytes(a, b) // 4 * 4
+        assert _common_bytes(a, b) == want and _common_bytes(b, a) == want

@@ -522,20 +522,18 @@ class Analyser:
 
     def add(self, cur: TurnInput) -> Turn:
         k = len(self.turns) + 1
-        t = Turn(turn=k, origin=cur.origin, n_tokens=len(cur.ids), server=cur.server)
-        t.vllm_block = cur.vllm_block or VLLM_BLOCK
-        t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
-        t.reported_generated = _generated(cur.response)
+        t = Turn(k, cur.origin, len(cur.ids))  # positional: a call with keywords builds a dict of them
+        t.server, t.vllm_block, t.ttft_ms = cur.server, cur.vllm_block or VLLM_BLOCK, cur.ttft_ms
+        if cur.response:  # else nothing reported (a slot file's turn): the fields' defaults, None
+            t.reported_cached, t.reported_prompt_ms, t.reported_prompt_n = _reported(cur.response)
+            t.reported_generated = _generated(cur.response)
         ran = cur.unanswered is None or cur.unanswered.ran  # else the server's cache never had it
         if self.slot is not None and ran:
             t.checkpoint = checkpoint_reuse(self.slot, cur.ids, t.reported_generated or 0, self._user_starts(cur))
         if self.capacity is not None and ran:
-            if cur.vllm_block and not self.turns:
-                self.capacity.use_block(cur.vllm_block)  # the block pool in the server's own blocks
-            self.capacity.add(cur.ids)
+            self._capacity_turn(cur)
         if cur.response is not None or cur.request is not None:
             self.records.append(turn_record(k, len(cur.ids), 0, cur.request, cur.response, cur.vllm_block, cur.server))
-        t.ttft_ms = cur.ttft_ms
         m = self._match(cur, k)
         if cur.unanswered is not None:
             self.unanswered[k] = cur.unanswered
@@ -559,6 +557,13 @@ class Analyser:
             self.prev, self._prev_k = cur, k
         self._collect(self.in_flight)
         return t
+
+    def _capacity_turn(self, cur: TurnInput) -> None:
+        """A turn the server ran, into the capacity ladder (the block pool in the server's own blocks)."""
+        assert self.capacity is not None
+        if cur.vllm_block and not self.turns:
+            self.capacity.use_block(cur.vllm_block)
+        self.capacity.add(cur.ids)
 
     def _match(self, cur: TurnInput, k: int) -> Match:
         """Turn k's best earlier match, the turn added to the prefix index. Turns read ahead together (`ahead`) are
@@ -1203,8 +1208,11 @@ def reusable_ceiling(a: Prompt, d: Divergence, findings: list[Finding], n: int) 
 
 
 def _notes(t: Turn, identical: bool, n: int) -> None:
-    notes = []
     moved = t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64
+    if not moved and t.reported_cached is None:  # most turns: nothing to say (the notes below need one of them)
+        t.note = ""
+        return
+    notes = []
     if moved and t.server != ServerKind.VLLM:  # vLLM's cache holds every earlier prompt: no slot to get wrong
         notes.append(
             f"turn {t.best_earlier} shares {t.best_lcp:,} tokens, more than the previous turn's {t.lcp:,}: "

@@ -190,7 +190,10 @@ class SectionPath:
     @property
     def field_path(self) -> str | None:
         """The innermost exact request field (None for template markers and boilerplate)."""
-        return next((p.field for p in reversed(self.parts) if p.field), None)
+        for p in reversed(self.parts):  # a loop, not next() of a generator: read for every turn's row
+            if p.field:
+                return p.field
+        return None
 
     @property
     def role(self) -> str | None:
@@ -257,14 +260,25 @@ class SectionPath:
         return new
 
     def _generalise(self, depth: int) -> SectionPath:
-        out: list[Part] = []
-        for p in self.parts:
+        """One object for each generalised path (`_GENERALISED`): a session's are a few, and a span key of an equal
+        path made anew per turn (a full diff's sections) was hashed and compared part by part in Python; the one
+        object's hash is kept, and a key holding it compares by identity. Its parts are `Part.generalised`'s."""
+        kinds: list[tuple[SectionKind, int | None, str | None]] = []
+        for p in self.parts[:depth]:
             if p.kind in (_TOOL, _TOOL_CALL):
                 break
-            out.append(p.generalised())
-        return SectionPath(tuple(out[:depth]))
+            system = p.kind == _MESSAGE and p.name == "system" and p.index == 0
+            kinds.append((p.kind, 0 if system else None, p.name))
+        key = tuple(kinds)
+        got = _GENERALISED.get(key)
+        if got is None:
+            if len(_GENERALISED) > 4096:  # bounded, for a long-lived process (the TUI)
+                _GENERALISED.clear()
+            got = _GENERALISED[key] = SectionPath(tuple(Part(k, i, n) for k, i, n in key))
+        return got
 
 
+_GENERALISED: dict[tuple[tuple[SectionKind, int | None, str | None], ...], SectionPath] = {}
 NO_SECTION = SectionPath()
 END_OF_PROMPT = SectionPath.of(Part(_K.END))
 

@@ -23,6 +23,15 @@ from tokendiff.core.plain import plain
 
 BLOCK = 64
 _ROOT = 0
+_INT32 = np.dtype(np.int32)
+
+
+def _big_endian(ids: np.ndarray) -> bytes:
+    """The IDs as big-endian 4-byte words: bytes compare as tokens do. An int32 array's `>i4` bytes are its `>u4`
+    bytes (the same bits), made in one cast where `asarray` then `astype(">u4")` made a sign cast and a swap."""
+    if isinstance(ids, np.ndarray) and ids.dtype == _INT32:
+        return ids.astype(">i4").tobytes()
+    return np.asarray(ids, dtype=np.int32).astype(">u4").tobytes()
 
 
 class _Node:
@@ -70,7 +79,10 @@ class _Kids:
             hi, compared = i + 1, compared + n
             while hi < end and blocks[hi].startswith(head):
                 hi, compared = hi + 1, compared + n
-        return max(node.turn for node in self.nodes[lo:hi]), n, compared + 2 * n
+        latest = self.nodes[lo].turn  # a loop, not max() of a generator: most often one block
+        for node in self.nodes[lo + 1 : hi]:
+            latest = max(latest, node.turn)
+        return latest, n, compared + 2 * n
 
 
 @plain(frozen=True)  # not a dataclass: a frozen one costs ~1 ms of the start to make
@@ -104,7 +116,7 @@ class PrefixIndex:
 
     def match(self, ids: np.ndarray) -> Match:
         """The best earlier match of `ids`, which are not added (a prompt the server never had)."""
-        raw = np.asarray(ids, dtype=np.int32).astype(">u4").tobytes()
+        raw = _big_endian(ids)
         last_raw, last_keys, last_nodes = self._last
         shared = _shared_blocks(last_raw, raw, self.block * 4)
         return self._match(raw, self._keys(raw, last_keys[:shared]), last_nodes[:shared])
@@ -113,7 +125,7 @@ class PrefixIndex:
         """The best earlier match of `ids`, then `ids` added as `turn` (turns added in order). The full blocks
         it shares with the prompt added last have that prompt's keys, and their nodes are those it left: they
         are neither hashed nor walked again (a key stands for its whole prefix)."""
-        raw = np.asarray(ids, dtype=np.int32).astype(">u4").tobytes()  # bytes compare as tokens do
+        raw = _big_endian(ids)
         last_raw, last_keys, last_nodes = self._last
         shared = _shared_blocks(last_raw, raw, self.block * 4)  # whole blocks shared with the last prompt
         known = last_nodes[:shared]
@@ -181,11 +193,18 @@ class PrefixIndex:
 
 def _shared_blocks(a: bytes, b: bytes, step: int) -> int:
     """`common_bytes(a, b) // step`: the whole blocks of `step` bytes a and b share at their start, searched by
-    blocks, not bytes (a run of shared blocks doubling from 4, then bisected over block counts). Sound: the
-    first j blocks are shared where a and b agree on their first j * step bytes, which holds for every j up to the
-    answer and for none past it, so the search over j finds the same count the byte search's quotient gives."""
+    blocks, not bytes: first all the blocks both hold, then all but the last (a prompt mostly goes on from the one
+    before it past all but its last block or two: one or two compares), else a run of shared blocks doubling from 4,
+    then bisected. Sound: the first j blocks are shared where a and b agree on their first j * step bytes, which
+    holds for every j up to the answer and for none past it, so any search over j finds the count the byte search's
+    quotient gives."""
     n = min(len(a), len(b)) // step  # the blocks both hold whole
     mb = memoryview(b)
+    if a.startswith(mb[: n * step]):
+        return n
+    if n < 2 or a.startswith(mb[: (n - 1) * step]):
+        return max(n - 1, 0)
+    n -= 2  # no more than n - 2 are shared
     lo, hi, k = 0, n, 4  # the first lo blocks are shared, no more than hi are
     while lo < n:
         end = min(n, lo + k)
@@ -207,7 +226,9 @@ def _common_bytes(a: bytes, b: bytes) -> int:
     tokens' bytes. Read as big-endian integers, the first differing byte holds the highest bit of their XOR:
     two conversions and an XOR in C, where a bisection compared the last 64 bytes one at a time in Python."""
     n = min(len(a), len(b))
-    x = int.from_bytes(a[:n], "big") ^ int.from_bytes(b[:n], "big")
+    if len(a) != len(b):  # a block and a prompt's last, shorter one: the first n bytes of each
+        a, b = a[:n], b[:n]
+    x = int.from_bytes(a, "big") ^ int.from_bytes(b, "big")
     same = n - (x.bit_length() + 7) // 8
     return same - same % 4
 

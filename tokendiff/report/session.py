@@ -118,7 +118,7 @@ def _turn_row(t: Turn, known: bool) -> TurnRow:
         "lcp_prev": t.lcp,
         "best_earlier_turn": t.best_earlier,
         "best_earlier_lcp": t.best_lcp,
-        "first_divergence_section": t.section,
+        "first_divergence_section": t.path.label,  # `t.section`, one property less
         "first_divergence_field": _field_path(t.path),
         "cause": t.cause,
         "reported_cached": t.reported_cached,
