@@ -195,44 +195,6 @@ def test_span_gains_are_the_gains_by_keys():
         assert cost._span_gains(t, ceiling) == _span_gains_by_keys(t, ceiling, keyed)
 
 
-def _notes_in_full(t: Turn, identical: bool, n: int) -> None:
-    """`cost._notes` as it was: every test made, whatever the turn."""
-    from tokendiff.core.kinds import ServerKind
-
-    notes = []
-    moved = t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64
-    if moved and t.server != ServerKind.VLLM:  # vLLM's cache holds every earlier prompt: no slot to get wrong
-        notes.append(
-            f"turn {t.best_earlier} shares {t.best_lcp:,} tokens, more than the previous turn's {t.lcp:,}: "
-            "alternating prefixes or the wrong slot"
-        )
-    rc = t.reported_cached
-    if rc is not None and t.server == ServerKind.VLLM:
-        notes += cost._vllm_notes(t, rc, identical)
-    elif rc is not None:
-        pred = t.reuse[Backend.LLAMA_CPP]
-        if rc == 0 and identical:
-            notes.append(
-                "the server reused nothing for an identical prompt: caching disabled (cache_prompt=false) or salted"
-            )
-        elif rc < pred and t.checkpoint is not None and t.checkpoint.reused == rc and t.checkpoint.reason:
-            notes.append(
-                f"the server reused {rc:,} tokens, fewer than the {pred:,} shared, as the SWA/hybrid checkpoint rule "
-                f"predicts: {t.checkpoint.reason}"
-            )
-        elif rc < pred:
-            notes.append(
-                f"the server reused {rc:,} tokens, fewer than the {pred:,} predicted: "
-                "checkpoint fallback (SWA/hybrid model), slot switch or LRU eviction, or a prompt-cache swap"
-            )
-        elif rc > pred:
-            notes.append(
-                f"the server reused {rc:,} tokens, more than the {pred:,} shared with the previous prompt: "
-                "the slot also held the previous reply, which the history repeats (or --cache-reuse shifted chunks)"
-            )
-    t.note = "; ".join(notes)
-
-
 def test_notes_of_a_turn_with_nothing_to_say_are_empty():
     """`_notes` returns at once where the turn moved to no better earlier match and no count was reported: every
     note needs one of them, so the note is the one the full tests make (empty there), and where either holds they
@@ -250,9 +212,9 @@ def test_notes_of_a_turn_with_nothing_to_say_are_empty():
         t.reuse = {be: rng.randrange(0, 500) for be in BACKENDS}
         t.checkpoint = rng.choice([None, Reuse(rng.randrange(0, 500), 0)])
         identical = rng.random() < 0.2
+        moved = t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64
+        want = "; ".join(cost._note_lines(t, moved, identical))  # every note tested, whatever the turn
         t.note = "stale"
-        _notes_in_full(t, identical, t.n_tokens)
-        want, t.note = t.note, "stale"
         cost._notes(t, identical, t.n_tokens)
         assert t.note == want
         spoke += bool(want)

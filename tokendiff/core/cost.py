@@ -1209,9 +1209,12 @@ def reusable_ceiling(a: Prompt, d: Divergence, findings: list[Finding], n: int) 
 
 def _notes(t: Turn, identical: bool, n: int) -> None:
     moved = t.best_earlier is not None and t.best_earlier != t.turn - 1 and t.best_lcp > t.lcp + 64
-    if not moved and t.reported_cached is None:  # most turns: nothing to say (the notes below need one of them)
-        t.note = ""
-        return
+    # most turns: nothing to say (every note of `_note_lines` needs one of these)
+    t.note = "; ".join(_note_lines(t, moved, identical)) if moved or t.reported_cached is not None else ""
+
+
+def _note_lines(t: Turn, moved: bool, identical: bool) -> list[str]:
+    """What the turn's counts say: a better earlier match (`moved`), the server's count against the prediction."""
     notes = []
     if moved and t.server != ServerKind.VLLM:  # vLLM's cache holds every earlier prompt: no slot to get wrong
         notes.append(
@@ -1242,7 +1245,7 @@ def _notes(t: Turn, identical: bool, n: int) -> None:
                 f"the server reused {rc:,} tokens, more than the {pred:,} shared with the previous prompt: "
                 "the slot also held the previous reply, which the history repeats (or --cache-reuse shifted chunks)"
             )
-    t.note = "; ".join(notes)
+    return notes
 
 
 def _checkpoint_note(t: Turn, layout: AttentionLayout) -> None:

@@ -471,26 +471,32 @@ def _slot_magic(head: bytes) -> bool:
 
 def list_session_dir(path: str | os.PathLike[str], order: str = "auto") -> list[Path]:
     """The slot files of a directory, ordered as turns (by save time, or by name)."""
-    d, names = _ordered(path, order, lambda e: _slot_mtime(e.path))
-    return [d / name for name in names]
+    d, entries = _ordered(path, order, _probed)
+    return [d / name for name, _ in entries]
+
+
+def _probed(e: os.DirEntry[str]) -> tuple[str, int] | None:
+    """(name, mtime) of a slot file (`_slot_mtime`), None for any other entry."""
+    m = _slot_mtime(e.path)
+    return None if m is None else (e.name, m)
 
 
 def _ordered(
-    path: str | os.PathLike[str], order: str, mtime: Callable[[os.DirEntry[str]], int | None]
-) -> tuple[Path, list[str]]:
-    """The directory, and the names of its regular files that `mtime` gives an mtime for (None: left out), ordered
-    as turns."""
+    path: str | os.PathLike[str], order: str, entry: Callable[[os.DirEntry[str]], tuple[Any, ...] | None]
+) -> tuple[Path, list[tuple[Any, ...]]]:
+    """The directory, and `entry` of each of its regular files ((name, mtime, ...); None: left out), ordered as
+    turns: by mtime then natural name, or by name alone."""
     d = Path(path)
     try:
         with os.scandir(d) as listing:  # each entry's type from the listing
-            entries = [(e.name, m) for e in listing if _is_file(e) and (m := mtime(e)) is not None]
+            entries = [x for e in listing if _is_file(e) and (x := entry(e)) is not None]
     except OSError as e:
         raise InputError(e.strerror or str(e), source=str(d)) from None
     if order == "name":
         entries.sort(key=lambda e: natural_key(e[0]))
     else:
         _by_mtime_then_name(entries)
-    return d, [name for name, _ in entries]
+    return d, entries
 
 
 def slot_dir_candidates(path: str | os.PathLike[str], order: str = "auto") -> list[tuple[str, Stamp]]:
@@ -500,22 +506,16 @@ def slot_dir_candidates(path: str | os.PathLike[str], order: str = "auto") -> li
     that are not slot files left out, as the sort key is each file's own ((mtime, natural name), ties in both in
     the listing's order: both sorts are stable), and leaving elements out of a sorted list leaves it sorted. The
     stat follows links as the probe's open does, and gives the mtime its fstat gives. Each file as the text of
-    its Path (`child_prefix`), which is all its reading needs: no Path a file. (`_ordered`'s listing, each entry
-    its stamp beside its name: no callback and no table of stamps a file.)"""
-    d = Path(path)
-    try:
-        with os.scandir(d) as listing:  # each entry's type from the listing
-            entries = [
-                (e.name, st.st_mtime_ns, st.st_size) for e in listing if _is_file(e) and (st := _stat(e)) is not None
-            ]
-    except OSError as e:
-        raise InputError(e.strerror or str(e), source=str(d)) from None
-    if order == "name":
-        entries.sort(key=lambda e: natural_key(e[0]))
-    else:
-        _by_mtime_then_name(entries)
+    its Path (`child_prefix`), which is all its reading needs: no Path a file."""
+    d, entries = _ordered(path, order, _stamped)
     at = child_prefix(d)
     return [(at + name, (mtime, size)) for name, mtime, size in entries]
+
+
+def _stamped(e: os.DirEntry[str]) -> tuple[str, int, int] | None:
+    """(name, mtime, size) of an entry, None where its stat fails (the probe's open fails there too)."""
+    st = _stat(e)
+    return None if st is None else (e.name, st.st_mtime_ns, st.st_size)
 
 
 def _stat(e: os.DirEntry[str]) -> os.stat_result | None:
