@@ -199,7 +199,7 @@ class Session:
     @property
     def not_run(self) -> list[int]:
         """The turns the server gave no answer (core.unanswered): left out of the totals."""
-        return [k for k, un in self.unanswered.items() if not un.ran]
+        return turns_not_run(self.unanswered)
 
     @property
     def checkpoint_reused(self) -> int | None:
@@ -771,7 +771,7 @@ class Analyser:
             if f.kind == RELOAD and 0 < f.turn <= len(self.turns):
                 _reloaded(self.turns[f.turn - 1], self.spans, f)
         self.settle_unanswered()
-        unrun = sorted(k for k, un in self.unanswered.items() if not un.ran)
+        unrun = turns_not_run(self.unanswered)
         s = _session(self.turns, self.spans, unrun)
         s.unanswered = dict(self.unanswered)
         s.layout = self.layout
@@ -1114,6 +1114,11 @@ def _reloaded(t: Turn, spans: dict[SpanKey, Span], fact: BackendFact) -> None:
     t.recompute, t.cause = t.n_tokens, RELOAD
     note = f"Ollama reloaded the model ({fact.evidence}): the prompts shared {t.lcp:,} tokens, it reused none"
     t.note = f"{note}; {t.note}" if t.note else note
+
+
+def turns_not_run(unanswered: Mapping[int, NotAnswered]) -> list[int]:
+    """Of the turns without a whole answer, those the server gave none, in order."""
+    return sorted(k for k, un in unanswered.items() if not un.ran)
 
 
 def _not_run(t: Turn, spans: dict[SpanKey, Span]) -> None:

@@ -120,9 +120,13 @@ class Part:
 
     def generalised(self) -> Part:
         """The same place in any turn: message indices and field paths dropped (the system prompt kept)."""
+        return Part(*self.generalised_fields())
+
+    def generalised_fields(self) -> tuple[SectionKind, int | None, str | None]:
+        """`generalised`'s (kind, index, name)."""
         if self.kind == _MESSAGE and self.name == "system" and self.index == 0:
-            return Part(_MESSAGE, 0, "system")
-        return Part(self.kind, None, self.name)
+            return _MESSAGE, 0, "system"
+        return self.kind, None, self.name
 
 
 @plain(frozen=True, cache_hash=True)  # hashed for every finding's span (`cost._count_spans`), ~1.5 us a walk
@@ -267,8 +271,7 @@ class SectionPath:
         for p in self.parts[:depth]:
             if p.kind in (_TOOL, _TOOL_CALL):
                 break
-            system = p.kind == _MESSAGE and p.name == "system" and p.index == 0
-            kinds.append((p.kind, 0 if system else None, p.name))
+            kinds.append(p.generalised_fields())
         key = tuple(kinds)
         got = _GENERALISED.get(key)
         if got is None:

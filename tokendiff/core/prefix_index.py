@@ -116,23 +116,23 @@ class PrefixIndex:
 
     def match(self, ids: np.ndarray) -> Match:
         """The best earlier match of `ids`, which are not added (a prompt the server never had)."""
-        raw = _big_endian(ids)
-        last_raw, last_keys, last_nodes = self._last
-        shared = _shared_blocks(last_raw, raw, self.block * 4)
-        return self._match(raw, self._keys(raw, last_keys[:shared]), last_nodes[:shared])
+        return self._match(*self._read(ids))
 
     def match_and_add(self, ids: np.ndarray, turn: int) -> Match:
-        """The best earlier match of `ids`, then `ids` added as `turn` (turns added in order). The full blocks
-        it shares with the prompt added last have that prompt's keys, and their nodes are those it left: they
-        are neither hashed nor walked again (a key stands for its whole prefix)."""
-        raw = _big_endian(ids)
-        last_raw, last_keys, last_nodes = self._last
-        shared = _shared_blocks(last_raw, raw, self.block * 4)  # whole blocks shared with the last prompt
-        known = last_nodes[:shared]
-        keys = self._keys(raw, last_keys[:shared])
+        """The best earlier match of `ids`, then `ids` added as `turn` (turns added in order)."""
+        raw, keys, known = self._read(ids)
         m = self._match(raw, keys, known)
         self._last = (raw, keys, self._add(raw, keys, turn, known))
         return m
+
+    def _read(self, ids: np.ndarray) -> tuple[bytes, list[int], list[_Node]]:
+        """The prompt's bytes, its blocks' keys, and the nodes of the whole blocks it shares with the prompt added
+        last: those have that prompt's keys and nodes, neither hashed nor walked again (a key stands for its
+        whole prefix)."""
+        raw = _big_endian(ids)
+        last_raw, last_keys, last_nodes = self._last
+        shared = _shared_blocks(last_raw, raw, self.block * 4)  # whole blocks shared with the last prompt
+        return raw, self._keys(raw, last_keys[:shared]), last_nodes[:shared]
 
     def _match(self, raw: bytes, keys: list[int], known: list[_Node]) -> Match:
         """`known`: the nodes of the first blocks, found already (the last prompt's)."""

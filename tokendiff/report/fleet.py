@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from tokendiff.core import rounding
 from tokendiff.core.kinds import Backend, CauseKind, CloudCause
-from tokendiff.core.rounding import percent, percent_text
+from tokendiff.core.rounding import counted, percent, percent_text
 
 if TYPE_CHECKING:
     from tokendiff.core.cost import Session
@@ -323,8 +323,8 @@ def seconds_text(x: float | None) -> str:
 def fleet_turns(turns: int, not_run: int) -> str:
     """'1,200 turns', and how many of them the server never ran where some were: the counts after it leave them
     out (as a session's summary line says, `turns_counted`)."""
-    out = f"{turns:,} turn{'s' if turns != 1 else ''}"
-    return out + (f" ({not_run:,} not answered by the server: left out of the counts)" if not_run else "")
+    unrun = f" ({not_run:,} not answered by the server: left out of the counts)" if not_run else ""
+    return counted(turns, "turn") + unrun
 
 
 def session_turns_cell(row: FleetSessionRow) -> str:

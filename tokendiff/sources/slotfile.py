@@ -116,9 +116,10 @@ def read_listed(path: str | os.PathLike[str], listed: Stamp) -> SlotFile | None:
     return whole_slot(str(path), got) if isinstance(got, tuple) else got
 
 
-Payload = tuple[
-    bytes, os.stat_result, int, int, int, bool
-]  # `_whole_payload`: bytes, stat, start, end, version, packed
+# where a whole ggsq file's IDs lie in the bytes read (`_whole_payload`): (the file's bytes, its stat, the IDs'
+# start and end in them, its version, whether packed); a tuple, not a NamedTuple: made for every file read (~8 k
+# instructions a file less, 0.4 % of a slot directory's report)
+Payload = tuple[bytes, os.stat_result, int, int, int, bool]
 
 
 def read_listed_payload(p: str, listed: Stamp) -> Payload | SlotFile | None:
@@ -138,11 +139,8 @@ def read_listed_payload(p: str, listed: Stamp) -> Payload | SlotFile | None:
             return None
         return read_slot_file(p)  # changed since the listing: its answer now, or the error it gives
     try:
-        want = min(max(st.st_size, HEADER), FIRST_READ)
         try:
-            buf = os.read(fd, want)
-            if len(buf) < want:  # `safeio.read_fd`'s answer: fewer bytes only at the end of the file
-                buf += safeio.read_fd(fd, want - len(buf))
+            buf = safeio.read_fd(fd, min(max(st.st_size, HEADER), FIRST_READ))
         except OSError:
             if (st.st_mtime_ns, st.st_size) == listed:
                 return None
@@ -185,7 +183,8 @@ def whole_slot(p: str, payload: Payload) -> SlotFile:
         return _read_open(_Source(-1, buf), st, p)
     words = array("i")
     words.frombytes(memoryview(buf)[start:end])
-    return SlotFile(p, "ggsq", version, words, packed, 0, st.st_size - (end + 4 * packed), None, st.st_mtime)
+    state = st.st_size - (end + 4 * packed)  # past the payload (and a packed one's media chunks' count)
+    return SlotFile(p, "ggsq", version, words, packed=packed, state_bytes=state, mtime=st.st_mtime)
 
 
 def _unchanged(p: str, listed: Stamp) -> bool:

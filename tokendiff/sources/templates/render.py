@@ -217,7 +217,7 @@ class Renderer:
         (what the OpenAI SDK sends beside tool calls) is an empty string, as llama-server makes it:
         Qwen3's and DeepSeek's templates fail on None."""
         if isinstance(m, dict) and m.get("role") == "developer":
-            m = dict(m, role="system")  # llama-server's: every template gets a developer message as a system one
+            m = dict(m, role=_rendered_role(m["role"]))  # a system message, as llama-server hands it
         content = m.get("content")
         if content is None and isinstance(m, dict):
             return dict(m, content="")
@@ -510,6 +510,12 @@ def _server_context() -> dict[str, Any]:
     return {"enable_thinking": True, "date_string": strftime_now("%d %b %Y")}
 
 
+def _rendered_role(role: Any) -> Any:
+    """The role a message is rendered with: llama-server hands every template a developer message as a system
+    one (`Renderer._for_template`), so its sections are the system prompt's (`_msg_part`, `_message_leaves`)."""
+    return "system" if role == "developer" else role  # by ==: a hostile role may be a list
+
+
 def _may_hold_parts(messages: list[dict[str, Any]]) -> bool:
     """Whether some message may have list content or none, or the developer role (`Renderer._for_template`
     joins or types it, makes it empty, makes it a system message): False only when every message is a plain
@@ -779,8 +785,7 @@ def _call_part(i: int, k: int, call: Any) -> Part:
 
 
 def _msg_part(i: int, m: dict[str, Any]) -> Part:
-    role = m.get("role")
-    role = "system" if role == "developer" else role  # rendered as one (`Renderer._for_template`)
+    role = _rendered_role(m.get("role"))
     return Part(K.MESSAGE, i, role if isinstance(role, str) else None, f"messages[{i}]")
 
 
@@ -802,8 +807,8 @@ def _message_field(i: int, role: str | None, fld: str) -> _Leaf:
 
 
 def _message_leaves(i: int, m: dict[str, Any]) -> list[_Leaf]:
-    role = m.get("role")
-    role = ("system" if role == "developer" else role) if isinstance(role, str) else None  # as `_msg_part`
+    role = _rendered_role(m.get("role"))
+    role = role if isinstance(role, str) else None
     field = _message_field if role is None or len(role) <= 32 else _message_field.__wrapped__  # a long role: not kept
     out: list[_Leaf] = []
     content = m.get("content")
