@@ -209,9 +209,16 @@ def test_an_untimed_turns_seconds_are_marked_estimates_that_later_turns_do_not_c
 def test_the_report_and_the_exports_keep_the_same_stated_times():
     """A 1e13 ms TTFT (~317 years) was shown in the report and left out of OTLP and the trace (two bounds):
     one rule now reads a stated time for both."""
-    from tokendiff.core.cost import MAX_MS, stated_value
-    from tokendiff.report.telemetry import timing_ms
+    from tokendiff.core.cost import MAX_MS, Session, Turn, stated_value
+    from tokendiff.report.telemetry import TurnContext, turn_view
 
     for v in (0, 12.5, 9e12, MAX_MS, 1e13, 1e15, -1, float("nan"), float("inf"), True, "5", None):
-        assert stated_value(v) == timing_ms(v) or stated_value(v) is timing_ms(v) is None
+        t = Turn(turn=1, origin="", n_tokens=10)
+        t.ttft_ms = v  # as a record states it, unread
+        view = turn_view(Session([t], [], None, 10, 0, 0), t, TurnContext(start=0.0))
+        kept = stated_value(v)
+        # the span's prefill is the TTFT exactly where the report keeps it, else its nominal width
+        assert view.prefill_measured == (kept is not None), v
+        if kept is not None:
+            assert view.prefill_ns == min(int(kept * 1e6), view.end_ns), v
     assert stated_value(1e13) is None and stated_value(9e12) == 9e12
