@@ -89,8 +89,9 @@ class Relay:
 
 def _until_idle(c: httpx.Client, server: str) -> None:
     """Until no slot of the server is processing (it stops a request whose client left within 1 to 15 s, or
-    ends it first on a busy machine: either way its prompt is in the slot)."""
-    for _ in range(900):
+    ends it first on a busy machine: either way its prompt is in the slot). Up to 5 minutes: on a 2-core machine
+    under a heavy load the server once took over 90 s to notice or to finish the 1,500 tokens."""
+    for _ in range(3000):
         if not any(s.get("is_processing") for s in c.get(server + "/slots").json()):
             return
         time.sleep(0.1)
