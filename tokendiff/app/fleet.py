@@ -56,10 +56,6 @@ class FleetResult:
     sessions: list[SessionFacts]
     skipped: list[InputError] = field(default_factory=list)  # the sessions that could not be read
 
-    @property
-    def reuse_pct(self) -> float:
-        return float(self.document["summary"]["reuse_pct"])
-
 
 def turn_times(path: str, order: str, origins: Sequence[str]) -> list[TurnTime]:
     """When each of a session's turns (`origins`: theirs) happened: its own record's timestamp (a capture's

@@ -1,0 +1,95 @@
+"""A session whose numbers are hard, rendered in every format and checked against a computation of its own:
+a 3-hour prefill, 0.4 ms ones, 99.96 % and 0.04 % reuse, a 1-token prompt, a turn without timings, a
+negative cached count, the same prompt sent again. A /completion capture as the proxy writes it (no server
+can be made to answer 0.4 ms and 3 hours on demand)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import SCHEMA, run_cli, write_records
+
+BASE = list(range(100, 10_100))  # 10,000 tokens
+HOUR_MS = 3_600_000.0
+
+
+def _record(seq: int, ids: list[int], timings: dict | None, ts: float, ttft: float | None = None) -> dict:
+    rec = {
+        "schema": SCHEMA,
+        "seq": seq,
+        "ts": ts,
+        "source": "proxy",
+        "endpoint": "/completion",
+        "request": {"prompt": ids, "n_predict": 1},
+        "prompt_ids": ids,
+        "server": {"kind": "llama-server", "model": "m"},
+        "response": {"status": 200, **({"timings": timings} if timings is not None else {})},
+    }
+    if ttft is not None:
+        rec |= {"ttft_ms": ttft, "total_ms": ttft + 0.1}
+    return rec
+
+
+def hard_capture(path: Path) -> Path:
+    t0 = 1_795_990_325.0
+    write_records(
+        path,
+        [
+            _record(1, BASE, {"cache_n": 0, "prompt_n": 10_000, "prompt_ms": 3 * HOUR_MS}, t0, 3 * HOUR_MS),
+            _record(2, [*BASE[:9_996], 7, 7, 7, 7], {"cache_n": 9_996, "prompt_n": 4, "prompt_ms": 0.4}, t0 + 5, 0.4),
+            _record(3, [5], {"cache_n": 0, "prompt_n": 1, "prompt_ms": 0.4}, t0 + 6, 0.4),
+            _record(4, BASE, None, t0 + 7),  # no timings: priced at the speed of the turns before it
+            _record(5, BASE, {"cache_n": -5, "prompt_n": 10_000, "prompt_ms": 100.0}, t0 + 8, 1.0),
+            _record(6, BASE, {"cache_n": 9_999, "prompt_n": 1, "prompt_ms": 0.4}, t0 + 9, 1.0),
+            _record(7, [*BASE[:4], 9, *BASE[5:]], {"cache_n": 4, "prompt_n": 9_996, "prompt_ms": 0.4}, t0 + 10, 1.0),
+        ],
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def hard(tmp_path_factory) -> Path:
+    return hard_capture(tmp_path_factory.mktemp("hard") / "capture.jsonl")
+
+
+@pytest.fixture(scope="module")
+def doc(hard) -> dict:
+    r = run_cli("report", hard, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _row(md: str, turn: int) -> list[str]:
+    line = next(x for x in md.splitlines() if x.startswith((f"| {turn} | 10,000 |", f"| {turn} | 1 |")))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_fail_under_compares_the_counts_not_a_rounded_share(hard, tmp_path):
+    """29,998 of 60,001 tokens is 49.996 %: the session said "reuse 50.0 % is under 50 %", and a fleet of two
+    such sessions passed --fail-under 50 (its share compared after rounding to 50.00)."""
+    other = tmp_path / "b" / "capture.jsonl"
+    other.parent.mkdir()
+    other.write_bytes(hard.read_bytes())
+    for paths, what in (([hard], "session reuse"), ([hard, other], "fleet reuse")):
+        r = run_cli("report", *paths, "--format", "json", "--fail-under", "50")
+        assert r.returncode == 1, r.stderr
+        assert f"tokendiff: {what} 49.99 % is under 50 %" in r.stderr.splitlines()
+    r = run_cli("report", hard, "--format", "otlp", "--fail-under", "50")
+    assert r.returncode == 1 and "tokendiff: reuse 49.99 % is under 50 %" in r.stderr.splitlines()
+    r = run_cli("report", hard, "--format", "json", "--fail-under", "49.99")
+    assert r.returncode == 0, r.stderr
+
+
+def _cloud(tmp_path: Path, price: float) -> tuple[Path, dict[str, str]]:
+    """tool_edit_session (cloud_shapes: Anthropic's documented shapes) at a price of `price` $/MTok input."""
+    from cloud_shapes import tool_edit_session, write_har
+
+    har = write_har(tmp_path / "claude.har", tool_edit_session(), "https://api.anthropic.com/v1/messages")
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[prices."claude-sonnet-4-6"]\ninput = {price}\nread = {price / 10}\n'
+        f"write_5m = {price * 1.25}\nwrite_1h = {price * 2}\n"
+    )
+    return har, {"TOKENDIFF_CONFIG": str(config)}
