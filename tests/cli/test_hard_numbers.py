@@ -66,6 +66,27 @@ def _row(md: str, turn: int) -> list[str]:
     return [c.strip() for c in line.strip("|").split("|")]
 
 
+def test_no_view_says_0_or_100_of_a_part_nor_0_of_a_time_that_was_measured(hard, doc):
+    """Was: turn 2 (9,996 of 10,000) "100.0", turn 7 (4 of 10,000) "0.0", 0.4 ms "0" ms and 0.0004 s "0.00",
+    the top span (10,002 of 10,004 wasted tokens) "100 % of the waste", 99.996 % "100.00" in the JSON."""
+    assert [t["reuse_pct"] for t in doc["turns"]] == [0.0, 99.96, 0.0, 0.0, 99.99, 99.99, 0.04]
+    assert doc["summary"]["wasted_tokens"] == 10_004 and doc["summary"]["top_cause"]["tokens"] == 10_002
+    r = run_cli("report", hard)
+    assert r.returncode == 0, r.stderr
+    md = r.stdout
+    assert "It is 99 % of the waste: 10,002 tokens" in md and "100 %" not in md
+    head = [c.strip() for c in next(x for x in md.splitlines() if x.startswith("| turn |")).strip("|").split("|")]
+    at = {name: head.index(name) for name in ("reuse %", "wasted s", "TTFT ms", "prefill ms")}
+    two, seven = _row(md, 2), _row(md, 7)
+    assert (two[at["reuse %"]], seven[at["reuse %"]]) == ("99.9", "0.1")
+    assert (two[at["wasted s"]], two[at["TTFT ms"]], two[at["prefill ms"]]) == ("<0.01", "<1", "<1")
+    assert _row(md, 1)[at["prefill ms"]] == "10,800,000" and _row(md, 1)[at["wasted s"]] == "0"
+    r = run_cli("report", hard, "--format", "html")
+    assert r.returncode == 0, r.stderr
+    assert "<td class=n>99.9</td>" in r.stdout and "<td class=n>0.1</td>" in r.stdout
+    assert "<td class=n>&lt;1</td>" in r.stdout or "<td class=n><1</td>" in r.stdout
+
+
 def test_fail_under_compares_the_counts_not_a_rounded_share(hard, tmp_path):
     """29,998 of 60,001 tokens is 49.996 %: the session said "reuse 50.0 % is under 50 %", and a fleet of two
     such sessions passed --fail-under 50 (its share compared after rounding to 50.00)."""

@@ -260,6 +260,8 @@ llamacpp:prompt_tokens_cached_total 100
         ("1e999", "/metrics answers, without cached-token totals"),
         ("1.2.3", "/metrics answers, without cached-token totals"),
         ("-5", "/metrics answers, without cached-token totals"),
+        # the one rounding rule: 100 of 2,000,100 (0.005 %) is 0.1 %, not "0.0 %" of tokens that came from the cache
+        ("2000000", "so far 100 of 2,000,100 prompt tokens came from the cache (0.1 %)"),
     ],
 )
 def test_llama_metrics_odd_samples(processed, summary):

@@ -34,6 +34,7 @@ from tokendiff.core.cache.capacity import kv_bytes_per_token
 from tokendiff.core.cache.swa import AttentionLayout
 from tokendiff.core.causes import CAUSES
 from tokendiff.core.kinds import CauseKind, ServerKind
+from tokendiff.core.rounding import percent_text
 from tokendiff.errors import InputError, ServerError
 from tokendiff.sources.gguf_meta import read_gguf_metadata
 
@@ -779,7 +780,7 @@ def check_llama_metrics(ev: Evidence, w: Workload) -> Check:
     total = cached + processed
     if not total:
         return Check("metrics", INFO, "no prompt processed yet", "llamacpp:prompt_tokens_total = 0")
-    share = f" ({100 * cached / total:.1f} %)"
+    share = f" ({percent_text(round(cached), round(total))} %)"  # counters: whole tokens
     return Check(
         "metrics",
         INFO,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tokendiff.core.rounding import counted, percent_text
+from tokendiff.core.rounding import counted, ms_text, percent_text, stated_percent_text
 from tokendiff.report.fleet import fleet_turns, seconds_text, session_turns_cell
 from tokendiff.report.session import span_place, split_spans, turns_counted
 
@@ -23,7 +23,7 @@ def _count(v: int | None) -> str:
 
 
 def _ms(v: float | None) -> str:
-    return "" if v is None else f"{v:,.0f}"
+    return "" if v is None else ms_text(v)
 
 
 def _code(s: str) -> str:
@@ -71,7 +71,10 @@ def _capacity(doc: ReportDocument) -> list[str]:
         "|---|---|---|",
     ]
     for p in c["points"]:
-        out.append(f"| {p['cache']} | {p['reuse_pct']['llama.cpp']:.1f} % | {p['reuse_pct']['vllm']:.1f} % |")
+        r = p["reuse_pct"]
+        out.append(
+            f"| {p['cache']} | {stated_percent_text(r['llama.cpp'], 1)} % | {stated_percent_text(r['vllm'], 1)} % |"
+        )
     return out
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Final, cast
 from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Session, Span, Turn
 from tokendiff.core.kinds import Backend, CauseKind
 from tokendiff.core.model import Prompt, SectionPath
-from tokendiff.core.rounding import counted, percent, percent_text, seconds_text
+from tokendiff.core.rounding import counted, percent, percent_text, seconds_text, stated_percent_text
 from tokendiff.core.secrets import mask
 from tokendiff.report.diff import path_json
 from tokendiff.report.engine import engine_json, turn_engine_json
@@ -322,10 +322,11 @@ def capacity_json(c: CapacityReport, wasted_pct: float = 0.0) -> CapacityDoc:
         }
         for p in c.points
     ]
-    parts = [f"with {p.label} of cache: {p.reuse_pct[Backend.LLAMA_CPP]:.0f} %" for p in c.points[:-1]]
-    parts.append(f"unlimited: {c.unlimited.reuse_pct[Backend.LLAMA_CPP]:.0f} %")
+    pct = stated_percent_text
+    parts = [f"with {p.label} of cache: {pct(p.reuse_pct[Backend.LLAMA_CPP])} %" for p in c.points[:-1]]
+    parts.append(f"unlimited: {pct(c.unlimited.reuse_pct[Backend.LLAMA_CPP])} %")
     if c.reported_pct is not None:
-        parts.append(f"your server reported {c.reported_pct:.0f} %")
+        parts.append(f"your server reported {pct(c.reported_pct)} %")
     return {
         "bytes_per_token": c.bytes_per_token,
         "total_tokens": c.total_tokens,
