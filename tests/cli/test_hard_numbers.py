@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import SCHEMA, run_cli, write_records
+from helpers import SCHEMA, run_cli, write_records, write_slot
 
 BASE = list(range(100, 10_100))  # 10,000 tokens
 HOUR_MS = 3_600_000.0
@@ -101,6 +101,17 @@ def test_fail_under_compares_the_counts_not_a_rounded_share(hard, tmp_path):
     assert r.returncode == 1 and "tokendiff: reuse 49.99 % is under 50 %" in r.stderr.splitlines()
     r = run_cli("report", hard, "--format", "json", "--fail-under", "49.99")
     assert r.returncode == 0, r.stderr
+
+
+def test_one_token_is_one_token(tmp_path):
+    """`diff` of 1-token prompts said "1 tokens" and "0 of 1 tokens"."""
+    a, b = write_slot(tmp_path / "a.bin", [9707]), write_slot(tmp_path / "b.bin", [1000])
+    r = run_cli("diff", a, b)
+    assert r.returncode == 1, r.stderr
+    assert "packed, 1 token\n" in r.stdout and "reusable prefix: 0 of 1 token (0.0 %)" in r.stdout
+    assert "1 tokens" not in r.stdout
+    r = run_cli("diff", a, write_slot(tmp_path / "c.bin", [9707]))
+    assert r.returncode == 0 and "identical: 1 token, all reusable" in r.stdout
 
 
 def _cloud(tmp_path: Path, price: float) -> tuple[Path, dict[str, str]]:

@@ -29,6 +29,7 @@ from tokendiff.backends.urls import shown_url
 from tokendiff.core.cache.engine_log import LogAligner
 from tokendiff.core.cost import Analyser
 from tokendiff.core.plain import replace
+from tokendiff.core.rounding import counted
 from tokendiff.errors import InputError
 from tokendiff.report.session import cause_title, in_sentence, prefill_seconds, seconds_label
 from tokendiff.sources.capture import iter_capture
@@ -198,7 +199,7 @@ def break_message(t: Turn, s: Session) -> str | None:
     if not t.wasted:
         return None
     title = cause_title(t) or "the prompt changed before its end"
-    msg = f"turn {t.turn}: {in_sentence(title)} — {t.recompute:,} tokens recomputed"
+    msg = f"turn {t.turn}: {in_sentence(title)} — {counted(t.recompute, 'token')} recomputed"
     secs = prefill_seconds(t)
     if secs is not None:
         return msg + ", " + seconds_label(secs)

@@ -344,7 +344,7 @@ def fleet_headline(causes: list[FleetCause], n_sessions: int, reused: int, total
     title = in_sentence(c["title"])
     return (
         f"Fix this first: {title}, in {c['sessions']} of {n_sessions} sessions. "
-        f"It is {percent_text(c['tokens'], wasted, 0)} % of the waste: {c['tokens']:,} tokens recomputed over "
+        f"It is {percent_text(c['tokens'], wasted, 0)} % of the waste: {counted(c['tokens'], 'token')} recomputed over "
         f"{c['turns']} turn{'s' if c['turns'] != 1 else ''}{secs}."
     )
 

@@ -76,7 +76,7 @@ def _chart(turns: Sequence[Bar], unit: str = "turn") -> str:
         if waste_h > 0:
             parts.append(
                 f'<rect x="{x:.1f}" y="{y0 - reuse_h - waste_h:.1f}" width="{bw * 0.8:.1f}" height="{waste_h:.1f}" '
-                f'fill="#d9534f"><title>{unit} {t["turn"]}: {t["wasted"]:,} tokens wasted</title></rect>'
+                f'fill="#d9534f"><title>{unit} {t["turn"]}: {counted(t["wasted"], "token")} wasted</title></rect>'
             )
         if n <= 60 or i % max(1, n // 30) == 0:
             parts.append(
@@ -423,7 +423,8 @@ def _fleet_cloud(doc: FleetDocument) -> list[str]:
     e, s = escape, doc["summary"]
     out = [
         "<h2>At the cloud providers</h2>",
-        f"<p>{s['cloud_sessions']} sessions sent to a provider: {money(s['wasted_usd'])} paid for cached tokens "
+        f"<p>{counted(s['cloud_sessions'], 'session')} sent to a provider: "
+        f"{money(s['wasted_usd'])} paid for cached tokens "
         f"again; {money(s['wasted_usd_per_day'])} a day at their rates.</p>",
         "<table><tr><th>#</th><th>verdict</th><th>sessions</th><th>turns</th><th>tokens</th><th>cost</th>"
         "<th>a day at this rate</th><th>fields</th></tr>",

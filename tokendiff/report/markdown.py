@@ -290,7 +290,8 @@ def _fleet_cloud(doc: FleetDocument) -> list[str]:
     s = doc["summary"]
     out = ["", "## At the cloud providers", ""]
     out.append(
-        f"- {s['cloud_sessions']} sessions sent to a provider: {money(s['wasted_usd'])} paid for cached tokens "
+        f"- {counted(s['cloud_sessions'], 'session')} sent to a provider: "
+        f"{money(s['wasted_usd'])} paid for cached tokens "
         f"again; {money(s['wasted_usd_per_day'])} a day at their rates"
     )
     out += [

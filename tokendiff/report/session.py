@@ -401,5 +401,5 @@ def headline(s: Session) -> str:
     return (
         f"Fix this first: {in_sentence(sp.title)}{where}. "
         f"It is {percent_text(sp.tokens, s.wasted_tokens, 0)} % of the waste: "
-        f"{sp.tokens:,} tokens recomputed over {turns}{gain}."
+        f"{counted(sp.tokens, 'token')} recomputed over {turns}{gain}."
     )
