@@ -103,6 +103,16 @@ def test_fail_under_compares_the_counts_not_a_rounded_share(hard, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def test_the_same_prompt_again_is_not_called_a_change(hard):
+    """Turns 5 and 6 resend turn 4's prompt: llama-server evaluates its last token again (1 token wasted),
+    which the engine table called "the prompt changed before its end"."""
+    r = run_cli("report", hard)
+    rows = [x for x in r.stdout.splitlines() if x.startswith(("| 5 | 9,999 |", "| 6 | 9,999 |"))]
+    assert len(rows) == 2
+    assert all("the whole prompt was cached: the server evaluates its last token again" in x for x in rows)
+    assert "changed before its end" not in r.stdout
+
+
 def test_one_token_is_one_token(tmp_path):
     """`diff` of 1-token prompts said "1 tokens" and "0 of 1 tokens"."""
     a, b = write_slot(tmp_path / "a.bin", [9707]), write_slot(tmp_path / "b.bin", [1000])

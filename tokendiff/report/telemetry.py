@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tokendiff.core.cost import Session, Turn, stated_value
+from tokendiff.core.cost import Session, Turn, stated_value, uncaused_waste
 from tokendiff.core.jsontext import valid_text
 from tokendiff.core.kinds import Backend
 from tokendiff.core.secrets import mask
@@ -274,7 +274,7 @@ def turn_view(s: Session, t: Turn, ctx: TurnContext, after_ns: int = 0, redact: 
         reported_cached=_int(t.reported_cached),
         lcp=t.lcp,
         cause=t.cause,
-        cause_title=cause_title(t) if t.cause else "",
+        cause_title=cause_title(t) if t.cause else (uncaused_waste(t) if t.wasted else ""),  # never an unnamed break
         section=path.label if t.cause else "",
         field_path=(t.path.field_path or "") if t.cause else "",
         ttft_ms=ttft_ms,

@@ -133,6 +133,10 @@ class EngineTurn:
         return ""
 
 
+CHANGED_BEFORE_END = "the prompt changed before its end"  # a turn's waste that no cause names
+LAST_TOKEN_AGAIN = "the whole prompt was cached: the server evaluates its last token again"  # core.cost.uncaused_waste
+
+
 def client_waste(et: EngineTurn, turn: int, n: int, wasted: int, cause: str) -> tuple[int, str]:
     """What the client's changes cost this turn, against the state the content is measured on: the previous
     turn's diff (`wasted` tokens, to `cause`), or, where an earlier turn's state serves better (another
@@ -150,7 +154,7 @@ def classify(et: EngineTurn, cfg: EngineConfig, wasted: int, cause: str, log_gap
     if et.outcome.cache_off:
         gaps.append(GapItem(Gap.CACHE_OFF, -et.content, "the request set cache_prompt false: nothing reused"))
     elif wasted > 0:
-        gaps.append(GapItem(Gap.CLIENT_EDIT, -wasted, cause or "the prompt changed before its end"))
+        gaps.append(GapItem(Gap.CLIENT_EDIT, -wasted, cause or CHANGED_BEFORE_END))
     if not et.outcome.cache_off:
         d = et.engine - et.content
         if d > 0:
