@@ -87,6 +87,23 @@ def test_no_view_says_0_or_100_of_a_part_nor_0_of_a_time_that_was_measured(hard,
     assert "<td class=n>&lt;1</td>" in r.stdout or "<td class=n><1</td>" in r.stdout
 
 
+def test_the_prefill_speed_says_where_it_came_from(hard):
+    """Was "359.979 ms per token, estimated (from --prefill-rate or a replay's cold run)" for a session that
+    gave neither: the speed is the server's timed turns', and only the untimed turn's seconds are estimated."""
+    r = run_cli("report", hard)
+    line = next(x for x in r.stdout.splitlines() if x.startswith("- prefill speed:"))
+    ms = (3 * HOUR_MS + 0.4 + 0.4 + 100 + 0.4 + 0.4) / (10_000 + 4 + 1 + 10_000 + 1 + 9_996)
+    assert line.startswith(f"- prefill speed: {ms:.3f} ms per token, measured on the turns the server timed")
+    assert "--prefill-rate" not in line
+    slots = hard.parent / "slots"
+    slots.mkdir()
+    write_slot(slots / "a.bin", BASE)
+    write_slot(slots / "b.bin", [*BASE[:5_000], 1, *BASE[5_001:]])
+    r = run_cli("report", slots, "--prefill-rate", "1000")
+    line = next(x for x in r.stdout.splitlines() if x.startswith("- prefill speed:"))
+    assert line == "- prefill speed: 1.000 ms per token, estimated (from --prefill-rate or a replay's cold run)"
+
+
 def test_fail_under_compares_the_counts_not_a_rounded_share(hard, tmp_path):
     """29,998 of 60,001 tokens is 49.996 %: the session said "reuse 50.0 % is under 50 %", and a fleet of two
     such sessions passed --fail-under 50 (its share compared after rounding to 50.00)."""
@@ -101,6 +118,36 @@ def test_fail_under_compares_the_counts_not_a_rounded_share(hard, tmp_path):
     assert r.returncode == 1 and "tokendiff: reuse 49.99 % is under 50 %" in r.stderr.splitlines()
     r = run_cli("report", hard, "--format", "json", "--fail-under", "49.99")
     assert r.returncode == 0, r.stderr
+
+
+def test_the_trace_and_the_live_spans_price_a_turn_as_the_report_does(hard, doc):
+    """Turn 4 was not timed: the report prices its waste at the speed of the turns before it (1,079.5 ms a
+    token), where the trace drew its prefill at the whole session's (359.98, later turns included) and the
+    live exporter (`proxy --otlp`) priced it at the median of the timed turns' speeds (0.4 ms a token):
+    three numbers for one turn."""
+    from tokendiff.app.observe import _LiveSession
+    from tokendiff.app.pair import PromptOptions, open_loader
+    from tokendiff.report.telemetry import TurnContext
+    from tokendiff.sources.capture import read_capture
+
+    four = doc["turns"][3]
+    rate_ms = four["wasted_seconds"] * 1000 / four["wasted"]
+    assert rate_ms == pytest.approx((3 * HOUR_MS + 0.8) / 10_005, rel=1e-4) and four["seconds_estimated"]
+    r = run_cli("report", hard, "--format", "trace")
+    assert r.returncode == 0, r.stderr
+    events = json.loads(r.stdout)["traceEvents"]
+    turn4 = next(e for e in events if e["name"] == "turn 4")
+    prefill = next(e for e in events if e["name"] == "prefill" and e["ts"] == turn4["ts"])
+    assert prefill["dur"] == pytest.approx(four["recomputed"] * rate_ms * 1000, rel=1e-6)
+    assert prefill["args"]["width"] == "estimated"
+    assert all(e["name"] for e in events)  # the same prompt again wastes its last token: a named event too
+
+    loader, live = open_loader(PromptOptions()), _LiveSession("s", "0" * 32, None)
+    records, _ = read_capture(hard)
+    views = [live.add(loader, rec, f"{hard}@{k}", TurnContext()) for k, rec in enumerate(records, 1)]
+    assert [v.wasted for v in views] == [t["wasted"] for t in doc["turns"]]
+    assert [v.wasted_seconds for v in views] == pytest.approx([t["wasted_seconds"] for t in doc["turns"]], rel=1e-4)
+    assert [v.seconds_estimated for v in views] == [t["seconds_estimated"] for t in doc["turns"]]
 
 
 def test_the_same_prompt_again_is_not_called_a_change(hard):

@@ -10,7 +10,7 @@ from tokendiff.report.fleet import fleet_turns, seconds_text, session_turns_cell
 from tokendiff.report.session import span_place, split_spans, turns_counted
 
 if TYPE_CHECKING:
-    from tokendiff.report.schema import AnyReport, FleetDocument, ReplayDocument, ReportDocument
+    from tokendiff.report.schema import AnyReport, FleetDocument, ReplayDocument, ReportDocument, ReportSummary
 
 
 def _cell(v: object) -> str:
@@ -180,6 +180,15 @@ def _section_cell(section: str | None) -> str:
     return f"`{_code(section)}`" if section else ""
 
 
+def _speed_source(s: ReportSummary) -> str:
+    """Where the prefill speed came from: given, or the server's timings (and what the turns it did not time use)."""
+    if s.get("rate_given"):
+        return "estimated (from --prefill-rate or a replay's cold run)"
+    if s.get("seconds_estimated"):
+        return "measured on the turns the server timed (a turn it did not time: estimated at the speed before it)"
+    return "measured"
+
+
 def render_markdown(doc: AnyReport) -> str:
     if doc["schema"] == "tokendiff.fleet/1":
         return render_fleet_markdown(doc)
@@ -194,8 +203,7 @@ def render_markdown(doc: AnyReport) -> str:
         f"(**{_reuse(s)} %**); wasted {counted(s['wasted_tokens'], 'token')}{secs}"
     )
     if s["ms_per_token"]:
-        how = "estimated (from --prefill-rate or a replay's cold run)" if s.get("seconds_estimated") else "measured"
-        out.append(f"- prefill speed: {s['ms_per_token']:.3f} ms per token, {how}")
+        out.append(f"- prefill speed: {s['ms_per_token']:.3f} ms per token, {_speed_source(s)}")
     tk = doc["tokenizer"]
     out.append(f"- tokenizer: {tk['name']}" + (" (assumed)" if tk.get("assumed") else ""))
     for left in s.get("skipped_turns") or []:

@@ -381,6 +381,7 @@ class ReportSummary(TypedDict):
     wasted_seconds: float | None
     ms_per_token: float | None
     seconds_estimated: bool
+    rate_given: bool  # ms_per_token is --prefill-rate's or a replay's cold run's, not the server's timings
     top_cause: SpanDoc | None
     checkpoint_reused_tokens: int | None
     layout: LayoutDoc

@@ -283,6 +283,7 @@ def _summary(path: str, s: Session, spans: list[SpanDoc], redact: bool) -> Repor
         "wasted_seconds": _seconds(s.wasted_seconds),
         "ms_per_token": round(s.ms_per_token, 4) if s.ms_per_token else None,
         "seconds_estimated": s.seconds_estimated,  # some turn's seconds at a given or earlier speed, not its own
+        "rate_given": s.rate_estimated,
         "top_cause": top,
         "checkpoint_reused_tokens": s.checkpoint_reused,
         "layout": layout_json(s),

@@ -286,12 +286,15 @@ def turn_view(s: Session, t: Turn, ctx: TurnContext, after_ns: int = 0, redact: 
 
 def _prefill_ms(t: Turn, s: Session, reported_ms: float | None, ttft_ms: float | None) -> tuple[float, bool]:
     """(the turn's prefill in ms, measured): the server's timing, else the TTFT (prefill and one token),
-    else the recomputed tokens at the session's speed, else a nominal width."""
+    else the recomputed tokens at the speed its wasted seconds are priced at (the report's: its own, else
+    the given one or the turns' before it; not the whole session's, which later turns move), else a
+    nominal width."""
     if reported_ms is not None:
         return reported_ms, True
     if ttft_ms is not None:
         return ttft_ms, True
-    estimate = timing_ms(t.recompute * s.ms_per_token) if s.ms_per_token else None
+    rate = t.ms_per_token if t.ms_per_token is not None else s.ms_per_token
+    estimate = timing_ms(t.recompute * rate) if rate else None
     if estimate is not None:
         return estimate, False
     return NOMINAL_MS, False
