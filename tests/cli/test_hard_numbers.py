@@ -182,3 +182,40 @@ def _cloud(tmp_path: Path, price: float) -> tuple[Path, dict[str, str]]:
         f"write_5m = {price * 1.25}\nwrite_1h = {price * 2}\n"
     )
     return har, {"TOKENDIFF_CONFIG": str(config)}
+
+
+def test_a_cost_under_a_hundredth_of_a_cent_is_not_zero_dollars(tmp_path, hard):
+    """3,200 tokens written again at $0.001 a million cost $0.0000036: the report said "$0.0000", and the
+    fleet of that session said "1 sessions sent to a provider" and "$0.0027 a day" beside the session's own
+    "$0.0026" (its sum rounded to six places, $0.00265, then to four)."""
+    har, env = _cloud(tmp_path, 0.001)
+    r = run_cli("report", har, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "wasted 3,200 cached tokens, <$0.0001; $0.0026 a day" in r.stdout  # a turn that wasted nothing: $0.0000
+    r = run_cli("report", har, hard, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "- 1 session sent to a provider: <$0.0001 paid for cached tokens again; $0.0026 a day" in r.stdout
+    assert "| 3,200 | <$0.0001 | $0.0026 |" in r.stdout and "$0.0027" not in r.stdout
+
+
+def test_a_fleet_prices_untimed_turns_at_the_given_rate_and_says_estimated(tmp_path, hard):
+    """A fleet ignored --prefill-rate (no seconds where each session's own report had them), and said "1.1 s
+    of prefill" and "timed in 1 of 2" for seconds its sessions' reports mark estimated."""
+    slots = []
+    for name in ("a", "b"):
+        d = tmp_path / name
+        d.mkdir()
+        write_slot(d / "turn-1.bin", BASE)
+        write_slot(d / "turn-2.bin", [*BASE[:5_000], 1, *BASE[5_001:]])
+        slots.append(d)
+    r = run_cli("report", *slots, "--prefill-rate", "1000", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["summary"]
+    assert s["wasted_seconds"] == pytest.approx(2 * 5.0) and s["seconds_estimated"] and s["sessions_timed"] == 2
+    r = run_cli("report", *slots, "--prefill-rate", "1000")
+    assert "wasted 10,000 tokens, 10.0 s of prefill (for 2 of 2 sessions, estimated)" in r.stdout
+    assert "recomputed over 2 turns (10.0 s of prefill, estimated)." in r.stdout
+    r = run_cli("report", hard, slots[0])
+    assert r.returncode == 0, r.stderr
+    assert "(1.1 s of prefill, estimated)" in r.stdout and "(for 1 of 2 sessions, estimated)" in r.stdout
+    assert f"| `{hard}` | 7 | 60,001 | 50.0 | 10,004 | 1.1 est. |" in r.stdout

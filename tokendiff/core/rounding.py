@@ -5,6 +5,8 @@ counts, so no view rounds a rounded number again."""
 
 from __future__ import annotations
 
+SECONDS_DIGITS = 6  # seconds in documents to the microsecond: the turns' seconds add up to the session's
+
 
 def seconds_text(x: float) -> str:
     """Seconds as every view writes them: two decimals under a second (a tiny model's waste), one above; the

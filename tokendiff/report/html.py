@@ -7,7 +7,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from tokendiff.core.rounding import counted, ms_text, percent_text, stated_percent_text
-from tokendiff.report.fleet import fleet_turns, seconds_text, session_turns_cell
+from tokendiff.report.fleet import fleet_timed, fleet_turns, seconds_text, session_turns_cell
 from tokendiff.report.markdown import NOT_SEPARATED
 from tokendiff.report.session import span_place, split_spans, turns_counted
 
@@ -386,7 +386,8 @@ def _fleet_causes(doc: FleetDocument) -> list[str]:
         out.append(
             f"<tr><td class=n>{c['rank']}</td><td>{e(c['title'])}</td><td>{e(c['kind'])}</td>"
             f"<td class=n>{c['sessions']}</td><td class=n>{c['turns']:,}</td><td class=n>{c['tokens']:,}</td>"
-            f"<td class=n>{percent_text(c['tokens'], wasted, 0)} %</td><td class=n>{seconds_text(c['seconds'])}</td>"
+            f"<td class=n>{percent_text(c['tokens'], wasted, 0)} %</td>"
+            f"<td class=n>{_est(c['seconds'], c.get('seconds_estimated'))}</td>"
             f"<td>{sections}</td><td>{e(c['fix'])}</td></tr>"
         )
     out.append("</table>")
@@ -405,7 +406,8 @@ def _fleet_sessions(doc: FleetDocument) -> list[str]:
         out.append(
             f"<tr><td class=n>{i}</td><td><code>{e(r['path'])}</code></td><td class=n>{session_turns_cell(r)}</td>"
             f"<td class=n>{r['total_tokens']:,}</td><td class=n>{_reuse(r)}</td>"
-            f"<td class=n>{r['wasted_tokens']:,}</td><td class=n>{seconds_text(r['wasted_seconds'])}</td>"
+            f"<td class=n>{r['wasted_tokens']:,}</td>"
+            f"<td class=n>{_est(r['wasted_seconds'], r.get('seconds_estimated'))}</td>"
             f"<td>{cause}</td></tr>"
         )
     out.append("</table>")
@@ -475,7 +477,7 @@ def render_fleet_html(doc: FleetDocument) -> str:
     e = escape
     secs = ""
     if s["wasted_seconds"] is not None:
-        secs = f", {seconds_text(s['wasted_seconds'])} s of prefill (timed in {s['sessions_timed']} of {s['sessions']})"
+        secs = f", {seconds_text(s['wasted_seconds'])} s of prefill ({fleet_timed(s)})"
     title = f"tokendiff report: {s['sessions']} sessions"
     out = [
         "<!doctype html><html lang=en><head><meta charset=utf-8>",

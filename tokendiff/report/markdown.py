@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tokendiff.core.rounding import counted, ms_text, percent_text, stated_percent_text
-from tokendiff.report.fleet import fleet_turns, seconds_text, session_turns_cell
+from tokendiff.report.fleet import fleet_timed, fleet_turns, seconds_text, session_turns_cell
 from tokendiff.report.session import span_place, split_spans, turns_counted
 
 if TYPE_CHECKING:
@@ -263,7 +263,7 @@ def _fleet_sessions(doc: FleetDocument) -> list[str]:
         cause = f"{_cell(top['title'])} in `{_code(top['section'])}` ({top['tokens']:,})" if top else ""
         out.append(
             f"| `{_code(r['path'])}` | {session_turns_cell(r)} | {r['total_tokens']:,} | {_reuse(r)} | "
-            f"{r['wasted_tokens']:,} | {seconds_text(r['wasted_seconds'])} | {cause} |"
+            f"{r['wasted_tokens']:,} | {_est(r['wasted_seconds'], r.get('seconds_estimated'))} | {cause} |"
         )
     return out
 
@@ -281,7 +281,7 @@ def _fleet_causes(doc: FleetDocument) -> list[str]:
         share = percent_text(c["tokens"], wasted, 0)
         out.append(
             f"| {c['rank']} | {_cell(c['title'])} | {c['kind']} | {c['sessions']} | {c['turns']:,} | "
-            f"{c['tokens']:,} | {share} % | {seconds_text(c['seconds'])} | {_cell(sections)} | "
+            f"{c['tokens']:,} | {share} % | {_est(c['seconds'], c.get('seconds_estimated'))} | {_cell(sections)} | "
             f"{_cell(c['fix'])} |"
         )
     return out
@@ -350,7 +350,7 @@ def render_fleet_markdown(doc: FleetDocument) -> str:
     out = [f"# tokendiff report: {s['sessions']} sessions", "", f"**{s['headline']}**", ""]
     secs = ""
     if s["wasted_seconds"] is not None:
-        secs = f", {seconds_text(s['wasted_seconds'])} s of prefill (timed in {s['sessions_timed']} of {s['sessions']})"
+        secs = f", {seconds_text(s['wasted_seconds'])} s of prefill ({fleet_timed(s)})"
     out.append(
         f"- {s['sessions']} sessions, {fleet_turns(s['turns'], s.get('turns_not_run', 0))}, "
         f"{s['total_tokens']:,} prompt tokens; reused "

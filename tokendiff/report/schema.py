@@ -546,6 +546,7 @@ class FleetCause(TypedDict):
     tokens: int
     share: float
     seconds: float | None
+    seconds_estimated: bool  # some of them at a given or earlier turns' speed, not the turn's own
     sections: list[str]
 
 
@@ -588,6 +589,7 @@ class FleetSessionRow(TypedDict):
     reuse_pct: float
     wasted_tokens: int
     wasted_seconds: float | None
+    seconds_estimated: bool
     ms_per_token: float | None
     top_cause: FleetTopCause | None
     headline: str
@@ -607,6 +609,7 @@ class FleetWorstTurn(TypedDict):
     cause: str | None
     section: str | None
     seconds: float | None
+    seconds_estimated: bool
 
 
 class FleetSummary(TypedDict):
@@ -617,6 +620,7 @@ class FleetSummary(TypedDict):
     reuse_pct: float
     wasted_tokens: int
     wasted_seconds: float | None
+    seconds_estimated: bool
     sessions_timed: int
     top_cause: FleetCause | None
     headline: str

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Final, cast
 from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Session, Span, Turn
 from tokendiff.core.kinds import Backend, CauseKind
 from tokendiff.core.model import Prompt, SectionPath
-from tokendiff.core.rounding import counted, percent, percent_text, seconds_text, stated_percent_text
+from tokendiff.core.rounding import (
+    SECONDS_DIGITS,
+    counted,
+    percent,
+    percent_text,
+    seconds_text,
+    stated_percent_text,
+)
 from tokendiff.core.secrets import mask
 from tokendiff.report.diff import path_json
 from tokendiff.report.engine import engine_json, turn_engine_json
@@ -87,9 +94,6 @@ def seconds_label(x: float, estimated: bool = False) -> str:
 def _secs(x: float | None) -> float | None:
     """Milliseconds to the microsecond."""
     return round(x, 3) if x is not None else None
-
-
-SECONDS_DIGITS = 6  # seconds in documents to the microsecond: the turns' seconds add up to the session's
 
 
 def _seconds(x: float | None) -> float | None:
