@@ -219,3 +219,15 @@ def test_a_fleet_prices_untimed_turns_at_the_given_rate_and_says_estimated(tmp_p
     assert r.returncode == 0, r.stderr
     assert "(1.1 s of prefill, estimated)" in r.stdout and "(for 1 of 2 sessions, estimated)" in r.stdout
     assert f"| `{hard}` | 7 | 60,001 | 50.0 | 10,004 | 1.1 est. |" in r.stdout
+
+
+def test_the_dataset_says_which_seconds_are_estimated(tmp_path, hard):
+    """`wasted_seconds` of an untimed turn (priced at the turns before it) could not be told from a measured one."""
+    import polars as pl
+
+    out = tmp_path / "dataset"
+    r = run_cli("report", hard, "--format", "json", "--export", f"{out}/")
+    assert r.returncode == 0, r.stderr
+    frame = pl.concat([pl.read_parquet(p) for p in sorted((out / "turns").rglob("*.parquet"))]).sort("turn")
+    assert frame["seconds_estimated"].to_list() == [t["seconds_estimated"] for t in json.loads(r.stdout)["turns"]]
+    assert frame["seconds_estimated"].to_list() == [False, False, False, True, False, False, False]

@@ -666,6 +666,7 @@ class DatasetTurn(TypedDict):
     new_tokens: int
     wasted: int
     wasted_seconds: float | None
+    seconds_estimated: bool
     lcp_prev: int
     best_earlier_turn: int | None
     best_earlier_lcp: int
@@ -699,6 +700,7 @@ class DatasetSpan(TypedDict):
     first_divergence: bool
     wasted: int
     wasted_seconds: float | None
+    seconds_estimated: bool
     day: str
 
 
