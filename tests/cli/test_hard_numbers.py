@@ -231,3 +231,22 @@ def test_the_dataset_says_which_seconds_are_estimated(tmp_path, hard):
     frame = pl.concat([pl.read_parquet(p) for p in sorted((out / "turns").rglob("*.parquet"))]).sort("turn")
     assert frame["seconds_estimated"].to_list() == [t["seconds_estimated"] for t in json.loads(r.stdout)["turns"]]
     assert frame["seconds_estimated"].to_list() == [False, False, False, True, False, False, False]
+
+
+def test_a_turn_without_its_length_ends_where_its_record_says(hard):
+    """Turn 4's record stamps when its answer ended (ts) and says no total_ms: its span began there and ran
+    its estimated 3 hours past it, over the turns after it; it now ends at ts (the OTLP spans read with the
+    official protos, the trace's times in whole nanoseconds as Perfetto reads them)."""
+    from otlp_protos import attrs, parse_otlp_json, spans_of
+
+    ts = [json.loads(x)["ts"] for x in hard.read_text().splitlines()]
+    r = run_cli("report", hard, "--format", "otlp")
+    assert r.returncode == 0, r.stderr
+    spans = {attrs(sp)["tokendiff.turn"]: sp for sp in spans_of(parse_otlp_json(r.stdout))}
+    assert spans[4].end_time_unix_nano == pytest.approx(ts[3] * 1e9, abs=1e3)
+    assert spans[4].end_time_unix_nano < spans[5].start_time_unix_nano
+    r = run_cli("report", hard, "--format", "trace")
+    doc = json.loads(r.stdout)
+    origin = int(doc["otherData"]["origin_unix_ns"])
+    turn4 = next(e for e in doc["traceEvents"] if e["name"] == "turn 4")
+    assert round((turn4["ts"] + turn4["dur"]) * 1000) + origin == pytest.approx(ts[3] * 1e9, abs=1e3)
