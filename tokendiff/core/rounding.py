@@ -23,6 +23,15 @@ def ms_text(x: float) -> str:
     return "<1" if 0 < x < 0.5 else f"{int(x + 0.5):,}"
 
 
+def times_text(x: float) -> str:
+    """A speed-up as "6.3" (times): one decimal, two under 1.1 (a 4 % gain is 1.04, not "1.0x faster"), and
+    a gain never 1.00 (the nearest figure above it, as percent keeps a part off 100)."""
+    if x >= 1.1:
+        return f"{x:.1f}"
+    text = f"{x:.2f}"
+    return "1.01" if text == "1.00" and x > 1 else text
+
+
 def percent(part: int, whole: int, digits: int = 1, empty: float = 100.0) -> float:
     """`part` of `whole` in percent, rounded half up at `digits` places; `empty` when `whole` is 0. A part
     strictly between none and all never rounds to 0 or 100: 9,996 of 10,000 is 99.9 at one place, not 100.0,
