@@ -17,9 +17,9 @@ def seconds_text(x: float) -> str:
     return f"{x:.2f}" if x < 1 else f"{x:,.1f}"
 
 
-def ms_text(x: float) -> str:
-    """Milliseconds in a table: whole ones, half up (2.5 is 3, as the percentages round), "<1" under half of
-    one (a 0.4 ms prefill is not "0")."""
+def whole_text(x: float) -> str:
+    """A measure in whole units (a table's ms, doctor's MiB): half up (2.5 is 3, as the percentages round),
+    "<1" under half of one (a 0.4 ms prefill is not "0", nor a 0.4 MiB working set)."""
     return "<1" if 0 < x < 0.5 else f"{int(x + 0.5):,}"
 
 

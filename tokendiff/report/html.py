@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from tokendiff.core.rounding import counted, ms_text, percent_text, stated_percent_text
+from tokendiff.core.rounding import counted, percent_text, stated_percent_text, whole_text
 from tokendiff.report.fleet import fleet_timed, fleet_turns, seconds_text, session_turns_cell
 from tokendiff.report.markdown import NOT_SEPARATED
 from tokendiff.report.session import span_place, split_spans, turns_counted
@@ -175,7 +175,7 @@ def _turns(doc: ReportDocument) -> list[str]:
     for t in doc["turns"]:
         rc = "" if t["reported_cached"] is None else f"{t['reported_cached']:,}"
         ms = "".join(
-            f"<td class=n>{'' if v is None else ms_text(v)}</td>" for v in (t.get("ttft_ms"), t.get("prefill_ms"))
+            f"<td class=n>{'' if v is None else whole_text(v)}</td>" for v in (t.get("ttft_ms"), t.get("prefill_ms"))
         )
         out.append(
             f"<tr><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td><td class=n>{t['reusable']:,}</td>"

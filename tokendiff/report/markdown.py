@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tokendiff.core.rounding import counted, ms_text, percent_text, stated_percent_text
+from tokendiff.core.rounding import counted, percent_text, stated_percent_text, whole_text
 from tokendiff.report.fleet import fleet_timed, fleet_turns, seconds_text, session_turns_cell
 from tokendiff.report.session import span_place, split_spans, turns_counted
 
@@ -23,7 +23,7 @@ def _count(v: int | None) -> str:
 
 
 def _ms(v: float | None) -> str:
-    return "" if v is None else ms_text(v)
+    return "" if v is None else whole_text(v)
 
 
 def _code(s: str) -> str:
