@@ -6,6 +6,7 @@ can be made to answer 0.4 ms and 3 hours on demand)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,8 @@ def test_no_view_says_0_or_100_of_a_part_nor_0_of_a_time_that_was_measured(hard,
     r = run_cli("report", hard, "--format", "html")
     assert r.returncode == 0, r.stderr
     assert "<td class=n>99.9</td>" in r.stdout and "<td class=n>0.1</td>" in r.stdout
-    assert "<td class=n>&lt;1</td>" in r.stdout or "<td class=n><1</td>" in r.stdout
+    assert "<td class=n>&lt;1</td>" in r.stdout and "<td class=n>&lt;0.01</td>" in r.stdout  # text, not tags
+    assert not re.search(r"<td class=n><(?!/td>)", r.stdout)
 
 
 def test_the_prefill_speed_says_where_it_came_from(hard):
@@ -196,6 +198,10 @@ def test_a_cost_under_a_hundredth_of_a_cent_is_not_zero_dollars(tmp_path, hard):
     assert r.returncode == 0, r.stderr
     assert "- 1 session sent to a provider: <$0.0001 paid for cached tokens again; $0.0026 a day" in r.stdout
     assert "| 3,200 | <$0.0001 | $0.0026 |" in r.stdout and "$0.0027" not in r.stdout
+    r = run_cli("report", har, hard, "--format", "html", env=env)
+    assert "1 session sent to a provider: &lt;$0.0001 paid" in r.stdout and not re.search(
+        r"<td class=n><(?!/td>)", r.stdout
+    )
 
 
 def test_a_fleet_prices_untimed_turns_at_the_given_rate_and_says_estimated(tmp_path, hard):

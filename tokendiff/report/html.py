@@ -103,7 +103,7 @@ def _est(x: float | None, estimated: bool | None) -> str:
     """Seconds for a table cell, marked "est." when they come from a given prefill rate."""
     if x == 0:
         return "0"  # no tokens wasted: no seconds, measured or not
-    text = seconds_text(x)
+    text = escape(seconds_text(x))  # "<0.01": text, not the start of a tag
     return f"{text} est." if text and estimated else text
 
 
@@ -175,7 +175,8 @@ def _turns(doc: ReportDocument) -> list[str]:
     for t in doc["turns"]:
         rc = "" if t["reported_cached"] is None else f"{t['reported_cached']:,}"
         ms = "".join(
-            f"<td class=n>{'' if v is None else whole_text(v)}</td>" for v in (t.get("ttft_ms"), t.get("prefill_ms"))
+            f"<td class=n>{'' if v is None else escape(whole_text(v))}</td>"
+            for v in (t.get("ttft_ms"), t.get("prefill_ms"))
         )
         out.append(
             f"<tr><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td><td class=n>{t['reusable']:,}</td>"
@@ -233,7 +234,7 @@ def _engine(doc: ReportDocument) -> list[str]:
         for h in eng["helped"]:
             out.append(
                 f"<tr><td><code>{e(h['change'])}</code></td><td class=n>{h['reused']:,}</td>"
-                f"<td class=n>{h['gain_tokens']:,}</td><td class=n>{seconds_text(h['gain_seconds'])}</td>"
+                f"<td class=n>{h['gain_tokens']:,}</td><td class=n>{escape(seconds_text(h['gain_seconds']))}</td>"
                 f"<td>{e(h['why'])}</td></tr>"
             )
         out.append("</table>")
@@ -321,7 +322,7 @@ def render_html(doc: AnyReport) -> str:
     s = doc["summary"]
     e = escape
     est = " (estimated)" if s.get("seconds_estimated") else ""
-    secs = f", {seconds_text(s['wasted_seconds'])} s of prefill{est}" if s["wasted_seconds"] is not None else ""
+    secs = f", {e(seconds_text(s['wasted_seconds']))} s of prefill{est}" if s["wasted_seconds"] is not None else ""
     out = [
         "<!doctype html><html lang=en><head><meta charset=utf-8>",
         f"<title>tokendiff report: {e(s['path'])}</title><style>{CSS}</style></head><body>",
@@ -426,8 +427,8 @@ def _fleet_cloud(doc: FleetDocument) -> list[str]:
     out = [
         "<h2>At the cloud providers</h2>",
         f"<p>{counted(s['cloud_sessions'], 'session')} sent to a provider: "
-        f"{money(s['wasted_usd'])} paid for cached tokens "
-        f"again; {money(s['wasted_usd_per_day'])} a day at their rates.</p>",
+        f"{e(money(s['wasted_usd']))} paid for cached tokens "
+        f"again; {e(money(s['wasted_usd_per_day']))} a day at their rates.</p>",
         "<table><tr><th>#</th><th>verdict</th><th>sessions</th><th>turns</th><th>tokens</th><th>cost</th>"
         "<th>a day at this rate</th><th>fields</th></tr>",
     ]
@@ -436,7 +437,7 @@ def _fleet_cloud(doc: FleetDocument) -> list[str]:
         out.append(
             f"<tr><td class=n>{c['rank']}</td><td>{e(CAUSE_TITLES[CloudCause(c['cause'])])}</td>"
             f"<td class=n>{c['sessions']}</td><td class=n>{c['turns']:,}</td><td class=n>{c['tokens']:,}</td>"
-            f"<td class=n>{money(c['usd'])}</td><td class=n>{money(c['usd_per_day'])}</td><td>{fields}</td></tr>"
+            f"<td class=n>{e(money(c['usd']))}</td><td class=n>{e(money(c['usd_per_day']))}</td><td>{fields}</td></tr>"
         )
     out.append("</table>")
     out.append(
@@ -448,8 +449,8 @@ def _fleet_cloud(doc: FleetDocument) -> list[str]:
         assert row is not None
         out.append(
             f"<tr><td><code>{e(r['path'])}</code></td><td>{e(row['provider'])}</td><td>{e(row['model'])}</td>"
-            f"<td class=n>{row['wasted_tokens']:,}</td><td class=n>{money(row['usd'])}</td>"
-            f"<td class=n>{money(row['usd_per_day'])}</td></tr>"
+            f"<td class=n>{row['wasted_tokens']:,}</td><td class=n>{e(money(row['usd']))}</td>"
+            f"<td class=n>{e(money(row['usd_per_day']))}</td></tr>"
         )
     out.append("</table>")
     return out
@@ -477,7 +478,7 @@ def render_fleet_html(doc: FleetDocument) -> str:
     e = escape
     secs = ""
     if s["wasted_seconds"] is not None:
-        secs = f", {seconds_text(s['wasted_seconds'])} s of prefill ({fleet_timed(s)})"
+        secs = f", {escape(seconds_text(s['wasted_seconds']))} s of prefill ({fleet_timed(s)})"
     title = f"tokendiff report: {s['sessions']} sessions"
     out = [
         "<!doctype html><html lang=en><head><meta charset=utf-8>",
