@@ -256,3 +256,14 @@ def test_a_turn_without_its_length_ends_where_its_record_says(hard):
     origin = int(doc["otherData"]["origin_unix_ns"])
     turn4 = next(e for e in doc["traceEvents"] if e["name"] == "turn 4")
     assert round((turn4["ts"] + turn4["dur"]) * 1000) + origin == pytest.approx(ts[3] * 1e9, abs=1e3)
+
+
+def test_a_session_of_empty_prompts_claims_no_share(tmp_path):
+    """Two slot files holding no tokens (a slot saved empty): "100.0 % of all tokens were reused; the other 0
+    were new" and "reused 0 (100.0 %)" claimed a share of nothing."""
+    for k in (1, 2):
+        write_slot(tmp_path / f"turn-{k}.bin", [])
+    r = run_cli("report", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "**No waste: the prompts hold no tokens.**" in r.stdout and "reused 0 (**— %**)" in r.stdout
+    assert "100.0" not in r.stdout and "| 1 | 0 | 0 | — | 0 |" in r.stdout

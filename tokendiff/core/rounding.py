@@ -55,9 +55,10 @@ def stated_percent_text(pct: float, digits: int = 0) -> str:
     return f"{units / scale:.{digits}f}"
 
 
-def percent_text(part: int, whole: int, digits: int = 1, empty: float = 100.0) -> str:
-    """`percent`, written with exactly `digits` places ("91.3", "13")."""
-    return f"{percent(part, whole, digits, empty):.{digits}f}"
+def percent_text(part: int, whole: int, digits: int = 1) -> str:
+    """`percent`, written with exactly `digits` places ("91.3", "13"); "—" of nothing (a session of empty
+    prompts reused no share of anything: "100.0 %" of 0 tokens claimed one)."""
+    return f"{percent(part, whole, digits):.{digits}f}" if whole else "—"
 
 
 def counted(n: int, noun: str) -> str:

@@ -383,6 +383,8 @@ def quiet_headline(reused: int, total: int, wasted: int, where: str = "") -> str
     """The headline when no cause cost anything: no waste, or waste only where the changes were the
     expected ones (never "no waste" beside a wasted count)."""
     pct = percent_text(reused, total)
+    if not total:
+        return f"No waste{where}: the prompts hold no tokens."
     if wasted:
         return (
             f"No cause to fix{where}: {counted(wasted, 'token')} {'was' if wasted == 1 else 'were'} recomputed "
