@@ -126,3 +126,20 @@ def test_block_pool_uses_the_servers_block_size():
         lad.add(np.asarray(p))
     assert lad.sims[0][1].block == 32 and lad.sims[0][1].capacity == 128
     assert lad.report().unlimited.reuse_pct["vllm"] == round(100 * 96 / 202, 2)  # 3 blocks of 32, not 6 of 16
+
+
+def test_a_ladder_that_kept_all_but_a_few_tokens_never_reads_100():
+    """A ladder's percentages are kept at two places: 99.99 % read "100 %" in the verdict and "100.0 %" in the
+    table (rounded again), and a slot that kept 4 of 100,000 tokens was 0.0 (rounded half to even)."""
+    from tokendiff.report.markdown import _capacity
+    from tokendiff.report.session import capacity_json
+
+    doc = capacity_json(_ladder(99.99, 0.01, 99.99, 99.99), 0.0)
+    assert doc["verdict"] == "llama-server: with 4,096 tokens of cache: 1 %; with 65,536 tokens of cache: 99 %; " + (
+        "unlimited: 99 %; your server reported 99 %"
+    )
+    table = _capacity({"capacity": doc})  # type: ignore[typeddict-item]
+    assert "| 65,536 tokens | 99.9 % | 99.9 % |" in table and "| 4,096 tokens | 0.1 % | 0.1 % |" in table
+    lad = CapacityLadder([(4096, "tokens")])
+    lad.total = 100_000
+    assert lad._pct(4) == 0.01 and lad._pct(99_996) == 99.99 and lad._pct(100_000) == 100.0

@@ -133,6 +133,9 @@ def test_cache_ram_against_the_working_set():
     remote = _evidence(srv.LLAMA, None, None, **{"/props": props})
     assert dr.check_cache_ram(remote, w).status == dr.UNCHECKED
     assert dr.check_cache_ram(remote, dr.Workload(agents=1)).status == dr.OK  # one agent keeps its slot
+    off = _evidence(srv.LLAMA, lay, dr.LaunchFlags(source="t", cache_ram_mib=0), **{"/props": props})
+    tiny = dr.check_cache_ram(off, dr.Workload(agents=2, prompt_tokens=2))  # 425,984 B: was "= 0 MiB"
+    assert "x 106,496 B/token = <1 MiB;" in tiny.evidence and tiny.fix.startswith("--cache-ram 1 (MiB")
 
 
 def test_find_date_in_a_render():
@@ -260,6 +263,8 @@ llamacpp:prompt_tokens_cached_total 100
         ("1e999", "/metrics answers, without cached-token totals"),
         ("1.2.3", "/metrics answers, without cached-token totals"),
         ("-5", "/metrics answers, without cached-token totals"),
+        # the one rounding rule: 100 of 2,000,100 (0.005 %) is 0.1 %, not "0.0 %" of tokens that came from the cache
+        ("2000000", "so far 100 of 2,000,100 prompt tokens came from the cache (0.1 %)"),
     ],
 )
 def test_llama_metrics_odd_samples(processed, summary):

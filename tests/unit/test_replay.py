@@ -79,3 +79,15 @@ def test_a_lighter_scenario_slower_by_a_hair_says_times_that_differ():
     _, _, doc = replay(close, repeat=1)
     said = [d for d in doc["doubts"] if "took longer" in d]
     assert said and all("2.93 against 2.91 ms" in d for d in said), doc["doubts"]
+
+
+def test_a_small_separated_gain_is_not_one_times_faster():
+    """Every ideal run 40 ms faster than every actual one (1,041 against 1,001 ms): "the divergence costs
+    40.0 ms per turn; fixing it would make this turn 1.0x faster" said no gain beside one."""
+    from tokendiff.core.rounding import times_text
+
+    steady = {"cold": [2000, 2010, 1990], "actual": [1040, 1041, 1042], "ideal": [1000, 1001, 1002], "fixed": [1003]}
+    _, text, doc = replay(steady)
+    assert doc["speedup"] == 1.04 and "costs 40.0 ms per turn" in text
+    assert "would make this turn 1.04x faster" in text and "1.0x" not in text
+    assert (times_text(6.3), times_text(1.004), times_text(1.0), times_text(1.1)) == ("6.3", "1.01", "1.00", "1.1")

@@ -126,3 +126,25 @@ def test_a_session_of_one_turn_says_one_turn(vocab):
     prompts = [prompt_from_ids(qwen_encode(render("Qwen-Qwen3-0.6B.jinja", CONVERSATION[:2], TOOLS)), vocab)]
     doc = report_document("one", prompts, analyse(prompts), {"name": "qwen3"})
     assert "- 1 turn, " in render_markdown(doc) and "<p>1 turn, " in render_html(doc)
+
+
+def test_a_part_strictly_between_none_and_all_never_reads_0_or_100():
+    """9,996 of 10,000 tokens reused read "100.0" (and 99.996 % "100.00" in the JSON), 4 of 10,000 "0.0", a
+    span of 10,002 of 10,004 wasted tokens "100 % of the waste", a 0.4 ms prefill "0" ms and 4.8 ms "0.00" s:
+    each is the nearest figure that is not 0 or 100 (or "<1", "<0.01"), and every exact figure stays."""
+    from tokendiff.core.rounding import percent, percent_text, seconds_text, stated_percent_text, whole_text
+
+    assert percent_text(9_996, 10_000) == "99.9" and percent(99_996, 100_000, 2) == 99.99
+    assert percent_text(4, 10_000) == "0.1" and percent(4, 1_000_000, 2) == 0.01
+    assert percent_text(10_002, 10_004, 0) == "99" and percent_text(1, 1_000, 0) == "1"
+    assert percent_text(10_000, 10_000) == "100.0" and percent_text(0, 10_000) == "0.0" and percent(0, 0) == 100.0
+    assert percent_text(1, 8, 0) == "13" and percent_text(9_995, 10_000) == "99.9"  # 99.95: half up would say 100.0
+    assert seconds_text(0.0004) == "<0.01" and seconds_text(0) == "0.00" and seconds_text(0.005) == "0.01"
+    assert seconds_text(10_800.0) == "10,800.0"
+    assert whole_text(0.4) == "<1" and whole_text(0) == "0" and whole_text(0.5) == "1"
+    assert whole_text(10_800_000) == "10,800,000"
+    assert stated_percent_text(99.99) == "99" and stated_percent_text(0.01, 1) == "0.1"
+    assert stated_percent_text(100.0) == "100" and stated_percent_text(12.5) == "13" and stated_percent_text(0.0) == "0"
+    from tokendiff.report.cloud import money
+
+    assert money(0.0000036) == "<$0.0001" and money(0.0) == "$0.0000" and money(12_345.67) == "$12,345.67"

@@ -18,9 +18,17 @@ from typing import TYPE_CHECKING, Any
 from tokendiff.app.cloud import session_cloud
 from tokendiff.app.origins import by_origin
 from tokendiff.app.pair import PromptOptions, open_loader
-from tokendiff.app.reports import ReportOptions, read_replay
-from tokendiff.app.session import LoadedSession, Progress, open_session, session_specs, tokenizer_info
+from tokendiff.app.reports import ReportOptions, read_replay, replay_prefill_rate
+from tokendiff.app.session import (
+    LoadedSession,
+    Progress,
+    apply_prefill_rate,
+    open_session,
+    session_specs,
+    tokenizer_info,
+)
 from tokendiff.app.workers import collecting, unwarned
+from tokendiff.core.plain import replace
 from tokendiff.core.tails import Tails
 from tokendiff.errors import InputError, one_line
 from tokendiff.report.cloud import cloud_facts
@@ -55,10 +63,6 @@ class FleetResult:
     document: FleetDocument
     sessions: list[SessionFacts]
     skipped: list[InputError] = field(default_factory=list)  # the sessions that could not be read
-
-    @property
-    def reuse_pct(self) -> float:
-        return float(self.document["summary"]["reuse_pct"])
 
 
 def turn_times(path: str, order: str, origins: Sequence[str]) -> list[TurnTime]:
@@ -158,15 +162,18 @@ def fleet_member(
     *,
     redact: bool = False,
     loader: Loader | None = None,
+    prefill_rate: float | None = None,
 ) -> SessionFacts:
     """One session of a fleet, analysed (in a worker process, its divergent pairs in the same process: the
     fleet runs sessions side by side): its facts (with its labels to hash when `redact`), its partitions
-    written. `loader`: the fleet's, opened once (`Loader.fresh` gives each session its own view of it)."""
+    written. `loader`: the fleet's, opened once (`Loader.fresh` gives each session its own view of it);
+    `prefill_rate`: tokens/s for its turns the server did not time, as its own report prices them."""
     fresh = loader.fresh() if loader is not None else None
     tails = _tails(loader) if loader is not None else None
     loaded = open_session(  # the fleet view shows no engine verdicts
         opts, [path], single_turns=False, workers=1, loader=fresh, tails=tails, engine=None
     )
+    apply_prefill_rate(loaded.session, prefill_rate)
     if export_dir:
         export_session_dataset(loaded, path, Path(export_dir), opts.order)
     cloud = session_cloud([path])  # sent to a cloud provider: its breaks in money, as its own report says
@@ -202,7 +209,8 @@ def analyse_fleet(
     workers = min(n, fopts.workers or os.cpu_count() or 1)
     loader = _fleet_loader(opts)
     done: dict[int, SessionFacts | InputError] = {}
-    member = partial(_fleet_member_or_error, opts, export_dir=fopts.export_dir, redact=fopts.report.redact)
+    rate, redact = fopts.report.prefill_rate, fopts.report.redact
+    member = partial(_fleet_member_or_error, opts, export_dir=fopts.export_dir, redact=redact, prefill_rate=rate)
     if workers <= 1 or not _can_fork():
         for k, p in enumerate(paths):
             done[k] = member(p, loader=loader)
@@ -273,12 +281,17 @@ def _shared_member(member: Member, path: str) -> Any:
 
 
 def _fleet_member_or_error(
-    opts: PromptOptions, path: str, export_dir: str | None, redact: bool, loader: Loader | None = None
+    opts: PromptOptions,
+    path: str,
+    export_dir: str | None,
+    redact: bool,
+    loader: Loader | None = None,
+    prefill_rate: float | None = None,
 ) -> SessionFacts | InputError:
     """`fleet_member`, or the session's error (returned, so it crosses from a worker as a value), naming
     it; anything else that stops one session's analysis stops only that session."""
     try:
-        return fleet_member(opts, path, export_dir, redact=redact, loader=loader)
+        return fleet_member(opts, path, export_dir, redact=redact, loader=loader, prefill_rate=prefill_rate)
     except InputError as e:
         return e if e.source is not None else InputError(e.reason, source=path)
     except Exception as e:  # a failure of one session's analysis, reported under its name
@@ -299,6 +312,8 @@ def fleet_report(
     """The fleet document (`tokendiff.fleet/1`) over the sessions that could be read, the dataset written if
     asked; the others are listed in it (`skipped`) and in `FleetResult.skipped`. None readable: the first error."""
     replays = [read_replay(f) for f in fopts.report.replays]  # bad replay files fail before the work
+    rate = fopts.report.prefill_rate or replay_prefill_rate(replays)  # as a session's own report prices it
+    fopts = replace(fopts, report=replace(fopts.report, prefill_rate=rate))
     facts, errors = analyse_fleet(opts, paths, fopts, progress)
     if not facts:
         raise errors[0]

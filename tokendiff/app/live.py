@@ -27,8 +27,9 @@ from tokendiff.backends.pull import Puller, pull
 from tokendiff.backends.server import llama_server_url
 from tokendiff.backends.urls import shown_url
 from tokendiff.core.cache.engine_log import LogAligner
-from tokendiff.core.cost import Analyser
+from tokendiff.core.cost import Analyser, uncaused_waste
 from tokendiff.core.plain import replace
+from tokendiff.core.rounding import counted
 from tokendiff.errors import InputError
 from tokendiff.report.session import cause_title, in_sentence, prefill_seconds, seconds_label
 from tokendiff.sources.capture import iter_capture
@@ -197,8 +198,8 @@ def break_message(t: Turn, s: Session) -> str | None:
     tokens recomputed, 41 s": the server's measured prefill time when it has one, else an estimate."""
     if not t.wasted:
         return None
-    title = cause_title(t) or "the prompt changed before its end"
-    msg = f"turn {t.turn}: {in_sentence(title)} — {t.recompute:,} tokens recomputed"
+    title = cause_title(t) or uncaused_waste(t)
+    msg = f"turn {t.turn}: {in_sentence(title)} — {counted(t.recompute, 'token')} recomputed"
     secs = prefill_seconds(t)
     if secs is not None:
         return msg + ", " + seconds_label(secs)

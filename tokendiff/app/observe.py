@@ -12,7 +12,6 @@ warnings come back to the parent, which shows them as any warning (stderr, or th
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import hashlib
 import multiprocessing
@@ -380,36 +379,30 @@ class _Work:
 
 class _LiveSession:
     """One session's analysis as its turns come, kept light for a proxy that runs for days: each turn is
-    final when added (no pairs in flight) and the session's totals are never recomputed; the prefill
-    speed is the running median of the turns' measured ones."""
+    final when added (no pairs in flight) and the session's totals are never recomputed. A turn the server
+    did not time is priced as the report prices it (core.cost.price_turns): at the given --prefill-rate,
+    else at the speed measured over the turns before it (their ms over their tokens)."""
 
     def __init__(self, name: str, trace_id: str, prefill_rate: float | None):
         self.name, self.trace_id, self.prefill_rate = name, trace_id, prefill_rate
         self.analyser = Analyser(in_flight=0)
         self.clock_ns = 0  # where a turn without a timestamp goes: after the last one
-        self._rates: list[float] = []  # ms per token, sorted
+        self._ms = self._n = 0.0  # the timed turns' prefill ms and tokens, so far
 
     def add(self, loader: Loader, rec: CaptureRecord, label: str, ctx: TurnContext) -> TurnView:
         """The record as the session's next turn, analysed: an InputError when it cannot be read."""
         k = len(self.analyser.turns) + 1
         t = self.analyser.add(record_input(loader, rec, label, k))
         self.analyser.settle_unanswered()  # a turn the server never ran wastes nothing, as the report says
-        if t.reported_prompt_ms and t.reported_prompt_n:
-            bisect.insort(self._rates, t.reported_prompt_ms / t.reported_prompt_n)
-        rate, estimated = self._rate()
-        price_turns([t], rate)  # its own measured speed, else the running one
-        shell = Session([t], [], rate, t.n_tokens, 0, t.wasted, rate_estimated=estimated)
+        given = 1000.0 / self.prefill_rate if self.prefill_rate else None
+        price_turns([t], given if given is not None else (self._ms / self._n if self._n else None))
+        if not t.seconds_estimated and t.ms_per_token is not None:  # timed: the speed of the turns after it
+            self._ms, self._n = self._ms + (t.reported_prompt_ms or 0.0), self._n + (t.reported_prompt_n or 0)
+        rate = self._ms / self._n if self._n else given
+        shell = Session([t], [], rate, t.n_tokens, 0, t.wasted, rate_estimated=not self._n and given is not None)
         v = turn_view(shell, t, ctx, self.clock_ns)
         self.clock_ns = max(self.clock_ns, v.end_ns)
         return v
-
-    def _rate(self) -> tuple[float | None, bool]:
-        """(ms per token, estimated): the measured median, else the given --prefill-rate."""
-        n = len(self._rates)
-        if n:
-            mid = self._rates[n // 2] if n % 2 else (self._rates[n // 2 - 1] + self._rates[n // 2]) / 2
-            return mid, False
-        return (1000.0 / self.prefill_rate, True) if self.prefill_rate else (None, False)
 
 
 def _render_spans(spans: list[Any]) -> bytes:

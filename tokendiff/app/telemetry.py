@@ -36,10 +36,6 @@ class TelemetryResult:
     total_tokens: int
     reused_tokens: int
 
-    @property
-    def reuse_pct(self) -> float:
-        return 100.0 * self.reused_tokens / self.total_tokens if self.total_tokens else 100.0
-
 
 def turn_contexts(path: str, order: str, origins: Sequence[str]) -> list[TurnContext]:
     """The context of each of a session's turns (`origins`: theirs) from its own record (a capture, a HAR,

@@ -34,6 +34,7 @@ from tokendiff.core.cache.capacity import kv_bytes_per_token
 from tokendiff.core.cache.swa import AttentionLayout
 from tokendiff.core.causes import CAUSES
 from tokendiff.core.kinds import CauseKind, ServerKind
+from tokendiff.core.rounding import percent_text, whole_text
 from tokendiff.errors import InputError, ServerError
 from tokendiff.sources.gguf_meta import read_gguf_metadata
 
@@ -664,7 +665,8 @@ def check_cache_ram(ev: Evidence, w: Workload) -> Check:
 
 
 def _mib(n: float) -> str:
-    return f"{n / MIB:,.0f} MiB"
+    """Bytes in MiB, whole (as whole_text rounds): "<1 MiB" for a working set under half of one, never "0 MiB"."""
+    return f"{whole_text(n / MIB)} MiB"
 
 
 def cache_ram_flag(need: float) -> str:
@@ -779,7 +781,7 @@ def check_llama_metrics(ev: Evidence, w: Workload) -> Check:
     total = cached + processed
     if not total:
         return Check("metrics", INFO, "no prompt processed yet", "llamacpp:prompt_tokens_total = 0")
-    share = f" ({100 * cached / total:.1f} %)"
+    share = f" ({percent_text(round(cached), round(total))} %)"  # counters: whole tokens
     return Check(
         "metrics",
         INFO,

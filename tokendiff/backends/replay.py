@@ -38,6 +38,7 @@ from tokendiff.backends.server import (
 from tokendiff.core.cost import backend_reuse
 from tokendiff.core.kinds import VLLM_BLOCK, ServerKind
 from tokendiff.core.kinds import Backend as Rules
+from tokendiff.core.rounding import times_text
 from tokendiff.errors import ServerError
 
 if TYPE_CHECKING:
@@ -636,7 +637,7 @@ def _conclusions(doc: ReplayDocument, unit: str) -> list[str]:
     if doc["cost_ms"] is not None and doc["speedup"] is not None:
         out.append(
             f"the divergence costs {doc['cost_ms']:.1f} ms per turn ({unit}); "
-            f"fixing it would make this turn {doc['speedup']:.1f}x faster"
+            f"fixing it would make this turn {times_text(doc['speedup'])}x faster"
         )
     elif sc["actual"][key] is not None and sc["ideal"][key] is not None:
         out.append(

@@ -185,7 +185,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if len(paths) == 1:
         with collector_off_after_analysis():  # the document: a tree of dicts and lists, no cycle in it
             loaded = _open_one_session(args, paths, tty)
-            doc, reuse, what = session_report(loaded, paths[0], opts), loaded.session.reuse_pct, "session"
+            doc, what = session_report(loaded, paths[0], opts), "session"
+            reuse = (loaded.session.reused_tokens, loaded.session.total_tokens)
         if args.prefill_rate and not loaded.session.rate_estimated and loaded.session.ms_per_token is not None:
             print("tokendiff: --prefill-rate not used: the session has the server's measured timings", file=sys.stderr)
     else:  # the fleet view; its workers write the dataset as they go
@@ -194,7 +195,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         fleet_opts = FleetOptions(report=opts, export_dir=args.export if dataset else None)
         fleet = fleet_report(_prompt_options(args), paths, fleet_opts, _progress_line(tty))
         _clear_line(tty)
-        doc, reuse, what = fleet.document, fleet.reuse_pct, "fleet"
+        doc, what = fleet.document, "fleet"
+        reuse = (fleet.document["summary"]["reused_tokens"], fleet.document["summary"]["total_tokens"])
         skipped = fleet.skipped
     if args.output:
         export_report(doc, Path(args.output), args.format)
@@ -210,10 +212,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"tokendiff: {e} (left out of the report)", file=sys.stderr)
     if skipped:
         return ExitCode.TROUBLE
-    if args.fail_under is not None and reuse < args.fail_under:
-        print(f"tokendiff: {what} reuse {reuse:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
-        return ExitCode.DIFFERENT
-    return ExitCode.OK
+    return _gate(args.fail_under, *reuse, f"{what} reuse")
 
 
 def _open_one_session(args: argparse.Namespace, paths: list[str], tty: bool) -> LoadedSession:
@@ -258,10 +257,22 @@ def _telemetry_report(args: argparse.Namespace, paths: list[str], tty: bool) -> 
         write_text(Path(args.output), result.text)
     else:
         emit(result.text)
-    if args.fail_under is not None and result.reuse_pct < args.fail_under:
-        print(f"tokendiff: reuse {result.reuse_pct:.1f} % is under {args.fail_under:g} %", file=sys.stderr)
-        return ExitCode.DIFFERENT
-    return ExitCode.OK
+    return _gate(args.fail_under, result.reused_tokens, result.total_tokens, "reuse")
+
+
+def _gate(fail_under: float | None, reused: int, total: int, what: str) -> int:
+    """`--fail-under`: the exact share of the counts against the bar (a share rounded up to it, 49.996 % as
+    50.00, does not pass 50). Said by the one rounding rule, or cut at two places where that rule would
+    round it up to the bar (never "50.0 % is under 50 %")."""
+    from tokendiff.core.rounding import percent, percent_text
+
+    if fail_under is None or not total or 100 * reused >= fail_under * total:
+        return ExitCode.OK
+    text = percent_text(reused, total)
+    if percent(reused, total) >= fail_under:
+        text = f"{100 * reused * 100 // total / 100:.2f}"
+    print(f"tokendiff: {what} {text} % is under {fail_under:g} %", file=sys.stderr)
+    return ExitCode.DIFFERENT
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -799,7 +799,15 @@ class Analyser:
 
 
 def _cause_title(t: Turn) -> str:
-    return next((f.title for f in t.findings if f.kind == t.cause), t.cause)
+    return next((f.title for f in t.findings if f.kind == t.cause), t.cause) or uncaused_waste(t)
+
+
+def uncaused_waste(t: Turn) -> str:
+    """What a turn's waste is where no cause names it: a prompt the cache held whole (the same again, or
+    a prefix of the last) still has its last token evaluated for the logits, and nothing changed."""
+    from tokendiff.core.cache.verdict import CHANGED_BEFORE_END, LAST_TOKEN_AGAIN
+
+    return LAST_TOKEN_AGAIN if t.lcp >= t.n_tokens else CHANGED_BEFORE_END
 
 
 class Examples(Mapping[int, tuple[Prompt, Prompt]]):

@@ -46,9 +46,12 @@ SHORT_TITLES = {  # a verdict in a few words, where a line holds more than the v
 
 
 def money(v: float | None) -> str:
-    """Dollars as a report shows them: four decimals under a dollar (a turn's break is often cents)."""
+    """Dollars as a report shows them: four decimals under a dollar (a turn's break is often cents), and
+    "<$0.0001" under half of the last (a cheap model's break is not "$0.0000")."""
     if v is None:
         return "—"
+    if 0 < v < 0.00005:
+        return "<$0.0001"
     return f"${v:,.4f}" if v < 1 else f"${v:,.2f}"
 
 

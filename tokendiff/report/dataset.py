@@ -78,6 +78,7 @@ TURN_COLUMNS: tuple[Column, ...] = (
     Column(
         "wasted_seconds", "Float64", "at the turn's own measured prefill speed (else estimated), seconds; null untimed"
     ),
+    Column("seconds_estimated", "Boolean", "wasted_seconds at a given or earlier turns' speed, not the turn's timing"),
     Column("lcp_prev", "Int64", "tokens shared with the previous prompt (longest common prefix)"),
     Column("best_earlier_turn", "Int64", "the earlier turn sharing the longest prefix; null on turn 1"),
     Column("best_earlier_lcp", "Int64", "tokens shared with that turn"),
@@ -108,6 +109,7 @@ SPAN_COLUMNS: tuple[Column, ...] = (
     Column(
         "wasted_seconds", "Float64", "at the turn's own measured prefill speed (else estimated), seconds; null untimed"
     ),
+    Column("seconds_estimated", "Boolean", "wasted_seconds at a given or earlier turns' speed, not the turn's timing"),
 )
 
 PARTITIONS = (
@@ -163,6 +165,7 @@ def _dataset_turn(path: str, t: Turn, row: TurnRow, when: TurnTime) -> DatasetTu
         "new_tokens": row["new_tokens"],
         "wasted": row["wasted"],
         "wasted_seconds": t.wasted_seconds,
+        "seconds_estimated": t.wasted_seconds is not None and t.seconds_estimated,
         "lcp_prev": row["lcp_prev"],
         "best_earlier_turn": row["best_earlier_turn"],
         "best_earlier_lcp": row["best_earlier_lcp"],
@@ -209,6 +212,7 @@ def span_table(s: Session, path: str, times: Sequence[TurnTime]) -> pl.DataFrame
                     "first_divergence": first,
                     "wasted": wasted,
                     "wasted_seconds": secs,
+                    "seconds_estimated": secs is not None and t.seconds_estimated,
                     "day": when.day,
                 }
             )

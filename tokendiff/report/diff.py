@@ -8,7 +8,7 @@ that removes or renames a field.
 from __future__ import annotations
 
 from tokendiff.core.model import END_OF_PROMPT, LOCAL_RENDER_IDS, Divergence, Finding, Prompt, SectionPath
-from tokendiff.core.rounding import percent_text
+from tokendiff.core.rounding import counted, percent_text
 from tokendiff.core.vocab import Vocab
 from tokendiff.report.excerpt import excerpt
 
@@ -179,11 +179,11 @@ def render_text(doc: DiffDocument, color: bool = False, max_hunks: int = 20) -> 
     out = _header(st, doc)
     f = doc["first_divergence"]
     if doc["identical"] or f is None:
-        out.append(f"identical: {doc['a']['n_tokens']:,} tokens, all reusable")
+        out.append(f"identical: {counted(doc['a']['n_tokens'], 'token')}, all reusable")
         return "\n".join(out) + "\n"
     pct = percent_text(doc["lcp_tokens"], doc["b"]["n_tokens"])
     out.append(
-        st.wrap(_BOLD, f"reusable prefix: {doc['lcp_tokens']:,} of {doc['b']['n_tokens']:,} tokens ({pct} %)")
+        st.wrap(_BOLD, f"reusable prefix: {doc['lcp_tokens']:,} of {counted(doc['b']['n_tokens'], 'token')} ({pct} %)")
         + f" · {doc['recompute_tokens']:,} to recompute"
     )
     out += _first_lines(st, f, doc["hunks"][0]["finding"] if doc["hunks"] else None)
@@ -201,8 +201,8 @@ def _header(st: _Style, doc: DiffDocument) -> list[str]:
     """Both prompts, any render mismatch, the tokenizer."""
     out: list[str] = []
     a, b = doc["a"], doc["b"]
-    out.append(st.wrap(_BOLD, f"A  {a['origin']}") + f"  {a['format']}, {a['n_tokens']:,} tokens")
-    out.append(st.wrap(_BOLD, f"B  {b['origin']}") + f"  {b['format']}, {b['n_tokens']:,} tokens")
+    out.append(st.wrap(_BOLD, f"A  {a['origin']}") + f"  {a['format']}, {counted(a['n_tokens'], 'token')}")
+    out.append(st.wrap(_BOLD, f"B  {b['origin']}") + f"  {b['format']}, {counted(b['n_tokens'], 'token')}")
     for side, d in (("A", a), ("B", b)):
         mm = d.get("render_mismatch")
         if mm and d.get("ids_from") == LOCAL_RENDER_IDS:  # no server: the tokenizer normalised the text

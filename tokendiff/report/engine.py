@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from tokendiff.core.cost import Session, Turn
 from tokendiff.core.kinds import GapClass
-from tokendiff.core.rounding import seconds_text
+from tokendiff.core.rounding import counted, seconds_text
 
 # core.cache.verdict (with llama-server's policy model, ~9 ms of imports) is imported where a session has engine
 # verdicts: a report of slot files has none
@@ -182,7 +182,7 @@ def engine_panel(s: Session, show: int = 3) -> list[str]:
     out = [e["headline"]]
     for h in e["helped"][:show]:
         secs = f", {seconds_text(h['gain_seconds'])} s" if h["gain_seconds"] else ""
-        out.append(f"{h['change']}: +{h['gain_tokens']:,} tokens{secs}")
+        out.append(f"{h['change']}: +{counted(h['gain_tokens'], 'token')}{secs}")
     return out
 
 

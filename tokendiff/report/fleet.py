@@ -45,6 +45,7 @@ class SpanFacts:
     turns: int  # turns it broke
     tokens: int  # wasted tokens it caused as a turn's first divergence
     seconds: float | None  # those tokens' share of their turns' measured prefill (cost.price_spans)
+    seconds_estimated: bool = False  # some at a given or earlier turns' speed (the session's report says "est.")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class TurnFacts:
     cause: CauseKind | Literal[""]
     section: str
     seconds: float | None
+    seconds_estimated: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class SessionFacts:
     skipped: tuple[tuple[str, str], ...] = ()  # (source, why) of its turns that could not be read
     cloud: CloudFacts | None = None  # a session sent to a cloud provider: its breaks in money
     not_run: tuple[int, ...] = ()  # its turns the server never ran (no answer): counted, but not in the totals
+    seconds_estimated: bool = False  # some of its wasted seconds at a given or earlier turns' speed
 
     @property
     def reuse_pct(self) -> float:
@@ -135,6 +138,7 @@ def session_facts(
             turns=len(sp.turns),
             tokens=sp.tokens,
             seconds=sp.seconds,
+            seconds_estimated=sp.seconds is not None and sp.seconds_estimated,
         )
         for sp in s.spans
     )
@@ -149,6 +153,7 @@ def session_facts(
             cause=t.cause,
             section=t.section,
             seconds=t.wasted_seconds,
+            seconds_estimated=t.wasted_seconds is not None and t.seconds_estimated,
         )
         for t in wasteful
     )
@@ -169,6 +174,7 @@ def session_facts(
         skipped=tuple(s.skipped),
         cloud=cloud,
         not_run=tuple(s.not_run),
+        seconds_estimated=s.wasted_seconds is not None and s.seconds_estimated,
     )
 
 
@@ -183,6 +189,7 @@ class _Cause:
     turns: int = 0
     tokens: int = 0
     seconds: float | None = None
+    seconds_estimated: bool = False
     sections: dict[str, int] = field(default_factory=dict)  # section label -> tokens
 
     def add(self, path: str, sp: SpanFacts) -> None:
@@ -192,9 +199,12 @@ class _Cause:
         self.sections[sp.section] = self.sections.get(sp.section, 0) + sp.tokens
         if sp.seconds is not None:
             self.seconds = (self.seconds or 0.0) + sp.seconds
+            self.seconds_estimated |= sp.seconds_estimated
 
 
-def _rounded(x: float | None, digits: int = 3) -> float | None:
+def _rounded(x: float | None, digits: int = rounding.SECONDS_DIGITS) -> float | None:
+    """Seconds as a session's own report keeps them (three places, then one in md, read 1.04951 s as
+    "1.1" where the session said "1.0")."""
     return None if x is None else round(x, digits)
 
 
@@ -217,6 +227,7 @@ def ranked_causes(sessions: Sequence[SessionFacts]) -> list[FleetCause]:
             "tokens": c.tokens,
             "share": round(c.tokens / wasted, 4) if wasted else 0.0,
             "seconds": _rounded(c.seconds),
+            "seconds_estimated": c.seconds_estimated,
             "sections": sorted(c.sections, key=lambda k: (-c.sections[k], k)),
         }
         for rank, c in enumerate(ranked, 1)
@@ -224,8 +235,10 @@ def ranked_causes(sessions: Sequence[SessionFacts]) -> list[FleetCause]:
 
 
 def _sum_usd(values: Sequence[float | None]) -> float | None:
-    """A sum of dollars; None when any is unknown (a model without a price) or there are none."""
-    return None if not values or any(v is None for v in values) else round(sum(v for v in values if v is not None), 6)
+    """A sum of dollars; None when any is unknown (a model without a price) or there are none. Not rounded: the
+    views round once where they show it (money), as a session's own report does ($0.0026496 rounded to six
+    places first is $0.00265, which read "$0.0027" beside the session's "$0.0026")."""
+    return None if not values or any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
 def ranked_cloud_causes(sessions: Sequence[SessionFacts]) -> list[FleetCloudCause]:
@@ -266,8 +279,8 @@ def _cloud_row(c: CloudFacts | None) -> FleetCloudRow | None:
         "provider": c.provider,
         "model": c.model,
         "wasted_tokens": c.wasted_tokens,
-        "usd": _rounded(c.usd, 6),
-        "usd_per_day": _rounded(c.usd_per_day, 4),
+        "usd": c.usd,  # as the session's own report has them: rounded once, where shown
+        "usd_per_day": c.usd_per_day,
     }
 
 
@@ -282,6 +295,7 @@ def _session_row(s: SessionFacts) -> FleetSessionRow:
         "reuse_pct": percent(s.reused_tokens, s.total_tokens, 2),
         "wasted_tokens": s.wasted_tokens,
         "wasted_seconds": _rounded(s.wasted_seconds),
+        "seconds_estimated": s.seconds_estimated,
         "ms_per_token": _rounded(s.ms_per_token, 4),
         "top_cause": None
         if top is None
@@ -310,6 +324,7 @@ def _worst_turns(sessions: Sequence[SessionFacts], n: int) -> list[FleetWorstTur
             "cause": t.cause or None,
             "section": t.section or None,
             "seconds": _rounded(t.seconds),
+            "seconds_estimated": t.seconds_estimated,
         }
         for s, t in rows[:n]
     ]
@@ -327,6 +342,13 @@ def fleet_turns(turns: int, not_run: int) -> str:
     return counted(turns, "turn") + unrun
 
 
+def fleet_timed(s: FleetSummary) -> str:
+    """Which sessions the fleet's seconds cover, and whether some are estimates: "for 1 of 2 sessions,
+    estimated" (was "timed in 2 of 2" for sessions that --prefill-rate priced and no server timed)."""
+    est = ", estimated" if s.get("seconds_estimated") else ""
+    return f"for {s['sessions_timed']:,} of {counted(s['sessions'], 'session')}{est}"
+
+
 def session_turns_cell(row: FleetSessionRow) -> str:
     """A session row's turns, with those the server never ran: '10 (1 not answered)'."""
     unrun = len(row.get("not_run_turns") or [])
@@ -340,11 +362,12 @@ def fleet_headline(causes: list[FleetCause], n_sessions: int, reused: int, total
     if not causes or causes[0]["tokens"] == 0:
         return quiet_headline(reused, total, wasted, where=f" in {n_sessions} sessions")
     c = causes[0]
-    secs = f" ({seconds_text(c['seconds'])} s of prefill)" if c["seconds"] else ""
+    est = ", estimated" if c["seconds_estimated"] else ""  # as a session's headline says it
+    secs = f" ({seconds_text(c['seconds'])} s of prefill{est})" if c["seconds"] else ""
     title = in_sentence(c["title"])
     return (
         f"Fix this first: {title}, in {c['sessions']} of {n_sessions} sessions. "
-        f"It is {percent_text(c['tokens'], wasted, 0)} % of the waste: {c['tokens']:,} tokens recomputed over "
+        f"It is {percent_text(c['tokens'], wasted, 0)} % of the waste: {counted(c['tokens'], 'token')} recomputed over "
         f"{c['turns']} turn{'s' if c['turns'] != 1 else ''}{secs}."
     )
 
@@ -364,7 +387,8 @@ def fleet_document(sessions: Sequence[SessionFacts], redact: bool = False, worst
         "reused_tokens": reused,
         "reuse_pct": percent(reused, total, 2),
         "wasted_tokens": wasted,
-        "wasted_seconds": round(sum(timed), 3) if timed else None,
+        "wasted_seconds": _rounded(sum(timed)) if timed else None,
+        "seconds_estimated": any(s.seconds_estimated for s in sessions),
         "sessions_timed": len(timed),
         "top_cause": causes[0] if causes and causes[0]["tokens"] > 0 else None,
         "headline": fleet_headline(causes, len(sessions), reused, total, wasted),

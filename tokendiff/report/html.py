@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from tokendiff.core.rounding import counted, percent_text
-from tokendiff.report.fleet import fleet_turns, seconds_text, session_turns_cell
+from tokendiff.core.rounding import counted, percent_text, stated_percent_text, whole_text
+from tokendiff.report.fleet import fleet_timed, fleet_turns, seconds_text, session_turns_cell
 from tokendiff.report.markdown import NOT_SEPARATED
 from tokendiff.report.session import span_place, split_spans, turns_counted
 
@@ -76,7 +76,7 @@ def _chart(turns: Sequence[Bar], unit: str = "turn") -> str:
         if waste_h > 0:
             parts.append(
                 f'<rect x="{x:.1f}" y="{y0 - reuse_h - waste_h:.1f}" width="{bw * 0.8:.1f}" height="{waste_h:.1f}" '
-                f'fill="#d9534f"><title>{unit} {t["turn"]}: {t["wasted"]:,} tokens wasted</title></rect>'
+                f'fill="#d9534f"><title>{unit} {t["turn"]}: {counted(t["wasted"], "token")} wasted</title></rect>'
             )
         if n <= 60 or i % max(1, n // 30) == 0:
             parts.append(
@@ -103,7 +103,7 @@ def _est(x: float | None, estimated: bool | None) -> str:
     """Seconds for a table cell, marked "est." when they come from a given prefill rate."""
     if x == 0:
         return "0"  # no tokens wasted: no seconds, measured or not
-    text = seconds_text(x)
+    text = escape(seconds_text(x))  # "<0.01": text, not the start of a tag
     return f"{text} est." if text and estimated else text
 
 
@@ -175,7 +175,8 @@ def _turns(doc: ReportDocument) -> list[str]:
     for t in doc["turns"]:
         rc = "" if t["reported_cached"] is None else f"{t['reported_cached']:,}"
         ms = "".join(
-            f"<td class=n>{'' if v is None else f'{v:,.0f}'}</td>" for v in (t.get("ttft_ms"), t.get("prefill_ms"))
+            f"<td class=n>{'' if v is None else escape(whole_text(v))}</td>"
+            for v in (t.get("ttft_ms"), t.get("prefill_ms"))
         )
         out.append(
             f"<tr><td class=n>{t['turn']}</td><td class=n>{t['tokens']:,}</td><td class=n>{t['reusable']:,}</td>"
@@ -233,7 +234,7 @@ def _engine(doc: ReportDocument) -> list[str]:
         for h in eng["helped"]:
             out.append(
                 f"<tr><td><code>{e(h['change'])}</code></td><td class=n>{h['reused']:,}</td>"
-                f"<td class=n>{h['gain_tokens']:,}</td><td class=n>{seconds_text(h['gain_seconds'])}</td>"
+                f"<td class=n>{h['gain_tokens']:,}</td><td class=n>{escape(seconds_text(h['gain_seconds']))}</td>"
                 f"<td>{e(h['why'])}</td></tr>"
             )
         out.append("</table>")
@@ -269,7 +270,7 @@ def _capacity(doc: ReportDocument) -> list[str]:
     ]
     for p in c["points"]:
         r = p["reuse_pct"]
-        cells = f"<td class=n>{r['llama.cpp']:.1f} %</td><td class=n>{r['vllm']:.1f} %</td>"
+        cells = "".join(f"<td class=n>{stated_percent_text(r[b], 1)} %</td>" for b in ("llama.cpp", "vllm"))
         out.append(f"<tr><td>{e(p['cache'])}</td>{cells}</tr>")
     out.append("</table>")
     return out
@@ -321,7 +322,7 @@ def render_html(doc: AnyReport) -> str:
     s = doc["summary"]
     e = escape
     est = " (estimated)" if s.get("seconds_estimated") else ""
-    secs = f", {seconds_text(s['wasted_seconds'])} s of prefill{est}" if s["wasted_seconds"] is not None else ""
+    secs = f", {e(seconds_text(s['wasted_seconds']))} s of prefill{est}" if s["wasted_seconds"] is not None else ""
     out = [
         "<!doctype html><html lang=en><head><meta charset=utf-8>",
         f"<title>tokendiff report: {e(s['path'])}</title><style>{CSS}</style></head><body>",
@@ -386,7 +387,8 @@ def _fleet_causes(doc: FleetDocument) -> list[str]:
         out.append(
             f"<tr><td class=n>{c['rank']}</td><td>{e(c['title'])}</td><td>{e(c['kind'])}</td>"
             f"<td class=n>{c['sessions']}</td><td class=n>{c['turns']:,}</td><td class=n>{c['tokens']:,}</td>"
-            f"<td class=n>{percent_text(c['tokens'], wasted, 0)} %</td><td class=n>{seconds_text(c['seconds'])}</td>"
+            f"<td class=n>{percent_text(c['tokens'], wasted, 0)} %</td>"
+            f"<td class=n>{_est(c['seconds'], c.get('seconds_estimated'))}</td>"
             f"<td>{sections}</td><td>{e(c['fix'])}</td></tr>"
         )
     out.append("</table>")
@@ -405,7 +407,8 @@ def _fleet_sessions(doc: FleetDocument) -> list[str]:
         out.append(
             f"<tr><td class=n>{i}</td><td><code>{e(r['path'])}</code></td><td class=n>{session_turns_cell(r)}</td>"
             f"<td class=n>{r['total_tokens']:,}</td><td class=n>{_reuse(r)}</td>"
-            f"<td class=n>{r['wasted_tokens']:,}</td><td class=n>{seconds_text(r['wasted_seconds'])}</td>"
+            f"<td class=n>{r['wasted_tokens']:,}</td>"
+            f"<td class=n>{_est(r['wasted_seconds'], r.get('seconds_estimated'))}</td>"
             f"<td>{cause}</td></tr>"
         )
     out.append("</table>")
@@ -423,8 +426,9 @@ def _fleet_cloud(doc: FleetDocument) -> list[str]:
     e, s = escape, doc["summary"]
     out = [
         "<h2>At the cloud providers</h2>",
-        f"<p>{s['cloud_sessions']} sessions sent to a provider: {money(s['wasted_usd'])} paid for cached tokens "
-        f"again; {money(s['wasted_usd_per_day'])} a day at their rates.</p>",
+        f"<p>{counted(s['cloud_sessions'], 'session')} sent to a provider: "
+        f"{e(money(s['wasted_usd']))} paid for cached tokens "
+        f"again; {e(money(s['wasted_usd_per_day']))} a day at their rates.</p>",
         "<table><tr><th>#</th><th>verdict</th><th>sessions</th><th>turns</th><th>tokens</th><th>cost</th>"
         "<th>a day at this rate</th><th>fields</th></tr>",
     ]
@@ -433,7 +437,7 @@ def _fleet_cloud(doc: FleetDocument) -> list[str]:
         out.append(
             f"<tr><td class=n>{c['rank']}</td><td>{e(CAUSE_TITLES[CloudCause(c['cause'])])}</td>"
             f"<td class=n>{c['sessions']}</td><td class=n>{c['turns']:,}</td><td class=n>{c['tokens']:,}</td>"
-            f"<td class=n>{money(c['usd'])}</td><td class=n>{money(c['usd_per_day'])}</td><td>{fields}</td></tr>"
+            f"<td class=n>{e(money(c['usd']))}</td><td class=n>{e(money(c['usd_per_day']))}</td><td>{fields}</td></tr>"
         )
     out.append("</table>")
     out.append(
@@ -445,8 +449,8 @@ def _fleet_cloud(doc: FleetDocument) -> list[str]:
         assert row is not None
         out.append(
             f"<tr><td><code>{e(r['path'])}</code></td><td>{e(row['provider'])}</td><td>{e(row['model'])}</td>"
-            f"<td class=n>{row['wasted_tokens']:,}</td><td class=n>{money(row['usd'])}</td>"
-            f"<td class=n>{money(row['usd_per_day'])}</td></tr>"
+            f"<td class=n>{row['wasted_tokens']:,}</td><td class=n>{e(money(row['usd']))}</td>"
+            f"<td class=n>{e(money(row['usd_per_day']))}</td></tr>"
         )
     out.append("</table>")
     return out
@@ -474,7 +478,7 @@ def render_fleet_html(doc: FleetDocument) -> str:
     e = escape
     secs = ""
     if s["wasted_seconds"] is not None:
-        secs = f", {seconds_text(s['wasted_seconds'])} s of prefill (timed in {s['sessions_timed']} of {s['sessions']})"
+        secs = f", {escape(seconds_text(s['wasted_seconds']))} s of prefill ({fleet_timed(s)})"
     title = f"tokendiff report: {s['sessions']} sessions"
     out = [
         "<!doctype html><html lang=en><head><meta charset=utf-8>",

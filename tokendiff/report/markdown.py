@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tokendiff.core.rounding import counted, percent_text
-from tokendiff.report.fleet import fleet_turns, seconds_text, session_turns_cell
+from tokendiff.core.rounding import counted, percent_text, stated_percent_text, whole_text
+from tokendiff.report.fleet import fleet_timed, fleet_turns, seconds_text, session_turns_cell
 from tokendiff.report.session import span_place, split_spans, turns_counted
 
 if TYPE_CHECKING:
-    from tokendiff.report.schema import AnyReport, FleetDocument, ReplayDocument, ReportDocument
+    from tokendiff.report.schema import AnyReport, FleetDocument, ReplayDocument, ReportDocument, ReportSummary
 
 
 def _cell(v: object) -> str:
@@ -23,7 +23,7 @@ def _count(v: int | None) -> str:
 
 
 def _ms(v: float | None) -> str:
-    return "" if v is None else f"{v:,.0f}"
+    return "" if v is None else whole_text(v)
 
 
 def _code(s: str) -> str:
@@ -71,7 +71,10 @@ def _capacity(doc: ReportDocument) -> list[str]:
         "|---|---|---|",
     ]
     for p in c["points"]:
-        out.append(f"| {p['cache']} | {p['reuse_pct']['llama.cpp']:.1f} % | {p['reuse_pct']['vllm']:.1f} % |")
+        r = p["reuse_pct"]
+        out.append(
+            f"| {p['cache']} | {stated_percent_text(r['llama.cpp'], 1)} % | {stated_percent_text(r['vllm'], 1)} % |"
+        )
     return out
 
 
@@ -177,6 +180,15 @@ def _section_cell(section: str | None) -> str:
     return f"`{_code(section)}`" if section else ""
 
 
+def _speed_source(s: ReportSummary) -> str:
+    """Where the prefill speed came from: given, or the server's timings (and what the turns it did not time use)."""
+    if s.get("rate_given"):
+        return "estimated (from --prefill-rate or a replay's cold run)"
+    if s.get("seconds_estimated"):
+        return "measured on the turns the server timed (a turn it did not time: estimated at the speed before it)"
+    return "measured"
+
+
 def render_markdown(doc: AnyReport) -> str:
     if doc["schema"] == "tokendiff.fleet/1":
         return render_fleet_markdown(doc)
@@ -191,8 +203,7 @@ def render_markdown(doc: AnyReport) -> str:
         f"(**{_reuse(s)} %**); wasted {counted(s['wasted_tokens'], 'token')}{secs}"
     )
     if s["ms_per_token"]:
-        how = "estimated (from --prefill-rate or a replay's cold run)" if s.get("seconds_estimated") else "measured"
-        out.append(f"- prefill speed: {s['ms_per_token']:.3f} ms per token, {how}")
+        out.append(f"- prefill speed: {s['ms_per_token']:.3f} ms per token, {_speed_source(s)}")
     tk = doc["tokenizer"]
     out.append(f"- tokenizer: {tk['name']}" + (" (assumed)" if tk.get("assumed") else ""))
     for left in s.get("skipped_turns") or []:
@@ -252,7 +263,7 @@ def _fleet_sessions(doc: FleetDocument) -> list[str]:
         cause = f"{_cell(top['title'])} in `{_code(top['section'])}` ({top['tokens']:,})" if top else ""
         out.append(
             f"| `{_code(r['path'])}` | {session_turns_cell(r)} | {r['total_tokens']:,} | {_reuse(r)} | "
-            f"{r['wasted_tokens']:,} | {seconds_text(r['wasted_seconds'])} | {cause} |"
+            f"{r['wasted_tokens']:,} | {_est(r['wasted_seconds'], r.get('seconds_estimated'))} | {cause} |"
         )
     return out
 
@@ -270,7 +281,7 @@ def _fleet_causes(doc: FleetDocument) -> list[str]:
         share = percent_text(c["tokens"], wasted, 0)
         out.append(
             f"| {c['rank']} | {_cell(c['title'])} | {c['kind']} | {c['sessions']} | {c['turns']:,} | "
-            f"{c['tokens']:,} | {share} % | {seconds_text(c['seconds'])} | {_cell(sections)} | "
+            f"{c['tokens']:,} | {share} % | {_est(c['seconds'], c.get('seconds_estimated'))} | {_cell(sections)} | "
             f"{_cell(c['fix'])} |"
         )
     return out
@@ -287,7 +298,8 @@ def _fleet_cloud(doc: FleetDocument) -> list[str]:
     s = doc["summary"]
     out = ["", "## At the cloud providers", ""]
     out.append(
-        f"- {s['cloud_sessions']} sessions sent to a provider: {money(s['wasted_usd'])} paid for cached tokens "
+        f"- {counted(s['cloud_sessions'], 'session')} sent to a provider: "
+        f"{money(s['wasted_usd'])} paid for cached tokens "
         f"again; {money(s['wasted_usd_per_day'])} a day at their rates"
     )
     out += [
@@ -338,7 +350,7 @@ def render_fleet_markdown(doc: FleetDocument) -> str:
     out = [f"# tokendiff report: {s['sessions']} sessions", "", f"**{s['headline']}**", ""]
     secs = ""
     if s["wasted_seconds"] is not None:
-        secs = f", {seconds_text(s['wasted_seconds'])} s of prefill (timed in {s['sessions_timed']} of {s['sessions']})"
+        secs = f", {seconds_text(s['wasted_seconds'])} s of prefill ({fleet_timed(s)})"
     out.append(
         f"- {s['sessions']} sessions, {fleet_turns(s['turns'], s.get('turns_not_run', 0))}, "
         f"{s['total_tokens']:,} prompt tokens; reused "

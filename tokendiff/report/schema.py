@@ -381,6 +381,7 @@ class ReportSummary(TypedDict):
     wasted_seconds: float | None
     ms_per_token: float | None
     seconds_estimated: bool
+    rate_given: bool  # ms_per_token is --prefill-rate's or a replay's cold run's, not the server's timings
     top_cause: SpanDoc | None
     checkpoint_reused_tokens: int | None
     layout: LayoutDoc
@@ -545,6 +546,7 @@ class FleetCause(TypedDict):
     tokens: int
     share: float
     seconds: float | None
+    seconds_estimated: bool  # some of them at a given or earlier turns' speed, not the turn's own
     sections: list[str]
 
 
@@ -587,6 +589,7 @@ class FleetSessionRow(TypedDict):
     reuse_pct: float
     wasted_tokens: int
     wasted_seconds: float | None
+    seconds_estimated: bool
     ms_per_token: float | None
     top_cause: FleetTopCause | None
     headline: str
@@ -606,6 +609,7 @@ class FleetWorstTurn(TypedDict):
     cause: str | None
     section: str | None
     seconds: float | None
+    seconds_estimated: bool
 
 
 class FleetSummary(TypedDict):
@@ -616,6 +620,7 @@ class FleetSummary(TypedDict):
     reuse_pct: float
     wasted_tokens: int
     wasted_seconds: float | None
+    seconds_estimated: bool
     sessions_timed: int
     top_cause: FleetCause | None
     headline: str
@@ -661,6 +666,7 @@ class DatasetTurn(TypedDict):
     new_tokens: int
     wasted: int
     wasted_seconds: float | None
+    seconds_estimated: bool
     lcp_prev: int
     best_earlier_turn: int | None
     best_earlier_lcp: int
@@ -694,6 +700,7 @@ class DatasetSpan(TypedDict):
     first_divergence: bool
     wasted: int
     wasted_seconds: float | None
+    seconds_estimated: bool
     day: str
 
 

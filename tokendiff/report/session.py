@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Final, cast
 from tokendiff.core.cost import CHECKPOINT_BACKEND, RELOAD, RELOAD_TITLE, Session, Span, Turn
 from tokendiff.core.kinds import Backend, CauseKind
 from tokendiff.core.model import Prompt, SectionPath
-from tokendiff.core.rounding import counted, percent, percent_text, seconds_text
+from tokendiff.core.rounding import (
+    SECONDS_DIGITS,
+    counted,
+    percent,
+    percent_text,
+    seconds_text,
+    stated_percent_text,
+)
 from tokendiff.core.secrets import mask
 from tokendiff.report.diff import path_json
 from tokendiff.report.engine import engine_json, turn_engine_json
@@ -87,9 +94,6 @@ def seconds_label(x: float, estimated: bool = False) -> str:
 def _secs(x: float | None) -> float | None:
     """Milliseconds to the microsecond."""
     return round(x, 3) if x is not None else None
-
-
-SECONDS_DIGITS = 6  # seconds in documents to the microsecond: the turns' seconds add up to the session's
 
 
 def _seconds(x: float | None) -> float | None:
@@ -283,6 +287,7 @@ def _summary(path: str, s: Session, spans: list[SpanDoc], redact: bool) -> Repor
         "wasted_seconds": _seconds(s.wasted_seconds),
         "ms_per_token": round(s.ms_per_token, 4) if s.ms_per_token else None,
         "seconds_estimated": s.seconds_estimated,  # some turn's seconds at a given or earlier speed, not its own
+        "rate_given": s.rate_estimated,
         "top_cause": top,
         "checkpoint_reused_tokens": s.checkpoint_reused,
         "layout": layout_json(s),
@@ -322,10 +327,11 @@ def capacity_json(c: CapacityReport, wasted_pct: float = 0.0) -> CapacityDoc:
         }
         for p in c.points
     ]
-    parts = [f"with {p.label} of cache: {p.reuse_pct[Backend.LLAMA_CPP]:.0f} %" for p in c.points[:-1]]
-    parts.append(f"unlimited: {c.unlimited.reuse_pct[Backend.LLAMA_CPP]:.0f} %")
+    pct = stated_percent_text
+    parts = [f"with {p.label} of cache: {pct(p.reuse_pct[Backend.LLAMA_CPP])} %" for p in c.points[:-1]]
+    parts.append(f"unlimited: {pct(c.unlimited.reuse_pct[Backend.LLAMA_CPP])} %")
     if c.reported_pct is not None:
-        parts.append(f"your server reported {c.reported_pct:.0f} %")
+        parts.append(f"your server reported {pct(c.reported_pct)} %")
     return {
         "bytes_per_token": c.bytes_per_token,
         "total_tokens": c.total_tokens,
@@ -377,6 +383,8 @@ def quiet_headline(reused: int, total: int, wasted: int, where: str = "") -> str
     """The headline when no cause cost anything: no waste, or waste only where the changes were the
     expected ones (never "no waste" beside a wasted count)."""
     pct = percent_text(reused, total)
+    if not total:
+        return f"No waste{where}: the prompts hold no tokens."
     if wasted:
         return (
             f"No cause to fix{where}: {counted(wasted, 'token')} {'was' if wasted == 1 else 'were'} recomputed "
@@ -400,5 +408,5 @@ def headline(s: Session) -> str:
     return (
         f"Fix this first: {in_sentence(sp.title)}{where}. "
         f"It is {percent_text(sp.tokens, s.wasted_tokens, 0)} % of the waste: "
-        f"{sp.tokens:,} tokens recomputed over {turns}{gain}."
+        f"{counted(sp.tokens, 'token')} recomputed over {turns}{gain}."
     )

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tokendiff.core.cost import Session, Turn, stated_value
+from tokendiff.core.cost import Session, Turn, stated_value, uncaused_waste
 from tokendiff.core.jsontext import valid_text
 from tokendiff.core.kinds import Backend
 from tokendiff.core.secrets import mask
@@ -37,6 +37,7 @@ class TurnContext:
 
     start: float | None = None  # seconds since the epoch the request was sent
     duration_ms: float | None = None  # until the last byte of the answer
+    start_is_end: bool = False  # `start` is when the answer ended (a capture's ts without its total_ms)
     model: str | None = None  # the model the request asked for
     response_model: str | None = None
     response_id: str | None = None
@@ -125,6 +126,7 @@ def record_context(rec: CaptureRecord) -> TurnContext:
         start = _when(ts - (total or 0.0) / 1000)
         if start is None:  # a duration longer than the time since 1970: the end is known, not the length
             start, total = ts, None
+    ends = start is not None and start == ts and total is None
     req = rec.request if rec.has_request else None
     req = req if isinstance(req, Mapping) else {}
     resp: Mapping[str, Any] = rec.response if isinstance(rec.response, Mapping) else {}
@@ -147,6 +149,7 @@ def record_context(rec: CaptureRecord) -> TurnContext:
     return TurnContext(
         start=start,
         duration_ms=total,
+        start_is_end=ends,
         model=_str(req.get("model")),
         response_model=_str(resp.get("model")),
         response_id=_str(resp.get("id")),
@@ -247,14 +250,17 @@ def turn_views(s: Session, contexts: Sequence[TurnContext], redact: bool = False
 
 def turn_view(s: Session, t: Turn, ctx: TurnContext, after_ns: int = 0, redact: bool = False) -> TurnView:
     """One turn with its context: it starts when its record says, else at `after_ns`; it lasts its
-    record's duration, else its prefill, else its TTFT, else 1 ms. The server's numbers are taken only
-    where they can be true (no negative count or time): a hostile answer must not make the span's
+    record's duration, else its prefill, else its TTFT, else 1 ms, and ends where its record says the
+    answer ended (a capture's ts without total_ms: not that long after it). The server's numbers are taken
+    only where they can be true (no negative count or time): a hostile answer must not make the span's
     document one its reader refuses, nor a counter go down."""
     start_ns = min(int(ctx.start * 1e9), MAX_NS) if ctx.start is not None else after_ns
     ttft_ms, reported_ms = timing_ms(t.ttft_ms), timing_ms(t.reported_prompt_ms)
     prefill_ms, measured = _prefill_ms(t, s, reported_ms, ttft_ms)
     total_ms = ctx.duration_ms if ctx.duration_ms is not None else max(prefill_ms, ttft_ms or 0.0)
     total_ms = max(total_ms, prefill_ms, NOMINAL_MS)
+    if ctx.start_is_end:
+        start_ns = max(0, start_ns - int(total_ms * 1e6))
     end_ns = min(start_ns + int(total_ms * 1e6), MAX_NS)
     path = redacted_path(t.path) if redact else t.path
     wasted_s = t.wasted_seconds
@@ -274,7 +280,7 @@ def turn_view(s: Session, t: Turn, ctx: TurnContext, after_ns: int = 0, redact: 
         reported_cached=_int(t.reported_cached),
         lcp=t.lcp,
         cause=t.cause,
-        cause_title=cause_title(t) if t.cause else "",
+        cause_title=cause_title(t) if t.cause else (uncaused_waste(t) if t.wasted else ""),  # never an unnamed break
         section=path.label if t.cause else "",
         field_path=(t.path.field_path or "") if t.cause else "",
         ttft_ms=ttft_ms,
@@ -286,12 +292,15 @@ def turn_view(s: Session, t: Turn, ctx: TurnContext, after_ns: int = 0, redact: 
 
 def _prefill_ms(t: Turn, s: Session, reported_ms: float | None, ttft_ms: float | None) -> tuple[float, bool]:
     """(the turn's prefill in ms, measured): the server's timing, else the TTFT (prefill and one token),
-    else the recomputed tokens at the session's speed, else a nominal width."""
+    else the recomputed tokens at the speed its wasted seconds are priced at (the report's: its own, else
+    the given one or the turns' before it; not the whole session's, which later turns move), else a
+    nominal width."""
     if reported_ms is not None:
         return reported_ms, True
     if ttft_ms is not None:
         return ttft_ms, True
-    estimate = timing_ms(t.recompute * s.ms_per_token) if s.ms_per_token else None
+    rate = t.ms_per_token if t.ms_per_token is not None else s.ms_per_token
+    estimate = timing_ms(t.recompute * rate) if rate else None
     if estimate is not None:
         return estimate, False
     return NOMINAL_MS, False

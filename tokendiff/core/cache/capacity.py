@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokendiff.core.kinds import Backend
+from tokendiff.core.rounding import percent
 
 GIB = 1 << 30
 DEFAULT_LADDER_BYTES = (1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB, 16 * GIB, 32 * GIB)
@@ -291,7 +292,7 @@ class CapacityLadder:
         return CapacityReport(self.bytes_per_token, self.points, self.total, rep)
 
     def _pct(self, tokens: int) -> float:
-        return round(100.0 * tokens / self.total, 2) if self.total else 100.0
+        return percent(tokens, self.total, 2)
 
 
 __all__ = [

@@ -20,6 +20,7 @@ from tokendiff.app.pair import llama_reusable
 from tokendiff.core.kinds import HunkKind
 from tokendiff.core.model import Prompt, SectionPath
 from tokendiff.core.plain import replace
+from tokendiff.core.rounding import counted
 from tokendiff.tui.widgets.footer import KeyFooter
 from tokendiff.tui.widgets.pairdata import PairView, SearchHits, search
 from tokendiff.tui.widgets.token_view import TokenPanes, TokenView
@@ -525,7 +526,7 @@ def _reusable(a: Prompt, b: Prompt, d: Divergence) -> str:
     """What llama-server reuses, counted as the session table counts it: a full hit still evaluates one token."""
     reuse = llama_reusable(a, b, d)
     note = " (the last token is always evaluated)" if reuse < d.lcp else ""
-    return f"{reuse:,} of {len(b):,} tokens reusable{note}"
+    return f"{reuse:,} of {counted(len(b), 'token')} reusable{note}"
 
 
 def _spans_count(d: Divergence, findings: list[Finding]) -> str:

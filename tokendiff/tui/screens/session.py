@@ -192,7 +192,7 @@ def _turn_list(turns: list[int], show: int = 6) -> str:
 def _spans_text(session: Session, cloud: CloudReport | None = None) -> Text:
     """The "fix first" list: the spans that cost the most, with where, when and the fix; for a session sent
     to a cloud provider, what its breaks cost there first, and each span's turns in dollars and a day."""
-    from tokendiff.core.rounding import percent_text
+    from tokendiff.core.rounding import counted, percent_text
     from tokendiff.report.cloud import rate_text, session_text
     from tokendiff.report.session import seconds_label
 
@@ -210,7 +210,7 @@ def _spans_text(session: Session, cloud: CloudReport | None = None) -> Text:
         usd = f" · {rate_text(cloud, cloud.cost_of(sp.turns))}" if cloud is not None else ""
         label = "turns" if len(sp.turns) > 1 else "turn"
         share = percent_text(sp.tokens, session.wasted_tokens, 0)
-        where = f"   {sp.section} · {label} {turns} · {sp.tokens:,} tokens ({share} %){secs}{usd}\n"
+        where = f"   {sp.section} · {label} {turns} · {counted(sp.tokens, 'token')} ({share} %){secs}{usd}\n"
         lines.append(where, style="dim")
         lines.append(f"   {sp.fix}\n")
     if not session.spans:
