@@ -737,12 +737,19 @@ def _client_dropped(ctx: Ctx) -> str | None:
         if _has_reasoning(mb):
             return None
         if _has_reasoning(ma):
-            return f"B's request no longer carries the reasoning of messages[{i}]"
+            return f"B's request no longer carries the reasoning of {_message_field(ctx.b_path, i)}"
     if ctx.b.meta.request is None:
         if kept:
             return "A kept it with a user message after it, so the template does not drop it there"
         return "no user message follows it in B, and templates drop reasoning only before the latest one"
     return None
+
+
+def _message_field(path: SectionPath, i: int) -> str:
+    """Message i as the client's request names it (`messages[1]` of a Messages request, whose system prompt is
+    no message; `input[2]` of a Responses one); `messages[i]` of the chat form where the path does not say."""
+    turn = path.find(_MESSAGE)
+    return turn.field if turn is not None and turn.index == i and turn.field else f"messages[{i}]"
 
 
 def _same_message_but_reasoning(ma: dict[str, Any], mb: dict[str, Any]) -> bool:
