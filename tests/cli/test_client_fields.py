@@ -76,7 +76,7 @@ def _reasoning_bodies() -> list[tuple[dict, dict, str]]:
     first = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix main.py"}]}
     c = {**codex, "input": [first, reasoning, answer, call, output]}
     d = {**codex, "input": [first, answer, call, output]}
-    return [(a, b, "messages[1]"), (c, d, "input[1]")]
+    return [(a, b, "messages[1]"), (c, d, "input[1]")]  # B's message, where A's reasoning was
 
 
 @pytest.mark.parametrize("n", [0, 1])
@@ -88,6 +88,10 @@ def test_reasoning_the_client_dropped_names_the_clients_message(tmp_path, n):
     (tmp_path / "b.json").write_text(json.dumps(b))
     r = run_cli("diff", tmp_path / "a.json", tmp_path / "b.json", "--json")
     assert r.returncode == 1, r.stderr
-    found = [h["finding"] for h in json.loads(r.stdout)["hunks"] if h["finding"]]
+    hunks = json.loads(r.stdout)["hunks"]
+    fields = [p["field"] for h in hunks for side in ("a", "b") for p in h[side]["path"] if p["field"]]
+    # the thinking block or reasoning item's text part, not a `reasoning_content` the client never sent
+    assert f"{field}.content[0]" in fields and not [f for f in fields if "reasoning" in f], fields
+    found = [h["finding"] for h in hunks if h["finding"]]
     assert found[0]["kind"] == "reasoning_dropped_by_client", found
     assert found[0]["evidence"].endswith(f"B's request no longer carries the reasoning of {field}"), found

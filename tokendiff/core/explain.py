@@ -745,7 +745,7 @@ def _client_dropped(ctx: Ctx) -> str | None:
     return None
 
 
-def _message_field(path: SectionPath, i: int) -> str:
+def _message_field(path: SectionPath, i: int | None) -> str:
     """Message i as the client's request names it (`messages[1]` of a Messages request, whose system prompt is
     no message; `input[2]` of a Responses one); `messages[i]` of the chat form where the path does not say."""
     turn = path.find(_MESSAGE)
