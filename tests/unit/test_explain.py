@@ -472,6 +472,38 @@ def test_truncation_drops_old_turns(vocab):
     assert f.kind == "truncation" and "2 whole turn(s)" in f.evidence
 
 
+def _parallel_results(order: tuple[int, int], tail: list) -> list:
+    """An agent's turn with two parallel tool calls, their results in `order`, then `tail`."""
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "read", "arguments": "{}"}} for i in (0, 1)]
+    results = [{"role": "tool", "tool_call_id": f"c{i}", "content": f"def f{i}(): return {i}\n" * 5} for i in (0, 1)]
+    head = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "go"}]
+    return [*head, {"role": "assistant", "content": "", "tool_calls": calls}, *(results[i] for i in order), *tail]
+
+
+@pytest.mark.parametrize("fields", [False, True])
+def test_tool_results_reordered_are_no_truncation(vocab, fields):
+    """Parallel tool results sent in another order the next turn: the first result's turn is deleted and is in
+    B elsewhere. It was "old turns dropped" with "raise the context size"; nothing was dropped."""
+    a = qwen_prompt(vocab, _parallel_results((0, 1), []), tools=None, fields=fields)
+    more = [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
+    b = qwen_prompt(vocab, _parallel_results((1, 0), more), tools=None, fields=fields)
+    f, fs, _ = first(a, b)
+    assert "truncation" not in [x.kind for x in fs], fs
+    assert f.kind in ("history_rewritten", "reminder_moved", "content_changed"), f
+
+
+def test_truncation_of_a_turn_repeated_later_is_truncation(vocab):
+    """The dropped turn's text is later in B, but as often as in A past it (the agent read the file twice)."""
+    turns = [{"role": "system", "content": "You are terse."}]
+    for i in range(6):
+        said = "the same long tool output " * 4 if i in (0, 4) else f"question {i} " * 20
+        turns += [{"role": "user", "content": said}, {"role": "assistant", "content": f"answer {i} " * 20}]
+    a = qwen_prompt(vocab, turns + [{"role": "user", "content": "next"}], tools=None)
+    b = qwen_prompt(vocab, turns[:1] + turns[3:] + [{"role": "user", "content": "next"}], tools=None)
+    f, _, _ = first(a, b)
+    assert f.kind == "truncation" and "2 whole turn(s)" in f.evidence
+
+
 def test_bpe_boundary(vocab):
     head = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
     a = prompt_from_ids(qwen_encode(head) + qwen_encode(" world") + qwen_encode("wide"), vocab)

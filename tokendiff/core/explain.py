@@ -1534,7 +1534,7 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
         for s in ctx.ia.tops_near(ctx.h.a_start, ctx.h.a_end)
         if s.end > s.start and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
     ]
-    if not turns_a:
+    if not turns_a or _moved_later(ctx, turns_a):
         return None
     return finding(
         C.TRUNCATION,
@@ -1542,6 +1542,26 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
         f"{len(turns_a)} whole turn(s), {ctx.h.a_end - ctx.h.a_start} tokens, dropped from A "
         f"at token {ctx.h.a_start:,}",
     )
+
+
+MOVED_TURNS = 8  # whole turns a delete is checked for having moved (a truncation's first one is not: checked first)
+MOVED_TEXT = 32  # bytes a turn's text needs to be told from one B repeats by chance
+
+
+def _moved_later(ctx: Ctx, turns: list[Section]) -> bool:
+    """Whether the deleted turns are elsewhere in B, not gone: parallel tool results sent in another order, a
+    message moved. Each turn's text (its first line, the template's header, left out) is in B as often as in A,
+    the deleted copy included; a dropped turn repeated later in both (a file read twice) is one fewer in B."""
+    a, b = ctx.a, ctx.b
+    for sec in turns[:MOVED_TURNS]:
+        last = sec.end - 1
+        while last > sec.start and (a.special[last] or not a.token_bytes(last).strip()):  # the turn's end marker
+            last -= 1
+        text = a.data[a.byte_offset(sec.start) : a.byte_offset(last + 1)]
+        text = text[text.find(b"\n") + 1 :].strip()
+        if len(text) < MOVED_TEXT or b.data.count(text) < a.data.count(text):
+            return False
+    return True
 
 
 def detect_rewritten(ctx: Ctx) -> Finding | None:
