@@ -16,6 +16,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from tokendiff.sources.capture import read_capture
 from tokendiff.testing import proxy_process
 from tokendiff.testing.llama_server import LlamaServer, free_port
 
@@ -199,8 +200,12 @@ def test_a_client_that_left_mid_stream_is_noted_and_its_request_played_as_run(
 
     out = tmp_path / "s"
     err = _three_turns(tiny_model, out, second)
+    records, _ = read_capture(out / "capture.jsonl")  # the prompt the server ran, in its own IDs (were not fetched)
+    assert records[1].client_disconnected and records[1].prompt_ids is not None, err
+    assert records[1].prompt_source == "llama-server /apply-template + /tokenize"
     turns = _report(out / "capture.jsonl", capsys)["turns"]
     assert turns[1]["note"] == "the client disconnected before the answer ended", err
+    assert turns[1]["tokens"] == len(records[1].prompt_ids)
     second, third = turns[1]["engine"], turns[2]["engine"]
     assert second["engine"] == second["content"] and second["gaps"] == [], second
     assert turns[2]["reported_cached"] == third["engine"] == third["content"] == turns[1]["tokens"]
