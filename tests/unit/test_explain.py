@@ -99,6 +99,41 @@ def test_fixed_few_shot_turns_then_another_task_is_a_new_conversation(vocab):
     assert {f.kind for f in fs} == {"new_conversation"} and all(f.expected for f in fs), fs
 
 
+def test_the_newest_user_message_replaced_is_no_new_conversation(vocab):
+    """The user rewinds and retypes the last message (Claude Code's Esc Esc), or an agent resends it cut short
+    after the server refused it for the context: B keeps A's turns before it. It was 'New conversation: B shares
+    only the system prompt with A (57 tokens)', B sharing two turns besides."""
+    h = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Read main.py and tell me what it does in detail please"},
+        {"role": "assistant", "content": "It parses the config file and starts the HTTP server on port 8080."},
+    ]
+    first_ask = {"role": "user", "content": "Now refactor the parser so that it supports YAML files as well as JSON"}
+    a = qwen_prompt(vocab, [*h, first_ask], tools=None, fields=True)
+    b = qwen_prompt(
+        vocab, [*h, {"role": "user", "content": "Actually, write unit tests first."}], tools=None, fields=True
+    )
+    f, fs, _ = first(a, b)
+    assert all(x.kind != "new_conversation" for x in fs), fs
+    assert f.kind in ("content_changed", "history_rewritten") and "message 3 (user)" in f.evidence, f
+
+
+def test_a_new_conversation_after_few_shot_turns_says_what_b_shares(vocab):
+    """B shares the system prompt and the example exchange: not 'only the system prompt'."""
+    shots = [
+        {"role": "system", "content": "You are a coding assistant."},
+        {"role": "user", "content": "Example: rename foo to bar in utils.py"},
+        {"role": "assistant", "content": "Example answer: utils.py, foo renamed to bar in three places."},
+    ]
+    task_a = {"role": "user", "content": "Add a --verbose flag to the command line tool and print each step."}
+    reply = {"role": "assistant", "content": "Added --verbose to cli.py; each step now logs what it does. " * 3}
+    a = qwen_prompt(vocab, [*shots, task_a, reply], tools=None, fields=True, add_generation_prompt=False)
+    b = qwen_prompt(vocab, [*shots, {"role": "user", "content": "Why do the tests fail?"}], tools=None, fields=True)
+    f = explain(a, b, align(a, b))[0]
+    assert f.kind == "new_conversation" and f.evidence.startswith("B shares the system prompt and 2 turns with A ("), f
+    assert f.evidence.endswith("none of A's 2 later turn(s) is in B"), f
+
+
 def test_client_dropping_reasoning(vocab):
     msgs = copy.deepcopy(CONVERSATION[:3])
     a = qwen_prompt(vocab, msgs, add_generation_prompt=False)

@@ -29,6 +29,7 @@ from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.lazyre import Lazy
 from tokendiff.core.model import Divergence, Finding, Hunk, Part, Prompt, Section, SectionPath, flag_bytes
 from tokendiff.core.plain import replace
+from tokendiff.core.rounding import counted
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
@@ -1625,9 +1626,13 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
     users = [s for s in _index(a).tops if s.path[0].kind == _MESSAGE and s.path.role == "user"]
     if users and users[-1].end <= d.lcp:
         return None  # B holds A's latest user message whole: the conversation goes on (not fixed few-shot turns)
+    held = [s for s in _index(a).tops if s.end <= d.lcp and s.path[0].kind == _MESSAGE and not _is_system(s.path)]
+    if held and turns == users[-1:]:
+        return None  # B holds A's turns but its newest user message, which it replaced: edited, or rewound
     system = next((s for s in _index(a).tops if _is_system(s.path) and s.start <= 1), None)
     if system is not None and d.lcp >= system.end:
-        kept, later = f"only the system prompt with A ({d.lcp:,} tokens)", " later"
+        shared = f"the system prompt and {counted(len(held), 'turn')}" if held else "only the system prompt"
+        kept, later = f"{shared} with A ({d.lcp:,} tokens)", " later"
     elif all(a.special[i] for i in range(d.lcp)):
         kept, later = f"nothing with A but {d.lcp:,} template marker token(s)", ""
     else:
