@@ -259,3 +259,25 @@ def test_one_truncated_slot_file_costs_that_turn_only(tmp_path):
     rows = json.loads(fleet.stdout)["sessions"]
     assert fleet.returncode == 0 and [s["path"] for s in rows] == [str(d), str(AGENT)] and "turn-05.bin" in fleet.stderr
     assert rows[0]["skipped_turns"][0]["source"].endswith("turn-05.bin") and rows[1]["skipped_turns"] == []
+
+
+def test_the_engine_notes_say_one_token(tmp_path):
+    """A server that reuses one token the model does not predict (a BOS left in the slot by another client):
+    "the server reused 1 tokens more than the model predicts", "reused 1 tokens, more than the 0 shared"."""
+    from tokendiff.testing.engine_driver import random_ids
+
+    lines = []
+    for k, ids in enumerate((random_ids(31, 300), random_ids(32, 200))):
+        request = {"prompt": ids, "n_predict": 1}
+        lines.append({"schema": "tokendiff.capture/1", "seq": 2 * k + 1, "endpoint": "/completion", "request": request})
+        timings = {"cache_n": 1, "prompt_n": len(ids) - 1, "prompt_ms": 10.0, "predicted_n": 1}
+        response = {"status": 200, "timings": timings}
+        patch = {"patch": 2 * k + 1, "response": response, "server": {"kind": "llama-server"}, "prompt_ids": ids}
+        lines.append({"schema": "tokendiff.capture/1", "seq": 2 * k + 2, **patch})
+    cap = tmp_path / "capture.jsonl"
+    cap.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    r = run_cli("report", cap, "--server-args", "-np 1 --cache-ram 0")
+    assert r.returncode == 0, r.stderr
+    assert "the server reused 1 token more than the model predicts" in r.stdout
+    assert "the server reused 1 token, more than the 0 shared with the previous prompt" in r.stdout
+    assert "1 tokens" not in r.stdout

@@ -26,6 +26,7 @@ from tokendiff.core.cache.advice import Advisor
 from tokendiff.core.cache.engine_log import Aligned, LogAligner, LogTask, TurnNumbers, describe
 from tokendiff.core.cache.llama import EngineConfig, EngineSim, Fate, Outcome, Request, SelectedBy
 from tokendiff.core.kinds import GapClass
+from tokendiff.core.rounding import counted
 
 
 class Gap(StrEnum):
@@ -128,7 +129,7 @@ class EngineTurn:
         if self.outcome.false_hit:
             return self.outcome.false_hit
         if self.key_changed and self.reported:
-            return f"the server reused {self.reported:,} tokens across a change of model or template"
+            return f"the server reused {counted(self.reported, 'token')} across a change of model or template"
         return ""
 
 
@@ -168,7 +169,7 @@ def _gain(et: EngineTurn, d: int) -> GapItem:
     if o.chunks:
         moved = ", ".join(f"[{c.c0:,}, {c.c1:,}) -> [{c.p0:,}, {c.p1:,})" for c in o.chunks[:3])
         return GapItem(Gap.CHUNK_REUSE, d, f"--cache-reuse shifted {len(o.chunks)} cached chunk(s) into place: {moved}")
-    return GapItem(Gap.UNKNOWN, d, f"the model reuses {d:,} tokens more than the content shares")
+    return GapItem(Gap.UNKNOWN, d, f"the model reuses {counted(d, 'token')} more than the content shares")
 
 
 def _loss(et: EngineTurn, cfg: EngineConfig, d: int) -> GapItem:
@@ -264,7 +265,7 @@ def _unexplained(et: EngineTurn, cfg: EngineConfig) -> GapItem:
     assumed = cfg.assumed()
     hint = f"; the model assumed llama-server's defaults for {', '.join(assumed)}" if assumed else ""
     more = "more" if d > 0 else "fewer"
-    return GapItem(Gap.UNKNOWN, d, f"the server reused {abs(d):,} tokens {more} than the model predicts{hint}")
+    return GapItem(Gap.UNKNOWN, d, f"the server reused {counted(abs(d), 'token')} {more} than the model predicts{hint}")
 
 
 def verdict_text(et: EngineTurn) -> str:
