@@ -1246,6 +1246,11 @@ def _note_lines(t: Turn, moved: bool, identical: bool) -> list[str]:
                 f"the server reused {counted(rc, 'token')}, fewer than the {pred:,} predicted: "
                 "checkpoint fallback (SWA/hybrid model), slot switch or LRU eviction, or a prompt-cache swap"
             )
+        elif rc > pred and moved and t.server != ServerKind.VLLM:  # interleaved conversations on their own slots
+            notes.append(
+                f"the server reused {counted(rc, 'token')}, more than the {pred:,} shared with the previous prompt: "
+                f"it still held turn {t.best_earlier}'s prompt (another slot, or its host-memory cache)"
+            )
         elif rc > pred:
             notes.append(
                 f"the server reused {counted(rc, 'token')}, more than the {pred:,} shared with the previous prompt: "
