@@ -134,6 +134,27 @@ def test_a_new_conversation_after_few_shot_turns_says_what_b_shares(vocab):
     assert f.evidence.endswith("none of A's 2 later turn(s) is in B"), f
 
 
+def test_a_date_in_an_old_user_message_is_not_said_to_be_in_the_system_prompt(vocab):
+    """Codex sends the date in a user message (`<environment_context>`), not the system prompt: the fix said
+    "Move it out of the system prompt"."""
+
+    def context(day: int) -> list:
+        env = f"<environment_context>\n  <current_date>2026-12-{day:02d}</current_date>\n</environment_context>"
+        return [{"role": "system", "content": "You are Codex."}, {"role": "user", "content": env}]
+
+    ask = [{"role": "user", "content": "fix the failing test"}]
+    more = [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "and the docs"}]
+    a = qwen_prompt(vocab, [*context(7), *ask], tools=None, fields=True)
+    b = qwen_prompt(vocab, [*context(8), *ask, *more], tools=None, fields=True)
+    f, _, _ = first(a, b)
+    assert f.kind == "date" and f.fix == "Move it out of message 1 (user) into the newest user message", f
+    system = [{"role": "system", "content": "You are Codex. Today is 2026-12-07."}, *ask]
+    a = qwen_prompt(vocab, system, tools=None, fields=True)
+    b = qwen_prompt(vocab, [{**system[0], "content": "You are Codex. Today is 2026-12-08."}, *ask, *more], tools=None)
+    f, _, _ = first(a, b)
+    assert f.kind == "date" and f.fix.startswith("Move it out of the system prompt into"), f
+
+
 def test_client_dropping_reasoning(vocab):
     msgs = copy.deepcopy(CONVERSATION[:3])
     a = qwen_prompt(vocab, msgs, add_generation_prompt=False)

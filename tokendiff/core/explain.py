@@ -846,6 +846,7 @@ def detect_date(ctx: Ctx) -> Finding | None:
         f"{what} in {_where(ctx.a_path)}" + (" (injected by the template or server)" if origin == _TEMPLATE else ""),
         origin=origin,
         precision=precision,
+        place="the system prompt" if _is_system(ctx.a_path) else _where(ctx.a_path),  # a user message's, Codex's
         variant="" if ch else "inserted",
     )
 
