@@ -53,3 +53,45 @@ def test_a_messages_block_that_is_not_an_object_is_the_turns_one_line_error(tmp_
     har = write_har(tmp_path / "s.har", [(a, {}, 0.0), (b, {}, 60.0)], "https://api.anthropic.com/v1/messages")
     r = run_cli("diff", f"{har}@1", f"{har}@2")
     assert_one_line_error(r, "messages[0].content[0]", "not a content block", "array")
+
+
+def _reasoning_bodies() -> list[tuple[dict, dict, str]]:
+    """(A, B, the field B's message is): an agent's history with the model's reasoning, then without it, on the
+    Messages API (Claude Code's thinking block; the system prompt is no message) and the Responses API (Codex's
+    reasoning item before the assistant's message)."""
+    think = {"type": "thinking", "thinking": "I should read main.py first.", "signature": "sig"}
+    use = {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"path": "main.py"}}
+    said = [{"type": "text", "text": "Reading."}, use]
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "print(1)"}]}
+    tools = [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}]
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "fix main.py"}]}]
+    claude = {"model": "claude-sonnet-4-5", "max_tokens": 8, "system": [{"type": "text", "text": "You are Claude."}]}
+    a = {**claude, "tools": tools, "messages": [*msgs, {"role": "assistant", "content": [think, *said]}, result]}
+    b = {**claude, "tools": tools, "messages": [*msgs, {"role": "assistant", "content": said}, result]}
+    reasoning = {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Read main.py."}]}
+    answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Reading."}]}
+    call = {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "print(1)"}
+    codex = {"model": "gpt-5-codex", "instructions": "You are Codex.", "tools": [SHELL], "store": False}
+    first = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix main.py"}]}
+    c = {**codex, "input": [first, reasoning, answer, call, output]}
+    d = {**codex, "input": [first, answer, call, output]}
+    return [(a, b, "messages[1]"), (c, d, "input[1]")]  # B's message, where A's reasoning was
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_reasoning_the_client_dropped_names_the_clients_message(tmp_path, n):
+    """The cause named the chat form's index (`messages[2]` of a Messages request, whose messages[2] is the
+    tool result; `messages[3]` of a Responses one, which has no `messages`), not the message the client sent."""
+    a, b, field = _reasoning_bodies()[n]
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    r = run_cli("diff", tmp_path / "a.json", tmp_path / "b.json", "--json")
+    assert r.returncode == 1, r.stderr
+    hunks = json.loads(r.stdout)["hunks"]
+    fields = [p["field"] for h in hunks for side in ("a", "b") for p in h[side]["path"] if p["field"]]
+    # the thinking block or reasoning item's text part, not a `reasoning_content` the client never sent
+    assert f"{field}.content[0]" in fields and not [f for f in fields if "reasoning" in f], fields
+    found = [h["finding"] for h in hunks if h["finding"]]
+    assert found[0]["kind"] == "reasoning_dropped_by_client", found
+    assert found[0]["evidence"].endswith(f"B's request no longer carries the reasoning of {field}"), found

@@ -259,3 +259,48 @@ def test_one_truncated_slot_file_costs_that_turn_only(tmp_path):
     rows = json.loads(fleet.stdout)["sessions"]
     assert fleet.returncode == 0 and [s["path"] for s in rows] == [str(d), str(AGENT)] and "turn-05.bin" in fleet.stderr
     assert rows[0]["skipped_turns"][0]["source"].endswith("turn-05.bin") and rows[1]["skipped_turns"] == []
+
+
+def _completions(path, turns: list[tuple[list[int], int]]):
+    """A capture of /completion requests as the proxy writes them, from llama-server: (prompt IDs, cache_n)."""
+    lines = []
+    for k, (ids, cache_n) in enumerate(turns):
+        request = {"prompt": ids, "n_predict": 1}
+        lines.append({"schema": "tokendiff.capture/1", "seq": 2 * k + 1, "endpoint": "/completion", "request": request})
+        timings = {"cache_n": cache_n, "prompt_n": len(ids) - cache_n, "prompt_ms": 10.0, "predicted_n": 1}
+        response = {"status": 200, "timings": timings}
+        patch = {"patch": 2 * k + 1, "response": response, "server": {"kind": "llama-server"}, "prompt_ids": ids}
+        lines.append({"schema": "tokendiff.capture/1", "seq": 2 * k + 2, **patch})
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return path
+
+
+def test_the_engine_notes_say_one_token(tmp_path):
+    """A server that reuses one token the model does not predict (a BOS left in the slot by another client):
+    "the server reused 1 tokens more than the model predicts", "reused 1 tokens, more than the 0 shared"."""
+    from tokendiff.testing.engine_driver import random_ids
+
+    cap = _completions(tmp_path / "capture.jsonl", [(random_ids(31, 300), 1), (random_ids(32, 200), 1)])
+    r = run_cli("report", cap, "--server-args", "-np 1 --cache-ram 0")
+    assert r.returncode == 0, r.stderr
+    assert "the server reused 1 token more than the model predicts" in r.stdout
+    assert "the server reused 1 token, more than the 0 shared with the previous prompt" in r.stdout
+    assert "1 tokens" not in r.stdout
+
+
+def test_two_agents_on_their_own_slots_are_not_told_the_slot_held_the_reply(tmp_path):
+    """An agent and its sub-agent take turns through one proxy, each on a slot of its own: the server reuses
+    each one's previous prompt. The note said "the slot also held the previous reply, which the history
+    repeats", where the server still held the other conversation's turn."""
+    from tokendiff.testing.engine_driver import random_ids
+
+    main, sub = random_ids(41, 300), random_ids(42, 250)
+    turns = [(main, 0), (sub, 0), (main + random_ids(43, 40), 300), (sub + random_ids(44, 40), 250)]
+    r = run_cli("report", _completions(tmp_path / "capture.jsonl", turns), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    notes = [t["note"] for t in json.loads(r.stdout)["turns"]]
+    assert notes[2].endswith(
+        "the server reused 300 tokens, more than the 0 shared with the previous prompt: "
+        "it still held turn 1's prompt (another slot, or its host-memory cache)"
+    ), notes
+    assert "it still held turn 2's prompt" in notes[3] and "previous reply" not in " ".join(notes), notes

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from tokendiff.sources.capture import read_capture
 from tokendiff.testing import proxy_process
 from tokendiff.testing.llama_server import LlamaServer, free_port
 
@@ -200,9 +201,48 @@ def test_a_client_that_left_mid_stream_is_noted_and_its_request_played_as_run(
 
     out = tmp_path / "s"
     err = _three_turns(tiny_model, out, second)
+    records, _ = read_capture(out / "capture.jsonl")  # the prompt the server ran, in its own IDs (were not fetched)
+    assert records[1].client_disconnected and records[1].prompt_ids is not None, err
+    assert records[1].prompt_source == "llama-server /apply-template + /tokenize"
     turns = _report(out / "capture.jsonl", capsys)["turns"]
     assert turns[1]["note"] == "the client disconnected before the answer ended", err
+    assert turns[1]["tokens"] == len(records[1].prompt_ids)
     second, third = turns[1]["engine"], turns[2]["engine"]
     assert second["engine"] == second["content"] and second["gaps"] == [], second
     assert turns[2]["reported_cached"] == third["engine"] == third["content"] == turns[1]["tokens"]
     assert third["gaps"] == [] and third["verdict"] is None, third
+
+
+def test_a_request_the_server_refused_is_noted_and_left_out_of_the_counts(
+    llama_server_bin, tiny_model, tmp_path, capsys
+):
+    """An agent's tool output overflows the context: llama-server refuses turn 2 (400, exceed_context_size_error)
+    without running it, and the agent sends it again cut short. The report counted the refused prompt's tokens as
+    prefilled, compared turn 3 with it (reusable more than the server could have had, "checkpoint fallback, slot
+    switch or LRU eviction"), and the engine model blamed the slot; turn 2 said nothing of the refusal."""
+    out = tmp_path / "s"
+    m1, m2, _ = _turns()
+    overflow = [*m1, {"role": "assistant", "content": "ok"}, {"role": "user", "content": _words(3, 6000)}]
+    with LlamaServer(model=tiny_model, ctx=8192, extra=FLAGS.split()) as srv:
+        proc, url = proxy_process.start_proxy(srv.url, out, stderr=subprocess.PIPE)
+        try:
+            with httpx.Client(timeout=600) as c:
+                for messages in (m1, overflow, m2):
+                    r = c.post(url + CHAT, json={"messages": messages, "max_tokens": 3, "temperature": 0})
+                    assert r.status_code == (400 if messages is overflow else 200), r.text
+        finally:
+            err = proxy_process.stop_proxy(proc)
+    doc = _report(out / "capture.jsonl", capsys)
+    turns = doc["turns"]
+    refused = "refused: the server ran nothing, it answered 400 exceed_context_size_error"
+    assert turns[1]["note"].startswith(refused), err
+    assert turns[1]["note"].endswith("(left out of the totals and the engine model)")
+    assert turns[1]["engine"] is None and turns[1]["tokens"] > 4096
+    assert (turns[1]["reuse_llamacpp"], turns[1]["recomputed"], turns[1]["wasted"]) == (0, 0, 0)
+    third = turns[2]["engine"]
+    assert turns[2]["reuse_llamacpp"] == turns[2]["reported_cached"] == third["engine"] == turns[0]["tokens"]
+    assert third["gaps"] == [] and third["verdict"] is None and turns[2]["note"] == "", turns[2]
+    totals = doc["summary"]
+    assert totals["not_run_turns"] == [2]
+    assert totals["total_tokens"] == turns[0]["tokens"] + turns[2]["tokens"]  # the prompts the server had
+    assert totals["reused_tokens"] == turns[0]["tokens"] and totals["wasted_tokens"] == 0

@@ -99,6 +99,62 @@ def test_fixed_few_shot_turns_then_another_task_is_a_new_conversation(vocab):
     assert {f.kind for f in fs} == {"new_conversation"} and all(f.expected for f in fs), fs
 
 
+def test_the_newest_user_message_replaced_is_no_new_conversation(vocab):
+    """The user rewinds and retypes the last message (Claude Code's Esc Esc), or an agent resends it cut short
+    after the server refused it for the context: B keeps A's turns before it. It was 'New conversation: B shares
+    only the system prompt with A (57 tokens)', B sharing two turns besides."""
+    h = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Read main.py and tell me what it does in detail please"},
+        {"role": "assistant", "content": "It parses the config file and starts the HTTP server on port 8080."},
+    ]
+    first_ask = {"role": "user", "content": "Now refactor the parser so that it supports YAML files as well as JSON"}
+    a = qwen_prompt(vocab, [*h, first_ask], tools=None, fields=True)
+    b = qwen_prompt(
+        vocab, [*h, {"role": "user", "content": "Actually, write unit tests first."}], tools=None, fields=True
+    )
+    f, fs, _ = first(a, b)
+    assert all(x.kind != "new_conversation" for x in fs), fs
+    assert f.kind in ("content_changed", "history_rewritten") and "message 3 (user)" in f.evidence, f
+
+
+def test_a_new_conversation_after_few_shot_turns_says_what_b_shares(vocab):
+    """B shares the system prompt and the example exchange: not 'only the system prompt'."""
+    shots = [
+        {"role": "system", "content": "You are a coding assistant."},
+        {"role": "user", "content": "Example: rename foo to bar in utils.py"},
+        {"role": "assistant", "content": "Example answer: utils.py, foo renamed to bar in three places."},
+    ]
+    task_a = {"role": "user", "content": "Add a --verbose flag to the command line tool and print each step."}
+    reply = {"role": "assistant", "content": "Added --verbose to cli.py; each step now logs what it does. " * 3}
+    a = qwen_prompt(vocab, [*shots, task_a, reply], tools=None, fields=True, add_generation_prompt=False)
+    b = qwen_prompt(vocab, [*shots, {"role": "user", "content": "Why do the tests fail?"}], tools=None, fields=True)
+    f = explain(a, b, align(a, b))[0]
+    assert f.kind == "new_conversation" and f.evidence.startswith("B shares the system prompt and 2 turns with A ("), f
+    assert f.evidence.endswith("none of A's 2 later turn(s) is in B"), f
+
+
+def test_a_date_in_an_old_user_message_is_not_said_to_be_in_the_system_prompt(vocab):
+    """Codex sends the date in a user message (`<environment_context>`), not the system prompt: the fix said
+    "Move it out of the system prompt"."""
+
+    def context(day: int) -> list:
+        env = f"<environment_context>\n  <current_date>2026-12-{day:02d}</current_date>\n</environment_context>"
+        return [{"role": "system", "content": "You are Codex."}, {"role": "user", "content": env}]
+
+    ask = [{"role": "user", "content": "fix the failing test"}]
+    more = [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "and the docs"}]
+    a = qwen_prompt(vocab, [*context(7), *ask], tools=None, fields=True)
+    b = qwen_prompt(vocab, [*context(8), *ask, *more], tools=None, fields=True)
+    f, _, _ = first(a, b)
+    assert f.kind == "date" and f.fix == "Move it out of message 1 (user) into the newest user message", f
+    system = [{"role": "system", "content": "You are Codex. Today is 2026-12-07."}, *ask]
+    a = qwen_prompt(vocab, system, tools=None, fields=True)
+    b = qwen_prompt(vocab, [{**system[0], "content": "You are Codex. Today is 2026-12-08."}, *ask, *more], tools=None)
+    f, _, _ = first(a, b)
+    assert f.kind == "date" and f.fix.startswith("Move it out of the system prompt into"), f
+
+
 def test_client_dropping_reasoning(vocab):
     msgs = copy.deepcopy(CONVERSATION[:3])
     a = qwen_prompt(vocab, msgs, add_generation_prompt=False)
@@ -466,6 +522,38 @@ def test_truncation_drops_old_turns(vocab):
             {"role": "user", "content": f"question {i} " * 20},
             {"role": "assistant", "content": f"answer {i} " * 20},
         ]
+    a = qwen_prompt(vocab, turns + [{"role": "user", "content": "next"}], tools=None)
+    b = qwen_prompt(vocab, turns[:1] + turns[3:] + [{"role": "user", "content": "next"}], tools=None)
+    f, _, _ = first(a, b)
+    assert f.kind == "truncation" and "2 whole turn(s)" in f.evidence
+
+
+def _parallel_results(order: tuple[int, int], tail: list) -> list:
+    """An agent's turn with two parallel tool calls, their results in `order`, then `tail`."""
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "read", "arguments": "{}"}} for i in (0, 1)]
+    results = [{"role": "tool", "tool_call_id": f"c{i}", "content": f"def f{i}(): return {i}\n" * 5} for i in (0, 1)]
+    head = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "go"}]
+    return [*head, {"role": "assistant", "content": "", "tool_calls": calls}, *(results[i] for i in order), *tail]
+
+
+@pytest.mark.parametrize("fields", [False, True])
+def test_tool_results_reordered_are_no_truncation(vocab, fields):
+    """Parallel tool results sent in another order the next turn: the first result's turn is deleted and is in
+    B elsewhere. It was "old turns dropped" with "raise the context size"; nothing was dropped."""
+    a = qwen_prompt(vocab, _parallel_results((0, 1), []), tools=None, fields=fields)
+    more = [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
+    b = qwen_prompt(vocab, _parallel_results((1, 0), more), tools=None, fields=fields)
+    f, fs, _ = first(a, b)
+    assert "truncation" not in [x.kind for x in fs], fs
+    assert f.kind in ("history_rewritten", "reminder_moved", "content_changed"), f
+
+
+def test_truncation_of_a_turn_repeated_later_is_truncation(vocab):
+    """The dropped turn's text is later in B, but as often as in A past it (the agent read the file twice)."""
+    turns = [{"role": "system", "content": "You are terse."}]
+    for i in range(6):
+        said = "the same long tool output " * 4 if i in (0, 4) else f"question {i} " * 20
+        turns += [{"role": "user", "content": said}, {"role": "assistant", "content": f"answer {i} " * 20}]
     a = qwen_prompt(vocab, turns + [{"role": "user", "content": "next"}], tools=None)
     b = qwen_prompt(vocab, turns[:1] + turns[3:] + [{"role": "user", "content": "next"}], tools=None)
     f, _, _ = first(a, b)

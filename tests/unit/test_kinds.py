@@ -42,7 +42,7 @@ def test_no_finding_is_written_outside_the_cause_table():
 
 
 def test_a_finding_takes_the_table_s_words_and_the_detector_s_parts():
-    f = finding(CauseKind.DATE, 3, "'a' -> 'b'", origin=Origin.CLIENT, precision="Move")
+    f = finding(CauseKind.DATE, 3, "'a' -> 'b'", origin=Origin.CLIENT, precision="Move", place="the system prompt")
     assert (f.kind, f.hunk, f.evidence, f.origin, f.expected) == ("date", 3, "'a' -> 'b'", "client", False)
     assert f.title == "Date or time in the prompt changed" and f.confidence == 0.9
     assert f.fix == "Move it out of the system prompt into the newest user message"

@@ -27,7 +27,17 @@ STOPPED = "the proxy stopped mid-response (its shutdown's grace period ran out)"
     ("response", "client_disconnected", "upstream_error", "want"),
     [
         ({"status": 200, "timings": {"cache_n": 0}}, None, None, None),
-        ({"status": 400, "error": "context exceeded"}, None, None, None),  # the server answered: an answer
+        # the server refused it, with no counts: it ran nothing (was: an answer, so the next turn was compared with a
+        # prompt the server never had, and the totals counted tokens it never prefilled)
+        ({"status": 400, "error": "too long"}, None, None, NotAnswered(Unanswered.REFUSED, "400 too long")),
+        (
+            {"status": 400, "error": {"code": 400, "message": "request (9 tokens) exceeds", "type": "exceed_context"}},
+            None,
+            None,
+            NotAnswered(Unanswered.REFUSED, "400 exceed_context: request (9 tokens) exceeds"),
+        ),
+        ({"status": 503, "error": "x" * 5000}, True, None, NotAnswered(Unanswered.REFUSED, "503 " + "x" * 159 + "…")),
+        ({"status": 500, "error": "late", "usage": {"prompt_tokens": 9}}, None, None, None),  # it ran: its counts
         ({"status": 502, "error": UNREACHABLE}, None, UNREACHABLE, NotAnswered(Unanswered.NOT_RUN, UNREACHABLE)),
         ({"status": None, "error": GONE}, True, None, NotAnswered(Unanswered.CLIENT_LEFT)),
         (
@@ -106,7 +116,7 @@ def test_a_request_the_proxy_answered_502_is_noted_and_counted_nowhere(tmp_path,
     assert totals["not_run_turns"] == [2]
     assert totals["total_tokens"] == len(prompts[0]) + len(prompts[2])
     assert totals["reused_tokens"] == len(prompts[0]) and totals["wasted_tokens"] == 0
-    line = "3 turns (turn 2 not answered by the server: left out of the counts), "
+    line = "3 turns (turn 2 not run by the server: left out of the counts), "
     assert line + f"{totals['total_tokens']:,} prompt tokens" in _report(cap, capsys, "md")
     assert line + f"{totals['total_tokens']:,} prompt tokens" in _report(cap, capsys, "html")
 
@@ -211,7 +221,7 @@ def test_a_fleet_counts_a_turn_the_server_never_ran_as_its_session_does(tmp_path
     assert doc["summary"]["turns"] == 6 and doc["summary"]["turns_not_run"] == 1
     rows = {Path(r["path"]).parent.name: r for r in doc["sessions"]}
     assert rows["a"]["not_run_turns"] == [2] and "not_run_turns" not in rows["b"]
-    line = "6 turns (1 not answered by the server: left out of the counts), "
+    line = "6 turns (1 not run by the server: left out of the counts), "
     md, html = fleet("md"), fleet("html")
     assert line in md and line in html
-    assert "| 3 (1 not answered) |" in md and "<td class=n>3 (1 not answered)</td>" in html
+    assert "| 3 (1 not run) |" in md and "<td class=n>3 (1 not run)</td>" in html

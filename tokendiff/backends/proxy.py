@@ -674,7 +674,9 @@ async def _finish_response(state: ProxyState, ex: Exchange, resp: httpx.Response
     """The response patch of a relayed exchange, then (off the request path) its prompt's token IDs."""
     if ex.rec is None or ex.finished:
         return
-    fetch = state.fetch_tokens and ex.error is None and resp.status_code == 200
+    # a client that left mid-answer: the server ran the prompt (the report plays it as run), so its IDs are the
+    # server's, not a local render's; an answer the upstream or the proxy's shutdown cut asks nothing more of them
+    fetch = state.fetch_tokens and (ex.error is None or ex.client_gone) and resp.status_code == 200
     await _finish(state, ex, _complete(ex, resp), fetch=fetch)
 
 

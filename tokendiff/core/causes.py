@@ -114,7 +114,7 @@ _TABLE = (
         "(pin date_string if the template injects it)",
         fixes={
             Or.TEMPLATE: "Pin the template's date (pass date_string) or accept one miss per day",
-            Or.CLIENT: "{precision} it out of the system prompt into the newest user message",
+            Or.CLIENT: "{precision} it out of {place} into the newest user message",
         },
         confidence=0.9,
     ),

@@ -36,6 +36,7 @@ from tokendiff.core.kinds import VLLM_BLOCK, Backend, CauseKind, SectionKind, Se
 from tokendiff.core.model import NO_SECTION, Divergence, Finding, Hunk, Prompt, SectionPath, prompt_end
 from tokendiff.core.plain import field, plain, replace
 from tokendiff.core.prefix_index import Match, PrefixIndex
+from tokendiff.core.rounding import counted
 from tokendiff.core.tails import SLOT_SECTIONING, AnyPair, Decoded, TailDiff, Tails
 from tokendiff.core.unanswered import NotAnswered
 from tokendiff.core.usage import usage_of
@@ -1120,7 +1121,7 @@ def _reloaded(t: Turn, spans: dict[SpanKey, Span], fact: BackendFact) -> None:
     sp.add(t.turn, t.wasted, before)
     t.reuse = {be: 0 for be in BACKENDS}
     t.recompute, t.cause = t.n_tokens, RELOAD
-    note = f"Ollama reloaded the model ({fact.evidence}): the prompts shared {t.lcp:,} tokens, it reused none"
+    note = f"Ollama reloaded the model ({fact.evidence}): the prompts shared {counted(t.lcp, 'token')}, it reused none"
     t.note = f"{note}; {t.note}" if t.note else note
 
 
@@ -1231,7 +1232,7 @@ def _note_lines(t: Turn, moved: bool, identical: bool) -> list[str]:
     notes = []
     if moved and t.server != ServerKind.VLLM:  # vLLM's cache holds every earlier prompt: no slot to get wrong
         notes.append(
-            f"turn {t.best_earlier} shares {t.best_lcp:,} tokens, more than the previous turn's {t.lcp:,}: "
+            f"turn {t.best_earlier} shares {counted(t.best_lcp, 'token')}, more than the previous turn's {t.lcp:,}: "
             "alternating prefixes or the wrong slot"
         )
     rc = t.reported_cached
@@ -1245,17 +1246,22 @@ def _note_lines(t: Turn, moved: bool, identical: bool) -> list[str]:
             )
         elif rc < pred and t.checkpoint is not None and t.checkpoint.reused == rc and t.checkpoint.reason:
             notes.append(
-                f"the server reused {rc:,} tokens, fewer than the {pred:,} shared, as the SWA/hybrid checkpoint rule "
-                f"predicts: {t.checkpoint.reason}"
+                f"the server reused {counted(rc, 'token')}, fewer than the {pred:,} shared, as the SWA/hybrid "
+                f"checkpoint rule predicts: {t.checkpoint.reason}"
             )
         elif rc < pred:
             notes.append(
-                f"the server reused {rc:,} tokens, fewer than the {pred:,} predicted: "
+                f"the server reused {counted(rc, 'token')}, fewer than the {pred:,} predicted: "
                 "checkpoint fallback (SWA/hybrid model), slot switch or LRU eviction, or a prompt-cache swap"
+            )
+        elif rc > pred and moved and t.server != ServerKind.VLLM:  # interleaved conversations on their own slots
+            notes.append(
+                f"the server reused {counted(rc, 'token')}, more than the {pred:,} shared with the previous prompt: "
+                f"it still held turn {t.best_earlier}'s prompt (another slot, or its host-memory cache)"
             )
         elif rc > pred:
             notes.append(
-                f"the server reused {rc:,} tokens, more than the {pred:,} shared with the previous prompt: "
+                f"the server reused {counted(rc, 'token')}, more than the {pred:,} shared with the previous prompt: "
                 "the slot also held the previous reply, which the history repeats (or --cache-reuse shifted chunks)"
             )
     return notes
@@ -1278,12 +1284,12 @@ def _vllm_notes(t: Turn, rc: int, identical: bool) -> list[str]:
         return ["vLLM reused nothing for an identical prompt: prefix caching off, or another cache_salt"]
     if rc < pred:
         return [
-            f"vLLM reused {rc:,} tokens, fewer than the {pred:,} predicted in {t.vllm_block}-token blocks: "
+            f"vLLM reused {counted(rc, 'token')}, fewer than the {pred:,} predicted in {t.vllm_block}-token blocks: "
             "blocks evicted (KV cache full), another cache_salt, or a different block size"
         ]
     if rc > pred:
         return [
-            f"vLLM reused {rc:,} tokens, more than the {pred:,} predicted: blocks of the previous reply "
+            f"vLLM reused {counted(rc, 'token')}, more than the {pred:,} predicted: blocks of the previous reply "
             "(vLLM caches generated tokens too, and the history repeats them)"
         ]
     return []

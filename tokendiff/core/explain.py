@@ -29,6 +29,7 @@ from tokendiff.core.kinds import SectionKind as K
 from tokendiff.core.lazyre import Lazy
 from tokendiff.core.model import Divergence, Finding, Hunk, Part, Prompt, Section, SectionPath, flag_bytes
 from tokendiff.core.plain import replace
+from tokendiff.core.rounding import counted
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
@@ -737,12 +738,19 @@ def _client_dropped(ctx: Ctx) -> str | None:
         if _has_reasoning(mb):
             return None
         if _has_reasoning(ma):
-            return f"B's request no longer carries the reasoning of messages[{i}]"
+            return f"B's request no longer carries the reasoning of {_message_field(ctx.b_path, i)}"
     if ctx.b.meta.request is None:
         if kept:
             return "A kept it with a user message after it, so the template does not drop it there"
         return "no user message follows it in B, and templates drop reasoning only before the latest one"
     return None
+
+
+def _message_field(path: SectionPath, i: int | None) -> str:
+    """Message i as the client's request names it (`messages[1]` of a Messages request, whose system prompt is
+    no message; `input[2]` of a Responses one); `messages[i]` of the chat form where the path does not say."""
+    turn = path.find(_MESSAGE)
+    return turn.field if turn is not None and turn.index == i and turn.field else f"messages[{i}]"
 
 
 def _same_message_but_reasoning(ma: dict[str, Any], mb: dict[str, Any]) -> bool:
@@ -838,6 +846,7 @@ def detect_date(ctx: Ctx) -> Finding | None:
         f"{what} in {_where(ctx.a_path)}" + (" (injected by the template or server)" if origin == _TEMPLATE else ""),
         origin=origin,
         precision=precision,
+        place="the system prompt" if _is_system(ctx.a_path) else _where(ctx.a_path),  # a user message's, Codex's
         variant="" if ch else "inserted",
     )
 
@@ -1527,7 +1536,7 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
         for s in ctx.ia.tops_near(ctx.h.a_start, ctx.h.a_end)
         if s.end > s.start and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
     ]
-    if not turns_a:
+    if not turns_a or _moved_later(ctx, turns_a):
         return None
     return finding(
         C.TRUNCATION,
@@ -1535,6 +1544,26 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
         f"{len(turns_a)} whole turn(s), {ctx.h.a_end - ctx.h.a_start} tokens, dropped from A "
         f"at token {ctx.h.a_start:,}",
     )
+
+
+MOVED_TURNS = 8  # whole turns a delete is checked for having moved (a truncation's first one is not: checked first)
+MOVED_TEXT = 32  # bytes a turn's text needs to be told from one B repeats by chance
+
+
+def _moved_later(ctx: Ctx, turns: list[Section]) -> bool:
+    """Whether the deleted turns are elsewhere in B, not gone: parallel tool results sent in another order, a
+    message moved. Each turn's text (its first line, the template's header, left out) is in B as often as in A,
+    the deleted copy included; a dropped turn repeated later in both (a file read twice) is one fewer in B."""
+    a, b = ctx.a, ctx.b
+    for sec in turns[:MOVED_TURNS]:
+        last = sec.end - 1
+        while last > sec.start and (a.special[last] or not a.token_bytes(last).strip()):  # the turn's end marker
+            last -= 1
+        text = a.data[a.byte_offset(sec.start) : a.byte_offset(last + 1)]
+        text = text[text.find(b"\n") + 1 :].strip()
+        if len(text) < MOVED_TEXT or b.data.count(text) < a.data.count(text):
+            return False
+    return True
 
 
 def detect_rewritten(ctx: Ctx) -> Finding | None:
@@ -1598,9 +1627,13 @@ def new_conversation(a: Prompt, b: Prompt, d: Divergence) -> Finding | None:
     users = [s for s in _index(a).tops if s.path[0].kind == _MESSAGE and s.path.role == "user"]
     if users and users[-1].end <= d.lcp:
         return None  # B holds A's latest user message whole: the conversation goes on (not fixed few-shot turns)
+    held = [s for s in _index(a).tops if s.end <= d.lcp and s.path[0].kind == _MESSAGE and not _is_system(s.path)]
+    if held and turns == users[-1:]:
+        return None  # B holds A's turns but its newest user message, which it replaced: edited, or rewound
     system = next((s for s in _index(a).tops if _is_system(s.path) and s.start <= 1), None)
     if system is not None and d.lcp >= system.end:
-        kept, later = f"only the system prompt with A ({d.lcp:,} tokens)", " later"
+        shared = f"the system prompt and {counted(len(held), 'turn')}" if held else "only the system prompt"
+        kept, later = f"{shared} with A ({d.lcp:,} tokens)", " later"
     elif all(a.special[i] for i in range(d.lcp)):
         kept, later = f"nothing with A but {d.lcp:,} template marker token(s)", ""
     else:

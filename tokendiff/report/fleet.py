@@ -338,7 +338,7 @@ def seconds_text(x: float | None) -> str:
 def fleet_turns(turns: int, not_run: int) -> str:
     """'1,200 turns', and how many of them the server never ran where some were: the counts after it leave them
     out (as a session's summary line says, `turns_counted`)."""
-    unrun = f" ({not_run:,} not answered by the server: left out of the counts)" if not_run else ""
+    unrun = f" ({not_run:,} not run by the server: left out of the counts)" if not_run else ""
     return counted(turns, "turn") + unrun
 
 
@@ -350,9 +350,9 @@ def fleet_timed(s: FleetSummary) -> str:
 
 
 def session_turns_cell(row: FleetSessionRow) -> str:
-    """A session row's turns, with those the server never ran: '10 (1 not answered)'."""
+    """A session row's turns, with those the server never ran: '10 (1 not run)'."""
     unrun = len(row.get("not_run_turns") or [])
-    return f"{row['turns']:,}" + (f" ({unrun:,} not answered)" if unrun else "")
+    return f"{row['turns']:,}" + (f" ({unrun:,} not run)" if unrun else "")
 
 
 def fleet_headline(causes: list[FleetCause], n_sessions: int, reused: int, total: int, wasted: int) -> str:

@@ -306,7 +306,7 @@ def turns_counted(s: ReportSummary) -> str:
     unrun = s.get("not_run_turns") or []
     if unrun:
         which = ", ".join(map(str, unrun))
-        out += f" ({'turn' if len(unrun) == 1 else 'turns'} {which} not answered by the server: left out of the counts)"
+        out += f" ({'turn' if len(unrun) == 1 else 'turns'} {which} not run by the server: left out of the counts)"
     return out
 
 

@@ -110,6 +110,9 @@ def to_openai_mapped(body: dict[str, Any], llama_server: bool = True) -> tuple[d
                 msg["reasoning_content"] = thinking
             at = f"messages[{len(msgs)}]"
             fields.append((at, f"messages[{i}]"))
+            blocks = [j for j, b in enumerate(content) if isinstance(b, dict) and b.get("type") == "thinking"]
+            # the thinking block, not a `reasoning_content` the client never sent
+            fields += [(f"{at}.reasoning_content", f"messages[{i}].content[{j}]") for j in blocks[:1]]
             for k, (j, _) in enumerate(uses):
                 block = f"messages[{i}].content[{j}]"
                 fields += [(f"{at}.tool_calls[{k}]", block), (f"{at}.tool_calls[{k}].function", block)]

@@ -194,12 +194,13 @@ def _reasoning(b: _Builder, item: dict[str, Any], where: str) -> None:
     if not isinstance(text, str):
         return  # encrypted or summary-only reasoning: nothing of it reaches the template
     key = "reasoning" if b.vllm else "reasoning_content"
+    source = f"{where}.content[0]" if isinstance(content, list) and content else f"{where}.summary[0]"
     prev = b.last_assistant
     if prev is None:
         b.push({"role": "assistant", "content": [], key: text}, where)
-        return
-    prev[key] = text
-    b.fields.append((f"{b.at}.{key}", where))
+    else:
+        prev[key] = text
+    b.fields.append((f"{b.at}.{key}", source))  # the item's text part, never a `reasoning_content` it has not
 
 
 def llama_function(fn: dict[str, Any]) -> dict[str, Any]:
