@@ -121,6 +121,23 @@ def test_ram_eviction_and_idle_clearing(llama_server_bin, tiny_model, tmp_path):
     assert turns[6].engine.verdict == GapClass.ENGINE and _kinds(turns[6]) == {Gap.CACHE_RAM_EVICTED}
 
 
+@pytest.mark.server
+def test_a_state_saved_then_pushed_out_is_an_eviction_not_the_slot(llama_server_bin, tiny_model, tmp_path):
+    """Three conversations on two slots, --cache-ram 1 holding one 2,300-token state: when C takes A's slot,
+    A's state is saved and then pushed out by the idle slot's (B's) save, as the server's log says ("making
+    room for prompt cache entry, removing oldest entry"). A's next turn lost it to the cache, not to the LRU
+    choice that took its slot (the eviction had been overwritten by that slot's reuse)."""
+    flags = "-np 2 --cache-ram 1"
+    a, b, c = random_ids(60, 2300), random_ids(61, 2300), random_ids(62, 2300)
+    with _server(tiny_model, flags.split()) as srv:
+        drv = Driver(srv.url)
+        for ids in (a, b, c, a + random_ids(63, 20)):
+            drv.send(ids, 2)
+    turns = _analyse(drv, tmp_path, flags + " -c 8192", model=str(tiny_model))
+    assert drv.cache_n()[3] == 0
+    assert turns[3].engine.verdict == GapClass.ENGINE and _kinds(turns[3]) == {Gap.CACHE_RAM_EVICTED}
+
+
 @pytest.fixture(scope="module")
 def loras(tmp_path_factory):
     from tokendiff.testing.tiny_lora import write_tiny_lora

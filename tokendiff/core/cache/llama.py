@@ -842,11 +842,13 @@ class EngineSim:
         return ck.reused, chunks, ck if cfg.layout.needs_checkpoints else None, hit, shifts
 
     def _lost(self, h: Held, fate: Fate, by: int, how: str = "") -> None:
-        """Record what became of a state that left the server (a refusal by the RAM cache is kept: it says why)."""
+        """Record what became of a state that left the server: a refusal by the RAM cache, or an eviction by the
+        request that then took its slot, is kept (saved first, the cache lost it: that says why)."""
         if not h.origin or not len(h):
             return
-        if fate == Fate.OVERWRITTEN and self.fates.get(h.origin, (None,))[0] == Fate.RAM_REFUSED:
-            return
+        was = self.fates.get(h.origin, (None, 0, ""))
+        if fate == Fate.OVERWRITTEN and (was[0] == Fate.RAM_REFUSED or was[:2] == (Fate.RAM_EVICTED, by)):
+            return  # saved before its slot was taken, and pushed out (or refused): the cache's doing
         self.fates[h.origin] = (fate, by, how)
 
     def _process(self, h: Held, req: Request, cache_n: int) -> tuple[Shift, ...]:
