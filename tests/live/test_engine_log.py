@@ -210,7 +210,8 @@ def test_a_real_jsonl_log_at_debug_verbosity(llama_server_bin, tiny_model, tmp_p
 @pytest.mark.server
 def test_a_restart_in_the_log(llama_server_bin, tiny_model, tmp_path):
     """The server restarted between two turns (its stderr appended to one file): the model, told by the log,
-    starts over, and the gap is a restart's."""
+    starts over, and the gap is a restart's; the what-if replays start over with it (they had promised `-np 2`
+    would keep the state the restart lost)."""
     log = tmp_path / "server.log"
     logs = []
     drv = None
@@ -228,6 +229,7 @@ def test_a_restart_in_the_log(llama_server_bin, tiny_model, tmp_path):
     t2 = s.turns[1].engine
     assert t2 is not None and t2.restarted and t2.engine == t2.reported == 0
     assert t2.verdict == GapClass.ENGINE and t2.gaps[-1].kind == Gap.RESTART
+    assert s.advice == []  # no flag keeps a state across a restart: the replays start over too
 
 
 @pytest.mark.server

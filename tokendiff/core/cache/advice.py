@@ -114,6 +114,12 @@ class Advisor:
         self.base_reused = 0
         self.refused: set[str] = set()  # changes a prompt did not fit (fewer tokens per slot)
 
+    def restart(self, turn: int) -> None:
+        """The server restarted (its log says so) before `turn`: every replay starts empty, as no flag keeps a
+        state across a restart."""
+        for sim in {id(s): s for _, s, _ in self.runs if s is not None}.values():
+            sim.restart(turn, "the server restarted")
+
     def add(self, req: Request, conversation: int, reused: int) -> None:
         """One request of conversation `conversation` (numbered from 0); `reused` what the flags' model kept."""
         self.base_reused += reused

@@ -475,6 +475,8 @@ class EngineTrack:
         al = self.log.next_for(numbers or TurnNumbers(len(req.ids)))
         if al.restarted:
             self.sim.restart(req.turn, "the server restarted")
+            if self.advisor is not None:
+                self.advisor.restart(req.turn)
         for o in al.others:
             how = SelectedBy(o.selected_by) if o.selected_by in ("id", "similarity", "lru") else SelectedBy.LRU
             size = o.release_tokens if o.release_tokens is not None else (o.n_prompt or 0)
