@@ -233,6 +233,25 @@ def test_a_restart_in_the_log(llama_server_bin, tiny_model, tmp_path):
 
 
 @pytest.mark.server
+def test_a_context_shift_in_the_log_turns_the_models_on(llama_server_bin, tiny_model, tmp_path):
+    """A server started with --context-shift, which nothing but the log's shift lines shows (/props and the
+    startup lines do not): the model plays the shift from that task on, so the next turn's loss is the shift's,
+    predicted exactly, not the server's unexplained difference from a model that never shifted."""
+    log = tmp_path / "server.log"
+    flags = ["-np", "1", "--cache-ram", "0", "--context-shift", "-lv", "4"]
+    with LlamaServer(model=tiny_model, ctx=2048, extra=flags, log_path=log) as srv:
+        drv = Driver(srv.url)
+        p = random_ids(11, 1800)
+        drv.send(p, 400, n_keep=100)
+        drv.send(p[:1000] + random_ids(12, 20), 4)
+    s = _report(_capture(drv, tmp_path, [1, 2]), log, "")
+    t2 = s.turns[1].engine
+    assert t2 is not None and (t2.engine, t2.reported) == (100, 100)
+    assert t2.verdict == GapClass.ENGINE and Gap.CONTEXT_SHIFT in {g.kind for g in t2.gaps}
+    assert s.engine is not None and s.engine.context_shift and "context_shift" in s.engine.known
+
+
+@pytest.mark.server
 def test_report_takes_a_bad_log_and_still_reports(llama_server_bin, tiny_model, tmp_path, capsys):
     """`tokendiff report --server-log` with a log cut short and in another build's words: warnings naming
     lines on stderr, the report on stdout, exit 0."""

@@ -120,6 +120,12 @@ class Advisor:
         for sim in {id(s): s for _, s, _ in self.runs if s is not None}.values():
             sim.restart(turn, "the server restarted")
 
+    def shifting(self) -> None:
+        """The server's log showed a context shift: --context-shift is on in every replay from here."""
+        self.base = replace(self.base, context_shift=True)
+        for sim in {id(s): s for _, s, _ in self.runs if s is not None}.values():
+            sim.config = replace(sim.config, context_shift=True)
+
     def add(self, req: Request, conversation: int, reused: int) -> None:
         """One request of conversation `conversation` (numbered from 0); `reused` what the flags' model kept."""
         self.base_reused += reused

@@ -26,6 +26,7 @@ from tokendiff.core.cache.advice import Advisor
 from tokendiff.core.cache.engine_log import Aligned, LogAligner, LogTask, TurnNumbers, describe
 from tokendiff.core.cache.llama import EngineConfig, EngineSim, Fate, Outcome, Request, SelectedBy
 from tokendiff.core.kinds import GapClass
+from tokendiff.core.plain import replace
 
 
 class Gap(StrEnum):
@@ -477,12 +478,23 @@ class EngineTrack:
             self.sim.restart(req.turn, "the server restarted")
             if self.advisor is not None:
                 self.advisor.restart(req.turn)
+        if al.task is not None and al.task.shifts:
+            self._shifting()
         for o in al.others:
             how = SelectedBy(o.selected_by) if o.selected_by in ("id", "similarity", "lru") else SelectedBy.LRU
             size = o.release_tokens if o.release_tokens is not None else (o.n_prompt or 0)
             label = f"another client's request (task {o.task}, log line {o.line:,})"
             self.sim.foreign(o.slot, how, o.f_keep, size, req.turn, label)
         return al
+
+    def _shifting(self) -> None:
+        """A context shift in the server's log: --context-shift is on (off by default), unless the flags said."""
+        if self.config.context_shift or "context_shift" in self.config.known:
+            return
+        self.config = self.config.merged({"context_shift": True}, "the server's log")
+        self.sim.config = replace(self.sim.config, context_shift=True)
+        if self.advisor is not None:
+            self.advisor.shifting()
 
     def _content(self, req: Request, prev_ids: np.ndarray | None, best: tuple[int | None, int]) -> tuple[int, int, int]:
         """(tokens the content allows, the turn whose state gives them, reply tokens of unknown IDs after them)."""
