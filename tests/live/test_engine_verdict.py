@@ -138,6 +138,29 @@ def test_a_state_saved_then_pushed_out_is_an_eviction_not_the_slot(llama_server_
     assert turns[3].engine.verdict == GapClass.ENGINE and _kinds(turns[3]) == {Gap.CACHE_RAM_EVICTED}
 
 
+@pytest.mark.server
+def test_a_refused_request_loses_nothing_and_leaves_the_state(llama_server_bin, tiny_model, tmp_path):
+    """A prompt past the slot's context is answered 400 (`exceed_context_size_error`): the server ran nothing,
+    so nothing was lost (it had been the engine's or an unexplained loss of what the content allowed), and the
+    turns after it are measured against the state the server still holds, not the refused prompt (it had
+    said "turn 0 took its slot")."""
+    flags = "-np 1 --cache-ram 0"
+    p = random_ids(70, 1500)
+    with _server(tiny_model, flags.split(), n_ctx=2048) as srv:
+        drv = Driver(srv.url)
+        drv.send(p, 4)
+        drv.send(p + random_ids(71, 600), 4)
+        drv.send(p + random_ids(72, 600), 4)
+        drv.send(p + random_ids(73, 30), 4)
+    assert [a["status"] for a in drv.answers] == [200, 400, 400, 200]
+    turns = _analyse(drv, tmp_path, flags + " -c 2048")
+    for t in turns[1:3]:
+        assert t.engine.verdict is None and _kinds(t) == {Gap.REFUSED} and t.engine.gaps[0].tokens == 0
+    last = turns[3].engine
+    assert (last.content, last.engine, last.reported, last.source) == (1500, 1500, 1500, 1)
+    assert last.verdict is None
+
+
 @pytest.fixture(scope="module")
 def loras(tmp_path_factory):
     from tokendiff.testing.tiny_lora import write_tiny_lora

@@ -49,12 +49,14 @@ class Gap(StrEnum):
     MODEL = "model"  # another model or template served it
     IDLE_CLEARED = "idle_cleared"  # cleared while idle, for another client's task (unified KV cache)
     OTHER_CLIENT = "other_client"  # a request not in the session took the slot (seen in the server's log)
+    REFUSED = "refused"  # the server answered an error: it ran nothing, so nothing was lost (0 tokens)
     UNKNOWN = "unknown"
 
 
 GAP_CLASS = {
     Gap.CLIENT_EDIT: GapClass.CONTENT,
     Gap.CACHE_OFF: GapClass.CONTENT,
+    Gap.REFUSED: GapClass.CONTENT,
     Gap.SLOT_SIMILARITY: GapClass.ENGINE,
     Gap.SLOT_LRU: GapClass.ENGINE,
     Gap.SLOT_PINNED: GapClass.ENGINE,
@@ -113,6 +115,7 @@ class EngineTurn:
     restarted: bool = False  # the log shows a server start since the previous turn
     recorded_slot: int | None = None  # the slot the server says it used (the answer's id_slot, the proxy's record)
     key_changed: bool = False  # another model or template than the turn before served it
+    refused: bool = False  # the server answered an error (context exceeded): it ran nothing
 
     @property
     def engine(self) -> int:
@@ -146,6 +149,10 @@ def client_waste(et: EngineTurn, turn: int, n: int, wasted: int, cause: str) -> 
 def classify(et: EngineTurn, cfg: EngineConfig, wasted: int, cause: str, log_gap: GapItem | None = None) -> None:
     """Fill the turn's gaps and verdict: the client's (`wasted` tokens to `cause`, `client_waste`), the engine's
     (the model against the content), and the server's against the model (`log_gap` when its log says why)."""
+    if et.refused:
+        why = "the server answered an error (as a prompt past the slot's context gets): it ran nothing, lost nothing"
+        et.gaps, et.verdict = [GapItem(Gap.REFUSED, 0, why)], None
+        return
     gaps = []
     if et.outcome.cache_off:
         gaps.append(GapItem(Gap.CACHE_OFF, -et.content, "the request set cache_prompt false: nothing reused"))
@@ -431,7 +438,8 @@ class EngineTrack:
         self._conv: dict[int, int] = {}  # turn -> its conversation (the chain of states it continues)
         self._held: dict[int, tuple[int, np.ndarray | None, int]] = {}  # turn -> (prompt length, reply, generated)
         self._shifted: set[int] = set()
-        self._last = 0  # the turn played last (`prev_ids` is its prompt)
+        self._last = 0  # the turn the server last ran (`prev_ids` is its prompt unless it refused one since)
+        self._last_ids: np.ndarray | None = None  # that turn's prompt, while a refused request is `prev_ids`
 
     def add(
         self,
@@ -443,7 +451,10 @@ class EngineTrack:
     ) -> EngineTurn:
         """The next request: `prev_ids` the prompt of the turn played before it (a request the server never had
         is not played: core.unanswered), `best` (turn, LCP) the earlier prompt sharing the longest prefix with
-        this one; `numbers` what the turn says, to find it in the log."""
+        this one; `numbers` what the turn says, to find it in the log. A request the server refused leaves its
+        state as it was: no later turn is measured against it."""
+        if self._last_ids is not None:
+            prev_ids = self._last_ids  # a refused request came between: the state is the last one run's
         content, source, unknown = self._content(req, prev_ids, best)
         al = self._logged(req, numbers)
         changed = bool(req.key and self.sim.key and req.key != self.sim.key)
@@ -454,7 +465,7 @@ class EngineTrack:
             self._shifted.add(req.turn)
         length = self._held[source][0] if source in self._held else 0
         et = EngineTurn(out, content, source, before, unknown, source in self._shifted, length, reported)
-        et.key_changed = changed
+        et.key_changed, et.refused = changed, req.failed
         same = source in self._conv and content >= CONTINUES * length  # it keeps most of that state: its sequel
         conv = self._conv[source] if same else len(set(self._conv.values()))
         self._conv[req.turn] = conv
@@ -464,9 +475,13 @@ class EngineTrack:
             et.log_task, et.log, et.others, et.restarted = al.task, describe(al.task), len(al.others), al.restarted
             if et.reported is None:
                 et.reported = al.task.reused
+        if req.failed:
+            if self._last_ids is None and prev_ids is not None and self._last in self._held:
+                self._last_ids = prev_ids
+            return et
         g = req.n_generated if req.reply is None else len(req.reply) + 1
         self._held[req.turn] = (len(req.ids), req.reply, g)
-        self._last = req.turn
+        self._last, self._last_ids = req.turn, None
         return et
 
     def _logged(self, req: Request, numbers: TurnNumbers | None) -> Aligned | None:
