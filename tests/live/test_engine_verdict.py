@@ -161,6 +161,14 @@ def test_a_refused_request_loses_nothing_and_leaves_the_state(llama_server_bin, 
     assert last.verdict is None
 
 
+def test_a_gap_of_no_tokens_is_said_without_a_number():
+    from tokendiff.report.markdown import gap_text
+
+    refused = {"class": "content", "kind": "refused", "tokens": 0, "evidence": "it ran nothing"}
+    assert gap_text(refused) == "refused: it ran nothing"  # not "refused +0"
+    assert gap_text({**refused, "kind": "slot_lru", "tokens": -1500}) == "slot_lru -1,500: it ran nothing"
+
+
 @pytest.fixture(scope="module")
 def loras(tmp_path_factory):
     from tokendiff.testing.tiny_lora import write_tiny_lora
