@@ -190,7 +190,11 @@ def test_lora_change_is_the_cache_key_and_an_omitted_list_a_false_hit(llama_serv
     turns = _analyse(drv, tmp_path, flags)
     assert turns[1].engine.verdict == GapClass.CACHE_KEY and _kinds(turns[1]) == {Gap.LORA}
     assert turns[2].engine.false_hit and "LoRA scales [0, 1]" in turns[2].engine.false_hit
+    assert "this request runs with [1, 1]" in turns[2].engine.false_hit
     assert not turns[1].engine.false_hit
+    # without the --lora flags, the global scales the omitted list runs with are not known: not "[] (none)"
+    hit = _analyse(drv, tmp_path, "-np 1 --cache-ram 0")[2].engine.false_hit
+    assert "no flag given states" in hit and "(none)" not in hit
 
 
 def test_another_model_empties_the_slots():

@@ -833,7 +833,7 @@ class EngineSim:
             n_min = cfg.cache_reuse if req.n_cache_reuse is None else req.n_cache_reuse
             n_past, chunks = chunk_reuse(raw, req.raw, n_min if cfg.can_shift else 0, shared)
         ck = restore(h.state, req.ids, n_past)
-        hit = _false_hit(h, ck.reused)
+        hit = _false_hit(h, ck.reused, req.lora is None and cfg.lora is None)
         old = Held(SlotState(cfg.layout, cache), h.origin)
         old.__dict__.update(memos)  # the same tokens: their bytes, and the RAM entry known to hold them
         if h.origin and h.origin != req.turn and (shared >= before or self._in_ram(old) is None):
@@ -901,16 +901,24 @@ def _segments_after(
     return out
 
 
-def _false_hit(h: Held, cache_n: int) -> str:
-    """Reuse of KV computed under other adapter scales than the slot now runs with (its `lora` as launched)."""
+def _false_hit(h: Held, cache_n: int, global_unknown: bool = False) -> str:
+    """Reuse of KV computed under other adapter scales than the slot now runs with (its `lora` as launched).
+    `global_unknown`: the request named no adapters and no flag given states the server's global scales it then
+    runs with (taken as none): said so, not as a fact."""
     start = 0
     for end, scales in h.kv_lora:
         if start >= cache_n:
             break
         if scales != h.lora:
+            now = (
+                "this request names no adapters: it runs with the server's global scales, which no flag given "
+                "states (pass its --lora flags in --server-args); unless they are those, the reuse is wrong"
+                if global_unknown
+                else f"this request runs with {_scales(h.lora)}"
+            )
             return (
                 f"{cache_n:,} tokens reused, of which tokens {start:,}..{min(end, cache_n):,} were computed with "
-                f"LoRA scales {_scales(scales)} while this request runs with {_scales(h.lora)}"
+                f"LoRA scales {_scales(scales)}; {now}"
             )
         start = end
     return ""
