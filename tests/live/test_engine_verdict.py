@@ -169,6 +169,23 @@ def test_a_gap_of_no_tokens_is_said_without_a_number():
     assert gap_text({**refused, "kind": "slot_lru", "tokens": -1500}) == "slot_lru -1,500: it ran nothing"
 
 
+@pytest.mark.server
+def test_a_server_without_prompt_caching_is_the_engines(llama_server_bin, tiny_model, tmp_path):
+    """`--no-cache-prompt` turns prefix reuse off for every request that does not ask for it (`cache_prompt:
+    true` still reuses): the flag was not read, so every turn was the server's unexplained loss."""
+    flags = "-np 1 --cache-ram 0 --no-cache-prompt"
+    p = random_ids(80, 500)
+    with _server(tiny_model, flags.split(), n_ctx=4096) as srv:
+        drv = Driver(srv.url)
+        drv.send(p, 2)
+        drv.send(p + random_ids(81, 20), 2)
+        drv.send(p + random_ids(82, 20), 2, cache_prompt=True)
+    assert drv.cache_n() == [0, 0, 500]
+    turns = _analyse(drv, tmp_path, flags + " -c 4096")  # the model's reuse is the server's on every turn
+    assert turns[1].engine.verdict == GapClass.ENGINE and _kinds(turns[1]) == {Gap.SERVER_CACHE_OFF}
+    assert Gap.SERVER_CACHE_OFF not in _kinds(turns[2])  # it asked for cache_prompt: reused as the server did
+
+
 @pytest.fixture(scope="module")
 def loras(tmp_path_factory):
     from tokendiff.testing.tiny_lora import write_tiny_lora

@@ -35,6 +35,9 @@ class Change:
 def changes(base: EngineConfig) -> list[Change]:
     """The changes worth replaying for a server with `base`'s flags."""
     out = []
+    if not base.cache_prompt:
+        why = "prefix reuse on, as llama-server's default: each request continues what its slot holds"
+        out.append(Change("--cache-prompt", (("cache_prompt", True),), why=why))
     whole = whole_ctx(base)
     for n in (1, 2, 4, 8):
         if n != base.n_slots:

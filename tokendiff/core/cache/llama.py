@@ -92,6 +92,7 @@ class EngineConfig:
     cache_idle_slots: bool = True  # --cache-idle-slots (needs the RAM cache)
     cache_reuse: int = 0  # --cache-reuse (0: off)
     context_shift: bool = False  # --context-shift
+    cache_prompt: bool = True  # --no-cache-prompt: no prefix reuse for a request that does not ask for it
     n_keep: int = 0  # --keep
     n_ctx: int | None = None  # -c, the whole context (None: unknown)
     n_ctx_slot: int | None = None  # a slot's context (/props n_ctx), when known apart from -c
@@ -133,6 +134,8 @@ class EngineConfig:
             parts.append(f"--cache-reuse {self.cache_reuse}")
         if self.context_shift:
             parts.append("--context-shift" + (f" --keep {self.n_keep}" if self.n_keep else ""))
+        if not self.cache_prompt:
+            parts.append("--no-cache-prompt")
         if self.slot_ctx:
             parts.append(f"n_ctx per slot {self.slot_ctx:,}")
         return " ".join(parts)
@@ -171,6 +174,7 @@ class EngineFacts(TypedDict, total=False):
     kv_unified: bool
     cache_idle_slots: bool
     context_shift: bool
+    cache_prompt: bool
     mmproj: bool
     lora: tuple[float, ...]
     bytes_per_token: float | None
@@ -199,6 +203,8 @@ _SWITCHES = {
     "--no-cache-idle-slots": ("cache_idle_slots", False),
     "--context-shift": ("context_shift", True),
     "--no-context-shift": ("context_shift", False),
+    "--cache-prompt": ("cache_prompt", True),
+    "--no-cache-prompt": ("cache_prompt", False),
 }
 
 
@@ -295,7 +301,7 @@ class Request:
     n_keep: int | None = None  # the request's n_keep (None: --keep)
     n_discard: int = 0
     n_cache_reuse: int | None = None  # the request's override of --cache-reuse
-    cache_prompt: bool = True
+    cache_prompt: bool | None = None  # the request's cache_prompt; None: the server's (--no-cache-prompt)
     user_starts: Sequence[int] = ()  # user-message starts (chat endpoints checkpoint there)
     key: str = ""  # the model and template that served it: a change is a restart with another model
     failed: bool = False  # the server refused it (context exceeded, error): the slot is left as it was
@@ -411,7 +417,8 @@ class Outcome:
     lora_cleared: bool = False
     false_hit: str = ""  # why the reuse should not have happened (adapters or model changed under it)
     shifts: tuple[Shift, ...] = ()  # context shifts while this request generated
-    cache_off: bool = False  # the request asked for cache_prompt false
+    cache_off: bool = False  # the request asked for cache_prompt false, or the server's default did
+    cache_off_by_server: bool = False  # the server's --no-cache-prompt, the request saying nothing
 
 
 # ---------------------------------------------------------------- the rules
@@ -813,12 +820,17 @@ class EngineSim:
             ram_loaded=loaded,
             ram_saved=saved,
             lora_cleared=cleared,
-            cache_off=not req.cache_prompt,
+            cache_off=not self._caches(req),
+            cache_off_by_server=req.cache_prompt is None and not self.config.cache_prompt,
             chunks=chunks,
             checkpoint=checkpoint,
             false_hit=hit,
             shifts=shifts,
         )
+
+    def _caches(self, req: Request) -> bool:
+        """Prefix reuse on: the request's cache_prompt, else the server's default (--no-cache-prompt)."""
+        return req.cache_prompt if req.cache_prompt is not None else self.config.cache_prompt
 
     def _kept(
         self, h: Held, req: Request, raw: bytes, shared: int, how: SelectedBy
@@ -829,7 +841,7 @@ class EngineSim:
         memos = {k: v for k, v in h.__dict__.items() if k in ("_raw", "_held_by") and v[0] is cache}
         chunks: tuple[Chunk, ...] = ()
         n_past = 0
-        if req.cache_prompt:
+        if self._caches(req):
             n_min = cfg.cache_reuse if req.n_cache_reuse is None else req.n_cache_reuse
             n_past, chunks = chunk_reuse(raw, req.raw, n_min if cfg.can_shift else 0, shared)
         ck = restore(h.state, req.ids, n_past)

@@ -49,6 +49,7 @@ class Gap(StrEnum):
     MODEL = "model"  # another model or template served it
     IDLE_CLEARED = "idle_cleared"  # cleared while idle, for another client's task (unified KV cache)
     OTHER_CLIENT = "other_client"  # a request not in the session took the slot (seen in the server's log)
+    SERVER_CACHE_OFF = "no_cache_prompt"  # the server runs with --no-cache-prompt: no prefix reuse
     REFUSED = "refused"  # the server answered an error: it ran nothing, so nothing was lost (0 tokens)
     UNKNOWN = "unknown"
 
@@ -69,6 +70,7 @@ GAP_CLASS = {
     Gap.REPLY_IN_SLOT: GapClass.ENGINE,
     Gap.RESTART: GapClass.ENGINE,
     Gap.OTHER_CLIENT: GapClass.ENGINE,
+    Gap.SERVER_CACHE_OFF: GapClass.ENGINE,
     Gap.LORA: GapClass.CACHE_KEY,
     Gap.MODEL: GapClass.CACHE_KEY,
     Gap.IDLE_CLEARED: GapClass.IDLE,
@@ -154,7 +156,10 @@ def classify(et: EngineTurn, cfg: EngineConfig, wasted: int, cause: str, log_gap
         et.gaps, et.verdict = [GapItem(Gap.REFUSED, 0, why)], None
         return
     gaps = []
-    if et.outcome.cache_off:
+    if et.outcome.cache_off_by_server:
+        why = "the server runs with --no-cache-prompt and the request did not ask for cache_prompt: nothing reused"
+        gaps.append(GapItem(Gap.SERVER_CACHE_OFF, -et.content, why))
+    elif et.outcome.cache_off:
         gaps.append(GapItem(Gap.CACHE_OFF, -et.content, "the request set cache_prompt false: nothing reused"))
     elif wasted > 0:
         gaps.append(GapItem(Gap.CLIENT_EDIT, -wasted, cause or "the prompt changed before its end"))
@@ -414,7 +419,7 @@ def engine_request(
         n_keep=_int(req.get("n_keep")),
         n_discard=_int(req.get("n_discard")) or 0,
         n_cache_reuse=_int(req.get("n_cache_reuse")),
-        cache_prompt=req.get("cache_prompt") is not False,
+        cache_prompt=req.get("cache_prompt") if isinstance(req.get("cache_prompt"), bool) else None,
         user_starts=user_starts,
         key=key,
         failed=failed,
