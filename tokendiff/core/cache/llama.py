@@ -193,6 +193,7 @@ _VALUE_FLAGS = {
     "--keep": "n_keep",
     "-c": "n_ctx",
     "--ctx-size": "n_ctx",
+    "--kv-unified-per-slot": "n_ctx_slot",  # a slot's context on the unified KV cache (the pool np times it)
 }
 _SWITCHES = {
     "-kvu": ("kv_unified", True),
