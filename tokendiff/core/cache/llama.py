@@ -297,6 +297,7 @@ class Request:
     turn: int = 0
     reply: np.ndarray | None = None  # what the slot holds after the prompt (generated IDs but the last)
     n_generated: int = 0  # tokens generated (the reply holds one fewer); used when `reply` is unknown
+    reply_from_text: bool = False  # `reply` is the answer's text tokenised: the slot may hold other IDs
     id_slot: int = -1  # the request's pinned slot
     lora: tuple[tuple[int, float], ...] | None = None  # the request's `lora` list; None: absent or []
     n_keep: int | None = None  # the request's n_keep (None: --keep)

@@ -50,6 +50,7 @@ class Gap(StrEnum):
     IDLE_CLEARED = "idle_cleared"  # cleared while idle, for another client's task (unified KV cache)
     OTHER_CLIENT = "other_client"  # a request not in the session took the slot (seen in the server's log)
     SERVER_CACHE_OFF = "no_cache_prompt"  # the server runs with --no-cache-prompt: no prefix reuse
+    REPLY_RETOKENIZED = "reply_retokenized"  # the reply sent back as text: other IDs than the slot's
     REFUSED = "refused"  # the server answered an error: it ran nothing, so nothing was lost (0 tokens)
     UNKNOWN = "unknown"
 
@@ -58,6 +59,7 @@ GAP_CLASS = {
     Gap.CLIENT_EDIT: GapClass.CONTENT,
     Gap.CACHE_OFF: GapClass.CONTENT,
     Gap.REFUSED: GapClass.CONTENT,
+    Gap.REPLY_RETOKENIZED: GapClass.CONTENT,
     Gap.SLOT_SIMILARITY: GapClass.ENGINE,
     Gap.SLOT_LRU: GapClass.ENGINE,
     Gap.SLOT_PINNED: GapClass.ENGINE,
@@ -118,6 +120,7 @@ class EngineTurn:
     recorded_slot: int | None = None  # the slot the server says it used (the answer's id_slot, the proxy's record)
     key_changed: bool = False  # another model or template than the turn before served it
     refused: bool = False  # the server answered an error (context exceeded): it ran nothing
+    source_reply_text: bool = False  # the source's reply IDs are its text tokenised, not the generated ones
 
     @property
     def engine(self) -> int:
@@ -170,7 +173,7 @@ def classify(et: EngineTurn, cfg: EngineConfig, wasted: int, cause: str, log_gap
         elif d < 0:
             gaps.append(_loss(et, cfg, d))
     if et.reported is not None and et.reported != et.engine:
-        gaps.append(log_gap or _from_log(et) or _unexplained(et, cfg))
+        gaps.append(log_gap or _retokenized(et) or _from_log(et) or _unexplained(et, cfg))
     et.gaps = gaps
     lost = [g for g in gaps if g.tokens < 0]
     et.verdict = min(lost, key=lambda g: g.tokens).cls if lost else None
@@ -237,6 +240,19 @@ def _gone(fate: Fate, how: str, d: int, cfg: EngineConfig, by: int) -> GapItem:
     ram = "" if cfg.ram_on else " and no host-memory cache kept it (--cache-ram 0)"
     gap = _BY_SELECTION[sel] if cfg.ram_on else Gap.CACHE_RAM_OFF
     return GapItem(gap, d, f"turn {by} took its slot (by {sel.value}){ram}")
+
+
+def _retokenized(et: EngineTurn) -> GapItem | None:
+    """The server kept the previous prompt but not all of its reply that the model counted: the reply's IDs were
+    its text tokenised, and the model spelt it with other tokens (the catalogue's output_retokenized)."""
+    rep, src = et.reported or 0, et.source_len
+    if not (et.source_reply_text and src <= rep < et.engine <= et.content):
+        return None
+    why = (
+        f"the slot holds turn {et.source}'s reply as the model generated it; sent back as text, it is tokenised "
+        f"to other IDs from token {rep:,} (its count agrees, so the model took them as the slot's)"
+    )
+    return GapItem(Gap.REPLY_RETOKENIZED, rep - et.engine, why)
 
 
 def _from_log(et: EngineTurn) -> GapItem | None:
@@ -407,13 +423,15 @@ def engine_request(
     slot = _int(req.get("id_slot"))
     if reply is None:
         reply = reply_ids(resp)
-    if reply is None and tokenize is not None and not failed:
+    from_text = reply is None and tokenize is not None and not failed
+    if from_text and tokenize is not None:
         reply = text_reply(tokenize, req, resp, n_generated)
     return Request(
         ids=np.asarray(ids, dtype=np.int32),
         turn=turn,
         reply=reply,
         n_generated=n_generated or 0,
+        reply_from_text=from_text and reply is not None,
         id_slot=slot if slot is not None else -1,
         lora=_lora(req.get("lora")),
         n_keep=_int(req.get("n_keep")),
@@ -442,6 +460,7 @@ class EngineTrack:
         self.advisor = Advisor(config, mirrored=log is None) if what_if else None
         self._conv: dict[int, int] = {}  # turn -> its conversation (the chain of states it continues)
         self._held: dict[int, tuple[int, np.ndarray | None, int]] = {}  # turn -> (prompt length, reply, generated)
+        self._text_replies: set[int] = set()  # turns whose reply IDs are their text tokenised
         self._shifted: set[int] = set()
         self._last = 0  # the turn the server last ran (`prev_ids` is its prompt unless it refused one since)
         self._last_ids: np.ndarray | None = None  # that turn's prompt, while a refused request is `prev_ids`
@@ -471,6 +490,7 @@ class EngineTrack:
         length = self._held[source][0] if source in self._held else 0
         et = EngineTurn(out, content, source, before, unknown, source in self._shifted, length, reported)
         et.key_changed, et.refused = changed, req.failed
+        et.source_reply_text = source in self._text_replies
         same = source in self._conv and content >= CONTINUES * length  # it keeps most of that state: its sequel
         conv = self._conv[source] if same else len(set(self._conv.values()))
         self._conv[req.turn] = conv
@@ -486,6 +506,8 @@ class EngineTrack:
             return et
         g = req.n_generated if req.reply is None else len(req.reply) + 1
         self._held[req.turn] = (len(req.ids), req.reply, g)
+        if req.reply_from_text:
+            self._text_replies.add(req.turn)
         self._last, self._last_ids = req.turn, None
         return et
 
