@@ -252,6 +252,26 @@ def test_a_context_shift_in_the_log_turns_the_models_on(llama_server_bin, tiny_m
 
 
 @pytest.mark.server
+def test_chunks_reused_in_the_log_turn_cache_reuse_on(llama_server_bin, tiny_model, tmp_path):
+    """A server started with --cache-reuse 256, which nothing but the log's chunk lines shows: an old round
+    dropped from the history, the rounds after it shifted into place. The model had played no chunk reuse (the
+    server's 'unknown' gain) and advised --cache-reuse 256, which the server already ran with."""
+    log = tmp_path / "server.log"
+    flags = ["-np", "1", "--cache-ram", "0", "--cache-reuse", "256", "-lv", "4"]
+    head, r1, r2, r3 = random_ids(30, 200), random_ids(31, 300), random_ids(32, 300), random_ids(33, 300)
+    with LlamaServer(model=tiny_model, ctx=4096, extra=flags, log_path=log) as srv:
+        drv = Driver(srv.url)
+        drv.send(head + r1 + r2 + r3, 4)
+        drv.send(head + r2 + r3 + random_ids(34, 20), 4)
+    assert drv.cache_n()[1] == 800
+    s = _report(_capture(drv, tmp_path, [1, 2]), log, "")
+    t2 = s.turns[1].engine
+    assert t2 is not None and (t2.engine, t2.reported) == (800, 800) and Gap.CHUNK_REUSE in {g.kind for g in t2.gaps}
+    assert s.engine is not None and s.engine.cache_reuse == 600 and "cache_reuse" in s.engine.known
+    assert not any("--cache-reuse" in a.label for a in s.advice)
+
+
+@pytest.mark.server
 def test_report_takes_a_bad_log_and_still_reports(llama_server_bin, tiny_model, tmp_path, capsys):
     """`tokendiff report --server-log` with a log cut short and in another build's words: warnings naming
     lines on stderr, the report on stdout, exit 0."""

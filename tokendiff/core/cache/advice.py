@@ -123,11 +123,13 @@ class Advisor:
         for sim in {id(s): s for _, s, _ in self.runs if s is not None}.values():
             sim.restart(turn, "the server restarted")
 
-    def shifting(self) -> None:
-        """The server's log showed a context shift: --context-shift is on in every replay from here."""
-        self.base = replace(self.base, context_shift=True)
+    def learned(self, fields: dict[str, Any]) -> None:
+        """Settings the server's log showed (--context-shift, --cache-reuse): in every replay from here, and no
+        longer a change to suggest (the server runs with them)."""
+        self.base = replace(self.base, **fields)
+        self.runs = [r for r in self.runs if not any(k in fields for k, _ in r[0].fields)]
         for sim in {id(s): s for _, s, _ in self.runs if s is not None}.values():
-            sim.config = replace(sim.config, context_shift=True)
+            sim.config = replace(sim.config, **fields)
 
     def add(self, req: Request, conversation: int, reused: int) -> None:
         """One request of conversation `conversation` (numbered from 0); `reused` what the flags' model kept."""

@@ -461,6 +461,7 @@ class EngineTrack:
         self._conv: dict[int, int] = {}  # turn -> its conversation (the chain of states it continues)
         self._held: dict[int, tuple[int, np.ndarray | None, int]] = {}  # turn -> (prompt length, reply, generated)
         self._text_replies: set[int] = set()  # turns whose reply IDs are their text tokenised
+        self._learned: set[str] = set()  # settings the log's tasks showed (`_learn`)
         self._shifted: set[int] = set()
         self._last = 0  # the turn the server last ran (`prev_ids` is its prompt unless it refused one since)
         self._last_ids: np.ndarray | None = None  # that turn's prompt, while a refused request is `prev_ids`
@@ -520,8 +521,8 @@ class EngineTrack:
             self.sim.restart(req.turn, "the server restarted")
             if self.advisor is not None:
                 self.advisor.restart(req.turn)
-        if al.task is not None and al.task.shifts:
-            self._shifting()
+        if al.task is not None:
+            self._learn(al.task)
         for o in al.others:
             how = SelectedBy(o.selected_by) if o.selected_by in ("id", "similarity", "lru") else SelectedBy.LRU
             size = o.release_tokens if o.release_tokens is not None else (o.n_prompt or 0)
@@ -529,14 +530,25 @@ class EngineTrack:
             self.sim.foreign(o.slot, how, o.f_keep, size, req.turn, label)
         return al
 
-    def _shifting(self) -> None:
-        """A context shift in the server's log: --context-shift is on (off by default), unless the flags said."""
-        if self.config.context_shift or "context_shift" in self.config.known:
+    def _learn(self, task: LogTask) -> None:
+        """Settings only the log's tasks show, unless the flags said: a context shift turns --context-shift on,
+        a chunk shifted into place --cache-reuse (its N at most the smallest chunk seen, lowered as smaller ones
+        come: each turn's own chunks are read before it is played)."""
+        cfg, facts = self.config, dict[str, Any]()
+        if task.shifts and not cfg.context_shift and "context_shift" not in cfg.known:
+            facts["context_shift"] = True
+        if task.chunks and ("cache_reuse" not in cfg.known or "cache_reuse" in self._learned):
+            n = min(c1 - c0 for c0, c1, _, _ in task.chunks)
+            if n > 0 and (cfg.cache_reuse == 0 or n < cfg.cache_reuse):
+                facts["cache_reuse"] = n
+        if not facts:
             return
-        self.config = self.config.merged({"context_shift": True}, "the server's log")
-        self.sim.config = replace(self.sim.config, context_shift=True)
+        self._learned.update(facts)
+        sources = cfg.sources if "the server's log" in cfg.sources else (*cfg.sources, "the server's log")
+        self.config = replace(cfg, **facts, known=cfg.known | frozenset(facts), sources=sources)
+        self.sim.config = replace(self.sim.config, **facts)
         if self.advisor is not None:
-            self.advisor.shifting()
+            self.advisor.learned(facts)
 
     def _content(self, req: Request, prev_ids: np.ndarray | None, best: tuple[int | None, int]) -> tuple[int, int, int]:
         """(tokens the content allows, the turn whose state gives them, reply tokens of unknown IDs after them)."""
