@@ -187,6 +187,9 @@ def test_another_clients_request_in_the_log_explains_the_lost_slot(llama_server_
     assert t3.verdict == GapClass.ENGINE and t3.gaps[-1].kind == Gap.OTHER_CLIENT
     assert "another client's request (task" in t3.gaps[-1].evidence
     assert all(t.engine is not None and t.engine.log for t in s.turns)
+    # the what-if replays play the session's own requests only: the other client's loss is no flag's gain (every
+    # change, --cache-reuse 256 included, had claimed it against the model that played the other request)
+    assert s.advice == []
 
 
 @pytest.mark.server
