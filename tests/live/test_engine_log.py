@@ -275,6 +275,41 @@ def test_chunks_reused_in_the_log_turn_cache_reuse_on(llama_server_bin, tiny_mod
 
 
 @pytest.mark.server
+def test_watch_learns_a_saved_states_size_from_the_log_as_it_grows(llama_server_bin, tiny_model, tmp_path):
+    """`watch --server-log` on a server just started: its log shows the size of a saved state only at the first
+    save, after watch read its launch lines, and no GGUF is at hand. The live verdicts had played the host-memory
+    cache without its byte limit ('unknown' where the batch report, reading the whole log, said the cache evicted
+    the state); they are the batch's now."""
+    from tokendiff.app.live import SessionFeed, watch_engine
+    from tokendiff.app.pair import PromptOptions, open_loader
+    from tokendiff.sources.capture import iter_capture
+
+    log, cap = tmp_path / "server.log", tmp_path / "capture.jsonl"
+    flags = ["-np", "2", "--cache-ram", "1", "-lv", "4"]
+    convs = [random_ids(40 + k, 2300) for k in range(3)]
+    with LlamaServer(model=tiny_model, ctx=8192, extra=flags, log_path=log) as srv:
+        drv = Driver(srv.url)
+        feed = None
+        for i, k in enumerate([0, 1, 2, 0]):
+            r = drv.send(convs[k], 4)
+            convs[k] = convs[k] + r["tokens"] + random_ids(100 + i, 30)
+            with cap.open("a") as f:
+                f.write(json.dumps(drv.records({"kind": "llama-server"})[-1]) + "\n")
+            if feed is None:
+                cfg = watch_engine(cap, PromptOptions(), None, str(log))
+                assert cfg is not None and cfg.bytes_per_token is None  # no state saved yet
+                feed = SessionFeed(open_loader(PromptOptions()), cap, engine=cfg, server_log=str(log))
+            live = feed.add(list(iter_capture(cap))[-1]).session
+    batch = _report(cap, log, "")
+
+    def verdicts(s):
+        return [(t.engine.engine, t.engine.verdict, [g.kind for g in t.engine.gaps]) for t in s.turns]
+
+    assert verdicts(live) == verdicts(batch)
+    assert live.turns[3].engine.engine == 0 and Gap.CACHE_RAM_EVICTED in {g.kind for g in live.turns[3].engine.gaps}
+
+
+@pytest.mark.server
 def test_report_takes_a_bad_log_and_still_reports(llama_server_bin, tiny_model, tmp_path, capsys):
     """`tokendiff report --server-log` with a log cut short and in another build's words: warnings naming
     lines on stderr, the report on stdout, exit 0."""

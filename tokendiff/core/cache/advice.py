@@ -131,9 +131,12 @@ class Advisor:
         """Settings the server's log showed (--context-shift, --cache-reuse): in every replay from here, and no
         longer a change to suggest (the server runs with them)."""
         self.base = replace(self.base, **fields)
-        self.runs = [r for r in self.runs if not any(k in fields for k, _ in r[0].fields)]
+        # a change of what was learned is no change; --cache-ram sizes played without a state's size were played
+        # alike (`_played_as`): not told apart now
+        sizes = {"cache_ram_mib"} if "bytes_per_token" in fields else set()
+        self.runs = [r for r in self.runs if not any(k in fields or k in sizes for k, _ in r[0].fields)]
         for sim in self._sims():
-            sim.config = replace(sim.config, **fields)
+            sim.learned(fields)
 
     def _sims(self) -> list[EngineSim]:
         """Every replay once (changes played alike share one)."""

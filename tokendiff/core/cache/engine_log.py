@@ -48,6 +48,7 @@ class LogTask:
     idle_cleared: list[tuple[int, int]] = field(default_factory=list)  # (slot, tokens) cleared when it started
     error: str = ""
     events_dropped: int = 0  # chunks, shifts or cleared slots past the reader's bound: counted, not kept
+    bytes_per_token: float | None = None  # a saved state's size per token, as the log had shown by its end
 
     @property
     def reused(self) -> int | None:

@@ -691,6 +691,12 @@ class EngineSim:
         self.clock += 1
         s.t_last = self.clock
 
+    def learned(self, fields: dict[str, Any]) -> None:
+        """Settings learned mid-session (from the server's log): played from the next request on."""
+        self.config = replace(self.config, **fields)
+        if self.ram is not None and "bytes_per_token" in fields:
+            self.ram.bpt = self.config.bytes_per_token
+
     def restart(self, turn: int, why: str = "restart") -> None:
         """Every slot and the RAM cache emptied (a server restart, or another model)."""
         for s in self.slots:

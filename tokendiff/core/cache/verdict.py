@@ -521,8 +521,9 @@ class EngineTrack:
             self.sim.restart(req.turn, "the server restarted")
             if self.advisor is not None:
                 self.advisor.restart(req.turn)
-        if al.task is not None:
-            self._learn(al.task)
+        for seen in (*al.others, al.task):  # the flags are the server's: any request's lines show them
+            if seen is not None:
+                self._learn(seen)
         for o in al.others:
             how = SelectedBy(o.selected_by) if o.selected_by in ("id", "similarity", "lru") else SelectedBy.LRU
             size = o.release_tokens if o.release_tokens is not None else (o.n_prompt or 0)
@@ -533,7 +534,8 @@ class EngineTrack:
     def _learn(self, task: LogTask) -> None:
         """Settings only the log's tasks show, unless the flags said: a context shift turns --context-shift on,
         a chunk shifted into place --cache-reuse (its N at most the smallest chunk seen, lowered as smaller ones
-        come: each turn's own chunks are read before it is played)."""
+        come: each turn's own chunks are read before it is played); and a saved state's size, which a log
+        `watch` follows shows only at the first save, after the launch lines it read."""
         cfg, facts = self.config, dict[str, Any]()
         if task.shifts and not cfg.context_shift and "context_shift" not in cfg.known:
             facts["context_shift"] = True
@@ -541,12 +543,14 @@ class EngineTrack:
             n = min(c1 - c0 for c0, c1, _, _ in task.chunks)
             if n > 0 and (cfg.cache_reuse == 0 or n < cfg.cache_reuse):
                 facts["cache_reuse"] = n
+        if task.bytes_per_token and cfg.bytes_per_token is None and "bytes_per_token" not in cfg.known:
+            facts["bytes_per_token"] = task.bytes_per_token  # a live log's first save, after its launch lines
         if not facts:
             return
         self._learned.update(facts)
         sources = cfg.sources if "the server's log" in cfg.sources else (*cfg.sources, "the server's log")
         self.config = replace(cfg, **facts, known=cfg.known | frozenset(facts), sources=sources)
-        self.sim.config = replace(self.sim.config, **facts)
+        self.sim.learned(facts)
         if self.advisor is not None:
             self.advisor.learned(facts)
 
