@@ -310,6 +310,26 @@ def test_watch_learns_a_saved_states_size_from_the_log_as_it_grows(llama_server_
 
 
 @pytest.mark.server
+def test_a_log_none_of_whose_tasks_is_a_turn_is_said(llama_server_bin, tiny_model, tmp_path):
+    """The log of another server (or of another day) given with a session: its tasks match none of the turns,
+    and its launch settings were played as this server's without a word; now a warning names it. A log of the
+    session's own server, and one with no llama-server lines (warned of as such), are not."""
+    with LlamaServer(model=tiny_model, ctx=4096, extra=["-lv", "4"], log_path=tmp_path / "own.log") as srv:
+        drv = Driver(srv.url)
+        drv.send(SYS, 4)
+        drv.send(SYS + random_ids(22, 40), 4)
+    cap = _capture(drv, tmp_path, [1, 2])
+    other = _write(tmp_path, LOG, "other.log")  # tasks of 1,560 and 690 tokens
+    not_a_log = _write(tmp_path, "hello\n", "notes.log")
+    said = {
+        name: _warnings(lambda p=p: _report(cap, p, ""))
+        for name, p in [("other", other), ("own", tmp_path / "own.log"), ("notes", not_a_log)]
+    }
+    assert any("other.log: no task in it is a turn of this session" in w for w in said["other"]), said
+    assert not any("no task in it" in w for w in said["own"] + said["notes"]), said
+
+
+@pytest.mark.server
 def test_report_takes_a_bad_log_and_still_reports(llama_server_bin, tiny_model, tmp_path, capsys):
     """`tokendiff report --server-log` with a log cut short and in another build's words: warnings naming
     lines on stderr, the report on stdout, exit 0."""

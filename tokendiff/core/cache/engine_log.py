@@ -110,6 +110,7 @@ class LogAligner:
         self.epoch: int | None = None
         self.matched = 0
         self.unmatched = 0
+        self.seen = 0  # tasks read from the log
         self.done = False
 
     def _pull(self) -> LogTask | None:
@@ -120,6 +121,8 @@ class LogAligner:
         if nxt is _END:
             self.done = True
             return None
+        if nxt is not None:
+            self.seen += 1
         return nxt  # type: ignore[return-value]
 
     def next_for(self, t: TurnNumbers) -> Aligned:
