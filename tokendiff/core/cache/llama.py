@@ -255,6 +255,10 @@ def engine_flags(argv: Sequence[str]) -> EngineFacts:
         out.setdefault("kv_unified", False)  # an explicit -np turns the unified KV cache off
     if out.get("n_ctx") == 0:
         del out["n_ctx"]  # the model's own context
+    if out.get("n_ctx_slot", 1) < 0:
+        raise ValueError(f"--kv-unified-per-slot {out['n_ctx_slot']} is out of range (0 to 2,147,483,647)")
+    if out.get("n_ctx_slot") == 0:
+        del out["n_ctx_slot"]  # unset: a slot's context as -c and -np make it
     layout = {k: v for k, v in server_flags(list(argv)).items() if k not in ("n_seq", "n_ctx")}
     if layout:
         out["layout_flags"] = layout  # -ub, -b, --swa-full, checkpoints: the SWA/hybrid rule's flags
