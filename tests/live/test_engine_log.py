@@ -187,6 +187,9 @@ def test_another_clients_request_in_the_log_explains_the_lost_slot(llama_server_
     assert t3.verdict == GapClass.ENGINE and t3.gaps[-1].kind == Gap.OTHER_CLIENT
     assert "another client's request (task" in t3.gaps[-1].evidence
     assert all(t.engine is not None and t.engine.log for t in s.turns)
+    # the what-if replays play the session's own requests only: the other client's loss is no flag's gain (every
+    # change, --cache-reuse 256 included, had claimed it against the model that played the other request)
+    assert s.advice == []
 
 
 @pytest.mark.server
@@ -210,7 +213,8 @@ def test_a_real_jsonl_log_at_debug_verbosity(llama_server_bin, tiny_model, tmp_p
 @pytest.mark.server
 def test_a_restart_in_the_log(llama_server_bin, tiny_model, tmp_path):
     """The server restarted between two turns (its stderr appended to one file): the model, told by the log,
-    starts over, and the gap is a restart's."""
+    starts over, and the gap is a restart's; the what-if replays start over with it (they had promised `-np 2`
+    would keep the state the restart lost)."""
     log = tmp_path / "server.log"
     logs = []
     drv = None
@@ -228,6 +232,101 @@ def test_a_restart_in_the_log(llama_server_bin, tiny_model, tmp_path):
     t2 = s.turns[1].engine
     assert t2 is not None and t2.restarted and t2.engine == t2.reported == 0
     assert t2.verdict == GapClass.ENGINE and t2.gaps[-1].kind == Gap.RESTART
+    assert s.advice == []  # no flag keeps a state across a restart: the replays start over too
+
+
+@pytest.mark.server
+def test_a_context_shift_in_the_log_turns_the_models_on(llama_server_bin, tiny_model, tmp_path):
+    """A server started with --context-shift, which nothing but the log's shift lines shows (/props and the
+    startup lines do not): the model plays the shift from that task on, so the next turn's loss is the shift's,
+    predicted exactly, not the server's unexplained difference from a model that never shifted."""
+    log = tmp_path / "server.log"
+    flags = ["-np", "1", "--cache-ram", "0", "--context-shift", "-lv", "4"]
+    with LlamaServer(model=tiny_model, ctx=2048, extra=flags, log_path=log) as srv:
+        drv = Driver(srv.url)
+        p = random_ids(11, 1800)
+        drv.send(p, 400, n_keep=100)
+        drv.send(p[:1000] + random_ids(12, 20), 4)
+    s = _report(_capture(drv, tmp_path, [1, 2]), log, "")
+    t2 = s.turns[1].engine
+    assert t2 is not None and (t2.engine, t2.reported) == (100, 100)
+    assert t2.verdict == GapClass.ENGINE and Gap.CONTEXT_SHIFT in {g.kind for g in t2.gaps}
+    assert s.engine is not None and s.engine.context_shift and "context_shift" in s.engine.known
+
+
+@pytest.mark.server
+def test_chunks_reused_in_the_log_turn_cache_reuse_on(llama_server_bin, tiny_model, tmp_path):
+    """A server started with --cache-reuse 256, which nothing but the log's chunk lines shows: an old round
+    dropped from the history, the rounds after it shifted into place. The model had played no chunk reuse (the
+    server's 'unknown' gain) and advised --cache-reuse 256, which the server already ran with."""
+    log = tmp_path / "server.log"
+    flags = ["-np", "1", "--cache-ram", "0", "--cache-reuse", "256", "-lv", "4"]
+    head, r1, r2, r3 = random_ids(30, 200), random_ids(31, 300), random_ids(32, 300), random_ids(33, 300)
+    with LlamaServer(model=tiny_model, ctx=4096, extra=flags, log_path=log) as srv:
+        drv = Driver(srv.url)
+        drv.send(head + r1 + r2 + r3, 4)
+        drv.send(head + r2 + r3 + random_ids(34, 20), 4)
+    assert drv.cache_n()[1] == 800
+    s = _report(_capture(drv, tmp_path, [1, 2]), log, "")
+    t2 = s.turns[1].engine
+    assert t2 is not None and (t2.engine, t2.reported) == (800, 800) and Gap.CHUNK_REUSE in {g.kind for g in t2.gaps}
+    assert s.engine is not None and s.engine.cache_reuse == 600 and "cache_reuse" in s.engine.known
+    assert not any("--cache-reuse" in a.label for a in s.advice)
+
+
+@pytest.mark.server
+def test_watch_learns_a_saved_states_size_from_the_log_as_it_grows(llama_server_bin, tiny_model, tmp_path):
+    """`watch --server-log` on a server just started: its log shows the size of a saved state only at the first
+    save, after watch read its launch lines, and no GGUF is at hand. The live verdicts had played the host-memory
+    cache without its byte limit ('unknown' where the batch report, reading the whole log, said the cache evicted
+    the state); they are the batch's now."""
+    from tokendiff.app.live import SessionFeed, watch_engine
+    from tokendiff.app.pair import PromptOptions, open_loader
+    from tokendiff.sources.capture import iter_capture
+
+    log, cap = tmp_path / "server.log", tmp_path / "capture.jsonl"
+    flags = ["-np", "2", "--cache-ram", "1", "-lv", "4"]
+    convs = [random_ids(40 + k, 2300) for k in range(3)]
+    with LlamaServer(model=tiny_model, ctx=8192, extra=flags, log_path=log) as srv:
+        drv = Driver(srv.url)
+        feed = None
+        for i, k in enumerate([0, 1, 2, 0]):
+            r = drv.send(convs[k], 4)
+            convs[k] = convs[k] + r["tokens"] + random_ids(100 + i, 30)
+            with cap.open("a") as f:
+                f.write(json.dumps(drv.records({"kind": "llama-server"})[-1]) + "\n")
+            if feed is None:
+                cfg = watch_engine(cap, PromptOptions(), None, str(log))
+                assert cfg is not None and cfg.bytes_per_token is None  # no state saved yet
+                feed = SessionFeed(open_loader(PromptOptions()), cap, engine=cfg, server_log=str(log))
+            live = feed.add(list(iter_capture(cap))[-1]).session
+    batch = _report(cap, log, "")
+
+    def verdicts(s):
+        return [(t.engine.engine, t.engine.verdict, [g.kind for g in t.engine.gaps]) for t in s.turns]
+
+    assert verdicts(live) == verdicts(batch)
+    assert live.turns[3].engine.engine == 0 and Gap.CACHE_RAM_EVICTED in {g.kind for g in live.turns[3].engine.gaps}
+
+
+@pytest.mark.server
+def test_a_log_none_of_whose_tasks_is_a_turn_is_said(llama_server_bin, tiny_model, tmp_path):
+    """The log of another server (or of another day) given with a session: its tasks match none of the turns,
+    and its launch settings were played as this server's without a word; now a warning names it. A log of the
+    session's own server, and one with no llama-server lines (warned of as such), are not."""
+    with LlamaServer(model=tiny_model, ctx=4096, extra=["-lv", "4"], log_path=tmp_path / "own.log") as srv:
+        drv = Driver(srv.url)
+        drv.send(SYS, 4)
+        drv.send(SYS + random_ids(22, 40), 4)
+    cap = _capture(drv, tmp_path, [1, 2])
+    other = _write(tmp_path, LOG, "other.log")  # tasks of 1,560 and 690 tokens
+    not_a_log = _write(tmp_path, "hello\n", "notes.log")
+    said = {
+        name: _warnings(lambda p=p: _report(cap, p, ""))
+        for name, p in [("other", other), ("own", tmp_path / "own.log"), ("notes", not_a_log)]
+    }
+    assert any("other.log: no task in it is a turn of this session" in w for w in said["other"]), said
+    assert not any("no task in it" in w for w in said["own"] + said["notes"]), said
 
 
 @pytest.mark.server

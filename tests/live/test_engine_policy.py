@@ -67,6 +67,13 @@ def test_flags_from_the_command_line_and_props():
     cfg = EngineConfig().merged(f, "--server-args")
     assert cfg.slot_ctx == 4096 and "-np 2" in cfg.flags() and cfg.assumed() == []
     assert engine_flags(["-np", "-1"])["kv_unified"] is True and "n_slots" not in engine_flags(["-np", "-1"])
+    # a slot's context capped on the unified KV cache (the server's log: "capping per-slot context (4096) to
+    # --kv-unified-per-slot (1024)"): the whole -c had been taken as every slot's
+    capped = EngineConfig().merged(engine_flags(["-np", "2", "-kvu", "--kv-unified-per-slot", "1024"]), "args")
+    assert capped.slot_ctx == 1024 and capped.kv_unified
+    assert "n_ctx_slot" not in engine_flags(["--kv-unified-per-slot", "0"])  # unset
+    with pytest.raises(ValueError, match="--kv-unified-per-slot -5 is out of range"):
+        engine_flags(["--kv-unified-per-slot", "-5"])
     assert engine_flags(["--lora", "a.gguf", "--lora-scaled", "b.gguf:0.5"])["lora"] == (1.0, 0.5)
     assert engine_flags(["--lora", "a.gguf", "--lora-init-without-apply"])["lora"] == (0.0,)
     with pytest.raises(ValueError, match="-sps needs a number"):

@@ -56,3 +56,37 @@ def test_proxy_records_the_slot_and_the_model_agrees(llama_server_bin, tiny_mode
     doc = json.loads(capsys.readouterr().out)
     assert [t["engine"]["recorded_slot"] for t in doc["turns"]] == slots
     assert [t["engine"]["slot"] for t in doc["turns"]] == slots
+
+
+def _agent_words(k: int, n: int) -> str:
+    vocab = "alpha beta gamma delta river stone cloud maple cedar copper silver orange violet".split()
+    return " ".join(vocab[(k * 7 + i * 3 + i * i) % len(vocab)] for i in range(n))
+
+
+@pytest.mark.server
+def test_a_reply_sent_back_in_other_tokens_is_the_contents(llama_server_bin, tiny_model, tmp_path, capsys):
+    """A chat agent sends each reply back as text. The tiny sliding-window model's second reply begins with
+    the token ' Erot', which the answer's content gives as 'Erot' (leading space trimmed): its text has as many
+    tokens as were generated, so the model took them as the slot's, but the server kept only the prompt. That
+    is the reply re-tokenised (content), not the server's unexplained difference from the model."""
+    from tokendiff.cli.main import main
+    from tokendiff.testing.tiny_gguf import write_tiny_gemma2
+
+    model = write_tiny_gemma2(tmp_path / "swa.gguf", tiny_model, n_swa=32)
+    out = tmp_path / "session"
+    with LlamaServer(model=model, ctx=8192, extra=["-np", "1", "--cache-ram", "0"]) as srv:
+        proc, url = proxy_process.start_proxy(srv.url, out, stderr=subprocess.PIPE)
+        try:
+            conv = [{"role": "system", "content": "You are an agent. " + _agent_words(1, 300)}]
+            with httpx.Client(timeout=600) as c:
+                for i in range(3):
+                    conv.append({"role": "user", "content": _agent_words(i + 5, 60)})
+                    body = {"messages": conv, "max_tokens": 5, "temperature": 0}
+                    answer = c.post(f"{url}/v1/chat/completions", json=body).json()
+                    conv.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+        finally:
+            proxy_process.stop_proxy(proc)
+    assert main(["report", str(out / "capture.jsonl"), "--server-args", "-np 1 --cache-ram 0", "--format", "json"]) == 0
+    third = json.loads(capsys.readouterr().out)["turns"][2]["engine"]
+    assert third["reported"] == 454 and third["engine"] == 458  # the prompt of turn 2, and its reply's 4 tokens
+    assert [g["kind"] for g in third["gaps"]] == ["reply_retokenized"] and third["verdict"] == "content"

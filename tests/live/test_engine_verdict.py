@@ -121,6 +121,71 @@ def test_ram_eviction_and_idle_clearing(llama_server_bin, tiny_model, tmp_path):
     assert turns[6].engine.verdict == GapClass.ENGINE and _kinds(turns[6]) == {Gap.CACHE_RAM_EVICTED}
 
 
+@pytest.mark.server
+def test_a_state_saved_then_pushed_out_is_an_eviction_not_the_slot(llama_server_bin, tiny_model, tmp_path):
+    """Three conversations on two slots, --cache-ram 1 holding one 2,300-token state: when C takes A's slot,
+    A's state is saved and then pushed out by the idle slot's (B's) save, as the server's log says ("making
+    room for prompt cache entry, removing oldest entry"). A's next turn lost it to the cache, not to the LRU
+    choice that took its slot (the eviction had been overwritten by that slot's reuse)."""
+    flags = "-np 2 --cache-ram 1"
+    a, b, c = random_ids(60, 2300), random_ids(61, 2300), random_ids(62, 2300)
+    with _server(tiny_model, flags.split()) as srv:
+        drv = Driver(srv.url)
+        for ids in (a, b, c, a + random_ids(63, 20)):
+            drv.send(ids, 2)
+    turns = _analyse(drv, tmp_path, flags + " -c 8192", model=str(tiny_model))
+    assert drv.cache_n()[3] == 0
+    assert turns[3].engine.verdict == GapClass.ENGINE and _kinds(turns[3]) == {Gap.CACHE_RAM_EVICTED}
+
+
+@pytest.mark.server
+def test_a_refused_request_loses_nothing_and_leaves_the_state(llama_server_bin, tiny_model, tmp_path):
+    """A prompt past the slot's context is answered 400 (`exceed_context_size_error`): the server ran nothing,
+    so nothing was lost (it had been the engine's or an unexplained loss of what the content allowed), and the
+    turns after it are measured against the state the server still holds, not the refused prompt (it had
+    said "turn 0 took its slot")."""
+    flags = "-np 1 --cache-ram 0"
+    p = random_ids(70, 1500)
+    with _server(tiny_model, flags.split(), n_ctx=2048) as srv:
+        drv = Driver(srv.url)
+        drv.send(p, 4)
+        drv.send(p + random_ids(71, 600), 4)
+        drv.send(p + random_ids(72, 600), 4)
+        drv.send(p + random_ids(73, 30), 4)
+    assert [a["status"] for a in drv.answers] == [200, 400, 400, 200]
+    turns = _analyse(drv, tmp_path, flags + " -c 2048")
+    for t in turns[1:3]:
+        assert t.engine.verdict is None and _kinds(t) == {Gap.REFUSED} and t.engine.gaps[0].tokens == 0
+    last = turns[3].engine
+    assert (last.content, last.engine, last.reported, last.source) == (1500, 1500, 1500, 1)
+    assert last.verdict is None
+
+
+def test_a_gap_of_no_tokens_is_said_without_a_number():
+    from tokendiff.report.markdown import gap_text
+
+    refused = {"class": "content", "kind": "refused", "tokens": 0, "evidence": "it ran nothing"}
+    assert gap_text(refused) == "refused: it ran nothing"  # not "refused +0"
+    assert gap_text({**refused, "kind": "slot_lru", "tokens": -1500}) == "slot_lru -1,500: it ran nothing"
+
+
+@pytest.mark.server
+def test_a_server_without_prompt_caching_is_the_engines(llama_server_bin, tiny_model, tmp_path):
+    """`--no-cache-prompt` turns prefix reuse off for every request that does not ask for it (`cache_prompt:
+    true` still reuses): the flag was not read, so every turn was the server's unexplained loss."""
+    flags = "-np 1 --cache-ram 0 --no-cache-prompt"
+    p = random_ids(80, 500)
+    with _server(tiny_model, flags.split(), n_ctx=4096) as srv:
+        drv = Driver(srv.url)
+        drv.send(p, 2)
+        drv.send(p + random_ids(81, 20), 2)
+        drv.send(p + random_ids(82, 20), 2, cache_prompt=True)
+    assert drv.cache_n() == [0, 0, 500]
+    turns = _analyse(drv, tmp_path, flags + " -c 4096")  # the model's reuse is the server's on every turn
+    assert turns[1].engine.verdict == GapClass.ENGINE and _kinds(turns[1]) == {Gap.SERVER_CACHE_OFF}
+    assert Gap.SERVER_CACHE_OFF not in _kinds(turns[2])  # it asked for cache_prompt: reused as the server did
+
+
 @pytest.fixture(scope="module")
 def loras(tmp_path_factory):
     from tokendiff.testing.tiny_lora import write_tiny_lora
@@ -142,7 +207,11 @@ def test_lora_change_is_the_cache_key_and_an_omitted_list_a_false_hit(llama_serv
     turns = _analyse(drv, tmp_path, flags)
     assert turns[1].engine.verdict == GapClass.CACHE_KEY and _kinds(turns[1]) == {Gap.LORA}
     assert turns[2].engine.false_hit and "LoRA scales [0, 1]" in turns[2].engine.false_hit
+    assert "this request runs with [1, 1]" in turns[2].engine.false_hit
     assert not turns[1].engine.false_hit
+    # without the --lora flags, the global scales the omitted list runs with are not known: not "[] (none)"
+    hit = _analyse(drv, tmp_path, "-np 1 --cache-ram 0")[2].engine.false_hit
+    assert "no flag given states" in hit and "(none)" not in hit
 
 
 def test_another_model_empties_the_slots():

@@ -278,11 +278,23 @@ def _analyse(
                 raise InputError(skipped[0][1], source=skipped[0][0])  # no turn could be read: nothing to analyse
             session = an.session()
             session.skipped = list(skipped or [])
+            if log is not None and server_log and log.seen and not log.matched and any(t.engine for t in session.turns):
+                _unmatched_log(server_log)
         finally:
             pool.close()
     if progress:
         progress(f"analysed {len(specs)} turns")
     return LoadedSession(loader, prompts, session)
+
+
+def _unmatched_log(path: str) -> None:
+    """A log none of whose tasks is a turn: another server's, or another time's (the verdicts still played the
+    launch settings it states)."""
+    from tokendiff.notices import warn
+
+    why = "the log of another server, or of another time?"
+    played = "the launch settings it states were played"
+    warn(f"{path}: no task in it is a turn of this session ({why}): {played}", kind="server log: unmatched")
 
 
 class _RareYoungCollections:

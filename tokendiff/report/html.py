@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from tokendiff.core.rounding import counted, percent_text, stated_percent_text, whole_text
 from tokendiff.report.fleet import fleet_timed, fleet_turns, seconds_text, session_turns_cell
-from tokendiff.report.markdown import NOT_SEPARATED
+from tokendiff.report.markdown import NOT_SEPARATED, gap_text
 from tokendiff.report.session import span_place, split_spans, turns_counted
 
 if TYPE_CHECKING:
@@ -216,7 +216,7 @@ def _engine(doc: ReportDocument) -> list[str]:
         te = t.get("engine")
         if not te:
             continue
-        gaps = "<br>".join(e(f"{g['kind']} {g['tokens']:+,}: {g['evidence']}") for g in te["gaps"])
+        gaps = "<br>".join(e(gap_text(g)) for g in te["gaps"])
         rep = "" if te["reported"] is None else f"{te['reported']:,}"
         out.append(
             f"<tr><td class=n>{t['turn']}</td><td class=n>{te['content']:,}</td><td class=n>{te['engine']:,}</td>"

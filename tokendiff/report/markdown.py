@@ -10,7 +10,14 @@ from tokendiff.report.fleet import fleet_timed, fleet_turns, seconds_text, sessi
 from tokendiff.report.session import span_place, split_spans, turns_counted
 
 if TYPE_CHECKING:
-    from tokendiff.report.schema import AnyReport, FleetDocument, ReplayDocument, ReportDocument, ReportSummary
+    from tokendiff.report.schema import (
+        AnyReport,
+        EngineGapDoc,
+        FleetDocument,
+        ReplayDocument,
+        ReportDocument,
+        ReportSummary,
+    )
 
 
 def _cell(v: object) -> str:
@@ -89,6 +96,11 @@ def _facts(doc: ReportDocument) -> list[str]:
     return out
 
 
+def gap_text(g: EngineGapDoc) -> str:
+    """A gap as a cell says it: its kind, the tokens it lost or gained (none: a refused request), its evidence."""
+    return f"{g['kind']} {g['tokens']:+,}: {g['evidence']}" if g["tokens"] else f"{g['kind']}: {g['evidence']}"
+
+
 def _engine(doc: ReportDocument) -> list[str]:
     """What llama-server's policy did on each turn, the false hits, and what would have kept the cache."""
     e = doc.get("engine")
@@ -109,7 +121,7 @@ def _engine(doc: ReportDocument) -> list[str]:
         te = t.get("engine")
         if not te:
             continue
-        gaps = "; ".join(f"{g['kind']} {g['tokens']:+,}: {g['evidence']}" for g in te["gaps"])
+        gaps = "; ".join(gap_text(g) for g in te["gaps"])
         how = f"{te['slot']} ({te['selected_by']})"
         out.append(
             f"| {t['turn']} | {te['content']:,} | {te['engine']:,} | {_count(te['reported'])} | "

@@ -277,6 +277,7 @@ class _Reader:
             if t is not None:
                 done = self._event(t, key, m)
                 if done:
+                    t.bytes_per_token = self.facts.get("bytes_per_token")  # for a reader following a live log
                     yield self.open.pop(task)
         return
 

@@ -56,7 +56,7 @@ class Driver:
                 n_keep=extra.get("n_keep"),
                 n_discard=int(extra.get("n_discard", 0)),
                 n_cache_reuse=extra.get("n_cache_reuse"),
-                cache_prompt=bool(extra.get("cache_prompt", True)),
+                cache_prompt=extra.get("cache_prompt"),
                 failed=r.status_code != 200,
             )
         )

@@ -35,6 +35,9 @@ class Change:
 def changes(base: EngineConfig) -> list[Change]:
     """The changes worth replaying for a server with `base`'s flags."""
     out = []
+    if not base.cache_prompt:
+        why = "prefix reuse on, as llama-server's default: each request continues what its slot holds"
+        out.append(Change("--cache-prompt", (("cache_prompt", True),), why=why))
     whole = whole_ctx(base)
     for n in (1, 2, 4, 8):
         if n != base.n_slots:
@@ -99,12 +102,16 @@ class Advice:
 class Advisor:
     """The session's requests played under every change at once, as they come (`add`). `mirrored`: the
     caller's reuse (`add`'s `reused`) is a replay of the same requests under `base` with nothing else played
-    on it, so a change the policy plays as `base` takes it instead of a replay of its own."""
+    on it, so a change the policy plays as `base` takes it instead of a replay of its own. Else (the caller
+    also played other clients' requests, from the server's log) `base` has a replay of its own: each change
+    is measured against the same requests under the server's flags, not against a loss the others caused."""
 
     def __init__(self, base: EngineConfig, mirrored: bool = False):
         self.base = base
         # changes the policy plays alike share one replay (None: the caller's)
-        sims: dict[tuple[EngineConfig, bool], EngineSim | None] = {(_played_as(base), False): None} if mirrored else {}
+        key = (_played_as(base), False)
+        sims: dict[tuple[EngineConfig, bool], EngineSim | None] = {key: None if mirrored else EngineSim(base)}
+        self.base_sim = sims[key]
         self.runs: list[tuple[Change, EngineSim | None, list[int]]] = []
         for c in changes(base):
             config = c.config(base)
@@ -114,10 +121,34 @@ class Advisor:
         self.base_reused = 0
         self.refused: set[str] = set()  # changes a prompt did not fit (fewer tokens per slot)
 
+    def restart(self, turn: int) -> None:
+        """The server restarted (its log says so) before `turn`: every replay starts empty, as no flag keeps a
+        state across a restart."""
+        for sim in self._sims():
+            sim.restart(turn, "the server restarted")
+
+    def learned(self, fields: dict[str, Any]) -> None:
+        """Settings the server's log showed (--context-shift, --cache-reuse): in every replay from here, and no
+        longer a change to suggest (the server runs with them)."""
+        self.base = replace(self.base, **fields)
+        # a change of what was learned is no change; --cache-ram sizes played without a state's size were played
+        # alike (`_played_as`): not told apart now
+        sizes = {"cache_ram_mib"} if "bytes_per_token" in fields else set()
+        self.runs = [r for r in self.runs if not any(k in fields or k in sizes for k, _ in r[0].fields)]
+        for sim in self._sims():
+            sim.learned(fields)
+
+    def _sims(self) -> list[EngineSim]:
+        """Every replay once (changes played alike share one)."""
+        sims = [self.base_sim, *(s for _, s, _ in self.runs)]
+        return list({id(s): s for s in sims if s is not None}.values())
+
     def add(self, req: Request, conversation: int, reused: int) -> None:
         """One request of conversation `conversation` (numbered from 0); `reused` what the flags' model kept."""
-        self.base_reused += reused
         played: dict[int, int] = {id(None): reused}  # a shared replay's reuse, by the replay
+        if self.base_sim is not None:
+            played[id(self.base_sim)] = reused = self.base_sim.request(req).cache_n
+        self.base_reused += reused
         for change, sim, total in self.runs:
             ctx = (sim.config if sim is not None else self.base).slot_ctx  # alike in the replays that share it
             if ctx and len(req.ids) >= ctx and not req.failed:

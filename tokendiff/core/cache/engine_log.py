@@ -48,6 +48,7 @@ class LogTask:
     idle_cleared: list[tuple[int, int]] = field(default_factory=list)  # (slot, tokens) cleared when it started
     error: str = ""
     events_dropped: int = 0  # chunks, shifts or cleared slots past the reader's bound: counted, not kept
+    bytes_per_token: float | None = None  # a saved state's size per token, as the log had shown by its end
 
     @property
     def reused(self) -> int | None:
@@ -109,6 +110,7 @@ class LogAligner:
         self.epoch: int | None = None
         self.matched = 0
         self.unmatched = 0
+        self.seen = 0  # tasks read from the log
         self.done = False
 
     def _pull(self) -> LogTask | None:
@@ -119,6 +121,8 @@ class LogAligner:
         if nxt is _END:
             self.done = True
             return None
+        if nxt is not None:
+            self.seen += 1
         return nxt  # type: ignore[return-value]
 
     def next_for(self, t: TurnNumbers) -> Aligned:

@@ -92,6 +92,7 @@ class EngineConfig:
     cache_idle_slots: bool = True  # --cache-idle-slots (needs the RAM cache)
     cache_reuse: int = 0  # --cache-reuse (0: off)
     context_shift: bool = False  # --context-shift
+    cache_prompt: bool = True  # --no-cache-prompt: no prefix reuse for a request that does not ask for it
     n_keep: int = 0  # --keep
     n_ctx: int | None = None  # -c, the whole context (None: unknown)
     n_ctx_slot: int | None = None  # a slot's context (/props n_ctx), when known apart from -c
@@ -133,6 +134,8 @@ class EngineConfig:
             parts.append(f"--cache-reuse {self.cache_reuse}")
         if self.context_shift:
             parts.append("--context-shift" + (f" --keep {self.n_keep}" if self.n_keep else ""))
+        if not self.cache_prompt:
+            parts.append("--no-cache-prompt")
         if self.slot_ctx:
             parts.append(f"n_ctx per slot {self.slot_ctx:,}")
         return " ".join(parts)
@@ -171,6 +174,7 @@ class EngineFacts(TypedDict, total=False):
     kv_unified: bool
     cache_idle_slots: bool
     context_shift: bool
+    cache_prompt: bool
     mmproj: bool
     lora: tuple[float, ...]
     bytes_per_token: float | None
@@ -189,6 +193,7 @@ _VALUE_FLAGS = {
     "--keep": "n_keep",
     "-c": "n_ctx",
     "--ctx-size": "n_ctx",
+    "--kv-unified-per-slot": "n_ctx_slot",  # a slot's context on the unified KV cache (the pool np times it)
 }
 _SWITCHES = {
     "-kvu": ("kv_unified", True),
@@ -199,6 +204,8 @@ _SWITCHES = {
     "--no-cache-idle-slots": ("cache_idle_slots", False),
     "--context-shift": ("context_shift", True),
     "--no-context-shift": ("context_shift", False),
+    "--cache-prompt": ("cache_prompt", True),
+    "--no-cache-prompt": ("cache_prompt", False),
 }
 
 
@@ -248,6 +255,10 @@ def engine_flags(argv: Sequence[str]) -> EngineFacts:
         out.setdefault("kv_unified", False)  # an explicit -np turns the unified KV cache off
     if out.get("n_ctx") == 0:
         del out["n_ctx"]  # the model's own context
+    if out.get("n_ctx_slot", 1) < 0:
+        raise ValueError(f"--kv-unified-per-slot {out['n_ctx_slot']} is out of range (0 to 2,147,483,647)")
+    if out.get("n_ctx_slot") == 0:
+        del out["n_ctx_slot"]  # unset: a slot's context as -c and -np make it
     layout = {k: v for k, v in server_flags(list(argv)).items() if k not in ("n_seq", "n_ctx")}
     if layout:
         out["layout_flags"] = layout  # -ub, -b, --swa-full, checkpoints: the SWA/hybrid rule's flags
@@ -290,12 +301,13 @@ class Request:
     turn: int = 0
     reply: np.ndarray | None = None  # what the slot holds after the prompt (generated IDs but the last)
     n_generated: int = 0  # tokens generated (the reply holds one fewer); used when `reply` is unknown
+    reply_from_text: bool = False  # `reply` is the answer's text tokenised: the slot may hold other IDs
     id_slot: int = -1  # the request's pinned slot
     lora: tuple[tuple[int, float], ...] | None = None  # the request's `lora` list; None: absent or []
     n_keep: int | None = None  # the request's n_keep (None: --keep)
     n_discard: int = 0
     n_cache_reuse: int | None = None  # the request's override of --cache-reuse
-    cache_prompt: bool = True
+    cache_prompt: bool | None = None  # the request's cache_prompt; None: the server's (--no-cache-prompt)
     user_starts: Sequence[int] = ()  # user-message starts (chat endpoints checkpoint there)
     key: str = ""  # the model and template that served it: a change is a restart with another model
     failed: bool = False  # the server refused it (context exceeded, error): the slot is left as it was
@@ -411,7 +423,8 @@ class Outcome:
     lora_cleared: bool = False
     false_hit: str = ""  # why the reuse should not have happened (adapters or model changed under it)
     shifts: tuple[Shift, ...] = ()  # context shifts while this request generated
-    cache_off: bool = False  # the request asked for cache_prompt false
+    cache_off: bool = False  # the request asked for cache_prompt false, or the server's default did
+    cache_off_by_server: bool = False  # the server's --no-cache-prompt, the request saying nothing
 
 
 # ---------------------------------------------------------------- the rules
@@ -682,6 +695,12 @@ class EngineSim:
         self.clock += 1
         s.t_last = self.clock
 
+    def learned(self, fields: dict[str, Any]) -> None:
+        """Settings learned mid-session (from the server's log): played from the next request on."""
+        self.config = replace(self.config, **fields)
+        if self.ram is not None and "bytes_per_token" in fields:
+            self.ram.bpt = self.config.bytes_per_token
+
     def restart(self, turn: int, why: str = "restart") -> None:
         """Every slot and the RAM cache emptied (a server restart, or another model)."""
         for s in self.slots:
@@ -813,12 +832,17 @@ class EngineSim:
             ram_loaded=loaded,
             ram_saved=saved,
             lora_cleared=cleared,
-            cache_off=not req.cache_prompt,
+            cache_off=not self._caches(req),
+            cache_off_by_server=req.cache_prompt is None and not self.config.cache_prompt,
             chunks=chunks,
             checkpoint=checkpoint,
             false_hit=hit,
             shifts=shifts,
         )
+
+    def _caches(self, req: Request) -> bool:
+        """Prefix reuse on: the request's cache_prompt, else the server's default (--no-cache-prompt)."""
+        return req.cache_prompt if req.cache_prompt is not None else self.config.cache_prompt
 
     def _kept(
         self, h: Held, req: Request, raw: bytes, shared: int, how: SelectedBy
@@ -829,11 +853,11 @@ class EngineSim:
         memos = {k: v for k, v in h.__dict__.items() if k in ("_raw", "_held_by") and v[0] is cache}
         chunks: tuple[Chunk, ...] = ()
         n_past = 0
-        if req.cache_prompt:
+        if self._caches(req):
             n_min = cfg.cache_reuse if req.n_cache_reuse is None else req.n_cache_reuse
             n_past, chunks = chunk_reuse(raw, req.raw, n_min if cfg.can_shift else 0, shared)
         ck = restore(h.state, req.ids, n_past)
-        hit = _false_hit(h, ck.reused)
+        hit = _false_hit(h, ck.reused, req.lora is None and cfg.lora is None)
         old = Held(SlotState(cfg.layout, cache), h.origin)
         old.__dict__.update(memos)  # the same tokens: their bytes, and the RAM entry known to hold them
         if h.origin and h.origin != req.turn and (shared >= before or self._in_ram(old) is None):
@@ -842,11 +866,13 @@ class EngineSim:
         return ck.reused, chunks, ck if cfg.layout.needs_checkpoints else None, hit, shifts
 
     def _lost(self, h: Held, fate: Fate, by: int, how: str = "") -> None:
-        """Record what became of a state that left the server (a refusal by the RAM cache is kept: it says why)."""
+        """Record what became of a state that left the server: a refusal by the RAM cache, or an eviction by the
+        request that then took its slot, is kept (saved first, the cache lost it: that says why)."""
         if not h.origin or not len(h):
             return
-        if fate == Fate.OVERWRITTEN and self.fates.get(h.origin, (None,))[0] == Fate.RAM_REFUSED:
-            return
+        was = self.fates.get(h.origin, (None, 0, ""))
+        if fate == Fate.OVERWRITTEN and (was[0] == Fate.RAM_REFUSED or was[:2] == (Fate.RAM_EVICTED, by)):
+            return  # saved before its slot was taken, and pushed out (or refused): the cache's doing
         self.fates[h.origin] = (fate, by, how)
 
     def _process(self, h: Held, req: Request, cache_n: int) -> tuple[Shift, ...]:
@@ -899,16 +925,24 @@ def _segments_after(
     return out
 
 
-def _false_hit(h: Held, cache_n: int) -> str:
-    """Reuse of KV computed under other adapter scales than the slot now runs with (its `lora` as launched)."""
+def _false_hit(h: Held, cache_n: int, global_unknown: bool = False) -> str:
+    """Reuse of KV computed under other adapter scales than the slot now runs with (its `lora` as launched).
+    `global_unknown`: the request named no adapters and no flag given states the server's global scales it then
+    runs with (taken as none): said so, not as a fact."""
     start = 0
     for end, scales in h.kv_lora:
         if start >= cache_n:
             break
         if scales != h.lora:
+            now = (
+                "this request names no adapters: it runs with the server's global scales, which no flag given "
+                "states (pass its --lora flags in --server-args); unless they are those, the reuse is wrong"
+                if global_unknown
+                else f"this request runs with {_scales(h.lora)}"
+            )
             return (
                 f"{cache_n:,} tokens reused, of which tokens {start:,}..{min(end, cache_n):,} were computed with "
-                f"LoRA scales {_scales(scales)} while this request runs with {_scales(h.lora)}"
+                f"LoRA scales {_scales(scales)}; {now}"
             )
         start = end
     return ""

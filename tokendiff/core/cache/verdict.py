@@ -26,6 +26,7 @@ from tokendiff.core.cache.advice import Advisor
 from tokendiff.core.cache.engine_log import Aligned, LogAligner, LogTask, TurnNumbers, describe
 from tokendiff.core.cache.llama import EngineConfig, EngineSim, Fate, Outcome, Request, SelectedBy
 from tokendiff.core.kinds import GapClass
+from tokendiff.core.plain import replace
 from tokendiff.core.rounding import counted
 
 
@@ -49,12 +50,17 @@ class Gap(StrEnum):
     MODEL = "model"  # another model or template served it
     IDLE_CLEARED = "idle_cleared"  # cleared while idle, for another client's task (unified KV cache)
     OTHER_CLIENT = "other_client"  # a request not in the session took the slot (seen in the server's log)
+    SERVER_CACHE_OFF = "no_cache_prompt"  # the server runs with --no-cache-prompt: no prefix reuse
+    REPLY_RETOKENIZED = "reply_retokenized"  # the reply sent back as text: other IDs than the slot's
+    REFUSED = "refused"  # the server answered an error: it ran nothing, so nothing was lost (0 tokens)
     UNKNOWN = "unknown"
 
 
 GAP_CLASS = {
     Gap.CLIENT_EDIT: GapClass.CONTENT,
     Gap.CACHE_OFF: GapClass.CONTENT,
+    Gap.REFUSED: GapClass.CONTENT,
+    Gap.REPLY_RETOKENIZED: GapClass.CONTENT,
     Gap.SLOT_SIMILARITY: GapClass.ENGINE,
     Gap.SLOT_LRU: GapClass.ENGINE,
     Gap.SLOT_PINNED: GapClass.ENGINE,
@@ -67,6 +73,7 @@ GAP_CLASS = {
     Gap.REPLY_IN_SLOT: GapClass.ENGINE,
     Gap.RESTART: GapClass.ENGINE,
     Gap.OTHER_CLIENT: GapClass.ENGINE,
+    Gap.SERVER_CACHE_OFF: GapClass.ENGINE,
     Gap.LORA: GapClass.CACHE_KEY,
     Gap.MODEL: GapClass.CACHE_KEY,
     Gap.IDLE_CLEARED: GapClass.IDLE,
@@ -113,6 +120,8 @@ class EngineTurn:
     restarted: bool = False  # the log shows a server start since the previous turn
     recorded_slot: int | None = None  # the slot the server says it used (the answer's id_slot, the proxy's record)
     key_changed: bool = False  # another model or template than the turn before served it
+    refused: bool = False  # the server answered an error (context exceeded): it ran nothing
+    source_reply_text: bool = False  # the source's reply IDs are its text tokenised, not the generated ones
 
     @property
     def engine(self) -> int:
@@ -150,8 +159,15 @@ def client_waste(et: EngineTurn, turn: int, n: int, wasted: int, cause: str) -> 
 def classify(et: EngineTurn, cfg: EngineConfig, wasted: int, cause: str, log_gap: GapItem | None = None) -> None:
     """Fill the turn's gaps and verdict: the client's (`wasted` tokens to `cause`, `client_waste`), the engine's
     (the model against the content), and the server's against the model (`log_gap` when its log says why)."""
+    if et.refused:
+        why = "the server answered an error (as a prompt past the slot's context gets): it ran nothing, lost nothing"
+        et.gaps, et.verdict = [GapItem(Gap.REFUSED, 0, why)], None
+        return
     gaps = []
-    if et.outcome.cache_off:
+    if et.outcome.cache_off_by_server:
+        why = "the server runs with --no-cache-prompt and the request did not ask for cache_prompt: nothing reused"
+        gaps.append(GapItem(Gap.SERVER_CACHE_OFF, -et.content, why))
+    elif et.outcome.cache_off:
         gaps.append(GapItem(Gap.CACHE_OFF, -et.content, "the request set cache_prompt false: nothing reused"))
     elif wasted > 0:
         gaps.append(GapItem(Gap.CLIENT_EDIT, -wasted, cause or CHANGED_BEFORE_END))
@@ -162,7 +178,7 @@ def classify(et: EngineTurn, cfg: EngineConfig, wasted: int, cause: str, log_gap
         elif d < 0:
             gaps.append(_loss(et, cfg, d))
     if et.reported is not None and et.reported != et.engine:
-        gaps.append(log_gap or _from_log(et) or _unexplained(et, cfg))
+        gaps.append(log_gap or _retokenized(et) or _from_log(et) or _unexplained(et, cfg))
     et.gaps = gaps
     lost = [g for g in gaps if g.tokens < 0]
     et.verdict = min(lost, key=lambda g: g.tokens).cls if lost else None
@@ -229,6 +245,19 @@ def _gone(fate: Fate, how: str, d: int, cfg: EngineConfig, by: int) -> GapItem:
     ram = "" if cfg.ram_on else " and no host-memory cache kept it (--cache-ram 0)"
     gap = _BY_SELECTION[sel] if cfg.ram_on else Gap.CACHE_RAM_OFF
     return GapItem(gap, d, f"turn {by} took its slot (by {sel.value}){ram}")
+
+
+def _retokenized(et: EngineTurn) -> GapItem | None:
+    """The server kept the previous prompt but not all of its reply that the model counted: the reply's IDs were
+    its text tokenised, and the model spelt it with other tokens (the catalogue's output_retokenized)."""
+    rep, src = et.reported or 0, et.source_len
+    if not (et.source_reply_text and src <= rep < et.engine <= et.content):
+        return None
+    why = (
+        f"the slot holds turn {et.source}'s reply as the model generated it; sent back as text, it is tokenised "
+        f"to other IDs from token {rep:,} (its count agrees, so the model took them as the slot's)"
+    )
+    return GapItem(Gap.REPLY_RETOKENIZED, rep - et.engine, why)
 
 
 def _from_log(et: EngineTurn) -> GapItem | None:
@@ -399,19 +428,21 @@ def engine_request(
     slot = _int(req.get("id_slot"))
     if reply is None:
         reply = reply_ids(resp)
-    if reply is None and tokenize is not None and not failed:
+    from_text = reply is None and tokenize is not None and not failed
+    if from_text and tokenize is not None:
         reply = text_reply(tokenize, req, resp, n_generated)
     return Request(
         ids=np.asarray(ids, dtype=np.int32),
         turn=turn,
         reply=reply,
         n_generated=n_generated or 0,
+        reply_from_text=from_text and reply is not None,
         id_slot=slot if slot is not None else -1,
         lora=_lora(req.get("lora")),
         n_keep=_int(req.get("n_keep")),
         n_discard=_int(req.get("n_discard")) or 0,
         n_cache_reuse=_int(req.get("n_cache_reuse")),
-        cache_prompt=req.get("cache_prompt") is not False,
+        cache_prompt=req.get("cache_prompt") if isinstance(req.get("cache_prompt"), bool) else None,
         user_starts=user_starts,
         key=key,
         failed=failed,
@@ -434,8 +465,11 @@ class EngineTrack:
         self.advisor = Advisor(config, mirrored=log is None) if what_if else None
         self._conv: dict[int, int] = {}  # turn -> its conversation (the chain of states it continues)
         self._held: dict[int, tuple[int, np.ndarray | None, int]] = {}  # turn -> (prompt length, reply, generated)
+        self._text_replies: set[int] = set()  # turns whose reply IDs are their text tokenised
+        self._learned: set[str] = set()  # settings the log's tasks showed (`_learn`)
         self._shifted: set[int] = set()
-        self._last = 0  # the turn played last (`prev_ids` is its prompt)
+        self._last = 0  # the turn the server last ran (`prev_ids` is its prompt unless it refused one since)
+        self._last_ids: np.ndarray | None = None  # that turn's prompt, while a refused request is `prev_ids`
 
     def add(
         self,
@@ -447,7 +481,10 @@ class EngineTrack:
     ) -> EngineTurn:
         """The next request: `prev_ids` the prompt of the turn played before it (a request the server never had
         is not played: core.unanswered), `best` (turn, LCP) the earlier prompt sharing the longest prefix with
-        this one; `numbers` what the turn says, to find it in the log."""
+        this one; `numbers` what the turn says, to find it in the log. A request the server refused leaves its
+        state as it was: no later turn is measured against it."""
+        if self._last_ids is not None:
+            prev_ids = self._last_ids  # a refused request came between: the state is the last one run's
         content, source, unknown = self._content(req, prev_ids, best)
         al = self._logged(req, numbers)
         changed = bool(req.key and self.sim.key and req.key != self.sim.key)
@@ -458,7 +495,8 @@ class EngineTrack:
             self._shifted.add(req.turn)
         length = self._held[source][0] if source in self._held else 0
         et = EngineTurn(out, content, source, before, unknown, source in self._shifted, length, reported)
-        et.key_changed = changed
+        et.key_changed, et.refused = changed, req.failed
+        et.source_reply_text = source in self._text_replies
         same = source in self._conv and content >= CONTINUES * length  # it keeps most of that state: its sequel
         conv = self._conv[source] if same else len(set(self._conv.values()))
         self._conv[req.turn] = conv
@@ -468,9 +506,15 @@ class EngineTrack:
             et.log_task, et.log, et.others, et.restarted = al.task, describe(al.task), len(al.others), al.restarted
             if et.reported is None:
                 et.reported = al.task.reused
+        if req.failed:
+            if self._last_ids is None and prev_ids is not None and self._last in self._held:
+                self._last_ids = prev_ids
+            return et
         g = req.n_generated if req.reply is None else len(req.reply) + 1
         self._held[req.turn] = (len(req.ids), req.reply, g)
-        self._last = req.turn
+        if req.reply_from_text:
+            self._text_replies.add(req.turn)
+        self._last, self._last_ids = req.turn, None
         return et
 
     def _logged(self, req: Request, numbers: TurnNumbers | None) -> Aligned | None:
@@ -480,12 +524,40 @@ class EngineTrack:
         al = self.log.next_for(numbers or TurnNumbers(len(req.ids)))
         if al.restarted:
             self.sim.restart(req.turn, "the server restarted")
+            if self.advisor is not None:
+                self.advisor.restart(req.turn)
+        for seen in (*al.others, al.task):  # the flags are the server's: any request's lines show them
+            if seen is not None:
+                self._learn(seen)
         for o in al.others:
             how = SelectedBy(o.selected_by) if o.selected_by in ("id", "similarity", "lru") else SelectedBy.LRU
             size = o.release_tokens if o.release_tokens is not None else (o.n_prompt or 0)
             label = f"another client's request (task {o.task}, log line {o.line:,})"
             self.sim.foreign(o.slot, how, o.f_keep, size, req.turn, label)
         return al
+
+    def _learn(self, task: LogTask) -> None:
+        """Settings only the log's tasks show, unless the flags said: a context shift turns --context-shift on,
+        a chunk shifted into place --cache-reuse (its N at most the smallest chunk seen, lowered as smaller ones
+        come: each turn's own chunks are read before it is played); and a saved state's size, which a log
+        `watch` follows shows only at the first save, after the launch lines it read."""
+        cfg, facts = self.config, dict[str, Any]()
+        if task.shifts and not cfg.context_shift and "context_shift" not in cfg.known:
+            facts["context_shift"] = True
+        if task.chunks and ("cache_reuse" not in cfg.known or "cache_reuse" in self._learned):
+            n = min(c1 - c0 for c0, c1, _, _ in task.chunks)
+            if n > 0 and (cfg.cache_reuse == 0 or n < cfg.cache_reuse):
+                facts["cache_reuse"] = n
+        if task.bytes_per_token and cfg.bytes_per_token is None and "bytes_per_token" not in cfg.known:
+            facts["bytes_per_token"] = task.bytes_per_token  # a live log's first save, after its launch lines
+        if not facts:
+            return
+        self._learned.update(facts)
+        sources = cfg.sources if "the server's log" in cfg.sources else (*cfg.sources, "the server's log")
+        self.config = replace(cfg, **facts, known=cfg.known | frozenset(facts), sources=sources)
+        self.sim.learned(facts)
+        if self.advisor is not None:
+            self.advisor.learned(facts)
 
     def _content(self, req: Request, prev_ids: np.ndarray | None, best: tuple[int | None, int]) -> tuple[int, int, int]:
         """(tokens the content allows, the turn whose state gives them, reply tokens of unknown IDs after them)."""
