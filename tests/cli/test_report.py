@@ -259,3 +259,15 @@ def test_one_truncated_slot_file_costs_that_turn_only(tmp_path):
     rows = json.loads(fleet.stdout)["sessions"]
     assert fleet.returncode == 0 and [s["path"] for s in rows] == [str(d), str(AGENT)] and "turn-05.bin" in fleet.stderr
     assert rows[0]["skipped_turns"][0]["source"].endswith("turn-05.bin") and rows[1]["skipped_turns"] == []
+
+
+def test_session_path_with_an_at_sign_keeps_its_saved_props(tmp_path):
+    """A directory named like `dev@host` is a path, not `base@N`: the /props the proxy saved beside the
+    capture gives the engine section (its '@' cut the path at 'dev' and the section was gone)."""
+    rec = tmp_path / "dev@host"
+    shutil.copytree(AGENT.parent, rec)
+    for path in (rec, rec / "capture.jsonl"):
+        r = run_cli("report", str(path), "--format", "json")
+        assert r.returncode == 0, r.stderr
+        engine = json.loads(r.stdout)["engine"]
+        assert engine is not None and engine["sources"] == ["/props"], path

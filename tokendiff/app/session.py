@@ -22,7 +22,7 @@ from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SlotJob, 
 from tokendiff.core.kinds import ServerKind
 from tokendiff.core.plain import plain
 from tokendiff.errors import InputError, one_line
-from tokendiff.sources.loader import saved_props, session_source
+from tokendiff.sources.loader import saved_props, selector_base, session_source
 from tokendiff.sources.slotfile import SlotFile
 
 if TYPE_CHECKING:
@@ -985,7 +985,7 @@ def _llama_server_session(paths: Sequence[str]) -> bool:
 def _first_record(paths: Sequence[str]) -> CaptureRecord | None:
     """The first record of the first capture among `paths` (None when none), its response patch merged."""
     for p in paths:
-        base = Path(p.split("@", 1)[0])
+        base = Path(selector_base(p))
         capture = base / "capture.jsonl" if base.is_dir() else base
         if capture.suffix != ".jsonl" or not capture.is_file():
             continue

@@ -181,6 +181,13 @@ def _first_line_is(head: bytes, raw: bytes) -> str:
     return "it does not start with a JSON object"
 
 
+def selector_base(spec: str) -> str:
+    """The file or directory a selector reads: `base` of `base@N`, else the selector itself (a session path as
+    given, `user@host/session` included, or a file whose own name ends in `@N`)."""
+    m = _SELECTOR.match(spec)
+    return m.group("base") if m and not safeio.exists(spec) else spec
+
+
 def select(spec: str, order: str = "auto") -> Selected:
     m = _SELECTOR.match(spec)
     if m and not safeio.exists(spec):
@@ -970,7 +977,7 @@ def saved_props(paths: Sequence[str]) -> dict[str, Any] | None:
     """The server's `/props` saved beside a session (props.json beside a capture or in a slot directory):
     the first of `paths` that has one; None when none does."""
     for p in paths:
-        base = Path(p.split("@", 1)[0])
+        base = Path(selector_base(p))
         doc = read_props((base if base.is_dir() else base.parent) / "props.json")
         if doc is not None:
             return doc
