@@ -9,9 +9,11 @@ import json
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import (
+    DEMO,
     MAGIC_GGSQ,
     CliResult,
     assert_one_line_error,
@@ -165,6 +167,25 @@ def test_slot_names_not_utf8_under_json(tmp_path):
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     assert doc["a"]["path"].endswith("a\\xff.bin")
+
+
+def test_session_names_not_utf8_in_reports_and_datasets(tmp_path):
+    """A session directory whose name is not UTF-8: the JSON report, the fleet's and the dataset name it
+    escaped, as the markdown and `diff --json` do (each was an internal error: no JSON or Parquet string)."""
+    import os
+
+    bad = os.fsdecode(os.fsencode(tmp_path) + b"/s\xff")
+    os.mkdir(bad)
+    write_slot(Path(bad) / "a.bin", [151644, 872, 198])
+    write_slot(Path(bad) / "b.bin", [151644, 872, 198, 9707])
+    for args in (["--format", "json"], [str(DEMO), "--format", "json"]):
+        r = run_cli("report", bad, *args)
+        assert r.returncode == 0, r.stderr
+        assert json.dumps("/s\\xff")[1:-1] in r.stdout
+    for target in (tmp_path / "ds", tmp_path / "t.csv"):
+        r = run_cli("report", bad, "--export", f"{target}/" if target.suffix == "" else str(target))
+        assert r.returncode == 0, r.stderr
+    assert "s\\xff" in (tmp_path / "t.csv").read_text()
 
 
 def test_gzip_bomb_tokenizer_refused_in_bounded_memory(tmp_path):
