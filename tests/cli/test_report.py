@@ -271,3 +271,30 @@ def test_session_path_with_an_at_sign_keeps_its_saved_props(tmp_path):
         assert r.returncode == 0, r.stderr
         engine = json.loads(r.stdout)["engine"]
         assert engine is not None and engine["sources"] == ["/props"], path
+
+
+def test_output_over_a_file_the_report_reads_is_refused(tmp_path):
+    """`-o` (or `--export`) naming the capture, a turn, the saved /props or an option's file would replace
+    the evidence with the report once read (it did, exit 0): refused before anything is read, the file kept."""
+    rec, slots = tmp_path / "rec", tmp_path / "slots"
+    shutil.copytree(AGENT.parent, rec)
+    shutil.copytree(DEMO, slots)
+    (tmp_path / "tok.json").write_bytes(b"{}")
+    capture = rec / "capture.jsonl"
+    cases = [
+        (["report", str(capture), "-o", str(capture)], capture),
+        (["report", str(rec), "--format", "otlp", "-o", str(capture)], capture),
+        (["report", str(rec), "-o", str(rec / "props.json")], rec / "props.json"),
+        (["report", str(slots), str(rec), "-o", str(slots / "turn-03.bin")], slots / "turn-03.bin"),
+        (["report", str(slots), "--tokenizer", str(tmp_path / "tok.json"), "-o", str(tmp_path / "tok.json")], None),
+    ]
+    for args, kept in cases:
+        before = kept.read_bytes() if kept else None
+        r = run_cli(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        if kept:
+            assert_one_line_error(r, str(kept), "is a file this command reads")
+            assert kept.read_bytes() == before
+    assert (tmp_path / "tok.json").read_bytes() == b"{}"
+    r = run_cli("report", str(slots), "-o", str(slots / "report.md"))  # a new file beside the turns is fine
+    assert r.returncode == 0 and (slots / "report.md").read_text().startswith("# tokendiff report")
