@@ -116,6 +116,21 @@ def test_a_directory_of_bodies_is_in_name_order_unless_mtime_is_asked_for(tmp_pa
     assert [a["origin"].rsplit(" ", 1)[1] for a in first] == ["(a.json)", "(a.json)", "(b.json)"]
 
 
+def test_a_har_file_among_request_bodies_is_named_for_what_it_is(tmp_path):
+    """A HAR export saved as .json beside request bodies is no one turn: `diff DIR@N` and the report both say
+    so (the report said "request 0 is out of range: there are 1 (1..1)", `diff` "not a chat request body")."""
+    (tmp_path / "1.json").write_text(json.dumps(chat_body(2)))
+    (tmp_path / "2.json").write_text(json.dumps(chat_body(4)))
+    (tmp_path / "3.json").write_text(json.dumps(har_document([har_entry(chat_body(6), "{}")])))
+    words = ("3.json", "a HAR file holds many requests, not one turn", "3.json@N")
+    assert_one_line_error(run_cli("diff", f"{tmp_path}@2", f"{tmp_path}@3"), *words)
+    r = run_cli("report", str(tmp_path), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    (skipped,) = json.loads(r.stdout)["summary"]["skipped_turns"]
+    assert all(w in skipped["reason"] for w in words[1:]), skipped
+    assert json.loads(r.stdout)["summary"]["turns"] == 2
+
+
 def test_bad_bodies(tmp_path):
     (tmp_path / "a.json").write_text("{not json")
     assert_one_line_error(

@@ -197,6 +197,9 @@ def select(spec: str, order: str = "auto") -> Selected:
         if safeio.is_dir(base):
             kind, files = _dir_entries(base, order)
             idx, f = _pick(files, n, "turn", str(base))
+            kind = kind if kind == "slot" else file_kind(f)  # as `session_turns` reads it
+            if kind in SESSION_FILES:
+                raise _many_requests(kind, f)
             return Selected(kind, f, one_line(f"{base}@{idx + 1} ({f.name})"), idx + 1)
         safeio.require_regular(base)
         kind = file_kind(base)
@@ -216,6 +219,16 @@ def select(spec: str, order: str = "auto") -> Selected:
     if kind in SESSION_FILES:
         raise InputError(f"a {kind} file holds many requests: pick one with {spec}@N (counting from 1)", source=spec)
     return Selected(kind, p, one_line(spec), None)
+
+
+def _many_requests(kind: str, path: Path) -> InputError:
+    """A capture, HAR or OTLP file among a directory's request bodies: no one turn of it is the directory's."""
+    what = {"capture": "a capture", "har": "a HAR file", "otlp": "an OTLP trace export"}.get(kind, kind)
+    return InputError(
+        f"{what} holds many requests, not one turn among the directory's request bodies: "
+        f"read it on its own ({one_line(str(path))}@N)",
+        source=str(path),
+    )
 
 
 def session_selectors(path: str, order: str = "auto") -> list[str]:
@@ -381,6 +394,8 @@ class Loader:
             from tokendiff.sources.importers.llama_logs import record_from_prompt_log
 
             return record_from_prompt_log(sel.path)
+        if sel.turn is None:  # listed among a directory's request bodies (`session_turns`)
+            raise _many_requests(sel.kind, sel.path)
         records = self._session(sel)
         idx, rec = _pick(records, sel.turn or 0, "request", str(sel.path))
         return rec
