@@ -298,3 +298,10 @@ def test_output_over_a_file_the_report_reads_is_refused(tmp_path):
     assert (tmp_path / "tok.json").read_bytes() == b"{}"
     r = run_cli("report", str(slots), "-o", str(slots / "report.md"))  # a new file beside the turns is fine
     assert r.returncode == 0 and (slots / "report.md").read_text().startswith("# tokendiff report")
+
+
+def test_output_dash_is_standard_output(tmp_path):
+    """`-o -` is standard output, as for most tools (it wrote a file named '-' in the working directory)."""
+    r = run_cli("report", str(DEMO), "--format", "json", "-o", "-", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["schema"] == "tokendiff.report/1" and not (tmp_path / "-").exists()

@@ -171,6 +171,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise UsageError("--fail-under takes a percentage from 0 to 100")
+    if args.output == "-":  # as `-` is for most tools (it wrote a file named '-')
+        args.output = None
     dataset = bool(args.export) and is_dataset_target(args.export)
     if args.export and not dataset and not args.export.endswith((".parquet", ".csv")):
         raise UsageError("--export writes .parquet or .csv files, or a dataset into DIR/", source=args.export)
