@@ -188,6 +188,30 @@ def test_session_names_not_utf8_in_reports_and_datasets(tmp_path):
     assert "s\\xff" in (tmp_path / "t.csv").read_text()
 
 
+def test_hostile_tool_names_stay_text_in_diff_and_report(tmp_path):
+    """Tool names are the client's (a peer's) text: one with a terminal's escape sequences, a newline or a '|'
+    is shown escaped on one line by `diff`, and keeps the markdown report's tables whole (the sequences reached
+    the terminal, the newline split the lines, the '|' split a cell and shifted the columns after it)."""
+    import re
+
+    evil = ["a|b", "ok", "x\ny\x1b]0;pwned\x07\x1b[2J"]
+    for n, names in enumerate((evil, evil[::-1]), 1):
+        tools = [{"type": "function", "function": {"name": t, "description": "d", "parameters": {}}} for t in names]
+        body = {"messages": [{"role": "user", "content": "q"}], "tools": tools}
+        (tmp_path / f"{n}.json").write_text(json.dumps(body))
+    r = run_cli("diff", f"{tmp_path}@1", f"{tmp_path}@2", "--color", "never")
+    assert r.returncode == 1, r.stderr
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", r.stdout), r.stdout
+    assert "  A: tools › a|b (name)" in r.stdout and "  B: tools › x\\ny\\x1b]0;pwned\\x07\\x1b[2J (name)" in r.stdout
+    r = run_cli("report", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", r.stdout)
+    table = r.stdout[r.stdout.index("| turn |") :].split("\n\n")[0]
+    head, _, *rows = table.splitlines()
+    cells = len(re.split(r"(?<!\\)\|", head))
+    assert rows and all(len(re.split(r"(?<!\\)\|", row)) == cells for row in rows), rows
+
+
 def test_gzip_bomb_tokenizer_refused_in_bounded_memory(tmp_path):
     import gzip
 
