@@ -60,6 +60,23 @@ def test_capture_selectors(tmp_path):
     assert_one_line_error(run_cli("diff", f"{path}@1", f"{path}@5"), "request 5 is out of range")
 
 
+def test_two_captures_are_each_rendered_with_their_own_servers_template(tmp_path):
+    """A pair from two recordings (two servers, two saved /props): each record is rendered with its own
+    capture's template. The first capture's was used for both, and a pair that differs said "identical"."""
+    rec = {"schema": "tokendiff.capture/1", "seq": 1, "request": {"messages": [{"role": "user", "content": "hi"}]}}
+    for d, name in (("q3", "Qwen-Qwen3-0.6B.jinja"), ("q25", "Qwen-Qwen2.5-7B-Instruct.jinja")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "props.json").write_text(json.dumps({"chat_template": (TEMPLATES / name).read_text()}))
+        (tmp_path / d / "capture.jsonl").write_text(json.dumps(rec) + "\n")
+    docs = []
+    for a, b in (("q3", "q25"), ("q25", "q3")):
+        r = run_cli("diff", f"{tmp_path / a}@1", f"{tmp_path / b}@1", "--json")
+        assert r.returncode == 1, r.stderr
+        docs.append(json.loads(r.stdout))
+    assert docs[0]["b"]["n_tokens"] == docs[1]["a"]["n_tokens"] > docs[0]["a"]["n_tokens"] == docs[1]["b"]["n_tokens"]
+    assert docs[0]["first_divergence"]["b_section"] == "system prompt (template)"  # Qwen2.5's default system
+
+
 # ---------------------------------------------------------------- request bodies
 
 

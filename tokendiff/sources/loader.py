@@ -300,6 +300,8 @@ class Loader:
         self._tokenizer: TextTokenizer | None = None
         self._renderer: Renderer | None = None
         self._sessions: dict[Path, list[CaptureRecord]] = {}
+        self._capture_templates: dict[Path, str] = {}  # the chat template of each capture's saved /props
+        self._template_loaders: dict[str, Loader] = {}  # `_capture_loader`'s, by template
         self._last_read: tuple[np.ndarray, bytes, np.ndarray] | None = None  # `sectioning`'s last prompt
         self._flags: np.ndarray | None = None  # SPECIAL of every token, for `_read_next`
 
@@ -344,7 +346,19 @@ class Loader:
         if sel.kind == "slot":
             return self._slot(sel, slot, like, decoded)
         rec = self._record(sel)
-        return self.from_record(rec, sel.label, sel.turn)
+        return self._capture_loader(sel).from_record(rec, sel.label, sel.turn)
+
+    def _capture_loader(self, sel: Selected) -> Loader:
+        """The loader that renders a capture's records: with the chat template of the server's /props saved beside
+        it, unless the user named one (this loader, that adopted the first capture's, rendered a second capture
+        recorded from another server with the first one's template: two prompts that differ were "identical")."""
+        tmpl = self._capture_templates.get(sel.path) if sel.kind == "capture" and not self._given_template else None
+        if tmpl is None or tmpl == self.chat_template:
+            return self
+        if tmpl not in self._template_loaders:
+            self._template_loaders[tmpl] = self.with_template(tmpl)
+            self._template_loaders[tmpl].template_name = str(sel.path.parent / "props.json")
+        return self._template_loaders[tmpl]
 
     def _slot(
         self, sel: Selected, slot: SlotFile | None = None, like: Prompt | None = None, decoded: Decoded | None = None
@@ -408,6 +422,10 @@ class Loader:
                 records, warnings = read_capture(sel.path)
                 for w in warnings:
                     warn(w)
+                props = read_props(sel.path.parent / "props.json")
+                tmpl = props.get("chat_template") if props is not None else None
+                if isinstance(tmpl, str) and tmpl.strip():
+                    self._capture_templates[sel.path] = tmpl
                 self._adopt_server_template(sel.path.parent / "props.json")
             elif sel.kind == "otlp":
                 from tokendiff.sources.importers.otlp import read_otlp
