@@ -73,7 +73,7 @@ class Selected:
     turn: int | None  # 1-based position within a session, when chosen from one
 
 
-def _pick(items: list[T], n: int, what: str, source: str) -> tuple[int, T]:
+def _pick(items: Sequence[T], n: int, what: str, source: str) -> tuple[int, T]:
     idx = n - 1 if n > 0 else len(items) + n
     if n == 0 or not 0 <= idx < len(items):
         rng = f"1..{len(items)}" if items else "none"
@@ -219,6 +219,33 @@ def select(spec: str, order: str = "auto") -> Selected:
     if kind in SESSION_FILES:
         raise InputError(f"a {kind} file holds many requests: pick one with {spec}@N (counting from 1)", source=spec)
     return Selected(kind, p, one_line(spec), None)
+
+
+HELD_HAR_BYTES = 64 << 20  # a HAR up to this size is parsed once and its requests held; a larger one is streamed
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # its reader says what is wrong
+
+
+def _har_request(path: Path, n: int) -> CaptureRecord:
+    """A HAR file's `n`-th request (from the end where negative), read as a stream up to it: a HAR may be GBs
+    and its requests parsed several times that (every one held, a 320 MB HAR took 1.1 GB to diff two)."""
+    from itertools import islice
+
+    from tokendiff.sources.importers.har import iter_har
+
+    k = n
+    if n < 0:  # counted first: a second pass picks it
+        k = sum(1 for _ in iter_har(path)) + n + 1
+    rec = next(islice(iter_har(path, warn), k - 1, None), None) if k > 0 else None
+    if rec is None:
+        _pick(range(sum(1 for _ in iter_har(path))), n, "request", str(path))  # raises: out of range
+    assert rec is not None
+    return rec
 
 
 def _many_requests(kind: str, path: Path) -> InputError:
@@ -410,6 +437,8 @@ class Loader:
             return record_from_prompt_log(sel.path)
         if sel.turn is None:  # listed among a directory's request bodies (`session_turns`)
             raise _many_requests(sel.kind, sel.path)
+        if sel.kind == "har" and sel.path not in self._sessions and _file_size(sel.path) > HELD_HAR_BYTES:
+            return _har_request(sel.path, sel.turn)
         records = self._session(sel)
         idx, rec = _pick(records, sel.turn or 0, "request", str(sel.path))
         return rec
