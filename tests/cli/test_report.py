@@ -305,3 +305,11 @@ def test_output_dash_is_standard_output(tmp_path):
     r = run_cli("report", str(DEMO), "--format", "json", "-o", "-", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["schema"] == "tokendiff.report/1" and not (tmp_path / "-").exists()
+
+
+def test_a_turn_selector_given_to_report_is_named_for_what_it_is():
+    """`report capture.jsonl@3` picks one turn of a session the report reads whole: it said "no such file or
+    directory" of a file that is there."""
+    for path in (f"{AGENT}@3", f"{DEMO}@2"):
+        assert_one_line_error(run_cli("report", path), path, "'@N' picks one turn", "without '@N'")
+    assert_one_line_error(run_cli("report", f"{DEMO}-gone@2"), "no such file or directory")

@@ -263,6 +263,8 @@ def session_selectors(path: str, order: str = "auto") -> list[str]:
     path = session_source(path)
     p = Path(path)
     if not safeio.exists(p):
+        if selector_base(path) != path and safeio.exists(selector_base(path)):  # `capture.jsonl@3`: it exists
+            raise InputError("'@N' picks one turn, and a session is read whole: name it without '@N'", source=path)
         raise InputError("no such file or directory", source=path)
     if safeio.is_dir(p):
         _, files = _dir_entries(p, order)
