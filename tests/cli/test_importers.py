@@ -52,6 +52,25 @@ def test_bad_capture_lines(tmp_path, content, words):
     assert_one_line_error(run_cli("diff", f"{path}@1", f"{path}@1"), words)
 
 
+def test_a_capture_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """A capture filtered through a shell that marks UTF-8 (PowerShell's Set-Content) starts with a BOM: read as
+    without, by `diff` and the report (it was "not a tokendiff capture: its first line is not a record")."""
+    plain, bom = tmp_path / "plain" / "capture.jsonl", tmp_path / "bom" / "capture.jsonl"
+    for path, head in ((plain, b""), (bom, b"\xef\xbb\xbf")):
+        path.parent.mkdir()
+        with CaptureWriter(path) as w:
+            w.append({"request": chat_body(2)})
+            w.append({"request": chat_body(4)})
+        path.write_bytes(head + path.read_bytes())
+    answers = []
+    for path in (plain, bom):
+        diff = run_cli("diff", f"{path}@1", f"{path}@2", "--json")
+        report = run_cli("report", str(path), "--format", "json")
+        assert diff.returncode == 1 and report.returncode == 0, diff.stderr + report.stderr
+        answers.append((diff.stdout + report.stdout).replace(path.parent.name, "X"))
+    assert answers[0] == answers[1]
+
+
 def test_capture_selectors(tmp_path):
     path = tmp_path / "c.jsonl"
     with CaptureWriter(path) as w:
