@@ -289,3 +289,24 @@ def test_a_slot_file_after_one_left_out_keeps_its_own_files_time(tmp_path):
         os.utime(f, (1795990000 + 86_400 * k, 1795990000 + 86_400 * k))
     times = _dataset_times(session, tmp_path)
     assert times == [(1795990000.0 + 86_400 * k, "mtime") for k in range(1, len(files))]
+
+
+def test_a_recursive_glob_over_links_to_their_own_directory_ends(tmp_path):
+    """`**` over a tree whose links lead back into it (two links to their own directory: ~2**40 paths for
+    glob.glob, a hang) enters each directory once; a session reached only through a link is still found, and
+    the matches are glob's otherwise."""
+    shutil.copytree(AGENT.parent, tmp_path / "real" / "rec")
+    tree = tmp_path / "tree"
+    (tree / "x" / "y").mkdir(parents=True)
+    (tree / "x" / "y" / "b.jsonl").write_bytes(b"")
+    (tree / ".hidden").mkdir()
+    (tree / ".hidden" / "h.jsonl").write_bytes(b"")
+    for name in ("a", "b"):
+        (tree / name).symlink_to(".")
+    (tree / "x" / "rec").symlink_to(tmp_path / "real" / "rec")
+    pattern = f"{tree}/**/capture.jsonl"
+    r = run_cli("report", pattern, "--format", "json", timeout=60)  # first: the timeout turns a hang into a failure
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["turns"] == 10
+    assert expand_session_paths([pattern]) == [f"{tree}/x/rec/capture.jsonl"]
+    assert expand_session_paths([f"{tree}/x/**/*.jsonl"]) == [f"{tree}/x/rec/capture.jsonl", f"{tree}/x/y/b.jsonl"]

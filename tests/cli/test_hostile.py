@@ -9,9 +9,11 @@ import json
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import (
+    DEMO,
     MAGIC_GGSQ,
     CliResult,
     assert_one_line_error,
@@ -165,6 +167,49 @@ def test_slot_names_not_utf8_under_json(tmp_path):
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     assert doc["a"]["path"].endswith("a\\xff.bin")
+
+
+def test_session_names_not_utf8_in_reports_and_datasets(tmp_path):
+    """A session directory whose name is not UTF-8: the JSON report, the fleet's and the dataset name it
+    escaped, as the markdown and `diff --json` do (each was an internal error: no JSON or Parquet string)."""
+    import os
+
+    bad = os.fsdecode(os.fsencode(tmp_path) + b"/s\xff")
+    os.mkdir(bad)
+    write_slot(Path(bad) / "a.bin", [151644, 872, 198])
+    write_slot(Path(bad) / "b.bin", [151644, 872, 198, 9707])
+    for args in (["--format", "json"], [str(DEMO), "--format", "json"]):
+        r = run_cli("report", bad, *args)
+        assert r.returncode == 0, r.stderr
+        assert json.dumps("/s\\xff")[1:-1] in r.stdout
+    for target in (tmp_path / "ds", tmp_path / "t.csv"):
+        r = run_cli("report", bad, "--export", f"{target}/" if target.suffix == "" else str(target))
+        assert r.returncode == 0, r.stderr
+    assert "s\\xff" in (tmp_path / "t.csv").read_text()
+
+
+def test_hostile_tool_names_stay_text_in_diff_and_report(tmp_path):
+    """Tool names are the client's (a peer's) text: one with a terminal's escape sequences, a newline or a '|'
+    is shown escaped on one line by `diff`, and keeps the markdown report's tables whole (the sequences reached
+    the terminal, the newline split the lines, the '|' split a cell and shifted the columns after it)."""
+    import re
+
+    evil = ["a|b", "ok", "x\ny\x1b]0;pwned\x07\x1b[2J"]
+    for n, names in enumerate((evil, evil[::-1]), 1):
+        tools = [{"type": "function", "function": {"name": t, "description": "d", "parameters": {}}} for t in names]
+        body = {"messages": [{"role": "user", "content": "q"}], "tools": tools}
+        (tmp_path / f"{n}.json").write_text(json.dumps(body))
+    r = run_cli("diff", f"{tmp_path}@1", f"{tmp_path}@2", "--color", "never")
+    assert r.returncode == 1, r.stderr
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", r.stdout), r.stdout
+    assert "  A: tools › a|b (name)" in r.stdout and "  B: tools › x\\ny\\x1b]0;pwned\\x07\\x1b[2J (name)" in r.stdout
+    r = run_cli("report", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", r.stdout)
+    table = r.stdout[r.stdout.index("| turn |") :].split("\n\n")[0]
+    head, _, *rows = table.splitlines()
+    cells = len(re.split(r"(?<!\\)\|", head))
+    assert rows and all(len(re.split(r"(?<!\\)\|", row)) == cells for row in rows), rows
 
 
 def test_gzip_bomb_tokenizer_refused_in_bounded_memory(tmp_path):

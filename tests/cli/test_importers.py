@@ -52,12 +52,48 @@ def test_bad_capture_lines(tmp_path, content, words):
     assert_one_line_error(run_cli("diff", f"{path}@1", f"{path}@1"), words)
 
 
+def test_a_capture_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """A capture filtered through a shell that marks UTF-8 (PowerShell's Set-Content) starts with a BOM: read as
+    without, by `diff` and the report (it was "not a tokendiff capture: its first line is not a record")."""
+    plain, bom = tmp_path / "plain" / "capture.jsonl", tmp_path / "bom" / "capture.jsonl"
+    for path, head in ((plain, b""), (bom, b"\xef\xbb\xbf")):
+        path.parent.mkdir()
+        with CaptureWriter(path) as w:
+            w.append({"request": chat_body(2)})
+            w.append({"request": chat_body(4)})
+        path.write_bytes(head + path.read_bytes())
+    answers = []
+    for path in (plain, bom):
+        diff = run_cli("diff", f"{path}@1", f"{path}@2", "--json")
+        report = run_cli("report", str(path), "--format", "json")
+        assert diff.returncode == 1 and report.returncode == 0, diff.stderr + report.stderr
+        answers.append((diff.stdout + report.stdout).replace(path.parent.name, "X"))
+    assert answers[0] == answers[1]
+
+
 def test_capture_selectors(tmp_path):
     path = tmp_path / "c.jsonl"
     with CaptureWriter(path) as w:
         w.append({"request": chat_body(2)})
     assert_one_line_error(run_cli("diff", str(path), str(path)), "pick one with")
     assert_one_line_error(run_cli("diff", f"{path}@1", f"{path}@5"), "request 5 is out of range")
+
+
+def test_two_captures_are_each_rendered_with_their_own_servers_template(tmp_path):
+    """A pair from two recordings (two servers, two saved /props): each record is rendered with its own
+    capture's template. The first capture's was used for both, and a pair that differs said "identical"."""
+    rec = {"schema": "tokendiff.capture/1", "seq": 1, "request": {"messages": [{"role": "user", "content": "hi"}]}}
+    for d, name in (("q3", "Qwen-Qwen3-0.6B.jinja"), ("q25", "Qwen-Qwen2.5-7B-Instruct.jinja")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "props.json").write_text(json.dumps({"chat_template": (TEMPLATES / name).read_text()}))
+        (tmp_path / d / "capture.jsonl").write_text(json.dumps(rec) + "\n")
+    docs = []
+    for a, b in (("q3", "q25"), ("q25", "q3")):
+        r = run_cli("diff", f"{tmp_path / a}@1", f"{tmp_path / b}@1", "--json")
+        assert r.returncode == 1, r.stderr
+        docs.append(json.loads(r.stdout))
+    assert docs[0]["b"]["n_tokens"] == docs[1]["a"]["n_tokens"] > docs[0]["a"]["n_tokens"] == docs[1]["b"]["n_tokens"]
+    assert docs[0]["first_divergence"]["b_section"] == "system prompt (template)"  # Qwen2.5's default system
 
 
 # ---------------------------------------------------------------- request bodies
@@ -114,6 +150,21 @@ def test_a_directory_of_bodies_is_in_name_order_unless_mtime_is_asked_for(tmp_pa
     orders = ((), ("--order", "name"), ("--order", "mtime"))
     first = [json.loads(run_cli("diff", f"{tmp_path}@1", f"{tmp_path}@2", "--json", *o).stdout)["a"] for o in orders]
     assert [a["origin"].rsplit(" ", 1)[1] for a in first] == ["(a.json)", "(a.json)", "(b.json)"]
+
+
+def test_a_har_file_among_request_bodies_is_named_for_what_it_is(tmp_path):
+    """A HAR export saved as .json beside request bodies is no one turn: `diff DIR@N` and the report both say
+    so (the report said "request 0 is out of range: there are 1 (1..1)", `diff` "not a chat request body")."""
+    (tmp_path / "1.json").write_text(json.dumps(chat_body(2)))
+    (tmp_path / "2.json").write_text(json.dumps(chat_body(4)))
+    (tmp_path / "3.json").write_text(json.dumps(har_document([har_entry(chat_body(6), "{}")])))
+    words = ("3.json", "a HAR file holds many requests, not one turn", "3.json@N")
+    assert_one_line_error(run_cli("diff", f"{tmp_path}@2", f"{tmp_path}@3"), *words)
+    r = run_cli("report", str(tmp_path), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    (skipped,) = json.loads(r.stdout)["summary"]["skipped_turns"]
+    assert all(w in skipped["reason"] for w in words[1:]), skipped
+    assert json.loads(r.stdout)["summary"]["turns"] == 2
 
 
 def test_bad_bodies(tmp_path):

@@ -269,3 +269,31 @@ def test_dev_zero_symlink(tmp_path, role):
     rc, err, used = peak(tmp_path, *args)
     assert_one_line_error(CliResult(rc, "", err), str(zero), "only regular files are read")
     assert used - base <= HOSTILE_GROWTH, used // MB
+
+
+def test_a_har_over_the_held_size_is_streamed_to_the_request_picked(tmp_path):
+    """`diff big.har@N`: a HAR may be GBs (its bound is 4 GiB), and every request it holds was parsed and held
+    to pick one (a 320 MB HAR took 1.1 GB): one over 64 MB is read as a stream up to the request picked."""
+    from tokendiff.sources.loader import HELD_HAR_BYTES
+
+    text = "word " * 20_000
+    entries = [
+        {
+            "request": {
+                "method": "POST",
+                "url": "http://h/v1/chat/completions",
+                "postData": {"mimeType": "application/json", "text": json.dumps(request(n, text=text))},
+            },
+            "response": {"status": 200, "content": {"mimeType": "application/json", "text": "{}"}},
+        }
+        for n in range(1, 1 + HELD_HAR_BYTES // len(text) + 40)
+    ]
+    big = tmp_path / "big.har"
+    big.write_text(json.dumps({"log": {"version": "1.2", "entries": entries}}))
+    small = tmp_path / "small.har"
+    small.write_text(json.dumps({"log": {"version": "1.2", "entries": entries[:3]}}))
+    base = baseline("diff har, long texts", tmp_path, "diff", f"{small}@1", f"{small}@-1")
+    for a, b in (("1", "2"), ("-2", "-1")):
+        rc, err, used = peak(tmp_path, "diff", f"{big}@{a}", f"{big}@{b}")
+        assert rc == 1, err
+        assert used - base < big.stat().st_size // 4, (used // MB, base // MB, big.stat().st_size // MB)

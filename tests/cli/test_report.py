@@ -304,3 +304,57 @@ def test_two_agents_on_their_own_slots_are_not_told_the_slot_held_the_reply(tmp_
         "it still held turn 1's prompt (another slot, or its host-memory cache)"
     ), notes
     assert "it still held turn 2's prompt" in notes[3] and "previous reply" not in " ".join(notes), notes
+
+
+def test_session_path_with_an_at_sign_keeps_its_saved_props(tmp_path):
+    """A directory named like `dev@host` is a path, not `base@N`: the /props the proxy saved beside the
+    capture gives the engine section (its '@' cut the path at 'dev' and the section was gone)."""
+    rec = tmp_path / "dev@host"
+    shutil.copytree(AGENT.parent, rec)
+    for path in (rec, rec / "capture.jsonl"):
+        r = run_cli("report", str(path), "--format", "json")
+        assert r.returncode == 0, r.stderr
+        engine = json.loads(r.stdout)["engine"]
+        assert engine is not None and engine["sources"] == ["/props"], path
+
+
+def test_output_over_a_file_the_report_reads_is_refused(tmp_path):
+    """`-o` (or `--export`) naming the capture, a turn, the saved /props or an option's file would replace
+    the evidence with the report once read (it did, exit 0): refused before anything is read, the file kept."""
+    rec, slots = tmp_path / "rec", tmp_path / "slots"
+    shutil.copytree(AGENT.parent, rec)
+    shutil.copytree(DEMO, slots)
+    (tmp_path / "tok.json").write_bytes(b"{}")
+    capture = rec / "capture.jsonl"
+    cases = [
+        (["report", str(capture), "-o", str(capture)], capture),
+        (["report", str(rec), "--format", "otlp", "-o", str(capture)], capture),
+        (["report", str(rec), "-o", str(rec / "props.json")], rec / "props.json"),
+        (["report", str(slots), str(rec), "-o", str(slots / "turn-03.bin")], slots / "turn-03.bin"),
+        (["report", str(slots), "--tokenizer", str(tmp_path / "tok.json"), "-o", str(tmp_path / "tok.json")], None),
+    ]
+    for args, kept in cases:
+        before = kept.read_bytes() if kept else None
+        r = run_cli(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        if kept:
+            assert_one_line_error(r, str(kept), "is a file this command reads")
+            assert kept.read_bytes() == before
+    assert (tmp_path / "tok.json").read_bytes() == b"{}"
+    r = run_cli("report", str(slots), "-o", str(slots / "report.md"))  # a new file beside the turns is fine
+    assert r.returncode == 0 and (slots / "report.md").read_text().startswith("# tokendiff report")
+
+
+def test_output_dash_is_standard_output(tmp_path):
+    """`-o -` is standard output, as for most tools (it wrote a file named '-' in the working directory)."""
+    r = run_cli("report", str(DEMO), "--format", "json", "-o", "-", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["schema"] == "tokendiff.report/1" and not (tmp_path / "-").exists()
+
+
+def test_a_turn_selector_given_to_report_is_named_for_what_it_is():
+    """`report capture.jsonl@3` picks one turn of a session the report reads whole: it said "no such file or
+    directory" of a file that is there."""
+    for path in (f"{AGENT}@3", f"{DEMO}@2"):
+        assert_one_line_error(run_cli("report", path), path, "'@N' picks one turn", "without '@N'")
+    assert_one_line_error(run_cli("report", f"{DEMO}-gone@2"), "no such file or directory")

@@ -38,6 +38,17 @@ def test_chat_template_from_a_file_or_a_tokenizer_config(tmp_path):
         assert name in str(e.value)
 
 
+def test_a_tokenizer_config_with_named_templates_gives_its_default(tmp_path):
+    """Hermes 3's tokenizer_config.json holds a list of named templates: `--chat-template` takes its default,
+    as a tokenizer directory's config is read (it said "no chat_template string in this JSON file")."""
+    named = [{"name": "tool_use", "template": "{{ 'tools' }}"}, {"name": "default", "template": "{{ 'chat' }}"}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    assert read_chat_template(str(tmp_path / "tokenizer_config.json")) == "{{ 'chat' }}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": [{"name": "default"}]}))
+    with pytest.raises(InputError, match="no chat_template"):
+        read_chat_template(str(tmp_path / "tokenizer_config.json"))
+
+
 def test_a_tokenizer_config_template_renders_the_requests(agent_session):
     """The loader gets the template, not the JSON text: request-field sections, as with props.json."""
     opts = PromptOptions(chat_template=str(BUNDLED_DIR / "tokenizer_config.json"))

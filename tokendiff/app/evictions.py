@@ -20,11 +20,11 @@ KV_EVENTS_NAME = "kv-events.jsonl"
 
 def events_file(paths: Sequence[str]) -> tuple[Path, Path] | None:
     """(the capture, its event file) for a single recorded session that has one."""
-    from tokendiff.sources.loader import file_kind, session_source
+    from tokendiff.sources.loader import file_kind, selector_base, session_source
 
     if len(paths) != 1:
         return None
-    capture = Path(session_source(paths[0].split("@", 1)[0] if "@" in paths[0] else paths[0]))
+    capture = Path(session_source(selector_base(paths[0])))
     if not capture.is_file() or file_kind(capture) != "capture":
         return None
     events = capture.parent / KV_EVENTS_NAME

@@ -52,9 +52,11 @@ def read_chat_template(path: str | None) -> str | None:
         cfg = orjson.loads(text)
     except orjson.JSONDecodeError as e:
         raise InputError(f"malformed JSON: {e}", source=path) from None
-    tmpl = cfg.get("chat_template") if isinstance(cfg, dict) else None
-    if not isinstance(tmpl, str):
-        raise InputError("no chat_template string in this JSON file", source=path)
+    from tokendiff.sources.tokenizers import config_template
+
+    tmpl = config_template(cfg) if isinstance(cfg, dict) else None
+    if tmpl is None:  # as a tokenizer directory's tokenizer_config.json is read
+        raise InputError("no chat_template string (nor a list of named ones) in this JSON file", source=path)
     return tmpl
 
 

@@ -3,14 +3,15 @@ with the replays it includes."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from tokendiff.app.pair import PairResult, pair_json
 from tokendiff.app.session import LoadedSession, apply_prefill_rate, tokenizer_info
 from tokendiff.core.plain import plain
-from tokendiff.errors import InputError
+from tokendiff.errors import InputError, one_line
 
 if TYPE_CHECKING:
     from tokendiff.core.cost import Session
@@ -141,6 +142,44 @@ def export_turns(session: Session, path: Path) -> Path:
     buf = io.BytesIO()
     frame.write_parquet(buf) if str(path).endswith(".parquet") else frame.write_csv(buf)
     return _write(path, buf.getvalue())
+
+
+SESSION_COMPANIONS = ("capture.jsonl", "props.json", "models.json", "slots.json", "session.json", "kv-events.jsonl")
+
+
+def refuse_overwriting_inputs(output: str, sessions: Sequence[str], files: Iterable[str | None], order: str) -> None:
+    """A report or table written over a file the command reads (`-o capture.jsonl`, a slot file, the tokenizer)
+    would replace the user's evidence with it after reading it: refused before anything is read. `files`: the
+    other files the options name (tokenizer, template, model, log, replays)."""
+    try:
+        st = os.stat(output)
+    except OSError:
+        return  # nothing there yet, or nothing that can be written: the write says why
+    for name in (*_session_files(sessions, order), *(f for f in files if f)):
+        try:
+            other = os.stat(name)
+        except OSError:
+            continue
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            also = "" if os.path.abspath(name) == os.path.abspath(output) else f" (as {one_line(name)})"
+            raise InputError(f"is a file this command reads{also}: refusing to write over it", source=output)
+
+
+def _session_files(sessions: Sequence[str], order: str) -> Iterator[str]:
+    """The files the sessions' analysis reads: each as given, a directory's turns, and what a recording
+    keeps beside its capture."""
+    from tokendiff.sources.loader import session_source, session_turns
+
+    for p in sessions:
+        src = Path(session_source(p))
+        yield from (p, str(src))
+        base = src if src.is_dir() else src.parent
+        yield from (str(base / name) for name in SESSION_COMPANIONS)
+        if src.is_dir():
+            try:
+                yield from (str(sel.path) for sel in session_turns(str(src), order))
+            except InputError:
+                continue  # the analysis says what is wrong with it
 
 
 def _write(path: Path, data: bytes) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import _thread
 import gc
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -22,7 +23,7 @@ from tokendiff.app.workers import PairWorkers, RecordJob, SelectedJob, SlotJob, 
 from tokendiff.core.kinds import ServerKind
 from tokendiff.core.plain import plain
 from tokendiff.errors import InputError, one_line
-from tokendiff.sources.loader import saved_props, session_source
+from tokendiff.sources.loader import saved_props, selector_base, session_source
 from tokendiff.sources.slotfile import SlotFile
 
 if TYPE_CHECKING:
@@ -139,9 +140,7 @@ def expand_session_paths(patterns: Sequence[str]) -> list[str]:
         if exists or not any(c in pat for c in "*?["):
             out.append(pat)
             continue
-        import glob  # imported where a pattern is left to expand
-
-        hits = sorted(glob.glob(pat, recursive=True))
+        hits = _glob(pat)
         if not hits:
             raise InputError("no session matches this pattern", source=pat)
         out += hits
@@ -149,6 +148,48 @@ def expand_session_paths(patterns: Sequence[str]) -> list[str]:
     for p in out:
         seen.setdefault(_same_file(session_source(p)), p)
     return list(seen.values())
+
+
+def _glob(pat: str) -> list[str]:
+    """The paths a quoted pattern matches, sorted, as glob.glob(recursive=True) finds them, except that `**` enters
+    each directory once: glob follows links into a directory it is already in, and two links to their own directory
+    had it walk ~2**40 paths. (A directory reached by two names is one session either way.)"""
+    import glob  # imported where a pattern is left to expand
+
+    head, sep, tail = pat.partition("**")
+    if not sep or head[-1:] not in ("", "/") or tail[:1] not in ("", "/"):
+        return sorted(glob.glob(pat))  # no `**` as a whole part: it is `*`
+    bases = glob.glob(head) if glob.has_magic(head) else [head]
+    out: set[str] = set()
+    for base in bases:
+        for d in _dirs_once(base or "."):
+            d = d if head else "" if d == "." else d.removeprefix("./")
+            rest = tail.lstrip("/")
+            if rest:
+                out.update(_glob(os.path.join(glob.escape(d), rest)))
+            elif d:  # a trailing `**` (`**/`): each directory below (and what it holds)
+                out.add(os.path.join(d, ""))
+                out.update(() if tail else glob.glob(os.path.join(glob.escape(d), "*")))
+    return sorted(out)
+
+
+def _dirs_once(base: str) -> Iterator[str]:
+    """`base` and every directory below it (links followed, hidden names not), each real directory once."""
+    seen: set[tuple[int, int]] = set()
+    todo = [base]
+    while todo:
+        d = todo.pop()
+        try:
+            st = os.stat(d)
+            if (st.st_dev, st.st_ino) in seen or not stat.S_ISDIR(st.st_mode):
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(d) as it:
+                names = [e.name for e in it if not e.name.startswith(".") and e.is_dir()]
+        except OSError:
+            continue
+        yield d
+        todo += (os.path.join(d, n) for n in names)
 
 
 def _same_file(path: str) -> str:
@@ -997,7 +1038,7 @@ def _llama_server_session(paths: Sequence[str]) -> bool:
 def _first_record(paths: Sequence[str]) -> CaptureRecord | None:
     """The first record of the first capture among `paths` (None when none), its response patch merged."""
     for p in paths:
-        base = Path(p.split("@", 1)[0])
+        base = Path(selector_base(p))
         capture = base / "capture.jsonl" if base.is_dir() else base
         if capture.suffix != ".jsonl" or not capture.is_file():
             continue

@@ -159,15 +159,28 @@ def _clear_line(enabled: bool) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     with _no_cyclic_gc():  # as `_analysis_imports`: half a dozen collections over the modules' objects otherwise
-        from tokendiff.app.reports import ReportOptions, export_report, export_turns, render_report, session_report
+        from tokendiff.app.reports import (
+            ReportOptions,
+            export_report,
+            export_turns,
+            refuse_overwriting_inputs,
+            render_report,
+            session_report,
+        )
         from tokendiff.app.session import collector_off_after_analysis, expand_session_paths, is_dataset_target
 
     if args.fail_under is not None and not 0 <= args.fail_under <= 100:
         raise UsageError("--fail-under takes a percentage from 0 to 100")
+    if args.output == "-":  # as `-` is for most tools (it wrote a file named '-')
+        args.output = None
     dataset = bool(args.export) and is_dataset_target(args.export)
     if args.export and not dataset and not args.export.endswith((".parquet", ".csv")):
         raise UsageError("--export writes .parquet or .csv files, or a dataset into DIR/", source=args.export)
     paths = expand_session_paths(args.path)
+    read = (args.tokenizer, args.chat_template, args.model, args.server_log, *args.replay)
+    for output in (args.output, None if dataset else args.export):
+        if output:
+            refuse_overwriting_inputs(output, paths, read, args.order)
     if len(paths) > 1 and args.export and not dataset:
         raise UsageError(
             "a table file holds one session; for several, export the dataset into a directory (DIR/)",

@@ -212,7 +212,7 @@ def _report_parser(sub: Any) -> None:  # argparse subparsers
         help="md, html, json (the report), otlp (OpenTelemetry traces as OTLP/JSON: a trace per session, a span "
         "per turn) or trace (a Chrome/Perfetto trace: a track per session)",
     )
-    r.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
+    r.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout (- is stdout)")
     r.add_argument(
         "--fail-under",
         type=percentage,

@@ -18,6 +18,7 @@ from operator import itemgetter, le
 from tokendiff.core.kinds import CauseKind, HunkKind, Origin, SectionKind
 from tokendiff.core.plain import field, plain, replace
 from tokendiff.core.secrets import mask
+from tokendiff.errors import one_line
 
 TYPE_CHECKING = False  # no `typing` at run time: `tokendiff diff` imports this module (core/plain.py)
 if TYPE_CHECKING:
@@ -68,7 +69,10 @@ _SILENT_FIELDS = {"content"}  # a message's content is the message: no label of 
 
 @lru_cache(maxsize=4096)  # a session's names are a few dozen tools, calls and roles, labelled again and again
 def _shown(name: str) -> str:
-    return mask(name)
+    """A request's name as one printable line: a tool named with a newline or a terminal's escape sequence
+    (`\x1b]0;…`, `\x1b[2J`) printed as such by `diff` and the report split their lines and tables, and ran
+    the sequence in the user's terminal."""
+    return one_line(mask(name))
 
 
 @plain(frozen=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokendiff.core.cost import BACKENDS, RELOAD, Session, Turn
+from tokendiff.errors import one_line
 from tokendiff.report.session import turn_rows
 
 if TYPE_CHECKING:  # polars is imported only by an export
@@ -145,6 +146,7 @@ def turn_table(s: Session, path: str, times: Sequence[TurnTime]) -> pl.DataFrame
     """The per-turn facts of one session as a polars DataFrame (with a `day` column to partition on)."""
     import polars as pl
 
+    path = one_line(path)  # the column is UTF-8: a name that is not (its bytes as surrogates) is escaped
     rows = [_dataset_turn(path, t, row, times[t.turn - 1]) for t, row in zip(s.turns, turn_rows(s), strict=True)]
     return pl.DataFrame(rows, schema=_polars_schema(TURN_COLUMNS))
 
@@ -190,6 +192,7 @@ def span_table(s: Session, path: str, times: Sequence[TurnTime]) -> pl.DataFrame
     so summing `wasted` by kind gives the report's per-span tokens."""
     import polars as pl
 
+    path = one_line(path)  # as in turn_table
     rows: list[DatasetSpan] = []
     for rank, sp in enumerate(s.spans, 1):
         for k in sp.turns:

@@ -125,6 +125,7 @@ def session_facts(
 ) -> SessionFacts:
     """A session reduced to its fleet facts: totals, ranked spans, its worst turns, and with `redact`
     the labels `fleet_document` hashes; `cloud`: its money at the provider it was sent to."""
+    from tokendiff.errors import one_line
     from tokendiff.report.redact import session_labels
     from tokendiff.report.session import headline
 
@@ -158,7 +159,7 @@ def session_facts(
         for t in wasteful
     )
     return SessionFacts(
-        path=path,
+        path=one_line(path),  # a name that is not UTF-8 (its bytes as surrogates) is no JSON string
         turns=len(s.turns),
         total_tokens=s.total_tokens,
         reused_tokens=s.reused_tokens,

@@ -37,11 +37,17 @@ def _code(s: str) -> str:
     return s.replace("`", "ˋ")
 
 
+def _code_cell(s: str) -> str:
+    """`s` as code in a table cell: a '|' in it (a tool or file name's) escaped, or it splits the cell and
+    shifts every column after it."""
+    return "`" + _code(s).replace("|", "\\|") + "`"
+
+
 def _replay_row(rp: ReplayDocument) -> str:
     """One replay's table row: each scenario's measure, blank for a scenario that did not run."""
     sc, key = rp["scenarios"], rp["measure"]
     ms = " | ".join(_cell(sc[k][key]) if k in sc else "" for k in ("cold", "actual", "ideal", "fixed"))
-    pair = f"`{_code(str(rp['pair'].get('a')))}` → `{_code(str(rp['pair'].get('b')))}`"
+    pair = f"{_code_cell(str(rp['pair'].get('a')))} → {_code_cell(str(rp['pair'].get('b')))}"
     speedup = f"{rp['speedup']}x" if rp["speedup"] is not None else NOT_SEPARATED
     return f"| {pair} | {rp['backend']['kind']} | {ms} | {_cell(rp['cost_ms'])} | {speedup} |"
 
@@ -140,7 +146,7 @@ def _engine(doc: ReportDocument) -> list[str]:
         ]
         for h in e["helped"]:
             out.append(
-                f"| `{_code(h['change'])}` | {h['reused']:,} | {h['gain_tokens']:,} | "
+                f"| {_code_cell(h['change'])} | {h['reused']:,} | {h['gain_tokens']:,} | "
                 f"{seconds_text(h['gain_seconds'])} | {_cell(h['why'])} |"
             )
     return out
@@ -166,7 +172,7 @@ def _spans(doc: ReportDocument) -> list[str]:
             turns = _cell(", ".join(map(str, sp["turns"])))
             secs = _est(sp["seconds"], sp.get("seconds_estimated"))
             out.append(
-                f"| {sp['rank']} | {_cell(sp['title'])} | `{_code(sp['section'])}` | {turns} | "
+                f"| {sp['rank']} | {_cell(sp['title'])} | {_code_cell(sp['section'])} | {turns} | "
                 f"{sp['tokens']:,} | {percent_text(sp['tokens'], wasted, 0)} % | {secs} | "
                 f"{_cell(sp['reuse_pct_without'])} % | {_cell(sp['fix'])} |"
             )
@@ -189,7 +195,7 @@ def _reuse(counts: Mapping[str, Any]) -> str:
 
 def _section_cell(section: str | None) -> str:
     """A section as code, or nothing at all for a turn without a divergence (not an empty code span)."""
-    return f"`{_code(section)}`" if section else ""
+    return _code_cell(section) if section else ""
 
 
 def _speed_source(s: ReportSummary) -> str:
@@ -272,9 +278,9 @@ def _fleet_sessions(doc: FleetDocument) -> list[str]:
     out = ["| session | turns | tokens | reuse % | wasted | wasted s | top cause |", "|---|---|---|---|---|---|---|"]
     for r in doc["sessions"]:
         top = r["top_cause"]
-        cause = f"{_cell(top['title'])} in `{_code(top['section'])}` ({top['tokens']:,})" if top else ""
+        cause = f"{_cell(top['title'])} in {_code_cell(top['section'])} ({top['tokens']:,})" if top else ""
         out.append(
-            f"| `{_code(r['path'])}` | {session_turns_cell(r)} | {r['total_tokens']:,} | {_reuse(r)} | "
+            f"| {_code_cell(r['path'])} | {session_turns_cell(r)} | {r['total_tokens']:,} | {_reuse(r)} | "
             f"{r['wasted_tokens']:,} | {_est(r['wasted_seconds'], r.get('seconds_estimated'))} | {cause} |"
         )
     return out
@@ -334,7 +340,7 @@ def _fleet_cloud(doc: FleetDocument) -> list[str]:
         row = r["cloud"]
         assert row is not None
         out.append(
-            f"| `{_code(r['path'])}` | {row['provider']} | {_cell(row['model'])} | {row['wasted_tokens']:,} | "
+            f"| {_code_cell(r['path'])} | {row['provider']} | {_cell(row['model'])} | {row['wasted_tokens']:,} | "
             f"{money(row['usd'])} | {money(row['usd_per_day'])} |"
         )
     return out
@@ -350,8 +356,8 @@ def _fleet_worst(doc: FleetDocument) -> list[str]:
     for t in doc["worst_turns"]:
         pct = percent_text(t["reusable"], t["tokens"])
         out.append(
-            f"| `{_code(t['path'])}` | {t['turn']} | {t['tokens']:,} | {t['wasted']:,} | {pct} | "
-            f"{_cell(t['cause'])} | `{_code(t['section'] or '')}` |"
+            f"| {_code_cell(t['path'])} | {t['turn']} | {t['tokens']:,} | {t['wasted']:,} | {pct} | "
+            f"{_cell(t['cause'])} | {_code_cell(t['section'] or '')} |"
         )
     return out
 

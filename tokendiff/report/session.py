@@ -21,6 +21,7 @@ from tokendiff.core.rounding import (
     stated_percent_text,
 )
 from tokendiff.core.secrets import mask
+from tokendiff.errors import one_line
 from tokendiff.report.diff import path_json
 from tokendiff.report.engine import engine_json, turn_engine_json
 from tokendiff.report.excerpt import excerpt
@@ -278,7 +279,7 @@ def _findings(s: Session, redact: bool) -> list[TurnFinding]:
 def _summary(path: str, s: Session, spans: list[SpanDoc], redact: bool) -> ReportSummary:
     top = spans[0] if s.spans and s.spans[0].tokens > 0 else None
     doc: ReportSummary = {
-        "path": path,
+        "path": one_line(path),  # a name that is not UTF-8 (its bytes as surrogates) is no JSON string
         "turns": len(s.turns),
         "total_tokens": s.total_tokens,
         "reused_tokens": s.reused_tokens,

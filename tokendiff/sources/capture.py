@@ -455,7 +455,10 @@ def _lines(f: Any, limit: int | None = None) -> Iterator[tuple[int, bytes | None
     bytes of a line: a longer one comes out as None. `torn`: the last line, with no newline after it."""
     limit = MAX_LINE if limit is None else limit
     n, buf, over = 0, bytearray(), False
+    first = True
     while chunk := f.read(_CHUNK):
+        if first:  # a byte order mark is no part of the first record (is_capture_file reads past it too)
+            chunk, first = chunk.removeprefix(BOM), False
         start = len(buf)
         buf += chunk
         while (nl := buf.find(b"\n", start)) >= 0:
@@ -836,8 +839,11 @@ def is_capture_file(path: Path) -> bool:
     except InputError:
         return False
     with f:
-        head = f.read(64)
+        head = f.read(64).removeprefix(BOM)
     return head.startswith(b'{"schema":"tokendiff.capture/') or head.startswith(b'{"schema": "tokendiff.capture/')
+
+
+BOM = b"\xef\xbb\xbf"  # a capture saved by an editor or a shell that marks UTF-8 (PowerShell's Set-Content)
 
 
 # ---------------------------------------------------------------- field types

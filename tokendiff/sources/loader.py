@@ -73,7 +73,7 @@ class Selected:
     turn: int | None  # 1-based position within a session, when chosen from one
 
 
-def _pick(items: list[T], n: int, what: str, source: str) -> tuple[int, T]:
+def _pick(items: Sequence[T], n: int, what: str, source: str) -> tuple[int, T]:
     idx = n - 1 if n > 0 else len(items) + n
     if n == 0 or not 0 <= idx < len(items):
         rng = f"1..{len(items)}" if items else "none"
@@ -181,6 +181,13 @@ def _first_line_is(head: bytes, raw: bytes) -> str:
     return "it does not start with a JSON object"
 
 
+def selector_base(spec: str) -> str:
+    """The file or directory a selector reads: `base` of `base@N`, else the selector itself (a session path as
+    given, `user@host/session` included, or a file whose own name ends in `@N`)."""
+    m = _SELECTOR.match(spec)
+    return m.group("base") if m and not safeio.exists(spec) else spec
+
+
 def select(spec: str, order: str = "auto") -> Selected:
     m = _SELECTOR.match(spec)
     if m and not safeio.exists(spec):
@@ -190,6 +197,9 @@ def select(spec: str, order: str = "auto") -> Selected:
         if safeio.is_dir(base):
             kind, files = _dir_entries(base, order)
             idx, f = _pick(files, n, "turn", str(base))
+            kind = kind if kind == "slot" else file_kind(f)  # as `session_turns` reads it
+            if kind in SESSION_FILES:
+                raise _many_requests(kind, f)
             return Selected(kind, f, one_line(f"{base}@{idx + 1} ({f.name})"), idx + 1)
         safeio.require_regular(base)
         kind = file_kind(base)
@@ -211,11 +221,50 @@ def select(spec: str, order: str = "auto") -> Selected:
     return Selected(kind, p, one_line(spec), None)
 
 
+HELD_HAR_BYTES = 64 << 20  # a HAR up to this size is parsed once and its requests held; a larger one is streamed
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # its reader says what is wrong
+
+
+def _har_request(path: Path, n: int) -> CaptureRecord:
+    """A HAR file's `n`-th request (from the end where negative), read as a stream up to it: a HAR may be GBs
+    and its requests parsed several times that (every one held, a 320 MB HAR took 1.1 GB to diff two)."""
+    from itertools import islice
+
+    from tokendiff.sources.importers.har import iter_har
+
+    k = n
+    if n < 0:  # counted first: a second pass picks it
+        k = sum(1 for _ in iter_har(path)) + n + 1
+    rec = next(islice(iter_har(path, warn), k - 1, None), None) if k > 0 else None
+    if rec is None:
+        _pick(range(sum(1 for _ in iter_har(path))), n, "request", str(path))  # raises: out of range
+    assert rec is not None
+    return rec
+
+
+def _many_requests(kind: str, path: Path) -> InputError:
+    """A capture, HAR or OTLP file among a directory's request bodies: no one turn of it is the directory's."""
+    what = {"capture": "a capture", "har": "a HAR file", "otlp": "an OTLP trace export"}.get(kind, kind)
+    return InputError(
+        f"{what} holds many requests, not one turn among the directory's request bodies: "
+        f"read it on its own ({one_line(str(path))}@N)",
+        source=str(path),
+    )
+
+
 def session_selectors(path: str, order: str = "auto") -> list[str]:
     """One selector per turn of a session: a directory, a capture file, a HAR file or an OTLP trace export."""
     path = session_source(path)
     p = Path(path)
     if not safeio.exists(p):
+        if selector_base(path) != path and safeio.exists(selector_base(path)):  # `capture.jsonl@3`: it exists
+            raise InputError("'@N' picks one turn, and a session is read whole: name it without '@N'", source=path)
         raise InputError("no such file or directory", source=path)
     if safeio.is_dir(p):
         _, files = _dir_entries(p, order)
@@ -280,6 +329,8 @@ class Loader:
         self._tokenizer: TextTokenizer | None = None
         self._renderer: Renderer | None = None
         self._sessions: dict[Path, list[CaptureRecord]] = {}
+        self._capture_templates: dict[Path, str] = {}  # the chat template of each capture's saved /props
+        self._template_loaders: dict[str, Loader] = {}  # `_capture_loader`'s, by template
         self._last_read: tuple[np.ndarray, bytes, np.ndarray] | None = None  # `sectioning`'s last prompt
         self._flags: np.ndarray | None = None  # SPECIAL of every token, for `_read_next`
 
@@ -324,7 +375,19 @@ class Loader:
         if sel.kind == "slot":
             return self._slot(sel, slot, like, decoded)
         rec = self._record(sel)
-        return self.from_record(rec, sel.label, sel.turn)
+        return self._capture_loader(sel).from_record(rec, sel.label, sel.turn)
+
+    def _capture_loader(self, sel: Selected) -> Loader:
+        """The loader that renders a capture's records: with the chat template of the server's /props saved beside
+        it, unless the user named one (this loader, that adopted the first capture's, rendered a second capture
+        recorded from another server with the first one's template: two prompts that differ were "identical")."""
+        tmpl = self._capture_templates.get(sel.path) if sel.kind == "capture" and not self._given_template else None
+        if tmpl is None or tmpl == self.chat_template:
+            return self
+        if tmpl not in self._template_loaders:
+            self._template_loaders[tmpl] = self.with_template(tmpl)
+            self._template_loaders[tmpl].template_name = str(sel.path.parent / "props.json")
+        return self._template_loaders[tmpl]
 
     def _slot(
         self, sel: Selected, slot: SlotFile | None = None, like: Prompt | None = None, decoded: Decoded | None = None
@@ -374,6 +437,10 @@ class Loader:
             from tokendiff.sources.importers.llama_logs import record_from_prompt_log
 
             return record_from_prompt_log(sel.path)
+        if sel.turn is None:  # listed among a directory's request bodies (`session_turns`)
+            raise _many_requests(sel.kind, sel.path)
+        if sel.kind == "har" and sel.path not in self._sessions and _file_size(sel.path) > HELD_HAR_BYTES:
+            return _har_request(sel.path, sel.turn)
         records = self._session(sel)
         idx, rec = _pick(records, sel.turn or 0, "request", str(sel.path))
         return rec
@@ -386,6 +453,10 @@ class Loader:
                 records, warnings = read_capture(sel.path)
                 for w in warnings:
                     warn(w)
+                props = read_props(sel.path.parent / "props.json")
+                tmpl = props.get("chat_template") if props is not None else None
+                if isinstance(tmpl, str) and tmpl.strip():
+                    self._capture_templates[sel.path] = tmpl
                 self._adopt_server_template(sel.path.parent / "props.json")
             elif sel.kind == "otlp":
                 from tokendiff.sources.importers.otlp import read_otlp
@@ -970,7 +1041,7 @@ def saved_props(paths: Sequence[str]) -> dict[str, Any] | None:
     """The server's `/props` saved beside a session (props.json beside a capture or in a slot directory):
     the first of `paths` that has one; None when none does."""
     for p in paths:
-        base = Path(p.split("@", 1)[0])
+        base = Path(selector_base(p))
         doc = read_props((base if base.is_dir() else base.parent) / "props.json")
         if doc is not None:
             return doc

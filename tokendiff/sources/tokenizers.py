@@ -571,6 +571,16 @@ def load_tokenizer_json(path: str | os.PathLike[str], name: str | None = None, c
     return _cached(src, "tokenizer.json", build)
 
 
+def config_template(cfg: dict[str, Any]) -> str | None:
+    """The chat template of a tokenizer_config.json: its `chat_template` string, or of a list of named ones
+    (`[{"name": "default", "template": ...}, {"name": "tool_use", ...}]`, as Hermes 3 ships) the default."""
+    tmpl = cfg.get("chat_template")
+    if isinstance(tmpl, list):
+        named = {e.get("name"): e.get("template") for e in tmpl if isinstance(e, dict)}
+        tmpl = named.get("default") or next((t for t in named.values() if isinstance(t, str)), None)
+    return tmpl if isinstance(tmpl, str) else None
+
+
 def _read_tokenizer_config(path: Path, meta: VocabMeta) -> None:
     """The chat template, the BOS/EOS texts and add_bos_token of a tokenizer_config.json, into `meta`."""
     if not path.is_file():
@@ -578,11 +588,8 @@ def _read_tokenizer_config(path: Path, meta: VocabMeta) -> None:
     cfg, _ = _read_json_file(path)
     if not isinstance(cfg, dict):
         return
-    tmpl = cfg.get("chat_template")
-    if isinstance(tmpl, list):  # [{"name": "default", "template": ...}, ...]
-        named = {e.get("name"): e.get("template") for e in tmpl if isinstance(e, dict)}
-        tmpl = named.get("default") or next(iter(named.values()), None)
-    if isinstance(tmpl, str):
+    tmpl = config_template(cfg)
+    if tmpl is not None:
         meta.chat_template = tmpl
     meta.bos_token, meta.eos_token = token_text(cfg.get("bos_token")), token_text(cfg.get("eos_token"))
     if isinstance(cfg.get("add_bos_token"), bool):
