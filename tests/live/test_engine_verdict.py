@@ -140,11 +140,11 @@ def test_a_state_saved_then_pushed_out_is_an_eviction_not_the_slot(llama_server_
 
 
 @pytest.mark.server
-def test_a_refused_request_loses_nothing_and_leaves_the_state(llama_server_bin, tiny_model, tmp_path):
+def test_a_refused_request_is_not_played_and_leaves_the_state(llama_server_bin, tiny_model, tmp_path):
     """A prompt past the slot's context is answered 400 (`exceed_context_size_error`): the server ran nothing,
-    so nothing was lost (it had been the engine's or an unexplained loss of what the content allowed), and the
-    turns after it are measured against the state the server still holds, not the refused prompt (it had
-    said "turn 0 took its slot")."""
+    so it is not played and loses nothing (it had been the engine's or an unexplained loss of what the content
+    allowed), and the turns after it are measured against the state the server still holds, not the refused
+    prompt (it had said "turn 0 took its slot")."""
     flags = "-np 1 --cache-ram 0"
     p = random_ids(70, 1500)
     with _server(tiny_model, flags.split(), n_ctx=2048) as srv:

@@ -81,17 +81,20 @@ def test_a_conversation_that_keeps_a_user_turn_is_no_new_conversation(vocab):
     assert f.kind == "reasoning_stripped", f
 
 
+_FEW_SHOTS = [  # an agent's fixed example exchange after its system prompt (Aider's few-shot turns)
+    {"role": "system", "content": "You are a coding assistant."},
+    {"role": "user", "content": "Example: rename foo to bar in utils.py"},
+    {"role": "assistant", "content": "Example answer: utils.py, foo renamed to bar in three places."},
+]
+_TASK_A = {"role": "user", "content": "Add a --verbose flag to the command line tool and print each step."}
+_REPLY = {"role": "assistant", "content": "Added --verbose to cli.py; each step now logs what it does. " * 3}
+
+
 def test_fixed_few_shot_turns_then_another_task_is_a_new_conversation(vocab):
     """Agents that send the same example exchange after the system prompt in every conversation (Aider's
     few-shot turns): B keeps those whole but not A's latest user message, so a new task is a new conversation,
     not a content change and a truncation."""
-    shots = [
-        {"role": "system", "content": "You are a coding assistant."},
-        {"role": "user", "content": "Example: rename foo to bar in utils.py"},
-        {"role": "assistant", "content": "Example answer: utils.py, foo renamed to bar in three places."},
-    ]
-    task_a = {"role": "user", "content": "Add a --verbose flag to the command line tool and print each step."}
-    reply = {"role": "assistant", "content": "Added --verbose to cli.py; each step now logs what it does. " * 3}
+    shots, task_a, reply = _FEW_SHOTS, _TASK_A, _REPLY
     task_b = {"role": "user", "content": "Why does the test suite fail on Windows but pass on Linux?"}
     a = qwen_prompt(vocab, [*shots, task_a, reply], tools=None, fields=True, add_generation_prompt=False)
     b = qwen_prompt(vocab, [*shots, task_b], tools=None, fields=True)
@@ -120,13 +123,7 @@ def test_the_newest_user_message_replaced_is_no_new_conversation(vocab):
 
 def test_a_new_conversation_after_few_shot_turns_says_what_b_shares(vocab):
     """B shares the system prompt and the example exchange: not 'only the system prompt'."""
-    shots = [
-        {"role": "system", "content": "You are a coding assistant."},
-        {"role": "user", "content": "Example: rename foo to bar in utils.py"},
-        {"role": "assistant", "content": "Example answer: utils.py, foo renamed to bar in three places."},
-    ]
-    task_a = {"role": "user", "content": "Add a --verbose flag to the command line tool and print each step."}
-    reply = {"role": "assistant", "content": "Added --verbose to cli.py; each step now logs what it does. " * 3}
+    shots, task_a, reply = _FEW_SHOTS, _TASK_A, _REPLY
     a = qwen_prompt(vocab, [*shots, task_a, reply], tools=None, fields=True, add_generation_prompt=False)
     b = qwen_prompt(vocab, [*shots, {"role": "user", "content": "Why do the tests fail?"}], tools=None, fields=True)
     f = explain(a, b, align(a, b))[0]
