@@ -669,3 +669,45 @@ def test_a_reminder_sent_again_in_the_new_turn_is_no_move(vocab):
     fs = explain(a, b, d)
     assert [f.kind for f in fs] == ["date", "appended"]
     assert d.hunks[-1].a_start == len(a)
+
+
+_HISTORY = [
+    {"role": "user", "content": "Please list the files in the repository and summarise the layout."},
+    {"role": "assistant", "content": "Sure: src holds the code, tests the tests, docs the documentation."},
+    {"role": "user", "content": "Now open src/main.py and explain what the entry point does."},
+]
+
+
+@pytest.mark.parametrize("markers", [False, True])  # sectioned by request fields (captures), by markers (slots)
+def test_a_system_prompt_put_in_front_is_a_message_inserted(vocab, markers):
+    """A client (or a server's template) that adds a default system prompt to some requests only: B holds a whole
+    turn A lacks, in front of A's first. It was 'Content changed in message 0 (user): 0 token(s) of A became 21'."""
+    system = {"role": "system", "content": "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."}
+    a = qwen_prompt(vocab, _HISTORY, tools=None, fields=not markers)
+    b = qwen_prompt(vocab, [system, *_HISTORY], tools=None, fields=not markers)
+    f, _, _ = first(a, b)
+    assert f.kind == "message_inserted", f
+    assert "1 whole turn (system prompt)" in f.evidence and "before A's message 0 (user)" in f.evidence, f
+
+
+def test_a_message_slipped_into_the_history_is_a_message_inserted(vocab):
+    """A note put between old turns (it was 'Content changed in message 1 (assistant): 0 token(s) of A became
+    11')."""
+    note = {"role": "user", "content": "(also check the README)"}
+    a = qwen_prompt(vocab, _HISTORY, tools=None, fields=True)
+    b = qwen_prompt(vocab, [_HISTORY[0], note, *_HISTORY[1:]], tools=None, fields=True)
+    f, _, _ = first(a, b)
+    assert f.kind == "message_inserted" and "(message 1 (user))" in f.evidence, f
+    assert "before A's message 1 (assistant)" in f.evidence, f
+
+
+def test_turns_after_the_last_message_are_appended_not_inserted(vocab):
+    """The conversation growing (the answer and a new user message after A's last turn and generation prompt)
+    is no insertion, nor is a message moved from later in A to earlier in B."""
+    answer = {"role": "assistant", "content": "It parses the arguments and starts the server."}
+    more = {"role": "user", "content": "Add a --port option to it, please, with a default of 8080."}
+    a = qwen_prompt(vocab, _HISTORY, tools=None, fields=True)
+    b = qwen_prompt(vocab, [*_HISTORY, answer, more], tools=None, fields=True)
+    assert all(f.kind != "message_inserted" for f in explain(a, b, align(a, b)))
+    moved = qwen_prompt(vocab, [_HISTORY[2], *_HISTORY[:2]], tools=None, fields=True)
+    assert all(f.kind != "message_inserted" for f in explain(a, moved, align(a, moved)))

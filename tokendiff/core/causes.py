@@ -255,6 +255,14 @@ _TABLE = (
         fix="Raise the context size (num_ctx / -c), or prune from the end of old tool results rather than the middle",
         confidence=0.75,
     ),
+    Cause(
+        kind=C.MESSAGE_INSERTED,
+        title="Message inserted before the end of the history",
+        fix="Add new messages after the last one: one inserted earlier changes the prompt from there on (put "
+        "injected context in the newest user message)",
+        confidence=0.75,
+        origin=Or.CLIENT,
+    ),
     # tokenization
     Cause(
         kind=C.BPE_BOUNDARY,

@@ -1536,7 +1536,7 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
         for s in ctx.ia.tops_near(ctx.h.a_start, ctx.h.a_end)
         if s.end > s.start and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
     ]
-    if not turns_a or _moved_later(ctx, turns_a):
+    if not turns_a or _elsewhere(turns_a, ctx.a, ctx.b):
         return None
     return finding(
         C.TRUNCATION,
@@ -1546,22 +1546,51 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
     )
 
 
-MOVED_TURNS = 8  # whole turns a delete is checked for having moved (a truncation's first one is not: checked first)
+INSERTED_MIN = 4  # tokens an insertion holds before its whole turns are looked for (most hunks are short edits)
+
+
+def detect_message_inserted(ctx: Ctx) -> Finding | None:
+    """message_inserted: whole turns of B that A lacks, put before turns A has (a system prompt in front, a message
+    slipped into the history): truncation's mirror. Neither side's insertion point may be its last turn: new turns
+    after A's last message, or its generation prompt answered, are the conversation growing (appended)."""
+    n_b = ctx.h.b_end - ctx.h.b_start
+    if n_b < INSERTED_MIN or 4 * (ctx.h.a_end - ctx.h.a_start) > n_b:  # first: most hunks are no insertion
+        return None
+    kept = ctx.ia.turn_at(ctx.h.a_end)  # A's turn that goes on after the insertion
+    if kept is None or kept is ctx.ia.tops[-1]:
+        return None
+    turns_b = [
+        s
+        for s in ctx.ib.tops_near(ctx.h.b_start, ctx.h.b_end)
+        if s.end > s.start and min(s.end, ctx.h.b_end) - max(s.start, ctx.h.b_start) >= 0.8 * (s.end - s.start)
+    ]
+    if not turns_b or turns_b[-1] is ctx.ib.tops[-1] or _elsewhere(turns_b, ctx.b, ctx.a):
+        return None
+    names = ", ".join(s.path.label for s in turns_b[:3]) + (", …" if len(turns_b) > 3 else "")
+    return finding(
+        C.MESSAGE_INSERTED,
+        ctx.i,
+        f"{counted(len(turns_b), 'whole turn')} ({names}), {counted(n_b, 'token')}, inserted in B at token "
+        f"{ctx.h.b_start:,}, before A's {kept.path.label}",
+    )
+
+
+MOVED_TURNS = 8  # whole turns a deletion or an insertion is checked for having moved (`_elsewhere`)
 MOVED_TEXT = 32  # bytes a turn's text needs to be told from one B repeats by chance
 
 
-def _moved_later(ctx: Ctx, turns: list[Section]) -> bool:
-    """Whether the deleted turns are elsewhere in B, not gone: parallel tool results sent in another order, a
-    message moved. Each turn's text (its first line, the template's header, left out) is in B as often as in A,
-    the deleted copy included; a dropped turn repeated later in both (a file read twice) is one fewer in B."""
-    a, b = ctx.a, ctx.b
+def _elsewhere(turns: list[Section], here: Prompt, there: Prompt) -> bool:
+    """Whether `here`'s turns are elsewhere in `there`, not gone from it (or new in `here`): parallel tool results
+    sent in another order, a message moved. Each turn's text (its first line, the template's header, left out) is
+    in `there` as often as in `here`, its own copy included; a turn whose text both also repeat elsewhere (a file
+    read twice) is one fewer in `there`."""
     for sec in turns[:MOVED_TURNS]:
         last = sec.end - 1
-        while last > sec.start and (a.special[last] or not a.token_bytes(last).strip()):  # the turn's end marker
+        while last > sec.start and (here.special[last] or not here.token_bytes(last).strip()):  # its end marker
             last -= 1
-        text = a.data[a.byte_offset(sec.start) : a.byte_offset(last + 1)]
+        text = here.data[here.byte_offset(sec.start) : here.byte_offset(last + 1)]
         text = text[text.find(b"\n") + 1 :].strip()
-        if len(text) < MOVED_TEXT or b.data.count(text) < a.data.count(text):
+        if len(text) < MOVED_TEXT or there.data.count(text) < here.data.count(text):
             return False
     return True
 
@@ -1947,6 +1976,7 @@ DETECTORS: list[Callable[[Ctx], Finding | None]] = [
     detect_result_truncated,
     detect_output_retokenized,
     detect_truncation,
+    detect_message_inserted,
     detect_counter,
     detect_rewritten,
 ]

@@ -86,6 +86,7 @@ class CauseKind(StrEnum):
     SYSTEM_APPENDED = "system_appended"
     SYSTEM_MOVED = "system_moved"
     TRUNCATION = "truncation"
+    MESSAGE_INSERTED = "message_inserted"
     # tokenization
     BPE_BOUNDARY = "bpe_boundary"
     OUTPUT_RETOKENIZED = "output_retokenized"
