@@ -139,6 +139,7 @@ def break_cost(price: Price, waste: int, rewritten: int, rewritten_1h: int = 0) 
 
 
 DAY = 86400.0
+RATE_SPAN_S = 60.0  # the shortest session a day's rate is said of: a shorter one's spacing is no cadence
 
 
 @dataclass
@@ -186,7 +187,8 @@ class CloudReport:
         return None if any(c is None for c in costs) else sum(c for c in costs if c is not None)
 
     def per_day(self, cost: float | None) -> float | None:
-        """`cost` at the session's rate: what it amounts to over a day of sessions like this one."""
-        if cost is None or not self.duration_s or self.duration_s <= 0:
+        """`cost` at the session's rate: what it amounts to over a day of sessions like this one. None for a
+        session shorter than RATE_SPAN_S (two requests 0.1 s apart made a cent thousands of dollars a day)."""
+        if cost is None or self.duration_s is None or self.duration_s < RATE_SPAN_S:
             return None
         return cost * DAY / self.duration_s
