@@ -358,3 +358,27 @@ def test_a_turn_selector_given_to_report_is_named_for_what_it_is():
     for path in (f"{AGENT}@3", f"{DEMO}@2"):
         assert_one_line_error(run_cli("report", path), path, "'@N' picks one turn", "without '@N'")
     assert_one_line_error(run_cli("report", f"{DEMO}-gone@2"), "no such file or directory")
+
+
+def test_a_completion_whose_prompt_is_token_ids_is_read_from_the_request(tmp_path):
+    """A client that sends /completion its prompt as token IDs: the proxy fetches no IDs again, so the record
+    had none, and the report left each such turn out ("record has neither messages, prompt_ids nor
+    prompt_text"). The request's own IDs are the prompt, as a request body file's are."""
+    first, second = [9707, 11, 1879, 0, 358, 1079, 264, 1273], [9707, 11, 1879, 0, 358, 1079, 264, 1273, 1207, 13]
+    lines = []
+    for k, ids in enumerate((first, second)):
+        request = {"prompt": ids, "n_predict": 1}
+        lines.append({"schema": "tokendiff.capture/1", "seq": 2 * k + 1, "endpoint": "/completion", "request": request})
+        timings = {"cache_n": 7 * k, "prompt_n": len(ids) - 7 * k, "prompt_ms": 1.0}
+        patch = {
+            "patch": 2 * k + 1,
+            "response": {"status": 200, "timings": timings},
+            "server": {"kind": "llama-server"},
+        }
+        lines.append({"schema": "tokendiff.capture/1", "seq": 2 * k + 2, **patch})
+    cap = tmp_path / "capture.jsonl"
+    cap.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    r = run_cli("report", cap, "--format", "json")
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    turns = json.loads(r.stdout)["turns"]
+    assert [(t["tokens"], t["lcp_prev"], t["reported_cached"]) for t in turns] == [(8, 0, 0), (10, 8, 7)]

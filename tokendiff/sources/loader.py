@@ -22,7 +22,7 @@ from tokendiff import safeio
 from tokendiff.core import grammar
 from tokendiff.core.kinds import Sectioning, ServerKind
 from tokendiff.core.model import LOCAL_RENDER_IDS, Prompt, PromptMeta, RenderMismatch
-from tokendiff.core.plain import plain
+from tokendiff.core.plain import plain, replace
 from tokendiff.core.vocab import SPECIAL, TextTokenizer, Vocab
 from tokendiff.errors import InputError, one_line
 from tokendiff.notices import warn
@@ -706,6 +706,17 @@ class Loader:
             text = None
         return p, self.renderer.attribute(request, text)
 
+    def _request_prompt_ids(
+        self, rec: CaptureRecord, request: dict[str, Any], label: str, meta: PromptMeta
+    ) -> np.ndarray:
+        """A raw completion prompt the record kept no IDs of (a client that sent token IDs, which the proxy does not
+        fetch again): the request's own prompt, read as a request body file's is (`raw_prompt`)."""
+        from tokendiff.sources.importers.openai_body import raw_prompt
+
+        raw = replace(rec, prompt_ids=None, prompt_text=None)
+        raw_prompt(raw, request["prompt"], label)  # IDs or text set, or refused: `_record_ids` ends there
+        return self._record_ids(raw, request, None, label, meta)
+
     def _record_ids(
         self, rec: CaptureRecord, request: dict[str, Any], rendered: Rendered | None, label: str, meta: PromptMeta
     ) -> np.ndarray:
@@ -724,7 +735,11 @@ class Loader:
             meta.ids_from = LOCAL_RENDER_IDS
             ids = self.tokenizer.encode(rendered.text)
         else:
-            raise InputError("record has neither messages, prompt_ids nor prompt_text", source=label)
+            from tokendiff.sources.importers.apis import Api, api_of  # a record with neither IDs nor messages only
+
+            if api_of(request, rec.endpoint) != Api.COMPLETION:
+                raise InputError("record has neither messages, prompt_ids nor prompt_text", source=label)
+            return self._request_prompt_ids(rec, request, label, meta)
         import numpy as np
 
         return np.asarray(ids, dtype=np.int32)

@@ -40,11 +40,11 @@ def record_from_body(path: Path) -> CaptureRecord:
     )
     rec = CaptureRecord(source="openai-body", origin=str(path), endpoint=endpoint, inline_request=body)
     if api == Api.COMPLETION:
-        _raw_prompt(rec, body["prompt"], str(path))
+        raw_prompt(rec, body["prompt"], str(path))
     return rec
 
 
-def _raw_prompt(rec: CaptureRecord, prompt: Any, source: str) -> None:
+def raw_prompt(rec: CaptureRecord, prompt: Any, source: str) -> None:
     """A completion request's `prompt` as the record's prompt: text (tokenised here as the server tokenises
     it, BOS added where the model adds one) or token IDs. A batch of prompts is many prompts: refused."""
     if isinstance(prompt, str):
