@@ -382,3 +382,21 @@ def test_a_completion_whose_prompt_is_token_ids_is_read_from_the_request(tmp_pat
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
     turns = json.loads(r.stdout)["turns"]
     assert [(t["tokens"], t["lcp_prev"], t["reported_cached"]) for t in turns] == [(8, 0, 0), (10, 8, 7)]
+
+
+def test_many_unreadable_turns_are_one_warning_and_a_count(tmp_path):
+    """A directory of request bodies among 30 files that are none: one warning line per file drowned stderr
+    (issue 29 asks for one line per kind, with a count and the first example); the report names each of them."""
+    d = tmp_path / "bodies"
+    d.mkdir()
+    body = {"messages": [{"role": "user", "content": "Please list the files in the repository."}]}
+    for i in (1, 2):
+        (d / f"{i:03d}.json").write_text(json.dumps(body))
+    for i in range(3, 33):
+        (d / f"{i:03d}.json").write_text('{"x": 1}')
+    r = run_cli("report", d)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2 and "003.json: not a chat request body" in lines[0], r.stderr
+    assert lines[1].startswith("tokendiff: warning: 29 more warnings like this one:"), r.stderr
+    assert all(f"{i:03d}.json" in r.stdout for i in range(3, 33))  # the report names every one

@@ -251,13 +251,15 @@ def _readable(
 
 
 def left_out(spec: str, e: InputError, skipped: Skipped) -> None:
-    """A turn that cannot be read: said on stderr (or the TUI's notifications) and kept for the document."""
+    """A turn that cannot be read: said on stderr (or the TUI's notifications) and kept for the document, which
+    names every one. Warned of by its reason: 20,000 junk files in a directory are one line and a count, not
+    20,000 lines."""
     from tokendiff.notices import warn
 
     source = e.source or spec
     reason = f"byte {e.offset}: {e.reason}" if e.offset is not None else e.reason
     skipped.append((source, reason))
-    warn(f"{e}: the turn is left out of the analysis", kind=f"turn left out: {source}")
+    warn(f"{e}: the turn is left out of the analysis", kind=f"turn left out: {e.reason}")
 
 
 def _analyse(
