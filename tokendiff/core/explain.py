@@ -1529,13 +1529,7 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
         return None
     if ctx.h.kind != HunkKind.DELETE and (ctx.h.a_end - ctx.h.a_start) < 4 * max(1, ctx.h.b_end - ctx.h.b_start):
         return None
-    # whole turns inside the deleted run (the diff may keep a few of a turn's tokens as "equal"): a top sharing
-    # no token with it is none (its overlap is 0 or less, 0.8 of its length more), so only those near it are read
-    turns_a = [
-        s
-        for s in ctx.ia.tops_near(ctx.h.a_start, ctx.h.a_end)
-        if s.end > s.start and min(s.end, ctx.h.a_end) - max(s.start, ctx.h.a_start) >= 0.8 * (s.end - s.start)
-    ]
+    turns_a = _whole_turns(ctx.ia, ctx.h.a_start, ctx.h.a_end)
     if not turns_a or _elsewhere(turns_a, ctx.a, ctx.b):
         return None
     return finding(
@@ -1544,6 +1538,17 @@ def detect_truncation(ctx: Ctx) -> Finding | None:
         f"{len(turns_a)} whole turn(s), {ctx.h.a_end - ctx.h.a_start} tokens, dropped from A "
         f"at token {ctx.h.a_start:,}",
     )
+
+
+def _whole_turns(index: _Index, lo: int, hi: int) -> list[Section]:
+    """The whole turns inside the run [lo, hi) (the diff may keep a few of a turn's tokens as "equal": 0.8 of a
+    turn counts): a top sharing no token with it is none (its overlap is 0 or less), so only those near it are
+    read."""
+    return [
+        s
+        for s in index.tops_near(lo, hi)
+        if s.end > s.start and min(s.end, hi) - max(s.start, lo) >= 0.8 * (s.end - s.start)
+    ]
 
 
 INSERTED_MIN = 4  # tokens an insertion holds before its whole turns are looked for (most hunks are short edits)
@@ -1559,11 +1564,7 @@ def detect_message_inserted(ctx: Ctx) -> Finding | None:
     kept = ctx.ia.turn_at(ctx.h.a_end)  # A's turn that goes on after the insertion
     if kept is None or kept is ctx.ia.tops[-1]:
         return None
-    turns_b = [
-        s
-        for s in ctx.ib.tops_near(ctx.h.b_start, ctx.h.b_end)
-        if s.end > s.start and min(s.end, ctx.h.b_end) - max(s.start, ctx.h.b_start) >= 0.8 * (s.end - s.start)
-    ]
+    turns_b = _whole_turns(ctx.ib, ctx.h.b_start, ctx.h.b_end)
     if not turns_b or turns_b[-1] is ctx.ib.tops[-1] or _elsewhere(turns_b, ctx.b, ctx.a):
         return None
     names = ", ".join(s.path.label for s in turns_b[:3]) + (", …" if len(turns_b) > 3 else "")
