@@ -453,11 +453,11 @@ class Loader:
                 records, warnings = read_capture(sel.path)
                 for w in warnings:
                     warn(w)
-                props = read_props(sel.path.parent / "props.json")
-                tmpl = props.get("chat_template") if props is not None else None
-                if isinstance(tmpl, str) and tmpl.strip():
+                props = sel.path.parent / "props.json"
+                tmpl = _props_template(props)  # read once: this capture's, and the loader's if it has none
+                if tmpl is not None:
                     self._capture_templates[sel.path] = tmpl
-                self._adopt_server_template(sel.path.parent / "props.json")
+                self._adopt_server_template(tmpl, props)
             elif sel.kind == "otlp":
                 from tokendiff.sources.importers.otlp import read_otlp
 
@@ -472,16 +472,13 @@ class Loader:
     def adopt_capture_template(self, capture: Path) -> None:
         """For a capture read record by record (the application's streaming session): the template from
         the server's /props saved beside it, as loading `capture@N` does."""
-        self._adopt_server_template(Path(capture).parent / "props.json")
+        props = Path(capture).parent / "props.json"
+        self._adopt_server_template(_props_template(props), props)
 
-    def _adopt_server_template(self, props_path: Path) -> None:
-        """The proxy saves the server's /props beside a capture: its chat template is the one
-        the server rendered with, unless the user named one."""
-        if self.chat_template or self._renderer is not None:
-            return
-        props = read_props(props_path)
-        tmpl = props.get("chat_template") if props is not None else None
-        if isinstance(tmpl, str) and tmpl.strip():
+    def _adopt_server_template(self, tmpl: str | None, props_path: Path) -> None:
+        """The proxy saves the server's /props beside a capture: its chat template (`tmpl`, read from
+        `props_path`) is the one the server rendered with, unless the user named one."""
+        if tmpl is not None and not self.chat_template and self._renderer is None:
             self.chat_template, self.template_name = tmpl, str(props_path)
 
     @property
@@ -1036,6 +1033,13 @@ def _round_trip(prompt: Prompt, loader: Loader) -> float | None:
         return None
     common = Counter(np.asarray(prompt.ids).tolist()) & Counter(again)
     return sum(common.values()) / len(prompt)
+
+
+def _props_template(path: Path) -> str | None:
+    """The chat template of a server's saved /props (None: no file, or no template in it)."""
+    props = read_props(path)
+    tmpl = props.get("chat_template") if props is not None else None
+    return tmpl if isinstance(tmpl, str) and tmpl.strip() else None
 
 
 def read_props(path: Path) -> dict[str, Any] | None:
